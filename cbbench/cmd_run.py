@@ -1,0 +1,155 @@
+"""`cbbench run`: one benchmark run against the bundled engine (or, later, an endpoint)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import cli_common as C
+from .errors import UsageError
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+
+
+@C.guard
+def run(
+    workload: Annotated[
+        str, typer.Option(help="Built-in workload (sharegpt, long-prompt) or a JSONL file.")
+    ] = "sharegpt",
+    num_requests: Annotated[
+        int | None,
+        typer.Option(help="Requests drawn from the workload with --seed (vLLM's default: 1000)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for request sampling, arrivals and sampling.")] = 0,
+    request_rate: Annotated[
+        str, typer.Option(help="Requests per second, or inf to send all at t=0.")
+    ] = "inf",
+    burstiness: Annotated[
+        float, typer.Option(help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier.")
+    ] = 1.0,
+    arrival: Annotated[
+        str,
+        typer.Option(
+            help="auto | gamma | constant | trace. auto: the trace's arrival_s when it has them "
+            "and no --request-rate is given, else gamma."
+        ),
+    ] = "auto",
+    engine: C.Engine = "auto",
+    model: C.Model = None,
+    gpu: C.Gpu = None,
+    scheduler: C.SchedulerOpt = "continuous",
+    chunked_prefill: C.Chunked = True,
+    kv_allocation: C.KvAllocation = "paged",
+    max_num_batched_tokens: C.MaxBatched = None,
+    max_num_seqs: C.MaxSeqs = 256,
+    block_size: C.BlockSize = 16,
+    num_kv_blocks: C.NumKvBlocks = None,
+    max_model_len: C.MaxModelLen = None,
+    gpu_memory_utilization: C.GpuMemUtil = 0.9,
+    device: C.Device = None,
+    dtype: C.Dtype = None,
+    attention_backend: C.AttnBackend = "auto",
+    temperature: C.Temperature = 0.0,
+    top_p: C.TopP = 1.0,
+    top_k: C.TopK = 0,
+    ignore_eos: C.IgnoreEos = True,
+    cuda_graphs: C.CudaGraphs = True,
+    eta_memory: C.EtaMemory = None,
+    eta_compute: C.EtaCompute = None,
+    iteration_overhead_us: C.Overhead = None,
+    slo: Annotated[
+        str | None,
+        typer.Option(help="Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option(help="Result JSON path. Default: results/run-<time>-<engine>.json.")
+    ] = None,
+    save_detailed: Annotated[
+        bool, typer.Option(help="Also store per-request ITL lists and output token ids.")
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the result JSON instead of the table.")
+    ] = False,
+) -> None:
+    """Run a workload against the bundled engine and report latency, throughput and the
+    engine's per-iteration story."""
+    from .metrics import parse_slo
+    from .result import check_writable, dumps, write_result
+    from .runner import DEFAULT_NUM_REQUESTS, RunSpec, execute_run
+    from .table import render_summary
+
+    rate = C.parse_rate_option(request_rate)
+    if not burstiness > 0 or not math.isfinite(burstiness):
+        raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
+    opts = C.engine_options(
+        engine, model, gpu, scheduler, chunked_prefill, kv_allocation, max_num_batched_tokens,
+        max_num_seqs, block_size, num_kv_blocks, max_model_len, gpu_memory_utilization, device,
+        dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
+        eta_memory, eta_compute, iteration_overhead_us, seed,
+    )
+    spec = RunSpec(
+        workload=workload,
+        num_requests=num_requests if num_requests is not None else DEFAULT_NUM_REQUESTS,
+        seed=seed,
+        request_rate=rate,
+        rate_given=request_rate != "inf",
+        burstiness=burstiness,
+        arrival=arrival,
+        slo=parse_slo(slo),
+        save_detailed=save_detailed,
+        engine=opts,
+    )
+    out_path = output or C.default_output_path(engine if engine != "auto" else "engine")
+    check_writable(out_path)
+
+    with _progress() as on_progress:
+        result = execute_run(spec, C.notice, on_progress=on_progress)
+    write_result(out_path, result)
+    if json_out:
+        typer.echo(dumps(result))
+    else:
+        typer.echo(render_summary(result))
+        typer.echo(f"\nresult: {out_path}")
+
+
+class _progress:
+    """A progress bar on stderr, shown only on a terminal and only once a run lasts a moment."""
+
+    DELAY_S = 0.5
+
+    def __enter__(self):
+        import time
+
+        self._bar = None
+        self._t0 = time.perf_counter()
+        self._tty = sys.stderr.isatty()
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        if not self._tty:
+            return
+        import time
+
+        if self._bar is None:
+            if time.perf_counter() - self._t0 < self.DELAY_S:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self._bar = Progress(
+                "requests", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("run", total=total)
+        self._bar.update(self._task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()

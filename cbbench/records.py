@@ -1,0 +1,41 @@
+"""Per-request measurements, the same for every target (in-process engine or HTTP)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    id: int
+    prompt_tokens: int  # intended (from the workload)
+    output_tokens: int
+    intended_start_s: float  # the arrival schedule, on the run's clock (0 = run start)
+    send_s: float | None = None  # when the request was actually sent
+    token_times_s: list[float] = field(default_factory=list)  # one per output token
+    error: str | None = None  # None when the request completed
+    error_type: str | None = None  # rejected | aborted | connect | timeout | http_status | ...
+    output_token_ids: list[int] | None = None
+    server_prompt_tokens: int | None = None  # what an HTTP server's usage reported
+    num_preemptions: int = 0
+    first_scheduled_s: float | None = None  # in-process engine: admission time
+    priority: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.token_times_s)
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times_s[0] - self.intended_start_s if self.ok else None
+
+    @property
+    def e2el_s(self) -> float | None:
+        return self.token_times_s[-1] - self.intended_start_s if self.ok else None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(E2EL - TTFT) / (output tokens - 1), vLLM's definition; None for one token."""
+        if not self.ok or self.output_tokens <= 1:
+            return None
+        return (self.token_times_s[-1] - self.token_times_s[0]) / (self.output_tokens - 1)

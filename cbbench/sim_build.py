@@ -1,0 +1,77 @@
+"""Build the simulated engine: a named GPU, a model preset, a roofline, a virtual clock."""
+
+from __future__ import annotations
+
+from .engine.clock import VirtualClock
+from .engine.cost_model import Efficiency
+from .engine_target import DEFAULT_SIM_GPU, DEFAULT_SIM_MODEL, EngineOptions
+from .errors import UsageError
+
+
+def build_sim_engine(opts: EngineOptions):
+    from .engine.cost_model import CostModel
+    from .engine.engine import Engine, EngineConfig
+    from .engine.gpu_specs import get_gpu_spec
+    from .engine.model_config import get_model_config
+    from .engine.scheduler import SchedulerConfig, default_max_num_batched_tokens
+    from .engine.sim_executor import SimExecutor, sim_num_kv_blocks
+
+    try:
+        gpu = get_gpu_spec(opts.gpu or DEFAULT_SIM_GPU)
+        model = get_model_config(opts.model or DEFAULT_SIM_MODEL)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    dtype = opts.dtype or "bf16"
+    defaults = Efficiency()
+    eff = Efficiency(
+        eta_memory=opts.eta_memory if opts.eta_memory is not None else defaults.eta_memory,
+        eta_compute=opts.eta_compute if opts.eta_compute is not None else defaults.eta_compute,
+        overhead_s=(
+            opts.iteration_overhead_us * 1e-6
+            if opts.iteration_overhead_us is not None
+            else defaults.overhead_s
+        ),
+    )
+    if not (0 < eff.eta_memory <= 1 and 0 < eff.eta_compute <= 1) or eff.overhead_s < 0:
+        raise UsageError("efficiency factors must be in (0, 1] and the overhead >= 0")
+    max_model_len = opts.max_model_len or model.max_model_len
+    budget = opts.max_num_batched_tokens or default_max_num_batched_tokens(
+        opts.chunked_prefill, max_model_len
+    )
+    try:
+        num_blocks = opts.num_kv_blocks or sim_num_kv_blocks(
+            model, gpu, opts.block_size, dtype, opts.gpu_memory_utilization
+        )
+        sched = SchedulerConfig(
+            max_model_len=max_model_len,
+            policy=opts.scheduler,
+            max_num_seqs=opts.max_num_seqs,
+            max_num_batched_tokens=budget,
+            chunked_prefill=opts.chunked_prefill,
+        )
+        config = EngineConfig(sched, num_blocks, opts.block_size, opts.kv_allocation)
+        cost = CostModel(model, dtype, gpu, eff)
+        engine = Engine(config, SimExecutor(cost), VirtualClock(), cost)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    info = {
+        "engine": "sim",
+        "gpu": gpu.name,
+        "gpu_spec": gpu.to_dict(),
+        "model": model.name,
+        "model_config": model.to_dict(),
+        "dtype": dtype,
+        "max_model_len": max_model_len,
+        "max_num_batched_tokens": budget,
+        "num_kv_blocks": num_blocks,
+        "kv_capacity_tokens": num_blocks * opts.block_size,
+        "weight_bytes": cost.weight_bytes(),
+        "kv_bytes_per_token": model.kv_bytes_per_token(dtype),
+        "efficiency": {
+            "eta_memory": eff.eta_memory,
+            "eta_compute": eff.eta_compute,
+            "iteration_overhead_us": eff.overhead_s * 1e6,
+        },
+        "clock": "virtual",
+    }
+    return engine, info

@@ -1,0 +1,75 @@
+"""The summary table printed after a run (tabulate)."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+LATENCY_KEYS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2EL", "e2el_ms"))
+STATS = ("mean", "p50", "p90", "p99")
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return f"{v:,}"
+
+
+def latency_table(summary: dict) -> str:
+    rows = []
+    for label, key in LATENCY_KEYS:
+        d = summary.get(key) or {}
+        rows.append([f"{label} (ms)", *(_fmt(d.get(s)) for s in STATS)])
+    return tabulate(rows, headers=["", *STATS], tablefmt="simple", disable_numparse=True)
+
+
+def throughput_table(summary: dict) -> str:
+    rows = [
+        ["completed / failed", f"{summary['completed']} / {summary['failed']}"],
+        ["duration (s)", _fmt(summary["duration_s"], 3)],
+        ["request throughput (req/s)", _fmt(summary["request_throughput"])],
+        ["output throughput (tok/s)", _fmt(summary["output_throughput"], 1)],
+        ["total token throughput (tok/s)", _fmt(summary["total_token_throughput"], 1)],
+    ]
+    if "goodput" in summary:
+        rows.append(["goodput (req/s)", _fmt(summary["goodput"])])
+        rows.append(["SLO attainment", f"{summary['slo_attainment']:.1%}"])
+    return tabulate(rows, tablefmt="simple", disable_numparse=True)
+
+
+def engine_table(eng: dict) -> str:
+    if not eng or not eng.get("num_iterations"):
+        return ""
+    rows = [
+        ["iterations", _fmt(eng["num_iterations"])],
+        ["mean iteration (ms)", _fmt(eng["mean_iteration_ms"], 3)],
+        ["mean prefill tokens / iter", _fmt(eng["mean_prefill_tokens"], 1)],
+        ["mean decode tokens / iter", _fmt(eng["mean_decode_tokens"], 1)],
+        ["token budget use", f"{eng['token_budget_utilization']:.1%}"],
+        ["mean running requests", _fmt(eng["mean_running"], 1)],
+        ["peak / mean KV use", f"{eng['peak_kv_usage']:.1%} / {eng['mean_kv_usage']:.1%}"],
+        ["preemptions", _fmt(eng["num_preemptions"])],
+        ["analytic bandwidth (GB/s)", _fmt(eng["mean_achieved_bw_gbps"], 1)],
+    ]
+    if eng.get("mbu") is not None:
+        rows.append(["analytic MBU", f"{eng['mbu']:.1%}"])
+    return tabulate(rows, tablefmt="simple", disable_numparse=True)
+
+
+def render_summary(result: dict) -> str:
+    s = result["summary"]
+    cfg = result["config"]
+    title = f"cbbench · {cfg.get('workload')} · {cfg.get('target')}"
+    if cfg.get("target") == "engine":
+        title += f" {cfg.get('engine_kind', cfg.get('engine'))} · {cfg.get('model')}"
+        if cfg.get("gpu"):
+            title += f" on {cfg.get('gpu')}"
+        title += f" · {cfg.get('scheduler')}"
+    parts = [title, "", throughput_table(s), "", latency_table(s)]
+    eng = engine_table(s.get("engine", {}))
+    if eng:
+        parts += ["", eng]
+    if result.get("interrupted"):
+        parts += ["", "INTERRUPTED: the figures cover only what finished."]
+    return "\n".join(parts)

@@ -1,0 +1,189 @@
+"""The engine: schedule -> execute -> postprocess, once per iteration, on a clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from .block_manager import BlockManager
+from .cost_model import CostModel
+from .iteration import IterationRecord
+from .request import Request, RequestStatus
+from .scheduler import Scheduler, SchedulerConfig
+from .scheduler_output import ExecutorOutput, SchedulerOutput
+
+
+class Executor(Protocol):
+    def execute(self, sched: SchedulerOutput) -> ExecutorOutput: ...
+
+
+class Clock(Protocol):
+    realtime: bool
+
+    def now(self) -> float: ...
+    def advance_to(self, t: float) -> None: ...
+    def sleep_until(self, t: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    scheduler: SchedulerConfig
+    num_kv_blocks: int
+    block_size: int = 16
+    kv_allocation: str = "paged"
+
+
+@dataclass(slots=True)
+class StepOutput:
+    record: IterationRecord
+    scheduled: SchedulerOutput
+    finished: list[Request]
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        clock: Clock,
+        cost_model: CostModel | None = None,
+    ) -> None:
+        self.config = config
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.kv_allocation)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        self.executor = executor
+        self.clock = clock
+        self.cost_model = cost_model
+        self.records: list[IterationRecord] = []
+        self.rejected: list[Request] = []
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(self, req: Request) -> str | None:
+        """Queue ``req``; a request that can never fit is rejected at once, with the reason."""
+        reason = self.scheduler.rejection_reason(req)
+        if reason is not None:
+            req.status = RequestStatus.REJECTED
+            req.finish_reason = reason
+            req.finish_time = self.clock.now()
+            self.rejected.append(req)
+            return reason
+        self.scheduler.add_request(req)
+        return None
+
+    def abort_request(self, req: Request) -> None:
+        if req.status.is_done:
+            return
+        self.scheduler.remove(req)
+        req.status = RequestStatus.ABORTED
+        req.finish_reason = "abort"
+        req.finish_time = self.clock.now()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # ---- one iteration ----------------------------------------------------------------------
+    def step(self) -> StepOutput | None:
+        """Run one iteration; None when nothing could be scheduled."""
+        clock = self.clock
+        start = clock.now()
+        sched = self.scheduler.schedule(start)
+        if sched.is_empty:
+            return None
+        num_running = len(self.scheduler.running)
+        num_waiting = len(self.scheduler.waiting)
+        kv_used = self.block_manager.num_used_blocks
+
+        out = self.executor.execute(sched)
+        if out.duration_s is not None:
+            clock.advance_to(start + out.duration_s)
+        end = clock.now()
+        bytes_moved, flops = out.bytes_moved, out.flops
+        if not bytes_moved and self.cost_model is not None:
+            cost = self.cost_model.iteration_cost(sched)
+            bytes_moved, flops = cost.bytes, cost.flops
+
+        finished = self._postprocess(sched, out.sampled_token_ids, end)
+        record = IterationRecord(
+            index=len(self.records),
+            start_s=start,
+            duration_s=end - start,
+            num_prefill_tokens=sched.num_prefill_tokens,
+            num_decode_tokens=sched.num_decode_reqs,
+            token_budget=sched.token_budget,
+            num_prefill_reqs=sched.num_prefill_reqs,
+            num_decode_reqs=sched.num_decode_reqs,
+            num_running=num_running,
+            num_waiting=num_waiting,
+            num_preempted=len(sched.preempted),
+            kv_blocks_used=kv_used,
+            kv_blocks_total=self.block_manager.num_blocks,
+            bytes_moved=bytes_moved,
+            flops=flops,
+        )
+        self.records.append(record)
+        return StepOutput(record, sched, finished)
+
+    def _postprocess(
+        self, sched: SchedulerOutput, sampled: Sequence[int | None] | None, now: float
+    ) -> list[Request]:
+        finished: list[Request] = []
+        reqs = sched.scheduled_reqs
+        nums = sched.num_scheduled_tokens
+        for i in range(len(reqs)):
+            req = reqs[i]
+            req.num_computed_tokens += nums[i]
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a partial prefill chunk: no token yet
+            req.num_output_tokens += 1
+            req.token_times.append(now)
+            token = None
+            if sampled is not None:
+                token = sampled[i]
+                req.output_token_ids.append(token)
+            if req.num_output_tokens >= req.max_tokens:
+                req.finish_reason = "length"
+            elif (
+                token is not None
+                and token == req.eos_token_id
+                and not req.sampling.ignore_eos
+            ):
+                req.finish_reason = "stop"
+            else:
+                continue
+            req.status = RequestStatus.FINISHED
+            req.finish_time = now
+            self.block_manager.free(req)
+            finished.append(req)
+        if finished:
+            self.scheduler.drop_finished()
+        return finished
+
+
+def run_until_done(
+    engine: Engine,
+    requests: Sequence[Request],
+    should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[StepOutput], None] | None = None,
+) -> bool:
+    """Feed ``requests`` (sorted by arrival_time) to the engine at their arrival times and step
+    until all are done. Returns False when ``should_stop`` ended the run early."""
+    clock = engine.clock
+    n = len(requests)
+    i = 0
+    while i < n or engine.has_unfinished():
+        if should_stop is not None and should_stop():
+            return False
+        now = clock.now()
+        while i < n and requests[i].arrival_time <= now:
+            engine.add_request(requests[i])
+            i += 1
+        step = engine.step() if engine.has_unfinished() else None
+        if step is not None:
+            if on_step is not None:
+                on_step(step)
+        elif i < n:
+            clock.sleep_until(requests[i].arrival_time)
+        elif engine.has_unfinished():
+            raise RuntimeError("engine stalled: requests are waiting but none can be scheduled")
+    return True

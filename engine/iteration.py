@@ -1,0 +1,33 @@
+"""One record per engine step: the engine's own story of each iteration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    index: int
+    start_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    token_budget: int
+    num_prefill_reqs: int
+    num_decode_reqs: int
+    num_running: int  # after the step's admissions, before its finishes
+    num_waiting: int
+    num_preempted: int  # preemptions this step
+    kv_blocks_used: int
+    kv_blocks_total: int
+    bytes_moved: float  # analytic
+    flops: float  # analytic
+
+    @property
+    def achieved_bandwidth(self) -> float:
+        return self.bytes_moved / self.duration_s if self.duration_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["achieved_bw_gbps"] = self.achieved_bandwidth / 1e9
+        return d

@@ -1,0 +1,210 @@
+"""Model architecture descriptions: named presets and Hugging Face config.json parsing.
+
+Pure Python (no torch) so the simulated engine starts fast. The same presets drive the
+simulator's roofline and the torch engine's random-weight models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_model_len: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2 has biases on q/k/v projections
+    rope_theta: float = 10000.0
+    # Llama-3.x "llama3" rope scaling: factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings. None means plain RoPE.
+    rope_scaling: dict | None = field(default=None, hash=False, compare=False)
+    rms_norm_eps: float = 1e-5
+    eos_token_id: int | None = None
+    architecture: str = "llama"  # llama | qwen2 | mistral: all share one implementation
+
+    # ---- derived sizes (counts of parameters, not bytes) ----
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def params_per_layer(self) -> int:
+        h = self.hidden_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        if self.qkv_bias:
+            attn += self.q_size + 2 * self.kv_size
+        mlp = 3 * h * self.intermediate_size
+        norms = 2 * h
+        return attn + mlp + norms
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        final_norm = self.hidden_size
+        return (
+            self.num_layers * self.params_per_layer
+            + self.embedding_params
+            + self.lm_head_params
+            + final_norm
+        )
+
+    def weight_bytes(self, dtype: str = "bf16") -> int:
+        return self.num_params * DTYPE_BYTES[dtype]
+
+    def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
+        """K and V for every layer: 2 * layers * kv_heads * head_dim * dtype bytes."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _preset(**kw) -> ModelConfig:
+    return ModelConfig(**kw)
+
+
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+_LLAMA32_ROPE = {**_LLAMA3_ROPE, "factor": 32.0}
+
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    "llama-3-8b": _preset(
+        name="llama-3-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+        head_dim=128, intermediate_size=14336, vocab_size=128256, max_model_len=8192,
+        rope_theta=500000.0, eos_token_id=128009,
+    ),
+    "llama-3.1-8b": _preset(
+        name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+        head_dim=128, intermediate_size=14336, vocab_size=128256, max_model_len=131072,
+        rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_id=128009,
+    ),
+    "llama-3.1-70b": _preset(
+        name="llama-3.1-70b", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
+        head_dim=128, intermediate_size=28672, vocab_size=128256, max_model_len=131072,
+        rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_id=128009,
+    ),
+    "llama-3.2-1b": _preset(
+        name="llama-3.2-1b", num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
+        head_dim=64, intermediate_size=8192, vocab_size=128256, max_model_len=131072,
+        rope_theta=500000.0, rope_scaling=_LLAMA32_ROPE, tie_word_embeddings=True,
+        eos_token_id=128009,
+    ),
+    "llama-2-7b": _preset(
+        name="llama-2-7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32,
+        head_dim=128, intermediate_size=11008, vocab_size=32000, max_model_len=4096,
+        rms_norm_eps=1e-5, eos_token_id=2,
+    ),
+    "mistral-7b": _preset(
+        name="mistral-7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+        head_dim=128, intermediate_size=14336, vocab_size=32768, max_model_len=32768,
+        rope_theta=1000000.0, architecture="mistral", eos_token_id=2,
+    ),
+    "qwen2.5-7b": _preset(
+        name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4,
+        head_dim=128, intermediate_size=18944, vocab_size=152064, max_model_len=32768,
+        rope_theta=1000000.0, qkv_bias=True, rms_norm_eps=1e-6, architecture="qwen2",
+        eos_token_id=151645,
+    ),
+    # Small presets for the torch engine on a CPU and for tests (random weights only).
+    "small": _preset(
+        name="small", num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2,
+        head_dim=32, intermediate_size=768, vocab_size=32000, max_model_len=4096,
+        rope_theta=500000.0,
+    ),
+    "tiny": _preset(
+        name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
+        head_dim=16, intermediate_size=128, vocab_size=512, max_model_len=2048,
+    ),
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(MODEL_PRESETS)
+
+
+def get_model_config(name_or_path: str) -> ModelConfig:
+    """A preset by name, or a Hugging Face model folder's config.json."""
+    if name_or_path in MODEL_PRESETS:
+        return MODEL_PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if (path / "config.json").is_file():
+        return from_hf_config(path / "config.json")
+    raise ValueError(
+        f"unknown model {name_or_path!r}: not a preset ({', '.join(preset_names())}) "
+        "and not a folder with a config.json"
+    )
+
+
+_SUPPORTED_HF_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+
+
+def from_hf_config(config_path: Path) -> ModelConfig:
+    cfg = json.loads(Path(config_path).read_text())
+    model_type = cfg.get("model_type", "")
+    if model_type not in _SUPPORTED_HF_TYPES:
+        raise ValueError(
+            f"unsupported model_type {model_type!r} in {config_path}: "
+            f"supported are {', '.join(sorted(_SUPPORTED_HF_TYPES))}"
+        )
+    num_heads = cfg["num_attention_heads"]
+    hidden = cfg["hidden_size"]
+    eos = cfg.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    rope_scaling = cfg.get("rope_scaling")
+    if rope_scaling is not None:
+        kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
+        if kind not in ("llama3", "default", None):
+            raise ValueError(f"unsupported rope_scaling type {kind!r} in {config_path}")
+        if kind != "llama3":
+            rope_scaling = None
+    return ModelConfig(
+        name=Path(config_path).parent.name,
+        num_layers=cfg["num_hidden_layers"],
+        hidden_size=hidden,
+        num_heads=num_heads,
+        num_kv_heads=cfg.get("num_key_value_heads", num_heads),
+        head_dim=cfg.get("head_dim") or hidden // num_heads,
+        intermediate_size=cfg["intermediate_size"],
+        vocab_size=cfg["vocab_size"],
+        max_model_len=cfg.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        rope_scaling=rope_scaling,
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        eos_token_id=eos,
+        architecture=_SUPPORTED_HF_TYPES[model_type],
+    )
+
+
+def with_max_model_len(config: ModelConfig, max_model_len: int) -> ModelConfig:
+    return replace(config, max_model_len=max_model_len)

@@ -1,0 +1,129 @@
+"""Request / sequence state, in vLLM's vocabulary.
+
+A request holds ``num_tokens`` known tokens (prompt + outputs so far) of which
+``num_computed_tokens`` already have their KV in the cache. Each iteration the scheduler gives it
+``n`` new tokens to compute; when that brings ``num_computed_tokens`` up to ``num_tokens`` the
+executor samples one more token. A decode is simply n = 1; a prefill chunk is n > 1. Recompute
+preemption resets ``num_computed_tokens`` to 0, so the next prefill covers prompt + outputs.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+    ABORTED = 4
+    REJECTED = 5
+
+    @property
+    def is_done(self) -> bool:
+        return self >= RequestStatus.FINISHED
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    ignore_eos: bool = True  # benchmarks follow the workload's output lengths by default
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+GREEDY = SamplingParams()
+
+
+class Request:
+    """Mutable per-request state. ``__slots__`` because the scheduler touches these fields for
+    every running request on every iteration."""
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "num_prompt_tokens",
+        "max_tokens",
+        "arrival_time",
+        "sampling",
+        "priority",
+        "eos_token_id",
+        "status",
+        "output_token_ids",
+        "num_output_tokens",
+        "num_computed_tokens",
+        "block_table",
+        "first_scheduled_time",
+        "token_times",
+        "finish_time",
+        "num_preemptions",
+        "finish_reason",
+    )
+
+    def __init__(
+        self,
+        request_id: int,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        arrival_time: float = 0.0,
+        prompt_token_ids: list[int] | None = None,
+        sampling: SamplingParams = GREEDY,
+        priority: int = 0,
+        eos_token_id: int | None = None,
+    ) -> None:
+        if prompt_token_ids is not None and len(prompt_token_ids) != num_prompt_tokens:
+            raise ValueError("num_prompt_tokens must equal len(prompt_token_ids)")
+        self.request_id = request_id
+        self.prompt_token_ids = prompt_token_ids
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.arrival_time = arrival_time
+        self.sampling = sampling
+        self.priority = priority
+        self.eos_token_id = eos_token_id
+        self.status = RequestStatus.WAITING
+        # Token ids are kept only when the executor produces them (torch); the simulator only
+        # counts tokens.
+        self.output_token_ids: list[int] = []
+        self.num_output_tokens = 0
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.first_scheduled_time: float | None = None
+        self.token_times: list[float] = []
+        self.finish_time: float | None = None
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None  # "length" | "stop" | "abort" | rejection reason
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        """Prompt plus every output token: what reserved allocation sets aside."""
+        return self.num_prompt_tokens + self.max_tokens
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Known token ids in [start, end): prompt then outputs (ids must be known)."""
+        prompt = self.prompt_token_ids
+        assert prompt is not None, "token ids are unknown for a length-only request"
+        p = self.num_prompt_tokens
+        if end <= p:
+            return prompt[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p : end - p]
+        return prompt[start:] + self.output_token_ids[: end - p]
+
+    def __repr__(self) -> str:
+        return (
+            f"Request(id={self.request_id}, status={self.status.name}, "
+            f"prompt={self.num_prompt_tokens}, out={self.num_output_tokens}/{self.max_tokens}, "
+            f"computed={self.num_computed_tokens})"
+        )

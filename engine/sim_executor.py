@@ -1,0 +1,53 @@
+"""The simulated GPU: predicts each iteration's time from the batch's composition.
+
+No tensors, no torch: the roofline in cost_model.py gives the time, and the engine's clock
+advances by it (virtually for benchmarks, in real time behind ``cbbench serve``).
+"""
+
+from __future__ import annotations
+
+from .cost_model import CostModel
+from .gpu_specs import GPUSpec
+from .model_config import DTYPE_BYTES, ModelConfig
+from .scheduler_output import ExecutorOutput, SchedulerOutput
+
+# Memory the engine may use, as vLLM's --gpu-memory-utilization default.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
+# Activations, CUDA graphs and allocator slack that are not KV cache (a profiled run on a real
+# GPU measures this; 2 GiB is typical for 8B-class models at a 2048-token budget).
+DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * 1024**3
+
+
+def sim_num_kv_blocks(
+    model: ModelConfig,
+    gpu: GPUSpec,
+    block_size: int,
+    dtype: str = "bf16",
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
+) -> int:
+    """KV capacity from memory: N_max = (M - W) / k tokens, in whole blocks, where M is the
+    memory given to the engine (less an activation reserve), W the weights, k the KV bytes per
+    token."""
+    usable = gpu.memory_bytes * gpu_memory_utilization - activation_reserve_bytes
+    free = usable - model.num_params * DTYPE_BYTES[dtype]
+    if free <= 0:
+        raise ValueError(
+            f"{model.name} ({model.num_params * DTYPE_BYTES[dtype] / 1e9:.1f} GB in {dtype}) "
+            f"does not fit in {gpu.name}'s memory at utilization {gpu_memory_utilization}"
+        )
+    tokens = int(free // model.kv_bytes_per_token(dtype))
+    return tokens // block_size
+
+
+class SimExecutor:
+    def __init__(self, cost_model: CostModel) -> None:
+        if cost_model.gpu is None:
+            raise ValueError("the simulated executor needs a GPU spec")
+        self.cost_model = cost_model
+
+    def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
+        cost = self.cost_model.iteration_cost(sched)
+        return ExecutorOutput(
+            sampled_token_ids=None, duration_s=cost.time_s, bytes_moved=cost.bytes, flops=cost.flops
+        )
