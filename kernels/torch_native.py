@@ -1,0 +1,123 @@
+"""``torch``: vectorized pure-PyTorch paged attention, the CPU engine's default.
+
+Single-row requests (decodes, and 1-token chunks, which are the same maths) are served together
+by one batched gather over their block tables, padded to the longest key length and masked.
+Multi-row requests (prefill chunks) go one at a time through ``scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .backend import AttentionBackend, check_shapes
+from .metadata import AttentionMetadata, query_lens_of
+from .reference import bottom_right_causal_mask, gather_request_kv
+
+
+class TorchBackend(AttentionBackend):
+    name = "torch"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        check_shapes(query, k_cache, v_cache, metadata)
+        if metadata.num_tokens == 0:
+            return torch.empty_like(query)
+        if metadata.max_seqlen_q <= 1:
+            # Pure decode: no host sync needed. Row r belongs to request r unless some requests
+            # have no rows at all (then map rows to requests on the device).
+            reqs = torch.arange(metadata.num_reqs, device=query.device)
+            if metadata.num_tokens != metadata.num_reqs:
+                reqs = torch.repeat_interleave(
+                    reqs, query_lens_of(metadata), output_size=metadata.num_tokens
+                )
+            return _single_row_attention(
+                query, k_cache, v_cache, metadata, reqs, metadata.max_seqlen_k, scale
+            )
+
+        out = torch.empty_like(query)
+        q_lens = query_lens_of(metadata).tolist()
+        cu_q = metadata.cu_seqlens_q.tolist()
+        seq_lens = metadata.seq_lens.tolist()
+        single = [i for i, n in enumerate(q_lens) if n == 1]
+        if single:
+            reqs = torch.tensor(single, device=query.device)
+            rows = torch.tensor([cu_q[i] for i in single], device=query.device)
+            max_len = max(seq_lens[i] for i in single)  # pad to the decodes, not the prefills
+            out[rows] = _single_row_attention(
+                query[rows], k_cache, v_cache, metadata, reqs, max_len, scale
+            )
+        for i, q_len in enumerate(q_lens):
+            if q_len > 1:
+                start, end = cu_q[i], cu_q[i + 1]
+                out[start:end] = _multi_row_attention(
+                    query[start:end], k_cache, v_cache, metadata.block_tables[i], seq_lens[i], scale
+                )
+        return out
+
+
+def _single_row_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    reqs: torch.Tensor,
+    max_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """Rows that are the last position of request ``reqs[r]``: each attends all its keys.
+
+    ``max_len`` bounds those requests' key counts (the padded gather length)."""
+    num_rows, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    max_blocks = max(1, -(-max_len // block_size))
+    tables = metadata.block_tables[reqs, :max_blocks].long()  # [rows, max_blocks]
+    # One gather per cache, padded to the longest request; the padding is masked out below.
+    # transpose() is a view: SDPA reads the strided [rows, kv_heads, keys, dim] layout directly.
+    keys = k_cache[tables].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2)
+    values = v_cache[tables].reshape(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2)
+    key_pos = torch.arange(keys.shape[2], device=query.device)
+    valid = key_pos.unsqueeze(0) < metadata.seq_lens[reqs].unsqueeze(1)  # [rows, keys]
+    # GQA: the group's heads are the "query rows" of their kv head: [rows, kv_heads, group, dim].
+    q = query.reshape(num_rows, num_kv_heads, group, head_dim)
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=valid[:, None, None, :], scale=scale
+    )
+    return out.reshape(num_rows, num_heads, head_dim)
+
+
+def _multi_row_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table_row: torch.Tensor,
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor:
+    """One request's ``q_len`` rows, the last positions of its ``seq_len`` keys."""
+    q_len, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    if q_len > seq_len:
+        raise ValueError(f"{q_len} new rows but only {seq_len} keys")
+    keys = gather_request_kv(k_cache, block_table_row, seq_len).transpose(0, 1)  # [kvh, L, d]
+    values = gather_request_kv(v_cache, block_table_row, seq_len).transpose(0, 1)
+    # GQA without copying K/V per query head: [kvh, group, ...] with K/V expanded (stride 0) over
+    # the group. (Measured on CPU: much faster than folding the group into the query rows.)
+    q = query.reshape(q_len, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+    shape = (num_kv_heads, group, seq_len, head_dim)
+    keys, values = keys[:, None].expand(shape), values[:, None].expand(shape)
+    if q_len == seq_len:
+        # No cached context: top-left and bottom-right alignment coincide.
+        out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale)
+    else:
+        mask = bottom_right_causal_mask(q_len, seq_len, query.device)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    return out.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim)

@@ -1,0 +1,251 @@
+"""``triton``: one paged-attention kernel for mixed prefill and decode rows, and a KV store kernel.
+
+Work split: a program owns up to ``BLOCK_Q`` consecutive query rows of one request and one kv
+head, together with all ``group`` query heads that share that kv head (GQA), so each K/V tile it
+loads serves ``BLOCK_Q * group`` query rows. Those rows form the tile's M dimension: row
+``m`` is token ``m // GROUP_PAD`` and head ``m % GROUP_PAD`` of the group.
+
+Finding the request: request ``r`` is given the programs ``[start(r), start(r + 1))`` with
+``start(r) = cu_seqlens_q[r] // BLOCK_Q + r``. That range holds at least ``ceil(q_len_r /
+BLOCK_Q)`` programs (the extra ones exit with nothing to do), ``start`` is increasing, and the
+whole grid is ``num_tokens // BLOCK_Q + num_reqs`` programs, known on the host without reading
+any device tensor (so no sync, and CUDA-graph friendly). Each program binary-searches ``start``.
+
+Triton reads ``TRITON_INTERPRET`` when a kernel is defined, so whether this module runs compiled
+(CUDA tensors) or interpreted (CPU tensors) is fixed at import time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .backend import AttentionBackend, check_shapes
+from .metadata import AttentionMetadata
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+MIN_DOT = 16  # tl.dot needs every tile dim >= 16
+# Query-tile rows (tokens x group heads) per program: small keeps decode waste low, large
+# reuses each K/V tile across more prefill rows. The interpreter pays per program and per tile
+# step, so it gets bigger tiles.
+ROWS_DECODE = 16
+ROWS_PREFILL = 128 if INTERPRETED else 64
+# Keys per inner-loop tile. The interpreter's cost is per tile step, but small tiles there
+# also keep the tests' short sequences spanning several tiles (online softmax gets exercised).
+BLOCK_N = 32 if INTERPRETED else 64
+NUM_WARPS = 4
+# Shared-memory budget: head dims above this get half-size tiles, and fp32 is not software
+# pipelined, so the worst cases stay under ~100 KB (sm_86/89 limit; checked by compiling).
+WIDE_HEAD_DIM = 128
+FP32_NUM_STAGES = 1
+LOG2_E = 1.4426950408889634
+# A finite "minus infinity" for the running max, so fully masked tiles give exp(-inf) = 0
+# instead of exp(-inf - -inf) = nan.
+NEG_BIG = tl.constexpr(-1.0e30)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr,
+    num_reqs, scale_log2,
+    stride_qt, stride_qh, stride_qd,
+    stride_ot, stride_oh, stride_od,
+    stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd,
+    stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+
+    # Largest r with start(r) <= pid; start(0) == 0 so r >= 0.
+    lo = tl.full([], 0, tl.int32)
+    hi = tl.full([], 0, tl.int32) + num_reqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start_mid = tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid
+        go_right = start_mid <= pid
+        lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(go_right, hi, mid)
+    req = lo - 1
+
+    req_q_start = tl.load(cu_seqlens_q_ptr + req)
+    req_q_end = tl.load(cu_seqlens_q_ptr + req + 1)
+    seq_len = tl.load(seq_lens_ptr + req)
+    q_len = req_q_end - req_q_start
+    local_block = pid - (req_q_start // BLOCK_Q + req)
+    first_local = local_block * BLOCK_Q  # first row of this program, within the request
+
+    m_idx = tl.arange(0, BLOCK_Q * GROUP_PAD)
+    tok_local = first_local + m_idx // GROUP_PAD
+    g = m_idx % GROUP_PAD
+    row_valid = (tok_local < q_len) & (g < GROUP)
+    head = kv_head * GROUP + g
+    # Bottom-right alignment: local row j is sequence position seq_len - q_len + j.
+    q_pos = seq_len - q_len + tok_local
+
+    d = tl.arange(0, DIM_PAD)
+    d_valid = d < HEAD_DIM
+    tok = (req_q_start + tok_local).to(tl.int64)
+    q_ptrs = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_Q * GROUP_PAD], NEG_BIG, tl.float32)
+    l_i = tl.zeros([BLOCK_Q * GROUP_PAD], tl.float32)
+    acc = tl.zeros([BLOCK_Q * GROUP_PAD, DIM_PAD], tl.float32)
+
+    # Keys this program can see: up to its last valid row's position (0 when it has no rows).
+    last_local = tl.minimum(first_local + BLOCK_Q, q_len) - 1
+    kv_end = tl.where(first_local < q_len, seq_len - q_len + last_local + 1, 0)
+    for n_start in range(0, kv_end, BLOCK_N):
+        n = n_start + tl.arange(0, BLOCK_N)
+        n_valid = n < kv_end
+        block = tl.load(
+            block_tables_ptr + req.to(tl.int64) * stride_bt + n // KV_BLOCK_SIZE,
+            mask=n_valid,
+            other=0,
+        ).to(tl.int64)
+        offset = n % KV_BLOCK_SIZE
+        kv_mask = n_valid[None, :] & d_valid[:, None]
+        k_ptrs = (k_cache_ptr + block[None, :] * stride_kb + offset[None, :] * stride_ks
+                  + kv_head * stride_kh + d[:, None] * stride_kd)  # fmt: skip
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [DIM_PAD, BLOCK_N]
+        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # log2 domain
+        visible = (n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_ptrs = (v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
+                  + kv_head * stride_vh + d[None, :] * stride_vd)  # fmt: skip
+        v = tl.load(v_ptrs, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    l_i = tl.where(l_i > 0.0, l_i, 1.0)  # rows without keys are padding; avoid 0/0
+    out = acc / l_i[:, None]
+    o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])
+
+
+@triton.jit
+def _store_kv_kernel(
+    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
+    stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd,
+    stride_kcb, stride_kcs, stride_kch, stride_kcd,
+    stride_vcb, stride_vcs, stride_vch, stride_vcd,
+    NUM_KV_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, KV_BLOCK_SIZE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + row).to(tl.int64)
+    block = slot // KV_BLOCK_SIZE
+    offset = slot % KV_BLOCK_SIZE
+    h = tl.arange(0, HEADS_PAD)[:, None]
+    d = tl.arange(0, DIM_PAD)[None, :]
+    # A negative slot is a padding row: copy no heads. (Folding the test into the head bound
+    # also sidesteps the interpreter rejecting `tensor_mask & scalar_mask`.)
+    num_heads = tl.where(slot >= 0, NUM_KV_HEADS, 0)
+    mask = (h < num_heads) & (d < HEAD_DIM)
+    k = tl.load(key_ptr + row * stride_kt + h * stride_kh + d * stride_kd, mask=mask)
+    v = tl.load(value_ptr + row * stride_vt + h * stride_vh + d * stride_vd, mask=mask)
+    k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kcs + h * stride_kch + d * stride_kcd
+    v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vcs + h * stride_vch + d * stride_vcd
+    tl.store(k_dst, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def check_device(device: torch.device) -> None:
+    """Raise with a one-line reason when these kernels cannot run on ``device``."""
+    if INTERPRETED and device.type != "cpu":
+        raise RuntimeError("triton runs interpreted (TRITON_INTERPRET=1): it needs CPU tensors")
+    if not INTERPRETED and (device.type != "cuda" or not torch.cuda.is_available()):
+        raise RuntimeError("triton needs CUDA or TRITON_INTERPRET=1 with CPU tensors")
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def write_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+    ) -> None:
+        check_device(key.device)
+        num_tokens, num_kv_heads, head_dim = key.shape
+        if num_tokens == 0:
+            return
+        _store_kv_kernel[(num_tokens,)](
+            key, value, k_cache, v_cache, slot_mapping,
+            *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
+            NUM_KV_HEADS=num_kv_heads, HEADS_PAD=_next_pow2(num_kv_heads),
+            HEAD_DIM=head_dim, DIM_PAD=_next_pow2(head_dim), KV_BLOCK_SIZE=k_cache.shape[1],
+        )  # fmt: skip
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        num_kv_heads, group = check_shapes(query, k_cache, v_cache, metadata)
+        check_device(query.device)
+        if query.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+            raise ValueError(
+                f"triton needs one dtype for query and caches, got {query.dtype}, "
+                f"{k_cache.dtype}, {v_cache.dtype}"
+            )
+        if INTERPRETED and query.dtype == torch.bfloat16:
+            raise ValueError("triton's interpreter computes bf16 tl.dot wrongly: use fp32/fp16")
+        out = torch.empty_like(query)
+        if metadata.num_tokens == 0 or metadata.num_reqs == 0:
+            return out
+        block_tables = metadata.block_tables
+        if block_tables.stride(-1) != 1:  # the kernel indexes table columns with stride 1
+            block_tables = block_tables.contiguous()
+        head_dim = query.shape[2]
+        dim_pad = max(MIN_DOT, _next_pow2(head_dim))
+        group_pad = _next_pow2(group)
+        rows = ROWS_DECODE if metadata.max_seqlen_q <= 1 else ROWS_PREFILL
+        block_n = BLOCK_N
+        if dim_pad > WIDE_HEAD_DIM:
+            rows, block_n = max(MIN_DOT, rows // 2), max(MIN_DOT, block_n // 2)
+        block_q = max(1, rows // group_pad, MIN_DOT // group_pad)
+        grid = (metadata.num_tokens // block_q + metadata.num_reqs, num_kv_heads)
+        is_fp32 = query.dtype == torch.float32
+        # fp32 must not silently drop to TF32 on tensor cores; fp16/bf16 ignore this.
+        precision = "ieee" if is_fp32 else "tf32"
+        launch = {"num_warps": NUM_WARPS}
+        if is_fp32:
+            launch["num_stages"] = FP32_NUM_STAGES
+        _paged_attention_kernel[grid](
+            query, k_cache, v_cache, out,
+            metadata.cu_seqlens_q, metadata.seq_lens, block_tables,
+            metadata.num_reqs, scale * LOG2_E,
+            *query.stride(), *out.stride(), *k_cache.stride(), *v_cache.stride(),
+            block_tables.stride(0),
+            GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+            BLOCK_Q=block_q, BLOCK_N=block_n, KV_BLOCK_SIZE=metadata.block_size,
+            DOT_PRECISION=precision, **launch,
+        )  # fmt: skip
+        return out
