@@ -1,0 +1,323 @@
+"""The torch model runner (packed batches over a paged cache) and the sampler, on the CPU in fp32.
+
+The tests play the engine's part by hand: a tiny block allocator fills each request's block
+table, and after every ``execute`` the request's ``num_computed_tokens`` is advanced and the
+sampled token appended.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cbbench.engine.model_runner import ModelRunner
+from cbbench.engine.models import allocate_kv_cache, load_model
+from cbbench.engine.request import Request, SamplingParams
+from cbbench.engine.sampler import Sampler, SamplingBatch
+from cbbench.engine.scheduler_output import SchedulerOutput
+from cbbench.kernels import get_backend
+
+TOL = 1e-4
+BLOCK_SIZE = 4
+NUM_BLOCKS = 64
+VOCAB = 512  # the tiny preset's
+
+
+class BlockAllocator:
+    """Hands out blocks in a scrambled order so request tables are never contiguous."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.free = [(7 * i + 3) % num_blocks for i in range(num_blocks)]  # a permutation
+
+    def cover(self, req: Request, num_tokens: int) -> None:
+        while len(req.block_table) * BLOCK_SIZE < num_tokens:
+            req.block_table.append(self.free.pop(0))
+
+
+class Harness:
+    """A runner plus the engine's bookkeeping, for one backend."""
+
+    def __init__(self, backend: str = "reference", **runner_kwargs) -> None:
+        attn = get_backend(backend, "cpu")
+        self.model, self.config = load_model("tiny", torch.float32, "cpu", attn, seed=0)
+        self.kv_caches = allocate_kv_cache(
+            self.config, NUM_BLOCKS, BLOCK_SIZE, torch.float32, "cpu"
+        )
+        self.runner = ModelRunner(
+            self.model,
+            self.config,
+            self.kv_caches,
+            BLOCK_SIZE,
+            "cpu",
+            torch.float32,
+            **runner_kwargs,
+        )
+        self.alloc = BlockAllocator(NUM_BLOCKS)
+
+    def schedule(self, work: list[tuple[Request, int]]) -> SchedulerOutput:
+        """Decodes (n == 1 with the request past its prompt) must come first, as the scheduler's do."""
+        for req, n in work:
+            self.alloc.cover(req, req.num_computed_tokens + n)
+        num_decode = 0
+        while num_decode < len(work) and _is_decode(*work[num_decode]):
+            num_decode += 1
+        counts = [n for _, n in work]
+        return SchedulerOutput(
+            scheduled_reqs=[r for r, _ in work],
+            num_scheduled_tokens=counts,
+            num_decode_reqs=num_decode,
+            num_prefill_tokens=sum(counts[num_decode:]),
+            token_budget=sum(counts),
+        )
+
+    def step(self, work: list[tuple[Request, int]]) -> list[int | None]:
+        sched = self.schedule(work)
+        out = self.runner.execute(sched)
+        _advance(sched, out.sampled_token_ids)
+        return out.sampled_token_ids
+
+    def all_row_logits(self, sched: SchedulerOutput) -> torch.Tensor:
+        """Logits of every packed row (the runner itself only computes the sampled rows)."""
+        batch = self.runner.prepare(sched)
+        with torch.inference_mode():
+            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
+            return self.model.compute_logits(hidden)
+
+
+def _is_decode(req: Request, n: int) -> bool:
+    return n == 1 and req.num_computed_tokens >= req.num_prompt_tokens
+
+
+def _advance(sched: SchedulerOutput, sampled: list[int | None]) -> None:
+    """What the engine does after execute."""
+    for req, n, token in zip(
+        sched.scheduled_reqs, sched.num_scheduled_tokens, sampled, strict=True
+    ):
+        req.num_computed_tokens += n
+        if token is not None:
+            req.output_token_ids.append(token)
+            req.num_output_tokens += 1
+
+
+def _prompt(req_id: int, length: int) -> list[int]:
+    g = torch.Generator().manual_seed(100 + req_id)
+    return torch.randint(0, VOCAB, (length,), generator=g).tolist()
+
+
+def _request(req_id: int, prompt_len: int, sampling: SamplingParams | None = None) -> Request:
+    kwargs = {} if sampling is None else {"sampling": sampling}
+    return Request(req_id, prompt_len, 16, prompt_token_ids=_prompt(req_id, prompt_len), **kwargs)
+
+
+def _alone_logits(token_ids: list[int], backend: str = "reference") -> torch.Tensor:
+    """Every row's logits for one request prefilled alone in a fresh cache."""
+    h = Harness(backend)
+    req = Request(999, len(token_ids), 1, prompt_token_ids=token_ids)
+    return h.all_row_logits(h.schedule([(req, len(token_ids))]))
+
+
+def _mixed_batch(h: Harness):
+    """Two decodes with cached context, a chunk over a cached chunk, and a fresh prefill."""
+    a, b, c, d = _request(0, 10), _request(1, 7), _request(2, 20), _request(3, 9)
+    assert h.step([(a, 10)]) != [None]  # a: prefill, then one decode
+    assert h.step([(b, 7)]) != [None]
+    h.step([(a, 1)])
+    assert h.step([(c, 8)]) == [None]  # c: first chunk of its prompt
+    work = [(a, 1), (b, 1), (c, 7), (d, 9)]
+    return (a, b, c, d), work
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_mixed_batch_matches_each_request_alone(backend):
+    h = Harness(backend)
+    reqs, work = _mixed_batch(h)
+    sched = h.schedule(work)
+    assert sched.num_decode_reqs == 2
+    packed = h.all_row_logits(sched)
+    start = 0
+    for req, n in work:
+        end_tok = req.num_computed_tokens + n
+        alone = _alone_logits(req.token_ids_slice(0, end_tok))[-n:]
+        diff = (packed[start : start + n] - alone).abs().max().item()
+        assert diff < TOL, f"request {req.request_id}: max diff {diff}"
+        start += n
+
+    # The runner samples exactly the rows that complete a request: greedy = argmax.
+    logits = h.runner.compute_logits(h.runner.prepare(sched))
+    ends = [1, 2, 2 + 7 + 9]  # last rows of a, b and d (c's chunk is partial)
+    assert torch.allclose(logits, packed[[e - 1 for e in ends]], atol=TOL)
+    sampled = h.runner.execute(sched).sampled_token_ids
+    a, b, c, d = reqs
+    expected = packed[[e - 1 for e in ends]].argmax(-1).tolist()
+    assert sampled == [expected[0], expected[1], None, expected[2]]
+
+    _advance(sched, sampled)
+    assert h.step([(c, 5)]) != [None]  # the completing chunk samples a token
+    assert c.num_output_tokens == 1
+
+
+def test_torch_and_reference_backends_agree_in_the_runner():
+    logits = []
+    for backend in ("reference", "torch"):
+        h = Harness(backend)
+        _, work = _mixed_batch(h)
+        logits.append(h.all_row_logits(h.schedule(work)))
+        # and a pure-decode iteration afterwards
+        reqs = [r for r, _ in work]
+        sched = h.schedule(work)
+        _advance(sched, h.runner.execute(sched).sampled_token_ids)
+        decodes = [(r, 1) for r in reqs if r.num_computed_tokens == r.num_tokens - 1]
+        logits.append(h.runner.compute_logits(h.runner.prepare(h.schedule(decodes))))
+    assert (logits[0] - logits[2]).abs().max().item() < TOL
+    assert logits[1].shape[0] == 3  # a, b, d decode; c is mid-prompt
+    assert (logits[1] - logits[3]).abs().max().item() < TOL
+
+
+def test_batch_layout():
+    h = Harness()
+    _, work = _mixed_batch(h)
+    batch = h.runner.prepare(h.schedule(work))
+    md = batch.metadata
+    assert md.cu_seqlens_q.tolist() == [0, 1, 2, 9, 18]
+    assert md.seq_lens.tolist() == [12, 8, 15, 9]
+    assert (md.max_seqlen_q, md.max_seqlen_k) == (9, 15)
+    assert batch.positions.tolist() == [11, 7, *range(8, 15), *range(9)]
+    assert md.block_tables.dtype == torch.int32 and md.block_tables.shape == (4, 4)
+    for i, (req, _) in enumerate(work):  # every slot lands in the request's own block table
+        rows = range(md.cu_seqlens_q[i], md.cu_seqlens_q[i + 1])
+        for row in rows:
+            pos = int(batch.positions[row])
+            slot = int(md.slot_mapping[row])
+            assert slot == req.block_table[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+    assert batch.logits_indices.tolist() == [0, 1, 17]
+    assert batch.sample_req_indices == [0, 1, 3]
+
+
+class _EagerGraph:
+    """Stands in for a captured CUDA graph on the CPU: replay runs the captured body eagerly
+    on the runner's static buffers, so the padding and buffer logic is what gets tested."""
+
+    def __init__(self, runner: ModelRunner, bs: int) -> None:
+        self.runner, self.bs, self.replays = runner, bs, 0
+
+    def replay(self) -> None:
+        r, bs = self.runner, self.bs
+        r._g_hidden[:bs] = r._graph_body(bs, r._graph_metadata(bs))
+        self.replays += 1
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_decode_graph_replay_logic_matches_eager(backend):
+    eager = Harness(backend)
+    graphed = Harness(backend, max_num_seqs=8)
+    runner = graphed.runner
+    assert runner.graph_batch_sizes() == [1, 2, 4, 8]
+    runner._allocate_graph_buffers()
+    runner._graphs = {bs: _EagerGraph(runner, bs) for bs in runner.graph_batch_sizes()}
+    reqs = {h: [_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))] for h in (eager, graphed)}
+
+    def step(pick) -> None:
+        scheds = {h: h.schedule(pick(reqs[h])) for h in (eager, graphed)}
+        logits = {h: h.runner.compute_logits(h.runner.prepare(s)) for h, s in scheds.items()}
+        assert (logits[graphed] - logits[eager]).abs().max().item() < TOL
+        tokens = logits[eager].argmax(-1).tolist()
+        for sched in scheds.values():
+            _advance(sched, tokens)
+
+    step(lambda rs: [(r, r.num_prompt_tokens) for r in rs])  # prefill: eager in both
+    assert not any(g.replays for g in runner._graphs.values())
+    # 5 rows pad to 8; then 3 pad to 4 (leftovers of the 5 must not leak); 1; 5 again.
+    for pick in (
+        lambda rs: [(r, 1) for r in rs],
+        lambda rs: [(r, 1) for r in rs[1:4]],
+        lambda rs: [(r, 1) for r in rs[4:]],
+        lambda rs: [(r, 1) for r in rs],
+    ):
+        step(pick)
+    assert {bs: g.replays for bs, g in runner._graphs.items()} == {1: 1, 2: 0, 4: 1, 8: 2}
+
+
+def test_short_block_table_is_a_clear_error():
+    h = Harness()
+    req = _request(0, 10)
+    req.block_table = [0, 1]  # 8 tokens' worth
+    sched = SchedulerOutput([req], [10], 0, 10, 10)
+    with pytest.raises(ValueError, match="block table has 2 blocks"):
+        h.runner.execute(sched)
+
+
+# ---- sampler --------------------------------------------------------------------------------
+
+
+def _logits(rows: int, vocab: int = VOCAB, seed: int = 0) -> torch.Tensor:
+    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_greedy_is_argmax():
+    logits = _logits(6)
+    reqs = [_request(i, 4) for i in range(6)]
+    assert torch.equal(Sampler()(logits, reqs), logits.argmax(-1))
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent():
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=7)
+    reqs = [_request(i, 4, params) for i in range(8)]
+    logits = _logits(8)
+    sampler = Sampler()
+    first = sampler(logits, reqs)
+    assert torch.equal(first, sampler(logits, reqs))
+    # Alone, or in a shuffled batch with a greedy neighbour, each request draws the same token.
+    for i in range(8):
+        assert sampler(logits[i : i + 1], reqs[i : i + 1]).item() == first[i].item()
+    order = [5, 2, 7, 0]
+    greedy_neighbour = _request(99, 4)
+    mixed = sampler(
+        torch.cat([logits[order], logits[:1]]), [reqs[i] for i in order] + [greedy_neighbour]
+    )
+    assert mixed[:4].tolist() == first[order].tolist()
+    assert mixed[4].item() == logits[0].argmax().item()
+    # A different seed gives different draws.
+    other = [
+        _request(i, 4, SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=8))
+        for i in range(8)
+    ]
+    assert not torch.equal(first, sampler(logits, other))
+
+
+def test_top_k_and_top_p_restrict_the_support():
+    logits = _logits(1)[0]
+    top5 = set(logits.topk(5).indices.tolist())
+    sampler = Sampler()
+    batch = SamplingBatch([1.0] * 200, [5] * 200, [1.0] * 200, list(range(200)))
+    drawn = sampler.sample(logits.expand(200, -1).clone(), batch).tolist()
+    assert set(drawn) <= top5 and len(set(drawn)) > 1
+    # Rows with and without top-k in one batch: only the top-k rows are restricted.
+    batch = SamplingBatch([1.0] * 200, [5, 0] * 100, [1.0] * 200, list(range(200)))
+    drawn = sampler.sample(logits.expand(200, -1).clone(), batch).tolist()
+    assert set(drawn[::2]) <= top5 and not set(drawn[1::2]) <= top5
+    # top_p so small only the most likely token survives; top_k=1 likewise.
+    for k, p in ((0, 1e-6), (1, 1.0)):
+        batch = SamplingBatch([1.0] * 20, [k] * 20, [p] * 20, list(range(20)))
+        drawn = sampler.sample(logits.expand(20, -1).clone(), batch)
+        assert (drawn == logits.argmax()).all()
+
+
+def test_sampling_follows_the_softmax():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]])
+    n = 4000
+    batch = SamplingBatch([1.0] * n, [0] * n, [1.0] * n, list(range(n)))
+    drawn = Sampler().sample(logits.expand(n, -1).clone(), batch)
+    freq = torch.bincount(drawn, minlength=4).float() / n
+    assert (freq - torch.softmax(logits[0], -1)).abs().max().item() < 0.03
+
+
+def test_kv_blocks_for_memory_follows_the_design_rule():
+    from cbbench.engine.kv_sizing import num_kv_blocks_for_memory
+    from cbbench.engine.model_config import MODEL_PRESETS
+
+    config = MODEL_PRESETS["llama-3-8b"]
+    assert config.kv_bytes_per_token("bf16") == 131_072
+    memory = 80 * 10**9
+    expected = (memory - config.weight_bytes("bf16")) // 131_072 // 16
+    assert num_kv_blocks_for_memory(config, 16, torch.bfloat16, memory) == expected
+    assert num_kv_blocks_for_memory(config, 16, "bf16", memory) == expected
+    assert num_kv_blocks_for_memory(config, 16, "bf16", 10**9) == 0  # weights alone overflow

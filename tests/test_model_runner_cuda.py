@@ -1,0 +1,155 @@
+"""The model runner on a CUDA GPU: bf16, the compiled Triton backend, and decode CUDA graphs.
+
+Skipped without a GPU (see conftest.py). The engine's bookkeeping is played by hand, as in
+test_model_runner.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cbbench.engine.kv_sizing import cuda_num_kv_blocks, kv_block_bytes
+from cbbench.engine.model_runner import ModelRunner
+from cbbench.engine.models import allocate_kv_cache, load_model
+from cbbench.engine.request import Request
+from cbbench.engine.scheduler_output import SchedulerOutput
+from cbbench.kernels import get_backend
+
+pytestmark = pytest.mark.cuda
+
+DEVICE = "cuda"
+BLOCK_SIZE = 16
+NUM_BLOCKS = 256
+PROMPT_LENS = (5, 17, 33, 40, 64)
+
+
+def _backend(name: str = "triton"):
+    try:
+        return get_backend(name, DEVICE, block_size=BLOCK_SIZE)
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+def _model(preset: str, dtype: torch.dtype, backend: str = "triton"):
+    return load_model(preset, dtype, DEVICE, _backend(backend), seed=0, max_model_len=1024)
+
+
+def _runner(model, config, dtype, graphs: bool, max_num_seqs: int = 8) -> ModelRunner:
+    kv_caches = allocate_kv_cache(config, NUM_BLOCKS, BLOCK_SIZE, dtype, DEVICE)
+    return ModelRunner(
+        model,
+        config,
+        kv_caches,
+        BLOCK_SIZE,
+        DEVICE,
+        dtype,
+        use_cuda_graphs=graphs,
+        max_num_seqs=max_num_seqs,
+    )
+
+
+def _requests(vocab: int, offset: int) -> list[Request]:
+    """Requests with disjoint block ranges starting at ``offset`` (64 blocks each)."""
+    reqs = []
+    g = torch.Generator().manual_seed(0)
+    for i, n in enumerate(PROMPT_LENS):
+        req = Request(
+            i, n, 32, prompt_token_ids=torch.randint(0, vocab, (n,), generator=g).tolist()
+        )
+        req.block_table = list(range(offset + 40 * i, offset + 40 * (i + 1)))
+        reqs.append(req)
+    return reqs
+
+
+def _sched(work: list[tuple[Request, int]]) -> SchedulerOutput:
+    num_decode = sum(1 for r, n in work if n == 1 and r.num_computed_tokens >= r.num_prompt_tokens)
+    counts = [n for _, n in work]
+    return SchedulerOutput(
+        [r for r, _ in work], counts, num_decode, sum(counts[num_decode:]), sum(counts)
+    )
+
+
+def _advance(work, tokens) -> None:
+    for (req, n), token in zip(work, tokens, strict=True):
+        req.num_computed_tokens += n
+        if token is not None:
+            req.output_token_ids.append(token)
+            req.num_output_tokens += 1
+
+
+def test_bf16_model_runs_and_matches_reference_backend():
+    dtype = torch.bfloat16
+    logits = {}
+    for backend in ("triton", "reference"):
+        model, config = _model("small", dtype, backend)
+        runner = _runner(model, config, dtype, graphs=False)
+        runner.warmup()
+        reqs = _requests(config.vocab_size, offset=0)
+        work = [(r, r.num_prompt_tokens) for r in reqs]
+        prefill = runner.compute_logits(runner.prepare(_sched(work)))
+        tokens = runner.execute(_sched(work)).sampled_token_ids
+        assert all(isinstance(t, int) for t in tokens)
+        _advance(work, tokens)
+        decode = [(r, 1) for r in reqs]
+        logits[backend] = (prefill, runner.compute_logits(runner.prepare(_sched(decode))))
+        assert torch.isfinite(logits[backend][1]).all()
+    for got, ref in zip(logits["triton"], logits["reference"], strict=True):
+        assert got.dtype == torch.float32
+        assert torch.allclose(got, ref, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_graph_replay_matches_eager(dtype):
+    model, config = _model("tiny", dtype)
+    eager = _runner(model, config, dtype, graphs=False)
+    graphed = _runner(model, config, dtype, graphs=True)
+    graphed.warmup()
+    assert sorted(graphed._graphs) == [1, 2, 4, 8]
+    req_sets = [_requests(config.vocab_size, offset=0), _requests(config.vocab_size, offset=0)]
+
+    def step(pick) -> list[torch.Tensor]:
+        out = []
+        works = [[(r, n) for r, n in pick(reqs)] for reqs in req_sets]
+        for runner, work in zip((eager, graphed), works, strict=True):
+            out.append(runner.compute_logits(runner.prepare(_sched(work))))
+        tokens = out[0].argmax(-1).tolist()  # both follow eager's tokens, so they stay in step
+        for work in works:
+            it = iter(tokens)
+            _advance(
+                work,
+                [next(it) if r.num_computed_tokens + n == r.num_tokens else None for r, n in work],
+            )
+        return out
+
+    step(lambda reqs: [(r, r.num_prompt_tokens) for r in reqs])  # prefills run eagerly
+    # 5 rows (padded to 8), then 3 (padded to 4: rows left over from the 5 must not leak), then 1.
+    for pick in (
+        lambda reqs: [(r, 1) for r in reqs],
+        lambda reqs: [(r, 1) for r in reqs[1:4]],
+        lambda reqs: [(r, 1) for r in reqs[4:]],
+        lambda reqs: [(r, 1) for r in reqs],
+    ):
+        got_eager, got_graph = step(pick)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        assert torch.allclose(got_graph, got_eager, atol=tol, rtol=tol)
+
+
+def test_graph_runner_execute_samples_tokens():
+    model, config = _model("tiny", torch.bfloat16)
+    runner = _runner(model, config, torch.bfloat16, graphs=True, max_num_seqs=4)
+    reqs = _requests(config.vocab_size, offset=0)[:4]
+    work = [(r, r.num_prompt_tokens) for r in reqs]
+    _advance(work, runner.execute(_sched(work)).sampled_token_ids)
+    for _ in range(3):
+        work = [(r, 1) for r in reqs]
+        tokens = runner.execute(_sched(work)).sampled_token_ids
+        assert all(isinstance(t, int) and 0 <= t < config.vocab_size for t in tokens)
+        _advance(work, tokens)
+    assert all(r.num_output_tokens == 4 for r in reqs)
+
+
+def test_cuda_kv_block_count_fits_in_free_memory():
+    model, config = _model("tiny", torch.bfloat16)
+    blocks = cuda_num_kv_blocks(config, BLOCK_SIZE, torch.bfloat16, 0.5)
+    free, total = torch.cuda.mem_get_info()
+    assert 0 < blocks * kv_block_bytes(config, BLOCK_SIZE, torch.bfloat16) <= 0.5 * total
