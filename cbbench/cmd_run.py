@@ -73,6 +73,9 @@ def run(
     save_detailed: Annotated[
         bool, typer.Option(help="Also store per-request ITL lists and output token ids.")
     ] = False,
+    label: Annotated[
+        str | None, typer.Option(help="A name for this run, shown by compare and report.")
+    ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the result JSON instead of the table.")
     ] = False,
@@ -81,7 +84,7 @@ def run(
     engine's per-iteration story."""
     from .metrics import parse_slo
     from .result import check_writable, dumps, write_result
-    from .runner import DEFAULT_NUM_REQUESTS, RunSpec, execute_run
+    from .runner import RunSpec, execute_run
     from .table import render_summary
 
     rate = C.parse_rate_option(request_rate)
@@ -95,7 +98,7 @@ def run(
     )
     spec = RunSpec(
         workload=workload,
-        num_requests=num_requests if num_requests is not None else DEFAULT_NUM_REQUESTS,
+        num_requests=num_requests,
         seed=seed,
         request_rate=rate,
         rate_given=request_rate != "inf",
@@ -103,6 +106,7 @@ def run(
         arrival=arrival,
         slo=parse_slo(slo),
         save_detailed=save_detailed,
+        label=label,
         engine=opts,
     )
     out_path = output or C.default_output_path(engine if engine != "auto" else "engine")

@@ -28,6 +28,7 @@ class RunSpec:
     arrival: str = "auto"
     slo: dict = field(default_factory=dict)
     save_detailed: bool = False
+    label: str | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
 
 
@@ -67,10 +68,13 @@ def execute_run(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     workload = load_workload(spec.workload)
-    wreqs, replaced = sample_requests(workload, spec.num_requests, spec.seed)
+    num_requests = spec.num_requests
+    if num_requests is None and not workload.has_arrivals:
+        num_requests = DEFAULT_NUM_REQUESTS  # a timed trace without the flag replays whole
+    wreqs, replaced = sample_requests(workload, num_requests, spec.seed)
     if replaced:
         notice(
-            f"the workload has {len(workload.requests)} requests; drew {spec.num_requests} "
+            f"the workload has {len(workload.requests)} requests; drew {num_requests} "
             "with replacement"
         )
     process = resolve_process(spec.arrival, spec.request_rate, workload.has_arrivals, spec.rate_given)
@@ -86,10 +90,12 @@ def execute_run(
         keep_token_ids=spec.save_detailed,
     )
     config = {
+        "label": spec.label,
         "workload": workload.name,
         "num_requests": len(wreqs),
         "seed": spec.seed,
-        "request_rate": spec.request_rate,
+        # JSON has no infinity: "inf" is written as the string the CLI takes.
+        "request_rate": "inf" if math.isinf(spec.request_rate) else spec.request_rate,
         "burstiness": spec.burstiness,
         "arrival": process,
         "slo": spec.slo,

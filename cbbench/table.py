@@ -60,9 +60,9 @@ def engine_table(eng: dict) -> str:
 def render_summary(result: dict) -> str:
     s = result["summary"]
     cfg = result["config"]
-    title = f"cbbench · {cfg.get('workload')} · {cfg.get('target')}"
+    title = f"cbbench · {cfg.get('label') + ' · ' if cfg.get('label') else ''}{cfg.get('workload')} · {cfg.get('target')}"
     if cfg.get("target") == "engine":
-        title += f" {cfg.get('engine_kind', cfg.get('engine'))} · {cfg.get('model')}"
+        title += f" {cfg.get('engine')} · {cfg.get('model')}"
         if cfg.get("gpu"):
             title += f" on {cfg.get('gpu')}"
         title += f" · {cfg.get('scheduler')}"

@@ -1,0 +1,200 @@
+"""Metrics with vLLM's definitions, checked on hand-computed records.
+
+Three completed requests and two failed ones, with known token times (seconds):
+
+  A: start 0.0, sent 0.0,  tokens 0.10 0.15 0.25 0.30  -> TTFT 100, E2EL 300, TPOT 200/3, ITL 50 100 50
+  B: start 0.2, sent 0.2,  tokens 0.50                 -> TTFT 300, E2EL 300, no TPOT, no ITL
+  C: start 0.3, sent 0.35, tokens 0.40 0.60 0.70       -> TTFT 100, E2EL 400, TPOT 150, ITL 200 100
+  D: rejected, no tokens, sent 0.45
+  E: aborted after one token (excluded from latency, counted as failed)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cbbench.errors import UsageError
+from cbbench.metrics import distribution, meets_slo, parse_slo, summarize, summarize_engine
+from cbbench.records import RequestRecord
+
+
+def _records() -> list[RequestRecord]:
+    return [
+        RequestRecord(0, 10, 4, 0.0, send_s=0.0, token_times_s=[0.10, 0.15, 0.25, 0.30]),
+        RequestRecord(1, 20, 1, 0.2, send_s=0.2, token_times_s=[0.50]),
+        RequestRecord(2, 30, 3, 0.3, send_s=0.35, token_times_s=[0.40, 0.60, 0.70]),
+        RequestRecord(3, 40, 0, 0.4, send_s=0.45, error="too long", error_type="rejected"),
+        RequestRecord(4, 50, 1, 0.5, token_times_s=[0.9], error="aborted", error_type="aborted"),
+    ]
+
+
+def _approx_dist(d: dict, values: list[float]) -> None:
+    a = np.asarray(values, dtype=float)
+    assert d["count"] == a.size
+    assert d["mean"] == pytest.approx(a.mean())
+    assert d["std"] == pytest.approx(a.std())
+    for p in (50, 90, 95, 99):
+        assert d[f"p{p}"] == pytest.approx(np.percentile(a, p))
+
+
+# ---- per-request values ---------------------------------------------------------------------
+def test_per_request_values_by_hand():
+    a, b, c, d, e = _records()
+    assert a.ttft_s == pytest.approx(0.100)
+    assert a.e2el_s == pytest.approx(0.300)
+    assert a.tpot_s == pytest.approx((0.300 - 0.100) / 3)
+    assert b.ttft_s == pytest.approx(0.300) and b.e2el_s == pytest.approx(0.300)
+    assert b.tpot_s is None  # one output token: no TPOT
+    assert c.ttft_s == pytest.approx(0.100)  # from the intended start, not the send
+    assert c.e2el_s == pytest.approx(0.400)
+    assert c.tpot_s == pytest.approx(0.150)
+    for failed in (d, e):
+        assert not failed.ok
+        assert failed.ttft_s is None and failed.tpot_s is None and failed.e2el_s is None
+
+
+def test_summary_by_hand():
+    s = summarize(_records(), duration_s=1.0)
+    assert s["completed"] == 3
+    assert s["failed"] == 2
+    assert s["error_types"] == {"rejected": 1, "aborted": 1}
+    assert s["duration_s"] == 1.0
+    assert s["total_input_tokens"] == 60  # completed only
+    assert s["total_output_tokens"] == 8
+    assert s["request_throughput"] == pytest.approx(3.0)
+    assert s["output_throughput"] == pytest.approx(8.0)
+    assert s["total_token_throughput"] == pytest.approx(68.0)
+    _approx_dist(s["ttft_ms"], [100, 300, 100])
+    _approx_dist(s["tpot_ms"], [200 / 3, 150])
+    _approx_dist(s["itl_ms"], [50, 100, 50, 200, 100])  # pooled over requests
+    _approx_dist(s["e2el_ms"], [300, 300, 400])
+    _approx_dist(s["send_lag_ms"], [0, 0, 50, 50])  # every sent request, failed ones too
+    assert s["ttft_ms"]["mean"] == pytest.approx(500 / 3)
+    assert s["ttft_ms"]["p50"] == pytest.approx(100)
+    assert s["e2el_ms"]["p90"] == pytest.approx(380)  # 300 + 0.8 * (400 - 300)
+    assert s["itl_ms"]["p50"] == pytest.approx(100)
+    assert "goodput" not in s and "slo" not in s
+
+
+def test_throughput_scales_with_duration():
+    s = summarize(_records(), duration_s=4.0)
+    assert s["request_throughput"] == pytest.approx(0.75)
+    assert s["output_throughput"] == pytest.approx(2.0)
+    assert s["total_token_throughput"] == pytest.approx(17.0)
+
+
+@pytest.mark.parametrize(
+    ("slo", "good"),
+    [
+        ({"tpot": 100.0}, 2),  # A (66.7) and B (one token: no TPOT, passes); C (150) fails
+        ({"ttft": 200.0}, 2),  # A, C; B's 300 fails
+        ({"ttft": 200.0, "tpot": 100.0}, 1),  # A only
+        ({"e2el": 350.0}, 2),  # A, B; C's 400 fails
+        ({"e2el": 1000.0, "ttft": 1000.0, "tpot": 1000.0}, 3),  # failed ones never count
+        ({"ttft": 50.0}, 0),
+    ],
+)
+def test_goodput_by_hand(slo, good):
+    s = summarize(_records(), duration_s=2.0, slo=slo)
+    assert s["slo"] == slo
+    assert s["goodput"] == pytest.approx(good / 2.0)
+    assert s["slo_attainment"] == pytest.approx(good / 5)  # over every request, failed too
+
+
+def test_one_token_request_passes_a_tpot_slo():
+    b = _records()[1]
+    assert meets_slo(b, {"tpot": 0.001})
+    assert not meets_slo(b, {"tpot": 0.001, "ttft": 10.0})
+    assert not meets_slo(_records()[3], {})  # a failed request never meets an SLO
+
+
+def test_empty_and_all_failed():
+    s = summarize([], duration_s=0.0, slo={"ttft": 1.0})
+    assert s["completed"] == 0 and s["failed"] == 0
+    assert s["request_throughput"] == 0.0 and s["output_throughput"] == 0.0
+    assert s["ttft_ms"] == {"mean": None, "std": None, "p50": None, "p90": None, "p95": None,
+                            "p99": None, "count": 0}
+    assert s["goodput"] == 0.0 and s["slo_attainment"] == 0.0
+    failed = _records()[3:]
+    s = summarize(failed, duration_s=1.0)
+    assert s["completed"] == 0 and s["failed"] == 2
+    assert s["ttft_ms"]["count"] == 0 and s["itl_ms"]["count"] == 0
+
+
+# ---- distributions --------------------------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=200))
+def test_distribution_matches_numpy_linear_percentiles(values):
+    d = distribution(values)
+    a = np.asarray(values)
+    assert d["count"] == len(values)
+    assert d["mean"] == pytest.approx(float(np.mean(a)), rel=1e-9, abs=1e-9)
+    assert d["std"] == pytest.approx(float(np.std(a)), rel=1e-9, abs=1e-6)
+    for p in (50, 90, 95, 99):
+        assert d[f"p{p}"] == pytest.approx(float(np.percentile(a, p, method="linear")))
+
+
+def test_distribution_custom_percentiles():
+    d = distribution([1.0, 2.0, 3.0, 4.0], percentiles=(25, 75))
+    assert d == {"mean": 2.5, "std": pytest.approx(np.std([1, 2, 3, 4])), "p25": 1.75,
+                 "p75": 3.25, "count": 4}
+
+
+def test_summarize_engine_by_hand():
+    its = [
+        dict(num_prefill_tokens=100, num_decode_tokens=0, token_budget=200, kv_blocks_used=10,
+             kv_blocks_total=100, duration_s=0.01, bytes_moved=1e9, num_running=1,
+             num_preempted=0),
+        dict(num_prefill_tokens=0, num_decode_tokens=2, token_budget=200, kv_blocks_used=30,
+             kv_blocks_total=100, duration_s=0.03, bytes_moved=3e9, num_running=2,
+             num_preempted=1),
+    ]
+    e = summarize_engine(its)
+    assert e["num_iterations"] == 2
+    assert e["busy_time_s"] == pytest.approx(0.04)
+    assert e["mean_iteration_ms"] == pytest.approx(20.0)
+    assert e["mean_prefill_tokens"] == 50 and e["mean_decode_tokens"] == 1
+    assert e["token_budget_utilization"] == pytest.approx((0.5 + 0.01) / 2)
+    assert e["peak_kv_usage"] == pytest.approx(0.3) and e["mean_kv_usage"] == pytest.approx(0.2)
+    assert e["num_preemptions"] == 1
+    assert e["mean_achieved_bw_gbps"] == pytest.approx(100.0)  # 4e9 B / 0.04 s
+    assert summarize_engine([]) == {"num_iterations": 0}
+
+
+# ---- SLO parsing ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("ttft=500,tpot=50", {"ttft": 500.0, "tpot": 50.0}),
+        ("e2el=10000", {"e2el": 10000.0}),
+        ("ttft=0.5, tpot = 20", {"ttft": 0.5, "tpot": 20.0}),
+        ("ttft=1e3", {"ttft": 1000.0}),
+        ("", {}),
+        (None, {}),
+    ],
+)
+def test_parse_slo_accepts(text, expected):
+    assert parse_slo(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("ttfb=500", "invalid SLO"),  # unknown key
+        ("ttft", "invalid SLO"),  # no value
+        ("ttft:500", "invalid SLO"),
+        ("ttft=abc", "milliseconds expected"),
+        ("ttft=", "milliseconds expected"),
+        ("ttft=-5", "must be > 0"),
+        ("ttft=0", "must be > 0"),
+        ("ttft=nan", "must be > 0"),
+        ("ttft=500,", "invalid SLO"),  # trailing empty part
+        ("ttft=500,foo=1", "invalid SLO"),
+    ],
+)
+def test_parse_slo_rejects(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_slo(text)
