@@ -1,0 +1,173 @@
+"""`cbbench compare`: the side-by-side table, config differences, exports, and --variants."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import re
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cbbench import cmd_compare
+from cbbench.cmd_compare import Labeled, config_differences, parse_variant, parse_variants
+from cbbench.engine_target import EngineOptions
+from cbbench.errors import UsageError
+from cbbench.result import write_result
+from cbbench.runner import RunSpec, execute_run
+
+app = typer.Typer()
+cmd_compare.register(app)
+
+
+@app.callback()
+def _root() -> None:  # keeps `compare` a named subcommand
+    pass
+
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    spec = RunSpec(num_requests=60, engine=EngineOptions(engine="sim"))
+    return execute_run(spec, lambda msg: None)
+
+
+def _pair(tmp_path, result) -> tuple[str, str]:
+    faster = copy.deepcopy(result)
+    faster["summary"]["output_throughput"] = result["summary"]["output_throughput"] * 2
+    faster["config"]["scheduler"] = "static"
+    faster["config"]["command"] = "cbbench run --something-else"
+    a, b = tmp_path / "first.json", tmp_path / "second.json"
+    write_result(a, result)
+    write_result(b, faster)
+    return str(a), str(b)
+
+
+def test_two_files_give_a_table_with_ratios(tmp_path, result):
+    a, b = _pair(tmp_path, result)
+    r = runner.invoke(app, ["compare", a, b])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0].split() == ["metric", "first", "second"]
+    row = next(ln for ln in lines if ln.startswith("output throughput"))
+    assert "(2.00×)" in row
+    assert "(1.00×)" in next(ln for ln in lines if ln.startswith("TTFT p99"))
+    # Config differences: the scheduler, but not the command line.
+    diff = r.stdout.split("config ")[1]
+    assert "scheduler" in diff and "static" in diff
+    assert "command" not in diff
+
+
+def test_results_of_different_loads_get_a_note(tmp_path, result):
+    other = copy.deepcopy(result)
+    other["config"]["seed"] = 3
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_result(a, result)
+    write_result(b, other)
+    r = runner.invoke(app, ["compare", str(a), str(b)])
+    assert r.exit_code == 0
+    assert "not like for like" in r.stdout
+
+
+def test_markdown_and_csv_exports(tmp_path, result):
+    a, b = _pair(tmp_path, result)
+    md, table = tmp_path / "cmp.md", tmp_path / "cmp.csv"
+    r = runner.invoke(app, ["compare", a, b, "--markdown", str(md), "--csv", str(table)])
+    assert r.exit_code == 0, r.output
+    text = md.read_text()
+    assert "| metric" in text and "(2.00×)" in text and "scheduler" in text
+    rows = list(csv.DictReader(table.open()))
+    out = next(row for row in rows if row["path"] == "output_throughput")
+    assert float(out["second/first"]) == pytest.approx(2.0)
+    assert float(out["first"]) == pytest.approx(result["summary"]["output_throughput"])
+    assert next(row for row in rows if row["path"] == "completed")["first"] == "60"
+
+
+def test_config_differences_flatten_nested_keys(result):
+    other = copy.deepcopy(result)
+    other["config"]["efficiency"]["eta_memory"] = 0.7
+    other["config"]["command"] = "different"
+    diffs = config_differences([Labeled("a", result), Labeled("b", other)])
+    assert [d[0] for d in diffs] == ["efficiency.eta_memory"]
+
+
+def test_usage_errors(tmp_path, result):
+    a, b = _pair(tmp_path, result)
+    assert runner.invoke(app, ["compare", a]).exit_code == 2
+    assert runner.invoke(app, ["compare"]).exit_code == 2
+    both = runner.invoke(app, ["compare", a, b, "--variants", "static,continuous"])
+    assert both.exit_code == 2
+    missing = runner.invoke(app, ["compare", a, str(tmp_path / "nope.json")])
+    assert missing.exit_code == 2 and "not found" in missing.stderr
+
+
+# ---- variants -----------------------------------------------------------------------------
+
+
+def test_variant_names():
+    v = parse_variant("continuous-chunked+reserved")
+    assert (v.scheduler, v.chunked_prefill, v.kv_allocation) == ("continuous", True, "reserved")
+    v = parse_variant("static")
+    assert (v.scheduler, v.chunked_prefill, v.kv_allocation) == ("static", False, None)
+    v = parse_variant("continuous")
+    assert (v.scheduler, v.chunked_prefill) == ("continuous", False)
+    v = parse_variant("reserved+static")
+    assert (v.scheduler, v.kv_allocation) == ("static", "reserved")
+    v = parse_variant("paged")
+    assert (v.scheduler, v.chunked_prefill, v.kv_allocation) == (None, None, "paged")
+    for bad in ("fast", "static+continuous", "paged+reserved", "static+", ""):
+        with pytest.raises(UsageError):
+            parse_variant(bad)
+    with pytest.raises(UsageError):
+        parse_variants("static,static")
+    with pytest.raises(UsageError):
+        parse_variants("static")
+
+
+def test_a_variant_keeps_the_other_engine_options():
+    base = EngineOptions(engine="sim", scheduler="static", chunked_prefill=True, max_num_seqs=8)
+    opts = parse_variant("reserved").apply(base)
+    assert (opts.scheduler, opts.chunked_prefill, opts.kv_allocation) == ("static", True, "reserved")
+    assert opts.max_num_seqs == 8 and opts.resolved is not base.resolved
+
+
+def test_unknown_variant_lists_the_valid_ones(tmp_path):
+    r = runner.invoke(
+        app, ["compare", "--engine", "sim", "--variants", "static,turbo", "--out-dir", str(tmp_path)]
+    )
+    assert r.exit_code == 2
+    for name in ("static", "continuous", "continuous-chunked", "paged", "reserved"):
+        assert name in r.stderr
+    assert not list(tmp_path.iterdir())  # nothing ran
+
+
+def test_variants_run_on_one_request_set(tmp_path):
+    out = tmp_path / "cmp"
+    r = runner.invoke(
+        app,
+        # Fewer slots than requests, so static batching has to run several batches.
+        ["compare", "--engine", "sim", "--variants", "static,continuous", "--num-requests", "100",
+         "--max-num-seqs", "16", "--out-dir", str(out)],
+    )
+    assert r.exit_code == 0, r.output
+    static = json.loads((out / "static.json").read_text())
+    cont = json.loads((out / "continuous.json").read_text())
+    assert static["config"]["scheduler"] == "static"
+    assert cont["config"]["scheduler"] == "continuous"
+    assert static["config"]["chunked_prefill"] is False
+    assert cont["config"]["chunked_prefill"] is False
+
+    def request_set(res):
+        return [(q["id"], q["prompt_tokens"], q["intended_start_s"]) for q in res["requests"]]
+
+    assert sorted(request_set(static)) == sorted(request_set(cont))
+    assert static["config"]["max_num_seqs"] == cont["config"]["max_num_seqs"] == 16
+    assert cont["summary"]["output_throughput"] > 1.2 * static["summary"]["output_throughput"]
+    header = r.stdout.splitlines()[0].split()
+    assert header == ["metric", "static", "continuous"]
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("output throughput"))
+    assert float(re.search(r"\(([\d.]+)×\)", row).group(1)) > 1.2

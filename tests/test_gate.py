@@ -1,0 +1,348 @@
+"""`cbbench gate`: exit codes, thresholds, directions, the bootstrap, and the CI exports."""
+
+from __future__ import annotations
+
+import copy
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cbbench import cmd_gate
+from cbbench import gate as G
+from cbbench.engine_target import EngineOptions
+from cbbench.errors import UsageError
+from cbbench.result import write_result
+from cbbench.runner import RunSpec, execute_run
+
+NUM_REQUESTS = 60
+
+app = typer.Typer()
+cmd_gate.register(app)
+
+
+@app.callback()
+def _root() -> None:  # keeps `gate` a named subcommand
+    pass
+
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def base_result() -> dict:
+    spec = RunSpec(num_requests=NUM_REQUESTS, engine=EngineOptions(engine="sim"))
+    return execute_run(spec, lambda msg: None)
+
+
+def _save(tmp_path, name: str, result: dict) -> str:
+    path = tmp_path / name
+    write_result(path, result)
+    return str(path)
+
+
+def _changed(result: dict, **scale: float) -> dict:
+    """A copy with summary metrics (dotted, '.' written as '__') multiplied."""
+    out = copy.deepcopy(result)
+    for key, factor in scale.items():
+        node = out["summary"]
+        *parents, leaf = key.split("__")
+        for p in parents:
+            node = node[p]
+        node[leaf] *= factor
+    return out
+
+
+def _gate(*args: str):
+    return runner.invoke(app, ["gate", *args])
+
+
+# ---- exit codes ---------------------------------------------------------------------------
+
+
+def test_identical_results_pass(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    new = _save(tmp_path, "new.json", base_result)
+    r = _gate(new, "--baseline", base)
+    assert r.exit_code == 0, r.output
+    assert "REGRESSED" not in r.stdout
+    assert "gate: passed" in r.stdout
+
+
+def test_throughput_drop_of_20_percent_fails(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    new = _save(tmp_path, "new.json", _changed(base_result, output_throughput=0.8))
+    r = _gate(new, "--baseline", base)
+    assert r.exit_code == 1, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("output_throughput"))
+    assert "REGRESSED" in line and "-20.0%" in line
+    assert "gate: FAILED" in r.stdout
+
+
+def test_improvement_passes_and_is_reported(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    better = _changed(base_result, output_throughput=1.2, ttft_ms__p99=0.5)
+    new = _save(tmp_path, "new.json", better)
+    r = _gate(new, "--baseline", base)
+    assert r.exit_code == 0, r.output
+    rows = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln and ln.split()[0] in
+            ("output_throughput", "ttft_ms.p99")}
+    assert rows["output_throughput"].endswith("improved")
+    assert rows["ttft_ms.p99"].endswith("improved")
+
+
+def test_latency_is_lower_is_better(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    worse = _save(tmp_path, "worse.json", _changed(base_result, ttft_ms__p99=1.2))
+    r = _gate(worse, "--baseline", base)
+    assert r.exit_code == 1
+    assert "ttft_ms.p99" in r.stdout.split("gate: FAILED")[1]
+
+
+def test_a_given_threshold_overrides_the_default(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    new = _save(
+        tmp_path, "new.json", _changed(base_result, output_throughput=0.8, request_throughput=0.8)
+    )
+    r = _gate(
+        new, "--baseline", base,
+        "--max-regression", "output_throughput=25%",
+        "--max-regression", "request_throughput=25%",
+    )
+    assert r.exit_code == 0, r.output
+
+
+def test_a_new_failed_request_regresses_by_default(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    failing = copy.deepcopy(base_result)
+    failing["summary"]["failed"] = 1
+    r = _gate(_save(tmp_path, "new.json", failing), "--baseline", base)
+    assert r.exit_code == 1
+    assert "failed" in r.stdout.split("gate: FAILED")[1]
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    ["malformed", "missing_file", "schema", "missing_metric", "workload", "seed", "interrupted"],
+)
+def test_unusable_input_exits_2(tmp_path, base_result, breakage):
+    base = _save(tmp_path, "base.json", base_result)
+    new = copy.deepcopy(base_result)
+    new_path = tmp_path / "new.json"
+    if breakage == "malformed":
+        new_path.write_text('{"schema_version": 1, "summary": ')
+    elif breakage == "missing_file":
+        new_path = tmp_path / "nope.json"
+    else:
+        if breakage == "schema":
+            new["schema_version"] = 99
+        elif breakage == "missing_metric":
+            del new["summary"]["ttft_ms"]["p99"]
+        elif breakage == "workload":
+            new["config"]["workload"] = "long-prompt"
+        elif breakage == "seed":
+            new["config"]["seed"] = 7
+        elif breakage == "interrupted":
+            new["interrupted"] = True
+        write_result(new_path, new)
+    r = _gate(str(new_path), "--baseline", base)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("cbbench: error:")
+    assert len(r.stderr.strip().splitlines()) == 1  # one line, no traceback
+
+
+def test_different_workload_allowed_on_request(tmp_path, base_result):
+    other = copy.deepcopy(base_result)
+    other["config"]["seed"] = 7
+    base = _save(tmp_path, "base.json", base_result)
+    new = _save(tmp_path, "new.json", other)
+    assert _gate(new, "--baseline", base).exit_code == 2
+    assert _gate(new, "--baseline", base, "--allow-different-workload").exit_code == 0
+
+
+def test_a_metric_absent_from_both_exits_2(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)  # ran without --slo: no goodput
+    r = _gate(base, "--baseline", base, "--max-regression", "goodput=5%")
+    assert r.exit_code == 2
+    assert "goodput" in r.stderr
+
+
+@pytest.mark.parametrize("bad", ["x=abc", "output_throughput=abc", "output_throughput", "x=5%",
+                                 "ttft_ms.p99=-3%", "=5%", "ttft_ms.median=5%"])
+def test_bad_threshold_exits_2(tmp_path, base_result, bad):
+    base = _save(tmp_path, "base.json", base_result)
+    r = _gate(base, "--baseline", base, "--max-regression", bad)
+    assert r.exit_code == 2, r.output
+
+
+def test_missing_sides_exit_2(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    assert _gate(base).exit_code == 2  # no baseline
+    assert _gate("--baseline", base).exit_code == 2  # no new file
+
+
+# ---- thresholds and directions ------------------------------------------------------------
+
+
+def test_threshold_parsing():
+    t = G.parse_threshold("output_throughput=5%")
+    assert (t.metric, t.limit, t.relative) == ("output_throughput", 5.0, True)
+    t = G.parse_threshold(" failed = 2 ")
+    assert (t.metric, t.limit, t.relative) == ("failed", 2.0, False)
+    t = G.parse_threshold("e2el_ms.p99.9=2.5%")
+    assert (t.metric, t.limit) == ("e2el_ms.p99.9", 2.5)
+    for bad in ("x=abc", "output_throughput=abc", "output_throughput", "ttft_ms.p99=nan%"):
+        with pytest.raises(UsageError):
+            G.parse_threshold(bad)
+
+
+def test_defaults_merge_with_given_thresholds():
+    merged = {t.metric: t for t in G.thresholds(["ttft_ms.p99=3%", "goodput=1%"])}
+    assert merged["ttft_ms.p99"].limit == 3.0
+    assert merged["goodput"].limit == 1.0
+    assert merged["output_throughput"].limit == 5.0
+    only = G.thresholds(["goodput=1%"], use_defaults=False)
+    assert [t.metric for t in only] == ["goodput"]
+    with pytest.raises(UsageError):
+        G.thresholds([], use_defaults=False)
+
+
+@pytest.mark.parametrize(
+    "metric, direction",
+    [
+        ("output_throughput", G.HIGHER),
+        ("request_throughput", G.HIGHER),
+        ("total_token_throughput", G.HIGHER),
+        ("goodput", G.HIGHER),
+        ("failed", G.LOWER),
+        ("ttft_ms.p99", G.LOWER),
+        ("tpot_ms.mean", G.LOWER),
+        ("itl_ms.p50", G.LOWER),
+        ("e2el_ms.std", G.LOWER),
+        ("engine.num_preemptions", G.LOWER),
+        ("engine.mean_achieved_bw_gbps", G.HIGHER),
+    ],
+)
+def test_direction_per_metric(metric, direction):
+    assert G.direction_of(metric) == direction
+
+
+def test_unknown_metric_is_rejected():
+    for bad in ("throughput", "ttft_ms", "engine.mean_running", "summary.failed"):
+        with pytest.raises(UsageError):
+            G.direction_of(bad)
+
+
+def test_exact_verdicts_follow_direction():
+    tp = G.Threshold("output_throughput", 5.0, True)
+    assert G.check_metric(tp, [100.0], [94.0]).verdict == G.REGRESSED
+    assert G.check_metric(tp, [100.0], [96.0]).verdict == G.OK
+    assert G.check_metric(tp, [100.0], [106.0]).verdict == G.IMPROVED
+    lat = G.Threshold("ttft_ms.p99", 10.0, True)
+    assert G.check_metric(lat, [100.0], [111.0]).verdict == G.REGRESSED
+    assert G.check_metric(lat, [100.0], [89.0]).verdict == G.IMPROVED
+    failed = G.Threshold("failed", 0.0, False)
+    assert G.check_metric(failed, [0.0], [0.0]).verdict == G.OK
+    assert G.check_metric(failed, [0.0], [1.0]).verdict == G.REGRESSED
+    rel_from_zero = G.Threshold("failed", 50.0, True)
+    assert G.check_metric(rel_from_zero, [0.0], [1.0]).verdict == G.REGRESSED
+
+
+# ---- noise-aware mode ---------------------------------------------------------------------
+
+
+def _series(tmp_path, base_result, prefix: str, values) -> list[str]:
+    paths = []
+    for i, v in enumerate(values):
+        r = copy.deepcopy(base_result)
+        r["summary"]["output_throughput"] = float(v)
+        paths.append(_save(tmp_path, f"{prefix}{i}.json", r))
+    return paths
+
+
+ONLY_THROUGHPUT = ("--no-defaults", "--max-regression", "output_throughput=5%")
+
+
+def test_bootstrap_passes_overlapping_noisy_samples(tmp_path, base_result):
+    base = _series(tmp_path, base_result, "a", [1000, 1200, 800, 1100, 900])
+    # The mean drops 6% (past 5%), but the noise is far wider than that: not a regression.
+    new = _series(tmp_path, base_result, "b", [940, 1140, 740, 1040, 840])
+    r = _gate("--baseline", *base, "--new", *new, *ONLY_THROUGHPUT)
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("output_throughput"))
+    assert "-6.0% [" in line and "(mean of 5)" in line
+    assert "bootstrap 95%" in r.stdout
+
+
+def test_bootstrap_fails_a_clear_regression(tmp_path, base_result):
+    base = _series(tmp_path, base_result, "a", [1000, 1010, 990, 1005])
+    new = _series(tmp_path, base_result, "b", [800, 805, 795, 810])
+    # Positional NEW files work as well as --new.
+    r = _gate(*new, "--baseline", *base, *ONLY_THROUGHPUT)
+    assert r.exit_code == 1, r.output
+
+
+def test_bootstrap_interval_is_seeded_and_brackets_the_estimate():
+    t = G.Threshold("output_throughput", 5.0, True)
+    rng = np.random.default_rng(1)
+    base, new = rng.normal(1000, 30, 6), rng.normal(960, 30, 6)
+    a, b = G.check_metric(t, base, new), G.check_metric(t, base, new)
+    assert (a.low, a.high) == (b.low, b.high)
+    assert a.low <= a.change <= a.high
+    assert a.noise_aware
+
+
+def test_zero_noise_samples_decide_like_the_exact_comparison():
+    t = G.Threshold("output_throughput", 5.0, True)
+    c = G.check_metric(t, [100.0, 100.0, 100.0], [90.0, 90.0, 90.0])
+    assert c.low == pytest.approx(-0.1) and c.high == pytest.approx(-0.1)
+    assert c.verdict == G.REGRESSED
+
+
+# ---- exports ------------------------------------------------------------------------------
+
+
+def test_junit_and_markdown_exports(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    new = _save(tmp_path, "new.json", _changed(base_result, output_throughput=0.8))
+    junit, md = tmp_path / "out" / "gate.xml", tmp_path / "out" / "summary.md"
+    r = _gate(new, "--baseline", base, "--junit", str(junit), "--markdown", str(md))
+    assert r.exit_code == 1
+
+    root = ET.parse(junit).getroot()
+    suite = root.find("testsuite")
+    cases = suite.findall("testcase")
+    assert len(cases) == len(G.DEFAULT_THRESHOLDS_TEXT) == int(suite.get("tests"))
+    failed = [c.get("name") for c in cases if c.find("failure") is not None]
+    assert "output_throughput" in failed
+    assert int(suite.get("failures")) == len(failed)
+    assert "ttft_ms.p50" not in failed
+
+    text = md.read_text()
+    assert text.startswith("### cbbench gate:") and "FAILED" in text
+    table = [ln for ln in text.splitlines() if ln.startswith("|")]
+    assert table[0].replace(" ", "").startswith("|metric|better|baseline|new|change|limit|verdict|")
+    assert len(table) == 2 + len(cases)  # header, rule, one row per metric
+    assert any("output_throughput" in ln and "**REGRESSED**" in ln for ln in table)
+
+
+def test_junit_of_a_passing_gate_has_no_failures(tmp_path, base_result):
+    base = _save(tmp_path, "base.json", base_result)
+    junit = tmp_path / "gate.xml"
+    assert _gate(base, "--baseline", base, "--junit", str(junit)).exit_code == 0
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("failures") == "0"
+    assert not suite.findall(".//failure")
+
+
+
+def test_markdown_appends_to_the_github_step_summary(tmp_path, base_result, monkeypatch):
+    summary = tmp_path / "step_summary.md"
+    summary.write_text("earlier output\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    base = _save(tmp_path, "base.json", base_result)
+    assert _gate(base, "--baseline", base, "--markdown", str(summary)).exit_code == 0
+    text = summary.read_text()
+    assert text.startswith("earlier output\n### cbbench gate:")
