@@ -135,8 +135,8 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     ),
     # Small presets for the torch engine on a CPU and for tests (random weights only).
     "small": _preset(
-        name="small", num_layers=4, hidden_size=256, num_heads=8, num_kv_heads=2,
-        head_dim=32, intermediate_size=768, vocab_size=32000, max_model_len=4096,
+        name="small", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
+        head_dim=32, intermediate_size=384, vocab_size=4096, max_model_len=4096,
         rope_theta=500000.0,
     ),
     "tiny": _preset(

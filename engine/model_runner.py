@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from cbbench.kernels import AttentionMetadata
 
 from .model_config import ModelConfig

@@ -16,8 +16,9 @@ import math
 
 import torch
 import torch.nn.functional as F
-from cbbench.kernels import AttentionMetadata
 from torch import nn
+
+from cbbench.kernels import AttentionMetadata
 
 from ..model_config import ModelConfig
 
