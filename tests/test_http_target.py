@@ -1,0 +1,572 @@
+"""The HTTP target against a fake OpenAI-compatible streaming server (raw asyncio HTTP/1.1 in a
+background thread, 127.0.0.1 only). A request steers the fake with words in its prompt:
+`fault:NAME` picks a behaviour (see FakeOpenAI._stream), `delay:S` the seconds between tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cbbench.errors import UsageError
+from cbbench.http_target import (
+    EndpointOptions,
+    error_rate,
+    normalize_endpoint,
+    parse_header,
+    redact_url,
+    run_http,
+    send_lag_check,
+)
+from cbbench.metrics import summarize
+from cbbench.prompts import WORD_POOL, build_prompts, load_tokenizer, synthetic_prompt
+from cbbench.workload import WorkloadRequest
+
+MODEL = "fake-model"
+CHAT_TEMPLATE_TOKENS = 7  # what the fake's "chat template" adds to the prompt count
+STALL_S = 3.0  # the stall fault's bound: longer than the tests' request timeout
+TRICKLE_DELAY_S = 0.1
+CUT_AFTER = 2  # tokens sent before the cut fault drops the connection
+LLAMA3_TOKENIZER = (
+    Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama-3.1" / "tokenizer.json"
+)
+METRICS_PAGE = """# HELP vllm:num_requests_running Requests running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{{model_name="{model}"}} {running}
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{{model_name="{model}"}} {prompt_tokens}
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{{le="1.0",model_name="{model}"}} 3
+vllm:e2e_request_latency_seconds_bucket{{le="+Inf",model_name="{model}"}} 3
+vllm:e2e_request_latency_seconds_sum{{model_name="{model}"}} 1.5
+vllm:e2e_request_latency_seconds_count{{model_name="{model}"}} 3
+# TYPE process_cpu_seconds_total counter
+process_cpu_seconds_total 1.0
+"""
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _event(obj) -> bytes:
+    return _chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+
+def _directives(prompt) -> dict[str, str]:
+    if not isinstance(prompt, str):
+        return {}
+    return dict(w.split(":", 1) for w in prompt.split() if ":" in w)
+
+
+class FakeOpenAI:
+    """An OpenAI-compatible streaming server with fault injection, on 127.0.0.1."""
+
+    def __init__(self, metrics: bool = True):
+        self.metrics = metrics
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.requests: list[dict] = []  # {"path", "headers", "body", "t"} per POST
+        self.prompt_tokens = 0
+        self.dropped = 0  # requests dropped unanswered by the stale fault
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def __enter__(self) -> FakeOpenAI:
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
+        )
+        self._server = fut.result(timeout=5)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        return self
+
+    def __exit__(self, *exc) -> None:
+        async def shutdown():
+            self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._loop.close()
+
+    def reset(self) -> None:
+        self.max_in_flight = 0
+        self.requests.clear()
+
+    # -- HTTP --
+    async def _handle(self, reader, writer) -> None:
+        served = 0  # requests answered on this connection
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {}
+                for line in lines[1:]:
+                    k, _, v = line.partition(":")
+                    if k:
+                        headers[k.strip().lower()] = v.strip()
+                n = int(headers.get("content-length", 0))
+                body = await reader.readexactly(n) if n else b""
+                if served and b"fault:stale" in body:
+                    self.dropped += 1
+                    break  # as if the server had just timed out the idle connection
+                if not await self._route(method, path, headers, body, writer):
+                    break
+                served += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _plain(writer, status: str, body: bytes, ctype: str = "application/json") -> None:
+        writer.write(
+            b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n%s"
+            % (status.encode(), ctype.encode(), len(body), body)
+        )
+
+    async def _route(self, method, path, headers, body, writer) -> bool:
+        if method == "GET" and path == "/v1/models":
+            self._plain(writer, "200 OK", json.dumps({"data": [{"id": MODEL}]}).encode())
+            return True
+        if method == "GET" and path == "/metrics":
+            if not self.metrics:
+                self._plain(writer, "404 Not Found", b"not found", "text/plain")
+                return True
+            page = METRICS_PAGE.format(
+                model=MODEL, running=self.in_flight, prompt_tokens=self.prompt_tokens
+            )
+            self._plain(writer, "200 OK", page.encode(), "text/plain; version=0.0.4")
+            return True
+        if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            req = json.loads(body)
+            self.requests.append(
+                {"path": path, "headers": headers, "body": req, "t": time.perf_counter()}
+            )
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await self._stream(req, path.endswith("chat/completions"), writer)
+            finally:
+                self.in_flight -= 1
+        self._plain(writer, "404 Not Found", b"{}")
+        return True
+
+    async def _stream(self, req: dict, chat: bool, writer) -> bool:
+        prompt = req["messages"][0]["content"] if chat else req["prompt"]
+        d = _directives(prompt)
+        fault = d.get("fault", "ok")
+        delay = TRICKLE_DELAY_S if fault == "trickle" else float(d.get("delay", 0))
+        if fault in ("http500", "http429"):
+            code = "500 Internal Server Error" if fault == "http500" else "429 Too Many Requests"
+            self._plain(writer, code, json.dumps({"object": "error", "message": fault}).encode())
+            return True
+        n_prompt = len(prompt) if isinstance(prompt, list) else len(prompt.split()) + 1
+        n_prompt += CHAT_TEMPLATE_TOKENS if chat else 0
+        self.prompt_tokens += n_prompt
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        if chat:  # vLLM's first chat chunk: the role, no text
+            writer.write(
+                _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+            )
+        n = req["max_tokens"]
+        text = " a b" if fault == "pairs" else " a"
+        for i in range(n):
+            if delay:
+                await asyncio.sleep(delay)
+            if fault == "cut" and i == CUT_AFTER:
+                writer.close()  # no final chunk: an incomplete body
+                return False
+            if fault == "stall" and i == 1:
+                await asyncio.sleep(STALL_S)
+            if fault == "malformed" and i == 1:
+                writer.write(_chunk(b"data: {not json\n\n"))
+                continue
+            if fault == "errorevent" and i == 1:
+                writer.write(_event({"error": {"message": "engine died", "code": 500}}))
+                continue
+            finish = "length" if i == n - 1 and fault != "nodone" else None
+            choice = (
+                {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+                if chat
+                else {"index": 0, "text": text, "finish_reason": finish}
+            )
+            if fault == "split":  # CRLF lines, each event cut across two HTTP chunks
+                raw = b"data: " + json.dumps({"choices": [choice]}).encode() + b"\r\n\r\n"
+                writer.write(_chunk(raw[:9]))
+                await writer.drain()
+                await asyncio.sleep(0.005)
+                writer.write(_chunk(raw[9:]))
+                continue
+            writer.write(_event({"choices": [choice]}))
+            await writer.drain()
+        if fault not in ("nousage", "pairs"):
+            usage = {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": n,
+                "total_tokens": n_prompt + n,
+            }
+            writer.write(_event({"choices": [], "usage": usage}))
+        if fault != "nodone":  # nodone: a clean end of the body, but no [DONE] nor finish
+            writer.write(_chunk(b"data: [DONE]\n\n"))
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+
+@pytest.fixture(scope="module")
+def server():
+    with FakeOpenAI() as s:
+        yield s
+
+
+@pytest.fixture
+def fresh(server):
+    server.reset()
+    return server
+
+
+def _reqs(prompts, output_len=4) -> list[WorkloadRequest]:
+    return [
+        WorkloadRequest(i, len(p.split()) + 1, output_len, prompt=p) for i, p in enumerate(prompts)
+    ]
+
+
+def _opts(url: str, **kw) -> EndpointOptions:
+    kw.setdefault("served_model", MODEL)
+    return EndpointOptions(endpoint=url, **kw)
+
+
+def _accounted(run, n: int) -> None:
+    sent = len(run.records)
+    assert sent + run.not_sent == n
+    ok = sum(r.ok for r in run.records)
+    failed = sum(r.error is not None for r in run.records)
+    assert ok + failed == sent
+    summary = summarize(run.records, run.duration_s)
+    assert summary["completed"] == ok and summary["failed"] == failed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- streaming and counting -----------------------------------------------------------------
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_stream_counts_tokens(fresh, api):
+    wreqs = _reqs([f"hello world {i}" for i in range(6)], output_len=5)
+    run = run_http(_opts(fresh.url, api=api), wreqs, np.zeros(6), notice=print)
+    _accounted(run, 6)
+    assert all(r.ok for r in run.records)
+    for r in run.records:
+        assert r.output_tokens == 5 and len(r.token_times_s) == 5
+        assert r.token_times_s == sorted(r.token_times_s) and r.token_times_s[0] >= r.send_s
+        extra = CHAT_TEMPLATE_TOKENS if api == "chat" else 0
+        assert r.server_prompt_tokens == r.prompt_tokens + extra
+    assert run.info["token_count_method"] == {"usage": 6}
+    assert run.info["prompt_tokens_mismatch"]["mean_abs_diff"] == (7.0 if api == "chat" else 0.0)
+    body = fresh.requests[0]["body"]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["max_tokens"] == 5 and body["temperature"] == 0 and body["ignore_eos"] is True
+    assert body["model"] == MODEL
+    if api == "chat":
+        assert fresh.requests[0]["path"] == "/v1/chat/completions"
+        assert body["messages"][0]["role"] == "user"
+    else:
+        assert fresh.requests[0]["path"] == "/v1/completions"
+        assert body["prompt"].startswith("hello world")
+
+
+def test_served_model_discovery_and_no_ignore_eos(fresh):
+    opts = EndpointOptions(endpoint=fresh.url + "/v1/", ignore_eos_field=False)
+    run = run_http(opts, _reqs(["x"]), [0.0], notice=print)
+    assert run.info["served_model"] == MODEL and opts.to_config()["served_model"] == MODEL
+    body = fresh.requests[0]["body"]
+    assert body["model"] == MODEL and "ignore_eos" not in body
+
+
+def test_discovery_failure_is_usage_error():
+    with pytest.raises(UsageError, match="served-model"):
+        run_http(EndpointOptions(f"http://127.0.0.1:{_free_port()}"), _reqs(["x"]), [0.0], print)
+
+
+def test_header_sent_but_not_in_config(fresh, monkeypatch):
+    monkeypatch.setenv("CBBENCH_TEST_KEY", "Bearer sk-secret")
+    key, value = parse_header("Authorization=env:CBBENCH_TEST_KEY")
+    opts = _opts(fresh.url, headers={key: value, "X-Team": "bench"})
+    run_http(opts, _reqs(["x"]), [0.0], notice=print)
+    assert fresh.requests[0]["headers"]["authorization"] == "Bearer sk-secret"
+    config = json.dumps(opts.to_config())
+    assert "sk-secret" not in config and "bench" not in config
+    assert opts.to_config()["header_names"] == ["Authorization", "X-Team"]
+
+
+def test_parse_header(monkeypatch):
+    monkeypatch.setenv("CBBENCH_TEST_KEY", "v1")
+    assert parse_header("X-Key=abc=def") == ("X-Key", "abc=def")
+    assert parse_header("X-Key=$CBBENCH_TEST_KEY") == ("X-Key", "v1")
+    assert parse_header("X-Key=") == ("X-Key", "")
+    monkeypatch.delenv("CBBENCH_TEST_NOPE", raising=False)
+    for bad in ("novalue", "=v", "Bad Name=v", "X=env:CBBENCH_TEST_NOPE", "X=$1x", "X=a\nb"):
+        with pytest.raises(UsageError):
+            parse_header(bad)
+
+
+def test_endpoint_forms_and_redaction():
+    assert normalize_endpoint("http://h:8000/v1/") == "http://h:8000"
+    assert normalize_endpoint("https://h/proxy/v1") == "https://h/proxy"
+    for bad in ("h:8000", "ftp://h", "http://h/?key=1"):
+        with pytest.raises(UsageError):
+            normalize_endpoint(bad)
+    assert redact_url("http://user:pw@h:8000/v1?key=s") == "http://h:8000/v1"
+    assert "pw" not in json.dumps(EndpointOptions("http://user:pw@h:1").to_config())
+    with pytest.raises(UsageError):
+        EndpointOptions("http://h", api="embeddings").validate()
+
+
+def test_token_count_fallbacks(fresh, tiny_tokenizer):
+    wreqs = _reqs(["fault:nousage", "fault:pairs"], output_len=3)
+    run = run_http(_opts(fresh.url), wreqs, [0.0, 0.0], notice=print)
+    assert [r.output_tokens for r in run.records] == [3, 3]  # events
+    assert run.info["token_count_method"] == {"events": 2}
+    run = run_http(_opts(fresh.url, tokenizer=tiny_tokenizer), wreqs, [0.0, 0.0], notice=print)
+    assert [r.output_tokens for r in run.records] == [3, 6]  # " a b" per event is 2 tokens
+    assert run.info["token_count_method"] == {"tokenizer": 2}
+
+
+# ---- schedule and concurrency ---------------------------------------------------------------
+def test_arrival_schedule_honored(fresh):
+    n = 25
+    arrivals = np.arange(n) * 0.02  # 50 requests/s for 0.5 s
+    progress: list[tuple[int, int]] = []
+    run = run_http(
+        _opts(fresh.url),
+        _reqs(["x"] * n),
+        arrivals,
+        print,
+        on_progress=lambda *a: progress.append(a),
+    )
+    _accounted(run, n)
+    assert progress[-1] == (n, n) and len(progress) < n  # throttled, ends complete
+    lags = np.array([r.send_s - r.intended_start_s for r in run.records])
+    assert (lags >= 0).all()
+    assert np.median(lags) < 0.005 and lags.max() < 0.05
+    assert not run.info["client_fell_behind"]
+    assert [r.intended_start_s for r in run.records] == pytest.approx(arrivals.tolist())
+    server_t = np.array([q["t"] for q in fresh.requests])
+    assert np.median(np.diff(server_t)) > 0.015  # spread out, not sent in a burst
+    assert run.duration_s >= arrivals[-1]
+
+
+def test_max_concurrency_caps_in_flight(fresh):
+    n, cap = 12, 3
+    wreqs = _reqs(["delay:0.03"] * n, output_len=3)
+    run = run_http(_opts(fresh.url, max_concurrency=cap), wreqs, np.zeros(n), notice=print)
+    _accounted(run, n)
+    assert all(r.ok for r in run.records)
+    assert fresh.max_in_flight == cap and run.info["max_in_flight"] == cap
+    queued = sorted(r.first_scheduled_s for r in run.records)
+    assert queued[-1] > 0.15  # the last wave waited for three earlier ones (~0.09 s each)
+    assert not run.info["client_fell_behind"]  # the wait for a slot is not client lag
+
+
+def test_client_fell_behind_warns(fresh):
+    notes: list[str] = []
+    blocked = []
+
+    def block_loop(done, total):  # stalls the client's event loop once
+        if not blocked:
+            blocked.append(1)
+            time.sleep(0.3)
+
+    n = 20
+    run = run_http(
+        _opts(fresh.url),
+        _reqs(["x"] * n),
+        np.arange(n) * 0.005,
+        notes.append,
+        on_progress=block_loop,
+    )
+    assert run.info["client_fell_behind"] and run.info["send_lag_p50_ms"] > 10
+    assert len(notes) == 1 and "fell behind" in notes[0]
+    assert send_lag_check([0.5] * 95 + [150] * 5)["client_fell_behind"]
+    assert not send_lag_check([0.5] * 100)["client_fell_behind"]
+
+
+def test_should_stop_interrupts(fresh):
+    arrivals = [0.0, 0.05, 0.1] + [5.0 + i for i in range(7)]
+    wreqs = _reqs(["delay:0.2"] * 10, output_len=10)
+    t = time.perf_counter()
+    run = run_http(
+        _opts(fresh.url), wreqs, arrivals, print, should_stop=lambda: time.perf_counter() - t > 0.4
+    )
+    assert time.perf_counter() - t < 2.0
+    assert run.interrupted and run.not_sent == 7 and len(run.records) == 3
+    assert {r.error_type for r in run.records} == {"interrupted"}
+    assert all(len(r.token_times_s) >= 1 for r in run.records)
+    _accounted(run, 10)
+
+
+# ---- failures -------------------------------------------------------------------------------
+def test_faults_are_recorded_per_request(fresh):
+    expected = {
+        "ok": None,
+        "cut": "stream_cut",
+        "http500": "http_status",
+        "http429": "http_status",
+        "stall": "timeout",
+        "malformed": "bad_event",
+        "trickle": None,
+        "errorevent": "bad_event",
+        "nousage": None,
+        "nodone": "stream_cut",
+    }
+    names = list(expected)
+    wreqs = _reqs([f"fault:{f} please" for f in names], output_len=5)
+    t = time.perf_counter()
+    run = run_http(_opts(fresh.url, request_timeout_s=1.0), wreqs, np.zeros(len(names)), print)
+    assert time.perf_counter() - t < STALL_S  # the timeout cut the stall short
+    _accounted(run, len(names))
+    got = {names[r.id]: r for r in run.records}
+    assert {f: r.error_type for f, r in got.items()} == expected
+    assert got["http500"].error.startswith("HTTP 500:") and "http500" in got["http500"].error
+    assert got["http429"].error.startswith("HTTP 429:")
+    assert len(got["cut"].token_times_s) == CUT_AFTER
+    assert got["trickle"].e2el_s > 4 * TRICKLE_DELAY_S
+    assert got["stall"].error and "1 s" in got["stall"].error
+    assert "engine died" in got["errorevent"].error
+    assert error_rate(run.records) == pytest.approx(7 / 10)
+    assert summarize(run.records, run.duration_s)["error_types"] == {
+        "stream_cut": 2,
+        "http_status": 2,
+        "timeout": 1,
+        "bad_event": 2,
+    }
+
+
+def test_split_events_and_stale_connection_retry(fresh):
+    # The second request reuses the first one's connection, which the server then drops
+    # without an answer: the client retries once on a new connection.
+    wreqs = _reqs(["fault:split", "fault:stale"], output_len=3)
+    run = run_http(_opts(fresh.url), wreqs, [0.0, 0.2], print)
+    assert [r.error_type for r in run.records] == [None, None]
+    assert [len(r.token_times_s) for r in run.records] == [3, 3]
+    assert len(fresh.requests) == 2 and fresh.dropped == 1  # reused, dropped, retried
+
+
+def test_connection_refused_is_connect():
+    run = run_http(_opts(f"http://127.0.0.1:{_free_port()}"), _reqs(["x", "y"]), [0.0, 0.0], print)
+    _accounted(run, 2)
+    assert [r.error_type for r in run.records] == ["connect", "connect"]
+    assert summarize(run.records, run.duration_s)["completed"] == 0
+
+
+def test_dns_failure_is_dns(monkeypatch):
+    # No resolver traffic: .invalid names fail inside this process.
+    real = socket.getaddrinfo
+
+    def fake_getaddrinfo(host, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else str(host)
+        if name.endswith(".invalid"):
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    run = run_http(_opts("http://cbbench-test.invalid:8000"), _reqs(["x"]), [0.0], print)
+    _accounted(run, 1)
+    assert run.records[0].error_type == "dns"
+
+
+# ---- server metrics -------------------------------------------------------------------------
+def test_scrape_metrics(fresh):
+    n = 8
+    run = run_http(
+        _opts(fresh.url, scrape_metrics=True), _reqs(["delay:0.02"] * n), np.arange(n) * 0.15, print
+    )
+    rows = run.info["server_metrics"]
+    names = {r["name"] for r in rows}
+    assert names == {"vllm:num_requests_running", "vllm:prompt_tokens_total"}
+    times = sorted({r["t_s"] for r in rows})
+    assert len(times) >= 3 and times[0] < 0.1
+    assert rows[0]["labels"] == {"model_name": MODEL}
+    assert run.info["server_metrics_scrapes"]["failed"] == 0
+
+
+def test_scrape_failure_is_not_fatal():
+    with FakeOpenAI(metrics=False) as s:
+        run = run_http(_opts(s.url, scrape_metrics=True), _reqs(["x"] * 3), [0.0, 0.3, 0.6], print)
+    assert all(r.ok for r in run.records)
+    scrapes = run.info["server_metrics_scrapes"]
+    assert scrapes["failed"] >= 1 and "HTTP 404" in scrapes["errors"][0]
+    assert run.info["server_metrics"] == []
+
+
+# ---- prompts --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tmp_path_factory) -> str:
+    """A word-level tokenizer over the prompt pool that adds a BOS, like Llama-3's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[UNK]": 0, "<s>": 1, **{w: i + 2 for i, w in enumerate(WORD_POOL)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def test_synthetic_prompts_exact_with_tokenizer(tiny_tokenizer):
+    tok = load_tokenizer(tiny_tokenizer)
+    wreqs = [WorkloadRequest(i, n, 4) for i, n in enumerate([1, 2, 5, 100, 1000])]
+    prompts, kinds = build_prompts(wreqs, "completions", seed=3, tokenizer=tok)
+    assert kinds == {"synthetic_exact": 5}
+    for w, p in zip(wreqs, prompts):
+        assert len(tok.encode(p).ids) == max(2, w.prompt_len)  # BOS + content (>= 1 word)
+    again, _ = build_prompts(wreqs, "completions", seed=3, tokenizer=tok)
+    other, _ = build_prompts(wreqs, "completions", seed=4, tokenizer=tok)
+    assert again == prompts and other != prompts
+
+
+@pytest.mark.skipif(not LLAMA3_TOKENIZER.exists(), reason="no Llama-3.1 tokenizer.json in shared/")
+def test_synthetic_prompts_exact_with_llama3():
+    tok = load_tokenizer(str(LLAMA3_TOKENIZER))
+    wreqs = [WorkloadRequest(i, n, 4) for i, n in enumerate([2, 17, 300, 1024])]
+    prompts, _ = build_prompts(wreqs, "chat", seed=0, tokenizer=tok)
+    assert [len(tok.encode(p).ids) for p in prompts] == [2, 17, 300, 1024]
+
+
+def test_synthetic_prompts_approx_without_tokenizer():
+    p = synthetic_prompt(100, request_id=5, seed=0)
+    assert len(p.split()) == 99 and set(p.split()) <= set(WORD_POOL)
+    assert p == synthetic_prompt(100, request_id=5, seed=0) != synthetic_prompt(100, 6, 0)
+
+
+def test_token_id_prompts(fresh, tiny_tokenizer):
+    ids = (5, 6, 7)
+    wreqs = [WorkloadRequest(0, 3, 2, prompt_token_ids=ids)]
+    run = run_http(_opts(fresh.url), wreqs, [0.0], print)
+    assert fresh.requests[0]["body"]["prompt"] == [5, 6, 7]
+    assert run.records[0].server_prompt_tokens == 3
+    with pytest.raises(UsageError, match="tokenizer"):
+        build_prompts(wreqs, "chat", seed=0)
+    prompts, kinds = build_prompts(wreqs, "chat", 0, load_tokenizer(tiny_tokenizer))
+    assert prompts == [" ".join(WORD_POOL[3:6])] and kinds == {"decoded": 1}
