@@ -23,6 +23,8 @@ app.add_typer(workloads_app, name="workloads")
 
 from .cli_common import USAGE_EXIT  # noqa: E402
 
+INTERRUPTED_EXIT = 130
+
 
 def _version(value: bool) -> None:
     if value:
@@ -55,3 +57,6 @@ def main() -> None:
     except UsageError as e:  # a command without its own guard
         typer.echo(f"cbbench: error: {e}", err=True)
         sys.exit(USAGE_EXIT)
+    except KeyboardInterrupt:  # a second Ctrl-C: results on disk are whole (atomic replace)
+        typer.echo("cbbench: interrupted", err=True)
+        sys.exit(INTERRUPTED_EXIT)

@@ -11,6 +11,7 @@ import typer
 
 from . import cli_common as C
 from .errors import UsageError
+from .interrupts import StopSignal
 
 
 def register(app: typer.Typer) -> None:
@@ -73,6 +74,51 @@ def run(
     save_detailed: Annotated[
         bool, typer.Option(help="Also store per-request ITL lists and output token ids.")
     ] = False,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(help="Benchmark an OpenAI-compatible server at this URL instead of the engine."),
+    ] = None,
+    api: Annotated[str, typer.Option(help="Endpoint API: completions | chat.")] = "completions",
+    served_model: Annotated[
+        str | None, typer.Option(help="Model name to request. Default: the first of /v1/models.")
+    ] = None,
+    ignore_eos_field: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-eos-field/--no-ignore-eos-field",
+            help="Send ignore_eos (vLLM, SGLang); turn off for servers that reject unknown fields.",
+        ),
+    ] = True,
+    header: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="HTTP header KEY=VALUE (repeatable); VALUE $NAME or env:NAME reads the "
+            "environment. Values are never written to the result."
+        ),
+    ] = None,
+    request_timeout: Annotated[
+        float, typer.Option(help="Seconds allowed per request (endpoint).")
+    ] = 600.0,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="Cap on requests in flight (closed-loop); queue time is reported.")
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(help="tokenizer.json: exact synthetic prompt lengths and token counts."),
+    ] = None,
+    scrape_metrics: Annotated[
+        bool, typer.Option(help="Sample the endpoint's Prometheus /metrics during the run.")
+    ] = False,
+    max_error_rate: Annotated[
+        float, typer.Option(help="Exit 1 (after writing the result) when more requests fail.")
+    ] = 0.0,
+    gpu_index: Annotated[
+        int | None,
+        typer.Option(help="GPU to sample with NVML (default: the engine's; for --endpoint, none)."),
+    ] = None,
+    telemetry_interval: Annotated[
+        float, typer.Option(help="Seconds between GPU telemetry samples.")
+    ] = 0.05,
     label: Annotated[
         str | None, typer.Option(help="A name for this run, shown by compare and report.")
     ] = None,
@@ -96,6 +142,29 @@ def run(
         dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
         eta_memory, eta_compute, iteration_overhead_us, seed,
     )
+    endpoint_opts = None
+    if endpoint is not None:
+        from .http_target import EndpointOptions, parse_header
+
+        endpoint_opts = EndpointOptions(
+            endpoint=endpoint,
+            api=api,
+            served_model=served_model,
+            ignore_eos_field=ignore_eos_field,
+            headers=dict(parse_header(h) for h in header or []),
+            request_timeout_s=request_timeout,
+            max_concurrency=max_concurrency,
+            tokenizer=tokenizer,
+            scrape_metrics=scrape_metrics,
+            seed=seed,
+        )
+        endpoint_opts.validate()
+    elif max_concurrency is not None:
+        raise UsageError("--max-concurrency applies to --endpoint runs")
+    if not 0 <= max_error_rate <= 1:
+        raise UsageError("--max-error-rate must be between 0 and 1")
+    if not telemetry_interval > 0:
+        raise UsageError("--telemetry-interval must be > 0")
     spec = RunSpec(
         workload=workload,
         num_requests=num_requests,
@@ -108,18 +177,30 @@ def run(
         save_detailed=save_detailed,
         label=label,
         engine=opts,
+        endpoint=endpoint_opts,
+        gpu_index=gpu_index,
+        telemetry_interval_s=telemetry_interval,
     )
-    out_path = output or C.default_output_path(engine if engine != "auto" else "engine")
+    kind = "http" if endpoint else (engine if engine != "auto" else "engine")
+    out_path = output or C.default_output_path(kind)
     check_writable(out_path)
 
-    with _progress() as on_progress:
-        result = execute_run(spec, C.notice, on_progress=on_progress)
+    with StopSignal() as stop, _progress() as on_progress:
+        result = execute_run(spec, C.notice, should_stop=stop, on_progress=on_progress)
     write_result(out_path, result)
     if json_out:
         typer.echo(dumps(result))
     else:
         typer.echo(render_summary(result))
         typer.echo(f"\nresult: {out_path}")
+    s = result["summary"]
+    sent = s["completed"] + s["failed"]
+    if sent and s["failed"] / sent > max_error_rate:
+        C.notice(
+            f"{s['failed']} of {sent} requests failed ({s['failed'] / sent:.1%}), above "
+            f"--max-error-rate {max_error_rate:.1%}"
+        )
+        raise typer.Exit(1)
 
 
 class _progress:

@@ -96,7 +96,7 @@ class EngineRun:
     iterations: list[dict]
     duration_s: float
     interrupted: bool
-    engine_info: dict
+    info: dict
     not_sent: int = 0
 
 
@@ -158,6 +158,22 @@ def _make_requests(
     return [reqs[i] for i in order]
 
 
+def _drain(engine, grace_s: float) -> None:
+    """After a stop: drop what has not started, let running requests finish for up to
+    ``grace_s`` seconds of wall time, then abort the rest."""
+    import time
+
+    sched = engine.scheduler
+    for req in list(sched.waiting):
+        engine.abort_request(req)
+    deadline = time.monotonic() + grace_s
+    while engine.has_unfinished() and time.monotonic() < deadline:
+        if engine.step() is None:
+            break
+    for req in list(sched.running) + list(sched.waiting):
+        engine.abort_request(req)
+
+
 def run_engine(
     opts: EngineOptions,
     wreqs: list[WorkloadRequest],
@@ -166,7 +182,10 @@ def run_engine(
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     keep_token_ids: bool = False,
+    on_start: Callable[[object], None] | None = None,
+    grace_s: float = 10.0,
 ) -> EngineRun:
+    """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it)."""
     from .engine.engine import run_until_done
     from .engine.request import RequestStatus
 
@@ -184,20 +203,25 @@ def run_engine(
     clock = engine.clock
     if clock.realtime:
         clock.reset()
+    if on_start is not None:
+        on_start(clock)
     completed_all = run_until_done(engine, reqs, should_stop=should_stop, on_step=on_step)
+    if not completed_all:
+        _drain(engine, grace_s)
     end = clock.now()
 
     records = []
     not_sent = 0
     for r in reqs:
-        if r.arrival_time > end and not completed_all and r.status == RequestStatus.WAITING:
+        if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
+            # Never reached the engine (its arrival came after the stop).
             not_sent += 1
             continue
         error = error_type = None
         if r.status == RequestStatus.REJECTED:
             error, error_type = r.finish_reason, "rejected"
         elif r.status == RequestStatus.ABORTED:
-            error, error_type = "aborted", "aborted"
+            error, error_type = "cancelled by the interrupt", "interrupted"
         elif r.status != RequestStatus.FINISHED:
             error, error_type = "run interrupted before the request finished", "interrupted"
         records.append(
@@ -210,7 +234,11 @@ def run_engine(
                 token_times_s=r.token_times,
                 error=error,
                 error_type=error_type,
-                output_token_ids=list(r.output_token_ids) if keep_token_ids and r.prompt_token_ids is not None else None,
+                output_token_ids=(
+                    list(r.output_token_ids)
+                    if keep_token_ids and r.prompt_token_ids is not None
+                    else None
+                ),
                 num_preemptions=r.num_preemptions,
                 first_scheduled_s=r.first_scheduled_time,
                 priority=r.priority,

@@ -116,8 +116,9 @@ def summarize(
     return summary
 
 
-def summarize_engine(iterations: Sequence[dict]) -> dict:
-    """Engine facts from the per-iteration records (as dicts, the result's form)."""
+def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
+    """Engine facts from the per-iteration records (as dicts, the result's form). With a GPU
+    spec, also MBU/MFU: time-weighted (total analytic bytes or FLOPs over busy time, over peak)."""
     if not iterations:
         return {"num_iterations": 0}
     pre = np.array([it["num_prefill_tokens"] for it in iterations], dtype=np.float64)
@@ -129,6 +130,18 @@ def summarize_engine(iterations: Sequence[dict]) -> dict:
     nbytes = np.array([it.get("bytes_moved", 0.0) for it in iterations], dtype=np.float64)
     running = np.array([it["num_running"] for it in iterations], dtype=np.float64)
     busy = float(dur.sum())
+    flops = np.array([it.get("flops", 0.0) for it in iterations], dtype=np.float64)
+    util = {}
+    if gpu_spec and busy > 0:
+        util = {
+            "mbu": float(nbytes.sum() / busy / gpu_spec["hbm_bandwidth"]),
+            "mfu": float(flops.sum() / busy / gpu_spec["bf16_flops"]),
+        }
+        decode_only = (pre == 0) & (dec > 0)
+        if decode_only.any():
+            util["decode_mbu"] = float(
+                nbytes[decode_only].sum() / dur[decode_only].sum() / gpu_spec["hbm_bandwidth"]
+            )
     return {
         "num_iterations": len(iterations),
         "busy_time_s": busy,
@@ -143,4 +156,5 @@ def summarize_engine(iterations: Sequence[dict]) -> dict:
         "num_preemptions": int(sum(it["num_preempted"] for it in iterations)),
         # Time-weighted: total analytic bytes over total busy time.
         "mean_achieved_bw_gbps": float(nbytes.sum() / busy / 1e9) if busy > 0 else 0.0,
+        **util,
     }

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from .arrivals import arrival_times, resolve_process
 from .engine_target import EngineOptions, run_engine
+from .http_target import EndpointOptions
 from .metrics import summarize, summarize_engine
 from .result import base_result
 from .workload import load_workload, sample_requests
@@ -30,6 +31,9 @@ class RunSpec:
     save_detailed: bool = False
     label: str | None = None
     engine: EngineOptions = field(default_factory=EngineOptions)
+    endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
+    gpu_index: int | None = None
+    telemetry_interval_s: float = 0.05
 
 
 def request_record_dict(rec, detailed: bool) -> dict:
@@ -61,13 +65,46 @@ def request_record_dict(rec, detailed: bool) -> dict:
     return d
 
 
+def _telemetry_indices(spec: RunSpec) -> list[int] | None:
+    """GPUs to sample: the torch engine's device, or --gpu-index for an endpoint on this host.
+    None: nothing to sample (the simulated GPU)."""
+    if spec.endpoint is not None:
+        return [spec.gpu_index] if spec.gpu_index is not None else None
+    if spec.engine.engine == "sim":
+        return None
+    return [spec.gpu_index if spec.gpu_index is not None else 0]
+
+
+def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
+    """MBU and MFU per iteration: analytic bytes (FLOPs) over the iteration's time, over the
+    GPU's peak. Only where the GPU is known."""
+    if not gpu_spec:
+        return
+    bw, fl = gpu_spec["hbm_bandwidth"], gpu_spec["bf16_flops"]
+    for it in iterations:
+        d = it["duration_s"]
+        it["mbu"] = it["bytes_moved"] / d / bw if d > 0 else None
+        it["mfu"] = it["flops"] / d / fl if d > 0 else None
+
+
 def execute_run(
     spec: RunSpec,
     notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    workload = load_workload(spec.workload)
+    from .telemetry import SIMULATED_GPU_REASON, TelemetrySampler, unavailable, warning_line
+
+    count_tokens = None
+    if spec.endpoint is not None and spec.endpoint.tokenizer:
+        from .prompts import count_tokens as _count
+        from .prompts import load_tokenizer
+
+        tok = load_tokenizer(spec.endpoint.tokenizer)
+        count_tokens = lambda text: _count(tok, text)  # noqa: E731
+    workload = load_workload(spec.workload, count_tokens) if count_tokens else load_workload(
+        spec.workload
+    )
     num_requests = spec.num_requests
     if num_requests is None and not workload.has_arrivals:
         num_requests = DEFAULT_NUM_REQUESTS  # a timed trace without the flag replays whole
@@ -80,15 +117,52 @@ def execute_run(
     process = resolve_process(spec.arrival, spec.request_rate, workload.has_arrivals, spec.rate_given)
     arrivals = arrival_times(wreqs, spec.request_rate, spec.burstiness, process, spec.seed)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    run = run_engine(
-        spec.engine,
-        wreqs,
-        arrivals,
-        notice,
-        should_stop=should_stop,
-        on_progress=on_progress,
-        keep_token_ids=spec.save_detailed,
-    )
+
+    indices = _telemetry_indices(spec)
+    sampler: TelemetrySampler | None = None
+
+    def start_telemetry(clock) -> None:
+        nonlocal sampler
+        if indices is None:
+            return
+        sampler = TelemetrySampler(indices, spec.telemetry_interval_s, clock=clock.now)
+        sampler.start()
+
+    try:
+        if spec.endpoint is not None:
+            from .engine.clock import WallClock
+            from .http_target import run_http
+
+            start_telemetry(WallClock())  # run_http's t0 is taken right after: ~µs apart
+            run = run_http(
+                spec.endpoint, wreqs, arrivals, notice, should_stop=should_stop,
+                on_progress=on_progress, keep_token_ids=spec.save_detailed,
+            )
+            target_config = {"target": "http", **spec.endpoint.to_config()}
+        else:
+            run = run_engine(
+                spec.engine, wreqs, arrivals, notice, should_stop=should_stop,
+                on_progress=on_progress, keep_token_ids=spec.save_detailed,
+                on_start=start_telemetry,
+            )
+            target_config = {
+                "target": "engine",
+                **{f"engine_{k}" if k == "seed" else k: v for k, v in spec.engine.to_config().items()},
+            }
+    finally:
+        if sampler is not None:
+            sampler.stop()
+
+    if sampler is not None:
+        telemetry = sampler.to_result()
+    elif spec.endpoint is not None:
+        telemetry = unavailable("remote endpoint: give --gpu-index to sample a GPU on this host")
+    else:
+        telemetry = unavailable(SIMULATED_GPU_REASON)
+    line = warning_line(telemetry)
+    if line and indices is not None:
+        notice(line)
+
     config = {
         "label": spec.label,
         "workload": workload.name,
@@ -99,20 +173,30 @@ def execute_run(
         "burstiness": spec.burstiness,
         "arrival": process,
         "slo": spec.slo,
-        "target": "engine",
-        **{f"engine_{k}" if k == "seed" else k: v for k, v in spec.engine.to_config().items()},
+        **target_config,
         "command": " ".join(["cbbench", *sys.argv[1:]]),
     }
     result = base_result(config)
     result["started_at"] = started
     result["interrupted"] = run.interrupted
     summary = summarize(run.records, run.duration_s, spec.slo)
-    summary["engine"] = summarize_engine(run.iterations)
+    iterations = getattr(run, "iterations", [])
+    if iterations:
+        gpu_spec = run.info.get("gpu_spec")
+        add_utilization(iterations, gpu_spec)
+        summary["engine"] = summarize_engine(iterations, gpu_spec)
     if run.not_sent:
         summary["not_sent"] = run.not_sent
+    if spec.endpoint is not None:
+        info = dict(run.info)
+        server_metrics = info.pop("server_metrics", None)
+        summary["http"] = info
+        if server_metrics is not None:
+            result["server_metrics"] = server_metrics
     result["summary"] = summary
+    result["telemetry"] = telemetry
     result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
-    result["iterations"] = run.iterations
+    result["iterations"] = iterations
     return result
 
 

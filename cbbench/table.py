@@ -53,8 +53,25 @@ def engine_table(eng: dict) -> str:
         ["analytic bandwidth (GB/s)", _fmt(eng["mean_achieved_bw_gbps"], 1)],
     ]
     if eng.get("mbu") is not None:
-        rows.append(["analytic MBU", f"{eng['mbu']:.1%}"])
+        rows.append(["analytic MBU / MFU", f"{eng['mbu']:.1%} / {eng['mfu']:.1%}"])
     return tabulate(rows, tablefmt="simple", disable_numparse=True)
+
+
+def telemetry_line(tel: dict | None) -> str:
+    """Measured HBM utilization, to read beside the analytic MBU above."""
+    if not tel:
+        return ""
+    if not tel.get("available"):
+        return f"GPU telemetry: unavailable ({tel.get('reason')})"
+    run = (tel.get("summary") or {}).get("steady") or {}
+    bw = run.get("dram_bw_util_pct") or {}
+    sm = run.get("sm_util_pct") or {}
+    metric = tel.get("metric")
+    fmt = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
+    return (
+        f"GPU telemetry ({metric}, steady state): HBM util mean {fmt(bw.get('mean'))}, "
+        f"p90 {fmt(bw.get('p90'))}; SM util mean {fmt(sm.get('mean'))}"
+    )
 
 
 def render_summary(result: dict) -> str:
@@ -70,6 +87,9 @@ def render_summary(result: dict) -> str:
     eng = engine_table(s.get("engine", {}))
     if eng:
         parts += ["", eng]
+    tel = telemetry_line(result.get("telemetry"))
+    if tel:
+        parts += ["", tel]
     if result.get("interrupted"):
         parts += ["", "INTERRUPTED: the figures cover only what finished."]
     return "\n".join(parts)

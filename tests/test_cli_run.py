@@ -269,10 +269,16 @@ def test_jsonl_workload_runs(tmp_path):
     assert data["summary"]["total_output_tokens"] == 15
 
 
-def test_rejected_requests_are_reported_not_fatal(tmp_path):
+def test_rejected_requests_are_reported_and_decide_the_exit_code(tmp_path):
     out = tmp_path / "x.json"
     res = invoke(*SIM, "--num-requests", "50", "--max-model-len", "300", "--output", str(out))
-    assert res.exit_code == 0, res.output
+    # Failures beyond --max-error-rate (default 0) exit 1, after the result is written.
+    assert res.exit_code == 1, res.output
+    lenient = invoke(
+        *SIM, "--num-requests", "50", "--max-model-len", "300", "--max-error-rate", "1",
+        "--output", str(tmp_path / "y.json"),
+    )
+    assert lenient.exit_code == 0, lenient.output
     data = json.loads(out.read_text())
     s = data["summary"]
     assert s["failed"] > 0 and s["completed"] + s["failed"] == 50

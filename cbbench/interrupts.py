@@ -1,0 +1,47 @@
+"""Ctrl-C and SIGTERM during a run: the first stops dispatching and lets in-flight requests
+finish (up to a grace period) so the result keeps what was measured; a second exits at once.
+Result files are replaced atomically, so even then no half-written file is left."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+DEFAULT_GRACE_S = 10.0
+
+
+class StopSignal:
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    def __call__(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def _handle(self, signum, frame) -> None:
+        if self._stop.is_set():
+            # Second signal: leave now. KeyboardInterrupt unwinds to the CLI's exit code 130.
+            raise KeyboardInterrupt
+        self._stop.set()
+        name = signal.Signals(signum).name
+        print(
+            f"cbbench: {name}: stopping; finishing in-flight requests and writing the result "
+            "(press Ctrl-C again to quit now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self) -> StopSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
