@@ -122,6 +122,11 @@ def run(
     label: Annotated[
         str | None, typer.Option(help="A name for this run, shown by compare and report.")
     ] = None,
+    summary_only: Annotated[
+        bool,
+        typer.Option(help="Write config and summary only (no per-request or per-iteration "
+        "records): small files for committed baselines."),
+    ] = False,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the result JSON instead of the table.")
     ] = False,
@@ -187,6 +192,9 @@ def run(
 
     with StopSignal() as stop, _progress() as on_progress:
         result = execute_run(spec, C.notice, should_stop=stop, on_progress=on_progress)
+    if summary_only:
+        result = {k: v for k, v in result.items() if k not in ("requests", "iterations")}
+        result["telemetry"] = {k: v for k, v in result["telemetry"].items() if k != "samples"}
     write_result(out_path, result)
     if json_out:
         typer.echo(dumps(result))
