@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+
 from cbbench.kernels import (
     BACKEND_NAMES,
     AttentionMetadata,

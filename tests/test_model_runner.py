@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from cbbench.engine.model_runner import ModelRunner
 from cbbench.engine.models import allocate_kv_cache, load_model
 from cbbench.engine.request import Request, SamplingParams

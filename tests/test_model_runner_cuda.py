@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from cbbench.engine.kv_sizing import cuda_num_kv_blocks, kv_block_bytes
 from cbbench.engine.model_runner import ModelRunner
 from cbbench.engine.models import allocate_kv_cache, load_model
