@@ -42,12 +42,13 @@ def _root(
 
 
 # Each command lives in its own module and registers itself here.
-from . import cmd_compare, cmd_gate, cmd_report, cmd_run, cmd_workloads  # noqa: E402
+from . import cmd_compare, cmd_gate, cmd_report, cmd_run, cmd_serve, cmd_workloads  # noqa: E402
 
 cmd_run.register(app)
 cmd_compare.register(app)
 cmd_gate.register(app)
 cmd_report.register(app)
+cmd_serve.register(app)
 cmd_workloads.register(workloads_app)
 
 

@@ -1,0 +1,380 @@
+"""The bridge between the asyncio server and the engine.
+
+The engine is not thread-safe and its ``step()`` blocks (a real forward pass, or the simulator
+sleeping out its predicted time on a wall clock), so it lives in one dedicated thread that
+builds it, owns it and loops:
+
+    drain the inbox (adds, aborts) -> step() if there is work, else wait on the inbox
+    -> hand every new token to its request's asyncio.Queue
+
+Deliveries cross into the event loop with one ``call_soon_threadsafe`` per step for the whole
+batch (not one per token), which keeps a thousand concurrent streams cheap. Nothing else touches
+the engine: other threads read ``snapshot()``, a frozen copy republished after every step.
+
+The bridge only uses the engine's public surface (add_request, abort_request, step,
+has_unfinished, clock, scheduler and block_manager sizes), so the torch engine serves the same
+way as the simulator once ``build_engine`` returns one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..engine.clock import WallClock
+from ..engine.request import Request, RequestStatus, SamplingParams
+from ..errors import UsageError
+
+log = logging.getLogger("cbbench.server")
+
+# How long the idle engine thread sleeps between looks at the stop flag; new requests wake it
+# at once, so this only bounds how long shutdown can take.
+IDLE_WAIT_S = 0.5
+STOP_JOIN_TIMEOUT_S = 10.0
+# The engine appends an iteration record per step, forever; a server keeps only the recent ones
+# (trimmed in batches) so its memory stays flat. Nothing in the server reads the records.
+KEEP_RECORDS = 4096
+
+
+# ---- real-time pacing of a simulated engine ------------------------------------------------------
+# Catch-up is capped: a server too loaded to keep the simulated pace falls behind visibly
+# instead of bursting iterations to recover.
+MAX_CATCH_UP_S = 0.005
+
+
+class PacedWallClock(WallClock):
+    """A wall clock for a simulated engine that keeps back-to-back iterations on the simulated
+    timeline. The time between two steps (the bridge's hand-over, the engine's own Python, the
+    sleep's wake-up latency) is not in the predicted iteration time, so a plain wall clock runs
+    every iteration that much long (measured here: +10-25% on a 1 ms decode). This clock ends
+    an iteration that started late by that lag (up to MAX_CATCH_UP_S) on its ideal end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ideal_end: float | None = None
+        self._lag = 0.0
+
+    def begin_step(self, back_to_back: bool) -> None:
+        """Called just before ``engine.step()``; ``back_to_back`` when no idle wait came between
+        this step and the last one."""
+        if back_to_back and self._ideal_end is not None:
+            self._lag = min(max(self.now() - self._ideal_end, 0.0), MAX_CATCH_UP_S)
+        else:
+            self._lag = 0.0
+
+    def advance_to(self, t: float) -> None:
+        target = t - self._lag
+        self._ideal_end = target
+        self.sleep_until(target)
+
+
+# ---- events on a request's queue ----------------------------------------------------------------
+# Times are monotonic seconds on time.perf_counter()'s scale (CLOCK_MONOTONIC on Linux, shared by
+# every process on the host), so a client on the same machine can compare them with its own.
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """The first event of every stream: accepted (error None) or rejected with the reason."""
+
+    error: str | None
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_id: int | None  # None: the simulator models no token ids
+    time_s: float  # when the engine produced it
+    finish_reason: str | None  # "length" | "stop" on the request's last token, else None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The engine stopped (shutdown or an internal error) before the request finished."""
+
+    message: str
+
+
+StreamEvent = Admitted | TokenEvent | Failed
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    ready: bool
+    running: int = 0
+    waiting: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    num_steps: int = 0
+    error: str | None = None
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class EngineObserver(Protocol):
+    """Called from the engine thread (metrics); must be quick and thread-safe."""
+
+    def on_admitted(self, req: Request) -> None: ...
+    def on_rejected(self, req: Request) -> None: ...
+    def on_aborted(self, req: Request) -> None: ...
+    def on_step(self, out, num_new_tokens: int) -> None: ...
+
+
+class RequestStream:
+    """One request's events, read by the coroutine that serves it (event-loop side)."""
+
+    def __init__(self, bridge: AsyncEngine, req: Request) -> None:
+        self.req = req
+        self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        self.finished = False
+        self._bridge = bridge
+
+    async def next(self) -> StreamEvent:
+        ev = await self.queue.get()
+        if isinstance(ev, Failed) or (
+            (isinstance(ev, Admitted) and ev.error is not None)
+            or (isinstance(ev, TokenEvent) and ev.finish_reason is not None)
+        ):
+            self.finished = True
+        return ev
+
+    def close(self) -> None:
+        """Abort the request unless it already ended (safe to call more than once)."""
+        if not self.finished:
+            self.finished = True
+            self._bridge.abort(self.req)
+
+
+class _Live:
+    """Engine-side state of a stream: where to deliver, and how many tokens were sent."""
+
+    __slots__ = ("queue", "sent")
+
+    def __init__(self, queue: asyncio.Queue) -> None:
+        self.queue = queue
+        self.sent = 0
+
+
+Delivery = list[tuple[asyncio.Queue, StreamEvent]]
+
+
+class AsyncEngine:
+    def __init__(
+        self,
+        build: Callable[[], tuple[object, dict]],
+        observer: EngineObserver | None = None,
+    ) -> None:
+        """``build`` runs in the engine thread and returns (engine, info), as build_engine."""
+        self._build = build
+        self._observer = observer
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._inbox: deque[tuple[str, Request, asyncio.Queue | None]] = deque()
+        self._lock = threading.Lock()  # guards _inbox and _closed
+        self._closed = False
+        self._wake = threading.Event()
+        self._stopping = False
+        self._ready = threading.Event()
+        self._ids = itertools.count()
+        self._offset = 0.0  # perf_counter() - engine clock
+        self._snapshot = EngineSnapshot(ready=False)
+        self._num_steps = 0
+        self.info: dict | None = None
+        self.eos_token_id: int | None = None
+
+    # ---- lifecycle (event-loop side) ----------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="cbbench-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(STOP_JOIN_TIMEOUT_S)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set() and self._snapshot.error is None
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Block until the engine is built (True) or failed / the timeout passed (False)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._ready.wait(min(0.05, timeout)):
+                return self.ready
+            if self.error is not None:
+                return False
+        return False
+
+    @property
+    def error(self) -> str | None:
+        return self._snapshot.error
+
+    def snapshot(self) -> EngineSnapshot:
+        return self._snapshot
+
+    # ---- requests (event-loop side) -----------------------------------------------------------
+    def submit(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams) -> RequestStream:
+        req = Request(
+            next(self._ids),
+            len(prompt_ids),
+            max_tokens,
+            prompt_token_ids=prompt_ids,
+            sampling=sampling,
+            eos_token_id=self.eos_token_id,
+        )
+        stream = RequestStream(self, req)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._inbox.append(("add", req, stream.queue))
+        if closed:
+            stream.queue.put_nowait(Failed(self.error or "the engine is shut down"))
+        else:
+            self._wake.set()
+        return stream
+
+    def abort(self, req: Request) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._inbox.append(("abort", req, None))
+        self._wake.set()
+
+    # ---- the engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        live: dict[Request, _Live] = {}
+        try:
+            engine, info = self._build()
+            if not getattr(engine.clock, "realtime", False):
+                raise RuntimeError("serving needs an engine on a real-time clock")
+            self._offset = time.perf_counter() - engine.clock.now()
+            self.info = info
+            self.eos_token_id = info.get("eos_token_id")
+            self._publish_snapshot(engine)
+            self._ready.set()
+            self._serve(engine, live)
+            error = "the server is shutting down"
+        except UsageError as e:  # bad options (unknown GPU, model that does not fit): one line
+            error = str(e)
+            self._snapshot = EngineSnapshot(ready=False, error=error)
+        except Exception as e:
+            log.exception("the engine failed")
+            error = f"the engine failed: {e}"
+            self._snapshot = EngineSnapshot(ready=False, error=error)
+        finally:
+            with self._lock:
+                self._closed = True
+                pending = [(op, q) for op, _, q in self._inbox if op == "add"]
+                self._inbox.clear()
+            batch: Delivery = [(q, Failed(error)) for _, q in pending]
+            batch += [(s.queue, Failed(error)) for s in live.values()]
+            self._deliver_threadsafe(batch)
+
+    def _serve(self, engine, live: dict[Request, _Live]) -> None:
+        begin_step = getattr(engine.clock, "begin_step", None)  # a PacedWallClock
+        back_to_back = False
+        while not self._stopping:
+            self._wake.clear()  # before draining: a later submit sets it again
+            batch: Delivery = []
+            self._drain(engine, live, batch)
+            out = None
+            if engine.has_unfinished():
+                if begin_step is not None:
+                    begin_step(back_to_back)
+                try:
+                    out = engine.step()
+                except Exception:
+                    self._deliver_threadsafe(batch)  # this drain's verdicts, rejections included
+                    raise
+            back_to_back = out is not None
+            if out is not None:
+                new_tokens = self._collect_tokens(out, live, batch)
+                self._num_steps += 1
+                if len(engine.records) > 2 * KEEP_RECORDS:
+                    del engine.records[:-KEEP_RECORDS]
+            self._publish_snapshot(engine)
+            # Admissions ride with the step's tokens: one hand-over per iteration, because each
+            # costs this thread a GIL round trip with the busy event loop.
+            self._deliver_threadsafe(batch)
+            if out is not None:
+                if self._observer is not None:
+                    self._observer.on_step(out, new_tokens)
+                continue
+            self._wake.wait(IDLE_WAIT_S)
+
+    def _drain(self, engine, live: dict[Request, _Live], batch: Delivery) -> None:
+        with self._lock:
+            items = list(self._inbox)
+            self._inbox.clear()
+        obs = self._observer
+        for op, req, queue in items:
+            if op == "add":
+                req.arrival_time = engine.clock.now()
+                reason = engine.add_request(req)
+                batch.append((queue, Admitted(reason, req.arrival_time + self._offset)))
+                if reason is None:
+                    live[req] = _Live(queue)
+                    if obs is not None:
+                        obs.on_admitted(req)
+                elif obs is not None:
+                    obs.on_rejected(req)
+            elif live.pop(req, None) is not None and not req.status.is_done:
+                engine.abort_request(req)  # frees its KV blocks
+                if obs is not None:
+                    obs.on_aborted(req)
+
+    def _collect_tokens(self, out, live: dict[Request, _Live], batch: Delivery) -> int:
+        offset = self._offset
+        new_tokens = 0
+        for req in out.scheduled.scheduled_reqs:
+            state = live.get(req)
+            if state is None:
+                continue
+            n = req.num_output_tokens
+            ids = req.output_token_ids
+            times = req.token_times
+            finished = req.status == RequestStatus.FINISHED
+            for i in range(state.sent, n):
+                token = ids[i] if i < len(ids) else None
+                reason = req.finish_reason if finished and i == n - 1 else None
+                batch.append((state.queue, TokenEvent(token, times[i] + offset, reason)))
+            new_tokens += n - state.sent
+            state.sent = n
+            if finished:
+                del live[req]
+        return new_tokens
+
+    def _publish_snapshot(self, engine) -> None:
+        sched = engine.scheduler
+        bm = engine.block_manager
+        self._snapshot = EngineSnapshot(
+            ready=True,
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            num_steps=self._num_steps,
+        )
+
+    def _deliver_threadsafe(self, batch: Delivery) -> None:
+        if not batch or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_deliver, batch)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+def _deliver(batch: Delivery) -> None:
+    for queue, ev in batch:
+        queue.put_nowait(ev)

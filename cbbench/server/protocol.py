@@ -1,0 +1,196 @@
+"""The OpenAI wire format as `cbbench serve` speaks it: request models, validation, errors and
+response bodies.
+
+Choices worth knowing (documented in `cbbench serve --help` too):
+
+- Sampling fields a request leaves out (``temperature``, ``top_p``, ``top_k``, ``ignore_eos``)
+  take the server's defaults from the command line, whose ``--ignore-eos`` is on: a benchmark
+  wants the output lengths it asked for, not whatever the model chooses.
+- ``max_tokens`` defaults to 16 (OpenAI's default for completions) on both endpoints; chat also
+  takes ``max_completion_tokens``, which wins over ``max_tokens``.
+- ``model`` may be left out (the served model); an unknown model is a 404 with code
+  ``model_not_found``, as OpenAI answers.
+- A request the engine can never fit (prompt + max_tokens beyond the context, or beyond the
+  whole KV pool) is a 400 with code ``request_rejected`` and the engine's reason as message.
+- Unknown fields are ignored (``user``, penalties, ...); fields that would change the output's
+  meaning and are not supported (``n`` > 1, ``best_of`` > 1, ``echo``, ``logprobs``, ``stop``,
+  ``suffix``) are a 400 rather than silently dropped.
+- ``return_token_times`` (a cbbench extension) adds ``"cbbench": {"arrival_time",
+  "token_times"}`` to the response (streaming: to the chunk with the finish reason): the engine's
+  own times, in monotonic seconds on ``time.perf_counter()``'s scale, to check a client's
+  measurements against.
+- Chat template (minimal, the same for every model): each message as
+  ``<|role|>\\n{content}\\n``, then ``<|assistant|>\\n``; text content parts are joined.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEFAULT_MAX_TOKENS = 16
+ASSISTANT_ROLE = "assistant"
+
+
+# ---- errors ------------------------------------------------------------------------------------
+class APIError(Exception):
+    """An OpenAI-style error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def validation_error(errors: list[dict]) -> APIError:
+    """FastAPI's validation errors (malformed JSON, missing or bad fields) as one 400."""
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return APIError(400, f"malformed JSON body: {first.get('msg', 'invalid JSON')}")
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid request")
+    if param:
+        msg = f"{param}: {msg}"
+    return APIError(400, msg, param=param)
+
+
+# ---- requests ------------------------------------------------------------------------------------
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)  # -1 (vLLM) and 0 both mean off
+    seed: int | None = None
+    ignore_eos: bool | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    return_token_times: bool = False  # cbbench extension
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise APIError(400, "only n=1 is supported", param="n")
+        if self.stop:
+            raise APIError(400, "stop sequences are not supported", param="stop")
+
+
+class CompletionRequest(_Base):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise APIError(400, "echo is not supported", param="echo")
+        if self.logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+        if self.best_of is not None and self.best_of != 1:
+            raise APIError(400, "only best_of=1 is supported", param="best_of")
+        if self.suffix:
+            raise APIError(400, "suffix is not supported", param="suffix")
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt: a string or token ids (a batch of one is accepted too)."""
+        p = self.prompt
+        if isinstance(p, str):
+            return p
+        if p and isinstance(p[0], str | list):
+            if len(p) != 1:
+                raise APIError(400, "only one prompt per request is supported", param="prompt")
+            return p[0]
+        return p
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str | list[TextPart] | None = None
+
+
+class ChatRequest(_Base):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs:
+            raise APIError(400, "logprobs are not supported", param="logprobs")
+
+    def output_limit(self) -> int:
+        if self.max_completion_tokens is not None:
+            return self.max_completion_tokens
+        return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
+
+
+def render_chat(messages: list[ChatMessage]) -> str:
+    """The minimal chat template: role-tagged contents, then the assistant's tag."""
+    parts = []
+    for m in messages:
+        c = m.content
+        text = c if isinstance(c, str) else "".join(p.text for p in c or ())
+        parts.append(f"<|{m.role}|>\n{text}\n")
+    parts.append(f"<|{ASSISTANT_ROLE}|>\n")
+    return "".join(parts)
+
+
+# ---- responses -------------------------------------------------------------------------------------
+def sse(obj: dict | str) -> str:
+    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+SSE_DONE = sse("[DONE]")
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def token_times_ext(arrival_time: float, token_times: list[float]) -> dict:
+    return {"arrival_time": arrival_time, "token_times": token_times, "clock": "monotonic"}
