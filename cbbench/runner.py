@@ -65,6 +65,42 @@ def request_record_dict(rec, detailed: bool) -> dict:
     return d
 
 
+REDACTED = "<redacted>"
+
+
+def _redact_option(flag: str, value: str) -> str:
+    from .http_target import redact_url
+
+    if flag == "--endpoint":
+        return redact_url(value)
+    key, sep, val = value.partition("=")
+    if sep and not (val.startswith("env:") or val.startswith("$")):
+        return f"{key}={REDACTED}"  # a literal header value may be an API key
+    return value
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command line for the result file, with literal header values and URL credentials
+    removed (the env:NAME / $NAME forms name a variable, not a secret, and are kept)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, eq, inline = arg.partition("=")
+        if flag in ("--header", "--endpoint"):
+            if eq:
+                out.append(f"{flag}={_redact_option(flag, inline)}")
+            elif i + 1 < len(argv):
+                out += [arg, _redact_option(flag, argv[i + 1])]
+                i += 1
+            else:
+                out.append(arg)
+        else:
+            out.append(arg)
+        i += 1
+    return " ".join(["cbbench", *out])
+
+
 def _telemetry_indices(spec: RunSpec) -> list[int] | None:
     """GPUs to sample: the torch engine's device, or --gpu-index for an endpoint on this host.
     None: nothing to sample (the simulated GPU)."""
@@ -174,7 +210,7 @@ def execute_run(
         "arrival": process,
         "slo": spec.slo,
         **target_config,
-        "command": " ".join(["cbbench", *sys.argv[1:]]),
+        "command": recorded_command(sys.argv[1:]),
     }
     result = base_result(config)
     result["started_at"] = started
