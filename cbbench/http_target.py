@@ -8,10 +8,11 @@ server is doing; TTFT and E2EL count from that intended time (metrics.py), and t
 (actual send - intended) says whether the client kept up. --max-concurrency turns it into a
 capped loop: a request waits for a slot, and `first_scheduled_s` records when it got one.
 
-Each request is one streamed `/v1/completions` or `/v1/chat/completions` call (over the lean
-keep-alive client in http_client.py); every SSE event with non-empty text is a token event,
-timestamped when the network read that carried it returned. Failures are recorded on their
-request, never raised: error_type is one of ERROR_TYPES.
+Each request is one streamed `/v1/completions` or `/v1/chat/completions` call over an aiohttp
+keep-alive pool (see new_session; results/loadgen_capacity.md has its capacity on the 2-core
+machine); every SSE event with non-empty text is a token event, timestamped when the network
+read that carried it returned. Failures are recorded on their request, never raised:
+error_type is one of ERROR_TYPES.
 """
 
 from __future__ import annotations
@@ -21,20 +22,25 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from .errors import UsageError
-from .http_client import HttpClient, HttpFailure, classify
 from .metrics_scrape import MetricsScraper
 from .prompts import build_prompts, count_tokens, load_tokenizer
 from .records import RequestRecord
 from .workload import WorkloadRequest
+
+if TYPE_CHECKING:  # aiohttp is imported when a run starts: `cbbench` starts faster without it
+    import aiohttp
+    from yarl import URL
 
 APIS = ("completions", "chat")
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -64,6 +70,9 @@ PROGRESS_INTERVAL_S = 0.1
 MODELS_TIMEOUT_S = 30.0
 MODELS_MAX_BYTES = 1 << 20
 FD_MARGIN = 64  # file descriptors left for everything but the connection pool
+USER_AGENT = "cbbench"
+MAX_LINE_BYTES = 1 << 20  # the longest event-stream line buffered before it counts as bad_event
+KEEPALIVE_S = 60.0  # an idle pooled connection is closed after this long
 MS = 1000.0
 # RFC 9110 token characters: what a header name may hold.
 HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -177,6 +186,98 @@ class HttpRun:
     interrupted: bool
     info: dict
     not_sent: int = 0
+
+
+# ---- transport (aiohttp) --------------------------------------------------------------------
+class HttpFailure(Exception):
+    """A failed request, with the benchmark's error_type (bad_event, http_status, ...)."""
+
+    def __init__(self, error_type: str, message: str):
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class _Reuse:
+    """Per-request flag, set when aiohttp hands the request a pooled keep-alive connection."""
+
+    __slots__ = ("reused",)
+
+    def __init__(self) -> None:
+        self.reused = False
+
+
+async def _on_reuse(session, ctx, params) -> None:
+    if isinstance(ctx.trace_request_ctx, _Reuse):
+        ctx.trace_request_ctx.reused = True
+
+
+def new_session(headers: dict[str, str], max_connections: int | None) -> aiohttp.ClientSession:
+    """A keep-alive connection pool (call it inside the running event loop). No timeouts of its
+    own: the caller bounds each whole request. No redirects, cookies or compression: a
+    benchmark request goes to the server as given, and the stream comes back as sent."""
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(
+        limit=max_connections or 0,  # 0: no limit
+        limit_per_host=0,
+        # The system resolver (socket.getaddrinfo, in a thread), never aiodns even when it is
+        # installed; a connection to an IP address resolves nothing.
+        resolver=aiohttp.ThreadedResolver(),
+        keepalive_timeout=KEEPALIVE_S,
+    )
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_reuseconn.append(_on_reuse)
+    return aiohttp.ClientSession(
+        connector=connector,
+        headers={"User-Agent": USER_AGENT, **headers},
+        skip_auto_headers=("Accept-Encoding",),
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
+        trace_configs=[trace],
+    )
+
+
+async def read_body(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """Up to `limit` bytes of a response body (all of it when shorter)."""
+    out = bytearray()
+    while len(out) < limit and (data := await resp.content.read(limit - len(out))):
+        out += data
+    return bytes(out)
+
+
+async def get_body(
+    session: aiohttp.ClientSession, url: str, limit: int, timeout_s: float
+) -> tuple[int, bytes]:
+    """(status, body up to `limit` bytes) of a small GET; TimeoutError after `timeout_s`."""
+
+    async def go() -> tuple[int, bytes]:
+        async with session.get(url, allow_redirects=False) as resp:
+            return resp.status, await read_body(resp, limit)
+
+    return await _within(go(), timeout_s)
+
+
+def classify(e: BaseException) -> tuple[str, str]:
+    """(error_type, message) for an exception out of a request."""
+    import aiohttp
+
+    if isinstance(e, HttpFailure):
+        return e.error_type, str(e)
+    if isinstance(e, aiohttp.ClientConnectorError):  # TLS failures included
+        cause = getattr(e, "os_error", None)
+        if isinstance(cause, socket.gaierror):
+            return "dns", f"cannot resolve {e.host!r}: {cause.strerror or cause}"
+        return "connect", str(e)
+    if isinstance(e, asyncio.TimeoutError):
+        return "timeout", "timed out"
+    if isinstance(e, (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError)):
+        return "stream_cut", f"connection closed mid-response ({e})"
+    if isinstance(e, aiohttp.ClientResponseError):  # a malformed response head
+        return "bad_event", f"malformed response: {e.message}"
+    if isinstance(e, OSError):  # a reset mid-response (aiohttp.ClientOSError)
+        return "stream_cut", f"{type(e).__name__}: {e.strerror or e}"
+    return "client_error", f"{type(e).__name__}: {e}"
 
 
 # ---- one request ----------------------------------------------------------------------------
@@ -294,7 +395,8 @@ class _Runner:
         self.max_in_flight = 0
         self.stopped = False
         self.payload: dict = {}
-        self.client: HttpClient | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.url: URL | None = None  # base + path, set when the run starts
 
     # -- request path (hot) --
     def _body(self, pos: int) -> bytes:
@@ -307,14 +409,31 @@ class _Runner:
         payload["max_tokens"] = self.wreqs[pos].output_len
         return json.dumps(payload, separators=(",", ":")).encode()
 
+    async def _post(self, body: bytes) -> aiohttp.ClientResponse:
+        """POST and read the response head. aiohttp retries only idempotent requests, so the
+        keep-alive race is handled here: when a reused idle connection turns out closed by the
+        server before any answer, retry once (on another connection)."""
+        import aiohttp
+
+        for attempt in (0, 1):
+            flag = _Reuse()
+            try:
+                return await self.session.post(
+                    self.url, data=body, allow_redirects=False, trace_request_ctx=flag
+                )
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if attempt or not flag.reused or isinstance(e, aiohttp.ClientConnectorError):
+                    raise
+        raise AssertionError("unreachable")
+
     async def _exchange(self, rec: RequestRecord, body: bytes, st: _Stream) -> None:
-        async with self.client.stream("POST", self.path, body) as resp:
+        async with await self._post(body) as resp:
             if not 200 <= resp.status < 300:
-                head = _body_text(await resp.read(4 * ERROR_BODY_CHARS))
+                head = _body_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
                 raise HttpFailure("http_status", f"HTTP {resp.status}: {head}")
-            ctype = resp.headers.get("content-type", "")
+            ctype = resp.headers.get("Content-Type", "")
             if ctype and "text/event-stream" not in ctype:
-                head = _body_text(await resp.read(4 * ERROR_BODY_CHARS))
+                head = _body_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
                 raise HttpFailure("bad_event", f"expected an event stream, got {ctype}: {head}")
             times, t0, now, loads, chat = (
                 rec.token_times_s,
@@ -323,12 +442,29 @@ class _Runner:
                 json.loads,
                 self.chat,
             )
-            while (lines := await resp.next_lines()) is not None:
+            content, tail = resp.content, b""
+            while True:
+                # Whatever has arrived (one network read, unless the loop was busy).
+                piece = await content.readany()
                 t = now() - t0  # when this network read returned
+                if not piece:  # the end of the body
+                    if not tail:
+                        break
+                    lines, tail = [tail], b""
+                elif b"\n" in piece:
+                    lines = (tail + piece).split(b"\n")
+                    tail = lines.pop()
+                else:
+                    tail += piece
+                    if len(tail) > MAX_LINE_BYTES:
+                        raise HttpFailure(
+                            "bad_event", f"event-stream line longer than {MAX_LINE_BYTES} bytes"
+                        )
+                    continue
                 for line in lines:
                     if not line.startswith(b"data:"):
                         continue  # blank separators, ': comments', 'event:' lines
-                    data = line[5:].strip()
+                    data = line[5:].strip()  # and the \r of a CRLF line
                     if data == b"[DONE]":
                         st.done = True  # read on to the end, so the connection can be reused
                         continue
@@ -441,7 +577,10 @@ class _Runner:
         info: dict = {"connection_pool_size": pool, "connection_pool_capped": pool < wanted}
         if o.max_concurrency:
             self.sem = asyncio.Semaphore(o.max_concurrency)
-        self.client = HttpClient(self.base, headers, max_connections=pool)
+        from yarl import URL  # aiohttp's URL type: parsed once here, not on every request
+
+        self.url = URL(self.base + self.path)
+        self.session = new_session(headers, max_connections=pool)
         try:
             model = o.served_model or await self._discover_model(info)
             info["served_model"] = model
@@ -477,14 +616,16 @@ class _Runner:
                 await scrape_task
                 info.update(scraper.result())
         finally:
-            await self.client.aclose()
+            await self.session.close()
         info["max_in_flight"] = self.max_in_flight
         return duration, info
 
     async def _discover_model(self, info: dict) -> str:
         where = redact_url(self.base + "/v1/models")
         try:
-            status, body = await self.client.get("/v1/models", MODELS_MAX_BYTES, MODELS_TIMEOUT_S)
+            status, body = await get_body(
+                self.session, self.base + "/v1/models", MODELS_MAX_BYTES, MODELS_TIMEOUT_S
+            )
         except asyncio.TimeoutError:
             raise UsageError(f"GET {where} did not answer within {MODELS_TIMEOUT_S:g} s") from None
         except Exception as e:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
-from .http_client import HttpClient, HttpFailure, classify
+if TYPE_CHECKING:
+    import aiohttp
 
 SCRAPE_INTERVAL_S = 0.5
 SCRAPE_TIMEOUT_S = 2.0
@@ -43,30 +45,37 @@ class MetricsScraper:
             return line[7:].startswith(SCRAPE_PREFIXES)
         return line.startswith(SCRAPE_PREFIXES) and "_bucket{" not in line
 
-    async def _scrape(self, client: HttpClient, t0: float) -> bool:
+    async def _scrape(self, session: aiohttp.ClientSession, t0: float) -> bool:
+        from .http_target import classify, get_body  # (http_target imports this module)
+
         self.attempts += 1
         t = time.perf_counter() - t0
         try:
-            status, body = await client.get("/metrics", SCRAPE_MAX_BYTES, SCRAPE_TIMEOUT_S)
-            if status != 200:
-                raise HttpFailure("http_status", f"HTTP {status}")
+            status, body = await get_body(
+                session, self.base + "/metrics", SCRAPE_MAX_BYTES, SCRAPE_TIMEOUT_S
+            )
         except asyncio.TimeoutError:
             self.errors.append(f"t={t:.1f}s: no answer within {SCRAPE_TIMEOUT_S:g} s")
             return False
         except Exception as e:
             self.errors.append(f"t={t:.1f}s: {classify(e)[1]}")
             return False
+        if status != 200:
+            self.errors.append(f"t={t:.1f}s: HTTP {status}")
+            return False
         text = body.decode("utf-8", errors="replace")
         self.pages.append((t, "\n".join(ln for ln in text.splitlines() if self._keep(ln))))
         return True
 
     async def run(self, t0: float) -> None:
+        from .http_target import new_session
+
         failures = 0
-        client = HttpClient(self.base, self.headers, max_connections=1)
+        session = new_session(self.headers, max_connections=1)  # its own connection
         try:
             k = 0
             while not self._stop.is_set():
-                failures = 0 if await self._scrape(client, t0) else failures + 1
+                failures = 0 if await self._scrape(session, t0) else failures + 1
                 if failures >= MAX_SCRAPE_FAILURES:
                     self.gave_up = True
                     return
@@ -76,9 +85,9 @@ class MetricsScraper:
                     await asyncio.wait_for(self._stop.wait(), max(0.0, delay))
                 except asyncio.TimeoutError:
                     pass
-            await self._scrape(client, t0)  # the final values of the counters
+            await self._scrape(session, t0)  # the final values of the counters
         finally:
-            await client.aclose()
+            await session.close()
 
     def result(self) -> dict:
         from prometheus_client.parser import text_string_to_metric_families

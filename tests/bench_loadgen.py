@@ -5,8 +5,9 @@
 Starts a minimal streaming server in a separate process (`--serve`: raw asyncio HTTP/1.1 on
 127.0.0.1, 4 short SSE token events + usage + [DONE] per request, no delay), so the server
 does not share the client's GIL, then replays RATE x DURATION requests through
-cbbench.http_target.run_http and reports the achieved request rate and the send lag (actual
-send - intended start). Not collected by pytest (the name does not start with test_).
+cbbench.http_target.run_http and reports the achieved request rate, the send lag (actual
+send - intended start) and the client's CPU time per request. Not collected by pytest (the name
+does not start with test_). Results: results/loadgen_capacity.md.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def _start_server() -> tuple[subprocess.Popen, int]:
 def bench(
     rate: float, duration: float, arrival: str, seed: int, max_concurrency: int | None
 ) -> dict:
+    import aiohttp  # run_http imports its transport lazily: keep that out of the measured CPU
+
     from cbbench.arrivals import arrival_times
     from cbbench.http_target import EndpointOptions, run_http
     from cbbench.workload import WorkloadRequest
@@ -136,7 +139,8 @@ def bench(
         "achieved_completion_rate": len(ok) / run.duration_s,
         "send_lag_ms": {f"p{p}": float(np.percentile(lag_ms, p)) for p in (50, 90, 99, 100)},
         "ttft_ms": {f"p{p}": float(np.percentile(ttft_ms, p)) for p in (50, 99)},
-        "client_cpu_s": cpu_s,
+        "client_cpu_s": cpu_s,  # this process, everything in run_http included
+        "client_cpu_us_per_request": cpu_s / max(1, len(recs)) * 1e6,
         "client_cpu_util": cpu_s / run.duration_s,
         "max_in_flight": run.info["max_in_flight"],
         "client_fell_behind": run.info["client_fell_behind"],
@@ -144,6 +148,7 @@ def bench(
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}",
+        "aiohttp": aiohttp.__version__,
     }
 
 

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import socket
+import ssl
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -68,8 +73,10 @@ def _directives(prompt) -> dict[str, str]:
 class FakeOpenAI:
     """An OpenAI-compatible streaming server with fault injection, on 127.0.0.1."""
 
-    def __init__(self, metrics: bool = True):
+    def __init__(self, metrics: bool = True, tls: ssl.SSLContext | None = None):
         self.metrics = metrics
+        self.tls = tls
+        self.connections = 0  # TCP connections accepted
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests: list[dict] = []  # {"path", "headers", "body", "t"} per POST
@@ -81,11 +88,11 @@ class FakeOpenAI:
     def __enter__(self) -> FakeOpenAI:
         self._thread.start()
         fut = asyncio.run_coroutine_threadsafe(
-            asyncio.start_server(self._handle, "127.0.0.1", 0), self._loop
+            asyncio.start_server(self._handle, "127.0.0.1", 0, ssl=self.tls), self._loop
         )
         self._server = fut.result(timeout=5)
         self.port = self._server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
         return self
 
     def __exit__(self, *exc) -> None:
@@ -107,6 +114,7 @@ class FakeOpenAI:
 
     # -- HTTP --
     async def _handle(self, reader, writer) -> None:
+        self.connections += 1
         served = 0  # requests answered on this connection
         try:
             while True:
@@ -170,6 +178,9 @@ class FakeOpenAI:
         d = _directives(prompt)
         fault = d.get("fault", "ok")
         delay = TRICKLE_DELAY_S if fault == "trickle" else float(d.get("delay", 0))
+        if fault == "badhead":  # not an HTTP response at all
+            writer.write(b"HTTP/1.1 OK-ish\r\nnonsense\r\n\r\n")
+            return False
         if fault in ("http500", "http429"):
             code = "500 Internal Server Error" if fault == "http500" else "429 Too Many Requests"
             self._plain(writer, code, json.dumps({"object": "error", "message": fault}).encode())
@@ -470,6 +481,58 @@ def test_split_events_and_stale_connection_retry(fresh):
     assert [r.error_type for r in run.records] == [None, None]
     assert [len(r.token_times_s) for r in run.records] == [3, 3]
     assert len(fresh.requests) == 2 and fresh.dropped == 1  # reused, dropped, retried
+
+
+def test_keep_alive_reuses_connections(fresh):
+    # Spaced out, so each request finds the previous one's connection idle in the pool.
+    before = fresh.connections
+    n = 10
+    run = run_http(_opts(fresh.url), _reqs(["x"] * n), np.arange(n) * 0.03, print)
+    assert all(r.ok for r in run.records)
+    assert fresh.connections - before == 1
+
+
+def test_malformed_response_head_is_bad_event(fresh):
+    run = run_http(_opts(fresh.url), _reqs(["fault:badhead", "x"]), [0.0, 0.0], print)
+    assert [r.error_type for r in run.records] == ["bad_event", None]
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https(tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"]
+        + ["-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    with FakeOpenAI(tls=ctx) as s:
+        # An untrusted (self-signed) certificate: the handshake fails, a connect error.
+        run = run_http(_opts(s.url), _reqs(["x"]), [0.0], print)
+        assert s.requests == []
+        assert run.records[0].error_type == "connect"
+        assert "certificate" in run.records[0].error.lower()
+        # Trusted through SSL_CERT_FILE (read when the verifying context is made, so in a new
+        # process): the stream goes through.
+        code = (
+            "import sys; from cbbench.http_target import EndpointOptions, run_http; "
+            "from cbbench.workload import WorkloadRequest; "
+            "w = [WorkloadRequest(0, 2, 3, prompt='hi')]; "
+            "r = run_http(EndpointOptions(sys.argv[1], served_model=sys.argv[2]), w, [0.0], "
+            "print).records[0]; print(r.error_type, r.error, len(r.token_times_s))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, s.url, MODEL],
+            env={**os.environ, "SSL_CERT_FILE": str(cert)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.stdout.split() == ["None", "None", "3"], out.stderr[-2000:]
+        assert len(s.requests) == 1
 
 
 def test_connection_refused_is_connect():
