@@ -13,7 +13,7 @@ from .engine_target import EngineOptions, run_engine
 from .http_target import EndpointOptions
 from .metrics import summarize, summarize_engine
 from .result import base_result
-from .workload import load_workload, sample_requests
+from .workload import BUILTIN_WORKLOADS, load_workload, sample_requests
 
 DEFAULT_NUM_REQUESTS = 1000
 
@@ -142,8 +142,10 @@ def execute_run(
         spec.workload
     )
     num_requests = spec.num_requests
-    if num_requests is None and not workload.has_arrivals:
-        num_requests = DEFAULT_NUM_REQUESTS  # a timed trace without the flag replays whole
+    if num_requests is None and spec.workload in BUILTIN_WORKLOADS:
+        # Built-ins are large traces: sample vLLM's default count. A user's file without the
+        # flag is replayed whole, in order.
+        num_requests = DEFAULT_NUM_REQUESTS
     wreqs, replaced = sample_requests(workload, num_requests, spec.seed)
     if replaced:
         notice(

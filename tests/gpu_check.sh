@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# One-shot GPU check for a machine with one H200 (or any CUDA GPU): under 8 minutes in all.
+#
+#   bash tests/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else results/gpu/check-<time>
+#
+# Steps (each under `timeout`, each one's exit code and time recorded in OUT_DIR/steps.tsv; a
+# failing step never stops the ones after it; caps in seconds, all clipped so the whole script
+# ends within GPU_CHECK_TOTAL_S = 465 s; expected on an H200: ~6 minutes):
+#   nvidia_smi, env (60)  nvidia-smi; python and what is importable, with versions (bench_gpu.py
+#              env, standard library only) -> env.json, env.log
+#   install (90)  pip install --no-deps --no-build-isolation --no-index -e .  (never downloads;
+#              falls back to a PYTHONPATH view of the package if pip cannot install)
+#   pytest (110)  pytest -m cuda -q (kernels, model runner on CUDA) -> pytest_cuda.log / .xml
+#   decode (100)  tests/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
+#              batch 1/16/64/256, context 512, with and without CUDA graphs, MBU -> decode.json/.md
+#   sharegpt (130)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
+#              --num-requests 1000 -> sharegpt_h200.json
+#   static (150)  the same with --scheduler static -> sharegpt_h200_static.json
+#   summary (20)  tests/bench_gpu.py summarize -> summary.json, summary.md
+#
+# A run stopped by its timeout gets SIGTERM first: `cbbench run` then stops dispatching, lets
+# in-flight requests finish for a few seconds and still writes its result (interrupted: true).
+#
+# Knobs (environment): PYTHON (interpreter), GPU_CHECK_TOTAL_S (whole budget, default 465),
+# GPU_CHECK_SKIP_INSTALL=1, GPU_CHECK_MODEL (default llama-3-8b), GPU_CHECK_DEVICE (cuda),
+# GPU_CHECK_NUM_REQUESTS (1000), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
+# GPU_CHECK_PYTEST_ARGS (replaces "-m cuda"), GPU_CHECK_FORCE_SHADOW=1 (test the no-install
+# fallback). A CPU smoke test of the flow itself:
+#   GPU_CHECK_SKIP_INSTALL=1 GPU_CHECK_DEVICE=cpu GPU_CHECK_MODEL=tiny GPU_CHECK_NUM_REQUESTS=8 \
+#     GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu_check.sh /tmp/gpu-check-cpu
+set -u
+set -o pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO" || exit 2
+
+OUT_DIR="${1:-${OUT:-$REPO/results/gpu/check-$(date -u +%Y%m%d-%H%M%S)}}"
+mkdir -p "$OUT_DIR" || { echo "cannot create $OUT_DIR" >&2; exit 2; }
+OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+
+TOTAL_S="${GPU_CHECK_TOTAL_S:-465}"
+MODEL="${GPU_CHECK_MODEL:-llama-3-8b}"
+DEVICE="${GPU_CHECK_DEVICE:-cuda}"
+NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-1000}"
+DECODE_ARGS="${GPU_CHECK_DECODE_ARGS:-}"
+PYTEST_ARGS="${GPU_CHECK_PYTEST_ARGS:--m cuda}"
+RESERVE_S=25      # kept back for the summary and for timeout's kill grace
+KILL_GRACE_S=15   # after SIGTERM, SIGKILL this much later
+START_S=$(date +%s)
+DEADLINE_S=$((START_S + TOTAL_S))
+export PYTHONUNBUFFERED=1
+
+if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
+elif command -v python >/dev/null 2>&1; then PY=python
+else PY=python3; fi
+PYFLAGS=()        # becomes (-P) in the PYTHONPATH fallback (do not import ./cbbench from the cwd)
+SHADOW=""
+SHADOW_LINKS=()
+
+STEPS="$OUT_DIR/steps.tsv"
+printf 'step\trc\tseconds\tlimit_s\tnote\n' > "$STEPS"
+
+log() { echo "[gpu_check $(date -u +%H:%M:%S) +$(( $(date +%s) - START_S ))s] $*"; }
+
+cleanup() {
+    local l
+    for l in "${SHADOW_LINKS[@]+"${SHADOW_LINKS[@]}"}"; do [ -L "$l" ] && rm -f "$l"; done
+    [ -n "$SHADOW" ] && rm -rf "$SHADOW"
+}
+trap cleanup EXIT
+
+# run_step NAME CAP_S NOTE -- CMD...: run CMD under timeout (min(CAP_S, what is left)), output to
+# OUT_DIR/NAME.log (and the console), and record it. Returns CMD's exit code.
+run_step() {
+    local name="$1" cap="$2" note="$3"; shift 4
+    local now left limit t0 rc
+    now=$(date +%s)
+    left=$((DEADLINE_S - now - RESERVE_S - KILL_GRACE_S))
+    limit=$cap
+    [ "$left" -lt "$limit" ] && limit=$left
+    if [ "$limit" -lt 5 ]; then
+        log "SKIP $name: out of time budget"
+        printf '%s\tskipped\t0\t%s\t%s\n' "$name" "$limit" "no time left in the ${TOTAL_S}s budget" >> "$STEPS"
+        return 125
+    fi
+    log "START $name (limit ${limit}s): $*"
+    t0=$(date +%s)
+    timeout -k "$KILL_GRACE_S" "$limit" "$@" 2>&1 | tee "$OUT_DIR/$name.log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 124 ] && note="TIMEOUT after ${limit}s; $note"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$limit" "$note" >> "$STEPS"
+    log "END $name rc=$rc"
+    return "$rc"
+}
+
+record() {  # record NAME RC NOTE: a step decided without running anything
+    printf '%s\t%s\t0\t0\t%s\n' "$1" "$2" "$3" >> "$STEPS"
+    log "$1: $3"
+}
+
+have_module() { "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -c "import $1" >/dev/null 2>&1; }
+
+# ---- env ------------------------------------------------------------------------------------
+if command -v nvidia-smi >/dev/null 2>&1; then
+    run_step nvidia_smi 20 "nvidia-smi" -- nvidia-smi
+else
+    record nvidia_smi missing "nvidia-smi not found"
+fi
+log "python: $(command -v "$PY") ($("$PY" --version 2>&1))"
+# bench_gpu.py env imports only the standard library before probing (cbbench is not needed).
+run_step env 60 "versions and importable modules -> env.json" -- \
+    "$PY" tests/bench_gpu.py env --out "$OUT_DIR/env.json"
+
+# ---- install (no downloads) -------------------------------------------------------------------
+IMPORT_CODE='import cbbench, cbbench.engine.engine, cbbench.engine.models.llama, cbbench.kernels, cbbench.workload; print("cbbench", cbbench.__version__, "from", cbbench.__file__)'
+
+make_shadow() {
+    # A folder whose cbbench/ is the source cbbench/ plus engine/, kernels/, workloads/ linked in
+    # as subpackages: the setuptools package-dir mapping, without installing anything.
+    SHADOW="$(mktemp -d)"
+    mkdir -p "$SHADOW/cbbench"
+    local f
+    for f in "$REPO"/cbbench/*; do ln -s "$f" "$SHADOW/cbbench/$(basename "$f")"; done
+    ln -s "$REPO/engine" "$SHADOW/cbbench/engine"
+    ln -s "$REPO/kernels" "$SHADOW/cbbench/kernels"
+    ln -s "$REPO/workloads" "$SHADOW/cbbench/workloads"
+    export PYTHONPATH="$SHADOW${PYTHONPATH:+:$PYTHONPATH}"
+    if "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'; then
+        PYFLAGS=(-P)   # keep the cwd's source cbbench/ (without the subpackages) off sys.path
+    else
+        # Python < 3.11 has no -P: link the subpackages into the source folder (this copy of
+        # the tree) for the duration of the script; removed on exit.
+        for f in engine kernels workloads; do
+            if [ ! -e "$REPO/cbbench/$f" ]; then
+                ln -s "../$f" "$REPO/cbbench/$f" && SHADOW_LINKS+=("$REPO/cbbench/$f")
+            fi
+        done
+    fi
+}
+
+if [ "${GPU_CHECK_SKIP_INSTALL:-0}" = "1" ]; then
+    record install skipped "GPU_CHECK_SKIP_INSTALL=1"
+else
+    PIP=("$PY" -m pip install --no-deps --no-build-isolation --no-index
+         --disable-pip-version-check -e .)
+    if ! run_step install 90 "pip install --no-deps -e . (no index, no build isolation)" -- "${PIP[@]}"; then
+        if grep -qi "externally.managed" "$OUT_DIR/install.log" 2>/dev/null; then
+            run_step install_bsp 90 "retry with --break-system-packages" -- \
+                "${PIP[@]}" --break-system-packages
+        fi
+    fi
+fi
+if [ "${GPU_CHECK_FORCE_SHADOW:-0}" = "1" ] \
+        || ! run_step import 60 "import cbbench" -- "$PY" -c "$IMPORT_CODE"; then
+    log "cbbench does not import: falling back to a PYTHONPATH view of the source tree"
+    make_shadow
+    run_step import_fallback 60 "PYTHONPATH view of the source (not installed)" -- \
+        "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -c "$IMPORT_CODE"
+fi
+
+# ---- pytest -m cuda -----------------------------------------------------------------------------
+if have_module pytest; then
+    # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
+    run_step pytest_cuda 110 "pytest $PYTEST_ARGS -q" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -m pytest \
+        $PYTEST_ARGS -q -rs -p no:cacheprovider --continue-on-collection-errors \
+        --junitxml="$OUT_DIR/pytest_cuda.xml" tests
+else
+    record pytest_cuda skipped "pytest is not importable"
+    echo "pytest is not importable: CUDA tests not run" > "$OUT_DIR/pytest_cuda.log"
+fi
+
+# ---- decode microbenchmark ------------------------------------------------------------------------
+# shellcheck disable=SC2086
+run_step decode 100 "decode step time / MBU, $MODEL" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
+    tests/bench_gpu.py decode --device "$DEVICE" --model "$MODEL" --out "$OUT_DIR" $DECODE_ARGS
+
+# ---- ShareGPT through cbbench run ---------------------------------------------------------------
+CB_MAIN='import sys; sys.argv[0] = "cbbench"; from cbbench.cli import main; sys.exit(main())'
+CB_RUN=(run --workload sharegpt --engine torch --device "$DEVICE" --model "$MODEL"
+        --num-requests "$NUM_REQUESTS")
+if have_module typer; then
+    CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -c "$CB_MAIN")
+else
+    log "typer is not importable: running cbbench's runner through tests/bench_gpu.py run"
+    CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/bench_gpu.py)
+fi
+run_step sharegpt 130 "continuous, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
+    --label continuous --output "$OUT_DIR/sharegpt_h200.json"
+run_step sharegpt_static 150 "static, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
+    --scheduler static --label static --output "$OUT_DIR/sharegpt_h200_static.json"
+
+# ---- summary --------------------------------------------------------------------------------------
+RESERVE_S=0
+run_step summary 20 "summary.json + summary.md" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
+    tests/bench_gpu.py summarize "$OUT_DIR" >/dev/null
+log "done in $(( $(date +%s) - START_S ))s; results in $OUT_DIR"
+cat "$STEPS"
+exit 0
