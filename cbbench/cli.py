@@ -42,22 +42,56 @@ def _root(
 
 
 # Each command lives in its own module and registers itself here.
-from . import cmd_compare, cmd_gate, cmd_report, cmd_run, cmd_serve, cmd_workloads  # noqa: E402
+from . import (  # noqa: E402
+    cmd_capacity,
+    cmd_compare,
+    cmd_gate,
+    cmd_report,
+    cmd_run,
+    cmd_serve,
+    cmd_sweep,
+    cmd_workloads,
+)
 
 cmd_run.register(app)
 cmd_compare.register(app)
 cmd_gate.register(app)
 cmd_report.register(app)
 cmd_serve.register(app)
+cmd_sweep.register(app)
+cmd_capacity.register(app)
 cmd_workloads.register(workloads_app)
 
 
 def main() -> None:
+    code = _invoke()
+    sys.exit(code)
+
+
+def _invoke() -> int:
+    """Run the app; every failure becomes one line on stderr and an exit code."""
     try:
-        app()
+        rv = app(standalone_mode=False)
     except UsageError as e:  # a command without its own guard
         typer.echo(f"cbbench: error: {e}", err=True)
-        sys.exit(USAGE_EXIT)
-    except KeyboardInterrupt:  # a second Ctrl-C: results on disk are whole (atomic replace)
+        return USAGE_EXIT
+    except typer.Exit as e:
+        return e.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        # A second Ctrl-C: leave now. Result files are replaced atomically, so none is partial.
         typer.echo("cbbench: interrupted", err=True)
-        sys.exit(INTERRUPTED_EXIT)
+        return INTERRUPTED_EXIT
+    except Exception as e:
+        # Click's parse errors (bad option, bad value, missing argument) carry an exit code and
+        # a message; print that one line instead of click's usage block.
+        if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
+            message = e.format_message()
+            if message:
+                typer.echo(f"cbbench: error: {message}", err=True)
+            else:  # no arguments at all: show the help
+                typer.echo(e.ctx.get_help() if getattr(e, "ctx", None) else "", err=True)
+            return e.exit_code
+        raise
+    if rv == INTERRUPTED_EXIT:  # typer's own handling of a KeyboardInterrupt
+        typer.echo("cbbench: interrupted", err=True)
+    return rv if isinstance(rv, int) else 0

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from .errors import UsageError
+from .interrupts import DEFAULT_GRACE_S
 from .metrics_scrape import MetricsScraper
 from .prompts import build_prompts, count_tokens, load_tokenizer
 from .records import RequestRecord
@@ -372,7 +373,9 @@ class _Runner:
         tokenizer,
         should_stop: Callable[[], bool] | None,
         on_progress: Callable[[int, int], None] | None,
+        grace_s: float = DEFAULT_GRACE_S,
     ):
+        self.grace_s = grace_s
         self.opts = opts
         self.wreqs = wreqs
         self.arrivals = [float(a) for a in arrivals]
@@ -565,6 +568,9 @@ class _Runner:
             await asyncio.sleep(STOP_POLL_S)
         self.stopped = True
         dispatcher.cancel()
+        # In-flight requests may finish within the grace period; the rest are cancelled.
+        if self.pending and self.grace_s > 0:
+            await asyncio.wait(set(self.pending), timeout=self.grace_s)
         for task in list(self.pending):
             task.cancel()
 
@@ -720,6 +726,7 @@ def run_http(
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     keep_token_ids: bool = False,  # unused: streamed text carries no token ids
+    grace_s: float = DEFAULT_GRACE_S,
 ) -> HttpRun:
     """Replay `wreqs` at `arrivals` (seconds from the run start) against the endpoint.
     Per-request failures land on their records; only bad options raise (UsageError)."""
@@ -728,7 +735,7 @@ def run_http(
         raise ValueError(f"{len(wreqs)} requests but {len(arrivals)} arrival times")
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
     prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
-    runner = _Runner(opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress)
+    runner = _Runner(opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s)
     duration, info = asyncio.run(runner.run())
     opts.resolved = {"served_model": info["served_model"]}
 

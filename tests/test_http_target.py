@@ -422,12 +422,27 @@ def test_client_fell_behind_warns(fresh):
     assert not send_lag_check([0.5] * 100)["client_fell_behind"]
 
 
-def test_should_stop_interrupts(fresh):
+def test_should_stop_lets_in_flight_requests_finish_within_the_grace_period(fresh):
+    arrivals = [0.0, 0.05, 0.1] + [5.0 + i for i in range(7)]
+    wreqs = _reqs(["delay:0.05"] * 10, output_len=10)
+    t = time.perf_counter()
+    run = run_http(
+        _opts(fresh.url), wreqs, arrivals, print,
+        should_stop=lambda: time.perf_counter() - t > 0.2, grace_s=5.0,
+    )
+    assert time.perf_counter() - t < 4.0  # the 7 later arrivals were never sent
+    assert run.interrupted and run.not_sent == 7 and len(run.records) == 3
+    assert all(r.error is None and r.output_tokens == 10 for r in run.records)
+    _accounted(run, 10)
+
+
+def test_should_stop_cancels_what_the_grace_period_does_not_cover(fresh):
     arrivals = [0.0, 0.05, 0.1] + [5.0 + i for i in range(7)]
     wreqs = _reqs(["delay:0.2"] * 10, output_len=10)
     t = time.perf_counter()
     run = run_http(
-        _opts(fresh.url), wreqs, arrivals, print, should_stop=lambda: time.perf_counter() - t > 0.4
+        _opts(fresh.url), wreqs, arrivals, print,
+        should_stop=lambda: time.perf_counter() - t > 0.4, grace_s=0.0,
     )
     assert time.perf_counter() - t < 2.0
     assert run.interrupted and run.not_sent == 7 and len(run.records) == 3

@@ -1,0 +1,340 @@
+"""Ctrl-C and SIGTERM during `cbbench run` (cbbench/interrupts.py, engine_target._drain).
+
+The first SIGINT or SIGTERM stops dispatching, lets in-flight requests finish for a grace
+period (10 s), aborts the rest, and writes the result with ``interrupted: true``; a second
+signal exits at once with code 130. The result file is replaced atomically, so a reader finds
+either no file or a whole one, and no temporary file is left behind.
+
+The subprocess tests run the real console script on the torch engine on the CPU (wall clock)
+with 400 requests arriving at 50 req/s, so arrivals keep coming for ~8 s. Their stderr is a
+pseudo-terminal: the progress bar ("N/400") then shows up there, and the signal is sent only
+once it reports finished requests, so the test never interrupts the start-up (torch import,
+model build) by accident on a slow machine. The workload has short outputs so that the drain
+after the first signal ends well inside the grace period.
+
+Exit code of a run stopped by one signal: it is the run's normal verdict on the result it
+wrote: 0, unless the requests cancelled by the interrupt (``error_type: interrupted``) push the
+failed share above --max-error-rate (default 0), when it is 1 after the line
+"cbbench: N of M requests failed ...". A second signal: 130.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cbbench.result import load_result
+
+CBBENCH = shutil.which("cbbench")
+COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli import main; main()"]
+N = 400
+RATE = 50
+PROGRESS_TIMEOUT_S = 180  # start-up (torch import, model build) on a slow, busy CI machine
+EXIT_TIMEOUT_S = 120  # the drain's grace is 10 s; the rest is slack for a busy machine
+
+pty = pytest.importorskip("pty", reason="needs a pseudo-terminal (POSIX)")
+
+
+def _workload(path: Path, long_every: int = 0) -> Path:
+    """Short requests (outputs of 4-12 tokens); with ``long_every`` k, every k-th request has
+    a 400-token output, so some are still in flight long after the first signal."""
+    with path.open("w") as f:
+        for i in range(N):
+            out = 400 if long_every and i % long_every == 0 else 4 + i % 9
+            f.write(json.dumps({"prompt_len": 8 + i % 24, "output_len": out}) + "\n")
+    return path
+
+
+class _Run:
+    """`cbbench run` with stderr on a pseudo-terminal, read continuously by a thread."""
+
+    def __init__(self, tmp_path: Path, *extra: str, long_every: int = 0) -> None:
+        self.out_dir = tmp_path / "out"
+        self.out = self.out_dir / "x.json"
+        workload = _workload(tmp_path / "w.jsonl", long_every)
+        master, slave = pty.openpty()
+        env = dict(os.environ, TERM="xterm", COLUMNS="120", CUDA_VISIBLE_DEVICES="")
+        self.proc = subprocess.Popen(
+            [
+                *COMMAND, "run", "--engine", "torch", "--device", "cpu", "--model", "tiny",
+                "--workload", str(workload), "--num-requests", str(N),
+                "--request-rate", str(RATE), "--output", str(self.out), *extra,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            env=env,
+            cwd=tmp_path,
+        )
+        os.close(slave)
+        self._master = master
+        self._buf = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self._master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            self._buf.extend(data)
+
+    @property
+    def stderr(self) -> str:
+        text = bytes(self._buf).decode("utf-8", "replace")
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)  # drop terminal escapes
+
+    def done_requests(self) -> int:
+        counts = re.findall(rf"(\d+)/{N}\b", self.stderr)
+        return int(counts[-1]) if counts else 0
+
+    def wait_for(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"cbbench exited ({self.proc.returncode}) before {what}:\n{self.stderr}")
+            time.sleep(0.05)
+        self.kill()
+        pytest.fail(f"no {what} within {timeout} s:\n{self.stderr}")
+
+    def wait_for_progress(self, min_done: int = 3) -> None:
+        self.wait_for(lambda: self.done_requests() >= min_done, PROGRESS_TIMEOUT_S,
+                      f"progress ({min_done} requests finished)")
+
+    def finish(self, timeout: float = EXIT_TIMEOUT_S) -> tuple[int, str, str]:
+        try:
+            stdout, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"cbbench did not exit within {timeout} s:\n{self.stderr}")
+        self._reader.join(timeout=5)
+        os.close(self._master)
+        return self.proc.returncode, stdout.decode(), self.stderr
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """Files other than the result: temporary files of an atomic write, probes."""
+    if not folder.exists():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name != "x.json")
+
+
+def _check_interrupted_result(path: Path) -> dict:
+    data = load_result(path)  # schema checks: a whole, valid file
+    assert data["interrupted"] is True
+    s = data["summary"]
+    not_sent = s.get("not_sent", 0)
+    assert s["completed"] > 0, s
+    assert s["completed"] + s["failed"] + not_sent == N, s
+    assert len(data["requests"]) == s["completed"] + s["failed"]
+    assert set(s["error_types"]) <= {"interrupted"}, s["error_types"]  # nothing else failed
+    assert data["config"]["num_requests"] == N
+    for r in data["requests"]:
+        if r["error"] is None:
+            assert r["output_tokens"] >= 1 and r["e2el_ms"] is not None
+        else:
+            assert r["error_type"] == "interrupted"
+    return data
+
+
+# ---- one signal: stop, drain, write the result ------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_one_signal_writes_an_interrupted_result(tmp_path, sig):
+    run = _Run(tmp_path)
+    run.wait_for_progress()
+    t = time.monotonic()
+    run.proc.send_signal(sig)
+    rc, stdout, stderr = run.finish()
+    elapsed = time.monotonic() - t
+
+    assert f"cbbench: {sig.name}: stopping" in stderr, stderr
+    assert "Traceback" not in stderr
+    data = _check_interrupted_result(run.out)
+    s = data["summary"]
+    # The documented exit code: the run's verdict on what it wrote (see the module docstring).
+    if s["failed"]:
+        assert rc == 1, (rc, stderr)
+        assert f"{s['failed']} of {s['completed'] + s['failed']} requests failed" in stderr
+    else:
+        assert rc == 0, (rc, stderr)
+    assert f"result: {run.out}" in stdout
+    assert "INTERRUPTED: the figures cover only what finished." in stdout
+    assert _leftovers(run.out_dir) == []
+    # Stopped well before the ~8 s of arrivals plus the full run, bounded by the grace.
+    assert elapsed < EXIT_TIMEOUT_S
+
+
+@pytest.mark.slow
+def test_max_error_rate_1_makes_an_interrupted_run_exit_0(tmp_path):
+    run = _Run(tmp_path, "--max-error-rate", "1")
+    run.wait_for_progress()
+    run.proc.send_signal(signal.SIGTERM)
+    rc, _, stderr = run.finish()
+    assert rc == 0, stderr
+    _check_interrupted_result(run.out)
+    assert _leftovers(run.out_dir) == []
+
+
+# ---- a second signal: exit 130 at once --------------------------------------------------------
+@pytest.mark.slow
+def test_second_sigint_exits_130_promptly_and_leaves_no_partial_file(tmp_path):
+    # Some long outputs: the drain after the first signal would run the whole 10 s grace.
+    run = _Run(tmp_path, long_every=2)
+    run.wait_for_progress()
+    run.proc.send_signal(signal.SIGINT)
+    # The second signal only once the first was handled (two signals within one long C call
+    # would reach Python's handler as one).
+    run.wait_for(lambda: "SIGINT: stopping" in run.stderr, 60, "the first signal's message")
+    t = time.monotonic()
+    run.proc.send_signal(signal.SIGINT)
+    rc, _, stderr = run.finish(timeout=60)
+    elapsed = time.monotonic() - t
+
+    assert rc == 130, (rc, stderr)
+    assert "Traceback" not in stderr
+    assert elapsed < 10, f"took {elapsed:.1f} s to exit after the second signal"
+    # Either no result or a whole, valid one; never a partial or temporary file.
+    if run.out.exists():
+        load_result(run.out)
+    assert _leftovers(run.out_dir) == []
+
+
+def test_second_signal_says_interrupted(tmp_path, monkeypatch, capsys):
+    import cbbench.cmd_run as cmd_run
+    from cbbench.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # what StopSignal raises on the second signal
+
+    monkeypatch.setattr("cbbench.runner.execute_run", interrupted)
+    monkeypatch.setattr(cmd_run, "StopSignal", lambda: _StopAfter(10**9))
+    monkeypatch.setattr(sys, "argv", ["cbbench", "run", "--engine", "sim", "--num-requests", "5",
+                                      "--output", str(tmp_path / "x.json")])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 130
+    assert "cbbench: interrupted" in capsys.readouterr().err
+
+
+# ---- the simulated engine, through the Python API ----------------------------------------------
+class _StopAfter:
+    """should_stop that turns true after ``n`` calls (run_until_done asks once per loop)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.calls > self.n
+
+    # Stands in for interrupts.StopSignal in cmd_run.
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def _sim_spec(num_requests: int = 300, rate: float = 20.0):
+    from cbbench.engine_target import EngineOptions
+    from cbbench.runner import RunSpec
+
+    return RunSpec(
+        workload="sharegpt", num_requests=num_requests, seed=3, request_rate=rate,
+        rate_given=True, engine=EngineOptions(engine="sim", gpu="h200", model="llama-3-8b"),
+    )
+
+
+def test_interrupted_sim_run_produces_a_valid_result(tmp_path):
+    from cbbench.result import write_result
+    from cbbench.runner import execute_run
+
+    stop = _StopAfter(400)
+    result = execute_run(_sim_spec(), lambda msg: None, should_stop=stop)
+    assert stop.calls > 400
+    assert result["interrupted"] is True
+    s = result["summary"]
+    assert s["completed"] > 0
+    assert s.get("not_sent", 0) > 0  # arrivals after the stop were never sent
+    assert s["completed"] + s["failed"] + s.get("not_sent", 0) == 300
+    # The simulated drain finishes every in-flight request well inside the grace period.
+    assert s["failed"] == 0, s["error_types"]
+    path = tmp_path / "sim.json"
+    write_result(path, result)
+    data = load_result(path)
+    assert data["interrupted"] is True and data["summary"] == json.loads(json.dumps(s))
+    assert [p.name for p in tmp_path.iterdir()] == ["sim.json"]
+
+
+def test_sim_run_stopped_before_the_first_step(tmp_path):
+    from cbbench.runner import execute_run
+
+    result = execute_run(_sim_spec(50, rate=float("inf")), lambda m: None, should_stop=lambda: True)
+    s = result["summary"]
+    assert result["interrupted"] is True
+    assert s["completed"] == 0 and s["failed"] == 0 and s["not_sent"] == 50
+    assert result["requests"] == [] and s["duration_s"] == 0
+
+
+def test_cancelled_requests_decide_the_exit_code_in_process(tmp_path, monkeypatch):
+    """With no grace left, in-flight requests are cancelled (error_type interrupted) and count
+    against --max-error-rate: exit 1 after writing the result; --max-error-rate 1: exit 0."""
+    from typer.testing import CliRunner
+
+    import cbbench.cmd_run as cmd_run
+    import cbbench.engine_target as et
+    from cbbench.cli import app
+
+    drain = et._drain
+    monkeypatch.setattr(et, "_drain", lambda engine, grace_s: drain(engine, 0.0))
+    args = ["run", "--engine", "sim", "--num-requests", "200", "--request-rate", "inf"]
+    for extra, code in (([], 1), (["--max-error-rate", "1"], 0)):
+        monkeypatch.setattr(cmd_run, "StopSignal", lambda: _StopAfter(5))
+        out = tmp_path / f"r{code}.json"
+        res = CliRunner().invoke(app, [*args, *extra, "--output", str(out)])
+        assert res.exit_code == code, res.output
+        data = load_result(out)
+        s = data["summary"]
+        assert data["interrupted"] is True
+        assert s["failed"] > 0 and s["error_types"] == {"interrupted": s["failed"]}
+        assert s["completed"] + s["failed"] + s.get("not_sent", 0) == 200
+        if code:
+            assert "requests failed" in res.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r0.json", "r1.json"]
+
+
+# ---- StopSignal itself ------------------------------------------------------------------------
+def test_stop_signal_first_sets_the_flag_second_raises_and_handlers_are_restored(capfd):
+    from cbbench.interrupts import StopSignal
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with StopSignal() as stop:
+        assert not stop()
+        signal.raise_signal(signal.SIGTERM)
+        assert stop()
+        assert "SIGTERM: stopping" in capfd.readouterr().err
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    assert {s: signal.getsignal(s) for s in before} == before
