@@ -11,7 +11,12 @@ from typing import Annotated
 
 import typer
 
-from .engine_target import EngineOptions
+from .engine_target import (
+    DEFAULT_SWAP_SPACE_GIB,
+    PREEMPTION_MODES,
+    QUEUE_POLICIES,
+    EngineOptions,
+)
 from .errors import UsageError
 
 USAGE_EXIT = 2
@@ -91,6 +96,32 @@ MaxModelLen = Annotated[int | None, typer.Option(help="Context length. Default: 
 GpuMemUtil = Annotated[
     float, typer.Option(help="Fraction of GPU memory for weights + KV cache (vLLM's default 0.9).")
 ]
+Preemption = Annotated[
+    str,
+    typer.Option(
+        help="When KV runs out: recompute (free the victim's KV; it recomputes on resume) | "
+        "swap (copy its KV to CPU memory and back; recompute when the swap space is full)."
+    ),
+]
+SwapSpace = Annotated[
+    float,
+    typer.Option(help="CPU swap space in GiB for --preemption swap (vLLM's default 4)."),
+]
+Policy = Annotated[
+    str,
+    typer.Option(
+        help="fcfs | priority: admit by each request's priority (lower first, ties by arrival); "
+        "a request short of KV preempts a lower-priority running one."
+    ),
+]
+PrefixCaching = Annotated[
+    bool,
+    typer.Option(
+        "--enable-prefix-caching/--no-enable-prefix-caching",
+        help="Reuse the KV of full blocks shared with earlier requests (needs token ids: "
+        "workloads with prompt_token_ids, or the torch engine).",
+    ),
+]
 Device = Annotated[str | None, typer.Option(help="torch engine: cpu | cuda. Default: cuda if present.")]
 Dtype = Annotated[
     str | None, typer.Option(help="bf16 | fp16 | fp32. Default: bf16 on CUDA, fp32 on the CPU.")
@@ -147,6 +178,10 @@ def engine_options(
     eta_compute: float | None,
     iteration_overhead_us: float | None,
     seed: int,
+    preemption: str = "recompute",
+    swap_space: float = DEFAULT_SWAP_SPACE_GIB,
+    policy: str = "fcfs",
+    enable_prefix_caching: bool = False,
 ) -> EngineOptions:
     for name, value, low in (
         ("--max-num-seqs", max_num_seqs, 1),
@@ -172,6 +207,14 @@ def engine_options(
         raise UsageError(f"unknown dtype {dtype!r}: use bf16, fp16, fp32")
     if device is not None and device not in ("cpu", "cuda"):
         raise UsageError(f"unknown device {device!r}: use cpu, cuda")
+    if preemption not in PREEMPTION_MODES:
+        raise UsageError(
+            f"unknown preemption mode {preemption!r}: use {', '.join(PREEMPTION_MODES)}"
+        )
+    if not swap_space >= 0 or not math.isfinite(swap_space):
+        raise UsageError(f"--swap-space must be a number of GiB >= 0, got {swap_space}")
+    if policy not in QUEUE_POLICIES:
+        raise UsageError(f"unknown policy {policy!r}: use {', '.join(QUEUE_POLICIES)}")
     return EngineOptions(
         engine=engine,
         model=model,
@@ -197,4 +240,8 @@ def engine_options(
         eta_compute=eta_compute,
         iteration_overhead_us=iteration_overhead_us,
         seed=seed,
+        preemption=preemption,
+        swap_space=swap_space,
+        policy=policy,
+        enable_prefix_caching=enable_prefix_caching,
     )

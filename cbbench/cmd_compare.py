@@ -210,6 +210,10 @@ BATCHING = {
     "continuous-chunked": ("continuous", True),
 }
 KV_ALLOCATIONS = ("paged", "reserved")
+# Policy axes: preemption mode, queue policy, prefix caching (name -> the option's value).
+PREEMPTIONS = ("recompute", "swap")
+QUEUE_POLICIES = ("fcfs", "priority")
+PREFIX_CACHING = {"prefix-cache": True, "no-prefix-cache": False}
 VARIANT_JOIN = "+"
 # Inside results/runs/, which git ignores: variant runs are scratch, not baselines.
 DEFAULT_OUT_PARENT = Path("results") / "runs"
@@ -221,31 +225,44 @@ class Variant:
     scheduler: str | None = None  # None: keep the command's --scheduler
     chunked_prefill: bool | None = None
     kv_allocation: str | None = None
+    preemption: str | None = None
+    policy: str | None = None
+    enable_prefix_caching: bool | None = None
 
     def apply(self, opts: EngineOptions) -> EngineOptions:
         changes = {"resolved": {}}  # a fresh dict: the engine fills it in per run
         if self.scheduler is not None:
             changes.update(scheduler=self.scheduler, chunked_prefill=self.chunked_prefill)
-        if self.kv_allocation is not None:
-            changes["kv_allocation"] = self.kv_allocation
+        for key in ("kv_allocation", "preemption", "policy", "enable_prefix_caching"):
+            value = getattr(self, key)
+            if value is not None:
+                changes[key] = value
         return dataclasses.replace(opts, **changes)
 
 
 def parse_variant(name: str) -> Variant:
+    axes = (BATCHING, KV_ALLOCATIONS, PREEMPTIONS, QUEUE_POLICIES, PREFIX_CACHING)
     valid = (
-        f"{', '.join([*BATCHING, *KV_ALLOCATIONS])} (combine one of each axis with "
-        f"'{VARIANT_JOIN}', e.g. continuous-chunked+reserved)"
+        f"{', '.join(n for axis in axes for n in axis)} (combine one of each axis with "
+        f"'{VARIANT_JOIN}', e.g. continuous-chunked+reserved or swap+priority+prefix-cache)"
     )
-    batching = kv = None
+    chosen: list[str | None] = [None] * len(axes)
     for part in name.split(VARIANT_JOIN):
-        if part in BATCHING and batching is None:
-            batching = part
-        elif part in KV_ALLOCATIONS and kv is None:
-            kv = part
-        else:
+        axis = next((i for i, names in enumerate(axes) if part in names), None)
+        if axis is None or chosen[axis] is not None:
             raise UsageError(f"invalid variant {name!r}: use {valid}")
+        chosen[axis] = part
+    batching, kv, preemption, policy, caching = chosen
     sched, chunked = BATCHING[batching] if batching else (None, None)
-    return Variant(name, sched, chunked, kv)
+    return Variant(
+        name,
+        sched,
+        chunked,
+        kv,
+        preemption,
+        policy,
+        PREFIX_CACHING[caching] if caching else None,
+    )
 
 
 def parse_variants(text: str) -> list[Variant]:
@@ -273,7 +290,8 @@ def compare(
         str | None,
         typer.Option(
             help="Run these variants on one request set instead: static, continuous, "
-            "continuous-chunked, paged, reserved; combine axes with '+'."
+            "continuous-chunked | paged, reserved | recompute, swap | fcfs, priority | "
+            "prefix-cache, no-prefix-cache; combine axes with '+'."
         ),
     ] = None,
     out_dir: Annotated[
@@ -304,6 +322,10 @@ def compare(
     num_kv_blocks: C.NumKvBlocks = None,
     max_model_len: C.MaxModelLen = None,
     gpu_memory_utilization: C.GpuMemUtil = 0.9,
+    preemption: C.Preemption = "recompute",
+    swap_space: C.SwapSpace = 4.0,
+    policy: C.Policy = "fcfs",
+    enable_prefix_caching: C.PrefixCaching = False,
     device: C.Device = None,
     dtype: C.Dtype = None,
     attention_backend: C.AttnBackend = "auto",
@@ -321,9 +343,10 @@ def compare(
     ] = None,
 ) -> None:
     """Compare results side by side (ratios against the first), or run --variants on one
-    identical request set and compare those. A variant sets the batching (static,
-    continuous, continuous-chunked) and/or the KV allocation (paged, reserved); the other
-    engine options apply to every variant."""
+    identical request set and compare those. A variant sets any of the batching (static,
+    continuous, continuous-chunked), the KV allocation (paged, reserved), the preemption mode
+    (recompute, swap), the queue policy (fcfs, priority) and prefix caching (prefix-cache,
+    no-prefix-cache); the other engine options apply to every variant."""
     from .result import check_writable, load_result
 
     for path in (markdown, csv_out):
@@ -337,6 +360,8 @@ def compare(
             max_num_seqs, block_size, num_kv_blocks, max_model_len, gpu_memory_utilization,
             device, dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
             eta_memory, eta_compute, iteration_overhead_us, seed,
+            preemption=preemption, swap_space=swap_space, policy=policy,
+            enable_prefix_caching=enable_prefix_caching,
         )
         base = _base_spec(
             workload, num_requests, seed, request_rate, burstiness, arrival, slo, save_detailed, opts

@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
 @C.guard
 def run(
     workload: Annotated[
-        str, typer.Option(help="Built-in workload (sharegpt, long-prompt) or a JSONL file.")
+        str,
+        typer.Option(help="Built-in workload (sharegpt, long-prompt, shared-prefix) or a JSONL."),
     ] = "sharegpt",
     num_requests: Annotated[
         int | None,
@@ -53,6 +54,10 @@ def run(
     num_kv_blocks: C.NumKvBlocks = None,
     max_model_len: C.MaxModelLen = None,
     gpu_memory_utilization: C.GpuMemUtil = 0.9,
+    preemption: C.Preemption = "recompute",
+    swap_space: C.SwapSpace = 4.0,
+    policy: C.Policy = "fcfs",
+    enable_prefix_caching: C.PrefixCaching = False,
     device: C.Device = None,
     dtype: C.Dtype = None,
     attention_backend: C.AttnBackend = "auto",
@@ -146,6 +151,8 @@ def run(
         max_num_seqs, block_size, num_kv_blocks, max_model_len, gpu_memory_utilization, device,
         dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
         eta_memory, eta_compute, iteration_overhead_us, seed,
+        preemption=preemption, swap_space=swap_space, policy=policy,
+        enable_prefix_caching=enable_prefix_caching,
     )
     endpoint_opts = None
     if endpoint is not None:

@@ -27,6 +27,11 @@ DEFAULT_SIM_MODEL = "llama-3-8b"
 DEFAULT_CPU_MODEL = "small"
 DEFAULT_CUDA_MODEL = "llama-3-8b"
 DEFAULT_CPU_KV_MEMORY_BYTES = 2 * 1024**3
+# vLLM's --swap-space default: 4 GiB of CPU memory for swapped-out KV blocks.
+DEFAULT_SWAP_SPACE_GIB = 4.0
+GIB = 1024**3
+PREEMPTION_MODES = ("recompute", "swap")
+QUEUE_POLICIES = ("fcfs", "priority")
 
 
 @dataclass
@@ -43,6 +48,12 @@ class EngineOptions:
     num_kv_blocks: int | None = None
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.9
+    # scheduling policies (vLLM's --preemption-mode, --swap-space, --policy,
+    # --enable-prefix-caching)
+    preemption: str = "recompute"
+    swap_space: float = DEFAULT_SWAP_SPACE_GIB  # GiB; used only with preemption "swap"
+    policy: str = "fcfs"
+    enable_prefix_caching: bool = False
     # torch engine
     device: str | None = None
     dtype: str | None = None
@@ -90,6 +101,14 @@ def resolve_engine(opts: EngineOptions, notice: Callable[[str], None]) -> str:
     return "torch"
 
 
+def num_swap_blocks(opts: EngineOptions, block_bytes: int) -> int:
+    """CPU blocks for swap preemption: --swap-space over the bytes of one KV block (0 when
+    preemption recomputes)."""
+    if opts.preemption != "swap":
+        return 0
+    return int(opts.swap_space * GIB // block_bytes)
+
+
 @dataclass
 class EngineRun:
     records: list[RequestRecord]
@@ -118,6 +137,9 @@ def _make_requests(
     from .engine.request import Request, SamplingParams
 
     needs_ids = info["engine"] == "torch"
+    # The simulator computes no tokens, but prefix caching hashes prompt ids where the
+    # workload has them.
+    keep_ids = needs_ids or opts.enable_prefix_caching
     vocab = info.get("vocab_size", 0)
     eos = info.get("eos_token_id")
     reqs = []
@@ -135,6 +157,8 @@ def _make_requests(
                 # Length-only requests get synthetic ids, the same for every run of a seed.
                 rng = np.random.default_rng([opts.seed, w.id])
                 ids = rng.integers(0, vocab, w.prompt_len).tolist()
+        elif keep_ids and w.prompt_token_ids is not None:
+            ids = list(w.prompt_token_ids)
         sampling = SamplingParams(
             temperature=opts.temperature,
             top_p=opts.top_p,

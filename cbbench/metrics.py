@@ -108,12 +108,38 @@ def summarize(
         "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
         "send_lag_ms": distribution(lags, percentiles),
     }
+    priorities = sorted({r.priority for r in records})
+    if len(priorities) > 1:
+        summary["per_priority"] = per_priority(records, priorities)
     if slo:
         good = sum(1 for r in done if meets_slo(r, slo))
         summary["slo"] = dict(slo)
         summary["goodput"] = good / dur
         summary["slo_attainment"] = good / len(records) if records else 0.0
     return summary
+
+
+PER_PRIORITY_STATS = ("mean", "p50", "p99")
+
+
+def per_priority(records: Sequence[RequestRecord], priorities: Sequence[int]) -> dict:
+    """TTFT and TPOT per priority class (keys are the priorities as strings, as JSON has
+    them), for runs whose requests carry more than one priority."""
+
+    def short(values_ms: list[float]) -> dict:
+        d = distribution(values_ms, (50, 99))
+        return {k: d[k] for k in PER_PRIORITY_STATS}
+
+    out = {}
+    for p in priorities:
+        done = [r for r in records if r.priority == p and r.ok]
+        out[str(p)] = {
+            "completed": len(done),
+            "failed": sum(1 for r in records if r.priority == p and r.error is not None),
+            "ttft_ms": short([r.ttft_s * MS for r in done]),
+            "tpot_ms": short([r.tpot_s * MS for r in done if r.tpot_s is not None]),
+        }
+    return out
 
 
 def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
@@ -154,7 +180,28 @@ def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -
         "peak_kv_usage": float((used / total).max()),
         "mean_kv_usage": float((used / total).mean()),
         "num_preemptions": int(sum(it["num_preempted"] for it in iterations)),
+        "total_prefill_tokens": int(pre.sum()),
+        **_policy_totals(iterations),
         # Time-weighted: total analytic bytes over total busy time.
         "mean_achieved_bw_gbps": float(nbytes.sum() / busy / 1e9) if busy > 0 else 0.0,
         **util,
+    }
+
+
+def _policy_totals(iterations: Sequence[dict]) -> dict:
+    """Swap traffic and prefix-cache hits summed over the run (0 for results from before these
+    fields existed). The hit rate is hit tokens over the tokens looked up at admission; None
+    when nothing was looked up (prefix caching off)."""
+
+    def total(key: str) -> float:
+        return sum(it.get(key, 0) for it in iterations)
+
+    queried = total("num_prefix_queried_tokens")
+    hits = total("num_cached_tokens")
+    return {
+        "num_swapped_out_blocks": int(total("num_swapped_out_blocks")),
+        "num_swapped_in_blocks": int(total("num_swapped_in_blocks")),
+        "swap_time_s": float(total("swap_time_s")),
+        "prefix_cache_hit_tokens": int(hits),
+        "prefix_cache_hit_rate": hits / queried if queried else None,
     }

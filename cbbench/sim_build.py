@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .engine.clock import VirtualClock
 from .engine.cost_model import Efficiency
-from .engine_target import DEFAULT_SIM_GPU, DEFAULT_SIM_MODEL, EngineOptions
+from .engine_target import DEFAULT_SIM_GPU, DEFAULT_SIM_MODEL, EngineOptions, num_swap_blocks
 from .errors import UsageError
 
 
@@ -48,10 +48,21 @@ def build_sim_engine(opts: EngineOptions):
             max_num_seqs=opts.max_num_seqs,
             max_num_batched_tokens=budget,
             chunked_prefill=opts.chunked_prefill,
+            preemption_mode=opts.preemption,
+            queue_policy=opts.policy,
         )
-        config = EngineConfig(sched, num_blocks, opts.block_size, opts.kv_allocation)
+        block_bytes = opts.block_size * model.kv_bytes_per_token(dtype)
+        num_cpu_blocks = num_swap_blocks(opts, block_bytes)
+        config = EngineConfig(
+            sched,
+            num_blocks,
+            opts.block_size,
+            opts.kv_allocation,
+            num_cpu_blocks=num_cpu_blocks,
+            enable_prefix_caching=opts.enable_prefix_caching,
+        )
         cost = CostModel(model, dtype, gpu, eff)
-        engine = Engine(config, SimExecutor(cost), VirtualClock(), cost)
+        engine = Engine(config, SimExecutor(cost, opts.block_size), VirtualClock(), cost)
     except ValueError as e:
         raise UsageError(str(e)) from None
     info = {
@@ -65,6 +76,7 @@ def build_sim_engine(opts: EngineOptions):
         "max_num_batched_tokens": budget,
         "num_kv_blocks": num_blocks,
         "kv_capacity_tokens": num_blocks * opts.block_size,
+        "num_cpu_blocks": num_cpu_blocks,
         "weight_bytes": cost.weight_bytes(),
         "kv_bytes_per_token": model.kv_bytes_per_token(dtype),
         "efficiency": {

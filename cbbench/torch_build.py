@@ -10,6 +10,7 @@ from .engine_target import (
     DEFAULT_CPU_MODEL,
     DEFAULT_CUDA_MODEL,
     EngineOptions,
+    num_swap_blocks,
 )
 from .errors import UsageError
 
@@ -23,7 +24,7 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
     from .engine.cost_model import CostModel
     from .engine.engine import Engine, EngineConfig
     from .engine.gpu_specs import match_device_name
-    from .engine.kv_sizing import cuda_num_kv_blocks, num_kv_blocks_for_memory
+    from .engine.kv_sizing import cuda_num_kv_blocks, kv_block_bytes, num_kv_blocks_for_memory
     from .engine.model_runner import ModelRunner
     from .engine.models.llama import allocate_kv_cache
     from .engine.models.loader import load_model, resolve_dtype
@@ -73,6 +74,9 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
         max_num_seqs=opts.max_num_seqs,
         sampler_seed=opts.seed,
     )
+    num_cpu_blocks = num_swap_blocks(opts, kv_block_bytes(config, opts.block_size, dtype))
+    if num_cpu_blocks:
+        runner.allocate_swap_space(num_cpu_blocks)
     runner.warmup()
 
     gpu = match_device_name(torch.cuda.get_device_name(device)) if on_cuda else None
@@ -86,9 +90,18 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
             max_num_seqs=opts.max_num_seqs,
             max_num_batched_tokens=budget,
             chunked_prefill=opts.chunked_prefill,
+            preemption_mode=opts.preemption,
+            queue_policy=opts.policy,
         )
         engine = Engine(
-            EngineConfig(sched, num_blocks, opts.block_size, opts.kv_allocation),
+            EngineConfig(
+                sched,
+                num_blocks,
+                opts.block_size,
+                opts.kv_allocation,
+                num_cpu_blocks=num_cpu_blocks,
+                enable_prefix_caching=opts.enable_prefix_caching,
+            ),
             runner,
             WallClock(),
             CostModel(config, dtype_name, gpu),
@@ -110,6 +123,7 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
         "max_num_batched_tokens": budget,
         "num_kv_blocks": num_blocks,
         "kv_capacity_tokens": num_blocks * opts.block_size,
+        "num_cpu_blocks": num_cpu_blocks,
         "weight_bytes": config.weight_bytes(dtype_name),
         "kv_bytes_per_token": config.kv_bytes_per_token(dtype_name),
         "vocab_size": config.vocab_size,

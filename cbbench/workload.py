@@ -75,9 +75,43 @@ def _long_prompt() -> Workload:
     return Workload("long-prompt", reqs, "prompts of 2,048-6,143 tokens, outputs of 64-511")
 
 
+SHARED_PREFIX_SEED = 20240917
+SHARED_PREFIX_GROUPS = 20
+SHARED_PREFIX_PER_GROUP = 50
+SHARED_PREFIX_SYSTEM_LEN = (1000, 2000)  # [low, high] tokens of each group's system prompt
+SHARED_PREFIX_SUFFIX_LEN = (50, 300)  # each request's own question
+SHARED_PREFIX_OUTPUT_LEN = (50, 300)
+# Token ids below 512 are valid for every preset, the tiny test models included.
+SHARED_PREFIX_VOCAB = 512
+
+
+def _shared_prefix() -> Workload:
+    """Groups of requests that share a long system prompt, each with its own suffix: where
+    prefix caching pays. Explicit token ids (so the simulator can hash them too), in groups
+    of consecutive ids; drawn with a fixed seed."""
+    rng = np.random.default_rng(SHARED_PREFIX_SEED)
+    reqs = []
+    for _ in range(SHARED_PREFIX_GROUPS):
+        system = rng.integers(
+            0, SHARED_PREFIX_VOCAB, rng.integers(*SHARED_PREFIX_SYSTEM_LEN, endpoint=True)
+        ).tolist()
+        for _ in range(SHARED_PREFIX_PER_GROUP):
+            suffix_len = int(rng.integers(*SHARED_PREFIX_SUFFIX_LEN, endpoint=True))
+            ids = tuple(system + rng.integers(0, SHARED_PREFIX_VOCAB, suffix_len).tolist())
+            out = int(rng.integers(*SHARED_PREFIX_OUTPUT_LEN, endpoint=True))
+            reqs.append(WorkloadRequest(len(reqs), len(ids), out, prompt_token_ids=ids))
+    return Workload(
+        "shared-prefix",
+        reqs,
+        f"{SHARED_PREFIX_GROUPS} groups x {SHARED_PREFIX_PER_GROUP} requests sharing a "
+        "1,000-2,000-token system prompt, 50-300-token suffixes, 50-300-token outputs",
+    )
+
+
 BUILTIN_WORKLOADS: dict[str, Callable[[], Workload]] = {
     "sharegpt": _sharegpt,
     "long-prompt": _long_prompt,
+    "shared-prefix": _shared_prefix,
 }
 
 

@@ -7,6 +7,11 @@ request finishes, is aborted or is preempted. Two allocation modes:
   time (vLLM's PagedAttention);
 - ``reserved``: prompt + max output tokens are set aside at admission, as systems before paging
   did, so fragmentation's cost can be measured against ``paged``.
+
+The same class serves as the CPU pool of swap preemption (``allocate_blocks`` / ``free_blocks``:
+bare block ids, no request). Prefix caching lives in ``prefix_caching.py``, a subclass; the
+hooks it overrides (``lookup_prefix``, ``allocate_prefix``, ``register_full_blocks``,
+``discard``) are trivial here, so the scheduler calls them without asking which pool it has.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 class BlockManager:
+    enable_prefix_caching = False
+
     def __init__(self, num_blocks: int, block_size: int, allocation: str = "paged") -> None:
         if allocation not in ALLOCATION_MODES:
             raise ValueError(f"unknown KV allocation {allocation!r}: use {', '.join(ALLOCATION_MODES)}")
@@ -77,9 +84,41 @@ class BlockManager:
         self._free.extend(reversed(req.block_table))
         req.block_table = []
 
-    def check_invariants(self, live: list[Request]) -> None:
-        """For tests: every block is either free or held by exactly one live request."""
-        held = [b for r in live for b in r.block_table]
+    def discard(self, req: Request) -> None:
+        """Free blocks whose KV was never written (a swap-in cancelled in its own step)."""
+        self.free(req)
+
+    # ---- bare blocks: the CPU pool of swap preemption -----------------------------------------
+    def allocate_blocks(self, n: int) -> list[int] | None:
+        """``n`` blocks not tied to a request, or None (and no change) when the pool is short."""
+        free = self._free
+        if n > len(free):
+            return None
+        blocks = free[-n:][::-1]
+        del free[-n:]
+        return blocks
+
+    def free_blocks(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
+    # ---- prefix caching hooks: nothing is ever cached here ------------------------------------
+    def lookup_prefix(self, req: Request) -> list[int]:
+        return []
+
+    def admission_cost(self, req: Request, hit: list[int], num_tokens: int) -> int:
+        """Free blocks that admitting ``req`` (empty block table) up to ``num_tokens`` takes."""
+        return self.blocks_needed(req, num_tokens)
+
+    def allocate_prefix(self, req: Request, hit: list[int], num_tokens: int) -> bool:
+        return self.allocate(req, num_tokens)
+
+    def register_full_blocks(self, req: Request) -> None:
+        pass
+
+    def check_invariants(self, live: list[Request], cpu: bool = False) -> None:
+        """For tests: every block is either free or held by exactly one live request (by its
+        ``cpu_block_table`` when this is the CPU pool)."""
+        held = [b for r in live for b in (r.cpu_block_table if cpu else r.block_table)]
         all_blocks = held + self._free
         if len(all_blocks) != self.num_blocks or set(all_blocks) != set(range(self.num_blocks)):
             raise AssertionError(

@@ -143,3 +143,11 @@ class CostModel:
 
     def iteration_cost(self, sched: SchedulerOutput) -> IterationCost:
         return self.cost(BatchShape.from_scheduler_output(sched))
+
+    def swap_time(self, num_blocks: int, block_size: int) -> float:
+        """Seconds to copy ``num_blocks`` KV blocks one way between GPU and host memory, at the
+        GPU's host bandwidth (PCIe or C2C). Not overlapped with the forward: the copies must
+        land before it reads the blocks. Not counted in the HBM bytes (another link)."""
+        if self.gpu is None or num_blocks == 0:
+            return 0.0
+        return num_blocks * block_size * self._kv_bytes_per_token / self.gpu.host_bandwidth

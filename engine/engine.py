@@ -9,6 +9,7 @@ from typing import Protocol
 from .block_manager import BlockManager
 from .cost_model import CostModel
 from .iteration import IterationRecord
+from .prefix_caching import PrefixCachingBlockManager
 from .request import Request, RequestStatus
 from .scheduler import Scheduler, SchedulerConfig
 from .scheduler_output import ExecutorOutput, SchedulerOutput
@@ -32,6 +33,9 @@ class EngineConfig:
     num_kv_blocks: int
     block_size: int = 16
     kv_allocation: str = "paged"
+    # Swap preemption's CPU pool, in blocks (0: every preemption recomputes).
+    num_cpu_blocks: int = 0
+    enable_prefix_caching: bool = False
 
 
 @dataclass(slots=True)
@@ -50,8 +54,15 @@ class Engine:
         cost_model: CostModel | None = None,
     ) -> None:
         self.config = config
-        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.kv_allocation)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
+        self.block_manager = pool(config.num_kv_blocks, config.block_size, config.kv_allocation)
+        self.cpu_block_manager = (
+            BlockManager(config.num_cpu_blocks, config.block_size)
+            if config.num_cpu_blocks > 0
+            else None
+        )
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.cpu_block_manager)
+        self._caching = config.enable_prefix_caching
         self.executor = executor
         self.clock = clock
         self.cost_model = cost_model
@@ -88,7 +99,7 @@ class Engine:
         clock = self.clock
         start = clock.now()
         sched = self.scheduler.schedule(start)
-        if sched.is_empty:
+        if sched.is_empty and not sched.has_swaps:
             return None
         num_running = len(self.scheduler.running)
         num_waiting = len(self.scheduler.waiting)
@@ -99,7 +110,7 @@ class Engine:
             clock.advance_to(start + out.duration_s)
         end = clock.now()
         bytes_moved, flops = out.bytes_moved, out.flops
-        if not bytes_moved and self.cost_model is not None:
+        if not bytes_moved and self.cost_model is not None and not sched.is_empty:
             cost = self.cost_model.iteration_cost(sched)
             bytes_moved, flops = cost.bytes, cost.flops
 
@@ -120,6 +131,11 @@ class Engine:
             kv_blocks_total=self.block_manager.num_blocks,
             bytes_moved=bytes_moved,
             flops=flops,
+            num_swapped_out_blocks=len(sched.swap_out),
+            num_swapped_in_blocks=len(sched.swap_in),
+            swap_time_s=out.swap_time_s,
+            num_cached_tokens=sched.num_cached_tokens,
+            num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
         )
         self.records.append(record)
         return StepOutput(record, sched, finished)
@@ -153,10 +169,23 @@ class Engine:
                 continue
             req.status = RequestStatus.FINISHED
             req.finish_time = now
-            self.block_manager.free(req)
+            self.block_manager.free(req)  # with prefix caching, registers its last full blocks
             finished.append(req)
         if finished:
             self.scheduler.drop_finished()
+        if self._caching:
+            # Blocks that filled this step become findable (finished requests did so on free).
+            bm = self.block_manager
+            bs = bm.block_size
+            for req in reqs:
+                # Cheap test first: has a block of known token ids filled since the last
+                # registration? (The simulator knows prompt ids at most, never output ids.)
+                if req.prompt_token_ids is None or not req.block_table:
+                    continue
+                known = req.num_prompt_tokens + len(req.output_token_ids)
+                c = req.num_computed_tokens
+                if (c if c < known else known) >= (req.num_registered_blocks + 1) * bs:
+                    bm.register_full_blocks(req)
         return finished
 
 

@@ -22,6 +22,11 @@ class IterationRecord:
     kv_blocks_total: int
     bytes_moved: float  # analytic
     flops: float  # analytic
+    num_swapped_out_blocks: int = 0  # swap preemption: KV blocks copied to the CPU pool
+    num_swapped_in_blocks: int = 0  # ... and back
+    swap_time_s: float = 0.0  # the copies' time (predicted by the simulator, measured by torch)
+    num_cached_tokens: int = 0  # prefix-cache hits among the requests that started a prefill
+    num_prefix_queried_tokens: int = 0  # those requests' tokens (the hit rate's denominator)
 
     @property
     def achieved_bandwidth(self) -> float:

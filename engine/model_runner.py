@@ -13,6 +13,7 @@ attend one key of block 0 (seq_len 1): finite garbage that is never read back.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,8 +93,11 @@ class ModelRunner:
         Reads ``req.num_computed_tokens`` as the KV already cached; the engine advances it (and
         appends the sampled token) after this returns.
         """
+        swap_s = 0.0
+        if sched.swap_out or sched.swap_in:
+            swap_s = self.swap_blocks(sched.swap_out, sched.swap_in)
         if sched.is_empty:
-            return ExecutorOutput(sampled_token_ids=[], duration_s=None)
+            return ExecutorOutput(sampled_token_ids=[], duration_s=None, swap_time_s=swap_s)
         batch = self.prepare(sched)
         logits = self.compute_logits(batch)
         sampled: list[int | None] = [None] * len(sched.scheduled_reqs)
@@ -102,7 +106,7 @@ class ModelRunner:
             tokens = self.sampler(logits, reqs).tolist()  # the iteration's one host sync
             for i, token in zip(batch.sample_req_indices, tokens, strict=True):
                 sampled[i] = token
-        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None)
+        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s)
 
     @torch.inference_mode()
     def compute_logits(self, batch: PackedBatch) -> torch.Tensor:
@@ -114,6 +118,48 @@ class ModelRunner:
         if self._graphs and batch.is_pure_decode and batch.num_reqs <= max(self._graphs):
             return self._replay_decode_graph(batch)
         return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
+
+    # ---- swap preemption: KV blocks to and from a CPU pool --------------------------------------
+
+    def allocate_swap_space(self, num_cpu_blocks: int) -> None:
+        """The CPU block pool, laid out as the device cache ([blocks, block_size, kv_heads,
+        head_dim] per layer, K and V); pinned on CUDA so copies run at full host bandwidth.
+        ``empty``, not ``zeros``: a block is read only after a swap-out has written it."""
+        pin = self.device.type == "cuda"
+        shape = (num_cpu_blocks, *self.kv_caches[0][0].shape[1:])
+        self.cpu_kv_caches = [
+            tuple(
+                torch.empty(shape, dtype=self.dtype, device="cpu", pin_memory=pin)
+                for _ in range(2)
+            )
+            for _ in self.kv_caches
+        ]
+
+    @torch.inference_mode()
+    def swap_blocks(
+        self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]
+    ) -> float:
+        """Copy (device block, CPU block) pairs out, then (CPU block, device block) pairs in:
+        in that order, because a device block freed by a swap-out may receive a swap-in in the
+        same step. Synchronous (the forward reads the swapped-in blocks, and the next step's
+        swap-out may overwrite a CPU block read now). Returns the seconds spent."""
+        t0 = time.perf_counter()
+        dev = self.device
+        if swap_out:
+            src = torch.tensor([g for g, _ in swap_out], dtype=torch.int64, device=dev)
+            dst = torch.tensor([c for _, c in swap_out], dtype=torch.int64)
+            for gpu_kv, cpu_kv in zip(self.kv_caches, self.cpu_kv_caches, strict=True):
+                for gpu_cache, cpu_cache in zip(gpu_kv, cpu_kv, strict=True):
+                    cpu_cache[dst] = gpu_cache[src].to("cpu")
+        if swap_in:
+            src = torch.tensor([c for c, _ in swap_in], dtype=torch.int64)
+            dst = torch.tensor([g for _, g in swap_in], dtype=torch.int64, device=dev)
+            for gpu_kv, cpu_kv in zip(self.kv_caches, self.cpu_kv_caches, strict=True):
+                for gpu_cache, cpu_cache in zip(gpu_kv, cpu_kv, strict=True):
+                    gpu_cache[dst] = cpu_cache[src].to(dev)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        return time.perf_counter() - t0
 
     # ---- batch construction -------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ A request holds ``num_tokens`` known tokens (prompt + outputs so far) of which
 ``num_computed_tokens`` already have their KV in the cache. Each iteration the scheduler gives it
 ``n`` new tokens to compute; when that brings ``num_computed_tokens`` up to ``num_tokens`` the
 executor samples one more token. A decode is simply n = 1; a prefill chunk is n > 1. Recompute
-preemption resets ``num_computed_tokens`` to 0, so the next prefill covers prompt + outputs.
+preemption resets ``num_computed_tokens`` to 0, so the next prefill covers prompt + outputs; swap
+preemption keeps it (the KV waits in CPU memory, in ``cpu_block_table``, status SWAPPED) and the
+request resumes where it stopped once its blocks are copied back.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from dataclasses import dataclass
 class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
-    PREEMPTED = 2
-    FINISHED = 3
-    ABORTED = 4
-    REJECTED = 5
+    PREEMPTED = 2  # by recompute: waits with no KV
+    SWAPPED = 3  # by swap: waits with its KV in the CPU pool
+    FINISHED = 4
+    ABORTED = 5
+    REJECTED = 6
 
     @property
     def is_done(self) -> bool:
@@ -65,6 +68,11 @@ class Request:
         "finish_time",
         "num_preemptions",
         "finish_reason",
+        "cpu_block_table",
+        "queue_seq",
+        "block_hashes",
+        "num_registered_blocks",
+        "num_cached_tokens",
     )
 
     def __init__(
@@ -100,6 +108,17 @@ class Request:
         self.finish_time: float | None = None
         self.num_preemptions = 0
         self.finish_reason: str | None = None  # "length" | "stop" | "abort" | rejection reason
+        # Swap preemption: the CPU blocks holding this request's KV while it is SWAPPED.
+        self.cpu_block_table: list[int] = []
+        # Order of arrival at the scheduler: the tie-break after priority and arrival time.
+        self.queue_seq = 0
+        # Prefix caching: content hashes of the leading full blocks (a cache: token ids never
+        # change, so they stay valid across preemptions), how many leading blocks of
+        # block_table are registered in the prefix cache, and the prompt tokens found cached at
+        # the latest admission.
+        self.block_hashes: list[int] = []
+        self.num_registered_blocks = 0
+        self.num_cached_tokens = 0
 
     @property
     def num_tokens(self) -> int:
@@ -109,6 +128,14 @@ class Request:
     def max_total_tokens(self) -> int:
         """Prompt plus every output token: what reserved allocation sets aside."""
         return self.num_prompt_tokens + self.max_tokens
+
+    @property
+    def num_known_token_ids(self) -> int:
+        """Leading tokens whose ids are known: none for a length-only request; the prompt plus
+        the sampled outputs otherwise (the simulator samples lengths, not ids)."""
+        if self.prompt_token_ids is None:
+            return 0
+        return self.num_prompt_tokens + len(self.output_token_ids)
 
     def token_ids_slice(self, start: int, end: int) -> list[int]:
         """Known token ids in [start, end): prompt then outputs (ids must be known)."""

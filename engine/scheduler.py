@@ -3,11 +3,26 @@
 ``continuous`` (iteration-level, Orca/vLLM): running decodes first, then unfinished prefill
 chunks, then new admissions while the token budget, sequence slots and KV blocks allow. With
 chunked prefill a long prompt is split across iterations so decodes keep moving (Sarathi-Serve's
-stall-free rule). When KV runs out the newest running request is preempted by recompute: its
-blocks are freed and it goes back to the front of the waiting queue.
+stall-free rule). When KV runs out a running request is preempted: the newest (``fcfs``) or the
+lowest-priority, newest among equals (``priority``).
 
 ``static``: a batch is admitted only when nothing is running, and runs until its last member
 finishes; finished members leave idle slots.
+
+Three policies vLLM's scheduler is known for, each off by default:
+
+- **preemption mode** ``recompute`` frees the victim's blocks and it goes back to the queue with
+  ``num_computed_tokens = 0``; ``swap`` copies its computed blocks to a CPU pool (status SWAPPED)
+  and back when it resumes, falling back to recompute when the CPU pool is full. The copies are
+  listed in the output (``swap_out`` then ``swap_in``) for the executor to do before the
+  forward.
+- **queue policy** ``fcfs`` admits in arrival order; ``priority`` admits by (priority, arrival)
+  and lets a request that cannot get KV preempt a strictly lower-priority running one.
+- **prefix caching** (a ``PrefixCachingBlockManager``): an admitted request starts after its
+  longest cached prefix.
+
+The fast path (all three off) is the original code: the policies live in the rare branches
+(preemption) and in ``_admit_general``/``_finish_step``, chosen once at construction.
 """
 
 from __future__ import annotations
@@ -15,11 +30,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .block_manager import BlockManager
+from .block_manager import BlockManager, cdiv
 from .request import Request, RequestStatus
+from .request_queue import PriorityRequestQueue, priority_key
 from .scheduler_output import SchedulerOutput
 
 POLICIES = ("continuous", "static")
+PREEMPTION_MODES = ("recompute", "swap")
+QUEUE_POLICIES = ("fcfs", "priority")
 # vLLM's defaults when serving: 256 sequences; a 2048-token budget with chunked prefill, and
 # without chunking a budget that admits any prompt the model takes.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -35,25 +53,64 @@ def default_max_num_batched_tokens(chunked_prefill: bool, max_model_len: int) ->
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_model_len: int
-    policy: str = "continuous"
+    policy: str = "continuous"  # batching: continuous | static
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_CHUNKED_BUDGET
     chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    # vLLM's ``--policy``; named apart here because ``policy`` is the batching policy.
+    queue_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown scheduler {self.policy!r}: use {', '.join(POLICIES)}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            modes = ", ".join(PREEMPTION_MODES)
+            raise ValueError(f"unknown preemption mode {self.preemption_mode!r}: use {modes}")
+        if self.queue_policy not in QUEUE_POLICIES:
+            raise ValueError(
+                f"unknown scheduling policy {self.queue_policy!r}: use {', '.join(QUEUE_POLICIES)}"
+            )
         if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 1:
             raise ValueError("max_num_seqs, max_num_batched_tokens and max_model_len must be >= 1")
 
 
+def _is_decode(req: Request) -> bool:
+    """One known token left to compute, after the prompt: a decode row."""
+    c = req.num_computed_tokens
+    return c >= req.num_prompt_tokens and req.num_tokens - c == 1
+
+
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        block_manager: BlockManager,
+        cpu_block_manager: BlockManager | None = None,
+    ) -> None:
         self.config = config
         self.bm = block_manager
-        self.waiting: deque[Request] = deque()
+        # Swap preemption's CPU pool; None (or recompute mode) means every preemption recomputes.
+        self.cpu_bm = cpu_block_manager if config.preemption_mode == "swap" else None
+        self._priority = config.queue_policy == "priority"
+        self.waiting: deque[Request] | PriorityRequestQueue = (
+            PriorityRequestQueue() if self._priority else deque()
+        )
         self.running: list[Request] = []  # in admission order: the last is the newest
         self._static = config.policy == "static"
+        self._caching = block_manager.enable_prefix_caching
+        # Chosen once: with every policy off, admission and output take the original fast path.
+        self._general = self._priority or self._caching or config.preemption_mode == "swap"
+        self._admit = self._admit_general if self._general else self._admit_fcfs
+        self._num_added = 0
+        # Per-step state of the general path (reset by _begin_step).
+        self._swap_out: list[tuple[int, int]] = []
+        self._swap_in: list[tuple[int, int]] = []
+        self._swapped_in: dict[Request, list[tuple[int, int]]] = {}
+        self._num_cached_tokens = 0
+        self._num_queried_tokens = 0
+        self._num_decodes_taken = 0  # decode tokens taken back by priority admissions
+        self._late_decodes = False  # an admission scheduled a decode
 
     # ---- queue management -------------------------------------------------------------------
     def rejection_reason(self, req: Request) -> str | None:
@@ -79,15 +136,21 @@ class Scheduler:
 
     def add_request(self, req: Request) -> None:
         req.status = RequestStatus.WAITING
+        req.queue_seq = self._num_added
+        self._num_added += 1
         self.waiting.append(req)
 
     def remove(self, req: Request) -> None:
-        """Take an aborted request out of whichever queue holds it and free its blocks."""
+        """Take an aborted request out of whichever queue holds it and free its blocks (GPU,
+        and CPU when it was swapped out)."""
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         self.bm.free(req)
+        if req.cpu_block_table:
+            self.cpu_bm.free_blocks(req.cpu_block_table)
+            req.cpu_block_table = []
 
     def drop_finished(self) -> None:
         self.running = [r for r in self.running if r.status == RequestStatus.RUNNING]
@@ -96,25 +159,98 @@ class Scheduler:
     def num_unfinished(self) -> int:
         return len(self.waiting) + len(self.running)
 
-    # ---- the per-iteration decision ---------------------------------------------------------
-    def _preempt_newest(self, sched: dict[Request, int], preempted: list[Request]) -> tuple[Request, int]:
-        """Preempt (recompute) the newest running request; return it and the tokens it had
-        been given this step (0 when it had none), so the caller can take them back."""
-        victim = self.running.pop()
-        self.bm.free(victim)
-        victim.num_computed_tokens = 0
-        victim.status = RequestStatus.PREEMPTED
+    # ---- preemption -------------------------------------------------------------------------
+    def _preempt(
+        self, sched: dict[Request, int], preempted: list[Request]
+    ) -> tuple[Request, int, int, bool]:
+        """Preempt one running request to free its KV: the newest (fcfs), or the
+        lowest-priority, newest among equals (priority). Returns the victim, its index in
+        ``running`` before removal, the tokens it had been given this step (0 when none: the
+        caller takes them back) and whether those were a decode."""
+        running = self.running
+        if self._priority:
+            idx = max(range(len(running)), key=lambda i: priority_key(running[i]))
+            victim = running.pop(idx)
+        else:
+            idx = len(running) - 1
+            victim = running.pop()
+        taken = sched.pop(victim, 0)
+        was_decode = taken > 0 and _is_decode(victim)
         victim.num_preemptions += 1
-        self.waiting.appendleft(victim)
         preempted.append(victim)
-        return victim, sched.pop(victim, 0)
+        if victim in self._swapped_in:
+            # Swapped in this very step: its KV never left the CPU pool. Cancel the copy in.
+            self._cancel_swap_in(victim)
+        elif not self._swap_out_blocks(victim):
+            self.bm.free(victim)
+            victim.num_computed_tokens = 0
+            victim.status = RequestStatus.PREEMPTED
+        self.waiting.appendleft(victim)
+        return victim, idx, taken, was_decode
 
+    def _swap_out_blocks(self, victim: Request) -> bool:
+        """Swap preemption: give the victim CPU blocks for its computed KV, list the copies and
+        free its GPU blocks. False (nothing changed) when swap is off or the CPU pool is short:
+        the caller recomputes instead."""
+        cpu = self.cpu_bm
+        if cpu is None:
+            return False
+        n = cdiv(victim.num_computed_tokens, self.bm.block_size)
+        if n == 0:
+            return False
+        cpu_blocks = cpu.allocate_blocks(n)
+        if cpu_blocks is None:
+            return False
+        self._swap_out.extend(zip(victim.block_table[:n], cpu_blocks))
+        victim.cpu_block_table = cpu_blocks
+        self.bm.free(victim)  # the copies run before the forward: the blocks may be reused now
+        victim.status = RequestStatus.SWAPPED
+        return True
+
+    def _swap_in_blocks(self, req: Request, num_tokens: int) -> bool:
+        """Give a SWAPPED request GPU blocks for ``num_tokens`` and list the copies of its CPU
+        blocks into the first of them. Its CPU blocks are freed at the end of the step, after
+        every swap-out of the step has picked its CPU blocks, so none is overwritten before it
+        is read."""
+        if not self.bm.allocate(req, num_tokens):
+            return False
+        pairs = list(zip(req.cpu_block_table, req.block_table))
+        self._swap_in.extend(pairs)
+        self._swapped_in[req] = pairs
+        return True
+
+    def _cancel_swap_in(self, req: Request) -> None:
+        pairs = self._swapped_in.pop(req)
+        dropped = set(pairs)
+        self._swap_in = [p for p in self._swap_in if p not in dropped]
+        self.bm.discard(req)  # nothing was written to them
+        req.status = RequestStatus.SWAPPED
+
+    def _preempt_for(
+        self, req: Request, sched: dict[Request, int], preempted: list[Request]
+    ) -> tuple[int, bool] | None:
+        """Priority: preempt the lowest-priority running request if it ranks strictly below
+        ``req``. Returns the tokens taken back from it and whether they were a decode, or None
+        when nothing ranks below."""
+        running = self.running
+        if not running:
+            return None
+        lowest = max(running, key=priority_key)
+        if lowest.priority <= req.priority:
+            return None
+        victim, _, taken, was_decode = self._preempt(sched, preempted)
+        assert victim is lowest
+        return taken, was_decode
+
+    # ---- the per-iteration decision ---------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         cfg = self.config
         bm = self.bm
         budget = cfg.max_num_batched_tokens
         sched: dict[Request, int] = {}
         preempted: list[Request] = []
+        if self._general:
+            self._begin_step()
         running = self.running
 
         if self._static and not running:
@@ -122,7 +258,7 @@ class Scheduler:
             running = self.running
 
         # 1. Running decodes, oldest first. A decode needs a new block only when it crosses a
-        # block boundary; if the pool is dry, preempt the newest until it fits.
+        # block boundary; if the pool is dry, preempt until it fits.
         block_size = bm.block_size
         prefilling: list[Request] = []
         i = 0
@@ -133,20 +269,17 @@ class Scheduler:
             if c < req.num_prompt_tokens or req.num_tokens - c != 1:
                 prefilling.append(req)
                 continue
-            if c >= len(req.block_table) * block_size:
-                # Victims come from the end of ``running``, after req: none has tokens yet.
-                while not bm.allocate(req, c + 1):
-                    if self._preempt_newest(sched, preempted)[0] is req:
-                        break
+            if c >= len(req.block_table) * block_size and not bm.allocate(req, c + 1):
+                i, budget = self._make_room_for_decode(req, i, budget, sched, preempted)
                 if req.status != RequestStatus.RUNNING:
-                    break  # req was the newest and is now preempted: nothing after it
+                    continue  # req itself was the victim
             sched[req] = 1
             budget -= 1
         num_decodes = len(sched)
         # Requests after the budget ran out were not classified; they get no tokens this step.
 
         # 2. Unfinished prefill chunks of running requests (chunked prefill, static batches).
-        # A victim preempted here may be a decode given a token in step 1: take it back.
+        # A victim preempted here may have been given tokens already this step: take them back.
         for req in prefilling:
             if budget <= 0:
                 break
@@ -159,10 +292,9 @@ class Scheduler:
                 n = budget
             fits = True
             while not bm.allocate(req, req.num_computed_tokens + n):
-                victim, taken = self._preempt_newest(sched, preempted)
-                if taken:
-                    budget += taken
-                    num_decodes -= 1
+                victim, _, taken, was_decode = self._preempt(sched, preempted)
+                budget += taken
+                num_decodes -= was_decode
                 if victim is req:
                     fits = False
                     break
@@ -170,10 +302,12 @@ class Scheduler:
                 sched[req] = n
                 budget -= n
 
-        # 3. Admissions (continuous only), in arrival order, unless this step had to preempt.
+        # 3. Admissions (continuous only), unless this step had to preempt.
         if not self._static and not preempted:
-            budget = self._admit(sched, budget, now)
+            budget = self._admit(sched, budget, now, preempted)
 
+        if self._general:
+            return self._finish_step(sched, preempted, num_decodes)
         reqs = list(sched)
         return SchedulerOutput(
             scheduled_reqs=reqs,
@@ -184,7 +318,24 @@ class Scheduler:
             preempted=preempted,
         )
 
-    def _admit(self, sched: dict[Request, int], budget: int, now: float) -> int:
+    def _make_room_for_decode(
+        self, req: Request, i: int, budget: int, sched: dict[Request, int], preempted: list[Request]
+    ) -> tuple[int, int]:
+        """Preempt until ``req``'s next token has a KV slot, or ``req`` itself is the victim.
+        Returns the loop index and budget, adjusted for victims before ``i`` (priority only:
+        under fcfs victims come from the end of ``running``, after ``req``, with no tokens)."""
+        c = req.num_computed_tokens
+        while True:
+            victim, idx, taken, _ = self._preempt(sched, preempted)
+            if idx < i:
+                i -= 1
+            budget += taken
+            if victim is req or self.bm.allocate(req, c + 1):
+                return i, budget
+
+    def _admit_fcfs(
+        self, sched: dict[Request, int], budget: int, now: float, preempted: list[Request]
+    ) -> int:
         cfg = self.config
         waiting = self.waiting
         running = self.running
@@ -208,6 +359,8 @@ class Scheduler:
 
     def _admit_static_batch(self, now: float) -> None:
         """Fill every slot the KV pool allows for the batch's prompts, then close the batch."""
+        if self._general:
+            return self._admit_static_batch_general(now)
         bm = self.bm
         waiting = self.waiting
         committed = 0
@@ -225,3 +378,130 @@ class Scheduler:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
             self.running.append(req)
+
+    # ---- the general path: swap, priority, prefix caching -----------------------------------
+    def _begin_step(self) -> None:
+        self._swap_out = []
+        self._swap_in = []
+        self._swapped_in = {}
+        self._num_cached_tokens = 0
+        self._num_queried_tokens = 0
+        self._num_decodes_taken = 0
+        self._late_decodes = False
+
+    def _lookup(self, req: Request) -> list[int]:
+        """Prefix-cache hit blocks for a request about to start its prefill (none for one whose
+        KV waits in the CPU pool)."""
+        if not self._caching or req.status == RequestStatus.SWAPPED:
+            return []
+        return self.bm.lookup_prefix(req)
+
+    def _start(self, req: Request, now: float, num_cached: int) -> None:
+        """Move the head of the queue to ``running``; a request starting its prefill begins
+        after ``num_cached`` prefix-cached tokens."""
+        self.waiting.popleft()
+        if self._caching and req.status != RequestStatus.SWAPPED:
+            self._num_queried_tokens += req.num_tokens
+            self._num_cached_tokens += num_cached
+            req.num_cached_tokens = num_cached
+            req.num_computed_tokens = num_cached
+        req.status = RequestStatus.RUNNING
+        if req.first_scheduled_time is None:
+            req.first_scheduled_time = now
+        self.running.append(req)
+
+    def _admit_general(
+        self, sched: dict[Request, int], budget: int, now: float, preempted: list[Request]
+    ) -> int:
+        cfg = self.config
+        bm = self.bm
+        waiting = self.waiting
+        running = self.running
+        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+            req = waiting[0]
+            if req in preempted:
+                break  # preempted by a priority admission this step: not back before the next
+            swapped = req.status == RequestStatus.SWAPPED
+            hit = self._lookup(req)
+            c = req.num_computed_tokens if swapped else len(hit) * bm.block_size
+            n = req.num_tokens - c
+            if n > budget:
+                if not cfg.chunked_prefill:
+                    break  # the head waits for room
+                n = budget
+            if swapped:
+                ok = self._swap_in_blocks(req, c + n)
+            else:
+                ok = bm.allocate_prefix(req, hit, c + n)
+            if not ok:
+                freed = self._preempt_for(req, sched, preempted) if self._priority else None
+                if freed is None:
+                    break
+                budget += freed[0]
+                self._num_decodes_taken += freed[1]
+                continue  # try again (and look up again: the victim's blocks may be cached)
+            self._start(req, now, c)
+            sched[req] = n
+            budget -= n
+            # Resumed from swap, or cached up to its last token: a decode after the prefills.
+            self._late_decodes |= _is_decode(req)
+        return budget
+
+    def _admit_static_batch_general(self, now: float) -> None:
+        bm = self.bm
+        waiting = self.waiting
+        committed = 0  # blocks promised to admitted prompts, allocated as they prefill (paged)
+        while waiting and len(self.running) < self.config.max_num_seqs:
+            req = waiting[0]
+            if req.status == RequestStatus.SWAPPED:
+                need = bm.blocks_needed(req, req.num_tokens)
+                if committed + need > bm.num_free_blocks:
+                    break
+                ok = self._swap_in_blocks(req, req.num_computed_tokens)
+                assert ok
+                committed += need - len(req.block_table)
+                self._start(req, now, req.num_computed_tokens)
+                continue
+            hit = self._lookup(req)
+            c = len(hit) * bm.block_size
+            need = bm.admission_cost(req, hit, req.num_tokens)
+            if committed + need > bm.num_free_blocks:
+                break
+            before = bm.num_free_blocks
+            # Take the hit blocks now (reserved: the whole reservation); the prompt's other
+            # blocks are allocated as it prefills.
+            ok = bm.allocate_prefix(req, hit, req.num_tokens if bm.reserved else c)
+            assert ok
+            committed += need - (before - bm.num_free_blocks)
+            self._start(req, now, c)
+
+    def _finish_step(
+        self, sched: dict[Request, int], preempted: list[Request], num_decodes: int
+    ) -> SchedulerOutput:
+        """Release the CPU blocks swapped in this step, and build the output decodes first."""
+        cpu = self.cpu_bm
+        for req in self._swapped_in:
+            cpu.free_blocks(req.cpu_block_table)
+            req.cpu_block_table = []
+        if self._late_decodes:
+            # An admitted decode (resumed from swap, or cached up to its last token) follows
+            # the prefill chunks in ``sched``: move the decodes to the front.
+            decodes = [r for r in sched if _is_decode(r)]
+            reqs = decodes + [r for r in sched if not _is_decode(r)]
+            num_decodes = len(decodes)
+        else:
+            reqs = list(sched)
+            num_decodes -= self._num_decodes_taken
+        nums = [sched[r] for r in reqs]
+        return SchedulerOutput(
+            scheduled_reqs=reqs,
+            num_scheduled_tokens=nums,
+            num_decode_reqs=num_decodes,
+            num_prefill_tokens=sum(nums) - num_decodes,
+            token_budget=self.config.max_num_batched_tokens,
+            preempted=preempted,
+            swap_out=self._swap_out,
+            swap_in=self._swap_in,
+            num_cached_tokens=self._num_cached_tokens,
+            num_prefix_queried_tokens=self._num_queried_tokens,
+        )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .request import Request
@@ -16,6 +17,15 @@ class SchedulerOutput:
     num_prefill_tokens: int
     token_budget: int
     preempted: list[Request] = field(default_factory=list)
+    # Swap preemption: KV block copies the executor does before the forward, swap-outs first:
+    # (GPU block, CPU block) pairs out, then (CPU block, GPU block) pairs in. A GPU block freed
+    # by a swap-out may be the destination of a swap-in or hold new KV in the same step.
+    swap_out: Sequence[tuple[int, int]] = ()
+    swap_in: Sequence[tuple[int, int]] = ()
+    # Prefix caching: tokens found cached among the requests that started a prefill this step,
+    # and those requests' known tokens (what was looked up).
+    num_cached_tokens: int = 0
+    num_prefix_queried_tokens: int = 0
 
     @property
     def num_decode_tokens(self) -> int:
@@ -33,6 +43,10 @@ class SchedulerOutput:
     def is_empty(self) -> bool:
         return not self.scheduled_reqs
 
+    @property
+    def has_swaps(self) -> bool:
+        return bool(self.swap_out or self.swap_in)
+
 
 @dataclass(slots=True)
 class ExecutorOutput:
@@ -45,3 +59,4 @@ class ExecutorOutput:
     duration_s: float | None = None
     bytes_moved: float = 0.0  # analytic, for the iteration record
     flops: float = 0.0
+    swap_time_s: float = 0.0  # KV copies to and from the CPU pool (part of the duration)

@@ -1,7 +1,8 @@
 """The simulated GPU: predicts each iteration's time from the batch's composition.
 
 No tensors, no torch: the roofline in cost_model.py gives the time, and the engine's clock
-advances by it (virtually for benchmarks, in real time behind ``cbbench serve``).
+advances by it (virtually for benchmarks, in real time behind ``cbbench serve``). Swap
+preemption's KV copies add their transfer time over the host link.
 """
 
 from __future__ import annotations
@@ -41,13 +42,25 @@ def sim_num_kv_blocks(
 
 
 class SimExecutor:
-    def __init__(self, cost_model: CostModel) -> None:
+    def __init__(self, cost_model: CostModel, block_size: int = 16) -> None:
         if cost_model.gpu is None:
             raise ValueError("the simulated executor needs a GPU spec")
         self.cost_model = cost_model
+        self.block_size = block_size
 
     def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
+        swap_s = 0.0
+        if sched.swap_out or sched.swap_in:
+            swap_s = self.cost_model.swap_time(
+                len(sched.swap_out) + len(sched.swap_in), self.block_size
+            )
+            if sched.is_empty:  # only copies this step
+                return ExecutorOutput(None, duration_s=swap_s, swap_time_s=swap_s)
         cost = self.cost_model.iteration_cost(sched)
         return ExecutorOutput(
-            sampled_token_ids=None, duration_s=cost.time_s, bytes_moved=cost.bytes, flops=cost.flops
+            sampled_token_ids=None,
+            duration_s=cost.time_s + swap_s,
+            bytes_moved=cost.bytes,
+            flops=cost.flops,
+            swap_time_s=swap_s,
         )

@@ -27,7 +27,7 @@ from cbbench.workload import (
 
 # ---- built-ins ------------------------------------------------------------------------------
 def test_builtin_names():
-    assert builtin_names() == ["long-prompt", "sharegpt"]
+    assert builtin_names() == ["long-prompt", "shared-prefix", "sharegpt"]
 
 
 def test_sharegpt_loads_every_csv_row():
