@@ -33,7 +33,13 @@ class PlotSpec:
 
 @C.guard
 def report(
-    files: Annotated[list[Path], typer.Argument(help="Result files (the first is the reference).")],
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Result files (the first is the reference), and/or sweep.json files from "
+            "`cbbench sweep` (drawn as latency-throughput curves)."
+        ),
+    ],
     out: Annotated[Path, typer.Option(help="Folder for the PNGs and report.html.")],
     title: Annotated[str, typer.Option(help="The page title.")] = "cbbench report",
     max_gantt_requests: Annotated[
@@ -52,17 +58,33 @@ def report(
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
     check_writable(out / PAGE_NAME)
+    from .sweep_plot import is_sweep_file, latency_throughput, load_sweep
+
+    sweep_files = [p for p in files if is_sweep_file(p)]
+    files = [p for p in files if p not in sweep_files]
+    sweeps = [(lbl, load_sweep(p)) for lbl, p in zip(file_labels(sweep_files), sweep_files)]
     results = [Labeled(lbl, load_result(p)) for lbl, p in zip(file_labels(files), files)]
 
+    specs = plot_specs(results, max_gantt_requests) if results else []
+    if sweeps:
+        specs.append(PlotSpec(
+            "latency_throughput", "Latency vs throughput",
+            "TTFT p99 and TPOT p99 against achieved output throughput; labels are offered "
+            "rates; hollow markers never reached a steady state; squares are rate inf; dashed "
+            "lines are SLO limits.",
+            lambda _r: latency_throughput(sweeps),
+        ))
     sections = []
-    for spec in plot_specs(results, max_gantt_requests):
+    for spec in specs:
         fig = spec.draw(results)
         png = _png(fig)
         (out / f"{spec.key}.png").write_bytes(png)
         sections.append(
             PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
         )
-    page = render_page(title, results, [str(p) for p in files], sections, page_notes(results))
+    page = render_page(
+        title, results, [str(p) for p in files + sweep_files], sections, page_notes(results)
+    )
     write_atomic(out / PAGE_NAME, page)
     for s in sections:
         typer.echo(str(out / f"{s.key}.png"))

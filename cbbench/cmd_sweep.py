@@ -1,0 +1,227 @@
+"""`cbbench sweep`: one workload at several request rates, with the latency-throughput curve."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from . import cli_common as C
+from .errors import UsageError
+
+DEFAULT_OUT_PARENT = Path("results") / "runs"  # git ignores it: sweeps are scratch
+
+# Options that sweep and capacity share (the engine ones come from cli_common).
+Workload = Annotated[str, typer.Option(help="Built-in workload (sharegpt, long-prompt) or a JSONL file.")]
+NumRequests = Annotated[
+    int,
+    typer.Option(
+        help="Requests per probe at the least (more at high rates: see --min-duration), and "
+        "the size of a rate-inf probe."
+    ),
+]
+MinDuration = Annotated[
+    float,
+    typer.Option(
+        help="Seconds of arrivals each probe should span: it sends max(--num-requests, "
+        "rate x this) requests, so queues can settle into a steady state."
+    ),
+]
+MaxRequests = Annotated[int, typer.Option(help="The most requests one probe sends.")]
+Seed = Annotated[int, typer.Option(help="Seed for requests, arrivals and sampling (all probes).")]
+Burstiness = Annotated[
+    float, typer.Option(help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier.")
+]
+Arrival = Annotated[str, typer.Option(help="gamma (with --burstiness) | constant.")]
+ARRIVALS = ("gamma", "constant")
+# Endpoint options, as `cbbench run` names them (open loop only: no --max-concurrency, which
+# would cap the very load a rate sweep offers).
+Endpoint = Annotated[
+    str | None,
+    typer.Option(help="Probe this OpenAI-compatible endpoint instead of the bundled engine."),
+]
+Api = Annotated[str, typer.Option(help="Endpoint API: completions | chat.")]
+ServedModel = Annotated[
+    str | None, typer.Option(help="Model name to request. Default: the first of /v1/models.")
+]
+IgnoreEosField = Annotated[
+    bool,
+    typer.Option(
+        "--ignore-eos-field/--no-ignore-eos-field",
+        help="Send ignore_eos (vLLM, SGLang); turn off for servers that reject unknown fields.",
+    ),
+]
+Header = Annotated[
+    list[str] | None,
+    typer.Option(help="HTTP header KEY=VALUE (repeatable); VALUE $NAME or env:NAME reads the "
+                 "environment. Values are never written to the results."),
+]
+RequestTimeout = Annotated[float, typer.Option(help="Seconds allowed per request (endpoint).")]
+Tokenizer = Annotated[
+    str | None,
+    typer.Option(help="tokenizer.json: exact synthetic prompt lengths and token counts (endpoint)."),
+]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep)
+
+
+@C.guard
+def sweep(
+    rates: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated request rates (inf: all at t=0), or auto: a rate-inf probe "
+            "measures saturation, then --points rates from 10% to 95% of it."
+        ),
+    ] = "auto",
+    points: Annotated[int, typer.Option(help="--rates auto: how many rates.")] = 6,
+    workload: Workload = "sharegpt",
+    num_requests: NumRequests = 1000,
+    min_duration: MinDuration = 60.0,
+    max_requests: MaxRequests = 10_000,
+    seed: Seed = 0,
+    burstiness: Burstiness = 1.0,
+    arrival: Arrival = "gamma",
+    slo: Annotated[
+        str | None,
+        typer.Option(help="SLO in ms for goodput and attainment, e.g. ttft_p99=1000,tpot_p99=50."),
+    ] = None,
+    attainment: Annotated[
+        float | None, typer.Option(help="Attainment target (default: the SLO's percentile).")
+    ] = None,
+    endpoint: Endpoint = None,
+    api: Api = "completions",
+    served_model: ServedModel = None,
+    ignore_eos_field: IgnoreEosField = True,
+    header: Header = None,
+    request_timeout: RequestTimeout = 600.0,
+    tokenizer: Tokenizer = None,
+    engine: C.Engine = "auto",
+    model: C.Model = None,
+    gpu: C.Gpu = None,
+    scheduler: C.SchedulerOpt = "continuous",
+    chunked_prefill: C.Chunked = True,
+    kv_allocation: C.KvAllocation = "paged",
+    max_num_batched_tokens: C.MaxBatched = None,
+    max_num_seqs: C.MaxSeqs = 256,
+    block_size: C.BlockSize = 16,
+    num_kv_blocks: C.NumKvBlocks = None,
+    max_model_len: C.MaxModelLen = None,
+    gpu_memory_utilization: C.GpuMemUtil = 0.9,
+    preemption: C.Preemption = "recompute",
+    swap_space: C.SwapSpace = 4.0,
+    policy: C.Policy = "fcfs",
+    enable_prefix_caching: C.PrefixCaching = False,
+    device: C.Device = None,
+    dtype: C.Dtype = None,
+    attention_backend: C.AttnBackend = "auto",
+    temperature: C.Temperature = 0.0,
+    top_p: C.TopP = 1.0,
+    top_k: C.TopK = 0,
+    ignore_eos: C.IgnoreEos = True,
+    cuda_graphs: C.CudaGraphs = True,
+    eta_memory: C.EtaMemory = None,
+    eta_compute: C.EtaCompute = None,
+    iteration_overhead_us: C.Overhead = None,
+    label: Annotated[str | None, typer.Option(help="A name for this sweep's runs.")] = None,
+    out_dir: Annotated[
+        Path | None,
+        typer.Option(help="Folder for rate-<r>.json, sweep.json and the plot. "
+                     "Default: results/runs/sweep-<time>."),
+    ] = None,
+) -> None:
+    """Run the workload at each rate (the same requests every time, a fresh engine per point)
+    and print latency percentiles, throughput and goodput per rate; save each run, a summary
+    (sweep.json) and a latency-throughput plot. Points that never reach a steady state (the
+    queue still growing when arrivals stop) are flagged."""
+    from .probe import ProbeSizing
+    from .result import check_writable
+    from .slo import parse_attainment_slo
+    from .sweep import (
+        PLOT_FILE,
+        SWEEP_FILE,
+        parse_rates,
+        points_of,
+        run_sweep,
+        sweep_table,
+        unsteady_notes,
+    )
+    from .sweep_plot import latency_throughput, png_bytes
+
+    rate_list = parse_rates(rates)
+    if rate_list is None and points < 1:
+        raise UsageError(f"--points must be >= 1, got {points}")
+    slo_spec = parse_attainment_slo(slo, attainment)
+    sizing = ProbeSizing(num_requests, min_duration, max_requests)
+    base = base_spec(
+        workload, seed, burstiness, arrival, label,
+        C.engine_options(
+            engine, model, gpu, scheduler, chunked_prefill, kv_allocation,
+            max_num_batched_tokens, max_num_seqs, block_size, num_kv_blocks, max_model_len,
+            gpu_memory_utilization, device, dtype, attention_backend, temperature, top_p, top_k,
+            ignore_eos, cuda_graphs, eta_memory, eta_compute, iteration_overhead_us, seed,
+            preemption=preemption, swap_space=swap_space, policy=policy,
+            enable_prefix_caching=enable_prefix_caching,
+        ),
+        endpoint_options(
+            endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
+        ),
+    )
+    folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--out-dir {folder} is a file; give a folder")
+    check_writable(folder / SWEEP_FILE)
+
+    result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, C.notice)
+    pts = points_of(result)
+    (folder / PLOT_FILE).write_bytes(png_bytes(latency_throughput([(folder.name, result)])))
+    if result["saturation_rate"] is not None:
+        typer.echo(f"saturation (rate inf): ~{result['saturation_rate']:.4g} req/s")
+    if slo_spec is not None:
+        typer.echo(f"SLO: {slo_spec.describe()}")
+    typer.echo("latencies in ms")
+    typer.echo(sweep_table(pts))
+    for note in unsteady_notes(pts):
+        typer.echo(f"note: {note}")
+    typer.echo(f"\nsweep: {folder / SWEEP_FILE}\nplot: {folder / PLOT_FILE}")
+
+
+def endpoint_options(
+    endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
+):
+    """EndpointOptions for --endpoint (None without it), checked before any probe runs."""
+    if endpoint is None:
+        return None
+    from .http_target import EndpointOptions, parse_header
+
+    opts = EndpointOptions(
+        endpoint=endpoint,
+        api=api,
+        served_model=served_model,
+        ignore_eos_field=ignore_eos_field,
+        headers=dict(parse_header(h) for h in header or []),
+        request_timeout_s=request_timeout,
+        tokenizer=tokenizer,
+        seed=seed,
+    )
+    opts.validate()
+    return opts
+
+
+def base_spec(workload, seed, burstiness, arrival, label, engine_opts, endpoint_opts):
+    """The RunSpec every probe shares; each probe sets its rate and request count."""
+    from .runner import RunSpec
+
+    if not (burstiness > 0 and math.isfinite(burstiness)):
+        raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
+    if arrival not in ARRIVALS:
+        raise UsageError(f"unknown arrival process {arrival!r}: use {', '.join(ARRIVALS)}")
+    return RunSpec(
+        workload=workload, seed=seed, burstiness=burstiness, arrival=arrival, label=label,
+        engine=engine_opts, endpoint=endpoint_opts,
+    )

@@ -1,0 +1,176 @@
+"""`cbbench capacity`: SLO parsing, the bracket-and-bisect search, and a real search on the
+simulated H200 whose answer holds up in independent runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from cbbench import cmd_capacity
+from cbbench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, Probe, search
+from cbbench.engine_target import EngineOptions
+from cbbench.errors import UsageError
+from cbbench.probe import ProbePoint, ProbeSizing, probe_spec
+from cbbench.runner import RunSpec, execute_run
+from cbbench.slo import DEFAULT_ATTAINMENT, parse_attainment_slo, request_meets
+
+app = typer.Typer()
+cmd_capacity.register(app)
+
+
+@app.callback()
+def _root() -> None:  # keeps `capacity` a named subcommand
+    pass
+
+
+runner = CliRunner()
+
+# ---- SLO parsing ----------------------------------------------------------------------------
+
+
+def test_suffix_names_the_attainment():
+    s = parse_attainment_slo("ttft_p99=1000,tpot_p99=50")
+    assert s.limits_ms == {"ttft": 1000.0, "tpot": 50.0}
+    assert s.attainment == pytest.approx(0.99) and s.source == "suffix"
+    assert parse_attainment_slo("e2el_p99.9=8000").attainment == pytest.approx(0.999)
+    # Keys without a suffix follow the one that has it.
+    assert parse_attainment_slo("ttft_p90=500,tpot=40").attainment == pytest.approx(0.90)
+
+
+def test_attainment_option_overrides_and_default():
+    s = parse_attainment_slo("ttft_p99=1000", attainment=0.95)
+    assert s.attainment == 0.95 and s.source == "--attainment"
+    d = parse_attainment_slo("ttft=1000")
+    assert d.attainment == DEFAULT_ATTAINMENT and d.source == "default"
+    assert parse_attainment_slo(None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "attainment", "message"),
+    [
+        ("ttft_p99=1000,tpot_p90=50", None, "different percentiles"),
+        ("itl_p99=50", None, "invalid SLO"),
+        ("ttft_p99", None, "invalid SLO"),
+        ("ttft_p99=fast", None, "milliseconds expected"),
+        ("ttft_p99=-5", None, "must be a number > 0"),
+        ("ttft_p99=inf", None, "must be a number > 0"),
+        ("ttft_p0=100", None, "percentile"),
+        ("ttft_p101=100", None, "percentile"),
+        ("ttft=1,ttft_p99=2", None, "given twice"),
+        ("ttft_p99=1000", 1.5, "--attainment"),
+        ("ttft_p99=1000", 0.0, "--attainment"),
+    ],
+)
+def test_slo_parse_errors(text, attainment, message):
+    with pytest.raises(UsageError, match=message):
+        parse_attainment_slo(text, attainment)
+
+
+def test_cli_slo_errors_exit_2():
+    r = runner.invoke(app, ["capacity", "--engine", "sim", "--slo", "ttft_p99=1000,tpot_p90=50"])
+    assert r.exit_code == 2 and "different percentiles" in r.output
+    r = runner.invoke(app, ["capacity", "--engine", "sim", "--slo", "latency=5"])
+    assert r.exit_code == 2 and "invalid SLO" in r.output
+    r = runner.invoke(
+        app, ["capacity", "--engine", "sim", "--slo", "ttft=5", "--precision", "0"]
+    )
+    assert r.exit_code == 2 and "--precision" in r.output
+
+
+def test_request_meets_every_limit():
+    limits = {"ttft": 100.0, "tpot": 10.0}
+    ok = {"error": None, "ttft_ms": 90.0, "tpot_ms": 9.0, "e2el_ms": 500.0}
+    assert request_meets(ok, limits)
+    assert not request_meets({**ok, "tpot_ms": 11.0}, limits)
+    assert request_meets({**ok, "tpot_ms": None}, limits)  # one output token: no TPOT
+    assert not request_meets({**ok, "error": "rejected", "ttft_ms": None}, limits)
+
+
+# ---- the search, on a fake target -----------------------------------------------------------
+
+
+def _fake(threshold: float):
+    """A target that meets the SLO below `threshold` req/s."""
+
+    def probe(rate: float, phase: str) -> Probe:
+        ok = rate <= threshold
+        point = ProbePoint(rate, 100, 100, 0, rate, rate * 100, *([1.0] * 7), None,
+                           1.0 if ok else 0.5, True, "", "yes")
+        return Probe(0, phase, point, point.slo_attainment, ok, ok)
+
+    return probe
+
+
+@pytest.mark.parametrize("start", [1.0, 7.0, 40.0])
+def test_search_brackets_then_bisects_to_precision(start):
+    found = search(_fake(10.0), start, precision=0.05)
+    assert found.status == FOUND
+    assert found.lo <= 10.0 < found.hi
+    assert (found.hi - found.lo) / found.lo <= 0.05
+    assert found.capacity == found.lo
+    phases = [p.phase for p in found.probes]
+    assert phases[0] == "bracket" and phases[-1] == "bisect"
+    first_bisect = phases.index("bisect")
+    assert set(phases[:first_bisect]) == {"bracket"} and set(phases[first_bisect:]) == {"bisect"}
+
+
+def test_search_reports_when_no_bracket_exists():
+    assert search(_fake(1e9), 1.0).status == ABOVE_MAX
+    below = search(_fake(0.0), 1.0)
+    assert below.status == BELOW_MIN and below.capacity is None
+
+
+# ---- a real search on the simulated H200 ----------------------------------------------------
+
+SLO = "ttft_p99=1000,tpot_p99=50"
+# Few sequence slots: saturation near 9 req/s, so each probe is a couple of hundred requests.
+SIM = ["--engine", "sim", "--model", "llama-3-8b", "--gpu", "h200", "--workload", "sharegpt",
+       "--max-num-seqs", "8"]
+SIZING = ["--num-requests", "200", "--min-duration", "20"]
+
+
+@pytest.fixture(scope="module")
+def capacity_doc(tmp_path_factory):
+    out = tmp_path_factory.mktemp("capacity") / "capacity.json"
+    r = runner.invoke(app, ["capacity", "--slo", SLO, *SIM, *SIZING, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "capacity:" in r.stdout
+    return json.loads(out.read_text()), r.stdout
+
+
+def test_capacity_finds_a_rate_within_precision(capacity_doc):
+    doc, stdout = capacity_doc
+    assert doc["status"] == FOUND
+    lo, hi = doc["bracket"]
+    assert doc["capacity"] == lo and (hi - lo) / lo <= 0.05
+    assert doc["slo"]["attainment"] == pytest.approx(0.99)
+    assert 0 < doc["capacity"] < doc["saturation_rate"] * 1.5
+    # Every probe is reported, with its verdict and the figures behind it.
+    assert len(doc["probes"]) >= 3
+    for p in doc["probes"]:
+        for key in ("rate", "attainment", "passed", "steady", "achieved_request_rate",
+                    "ttft_p99_ms", "tpot_p99_ms", "e2el_p99_ms"):
+            assert key in p
+    assert any(p["passed"] for p in doc["probes"]) and not all(p["passed"] for p in doc["probes"])
+    header = next(ln for ln in stdout.splitlines() if ln.startswith("#"))
+    assert "attainment" in header and "TTFT p99" in header
+
+
+def test_independent_runs_around_the_capacity(capacity_doc):
+    """Runs 15% above the answer miss the SLO and runs 15% below meet it, measured by the
+    run summary's own goodput accounting rather than the search's."""
+    doc, _ = capacity_doc
+    slo = parse_attainment_slo(SLO)
+    base = RunSpec(workload="sharegpt", engine=EngineOptions(
+        engine="sim", model="llama-3-8b", gpu="h200", max_num_seqs=8))
+    sizing = ProbeSizing(num_requests=200, min_duration_s=20)
+
+    def attainment(rate: float) -> float:
+        result = execute_run(probe_spec(base, rate, sizing, slo), lambda m: None)
+        return result["summary"]["slo_attainment"]
+
+    assert attainment(doc["capacity"] * 0.85) >= slo.attainment
+    assert attainment(doc["capacity"] * 1.15) < slo.attainment
