@@ -16,6 +16,9 @@ from .errors import UsageError
 from .workload import WorkloadRequest
 
 ARRIVAL_PROCESSES = ("auto", "gamma", "constant", "trace")
+# A schedule longer than this is a mistake (a rate of 1e-9 req/s, an arrival_s of 1e300), not
+# a benchmark: refuse it rather than sleep for years or overflow the clock.
+MAX_SCHEDULE_S = 30 * 24 * 3600.0
 
 
 def parse_rate(text: str) -> float:
@@ -39,6 +42,18 @@ def resolve_process(process: str, rate: float, has_trace: bool, rate_given: bool
 
 
 def arrival_times(
+    requests: list[WorkloadRequest], rate: float, burstiness: float, process: str, seed: int
+) -> np.ndarray:
+    times = _arrival_times(requests, rate, burstiness, process, seed)
+    if times.size and not times.max() <= MAX_SCHEDULE_S:
+        raise UsageError(
+            f"the arrival schedule spans {times.max():.3g} s, more than {MAX_SCHEDULE_S:.0f} s "
+            "(30 days): check the request rate or the trace's arrival_s"
+        )
+    return times
+
+
+def _arrival_times(
     requests: list[WorkloadRequest], rate: float, burstiness: float, process: str, seed: int
 ) -> np.ndarray:
     n = len(requests)

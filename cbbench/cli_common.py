@@ -193,6 +193,8 @@ def engine_options(
     ):
         if value is not None and value < low:
             raise UsageError(f"{name} must be >= {low}, got {value}")
+    if seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
     if not 0 < gpu_memory_utilization <= 1:
         raise UsageError("--gpu-memory-utilization must be in (0, 1]")
     if temperature < 0 or not math.isfinite(temperature):

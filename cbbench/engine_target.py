@@ -26,7 +26,9 @@ DEFAULT_SIM_MODEL = "llama-3-8b"
 # ShareGPT workload finishes in minutes on a laptop.
 DEFAULT_CPU_MODEL = "small"
 DEFAULT_CUDA_MODEL = "llama-3-8b"
-DEFAULT_CPU_KV_MEMORY_BYTES = 2 * 1024**3
+# The CPU KV pool is zero-filled at start-up, so it is sized for the small CPU presets (512 MiB
+# holds 512k tokens of the 'small' model) rather than for memory that is never used.
+DEFAULT_CPU_KV_MEMORY_BYTES = 512 * 1024**2
 # vLLM's --swap-space default: 4 GiB of CPU memory for swapped-out KV blocks.
 DEFAULT_SWAP_SPACE_GIB = 4.0
 GIB = 1024**3
@@ -153,6 +155,8 @@ def _make_requests(
                         f"model's vocabulary of {vocab}"
                     )
                 ids = list(w.prompt_token_ids)
+            elif w.prompt_len + w.output_len > info["max_model_len"]:
+                ids = None  # rejected at arrival (beyond the context): never build its prompt
             else:
                 # Length-only requests get synthetic ids, the same for every run of a seed.
                 rng = np.random.default_rng([opts.seed, w.id])

@@ -314,13 +314,6 @@ def test_read_only_output_folder(tmp_path):
         ro.chmod(0o755)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a negative --seed is not validated: numpy's default_rng raises 'ValueError: "
-    "expected non-negative integer' from cbbench/workload.py sample_requests, a traceback "
-    "with exit 1 (run and compare --variants alike); cli_common.engine_options should reject "
-    "it like --top-k",
-)
 def test_negative_seed(tmp_path):
     proc, _ = _run([*SIM, "--seed", "-1", "--output", str(tmp_path / "x.json")], tmp_path)
     _assert_one_error_line(proc, ["--seed"])
@@ -393,14 +386,6 @@ def test_torch_engine_rejects_a_prompt_beyond_the_context(tmp_path):
     assert "exceed the model's context of 128" in _by_id(result)[2]["error"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=MemoryError,
-    reason="BUG: cbbench/engine_target.py _make_requests draws synthetic prompt ids for every "
-    "length-only request (rng.integers(0, vocab, prompt_len).tolist()) before the engine's "
-    "rejection check, so a prompt_len far beyond the context exhausts memory (MemoryError "
-    "traceback; ~10^8 takes GBs and minutes) instead of being rejected with its reason",
-)
 def test_torch_engine_rejects_an_absurd_prompt_len_without_building_it(tmp_path):
     pytest.importorskip("torch")
     from cbbench.runner import execute_run
@@ -411,14 +396,6 @@ def test_torch_engine_rejects_an_absurd_prompt_len_without_building_it(tmp_path)
     assert result["summary"]["error_types"] == {"rejected": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=OverflowError,
-    reason="BUG: 'arrival_s' accepts any finite number; on the wall clock (torch engine, HTTP) "
-    "a gap beyond time_t makes engine/clock.py WallClock.sleep_until raise OverflowError "
-    "(traceback, exit 1) mid-run; the sim replays it but iterations at t=1e300 get duration 0 "
-    "(float precision) and MBU > 100%. cbbench/workload.py should bound arrival_s",
-)
 def test_absurd_arrival_time_is_a_usage_error(tmp_path):
     pytest.importorskip("torch")
     from cbbench.errors import UsageError
