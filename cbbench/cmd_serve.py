@@ -79,6 +79,10 @@ def serve(
     eta_memory: C.EtaMemory = None,
     eta_compute: C.EtaCompute = None,
     iteration_overhead_us: C.Overhead = None,
+    preemption: C.Preemption = "recompute",
+    swap_space: C.SwapSpace = 4.0,
+    policy: C.Policy = "fcfs",
+    enable_prefix_caching: C.PrefixCaching = False,
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible API: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and /metrics.
 
@@ -95,6 +99,8 @@ def serve(
         max_num_seqs, block_size, num_kv_blocks, max_model_len, gpu_memory_utilization, device,
         dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
         eta_memory, eta_compute, iteration_overhead_us, seed,
+        preemption=preemption, swap_space=swap_space, policy=policy,
+        enable_prefix_caching=enable_prefix_caching,
     )
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
     opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
