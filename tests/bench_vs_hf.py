@@ -189,7 +189,7 @@ def profile_summary(prof: cProfile.Profile, top: int) -> dict:
         "phases": phases,
         "top_cumulative": [fmt(r) for r in by_cum],
         "top_self": [fmt(r) for r in by_self],
-        "pstats_text": text.getvalue(),
+        "pstats_text": _portable(text.getvalue(), None),
     }
 
 
@@ -242,6 +242,17 @@ def _short(file: str) -> str:
 
 
 # ---- main -------------------------------------------------------------------------------------
+def _portable(text: str, tmp: Path | None) -> str:
+    """Replace machine paths with placeholders: <tmp>, <repo>, <site-packages>."""
+    import site
+
+    if tmp is not None:
+        text = text.replace(str(tmp), "<tmp>")
+    for sp in site.getsitepackages():
+        text = text.replace(sp + "/", "<site-packages>/")
+    return text.replace(str(Path(__file__).resolve().parents[1]) + "/", "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-requests", type=int, default=256)
@@ -328,7 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "what": "cbbench continuous batching (torch engine) vs HF generate static batches, CPU fp32",
         "command": command.strip(),
-        "cbbench_command": "cbbench " + " ".join(cb_args),
+        # Machine paths (the temp folder, this checkout) stay out of committed figures.
+        "cbbench_command": _portable("cbbench " + " ".join(cb_args), tmp),
         "platform": {
             "python": platform.python_version(),
             "torch": torch.__version__,
