@@ -247,3 +247,56 @@ def engine_options(
         policy=policy,
         enable_prefix_caching=enable_prefix_caching,
     )
+
+
+# ---- endpoint options, shared by run, sweep and capacity ------------------------------------
+Endpoint = Annotated[
+    str | None,
+    typer.Option(help="Benchmark this OpenAI-compatible endpoint instead of the bundled engine."),
+]
+Api = Annotated[str, typer.Option(help="Endpoint API: completions | chat.")]
+ServedModel = Annotated[
+    str | None, typer.Option(help="Model name to request. Default: the first of /v1/models.")
+]
+IgnoreEosField = Annotated[
+    bool,
+    typer.Option(
+        "--ignore-eos-field/--no-ignore-eos-field",
+        help="Send ignore_eos (vLLM, SGLang); turn off for servers that reject unknown fields.",
+    ),
+]
+Header = Annotated[
+    list[str] | None,
+    typer.Option(help="HTTP header KEY=VALUE (repeatable); VALUE $NAME or env:NAME reads the "
+                 "environment. Values are never written to the results."),
+]
+RequestTimeout = Annotated[float, typer.Option(help="Seconds allowed per request (endpoint).")]
+Tokenizer = Annotated[
+    str | None,
+    typer.Option(help="tokenizer.json: exact synthetic prompt lengths and token counts (endpoint)."),
+]
+
+
+def endpoint_options(
+    endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed,
+    max_concurrency=None, scrape_metrics=False,
+):
+    """EndpointOptions for --endpoint (None without it), checked before any probe runs."""
+    if endpoint is None:
+        return None
+    from .http_target import EndpointOptions, parse_header
+
+    opts = EndpointOptions(
+        endpoint=endpoint,
+        api=api,
+        served_model=served_model,
+        ignore_eos_field=ignore_eos_field,
+        headers=dict(parse_header(h) for h in header or []),
+        request_timeout_s=request_timeout,
+        tokenizer=tokenizer,
+        seed=seed,
+        max_concurrency=max_concurrency,
+        scrape_metrics=scrape_metrics,
+    )
+    opts.validate()
+    return opts

@@ -16,22 +16,14 @@ from tabulate import tabulate
 from . import cli_common as C
 from .cmd_sweep import (
     DEFAULT_OUT_PARENT,
-    Api,
     Arrival,
     Burstiness,
-    Endpoint,
-    Header,
-    IgnoreEosField,
     MaxRequests,
     MinDuration,
     NumRequests,
-    RequestTimeout,
     Seed,
-    ServedModel,
-    Tokenizer,
     Workload,
     base_spec,
-    endpoint_options,
 )
 from .errors import UsageError
 from .sweep import shared_config
@@ -75,13 +67,13 @@ def capacity(
     seed: Seed = 0,
     burstiness: Burstiness = 1.0,
     arrival: Arrival = "gamma",
-    endpoint: Endpoint = None,
-    api: Api = "completions",
-    served_model: ServedModel = None,
-    ignore_eos_field: IgnoreEosField = True,
-    header: Header = None,
-    request_timeout: RequestTimeout = 600.0,
-    tokenizer: Tokenizer = None,
+    endpoint: C.Endpoint = None,
+    api: C.Api = "completions",
+    served_model: C.ServedModel = None,
+    ignore_eos_field: C.IgnoreEosField = True,
+    header: C.Header = None,
+    request_timeout: C.RequestTimeout = 600.0,
+    tokenizer: C.Tokenizer = None,
     engine: C.Engine = "auto",
     model: C.Model = None,
     gpu: C.Gpu = None,
@@ -144,7 +136,7 @@ def capacity(
             preemption=preemption, swap_space=swap_space, policy=policy,
             enable_prefix_caching=enable_prefix_caching,
         ),
-        endpoint_options(
+        C.endpoint_options(
             endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
         ),
     )

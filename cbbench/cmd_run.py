@@ -79,38 +79,16 @@ def run(
     save_detailed: Annotated[
         bool, typer.Option(help="Also store per-request ITL lists and output token ids.")
     ] = False,
-    endpoint: Annotated[
-        str | None,
-        typer.Option(help="Benchmark an OpenAI-compatible server at this URL instead of the engine."),
-    ] = None,
-    api: Annotated[str, typer.Option(help="Endpoint API: completions | chat.")] = "completions",
-    served_model: Annotated[
-        str | None, typer.Option(help="Model name to request. Default: the first of /v1/models.")
-    ] = None,
-    ignore_eos_field: Annotated[
-        bool,
-        typer.Option(
-            "--ignore-eos-field/--no-ignore-eos-field",
-            help="Send ignore_eos (vLLM, SGLang); turn off for servers that reject unknown fields.",
-        ),
-    ] = True,
-    header: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="HTTP header KEY=VALUE (repeatable); VALUE $NAME or env:NAME reads the "
-            "environment. Values are never written to the result."
-        ),
-    ] = None,
-    request_timeout: Annotated[
-        float, typer.Option(help="Seconds allowed per request (endpoint).")
-    ] = 600.0,
+    endpoint: C.Endpoint = None,
+    api: C.Api = "completions",
+    served_model: C.ServedModel = None,
+    ignore_eos_field: C.IgnoreEosField = True,
+    header: C.Header = None,
+    request_timeout: C.RequestTimeout = 600.0,
     max_concurrency: Annotated[
         int | None, typer.Option(help="Cap on requests in flight (closed-loop); queue time is reported.")
     ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(help="tokenizer.json: exact synthetic prompt lengths and token counts."),
-    ] = None,
+    tokenizer: C.Tokenizer = None,
     scrape_metrics: Annotated[
         bool, typer.Option(help="Sample the endpoint's Prometheus /metrics during the run.")
     ] = False,
@@ -154,24 +132,11 @@ def run(
         preemption=preemption, swap_space=swap_space, policy=policy,
         enable_prefix_caching=enable_prefix_caching,
     )
-    endpoint_opts = None
-    if endpoint is not None:
-        from .http_target import EndpointOptions, parse_header
-
-        endpoint_opts = EndpointOptions(
-            endpoint=endpoint,
-            api=api,
-            served_model=served_model,
-            ignore_eos_field=ignore_eos_field,
-            headers=dict(parse_header(h) for h in header or []),
-            request_timeout_s=request_timeout,
-            max_concurrency=max_concurrency,
-            tokenizer=tokenizer,
-            scrape_metrics=scrape_metrics,
-            seed=seed,
-        )
-        endpoint_opts.validate()
-    elif max_concurrency is not None:
+    endpoint_opts = C.endpoint_options(
+        endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed,
+        max_concurrency=max_concurrency, scrape_metrics=scrape_metrics,
+    )
+    if endpoint is None and max_concurrency is not None:
         raise UsageError("--max-concurrency applies to --endpoint runs")
     if not 0 <= max_error_rate <= 1:
         raise UsageError("--max-error-rate must be between 0 and 1")

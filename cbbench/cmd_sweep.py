@@ -37,33 +37,8 @@ Burstiness = Annotated[
 ]
 Arrival = Annotated[str, typer.Option(help="gamma (with --burstiness) | constant.")]
 ARRIVALS = ("gamma", "constant")
-# Endpoint options, as `cbbench run` names them (open loop only: no --max-concurrency, which
-# would cap the very load a rate sweep offers).
-Endpoint = Annotated[
-    str | None,
-    typer.Option(help="Probe this OpenAI-compatible endpoint instead of the bundled engine."),
-]
-Api = Annotated[str, typer.Option(help="Endpoint API: completions | chat.")]
-ServedModel = Annotated[
-    str | None, typer.Option(help="Model name to request. Default: the first of /v1/models.")
-]
-IgnoreEosField = Annotated[
-    bool,
-    typer.Option(
-        "--ignore-eos-field/--no-ignore-eos-field",
-        help="Send ignore_eos (vLLM, SGLang); turn off for servers that reject unknown fields.",
-    ),
-]
-Header = Annotated[
-    list[str] | None,
-    typer.Option(help="HTTP header KEY=VALUE (repeatable); VALUE $NAME or env:NAME reads the "
-                 "environment. Values are never written to the results."),
-]
-RequestTimeout = Annotated[float, typer.Option(help="Seconds allowed per request (endpoint).")]
-Tokenizer = Annotated[
-    str | None,
-    typer.Option(help="tokenizer.json: exact synthetic prompt lengths and token counts (endpoint)."),
-]
+# Endpoint options come from cli_common, as `cbbench run` names them (open loop only: no
+# --max-concurrency, which would cap the very load a rate sweep offers).
 
 
 def register(app: typer.Typer) -> None:
@@ -94,13 +69,13 @@ def sweep(
     attainment: Annotated[
         float | None, typer.Option(help="Attainment target (default: the SLO's percentile).")
     ] = None,
-    endpoint: Endpoint = None,
-    api: Api = "completions",
-    served_model: ServedModel = None,
-    ignore_eos_field: IgnoreEosField = True,
-    header: Header = None,
-    request_timeout: RequestTimeout = 600.0,
-    tokenizer: Tokenizer = None,
+    endpoint: C.Endpoint = None,
+    api: C.Api = "completions",
+    served_model: C.ServedModel = None,
+    ignore_eos_field: C.IgnoreEosField = True,
+    header: C.Header = None,
+    request_timeout: C.RequestTimeout = 600.0,
+    tokenizer: C.Tokenizer = None,
     engine: C.Engine = "auto",
     model: C.Model = None,
     gpu: C.Gpu = None,
@@ -168,7 +143,7 @@ def sweep(
             preemption=preemption, swap_space=swap_space, policy=policy,
             enable_prefix_caching=enable_prefix_caching,
         ),
-        endpoint_options(
+        C.endpoint_options(
             endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
         ),
     )
@@ -189,28 +164,6 @@ def sweep(
     for note in unsteady_notes(pts):
         typer.echo(f"note: {note}")
     typer.echo(f"\nsweep: {folder / SWEEP_FILE}\nplot: {folder / PLOT_FILE}")
-
-
-def endpoint_options(
-    endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
-):
-    """EndpointOptions for --endpoint (None without it), checked before any probe runs."""
-    if endpoint is None:
-        return None
-    from .http_target import EndpointOptions, parse_header
-
-    opts = EndpointOptions(
-        endpoint=endpoint,
-        api=api,
-        served_model=served_model,
-        ignore_eos_field=ignore_eos_field,
-        headers=dict(parse_header(h) for h in header or []),
-        request_timeout_s=request_timeout,
-        tokenizer=tokenizer,
-        seed=seed,
-    )
-    opts.validate()
-    return opts
 
 
 def base_spec(workload, seed, burstiness, arrival, label, engine_opts, endpoint_opts):
