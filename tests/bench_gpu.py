@@ -498,6 +498,22 @@ def _run_summary(path: Path) -> dict | None:
         "mbu": eng.get("mbu"),
         "decode_mbu": eng.get("decode_mbu"),
         "mfu": eng.get("mfu"),
+        "telemetry": _telemetry_summary(d.get("telemetry") or {}),
+    }
+
+
+def _telemetry_summary(tel: dict) -> dict:
+    """Issue 5's questions: did GPM work on this GPU (metric), and how does the measured DRAM
+    bandwidth utilization compare with the analytic MBU over the steady state."""
+    steady = ((tel.get("summary") or {}).get("steady") or {}).get("dram_bw_util_pct") or {}
+    return {
+        "available": tel.get("available"),
+        "reason": tel.get("reason"),
+        "error": tel.get("error"),
+        "metric": tel.get("metric"),  # dram_bw_util_gpm means GPM works here
+        "num_samples": len(tel.get("samples") or []),
+        "steady_dram_bw_util_pct_mean": steady.get("mean"),
+        "steady_dram_bw_util_pct_p90": steady.get("p90"),
     }
 
 
@@ -562,6 +578,22 @@ def cmd_summarize(args) -> int:
             f"{_f(t.get('p50'))} / {_f(t.get('p99'))} | {_f(p.get('p50'), '{:.2f}')} / "
             f"{_f(p.get('p99'), '{:.2f}')} | {_f(r['num_iterations'], '{}')} | "
             f"{_f(r['decode_mbu'], '{:.1%}')} | {r['interrupted']} |"
+        )
+    md += [
+        "",
+        "## GPU telemetry (NVML) vs analytic MBU",
+        "",
+        "| run | telemetry | metric | samples | measured DRAM BW util mean / p90 (steady) | "
+        "analytic MBU / decode MBU |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in (("continuous", c), ("static", s)):
+        tel = (r or {}).get("telemetry") or {}
+        md.append(
+            f"| {name} | {tel.get('available')} {tel.get('reason') or ''} | {tel.get('metric')} | "
+            f"{tel.get('num_samples')} | {_f(tel.get('steady_dram_bw_util_pct_mean'))}% / "
+            f"{_f(tel.get('steady_dram_bw_util_pct_p90'))}% | "
+            f"{_f((r or {}).get('mbu'), '{:.1%}')} / {_f((r or {}).get('decode_mbu'), '{:.1%}')} |"
         )
     if "continuous_over_static_output_throughput" in summary:
         md += [
