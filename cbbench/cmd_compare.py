@@ -347,7 +347,7 @@ def compare(
     continuous, continuous-chunked), the KV allocation (paged, reserved), the preemption mode
     (recompute, swap), the queue policy (fcfs, priority) and prefix caching (prefix-cache,
     no-prefix-cache); the other engine options apply to every variant."""
-    from .result import check_writable, load_result
+    from .result import check_writable
 
     for path in (markdown, csv_out):
         if path is not None:
@@ -371,7 +371,7 @@ def compare(
     else:
         if not files or len(files) < 2:
             raise UsageError("compare needs two or more result files (or --variants)")
-        results = [Labeled(lbl, load_result(p)) for lbl, p in zip(file_labels(files), files)]
+        results = load_labeled(files)
 
     typer.echo(render_table(results))
     typer.echo("")
@@ -393,6 +393,18 @@ def file_labels(files: Sequence[Path]) -> list[str]:
     """File stems, or the paths themselves where two stems collide."""
     stems = [p.stem for p in files]
     return stems if len(set(stems)) == len(stems) else [str(p) for p in files]
+
+
+def load_labeled(files: Sequence[Path]) -> list[Labeled]:
+    """Results labelled by their own ``--label`` where every one has a distinct label, else by
+    file name."""
+    from .result import load_result
+
+    results = [load_result(p) for p in files]
+    labels = [(r.get("config") or {}).get("label") for r in results]
+    if not all(labels) or len(set(labels)) != len(labels):
+        labels = file_labels(files)
+    return [Labeled(lbl, r) for lbl, r in zip(labels, results)]
 
 
 def _base_spec(

@@ -49,9 +49,9 @@ def report(
     """Plot latency CDFs, the per-iteration token budget, batch occupancy, KV use and
     bandwidth, and (for a static and a continuous run) a request timeline; write each as a
     PNG and all of them, with the summary tables, into one self-contained HTML page."""
-    from .cmd_compare import Labeled, file_labels
+    from .cmd_compare import file_labels, load_labeled
     from .report_html import PlotSection, render_page
-    from .result import check_writable, load_result, write_atomic
+    from .result import check_writable, write_atomic
 
     if max_gantt_requests < 1:
         raise UsageError("--max-gantt-requests must be >= 1")
@@ -63,7 +63,7 @@ def report(
     sweep_files = [p for p in files if is_sweep_file(p)]
     files = [p for p in files if p not in sweep_files]
     sweeps = [(lbl, load_sweep(p)) for lbl, p in zip(file_labels(sweep_files), sweep_files)]
-    results = [Labeled(lbl, load_result(p)) for lbl, p in zip(file_labels(files), files)]
+    results = load_labeled(files)
 
     specs = plot_specs(results, max_gantt_requests) if results else []
     if sweeps:
