@@ -111,6 +111,37 @@ def num_swap_blocks(opts: EngineOptions, block_bytes: int) -> int:
     return int(opts.swap_space * GIB // block_bytes)
 
 
+def engine_config(
+    opts: EngineOptions, max_model_len: int, num_blocks: int, num_cpu_blocks: int
+):
+    """The scheduler and engine configuration both engine kinds share (ValueError when the
+    options do not make a valid engine). Returns (EngineConfig, token budget)."""
+    from .engine.engine import EngineConfig
+    from .engine.scheduler import SchedulerConfig, default_max_num_batched_tokens
+
+    budget = opts.max_num_batched_tokens or default_max_num_batched_tokens(
+        opts.chunked_prefill, max_model_len
+    )
+    sched = SchedulerConfig(
+        max_model_len=max_model_len,
+        policy=opts.scheduler,
+        max_num_seqs=opts.max_num_seqs,
+        max_num_batched_tokens=budget,
+        chunked_prefill=opts.chunked_prefill,
+        preemption_mode=opts.preemption,
+        queue_policy=opts.policy,
+    )
+    config = EngineConfig(
+        sched,
+        num_blocks,
+        opts.block_size,
+        opts.kv_allocation,
+        num_cpu_blocks=num_cpu_blocks,
+        enable_prefix_caching=opts.enable_prefix_caching,
+    )
+    return config, budget
+
+
 @dataclass
 class EngineRun:
     records: list[RequestRecord]

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from .engine.clock import VirtualClock
 from .engine.cost_model import Efficiency
-from .engine_target import DEFAULT_SIM_GPU, DEFAULT_SIM_MODEL, EngineOptions, num_swap_blocks
+from .engine_target import (
+    DEFAULT_SIM_GPU,
+    DEFAULT_SIM_MODEL,
+    EngineOptions,
+    engine_config,
+    num_swap_blocks,
+)
 from .errors import UsageError
 
 
 def build_sim_engine(opts: EngineOptions):
     from .engine.cost_model import CostModel
-    from .engine.engine import Engine, EngineConfig
+    from .engine.engine import Engine
     from .engine.gpu_specs import get_gpu_spec
     from .engine.model_config import get_model_config
-    from .engine.scheduler import SchedulerConfig, default_max_num_batched_tokens
     from .engine.sim_executor import SimExecutor, sim_num_kv_blocks
 
     try:
@@ -35,32 +40,13 @@ def build_sim_engine(opts: EngineOptions):
     if not (0 < eff.eta_memory <= 1 and 0 < eff.eta_compute <= 1) or eff.overhead_s < 0:
         raise UsageError("efficiency factors must be in (0, 1] and the overhead >= 0")
     max_model_len = opts.max_model_len or model.max_model_len
-    budget = opts.max_num_batched_tokens or default_max_num_batched_tokens(
-        opts.chunked_prefill, max_model_len
-    )
     try:
         num_blocks = opts.num_kv_blocks or sim_num_kv_blocks(
             model, gpu, opts.block_size, dtype, opts.gpu_memory_utilization
         )
-        sched = SchedulerConfig(
-            max_model_len=max_model_len,
-            policy=opts.scheduler,
-            max_num_seqs=opts.max_num_seqs,
-            max_num_batched_tokens=budget,
-            chunked_prefill=opts.chunked_prefill,
-            preemption_mode=opts.preemption,
-            queue_policy=opts.policy,
-        )
         block_bytes = opts.block_size * model.kv_bytes_per_token(dtype)
         num_cpu_blocks = num_swap_blocks(opts, block_bytes)
-        config = EngineConfig(
-            sched,
-            num_blocks,
-            opts.block_size,
-            opts.kv_allocation,
-            num_cpu_blocks=num_cpu_blocks,
-            enable_prefix_caching=opts.enable_prefix_caching,
-        )
+        config, budget = engine_config(opts, max_model_len, num_blocks, num_cpu_blocks)
         cost = CostModel(model, dtype, gpu, eff)
         engine = Engine(config, SimExecutor(cost, opts.block_size), VirtualClock(), cost)
     except ValueError as e:

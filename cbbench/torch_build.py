@@ -10,6 +10,7 @@ from .engine_target import (
     DEFAULT_CPU_MODEL,
     DEFAULT_CUDA_MODEL,
     EngineOptions,
+    engine_config,
     num_swap_blocks,
 )
 from .errors import UsageError
@@ -22,13 +23,12 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
 
     from .engine.clock import WallClock
     from .engine.cost_model import CostModel
-    from .engine.engine import Engine, EngineConfig
+    from .engine.engine import Engine
     from .engine.gpu_specs import match_device_name
     from .engine.kv_sizing import cuda_num_kv_blocks, kv_block_bytes, num_kv_blocks_for_memory
     from .engine.model_runner import ModelRunner
     from .engine.models.llama import allocate_kv_cache
     from .engine.models.loader import load_model, resolve_dtype
-    from .engine.scheduler import SchedulerConfig, default_max_num_batched_tokens
 
     cuda = torch.cuda.is_available()
     device = opts.device or ("cuda" if cuda else "cpu")
@@ -80,32 +80,9 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
     runner.warmup()
 
     gpu = match_device_name(torch.cuda.get_device_name(device)) if on_cuda else None
-    budget = opts.max_num_batched_tokens or default_max_num_batched_tokens(
-        opts.chunked_prefill, max_model_len
-    )
     try:
-        sched = SchedulerConfig(
-            max_model_len=max_model_len,
-            policy=opts.scheduler,
-            max_num_seqs=opts.max_num_seqs,
-            max_num_batched_tokens=budget,
-            chunked_prefill=opts.chunked_prefill,
-            preemption_mode=opts.preemption,
-            queue_policy=opts.policy,
-        )
-        engine = Engine(
-            EngineConfig(
-                sched,
-                num_blocks,
-                opts.block_size,
-                opts.kv_allocation,
-                num_cpu_blocks=num_cpu_blocks,
-                enable_prefix_caching=opts.enable_prefix_caching,
-            ),
-            runner,
-            WallClock(),
-            CostModel(config, dtype_name, gpu),
-        )
+        engine_cfg, budget = engine_config(opts, max_model_len, num_blocks, num_cpu_blocks)
+        engine = Engine(engine_cfg, runner, WallClock(), CostModel(config, dtype_name, gpu))
     except ValueError as e:
         raise UsageError(str(e)) from None
     info = {
