@@ -62,6 +62,11 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
         num_blocks = num_kv_blocks_for_memory(config, opts.block_size, dtype, memory)
     if num_blocks < 1:
         raise UsageError("no memory is left for the KV cache after the weights")
+    # Only the triton backend's KV write and attention are free of host syncs, which CUDA graph
+    # capture requires; with another backend decode runs eagerly rather than failing.
+    use_graphs = opts.cuda_graphs and on_cuda and backend.name == "triton"
+    if opts.cuda_graphs and on_cuda and not use_graphs:
+        notice(f"CUDA graphs need the triton attention backend; {backend.name!r} decodes eagerly")
     kv_caches = allocate_kv_cache(config, num_blocks, opts.block_size, dtype, device)
     runner = ModelRunner(
         model,
@@ -70,7 +75,7 @@ def build_torch_engine(opts: EngineOptions, notice: Callable[[str], None]):
         opts.block_size,
         device,
         dtype,
-        use_cuda_graphs=opts.cuda_graphs and on_cuda,
+        use_cuda_graphs=use_graphs,
         max_num_seqs=opts.max_num_seqs,
         sampler_seed=opts.seed,
     )
