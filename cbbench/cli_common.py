@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import inspect
 import math
 from pathlib import Path
 from typing import Annotated
@@ -151,6 +152,63 @@ EtaCompute = Annotated[
 Overhead = Annotated[
     float | None, typer.Option(help="sim: fixed overhead per iteration in µs (default 300).")
 ]
+
+
+# Every command that builds the bundled engine takes these options, in this order, with these
+# defaults: (name, annotation, default). `with_engine_options` adds them to a command.
+ENGINE_OPTIONS = (
+    ("engine", Engine, "auto"),
+    ("model", Model, None),
+    ("gpu", Gpu, None),
+    ("scheduler", SchedulerOpt, "continuous"),
+    ("chunked_prefill", Chunked, True),
+    ("kv_allocation", KvAllocation, "paged"),
+    ("max_num_batched_tokens", MaxBatched, None),
+    ("max_num_seqs", MaxSeqs, 256),
+    ("block_size", BlockSize, 16),
+    ("num_kv_blocks", NumKvBlocks, None),
+    ("max_model_len", MaxModelLen, None),
+    ("gpu_memory_utilization", GpuMemUtil, 0.9),
+    ("preemption", Preemption, "recompute"),
+    ("swap_space", SwapSpace, DEFAULT_SWAP_SPACE_GIB),
+    ("policy", Policy, "fcfs"),
+    ("enable_prefix_caching", PrefixCaching, False),
+    ("device", Device, None),
+    ("dtype", Dtype, None),
+    ("attention_backend", AttnBackend, "auto"),
+    ("temperature", Temperature, 0.0),
+    ("top_p", TopP, 1.0),
+    ("top_k", TopK, 0),
+    ("ignore_eos", IgnoreEos, True),
+    ("cuda_graphs", CudaGraphs, True),
+    ("eta_memory", EtaMemory, None),
+    ("eta_compute", EtaCompute, None),
+    ("iteration_overhead_us", Overhead, None),
+)
+
+
+def with_engine_options(fn):
+    """Give a command the shared engine options: Typer sees them in its signature (after the
+    command's own), and the command receives them checked and bundled as ``engine_opts``, built
+    with the command's own ``--seed``. One list, so run, serve, compare, sweep and capacity
+    cannot drift apart."""
+    hints = inspect.signature(fn, eval_str=True).parameters
+    own = [p for name, p in hints.items() if name != "engine_opts"]
+    extra = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=ann)
+        for name, ann, default in ENGINE_OPTIONS
+    ]
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs):
+        values = {name: kwargs.pop(name) for name, _, _ in ENGINE_OPTIONS}
+        kwargs["engine_opts"] = engine_options(**values, seed=kwargs["seed"])
+        return fn(**kwargs)
+
+    params = own + extra
+    wrapper.__signature__ = inspect.Signature(params)
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper
 
 
 def engine_options(

@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
 
 
 @C.guard
+@C.with_engine_options
 def capacity(
     slo: Annotated[
         str,
@@ -74,33 +75,6 @@ def capacity(
     header: C.Header = None,
     request_timeout: C.RequestTimeout = 600.0,
     tokenizer: C.Tokenizer = None,
-    engine: C.Engine = "auto",
-    model: C.Model = None,
-    gpu: C.Gpu = None,
-    scheduler: C.SchedulerOpt = "continuous",
-    chunked_prefill: C.Chunked = True,
-    kv_allocation: C.KvAllocation = "paged",
-    max_num_batched_tokens: C.MaxBatched = None,
-    max_num_seqs: C.MaxSeqs = 256,
-    block_size: C.BlockSize = 16,
-    num_kv_blocks: C.NumKvBlocks = None,
-    max_model_len: C.MaxModelLen = None,
-    gpu_memory_utilization: C.GpuMemUtil = 0.9,
-    preemption: C.Preemption = "recompute",
-    swap_space: C.SwapSpace = 4.0,
-    policy: C.Policy = "fcfs",
-    enable_prefix_caching: C.PrefixCaching = False,
-    device: C.Device = None,
-    dtype: C.Dtype = None,
-    attention_backend: C.AttnBackend = "auto",
-    temperature: C.Temperature = 0.0,
-    top_p: C.TopP = 1.0,
-    top_k: C.TopK = 0,
-    ignore_eos: C.IgnoreEos = True,
-    cuda_graphs: C.CudaGraphs = True,
-    eta_memory: C.EtaMemory = None,
-    eta_compute: C.EtaCompute = None,
-    iteration_overhead_us: C.Overhead = None,
     label: Annotated[str | None, typer.Option(help="A name for this search's runs.")] = None,
     out: Annotated[
         Path | None,
@@ -110,6 +84,8 @@ def capacity(
     runs_dir: Annotated[
         Path | None, typer.Option(help="Also save each probe's full result in this folder.")
     ] = None,
+    *,
+    engine_opts: C.EngineOptions,
 ) -> None:
     """Find the highest request rate whose run meets the SLO: bracket from a first guess
     (doubling or halving), then bisect until the bracket is within --precision. A probe
@@ -128,14 +104,7 @@ def capacity(
     sizing = ProbeSizing(num_requests, min_duration, max_requests)
     base = base_spec(
         workload, seed, burstiness, arrival, label,
-        C.engine_options(
-            engine, model, gpu, scheduler, chunked_prefill, kv_allocation,
-            max_num_batched_tokens, max_num_seqs, block_size, num_kv_blocks, max_model_len,
-            gpu_memory_utilization, device, dtype, attention_backend, temperature, top_p, top_k,
-            ignore_eos, cuda_graphs, eta_memory, eta_compute, iteration_overhead_us, seed,
-            preemption=preemption, swap_space=swap_space, policy=policy,
-            enable_prefix_caching=enable_prefix_caching,
-        ),
+        engine_opts,
         C.endpoint_options(
             endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
         ),

@@ -282,6 +282,7 @@ def register(app: typer.Typer) -> None:
 
 
 @C.guard
+@C.with_engine_options
 def compare(
     files: Annotated[
         list[Path] | None, typer.Argument(help="Result files; the first is the reference.")
@@ -310,37 +311,12 @@ def compare(
     save_detailed: Annotated[
         bool, typer.Option(help="--variants: store per-token times (ITL plots in report).")
     ] = False,
-    engine: C.Engine = "auto",
-    model: C.Model = None,
-    gpu: C.Gpu = None,
-    scheduler: C.SchedulerOpt = "continuous",
-    chunked_prefill: C.Chunked = True,
-    kv_allocation: C.KvAllocation = "paged",
-    max_num_batched_tokens: C.MaxBatched = None,
-    max_num_seqs: C.MaxSeqs = 256,
-    block_size: C.BlockSize = 16,
-    num_kv_blocks: C.NumKvBlocks = None,
-    max_model_len: C.MaxModelLen = None,
-    gpu_memory_utilization: C.GpuMemUtil = 0.9,
-    preemption: C.Preemption = "recompute",
-    swap_space: C.SwapSpace = 4.0,
-    policy: C.Policy = "fcfs",
-    enable_prefix_caching: C.PrefixCaching = False,
-    device: C.Device = None,
-    dtype: C.Dtype = None,
-    attention_backend: C.AttnBackend = "auto",
-    temperature: C.Temperature = 0.0,
-    top_p: C.TopP = 1.0,
-    top_k: C.TopK = 0,
-    ignore_eos: C.IgnoreEos = True,
-    cuda_graphs: C.CudaGraphs = True,
-    eta_memory: C.EtaMemory = None,
-    eta_compute: C.EtaCompute = None,
-    iteration_overhead_us: C.Overhead = None,
     markdown: Annotated[Path | None, typer.Option(help="Also write the table as Markdown.")] = None,
     csv_out: Annotated[
         Path | None, typer.Option("--csv", help="Also write the numbers and ratios as CSV.")
     ] = None,
+    *,
+    engine_opts: C.EngineOptions,
 ) -> None:
     """Compare results side by side (ratios against the first), or run --variants on one
     identical request set and compare those. A variant sets any of the batching (static,
@@ -355,14 +331,7 @@ def compare(
     if variants is not None:
         if files:
             raise UsageError("give result files or --variants, not both")
-        opts = C.engine_options(
-            engine, model, gpu, scheduler, chunked_prefill, kv_allocation, max_num_batched_tokens,
-            max_num_seqs, block_size, num_kv_blocks, max_model_len, gpu_memory_utilization,
-            device, dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
-            eta_memory, eta_compute, iteration_overhead_us, seed,
-            preemption=preemption, swap_space=swap_space, policy=policy,
-            enable_prefix_caching=enable_prefix_caching,
-        )
+        opts = engine_opts
         base = _base_spec(
             workload, num_requests, seed, request_rate, burstiness, arrival, slo, save_detailed, opts
         )

@@ -19,6 +19,7 @@ def register(app: typer.Typer) -> None:
 
 
 @C.guard
+@C.with_engine_options
 def run(
     workload: Annotated[
         str,
@@ -42,33 +43,6 @@ def run(
             "and no --request-rate is given, else gamma."
         ),
     ] = "auto",
-    engine: C.Engine = "auto",
-    model: C.Model = None,
-    gpu: C.Gpu = None,
-    scheduler: C.SchedulerOpt = "continuous",
-    chunked_prefill: C.Chunked = True,
-    kv_allocation: C.KvAllocation = "paged",
-    max_num_batched_tokens: C.MaxBatched = None,
-    max_num_seqs: C.MaxSeqs = 256,
-    block_size: C.BlockSize = 16,
-    num_kv_blocks: C.NumKvBlocks = None,
-    max_model_len: C.MaxModelLen = None,
-    gpu_memory_utilization: C.GpuMemUtil = 0.9,
-    preemption: C.Preemption = "recompute",
-    swap_space: C.SwapSpace = 4.0,
-    policy: C.Policy = "fcfs",
-    enable_prefix_caching: C.PrefixCaching = False,
-    device: C.Device = None,
-    dtype: C.Dtype = None,
-    attention_backend: C.AttnBackend = "auto",
-    temperature: C.Temperature = 0.0,
-    top_p: C.TopP = 1.0,
-    top_k: C.TopK = 0,
-    ignore_eos: C.IgnoreEos = True,
-    cuda_graphs: C.CudaGraphs = True,
-    eta_memory: C.EtaMemory = None,
-    eta_compute: C.EtaCompute = None,
-    iteration_overhead_us: C.Overhead = None,
     slo: Annotated[
         str | None,
         typer.Option(help="Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000."),
@@ -113,6 +87,8 @@ def run(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the result JSON instead of the table.")
     ] = False,
+    *,
+    engine_opts: C.EngineOptions,
 ) -> None:
     """Run a workload against the bundled engine and report latency, throughput and the
     engine's per-iteration story."""
@@ -124,14 +100,7 @@ def run(
     rate = C.parse_rate_option(request_rate)
     if not burstiness > 0 or not math.isfinite(burstiness):
         raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
-    opts = C.engine_options(
-        engine, model, gpu, scheduler, chunked_prefill, kv_allocation, max_num_batched_tokens,
-        max_num_seqs, block_size, num_kv_blocks, max_model_len, gpu_memory_utilization, device,
-        dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
-        eta_memory, eta_compute, iteration_overhead_us, seed,
-        preemption=preemption, swap_space=swap_space, policy=policy,
-        enable_prefix_caching=enable_prefix_caching,
-    )
+    opts = engine_opts
     endpoint_opts = C.endpoint_options(
         endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed,
         max_concurrency=max_concurrency, scrape_metrics=scrape_metrics,
@@ -158,7 +127,7 @@ def run(
         gpu_index=gpu_index,
         telemetry_interval_s=telemetry_interval,
     )
-    kind = "http" if endpoint else (engine if engine != "auto" else "engine")
+    kind = "http" if endpoint else (opts.engine if opts.engine != "auto" else "engine")
     out_path = output or C.default_output_path(kind)
     check_writable(out_path)
 

@@ -41,6 +41,7 @@ def build_serving_engine(opts, notice=C.notice):
 
 
 @C.guard
+@C.with_engine_options
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8000,
@@ -56,33 +57,8 @@ def serve(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Engine seed (random-weight model presets).")] = 0,
-    engine: C.Engine = "auto",
-    model: C.Model = None,
-    gpu: C.Gpu = None,
-    scheduler: C.SchedulerOpt = "continuous",
-    chunked_prefill: C.Chunked = True,
-    kv_allocation: C.KvAllocation = "paged",
-    max_num_batched_tokens: C.MaxBatched = None,
-    max_num_seqs: C.MaxSeqs = 256,
-    block_size: C.BlockSize = 16,
-    num_kv_blocks: C.NumKvBlocks = None,
-    max_model_len: C.MaxModelLen = None,
-    gpu_memory_utilization: C.GpuMemUtil = 0.9,
-    device: C.Device = None,
-    dtype: C.Dtype = None,
-    attention_backend: C.AttnBackend = "auto",
-    temperature: C.Temperature = 0.0,
-    top_p: C.TopP = 1.0,
-    top_k: C.TopK = 0,
-    ignore_eos: C.IgnoreEos = True,
-    cuda_graphs: C.CudaGraphs = True,
-    eta_memory: C.EtaMemory = None,
-    eta_compute: C.EtaCompute = None,
-    iteration_overhead_us: C.Overhead = None,
-    preemption: C.Preemption = "recompute",
-    swap_space: C.SwapSpace = 4.0,
-    policy: C.Policy = "fcfs",
-    enable_prefix_caching: C.PrefixCaching = False,
+    *,
+    engine_opts: C.EngineOptions,
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible API: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and /metrics.
 
@@ -94,14 +70,7 @@ def serve(
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {port}")
-    opts = C.engine_options(
-        engine, model, gpu, scheduler, chunked_prefill, kv_allocation, max_num_batched_tokens,
-        max_num_seqs, block_size, num_kv_blocks, max_model_len, gpu_memory_utilization, device,
-        dtype, attention_backend, temperature, top_p, top_k, ignore_eos, cuda_graphs,
-        eta_memory, eta_compute, iteration_overhead_us, seed,
-        preemption=preemption, swap_space=swap_space, policy=policy,
-        enable_prefix_caching=enable_prefix_caching,
-    )
+    opts = engine_opts
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
     opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
     try:
@@ -109,10 +78,11 @@ def serve(
     except ValueError as e:
         raise UsageError(str(e)) from None
     config = ServeConfig(
-        served_model_name=served_model_name or model,
+        served_model_name=served_model_name or opts.model,
         tokenizer=tok,
         defaults=SamplingParams(
-            temperature=temperature, top_p=top_p, top_k=top_k, ignore_eos=ignore_eos
+            temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
+            ignore_eos=opts.ignore_eos,
         ),
     )
     app = create_app(lambda: build_serving_engine(opts), config)
