@@ -403,9 +403,9 @@ def cmd_env(args) -> int:
 # ---- run (a fallback for `cbbench run` when typer is missing) -----------------------------------
 def cmd_run(args) -> int:
     """``cbbench run``'s engine path without the Typer CLI: RunSpec -> execute_run -> result."""
-    from cbbench.engine_target import EngineOptions
-    from cbbench.result import write_result
-    from cbbench.runner import RunSpec, execute_run
+    from cbbench.analysis.result import write_result
+    from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.targets.engine import EngineOptions
 
     opts = EngineOptions(
         engine=args.engine, model=args.model, device=args.device, scheduler=args.scheduler

@@ -5,7 +5,7 @@
 Starts a minimal streaming server in a separate process (`--serve`: raw asyncio HTTP/1.1 on
 127.0.0.1, 4 short SSE token events + usage + [DONE] per request, no delay), so the server
 does not share the client's GIL, then replays RATE x DURATION requests through
-cbbench.http_target.run_http and reports the achieved request rate, the send lag (actual
+cbbench.targets.http.run_http and reports the achieved request rate, the send lag (actual
 send - intended start) and the client's CPU time per request. Not collected by pytest (the name
 does not start with test_). Results: results/loadgen_capacity.md.
 """
@@ -101,9 +101,9 @@ def bench(
 ) -> dict:
     import aiohttp  # run_http imports its transport lazily: keep that out of the measured CPU
 
-    from cbbench.arrivals import arrival_times
-    from cbbench.http_target import EndpointOptions, run_http
-    from cbbench.workload import WorkloadRequest
+    from cbbench.load.arrivals import arrival_times
+    from cbbench.load.workload import WorkloadRequest
+    from cbbench.targets.http import EndpointOptions, run_http
 
     n = int(rate * duration)
     wreqs = [WorkloadRequest(i, 2, TOKENS_PER_REQUEST, prompt="hello there") for i in range(n)]

@@ -27,7 +27,7 @@ from cbbench.engine.engine import Engine, EngineConfig
 from cbbench.engine.request import Request
 from cbbench.engine.scheduler import SchedulerConfig
 from cbbench.engine.scheduler_output import ExecutorOutput
-from cbbench.workload import load_workload
+from cbbench.load.workload import load_workload
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 1 << 20

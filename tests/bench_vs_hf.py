@@ -58,7 +58,7 @@ MODEL_SIZES = dict(
 
 
 def make_requests(n: int, seed: int, scale: int, vocab: int) -> list[dict]:
-    from cbbench.workload import load_workload, sample_requests
+    from cbbench.load.workload import load_workload, sample_requests
 
     wreqs, _ = sample_requests(load_workload("sharegpt"), n, seed)
     rng = np.random.default_rng(seed)
@@ -97,7 +97,7 @@ def cbbench_args(
 def run_cbbench(args: list[str], profile: cProfile.Profile | None = None) -> dict:
     from typer.testing import CliRunner
 
-    from cbbench.cli import app
+    from cbbench.cli.app import app
 
     out = Path(args[args.index("--output") + 1])
     t0 = time.perf_counter()
@@ -196,7 +196,7 @@ def profile_summary(prof: cProfile.Profile, top: int) -> dict:
 # Where a cbbench run's time goes: label -> (module, qualified name) of the function whose
 # cumulative time is reported (resolved to file and first line, which is how cProfile keys them).
 PROFILE_PHASES = {
-    "build engine (model load, KV alloc, warm-up)": ("cbbench.torch_build", "build_torch_engine"),
+    "build engine (model load, KV alloc, warm-up)": ("cbbench.targets.torch_build", "build_torch_engine"),
     "  of which KV cache allocation": ("cbbench.engine.models.llama", "allocate_kv_cache"),
     "  of which runner warm-up": ("cbbench.engine.model_runner", "ModelRunner.warmup"),
     "engine loop (run_until_done)": ("cbbench.engine.engine", "run_until_done"),
@@ -215,8 +215,8 @@ PROFILE_PHASES = {
     "    lm_head (LlamaForCausalLM.compute_logits)": ("cbbench.engine.models.llama", "LlamaForCausalLM.compute_logits"),
     "    sampling (Sampler.__call__)": ("cbbench.engine.sampler", "Sampler.__call__"),
     "  postprocess (Engine._postprocess)": ("cbbench.engine.engine", "Engine._postprocess"),
-    "metrics (summarize)": ("cbbench.metrics", "summarize"),
-    "result write (write_result)": ("cbbench.result", "write_result"),
+    "metrics (summarize)": ("cbbench.analysis.metrics", "summarize"),
+    "result write (write_result)": ("cbbench.analysis.result", "write_result"),
 }  # fmt: skip
 
 

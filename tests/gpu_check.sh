@@ -112,7 +112,7 @@ run_step env 60 "versions and importable modules -> env.json" -- \
     "$PY" tests/bench_gpu.py env --out "$OUT_DIR/env.json"
 
 # ---- install (no downloads) -------------------------------------------------------------------
-IMPORT_CODE='import cbbench, cbbench.engine.engine, cbbench.engine.models.llama, cbbench.kernels, cbbench.workload; print("cbbench", cbbench.__version__, "from", cbbench.__file__)'
+IMPORT_CODE='import cbbench, cbbench.engine.engine, cbbench.engine.models.llama, cbbench.kernels, cbbench.load.workload; print("cbbench", cbbench.__version__, "from", cbbench.__file__)'
 
 make_shadow() {
     # A folder whose cbbench/ is the source cbbench/ plus engine/, kernels/, workloads/ linked in
@@ -175,7 +175,7 @@ run_step decode 100 "decode step time / MBU, $MODEL" -- "$PY" "${PYFLAGS[@]+"${P
     tests/bench_gpu.py decode --device "$DEVICE" --model "$MODEL" --out "$OUT_DIR" $DECODE_ARGS
 
 # ---- ShareGPT through cbbench run ---------------------------------------------------------------
-CB_MAIN='import sys; sys.argv[0] = "cbbench"; from cbbench.cli import main; sys.exit(main())'
+CB_MAIN='import sys; sys.argv[0] = "cbbench"; from cbbench.cli.app import main; sys.exit(main())'
 CB_RUN=(run --workload sharegpt --engine torch --device "$DEVICE" --model "$MODEL"
         --num-requests "$NUM_REQUESTS")
 if have_module typer; then

@@ -25,11 +25,11 @@ import pytest
 
 from cbbench.engine.gpu_specs import gpu_names
 from cbbench.engine.model_config import preset_names
-from cbbench.engine_target import ENGINES
-from cbbench.workload import JSONL_FIELDS, builtin_names
+from cbbench.load.workload import JSONL_FIELDS, builtin_names
+from cbbench.targets.engine import ENGINES
 
 CBBENCH = shutil.which("cbbench")
-COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli import main; main()"]
+COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
 SIM = ["run", "--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b", "--num-requests", "5"]
 TORCH = ["run", "--engine", "torch", "--device", "cpu", "--model", "tiny", "--num-requests", "5"]
 GOOD_LINE = json.dumps({"prompt_len": 4, "output_len": 2})
@@ -207,7 +207,7 @@ def folders(tmp_path_factory):
         else:
             p.write_text(content)
     r = tmp_path_factory.mktemp("results")
-    from cbbench.result import SCHEMA_VERSION, write_result
+    from cbbench.analysis.result import SCHEMA_VERSION, write_result
 
     base = {
         "schema_version": SCHEMA_VERSION, "interrupted": False,
@@ -337,8 +337,8 @@ def test_option_parse_errors_are_one_line(tmp_path):
 
 # ---- requests that can never fit: rejected with the reason, the run goes on -----------------
 def _spec(tmp_path: Path, lines: list[dict], **engine):
-    from cbbench.engine_target import EngineOptions
-    from cbbench.runner import RunSpec
+    from cbbench.bench.runner import RunSpec
+    from cbbench.targets.engine import EngineOptions
 
     w = tmp_path / "w.jsonl"
     w.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -350,7 +350,7 @@ def _by_id(result: dict) -> dict[int, dict]:
 
 
 def test_prompt_beyond_the_context_is_rejected_and_the_run_goes_on(tmp_path):
-    from cbbench.runner import execute_run
+    from cbbench.bench.runner import execute_run
 
     lines = [{"prompt_len": 100, "output_len": 8}] * 3 + [{"prompt_len": 9000, "output_len": 8}]
     result = execute_run(_spec(tmp_path, lines, engine="sim"), lambda m: None)
@@ -363,7 +363,7 @@ def test_prompt_beyond_the_context_is_rejected_and_the_run_goes_on(tmp_path):
 
 
 def test_prompt_beyond_the_whole_kv_pool_is_rejected_and_the_run_goes_on(tmp_path):
-    from cbbench.runner import execute_run
+    from cbbench.bench.runner import execute_run
 
     lines = [{"prompt_len": 40, "output_len": 8}] * 3 + [{"prompt_len": 500, "output_len": 8}]
     spec = _spec(tmp_path, lines, engine="sim", num_kv_blocks=8, block_size=16)
@@ -375,7 +375,7 @@ def test_prompt_beyond_the_whole_kv_pool_is_rejected_and_the_run_goes_on(tmp_pat
 
 def test_torch_engine_rejects_a_prompt_beyond_the_context(tmp_path):
     pytest.importorskip("torch")
-    from cbbench.runner import execute_run
+    from cbbench.bench.runner import execute_run
 
     lines = [{"prompt_len": 12, "output_len": 4}] * 2 + [{"prompt_len": 300, "output_len": 4}]
     spec = _spec(tmp_path, lines, engine="torch", device="cpu", model="tiny", max_model_len=128,
@@ -388,7 +388,7 @@ def test_torch_engine_rejects_a_prompt_beyond_the_context(tmp_path):
 
 def test_torch_engine_rejects_an_absurd_prompt_len_without_building_it(tmp_path):
     pytest.importorskip("torch")
-    from cbbench.runner import execute_run
+    from cbbench.bench.runner import execute_run
 
     lines = [{"prompt_len": 12, "output_len": 4}, {"prompt_len": 10**12, "output_len": 4}]
     spec = _spec(tmp_path, lines, engine="torch", device="cpu", model="tiny", num_kv_blocks=64)
@@ -398,8 +398,8 @@ def test_torch_engine_rejects_an_absurd_prompt_len_without_building_it(tmp_path)
 
 def test_absurd_arrival_time_is_a_usage_error(tmp_path):
     pytest.importorskip("torch")
+    from cbbench.bench.runner import execute_run
     from cbbench.errors import UsageError
-    from cbbench.runner import execute_run
 
     lines = [{"prompt_len": 8, "output_len": 2, "arrival_s": 0},
              {"prompt_len": 8, "output_len": 2, "arrival_s": 1e300}]

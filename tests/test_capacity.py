@@ -9,13 +9,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbbench import cmd_capacity
-from cbbench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, Probe, search
-from cbbench.engine_target import EngineOptions
+from cbbench.analysis.slo import DEFAULT_ATTAINMENT, parse_attainment_slo, request_meets
+from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, Probe, search
+from cbbench.bench.probe import ProbePoint, ProbeSizing, probe_spec
+from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli import capacity as cmd_capacity
 from cbbench.errors import UsageError
-from cbbench.probe import ProbePoint, ProbeSizing, probe_spec
-from cbbench.runner import RunSpec, execute_run
-from cbbench.slo import DEFAULT_ATTAINMENT, parse_attainment_slo, request_meets
+from cbbench.targets.engine import EngineOptions
 
 app = typer.Typer()
 cmd_capacity.register(app)

@@ -18,8 +18,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench import __version__
-from cbbench.cli import app
-from cbbench.result import SCHEMA_VERSION, load_result
+from cbbench.analysis.result import SCHEMA_VERSION, load_result
+from cbbench.cli.app import app
 
 CBBENCH = shutil.which("cbbench") or str(Path(sys.executable).with_name("cbbench"))
 STATS = ("mean", "std", "p50", "p90", "p95", "p99")
@@ -179,7 +179,7 @@ def test_workloads_list_and_show():
     res = invoke("workloads", "list")
     assert res.exit_code == 0, res.output
     assert "sharegpt" in res.stdout and "long-prompt" in res.stdout
-    from cbbench.workload import load_workload
+    from cbbench.load.workload import load_workload
 
     n = len(load_workload("sharegpt").requests)
     assert str(n) in res.stdout
@@ -303,7 +303,7 @@ def test_a_short_timed_trace_runs_without_num_requests(tmp_path):
 
 # ---- result files ---------------------------------------------------------------------------
 def test_result_dumps_and_atomic_write(tmp_path):
-    from cbbench.result import dumps, write_atomic, write_result
+    from cbbench.analysis.result import dumps, write_atomic, write_result
 
     assert json.loads(dumps({"a": float("nan"), "b": [float("inf"), 1.5]})) == {
         "a": None, "b": [None, 1.5]

@@ -11,12 +11,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbbench import cmd_compare
-from cbbench.cmd_compare import Labeled, config_differences, parse_variant, parse_variants
-from cbbench.engine_target import EngineOptions
+from cbbench.analysis.result import write_result
+from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli import compare as cmd_compare
+from cbbench.cli.compare import Labeled, config_differences, parse_variant, parse_variants
 from cbbench.errors import UsageError
-from cbbench.result import write_result
-from cbbench.runner import RunSpec, execute_run
+from cbbench.targets.engine import EngineOptions
 
 app = typer.Typer()
 cmd_compare.register(app)

@@ -22,7 +22,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from typer.testing import CliRunner  # noqa: E402
 
-from cbbench.cli import app  # noqa: E402
+from cbbench.cli.app import app  # noqa: E402
 
 VOCAB = 512
 SIZES = dict(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cbbench.arrivals import arrival_times
+from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.clock import VirtualClock
 from cbbench.engine.cost_model import CostModel
 from cbbench.engine.engine import Engine, EngineConfig, run_until_done
@@ -20,9 +20,9 @@ from cbbench.engine.request import Request, RequestStatus
 from cbbench.engine.scheduler import SchedulerConfig
 from cbbench.engine.scheduler_output import SchedulerOutput
 from cbbench.engine.sim_executor import SimExecutor, sim_num_kv_blocks
-from cbbench.engine_target import EngineOptions
-from cbbench.runner import RunSpec, execute_run
-from cbbench.workload import WorkloadRequest
+from cbbench.load.arrivals import arrival_times
+from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.engine import EngineOptions
 
 LLAMA3_8B = get_model_config("llama-3-8b")
 

@@ -51,7 +51,7 @@ from cbbench.engine.engine import Engine, EngineConfig
 from cbbench.engine.request import Request, RequestStatus, SamplingParams
 from cbbench.engine.scheduler import SchedulerConfig
 from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
-from cbbench.engine_target import _drain
+from cbbench.targets.engine import _drain
 
 EXAMPLES = int(os.environ.get("CBBENCH_FUZZ_EXAMPLES", "150"))
 STEPS_PER_EXAMPLE = int(os.environ.get("CBBENCH_FUZZ_STEPS", "60"))

@@ -10,12 +10,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbbench import cmd_gate
-from cbbench import gate as G
-from cbbench.engine_target import EngineOptions
+from cbbench.analysis import gate as G
+from cbbench.analysis.result import write_result
+from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli import gate as cmd_gate
 from cbbench.errors import UsageError
-from cbbench.result import write_result
-from cbbench.runner import RunSpec, execute_run
+from cbbench.targets.engine import EngineOptions
 
 NUM_REQUESTS = 60
 

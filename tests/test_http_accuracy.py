@@ -52,9 +52,9 @@ import uvicorn
 from test_serve import START_TIMEOUT_S, Running, sim_options
 from typer.testing import CliRunner
 
-from cbbench.cli import app as cli_app
-from cbbench.cmd_serve import build_serving_engine
-from cbbench.result import load_result
+from cbbench.analysis.result import load_result
+from cbbench.cli.app import app as cli_app
+from cbbench.cli.serve import build_serving_engine
 from cbbench.server.app import create_app
 from cbbench.server.async_engine import Admitted, TokenEvent
 

@@ -19,8 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cbbench.analysis.metrics import summarize
 from cbbench.errors import UsageError
-from cbbench.http_target import (
+from cbbench.load.prompts import WORD_POOL, build_prompts, load_tokenizer, synthetic_prompt
+from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.http import (
     EndpointOptions,
     error_rate,
     normalize_endpoint,
@@ -29,9 +32,6 @@ from cbbench.http_target import (
     run_http,
     send_lag_check,
 )
-from cbbench.metrics import summarize
-from cbbench.prompts import WORD_POOL, build_prompts, load_tokenizer, synthetic_prompt
-from cbbench.workload import WorkloadRequest
 
 MODEL = "fake-model"
 CHAT_TEMPLATE_TOKENS = 7  # what the fake's "chat template" adds to the prompt count
@@ -533,8 +533,8 @@ def test_https(tmp_path):
         # Trusted through SSL_CERT_FILE (read when the verifying context is made, so in a new
         # process): the stream goes through.
         code = (
-            "import sys; from cbbench.http_target import EndpointOptions, run_http; "
-            "from cbbench.workload import WorkloadRequest; "
+            "import sys; from cbbench.targets.http import EndpointOptions, run_http; "
+            "from cbbench.load.workload import WorkloadRequest; "
             "w = [WorkloadRequest(0, 2, 3, prompt='hi')]; "
             "r = run_http(EndpointOptions(sys.argv[1], served_model=sys.argv[2]), w, [0.0], "
             "print).records[0]; print(r.error_type, r.error, len(r.token_times_s))"

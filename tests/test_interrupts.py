@@ -33,10 +33,10 @@ from pathlib import Path
 
 import pytest
 
-from cbbench.result import load_result
+from cbbench.analysis.result import load_result
 
 CBBENCH = shutil.which("cbbench")
-COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli import main; main()"]
+COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
 N = 400
 RATE = 50
 PROGRESS_TIMEOUT_S = 180  # start-up (torch import, model build) on a slow, busy CI machine
@@ -221,13 +221,13 @@ def test_second_sigint_exits_130_promptly_and_leaves_no_partial_file(tmp_path):
 
 
 def test_second_signal_says_interrupted(tmp_path, monkeypatch, capsys):
-    import cbbench.cmd_run as cmd_run
-    from cbbench.cli import main
+    import cbbench.cli.run as cmd_run
+    from cbbench.cli.app import main
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # what StopSignal raises on the second signal
 
-    monkeypatch.setattr("cbbench.runner.execute_run", interrupted)
+    monkeypatch.setattr("cbbench.bench.runner.execute_run", interrupted)
     monkeypatch.setattr(cmd_run, "StopSignal", lambda: _StopAfter(10**9))
     monkeypatch.setattr(sys, "argv", ["cbbench", "run", "--engine", "sim", "--num-requests", "5",
                                       "--output", str(tmp_path / "x.json")])
@@ -258,8 +258,8 @@ class _StopAfter:
 
 
 def _sim_spec(num_requests: int = 300, rate: float = 20.0):
-    from cbbench.engine_target import EngineOptions
-    from cbbench.runner import RunSpec
+    from cbbench.bench.runner import RunSpec
+    from cbbench.targets.engine import EngineOptions
 
     return RunSpec(
         workload="sharegpt", num_requests=num_requests, seed=3, request_rate=rate,
@@ -268,8 +268,8 @@ def _sim_spec(num_requests: int = 300, rate: float = 20.0):
 
 
 def test_interrupted_sim_run_produces_a_valid_result(tmp_path):
-    from cbbench.result import write_result
-    from cbbench.runner import execute_run
+    from cbbench.analysis.result import write_result
+    from cbbench.bench.runner import execute_run
 
     stop = _StopAfter(400)
     result = execute_run(_sim_spec(), lambda msg: None, should_stop=stop)
@@ -289,7 +289,7 @@ def test_interrupted_sim_run_produces_a_valid_result(tmp_path):
 
 
 def test_sim_run_stopped_before_the_first_step(tmp_path):
-    from cbbench.runner import execute_run
+    from cbbench.bench.runner import execute_run
 
     result = execute_run(_sim_spec(50, rate=float("inf")), lambda m: None, should_stop=lambda: True)
     s = result["summary"]
@@ -303,9 +303,9 @@ def test_cancelled_requests_decide_the_exit_code_in_process(tmp_path, monkeypatc
     against --max-error-rate: exit 1 after writing the result; --max-error-rate 1: exit 0."""
     from typer.testing import CliRunner
 
-    import cbbench.cmd_run as cmd_run
-    import cbbench.engine_target as et
-    from cbbench.cli import app
+    import cbbench.cli.run as cmd_run
+    import cbbench.targets.engine as et
+    from cbbench.cli.app import app
 
     drain = et._drain
     monkeypatch.setattr(et, "_drain", lambda engine, grace_s: drain(engine, 0.0))
@@ -327,7 +327,7 @@ def test_cancelled_requests_decide_the_exit_code_in_process(tmp_path, monkeypatc
 
 # ---- StopSignal itself ------------------------------------------------------------------------
 def test_stop_signal_first_sets_the_flag_second_raises_and_handlers_are_restored(capfd):
-    from cbbench.interrupts import StopSignal
+    from cbbench.load.interrupts import StopSignal
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     with StopSignal() as stop:

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cbbench.analysis.metrics import distribution, meets_slo, parse_slo, summarize, summarize_engine
+from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
-from cbbench.metrics import distribution, meets_slo, parse_slo, summarize, summarize_engine
-from cbbench.records import RequestRecord
 
 
 def _records() -> list[RequestRecord]:

@@ -9,15 +9,15 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cbbench import cli_common as C
-from cbbench.cli import app
-from cbbench.cmd_compare import parse_variant
-from cbbench.engine_target import EngineOptions
+from cbbench.analysis.metrics import summarize
+from cbbench.analysis.records import RequestRecord
+from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli import options as C
+from cbbench.cli.app import app
+from cbbench.cli.compare import parse_variant
 from cbbench.errors import UsageError
-from cbbench.metrics import summarize
-from cbbench.records import RequestRecord
-from cbbench.runner import RunSpec, execute_run
-from cbbench.workload import SHARED_PREFIX_VOCAB, load_workload
+from cbbench.load.workload import SHARED_PREFIX_VOCAB, load_workload
+from cbbench.targets.engine import EngineOptions
 
 runner = CliRunner()
 
@@ -171,7 +171,7 @@ def test_sim_prefix_caching_on_shared_prefix():
 
 
 def test_sim_priority_protects_the_high_class(tmp_path):
-    from cbbench.workload import load_workload as lw
+    from cbbench.load.workload import load_workload as lw
 
     pool = lw("sharegpt").requests[:400]
     path = tmp_path / "two.jsonl"

@@ -13,10 +13,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbbench import cmd_report
-from cbbench.engine_target import EngineOptions
-from cbbench.result import write_result
-from cbbench.runner import RunSpec, execute_run
+from cbbench.analysis.result import write_result
+from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli import report as cmd_report
+from cbbench.targets.engine import EngineOptions
 
 NUM_REQUESTS = 64
 PLOTS = ("latency_cdfs", "token_budget", "batch_occupancy", "kv_usage", "bandwidth")
@@ -135,7 +135,7 @@ def test_no_timeline_without_a_static_continuous_pair(tmp_path, results):
 
 
 def test_timeline_caps_the_requests_drawn(tmp_path, results):
-    from cbbench import plots
+    from cbbench.report import plots
 
     ids = plots.gantt_rows(results["static"], max_requests=25)
     assert len(ids) == 25 and len(set(ids)) == 25
@@ -156,8 +156,8 @@ def test_usage_errors(tmp_path, results):
 
 
 def test_timeline_panels_share_the_whole_time_span(results):
-    from cbbench import plots
-    from cbbench.cmd_compare import Labeled
+    from cbbench.cli.compare import Labeled
+    from cbbench.report import plots
 
     pair = [Labeled("static", results["static"]), Labeled("continuous", results["continuous"])]
     fig = plots.request_gantt(pair, max_requests=30)

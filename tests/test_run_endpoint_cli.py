@@ -18,9 +18,9 @@ from test_http_target import FakeOpenAI, _free_port
 from test_serve import MODEL, sim_options, start_server
 from typer.testing import CliRunner
 
-from cbbench.cli import app
-from cbbench.cmd_serve import build_serving_engine
-from cbbench.result import load_result
+from cbbench.analysis.result import load_result
+from cbbench.cli.app import app
+from cbbench.cli.serve import build_serving_engine
 
 SECRET = "Bearer sk-cbbench-test-0123456789"
 N = 12

@@ -18,12 +18,12 @@ import httpx
 import pytest
 import uvicorn
 
-from cbbench.cmd_serve import build_serving_engine
-from cbbench.engine_target import EngineOptions
+from cbbench.cli.serve import build_serving_engine
 from cbbench.errors import UsageError
 from cbbench.server.app import ServeConfig, create_app
 from cbbench.server.protocol import ChatMessage, render_chat
 from cbbench.server.text import SIM_TOKEN_TEXT, HashedWordCodec, TokenizerCodec, load_tokenizer
+from cbbench.targets.engine import EngineOptions
 
 MODEL = "llama-3.2-1b"
 CONTEXT = 8192
@@ -487,7 +487,7 @@ def test_tokenizer_codec_decodes_incrementally(tmp_path):
 def _serve_app():
     import typer
 
-    from cbbench import cmd_serve
+    from cbbench.cli import serve as cmd_serve
 
     app = typer.Typer()
 

@@ -38,7 +38,7 @@ STOP_TIMEOUT_S = 15.0
 # `cbbench serve` through the command's own register(), as cli.py wires it.
 SERVE_SCRIPT = """
 import typer
-from cbbench import cmd_serve
+from cbbench.cli import serve as cmd_serve
 app = typer.Typer()
 @app.callback()
 def _root() -> None:

@@ -10,13 +10,13 @@ import typer
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
-from cbbench import cmd_sweep
-from cbbench.engine_target import EngineOptions
+from cbbench.bench.probe import ProbeSizing, check_steady, rate_label, run_probe, saturation_rate
+from cbbench.bench.runner import RunSpec
+from cbbench.bench.sweep import AUTO_HIGH_FRACTION, AUTO_LOW_FRACTION, auto_rates, parse_rates
+from cbbench.cli import sweep as cmd_sweep
 from cbbench.errors import UsageError
-from cbbench.probe import ProbeSizing, check_steady, rate_label, run_probe, saturation_rate
-from cbbench.runner import RunSpec
-from cbbench.sweep import AUTO_HIGH_FRACTION, AUTO_LOW_FRACTION, auto_rates, parse_rates
-from cbbench.sweep_plot import is_sweep_file, latency_throughput, load_sweep
+from cbbench.report.sweep_plot import is_sweep_file, latency_throughput, load_sweep
+from cbbench.targets.engine import EngineOptions
 
 app = typer.Typer()
 cmd_sweep.register(app)

@@ -20,7 +20,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from cbbench import cmd_sweep
+from cbbench.cli import sweep as cmd_sweep
 
 READY_TIMEOUT_S = 60.0
 POLL_S = 0.2

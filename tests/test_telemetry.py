@@ -18,8 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbbench import telemetry
-from cbbench.telemetry import (
+from cbbench.analysis import telemetry
+from cbbench.analysis.telemetry import (
     METRIC_GPM,
     METRIC_MC_BUSY,
     QUANTITIES,

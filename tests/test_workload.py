@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cbbench.arrivals import arrival_times, parse_rate, resolve_process
 from cbbench.errors import UsageError
-from cbbench.workload import (
+from cbbench.load.arrivals import arrival_times, parse_rate, resolve_process
+from cbbench.load.workload import (
     Workload,
     WorkloadRequest,
     approx_token_count,

@@ -24,10 +24,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine.request import SamplingParams
-from .async_engine import Admitted, AsyncEngine, Failed, RequestStream, TokenEvent
-from .metrics import CONTENT_TYPE, ServerMetrics
-from .protocol import (
+from cbbench.engine.request import SamplingParams
+from cbbench.server.async_engine import Admitted, AsyncEngine, Failed, RequestStream, TokenEvent
+from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
+from cbbench.server.protocol import (
     DEFAULT_MAX_TOKENS,
     SSE_DONE,
     APIError,
@@ -40,7 +40,7 @@ from .protocol import (
     usage,
     validation_error,
 )
-from .text import TextCodec, make_codec
+from cbbench.server.text import TextCodec, make_codec
 
 OWNED_BY = "cbbench"
 

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..engine.clock import WallClock
-from ..engine.request import Request, RequestStatus, SamplingParams
-from ..errors import UsageError
+from cbbench.engine.clock import WallClock
+from cbbench.engine.request import Request, RequestStatus, SamplingParams
+from cbbench.errors import UsageError
 
 log = logging.getLogger("cbbench.server")
 

@@ -1,0 +1,265 @@
+"""The regression gate's logic: metric paths and their direction, thresholds, and verdicts.
+
+A metric is a dotted path into a result's `summary` (`output_throughput`, `ttft_ms.p99`,
+`engine.num_preemptions`). A threshold is the largest tolerated move in the bad direction,
+relative (`5%`) or absolute in the metric's own unit (`2`), as pytest-benchmark's
+`--benchmark-compare-fail` has it.
+
+With one file per side the comparison is exact: the simulator is deterministic, so there is
+no noise to allow for. With several files per side the verdict comes from a seeded bootstrap
+confidence interval of the change in the per-side mean, and a metric regresses only when the
+whole interval lies past the threshold (a noisy pair whose interval straddles it holds).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cbbench.errors import UsageError
+
+HIGHER = "higher"
+LOWER = "lower"
+
+OK = "ok"
+REGRESSED = "REGRESSED"
+IMPROVED = "improved"
+
+BOOTSTRAP_RESAMPLES = 10_000
+CONFIDENCE = 0.95
+BOOTSTRAP_SEED = 0
+
+# Scalars at the top of `summary`, and in its `engine` sub-dict, whose better direction is
+# unambiguous. Anything else (e.g. mean_running, KV usage) is a fact, not a goal.
+SCALAR_DIRECTIONS = {
+    "request_throughput": HIGHER,
+    "output_throughput": HIGHER,
+    "total_token_throughput": HIGHER,
+    "goodput": HIGHER,
+    "slo_attainment": HIGHER,
+    "completed": HIGHER,
+    "failed": LOWER,
+    "duration_s": LOWER,
+    "engine.num_preemptions": LOWER,
+    "engine.mean_iteration_ms": LOWER,
+    "engine.num_iterations": LOWER,
+    "engine.mean_achieved_bw_gbps": HIGHER,
+    "engine.token_budget_utilization": HIGHER,
+    "engine.mbu": HIGHER,
+}
+# Latency distributions: every statistic is lower-is-better.
+LATENCY_DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms")
+_STAT = re.compile(r"^(mean|std|p\d+(\.\d+)?)$")
+
+# Defaults: the headline throughputs tolerate 5%, tail and median latencies 10%, and no new
+# failed request is tolerated at all.
+DEFAULT_THRESHOLDS_TEXT = (
+    "output_throughput=5%",
+    "request_throughput=5%",
+    "ttft_ms.p50=10%",
+    "ttft_ms.p99=10%",
+    "tpot_ms.p50=10%",
+    "tpot_ms.p99=10%",
+    "itl_ms.p99=10%",
+    "e2el_ms.p99=10%",
+    "failed=0",
+)
+
+# The config keys that define the request set and its arrival schedule: results that differ in
+# any of them did not serve the same load, so their numbers do not compare like for like.
+WORKLOAD_KEYS = ("workload", "num_requests", "seed", "request_rate", "burstiness", "arrival")
+
+
+@dataclass(frozen=True)
+class Threshold:
+    metric: str
+    limit: float  # percent when relative, else in the metric's unit
+    relative: bool
+
+    def text(self) -> str:
+        return f"{self.limit:g}%" if self.relative else f"{self.limit:g}"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One metric's verdict. `change` is relative (0.05 = +5%) for a relative threshold and
+    absolute otherwise; `low`/`high` bound it when the verdict came from the bootstrap."""
+
+    metric: str
+    direction: str
+    baseline: float
+    new: float
+    change: float
+    low: float | None
+    high: float | None
+    threshold: Threshold
+    verdict: str
+    n_baseline: int
+    n_new: int
+
+    @property
+    def noise_aware(self) -> bool:
+        return self.low is not None
+
+
+def direction_of(metric: str) -> str:
+    if metric in SCALAR_DIRECTIONS:
+        return SCALAR_DIRECTIONS[metric]
+    head, _, stat = metric.partition(".")
+    if head in LATENCY_DISTRIBUTIONS and _STAT.match(stat):
+        return LOWER
+    known = ", ".join([*SCALAR_DIRECTIONS, *(f"{d}.<mean|std|pNN>" for d in LATENCY_DISTRIBUTIONS)])
+    raise UsageError(f"unknown metric {metric!r}; known: {known}")
+
+
+def parse_threshold(text: str) -> Threshold:
+    """'ttft_ms.p99=10%' (relative) or 'failed=2' (absolute, in the metric's unit)."""
+    metric, sep, value = text.partition("=")
+    metric, value = metric.strip(), value.strip()
+    usage = "use METRIC=PCT% or METRIC=ABS, e.g. output_throughput=5% or failed=0"
+    if not sep or not metric or not value:
+        raise UsageError(f"invalid threshold {text!r}: {usage}")
+    direction_of(metric)  # rejects an unknown metric
+    relative = value.endswith("%")
+    try:
+        limit = float(value[:-1] if relative else value)
+    except ValueError:
+        raise UsageError(f"invalid threshold value in {text!r}: {usage}") from None
+    if not math.isfinite(limit) or limit < 0:
+        raise UsageError(f"invalid threshold value in {text!r}: must be a number >= 0")
+    return Threshold(metric, limit, relative)
+
+
+def thresholds(given: Sequence[str], use_defaults: bool = True) -> list[Threshold]:
+    """The defaults, overridden metric by metric by the given ones (in the order first seen)."""
+    merged: dict[str, Threshold] = {}
+    if use_defaults:
+        for t in map(parse_threshold, DEFAULT_THRESHOLDS_TEXT):
+            merged[t.metric] = t
+    for t in map(parse_threshold, given):
+        merged[t.metric] = t
+    if not merged:
+        raise UsageError("no metrics to check: give --max-regression METRIC=LIMIT")
+    return list(merged.values())
+
+
+def metric_value(result: dict, metric: str, path: str) -> float:
+    node = result.get("summary", {})
+    for part in metric.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, bool) or not isinstance(node, (int, float)) or not math.isfinite(node):
+        raise UsageError(f"{path} has no value for metric {metric!r}")
+    return float(node)
+
+
+def check_same_workload(results: Sequence[tuple[str, dict]]) -> None:
+    """Raise unless every result served the same request set as the first."""
+    first_path, first = results[0]
+    for path, r in results[1:]:
+        for key in WORKLOAD_KEYS:
+            a, b = first["config"].get(key), r["config"].get(key)
+            if a != b:
+                raise UsageError(
+                    f"{path} ran a different load from {first_path}: {key} {b!r} vs {a!r} "
+                    "(pass --allow-different-workload to compare anyway)"
+                )
+
+
+def _change(base: np.ndarray, new: np.ndarray, relative: bool) -> np.ndarray:
+    """new - base, relative to |base| when asked; from a zero baseline any move is infinite."""
+    diff = new - base
+    if not relative:
+        return diff
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = diff / np.abs(base)
+    return np.where(base == 0, np.where(diff == 0, 0.0, np.copysign(np.inf, diff)), rel)
+
+
+def _badness(change: float, direction: str) -> float:
+    """How far the change moved in the bad direction (negative: it moved the good way)."""
+    return -change if direction == HIGHER else change
+
+
+def bootstrap_interval(
+    base: np.ndarray,
+    new: np.ndarray,
+    relative: bool,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of the change in the mean, each side resampled on its
+    own (the runs are independent, not paired)."""
+    rng = np.random.default_rng(seed)
+    b = base[rng.integers(0, base.size, (resamples, base.size))].mean(axis=1)
+    n = new[rng.integers(0, new.size, (resamples, new.size))].mean(axis=1)
+    changes = _change(b, n, relative)
+    tail = (1.0 - confidence) / 2 * 100
+    # Order statistics rather than interpolation: a change from a zero baseline is infinite,
+    # and interpolating between infinities gives NaN. Outward rounding keeps it conservative.
+    low = np.percentile(changes, tail, method="lower")
+    high = np.percentile(changes, 100 - tail, method="higher")
+    return float(low), float(high)
+
+
+def check_metric(
+    threshold: Threshold, base_values: Sequence[float], new_values: Sequence[float]
+) -> Check:
+    direction = direction_of(threshold.metric)
+    base = np.asarray(base_values, dtype=np.float64)
+    new = np.asarray(new_values, dtype=np.float64)
+    limit = threshold.limit / 100 if threshold.relative else threshold.limit
+    change = float(_change(np.array(base.mean()), np.array(new.mean()), threshold.relative))
+    low = high = None
+    if base.size > 1 or new.size > 1:
+        low, high = bootstrap_interval(base, new, threshold.relative)
+        # The interval end nearest to "no regression" decides: fail only when even it is past.
+        best, worst = (high, low) if direction == HIGHER else (low, high)
+        regressed = _badness(best, direction) > limit
+        improved = _badness(worst, direction) < -limit
+    else:
+        regressed = _badness(change, direction) > limit
+        improved = _badness(change, direction) < -limit
+    verdict = REGRESSED if regressed else IMPROVED if improved else OK
+    return Check(
+        metric=threshold.metric,
+        direction=direction,
+        baseline=float(base.mean()),
+        new=float(new.mean()),
+        change=change,
+        low=low,
+        high=high,
+        threshold=threshold,
+        verdict=verdict,
+        n_baseline=int(base.size),
+        n_new=int(new.size),
+    )
+
+
+def run_gate(
+    baseline: Sequence[tuple[str, dict]],
+    new: Sequence[tuple[str, dict]],
+    checks: Sequence[Threshold],
+    allow_different_workload: bool = False,
+) -> list[Check]:
+    """(path, result) pairs per side -> one Check per threshold. Raises UsageError on input
+    that cannot be compared (an interrupted run, a different load, a missing metric)."""
+    for path, r in [*baseline, *new]:
+        if r.get("interrupted"):
+            raise UsageError(f"{path} is an interrupted run: its figures cover only what finished")
+    if not allow_different_workload:
+        check_same_workload([*baseline, *new])
+    out = []
+    for t in checks:
+        base_values = [metric_value(r, t.metric, p) for p, r in baseline]
+        new_values = [metric_value(r, t.metric, p) for p, r in new]
+        out.append(check_metric(t, base_values, new_values))
+    return out
+
+
+def passed(checks: Sequence[Check]) -> bool:
+    return all(c.verdict != REGRESSED for c in checks)

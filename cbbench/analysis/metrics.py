@@ -1,0 +1,207 @@
+"""Metrics with vLLM's benchmark definitions, so numbers compare across tools.
+
+TTFT and E2EL are measured from the request's *intended* start (the open-loop arrival schedule),
+so a client that falls behind cannot hide server queueing (no coordinated omission); the send
+lag (actual - intended) is reported beside them. TPOT per request is (E2EL - TTFT) / (output - 1)
+over requests with more than one output token; ITL pools the gaps between consecutive tokens of
+every request. Distributions use numpy.percentile (linear interpolation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.errors import UsageError
+
+DEFAULT_PERCENTILES = (50, 90, 95, 99)
+SLO_KEYS = ("ttft", "tpot", "e2el")
+MS = 1000.0
+
+
+def distribution(values_ms: Sequence[float] | np.ndarray, percentiles=DEFAULT_PERCENTILES) -> dict:
+    a = np.asarray(values_ms, dtype=np.float64)
+    if a.size == 0:
+        return {"mean": None, "std": None, **{f"p{p}": None for p in percentiles}, "count": 0}
+    pct = np.percentile(a, percentiles)
+    return {
+        "mean": float(a.mean()),
+        "std": float(a.std()),
+        **{f"p{p}": float(v) for p, v in zip(percentiles, pct)},
+        "count": int(a.size),
+    }
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """'ttft=500,tpot=50' -> {'ttft': 500.0, 'tpot': 50.0} (milliseconds)."""
+    if not text:
+        return {}
+    slo: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or key not in SLO_KEYS:
+            raise UsageError(
+                f"invalid SLO {part!r}: use KEY=MS with KEY in {', '.join(SLO_KEYS)}, "
+                "e.g. --slo ttft=500,tpot=50"
+            )
+        try:
+            ms = float(value)
+        except ValueError:
+            raise UsageError(f"invalid SLO value in {part!r}: milliseconds expected") from None
+        if not ms > 0:
+            raise UsageError(f"invalid SLO value in {part!r}: must be > 0")
+        slo[key] = ms
+    return slo
+
+
+def meets_slo(rec: RequestRecord, slo: dict[str, float]) -> bool:
+    if not rec.ok:
+        return False
+    checks = {"ttft": rec.ttft_s, "tpot": rec.tpot_s, "e2el": rec.e2el_s}
+    for key, limit_ms in slo.items():
+        v = checks[key]
+        if v is not None and v * MS > limit_ms:
+            return False
+    return True
+
+
+def itl_values_s(records: Sequence[RequestRecord]) -> np.ndarray:
+    gaps = [np.diff(r.token_times_s) for r in records if r.ok and len(r.token_times_s) > 1]
+    return np.concatenate(gaps) if gaps else np.zeros(0)
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    slo: dict[str, float] | None = None,
+    percentiles=DEFAULT_PERCENTILES,
+) -> dict:
+    done = [r for r in records if r.ok]
+    failed = [r for r in records if r.error is not None]
+    out_tokens = sum(r.output_tokens for r in done)
+    in_tokens = sum(r.prompt_tokens for r in done)
+    dur = duration_s if duration_s > 0 else float("inf")  # nothing ran: rates are 0
+    lags = [
+        (r.send_s - r.intended_start_s) * MS for r in records if r.send_s is not None
+    ]
+    error_types: dict[str, int] = {}
+    for r in failed:
+        error_types[r.error_type or "error"] = error_types.get(r.error_type or "error", 0) + 1
+    summary = {
+        "completed": len(done),
+        "failed": len(failed),
+        "error_types": error_types,
+        "duration_s": duration_s,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(done) / dur,
+        "output_throughput": out_tokens / dur,
+        "total_token_throughput": (in_tokens + out_tokens) / dur,
+        "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
+        "tpot_ms": distribution(
+            [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
+        ),
+        "itl_ms": distribution(itl_values_s(done) * MS, percentiles),
+        "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
+        "send_lag_ms": distribution(lags, percentiles),
+    }
+    priorities = sorted({r.priority for r in records})
+    if len(priorities) > 1:
+        summary["per_priority"] = per_priority(records, priorities)
+    if slo:
+        good = sum(1 for r in done if meets_slo(r, slo))
+        summary["slo"] = dict(slo)
+        summary["goodput"] = good / dur
+        summary["slo_attainment"] = good / len(records) if records else 0.0
+    return summary
+
+
+PER_PRIORITY_STATS = ("mean", "p50", "p99")
+
+
+def per_priority(records: Sequence[RequestRecord], priorities: Sequence[int]) -> dict:
+    """TTFT and TPOT per priority class (keys are the priorities as strings, as JSON has
+    them), for runs whose requests carry more than one priority."""
+
+    def short(values_ms: list[float]) -> dict:
+        d = distribution(values_ms, (50, 99))
+        return {k: d[k] for k in PER_PRIORITY_STATS}
+
+    out = {}
+    for p in priorities:
+        done = [r for r in records if r.priority == p and r.ok]
+        out[str(p)] = {
+            "completed": len(done),
+            "failed": sum(1 for r in records if r.priority == p and r.error is not None),
+            "ttft_ms": short([r.ttft_s * MS for r in done]),
+            "tpot_ms": short([r.tpot_s * MS for r in done if r.tpot_s is not None]),
+        }
+    return out
+
+
+def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
+    """Engine facts from the per-iteration records (as dicts, the result's form). With a GPU
+    spec, also MBU/MFU: time-weighted (total analytic bytes or FLOPs over busy time, over peak)."""
+    if not iterations:
+        return {"num_iterations": 0}
+    pre = np.array([it["num_prefill_tokens"] for it in iterations], dtype=np.float64)
+    dec = np.array([it["num_decode_tokens"] for it in iterations], dtype=np.float64)
+    budget = np.array([it["token_budget"] for it in iterations], dtype=np.float64)
+    used = np.array([it["kv_blocks_used"] for it in iterations], dtype=np.float64)
+    total = np.array([it["kv_blocks_total"] for it in iterations], dtype=np.float64)
+    dur = np.array([it["duration_s"] for it in iterations], dtype=np.float64)
+    nbytes = np.array([it.get("bytes_moved", 0.0) for it in iterations], dtype=np.float64)
+    running = np.array([it["num_running"] for it in iterations], dtype=np.float64)
+    busy = float(dur.sum())
+    flops = np.array([it.get("flops", 0.0) for it in iterations], dtype=np.float64)
+    util = {}
+    if gpu_spec and busy > 0:
+        util = {
+            "mbu": float(nbytes.sum() / busy / gpu_spec["hbm_bandwidth"]),
+            "mfu": float(flops.sum() / busy / gpu_spec["bf16_flops"]),
+        }
+        decode_only = (pre == 0) & (dec > 0)
+        if decode_only.any():
+            util["decode_mbu"] = float(
+                nbytes[decode_only].sum() / dur[decode_only].sum() / gpu_spec["hbm_bandwidth"]
+            )
+    return {
+        "num_iterations": len(iterations),
+        "busy_time_s": busy,
+        "mean_iteration_ms": float(dur.mean() * MS),
+        "mean_prefill_tokens": float(pre.mean()),
+        "mean_decode_tokens": float(dec.mean()),
+        "mean_batch_tokens": float((pre + dec).mean()),
+        "token_budget_utilization": float(((pre + dec) / budget).mean()),
+        "mean_running": float(running.mean()),
+        "peak_kv_usage": float((used / total).max()),
+        "mean_kv_usage": float((used / total).mean()),
+        "num_preemptions": int(sum(it["num_preempted"] for it in iterations)),
+        "total_prefill_tokens": int(pre.sum()),
+        **_policy_totals(iterations),
+        # Time-weighted: total analytic bytes over total busy time.
+        "mean_achieved_bw_gbps": float(nbytes.sum() / busy / 1e9) if busy > 0 else 0.0,
+        **util,
+    }
+
+
+def _policy_totals(iterations: Sequence[dict]) -> dict:
+    """Swap traffic and prefix-cache hits summed over the run (0 for results from before these
+    fields existed). The hit rate is hit tokens over the tokens looked up at admission; None
+    when nothing was looked up (prefix caching off)."""
+
+    def total(key: str) -> float:
+        return sum(it.get(key, 0) for it in iterations)
+
+    queried = total("num_prefix_queried_tokens")
+    hits = total("num_cached_tokens")
+    return {
+        "num_swapped_out_blocks": int(total("num_swapped_out_blocks")),
+        "num_swapped_in_blocks": int(total("num_swapped_in_blocks")),
+        "swap_time_s": float(total("swap_time_s")),
+        "prefix_cache_hit_tokens": int(hits),
+        "prefix_cache_hit_rate": hits / queried if queried else None,
+    }

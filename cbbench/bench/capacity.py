@@ -1,0 +1,161 @@
+"""Capacity: the highest request rate whose run meets an attainment SLO (see slo.py).
+
+A probe *passes* when its SLO attainment is >= the target and it reached a steady state
+(probe.py): a run whose queue was still growing when it ended only met the SLO because it was
+short, and says nothing about the rate it was offered.
+
+Search, assuming pass/fail is monotone in the rate (more load never helps latency):
+  1. start at a guess (half the saturation rate a rate-inf probe measures, or --start-rate);
+  2. bracket: double after a pass, halve after a fail, until there is a passing rate `lo`
+     and a failing rate `hi`;
+  3. bisect at the geometric mean of lo and hi until (hi - lo) / lo <= precision.
+The answer is `lo`, the highest rate seen to pass, with [lo, hi) as its margin. Every probe is
+recorded, in order, with its phase.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cbbench.bench.probe import ProbePoint, round_rate
+from cbbench.errors import UsageError
+
+DEFAULT_PRECISION = 0.05
+START_FRACTION = 0.5  # of the saturation rate: the first guess
+MAX_DOUBLINGS = 10  # up to 1024x the start
+MAX_HALVINGS = 10  # down to start / 1024
+MAX_PROBES = 30
+
+FOUND = "found"
+ABOVE_MAX = "above_max"  # every rate passed up to the ceiling: capacity is at least `lo`
+BELOW_MIN = "below_min"  # no rate passed down to the floor
+BUDGET = "probe_budget"  # MAX_PROBES ran out before the bracket was tight enough
+
+
+@dataclass
+class Probe:
+    index: int
+    phase: str  # bracket | bisect
+    point: ProbePoint
+    attainment: float | None
+    meets_slo: bool
+    passed: bool
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "phase": self.phase, "passed": self.passed,
+                "meets_slo": self.meets_slo, "attainment": self.attainment,
+                **self.point.to_dict()}
+
+
+@dataclass
+class SearchResult:
+    status: str
+    capacity: float | None  # the highest passing rate (None: none passed)
+    lo: float | None
+    hi: float | None
+    probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def margin(self) -> float | None:
+        """The bracket's width relative to the answer."""
+        if self.lo is None or self.hi is None:
+            return None
+        return (self.hi - self.lo) / self.lo
+
+
+def parse_precision(precision: float) -> float:
+    if not (0 < precision < 1 and math.isfinite(precision)):
+        raise UsageError(f"--precision must be in (0, 1) (relative width), got {precision}")
+    return precision
+
+
+def search(
+    probe: Callable[[float, str], Probe],
+    start_rate: float,
+    precision: float = DEFAULT_PRECISION,
+    max_probes: int = MAX_PROBES,
+) -> SearchResult:
+    """Bracket, then bisect. `probe(rate, phase)` runs one probe and returns its record."""
+    if not (start_rate > 0 and math.isfinite(start_rate)):
+        raise UsageError(f"the start rate must be a positive number, got {start_rate}")
+    probes: list[Probe] = []
+    lo = hi = None
+
+    def run(rate: float, phase: str) -> bool:
+        p = probe(rate, phase)
+        probes.append(p)
+        return p.passed
+
+    rate = round_rate(start_rate)
+    if run(rate, "bracket"):
+        lo = rate
+        for _ in range(MAX_DOUBLINGS):
+            rate = round_rate(rate * 2)
+            if not run(rate, "bracket"):
+                hi = rate
+                break
+            lo = rate
+        if hi is None:
+            return SearchResult(ABOVE_MAX, lo, lo, None, probes)
+    else:
+        hi = rate
+        for _ in range(MAX_HALVINGS):
+            rate = round_rate(rate / 2)
+            if run(rate, "bracket"):
+                lo = rate
+                break
+            hi = rate
+        if lo is None:
+            return SearchResult(BELOW_MIN, None, None, hi, probes)
+    while (hi - lo) / lo > precision:
+        if len(probes) >= max_probes:
+            return SearchResult(BUDGET, lo, lo, hi, probes)
+        # Relative precision: halve the bracket in log space.
+        mid = round_rate(math.sqrt(lo * hi))
+        if not lo < mid < hi:
+            break  # as tight as rates rounded to RATE_DIGITS allow
+        if run(mid, "bisect"):
+            lo = mid
+        else:
+            hi = mid
+    return SearchResult(FOUND, lo, lo, hi, probes)
+
+
+# ---- running probes -------------------------------------------------------------------------
+
+
+class Prober:
+    """`probe(rate, phase)` for `search`: runs the base RunSpec at the rate and, with runs_dir,
+    saves each probe's full result there as probe-<i>-rate-<r>.json. Keeps the first run's
+    config (the resolved engine, model and GPU) for the capacity file."""
+
+    def __init__(self, base, sizing, slo, notice: Callable[[str], None], runs_dir=None):
+        self.base, self.sizing, self.slo, self.notice, self.runs_dir = (
+            base, sizing, slo, notice, runs_dir
+        )
+        self.count = 0
+        self.config: dict | None = None
+
+    def __call__(self, rate: float, phase: str) -> Probe:
+        from cbbench.analysis.result import write_result
+        from cbbench.bench.probe import rate_label, run_probe, summarize_probe
+
+        self.count += 1
+        i = self.count
+        self.notice(
+            f"probe {i} ({phase}): rate {rate_label(rate)} req/s, "
+            f"{self.sizing.requests_for(rate)} requests"
+        )
+        result = run_probe(self.base, rate, self.sizing, self.slo, self.notice)
+        if self.config is None:
+            self.config = result["config"]
+        path = None
+        if self.runs_dir is not None:
+            path = self.runs_dir / f"probe-{i}-rate-{rate_label(rate)}.json"
+            write_result(path, result)
+        point = summarize_probe(rate, result, self.slo, str(path) if path else None)
+        meets = point.slo_attainment is not None and point.slo_attainment >= self.slo.attainment
+        passed = meets and point.steady is not False
+        return Probe(i, phase, point, point.slo_attainment, meets, passed)

@@ -1,0 +1,330 @@
+"""One load probe at a fixed request rate, shared by `sweep` and `capacity`: how many requests
+it sends, whether it reached a steady state, and the numbers it is summarized by.
+
+Sizing rule: a probe at rate r sends
+    n = min(max_requests, max(num_requests, ceil(r * min_duration_s)))
+requests, so every probe has at least `num_requests` samples for its percentiles and, where the
+rate allows, `min_duration_s` of arrivals (60 s by default) for queues to settle. A rate-inf probe
+(everything at t = 0) sends min(max_requests, num_requests).
+
+Steady-state rule, from the request records alone (so it works for any target), over the
+arrival window [0, T] (T = the last intended start):
+  * throughput: requests completed during the middle half [T/4, 3T/4] per second must be at
+    least (1 - THROUGHPUT_TOLERANCE) x the requests that arrived in it per second; a system
+    that completes fewer than arrive is falling behind;
+  * queue: the mean number of requests in flight (arrived, not finished) over the last quarter
+    [3T/4, T] must stay below QUEUE_GROWTH x its mean over [T/4, T/2] + QUEUE_SLACK; an
+    overloaded system's queue grows linearly, a stable one's fluctuates around lambda x E2EL
+    (Little's law). For the bundled engine the same test runs on the scheduler's waiting
+    queue (the iteration records' num_waiting).
+A probe failing either is marked `steady: false` with the reason; its latencies describe a
+queue that was still growing when the run ended, not the rate. Rate-inf probes are a burst and
+have no steady state (`steady: null`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from cbbench.analysis.slo import AttainmentSLO, run_attainment
+from cbbench.errors import UsageError
+
+DEFAULT_NUM_REQUESTS = 1000  # vLLM's benchmark default; also the size of a rate-inf probe
+DEFAULT_MIN_DURATION_S = 60.0
+DEFAULT_MAX_REQUESTS = 10_000
+
+THROUGHPUT_WINDOW = (0.25, 0.75)  # of the arrival window
+QUEUE_MID_WINDOW = (0.25, 0.50)
+QUEUE_END_WINDOW = (0.75, 1.00)
+THROUGHPUT_TOLERANCE = 0.10
+QUEUE_GROWTH = 1.5
+QUEUE_SLACK = 4.0  # requests: small queues fluctuate by a few without any trend
+QUEUE_SAMPLES = 50  # points per window at which the in-flight count is taken
+MIN_WINDOW_ARRIVALS = 10  # fewer in the middle half: too little to judge
+RATE_DIGITS = 4
+
+
+@dataclass(frozen=True)
+class ProbeSizing:
+    num_requests: int = DEFAULT_NUM_REQUESTS
+    min_duration_s: float = DEFAULT_MIN_DURATION_S
+    max_requests: int = DEFAULT_MAX_REQUESTS
+
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise UsageError(f"--num-requests must be >= 1, got {self.num_requests}")
+        if not (self.min_duration_s >= 0 and math.isfinite(self.min_duration_s)):
+            raise UsageError(f"--min-duration must be >= 0 seconds, got {self.min_duration_s}")
+        if self.max_requests < self.num_requests:
+            raise UsageError(
+                f"--max-requests ({self.max_requests}) is below --num-requests ({self.num_requests})"
+            )
+
+    def requests_for(self, rate: float) -> int:
+        if math.isinf(rate):
+            return min(self.max_requests, self.num_requests)
+        wanted = max(self.num_requests, math.ceil(rate * self.min_duration_s))
+        return min(self.max_requests, wanted)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---- steady state ---------------------------------------------------------------------------
+
+
+@dataclass
+class SteadyCheck:
+    steady: bool | None  # None: not applicable (a burst, or too few requests to judge)
+    reason: str = ""
+    short: str = ""  # for a table cell
+    arrival_window_s: float | None = None
+    mid_arrival_rate: float | None = None
+    mid_completion_rate: float | None = None
+    in_flight_mid: float | None = None
+    in_flight_end: float | None = None
+    waiting_mid: float | None = None
+    waiting_end: float | None = None
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _spans(result: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(start, finish) per request, on the run clock. Failed requests left at an unknown time
+    and are dropped; unfinished ones (an interrupted run) stay in flight for ever."""
+    starts, ends = [], []
+    for r in result.get("requests", []):
+        if r.get("error_type") == "interrupted":
+            starts.append(r["intended_start_s"])
+            ends.append(math.inf)
+        elif r.get("error") is None and r.get("e2el_ms") is not None:
+            starts.append(r["intended_start_s"])
+            ends.append(r["intended_start_s"] + r["e2el_ms"] / 1000.0)
+    return np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
+
+
+def _window_mean_in_flight(starts, ends, lo: float, hi: float) -> float:
+    t = np.linspace(lo, hi, QUEUE_SAMPLES)
+    arrived = np.searchsorted(np.sort(starts), t, side="right")
+    finished = np.searchsorted(np.sort(ends), t, side="right")
+    return float((arrived - finished).mean())
+
+
+def _window_mean_waiting(iterations: list[dict], lo: float, hi: float) -> float | None:
+    w = [it["num_waiting"] for it in iterations if lo <= it["start_s"] <= hi]
+    return float(np.mean(w)) if w else None
+
+
+def _grew(mid: float, end: float) -> bool:
+    return end > QUEUE_GROWTH * mid + QUEUE_SLACK
+
+
+def check_steady(result: dict, rate: float) -> SteadyCheck:
+    if math.isinf(rate):
+        return SteadyCheck(None, "a burst (rate inf): no steady state", "burst")
+    if result.get("interrupted"):
+        return SteadyCheck(False, "the run was interrupted before every request finished",
+                           "no: interrupted")
+    starts, ends = _spans(result)
+    if starts.size == 0:
+        return SteadyCheck(None, "no completed requests to judge", "-")
+    window = float(starts.max())
+    lo, hi = (f * window for f in THROUGHPUT_WINDOW)
+    arrived = int(((starts >= lo) & (starts < hi)).sum())
+    if arrived < MIN_WINDOW_ARRIVALS or hi <= lo:
+        return SteadyCheck(None, f"too few requests ({starts.size}) to judge", "-",
+                           arrival_window_s=window)
+    completed = int(((ends >= lo) & (ends < hi)).sum())
+    check = SteadyCheck(
+        True,
+        arrival_window_s=window,
+        mid_arrival_rate=arrived / (hi - lo),
+        mid_completion_rate=completed / (hi - lo),
+        in_flight_mid=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW)),
+        in_flight_end=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW)),
+    )
+    iterations = result.get("iterations") or []
+    if iterations:
+        check.waiting_mid = _window_mean_waiting(iterations, *(f * window for f in QUEUE_MID_WINDOW))
+        check.waiting_end = _window_mean_waiting(iterations, *(f * window for f in QUEUE_END_WINDOW))
+    reasons, shorts = [], []
+    ratio = check.mid_completion_rate / check.mid_arrival_rate
+    if ratio < 1 - THROUGHPUT_TOLERANCE:
+        reasons.append(
+            f"falling behind: {check.mid_completion_rate:.3g} req/s completed vs "
+            f"{check.mid_arrival_rate:.3g} req/s arriving in the middle half of the arrival window"
+        )
+        shorts.append(f"behind {ratio:.2f}x")
+    if _grew(check.in_flight_mid, check.in_flight_end):
+        reasons.append(
+            f"queue growing: {check.in_flight_end:.1f} requests in flight at the end of the "
+            f"arrival window vs {check.in_flight_mid:.1f} mid-window"
+        )
+        shorts.append(f"in flight {check.in_flight_mid:.0f}->{check.in_flight_end:.0f}")
+    elif (
+        check.waiting_mid is not None
+        and check.waiting_end is not None
+        and _grew(check.waiting_mid, check.waiting_end)
+    ):
+        reasons.append(
+            f"queue growing: {check.waiting_end:.1f} requests waiting for admission at the end "
+            f"of the arrival window vs {check.waiting_mid:.1f} mid-window"
+        )
+        shorts.append(f"waiting {check.waiting_mid:.0f}->{check.waiting_end:.0f}")
+    if reasons:
+        check.steady = False
+        check.reason = "; ".join(reasons)
+        check.short = "no: " + ", ".join(shorts)
+    else:
+        check.reason = "throughput kept up with arrivals and the queue did not grow"
+        check.short = "yes"
+    return check
+
+
+# ---- saturation -----------------------------------------------------------------------------
+
+
+def saturation_rate(result: dict) -> float:
+    """The request rate a target sustains at saturation, from a rate-inf probe.
+
+    Completed / duration undercounts it: the run's tail drains a shrinking batch. Instead, take
+    the output tokens produced while requests were still queued (up to the last first token;
+    tokens of a request in progress interpolated between its first and last token) per second,
+    and divide by the mean output length. Falls back to completed / duration."""
+    fallback = float(result.get("summary", {}).get("request_throughput") or 0.0)
+    done = [r for r in result.get("requests", []) if r.get("error") is None and r.get("e2el_ms")]
+    if not done:
+        return fallback
+    start = np.array([r["intended_start_s"] for r in done])
+    first = start + np.array([r["ttft_ms"] for r in done]) / 1000.0
+    last = start + np.array([r["e2el_ms"] for r in done]) / 1000.0
+    out = np.array([r["output_tokens"] for r in done], dtype=np.float64)
+    t_end = float(first.max())
+    if t_end <= 0:
+        return fallback
+    span = np.maximum(last - first, 1e-12)
+    progress = np.clip((t_end - first) / span, 0.0, 1.0)
+    tokens = float((1 + (out - 1) * progress).sum())
+    return tokens / t_end / float(out.mean())
+
+
+# ---- one probe ------------------------------------------------------------------------------
+
+
+def round_rate(rate: float) -> float:
+    """Computed rates (auto sweeps, capacity probes) to RATE_DIGITS significant digits, so
+    the rate in a record is the one in its file name and table row."""
+    return rate if math.isinf(rate) else float(f"{rate:.{RATE_DIGITS}g}")
+
+
+def rate_label(rate: float) -> str:
+    """'inf', '2', '2.5': for file names and tables."""
+    if math.isinf(rate):
+        return "inf"
+    return np.format_float_positional(rate, precision=6, unique=True, trim="-")
+
+
+def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None):
+    """The base RunSpec at this rate: its request count from the sizing rule, a fresh engine
+    or endpoint (options copied, nothing resolved carried over), the SLO limits for goodput."""
+    changes = dict(
+        request_rate=rate,
+        # Always a rate, never a trace's own timing: 'auto' then resolves to gamma.
+        rate_given=True,
+        num_requests=sizing.requests_for(rate),
+        engine=dataclasses.replace(base.engine, resolved={}),
+    )
+    if base.endpoint is not None:
+        changes["endpoint"] = dataclasses.replace(base.endpoint, resolved={})
+    if slo is not None:
+        changes["slo"] = dict(slo.limits_ms)
+    return dataclasses.replace(base, **changes)
+
+
+@dataclass
+class ProbePoint:
+    """The numbers one probe is summarized by, in sweep.json and capacity.json."""
+
+    rate: float
+    num_requests: int
+    completed: int
+    failed: int
+    achieved_request_rate: float
+    output_throughput: float
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
+    e2el_p50_ms: float | None
+    e2el_p99_ms: float | None
+    itl_p99_ms: float | None  # the stall a streaming user sees; TPOT averages it away
+    goodput: float | None
+    slo_attainment: float | None
+    steady: bool | None
+    steady_reason: str
+    steady_short: str
+    steady_detail: dict = field(default_factory=dict)
+    file: str | None = None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["rate"] = rate_label(self.rate) if math.isinf(self.rate) else self.rate
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ProbePoint:
+        known = {f.name for f in fields(cls)}
+        # A figure an older file lacks reads as missing, not as an error.
+        kw = {f.name: None for f in fields(cls) if f.name.endswith("_ms")}
+        kw.update({k: v for k, v in d.items() if k in known})
+        kw["rate"] = math.inf if d["rate"] == "inf" else float(d["rate"])
+        return cls(**kw)
+
+
+def summarize_probe(
+    rate: float, result: dict, slo: AttainmentSLO | None, file: str | None = None
+) -> ProbePoint:
+    s = result["summary"]
+    check = check_steady(result, rate)
+
+    def pct(key: str, p: str) -> float | None:
+        return (s.get(key) or {}).get(p)
+
+    return ProbePoint(
+        rate=rate,
+        num_requests=int(result["config"].get("num_requests", len(result.get("requests", [])))),
+        completed=int(s["completed"]),
+        failed=int(s["failed"]),
+        achieved_request_rate=float(s["request_throughput"]),
+        output_throughput=float(s["output_throughput"]),
+        ttft_p50_ms=pct("ttft_ms", "p50"),
+        ttft_p99_ms=pct("ttft_ms", "p99"),
+        tpot_p50_ms=pct("tpot_ms", "p50"),
+        tpot_p99_ms=pct("tpot_ms", "p99"),
+        e2el_p50_ms=pct("e2el_ms", "p50"),
+        e2el_p99_ms=pct("e2el_ms", "p99"),
+        itl_p99_ms=pct("itl_ms", "p99"),
+        goodput=s.get("goodput"),
+        slo_attainment=run_attainment(result, slo.limits_ms) if slo is not None else None,
+        steady=check.steady,
+        steady_reason=check.reason,
+        steady_short=check.short,
+        steady_detail=check.to_dict(),
+        file=file,
+    )
+
+
+def run_probe(
+    base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None,
+    notice: Callable[[str], None],
+) -> dict:
+    """Run the base spec at one rate; returns the result dict (execute_run's)."""
+    from cbbench.bench.runner import execute_run
+
+    return execute_run(probe_spec(base, rate, sizing, slo), notice)

@@ -1,0 +1,247 @@
+"""One benchmark run, target-agnostic: workload -> arrival schedule -> target -> result dict."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from cbbench.analysis.metrics import summarize, summarize_engine
+from cbbench.analysis.result import base_result
+from cbbench.load.arrivals import arrival_times, resolve_process
+from cbbench.load.workload import BUILTIN_WORKLOADS, load_workload, sample_requests
+from cbbench.targets.engine import EngineOptions, run_engine
+from cbbench.targets.http import EndpointOptions
+
+DEFAULT_NUM_REQUESTS = 1000
+
+
+@dataclass
+class RunSpec:
+    workload: str = "sharegpt"
+    num_requests: int | None = DEFAULT_NUM_REQUESTS
+    seed: int = 0
+    request_rate: float = math.inf
+    rate_given: bool = False
+    burstiness: float = 1.0
+    arrival: str = "auto"
+    slo: dict = field(default_factory=dict)
+    save_detailed: bool = False
+    label: str | None = None
+    engine: EngineOptions = field(default_factory=EngineOptions)
+    endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
+    gpu_index: int | None = None
+    telemetry_interval_s: float = 0.05
+
+
+def request_record_dict(rec, detailed: bool) -> dict:
+    ms = 1000.0
+    d = {
+        "id": rec.id,
+        "prompt_tokens": rec.prompt_tokens,
+        "output_tokens": rec.output_tokens,
+        "ttft_ms": rec.ttft_s * ms if rec.ttft_s is not None else None,
+        "tpot_ms": rec.tpot_s * ms if rec.tpot_s is not None else None,
+        "e2el_ms": rec.e2el_s * ms if rec.e2el_s is not None else None,
+        "error": rec.error,
+        "error_type": rec.error_type,
+        "intended_start_s": rec.intended_start_s,
+        "send_lag_ms": (rec.send_s - rec.intended_start_s) * ms if rec.send_s is not None else None,
+        "num_preemptions": rec.num_preemptions,
+        "priority": rec.priority,
+    }
+    if rec.first_scheduled_s is not None:
+        d["queue_ms"] = (rec.first_scheduled_s - rec.intended_start_s) * ms
+    if rec.server_prompt_tokens is not None:
+        d["server_prompt_tokens"] = rec.server_prompt_tokens
+    if detailed:
+        t = rec.token_times_s
+        d["token_times_s"] = list(t)
+        d["itl_ms"] = [(b - a) * ms for a, b in zip(t, t[1:])]
+        if rec.output_token_ids is not None:
+            d["output_token_ids"] = rec.output_token_ids
+    return d
+
+
+REDACTED = "<redacted>"
+
+
+def _redact_option(flag: str, value: str) -> str:
+    from cbbench.targets.http import redact_url
+
+    if flag == "--endpoint":
+        return redact_url(value)
+    key, sep, val = value.partition("=")
+    if sep and not (val.startswith("env:") or val.startswith("$")):
+        return f"{key}={REDACTED}"  # a literal header value may be an API key
+    return value
+
+
+def recorded_command(argv: list[str]) -> str:
+    """The command line for the result file, with literal header values and URL credentials
+    removed (the env:NAME / $NAME forms name a variable, not a secret, and are kept)."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        flag, eq, inline = arg.partition("=")
+        if flag in ("--header", "--endpoint"):
+            if eq:
+                out.append(f"{flag}={_redact_option(flag, inline)}")
+            elif i + 1 < len(argv):
+                out += [arg, _redact_option(flag, argv[i + 1])]
+                i += 1
+            else:
+                out.append(arg)
+        else:
+            out.append(arg)
+        i += 1
+    return " ".join(["cbbench", *out])
+
+
+def _telemetry_indices(spec: RunSpec) -> list[int] | None:
+    """GPUs to sample: the torch engine's device, or --gpu-index for an endpoint on this host.
+    None: nothing to sample (the simulated GPU)."""
+    if spec.endpoint is not None:
+        return [spec.gpu_index] if spec.gpu_index is not None else None
+    if spec.engine.engine == "sim":
+        return None
+    return [spec.gpu_index if spec.gpu_index is not None else 0]
+
+
+def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
+    """MBU and MFU per iteration: analytic bytes (FLOPs) over the iteration's time, over the
+    GPU's peak. Only where the GPU is known."""
+    if not gpu_spec:
+        return
+    bw, fl = gpu_spec["hbm_bandwidth"], gpu_spec["bf16_flops"]
+    for it in iterations:
+        d = it["duration_s"]
+        it["mbu"] = it["bytes_moved"] / d / bw if d > 0 else None
+        it["mfu"] = it["flops"] / d / fl if d > 0 else None
+
+
+def execute_run(
+    spec: RunSpec,
+    notice: Callable[[str], None],
+    should_stop: Callable[[], bool] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    from cbbench.analysis.telemetry import (
+        SIMULATED_GPU_REASON,
+        TelemetrySampler,
+        unavailable,
+        warning_line,
+    )
+
+    count_tokens = None
+    if spec.endpoint is not None and spec.endpoint.tokenizer:
+        from cbbench.load.prompts import count_tokens as _count
+        from cbbench.load.prompts import load_tokenizer
+
+        tok = load_tokenizer(spec.endpoint.tokenizer)
+        count_tokens = lambda text: _count(tok, text)  # noqa: E731
+    workload = load_workload(spec.workload, count_tokens) if count_tokens else load_workload(
+        spec.workload
+    )
+    num_requests = spec.num_requests
+    if num_requests is None and spec.workload in BUILTIN_WORKLOADS:
+        # Built-ins are large traces: sample vLLM's default count. A user's file without the
+        # flag is replayed whole, in order.
+        num_requests = DEFAULT_NUM_REQUESTS
+    wreqs, replaced = sample_requests(workload, num_requests, spec.seed)
+    if replaced:
+        notice(
+            f"the workload has {len(workload.requests)} requests; drew {num_requests} "
+            "with replacement"
+        )
+    process = resolve_process(spec.arrival, spec.request_rate, workload.has_arrivals, spec.rate_given)
+    arrivals = arrival_times(wreqs, spec.request_rate, spec.burstiness, process, spec.seed)
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+    indices = _telemetry_indices(spec)
+    sampler: TelemetrySampler | None = None
+
+    def start_telemetry(clock) -> None:
+        nonlocal sampler
+        if indices is None:
+            return
+        sampler = TelemetrySampler(indices, spec.telemetry_interval_s, clock=clock.now)
+        sampler.start()
+
+    try:
+        if spec.endpoint is not None:
+            from cbbench.engine.clock import WallClock
+            from cbbench.targets.http import run_http
+
+            start_telemetry(WallClock())  # run_http's t0 is taken right after: ~µs apart
+            run = run_http(
+                spec.endpoint, wreqs, arrivals, notice, should_stop=should_stop,
+                on_progress=on_progress, keep_token_ids=spec.save_detailed,
+            )
+            target_config = {"target": "http", **spec.endpoint.to_config()}
+        else:
+            run = run_engine(
+                spec.engine, wreqs, arrivals, notice, should_stop=should_stop,
+                on_progress=on_progress, keep_token_ids=spec.save_detailed,
+                on_start=start_telemetry,
+            )
+            target_config = {
+                "target": "engine",
+                **{f"engine_{k}" if k == "seed" else k: v for k, v in spec.engine.to_config().items()},
+            }
+    finally:
+        if sampler is not None:
+            sampler.stop()
+
+    if sampler is not None:
+        telemetry = sampler.to_result()
+    elif spec.endpoint is not None:
+        telemetry = unavailable("remote endpoint: give --gpu-index to sample a GPU on this host")
+    else:
+        telemetry = unavailable(SIMULATED_GPU_REASON)
+    line = warning_line(telemetry)
+    if line and indices is not None:
+        notice(line)
+
+    config = {
+        "label": spec.label,
+        "workload": workload.name,
+        "num_requests": len(wreqs),
+        "seed": spec.seed,
+        # JSON has no infinity: "inf" is written as the string the CLI takes.
+        "request_rate": "inf" if math.isinf(spec.request_rate) else spec.request_rate,
+        "burstiness": spec.burstiness,
+        "arrival": process,
+        "slo": spec.slo,
+        **target_config,
+        "command": recorded_command(sys.argv[1:]),
+    }
+    result = base_result(config)
+    result["started_at"] = started
+    result["interrupted"] = run.interrupted
+    summary = summarize(run.records, run.duration_s, spec.slo)
+    iterations = getattr(run, "iterations", [])
+    if iterations:
+        gpu_spec = run.info.get("gpu_spec")
+        add_utilization(iterations, gpu_spec)
+        summary["engine"] = summarize_engine(iterations, gpu_spec)
+    if run.not_sent:
+        summary["not_sent"] = run.not_sent
+    if spec.endpoint is not None:
+        info = dict(run.info)
+        server_metrics = info.pop("server_metrics", None)
+        summary["http"] = info
+        if server_metrics is not None:
+            result["server_metrics"] = server_metrics
+    result["summary"] = summary
+    result["telemetry"] = telemetry
+    result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
+    result["iterations"] = iterations
+    return result
+
+
+def spec_to_dict(spec: RunSpec) -> dict:
+    return asdict(spec)

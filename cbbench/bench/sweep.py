@@ -1,0 +1,179 @@
+"""Sweeps: one workload at a list of request rates, each point a fresh run of the same requests
+(same seed: the same draws and the same arrival pattern, scaled to the rate), summarized into
+sweep.json and a table.
+
+`--rates auto` follows GuideLLM's sweep: a rate-inf probe first measures the saturation rate
+(probe.saturation_rate), then `points` rates are spread evenly from AUTO_LOW_FRACTION to
+AUTO_HIGH_FRACTION of it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from tabulate import tabulate
+
+from cbbench.analysis.slo import AttainmentSLO
+from cbbench.bench.probe import (
+    ProbePoint,
+    ProbeSizing,
+    rate_label,
+    round_rate,
+    run_probe,
+    saturation_rate,
+    summarize_probe,
+)
+from cbbench.errors import UsageError
+
+SWEEP_KIND = "cbbench-sweep"
+SWEEP_SCHEMA_VERSION = 1
+SWEEP_FILE = "sweep.json"
+PLOT_FILE = "latency_throughput.png"
+AUTO = "auto"
+DEFAULT_POINTS = 6
+AUTO_LOW_FRACTION = 0.10
+AUTO_HIGH_FRACTION = 0.95
+MISSING = "-"
+
+
+def parse_rates(text: str) -> list[float] | None:
+    """'1,2,4,inf' -> [1.0, 2.0, 4.0, inf]; 'auto' -> None."""
+    from cbbench.load.arrivals import parse_rate
+
+    if text.strip().lower() == AUTO:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise UsageError("--rates needs a comma-separated list of rates (or 'auto'), e.g. 1,2,4,inf")
+    rates = [parse_rate(p) for p in parts]
+    labels = [rate_label(r) for r in rates]
+    if len(set(labels)) != len(labels):
+        raise UsageError(f"--rates lists a rate twice: {text!r}")
+    return rates
+
+
+def auto_rates(saturation: float, points: int) -> list[float]:
+    if points < 1:
+        raise UsageError(f"--points must be >= 1, got {points}")
+    if not (saturation > 0 and math.isfinite(saturation)):
+        raise UsageError(
+            f"the rate-inf probe measured no throughput ({saturation}); give --rates explicitly"
+        )
+    fracs = (
+        [AUTO_HIGH_FRACTION]
+        if points == 1
+        else np.linspace(AUTO_LOW_FRACTION, AUTO_HIGH_FRACTION, points)
+    )
+    return [round_rate(saturation * f) for f in fracs]
+
+
+def run_sweep(
+    base,
+    rates: list[float] | None,
+    points: int,
+    sizing: ProbeSizing,
+    slo: AttainmentSLO | None,
+    out_dir: Path,
+    notice: Callable[[str], None],
+) -> dict:
+    """Run every point (rates None: auto), saving DIR/rate-<r>.json as each finishes and
+    DIR/sweep.json after each point, so an interrupted sweep keeps what it measured."""
+    from cbbench.analysis.result import write_atomic, write_result
+
+    sweep = {
+        "kind": SWEEP_KIND,
+        "schema_version": SWEEP_SCHEMA_VERSION,
+        "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "rates": "auto" if rates is None else [rate_label(r) for r in rates],
+        "sizing": sizing.to_dict(),
+        "slo": slo.to_dict() if slo is not None else None,
+        "saturation_rate": None,
+        "config": None,
+        "command": None,
+        "points": [],
+    }
+
+    def run_point(rate: float, i: int, total: int | str) -> dict:
+        notice(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
+        result = run_probe(base, rate, sizing, slo, notice)
+        path = out_dir / f"rate-{rate_label(rate)}.json"
+        write_result(path, result)
+        point = summarize_probe(rate, result, slo, path.name)
+        sweep["points"].append(point.to_dict())
+        if sweep["config"] is None:
+            sweep["config"] = shared_config(result["config"])
+            sweep["command"] = result["config"].get("command")
+        write_atomic(out_dir / SWEEP_FILE, _dumps(sweep))
+        return result
+
+    if rates is None:
+        total = points + 1
+        result = run_point(math.inf, 1, total)
+        sweep["saturation_rate"] = saturation_rate(result)
+        notice(f"saturation: ~{sweep['saturation_rate']:.4g} req/s")
+        rates = auto_rates(sweep["saturation_rate"], points)
+        for i, rate in enumerate(rates, 2):
+            run_point(rate, i, total)
+    else:
+        for i, rate in enumerate(rates, 1):
+            run_point(rate, i, len(rates))
+    return sweep
+
+
+def shared_config(config: dict) -> dict:
+    """The first point's config without what changes per point."""
+    per_point = {"request_rate", "num_requests", "command", "label"}
+    return {k: v for k, v in config.items() if k not in per_point}
+
+
+def _dumps(sweep: dict) -> str:
+    from cbbench.analysis.result import dumps
+
+    return dumps(sweep) + "\n"
+
+
+def points_of(sweep: dict) -> list[ProbePoint]:
+    return [ProbePoint.from_dict(d) for d in sweep.get("points", [])]
+
+
+# ---- the table ------------------------------------------------------------------------------
+
+
+def _num(v: float | None, digits: int = 1) -> str:
+    return MISSING if v is None else f"{v:,.{digits}f}"
+
+
+def sweep_table(points: Sequence[ProbePoint], tablefmt: str = "simple") -> str:
+    with_slo = any(p.slo_attainment is not None for p in points)
+    head = ["rate (req/s)", "n", "achieved (req/s)", "output (tok/s)",
+            "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2EL p50", "E2EL p99"]
+    if with_slo:
+        head += ["goodput (req/s)", "SLO att."]
+    head.append("steady")
+    rows = []
+    for p in points:
+        n = str(p.num_requests) + (f" ({p.failed} failed)" if p.failed else "")
+        row = [rate_label(p.rate), n, _num(p.achieved_request_rate, 2),
+               _num(p.output_throughput), _num(p.ttft_p50_ms), _num(p.ttft_p99_ms),
+               _num(p.tpot_p50_ms), _num(p.tpot_p99_ms), _num(p.e2el_p50_ms),
+               _num(p.e2el_p99_ms)]
+        if with_slo:
+            att = MISSING if p.slo_attainment is None else f"{p.slo_attainment:.1%}"
+            row += [_num(p.goodput, 2), att]
+        row.append(p.steady_short or MISSING)
+        rows.append(row)
+    return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)
+
+
+def unsteady_notes(points: Sequence[ProbePoint]) -> list[str]:
+    """One line per point that never reached a steady state, with its reason."""
+    return [
+        f"rate {rate_label(p.rate)}: not steady ({p.steady_reason}); its latencies describe a "
+        "growing queue, not this rate"
+        for p in points
+        if p.steady is False
+    ]

@@ -1,0 +1,207 @@
+"""`cbbench capacity`: the highest request rate that meets an SLO, found by bracketing and
+bisection (capacity.py), every probe reported."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from tabulate import tabulate
+
+from cbbench.bench.sweep import shared_config
+from cbbench.cli import options as C
+from cbbench.cli.sweep import (
+    DEFAULT_OUT_PARENT,
+    Arrival,
+    Burstiness,
+    MaxRequests,
+    MinDuration,
+    NumRequests,
+    Seed,
+    Workload,
+    base_spec,
+)
+from cbbench.errors import UsageError
+
+NOT_FOUND_EXIT = 1  # the search ran, but no probed rate met the SLO
+MISSING = "-"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("capacity")(capacity)
+
+
+@C.guard
+@C.with_engine_options
+def capacity(
+    slo: Annotated[
+        str,
+        typer.Option(
+            help="Limits in ms, KEY[_pNN]=MS with KEY in ttft, tpot, e2el, e.g. "
+            "ttft_p99=1000,tpot_p99=50. A request meets the SLO when its own TTFT, TPOT and "
+            "E2EL are all within their limits; a run meets it when at least the attainment "
+            "share of its requests do. The _pNN suffix sets the attainment (p99: 0.99); "
+            "without one, 0.90."
+        ),
+    ],
+    attainment: Annotated[
+        float | None,
+        typer.Option(help="Share of requests that must meet every limit (overrides _pNN)."),
+    ] = None,
+    precision: Annotated[
+        float, typer.Option(help="Stop when the pass/fail bracket is this narrow, relative.")
+    ] = 0.05,
+    start_rate: Annotated[
+        float | None,
+        typer.Option(help="First rate to probe. Default: half the saturation rate that a "
+                     "rate-inf probe measures."),
+    ] = None,
+    workload: Workload = "sharegpt",
+    num_requests: NumRequests = 1000,
+    min_duration: MinDuration = 60.0,
+    max_requests: MaxRequests = 10_000,
+    seed: Seed = 0,
+    burstiness: Burstiness = 1.0,
+    arrival: Arrival = "gamma",
+    endpoint: C.Endpoint = None,
+    api: C.Api = "completions",
+    served_model: C.ServedModel = None,
+    ignore_eos_field: C.IgnoreEosField = True,
+    header: C.Header = None,
+    request_timeout: C.RequestTimeout = 600.0,
+    tokenizer: C.Tokenizer = None,
+    label: Annotated[str | None, typer.Option(help="A name for this search's runs.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="capacity.json: the answer and every probe. "
+                     "Default: results/runs/capacity-<time>.json."),
+    ] = None,
+    runs_dir: Annotated[
+        Path | None, typer.Option(help="Also save each probe's full result in this folder.")
+    ] = None,
+    *,
+    engine_opts: C.EngineOptions,
+) -> None:
+    """Find the highest request rate whose run meets the SLO: bracket from a first guess
+    (doubling or halving), then bisect until the bracket is within --precision. A probe
+    passes only when it meets the SLO and reached a steady state."""
+    from cbbench.analysis.result import check_writable, write_atomic, write_result
+    from cbbench.analysis.slo import parse_attainment_slo
+    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, Prober, parse_precision, search
+    from cbbench.bench.probe import ProbeSizing, run_probe, saturation_rate, summarize_probe
+
+    slo_spec = parse_attainment_slo(slo, attainment)
+    if slo_spec is None:
+        raise UsageError("--slo is required, e.g. --slo ttft_p99=1000,tpot_p99=50")
+    parse_precision(precision)
+    if start_rate is not None and not (start_rate > 0 and math.isfinite(start_rate)):
+        raise UsageError(f"--start-rate must be a positive number, got {start_rate}")
+    sizing = ProbeSizing(num_requests, min_duration, max_requests)
+    base = base_spec(
+        workload, seed, burstiness, arrival, label,
+        engine_opts,
+        C.endpoint_options(
+            endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
+        ),
+    )
+    out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
+    check_writable(out_path)
+    if runs_dir is not None:
+        check_writable(runs_dir / "probe.json")
+
+    saturation = sat_point = config = None
+    if start_rate is None:
+        C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
+        sat_result = run_probe(base, math.inf, sizing, slo_spec, C.notice)
+        if runs_dir is not None:
+            write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
+        saturation = saturation_rate(sat_result)
+        sat_point = summarize_probe(math.inf, sat_result, slo_spec)
+        config = sat_result["config"]
+        C.notice(f"saturation: ~{saturation:.4g} req/s")
+        if not saturation > 0:
+            raise UsageError("the rate-inf probe completed nothing; give --start-rate")
+        start_rate = saturation * 0.5
+    prober = Prober(base, sizing, slo_spec, C.notice, runs_dir)
+    found = search(prober, start_rate, precision)
+
+    doc = {
+        "kind": "cbbench-capacity",
+        "schema_version": 1,
+        "slo": slo_spec.to_dict(),
+        "precision": precision,
+        "sizing": sizing.to_dict(),
+        "status": found.status,
+        "capacity": found.capacity,
+        "bracket": [found.lo, found.hi],
+        "margin": found.margin,
+        "saturation_rate": saturation,
+        "saturation_probe": sat_point.to_dict() if sat_point else None,
+        "config": shared_config(config or prober.config or {}),
+        "command": " ".join(["cbbench", *sys.argv[1:]]),
+        "probes": [p.to_dict() for p in found.probes],
+    }
+    from cbbench.analysis.result import dumps
+
+    write_atomic(out_path, dumps(doc) + "\n")
+
+    typer.echo(f"SLO: {slo_spec.describe()}")
+    if saturation is not None:
+        typer.echo(f"saturation (rate inf): ~{saturation:.4g} req/s")
+    typer.echo("latencies in ms")
+    typer.echo(probe_table(found.probes, sat_point))
+    typer.echo("")
+    typer.echo(answer_line(found))
+    typer.echo(f"\ncapacity: {out_path}")
+    if found.status == BELOW_MIN:
+        raise typer.Exit(NOT_FOUND_EXIT)
+    if found.status == ABOVE_MAX:
+        C.notice("every probe passed up to the search's ceiling: the capacity is at least that")
+
+
+def _num(v: float | None, digits: int = 1) -> str:
+    return MISSING if v is None else f"{v:,.{digits}f}"
+
+
+def probe_table(probes: Sequence, saturation=None, tablefmt: str = "simple") -> str:
+    """Every probe in order; the rate-inf saturation probe (a ProbePoint) first, unjudged."""
+    from cbbench.bench.probe import rate_label
+
+    head = ["#", "phase", "rate (req/s)", "n", "attainment", "result", "steady",
+            "achieved (req/s)", "output (tok/s)", "TTFT p99", "TPOT p99", "E2EL p99"]
+
+    def row(index: str, phase: str, pt, attainment, verdict: str) -> list[str]:
+        n = str(pt.num_requests) + (f" ({pt.failed} failed)" if pt.failed else "")
+        att = MISSING if attainment is None else f"{attainment:.1%}"
+        return [index, phase, rate_label(pt.rate), n, att, verdict, pt.steady_short or MISSING,
+                _num(pt.achieved_request_rate, 2), _num(pt.output_throughput),
+                _num(pt.ttft_p99_ms), _num(pt.tpot_p99_ms), _num(pt.e2el_p99_ms)]
+
+    rows = []
+    if saturation is not None:
+        rows.append(row("0", "saturation", saturation, saturation.slo_attainment, MISSING))
+    for p in probes:
+        verdict = "pass" if p.passed else ("fail (unsteady)" if p.meets_slo else "fail")
+        rows.append(row(str(p.index), p.phase, p.point, p.attainment, verdict))
+    return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)
+
+
+def answer_line(found) -> str:
+    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, BUDGET
+
+    if found.status == BELOW_MIN:
+        return (f"capacity: not found: no probed rate met the SLO (the lowest failed at "
+                f"{found.hi:.4g} req/s)")
+    if found.status == ABOVE_MAX:
+        return (f"capacity: >= {found.lo:.4g} req/s (every probe passed up to the search's "
+                "ceiling)")
+    text = (f"capacity: {found.capacity:.4g} req/s (passes; {found.hi:.4g} req/s fails: "
+            f"bracket +{found.margin:.1%})")
+    if found.status == BUDGET:
+        text += " - the probe budget ran out before the bracket reached --precision"
+    return text

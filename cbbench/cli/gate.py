@@ -1,0 +1,241 @@
+"""`cbbench gate`: fail CI when a result regressed against a baseline.
+
+Exit codes: 0 every metric held, 1 a metric regressed, 2 the input cannot be compared.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from tabulate import tabulate
+
+from cbbench.analysis import gate as G
+from cbbench.cli import options as C
+from cbbench.errors import UsageError
+
+REGRESSION_EXIT = 1
+# A bootstrap over fewer runs than this per side cannot see the noise it is meant to measure.
+MIN_BOOTSTRAP_FILES = 3
+BASELINE_FLAG = "--baseline"
+NEW_FLAG = "--new"
+# --baseline and --new each take every file up to the next option, which click cannot
+# express; they are parsed from the leftover arguments instead (see _split_files).
+COMMAND_SETTINGS = {
+    "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
+    "options_metavar": "NEW.json... --baseline BASE.json... [OPTIONS]",
+}
+GITHUB_STEP_SUMMARY = "GITHUB_STEP_SUMMARY"
+HEADERS = ["metric", "better", "baseline", "new", "change", "limit", "verdict"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gate", **COMMAND_SETTINGS)(gate)
+
+
+@C.guard
+def gate(
+    ctx: typer.Context,
+    max_regression: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--max-regression",
+            metavar="METRIC=LIMIT",
+            help="METRIC=PCT% or METRIC=ABS, repeatable; METRIC is a dotted path into the "
+            "summary (output_throughput, ttft_ms.p99, engine.num_preemptions). Overrides the "
+            "default for that metric.",
+        ),
+    ] = None,
+    no_defaults: Annotated[
+        bool, typer.Option("--no-defaults", help="Check only the --max-regression metrics.")
+    ] = False,
+    allow_different_workload: Annotated[
+        bool,
+        typer.Option(
+            "--allow-different-workload",
+            help="Compare results that served different request sets or arrivals.",
+        ),
+    ] = False,
+    junit: Annotated[
+        Path | None, typer.Option(help="Also write JUnit XML: one testcase per metric.")
+    ] = None,
+    markdown: Annotated[
+        Path | None,
+        typer.Option(help="Also write a Markdown summary (e.g. to $GITHUB_STEP_SUMMARY)."),
+    ] = None,
+) -> None:
+    """Compare NEW result(s) with --baseline result(s), metric by metric: exit 0 when every
+    metric holds, 1 when one regressed, 2 on input that cannot be compared.
+
+    --baseline and --new each take the files that follow them. One file per side compares exactly (the simulator has no noise); several per side decide by a seeded bootstrap 95% interval of the change in the mean, and a metric fails only when the whole interval is past its limit.
+
+    Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99, itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
+    """
+    from cbbench.analysis.result import load_result
+
+    new_paths, base_paths = _split_files(ctx.args)
+    checks_wanted = G.thresholds(max_regression or [], use_defaults=not no_defaults)
+    for path in (junit, markdown):
+        if path is not None:
+            from cbbench.analysis.result import check_writable
+
+            check_writable(path)
+    baseline = [(str(p), load_result(p)) for p in base_paths]
+    new = [(str(p), load_result(p)) for p in new_paths]
+    checks = G.run_gate(baseline, new, checks_wanted, allow_different_workload)
+    if max(len(baseline), len(new)) > 1 and min(len(baseline), len(new)) < MIN_BOOTSTRAP_FILES:
+        C.notice(
+            f"warning: {len(baseline)} baseline and {len(new)} new files; a bootstrap over fewer "
+            f"than {MIN_BOOTSTRAP_FILES} runs per side understates the noise"
+        )
+
+    typer.echo(render_table(checks))
+    typer.echo("")
+    typer.echo(verdict_line(checks))
+    if junit is not None:
+        _write(junit, junit_xml(checks, base_paths, new_paths))
+    if markdown is not None:
+        _write_markdown(markdown, markdown_summary(checks, base_paths, new_paths))
+    if not G.passed(checks):
+        raise typer.Exit(REGRESSION_EXIT)
+
+
+def _split_files(args: Sequence[str]) -> tuple[list[Path], list[Path]]:
+    """Leftover arguments -> (new files, baseline files). Bare files are new until a
+    --baseline or --new flag switches the list they go to; `--flag=FILE` works too."""
+    new: list[Path] = []
+    base: list[Path] = []
+    target = new
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if flag in (BASELINE_FLAG, NEW_FLAG):
+            target = base if flag == BASELINE_FLAG else new
+            if eq:
+                target.append(Path(value))
+        elif arg.startswith("-") and arg != "-":
+            raise UsageError(f"no such option: {arg}")
+        else:
+            target.append(Path(arg))
+    if not base:
+        raise UsageError("no baseline: give --baseline BASE.json (one or more files)")
+    if not new:
+        raise UsageError("no new result: give NEW.json (or --new NEW.json ...)")
+    return new, base
+
+
+def _write(path: Path, text: str) -> None:
+    from cbbench.analysis.result import write_atomic
+
+    write_atomic(path, text)
+
+
+def _write_markdown(path: Path, text: str) -> None:
+    """GitHub's step summary collects what every command of a step appends, so append to it;
+    any other file is replaced whole."""
+    summary = os.environ.get(GITHUB_STEP_SUMMARY)
+    if summary and Path(summary).resolve() == path.resolve():
+        with path.open("a", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        _write(path, text)
+
+
+# ---- rendering ----------------------------------------------------------------------------
+
+
+def fmt_value(v: float) -> str:
+    if float(v).is_integer() and abs(v) < 1e15:
+        return f"{int(v):,}"
+    return f"{v:,.2f}" if abs(v) >= 1 else f"{v:.4g}"
+
+
+def fmt_change(c: float, relative: bool) -> str:
+    if math.isinf(c):
+        return "+inf" if c > 0 else "-inf"
+    return f"{c * 100:+.1f}%" if relative else f"{c:+,.4g}"
+
+
+def change_text(c: G.Check) -> str:
+    rel = c.threshold.relative
+    text = fmt_change(c.change, rel)
+    if c.noise_aware:
+        text += f" [{fmt_change(c.low, rel)}, {fmt_change(c.high, rel)}]"
+    return text
+
+
+def side_text(value: float, n: int) -> str:
+    return fmt_value(value) if n == 1 else f"{fmt_value(value)} (mean of {n})"
+
+
+def rows(checks: Sequence[G.Check]) -> list[list[str]]:
+    return [
+        [
+            c.metric,
+            c.direction,
+            side_text(c.baseline, c.n_baseline),
+            side_text(c.new, c.n_new),
+            change_text(c),
+            c.threshold.text(),
+            c.verdict,
+        ]
+        for c in checks
+    ]
+
+
+def render_table(checks: Sequence[G.Check]) -> str:
+    return tabulate(rows(checks), headers=HEADERS, tablefmt="simple", disable_numparse=True)
+
+
+def verdict_line(checks: Sequence[G.Check]) -> str:
+    bad = [c.metric for c in checks if c.verdict == G.REGRESSED]
+    better = sum(c.verdict == G.IMPROVED for c in checks)
+    mode = (
+        f"bootstrap {G.CONFIDENCE:.0%} intervals, {G.BOOTSTRAP_RESAMPLES:,} resamples"
+        if any(c.noise_aware for c in checks)
+        else "exact comparison"
+    )
+    if bad:
+        return f"gate: FAILED: {len(bad)} of {len(checks)} metrics regressed ({', '.join(bad)}); {mode}"
+    return f"gate: passed: {len(checks)} metrics held, {better} improved; {mode}"
+
+
+def junit_xml(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Path]) -> str:
+    failures = sum(c.verdict == G.REGRESSED for c in checks)
+    suites = ET.Element("testsuites", tests=str(len(checks)), failures=str(failures))
+    suite = ET.SubElement(
+        suites, "testsuite", name="cbbench gate", tests=str(len(checks)),
+        failures=str(failures), errors="0", skipped="0",
+    )
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="baseline", value=" ".join(map(str, base)))
+    ET.SubElement(props, "property", name="new", value=" ".join(map(str, new)))
+    for c, row in zip(checks, rows(checks)):
+        case = ET.SubElement(suite, "testcase", classname="cbbench.gate", name=c.metric)
+        detail = ", ".join(f"{h}: {v}" for h, v in zip(HEADERS[1:], row[1:]))
+        if c.verdict == G.REGRESSED:
+            failure = ET.SubElement(
+                case, "failure", type="regression",
+                message=f"{c.metric} regressed: {change_text(c)} (limit {c.threshold.text()})",
+            )
+            failure.text = detail
+        else:
+            ET.SubElement(case, "system-out").text = detail
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+
+
+def markdown_summary(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Path]) -> str:
+    ok = G.passed(checks)
+    head = "### cbbench gate: " + ("✅ passed" if ok else "❌ FAILED")
+    files = [
+        f"- baseline: {', '.join(f'`{p}`' for p in base)}",
+        f"- new: {', '.join(f'`{p}`' for p in new)}",
+    ]
+    table_rows = [[*r[:-1], f"**{r[-1]}**" if r[-1] == G.REGRESSED else r[-1]] for r in rows(checks)]
+    table = tabulate(table_rows, headers=HEADERS, tablefmt="github", disable_numparse=True)
+    return "\n".join([head, "", *files, "", table, "", verdict_line(checks), ""])

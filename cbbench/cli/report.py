@@ -1,0 +1,191 @@
+"""`cbbench report`: PNG plots and one self-contained HTML page for one or more results."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cbbench.cli import options as C
+from cbbench.errors import UsageError
+
+PAGE_NAME = "report.html"
+DPI = 100
+STATIC = "static"
+CONTINUOUS = "continuous"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    key: str
+    title: str
+    caption: str
+    draw: Callable  # (results) -> Figure
+
+
+@C.guard
+def report(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Result files (the first is the reference), and/or sweep.json files from "
+            "`cbbench sweep` (drawn as latency-throughput curves)."
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="Folder for the PNGs and report.html.")],
+    title: Annotated[str, typer.Option(help="The page title.")] = "cbbench report",
+    max_gantt_requests: Annotated[
+        int, typer.Option(help="Requests drawn in the static-vs-continuous timeline.")
+    ] = 100,
+) -> None:
+    """Plot latency CDFs, the per-iteration token budget, batch occupancy, KV use and
+    bandwidth, and (for a static and a continuous run) a request timeline; write each as a
+    PNG and all of them, with the summary tables, into one self-contained HTML page."""
+    from cbbench.analysis.result import check_writable, write_atomic
+    from cbbench.cli.compare import file_labels, load_labeled
+    from cbbench.report.html import PlotSection, render_page
+
+    if max_gantt_requests < 1:
+        raise UsageError("--max-gantt-requests must be >= 1")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder")
+    check_writable(out / PAGE_NAME)
+    from cbbench.report.sweep_plot import is_sweep_file, latency_throughput, load_sweep
+
+    sweep_files = [p for p in files if is_sweep_file(p)]
+    files = [p for p in files if p not in sweep_files]
+    sweeps = [(lbl, load_sweep(p)) for lbl, p in zip(file_labels(sweep_files), sweep_files)]
+    results = load_labeled(files)
+
+    specs = plot_specs(results, max_gantt_requests) if results else []
+    if sweeps:
+        specs.append(PlotSpec(
+            "latency_throughput", "Latency vs throughput",
+            "TTFT p99 and TPOT p99 against achieved output throughput; labels are offered "
+            "rates; hollow markers never reached a steady state; squares are rate inf; dashed "
+            "lines are SLO limits.",
+            lambda _r: latency_throughput(sweeps),
+        ))
+    sections = []
+    for spec in specs:
+        fig = spec.draw(results)
+        png = _png(fig)
+        (out / f"{spec.key}.png").write_bytes(png)
+        sections.append(
+            PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
+        )
+    page = render_page(
+        title, results, [str(p) for p in files + sweep_files], sections, page_notes(results)
+    )
+    write_atomic(out / PAGE_NAME, page)
+    for s in sections:
+        typer.echo(str(out / f"{s.key}.png"))
+    typer.echo(str(out / PAGE_NAME))
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
+
+
+def gantt_pair(results: Sequence) -> list | None:
+    """The first static run and the first continuous run, static first; None without both."""
+    by_sched = {}
+    for x in results:
+        by_sched.setdefault(x.result.get("config", {}).get("scheduler"), x)
+    if STATIC in by_sched and CONTINUOUS in by_sched:
+        return [by_sched[STATIC], by_sched[CONTINUOUS]]
+    return None
+
+
+def plot_specs(results: Sequence, max_gantt_requests: int) -> list[PlotSpec]:
+    from cbbench.report import plots
+
+    specs = [
+        PlotSpec("latency_cdfs", "Latency CDFs",
+                 "Share of requests (ITL: of token gaps) at or below each latency; dotted lines "
+                 "mark p50 and p99. TTFT and E2EL count from the intended start.",
+                 plots.latency_cdfs),
+        PlotSpec("token_budget", "Token budget per iteration",
+                 "Prefill and decode tokens computed in each iteration, under the per-iteration "
+                 "token budget; running and waiting requests on the right axis.",
+                 plots.token_budget_timeline),
+        PlotSpec("batch_occupancy", "Batch occupancy",
+                 "Sequence slots (up to max_num_seqs) per iteration. Red: slots idle while "
+                 "requests waited, the capacity static batching leaves unused.",
+                 plots.batch_occupancy),
+        PlotSpec("kv_usage", "KV cache use",
+                 "KV blocks in use as a share of the pool over time; crosses mark iterations "
+                 "that preempted requests.",
+                 plots.kv_usage),
+        PlotSpec("bandwidth", "HBM bandwidth",
+                 "Analytic bandwidth per iteration (the cost model's bytes moved over the "
+                 "iteration's time) and, where recorded, the bandwidth NVML measured.",
+                 plots.bandwidth_timeline),
+    ]
+    pair = gantt_pair(results)
+    if pair is not None:
+        specs.append(PlotSpec(
+            "request_timeline", "Request timeline: static vs continuous",
+            "Each request's time queued (grey), from admission to its first token (orange) "
+            "and decoding (blue), from its intended start; the same requests in the same rows.",
+            lambda _results: plots.request_gantt(pair, max_gantt_requests),
+        ))
+    return specs
+
+
+def section_notes(key: str, results: Sequence) -> list[str]:
+    """What a plot could not show, said on the page rather than left for the reader to guess."""
+    from cbbench.report import plots
+
+    notes = []
+    if key == "latency_cdfs":
+        no_itl = [x.label for x in results if plots.itl_values(x.result) is None]
+        if no_itl:
+            notes.append(
+                f"No ITL line for {', '.join(no_itl)}: the result has no per-token times "
+                "(run with --save-detailed); its summary's ITL figures are in the table above."
+            )
+    if key == "bandwidth":
+        none = [x.label for x in results if plots.telemetry_bandwidth(x.result) is None]
+        if none:
+            notes.append(
+                f"No measured bandwidth for {', '.join(none)} (no GPU telemetry in the result; "
+                "a simulated GPU has none): only the analytic line is drawn."
+            )
+    if key == "request_timeline":
+        no_queue = [
+            x.label for x in results
+            if any("queue_ms" not in r for r in x.result.get("requests", []))
+        ]
+        if no_queue:
+            notes.append(
+                f"{', '.join(no_queue)}: admission times are not known for every request, so "
+                "their orange span covers queueing too."
+            )
+    return notes
+
+
+def page_notes(results: Sequence) -> list[str]:
+    from cbbench.cli.compare import workload_note
+
+    notes = []
+    if len(results) > 1 and (note := workload_note(results)):
+        notes.append(note)
+    if gantt_pair(results) is None and len(results) > 1:
+        notes.append(
+            "No request timeline: it needs one static and one continuous run among the results."
+        )
+    interrupted = [x.label for x in results if x.result.get("interrupted")]
+    if interrupted:
+        notes.append(f"Interrupted runs ({', '.join(interrupted)}): figures cover only what finished.")
+    return notes

@@ -1,0 +1,189 @@
+"""`cbbench run`: one benchmark run against the bundled engine (or, later, an endpoint)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cbbench.cli import options as C
+from cbbench.errors import UsageError
+from cbbench.load.interrupts import StopSignal
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+
+
+@C.guard
+@C.with_engine_options
+def run(
+    workload: Annotated[
+        str,
+        typer.Option(help="Built-in workload (sharegpt, long-prompt, shared-prefix) or a JSONL."),
+    ] = "sharegpt",
+    num_requests: Annotated[
+        int | None,
+        typer.Option(help="Requests drawn from the workload with --seed (vLLM's default: 1000)."),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for request sampling, arrivals and sampling.")] = 0,
+    request_rate: Annotated[
+        str, typer.Option(help="Requests per second, or inf to send all at t=0.")
+    ] = "inf",
+    burstiness: Annotated[
+        float, typer.Option(help="Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier.")
+    ] = 1.0,
+    arrival: Annotated[
+        str,
+        typer.Option(
+            help="auto | gamma | constant | trace. auto: the trace's arrival_s when it has them "
+            "and no --request-rate is given, else gamma."
+        ),
+    ] = "auto",
+    slo: Annotated[
+        str | None,
+        typer.Option(help="Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000."),
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option(help="Result JSON path. Default: results/run-<time>-<engine>.json.")
+    ] = None,
+    save_detailed: Annotated[
+        bool, typer.Option(help="Also store per-request ITL lists and output token ids.")
+    ] = False,
+    endpoint: C.Endpoint = None,
+    api: C.Api = "completions",
+    served_model: C.ServedModel = None,
+    ignore_eos_field: C.IgnoreEosField = True,
+    header: C.Header = None,
+    request_timeout: C.RequestTimeout = 600.0,
+    max_concurrency: Annotated[
+        int | None, typer.Option(help="Cap on requests in flight (closed-loop); queue time is reported.")
+    ] = None,
+    tokenizer: C.Tokenizer = None,
+    scrape_metrics: Annotated[
+        bool, typer.Option(help="Sample the endpoint's Prometheus /metrics during the run.")
+    ] = False,
+    max_error_rate: Annotated[
+        float, typer.Option(help="Exit 1 (after writing the result) when more requests fail.")
+    ] = 0.0,
+    gpu_index: Annotated[
+        int | None,
+        typer.Option(help="GPU to sample with NVML (default: the engine's; for --endpoint, none)."),
+    ] = None,
+    telemetry_interval: Annotated[
+        float, typer.Option(help="Seconds between GPU telemetry samples.")
+    ] = 0.05,
+    label: Annotated[
+        str | None, typer.Option(help="A name for this run, shown by compare and report.")
+    ] = None,
+    summary_only: Annotated[
+        bool,
+        typer.Option(help="Write config and summary only (no per-request or per-iteration "
+        "records): small files for committed baselines."),
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the result JSON instead of the table.")
+    ] = False,
+    *,
+    engine_opts: C.EngineOptions,
+) -> None:
+    """Run a workload against the bundled engine and report latency, throughput and the
+    engine's per-iteration story."""
+    from cbbench.analysis.metrics import parse_slo
+    from cbbench.analysis.result import check_writable, dumps, write_result
+    from cbbench.analysis.table import render_summary
+    from cbbench.bench.runner import RunSpec, execute_run
+
+    rate = C.parse_rate_option(request_rate)
+    if not burstiness > 0 or not math.isfinite(burstiness):
+        raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
+    opts = engine_opts
+    endpoint_opts = C.endpoint_options(
+        endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed,
+        max_concurrency=max_concurrency, scrape_metrics=scrape_metrics,
+    )
+    if endpoint is None and max_concurrency is not None:
+        raise UsageError("--max-concurrency applies to --endpoint runs")
+    if not 0 <= max_error_rate <= 1:
+        raise UsageError("--max-error-rate must be between 0 and 1")
+    if not telemetry_interval > 0:
+        raise UsageError("--telemetry-interval must be > 0")
+    spec = RunSpec(
+        workload=workload,
+        num_requests=num_requests,
+        seed=seed,
+        request_rate=rate,
+        rate_given=request_rate != "inf",
+        burstiness=burstiness,
+        arrival=arrival,
+        slo=parse_slo(slo),
+        save_detailed=save_detailed,
+        label=label,
+        engine=opts,
+        endpoint=endpoint_opts,
+        gpu_index=gpu_index,
+        telemetry_interval_s=telemetry_interval,
+    )
+    kind = "http" if endpoint else (opts.engine if opts.engine != "auto" else "engine")
+    out_path = output or C.default_output_path(kind)
+    check_writable(out_path)
+
+    with StopSignal() as stop, _progress() as on_progress:
+        result = execute_run(spec, C.notice, should_stop=stop, on_progress=on_progress)
+    if summary_only:
+        result = {k: v for k, v in result.items() if k not in ("requests", "iterations")}
+        result["telemetry"] = {k: v for k, v in result["telemetry"].items() if k != "samples"}
+    write_result(out_path, result)
+    if json_out:
+        typer.echo(dumps(result))
+    else:
+        typer.echo(render_summary(result))
+        typer.echo(f"\nresult: {out_path}")
+    s = result["summary"]
+    sent = s["completed"] + s["failed"]
+    if sent and s["failed"] / sent > max_error_rate:
+        C.notice(
+            f"{s['failed']} of {sent} requests failed ({s['failed'] / sent:.1%}), above "
+            f"--max-error-rate {max_error_rate:.1%}"
+        )
+        raise typer.Exit(1)
+
+
+class _progress:
+    """A progress bar on stderr, shown only on a terminal and only once a run lasts a moment."""
+
+    DELAY_S = 0.5
+
+    def __enter__(self):
+        import time
+
+        self._bar = None
+        self._t0 = time.perf_counter()
+        self._tty = sys.stderr.isatty()
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        if not self._tty:
+            return
+        import time
+
+        if self._bar is None:
+            if time.perf_counter() - self._t0 < self.DELAY_S:
+                return
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+            self._bar = Progress(
+                "requests", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("run", total=total)
+        self._bar.update(self._task, completed=done)
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()

@@ -1,0 +1,126 @@
+"""`cbbench serve`: the bundled engine behind an OpenAI-compatible HTTP server.
+
+With ``--engine sim`` the simulated GPU runs in real time (a wall clock: each iteration sleeps
+its predicted duration), so real clients see H200-like timing without a GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Annotated
+
+import typer
+
+from cbbench.cli import options as C
+from cbbench.errors import UsageError
+
+# Seconds uvicorn lets open streams run on after Ctrl-C before it cancels them (which aborts
+# their requests in the engine).
+GRACEFUL_SHUTDOWN_S = 5
+READY_POLL_S = 0.05
+# Room for load tests with a thousand connections arriving at once.
+LISTEN_BACKLOG = 4096
+
+
+def register(app: typer.Typer) -> None:
+    app.command("serve")(serve)
+
+
+def build_serving_engine(opts, notice=C.notice):
+    """``build_engine``, with a simulated engine moved from its virtual clock onto a paced wall
+    clock: each iteration takes its predicted time, for real."""
+    from cbbench.server.async_engine import PacedWallClock
+    from cbbench.targets.engine import build_engine
+
+    engine, info = build_engine(opts, notice)
+    if not engine.clock.realtime:
+        engine.clock = PacedWallClock()
+        info = {**info, "clock": "wall"}
+    return engine, info
+
+
+@C.guard
+@C.with_engine_options
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8000,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="Model name clients use. Default: the --model name.")
+    ] = None,
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            help="tokenizer.json (or its folder) to encode prompts and decode outputs. Without "
+            "one, each prompt word is one token and outputs are placeholder text "
+            "(' tok' per token for sim, each token id as text for torch)."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Engine seed (random-weight model presets).")] = 0,
+    *,
+    engine_opts: C.EngineOptions,
+) -> None:
+    """Serve the bundled engine over an OpenAI-compatible API: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and /metrics.
+
+    --temperature, --top-p, --top-k and --ignore-eos are the defaults for requests that leave those fields out; --ignore-eos is on, so outputs run to max_tokens (default 16), as a benchmark expects."""
+    from cbbench.engine.request import SamplingParams
+    from cbbench.server.app import ServeConfig, create_app
+    from cbbench.server.text import load_tokenizer
+    from cbbench.targets.engine import resolve_engine
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be in [0, 65535], got {port}")
+    opts = engine_opts
+    # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
+    opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
+    try:
+        tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    config = ServeConfig(
+        served_model_name=served_model_name or opts.model,
+        tokenizer=tok,
+        defaults=SamplingParams(
+            temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
+            ignore_eos=opts.ignore_eos,
+        ),
+    )
+    app = create_app(lambda: build_serving_engine(opts), config)
+    error = asyncio.run(_run_server(app, host, port, opts.engine))
+    if error is not None:
+        raise UsageError(error)
+
+
+async def _run_server(app, host: str, port: int, kind: str) -> str | None:
+    """Run uvicorn until it exits. Returns an error message when the server could not listen
+    or the engine failed to start."""
+    import uvicorn
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", backlog=LISTEN_BACKLOG,
+            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        )
+    )
+    bridge = app.state.engine
+    announce = asyncio.create_task(_announce(server, bridge, host, kind))
+    try:
+        await server.serve()
+    except SystemExit:  # uvicorn exits this way when it cannot bind (it logged why)
+        return f"could not listen on {host}:{port}"
+    finally:
+        announce.cancel()
+    return bridge.error
+
+
+async def _announce(server, bridge, host: str, kind: str) -> None:
+    """Print the URL once both uvicorn and the engine are ready; stop the server if the engine
+    failed. Not a network loop: it waits out the engine build (a model load can take minutes)."""
+    while not (server.started and (bridge.ready or bridge.error)):
+        await asyncio.sleep(READY_POLL_S)
+    if bridge.error is not None:
+        server.should_exit = True
+        return
+    port = server.servers[0].sockets[0].getsockname()[1]
+    model = (bridge.info or {}).get("model", "?")
+    typer.echo(f"cbbench serve: {model} ({kind} engine) ready at http://{host}:{port}/v1")

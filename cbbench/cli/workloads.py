@@ -1,0 +1,45 @@
+"""`cbbench workloads list|show`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from tabulate import tabulate
+
+from cbbench.cli import options as C
+
+
+def register(app: typer.Typer) -> None:
+    app.command("list")(list_workloads)
+    app.command("show")(show_workload)
+
+
+@C.guard
+def list_workloads() -> None:
+    """List the built-in workloads."""
+    from cbbench.load.workload import BUILTIN_WORKLOADS
+
+    rows = []
+    for name in sorted(BUILTIN_WORKLOADS):
+        w = BUILTIN_WORKLOADS[name]()
+        rows.append([name, len(w.requests), w.description])
+    typer.echo(tabulate(rows, headers=["name", "requests", "description"]))
+
+
+@C.guard
+def show_workload(
+    name: Annotated[str, typer.Argument(help="A built-in workload name or a JSONL file.")],
+) -> None:
+    """Show a workload's request count and length statistics."""
+    from cbbench.load.workload import length_stats, load_workload
+
+    w = load_workload(name)
+    st = length_stats(w)
+    typer.echo(f"{w.name}: {st['count']} requests. {w.description}")
+    keys = ["mean", "min", "p50", "p90", "p99", "max"]
+    rows = [[k, *(round(st[k][s], 1) for s in keys)] for k in ("prompt_len", "output_len")]
+    typer.echo(tabulate(rows, headers=["tokens", *keys]))
+    if w.has_arrivals:
+        last = max(r.arrival_s for r in w.requests)
+        typer.echo(f"trace arrivals over {last:.1f} s")

@@ -1,0 +1,137 @@
+"""Prompts for HTTP targets: what each workload request sends as `prompt` (or chat content).
+
+- Text workloads send their text; token-id workloads send the ids as a `prompt` list of ints on
+  /v1/completions (OpenAI-compatible servers accept token-id prompts and add no BOS to them),
+  or the ids decoded to text for chat (needs --tokenizer).
+- Length-only workloads (the built-in sharegpt) get synthetic text: words drawn from a pool of
+  common English words, in a random order per request (deterministic per seed and request id),
+  so a server's prefix cache cannot share more than a few tokens between prompts.
+
+Length rule (BOS): a workload's prompt_len is the token count the server sees, special tokens
+included, as vLLM's benchmark measures it (`len(tokenizer(prompt).input_ids)` adds Llama-3's
+BOS). So the synthetic text carries prompt_len - k content tokens, with k the special tokens
+the tokenizer adds to a plain encode (1 for Llama-3's <|begin_of_text|>):
+- with --tokenizer (a tokenizer.json) the count is exact: the text is encoded, and words are
+  dropped or added until it encodes to exactly prompt_len - k tokens (k read from the file);
+- without it, an approximation: every pool word is one token after a space in the Llama-3
+  and GPT (cl100k/o200k) tokenizers, so prompt_len - 1 words (one BOS assumed) ~ prompt_len.
+For chat the server's template adds role and header tokens on top; the run's
+prompt-token mismatch summary shows by how much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cbbench.errors import UsageError
+from cbbench.load.workload import WorkloadRequest
+
+# One token each after a space (and alone) in the Llama-3 tokenizer; common English words that
+# BPE vocabularies keep whole. Checked against Llama-3.1's tokenizer.json.
+_WORDS = """the of and to in is that for it as with was on be at by this have from or one had not
+    but what all were when we there can an your which their said if do will each about how up
+    out them then she many some so these would other into has more her two like him see time
+    could no make than first been its who now people my made over did down only way find use
+    may water long little very after words called just where most know"""
+WORD_POOL = tuple(_WORDS.split())
+ASSUMED_SPECIAL_TOKENS = 1  # without a tokenizer: one BOS, as Llama-3 adds
+PROMPT_RNG_STREAM = 7  # a separate random stream from request sampling and arrivals
+MAX_FIT_ROUNDS = 16  # drop/add rounds to hit an exact length (one suffices for the pool)
+MIN_SINGLE_TOKEN_WORDS = 8  # fewer than this: fall back to the whole pool, best effort
+
+PROMPT_KINDS = ("text", "token_ids", "decoded", "synthetic_exact", "synthetic_approx")
+
+
+def load_tokenizer(path: str):
+    """A `tokenizers.Tokenizer` from a tokenizer.json file (UsageError when it cannot load)."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise UsageError(
+            "--tokenizer needs the 'tokenizers' package: pip install 'cbbench[tokenizer]'"
+        ) from None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception on bad files
+        raise UsageError(f"cannot load tokenizer {path}: {e}") from None
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def special_tokens_added(tokenizer) -> int:
+    """How many tokens (BOS, EOS) a plain encode adds around the text."""
+    return len(tokenizer.encode("", add_special_tokens=True).ids)
+
+
+@dataclass
+class _ExactFitter:
+    tokenizer: object
+    pool: tuple[str, ...]
+    special: int
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> _ExactFitter:
+        single = tuple(w for w in WORD_POOL if count_tokens(tokenizer, " " + w) == 1)
+        pool = single if len(single) >= MIN_SINGLE_TOKEN_WORDS else WORD_POOL
+        return cls(tokenizer, pool, special_tokens_added(tokenizer))
+
+    def fit(self, prompt_len: int, rng: np.random.Generator) -> str:
+        target = max(1, prompt_len - self.special)
+        words = [self.pool[i] for i in rng.integers(0, len(self.pool), target)]
+        text = " ".join(words)
+        for _ in range(MAX_FIT_ROUNDS):
+            n = count_tokens(self.tokenizer, text)
+            if n == target:
+                break
+            if n > target:  # one word per excess token (a word is >= 1 token)
+                words = words[: max(1, len(words) - (n - target))]
+            else:
+                words += [self.pool[i] for i in rng.integers(0, len(self.pool), target - n)]
+            text = " ".join(words)
+        return text  # the run's prompt-token mismatch shows any residue
+
+
+def synthetic_prompt(
+    prompt_len: int, request_id: int, seed: int, fitter: _ExactFitter | None = None
+) -> str:
+    rng = np.random.default_rng([seed, request_id, PROMPT_RNG_STREAM])
+    if fitter is not None:
+        return fitter.fit(prompt_len, rng)
+    n = max(1, prompt_len - ASSUMED_SPECIAL_TOKENS)
+    return " ".join(WORD_POOL[i] for i in rng.integers(0, len(WORD_POOL), n))
+
+
+def build_prompts(
+    wreqs: Sequence[WorkloadRequest], api: str, seed: int, tokenizer=None
+) -> tuple[list[str | list[int]], dict[str, int]]:
+    """The prompt each request sends, and how many of each kind (PROMPT_KINDS) were built."""
+    fitter = None
+    prompts: list[str | list[int]] = []
+    kinds = dict.fromkeys(PROMPT_KINDS, 0)
+    for w in wreqs:
+        if w.prompt is not None:
+            prompts.append(w.prompt)
+            kinds["text"] += 1
+        elif w.prompt_token_ids is not None:
+            if api == "completions":
+                prompts.append(list(w.prompt_token_ids))
+                kinds["token_ids"] += 1
+            elif tokenizer is None:
+                raise UsageError(
+                    f"request {w.id} carries token ids, which the chat API cannot take: give "
+                    "--tokenizer (a tokenizer.json) to decode them, or use --api completions"
+                )
+            else:
+                prompts.append(tokenizer.decode(list(w.prompt_token_ids)))
+                kinds["decoded"] += 1
+        else:
+            if tokenizer is not None and fitter is None:
+                fitter = _ExactFitter.for_tokenizer(tokenizer)
+            prompts.append(synthetic_prompt(w.prompt_len, w.id, seed, fitter))
+            kinds["synthetic_exact" if fitter else "synthetic_approx"] += 1
+    return prompts, {k: v for k, v in kinds.items() if v}

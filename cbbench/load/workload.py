@@ -1,0 +1,258 @@
+"""Workloads: lists of requests (prompt tokens, text or length; output length; arrival time).
+
+Built-in workloads install with the package (``cbbench.workloads``); user workloads are JSONL
+files whose lines carry ``prompt_token_ids``, ``prompt`` or ``prompt_len``, plus ``output_len``
+and optionally ``arrival_s`` and ``priority``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from cbbench.errors import UsageError
+
+# Without a tokenizer, text prompts are counted at ~4 characters per token (the usual figure for
+# English with BPE tokenizers); --tokenizer makes the count exact.
+APPROX_CHARS_PER_TOKEN = 4
+JSONL_FIELDS = {"prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority"}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadRequest:
+    id: int  # 0-based index in the workload file or built-in trace
+    prompt_len: int
+    output_len: int
+    prompt_token_ids: tuple[int, ...] | None = None
+    prompt: str | None = None
+    arrival_s: float | None = None
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    requests: list[WorkloadRequest]
+    description: str = ""
+
+    @property
+    def has_arrivals(self) -> bool:
+        return bool(self.requests) and all(r.arrival_s is not None for r in self.requests)
+
+
+# ---- built-in workloads ---------------------------------------------------------------------
+def _read_length_csv(filename: str) -> np.ndarray:
+    data = resources.files("cbbench.workloads").joinpath(filename).read_text()
+    return np.loadtxt(data.splitlines(), delimiter=",", skiprows=1, dtype=np.int64, ndmin=2)
+
+
+def _sharegpt() -> Workload:
+    rows = _read_length_csv("sharegpt.csv")
+    reqs = [WorkloadRequest(i, int(p), int(o)) for i, (p, o) in enumerate(rows)]
+    return Workload(
+        "sharegpt",
+        reqs,
+        "ShareGPT first-turn (prompt, output) token lengths, Llama-3 tokenizer, vLLM's filter",
+    )
+
+
+LONG_PROMPT_SEED = 20240601
+LONG_PROMPT_ROWS = 2000
+
+
+def _long_prompt() -> Workload:
+    """Long prompts (2k-6k tokens) with ShareGPT-like outputs: where prefill-decode
+    interference shows, and chunked prefill's effect on TPOT tails with it."""
+    rng = np.random.default_rng(LONG_PROMPT_SEED)
+    prompts = rng.integers(2048, 6144, LONG_PROMPT_ROWS)
+    outputs = rng.integers(64, 512, LONG_PROMPT_ROWS)
+    reqs = [WorkloadRequest(i, int(p), int(o)) for i, (p, o) in enumerate(zip(prompts, outputs))]
+    return Workload("long-prompt", reqs, "prompts of 2,048-6,143 tokens, outputs of 64-511")
+
+
+SHARED_PREFIX_SEED = 20240917
+SHARED_PREFIX_GROUPS = 20
+SHARED_PREFIX_PER_GROUP = 50
+SHARED_PREFIX_SYSTEM_LEN = (1000, 2000)  # [low, high] tokens of each group's system prompt
+SHARED_PREFIX_SUFFIX_LEN = (50, 300)  # each request's own question
+SHARED_PREFIX_OUTPUT_LEN = (50, 300)
+# Token ids below 512 are valid for every preset, the tiny test models included.
+SHARED_PREFIX_VOCAB = 512
+
+
+def _shared_prefix() -> Workload:
+    """Groups of requests that share a long system prompt, each with its own suffix: where
+    prefix caching pays. Explicit token ids (so the simulator can hash them too), in groups
+    of consecutive ids; drawn with a fixed seed."""
+    rng = np.random.default_rng(SHARED_PREFIX_SEED)
+    reqs = []
+    for _ in range(SHARED_PREFIX_GROUPS):
+        system = rng.integers(
+            0, SHARED_PREFIX_VOCAB, rng.integers(*SHARED_PREFIX_SYSTEM_LEN, endpoint=True)
+        ).tolist()
+        for _ in range(SHARED_PREFIX_PER_GROUP):
+            suffix_len = int(rng.integers(*SHARED_PREFIX_SUFFIX_LEN, endpoint=True))
+            ids = tuple(system + rng.integers(0, SHARED_PREFIX_VOCAB, suffix_len).tolist())
+            out = int(rng.integers(*SHARED_PREFIX_OUTPUT_LEN, endpoint=True))
+            reqs.append(WorkloadRequest(len(reqs), len(ids), out, prompt_token_ids=ids))
+    return Workload(
+        "shared-prefix",
+        reqs,
+        f"{SHARED_PREFIX_GROUPS} groups x {SHARED_PREFIX_PER_GROUP} requests sharing a "
+        "1,000-2,000-token system prompt, 50-300-token suffixes, 50-300-token outputs",
+    )
+
+
+BUILTIN_WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "sharegpt": _sharegpt,
+    "long-prompt": _long_prompt,
+    "shared-prefix": _shared_prefix,
+}
+
+
+def builtin_names() -> list[str]:
+    return sorted(BUILTIN_WORKLOADS)
+
+
+# ---- JSONL files ----------------------------------------------------------------------------
+def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise UsageError(f"{where}: {key!r} must be an integer, got {type(v).__name__}")
+    if v < minimum:
+        raise UsageError(f"{where}: {key!r} must be >= {minimum}, got {v}")
+    return v
+
+
+def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRequest:
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - JSONL_FIELDS
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(sorted(JSONL_FIELDS))}"
+        )
+    if "output_len" not in obj:
+        raise UsageError(f"{where}: missing 'output_len'")
+    output_len = _int_field(obj, "output_len", where, 1)
+    ids = None
+    text = None
+    if "prompt_token_ids" in obj:
+        raw = obj["prompt_token_ids"]
+        if not isinstance(raw, list) or not raw or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw
+        ):
+            raise UsageError(f"{where}: 'prompt_token_ids' must be a non-empty list of ids >= 0")
+        ids = tuple(raw)
+        prompt_len = len(ids)
+    elif "prompt" in obj:
+        text = obj["prompt"]
+        if not isinstance(text, str) or not text:
+            raise UsageError(f"{where}: 'prompt' must be a non-empty string")
+        prompt_len = count_tokens(text)
+    elif "prompt_len" in obj:
+        prompt_len = _int_field(obj, "prompt_len", where, 1)
+    else:
+        raise UsageError(f"{where}: needs one of 'prompt_token_ids', 'prompt' or 'prompt_len'")
+    if "prompt_len" in obj and ids is not None and obj["prompt_len"] != len(ids):
+        raise UsageError(f"{where}: 'prompt_len' disagrees with len(prompt_token_ids)")
+    arrival = None
+    if "arrival_s" in obj:
+        a = obj["arrival_s"]
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not np.isfinite(a) or a < 0:
+            raise UsageError(f"{where}: 'arrival_s' must be a finite number >= 0")
+        arrival = float(a)
+    priority = 0
+    if "priority" in obj:
+        p = obj["priority"]
+        if isinstance(p, bool) or not isinstance(p, int):
+            raise UsageError(f"{where}: 'priority' must be an integer")
+        priority = p
+    return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority)
+
+
+def approx_token_count(text: str) -> int:
+    return max(1, round(len(text) / APPROX_CHARS_PER_TOKEN))
+
+
+def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UsageError(f"workload file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read workload file {path}: {e}") from None
+    reqs: list[WorkloadRequest] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+        reqs.append(_parse_line(obj, len(reqs), where, count_tokens))
+    if not reqs:
+        raise UsageError(f"workload file {path} holds no requests")
+    return Workload(path.name, reqs, f"JSONL file {path.name}")
+
+
+def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
+    if name_or_path in BUILTIN_WORKLOADS:
+        return BUILTIN_WORKLOADS[name_or_path]()
+    path = Path(name_or_path)
+    if path.suffix in (".jsonl", ".json") or path.exists():
+        return load_jsonl(path, count_tokens)
+    raise UsageError(
+        f"unknown workload {name_or_path!r}: use a built-in ({', '.join(builtin_names())}) "
+        "or a path to a .jsonl file"
+    )
+
+
+# ---- sampling -------------------------------------------------------------------------------
+def sample_requests(
+    workload: Workload, num_requests: int | None, seed: int
+) -> tuple[list[WorkloadRequest], bool]:
+    """Draw ``num_requests`` with ``seed``; the same seed gives the same requests on every
+    target. Returns (requests, drawn_with_replacement). ``None`` keeps the workload's order."""
+    reqs = workload.requests
+    if num_requests is None:
+        return list(reqs), False
+    if num_requests < 1:
+        raise UsageError(f"--num-requests must be >= 1, got {num_requests}")
+    rng = np.random.default_rng(seed)
+    if workload.has_arrivals:
+        # A trace with timestamps is replayed in order: take its first N requests.
+        if num_requests > len(reqs):
+            raise UsageError(
+                f"the trace has {len(reqs)} timed requests; --num-requests {num_requests} is more"
+            )
+        return list(reqs[:num_requests]), False
+    if num_requests <= len(reqs):
+        idx = rng.permutation(len(reqs))[:num_requests]
+        return [reqs[i] for i in idx], False
+    idx = rng.integers(0, len(reqs), num_requests)
+    return [reqs[i] for i in idx], True
+
+
+def length_stats(workload: Workload) -> dict:
+    p = np.array([r.prompt_len for r in workload.requests])
+    o = np.array([r.output_len for r in workload.requests])
+
+    def stats(a: np.ndarray) -> dict:
+        return {
+            "mean": float(a.mean()),
+            "min": int(a.min()),
+            "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)),
+            "max": int(a.max()),
+        }
+
+    return {"count": len(workload.requests), "prompt_len": stats(p), "output_len": stats(o)}

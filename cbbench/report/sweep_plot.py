@@ -1,0 +1,113 @@
+"""The latency-throughput curve of one or more sweeps (sweep.json), as a matplotlib Figure.
+
+Object-oriented API only (`matplotlib.figure.Figure`, never pyplot), as in plots.py: no GUI
+backend, no global figure registry.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from cbbench.bench.probe import ProbePoint, rate_label
+from cbbench.bench.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, points_of
+from cbbench.errors import UsageError
+
+WIDTH_IN = 9.0
+HEIGHT_IN = 7.0
+DPI = 100
+LOG_SPAN = 100.0  # log y axis when a panel's values span at least this ratio
+PANELS = (("TTFT p99 (ms)", "ttft_p99_ms", "ttft"), ("TPOT p99 (ms)", "tpot_p99_ms", "tpot"))
+COLOR_SLO = "#d64541"
+
+
+def is_sweep(data: object) -> bool:
+    return isinstance(data, dict) and data.get("kind") == SWEEP_KIND
+
+
+def is_sweep_file(path: Path) -> bool:
+    """True for a sweep.json (cheap enough to call on every file `report` is given)."""
+    try:
+        return is_sweep(json.loads(Path(path).read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+
+
+def load_sweep(path: Path) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UsageError(f"sweep file not found: {path}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"cannot read sweep file {path}: {e}") from None
+    if not is_sweep(data):
+        raise UsageError(f"{path} is not a cbbench sweep (no kind {SWEEP_KIND!r})")
+    if data.get("schema_version") != SWEEP_SCHEMA_VERSION:
+        raise UsageError(
+            f"{path} has sweep schema_version {data.get('schema_version')!r}; "
+            f"this cbbench reads version {SWEEP_SCHEMA_VERSION}"
+        )
+    return data
+
+
+def _draw_series(ax, points: list[ProbePoint], key: str, color: str, label: str) -> None:
+    """The finite rates as a line in rate order; rate inf (a burst, whose throughput the
+    drain tail lowers) as a lone square beside it."""
+    pts = sorted((p for p in points if getattr(p, key) is not None), key=lambda p: p.rate)
+    line = [p for p in pts if not math.isinf(p.rate)]
+    if line:
+        ax.plot([p.output_throughput for p in line], [getattr(p, key) for p in line], "-",
+                color=color, alpha=0.6, label=label)
+    for i, p in enumerate(pts):
+        x, y = p.output_throughput, getattr(p, key)
+        marker = "s" if math.isinf(p.rate) else "o"
+        face = "white" if p.steady is False else color
+        ax.plot([x], [y], marker, color=color, markerfacecolor=face,
+                label=label if not line and i == 0 else None)
+        ax.annotate(rate_label(p.rate), (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7, color=color)
+
+
+def latency_throughput(sweeps: Sequence[tuple[str, dict]]) -> Figure:
+    """TTFT p99 and TPOT p99 against achieved output throughput, one line per sweep; each
+    point is labelled with its offered rate. Hollow markers: runs that never reached a
+    steady state; squares: rate inf. Dashed lines: the sweep's SLO limits."""
+    fig = Figure(figsize=(WIDTH_IN, HEIGHT_IN), layout="constrained")
+    axes = fig.subplots(len(PANELS), 1, sharex=True)
+    fig.suptitle("Latency vs throughput")
+    for ax, (title, key, slo_key) in zip(axes, PANELS):
+        values = []
+        limits = {}  # limit -> the sweeps that set it: one line each, however many share it
+        for i, (label, sweep) in enumerate(sweeps):
+            pts = points_of(sweep)
+            _draw_series(ax, pts, key, f"C{i % 10}", label)
+            values += [getattr(p, key) for p in pts if getattr(p, key)]
+            limit = ((sweep.get("slo") or {}).get("limits_ms") or {}).get(slo_key)
+            if limit is not None:
+                limits.setdefault(limit, []).append(label)
+        for limit, labels in limits.items():
+            who = "" if len(labels) == len(sweeps) else f" ({', '.join(labels)})"
+            ax.axhline(limit, color=COLOR_SLO, linestyle="--", linewidth=1,
+                       label=f"SLO {slo_key} {limit:g} ms{who}")
+        if values and max(values) / max(min(values), 1e-9) >= LOG_SPAN:
+            ax.set_yscale("log")
+        ax.set_ylabel(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[-1].set_xlabel("achieved output throughput (tok/s)")
+    axes[0].set_title(
+        "labels: offered rate (req/s); hollow: never reached a steady state; square: rate inf",
+        fontsize=8,
+    )
+    return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    return buf.getvalue()
