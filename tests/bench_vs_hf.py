@@ -211,7 +211,7 @@ PROFILE_PHASES = {
         "cbbench.engine.models.llama", "LlamaAttention.forward"),
     "      MLP (LlamaMLP.forward)": ("cbbench.engine.models.llama", "LlamaMLP.forward"),
     "      RMSNorm": ("cbbench.engine.models.llama", "RMSNorm.forward"),
-    "      rotary (apply_rotary)": ("cbbench.engine.models.llama", "apply_rotary"),
+    "      rotary (rope_torch)": ("cbbench.kernels.layer_ops", "rope_torch"),
     "    lm_head (LlamaForCausalLM.compute_logits)": ("cbbench.engine.models.llama", "LlamaForCausalLM.compute_logits"),
     "    sampling (Sampler.__call__)": ("cbbench.engine.sampler", "Sampler.__call__"),
     "  postprocess (Engine._postprocess)": ("cbbench.engine.engine", "Engine._postprocess"),

@@ -15,10 +15,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from cbbench.kernels import AttentionMetadata
+from cbbench.kernels.layer_ops import LayerOps, layer_ops
 
 from ..model_config import ModelConfig
 
@@ -68,16 +68,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos().to(device), persistent=False)
         self.register_buffer("sin", freqs.sin().to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # [T, 1, head_dim / 2]: broadcasts over heads.
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head (the Hugging Face / GPT-NeoX layout), in float32."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return rotated.to(x.dtype)
+    def forward(self, positions: torch.Tensor, ops: LayerOps):
+        """This iteration's RoPE inputs, prepared once and shared by every layer."""
+        return ops.prepare_rope(positions, self.cos, self.sin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,21 +79,25 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype, device) -> None:
+    def __init__(self, dim: int, eps: float, ops: LayerOps, dtype: torch.dtype, device) -> None:
         super().__init__()
         self.eps = eps
+        self.ops = ops
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalize in float32 (bf16 loses too much in the mean of squares), scale in x's dtype.
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """``norm(x)``; with a residual, ``(norm(x + residual), x + residual)``."""
+        if residual is None:
+            return self.ops.rms_norm(x, self.weight, self.eps)
+        return self.ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, attn_backend, dtype: torch.dtype, device) -> None:
+    def __init__(
+        self, config: ModelConfig, attn_backend, ops: LayerOps, dtype: torch.dtype, device
+    ) -> None:
         super().__init__()
+        self.ops = ops
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
         self.head_dim = config.head_dim
@@ -120,20 +117,18 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(
-        self,
-        x: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        kv_cache: KVCache,
-        metadata: AttentionMetadata,
+        self, x: torch.Tensor, rope, kv_cache: KVCache, metadata: AttentionMetadata
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         # The backend reads keys only from the cache, so the new K/V must land there first.
-        self.attn_backend.write_kv(k, v, k_cache, v_cache, metadata.slot_mapping)
+        q = self.ops.rope_and_write_kv(
+            q, k, v, rope, k_cache, v_cache, metadata.slot_mapping, self.attn_backend.write_kv
+        )
         out = self.attn_backend.forward(q, k_cache, v_cache, metadata, self.scale)
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
@@ -141,8 +136,9 @@ class LlamaAttention(nn.Module):
 class LlamaMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), with gate and up in one matmul."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device) -> None:
+    def __init__(self, config: ModelConfig, ops: LayerOps, dtype: torch.dtype, device) -> None:
         super().__init__()
+        self.ops = ops
         self.gate_up_proj = nn.Linear(
             config.hidden_size,
             2 * config.intermediate_size,
@@ -155,43 +151,58 @@ class LlamaMLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, attn_backend, dtype: torch.dtype, device) -> None:
+    def __init__(
+        self, config: ModelConfig, attn_backend, ops: LayerOps, dtype: torch.dtype, device
+    ) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(config, attn_backend, dtype, device)
-        self.post_attention_layernorm = RMSNorm(
-            config.hidden_size, config.rms_norm_eps, dtype, device
-        )
-        self.mlp = LlamaMLP(config, dtype, device)
+        eps = config.rms_norm_eps
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, ops, dtype, device)
+        self.self_attn = LlamaAttention(config, attn_backend, ops, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ops, dtype, device)
+        self.mlp = LlamaMLP(config, ops, dtype, device)
 
-    def forward(self, x, rope, kv_cache: KVCache, metadata: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, metadata)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x, residual, rope, kv_cache: KVCache, metadata: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual)``: the caller's next norm adds the two (in one kernel)."""
+        if residual is None:  # the first layer: the embedding is the residual stream
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(x, rope, kv_cache, metadata)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, attn_backend, dtype: torch.dtype, device) -> None:
+    def __init__(
+        self, config: ModelConfig, attn_backend, ops: LayerOps, dtype: torch.dtype, device
+    ) -> None:
         super().__init__()
+        self.ops = ops
         self.embed_tokens = nn.Embedding(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
         self.rotary = RotaryEmbedding(config, device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, attn_backend, dtype, device) for _ in range(config.num_layers)
+            LlamaDecoderLayer(config, attn_backend, ops, dtype, device)
+            for _ in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops, dtype, device)
 
     def forward(self, input_ids, positions, kv_caches: list[KVCache], metadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
-        rope = self.rotary(positions)  # looked up once, shared by every layer
+        rope = self.rotary(positions, self.ops)  # prepared once, shared by every layer
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv_cache, metadata)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, metadata)
+        if residual is None:  # no layers
+            return self.norm(x)
+        return self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -201,11 +212,15 @@ class LlamaForCausalLM(nn.Module):
         attn_backend,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        fused: bool = False,
     ) -> None:
+        """``fused``: the Triton layer kernels (CUDA, or the CPU under TRITON_INTERPRET=1)
+        instead of the PyTorch ops; the attention backend is chosen separately."""
         super().__init__()
         self.config = config
         self.attn_backend = attn_backend
-        self.model = LlamaModel(config, attn_backend, dtype, device)
+        self.ops = layer_ops(fused)
+        self.model = LlamaModel(config, attn_backend, self.ops, dtype, device)
         self.lm_head = nn.Linear(
             config.hidden_size, config.vocab_size, bias=False, dtype=dtype, device=device
         )

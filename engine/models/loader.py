@@ -53,17 +53,19 @@ def load_model(
     attn_backend,
     seed: int = 0,
     max_model_len: int | None = None,
+    fused: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """A preset name (random weights, deterministic from ``seed``) or a Hugging Face folder.
 
-    ``max_model_len`` caps the context length (it sizes the RoPE tables).
+    ``max_model_len`` caps the context length (it sizes the RoPE tables); ``fused`` picks the
+    Triton layer kernels (see ``LlamaForCausalLM``).
     """
     dtype = resolve_dtype(dtype)
     if model in MODEL_PRESETS:
         config = MODEL_PRESETS[model]
         if max_model_len is not None:
             config = with_max_model_len(config, max_model_len)
-        net = LlamaForCausalLM(config, attn_backend, dtype=dtype, device=device)
+        net = LlamaForCausalLM(config, attn_backend, dtype=dtype, device=device, fused=fused)
         init_random_weights(net, seed)
         return net.eval(), config
 
@@ -77,7 +79,7 @@ def load_model(
     if max_model_len is not None:
         config = with_max_model_len(config, min(max_model_len, config.max_model_len))
     files = safetensors_files(folder)
-    net = LlamaForCausalLM(config, attn_backend, dtype=dtype, device=device)
+    net = LlamaForCausalLM(config, attn_backend, dtype=dtype, device=device, fused=fused)
     load_hf_weights(net, files)
     return net.eval(), config
 
