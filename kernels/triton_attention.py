@@ -11,14 +11,16 @@ BLOCK_Q)`` programs (the extra ones exit with nothing to do), ``start`` is incre
 whole grid is ``num_tokens // BLOCK_Q + num_reqs`` programs, known on the host without reading
 any device tensor (so no sync, and CUDA-graph friendly). Each program binary-searches ``start``.
 
+Pure-decode batches that would leave most SMs idle (few requests, long contexts) go to the
+split-K kernels of :mod:`.triton_decode_split` instead.
+
 Triton reads ``TRITON_INTERPRET`` when a kernel is defined, so whether this module runs compiled
 (CUDA tensors) or interpreted (CPU tensors) is fixed at import time.
 """
 
 from __future__ import annotations
 
-import math
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -26,18 +28,29 @@ import triton.language as tl
 
 from .backend import AttentionBackend, check_shapes
 from .metadata import AttentionMetadata
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+from .triton_common import INTERPRETED, check_device, launch, next_pow2
+from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
-# Query-tile rows (tokens x group heads) per program: small keeps decode waste low, large
-# reuses each K/V tile across more prefill rows. The interpreter pays per program and per tile
-# step, so it gets bigger tiles.
-ROWS_DECODE = 16
-ROWS_PREFILL = 128 if INTERPRETED else 64
-# Keys per inner-loop tile. The interpreter's cost is per tile step, but small tiles there
-# also keep the tests' short sequences spanning several tiles (online softmax gets exercised).
-BLOCK_N = 32 if INTERPRETED else 64
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Query-tile rows (tokens x group heads) per program: small keeps decode waste low, large
+    reuses each K/V tile across more prefill rows. ``block_n``: keys per inner-loop tile (also
+    the split-K kernel's)."""
+
+    rows_decode: int = 16
+    rows_prefill: int = 64
+    block_n: int = 64
+
+
+# The GPU's tiles. The interpreter pays per program and per tile step, so it gets bigger query
+# tiles; its smaller key tiles keep the tests' short sequences spanning several tiles (online
+# softmax gets exercised). tests/test_kernels_gpu_tiles.py runs GPU_TILES interpreted too.
+GPU_TILES = TileConfig()
+INTERPRETER_TILES = TileConfig(rows_decode=16, rows_prefill=128, block_n=32)
+DEFAULT_TILES = INTERPRETER_TILES if INTERPRETED else GPU_TILES
 NUM_WARPS = 4
 # Shared-memory budget: head dims above this get half-size tiles, and fp32 is not software
 # pipelined, so the worst cases stay under ~100 KB (sm_86/89 limit; checked by compiling).
@@ -49,11 +62,7 @@ LOG2_E = 1.4426950408889634
 NEG_BIG = tl.constexpr(-1.0e30)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(n, 1))))
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     cu_seqlens_q_ptr, seq_lens_ptr, block_tables_ptr,
@@ -170,16 +179,29 @@ def _store_kv_kernel(
     tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def check_device(device: torch.device) -> None:
-    """Raise with a one-line reason when these kernels cannot run on ``device``."""
-    if INTERPRETED and device.type != "cpu":
-        raise RuntimeError("triton runs interpreted (TRITON_INTERPRET=1): it needs CPU tensors")
-    if not INTERPRETED and (device.type != "cuda" or not torch.cuda.is_available()):
-        raise RuntimeError("triton needs CUDA or TRITON_INTERPRET=1 with CPU tensors")
-
-
 class TritonBackend(AttentionBackend):
+    """``tiles``: tile sizes (default: the GPU's, or the interpreter's under it). ``sms``: SMs
+    to fill when choosing split-K (default: the device's). ``decode_splits``: force a split
+    count for pure-decode batches (tests); ``None`` chooses, 1 never splits."""
+
     name = "triton"
+
+    def __init__(
+        self,
+        tiles: TileConfig | None = None,
+        sms: int | None = None,
+        decode_splits: int | None = None,
+    ) -> None:
+        self.tiles = tiles or DEFAULT_TILES
+        self.sms = sms
+        self.decode_splits = decode_splits
+
+    def choose_decode_splits(self, metadata: AttentionMetadata, num_kv_heads: int, device) -> int:
+        """Splits for a pure-decode batch, from host-side values only (graph-capture safe)."""
+        if self.decode_splits is not None:
+            return self.decode_splits
+        sms = self.sms if self.sms is not None else num_sms(torch.device(device))
+        return num_kv_splits(metadata.num_reqs, num_kv_heads, metadata.max_seqlen_k, sms)
 
     def write_kv(
         self,
@@ -193,11 +215,12 @@ class TritonBackend(AttentionBackend):
         num_tokens, num_kv_heads, head_dim = key.shape
         if num_tokens == 0:
             return
-        _store_kv_kernel[(num_tokens,)](
+        launch(
+            _store_kv_kernel, (num_tokens,),
             key, value, k_cache, v_cache, slot_mapping,
             *key.stride(), *value.stride(), *k_cache.stride(), *v_cache.stride(),
-            NUM_KV_HEADS=num_kv_heads, HEADS_PAD=_next_pow2(num_kv_heads),
-            HEAD_DIM=head_dim, DIM_PAD=_next_pow2(head_dim), KV_BLOCK_SIZE=k_cache.shape[1],
+            NUM_KV_HEADS=num_kv_heads, HEADS_PAD=next_pow2(num_kv_heads),
+            HEAD_DIM=head_dim, DIM_PAD=next_pow2(head_dim), KV_BLOCK_SIZE=k_cache.shape[1],
         )  # fmt: skip
 
     def forward(
@@ -217,28 +240,36 @@ class TritonBackend(AttentionBackend):
             )
         if INTERPRETED and query.dtype == torch.bfloat16:
             raise ValueError("triton's interpreter computes bf16 tl.dot wrongly: use fp32/fp16")
-        out = torch.empty_like(query)
         if metadata.num_tokens == 0 or metadata.num_reqs == 0:
-            return out
+            return torch.empty_like(query)
         block_tables = metadata.block_tables
         if block_tables.stride(-1) != 1:  # the kernel indexes table columns with stride 1
             block_tables = block_tables.contiguous()
         head_dim = query.shape[2]
-        dim_pad = max(MIN_DOT, _next_pow2(head_dim))
-        group_pad = _next_pow2(group)
-        rows = ROWS_DECODE if metadata.max_seqlen_q <= 1 else ROWS_PREFILL
-        block_n = BLOCK_N
+        dim_pad = max(MIN_DOT, next_pow2(head_dim))
+        group_pad = next_pow2(group)
+        rows = self.tiles.rows_decode if metadata.max_seqlen_q <= 1 else self.tiles.rows_prefill
+        block_n = self.tiles.block_n
         if dim_pad > WIDE_HEAD_DIM:
             rows, block_n = max(MIN_DOT, rows // 2), max(MIN_DOT, block_n // 2)
+        contiguous_dims = query.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
+        if metadata.max_seqlen_q <= 1 and contiguous_dims:
+            splits = self.choose_decode_splits(metadata, num_kv_heads, query.device)
+            if splits > 1:
+                return split_decode_attention(
+                    query, k_cache, v_cache, metadata, scale, splits, block_n, block_tables
+                )
         block_q = max(1, rows // group_pad, MIN_DOT // group_pad)
         grid = (metadata.num_tokens // block_q + metadata.num_reqs, num_kv_heads)
         is_fp32 = query.dtype == torch.float32
         # fp32 must not silently drop to TF32 on tensor cores; fp16/bf16 ignore this.
         precision = "ieee" if is_fp32 else "tf32"
-        launch = {"num_warps": NUM_WARPS}
+        options = {"num_warps": NUM_WARPS}
         if is_fp32:
-            launch["num_stages"] = FP32_NUM_STAGES
-        _paged_attention_kernel[grid](
+            options["num_stages"] = FP32_NUM_STAGES
+        out = torch.empty_like(query)
+        launch(
+            _paged_attention_kernel, grid,
             query, k_cache, v_cache, out,
             metadata.cu_seqlens_q, metadata.seq_lens, block_tables,
             metadata.num_reqs, scale * LOG2_E,
@@ -246,6 +277,6 @@ class TritonBackend(AttentionBackend):
             block_tables.stride(0),
             GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
             BLOCK_Q=block_q, BLOCK_N=block_n, KV_BLOCK_SIZE=metadata.block_size,
-            DOT_PRECISION=precision, **launch,
+            DOT_PRECISION=precision, **options,
         )  # fmt: skip
         return out

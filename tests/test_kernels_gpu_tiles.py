@@ -1,0 +1,55 @@
+"""The Triton attention kernels with the GPU's tile sizes, under the interpreter.
+
+The other CPU tests run the interpreter's tiles (bigger query tiles, smaller key tiles); the
+tiles a GPU compiles are checked here, at the head dims the real models use, so an indexing
+bug that only the GPU's tile shapes hit cannot hide until the first GPU run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from test_kernels import (  # noqa: E402
+    CASES,
+    TRITON_DEVICE,
+    assert_close,
+    batch_shapes,
+    dense_attention,
+    make_batch,
+)
+
+from cbbench.kernels.triton_attention import GPU_TILES, INTERPRETER_TILES, TritonBackend  # noqa: E402
+
+
+def test_gpu_tiles_differ_from_interpreter_tiles():
+    assert GPU_TILES != INTERPRETER_TILES  # else this file would test nothing new
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "gqa", "dtype"),
+    [(64, 8, torch.float16), (128, 4, torch.float32), (128, 1, torch.float16)],
+)
+@pytest.mark.parametrize("case", CASES)
+def test_unified_kernel_gpu_tiles(case, head_dim, gqa, dtype):
+    batch = make_batch(
+        *batch_shapes(case, 16), 16, gqa, dtype, device=TRITON_DEVICE, head_dim=head_dim
+    )
+    backend = TritonBackend(tiles=GPU_TILES, decode_splits=1)  # the unified kernel only
+    scale = head_dim**-0.5
+    out = backend.forward(batch.query, batch.k_cache, batch.v_cache, batch.metadata, scale)
+    assert_close(out, dense_attention(batch, scale), dtype)
+
+
+@pytest.mark.parametrize(("head_dim", "gqa"), [(64, 4), (128, 8)])
+def test_split_k_gpu_tiles(head_dim, gqa):
+    query_lens, context_lens = [1, 1, 1], [130, 0, 300]
+    batch = make_batch(
+        query_lens, context_lens, 16, gqa, torch.float16, device=TRITON_DEVICE, head_dim=head_dim
+    )
+    backend = TritonBackend(tiles=GPU_TILES, decode_splits=3)
+    scale = head_dim**-0.5
+    out = backend.forward(batch.query, batch.k_cache, batch.v_cache, batch.metadata, scale)
+    assert_close(out, dense_attention(batch, scale), torch.float16)
