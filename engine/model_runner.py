@@ -21,13 +21,13 @@ import torch
 
 from cbbench.kernels import AttentionMetadata
 
+from .args import DEFAULT_MAX_NUM_SEQS
 from .model_config import ModelConfig
 from .models.llama import KVCache, LlamaForCausalLM
 from .request import SamplingParams
 from .sampler import Sampler, SamplingBatch
 from .scheduler_output import ExecutorOutput, SchedulerOutput
 
-DEFAULT_MAX_NUM_SEQS = 256
 # Batch sizes with a captured decode graph: fine steps so padding wastes at most 15 rows
 # (capped at max_num_seqs, which is always added).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, *range(16, 513, 16))

@@ -30,17 +30,15 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from .args import DEFAULT_MAX_NUM_SEQS, PREEMPTION_MODES, QUEUE_POLICIES
+from .args import SCHEDULERS as BATCHING_POLICIES
 from .block_manager import BlockManager, cdiv
 from .request import Request, RequestStatus
 from .request_queue import PriorityRequestQueue, priority_key
 from .scheduler_output import SchedulerOutput
 
-POLICIES = ("continuous", "static")
-PREEMPTION_MODES = ("recompute", "swap")
-QUEUE_POLICIES = ("fcfs", "priority")
-# vLLM's defaults when serving: 256 sequences; a 2048-token budget with chunked prefill, and
-# without chunking a budget that admits any prompt the model takes.
-DEFAULT_MAX_NUM_SEQS = 256
+# vLLM's default budget with chunked prefill; without chunking the budget admits any prompt the
+# model takes.
 DEFAULT_CHUNKED_BUDGET = 2048
 
 
@@ -53,17 +51,18 @@ def default_max_num_batched_tokens(chunked_prefill: bool, max_model_len: int) ->
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_model_len: int
-    policy: str = "continuous"  # batching: continuous | static
+    batching: str = "continuous"  # continuous | static
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = DEFAULT_CHUNKED_BUDGET
     chunked_prefill: bool = True
     preemption_mode: str = "recompute"
-    # vLLM's ``--policy``; named apart here because ``policy`` is the batching policy.
+    # vLLM's ``--policy``: the order of the waiting queue (the CLI's --policy).
     queue_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown scheduler {self.policy!r}: use {', '.join(POLICIES)}")
+        if self.batching not in BATCHING_POLICIES:
+            names = ", ".join(BATCHING_POLICIES)
+            raise ValueError(f"unknown scheduler {self.batching!r}: use {names}")
         if self.preemption_mode not in PREEMPTION_MODES:
             modes = ", ".join(PREEMPTION_MODES)
             raise ValueError(f"unknown preemption mode {self.preemption_mode!r}: use {modes}")
@@ -97,7 +96,7 @@ class Scheduler:
             PriorityRequestQueue() if self._priority else deque()
         )
         self.running: list[Request] = []  # in admission order: the last is the newest
-        self._static = config.policy == "static"
+        self._static = config.batching == "static"
         self._caching = block_manager.enable_prefix_caching
         # Chosen once: with every policy off, admission and output take the original fast path.
         self._general = self._priority or self._caching or config.preemption_mode == "swap"

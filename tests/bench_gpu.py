@@ -405,9 +405,9 @@ def cmd_run(args) -> int:
     """``cbbench run``'s engine path without the Typer CLI: RunSpec -> execute_run -> result."""
     from cbbench.analysis.result import write_result
     from cbbench.bench.runner import RunSpec, execute_run
-    from cbbench.targets.engine import EngineOptions
+    from cbbench.engine.args import EngineArgs
 
-    opts = EngineOptions(
+    opts = EngineArgs(
         engine=args.engine, model=args.model, device=args.device, scheduler=args.scheduler
     )
     spec = RunSpec(

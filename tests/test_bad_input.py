@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from cbbench.engine.args import ENGINES
 from cbbench.engine.gpu_specs import gpu_names
 from cbbench.engine.model_config import preset_names
 from cbbench.load.workload import JSONL_FIELDS, builtin_names
-from cbbench.targets.engine import ENGINES
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
@@ -107,14 +107,15 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "unknown-model-lists-presets": ([*SIM, "--model", "gpt-17"], ["unknown model", *preset_names()]),
     "unknown-gpu-lists-gpus": ([*SIM, "--gpu", "tpu-v9"], ["unknown GPU 'tpu-v9'", *gpu_names()]),
     "unknown-engine-lists-engines": (
-        [*SIM, "--engine", "vllm"], ["unknown engine 'vllm'", *ENGINES]),
+        [*SIM, "--engine", "vllm"], ["--engine must be one of", "'vllm'", *ENGINES]),
     "unknown-attention-backend-lists-backends": (
         [*TORCH, "--attention-backend", "cutlass"],
-        ["unknown attention backend 'cutlass'", "reference", "torch", "triton", "flash-attn"]),
+        ["--attention-backend must be one of", "'cutlass'", "reference", "torch", "triton",
+         "flash-attn"]),
     "unknown-arrival": ([*SIM, "--arrival", "uniform"], ["unknown arrival process", "gamma"]),
     "unknown-kv-allocation": ([*SIM, "--kv-allocation", "x"], ["paged", "reserved"]),
-    "unknown-dtype": ([*SIM, "--dtype", "fp8"], ["unknown dtype 'fp8'", "bf16", "fp32"]),
-    "unknown-device": ([*TORCH, "--device", "tpu"], ["unknown device 'tpu'", "cpu", "cuda"]),
+    "unknown-dtype": ([*SIM, "--dtype", "fp8"], ["--dtype must be one of", "'fp8'", "bf16", "fp32"]),
+    "unknown-device": ([*TORCH, "--device", "tpu"], ["--device must be one of", "'tpu'", "cpu", "cuda"]),
     "unknown-preemption-mode": ([*SIM, "--preemption", "drop"], ["'drop'", "recompute", "swap"]),
     "unknown-queue-policy": ([*SIM, "--policy", "lifo"], ["'lifo'", "fcfs", "priority"]),
     "swap-space-negative": ([*SIM, "--swap-space", "-1"], ["--swap-space"]),
@@ -130,14 +131,14 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "max-concurrency-without-endpoint": ([*SIM, "--max-concurrency", "4"], ["--endpoint"]),
     "top-p-zero": ([*SIM, "--top-p", "0"], ["--top-p"]),
     "temperature-negative": ([*SIM, "--temperature", "-1"], ["--temperature"]),
-    "gpu-memory-utilization-above-1": ([*SIM, "--gpu-memory-utilization", "1.5"], ["(0, 1]"]),
+    "gpu-memory-utilization-above-1": ([*SIM, "--gpu-memory-utilization", "1.5"], ["--gpu-memory-utilization must be in (0, 1], got 1.5"]),
     "block-size-zero": ([*SIM, "--block-size", "0"], ["--block-size must be >= 1"]),
     "token-budget-zero": ([*SIM, "--max-num-batched-tokens", "0"], ["--max-num-batched-tokens"]),
     "kv-blocks-zero": ([*SIM, "--num-kv-blocks", "0"], ["--num-kv-blocks must be >= 1"]),
     "max-model-len-zero": ([*SIM, "--max-model-len", "0"], ["--max-model-len must be >= 1"]),
     "top-k-negative": ([*SIM, "--top-k", "-1"], ["--top-k must be >= 0"]),
-    "eta-memory-above-1": ([*SIM, "--eta-memory", "2"], ["efficiency factors"]),
-    "overhead-negative": ([*SIM, "--iteration-overhead-us", "-1"], ["efficiency factors"]),
+    "eta-memory-above-1": ([*SIM, "--eta-memory", "2"], ["--eta-memory must be in (0, 1], got 2.0"]),
+    "overhead-negative": ([*SIM, "--iteration-overhead-us", "-1"], ["--iteration-overhead-us must be >= 0"]),
     # ---- SLO strings ---------------------------------------------------------------------------
     "slo-without-value": ([*SIM, "--slo", "ttft"], ["invalid SLO 'ttft'", "ttft, tpot, e2el"]),
     "slo-not-a-number": ([*SIM, "--slo", "ttft=fast"], ["milliseconds expected"]),
@@ -338,11 +339,11 @@ def test_option_parse_errors_are_one_line(tmp_path):
 # ---- requests that can never fit: rejected with the reason, the run goes on -----------------
 def _spec(tmp_path: Path, lines: list[dict], **engine):
     from cbbench.bench.runner import RunSpec
-    from cbbench.targets.engine import EngineOptions
+    from cbbench.engine.args import EngineArgs
 
     w = tmp_path / "w.jsonl"
     w.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return RunSpec(workload=str(w), num_requests=len(lines), engine=EngineOptions(**engine))
+    return RunSpec(workload=str(w), num_requests=len(lines), engine=EngineArgs(**engine))
 
 
 def _by_id(result: dict) -> dict[int, dict]:

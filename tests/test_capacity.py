@@ -14,8 +14,8 @@ from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, Probe, search
 from cbbench.bench.probe import ProbePoint, ProbeSizing, probe_spec
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli import capacity as cmd_capacity
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.targets.engine import EngineOptions
 
 app = typer.Typer()
 cmd_capacity.register(app)
@@ -164,7 +164,7 @@ def test_independent_runs_around_the_capacity(capacity_doc):
     run summary's own goodput accounting rather than the search's."""
     doc, _ = capacity_doc
     slo = parse_attainment_slo(SLO)
-    base = RunSpec(workload="sharegpt", engine=EngineOptions(
+    base = RunSpec(workload="sharegpt", engine=EngineArgs(
         engine="sim", model="llama-3-8b", gpu="h200", max_num_seqs=8))
     sizing = ProbeSizing(num_requests=200, min_duration_s=20)
 

@@ -202,7 +202,7 @@ def test_workloads_list_and_show():
         (["--slo", "ttft=-1"], "must be > 0"),
         (["--num-requests", "0"], "--num-requests must be >= 1"),
         (["--burstiness", "0"], "--burstiness must be a positive number"),
-        (["--scheduler", "fifo"], "unknown scheduler 'fifo'"),
+        (["--scheduler", "fifo"], "--scheduler must be one of continuous, static, got 'fifo'"),
         (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
     ],
 )

@@ -145,7 +145,7 @@ class PolicyMachine(RuleBasedStateMachine):
     ):  # fmt: skip
         self.num_blocks = max(1, pool_tokens // block_size)
         cfg = SchedulerConfig(
-            max_model_len=max_model_len, policy=policy, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, batching=policy, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=budget, chunked_prefill=chunked,
             preemption_mode=preemption, queue_policy=queue_policy,
         )  # fmt: skip

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.engine.args import EngineArgs
 from cbbench.engine.clock import VirtualClock
 from cbbench.engine.cost_model import CostModel
 from cbbench.engine.engine import Engine, EngineConfig, run_until_done
@@ -22,7 +23,6 @@ from cbbench.engine.scheduler_output import SchedulerOutput
 from cbbench.engine.sim_executor import SimExecutor, sim_num_kv_blocks
 from cbbench.load.arrivals import arrival_times
 from cbbench.load.workload import WorkloadRequest
-from cbbench.targets.engine import EngineOptions
 
 LLAMA3_8B = get_model_config("llama-3-8b")
 
@@ -140,7 +140,7 @@ def _spec(n: int, scheduler: str = "continuous", seed: int = 0, rate: float = fl
         seed=seed,
         request_rate=rate,
         rate_given=rate != float("inf"),
-        engine=EngineOptions(
+        engine=EngineArgs(
             engine="sim", gpu="h200", model="llama-3-8b", scheduler=scheduler, max_num_seqs=256
         ),
     )

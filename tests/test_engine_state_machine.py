@@ -59,7 +59,7 @@ STEPS_PER_EXAMPLE = int(os.environ.get("CBBENCH_FUZZ_STEPS", "60"))
 # Options this machine drives. A new SchedulerConfig / EngineConfig field that is a bool is
 # fuzzed automatically; any other new field fails test_every_option_is_fuzzed until it is added.
 SCHEDULER_FIELDS = {
-    "max_model_len", "policy", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill",
+    "max_model_len", "batching", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill",
     "preemption_mode", "queue_policy",
 }
 ENGINE_FIELDS = {
@@ -167,7 +167,7 @@ class EngineMachine(RuleBasedStateMachine):
               num_cpu_blocks, block_size, num_blocks, budget, max_num_seqs, max_model_len,
               sample_ids, extra):
         self.cfg = SchedulerConfig(
-            max_model_len=max_model_len, policy=policy, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len, batching=policy, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=budget, chunked_prefill=chunked, preemption_mode=preemption,
             queue_policy=queue_policy, **{n: extra[n] for n in EXTRA_BOOL_SCHED},
         )
@@ -238,7 +238,7 @@ class EngineMachine(RuleBasedStateMachine):
         for req in so.preempted:
             assert id(req) not in scheduled, "a preempted request is scheduled"
             assert req.block_table == [], ("a preempted request keeps GPU blocks", req)
-        if cfg.policy == "static" and self.prev_running:
+        if cfg.batching == "static" and self.prev_running:
             assert running <= self.prev_running, "static admitted into a running batch"
         self.check_pools()
 

@@ -14,8 +14,8 @@ from cbbench.analysis import gate as G
 from cbbench.analysis.result import write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli import gate as cmd_gate
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.targets.engine import EngineOptions
 
 NUM_REQUESTS = 60
 
@@ -33,7 +33,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def base_result() -> dict:
-    spec = RunSpec(num_requests=NUM_REQUESTS, engine=EngineOptions(engine="sim"))
+    spec = RunSpec(num_requests=NUM_REQUESTS, engine=EngineArgs(engine="sim"))
     return execute_run(spec, lambda msg: None)
 
 

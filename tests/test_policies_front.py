@@ -15,9 +15,9 @@ from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli import options as C
 from cbbench.cli.app import app
 from cbbench.cli.compare import parse_variant
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.workload import SHARED_PREFIX_VOCAB, load_workload
-from cbbench.targets.engine import EngineOptions
 
 runner = CliRunner()
 
@@ -27,16 +27,8 @@ def _quiet(_msg: str) -> None:
 
 
 # ---- options --------------------------------------------------------------------------------
-def _opts(**kw) -> EngineOptions:
-    args = dict(
-        engine="sim", model=None, gpu=None, scheduler="continuous", chunked_prefill=True,
-        kv_allocation="paged", max_num_batched_tokens=None, max_num_seqs=256, block_size=16,
-        num_kv_blocks=None, max_model_len=None, gpu_memory_utilization=0.9, device=None,
-        dtype=None, attention_backend="auto", temperature=0.0, top_p=1.0, top_k=0,
-        ignore_eos=True, cuda_graphs=True, eta_memory=None, eta_compute=None,
-        iteration_overhead_us=None, seed=0,
-    )  # fmt: skip
-    return C.engine_options(**args, **kw)
+def _opts(**kw) -> EngineArgs:
+    return C.engine_args(engine="sim", **kw)
 
 
 def test_engine_options_defaults_and_validation():
@@ -67,7 +59,7 @@ def test_compare_variants_combine_the_policy_axes():
     assert (v.scheduler, v.kv_allocation, v.preemption, v.policy, v.enable_prefix_caching) == (
         "continuous", "reserved", "recompute", "fcfs", False
     )
-    base = EngineOptions(engine="sim", preemption="swap", swap_space=1.0, num_kv_blocks=100)
+    base = EngineArgs(engine="sim", preemption="swap", swap_space=1.0, num_kv_blocks=100)
     opts = parse_variant("priority").apply(base)
     assert (opts.preemption, opts.swap_space, opts.policy) == ("swap", 1.0, "priority")
     assert parse_variant("prefix-cache").apply(base).enable_prefix_caching
@@ -131,7 +123,7 @@ def _sim(workload="sharegpt", n=300, rate=float("inf"), **engine) -> dict:
     spec = RunSpec(
         workload=workload, num_requests=n, seed=0, request_rate=rate,
         rate_given=rate != float("inf"),
-        engine=EngineOptions(engine="sim", gpu="h200", model="llama-3-8b", **engine),
+        engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", **engine),
     )  # fmt: skip
     return execute_run(spec, _quiet)
 

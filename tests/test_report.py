@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cbbench.analysis.result import write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli import report as cmd_report
-from cbbench.targets.engine import EngineOptions
+from cbbench.engine.args import EngineArgs
 
 NUM_REQUESTS = 64
 PLOTS = ("latency_cdfs", "token_budget", "batch_occupancy", "kv_usage", "bandwidth")
@@ -35,7 +35,7 @@ runner = CliRunner()
 
 
 def _run(scheduler: str, detailed: bool) -> dict:
-    opts = EngineOptions(
+    opts = EngineArgs(
         engine="sim", scheduler=scheduler, chunked_prefill=scheduler == "continuous",
         max_num_seqs=32, num_kv_blocks=400,  # a small pool, so preemptions happen
     )

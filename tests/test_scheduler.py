@@ -119,7 +119,7 @@ def test_token_budget_and_max_num_seqs_hand_computed():
 def test_newer_decode_comes_before_older_prefill():
     # Static, chunking off: B's prompt does not fit what A left of the budget, C's does; in the
     # next iteration C (newer) decodes and is listed before B (older, still prefilling).
-    s = make_scheduler(max_num_batched_tokens=36, policy="static", chunked_prefill=False)
+    s = make_scheduler(max_num_batched_tokens=36, batching="static", chunked_prefill=False)
     a, b, c = Request(0, 30, 5), Request(1, 10, 5), Request(2, 4, 5)
     for r in (a, b, c):
         s.add_request(r)
@@ -183,7 +183,7 @@ def test_without_chunking_a_prompt_waits_for_a_whole_prompt_iteration():
 
 # ---- static vs continuous -------------------------------------------------------------------
 def _static_vs_continuous(policy: str) -> tuple[list[list[tuple[int, int]]], list[int]]:
-    s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=2, policy=policy)
+    s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=2, batching=policy)
     a, b, c = Request(0, 4, 2), Request(1, 4, 5), Request(2, 4, 1)
     for r in (a, b, c):
         s.add_request(r)
@@ -223,7 +223,7 @@ def test_continuous_admits_as_soon_as_a_slot_frees():
 
 
 def test_static_admits_nothing_while_a_batch_runs():
-    s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=8, policy="static")
+    s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=8, batching="static")
     first = [Request(i, 4, 3) for i in range(2)]
     for r in first:
         s.add_request(r)
@@ -289,7 +289,7 @@ def test_preemption_during_a_prefill_takes_back_the_victims_decode_token():
     # decode (c crosses into a 2nd block: 1 free), then b's prompt needs 3 blocks: c, the
     # newest, is preempted and its decode token is taken back.
     s = make_scheduler(
-        num_blocks=12, block_size=4, max_num_batched_tokens=36, policy="static",
+        num_blocks=12, block_size=4, max_num_batched_tokens=36, batching="static",
         chunked_prefill=False,
     )
     a, b, c = Request(0, 30, 3), Request(1, 10, 2), Request(2, 4, 4)
@@ -398,7 +398,7 @@ class _FakeExecutor:
         if self.engine is not None:
             s = self.engine.scheduler
             check_output(s, sched)
-            if s.config.policy == "static":
+            if s.config.batching == "static":
                 now_running = {id(r) for r in s.running}
                 if now_running - self.prev_running and self.prev_running:
                     self.new_batches_while_running += 1
@@ -434,7 +434,7 @@ def test_random_workloads_run_to_completion_within_budgets(
 ):
     num_blocks = max(1, pool_tokens // block_size)
     cfg = SchedulerConfig(
-        max_model_len=max_model_len, policy=policy, max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len, batching=policy, max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget, chunked_prefill=chunked,
     )
     ex = _FakeExecutor()

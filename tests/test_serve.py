@@ -19,11 +19,11 @@ import pytest
 import uvicorn
 
 from cbbench.cli.serve import build_serving_engine
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.server.app import ServeConfig, create_app
 from cbbench.server.protocol import ChatMessage, render_chat
 from cbbench.server.text import SIM_TOKEN_TEXT, HashedWordCodec, TokenizerCodec, load_tokenizer
-from cbbench.targets.engine import EngineOptions
 
 MODEL = "llama-3.2-1b"
 CONTEXT = 8192
@@ -34,13 +34,13 @@ START_TIMEOUT_S = 15.0
 POLL_S = 0.02
 
 
-def sim_options(**kw) -> EngineOptions:
+def sim_options(**kw) -> EngineArgs:
     base = dict(
         engine="sim", model=MODEL, gpu="h200", max_model_len=CONTEXT, num_kv_blocks=KV_BLOCKS,
         block_size=BLOCK_SIZE, iteration_overhead_us=OVERHEAD_US,
     )
     base.update(kw)
-    return EngineOptions(**base)
+    return EngineArgs(**base)
 
 
 @dataclass

@@ -14,9 +14,9 @@ from cbbench.bench.probe import ProbeSizing, check_steady, rate_label, run_probe
 from cbbench.bench.runner import RunSpec
 from cbbench.bench.sweep import AUTO_HIGH_FRACTION, AUTO_LOW_FRACTION, auto_rates, parse_rates
 from cbbench.cli import sweep as cmd_sweep
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.report.sweep_plot import is_sweep_file, latency_throughput, load_sweep
-from cbbench.targets.engine import EngineOptions
 
 app = typer.Typer()
 cmd_sweep.register(app)
@@ -146,7 +146,7 @@ def test_overloaded_point_is_flagged_not_steady(tmp_path):
 
 
 def test_steady_check_queue_signals():
-    base = RunSpec(workload="sharegpt", engine=EngineOptions(engine="sim", max_num_seqs=4))
+    base = RunSpec(workload="sharegpt", engine=EngineArgs(engine="sim", max_num_seqs=4))
     sizing = ProbeSizing(num_requests=200, min_duration_s=0)
     burst = run_probe(base, math.inf, sizing, None, lambda m: None)
     assert check_steady(burst, math.inf).steady is None

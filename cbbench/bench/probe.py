@@ -231,17 +231,14 @@ def rate_label(rate: float) -> str:
 
 
 def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None):
-    """The base RunSpec at this rate: its request count from the sizing rule, a fresh engine
-    or endpoint (options copied, nothing resolved carried over), the SLO limits for goodput."""
+    """The base RunSpec at this rate: its request count from the sizing rule, the SLO limits
+    for goodput."""
     changes = dict(
         request_rate=rate,
         # Always a rate, never a trace's own timing: 'auto' then resolves to gamma.
         rate_given=True,
         num_requests=sizing.requests_for(rate),
-        engine=dataclasses.replace(base.engine, resolved={}),
     )
-    if base.endpoint is not None:
-        changes["endpoint"] = dataclasses.replace(base.endpoint, resolved={})
     if slo is not None:
         changes["slo"] = dict(slo.limits_ms)
     return dataclasses.replace(base, **changes)

@@ -10,9 +10,10 @@ from dataclasses import asdict, dataclass, field
 
 from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
+from cbbench.engine.args import EngineArgs
 from cbbench.load.arrivals import arrival_times, resolve_process
 from cbbench.load.workload import BUILTIN_WORKLOADS, load_workload, sample_requests
-from cbbench.targets.engine import EngineOptions, run_engine
+from cbbench.targets.engine import engine_config_dict, run_engine
 from cbbench.targets.http import EndpointOptions
 
 DEFAULT_NUM_REQUESTS = 1000
@@ -30,7 +31,7 @@ class RunSpec:
     slo: dict = field(default_factory=dict)
     save_detailed: bool = False
     label: str | None = None
-    engine: EngineOptions = field(default_factory=EngineOptions)
+    engine: EngineArgs = field(default_factory=EngineArgs)
     endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
     gpu_index: int | None = None
     telemetry_interval_s: float = 0.05
@@ -181,7 +182,9 @@ def execute_run(
                 spec.endpoint, wreqs, arrivals, notice, should_stop=should_stop,
                 on_progress=on_progress, keep_token_ids=spec.save_detailed,
             )
-            target_config = {"target": "http", **spec.endpoint.to_config()}
+            target_config = {
+                "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
+            }
         else:
             run = run_engine(
                 spec.engine, wreqs, arrivals, notice, should_stop=should_stop,
@@ -190,7 +193,10 @@ def execute_run(
             )
             target_config = {
                 "target": "engine",
-                **{f"engine_{k}" if k == "seed" else k: v for k, v in spec.engine.to_config().items()},
+                **{
+                    f"engine_{k}" if k == "seed" else k: v
+                    for k, v in engine_config_dict(spec.engine, run.resolved).items()
+                },
             }
     finally:
         if sampler is not None:
@@ -225,7 +231,7 @@ def execute_run(
     summary = summarize(run.records, run.duration_s, spec.slo)
     iterations = getattr(run, "iterations", [])
     if iterations:
-        gpu_spec = run.info.get("gpu_spec")
+        gpu_spec = run.resolved.gpu_spec
         add_utilization(iterations, gpu_spec)
         summary["engine"] = summarize_engine(iterations, gpu_spec)
     if run.not_sent:

@@ -85,7 +85,7 @@ def capacity(
         Path | None, typer.Option(help="Also save each probe's full result in this folder.")
     ] = None,
     *,
-    engine_opts: C.EngineOptions,
+    engine_opts: C.EngineArgs,
 ) -> None:
     """Find the highest request rate whose run meets the SLO: bracket from a first guess
     (doubling or halving), then bisect until the bracket is within --precision. A probe

@@ -24,7 +24,7 @@ from cbbench.errors import UsageError
 
 if TYPE_CHECKING:
     from cbbench.bench.runner import RunSpec
-    from cbbench.targets.engine import EngineOptions
+    from cbbench.engine.args import EngineArgs
 
 # ---- the table model ------------------------------------------------------------------------
 
@@ -229,8 +229,8 @@ class Variant:
     policy: str | None = None
     enable_prefix_caching: bool | None = None
 
-    def apply(self, opts: EngineOptions) -> EngineOptions:
-        changes = {"resolved": {}}  # a fresh dict: the engine fills it in per run
+    def apply(self, opts: EngineArgs) -> EngineArgs:
+        changes = {}
         if self.scheduler is not None:
             changes.update(scheduler=self.scheduler, chunked_prefill=self.chunked_prefill)
         for key in ("kv_allocation", "preemption", "policy", "enable_prefix_caching"):
@@ -316,7 +316,7 @@ def compare(
         Path | None, typer.Option("--csv", help="Also write the numbers and ratios as CSV.")
     ] = None,
     *,
-    engine_opts: C.EngineOptions,
+    engine_opts: C.EngineArgs,
 ) -> None:
     """Compare results side by side (ratios against the first), or run --variants on one
     identical request set and compare those. A variant sets any of the batching (static,
@@ -385,7 +385,7 @@ def _base_spec(
     arrival: str,
     slo: str | None,
     save_detailed: bool,
-    opts: EngineOptions,
+    opts: EngineArgs,
 ) -> RunSpec:
     """The RunSpec every variant shares; only its engine options change per variant."""
     from cbbench.analysis.metrics import parse_slo

@@ -88,7 +88,7 @@ def run(
         bool, typer.Option("--json", help="Print the result JSON instead of the table.")
     ] = False,
     *,
-    engine_opts: C.EngineOptions,
+    engine_opts: C.EngineArgs,
 ) -> None:
     """Run a workload against the bundled engine and report latency, throughput and the
     engine's per-iteration story."""

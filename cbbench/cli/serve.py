@@ -33,10 +33,11 @@ def build_serving_engine(opts, notice=C.notice):
     from cbbench.server.async_engine import PacedWallClock
     from cbbench.targets.engine import build_engine
 
-    engine, info = build_engine(opts, notice)
+    engine, resolved = build_engine(opts, notice)
+    info = resolved.to_dict()
     if not engine.clock.realtime:
         engine.clock = PacedWallClock()
-        info = {**info, "clock": "wall"}
+        info["clock"] = "wall"
     return engine, info
 
 
@@ -58,7 +59,7 @@ def serve(
     ] = None,
     seed: Annotated[int, typer.Option(help="Engine seed (random-weight model presets).")] = 0,
     *,
-    engine_opts: C.EngineOptions,
+    engine_opts: C.EngineArgs,
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible API: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and /metrics.
 

@@ -84,7 +84,7 @@ def sweep(
                      "Default: results/runs/sweep-<time>."),
     ] = None,
     *,
-    engine_opts: C.EngineOptions,
+    engine_opts: C.EngineArgs,
 ) -> None:
     """Run the workload at each rate (the same requests every time, a fresh engine per point)
     and print latency percentiles, throughput and goodput per rate; save each run, a summary

@@ -8,138 +8,43 @@ torch engine on the wall clock.
 from __future__ import annotations
 
 import math
-import os
-import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.engine.args import EngineArgs, EngineArgsError
+from cbbench.engine.build import EngineInfo
 from cbbench.errors import UsageError
 from cbbench.load.workload import WorkloadRequest
 
-ENGINES = ("auto", "sim", "torch")
-DEFAULT_SIM_GPU = "h200"
-DEFAULT_SIM_MODEL = "llama-3-8b"
-# The torch engine on a CPU: a small random-weight model, so a real forward pass over the
-# ShareGPT workload finishes in minutes on a laptop.
-DEFAULT_CPU_MODEL = "small"
-DEFAULT_CUDA_MODEL = "llama-3-8b"
-# The CPU KV pool is zero-filled at start-up, so it is sized for the small CPU presets (512 MiB
-# holds 512k tokens of the 'small' model) rather than for memory that is never used.
-DEFAULT_CPU_KV_MEMORY_BYTES = 512 * 1024**2
-# vLLM's --swap-space default: 4 GiB of CPU memory for swapped-out KV blocks.
-DEFAULT_SWAP_SPACE_GIB = 4.0
-GIB = 1024**3
-PREEMPTION_MODES = ("recompute", "swap")
-QUEUE_POLICIES = ("fcfs", "priority")
 
+def build_engine(args: EngineArgs, notice: Callable[[str], None]):
+    """``engine.build.build_engine`` with its option errors as usage errors. Returns
+    (Engine, EngineInfo)."""
+    from cbbench.engine.build import build_engine as build
 
-@dataclass
-class EngineOptions:
-    engine: str = "auto"
-    model: str | None = None
-    gpu: str | None = None
-    scheduler: str = "continuous"
-    chunked_prefill: bool = True
-    kv_allocation: str = "paged"
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int = 256
-    block_size: int = 16
-    num_kv_blocks: int | None = None
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.9
-    # scheduling policies (vLLM's --preemption-mode, --swap-space, --policy,
-    # --enable-prefix-caching)
-    preemption: str = "recompute"
-    swap_space: float = DEFAULT_SWAP_SPACE_GIB  # GiB; used only with preemption "swap"
-    policy: str = "fcfs"
-    enable_prefix_caching: bool = False
-    # torch engine
-    device: str | None = None
-    dtype: str | None = None
-    attention_backend: str = "auto"
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    ignore_eos: bool = True
-    cuda_graphs: bool = True
-    # sim engine efficiency factors (None: documented defaults)
-    eta_memory: float | None = None
-    eta_compute: float | None = None
-    iteration_overhead_us: float | None = None
-    seed: int = 0
-    resolved: dict = field(default_factory=dict)  # filled in by build_engine
-
-    def to_config(self) -> dict:
-        d = asdict(self)
-        d["engine_requested"] = d["engine"]
-        d.update(d.pop("resolved"))  # the resolved engine, model, GPU and sizes
-        return d
-
-
-def _cuda_available() -> bool:
-    if "torch" not in sys.modules and os.environ.get("CUDA_VISIBLE_DEVICES") == "":
-        return False
     try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+        return build(args, notice)
+    except EngineArgsError as e:
+        raise UsageError(str(e)) from None
 
 
-def resolve_engine(opts: EngineOptions, notice: Callable[[str], None]) -> str:
-    if opts.engine not in ENGINES:
-        raise UsageError(f"unknown engine {opts.engine!r}: use {', '.join(ENGINES)}")
-    if opts.engine != "auto":
-        return opts.engine
-    if _cuda_available():
-        return "torch"
-    notice(
-        f"no GPU found: running the torch engine on the CPU with the {DEFAULT_CPU_MODEL!r} "
-        "random-weight preset (use --engine sim --gpu h200 for simulated H200 timing)"
-    )
-    return "torch"
+def resolve_engine(args: EngineArgs, notice: Callable[[str], None]) -> str:
+    from cbbench.engine.build import resolve_engine as resolve
+
+    return resolve(args, notice)
 
 
-def num_swap_blocks(opts: EngineOptions, block_bytes: int) -> int:
-    """CPU blocks for swap preemption: --swap-space over the bytes of one KV block (0 when
-    preemption recomputes)."""
-    if opts.preemption != "swap":
-        return 0
-    return int(opts.swap_space * GIB // block_bytes)
-
-
-def engine_config(
-    opts: EngineOptions, max_model_len: int, num_blocks: int, num_cpu_blocks: int
-):
-    """The scheduler and engine configuration both engine kinds share (ValueError when the
-    options do not make a valid engine). Returns (EngineConfig, token budget)."""
-    from cbbench.engine.engine import EngineConfig
-    from cbbench.engine.scheduler import SchedulerConfig, default_max_num_batched_tokens
-
-    budget = opts.max_num_batched_tokens or default_max_num_batched_tokens(
-        opts.chunked_prefill, max_model_len
-    )
-    sched = SchedulerConfig(
-        max_model_len=max_model_len,
-        policy=opts.scheduler,
-        max_num_seqs=opts.max_num_seqs,
-        max_num_batched_tokens=budget,
-        chunked_prefill=opts.chunked_prefill,
-        preemption_mode=opts.preemption,
-        queue_policy=opts.policy,
-    )
-    config = EngineConfig(
-        sched,
-        num_blocks,
-        opts.block_size,
-        opts.kv_allocation,
-        num_cpu_blocks=num_cpu_blocks,
-        enable_prefix_caching=opts.enable_prefix_caching,
-    )
-    return config, budget
+def engine_config_dict(args: EngineArgs, resolved: EngineInfo | None) -> dict:
+    """The result's config for an engine run: every option, what was asked for, and what the
+    engine resolved it to."""
+    d = args.to_dict()
+    d["engine_requested"] = d["engine"]
+    if resolved is not None:
+        d.update(resolved.to_dict())
+    return d
 
 
 @dataclass
@@ -148,33 +53,21 @@ class EngineRun:
     iterations: list[dict]
     duration_s: float
     interrupted: bool
-    info: dict
+    resolved: EngineInfo
     not_sent: int = 0
 
 
-def build_engine(opts: EngineOptions, notice: Callable[[str], None]):
-    """Returns (engine, info) for the resolved engine kind."""
-    kind = resolve_engine(opts, notice)
-    if kind == "sim":
-        from cbbench.targets.sim_build import build_sim_engine
-
-        return build_sim_engine(opts)
-    from cbbench.targets.torch_build import build_torch_engine
-
-    return build_torch_engine(opts, notice)
-
-
 def _make_requests(
-    wreqs: list[WorkloadRequest], arrivals: np.ndarray, opts: EngineOptions, info: dict
+    wreqs: list[WorkloadRequest], arrivals: np.ndarray, opts: EngineArgs, info: EngineInfo
 ):
     from cbbench.engine.request import Request, SamplingParams
 
-    needs_ids = info["engine"] == "torch"
+    needs_ids = info.engine == "torch"
     # The simulator computes no tokens, but prefix caching hashes prompt ids where the
     # workload has them.
     keep_ids = needs_ids or opts.enable_prefix_caching
-    vocab = info.get("vocab_size", 0)
-    eos = info.get("eos_token_id")
+    vocab = info.vocab_size or 0
+    eos = info.eos_token_id
     reqs = []
     for w, t in zip(wreqs, arrivals):
         ids = None
@@ -186,7 +79,7 @@ def _make_requests(
                         f"model's vocabulary of {vocab}"
                     )
                 ids = list(w.prompt_token_ids)
-            elif w.prompt_len + w.output_len > info["max_model_len"]:
+            elif w.prompt_len + w.output_len > info.max_model_len:
                 ids = None  # rejected at arrival (beyond the context): never build its prompt
             else:
                 # Length-only requests get synthetic ids, the same for every run of a seed.
@@ -234,7 +127,7 @@ def _drain(engine, grace_s: float) -> None:
 
 
 def run_engine(
-    opts: EngineOptions,
+    opts: EngineArgs,
     wreqs: list[WorkloadRequest],
     arrivals: np.ndarray,
     notice: Callable[[str], None],
@@ -249,7 +142,6 @@ def run_engine(
     from cbbench.engine.request import RequestStatus
 
     engine, info = build_engine(opts, notice)
-    opts.resolved = info
     reqs = _make_requests(wreqs, arrivals, opts, info)
     total = len(reqs)
     done = [0]

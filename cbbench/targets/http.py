@@ -146,7 +146,6 @@ class EndpointOptions:
     tokenizer: str | None = None  # a tokenizer.json: exact synthetic prompts, token counts
     scrape_metrics: bool = False
     seed: int = 0  # synthetic prompt text; the run's seed
-    resolved: dict = field(default_factory=dict)  # filled in by run_http
 
     def validate(self) -> None:
         normalize_endpoint(self.endpoint)
@@ -163,13 +162,13 @@ class EndpointOptions:
             except UnicodeEncodeError:
                 raise UsageError(f"--header {key}: the value must be ASCII/Latin-1 text") from None
 
-    def to_config(self) -> dict:
+    def to_config(self, served_model: str | None = None) -> dict:
         """For the result file: header *names* only (values may be API keys), and the
-        endpoint without credentials."""
+        endpoint without credentials. ``served_model``: the model the run resolved to."""
         return {
             "endpoint": redact_url(self.endpoint),
             "api": self.api,
-            "served_model": self.resolved.get("served_model", self.served_model),
+            "served_model": served_model or self.served_model,
             "served_model_requested": self.served_model,
             "ignore_eos_field": self.ignore_eos_field,
             "header_names": sorted(self.headers),
@@ -737,7 +736,6 @@ def run_http(
     prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
     runner = _Runner(opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s)
     duration, info = asyncio.run(runner.run())
-    opts.resolved = {"served_model": info["served_model"]}
 
     records: list[RequestRecord] = []
     methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)

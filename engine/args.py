@@ -1,0 +1,178 @@
+"""EngineArgs: every engine option in one place — its type, default, choices, range and help.
+
+The CLI derives the options of `run`, `serve`, `compare`, `sweep` and `capacity` from these
+fields (cbbench/cli/options.py), and :mod:`.build` builds an engine from them, so adding an
+option is one field here plus its use. ``validate()`` rejects a bad value before anything runs.
+
+Field metadata (all optional): ``help``; ``choices`` (a tuple; None stays allowed when the
+default is None); ``low``/``high`` with ``low_open`` for an open lower bound; ``cli=False``
+for a field the CLI sets from elsewhere (the command's own ``--seed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+ENGINES = ("auto", "sim", "torch")
+SCHEDULERS = ("continuous", "static")
+KV_ALLOCATIONS = ("paged", "reserved")
+PREEMPTION_MODES = ("recompute", "swap")
+QUEUE_POLICIES = ("fcfs", "priority")
+DEVICES = ("cpu", "cuda")
+DTYPES = ("bf16", "fp16", "fp32")
+# Kept equal to cbbench.kernels.BACKEND_NAMES (a test checks): importing kernels imports torch,
+# which the simulated path never does.
+ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "flash-attn")
+
+# vLLM's serving defaults.
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+DEFAULT_SWAP_SPACE_GIB = 4.0
+
+
+class EngineArgsError(ValueError):
+    """An option value the engine cannot take (the CLI prints it as one line, exit 2)."""
+
+
+def opt(default, help: str, **meta):
+    """A dataclass field carrying its CLI help and checks in its metadata."""
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    engine: str = opt(
+        "auto", "auto | torch | sim. auto: torch on CUDA if present, else torch on the CPU.",
+        choices=ENGINES,
+    )
+    model: str | None = opt(
+        None,
+        "Model preset (llama-3-8b, llama-3.2-1b, qwen2.5-7b, ...) or a Hugging Face folder. "
+        "Default: llama-3-8b (sim, CUDA), 'small' (CPU).",
+    )
+    gpu: str | None = opt(None, "Simulated GPU: a100-80gb, h100, h200, ... Default: h200.")
+    scheduler: str = opt(
+        "continuous", "continuous (iteration-level) | static (batch at a time).",
+        choices=SCHEDULERS,
+    )
+    chunked_prefill: bool = opt(True, "Split long prompts across iterations so decodes keep moving.")
+    kv_allocation: str = opt(
+        "paged", "paged (grow block by block) | reserved (prompt + max output at admission).",
+        choices=KV_ALLOCATIONS,
+    )
+    max_num_batched_tokens: int | None = opt(
+        None,
+        "Token budget per iteration. Default as vLLM: 2048 with chunked prefill, else "
+        "max(max_model_len, 2048).",
+        low=1,
+    )
+    max_num_seqs: int = opt(
+        DEFAULT_MAX_NUM_SEQS, "Most requests running at once (vLLM's default: 256).", low=1
+    )
+    block_size: int = opt(DEFAULT_BLOCK_SIZE, "Tokens per KV block.", low=1)
+    num_kv_blocks: int | None = opt(None, "KV pool size in blocks. Default: derived from memory.", low=1)
+    max_model_len: int | None = opt(None, "Context length. Default: the model's.", low=1)
+    gpu_memory_utilization: float = opt(
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+        "Fraction of GPU memory for weights + KV cache (vLLM's default 0.9).",
+        low=0.0, low_open=True, high=1.0,
+    )
+    # Scheduling policies (vLLM's --preemption-mode, --swap-space, --policy,
+    # --enable-prefix-caching).
+    preemption: str = opt(
+        "recompute",
+        "When KV runs out: recompute (free the victim's KV; it recomputes on resume) | swap "
+        "(copy its KV to CPU memory and back; recompute when the swap space is full).",
+        choices=PREEMPTION_MODES,
+    )
+    swap_space: float = opt(
+        DEFAULT_SWAP_SPACE_GIB, "CPU swap space in GiB for --preemption swap (vLLM's default 4).",
+        low=0.0,
+    )
+    policy: str = opt(
+        "fcfs",
+        "Queue order: fcfs | priority (admit by each request's priority, lower first, ties by "
+        "arrival; a request short of KV preempts a lower-priority running one).",
+        choices=QUEUE_POLICIES,
+    )
+    enable_prefix_caching: bool = opt(
+        False,
+        "Reuse the KV of full blocks shared with earlier requests (needs token ids: workloads "
+        "with prompt_token_ids, or the torch engine).",
+    )
+    # The torch engine.
+    device: str | None = opt(
+        None, "torch engine: cpu | cuda. Default: cuda if present.", choices=DEVICES
+    )
+    dtype: str | None = opt(
+        None, "bf16 | fp16 | fp32. Default: bf16 on CUDA, fp32 on the CPU.", choices=DTYPES
+    )
+    attention_backend: str = opt(
+        "auto", "auto | reference | torch | triton | flash-attn (torch engine).",
+        choices=ATTENTION_BACKENDS,
+    )
+    temperature: float = opt(0.0, "Sampling temperature; 0 = greedy.", low=0.0)
+    top_p: float = opt(1.0, "Nucleus sampling threshold.", low=0.0, low_open=True, high=1.0)
+    top_k: int = opt(0, "Top-k sampling; 0 = off.", low=0)
+    ignore_eos: bool = opt(
+        True, "Benchmark runs ignore EOS so output lengths follow the workload."
+    )
+    cuda_graphs: bool = opt(True, "Replay CUDA graphs for decode.")
+    # The simulated engine's efficiency factors (None: the documented defaults).
+    eta_memory: float | None = opt(
+        None, "sim: fraction of peak HBM bandwidth reached (default 0.80).",
+        low=0.0, low_open=True, high=1.0,
+    )
+    eta_compute: float | None = opt(
+        None, "sim: fraction of peak FLOP/s reached (default 0.60).",
+        low=0.0, low_open=True, high=1.0,
+    )
+    iteration_overhead_us: float | None = opt(
+        None, "sim: fixed overhead per iteration in µs (default 300).", low=0.0
+    )
+    seed: int = opt(0, "Engine seed: random weights, synthetic prompts, sampling.", low=0, cli=False)
+
+    def validate(self) -> EngineArgs:
+        """Raise EngineArgsError naming the first bad option; return self when all are good."""
+        for f in dataclasses.fields(self):
+            problem = check_value(f, getattr(self, f.name))
+            if problem is not None:
+                raise EngineArgsError(f"{flag_of(f.name)} {problem}")
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def range_text(low, high, low_open: bool) -> str:
+    """'>= 1', '> 0', '<= 1', or an interval such as '(0, 1]'."""
+    if high is None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if low is None:
+        return f"<= {high:g}"
+    return f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+
+
+def check_value(f: dataclasses.Field, value) -> str | None:
+    """Why ``value`` is not acceptable for field ``f`` (a phrase after the flag), or None."""
+    meta = f.metadata
+    if value is None:
+        return None if f.default is None else "needs a value"
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        return f"must be one of {', '.join(choices)}, got {value!r}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    low, high, low_open = meta.get("low"), meta.get("high"), meta.get("low_open", False)
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and value > high
+    if too_low or too_high:
+        return f"must be {range_text(low, high, low_open)}, got {value}"
+    return None

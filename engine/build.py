@@ -1,0 +1,288 @@
+"""Build an engine from EngineArgs: the simulated GPU (a roofline on a virtual clock) or the
+torch engine (a real model, a paged KV cache and the model runner on the wall clock).
+
+Returns the engine and an :class:`EngineInfo`: what ``auto`` and the defaults resolved to. Any
+option the engine cannot take raises :class:`EngineArgsError` with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .args import EngineArgs, EngineArgsError
+
+DEFAULT_SIM_GPU = "h200"
+DEFAULT_SIM_MODEL = "llama-3-8b"
+# The torch engine on a CPU: a small random-weight model, so a real forward pass over the
+# ShareGPT workload finishes in minutes on a laptop.
+DEFAULT_CPU_MODEL = "small"
+DEFAULT_CUDA_MODEL = "llama-3-8b"
+# The CPU KV pool is zero-filled at start-up, so it is sized for the small CPU presets (512 MiB
+# holds 512k tokens of the 'small' model) rather than for memory that is never used.
+DEFAULT_CPU_KV_MEMORY_BYTES = 512 * 1024**2
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a built engine resolved to; it goes into the result's config beside the options."""
+
+    engine: str  # sim | torch
+    model: str
+    model_config: dict
+    dtype: str
+    max_model_len: int
+    max_num_batched_tokens: int
+    num_kv_blocks: int
+    kv_capacity_tokens: int
+    num_cpu_blocks: int
+    weight_bytes: int
+    kv_bytes_per_token: int
+    clock: str  # virtual | wall
+    gpu: str | None = None
+    gpu_spec: dict | None = None
+    efficiency: dict | None = None  # sim
+    device: str | None = None  # torch
+    device_name: str | None = None
+    attention_backend: str | None = None
+    cuda_graphs: bool | None = None
+    vocab_size: int | None = None
+    eos_token_id: int | list[int] | None = None
+    torch_version: str | None = None
+
+    def to_dict(self) -> dict:
+        """The fields this engine kind sets (None fields left out, except gpu)."""
+        return {
+            k: v
+            for k, v in dataclasses.asdict(self).items()
+            if v is not None or k in ("gpu", "gpu_spec")
+        }
+
+
+def cuda_available() -> bool:
+    if "torch" not in sys.modules and os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def resolve_engine(args: EngineArgs, notice: Callable[[str], None]) -> str:
+    """``auto`` -> torch (on CUDA when present, else on the CPU with a notice)."""
+    if args.engine != "auto":
+        return args.engine
+    if not cuda_available():
+        notice(
+            f"no GPU found: running the torch engine on the CPU with the {DEFAULT_CPU_MODEL!r} "
+            "random-weight preset (use --engine sim --gpu h200 for simulated H200 timing)"
+        )
+    return "torch"
+
+
+def num_swap_blocks(args: EngineArgs, block_bytes: int) -> int:
+    """CPU blocks for swap preemption: --swap-space over the bytes of one KV block (0 when
+    preemption recomputes)."""
+    if args.preemption != "swap":
+        return 0
+    return int(args.swap_space * GIB // block_bytes)
+
+
+def engine_config(args: EngineArgs, max_model_len: int, num_blocks: int, num_cpu_blocks: int):
+    """The scheduler and engine configuration both engine kinds share. Returns (EngineConfig,
+    token budget)."""
+    from .engine import EngineConfig
+    from .scheduler import SchedulerConfig, default_max_num_batched_tokens
+
+    budget = args.max_num_batched_tokens or default_max_num_batched_tokens(
+        args.chunked_prefill, max_model_len
+    )
+    try:
+        sched = SchedulerConfig(
+            max_model_len=max_model_len,
+            batching=args.scheduler,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=budget,
+            chunked_prefill=args.chunked_prefill,
+            preemption_mode=args.preemption,
+            queue_policy=args.policy,
+        )
+        config = EngineConfig(
+            sched,
+            num_blocks,
+            args.block_size,
+            args.kv_allocation,
+            num_cpu_blocks=num_cpu_blocks,
+            enable_prefix_caching=args.enable_prefix_caching,
+        )
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+    return config, budget
+
+
+def build_engine(args: EngineArgs, notice: Callable[[str], None]):
+    """Returns (Engine, EngineInfo) for the resolved engine kind."""
+    args.validate()
+    if resolve_engine(args, notice) == "sim":
+        return build_sim_engine(args)
+    return build_torch_engine(args, notice)
+
+
+def build_sim_engine(args: EngineArgs):
+    from .clock import VirtualClock
+    from .cost_model import CostModel, Efficiency
+    from .engine import Engine
+    from .gpu_specs import get_gpu_spec
+    from .model_config import get_model_config
+    from .sim_executor import SimExecutor, sim_num_kv_blocks
+
+    try:
+        gpu = get_gpu_spec(args.gpu or DEFAULT_SIM_GPU)
+        model = get_model_config(args.model or DEFAULT_SIM_MODEL)
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+    dtype = args.dtype or "bf16"
+    defaults = Efficiency()
+    eff = Efficiency(
+        eta_memory=args.eta_memory if args.eta_memory is not None else defaults.eta_memory,
+        eta_compute=args.eta_compute if args.eta_compute is not None else defaults.eta_compute,
+        overhead_s=(
+            args.iteration_overhead_us * 1e-6
+            if args.iteration_overhead_us is not None
+            else defaults.overhead_s
+        ),
+    )
+    max_model_len = args.max_model_len or model.max_model_len
+    try:
+        num_blocks = args.num_kv_blocks or sim_num_kv_blocks(
+            model, gpu, args.block_size, dtype, args.gpu_memory_utilization
+        )
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+    block_bytes = args.block_size * model.kv_bytes_per_token(dtype)
+    num_cpu_blocks = num_swap_blocks(args, block_bytes)
+    config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
+    cost = CostModel(model, dtype, gpu, eff)
+    engine = Engine(config, SimExecutor(cost, args.block_size), VirtualClock(), cost)
+    info = EngineInfo(
+        engine="sim",
+        gpu=gpu.name,
+        gpu_spec=gpu.to_dict(),
+        model=model.name,
+        model_config=model.to_dict(),
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=budget,
+        num_kv_blocks=num_blocks,
+        kv_capacity_tokens=num_blocks * args.block_size,
+        num_cpu_blocks=num_cpu_blocks,
+        weight_bytes=cost.weight_bytes(),
+        kv_bytes_per_token=model.kv_bytes_per_token(dtype),
+        efficiency={
+            "eta_memory": eff.eta_memory,
+            "eta_compute": eff.eta_compute,
+            "iteration_overhead_us": eff.overhead_s * 1e6,
+        },
+        clock="virtual",
+    )
+    return engine, info
+
+
+def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
+    import torch
+
+    from cbbench.kernels import get_backend
+
+    from .clock import WallClock
+    from .cost_model import CostModel
+    from .engine import Engine
+    from .gpu_specs import match_device_name
+    from .kv_sizing import cuda_num_kv_blocks, kv_block_bytes, num_kv_blocks_for_memory
+    from .model_runner import ModelRunner
+    from .models.llama import allocate_kv_cache
+    from .models.loader import load_model, resolve_dtype
+
+    cuda = torch.cuda.is_available()
+    device = args.device or ("cuda" if cuda else "cpu")
+    if device == "cuda" and not cuda:
+        raise EngineArgsError("--device cuda: no CUDA GPU is available to torch here")
+    on_cuda = device == "cuda"
+    dtype_name = args.dtype or ("bf16" if on_cuda else "fp32")
+    dtype = resolve_dtype(dtype_name)
+    model_name = args.model or (DEFAULT_CUDA_MODEL if on_cuda else DEFAULT_CPU_MODEL)
+    try:
+        backend = get_backend(args.attention_backend, device, block_size=args.block_size)
+    except (ValueError, RuntimeError) as e:
+        raise EngineArgsError(f"attention backend {args.attention_backend!r}: {e}") from None
+    torch.manual_seed(args.seed)
+    try:
+        model, config = load_model(
+            model_name, dtype, device, backend, seed=args.seed, max_model_len=args.max_model_len
+        )
+    except (ValueError, FileNotFoundError) as e:
+        raise EngineArgsError(str(e)) from None
+    max_model_len = config.max_model_len
+
+    if args.num_kv_blocks:
+        num_blocks = args.num_kv_blocks
+    elif on_cuda:
+        num_blocks = cuda_num_kv_blocks(config, args.block_size, dtype, args.gpu_memory_utilization)
+    else:
+        memory = config.weight_bytes(dtype_name) + DEFAULT_CPU_KV_MEMORY_BYTES
+        num_blocks = num_kv_blocks_for_memory(config, args.block_size, dtype, memory)
+    if num_blocks < 1:
+        raise EngineArgsError("no memory is left for the KV cache after the weights")
+    # Only the triton backend's KV write and attention are free of host syncs, which CUDA graph
+    # capture requires; with another backend decode runs eagerly rather than failing.
+    use_graphs = args.cuda_graphs and on_cuda and backend.name == "triton"
+    if args.cuda_graphs and on_cuda and not use_graphs:
+        notice(f"CUDA graphs need the triton attention backend; {backend.name!r} decodes eagerly")
+    kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
+    runner = ModelRunner(
+        model,
+        config,
+        kv_caches,
+        args.block_size,
+        device,
+        dtype,
+        use_cuda_graphs=use_graphs,
+        max_num_seqs=args.max_num_seqs,
+        sampler_seed=args.seed,
+    )
+    num_cpu_blocks = num_swap_blocks(args, kv_block_bytes(config, args.block_size, dtype))
+    if num_cpu_blocks:
+        runner.allocate_swap_space(num_cpu_blocks)
+    runner.warmup()
+
+    gpu = match_device_name(torch.cuda.get_device_name(device)) if on_cuda else None
+    engine_cfg, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
+    engine = Engine(engine_cfg, runner, WallClock(), CostModel(config, dtype_name, gpu))
+    info = EngineInfo(
+        engine="torch",
+        device=device,
+        device_name=torch.cuda.get_device_name(device) if on_cuda else "cpu",
+        gpu=gpu.name if gpu else None,
+        gpu_spec=gpu.to_dict() if gpu else None,
+        model=model_name,
+        model_config=config.to_dict(),
+        dtype=dtype_name,
+        attention_backend=backend.name,
+        cuda_graphs=runner.use_cuda_graphs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=budget,
+        num_kv_blocks=num_blocks,
+        kv_capacity_tokens=num_blocks * args.block_size,
+        num_cpu_blocks=num_cpu_blocks,
+        weight_bytes=config.weight_bytes(dtype_name),
+        kv_bytes_per_token=config.kv_bytes_per_token(dtype_name),
+        vocab_size=config.vocab_size,
+        eos_token_id=config.eos_token_id,
+        torch_version=torch.__version__,
+        clock="wall",
+    )
+    return engine, info
