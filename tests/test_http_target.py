@@ -23,15 +23,8 @@ from cbbench.analysis.metrics import summarize
 from cbbench.errors import UsageError
 from cbbench.load.prompts import WORD_POOL, build_prompts, load_tokenizer, synthetic_prompt
 from cbbench.load.workload import WorkloadRequest
-from cbbench.targets.http import (
-    EndpointOptions,
-    error_rate,
-    normalize_endpoint,
-    parse_header,
-    redact_url,
-    run_http,
-    send_lag_check,
-)
+from cbbench.targets.http import error_rate, run_http, send_lag_check
+from cbbench.targets.options import EndpointOptions, normalize_endpoint, parse_header, redact_url
 
 MODEL = "fake-model"
 CHAT_TEMPLATE_TOKENS = 7  # what the fake's "chat template" adds to the prompt count

@@ -14,7 +14,7 @@ from cbbench.engine.args import EngineArgs
 from cbbench.load.arrivals import arrival_times, resolve_process
 from cbbench.load.workload import BUILTIN_WORKLOADS, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
-from cbbench.targets.http import EndpointOptions
+from cbbench.targets.options import EndpointOptions
 
 DEFAULT_NUM_REQUESTS = 1000
 
@@ -70,7 +70,7 @@ REDACTED = "<redacted>"
 
 
 def _redact_option(flag: str, value: str) -> str:
-    from cbbench.targets.http import redact_url
+    from cbbench.targets.options import redact_url
 
     if flag == "--endpoint":
         return redact_url(value)

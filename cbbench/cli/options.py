@@ -144,7 +144,7 @@ def endpoint_options(
     """EndpointOptions for --endpoint (None without it), checked before any probe runs."""
     if endpoint is None:
         return None
-    from cbbench.targets.http import EndpointOptions, parse_header
+    from cbbench.targets.options import EndpointOptions, parse_header
 
     opts = EndpointOptions(
         endpoint=endpoint,

@@ -9,6 +9,8 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
+from cbbench.targets.transport import classify, get_body, new_session
+
 if TYPE_CHECKING:
     import aiohttp
 
@@ -46,8 +48,6 @@ class MetricsScraper:
         return line.startswith(SCRAPE_PREFIXES) and "_bucket{" not in line
 
     async def _scrape(self, session: aiohttp.ClientSession, t0: float) -> bool:
-        from cbbench.targets.http import classify, get_body
-
         self.attempts += 1
         t = time.perf_counter() - t0
         try:
@@ -68,8 +68,6 @@ class MetricsScraper:
         return True
 
     async def run(self, t0: float) -> None:
-        from cbbench.targets.http import new_session
-
         failures = 0
         session = new_session(self.headers, max_connections=1)  # its own connection
         try:

@@ -1,0 +1,117 @@
+"""What a run against an OpenAI-compatible endpoint is told: the endpoint (normalized, and
+redacted for the result file), the API, request headers (values from the environment, never
+written out), timeouts, the concurrency cap and the tokenizer."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from cbbench.errors import UsageError
+
+APIS = ("completions", "chat")
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# RFC 9110 token characters: what a header name may hold.
+HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    """'KEY=VALUE' -> (KEY, VALUE). A VALUE of '$NAME' or 'env:NAME' is read from the
+    environment, so secrets need not appear on the command line."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise UsageError(
+            f"invalid --header {key or text!r}: use KEY=VALUE, e.g. --header "
+            "Authorization=env:AUTH_HEADER (reads the value from $AUTH_HEADER)"
+        )
+    if not HEADER_NAME_RE.match(key):
+        raise UsageError(f"invalid --header name {key!r}: letters, digits and -_. only")
+    env_name = (
+        value[1:] if value.startswith("$") else value[4:] if value.startswith("env:") else None
+    )
+    if env_name is not None:
+        if not ENV_NAME_RE.match(env_name):
+            raise UsageError(f"--header {key}: {env_name!r} is not an environment variable name")
+        if env_name not in os.environ:
+            raise UsageError(f"--header {key}: environment variable {env_name} is not set")
+        value = os.environ[env_name]
+    if "\r" in value or "\n" in value:
+        raise UsageError(f"--header {key}: the value may not contain line breaks")
+    return key, value
+
+
+def normalize_endpoint(url: str) -> str:
+    """The server's base URL: 'http://host:8000', '.../v1' and a trailing '/' all mean the
+    same server; request paths (/v1/completions, /metrics) are added to it."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"invalid --endpoint {redact_url(url)!r}: use http(s)://HOST[:PORT]")
+    if parts.query or parts.fragment:
+        raise UsageError("--endpoint takes no query string: give the server's base URL")
+    path = parts.path.rstrip("/")
+    if path.endswith("/v1"):
+        path = path[: -len("/v1")]
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def redact_url(url: str) -> str:
+    """The URL without user:password@ and query (which may carry credentials)."""
+    try:
+        parts = urlsplit(url.strip())
+        host = parts.hostname or ""
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        netloc = f"{host}:{parts.port}" if parts.port else host
+    except ValueError:
+        return "<invalid URL>"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+@dataclass
+class EndpointOptions:
+    endpoint: str
+    api: str = "completions"  # or "chat"
+    served_model: str | None = None  # None: the first model of GET /v1/models
+    ignore_eos_field: bool = True  # send vLLM/SGLang's `ignore_eos: true`
+    headers: dict[str, str] = field(default_factory=dict)
+    request_timeout_s: float = 600.0  # the whole request, send to last event
+    max_concurrency: int | None = None
+    tokenizer: str | None = None  # a tokenizer.json: exact synthetic prompts, token counts
+    scrape_metrics: bool = False
+    seed: int = 0  # synthetic prompt text; the run's seed
+
+    def validate(self) -> None:
+        normalize_endpoint(self.endpoint)
+        if self.api not in APIS:
+            raise UsageError(f"unknown --api {self.api!r}: use {' or '.join(APIS)}")
+        t = self.request_timeout_s
+        if not (t > 0 and math.isfinite(t)):
+            raise UsageError(f"--request-timeout must be a positive number of seconds, got {t}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise UsageError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        for key, value in self.headers.items():
+            try:
+                value.encode("latin-1")  # what HTTP/1.1 header bytes can carry
+            except UnicodeEncodeError:
+                raise UsageError(f"--header {key}: the value must be ASCII/Latin-1 text") from None
+
+    def to_config(self, served_model: str | None = None) -> dict:
+        """For the result file: header *names* only (values may be API keys), and the
+        endpoint without credentials. ``served_model``: the model the run resolved to."""
+        return {
+            "endpoint": redact_url(self.endpoint),
+            "api": self.api,
+            "served_model": served_model or self.served_model,
+            "served_model_requested": self.served_model,
+            "ignore_eos_field": self.ignore_eos_field,
+            "header_names": sorted(self.headers),
+            "request_timeout_s": self.request_timeout_s,
+            "max_concurrency": self.max_concurrency,
+            "tokenizer": self.tokenizer,
+            "scrape_metrics": self.scrape_metrics,
+        }

@@ -1,0 +1,95 @@
+"""One request against the endpoint, from the moment it is sent to its finished record:
+sent -> response head checked -> streaming (SseStream) -> completed, or failed with an
+error_type. The run (http.py) decides when a request is sent (its schedule, a free slot under
+--max-concurrency) and what happens when the run is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.targets.sse import SseStream
+from cbbench.targets.transport import (
+    ERROR_BODY_CHARS,
+    HttpFailure,
+    body_text,
+    classify,
+    post,
+    read_body,
+    within,
+)
+
+if TYPE_CHECKING:
+    import aiohttp
+    from yarl import URL
+
+ERROR_MESSAGE_CHARS = 300
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What every request of a run shares, fixed when the run starts."""
+
+    session: aiohttp.ClientSession
+    url: URL
+    t0: float  # the run clock's origin (time.perf_counter)
+    timeout_s: float  # the whole request, send to last event
+    payload: dict  # model, stream, sampling: the fields every request body carries
+    chat: bool
+
+
+def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int) -> bytes:
+    payload = dict(ctx.payload)
+    if ctx.chat:
+        payload["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        payload["prompt"] = prompt
+    payload["max_tokens"] = max_tokens
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:
+    """POST the body and parse the streamed answer into `stream`; HttpFailure (or a transport
+    exception) when the answer is not a complete event stream."""
+    async with await post(ctx.session, ctx.url, body) as resp:
+        if not 200 <= resp.status < 300:
+            head = body_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
+            raise HttpFailure("http_status", f"HTTP {resp.status}: {head}")
+        ctype = resp.headers.get("Content-Type", "")
+        if ctype and "text/event-stream" not in ctype:
+            head = body_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
+            raise HttpFailure("bad_event", f"expected an event stream, got {ctype}: {head}")
+        content, now, t0 = resp.content, time.perf_counter, ctx.t0
+        while True:
+            # Whatever has arrived (one network read, unless the loop was busy).
+            piece = await content.readany()
+            t = now() - t0  # when this network read returned
+            if not piece:  # the end of the body
+                stream.close(t)
+                return
+            stream.feed(piece, t)
+
+
+async def send_request(
+    ctx: RequestContext, rec: RequestRecord, body: bytes, stream: SseStream
+) -> None:
+    """Send now and stream the answer into `rec`. Failures are recorded on the request (error,
+    error_type), never raised; only cancellation (a stopped run) propagates."""
+    # Sent: the request starts now; a new connection's set-up counts towards its TTFT.
+    rec.send_s = time.perf_counter() - ctx.t0
+    try:
+        await within(exchange(ctx, body, stream), ctx.timeout_s)
+    except asyncio.TimeoutError:
+        rec.error_type = "timeout"
+        rec.error = (
+            f"no complete response within --request-timeout "
+            f"{ctx.timeout_s:g} s ({len(rec.token_times_s)} token events)"
+        )
+    except Exception as e:  # recorded on the request, never raised
+        rec.error_type, rec.error = classify(e)
+        rec.error = rec.error[:ERROR_MESSAGE_CHARS]

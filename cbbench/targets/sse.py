@@ -1,0 +1,119 @@
+"""The event-stream parser for one streamed OpenAI response (`/v1/completions` or
+`/v1/chat/completions` with `stream: true`).
+
+Bytes go in as the network delivers them (`feed`, with the time that read returned); every
+`data:` event with non-empty text is a token event, timestamped with the read that completed
+its line. The parser keeps what the stream said beyond the token times (`[DONE]`, a
+finish_reason, the usage block, and the text of each event when asked to) and raises
+HttpFailure on a malformed or error event, or a stream that ends before it finished.
+"""
+
+from __future__ import annotations
+
+import json
+
+from cbbench.targets.transport import ERROR_BODY_CHARS, HttpFailure
+
+MAX_LINE_BYTES = 1 << 20  # the longest event-stream line buffered before it counts as bad_event
+BAD_EVENT_CHARS = 80
+
+
+def chunk_fields(obj: object, chat: bool) -> tuple[str | None, bool, dict | None]:
+    """(text, finished, usage) of one streamed JSON chunk; HttpFailure on a malformed or
+    error event."""
+    if type(obj) is not dict:
+        raise HttpFailure(
+            "bad_event", f"event is not a JSON object: {str(obj)[:BAD_EVENT_CHARS]!r}"
+        )
+    if "error" in obj or obj.get("object") == "error":  # an error reported mid-stream
+        err = obj.get("error", obj)
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        raise HttpFailure("bad_event", f"server error event: {str(msg)[:ERROR_BODY_CHARS]}")
+    usage = obj.get("usage")
+    choices = obj.get("choices")
+    if not choices:  # the final usage-only chunk
+        return None, False, usage if isinstance(usage, dict) else None
+    try:
+        choice = choices[0]
+        if chat:
+            delta = choice.get("delta") or {}
+            # Reasoning models stream their thinking as separate fields; those are tokens too.
+            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+        else:
+            text = choice.get("text")
+        finished = choice.get("finish_reason") is not None
+    except (AttributeError, TypeError, KeyError, IndexError):
+        raise HttpFailure(
+            "bad_event", f"unexpected chunk shape: {str(obj)[:BAD_EVENT_CHARS]!r}"
+        ) from None
+    if text is not None and not isinstance(text, str):
+        raise HttpFailure("bad_event", f"non-text token: {str(text)[:BAD_EVENT_CHARS]!r}")
+    return text, finished, usage if isinstance(usage, dict) else None
+
+
+class SseStream:
+    """One response stream, parsed as it arrives. `times` is the request's token_times_s
+    (appended to in place); `pieces`, when kept, the text of each token event."""
+
+    __slots__ = ("chat", "times", "pieces", "done", "finished", "usage", "_tail")
+
+    def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
+        self.chat = chat
+        self.times = times
+        self.pieces: list[str] | None = [] if keep_text else None
+        self.done = False  # saw data: [DONE]
+        self.finished = False  # saw a finish_reason
+        self.usage: dict | None = None
+        self._tail = b""  # an incomplete line, waiting for the rest
+
+    def feed(self, piece: bytes, t: float) -> None:
+        """Whatever one network read returned, at run-clock time `t`."""
+        if b"\n" not in piece:
+            self._tail += piece
+            if len(self._tail) > MAX_LINE_BYTES:
+                raise HttpFailure(
+                    "bad_event", f"event-stream line longer than {MAX_LINE_BYTES} bytes"
+                )
+            return
+        lines = (self._tail + piece).split(b"\n")
+        self._tail = lines.pop()
+        self._lines(lines, t)
+
+    def close(self, t: float) -> None:
+        """The body ended (at `t`): parse a last unterminated line, then check that the stream
+        finished and carried some text."""
+        if self._tail:
+            lines, self._tail = [self._tail], b""
+            self._lines(lines, t)
+        if not (self.done or self.finished):
+            raise HttpFailure(
+                "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
+            )
+        if not self.times:
+            raise HttpFailure("bad_event", "the stream finished without any output text")
+
+    def _lines(self, lines: list[bytes], t: float) -> None:
+        times, pieces, chat, loads = self.times, self.pieces, self.chat, json.loads
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank separators, ': comments', 'event:' lines
+            data = line[5:].strip()  # and the \r of a CRLF line
+            if data == b"[DONE]":
+                self.done = True  # read on to the end, so the connection can be reused
+                continue
+            if self.done:
+                continue
+            try:
+                obj = loads(data)
+            except ValueError:
+                shown = data[:BAD_EVENT_CHARS].decode("utf-8", "replace")
+                raise HttpFailure("bad_event", f"malformed event: {shown!r}") from None
+            text, finished, usage = chunk_fields(obj, chat)
+            if text:
+                times.append(t)
+                if pieces is not None:
+                    pieces.append(text)
+            if finished:
+                self.finished = True
+            if usage is not None:
+                self.usage = usage
