@@ -1,0 +1,231 @@
+"""Multi-turn sessions: one user's conversation, sent one turn at a time.
+
+Turn k sends the whole history (every earlier user message and reply) plus the new user
+message; turn k + 1 is sent only after turn k's reply has finished, plus a think time. Sessions
+arrive open-loop (their first turns follow the arrival process); the turns within a session
+are closed-loop, as a person at a chat window is.
+
+Lengths count content tokens; a chat server wraps every message in its template. The engine
+target models Llama-3's template (what a vLLM server running Llama-3 would prefill):
+
+    <|begin_of_text|>
+    <|start_header_id|>user<|end_header_id|>\\n\\n {user_1} <|eot_id|>
+    <|start_header_id|>assistant<|end_header_id|>\\n\\n {reply_1} <|eot_id|>
+    ...
+    <|start_header_id|>user<|end_header_id|>\\n\\n {user_k} <|eot_id|>
+    <|start_header_id|>assistant<|end_header_id|>\\n\\n          <- turn k's prompt ends here
+
+so turn k + 1's prompt is turn k's prompt, then turn k's reply, then the new message: its
+prefix is exactly what turn k computed, and a prefix cache can reuse it.
+
+User sessions come from JSONL, one session per line:
+
+    {"session_id": "u1", "arrival_s": 0.0, "turns": [
+        {"user_len": 120, "output_len": 80},
+        {"user": "and in French?", "output_len": 60, "think_time_ms": 4000}]}
+
+A turn's user message is one of ``user`` (text), ``user_token_ids`` or ``user_len``;
+``output_len`` is required; ``think_time_ms`` (the wait before this turn) overrides
+``--think-time``. ``session_id`` and ``arrival_s`` are optional.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+
+import numpy as np
+
+from cbbench.errors import UsageError
+
+# ---- Llama-3's chat template, in tokens -------------------------------------------------------
+BOS_TOKENS = 1  # <|begin_of_text|>
+MESSAGE_HEADER_TOKENS = 4  # <|start_header_id|> role <|end_header_id|> "\n\n"
+MESSAGE_END_TOKENS = 1  # <|eot_id|>
+GENERATION_PROMPT_TOKENS = MESSAGE_HEADER_TOKENS  # the assistant header that asks for a reply
+
+SESSION_FIELDS = {"session_id", "arrival_s", "turns"}
+TURN_FIELDS = {"user", "user_token_ids", "user_len", "output_len", "think_time_ms"}
+MS = 1000.0
+
+MULTITURN_CSV = "sharegpt_multiturn.csv"
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    user_len: int  # content tokens of the new user message
+    output_len: int  # content tokens of the reply
+    user_text: str | None = None
+    user_token_ids: tuple[int, ...] | None = None
+    think_time_s: float | None = None  # wait after the previous reply; None: --think-time
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    id: int  # 0-based index in the workload
+    turns: tuple[Turn, ...]
+    arrival_s: float | None = None
+    name: str | None = None  # the file's session_id, when it gives one
+
+    @property
+    def session_id(self) -> int | str:
+        return self.name if self.name is not None else self.id
+
+
+def first_prompt_len(user_len: int) -> int:
+    """Turn 1's prompt: BOS, the user message in its template, the generation prompt."""
+    return BOS_TOKENS + MESSAGE_HEADER_TOKENS + user_len + MESSAGE_END_TOKENS + (
+        GENERATION_PROMPT_TOKENS
+    )
+
+
+def next_prompt_len(prev_prompt_len: int, reply_len: int, user_len: int) -> int:
+    """Turn k + 1's prompt from turn k's: its reply (and end tag), then the new message."""
+    return (
+        prev_prompt_len + reply_len + MESSAGE_END_TOKENS
+        + MESSAGE_HEADER_TOKENS + user_len + MESSAGE_END_TOKENS + GENERATION_PROMPT_TOKENS
+    )
+
+
+def prompt_lens(session: Session) -> list[int]:
+    """Each turn's prompt length when every earlier reply ran to its full length."""
+    out: list[int] = []
+    for k, t in enumerate(session.turns):
+        if k == 0:
+            out.append(first_prompt_len(t.user_len))
+        else:
+            out.append(next_prompt_len(out[-1], session.turns[k - 1].output_len, t.user_len))
+    return out
+
+
+# ---- the built-in sharegpt-multiturn ---------------------------------------------------------
+def parse_multiturn_csv(text: str) -> list[Session]:
+    """Rows of alternating (user_len, output_len) pairs, one conversation per row, after a
+    header line. Built by workloads/build_sharegpt_multiturn.py."""
+    sessions = []
+    for line in text.splitlines()[1:]:
+        if not line.strip():
+            continue
+        nums = [int(x) for x in line.split(",")]
+        turns = tuple(Turn(u, a) for u, a in zip(nums[::2], nums[1::2]))
+        sessions.append(Session(len(sessions), turns))
+    return sessions
+
+
+def sharegpt_multiturn() -> list[Session]:
+    text = resources.files("cbbench.workloads").joinpath(MULTITURN_CSV).read_text()
+    return parse_multiturn_csv(text)
+
+
+# ---- JSONL user sessions --------------------------------------------------------------------
+def _int(obj: dict, key: str, where: str, minimum: int) -> int:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise UsageError(f"{where}: {key!r} must be an integer >= {minimum}")
+    return v
+
+
+def _nonneg_number(obj: dict, key: str, where: str) -> float:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+        raise UsageError(f"{where}: {key!r} must be a finite number >= 0")
+    return float(v)
+
+
+def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> Turn:
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where}: a turn must be a JSON object")
+    unknown = set(obj) - TURN_FIELDS
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown turn field(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(sorted(TURN_FIELDS))}"
+        )
+    if "output_len" not in obj:
+        raise UsageError(f"{where}: missing 'output_len'")
+    output_len = _int(obj, "output_len", where, 1)
+    text = ids = None
+    if "user_token_ids" in obj:
+        raw = obj["user_token_ids"]
+        if not isinstance(raw, list) or not raw or not all(
+            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw
+        ):
+            raise UsageError(f"{where}: 'user_token_ids' must be a non-empty list of ids >= 0")
+        ids = tuple(raw)
+        user_len = len(ids)
+    elif "user" in obj:
+        text = obj["user"]
+        if not isinstance(text, str) or not text:
+            raise UsageError(f"{where}: 'user' must be a non-empty string")
+        user_len = count_tokens(text)
+    elif "user_len" in obj:
+        user_len = _int(obj, "user_len", where, 1)
+    else:
+        raise UsageError(f"{where}: a turn needs one of 'user', 'user_token_ids' or 'user_len'")
+    think = _nonneg_number(obj, "think_time_ms", where) / MS if "think_time_ms" in obj else None
+    return Turn(user_len, output_len, text, ids, think)
+
+
+def parse_session(
+    obj: object, index: int, where: str, count_tokens: Callable[[str], int]
+) -> Session:
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - SESSION_FIELDS
+    if unknown:
+        raise UsageError(
+            f"{where}: unknown session field(s) {', '.join(sorted(unknown))}; "
+            f"allowed: {', '.join(sorted(SESSION_FIELDS))}"
+        )
+    turns = obj.get("turns")
+    if not isinstance(turns, list) or not turns:
+        raise UsageError(f"{where}: 'turns' must be a non-empty list")
+    parsed = tuple(
+        _parse_turn(t, f"{where} turn {k + 1}", count_tokens) for k, t in enumerate(turns)
+    )
+    arrival = _nonneg_number(obj, "arrival_s", where) if "arrival_s" in obj else None
+    name = None
+    if "session_id" in obj:
+        sid = obj["session_id"]
+        if isinstance(sid, bool) or not isinstance(sid, (str, int)):
+            raise UsageError(f"{where}: 'session_id' must be a string or an integer")
+        name = str(sid)
+    return Session(index, parsed, arrival, name)
+
+
+# ---- sampling -------------------------------------------------------------------------------
+def sample_sessions(
+    sessions: Sequence[Session], num: int | None, seed: int
+) -> tuple[list[Session], bool]:
+    """Draw ``num`` sessions with ``seed`` (as sample_requests draws requests): a permutation
+    when there are enough, else with replacement. None keeps them all, in order."""
+    if num is None:
+        return list(sessions), False
+    if num < 1:
+        raise UsageError(f"--num-requests must be >= 1, got {num}")
+    if all(s.arrival_s is not None for s in sessions):
+        if num > len(sessions):
+            raise UsageError(
+                f"the file has {len(sessions)} timed sessions; --num-requests {num} is more"
+            )
+        return list(sessions[:num]), False
+    rng = np.random.default_rng(seed)
+    if num <= len(sessions):
+        return [sessions[i] for i in rng.permutation(len(sessions))[:num]], False
+    return [sessions[i] for i in rng.integers(0, len(sessions), num)], True
+
+
+def session_stats(sessions: Sequence[Session]) -> dict:
+    turns = np.array([len(s.turns) for s in sessions])
+    last = np.array([prompt_lens(s)[-1] + s.turns[-1].output_len for s in sessions])
+    return {
+        "sessions": len(sessions),
+        "turns": int(turns.sum()),
+        "turns_per_session": {"mean": float(turns.mean()), "max": int(turns.max())},
+        "final_context_len": {
+            "mean": float(last.mean()),
+            "p50": float(np.percentile(last, 50)),
+            "max": int(last.max()),
+        },
+    }
