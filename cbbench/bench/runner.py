@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.engine.args import EngineArgs
-from cbbench.load.arrivals import arrival_times, resolve_process
+from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
 from cbbench.load.workload import BUILTIN_WORKLOADS, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
@@ -35,6 +35,8 @@ class RunSpec:
     endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
     gpu_index: int | None = None
     telemetry_interval_s: float = 0.05
+    duration_s: float | None = None  # --duration: draw requests until the schedule reaches it
+    ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
 
 
 def request_record_dict(rec, detailed: bool) -> dict:
@@ -147,8 +149,21 @@ def execute_run(
     workload = load_workload(spec.workload, count_tokens) if count_tokens else load_workload(
         spec.workload
     )
+    process = resolve_process(
+        spec.arrival, spec.request_rate, workload.has_arrivals,
+        spec.rate_given or spec.ramp is not None,
+    )
     num_requests = spec.num_requests
-    if num_requests is None and spec.workload in BUILTIN_WORKLOADS:
+    until = spec.duration_s
+    if until is None and spec.ramp is not None and num_requests is None:
+        until = spec.ramp.seconds  # a ramp alone runs for its own length
+    if until is not None:
+        # Time-bound: as many requests as the schedule has arrivals before the time is up.
+        num_requests = count_within(
+            until, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp,
+            workload.requests,
+        )
+    elif num_requests is None and spec.workload in BUILTIN_WORKLOADS:
         # Built-ins are large traces: sample vLLM's default count. A user's file without the
         # flag is replayed whole, in order.
         num_requests = DEFAULT_NUM_REQUESTS
@@ -158,8 +173,9 @@ def execute_run(
             f"the workload has {len(workload.requests)} requests; drew {num_requests} "
             "with replacement"
         )
-    process = resolve_process(spec.arrival, spec.request_rate, workload.has_arrivals, spec.rate_given)
-    arrivals = arrival_times(wreqs, spec.request_rate, spec.burstiness, process, spec.seed)
+    arrivals = arrival_times(
+        wreqs, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
+    )
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
     indices = _telemetry_indices(spec)
@@ -218,7 +234,12 @@ def execute_run(
         "num_requests": len(wreqs),
         "seed": spec.seed,
         # JSON has no infinity: "inf" is written as the string the CLI takes.
-        "request_rate": "inf" if math.isinf(spec.request_rate) else spec.request_rate,
+        "request_rate": (
+            None if spec.ramp is not None
+            else "inf" if math.isinf(spec.request_rate) else spec.request_rate
+        ),
+        "ramp": spec.ramp.to_config() if spec.ramp is not None else None,
+        "duration_s": until,  # None: bound by the request count
         "burstiness": spec.burstiness,
         "arrival": process,
         "slo": spec.slo,

@@ -43,6 +43,17 @@ def run(
             "and no --request-rate is given, else gamma."
         ),
     ] = "auto",
+    duration: Annotated[
+        str | None,
+        typer.Option(help="Run for this long (60s, 5m, 1h): requests are drawn from the "
+                     "workload until the arrival schedule reaches it (instead of --num-requests)."),
+    ] = None,
+    ramp: Annotated[
+        str | None,
+        typer.Option(help="START:END:SECONDS: a linear request-rate ramp (req/s) instead of "
+                     "--request-rate, held at END after SECONDS; lasts SECONDS unless "
+                     "--duration or --num-requests says otherwise."),
+    ] = None,
     slo: Annotated[
         str | None,
         typer.Option(help="Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000."),
@@ -96,8 +107,15 @@ def run(
     from cbbench.analysis.result import check_writable, dumps, write_result
     from cbbench.analysis.table import render_summary
     from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.load.arrivals import parse_duration, parse_ramp
 
     rate = C.parse_rate_option(request_rate)
+    if duration is not None and num_requests is not None:
+        raise UsageError("--duration and --num-requests both set the run's length: give one")
+    if ramp is not None and request_rate != "inf":
+        raise UsageError("--ramp sets the request rate: drop --request-rate")
+    duration_s = parse_duration(duration) if duration is not None else None
+    ramp_spec = parse_ramp(ramp) if ramp is not None else None
     if not burstiness > 0 or not math.isfinite(burstiness):
         raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
     opts = engine_opts
@@ -126,6 +144,8 @@ def run(
         endpoint=endpoint_opts,
         gpu_index=gpu_index,
         telemetry_interval_s=telemetry_interval,
+        duration_s=duration_s,
+        ramp=ramp_spec,
     )
     kind = "http" if endpoint else (opts.engine if opts.engine != "auto" else "engine")
     out_path = output or C.default_output_path(kind)
