@@ -511,6 +511,10 @@ def test_serve_command_rejects_bad_options():
         _serve_app(), ["serve", "--engine", "sim", "--gpu", "no-such-gpu", "--port", "0"]
     )
     assert r.exit_code == 2 and "no-such-gpu" in r.output.lower()
+    r = runner.invoke(
+        _serve_app(), ["serve", "--engine", "sim", "--request-log", "/nonexistent/dir/log.jsonl"]
+    )
+    assert r.exit_code == 2 and "--request-log" in r.output
 
 
 def test_port_in_use_is_not_a_hang():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -58,6 +59,14 @@ def serve(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Engine seed (random-weight model presets).")] = 0,
+    request_log: Annotated[
+        str | None,
+        typer.Option(
+            help="Append one JSON line per request to this file: id, arrival, queue exit, "
+            "first and last token (made and sent), token counts, preemptions and how it ended, "
+            "in epoch seconds."
+        ),
+    ] = None,
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
@@ -85,11 +94,28 @@ def serve(
             temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
             ignore_eos=opts.ignore_eos,
         ),
+        request_log=request_log,
     )
+    _check_writable(request_log)
     app = create_app(lambda: build_serving_engine(opts), config)
     error = asyncio.run(_run_server(app, host, port, opts.engine))
     if error is not None:
         raise UsageError(error)
+
+
+def _check_writable(path: str | None) -> None:
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"--request-log {path} is a directory")
+    if not p.parent.is_dir():
+        raise UsageError(f"--request-log: the folder {p.parent} does not exist")
+    try:
+        with open(p, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise UsageError(f"--request-log {path}: {e.strerror or e}") from None
 
 
 async def _run_server(app, host: str, port: int, kind: str) -> str | None:

@@ -22,6 +22,7 @@ import anyio._backends._asyncio  # noqa: F401
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cbbench.engine.request import SamplingParams
@@ -40,9 +41,13 @@ from cbbench.server.protocol import (
     usage,
     validation_error,
 )
+from cbbench.server.request_log import RequestLog, RequestTrace
 from cbbench.server.text import TextCodec, make_codec
 
 OWNED_BY = "cbbench"
+ARRIVAL_KEY = "cbbench.arrival"  # the ASGI scope key of a request's arrival time
+MAX_REQUEST_ID_CHARS = 128
+API_NAMES = {"completion": "completions", "chat": "chat"}  # as the request log names them
 
 
 @dataclass
@@ -51,6 +56,7 @@ class ServeConfig:
     tokenizer: object | None = None  # a tokenizers.Tokenizer, or None for the fallback
     # Sampling for fields a request leaves out (the command line's --temperature, ...).
     defaults: SamplingParams = field(default_factory=SamplingParams)
+    request_log: str | None = None  # --request-log: a JSON-lines file, appended to
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,10 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
     """``build`` returns (engine, info) as ``build_engine`` does; it runs in the engine thread.
     ``app.state.engine`` is the bridge (its ``snapshot()`` is what /metrics reports)."""
     cfg = config or ServeConfig()
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(cfg.served_model_name)
     bridge = AsyncEngine(build, observer=metrics)
     served: list[_Served] = []  # filled once, when the engine is first seen ready
+    request_log = RequestLog(cfg.request_log) if cfg.request_log else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -92,10 +99,14 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
             yield
         finally:
             await asyncio.to_thread(bridge.stop)
+            if request_log is not None:
+                await asyncio.to_thread(request_log.close)
 
     app = FastAPI(title="cbbench serve", lifespan=lifespan)
+    app.add_middleware(_StampArrival)
     app.state.engine = bridge
     app.state.metrics = metrics
+    app.state.request_log = request_log
 
     def ready() -> _Served:
         if served:
@@ -195,6 +206,10 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
         return await generate(s, job, request)
 
     # ---- generation ----------------------------------------------------------------------------
+    def log(trace: RequestTrace) -> None:
+        if request_log is not None:
+            request_log.write(trace)
+
     async def generate(s: _Served, job: _Job, request: Request):
         # Ids from the client, or from a tokenizer larger than the model: an id outside the
         # vocabulary would crash a real forward pass.
@@ -205,20 +220,31 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
                 400, f"token id {bad} is outside the model's vocabulary of {vocab}",
                 param="prompt" if job.kind == "completion" else "messages",
             )
+        shape = _Shape(job.kind, s.name, request.headers.get("x-request-id"))
+        trace = RequestTrace(shape.id, API_NAMES[job.kind], job.stream, request.scope[ARRIVAL_KEY])
+        trace.prompt_tokens = len(job.prompt_ids)
         stream = bridge.submit(job.prompt_ids, job.max_tokens, job.sampling)
+        trace.submitted = stream.submitted_s
+        trace.engine_id = stream.req.request_id
         try:
             adm = await stream.next()
         except BaseException:
             stream.close()
+            _end(trace, stream, "abort", 499)
+            log(trace)
             raise
         if isinstance(adm, Failed):
+            _end(trace, stream, "error", 503, adm.message)
+            log(trace)
             raise APIError(503, adm.message, type="server_error", code="engine_not_ready")
         assert isinstance(adm, Admitted)
+        trace.admitted = adm.time_s
         if adm.error is not None:
+            _end(trace, stream, "rejected", 400, adm.error)
+            log(trace)
             raise APIError(400, adm.error, code="request_rejected")
-        shape = _Shape(job.kind, s.name)
         if job.stream:
-            events = _sse_events(stream, adm, shape, job, s.codec)
+            events = _sse_events(stream, adm, shape, job, s.codec, trace, log)
             # If the client leaves before the body starts, the generator never runs and its
             # finally never fires: abort when it is garbage-collected instead.
             weakref.finalize(events, stream.close)
@@ -227,18 +253,52 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await _complete(stream, adm, shape, job, s.codec, request)
+        return await _complete(stream, adm, shape, job, s.codec, request, trace, log)
 
     return app
+
+
+class _StampArrival:
+    """Pure ASGI middleware: notes when each HTTP request reached the app (the request log's
+    ``arrival``), before anything reads its body."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            scope[ARRIVAL_KEY] = time.perf_counter()
+        await self.app(scope, receive, send)
+
+
+def _end(trace: RequestTrace, stream: RequestStream, finish: str, status: int, error: str | None = None) -> None:
+    """Close a trace: how it ended, and what the engine's request says (read on the event loop:
+    the fields are final once the request's last event was delivered; an aborted request's may
+    still move by a step)."""
+    req = stream.req
+    trace.finish = finish
+    trace.status = status
+    trace.error = error
+    trace.preemptions = req.num_preemptions
+    if req.first_scheduled_time is not None:
+        trace.queue_exit = req.first_scheduled_time + (stream.submitted_s - req.arrival_time)
+
+
+def _request_id(prefix: str, header: str | None) -> str:
+    """vLLM's ids: the prefix and the client's X-Request-Id when it sent a usable one, else a
+    random hex id."""
+    if header and len(header) <= MAX_REQUEST_ID_CHARS and header.isprintable():
+        return f"{prefix}-{header}"
+    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 class _Shape:
     """Builds the response objects of one request for its endpoint."""
 
-    def __init__(self, kind: str, model: str) -> None:
+    def __init__(self, kind: str, model: str, request_id: str | None = None) -> None:
         self.chat = kind == "chat"
         prefix = "chatcmpl" if self.chat else "cmpl"
-        self.id = f"{prefix}-{uuid.uuid4().hex}"
+        self.id = _request_id(prefix, request_id)
         self.created = int(time.time())
         self.model = model
         self.chunk_object = "chat.completion.chunk" if self.chat else "text_completion"
@@ -276,18 +336,22 @@ class _Shape:
 
 
 async def _sse_events(
-    stream: RequestStream, adm: Admitted, shape: _Shape, job: _Job, codec: TextCodec
+    stream: RequestStream, adm: Admitted, shape: _Shape, job: _Job, codec: TextCodec,
+    trace: RequestTrace, log: Callable[[RequestTrace], None],
 ) -> AsyncIterator[str]:
     """One SSE chunk per token. When the client disconnects, Starlette cancels this generator
-    and ``finally`` aborts the request, which frees its KV blocks."""
+    and ``finally`` aborts the request, which frees its KV blocks. The generator resumes after
+    each ``yield`` once Starlette has written the chunk: the time then is its socket write."""
     decoder = codec.decoder()
     times: list[float] = []
+    finish, status, error = "abort", 200, None
     try:
         if shape.chat:
             yield sse(shape.chunk("", None, role=True))
         while True:
             ev = await stream.next()
             if isinstance(ev, Failed):
+                finish, error = "error", ev.message
                 yield sse(error_body(ev.message, "server_error"))
                 break
             assert isinstance(ev, TokenEvent)
@@ -296,17 +360,24 @@ async def _sse_events(
             if ev.finish_reason is not None:
                 text += decoder.flush()
             chunk = shape.chunk(text, ev.finish_reason)
-            if ev.finish_reason is not None:
-                if job.return_token_times:
-                    chunk["cbbench"] = token_times_ext(adm.time_s, times)
-                yield sse(chunk)
-                break
+            if ev.finish_reason is not None and job.return_token_times:
+                chunk["cbbench"] = token_times_ext(stream.submitted_s, times)
             yield sse(chunk)
+            sent = time.perf_counter()
+            if len(times) == 1:
+                trace.first_token, trace.first_token_sent = ev.time_s, sent
+            trace.last_token, trace.last_token_sent = ev.time_s, sent
+            trace.output_tokens = len(times)
+            if ev.finish_reason is not None:
+                finish = ev.finish_reason
+                break
         if job.include_usage:
             yield sse(shape.usage_chunk(len(job.prompt_ids), len(times)))
         yield SSE_DONE
     finally:
         stream.close()
+        _end(trace, stream, finish, status, error)
+        log(trace)
 
 
 async def _collect(stream: RequestStream) -> list[TokenEvent]:
@@ -329,7 +400,8 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _complete(
-    stream: RequestStream, adm: Admitted, shape: _Shape, job: _Job, codec: TextCodec, request: Request
+    stream: RequestStream, adm: Admitted, shape: _Shape, job: _Job, codec: TextCodec,
+    request: Request, trace: RequestTrace, log: Callable[[RequestTrace], None],
 ):
     """A non-streaming answer, aborted if the client goes away while it waits."""
     collect = asyncio.ensure_future(_collect(stream))
@@ -342,11 +414,24 @@ async def _complete(
             collect.cancel()
         stream.close()
     if not collect.done() or collect.cancelled():
+        _end(trace, stream, "abort", 499)
+        log(trace)
         return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
+    if collect.exception() is not None:
+        _end(trace, stream, "error", 503, str(collect.exception()))
+        log(trace)
     events = collect.result()
     decoder = codec.decoder()
     text = "".join(decoder.push(ev.token_id) for ev in events) + decoder.flush()
     body = shape.full(text, events[-1].finish_reason, len(job.prompt_ids), len(events))
     if job.return_token_times:
-        body["cbbench"] = token_times_ext(adm.time_s, [ev.time_s for ev in events])
-    return JSONResponse(body)
+        body["cbbench"] = token_times_ext(stream.submitted_s, [ev.time_s for ev in events])
+    trace.first_token, trace.last_token = events[0].time_s, events[-1].time_s
+    trace.output_tokens = len(events)
+    _end(trace, stream, events[-1].finish_reason or "length", 200)
+
+    def sent() -> None:  # runs once the body is written
+        trace.first_token_sent = trace.last_token_sent = time.perf_counter()
+        log(trace)
+
+    return JSONResponse(body, background=BackgroundTask(sent))

@@ -25,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from cbbench.engine.clock import WallClock
@@ -80,7 +80,8 @@ class PacedWallClock(WallClock):
 # every process on the host), so a client on the same machine can compare them with its own.
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """The first event of every stream: accepted (error None) or rejected with the reason."""
+    """The first event of every stream: accepted (error None) or rejected with the reason.
+    ``time_s``: when the engine thread took the request from the inbox (its admission)."""
 
     error: str | None
     time_s: float
@@ -118,20 +119,55 @@ class EngineSnapshot:
         return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedStats:
+    """One finished request's intervals, as vLLM's finished-request stats define them
+    (seconds): e2e from arrival, queue from arrival to first scheduled, prefill from first
+    scheduled to first token, decode from first to last token, inference from first scheduled
+    to last token, and the request's mean time per output token after the first."""
+
+    finish_reason: str
+    e2e_s: float
+    queue_s: float
+    prefill_s: float
+    decode_s: float
+    inference_s: float
+    mean_tpot_s: float
+    prompt_tokens: int
+    output_tokens: int
+    max_tokens: int
+
+
+@dataclass(slots=True)
+class StepStats:
+    """What one engine step produced, for the metrics (built in the engine thread).
+    Latencies count from a request's arrival: when the server handed it to the engine."""
+
+    new_tokens: int = 0
+    prompt_tokens: int = 0  # prompts of the requests that got their first token
+    ttfts_s: list[float] = field(default_factory=list)
+    itls_s: list[float] = field(default_factory=list)
+    finished: list[FinishedStats] = field(default_factory=list)
+
+
 class EngineObserver(Protocol):
     """Called from the engine thread (metrics); must be quick and thread-safe."""
 
+    def on_ready(self, info: dict) -> None: ...
     def on_admitted(self, req: Request) -> None: ...
     def on_rejected(self, req: Request) -> None: ...
     def on_aborted(self, req: Request) -> None: ...
-    def on_step(self, out, num_new_tokens: int) -> None: ...
+    def on_step(self, out, stats: StepStats) -> None: ...
 
 
 class RequestStream:
-    """One request's events, read by the coroutine that serves it (event-loop side)."""
+    """One request's events, read by the coroutine that serves it (event-loop side).
+    ``submitted_s``: when the request was handed to the engine (perf_counter seconds): its
+    arrival, as the engine and the latency metrics count it."""
 
-    def __init__(self, bridge: AsyncEngine, req: Request) -> None:
+    def __init__(self, bridge: AsyncEngine, req: Request, submitted_s: float) -> None:
         self.req = req
+        self.submitted_s = submitted_s
         self.queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self.finished = False
         self._bridge = bridge
@@ -224,15 +260,21 @@ class AsyncEngine:
 
     # ---- requests (event-loop side) -----------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams) -> RequestStream:
+        # The request arrives now, on the engine's clock: a request handed over while the engine
+        # is mid-iteration waits for the iteration's end, and that wait is the engine's (it is
+        # in the in-process target's TTFT, and in vLLM's, whose arrival is stamped before the
+        # hand-over to its engine core), not the HTTP layer's.
+        submitted = time.perf_counter()
         req = Request(
             next(self._ids),
             len(prompt_ids),
             max_tokens,
+            arrival_time=submitted - self._offset,
             prompt_token_ids=prompt_ids,
             sampling=sampling,
             eos_token_id=self.eos_token_id,
         )
-        stream = RequestStream(self, req)
+        stream = RequestStream(self, req, submitted)
         with self._lock:
             closed = self._closed
             if not closed:
@@ -260,6 +302,8 @@ class AsyncEngine:
             self._offset = time.perf_counter() - engine.clock.now()
             self.info = info
             self.eos_token_id = info.get("eos_token_id")
+            if self._observer is not None:
+                self._observer.on_ready(info)
             self._publish_snapshot(engine)
             self._ready.set()
             self._serve(engine, live)
@@ -297,8 +341,9 @@ class AsyncEngine:
                     self._deliver_threadsafe(batch)  # this drain's verdicts, rejections included
                     raise
             back_to_back = out is not None
+            stats = StepStats() if self._observer is not None else None
             if out is not None:
-                new_tokens = self._collect_tokens(out, live, batch)
+                self._collect_tokens(out, live, batch, stats)
                 self._num_steps += 1
                 if len(engine.records) > 2 * KEEP_RECORDS:
                     del engine.records[:-KEEP_RECORDS]
@@ -307,8 +352,8 @@ class AsyncEngine:
             # costs this thread a GIL round trip with the busy event loop.
             self._deliver_threadsafe(batch)
             if out is not None:
-                if self._observer is not None:
-                    self._observer.on_step(out, new_tokens)
+                if stats is not None:
+                    self._observer.on_step(out, stats)
                 continue
             self._wake.wait(IDLE_WAIT_S)
 
@@ -319,9 +364,9 @@ class AsyncEngine:
         obs = self._observer
         for op, req, queue in items:
             if op == "add":
-                req.arrival_time = engine.clock.now()
+                admitted = time.perf_counter()
                 reason = engine.add_request(req)
-                batch.append((queue, Admitted(reason, req.arrival_time + self._offset)))
+                batch.append((queue, Admitted(reason, admitted)))
                 if reason is None:
                     live[req] = _Live(queue)
                     if obs is not None:
@@ -333,26 +378,30 @@ class AsyncEngine:
                 if obs is not None:
                     obs.on_aborted(req)
 
-    def _collect_tokens(self, out, live: dict[Request, _Live], batch: Delivery) -> int:
+    def _collect_tokens(
+        self, out, live: dict[Request, _Live], batch: Delivery, stats: StepStats | None
+    ) -> None:
         offset = self._offset
-        new_tokens = 0
         for req in out.scheduled.scheduled_reqs:
             state = live.get(req)
             if state is None:
                 continue
             n = req.num_output_tokens
+            sent = state.sent
+            if n == sent:
+                continue  # a prefill chunk without a token yet
             ids = req.output_token_ids
             times = req.token_times
             finished = req.status == RequestStatus.FINISHED
-            for i in range(state.sent, n):
+            for i in range(sent, n):
                 token = ids[i] if i < len(ids) else None
                 reason = req.finish_reason if finished and i == n - 1 else None
                 batch.append((state.queue, TokenEvent(token, times[i] + offset, reason)))
-            new_tokens += n - state.sent
             state.sent = n
+            if stats is not None:
+                _step_stats(stats, req, sent, finished)
             if finished:
                 del live[req]
-        return new_tokens
 
     def _publish_snapshot(self, engine) -> None:
         sched = engine.scheduler
@@ -373,6 +422,36 @@ class AsyncEngine:
             self._loop.call_soon_threadsafe(_deliver, batch)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+
+def _step_stats(stats: StepStats, req: Request, sent: int, finished: bool) -> None:
+    """Add one request's new tokens of this step to ``stats`` (engine-clock times)."""
+    times = req.token_times
+    n = req.num_output_tokens
+    stats.new_tokens += n - sent
+    if sent == 0:
+        stats.ttfts_s.append(times[0] - req.arrival_time)
+        stats.prompt_tokens += req.num_prompt_tokens
+    for i in range(max(sent, 1), n):
+        stats.itls_s.append(times[i] - times[i - 1])
+    if not finished:
+        return
+    first, last = times[0], times[-1]
+    scheduled = req.first_scheduled_time if req.first_scheduled_time is not None else first
+    stats.finished.append(
+        FinishedStats(
+            finish_reason=req.finish_reason or "length",
+            e2e_s=last - req.arrival_time,
+            queue_s=scheduled - req.arrival_time,
+            prefill_s=first - scheduled,
+            decode_s=last - first,
+            inference_s=last - scheduled,
+            mean_tpot_s=(last - first) / (n - 1) if n > 1 else 0.0,
+            prompt_tokens=req.num_prompt_tokens,
+            output_tokens=n,
+            max_tokens=req.max_tokens,
+        )
+    )
 
 
 def _deliver(batch: Delivery) -> None:

@@ -1,12 +1,30 @@
 """Prometheus metrics for `cbbench serve`, on a registry of the app's own (so two apps in one
 process, as in the tests, never collide on the global registry).
 
-Gauges are read from the engine snapshot at scrape time; histograms and counters are fed by the
-engine thread through the bridge's observer hooks (prometheus-client metrics are thread-safe).
-``cbbench_kv_cache_usage_perc`` is a fraction in [0, 1], as vLLM's metric of that name.
+Two families, side by side:
+
+- ``vllm:*``: vLLM's own names, buckets and labels (``model_name``, ``engine="0"``), so
+  dashboards and scrapers built for vLLM read `cbbench serve` unchanged: request latencies
+  (TTFT, inter-token latency, per-request TPOT, e2e, queue, prefill, decode, inference), token
+  counters and per-request token histograms, preemptions, and the scheduler gauges. As in vLLM,
+  latencies count from a request's arrival at the engine (here: when the HTTP layer hands it
+  over), so parsing before and socket writes after are outside them; the request log has both.
+  ``vllm:time_per_output_token_seconds`` is vLLM's older name for the inter-token latency
+  (observed per token, as vLLM up to 0.11); the per-request TPOT is
+  ``vllm:request_time_per_output_token_seconds``.
+- ``cbbench_*``: the engine's per-iteration story (batch composition, iteration time, KV use).
+
+The engine thread feeds both through the bridge's observer hooks, once per step. The vLLM
+histograms are plain bucket counts under one lock, taken once per step: prometheus-client's
+Histogram locks and scans its buckets on every observation, which at a few thousand tokens per
+second is engine-thread time taken from the GIL the event loop needs.
 """
 
 from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections import Counter as Tally
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -16,18 +34,223 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from cbbench.server.async_engine import EngineSnapshot
+from cbbench.server.async_engine import EngineSnapshot, StepStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PREFILL_TOKEN_BUCKETS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 DECODE_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 DURATION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
 
+# ---- vLLM's buckets (vllm/v1/metrics/loggers.py) -----------------------------------------------
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+)
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+VLLM_LABELS = ("model_name", "engine")
+ENGINE_INDEX = "0"  # one engine per server
+# vLLM's finish reasons, as its request_success counter labels them.
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's token-count buckets)."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
+
+
+class BucketHistogram:
+    """Bucket counts of one unlabelled series; observe(value, times) adds ``times`` equal
+    observations at once. Not locked: the owner serializes writers and readers."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound (+Inf only)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        self.counts[bisect_left(self.bounds, value)] += times  # le is inclusive
+        self.sum += value * times
+        self.count += times
+
+    def family(self, name: str, doc: str, labels: list[str]) -> HistogramMetricFamily:
+        fam = HistogramMetricFamily(name, doc, labels=list(VLLM_LABELS))
+        buckets, total = [], 0
+        for bound, c in zip(self.bounds, self.counts):
+            total += c
+            buckets.append((_le(bound), total))
+        buckets.append(("+Inf", self.count))
+        fam.add_metric(labels, buckets, self.sum)
+        return fam
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+# name -> (help, buckets): the latency histograms, in seconds.
+LATENCY_HISTOGRAMS = {
+    "vllm:time_to_first_token_seconds": ("Histogram of time to first token in seconds.", TTFT_BUCKETS),
+    "vllm:inter_token_latency_seconds": ("Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+    "vllm:time_per_output_token_seconds": (
+        "Histogram of time per output token in seconds (vLLM's older name for the inter-token "
+        "latency).",
+        ITL_BUCKETS,
+    ),
+    "vllm:request_time_per_output_token_seconds": (
+        "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS,
+    ),
+    "vllm:e2e_request_latency_seconds": (
+        "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS,
+    ),
+    "vllm:request_queue_time_seconds": (
+        "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS,
+    ),
+    "vllm:request_inference_time_seconds": (
+        "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS,
+    ),
+    "vllm:request_prefill_time_seconds": (
+        "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS,
+    ),
+    "vllm:request_decode_time_seconds": (
+        "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS,
+    ),
+    "vllm:iteration_tokens_total": (
+        "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS,
+    ),
+}
+# Token-count histograms: 1-2-5 buckets up to the model's context, known once the engine is up.
+TOKEN_HISTOGRAMS = {
+    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:request_generation_tokens": "Number of generation tokens processed.",
+    "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
+}
+COUNTERS = {
+    "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:generation_tokens": "Number of generation tokens processed.",
+}
+DEFAULT_MAX_MODEL_LEN = 8192  # for the token buckets when the engine does not say
+
+
+class VllmMetrics:
+    """The ``vllm:*`` series: a prometheus-client collector fed once per engine step."""
+
+    def __init__(self, model_name: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self.model_name = model_name
+        self.hist = {name: BucketHistogram(b) for name, (_, b) in LATENCY_HISTOGRAMS.items()}
+        self.token_hist: dict[str, BucketHistogram] = {}
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.snapshot: EngineSnapshot | None = None
+
+    def on_ready(self, info: dict) -> None:
+        if self.model_name is None:
+            self.model_name = str(info.get("model", "model"))
+        buckets = build_1_2_5_buckets(int(info.get("max_model_len") or DEFAULT_MAX_MODEL_LEN))
+        with self._lock:
+            self.token_hist = {name: BucketHistogram(buckets) for name in TOKEN_HISTOGRAMS}
+
+    def on_aborted(self) -> None:
+        with self._lock:
+            self.success["abort"] += 1
+
+    def on_step(self, num_tokens: int, num_preempted: int, stats: StepStats) -> None:
+        h = self.hist
+        with self._lock:
+            c = self.counters
+            c["vllm:num_preemptions"] += num_preempted
+            c["vllm:prompt_tokens"] += stats.prompt_tokens
+            c["vllm:generation_tokens"] += stats.new_tokens
+            h["vllm:iteration_tokens_total"].observe(num_tokens)
+            ttft = h["vllm:time_to_first_token_seconds"]
+            for v in stats.ttfts_s:
+                ttft.observe(v)
+            if stats.itls_s:
+                # Requests decoded in the same step mostly share one gap: observe each distinct
+                # gap once, with its count.
+                itl = h["vllm:inter_token_latency_seconds"]
+                tpot = h["vllm:time_per_output_token_seconds"]
+                for v, k in Tally(stats.itls_s).items():
+                    itl.observe(v, k)
+                    tpot.observe(v, k)
+            tok = self.token_hist
+            for f in stats.finished:
+                self.success[f.finish_reason if f.finish_reason in self.success else "stop"] += 1
+                h["vllm:e2e_request_latency_seconds"].observe(f.e2e_s)
+                h["vllm:request_queue_time_seconds"].observe(f.queue_s)
+                h["vllm:request_prefill_time_seconds"].observe(f.prefill_s)
+                h["vllm:request_decode_time_seconds"].observe(f.decode_s)
+                h["vllm:request_inference_time_seconds"].observe(f.inference_s)
+                h["vllm:request_time_per_output_token_seconds"].observe(f.mean_tpot_s)
+                if tok:
+                    tok["vllm:request_prompt_tokens"].observe(f.prompt_tokens)
+                    tok["vllm:request_generation_tokens"].observe(f.output_tokens)
+                    tok["vllm:request_params_max_tokens"].observe(f.max_tokens)
+
+    def collect(self):
+        labels = [self.model_name or "", ENGINE_INDEX]
+        snap = self.snapshot
+        if snap is not None:
+            for name, doc, value in (
+                ("vllm:num_requests_running", "Number of requests in model execution batches.",
+                 snap.running),
+                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                 snap.waiting),
+                ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                 snap.kv_usage),
+            ):
+                g = GaugeMetricFamily(name, doc, labels=list(VLLM_LABELS))
+                g.add_metric(labels, value)
+                yield g
+        with self._lock:  # a consistent copy; rendering happens outside the lock
+            families = [
+                h.family(name, LATENCY_HISTOGRAMS[name][0], labels) for name, h in self.hist.items()
+            ]
+            families += [
+                h.family(name, TOKEN_HISTOGRAMS[name], labels) for name, h in self.token_hist.items()
+            ]
+            counters = dict(self.counters)
+            success = dict(self.success)
+        for name, value in counters.items():
+            fam = CounterMetricFamily(name, COUNTERS[name], labels=list(VLLM_LABELS))
+            fam.add_metric(labels, value)
+            yield fam
+        fam = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.",
+            labels=[*VLLM_LABELS, "finished_reason"],
+        )
+        for reason, value in success.items():
+            fam.add_metric([*labels, reason], value)
+        yield fam
+        yield from families
+
 
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str | None = None) -> None:
         r = self.registry = CollectorRegistry()
+        self.vllm = VllmMetrics(model_name)
+        r.register(self.vllm)
         self.running = Gauge("cbbench_num_requests_running", "Requests running in the engine.", registry=r)
         self.waiting = Gauge("cbbench_num_requests_waiting", "Requests waiting to be scheduled.", registry=r)
         self.kv_usage = Gauge(
@@ -63,6 +286,9 @@ class ServerMetrics:
         )
 
     # ---- EngineObserver: called from the engine thread -----------------------------------------
+    def on_ready(self, info: dict) -> None:
+        self.vllm.on_ready(info)
+
     def on_admitted(self, req) -> None:
         self.prompt_tokens.inc(req.num_prompt_tokens)
 
@@ -71,16 +297,20 @@ class ServerMetrics:
 
     def on_aborted(self, req) -> None:
         self.aborted.inc()
+        self.vllm.on_aborted()
 
-    def on_step(self, out, num_new_tokens: int) -> None:
+    def on_step(self, out, stats: StepStats) -> None:
         rec = out.record
         self.prefill_tokens.observe(rec.num_prefill_tokens)
         self.decode_tokens.observe(rec.num_decode_tokens)
         self.duration.observe(rec.duration_s)
         if out.finished:
             self.finished.inc(len(out.finished))
-        if num_new_tokens:
-            self.generation_tokens.inc(num_new_tokens)
+        if stats.new_tokens:
+            self.generation_tokens.inc(stats.new_tokens)
+        self.vllm.on_step(
+            rec.num_prefill_tokens + rec.num_decode_tokens, rec.num_preempted, stats
+        )
 
     # ---- scrape ----------------------------------------------------------------------------------
     def render(self, snap: EngineSnapshot) -> bytes:
@@ -89,4 +319,5 @@ class ServerMetrics:
         self.kv_used.set(snap.kv_blocks_used)
         self.kv_total.set(snap.kv_blocks_total)
         self.kv_usage.set(snap.kv_usage)
+        self.vllm.snapshot = snap if snap.ready else None
         return generate_latest(self.registry)

@@ -18,7 +18,8 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 - ``return_token_times`` (a cbbench extension) adds ``"cbbench": {"arrival_time",
   "token_times"}`` to the response (streaming: to the chunk with the finish reason): the engine's
   own times, in monotonic seconds on ``time.perf_counter()``'s scale, to check a client's
-  measurements against.
+  measurements against. ``arrival_time`` is when the HTTP layer handed the request to the
+  engine, after parsing it.
 - Chat template (minimal, the same for every model): each message as
   ``<|role|>\\n{content}\\n``, then ``<|assistant|>\\n``; text content parts are joined.
 """

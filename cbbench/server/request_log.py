@@ -1,0 +1,117 @@
+"""`cbbench serve --request-log FILE`: one JSON line per generation request, on the server's
+wall clock (epoch seconds, rounded to the microsecond).
+
+Every request that passed validation and was handed to the engine gets a line when it ends
+(requests refused before that, with a 400 or 401, get none):
+
+- ``id``: the id the client sees in the response (``cmpl-...``, ``chatcmpl-...``; a client's
+  ``X-Request-Id`` header becomes its tail, as in vLLM); ``engine_id``: the engine's number;
+  ``api``: completions | chat; ``stream``.
+- ``arrival``: the request reached the app (headers parsed, before the body was read);
+  ``submitted``: handed to the engine after parsing, validation and tokenization (the arrival
+  the engine and the ``vllm:*`` latency metrics count from); ``admitted``: the engine thread
+  took it into the scheduler's queue; ``queue_exit``: first scheduled.
+- ``first_token`` / ``last_token``: when the engine produced them; ``first_token_sent`` /
+  ``last_token_sent``: when the HTTP layer handed their bytes to the socket (a non-streaming
+  response: the whole body, both).
+- ``prompt_tokens``, ``output_tokens``, ``preemptions``; ``finish``: length | stop | abort (the
+  client went away) | rejected (the engine could never fit it) | error (the engine failed);
+  ``status``: the HTTP status; ``error``: the reason, for rejected and error.
+
+Timestamps not reached are null. Times are taken on ``time.perf_counter()`` and moved to the
+epoch by one offset measured at start, so differences between fields are exact.
+
+Writing costs the event loop one queue put per request: a thread formats and writes the lines,
+and flushes whenever it has caught up, so a line is on disk soon after its request ends. Lines
+are appended; a run that is killed keeps every line written before.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+
+EPOCH_DECIMALS = 6  # microseconds
+STOP_JOIN_TIMEOUT_S = 10.0
+
+TIME_FIELDS = (
+    "arrival", "submitted", "admitted", "queue_exit", "first_token", "first_token_sent",
+    "last_token", "last_token_sent",
+)
+
+
+class RequestTrace:
+    """One request's way through the server, filled in on the event loop (perf_counter times)."""
+
+    __slots__ = (
+        "id", "engine_id", "api", "stream", *TIME_FIELDS, "prompt_tokens", "output_tokens",
+        "preemptions", "finish", "status", "error",
+    )
+
+    def __init__(self, id: str, api: str, stream: bool, arrival: float) -> None:
+        self.id = id
+        self.engine_id: int | None = None
+        self.api = api
+        self.stream = stream
+        self.arrival = arrival
+        self.submitted: float | None = None
+        self.admitted: float | None = None
+        self.queue_exit: float | None = None
+        self.first_token: float | None = None
+        self.first_token_sent: float | None = None
+        self.last_token: float | None = None
+        self.last_token_sent: float | None = None
+        self.prompt_tokens = 0
+        self.output_tokens = 0
+        self.preemptions = 0
+        self.finish: str | None = None
+        self.status: int | None = None
+        self.error: str | None = None
+
+    def to_dict(self, epoch_offset: float) -> dict:
+        d = {}
+        for name in self.__slots__:
+            v = getattr(self, name)
+            if name in TIME_FIELDS and v is not None:
+                v = round(v + epoch_offset, EPOCH_DECIMALS)
+            d[name] = v
+        return d
+
+
+class RequestLog:
+    """Appends traces to a JSON-lines file from a writer thread."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        # Opened here, so that a bad path fails at start-up, not at the first request.
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        self.epoch_offset = time.time() - time.perf_counter()
+        self._queue: queue.SimpleQueue[RequestTrace | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="cbbench-request-log", daemon=True)
+        self._thread.start()
+
+    def write(self, trace: RequestTrace) -> None:
+        """Queue a finished request's trace (the caller no longer changes it)."""
+        if not self._closed:
+            self._queue.put(trace)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)
+        self._thread.join(STOP_JOIN_TIMEOUT_S)
+
+    def _run(self) -> None:
+        f, q, offset = self._file, self._queue, self.epoch_offset
+        try:
+            while (trace := q.get()) is not None:
+                f.write(json.dumps(trace.to_dict(offset), separators=(",", ":")) + "\n")
+                if q.empty():
+                    f.flush()
+        finally:
+            f.close()
