@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 import weakref
@@ -43,6 +44,7 @@ from cbbench.server.protocol import (
 )
 from cbbench.server.request_log import RequestLog, RequestTrace
 from cbbench.server.text import TextCodec, make_codec
+from cbbench.server.tokenization import detokenize, parse_detokenize, parse_tokenize, tokenize
 
 OWNED_BY = "cbbench"
 ARRIVAL_KEY = "cbbench.arrival"  # the ASGI scope key of a request's arrival time
@@ -180,6 +182,20 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
             card["max_model_len"] = s.max_model_len
         return {"object": "list", "data": [card]}
 
+    @app.post("/tokenize")
+    async def tokenize_endpoint(request: Request):
+        s = ready()
+        body = parse_tokenize(await _json_body(request))
+        check_model(s, body.model)
+        return tokenize(body, s.codec, s.max_model_len)
+
+    @app.post("/detokenize")
+    async def detokenize_endpoint(request: Request):
+        s = ready()
+        body = parse_detokenize(await _json_body(request))
+        check_model(s, body.model)
+        return detokenize(body, s.codec, s.vocab_size)
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         s = ready()
@@ -256,6 +272,13 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
         return await _complete(stream, adm, shape, job, s.codec, request, trace, log)
 
     return app
+
+
+async def _json_body(request: Request) -> object:
+    try:
+        return json.loads(await request.body())
+    except ValueError as e:
+        raise APIError(400, f"malformed JSON body: {e}") from None
 
 
 class _StampArrival:

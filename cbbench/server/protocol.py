@@ -165,15 +165,48 @@ class ChatRequest(_Base):
         return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
 
 
-def render_chat(messages: list[ChatMessage]) -> str:
+def render_chat(messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
     """The minimal chat template: role-tagged contents, then the assistant's tag."""
     parts = []
     for m in messages:
         c = m.content
         text = c if isinstance(c, str) else "".join(p.text for p in c or ())
         parts.append(f"<|{m.role}|>\n{text}\n")
-    parts.append(f"<|{ASSISTANT_ROLE}|>\n")
+    if add_generation_prompt:
+        parts.append(f"<|{ASSISTANT_ROLE}|>\n")
     return "".join(parts)
+
+
+# ---- /tokenize and /detokenize (vLLM's request and response shapes) ------------------------------
+class TokenizeCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(BaseModel):
+    """The chat form tokenizes what /v1/chat/completions would feed the engine. Unlike vLLM
+    (whose Hugging Face templates write the BOS themselves) ``add_special_tokens`` defaults to
+    true: the minimal template has no BOS, and the chat endpoint adds it on encoding."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]
 
 
 # ---- responses -------------------------------------------------------------------------------------

@@ -3,10 +3,13 @@
 With ``--tokenizer`` (a ``tokenizer.json``, or a folder that holds one) the ``tokenizers``
 library encodes prompts and decodes outputs for real. Without one, a documented fallback:
 
-- prompts: each whitespace-separated word is one token, its id a stable hash of the word
-  (crc32) modulo the vocabulary, so a prompt's token count is its word count on every run;
+- prompts: each whitespace-separated word is one token, so a prompt's token count is its word
+  count on every run. A word that is a token id written in decimal (``"1234"``) is that id; any
+  other word's id is a stable hash of it (crc32) modulo the vocabulary;
 - outputs: the simulated engine produces no token ids, so every token is the text ``" tok"``;
-  the torch engine without a tokenizer writes each id as text, ``" 1234"``.
+  the torch engine without a tokenizer writes each id as text, ``" 1234"``;
+- /detokenize writes ids the same way, so ids -> text -> ids round-trips (text -> ids -> text
+  does not: a hash has no inverse).
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from typing import Protocol
 
 SIM_TOKEN_TEXT = " tok"
 TOKENIZER_FILE = "tokenizer.json"
+# What /tokenize and /detokenize say they used.
+TOKENIZER_KIND = "tokenizer.json"
+FALLBACK_KIND = "word-per-token fallback (no --tokenizer)"
 
 
 class TokenDecoder(Protocol):
@@ -27,7 +33,11 @@ class TokenDecoder(Protocol):
 
 
 class TextCodec(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    kind: str  # TOKENIZER_KIND or FALLBACK_KIND
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+    def token_strs(self, ids: list[int]) -> list[str]: ...
     def decoder(self) -> TokenDecoder: ...
 
 
@@ -60,14 +70,27 @@ class _FallbackDecoder:
 
 
 class HashedWordCodec:
-    """No tokenizer: one token per whitespace word, ids hashed into the vocabulary."""
+    """No tokenizer: one token per whitespace word; a decimal id is itself, any other word is
+    hashed into the vocabulary. There are no special tokens."""
+
+    kind = FALLBACK_KIND
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = max(1, vocab_size)
 
-    def encode(self, text: str) -> list[int]:
-        v = self.vocab_size
-        return [zlib.crc32(w.encode()) % v for w in text.split()]
+    def _id(self, word: str) -> int:
+        if word.isdecimal() and word.isascii() and int(word) < self.vocab_size:
+            return int(word)
+        return zlib.crc32(word.encode()) % self.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [self._id(w) for w in text.split()]
+
+    def decode(self, ids: list[int]) -> str:
+        return " ".join(str(i) for i in ids)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return [str(i) for i in ids]
 
     def decoder(self) -> TokenDecoder:
         return _FallbackDecoder()
@@ -108,11 +131,20 @@ class _IncrementalDecoder:
 
 
 class TokenizerCodec:
+    kind = TOKENIZER_KIND
+
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Special tokens included, as vLLM's /detokenize writes them."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.id_to_token(i) or "" for i in ids]
 
     def decoder(self) -> TokenDecoder:
         return _IncrementalDecoder(self.tokenizer)
