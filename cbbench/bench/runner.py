@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.engine.args import EngineArgs
+from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
 from cbbench.load.workload import BUILTIN_WORKLOADS, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
@@ -28,6 +29,7 @@ class RunSpec:
     rate_given: bool = False
     burstiness: float = 1.0
     arrival: str = "auto"
+    time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
     slo: dict = field(default_factory=dict)
     save_detailed: bool = False
     label: str | None = None
@@ -126,6 +128,18 @@ def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
         it["mfu"] = it["flops"] / d / fl if d > 0 else None
 
 
+def scale_trace_time(arrivals, process: str, time_scale: float):
+    """--time-scale: a trace's offsets times X (X < 1 replays faster, X > 1 slower). The
+    first request stays at 0."""
+    if time_scale == 1.0:
+        return arrivals
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise UsageError(f"--time-scale must be a positive number, got {time_scale}")
+    if process != "trace":
+        raise UsageError("--time-scale applies to --arrival trace (the trace's own timestamps)")
+    return arrivals * time_scale
+
+
 def execute_run(
     spec: RunSpec,
     notice: Callable[[str], None],
@@ -173,9 +187,12 @@ def execute_run(
             f"the workload has {len(workload.requests)} requests; drew {num_requests} "
             "with replacement"
         )
+    for note in workload.notes:
+        notice(note)
     arrivals = arrival_times(
         wreqs, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
     )
+    arrivals = scale_trace_time(arrivals, process, spec.time_scale)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
     indices = _telemetry_indices(spec)
@@ -242,6 +259,7 @@ def execute_run(
         "duration_s": until,  # None: bound by the request count
         "burstiness": spec.burstiness,
         "arrival": process,
+        **({"time_scale": spec.time_scale} if spec.time_scale != 1.0 else {}),
         "slo": spec.slo,
         **target_config,
         "command": recorded_command(sys.argv[1:]),

@@ -23,7 +23,11 @@ def register(app: typer.Typer) -> None:
 def run(
     workload: Annotated[
         str,
-        typer.Option(help="Built-in workload (sharegpt, long-prompt, shared-prefix) or a JSONL."),
+        typer.Option(
+            help="Built-in workload (sharegpt, long-prompt, shared-prefix), a JSONL file, or a "
+            "trace file (Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL; recognized by "
+            "its header)."
+        ),
     ] = "sharegpt",
     num_requests: Annotated[
         int | None,
@@ -54,6 +58,11 @@ def run(
                      "--request-rate, held at END after SECONDS; lasts SECONDS unless "
                      "--duration or --num-requests says otherwise."),
     ] = None,
+    time_scale: Annotated[
+        float,
+        typer.Option(help="With --arrival trace: multiply the trace's timestamps (0.5 replays "
+                     "twice as fast)."),
+    ] = 1.0,
     slo: Annotated[
         str | None,
         typer.Option(help="Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000."),
@@ -137,6 +146,7 @@ def run(
         rate_given=request_rate != "inf",
         burstiness=burstiness,
         arrival=arrival,
+        time_scale=time_scale,
         slo=parse_slo(slo),
         save_detailed=save_detailed,
         label=label,

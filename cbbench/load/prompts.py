@@ -117,9 +117,9 @@ def build_prompts(
         if w.prompt is not None:
             prompts.append(w.prompt)
             kinds["text"] += 1
-        elif w.prompt_token_ids is not None:
+        elif (ids := w.token_ids()) is not None:
             if api == "completions":
-                prompts.append(list(w.prompt_token_ids))
+                prompts.append(list(ids))
                 kinds["token_ids"] += 1
             elif tokenizer is None:
                 raise UsageError(
@@ -127,7 +127,7 @@ def build_prompts(
                     "--tokenizer (a tokenizer.json) to decode them, or use --api completions"
                 )
             else:
-                prompts.append(tokenizer.decode(list(w.prompt_token_ids)))
+                prompts.append(tokenizer.decode(list(ids)))
                 kinds["decoded"] += 1
         else:
             if tokenizer is not None and fitter is None:

@@ -2,7 +2,8 @@
 
 Built-in workloads install with the package (``cbbench.workloads``); user workloads are JSONL
 files whose lines carry ``prompt_token_ids``, ``prompt`` or ``prompt_len``, plus ``output_len``
-and optionally ``arrival_s`` and ``priority``.
+and optionally ``arrival_s`` and ``priority``. Public traces (load/traces.py) are recognized by
+their header.
 """
 
 from __future__ import annotations
@@ -32,6 +33,19 @@ class WorkloadRequest:
     prompt: str | None = None
     arrival_s: float | None = None
     priority: int = 0
+    # A trace's prompt as 512-token blocks (Mooncake's hash_ids): ids made on demand.
+    hash_ids: tuple[int, ...] | None = None
+
+    def token_ids(self) -> tuple[int, ...] | None:
+        """The prompt's token ids when the workload defines them (explicitly, or as a trace's
+        hash blocks); None for text and length-only requests."""
+        if self.prompt_token_ids is not None:
+            return self.prompt_token_ids
+        if self.hash_ids is not None:
+            from cbbench.load.traces import expand_hash_ids
+
+            return expand_hash_ids(self.id, self.hash_ids, self.prompt_len)
+        return None
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,7 @@ class Workload:
     name: str
     requests: list[WorkloadRequest]
     description: str = ""
+    notes: tuple[str, ...] = ()  # what loading it left out, for the run to report
 
     @property
     def has_arrivals(self) -> bool:
@@ -207,11 +222,23 @@ def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx
     if name_or_path in BUILTIN_WORKLOADS:
         return BUILTIN_WORKLOADS[name_or_path]()
     path = Path(name_or_path)
+    if path.is_file():
+        from cbbench.load.traces import detect_format, load_trace
+
+        fmt = detect_format(path)
+        if fmt is not None:
+            return load_trace(path, fmt)
+        if path.suffix == ".csv":
+            raise UsageError(
+                f"{path}: not a known trace: a CSV needs the header of the Azure LLM inference "
+                "trace (TIMESTAMP,ContextTokens,GeneratedTokens) or BurstGPT (Timestamp,Model,"
+                "Request tokens,Response tokens,Total tokens,Log Type)"
+            )
     if path.suffix in (".jsonl", ".json") or path.exists():
         return load_jsonl(path, count_tokens)
     raise UsageError(
-        f"unknown workload {name_or_path!r}: use a built-in ({', '.join(builtin_names())}) "
-        "or a path to a .jsonl file"
+        f"unknown workload {name_or_path!r}: use a built-in ({', '.join(builtin_names())}), "
+        "a JSONL file or a trace (Azure, BurstGPT, Mooncake)"
     )
 
 

@@ -71,22 +71,23 @@ def _make_requests(
     reqs = []
     for w, t in zip(wreqs, arrivals):
         ids = None
+        known = w.token_ids() if keep_ids else None
         if needs_ids:
-            if w.prompt_token_ids is not None:
-                if max(w.prompt_token_ids) >= vocab:
+            if known is not None:
+                if max(known) >= vocab:
                     raise UsageError(
-                        f"request {w.id}: token id {max(w.prompt_token_ids)} is outside the "
+                        f"request {w.id}: token id {max(known)} is outside the "
                         f"model's vocabulary of {vocab}"
                     )
-                ids = list(w.prompt_token_ids)
+                ids = list(known)
             elif w.prompt_len + w.output_len > info.max_model_len:
                 ids = None  # rejected at arrival (beyond the context): never build its prompt
             else:
                 # Length-only requests get synthetic ids, the same for every run of a seed.
                 rng = np.random.default_rng([opts.seed, w.id])
                 ids = rng.integers(0, vocab, w.prompt_len).tolist()
-        elif keep_ids and w.prompt_token_ids is not None:
-            ids = list(w.prompt_token_ids)
+        elif known is not None:
+            ids = list(known)
         sampling = SamplingParams(
             temperature=opts.temperature,
             top_p=opts.top_p,

@@ -1,0 +1,279 @@
+"""Public LLM-serving traces, recognized by their header and loaded as timed workloads.
+
+- **Azure LLM inference traces** (2023 Splitwise, 2024 DynamoLLM; CSV ``TIMESTAMP``,
+  ``ContextTokens``, ``GeneratedTokens``). ``TIMESTAMP`` is a wall-clock time,
+  ``2023-11-16 18:15:46.6805900`` (2023: 100 ns ticks) or ``2024-05-10 00:00:00.009930+00:00``
+  (2024: microseconds and a UTC offset, the fraction left out on whole seconds).
+- **BurstGPT** (CSV ``Timestamp``, ``Model``, ``Request tokens``, ``Response tokens``,
+  ``Total tokens``, ``Log Type``; release 2 adds ``Session ID`` and ``Elapsed time``).
+  ``Timestamp`` is seconds from the trace's start. Rows with 0 request or response tokens
+  are the trace's failed requests: they are skipped, and the workload says how many.
+- **Mooncake / FAST'25** (JSONL ``timestamp`` in milliseconds, ``input_length``,
+  ``output_length``, ``hash_ids``). Each hash id names one 512-token block of the prompt;
+  equal ids are equal blocks (and, hashed in a chain, equal prefixes). The blocks become token
+  ids when a target needs them (``WorkloadRequest.token_ids``): every hash id always gives the
+  same 512 ids, so the engine's prefix cache sees the trace's real sharing.
+
+Times are kept exact: the arrival of each request is its offset from the earliest timestamp in
+the file, computed in integer nanoseconds before the one conversion to float seconds.
+"""
+
+from __future__ import annotations
+
+import calendar
+import csv
+import functools
+import json
+import math
+import re
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+
+from cbbench.errors import UsageError
+from cbbench.load.workload import Workload, WorkloadRequest
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+BURSTGPT_COLUMNS = (
+    "Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type",
+)
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+MOONCAKE_OPTIONAL = ("hash_ids",)
+MOONCAKE_BLOCK_TOKENS = 512
+# Block contents: ids below 512 are valid for every model preset, the tiny test ones included.
+TRACE_VOCAB = 512
+HASH_BLOCK_SEED = 20250225  # FAST'25: fixed, so a hash id means the same block on every run
+UNIQUE_TAIL_STREAM = 1
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+HEADER_PEEK_BYTES = 1 << 16
+_AZURE_TIME = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
+    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$"
+)
+_DECIMAL = re.compile(r"^\d+(\.\d{1,9})?$")
+
+
+def _first_line(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            head = f.read(HEADER_PEEK_BYTES)
+    except OSError as e:
+        raise UsageError(f"cannot read workload file {path}: {e}") from None
+    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
+
+
+def detect_format(path: Path) -> str | None:
+    """'azure', 'burstgpt' or 'mooncake' from the file's first line; None for anything else
+    (a cbbench JSONL workload, or not a trace)."""
+    line = _first_line(path)
+    if line.startswith("{"):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            return None
+        if isinstance(obj, dict) and all(k in obj for k in MOONCAKE_FIELDS):
+            return "mooncake"
+        return None
+    columns = [c.strip() for c in next(csv.reader([line]))]
+    if all(c in columns for c in AZURE_COLUMNS):
+        return "azure"
+    if all(c in columns for c in BURSTGPT_COLUMNS):
+        return "burstgpt"
+    return None
+
+
+def load_trace(path: Path, fmt: str) -> Workload:
+    loaders: dict[str, Callable[[Path], Workload]] = {
+        "azure": load_azure,
+        "burstgpt": load_burstgpt,
+        "mooncake": load_mooncake,
+    }
+    return loaders[fmt](path)
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read trace {path}: {e}") from None
+
+
+def _count(text: str, where: str, column: str) -> int:
+    t = text.strip()
+    if not t.isdigit():
+        raise UsageError(f"{where}: {column} must be a whole number >= 0, got {text!r}")
+    return int(t)
+
+
+def _timed_workload(
+    name: str, description: str, rows: list[tuple[int, int, int, tuple[int, ...] | None]],
+    skipped: int, path: Path,
+) -> Workload:
+    """rows: (time in ns, prompt_len, output_len, hash_ids); arrivals relative to the
+    earliest time."""
+    if not rows:
+        raise UsageError(f"trace {path} holds no usable requests")
+    t0 = min(r[0] for r in rows)
+    reqs = [
+        WorkloadRequest(i, p, o, arrival_s=(t - t0) / NS_PER_S, hash_ids=h)
+        for i, (t, p, o, h) in enumerate(rows)
+    ]
+    notes = ()
+    if skipped:
+        notes = (f"{path.name}: skipped {skipped} rows with 0 prompt or output tokens "
+                 "(failed requests in the trace)",)
+    return Workload(name, reqs, description, notes=notes)
+
+
+def _csv_rows(path: Path, columns: tuple[str, ...]):
+    """(where, {column: text}) for every data row of a CSV trace."""
+    lines = _read_text(path).splitlines()
+    reader = csv.reader(lines)
+    header = [c.strip() for c in next(reader)]
+    index = {c: header.index(c) for c in columns}
+    for lineno, row in enumerate(reader, start=2):
+        if not row or not any(cell.strip() for cell in row):
+            continue
+        where = f"{path}:{lineno}"
+        if len(row) != len(header):
+            raise UsageError(f"{where}: {len(row)} fields, the header has {len(header)}")
+        yield where, {c: row[i] for c, i in index.items()}
+
+
+# ---- Azure -----------------------------------------------------------------------------------
+def parse_azure_time(text: str, where: str) -> int:
+    """Nanoseconds since the epoch of an Azure trace TIMESTAMP (UTC unless it says otherwise)."""
+    m = _AZURE_TIME.match(text.strip())
+    if m is None:
+        raise UsageError(
+            f"{where}: TIMESTAMP {text!r} is not a time like 2023-11-16 18:15:46.6805900"
+        )
+    y, mo, d, hh, mm, ss, frac, zulu, sign, oh, om = m.groups()
+    try:
+        seconds = calendar.timegm((int(y), int(mo), int(d), int(hh), int(mm), int(ss)))
+    except (ValueError, OverflowError):
+        raise UsageError(f"{where}: TIMESTAMP {text!r} is not a valid date") from None
+    if not (1 <= int(mo) <= 12 and 1 <= int(d) <= 31 and int(hh) < 24 and int(mm) < 60
+            and int(ss) < 61):
+        raise UsageError(f"{where}: TIMESTAMP {text!r} is not a valid date")
+    if sign:
+        offset = (int(oh) * 60 + int(om)) * 60
+        seconds -= offset if sign == "+" else -offset
+    ns = int((frac or "").ljust(9, "0"))
+    return seconds * NS_PER_S + ns
+
+
+def load_azure(path: Path) -> Workload:
+    rows = []
+    skipped = 0
+    for where, r in _csv_rows(path, AZURE_COLUMNS):
+        t = parse_azure_time(r["TIMESTAMP"], where)
+        p = _count(r["ContextTokens"], where, "ContextTokens")
+        o = _count(r["GeneratedTokens"], where, "GeneratedTokens")
+        if p == 0 or o == 0:
+            skipped += 1
+            continue
+        rows.append((t, p, o, None))
+    return _timed_workload(
+        path.name, f"Azure LLM inference trace {path.name}", rows, skipped, path
+    )
+
+
+# ---- BurstGPT --------------------------------------------------------------------------------
+def _decimal_ns(text: str, where: str, column: str, unit_ns: int) -> int:
+    """A non-negative decimal in some unit, as integer nanoseconds (exact to 1 ns)."""
+    t = text.strip()
+    if not _DECIMAL.match(t):
+        raise UsageError(f"{where}: {column} must be a number >= 0, got {text!r}")
+    whole, _, frac = t.partition(".")
+    return int(whole) * unit_ns + int(frac.ljust(9, "0")) * unit_ns // NS_PER_S
+
+
+def load_burstgpt(path: Path) -> Workload:
+    rows = []
+    skipped = 0
+    for where, r in _csv_rows(path, BURSTGPT_COLUMNS):
+        t = _decimal_ns(r["Timestamp"], where, "Timestamp", NS_PER_S)
+        p = _count(r["Request tokens"], where, "Request tokens")
+        o = _count(r["Response tokens"], where, "Response tokens")
+        if p == 0 or o == 0:
+            skipped += 1
+            continue
+        rows.append((t, p, o, None))
+    return _timed_workload(path.name, f"BurstGPT trace {path.name}", rows, skipped, path)
+
+
+# ---- Mooncake --------------------------------------------------------------------------------
+def _json_int(obj: dict, key: str, where: str, minimum: int) -> int:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise UsageError(f"{where}: {key!r} must be an integer >= {minimum}")
+    return v
+
+
+def load_mooncake(path: Path) -> Workload:
+    rows = []
+    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise UsageError(f"{where}: expected a JSON object")
+        missing = [k for k in MOONCAKE_FIELDS if k not in obj]
+        if missing:
+            raise UsageError(f"{where}: missing {', '.join(missing)}")
+        ts = obj["timestamp"]
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) \
+                or ts < 0:
+            raise UsageError(f"{where}: 'timestamp' must be a number of milliseconds >= 0")
+        # Decimal(repr) is the number as written (repr round-trips), so the ns are exact.
+        t = int(Decimal(repr(ts)) * NS_PER_MS)
+        p = _json_int(obj, "input_length", where, 1)
+        o = _json_int(obj, "output_length", where, 1)
+        hashes = None
+        if "hash_ids" in obj:
+            h = obj["hash_ids"]
+            if not isinstance(h, list) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in h
+            ):
+                raise UsageError(f"{where}: 'hash_ids' must be a list of integers >= 0")
+            blocks = -(-p // MOONCAKE_BLOCK_TOKENS)
+            if len(h) > blocks:
+                raise UsageError(
+                    f"{where}: {len(h)} hash_ids of {MOONCAKE_BLOCK_TOKENS} tokens, but "
+                    f"input_length {p} fills only {blocks}"
+                )
+            hashes = tuple(h) if h else None
+        rows.append((t, p, o, hashes))
+    return _timed_workload(path.name, f"Mooncake trace {path.name}", rows, 0, path)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def hash_block_ids(hash_id: int) -> tuple[int, ...]:
+    """The 512 token ids of one hash block: the same on every run."""
+    rng = np.random.default_rng([HASH_BLOCK_SEED, hash_id])
+    return tuple(rng.integers(0, TRACE_VOCAB, MOONCAKE_BLOCK_TOKENS).tolist())
+
+
+def expand_hash_ids(request_id: int, hash_ids: tuple[int, ...], prompt_len: int) -> tuple[int, ...]:
+    """Prompt ids: the hash blocks in order (the last one cut to the prompt's length), then,
+    where the trace names fewer blocks than the prompt fills, ids of this request alone."""
+    ids: list[int] = []
+    for h in hash_ids:
+        ids += hash_block_ids(h)
+    if len(ids) < prompt_len:
+        rng = np.random.default_rng([HASH_BLOCK_SEED, UNIQUE_TAIL_STREAM, request_id])
+        ids += rng.integers(0, TRACE_VOCAB, prompt_len - len(ids)).tolist()
+    return tuple(ids[:prompt_len])
