@@ -59,6 +59,13 @@ def serve(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Engine seed (random-weight model presets).")] = 0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Require 'Authorization: Bearer KEY' on every endpoint but /health and "
+            "/metrics. env:NAME reads the key from $NAME (keeps it off the command line)."
+        ),
+    ] = None,
     request_log: Annotated[
         str | None,
         typer.Option(
@@ -70,11 +77,12 @@ def serve(
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
-    """Serve the bundled engine over an OpenAI-compatible API: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, /health and /metrics.
+    """Serve the bundled engine over an OpenAI-compatible API: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, vLLM's /tokenize and /detokenize, /health and /metrics (vLLM's metric names).
 
     --temperature, --top-p, --top-k and --ignore-eos are the defaults for requests that leave those fields out; --ignore-eos is on, so outputs run to max_tokens (default 16), as a benchmark expects."""
     from cbbench.engine.request import SamplingParams
     from cbbench.server.app import ServeConfig, create_app
+    from cbbench.server.auth import is_loopback, resolve_api_key
     from cbbench.server.text import load_tokenizer
     from cbbench.targets.engine import resolve_engine
 
@@ -95,7 +103,13 @@ def serve(
             ignore_eos=opts.ignore_eos,
         ),
         request_log=request_log,
+        api_key=resolve_api_key(api_key),
     )
+    if config.api_key is None and not is_loopback(host):
+        C.notice(
+            f"warning: listening on {host} without --api-key: anyone who can reach this port "
+            "can use the server"
+        )
     _check_writable(request_log)
     app = create_app(lambda: build_serving_engine(opts), config)
     error = asyncio.run(_run_server(app, host, port, opts.engine))

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cbbench.engine.request import SamplingParams
 from cbbench.server.async_engine import Admitted, AsyncEngine, Failed, RequestStream, TokenEvent
+from cbbench.server.auth import ApiKeyMiddleware
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
 from cbbench.server.protocol import (
     DEFAULT_MAX_TOKENS,
@@ -59,6 +60,7 @@ class ServeConfig:
     # Sampling for fields a request leaves out (the command line's --temperature, ...).
     defaults: SamplingParams = field(default_factory=SamplingParams)
     request_log: str | None = None  # --request-log: a JSON-lines file, appended to
+    api_key: str | None = field(default=None, repr=False)  # --api-key, resolved; never shown
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | N
 
     app = FastAPI(title="cbbench serve", lifespan=lifespan)
     app.add_middleware(_StampArrival)
+    if cfg.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=cfg.api_key)
     app.state.engine = bridge
     app.state.metrics = metrics
     app.state.request_log = request_log
