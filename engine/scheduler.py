@@ -21,8 +21,10 @@ Three policies vLLM's scheduler is known for, each off by default:
 - **prefix caching** (a ``PrefixCachingBlockManager``): an admitted request starts after its
   longest cached prefix.
 
-The fast path (all three off) is the original code: the policies live in the rare branches
-(preemption) and in ``_admit_general``/``_finish_step``, chosen once at construction.
+One path serves every combination: with the policies off their branches cost nothing (the
+plain ``BlockManager``'s prefix hooks are trivial, no swap copy is ever listed). What one
+``schedule()`` call accumulates (the plan, preemptions, swap copies, prefix-cache counts) lives in
+a ``_Step`` made fresh for that call, never on the scheduler.
 """
 
 from __future__ import annotations
@@ -80,6 +82,28 @@ def _is_decode(req: Request) -> bool:
     return c >= req.num_prompt_tokens and req.num_tokens - c == 1
 
 
+class _Step:
+    """What one ``schedule()`` call accumulates, made fresh for each call."""
+
+    __slots__ = (
+        "sched", "preempted", "swap_out", "swap_in", "swapped_in", "num_decodes_taken",
+        "num_cached_tokens", "num_queried_tokens", "late_decodes",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.sched: dict[Request, int] = {}  # the plan, in scheduling order
+        self.preempted: list[Request] = []
+        # Swap preemption's KV copies: (GPU, CPU) block pairs out, (CPU, GPU) pairs in, and the
+        # pairs of each request swapped in (its CPU blocks are freed when the step ends).
+        self.swap_out: list[tuple[int, int]] = []
+        self.swap_in: list[tuple[int, int]] = []
+        self.swapped_in: dict[Request, list[tuple[int, int]]] = {}
+        self.num_decodes_taken = 0  # decode tokens taken back from preempted victims
+        self.num_cached_tokens = 0  # prefix caching: hits among the prefills started ...
+        self.num_queried_tokens = 0  # ... and those requests' known tokens
+        self.late_decodes = False  # an admission scheduled a decode (after the prefills)
+
+
 class Scheduler:
     def __init__(
         self,
@@ -98,18 +122,7 @@ class Scheduler:
         self.running: list[Request] = []  # in admission order: the last is the newest
         self._static = config.batching == "static"
         self._caching = block_manager.enable_prefix_caching
-        # Chosen once: with every policy off, admission and output take the original fast path.
-        self._general = self._priority or self._caching or config.preemption_mode == "swap"
-        self._admit = self._admit_general if self._general else self._admit_fcfs
         self._num_added = 0
-        # Per-step state of the general path (reset by _begin_step).
-        self._swap_out: list[tuple[int, int]] = []
-        self._swap_in: list[tuple[int, int]] = []
-        self._swapped_in: dict[Request, list[tuple[int, int]]] = {}
-        self._num_cached_tokens = 0
-        self._num_queried_tokens = 0
-        self._num_decodes_taken = 0  # decode tokens taken back by priority admissions
-        self._late_decodes = False  # an admission scheduled a decode
 
     # ---- queue management -------------------------------------------------------------------
     def rejection_reason(self, req: Request) -> str | None:
@@ -159,9 +172,7 @@ class Scheduler:
         return len(self.waiting) + len(self.running)
 
     # ---- preemption -------------------------------------------------------------------------
-    def _preempt(
-        self, sched: dict[Request, int], preempted: list[Request]
-    ) -> tuple[Request, int, int, bool]:
+    def _preempt(self, step: _Step) -> tuple[Request, int, int, bool]:
         """Preempt one running request to free its KV: the newest (fcfs), or the
         lowest-priority, newest among equals (priority). Returns the victim, its index in
         ``running`` before removal, the tokens it had been given this step (0 when none: the
@@ -173,21 +184,21 @@ class Scheduler:
         else:
             idx = len(running) - 1
             victim = running.pop()
-        taken = sched.pop(victim, 0)
+        taken = step.sched.pop(victim, 0)
         was_decode = taken > 0 and _is_decode(victim)
         victim.num_preemptions += 1
-        preempted.append(victim)
-        if victim in self._swapped_in:
+        step.preempted.append(victim)
+        if victim in step.swapped_in:
             # Swapped in this very step: its KV never left the CPU pool. Cancel the copy in.
-            self._cancel_swap_in(victim)
-        elif not self._swap_out_blocks(victim):
+            self._cancel_swap_in(victim, step)
+        elif not self._swap_out_blocks(victim, step):
             self.bm.free(victim)
             victim.num_computed_tokens = 0
             victim.status = RequestStatus.PREEMPTED
         self.waiting.appendleft(victim)
         return victim, idx, taken, was_decode
 
-    def _swap_out_blocks(self, victim: Request) -> bool:
+    def _swap_out_blocks(self, victim: Request, step: _Step) -> bool:
         """Swap preemption: give the victim CPU blocks for its computed KV, list the copies and
         free its GPU blocks. False (nothing changed) when swap is off or the CPU pool is short:
         the caller recomputes instead."""
@@ -200,13 +211,13 @@ class Scheduler:
         cpu_blocks = cpu.allocate_blocks(n)
         if cpu_blocks is None:
             return False
-        self._swap_out.extend(zip(victim.block_table[:n], cpu_blocks))
+        step.swap_out.extend(zip(victim.block_table[:n], cpu_blocks))
         victim.cpu_block_table = cpu_blocks
         self.bm.free(victim)  # the copies run before the forward: the blocks may be reused now
         victim.status = RequestStatus.SWAPPED
         return True
 
-    def _swap_in_blocks(self, req: Request, num_tokens: int) -> bool:
+    def _swap_in_blocks(self, req: Request, num_tokens: int, step: _Step) -> bool:
         """Give a SWAPPED request GPU blocks for ``num_tokens`` and list the copies of its CPU
         blocks into the first of them. Its CPU blocks are freed at the end of the step, after
         every swap-out of the step has picked its CPU blocks, so none is overwritten before it
@@ -214,46 +225,41 @@ class Scheduler:
         if not self.bm.allocate(req, num_tokens):
             return False
         pairs = list(zip(req.cpu_block_table, req.block_table))
-        self._swap_in.extend(pairs)
-        self._swapped_in[req] = pairs
+        step.swap_in.extend(pairs)
+        step.swapped_in[req] = pairs
         return True
 
-    def _cancel_swap_in(self, req: Request) -> None:
-        pairs = self._swapped_in.pop(req)
-        dropped = set(pairs)
-        self._swap_in = [p for p in self._swap_in if p not in dropped]
+    def _cancel_swap_in(self, req: Request, step: _Step) -> None:
+        dropped = set(step.swapped_in.pop(req))
+        step.swap_in = [p for p in step.swap_in if p not in dropped]
         self.bm.discard(req)  # nothing was written to them
         req.status = RequestStatus.SWAPPED
 
-    def _preempt_for(
-        self, req: Request, sched: dict[Request, int], preempted: list[Request]
-    ) -> tuple[int, bool] | None:
+    def _preempt_for(self, req: Request, step: _Step) -> int | None:
         """Priority: preempt the lowest-priority running request if it ranks strictly below
-        ``req``. Returns the tokens taken back from it and whether they were a decode, or None
-        when nothing ranks below."""
+        ``req``. Returns the tokens taken back from it, or None when nothing ranks below."""
         running = self.running
         if not running:
             return None
         lowest = max(running, key=priority_key)
         if lowest.priority <= req.priority:
             return None
-        victim, _, taken, was_decode = self._preempt(sched, preempted)
+        victim, _, taken, was_decode = self._preempt(step)
         assert victim is lowest
-        return taken, was_decode
+        step.num_decodes_taken += was_decode
+        return taken
 
     # ---- the per-iteration decision ---------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         cfg = self.config
         bm = self.bm
         budget = cfg.max_num_batched_tokens
-        sched: dict[Request, int] = {}
-        preempted: list[Request] = []
-        if self._general:
-            self._begin_step()
+        step = _Step()
+        sched = step.sched
         running = self.running
 
         if self._static and not running:
-            self._admit_static_batch(now)
+            self._admit_static_batch(step, now)
             running = self.running
 
         # 1. Running decodes, oldest first. A decode needs a new block only when it crosses a
@@ -269,7 +275,7 @@ class Scheduler:
                 prefilling.append(req)
                 continue
             if c >= len(req.block_table) * block_size and not bm.allocate(req, c + 1):
-                i, budget = self._make_room_for_decode(req, i, budget, sched, preempted)
+                i, budget = self._make_room_for_decode(req, i, budget, step)
                 if req.status != RequestStatus.RUNNING:
                     continue  # req itself was the victim
             sched[req] = 1
@@ -291,9 +297,9 @@ class Scheduler:
                 n = budget
             fits = True
             while not bm.allocate(req, req.num_computed_tokens + n):
-                victim, _, taken, was_decode = self._preempt(sched, preempted)
+                victim, _, taken, was_decode = self._preempt(step)
                 budget += taken
-                num_decodes -= was_decode
+                step.num_decodes_taken += was_decode
                 if victim is req:
                     fits = False
                     break
@@ -302,106 +308,42 @@ class Scheduler:
                 budget -= n
 
         # 3. Admissions (continuous only), unless this step had to preempt.
-        if not self._static and not preempted:
-            budget = self._admit(sched, budget, now, preempted)
+        if not self._static and not step.preempted:
+            budget = self._admit(step, budget, now)
 
-        if self._general:
-            return self._finish_step(sched, preempted, num_decodes)
-        reqs = list(sched)
-        return SchedulerOutput(
-            scheduled_reqs=reqs,
-            num_scheduled_tokens=list(sched.values()),
-            num_decode_reqs=num_decodes,
-            num_prefill_tokens=cfg.max_num_batched_tokens - budget - num_decodes,
-            token_budget=cfg.max_num_batched_tokens,
-            preempted=preempted,
-        )
+        return self._output(step, budget, num_decodes)
 
     def _make_room_for_decode(
-        self, req: Request, i: int, budget: int, sched: dict[Request, int], preempted: list[Request]
+        self, req: Request, i: int, budget: int, step: _Step
     ) -> tuple[int, int]:
         """Preempt until ``req``'s next token has a KV slot, or ``req`` itself is the victim.
         Returns the loop index and budget, adjusted for victims before ``i`` (priority only:
-        under fcfs victims come from the end of ``running``, after ``req``, with no tokens)."""
+        under fcfs victims come from the end of ``running``, after ``req``, with no tokens).
+        A victim's decode is already out of ``sched`` before the decodes are counted."""
         c = req.num_computed_tokens
         while True:
-            victim, idx, taken, _ = self._preempt(sched, preempted)
+            victim, idx, taken, _ = self._preempt(step)
             if idx < i:
                 i -= 1
             budget += taken
             if victim is req or self.bm.allocate(req, c + 1):
                 return i, budget
 
-    def _admit_fcfs(
-        self, sched: dict[Request, int], budget: int, now: float, preempted: list[Request]
-    ) -> int:
-        cfg = self.config
-        waiting = self.waiting
-        running = self.running
-        while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-            req = waiting[0]
-            n = req.num_tokens - req.num_computed_tokens
-            if n > budget:
-                if not cfg.chunked_prefill:
-                    break  # first come, first served: the head waits for room
-                n = budget
-            if not self.bm.allocate(req, req.num_computed_tokens + n):
-                break
-            waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
-            running.append(req)
-            sched[req] = n
-            budget -= n
-        return budget
-
-    def _admit_static_batch(self, now: float) -> None:
-        """Fill every slot the KV pool allows for the batch's prompts, then close the batch."""
-        if self._general:
-            return self._admit_static_batch_general(now)
-        bm = self.bm
-        waiting = self.waiting
-        committed = 0
-        while waiting and len(self.running) < self.config.max_num_seqs:
-            req = waiting[0]
-            need = bm.blocks_needed(req, req.num_tokens)
-            if committed + need > bm.num_free_blocks:
-                break
-            if bm.reserved:
-                bm.allocate(req, req.num_tokens)
-            else:
-                committed += need
-            waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
-            self.running.append(req)
-
-    # ---- the general path: swap, priority, prefix caching -----------------------------------
-    def _begin_step(self) -> None:
-        self._swap_out = []
-        self._swap_in = []
-        self._swapped_in = {}
-        self._num_cached_tokens = 0
-        self._num_queried_tokens = 0
-        self._num_decodes_taken = 0
-        self._late_decodes = False
-
+    # ---- admission --------------------------------------------------------------------------
     def _lookup(self, req: Request) -> list[int]:
         """Prefix-cache hit blocks for a request about to start its prefill (none for one whose
-        KV waits in the CPU pool)."""
+        KV waits in the CPU pool, and none without prefix caching)."""
         if not self._caching or req.status == RequestStatus.SWAPPED:
             return []
         return self.bm.lookup_prefix(req)
 
-    def _start(self, req: Request, now: float, num_cached: int) -> None:
+    def _start(self, req: Request, now: float, num_cached: int, step: _Step) -> None:
         """Move the head of the queue to ``running``; a request starting its prefill begins
         after ``num_cached`` prefix-cached tokens."""
         self.waiting.popleft()
         if self._caching and req.status != RequestStatus.SWAPPED:
-            self._num_queried_tokens += req.num_tokens
-            self._num_cached_tokens += num_cached
+            step.num_queried_tokens += req.num_tokens
+            step.num_cached_tokens += num_cached
             req.num_cached_tokens = num_cached
             req.num_computed_tokens = num_cached
         req.status = RequestStatus.RUNNING
@@ -409,57 +351,64 @@ class Scheduler:
             req.first_scheduled_time = now
         self.running.append(req)
 
-    def _admit_general(
-        self, sched: dict[Request, int], budget: int, now: float, preempted: list[Request]
-    ) -> int:
+    def _admit(self, step: _Step, budget: int, now: float) -> int:
+        """Continuous batching: start waiting requests, head first, while the budget, sequence
+        slots and KV blocks allow. Returns the budget left."""
         cfg = self.config
         bm = self.bm
         waiting = self.waiting
         running = self.running
+        sched = step.sched
+        preempted = step.preempted
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
-            if req in preempted:
+            if preempted and req in preempted:
                 break  # preempted by a priority admission this step: not back before the next
+            # A swapped-out request resumes after its computed tokens; any other starts after
+            # its prefix-cache hit (0 tokens without caching: a preempted one recomputes).
             swapped = req.status == RequestStatus.SWAPPED
             hit = self._lookup(req)
             c = req.num_computed_tokens if swapped else len(hit) * bm.block_size
             n = req.num_tokens - c
             if n > budget:
                 if not cfg.chunked_prefill:
-                    break  # the head waits for room
+                    break  # first come, first served: the head waits for room
                 n = budget
             if swapped:
-                ok = self._swap_in_blocks(req, c + n)
+                ok = self._swap_in_blocks(req, c + n, step)
             else:
                 ok = bm.allocate_prefix(req, hit, c + n)
             if not ok:
-                freed = self._preempt_for(req, sched, preempted) if self._priority else None
+                freed = self._preempt_for(req, step) if self._priority else None
                 if freed is None:
                     break
-                budget += freed[0]
-                self._num_decodes_taken += freed[1]
+                budget += freed
                 continue  # try again (and look up again: the victim's blocks may be cached)
-            self._start(req, now, c)
+            self._start(req, now, c, step)
             sched[req] = n
             budget -= n
             # Resumed from swap, or cached up to its last token: a decode after the prefills.
-            self._late_decodes |= _is_decode(req)
+            if _is_decode(req):
+                step.late_decodes = True
         return budget
 
-    def _admit_static_batch_general(self, now: float) -> None:
+    def _admit_static_batch(self, step: _Step, now: float) -> None:
+        """Static batching: fill every slot the KV pool allows for the batch's prompts, then
+        close the batch. The prompts' blocks are promised now and allocated as they prefill
+        (paged), or reserved whole now (reserved)."""
         bm = self.bm
         waiting = self.waiting
-        committed = 0  # blocks promised to admitted prompts, allocated as they prefill (paged)
+        committed = 0  # blocks promised to admitted prompts, not yet allocated
         while waiting and len(self.running) < self.config.max_num_seqs:
             req = waiting[0]
             if req.status == RequestStatus.SWAPPED:
                 need = bm.blocks_needed(req, req.num_tokens)
                 if committed + need > bm.num_free_blocks:
                     break
-                ok = self._swap_in_blocks(req, req.num_computed_tokens)
+                ok = self._swap_in_blocks(req, req.num_computed_tokens, step)
                 assert ok
                 committed += need - len(req.block_table)
-                self._start(req, now, req.num_computed_tokens)
+                self._start(req, now, req.num_computed_tokens, step)
                 continue
             hit = self._lookup(req)
             c = len(hit) * bm.block_size
@@ -472,35 +421,40 @@ class Scheduler:
             ok = bm.allocate_prefix(req, hit, req.num_tokens if bm.reserved else c)
             assert ok
             committed += need - (before - bm.num_free_blocks)
-            self._start(req, now, c)
+            self._start(req, now, c, step)
 
-    def _finish_step(
-        self, sched: dict[Request, int], preempted: list[Request], num_decodes: int
-    ) -> SchedulerOutput:
-        """Release the CPU blocks swapped in this step, and build the output decodes first."""
-        cpu = self.cpu_bm
-        for req in self._swapped_in:
-            cpu.free_blocks(req.cpu_block_table)
-            req.cpu_block_table = []
-        if self._late_decodes:
+    # ---- the output -------------------------------------------------------------------------
+    def _output(self, step: _Step, budget: int, num_decodes: int) -> SchedulerOutput:
+        """Release the CPU blocks swapped in this step, and build the output decodes first.
+        ``num_decodes`` is the decodes scheduled in phase 1, before any was taken back."""
+        sched = step.sched
+        if step.swapped_in:
+            cpu = self.cpu_bm
+            for req in step.swapped_in:
+                cpu.free_blocks(req.cpu_block_table)
+                req.cpu_block_table = []
+        if step.late_decodes:
             # An admitted decode (resumed from swap, or cached up to its last token) follows
             # the prefill chunks in ``sched``: move the decodes to the front.
             decodes = [r for r in sched if _is_decode(r)]
             reqs = decodes + [r for r in sched if not _is_decode(r)]
+            nums = [sched[r] for r in reqs]
             num_decodes = len(decodes)
         else:
             reqs = list(sched)
-            num_decodes -= self._num_decodes_taken
-        nums = [sched[r] for r in reqs]
+            nums = list(sched.values())
+            num_decodes -= step.num_decodes_taken
+        token_budget = self.config.max_num_batched_tokens
         return SchedulerOutput(
             scheduled_reqs=reqs,
             num_scheduled_tokens=nums,
             num_decode_reqs=num_decodes,
-            num_prefill_tokens=sum(nums) - num_decodes,
-            token_budget=self.config.max_num_batched_tokens,
-            preempted=preempted,
-            swap_out=self._swap_out,
-            swap_in=self._swap_in,
-            num_cached_tokens=self._num_cached_tokens,
-            num_prefix_queried_tokens=self._num_queried_tokens,
+            # Every token scheduled came out of the budget, and every one taken back went in.
+            num_prefill_tokens=token_budget - budget - num_decodes,
+            token_budget=token_budget,
+            preempted=step.preempted,
+            swap_out=step.swap_out,
+            swap_in=step.swap_in,
+            num_cached_tokens=step.num_cached_tokens,
+            num_prefix_queried_tokens=step.num_queried_tokens,
         )

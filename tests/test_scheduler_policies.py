@@ -19,7 +19,7 @@ from cbbench.engine.gpu_specs import get_gpu_spec
 from cbbench.engine.model_config import get_model_config
 from cbbench.engine.prefix_caching import PrefixCachingBlockManager, hash_block
 from cbbench.engine.request import Request, RequestStatus
-from cbbench.engine.scheduler import Scheduler, SchedulerConfig
+from cbbench.engine.scheduler import SchedulerConfig, _Step
 from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.engine.sim_executor import SimExecutor
 
@@ -124,7 +124,7 @@ def test_swap_preemption_keeps_the_kv_and_resumes_with_a_decode():
     # The same run by recompute resumes b with a 9-token prefill instead (prompt + 5 outputs).
     eng2, _, b2, out2 = _two_requests_in_four_blocks("recompute", cpu_blocks=0)
     assert b2.status == RequestStatus.PREEMPTED and b2.num_computed_tokens == 0
-    assert out2.scheduled.swap_out == ()
+    assert out2.scheduled.swap_out == [] and not out2.scheduled.has_swaps
 
 
 def test_swap_falls_back_to_recompute_when_the_cpu_pool_is_full():
@@ -172,16 +172,15 @@ def test_a_swap_in_cancelled_in_its_own_step_leaves_the_kv_in_the_cpu_pool():
     while a.status != RequestStatus.FINISHED:
         step(eng)
     s = eng.scheduler
-    s._begin_step()
-    sched: dict = {}
-    s._admit_general(sched, 64, 0.0, [])
-    assert b.status == RequestStatus.RUNNING and s._swap_in == [(0, 0), (1, 2)]
-    victim, _, taken, _ = s._preempt(sched, [])
+    step_ = _Step()
+    s._admit(step_, 64, 0.0)
+    assert b.status == RequestStatus.RUNNING and step_.swap_in == [(0, 0), (1, 2)]
+    victim, _, taken, _ = s._preempt(step_)
     assert victim is b and taken == 1
     assert b.status == RequestStatus.SWAPPED and b.cpu_block_table == [0, 1]
-    assert b.block_table == [] and s._swap_in == []
-    out = s._finish_step(sched, [b], 0)
-    assert out.swap_in == [] and out.is_empty
+    assert b.block_table == [] and step_.swap_in == []
+    out = s._output(step_, 64, 0)
+    assert out.swap_in == [] and out.is_empty and out.preempted == [b]
     assert eng.cpu_block_manager.num_free_blocks == 6  # still holding b's KV
     eng.block_manager.check_invariants([b])
     eng.cpu_block_manager.check_invariants([b], cpu=True)
@@ -461,6 +460,3 @@ def test_config_rejects_unknown_policies():
         SchedulerConfig(max_model_len=8, preemption_mode="offload")
     with pytest.raises(ValueError, match="scheduling policy"):
         SchedulerConfig(max_model_len=8, queue_policy="lifo")
-    # Features off: the scheduler keeps its original fast path.
-    s = Scheduler(SchedulerConfig(max_model_len=8), BlockManager(4, 4))
-    assert s._admit == s._admit_fcfs and not s._general
