@@ -13,7 +13,8 @@ from cbbench.analysis.result import base_result
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
-from cbbench.load.workload import BUILTIN_WORKLOADS, load_workload, sample_requests
+from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
+from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
 
@@ -30,6 +31,7 @@ class RunSpec:
     burstiness: float = 1.0
     arrival: str = "auto"
     time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
+    random: RandomSpec = field(default_factory=RandomSpec)  # --workload random
     slo: dict = field(default_factory=dict)
     save_detailed: bool = False
     label: str | None = None
@@ -160,9 +162,13 @@ def execute_run(
 
         tok = load_tokenizer(spec.endpoint.tokenizer)
         count_tokens = lambda text: _count(tok, text)  # noqa: E731
-    workload = load_workload(spec.workload, count_tokens) if count_tokens else load_workload(
-        spec.workload
-    )
+    if spec.workload == RANDOM_WORKLOAD:
+        # Made below, once the request count is known.
+        workload = Workload(RANDOM_WORKLOAD, [])
+    elif count_tokens:
+        workload = load_workload(spec.workload, count_tokens)
+    else:
+        workload = load_workload(spec.workload)
     process = resolve_process(
         spec.arrival, spec.request_rate, workload.has_arrivals,
         spec.rate_given or spec.ramp is not None,
@@ -177,10 +183,15 @@ def execute_run(
             until, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp,
             workload.requests,
         )
-    elif num_requests is None and spec.workload in BUILTIN_WORKLOADS:
+    elif num_requests is None and (
+        spec.workload in BUILTIN_WORKLOADS or spec.workload == RANDOM_WORKLOAD
+    ):
         # Built-ins are large traces: sample vLLM's default count. A user's file without the
         # flag is replayed whole, in order.
         num_requests = DEFAULT_NUM_REQUESTS
+    if spec.workload == RANDOM_WORKLOAD:
+        workload = random_workload(spec.random, num_requests, spec.seed)
+        num_requests = None  # generated in order: keep them all
     wreqs, replaced = sample_requests(workload, num_requests, spec.seed)
     if replaced:
         notice(
@@ -260,6 +271,7 @@ def execute_run(
         "burstiness": spec.burstiness,
         "arrival": process,
         **({"time_scale": spec.time_scale} if spec.time_scale != 1.0 else {}),
+        **({"random": spec.random.to_config()} if spec.workload == RANDOM_WORKLOAD else {}),
         "slo": spec.slo,
         **target_config,
         "command": recorded_command(sys.argv[1:]),

@@ -13,6 +13,8 @@ from cbbench.cli import options as C
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
 
+SYNTHETIC_PANEL = "Synthetic workload"
+
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
@@ -24,8 +26,8 @@ def run(
     workload: Annotated[
         str,
         typer.Option(
-            help="Built-in workload (sharegpt, long-prompt, shared-prefix), a JSONL file, or a "
-            "trace file (Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL; recognized by "
+            help="Built-in workload (sharegpt, long-prompt, shared-prefix), random (see "
+            "--input-len), a JSONL file, or a trace file (Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL; recognized by "
             "its header)."
         ),
     ] = "sharegpt",
@@ -57,6 +59,26 @@ def run(
         typer.Option(help="START:END:SECONDS: a linear request-rate ramp (req/s) instead of "
                      "--request-rate, held at END after SECONDS; lasts SECONDS unless "
                      "--duration or --num-requests says otherwise."),
+    ] = None,
+    input_len: Annotated[
+        int | None,
+        typer.Option(help="--workload random: input tokens per request (default 1024).",
+                     rich_help_panel=SYNTHETIC_PANEL),
+    ] = None,
+    output_len: Annotated[
+        int | None,
+        typer.Option(help="--workload random: output tokens per request (default 128).",
+                     rich_help_panel=SYNTHETIC_PANEL),
+    ] = None,
+    length_range: Annotated[
+        float | None,
+        typer.Option(help="--workload random: lengths uniform in [len*(1-R), len*(1+R)], "
+                     "0 <= R < 1 (default 0: exact).", rich_help_panel=SYNTHETIC_PANEL),
+    ] = None,
+    prefix_len: Annotated[
+        int | None,
+        typer.Option(help="--workload random: the same N tokens in front of every prompt "
+                     "(default 0).", rich_help_panel=SYNTHETIC_PANEL),
     ] = None,
     time_scale: Annotated[
         float,
@@ -147,6 +169,7 @@ def run(
         burstiness=burstiness,
         arrival=arrival,
         time_scale=time_scale,
+        random=random_spec(workload, input_len, output_len, length_range, prefix_len),
         slo=parse_slo(slo),
         save_detailed=save_detailed,
         label=label,
@@ -180,6 +203,23 @@ def run(
             f"--max-error-rate {max_error_rate:.1%}"
         )
         raise typer.Exit(1)
+
+
+def random_spec(workload, input_len, output_len, length_range, prefix_len):
+    """The --workload random parameters (vLLM's defaults where not given); an error when they
+    are given for another workload, where they would silently do nothing."""
+    from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec
+
+    given = {
+        "input_len": input_len, "output_len": output_len, "length_range": length_range,
+        "prefix_len": prefix_len,
+    }
+    given = {k: v for k, v in given.items() if v is not None}
+    if given and workload != RANDOM_WORKLOAD:
+        flags = ", ".join("--" + k.replace("_", "-") for k in given)
+        verb = "applies" if len(given) == 1 else "apply"
+        raise UsageError(f"{flags} {verb} only to --workload random")
+    return RandomSpec(**given).validate()
 
 
 class _progress:

@@ -238,7 +238,7 @@ def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx
         return load_jsonl(path, count_tokens)
     raise UsageError(
         f"unknown workload {name_or_path!r}: use a built-in ({', '.join(builtin_names())}), "
-        "a JSONL file or a trace (Azure, BurstGPT, Mooncake)"
+        "random, a JSONL file or a trace (Azure, BurstGPT, Mooncake)"
     )
 
 
