@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -66,7 +67,10 @@ class Engine:
         self.executor = executor
         self.clock = clock
         self.cost_model = cost_model
-        self.records: list[IterationRecord] = []
+        # The iteration records: every one (a run), or only the most recent (a long-lived
+        # server, see keep_recent_records). Indices count every step ever recorded.
+        self.records: list[IterationRecord] | deque[IterationRecord] = []
+        self.num_records = 0
         self.rejected: list[Request] = []
 
     # ---- requests ---------------------------------------------------------------------------
@@ -89,6 +93,14 @@ class Engine:
         req.status = RequestStatus.ABORTED
         req.finish_reason = "abort"
         req.finish_time = self.clock.now()
+
+    def keep_recent_records(self, maxlen: int) -> None:
+        """Keep only the ``maxlen`` most recent iteration records from now on, so a long-lived
+        server's memory stays flat; the oldest drop as new ones arrive, and indices keep
+        counting (they never repeat)."""
+        if maxlen < 1:
+            raise ValueError("keep at least one iteration record")
+        self.records = deque(self.records, maxlen=maxlen)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.num_unfinished > 0
@@ -116,7 +128,7 @@ class Engine:
 
         finished = self._postprocess(sched, out.sampled_token_ids, end)
         record = IterationRecord(
-            index=len(self.records),
+            index=self.num_records,
             start_s=start,
             duration_s=end - start,
             num_prefill_tokens=sched.num_prefill_tokens,
@@ -138,6 +150,7 @@ class Engine:
             num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
         )
         self.records.append(record)
+        self.num_records += 1
         return StepOutput(record, sched, finished)
 
     def _postprocess(

@@ -38,8 +38,8 @@ log = logging.getLogger("cbbench.server")
 # at once, so this only bounds how long shutdown can take.
 IDLE_WAIT_S = 0.5
 STOP_JOIN_TIMEOUT_S = 10.0
-# The engine appends an iteration record per step, forever; a server keeps only the recent ones
-# (trimmed in batches) so its memory stays flat. Nothing in the server reads the records.
+# The engine records every step; a server keeps only the most recent records so its memory
+# stays flat. Nothing in the server reads them.
 KEEP_RECORDS = 4096
 
 
@@ -299,6 +299,7 @@ class AsyncEngine:
             engine, info = self._build()
             if not getattr(engine.clock, "realtime", False):
                 raise RuntimeError("serving needs an engine on a real-time clock")
+            engine.keep_recent_records(KEEP_RECORDS)
             self._offset = time.perf_counter() - engine.clock.now()
             self.info = info
             self.eos_token_id = info.get("eos_token_id")
@@ -345,8 +346,6 @@ class AsyncEngine:
             if out is not None:
                 self._collect_tokens(out, live, batch, stats)
                 self._num_steps += 1
-                if len(engine.records) > 2 * KEEP_RECORDS:
-                    del engine.records[:-KEEP_RECORDS]
             self._publish_snapshot(engine)
             # Admissions ride with the step's tokens: one hand-over per iteration, because each
             # costs this thread a GIL round trip with the busy event loop.
