@@ -11,15 +11,22 @@ import importlib.util
 import torch
 
 from .backend import AttentionBackend
+from .compilation import CompilationCounter, compilation_counter
+from .layer_ops import FusedLayerOps, LayerOps, layer_ops
 from .metadata import AttentionMetadata, build_metadata
 
 __all__ = [
     "BACKEND_NAMES",
     "AttentionBackend",
     "AttentionMetadata",
+    "CompilationCounter",
+    "FusedLayerOps",
+    "LayerOps",
     "available_backends",
     "build_metadata",
+    "compilation_counter",
     "get_backend",
+    "layer_ops",
 ]
 
 BACKEND_NAMES = ("auto", "reference", "torch", "triton", "flash-attn")

@@ -41,16 +41,27 @@ class TileConfig:
     the split-K kernel's)."""
 
     rows_decode: int = 16
-    rows_prefill: int = 64
+    rows_prefill: int = 32
     block_n: int = 64
 
 
-# The GPU's tiles. The interpreter pays per program and per tile step, so it gets bigger query
-# tiles; its smaller key tiles keep the tests' short sequences spanning several tiles (online
-# softmax gets exercised). tests/test_kernels_gpu_tiles.py runs GPU_TILES interpreted too.
-GPU_TILES = TileConfig()
+# The GPU's tiles, sized so no sm_80/sm_90 compile spills registers under Triton 3.6 or 3.9
+# (tests/test_triton_aot.py: 64 query rows x 64 keys spilled at head dim 128). fp32 computes its
+# dots exactly (FMA, not tensor cores), which needs far more registers per tile: smaller tiles.
+GPU_TILES = TileConfig(rows_decode=16, rows_prefill=32, block_n=64)
+GPU_FP32_TILES = TileConfig(rows_decode=16, rows_prefill=16, block_n=16)
+# The interpreter pays per program and per tile step, so it gets bigger query tiles; its
+# smaller key tiles keep the tests' short sequences spanning several tiles (online softmax gets
+# exercised). tests/test_kernels_gpu_tiles.py runs the GPU's tiles interpreted too.
 INTERPRETER_TILES = TileConfig(rows_decode=16, rows_prefill=128, block_n=32)
-DEFAULT_TILES = INTERPRETER_TILES if INTERPRETED else GPU_TILES
+
+
+def default_tiles(dtype: torch.dtype) -> TileConfig:
+    if INTERPRETED:
+        return INTERPRETER_TILES
+    return GPU_FP32_TILES if dtype == torch.float32 else GPU_TILES
+
+
 NUM_WARPS = 4
 # Shared-memory budget: head dims above this get half-size tiles, and fp32 is not software
 # pipelined, so the worst cases stay under ~100 KB (sm_86/89 limit; checked by compiling).
@@ -180,7 +191,7 @@ def _store_kv_kernel(
 
 
 class TritonBackend(AttentionBackend):
-    """``tiles``: tile sizes (default: the GPU's, or the interpreter's under it). ``sms``: SMs
+    """``tiles``: tile sizes (default: ``default_tiles(dtype)``). ``sms``: SMs
     to fill when choosing split-K (default: the device's). ``decode_splits``: force a split
     count for pure-decode batches (tests); ``None`` chooses, 1 never splits."""
 
@@ -192,7 +203,7 @@ class TritonBackend(AttentionBackend):
         sms: int | None = None,
         decode_splits: int | None = None,
     ) -> None:
-        self.tiles = tiles or DEFAULT_TILES
+        self.tiles = tiles
         self.sms = sms
         self.decode_splits = decode_splits
 
@@ -248,8 +259,9 @@ class TritonBackend(AttentionBackend):
         head_dim = query.shape[2]
         dim_pad = max(MIN_DOT, next_pow2(head_dim))
         group_pad = next_pow2(group)
-        rows = self.tiles.rows_decode if metadata.max_seqlen_q <= 1 else self.tiles.rows_prefill
-        block_n = self.tiles.block_n
+        tiles = self.tiles or default_tiles(query.dtype)
+        rows = tiles.rows_decode if metadata.max_seqlen_q <= 1 else tiles.rows_prefill
+        block_n = tiles.block_n
         if dim_pad > WIDE_HEAD_DIM:
             rows, block_n = max(MIN_DOT, rows // 2), max(MIN_DOT, block_n // 2)
         contiguous_dims = query.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1

@@ -21,11 +21,21 @@ from test_kernels import (  # noqa: E402
     make_batch,
 )
 
-from cbbench.kernels.triton_attention import GPU_TILES, INTERPRETER_TILES, TritonBackend  # noqa: E402
+from cbbench.kernels.triton_attention import (  # noqa: E402
+    GPU_FP32_TILES,
+    GPU_TILES,
+    INTERPRETER_TILES,
+    TritonBackend,
+)
 
 
 def test_gpu_tiles_differ_from_interpreter_tiles():
-    assert GPU_TILES != INTERPRETER_TILES  # else this file would test nothing new
+    # else this file would test nothing new
+    assert INTERPRETER_TILES not in (GPU_TILES, GPU_FP32_TILES)
+
+
+def _gpu_tiles(dtype):
+    return GPU_FP32_TILES if dtype == torch.float32 else GPU_TILES
 
 
 @pytest.mark.parametrize(
@@ -37,19 +47,21 @@ def test_unified_kernel_gpu_tiles(case, head_dim, gqa, dtype):
     batch = make_batch(
         *batch_shapes(case, 16), 16, gqa, dtype, device=TRITON_DEVICE, head_dim=head_dim
     )
-    backend = TritonBackend(tiles=GPU_TILES, decode_splits=1)  # the unified kernel only
+    backend = TritonBackend(tiles=_gpu_tiles(dtype), decode_splits=1)  # the unified kernel
     scale = head_dim**-0.5
     out = backend.forward(batch.query, batch.k_cache, batch.v_cache, batch.metadata, scale)
     assert_close(out, dense_attention(batch, scale), dtype)
 
 
-@pytest.mark.parametrize(("head_dim", "gqa"), [(64, 4), (128, 8)])
-def test_split_k_gpu_tiles(head_dim, gqa):
+@pytest.mark.parametrize(
+    ("head_dim", "gqa", "dtype"), [(64, 4, torch.float16), (128, 8, torch.float32)]
+)
+def test_split_k_gpu_tiles(head_dim, gqa, dtype):
     query_lens, context_lens = [1, 1, 1], [130, 0, 300]
     batch = make_batch(
-        query_lens, context_lens, 16, gqa, torch.float16, device=TRITON_DEVICE, head_dim=head_dim
+        query_lens, context_lens, 16, gqa, dtype, device=TRITON_DEVICE, head_dim=head_dim
     )
-    backend = TritonBackend(tiles=GPU_TILES, decode_splits=3)
+    backend = TritonBackend(tiles=_gpu_tiles(dtype), decode_splits=3)
     scale = head_dim**-0.5
     out = backend.forward(batch.query, batch.k_cache, batch.v_cache, batch.metadata, scale)
-    assert_close(out, dense_attention(batch, scale), torch.float16)
+    assert_close(out, dense_attention(batch, scale), dtype)
