@@ -11,10 +11,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from cbbench.analysis.compare import Labeled, config_differences
 from cbbench.analysis.result import write_result
 from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.variants import parse_variant, parse_variants
 from cbbench.cli import compare as cmd_compare
-from cbbench.cli.compare import Labeled, config_differences, parse_variant, parse_variants
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 from cbbench.analysis.metrics import summarize
 from cbbench.analysis.records import RequestRecord
 from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.variants import parse_variant
 from cbbench.cli import options as C
 from cbbench.cli.app import app
-from cbbench.cli.compare import parse_variant
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.workload import SHARED_PREFIX_VOCAB, load_workload

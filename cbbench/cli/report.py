@@ -49,8 +49,8 @@ def report(
     """Plot latency CDFs, the per-iteration token budget, batch occupancy, KV use and
     bandwidth, and (for a static and a continuous run) a request timeline; write each as a
     PNG and all of them, with the summary tables, into one self-contained HTML page."""
+    from cbbench.analysis.compare import file_labels, load_labeled
     from cbbench.analysis.result import check_writable, write_atomic
-    from cbbench.cli.compare import file_labels, load_labeled
     from cbbench.report.html import PlotSection, render_page
 
     if max_gantt_requests < 1:
@@ -176,7 +176,7 @@ def section_notes(key: str, results: Sequence) -> list[str]:
 
 
 def page_notes(results: Sequence) -> list[str]:
-    from cbbench.cli.compare import workload_note
+    from cbbench.analysis.compare import workload_note
 
     notes = []
     if len(results) > 1 and (note := workload_note(results)):

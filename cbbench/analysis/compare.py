@@ -1,0 +1,204 @@
+"""Results side by side: the comparison table (each metric, with ratios against the first
+result), the config keys that differ, and a note when the results served different loads. Used by
+`cbbench compare` and `cbbench report`."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from tabulate import tabulate
+
+from cbbench.analysis.gate import WORKLOAD_KEYS
+from cbbench.analysis.result import load_result
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    label: str
+    path: str  # dotted into `summary`
+    digits: int = 2
+    percent: bool = False
+
+
+LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2EL", "e2el_ms"))
+LATENCY_STATS = ("mean", "p50", "p99")
+ROWS: tuple[Row, ...] = (
+    Row("completed", "completed", 0),
+    Row("failed", "failed", 0),
+    Row("duration (s)", "duration_s", 3),
+    Row("request throughput (req/s)", "request_throughput"),
+    Row("output throughput (tok/s)", "output_throughput", 1),
+    Row("total token throughput (tok/s)", "total_token_throughput", 1),
+    Row("goodput (req/s)", "goodput"),
+    *(
+        Row(f"{label} {stat} (ms)", f"{key}.{stat}")
+        for label, key in LATENCIES
+        for stat in LATENCY_STATS
+    ),
+    Row("iterations", "engine.num_iterations", 0),
+    Row("mean iteration (ms)", "engine.mean_iteration_ms", 3),
+    Row("mean prefill tokens / iter", "engine.mean_prefill_tokens", 1),
+    Row("mean decode tokens / iter", "engine.mean_decode_tokens", 1),
+    Row("token budget use", "engine.token_budget_utilization", 1, percent=True),
+    Row("mean running requests", "engine.mean_running", 1),
+    Row("peak KV use", "engine.peak_kv_usage", 1, percent=True),
+    Row("preemptions", "engine.num_preemptions", 0),
+    Row("analytic bandwidth (GB/s)", "engine.mean_achieved_bw_gbps", 1),
+    Row("analytic MBU", "engine.mbu", 1, percent=True),
+)
+# Config keys that differ between any two runs without saying anything about them.
+NOISE_KEYS = frozenset({"command", "started_at"})
+MISSING = "-"
+
+
+@dataclasses.dataclass(frozen=True)
+class Labeled:
+    label: str
+    result: dict
+
+
+def summary_value(result: dict, path: str) -> float | None:
+    """The number at a dotted path into `summary` (ints stay ints), or None."""
+    node = result.get("summary", {})
+    for part in path.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return node if math.isfinite(node) else None
+
+
+def ratio(value: float | None, first: float | None) -> float | None:
+    if value is None or first is None or first == 0:
+        return None
+    return value / first
+
+
+def fmt_number(v: float | None, row: Row) -> str:
+    if v is None:
+        return MISSING
+    if row.percent:
+        return f"{v:.{row.digits}%}"
+    return f"{v:,.{row.digits}f}"
+
+
+def present_rows(results: Sequence[Labeled]) -> list[Row]:
+    """The rows at least one result has a value for (goodput needs --slo, MBU a GPU peak)."""
+    return [r for r in ROWS if any(summary_value(x.result, r.path) is not None for x in results)]
+
+
+def table_rows(results: Sequence[Labeled]) -> list[list[str]]:
+    """One row per metric: the first result's value, then each other's with its ratio."""
+    out = []
+    for row in present_rows(results):
+        values = [summary_value(x.result, row.path) for x in results]
+        cells = [fmt_number(values[0], row)]
+        for v in values[1:]:
+            r = ratio(v, values[0])
+            cells.append(fmt_number(v, row) + (f" ({r:.2f}×)" if r is not None else ""))
+        out.append([row.label, *cells])
+    return out
+
+
+def headers(results: Sequence[Labeled]) -> list[str]:
+    marks = [" (interrupted)" if x.result.get("interrupted") else "" for x in results]
+    return ["metric", *(x.label + m for x, m in zip(results, marks))]
+
+
+def render_table(results: Sequence[Labeled], tablefmt: str = "simple") -> str:
+    return tabulate(
+        table_rows(results), headers=headers(results), tablefmt=tablefmt, disable_numparse=True
+    )
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_differences(results: Sequence[Labeled]) -> list[list[str]]:
+    """[key, value per result] for every config key whose values differ (nested keys
+    dotted), plus the cbbench version; the command line and timestamps are left out."""
+    flat = [
+        {**_flatten(x.result.get("config", {})), "cbbench_version": x.result.get("cbbench_version")}
+        for x in results
+    ]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    absent = object()
+    rows = []
+    for k in keys:
+        if k in NOISE_KEYS:
+            continue
+        values = [f.get(k, absent) for f in flat]
+        if any(v != values[0] for v in values[1:]):
+            rows.append([k, *("(absent)" if v is absent else str(v) for v in values)])
+    return rows
+
+
+def render_differences(results: Sequence[Labeled], tablefmt: str = "simple") -> str:
+    rows = config_differences(results)
+    if not rows:
+        return "configs: identical"
+    head = ["config", *(x.label for x in results)]
+    return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)
+
+
+def csv_text(results: Sequence[Labeled]) -> str:
+    """Raw numbers, one row per metric: each result's value, then each ratio to the first."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    first = results[0].label
+    w.writerow(
+        ["metric", "path", *(x.label for x in results), *(f"{x.label}/{first}" for x in results[1:])]
+    )
+    for row in present_rows(results):
+        values = [summary_value(x.result, row.path) for x in results]
+        ratios = [ratio(v, values[0]) for v in values[1:]]
+        w.writerow([row.label, row.path, *("" if v is None else repr(v) for v in [*values, *ratios])])
+    return buf.getvalue()
+
+
+def markdown_text(results: Sequence[Labeled]) -> str:
+    parts = ["## cbbench compare", "", render_table(results, "github"), ""]
+    diffs = config_differences(results)
+    if diffs:
+        parts += ["### Config differences", "", render_differences(results, "github"), ""]
+    return "\n".join(parts)
+
+
+def workload_note(results: Sequence[Labeled]) -> str | None:
+    first = results[0].result.get("config", {})
+    keys = [
+        k for k in WORKLOAD_KEYS
+        if any(x.result.get("config", {}).get(k) != first.get(k) for x in results[1:])
+    ]
+    if not keys:
+        return None
+    return f"note: the results served different loads ({', '.join(keys)} differ): not like for like"
+
+
+# ---- loading ----------------------------------------------------------------------------------
+def file_labels(files: Sequence[Path]) -> list[str]:
+    """File stems, or the paths themselves where two stems collide."""
+    stems = [p.stem for p in files]
+    return stems if len(set(stems)) == len(stems) else [str(p) for p in files]
+
+
+def load_labeled(files: Sequence[Path]) -> list[Labeled]:
+    """Results labelled by their own ``--label`` where every one has a distinct label, else by
+    file name."""
+    results = [load_result(p) for p in files]
+    labels = [(r.get("config") or {}).get("label") for r in results]
+    if not all(labels) or len(set(labels)) != len(labels):
+        labels = file_labels(files)
+    return [Labeled(lbl, r) for lbl, r in zip(labels, results)]
