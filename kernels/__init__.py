@@ -27,24 +27,29 @@ __all__ = [
     "compilation_counter",
     "get_backend",
     "layer_ops",
+    "triton_unavailable_reason",
 ]
 
 BACKEND_NAMES = ("auto", "reference", "torch", "triton", "flash-attn")
 
 
-def _triton_reason(device: torch.device) -> str | None:
-    """Why the Triton backend cannot run on ``device``, or ``None`` when it can."""
+def triton_unavailable_reason(device: torch.device | str) -> str | None:
+    """Why Triton kernels (attention or the fused layer ops) cannot run on ``device``, or
+    ``None`` when they can: installed, importable, the right device, and a probe kernel really
+    launched there (once per device per process; see :mod:`.triton_probe`)."""
+    device = torch.device(device)
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install triton)"
     try:
-        from .triton_attention import check_device
+        from .triton_common import check_device
+        from .triton_probe import launch_failure
     except Exception as exc:  # a broken triton install
         return f"triton failed to import: {exc}"
     try:
         check_device(device)
     except RuntimeError as exc:
         return str(exc)
-    return None
+    return launch_failure(device)
 
 
 def _flash_reason(device: torch.device, block_size: int | None) -> str | None:
@@ -63,7 +68,7 @@ def available_backends(device: torch.device | str, block_size: int | None = None
     """The concrete backends (never ``auto``) that can run on ``device``, slowest first."""
     device = torch.device(device)
     names = ["reference", "torch"]
-    if _triton_reason(device) is None:
+    if triton_unavailable_reason(device) is None:
         names.append("triton")
     if _flash_reason(device, block_size) is None:
         names.append("flash-attn")
@@ -73,7 +78,9 @@ def available_backends(device: torch.device | str, block_size: int | None = None
 def resolve_backend_name(
     name: str, device: torch.device | str, block_size: int | None = None
 ) -> str:
-    """Map ``auto`` to a concrete name (flash-attn, else triton on CUDA, else torch)."""
+    """Map ``auto`` to a concrete name: flash-attn (when it can page at ``block_size``), else
+    triton on CUDA when a Triton kernel really launches there, else torch. None of them syncs
+    with the host per layer on CUDA (their KV writes are index-based or a Triton kernel)."""
     if name not in BACKEND_NAMES:
         raise ValueError(f"unknown attention backend {name!r}; valid: {', '.join(BACKEND_NAMES)}")
     if name != "auto":
@@ -82,7 +89,7 @@ def resolve_backend_name(
     # flash-attn's paged mode depends on the block size: without it, auto cannot vouch for it.
     if block_size is not None and _flash_reason(device, block_size) is None:
         return "flash-attn"
-    if device.type == "cuda" and _triton_reason(device) is None:
+    if device.type == "cuda" and triton_unavailable_reason(device) is None:
         return "triton"
     return "torch"
 
@@ -107,7 +114,7 @@ def get_backend(
 
         return TorchBackend()
     if name == "triton":
-        reason = _triton_reason(device)
+        reason = triton_unavailable_reason(device)
         if reason is not None:
             raise RuntimeError(reason)
         from .triton_attention import TritonBackend

@@ -55,16 +55,51 @@ def write_kv_torch(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Plain-indexing KV write shared by the PyTorch-based backends."""
+    """Plain-indexing KV write shared by the PyTorch-based backends.
+
+    On the CPU, boolean masking drops the padding rows (cheap there). Elsewhere a boolean mask
+    would sync with the host (its output size depends on the data), three times per layer, and
+    break CUDA-graph capture: :func:`write_kv_no_sync` is used instead."""
+    if slot_mapping.device.type != "cpu":
+        write_kv_no_sync(key, value, k_cache, v_cache, slot_mapping)
+        return
     block_size = k_cache.shape[1]
-    # Boolean masking syncs on CUDA (not CUDA-graph safe); the Triton store kernel is the
-    # sync-free path there. Advanced indexing works for any cache strides.
     valid = slot_mapping >= 0
     slots = slot_mapping[valid]
     blocks = torch.div(slots, block_size, rounding_mode="floor")
     offsets = slots % block_size
     k_cache[blocks, offsets] = key[valid].to(k_cache.dtype)
     v_cache[blocks, offsets] = value[valid].to(v_cache.dtype)
+
+
+def write_kv_no_sync(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """The KV write with fixed-size index tensors only: nothing reads the device on the host.
+
+    Every row writes. A padding row (negative slot) is redirected on the device to the first
+    valid row's slot and writes that row's own new K/V, so the duplicate index writes identical
+    values and the result does not depend on the order of the writes; when no row is valid,
+    every row writes slot 0's current contents back to it."""
+    num_tokens = slot_mapping.shape[0]
+    if num_tokens == 0:
+        return
+    block_size = k_cache.shape[1]
+    valid = slot_mapping >= 0
+    rows = torch.arange(num_tokens, device=slot_mapping.device)
+    first_valid = torch.argmax(valid.to(torch.int32))  # 0 when no row is valid
+    src = torch.where(valid, rows, first_valid)
+    slots = slot_mapping[src].clamp(min=0)
+    blocks = torch.div(slots, block_size, rounding_mode="floor")
+    offsets = slots % block_size
+    any_valid = valid.any()
+    for new, cache in ((key, k_cache), (value, v_cache)):
+        rows_new = torch.where(any_valid, new[src].to(cache.dtype), cache[blocks, offsets])
+        cache[blocks, offsets] = rows_new
 
 
 def check_shapes(

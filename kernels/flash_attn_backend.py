@@ -10,7 +10,7 @@ import importlib.util
 
 import torch
 
-from .backend import AttentionBackend, check_shapes
+from .backend import AttentionBackend, check_shapes, write_kv_torch
 from .metadata import AttentionMetadata, cu_seqlens_k_of
 
 PAGED_BLOCK_MULTIPLE = 256  # flash-attn's paged KV requires block_size % 256 == 0
@@ -51,6 +51,18 @@ class FlashAttnBackend(AttentionBackend):
         from flash_attn import flash_attn_varlen_func
 
         self._varlen = flash_attn_varlen_func
+
+    def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
+        """The Triton store kernel where a Triton kernel can launch (one launch per layer),
+        else the index-based write; neither syncs with the host (CUDA-graph safe)."""
+        from . import triton_unavailable_reason
+
+        if key.device.type == "cuda" and triton_unavailable_reason(key.device) is None:
+            from .triton_attention import TritonBackend
+
+            TritonBackend().write_kv(key, value, k_cache, v_cache, slot_mapping)
+        else:
+            write_kv_torch(key, value, k_cache, v_cache, slot_mapping)
 
     def forward(
         self,
