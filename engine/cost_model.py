@@ -1,8 +1,9 @@
 """Analytic bytes and FLOPs of one engine iteration, per operator, and a roofline time.
 
-Used twice: the simulated executor predicts an iteration's time from it, and every engine
-(simulated or real) records the analytic bytes/FLOPs per iteration so achieved bandwidth and
-MBU/MFU can be reported. Formulas (per iteration, summed over layers):
+Used three ways: the simulated executor predicts an iteration's time from it; every engine
+(simulated or real) records the analytic bytes/FLOPs and the prediction (``predicted_s``) per
+iteration; and ``cbbench calibrate`` fits the device rates below to a real run's records.
+Formulas (per iteration, per GPU, summed over layers):
 
 - GEMMs (qkv, o, gate_up, down, lm_head): 2 * tokens * params FLOPs; bytes = the weights once
   plus input and output activations. lm_head runs only on rows that sample.
@@ -12,13 +13,18 @@ MBU/MFU can be reported. Formulas (per iteration, summed over layers):
 - KV write: kv_bytes_per_token per new token.
 - Elementwise (norms, rope, residuals, SiLU*mul) and embedding rows: memory-bound bytes.
 
-Each operator's time is max(FLOPs / (peak_flops * eta_compute), bytes / (peak_bw * eta_memory));
-the iteration adds a fixed overhead (launches, scheduling, sampling).
+Each operator's time is max(FLOPs / flop_rate, bytes / memory_bandwidth), attention at
+``attention_efficiency`` of both rates; the iteration adds a fixed overhead and an overhead per
+request row (host work that grows with the batch: building it, sampling). With tensor
+parallelism (``tp`` > 1) the GEMMs, attention heads and KV are sharded and every layer adds two
+ring all-reduces of the hidden state, plus one all-gather of the logits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
 
 from .gpu_specs import GPUSpec
 from .model_config import DTYPE_BYTES, ModelConfig
@@ -26,7 +32,7 @@ from .scheduler_output import SchedulerOutput
 
 # Efficiency defaults: what well-tuned kernels typically reach on Hopper-class GPUs
 # (memory-bound GEMV/attention ~80% of peak HBM bandwidth, large GEMMs ~60% of dense peak).
-# They are configurable and can be fitted from measurements on a real GPU.
+# They are configurable and can be fitted from a real run (cbbench calibrate).
 DEFAULT_ETA_MEMORY = 0.80
 DEFAULT_ETA_COMPUTE = 0.60
 # CPU/launch overhead per iteration with CUDA graphs for decode; not overlapped in this model.
@@ -34,13 +40,44 @@ DEFAULT_ITERATION_OVERHEAD_S = 300e-6
 # Elementwise passes over the hidden state per layer (2 RMSNorms, 2 residual adds, rope, act).
 ELEMENTWISE_PASSES_PER_LAYER = 8
 LOGITS_BYTES = 4  # fp32 logits
+# All-reduces per layer under tensor parallelism (Megatron): attention output, MLP output.
+ALL_REDUCES_PER_LAYER = 2
+# Operator order of CostModel.operators(); attention is the one attention_efficiency scales.
+OPERATORS = ("qkv", "o", "gate_up", "down", "attention", "kv_write", "elementwise", "embedding",
+             "lm_head")
+ATTENTION_OP = OPERATORS.index("attention")
 
 
 @dataclass(frozen=True)
 class Efficiency:
+    """Fractions of a GPU spec's peaks (the uncalibrated simulator's knobs)."""
+
     eta_memory: float = DEFAULT_ETA_MEMORY
     eta_compute: float = DEFAULT_ETA_COMPUTE
     overhead_s: float = DEFAULT_ITERATION_OVERHEAD_S
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """What the roofline needs of a device: effective rates (None: that limit is not modelled,
+    e.g. a rate a calibration could not identify on a device without a spec) and overheads."""
+
+    memory_bandwidth: float | None  # bytes/s reached
+    flop_rate: float | None  # FLOP/s reached
+    iteration_overhead_s: float = 0.0
+    row_overhead_s: float = 0.0  # per request in the batch
+    attention_efficiency: float = 1.0  # attention runs at this fraction of both rates
+
+    @staticmethod
+    def from_spec(gpu: GPUSpec, eff: Efficiency = Efficiency()) -> DeviceRates:
+        return DeviceRates(
+            memory_bandwidth=gpu.hbm_bandwidth * eff.eta_memory,
+            flop_rate=gpu.bf16_flops * eff.eta_compute,
+            iteration_overhead_s=eff.overhead_s,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +88,7 @@ class BatchShape:
     num_logits: int  # rows that sample
     attn_key_pairs: float  # sum over rows of keys attended
     attn_keys_read: float  # keys read from the cache, summed over requests
+    num_reqs: int = 1  # requests in the batch (the per-row overhead's count)
 
     @staticmethod
     def from_scheduler_output(sched: SchedulerOutput) -> BatchShape:
@@ -70,14 +108,49 @@ class BatchShape:
             keys_read += c + n
             if c + n == r.num_tokens:
                 num_logits += 1
-        return BatchShape(sched.total_tokens, num_logits, pairs, keys_read)
+        return BatchShape(sched.total_tokens, num_logits, pairs, keys_read, len(reqs))
 
 
 @dataclass(frozen=True, slots=True)
 class IterationCost:
-    bytes: float
-    flops: float
-    time_s: float  # roofline prediction on the given GPU, overhead included
+    bytes: float  # per GPU
+    flops: float  # per GPU
+    time_s: float | None  # roofline prediction, overheads included; None without rates
+    shape: BatchShape | None = None
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The link tensor-parallel collectives run over."""
+
+    bandwidth: float  # bytes/s per direction per GPU
+    latency_s: float  # per collective
+
+    def all_reduce_s(self, nbytes: float, n: int) -> float:
+        """Ring all-reduce of ``nbytes`` over ``n`` GPUs: each sends 2 (n-1)/n of the data."""
+        return self.latency_s + 2 * (n - 1) / n * nbytes / self.bandwidth
+
+    def all_gather_s(self, nbytes: float, n: int) -> float:
+        """Ring all-gather of a ``nbytes`` result: each GPU receives (n-1)/n of it."""
+        return self.latency_s + (n - 1) / n * nbytes / self.bandwidth
+
+
+def roofline_times(
+    op_flops: np.ndarray,
+    op_bytes: np.ndarray,
+    num_reqs: np.ndarray,
+    rates: DeviceRates,
+    comm_s: np.ndarray | float = 0.0,
+) -> np.ndarray:
+    """The roofline for many iterations at once (``op_*``: [iterations, operators] in
+    OPERATORS order). The simulator's scalar path (CostModel.cost) is the same formula."""
+    scale = np.ones(op_flops.shape[1])
+    scale[ATTENTION_OP] = 1.0 / rates.attention_efficiency
+    zero = np.zeros_like(op_flops)
+    compute = op_flops * scale / rates.flop_rate if rates.flop_rate else zero
+    memory = op_bytes * scale / rates.memory_bandwidth if rates.memory_bandwidth else zero
+    per_op = np.maximum(compute, memory).sum(axis=1)
+    return per_op + rates.iteration_overhead_s + rates.row_overhead_s * num_reqs + comm_s
 
 
 class CostModel:
@@ -87,67 +160,144 @@ class CostModel:
         dtype: str = "bf16",
         gpu: GPUSpec | None = None,
         efficiency: Efficiency = Efficiency(),
+        *,
+        rates: DeviceRates | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
+        """``rates`` (a calibrated device) take precedence over ``gpu`` x ``efficiency``;
+        with neither, time_s is None (analytic bytes and FLOPs only)."""
+        tp = tensor_parallel_size
+        check_tensor_parallel(model, tp)
         self.model = model
         self.gpu = gpu
         self.eff = efficiency
+        self.tp = tp
+        if rates is None and gpu is not None:
+            rates = DeviceRates.from_spec(gpu, efficiency)
+        self.rates = rates
+        self.interconnect = (
+            Interconnect(gpu.interconnect_bandwidth, gpu.collective_latency_s)
+            if gpu is not None and tp > 1
+            else None
+        )
+        if tp > 1 and self.interconnect is None:
+            raise ValueError("tensor parallelism needs a GPU spec with an interconnect")
         db = DTYPE_BYTES[dtype]
         self.dtype_bytes = db
         m = model
-        h, q, kv, inter, L = m.hidden_size, m.q_size, m.kv_size, m.intermediate_size, m.num_layers
-        # (weight params, input width, output width) per GEMM per layer
+        h, inter, L = m.hidden_size, m.intermediate_size, m.num_layers
+        q = m.q_size // tp
+        kv = kv_heads_per_gpu(model, tp) * m.head_dim
+        # (weight params, input width, output width) per GEMM per layer, per GPU
         self._layer_gemms = [
             (h * (q + 2 * kv), h, q + 2 * kv),
             (q * h, q, h),
-            (h * 2 * inter, h, 2 * inter),
-            (inter * h, inter, h),
+            (h * 2 * inter // tp, h, 2 * inter // tp),
+            (inter // tp * h, inter // tp, h),
         ]
         self._L = L
-        self._kv_bytes_per_token = m.kv_bytes_per_token(dtype)
-        self._kv_bytes_per_token_layer = self._kv_bytes_per_token / L
-        self._attn_flops_per_pair = 4 * m.num_heads * m.head_dim * L
-        if gpu is not None:
-            self._bw = gpu.hbm_bandwidth * efficiency.eta_memory
-            self._fl = gpu.bf16_flops * efficiency.eta_compute
+        self._q_size = q
+        self._kv_bytes_per_token = 2 * L * kv * db
+        self._attn_flops_per_pair = 4 * (m.num_heads // tp) * m.head_dim * L
+        self._vocab = m.vocab_size // tp if tp > 1 else m.vocab_size
+        host = gpu.host_bandwidth if gpu is not None else None
+        self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
 
     def weight_bytes(self) -> float:
+        """All weights of the model (every GPU's shard together)."""
         return float(self.model.num_params * self.dtype_bytes)
 
-    def cost(self, shape: BatchShape) -> IterationCost:
+    def operators(self, shape: BatchShape) -> list[tuple[float, float]]:
+        """(FLOPs, bytes) per operator on one GPU, all layers, in OPERATORS order."""
         db, L, T = self.dtype_bytes, self._L, shape.num_tokens
-        m = self.model
-        ops: list[tuple[float, float]] = []  # (flops, bytes) per operator, all layers
-        for params, din, dout in self._layer_gemms:
-            ops.append((2.0 * T * params * L, (params + T * (din + dout)) * db * L))
+        h = self.model.hidden_size
+        ops: list[tuple[float, float]] = [
+            (2.0 * T * params * L, (params + T * (din + dout)) * db * L)
+            for params, din, dout in self._layer_gemms
+        ]
         ops.append(
             (
                 self._attn_flops_per_pair * shape.attn_key_pairs,
-                shape.attn_keys_read * self._kv_bytes_per_token
-                + 2 * T * m.q_size * db * L,
+                shape.attn_keys_read * self._kv_bytes_per_token + 2 * T * self._q_size * db * L,
             )
         )
         ops.append((0.0, T * self._kv_bytes_per_token))  # KV write
-        ops.append((0.0, ELEMENTWISE_PASSES_PER_LAYER * T * m.hidden_size * db * L))
-        ops.append((0.0, T * m.hidden_size * db))  # embedding rows
-        vh = m.vocab_size * m.hidden_size
+        ops.append((0.0, ELEMENTWISE_PASSES_PER_LAYER * T * h * db * L))
+        ops.append((0.0, T * h * db))  # embedding rows
+        vh = self._vocab * h
         ops.append(
-            (2.0 * shape.num_logits * vh, vh * db + shape.num_logits * m.vocab_size * LOGITS_BYTES)
+            (2.0 * shape.num_logits * vh, vh * db + shape.num_logits * self._vocab * LOGITS_BYTES)
         )
+        return ops
+
+    def communication_s(self, shape: BatchShape) -> float:
+        """Tensor-parallel collectives: 2 all-reduces of the hidden state per layer, and the
+        all-gather of the sampled rows' logits. 0 on one GPU."""
+        if self.interconnect is None:
+            return 0.0
+        link, n = self.interconnect, self.tp
+        hidden = shape.num_tokens * self.model.hidden_size * self.dtype_bytes
+        t = ALL_REDUCES_PER_LAYER * self._L * link.all_reduce_s(hidden, n)
+        if shape.num_logits:
+            t += link.all_gather_s(shape.num_logits * self.model.vocab_size * LOGITS_BYTES, n)
+        return t
+
+    def cost(self, shape: BatchShape) -> IterationCost:
+        ops = self.operators(shape)
         total_flops = sum(f for f, _ in ops)
         total_bytes = sum(b for _, b in ops)
-        time_s = 0.0
-        if self.gpu is not None:
-            bw, fl = self._bw, self._fl
-            time_s = sum(max(f / fl, b / bw) for f, b in ops) + self.eff.overhead_s
-        return IterationCost(total_bytes, total_flops, time_s)
+        r = self.rates
+        if r is None:
+            return IterationCost(total_bytes, total_flops, None, shape)
+        fl, bw = r.flop_rate, r.memory_bandwidth
+        ops_s = 0.0
+        for i, (f, b) in enumerate(ops):
+            t = max(f / fl if fl else 0.0, b / bw if bw else 0.0)
+            ops_s += t / r.attention_efficiency if i == ATTENTION_OP else t
+        time_s = ops_s + r.iteration_overhead_s
+        if r.row_overhead_s:
+            time_s += r.row_overhead_s * shape.num_reqs
+        if self.interconnect is not None:
+            time_s += self.communication_s(shape)
+        return IterationCost(total_bytes, total_flops, time_s, shape)
 
     def iteration_cost(self, sched: SchedulerOutput) -> IterationCost:
         return self.cost(BatchShape.from_scheduler_output(sched))
+
+    def step_cost(self, sched: SchedulerOutput, block_size: int) -> IterationCost:
+        """One engine step: the forward's cost (none for a step that only copies KV blocks)
+        and the predicted time, swap copies included."""
+        if sched.is_empty:
+            cost = IterationCost(0.0, 0.0, 0.0 if self.rates is not None else None)
+        else:
+            cost = self.iteration_cost(sched)
+        swapped = len(sched.swap_out) + len(sched.swap_in)
+        if swapped and cost.time_s is not None:
+            cost = replace(cost, time_s=cost.time_s + self.swap_time(swapped, block_size))
+        return cost
 
     def swap_time(self, num_blocks: int, block_size: int) -> float:
         """Seconds to copy ``num_blocks`` KV blocks one way between GPU and host memory, at the
         GPU's host bandwidth (PCIe or C2C). Not overlapped with the forward: the copies must
         land before it reads the blocks. Not counted in the HBM bytes (another link)."""
-        if self.gpu is None or num_blocks == 0:
+        if not self._host_bandwidth or num_blocks == 0:
             return 0.0
-        return num_blocks * block_size * self._kv_bytes_per_token / self.gpu.host_bandwidth
+        return num_blocks * block_size * self._kv_bytes_per_token / self._host_bandwidth
+
+
+def kv_heads_per_gpu(model: ModelConfig, tp: int) -> int:
+    """KV heads each GPU holds: sharded while there are enough, else replicated (vLLM)."""
+    return max(1, model.num_kv_heads // tp)
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """vLLM's rule: the query heads split evenly, and the KV heads split evenly or each is
+    replicated on a whole number of GPUs."""
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    kvh = model.num_kv_heads
+    if model.num_heads % tp or model.intermediate_size % tp or (kvh % tp and tp % kvh):
+        raise ValueError(
+            f"{model.name} ({model.num_heads} heads, {kvh} KV heads) cannot be split "
+            f"{tp} ways: the heads must divide evenly"
+        )

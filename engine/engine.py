@@ -121,10 +121,10 @@ class Engine:
         if out.duration_s is not None:
             clock.advance_to(start + out.duration_s)
         end = clock.now()
-        bytes_moved, flops = out.bytes_moved, out.flops
-        if not bytes_moved and self.cost_model is not None and not sched.is_empty:
-            cost = self.cost_model.iteration_cost(sched)
-            bytes_moved, flops = cost.bytes, cost.flops
+        cost = out.cost
+        if cost is None and self.cost_model is not None:  # a real executor: analytic figures
+            cost = self.cost_model.step_cost(sched, self.config.block_size)
+        shape = cost.shape if cost is not None else None
 
         finished = self._postprocess(sched, out.sampled_token_ids, end)
         record = IterationRecord(
@@ -141,13 +141,17 @@ class Engine:
             num_preempted=len(sched.preempted),
             kv_blocks_used=kv_used,
             kv_blocks_total=self.block_manager.num_blocks,
-            bytes_moved=bytes_moved,
-            flops=flops,
+            bytes_moved=cost.bytes if cost is not None else 0.0,
+            flops=cost.flops if cost is not None else 0.0,
             num_swapped_out_blocks=len(sched.swap_out),
             num_swapped_in_blocks=len(sched.swap_in),
             swap_time_s=out.swap_time_s,
             num_cached_tokens=sched.num_cached_tokens,
             num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
+            predicted_s=cost.time_s if cost is not None else None,
+            num_logits=shape.num_logits if shape is not None else 0,
+            attn_key_pairs=shape.attn_key_pairs if shape is not None else 0.0,
+            attn_keys_read=shape.attn_keys_read if shape is not None else 0.0,
         )
         self.records.append(record)
         self.num_records += 1

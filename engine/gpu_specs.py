@@ -1,8 +1,11 @@
 """GPU specifications for the simulated executor and for bandwidth/FLOP utilization.
 
 Figures are the vendors' datasheet numbers: HBM capacity, peak HBM bandwidth, dense (not
-sparse) bf16 tensor FLOP/s, and host<->device bandwidth (what one direction of PCIe or C2C
-sustains in practice, for swap-out/in).
+sparse) bf16 tensor FLOP/s, host<->device bandwidth (what one direction of PCIe or C2C
+sustains in practice, for swap-out/in), and the GPU-to-GPU link tensor parallelism uses:
+NVLink on SXM parts (per direction per GPU: NVLink 3 300 GB/s, NVLink 4 450 GB/s, NVLink 5
+900 GB/s), PCIe on PCIe cards (Gen4 x16 32 GB/s, Gen5 x16 64 GB/s), with a fixed latency per
+collective (a typical NCCL small-message figure, not measured here).
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ class GPUSpec:
     hbm_bandwidth: float  # bytes/s
     bf16_flops: float  # dense FLOP/s
     host_bandwidth: float  # bytes/s, one direction
+    interconnect: str = "pcie4"  # the GPU-to-GPU link: nvlink3 | nvlink4 | nvlink5 | pcie4 | pcie5
+    interconnect_bandwidth: float = 32 * 1e9  # bytes/s per direction per GPU
+    collective_latency_s: float = 0.0  # fixed cost of one all-reduce or all-gather
 
     @property
     def ridge_point(self) -> float:
@@ -31,15 +37,27 @@ class GPUSpec:
 
 
 GIB = 1024**3
+US = 1e-6
+# (name, per-direction bandwidth per GPU, latency per collective)
+NVLINK3 = ("nvlink3", 300 * GB, 10 * US)
+NVLINK4 = ("nvlink4", 450 * GB, 10 * US)
+NVLINK5 = ("nvlink5", 900 * GB, 10 * US)
+PCIE4 = ("pcie4", 32 * GB, 25 * US)
+PCIE5 = ("pcie5", 64 * GB, 25 * US)
+
+
+def _spec(name, memory, hbm, flops, host, link) -> GPUSpec:
+    return GPUSpec(name, memory, hbm, flops, host, *link)
+
 
 GPU_SPECS: dict[str, GPUSpec] = {
-    "a100-40gb": GPUSpec("a100-40gb", 40 * GIB, 1.555 * TB, 312 * TB, 25 * GB),
-    "a100-80gb": GPUSpec("a100-80gb", 80 * GIB, 2.039 * TB, 312 * TB, 25 * GB),
-    "l40s": GPUSpec("l40s", 48 * GIB, 0.864 * TB, 362 * TB, 25 * GB),
-    "h100": GPUSpec("h100", 80 * GIB, 3.35 * TB, 989 * TB, 50 * GB),
-    "h100-pcie": GPUSpec("h100-pcie", 80 * GIB, 2.0 * TB, 756 * TB, 50 * GB),
-    "h200": GPUSpec("h200", 141 * GB, 4.8 * TB, 989 * TB, 50 * GB),
-    "b200": GPUSpec("b200", 180 * GB, 8.0 * TB, 2250 * TB, 50 * GB),
+    "a100-40gb": _spec("a100-40gb", 40 * GIB, 1.555 * TB, 312 * TB, 25 * GB, NVLINK3),
+    "a100-80gb": _spec("a100-80gb", 80 * GIB, 2.039 * TB, 312 * TB, 25 * GB, NVLINK3),
+    "l40s": _spec("l40s", 48 * GIB, 0.864 * TB, 362 * TB, 25 * GB, PCIE4),
+    "h100": _spec("h100", 80 * GIB, 3.35 * TB, 989 * TB, 50 * GB, NVLINK4),
+    "h100-pcie": _spec("h100-pcie", 80 * GIB, 2.0 * TB, 756 * TB, 50 * GB, PCIE5),
+    "h200": _spec("h200", 141 * GB, 4.8 * TB, 989 * TB, 50 * GB, NVLINK4),
+    "b200": _spec("b200", 180 * GB, 8.0 * TB, 2250 * TB, 50 * GB, NVLINK5),
 }
 
 

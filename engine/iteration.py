@@ -27,6 +27,14 @@ class IterationRecord:
     swap_time_s: float = 0.0  # the copies' time (predicted by the simulator, measured by torch)
     num_cached_tokens: int = 0  # prefix-cache hits among the requests that started a prefill
     num_prefix_queried_tokens: int = 0  # those requests' tokens (the hit rate's denominator)
+    # The roofline's prediction of this step on the run's device (the simulator: its duration;
+    # a real engine: the detected GPU's spec or a --gpu-profile; None when neither is known).
+    predicted_s: float | None = None
+    # The batch shape the cost model read (what cbbench calibrate refits the rates against).
+    num_logits: int = 0  # rows that sample
+    attn_key_pairs: float = 0.0  # sum over rows of keys attended
+    attn_keys_read: float = 0.0  # keys read from the KV cache
+    replica: int | None = None  # data parallelism: which engine replica ran it
 
     @property
     def achieved_bandwidth(self) -> float:
@@ -34,5 +42,7 @@ class IterationRecord:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.replica is None:
+            del d["replica"]
         d["achieved_bw_gbps"] = self.achieved_bandwidth / 1e9
         return d

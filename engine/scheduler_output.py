@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .request import Request
+
+if TYPE_CHECKING:
+    from .cost_model import IterationCost
 
 
 @dataclass(slots=True)
@@ -57,6 +61,15 @@ class ExecutorOutput:
     # Predicted duration for simulated execution; None when the executor really ran (the engine
     # reads its clock instead).
     duration_s: float | None = None
-    bytes_moved: float = 0.0  # analytic, for the iteration record
-    flops: float = 0.0
     swap_time_s: float = 0.0  # KV copies to and from the CPU pool (part of the duration)
+    # The simulator's cost of this step (analytic bytes/FLOPs, prediction); a real executor
+    # leaves it None and the engine asks its cost model.
+    cost: IterationCost | None = None
+
+    @property
+    def bytes_moved(self) -> float:  # analytic, for the iteration record
+        return self.cost.bytes if self.cost is not None else 0.0
+
+    @property
+    def flops(self) -> float:
+        return self.cost.flops if self.cost is not None else 0.0

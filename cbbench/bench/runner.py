@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
+from cbbench.analysis.sim_error import sim_error
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
@@ -285,6 +286,10 @@ def execute_run(
         gpu_spec = run.resolved.gpu_spec
         add_utilization(iterations, gpu_spec)
         summary["engine"] = summarize_engine(iterations, gpu_spec)
+        error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
+        summary["engine"]["sim_error"] = error
+        if reason is not None:
+            summary["engine"]["sim_error_reason"] = reason
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     if spec.endpoint is not None:
