@@ -1,4 +1,10 @@
-"""Shared test set-up.
+"""Shared test set-up: hypothesis profiles, the CUDA skip, and shared fixtures (helpers in
+helpers.py).
+
+Hypothesis: the "ci" profile (default) runs each property with the example count its module
+gives (see README, "Tests"); HYPOTHESIS_PROFILE=thorough (or --hypothesis-profile=thorough) runs
+THOROUGH_EXAMPLES of every property and state machine that takes its count from
+helpers.examples(), with no deadline.
 
 Triton kernels run on CPU tensors only under its interpreter, and Triton reads TRITON_INTERPRET
 when a kernel is defined, so it must be set before any kernel module is imported. On a machine
@@ -8,6 +14,12 @@ with a GPU the compiled path is tested instead.
 import os
 
 import pytest
+from helpers import SERVE_MODEL, THOROUGH_EXAMPLES, serve_process
+from hypothesis import settings
+
+settings.register_profile("ci", deadline=None)
+settings.register_profile("thorough", deadline=None, max_examples=THOROUGH_EXAMPLES)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 try:
     import torch
@@ -27,3 +39,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip_cuda)
+
+
+@pytest.fixture
+def sim_serve_process():
+    """`cbbench serve --engine sim` (Llama-3.2-1B on a simulated H200) as its own process, as a
+    user would start it; yields a helpers.ServeProcess (``.url``, ``.proc``, ``.text``)."""
+    with serve_process("--engine", "sim", "--model", SERVE_MODEL, "--gpu", "h200") as run:
+        yield run

@@ -8,6 +8,7 @@ cases pin ``blocks_needed``, ``max_blocks`` and ``can_ever_fit``.
 from __future__ import annotations
 
 import pytest
+from helpers import examples
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -113,7 +114,7 @@ class ReservedAllocatorMachine(_AllocatorMachine):
 
 
 _SETTINGS = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=examples(150), stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestPagedAllocator = PagedAllocatorMachine.TestCase
 TestPagedAllocator.settings = _SETTINGS

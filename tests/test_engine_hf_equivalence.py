@@ -22,21 +22,12 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from helpers import TINY_VOCAB, hf_greedy, tiny_hf_model  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from cbbench.cli.app import app  # noqa: E402
 
-VOCAB = 512
-SIZES = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=VOCAB,
-    max_position_embeddings=256,
-    initializer_range=0.1,  # larger than the default so every weight visibly matters
-)
+VOCAB = TINY_VOCAB
 # (prompt length, output length, arrival_s): ragged prompts (3..40 tokens, several longer than
 # the 16-token budget and not multiples of the block sizes), staggered wall-clock arrivals.
 WORKLOAD = [
@@ -63,23 +54,6 @@ PREEMPT = ["--block-size", "4", "--num-kv-blocks", "16"]
 STATIC = ["--scheduler", "static", "--max-num-seqs", "3"]
 
 
-def _hf_model(kind: str):
-    cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    }[kind]
-    config = cls[0](**SIZES)
-    torch.manual_seed(0)
-    model = cls[1](config).eval()
-    with torch.no_grad():  # HF initializes biases to 0 and norms to 1: randomize them too
-        for name, param in model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.1)
-            elif name.endswith("norm.weight"):
-                param.add_(torch.randn_like(param) * 0.1)
-    return model
-
-
 def _prompts(shape: list[tuple[int, int, float]], seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, VOCAB, (p,), generator=g).tolist() for p, _, _ in shape]
@@ -94,39 +68,20 @@ def _write_workload(path: Path, shape, prompts) -> Path:
     return path
 
 
-def _hf_generate(model, prompts, shape) -> list[list[int]]:
-    """Each request alone, greedy, exactly ``output_len`` new tokens."""
-    outs = []
-    with torch.no_grad():
-        for ids, (_, n, _) in zip(prompts, shape, strict=True):
-            x = torch.tensor([ids])
-            y = model.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                pad_token_id=0,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-            assert len(outs[-1]) == n
-    return outs
-
-
 class Case:
     """One saved HF model, its workload files and the HF reference outputs."""
 
     def __init__(self, kind: str, root: Path) -> None:
         self.kind = kind
-        hf = _hf_model(kind)
+        hf = tiny_hf_model(kind)
         self.folder = root / f"hf-{kind}"
         hf.save_pretrained(self.folder)
         self.prompts = _prompts(WORKLOAD, seed=1)
         self.workload = _write_workload(root / "workload.jsonl", WORKLOAD, self.prompts)
-        self.expected = _hf_generate(hf, self.prompts, WORKLOAD)
+        self.expected = hf_greedy(hf, self.prompts, [n for _, n, _ in WORKLOAD])
         short_prompts = _prompts(SHORT, seed=2)
         self.short_workload = _write_workload(root / "short.jsonl", SHORT, short_prompts)
-        self.short_expected = _hf_generate(hf, short_prompts, SHORT)
+        self.short_expected = hf_greedy(hf, short_prompts, [n for _, n, _ in SHORT])
 
     def run(self, out: Path, *flags: str, backend: str = "reference", short: bool = False) -> dict:
         workload = self.short_workload if short else self.workload

@@ -20,21 +20,12 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+from helpers import TINY_VOCAB, hf_greedy, tiny_hf_model  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from cbbench.cli.app import app  # noqa: E402
 
-VOCAB = 512
-SIZES = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=VOCAB,
-    max_position_embeddings=256,
-    initializer_range=0.1,  # larger than the default so every weight visibly matters
-)
+VOCAB = TINY_VOCAB
 # (prompt length, output length, priority): ragged prompts, all arriving at t = 0 (a timed
 # trace, so it is replayed whole), so the schedule does not depend on wall-clock timing.
 RAGGED = [
@@ -60,17 +51,6 @@ CHUNKED = ["--max-num-batched-tokens", "16"]
 CACHING = ["--enable-prefix-caching"]
 
 
-def _hf_model():
-    config = transformers.LlamaConfig(**SIZES)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # HF initializes norms to 1: randomize them too
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.add_(torch.randn_like(param) * 0.1)
-    return model
-
-
 def _ragged_prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(1)
     return [torch.randint(0, VOCAB, (p,), generator=g).tolist() for p, _, _ in RAGGED]
@@ -94,35 +74,21 @@ def _write(path: Path, prompts, outputs, priorities) -> Path:
     return path
 
 
-def _hf_generate(model, prompts, outputs) -> list[list[int]]:
-    """Each request alone, greedy, exactly ``output_len`` new tokens."""
-    outs = []
-    with torch.no_grad():
-        for ids, n in zip(prompts, outputs, strict=True):
-            x = torch.tensor([ids])
-            y = model.generate(
-                x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                do_sample=False, pad_token_id=0,
-            )  # fmt: skip
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
-
-
 class Case:
     def __init__(self, root: Path) -> None:
-        hf = _hf_model()
+        hf = tiny_hf_model("llama")
         self.folder = root / "hf-llama"
         hf.save_pretrained(self.folder)
         ragged = _ragged_prompts()
         self.ragged = _write(
             root / "ragged.jsonl", ragged, [o for _, o, _ in RAGGED], [p for _, _, p in RAGGED]
         )
-        self.ragged_expected = _hf_generate(hf, ragged, [o for _, o, _ in RAGGED])
+        self.ragged_expected = hf_greedy(hf, ragged, [o for _, o, _ in RAGGED])
         shared = _shared_prompts()
         self.shared = _write(
             root / "shared.jsonl", shared, [o for *_, o, _ in SHARED], [p for *_, p in SHARED]
         )
-        self.shared_expected = _hf_generate(hf, shared, [o for *_, o, _ in SHARED])
+        self.shared_expected = hf_greedy(hf, shared, [o for *_, o, _ in SHARED])
 
     def run(self, out: Path, workload: Path, *flags: str) -> dict:
         args = ["run", "--workload", str(workload), "--model", str(self.folder), *BASE, *flags,

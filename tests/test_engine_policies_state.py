@@ -18,8 +18,8 @@ requests with matching reference counts, or cached and unreferenced); waiting re
 no GPU blocks; exactly the SWAPPED requests hold CPU blocks; budgets respected; every request
 ends exactly once (finished, aborted or rejected), and a drained engine gives every block back.
 
-``CBBENCH_POLICY_EXAMPLES=10000 pytest tests/test_engine_policies_state.py`` runs a long
-campaign; the default is bounded for CI.
+``CBBENCH_POLICY_EXAMPLES=10000 pytest tests/test_engine_policies_state.py`` (or the thorough
+hypothesis profile) runs a long campaign; the default is bounded for CI.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
+from helpers import examples
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -52,7 +53,7 @@ GROUP_PREFIXES = [
 ]
 MAX_DRAIN_STEPS = 10_000
 WAITING = RequestStatus.WAITING
-EXAMPLES = int(os.environ.get("CBBENCH_POLICY_EXAMPLES", "600"))
+EXAMPLES = int(os.environ.get("CBBENCH_POLICY_EXAMPLES", examples(600)))
 
 
 def sample_token(req: Request) -> int:

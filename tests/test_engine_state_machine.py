@@ -25,7 +25,7 @@ Liveness: while no request arrives, every request that stays RUNNING gets tokens
 derived below), with no iteration that schedules nothing while work remains.
 
 CBBENCH_FUZZ_EXAMPLES sets the number of examples (default 150: ~5 s here, well under 40 s on 2
-CI cores); a long campaign needs pytest-timeout off:
+CI cores; 10,000 under the thorough hypothesis profile); a long campaign needs pytest-timeout off:
 ``CBBENCH_FUZZ_EXAMPLES=10000 CBBENCH_FUZZ_REPORT=1 pytest -s -o timeout=0
 tests/test_engine_state_machine.py`` (CBBENCH_FUZZ_REPORT prints the worst figures seen).
 """
@@ -35,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from helpers import examples
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -53,7 +54,7 @@ from cbbench.engine.scheduler import SchedulerConfig
 from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.targets.engine import _drain
 
-EXAMPLES = int(os.environ.get("CBBENCH_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("CBBENCH_FUZZ_EXAMPLES", examples(150)))
 STEPS_PER_EXAMPLE = int(os.environ.get("CBBENCH_FUZZ_STEPS", "60"))
 
 # Options this machine drives. A new SchedulerConfig / EngineConfig field that is a bool is

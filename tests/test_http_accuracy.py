@@ -49,7 +49,7 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
-from test_serve import START_TIMEOUT_S, Running, sim_options
+from helpers import START_TIMEOUT_S, Running, sim_options
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import load_result

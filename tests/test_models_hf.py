@@ -14,6 +14,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
+from helpers import TINY_VOCAB, tiny_hf_model  # noqa: E402
 
 from cbbench.engine.model_runner import ModelRunner  # noqa: E402
 from cbbench.engine.models import allocate_kv_cache, load_model  # noqa: E402
@@ -24,16 +25,6 @@ from cbbench.kernels import get_backend  # noqa: E402
 TOL = 1e-4
 BLOCK_SIZE = 4
 PROMPT_LEN = 37  # not a multiple of the block size; past the llama3 variant's original context
-SIZES = dict(
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    intermediate_size=128,
-    vocab_size=512,
-    max_position_embeddings=256,
-    initializer_range=0.1,  # larger than the default so every weight visibly matters
-)
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -41,24 +32,6 @@ LLAMA3_ROPE = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 32,  # small, so all three frequency bands occur
 }
-
-
-def _hf_model(kind: str, **overrides):
-    cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-    }[kind]
-    config = cls[0](**{**SIZES, **overrides})
-    torch.manual_seed(0)
-    model = cls[1](config).eval()
-    with torch.no_grad():  # HF initializes biases to 0 and norms to 1: randomize them too
-        for name, param in model.named_parameters():
-            if name.endswith(".bias"):
-                param.normal_(0.0, 0.1)
-            elif name.endswith("norm.weight"):
-                param.add_(torch.randn_like(param) * 0.1)
-    return model
 
 
 def _save(model, path, **kwargs):
@@ -83,7 +56,7 @@ def _packed_logits(model, config, token_ids: list[int]) -> torch.Tensor:
 def _check_against_hf(hf_model, folder):
     model, config = load_model(str(folder), torch.float32, "cpu", get_backend("reference", "cpu"))
     ids = torch.randint(
-        0, SIZES["vocab_size"], (PROMPT_LEN,), generator=torch.Generator().manual_seed(1)
+        0, TINY_VOCAB, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1)
     )
     with torch.no_grad():
         expected = hf_model(ids.unsqueeze(0)).logits[0].float()
@@ -95,34 +68,34 @@ def _check_against_hf(hf_model, folder):
 
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
 def test_llama_matches_hf(tmp_path, tied):
-    hf = _hf_model("llama", tie_word_embeddings=tied)
+    hf = tiny_hf_model("llama", tie_word_embeddings=tied)
     model, config = _check_against_hf(hf, _save(hf, tmp_path))
     assert config.tie_word_embeddings is tied
     assert (model.lm_head.weight is model.model.embed_tokens.weight) is tied
 
 
 def test_llama3_rope_scaling_matches_hf(tmp_path):
-    hf = _hf_model("llama", rope_scaling=LLAMA3_ROPE, rope_theta=500000.0)
+    hf = tiny_hf_model("llama", rope_scaling=LLAMA3_ROPE, rope_theta=500000.0)
     _, config = _check_against_hf(hf, _save(hf, tmp_path))
     assert config.rope_scaling is not None and config.rope_scaling["factor"] == 8.0
     assert config.rope_theta == 500000.0
 
 
 def test_qwen2_qkv_bias_matches_hf(tmp_path):
-    hf = _hf_model("qwen2", rope_theta=1000000.0)
+    hf = tiny_hf_model("qwen2", rope_theta=1000000.0)
     model, config = _check_against_hf(hf, _save(hf, tmp_path))
     assert config.qkv_bias and model.model.layers[0].self_attn.qkv_proj.bias is not None
 
 
 def test_mistral_matches_hf(tmp_path):
-    hf = _hf_model("mistral", sliding_window=128)
+    hf = tiny_hf_model("mistral", sliding_window=128)
     _, config = _check_against_hf(hf, _save(hf, tmp_path))
     assert config.architecture == "mistral"
     assert config.max_model_len == 128  # capped to the sliding window, where it is exact
 
 
 def test_sharded_checkpoint_loads(tmp_path):
-    hf = _hf_model("llama")
+    hf = tiny_hf_model("llama")
     folder = _save(hf, tmp_path, max_shard_size="40KB")
     index = json.loads((folder / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1
@@ -142,7 +115,7 @@ def test_missing_folder_is_a_clear_error(tmp_path):
 
 
 def test_folder_without_safetensors(tmp_path):
-    _hf_model("llama").config.save_pretrained(tmp_path)
+    tiny_hf_model("llama").config.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no \\*.safetensors"):
         _load(tmp_path)
 
@@ -154,7 +127,7 @@ def test_unsupported_model_type(tmp_path):
 
 
 def test_missing_and_unexpected_tensors_are_named(tmp_path):
-    hf = _hf_model("llama")
+    hf = tiny_hf_model("llama")
     hf.config.save_pretrained(tmp_path)
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}
     del state["model.layers.1.self_attn.k_proj.weight"]
@@ -167,7 +140,7 @@ def test_missing_and_unexpected_tensors_are_named(tmp_path):
 
 
 def test_shape_mismatch_is_named(tmp_path):
-    hf = _hf_model("llama")
+    hf = tiny_hf_model("llama")
     hf.config.save_pretrained(tmp_path)
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}
     state["model.norm.weight"] = torch.ones(3)

@@ -13,9 +13,10 @@ import json
 import sys
 
 import pytest
+from helpers import SERVE_MODEL as MODEL
+from helpers import sim_options, start_server
 from test_http_target import MODEL as FAKE_MODEL
 from test_http_target import FakeOpenAI, _free_port
-from test_serve import MODEL, sim_options, start_server
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import load_result

@@ -1,7 +1,7 @@
-"""The scheduler, in the style of vLLM v1's scheduler tests: build a Scheduler and BlockManager
-directly, create Requests, call ``schedule(now)``, and advance the requests by hand as the
-engine's postprocess does. Every expected number below is computed by hand from the rules in
-engine/scheduler.py (decodes, then running prefill chunks, then admissions; recompute
+"""The scheduler, in the style of vLLM v1's scheduler tests: create Requests, step the real
+Engine (schedule -> a trivial executor that checks every plan against the scheduler's rules ->
+the engine's own postprocess) and compare each plan with numbers computed by hand from the rules
+in engine/scheduler.py (decodes, then running prefill chunks, then admissions; recompute
 preemption of the newest; rejection at arrival).
 
 A hypothesis property then runs random workloads and configurations to completion through the
@@ -13,10 +13,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cbbench.engine.block_manager import BlockManager
 from cbbench.engine.clock import VirtualClock
 from cbbench.engine.engine import Engine, EngineConfig, run_until_done
 from cbbench.engine.request import Request, RequestStatus
@@ -25,43 +25,31 @@ from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
 
 
 # ---- helpers --------------------------------------------------------------------------------
-def make_scheduler(
+def make_engine(
     num_blocks: int = 1000,
     block_size: int = 4,
     allocation: str = "paged",
     max_model_len: int = 4096,
     **cfg,
-) -> Scheduler:
-    bm = BlockManager(num_blocks, block_size, allocation)
-    return Scheduler(SchedulerConfig(max_model_len=max_model_len, **cfg), bm)
+) -> Engine:
+    ex = _FakeExecutor()
+    eng = Engine(
+        EngineConfig(SchedulerConfig(max_model_len=max_model_len, **cfg), num_blocks, block_size,
+                     allocation),
+        ex,
+        VirtualClock(),
+    )  # fmt: skip
+    ex.engine = eng  # checks every plan before it runs
+    return eng
 
 
-def advance(s: Scheduler, out: SchedulerOutput, now: float = 0.0) -> list[Request]:
-    """What Engine._postprocess does (without token ids): computed tokens advance, a request
-    whose known tokens are all computed gets one output token, and one at max_tokens finishes
-    and frees its blocks."""
-    finished = []
-    for req, n in zip(out.scheduled_reqs, out.num_scheduled_tokens):
-        req.num_computed_tokens += n
-        if req.num_computed_tokens < req.num_tokens:
-            continue
-        req.num_output_tokens += 1
-        req.token_times.append(now)
-        if req.num_output_tokens >= req.max_tokens:
-            req.status = RequestStatus.FINISHED
-            req.finish_time = now
-            s.bm.free(req)
-            finished.append(req)
-    if finished:
-        s.drop_finished()
-    return finished
-
-
-def step(s: Scheduler, now: float = 0.0) -> SchedulerOutput:
-    out = s.schedule(now)
-    check_output(s, out)
-    advance(s, out, now)
-    return out
+def step(eng: Engine, now: float | None = None) -> SchedulerOutput:
+    """One engine iteration (at ``now`` when given); the plan it ran."""
+    if now is not None:
+        eng.clock.advance_to(now)
+    out = eng.step()
+    assert out is not None
+    return out.scheduled
 
 
 def plan(out: SchedulerOutput) -> list[tuple[int, int]]:
@@ -99,15 +87,16 @@ def check_output(s: Scheduler, out: SchedulerOutput) -> None:
 
 # ---- budgets and order ----------------------------------------------------------------------
 def test_token_budget_and_max_num_seqs_hand_computed():
-    s = make_scheduler(max_num_batched_tokens=16, max_num_seqs=3)
+    eng = make_engine(max_num_batched_tokens=16, max_num_seqs=3)
+    s = eng.scheduler
     reqs = [Request(i, 10, 5) for i in range(5)]
     for r in reqs:
-        s.add_request(r)
-    out = step(s)
+        eng.add_request(r)
+    out = step(eng)
     # A takes 10, B the 6 left as a chunk; the budget is spent, so C waits.
     assert plan(out) == [(0, 10), (1, 6)]
     assert out.num_decode_reqs == 0 and out.num_prefill_tokens == 16
-    out = step(s)
+    out = step(eng)
     # A decodes (1), B finishes its prompt (4), C is admitted whole (10); D would fit the one
     # token left but all 3 sequence slots are taken.
     assert plan(out) == [(0, 1), (1, 4), (2, 10)]
@@ -119,14 +108,14 @@ def test_token_budget_and_max_num_seqs_hand_computed():
 def test_newer_decode_comes_before_older_prefill():
     # Static, chunking off: B's prompt does not fit what A left of the budget, C's does; in the
     # next iteration C (newer) decodes and is listed before B (older, still prefilling).
-    s = make_scheduler(max_num_batched_tokens=36, batching="static", chunked_prefill=False)
+    eng = make_engine(max_num_batched_tokens=36, batching="static", chunked_prefill=False)
     a, b, c = Request(0, 30, 5), Request(1, 10, 5), Request(2, 4, 5)
     for r in (a, b, c):
-        s.add_request(r)
-    out = step(s)
+        eng.add_request(r)
+    out = step(eng)
     assert plan(out) == [(0, 30), (2, 4)]
     assert out.num_decode_reqs == 0 and out.num_prefill_reqs == 2
-    out = step(s)
+    out = step(eng)
     assert plan(out) == [(0, 1), (2, 1), (1, 10)]
     assert out.num_decode_reqs == 2
     assert out.num_prefill_reqs == 1 and out.num_prefill_tokens == 10
@@ -134,64 +123,65 @@ def test_newer_decode_comes_before_older_prefill():
 
 
 def test_chunked_prefill_splits_a_long_prompt_while_decodes_advance():
-    s = make_scheduler(max_num_batched_tokens=16)
+    eng = make_engine(max_num_batched_tokens=16)
     d = Request(0, 4, 10)
-    s.add_request(d)
-    assert plan(step(s)) == [(0, 4)]  # d's prompt; it now holds one output token
+    eng.add_request(d)
+    assert plan(step(eng)) == [(0, 4)]  # d's prompt; it now holds one output token
     long = Request(1, 40, 2)
-    s.add_request(long)
+    eng.add_request(long)
     # Budget 16, one decode: the prompt of 40 goes in as 15 + 15 + 10.
     chunks = []
     for expected_out in (2, 3, 4):
-        out = step(s)
+        out = step(eng)
         assert out.scheduled_reqs[0] is d and out.num_scheduled_tokens[0] == 1
         assert out.num_decode_reqs == 1
         assert d.num_output_tokens == expected_out  # the decode advanced this iteration
         chunks.append(out.num_scheduled_tokens[1])
     assert chunks == [15, 15, 10]
     assert long.num_computed_tokens == 40 and long.num_output_tokens == 1
-    out = step(s)
+    out = step(eng)
     assert plan(out) == [(0, 1), (1, 1)] and out.num_decode_reqs == 2
 
 
 def test_without_chunking_a_prompt_waits_for_a_whole_prompt_iteration():
-    s = make_scheduler(max_num_batched_tokens=16, chunked_prefill=False)
+    eng = make_engine(max_num_batched_tokens=16, chunked_prefill=False)
     d1, d2 = Request(0, 4, 3), Request(1, 4, 3)
-    s.add_request(d1)
-    s.add_request(d2)
-    assert plan(step(s)) == [(0, 4), (1, 4)]
+    eng.add_request(d1)
+    eng.add_request(d2)
+    assert plan(step(eng)) == [(0, 4), (1, 4)]
     long = Request(2, 15, 2)
-    s.add_request(long)
+    eng.add_request(long)
     # Two decodes leave 14 tokens: the 15-token prompt waits.
-    assert plan(step(s)) == [(0, 1), (1, 1)]
+    assert plan(step(eng)) == [(0, 1), (1, 1)]
     assert long.status == RequestStatus.WAITING and long.num_computed_tokens == 0
-    assert plan(step(s)) == [(0, 1), (1, 1)]  # d1 and d2 reach 3 tokens and finish
+    assert plan(step(eng)) == [(0, 1), (1, 1)]  # d1 and d2 reach 3 tokens and finish
     assert d1.status == d2.status == RequestStatus.FINISHED
-    out = step(s)
+    out = step(eng)
     assert plan(out) == [(2, 15)]
     assert out.num_prefill_tokens == 15
 
     # The same with chunking on: the prompt starts at once with the 14 tokens left.
-    s = make_scheduler(max_num_batched_tokens=16, chunked_prefill=True)
+    eng = make_engine(max_num_batched_tokens=16, chunked_prefill=True)
     d1, d2 = Request(0, 4, 3), Request(1, 4, 3)
-    s.add_request(d1)
-    s.add_request(d2)
-    step(s)
-    s.add_request(Request(2, 15, 2))
-    assert plan(step(s)) == [(0, 1), (1, 1), (2, 14)]
+    eng.add_request(d1)
+    eng.add_request(d2)
+    step(eng)
+    eng.add_request(Request(2, 15, 2))
+    assert plan(step(eng)) == [(0, 1), (1, 1), (2, 14)]
 
 
 # ---- static vs continuous -------------------------------------------------------------------
 def _static_vs_continuous(policy: str) -> tuple[list[list[tuple[int, int]]], list[int]]:
-    s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=2, batching=policy)
+    eng = make_engine(max_num_batched_tokens=64, max_num_seqs=2, batching=policy)
+    s = eng.scheduler
     a, b, c = Request(0, 4, 2), Request(1, 4, 5), Request(2, 4, 1)
     for r in (a, b, c):
-        s.add_request(r)
+        eng.add_request(r)
     plans, running = [], []
     for _ in range(20):
         if not s.num_unfinished:
             break
-        out = step(s)
+        out = step(eng)
         plans.append(plan(out))
         running.append(len(s.running))
     assert all(r.num_output_tokens == r.max_tokens for r in (a, b, c))
@@ -223,19 +213,20 @@ def test_continuous_admits_as_soon_as_a_slot_frees():
 
 
 def test_static_admits_nothing_while_a_batch_runs():
-    s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=8, batching="static")
+    eng = make_engine(max_num_batched_tokens=64, max_num_seqs=8, batching="static")
+    s = eng.scheduler
     first = [Request(i, 4, 3) for i in range(2)]
     for r in first:
-        s.add_request(r)
-    step(s)
+        eng.add_request(r)
+    step(eng)
     late = Request(9, 4, 3)
-    s.add_request(late)
+    eng.add_request(late)
     for _ in range(2):
-        out = step(s)
+        out = step(eng)
         assert late not in out.scheduled_reqs
         assert late.status == RequestStatus.WAITING and late.first_scheduled_time is None
     assert not s.running  # the batch finished
-    out = step(s, now=5.0)
+    out = step(eng, now=5.0)
     assert plan(out) == [(9, 4)]
     assert late.first_scheduled_time == 5.0
 
@@ -244,20 +235,21 @@ def test_static_admits_nothing_while_a_batch_runs():
 def test_recompute_preemption_of_the_newest_under_a_tiny_pool():
     # 4 blocks of 4 tokens. a and b (prompt 4, 8 outputs) each need 3 blocks at most (11 KV
     # tokens): both fit alone, not together.
-    s = make_scheduler(num_blocks=4, block_size=4, max_num_batched_tokens=64)
+    eng = make_engine(num_blocks=4, block_size=4, max_num_batched_tokens=64)
+    s = eng.scheduler
     a, b = Request(0, 4, 8), Request(1, 4, 8)
     assert s.rejection_reason(a) is None
-    s.add_request(a)
-    s.add_request(b)
-    assert plan(step(s)) == [(0, 4), (1, 4)]  # one block each
-    assert plan(step(s)) == [(0, 1), (1, 1)]  # token 5 crosses a block: two each, pool dry
+    eng.add_request(a)
+    eng.add_request(b)
+    assert plan(step(eng)) == [(0, 4), (1, 4)]  # one block each
+    assert plan(step(eng)) == [(0, 1), (1, 1)]  # token 5 crosses a block: two each, pool dry
     assert s.bm.num_free_blocks == 0
     for _ in range(3):  # tokens 6..8 fit the second blocks
-        assert plan(step(s)) == [(0, 1), (1, 1)]
+        assert plan(step(eng)) == [(0, 1), (1, 1)]
     assert a.num_computed_tokens == 8 and b.num_output_tokens == 5
     b_blocks = list(b.block_table)
     # a's 9th token needs a third block: b, the newest, is preempted by recompute.
-    out = step(s)
+    out = step(eng)
     assert plan(out) == [(0, 1)]
     assert out.preempted == [b]
     assert out.num_decode_reqs == 1 and out.num_prefill_tokens == 0
@@ -270,15 +262,15 @@ def test_recompute_preemption_of_the_newest_under_a_tiny_pool():
     s.bm.check_invariants([a, b])
     # b cannot come back (its 9 tokens need 3 blocks, 1 is free) until a finishes.
     for _ in range(2):
-        out = step(s)
+        out = step(eng)
         assert plan(out) == [(0, 1)]
     assert a.status == RequestStatus.FINISHED and a.num_output_tokens == 8
     # b recomputes prompt + its 5 outputs in one prefill, then decodes to the end.
-    out = step(s)
+    out = step(eng)
     assert plan(out) == [(1, 9)]
     assert b.status == RequestStatus.RUNNING and b.num_output_tokens == 6
     while s.num_unfinished:
-        step(s)
+        step(eng)
     assert b.num_output_tokens == 8 and b.num_preemptions == 1
     assert s.bm.num_free_blocks == 4
 
@@ -288,25 +280,26 @@ def test_preemption_during_a_prefill_takes_back_the_victims_decode_token():
     # prompt blocks. a (30) and c (4) prefill; b (10) waits for budget. Next step a and c
     # decode (c crosses into a 2nd block: 1 free), then b's prompt needs 3 blocks: c, the
     # newest, is preempted and its decode token is taken back.
-    s = make_scheduler(
+    eng = make_engine(
         num_blocks=12, block_size=4, max_num_batched_tokens=36, batching="static",
         chunked_prefill=False,
     )
+    s = eng.scheduler
     a, b, c = Request(0, 30, 3), Request(1, 10, 2), Request(2, 4, 4)
     for r in (a, b, c):
-        s.add_request(r)
-    assert plan(step(s)) == [(0, 30), (2, 4)]
-    out = step(s)
+        eng.add_request(r)
+    assert plan(step(eng)) == [(0, 30), (2, 4)]
+    out = step(eng)
     assert out.preempted == [c]
     assert plan(out) == [(0, 1), (1, 10)]
     assert out.num_decode_reqs == 1 and out.num_prefill_tokens == 10 and out.total_tokens == 11
     assert c.num_preemptions == 1 and c.num_computed_tokens == 0 and c.num_output_tokens == 1
     assert s.waiting[0] is c
-    step(s)  # a and b finish
+    step(eng)  # a and b finish
     assert a.status == b.status == RequestStatus.FINISHED
-    assert plan(step(s)) == [(2, 5)]  # recompute: prompt + 1 output
+    assert plan(step(eng)) == [(2, 5)]  # recompute: prompt + 1 output
     while s.num_unfinished:
-        step(s)
+        step(eng)
     assert c.num_output_tokens == 4
 
 
@@ -350,16 +343,17 @@ def test_rejection_gives_a_reason_and_never_schedules(cfg, prompt, max_tokens, p
 
 
 def test_rejection_boundaries_are_exact():
-    s = make_scheduler(num_blocks=4, block_size=4, max_model_len=20,
-                       max_num_batched_tokens=16, chunked_prefill=False)
+    eng = make_engine(num_blocks=4, block_size=4, max_model_len=20,
+                      max_num_batched_tokens=16, chunked_prefill=False)
+    s = eng.scheduler
     # prompt + output == max_model_len is fine; one more is not.
     assert s.rejection_reason(Request(0, 10, 7)) is None  # 16 KV tokens, 17 - 1 <= 16
     assert s.rejection_reason(Request(0, 10, 8)) is not None  # 18 - 1 > 16 budget
     # paged: the last output's KV is never written, so 17 tokens fit 4 blocks of 4.
-    s2 = make_scheduler(num_blocks=4, block_size=4, max_model_len=100)
+    s2 = make_engine(num_blocks=4, block_size=4, max_model_len=100).scheduler
     assert s2.rejection_reason(Request(0, 10, 7)) is None
     assert s2.rejection_reason(Request(0, 10, 8)) is not None
-    s3 = make_scheduler(num_blocks=4, block_size=4, max_model_len=17)
+    s3 = make_engine(num_blocks=4, block_size=4, max_model_len=17).scheduler
     assert s3.rejection_reason(Request(0, 10, 7)) is None
     assert "context of 17" in s3.rejection_reason(Request(0, 11, 7))
 
@@ -416,7 +410,7 @@ _workloads = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     work=_workloads,
     policy=st.sampled_from(["continuous", "static"]),
@@ -473,11 +467,12 @@ def test_random_workloads_run_to_completion_within_budgets(
 
 # ---- abort ----------------------------------------------------------------------------------
 def test_remove_frees_a_running_or_waiting_request():
-    s = make_scheduler(num_blocks=8, block_size=4, max_num_batched_tokens=8, max_num_seqs=1)
+    eng = make_engine(num_blocks=8, block_size=4, max_num_batched_tokens=8, max_num_seqs=1)
+    s = eng.scheduler
     a, b = Request(0, 8, 4), Request(1, 4, 4)
-    s.add_request(a)
-    s.add_request(b)
-    step(s)
+    eng.add_request(a)
+    eng.add_request(b)
+    step(eng)
     assert len(a.block_table) == 2 and s.waiting[0] is b
     s.remove(a)
     assert a not in s.running and a.block_table == [] and s.bm.num_free_blocks == 8

@@ -12,67 +12,33 @@ import socket
 import statistics
 import threading
 import time
-from dataclasses import dataclass
 
 import httpx
 import pytest
-import uvicorn
+from helpers import (
+    POLL_S,
+    SERVE_BLOCK_SIZE,
+    SERVE_CONTEXT,
+    SERVE_KV_BLOCKS,
+    SERVE_MODEL,
+    SERVE_OVERHEAD_US,
+    START_TIMEOUT_S,
+    sim_options,
+    start_server,
+)
 
 from cbbench.cli.serve import build_serving_engine
-from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.server.app import ServeConfig, create_app
+from cbbench.server.app import ServeConfig
 from cbbench.server.protocol import ChatMessage, render_chat
 from cbbench.server.text import SIM_TOKEN_TEXT, HashedWordCodec, TokenizerCodec, load_tokenizer
 
-MODEL = "llama-3.2-1b"
-CONTEXT = 8192
-KV_BLOCKS = 256  # 4096 tokens: smaller than the context, so "too big for the pool" is testable
-BLOCK_SIZE = 16
-OVERHEAD_US = 2000
-START_TIMEOUT_S = 15.0
-POLL_S = 0.02
-
-
-def sim_options(**kw) -> EngineArgs:
-    base = dict(
-        engine="sim", model=MODEL, gpu="h200", max_model_len=CONTEXT, num_kv_blocks=KV_BLOCKS,
-        block_size=BLOCK_SIZE, iteration_overhead_us=OVERHEAD_US,
-    )
-    base.update(kw)
-    return EngineArgs(**base)
-
-
-@dataclass
-class Running:
-    url: str
-    app: object
-    server: uvicorn.Server
-    thread: threading.Thread
-
-    @property
-    def engine(self):
-        return self.app.state.engine
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(START_TIMEOUT_S)
-
-
-def start_server(build, config: ServeConfig | None = None, wait_ready: bool = True) -> Running:
-    app = create_app(build, config or ServeConfig())
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    run = Running(f"http://127.0.0.1:{port}", app, server, thread)
-    if wait_ready:
-        assert run.engine.wait_ready(START_TIMEOUT_S), run.engine.error
-    return run
+# The small simulated engine every test here serves (tests/helpers.py).
+MODEL = SERVE_MODEL
+CONTEXT = SERVE_CONTEXT
+KV_BLOCKS = SERVE_KV_BLOCKS
+BLOCK_SIZE = SERVE_BLOCK_SIZE
+OVERHEAD_US = SERVE_OVERHEAD_US
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ import time
 import httpx
 import numpy as np
 import pytest
+from helpers import SERVE_MODEL as MODEL
+from helpers import sim_options, start_server
 from prometheus_client.parser import text_string_to_metric_families
-from test_serve import MODEL, sim_options, start_server
 
 from cbbench.cli.serve import build_serving_engine
 from cbbench.load.workload import WorkloadRequest

@@ -9,13 +9,7 @@ GIL. Every wait is bounded; the test takes well under a minute.
 from __future__ import annotations
 
 import asyncio
-import os
-import queue
 import random
-import re
-import subprocess
-import sys
-import threading
 import time
 
 import httpx
@@ -30,47 +24,8 @@ HANG_UP_MAX_TOKENS = 20_000
 HANG_UP_AFTER = (1, 64)
 PROMPT_WORDS = (16, 256)
 SEED = 0
-READY_TIMEOUT_S = 30.0
 RUN_TIMEOUT_S = 120.0
 DRAIN_TIMEOUT_S = 15.0
-STOP_TIMEOUT_S = 15.0
-
-# `cbbench serve` through the command's own register(), as cli.py wires it.
-SERVE_SCRIPT = """
-import typer
-from cbbench.cli import serve as cmd_serve
-app = typer.Typer()
-@app.callback()
-def _root() -> None:
-    pass
-cmd_serve.register(app)
-app()
-"""
-
-
-def _start_server() -> tuple[subprocess.Popen, str]:
-    cmd = [
-        sys.executable, "-c", SERVE_SCRIPT, "serve", "--engine", "sim", "--model", "llama-3.2-1b",
-        "--gpu", "h200", "--port", "0",
-    ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            if proc.poll() is not None:
-                break
-            continue
-        m = re.search(r"ready at (http://\S+)/v1", line)
-        if m:
-            return proc, m.group(1)
-    proc.kill()
-    raise AssertionError("cbbench serve did not become ready")
-
 
 def _metrics(text: str) -> dict[str, float]:
     out = {}
@@ -128,50 +83,42 @@ async def _soak(url: str) -> dict:
 
 
 @pytest.mark.slow
-def test_soak_1000_streams_with_disconnects():
-    proc, url = _start_server()
-    try:
-        stats = asyncio.run(_soak(url))
-        with httpx.Client(base_url=url, timeout=10.0) as c:
-            deadline = time.monotonic() + DRAIN_TIMEOUT_S
-            while True:
-                m = _metrics(c.get("/metrics").text)
-                idle = (
-                    m["cbbench_num_requests_running"] == 0
-                    and m["cbbench_num_requests_waiting"] == 0
-                    and m["cbbench_kv_cache_blocks_used"] == 0
-                )
-                if idle or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            health = c.get("/health").status_code
-        n5xx = sum(v for k, v in stats["status"].items() if k >= 500)
-        finished = m["cbbench_requests_finished_total"]
-        aborted = m["cbbench_requests_aborted_total"]
-        print(
-            f"\nsoak: {NUM_REQUESTS} streams in {stats['duration_s']:.2f} s "
-            f"({NUM_REQUESTS / stats['duration_s']:.0f} req/s, "
-            f"{stats['tokens'] / stats['duration_s']:.0f} streamed tok/s); completed "
-            f"{stats['completed']}, client hang-ups {stats['disconnected']}, engine aborts "
-            f"{aborted:.0f}, finished {finished:.0f}; statuses {stats['status']}; "
-            f"KV blocks used after: {m['cbbench_kv_cache_blocks_used']:.0f} of "
-            f"{m['cbbench_kv_cache_blocks_total']:.0f}"
-        )
-        assert n5xx == 0, stats["status"]
-        assert stats["status"] == {200: NUM_REQUESTS}
-        assert stats["short"] == 0
-        assert stats["completed"] + stats["disconnected"] == NUM_REQUESTS
-        assert 0 < stats["disconnected"] < 2 * DISCONNECT_FRACTION * NUM_REQUESTS
-        assert idle, m
-        # Every request ended exactly once in the engine: finished, or aborted by its hang-up.
-        assert aborted == stats["disconnected"]
-        assert finished == stats["completed"]
-        assert m["cbbench_requests_rejected_total"] == 0
-        assert health == 200
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(STOP_TIMEOUT_S)
+def test_soak_1000_streams_with_disconnects(sim_serve_process):
+    url = sim_serve_process.url
+    stats = asyncio.run(_soak(url))
+    with httpx.Client(base_url=url, timeout=10.0) as c:
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        while True:
+            m = _metrics(c.get("/metrics").text)
+            idle = (
+                m["cbbench_num_requests_running"] == 0
+                and m["cbbench_num_requests_waiting"] == 0
+                and m["cbbench_kv_cache_blocks_used"] == 0
+            )
+            if idle or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        health = c.get("/health").status_code
+    n5xx = sum(v for k, v in stats["status"].items() if k >= 500)
+    finished = m["cbbench_requests_finished_total"]
+    aborted = m["cbbench_requests_aborted_total"]
+    print(
+        f"\nsoak: {NUM_REQUESTS} streams in {stats['duration_s']:.2f} s "
+        f"({NUM_REQUESTS / stats['duration_s']:.0f} req/s, "
+        f"{stats['tokens'] / stats['duration_s']:.0f} streamed tok/s); completed "
+        f"{stats['completed']}, client hang-ups {stats['disconnected']}, engine aborts "
+        f"{aborted:.0f}, finished {finished:.0f}; statuses {stats['status']}; "
+        f"KV blocks used after: {m['cbbench_kv_cache_blocks_used']:.0f} of "
+        f"{m['cbbench_kv_cache_blocks_total']:.0f}"
+    )
+    assert n5xx == 0, stats["status"]
+    assert stats["status"] == {200: NUM_REQUESTS}
+    assert stats["short"] == 0
+    assert stats["completed"] + stats["disconnected"] == NUM_REQUESTS
+    assert 0 < stats["disconnected"] < 2 * DISCONNECT_FRACTION * NUM_REQUESTS
+    assert idle, m
+    # Every request ended exactly once in the engine: finished, or aborted by its hang-up.
+    assert aborted == stats["disconnected"]
+    assert finished == stats["completed"]
+    assert m["cbbench_requests_rejected_total"] == 0
+    assert health == 200

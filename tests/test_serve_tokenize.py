@@ -9,7 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_serve import CONTEXT, MODEL, sim_options, start_server
+from helpers import SERVE_CONTEXT as CONTEXT
+from helpers import SERVE_MODEL as MODEL
+from helpers import sim_options, start_server
 
 from cbbench.cli.serve import build_serving_engine
 from cbbench.server.app import ServeConfig

@@ -1,0 +1,209 @@
+"""Helpers shared by test modules (import with ``from helpers import ...``; pytest puts tests/
+on the path): a tiny random-weight Hugging Face model and its greedy reference outputs, and
+`cbbench serve` with the simulated engine, in-process or as its own process.
+
+torch and transformers are imported inside the functions that need them, so the sim-only tests
+that import this module do not pay for them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+# ---- hypothesis example counts -------------------------------------------------------------------
+# tests/conftest.py registers two profiles: "ci" (the default), under which each property and
+# state machine runs the count its module gives examples(), and "thorough", under which every one
+# runs THOROUGH_EXAMPLES (HYPOTHESIS_PROFILE=thorough, or pytest --hypothesis-profile=thorough).
+THOROUGH_EXAMPLES = 10_000
+
+
+def examples(ci: int) -> int:
+    """Examples for a property or state machine: ``ci`` under the default profile, or the
+    thorough profile's count."""
+    from hypothesis import settings
+
+    return max(ci, THOROUGH_EXAMPLES) if settings().max_examples >= THOROUGH_EXAMPLES else ci
+
+
+# ---- a tiny Hugging Face model ---------------------------------------------------------------
+TINY_VOCAB = 512
+TINY_SIZES = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=TINY_VOCAB,
+    max_position_embeddings=256,
+    initializer_range=0.1,  # larger than the default so every weight visibly matters
+)
+HF_CLASSES = {  # model_type -> (config class, model class) names in transformers
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+}
+
+
+def tiny_hf_model(kind: str = "llama", seed: int = 0, **overrides):
+    """A random-weight ``kind`` model of TINY_SIZES (``overrides`` change the config), in eval
+    mode. HF initializes biases to 0 and norms to 1; both are randomized so they matter."""
+    import torch
+    import transformers
+
+    config_cls, model_cls = (getattr(transformers, name) for name in HF_CLASSES[kind])
+    config = config_cls(**{**TINY_SIZES, **overrides})
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0.0, 0.1)
+            elif name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.1)
+    return model
+
+
+def hf_greedy(model, prompts: Sequence[list[int]], output_lens: Sequence[int]) -> list[list[int]]:
+    """Each prompt alone through HF ``generate``, greedy, exactly its output length of new
+    tokens: the reference the engine must match token for token."""
+    import torch
+
+    outs = []
+    with torch.no_grad():
+        for ids, n in zip(prompts, output_lens, strict=True):
+            x = torch.tensor([ids])
+            y = model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                do_sample=False, pad_token_id=0,
+            )  # fmt: skip
+            outs.append(y[0, len(ids) :].tolist())
+            assert len(outs[-1]) == n
+    return outs
+
+
+# ---- `cbbench serve` in-process ----------------------------------------------------------------
+SERVE_MODEL = "llama-3.2-1b"
+SERVE_CONTEXT = 8192
+SERVE_KV_BLOCKS = 256  # 4096 tokens: smaller than the context, so "too big for the pool" is testable
+SERVE_BLOCK_SIZE = 16
+SERVE_OVERHEAD_US = 2000  # keeps token gaps well above scheduling noise
+START_TIMEOUT_S = 15.0
+POLL_S = 0.02
+
+
+def sim_options(**kw):
+    """EngineArgs of a small simulated engine for `serve` tests (``kw`` overrides)."""
+    from cbbench.engine.args import EngineArgs
+
+    base = dict(
+        engine="sim", model=SERVE_MODEL, gpu="h200", max_model_len=SERVE_CONTEXT,
+        num_kv_blocks=SERVE_KV_BLOCKS, block_size=SERVE_BLOCK_SIZE,
+        iteration_overhead_us=SERVE_OVERHEAD_US,
+    )  # fmt: skip
+    base.update(kw)
+    return EngineArgs(**base)
+
+
+@dataclass
+class Running:
+    url: str
+    app: object
+    server: object  # uvicorn.Server
+    thread: threading.Thread
+
+    @property
+    def engine(self):
+        return self.app.state.engine
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(START_TIMEOUT_S)
+
+
+def start_server(build, config=None, wait_ready: bool = True) -> Running:
+    """The server app on uvicorn in a thread, on a free 127.0.0.1 port; ``build`` returns
+    (engine, info) as build_serving_engine does."""
+    import uvicorn
+
+    from cbbench.server.app import ServeConfig, create_app
+
+    app = create_app(build, config or ServeConfig())
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    assert server.started, "uvicorn did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    run = Running(f"http://127.0.0.1:{port}", app, server, thread)
+    if wait_ready:
+        assert run.engine.wait_ready(START_TIMEOUT_S), run.engine.error
+    return run
+
+
+# ---- `cbbench serve` as its own process ---------------------------------------------------------
+# The installed command's entry point, run by this interpreter (no console script needed).
+CBBENCH = [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
+PROCESS_READY_TIMEOUT_S = 60.0  # start-up imports on a busy 2-core machine
+PROCESS_STOP_TIMEOUT_S = 15.0
+READY_LINE = re.compile(r"ready at (http://\S+)/v1")
+
+
+@dataclass
+class ServeProcess:
+    proc: subprocess.Popen
+    url: str = ""
+    output: list[str] = field(default_factory=list)  # everything it printed so far
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
+
+
+@contextlib.contextmanager
+def serve_process(*args: str, env: dict[str, str] | None = None) -> Iterator[ServeProcess]:
+    """`cbbench serve --port 0 ARGS` as a user would start it; yields once it printed its URL,
+    and stops it with SIGINT (then SIGKILL) on exit."""
+    cmd = [*CBBENCH, "serve", "--port", "0", *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env
+    )
+    run = ServeProcess(proc)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            run.output.append(line)
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        deadline = time.monotonic() + PROCESS_READY_TIMEOUT_S
+        while not run.url and time.monotonic() < deadline:
+            try:
+                m = READY_LINE.search(lines.get(timeout=0.5))
+            except queue.Empty:
+                assert proc.poll() is None, f"cbbench serve exited:\n{run.text}"
+                continue
+            run.url = m.group(1) if m else ""
+        assert run.url, f"cbbench serve was not ready in {PROCESS_READY_TIMEOUT_S:.0f} s:\n{run.text}"
+        yield run
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(PROCESS_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(PROCESS_STOP_TIMEOUT_S)
