@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from cbbench import __version__
+from cbbench.cli.help import TidyGroup, tidy_commands
 from cbbench.errors import UsageError
 
 app = typer.Typer(
@@ -17,8 +18,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=TidyGroup,
 )
-workloads_app = typer.Typer(help="List and inspect workloads.", no_args_is_help=True)
+workloads_app = typer.Typer(
+    help="List and inspect workloads.", no_args_is_help=True, cls=TidyGroup
+)
 app.add_typer(workloads_app, name="workloads")
 
 from cbbench.cli.options import USAGE_EXIT  # noqa: E402
@@ -56,6 +60,9 @@ from cbbench.cli import (  # noqa: E402
 for command in (run, compare, gate, report, serve, sweep, capacity):
     command.register(app)
 workloads.register(workloads_app)
+# Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
+tidy_commands(app)
+tidy_commands(workloads_app)
 
 
 def main() -> None:

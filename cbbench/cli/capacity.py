@@ -87,9 +87,11 @@ def capacity(
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
-    """Find the highest request rate whose run meets the SLO: bracket from a first guess
-    (doubling or halving), then bisect until the bracket is within --precision. A probe
-    passes only when it meets the SLO and reached a steady state."""
+    """Find the highest request rate that meets an SLO.
+
+    Brackets from a first guess (doubling or halving), then bisects until the bracket is within
+    --precision. A probe passes only when it meets the SLO and reached a steady state.
+    """
     from cbbench.analysis.result import check_writable, write_atomic, write_result
     from cbbench.analysis.slo import parse_attainment_slo
     from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, Prober, parse_precision, search

@@ -67,11 +67,15 @@ def compare(
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
-    """Compare results side by side (ratios against the first), or run --variants on one
-    identical request set and compare those. A variant sets any of the batching (static,
-    continuous, continuous-chunked), the KV allocation (paged, reserved), the preemption mode
-    (recompute, swap), the queue policy (fcfs, priority) and prefix caching (prefix-cache,
-    no-prefix-cache); the other engine options apply to every variant."""
+    """Compare results side by side, or run engine variants on one request set.
+
+    Result files: each metric with its ratio to the first file's, and the configs'
+    differences. --variants: each variant runs on the identical request set (same workload,
+    seed and arrivals) and is saved as DIR/<variant>.json. A variant sets any of the batching
+    (static, continuous, continuous-chunked), the KV allocation (paged, reserved), the preemption
+    mode (recompute, swap), the queue policy (fcfs, priority) and prefix caching (prefix-cache,
+    no-prefix-cache), joined with '+'; the other engine options apply to every variant.
+    """
     from cbbench.analysis.compare import (
         csv_text,
         load_labeled,

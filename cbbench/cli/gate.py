@@ -69,12 +69,17 @@ def gate(
         typer.Option(help="Also write a Markdown summary (e.g. to $GITHUB_STEP_SUMMARY)."),
     ] = None,
 ) -> None:
-    """Compare NEW result(s) with --baseline result(s), metric by metric: exit 0 when every
-    metric holds, 1 when one regressed, 2 on input that cannot be compared.
+    """Fail CI when a result regressed against a baseline, metric by metric.
 
-    --baseline and --new each take the files that follow them. One file per side compares exactly (the simulator has no noise); several per side decide by a seeded bootstrap 95% interval of the change in the mean, and a metric fails only when the whole interval is past its limit.
+    Exit 0 when every metric holds, 1 when one regressed, 2 on input that cannot be compared.
 
-    Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99, itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
+    --baseline and --new each take the files that follow them. One file per side compares
+    exactly (the simulator has no noise); several per side decide by a seeded bootstrap 95%
+    interval of the change in the mean, and a metric fails only when the whole interval is past
+    its limit.
+
+    Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
+    itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
     """
     from cbbench.analysis.result import load_result
 

@@ -46,9 +46,12 @@ def report(
         int, typer.Option(help="Requests drawn in the static-vs-continuous timeline.")
     ] = 100,
 ) -> None:
-    """Plot latency CDFs, the per-iteration token budget, batch occupancy, KV use and
-    bandwidth, and (for a static and a continuous run) a request timeline; write each as a
-    PNG and all of them, with the summary tables, into one self-contained HTML page."""
+    """Plot results as PNGs and one self-contained HTML page.
+
+    Latency CDFs, the per-iteration token budget, batch occupancy, KV use and bandwidth, and (for
+    a static and a continuous run) a request timeline; the HTML page holds them all with the
+    summary tables.
+    """
     from cbbench.analysis.compare import file_labels, load_labeled
     from cbbench.analysis.result import check_writable, write_atomic
     from cbbench.report.html import PlotSection, render_page

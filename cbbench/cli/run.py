@@ -132,8 +132,12 @@ def run(
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
-    """Run a workload against the bundled engine and report latency, throughput and the
-    engine's per-iteration story."""
+    """Run a workload against the bundled engine or an endpoint (--endpoint).
+
+    Prints TTFT, TPOT, ITL and end-to-end latency distributions, throughput and goodput, next to
+    the engine's per-iteration story (token budget use, batch occupancy, KV use, preemptions,
+    bandwidth), and writes the result JSON.
+    """
     from cbbench.analysis.metrics import parse_slo
     from cbbench.analysis.result import check_writable, dumps, write_result
     from cbbench.analysis.table import render_summary

@@ -77,9 +77,15 @@ def serve(
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
-    """Serve the bundled engine over an OpenAI-compatible API: /v1/completions, /v1/chat/completions (streaming or not), /v1/models, vLLM's /tokenize and /detokenize, /health and /metrics (vLLM's metric names).
+    """Serve the bundled engine over an OpenAI-compatible API.
 
-    --temperature, --top-p, --top-k and --ignore-eos are the defaults for requests that leave those fields out; --ignore-eos is on, so outputs run to max_tokens (default 16), as a benchmark expects."""
+    /v1/completions, /v1/chat/completions (streaming or not), /v1/models, vLLM's /tokenize and
+    /detokenize, /health and /metrics (vLLM's metric names).
+
+    --temperature, --top-p, --top-k and --ignore-eos are the defaults for requests that leave
+    those fields out; --ignore-eos is on, so outputs run to max_tokens (default 16), as a
+    benchmark expects.
+    """
     from cbbench.engine.request import SamplingParams
     from cbbench.server.app import ServeConfig, create_app
     from cbbench.server.auth import is_loopback, resolve_api_key

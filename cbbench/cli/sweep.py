@@ -86,10 +86,13 @@ def sweep(
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
-    """Run the workload at each rate (the same requests every time, a fresh engine per point)
-    and print latency percentiles, throughput and goodput per rate; save each run, a summary
-    (sweep.json) and a latency-throughput plot. Points that never reach a steady state (the
-    queue still growing when arrivals stop) are flagged."""
+    """Run one workload at several request rates: latency against throughput.
+
+    The same requests at every rate, on a fresh engine per point. Prints latency percentiles,
+    throughput and goodput per rate, and saves each run, a summary (sweep.json) and a
+    latency-throughput plot. Points that never reach a steady state (the queue still growing
+    when arrivals stop) are flagged.
+    """
     from cbbench.analysis.result import check_writable
     from cbbench.analysis.slo import parse_attainment_slo
     from cbbench.bench.probe import ProbeSizing

@@ -1,0 +1,86 @@
+"""Help that reads like a well-kept CLI's.
+
+Typer renders help texts as Rich markup with their source line breaks kept, and gives every
+on/off switch a ``<bool>`` type column. So a docstring wrapped at 95 columns wrapped again
+mid-sentence in the terminal, ``[len*(1-R), len*(1+R)]`` vanished as an unknown style tag, and
+``START:END:SECONDS`` showed an emoji for ``:END:``. The command and group classes here reflow
+each help paragraph into one line (the terminal wraps it), make the text render exactly as
+written, and leave a switch's type column empty: a flag takes no value.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
+
+PARAGRAPH = "\n\n"
+# Click's marker for a paragraph that keeps its line breaks (a list, a table).
+VERBATIM = "\b"
+RICH = "rich"
+# An empty span after each colon: Rich replaces :name: emoji codes only within one span of text.
+COLON = ":[none][/none]"
+TIDIED = "_cbbench_tidied"
+
+
+def reflow(text: str | None) -> str | None:
+    """Each paragraph of ``text`` on one line; paragraphs stay apart, verbatim ones untouched."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split(PARAGRAPH)
+    return PARAGRAPH.join(
+        p if p.startswith(VERBATIM) else " ".join(p.split()) for p in paragraphs
+    )
+
+
+def literal(text: str | None) -> str | None:
+    """``text`` as Rich markup that renders exactly as written (no style tags, no emoji)."""
+    return escape(text).replace(":", COLON) if text else text
+
+
+def is_switch(param) -> bool:
+    """An option that takes no value (Typer vendors its own click, so test by attribute)."""
+    return bool(getattr(param, "is_flag", False))
+
+
+class _Tidy:
+    """Mixed into Typer's command and group classes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._rich = getattr(self, "rich_markup_mode", None) == RICH
+        self.help = self._text(self.help)
+        self.short_help = self._text(self.short_help)
+
+    def _text(self, text: str | None) -> str | None:
+        text = reflow(text)
+        return literal(text) if self._rich else text
+
+    def get_params(self, ctx) -> list:
+        params = super().get_params(ctx)  # includes --help, made on demand
+        for param in params:
+            if getattr(param, TIDIED, False):  # called on every help render: tidy once
+                continue
+            setattr(param, TIDIED, True)
+            if is_switch(param):
+                param.metavar = ""  # Typer shows the metavar in the type column
+            if getattr(param, "help", None):
+                param.help = self._text(param.help)
+        return params
+
+
+class TidyCommand(_Tidy, TyperCommand):
+    pass
+
+
+class TidyGroup(_Tidy, TyperGroup):
+    pass
+
+
+def tidy_commands(app) -> None:
+    """Give every command registered on the Typer ``app`` so far the tidy class (Typer's
+    default command class otherwise)."""
+    for info in app.registered_commands:
+        if info.cls in (None, TyperCommand):
+            info.cls = TidyCommand

@@ -1,0 +1,118 @@
+"""`cbbench --help` and every `cbbench <command> --help` read like a well-kept CLI's: each help
+paragraph renders as written on one line of a wide terminal (no hard break mid-sentence, no text
+eaten as Rich markup or turned into an emoji), switches show no ``<bool>`` type, and the engine
+options stay in their own panel."""
+
+from __future__ import annotations
+
+import typer
+from typer.testing import CliRunner
+
+from cbbench.cli.app import app
+from cbbench.cli.help import COLON, TidyCommand, TidyGroup, reflow
+
+# Wide enough that Rich never wraps a paragraph: every line break left is in the text itself.
+WIDE = {"COLUMNS": "4000"}
+ENGINE_PANEL_TITLE = "─ Engine ─"
+
+
+def _paragraphs(text: str) -> list[str]:
+    """The help's paragraphs as a reader sees them: words single-spaced, one line each."""
+    return [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+
+
+def _plain(text: str) -> str:
+    """A help text as written in the source: without the escapes the tidy classes add so that
+    Rich renders it literally (identity on a text they did not touch)."""
+    return text.replace(COLON, ":").replace("\\[", "[")
+
+
+def help_problems(root: typer.Typer, path: list[str]) -> list[str]:
+    """What is wrong with ``root``'s help for the command at ``path``: hard breaks inside a
+    paragraph, text that does not render as written, switches with a ``<bool>`` type."""
+    result = CliRunner(env=WIDE).invoke(root, [*path, "--help"])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    lines = {line.strip(" │") for line in out.splitlines()}
+    where = " ".join(["cbbench", *path])
+    problems = []
+    if "<bool>" in out:
+        problems.append(f"{where}: a switch shows a <bool> type")
+    command = typer.main.get_command(root)
+    ctx = command.make_context("cbbench", [*path, "--help"], resilient_parsing=True)
+    for name in path:
+        command = command.get_command(ctx, name)
+        ctx = command.make_context(name, ["--help"], parent=ctx, resilient_parsing=True)
+    for para in _paragraphs(_plain(command.help or "")):
+        if para not in lines:
+            problems.append(f"{where}: help paragraph not on one line as written: {para[:60]!r}")
+    texts = [p.help for p in command.get_params(ctx) if getattr(p, "help", None)]
+    for sub in getattr(command, "commands", {}).values():
+        texts.append(_paragraphs(_plain(sub.help or ""))[0])  # its line in the Commands panel
+    for text in texts:
+        for para in _paragraphs(_plain(text)):
+            if not any(para in line for line in lines):
+                problems.append(f"{where}: help not on one line as written: {para[:60]!r}")
+    return problems
+
+
+def _all_paths() -> list[list[str]]:
+    root = typer.main.get_command(app)
+    paths = [[]]
+    for name, cmd in root.commands.items():
+        paths.append([name])
+        paths += [[name, sub] for sub in getattr(cmd, "commands", {})]
+    return paths
+
+
+def test_every_help_reads_well():
+    paths = _all_paths()
+    assert ["run"] in paths and ["workloads", "show"] in paths and len(paths) >= 10
+    problems = [p for path in paths for p in help_problems(app, path)]
+    assert not problems, "\n".join(problems)
+
+
+def test_engine_options_keep_their_panel():
+    out = CliRunner(env=WIDE).invoke(app, ["run", "--help"]).output
+    panel = out[out.index(ENGINE_PANEL_TITLE) :]
+    for flag in ("--attention-backend", "--preemption", "--policy", "--kv-allocation"):
+        assert flag in panel
+
+
+# ---- the check itself fails on what it is meant to catch --------------------------------------
+def _toy(command_cls=None, group_cls=None) -> typer.Typer:
+    toy = typer.Typer(cls=group_cls) if group_cls else typer.Typer()
+
+    @toy.callback()
+    def _root() -> None:
+        """A toy command line."""
+
+    def fit(
+        verbose: bool = typer.Option(False, help="Say more."),
+        span: str = typer.Option("a:b", help="START:END:SECONDS, in [lo, hi]."),
+    ) -> None:
+        """Fit the thing to the data, reading every file and
+        writing one result per input.
+
+        Each input is read once
+        and written once."""
+
+    toy.command("fit", cls=command_cls)(fit)
+    return toy
+
+
+def test_the_check_catches_hard_breaks_bool_types_and_markup():
+    problems = help_problems(_toy(), ["fit"])
+    assert any("<bool>" in p for p in problems)
+    assert any("Each input is read once" in p for p in problems)
+    assert any("START:END:SECONDS" in p for p in problems)  # ':END:' rendered as an emoji
+    assert any("[lo, hi]" in p for p in problems)  # eaten as a style tag
+    # The group's Commands panel shows the command's first paragraph with its break.
+    assert any("Fit the thing" in p for p in help_problems(_toy(), []))
+    tidy = _toy(TidyCommand, TidyGroup)
+    assert help_problems(tidy, ["fit"]) == [] and help_problems(tidy, []) == []
+
+
+def test_reflow_keeps_paragraphs_and_verbatim_blocks():
+    text = "One line\n    and its rest.\n\n    Second\n    paragraph.\n\n\b\nkept\nas is"
+    assert reflow(text) == "One line and its rest.\n\nSecond paragraph.\n\n\b\nkept\nas is"
