@@ -7,8 +7,9 @@ output lengths long enough that none finishes during the measurement; then each 
 iteration is a pure-decode step: Scheduler.schedule() (which also allocates a KV block whenever
 a request crosses a block boundary) and the engine's postprocess (advance num_computed_tokens,
 append the token and its timestamp, check the stop condition). No executor work is timed. The
-figure to set beside nano-vllm's (~0.7 µs per running request for scheduler + postprocess) and
-vLLM V1's (~13 µs) is the sum of the two.
+sum of the two is what the README's side-by-side comparison with nano-vllm and vLLM measures;
+figures from this script move with the machine's load, so compare them as ratios within one
+session (e.g. against a detached worktree of another commit, alternating runs).
 """
 
 from __future__ import annotations
