@@ -213,23 +213,8 @@ def run_until_done(
     on_step: Callable[[StepOutput], None] | None = None,
 ) -> bool:
     """Feed ``requests`` (sorted by arrival_time) to the engine at their arrival times and step
-    until all are done. Returns False when ``should_stop`` ended the run early."""
-    clock = engine.clock
-    n = len(requests)
-    i = 0
-    while i < n or engine.has_unfinished():
-        if should_stop is not None and should_stop():
-            return False
-        now = clock.now()
-        while i < n and requests[i].arrival_time <= now:
-            engine.add_request(requests[i])
-            i += 1
-        step = engine.step() if engine.has_unfinished() else None
-        if step is not None:
-            if on_step is not None:
-                on_step(step)
-        elif i < n:
-            clock.sleep_until(requests[i].arrival_time)
-        elif engine.has_unfinished():
-            raise RuntimeError("engine stalled: requests are waiting but none can be scheduled")
-    return True
+    until all are done. Returns False when ``should_stop`` ended the run early. (Load whose
+    arrivals depend on the engine: feed.run_feed.)"""
+    from .feed import ListFeed, run_feed
+
+    return run_feed(engine, ListFeed(requests), should_stop, on_step)

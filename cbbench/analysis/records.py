@@ -20,6 +20,8 @@ class RequestRecord:
     num_preemptions: int = 0
     first_scheduled_s: float | None = None  # in-process engine: admission time
     priority: int = 0
+    session_id: int | str | None = None  # multi-turn workloads: the session
+    turn: int | None = None  # multi-turn workloads: the turn, from 1
 
     @property
     def ok(self) -> bool:

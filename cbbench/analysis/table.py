@@ -52,9 +52,41 @@ def engine_table(eng: dict) -> str:
         ["preemptions", _fmt(eng["num_preemptions"])],
         ["analytic bandwidth (GB/s)", _fmt(eng["mean_achieved_bw_gbps"], 1)],
     ]
+    if eng.get("prefix_cache_hit_rate") is not None:
+        rows.append(["prefix cache hit rate", f"{eng['prefix_cache_hit_rate']:.1%}"])
     if eng.get("mbu") is not None:
         rows.append(["analytic MBU / MFU", f"{eng['mbu']:.1%} / {eng['mfu']:.1%}"])
     return tabulate(rows, tablefmt="simple", disable_numparse=True)
+
+
+TURN_ROWS_SHOWN = 8  # the first turns; the result file holds them all
+
+
+def by_turn_table(summary: dict) -> str:
+    """TTFT and TPOT by turn index, for multi-turn runs."""
+    turns = summary.get("by_turn") or []
+    if not turns:
+        return ""
+    rows = [
+        [t["turn"], t["completed"], _fmt(t.get("mean_prompt_tokens"), 0),
+         *(_fmt(t["ttft_ms"].get(s)) for s in ("p50", "p99")),
+         *(_fmt(t["tpot_ms"].get(s)) for s in ("p50", "p99"))]
+        for t in turns[:TURN_ROWS_SHOWN]
+    ]
+    table = tabulate(
+        rows, headers=["turn", "completed", "prompt", "TTFT p50", "TTFT p99", "TPOT p50",
+                       "TPOT p99"],
+        tablefmt="simple", disable_numparse=True,
+    )
+    if len(turns) > TURN_ROWS_SHOWN:
+        table += f"\n(turns {TURN_ROWS_SHOWN + 1}-{turns[-1]['turn']}: see summary.by_turn)"
+    ses = summary.get("sessions")
+    if ses:
+        table += (
+            f"\nsessions: {ses['completed']} of {ses['count']} completed, "
+            f"{ses['turns_sent']} of {ses['turns_planned']} turns sent"
+        )
+    return table
 
 
 def telemetry_line(tel: dict | None) -> str:
@@ -84,6 +116,9 @@ def render_summary(result: dict) -> str:
             title += f" on {cfg.get('gpu')}"
         title += f" · {cfg.get('scheduler')}"
     parts = [title, "", throughput_table(s), "", latency_table(s)]
+    turns = by_turn_table(s)
+    if turns:
+        parts += ["", turns]
     eng = engine_table(s.get("engine", {}))
     if eng:
         parts += ["", eng]

@@ -11,9 +11,13 @@ from dataclasses import asdict, dataclass, field
 from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
+from cbbench.analysis.turns import by_turn, session_summary
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
+from cbbench.load.delays import parse_delay
+from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
+from cbbench.load.sessions import sample_sessions
 from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
@@ -32,6 +36,7 @@ class RunSpec:
     burstiness: float = 1.0
     arrival: str = "auto"
     time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
+    think_time: str | None = None  # session workloads: --think-time (None: the default)
     random: RandomSpec = field(default_factory=RandomSpec)  # --workload random
     slo: dict = field(default_factory=dict)
     save_detailed: bool = False
@@ -64,6 +69,9 @@ def request_record_dict(rec, detailed: bool) -> dict:
         d["queue_ms"] = (rec.first_scheduled_s - rec.intended_start_s) * ms
     if rec.server_prompt_tokens is not None:
         d["server_prompt_tokens"] = rec.server_prompt_tokens
+    if rec.turn is not None:
+        d["session_id"] = rec.session_id
+        d["turn"] = rec.turn
     if detailed:
         t = rec.token_times_s
         d["token_times_s"] = list(t)
@@ -182,7 +190,7 @@ def execute_run(
         # Time-bound: as many requests as the schedule has arrivals before the time is up.
         num_requests = count_within(
             until, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp,
-            workload.requests,
+            workload.sessions if workload.is_sessions else workload.requests,
         )
     elif num_requests is None and (
         spec.workload in BUILTIN_WORKLOADS or spec.workload == RANDOM_WORKLOAD
@@ -193,18 +201,30 @@ def execute_run(
     if spec.workload == RANDOM_WORKLOAD:
         workload = random_workload(spec.random, num_requests, spec.seed)
         num_requests = None  # generated in order: keep them all
-    wreqs, replaced = sample_requests(workload, num_requests, spec.seed)
+    if workload.is_sessions:
+        drawn, replaced = sample_sessions(workload.sessions, num_requests, spec.seed)
+        what = f"{len(workload.sessions)} sessions"
+    else:
+        drawn, replaced = sample_requests(workload, num_requests, spec.seed)
+        what = f"{len(workload.requests)} requests"
     if replaced:
-        notice(
-            f"the workload has {len(workload.requests)} requests; drew {num_requests} "
-            "with replacement"
-        )
+        notice(f"the workload has {what}; drew {num_requests} with replacement")
     for note in workload.notes:
         notice(note)
+    # For a session workload the arrival process places each session's first turn.
     arrivals = arrival_times(
-        wreqs, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
+        drawn, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
     )
     arrivals = scale_trace_time(arrivals, process, spec.time_scale)
+    plan = None
+    if workload.is_sessions:
+        plan = SessionPlan(drawn, arrivals, parse_delay(
+            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed)
+        wreqs, arrivals = [], arrivals[:0]
+    else:
+        if spec.think_time is not None:
+            raise UsageError("--think-time applies to multi-turn session workloads")
+        wreqs = drawn
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
     indices = _telemetry_indices(spec)
@@ -218,6 +238,8 @@ def execute_run(
         sampler.start()
 
     try:
+        if spec.endpoint is not None and plan is not None:
+            raise UsageError("multi-turn sessions run on the engine target for now")
         if spec.endpoint is not None:
             from cbbench.engine.clock import WallClock
             from cbbench.targets.http import run_http
@@ -234,7 +256,7 @@ def execute_run(
             run = run_engine(
                 spec.engine, wreqs, arrivals, notice, should_stop=should_stop,
                 on_progress=on_progress, keep_token_ids=spec.save_detailed,
-                on_start=start_telemetry,
+                on_start=start_telemetry, sessions=plan,
             )
             target_config = {
                 "target": "engine",
@@ -260,7 +282,8 @@ def execute_run(
     config = {
         "label": spec.label,
         "workload": workload.name,
-        "num_requests": len(wreqs),
+        "num_requests": len(wreqs) if plan is None else len(plan.sessions),
+        **({"sessions": plan.to_config()} if plan is not None else {}),
         "seed": spec.seed,
         # JSON has no infinity: "inf" is written as the string the CLI takes.
         "request_rate": (
@@ -281,6 +304,11 @@ def execute_run(
     result["started_at"] = started
     result["interrupted"] = run.interrupted
     summary = summarize(run.records, run.duration_s, spec.slo)
+    if plan is not None:
+        summary["by_turn"] = by_turn(run.records)
+        summary["sessions"] = session_summary(
+            run.records, plan.planned_turns(), getattr(run, "sessions_ended_early", 0)
+        )
     iterations = getattr(run, "iterations", [])
     if iterations:
         gpu_spec = run.resolved.gpu_spec

@@ -26,14 +26,16 @@ def run(
     workload: Annotated[
         str,
         typer.Option(
-            help="Built-in workload (sharegpt, long-prompt, shared-prefix), random (see "
+            help="Built-in workload (sharegpt, sharegpt-multiturn, long-prompt, shared-prefix), "
+            "random (see "
             "--input-len), a JSONL file, or a trace file (Azure LLM inference CSV, BurstGPT CSV, Mooncake JSONL; recognized by "
             "its header)."
         ),
     ] = "sharegpt",
     num_requests: Annotated[
         int | None,
-        typer.Option(help="Requests drawn from the workload with --seed (vLLM's default: 1000)."),
+        typer.Option(help="Requests drawn from the workload with --seed (vLLM's default: 1000); "
+                     "sessions, for a multi-turn workload."),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for request sampling, arrivals and sampling.")] = 0,
     request_rate: Annotated[
@@ -79,6 +81,12 @@ def run(
         int | None,
         typer.Option(help="--workload random: the same N tokens in front of every prompt "
                      "(default 0).", rich_help_panel=SYNTHETIC_PANEL),
+    ] = None,
+    think_time: Annotated[
+        str | None,
+        typer.Option(help="Multi-turn sessions: the wait (ms) after a reply before the next "
+                     "turn: N, exp:MEAN or uniform:LOW:HIGH. Default exp:1000 (ShareGPT has no "
+                     "timing); a turn's own think_time_ms wins."),
     ] = None,
     time_scale: Annotated[
         float,
@@ -173,6 +181,7 @@ def run(
         burstiness=burstiness,
         arrival=arrival,
         time_scale=time_scale,
+        think_time=think_time,
         random=random_spec(workload, input_len, output_len, length_range, prefix_len),
         slo=parse_slo(slo),
         save_detailed=save_detailed,

@@ -23,7 +23,8 @@ def list_workloads() -> None:
     rows = []
     for name in sorted(BUILTIN_WORKLOADS):
         w = BUILTIN_WORKLOADS[name]()
-        rows.append([name, len(w.requests), w.description])
+        size = f"{len(w.sessions)} sessions" if w.is_sessions else len(w.requests)
+        rows.append([name, size, w.description])
     typer.echo(tabulate(rows, headers=["name", "requests", "description"]))
 
 
@@ -35,6 +36,9 @@ def show_workload(
     from cbbench.load.workload import length_stats, load_workload
 
     w = load_workload(name)
+    if w.is_sessions:
+        _show_sessions(w)
+        return
     st = length_stats(w)
     typer.echo(f"{w.name}: {st['count']} requests. {w.description}")
     keys = ["mean", "min", "p50", "p90", "p99", "max"]
@@ -43,3 +47,19 @@ def show_workload(
     if w.has_arrivals:
         last = max(r.arrival_s for r in w.requests)
         typer.echo(f"trace arrivals over {last:.1f} s")
+
+
+def _show_sessions(w) -> None:
+    from cbbench.load.sessions import session_stats
+
+    st = session_stats(w.sessions)
+    tps = st["turns_per_session"]
+    ctx = st["final_context_len"]
+    typer.echo(
+        f"{w.name}: {st['sessions']} sessions, {st['turns']} turns "
+        f"({tps['mean']:.1f} per session, at most {tps['max']}). {w.description}"
+    )
+    typer.echo(
+        f"final context (history + template + last reply): mean {ctx['mean']:.0f}, "
+        f"p50 {ctx['p50']:.0f}, max {ctx['max']} tokens"
+    )

@@ -1,8 +1,9 @@
-"""Workloads: lists of requests (prompt tokens, text or length; output length; arrival time).
+"""Workloads: lists of requests (prompt tokens, text or length; output length; arrival time),
+or of multi-turn sessions (load/sessions.py).
 
 Built-in workloads install with the package (``cbbench.workloads``); user workloads are JSONL
 files whose lines carry ``prompt_token_ids``, ``prompt`` or ``prompt_len``, plus ``output_len``
-and optionally ``arrival_s`` and ``priority``. Public traces (load/traces.py) are recognized by
+and optionally ``arrival_s`` and ``priority`` -- or, one session per line, ``turns``. Public traces (load/traces.py) are recognized by
 their header.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.sessions import Session, parse_session, sharegpt_multiturn
 
 # Without a tokenizer, text prompts are counted at ~4 characters per token (the usual figure for
 # English with BPE tokenizers); --tokenizer makes the count exact.
@@ -54,10 +56,16 @@ class Workload:
     requests: list[WorkloadRequest]
     description: str = ""
     notes: tuple[str, ...] = ()  # what loading it left out, for the run to report
+    sessions: list[Session] | None = None  # set: a multi-turn workload (requests is empty)
+
+    @property
+    def is_sessions(self) -> bool:
+        return self.sessions is not None
 
     @property
     def has_arrivals(self) -> bool:
-        return bool(self.requests) and all(r.arrival_s is not None for r in self.requests)
+        items = self.sessions if self.sessions is not None else self.requests
+        return bool(items) and all(r.arrival_s is not None for r in items)
 
 
 # ---- built-in workloads ---------------------------------------------------------------------
@@ -123,8 +131,19 @@ def _shared_prefix() -> Workload:
     )
 
 
+def _sharegpt_multiturn() -> Workload:
+    return Workload(
+        "sharegpt-multiturn",
+        [],
+        "whole ShareGPT conversations as sessions: per-turn user and reply lengths, Llama-3 "
+        "tokenizer; each turn resends the history",
+        sessions=sharegpt_multiturn(),
+    )
+
+
 BUILTIN_WORKLOADS: dict[str, Callable[[], Workload]] = {
     "sharegpt": _sharegpt,
+    "sharegpt-multiturn": _sharegpt_multiturn,
     "long-prompt": _long_prompt,
     "shared-prefix": _shared_prefix,
 }
@@ -204,6 +223,7 @@ def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_cou
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read workload file {path}: {e}") from None
     reqs: list[WorkloadRequest] = []
+    sessions: list[Session] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -212,7 +232,14 @@ def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_cou
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-        reqs.append(_parse_line(obj, len(reqs), where, count_tokens))
+        if isinstance(obj, dict) and "turns" in obj:
+            sessions.append(parse_session(obj, len(sessions), where, count_tokens))
+        else:
+            reqs.append(_parse_line(obj, len(reqs), where, count_tokens))
+        if reqs and sessions:
+            raise UsageError(f"{where}: a file holds either requests or sessions, not both")
+    if sessions:
+        return Workload(path.name, [], f"JSONL sessions {path.name}", sessions=sessions)
     if not reqs:
         raise UsageError(f"workload file {path} holds no requests")
     return Workload(path.name, reqs, f"JSONL file {path.name}")

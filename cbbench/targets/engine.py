@@ -17,7 +17,9 @@ from cbbench.analysis.records import RequestRecord
 from cbbench.engine.args import EngineArgs, EngineArgsError
 from cbbench.engine.build import EngineInfo
 from cbbench.errors import UsageError
+from cbbench.load.session_plan import DEFAULT_VOCAB, SessionPlan
 from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.engine_feed import SessionFeed
 
 
 def build_engine(args: EngineArgs, notice: Callable[[str], None]):
@@ -55,19 +57,17 @@ class EngineRun:
     interrupted: bool
     resolved: EngineInfo
     not_sent: int = 0
+    sessions_ended_early: int = 0  # sessions cut short by a turn the engine rejected
 
 
 def _make_requests(
     wreqs: list[WorkloadRequest], arrivals: np.ndarray, opts: EngineArgs, info: EngineInfo
 ):
-    from cbbench.engine.request import Request, SamplingParams
-
     needs_ids = info.engine == "torch"
     # The simulator computes no tokens, but prefix caching hashes prompt ids where the
     # workload has them.
     keep_ids = needs_ids or opts.enable_prefix_caching
     vocab = info.vocab_size or 0
-    eos = info.eos_token_id
     reqs = []
     for w, t in zip(wreqs, arrivals):
         ids = None
@@ -88,27 +88,46 @@ def _make_requests(
                 ids = rng.integers(0, vocab, w.prompt_len).tolist()
         elif known is not None:
             ids = list(known)
-        sampling = SamplingParams(
-            temperature=opts.temperature,
-            top_p=opts.top_p,
-            top_k=opts.top_k,
-            seed=opts.seed,
-            ignore_eos=opts.ignore_eos,
-        )
-        reqs.append(
-            Request(
-                w.id,
-                w.prompt_len,
-                w.output_len,
-                arrival_time=float(t),
-                prompt_token_ids=ids,
-                sampling=sampling,
-                priority=w.priority,
-                eos_token_id=eos,
-            )
-        )
+        elif keep_ids:
+            # Prefix caching hashes every prompt, as a real engine does: a length-only request
+            # gets unique synthetic ids (its hit rate is then a measured 0, not "unknown").
+            rng = np.random.default_rng([opts.seed, w.id])
+            ids = rng.integers(0, info.vocab_size or DEFAULT_VOCAB, w.prompt_len).tolist()
+        reqs.append(_request(opts, info, w.id, w.prompt_len, w.output_len, float(t), ids,
+                             w.priority))
     order = sorted(range(len(reqs)), key=lambda i: reqs[i].arrival_time)  # stable
     return [reqs[i] for i in order]
+
+
+def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, output_len: int,
+             t: float, ids: list[int] | None, priority: int = 0):
+    from cbbench.engine.request import Request, SamplingParams
+
+    sampling = SamplingParams(
+        temperature=opts.temperature,
+        top_p=opts.top_p,
+        top_k=opts.top_k,
+        seed=opts.seed,
+        ignore_eos=opts.ignore_eos,
+    )
+    return Request(
+        rid, prompt_len, output_len, arrival_time=t, prompt_token_ids=ids, sampling=sampling,
+        priority=priority, eos_token_id=info.eos_token_id,
+    )
+
+
+def _session_feed(plan: SessionPlan, opts: EngineArgs, info: EngineInfo) -> SessionFeed:
+    # Ids where the engine uses them: the torch engine computes with them, prefix caching
+    # hashes them; the simulator then gets scripted replies (engine_feed.py).
+    keep_ids = info.engine == "torch" or opts.enable_prefix_caching
+    vocab = info.vocab_size or DEFAULT_VOCAB
+    return SessionFeed(
+        plan,
+        lambda rid, p, o, t, ids: _request(opts, info, rid, p, o, t, ids),
+        keep_ids=keep_ids,
+        scripted_replies=keep_ids and info.engine != "torch",
+        vocab=vocab,
+    )
 
 
 def _drain(engine, grace_s: float) -> None:
@@ -137,14 +156,23 @@ def run_engine(
     keep_token_ids: bool = False,
     on_start: Callable[[object], None] | None = None,
     grace_s: float = 10.0,
+    sessions: SessionPlan | None = None,
 ) -> EngineRun:
-    """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it)."""
-    from cbbench.engine.engine import run_until_done
+    """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it).
+    With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``."""
+    from cbbench.engine.feed import ListFeed, run_feed
     from cbbench.engine.request import RequestStatus
 
     engine, info = build_engine(opts, notice)
-    reqs = _make_requests(wreqs, arrivals, opts, info)
-    total = len(reqs)
+    session_feed = None
+    if sessions is not None:
+        feed = session_feed = _session_feed(sessions, opts, info)
+        reqs = session_feed.created
+        total = sessions.num_turns
+    else:
+        reqs = _make_requests(wreqs, arrivals, opts, info)
+        feed = ListFeed(reqs)
+        total = len(reqs)
     done = [0]
 
     def on_step(step) -> None:
@@ -157,13 +185,13 @@ def run_engine(
         clock.reset()
     if on_start is not None:
         on_start(clock)
-    completed_all = run_until_done(engine, reqs, should_stop=should_stop, on_step=on_step)
+    completed_all = run_feed(engine, feed, should_stop=should_stop, on_step=on_step)
     if not completed_all:
         _drain(engine, grace_s)
     end = clock.now()
 
     records = []
-    not_sent = 0
+    not_sent = session_feed.not_created if session_feed is not None else 0
     for r in reqs:
         if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
             # Never reached the engine (its arrival came after the stop).
@@ -196,9 +224,14 @@ def run_engine(
                 priority=r.priority,
             )
         )
+        if session_feed is not None:
+            records[-1].session_id, records[-1].turn = session_feed.labels(r)
     finish_times = [r.finish_time for r in reqs if r.finish_time is not None]
     duration = end if not completed_all else max(finish_times, default=0.0)
     if math.isinf(duration):
         duration = 0.0
     iterations = [it.to_dict() for it in engine.records]
-    return EngineRun(records, iterations, duration, not completed_all, info, not_sent)
+    run = EngineRun(records, iterations, duration, not completed_all, info, not_sent)
+    if session_feed is not None:
+        run.sessions_ended_early = session_feed.ended_early
+    return run

@@ -1,0 +1,113 @@
+"""What a session run sends, the same for every target: sessions, their first turns' intended
+starts (the arrival process), each later turn's think time, request ids, and token ids.
+
+Request ids run session by session in the drawn order: session i's turn k (0-based) is request
+``first_id[i] + k``. Every random draw is seeded by (seed, stream, session position, turn), so
+a turn's think time or its ids do not depend on the order in which turns happen to finish.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cbbench.load.delays import Delay, parse_delay
+from cbbench.load.sessions import (
+    MESSAGE_END_TOKENS,
+    MESSAGE_HEADER_TOKENS,
+    Session,
+)
+
+# ShareGPT records no timing: a one-second mean keeps runs short while still spreading the
+# sessions' turns apart. Real readers and typers take longer; set --think-time for them.
+DEFAULT_THINK_TIME = "exp:1000"
+THINK_STREAM = 21
+USER_IDS_STREAM = 22
+REPLY_IDS_STREAM = 23
+# Token ids for the engine target's template (any vocabulary has them) and the range content
+# ids are drawn from when the model's vocabulary is unknown (the simulator).
+BOS_ID = 1
+HEADER_START_ID = 2
+HEADER_END_ID = 3
+EOT_ID = 4
+USER_ROLE_ID = 5
+ASSISTANT_ROLE_ID = 6
+NEWLINES_ID = 7
+FIRST_CONTENT_ID = 8
+DEFAULT_VOCAB = 32000
+
+
+def _header(role_id: int) -> list[int]:
+    ids = [HEADER_START_ID, role_id, HEADER_END_ID, NEWLINES_ID]
+    assert len(ids) == MESSAGE_HEADER_TOKENS
+    return ids
+
+
+USER_HEADER = _header(USER_ROLE_ID)
+ASSISTANT_HEADER = _header(ASSISTANT_ROLE_ID)
+END = [EOT_ID] * MESSAGE_END_TOKENS
+
+
+@dataclass
+class SessionPlan:
+    sessions: list[Session]
+    starts: np.ndarray  # intended start of each session's first turn (s)
+    think_time: Delay = field(default_factory=lambda: parse_delay(DEFAULT_THINK_TIME, ""))
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        sizes = [len(s.turns) for s in self.sessions]
+        self.first_id = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(int).tolist()
+        self.num_turns = int(sum(sizes))
+        # The records' session_id: the file's names when every drawn session has a distinct
+        # one, else the session's position in this run (a session drawn twice is two users).
+        names = [s.name for s in self.sessions]
+        unique = None not in names and len(set(names)) == len(names)
+        self.labels: list[int | str] = names if unique else list(range(len(self.sessions)))
+
+    def planned_turns(self) -> dict:
+        return {label: len(s.turns) for label, s in zip(self.labels, self.sessions)}
+
+    def request_id(self, i: int, k: int) -> int:
+        return self.first_id[i] + k
+
+    def think_time_s(self, i: int, k: int) -> float:
+        """The wait before turn k (>= 1) of session i, after turn k - 1's reply finished."""
+        own = self.sessions[i].turns[k].think_time_s
+        if own is not None:
+            return own
+        return self.think_time.sample_s(np.random.default_rng([self.seed, THINK_STREAM, i, k]))
+
+    # ---- token ids (the engine target) ------------------------------------------------------
+    def user_ids(self, i: int, k: int, vocab: int) -> list[int]:
+        turn = self.sessions[i].turns[k]
+        if turn.user_token_ids is not None:
+            return list(turn.user_token_ids)
+        rng = np.random.default_rng([self.seed, USER_IDS_STREAM, i, k])
+        return rng.integers(FIRST_CONTENT_ID, vocab, turn.user_len).tolist()
+
+    def reply_ids(self, i: int, k: int, vocab: int) -> list[int]:
+        """The reply the simulator "generates" for turn k: it samples lengths, not ids, and a
+        prefix cache can only reuse a reply whose ids are known."""
+        rng = np.random.default_rng([self.seed, REPLY_IDS_STREAM, i, k])
+        return rng.integers(FIRST_CONTENT_ID, vocab, self.sessions[i].turns[k].output_len).tolist()
+
+    def first_prompt_ids(self, i: int, vocab: int) -> list[int]:
+        return [BOS_ID, *USER_HEADER, *self.user_ids(i, 0, vocab), *END, *ASSISTANT_HEADER]
+
+    def next_prompt_ids(
+        self, prev_prompt: list[int], reply: list[int], i: int, k: int, vocab: int
+    ) -> list[int]:
+        """Turn k's prompt: turn k - 1's, its reply as generated, then the new message."""
+        return [
+            *prev_prompt, *reply, *END, *USER_HEADER, *self.user_ids(i, k, vocab), *END,
+            *ASSISTANT_HEADER,
+        ]
+
+    def to_config(self) -> dict:
+        return {
+            "sessions": len(self.sessions),
+            "turns": self.num_turns,
+            "think_time": self.think_time.text(),
+        }

@@ -1,0 +1,97 @@
+"""Load for the in-process engine whose arrivals depend on the engine: multi-turn sessions
+(turn k + 1 arrives a think time after turn k's reply finished).
+
+The engine sees the same growing prompts a chat server would: with token ids (the torch engine,
+or prefix caching), turn k + 1's prompt is turn k's prompt ids, then turn k's output ids as
+generated, then the new message in the template (session_plan.py), so a prefix cache finds
+everything turn k computed. The simulator samples lengths, not ids, so a session turn's reply
+ids are scripted (drawn per turn): the cache then registers the reply's blocks as they are
+computed, as a real engine registers what it generated.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from cbbench.engine.request import Request, RequestStatus
+from cbbench.load.session_plan import SessionPlan
+from cbbench.load.sessions import first_prompt_len, next_prompt_len
+
+# (request id, prompt_len, output_len, arrival time, prompt ids or None) -> Request
+MakeRequest = Callable[[int, int, int, float, "list[int] | None"], Request]
+
+
+class SessionFeed:
+    """A RequestFeed (engine/feed.py) for multi-turn sessions."""
+
+    def __init__(
+        self,
+        plan: SessionPlan,
+        make_request: MakeRequest,
+        keep_ids: bool,
+        scripted_replies: bool,
+        vocab: int,
+    ) -> None:
+        self.plan = plan
+        self.make_request = make_request
+        self.keep_ids = keep_ids
+        self.scripted = scripted_replies
+        self.vocab = vocab
+        self._events: list[tuple[float, int, Request]] = []  # (arrival, request id, request)
+        self.created: list[Request] = []
+        self.turn_of: dict[int, tuple[int, int]] = {}  # request id -> (session position, turn)
+        self.ended_early = 0  # sessions that stopped at a rejected turn
+        for i, session in enumerate(plan.sessions):
+            t0 = session.turns[0]
+            ids = plan.first_prompt_ids(i, vocab) if keep_ids else None
+            self._push(i, 0, first_prompt_len(t0.user_len), float(plan.starts[i]), ids)
+
+    def _push(self, i: int, k: int, prompt_len: int, t: float, ids: list[int] | None) -> None:
+        rid = self.plan.request_id(i, k)
+        req = self.make_request(rid, prompt_len, self.plan.sessions[i].turns[k].output_len, t, ids)
+        if self.scripted and ids is not None:
+            req.output_token_ids = self.plan.reply_ids(i, k, self.vocab)
+        self.turn_of[rid] = (i, k)
+        self.created.append(req)
+        heapq.heappush(self._events, (t, rid, req))
+
+    # ---- RequestFeed ----------------------------------------------------------------------------
+    def next_time(self) -> float | None:
+        return self._events[0][0] if self._events else None
+
+    def fire(self, engine, now: float) -> None:
+        events = self._events
+        while events and events[0][0] <= now:
+            _, _, req = heapq.heappop(events)
+            if engine.add_request(req) is not None:
+                self.ended_early += 1  # can never run: the session cannot go on without it
+
+    def on_step(self, step) -> None:
+        for req in step.finished:
+            self.finished(req)
+
+    # ---- the next turn ---------------------------------------------------------------------------
+    def finished(self, req: Request) -> None:
+        """Schedule the session's next turn after ``req`` (finished or aborted) ended."""
+        i, k = self.turn_of[req.request_id]
+        turns = self.plan.sessions[i].turns
+        if k + 1 >= len(turns) or req.status == RequestStatus.REJECTED:
+            return
+        t = req.finish_time + self.plan.think_time_s(i, k + 1)
+        n_out = req.num_output_tokens
+        ids = None
+        if req.prompt_token_ids is not None:
+            reply = req.output_token_ids[:n_out]
+            ids = self.plan.next_prompt_ids(req.prompt_token_ids, reply, i, k + 1, self.vocab)
+        prompt_len = next_prompt_len(req.num_prompt_tokens, n_out, turns[k + 1].user_len)
+        self._push(i, k + 1, prompt_len, t, ids)
+
+    @property
+    def not_created(self) -> int:
+        return self.plan.num_turns - len(self.created)
+
+    def labels(self, req: Request) -> tuple[int | str, int]:
+        """(session_id, turn) of a request, turns counted from 1."""
+        i, k = self.turn_of[req.request_id]
+        return self.plan.labels[i], k + 1
