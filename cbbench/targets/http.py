@@ -21,7 +21,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,13 +30,15 @@ from cbbench.errors import UsageError
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.prompts import build_prompts, count_tokens, load_tokenizer
 from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.client_health import ClientMonitor
+from cbbench.targets.hooks import RunHooks
 from cbbench.targets.options import API_PATHS, EndpointOptions, normalize_endpoint, redact_url
 from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.sse import SseStream
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session, raise_fd_limit
 
-__all__ = ["ERROR_TYPES", "EndpointOptions", "HttpRun", "run_http"]
+__all__ = ["ERROR_TYPES", "EndpointOptions", "HttpRun", "finish_http_run", "run_http"]
 
 TOKEN_COUNT_METHODS = ("usage", "tokenizer", "events")
 # The client fell behind when its send lag passes either limit (then TTFT/E2EL include
@@ -60,6 +62,7 @@ class HttpRun:
     interrupted: bool
     info: dict
     not_sent: int = 0
+    loop_lag_ms: Sequence[float] = field(default_factory=list)  # the heartbeat's samples
 
 
 class _Runner:
@@ -76,8 +79,12 @@ class _Runner:
         should_stop: Callable[[], bool] | None,
         on_progress: Callable[[int, int], None] | None,
         grace_s: float = DEFAULT_GRACE_S,
+        hooks: RunHooks | None = None,
     ):
         self.grace_s = grace_s
+        self.hooks = hooks or RunHooks()
+        self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
+        self.monitor: ClientMonitor | None = None
         self.opts = opts
         self.wreqs = wreqs
         self.arrivals = [float(a) for a in arrivals]
@@ -135,6 +142,10 @@ class _Runner:
             if has_slot:
                 self.sem.release()
             if rec.send_s is not None:
+                # The record is final the moment its request ends (a worker streams it out).
+                method = _count_output(rec, st, self.tokenizer, self.methods)
+                if self.hooks.on_record is not None:
+                    self.hooks.on_record(pos, rec, method)
                 self.finished += 1
                 self._progress()
 
@@ -195,7 +206,10 @@ class _Runner:
             if o.ignore_eos_field:
                 payload["ignore_eos"] = True
             scraper = MetricsScraper(self.base, o.headers) if o.scrape_metrics else None
-            self.t0 = time.perf_counter()
+            start_at = self.hooks.start_at
+            self.t0 = await start_at() if start_at is not None else time.perf_counter()
+            self.monitor = ClientMonitor(self.t0)
+            heartbeat = asyncio.create_task(self.monitor.run())
             self.ctx = RequestContext(
                 session=session,
                 url=url,
@@ -219,6 +233,9 @@ class _Runner:
             while self.pending:
                 await asyncio.wait(set(self.pending))
             duration = time.perf_counter() - self.t0
+            self.monitor.stop()
+            heartbeat.cancel()
+            info.update(self.monitor.result(duration))
             if watcher is not None:
                 watcher.cancel()
             if scraper is not None:
@@ -255,9 +272,9 @@ class _Runner:
 
 
 # ---- after the run --------------------------------------------------------------------------
-def _count_output(rec: RequestRecord, st: SseStream, tokenizer, methods: dict[str, int]) -> None:
+def _count_output(rec: RequestRecord, st: SseStream, tokenizer, methods: dict[str, int]) -> str:
     """Output tokens: the server's usage, else the tokenizer over the text (a server may send
-    several tokens per event), else the number of token events."""
+    several tokens per event), else the number of token events. Returns the method used."""
     usage = st.usage or {}
     sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if isinstance(sp, int):
@@ -270,6 +287,7 @@ def _count_output(rec: RequestRecord, st: SseStream, tokenizer, methods: dict[st
         rec.output_tokens, method = len(rec.token_times_s), "events"
     if rec.error is None:
         methods[method] += 1
+    return method
 
 
 def send_lag_check(lags_ms: Sequence[float]) -> dict:
@@ -322,6 +340,50 @@ def error_rate(records: Sequence[RequestRecord]) -> float:
     return sum(r.error is not None for r in records) / len(records) if records else 0.0
 
 
+def finish_http_run(
+    opts: EndpointOptions,
+    records: list[RequestRecord],
+    methods: dict[str, int],
+    prompt_kinds: dict[str, int],
+    total: int,
+    info: dict,
+    notice: Callable[[str], None],
+) -> dict:
+    """The run-level figures (into `info`) and warnings, from the records of the requests that
+    were sent out of `total`: one process's run, or several workers' merged
+    (cbbench/distributed), so both report the same way."""
+    lags = [
+        # client lag only, not the wait for a slot
+        (rec.send_s - (rec.first_scheduled_s if rec.first_scheduled_s is not None
+                       else rec.intended_start_s)) * MS
+        for rec in records
+        if rec.send_s is not None
+    ]
+    info.update(
+        target="http",
+        endpoint=redact_url(opts.endpoint),
+        api=opts.api,
+        prompt_kinds=prompt_kinds,
+        token_count_method={k: v for k, v in methods.items() if v},
+        not_sent=total - len(records),
+        **send_lag_check(lags),
+    )
+    mismatch = prompt_mismatch(records)
+    if mismatch is not None:
+        info["prompt_tokens_mismatch"] = mismatch
+    if info["client_fell_behind"]:
+        notice("warning: " + info["client_fell_behind_message"])
+    if info.get("client_bound"):
+        notice("warning: " + info["client_bound_message"])
+    if mismatch is not None and opts.api == "completions" and _large_mismatch(mismatch, records):
+        notice(
+            f"warning: the server counted prompts differently from the workload (mean "
+            f"|diff| {mismatch['mean_abs_diff']:.1f} tokens); give --tokenizer with the served "
+            "model's tokenizer.json for exact prompt lengths"
+        )
+    return info
+
+
 def run_http(
     opts: EndpointOptions,
     wreqs: list[WorkloadRequest],
@@ -331,6 +393,7 @@ def run_http(
     on_progress: Callable[[int, int], None] | None = None,
     keep_token_ids: bool = False,  # unused: streamed text carries no token ids
     grace_s: float = DEFAULT_GRACE_S,
+    hooks: RunHooks | None = None,
 ) -> HttpRun:
     """Replay `wreqs` at `arrivals` (seconds from the run start) against the endpoint.
     Per-request failures land on their records; only bad options raise (UsageError)."""
@@ -339,37 +402,14 @@ def run_http(
         raise ValueError(f"{len(wreqs)} requests but {len(arrivals)} arrival times")
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
     prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
-    runner = _Runner(opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s)
+    runner = _Runner(
+        opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s, hooks
+    )
     duration, info = asyncio.run(runner.run())
 
-    records: list[RequestRecord] = []
-    methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
-    lags: list[float] = []
-    for rec, st in zip(runner.records, runner.streams):
-        if rec is None:
-            continue
-        _count_output(rec, st, tokenizer, methods)
-        ready = rec.first_scheduled_s if rec.first_scheduled_s is not None else rec.intended_start_s
-        lags.append((rec.send_s - ready) * MS)  # client lag only, not the wait for a slot
-        records.append(rec)
-    info.update(
-        target="http",
-        endpoint=redact_url(opts.endpoint),
-        api=opts.api,
-        prompt_kinds=kinds,
-        token_count_method={k: v for k, v in methods.items() if v},
-        not_sent=len(wreqs) - len(records),
-        **send_lag_check(lags),
+    records = [rec for rec in runner.records if rec is not None]
+    finish_http_run(opts, records, runner.methods, kinds, len(wreqs), info, notice)
+    return HttpRun(
+        records, duration, runner.stopped, info, len(wreqs) - len(records),
+        runner.monitor.lag_ms if runner.monitor is not None else [],
     )
-    mismatch = prompt_mismatch(records)
-    if mismatch is not None:
-        info["prompt_tokens_mismatch"] = mismatch
-    if info["client_fell_behind"]:
-        notice("warning: " + info["client_fell_behind_message"])
-    if mismatch is not None and opts.api == "completions" and _large_mismatch(mismatch, records):
-        notice(
-            f"warning: the server counted prompts differently from the workload (mean "
-            f"|diff| {mismatch['mean_abs_diff']:.1f} tokens); give --tokenizer with the served "
-            "model's tokenizer.json for exact prompt lengths"
-        )
-    return HttpRun(records, duration, runner.stopped, info, len(wreqs) - len(records))
