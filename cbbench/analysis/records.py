@@ -22,6 +22,7 @@ class RequestRecord:
     priority: int = 0
     session_id: int | str | None = None  # multi-turn workloads: the session
     turn: int | None = None  # multi-turn workloads: the turn, from 1
+    worker: int | None = None  # HTTP runs: the load-generator worker that sent it (0..N-1)
 
     @property
     def ok(self) -> bool:

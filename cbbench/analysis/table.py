@@ -16,12 +16,39 @@ def _fmt(v, digits: int = 2) -> str:
     return f"{v:,}"
 
 
+CLIENT_BOUND_MARK = " *"
+
+
 def latency_table(summary: dict) -> str:
     rows = []
+    bound = (summary.get("client_bound") or {}).get("metrics") or ()
     for label, key in LATENCY_KEYS:
         d = summary.get(key) or {}
-        rows.append([f"{label} (ms)", *(_fmt(d.get(s)) for s in STATS)])
-    return tabulate(rows, headers=["", *STATS], tablefmt="simple", disable_numparse=True)
+        mark = CLIENT_BOUND_MARK if key in bound else ""
+        rows.append([f"{label} (ms){mark}", *(_fmt(d.get(s)) for s in STATS)])
+    table = tabulate(rows, headers=["", *STATS], tablefmt="simple", disable_numparse=True)
+    if bound:
+        table += "\n* client-bound: " + " ".join(summary["client_bound"].get("reasons") or [])
+    return table
+
+
+def workers_table(workers: list[dict] | None) -> str:
+    """One row per load-generator worker, when there are several or one did not finish."""
+    if not workers or (len(workers) == 1 and workers[0].get("status") == "done"):
+        return ""
+    rows = []
+    for w in workers:
+        cpu = w.get("client_cpu_util")
+        rows.append([
+            w["worker"], w["status"], w.get("host") or "-", w["sent"], w["completed"],
+            w["failed"], w["not_sent"], _fmt(w.get("send_lag_p50_ms")),
+            _fmt(w.get("send_lag_p99_ms")), _fmt(w.get("loop_lag_p99_ms")),
+            "-" if cpu is None else f"{cpu:.0%}",
+            "-" if w.get("clock_uncertainty_ms") is None else _fmt(w["clock_uncertainty_ms"], 3),
+        ])
+    headers = ["worker", "status", "host", "sent", "ok", "failed", "not sent", "lag p50 ms",
+               "lag p99 ms", "loop p99 ms", "CPU", "clock ± ms"]
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
 
 def throughput_table(summary: dict) -> str:
@@ -119,6 +146,9 @@ def render_summary(result: dict) -> str:
     turns = by_turn_table(s)
     if turns:
         parts += ["", turns]
+    workers = workers_table(s.get("workers"))
+    if workers:
+        parts += ["", workers]
     eng = engine_table(s.get("engine", {}))
     if eng:
         parts += ["", eng]

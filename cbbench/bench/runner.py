@@ -12,6 +12,7 @@ from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
 from cbbench.analysis.turns import by_turn, session_summary
+from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
@@ -47,6 +48,7 @@ class RunSpec:
     telemetry_interval_s: float = 0.05
     duration_s: float | None = None  # --duration: draw requests until the schedule reaches it
     ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
+    load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
 
 
 def request_record_dict(rec, detailed: bool) -> dict:
@@ -65,6 +67,8 @@ def request_record_dict(rec, detailed: bool) -> dict:
         "num_preemptions": rec.num_preemptions,
         "priority": rec.priority,
     }
+    if rec.worker is not None:
+        d["worker"] = rec.worker
     if rec.first_scheduled_s is not None:
         d["queue_ms"] = (rec.first_scheduled_s - rec.intended_start_s) * ms
     if rec.server_prompt_tokens is not None:
@@ -241,16 +245,17 @@ def execute_run(
         if spec.endpoint is not None and plan is not None:
             raise UsageError("multi-turn sessions run on the engine target for now")
         if spec.endpoint is not None:
+            from cbbench.distributed.run import run_load
             from cbbench.engine.clock import WallClock
-            from cbbench.targets.http import run_http
 
             start_telemetry(WallClock())  # run_http's t0 is taken right after: ~µs apart
-            run = run_http(
-                spec.endpoint, wreqs, arrivals, notice, should_stop=should_stop,
-                on_progress=on_progress, keep_token_ids=spec.save_detailed,
+            run = run_load(
+                spec.endpoint, wreqs, arrivals, notice, spec.load, should_stop=should_stop,
+                on_progress=on_progress,
             )
             target_config = {
                 "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
+                **spec.load.to_config(len(run.info["workers"])),
             }
         else:
             run = run_engine(
@@ -321,8 +326,12 @@ def execute_run(
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     if spec.endpoint is not None:
+        from cbbench.targets.client_health import client_bound_summary
+
         info = dict(run.info)
         server_metrics = info.pop("server_metrics", None)
+        summary["workers"] = info.pop("workers")
+        summary["client_bound"] = client_bound_summary(info)
         summary["http"] = info
         if server_metrics is not None:
             result["server_metrics"] = server_metrics

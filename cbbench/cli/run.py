@@ -14,6 +14,9 @@ from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
 
 SYNTHETIC_PANEL = "Synthetic workload"
+# A load-generator worker died or crashed mid-run: the result is written, but it is short of
+# that worker's unreported requests (1 is --max-error-rate's, 2 bad input, 130 interrupted).
+WORKER_LOST_EXIT = 3
 
 
 def register(app: typer.Typer) -> None:
@@ -116,6 +119,19 @@ def run(
     scrape_metrics: Annotated[
         bool, typer.Option(help="Sample the endpoint's Prometheus /metrics during the run.")
     ] = False,
+    workers: Annotated[
+        str,
+        typer.Option(help="Client processes that send the schedule (endpoint runs): N, or auto "
+                     "(one per spare core; with --ray, one per cluster CPU but one)."),
+    ] = "1",
+    ray: Annotated[
+        bool,
+        typer.Option("--ray", help="Run the workers as Ray actors (pip install 'cbbench[ray]'); "
+                     "a local Ray instance unless --ray-address is given."),
+    ] = False,
+    ray_address: Annotated[
+        str | None, typer.Option(help="Join this running Ray cluster (with --ray).")
+    ] = None,
     max_error_rate: Annotated[
         float, typer.Option(help="Exit 1 (after writing the result) when more requests fail.")
     ] = 0.0,
@@ -168,6 +184,11 @@ def run(
     )
     if endpoint is None and max_concurrency is not None:
         raise UsageError("--max-concurrency applies to --endpoint runs")
+    from cbbench.distributed.plan import LoadPlan, parse_workers
+
+    load = LoadPlan(parse_workers(workers), ray, ray_address).validate()
+    if endpoint is None and load.distributed:
+        raise UsageError("--workers and --ray apply to --endpoint runs")
     if not 0 <= max_error_rate <= 1:
         raise UsageError("--max-error-rate must be between 0 and 1")
     if not telemetry_interval > 0:
@@ -192,6 +213,7 @@ def run(
         telemetry_interval_s=telemetry_interval,
         duration_s=duration_s,
         ramp=ramp_spec,
+        load=load,
     )
     kind = "http" if endpoint else (opts.engine if opts.engine != "auto" else "engine")
     out_path = output or C.default_output_path(kind)
@@ -209,6 +231,13 @@ def run(
         typer.echo(render_summary(result))
         typer.echo(f"\nresult: {out_path}")
     s = result["summary"]
+    gone = [w for w in s.get("workers") or [] if w["status"] in ("died", "failed")]
+    if gone:
+        C.notice(
+            f"{len(gone)} load-generator worker(s) did not finish (worker "
+            f"{', '.join(str(w['worker']) for w in gone)}): the result covers what they reported"
+        )
+        raise typer.Exit(WORKER_LOST_EXIT)
     sent = s["completed"] + s["failed"]
     if sent and s["failed"] / sent > max_error_rate:
         C.notice(

@@ -1,0 +1,175 @@
+"""--workers N: worker processes on this machine.
+
+One start instant for all: time.perf_counter() is CLOCK_MONOTONIC on Linux (see
+time.get_clock_info), one clock for the whole system, the same in every process. So the parent
+picks t0 = now + START_MARGIN_S on its own clock once every worker is set up, sends that number,
+and each worker uses it as is: request times relative to t0 need no conversion. (Other systems:
+macOS's perf_counter is mach_absolute_time, also system-wide; Windows' QueryPerformanceCounter
+too.)
+
+Processes are spawned, not forked: the parent may hold threads (GPU telemetry) and torch, which
+a fork would copy half-way. Each worker has two pipes, control (parent -> worker) and data
+(worker -> parent), so a worker killed mid-write corrupts only its own stream; the parent waits
+on all data pipes and process sentinels at once (multiprocessing.connection.wait). A worker
+that exits without its Done is dead: what it had streamed is kept, the rest is accounted
+(merge.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import signal
+import time
+from collections.abc import Callable
+from multiprocessing.connection import wait
+
+from cbbench.distributed.merge import FINAL, Merger
+from cbbench.distributed.messages import WorkerTask
+from cbbench.distributed.worker import process_main
+from cbbench.errors import UsageError
+from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.http import HttpRun
+from cbbench.targets.options import EndpointOptions
+
+START_MARGIN_S = 0.2  # from t0's choice to t0: the start message reaches every worker first
+SETUP_TIMEOUT_S = 120.0  # spawn, imports, prompts, the served-model look-up
+POLL_S = 0.05  # the wait's timeout: how often a stop request and progress are checked
+JOIN_TIMEOUT_S = 5.0
+
+
+def worker_tasks(
+    opts: EndpointOptions,
+    wreqs: list[WorkloadRequest],
+    arrivals,
+    shares: list[list[int]],
+    grace_s: float,
+) -> list[WorkerTask]:
+    """Each worker's share: its requests and arrival times, its share of --max-concurrency,
+    and /metrics scraping on worker 0 only (one scrape series per run)."""
+    n = len(shares)
+    cap = opts.max_concurrency
+    if cap is not None and cap < n:
+        raise UsageError(f"--max-concurrency {cap} is less than --workers {n}: one slot each")
+    tasks = []
+    for k, share in enumerate(shares):
+        o = dataclasses.replace(
+            opts,
+            max_concurrency=None if cap is None else cap // n + (k < cap % n),
+            scrape_metrics=opts.scrape_metrics and k == 0,
+        )
+        tasks.append(
+            WorkerTask(
+                k,
+                o,
+                share,
+                [wreqs[p] for p in share],
+                [float(arrivals[p]) for p in share],
+                grace_s,
+            )
+        )
+    return tasks
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "vanished"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"
+
+
+def run_local_workers(
+    opts: EndpointOptions,
+    tasks: list[WorkerTask],
+    merger: Merger,
+    notice: Callable[[str], None],
+    should_stop: Callable[[], bool] | None,
+    on_progress: Callable[[int, int], None] | None,
+) -> HttpRun:
+    ctx = mp.get_context("spawn")
+    total = len(merger.records)
+    procs, ctrls, datas = [], [], []
+    cpu0 = time.process_time()
+    try:
+        for task in tasks:
+            ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
+            data_r, data_w = ctx.Pipe(duplex=False)
+            p = ctx.Process(
+                target=process_main,
+                args=(task, ctrl_r, data_w),
+                name=f"cbbench-worker-{task.worker}",
+                daemon=True,  # never outlive the parent
+            )
+            p.start()
+            ctrl_r.close()  # the parent keeps only its own ends: EOF then means the peer is gone
+            data_w.close()
+            procs.append(p)
+            ctrls.append(ctrl_w)
+            datas.append(data_r)
+
+        t0 = None
+        stop_sent = False
+        open_data = dict(enumerate(datas))
+        setup_deadline = time.monotonic() + SETUP_TIMEOUT_S
+        while not merger.all_final:
+            if t0 is None:
+                if merger.usage_error is not None:
+                    raise UsageError(merger.usage_error)
+                if should_stop is not None and should_stop():
+                    break  # stopped during set-up: nothing was sent
+                if all(ws.status != "starting" for ws in merger.workers):
+                    # Every worker is set up (or gone): one start instant for all.
+                    t0 = time.perf_counter() + START_MARGIN_S
+                    for k, c in enumerate(ctrls):
+                        if merger.workers[k].status not in FINAL:
+                            _send(c, ("start", t0))
+                elif time.monotonic() > setup_deadline:
+                    raise UsageError(f"the workers did not get ready within {SETUP_TIMEOUT_S:g} s")
+            elif not stop_sent and should_stop is not None and should_stop():
+                stop_sent = True
+                for k, c in enumerate(ctrls):
+                    if merger.workers[k].status not in FINAL:
+                        _send(c, ("stop",))
+            ready = wait(
+                list(open_data.values())
+                + [p.sentinel for k, p in enumerate(procs) if k not in open_data],
+                timeout=POLL_S,
+            )
+            for obj in ready:
+                k = next((k for k, d in open_data.items() if d is obj), None)
+                if k is not None:
+                    try:
+                        merger.on_message(open_data[k].recv())
+                    except (EOFError, OSError):
+                        del open_data[k]  # its pipe is closed: check the process next
+                    continue
+                k = next(k for k, p in enumerate(procs) if p.sentinel == obj)
+                procs[k].join(JOIN_TIMEOUT_S)
+                at = time.perf_counter() - t0 if t0 is not None else 0.0
+                merger.died(k, at, _signal_name(procs[k].exitcode))
+            if on_progress is not None and t0 is not None:
+                on_progress(merger.finished, total)
+        if t0 is None:
+            t0 = time.perf_counter()  # nothing was sent: the run starts and ends now
+        return merger.result(opts, t0, stop_sent or t0 is None, notice, time.process_time() - cpu0)
+    finally:
+        for c in ctrls:
+            c.close()
+        for p in procs:
+            p.join(JOIN_TIMEOUT_S if p.exitcode is None else 0)
+            if p.is_alive():
+                p.kill()
+                p.join(JOIN_TIMEOUT_S)
+        for d in datas:
+            d.close()
+
+
+def _send(conn, msg) -> None:
+    try:
+        conn.send(msg)
+    except (BrokenPipeError, OSError):
+        pass  # that worker is gone: its sentinel says so

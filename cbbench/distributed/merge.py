@@ -1,0 +1,241 @@
+"""The parent's side of a multi-worker run: collect the workers' streamed records, account for
+every request (a worker that dies leaves its requests counted, never dropped), and build one
+result of the same form as a one-process run, with summary.workers beside it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch
+from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.client_health import loop_lag_check, wall_clock_of
+from cbbench.targets.http import (
+    TOKEN_COUNT_METHODS,
+    HttpRun,
+    finish_http_run,
+    send_lag_check,
+)
+from cbbench.targets.options import EndpointOptions
+
+WORKER_LOST = "worker_lost"  # error_type of a request due before its worker died, unreported
+# States of a worker, in the order they happen; the last three are final.
+STARTING, READY, DONE, DIED, FAILED = "starting", "ready", "done", "died", "failed"
+FINAL = (DONE, DIED, FAILED)
+# Figures of one client process: summed or pooled over the workers, never taken from one.
+PER_WORKER_KEYS = (
+    "connection_pool_size",
+    "connection_pool_capped",
+    "max_in_flight",
+    "t0_epoch_s",
+    "client_cpu_s",
+    "client_cpu_util",
+    "loop_lag_p50_ms",
+    "loop_lag_p99_ms",
+    "loop_lag_max_ms",
+    "client_bound",
+    "client_bound_message",
+    "client_fell_behind_message",
+)
+MS = 1000.0
+
+
+@dataclass
+class WorkerState:
+    worker: int
+    positions: list[int]
+    status: str = STARTING
+    pid: int | None = None
+    host: str | None = None
+    received: int = 0  # records streamed back
+    done: Done | None = None
+    died_at_s: float | None = None  # on the run clock: when the parent saw it gone
+    error: str | None = None
+    extra: dict = field(default_factory=dict)  # Ray: node, clock offset and uncertainty
+
+
+class Merger:
+    def __init__(
+        self,
+        wreqs: list[WorkloadRequest],
+        arrivals: list[float],
+        shares: list[list[int]],
+    ):
+        self.wreqs = wreqs
+        self.arrivals = arrivals
+        self.records: list[RequestRecord | None] = [None] * len(wreqs)
+        self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
+        self.workers = [WorkerState(k, share) for k, share in enumerate(shares)]
+        self.finished = 0  # records received, for progress
+        self.usage_error: str | None = None  # a worker's UsageError: the run's bad input
+
+    # -- while running --
+    def on_message(self, msg: Message) -> None:
+        ws = self.workers[msg.worker]
+        if isinstance(msg, RecordBatch):
+            for pos, rec, method in msg.items:
+                if self.records[pos] is not None:  # a bug, never a figure to report
+                    raise RuntimeError(f"request at position {pos} reported twice")
+                rec.worker = msg.worker
+                self.records[pos] = rec
+                if rec.error is None:
+                    self.methods[method] += 1
+            ws.received += len(msg.items)
+            self.finished += len(msg.items)
+        elif isinstance(msg, Ready):
+            ws.status, ws.pid, ws.host = READY, msg.pid, msg.host
+        elif isinstance(msg, Done):
+            ws.status, ws.done = DONE, msg
+        elif isinstance(msg, Failed):
+            ws.status, ws.error = FAILED, msg.message
+            if msg.usage and self.usage_error is None:
+                self.usage_error = msg.message
+
+    def died(self, worker: int, at_s: float, reason: str) -> None:
+        """The worker is gone without its Done (call after reading what it had sent)."""
+        ws = self.workers[worker]
+        if ws.status in FINAL:
+            return
+        ws.status, ws.died_at_s, ws.error = DIED, at_s, reason
+
+    @property
+    def all_final(self) -> bool:
+        return all(ws.status in FINAL for ws in self.workers)
+
+    # -- at the end --
+    def _account_lost(self, ws: WorkerState) -> tuple[int, int]:
+        """A dead (or crashed) worker's unreported requests: those due before it died are
+        failed records (sent or about to be, their outcome unknown); the rest were not sent."""
+        died_at = ws.died_at_s if ws.died_at_s is not None else -math.inf
+        lost = not_sent = 0
+        for pos in ws.positions:
+            if self.records[pos] is not None:
+                continue
+            if self.arrivals[pos] <= died_at:
+                w = self.wreqs[pos]
+                self.records[pos] = RequestRecord(
+                    id=w.id,
+                    prompt_tokens=w.prompt_len,
+                    output_tokens=0,
+                    intended_start_s=float(self.arrivals[pos]),
+                    error=(
+                        f"worker {ws.worker} died ({ws.error}) at {died_at:.3f} s, after this "
+                        "request was due and before it reported it"
+                    ),
+                    error_type=WORKER_LOST,
+                    priority=w.priority,
+                    worker=ws.worker,
+                )
+                lost += 1
+            else:
+                not_sent += 1
+        return lost, not_sent
+
+    def _worker_entry(self, ws: WorkerState, lost: int, not_sent: int) -> dict:
+        recs = [self.records[p] for p in ws.positions if self.records[p] is not None]
+        completed = sum(r.ok for r in recs)
+        failed = sum(r.error is not None for r in recs)
+        lag = send_lag_check(
+            [(r.send_s - r.intended_start_s) * MS for r in recs if r.send_s is not None]
+        )
+        info = ws.done.info if ws.done is not None else {}
+        entry = {
+            "worker": ws.worker,
+            "status": ws.status,
+            "pid": ws.pid,
+            "host": ws.host,
+            "assigned": len(ws.positions),
+            "sent": completed + failed,
+            "completed": completed,
+            "failed": failed,
+            "lost": lost,
+            "not_sent": not_sent,
+            "send_lag_p50_ms": lag["send_lag_p50_ms"],
+            "send_lag_p99_ms": lag["send_lag_p99_ms"],
+            "client_fell_behind": lag["client_fell_behind"],
+            "loop_lag_p50_ms": info.get("loop_lag_p50_ms"),
+            "loop_lag_p99_ms": info.get("loop_lag_p99_ms"),
+            "client_bound": info.get("client_bound", False),
+            "client_cpu_s": info.get("client_cpu_s"),
+            "client_cpu_util": info.get("client_cpu_util"),
+            "max_in_flight": info.get("max_in_flight"),
+            "duration_s": ws.done.duration_s if ws.done is not None else ws.died_at_s,
+            **ws.extra,
+        }
+        if ws.error is not None:
+            entry["error"] = ws.error
+        return entry
+
+    def result(
+        self,
+        opts: EndpointOptions,
+        t0: float,
+        stopped: bool,
+        notice,
+        parent_cpu_s: float,
+    ) -> HttpRun:
+        entries = []
+        for ws in self.workers:
+            lost, not_sent = (0, 0)
+            if ws.status in (DIED, FAILED):
+                lost, not_sent = self._account_lost(ws)
+            entries.append((ws, lost, not_sent))
+        workers = [self._worker_entry(ws, lost, ns) for ws, lost, ns in entries]
+        for ws, e in zip(self.workers, workers):
+            if ws.status == DONE:
+                e["not_sent"] = e["assigned"] - e["sent"]  # a stopped run's unsent share
+
+        done = [ws.done for ws in self.workers if ws.done is not None]
+        # Shared facts (served model, /metrics scrapes: worker 0 scrapes) from the first
+        # worker that finished; every per-process figure is recomputed over all workers below.
+        base = next((d.info for d in sorted(done, key=lambda d: d.worker)), {})
+        info = {k: v for k, v in base.items() if k not in PER_WORKER_KEYS}
+        pooled_lag = [v for d in done for v in d.loop_lag_ms]
+        durations = [d.duration_s for d in done] + [
+            ws.died_at_s for ws in self.workers if ws.died_at_s is not None
+        ]
+        duration = max(durations, default=0.0)
+        cpu = sum(d.info.get("client_cpu_s") or 0.0 for d in done)
+        info.update(
+            connection_pool_size=sum(d.info.get("connection_pool_size", 0) for d in done),
+            connection_pool_capped=any(d.info.get("connection_pool_capped") for d in done),
+            max_in_flight=sum(d.info.get("max_in_flight", 0) for d in done),  # sum of peaks
+            t0_epoch_s=wall_clock_of(t0),
+            client_cpu_s=cpu,
+            client_cpu_util=cpu / duration if duration > 0 else None,  # in cores
+            parent_cpu_s=parent_cpu_s,
+            **loop_lag_check(pooled_lag),
+        )
+        kinds: dict[str, int] = {}
+        for d in done:
+            for k, v in (d.info.get("prompt_kinds") or {}).items():
+                kinds[k] = kinds.get(k, 0) + v
+        records = [r for r in self.records if r is not None]
+        finish_http_run(opts, records, self.methods, kinds, len(self.wreqs), info, notice)
+        for e in workers:
+            if e["status"] == DONE and (e["client_fell_behind"] or e["client_bound"]):
+                notice(
+                    f"warning: worker {e['worker']}: send lag p50 "
+                    f"{e['send_lag_p50_ms']:.1f} ms, p99 {e['send_lag_p99_ms']:.1f} ms; event-loop "
+                    f"lag p99 {_ms(e['loop_lag_p99_ms'])}; CPU {_pct(e['client_cpu_util'])}"
+                )
+            elif e["status"] in (DIED, FAILED):
+                notice(
+                    f"error: worker {e['worker']} {e['status']} ({e.get('error')}): "
+                    f"{e['completed'] + e['failed'] - e['lost']} requests reported, {e['lost']} "
+                    f"lost (due before it died, counted as failed: {WORKER_LOST}), "
+                    f"{e['not_sent']} not sent"
+                )
+        info["workers"] = workers
+        interrupted = stopped or any(d.interrupted for d in done)
+        not_sent = sum(e["not_sent"] for e in workers)
+        return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag)
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} ms"
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0%} of a core"

@@ -1,0 +1,99 @@
+"""run_load: an HTTP run in this process (the default), in worker processes (--workers N) or
+in Ray actors (--ray). Every path returns the same HttpRun, each record tagged with its
+worker, and info["workers"] (summary.workers) with one entry per worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+
+from cbbench.distributed.merge import DONE, Merger
+from cbbench.distributed.plan import AUTO, LoadPlan, deal, spare_cores
+from cbbench.load.interrupts import DEFAULT_GRACE_S
+from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.http import HttpRun, run_http
+from cbbench.targets.options import EndpointOptions
+
+
+def session_keys(wreqs: Sequence[WorkloadRequest]) -> list[Hashable | None] | None:
+    """The hook for multi-turn workloads: a request's session (its `session_id`, when the
+    workload's requests carry one), so that deal() keeps a session on one worker."""
+    keys = [getattr(w, "session_id", None) for w in wreqs]
+    return keys if any(k is not None for k in keys) else None
+
+
+def run_load(
+    opts: EndpointOptions,
+    wreqs: list[WorkloadRequest],
+    arrivals,
+    notice: Callable[[str], None],
+    plan: LoadPlan,
+    should_stop: Callable[[], bool] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    grace_s: float = DEFAULT_GRACE_S,
+) -> HttpRun:
+    if not plan.distributed:
+        return _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s)
+    if plan.ray:
+        from cbbench.distributed.ray_pool import run_ray_workers
+
+        return run_ray_workers(
+            opts, wreqs, arrivals, notice, plan, should_stop, on_progress, grace_s
+        )
+    from cbbench.distributed.local import run_local_workers, worker_tasks
+
+    n = spare_cores() if plan.workers == AUTO else int(plan.workers)
+    n = max(1, min(n, len(wreqs)))  # no idle workers
+    shares = deal(len(wreqs), n, session_keys(wreqs))
+    tasks = worker_tasks(opts, wreqs, arrivals, shares, grace_s)
+    merger = Merger(wreqs, [float(a) for a in arrivals], shares)
+    return run_local_workers(opts, tasks, merger, notice, should_stop, on_progress)
+
+
+def _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s) -> HttpRun:
+    import os
+    import socket
+
+    run = run_http(
+        opts,
+        wreqs,
+        arrivals,
+        notice,
+        should_stop=should_stop,
+        on_progress=on_progress,
+        grace_s=grace_s,
+    )
+    for rec in run.records:
+        rec.worker = 0
+    info = run.info
+    completed = sum(r.ok for r in run.records)
+    failed = sum(r.error is not None for r in run.records)
+    info["workers"] = [
+        {
+            "worker": 0,
+            "status": DONE,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "assigned": len(wreqs),
+            "sent": completed + failed,
+            "completed": completed,
+            "failed": failed,
+            "lost": 0,
+            "not_sent": run.not_sent,
+            **{
+                k: info.get(k)
+                for k in (
+                    "send_lag_p50_ms",
+                    "send_lag_p99_ms",
+                    "client_fell_behind",
+                    "loop_lag_p50_ms",
+                    "loop_lag_p99_ms",
+                    "client_bound",
+                    "client_cpu_s",
+                    "client_cpu_util",
+                    "max_in_flight",
+                )
+            },
+            "duration_s": run.duration_s,
+        }
+    ]
+    return run

@@ -1,0 +1,372 @@
+"""--workers N: the schedule dealt to worker processes, merged back into one result.
+
+Against tests/timing_server.py (its own process: fixed TTFT and inter-token latency, and a log of
+when each request arrived and got its first token, on the same CLOCK_MONOTONIC as the client):
+every request reported exactly once, the merged schedule equal to the one-process schedule,
+TTFT p50 within 3 ms of the server's own; a worker killed mid-run is accounted for and sets the
+exit code; Ctrl-C stops every worker and keeps what finished. Unit tests for the dealing, the
+merge's accounting and the clock-offset estimate need no processes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from timing_server import fetch_log, timing_server
+from typer.testing import CliRunner
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.cli.app import app
+from cbbench.cli.run import WORKER_LOST_EXIT
+from cbbench.distributed.clock import measure_offset
+from cbbench.distributed.merge import WORKER_LOST, Merger
+from cbbench.distributed.messages import Done, Ready, RecordBatch
+from cbbench.distributed.plan import LoadPlan, deal, parse_workers, spare_cores
+from cbbench.errors import UsageError
+from cbbench.load.arrivals import arrival_times
+from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.options import EndpointOptions
+
+TTFT_MS = 20.0
+ITL_MS = 5.0
+OUTPUT_LEN = 4
+RATE = 400
+NUM_REQUESTS = 400  # 1 s at 400 req/s
+TTFT_P50_BOUND_MS = 3.0  # the issue's bound: |client TTFT p50 - server TTFT p50|
+ATTEMPTS = 3  # a run that misses the bound on a loaded machine is measured again
+POLL_S = 0.05
+RUN_TIMEOUT_S = 120
+CLI = [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
+
+
+# ---- units: no processes ----------------------------------------------------------------------
+def test_deal_round_robin_and_sessions():
+    assert deal(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    assert deal(2, 4) == [[0], [1], [], []]
+    # Whole sessions to one worker, sessions dealt in turn; session-less requests in the turn too.
+    # Turns: a -> 0, b -> 1, (None) -> 0, c -> 1, (None) -> 0; a and b keep their worker.
+    keys = ["a", "b", "a", None, "c", "b", "a", None]
+    assert deal(8, 2, keys) == [[0, 2, 3, 6, 7], [1, 4, 5]]
+    shares = deal(8, 3, keys)
+    assert sorted(i for s in shares for i in s) == list(range(8))
+    for key in ("a", "b", "c"):
+        owners = {w for w, s in enumerate(shares) for i in s if keys[i] == key}
+        assert len(owners) == 1
+
+
+def test_parse_workers():
+    assert parse_workers("3") == 3 and parse_workers("auto") == "auto" and spare_cores() >= 1
+    for bad in ("0", "-2", "two", "5000"):
+        with pytest.raises(UsageError, match="--workers"):
+            parse_workers(bad)
+    with pytest.raises(UsageError, match="needs --ray"):
+        LoadPlan(2, ray=False, ray_address="auto").validate()
+
+
+def _rec(i: int, t: float, ok: bool = True) -> RequestRecord:
+    return RequestRecord(
+        i,
+        5,
+        2,
+        t,
+        send_s=t + 0.001,
+        token_times_s=[t + 0.02, t + 0.03] if ok else [],
+        error=None if ok else "x",
+        error_type=None if ok else "http_status",
+    )
+
+
+def test_merge_accounts_for_a_dead_worker():
+    n = 10
+    wreqs = [WorkloadRequest(100 + i, 5, 2) for i in range(n)]
+    arrivals = [0.1 * i for i in range(n)]
+    shares = deal(n, 2)  # worker 0: even positions, worker 1: odd
+    m = Merger(wreqs, arrivals, shares)
+    m.on_message(Ready(0, 11, "h"))
+    m.on_message(Ready(1, 12, "h"))
+    m.on_message(RecordBatch(0, [(p, _rec(100 + p, arrivals[p]), "usage") for p in shares[0]]))
+    m.on_message(Done(0, 1.0, False, {"client_cpu_s": 0.5, "max_in_flight": 2}, [0.5] * 10))
+    # Worker 1 reported positions 1 and 3 (one failed), then died at 0.55 s: position 5 was due
+    # (lost, a failed record), 7 and 9 were not (not sent).
+    m.on_message(RecordBatch(1, [(1, _rec(101, 0.1), "usage"), (3, _rec(103, 0.3, ok=False), "x")]))
+    with pytest.raises(RuntimeError, match="twice"):
+        m.on_message(RecordBatch(1, [(1, _rec(101, 0.1), "usage")]))
+    m.died(1, 0.55, "killed by SIGKILL")
+    assert m.all_final
+    notes: list[str] = []
+    run = m.result(
+        EndpointOptions("http://127.0.0.1:1"), time.perf_counter(), False, notes.append, 0.0
+    )
+    assert [r.id for r in run.records] == [100 + p for p in range(7)] + [108]
+    lost = [r for r in run.records if r.error_type == WORKER_LOST]
+    assert [(r.id, r.worker, r.send_s) for r in lost] == [(105, 1, None)]
+    assert run.not_sent == 2
+    w0, w1 = run.info["workers"]
+    assert (w0["status"], w0["sent"], w0["completed"], w0["not_sent"]) == ("done", 5, 5, 0)
+    assert (
+        w1["status"],
+        w1["sent"],
+        w1["completed"],
+        w1["failed"],
+        w1["lost"],
+        w1["not_sent"],
+    ) == (
+        "died",
+        3,
+        1,
+        2,
+        1,
+        2,
+    )
+    assert w0["sent"] + w1["sent"] + run.not_sent == n
+    assert all(r.worker == p % 2 for p, r in enumerate(run.records[:7]))
+    assert any("worker 1 died" in x and "1 lost" in x and "2 not sent" in x for x in notes)
+    assert run.info["token_count_method"] == {"usage": 6}
+
+
+def test_clock_offset_estimate_bounds_the_true_offset():
+    # A worker clock 1000.25 s behind the driver's, reached over legs of 3 ms out and 1 ms back
+    # (asymmetric), with one fast round: the estimate is within its stated uncertainty.
+    driver = [0.0]
+    legs = iter([(0.003, 0.001)] * 5 + [(0.0004, 0.0002)] + [(0.003, 0.001)] * 4)
+
+    def now() -> float:
+        return driver[0]
+
+    def read_remote() -> float:
+        out, back = next(legs)
+        driver[0] += out
+        t = driver[0] - 1000.25
+        driver[0] += back
+        return t
+
+    m = measure_offset(read_remote, rounds=10, now=now)
+    assert m.rtt_s == pytest.approx(0.0006)
+    assert m.uncertainty_s == pytest.approx(0.0003)
+    assert abs(m.offset_s - 1000.25) <= m.uncertainty_s + 1e-12
+    assert m.offset_s != pytest.approx(1000.25, abs=1e-6)  # asymmetry shows, within the bound
+
+
+# ---- against the timing server ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def server():
+    with timing_server(TTFT_MS, ITL_MS) as url:
+        yield url
+
+
+def _workload(path: Path, prefix: str, n: int) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"{prefix}{i} go", "output_len": OUTPUT_LEN}) + "\n"
+            for i in range(n)
+        )
+    )
+    return path
+
+
+def _args(url: str, workload: Path, out: Path, n: int, rate: float, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--endpoint",
+        url,
+        "--workload",
+        str(workload),
+        "--num-requests",
+        str(n),
+        "--request-rate",
+        str(rate),
+        "--seed",
+        "3",
+        "--output",
+        str(out),
+        "--save-detailed",
+        *extra,
+    ]
+
+
+def _ttft_check(result: dict, log: dict, prefix: str) -> tuple[float, float, str]:
+    client = float(np.median([r["ttft_ms"] for r in result["requests"]]))
+    server = float(
+        np.median(
+            [
+                (
+                    log[f"{prefix}{r['id']} go"]["first_token"]
+                    - log[f"{prefix}{r['id']} go"]["received"]
+                )
+                * 1000
+                for r in result["requests"]
+            ]
+        )
+    )
+    http = result["summary"]["http"]
+    load = os.getloadavg()[0]
+    report = (
+        f"client TTFT p50 {client:.2f} ms, server TTFT p50 {server:.2f} ms (nominal {TTFT_MS:g}); "
+        f"send lag p50 {http['send_lag_p50_ms']:.2f} ms; loop lag p99 "
+        f"{http['loop_lag_p99_ms']:.2f} ms; load average {load:.1f}"
+    )
+    return client, server, report
+
+
+def _exactly_once(result: dict, n: int, workers: int) -> None:
+    s = result["summary"]
+    reqs = result["requests"]
+    assert s["completed"] + s["failed"] == n == len(reqs)  # every request sent and reported
+    assert sorted(r["id"] for r in reqs) == list(range(n))  # ... exactly once
+    assert [r["worker"] for r in reqs] == [i % workers for i in range(n)]
+    assert len(s["workers"]) == workers
+    assert sum(w["sent"] for w in s["workers"]) == n
+    assert all(w["status"] == "done" and w["not_sent"] == 0 for w in s["workers"])
+    for w in s["workers"]:
+        for key in ("send_lag_p50_ms", "send_lag_p99_ms", "client_cpu_s", "loop_lag_p99_ms"):
+            assert w[key] is not None and w[key] >= 0, (key, w)
+    assert s["failed"] == 0, s["error_types"]
+
+
+def test_two_workers_report_every_request_once_on_the_one_process_schedule(server, tmp_path):
+    wl = _workload(tmp_path / "w.jsonl", "m", NUM_REQUESTS)
+    runner = CliRunner()
+    one_path = tmp_path / "one.json"
+    res = runner.invoke(app, _args(server, wl, one_path, NUM_REQUESTS, RATE))
+    assert res.exit_code == 0, res.output
+    one = json.loads(one_path.read_text())
+    _exactly_once(one, NUM_REQUESTS, 1)
+
+    reports = []
+    for attempt in range(ATTEMPTS):
+        out = tmp_path / f"two-{attempt}.json"
+        res = runner.invoke(app, _args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2"))
+        assert res.exit_code == 0, res.output
+        two = json.loads(out.read_text())
+        _exactly_once(two, NUM_REQUESTS, 2)
+        assert two["config"]["workers"] == 2
+        # The merged schedule is the one-process schedule, request for request.
+        sched = [(r["id"], r["intended_start_s"]) for r in two["requests"]]
+        assert sched == [(r["id"], r["intended_start_s"]) for r in one["requests"]]
+        expected = arrival_times([None] * NUM_REQUESTS, RATE, 1.0, "gamma", 3)
+        assert [t for _, t in sched] == expected.tolist()
+        # One shared start instant: the wall-clock zero is recorded to the microsecond.
+        assert abs(two["summary"]["http"]["t0_epoch_s"] - time.time()) < RUN_TIMEOUT_S
+        client, srv, report = _ttft_check(two, fetch_log(server), "m")
+        reports.append(report)
+        print(report)
+        assert srv >= TTFT_MS  # the server keeps its timing (it can only be late)
+        if abs(client - srv) < TTFT_P50_BOUND_MS:
+            break
+    assert abs(client - srv) < TTFT_P50_BOUND_MS, "\n".join(reports)
+
+
+# ---- killing a worker, and Ctrl-C (the CLI in a child process) --------------------------------
+def _worker_pids(parent: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and b"spawn_main" in cmdline:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
+
+
+def _wait_for_requests(url: str, prefix: str, count: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while sum(k.startswith(prefix) for k in fetch_log(url)) < count:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run did not get going"
+        time.sleep(POLL_S)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
+def test_a_killed_worker_is_accounted_for_and_sets_the_exit_code(server, tmp_path):
+    n, rate = 600, 200  # 3 s
+    wl = _workload(tmp_path / "k.jsonl", "k", n)
+    out = tmp_path / "killed.json"
+    proc = subprocess.Popen(
+        CLI + _args(server, wl, out, n, rate, "--workers", "2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_for_requests(server, "k", 150, proc)  # ~0.75 s into the schedule
+        pids = _worker_pids(proc.pid)
+        assert len(pids) == 2, pids
+        os.kill(pids[1], signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == WORKER_LOST_EXIT, stderr
+    assert "died (killed by SIGKILL)" in stderr
+    r = json.loads(out.read_text())
+    s = r["summary"]
+    dead = [w for w in s["workers"] if w["status"] == "died"]
+    live = [w for w in s["workers"] if w["status"] == "done"]
+    assert len(dead) == 1 and len(live) == 1 and dead[0]["pid"] == pids[1]
+    d, lv = dead[0], live[0]
+    # Every request is accounted for: reported, lost (due before the death) or not sent.
+    assert s["completed"] + s["failed"] + s["not_sent"] == n
+    assert len(r["requests"]) == s["completed"] + s["failed"]
+    assert lv["completed"] == lv["assigned"] == n // 2
+    assert d["sent"] + d["not_sent"] == d["assigned"] == n // 2
+    assert d["completed"] > 0 and d["not_sent"] > 0
+    lost = [q for q in r["requests"] if q["error_type"] == WORKER_LOST]
+    assert len(lost) == d["lost"] == s["error_types"].get(WORKER_LOST, 0)
+    assert all(
+        q["worker"] == d["worker"] and q["intended_start_s"] <= d["duration_s"] for q in lost
+    )
+    mine = [q for q in r["requests"] if q["worker"] == d["worker"]]
+    assert all(q["error"] is None or q["error_type"] == WORKER_LOST for q in mine)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
+def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server, tmp_path):
+    n, rate = 1000, 200  # 5 s, stopped after ~0.5 s of sending
+    wl = _workload(tmp_path / "c.jsonl", "c", n)
+    out = tmp_path / "stopped.json"
+    proc = subprocess.Popen(
+        CLI + _args(server, wl, out, n, rate, "--workers", "2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a shell gives a command
+    )
+    try:
+        _wait_for_requests(server, "c", 100, proc)
+        pids = _worker_pids(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        t = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr
+    assert time.monotonic() - t < 0.9 * n / rate  # it stopped, not ran to the end
+    r = json.loads(out.read_text())
+    s = r["summary"]
+    assert r["interrupted"] is True
+    assert all(w["status"] == "done" for w in s["workers"]) and len(s["workers"]) == 2
+    assert s["completed"] >= 100 and s["not_sent"] > 0
+    assert s["completed"] + s["failed"] + s["not_sent"] == n
+    assert set(s["error_types"]) <= {"interrupted"}  # in flight at the stop, if any
+    assert not any(_alive(p) for p in pids)
+    assert not math.isnan(s["ttft_ms"]["p50"])
