@@ -411,7 +411,8 @@ def test_client_fell_behind_warns(fresh):
         on_progress=block_loop,
     )
     assert run.info["client_fell_behind"] and run.info["send_lag_p50_ms"] > 10
-    assert len(notes) == 1 and "fell behind" in notes[0]
+    # One fell-behind warning (a slow machine may add the event-loop-lag one: the same stall).
+    assert sum("fell behind" in n for n in notes) == 1
     assert send_lag_check([0.5] * 95 + [150] * 5)["client_fell_behind"]
     assert not send_lag_check([0.5] * 100)["client_fell_behind"]
 
@@ -531,7 +532,7 @@ def test_https(tmp_path):
             "from cbbench.load.workload import WorkloadRequest; "
             "w = [WorkloadRequest(0, 2, 3, prompt='hi')]; "
             "r = run_http(EndpointOptions(sys.argv[1], served_model=sys.argv[2]), w, [0.0], "
-            "print).records[0]; print(r.error_type, r.error, len(r.token_times_s))"
+            "lambda m: None).records[0]; print(r.error_type, r.error, len(r.token_times_s))"
         )
         out = subprocess.run(
             [sys.executable, "-c", code, s.url, MODEL],
