@@ -427,6 +427,17 @@ def test_hashed_word_codec_is_stable():
     assert dec.push(None) == SIM_TOKEN_TEXT and dec.push(42) == " 42"
 
 
+@pytest.mark.parametrize("chat", [False, True])
+def test_token_event_template_writes_what_json_dumps_would(chat):
+    from cbbench.server.chunks import Shape
+
+    shape = Shape(chat, 'model "x" ✓', client_request_id="id-ü\"1")
+    for text in ("", " tok", 'quote " back \\ slash', "new\nline\ttab", "ünï ✓ 日本 😀", "\x00\x1f"):
+        expected = b"data: " + json.dumps(shape.chunk(text, None), separators=(",", ":")).encode()
+        assert shape.token_event(text) == expected + b"\n\n"
+        assert json.loads(shape.token_event(text)[6:])["id"].endswith('-id-ü"1')
+
+
 def test_tokenizer_codec_decodes_incrementally(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token=None))

@@ -65,14 +65,13 @@ def _digest(text: bytes) -> bytes:
     return hashlib.sha256(text).digest()
 
 
-class ApiKeyMiddleware:
-    """Pure ASGI: checks the bearer key before the app sees the request."""
+class ApiKeyGuard:
+    """Checks the bearer key of an ASGI request before anything reads its body."""
 
-    def __init__(self, app, api_key: str) -> None:
-        self.app = app
+    def __init__(self, api_key: str) -> None:
         self._digest = _digest(api_key.encode())
 
-    def _verdict(self, scope) -> str | None:
+    def verdict(self, scope) -> str | None:
         """None when the request may pass, else the 401's message."""
         if scope.get("method") == "OPTIONS" or scope["path"] in PUBLIC_PATHS:
             return None
@@ -86,12 +85,10 @@ class ApiKeyMiddleware:
             return WRONG_KEY
         return None
 
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or (msg := self._verdict(scope)) is None:
-            await self.app(scope, receive, send)
-            return
+    @staticmethod
+    async def reject(send, message: str) -> None:
         body = json.dumps(
-            error_body(msg, "invalid_request_error", code="invalid_api_key")
+            error_body(message, "invalid_request_error", code="invalid_api_key")
         ).encode()
         await send({
             "type": "http.response.start",

@@ -26,7 +26,6 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -210,14 +209,6 @@ class DetokenizeRequest(BaseModel):
 
 
 # ---- responses -------------------------------------------------------------------------------------
-def sse(obj: dict | str) -> str:
-    data = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
-    return f"data: {data}\n\n"
-
-
-SSE_DONE = sse("[DONE]")
-
-
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {
         "prompt_tokens": prompt_tokens,

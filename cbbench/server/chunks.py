@@ -1,0 +1,85 @@
+"""The response bodies of one generation request, in OpenAI's shapes.
+
+A streamed token's event differs from the previous one only in its text, so each request
+builds the bytes around the text once and fills the text in per token: one JSON string escape
+per token instead of serializing a dict of nested dicts and lists (the bytes are the same as
+``json.dumps(chunk, separators=(",", ":"))`` would write). The rare events (the finish, usage,
+errors) are serialized in full.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from json.encoder import encode_basestring_ascii as json_string
+
+from cbbench.server.protocol import usage
+
+SSE_PREFIX = b"data: "
+SSE_END = b"\n\n"
+SSE_DONE = b"data: [DONE]\n\n"
+MAX_REQUEST_ID_CHARS = 128
+
+
+def sse_bytes(obj: dict) -> bytes:
+    return SSE_PREFIX + json.dumps(obj, separators=(",", ":")).encode() + SSE_END
+
+
+def request_id(prefix: str, header: str | None) -> str:
+    """vLLM's ids: the prefix and the client's X-Request-Id when it sent a usable one, else a
+    random hex id."""
+    if header and len(header) <= MAX_REQUEST_ID_CHARS and header.isprintable():
+        return f"{prefix}-{header}"
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Shape:
+    """Builds one request's response objects for its endpoint (completions or chat)."""
+
+    def __init__(self, chat: bool, model: str, client_request_id: str | None = None) -> None:
+        self.chat = chat
+        self.id = request_id("chatcmpl" if chat else "cmpl", client_request_id)
+        self.created = int(time.time())
+        self.model = model
+        self.chunk_object = "chat.completion.chunk" if chat else "text_completion"
+        head = json.dumps(self._head(self.chunk_object), separators=(",", ":"))[:-1]
+        text_key = '"delta":{"content":' if chat else '"text":'
+        self._token_head = (f'data: {head},"choices":[{{"index":0,{text_key}').encode()
+        close = "}" if chat else ""
+        self._token_tail = f'{close},"logprobs":null,"finish_reason":null}}]}}\n\n'.encode()
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def token_event(self, text: str) -> bytes:
+        """The SSE event of a token that does not finish the request."""
+        return self._token_head + json_string(text).encode() + self._token_tail
+
+    def chunk(self, text: str, finish_reason: str | None, role: bool = False) -> dict:
+        d = self._head(self.chunk_object)
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if role else {"content": text}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        d["choices"] = [choice]
+        return d
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+        d = self._head(self.chunk_object)
+        d["choices"] = []
+        d["usage"] = usage(prompt_tokens, completion_tokens)
+        return d
+
+    def full(self, text: str, finish_reason: str | None, prompt_tokens: int, n: int) -> dict:
+        if self.chat:
+            d = self._head("chat.completion")
+            message = {"role": "assistant", "content": text}
+            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        else:
+            d = self._head("text_completion")
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        d["choices"] = [choice]
+        d["usage"] = usage(prompt_tokens, n)
+        return d

@@ -1,0 +1,87 @@
+"""What every endpoint of `cbbench serve` shares: the configuration, the engine bridge, the
+metrics and request log, and what the ready engine serves (model name, codec, vocabulary)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from cbbench.engine.request import SamplingParams
+from cbbench.server.async_engine import AsyncEngine
+from cbbench.server.prometheus import ServerMetrics
+from cbbench.server.protocol import APIError
+from cbbench.server.request_log import RequestLog, RequestTrace
+from cbbench.server.text import TextCodec, make_codec
+
+
+@dataclass
+class ServeConfig:
+    served_model_name: str | None = None  # None: the engine's model name
+    tokenizer: object | None = None  # a tokenizers.Tokenizer, or None for the fallback
+    # Sampling for fields a request leaves out (the command line's --temperature, ...).
+    defaults: SamplingParams = field(default_factory=SamplingParams)
+    request_log: str | None = None  # --request-log: a JSON-lines file, appended to
+    api_key: str | None = field(default=None, repr=False)  # --api-key, resolved; never shown
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the ready engine serves."""
+
+    name: str
+    codec: TextCodec
+    vocab_size: int  # 0: unknown (no id check)
+    max_model_len: int | None
+    created: int
+
+
+class ServeContext:
+    def __init__(self, cfg: ServeConfig, bridge: AsyncEngine, metrics: ServerMetrics) -> None:
+        self.cfg = cfg
+        self.bridge = bridge
+        self.metrics = metrics
+        self.request_log = RequestLog(cfg.request_log) if cfg.request_log else None
+        self._served: Served | None = None  # set once, when the engine is first seen ready
+
+    def ready(self) -> Served:
+        """What the engine serves, or a 503 while it starts (or after it failed)."""
+        if self._served is not None:
+            return self._served
+        bridge = self.bridge
+        if not bridge.ready:
+            msg = bridge.error or "the engine is starting"
+            raise APIError(503, msg, type="server_error", code="engine_not_ready")
+        info = bridge.info or {}
+        vocab = info.get("vocab_size") or info.get("model_config", {}).get("vocab_size") or 0
+        self._served = Served(
+            name=self.cfg.served_model_name or str(info.get("model", "model")),
+            codec=make_codec(self.cfg.tokenizer, vocab),
+            vocab_size=vocab,
+            max_model_len=info.get("max_model_len"),
+            created=int(time.time()),
+        )
+        return self._served
+
+    @staticmethod
+    def check_model(s: Served, model: str | None) -> None:
+        if model is not None and model != s.name:
+            raise APIError(
+                404, f"the model {model!r} does not exist; this server serves {s.name!r}",
+                param="model", code="model_not_found",
+            )
+
+    def sampling(self, body) -> SamplingParams:
+        """A request's sampling, the server's defaults filling the fields it left out."""
+        d = self.cfg.defaults
+        top_k = body.top_k if body.top_k is not None else d.top_k
+        return SamplingParams(
+            temperature=body.temperature if body.temperature is not None else d.temperature,
+            top_p=body.top_p if body.top_p is not None else d.top_p,
+            top_k=max(top_k, 0),
+            seed=body.seed,
+            ignore_eos=body.ignore_eos if body.ignore_eos is not None else d.ignore_eos,
+        )
+
+    def log(self, trace: RequestTrace) -> None:
+        if self.request_log is not None:
+            self.request_log.write(trace)

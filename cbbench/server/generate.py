@@ -1,0 +1,266 @@
+"""/v1/completions and /v1/chat/completions, served as plain ASGI: the hot path of `cbbench serve`.
+
+Every token of every request passes through here, so it is kept thin (see
+results/serve_overhead.md for what each part cost): the body is validated by pydantic straight
+from the bytes (no framework request object, dependency solving or re-validation), a streamed
+token's event is a byte template with the text filled in (chunks.py), and each event goes to the
+ASGI server's ``send`` directly, with no response object or task group around it.
+
+A client that goes away is noticed by one watcher per request, waiting on ``receive()``: it
+aborts the request in the engine (which frees its KV blocks) and wakes the request's coroutine
+with CLIENT_GONE. The request log's ``*_sent`` times are taken right after ``send`` returns:
+the bytes are then in the socket (or its buffer, when the client reads slowly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from cbbench.engine.request import SamplingParams
+from cbbench.server.async_engine import Admitted, Failed, RequestStream, TokenEvent
+from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
+from cbbench.server.context import ServeContext, Served
+from cbbench.server.protocol import (
+    DEFAULT_MAX_TOKENS,
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    error_body,
+    render_chat,
+    token_times_ext,
+    validation_error,
+)
+from cbbench.server.request_log import RequestTrace
+
+# path -> is it chat
+GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
+CLIENT_GONE = Failed("the client went away")
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", for the log
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+JSON_TYPE = (b"content-type", b"application/json")
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One generation request, validated and encoded."""
+
+    chat: bool
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+    return_token_times: bool
+
+
+async def send_json(send, status: int, obj: dict) -> None:
+    body = json.dumps(obj).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [JSON_TYPE, (b"content-length", str(len(body)).encode())],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(receive) -> bytes | None:
+    """The whole request body; None when the client left first."""
+    chunks = []
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            return None
+        chunks.append(msg.get("body", b""))
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _header(scope, name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return v.decode("latin-1")
+    return None
+
+
+class Generation:
+    """The ASGI handler of both generation endpoints."""
+
+    def __init__(self, ctx: ServeContext) -> None:
+        self.ctx = ctx
+
+    async def __call__(self, scope, receive, send, chat: bool, arrival: float) -> None:
+        body = await read_body(receive)
+        if body is None:
+            return
+        try:
+            s, job = self._parse(body, chat)
+            await self._generate(scope, receive, send, s, job, arrival)
+        except APIError as e:  # raised only before a response started
+            await send_json(send, e.status, e.body())
+
+    def _parse(self, body: bytes, chat: bool) -> tuple[Served, Job]:
+        ctx = self.ctx
+        try:
+            req = (ChatRequest if chat else CompletionRequest).model_validate_json(body)
+        except ValidationError as e:
+            raise validation_error(list(e.errors())) from None
+        s = ctx.ready()
+        ctx.check_model(s, req.model)
+        req.check_supported()
+        if chat:
+            ids = s.codec.encode(render_chat(req.messages))
+            max_tokens = req.output_limit()
+        else:
+            prompt = req.single_prompt()
+            ids = s.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
+        # Ids from the client, or from a tokenizer larger than the model: an id outside the
+        # vocabulary would crash a real forward pass.
+        vocab = s.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None) if vocab else None
+        if bad is not None:
+            raise APIError(
+                400, f"token id {bad} is outside the model's vocabulary of {vocab}",
+                param="messages" if chat else "prompt",
+            )
+        return s, Job(
+            chat, ids, max_tokens, ctx.sampling(req), req.stream, req.include_usage,
+            req.return_token_times,
+        )
+
+    async def _generate(self, scope, receive, send, s: Served, job: Job, arrival: float) -> None:
+        ctx = self.ctx
+        shape = Shape(job.chat, s.name, _header(scope, b"x-request-id"))
+        trace = RequestTrace(shape.id, "chat" if job.chat else "completions", job.stream, arrival)
+        trace.prompt_tokens = len(job.prompt_ids)
+        stream = ctx.bridge.submit(job.prompt_ids, job.max_tokens, job.sampling)
+        trace.submitted = stream.submitted_s
+        trace.engine_id = stream.req.request_id
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, stream))
+        try:
+            adm = await stream.next()
+            if adm is CLIENT_GONE:
+                _end(trace, stream, "abort", CLIENT_CLOSED_STATUS)
+                return
+            if isinstance(adm, Failed):
+                _end(trace, stream, "error", 503, adm.message)
+                raise APIError(503, adm.message, type="server_error", code="engine_not_ready")
+            assert isinstance(adm, Admitted)
+            trace.admitted = adm.time_s
+            if adm.error is not None:
+                _end(trace, stream, "rejected", 400, adm.error)
+                raise APIError(400, adm.error, code="request_rejected")
+            if job.stream:
+                await _stream(send, stream, shape, job, s, trace)
+            else:
+                await _complete(send, stream, shape, job, s, trace)
+        finally:
+            watcher.cancel()
+            stream.close()
+            if trace.finish is None:  # cancelled: the server is shutting down
+                _end(trace, stream, "abort", CLIENT_CLOSED_STATUS)
+            ctx.log(trace)
+
+
+async def _watch_disconnect(receive, stream: RequestStream) -> None:
+    # Once the body is read, an ASGI server's receive() blocks until the client disconnects
+    # (or the response completes, when this watcher is cancelled anyway).
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    if not stream.finished:
+        stream.close()  # abort in the engine: frees its KV blocks
+        stream.queue.put_nowait(CLIENT_GONE)
+
+
+def _end(trace: RequestTrace, stream: RequestStream, finish: str, status: int,
+         error: str | None = None) -> None:
+    """Close a trace: how it ended, and what the engine's request says (read on the event loop:
+    the fields are final once the request's last event was delivered; an aborted request's may
+    still move by a step)."""
+    req = stream.req
+    trace.finish = finish
+    trace.status = status
+    trace.error = error
+    trace.preemptions = req.num_preemptions
+    if req.first_scheduled_time is not None:
+        trace.queue_exit = req.first_scheduled_time + (stream.submitted_s - req.arrival_time)
+
+
+async def _stream(send, stream: RequestStream, shape: Shape, job: Job, s: Served,
+                  trace: RequestTrace) -> None:
+    """One SSE event per token, then usage (when asked) and [DONE]."""
+    await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+    if shape.chat:
+        body = sse_bytes(shape.chunk("", None, role=True))
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+    decoder = s.codec.decoder()
+    times: list[float] | None = [] if job.return_token_times else None
+    perf = time.perf_counter
+    n = 0
+    while True:
+        ev = await stream.next()
+        if ev is CLIENT_GONE:
+            _end(trace, stream, "abort", 200)
+            return
+        if isinstance(ev, Failed):
+            _end(trace, stream, "error", 200, ev.message)
+            body = sse_bytes(error_body(ev.message, "server_error")) + SSE_DONE
+            await send({"type": "http.response.body", "body": body})
+            return
+        assert isinstance(ev, TokenEvent)
+        n += 1
+        text = decoder.push(ev.token_id)
+        if times is not None:
+            times.append(ev.time_s)
+        if ev.finish_reason is None:
+            body = shape.token_event(text)
+        else:
+            chunk = shape.chunk(text + decoder.flush(), ev.finish_reason)
+            if times is not None:
+                chunk["cbbench"] = token_times_ext(stream.submitted_s, times)
+            body = sse_bytes(chunk)
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        sent = perf()
+        if n == 1:
+            trace.first_token, trace.first_token_sent = ev.time_s, sent
+        trace.last_token, trace.last_token_sent = ev.time_s, sent
+        trace.output_tokens = n
+        if ev.finish_reason is not None:
+            break
+    _end(trace, stream, ev.finish_reason, 200)
+    tail = SSE_DONE
+    if job.include_usage:
+        tail = sse_bytes(shape.usage_chunk(len(job.prompt_ids), n)) + tail
+    await send({"type": "http.response.body", "body": tail})
+
+
+async def _complete(send, stream: RequestStream, shape: Shape, job: Job, s: Served,
+                    trace: RequestTrace) -> None:
+    """A non-streaming answer: every token, then one JSON body."""
+    events: list[TokenEvent] = []
+    while True:
+        ev = await stream.next()
+        if ev is CLIENT_GONE:
+            _end(trace, stream, "abort", CLIENT_CLOSED_STATUS)
+            return
+        if isinstance(ev, Failed):
+            _end(trace, stream, "error", 503, ev.message)
+            raise APIError(503, ev.message, type="server_error")
+        events.append(ev)
+        if ev.finish_reason is not None:
+            break
+    decoder = s.codec.decoder()
+    text = "".join(decoder.push(ev.token_id) for ev in events) + decoder.flush()
+    body = shape.full(text, ev.finish_reason, len(job.prompt_ids), len(events))
+    if job.return_token_times:
+        body["cbbench"] = token_times_ext(stream.submitted_s, [e.time_s for e in events])
+    trace.first_token, trace.last_token = events[0].time_s, ev.time_s
+    trace.output_tokens = len(events)
+    _end(trace, stream, ev.finish_reason, 200)
+    await send_json(send, 200, body)
+    trace.first_token_sent = trace.last_token_sent = time.perf_counter()
