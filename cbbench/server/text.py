@@ -23,6 +23,7 @@ TOKENIZER_FILE = "tokenizer.json"
 # What /tokenize and /detokenize say they used.
 TOKENIZER_KIND = "tokenizer.json"
 FALLBACK_KIND = "word-per-token fallback (no --tokenizer)"
+MAX_CACHED_WORDS = 1 << 16  # the fallback's word -> id cache starts over beyond this
 
 
 class TokenDecoder(Protocol):
@@ -77,6 +78,9 @@ class HashedWordCodec:
 
     def __init__(self, vocab_size: int) -> None:
         self.vocab_size = max(1, vocab_size)
+        # Prompts reuse words: a dict lookup is a tenth of a hash, and encoding runs on the
+        # event loop, inside every request's time to first token.
+        self._ids: dict[str, int] = {}
 
     def _id(self, word: str) -> int:
         if word.isdecimal() and word.isascii() and int(word) < self.vocab_size:
@@ -84,7 +88,17 @@ class HashedWordCodec:
         return zlib.crc32(word.encode()) % self.vocab_size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return [self._id(w) for w in text.split()]
+        ids = self._ids
+        words = text.split()
+        try:
+            return list(map(ids.__getitem__, words))
+        except KeyError:  # new words: hash them once
+            if len(ids) > MAX_CACHED_WORDS:
+                ids.clear()
+            for w in words:
+                if w not in ids:
+                    ids[w] = self._id(w)
+            return list(map(ids.__getitem__, words))
 
     def decode(self, ids: list[int]) -> str:
         return " ".join(str(i) for i in ids)
