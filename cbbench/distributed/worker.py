@@ -89,7 +89,9 @@ class WorkerCore:
                 notice=lambda msg: None,  # the parent warns once, from the merged figures
                 should_stop=self._stop.is_set,
                 grace_s=t.grace_s,
-                hooks=RunHooks(start_at=self._wait_for_start, on_record=self._on_record),
+                hooks=RunHooks(
+                    start_at=self._wait_for_start, on_record=self._on_record, keep_records=False
+                ),
             )
         except UsageError as e:
             self._end(flusher)

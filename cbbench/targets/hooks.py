@@ -19,3 +19,7 @@ class RunHooks:
     # Called from the event loop with (position in the run's request list, the finished
     # record, its token-count method) for every request that was sent. Must be quick.
     on_record: Callable[[int, RequestRecord, str], None] | None = None
+    # False: a record handed to on_record is not kept for the run's end (a worker streams
+    # them all out; a long run then holds only the requests in flight). run_http's own records
+    # and record-based figures are then empty: the receiver computes them.
+    keep_records: bool = True

@@ -146,6 +146,8 @@ class _Runner:
                 method = _count_output(rec, st, self.tokenizer, self.methods)
                 if self.hooks.on_record is not None:
                     self.hooks.on_record(pos, rec, method)
+                    if not self.hooks.keep_records:  # streamed out: hold nothing for the end
+                        self.records[pos] = self.streams[pos] = None
                 self.finished += 1
                 self._progress()
 
