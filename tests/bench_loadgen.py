@@ -1,6 +1,8 @@
-"""Load-generator capacity: can one client process keep an open-loop schedule at RATE requests/s?
+"""Load-generator capacity: can the client keep an open-loop schedule at RATE requests/s?
 
     python tests/bench_loadgen.py [--rate 500] [--duration 10] [--arrival constant|poisson]
+                                  [--workers N]
+    python tests/bench_loadgen.py --workers 2 --rates 400,800,1200 --duration 5   # a sweep
 
 Starts a minimal streaming server in a separate process (`--serve`: raw asyncio HTTP/1.1 on
 127.0.0.1, 4 short SSE token events + usage + [DONE] per request, no delay), so the server
@@ -97,36 +99,51 @@ def _start_server() -> tuple[subprocess.Popen, int]:
 
 
 def bench(
-    rate: float, duration: float, arrival: str, seed: int, max_concurrency: int | None
+    rate: float,
+    duration: float,
+    arrival: str,
+    seed: int,
+    max_concurrency: int | None,
+    workers: int = 1,
+    port: int | None = None,
 ) -> dict:
     import aiohttp  # run_http imports its transport lazily: keep that out of the measured CPU
 
+    from cbbench.distributed.plan import LoadPlan
+    from cbbench.distributed.run import run_load
     from cbbench.load.arrivals import arrival_times
     from cbbench.load.workload import WorkloadRequest
-    from cbbench.targets.http import EndpointOptions, run_http
+    from cbbench.targets.http import EndpointOptions
 
     n = int(rate * duration)
     wreqs = [WorkloadRequest(i, 2, TOKENS_PER_REQUEST, prompt="hello there") for i in range(n)]
     process = "constant" if arrival == "constant" else "gamma"  # gamma shape 1 = Poisson
     arrivals = arrival_times(wreqs, rate, 1.0, process, seed)
-    proc, port = _start_server()
+    proc = None
+    if port is None:
+        proc, port = _start_server()
     try:
         opts = EndpointOptions(
             f"http://127.0.0.1:{port}", served_model=MODEL, max_concurrency=max_concurrency
         )
         load_before = os.getloadavg()[0]
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-        run = run_http(opts, wreqs, arrivals, notice=lambda m: print(m, file=sys.stderr))
+        run = run_load(
+            opts, wreqs, arrivals, lambda m: print(m, file=sys.stderr), LoadPlan(workers)
+        )
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=10)
     recs = run.records
     ok = [r for r in recs if r.ok]
     sends = np.array([r.send_s for r in recs])
     lag_ms = np.array([(r.send_s - r.intended_start_s) * 1e3 for r in recs])
     ttft_ms = np.array([r.ttft_s * 1e3 for r in ok])
     cpu_s = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    if workers > 1:  # the workers' own CPU (each measured its process) + this parent's
+        cpu_s += run.info["client_cpu_s"]
     return {
         "requests": n,
         "completed": len(ok),
@@ -144,6 +161,10 @@ def bench(
         "client_cpu_util": cpu_s / run.duration_s,
         "max_in_flight": run.info["max_in_flight"],
         "client_fell_behind": run.info["client_fell_behind"],
+        "workers": workers,
+        "worker_send_lag_p50_ms": [w["send_lag_p50_ms"] for w in run.info["workers"]],
+        "loop_lag_ms": {"p50": run.info["loop_lag_p50_ms"], "p99": run.info["loop_lag_p99_ms"]},
+        "client_bound": run.info["client_bound"],
         "loadavg_1min_before": load_before,  # other work on the machine shares its CPUs
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
@@ -161,15 +182,29 @@ def main() -> None:
     ap.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
     ap.add_argument("--max-concurrency", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=1, help="client processes (cbbench --workers)")
+    ap.add_argument("--rates", help="a sweep: comma-separated rates, one run each, one server")
     args = ap.parse_args()
     if args.serve:
         asyncio.run(_serve(args.port))
         return
-    print(
-        json.dumps(
-            bench(args.rate, args.duration, args.arrival, args.seed, args.max_concurrency), indent=2
+    if args.rates is None:
+        out = bench(
+            args.rate, args.duration, args.arrival, args.seed, args.max_concurrency, args.workers
         )
-    )
+        print(json.dumps(out, indent=2))
+        return
+    proc, port = _start_server()
+    try:
+        for rate in (float(r) for r in args.rates.split(",")):
+            out = bench(
+                rate, args.duration, args.arrival, args.seed, args.max_concurrency,
+                args.workers, port,
+            )
+            print(json.dumps(out), flush=True)  # one line per rate
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 if __name__ == "__main__":
