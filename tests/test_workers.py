@@ -370,3 +370,37 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server, tmp_path):
     assert set(s["error_types"]) <= {"interrupted"}  # in flight at the stop, if any
     assert not any(_alive(p) for p in pids)
     assert not math.isnan(s["ttft_ms"]["p50"])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--workers", "0"], "--workers"),
+        (["--workers", "many"], "--workers"),
+        (["--ray-address", "auto"], "needs --ray"),
+        (["--workers", "3", "--max-concurrency", "2"], "less than --workers"),
+    ],
+)
+def test_bad_worker_options_exit_2_with_one_line(tmp_path, args, message):
+    res = CliRunner().invoke(
+        app,
+        ["run", "--endpoint", "http://127.0.0.1:9", "--output", str(tmp_path / "x.json"), *args],
+    )
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_workers_need_an_endpoint(tmp_path):
+    res = CliRunner().invoke(
+        app, ["run", "--engine", "sim", "--workers", "2", "--output", str(tmp_path / "x.json")]
+    )
+    assert res.exit_code == 2 and "apply to --endpoint runs" in res.output
+
+
+def test_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    res = CliRunner().invoke(
+        app,
+        ["run", "--endpoint", "http://127.0.0.1:9", "--ray", "--output", str(tmp_path / "x.json")],
+    )
+    assert res.exit_code == 2 and "pip install 'cbbench[ray]'" in res.output, res.output
