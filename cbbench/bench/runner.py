@@ -245,13 +245,17 @@ def execute_run(
         if spec.endpoint is not None and plan is not None:
             raise UsageError("multi-turn sessions run on the engine target for now")
         if spec.endpoint is not None:
-            from cbbench.distributed.run import run_load
+            from cbbench.distributed.run import SinceInstant, run_load
             from cbbench.engine.clock import WallClock
 
-            start_telemetry(WallClock())  # run_http's t0 is taken right after: ~µs apart
+            if spec.load.distributed:  # workers take seconds to set up: time from their t0
+                on_t0 = lambda t0: start_telemetry(SinceInstant(t0))  # noqa: E731
+            else:
+                start_telemetry(WallClock())  # run_http's t0 is taken right after: ~µs apart
+                on_t0 = None
             run = run_load(
                 spec.endpoint, wreqs, arrivals, notice, spec.load, should_stop=should_stop,
-                on_progress=on_progress,
+                on_progress=on_progress, on_t0=on_t0,
             )
             target_config = {
                 "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),

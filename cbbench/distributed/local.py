@@ -89,6 +89,7 @@ def run_local_workers(
     notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[int, int], None] | None,
+    on_t0: Callable[[float], None] | None = None,
 ) -> HttpRun:
     ctx = mp.get_context("spawn")
     total = len(merger.records)
@@ -127,6 +128,8 @@ def run_local_workers(
                     for k, c in enumerate(ctrls):
                         if merger.workers[k].status not in FINAL:
                             _send(c, ("start", t0))
+                    if on_t0 is not None:
+                        on_t0(t0)
                 elif time.monotonic() > setup_deadline:
                     raise UsageError(f"the workers did not get ready within {SETUP_TIMEOUT_S:g} s")
             elif not stop_sent and should_stop is not None and should_stop():

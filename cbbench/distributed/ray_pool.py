@@ -119,6 +119,7 @@ def run_ray_workers(
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[int, int], None] | None,
     grace_s: float,
+    on_t0: Callable[[float], None] | None = None,
 ) -> HttpRun:
     ray, started_here = _init_ray(plan)
     try:
@@ -143,7 +144,9 @@ def run_ray_workers(
             for t in tasks
         ]
         try:
-            return _drive(ray, actors, opts, merger, notice, should_stop, on_progress, len(wreqs))
+            return _drive(
+                ray, actors, opts, merger, notice, should_stop, on_progress, len(wreqs), on_t0
+            )
         finally:
             for a in actors:  # on a cluster that outlives this run, leave nothing behind
                 ray.kill(a)
@@ -152,7 +155,9 @@ def run_ray_workers(
             ray.shutdown()
 
 
-def _drive(ray, actors, opts, merger: Merger, notice, should_stop, on_progress, total) -> HttpRun:
+def _drive(
+    ray, actors, opts, merger: Merger, notice, should_stop, on_progress, total, on_t0
+) -> HttpRun:
     cpu0 = time.process_time()
     try:
         where = ray.get([a.where.remote() for a in actors], timeout=SETUP_TIMEOUT_S)
@@ -176,6 +181,8 @@ def _drive(ray, actors, opts, merger: Merger, notice, should_stop, on_progress, 
                 break
             if all(ws.status != "starting" for ws in merger.workers):
                 t0 = _start(ray, actors, merger, where, here, notice)
+                if on_t0 is not None:
+                    on_t0(t0)
             elif time.monotonic() > deadline:
                 raise UsageError(f"the Ray workers did not get ready within {SETUP_TIMEOUT_S:g} s")
         elif not stop_sent and should_stop is not None and should_stop():

@@ -4,6 +4,7 @@ worker, and info["workers"] (summary.workers) with one entry per worker."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable, Sequence
 
 from cbbench.distributed.merge import DONE, Merger
@@ -30,14 +31,17 @@ def run_load(
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     grace_s: float = DEFAULT_GRACE_S,
+    on_t0: Callable[[float], None] | None = None,
 ) -> HttpRun:
+    """`on_t0(t0)`: called (multi-worker runs) once the shared start instant is chosen, a
+    time.perf_counter() value up to START_MARGIN_S ahead."""
     if not plan.distributed:
         return _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s)
     if plan.ray:
         from cbbench.distributed.ray_pool import run_ray_workers
 
         return run_ray_workers(
-            opts, wreqs, arrivals, notice, plan, should_stop, on_progress, grace_s
+            opts, wreqs, arrivals, notice, plan, should_stop, on_progress, grace_s, on_t0
         )
     from cbbench.distributed.local import run_local_workers, worker_tasks
 
@@ -46,7 +50,18 @@ def run_load(
     shares = deal(len(wreqs), n, session_keys(wreqs))
     tasks = worker_tasks(opts, wreqs, arrivals, shares, grace_s)
     merger = Merger(wreqs, [float(a) for a in arrivals], shares)
-    return run_local_workers(opts, tasks, merger, notice, should_stop, on_progress)
+    return run_local_workers(opts, tasks, merger, notice, should_stop, on_progress, on_t0)
+
+
+class SinceInstant:
+    """A clock (for the GPU telemetry sampler) reading seconds since a perf_counter instant:
+    the workers' shared t0, so samples and requests share one time axis."""
+
+    def __init__(self, t0: float):
+        self.t0 = t0
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
 
 
 def _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s) -> HttpRun:
