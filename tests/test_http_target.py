@@ -31,6 +31,7 @@ CHAT_TEMPLATE_TOKENS = 7  # what the fake's "chat template" adds to the prompt c
 STALL_S = 3.0  # the stall fault's bound: longer than the tests' request timeout
 TRICKLE_DELAY_S = 0.1
 CUT_AFTER = 2  # tokens sent before the cut fault drops the connection
+EOS_AFTER = 3  # the eos fault ignores ignore_eos: it stops ("stop") after this many tokens
 LLAMA3_TOKENIZER = (
     Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama-3.1" / "tokenizer.json"
 )
@@ -66,8 +67,13 @@ def _directives(prompt) -> dict[str, str]:
 class FakeOpenAI:
     """An OpenAI-compatible streaming server with fault injection, on 127.0.0.1."""
 
-    def __init__(self, metrics: bool = True, tls: ssl.SSLContext | None = None):
+    def __init__(
+        self, metrics: bool = True, tls: ssl.SSLContext | None = None, metrics_page=None
+    ):
         self.metrics = metrics
+        self.metrics_page = metrics_page  # FakeOpenAI -> page text; None: METRICS_PAGE
+        self.ttft_s: list[float] = []  # the server's own TTFT and token gaps, as it saw them
+        self.gaps_s: list[float] = []
         self.tls = tls
         self.connections = 0  # TCP connections accepted
         self.in_flight = 0
@@ -147,7 +153,7 @@ class FakeOpenAI:
             if not self.metrics:
                 self._plain(writer, "404 Not Found", b"not found", "text/plain")
                 return True
-            page = METRICS_PAGE.format(
+            page = self.metrics_page(self) if self.metrics_page else METRICS_PAGE.format(
                 model=MODEL, running=self.in_flight, prompt_tokens=self.prompt_tokens
             )
             self._plain(writer, "200 OK", page.encode(), "text/plain; version=0.0.4")
@@ -189,8 +195,13 @@ class FakeOpenAI:
             writer.write(
                 _event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
             )
+        got, last = time.perf_counter(), None
         n = req["max_tokens"]
-        text = " a b" if fault == "pairs" else " a"
+        if fault == "eos":  # the model "emits EOS" early and the server ignores ignore_eos
+            n = min(n, EOS_AFTER)
+        # pairs: two tokens per event; glued: one token per event, but the text re-tokenizes
+        # to fewer tokens (as a generated sequence that is not its text's own encoding).
+        text = {"pairs": " a b", "glued": "a"}.get(fault, " a")
         for i in range(n):
             if delay:
                 await asyncio.sleep(delay)
@@ -205,7 +216,9 @@ class FakeOpenAI:
             if fault == "errorevent" and i == 1:
                 writer.write(_event({"error": {"message": "engine died", "code": 500}}))
                 continue
-            finish = "length" if i == n - 1 and fault != "nodone" else None
+            finish = None
+            if i == n - 1 and fault != "nodone":
+                finish = "stop" if fault == "eos" and n < req["max_tokens"] else "length"
             choice = (
                 {"index": 0, "delta": {"content": text}, "finish_reason": finish}
                 if chat
@@ -220,7 +233,13 @@ class FakeOpenAI:
                 continue
             writer.write(_event({"choices": [choice]}))
             await writer.drain()
-        if fault not in ("nousage", "pairs"):
+            now = time.perf_counter()
+            if last is None:
+                self.ttft_s.append(now - got)
+            else:
+                self.gaps_s.append(now - last)
+            last = now
+        if fault not in ("nousage", "pairs", "glued"):
             usage = {
                 "prompt_tokens": n_prompt,
                 "completion_tokens": n,
@@ -345,6 +364,81 @@ def test_endpoint_forms_and_redaction():
     assert "pw" not in json.dumps(EndpointOptions("http://user:pw@h:1").to_config())
     with pytest.raises(UsageError):
         EndpointOptions("http://h", api="embeddings").validate()
+
+
+def test_server_ignoring_ignore_eos_is_counted_and_warned(fresh):
+    # 6 requests for 8 tokens; the 4 "eos" ones come back with EOS_AFTER, finish_reason stop.
+    prompts = ["fault:eos x"] * 4 + ["x"] * 2
+    notes: list[str] = []
+    run = run_http(_opts(fresh.url), _reqs(prompts, output_len=8), np.zeros(6), notes.append)
+    assert all(r.ok for r in run.records) and all(r.max_tokens == 8 for r in run.records)
+    assert [r.output_tokens for r in run.records] == [EOS_AFTER] * 4 + [8, 8]
+    assert [r.finish_reason for r in run.records] == ["stop"] * 4 + ["length"] * 2
+    short = summarize(run.records, run.duration_s)["short_outputs"]
+    assert (short["count"], short["checked"], short["finish_reason_stop"]) == (4, 6, 4)
+    assert short["share"] == pytest.approx(4 / 6)
+    assert short["mean_shortfall"] == pytest.approx(8 - EOS_AFTER)
+    warned = [n for n in notes if "max_tokens" in n]
+    assert len(warned) == 1 and "ignore_eos" in warned[0] and "--no-ignore-eos-field" in warned[0]
+    assert "4 of 6" in warned[0]
+
+    # A full-length run: short_outputs is 0 and nothing is said.
+    notes.clear()
+    run = run_http(_opts(fresh.url), _reqs(["x"] * 3, output_len=5), np.zeros(3), notes.append)
+    assert summarize(run.records, run.duration_s)["short_outputs"]["count"] == 0
+    assert notes == []
+
+
+def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh, tiny_tokenizer):
+    # glued: one token per event, no usage; the streamed text re-tokenizes to 1 token ("aaaa"
+    # is one unknown word). Events are detected as single tokens (each event's text alone is one
+    # token), so events are the count, and the tokenizer's disagreement is reported.
+    notes: list[str] = []
+    opts = _opts(fresh.url, tokenizer=tiny_tokenizer)
+    run = run_http(opts, _reqs(["fault:glued x"] * 4, output_len=4), np.zeros(4), notes.append)
+    for r in run.records:
+        assert r.output_tokens_method == "events" and r.output_tokens == 4
+        # one_token_events: this request's events that are one token each, tokenized alone
+        assert r.output_token_counts == {"events": 4, "tokenizer": 1, "one_token_events": 4}
+    counts = run.info["token_counts"]
+    assert counts["output_method"] == {"events": 4}
+    assert counts["one_token_per_event"]["detected"] is True
+    assert counts["one_token_per_event"]["basis"] == "tokenizer"
+    assert counts["disagreement"]["tokenizer_vs_events"]["disagree"] == 4
+    assert counts["prompt_method"] == {"usage": 0, "workload": 4}
+    warned = [n for n in notes if "disagree" in n]
+    assert len(warned) == 1 and "tokenizer vs events differ on 4 of 4" in warned[0]
+
+    # pairs: two tokens per event, no usage: the tokenizer is the count, and it disagrees too.
+    notes.clear()
+    run = run_http(opts, _reqs(["fault:pairs x"] * 2, output_len=3), np.zeros(2), notes.append)
+    assert [(r.output_tokens_method, r.output_tokens) for r in run.records] == [("tokenizer", 6)] * 2
+    assert run.info["token_counts"]["one_token_per_event"]["detected"] is False
+    assert any("tokenizer vs events differ on 2 of 2" in n for n in notes)
+
+    # No usage and no tokenizer: events, flagged as unverified.
+    notes.clear()
+    run = run_http(_opts(fresh.url), _reqs(["fault:nousage x"] * 2), np.zeros(2), notes.append)
+    assert [r.output_tokens_method for r in run.records] == ["events"] * 2
+    assert any("--tokenizer" in n and "stream events" in n for n in notes)
+
+    # With usage, it is the count; the events agree, which shows one token per event.
+    notes.clear()
+    run = run_http(opts, _reqs(["x"] * 3, output_len=4), np.zeros(3), notes.append)
+    assert [r.output_tokens_method for r in run.records] == ["usage"] * 3
+    assert run.records[0].output_token_counts == {
+        "events": 4, "usage": 4, "tokenizer": 4, "one_token_events": 4,
+    }
+    assert run.info["token_counts"]["one_token_per_event"] == {
+        "detected": True, "basis": "usage", "share": 1.0, "checked": 3,
+    }
+    assert notes == []
+
+
+def test_chat_without_usage_warns_about_template_tokens(fresh):
+    notes: list[str] = []
+    run_http(_opts(fresh.url, api="chat"), _reqs(["fault:nousage x"]), [0.0], notes.append)
+    assert any("chat template" in n for n in notes)
 
 
 def test_token_count_fallbacks(fresh, tiny_tokenizer):
@@ -583,13 +677,126 @@ def test_scrape_metrics(fresh):
     assert run.info["server_metrics_scrapes"]["failed"] == 0
 
 
-def test_scrape_failure_is_not_fatal():
+def test_scrape_failure_is_not_fatal_and_said_once():
+    notes: list[str] = []
     with FakeOpenAI(metrics=False) as s:
-        run = run_http(_opts(s.url, scrape_metrics=True), _reqs(["x"] * 3), [0.0, 0.3, 0.6], print)
+        run = run_http(
+            _opts(s.url, scrape_metrics=True), _reqs(["x"] * 3), [0.0, 0.3, 0.6], notes.append
+        )
     assert all(r.ok for r in run.records)
     scrapes = run.info["server_metrics_scrapes"]
     assert scrapes["failed"] >= 1 and "HTTP 404" in scrapes["errors"][0]
     assert run.info["server_metrics"] == []
+    said = [n for n in notes if "metrics" in n]  # (a loaded machine may add a send-lag line)
+    assert len(said) == 1 and "GET /metrics failed" in said[0] and "HTTP 404" in said[0]
+
+
+HIST_BUCKETS = (0.025, 0.05, 0.5, 1.0)
+
+
+def _histogram(name: str, values: list[float]) -> str:
+    lines = [f"# TYPE {name} histogram"]
+    for le in (*HIST_BUCKETS, float("inf")):
+        n = sum(v <= le for v in values)
+        lines.append(f'{name}_bucket{{le="{"+Inf" if le == float("inf") else le}",model_name="m"}} {n}')
+    lines.append(f'{name}_sum{{model_name="m"}} {sum(values)}')
+    lines.append(f'{name}_count{{model_name="m"}} {len(values)}')
+    return "\n".join(lines) + "\n"
+
+
+def vllm_histograms_page(fake: FakeOpenAI) -> str:
+    """vLLM's TTFT and (older name) per-token latency histograms, from what the fake saw."""
+    return _histogram("vllm:time_to_first_token_seconds", fake.ttft_s) + _histogram(
+        "vllm:time_per_output_token_seconds", fake.gaps_s
+    )
+
+
+def test_server_side_ttft_from_vllm_histograms():
+    with FakeOpenAI(metrics_page=vllm_histograms_page) as s:
+        # Earlier traffic (TTFT ~1 ms: the first buckets) is in the histograms before the run.
+        run_http(_opts(s.url), _reqs(["x"] * 3, output_len=2), np.zeros(3), print)
+        before = len(s.ttft_s)
+        # The run: TTFT and token gaps of 60 ms, all in the (50, 500] ms bucket, so the
+        # interpolated p50 is its middle, 275 ms, and the mean is the fake's own mean.
+        n = 4
+        run = run_http(
+            _opts(s.url, scrape_metrics=True), _reqs(["delay:0.06"] * n, output_len=3),
+            np.arange(n) * 0.01, print,
+        )
+        ours = s.ttft_s[before:]
+    assert all(0.05 < t <= 0.5 for t in ours) and len(ours) == n
+    assert all(t <= 0.05 for t in s.ttft_s[:before])
+    lat = run.info["server_latency"]
+    ttft = lat["ttft_ms"]
+    assert ttft["histogram"] == "vllm:time_to_first_token_seconds"
+    assert ttft["observations"] == n  # the run's requests only: the difference of two scrapes
+    assert ttft["server_p50"] == pytest.approx(275.0)
+    assert ttft["server_mean"] == pytest.approx(1000 * sum(ours) / n, rel=1e-6)
+    client = [r.ttft_from_send_s * 1000 for r in run.records]
+    assert ttft["client_p50"] == pytest.approx(float(np.percentile(client, 50)))
+    assert ttft["diff_p50"] == pytest.approx(ttft["client_p50"] - 275.0)
+    assert ttft["client_p50"] >= 60.0  # the client cannot see the first token before the server sent it
+    itl = lat["itl_ms"]
+    assert itl["histogram"] == "vllm:time_per_output_token_seconds"
+    assert itl["observations"] == n * 2 and itl["server_p50"] == pytest.approx(275.0)
+    assert "tpot_ms" not in lat and "e2el_ms" not in lat  # not exposed: not reported
+
+
+def test_histogram_quantile_by_hand():
+    from cbbench.analysis.server_latency import histogram_quantile
+
+    inf = float("inf")
+    # 10 observations: 2 <= 0.1, 8 more <= 0.2. p50 rank 5: 0.1 + 0.1 * (5 - 2) / 8.
+    assert histogram_quantile(0.5, {0.1: 2, 0.2: 10, inf: 10}) == pytest.approx(0.1375)
+    assert histogram_quantile(0.5, {0.1: 0, 0.2: 0, inf: 4}) == 0.2  # beyond the last bound
+    assert histogram_quantile(0.1, {0.1: 4, inf: 4}) == pytest.approx(0.01)  # from 0: 0.1 * 0.4 / 4
+    assert histogram_quantile(0.5, {0.1: 0, inf: 0}) is None
+
+
+LLAMACPP_PAGE = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.
+# TYPE llamacpp:prompt_tokens_total counter
+llamacpp:prompt_tokens_total 41
+# TYPE llamacpp:requests_processing gauge
+llamacpp:requests_processing 1
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m"} 2
+# TYPE tgi_queue_size gauge
+tgi_queue_size 0
+# TYPE process_open_fds gauge
+process_open_fds 12
+"""
+
+
+def test_scrape_keeps_llamacpp_sglang_and_tgi_names():
+    with FakeOpenAI(metrics_page=lambda fake: LLAMACPP_PAGE) as s:
+        notes: list[str] = []
+        run = run_http(_opts(s.url, scrape_metrics=True), _reqs(["x"] * 2), [0.0, 0.3], notes.append)
+        names = {r["name"] for r in run.info["server_metrics"]}
+        assert names == {
+            "llamacpp:prompt_tokens_total", "llamacpp:requests_processing",
+            "sglang:num_running_reqs", "tgi_queue_size",
+        }
+        assert not [n for n in notes if "metrics" in n] and "server_latency" not in run.info
+        # A filter keeps what it finds instead.
+        run = run_http(
+            _opts(s.url, scrape_metrics=True, scrape_metrics_filter=r"^process_|prompt_tokens_total$"),
+            _reqs(["x"]), [0.0], notes.append,
+        )
+        names = {r["name"] for r in run.info["server_metrics"]}
+        assert names == {"process_open_fds", "llamacpp:prompt_tokens_total"}
+        # A filter that finds nothing: one warning line, naming the filter.
+        run = run_http(
+            _opts(s.url, scrape_metrics=True, scrape_metrics_filter="^nothing_here"),
+            _reqs(["x"]), [0.0], notes.append,
+        )
+    said = [n for n in notes if "metrics" in n]
+    assert run.info["server_metrics"] == [] and len(said) == 1
+    assert "no metric matched" in said[0] and "^nothing_here" in said[0]
+
+
+def test_bad_scrape_filter_is_a_usage_error():
+    with pytest.raises(UsageError, match="--scrape-metrics-filter"):
+        EndpointOptions("http://h", scrape_metrics_filter="(unclosed").validate()
 
 
 # ---- prompts --------------------------------------------------------------------------------

@@ -156,7 +156,7 @@ def test_max_concurrency_caps_in_flight(srv, workload, tmp_path, monkeypatch):
     # From the records alone: [send, last token] intervals never overlap more than the cap.
     events = []
     for r in rows:
-        send = r["intended_start_s"] + r["send_lag_ms"] / 1000
+        send = r["intended_start_s"] + (r["slot_wait_ms"] + r["send_lag_ms"]) / 1000
         events += [(send, 1), (r["intended_start_s"] + r["e2el_ms"] / 1000, -1)]
     level = peak = 0
     for _, step in sorted(events, key=lambda e: (e[0], e[1])):  # ends before starts on ties
@@ -164,10 +164,25 @@ def test_max_concurrency_caps_in_flight(srv, workload, tmp_path, monkeypatch):
         peak = max(peak, level)
     assert peak == cap
     # Requests past the first `cap` waited for a slot (a request here takes ~16 iterations of
-    # ~2.7 ms): queue time is reported, not send lag.
-    waited = sorted(r["queue_ms"] for r in rows)
+    # ~2.7 ms): slot wait is reported, not send lag, and not as the client falling behind.
+    waited = sorted(r["slot_wait_ms"] for r in rows)
     assert len(waited) == N and waited[-(N - cap)] > 10
-    assert not result["summary"]["http"]["client_fell_behind"]
+    assert [r["queue_ms"] for r in rows] == [r["slot_wait_ms"] for r in rows]
+    s = result["summary"]
+    assert not s["http"]["client_fell_behind"] and "fell behind" not in res.output
+    assert s["send_lag_ms"]["p50"] < 10 and s["slot_wait_ms"]["p99"] > 10
+    assert s["http"]["send_lag_p50_ms"] == pytest.approx(s["send_lag_ms"]["p50"])
+    # Both bases: from the intended start (the table's) and from the send, per request and in
+    # the summary; they differ by the slot wait plus the (small) send lag.
+    assert s["latency_basis"] == "intended_start"
+    for r in rows:
+        gap = r["ttft_ms"] - r["ttft_from_send_ms"]
+        assert gap == pytest.approx(r["slot_wait_ms"] + r["send_lag_ms"], abs=1e-6)
+    assert s["from_send"]["ttft_ms"]["count"] == N
+    assert s["from_send"]["ttft_ms"]["p99"] < s["ttft_ms"]["p99"]
+    assert s["from_send"]["e2el_ms"]["mean"] < s["e2el_ms"]["mean"]
+    assert "TTFT from send (ms)" in res.stdout and "slot wait (ms)" in res.stdout
+    assert "count from the intended start" in res.stdout
 
 
 # ---- exit codes: failures ------------------------------------------------------------------
@@ -210,6 +225,54 @@ def test_max_error_rate_decides_the_exit_code(fake, faulty, tmp_path, monkeypatc
     )
     assert res.exit_code == code, res.output
     assert load_result(out)["summary"]["failed"] == 2
+
+
+def test_server_ignoring_ignore_eos_warns_and_counts(fake, tmp_path, monkeypatch):
+    prompts = ["fault:eos one", "fault:eos two", "three", "four"]
+    path = tmp_path / "eos.jsonl"
+    path.write_text("".join(json.dumps({"prompt": p, "output_len": 10}) + "\n" for p in prompts))
+    out = tmp_path / "eos.json"
+    res = invoke(
+        monkeypatch, "run", "--endpoint", fake.url, "--workload", str(path),
+        "--num-requests", "4", "--output", str(out),
+    )
+    assert res.exit_code == 0, res.output  # the requests completed: a warning, not a failure
+    warned = [line for line in res.stderr.splitlines() if "max_tokens" in line]
+    assert len(warned) == 1 and warned[0].startswith("cbbench: warning: ")
+    assert "ignore_eos" in warned[0] and "--no-ignore-eos-field" in warned[0]
+    result = load_result(out)
+    short = result["summary"]["short_outputs"]
+    assert (short["count"], short["checked"], short["share"]) == (2, 4, 0.5)
+    assert short["mean_shortfall"] == 10 - 3
+    by_prompt = {r["output_tokens"] for r in result["requests"] if r["finish_reason"] == "stop"}
+    assert by_prompt == {3}
+    assert all(r["max_tokens"] == 10 and r["output_tokens_method"] == "usage"
+               for r in result["requests"])
+    assert "short outputs (< max_tokens)" in res.stdout and "2 / 4" in res.stdout
+
+
+def test_scrape_metrics_without_a_metrics_page_is_one_warning_line(workload, tmp_path, monkeypatch):
+    out = tmp_path / "nometrics.json"
+    with FakeOpenAI(metrics=False) as s:
+        res = endpoint_run(monkeypatch, s.url, workload, out, "--scrape-metrics")
+    assert res.exit_code == 0, res.output
+    said = [line for line in res.stderr.splitlines() if "metrics" in line]
+    assert len(said) == 1 and said[0].startswith("cbbench: warning: --scrape-metrics")
+    assert "HTTP 404" in said[0]
+    assert load_result(out)["server_metrics"] == []
+
+
+def test_scrape_metrics_filter_flag(fake, workload, tmp_path, monkeypatch):
+    out = tmp_path / "filtered.json"
+    # The filter alone asks for the scrape; the fake's page has process_cpu_seconds_total.
+    res = endpoint_run(monkeypatch, fake.url, workload, out, "--scrape-metrics-filter", "^process_")
+    assert res.exit_code == 0, res.output
+    result = load_result(out)
+    assert result["config"]["scrape_metrics"] is True
+    assert result["config"]["scrape_metrics_filter"] == "^process_"
+    assert {r["name"] for r in result["server_metrics"]} == {"process_cpu_seconds_total"}
+    res = endpoint_run(monkeypatch, fake.url, workload, out, "--scrape-metrics-filter", "(")
+    assert res.exit_code == 2 and "--scrape-metrics-filter" in one_error_line(res)
 
 
 def test_header_value_is_sent_but_never_written(fake, workload, tmp_path, monkeypatch):

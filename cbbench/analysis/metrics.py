@@ -2,7 +2,10 @@
 
 TTFT and E2EL are measured from the request's *intended* start (the open-loop arrival schedule),
 so a client that falls behind cannot hide server queueing (no coordinated omission); the send
-lag (actual - intended) is reported beside them. TPOT per request is (E2EL - TTFT) / (output - 1)
+lag (actual send - when the client was ready to send) is reported beside them. Under
+--max-concurrency the wait for a slot is part of the intended-start figures and is reported on
+its own (slot_wait_ms), with TTFT/E2EL from the send beside them (vLLM's benchmark measures
+from the send). TPOT per request is (E2EL - TTFT) / (output - 1)
 over requests with more than one output token; ITL pools the gaps between consecutive tokens of
 every request. Distributions use numpy.percentile (linear interpolation).
 """
@@ -14,6 +17,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.token_counts import short_outputs
 from cbbench.errors import UsageError
 
 DEFAULT_PERCENTILES = (50, 90, 95, 99)
@@ -84,9 +88,8 @@ def summarize(
     out_tokens = sum(r.output_tokens for r in done)
     in_tokens = sum(r.prompt_tokens for r in done)
     dur = duration_s if duration_s > 0 else float("inf")  # nothing ran: rates are 0
-    lags = [
-        (r.send_s - r.intended_start_s) * MS for r in records if r.send_s is not None
-    ]
+    # The client's own lag: from when it was ready to send (a freed slot under a cap).
+    lags = [(r.send_s - r.ready_s) * MS for r in records if r.send_s is not None]
     error_types: dict[str, int] = {}
     for r in failed:
         error_types[r.error_type or "error"] = error_types.get(r.error_type or "error", 0) + 1
@@ -108,6 +111,18 @@ def summarize(
         "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
         "send_lag_ms": distribution(lags, percentiles),
     }
+    if any(r.slot_s is not None for r in records):  # closed loop: both latency bases
+        summary["latency_basis"] = "intended_start"
+        summary["slot_wait_ms"] = distribution(
+            [(r.slot_s - r.intended_start_s) * MS for r in records if r.slot_s is not None],
+            percentiles,
+        )
+        summary["from_send"] = {
+            "ttft_ms": distribution([r.ttft_from_send_s * MS for r in done], percentiles),
+            "e2el_ms": distribution([r.e2el_from_send_s * MS for r in done], percentiles),
+        }
+    if any(r.max_tokens is not None for r in records):
+        summary["short_outputs"] = short_outputs(records)
     priorities = sorted({r.priority for r in records})
     if len(priorities) > 1:
         summary["per_priority"] = per_priority(records, priorities)

@@ -23,6 +23,12 @@ class RequestRecord:
     session_id: int | str | None = None  # multi-turn workloads: the session
     turn: int | None = None  # multi-turn workloads: the turn, from 1
     worker: int | None = None  # HTTP runs: the load-generator worker that sent it (0..N-1)
+    # HTTP targets (issue 20): what was asked and how the output was counted.
+    slot_s: float | None = None  # --max-concurrency: when a slot freed (the client was ready)
+    max_tokens: int | None = None  # the output length asked for
+    output_tokens_method: str | None = None  # usage | events | tokenizer
+    output_token_counts: dict[str, int] | None = None  # every count available, by method
+    finish_reason: str | None = None  # the server's last finish_reason
 
     @property
     def ok(self) -> bool:
@@ -35,6 +41,19 @@ class RequestRecord:
     @property
     def e2el_s(self) -> float | None:
         return self.token_times_s[-1] - self.intended_start_s if self.ok else None
+
+    @property
+    def ready_s(self) -> float:
+        """When the client was free to send: the intended start, or a slot's release."""
+        return self.slot_s if self.slot_s is not None else self.intended_start_s
+
+    @property
+    def ttft_from_send_s(self) -> float | None:
+        return self.token_times_s[0] - self.send_s if self.ok and self.send_s is not None else None
+
+    @property
+    def e2el_from_send_s(self) -> float | None:
+        return self.token_times_s[-1] - self.send_s if self.ok and self.send_s is not None else None
 
     @property
     def tpot_s(self) -> float | None:

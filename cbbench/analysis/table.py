@@ -26,7 +26,18 @@ def latency_table(summary: dict) -> str:
         d = summary.get(key) or {}
         mark = CLIENT_BOUND_MARK if key in bound else ""
         rows.append([f"{label} (ms){mark}", *(_fmt(d.get(s)) for s in STATS)])
+    from_send = summary.get("from_send")
+    if from_send:  # --max-concurrency: both bases, labelled
+        rows.append(["slot wait (ms)", *(_fmt(summary["slot_wait_ms"].get(s)) for s in STATS)])
+        for label, key in (("TTFT", "ttft_ms"), ("E2EL", "e2el_ms")):
+            d = from_send.get(key) or {}
+            rows.append([f"{label} from send (ms)", *(_fmt(d.get(s)) for s in STATS)])
     table = tabulate(rows, headers=["", *STATS], tablefmt="simple", disable_numparse=True)
+    if from_send:
+        table += (
+            "\nTTFT and E2EL count from the intended start (the wait for a --max-concurrency "
+            "slot included);\nthe 'from send' rows leave that wait out (as vLLM's benchmark)."
+        )
     if bound:
         table += "\n* client-bound: " + " ".join(summary["client_bound"].get("reasons") or [])
     return table
@@ -59,6 +70,12 @@ def throughput_table(summary: dict) -> str:
         ["output throughput (tok/s)", _fmt(summary["output_throughput"], 1)],
         ["total token throughput (tok/s)", _fmt(summary["total_token_throughput"], 1)],
     ]
+    short = summary.get("short_outputs")
+    if short and short["checked"]:
+        rows.append(
+            ["short outputs (< max_tokens)", f"{short['count']} / {short['checked']} "
+             f"(mean shortfall {short['mean_shortfall']:.1f} tok)"]
+        )
     if "goodput" in summary:
         rows.append(["goodput (req/s)", _fmt(summary["goodput"])])
         rows.append(["SLO attainment", f"{summary['slo_attainment']:.1%}"])
@@ -116,6 +133,24 @@ def by_turn_table(summary: dict) -> str:
     return table
 
 
+def server_latency_table(http: dict | None) -> str:
+    """The server's own p50 (vLLM's histograms) beside the client's, with the difference."""
+    lat = (http or {}).get("server_latency")
+    if not lat:
+        return ""
+    rows = []
+    for label, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"),
+                       ("E2EL", "e2el_ms")):
+        d = lat.get(key)
+        if d:
+            rows.append([f"{label} p50 (ms)", _fmt(d["server_p50"]), _fmt(d["client_p50"]),
+                         _fmt(d["diff_p50"])])
+    return tabulate(
+        rows, headers=["", "server", "client (from send)", "client - server"],
+        tablefmt="simple", disable_numparse=True,
+    )
+
+
 def telemetry_line(tel: dict | None) -> str:
     """Measured HBM utilization, to read beside the analytic MBU above."""
     if not tel:
@@ -146,6 +181,9 @@ def render_summary(result: dict) -> str:
     turns = by_turn_table(s)
     if turns:
         parts += ["", turns]
+    server = server_latency_table(s.get("http"))
+    if server:
+        parts += ["", server]
     workers = workers_table(s.get("workers"))
     if workers:
         parts += ["", workers]

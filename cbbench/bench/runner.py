@@ -63,7 +63,8 @@ def request_record_dict(rec, detailed: bool) -> dict:
         "error": rec.error,
         "error_type": rec.error_type,
         "intended_start_s": rec.intended_start_s,
-        "send_lag_ms": (rec.send_s - rec.intended_start_s) * ms if rec.send_s is not None else None,
+        # From when the client was ready: the intended start, or a freed --max-concurrency slot.
+        "send_lag_ms": (rec.send_s - rec.ready_s) * ms if rec.send_s is not None else None,
         "num_preemptions": rec.num_preemptions,
         "priority": rec.priority,
     }
@@ -76,6 +77,14 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if rec.turn is not None:
         d["session_id"] = rec.session_id
         d["turn"] = rec.turn
+    if rec.slot_s is not None:
+        d["slot_wait_ms"] = (rec.slot_s - rec.intended_start_s) * ms
+        d["ttft_from_send_ms"] = rec.ttft_from_send_s * ms if rec.ok else None
+    if rec.output_tokens_method is not None:  # HTTP: how the output was counted, and asked
+        d["output_tokens_method"] = rec.output_tokens_method
+        d["output_token_counts"] = rec.output_token_counts
+        d["max_tokens"] = rec.max_tokens
+        d["finish_reason"] = rec.finish_reason
     if detailed:
         t = rec.token_times_s
         d["token_times_s"] = list(t)
@@ -334,6 +343,9 @@ def execute_run(
 
         info = dict(run.info)
         server_metrics = info.pop("server_metrics", None)
+        server_histograms = info.pop("server_histograms", None)
+        if server_histograms is not None:  # vLLM's latency histograms, before and after
+            result["server_histograms"] = server_histograms
         summary["workers"] = info.pop("workers")
         summary["client_bound"] = client_bound_summary(info)
         summary["http"] = info

@@ -139,7 +139,7 @@ Tokenizer = Annotated[
 
 def endpoint_options(
     endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed,
-    max_concurrency=None, scrape_metrics=False,
+    max_concurrency=None, scrape_metrics=False, scrape_metrics_filter=None,
 ):
     """EndpointOptions for --endpoint (None without it), checked before any probe runs."""
     if endpoint is None:
@@ -156,7 +156,9 @@ def endpoint_options(
         tokenizer=tokenizer,
         seed=seed,
         max_concurrency=max_concurrency,
-        scrape_metrics=scrape_metrics,
+        # A filter says which metrics to keep: it asks for the scrape too.
+        scrape_metrics=scrape_metrics or scrape_metrics_filter is not None,
+        scrape_metrics_filter=scrape_metrics_filter,
     )
     opts.validate()
     return opts

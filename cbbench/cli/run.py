@@ -132,6 +132,14 @@ def run(
     ray_address: Annotated[
         str | None, typer.Option(help="Join this running Ray cluster (with --ray).")
     ] = None,
+    scrape_metrics_filter: Annotated[
+        str | None,
+        typer.Option(
+            metavar="REGEX",
+            help="Keep the /metrics names this regex finds (re.search) instead of the known "
+            "servers' (vllm:, sglang:, tgi_, llamacpp:, cbbench_); implies --scrape-metrics.",
+        ),
+    ] = None,
     max_error_rate: Annotated[
         float, typer.Option(help="Exit 1 (after writing the result) when more requests fail.")
     ] = 0.0,
@@ -181,6 +189,7 @@ def run(
     endpoint_opts = C.endpoint_options(
         endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed,
         max_concurrency=max_concurrency, scrape_metrics=scrape_metrics,
+        scrape_metrics_filter=scrape_metrics_filter,
     )
     if endpoint is None and max_concurrency is not None:
         raise UsageError("--max-concurrency applies to --endpoint runs")

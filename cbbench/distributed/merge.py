@@ -137,7 +137,7 @@ class Merger:
         completed = sum(r.ok for r in recs)
         failed = sum(r.error is not None for r in recs)
         lag = send_lag_check(
-            [(r.send_s - r.intended_start_s) * MS for r in recs if r.send_s is not None]
+            [(r.send_s - r.ready_s) * MS for r in recs if r.send_s is not None]
         )
         info = ws.done.info if ws.done is not None else {}
         entry = {

@@ -6,7 +6,7 @@ Open loop without coordinated omission: a dispatcher starts each request at its 
 (an absolute deadline on the run clock, so timer errors never accumulate), whatever the
 server is doing; TTFT and E2EL count from that intended time (metrics.py), and the send lag
 (actual send - intended) says whether the client kept up. --max-concurrency turns it into a
-capped loop: a request waits for a slot, and `first_scheduled_s` records when it got one.
+capped loop: a request waits for a slot, and `slot_s` records when it got one.
 
 Each request is one streamed `/v1/completions` or `/v1/chat/completions` call (request.py, its
 stream parsed by sse.py) over an aiohttp keep-alive pool (transport.py;
@@ -26,10 +26,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.token_counts import DETECT_SAMPLE_REQUESTS
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import DEFAULT_GRACE_S
-from cbbench.load.prompts import build_prompts, count_tokens, load_tokenizer
+from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.checks import (
+    TOKEN_COUNT_METHODS,
+    count_request,
+    error_rate,
+    finish_http_run,
+    send_lag_check,
+)
 from cbbench.targets.client_health import ClientMonitor
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.options import API_PATHS, EndpointOptions, normalize_endpoint, redact_url
@@ -38,21 +46,15 @@ from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.sse import SseStream
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session, raise_fd_limit
 
-__all__ = ["ERROR_TYPES", "EndpointOptions", "HttpRun", "finish_http_run", "run_http"]
+__all__ = [
+    "ERROR_TYPES", "TOKEN_COUNT_METHODS", "EndpointOptions", "HttpRun", "error_rate",
+    "finish_http_run", "run_http", "send_lag_check",
+]
 
-TOKEN_COUNT_METHODS = ("usage", "tokenizer", "events")
-# The client fell behind when its send lag passes either limit (then TTFT/E2EL include
-# client-side delay, and the figures describe the load generator as much as the server).
-LAG_P50_LIMIT_MS = 10.0
-LAG_P99_LIMIT_MS = 100.0
-# Warn when the server's prompt counts differ from the workload's by more than this (mean).
-MISMATCH_WARN_TOKENS = 2.0
-MISMATCH_WARN_FRACTION = 0.02
 STOP_POLL_S = 0.1
 PROGRESS_INTERVAL_S = 0.1
 MODELS_TIMEOUT_S = 30.0
 MODELS_MAX_BYTES = 1 << 20
-MS = 1000.0
 
 
 @dataclass
@@ -84,6 +86,7 @@ class _Runner:
         self.grace_s = grace_s
         self.hooks = hooks or RunHooks()
         self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
+        self.sampled = 0  # requests whose events were tokenized one by one
         self.monitor: ClientMonitor | None = None
         self.opts = opts
         self.wreqs = wreqs
@@ -116,6 +119,7 @@ class _Runner:
             output_tokens=0,
             intended_start_s=self.arrivals[pos],
             priority=w.priority,
+            max_tokens=w.output_len,
         )
         st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
         has_slot = False
@@ -123,7 +127,7 @@ class _Runner:
             if self.sem is not None:
                 await self.sem.acquire()
                 has_slot = True
-                rec.first_scheduled_s = time.perf_counter() - self.t0
+                rec.slot_s = rec.first_scheduled_s = time.perf_counter() - self.t0
             body = request_body(self.ctx, self.prompts[pos], w.output_len)
             self.records[pos], self.streams[pos] = rec, st
             self.in_flight += 1
@@ -143,7 +147,10 @@ class _Runner:
                 self.sem.release()
             if rec.send_s is not None:
                 # The record is final the moment its request ends (a worker streams it out).
-                method = _count_output(rec, st, self.tokenizer, self.methods)
+                method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS)
+                self.sampled += "one_token_events" in rec.output_token_counts
+                if rec.error is None:
+                    self.methods[method] += 1
                 if self.hooks.on_record is not None:
                     self.hooks.on_record(pos, rec, method)
                     if not self.hooks.keep_records:  # streamed out: hold nothing for the end
@@ -207,7 +214,10 @@ class _Runner:
             }
             if o.ignore_eos_field:
                 payload["ignore_eos"] = True
-            scraper = MetricsScraper(self.base, o.headers) if o.scrape_metrics else None
+            scraper = None
+            if o.scrape_metrics:
+                scraper = MetricsScraper(self.base, o.headers, o.scrape_metrics_filter)
+                await scraper.baseline()  # before the clock starts
             start_at = self.hooks.start_at
             self.t0 = await start_at() if start_at is not None else time.perf_counter()
             self.monitor = ClientMonitor(self.t0)
@@ -271,119 +281,6 @@ class _Runner:
             raise UsageError(f"GET {where} listed no models; give --served-model NAME") from None
         info["models_listed"] = ids[:10]
         return model
-
-
-# ---- after the run --------------------------------------------------------------------------
-def _count_output(rec: RequestRecord, st: SseStream, tokenizer, methods: dict[str, int]) -> str:
-    """Output tokens: the server's usage, else the tokenizer over the text (a server may send
-    several tokens per event), else the number of token events. Returns the method used."""
-    usage = st.usage or {}
-    sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(sp, int):
-        rec.server_prompt_tokens = sp
-    if isinstance(ct, int):
-        rec.output_tokens, method = ct, "usage"
-    elif tokenizer is not None and st.pieces:
-        rec.output_tokens, method = count_tokens(tokenizer, "".join(st.pieces)), "tokenizer"
-    else:
-        rec.output_tokens, method = len(rec.token_times_s), "events"
-    if rec.error is None:
-        methods[method] += 1
-    return method
-
-
-def send_lag_check(lags_ms: Sequence[float]) -> dict:
-    """p50/p99 of the send lag, and whether the client fell behind its schedule."""
-    if not len(lags_ms):
-        return {"send_lag_p50_ms": None, "send_lag_p99_ms": None, "client_fell_behind": False}
-    p50, p99 = (float(v) for v in np.percentile(np.asarray(lags_ms, dtype=np.float64), [50, 99]))
-    out = {
-        "send_lag_p50_ms": p50,
-        "send_lag_p99_ms": p99,
-        "client_fell_behind": p50 > LAG_P50_LIMIT_MS or p99 > LAG_P99_LIMIT_MS,
-    }
-    if out["client_fell_behind"]:
-        out["client_fell_behind_message"] = (
-            f"the client fell behind its arrival schedule: send lag p50 {p50:.1f} ms, p99 "
-            f"{p99:.1f} ms (limits {LAG_P50_LIMIT_MS:g} / {LAG_P99_LIMIT_MS:g} ms). Latencies count "
-            "from the intended start and include this lag; lower --request-rate or run the "
-            "client on a less loaded machine."
-        )
-    return out
-
-
-def prompt_mismatch(records: Sequence[RequestRecord]) -> dict | None:
-    """Workload prompt length vs the server's usage.prompt_tokens."""
-    pairs = [
-        (r.prompt_tokens, r.server_prompt_tokens)
-        for r in records
-        if r.server_prompt_tokens is not None
-    ]
-    if not pairs:
-        return None
-    d = np.array([s - p for p, s in pairs], dtype=np.float64)
-    return {
-        "requests": len(pairs),
-        "mean_diff": float(d.mean()),
-        "mean_abs_diff": float(np.abs(d).mean()),
-        "max_abs_diff": float(np.abs(d).max()),
-    }
-
-
-def _large_mismatch(mismatch: dict, records: Sequence[RequestRecord]) -> bool:
-    mean_prompt = sum(r.prompt_tokens for r in records) / max(1, len(records))
-    return mismatch["mean_abs_diff"] > max(
-        MISMATCH_WARN_TOKENS, MISMATCH_WARN_FRACTION * mean_prompt
-    )
-
-
-def error_rate(records: Sequence[RequestRecord]) -> float:
-    """Failed / sent, for --max-error-rate (0.0 when nothing was sent)."""
-    return sum(r.error is not None for r in records) / len(records) if records else 0.0
-
-
-def finish_http_run(
-    opts: EndpointOptions,
-    records: list[RequestRecord],
-    methods: dict[str, int],
-    prompt_kinds: dict[str, int],
-    total: int,
-    info: dict,
-    notice: Callable[[str], None],
-) -> dict:
-    """The run-level figures (into `info`) and warnings, from the records of the requests that
-    were sent out of `total`: one process's run, or several workers' merged
-    (cbbench/distributed), so both report the same way."""
-    lags = [
-        # client lag only, not the wait for a slot
-        (rec.send_s - (rec.first_scheduled_s if rec.first_scheduled_s is not None
-                       else rec.intended_start_s)) * MS
-        for rec in records
-        if rec.send_s is not None
-    ]
-    info.update(
-        target="http",
-        endpoint=redact_url(opts.endpoint),
-        api=opts.api,
-        prompt_kinds=prompt_kinds,
-        token_count_method={k: v for k, v in methods.items() if v},
-        not_sent=total - len(records),
-        **send_lag_check(lags),
-    )
-    mismatch = prompt_mismatch(records)
-    if mismatch is not None:
-        info["prompt_tokens_mismatch"] = mismatch
-    if info["client_fell_behind"]:
-        notice("warning: " + info["client_fell_behind_message"])
-    if info.get("client_bound"):
-        notice("warning: " + info["client_bound_message"])
-    if mismatch is not None and opts.api == "completions" and _large_mismatch(mismatch, records):
-        notice(
-            f"warning: the server counted prompts differently from the workload (mean "
-            f"|diff| {mismatch['mean_abs_diff']:.1f} tokens); give --tokenizer with the served "
-            "model's tokenizer.json for exact prompt lengths"
-        )
-    return info
 
 
 def run_http(

@@ -83,6 +83,7 @@ class EndpointOptions:
     max_concurrency: int | None = None
     tokenizer: str | None = None  # a tokenizer.json: exact synthetic prompts, token counts
     scrape_metrics: bool = False
+    scrape_metrics_filter: str | None = None  # a regex over metric names; None: known servers
     seed: int = 0  # synthetic prompt text; the run's seed
 
     def validate(self) -> None:
@@ -94,6 +95,13 @@ class EndpointOptions:
             raise UsageError(f"--request-timeout must be a positive number of seconds, got {t}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise UsageError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.scrape_metrics_filter is not None:
+            try:
+                re.compile(self.scrape_metrics_filter)
+            except re.error as e:
+                raise UsageError(
+                    f"invalid --scrape-metrics-filter {self.scrape_metrics_filter!r}: {e}"
+                ) from None
         for key, value in self.headers.items():
             try:
                 value.encode("latin-1")  # what HTTP/1.1 header bytes can carry
@@ -114,4 +122,5 @@ class EndpointOptions:
             "max_concurrency": self.max_concurrency,
             "tokenizer": self.tokenizer,
             "scrape_metrics": self.scrape_metrics,
+            "scrape_metrics_filter": self.scrape_metrics_filter,
         }

@@ -18,8 +18,8 @@ MAX_LINE_BYTES = 1 << 20  # the longest event-stream line buffered before it cou
 BAD_EVENT_CHARS = 80
 
 
-def chunk_fields(obj: object, chat: bool) -> tuple[str | None, bool, dict | None]:
-    """(text, finished, usage) of one streamed JSON chunk; HttpFailure on a malformed or
+def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict | None]:
+    """(text, finish_reason, usage) of one streamed JSON chunk; HttpFailure on a malformed or
     error event."""
     if type(obj) is not dict:
         raise HttpFailure(
@@ -32,7 +32,7 @@ def chunk_fields(obj: object, chat: bool) -> tuple[str | None, bool, dict | None
     usage = obj.get("usage")
     choices = obj.get("choices")
     if not choices:  # the final usage-only chunk
-        return None, False, usage if isinstance(usage, dict) else None
+        return None, None, usage if isinstance(usage, dict) else None
     try:
         choice = choices[0]
         if chat:
@@ -41,28 +41,30 @@ def chunk_fields(obj: object, chat: bool) -> tuple[str | None, bool, dict | None
             text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
         else:
             text = choice.get("text")
-        finished = choice.get("finish_reason") is not None
+        finish = choice.get("finish_reason")
     except (AttributeError, TypeError, KeyError, IndexError):
         raise HttpFailure(
             "bad_event", f"unexpected chunk shape: {str(obj)[:BAD_EVENT_CHARS]!r}"
         ) from None
     if text is not None and not isinstance(text, str):
         raise HttpFailure("bad_event", f"non-text token: {str(text)[:BAD_EVENT_CHARS]!r}")
-    return text, finished, usage if isinstance(usage, dict) else None
+    if finish is not None and not isinstance(finish, str):
+        finish = str(finish)
+    return text, finish, usage if isinstance(usage, dict) else None
 
 
 class SseStream:
     """One response stream, parsed as it arrives. `times` is the request's token_times_s
     (appended to in place); `pieces`, when kept, the text of each token event."""
 
-    __slots__ = ("chat", "times", "pieces", "done", "finished", "usage", "_tail")
+    __slots__ = ("chat", "times", "pieces", "done", "finish_reason", "usage", "_tail")
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
         self.chat = chat
         self.times = times
         self.pieces: list[str] | None = [] if keep_text else None
         self.done = False  # saw data: [DONE]
-        self.finished = False  # saw a finish_reason
+        self.finish_reason: str | None = None  # the last one seen
         self.usage: dict | None = None
         self._tail = b""  # an incomplete line, waiting for the rest
 
@@ -85,7 +87,7 @@ class SseStream:
         if self._tail:
             lines, self._tail = [self._tail], b""
             self._lines(lines, t)
-        if not (self.done or self.finished):
+        if not (self.done or self.finish_reason is not None):
             raise HttpFailure(
                 "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
             )
@@ -108,12 +110,12 @@ class SseStream:
             except ValueError:
                 shown = data[:BAD_EVENT_CHARS].decode("utf-8", "replace")
                 raise HttpFailure("bad_event", f"malformed event: {shown!r}") from None
-            text, finished, usage = chunk_fields(obj, chat)
+            text, finish, usage = chunk_fields(obj, chat)
             if text:
                 times.append(t)
                 if pieces is not None:
                     pieces.append(text)
-            if finished:
-                self.finished = True
+            if finish is not None:
+                self.finish_reason = finish
             if usage is not None:
                 self.usage = usage

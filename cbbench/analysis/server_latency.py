@@ -1,0 +1,134 @@
+"""The server's own latency next to the client's, from vLLM's Prometheus histograms.
+
+vLLM exposes TTFT, inter-token latency, per-request TPOT and end-to-end latency as cumulative
+histograms. The difference between a scrape just before the run and one at its end covers the
+requests the server finished during the run; its p50 is interpolated within buckets as
+Prometheus' histogram_quantile does (linear within the bucket holding the rank; resolution is
+the bucket width) and its mean is exact (_sum / _count). Beside each, the client's p50 for the
+same quantity, from the send (the server cannot see the client's slot wait or send lag): the
+difference is the network and HTTP share (plus the client's own event-loop delays).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from cbbench.analysis.metrics import itl_values_s
+from cbbench.analysis.records import RequestRecord
+
+# What the summary calls each quantity -> the histogram families that hold it, newest name
+# first (vLLM renamed time_per_output_token_seconds, a per-token gap, to inter_token_latency).
+SERVER_HISTOGRAM_NAMES = {
+    "ttft": ("vllm:time_to_first_token_seconds",),
+    "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    "tpot": ("vllm:request_time_per_output_token_seconds",),
+    "e2el": ("vllm:e2e_request_latency_seconds",),
+}
+# Every family to keep from a scrape.
+SERVER_HISTOGRAMS = tuple(name for names in SERVER_HISTOGRAM_NAMES.values() for name in names)
+MS = 1000.0
+NOTE = (
+    "server: vLLM's histograms, the difference between a scrape before the run and one at its "
+    "end (every request the server finished meanwhile, other clients' too); p50 interpolated "
+    "within buckets. client: from the send. diff = client - server: network, HTTP and client."
+)
+
+
+def parse_histograms(text: str) -> dict[str, dict]:
+    """{family: {"buckets": {le: cumulative count}, "sum": s, "count": n}}, summed over the
+    label sets (model names, engines) of each family."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.type != "histogram":
+            continue
+        h = out.setdefault(fam.name, {"buckets": {}, "sum": 0.0, "count": 0.0})
+        for s in fam.samples:
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                h["buckets"][le] = h["buckets"].get(le, 0.0) + s.value
+            elif s.name.endswith("_sum"):
+                h["sum"] += s.value
+            elif s.name.endswith("_count"):
+                h["count"] += s.value
+    return out
+
+
+def delta(before: dict | None, after: dict) -> dict:
+    before = before or {"buckets": {}, "sum": 0.0, "count": 0.0}
+    return {
+        "buckets": {le: n - before["buckets"].get(le, 0.0) for le, n in after["buckets"].items()},
+        "sum": after["sum"] - before["sum"],
+        "count": after["count"] - before["count"],
+    }
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """Prometheus' histogram_quantile over cumulative bucket counts {le: count}."""
+    les = sorted(buckets)
+    if not les or not math.isinf(les[-1]):
+        return None
+    total = buckets[les[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_n = 0.0, 0.0
+    for le in les:
+        n = buckets[le]
+        if n >= rank:
+            if math.isinf(le):  # in the open-ended bucket: the largest finite bound
+                return prev_le
+            if n == prev_n:
+                return le
+            return prev_le + (le - prev_le) * (rank - prev_n) / (n - prev_n)
+        prev_le, prev_n = le, n
+    return prev_le
+
+
+def _client_values_ms(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
+    done = [r for r in records if r.ok]
+    return {
+        "ttft": np.array([r.ttft_from_send_s for r in done if r.send_s is not None]) * MS,
+        "itl": itl_values_s(done) * MS,
+        "tpot": np.array([r.tpot_s for r in done if r.tpot_s is not None]) * MS,
+        "e2el": np.array([r.e2el_from_send_s for r in done if r.send_s is not None]) * MS,
+    }
+
+
+def server_vs_client(
+    before_text: str | None, after_text: str, records: Sequence[RequestRecord]
+) -> dict | None:
+    """Server p50/mean beside the client's p50, per quantity vLLM's histograms hold; None when
+    the server exposes none of them."""
+    before = parse_histograms(before_text) if before_text else {}
+    after = parse_histograms(after_text)
+    client = _client_values_ms(records)
+    out: dict = {}
+    for key, names in SERVER_HISTOGRAM_NAMES.items():
+        name = next((n for n in names if n in after), None)
+        if name is None:
+            continue
+        d = delta(before.get(name), after[name])
+        p50 = histogram_quantile(0.5, d["buckets"])
+        c = client[key]
+        client_p50 = float(np.percentile(c, 50)) if c.size else None
+        server_p50 = p50 * MS if p50 is not None else None
+        out[f"{key}_ms"] = {
+            "histogram": name,
+            "observations": int(d["count"]),
+            "server_p50": server_p50,
+            "server_mean": d["sum"] / d["count"] * MS if d["count"] > 0 else None,
+            "client_p50": client_p50,
+            "diff_p50": (
+                client_p50 - server_p50 if client_p50 is not None and server_p50 is not None
+                else None
+            ),
+        }
+    if not out:
+        return None
+    out["note"] = NOTE
+    return out

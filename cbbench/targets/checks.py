@@ -1,0 +1,211 @@
+"""After an HTTP run: each request's token counts from what its stream carried, and what the run
+says about itself (send lag, prompt and output counts, short outputs), with the console
+warnings a user comparing two servers needs. The counting rules are in
+analysis/token_counts.py; this module feeds them the streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.server_latency import server_vs_client
+from cbbench.analysis.token_counts import (
+    COUNT_METHODS,
+    choose_output_count,
+    one_token_per_event,
+    output_count_summary,
+    short_output_warning,
+    short_outputs,
+)
+from cbbench.load.prompts import count_tokens
+from cbbench.targets.options import EndpointOptions, redact_url
+from cbbench.targets.scrape import warning as scrape_warning
+from cbbench.targets.sse import SseStream
+
+TOKEN_COUNT_METHODS = COUNT_METHODS
+
+# The client fell behind when its send lag passes either limit (then TTFT/E2EL include
+# client-side delay, and the figures describe the load generator as much as the server).
+LAG_P50_LIMIT_MS = 10.0
+LAG_P99_LIMIT_MS = 100.0
+# Warn when the server's prompt counts differ from the workload's by more than this (mean).
+MISMATCH_WARN_TOKENS = 2.0
+MISMATCH_WARN_FRACTION = 0.02
+MS = 1000.0
+
+
+def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) -> str:
+    """Put the stream's counts on its record (output_token_counts, server_prompt_tokens,
+    finish_reason) the moment the request ends, with a provisional output count (usage, else
+    tokenizer, else events; the run-level choice in finish_http_run replaces it). `sample`:
+    also tokenize each event alone (`one_token_events`: how many were one token). Returns the
+    provisional method."""
+    counts = {"events": len(rec.token_times_s)}
+    usage = st.usage or {}
+    sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(sp, int):
+        rec.server_prompt_tokens = sp
+    if isinstance(ct, int):
+        counts["usage"] = ct
+    if tokenizer is not None and st.pieces:
+        counts["tokenizer"] = count_tokens(tokenizer, "".join(st.pieces))
+        if sample and rec.ok:
+            encoded = tokenizer.encode_batch(st.pieces, add_special_tokens=False)
+            counts["one_token_events"] = sum(len(e.ids) == 1 for e in encoded)
+    rec.output_token_counts = counts
+    rec.finish_reason = st.finish_reason
+    choose_output_count(rec, per_event=None)
+    return rec.output_tokens_method
+
+
+def count_outputs(records: Sequence[RequestRecord]) -> tuple[dict, list[str]]:
+    """Choose each request's output count for the run; the summary block and its warnings."""
+    sampled = [
+        r.output_token_counts for r in records
+        if r.output_token_counts and "one_token_events" in r.output_token_counts
+    ]
+    events_alone = (
+        (sum(c["events"] for c in sampled), sum(c["one_token_events"] for c in sampled))
+        if sampled else None
+    )
+    detection = one_token_per_event(records, events_alone)
+    for rec in records:
+        if rec.output_token_counts is not None:
+            choose_output_count(rec, detection["detected"])
+    return output_count_summary(records, detection)
+
+
+def send_lag_check(lags_ms: Sequence[float]) -> dict:
+    """p50/p99 of the send lag, and whether the client fell behind its schedule."""
+    if not len(lags_ms):
+        return {"send_lag_p50_ms": None, "send_lag_p99_ms": None, "client_fell_behind": False}
+    p50, p99 = (float(v) for v in np.percentile(np.asarray(lags_ms, dtype=np.float64), [50, 99]))
+    out = {
+        "send_lag_p50_ms": p50,
+        "send_lag_p99_ms": p99,
+        "client_fell_behind": p50 > LAG_P50_LIMIT_MS or p99 > LAG_P99_LIMIT_MS,
+    }
+    if out["client_fell_behind"]:
+        out["client_fell_behind_message"] = (
+            f"the client fell behind its arrival schedule: send lag p50 {p50:.1f} ms, p99 "
+            f"{p99:.1f} ms (limits {LAG_P50_LIMIT_MS:g} / {LAG_P99_LIMIT_MS:g} ms). Latencies count "
+            "from the intended start and include this lag; lower --request-rate or run the "
+            "client on a less loaded machine."
+        )
+    return out
+
+
+def prompt_mismatch(records: Sequence[RequestRecord]) -> dict | None:
+    """Workload prompt length vs the server's usage.prompt_tokens."""
+    pairs = [
+        (r.prompt_tokens, r.server_prompt_tokens)
+        for r in records
+        if r.server_prompt_tokens is not None
+    ]
+    if not pairs:
+        return None
+    d = np.array([s - p for p, s in pairs], dtype=np.float64)
+    return {
+        "requests": len(pairs),
+        "mean_diff": float(d.mean()),
+        "mean_abs_diff": float(np.abs(d).mean()),
+        "max_abs_diff": float(np.abs(d).max()),
+    }
+
+
+def _large_mismatch(mismatch: dict, records: Sequence[RequestRecord]) -> bool:
+    mean_prompt = sum(r.prompt_tokens for r in records) / max(1, len(records))
+    return mismatch["mean_abs_diff"] > max(
+        MISMATCH_WARN_TOKENS, MISMATCH_WARN_FRACTION * mean_prompt
+    )
+
+
+def prompt_counts(records: Sequence[RequestRecord], opts: EndpointOptions) -> tuple[dict, list[str]]:
+    """How prompt tokens were counted (the server's usage or the workload), and warnings."""
+    done = [r for r in records if r.ok]
+    by_usage = sum(r.server_prompt_tokens is not None for r in done)
+    info: dict = {
+        "prompt_method": {"usage": by_usage, "workload": len(done) - by_usage},
+        "workload_counted_by": "tokenizer" if opts.tokenizer else "approximate (no --tokenizer)",
+    }
+    warnings = []
+    mismatch = prompt_mismatch(records)
+    if mismatch is not None:
+        info["prompt_tokens_mismatch"] = mismatch
+        if opts.api == "completions" and _large_mismatch(mismatch, records):
+            warnings.append(
+                f"the server counted prompts differently from the workload (mean "
+                f"|diff| {mismatch['mean_abs_diff']:.1f} tokens); give --tokenizer with the "
+                "served model's tokenizer.json for exact prompt lengths"
+            )
+    elif done and opts.api == "chat":
+        warnings.append(
+            "the server sent no usage: prompt token counts are the workload's and leave out "
+            "what the server's chat template adds (9 tokens per request on llama.cpp's "
+            "Llama-3 template); input throughput is counted without them"
+        )
+    return info, warnings
+
+
+def error_rate(records: Sequence[RequestRecord]) -> float:
+    """Failed / sent, for --max-error-rate (0.0 when nothing was sent)."""
+    return sum(r.error is not None for r in records) / len(records) if records else 0.0
+
+
+def finish_http_run(
+    opts: EndpointOptions,
+    records: list[RequestRecord],
+    methods: dict[str, int],
+    prompt_kinds: dict[str, int],
+    total: int,
+    info: dict,
+    notice: Callable[[str], None],
+) -> dict:
+    """The run-level figures (into `info`) and warnings, from the records of the requests that
+    were sent out of `total`: one process's run, or several workers' merged
+    (cbbench/distributed), so both report the same way. `methods`: the provisional count
+    methods the requests reported; the run's own choice (output_method, over the records'
+    counts) replaces them wherever the records carry their counts."""
+    counts, warnings = count_outputs(records)
+    if not counts["output_method"]:  # records made elsewhere, without their counts
+        counts["output_method"] = {k: v for k, v in methods.items() if v}
+    prompt, prompt_warnings = prompt_counts(records, opts)
+    counts["prompt_method"] = prompt.pop("prompt_method")
+    counts["workload_counted_by"] = prompt.pop("workload_counted_by")
+    info.update(
+        target="http",
+        endpoint=redact_url(opts.endpoint),
+        api=opts.api,
+        prompt_kinds=prompt_kinds,
+        token_count_method=counts["output_method"],  # the older field: completed, by method
+        token_counts=counts,
+        not_sent=total - len(records),
+        # The client's own lag: from when it was ready (a freed slot under a cap).
+        **send_lag_check([(r.send_s - r.ready_s) * MS for r in records if r.send_s is not None]),
+        **prompt,
+    )
+    if info["client_fell_behind"]:
+        notice("warning: " + info["client_fell_behind_message"])
+    if info.get("client_bound"):
+        notice("warning: " + info["client_bound_message"])
+    short = short_output_warning(short_outputs(records), opts.ignore_eos_field)
+    for line in ([short] if short else []) + warnings + prompt_warnings:
+        notice("warning: " + line)
+    if "server_metrics_scrapes" in info:
+        _server_metrics(info, records, notice)
+    return info
+
+
+def _server_metrics(info: dict, records: Sequence[RequestRecord], notice) -> None:
+    """One warning line for a scrape that failed or kept nothing; the server's own latency
+    beside the client's when it exposes vLLM's histograms."""
+    line = scrape_warning(info["server_metrics_scrapes"], info.get("server_metrics") or [])
+    if line:
+        notice("warning: " + line)
+    hist = info.get("server_histograms")
+    latency = server_vs_client(hist["before"], hist["after"], records) if hist else None
+    if latency is not None:
+        info["server_latency"] = latency
