@@ -251,8 +251,6 @@ def execute_run(
         sampler.start()
 
     try:
-        if spec.endpoint is not None and plan is not None:
-            raise UsageError("multi-turn sessions run on the engine target for now")
         if spec.endpoint is not None:
             from cbbench.distributed.run import SinceInstant, run_load
             from cbbench.engine.clock import WallClock
@@ -264,7 +262,7 @@ def execute_run(
                 on_t0 = None
             run = run_load(
                 spec.endpoint, wreqs, arrivals, notice, spec.load, should_stop=should_stop,
-                on_progress=on_progress, on_t0=on_t0,
+                on_progress=on_progress, on_t0=on_t0, sessions=plan,
             )
             target_config = {
                 "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),

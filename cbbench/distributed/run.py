@@ -9,7 +9,9 @@ from collections.abc import Callable, Hashable, Sequence
 
 from cbbench.distributed.merge import DONE, Merger
 from cbbench.distributed.plan import AUTO, LoadPlan, deal, spare_cores
+from cbbench.errors import UsageError
 from cbbench.load.interrupts import DEFAULT_GRACE_S
+from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.http import HttpRun, run_http
 from cbbench.targets.options import EndpointOptions
@@ -32,11 +34,17 @@ def run_load(
     on_progress: Callable[[int, int], None] | None = None,
     grace_s: float = DEFAULT_GRACE_S,
     on_t0: Callable[[float], None] | None = None,
+    sessions: SessionPlan | None = None,
 ) -> HttpRun:
     """`on_t0(t0)`: called (multi-worker runs) once the shared start instant is chosen, a
-    time.perf_counter() value up to START_MARGIN_S ahead."""
+    time.perf_counter() value up to START_MARGIN_S ahead. `sessions`: a multi-turn plan
+    (run_http), in this process only."""
+    if sessions is not None and plan.distributed:
+        raise UsageError("multi-turn sessions run in one process: drop --workers / --ray")
     if not plan.distributed:
-        return _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s)
+        return _one_process(
+            opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions
+        )
     if plan.ray:
         from cbbench.distributed.ray_pool import run_ray_workers
 
@@ -64,7 +72,9 @@ class SinceInstant:
         return time.perf_counter() - self.t0
 
 
-def _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s) -> HttpRun:
+def _one_process(
+    opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions=None
+) -> HttpRun:
     import os
     import socket
 
@@ -76,6 +86,7 @@ def _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_
         should_stop=should_stop,
         on_progress=on_progress,
         grace_s=grace_s,
+        sessions=sessions,
     )
     for rec in run.records:
         rec.worker = 0
@@ -88,7 +99,7 @@ def _one_process(opts, wreqs, arrivals, notice, should_stop, on_progress, grace_
             "status": DONE,
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "assigned": len(wreqs),
+            "assigned": len(wreqs) if sessions is None else sessions.num_turns,
             "sent": completed + failed,
             "completed": completed,
             "failed": failed,

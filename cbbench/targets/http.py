@@ -30,6 +30,7 @@ from cbbench.analysis.token_counts import DETECT_SAMPLE_REQUESTS
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.prompts import build_prompts, load_tokenizer
+from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.checks import (
     TOKEN_COUNT_METHODS,
@@ -65,6 +66,7 @@ class HttpRun:
     info: dict
     not_sent: int = 0
     loop_lag_ms: Sequence[float] = field(default_factory=list)  # the heartbeat's samples
+    sessions_ended_early: int = 0  # multi-turn: sessions cut short by a failed turn
 
 
 class _Runner:
@@ -146,17 +148,20 @@ class _Runner:
             if has_slot:
                 self.sem.release()
             if rec.send_s is not None:
-                # The record is final the moment its request ends (a worker streams it out).
-                method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS)
-                self.sampled += "one_token_events" in rec.output_token_counts
-                if rec.error is None:
-                    self.methods[method] += 1
-                if self.hooks.on_record is not None:
-                    self.hooks.on_record(pos, rec, method)
-                    if not self.hooks.keep_records:  # streamed out: hold nothing for the end
-                        self.records[pos] = self.streams[pos] = None
-                self.finished += 1
-                self._progress()
+                self._ended(pos, rec, st)
+
+    def _ended(self, pos: int, rec: RequestRecord, st: SseStream) -> None:
+        """A sent request ended: its record is final now (a worker streams it out)."""
+        method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS)
+        self.sampled += "one_token_events" in rec.output_token_counts
+        if rec.error is None:
+            self.methods[method] += 1
+        if self.hooks.on_record is not None:
+            self.hooks.on_record(pos, rec, method)
+            if not self.hooks.keep_records:  # streamed out: hold nothing for the end
+                self.records[pos] = self.streams[pos] = None
+        self.finished += 1
+        self._progress()
 
     def _progress(self) -> None:
         # Throttled: a progress bar needs a few updates a second, not one per request.
@@ -293,22 +298,34 @@ def run_http(
     keep_token_ids: bool = False,  # unused: streamed text carries no token ids
     grace_s: float = DEFAULT_GRACE_S,
     hooks: RunHooks | None = None,
+    sessions: SessionPlan | None = None,
 ) -> HttpRun:
-    """Replay `wreqs` at `arrivals` (seconds from the run start) against the endpoint.
+    """Replay `wreqs` at `arrivals` (seconds from the run start) against the endpoint, or,
+    with `sessions`, the plan's multi-turn sessions (http_sessions.py).
     Per-request failures land on their records; only bad options raise (UsageError)."""
     opts.validate()
     if len(arrivals) != len(wreqs):
         raise ValueError(f"{len(wreqs)} requests but {len(arrivals)} arrival times")
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
-    prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
-    runner = _Runner(
-        opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s, hooks
-    )
+    if sessions is not None:
+        from cbbench.targets.http_sessions import SessionRunner
+
+        runner = SessionRunner(
+            opts, sessions, tokenizer, should_stop, on_progress, grace_s, hooks
+        )
+        kinds, total = runner.kinds, sessions.num_turns
+    else:
+        prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
+        runner = _Runner(
+            opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s, hooks
+        )
+        total = len(wreqs)
     duration, info = asyncio.run(runner.run())
 
     records = [rec for rec in runner.records if rec is not None]
-    finish_http_run(opts, records, runner.methods, kinds, len(wreqs), info, notice)
+    finish_http_run(opts, records, runner.methods, kinds, total, info, notice)
     return HttpRun(
-        records, duration, runner.stopped, info, len(wreqs) - len(records),
+        records, duration, runner.stopped, info, total - len(records),
         runner.monitor.lag_ms if runner.monitor is not None else [],
+        sessions_ended_early=getattr(runner, "ended_early", 0),
     )

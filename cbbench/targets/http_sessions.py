@@ -1,0 +1,146 @@
+"""Multi-turn sessions against an endpoint, over the chat API.
+
+Each session is one coroutine, as a user at a chat window: it starts at its intended time (the
+arrival process), sends turn 1 as ``messages``, and once the reply has finished waits its
+think time and sends turn 2 with the whole history -- every earlier user message and the
+assistant's replies *as the server sent them* -- and so on. The server applies its own chat
+template to the messages, so its prefix cache sees exactly the sharing a real client causes.
+
+A failed turn ends its session (the history it would carry is missing); the rest of its turns
+are not sent. The records, streams and the run's clock are the HTTP target's (http.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.errors import UsageError
+from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
+from cbbench.load.session_plan import SessionPlan
+from cbbench.load.sessions import first_prompt_len, next_prompt_len
+from cbbench.targets.hooks import RunHooks
+from cbbench.targets.http import _Runner
+from cbbench.targets.options import EndpointOptions
+from cbbench.targets.request import RequestContext, send_request
+from cbbench.targets.sse import SseStream
+
+
+def messages_body(ctx: RequestContext, messages: list[dict], max_tokens: int) -> bytes:
+    payload = dict(ctx.payload)
+    payload["messages"] = messages
+    payload["max_tokens"] = max_tokens
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+class SessionRunner(_Runner):
+    """The HTTP run with sessions instead of a fixed schedule: the dispatcher starts sessions,
+    each session sends its own turns."""
+
+    def __init__(self, opts: EndpointOptions, plan: SessionPlan, tokenizer, should_stop,
+                 on_progress, grace_s: float, hooks: RunHooks | None = None) -> None:
+        if opts.api != "chat":
+            raise UsageError("multi-turn sessions send the history as messages: use --api chat")
+        n = plan.num_turns
+        super().__init__(opts, [None] * n, [0.0] * n, [], tokenizer, should_stop, on_progress,
+                         grace_s, hooks)
+        self.plan = plan
+        self.ended_early = 0
+        self.fitter = _ExactFitter.for_tokenizer(tokenizer) if tokenizer is not None else None
+        self.kinds: dict[str, int] = {}
+        self.user_texts = [[self._user_text(i, k) for k in range(len(s.turns))]
+                           for i, s in enumerate(plan.sessions)]
+
+    def _user_text(self, i: int, k: int) -> str:
+        turn = self.plan.sessions[i].turns[k]
+        if turn.user_text is not None:
+            kind, text = "text", turn.user_text
+        elif turn.user_token_ids is not None:
+            if self.tokenizer is None:
+                raise UsageError(
+                    f"session {self.plan.labels[i]} turn {k + 1} carries token ids: give "
+                    "--tokenizer (a tokenizer.json) to send them as chat text"
+                )
+            kind, text = "decoded", self.tokenizer.decode(list(turn.user_token_ids))
+        else:
+            # synthetic_prompt leaves room for the BOS a plain prompt gets; a chat message's
+            # length is its content alone, so ask for that many more.
+            special = self.fitter.special if self.fitter else ASSUMED_SPECIAL_TOKENS
+            kind = "synthetic_exact" if self.fitter else "synthetic_approx"
+            text = synthetic_prompt(turn.user_len + special, self.plan.request_id(i, k),
+                                    self.opts.seed, self.fitter)
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+        return text
+
+    async def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        starts = [float(t) for t in self.plan.starts]
+        for i in sorted(range(len(starts)), key=starts.__getitem__):
+            delay = self.t0 + starts[i] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = loop.create_task(self._session(i))
+            self.pending.add(task)
+            task.add_done_callback(self.pending.discard)
+
+    async def _session(self, i: int) -> None:
+        plan = self.plan
+        turns = plan.sessions[i].turns
+        messages: list[dict] = []
+        intended = float(plan.starts[i])
+        prompt_len = first_prompt_len(turns[0].user_len)
+        for k in range(len(turns)):
+            if k:
+                intended = self._now() + plan.think_time_s(i, k)
+                delay = self.t0 + intended - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            messages.append({"role": "user", "content": self.user_texts[i][k]})
+            rec, st = await self._turn(i, k, messages, intended, prompt_len)
+            if self.stopped or rec.error is not None or rec.send_s is None:
+                if not self.stopped and k + 1 < len(turns):
+                    self.ended_early += 1
+                return
+            messages.append({"role": "assistant", "content": "".join(st.pieces)})
+            if k + 1 < len(turns):
+                # The reply's length as counted for its record (the server's usage if sent).
+                prompt_len = next_prompt_len(prompt_len, rec.output_tokens, turns[k + 1].user_len)
+
+    def _now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def _turn(self, i: int, k: int, messages: list[dict], intended: float,
+                    prompt_len: int) -> tuple[RequestRecord, SseStream]:
+        """One turn, as http._Runner._one sends one request: wait for a slot, send, record."""
+        pos = self.plan.request_id(i, k)
+        rec = RequestRecord(id=pos, prompt_tokens=prompt_len, output_tokens=0,
+                            intended_start_s=intended, session_id=self.plan.labels[i],
+                            turn=k + 1, max_tokens=self.plan.sessions[i].turns[k].output_len)
+        st = SseStream(True, rec.token_times_s, keep_text=True)
+        has_slot = False
+        try:
+            if self.sem is not None:
+                await self.sem.acquire()
+                has_slot = True
+                rec.slot_s = rec.first_scheduled_s = self._now()
+            body = messages_body(self.ctx, messages, self.plan.sessions[i].turns[k].output_len)
+            self.records[pos], self.streams[pos] = rec, st
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                await send_request(self.ctx, rec, body, st)
+            finally:
+                self.in_flight -= 1
+        except asyncio.CancelledError:  # the run was stopped
+            if rec.send_s is not None and rec.error is None:
+                rec.error_type, rec.error = (
+                    "interrupted", "run interrupted before the request finished",
+                )
+        finally:
+            if has_slot:
+                self.sem.release()
+            if rec.send_s is not None:
+                self._ended(pos, rec, st)
+        return rec, st
