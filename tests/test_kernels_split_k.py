@@ -55,9 +55,9 @@ CASES = [
     pytest.param(1, [8191], None, 4, 1, torch.float16, id="b1-8k-chosen"),
     pytest.param(1, [0], 5, 1, 2, torch.float32, id="b1-1key-5splits"),
     pytest.param(3, [0, 700, 3000], 4, 8, 1, torch.float32, id="b3-ragged-empty-splits"),
-    pytest.param(7, _contexts(7, 8192, 1), None, 1, 2, torch.float16, id="b7-upto8k-chosen"),
+    pytest.param(7, _contexts(7, 8192, 1), None, 1, 1, torch.float16, id="b7-upto8k-chosen"),
     pytest.param(40, _contexts(40, 300, 2), 3, 4, 1, torch.float32, id="b40-3splits"),
-    pytest.param(256, _contexts(256, 24, 3), 2, 2, 1, torch.float16, id="b256-2splits"),
+    pytest.param(256, _contexts(256, 24, 3), 2, 1, 1, torch.float16, id="b256-2splits"),
 ]
 
 
