@@ -220,3 +220,50 @@ def test_request_log_records_rejections_and_hang_ups(served):
     assert [(e["finish"], e["status"]) for e in new] == [("rejected", 400), ("abort", 200)]
     assert "context" in new[0]["error"] and new[0]["first_token"] is None
     assert 0 < new[1]["output_tokens"] < 3000
+
+
+# ---- cbbench run --scrape-metrics against cbbench serve ------------------------------------------
+def test_run_scrape_metrics_reads_the_vllm_counters(served, tmp_path, monkeypatch):
+    """The client's scraper reads `cbbench serve` as it reads vLLM: over the run, the vLLM-named
+    counters grow by exactly what the client's records add up to."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from cbbench.analysis.result import load_result
+    from cbbench.cli.app import app
+
+    run, _ = served
+    n = 8
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(
+        json.dumps({"prompt_len": 12 + i, "output_len": 5 + i}) + "\n" for i in range(n)
+    ))
+    model = {"model_name": MODEL, "engine": "0"}
+    before = scrape(run.url)
+    out = tmp_path / "result.json"
+    args = [
+        "run", "--endpoint", run.url, "--workload", str(workload), "--num-requests", str(n),
+        "--request-rate", "40", "--scrape-metrics", "--output", str(out),
+    ]
+    monkeypatch.setattr(sys, "argv", ["cbbench", *args])
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    res = load_result(out)
+    rows = res["server_metrics"]
+
+    def growth(name: str, **labels) -> float:
+        vals = [
+            x["value"] for x in sorted(rows, key=lambda x: x["t_s"])
+            if x["name"] == name and all(x["labels"].get(k) == v for k, v in labels.items())
+        ]
+        assert vals, f"{name} {labels} was not scraped"
+        family = name.removesuffix("_total")
+        return vals[-1] - sample(before, family, "_total", **labels)
+
+    reqs = res["requests"]
+    assert growth("vllm:request_success_total", finished_reason="length", **model) == n
+    assert growth("vllm:generation_tokens_total", **model) == sum(q["output_tokens"] for q in reqs)
+    assert growth("vllm:prompt_tokens_total", **model) == sum(
+        q["server_prompt_tokens"] for q in reqs
+    )

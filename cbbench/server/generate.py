@@ -122,7 +122,9 @@ class Generation:
         # Ids from the client, or from a tokenizer larger than the model: an id outside the
         # vocabulary would crash a real forward pass.
         vocab = s.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None) if vocab else None
+        bad = None
+        if vocab and ids and (min(ids) < 0 or max(ids) >= vocab):  # C loops: the common case
+            bad = next(t for t in ids if not 0 <= t < vocab)
         if bad is not None:
             raise APIError(
                 400, f"token id {bad} is outside the model's vocabulary of {vocab}",
