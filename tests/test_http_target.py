@@ -202,6 +202,8 @@ class FakeOpenAI:
         # pairs: two tokens per event; glued: one token per event, but the text re-tokenizes
         # to fewer tokens (as a generated sequence that is not its text's own encoding).
         text = {"pairs": " a b", "glued": "a"}.get(fault, " a")
+        # emptytok (llama.cpp): every other token's text is empty (inside a multi-byte
+        # character), and a closing chunk with empty text carries the finish reason; no usage.
         for i in range(n):
             if delay:
                 await asyncio.sleep(delay)
@@ -215,6 +217,14 @@ class FakeOpenAI:
                 continue
             if fault == "errorevent" and i == 1:
                 writer.write(_event({"error": {"message": "engine died", "code": 500}}))
+                continue
+            if fault == "emptytok":
+                piece = "" if i % 2 else text
+                choice = (
+                    {"index": 0, "delta": {"content": piece}, "finish_reason": None} if chat
+                    else {"index": 0, "text": piece, "finish_reason": None}
+                )
+                writer.write(_event({"choices": [choice]}))
                 continue
             finish = None
             if i == n - 1 and fault != "nodone":
@@ -239,7 +249,13 @@ class FakeOpenAI:
             else:
                 self.gaps_s.append(now - last)
             last = now
-        if fault not in ("nousage", "pairs", "glued"):
+        if fault == "emptytok":
+            closing = (
+                {"index": 0, "delta": {"content": ""}, "finish_reason": "length"} if chat
+                else {"index": 0, "text": "", "finish_reason": "length"}
+            )
+            writer.write(_event({"choices": [closing]}))
+        if fault not in ("nousage", "pairs", "glued", "emptytok"):
             usage = {
                 "prompt_tokens": n_prompt,
                 "completion_tokens": n,
@@ -433,6 +449,37 @@ def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh, tiny_to
         "detected": True, "basis": "usage", "share": 1.0, "checked": 3,
     }
     assert notes == []
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_empty_text_events_are_tokens_but_not_token_times(fresh, api):
+    # 6 tokens, of which 3 have empty text, then an empty closing chunk with the finish reason.
+    notes: list[str] = []
+    run = run_http(_opts(fresh.url, api=api), _reqs(["fault:emptytok x"] * 2, output_len=6),
+                   np.zeros(2), notes.append)
+    for r in run.records:
+        assert r.ok and r.output_tokens == 6 and r.output_tokens_method == "events"
+        assert len(r.token_times_s) == 3 and r.finish_reason == "length"
+    assert summarize(run.records, run.duration_s)["short_outputs"]["count"] == 0
+    assert not [n for n in notes if "max_tokens" in n]
+
+
+def test_short_counts_at_finish_length_are_called_a_counting_problem():
+    from cbbench.analysis.records import RequestRecord
+    from cbbench.analysis.token_counts import short_output_warning, short_outputs
+
+    def rec(out: int, finish: str) -> RequestRecord:
+        return RequestRecord(0, 5, out, 0.0, token_times_s=[0.1, 0.2], max_tokens=10,
+                             finish_reason=finish)
+
+    so = short_outputs([rec(9, "length"), rec(10, "length")])
+    assert (so["count"], so["finish_reason_length"], so["finish_reason_stop"]) == (1, 1, 0)
+    line = short_output_warning(so, ignore_eos_sent=True)
+    assert "counted shorter" in line and "ignore_eos" not in line
+    so = short_outputs([rec(4, "stop"), rec(10, "length")])
+    assert "ignore_eos" in short_output_warning(so, ignore_eos_sent=True)
+    assert "--no-ignore-eos-field" in short_output_warning(so, ignore_eos_sent=False)
+    assert short_output_warning(short_outputs([rec(10, "length")] * 3), True) is None
 
 
 def test_chat_without_usage_warns_about_template_tokens(fresh):

@@ -136,6 +136,9 @@ def short_outputs(records: Sequence[RequestRecord]) -> dict:
     checked = [r for r in records if r.ok and r.max_tokens is not None]
     short = [r for r in checked if r.output_tokens < r.max_tokens]
     stops = sum(r.finish_reason == "stop" for r in short)
+    # finish_reason 'length': the server says it stopped at max_tokens, so the shortfall is
+    # in the count (events or tokenizer), not in the generation.
+    at_length = sum(r.finish_reason == "length" for r in short)
     return {
         "count": len(short),
         "share": len(short) / len(checked) if checked else 0.0,
@@ -144,13 +147,21 @@ def short_outputs(records: Sequence[RequestRecord]) -> dict:
         ),
         "checked": len(checked),
         "finish_reason_stop": stops,
+        "finish_reason_length": at_length,
         "warn_share": SHORT_OUTPUT_WARN_SHARE,
     }
 
 
 def short_output_warning(so: dict, ignore_eos_sent: bool) -> str | None:
-    if so["share"] <= SHORT_OUTPUT_WARN_SHARE:
+    if so["share"] <= SHORT_OUTPUT_WARN_SHARE or not so["checked"]:
         return None
+    early = so["count"] - so["finish_reason_length"]
+    if early / so["checked"] <= SHORT_OUTPUT_WARN_SHARE:
+        return (
+            f"{so['finish_reason_length']} of {so['checked']} completed requests ended at "
+            "max_tokens (finish_reason 'length') but were counted shorter: their output count "
+            "is low (see summary.http.token_counts for the methods and how they disagree)"
+        )
     head = (
         f"{so['count']} of {so['checked']} completed requests ({so['share']:.0%}) returned "
         f"fewer output tokens than max_tokens (mean shortfall {so['mean_shortfall']:.1f} "

@@ -43,7 +43,7 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     tokenizer, else events; the run-level choice in finish_http_run replaces it). `sample`:
     also tokenize each event alone (`one_token_events`: how many were one token). Returns the
     provisional method."""
-    counts = {"events": len(rec.token_times_s)}
+    counts = {"events": len(rec.token_times_s) + st.empty_events}
     usage = st.usage or {}
     sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if isinstance(sp, int):

@@ -3,7 +3,7 @@
 
 Bytes go in as the network delivers them (`feed`, with the time that read returned); every
 `data:` event with non-empty text is a token event, timestamped with the read that completed
-its line. The parser keeps what the stream said beyond the token times (`[DONE]`, a
+its line; events with empty text are counted (empty_events), not timestamped. The parser keeps what the stream said beyond the token times (`[DONE]`, a
 finish_reason, the usage block, and the text of each event when asked to) and raises
 HttpFailure on a malformed or error event, or a stream that ends before it finished.
 """
@@ -39,6 +39,8 @@ def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict 
             delta = choice.get("delta") or {}
             # Reasoning models stream their thinking as separate fields; those are tokens too.
             text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            if text is None and delta.get("content") == "" and "role" not in delta:
+                text = ""  # not the opening role chunk: a token with no text of its own yet
         else:
             text = choice.get("text")
         finish = choice.get("finish_reason")
@@ -50,6 +52,8 @@ def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict 
         raise HttpFailure("bad_event", f"non-text token: {str(text)[:BAD_EVENT_CHARS]!r}")
     if finish is not None and not isinstance(finish, str):
         finish = str(finish)
+    if text == "" and finish is not None:
+        text = None  # the closing chunk carries the finish reason, not a token
     return text, finish, usage if isinstance(usage, dict) else None
 
 
@@ -57,7 +61,9 @@ class SseStream:
     """One response stream, parsed as it arrives. `times` is the request's token_times_s
     (appended to in place); `pieces`, when kept, the text of each token event."""
 
-    __slots__ = ("chat", "times", "pieces", "done", "finish_reason", "usage", "_tail")
+    __slots__ = (
+        "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events", "_tail"
+    )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
         self.chat = chat
@@ -66,6 +72,10 @@ class SseStream:
         self.done = False  # saw data: [DONE]
         self.finish_reason: str | None = None  # the last one seen
         self.usage: dict | None = None
+        # Token events with empty text: a token whose text is not complete yet (llama.cpp and
+        # vLLM send one per token that ends inside a multi-byte character). Counted as tokens,
+        # never timestamped: TTFT and ITL stay the times text arrived.
+        self.empty_events = 0
         self._tail = b""  # an incomplete line, waiting for the rest
 
     def feed(self, piece: bytes, t: float) -> None:
@@ -115,6 +125,8 @@ class SseStream:
                 times.append(t)
                 if pieces is not None:
                     pieces.append(text)
+            elif text is not None:
+                self.empty_events += 1
             if finish is not None:
                 self.finish_reason = finish
             if usage is not None:
