@@ -7,8 +7,10 @@ converted by llama.cpp's own convert_hf_to_gguf.py.
 
 DIR holds tokenizer.json and tokenizer_config.json (with its LICENSE, which is copied along:
 the Llama-3 tokenizer's license must travel with it); SRC is llama.cpp's source tree (the
-vendor/llama.cpp folder of llama-cpp-python's source distribution); the converter needs the
-`gguf` package from SRC/gguf-py (put on PYTHONPATH here) and transformers. Writes
+vendor/llama.cpp folder of llama-cpp-python's source distribution). Run it with a Python that
+has torch, transformers and sentencepiece (the converter imports it even for a BPE
+tokenizer); the converter's `gguf` package comes from SRC/gguf-py (put on PYTHONPATH here).
+Writes
 OUT/hf/ (the Hugging Face folder) and OUT/tiny-llama-f16.gguf. Never write OUT inside the repo.
 """
 
