@@ -96,6 +96,7 @@ def summarize(
     summary = {
         "completed": len(done),
         "failed": len(failed),
+        "cancelled": sum(1 for r in records if r.cancelled),  # apart: neither of the above
         "error_types": error_types,
         "duration_s": duration_s,
         "total_input_tokens": in_tokens,
@@ -111,6 +112,8 @@ def summarize(
         "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
         "send_lag_ms": distribution(lags, percentiles),
     }
+    if summary["cancelled"]:
+        summary["cancelled_work"] = cancelled_work(records)
     if any(r.slot_s is not None for r in records):  # closed loop: both latency bases
         summary["latency_basis"] = "intended_start"
         summary["slot_wait_ms"] = distribution(
@@ -132,6 +135,18 @@ def summarize(
         summary["goodput"] = good / dur
         summary["slo_attainment"] = good / len(records) if records else 0.0
     return summary
+
+
+def cancelled_work(records: Sequence[RequestRecord]) -> dict:
+    """What the server did for requests the client cancelled: their prompts (sent) and the
+    output tokens streamed before the cancel. Part of the server's load, in no latency."""
+    gone = [r for r in records if r.cancelled]
+    return {
+        "requests": len(gone),
+        "prompt_tokens": sum(r.prompt_tokens for r in gone),
+        "output_tokens": sum(r.output_tokens for r in gone),
+        "with_first_token": sum(1 for r in gone if r.token_times_s),
+    }
 
 
 PER_PRIORITY_STATS = ("mean", "p50", "p99")

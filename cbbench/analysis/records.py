@@ -22,6 +22,7 @@ class RequestRecord:
     priority: int = 0
     session_id: int | str | None = None  # multi-turn workloads: the session
     turn: int | None = None  # multi-turn workloads: the turn, from 1
+    cancelled: bool = False  # --cancel-rate: the client gave up on it (not an error)
     worker: int | None = None  # HTTP runs: the load-generator worker that sent it (0..N-1)
     # HTTP targets (issue 20): what was asked and how the output was counted.
     slot_s: float | None = None  # --max-concurrency: when a slot freed (the client was ready)
@@ -32,7 +33,8 @@ class RequestRecord:
 
     @property
     def ok(self) -> bool:
-        return self.error is None and bool(self.token_times_s)
+        """Completed: no error, not cancelled, at least one token."""
+        return self.error is None and not self.cancelled and bool(self.token_times_s)
 
     @property
     def ttft_s(self) -> float | None:

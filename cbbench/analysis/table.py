@@ -64,7 +64,10 @@ def workers_table(workers: list[dict] | None) -> str:
 
 def throughput_table(summary: dict) -> str:
     rows = [
-        ["completed / failed", f"{summary['completed']} / {summary['failed']}"],
+        ["completed / failed", f"{summary['completed']} / {summary['failed']}"]
+        if not summary.get("cancelled") else
+        ["completed / failed / cancelled",
+         f"{summary['completed']} / {summary['failed']} / {summary['cancelled']}"],
         ["duration (s)", _fmt(summary["duration_s"], 3)],
         ["request throughput (req/s)", _fmt(summary["request_throughput"])],
         ["output throughput (tok/s)", _fmt(summary["output_throughput"], 1)],

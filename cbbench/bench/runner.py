@@ -16,6 +16,7 @@ from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
+from cbbench.load.cancel import cancel_plan
 from cbbench.load.delays import parse_delay
 from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
 from cbbench.load.sessions import sample_sessions
@@ -38,6 +39,8 @@ class RunSpec:
     arrival: str = "auto"
     time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
     think_time: str | None = None  # session workloads: --think-time (None: the default)
+    cancel_rate: float | None = None  # --cancel-rate: share of requests cancelled mid-stream
+    cancel_after: str | None = None  # --cancel-after: ms after the send (N, exp:MEAN, ...)
     random: RandomSpec = field(default_factory=RandomSpec)  # --workload random
     slo: dict = field(default_factory=dict)
     save_detailed: bool = False
@@ -61,6 +64,7 @@ def request_record_dict(rec, detailed: bool) -> dict:
         "tpot_ms": rec.tpot_s * ms if rec.tpot_s is not None else None,
         "e2el_ms": rec.e2el_s * ms if rec.e2el_s is not None else None,
         "error": rec.error,
+        "cancelled": rec.cancelled,
         "error_type": rec.error_type,
         "intended_start_s": rec.intended_start_s,
         # From when the client was ready: the intended start, or a freed --max-concurrency slot.
@@ -229,6 +233,7 @@ def execute_run(
         drawn, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
     )
     arrivals = scale_trace_time(arrivals, process, spec.time_scale)
+    cancel = cancel_plan(spec.cancel_rate, spec.cancel_after, spec.seed)
     plan = None
     if workload.is_sessions:
         plan = SessionPlan(drawn, arrivals, parse_delay(
@@ -262,7 +267,7 @@ def execute_run(
                 on_t0 = None
             run = run_load(
                 spec.endpoint, wreqs, arrivals, notice, spec.load, should_stop=should_stop,
-                on_progress=on_progress, on_t0=on_t0, sessions=plan,
+                on_progress=on_progress, on_t0=on_t0, sessions=plan, cancel=cancel,
             )
             target_config = {
                 "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
@@ -272,7 +277,7 @@ def execute_run(
             run = run_engine(
                 spec.engine, wreqs, arrivals, notice, should_stop=should_stop,
                 on_progress=on_progress, keep_token_ids=spec.save_detailed,
-                on_start=start_telemetry, sessions=plan,
+                on_start=start_telemetry, sessions=plan, cancel=cancel,
             )
             target_config = {
                 "target": "engine",
@@ -300,6 +305,7 @@ def execute_run(
         "workload": workload.name,
         "num_requests": len(wreqs) if plan is None else len(plan.sessions),
         **({"sessions": plan.to_config()} if plan is not None else {}),
+        **(cancel.to_config() if cancel is not None else {}),
         "seed": spec.seed,
         # JSON has no infinity: "inf" is written as the string the CLI takes.
         "request_rate": (
@@ -330,6 +336,7 @@ def execute_run(
         gpu_spec = run.resolved.gpu_spec
         add_utilization(iterations, gpu_spec)
         summary["engine"] = summarize_engine(iterations, gpu_spec)
+        summary["engine"]["kv_blocks_in_use_at_end"] = getattr(run, "kv_blocks_in_use_at_end", 0)
         error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
         summary["engine"]["sim_error"] = error
         if reason is not None:

@@ -91,6 +91,16 @@ def run(
                      "turn: N, exp:MEAN or uniform:LOW:HIGH. Default exp:1000 (ShareGPT has no "
                      "timing); a turn's own think_time_ms wins."),
     ] = None,
+    cancel_rate: Annotated[
+        float | None,
+        typer.Option(help="Cancel this share of requests mid-stream (0-1): the client closes "
+                     "the stream, the engine aborts. Needs --cancel-after."),
+    ] = None,
+    cancel_after: Annotated[
+        str | None,
+        typer.Option(help="When a picked request is cancelled, in ms after its send: N, "
+                     "exp:MEAN or uniform:LOW:HIGH (it completes normally if it finishes first)."),
+    ] = None,
     time_scale: Annotated[
         float,
         typer.Option(help="With --arrival trace: multiply the trace's timestamps (0.5 replays "
@@ -212,6 +222,8 @@ def run(
         arrival=arrival,
         time_scale=time_scale,
         think_time=think_time,
+        cancel_rate=cancel_rate,
+        cancel_after=cancel_after,
         random=random_spec(workload, input_len, output_len, length_range, prefix_len),
         slo=parse_slo(slo),
         save_detailed=save_detailed,

@@ -10,6 +10,7 @@ from collections.abc import Callable, Hashable, Sequence
 from cbbench.distributed.merge import DONE, Merger
 from cbbench.distributed.plan import AUTO, LoadPlan, deal, spare_cores
 from cbbench.errors import UsageError
+from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
@@ -35,15 +36,18 @@ def run_load(
     grace_s: float = DEFAULT_GRACE_S,
     on_t0: Callable[[float], None] | None = None,
     sessions: SessionPlan | None = None,
+    cancel: CancelPlan | None = None,
 ) -> HttpRun:
     """`on_t0(t0)`: called (multi-worker runs) once the shared start instant is chosen, a
     time.perf_counter() value up to START_MARGIN_S ahead. `sessions`: a multi-turn plan
     (run_http), in this process only."""
     if sessions is not None and plan.distributed:
         raise UsageError("multi-turn sessions run in one process: drop --workers / --ray")
+    if cancel is not None and plan.distributed:
+        raise UsageError("--cancel-rate runs in one process: drop --workers / --ray")
     if not plan.distributed:
         return _one_process(
-            opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions
+            opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions, cancel
         )
     if plan.ray:
         from cbbench.distributed.ray_pool import run_ray_workers
@@ -73,7 +77,8 @@ class SinceInstant:
 
 
 def _one_process(
-    opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions=None
+    opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions=None,
+    cancel=None,
 ) -> HttpRun:
     import os
     import socket
@@ -87,6 +92,7 @@ def _one_process(
         on_progress=on_progress,
         grace_s=grace_s,
         sessions=sessions,
+        cancel=cancel,
     )
     for rec in run.records:
         rec.worker = 0

@@ -17,9 +17,10 @@ from cbbench.analysis.records import RequestRecord
 from cbbench.engine.args import EngineArgs, EngineArgsError
 from cbbench.engine.build import EngineInfo
 from cbbench.errors import UsageError
+from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import DEFAULT_VOCAB, SessionPlan
 from cbbench.load.workload import WorkloadRequest
-from cbbench.targets.engine_feed import SessionFeed
+from cbbench.targets.engine_feed import CancellingListFeed, CancelTimer, SessionFeed
 
 
 def build_engine(args: EngineArgs, notice: Callable[[str], None]):
@@ -58,6 +59,7 @@ class EngineRun:
     resolved: EngineInfo
     not_sent: int = 0
     sessions_ended_early: int = 0  # sessions cut short by a turn the engine rejected
+    kv_blocks_in_use_at_end: int = 0  # held by no request once the run is over: must be 0
 
 
 def _make_requests(
@@ -116,7 +118,9 @@ def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, outp
     )
 
 
-def _session_feed(plan: SessionPlan, opts: EngineArgs, info: EngineInfo) -> SessionFeed:
+def _session_feed(
+    plan: SessionPlan, opts: EngineArgs, info: EngineInfo, timer: CancelTimer
+) -> SessionFeed:
     # Ids where the engine uses them: the torch engine computes with them, prefix caching
     # hashes them; the simulator then gets scripted replies (engine_feed.py).
     keep_ids = info.engine == "torch" or opts.enable_prefix_caching
@@ -127,6 +131,7 @@ def _session_feed(plan: SessionPlan, opts: EngineArgs, info: EngineInfo) -> Sess
         keep_ids=keep_ids,
         scripted_replies=keep_ids and info.engine != "torch",
         vocab=vocab,
+        timer=timer,
     )
 
 
@@ -157,21 +162,24 @@ def run_engine(
     on_start: Callable[[object], None] | None = None,
     grace_s: float = 10.0,
     sessions: SessionPlan | None = None,
+    cancel: CancelPlan | None = None,
 ) -> EngineRun:
     """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it).
-    With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``."""
+    With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
+    ``cancel``, the requests it picks are aborted mid-flight."""
     from cbbench.engine.feed import ListFeed, run_feed
     from cbbench.engine.request import RequestStatus
 
     engine, info = build_engine(opts, notice)
     session_feed = None
+    timer = CancelTimer(cancel)
     if sessions is not None:
-        feed = session_feed = _session_feed(sessions, opts, info)
+        feed = session_feed = _session_feed(sessions, opts, info, timer)
         reqs = session_feed.created
         total = sessions.num_turns
     else:
         reqs = _make_requests(wreqs, arrivals, opts, info)
-        feed = ListFeed(reqs)
+        feed = CancellingListFeed(reqs, timer) if cancel is not None else ListFeed(reqs)
         total = len(reqs)
     done = [0]
 
@@ -198,7 +206,10 @@ def run_engine(
             not_sent += 1
             continue
         error = error_type = None
-        if r.status == RequestStatus.REJECTED:
+        cancelled = r.request_id in timer.cancelled
+        if cancelled:
+            pass  # counted apart: neither completed nor failed
+        elif r.status == RequestStatus.REJECTED:
             error, error_type = r.finish_reason, "rejected"
         elif r.status == RequestStatus.ABORTED:
             error, error_type = "cancelled by the interrupt", "interrupted"
@@ -222,6 +233,7 @@ def run_engine(
                 num_preemptions=r.num_preemptions,
                 first_scheduled_s=r.first_scheduled_time,
                 priority=r.priority,
+                cancelled=cancelled,
             )
         )
         if session_feed is not None:
@@ -232,6 +244,8 @@ def run_engine(
         duration = 0.0
     iterations = [it.to_dict() for it in engine.records]
     run = EngineRun(records, iterations, duration, not completed_all, info, not_sent)
+    # Every request has ended: whatever KV is still held leaked (aborts must free theirs).
+    run.kv_blocks_in_use_at_end = engine.block_manager.num_used_blocks
     if session_feed is not None:
         run.sessions_ended_early = session_feed.ended_early
     return run

@@ -1,5 +1,6 @@
-"""Load for the in-process engine whose arrivals depend on the engine: multi-turn sessions
-(turn k + 1 arrives a think time after turn k's reply finished).
+"""Load for the in-process engine that depends on the engine: multi-turn sessions (turn k + 1
+arrives a think time after turn k's reply finished) and cancellations (a request is aborted
+some time after it was sent, unless it finished first).
 
 The engine sees the same growing prompts a chat server would: with token ids (the torch engine,
 or prefix caching), turn k + 1's prompt is turn k's prompt ids, then turn k's output ids as
@@ -14,7 +15,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from cbbench.engine.feed import ListFeed
 from cbbench.engine.request import Request, RequestStatus
+from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import first_prompt_len, next_prompt_len
 
@@ -22,8 +25,62 @@ from cbbench.load.sessions import first_prompt_len, next_prompt_len
 MakeRequest = Callable[[int, int, int, float, "list[int] | None"], Request]
 
 
+class CancelTimer:
+    """The aborts a CancelPlan schedules: each request it picks is aborted its delay after
+    its arrival (when the engine target sends it), if it is still running or waiting then."""
+
+    def __init__(self, plan: CancelPlan | None) -> None:
+        self.plan = plan
+        self._due: list[tuple[float, int, Request]] = []
+        self.cancelled: set[int] = set()  # request ids aborted by the plan
+
+    def arm(self, req: Request) -> None:
+        if self.plan is None:
+            return
+        delay = self.plan.cancel_after_s(req.request_id)
+        if delay is not None:
+            heapq.heappush(self._due, (req.arrival_time + delay, req.request_id, req))
+
+    def next_time(self) -> float | None:
+        return self._due[0][0] if self._due else None
+
+    def fire(self, engine, now: float) -> list[Request]:
+        """Abort what is due; returns the requests aborted."""
+        aborted = []
+        while self._due and self._due[0][0] <= now:
+            _, rid, req = heapq.heappop(self._due)
+            if req.status.is_done:  # finished (or was rejected) first
+                continue
+            engine.abort_request(req)  # frees its KV blocks
+            self.cancelled.add(rid)
+            aborted.append(req)
+        return aborted
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+class CancellingListFeed(ListFeed):
+    """engine/feed.ListFeed plus a CancelTimer: fixed arrivals, some of them cancelled."""
+
+    def __init__(self, requests: list[Request], timer: CancelTimer) -> None:
+        super().__init__(requests)
+        self.timer = timer
+        for req in requests:
+            timer.arm(req)
+
+    def next_time(self) -> float | None:
+        return _earliest(super().next_time(), self.timer.next_time())
+
+    def fire(self, engine, now: float) -> None:
+        super().fire(engine, now)  # adds first: a delay of 0 cancels right after the send
+        self.timer.fire(engine, now)
+
+
 class SessionFeed:
-    """A RequestFeed (engine/feed.py) for multi-turn sessions."""
+    """A RequestFeed (engine/feed.py) for multi-turn sessions. A cancelled turn ends like a
+    finished one, its reply cut where it stopped: the session goes on from there."""
 
     def __init__(
         self,
@@ -32,7 +89,9 @@ class SessionFeed:
         keep_ids: bool,
         scripted_replies: bool,
         vocab: int,
+        timer: CancelTimer | None = None,
     ) -> None:
+        self.timer = timer or CancelTimer(None)
         self.plan = plan
         self.make_request = make_request
         self.keep_ids = keep_ids
@@ -55,10 +114,11 @@ class SessionFeed:
         self.turn_of[rid] = (i, k)
         self.created.append(req)
         heapq.heappush(self._events, (t, rid, req))
+        self.timer.arm(req)
 
     # ---- RequestFeed ----------------------------------------------------------------------------
     def next_time(self) -> float | None:
-        return self._events[0][0] if self._events else None
+        return _earliest(self._events[0][0] if self._events else None, self.timer.next_time())
 
     def fire(self, engine, now: float) -> None:
         events = self._events
@@ -66,6 +126,8 @@ class SessionFeed:
             _, _, req = heapq.heappop(events)
             if engine.add_request(req) is not None:
                 self.ended_early += 1  # can never run: the session cannot go on without it
+        for req in self.timer.fire(engine, now):
+            self.finished(req)
 
     def on_step(self, step) -> None:
         for req in step.finished:

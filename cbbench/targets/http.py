@@ -28,6 +28,7 @@ import numpy as np
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.token_counts import DETECT_SAMPLE_REQUESTS
 from cbbench.errors import UsageError
+from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
@@ -84,8 +85,10 @@ class _Runner:
         on_progress: Callable[[int, int], None] | None,
         grace_s: float = DEFAULT_GRACE_S,
         hooks: RunHooks | None = None,
+        cancel: CancelPlan | None = None,
     ):
         self.grace_s = grace_s
+        self.cancel = cancel
         self.hooks = hooks or RunHooks()
         self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
         self.sampled = 0  # requests whose events were tokenized one by one
@@ -135,7 +138,7 @@ class _Runner:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                await send_request(self.ctx, rec, body, st)
+                await self._send(rec, body, st)
             finally:
                 self.in_flight -= 1
         except asyncio.CancelledError:  # the run was stopped; unsent requests stay unrecorded
@@ -149,6 +152,29 @@ class _Runner:
                 self.sem.release()
             if rec.send_s is not None:
                 self._ended(pos, rec, st)
+
+    async def _send(self, rec: RequestRecord, body: bytes, st: SseStream) -> None:
+        """send_request, or, for a request --cancel-rate picked, send_request until its
+        cancel time: then the stream is closed (the server sees the client go away)."""
+        delay = self.cancel.cancel_after_s(rec.id) if self.cancel is not None else None
+        if delay is None:
+            await send_request(self.ctx, rec, body, st)
+            return
+        task = asyncio.ensure_future(send_request(self.ctx, rec, body, st))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=delay)
+        except asyncio.CancelledError:  # the run was stopped: stop the request too
+            task.cancel()
+            raise
+        if done:
+            task.result()
+            return
+        task.cancel()  # leaving the response's context closes its connection
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        rec.cancelled = True
 
     def _ended(self, pos: int, rec: RequestRecord, st: SseStream) -> None:
         """A sent request ended: its record is final now (a worker streams it out)."""
@@ -299,6 +325,7 @@ def run_http(
     grace_s: float = DEFAULT_GRACE_S,
     hooks: RunHooks | None = None,
     sessions: SessionPlan | None = None,
+    cancel: CancelPlan | None = None,
 ) -> HttpRun:
     """Replay `wreqs` at `arrivals` (seconds from the run start) against the endpoint, or,
     with `sessions`, the plan's multi-turn sessions (http_sessions.py).
@@ -311,13 +338,14 @@ def run_http(
         from cbbench.targets.http_sessions import SessionRunner
 
         runner = SessionRunner(
-            opts, sessions, tokenizer, should_stop, on_progress, grace_s, hooks
+            opts, sessions, tokenizer, should_stop, on_progress, grace_s, hooks, cancel
         )
         kinds, total = runner.kinds, sessions.num_turns
     else:
         prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
         runner = _Runner(
-            opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s, hooks
+            opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s, hooks,
+            cancel,
         )
         total = len(wreqs)
     duration, info = asyncio.run(runner.run())

@@ -7,7 +7,8 @@ assistant's replies *as the server sent them* -- and so on. The server applies i
 template to the messages, so its prefix cache sees exactly the sharing a real client causes.
 
 A failed turn ends its session (the history it would carry is missing); the rest of its turns
-are not sent. The records, streams and the run's clock are the HTTP target's (http.py).
+are not sent; a cancelled turn (--cancel-rate) is history as far as it got, and the session
+goes on. The records, streams and the run's clock are the HTTP target's (http.py).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import time
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+from cbbench.load.cancel import CancelPlan
 from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import first_prompt_len, next_prompt_len
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http import _Runner
 from cbbench.targets.options import EndpointOptions
-from cbbench.targets.request import RequestContext, send_request
+from cbbench.targets.request import RequestContext
 from cbbench.targets.sse import SseStream
 
 
@@ -40,12 +42,13 @@ class SessionRunner(_Runner):
     each session sends its own turns."""
 
     def __init__(self, opts: EndpointOptions, plan: SessionPlan, tokenizer, should_stop,
-                 on_progress, grace_s: float, hooks: RunHooks | None = None) -> None:
+                 on_progress, grace_s: float, hooks: RunHooks | None = None,
+                 cancel: CancelPlan | None = None) -> None:
         if opts.api != "chat":
             raise UsageError("multi-turn sessions send the history as messages: use --api chat")
         n = plan.num_turns
         super().__init__(opts, [None] * n, [0.0] * n, [], tokenizer, should_stop, on_progress,
-                         grace_s, hooks)
+                         grace_s, hooks, cancel)
         self.plan = plan
         self.ended_early = 0
         self.fitter = _ExactFitter.for_tokenizer(tokenizer) if tokenizer is not None else None
@@ -130,7 +133,7 @@ class SessionRunner(_Runner):
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                await send_request(self.ctx, rec, body, st)
+                await self._send(rec, body, st)
             finally:
                 self.in_flight -= 1
         except asyncio.CancelledError:  # the run was stopped
