@@ -783,6 +783,7 @@ def test_server_side_ttft_from_vllm_histograms():
     assert ttft["client_p50"] == pytest.approx(float(np.percentile(client, 50)))
     assert ttft["diff_p50"] == pytest.approx(ttft["client_p50"] - 275.0)
     assert ttft["client_p50"] >= 60.0  # the client cannot see the first token before the server sent it
+    assert ttft["server_p50_bucket"] == [50.0, 500.0] and ttft["client_within_bucket"]
     itl = lat["itl_ms"]
     assert itl["histogram"] == "vllm:time_per_output_token_seconds"
     assert itl["observations"] == n * 2 and itl["server_p50"] == pytest.approx(275.0)
@@ -790,7 +791,7 @@ def test_server_side_ttft_from_vllm_histograms():
 
 
 def test_histogram_quantile_by_hand():
-    from cbbench.analysis.server_latency import histogram_quantile
+    from cbbench.analysis.server_latency import histogram_quantile, quantile_bucket
 
     inf = float("inf")
     # 10 observations: 2 <= 0.1, 8 more <= 0.2. p50 rank 5: 0.1 + 0.1 * (5 - 2) / 8.
@@ -798,6 +799,8 @@ def test_histogram_quantile_by_hand():
     assert histogram_quantile(0.5, {0.1: 0, 0.2: 0, inf: 4}) == 0.2  # beyond the last bound
     assert histogram_quantile(0.1, {0.1: 4, inf: 4}) == pytest.approx(0.01)  # from 0: 0.1 * 0.4 / 4
     assert histogram_quantile(0.5, {0.1: 0, inf: 0}) is None
+    assert quantile_bucket(0.5, {0.1: 2, 0.2: 10, inf: 10}) == (0.1, 0.2)
+    assert quantile_bucket(0.5, {0.1: 0, 0.2: 0, inf: 4}) == (0.2, inf)
 
 
 LLAMACPP_PAGE = """# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.

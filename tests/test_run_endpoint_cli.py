@@ -109,6 +109,28 @@ def test_endpoint_run_writes_an_http_result(srv, workload, tmp_path, monkeypatch
     assert "remote endpoint" in tel["reason"] and "--gpu-index" in tel["reason"]
 
 
+def test_server_side_latency_from_cbbench_serve(srv, workload, tmp_path, monkeypatch):
+    # cbbench serve exposes vLLM's latency histograms: the run puts the server's own figures
+    # beside the client's, over this run's requests only (the server has served others).
+    out = tmp_path / "latency.json"
+    res = endpoint_run(monkeypatch, srv.url, workload, out, "--request-rate", "50",
+                       "--scrape-metrics")
+    assert res.exit_code == 0, res.output
+    result = load_result(out)
+    lat = result["summary"]["http"]["server_latency"]
+    assert set(lat) >= {"ttft_ms", "itl_ms", "tpot_ms", "e2el_ms", "note"}
+    assert lat["ttft_ms"]["observations"] == N and lat["e2el_ms"]["observations"] == N
+    assert lat["itl_ms"]["observations"] == N * (OUTPUT_LEN - 1)
+    rows = result["requests"]
+    client_ttft = [r["ttft_ms"] - r["send_lag_ms"] for r in rows]  # from the send
+    # Per request the server's TTFT is inside the client's, so the exact means are ordered.
+    assert 0 < lat["ttft_ms"]["server_mean"] <= sum(client_ttft) / N
+    t = lat["ttft_ms"]
+    assert t["diff_p50"] == pytest.approx(t["client_p50"] - t["server_p50"])
+    assert "server" in res.stdout and "client - server" in res.stdout
+    assert "before" in result["server_histograms"] and "after" in result["server_histograms"]
+
+
 def test_chat_api(srv, workload, tmp_path, monkeypatch):
     out = tmp_path / "chat.json"
     res = endpoint_run(monkeypatch, srv.url, workload, out, "--api", "chat")

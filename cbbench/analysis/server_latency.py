@@ -33,7 +33,8 @@ MS = 1000.0
 NOTE = (
     "server: vLLM's histograms, the difference between a scrape before the run and one at its "
     "end (every request the server finished meanwhile, other clients' too); p50 interpolated "
-    "within buckets. client: from the send. diff = client - server: network, HTTP and client."
+    "within buckets (server_p50_bucket: its resolution). client: from the send. diff = client - "
+    "server: network, HTTP and client, when the client's p50 lies outside that bucket."
 )
 
 
@@ -89,6 +90,21 @@ def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
     return prev_le
 
 
+def quantile_bucket(q: float, buckets: dict[float, float]) -> tuple[float, float] | None:
+    """(lower, upper) bounds of the bucket that holds the q-quantile: the resolution of the
+    interpolated figure (upper is inf for the open-ended bucket)."""
+    les = sorted(buckets)
+    if not les or buckets[les[-1]] <= 0:
+        return None
+    rank = q * buckets[les[-1]]
+    lower = 0.0
+    for le in les:
+        if buckets[le] >= rank:
+            return lower, le
+        lower = le
+    return lower, math.inf
+
+
 def _client_values_ms(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
     done = [r for r in records if r.ok]
     return {
@@ -117,10 +133,18 @@ def server_vs_client(
         c = client[key]
         client_p50 = float(np.percentile(c, 50)) if c.size else None
         server_p50 = p50 * MS if p50 is not None else None
+        bucket = quantile_bucket(0.5, d["buckets"])
+        lo, hi = (bucket[0] * MS, bucket[1] * MS) if bucket else (None, None)
         out[f"{key}_ms"] = {
             "histogram": name,
             "observations": int(d["count"]),
             "server_p50": server_p50,
+            # The bucket the server's p50 lies in: a client p50 inside it differs from the
+            # server's by less than the histogram can tell.
+            "server_p50_bucket": [lo, hi if hi is None or math.isfinite(hi) else None],
+            "client_within_bucket": (
+                client_p50 is not None and lo is not None and lo <= client_p50 <= hi
+            ),
             "server_mean": d["sum"] / d["count"] * MS if d["count"] > 0 else None,
             "client_p50": client_p50,
             "diff_p50": (

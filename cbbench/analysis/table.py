@@ -146,8 +146,11 @@ def server_latency_table(http: dict | None) -> str:
                        ("E2EL", "e2el_ms")):
         d = lat.get(key)
         if d:
-            rows.append([f"{label} p50 (ms)", _fmt(d["server_p50"]), _fmt(d["client_p50"]),
-                         _fmt(d["diff_p50"])])
+            lo, hi = d.get("server_p50_bucket") or (None, None)
+            diff = _fmt(d["diff_p50"])
+            if d.get("client_within_bucket"):  # below the histogram's resolution
+                diff = f"within bucket {_fmt(lo, 0)}-{_fmt(hi, 0)}"
+            rows.append([f"{label} p50 (ms)", _fmt(d["server_p50"]), _fmt(d["client_p50"]), diff])
     return tabulate(
         rows, headers=["", "server", "client (from send)", "client - server"],
         tablefmt="simple", disable_numparse=True,
