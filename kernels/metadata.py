@@ -108,6 +108,31 @@ def cu_seqlens_k_of(metadata: AttentionMetadata) -> torch.Tensor:
     return torch.cat([zero, torch.cumsum(metadata.seq_lens, 0, dtype=torch.int32)])
 
 
+@dataclass(frozen=True)
+class HostLengths:
+    """The metadata's per-request lengths as Python lists, for backends that loop on the host."""
+
+    cu_seqlens_q: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+
+
+def host_lengths(metadata: AttentionMetadata) -> HostLengths:
+    """Read the lengths to the host once per metadata object (every layer of a forward shares
+    it): one device sync per iteration instead of several per layer. Relies on the contract
+    that a metadata object's tensors are not modified after it is built."""
+    cached = metadata.__dict__.get("_host_lengths")
+    if cached is None:
+        cu_q = metadata.cu_seqlens_q.tolist()
+        cached = HostLengths(
+            cu_seqlens_q=cu_q,
+            query_lens=[b - a for a, b in zip(cu_q, cu_q[1:])],
+            seq_lens=metadata.seq_lens.tolist(),
+        )
+        object.__setattr__(metadata, "_host_lengths", cached)  # a cache, not a field
+    return cached
+
+
 def query_lens_of(metadata: AttentionMetadata) -> torch.Tensor:
     """New rows per request (int32 ``[num_reqs]``), on the metadata's device."""
     return metadata.cu_seqlens_q[1:] - metadata.cu_seqlens_q[:-1]

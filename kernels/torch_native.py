@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from .backend import AttentionBackend, check_shapes
-from .metadata import AttentionMetadata, query_lens_of
+from .metadata import AttentionMetadata, host_lengths, query_lens_of
 from .reference import bottom_right_causal_mask, gather_request_kv
 
 # Decode rows per padded gather on the CPU: small enough that sorted buckets pad little,
@@ -48,9 +48,8 @@ class TorchBackend(AttentionBackend):
             )
 
         out = torch.empty_like(query)
-        q_lens = query_lens_of(metadata).tolist()
-        cu_q = metadata.cu_seqlens_q.tolist()
-        seq_lens = metadata.seq_lens.tolist()
+        lengths = host_lengths(metadata)  # synced once per forward, not per layer
+        q_lens, cu_q, seq_lens = lengths.query_lens, lengths.cu_seqlens_q, lengths.seq_lens
         single = [i for i, n in enumerate(q_lens) if n == 1]
         if single:
             # Sorted by key length and cut into buckets, so each padded gather pads little.
@@ -82,7 +81,7 @@ def _bucketed_single_rows(
     longest history (ShareGPT's max/mean is ~4x); sorting by length and padding per bucket of
     similar lengths reads only a little more than the real keys. The host sync this needs is
     free on a CPU."""
-    seq_lens = metadata.seq_lens.tolist()
+    seq_lens = host_lengths(metadata).seq_lens
     order = sorted(range(len(seq_lens)), key=seq_lens.__getitem__)
     out = torch.empty_like(query)
     for b in range(0, len(order), DECODE_BUCKET_ROWS):

@@ -102,3 +102,28 @@ def test_no_sync_write_needs_no_data():
     write_kv_torch(key, value, *caches, slots)  # off the CPU it takes the no-sync path
     with pytest.raises((RuntimeError, NotImplementedError)):
         key[slots >= 0]  # what the CPU path does: needs the data
+
+
+def test_host_lengths_read_once_per_metadata(monkeypatch):
+    """The torch backend's mixed-batch path loops on the host; it reads the lengths once per
+    metadata object (one sync per forward on CUDA), not once per layer."""
+    import dataclasses
+
+    from cbbench.kernels import build_metadata
+    from cbbench.kernels.metadata import host_lengths
+
+    md = build_metadata([2, 1, 3], [5, 0, 1], [[0, 1], [2], [3]], block_size=4)
+    reads = []
+    real_tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(1) or real_tolist(t))
+    first = host_lengths(md)
+    assert (first.cu_seqlens_q, first.query_lens, first.seq_lens) == (
+        [0, 2, 3, 6],
+        [2, 1, 3],
+        [7, 1, 4],
+    )
+    for _ in range(4):  # the other layers
+        assert host_lengths(md) is first
+    assert len(reads) == 2  # cu_seqlens_q and seq_lens, once
+    other = dataclasses.replace(md, seq_lens=md.seq_lens + 1)
+    assert host_lengths(other).seq_lens == [8, 2, 5]  # a new object is read afresh
