@@ -157,6 +157,24 @@ def server_latency_table(http: dict | None) -> str:
     )
 
 
+def steady_state_line(summary: dict) -> str:
+    """The steady-state window and its headline figures, under the whole-run ones."""
+    ss = summary.get("steady_state")
+    if not ss:
+        return ""
+    if not ss.get("window_s"):
+        return f"steady state: none ({ss.get('note', ss.get('method'))})"
+    a, b = ss["window_s"]
+    ttft, tpot = ss["ttft_ms"], ss["tpot_ms"]
+    line = (
+        f"steady state {a:.2f}-{b:.2f} s ({ss['method']}): {ss['requests']} requests, "
+        f"TTFT p50 {_fmt(ttft.get('p50'))} / p99 {_fmt(ttft.get('p99'))} ms, "
+        f"TPOT p50 {_fmt(tpot.get('p50'))} / p99 {_fmt(tpot.get('p99'))} ms, "
+        f"{_fmt(ss['output_throughput'], 1)} output tok/s"
+    )
+    return line + (f"\n  note: {ss['note']}" if ss.get("note") else "")
+
+
 def telemetry_line(tel: dict | None) -> str:
     """Measured HBM utilization, to read beside the analytic MBU above."""
     if not tel:
@@ -184,6 +202,9 @@ def render_summary(result: dict) -> str:
             title += f" on {cfg.get('gpu')}"
         title += f" · {cfg.get('scheduler')}"
     parts = [title, "", throughput_table(s), "", latency_table(s)]
+    steady = steady_state_line(s)
+    if steady:
+        parts += ["", steady]
     turns = by_turn_table(s)
     if turns:
         parts += ["", turns]

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
+from cbbench.analysis.steady_state import steady_state
 from cbbench.analysis.turns import by_turn, session_summary
 from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
@@ -41,6 +42,8 @@ class RunSpec:
     think_time: str | None = None  # session workloads: --think-time (None: the default)
     cancel_rate: float | None = None  # --cancel-rate: share of requests cancelled mid-stream
     cancel_after: str | None = None  # --cancel-after: ms after the send (N, exp:MEAN, ...)
+    warmup_s: float | None = None  # steady-state window set by hand: [warmup, end - cooldown]
+    cooldown_s: float | None = None
     random: RandomSpec = field(default_factory=RandomSpec)  # --workload random
     slo: dict = field(default_factory=dict)
     save_detailed: bool = False
@@ -332,6 +335,9 @@ def execute_run(
             run.records, plan.planned_turns(), getattr(run, "sessions_ended_early", 0)
         )
     iterations = getattr(run, "iterations", [])
+    summary["steady_state"] = steady_state(
+        run.records, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s
+    )
     if iterations:
         gpu_spec = run.resolved.gpu_spec
         add_utilization(iterations, gpu_spec)

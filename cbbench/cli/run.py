@@ -101,6 +101,15 @@ def run(
         typer.Option(help="When a picked request is cancelled, in ms after its send: N, "
                      "exp:MEAN or uniform:LOW:HIGH (it completes normally if it finishes first)."),
     ] = None,
+    warmup: Annotated[
+        float | None,
+        typer.Option(help="Steady-state window: leave out the run's first SECONDS (with "
+                     "--cooldown; default: detected from the running-request count)."),
+    ] = None,
+    cooldown: Annotated[
+        float | None,
+        typer.Option(help="Steady-state window: leave out the run's last SECONDS."),
+    ] = None,
     time_scale: Annotated[
         float,
         typer.Option(help="With --arrival trace: multiply the trace's timestamps (0.5 replays "
@@ -224,6 +233,8 @@ def run(
         think_time=think_time,
         cancel_rate=cancel_rate,
         cancel_after=cancel_after,
+        warmup_s=_seconds(warmup, "--warmup"),
+        cooldown_s=_seconds(cooldown, "--cooldown"),
         random=random_spec(workload, input_len, output_len, length_range, prefix_len),
         slo=parse_slo(slo),
         save_detailed=save_detailed,
@@ -266,6 +277,12 @@ def run(
             f"--max-error-rate {max_error_rate:.1%}"
         )
         raise typer.Exit(1)
+
+
+def _seconds(value: float | None, flag: str) -> float | None:
+    if value is not None and not (value >= 0 and math.isfinite(value)):
+        raise UsageError(f"{flag} must be a number of seconds >= 0, got {value}")
+    return value
 
 
 def random_spec(workload, input_len, output_len, length_range, prefix_len):

@@ -1,0 +1,175 @@
+"""The steady-state window of a run: its ramp-up and drain left out.
+
+A benchmark's first seconds fill an empty server and its last ones empty it again; neither is
+the load the run was meant to measure. Every summary therefore also reports a window and the
+figures within it (summary.steady_state), chosen one of two ways:
+
+- ``--warmup W --cooldown C``: the window is [W, duration - C] seconds of the run clock.
+- detected (the default), from the running-request count c(t): the in-process engine's own
+  count of running requests per iteration (``running_requests``), or, for an endpoint, the
+  client's count of requests in flight (``in_flight_requests``). The level L is the
+  time-weighted median of c(t) while requests were still arriving (the whole run when they
+  all arrived at once). The window opens the first time c(t) reaches ``LEVEL_FRACTION`` * L
+  and closes the last time it is there, and no later than the last arrival: after it the run
+  can only drain.
+
+Within the window [a, b]: latencies (TTFT, TPOT, ITL, E2EL) over the requests served in it
+(first token within it; a request that got none, by its intended start), so a run whose
+requests all arrived at t = 0 still has its saturated middle measured; throughputs over what
+happened in it (output tokens streamed, requests completed, per second of the window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cbbench.analysis.metrics import DEFAULT_PERCENTILES, MS, distribution, itl_values_s
+from cbbench.analysis.records import RequestRecord
+
+LEVEL_FRACTION = 0.9  # within 10% of the steady level counts as "at it"
+MIN_WINDOW_REQUESTS = 10  # fewer started in the window: the figures are reported, with a note
+METHOD_WARMUP = "warmup_cooldown"
+METHOD_RUNNING = "running_requests"
+METHOD_IN_FLIGHT = "in_flight_requests"
+
+
+def _steps_from_iterations(iterations: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, values): c = values[i] on [edges[i], edges[i + 1]); idle gaps count 0."""
+    edges, values = [], []
+    t = 0.0
+    for it in sorted(iterations, key=lambda it: it["start_s"]):
+        start, end = it["start_s"], it["start_s"] + it["duration_s"]
+        if start > t:
+            edges.append(t)
+            values.append(0.0)
+        edges.append(start)
+        values.append(float(it["num_running"]))
+        t = max(t, end)
+    edges.append(t)
+    return np.asarray(edges), np.asarray(values)
+
+
+def _served_s(r: RequestRecord) -> float:
+    """When a request was served: its first token, else its intended start."""
+    return r.token_times_s[0] if r.token_times_s else r.intended_start_s
+
+
+def _end_s(r: RequestRecord) -> float:
+    return r.token_times_s[-1] if r.token_times_s else r.send_s
+
+
+def _steps_from_records(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    sent = [r for r in records if r.send_s is not None]
+    if not sent:
+        return np.zeros(1), np.zeros(0)
+    times = np.array([r.send_s for r in sent] + [_end_s(r) for r in sent])
+    deltas = np.array([1.0] * len(sent) + [-1.0] * len(sent))
+    order = np.lexsort((deltas, times))  # at equal times, ends (-1) before starts
+    times, counts = times[order], np.cumsum(deltas[order])
+    return np.concatenate(([0.0], times)), np.concatenate(([0.0], counts[:-1]))[: len(times)]
+
+
+def _weighted_median(edges: np.ndarray, values: np.ndarray, a: float, b: float) -> float:
+    lo, hi = np.clip(edges[:-1], a, b), np.clip(edges[1:], a, b)
+    w = hi - lo
+    if w.sum() <= 0:
+        return float(values.max()) if values.size else 0.0
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(w[order])
+    return float(values[order][np.searchsorted(cum, cum[-1] / 2)])
+
+
+def detect_window(
+    edges: np.ndarray, values: np.ndarray, first_arrival: float, last_arrival: float
+) -> tuple[float, float, dict] | None:
+    """(start, end, detail) from a step function of the running count, or None."""
+    if values.size == 0 or values.max() <= 0:
+        return None
+    end_of_run = float(edges[-1])
+    spread = last_arrival > first_arrival
+    a, b = (first_arrival, last_arrival) if spread else (0.0, end_of_run)
+    level = _weighted_median(edges, values, a, b)
+    if level <= 0:  # mostly idle: one request at a time at most
+        level = float(values.max())
+    threshold = LEVEL_FRACTION * level
+    at_level = np.flatnonzero(values >= threshold)
+    start = float(edges[at_level[0]])
+    end = float(edges[at_level[-1] + 1])
+    if spread:
+        end = min(end, last_arrival)
+    if end <= start:
+        return None
+    return start, end, {"level": level, "threshold": threshold, "arrivals_end_s": last_arrival}
+
+
+def window_figures(
+    records: Sequence[RequestRecord], a: float, b: float, percentiles=DEFAULT_PERCENTILES
+) -> dict:
+    inside = [r for r in records if a <= _served_s(r) <= b]
+    done = [r for r in inside if r.ok]
+    span = b - a
+    every = [r for r in records if r.ok]
+    out_tokens = sum(sum(1 for t in r.token_times_s if a <= t <= b) for r in every)
+    finished = [r for r in every if a <= r.token_times_s[-1] <= b]
+    in_tokens = sum(r.prompt_tokens for r in finished)
+    return {
+        "requests": len(inside),
+        "completed": len(done),
+        "failed": sum(1 for r in inside if r.error is not None),
+        "cancelled": sum(1 for r in inside if r.cancelled),
+        "duration_s": span,
+        "request_throughput": len(finished) / span,
+        "output_throughput": out_tokens / span,
+        "total_token_throughput": (in_tokens + out_tokens) / span,
+        "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
+        "tpot_ms": distribution(
+            [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
+        ),
+        "itl_ms": distribution(itl_values_s(done) * MS, percentiles),
+        "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
+    }
+
+
+def steady_state(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    iterations: Sequence[dict] | None = None,
+    warmup_s: float | None = None,
+    cooldown_s: float | None = None,
+    percentiles=DEFAULT_PERCENTILES,
+) -> dict:
+    """summary.steady_state: the window, how it was chosen, and its figures."""
+    detail: dict = {}
+    if warmup_s is not None or cooldown_s is not None:
+        method = METHOD_WARMUP
+        a, b = warmup_s or 0.0, duration_s - (cooldown_s or 0.0)
+        detail = {"warmup_s": warmup_s or 0.0, "cooldown_s": cooldown_s or 0.0}
+        window = (a, b) if b > a else None
+    else:
+        if iterations:
+            method = METHOD_RUNNING
+            edges, values = _steps_from_iterations(iterations)
+        else:
+            method = METHOD_IN_FLIGHT
+            edges, values = _steps_from_records(records)
+        starts = [r.intended_start_s for r in records]
+        found = detect_window(edges, values, min(starts, default=0.0), max(starts, default=0.0))
+        window = found[:2] if found else None
+        detail = found[2] if found else {}
+    out: dict = {"window_s": list(window) if window else None, "method": method, **detail}
+    if window is None:
+        out["note"] = (
+            f"empty window: --warmup/--cooldown leave nothing of the {duration_s:.3g} s run"
+            if method == METHOD_WARMUP
+            else "no steady level found (nothing ran)"
+        )
+        return out
+    figures = window_figures(records, window[0], window[1], percentiles)
+    if figures["requests"] < MIN_WINDOW_REQUESTS:
+        out["note"] = (
+            f"only {figures['requests']} requests served in the window: its figures are noisy"
+        )
+    out.update(figures)
+    return out
