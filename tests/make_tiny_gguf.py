@@ -44,6 +44,11 @@ def main() -> None:
     ap.add_argument("--tokenizer-dir", required=True, type=Path)
     ap.add_argument("--llama-cpp", required=True, type=Path, help="llama.cpp source tree")
     ap.add_argument("--out-dir", required=True, type=Path)
+    ap.add_argument(
+        "--eos-logit-scale", type=float, default=1.0,
+        help="Scale the output layer's end-of-sequence row: > 1 makes the random model stop "
+        "early now and then (a server that ignores ignore_eos then returns short outputs).",
+    )
     args = ap.parse_args()
 
     import torch
@@ -64,11 +69,15 @@ def main() -> None:
         **CONFIG,
     )
     model = LlamaForCausalLM(config).to(torch.float16)
+    if args.eos_logit_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight[tok.eos_token_id] *= args.eos_logit_scale
     model.save_pretrained(hf)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"tiny Llama: {n_params / 1e6:.1f}M parameters, vocab {config.vocab_size}")
 
-    out = args.out_dir / "tiny-llama-f16.gguf"
+    suffix = "" if args.eos_logit_scale == 1.0 else f"-eos{args.eos_logit_scale:g}"
+    out = args.out_dir / f"tiny-llama{suffix}-f16.gguf"
     env = {**os.environ, "PYTHONPATH": str(args.llama_cpp / "gguf-py")}
     subprocess.run(
         [sys.executable, str(args.llama_cpp / "convert_hf_to_gguf.py"), str(hf),

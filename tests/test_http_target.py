@@ -197,6 +197,10 @@ class FakeOpenAI:
             )
         got, last = time.perf_counter(), None
         n = req["max_tokens"]
+        if fault == "eosfirst":  # the first token is EOS: a closing chunk and nothing else
+            n = 0
+            closing = {"index": 0, "text": "", "finish_reason": "stop"}
+            writer.write(_event({"choices": [closing]}))
         if fault == "eos":  # the model "emits EOS" early and the server ignores ignore_eos
             n = min(n, EOS_AFTER)
         # pairs: two tokens per event; glued: one token per event, but the text re-tokenizes
@@ -462,6 +466,12 @@ def test_empty_text_events_are_tokens_but_not_token_times(fresh, api):
         assert len(r.token_times_s) == 3 and r.finish_reason == "length"
     assert summarize(run.records, run.duration_s)["short_outputs"]["count"] == 0
     assert not [n for n in notes if "max_tokens" in n]
+
+
+def test_no_output_at_all_says_why(fresh):
+    run = run_http(_opts(fresh.url), _reqs(["fault:eosfirst x"]), [0.0], print)
+    rec = run.records[0]
+    assert rec.error_type == "bad_event" and "finish_reason 'stop'" in rec.error
 
 
 def test_short_counts_at_finish_length_are_called_a_counting_problem():

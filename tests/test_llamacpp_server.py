@@ -10,7 +10,9 @@ Opt-in, because the server takes minutes to build and is not a dependency of cbb
         pytest -m llamacpp tests/test_llamacpp_server.py
 
 (CBBENCH_LLAMACPP_TOKENIZER: the tokenizer.json, by default OUT/hf/tokenizer.json;
-CBBENCH_LLAMACPP_FIGURES=FILE also writes the per-request figures as JSON.)
+CBBENCH_LLAMACPP_FIGURES=FILE also writes the per-request figures as JSON;
+CBBENCH_LLAMACPP_EOS_MODEL: a GGUF from make_tiny_gguf.py --eos-logit-scale 2.5, whose
+outputs sometimes end early, for the ignore_eos test.)
 
 The server runs as a user should run it for a benchmark (README, server notes):
 `--interrupt_requests False` (else a new request cuts the stream in progress) and
@@ -43,6 +45,8 @@ from cbbench.cli.app import app
 
 PYTHON = os.environ.get("CBBENCH_LLAMACPP_PYTHON")
 MODEL = os.environ.get("CBBENCH_LLAMACPP_MODEL")
+# A model that reaches its end-of-sequence token now and then (--eos-logit-scale): optional.
+EOS_MODEL = os.environ.get("CBBENCH_LLAMACPP_EOS_MODEL")
 pytestmark = [
     pytest.mark.llamacpp,
     pytest.mark.skipif(
@@ -66,10 +70,21 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
+    yield from _serve(MODEL, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def eos_server(tmp_path_factory):
+    if not EOS_MODEL:
+        pytest.skip("set CBBENCH_LLAMACPP_EOS_MODEL (make_tiny_gguf.py --eos-logit-scale 2.5)")
+    yield from _serve(EOS_MODEL, tmp_path_factory)
+
+
+def _serve(model: str, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("llamacpp") / "server.log"
     cmd = [
-        PYTHON, "-m", "llama_cpp.server", "--model", MODEL, "--host", "127.0.0.1",
+        PYTHON, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1",
         "--port", str(port), "--n_ctx", "2048", "--interrupt_requests", "False",
         "--logits_all", "False", "--n_threads", "1", "--n_threads_batch", "1",
         "--verbose", "True",
@@ -197,3 +212,39 @@ def test_cbbench_against_llama_cpp_python(server, tmp_path, monkeypatch):
 
 def _stats(a: np.ndarray) -> dict:
     return {"p50": float(np.median(a)), "min": float(a.min()), "max": float(a.max())}
+
+
+def _run(url: str, workload: Path, out: Path, tokenizer: str, monkeypatch, *extra: str):
+    args = [
+        "run", "--endpoint", url, "--workload", str(workload), "--num-requests", str(N),
+        "--tokenizer", tokenizer, "--max-concurrency", "1", "--output", str(out), *extra,
+    ]
+    monkeypatch.setattr(sys, "argv", ["cbbench", *args])
+    return CliRunner().invoke(app, args)
+
+
+def test_llama_cpp_python_ignores_ignore_eos(eos_server, tmp_path, monkeypatch):
+    """The server accepts ignore_eos and drops it: the same requests come back equally short
+    with and without the field, each ending with finish_reason 'stop', and cbbench says so."""
+    url, _ = eos_server
+    tokenizer = str(Path(EOS_MODEL).parent / "hf" / "tokenizer.json")
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(
+        json.dumps({"prompt_len": 32 + 10 * i, "output_len": OUTPUT_LEN}) + "\n" for i in range(N)
+    ))
+    outputs = {}
+    for flag in ("--ignore-eos-field", "--no-ignore-eos-field"):
+        out = tmp_path / f"{flag}.json"
+        res = _run(url, workload, out, tokenizer, monkeypatch, flag)
+        assert res.exit_code in (0, 1), res.output  # a request whose first token is EOS fails
+        result = load_result(out)
+        short = result["summary"]["short_outputs"]
+        assert short["count"] >= 1 and short["finish_reason_stop"] == short["count"]
+        warned = [ln for ln in res.stderr.splitlines() if "max_tokens" in ln]
+        if short["share"] > short["warn_share"]:
+            assert len(warned) == 1
+            said = "may be ignoring ignore_eos" if flag == "--ignore-eos-field" else "was not sent"
+            assert said in warned[0]
+        outputs[flag] = [(r["id"], r["output_tokens"], r["finish_reason"])
+                         for r in result["requests"]]
+    assert outputs["--ignore-eos-field"] == outputs["--no-ignore-eos-field"]

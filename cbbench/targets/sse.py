@@ -102,7 +102,10 @@ class SseStream:
                 "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
             )
         if not self.times:
-            raise HttpFailure("bad_event", "the stream finished without any output text")
+            why = f" (finish_reason {self.finish_reason!r})" if self.finish_reason else ""
+            raise HttpFailure(
+                "bad_event", f"the stream finished without any output text{why}"
+            )
 
     def _lines(self, lines: list[bytes], t: float) -> None:
         times, pieces, chat, loads = self.times, self.pieces, self.chat, json.loads
