@@ -97,7 +97,7 @@ def engine_config(args: EngineArgs, max_model_len: int, num_blocks: int, num_cpu
     """The scheduler and engine configuration both engine kinds share. Returns (EngineConfig,
     token budget)."""
     from .engine import EngineConfig
-    from .scheduler import SchedulerConfig, default_max_num_batched_tokens
+    from .scheduler_config import SchedulerConfig, default_max_num_batched_tokens
 
     budget = args.max_num_batched_tokens or default_max_num_batched_tokens(
         args.chunked_prefill, max_model_len
