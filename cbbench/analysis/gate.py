@@ -71,7 +71,12 @@ DEFAULT_THRESHOLDS_TEXT = (
 
 # The config keys that define the request set and its arrival schedule: results that differ in
 # any of them did not serve the same load, so their numbers do not compare like for like.
-WORKLOAD_KEYS = ("workload", "num_requests", "seed", "request_rate", "burstiness", "arrival")
+WORKLOAD_KEYS = (
+    "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival",
+    # Present only when set (issue 17): a trace's time scale, the random workload's lengths,
+    # a multi-turn run's sessions and think time, the cancellation pattern.
+    "time_scale", "random", "sessions", "cancel_rate", "cancel_after",
+)
 
 
 @dataclass(frozen=True)

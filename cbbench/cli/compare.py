@@ -8,6 +8,7 @@ cbbench/bench/variants.py.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 from pathlib import Path
@@ -64,6 +65,11 @@ def compare(
     csv_out: Annotated[
         Path | None, typer.Option("--csv", help="Also write the numbers and ratios as CSV.")
     ] = None,
+    window: Annotated[
+        str,
+        typer.Option(help="all: the whole run's figures; steady: each result's steady-state "
+                     "window (ramp-up and drain left out)."),
+    ] = "all",
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
@@ -85,8 +91,10 @@ def compare(
         workload_note,
     )
     from cbbench.analysis.result import check_writable, write_atomic
+    from cbbench.analysis.windows import check_window, select_window
     from cbbench.bench.variants import parse_variants, run_variants
 
+    check_window(window)
     for path in (markdown, csv_out):
         if path is not None:
             check_writable(path)
@@ -104,6 +112,12 @@ def compare(
             raise UsageError("compare needs two or more result files (or --variants)")
         results = load_labeled(files)
 
+    if window == "steady":
+        results = [
+            dataclasses.replace(x, result=select_window(x.result, window, x.label))
+            for x in results
+        ]
+        typer.echo("window: steady state (summary.steady_state)")
     typer.echo(render_table(results))
     typer.echo("")
     typer.echo(render_differences(results))

@@ -68,6 +68,11 @@ def gate(
         Path | None,
         typer.Option(help="Also write a Markdown summary (e.g. to $GITHUB_STEP_SUMMARY)."),
     ] = None,
+    window: Annotated[
+        str,
+        typer.Option(help="all: the whole run's figures; steady: the steady-state window's "
+                     "(summary.steady_state: ramp-up and drain left out)."),
+    ] = "all",
 ) -> None:
     """Fail CI when a result regressed against a baseline, metric by metric.
 
@@ -90,8 +95,13 @@ def gate(
             from cbbench.analysis.result import check_writable
 
             check_writable(path)
-    baseline = [(str(p), load_result(p)) for p in base_paths]
-    new = [(str(p), load_result(p)) for p in new_paths]
+    from cbbench.analysis.windows import check_metric, check_window, select_window
+
+    check_window(window)
+    for t in checks_wanted:
+        check_metric(t.metric, window)
+    baseline = [(str(p), select_window(load_result(p), window, str(p))) for p in base_paths]
+    new = [(str(p), select_window(load_result(p), window, str(p))) for p in new_paths]
     checks = G.run_gate(baseline, new, checks_wanted, allow_different_workload)
     if max(len(baseline), len(new)) > 1 and min(len(baseline), len(new)) < MIN_BOOTSTRAP_FILES:
         C.notice(
@@ -99,6 +109,8 @@ def gate(
             f"than {MIN_BOOTSTRAP_FILES} runs per side understates the noise"
         )
 
+    if window == "steady":
+        typer.echo("window: steady state (summary.steady_state)")
     typer.echo(render_table(checks))
     typer.echo("")
     typer.echo(verdict_line(checks))
