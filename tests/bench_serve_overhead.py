@@ -15,6 +15,8 @@ as a user runs them, then pairs the client's records with the request log.
 - added = client TTFT - engine TTFT per request; its p50 is the figure; the stages split it:
   in (client send -> handed to the engine: network, HTTP parsing, validation, tokenization) and
   out (token made -> client read: the hop to the event loop, SSE framing, socket, client).
+  When the client's result has its clock's epoch (summary.http.t0_epoch_s), the parts outside
+  the server's stamps too: client send -> app arrival, and socket write -> client read.
 
 Pairing: a client record goes with the earliest unpaired log line of the same prompt and output
 token counts, both sides in time order (--lengths makes every request's pair of counts distinct). Not collected by pytest. Results: results/serve_overhead.md.
@@ -147,6 +149,16 @@ def measure(server: str, client: str, rate: float, n: int, seed: int, extra: lis
         "http_out_ms": [(e["first_token_sent"] - e["first_token"]) * MS for _, e in pairs],
     }
     http = res["summary"].get("http", {})
+    t0 = http.get("t0_epoch_s")  # the client's run clock on the epoch: both sides on one clock
+    if t0 is not None:
+        stages["client_to_app_ms"] = [
+            (e["arrival"] - (t0 + r["intended_start_s"] + r["send_lag_ms"] / MS)) * MS
+            for r, e in pairs
+        ]
+        stages["socket_to_client_ms"] = [
+            (t0 + r["intended_start_s"] + r["ttft_ms"] / MS - e["first_token_sent"]) * MS
+            for r, e in pairs
+        ]
     return {
         "rate": rate,
         "workload": "sharegpt" if lengths is None else f"varied {lengths[0]},{lengths[1]}",
