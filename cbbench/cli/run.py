@@ -132,11 +132,15 @@ def run(
     header: C.Header = None,
     request_timeout: C.RequestTimeout = 600.0,
     max_concurrency: Annotated[
-        int | None, typer.Option(help="Cap on requests in flight (closed-loop); queue time is reported.")
+        int | None, typer.Option(help="Cap on requests in flight (closed loop): TTFT/E2EL are reported "
+                     "from the intended start and from the send, the slot wait on its own.")
     ] = None,
     tokenizer: C.Tokenizer = None,
     scrape_metrics: Annotated[
-        bool, typer.Option(help="Sample the endpoint's Prometheus /metrics during the run.")
+        bool,
+        typer.Option(help="Sample the endpoint's Prometheus /metrics during the run (vLLM, "
+                     "SGLang, TGI, llama.cpp and cbbench names); with vLLM's histograms, the "
+                     "server's own TTFT/TPOT beside the client's."),
     ] = False,
     workers: Annotated[
         str,
