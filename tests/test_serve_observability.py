@@ -223,8 +223,9 @@ def test_request_log_records_rejections_and_hang_ups(served):
 
 
 # ---- cbbench run --scrape-metrics against cbbench serve ------------------------------------------
-def test_run_scrape_metrics_reads_the_vllm_counters(served, tmp_path, monkeypatch):
-    """The client's scraper reads `cbbench serve` as it reads vLLM: over the run, the vLLM-named
+def test_run_scrape_metrics_reads_cbbench_serve_as_vllm(served, tmp_path, monkeypatch):
+    """The client's scraper reads `cbbench serve` as it reads vLLM: the server's TTFT, TPOT,
+    ITL and e2e beside the client's (from the vLLM histograms), and over the run the vLLM-named
     counters grow by exactly what the client's records add up to."""
     import sys
 
@@ -262,8 +263,21 @@ def test_run_scrape_metrics_reads_the_vllm_counters(served, tmp_path, monkeypatc
         return vals[-1] - sample(before, family, "_total", **labels)
 
     reqs = res["requests"]
+    # The client's summary has the server's own latencies, from the vLLM histograms.
+    lat = res["summary"]["http"]["server_latency"]
+    outputs = sum(q["output_tokens"] for q in reqs)
+    assert {k: lat[k]["observations"] for k in ("ttft_ms", "tpot_ms", "e2el_ms", "itl_ms")} == {
+        "ttft_ms": n, "tpot_ms": n, "e2el_ms": n, "itl_ms": outputs - n,
+    }
+    assert lat["ttft_ms"]["histogram"] == "vllm:time_to_first_token_seconds"
+    # Every client TTFT (from its send) contains the server's: so does their mean (exact on
+    # the server's side), and the client's p50 is not below the bucket of the server's.
+    client_ttft = [q["ttft_ms"] - q["send_lag_ms"] for q in reqs]
+    assert lat["ttft_ms"]["server_mean"] <= sum(client_ttft) / n
+    assert lat["ttft_ms"]["client_p50"] >= lat["ttft_ms"]["server_p50_bucket"][0]
+    assert lat["ttft_ms"]["diff_p50"] is not None
     assert growth("vllm:request_success_total", finished_reason="length", **model) == n
-    assert growth("vllm:generation_tokens_total", **model) == sum(q["output_tokens"] for q in reqs)
+    assert growth("vllm:generation_tokens_total", **model) == outputs
     assert growth("vllm:prompt_tokens_total", **model) == sum(
         q["server_prompt_tokens"] for q in reqs
     )
