@@ -29,7 +29,7 @@ from cbbench.cli.app import app
 from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.distributed.clock import measure_offset
 from cbbench.distributed.merge import WORKER_LOST, Merger
-from cbbench.distributed.messages import Done, Ready, RecordBatch
+from cbbench.distributed.messages import Done, Failed, Ready, RecordBatch
 from cbbench.distributed.plan import LoadPlan, deal, parse_workers, spare_cores
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import arrival_times
@@ -131,6 +131,17 @@ def test_merge_accounts_for_a_dead_worker():
     assert all(r.worker == p % 2 for p, r in enumerate(run.records[:7]))
     assert any("worker 1 died" in x and "1 lost" in x and "2 not sent" in x for x in notes)
     assert run.info["token_count_method"] == {"usage": 6}
+
+
+def test_merge_a_worker_that_crashed_mid_run():
+    wreqs = [WorkloadRequest(i, 5, 2) for i in range(4)]
+    m = Merger(wreqs, [0.0, 0.1, 0.2, 0.3], [[0, 1, 2, 3]])
+    m.on_message(RecordBatch(0, [(0, _rec(0, 0.0), "events")]))
+    m.on_message(Failed(0, "worker 0 crashed: RuntimeError: boom"), at_s=0.25)
+    run = m.result(EndpointOptions("http://127.0.0.1:1"), time.perf_counter(), False, print, 0.0)
+    # Due before the crash (0.1, 0.2): lost; 0.3: not sent.
+    assert [r.error_type for r in run.records] == [None, WORKER_LOST, WORKER_LOST]
+    assert run.not_sent == 1 and run.info["workers"][0]["status"] == "failed"
 
 
 def test_clock_offset_estimate_bounds_the_true_offset():

@@ -146,7 +146,8 @@ def run_local_workers(
                 k = next((k for k, d in open_data.items() if d is obj), None)
                 if k is not None:
                     try:
-                        merger.on_message(open_data[k].recv())
+                        msg = open_data[k].recv()
+                        merger.on_message(msg, _since(t0))
                     except (EOFError, OSError):
                         del open_data[k]  # its pipe is closed: check the process next
                     continue
@@ -169,6 +170,10 @@ def run_local_workers(
                 p.join(JOIN_TIMEOUT_S)
         for d in datas:
             d.close()
+
+
+def _since(t0: float | None) -> float | None:
+    return time.perf_counter() - t0 if t0 is not None else None
 
 
 def _send(conn, msg) -> None:

@@ -71,7 +71,8 @@ class Merger:
         self.usage_error: str | None = None  # a worker's UsageError: the run's bad input
 
     # -- while running --
-    def on_message(self, msg: Message) -> None:
+    def on_message(self, msg: Message, at_s: float | None = None) -> None:
+        """`at_s`: now on the run clock (None before the start)."""
         ws = self.workers[msg.worker]
         if isinstance(msg, RecordBatch):
             for pos, rec, method in msg.items:
@@ -89,6 +90,7 @@ class Merger:
             ws.status, ws.done = DONE, msg
         elif isinstance(msg, Failed):
             ws.status, ws.error = FAILED, msg.message
+            ws.died_at_s = at_s  # crashed mid-run: its due requests are lost, as in a death
             if msg.usage and self.usage_error is None:
                 self.usage_error = msg.message
 

@@ -199,7 +199,7 @@ def _drive(
             merger.died(k, at, batch[1])
         else:
             for msg in batch:
-                merger.on_message(msg)
+                merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
         if on_progress is not None and t0 is not None:
             on_progress(merger.finished, total)
     if t0 is None:
