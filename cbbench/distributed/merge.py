@@ -34,6 +34,7 @@ PER_WORKER_KEYS = (
     "loop_lag_p50_ms",
     "loop_lag_p99_ms",
     "loop_lag_max_ms",
+    "loop_lag_span_s",
     "client_bound",
     "client_bound_message",
     "client_fell_behind_message",
@@ -207,7 +208,9 @@ class Merger:
             client_cpu_s=cpu,
             client_cpu_util=cpu / duration if duration > 0 else None,  # in cores
             parent_cpu_s=parent_cpu_s,
-            **loop_lag_check(pooled_lag),
+            **loop_lag_check(
+                pooled_lag, max((d.info.get("loop_lag_span_s") or 0.0 for d in done), default=0.0)
+            ),
         )
         kinds: dict[str, int] = {}
         for d in done:

@@ -31,9 +31,10 @@ HEARTBEAT_INTERVAL_S = 0.01
 # misread by half for the requests read in those stalls.
 LOOP_LAG_P50_LIMIT_MS = 2.0
 LOOP_LAG_P99_LIMIT_MS = 10.0
-# A verdict needs this many heartbeats (1 s of run): in a shorter run the p99 is a single
-# sample, and one set-up stall (loading TLS certificates: ~50 ms) would decide it.
-LOOP_LAG_MIN_SAMPLES = 100
+# A verdict needs the heartbeat to have run this long: in a shorter run the p99 is a handful
+# of samples, and one set-up stall (loading TLS certificates: ~50 ms) would decide it. (Time,
+# not a sample count: a badly stalled loop takes few samples, and must not escape the verdict.)
+LOOP_LAG_MIN_SPAN_S = 1.0
 # The latency figures a lagging loop distorts: every token is read late or in bursts.
 CLIENT_BOUND_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 # The figures a client that fell behind its schedule distorts: they count from the intended start.
@@ -55,16 +56,19 @@ class ClientMonitor:
         self.t0 = t0
         self.t0_epoch_s = wall_clock_of(t0)
         self.lag_ms: array = array("d")
+        self.span_s = 0.0  # from the first heartbeat's start to the last wake-up
         self._cpu0 = time.process_time()
         self._cpu_s: float | None = None
 
     async def run(self) -> None:
         now = time.perf_counter
-        deadline = now() + HEARTBEAT_INTERVAL_S
+        started = now()
+        deadline = started + HEARTBEAT_INTERVAL_S
         while True:
             await asyncio.sleep(max(0.0, deadline - now()))
             woke = now()
             self.lag_ms.append((woke - deadline) * MS)
+            self.span_s = woke - started
             deadline = woke + HEARTBEAT_INTERVAL_S  # no catch-up burst after a stall
 
     def stop(self) -> None:
@@ -77,17 +81,19 @@ class ClientMonitor:
             "t0_epoch_s": self.t0_epoch_s,
             "client_cpu_s": cpu,
             "client_cpu_util": cpu / duration_s if duration_s > 0 else None,
-            **loop_lag_check(self.lag_ms),
+            **loop_lag_check(self.lag_ms, self.span_s),
         }
 
 
-def loop_lag_check(lag_ms: Sequence[float]) -> dict:
-    """Percentiles of the loop's wake-up lag, and whether it makes the client the bottleneck."""
+def loop_lag_check(lag_ms: Sequence[float], span_s: float) -> dict:
+    """Percentiles of the loop's wake-up lag (heartbeats over `span_s` seconds), and whether it
+    makes the client the bottleneck."""
     if not len(lag_ms):
         return {
             "loop_lag_p50_ms": None,
             "loop_lag_p99_ms": None,
             "loop_lag_max_ms": None,
+            "loop_lag_span_s": span_s,
             "client_bound": False,
         }
     a = np.asarray(lag_ms, dtype=np.float64)
@@ -96,7 +102,8 @@ def loop_lag_check(lag_ms: Sequence[float]) -> dict:
         "loop_lag_p50_ms": p50,
         "loop_lag_p99_ms": p99,
         "loop_lag_max_ms": float(a.max()),
-        "client_bound": len(a) >= LOOP_LAG_MIN_SAMPLES
+        "loop_lag_span_s": span_s,
+        "client_bound": span_s >= LOOP_LAG_MIN_SPAN_S
         and (p50 > LOOP_LAG_P50_LIMIT_MS or p99 > LOOP_LAG_P99_LIMIT_MS),
     }
     if out["client_bound"]:
