@@ -4,6 +4,9 @@ servers that send no usage, several tokens per event, empty-text events, or igno
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 from fake_openai import (
@@ -16,6 +19,11 @@ from fake_openai import (
 
 from cbbench.analysis.metrics import summarize
 from cbbench.targets.http import run_http
+
+LLAMA3_CONFIG = (
+    Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama-3.1"
+    / "tokenizer_config.json"
+)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +82,7 @@ def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh, tiny_to
     assert counts["one_token_per_event"]["detected"] is True
     assert counts["one_token_per_event"]["basis"] == "tokenizer"
     assert counts["disagreement"]["tokenizer_vs_events"]["disagree"] == 4
-    assert counts["prompt_method"] == {"usage": 0, "workload": 4}
+    assert counts["prompt_method"] == {"workload": 4}
     warned = [n for n in notes if "disagree" in n]
     assert len(warned) == 1 and "tokenizer vs events differ on 4 of 4" in warned[0]
 
@@ -139,6 +147,38 @@ def test_short_counts_at_finish_length_are_called_a_counting_problem():
     assert "ignore_eos" in short_output_warning(so, ignore_eos_sent=True)
     assert "--no-ignore-eos-field" in short_output_warning(so, ignore_eos_sent=False)
     assert short_output_warning(short_outputs([rec(10, "length")] * 3), True) is None
+
+
+def test_chat_prompt_tokens_from_the_tokenizers_chat_template(fresh, tmp_path):
+    # A tokenizer_config.json beside the tokenizer, with a template that puts BOS and two
+    # words around the message: 2 tokens on top of the workload's count (which has the BOS).
+    tok = make_tiny_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<s>",
+        "chat_template": "{{ bos_token }} user: {{ messages[0]['content'] }}"
+                         "{% if add_generation_prompt %} assistant:{% endif %}",
+    }))
+    notes: list[str] = []
+    run = run_http(_opts(fresh.url, api="chat", tokenizer=tok),
+                   _reqs(["fault:nousage x"] * 3), np.zeros(3), notes.append)
+    assert [r.prompt_token_counts for r in run.records] == [{"chat_template": 5}] * 3
+    counts = run.info["token_counts"]
+    assert counts["prompt_method"] == {"chat_template": 3}
+    assert counts["chat_template_tokens_added_mean"] == 2
+    assert not [n for n in notes if "chat template" in n]
+
+
+@pytest.mark.skipif(not LLAMA3_CONFIG.exists(), reason="no Llama-3.1 tokenizer in shared/")
+def test_llama3_chat_template_adds_nine_tokens():
+    # What llama.cpp's server added per request in issue 20 (usage there: 9).
+    from cbbench.load.chat_template import chat_prompt_tokens
+    from cbbench.load.prompts import load_tokenizer
+
+    path = str(LLAMA3_CONFIG.with_name("tokenizer.json"))
+    tok = load_tokenizer(path)
+    prompt = "The quick brown fox jumps over the lazy dog"
+    plain = len(tok.encode(prompt).ids)  # with the BOS, as the workload counts it
+    assert chat_prompt_tokens(path, tok, [prompt, [1, 2]]) == [plain + 9, None]
 
 
 def test_chat_without_usage_warns_about_template_tokens(fresh):

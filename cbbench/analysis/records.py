@@ -30,6 +30,7 @@ class RequestRecord:
     output_tokens_method: str | None = None  # usage | events | tokenizer
     output_token_counts: dict[str, int] | None = None  # every count available, by method
     finish_reason: str | None = None  # the server's last finish_reason
+    prompt_token_counts: dict[str, int] | None = None  # chat: {"chat_template": n} (client)
 
     @property
     def ok(self) -> bool:

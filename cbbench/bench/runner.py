@@ -92,6 +92,8 @@ def request_record_dict(rec, detailed: bool) -> dict:
         d["output_token_counts"] = rec.output_token_counts
         d["max_tokens"] = rec.max_tokens
         d["finish_reason"] = rec.finish_reason
+    if rec.prompt_token_counts is not None:
+        d["prompt_token_counts"] = rec.prompt_token_counts
     if detailed:
         t = rec.token_times_s
         d["token_times_s"] = list(t)

@@ -124,13 +124,28 @@ def _large_mismatch(mismatch: dict, records: Sequence[RequestRecord]) -> bool:
 
 
 def prompt_counts(records: Sequence[RequestRecord], opts: EndpointOptions) -> tuple[dict, list[str]]:
-    """How prompt tokens were counted (the server's usage or the workload), and warnings."""
+    """How prompt tokens were counted, per completed request: the server's usage, else (chat)
+    the tokenizer's chat template around the prompt, else the workload's count; and warnings.
+    The summary's input tokens stay the workload's, the same for every server."""
     done = [r for r in records if r.ok]
-    by_usage = sum(r.server_prompt_tokens is not None for r in done)
+    methods = {"usage": 0, "chat_template": 0, "workload": 0}
+    added = []
+    for r in done:
+        templated = (r.prompt_token_counts or {}).get("chat_template")
+        if r.server_prompt_tokens is not None:
+            methods["usage"] += 1
+        elif templated is not None:
+            methods["chat_template"] += 1
+        else:
+            methods["workload"] += 1
+        if templated is not None:
+            added.append(templated - r.prompt_tokens)
     info: dict = {
-        "prompt_method": {"usage": by_usage, "workload": len(done) - by_usage},
+        "prompt_method": {k: v for k, v in methods.items() if v},
         "workload_counted_by": "tokenizer" if opts.tokenizer else "approximate (no --tokenizer)",
     }
+    if added:
+        info["chat_template_tokens_added_mean"] = sum(added) / len(added)
     warnings = []
     mismatch = prompt_mismatch(records)
     if mismatch is not None:
@@ -141,11 +156,12 @@ def prompt_counts(records: Sequence[RequestRecord], opts: EndpointOptions) -> tu
                 f"|diff| {mismatch['mean_abs_diff']:.1f} tokens); give --tokenizer with the "
                 "served model's tokenizer.json for exact prompt lengths"
             )
-    elif done and opts.api == "chat":
+    if opts.api == "chat" and methods["workload"]:
         warnings.append(
-            "the server sent no usage: prompt token counts are the workload's and leave out "
-            "what the server's chat template adds (9 tokens per request on llama.cpp's "
-            "Llama-3 template); input throughput is counted without them"
+            f"the server sent no usage: prompt token counts of {methods['workload']} requests "
+            "are the workload's and leave out what the server's chat template adds (9 tokens "
+            "per request on Llama-3); --tokenizer with a tokenizer_config.json beside it counts "
+            "them with its chat template"
         )
     return info, warnings
 
@@ -173,8 +189,9 @@ def finish_http_run(
     if not counts["output_method"]:  # records made elsewhere, without their counts
         counts["output_method"] = {k: v for k, v in methods.items() if v}
     prompt, prompt_warnings = prompt_counts(records, opts)
-    counts["prompt_method"] = prompt.pop("prompt_method")
-    counts["workload_counted_by"] = prompt.pop("workload_counted_by")
+    for key in ("prompt_method", "workload_counted_by", "chat_template_tokens_added_mean"):
+        if key in prompt:
+            counts[key] = prompt.pop(key)
     info.update(
         target="http",
         endpoint=redact_url(opts.endpoint),

@@ -29,6 +29,7 @@ from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.token_counts import DETECT_SAMPLE_REQUESTS
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
+from cbbench.load.chat_template import chat_prompt_tokens
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
@@ -92,6 +93,8 @@ class _Runner:
         self.hooks = hooks or RunHooks()
         self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
         self.sampled = 0  # requests whose events were tokenized one by one
+        # Chat: each prompt's tokens inside the tokenizer's chat template (load/chat_template).
+        self.chat_prompt_tokens: list[int | None] | None = None
         self.monitor: ClientMonitor | None = None
         self.opts = opts
         self.wreqs = wreqs
@@ -126,6 +129,8 @@ class _Runner:
             priority=w.priority,
             max_tokens=w.output_len,
         )
+        if self.chat_prompt_tokens is not None and self.chat_prompt_tokens[pos] is not None:
+            rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
         st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
         has_slot = False
         try:
@@ -347,6 +352,8 @@ def run_http(
             opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s, hooks,
             cancel,
         )
+        if opts.api == "chat" and tokenizer is not None:
+            runner.chat_prompt_tokens = chat_prompt_tokens(opts.tokenizer, tokenizer, prompts)
         total = len(wreqs)
     duration, info = asyncio.run(runner.run())
 
