@@ -26,6 +26,14 @@ LLAMA3_CONFIG = (
 )
 
 
+LOAD_DEPENDENT = ("fell behind", "event loop")  # a loaded machine may add these lines
+
+
+def _ours(notes: list[str]) -> list[str]:
+    """The warnings about counts: what a busy machine adds about the client is left out."""
+    return [n for n in notes if not any(w in n for w in LOAD_DEPENDENT)]
+
+
 @pytest.fixture(scope="module")
 def server():
     with FakeOpenAI() as s:
@@ -63,7 +71,7 @@ def test_server_ignoring_ignore_eos_is_counted_and_warned(fresh):
     notes.clear()
     run = run_http(_opts(fresh.url), _reqs(["x"] * 3, output_len=5), np.zeros(3), notes.append)
     assert summarize(run.records, run.duration_s)["short_outputs"]["count"] == 0
-    assert notes == []
+    assert _ours(notes) == []
 
 
 def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh, tiny_tokenizer):
@@ -109,7 +117,7 @@ def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh, tiny_to
     assert run.info["token_counts"]["one_token_per_event"] == {
         "detected": True, "basis": "usage", "share": 1.0, "checked": 3,
     }
-    assert notes == []
+    assert _ours(notes) == []
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
