@@ -39,6 +39,17 @@ class EngineConfig:
     enable_prefix_caching: bool = False
 
 
+class StepFailed(Exception):
+    """The executor raised during a step. The engine cannot tell which request caused it, so
+    it failed every request of that step (status FAILED, the error as finish_reason, their KV
+    freed); the engine itself is whole: the caller reports them and keeps stepping."""
+
+    def __init__(self, requests: list[Request], cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.requests = requests
+        self.cause = cause
+
+
 @dataclass(slots=True)
 class StepOutput:
     record: IterationRecord
@@ -117,7 +128,10 @@ class Engine:
         num_waiting = len(self.scheduler.waiting)
         kv_used = self.block_manager.num_used_blocks
 
-        out = self.executor.execute(sched)
+        try:
+            out = self.executor.execute(sched)
+        except Exception as e:
+            raise self._fail_step(sched, e) from e
         if out.duration_s is not None:
             clock.advance_to(start + out.duration_s)
         end = clock.now()
@@ -156,6 +170,20 @@ class Engine:
         self.records.append(record)
         self.num_records += 1
         return StepOutput(record, sched, finished)
+
+    def _fail_step(self, sched: SchedulerOutput, cause: Exception) -> StepFailed:
+        """Fail the step's requests, and those it swapped out (their KV copy may not have
+        happened): one bad request must not take the engine, or the server, down with it."""
+        failed = list(sched.scheduled_reqs)
+        failed += [r for r in sched.preempted if r.status == RequestStatus.SWAPPED]
+        err = StepFailed(failed, cause)
+        now = self.clock.now()
+        for req in failed:
+            self.scheduler.remove(req)
+            req.status = RequestStatus.FAILED
+            req.finish_reason = f"the engine failed on this request's batch: {err}"
+            req.finish_time = now
+        return err
 
     def _postprocess(
         self, sched: SchedulerOutput, sampled: Sequence[int | None] | None, now: float

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 from .request import Request
 
 if TYPE_CHECKING:
-    from .engine import Engine, StepOutput
+    from .engine import Engine, StepFailed, StepOutput
 
 
 class RequestFeed(Protocol):
@@ -59,16 +59,25 @@ def run_feed(
     feed: RequestFeed,
     should_stop: Callable[[], bool] | None = None,
     on_step: Callable[[StepOutput], None] | None = None,
+    on_step_failed: Callable[[StepFailed], None] | None = None,
 ) -> bool:
     """Step the engine until the feed has nothing pending and every request is done, sleeping
     (or, on a virtual clock, jumping) to the next event when idle. Returns False when
-    ``should_stop`` ended the run early."""
+    ``should_stop`` ended the run early. A step that raised failed its own requests
+    (``on_step_failed``); the run goes on with the rest."""
+    from .engine import StepFailed
+
     clock = engine.clock
     while True:
         if should_stop is not None and should_stop():
             return False
         feed.fire(engine, clock.now())
-        step = engine.step() if engine.has_unfinished() else None
+        try:
+            step = engine.step() if engine.has_unfinished() else None
+        except StepFailed as e:
+            if on_step_failed is not None:
+                on_step_failed(e)
+            continue
         if step is not None:
             feed.on_step(step)
             if on_step is not None:

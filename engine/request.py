@@ -23,10 +23,21 @@ class RequestStatus(enum.IntEnum):
     FINISHED = 4
     ABORTED = 5
     REJECTED = 6
+    FAILED = 7  # the executor raised during one of its steps (Engine.step: StepFailed)
 
     @property
     def is_done(self) -> bool:
         return self >= RequestStatus.FINISHED
+
+
+# Values a float32 sampler cannot use are normalized when a request is made, so no request's
+# values can break a batch: a temperature or top-p below SAMPLING_EPS underflows (NaN
+# probabilities), so both mean greedy (vLLM's _SAMPLING_EPS rule); a top-k of MAX_TOP_K or more
+# keeps every token of any vocabulary, so it means off (and never overflows an int64 tensor);
+# a seed of any size is folded into the 63 bits a torch generator takes.
+SAMPLING_EPS = 1e-5
+MAX_TOP_K = 2**31
+SEED_MASK = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +47,14 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     seed: int | None = None
     ignore_eos: bool = True  # benchmarks follow the workload's output lengths by default
+
+    def __post_init__(self) -> None:
+        if self.temperature < SAMPLING_EPS or self.top_p < SAMPLING_EPS:
+            object.__setattr__(self, "temperature", 0.0)
+        if self.top_k >= MAX_TOP_K:
+            object.__setattr__(self, "top_k", 0)
+        if self.seed is not None and not 0 <= self.seed <= SEED_MASK:
+            object.__setattr__(self, "seed", self.seed & SEED_MASK)
 
     @property
     def greedy(self) -> bool:
@@ -107,7 +126,8 @@ class Request:
         self.token_times: list[float] = []
         self.finish_time: float | None = None
         self.num_preemptions = 0
-        self.finish_reason: str | None = None  # "length" | "stop" | "abort" | rejection reason
+        # "length" | "stop" | "abort" | rejection reason | failure reason (status FAILED)
+        self.finish_reason: str | None = None
         # Swap preemption: the CPU blocks holding this request's KV while it is SWAPPED.
         self.cpu_block_table: list[int] = []
         # Order of arrival at the scheduler: the tie-break after priority and arrival time.

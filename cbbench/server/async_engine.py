@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from cbbench.engine.clock import WallClock
+from cbbench.engine.engine import StepFailed
 from cbbench.engine.request import Request, RequestStatus, SamplingParams
 from cbbench.errors import UsageError
 
@@ -41,6 +42,7 @@ STOP_JOIN_TIMEOUT_S = 10.0
 # The engine records every step; a server keeps only the most recent records so its memory
 # stays flat. Nothing in the server reads them.
 KEEP_RECORDS = 4096
+STEP_FAILED = 500  # the status of a request whose batch the engine failed on
 
 
 # ---- real-time pacing of a simulated engine ------------------------------------------------------
@@ -96,9 +98,11 @@ class TokenEvent:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The engine stopped (shutdown or an internal error) before the request finished."""
+    """The engine stopped (shutdown or an internal error) before the request finished
+    (status 503), or failed this request's batch and goes on serving (status 500)."""
 
     message: str
+    status: int = 503
 
 
 StreamEvent = Admitted | TokenEvent | Failed
@@ -338,6 +342,13 @@ class AsyncEngine:
                     begin_step(back_to_back)
                 try:
                     out = engine.step()
+                except StepFailed as e:  # those requests failed; the engine serves on
+                    log.error("an engine step failed; its %d request(s) failed",
+                              len(e.requests), exc_info=e.cause)
+                    for req in e.requests:
+                        state = live.pop(req, None)
+                        if state is not None:
+                            batch.append((state.queue, Failed(req.finish_reason, STEP_FAILED)))
                 except Exception:
                     self._deliver_threadsafe(batch)  # this drain's verdicts, rejections included
                     raise

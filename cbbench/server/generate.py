@@ -251,8 +251,8 @@ async def _complete(send, stream: RequestStream, shape: Shape, job: Job, s: Serv
             _end(trace, stream, "abort", CLIENT_CLOSED_STATUS)
             return
         if isinstance(ev, Failed):
-            _end(trace, stream, "error", 503, ev.message)
-            raise APIError(503, ev.message, type="server_error")
+            _end(trace, stream, "error", ev.status, ev.message)
+            raise APIError(ev.status, ev.message, type="server_error")
         events.append(ev)
         if ev.finish_reason is not None:
             break

@@ -140,13 +140,18 @@ def _drain(engine, grace_s: float) -> None:
     ``grace_s`` seconds of wall time, then abort the rest."""
     import time
 
+    from cbbench.engine.engine import StepFailed
+
     sched = engine.scheduler
     for req in list(sched.waiting):
         engine.abort_request(req)
     deadline = time.monotonic() + grace_s
     while engine.has_unfinished() and time.monotonic() < deadline:
-        if engine.step() is None:
-            break
+        try:
+            if engine.step() is None:
+                break
+        except StepFailed:
+            continue  # those requests failed; the others drain on
     for req in list(sched.running) + list(sched.waiting):
         engine.abort_request(req)
 
@@ -193,7 +198,18 @@ def run_engine(
         clock.reset()
     if on_start is not None:
         on_start(clock)
-    completed_all = run_feed(engine, feed, should_stop=should_stop, on_step=on_step)
+    step_failures = []
+
+    def on_step_failed(e) -> None:
+        # The failed requests carry the error in the result; say it once, as it happens.
+        if not step_failures:
+            notice(f"warning: an engine step failed ({e}): its {len(e.requests)} request(s) "
+                   "failed; the run goes on")
+        step_failures.append(e)
+
+    completed_all = run_feed(
+        engine, feed, should_stop=should_stop, on_step=on_step, on_step_failed=on_step_failed
+    )
     if not completed_all:
         _drain(engine, grace_s)
     end = clock.now()
@@ -211,6 +227,8 @@ def run_engine(
             pass  # counted apart: neither completed nor failed
         elif r.status == RequestStatus.REJECTED:
             error, error_type = r.finish_reason, "rejected"
+        elif r.status == RequestStatus.FAILED:
+            error, error_type = r.finish_reason, "engine_error"
         elif r.status == RequestStatus.ABORTED:
             error, error_type = "cancelled by the interrupt", "interrupted"
         elif r.status != RequestStatus.FINISHED:
