@@ -415,3 +415,29 @@ def test_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch):
         ["run", "--endpoint", "http://127.0.0.1:9", "--ray", "--output", str(tmp_path / "x.json")],
     )
     assert res.exit_code == 2 and "pip install 'cbbench[ray]'" in res.output, res.output
+
+
+def test_unreachable_ray_address_is_one_line(tmp_path):
+    pytest.importorskip("ray")
+    res = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--ray",
+            "--ray-address",
+            f"127.0.0.1:{_free_port()}",
+            "--output",
+            str(tmp_path / "x.json"),
+        ],
+    )
+    assert res.exit_code == 2 and "cannot reach the Ray cluster" in res.output, res.output
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

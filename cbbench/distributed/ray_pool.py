@@ -41,6 +41,8 @@ SETUP_TIMEOUT_S = 300.0  # actors scheduled and started on the cluster, set up
 POLL_S = 0.05
 ACTOR_THREADS = 4  # run (streaming), now, start, stop
 NAMESPACE = "cbbench"
+# ray.init retries an unreachable GCS address for minutes: a plain TCP connect says it first.
+CONNECT_CHECK_S = 5.0
 MS = 1000.0
 
 
@@ -92,6 +94,7 @@ def _init_ray(plan: LoadPlan):
         return ray, False
     kwargs = {"logging_level": logging.WARNING, "namespace": NAMESPACE}
     if plan.ray_address is not None:
+        check_reachable(plan.ray_address)
         try:
             ray.init(address=plan.ray_address, **kwargs)
         except Exception as e:  # ConnectionError and Ray's own errors
@@ -99,6 +102,19 @@ def _init_ray(plan: LoadPlan):
     else:
         ray.init(num_cpus=usable_cores(), include_dashboard=False, **kwargs)
     return ray, True
+
+
+def check_reachable(address: str) -> None:
+    """UsageError when a HOST:PORT cluster address does not accept a TCP connection ('auto' and
+    ray:// client addresses are left to Ray)."""
+    host, sep, port = address.strip().rpartition(":")
+    if address == "auto" or "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_CHECK_S).close()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {reason}") from None
 
 
 def _reader(ray, k: int, gen, out: queue.SimpleQueue) -> None:
