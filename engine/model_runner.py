@@ -2,18 +2,26 @@
 
 The scheduler's ``{request: n new tokens}`` becomes ONE flat batch: the rows of request ``i`` are
 its tokens ``num_computed_tokens .. num_computed_tokens + n - 1``, and attention sees its cached
-context through the metadata. Batch construction is vectorized with numpy; the only Python loop
-is per request (gathering its token ids and block table).
+context through the metadata. The inputs are built incrementally from per-request slots
+(:mod:`.input_batch`) and land in persistent device buffers (:mod:`.device_inputs`).
 
-On CUDA, pure-decode iterations (every request has exactly one new row) replay CUDA graphs
-captured at start-up for a ladder of padded batch sizes. Padding rows write no KV (slot -1) and
-attend one key of block 0 (seq_len 1): finite garbage that is never read back.
+On CUDA, pure-decode iterations replay CUDA graphs captured at start-up for a ladder of padded
+batch sizes (:mod:`.cuda_graphs`); a capture that fails leaves decode eager, with the reason
+kept in ``graphs_fallback_reason``. Padding rows write no KV (slot -1) and attend one key of
+their table's first block (seq_len 1): finite garbage that is never read back.
+
+Mixed prefill + decode iterations run eagerly. Their host cost is the same ~1 launch per op as
+a decode's, but a graph would have to fix the token count, the request count and the attention
+kernel's per-step launch shape all at once (one graph per combination), or split the forward
+at attention (vLLM's piecewise graphs), which needs the model to expose its layers' pieces.
+Eager launches are asynchronous, so launch cost only shows where it exceeds the GPU's time:
+the prefill rows of a mixed iteration give the GPU more work than a decode, which hides it.
 """
 
 from __future__ import annotations
 
-import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,10 +30,13 @@ import torch
 from cbbench.kernels import AttentionMetadata
 
 from .args import DEFAULT_MAX_NUM_SEQS
+from .cuda_graphs import GraphLadder
+from .device_inputs import DeviceInputs
+from .input_batch import HostInputs, PersistentBatch
 from .model_config import ModelConfig
 from .models.llama import KVCache, LlamaForCausalLM
 from .request import SamplingParams
-from .sampler import Sampler, SamplingBatch
+from .sampler import GREEDY_ROWS, RowParams, Sampler, SamplingBatch, SamplingSlots
 from .scheduler_output import ExecutorOutput, SchedulerOutput
 
 # Batch sizes with a captured decode graph: fine steps so padding wastes at most 15 rows
@@ -34,6 +45,9 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, *range(16, 513, 16))
 PAD_SLOT = -1  # the kernels' "do not write" slot
 PAD_SEQ_LEN = 1  # padding rows attend one key: a zero-length softmax would divide by zero
 WARMUP_PREFILL_TOKENS = 256
+WARMUP_MIXED_DECODES = 8
+# Token budget the persistent buffers hold when the caller does not say (vLLM's chunked budget).
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
 
 @dataclass(frozen=True)
@@ -43,8 +57,10 @@ class PackedBatch:
     input_ids: torch.Tensor  # int64 [T]
     positions: torch.Tensor  # int64 [T]
     metadata: AttentionMetadata
-    logits_indices: torch.Tensor  # int64 [N]: the rows whose logits are sampled
+    logits_indices: torch.Tensor | None  # int64 [N]: sampled rows; None = every row, in order
     sample_req_indices: list[int]  # [N]: index into scheduled_reqs of each sampled row
+    sampling: RowParams = GREEDY_ROWS
+    graph_size: int | None = None  # replay the decode graph of this padded size
 
     @property
     def num_reqs(self) -> int:
@@ -67,6 +83,8 @@ class ModelRunner:
         use_cuda_graphs: bool = False,
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         sampler_seed: int = 0,
+        max_num_batched_tokens: int | None = None,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         self.model = model
         self.config = config
@@ -76,13 +94,29 @@ class ModelRunner:
         self.dtype = dtype
         self.max_num_seqs = max_num_seqs
         self.sampler = Sampler(default_seed=sampler_seed)
-        self.max_blocks_per_seq = -(-config.max_model_len // block_size)
+        self.sampling_slots = SamplingSlots(max_num_seqs, self.device, sampler_seed)
+        self.batch = PersistentBatch(
+            max_num_seqs, config.max_model_len, block_size, self.sampling_slots.set
+        )
+        self.max_blocks_per_seq = self.batch.max_blocks_per_seq
+        self.inputs = DeviceInputs(
+            max_num_seqs,
+            max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            self.max_blocks_per_seq,
+            self.device,
+            persistent=self.device.type == "cuda" or use_cuda_graphs,
+        )
+        self._compilations = _compilation_counter()
+        self._compilations_at_ready: int | None = None
+        self.graphs = GraphLadder(self.graph_batch_sizes(), self.device)
         self.use_cuda_graphs = use_cuda_graphs
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs_fallback_reason: str | None = None
         if use_cuda_graphs:
-            if self.device.type != "cuda":
-                raise ValueError(f"CUDA graphs need a CUDA device, not {self.device}")
-            self._capture_decode_graphs()
+            self.capture_decode_graphs(notice)
+
+    @property
+    def cuda_graphs_effective(self) -> bool:
+        return bool(self.graphs)
 
     # ---- one iteration ------------------------------------------------------------------------
 
@@ -91,7 +125,8 @@ class ModelRunner:
         """Run the scheduled tokens; sample one token for every request that is now complete.
 
         Reads ``req.num_computed_tokens`` as the KV already cached; the engine advances it (and
-        appends the sampled token) after this returns.
+        appends the sampled token) after this returns. Every iteration ends synchronized with
+        the device, so its measured time is its own GPU time.
         """
         swap_s = 0.0
         if sched.swap_out or sched.swap_in:
@@ -102,22 +137,69 @@ class ModelRunner:
         logits = self.compute_logits(batch)
         sampled: list[int | None] = [None] * len(sched.scheduled_reqs)
         if batch.sample_req_indices:
-            reqs = [sched.scheduled_reqs[i] for i in batch.sample_req_indices]
-            tokens = self.sampler(logits, reqs).tolist()  # the iteration's one host sync
+            tokens = self.sampler.sample_rows(logits, batch.sampling).tolist()  # the host sync
             for i, token in zip(batch.sample_req_indices, tokens, strict=True):
                 sampled[i] = token
+        elif self.device.type == "cuda":
+            # Nothing sampled (only partial prefill chunks): without this sync the forward's
+            # GPU time would land in the next iteration's measurement.
+            torch.cuda.current_stream(self.device).synchronize()
         return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s)
 
     @torch.inference_mode()
     def compute_logits(self, batch: PackedBatch) -> torch.Tensor:
         """Forward the packed rows (writing their KV); float32 logits [N, vocab] of sampled rows."""
         hidden = self._forward(batch)
-        return self.model.compute_logits(hidden[batch.logits_indices])
+        if batch.logits_indices is not None:
+            hidden = hidden[batch.logits_indices]
+        return self.model.compute_logits(hidden)
 
     def _forward(self, batch: PackedBatch) -> torch.Tensor:
-        if self._graphs and batch.is_pure_decode and batch.num_reqs <= max(self._graphs):
-            return self._replay_decode_graph(batch)
+        if batch.graph_size is not None:
+            self.graphs.replay(batch.graph_size)
+            return self._g_hidden[: batch.num_reqs]
         return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
+
+    # ---- batch construction -------------------------------------------------------------------
+
+    def prepare(self, sched: SchedulerOutput) -> PackedBatch:
+        host = self.batch.build(sched.scheduled_reqs, sched.num_scheduled_tokens)
+        graph_size = self.graphs.padded_size(host.num_reqs) if host.is_pure_decode else None
+        return self._upload(host, graph_size)
+
+    def _upload(self, host: HostInputs, graph_size: int | None) -> PackedBatch:
+        up = self.inputs.upload
+        n = host.num_reqs
+        pad_to, pad_cu_k = 0, None
+        if graph_size is not None and graph_size > n:
+            pad_to = graph_size
+            last = int(host.cu_seqlens_k[-1])
+            pad_cu_k = last + PAD_SEQ_LEN * np.arange(1, graph_size - n + 1, dtype=np.int32)
+        input_ids = up("input_ids", host.input_ids, pad_to, 0)[: host.num_tokens]
+        positions = up("positions", host.positions, pad_to, 0)[: host.num_tokens]
+        metadata = AttentionMetadata(
+            cu_seqlens_q=up("cu_seqlens_q", host.cu_seqlens_q),
+            seq_lens=up("seq_lens", host.seq_lens, pad_to, PAD_SEQ_LEN)[:n],
+            max_seqlen_q=host.max_seqlen_q,
+            max_seqlen_k=host.max_seqlen_k,
+            block_tables=self.inputs.upload_block_tables(host.block_tables),
+            slot_mapping=up("slot_mapping", host.slot_mapping, pad_to, PAD_SLOT)[
+                : host.num_tokens
+            ],
+            block_size=self.block_size,
+            cu_seqlens_k=up("cu_seqlens_k", host.cu_seqlens_k, pad_to + 1 if pad_to else 0,
+                            pad_cu_k)[: n + 1],
+        )  # fmt: skip
+        every_row = len(host.sample_req_indices) == host.num_tokens
+        return PackedBatch(
+            input_ids=input_ids,
+            positions=positions,
+            metadata=metadata,
+            logits_indices=None if every_row else up("logits_indices", host.logits_indices),
+            sample_req_indices=host.sample_req_indices,
+            sampling=self.sampling_slots.rows(host.sample_slots, host.sample_num_tokens, up),
+            graph_size=graph_size,
+        )
 
     # ---- swap preemption: KV blocks to and from a CPU pool --------------------------------------
 
@@ -161,114 +243,71 @@ class ModelRunner:
             torch.cuda.synchronize(dev)
         return time.perf_counter() - t0
 
-    # ---- batch construction -------------------------------------------------------------------
-
-    def prepare(self, sched: SchedulerOutput) -> PackedBatch:
-        reqs = sched.scheduled_reqs
-        num_reqs = len(reqs)
-        bs = self.block_size
-        num_new = np.asarray(sched.num_scheduled_tokens, dtype=np.int64)
-        num_computed = np.fromiter((r.num_computed_tokens for r in reqs), np.int64, num_reqs)
-        num_known = np.fromiter((r.num_tokens for r in reqs), np.int64, num_reqs)
-        seq_lens = num_computed + num_new
-        if (num_new <= 0).any() or (seq_lens > num_known).any():
-            bad = int(np.argmax((num_new <= 0) | (seq_lens > num_known)))
-            raise ValueError(
-                f"{reqs[bad]!r}: cannot compute {num_new[bad]} new tokens after "
-                f"{num_computed[bad]} of {num_known[bad]} known tokens"
-            )
-        cu_q = np.zeros(num_reqs + 1, dtype=np.int64)
-        np.cumsum(num_new, out=cu_q[1:])
-        num_tokens = int(cu_q[-1])
-
-        token_ids = np.fromiter(
-            itertools.chain.from_iterable(
-                r.token_ids_slice(int(c), int(s))
-                for r, c, s in zip(reqs, num_computed, seq_lens, strict=True)
-            ),
-            np.int64,
-            num_tokens,
-        )
-        row_req = np.repeat(np.arange(num_reqs), num_new)  # request index of each row
-        positions = np.arange(num_tokens) - cu_q[:-1][row_req] + num_computed[row_req]
-
-        blocks_needed = -(-seq_lens // bs)
-        block_tables = np.zeros((num_reqs, int(blocks_needed.max())), dtype=np.int32)
-        for i, req in enumerate(reqs):
-            n = int(blocks_needed[i])
-            if len(req.block_table) < n:
-                raise ValueError(
-                    f"{req!r}: block table has {len(req.block_table)} blocks of {bs}, "
-                    f"needs {n} for {seq_lens[i]} tokens"
-                )
-            block_tables[i, :n] = req.block_table[:n]
-        slot_mapping = block_tables[row_req, positions // bs].astype(np.int64) * bs + positions % bs
-
-        # Sample where this chunk reaches the last known token (decodes, completing prefills).
-        completes = np.flatnonzero(seq_lens == num_known)
-        logits_indices = cu_q[1:][completes] - 1
-        cu_k = np.zeros(num_reqs + 1, dtype=np.int64)
-        np.cumsum(seq_lens, out=cu_k[1:])
-
-        metadata = AttentionMetadata(
-            cu_seqlens_q=self._to_device(cu_q, torch.int32),
-            seq_lens=self._to_device(seq_lens, torch.int32),
-            max_seqlen_q=int(num_new.max()),
-            max_seqlen_k=int(seq_lens.max()),
-            block_tables=self._to_device(block_tables, torch.int32),
-            slot_mapping=self._to_device(slot_mapping, torch.int64),
-            block_size=bs,
-            cu_seqlens_k=self._to_device(cu_k, torch.int32),
-        )
-        return PackedBatch(
-            input_ids=self._to_device(token_ids, torch.int64),
-            positions=self._to_device(positions, torch.int64),
-            metadata=metadata,
-            logits_indices=self._to_device(logits_indices, torch.int64),
-            sample_req_indices=completes.tolist(),
-        )
-
-    def _to_device(self, array: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(array)).to(
-            self.device, dtype, non_blocking=True
-        )
-
     # ---- warm-up ------------------------------------------------------------------------------
 
     @torch.inference_mode()
     def warmup(self, num_tokens: int = WARMUP_PREFILL_TOKENS) -> None:
-        """Run a throwaway prefill, decode and sampling pass (kernel compilation, allocator and
-        cuBLAS workspace growth) so the first timed iteration is not an outlier. Writes no KV."""
-        num_tokens = max(1, min(num_tokens, self.config.max_model_len))
-        for rows in (num_tokens, 1):
-            batch = self._dummy_batch(num_reqs=1, rows_per_req=rows)
-            logits = self.compute_logits(batch)
-            greedy = SamplingParams()
-            sampled = SamplingParams(temperature=1.0, top_k=50, top_p=0.9)
-            self.sampler.sample(logits, _sampling_batch_of([greedy]))
-            self.sampler.sample(logits, _sampling_batch_of([sampled]))
+        """Run throwaway prefill, decode and mixed passes and every sampling path, so kernel
+        compilation (each launch shape's Triton variant), allocator and cuBLAS workspace growth
+        happen before anything is timed. Writes no KV. Then marks the compilation count that
+        ``kernel_compilations_since_ready`` counts from."""
+        max_len = self.config.max_model_len
+        num_tokens = max(1, min(num_tokens, max_len))
+        decodes = min(WARMUP_MIXED_DECODES, self.max_num_seqs)
+        shapes = [
+            ([num_tokens], None),  # prefill
+            ([1], max_len),  # decode, one long sequence: the split-K path
+            ([1] * self.max_num_seqs, None),  # decode, a full batch: the one-pass path
+            ([1] * decodes + [max(2, num_tokens // 2)], None),  # mixed
+        ]
+        greedy = SamplingParams()
+        sampling = (
+            greedy,
+            SamplingParams(temperature=1.0, top_k=50),
+            SamplingParams(temperature=1.0, top_k=50, top_p=0.9),
+        )
+        for q_lens, max_seqlen_k in shapes:
+            logits = self.compute_logits(self._dummy_batch(q_lens, max_seqlen_k))
+            for params in sampling:
+                self.sampler.sample(logits, _sampling_batch_of([params] * logits.shape[0]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+        self.mark_ready()
 
-    def _dummy_batch(self, num_reqs: int, rows_per_req: int) -> PackedBatch:
-        """Rows that write nothing (slot -1) and read block 0 only."""
-        num_tokens = num_reqs * rows_per_req
-        seq_lens = torch.full((num_reqs,), rows_per_req, dtype=torch.int32, device=self.device)
-        cu = torch.arange(num_reqs + 1, dtype=torch.int32, device=self.device) * rows_per_req
-        width = -(-rows_per_req // self.block_size)
+    def mark_ready(self) -> None:
+        """From here on the run is timed: kernel compilations are counted from now."""
+        c = self._compilations
+        self._compilations_at_ready = c.count if c is not None and c.available else None
+
+    def kernel_compilations_since_ready(self) -> int | None:
+        """Triton kernels compiled since ``mark_ready`` (0 is the goal); None when Triton's
+        compilation hook is not available."""
+        if self._compilations_at_ready is None:
+            return None
+        return self._compilations.count - self._compilations_at_ready
+
+    def _dummy_batch(self, q_lens: list[int], max_seqlen_k: int | None = None) -> PackedBatch:
+        """Rows that write nothing (slot -1) and read block 0 only; ``max_seqlen_k`` may claim
+        more keys than the rows have (it picks the attention kernels' launch shape)."""
+        num_reqs, num_tokens = len(q_lens), sum(q_lens)
+        dev = self.device
+        q = torch.tensor(q_lens, dtype=torch.int32, device=dev)
+        cu = torch.zeros(num_reqs + 1, dtype=torch.int32, device=dev)
+        cu[1:] = q.cumsum(0)
+        width = -(-max(q_lens) // self.block_size)
         metadata = AttentionMetadata(
             cu_seqlens_q=cu,
-            seq_lens=seq_lens,
-            max_seqlen_q=rows_per_req,
-            max_seqlen_k=rows_per_req,
-            block_tables=torch.zeros(num_reqs, width, dtype=torch.int32, device=self.device),
-            slot_mapping=torch.full((num_tokens,), PAD_SLOT, dtype=torch.int64, device=self.device),
+            seq_lens=q,
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(max(q_lens), max_seqlen_k or 0),
+            block_tables=torch.zeros(num_reqs, width, dtype=torch.int32, device=dev),
+            slot_mapping=torch.full((num_tokens,), PAD_SLOT, dtype=torch.int64, device=dev),
             block_size=self.block_size,
             cu_seqlens_k=cu.clone(),
         )
-        positions = torch.arange(rows_per_req, device=self.device).repeat(num_reqs)
+        positions = torch.cat([torch.arange(n, device=dev) for n in q_lens])
         return PackedBatch(
-            input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=self.device),
+            input_ids=torch.zeros(num_tokens, dtype=torch.int64, device=dev),
             positions=positions,
             metadata=metadata,
             logits_indices=cu[1:].long() - 1,
@@ -281,81 +320,47 @@ class ModelRunner:
         """Padded batch sizes that get a decode graph: the ladder, capped by max_num_seqs."""
         return sorted({s for s in GRAPH_BATCH_SIZES if s < self.max_num_seqs} | {self.max_num_seqs})
 
-    def _allocate_graph_buffers(self) -> None:
-        """Static buffers every graph reads and writes; replay copies a batch into a prefix."""
-        max_bs, dev = self.max_num_seqs, self.device
-        self._g_input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self._g_positions = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self._g_slots = torch.full((max_bs,), PAD_SLOT, dtype=torch.int64, device=dev)
-        self._g_seq_lens = torch.full((max_bs,), PAD_SEQ_LEN, dtype=torch.int32, device=dev)
-        self._g_cu_q = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)  # one row each
-        self._g_cu_k = torch.arange(max_bs + 1, dtype=torch.int32, device=dev) * PAD_SEQ_LEN
-        self._g_block_tables = torch.zeros(
-            max_bs, self.max_blocks_per_seq, dtype=torch.int32, device=dev
-        )
-        self._g_hidden = torch.zeros(max_bs, self.config.hidden_size, dtype=self.dtype, device=dev)
-
     @torch.inference_mode()
-    def _capture_decode_graphs(self) -> None:
+    def capture_decode_graphs(self, notice: Callable[[str], None] | None = None) -> bool:
+        """Capture the decode ladder; on failure decode runs eagerly and the one-line reason
+        is kept (and given to ``notice``). Returns whether graphs are in use."""
         dev = self.device
-        self._allocate_graph_buffers()
-        pool = None
-        # Largest first, so the smaller graphs fit in the memory pool the largest one made.
-        for bs in reversed(self.graph_batch_sizes()):
-            metadata = self._graph_metadata(bs)
-            try:
-                self._g_hidden[:bs] = self._graph_body(bs, metadata)  # warm-up outside capture
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._g_hidden[:bs] = self._graph_body(bs, metadata)
-            except RuntimeError as exc:
-                raise RuntimeError(
-                    f"CUDA graph capture failed with attention backend "
-                    f"{getattr(self.model.attn_backend, 'name', '?')!r}"
-                    f" (its write_kv/forward must not sync with the host; the triton backend "
-                    f"is capture-safe), or run without CUDA graphs: {exc}"
-                ) from exc
-            pool = graph.pool()
-            self._graphs[bs] = graph
-        torch.cuda.synchronize(dev)
+        max_bs = self.max_num_seqs
+        # Static inputs: the persistent buffers. cu_seqlens_q of a decode batch is always
+        # 0, 1, 2, ...: a constant of its own.
+        self._g_cu_q = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)
+        self._g_hidden = torch.zeros(max_bs, self.config.hidden_size, dtype=self.dtype, device=dev)
+        buf = self.inputs.dev
+        buf["seq_lens"].fill_(PAD_SEQ_LEN)
+        buf["slot_mapping"].fill_(PAD_SLOT)
+        buf["cu_seqlens_k"].copy_(self._g_cu_q * PAD_SEQ_LEN)
+        reason = self.graphs.capture(self._graph_body)
+        if reason is not None:
+            self.graphs_fallback_reason = reason
+            if notice is not None:
+                notice(f"CUDA graph capture failed, decoding eagerly: {reason}")
+        return reason is None
 
     def _graph_metadata(self, bs: int) -> AttentionMetadata:
         # max_seqlen_k is baked into the graph, so it is the bound every replay satisfies.
+        buf = self.inputs.dev
         return AttentionMetadata(
             cu_seqlens_q=self._g_cu_q[: bs + 1],
-            seq_lens=self._g_seq_lens[:bs],
+            seq_lens=buf["seq_lens"][:bs],
             max_seqlen_q=1,
             max_seqlen_k=self.config.max_model_len,
-            block_tables=self._g_block_tables[:bs],
-            slot_mapping=self._g_slots[:bs],
+            block_tables=buf["block_tables"][:bs],
+            slot_mapping=buf["slot_mapping"][:bs],
             block_size=self.block_size,
-            cu_seqlens_k=self._g_cu_k[: bs + 1],
+            cu_seqlens_k=buf["cu_seqlens_k"][: bs + 1],
         )
 
-    def _graph_body(self, bs: int, metadata: AttentionMetadata) -> torch.Tensor:
-        return self.model(self._g_input_ids[:bs], self._g_positions[:bs], self.kv_caches, metadata)
-
-    def _replay_decode_graph(self, batch: PackedBatch) -> torch.Tensor:
-        n = batch.num_reqs
-        bs = min(s for s in self._graphs if s >= n)
-        md = batch.metadata
-        self._g_input_ids[:n] = batch.input_ids
-        self._g_positions[:n] = batch.positions
-        self._g_slots[:n] = md.slot_mapping
-        self._g_seq_lens[:n] = md.seq_lens
-        self._g_block_tables[:n, : md.block_tables.shape[1]] = md.block_tables
-        self._g_cu_k[: n + 1] = md.cu_seqlens_k
-        if bs > n:  # reset the padding rows a larger earlier batch may have filled
-            self._g_input_ids[n:bs] = 0
-            self._g_positions[n:bs] = 0
-            self._g_slots[n:bs] = PAD_SLOT
-            self._g_seq_lens[n:bs] = PAD_SEQ_LEN
-            self._g_cu_k[n + 1 : bs + 1] = md.cu_seqlens_k[n] + PAD_SEQ_LEN * torch.arange(
-                1, bs - n + 1, dtype=torch.int32, device=self.device
-            )
-        self._graphs[bs].replay()
-        return self._g_hidden[:n]
+    def _graph_body(self, bs: int) -> None:
+        buf = self.inputs.dev
+        hidden = self.model(
+            buf["input_ids"][:bs], buf["positions"][:bs], self.kv_caches, self._graph_metadata(bs)
+        )
+        self._g_hidden[:bs] = hidden
 
 
 def _sampling_batch_of(params: list[SamplingParams]) -> SamplingBatch:
@@ -363,5 +368,14 @@ def _sampling_batch_of(params: list[SamplingParams]) -> SamplingBatch:
         temperatures=[p.temperature for p in params],
         top_ks=[p.top_k for p in params],
         top_ps=[p.top_p for p in params],
-        seeds=[0] * len(params),
+        seeds=list(range(len(params))),
     )
+
+
+def _compilation_counter():
+    """The kernels package's Triton compilation counter, or None where it does not exist."""
+    try:
+        from cbbench.kernels.compilation import compilation_counter
+    except ImportError:
+        return None
+    return compilation_counter()

@@ -10,10 +10,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cbbench.engine import model_runner
+from cbbench.engine.clock import WallClock
+from cbbench.engine.cuda_graphs import GraphLadder
+from cbbench.engine.engine import Engine, EngineConfig, run_until_done
 from cbbench.engine.model_runner import ModelRunner
 from cbbench.engine.models import allocate_kv_cache, load_model
 from cbbench.engine.request import Request, SamplingParams
 from cbbench.engine.sampler import Sampler, SamplingBatch
+from cbbench.engine.scheduler import SchedulerConfig
 from cbbench.engine.scheduler_output import SchedulerOutput
 from cbbench.kernels import get_backend
 
@@ -197,23 +202,53 @@ class _EagerGraph:
     """Stands in for a captured CUDA graph on the CPU: replay runs the captured body eagerly
     on the runner's static buffers, so the padding and buffer logic is what gets tested."""
 
-    def __init__(self, runner: ModelRunner, bs: int) -> None:
-        self.runner, self.bs, self.replays = runner, bs, 0
+    def __init__(self, body, size: int) -> None:
+        self.body, self.size, self.replays = body, size, 0
 
     def replay(self) -> None:
-        r, bs = self.runner, self.bs
-        r._g_hidden[:bs] = r._graph_body(bs, r._graph_metadata(bs))
+        self.body(self.size)
         self.replays += 1
+
+    def pool(self):
+        return None
+
+
+class EagerGraphLadder(GraphLadder):
+    """A GraphLadder whose 'graphs' replay eagerly; ``fail_at``: capture of that size raises."""
+
+    fail_at: int | None = None
+
+    def capture_stream(self):
+        return None
+
+    def synchronize(self) -> None:
+        pass
+
+    def capture_one(self, size, body, stream, pool):
+        if size == self.fail_at:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\n"
+                               "(a second line)")  # fmt: skip
+        body(size)  # the warm-up run
+        return _EagerGraph(body, size)
+
+
+@pytest.fixture
+def eager_graphs(monkeypatch):
+    monkeypatch.setattr(model_runner, "GraphLadder", EagerGraphLadder)
+    monkeypatch.setattr(EagerGraphLadder, "fail_at", None)
+    return EagerGraphLadder
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch"])
-def test_decode_graph_replay_logic_matches_eager(backend):
+def test_decode_graph_replay_logic_matches_eager(backend, eager_graphs):
     eager = Harness(backend)
-    graphed = Harness(backend, max_num_seqs=8)
+    graphed = Harness(backend, max_num_seqs=8, use_cuda_graphs=True)
     runner = graphed.runner
     assert runner.graph_batch_sizes() == [1, 2, 4, 8]
-    runner._allocate_graph_buffers()
-    runner._graphs = {bs: _EagerGraph(runner, bs) for bs in runner.graph_batch_sizes()}
+    assert runner.cuda_graphs_effective and runner.graphs_fallback_reason is None
+    graphs = runner.graphs.graphs
+    for g in graphs.values():
+        g.replays = 0
     reqs = {h: [_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))] for h in (eager, graphed)}
 
     def step(pick) -> None:
@@ -225,7 +260,7 @@ def test_decode_graph_replay_logic_matches_eager(backend):
             _advance(sched, tokens)
 
     step(lambda rs: [(r, r.num_prompt_tokens) for r in rs])  # prefill: eager in both
-    assert not any(g.replays for g in runner._graphs.values())
+    assert not any(g.replays for g in graphs.values())
     # 5 rows pad to 8; then 3 pad to 4 (leftovers of the 5 must not leak); 1; 5 again.
     for pick in (
         lambda rs: [(r, 1) for r in rs],
@@ -234,7 +269,32 @@ def test_decode_graph_replay_logic_matches_eager(backend):
         lambda rs: [(r, 1) for r in rs],
     ):
         step(pick)
-    assert {bs: g.replays for bs, g in runner._graphs.items()} == {1: 1, 2: 0, 4: 1, 8: 2}
+    assert {bs: g.replays for bs, g in graphs.items()} == {1: 1, 2: 0, 4: 1, 8: 2}
+
+
+def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_graphs):
+    """A capture error (simulated: the size-4 capture raises) drops every graph, keeps a
+    one-line reason, tells the notice, and the engine then serves every request eagerly with
+    the same tokens as a runner that never tried graphs."""
+    eager_graphs.fail_at = 4
+    notices = []
+    outputs = {}
+    for graphs in (False, True):
+        h = Harness(max_num_seqs=8, use_cuda_graphs=graphs, notice=notices.append)
+        if graphs:
+            assert not h.runner.cuda_graphs_effective
+            reason = h.runner.graphs_fallback_reason
+            assert "operation not permitted" in reason and "\n" not in reason
+            assert notices == [f"CUDA graph capture failed, decoding eagerly: {reason}"]
+        engine = Engine(
+            EngineConfig(SchedulerConfig(max_model_len=128, max_num_seqs=8), NUM_BLOCKS,
+                         BLOCK_SIZE), h.runner, WallClock()
+        )  # fmt: skip
+        reqs = [_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))]
+        assert run_until_done(engine, reqs)
+        assert all(r.num_output_tokens == r.max_tokens for r in reqs)
+        outputs[graphs] = [r.output_token_ids for r in reqs]
+    assert outputs[True] == outputs[False]
 
 
 def test_short_block_table_is_a_clear_error():
