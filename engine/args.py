@@ -25,6 +25,7 @@ DTYPES = ("bf16", "fp16", "fp32")
 # Kept equal to cbbench.kernels.BACKEND_NAMES (a test checks): importing kernels imports torch,
 # which the simulated path never does.
 ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "flash-attn")
+SWITCHES = ("auto", "on", "off")
 
 # vLLM's serving defaults.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -121,6 +122,18 @@ class EngineArgs:
         True, "Benchmark runs ignore EOS so output lengths follow the workload."
     )
     cuda_graphs: bool = opt(True, "Replay CUDA graphs for decode.")
+    fused_kernels: str = opt(
+        "auto",
+        "torch engine: the fused Triton layer kernels (residual add + RMSNorm, RoPE + KV store, "
+        "SiLU-and-mul): auto | on | off. auto: on with CUDA where Triton can run, off on the CPU.",
+        choices=SWITCHES,
+    )
+    cpu_threads: int | None = opt(
+        None,
+        "torch engine on the CPU: intra-op threads. Default 1: the CPU presets' matmuls are too "
+        "small to split, and spinning OpenMP threads collapse when cores are shared.",
+        low=1,
+    )
     # The simulated engine's efficiency factors (None: the documented defaults).
     eta_memory: float | None = opt(
         None, "sim: fraction of peak HBM bandwidth reached (default 0.80).",

@@ -25,6 +25,10 @@ DEFAULT_CUDA_MODEL = "llama-3-8b"
 # holds 512k tokens of the 'small' model) rather than for memory that is never used.
 DEFAULT_CPU_KV_MEMORY_BYTES = 512 * 1024**2
 GIB = 1024**3
+# The torch engine on a CPU runs one intra-op thread unless told otherwise: the CPU presets'
+# matmuls are too small to split across threads, and OpenMP threads that spin at barriers
+# collapse when other processes share the cores (measured 10-30x slower steps at 2 threads).
+DEFAULT_CPU_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,11 @@ class EngineInfo:
     device: str | None = None  # torch
     device_name: str | None = None
     attention_backend: str | None = None
+    fused_kernels: bool | None = None
     cuda_graphs: bool | None = None
+    cuda_graphs_effective: bool | None = None  # False: decode runs eagerly (reason below)
+    cuda_graphs_reason: str | None = None
+    cpu_threads: int | None = None
     vocab_size: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_version: str | None = None
@@ -193,6 +201,36 @@ def build_sim_engine(args: EngineArgs):
     return engine, info
 
 
+def _resolve_fused(args: EngineArgs, device: str) -> bool:
+    """--fused-kernels auto: on where the Triton kernels can run on a GPU; on asks for them."""
+    from cbbench.kernels import available_backends
+
+    triton_ok = "triton" in available_backends(device)
+    if args.fused_kernels == "off":
+        return False
+    if args.fused_kernels == "on":
+        if not triton_ok:
+            raise EngineArgsError(
+                f"--fused-kernels on: the Triton kernels cannot run on {device} here (CUDA with "
+                "Triton, or TRITON_INTERPRET=1 on the CPU)"
+            )
+        return True
+    return triton_ok and device == "cuda"
+
+
+def _graphs_plan(args: EngineArgs, on_cuda: bool, backend) -> tuple[bool, str | None]:
+    """Whether to capture decode graphs, else why not."""
+    if not args.cuda_graphs:
+        return False, "off (--no-cuda-graphs)"
+    if not on_cuda:
+        return False, "no CUDA device"
+    # Only the triton backend's KV write and attention are free of host syncs, which capture
+    # requires; with another backend decode runs eagerly rather than failing.
+    if backend.name != "triton":
+        return False, f"the {backend.name!r} attention backend syncs with the host"
+    return True, None
+
+
 def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     import torch
 
@@ -212,6 +250,10 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     if device == "cuda" and not cuda:
         raise EngineArgsError("--device cuda: no CUDA GPU is available to torch here")
     on_cuda = device == "cuda"
+    cpu_threads = None
+    if not on_cuda:
+        cpu_threads = args.cpu_threads or DEFAULT_CPU_THREADS
+        torch.set_num_threads(cpu_threads)
     dtype_name = args.dtype or ("bf16" if on_cuda else "fp32")
     dtype = resolve_dtype(dtype_name)
     model_name = args.model or (DEFAULT_CUDA_MODEL if on_cuda else DEFAULT_CPU_MODEL)
@@ -219,11 +261,13 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         backend = get_backend(args.attention_backend, device, block_size=args.block_size)
     except (ValueError, RuntimeError) as e:
         raise EngineArgsError(f"attention backend {args.attention_backend!r}: {e}") from None
+    fused = _resolve_fused(args, device)
     torch.manual_seed(args.seed)
     try:
         model, config = load_model(
-            model_name, dtype, device, backend, seed=args.seed, max_model_len=args.max_model_len
-        )
+            model_name, dtype, device, backend, seed=args.seed,
+            max_model_len=args.max_model_len, fused=fused,
+        )  # fmt: skip
     except (ValueError, FileNotFoundError) as e:
         raise EngineArgsError(str(e)) from None
     max_model_len = config.max_model_len
@@ -237,11 +281,11 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         num_blocks = num_kv_blocks_for_memory(config, args.block_size, dtype, memory)
     if num_blocks < 1:
         raise EngineArgsError("no memory is left for the KV cache after the weights")
-    # Only the triton backend's KV write and attention are free of host syncs, which CUDA graph
-    # capture requires; with another backend decode runs eagerly rather than failing.
-    use_graphs = args.cuda_graphs and on_cuda and backend.name == "triton"
+    num_cpu_blocks = num_swap_blocks(args, kv_block_bytes(config, args.block_size, dtype))
+    engine_cfg, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
+    use_graphs, graphs_reason = _graphs_plan(args, on_cuda, backend)
     if args.cuda_graphs and on_cuda and not use_graphs:
-        notice(f"CUDA graphs need the triton attention backend; {backend.name!r} decodes eagerly")
+        notice(f"CUDA graphs: {graphs_reason}; decode runs eagerly")
     kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
     runner = ModelRunner(
         model,
@@ -253,14 +297,16 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         use_cuda_graphs=use_graphs,
         max_num_seqs=args.max_num_seqs,
         sampler_seed=args.seed,
+        max_num_batched_tokens=budget,
+        notice=notice,
     )
-    num_cpu_blocks = num_swap_blocks(args, kv_block_bytes(config, args.block_size, dtype))
+    if use_graphs and not runner.cuda_graphs_effective:
+        graphs_reason = f"capture failed: {runner.graphs_fallback_reason}"
     if num_cpu_blocks:
         runner.allocate_swap_space(num_cpu_blocks)
     runner.warmup()
 
     gpu = match_device_name(torch.cuda.get_device_name(device)) if on_cuda else None
-    engine_cfg, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
     engine = Engine(engine_cfg, runner, WallClock(), CostModel(config, dtype_name, gpu))
     info = EngineInfo(
         engine="torch",
@@ -272,7 +318,11 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         model_config=config.to_dict(),
         dtype=dtype_name,
         attention_backend=backend.name,
-        cuda_graphs=runner.use_cuda_graphs,
+        fused_kernels=fused,
+        cuda_graphs=args.cuda_graphs,
+        cuda_graphs_effective=runner.cuda_graphs_effective,
+        cuda_graphs_reason=graphs_reason,
+        cpu_threads=cpu_threads,
         max_model_len=max_model_len,
         max_num_batched_tokens=budget,
         num_kv_blocks=num_blocks,

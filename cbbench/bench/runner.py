@@ -349,6 +349,10 @@ def execute_run(
         summary["engine"]["sim_error"] = error
         if reason is not None:
             summary["engine"]["sim_error_reason"] = reason
+        if run.resolved.engine == "torch":
+            # Triton compilations inside the timed run (0 is the goal: each one stalls an
+            # iteration); null where Triton's compilation hook is unavailable.
+            summary["engine"]["kernel_compilations_during_run"] = run.kernel_compilations
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     if spec.endpoint is not None:

@@ -60,6 +60,8 @@ class EngineRun:
     not_sent: int = 0
     sessions_ended_early: int = 0  # sessions cut short by a turn the engine rejected
     kv_blocks_in_use_at_end: int = 0  # held by no request once the run is over: must be 0
+    # Triton kernels compiled while the run was timed (torch engine; None: not counted).
+    kernel_compilations: int | None = None
 
 
 def _make_requests(
@@ -266,4 +268,6 @@ def run_engine(
     run.kv_blocks_in_use_at_end = engine.block_manager.num_used_blocks
     if session_feed is not None:
         run.sessions_ended_early = session_feed.ended_early
+    count = getattr(engine.executor, "kernel_compilations_since_ready", None)
+    run.kernel_compilations = count() if count is not None else None
     return run
