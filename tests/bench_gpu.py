@@ -1,29 +1,33 @@
 """GPU measurements for tests/gpu_check.sh (not collected by pytest), through cbbench's own classes.
 
-Two subcommands:
-
 ``decode``: decode step time of a random-weight model (default llama-3-8b, bf16) at several batch
-sizes, each request holding ``--context`` tokens of KV, with and without CUDA graphs. For every
-(batch size, graphs) pair it reports
+sizes, each request holding ``--context`` tokens of KV, with and without CUDA graphs, for the
+fused layer kernels and the unfused ones side by side (``--fused both``), plus rows of the
+``torch`` attention backend. For every row it reports
 
 - ``step_ms``: one full ``ModelRunner.execute`` (host-side batch packing, forward, logits,
   sampling and the one host sync), as the engine sees an iteration;
 - ``forward_ms``: the forward + logits of an already packed batch, back to back (GPU time);
-- ``mbu``: model bandwidth utilization = (weight bytes + KV bytes read) / step time / peak HBM
-  bandwidth (4.8e12 B/s on an H200), from ``forward_ms`` and from ``step_ms``; weights are
-  ``ModelConfig.weight_bytes`` (DESIGN.md's figure, embedding table included), KV read is
-  batch x (context + 1) x KV bytes per token. ``mbu_cost_model`` uses the engine's analytic
-  ``CostModel`` bytes for the same batch instead.
+- ``floor_ms``: the bytes one decode step must read over the GPU's peak HBM bandwidth: every
+  weight except the input embedding table (decode reads only the batch's rows of it: Llama-3-8B
+  bf16 reads 15.01 of its 16.06 GB, 3.13 ms at batch 1 on an H200's 4.8 TB/s), the batch's
+  embedding rows, and batch x (context + 1) x KV bytes per token;
+- ``mbu``: model bandwidth utilization = floor_ms / step time (``mbu_forward`` from forward_ms).
+
+``backends_agree``: every attention backend that runs here against ``reference`` on the same
+weights: a packed prefill of a few requests, then a decode step fed the *reference's* tokens,
+the largest absolute logit difference of each.
 
 Timing uses ``torch.cuda.Event`` on CUDA (``time.perf_counter`` on a CPU), ``--steps`` steps after
 ``--warmup`` untimed ones. The same decode step is replayed each time (the request is not
 advanced), so the context stays exactly ``--context + 1`` keys; the KV cache holds zeros, which
 costs the kernels exactly what real values would.
 
-``summarize DIR``: gather what gpu_check.sh left in DIR (steps.tsv, env.json, decode.json, the
-pytest log, the two ShareGPT results) into DIR/summary.json and DIR/summary.md.
+``env``, ``probe-triton``: see tests/gpu_check_env.py. ``summarize DIR``: see
+tests/gpu_check_summary.py. ``run``: cbbench run's engine path without the Typer CLI (a
+fallback when the CLI cannot import).
 
-CPU smoke test of both (what can be checked without a GPU):
+CPU smoke test (what can be checked without a GPU):
 
     python tests/bench_gpu.py decode --device cpu --model tiny --dry-run --out /tmp/gpu-dry
     python tests/bench_gpu.py summarize /tmp/gpu-dry
@@ -33,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import sys
@@ -41,7 +44,32 @@ import time
 import traceback
 from pathlib import Path
 
+# Sibling modules (also under `python -P`, which leaves the script's folder off sys.path).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 H200_PEAK_BW = 4.8e12
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+AGREE_PROMPT_LENS = (5, 17, 33, 40)  # the backends_agree check's requests
+
+
+# ---- the decode floor ---------------------------------------------------------------------------
+def decode_weight_bytes(config, dtype: str) -> int:
+    """Weight bytes one decode step reads, without the batch's embedding rows: every parameter
+    except the input embedding table (an untied table is gathered at the batch's rows only; a
+    tied one is the LM head, read whole)."""
+    table = 0 if config.tie_word_embeddings else config.embedding_params
+    return (config.num_params - table) * DTYPE_BYTES[dtype]
+
+
+def decode_read_bytes(config, dtype: str, batch: int, context: int) -> int:
+    """Bytes a decode step of ``batch`` rows, each attending ``context + 1`` keys, must read."""
+    rows = 0 if config.tie_word_embeddings else batch * config.hidden_size * DTYPE_BYTES[dtype]
+    kv = batch * (context + 1) * config.kv_bytes_per_token(dtype)
+    return decode_weight_bytes(config, dtype) + rows + kv
+
+
+def decode_floor_ms(config, dtype: str, batch: int, context: int, peak_bw: float) -> float:
+    return decode_read_bytes(config, dtype, batch, context) / peak_bw * 1000.0
 
 
 # ---- decode -----------------------------------------------------------------------------------
@@ -124,126 +152,156 @@ def _decode_requests(n: int, context: int, vocab: int, bm, seed: int):
 
 def _stats(xs: list[float]) -> dict:
     xs = sorted(xs)
-    return {
-        "mean": statistics.fmean(xs),
-        "p50": statistics.median(xs),
-        "min": xs[0],
-        "max": xs[-1],
-    }
+    return {"mean": statistics.fmean(xs), "p50": statistics.median(xs), "min": xs[0], "max": xs[-1]}
+
+
+def _error(errors: list, exc: BaseException, **where) -> None:
+    errors.append({**where, "error": repr(exc), "traceback": traceback.format_exc()})
+    print(f"{where} failed: {exc!r}", flush=True)
+
+
+def _fused_configs(args, device) -> tuple[list[bool], str | None]:
+    """Which layer-op configurations to time: fused needs Triton to run on the device."""
+    from cbbench.kernels import available_backends
+
+    wanted = {"both": [True, False], "on": [True], "off": [False]}[args.fused]
+    if True in wanted and "triton" not in available_backends(device):
+        why = "the fused Triton kernels cannot run here"
+        return [f for f in wanted if not f] or [False], why
+    return wanted, None
 
 
 def run_decode(args) -> dict:
     import torch
 
-    from cbbench.engine.block_manager import BlockManager
-    from cbbench.engine.cost_model import CostModel
     from cbbench.engine.gpu_specs import match_device_name
-    from cbbench.engine.model_runner import ModelRunner
-    from cbbench.engine.models.llama import allocate_kv_cache
-    from cbbench.engine.models.loader import load_model, resolve_dtype
-    from cbbench.engine.scheduler_output import SchedulerOutput
-    from cbbench.kernels import get_backend
+    from cbbench.engine.models.loader import resolve_dtype
 
     device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as the engine does on a CPU (engine/build.py)
     dtype = resolve_dtype(args.dtype)
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
-    batch_sizes = sorted(args.batch_sizes)
     out: dict = {"env": _versions(), "args": {k: v for k, v in vars(args).items() if k != "func"}}
-    out["rows"] = rows = []
+    out["device"] = device.type
+    out["rows"] = []
     out["errors"] = errors = []
-
-    t0 = time.perf_counter()
-    backend = get_backend(args.attention_backend, device, block_size=args.block_size)
-    model, config = load_model(
-        args.model, dtype, device, backend, seed=0, max_model_len=args.max_model_len
-    )
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    out["model_build_s"] = time.perf_counter() - t0
-    out["attention_backend"] = backend.name
-    out["model_config"] = config.to_dict()
     gpu = match_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
     peak_bw = args.peak_bw or (gpu.hbm_bandwidth if gpu else H200_PEAK_BW)
     out["peak_bw"] = peak_bw
     out["gpu_spec"] = gpu.to_dict() if gpu else None
-    weight_bytes = config.weight_bytes(dtype_name)
-    kv_per_token = config.kv_bytes_per_token(dtype_name)
-    out["weight_bytes"] = weight_bytes
-    out["kv_bytes_per_token"] = kv_per_token
-    out["min_step_ms_weights_only"] = weight_bytes / peak_bw * 1000
-    cost_model = CostModel(config, dtype_name, gpu)
-
-    max_bs = batch_sizes[-1]
-    blocks_per_req = -(-(args.context + 1) // args.block_size)
-    num_blocks = max_bs * blocks_per_req + 1
-    kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
-    out["num_kv_blocks"] = num_blocks
-    bm = BlockManager(num_blocks, args.block_size)
-
-    variants = [False]
-    if device.type == "cuda" and not args.no_graphs:
-        variants.append(True)
-    elif device.type != "cuda":
+    fused_list, why_not_fused = _fused_configs(args, device)
+    if why_not_fused:
+        out["fused_skipped"] = why_not_fused
+    if device.type != "cuda":
         out["graphs_skipped"] = "CUDA graphs need a CUDA device"
-
-    for graphs in variants:
-        t0 = time.perf_counter()
+    for fused in fused_list:
         try:
-            runner = ModelRunner(
-                model, config, kv_caches, args.block_size, device, dtype,
-                use_cuda_graphs=graphs, max_num_seqs=max(max_bs, args.max_num_seqs),
-            )  # fmt: skip
-            runner.warmup()
+            _decode_config(args, out, device, dtype, dtype_name, peak_bw, gpu, fused,
+                           args.attention_backend, args.batch_sizes, role="main")  # fmt: skip
         except Exception as exc:  # noqa: BLE001
-            errors.append(
-                {
-                    "graphs": graphs,
-                    "stage": "runner",
-                    "error": repr(exc),
-                    "traceback": traceback.format_exc(),
-                }
-            )
-            print(f"runner (graphs={graphs}) failed: {exc!r}", flush=True)
-            continue
-        setup_s = time.perf_counter() - t0
-        if graphs:
-            out["graph_capture_s"] = setup_s
-            out["graph_batch_sizes"] = sorted(getattr(runner, "_graphs", {}))
-        for bs in batch_sizes:
-            try:
-                rows.append(
-                    _time_batch(args, runner, bs, graphs, bm, config, cost_model, peak_bw,
-                                weight_bytes, kv_per_token, device, SchedulerOutput)
-                )  # fmt: skip
-                r = rows[-1]
-                print(
-                    f"bs {bs:4d} graphs {graphs!s:5}: step {r['step_ms']['mean']:.3f} ms, "
-                    f"forward {r['forward_ms']:.3f} ms, MBU {r['mbu_forward']:.1%} "
-                    f"(step {r['mbu_step']:.1%}), {r['tokens_per_s']:.0f} tok/s",
-                    flush=True,
-                )
-            except Exception as exc:  # noqa: BLE001
-                errors.append(
-                    {
-                        "graphs": graphs,
-                        "batch_size": bs,
-                        "error": repr(exc),
-                        "traceback": traceback.format_exc(),
-                    }
-                )
-                print(f"bs {bs} graphs {graphs} failed: {exc!r}", flush=True)
-        del runner
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            _error(errors, exc, stage="config", fused=fused)
+    # The torch attention backend too (issue 12 item 7): eager, unfused, the smaller batches.
+    if args.torch_backend_rows:
+        torch_bs = [b for b in args.batch_sizes if b <= args.torch_backend_max_batch] or [1]
+        try:
+            _decode_config(args, out, device, dtype, dtype_name, peak_bw, gpu, False, "torch",
+                           torch_bs, role="torch_backend", graphs_variants=[False])  # fmt: skip
+        except Exception as exc:  # noqa: BLE001
+            _error(errors, exc, stage="torch backend rows")
+    try:
+        out["backends_agree"] = backends_agree(args, device, dtype)
+    except Exception as exc:  # noqa: BLE001
+        _error(errors, exc, stage="backends_agree")
     if device.type == "cuda":
         out["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return out
 
 
-def _time_batch(args, runner, bs, graphs, bm, config, cost_model, peak_bw, weight_bytes,
-                kv_per_token, device, SchedulerOutput) -> dict:  # fmt: skip
+def _decode_config(args, out, device, dtype, dtype_name, peak_bw, gpu, fused, backend_name,
+                   batch_sizes, role, graphs_variants=None) -> None:  # fmt: skip
+    """Time every batch size (with and without graphs) for one model configuration; rows are
+    tagged with ``role``: "main" (the configured backend) or "torch_backend" (extra rows)."""
     import torch
 
+    from cbbench.engine.block_manager import BlockManager
+    from cbbench.engine.cost_model import CostModel
+    from cbbench.engine.model_runner import ModelRunner
+    from cbbench.engine.models.llama import allocate_kv_cache
+    from cbbench.engine.models.loader import load_model
+    from cbbench.kernels import get_backend
+
+    t0 = time.perf_counter()
+    backend = get_backend(backend_name, device, block_size=args.block_size)
+    model, config = load_model(
+        args.model, dtype, device, backend, seed=0, max_model_len=args.max_model_len, fused=fused
+    )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    label = f"{backend.name}{' fused' if fused else ''}"
+    out.setdefault("model_build_s", {})[label] = time.perf_counter() - t0
+    out.setdefault("attention_backends", []).append(backend.name)
+    out["model_config"] = config.to_dict()
+    out["weight_bytes"] = config.weight_bytes(dtype_name)
+    out["decode_weight_bytes"] = decode_weight_bytes(config, dtype_name)
+    out["kv_bytes_per_token"] = config.kv_bytes_per_token(dtype_name)
+    out["min_step_ms_weights_only"] = decode_weight_bytes(config, dtype_name) / peak_bw * 1000
+    cost_model = CostModel(config, dtype_name, gpu)
+    max_bs = max(batch_sizes)
+    blocks_per_req = -(-(args.context + 1) // args.block_size)
+    num_blocks = max_bs * blocks_per_req + 1
+    kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
+    bm = BlockManager(num_blocks, args.block_size)
+    if graphs_variants is None:
+        graphs_variants = [False]
+        if device.type == "cuda" and not args.no_graphs and backend.name == "triton":
+            graphs_variants.append(True)
+    for graphs in graphs_variants:
+        t0 = time.perf_counter()
+        try:
+            runner = ModelRunner(
+                model, config, kv_caches, args.block_size, device, dtype,
+                use_cuda_graphs=graphs, max_num_seqs=max(max_bs, args.max_num_seqs),
+                notice=lambda msg: print(msg, flush=True),
+            )  # fmt: skip
+            runner.warmup()
+        except Exception as exc:  # noqa: BLE001
+            _error(out["errors"], exc, stage="runner", graphs=graphs, fused=fused)
+            continue
+        if graphs:
+            out.setdefault("graph_capture_s", {})[label] = time.perf_counter() - t0
+            if not runner.cuda_graphs_effective:
+                out.setdefault("graph_fallbacks", []).append(
+                    f"{label}: CUDA graph capture failed, decode ran eagerly: "
+                    f"{runner.graphs_fallback_reason}"
+                )
+        for bs in sorted(batch_sizes):
+            try:
+                row = _time_batch(args, runner, bs, bm, config, cost_model, peak_bw, dtype_name)
+            except Exception as exc:  # noqa: BLE001
+                _error(out["errors"], exc, graphs=graphs, fused=fused, batch_size=bs)
+                continue
+            row.update(graphs=graphs, fused=fused, attention_backend=backend.name, role=role)
+            row["graph_replayed"] = graphs and runner.graphs.padded_size(bs) is not None
+            out["rows"].append(row)
+            print(
+                f"{label:14s} bs {bs:4d} graphs {graphs!s:5}: step {row['step_ms']['mean']:.3f} "
+                f"ms, forward {row['forward_ms']:.3f} ms, floor {row['floor_ms']:.3f} ms, MBU "
+                f"{row['mbu']:.1%} (forward {row['mbu_forward']:.1%})",
+                flush=True,
+            )
+        del runner
+    del model, kv_caches
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _time_batch(args, runner, bs, bm, config, cost_model, peak_bw, dtype_name) -> dict:
+    import torch
+
+    from cbbench.engine.scheduler_output import SchedulerOutput
+
+    device = runner.device
     reqs = _decode_requests(bs, args.context, config.vocab_size, bm, seed=bs)
     try:
         sched = SchedulerOutput(reqs, [1] * bs, bs, 0, bs)
@@ -262,65 +320,80 @@ def _time_batch(args, runner, bs, graphs, bm, config, cost_model, peak_bw, weigh
                 for _ in range(args.steps):
                     runner.compute_logits(batch)
         forward_ms = t.elapsed_ms() / args.steps
-        graphs_held = getattr(runner, "_graphs", {})
-        used_graph = bool(graphs_held) and batch.is_pure_decode and bs <= max(graphs_held)
     finally:
         for r in reqs:
             bm.free(r)
-    kv_read = bs * (args.context + 1) * kv_per_token
-    moved = weight_bytes + kv_read
-    model_bytes = cost_model.iteration_cost(sched).bytes
+    floor = decode_floor_ms(config, dtype_name, bs, args.context, peak_bw)
     step = _stats(step_ms)
     return {
         "batch_size": bs,
-        "graphs": graphs,
-        "graph_replayed": used_graph,
         "context": args.context,
         "step_ms": step,
         "forward_ms": forward_ms,
         "tokens_per_s": bs / (step["mean"] / 1000),
-        "bytes_weights": weight_bytes,
-        "bytes_kv_read": kv_read,
-        "mbu_forward": moved / (forward_ms / 1000) / peak_bw,
-        "mbu_step": moved / (step["mean"] / 1000) / peak_bw,
-        "bytes_cost_model": model_bytes,
-        "mbu_cost_model_forward": model_bytes / (forward_ms / 1000) / peak_bw,
+        "bytes_read": decode_read_bytes(config, dtype_name, bs, args.context),
+        "floor_ms": floor,
+        "mbu": floor / step["mean"],
+        "mbu_forward": floor / forward_ms,
+        "bytes_cost_model": cost_model.iteration_cost(sched).bytes,
     }
 
 
-def decode_markdown(d: dict) -> str:
-    env = d["env"]
-    lines = [
-        f"Decode step, {d['args']['model']} random weights, {d['args']['dtype']}, "
-        f"{d.get('attention_backend')} attention, context {d['args']['context']} tokens/request, "
-        f"{d['args']['steps']} timed steps after {d['args']['warmup']} warm-up; "
-        f"{env.get('device_name', d['args']['device'])}, torch {env['torch']}, "
-        f"triton {env.get('triton')}. MBU = (weights {d['weight_bytes'] / 1e9:.2f} GB + KV read) / "
-        f"time / {d['peak_bw'] / 1e12:.2f} TB/s (weights alone: >= "
-        f"{d['min_step_ms_weights_only']:.2f} ms/step).",
-        "",
-        "| batch | CUDA graphs | step ms (mean / p50 / min) | forward ms | MBU (forward) | "
-        "MBU (step) | MBU (cost-model bytes) | tok/s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in d["rows"]:
-        s = r["step_ms"]
-        lines.append(
-            f"| {r['batch_size']} | {'yes' if r['graphs'] else 'no'} | {s['mean']:.3f} / "
-            f"{s['p50']:.3f} / {s['min']:.3f} | {r['forward_ms']:.3f} | {r['mbu_forward']:.1%} | "
-            f"{r['mbu_step']:.1%} | {r['mbu_cost_model_forward']:.1%} | "
-            f"{r['tokens_per_s']:.0f} |"
-        )
-    if d.get("graph_capture_s") is not None:
-        lines.append(
-            f"\nCUDA graph capture ({len(d.get('graph_batch_sizes', []))} sizes): "
-            f"{d['graph_capture_s']:.1f} s."
-        )
-    if d.get("graphs_skipped"):
-        lines.append(f"\nCUDA graphs not measured: {d['graphs_skipped']}.")
-    for e in d.get("errors", []):
-        lines.append(f"\nERROR {e}".split("\n", 2)[1][:400])
-    return "\n".join(lines) + "\n"
+def backends_agree(args, device, dtype) -> dict:
+    """{backend: max |logits - reference logits|} over a packed prefill and one decode step
+    fed the reference's tokens (issue 12 item 8: one argmax flip must not derail the check);
+    None for a backend that cannot run here (the reason under ``why``)."""
+    import torch
+
+    from cbbench.engine.model_runner import ModelRunner
+    from cbbench.engine.models.llama import allocate_kv_cache
+    from cbbench.engine.models.loader import load_model
+    from cbbench.engine.request import Request
+    from cbbench.engine.scheduler_output import SchedulerOutput
+    from cbbench.kernels import get_backend
+
+    block = args.block_size
+    result: dict = {"max_abs_diff": {}, "why": {}, "model": args.agree_model}
+    reference_logits = reference_tokens = None
+    for name in ("reference", "torch", "triton", "flash-attn"):
+        try:
+            backend = get_backend(name, device, block_size=block)
+        except (RuntimeError, ValueError) as exc:
+            result["max_abs_diff"][name] = None
+            result["why"][name] = str(exc).splitlines()[0][:200]
+            continue
+        model, config = load_model(args.agree_model, dtype, device, backend, seed=0,
+                                   max_model_len=args.max_model_len)  # fmt: skip
+        blocks_per_req = -(-(max(AGREE_PROMPT_LENS) + 2) // block)
+        kv = allocate_kv_cache(config, blocks_per_req * len(AGREE_PROMPT_LENS) + 1, block, dtype,
+                               device)  # fmt: skip
+        runner = ModelRunner(model, config, kv, block, device, dtype)
+        gen = torch.Generator().manual_seed(0)
+        reqs = []
+        for i, n in enumerate(AGREE_PROMPT_LENS):
+            ids = torch.randint(0, config.vocab_size, (n,), generator=gen).tolist()
+            req = Request(i, n, 4, prompt_token_ids=ids)
+            req.block_table = list(range(1 + i * blocks_per_req, 1 + (i + 1) * blocks_per_req))
+            reqs.append(req)
+        counts = list(AGREE_PROMPT_LENS)
+        with torch.inference_mode():
+            prefill = runner.compute_logits(
+                runner.prepare(SchedulerOutput(reqs, counts, 0, sum(counts), sum(counts)))
+            )
+            tokens = prefill.argmax(-1).tolist() if reference_tokens is None else reference_tokens
+            for req, n, tok in zip(reqs, counts, tokens, strict=True):
+                req.num_computed_tokens = n
+                req.output_token_ids.append(tok)
+                req.num_output_tokens = 1
+            decode = runner.compute_logits(
+                runner.prepare(SchedulerOutput(reqs, [1] * len(reqs), len(reqs), 0, len(reqs)))
+            )
+        logits = torch.cat([prefill, decode]).float().cpu()
+        if reference_logits is None:
+            reference_logits, reference_tokens = logits, tokens
+        result["max_abs_diff"][name] = float((logits - reference_logits).abs().max())
+        del runner, model, kv
+    return result
 
 
 def cmd_decode(args) -> int:
@@ -329,6 +402,8 @@ def cmd_decode(args) -> int:
         args.context = min(args.context, 40)
         args.steps = min(args.steps, 3)
         args.warmup = min(args.warmup, 1)
+    if args.agree_model is None:
+        args.agree_model = args.model
     args.out.mkdir(parents=True, exist_ok=True)
     try:
         result = run_decode(args)
@@ -342,65 +417,41 @@ def cmd_decode(args) -> int:
         print(result["traceback"], file=sys.stderr)
     args.out.joinpath("decode.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     if result.get("rows"):
+        from gpu_check_summary import decode_markdown
+
         args.out.joinpath("decode.md").write_text(decode_markdown(result))
     ok = bool(result.get("rows")) and not result.get("errors") and "fatal" not in result
     print(f"decode bench {'ok' if ok else 'FAILED'} -> {args.out / 'decode.json'}")
     return 0 if ok else 1
 
 
-# ---- env (standard library only until it probes) ----------------------------------------------
-ENV_MODULES = (
-    "torch", "triton", "numpy", "typer", "click", "aiohttp", "httpx", "tabulate", "safetensors", "rich",
-    "fastapi", "uvicorn", "prometheus_client", "matplotlib", "pynvml", "transformers",
-    "flash_attn", "pytest", "pytest_timeout", "hypothesis", "setuptools", "pip", "wheel", "cbbench",
-)  # fmt: skip
-DIST_NAMES = {
-    "pynvml": "nvidia-ml-py",
-    "prometheus_client": "prometheus-client",
-    "flash_attn": "flash-attn",
-    "pytest_timeout": "pytest-timeout",
-}
-
-
+# ---- env and the Triton probe -------------------------------------------------------------------
 def cmd_env(args) -> int:
     """What is importable, with versions: the GPU machine has no internet, so this is what the
-    check can use."""
-    import importlib
-    import importlib.metadata as md
+    check can use. Standard library only until it probes."""
+    from gpu_check_env import collect_env
 
-    info: dict = {"python": platform.python_version(), "executable": sys.executable, "modules": {}}
-    for name in ENV_MODULES:
-        try:
-            mod = importlib.import_module(name)
-            try:
-                v = md.version(DIST_NAMES.get(name, name))
-            except Exception:  # noqa: BLE001
-                v = getattr(mod, "__version__", "?")
-            info["modules"][name] = str(v)
-        except Exception as exc:  # noqa: BLE001
-            info["modules"][name] = f"MISSING ({type(exc).__name__}: {str(exc)[:160]})"
-    try:
-        import torch
-
-        info["torch_cuda"] = torch.version.cuda
-        info["cuda_available"] = torch.cuda.is_available()
-        if torch.cuda.is_available():
-            info["device_name"] = torch.cuda.get_device_name(0)
-            info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
-            props = torch.cuda.get_device_properties(0)
-            info["memory_gib"] = round(props.total_memory / 2**30, 1)
-    except Exception as exc:  # noqa: BLE001
-        info["torch_error"] = repr(exc)
+    info = collect_env()
     for k, v in info["modules"].items():
         print(f"  {k:18s} {v}")
-    print({k: v for k, v in info.items() if k != "modules"})
+    print("missing:", ", ".join(info["missing_modules"]) or "none")
+    print("C compiler:", info["c_compiler"]["version"], "| Python.h:", info["python_h"])
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(info, indent=2) + "\n")
     return 0
 
 
-# ---- run (a fallback for `cbbench run` when typer is missing) -----------------------------------
+def cmd_probe_triton(args) -> int:
+    """Exit 0 when one Triton kernel launched on the device; else print the reason, exit 1."""
+    from gpu_check_env import probe_triton
+
+    reason = probe_triton(args.device)
+    print("triton launch: ok" if reason is None else f"triton launch FAILED: {reason}")
+    return 0 if reason is None else 1
+
+
+# ---- run (a fallback for `cbbench run` when the CLI cannot import) -----------------------------
 def cmd_run(args) -> int:
     """``cbbench run``'s engine path without the Typer CLI: RunSpec -> execute_run -> result."""
     from cbbench.analysis.result import write_result
@@ -408,8 +459,10 @@ def cmd_run(args) -> int:
     from cbbench.engine.args import EngineArgs
 
     opts = EngineArgs(
-        engine=args.engine, model=args.model, device=args.device, scheduler=args.scheduler
-    )
+        engine=args.engine, model=args.model, device=args.device, scheduler=args.scheduler,
+        attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs,
+        fused_kernels=args.fused_kernels,
+    )  # fmt: skip
     spec = RunSpec(
         workload=args.workload, num_requests=args.num_requests, label=args.label, engine=opts
     )
@@ -427,193 +480,23 @@ def cmd_run(args) -> int:
     return 0
 
 
-# ---- summarize --------------------------------------------------------------------------------
-def _load(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except Exception:  # noqa: BLE001
-        return None
-
-
-def _steps(folder: Path) -> list[dict]:
-    rows = []
-    f = folder / "steps.tsv"
-    if f.is_file():
-        for line in f.read_text().splitlines():
-            parts = line.split("\t")
-            if len(parts) >= 4 and parts[0] != "step":
-                rows.append(
-                    {
-                        "step": parts[0],
-                        "rc": parts[1],
-                        "seconds": parts[2],
-                        "limit_s": parts[3],
-                        "note": parts[4] if len(parts) > 4 else "",
-                    }
-                )
-    return rows
-
-
-def _pytest_line(folder: Path) -> str | None:
-    f = folder / "pytest_cuda.log"
-    if not f.is_file():
-        return None
-    lines = [ln.strip() for ln in f.read_text(errors="replace").splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if any(w in ln for w in (" passed", " failed", " skipped", " error", "no tests ran")):
-            return ln.strip("= ")
-    return lines[-1] if lines else None
-
-
-def _run_summary(path: Path) -> dict | None:
-    d = _load(path)
-    if not isinstance(d, dict) or "summary" not in d:
-        return None
-    s = d["summary"]
-    eng = s.get("engine", {}) or {}
-
-    def dist(key):
-        v = s.get(key) or {}
-        return {k: v.get(k) for k in ("mean", "p50", "p99")} if isinstance(v, dict) else None
-
-    cfg = d.get("config", {})
-    return {
-        "file": path.name,
-        "scheduler": cfg.get("scheduler"),
-        "attention_backend": cfg.get("attention_backend"),
-        "cuda_graphs": cfg.get("cuda_graphs"),
-        "interrupted": d.get("interrupted"),
-        "completed": s.get("completed"),
-        "failed": s.get("failed"),
-        "duration_s": s.get("duration_s"),
-        "request_throughput": s.get("request_throughput"),
-        "output_throughput": s.get("output_throughput"),
-        "total_token_throughput": s.get("total_token_throughput"),
-        "ttft_ms": dist("ttft_ms"),
-        "tpot_ms": dist("tpot_ms"),
-        "itl_ms": dist("itl_ms"),
-        "e2el_ms": dist("e2el_ms"),
-        "num_iterations": eng.get("num_iterations"),
-        "mean_iteration_ms": eng.get("mean_iteration_ms"),
-        "mbu": eng.get("mbu"),
-        "decode_mbu": eng.get("decode_mbu"),
-        "mfu": eng.get("mfu"),
-        "telemetry": _telemetry_summary(d.get("telemetry") or {}),
-    }
-
-
-def _telemetry_summary(tel: dict) -> dict:
-    """Issue 5's questions: did GPM work on this GPU (metric), and how does the measured DRAM
-    bandwidth utilization compare with the analytic MBU over the steady state."""
-    steady = ((tel.get("summary") or {}).get("steady") or {}).get("dram_bw_util_pct") or {}
-    return {
-        "available": tel.get("available"),
-        "reason": tel.get("reason"),
-        "error": tel.get("error"),
-        "metric": tel.get("metric"),  # dram_bw_util_gpm means GPM works here
-        "num_samples": len(tel.get("samples") or []),
-        "steady_dram_bw_util_pct_mean": steady.get("mean"),
-        "steady_dram_bw_util_pct_p90": steady.get("p90"),
-    }
-
-
-def _f(x, fmt="{:.1f}") -> str:
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    return fmt.format(x) if isinstance(x, (int, float)) else str(x)
-
-
 def cmd_summarize(args) -> int:
-    folder: Path = args.folder
-    summary = {
-        "folder": str(folder),
-        "steps": _steps(folder),
-        "env": _load(folder / "env.json"),
-        "pytest_cuda": _pytest_line(folder),
-        "decode": _load(folder / "decode.json"),
-        "sharegpt_continuous": _run_summary(folder / "sharegpt_h200.json"),
-        "sharegpt_static": _run_summary(folder / "sharegpt_h200_static.json"),
-    }
-    c, s = summary["sharegpt_continuous"], summary["sharegpt_static"]
-    if c and s and c.get("output_throughput") and s.get("output_throughput"):
-        summary["continuous_over_static_output_throughput"] = (
-            c["output_throughput"] / s["output_throughput"]
-        )
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    from gpu_check_summary import summarize_folder
 
-    md = ["# GPU check summary", ""]
-    env = summary["env"] or {}
-    if env:
-        md.append(
-            "Environment: "
-            + ", ".join(f"{k} {v}" for k, v in env.items() if not isinstance(v, (dict, list)))
-        )
-        md.append("")
-    md += ["| step | rc | seconds | limit | note |", "|---|---|---|---|---|"]
-    md += [
-        f"| {r['step']} | {r['rc']} | {r['seconds']} | {r['limit_s']} | {r['note']} |"
-        for r in summary["steps"]
-    ]
-    md += ["", f"pytest -m cuda: {summary['pytest_cuda'] or 'no log'}", ""]
-    dec = summary["decode"]
-    if isinstance(dec, dict) and dec.get("rows"):
-        md += ["## Decode step", "", decode_markdown(dec)]
-    elif isinstance(dec, dict):
-        md += ["## Decode step", "", f"no rows: {dec.get('fatal') or dec.get('errors')}", ""]
-    md += [
-        "## ShareGPT runs (cbbench run --engine torch)",
-        "",
-        "| run | completed / failed | duration s | out tok/s | req/s | TTFT p50 / p99 ms | "
-        "TPOT p50 / p99 ms | iterations | decode MBU | interrupted |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, r in (("continuous", c), ("static", s)):
-        if not r:
-            md.append(f"| {name} | no result | | | | | | | | |")
-            continue
-        t, p = r["ttft_ms"] or {}, r["tpot_ms"] or {}
-        md.append(
-            f"| {name} | {r['completed']} / {r['failed']} | {_f(r['duration_s'])} | "
-            f"{_f(r['output_throughput'], '{:.0f}')} | {_f(r['request_throughput'], '{:.2f}')} | "
-            f"{_f(t.get('p50'))} / {_f(t.get('p99'))} | {_f(p.get('p50'), '{:.2f}')} / "
-            f"{_f(p.get('p99'), '{:.2f}')} | {_f(r['num_iterations'], '{}')} | "
-            f"{_f(r['decode_mbu'], '{:.1%}')} | {r['interrupted']} |"
-        )
-    md += [
-        "",
-        "## GPU telemetry (NVML) vs analytic MBU",
-        "",
-        "| run | telemetry | metric | samples | measured DRAM BW util mean / p90 (steady) | "
-        "analytic MBU / decode MBU |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, r in (("continuous", c), ("static", s)):
-        tel = (r or {}).get("telemetry") or {}
-        md.append(
-            f"| {name} | {tel.get('available')} {tel.get('reason') or ''} | {tel.get('metric')} | "
-            f"{tel.get('num_samples')} | {_f(tel.get('steady_dram_bw_util_pct_mean'))}% / "
-            f"{_f(tel.get('steady_dram_bw_util_pct_p90'))}% | "
-            f"{_f((r or {}).get('mbu'), '{:.1%}')} / {_f((r or {}).get('decode_mbu'), '{:.1%}')} |"
-        )
-    if "continuous_over_static_output_throughput" in summary:
-        md += [
-            "",
-            "Continuous / static output throughput: "
-            f"{summary['continuous_over_static_output_throughput']:.2f}x",
-        ]
-    (folder / "summary.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    summarize_folder(args.folder)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="GPU measurements for tests/gpu_check.sh")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    d = sub.add_parser("decode", help="decode step time and MBU per batch size")
+    d = sub.add_parser("decode", help="decode step time, floor and MBU per batch size")
     d.add_argument("--device", default="cuda")
     d.add_argument("--model", default="llama-3-8b")
     d.add_argument("--dtype", default="bf16")
     d.add_argument("--attention-backend", default="auto")
+    d.add_argument("--fused", choices=("both", "on", "off"), default="both",
+                   help="layer kernels to time: fused, unfused, or both side by side")
     d.add_argument(
         "--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256]
     )
@@ -622,31 +505,37 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--warmup", type=int, default=3)
     d.add_argument("--block-size", type=int, default=16)
     d.add_argument(
-        "--max-model-len",
-        type=int,
-        default=None,
+        "--max-model-len", type=int, default=None,
         help="default: the model's (as cbbench run; sizes graph block tables)",
-    )
+    )  # fmt: skip
     d.add_argument("--max-num-seqs", type=int, default=256, help="CUDA graph ladder cap")
     d.add_argument("--no-graphs", action="store_true")
+    d.add_argument("--no-torch-backend-rows", dest="torch_backend_rows", action="store_false")
+    d.add_argument("--torch-backend-max-batch", type=int, default=16)
+    d.add_argument("--agree-model", default=None, help="backends_agree's model (default --model)")
     d.add_argument("--peak-bw", type=float, default=None, help="B/s; default: the GPU's spec")
     d.add_argument(
-        "--dry-run",
-        action="store_true",
+        "--dry-run", action="store_true",
         help="batch 1 and 4, context <= 40, 3 steps: a smoke test (CPU, tiny)",
-    )
+    )  # fmt: skip
     d.add_argument("--out", type=Path, required=True)
     d.set_defaults(func=cmd_decode)
-    e = sub.add_parser("env", help="importable modules and versions (no cbbench needed)")
+    e = sub.add_parser("env", help="importable modules, compiler, Python.h (no cbbench needed)")
     e.add_argument("--out", type=Path, default=None)
     e.set_defaults(func=cmd_env)
-    r = sub.add_parser("run", help="cbbench run's engine path without typer (a fallback)")
+    p = sub.add_parser("probe-triton", help="launch one Triton kernel; exit 1 if it fails")
+    p.add_argument("--device", default="cuda")
+    p.set_defaults(func=cmd_probe_triton)
+    r = sub.add_parser("run", help="cbbench run's engine path without the CLI (a fallback)")
     r.add_argument("--workload", default="sharegpt")
     r.add_argument("--engine", default="torch")
     r.add_argument("--device", default=None)
     r.add_argument("--model", default=None)
     r.add_argument("--num-requests", type=int, default=1000)
     r.add_argument("--scheduler", default="continuous")
+    r.add_argument("--attention-backend", default="auto")
+    r.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
+    r.add_argument("--fused-kernels", default="auto")
     r.add_argument("--label", default=None)
     r.add_argument("--output", type=Path, required=True)
     r.set_defaults(func=cmd_run)

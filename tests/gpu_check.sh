@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
-# One-shot GPU check for a machine with one H200 (or any CUDA GPU): under 8 minutes in all.
+# One-shot GPU check for a machine with one H200 (or any CUDA GPU): under 9 minutes in all.
 #
 #   bash tests/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else results/gpu/check-<time>
 #
 # Steps (each under `timeout`, each one's exit code and time recorded in OUT_DIR/steps.tsv; a
 # failing step never stops the ones after it; caps in seconds, all clipped so the whole script
-# ends within GPU_CHECK_TOTAL_S = 465 s; expected on an H200: ~6 minutes):
-#   nvidia_smi, env (60)  nvidia-smi; python and what is importable, with versions (bench_gpu.py
-#              env, standard library only) -> env.json, env.log
-#   install (90)  pip install --no-deps --no-build-isolation --no-index -e .  (never downloads;
+# ends within GPU_CHECK_TOTAL_S = 540 s):
+#   nvidia_smi, env (45)  nvidia-smi; python, every dependency module (missing ones listed with
+#              who imports them), `cc --version` and whether Python.h is found -> env.json
+#   install (60)  pip install --no-deps --no-build-isolation --no-index -e .  (never downloads;
 #              falls back to a PYTHONPATH view of the package if pip cannot install)
-#   pytest (110)  pytest -m cuda -q (kernels, model runner on CUDA) -> pytest_cuda.log / .xml
-#   decode (100)  tests/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
-#              batch 1/16/64/256, context 512, with and without CUDA graphs, MBU -> decode.json/.md
-#   sharegpt (130)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
+#   import, import_cli  cbbench's engine imports; the CLI (cbbench.cli.app) imports, else the
+#              ShareGPT steps go through tests/bench_gpu.py run
+#   triton_probe (60)  one Triton kernel launch (Triton builds a C launcher on its first launch).
+#              If it fails, every later step runs with --attention-backend torch
+#              --no-cuda-graphs --fused-kernels off, and the summary says so in one line.
+#   pytest (150)  pytest -m cuda on the CUDA test files only -> pytest_cuda.log / .xml
+#   decode (150)  tests/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
+#              batch 1/16/64/256, context 512, with and without CUDA graphs, fused and unfused
+#              layer kernels side by side, torch-backend rows, floor and MBU, every backend vs
+#              reference -> decode.json/.md
+#   sharegpt (100)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
 #              --num-requests 1000 -> sharegpt_h200.json
-#   static (150)  the same with --scheduler static -> sharegpt_h200_static.json
+#   static (110)  the same with --scheduler static -> sharegpt_h200_static.json
 #   summary (20)  tests/bench_gpu.py summarize -> summary.json, summary.md
 #
 # A run stopped by its timeout gets SIGTERM first: `cbbench run` then stops dispatching, lets
 # in-flight requests finish for a few seconds and still writes its result (interrupted: true).
 #
-# Knobs (environment): PYTHON (interpreter), GPU_CHECK_TOTAL_S (whole budget, default 465),
+# Knobs (environment): PYTHON (interpreter), GPU_CHECK_TOTAL_S (whole budget, default 540),
 # GPU_CHECK_SKIP_INSTALL=1, GPU_CHECK_MODEL (default llama-3-8b), GPU_CHECK_DEVICE (cuda),
 # GPU_CHECK_NUM_REQUESTS (1000), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
 # GPU_CHECK_PYTEST_ARGS (replaces "-m cuda"), GPU_CHECK_FORCE_SHADOW=1 (test the no-install
-# fallback). A CPU smoke test of the flow itself:
+# fallback), GPU_CHECK_FORCE_TRITON_FAIL=1 (act as if the Triton probe failed),
+# GPU_CHECK_CAP_SCALE (multiplies every step's cap; for the smoke test on a shared CPU). The CPU smoke
+# test of the flow itself (tests/test_gpu_check.py runs it in CI):
 #   GPU_CHECK_SKIP_INSTALL=1 GPU_CHECK_DEVICE=cpu GPU_CHECK_MODEL=tiny GPU_CHECK_NUM_REQUESTS=8 \
 #     GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu_check.sh /tmp/gpu-check-cpu
 set -u
@@ -38,12 +47,13 @@ OUT_DIR="${1:-${OUT:-$REPO/results/gpu/check-$(date -u +%Y%m%d-%H%M%S)}}"
 mkdir -p "$OUT_DIR" || { echo "cannot create $OUT_DIR" >&2; exit 2; }
 OUT_DIR="$(cd "$OUT_DIR" && pwd)"
 
-TOTAL_S="${GPU_CHECK_TOTAL_S:-465}"
+TOTAL_S="${GPU_CHECK_TOTAL_S:-540}"
 MODEL="${GPU_CHECK_MODEL:-llama-3-8b}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
 NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-1000}"
 DECODE_ARGS="${GPU_CHECK_DECODE_ARGS:-}"
 PYTEST_ARGS="${GPU_CHECK_PYTEST_ARGS:--m cuda}"
+CAP_SCALE="${GPU_CHECK_CAP_SCALE:-1}"  # multiplies every step's cap (a slow, shared CPU)
 RESERVE_S=25      # kept back for the summary and for timeout's kill grace
 KILL_GRACE_S=15   # after SIGTERM, SIGKILL this much later
 START_S=$(date +%s)
@@ -76,7 +86,7 @@ run_step() {
     local now left limit t0 rc
     now=$(date +%s)
     left=$((DEADLINE_S - now - RESERVE_S - KILL_GRACE_S))
-    limit=$cap
+    limit=$((cap * CAP_SCALE))
     [ "$left" -lt "$limit" ] && limit=$left
     if [ "$limit" -lt 5 ]; then
         log "SKIP $name: out of time budget"
@@ -108,7 +118,7 @@ else
 fi
 log "python: $(command -v "$PY") ($("$PY" --version 2>&1))"
 # bench_gpu.py env imports only the standard library before probing (cbbench is not needed).
-run_step env 60 "versions and importable modules -> env.json" -- \
+run_step env 45 "modules, missing dependencies, cc, Python.h -> env.json" -- \
     "$PY" tests/bench_gpu.py env --out "$OUT_DIR/env.json"
 
 # ---- install (no downloads) -------------------------------------------------------------------
@@ -143,27 +153,49 @@ if [ "${GPU_CHECK_SKIP_INSTALL:-0}" = "1" ]; then
 else
     PIP=("$PY" -m pip install --no-deps --no-build-isolation --no-index
          --disable-pip-version-check -e .)
-    if ! run_step install 90 "pip install --no-deps -e . (no index, no build isolation)" -- "${PIP[@]}"; then
+    if ! run_step install 60 "pip install --no-deps -e . (no index, no build isolation)" -- "${PIP[@]}"; then
         if grep -qi "externally.managed" "$OUT_DIR/install.log" 2>/dev/null; then
-            run_step install_bsp 90 "retry with --break-system-packages" -- \
+            run_step install_bsp 60 "retry with --break-system-packages" -- \
                 "${PIP[@]}" --break-system-packages
         fi
     fi
 fi
 if [ "${GPU_CHECK_FORCE_SHADOW:-0}" = "1" ] \
-        || ! run_step import 60 "import cbbench" -- "$PY" -c "$IMPORT_CODE"; then
+        || ! run_step import 30 "import cbbench" -- "$PY" -c "$IMPORT_CODE"; then
     log "cbbench does not import: falling back to a PYTHONPATH view of the source tree"
     make_shadow
-    run_step import_fallback 60 "PYTHONPATH view of the source (not installed)" -- \
+    run_step import_fallback 30 "PYTHONPATH view of the source (not installed)" -- \
         "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -c "$IMPORT_CODE"
 fi
 
-# ---- pytest -m cuda -----------------------------------------------------------------------------
+# ---- one Triton launch first: everything after falls back if it cannot launch ----------------------
+FALLBACK_RUN=()
+FALLBACK_DECODE=()
+fall_back() {  # fall_back REASON: every later step runs without Triton and CUDA graphs
+    FALLBACK_RUN=(--attention-backend torch --no-cuda-graphs --fused-kernels off)
+    FALLBACK_DECODE=(--attention-backend torch --no-graphs --fused off --no-torch-backend-rows)
+    printf 'Triton could not launch (%s): every later step ran with --attention-backend torch --no-cuda-graphs --fused-kernels off\n' \
+        "$(printf '%s' "$1" | tr '\n' ' ')" >> "$OUT_DIR/fallbacks.txt"
+    log "FALLBACK: $1"
+}
+if [ "${GPU_CHECK_FORCE_TRITON_FAIL:-0}" = "1" ]; then
+    record triton_probe forced "GPU_CHECK_FORCE_TRITON_FAIL=1"
+    fall_back "forced by GPU_CHECK_FORCE_TRITON_FAIL=1"
+elif [ "$DEVICE" != "cuda" ]; then
+    record triton_probe skipped "device $DEVICE: Triton is not used"
+elif ! run_step triton_probe 60 "one Triton kernel launch" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
+        tests/bench_gpu.py probe-triton --device "$DEVICE"; then
+    fall_back "$(grep -m1 'FAILED' "$OUT_DIR/triton_probe.log" | sed 's/^triton launch FAILED: //' | cut -c1-300)"
+fi
+
+# ---- pytest -m cuda, the CUDA test files only ---------------------------------------------------
+CUDA_TESTS=()
+for f in tests/test_*.py; do grep -q "pytest.mark.cuda" "$f" && CUDA_TESTS+=("$f"); done
 if have_module pytest; then
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-    run_step pytest_cuda 110 "pytest $PYTEST_ARGS -q" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -m pytest \
-        $PYTEST_ARGS -q -rs -p no:cacheprovider --continue-on-collection-errors \
-        --junitxml="$OUT_DIR/pytest_cuda.xml" tests
+    run_step pytest_cuda 150 "pytest $PYTEST_ARGS ${CUDA_TESTS[*]}" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -m pytest \
+        $PYTEST_ARGS -q -rs -p no:cacheprovider --junitxml="$OUT_DIR/pytest_cuda.xml" \
+        "${CUDA_TESTS[@]}"
 else
     record pytest_cuda skipped "pytest is not importable"
     echo "pytest is not importable: CUDA tests not run" > "$OUT_DIR/pytest_cuda.log"
@@ -171,22 +203,25 @@ fi
 
 # ---- decode microbenchmark ------------------------------------------------------------------------
 # shellcheck disable=SC2086
-run_step decode 100 "decode step time / MBU, $MODEL" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
-    tests/bench_gpu.py decode --device "$DEVICE" --model "$MODEL" --out "$OUT_DIR" $DECODE_ARGS
+run_step decode 150 "decode step time / floor / MBU, fused and unfused, $MODEL" -- \
+    "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/bench_gpu.py decode --device "$DEVICE" \
+    --model "$MODEL" --out "$OUT_DIR" "${FALLBACK_DECODE[@]+"${FALLBACK_DECODE[@]}"}" $DECODE_ARGS
 
 # ---- ShareGPT through cbbench run ---------------------------------------------------------------
 CB_MAIN='import sys; sys.argv[0] = "cbbench"; from cbbench.cli.app import main; sys.exit(main())'
 CB_RUN=(run --workload sharegpt --engine torch --device "$DEVICE" --model "$MODEL"
-        --num-requests "$NUM_REQUESTS")
-if have_module typer; then
+        --num-requests "$NUM_REQUESTS" "${FALLBACK_RUN[@]+"${FALLBACK_RUN[@]}"}")
+# The CLI itself must import (a --no-deps install can leave typer importable and tabulate not).
+if run_step import_cli 30 "import cbbench.cli.app" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
+        -c "import cbbench.cli.app"; then
     CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -c "$CB_MAIN")
 else
-    log "typer is not importable: running cbbench's runner through tests/bench_gpu.py run"
+    log "cbbench.cli.app does not import: running cbbench's runner through tests/bench_gpu.py run"
     CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/bench_gpu.py)
 fi
-run_step sharegpt 130 "continuous, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
+run_step sharegpt 100 "continuous, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
     --label continuous --output "$OUT_DIR/sharegpt_h200.json"
-run_step sharegpt_static 150 "static, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
+run_step sharegpt_static 110 "static, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
     --scheduler static --label static --output "$OUT_DIR/sharegpt_h200_static.json"
 
 # ---- summary --------------------------------------------------------------------------------------

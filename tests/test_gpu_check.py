@@ -1,0 +1,165 @@
+"""The prepared GPU check (tests/gpu_check.sh) on the CPU, so it cannot rot between GPU loans,
+and the decode floor it reports, by hand.
+
+The smoke run forces the Triton-probe failure path: every later step then gets the fallback
+flags (on a CPU they are also the defaults, so the run is the same one a normal smoke run
+makes), and the summary must say so in one line. Fields that need a GPU are null.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(TESTS))
+
+import bench_gpu  # noqa: E402
+from gpu_check_summary import build_summary  # noqa: E402
+
+from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402
+
+H200_BW = 4.8e12
+HEADLINE_FIELDS = (
+    "decode_step_ms",
+    "decode_floor_ms",
+    "mbu",
+    "sim_error",
+    "kernel_compilations_during_run",
+    "fallbacks",
+    "backends_agree",
+)
+
+
+def test_llama3_8b_bf16_decode_floor_on_h200_is_3_13_ms():
+    """Decode reads every weight except the input embedding table, of which it gathers only
+    the batch's rows: 16.06 GB of weights, 15.01 GB read at batch 1."""
+    cfg = MODEL_PRESETS["llama-3-8b"]
+    per_layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+    table = 128256 * 4096
+    all_params = 32 * per_layer + table + table + 4096  # + embedding, lm_head, final norm
+    assert all_params * 2 == cfg.weight_bytes("bf16") == 16_060_522_496
+    read = (all_params - table) * 2
+    assert read == bench_gpu.decode_weight_bytes(cfg, "bf16") == 15_009_849_344
+    assert round(read / H200_BW * 1000, 2) == 3.13
+    # A batch-1 step at context 0 also reads one embedding row and one token of KV.
+    step_bytes = read + 4096 * 2 + 131_072
+    assert bench_gpu.decode_read_bytes(cfg, "bf16", 1, 0) == step_bytes
+    assert bench_gpu.decode_floor_ms(cfg, "bf16", 1, 0, H200_BW) == pytest.approx(
+        step_bytes / H200_BW * 1000, rel=1e-12
+    )
+    # 256 rows at context 512: 256 embedding rows and 256 x 513 tokens of KV on top.
+    big = read + 256 * 4096 * 2 + 256 * 513 * 131_072
+    assert bench_gpu.decode_read_bytes(cfg, "bf16", 256, 512) == big
+
+
+def test_tied_embedding_is_read_whole():
+    """A tied table is also the LM head: decode reads all of it."""
+    cfg = MODEL_PRESETS["llama-3.2-1b"]
+    assert cfg.tie_word_embeddings
+    assert bench_gpu.decode_weight_bytes(cfg, "bf16") == cfg.weight_bytes("bf16")
+
+
+def test_summary_takes_the_gpu_fields_from_a_cuda_decode_run(tmp_path):
+    """The summarizer's mapping, on a decode.json shaped as a GPU run writes it."""
+
+    def row(bs, graphs, fused, role="main", backend="triton", ms=4.0):
+        return {"batch_size": bs, "graphs": graphs, "fused": fused, "role": role,
+                "attention_backend": backend, "step_ms": {"mean": ms}, "floor_ms": 3.13,
+                "mbu": 3.13 / ms}  # fmt: skip
+
+    rows = [row(1, g, f, ms=4.0 + g + 2 * (not f)) for g in (False, True) for f in (True, False)]
+    rows.append(row(1, False, False, role="torch_backend", backend="torch", ms=9.0))
+    decode = {"device": "cuda", "rows": rows, "graph_fallbacks": [],
+              "backends_agree": {"max_abs_diff": {"reference": 0.0, "torch": 0.01}, "why": {}}}  # fmt: skip
+    (tmp_path / "decode.json").write_text(json.dumps(decode))
+    (tmp_path / "fallbacks.txt").write_text("Triton could not launch (x): ...\n")
+    s = build_summary(tmp_path)
+    assert s["decode_step_ms"] == {"eager": {"1": 4.0}, "graphs": {"1": 5.0}}
+    assert s["decode_step_ms_unfused"] == {"eager": {"1": 6.0}, "graphs": {"1": 7.0}}
+    assert s["decode_step_ms_torch_backend"] == {"1": 9.0}
+    assert s["decode_floor_ms"] == {"1": 3.13}
+    assert s["mbu"]["graphs"]["1"] == pytest.approx(3.13 / 5.0)
+    assert s["backends_agree"] == {"reference": 0.0, "torch": 0.01}
+    assert s["fallbacks"] == ["Triton could not launch (x): ..."]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-check-cpu")
+    # As run by hand: conftest's TRITON_INTERPRET (set for the in-process tests) stays out.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {
+        "PYTHON": sys.executable,
+        "GPU_CHECK_SKIP_INSTALL": "1",
+        "GPU_CHECK_DEVICE": "cpu",
+        "GPU_CHECK_MODEL": "tiny",
+        "GPU_CHECK_NUM_REQUESTS": "4",
+        "GPU_CHECK_DECODE_ARGS": "--dry-run --dtype fp32",
+        "GPU_CHECK_FORCE_TRITON_FAIL": "1",
+        # A shared 2-core CI machine is far slower than the GPU host the caps are set for.
+        "GPU_CHECK_CAP_SCALE": "6",
+        "GPU_CHECK_TOTAL_S": "1800",
+    }
+    proc = subprocess.run(
+        ["bash", str(TESTS / "gpu_check.sh"), str(out)],
+        env=env, capture_output=True, text=True, timeout=1900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_smoke_every_step_ran(smoke):
+    steps = {}
+    for line in (smoke / "steps.tsv").read_text().splitlines()[1:]:
+        name, rc, *_ = line.split("\t")
+        steps[name] = rc
+    expected_skips = {"nvidia_smi": "missing", "install": "skipped", "triton_probe": "forced"}
+    for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt",
+                 "sharegpt_static", "summary"):  # fmt: skip
+        assert steps.get(name) == "0", (name, steps)
+    for name, rc in expected_skips.items():
+        assert steps.get(name) == rc, (name, steps)
+
+
+def test_smoke_summary_has_every_field(smoke):
+    s = json.loads((smoke / "summary.json").read_text())
+    for field in HEADLINE_FIELDS:
+        assert field in s, field
+    # Null where a GPU is needed.
+    assert s["decode_device"] == "cpu"
+    for mode in ("eager", "graphs"):
+        assert set(s["decode_step_ms"][mode]) == {"1", "4"}
+        assert all(v is None for v in s["decode_step_ms"][mode].values())
+        assert all(v is None for v in s["mbu"][mode].values())
+    assert all(v is None for v in s["decode_floor_ms"].values())
+    assert set(s["sim_error"]) == {"continuous", "static"}
+    # Measured here: nothing compiles on the torch backend; torch agrees with the reference.
+    assert s["kernel_compilations_during_run"] == {"continuous": 0, "static": 0}
+    assert s["backends_agree"]["reference"] == 0.0
+    assert s["backends_agree"]["torch"] < 1e-4
+    assert s["backends_agree"]["triton"] is None and s["backends_agree_why_not"]["triton"]
+    # The forced probe failure: one line, and the runs really took the fallback flags.
+    assert len(s["fallbacks"]) == 1 and "\n" not in s["fallbacks"][0]
+    assert s["fallbacks"][0].startswith("Triton could not launch (forced")
+    for run in ("sharegpt_continuous", "sharegpt_static"):
+        r = s[run]
+        assert r["completed"] == 4 and r["failed"] == 0
+        assert r["attention_backend"] == "torch" and r["fused_kernels"] is False
+        assert r["cuda_graphs"] is False and r["cuda_graphs_effective"] is False
+    assert "Fallbacks: Triton could not launch" in (smoke / "summary.md").read_text()
+
+
+def test_smoke_env_lists_compiler_headers_and_missing_modules(smoke):
+    env = json.loads((smoke / "env.json").read_text())
+    assert set(env["c_compiler"]) >= {"chosen", "version"}
+    assert isinstance(env["python_h"]["found"], bool)
+    missing = {m for m, v in env["modules"].items() if v.startswith("MISSING")}
+    assert set(env["missing_modules"]) == missing
+    assert "flash_attn" in missing  # never installable here; imported by the flash backend
+    assert "kernels/flash_attn_backend.py" in env["missing_modules"]["flash_attn"]["imported_by"]
