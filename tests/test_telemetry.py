@@ -125,6 +125,17 @@ class FakeNvml:
             raise FakeNVMLError("Not Supported", self.NVML_ERROR_NOT_SUPPORTED)
         return POWER_MW
 
+    # Handles by PCI bus id and by UUID: this fake host's GPUs, in NVML's (PCI) order.
+    BUS_IDS = ("00000000:19:00.0", "00000000:3B:00.0", "00000000:5D:00.0", "00000000:9A:00.0")
+
+    def nvmlDeviceGetHandleByPciBusId_v2(self, bus_id: str) -> SimpleNamespace:
+        if bus_id not in self.BUS_IDS:
+            raise FakeNVMLError("Not Found", 6)
+        return SimpleNamespace(index=self.BUS_IDS.index(bus_id))
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> SimpleNamespace:
+        return SimpleNamespace(index=int(uuid.rsplit("-", 1)[1]))
+
     # GPM
     def nvmlGpmQueryDeviceSupport(self, handle: SimpleNamespace) -> SimpleNamespace:
         return SimpleNamespace(version=1, isSupportedDevice=int(self.gpm))
@@ -181,7 +192,7 @@ def run_sampler(nvml: FakeNvml, n: int = 6, **kwargs) -> dict:
 def assert_shape(result: dict) -> None:
     assert set(result) == {
         "available", "reason", "error", "source", "metric",
-        "gpu_indices", "interval_s", "samples", "summary",
+        "gpu_indices", "index_kind", "interval_s", "samples", "summary",
     }  # fmt: skip
     assert result["source"] == "nvml"
     for s in result["samples"]:
@@ -492,3 +503,45 @@ def test_real_pynvml_never_raises():
         assert result["reason"]
     else:
         assert result["metric"] in (METRIC_GPM, METRIC_MC_BUSY)
+
+
+# (h) which GPU: the engine's CUDA device, whatever CUDA_VISIBLE_DEVICES says
+def _sampled_nvml_index(**kwargs) -> int:
+    nvml = FakeNvml(gpm=False)
+    with TelemetrySampler([0], interval_s=FAST_S, nvml=nvml, **kwargs) as sampler:
+        wait_for_samples(sampler, 1)
+    result = sampler.to_result()
+    assert result["available"], result["reason"]
+    # The fake reports memory used = MEM_USED + the NVML index of the handle it was given.
+    return int(result["samples"][0]["memory_used_bytes"] - MEM_USED)
+
+
+def test_cuda_device_maps_to_its_nvml_handle_by_pci_bus_id(monkeypatch):
+    """CUDA_VISIBLE_DEVICES=2: the process's cuda:0 is NVML's GPU 2 (at bus 5D), not GPU 0."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    bus = {0: "00000000:5D:00.0"}  # what torch reports for cuda:0
+    assert _sampled_nvml_index(index_kind="cuda", pci_bus_id_of=bus.get) == 2
+    assert _sampled_nvml_index(index_kind="nvml") == 0  # NVML's own numbering, as asked
+
+
+def test_without_torch_cuda_visible_devices_is_honoured(monkeypatch):
+    no_torch = lambda i: None  # noqa: E731 - torch not loaded (or no CUDA): the env decides
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert _sampled_nvml_index(index_kind="cuda", pci_bus_id_of=no_torch) == 3
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-fake-1")
+    assert _sampled_nvml_index(index_kind="cuda", pci_bus_id_of=no_torch) == 1
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _sampled_nvml_index(index_kind="cuda", pci_bus_id_of=no_torch) == 0
+
+
+def test_invisible_cuda_device_is_a_reason_not_a_crash(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with TelemetrySampler([0], nvml=FakeNvml(), index_kind="cuda",
+                          pci_bus_id_of=lambda i: None) as sampler:  # fmt: skip
+        pass
+    result = sampler.to_result()
+    assert result["available"] is False and "not visible" in result["reason"]
+
+
+def test_torch_pci_bus_id_is_none_without_cuda():
+    assert telemetry.torch_pci_bus_id(0) is None  # this machine's torch has no CUDA device

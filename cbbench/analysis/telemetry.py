@@ -13,11 +13,19 @@ An NVML error mid-run stops sampling, keeps what was sampled, and is recorded in
 
 NVML is reached through nvidia-ml-py (imported as `pynvml`), imported only when sampling
 starts; tests inject a fake module object instead.
+
+Which GPU: NVML numbers every GPU of the host, while a process's CUDA device 0 is whatever
+CUDA_VISIBLE_DEVICES (and CUDA's device order) made it. With ``index_kind="cuda"`` the indices
+are the process's CUDA ordinals, mapped to NVML handles by PCI bus id (torch reports each
+device's), or, without torch's view, through CUDA_VISIBLE_DEVICES (an index, or a GPU/MIG
+UUID); ``"nvml"`` indices are NVML's own (nvidia-smi's).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import threading
 import time
 from collections import deque
@@ -52,6 +60,8 @@ RULE_MIDDLE = "middle 80% of the sampled time span"
 RULE_NO_SAMPLES = "no samples"
 SIMULATED_GPU_REASON = "simulated GPU: nothing to sample"
 NOT_STARTED_REASON = "telemetry sampler was not started"
+
+INDEX_KINDS = ("nvml", "cuda")
 
 QUANTITIES = (
     "dram_bw_util_pct",
@@ -141,6 +151,7 @@ def _section(
     interval_s: float,
     samples: Sequence[TelemetrySample],
     window: tuple[float, float] | None,
+    index_kind: str | None = None,
 ) -> dict[str, Any]:
     return {
         "available": available,
@@ -149,6 +160,7 @@ def _section(
         "source": SOURCE,
         "metric": metric,
         "gpu_indices": [int(i) for i in gpu_indices],
+        "index_kind": index_kind,  # gpu_indices are NVML's ("nvml") or CUDA ordinals ("cuda")
         "interval_s": float(interval_s),
         "samples": [asdict(s) for s in samples],
         "summary": summarize(samples, window),
@@ -251,6 +263,33 @@ class _GpmRing:
         self._held.clear()
 
 
+def torch_pci_bus_id(cuda_index: int) -> str | None:
+    """The PCI bus id of this process's CUDA device ``cuda_index`` in NVML's form
+    ("00000000:3B:00.0"), from torch (CUDA_VISIBLE_DEVICES and the device order applied), or
+    None when torch is not loaded or has no such CUDA device. Never imports torch itself."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is None or not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(cuda_index)
+        return f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0"
+    except Exception:  # noqa: BLE001 - an old torch without the fields, a bad index
+        return None
+
+
+def visible_device(cuda_index: int, env: dict | None = None) -> int | str:
+    """CUDA_VISIBLE_DEVICES' entry for ``cuda_index``: an NVML index (int) or a UUID (str);
+    ``cuda_index`` itself when the variable is unset."""
+    value = (os.environ if env is None else env).get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return cuda_index
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    if cuda_index >= len(entries):
+        raise ValueError(f"CUDA device {cuda_index} is not visible (CUDA_VISIBLE_DEVICES={value})")
+    entry = entries[cuda_index]
+    return int(entry) if entry.isdigit() else entry
+
+
 @dataclass
 class _Device:
     index: int
@@ -277,7 +316,13 @@ class TelemetrySampler:
         interval_s: float = DEFAULT_INTERVAL_S,
         clock: Callable[[], float] | None = None,
         nvml: Any = None,
+        index_kind: str = "nvml",
+        pci_bus_id_of: Callable[[int], str | None] = torch_pci_bus_id,
     ) -> None:
+        if index_kind not in INDEX_KINDS:
+            raise ValueError(f"index_kind must be one of {INDEX_KINDS}, got {index_kind!r}")
+        self.index_kind = index_kind
+        self._pci_bus_id_of = pci_bus_id_of
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, got {interval_s}")
         if len(set(gpu_indices)) != len(gpu_indices):
@@ -358,6 +403,7 @@ class TelemetrySampler:
             interval_s=self.interval_s,
             samples=samples,
             window=window,
+            index_kind=self.index_kind,
         )
 
     # -- set-up and tear-down ----------------------------------------------------------------
@@ -395,7 +441,7 @@ class TelemetrySampler:
         """Get the handle and find which quantities this GPU reports, so the sampling loop
         skips the unsupported ones instead of treating them as errors."""
         nvml = self._nvml
-        dev = _Device(index=gpu, handle=nvml.nvmlDeviceGetHandleByIndex(gpu))
+        dev = _Device(index=gpu, handle=self._handle(gpu))
         h = dev.handle
         dev.has_memory = self._supported(lambda: nvml.nvmlDeviceGetMemoryInfo(h))
         dev.has_sm_clock = self._supported(
@@ -407,6 +453,21 @@ class TelemetrySampler:
         dev.has_power = self._supported(lambda: nvml.nvmlDeviceGetPowerUsage(h))
         dev.has_utilization = self._supported(lambda: nvml.nvmlDeviceGetUtilizationRates(h))
         return dev
+
+    def _handle(self, gpu: int) -> Any:
+        """The NVML handle of ``gpu`` (an NVML index, or a CUDA ordinal of this process)."""
+        nvml = self._nvml
+        if self.index_kind == "nvml":
+            return nvml.nvmlDeviceGetHandleByIndex(gpu)
+        bus_id = self._pci_bus_id_of(gpu)
+        if bus_id is not None:
+            get = getattr(nvml, "nvmlDeviceGetHandleByPciBusId_v2", None)
+            get = get or nvml.nvmlDeviceGetHandleByPciBusId
+            return get(bus_id)
+        entry = visible_device(gpu)
+        if isinstance(entry, str):
+            return nvml.nvmlDeviceGetHandleByUUID(entry)
+        return nvml.nvmlDeviceGetHandleByIndex(entry)
 
     def _supported(self, read: Callable[[], object]) -> bool:
         """False if NVML says "Not Supported"; any other NVML error propagates."""

@@ -257,7 +257,12 @@ def execute_run(
         nonlocal sampler
         if indices is None:
             return
-        sampler = TelemetrySampler(indices, spec.telemetry_interval_s, clock=clock.now)
+        # The engine's own device is a CUDA ordinal of this process (CUDA_VISIBLE_DEVICES
+        # applied): mapped to its NVML handle by PCI bus id. --gpu-index is NVML's numbering.
+        kind = "cuda" if spec.endpoint is None and spec.gpu_index is None else "nvml"
+        sampler = TelemetrySampler(
+            indices, spec.telemetry_interval_s, clock=clock.now, index_kind=kind
+        )
         sampler.start()
 
     try:
