@@ -257,9 +257,11 @@ class ModelRunner:
         shapes = [
             ([num_tokens], None),  # prefill
             ([1], max_len),  # decode, one long sequence: the split-K path
-            ([1] * self.max_num_seqs, None),  # decode, a full batch: the one-pass path
+            ([1], None),  # decode, short: the one-pass path
             ([1] * decodes + [max(2, num_tokens // 2)], None),  # mixed
         ]
+        if self.device.type == "cuda":  # the allocator's and cuBLAS's largest decode shape
+            shapes.append(([1] * self.max_num_seqs, None))
         greedy = SamplingParams()
         sampling = (
             greedy,
