@@ -47,3 +47,103 @@ def test_huge_top_k_on_the_torch_server(client, stream):
     r = client.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
     assert_still_serving(client)
+
+
+# ---- memory: rejected requests leave nothing behind --------------------------------------------
+REJECTED_REQUESTS = 40
+PROMPT_WORDS = 110_000  # ~0.9 MB of body: under the body cap, far beyond the 128-token context
+# The stated bound: RSS may grow by at most this much over REJECTED_REQUESTS rejected requests
+# (each held ~1-3 MB for the server's life before the fix: 40-120 MB in all).
+REJECTED_RSS_BOUND_BYTES = 24 * 1024**2
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_rejected_oversized_requests_leave_memory_bounded(torch_server, client):
+    if not hasattr(__import__("os"), "sched_getaffinity"):
+        pytest.skip("needs /proc")
+    pid = torch_server.proc.pid
+
+    def send(i: int) -> None:
+        prompt = f"{i} " + " ".join(f"x{j}" for j in range(PROMPT_WORDS))
+        r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 4})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "request_rejected", r.text
+
+    for i in range(3):  # warm-up: the allocator's arenas, the word cache
+        send(i)
+    before = rss_bytes(pid)
+    for i in range(REJECTED_REQUESTS):
+        send(100 + i)
+    grown = rss_bytes(pid) - before
+    assert grown < REJECTED_RSS_BOUND_BYTES, f"RSS grew {grown / 2**20:.0f} MiB"
+    assert_still_serving(client)
+
+
+def _raw_request(url: str, head: bytes, body_chunks, timeout_s: float = 10.0) -> bytes:
+    """Send ``head`` then each chunk until the server answers or hangs up; returns the start
+    of what it sent back."""
+    import select
+    import socket
+    from urllib.parse import urlsplit
+
+    u = urlsplit(url)
+    with socket.create_connection((u.hostname, u.port), timeout=timeout_s) as s:
+        s.sendall(head)
+        for chunk in body_chunks:
+            if select.select([s], [], [], 0)[0]:
+                break  # the server answered (or closed)
+            try:
+                s.sendall(chunk)
+            except OSError:
+                break
+        got = b""
+        try:
+            while b"\r\n\r\n" not in got and (data := s.recv(65536)):
+                got += data
+        except OSError:
+            pass
+        return got
+
+
+def test_a_body_beyond_the_cap_is_413_before_it_is_read(torch_server):
+    """A 100 MB Content-Length is refused from the headers: nothing of it is buffered."""
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 100000000\r\n\r\n")
+    got = _raw_request(torch_server.url, head, [b'{"prompt": "'])
+    assert got.startswith(b"HTTP/1.1 413"), got[:200]
+
+
+def test_a_chunked_body_beyond_the_cap_is_413(torch_server):
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n")
+    piece = b"w " * 32768
+    chunk = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+    got = _raw_request(torch_server.url, head, [b'5\r\n{"pro\r\n'] + [chunk] * 200)  # 13 MB
+    assert got.startswith(b"HTTP/1.1 413"), got[:200]
+
+
+def test_a_word_of_5000_digits_is_a_token_not_a_500(client):
+    """Without a tokenizer a decimal word is its own id: int() of 5000 digits raised (Python's
+    int-conversion limit), a 500 with a traceback in the server's log."""
+    r = client.post("/v1/completions", json={"prompt": "1" * 5000 + " 2", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 2
+    assert_still_serving(client)
+
+
+def test_the_word_cache_keeps_no_long_words():
+    """The fallback codec caches word -> id; a cached 500 kB word per request grew the server
+    by that much per request until 65536 entries."""
+    from cbbench.server.text import HashedWordCodec
+
+    codec = HashedWordCodec(512)
+    long_words = [f"{i}" + "y" * 100_000 for i in range(20)]
+    ids = codec.encode(" ".join(long_words + ["short"]))
+    assert len(ids) == 21 and ids == codec.encode(" ".join(long_words + ["short"]))
+    assert sum(len(w) for w in codec._ids) < 1000

@@ -27,7 +27,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.auth import ApiKeyGuard
 from cbbench.server.context import ServeConfig, ServeContext
-from cbbench.server.generate import GENERATION_PATHS, Generation, send_json
+from cbbench.server.generate import (
+    GENERATION_PATHS,
+    Generation,
+    body_too_large,
+    capped_receive,
+    send_json,
+)
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
 from cbbench.server.protocol import APIError, error_body, validation_error
 from cbbench.server.tokenization import detokenize, parse_detokenize, parse_tokenize, tokenize
@@ -65,6 +71,12 @@ class ServeApp:
         if self._guard is not None and (msg := self._guard.verdict(scope)) is not None:
             await self._guard.reject(send, msg)
             return
+        limit = self._generation.ctx.max_body_bytes()
+        length = _content_length(scope)
+        if length is not None and length > limit:  # refused before a byte of it is read
+            await send_json(send, body_too_large(limit).status, body_too_large(limit).body())
+            return
+        receive = capped_receive(receive, limit)
         chat = GENERATION_PATHS.get(scope["path"])
         if chat is None:
             await self.api(scope, receive, send)
@@ -75,6 +87,13 @@ class ServeApp:
             ))
         else:
             await self._generation(scope, receive, send, chat, arrival)
+
+
+def _content_length(scope) -> int | None:
+    for k, v in scope["headers"]:
+        if k == b"content-length":
+            return int(v) if v.isdigit() else None
+    return None
 
 
 def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | None = None) -> ServeApp:

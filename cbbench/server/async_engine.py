@@ -387,6 +387,9 @@ class AsyncEngine:
                 engine.abort_request(req)  # frees its KV blocks
                 if obs is not None:
                     obs.on_aborted(req)
+        # The engine lists every request it rejected (a run's result reads them); a server
+        # has answered them already, and keeping them, prompts included, leaked memory.
+        engine.rejected.clear()
 
     def _collect_tokens(
         self, out, live: dict[Request, _Live], batch: Delivery, stats: StepStats | None

@@ -13,6 +13,12 @@ from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
 from cbbench.server.text import TextCodec, make_codec
 
+# A request body may hold this many bytes per token of the context (JSON token ids take under
+# 8, text around 4-6, escaped non-ASCII text up to ~20), and at least MIN_BODY_BYTES: anything
+# longer cannot fit the context anyway, and buffering it let clients fill the server's memory.
+BODY_BYTES_PER_TOKEN = 64
+MIN_BODY_BYTES = 1 << 20
+
 
 @dataclass
 class ServeConfig:
@@ -61,6 +67,12 @@ class ServeContext:
             created=int(time.time()),
         )
         return self._served
+
+    def max_body_bytes(self) -> int:
+        """The largest request body accepted (413 beyond it)."""
+        s = self._served
+        context = s.max_model_len if s is not None and s.max_model_len else 0
+        return max(MIN_BODY_BYTES, context * BODY_BYTES_PER_TOKEN)
 
     @staticmethod
     def check_model(s: Served, model: str | None) -> None:

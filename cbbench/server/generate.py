@@ -69,7 +69,8 @@ async def send_json(send, status: int, obj: dict) -> None:
 
 
 async def read_body(receive) -> bytes | None:
-    """The whole request body; None when the client left first."""
+    """The whole request body; None when the client left first. (``receive`` is capped by
+    ServeApp: APIError 413 beyond the body limit.)"""
     chunks = []
     while True:
         msg = await receive()
@@ -78,6 +79,31 @@ async def read_body(receive) -> bytes | None:
         chunks.append(msg.get("body", b""))
         if not msg.get("more_body", False):
             return b"".join(chunks)
+
+
+def body_too_large(limit: int) -> APIError:
+    return APIError(
+        413, f"the request body is larger than the {limit} bytes this server accepts "
+        "(64 bytes per token of the context, at least 1 MiB)", code="request_too_large",
+    )
+
+
+def capped_receive(receive, limit: int):
+    """``receive`` that raises body_too_large once the body passes ``limit`` bytes, so no
+    endpoint buffers more than that."""
+    seen = 0
+
+    async def wrapped():
+        nonlocal seen
+        msg = await receive()
+        body = msg.get("body")
+        if body:
+            seen += len(body)
+            if seen > limit:
+                raise body_too_large(limit)
+        return msg
+
+    return wrapped
 
 
 def _header(scope, name: bytes) -> str | None:
@@ -94,10 +120,10 @@ class Generation:
         self.ctx = ctx
 
     async def __call__(self, scope, receive, send, chat: bool, arrival: float) -> None:
-        body = await read_body(receive)
-        if body is None:
-            return
         try:
+            body = await read_body(receive)
+            if body is None:
+                return
             s, job = self._parse(body, chat)
             await self._generate(scope, receive, send, s, job, arrival)
         except APIError as e:  # raised only before a response started

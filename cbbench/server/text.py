@@ -24,6 +24,8 @@ TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_KIND = "tokenizer.json"
 FALLBACK_KIND = "word-per-token fallback (no --tokenizer)"
 MAX_CACHED_WORDS = 1 << 16  # the fallback's word -> id cache starts over beyond this
+MAX_CACHED_WORD_CHARS = 64  # longer words are hashed every time: the cache stays small
+MAX_ID_DIGITS = 18  # a decimal word this long or shorter may be an id (and fits int())
 
 
 class TokenDecoder(Protocol):
@@ -83,7 +85,8 @@ class HashedWordCodec:
         self._ids: dict[str, int] = {}
 
     def _id(self, word: str) -> int:
-        if word.isdecimal() and word.isascii() and int(word) < self.vocab_size:
+        if (len(word) <= MAX_ID_DIGITS and word.isdecimal() and word.isascii()
+                and int(word) < self.vocab_size):
             return int(word)
         return zlib.crc32(word.encode()) % self.vocab_size
 
@@ -96,9 +99,9 @@ class HashedWordCodec:
             if len(ids) > MAX_CACHED_WORDS:
                 ids.clear()
             for w in words:
-                if w not in ids:
+                if w not in ids and len(w) <= MAX_CACHED_WORD_CHARS:
                     ids[w] = self._id(w)
-            return list(map(ids.__getitem__, words))
+            return [ids[w] if w in ids else self._id(w) for w in words]
 
     def decode(self, ids: list[int]) -> str:
         return " ".join(str(i) for i in ids)
