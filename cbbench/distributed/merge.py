@@ -136,39 +136,20 @@ class Merger:
         return lost, not_sent
 
     def _worker_entry(self, ws: WorkerState, lost: int, not_sent: int) -> dict:
-        recs = [self.records[p] for p in ws.positions if self.records[p] is not None]
-        completed = sum(r.ok for r in recs)
-        failed = sum(r.error is not None for r in recs)
-        lag = send_lag_check(
-            [(r.send_s - r.ready_s) * MS for r in recs if r.send_s is not None]
+        return worker_entry(
+            ws.worker,
+            ws.status,
+            ws.pid,
+            ws.host,
+            len(ws.positions),
+            [self.records[p] for p in ws.positions if self.records[p] is not None],
+            ws.done.info if ws.done is not None else {},
+            lost,
+            not_sent,
+            ws.done.duration_s if ws.done is not None else ws.died_at_s,
+            ws.extra,
+            ws.error,
         )
-        info = ws.done.info if ws.done is not None else {}
-        entry = {
-            "worker": ws.worker,
-            "status": ws.status,
-            "pid": ws.pid,
-            "host": ws.host,
-            "assigned": len(ws.positions),
-            "sent": completed + failed,
-            "completed": completed,
-            "failed": failed,
-            "lost": lost,
-            "not_sent": not_sent,
-            "send_lag_p50_ms": lag["send_lag_p50_ms"],
-            "send_lag_p99_ms": lag["send_lag_p99_ms"],
-            "client_fell_behind": lag["client_fell_behind"],
-            "loop_lag_p50_ms": info.get("loop_lag_p50_ms"),
-            "loop_lag_p99_ms": info.get("loop_lag_p99_ms"),
-            "client_bound": info.get("client_bound", False),
-            "client_cpu_s": info.get("client_cpu_s"),
-            "client_cpu_util": info.get("client_cpu_util"),
-            "max_in_flight": info.get("max_in_flight"),
-            "duration_s": ws.done.duration_s if ws.done is not None else ws.died_at_s,
-            **ws.extra,
-        }
-        if ws.error is not None:
-            entry["error"] = ws.error
-        return entry
 
     def result(
         self,
@@ -236,6 +217,53 @@ class Merger:
         interrupted = stopped or any(d.interrupted for d in done)
         not_sent = sum(e["not_sent"] for e in workers)
         return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag)
+
+
+def worker_entry(
+    worker: int,
+    status: str,
+    pid: int | None,
+    host: str | None,
+    assigned: int,
+    recs: list[RequestRecord],
+    info: dict,
+    lost: int,
+    not_sent: int,
+    duration_s: float | None,
+    extra: dict | None = None,
+    error: str | None = None,
+) -> dict:
+    """One summary.workers entry, from the worker's records and its run_http info (the same
+    for the one-process run, so both results have one form)."""
+    completed = sum(r.ok for r in recs)
+    failed = sum(r.error is not None for r in recs)
+    lag = send_lag_check([(r.send_s - r.ready_s) * MS for r in recs if r.send_s is not None])
+    entry = {
+        "worker": worker,
+        "status": status,
+        "pid": pid,
+        "host": host,
+        "assigned": assigned,
+        "sent": completed + failed,
+        "completed": completed,
+        "failed": failed,
+        "lost": lost,
+        "not_sent": not_sent,
+        "send_lag_p50_ms": lag["send_lag_p50_ms"],
+        "send_lag_p99_ms": lag["send_lag_p99_ms"],
+        "client_fell_behind": lag["client_fell_behind"],
+        "loop_lag_p50_ms": info.get("loop_lag_p50_ms"),
+        "loop_lag_p99_ms": info.get("loop_lag_p99_ms"),
+        "client_bound": info.get("client_bound", False),
+        "client_cpu_s": info.get("client_cpu_s"),
+        "client_cpu_util": info.get("client_cpu_util"),
+        "max_in_flight": info.get("max_in_flight"),
+        "duration_s": duration_s,
+        **(extra or {}),
+    }
+    if error is not None:
+        entry["error"] = error
+    return entry
 
 
 def _ms(v: float | None) -> str:

@@ -4,10 +4,12 @@ worker, and info["workers"] (summary.workers) with one entry per worker."""
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Callable, Hashable, Sequence
 
-from cbbench.distributed.merge import DONE, Merger
+from cbbench.distributed.merge import DONE, Merger, worker_entry
 from cbbench.distributed.plan import AUTO, LoadPlan, deal, spare_cores
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
@@ -77,12 +79,16 @@ class SinceInstant:
 
 
 def _one_process(
-    opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions=None,
+    opts,
+    wreqs,
+    arrivals,
+    notice,
+    should_stop,
+    on_progress,
+    grace_s,
+    sessions=None,
     cancel=None,
 ) -> HttpRun:
-    import os
-    import socket
-
     run = run_http(
         opts,
         wreqs,
@@ -96,36 +102,18 @@ def _one_process(
     )
     for rec in run.records:
         rec.worker = 0
-    info = run.info
-    completed = sum(r.ok for r in run.records)
-    failed = sum(r.error is not None for r in run.records)
-    info["workers"] = [
-        {
-            "worker": 0,
-            "status": DONE,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "assigned": len(wreqs) if sessions is None else sessions.num_turns,
-            "sent": completed + failed,
-            "completed": completed,
-            "failed": failed,
-            "lost": 0,
-            "not_sent": run.not_sent,
-            **{
-                k: info.get(k)
-                for k in (
-                    "send_lag_p50_ms",
-                    "send_lag_p99_ms",
-                    "client_fell_behind",
-                    "loop_lag_p50_ms",
-                    "loop_lag_p99_ms",
-                    "client_bound",
-                    "client_cpu_s",
-                    "client_cpu_util",
-                    "max_in_flight",
-                )
-            },
-            "duration_s": run.duration_s,
-        }
+    run.info["workers"] = [
+        worker_entry(
+            0,
+            DONE,
+            os.getpid(),
+            socket.gethostname(),
+            len(wreqs),
+            run.records,
+            run.info,
+            0,
+            run.not_sent,
+            run.duration_s,
+        )
     ]
     return run
