@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
+import sys
 import tempfile
 from pathlib import Path
 
@@ -43,20 +45,74 @@ def dumps(result: dict) -> str:
     return _dump(_clean(result), "")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+STDOUT = "-"  # --output -: write to standard output
+
+
+def is_stdout(path) -> bool:
+    return str(path) == STDOUT
+
+
+def write_atomic(path, data: str | bytes) -> None:
+    """Write a whole file so that no reader ever sees half of it, and touch nothing else:
+
+    - ``-``: standard output;
+    - a device, FIFO or socket (symlinks resolved): written into, never replaced (a rename
+      over /dev/null would break it for the whole machine);
+    - a regular file, or a new one: a temporary file beside the symlink-resolved target,
+      fsync'd, then renamed over it (a symlink stays a symlink; an existing file keeps its
+      permissions).
+
+    A write that fails (a full disk, a folder that went away) raises UsageError with one line;
+    the temporary file is removed and the old file is left whole."""
+    raw = data.encode() if isinstance(data, str) else data
+    if is_stdout(path):
+        _write_stdout(raw)
+        return
+    target = Path(os.path.realpath(path))
     try:
-        # mkstemp creates 0600; give the file the mode a plain open() would (umask applies).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        st = os.stat(target)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"output path {path} is a folder; give a file name")
+    try:
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            with open(target, "wb") as f:
+                f.write(raw)
+        else:
+            _replace(target, raw, st)
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _write_stdout(raw: bytes) -> None:
+    out = sys.stdout
+    out.flush()
+    try:
+        out.buffer.write(raw)
+    except AttributeError:  # a text-only stream (tests capture stdout this way)
+        out.write(raw.decode())
+    out.flush()
+
+
+def _replace(target: Path, raw: bytes, old: os.stat_result | None) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        if old is not None:
+            mode = stat.S_IMODE(old.st_mode)
+        else:  # mkstemp creates 0600; give the file the mode a plain open() would
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -65,26 +121,50 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def write_result(path: Path, result: dict) -> None:
+def write_result(path, result: dict) -> None:
     write_atomic(path, dumps(result) + "\n")
 
 
-def check_writable(path: Path) -> None:
+def check_writable(path) -> None:
     """Fail before the run, not after an hour of measuring."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
+    if is_stdout(path):
+        return
+    target = Path(os.path.realpath(path))
+    if target.is_dir():
+        raise UsageError(f"output path {path} is a folder; give a file name")
+    if target.exists() and not target.is_file():  # a device or FIFO: written into
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"cannot write to {path}: permission denied")
+        return
+    parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise UsageError(f"cannot create output folder {parent}: {e.strerror}") from None
-    if path.is_dir():
-        raise UsageError(f"output path {path} is a folder; give a file name")
+        raise UsageError(f"cannot create output folder {Path(path).parent}: {e.strerror}") from None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".cbbench-probe.", dir=parent)
         os.close(fd)
         os.unlink(tmp)
     except OSError as e:
-        raise UsageError(f"cannot write to {parent}: {e.strerror}") from None
+        raise UsageError(f"cannot write to {Path(path).parent}: {e.strerror}") from None
+
+
+def check_not_an_input(output, inputs, flag: str) -> None:
+    """Refuse an output that is also one of the command's inputs (by any name: a symlink, a
+    hard link): writing it would replace the input (`gate ... --junit BASE.json`)."""
+    if output is None or is_stdout(output):
+        return
+    out = Path(output)
+    if not out.is_file():
+        return  # a new file replaces nothing; a device or FIFO is written into, not replaced
+    for inp in inputs:
+        if inp is None or is_stdout(inp) or not os.path.exists(inp):
+            continue  # a built-in name, not a file
+        if os.path.samefile(out, inp):
+            raise UsageError(
+                f"{flag} {output} is also an input of this command ({inp}): writing it would "
+                "replace that input; give another path"
+            )
 
 
 def load_result(path: Path) -> dict:

@@ -90,14 +90,15 @@ def compare(
         render_table,
         workload_note,
     )
-    from cbbench.analysis.result import check_writable, write_atomic
+    from cbbench.analysis.result import check_not_an_input, check_writable, write_atomic
     from cbbench.analysis.windows import check_window, select_window
     from cbbench.bench.variants import parse_variants, run_variants
 
     check_window(window)
-    for path in (markdown, csv_out):
+    for flag, path in (("--markdown", markdown), ("--csv", csv_out)):
         if path is not None:
             check_writable(path)
+            check_not_an_input(path, files or [], flag)
     if variants is not None:
         if files:
             raise UsageError("give result files or --variants, not both")

@@ -86,15 +86,14 @@ def gate(
     Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
     itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
     """
-    from cbbench.analysis.result import load_result
+    from cbbench.analysis.result import check_not_an_input, check_writable, load_result
 
     new_paths, base_paths = _split_files(ctx.args)
     checks_wanted = G.thresholds(max_regression or [], use_defaults=not no_defaults)
-    for path in (junit, markdown):
+    for flag, path in (("--junit", junit), ("--markdown", markdown)):
         if path is not None:
-            from cbbench.analysis.result import check_writable
-
             check_writable(path)
+            check_not_an_input(path, [*new_paths, *base_paths], flag)
     from cbbench.analysis.windows import check_metric, check_window, select_window
 
     check_window(window)
@@ -109,15 +108,16 @@ def gate(
             f"than {MIN_BOOTSTRAP_FILES} runs per side understates the noise"
         )
 
+    # The files first: a write that fails (a full disk) exits 2 before any verdict is shown.
+    if junit is not None:
+        _write(junit, junit_xml(checks, base_paths, new_paths))
+    if markdown is not None:
+        _write_markdown(markdown, markdown_summary(checks, base_paths, new_paths))
     if window == "steady":
         typer.echo("window: steady state (summary.steady_state)")
     typer.echo(render_table(checks))
     typer.echo("")
     typer.echo(verdict_line(checks))
-    if junit is not None:
-        _write(junit, junit_xml(checks, base_paths, new_paths))
-    if markdown is not None:
-        _write_markdown(markdown, markdown_summary(checks, base_paths, new_paths))
     if not G.passed(checks):
         raise typer.Exit(REGRESSION_EXIT)
 
@@ -156,8 +156,11 @@ def _write_markdown(path: Path, text: str) -> None:
     any other file is replaced whole."""
     summary = os.environ.get(GITHUB_STEP_SUMMARY)
     if summary and Path(summary).resolve() == path.resolve():
-        with path.open("a", encoding="utf-8") as f:
-            f.write(text)
+        try:
+            with path.open("a", encoding="utf-8") as f:
+                f.write(text)
+        except OSError as e:
+            raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
     else:
         _write(path, text)
 

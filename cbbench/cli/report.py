@@ -81,7 +81,7 @@ def report(
     for spec in specs:
         fig = spec.draw(results)
         png = _png(fig)
-        (out / f"{spec.key}.png").write_bytes(png)
+        write_atomic(out / f"{spec.key}.png", png)  # never a truncated PNG (a full disk)
         sections.append(
             PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
         )

@@ -120,7 +120,9 @@ def run(
         typer.Option(help="Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000."),
     ] = None,
     output: Annotated[
-        Path | None, typer.Option(help="Result JSON path. Default: results/run-<time>-<engine>.json.")
+        Path | None,
+        typer.Option(help="Result JSON path, or - for stdout (the table then goes to stderr). "
+                     "Default: results/run-<time>-<engine>.json."),
     ] = None,
     save_detailed: Annotated[
         bool, typer.Option(help="Also store per-request ITL lists and output token ids.")
@@ -194,7 +196,13 @@ def run(
     bandwidth), and writes the result JSON.
     """
     from cbbench.analysis.metrics import parse_slo
-    from cbbench.analysis.result import check_writable, dumps, write_result
+    from cbbench.analysis.result import (
+        check_not_an_input,
+        check_writable,
+        dumps,
+        is_stdout,
+        write_result,
+    )
     from cbbench.analysis.table import render_summary
     from cbbench.bench.runner import RunSpec, execute_run
     from cbbench.load.arrivals import parse_duration, parse_ramp
@@ -254,17 +262,22 @@ def run(
     kind = "http" if endpoint else (opts.engine if opts.engine != "auto" else "engine")
     out_path = output or C.default_output_path(kind)
     check_writable(out_path)
+    check_not_an_input(out_path, [workload, tokenizer], "--output")
 
     with StopSignal() as stop, _progress() as on_progress:
         result = execute_run(spec, C.notice, should_stop=stop, on_progress=on_progress)
     if summary_only:
         result = {k: v for k, v in result.items() if k not in ("requests", "iterations")}
         result["telemetry"] = {k: v for k, v in result["telemetry"].items() if k != "samples"}
-    write_result(out_path, result)
-    if json_out:
+    # The measurements first: a result that cannot be written (a full disk) is still seen.
+    # With --output - the JSON is stdout, so the table goes to stderr.
+    to_stdout = is_stdout(out_path)
+    if json_out and not to_stdout:
         typer.echo(dumps(result))
-    else:
-        typer.echo(render_summary(result))
+    elif not json_out:
+        typer.echo(render_summary(result), err=to_stdout)
+    write_result(out_path, result)
+    if not json_out and not to_stdout:
         typer.echo(f"\nresult: {out_path}")
     s = result["summary"]
     gone = [w for w in s.get("workers") or [] if w["status"] in ("died", "failed")]

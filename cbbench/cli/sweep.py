@@ -93,7 +93,7 @@ def sweep(
     latency-throughput plot. Points that never reach a steady state (the queue still growing
     when arrivals stop) are flagged.
     """
-    from cbbench.analysis.result import check_writable
+    from cbbench.analysis.result import check_writable, write_atomic
     from cbbench.analysis.slo import parse_attainment_slo
     from cbbench.bench.probe import ProbeSizing
     from cbbench.bench.sweep import (
@@ -126,7 +126,7 @@ def sweep(
 
     result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, C.notice)
     pts = points_of(result)
-    (folder / PLOT_FILE).write_bytes(png_bytes(latency_throughput([(folder.name, result)])))
+    write_atomic(folder / PLOT_FILE, png_bytes(latency_throughput([(folder.name, result)])))
     if result["saturation_rate"] is not None:
         typer.echo(f"saturation (rate inf): ~{result['saturation_rate']:.4g} req/s")
     if slo_spec is not None:
