@@ -28,7 +28,7 @@ def torch_server():
 
 @pytest.fixture()
 def client(torch_server):
-    with httpx.Client(base_url=torch_server.url.removesuffix("/v1"), timeout=TIMEOUT_S) as c:
+    with httpx.Client(base_url=torch_server.url, timeout=TIMEOUT_S) as c:
         yield c
 
 

@@ -15,6 +15,7 @@ import typer
 
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
+from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 
 # Seconds uvicorn lets open streams run on after Ctrl-C before it cancels them (which aborts
 # their requests in the engine).
@@ -22,6 +23,7 @@ GRACEFUL_SHUTDOWN_S = 5
 READY_POLL_S = 0.05
 # Room for load tests with a thousand connections arriving at once.
 LISTEN_BACKLOG = 4096
+MAX_READ_TIMEOUT_S = 24 * 3600.0
 
 
 def register(app: typer.Typer) -> None:
@@ -74,6 +76,17 @@ def serve(
             "in epoch seconds."
         ),
     ] = None,
+    read_timeout: Annotated[
+        float,
+        typer.Option(help="Seconds a client has to send a whole request (head and body) from "
+                     "its first byte; slower ones get 408 and are disconnected. The answer "
+                     "itself may take as long as it takes."),
+    ] = DEFAULT_READ_TIMEOUT_S,
+    max_connections: Annotated[
+        int,
+        typer.Option(help="Open connections served at once; more get a 503 "
+                     "(too_many_connections). Lowered to what the open-file limit allows."),
+    ] = DEFAULT_MAX_CONNECTIONS,
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
@@ -94,6 +107,11 @@ def serve(
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {port}")
+    if not 0 < read_timeout <= MAX_READ_TIMEOUT_S:
+        raise UsageError(f"--read-timeout must be in (0, {MAX_READ_TIMEOUT_S:g}] seconds, "
+                         f"got {read_timeout}")
+    if max_connections < 1:
+        raise UsageError(f"--max-connections must be >= 1, got {max_connections}")
     opts = engine_opts
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
     opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
@@ -117,8 +135,15 @@ def serve(
             "can use the server"
         )
     _check_writable(request_log)
+    from cbbench.server.limits import guarded_protocol, raise_file_limit
+
+    allowed = raise_file_limit(max_connections)
+    if allowed < max_connections:
+        C.notice(f"warning: the open-file limit allows {allowed} connections: "
+                 f"--max-connections {max_connections} lowered to {allowed}")
     app = create_app(lambda: build_serving_engine(opts), config)
-    error = _run_event_loop(_run_server(app, host, port, opts.engine))
+    protocol = guarded_protocol(read_timeout, allowed)
+    error = _run_event_loop(_run_server(app, host, port, opts.engine, protocol))
     if error is not None:
         raise UsageError(error)
 
@@ -148,7 +173,7 @@ def _check_writable(path: str | None) -> None:
         raise UsageError(f"--request-log {path}: {e.strerror or e}") from None
 
 
-async def _run_server(app, host: str, port: int, kind: str) -> str | None:
+async def _run_server(app, host: str, port: int, kind: str, protocol=None) -> str | None:
     """Run uvicorn until it exits. Returns an error message when the server could not listen
     or the engine failed to start."""
     import uvicorn
@@ -160,6 +185,8 @@ async def _run_server(app, host: str, port: int, kind: str) -> str | None:
             # No per-request access log and no X-Forwarded-For rewriting: neither is used,
             # and both run on every request.
             access_log=False, proxy_headers=False,
+            # Read timeout, head size and connection cap (cbbench/server/limits.py).
+            http=protocol or "auto",
         )
     )
     bridge = app.state.engine
