@@ -32,6 +32,7 @@ FOUND = "found"
 ABOVE_MAX = "above_max"  # every rate passed up to the ceiling: capacity is at least `lo`
 BELOW_MIN = "below_min"  # no rate passed down to the floor
 BUDGET = "probe_budget"  # MAX_PROBES ran out before the bracket was tight enough
+INTERRUPTED = "interrupted"  # a signal stopped the search: `lo` is the best seen so far
 
 
 @dataclass
@@ -42,11 +43,12 @@ class Probe:
     attainment: float | None
     meets_slo: bool
     passed: bool
+    interrupted: bool = False  # its run was cut short by a signal: neither pass nor fail
 
     def to_dict(self) -> dict:
         return {"index": self.index, "phase": self.phase, "passed": self.passed,
                 "meets_slo": self.meets_slo, "attainment": self.attainment,
-                **self.point.to_dict()}
+                "interrupted": self.interrupted, **self.point.to_dict()}
 
 
 @dataclass
@@ -76,17 +78,40 @@ def search(
     start_rate: float,
     precision: float = DEFAULT_PRECISION,
     max_probes: int = MAX_PROBES,
+    should_stop: Callable[[], bool] | None = None,
 ) -> SearchResult:
-    """Bracket, then bisect. `probe(rate, phase)` runs one probe and returns its record."""
+    """Bracket, then bisect. `probe(rate, phase)` runs one probe and returns its record.
+    Once ``should_stop`` is set no further probe starts: the search ends INTERRUPTED with the
+    best rate seen to pass so far."""
     if not (start_rate > 0 and math.isfinite(start_rate)):
         raise UsageError(f"the start rate must be a positive number, got {start_rate}")
     probes: list[Probe] = []
-    lo = hi = None
 
     def run(rate: float, phase: str) -> bool:
+        if should_stop is not None and should_stop():
+            raise _Stopped
         p = probe(rate, phase)
         probes.append(p)
+        if p.interrupted:
+            raise _Stopped
         return p.passed
+
+    try:
+        return _search(run, start_rate, precision, max_probes, probes)
+    except _Stopped:
+        lo = max((p.point.rate for p in probes if p.passed), default=None)
+        failed = [p.point.rate for p in probes if not (p.passed or p.interrupted)]
+        hi = min((r for r in failed if lo is None or r > lo), default=None)
+        return SearchResult(INTERRUPTED, lo, lo, hi, probes)
+
+
+class _Stopped(Exception):
+    """A signal stopped the search."""
+
+
+def _search(run, start_rate: float, precision: float, max_probes: int,
+            probes: list[Probe]) -> SearchResult:
+    lo = hi = None
 
     rate = round_rate(start_rate)
     if run(rate, "bracket"):
@@ -131,10 +156,12 @@ class Prober:
     saves each probe's full result there as probe-<i>-rate-<r>.json. Keeps the first run's
     config (the resolved engine, model and GPU) for the capacity file."""
 
-    def __init__(self, base, sizing, slo, notice: Callable[[str], None], runs_dir=None):
+    def __init__(self, base, sizing, slo, notice: Callable[[str], None], runs_dir=None,
+                 should_stop: Callable[[], bool] | None = None):
         self.base, self.sizing, self.slo, self.notice, self.runs_dir = (
             base, sizing, slo, notice, runs_dir
         )
+        self.should_stop = should_stop
         self.count = 0
         self.config: dict | None = None
 
@@ -148,7 +175,8 @@ class Prober:
             f"probe {i} ({phase}): rate {rate_label(rate)} req/s, "
             f"{self.sizing.requests_for(rate)} requests"
         )
-        result = run_probe(self.base, rate, self.sizing, self.slo, self.notice)
+        result = run_probe(self.base, rate, self.sizing, self.slo, self.notice,
+                           self.should_stop)
         if self.config is None:
             self.config = result["config"]
         path = None
@@ -157,5 +185,6 @@ class Prober:
             write_result(path, result)
         point = summarize_probe(rate, result, self.slo, str(path) if path else None)
         meets = point.slo_attainment is not None and point.slo_attainment >= self.slo.attainment
-        passed = meets and point.steady is not False
-        return Probe(i, phase, point, point.slo_attainment, meets, passed)
+        interrupted = bool(result.get("interrupted"))
+        passed = meets and point.steady is not False and not interrupted
+        return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted)

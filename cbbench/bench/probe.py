@@ -319,9 +319,11 @@ def summarize_probe(
 
 def run_probe(
     base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None,
-    notice: Callable[[str], None],
+    notice: Callable[[str], None], should_stop: Callable[[], bool] | None = None,
 ) -> dict:
-    """Run the base spec at one rate; returns the result dict (execute_run's)."""
+    """Run the base spec at one rate; returns the result dict (execute_run's). With
+    ``should_stop`` (a StopSignal) the run stops dispatching once it is set and comes back
+    marked interrupted."""
     from cbbench.bench.runner import execute_run
 
-    return execute_run(probe_spec(base, rate, sizing, slo), notice)
+    return execute_run(probe_spec(base, rate, sizing, slo), notice, should_stop=should_stop)

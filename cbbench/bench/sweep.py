@@ -79,9 +79,13 @@ def run_sweep(
     slo: AttainmentSLO | None,
     out_dir: Path,
     notice: Callable[[str], None],
+    should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Run every point (rates None: auto), saving DIR/rate-<r>.json as each finishes and
-    DIR/sweep.json after each point, so an interrupted sweep keeps what it measured."""
+    DIR/sweep.json after each point, so an interrupted sweep keeps what it measured. Once
+    ``should_stop`` is set no further point starts; the one in progress stops its dispatch
+    and is saved marked interrupted, and so is the sweep."""
+    stop = should_stop or (lambda: False)
     from cbbench.analysis.result import write_atomic, write_result
 
     sweep = {
@@ -95,15 +99,19 @@ def run_sweep(
         "config": None,
         "command": None,
         "points": [],
+        "interrupted": False,
     }
 
     def run_point(rate: float, i: int, total: int | str) -> dict:
         notice(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
-        result = run_probe(base, rate, sizing, slo, notice)
+        result = run_probe(base, rate, sizing, slo, notice, should_stop)
         path = out_dir / f"rate-{rate_label(rate)}.json"
         write_result(path, result)
-        point = summarize_probe(rate, result, slo, path.name)
-        sweep["points"].append(point.to_dict())
+        point = summarize_probe(rate, result, slo, path.name).to_dict()
+        if result.get("interrupted"):
+            point["interrupted"] = True
+        sweep["interrupted"] = stop()
+        sweep["points"].append(point)
         if sweep["config"] is None:
             sweep["config"] = shared_config(result["config"])
             sweep["command"] = result["config"].get("command")
@@ -113,14 +121,18 @@ def run_sweep(
     if rates is None:
         total = points + 1
         result = run_point(math.inf, 1, total)
+        if stop():
+            return sweep
         sweep["saturation_rate"] = saturation_rate(result)
         notice(f"saturation: ~{sweep['saturation_rate']:.4g} req/s")
         rates = auto_rates(sweep["saturation_rate"], points)
-        for i, rate in enumerate(rates, 2):
-            run_point(rate, i, total)
+        first = 2
     else:
-        for i, rate in enumerate(rates, 1):
-            run_point(rate, i, len(rates))
+        first, total = 1, len(rates)
+    for i, rate in enumerate(rates, first):
+        if stop():
+            break
+        run_point(rate, i, total)
     return sweep
 
 

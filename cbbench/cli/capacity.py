@@ -27,6 +27,7 @@ from cbbench.cli.sweep import (
     base_spec,
 )
 from cbbench.errors import UsageError
+from cbbench.load.interrupts import StopSignal
 
 NOT_FOUND_EXIT = 1  # the search ran, but no probed rate met the SLO
 MISSING = "-"
@@ -94,7 +95,15 @@ def capacity(
     """
     from cbbench.analysis.result import check_writable, write_atomic, write_result
     from cbbench.analysis.slo import parse_attainment_slo
-    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, Prober, parse_precision, search
+    from cbbench.bench.capacity import (
+        ABOVE_MAX,
+        BELOW_MIN,
+        INTERRUPTED,
+        Prober,
+        SearchResult,
+        parse_precision,
+        search,
+    )
     from cbbench.bench.probe import ProbeSizing, run_probe, saturation_rate, summarize_probe
 
     slo_spec = parse_attainment_slo(slo, attainment)
@@ -116,21 +125,28 @@ def capacity(
     if runs_dir is not None:
         check_writable(runs_dir / "probe.json")
 
-    saturation = sat_point = config = None
-    if start_rate is None:
-        C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
-        sat_result = run_probe(base, math.inf, sizing, slo_spec, C.notice)
-        if runs_dir is not None:
-            write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
-        saturation = saturation_rate(sat_result)
-        sat_point = summarize_probe(math.inf, sat_result, slo_spec)
-        config = sat_result["config"]
-        C.notice(f"saturation: ~{saturation:.4g} req/s")
-        if not saturation > 0:
-            raise UsageError("the rate-inf probe completed nothing; give --start-rate")
-        start_rate = saturation * 0.5
-    prober = Prober(base, sizing, slo_spec, C.notice, runs_dir)
-    found = search(prober, start_rate, precision)
+    saturation = sat_point = config = prober = found = None
+    # The interrupt contract of `run`: the first signal stops dispatching, the probe in
+    # progress is kept marked interrupted, and the file says so; a second exits 130.
+    with StopSignal() as stop:
+        if start_rate is None:
+            C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
+            sat_result = run_probe(base, math.inf, sizing, slo_spec, C.notice, stop)
+            if runs_dir is not None:
+                write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
+            saturation = saturation_rate(sat_result)
+            sat_point = summarize_probe(math.inf, sat_result, slo_spec)
+            config = sat_result["config"]
+            if stop():
+                found = SearchResult(INTERRUPTED, None, None, None, [])
+            else:
+                C.notice(f"saturation: ~{saturation:.4g} req/s")
+                if not saturation > 0:
+                    raise UsageError("the rate-inf probe completed nothing; give --start-rate")
+                start_rate = saturation * 0.5
+        if found is None:
+            prober = Prober(base, sizing, slo_spec, C.notice, runs_dir, stop)
+            found = search(prober, start_rate, precision, should_stop=stop)
 
     doc = {
         "kind": "cbbench-capacity",
@@ -144,14 +160,14 @@ def capacity(
         "margin": found.margin,
         "saturation_rate": saturation,
         "saturation_probe": sat_point.to_dict() if sat_point else None,
-        "config": shared_config(config or prober.config or {}),
+        "config": shared_config(config or (prober.config if prober else None) or {}),
         "command": " ".join(["cbbench", *sys.argv[1:]]),
         "probes": [p.to_dict() for p in found.probes],
+        "interrupted": found.status == INTERRUPTED,
     }
     from cbbench.analysis.result import dumps
 
-    write_atomic(out_path, dumps(doc) + "\n")
-
+    # The probes first: a file that cannot be written (a full disk) still shows them.
     typer.echo(f"SLO: {slo_spec.describe()}")
     if saturation is not None:
         typer.echo(f"saturation (rate inf): ~{saturation:.4g} req/s")
@@ -159,6 +175,7 @@ def capacity(
     typer.echo(probe_table(found.probes, sat_point))
     typer.echo("")
     typer.echo(answer_line(found))
+    write_atomic(out_path, dumps(doc) + "\n")
     typer.echo(f"\ncapacity: {out_path}")
     if found.status == BELOW_MIN:
         raise typer.Exit(NOT_FOUND_EXIT)
@@ -188,14 +205,18 @@ def probe_table(probes: Sequence, saturation=None, tablefmt: str = "simple") -> 
     if saturation is not None:
         rows.append(row("0", "saturation", saturation, saturation.slo_attainment, MISSING))
     for p in probes:
-        verdict = "pass" if p.passed else ("fail (unsteady)" if p.meets_slo else "fail")
+        verdict = ("interrupted" if p.interrupted else "pass" if p.passed
+                   else "fail (unsteady)" if p.meets_slo else "fail")
         rows.append(row(str(p.index), p.phase, p.point, p.attainment, verdict))
     return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)
 
 
 def answer_line(found) -> str:
-    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, BUDGET
+    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, BUDGET, INTERRUPTED
 
+    if found.status == INTERRUPTED:
+        best = "no probe passed" if found.lo is None else f">= {found.lo:.4g} req/s passed"
+        return f"capacity: interrupted after {len(found.probes)} probe(s): {best} so far"
     if found.status == BELOW_MIN:
         return (f"capacity: not found: no probed rate met the SLO (the lowest failed at "
                 f"{found.hi:.4g} req/s)")

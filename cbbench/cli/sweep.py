@@ -11,6 +11,7 @@ import typer
 
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
+from cbbench.load.interrupts import StopSignal
 
 DEFAULT_OUT_PARENT = Path("results") / "runs"  # git ignores it: sweeps are scratch
 
@@ -124,7 +125,8 @@ def sweep(
         raise UsageError(f"--out-dir {folder} is a file; give a folder")
     check_writable(folder / SWEEP_FILE)
 
-    result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, C.notice)
+    with StopSignal() as stop:
+        result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, C.notice, stop)
     pts = points_of(result)
     write_atomic(folder / PLOT_FILE, png_bytes(latency_throughput([(folder.name, result)])))
     if result["saturation_rate"] is not None:
@@ -135,6 +137,9 @@ def sweep(
     typer.echo(sweep_table(pts))
     for note in unsteady_notes(pts):
         typer.echo(f"note: {note}")
+    if result["interrupted"]:
+        typer.echo(f"interrupted: the sweep stopped after {len(pts)} point(s); the last one "
+                   "covers only what finished")
     typer.echo(f"\nsweep: {folder / SWEEP_FILE}\nplot: {folder / PLOT_FILE}")
 
 
