@@ -139,6 +139,19 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "top-k-negative": ([*SIM, "--top-k", "-1"], ["--top-k must be >= 0"]),
     "eta-memory-above-1": ([*SIM, "--eta-memory", "2"], ["--eta-memory must be in (0, 1], got 2.0"]),
     "overhead-negative": ([*SIM, "--iteration-overhead-us", "-1"], ["--iteration-overhead-us must be >= 0"]),
+    # ---- issue 19: non-finite numbers and names the sim ignored (serve's are checked before it
+    # listens: each case would otherwise serve for ever, until the subprocess timeout) --------
+    "serve-overhead-inf": (
+        ["serve", "--engine", "sim", "--port", "0", "--iteration-overhead-us", "inf"],
+        ["--iteration-overhead-us must be a finite number, got inf"]),
+    "serve-read-timeout-nan": (
+        ["serve", "--engine", "sim", "--port", "0", "--read-timeout", "nan"], ["--read-timeout"]),
+    "run-overhead-nan": ([*SIM, "--iteration-overhead-us", "nan"], ["--iteration-overhead-us"]),
+    "run-attention-backend-bogus-on-sim": (
+        [*SIM, "--attention-backend", "bogus"], ["--attention-backend must be one of"]),
+    "serve-attention-backend-bogus-on-sim": (
+        ["serve", "--engine", "sim", "--port", "0", "--attention-backend", "bogus"],
+        ["--attention-backend must be one of"]),
     # ---- SLO strings ---------------------------------------------------------------------------
     "slo-without-value": ([*SIM, "--slo", "ttft"], ["invalid SLO 'ttft'", "ttft, tpot, e2el"]),
     "slo-not-a-number": ([*SIM, "--slo", "ttft=fast"], ["milliseconds expected"]),

@@ -12,6 +12,7 @@ every request. Distributions use numpy.percentile (linear interpolation).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -55,8 +56,8 @@ def parse_slo(text: str | None) -> dict[str, float]:
             ms = float(value)
         except ValueError:
             raise UsageError(f"invalid SLO value in {part!r}: milliseconds expected") from None
-        if not ms > 0:
-            raise UsageError(f"invalid SLO value in {part!r}: must be > 0")
+        if not (ms > 0 and math.isfinite(ms)):
+            raise UsageError(f"invalid SLO value in {part!r}: must be > 0 and finite")
         slo[key] = ms
     return slo
 

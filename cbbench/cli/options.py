@@ -8,6 +8,7 @@ import dataclasses
 import datetime as _dt
 import functools
 import inspect
+import math
 import typing
 from pathlib import Path
 from typing import Annotated
@@ -31,12 +32,21 @@ def guard(fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
+            check_finite(kwargs)
             return fn(*args, **kwargs)
         except UsageError as e:
             typer.echo(f"cbbench: error: {e}", err=True)
             raise typer.Exit(USAGE_EXIT) from None
 
     return wrapper
+
+
+def check_finite(values: dict) -> None:
+    """No float option takes nan or an infinity (those that take inf, the request rates, are
+    text): one check for every command's options, the ones added later included."""
+    for name, v in values.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise UsageError(f"{flag_of(name)} must be a finite number, got {v}")
 
 
 def default_output_path(kind: str) -> Path:

@@ -1,0 +1,91 @@
+"""Every number a user can give has a range (issue 19).
+
+- Non-finite floats: every float option of every command rejects nan, inf and -inf (none
+  documents inf: the rates that take inf are text options), found by walking the CLI, so an
+  option added later is covered too. Before, `--telemetry-interval inf`, `--request-timeout
+  nan` and `--slo ttft=inf` passed, and `--iteration-overhead-us nan` gave a run of zero
+  duration, exit 0.
+- Sizes: what a size needs is checked before it is allocated (huge KV pools, swap space,
+  context, request counts): one line, exit 2, not a MemoryError traceback.
+
+In-process (Typer's runner): each check fails before anything runs, so each case takes
+milliseconds; the base arguments keep a case cheap should a check be missing.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.cli.app import app
+
+# A cheap, complete invocation of each command that has float options (serve, which would
+# serve for ever, is covered by test_bad_input.py's subprocess cases).
+BASE = {
+    "run": ["run", "--engine", "sim", "--num-requests", "2", "--output", "{t}/x.json"],
+    "compare": ["compare", "--engine", "sim", "--num-requests", "2", "--variants",
+                "static,continuous", "--out-dir", "{t}/c"],
+    "sweep": ["sweep", "--engine", "sim", "--num-requests", "2", "--rates", "1",
+              "--min-duration", "0", "--out-dir", "{t}/s"],
+    "capacity": ["capacity", "--engine", "sim", "--num-requests", "2", "--min-duration", "0",
+                 "--slo", "ttft_p99=1000", "--start-rate", "1", "--out", "{t}/c.json"],
+}
+
+
+def _float_options(command: str) -> list[str]:
+    """The --flags of ``command`` whose type is float (or float | None)."""
+    import typer.main
+
+    cmd = typer.main.get_command(app).commands[command]
+    flags = []
+    for name, par in inspect.signature(cmd.callback).parameters.items():
+        hint = par.annotation
+        if typing.get_origin(hint) is typing.Annotated:
+            hint = typing.get_args(hint)[0]
+        if float in (hint, *typing.get_args(hint)):
+            flags.append("--" + name.replace("_", "-"))
+    return flags
+
+
+FLOAT_CASES = [(c, f) for c in BASE for f in _float_options(c)]
+
+
+def invoke(argv: list[str], tmp_path) -> tuple[int, list[str]]:
+    argv = [a.replace("{t}", str(tmp_path)) for a in argv]
+    res = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return res.exit_code, [ln for ln in res.stderr.splitlines() if ln.strip()]
+
+
+def test_the_walk_finds_the_float_options():
+    found = dict.fromkeys(f for _, f in FLOAT_CASES)
+    for flag in ("--burstiness", "--telemetry-interval", "--request-timeout", "--temperature",
+                 "--iteration-overhead-us", "--precision", "--min-duration"):
+        assert flag in found, flag
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+@pytest.mark.parametrize(("command", "flag"), FLOAT_CASES, ids=[f"{c}{f}" for c, f in FLOAT_CASES])
+def test_every_float_option_rejects_non_finite_values(tmp_path, command, flag, value):
+    code, err = invoke([*BASE[command], flag, value], tmp_path)
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("cbbench: error: ") and flag in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "text"),
+    [
+        ("run", ["--slo", "ttft=inf"], "invalid SLO value"),
+        ("run", ["--slo", "e2el=-inf"], "invalid SLO value"),
+        ("sweep", ["--slo", "ttft_p99=inf"], "invalid SLO value"),
+        ("run", ["--request-rate", "nan"], "invalid request rate"),
+        ("sweep", ["--rates", "1,-inf"], "invalid request rate"),
+    ],
+)
+def test_numbers_in_text_options_reject_non_finite_values(tmp_path, command, extra, text):
+    code, err = invoke([*BASE[command], *extra], tmp_path)
+    assert code == 2 and len(err) == 1 and text in err[0], err
