@@ -172,8 +172,14 @@ def build_sim_engine(args: EngineArgs):
         )
     except ValueError as e:
         raise EngineArgsError(str(e)) from None
+    if num_blocks < 1:
+        raise EngineArgsError(
+            f"no KV block fits: a block of --block-size {args.block_size} tokens is larger than "
+            f"the {gpu.name}'s memory left for the KV cache"
+        )
     block_bytes = args.block_size * model.kv_bytes_per_token(dtype)
     num_cpu_blocks = num_swap_blocks(args, block_bytes)
+    check_sim_sizes(args, num_blocks, num_cpu_blocks)
     config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
     cost = CostModel(model, dtype, gpu, eff)
     engine = Engine(config, SimExecutor(cost, args.block_size), VirtualClock(), cost)
@@ -199,6 +205,64 @@ def build_sim_engine(args: EngineArgs):
         clock="virtual",
     )
     return engine, info
+
+
+def check_sim_sizes(args: EngineArgs, num_blocks: int, num_cpu_blocks: int) -> None:
+    """The simulator's pools cost host memory for their bookkeeping only."""
+    from .memory_check import BLOCK_BOOKKEEPING_BYTES, available_host_bytes, require
+
+    host = available_host_bytes()
+    require(f"--num-kv-blocks {num_blocks} (the KV pool's bookkeeping)",
+            num_blocks * BLOCK_BOOKKEEPING_BYTES, host, "on this host")
+    require(f"--swap-space {args.swap_space:g} GiB ({num_cpu_blocks} blocks of bookkeeping)",
+            num_cpu_blocks * BLOCK_BOOKKEEPING_BYTES, host, "on this host")
+
+
+def _device_free_bytes(device: str) -> int | None:
+    """Memory the torch engine can still allocate on ``device``."""
+    import torch
+
+    from .memory_check import available_host_bytes
+
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    return available_host_bytes()
+
+
+# What the torch engine allocates per position of the context (the RoPE tables: angles, cos
+# and sin, float32, head_dim / 2 each) and per sequence slot (its block-table row, int32 per
+# block, plus the sampling and bookkeeping arrays).
+ROPE_BYTES_PER_POSITION_DIM = 6
+SLOT_BYTES = 128
+
+
+def check_torch_sizes_before_load(args: EngineArgs, model_name: str, device: str) -> None:
+    """A preset's context may be stretched by --max-model-len: its RoPE tables are built with
+    the model, so check them before (a Hugging Face folder's context caps it)."""
+    from .memory_check import require
+    from .model_config import MODEL_PRESETS
+
+    preset = MODEL_PRESETS.get(model_name)
+    if preset is None or args.max_model_len is None:
+        return
+    need = args.max_model_len * preset.head_dim * ROPE_BYTES_PER_POSITION_DIM
+    require(f"--max-model-len {args.max_model_len} (the RoPE tables)", need,
+            _device_free_bytes(device), f"on {device}")
+
+
+def check_torch_sizes(args: EngineArgs, config, device: str, num_blocks: int,
+                      num_cpu_blocks: int, block_bytes: int) -> None:
+    from .memory_check import available_host_bytes, require
+
+    free = _device_free_bytes(device)
+    what = f"--num-kv-blocks {num_blocks}" if args.num_kv_blocks else f"{num_blocks} KV blocks"
+    require(f"{what} (the KV cache)", num_blocks * block_bytes, free, f"on {device}")
+    host = available_host_bytes()
+    require(f"--swap-space {args.swap_space:g} GiB (the CPU swap pool)",
+            num_cpu_blocks * block_bytes, host, "on this host")
+    blocks_per_seq = -(-config.max_model_len // args.block_size)
+    require(f"--max-num-seqs {args.max_num_seqs} (the per-sequence slots)",
+            args.max_num_seqs * (4 * blocks_per_seq + SLOT_BYTES), host, "on this host")
 
 
 def _resolve_fused(args: EngineArgs, device: str) -> bool:
@@ -262,6 +326,7 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     except (ValueError, RuntimeError) as e:
         raise EngineArgsError(f"attention backend {args.attention_backend!r}: {e}") from None
     fused = _resolve_fused(args, device)
+    check_torch_sizes_before_load(args, model_name, device)
     torch.manual_seed(args.seed)
     try:
         model, config = load_model(
@@ -282,6 +347,8 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     if num_blocks < 1:
         raise EngineArgsError("no memory is left for the KV cache after the weights")
     num_cpu_blocks = num_swap_blocks(args, kv_block_bytes(config, args.block_size, dtype))
+    check_torch_sizes(args, config, device, num_blocks, num_cpu_blocks,
+                      kv_block_bytes(config, args.block_size, dtype))
     engine_cfg, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
     use_graphs, graphs_reason = _graphs_plan(args, on_cuda, backend)
     if args.cuda_graphs and on_cuda and not use_graphs:

@@ -89,3 +89,40 @@ def test_every_float_option_rejects_non_finite_values(tmp_path, command, flag, v
 def test_numbers_in_text_options_reject_non_finite_values(tmp_path, command, extra, text):
     code, err = invoke([*BASE[command], *extra], tmp_path)
     assert code == 2 and len(err) == 1 and text in err[0], err
+
+
+# ---- sizes: checked against what they need before anything is allocated -----------------------
+SIM_RUN = ["run", "--engine", "sim", "--num-requests", "2", "--output", "{t}/x.json"]
+TORCH_RUN = ["run", "--engine", "torch", "--device", "cpu", "--model", "tiny",
+             "--num-requests", "2", "--output", "{t}/x.json"]
+HUGE = "1000000000000"  # 10^12
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        ([*SIM_RUN, "--num-kv-blocks", HUGE], "--num-kv-blocks"),  # MemoryError
+        ([*SIM_RUN, "--preemption", "swap", "--swap-space", "1e12"], "--swap-space"),  # MemoryError
+        ([*SIM_RUN, "--block-size", HUGE], "--block-size"),  # ValueError: no block fits
+        ([*TORCH_RUN, "--num-kv-blocks", "100000000"], "--num-kv-blocks"),  # 205 GB RuntimeError
+        ([*TORCH_RUN, "--max-model-len", "2000000000"], "--max-model-len"),  # 64 GB RoPE table
+        ([*TORCH_RUN, "--max-num-seqs", HUGE], "--max-num-seqs"),  # 3.6 TiB per-slot arrays
+        ([*TORCH_RUN, "--preemption", "swap", "--swap-space", "1e12"], "--swap-space"),
+        (["run", "--engine", "sim", "--num-requests", "1000000000", "--output", "{t}/x.json"],
+         "--num-requests"),  # 14 GB and counting
+        (["run", "--engine", "sim", "--duration", "30d", "--request-rate", "100000",
+          "--output", "{t}/x.json"], "--duration"),
+        (["sweep", "--engine", "sim", "--num-requests", "1000000000", "--max-requests",
+          "1000000000", "--rates", "1", "--min-duration", "0", "--out-dir", "{t}/s"],
+         "--num-requests"),
+    ],
+    ids=["sim-kv-blocks", "sim-swap-space", "sim-block-size", "torch-kv-blocks",
+         "torch-max-model-len", "torch-max-num-seqs", "torch-swap-space", "num-requests",
+         "duration-times-rate", "sweep-num-requests"],
+)
+def test_a_size_beyond_memory_is_one_line_before_allocating(tmp_path, argv, flag):
+    if "torch" in argv:
+        pytest.importorskip("torch")
+    code, err = invoke(argv, tmp_path)
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("cbbench: error: ") and flag in err[0], err

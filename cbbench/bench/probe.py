@@ -33,6 +33,7 @@ import numpy as np
 
 from cbbench.analysis.slo import AttainmentSLO, run_attainment
 from cbbench.errors import UsageError
+from cbbench.load.limits import check_request_count
 
 DEFAULT_NUM_REQUESTS = 1000  # vLLM's benchmark default; also the size of a rate-inf probe
 DEFAULT_MIN_DURATION_S = 60.0
@@ -58,6 +59,7 @@ class ProbeSizing:
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise UsageError(f"--num-requests must be >= 1, got {self.num_requests}")
+        check_request_count(self.num_requests, f"--num-requests {self.num_requests}")
         if not (self.min_duration_s >= 0 and math.isfinite(self.min_duration_s)):
             raise UsageError(f"--min-duration must be >= 0 seconds, got {self.min_duration_s}")
         if self.max_requests < self.num_requests:

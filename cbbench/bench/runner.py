@@ -19,6 +19,7 @@ from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
 from cbbench.load.cancel import cancel_plan
 from cbbench.load.delays import parse_delay
+from cbbench.load.limits import check_request_count
 from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
 from cbbench.load.sessions import sample_sessions
 from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
@@ -220,6 +221,8 @@ def execute_run(
         # Built-ins are large traces: sample vLLM's default count. A user's file without the
         # flag is replayed whole, in order.
         num_requests = DEFAULT_NUM_REQUESTS
+    if num_requests is not None:
+        check_request_count(num_requests, f"--num-requests {num_requests}")
     if spec.workload == RANDOM_WORKLOAD:
         workload = random_workload(spec.random, num_requests, spec.seed)
         num_requests = None  # generated in order: keep them all

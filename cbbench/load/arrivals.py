@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.limits import check_request_count
 from cbbench.load.workload import WorkloadRequest
 
 ARRIVAL_PROCESSES = ("auto", "gamma", "constant", "trace")
@@ -190,6 +191,9 @@ def count_within(
             "arrives at t = 0"
         )
     expected = float(ramp.expected(duration_s)) if ramp is not None else duration_s * rate
+    # Before drawing: 30 days at 100,000 req/s would draw 2.6e11 arrivals.
+    check_request_count(expected, f"--duration {duration_s:g} s at ~{expected / duration_s:.4g} "
+                        f"req/s ({expected:.3g} requests)")
     n = int(expected * DURATION_GUESS_SLACK) + DURATION_GUESS_EXTRA
     while True:
         times = _drawn_times(n, rate, burstiness, process, seed, ramp)

@@ -1,0 +1,24 @@
+"""How many requests one run can hold: each costs host memory for as long as the run lasts
+(its record with every token time, its engine state, its share of the iteration records), so
+a count far beyond the machine is refused before anything is drawn, not after the sampling
+alone has taken all the memory (`--num-requests 1000000000` reached 14 GB and counting)."""
+
+from __future__ import annotations
+
+from cbbench.engine.memory_check import available_host_bytes, fmt_bytes
+from cbbench.errors import UsageError
+
+# Measured: a 100,000-request simulated run peaks at ~0.9 GB (about 6 kB a request above the
+# process's own); a round figure with room for longer outputs.
+REQUEST_BYTES = 10_000
+
+
+def check_request_count(n: float, what: str) -> None:
+    """UsageError when ``n`` requests need more memory than this host has available."""
+    available = available_host_bytes()
+    if available is not None and n * REQUEST_BYTES > available:
+        raise UsageError(
+            f"{what} needs about {fmt_bytes(n * REQUEST_BYTES)} of memory "
+            f"(~{REQUEST_BYTES // 1000} kB a request), more than the {fmt_bytes(available)} "
+            "available on this host"
+        )
