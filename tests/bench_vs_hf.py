@@ -213,7 +213,7 @@ PROFILE_PHASES = {
     "      RMSNorm": ("cbbench.engine.models.llama", "RMSNorm.forward"),
     "      rotary (rope_torch)": ("cbbench.kernels.layer_ops", "rope_torch"),
     "    lm_head (LlamaForCausalLM.compute_logits)": ("cbbench.engine.models.llama", "LlamaForCausalLM.compute_logits"),
-    "    sampling (Sampler.__call__)": ("cbbench.engine.sampler", "Sampler.__call__"),
+    "    sampling (Sampler.sample_rows)": ("cbbench.engine.sampler", "Sampler.sample_rows"),
     "  postprocess (Engine._postprocess)": ("cbbench.engine.engine", "Engine._postprocess"),
     "metrics (summarize)": ("cbbench.analysis.metrics", "summarize"),
     "result write (write_result)": ("cbbench.analysis.result", "write_result"),

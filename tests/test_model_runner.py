@@ -382,3 +382,43 @@ def test_kv_blocks_for_memory_follows_the_design_rule():
     assert num_kv_blocks_for_memory(config, 16, torch.bfloat16, memory) == expected
     assert num_kv_blocks_for_memory(config, 16, "bf16", memory) == expected
     assert num_kv_blocks_for_memory(config, 16, "bf16", 10**9) == 0  # weights alone overflow
+
+
+def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_graphs, monkeypatch):
+    """Through cbbench's own run path: graphs asked for and captured (stand-ins) on the CPU,
+    the capture of size 4 fails, the run serves every request, and the result's config says
+    cuda_graphs_effective: false with the one-line reason."""
+    from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.engine import build
+    from cbbench.engine.args import EngineArgs
+
+    eager_graphs.fail_at = 4
+    monkeypatch.setattr(build, "_graphs_plan", lambda args, on_cuda, backend: (True, None))
+    notices = []
+    spec = RunSpec(
+        workload="sharegpt", num_requests=6, engine=EngineArgs(engine="torch", model="tiny",
+                                                                max_num_seqs=8),
+    )  # fmt: skip
+    result = execute_run(spec, notices.append)
+    config = result["config"]
+    assert config["cuda_graphs"] is True and config["cuda_graphs_effective"] is False
+    assert config["cuda_graphs_reason"].startswith("capture failed: RuntimeError: CUDA error")
+    assert "\n" not in config["cuda_graphs_reason"]
+    assert any(n.startswith("CUDA graph capture failed, decoding eagerly") for n in notices)
+    assert result["summary"]["completed"] == 6 and result["summary"]["failed"] == 0
+
+
+def test_fused_kernels_switch(monkeypatch):
+    """--fused-kernels: auto is off on the CPU; on runs the Triton layer kernels where Triton
+    can run (here: its interpreter, which conftest turns on) and is a one-line error where not."""
+    from cbbench.engine import build
+    from cbbench.engine.args import EngineArgs, EngineArgsError
+
+    base = dict(engine="torch", model="tiny", attention_backend="torch", max_model_len=64)
+    _, info = build.build_engine(EngineArgs(**base), notice=lambda m: None)
+    assert info.fused_kernels is False
+    engine, info = build.build_engine(EngineArgs(**base, fused_kernels="on"), lambda m: None)
+    assert info.fused_kernels is True and engine.executor.model.ops.fused
+    monkeypatch.setattr("cbbench.kernels.available_backends", lambda device: ["reference", "torch"])
+    with pytest.raises(EngineArgsError, match="--fused-kernels on: the Triton kernels cannot run"):
+        build.build_engine(EngineArgs(**base, fused_kernels="on"), lambda m: None)
