@@ -115,7 +115,7 @@ def test_jsonl_with_each_prompt_form(tmp_path):
             json.dumps({"prompt_token_ids": [1, 2, 3], "output_len": 4}),
             "",  # blank lines are skipped
             json.dumps({"prompt": "abcdefghijklmnop", "output_len": 2, "priority": -1}),
-            json.dumps({"prompt_len": 7, "output_len": 1, "arrival_s": 0.5}),
+            json.dumps({"prompt_len": 7, "output_len": 1}),
             json.dumps({"prompt_token_ids": [5, 6], "prompt_len": 2, "output_len": 3}),
         ],
     )
@@ -124,9 +124,9 @@ def test_jsonl_with_each_prompt_form(tmp_path):
     r0, r1, r2, r3 = w.requests
     assert (r0.id, r0.prompt_len, r0.output_len, r0.prompt_token_ids) == (0, 3, 4, (1, 2, 3))
     assert (r1.id, r1.prompt_len, r1.prompt, r1.priority) == (1, 4, "abcdefghijklmnop", -1)
-    assert (r2.id, r2.prompt_len, r2.arrival_s) == (2, 7, 0.5)
+    assert (r2.id, r2.prompt_len, r2.arrival_s) == (2, 7, None)
     assert r3.prompt_len == 2
-    assert not w.has_arrivals  # only some lines carry arrival_s
+    assert not w.has_arrivals  # arrival_s on only some lines is refused: test_hostile_input.py
 
 
 def test_jsonl_text_prompts_use_the_given_counter(tmp_path):

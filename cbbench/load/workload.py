@@ -24,6 +24,9 @@ from cbbench.load.sessions import Session, parse_session, sharegpt_multiturn
 # English with BPE tokenizers); --tokenizer makes the count exact.
 APPROX_CHARS_PER_TOKEN = 4
 JSONL_FIELDS = {"prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority"}
+# A JSONL line may be this long (a long session's turns, a 128k-token prompt, fit many times);
+# a longer one (`--workload /dev/zero`) is an error, not a read until memory runs out.
+MAX_LINE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +189,11 @@ def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRe
         ids = tuple(raw)
         prompt_len = len(ids)
     elif "prompt" in obj:
+        if "prompt_len" in obj:
+            raise UsageError(
+                f"{where}: give 'prompt' or 'prompt_len', not both (a text prompt's length is "
+                "counted from the text: exactly with --tokenizer)"
+            )
         text = obj["prompt"]
         if not isinstance(text, str) or not text:
             raise UsageError(f"{where}: 'prompt' must be a non-empty string")
@@ -215,16 +223,40 @@ def approx_token_count(text: str) -> int:
     return max(1, round(len(text) / APPROX_CHARS_PER_TOKEN))
 
 
-def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
+def jsonl_lines(path: Path):
+    """(line number, text) of each line: lines end at \n only (and \r\n), as JSONL says:
+    str.splitlines() also cut at U+2028, U+2029 and U+0085, which JSON strings may hold.
+    Read as a stream, each line at most MAX_LINE_BYTES."""
     try:
-        text = path.read_text()
+        f = open(path, "rb")  # noqa: SIM115 (closed below; open errors are reported apart)
     except FileNotFoundError:
         raise UsageError(f"workload file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:
         raise UsageError(f"cannot read workload file {path}: {e}") from None
+    with f:
+        lineno = 0
+        while True:
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as e:
+                raise UsageError(f"cannot read workload file {path}: {e}") from None
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(
+                    f"{path}:{lineno}: the line is longer than {MAX_LINE_BYTES >> 20} MiB"
+                )
+            try:
+                yield lineno, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise UsageError(f"cannot read workload file {path}: line {lineno}: {e}") from None
+
+
+def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
     reqs: list[WorkloadRequest] = []
     sessions: list[Session] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in jsonl_lines(path):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -232,6 +264,8 @@ def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_cou
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise UsageError(f"{where}: the JSON is nested too deeply") from None
         if isinstance(obj, dict) and "turns" in obj:
             sessions.append(parse_session(obj, len(sessions), where, count_tokens))
         else:
@@ -239,10 +273,34 @@ def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_cou
         if reqs and sessions:
             raise UsageError(f"{where}: a file holds either requests or sessions, not both")
     if sessions:
+        _check_all_or_none(path, sessions, "session")
         return Workload(path.name, [], f"JSONL sessions {path.name}", sessions=sessions)
     if not reqs:
         raise UsageError(f"workload file {path} holds no requests")
+    _check_all_or_none(path, reqs)
     return Workload(path.name, reqs, f"JSONL file {path.name}")
+
+
+def _check_all_or_none(path: Path, items, noun: str = "request") -> None:
+    """Timestamps on some lines only would be dropped (a replay needs them all): refuse."""
+    timed = sum(r.arrival_s is not None for r in items)
+    if 0 < timed < len(items):
+        first = next(i for i, r in enumerate(items) if r.arrival_s is None)
+        raise UsageError(
+            f"{path}: {timed} of {len(items)} {noun}s have 'arrival_s' ({noun} {first + 1}, "
+            f"line {_line_of(path, first)}, has none): give it on every line or on none"
+        )
+
+
+def _line_of(path: Path, index: int) -> int:
+    """The line number of the ``index``-th non-blank line."""
+    seen = -1
+    for lineno, line in jsonl_lines(path):
+        if line.strip():
+            seen += 1
+            if seen == index:
+                return lineno
+    return 0
 
 
 def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
