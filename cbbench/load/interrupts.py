@@ -1,6 +1,11 @@
 """Ctrl-C and SIGTERM during a run: the first stops dispatching and lets in-flight requests
 finish (up to a grace period) so the result keeps what was measured; a second exits at once.
-Result files are replaced atomically, so even then no half-written file is left."""
+Result files are replaced atomically, so even then no half-written file is left.
+
+Before the run starts (loading the workload, building the engine) there is nothing to keep:
+a signal then exits at once. The run "starts" when its loop first asks whether to stop; a
+signal before that raises KeyboardInterrupt, which also breaks a blocking read (a FIFO with no
+writer as the workload ignored SIGTERM until SIGKILL)."""
 
 from __future__ import annotations
 
@@ -15,15 +20,17 @@ class StopSignal:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._previous: dict[int, object] = {}
+        self._started = False
 
     def __call__(self) -> bool:
+        self._started = True  # the run's loop asks: from now on a signal stops it gracefully
         return self._stop.is_set()
 
     def request_stop(self) -> None:
         self._stop.set()
 
     def _handle(self, signum, frame) -> None:
-        if self._stop.is_set():
+        if self._stop.is_set() or not self._started:
             # Second signal: leave now. KeyboardInterrupt unwinds to the CLI's exit code 130.
             raise KeyboardInterrupt
         self._stop.set()

@@ -1,0 +1,185 @@
+"""Hostile workload files and start-up interrupts (issue 19).
+
+- Valid JSONL is read as JSONL: lines end at \\n only (\\r\\n accepted); U+2028, U+2029 and
+  U+0085 inside strings are text (str.splitlines() cut lines there).
+- A file that is not JSONL fails with one line naming the line: nested 100k brackets deep (a
+  RecursionError before), a line longer than MAX_LINE_BYTES (`--workload /dev/zero` read until
+  out of memory).
+- A FIFO with no writer as the workload: SIGTERM stops cbbench (it was ignored until SIGKILL);
+  Ctrl-C at any moment of start-up exits without a traceback.
+- Fields that disagree are refused instead of one silently winning: `arrival_s` on only some
+  lines (every timestamp was dropped), `prompt` with `prompt_len`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cbbench.errors import UsageError
+from cbbench.load.workload import MAX_LINE_BYTES, load_jsonl
+
+CBBENCH = shutil.which("cbbench")
+COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
+SIM = ["run", "--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b", "--num-requests", "2"]
+MEMORY_CAP_BYTES = 4 << 30  # a child that reads without end fails instead of eating the host
+
+
+def _write(tmp_path: Path, text: str, name: str = "w.jsonl") -> Path:
+    p = tmp_path / name
+    p.write_bytes(text.encode())
+    return p
+
+
+# ---- valid JSONL -----------------------------------------------------------------------------
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\u0085", "\x0b", "\x0c", "\x1c"])
+def test_unicode_line_separators_inside_strings_are_text(tmp_path, sep):
+    prompt = f"first line{sep}second line"
+    lines = [json.dumps({"prompt": prompt, "output_len": 2}, ensure_ascii=False),
+             json.dumps({"prompt_len": 4, "output_len": 2})]
+    w = load_jsonl(_write(tmp_path, "\n".join(lines) + "\n"))
+    assert len(w.requests) == 2 and w.requests[0].prompt == prompt
+
+
+def test_crlf_line_endings_are_accepted(tmp_path):
+    text = "\r\n".join(json.dumps({"prompt_len": 4 + i, "output_len": 2}) for i in range(3))
+    w = load_jsonl(_write(tmp_path, text + "\r\n\r\n"))
+    assert [r.prompt_len for r in w.requests] == [4, 5, 6]
+
+
+def test_errors_still_name_the_line_after_a_separator_in_a_string(tmp_path):
+    lines = [json.dumps({"prompt": "a\u2028b", "output_len": 2}, ensure_ascii=False), "{oops"]
+    with pytest.raises(UsageError, match=r"w.jsonl:2: malformed JSON"):
+        load_jsonl(_write(tmp_path, "\n".join(lines) + "\n"))
+
+
+# ---- files that are not JSONL ------------------------------------------------------------------
+def test_json_nested_too_deep_is_one_line(tmp_path):
+    p = _write(tmp_path, json.dumps({"prompt_len": 4, "output_len": 2}) + "\n"
+               + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(UsageError, match=r"w.jsonl:2: .*nested too deeply"):
+        load_jsonl(p)
+
+
+def test_a_line_beyond_the_limit_is_refused(tmp_path):
+    p = _write(tmp_path, '{"prompt": "' + "a" * (MAX_LINE_BYTES + 10) + '", "output_len": 2}\n')
+    with pytest.raises(UsageError, match=r"w.jsonl:1: the line is longer than"):
+        load_jsonl(p)
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_CAP_BYTES, MEMORY_CAP_BYTES))
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_dev_zero_as_the_workload_is_one_line(tmp_path):
+    proc = subprocess.run([*COMMAND, *SIM, "--workload", "/dev/zero", "--output",
+                           str(tmp_path / "x.json")], capture_output=True, text=True,
+                          timeout=120, preexec_fn=_cap_memory, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("cbbench: error: ") and "longer than" in proc.stderr
+
+
+# ---- fields that disagree ----------------------------------------------------------------------
+def test_arrival_s_on_only_some_lines_is_refused(tmp_path):
+    lines = [json.dumps({"prompt_len": 4, "output_len": 2, "arrival_s": 0.5}),
+             json.dumps({"prompt_len": 4, "output_len": 2}),
+             json.dumps({"prompt_len": 4, "output_len": 2, "arrival_s": 1.5})]
+    with pytest.raises(UsageError, match=r"2 of 3 requests have 'arrival_s'.*line 2"):
+        load_jsonl(_write(tmp_path, "\n".join(lines) + "\n"))
+
+
+def test_prompt_with_prompt_len_is_refused(tmp_path):
+    line = json.dumps({"prompt": "a b c", "prompt_len": 50, "output_len": 2})
+    with pytest.raises(UsageError, match=r"w.jsonl:1: give 'prompt' or 'prompt_len', not both"):
+        load_jsonl(_write(tmp_path, line + "\n"))
+
+
+# ---- signals before the run starts -------------------------------------------------------------
+def _popen(argv: list[str], cwd: Path) -> subprocess.Popen:
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    return subprocess.Popen([*COMMAND, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _blocked_in_open(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` is blocked opening a FIFO (the kernel waits for a writer)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/wchan") as f:
+                if "wait_for_partner" in f.read():
+                    return True
+        except OSError:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_sigterm_stops_a_run_waiting_on_a_fifo_workload(tmp_path):
+    fifo = tmp_path / "w.jsonl"
+    os.mkfifo(fifo)
+    proc = _popen([*SIM, "--workload", str(fifo), "--output", str(tmp_path / "x.json")], tmp_path)
+    try:
+        if not _blocked_in_open(proc.pid, 60):
+            time.sleep(5)  # no /proc/PID/wchan here: give start-up time to reach the FIFO
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("SIGTERM did not stop cbbench waiting on a FIFO")
+    assert proc.returncode in (130, -signal.SIGTERM), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def _wait_for_mapping(pid: int, name: str, timeout: float) -> bool:
+    """Whether ``pid`` mapped a file whose path holds ``name`` (a module being imported)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                if name in f.read():
+                    return True
+        except OSError:
+            return False
+        time.sleep(0.002)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/PID/maps")
+def test_ctrl_c_while_importing_prints_no_traceback(tmp_path):
+    """The command imports numpy early and typer, rich and its commands after: a signal the
+    moment numpy's extension is mapped lands inside the imports, before main() runs."""
+    proc = _popen([*SIM, "--output", str(tmp_path / "x.json")], tmp_path)
+    assert _wait_for_mapping(proc.pid, "_multiarray_umath", 60)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (130, -signal.SIGINT), err
+    assert "cbbench: interrupted" in err
+
+
+@pytest.mark.parametrize("delay", [0.4, 0.8, 1.5])
+def test_ctrl_c_during_start_up_prints_no_traceback(tmp_path, delay):
+    """At any moment before the run starts (imports, loading the workload, building the
+    engine): no traceback, exit 130 (or killed by SIGINT before Python handles signals)."""
+    proc = _popen([*SIM, "--output", str(tmp_path / "x.json")], tmp_path)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (0, 130, -signal.SIGINT), err
