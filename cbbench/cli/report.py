@@ -54,6 +54,7 @@ def report(
     """
     from cbbench.analysis.compare import file_labels, load_labeled
     from cbbench.analysis.result import check_writable, write_atomic
+    from cbbench.report.check import check_report_input
     from cbbench.report.html import PlotSection, render_page
 
     if max_gantt_requests < 1:
@@ -67,6 +68,8 @@ def report(
     files = [p for p in files if p not in sweep_files]
     sweeps = [(lbl, load_sweep(p)) for lbl, p in zip(file_labels(sweep_files), sweep_files)]
     results = load_labeled(files)
+    for path, x in zip(files, results):
+        check_report_input(x.result, path)
 
     specs = plot_specs(results, max_gantt_requests) if results else []
     if sweeps:
