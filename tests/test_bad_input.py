@@ -190,6 +190,14 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "gate-threshold-not-a-number": (
         ["gate", "{r}/a.json", "--baseline", "{r}/b.json", "--max-regression", "failed=many"],
         ["invalid threshold value"]),
+    # issue 19: true == 1 in Python; a negative throughput is no baseline
+    "gate-schema-version-true": (
+        ["gate", "{r}/a.json", "--baseline", "{r}/vtrue.json"], ["schema_version True"]),
+    "compare-schema-version-float": (
+        ["compare", "{r}/a.json", "{r}/vfloat.json"], ["schema_version 1.0"]),
+    "gate-negative-throughput-baseline": (
+        ["gate", "{r}/a.json", "--baseline", "{r}/negative.json"],
+        ["output_throughput = -100.0: it cannot be negative"]),
     "gate-unknown-option": (
         ["gate", "{r}/a.json", "--baseline", "{r}/b.json", "--max-regresion", "failed=0"],
         ["no such option: --max-regresion"]),
@@ -236,6 +244,10 @@ def folders(tmp_path_factory):
     write_result(r / "b.json", base)
     (r / "v2.json").write_text(json.dumps({**base, "schema_version": 2}))
     (r / "list.json").write_text("[1, 2, 3]")
+    (r / "vtrue.json").write_text(json.dumps({**base, "schema_version": True}))
+    (r / "vfloat.json").write_text(json.dumps({**base, "schema_version": 1.0}))
+    negative = {**base, "summary": {**base["summary"], "output_throughput": -100.0}}
+    (r / "negative.json").write_text(json.dumps(negative))
     (r / "torn.json").write_text(json.dumps(base)[:40])
     return w, r
 

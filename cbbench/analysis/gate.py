@@ -51,6 +51,9 @@ SCALAR_DIRECTIONS = {
     "engine.token_budget_utilization": HIGHER,
     "engine.mbu": HIGHER,
 }
+# Every metric is a count, a rate, a time or a share, none below 0, except the client's send
+# lag (a request sent a hair before its intended time).
+SIGNED_METRICS = ("send_lag_ms",)
 # Latency distributions: every statistic is lower-is-better.
 LATENCY_DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms")
 _STAT = re.compile(r"^(mean|std|p\d+(\.\d+)?)$")
@@ -158,6 +161,8 @@ def metric_value(result: dict, metric: str, path: str) -> float:
         node = node.get(part) if isinstance(node, dict) else None
     if isinstance(node, bool) or not isinstance(node, (int, float)) or not math.isfinite(node):
         raise UsageError(f"{path} has no value for metric {metric!r}")
+    if node < 0 and not metric.startswith(SIGNED_METRICS):
+        raise UsageError(f"{path} has {metric} = {node}: it cannot be negative")
     return float(node)
 
 

@@ -179,7 +179,9 @@ def load_result(path: Path) -> dict:
         raise UsageError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict) or "schema_version" not in data:
         raise UsageError(f"{path} is not a cbbench result (no schema_version)")
-    if data["schema_version"] != SCHEMA_VERSION:
+    version = data["schema_version"]
+    # An int, not a bool or a float: true == 1 and 1.0 == 1 in Python, not in the schema.
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise UsageError(
             f"{path} has schema_version {data['schema_version']!r}; "
             f"this cbbench reads version {SCHEMA_VERSION}"
