@@ -57,6 +57,9 @@ class EngineInfo:
     cuda_graphs: bool | None = None
     cuda_graphs_effective: bool | None = None  # False: decode runs eagerly (reason below)
     cuda_graphs_reason: str | None = None
+    # Piecewise graphs of mixed iterations (False: they run eagerly; reason below).
+    cuda_graphs_mixed_effective: bool | None = None
+    cuda_graphs_mixed_reason: str | None = None
     cpu_threads: int | None = None
     vocab_size: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -367,8 +370,11 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         max_num_batched_tokens=budget,
         notice=notice,
     )
+    mixed_reason = graphs_reason
     if use_graphs and not runner.cuda_graphs_effective:
         graphs_reason = f"capture failed: {runner.graphs_fallback_reason}"
+    if use_graphs and not runner.mixed_graphs_effective:
+        mixed_reason = f"capture failed: {runner.mixed_graphs_fallback_reason}"
     if num_cpu_blocks:
         runner.allocate_swap_space(num_cpu_blocks)
     runner.warmup()
@@ -389,6 +395,8 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         cuda_graphs=args.cuda_graphs,
         cuda_graphs_effective=runner.cuda_graphs_effective,
         cuda_graphs_reason=graphs_reason,
+        cuda_graphs_mixed_effective=runner.mixed_graphs_effective,
+        cuda_graphs_mixed_reason=mixed_reason,
         cpu_threads=cpu_threads,
         max_model_len=max_model_len,
         max_num_batched_tokens=budget,

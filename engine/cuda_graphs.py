@@ -1,5 +1,8 @@
 """CUDA graphs for a ladder of padded sizes: capture with a fallback, and replay.
 
+Each size holds ``pieces`` graphs (1 for the decode forward; one per piece of the forward cut
+at attention for mixed iterations, see :mod:`.piecewise`), replayed in order by the caller.
+
 Capture follows PyTorch's recipe: each body runs a few times on the capture stream first (so
 kernel compilation, the allocator and cuBLAS's per-stream workspace are all set up on the stream
 that is then captured), and the graphs share one memory pool, captured largest first so the
@@ -27,13 +30,15 @@ def one_line(exc: BaseException) -> str:
 
 
 class GraphLadder:
-    """Graphs keyed by padded size; ``body(size)`` writes its output into the caller's static
-    buffers (the graph replays exactly that)."""
+    """Graphs keyed by padded size; ``body(size, piece)`` writes its output into the caller's
+    static buffers (the graph replays exactly that)."""
 
-    def __init__(self, sizes: list[int], device: torch.device) -> None:
+    def __init__(self, sizes: list[int], device: torch.device, pieces: int = 1) -> None:
         self.sizes = sorted(sizes)
         self.device = device
-        self.graphs: dict = {}
+        self.pieces = pieces
+        self.pool = None
+        self.graphs: dict[int, list] = {}  # size -> one graph per piece
 
     def __bool__(self) -> bool:
         return bool(self.graphs)
@@ -51,15 +56,19 @@ class GraphLadder:
                 return size
         return None
 
-    def capture(self, body: Callable[[int], None]) -> str | None:
-        """Capture every size; on failure drop them all and return the reason (one line)."""
+    def capture(self, body: Callable[[int, int], None], pool=None) -> str | None:
+        """Capture every size (every piece); on failure drop them all and return the reason
+        (one line). ``pool``: a memory pool to share (another ladder's)."""
         try:
             stream = self.capture_stream()
-            pool = None
             for size in reversed(self.sizes):
-                graph = self.capture_one(size, body, stream, pool)
-                pool = graph.pool()
-                self.graphs[size] = graph
+                graphs = []
+                for piece in range(self.pieces):
+                    graph = self.capture_one(lambda s=size, p=piece: body(s, p), stream, pool)
+                    pool = graph.pool()
+                    graphs.append(graph)
+                self.graphs[size] = graphs
+            self.pool = pool
             self.synchronize()
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
             self.graphs.clear()
@@ -76,17 +85,17 @@ class GraphLadder:
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
 
-    def capture_one(self, size: int, body, stream, pool):
-        """Warm up on the capture stream, then capture one graph on it."""
+    def capture_one(self, run: Callable[[], None], stream, pool):
+        """Warm up on the capture stream, then capture one graph of ``run`` on it."""
         current = torch.cuda.current_stream(self.device)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
             for _ in range(CAPTURE_WARMUP_RUNS):
-                body(size)
+                run()
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool, stream=stream):
-            body(size)
+            run()
         current.wait_stream(stream)
         return graph
 
@@ -100,5 +109,5 @@ class GraphLadder:
         except Exception:  # noqa: BLE001, S110 - a broken context surfaces on the next forward
             pass
 
-    def replay(self, size: int) -> None:
-        self.graphs[size].replay()
+    def replay(self, size: int, piece: int = 0) -> None:
+        self.graphs[size][piece].replay()

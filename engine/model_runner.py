@@ -5,22 +5,22 @@ its tokens ``num_computed_tokens .. num_computed_tokens + n - 1``, and attention
 context through the metadata. The inputs are built incrementally from per-request slots
 (:mod:`.input_batch`) and land in persistent device buffers (:mod:`.device_inputs`).
 
-On CUDA, pure-decode iterations replay CUDA graphs captured at start-up for a ladder of padded
-batch sizes (:mod:`.cuda_graphs`); a capture that fails leaves decode eager, with the reason
-kept in ``graphs_fallback_reason``. Padding rows write no KV (slot -1) and attend one key of
-their table's first block (seq_len 1): finite garbage that is never read back.
+On CUDA, pure-decode iterations replay CUDA graphs of the whole forward, captured at start-up
+for a ladder of padded batch sizes (:mod:`.cuda_graphs`). Padding rows write no KV (slot -1)
+and attend one key of their table's first block (seq_len 1): finite garbage never read back.
 
-Mixed prefill + decode iterations run eagerly. Their host cost is the same ~1 launch per op as
-a decode's, but a graph would have to fix the token count, the request count and the attention
-kernel's per-step launch shape all at once (one graph per combination), or split the forward
-at attention (vLLM's piecewise graphs), which needs the model to expose its layers' pieces.
-Eager launches are asynchronous, so launch cost only shows where it exceeds the GPU's time:
-the prefill rows of a mixed iteration give the GPU more work than a decode, which hides it.
+Mixed prefill + decode iterations (and prefill-only ones) of up to MAX_PIECEWISE_TOKENS tokens
+replay piecewise graphs (:mod:`.piecewise`, as vLLM does): the forward cut at attention, the
+pieces captured per padded token count, attention run eagerly between them on the real rows.
+Larger iterations run eagerly: their GEMMs keep the GPU busy far longer than the host takes
+to launch them, and padding them would cost more than launching saves.
+
+A capture that fails leaves that kind of iteration eager, with the reason kept
+(``graphs_fallback_reason``, ``mixed_graphs_fallback_reason``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,8 +33,10 @@ from .args import DEFAULT_MAX_NUM_SEQS
 from .cuda_graphs import GraphLadder
 from .device_inputs import DeviceInputs
 from .input_batch import HostInputs, PersistentBatch
+from .kv_swap import KVSwapSpace
 from .model_config import ModelConfig
 from .models.llama import KVCache, LlamaForCausalLM
+from .piecewise import ForwardPieces
 from .request import SamplingParams
 from .sampler import GREEDY_ROWS, RowParams, Sampler, SamplingBatch, SamplingSlots
 from .scheduler_output import ExecutorOutput, SchedulerOutput
@@ -42,6 +44,10 @@ from .scheduler_output import ExecutorOutput, SchedulerOutput
 # Batch sizes with a captured decode graph: fine steps so padding wastes at most 15 rows
 # (capped at max_num_seqs, which is always added).
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, *range(16, 513, 16))
+# Token counts with piecewise graphs for mixed iterations: padding costs at most ~25% of the
+# rows; above the largest size an iteration runs eagerly (its GEMMs dwarf the launches).
+PIECEWISE_TOKEN_SIZES = (8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+MAX_PIECEWISE_TOKENS = PIECEWISE_TOKEN_SIZES[-1]
 PAD_SLOT = -1  # the kernels' "do not write" slot
 PAD_SEQ_LEN = 1  # padding rows attend one key: a zero-length softmax would divide by zero
 WARMUP_PREFILL_TOKENS = 256
@@ -61,6 +67,7 @@ class PackedBatch:
     sample_req_indices: list[int]  # [N]: index into scheduled_reqs of each sampled row
     sampling: RowParams = GREEDY_ROWS
     graph_size: int | None = None  # replay the decode graph of this padded size
+    mixed_size: int | None = None  # replay the piecewise graphs of this padded token count
 
     @property
     def num_reqs(self) -> int:
@@ -99,9 +106,10 @@ class ModelRunner:
             max_num_seqs, config.max_model_len, block_size, self.sampling_slots.set
         )
         self.max_blocks_per_seq = self.batch.max_blocks_per_seq
+        self.max_num_batched_tokens = max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
         self.inputs = DeviceInputs(
             max_num_seqs,
-            max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+            self.max_num_batched_tokens,
             self.max_blocks_per_seq,
             self.device,
             persistent=self.device.type == "cuda" or use_cuda_graphs,
@@ -109,14 +117,23 @@ class ModelRunner:
         self._compilations = _compilation_counter()
         self._compilations_at_ready: int | None = None
         self.graphs = GraphLadder(self.graph_batch_sizes(), self.device)
+        self.mixed_graphs = GraphLadder(
+            self.piecewise_token_sizes(), self.device, pieces=config.num_layers + 1
+        )
         self.use_cuda_graphs = use_cuda_graphs
         self.graphs_fallback_reason: str | None = None
+        self.mixed_graphs_fallback_reason: str | None = None
         if use_cuda_graphs:
             self.capture_decode_graphs(notice)
+            self.capture_mixed_graphs(notice)
 
     @property
     def cuda_graphs_effective(self) -> bool:
         return bool(self.graphs)
+
+    @property
+    def mixed_graphs_effective(self) -> bool:
+        return bool(self.mixed_graphs)
 
     # ---- one iteration ------------------------------------------------------------------------
 
@@ -158,16 +175,31 @@ class ModelRunner:
         if batch.graph_size is not None:
             self.graphs.replay(batch.graph_size)
             return self._g_hidden[: batch.num_reqs]
+        if batch.mixed_size is not None:
+            size = batch.mixed_size
+            return self.pieces.forward(
+                lambda piece: self.mixed_graphs.replay(size, piece), self.kv_caches,
+                batch.metadata,
+            )  # fmt: skip
         return self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
 
     # ---- batch construction -------------------------------------------------------------------
 
     def prepare(self, sched: SchedulerOutput) -> PackedBatch:
         host = self.batch.build(sched.scheduled_reqs, sched.num_scheduled_tokens)
-        graph_size = self.graphs.padded_size(host.num_reqs) if host.is_pure_decode else None
-        return self._upload(host, graph_size)
+        graph_size = mixed_size = None
+        if host.is_pure_decode:
+            graph_size = self.graphs.padded_size(host.num_reqs)
+        if graph_size is None:
+            mixed_size = self.mixed_graphs.padded_size(host.num_tokens)
+        return self._upload(host, graph_size, mixed_size)
 
-    def _upload(self, host: HostInputs, graph_size: int | None) -> PackedBatch:
+    def _upload(
+        self, host: HostInputs, graph_size: int | None, mixed_size: int | None = None
+    ) -> PackedBatch:
+        """Host inputs -> device buffers. A decode graph reads ``graph_size`` rows of every
+        input (padding requests of one key); piecewise graphs read ``mixed_size`` token rows
+        (padding tokens that store nothing), while attention sees the real batch."""
         up = self.inputs.upload
         n = host.num_reqs
         pad_to, pad_cu_k = 0, None
@@ -175,15 +207,16 @@ class ModelRunner:
             pad_to = graph_size
             last = int(host.cu_seqlens_k[-1])
             pad_cu_k = last + PAD_SEQ_LEN * np.arange(1, graph_size - n + 1, dtype=np.int32)
-        input_ids = up("input_ids", host.input_ids, pad_to, 0)[: host.num_tokens]
-        positions = up("positions", host.positions, pad_to, 0)[: host.num_tokens]
+        pad_tokens = mixed_size or pad_to
+        input_ids = up("input_ids", host.input_ids, pad_tokens, 0)[: host.num_tokens]
+        positions = up("positions", host.positions, pad_tokens, 0)[: host.num_tokens]
         metadata = AttentionMetadata(
             cu_seqlens_q=up("cu_seqlens_q", host.cu_seqlens_q),
             seq_lens=up("seq_lens", host.seq_lens, pad_to, PAD_SEQ_LEN)[:n],
             max_seqlen_q=host.max_seqlen_q,
             max_seqlen_k=host.max_seqlen_k,
             block_tables=self.inputs.upload_block_tables(host.block_tables),
-            slot_mapping=up("slot_mapping", host.slot_mapping, pad_to, PAD_SLOT)[
+            slot_mapping=up("slot_mapping", host.slot_mapping, pad_tokens, PAD_SLOT)[
                 : host.num_tokens
             ],
             block_size=self.block_size,
@@ -199,49 +232,18 @@ class ModelRunner:
             sample_req_indices=host.sample_req_indices,
             sampling=self.sampling_slots.rows(host.sample_slots, host.sample_num_tokens, up),
             graph_size=graph_size,
+            mixed_size=mixed_size,
         )
 
-    # ---- swap preemption: KV blocks to and from a CPU pool --------------------------------------
+    # ---- swap preemption: KV blocks to and from a CPU pool (engine/kv_swap.py) -------------------
 
     def allocate_swap_space(self, num_cpu_blocks: int) -> None:
-        """The CPU block pool, laid out as the device cache ([blocks, block_size, kv_heads,
-        head_dim] per layer, K and V); pinned on CUDA so copies run at full host bandwidth.
-        ``empty``, not ``zeros``: a block is read only after a swap-out has written it."""
-        pin = self.device.type == "cuda"
-        shape = (num_cpu_blocks, *self.kv_caches[0][0].shape[1:])
-        self.cpu_kv_caches = [
-            tuple(
-                torch.empty(shape, dtype=self.dtype, device="cpu", pin_memory=pin)
-                for _ in range(2)
-            )
-            for _ in self.kv_caches
-        ]
+        self.swap = KVSwapSpace(self.kv_caches, num_cpu_blocks, self.dtype, self.device)
 
-    @torch.inference_mode()
     def swap_blocks(
         self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]
     ) -> float:
-        """Copy (device block, CPU block) pairs out, then (CPU block, device block) pairs in:
-        in that order, because a device block freed by a swap-out may receive a swap-in in the
-        same step. Synchronous (the forward reads the swapped-in blocks, and the next step's
-        swap-out may overwrite a CPU block read now). Returns the seconds spent."""
-        t0 = time.perf_counter()
-        dev = self.device
-        if swap_out:
-            src = torch.tensor([g for g, _ in swap_out], dtype=torch.int64, device=dev)
-            dst = torch.tensor([c for _, c in swap_out], dtype=torch.int64)
-            for gpu_kv, cpu_kv in zip(self.kv_caches, self.cpu_kv_caches, strict=True):
-                for gpu_cache, cpu_cache in zip(gpu_kv, cpu_kv, strict=True):
-                    cpu_cache[dst] = gpu_cache[src].to("cpu")
-        if swap_in:
-            src = torch.tensor([c for c, _ in swap_in], dtype=torch.int64)
-            dst = torch.tensor([g for _, g in swap_in], dtype=torch.int64, device=dev)
-            for gpu_kv, cpu_kv in zip(self.kv_caches, self.cpu_kv_caches, strict=True):
-                for gpu_cache, cpu_cache in zip(gpu_kv, cpu_kv, strict=True):
-                    gpu_cache[dst] = cpu_cache[src].to(dev)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        return time.perf_counter() - t0
+        return self.swap.swap_blocks(swap_out, swap_in)
 
     # ---- warm-up ------------------------------------------------------------------------------
 
@@ -322,6 +324,11 @@ class ModelRunner:
         """Padded batch sizes that get a decode graph: the ladder, capped by max_num_seqs."""
         return sorted({s for s in GRAPH_BATCH_SIZES if s < self.max_num_seqs} | {self.max_num_seqs})
 
+    def piecewise_token_sizes(self) -> list[int]:
+        """Padded token counts with piecewise graphs, within the token budget."""
+        cap = min(self.max_num_batched_tokens, MAX_PIECEWISE_TOKENS)
+        return sorted({s for s in PIECEWISE_TOKEN_SIZES if s < cap} | {cap})
+
     @torch.inference_mode()
     def capture_decode_graphs(self, notice: Callable[[str], None] | None = None) -> bool:
         """Capture the decode ladder; on failure decode runs eagerly and the one-line reason
@@ -343,6 +350,28 @@ class ModelRunner:
                 notice(f"CUDA graph capture failed, decoding eagerly: {reason}")
         return reason is None
 
+    @torch.inference_mode()
+    def capture_mixed_graphs(self, notice: Callable[[str], None] | None = None) -> bool:
+        """Capture the piecewise graphs of mixed iterations; on failure they run eagerly and
+        the reason is kept (and given to ``notice``). Returns whether they are in use."""
+        max_tokens = max(self.mixed_graphs.sizes)
+        self.pieces = ForwardPieces(self.model, max_tokens, self.dtype, self.device)
+        self.inputs.dev["slot_mapping"].fill_(PAD_SLOT)  # capture warm-ups store nothing
+        reason = self.mixed_graphs.capture(self._piece_body, pool=self.graphs.pool)
+        if reason is not None:
+            self.mixed_graphs_fallback_reason = reason
+            if notice is not None:
+                notice(f"CUDA graph capture failed for mixed iterations, running them eagerly: "
+                       f"{reason}")  # fmt: skip
+        return reason is None
+
+    def _piece_body(self, size: int, piece: int) -> None:
+        buf = self.inputs.dev
+        self.pieces.run_piece(
+            piece, buf["input_ids"][:size], buf["positions"][:size], buf["slot_mapping"][:size],
+            self.kv_caches,
+        )  # fmt: skip
+
     def _graph_metadata(self, bs: int) -> AttentionMetadata:
         # max_seqlen_k is baked into the graph, so it is the bound every replay satisfies.
         buf = self.inputs.dev
@@ -357,7 +386,7 @@ class ModelRunner:
             cu_seqlens_k=buf["cu_seqlens_k"][: bs + 1],
         )
 
-    def _graph_body(self, bs: int) -> None:
+    def _graph_body(self, bs: int, piece: int = 0) -> None:
         buf = self.inputs.dev
         hidden = self.model(
             buf["input_ids"][:bs], buf["positions"][:bs], self.kv_caches, self._graph_metadata(bs)

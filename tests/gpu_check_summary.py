@@ -83,6 +83,8 @@ def _run_summary(path: Path) -> dict | None:
         "cuda_graphs": cfg.get("cuda_graphs"),
         "cuda_graphs_effective": cfg.get("cuda_graphs_effective"),
         "cuda_graphs_reason": cfg.get("cuda_graphs_reason"),
+        "cuda_graphs_mixed_effective": cfg.get("cuda_graphs_mixed_effective"),
+        "cuda_graphs_mixed_reason": cfg.get("cuda_graphs_mixed_reason"),
         "interrupted": d.get("interrupted"),
         "completed": s.get("completed"),
         "failed": s.get("failed"),
@@ -165,10 +167,15 @@ def collect_fallbacks(folder: Path, dec: dict | None, runs: dict) -> list[str]:
         lines += [ln.strip() for ln in f.read_text().splitlines() if ln.strip()]
     lines += list((dec or {}).get("graph_fallbacks") or [])
     for name, r in runs.items():
-        if r and r.get("cuda_graphs") and r.get("device") == "cuda" and not r.get(
-            "cuda_graphs_effective"
-        ):
+        if not (r and r.get("cuda_graphs") and r.get("device") == "cuda"):
+            continue
+        if not r.get("cuda_graphs_effective"):
             lines.append(f"sharegpt {name}: decode ran eagerly: {r.get('cuda_graphs_reason')}")
+        if not r.get("cuda_graphs_mixed_effective"):
+            lines.append(
+                f"sharegpt {name}: mixed iterations ran eagerly: "
+                f"{r.get('cuda_graphs_mixed_reason')}"
+            )
     return lines
 
 

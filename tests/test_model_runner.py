@@ -16,6 +16,7 @@ from cbbench.engine.cuda_graphs import GraphLadder
 from cbbench.engine.engine import Engine, EngineConfig, run_until_done
 from cbbench.engine.model_runner import ModelRunner
 from cbbench.engine.models import allocate_kv_cache, load_model
+from cbbench.engine.piecewise import ForwardPieces
 from cbbench.engine.request import Request, SamplingParams
 from cbbench.engine.sampler import Sampler, SamplingBatch
 from cbbench.engine.scheduler import SchedulerConfig
@@ -202,11 +203,11 @@ class _EagerGraph:
     """Stands in for a captured CUDA graph on the CPU: replay runs the captured body eagerly
     on the runner's static buffers, so the padding and buffer logic is what gets tested."""
 
-    def __init__(self, body, size: int) -> None:
-        self.body, self.size, self.replays = body, size, 0
+    def __init__(self, run) -> None:
+        self.run, self.replays = run, 0
 
     def replay(self) -> None:
-        self.body(self.size)
+        self.run()
         self.replays += 1
 
     def pool(self):
@@ -214,9 +215,10 @@ class _EagerGraph:
 
 
 class EagerGraphLadder(GraphLadder):
-    """A GraphLadder whose 'graphs' replay eagerly; ``fail_at``: capture of that size raises."""
+    """A GraphLadder whose 'graphs' replay eagerly; a capture fails where ``fail`` says so
+    (called with the ladder's piece count)."""
 
-    fail_at: int | None = None
+    fail = staticmethod(lambda pieces: False)
 
     def capture_stream(self):
         return None
@@ -224,19 +226,30 @@ class EagerGraphLadder(GraphLadder):
     def synchronize(self) -> None:
         pass
 
-    def capture_one(self, size, body, stream, pool):
-        if size == self.fail_at:
+    def capture_one(self, run, stream, pool):
+        if type(self).fail(self.pieces):
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing\n"
                                "(a second line)")  # fmt: skip
-        body(size)  # the warm-up run
-        return _EagerGraph(body, size)
+        run()  # the warm-up run
+        return _EagerGraph(run)
 
 
 @pytest.fixture
 def eager_graphs(monkeypatch):
     monkeypatch.setattr(model_runner, "GraphLadder", EagerGraphLadder)
-    monkeypatch.setattr(EagerGraphLadder, "fail_at", None)
+    monkeypatch.setattr(EagerGraphLadder, "fail", staticmethod(lambda pieces: False))
     return EagerGraphLadder
+
+
+def _fail_decode_capture(ladder_cls) -> None:
+    """The decode ladder's 3rd capture raises (the 1-piece ladder); mixed captures succeed."""
+    calls = []
+
+    def fail(pieces):
+        calls.append(pieces)
+        return pieces == 1 and len(calls) == 3
+
+    ladder_cls.fail = staticmethod(fail)
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch"])
@@ -246,7 +259,7 @@ def test_decode_graph_replay_logic_matches_eager(backend, eager_graphs):
     runner = graphed.runner
     assert runner.graph_batch_sizes() == [1, 2, 4, 8]
     assert runner.cuda_graphs_effective and runner.graphs_fallback_reason is None
-    graphs = runner.graphs.graphs
+    graphs = {bs: pieces[0] for bs, pieces in runner.graphs.graphs.items()}
     for g in graphs.values():
         g.replays = 0
     reqs = {h: [_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))] for h in (eager, graphed)}
@@ -259,7 +272,7 @@ def test_decode_graph_replay_logic_matches_eager(backend, eager_graphs):
         for sched in scheds.values():
             _advance(sched, tokens)
 
-    step(lambda rs: [(r, r.num_prompt_tokens) for r in rs])  # prefill: eager in both
+    step(lambda rs: [(r, r.num_prompt_tokens) for r in rs])  # prefill: piecewise, not decode
     assert not any(g.replays for g in graphs.values())
     # 5 rows pad to 8; then 3 pad to 4 (leftovers of the 5 must not leak); 1; 5 again.
     for pick in (
@@ -273,10 +286,10 @@ def test_decode_graph_replay_logic_matches_eager(backend, eager_graphs):
 
 
 def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_graphs):
-    """A capture error (simulated: the size-4 capture raises) drops every graph, keeps a
-    one-line reason, tells the notice, and the engine then serves every request eagerly with
-    the same tokens as a runner that never tried graphs."""
-    eager_graphs.fail_at = 4
+    """A capture error (simulated: a decode capture raises) drops every decode graph, keeps a
+    one-line reason, tells the notice, and the engine then serves every request (decodes
+    through the piecewise graphs) with the same tokens as a runner that never tried graphs."""
+    _fail_decode_capture(eager_graphs)
     notices = []
     outputs = {}
     for graphs in (False, True):
@@ -286,6 +299,7 @@ def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_gr
             reason = h.runner.graphs_fallback_reason
             assert "operation not permitted" in reason and "\n" not in reason
             assert notices == [f"CUDA graph capture failed, decoding eagerly: {reason}"]
+            assert h.runner.mixed_graphs_effective
         engine = Engine(
             EngineConfig(SchedulerConfig(max_model_len=128, max_num_seqs=8), NUM_BLOCKS,
                          BLOCK_SIZE), h.runner, WallClock()
@@ -295,6 +309,67 @@ def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_gr
         assert all(r.num_output_tokens == r.max_tokens for r in reqs)
         outputs[graphs] = [r.output_token_ids for r in reqs]
     assert outputs[True] == outputs[False]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_forward_pieces_equal_the_model_forward(fused):
+    """The forward cut at attention (piecewise graphs' pieces), run eagerly, computes what the
+    model's own forward computes, for a mixed batch (fused: the Triton ops, interpreted)."""
+    h = Harness("torch")
+    if fused:
+        attn = get_backend("torch", "cpu")
+        h.model, _ = load_model("tiny", torch.float32, "cpu", attn, seed=0, fused=True)
+        h.runner.model = h.model
+    _, work = _mixed_batch(h)
+    batch = h.runner.prepare(h.schedule(work))
+    md = batch.metadata
+    with torch.inference_mode():
+        want = h.model(batch.input_ids, batch.positions, h.kv_caches, md)
+        pieces = ForwardPieces(h.model, md.num_tokens, torch.float32, "cpu")
+        got = pieces.forward(
+            lambda i: pieces.run_piece(i, batch.input_ids, batch.positions, md.slot_mapping,
+                                       h.kv_caches),
+            h.kv_caches, md,
+        )  # fmt: skip
+    assert pieces.num_pieces == h.config.num_layers + 1
+    assert torch.allclose(got, want, atol=1e-6, rtol=1e-6), (got - want).abs().max().item()
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_mixed_piecewise_graph_replay_matches_eager(backend, eager_graphs):
+    """Mixed and prefill iterations replay the pieces padded to the next token size (padding
+    tokens store no KV and must not disturb the real rows); decodes replay decode graphs."""
+    eager = Harness(backend)
+    graphed = Harness(backend, max_num_seqs=8, use_cuda_graphs=True)
+    runner = graphed.runner
+    assert runner.mixed_graphs_effective and runner.piecewise_token_sizes()[:3] == [8, 16, 24]
+    pieces = runner.mixed_graphs.graphs
+    assert all(len(p) == graphed.config.num_layers + 1 for p in pieces.values())
+    for graphs in pieces.values():
+        for g in graphs:
+            g.replays = 0
+    logits = {}
+    for h in (eager, graphed):
+        _, work = _mixed_batch(h)  # prefills of 10 and 7 tokens, a decode, a chunk of 8
+        sched = h.schedule(work)  # 2 decodes + a 7-token chunk + a 9-token prompt: 18 tokens
+        logits[h] = h.runner.compute_logits(h.runner.prepare(sched))
+    assert (logits[graphed] - logits[eager]).abs().max().item() < TOL
+    replayed = {size: graphs[0].replays for size, graphs in pieces.items() if graphs[0].replays}
+    # _mixed_batch's steps: 10 tokens -> 16, 7 -> 8, then a pure decode (a decode graph),
+    # 8 -> 8; the mixed step's 18 tokens -> 24.
+    assert replayed == {16: 1, 8: 2, 24: 1}
+    assert all(g.replays == graphs[0].replays for graphs in pieces.values() for g in graphs)
+
+
+def test_failed_mixed_capture_runs_mixed_iterations_eagerly(eager_graphs):
+    eager_graphs.fail = staticmethod(lambda pieces: pieces > 1)
+    notices = []
+    h = Harness(max_num_seqs=8, use_cuda_graphs=True, notice=notices.append)
+    assert h.runner.cuda_graphs_effective and not h.runner.mixed_graphs_effective
+    assert "operation not permitted" in h.runner.mixed_graphs_fallback_reason
+    assert len(notices) == 1 and "mixed iterations" in notices[0]
+    _, work = _mixed_batch(h)
+    assert h.step(work)[0] is not None
 
 
 def test_short_block_table_is_a_clear_error():
@@ -386,13 +461,13 @@ def test_kv_blocks_for_memory_follows_the_design_rule():
 
 def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_graphs, monkeypatch):
     """Through cbbench's own run path: graphs asked for and captured (stand-ins) on the CPU,
-    the capture of size 4 fails, the run serves every request, and the result's config says
+    a decode capture fails, the run serves every request, and the result's config says
     cuda_graphs_effective: false with the one-line reason."""
     from cbbench.bench.runner import RunSpec, execute_run
     from cbbench.engine import build
     from cbbench.engine.args import EngineArgs
 
-    eager_graphs.fail_at = 4
+    _fail_decode_capture(eager_graphs)
     monkeypatch.setattr(build, "_graphs_plan", lambda args, on_cuda, backend: (True, None))
     notices = []
     spec = RunSpec(
@@ -403,6 +478,7 @@ def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_gr
     config = result["config"]
     assert config["cuda_graphs"] is True and config["cuda_graphs_effective"] is False
     assert config["cuda_graphs_reason"].startswith("capture failed: RuntimeError: CUDA error")
+    assert config["cuda_graphs_mixed_effective"] is True  # the piecewise captures succeeded
     assert "\n" not in config["cuda_graphs_reason"]
     assert any(n.startswith("CUDA graph capture failed, decoding eagerly") for n in notices)
     assert result["summary"]["completed"] == 6 and result["summary"]["failed"] == 0

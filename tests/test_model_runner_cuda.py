@@ -131,7 +131,16 @@ def test_decode_graph_replay_matches_eager(dtype):
             )
         return out
 
-    step(lambda reqs: [(r, r.num_prompt_tokens) for r in reqs])  # prefills run eagerly
+    assert graphed.mixed_graphs_effective, graphed.mixed_graphs_fallback_reason
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    # Piecewise graphs: prefill of the first three (5 + 17 + 33 = 55 tokens -> 64) ...
+    got_eager, got_graph = step(lambda reqs: [(r, r.num_prompt_tokens) for r in reqs[:3]])
+    assert torch.allclose(got_graph, got_eager, atol=tol, rtol=tol)
+    # ... then a mixed step: their decodes with the other two prompts (3 + 40 + 64 = 107 -> 128).
+    got_eager, got_graph = step(
+        lambda reqs: [(r, 1) for r in reqs[:3]] + [(r, r.num_prompt_tokens) for r in reqs[3:]]
+    )
+    assert torch.allclose(got_graph, got_eager, atol=tol, rtol=tol)
     # 5 rows (padded to 8), then 3 (padded to 4: rows left over from the 5 must not leak), then 1.
     for pick in (
         lambda reqs: [(r, 1) for r in reqs],
