@@ -147,3 +147,23 @@ def test_the_word_cache_keeps_no_long_words():
     ids = codec.encode(" ".join(long_words + ["short"]))
     assert len(ids) == 21 and ids == codec.encode(" ".join(long_words + ["short"]))
     assert sum(len(w) for w in codec._ids) < 1000
+
+
+# ---- field types: no silent coercion ----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_tokens", True), ("max_tokens", "3"), ("max_tokens", 2.0), ("temperature", True),
+     ("temperature", "0.5"), ("top_k", True), ("top_p", "1"), ("seed", True), ("n", True),
+     ("stream", 1), ("stream", "true"), ("ignore_eos", 0), ("logprobs", True),
+     ("return_token_times", 1), ("prompt", [True, 1])],
+)
+def test_a_field_of_the_wrong_type_is_400_not_coerced(client, field, value):
+    """`max_tokens: true` was taken as 1, `"stream": "true"` as true, and so on."""
+    r = client.post("/v1/completions", json={**NORMAL, field: value})
+    assert r.status_code == 400, (field, value, r.text)
+    assert r.json()["error"]["param"].split(".")[0] == field
+
+
+def test_ints_for_floats_stay_accepted(client):
+    r = client.post("/v1/completions", json={**NORMAL, "temperature": 1, "top_p": 1})
+    assert r.status_code == 200, r.text

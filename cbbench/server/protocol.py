@@ -75,12 +75,19 @@ def validation_error(errors: list[dict]) -> APIError:
 
 
 # ---- requests ------------------------------------------------------------------------------------
+# strict: a value of the wrong JSON type is a 400, not coerced (`"max_tokens": true` was 1,
+# `"stream": "true"` true); an int still passes where a float is expected.
+STRICT = ConfigDict(extra="ignore", strict=True)
+
+
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -137,12 +144,14 @@ class CompletionRequest(_Base):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: str
     content: str | list[TextPart] | None = None
@@ -178,7 +187,7 @@ def render_chat(messages: list[ChatMessage], add_generation_prompt: bool = True)
 
 # ---- /tokenize and /detokenize (vLLM's request and response shapes) ------------------------------
 class TokenizeCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     prompt: str
@@ -191,7 +200,7 @@ class TokenizeChatRequest(BaseModel):
     (whose Hugging Face templates write the BOS themselves) ``add_special_tokens`` defaults to
     true: the minimal template has no BOS, and the chat endpoint adds it on encoding."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     messages: list[ChatMessage] = Field(min_length=1)
@@ -202,7 +211,7 @@ class TokenizeChatRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str | None = None
     tokens: list[int]
