@@ -152,6 +152,15 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "serve-attention-backend-bogus-on-sim": (
         ["serve", "--engine", "sim", "--port", "0", "--attention-backend", "bogus"],
         ["--attention-backend must be one of"]),
+    "endpoint-port-out-of-range": (
+        [*SIM, "--endpoint", "http://127.0.0.1:99999"],
+        ["invalid --endpoint 'http://127.0.0.1:99999'", "Port out of range"]),
+    "endpoint-unclosed-ipv6-bracket": (
+        [*SIM, "--endpoint", "http://user:secret@[::1"], ["invalid --endpoint 'http://[::1'"]),
+    "endpoint-port-not-a-number": (
+        [*SIM, "--endpoint", "http://localhost:80a"], ["invalid --endpoint"]),
+    "sweep-endpoint-port-out-of-range": (
+        ["sweep", "--endpoint", "http://127.0.0.1:70000", "--rates", "1"], ["invalid --endpoint"]),
     # ---- SLO strings ---------------------------------------------------------------------------
     "slo-without-value": ([*SIM, "--slo", "ttft"], ["invalid SLO 'ttft'", "ttft, tpot, e2el"]),
     "slo-not-a-number": ([*SIM, "--slo", "ttft=fast"], ["milliseconds expected"]),

@@ -48,9 +48,14 @@ def parse_header(text: str) -> tuple[str, str]:
 def normalize_endpoint(url: str) -> str:
     """The server's base URL: 'http://host:8000', '.../v1' and a trailing '/' all mean the
     same server; request paths (/v1/completions, /metrics) are added to it."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"invalid --endpoint {redact_url(url)!r}: use http(s)://HOST[:PORT]")
+    usage = "use http(s)://HOST[:PORT], PORT in [1, 65535]"
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port  # urlsplit checks the port only when asked: 99999, '80a'
+    except ValueError as e:  # an unclosed IPv6 bracket, a port out of range
+        raise UsageError(f"invalid --endpoint {redact_url(url)!r} ({e}): {usage}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+        raise UsageError(f"invalid --endpoint {redact_url(url)!r}: {usage}")
     if parts.query or parts.fragment:
         raise UsageError("--endpoint takes no query string: give the server's base URL")
     path = parts.path.rstrip("/")
@@ -67,8 +72,8 @@ def redact_url(url: str) -> str:
         if ":" in host:  # IPv6 literal
             host = f"[{host}]"
         netloc = f"{host}:{parts.port}" if parts.port else host
-    except ValueError:
-        return "<invalid URL>"
+    except ValueError:  # not parseable: drop what may be credentials by hand
+        return re.sub(r"//[^/?#]*@", "//", url.strip()).split("?")[0].split("#")[0]
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
