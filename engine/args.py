@@ -146,6 +146,12 @@ class EngineArgs:
     iteration_overhead_us: float | None = opt(
         None, "sim: fixed overhead per iteration in µs (default 300).", low=0.0
     )
+    gpu_profile: str | None = opt(
+        None,
+        "A device profile from `cbbench calibrate`: the simulator runs on the calibrated "
+        "device (a fitted CPU included), and a real run on that device predicts each "
+        "iteration with it (predicted_s, summary.engine.sim_error).",
+    )
     seed: int = opt(0, "Engine seed: random weights, synthetic prompts, sampling.", low=0, cli=False)
 
     def validate(self) -> EngineArgs:
@@ -154,10 +160,20 @@ class EngineArgs:
             problem = check_value(f, getattr(self, f.name))
             if problem is not None:
                 raise EngineArgsError(f"{flag_of(f.name)} {problem}")
+        if self.gpu_profile is not None:
+            rate_flags = [flag_of(n) for n in SIM_RATE_FIELDS if getattr(self, n) is not None]
+            if rate_flags:
+                raise EngineArgsError(
+                    f"{rate_flags[0]} and --gpu-profile both set the simulator's rates: "
+                    "choose one"
+                )
         return self
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+SIM_RATE_FIELDS = ("eta_memory", "eta_compute", "iteration_overhead_us")
 
 
 def flag_of(name: str) -> str:

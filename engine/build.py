@@ -139,25 +139,48 @@ def engine_config(args: EngineArgs, max_model_len: int, num_blocks: int, num_cpu
 def build_engine(args: EngineArgs, notice: Callable[[str], None]):
     """Returns (Engine, EngineInfo) for the resolved engine kind."""
     args.validate()
-    if resolve_engine(args, notice) == "sim":
+    kind = resolve_engine(args, notice)
+    if kind == "sim":
         return build_sim_engine(args)
+    load_device_profile(args)  # a bad profile fails before the model loads
     return build_torch_engine(args, notice)
 
 
-def build_sim_engine(args: EngineArgs):
-    from .clock import VirtualClock
-    from .cost_model import CostModel, Efficiency
-    from .engine import Engine
-    from .gpu_specs import get_gpu_spec
-    from .model_config import get_model_config
-    from .sim_executor import SimExecutor, sim_num_kv_blocks
+def load_device_profile(args: EngineArgs):
+    """The --gpu-profile's DeviceProfile, or None (its problems as EngineArgsError)."""
+    if args.gpu_profile is None:
+        return None
+    from .device_profile import load_profile
 
     try:
+        return load_profile(args.gpu_profile)
+    except ValueError as e:
+        raise EngineArgsError(f"--gpu-profile: {e}") from None
+
+
+def cpu_num_kv_blocks(model, block_size: int, dtype: str) -> int:
+    """The torch engine's CPU KV pool (DEFAULT_CPU_KV_MEMORY_BYTES beside the weights), so a
+    simulated CPU holds what the real one did."""
+    return DEFAULT_CPU_KV_MEMORY_BYTES // model.kv_bytes_per_token(dtype) // block_size
+
+
+def sim_device(args: EngineArgs, profile):
+    """(GPUSpec or None for a profiled CPU, DeviceRates, efficiency dict for the result)."""
+    from .cost_model import DeviceRates, Efficiency
+    from .gpu_specs import get_gpu_spec
+
+    if profile is not None:
+        if args.gpu is not None and args.gpu.lower() != profile.device:
+            raise EngineArgsError(
+                f"--gpu {args.gpu} and a --gpu-profile of {profile.device!r}: choose one"
+            )
+        gpu = None if profile.is_cpu else get_gpu_spec(profile.device)
+        info = {"source": "profile", "device": profile.device, **profile.rates.to_dict()}
+        return gpu, profile.rates, info
+    try:
         gpu = get_gpu_spec(args.gpu or DEFAULT_SIM_GPU)
-        model = get_model_config(args.model or DEFAULT_SIM_MODEL)
     except ValueError as e:
         raise EngineArgsError(str(e)) from None
-    dtype = args.dtype or "bf16"
     defaults = Efficiency()
     eff = Efficiency(
         eta_memory=args.eta_memory if args.eta_memory is not None else defaults.eta_memory,
@@ -168,11 +191,41 @@ def build_sim_engine(args: EngineArgs):
             else defaults.overhead_s
         ),
     )
+    info = {
+        "eta_memory": eff.eta_memory,
+        "eta_compute": eff.eta_compute,
+        "iteration_overhead_us": eff.overhead_s * 1e6,
+    }
+    return gpu, DeviceRates.from_spec(gpu, eff), info
+
+
+def build_sim_engine(args: EngineArgs):
+    from .clock import VirtualClock
+    from .cost_model import CostModel
+    from .engine import Engine
+    from .model_config import get_model_config
+    from .sim_executor import SimExecutor, sim_num_kv_blocks
+
+    profile = load_device_profile(args)
+    gpu, rates, efficiency = sim_device(args, profile)
+    try:
+        model = get_model_config(
+            args.model or (profile.models[0] if profile else DEFAULT_SIM_MODEL)
+        )
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+    dtype = args.dtype or (profile.dtype if profile else "bf16")
+    cost = CostModel(model, dtype, gpu, rates=rates)
     max_model_len = args.max_model_len or model.max_model_len
     try:
-        num_blocks = args.num_kv_blocks or sim_num_kv_blocks(
-            model, gpu, args.block_size, dtype, args.gpu_memory_utilization
-        )
+        if args.num_kv_blocks:
+            num_blocks = args.num_kv_blocks
+        elif gpu is None:
+            num_blocks = cpu_num_kv_blocks(model, args.block_size, dtype)
+        else:
+            num_blocks = sim_num_kv_blocks(
+                model, gpu, args.block_size, dtype, args.gpu_memory_utilization
+            )
     except ValueError as e:
         raise EngineArgsError(str(e)) from None
     if num_blocks < 1:
@@ -184,12 +237,11 @@ def build_sim_engine(args: EngineArgs):
     num_cpu_blocks = num_swap_blocks(args, block_bytes)
     check_sim_sizes(args, num_blocks, num_cpu_blocks)
     config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
-    cost = CostModel(model, dtype, gpu, eff)
     engine = Engine(config, SimExecutor(cost, args.block_size), VirtualClock(), cost)
     info = EngineInfo(
         engine="sim",
-        gpu=gpu.name,
-        gpu_spec=gpu.to_dict(),
+        gpu=gpu.name if gpu is not None else profile.device,
+        gpu_spec=gpu.to_dict() if gpu is not None else None,
         model=model.name,
         model_config=model.to_dict(),
         dtype=dtype,
@@ -200,11 +252,7 @@ def build_sim_engine(args: EngineArgs):
         num_cpu_blocks=num_cpu_blocks,
         weight_bytes=cost.weight_bytes(),
         kv_bytes_per_token=model.kv_bytes_per_token(dtype),
-        efficiency={
-            "eta_memory": eff.eta_memory,
-            "eta_compute": eff.eta_compute,
-            "iteration_overhead_us": eff.overhead_s * 1e6,
-        },
+        efficiency=efficiency,
         clock="virtual",
     )
     return engine, info
@@ -298,13 +346,28 @@ def _graphs_plan(args: EngineArgs, on_cuda: bool, backend) -> tuple[bool, str | 
     return True, None
 
 
+def real_run_cost_model(args: EngineArgs, config, dtype: str, gpu, device: str):
+    """The torch engine's cost model: analytic bytes/FLOPs, and predicted_s on the run's
+    device — a --gpu-profile of this device, else the detected GPU's spec (None on a CPU)."""
+    from .cost_model import CostModel
+
+    profile = load_device_profile(args)
+    if profile is None:
+        return CostModel(config, dtype, gpu)
+    here = gpu.name if gpu is not None else ("cpu" if device == "cpu" else "an unknown GPU")
+    if profile.device != here:
+        raise EngineArgsError(
+            f"--gpu-profile: the profile is of {profile.device!r}, this run is on {here}"
+        )
+    return CostModel(config, dtype, gpu, rates=profile.rates)
+
+
 def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     import torch
 
     from cbbench.kernels import get_backend
 
     from .clock import WallClock
-    from .cost_model import CostModel
     from .engine import Engine
     from .gpu_specs import match_device_name
     from .kv_sizing import cuda_num_kv_blocks, kv_block_bytes, num_kv_blocks_for_memory
@@ -380,7 +443,8 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     runner.warmup()
 
     gpu = match_device_name(torch.cuda.get_device_name(device)) if on_cuda else None
-    engine = Engine(engine_cfg, runner, WallClock(), CostModel(config, dtype_name, gpu))
+    cost = real_run_cost_model(args, config, dtype_name, gpu, device)
+    engine = Engine(engine_cfg, runner, WallClock(), cost)
     info = EngineInfo(
         engine="torch",
         device=device,

@@ -47,6 +47,7 @@ def _root(
 
 # Each command lives in its own module and registers itself here.
 from cbbench.cli import (  # noqa: E402
+    calibrate,
     capacity,
     compare,
     gate,
@@ -57,7 +58,7 @@ from cbbench.cli import (  # noqa: E402
     workloads,
 )
 
-for command in (run, compare, gate, report, serve, sweep, capacity):
+for command in (run, compare, gate, report, serve, sweep, capacity, calibrate):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
