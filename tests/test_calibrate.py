@@ -175,7 +175,7 @@ def test_the_profile_drives_the_simulator_and_a_real_runs_sim_error(cpu_profile,
     # The simulator on the calibrated CPU: the profile's model and dtype by default, and the
     # CPU engine's KV pool.
     sim = tmp_path / "sim.json"
-    r = invoke("run", "--engine", "sim", "--gpu-profile", str(profile), "--workload", str(wl),
+    r = invoke("run", "--engine", "sim", "--gpu-profile", str(profile), "--replay", str(real),
                "--output", str(sim))
     assert r.exit_code == 0, r.output
     s = json.loads(sim.read_text())

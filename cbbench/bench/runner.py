@@ -7,6 +7,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from cbbench.analysis.metrics import summarize, summarize_engine
 from cbbench.analysis.result import base_result
@@ -56,6 +57,7 @@ class RunSpec:
     duration_s: float | None = None  # --duration: draw requests until the schedule reaches it
     ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
     load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
+    replay: str | None = None  # --replay: a recorded run's requests and arrivals instead
 
 
 def request_record_dict(rec, detailed: bool) -> dict:
@@ -80,6 +82,8 @@ def request_record_dict(rec, detailed: bool) -> dict:
         d["worker"] = rec.worker
     if rec.first_scheduled_s is not None:
         d["queue_ms"] = (rec.first_scheduled_s - rec.intended_start_s) * ms
+    if rec.max_tokens is not None:
+        d["max_tokens"] = rec.max_tokens
     if rec.server_prompt_tokens is not None:
         d["server_prompt_tokens"] = rec.server_prompt_tokens
     if rec.turn is not None:
@@ -187,6 +191,12 @@ def execute_run(
         warning_line,
     )
 
+    replay = None
+    if spec.replay is not None:
+        from cbbench.bench.replay import load_replay
+
+        replay = load_replay(spec.replay, spec.engine, notice)
+        spec = replay.run_spec(spec)
     count_tokens = None
     if spec.endpoint is not None and spec.endpoint.tokenizer:
         from cbbench.load.prompts import count_tokens as _count
@@ -194,7 +204,9 @@ def execute_run(
 
         tok = load_tokenizer(spec.endpoint.tokenizer)
         count_tokens = lambda text: _count(tok, text)  # noqa: E731
-    if spec.workload == RANDOM_WORKLOAD:
+    if replay is not None:
+        workload = Workload(str(replay.config.get("workload")), replay.requests)
+    elif spec.workload == RANDOM_WORKLOAD:
         # Made below, once the request count is known.
         workload = Workload(RANDOM_WORKLOAD, [])
     elif count_tokens:
@@ -241,6 +253,8 @@ def execute_run(
         drawn, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
     )
     arrivals = scale_trace_time(arrivals, process, spec.time_scale)
+    if replay is not None:
+        process, arrivals = replay.config.get("arrival"), replay.arrivals
     cancel = cancel_plan(spec.cancel_rate, spec.cancel_after, spec.seed)
     plan = None
     if workload.is_sessions:
@@ -331,6 +345,7 @@ def execute_run(
         "arrival": process,
         **({"time_scale": spec.time_scale} if spec.time_scale != 1.0 else {}),
         **({"random": spec.random.to_config()} if spec.workload == RANDOM_WORKLOAD else {}),
+        **({"replay": Path(spec.replay).name} if spec.replay is not None else {}),
         "slo": spec.slo,
         **target_config,
         "command": recorded_command(sys.argv[1:]),

@@ -119,6 +119,12 @@ def run(
         str | None,
         typer.Option(help="Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000."),
     ] = None,
+    replay: Annotated[
+        Path | None,
+        typer.Option(help="Re-run a result's exact requests and arrival times, with its "
+                     "scheduling options (e.g. --engine sim --gpu-profile P.json: the "
+                     "simulator's error on that run; compare the two files)."),
+    ] = None,
     output: Annotated[
         Path | None,
         typer.Option(help="Result JSON path, or - for stdout (the table then goes to stderr). "
@@ -212,6 +218,10 @@ def run(
         raise UsageError("--duration and --num-requests both set the run's length: give one")
     if ramp is not None and request_rate != "inf":
         raise UsageError("--ramp sets the request rate: drop --request-rate")
+    if replay is not None and (num_requests is not None or duration is not None
+                               or ramp is not None or request_rate != "inf"):
+        raise UsageError("--replay takes the recorded run's requests and arrivals: drop "
+                         "--num-requests, --duration, --ramp and --request-rate")
     duration_s = parse_duration(duration) if duration is not None else None
     ramp_spec = parse_ramp(ramp) if ramp is not None else None
     if not burstiness > 0 or not math.isfinite(burstiness):
@@ -258,6 +268,7 @@ def run(
         duration_s=duration_s,
         ramp=ramp_spec,
         load=load,
+        replay=str(replay) if replay is not None else None,
     )
     kind = "http" if endpoint else (opts.engine if opts.engine != "auto" else "engine")
     out_path = output or C.default_output_path(kind)

@@ -254,6 +254,7 @@ def run_engine(
                 first_scheduled_s=r.first_scheduled_time,
                 priority=r.priority,
                 cancelled=cancelled,
+                max_tokens=r.max_tokens,
             )
         )
         if session_feed is not None:

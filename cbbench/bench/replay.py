@@ -1,0 +1,139 @@
+"""`--replay RESULT.json`: a recorded run's exact requests and arrival times, run again.
+
+The request set comes from the result's per-request records: each request's id, prompt
+length, output length (what it produced when it completed — a model that stopped at EOS
+stopped there — else the length it asked for) and intended start (the arrival schedule). The
+recorded run's scheduling options come with it (so the simulator batches as the real engine
+did); the command line chooses the device: `--engine sim --gpu-profile PROFILE.json` (or
+`--gpu`). Options whose default is "unset" (--model, --dtype, --max-num-batched-tokens,
+--max-model-len, --num-kv-blocks) still win when given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cbbench.engine.args import EngineArgs
+from cbbench.errors import UsageError
+from cbbench.load.workload import WorkloadRequest
+
+# Scheduling options of the recorded engine run that the replay keeps (the batching the
+# simulator must reproduce).
+SCHEDULING_FIELDS = (
+    "scheduler", "chunked_prefill", "kv_allocation", "max_num_seqs", "block_size",
+    "preemption", "swap_space", "policy", "enable_prefix_caching", "ignore_eos",
+)
+# Kept too unless the command line sets them (their default is None).
+UNSET_DEFAULT_FIELDS = ("model", "dtype", "max_num_batched_tokens", "max_model_len")
+# Config keys of the run itself that make compare and gate see the same request set.
+RUN_FIELDS = ("workload", "seed", "request_rate", "burstiness", "arrival")
+
+
+@dataclass(frozen=True)
+class Replay:
+    source: str
+    config: dict  # the recorded run's config
+    requests: list[WorkloadRequest]
+    arrivals: np.ndarray
+    engine: EngineArgs  # the command line's options with the recorded scheduling ones
+
+    def run_spec(self, spec):
+        """The RunSpec that replays: these requests in their order (the path as the workload,
+        so nothing is resampled), the recorded run's config for the record."""
+        c = self.config
+        rate = c.get("request_rate")
+        return dataclasses.replace(
+            spec,
+            workload=self.source,
+            num_requests=None,
+            seed=int(c.get("seed", spec.seed)),
+            request_rate=math.inf if rate in (None, "inf") else float(rate),
+            rate_given=False,
+            burstiness=float(c.get("burstiness") or 1.0),
+            arrival="trace",
+            time_scale=1.0,
+            duration_s=None,
+            ramp=None,
+            engine=self.engine,
+        )
+
+
+def _output_len(rec: dict, where: str) -> int | None:
+    if rec.get("error") is None and rec.get("output_tokens"):
+        return int(rec["output_tokens"])
+    if rec.get("max_tokens"):
+        return int(rec["max_tokens"])
+    return None
+
+
+def replayed_requests(result: dict, where: str) -> tuple[list[WorkloadRequest], np.ndarray, int]:
+    """(requests, arrival times, requests left out for want of an output length)."""
+    records = result.get("requests")
+    if not isinstance(records, list) or not records:
+        raise UsageError(f"{where} has no per-request records to replay (--summary-only?)")
+    reqs, arrivals, unknown = [], [], 0
+    for rec in records:
+        out = _output_len(rec, where)
+        if out is None:
+            unknown += 1
+            continue
+        t = rec.get("intended_start_s")
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise UsageError(f"{where}: request {rec.get('id')} has no intended start time")
+        reqs.append(WorkloadRequest(int(rec["id"]), int(rec["prompt_tokens"]), out,
+                                    arrival_s=float(t), priority=int(rec.get("priority") or 0)))
+        arrivals.append(float(t))
+    if not reqs:
+        raise UsageError(f"{where}: no request with a known output length to replay")
+    return reqs, np.array(arrivals, dtype=np.float64), unknown
+
+
+def _same_device(args: EngineArgs, config: dict) -> bool:
+    """Whether the replay runs on the device the recorded run measured (then its KV capacity
+    is the recorded one, not an estimate)."""
+    recorded = "cpu" if config.get("device") == "cpu" else config.get("gpu")
+    if args.gpu_profile is not None:
+        from cbbench.engine.device_profile import load_profile
+
+        try:
+            return load_profile(args.gpu_profile).device == recorded
+        except ValueError:
+            return False  # the engine build reports it
+    return args.gpu is not None and args.gpu.lower() == recorded
+
+
+def replay_engine_args(args: EngineArgs, config: dict, notice: Callable[[str], None]) -> EngineArgs:
+    if config.get("target") != "engine":
+        notice("replaying an endpoint run: the engine options are the command line's")
+        return args
+    kept = {f: config[f] for f in SCHEDULING_FIELDS if f in config}
+    for f in UNSET_DEFAULT_FIELDS:
+        if getattr(args, f) is None and config.get(f) is not None:
+            kept[f] = config[f]
+    if args.num_kv_blocks is None and config.get("num_kv_blocks") and _same_device(args, config):
+        kept["num_kv_blocks"] = config["num_kv_blocks"]
+    if config.get("enable_prefix_caching"):
+        notice("the recorded run used prefix caching; a replay has no token ids to match")
+    return dataclasses.replace(args, **kept)
+
+
+def load_replay(path: str, args: EngineArgs, notice: Callable[[str], None]) -> Replay:
+    from cbbench.analysis.result import load_result
+
+    result = load_result(Path(path))
+    if result.get("interrupted"):
+        raise UsageError(f"{path} is an interrupted run: its request set is incomplete")
+    reqs, arrivals, unknown = replayed_requests(result, path)
+    if unknown:
+        notice(f"{unknown} failed request(s) in {path} record no output length; left out")
+    try:
+        engine = replay_engine_args(args, result["config"], notice).validate()
+    except ValueError as e:  # EngineArgsError: a recorded value this cbbench rejects
+        raise UsageError(f"{path}: {e}") from None
+    return Replay(path, result["config"], reqs, arrivals, engine)
