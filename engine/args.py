@@ -22,6 +22,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 QUEUE_POLICIES = ("fcfs", "priority")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("bf16", "fp16", "fp32")
+ROUTERS = ("round-robin", "least-requests", "least-kv")
 # Kept equal to cbbench.kernels.BACKEND_NAMES (a test checks): importing kernels imports torch,
 # which the simulated path never does.
 ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "flash-attn")
@@ -152,6 +153,22 @@ class EngineArgs:
         "device (a fitted CPU included), and a real run on that device predicts each "
         "iteration with it (predicted_s, summary.engine.sim_error).",
     )
+    # More than one GPU (the simulator; the torch engine runs on one device).
+    tensor_parallel_size: int = opt(
+        1,
+        "sim: GPUs each replica's weights and KV heads are split over (two all-reduces per "
+        "layer over the GPU's interconnect).",
+        low=1,
+    )
+    data_parallel_size: int = opt(
+        1, "sim: independent engine replicas behind a router, one result.", low=1
+    )
+    router: str = opt(
+        "round-robin",
+        "With --data-parallel-size > 1: round-robin | least-requests (fewest unfinished "
+        "requests) | least-kv (lowest KV-cache use).",
+        choices=ROUTERS,
+    )
     seed: int = opt(0, "Engine seed: random weights, synthetic prompts, sampling.", low=0, cli=False)
 
     def validate(self) -> EngineArgs:
@@ -160,6 +177,8 @@ class EngineArgs:
             problem = check_value(f, getattr(self, f.name))
             if problem is not None:
                 raise EngineArgsError(f"{flag_of(f.name)} {problem}")
+        if self.engine == "torch":
+            check_single_device(self)
         if self.gpu_profile is not None:
             rate_flags = [flag_of(n) for n in SIM_RATE_FIELDS if getattr(self, n) is not None]
             if rate_flags:
@@ -174,6 +193,16 @@ class EngineArgs:
 
 
 SIM_RATE_FIELDS = ("eta_memory", "eta_compute", "iteration_overhead_us")
+
+
+def check_single_device(args: EngineArgs) -> None:
+    """The torch engine runs on one device: tensor and data parallelism are simulated only."""
+    for name in ("tensor_parallel_size", "data_parallel_size"):
+        if getattr(args, name) > 1:
+            raise EngineArgsError(
+                f"{flag_of(name)} {getattr(args, name)}: the torch engine runs on one device "
+                "for now; use --engine sim to simulate more than one GPU"
+            )
 
 
 def flag_of(name: str) -> str:

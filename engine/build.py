@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .args import EngineArgs, EngineArgsError
+from .args import EngineArgs, EngineArgsError, check_single_device
 
 DEFAULT_SIM_GPU = "h200"
 DEFAULT_SIM_MODEL = "llama-3-8b"
@@ -137,13 +137,34 @@ def engine_config(args: EngineArgs, max_model_len: int, num_blocks: int, num_cpu
 
 
 def build_engine(args: EngineArgs, notice: Callable[[str], None]):
-    """Returns (Engine, EngineInfo) for the resolved engine kind."""
+    """Returns (Engine, EngineInfo) for the resolved engine kind: one engine replica (data
+    parallelism is engine.replicas.build_replicas)."""
     args.validate()
     kind = resolve_engine(args, notice)
+    if kind == "torch":
+        check_single_device(args)
+    if args.data_parallel_size > 1:
+        raise EngineArgsError(
+            f"--data-parallel-size {args.data_parallel_size}: this command runs one engine "
+            "replica (benchmark runs take data parallelism: run, compare, sweep, capacity)"
+        )
     if kind == "sim":
         return build_sim_engine(args)
     load_device_profile(args)  # a bad profile fails before the model loads
     return build_torch_engine(args, notice)
+
+
+def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
+    """Data parallelism: ``--data-parallel-size`` simulated engines behind ``--router``, as
+    one (ReplicaSet, EngineInfo of one replica)."""
+    from .replicas import ReplicaSet
+
+    args.validate()
+    if resolve_engine(args, notice) == "torch":
+        check_single_device(args)
+    one = dataclasses.replace(args, data_parallel_size=1)
+    built = [build_sim_engine(one) for _ in range(args.data_parallel_size)]
+    return ReplicaSet([engine for engine, _ in built], args.router), built[0][1]
 
 
 def load_device_profile(args: EngineArgs):
@@ -215,7 +236,11 @@ def build_sim_engine(args: EngineArgs):
     except ValueError as e:
         raise EngineArgsError(str(e)) from None
     dtype = args.dtype or (profile.dtype if profile else "bf16")
-    cost = CostModel(model, dtype, gpu, rates=rates)
+    tp = args.tensor_parallel_size
+    try:
+        cost = CostModel(model, dtype, gpu, rates=rates, tensor_parallel_size=tp)
+    except ValueError as e:
+        raise EngineArgsError(f"--tensor-parallel-size {tp}: {e}") from None
     max_model_len = args.max_model_len or model.max_model_len
     try:
         if args.num_kv_blocks:
@@ -224,7 +249,8 @@ def build_sim_engine(args: EngineArgs):
             num_blocks = cpu_num_kv_blocks(model, args.block_size, dtype)
         else:
             num_blocks = sim_num_kv_blocks(
-                model, gpu, args.block_size, dtype, args.gpu_memory_utilization
+                model, gpu, args.block_size, dtype, args.gpu_memory_utilization,
+                tensor_parallel_size=tp,
             )
     except ValueError as e:
         raise EngineArgsError(str(e)) from None

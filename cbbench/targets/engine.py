@@ -34,6 +34,17 @@ def build_engine(args: EngineArgs, notice: Callable[[str], None]):
         raise UsageError(str(e)) from None
 
 
+def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
+    """``engine.build.build_replicas`` (data parallelism) with option errors as usage errors.
+    Returns (ReplicaSet, EngineInfo of one replica)."""
+    from cbbench.engine.build import build_replicas as build
+
+    try:
+        return build(args, notice)
+    except EngineArgsError as e:
+        raise UsageError(str(e)) from None
+
+
 def resolve_engine(args: EngineArgs, notice: Callable[[str], None]) -> str:
     from cbbench.engine.build import resolve_engine as resolve
 
@@ -177,7 +188,14 @@ def run_engine(
     from cbbench.engine.feed import ListFeed, run_feed
     from cbbench.engine.request import RequestStatus
 
-    engine, info = build_engine(opts, notice)
+    loop = run_feed
+    if opts.data_parallel_size > 1:
+        from cbbench.engine.replicas import run_replicas
+
+        engine, info = build_replicas(opts, notice)
+        loop = run_replicas
+    else:
+        engine, info = build_engine(opts, notice)
     session_feed = None
     timer = CancelTimer(cancel)
     if sessions is not None:
@@ -209,11 +227,12 @@ def run_engine(
                    "failed; the run goes on")
         step_failures.append(e)
 
-    completed_all = run_feed(
+    completed_all = loop(
         engine, feed, should_stop=should_stop, on_step=on_step, on_step_failed=on_step_failed
     )
     if not completed_all:
-        _drain(engine, grace_s)
+        for replica in getattr(engine, "engines", [engine]):
+            _drain(replica, grace_s)
     end = clock.now()
 
     records = []
@@ -266,7 +285,9 @@ def run_engine(
     iterations = [it.to_dict() for it in engine.records]
     run = EngineRun(records, iterations, duration, not completed_all, info, not_sent)
     # Every request has ended: whatever KV is still held leaked (aborts must free theirs).
-    run.kv_blocks_in_use_at_end = engine.block_manager.num_used_blocks
+    run.kv_blocks_in_use_at_end = sum(
+        e.block_manager.num_used_blocks for e in getattr(engine, "engines", [engine])
+    )
     if session_feed is not None:
         run.sessions_ended_early = session_feed.ended_early
     count = getattr(engine.executor, "kernel_compilations_since_ready", None)
