@@ -13,9 +13,11 @@ Formulas (per iteration, per GPU, summed over layers):
 - KV write: kv_bytes_per_token per new token.
 - Elementwise (norms, rope, residuals, SiLU*mul) and embedding rows: memory-bound bytes.
 
-Each operator's time is max(FLOPs / flop_rate, bytes / memory_bandwidth), attention at
-``attention_efficiency`` of both rates; the iteration adds a fixed overhead and an overhead per
-request row (host work that grows with the batch: building it, sampling). With tensor
+Each operator's time is max(FLOPs / flop_rate, bytes / memory_bandwidth), attention's decode
+and prefill rows at their own efficiencies (fractions of both rates); the iteration adds a fixed overhead, an overhead per
+request row (host work that grows with the batch: building it, sampling) and one per request
+with prefill rows (a prefill chunk's own attention call and bookkeeping), and a calibrated
+host's time lost to other processes scales the whole. With tensor
 parallelism (``tp`` > 1) the GEMMs, attention heads and KV are sharded and every layer adds two
 ring all-reduces of the hidden state, plus one all-gather of the logits.
 """
@@ -23,8 +25,6 @@ ring all-reduces of the hidden state, plus one all-gather of the logits.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-
-import numpy as np
 
 from .gpu_specs import GPUSpec
 from .model_config import DTYPE_BYTES, ModelConfig
@@ -42,7 +42,7 @@ ELEMENTWISE_PASSES_PER_LAYER = 8
 LOGITS_BYTES = 4  # fp32 logits
 # All-reduces per layer under tensor parallelism (Megatron): attention output, MLP output.
 ALL_REDUCES_PER_LAYER = 2
-# Operator order of CostModel.operators(); attention is the one attention_efficiency scales.
+# Operator order of CostModel.operators(); the attention efficiencies scale attention's.
 OPERATORS = ("qkv", "o", "gate_up", "down", "attention", "kv_write", "elementwise", "embedding",
              "lm_head")
 ATTENTION_OP = OPERATORS.index("attention")
@@ -66,7 +66,14 @@ class DeviceRates:
     flop_rate: float | None  # FLOP/s reached
     iteration_overhead_s: float = 0.0
     row_overhead_s: float = 0.0  # per request in the batch
-    attention_efficiency: float = 1.0  # attention runs at this fraction of both rates
+    prefill_overhead_s: float = 0.0  # per request with prefill rows (its own attention call)
+    # Attention runs at these fractions of both rates: decode rows (a KV read per row) and
+    # prefill rows (a chunk against its context) are different kernels' work.
+    decode_attention_efficiency: float = 1.0
+    prefill_attention_efficiency: float = 1.0
+    # Wall time over the time the work itself takes: what a shared host loses to other
+    # processes (a calibrated CPU: the mean measured over the typical one; a GPU: ~1).
+    host_factor: float = 1.0
 
     @staticmethod
     def from_spec(gpu: GPUSpec, eff: Efficiency = Efficiency()) -> DeviceRates:
@@ -89,6 +96,8 @@ class BatchShape:
     attn_key_pairs: float  # sum over rows of keys attended
     attn_keys_read: float  # keys read from the cache, summed over requests
     num_reqs: int = 1  # requests in the batch (the per-row overhead's count)
+    num_prefill_reqs: int = 0  # of which with prefill rows
+    decode_keys: float = 0.0  # keys the decode rows attend (and read): part of both above
 
     @staticmethod
     def from_scheduler_output(sched: SchedulerOutput) -> BatchShape:
@@ -108,7 +117,8 @@ class BatchShape:
             keys_read += c + n
             if c + n == r.num_tokens:
                 num_logits += 1
-        return BatchShape(sched.total_tokens, num_logits, pairs, keys_read, len(reqs))
+        return BatchShape(sched.total_tokens, num_logits, pairs, keys_read, len(reqs),
+                          len(reqs) - nd, float(dec_keys))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,24 +143,6 @@ class Interconnect:
     def all_gather_s(self, nbytes: float, n: int) -> float:
         """Ring all-gather of a ``nbytes`` result: each GPU receives (n-1)/n of it."""
         return self.latency_s + (n - 1) / n * nbytes / self.bandwidth
-
-
-def roofline_times(
-    op_flops: np.ndarray,
-    op_bytes: np.ndarray,
-    num_reqs: np.ndarray,
-    rates: DeviceRates,
-    comm_s: np.ndarray | float = 0.0,
-) -> np.ndarray:
-    """The roofline for many iterations at once (``op_*``: [iterations, operators] in
-    OPERATORS order). The simulator's scalar path (CostModel.cost) is the same formula."""
-    scale = np.ones(op_flops.shape[1])
-    scale[ATTENTION_OP] = 1.0 / rates.attention_efficiency
-    zero = np.zeros_like(op_flops)
-    compute = op_flops * scale / rates.flop_rate if rates.flop_rate else zero
-    memory = op_bytes * scale / rates.memory_bandwidth if rates.memory_bandwidth else zero
-    per_op = np.maximum(compute, memory).sum(axis=1)
-    return per_op + rates.iteration_overhead_s + rates.row_overhead_s * num_reqs + comm_s
 
 
 class CostModel:
@@ -230,6 +222,21 @@ class CostModel:
         )
         return ops
 
+    def attention_parts(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows."""
+        db, L = self.dtype_bytes, self._L
+        decode_rows = shape.num_reqs - shape.num_prefill_reqs
+        prefill_rows = shape.num_tokens - decode_rows
+        qo = 2 * self._q_size * db * L  # q read and o written, per row
+        kd = shape.decode_keys
+        return (
+            (self._attn_flops_per_pair * kd, kd * self._kv_bytes_per_token + decode_rows * qo),
+            (
+                self._attn_flops_per_pair * (shape.attn_key_pairs - kd),
+                (shape.attn_keys_read - kd) * self._kv_bytes_per_token + prefill_rows * qo,
+            ),
+        )
+
     def communication_s(self, shape: BatchShape) -> float:
         """Tensor-parallel collectives: 2 all-reduces of the hidden state per layer, and the
         all-gather of the sampled rows' logits. 0 on one GPU."""
@@ -250,15 +257,24 @@ class CostModel:
         if r is None:
             return IterationCost(total_bytes, total_flops, None, shape)
         fl, bw = r.flop_rate, r.memory_bandwidth
+        ed, ep = r.decode_attention_efficiency, r.prefill_attention_efficiency
         ops_s = 0.0
         for i, (f, b) in enumerate(ops):
+            if i == ATTENTION_OP and ed != ep:
+                # One operator (one kernel over every row), each kind of row at its own pace.
+                (fd, bd), (fp, bp) = self.attention_parts(shape)
+                f, b = fd / ed + fp / ep, bd / ed + bp / ep
             t = max(f / fl if fl else 0.0, b / bw if bw else 0.0)
-            ops_s += t / r.attention_efficiency if i == ATTENTION_OP else t
+            ops_s += t / ed if i == ATTENTION_OP and ed == ep else t
         time_s = ops_s + r.iteration_overhead_s
         if r.row_overhead_s:
             time_s += r.row_overhead_s * shape.num_reqs
+        if r.prefill_overhead_s:
+            time_s += r.prefill_overhead_s * shape.num_prefill_reqs
         if self.interconnect is not None:
             time_s += self.communication_s(shape)
+        if r.host_factor != 1.0:
+            time_s *= r.host_factor
         return IterationCost(total_bytes, total_flops, time_s, shape)
 
     def iteration_cost(self, sched: SchedulerOutput) -> IterationCost:

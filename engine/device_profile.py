@@ -82,10 +82,14 @@ def load_profile(path: str | Path) -> DeviceProfile:
         raise ValueError(f"{where}: no 'rates' section")
     optional = {"memory_bandwidth", "flop_rate"}
     values = {
-        f.name: _rate(rates, f.name, where, f.name in optional) for f in fields(DeviceRates)
+        f.name: _rate(rates, f.name, where, f.name in optional)
+        for f in fields(DeviceRates)
+        if f.name in rates or f.name in optional
     }
-    if not values["attention_efficiency"] > 0:
-        raise ValueError(f"{where}: rates.attention_efficiency must be > 0")
+    values = {**DeviceRates(None, None).to_dict(), **values}
+    for name in ("decode_attention_efficiency", "prefill_attention_efficiency", "host_factor"):
+        if not values[name] > 0:
+            raise ValueError(f"{where}: rates.{name} must be > 0")
     models = data.get("models")
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
         raise ValueError(f"{where}: 'models' must be a non-empty list of model names")

@@ -166,6 +166,7 @@ class Engine:
             num_logits=shape.num_logits if shape is not None else 0,
             attn_key_pairs=shape.attn_key_pairs if shape is not None else 0.0,
             attn_keys_read=shape.attn_keys_read if shape is not None else 0.0,
+            attn_decode_keys=shape.decode_keys if shape is not None else 0.0,
         )
         self.records.append(record)
         self.num_records += 1

@@ -34,6 +34,7 @@ class IterationRecord:
     num_logits: int = 0  # rows that sample
     attn_key_pairs: float = 0.0  # sum over rows of keys attended
     attn_keys_read: float = 0.0  # keys read from the KV cache
+    attn_decode_keys: float = 0.0  # of both, the decode rows' (one key pair per key read)
     replica: int | None = None  # data parallelism: which engine replica ran it
 
     @property

@@ -33,7 +33,8 @@ def uniform_trace(tmp_path_factory):
 
 
 def run(workload: str, dp: int, router: str = "round-robin", **kw) -> dict:
-    engine = {k: kw.pop(k) for k in list(kw) if k in EngineArgs.__dataclass_fields__}
+    engine = {k: kw.pop(k) for k in list(kw)
+              if k in EngineArgs.__dataclass_fields__ and k != "seed"}
     spec = RunSpec(workload=workload, num_requests=kw.pop("num_requests", None),
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b",
                                      data_parallel_size=dp, router=router, **engine), **kw)

@@ -86,6 +86,9 @@ def test_every_simulated_record_predicts_its_own_duration():
         assert record["predicted_s"] == pytest.approx(record["duration_s"], rel=1e-9)
         assert record["num_logits"] >= record["num_decode_tokens"]
         assert record["attn_key_pairs"] >= record["attn_keys_read"] > 0
+        assert record["attn_keys_read"] >= record["attn_decode_keys"]
+        if record["num_prefill_tokens"] == 0:  # a decode row reads every key it attends
+            assert record["attn_decode_keys"] == record["attn_keys_read"]
         assert "replica" not in record  # only data-parallel runs tag replicas
     assert result["summary"]["engine"]["sim_error"] is None
     assert result["summary"]["engine"]["sim_error_reason"] == SIMULATED_REASON
@@ -168,4 +171,6 @@ def shape_of(record: dict):
         attn_key_pairs=record["attn_key_pairs"],
         attn_keys_read=record["attn_keys_read"],
         num_reqs=record["num_prefill_reqs"] + record["num_decode_reqs"],
+        num_prefill_reqs=record["num_prefill_reqs"],
+        decode_keys=record["attn_decode_keys"],
     )

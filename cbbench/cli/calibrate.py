@@ -13,9 +13,12 @@ from cbbench.cli import options as C
 UNITS = {
     "memory_bandwidth": (1e9, "GB/s"),
     "flop_rate": (1e9, "GFLOP/s"),
-    "attention_efficiency": (1.0, ""),
+    "decode_attention_efficiency": (1.0, ""),
+    "prefill_attention_efficiency": (1.0, ""),
     "iteration_overhead_s": (1e-6, "µs"),
     "row_overhead_s": (1e-6, "µs"),
+    "prefill_overhead_s": (1e-6, "µs"),
+    "host_factor": (1.0, "x"),
 }
 
 
