@@ -313,18 +313,28 @@ ROPE_BYTES_PER_POSITION_DIM = 6
 SLOT_BYTES = 128
 
 
-def check_torch_sizes_before_load(args: EngineArgs, model_name: str, device: str) -> None:
-    """A preset's context may be stretched by --max-model-len: its RoPE tables are built with
-    the model, so check them before (a Hugging Face folder's context caps it)."""
+def check_torch_sizes_before_load(args: EngineArgs, model_name: str, dtype_name: str,
+                                  device: str) -> None:
+    """The weights and the RoPE tables are allocated with the model: check them before. A
+    preset's context may be stretched by --max-model-len (a folder's own context caps it)."""
     from .memory_check import require
-    from .model_config import MODEL_PRESETS
+    from .model_config import MODEL_PRESETS, get_model_config
 
-    preset = MODEL_PRESETS.get(model_name)
-    if preset is None or args.max_model_len is None:
-        return
-    need = args.max_model_len * preset.head_dim * ROPE_BYTES_PER_POSITION_DIM
-    require(f"--max-model-len {args.max_model_len} (the RoPE tables)", need,
-            _device_free_bytes(device), f"on {device}")
+    try:
+        config = get_model_config(model_name)
+    except ValueError:
+        return  # not a model: load_model says why
+    free = _device_free_bytes(device)
+    require(f"--model {model_name} (the weights in {dtype_name})",
+            config.weight_bytes(dtype_name), free, f"on {device}")
+    context = config.max_model_len
+    if model_name in MODEL_PRESETS and args.max_model_len is not None:
+        context = args.max_model_len
+    elif args.max_model_len is not None:
+        context = min(context, args.max_model_len)
+    need = context * config.head_dim * ROPE_BYTES_PER_POSITION_DIM
+    flag = f"--max-model-len {context}" if args.max_model_len else f"the context of {context}"
+    require(f"{flag} (the RoPE tables)", need, free, f"on {device}")
 
 
 def check_torch_sizes(args: EngineArgs, config, device: str, num_blocks: int,
@@ -418,7 +428,7 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     except (ValueError, RuntimeError) as e:
         raise EngineArgsError(f"attention backend {args.attention_backend!r}: {e}") from None
     fused = _resolve_fused(args, device)
-    check_torch_sizes_before_load(args, model_name, device)
+    check_torch_sizes_before_load(args, model_name, dtype_name, device)
     torch.manual_seed(args.seed)
     try:
         model, config = load_model(

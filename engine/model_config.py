@@ -7,6 +7,7 @@ simulator's roofline and the torch engine's random-weight models.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -166,14 +167,60 @@ def get_model_config(name_or_path: str) -> ModelConfig:
 _SUPPORTED_HF_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
 
 
+def _read_hf_config(config_path: Path) -> dict:
+    """config.json as a dict whose fields, where present, have the kinds a model needs: a
+    malformed one is a ValueError naming the field (it was a ZeroDivisionError, TypeError,
+    KeyError or AttributeError from deep inside)."""
+    try:
+        cfg = json.loads(Path(config_path).read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read {config_path}: {e}") from None
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{config_path} is not a JSON object")
+    return cfg
+
+
+def _check_hf_fields(cfg: dict, config_path: Path) -> None:
+    def integer(key: str, required: bool = True) -> None:
+        v = cfg.get(key)
+        if v is None and not required:
+            return
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{config_path}: {key!r} must be an integer >= 1, got {v!r}")
+
+    for key in ("num_attention_heads", "hidden_size", "num_hidden_layers", "intermediate_size",
+                "vocab_size"):
+        integer(key)
+    for key in ("num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window"):
+        integer(key, required=False)
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    if heads % kv:
+        raise ValueError(f"{config_path}: num_attention_heads ({heads}) must be a multiple of "
+                         f"num_key_value_heads ({kv})")
+    for key in ("rope_theta", "rms_norm_eps"):
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not math.isfinite(v) or v <= 0):
+            raise ValueError(f"{config_path}: {key!r} must be a number > 0, got {v!r}")
+    if cfg.get("rope_scaling") is not None and not isinstance(cfg["rope_scaling"], dict):
+        raise ValueError(f"{config_path}: 'rope_scaling' must be an object")
+    eos = cfg.get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos]
+    if eos is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{config_path}: 'eos_token_id' must be a token id (or a list of them)")
+
+
 def from_hf_config(config_path: Path) -> ModelConfig:
-    cfg = json.loads(Path(config_path).read_text())
+    cfg = _read_hf_config(config_path)
     model_type = cfg.get("model_type", "")
-    if model_type not in _SUPPORTED_HF_TYPES:
+    if not isinstance(model_type, str) or model_type not in _SUPPORTED_HF_TYPES:
         raise ValueError(
             f"unsupported model_type {model_type!r} in {config_path}: "
             f"supported are {', '.join(sorted(_SUPPORTED_HF_TYPES))}"
         )
+    _check_hf_fields(cfg, config_path)
     num_heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
     eos = cfg.get("eos_token_id")

@@ -15,6 +15,7 @@ milliseconds; the base arguments keep a case cheap should a check be missing.
 from __future__ import annotations
 
 import inspect
+import json
 import typing
 
 import pytest
@@ -126,3 +127,56 @@ def test_a_size_beyond_memory_is_one_line_before_allocating(tmp_path, argv, flag
     code, err = invoke(argv, tmp_path)
     assert code == 2, err
     assert len(err) == 1 and err[0].startswith("cbbench: error: ") and flag in err[0], err
+
+
+# ---- a model folder's config.json -------------------------------------------------------------
+GOOD_CONFIG = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_heads": 2,
+               "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+               "vocab_size": 512, "max_position_embeddings": 256}
+
+
+@pytest.mark.parametrize(
+    ("change", "text"),
+    [
+        ("not json", "not valid JSON"),
+        ([1, 2], "not a JSON object"),
+        ({"num_attention_heads": 0}, "'num_attention_heads' must be an integer >= 1"),  # ZeroDivisionError
+        ({"hidden_size": "x"}, "'hidden_size' must be an integer >= 1"),  # TypeError
+        ({"vocab_size": None}, "'vocab_size'"),  # KeyError
+        ({"num_key_value_heads": 3}, "num_attention_heads (4) must be a multiple"),
+        ({"rope_scaling": "x"}, "'rope_scaling' must be an object"),  # AttributeError
+        ({"rope_theta": "fast"}, "'rope_theta' must be a number > 0"),
+        ({"rms_norm_eps": float("nan")}, "'rms_norm_eps' must be a number > 0"),
+        ({"max_position_embeddings": -1}, "'max_position_embeddings' must be an integer >= 1"),
+        ({"eos_token_id": "x"}, "'eos_token_id'"),
+        ({"sliding_window": "x"}, "'sliding_window' must be an integer >= 1"),
+        ({"model_type": ["llama"]}, "unsupported model_type"),  # TypeError: unhashable
+    ],
+    ids=["not-json", "a-list", "zero-heads", "hidden-text", "no-vocab", "kv-heads",
+         "rope-scaling-text", "rope-theta-text", "eps-nan", "negative-context", "eos-text",
+         "window-text", "model-type-list"],
+)
+def test_a_malformed_model_config_is_one_line(tmp_path, change, text):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    if isinstance(change, dict):
+        cfg = {k: v for k, v in {**GOOD_CONFIG, **change}.items() if v is not None}
+        body = json.dumps(cfg)
+    else:
+        body = change if isinstance(change, str) else json.dumps(change)
+    (folder / "config.json").write_text(body)
+    code, err = invoke(["run", "--engine", "sim", "--model", str(folder), "--num-requests", "2",
+                        "--output", "{t}/x.json"], tmp_path)
+    assert code == 2 and len(err) == 1 and text in err[0], err
+
+
+def test_a_model_config_beyond_memory_is_one_line(tmp_path):
+    pytest.importorskip("torch")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    huge = {**GOOD_CONFIG, "hidden_size": 2**20, "intermediate_size": 2**22,
+            "num_hidden_layers": 1000, "vocab_size": 2**20}
+    (folder / "config.json").write_text(json.dumps(huge))
+    (folder / "model.safetensors").write_bytes(b"")
+    code, err = invoke([*TORCH_RUN[:6], str(folder), *TORCH_RUN[7:]], tmp_path)
+    assert code == 2 and len(err) == 1 and "the weights" in err[0], err
