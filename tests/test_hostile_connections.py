@@ -127,3 +127,40 @@ def test_the_defaults_are_stated_in_the_help():
     out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
     assert "--read-timeout" in out and "--max-connections" in out
     assert f"{DEFAULT_READ_TIMEOUT_S:g}" in out and str(DEFAULT_MAX_CONNECTIONS) in out
+
+
+def test_stopping_with_open_streams_ends_them_without_tracebacks():
+    """Ctrl-C with streams open printed one ASGI traceback per stream (uvicorn cancelled them
+    after its graceful-shutdown wait). Now the streams end at once with an error event and
+    [DONE], and the server stops without a traceback."""
+    import signal
+    import threading
+
+    got: list[str] = []
+
+    def stream(url: str) -> None:
+        body = {"prompt": "hi", "max_tokens": 100_000, "stream": True}
+        try:
+            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+                got.append("".join(r.iter_text()))
+        except httpx.HTTPError as e:
+            got.append(f"error: {e!r}")
+
+    with serve_process("--engine", "sim", "--model", SERVE_MODEL, "--gpu", "h200") as run:
+        clients = [threading.Thread(target=stream, args=(run.url,)) for _ in range(3)]
+        for t in clients:
+            t.start()
+        time.sleep(1.5)  # the streams are flowing
+        t0 = time.monotonic()
+        run.proc.send_signal(signal.SIGINT)
+        run.proc.wait(30)
+        stopped_in = time.monotonic() - t0
+        for t in clients:
+            t.join(30)
+        time.sleep(0.2)  # the output pump
+        text = run.text
+    assert "Traceback" not in text, text[-3000:]
+    assert stopped_in < 4, f"took {stopped_in:.1f} s to stop"
+    assert len(got) == 3
+    for body in got:
+        assert "shutting down" in body and body.rstrip().endswith("data: [DONE]"), body[-300:]

@@ -191,13 +191,24 @@ async def _run_server(app, host: str, port: int, kind: str, protocol=None) -> st
     )
     bridge = app.state.engine
     announce = asyncio.create_task(_announce(server, bridge, host, kind))
+    drain = asyncio.create_task(_end_streams_on_exit(server, bridge))
     try:
         await server.serve()
     except SystemExit:  # uvicorn exits this way when it cannot bind (it logged why)
         return f"could not listen on {host}:{port}"
     finally:
         announce.cancel()
+        drain.cancel()
     return bridge.error
+
+
+async def _end_streams_on_exit(server, bridge) -> None:
+    """Once uvicorn is asked to exit (Ctrl-C, SIGTERM), stop the engine: every open stream
+    ends at once with an error event and [DONE]. Left to uvicorn, streams outlasting its
+    graceful wait were cancelled, one ASGI traceback each."""
+    while not server.should_exit:
+        await asyncio.sleep(READY_POLL_S)
+    await asyncio.to_thread(bridge.stop)
 
 
 async def _announce(server, bridge, host: str, kind: str) -> None:
