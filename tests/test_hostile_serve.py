@@ -9,14 +9,19 @@ profile (HYPOTHESIS_PROFILE=thorough) runs helpers.THOROUGH_EXAMPLES.
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
-from helpers import serve_process
+from helpers import examples, serve_process
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("torch")
 
 TIMEOUT_S = 30.0
 NORMAL = {"prompt": [1, 2, 3], "max_tokens": 2}
+FUZZ_EXAMPLES = 60  # ~15 s on two busy cores; HYPOTHESIS_PROFILE=thorough runs 10,000
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +172,97 @@ def test_a_field_of_the_wrong_type_is_400_not_coerced(client, field, value):
 def test_ints_for_floats_stay_accepted(client):
     r = client.post("/v1/completions", json={**NORMAL, "temperature": 1, "top_p": 1})
     assert r.status_code == 200, r.text
+
+
+# ---- fuzzing: random bodies, every field the server reads -------------------------------------
+JSON_LEAF = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=12)
+             | st.floats(allow_nan=False, allow_infinity=False)
+             | st.sampled_from([0, -1, 1, 2**31, 2**63, 2**64, 1e-46, 1e-300, 1e300, -0.0, "",
+                                "inf", "NaN", "\u2028", "\x00"]))
+ANY_JSON = st.recursive(JSON_LEAF, lambda inner: st.lists(inner, max_size=4)
+                        | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+SMALL_INT = st.integers(-3, 6) | st.sampled_from([2**31, 2**63, 2**64, 10**30, -(2**63)])
+FLOAT = (st.floats(-2, 3, allow_nan=False) | st.sampled_from([0.0, 1e-46, 1e-39, 1e-5, 1.0])
+         | st.integers(0, 2))
+IDS = st.lists(st.integers(-2, 600) | st.sampled_from([2**63, 10**30]), max_size=6)
+TEXT = st.text(max_size=40) | st.sampled_from(["1" * 5000, "a\u2028b c", "  ", "\U0001F600"])
+PART = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url", 3]), "text": TEXT})
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", ""]) | ANY_JSON},
+    optional={"content": TEXT | st.lists(PART, max_size=3) | ANY_JSON},
+)
+
+
+# path -> fields the server reads there (their plausible values)
+FIELDS = {
+    "/v1/completions": {
+        "prompt": TEXT | IDS | st.lists(TEXT, max_size=2) | st.lists(IDS, max_size=2),
+        "suffix": TEXT, "echo": st.booleans(), "logprobs": SMALL_INT, "best_of": SMALL_INT,
+    },
+    "/v1/chat/completions": {
+        "messages": st.lists(MESSAGE, max_size=3), "max_completion_tokens": SMALL_INT,
+        "logprobs": st.booleans(),
+    },
+    "/tokenize": {
+        "prompt": TEXT, "messages": st.lists(MESSAGE, max_size=2),
+        "add_special_tokens": st.booleans(), "return_token_strs": st.booleans(),
+        "add_generation_prompt": st.booleans(), "continue_final_message": st.booleans(),
+    },
+    "/detokenize": {"tokens": IDS},
+}
+COMMON = {
+    "model": st.sampled_from(["tiny", "gpt-4"]) | TEXT, "max_tokens": SMALL_INT,
+    "temperature": FLOAT, "top_p": FLOAT, "top_k": SMALL_INT, "seed": SMALL_INT,
+    "ignore_eos": st.booleans(), "stream": st.booleans(),
+    "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+    "n": SMALL_INT, "stop": TEXT | st.lists(TEXT, max_size=2),
+    "return_token_times": st.booleans(),
+}
+
+
+# Valid bodies the fuzzer starts from (so most requests reach the engine), then changes.
+VALID_IDS = st.lists(st.integers(0, 511), min_size=1, max_size=6)
+BASES = {
+    "/v1/completions": st.fixed_dictionaries(
+        {"prompt": VALID_IDS | st.text("abc xyz", min_size=1, max_size=20),
+         "max_tokens": st.integers(1, 4)}),
+    "/v1/chat/completions": st.fixed_dictionaries(
+        {"messages": st.just([{"role": "user", "content": "hi there"}]),
+         "max_tokens": st.integers(1, 4)}),
+    "/tokenize": st.fixed_dictionaries({"prompt": st.text(max_size=20)}),
+    "/detokenize": st.fixed_dictionaries({"tokens": VALID_IDS}),
+}
+
+
+@st.composite
+def requests(draw) -> tuple[str, bytes]:
+    """(path, body): a valid body with some fields set to values of their kind (edge values
+    included) and, one time in three, one field set to any JSON at all; now and then a body
+    that is not an object, or not JSON."""
+    path = draw(st.sampled_from(sorted(FIELDS)))
+    fields = {**COMMON, **FIELDS[path]} if path.startswith("/v1") else FIELDS[path]
+    body = draw(BASES[path])
+    for key in draw(st.lists(st.sampled_from(sorted(fields)), unique=True, max_size=4)):
+        body[key] = draw(fields[key])
+    if draw(st.integers(0, 2)) == 0:
+        body[draw(st.sampled_from(sorted(fields)))] = draw(ANY_JSON)
+    if draw(st.integers(0, 19)) == 0:
+        raw = draw(ANY_JSON.map(json.dumps) | st.binary(max_size=30).map(repr))
+        return path, raw.encode()
+    return path, json.dumps(body).encode()
+
+
+@settings(max_examples=examples(FUZZ_EXAMPLES), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(req=requests())
+def test_random_bodies_never_take_the_server_down(client, req):
+    path, body = req
+    r = client.post(path, content=body, headers={"content-type": "application/json"})
+    event(f"{path} {r.status_code}")  # --hypothesis-show-statistics: how many got through
+    assert r.status_code < 500, (path, body[:300], r.status_code, r.text[:300])
+    if r.status_code == 200 and path.startswith("/v1"):
+        if '"stream": true' in body.decode(errors="replace"):
+            assert r.text.rstrip().endswith("data: [DONE]"), r.text[-300:]
+        else:
+            assert r.json()["choices"]
+    assert_still_serving(client)
