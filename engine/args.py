@@ -33,6 +33,7 @@ DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_SWAP_SPACE_GIB = 4.0
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
 
 
 class EngineArgsError(ValueError):
@@ -169,7 +170,10 @@ class EngineArgs:
         "requests) | least-kv (lowest KV-cache use).",
         choices=ROUTERS,
     )
-    seed: int = opt(0, "Engine seed: random weights, synthetic prompts, sampling.", low=0, cli=False)
+    seed: int = opt(
+        0, "Engine seed: random weights, synthetic prompts, sampling.", low=0, high=MAX_SEED,
+        cli=False,
+    )
 
     def validate(self) -> EngineArgs:
         """Raise EngineArgsError naming the first bad option; return self when all are good."""
@@ -211,11 +215,14 @@ def flag_of(name: str) -> str:
 
 def range_text(low, high, low_open: bool) -> str:
     """'>= 1', '> 0', '<= 1', or an interval such as '(0, 1]'."""
+    def num(v) -> str:  # integers exactly (a seed's bound is 2^63 - 1, not 9.22337e+18)
+        return str(v) if isinstance(v, int) else f"{v:g}"
+
     if high is None:
-        return f"{'>' if low_open else '>='} {low:g}"
+        return f"{'>' if low_open else '>='} {num(low)}"
     if low is None:
-        return f"<= {high:g}"
-    return f"in {'(' if low_open else '['}{low:g}, {high:g}]"
+        return f"<= {num(high)}"
+    return f"in {'(' if low_open else '['}{num(low)}, {num(high)}]"
 
 
 def check_value(f: dataclasses.Field, value) -> str | None:

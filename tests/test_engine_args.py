@@ -76,7 +76,7 @@ def test_non_finite_floats_are_rejected(name, value):
         (dict(top_p=0.0), "--top-p must be in (0, 1], got 0.0"),
         (dict(gpu_memory_utilization=1.5), "--gpu-memory-utilization must be in (0, 1], got 1.5"),
         (dict(swap_space=-1.0), "--swap-space must be >= 0, got -1.0"),
-        (dict(seed=-1), "--seed must be >= 0, got -1"),
+        (dict(seed=-1), "--seed must be in [0, 9223372036854775807], got -1"),
     ],
 )
 def test_range_messages_name_the_option_and_the_range(changes, message):

@@ -180,3 +180,28 @@ def test_a_model_config_beyond_memory_is_one_line(tmp_path):
     (folder / "model.safetensors").write_bytes(b"")
     code, err = invoke([*TORCH_RUN[:6], str(folder), *TORCH_RUN[7:]], tmp_path)
     assert code == 2 and len(err) == 1 and "the weights" in err[0], err
+
+
+# ---- found in this round: more numbers without a range -----------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["sweep", "--engine", "sim", "--num-requests", "2", "--points", "1000000000",
+          "--min-duration", "0", "--out-dir", "{t}/s"], "--points"),  # linspace of 10^9: OOM
+        ([*SIM_RUN, "--workload", "random", "--prefix-len", HUGE], "--prefix-len"),
+        ([*SIM_RUN, "--workload", "random", "--input-len", HUGE, "--prefix-len", "100"],
+         "--input-len"),  # 7 TiB of token ids
+        ([*TORCH_RUN, "--seed", str(2**70)], "--seed"),  # torch.manual_seed overflow
+        ([*SIM_RUN, "--seed", str(2**70)], "--seed"),
+        ([*SIM_RUN, "--workload", "sharegpt-multiturn", "--think-time", "1e300"], "--think-time"),
+        ([*SIM_RUN, "--cancel-rate", "0.5", "--cancel-after", "exp:1e300"], "--cancel-after"),
+    ],
+    ids=["sweep-points", "random-prefix-len", "random-input-len", "torch-seed", "sim-seed",
+         "think-time", "cancel-after"],
+)
+def test_more_numbers_have_a_range(tmp_path, argv, flag):
+    if "torch" in argv:
+        pytest.importorskip("torch")
+    code, err = invoke(argv, tmp_path)
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("cbbench: error: ") and flag in err[0], err

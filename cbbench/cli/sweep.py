@@ -14,6 +14,7 @@ from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
 
 DEFAULT_OUT_PARENT = Path("results") / "runs"  # git ignores it: sweeps are scratch
+MAX_POINTS = 100  # each point is a whole run: more is a typo (10^9 points ran out of memory)
 
 # Options that sweep and capacity share (the engine ones come from cli_common).
 Workload = Annotated[str, typer.Option(help="Built-in workload (sharegpt, long-prompt) or a JSONL file.")]
@@ -109,8 +110,8 @@ def sweep(
     from cbbench.report.sweep_plot import latency_throughput, png_bytes
 
     rate_list = parse_rates(rates)
-    if rate_list is None and points < 1:
-        raise UsageError(f"--points must be >= 1, got {points}")
+    if rate_list is None and not 1 <= points <= MAX_POINTS:
+        raise UsageError(f"--points must be in [1, {MAX_POINTS}], got {points}")
     slo_spec = parse_attainment_slo(slo, attainment)
     sizing = ProbeSizing(num_requests, min_duration, max_requests)
     base = base_spec(

@@ -17,6 +17,8 @@ from cbbench.errors import UsageError
 
 MS = 1000.0
 KINDS = ("const", "exp", "uniform")
+# The longest delay that means anything in a benchmark (the arrival schedule's own limit).
+MAX_DELAY_MS = 30 * 24 * 3600 * MS
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ def _ms(text: str, flag: str, whole: str) -> float:
         raise UsageError(
             f"invalid {flag} {whole!r}: milliseconds >= 0, as N, exp:MEAN or uniform:LOW:HIGH"
         )
+    if v > MAX_DELAY_MS:
+        raise UsageError(f"invalid {flag} {whole!r}: at most {MAX_DELAY_MS:.0f} ms (30 days)")
     return v
 
 

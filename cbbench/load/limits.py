@@ -11,6 +11,8 @@ from cbbench.errors import UsageError
 # Measured: a 100,000-request simulated run peaks at ~0.9 GB (about 6 kB a request above the
 # process's own); a round figure with room for longer outputs.
 REQUEST_BYTES = 10_000
+# A token id held in a Python tuple: the int object and the pointer to it.
+TOKEN_ID_BYTES = 36
 
 
 def check_request_count(n: float, what: str) -> None:
@@ -21,4 +23,15 @@ def check_request_count(n: float, what: str) -> None:
             f"{what} needs about {fmt_bytes(n * REQUEST_BYTES)} of memory "
             f"(~{REQUEST_BYTES // 1000} kB a request), more than the {fmt_bytes(available)} "
             "available on this host"
+        )
+
+
+def check_token_ids(n: float, what: str) -> None:
+    """UsageError when ``n`` token ids (made up front, as Python ints) need more memory than
+    this host has available."""
+    available = available_host_bytes()
+    if available is not None and n * TOKEN_ID_BYTES > available:
+        raise UsageError(
+            f"{what} needs {fmt_bytes(n * TOKEN_ID_BYTES)} of token ids, more than the "
+            f"{fmt_bytes(available)} available on this host"
         )

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.limits import check_token_ids
 from cbbench.load.workload import Workload, WorkloadRequest
 
 RANDOM_WORKLOAD = "random"
@@ -77,6 +78,10 @@ def random_workload(spec: RandomSpec, num_requests: int, seed: int) -> Workload:
     rng = np.random.default_rng([seed, LENGTH_STREAM])
     in_lo, in_hi = spec.input_bounds()
     out_lo, out_hi = spec.output_bounds()
+    if spec.prefix_len:  # every prompt's ids are made: check what they take first
+        check_token_ids(num_requests * (spec.prefix_len + in_hi),
+                        f"--workload random with --prefix-len {spec.prefix_len} and "
+                        f"--input-len {spec.input_len} ({num_requests} prompts)")
     inputs = rng.integers(in_lo, in_hi + 1, num_requests)
     outputs = rng.integers(out_lo, out_hi + 1, num_requests)
     prefix: list[int] = []
