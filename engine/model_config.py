@@ -175,7 +175,7 @@ def _read_hf_config(config_path: Path) -> dict:
         cfg = json.loads(Path(config_path).read_text())
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read {config_path}: {e}") from None
-    except (json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # also 5000-digit integers, deep nesting
         raise ValueError(f"{config_path} is not valid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} is not a JSON object")

@@ -183,3 +183,85 @@ def test_ctrl_c_during_start_up_prints_no_traceback(tmp_path, delay):
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err, err
     assert proc.returncode in (0, 130, -signal.SIGINT), err
+
+
+# ---- JSON that Python's parser chokes on, in every file cbbench reads --------------------------
+NESTED = "[" * 100_000 + "]" * 100_000
+BIG_INT = "1" * 5000  # beyond Python's 4300-digit int() limit: a ValueError, not a JSONDecodeError
+
+
+def _result_file(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    return p
+
+
+@pytest.fixture(scope="module")
+def good_result(tmp_path_factory) -> Path:
+    from cbbench.analysis.result import write_result
+    from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.engine.args import EngineArgs
+
+    p = tmp_path_factory.mktemp("good") / "good.json"
+    write_result(p, execute_run(RunSpec(workload="sharegpt", num_requests=3,
+                                        engine=EngineArgs(engine="sim")), lambda m: None))
+    return p
+
+
+def _argv(command: str, bad: Path, good: Path, tmp_path: Path) -> list[str]:
+    return {"gate": ["gate", str(bad), "--baseline", str(good)],
+            "compare": ["compare", str(good), str(bad)],
+            "report": ["report", str(bad), "--out", str(tmp_path / "out")]}[command]
+
+
+@pytest.mark.parametrize("command", ["gate", "compare", "report"])
+@pytest.mark.parametrize("content", ["nested", "big-int"])
+def test_a_result_file_that_breaks_the_json_parser_is_one_line(tmp_path, good_result, command,
+                                                               content):
+    from typer.testing import CliRunner
+
+    from cbbench.cli.app import app
+
+    text = NESTED if content == "nested" else '{"schema_version": 1, "x": ' + BIG_INT + "}"
+    bad = _result_file(tmp_path, text)
+    res = CliRunner().invoke(app, _argv(command, bad, good_result, tmp_path),
+                             env={"COLUMNS": "200"})
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(err) == 1 and str(bad) in err[0], res.stderr
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+@pytest.mark.parametrize("command", ["gate", "report"])
+def test_dev_zero_as_a_result_file_is_one_line(tmp_path, good_result, command):
+    """A subprocess with its memory capped: the read was unbounded (an OOM kill)."""
+    proc = subprocess.run([*COMMAND, *_argv(command, Path("/dev/zero"), good_result, tmp_path)],
+                          capture_output=True, text=True, timeout=120, preexec_fn=_cap_memory,
+                          cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and proc.stderr.startswith("cbbench: error: ")
+    assert "/dev/zero" in proc.stderr
+
+
+@pytest.mark.parametrize("line", [
+    '{"prompt_len": ' + BIG_INT + ', "output_len": 2}',
+    '{"turns": ' + NESTED + "}",
+])
+def test_a_jsonl_line_that_breaks_the_json_parser_is_one_line(tmp_path, line):
+    with pytest.raises(UsageError, match=r"w.jsonl:1: "):
+        load_jsonl(_write(tmp_path, line + "\n"))
+
+
+def test_a_mooncake_trace_reads_lines_as_jsonl(tmp_path):
+    """The Mooncake loader split with str.splitlines() too, and choked like the rest."""
+    from cbbench.load.workload import load_workload
+
+    row = {"timestamp": 0, "input_length": 4, "output_length": 2, "hash_ids": [1]}
+    ok = dict(row, note="a\u2028b")  # an extra field holding a line separator
+    text = json.dumps(row) + "\n" + json.dumps(ok, ensure_ascii=False) + "\r\n"
+    w = load_workload(str(_write(tmp_path, text, "trace.jsonl")))
+    assert len(w.requests) == 2
+    bad = json.dumps(row) + "\n" + '{"timestamp": ' + BIG_INT + "}\n"
+    with pytest.raises(UsageError, match=r"trace.jsonl:2: "):
+        load_workload(str(_write(tmp_path, bad, "trace.jsonl")))

@@ -139,6 +139,7 @@ GOOD_CONFIG = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_h
     ("change", "text"),
     [
         ("not json", "not valid JSON"),
+        ('{"vocab_size": ' + "1" * 5000 + "}", "not valid JSON"),  # int() digit limit
         ([1, 2], "not a JSON object"),
         ({"num_attention_heads": 0}, "'num_attention_heads' must be an integer >= 1"),  # ZeroDivisionError
         ({"hidden_size": "x"}, "'hidden_size' must be an integer >= 1"),  # TypeError
@@ -152,7 +153,7 @@ GOOD_CONFIG = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_h
         ({"sliding_window": "x"}, "'sliding_window' must be an integer >= 1"),
         ({"model_type": ["llama"]}, "unsupported model_type"),  # TypeError: unhashable
     ],
-    ids=["not-json", "a-list", "zero-heads", "hidden-text", "no-vocab", "kv-heads",
+    ids=["not-json", "big-int", "a-list", "zero-heads", "hidden-text", "no-vocab", "kv-heads",
          "rope-scaling-text", "rope-theta-text", "eps-nan", "negative-context", "eos-text",
          "window-text", "model-type-list"],
 )

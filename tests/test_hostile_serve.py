@@ -266,3 +266,14 @@ def test_random_bodies_never_take_the_server_down(client, req):
         else:
             assert r.json()["choices"]
     assert_still_serving(client)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize",
+                                  "/detokenize"])
+@pytest.mark.parametrize("body", ["[" * 100_000 + "]" * 100_000,
+                                  '{"prompt": "hi", "max_tokens": ' + "1" * 5000 + "}"],
+                         ids=["nested", "big-int"])
+def test_json_that_breaks_python_parsers_is_400(client, path, body):
+    r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+    assert_still_serving(client)

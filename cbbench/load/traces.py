@@ -76,7 +76,7 @@ def detect_format(path: Path) -> str | None:
     if line.startswith("{"):
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not a Mooncake line: the JSONL loader says why
             return None
         if isinstance(obj, dict) and all(k in obj for k in MOONCAKE_FIELDS):
             return "mooncake"
@@ -220,8 +220,10 @@ def _json_int(obj: dict, key: str, where: str, minimum: int) -> int:
 
 
 def load_mooncake(path: Path) -> Workload:
+    from cbbench.load.workload import jsonl_lines  # lines end at \n only, each capped
+
     rows = []
-    for lineno, line in enumerate(_read_text(path).splitlines(), start=1):
+    for lineno, line in jsonl_lines(path):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"
@@ -229,6 +231,10 @@ def load_mooncake(path: Path) -> Workload:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
             raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise UsageError(f"{where}: the JSON is nested too deeply") from None
+        except ValueError as e:  # an integer of more digits than int() takes
+            raise UsageError(f"{where}: malformed JSON ({e})") from None
         if not isinstance(obj, dict):
             raise UsageError(f"{where}: expected a JSON object")
         missing = [k for k in MOONCAKE_FIELDS if k not in obj]

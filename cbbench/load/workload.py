@@ -266,6 +266,8 @@ def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_cou
             raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
         except RecursionError:
             raise UsageError(f"{where}: the JSON is nested too deeply") from None
+        except ValueError as e:  # an integer of more digits than int() takes
+            raise UsageError(f"{where}: malformed JSON ({e})") from None
         if isinstance(obj, dict) and "turns" in obj:
             sessions.append(parse_session(obj, len(sessions), where, count_tokens))
         else:

@@ -7,7 +7,6 @@ backend, no global figure registry.
 from __future__ import annotations
 
 import io
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,19 +31,18 @@ def is_sweep(data: object) -> bool:
 
 def is_sweep_file(path: Path) -> bool:
     """True for a sweep.json (cheap enough to call on every file `report` is given)."""
+    from cbbench.analysis.result import read_json_file
+
     try:
-        return is_sweep(json.loads(Path(path).read_text()))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return is_sweep(read_json_file(path))
+    except UsageError:  # load_result says what is wrong with it
         return False
 
 
 def load_sweep(path: Path) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise UsageError(f"sweep file not found: {path}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"cannot read sweep file {path}: {e}") from None
+    from cbbench.analysis.result import read_json_file
+
+    data = read_json_file(path, "sweep file")
     if not is_sweep(data):
         raise UsageError(f"{path} is not a cbbench sweep (no kind {SWEEP_KIND!r})")
     if data.get("schema_version") != SWEEP_SCHEMA_VERSION:

@@ -184,3 +184,5 @@ async def _json_body(request: Request) -> object:
         return json.loads(await request.body())
     except ValueError as e:
         raise APIError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:  # 100k nested brackets: a 500 before
+        raise APIError(400, "malformed JSON body: nested too deeply") from None
