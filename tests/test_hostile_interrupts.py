@@ -84,6 +84,7 @@ CASES = {
     "sweep-sigterm": ("sweep", [signal.SIGTERM]),
     "sweep-second-sigint": ("sweep", [signal.SIGINT, signal.SIGINT]),
     "capacity-sigint": ("capacity", [signal.SIGINT]),
+    "compare-variants-sigint": ("compare", [signal.SIGINT]),
 }
 
 
@@ -100,10 +101,14 @@ def outcomes(tmp_path_factory):
             argv = ["sweep", *ENGINE, "--workload", str(w), "--rates", "4,8", "--out-dir",
                     str(d / "out")]
             marker = "rate 4 (1/2)"
-        else:
+        elif kind == "capacity":
             argv = ["capacity", *ENGINE, "--workload", str(w), "--slo", "ttft_p99=100000",
                     "--start-rate", "4", "--out", str(d / "cap.json")]
             marker = "probe 1 (bracket)"
+        else:
+            argv = ["compare", *ENGINE[:-2], "--workload", str(w), "--request-rate", "4",
+                    "--variants", "static,continuous", "--out-dir", str(d / "out")]
+            marker = "variant static (1/2)"
         return name, (_signalled(argv, d, marker, sigs), d)
 
     with ThreadPoolExecutor(max_workers=len(CASES)) as pool:
@@ -145,3 +150,13 @@ def test_capacity_writes_its_probes_marked_interrupted(outcomes):
     assert len(doc["probes"]) == 1 and doc["probes"][0]["interrupted"] is True
     assert "probe 2" not in r["err"]
     assert "interrupted" in r["out"]
+
+
+def test_compare_variants_keeps_the_variant_in_progress_marked_interrupted(outcomes):
+    """Found in this round: compare --variants dropped the variant in progress (exit 130)."""
+    r, d = outcomes["compare-variants-sigint"]
+    assert r["rc"] == 0, r
+    assert "Traceback" not in r["err"] and "stopping" in r["err"]
+    assert json.loads((d / "out" / "static.json").read_text())["interrupted"] is True
+    assert not (d / "out" / "continuous.json").exists() and "variant continuous" not in r["err"]
+    assert "(interrupted)" in r["out"]

@@ -83,17 +83,23 @@ def parse_variants(text: str) -> list[Variant]:
 
 
 def run_variants(
-    variants: Sequence[Variant], base: RunSpec, folder: Path, notice: Callable[[str], None]
+    variants: Sequence[Variant], base: RunSpec, folder: Path, notice: Callable[[str], None],
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[Labeled]:
     """Run each variant on the base spec's request set; each result is saved as soon as it
-    is done, so an interrupted comparison keeps the variants that finished."""
+    is done, so an interrupted comparison keeps the variants that finished. Once
+    ``should_stop`` is set no further variant starts, and the one in progress stops its
+    dispatch and is saved marked interrupted."""
     paths = [folder / f"{v.name}.json" for v in variants]
     for p in paths:
         check_writable(p)
     results = []
     for i, (v, path) in enumerate(zip(variants, paths), 1):
+        if should_stop is not None and should_stop():
+            break
         notice(f"variant {v.name} ({i}/{len(variants)})")
-        result = execute_run(dataclasses.replace(base, engine=v.apply(base.engine)), notice)
+        spec = dataclasses.replace(base, engine=v.apply(base.engine))
+        result = execute_run(spec, notice, should_stop=should_stop)
         write_result(path, result)
         notice(f"saved {path}")
         results.append(Labeled(v.name, result))

@@ -18,6 +18,7 @@ import typer
 
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
+from cbbench.load.interrupts import StopSignal
 
 if TYPE_CHECKING:
     from cbbench.bench.runner import RunSpec
@@ -107,7 +108,10 @@ def compare(
             workload, num_requests, seed, request_rate, burstiness, arrival, slo, save_detailed, opts
         )
         folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("compare-%Y%m%d-%H%M%S")
-        results = run_variants(parse_variants(variants), base, folder, C.notice)
+        # run's interrupt contract: the first signal ends the variant in progress (saved,
+        # marked interrupted) and starts no other; a second exits 130.
+        with StopSignal() as stop:
+            results = run_variants(parse_variants(variants), base, folder, C.notice, stop)
     else:
         if not files or len(files) < 2:
             raise UsageError("compare needs two or more result files (or --variants)")
