@@ -164,3 +164,33 @@ def test_stopping_with_open_streams_ends_them_without_tracebacks():
     assert len(got) == 3
     for body in got:
         assert "shutting down" in body and body.rstrip().endswith("data: [DONE]"), body[-300:]
+
+
+def test_a_request_log_that_cannot_be_written_stops_logging_not_serving(caplog):
+    """Found in this round: a request log on a full disk killed its writer thread with a
+    traceback, and every later request's trace queued up in memory for ever. Now one warning,
+    the log stops, and the server serves on. /dev/full fails every write with ENOSPC."""
+    from pathlib import Path
+
+    from helpers import sim_options, start_server
+
+    from cbbench.cli.serve import build_serving_engine
+    from cbbench.server.app import ServeConfig
+
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    run = start_server(lambda: build_serving_engine(sim_options()),
+                       ServeConfig(request_log="/dev/full"))
+    try:
+        with httpx.Client(base_url=run.url, timeout=20) as c:
+            for _ in range(30):
+                r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+                assert r.status_code == 200
+            time.sleep(0.5)
+            log = run.app.state.request_log
+            assert log._queue.qsize() == 0, "traces pile up in memory"
+            assert c.get("/health").status_code == 200
+    finally:
+        run.stop()
+    warnings = [r for r in caplog.records if "request log" in r.getMessage()]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0].getMessage()

@@ -29,10 +29,13 @@ are appended; a run that is killed keeps every line written before.
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import threading
 import time
 from pathlib import Path
+
+log = logging.getLogger("cbbench.server")
 
 EPOCH_DECIMALS = 6  # microseconds
 STOP_JOIN_TIMEOUT_S = 10.0
@@ -113,5 +116,16 @@ class RequestLog:
                 f.write(json.dumps(trace.to_dict(offset), separators=(",", ":")) + "\n")
                 if q.empty():
                     f.flush()
+        except OSError as e:
+            # A full disk: say so once and stop logging (the server serves on). Unhandled, it
+            # ended this thread with a traceback and every later trace queued up for ever.
+            self._closed = True
+            log.warning("request log %s: cannot write (%s); request logging stopped",
+                        self.path, e.strerror or e)
+            while not q.empty():
+                q.get_nowait()
         finally:
-            f.close()
+            try:
+                f.close()
+            except OSError:
+                pass
