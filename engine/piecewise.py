@@ -19,7 +19,9 @@ their attention output is whatever the buffer held (finite). RoPE's per-step inp
 prepared again in each piece from the static positions (a gather on the unfused path; nothing
 on the fused one), rather than kept alive across graphs.
 
-This mirrors ``LlamaModel``/``LlamaDecoderLayer``/``LlamaAttention.forward`` step for step;
+The layer's maths is the model's own: each piece calls ``LlamaDecoderLayer.post_attention``
+and ``pre_attention`` (the halves of the layer the model's forward also calls, with attention
+between) and ``LlamaModel.final_norm``; only the buffers and the cut are this module's.
 ``tests/test_model_runner.py`` checks that the pieces run eagerly equal ``model.forward``.
 """
 
@@ -58,34 +60,20 @@ class ForwardPieces:
         """Piece ``index`` over ``n = len(input_ids)`` rows: static buffers in, static out."""
         n = input_ids.shape[0]
         if index == 0:
-            x = self.model.embed_tokens(input_ids)
-            x, residual = self.layers[0].input_layernorm(x), x
+            x, residual = self.model.embed_tokens(input_ids), None
         else:
-            prev = self.layers[index - 1]
-            x = prev.self_attn.o_proj(self.attn_buf[:n].reshape(n, -1))
-            x, residual = prev.post_attention_layernorm(x, self.residual_buf[:n])
-            x = prev.mlp(x)
+            x, residual = self.layers[index - 1].post_attention(
+                self.attn_buf[:n], self.residual_buf[:n]
+            )
             if index == len(self.layers):
-                self.hidden_buf[:n] = self.model.norm(x, residual)[0]
+                self.hidden_buf[:n] = self.model.final_norm(x, residual)
                 return
-            x, residual = self.layers[index].input_layernorm(x, residual)
-        self.residual_buf[:n] = residual
         rope = self.model.rotary(positions, self.model.ops)
-        self.q_buf[:n] = self._qkv_rope_store(self.layers[index].self_attn, x, rope,
-                                              kv_caches[index], slot_mapping)  # fmt: skip
-
-    @staticmethod
-    def _qkv_rope_store(attn, x, rope, kv_cache: KVCache, slot_mapping) -> torch.Tensor:
-        """LlamaAttention.forward up to the attention call: q, with K/V stored in the cache."""
-        n = x.shape[0]
-        q, k, v = attn.qkv_proj(x).split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        q = q.view(n, attn.num_heads, attn.head_dim)
-        k = k.view(n, attn.num_kv_heads, attn.head_dim)
-        v = v.view(n, attn.num_kv_heads, attn.head_dim)
-        k_cache, v_cache = kv_cache
-        return attn.ops.rope_and_write_kv(
-            q, k, v, rope, k_cache, v_cache, slot_mapping, attn.attn_backend.write_kv
+        q, residual = self.layers[index].pre_attention(
+            x, residual, rope, kv_caches[index], slot_mapping
         )
+        self.residual_buf[:n] = residual
+        self.q_buf[:n] = q
 
     # ---- between the pieces (eager) ----------------------------------------------------------
 
@@ -94,10 +82,9 @@ class ForwardPieces:
     ) -> None:
         """Layer ``layer``'s attention on the real rows of q_buf, into attn_buf."""
         n = metadata.num_tokens
-        attn = self.layers[layer].self_attn
-        k_cache, v_cache = kv_caches[layer]
-        out = attn.attn_backend.forward(self.q_buf[:n], k_cache, v_cache, metadata, attn.scale)
-        self.attn_buf[:n] = out
+        self.attn_buf[:n] = self.layers[layer].self_attn.attend(
+            self.q_buf[:n], kv_caches[layer], metadata
+        )
 
     def forward(self, run_piece, kv_caches: list[KVCache], metadata: AttentionMetadata):
         """The whole forward: ``run_piece(i)`` runs (or replays) piece i; attention between.

@@ -207,8 +207,10 @@ PROFILE_PHASES = {
     "      attention (TorchBackend.forward)": ("cbbench.kernels.torch_native", "TorchBackend.forward"),
     "      attention (ReferenceBackend.forward)": ("cbbench.kernels.reference", "ReferenceBackend.forward"),
     "      KV write (write_kv_torch)": ("cbbench.kernels.backend", "write_kv_torch"),
-    "      qkv/o projections + rotary (LlamaAttention.forward, incl. attention)": (
-        "cbbench.engine.models.llama", "LlamaAttention.forward"),
+    "      qkv projection + rotary + KV store (LlamaAttention.project_qkv)": (
+        "cbbench.engine.models.llama", "LlamaAttention.project_qkv"),
+    "      o_proj (LlamaAttention.project_out)": (
+        "cbbench.engine.models.llama", "LlamaAttention.project_out"),
     "      MLP (LlamaMLP.forward)": ("cbbench.engine.models.llama", "LlamaMLP.forward"),
     "      RMSNorm": ("cbbench.engine.models.llama", "RMSNorm.forward"),
     "      rotary (rope_torch)": ("cbbench.kernels.layer_ops", "rope_torch"),

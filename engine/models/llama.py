@@ -116,9 +116,11 @@ class LlamaAttention(nn.Module):
             self.q_size, config.hidden_size, bias=False, dtype=dtype, device=device
         )
 
-    def forward(
-        self, x: torch.Tensor, rope, kv_cache: KVCache, metadata: AttentionMetadata
+    def project_qkv(
+        self, x: torch.Tensor, rope, kv_cache: KVCache, slot_mapping: torch.Tensor
     ) -> torch.Tensor:
+        """qkv projection, RoPE and the KV store: the query rows ``[T, heads, head_dim]``,
+        with this iteration's K/V written into the cache at ``slot_mapping``."""
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
@@ -126,11 +128,18 @@ class LlamaAttention(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         # The backend reads keys only from the cache, so the new K/V must land there first.
-        q = self.ops.rope_and_write_kv(
-            q, k, v, rope, k_cache, v_cache, metadata.slot_mapping, self.attn_backend.write_kv
+        return self.ops.rope_and_write_kv(
+            q, k, v, rope, k_cache, v_cache, slot_mapping, self.attn_backend.write_kv
         )
-        out = self.attn_backend.forward(q, k_cache, v_cache, metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+
+    def attend(self, q: torch.Tensor, kv_cache: KVCache, metadata: AttentionMetadata):
+        """The attention backend over the paged cache: ``[T, heads, head_dim]``."""
+        k_cache, v_cache = kv_cache
+        return self.attn_backend.forward(q, k_cache, v_cache, metadata, self.scale)
+
+    def project_out(self, attn_out: torch.Tensor) -> torch.Tensor:
+        """o_proj of attention's ``[T, heads, head_dim]``: ``[T, hidden]``."""
+        return self.o_proj(attn_out.reshape(attn_out.shape[0], self.q_size))
 
 
 class LlamaMLP(nn.Module):
@@ -165,17 +174,36 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, ops, dtype, device)
         self.mlp = LlamaMLP(config, ops, dtype, device)
 
-    def forward(
-        self, x, residual, rope, kv_cache: KVCache, metadata: AttentionMetadata
+    # The layer in two halves around attention: the model's forward calls them with attention
+    # between, and so does the piecewise runner (engine/piecewise.py), which captures each half
+    # in a CUDA graph and runs attention eagerly: one implementation of the layer for both.
+
+    def pre_attention(
+        self, x, residual, rope, kv_cache: KVCache, slot_mapping: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(mlp output, residual)``: the caller's next norm adds the two (in one kernel)."""
-        if residual is None:  # the first layer: the embedding is the residual stream
+        """``(q, residual)``: the input norm (which first adds ``x`` to the residual stream;
+        ``residual=None`` in the first layer, where the embedding is the stream), then qkv,
+        RoPE and the KV store. The new K/V are in the cache when this returns."""
+        if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(x, rope, kv_cache, metadata)
-        x, residual = self.post_attention_layernorm(x, residual)
+        return self.self_attn.project_qkv(x, rope, kv_cache, slot_mapping), residual
+
+    def post_attention(
+        self, attn_out: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, residual)`` from attention's ``[T, heads, head_dim]``: o_proj, the
+        post-attention norm (adding to the residual), the MLP. The caller's next norm adds the
+        two (in one kernel)."""
+        x, residual = self.post_attention_layernorm(self.self_attn.project_out(attn_out), residual)
         return self.mlp(x), residual
+
+    def forward(
+        self, x, residual, rope, kv_cache: KVCache, metadata: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, residual = self.pre_attention(x, residual, rope, kv_cache, metadata.slot_mapping)
+        return self.post_attention(self.self_attn.attend(q, kv_cache, metadata), residual)
 
 
 class LlamaModel(nn.Module):
@@ -200,6 +228,10 @@ class LlamaModel(nn.Module):
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(x, residual, rope, kv_cache, metadata)
+        return self.final_norm(x, residual)
+
+    def final_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The last layer's output added to the residual stream, normed."""
         if residual is None:  # no layers
             return self.norm(x)
         return self.norm(x, residual)[0]
