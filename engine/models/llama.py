@@ -259,6 +259,22 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    # Switching kernels in place (same weights): a benchmark times several configurations of
+    # one model without rebuilding it. A ModelRunner built on the model before a switch must be
+    # built again: its CUDA graphs replay the kernels they captured.
+
+    def set_layer_ops(self, ops: LayerOps) -> None:
+        """Use ``ops`` (``layer_ops(fused)``) in every module that takes layer ops."""
+        for module in self.modules():
+            if hasattr(module, "ops"):
+                module.ops = ops
+
+    def set_attention_backend(self, attn_backend) -> None:
+        """Use ``attn_backend`` (same paged KV layout, any backend) in every layer."""
+        for module in self.modules():
+            if hasattr(module, "attn_backend"):
+                module.attn_backend = attn_backend
+
     def forward(
         self,
         input_ids: torch.Tensor,
