@@ -19,7 +19,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
-import bench_gpu  # noqa: E402
+import gpu_check_decode  # noqa: E402
 from gpu_check_summary import build_summary  # noqa: E402
 
 from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402
@@ -45,24 +45,24 @@ def test_llama3_8b_bf16_decode_floor_on_h200_is_3_13_ms():
     all_params = 32 * per_layer + table + table + 4096  # + embedding, lm_head, final norm
     assert all_params * 2 == cfg.weight_bytes("bf16") == 16_060_522_496
     read = (all_params - table) * 2
-    assert read == bench_gpu.decode_weight_bytes(cfg, "bf16") == 15_009_849_344
+    assert read == gpu_check_decode.decode_weight_bytes(cfg, "bf16") == 15_009_849_344
     assert round(read / H200_BW * 1000, 2) == 3.13
     # A batch-1 step at context 0 also reads one embedding row and one token of KV.
     step_bytes = read + 4096 * 2 + 131_072
-    assert bench_gpu.decode_read_bytes(cfg, "bf16", 1, 0) == step_bytes
-    assert bench_gpu.decode_floor_ms(cfg, "bf16", 1, 0, H200_BW) == pytest.approx(
+    assert gpu_check_decode.decode_read_bytes(cfg, "bf16", 1, 0) == step_bytes
+    assert gpu_check_decode.decode_floor_ms(cfg, "bf16", 1, 0, H200_BW) == pytest.approx(
         step_bytes / H200_BW * 1000, rel=1e-12
     )
     # 256 rows at context 512: 256 embedding rows and 256 x 513 tokens of KV on top.
     big = read + 256 * 4096 * 2 + 256 * 513 * 131_072
-    assert bench_gpu.decode_read_bytes(cfg, "bf16", 256, 512) == big
+    assert gpu_check_decode.decode_read_bytes(cfg, "bf16", 256, 512) == big
 
 
 def test_tied_embedding_is_read_whole():
     """A tied table is also the LM head: decode reads all of it."""
     cfg = MODEL_PRESETS["llama-3.2-1b"]
     assert cfg.tie_word_embeddings
-    assert bench_gpu.decode_weight_bytes(cfg, "bf16") == cfg.weight_bytes("bf16")
+    assert gpu_check_decode.decode_weight_bytes(cfg, "bf16") == cfg.weight_bytes("bf16")
 
 
 def test_summary_takes_the_gpu_fields_from_a_cuda_decode_run(tmp_path):
