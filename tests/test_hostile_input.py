@@ -265,3 +265,26 @@ def test_a_mooncake_trace_reads_lines_as_jsonl(tmp_path):
     bad = json.dumps(row) + "\n" + '{"timestamp": ' + BIG_INT + "}\n"
     with pytest.raises(UsageError, match=r"trace.jsonl:2: "):
         load_workload(str(_write(tmp_path, bad, "trace.jsonl")))
+
+
+# ---- --tokenizer: a file or its folder, nothing else ---------------------------------------------
+@pytest.mark.skipif(not Path("/dev/zero").exists(), reason="needs /dev/zero")
+def test_dev_zero_as_the_tokenizer_is_one_line(tmp_path):
+    """The tokenizers library read /dev/zero until the OOM killer came (the child's memory is
+    capped here)."""
+    pytest.importorskip("tokenizers")
+    proc = subprocess.run(
+        [*COMMAND, "run", "--endpoint", "http://127.0.0.1:1", "--served-model", "x",
+         "--num-requests", "2", "--tokenizer", "/dev/zero", "--output", str(tmp_path / "x.json")],
+        capture_output=True, text=True, timeout=120, preexec_fn=_cap_memory, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.startswith("cbbench: error: ") and "tokenizer" in proc.stderr
+    assert "out of memory" not in proc.stderr  # refused for what it is, not for its size
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", "[" * 100_000 + "]" * 100_000, '"text"'])
+def test_a_tokenizer_config_that_is_not_an_object_means_no_template(tmp_path, content):
+    from cbbench.load.chat_template import load_chat_template
+
+    (tmp_path / "tokenizer_config.json").write_text(content)
+    assert load_chat_template(str(tmp_path / "tokenizer.json")) is None

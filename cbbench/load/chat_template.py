@@ -28,7 +28,9 @@ def load_chat_template(tokenizer_path: str):
     path = Path(tokenizer_path).with_name(TOKENIZER_CONFIG)
     try:
         config = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not isinstance(config, dict):  # a list or a string: no template in it
         return None
     source = config.get("chat_template")
     if isinstance(source, list):  # named templates: the default one

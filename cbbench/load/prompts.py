@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -46,7 +47,11 @@ PROMPT_KINDS = ("text", "token_ids", "decoded", "synthetic_exact", "synthetic_ap
 
 
 def load_tokenizer(path: str):
-    """A `tokenizers.Tokenizer` from a tokenizer.json file (UsageError when it cannot load)."""
+    """A `tokenizers.Tokenizer` from a tokenizer.json file (UsageError when it cannot load). A
+    device, FIFO or folder is refused before the library reads it: it read /dev/zero until
+    memory ran out."""
+    if not Path(path).is_file():
+        raise UsageError(f"--tokenizer {path}: not a tokenizer.json file")
     try:
         from tokenizers import Tokenizer
     except ImportError:
