@@ -86,16 +86,26 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> str | None:
-        """Queue ``req``; a request that can never fit is rejected at once, with the reason."""
-        reason = self.scheduler.rejection_reason(req)
-        if reason is not None:
-            req.status = RequestStatus.REJECTED
-            req.finish_reason = reason
+        """Queue ``req``; a request that can never fit is rejected at once, with the reason.
+        An exception while taking it in fails that request alone (status FAILED, the error as
+        its reason, which is returned), never the engine."""
+        try:
+            reason = self.scheduler.rejection_reason(req)
+            if reason is None:
+                self.scheduler.add_request(req)
+                return None
+        except Exception as e:
+            if req in self.scheduler.waiting:
+                self.scheduler.remove(req)
+            req.status = RequestStatus.FAILED
+            req.finish_reason = f"the engine could not take this request: {type(e).__name__}: {e}"
             req.finish_time = self.clock.now()
-            self.rejected.append(req)
-            return reason
-        self.scheduler.add_request(req)
-        return None
+            return req.finish_reason
+        req.status = RequestStatus.REJECTED
+        req.finish_reason = reason
+        req.finish_time = self.clock.now()
+        self.rejected.append(req)
+        return reason
 
     def abort_request(self, req: Request) -> None:
         if req.status.is_done:

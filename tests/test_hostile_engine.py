@@ -197,3 +197,59 @@ def test_serve_fails_the_poisoned_request_and_keeps_serving():
         assert run.engine.snapshot().kv_blocks_used == 0
     finally:
         run.stop()
+
+
+def test_serve_survives_an_exception_admitting_one_request():
+    """Found in this round: the engine thread took requests in with a bare add_request; an
+    exception there (one request's values) ended the thread, every later request 503."""
+    from cbbench.cli.serve import build_serving_engine
+
+    def build():
+        engine, info = build_serving_engine(sim_options())
+        reason = engine.scheduler.rejection_reason
+
+        def picky(req):
+            if req.prompt_token_ids and req.prompt_token_ids[0] == POISON:
+                raise OverflowError("int too large to convert")
+            return reason(req)
+
+        engine.scheduler.rejection_reason = picky
+        return engine, info
+
+    run = start_server(build)
+    try:
+        with httpx.Client(base_url=run.url, timeout=20.0) as c:
+            r = c.post("/v1/completions", json={"prompt": [POISON, 1, 2], "max_tokens": 3})
+            assert r.status_code == 500 and "int too large" in r.json()["error"]["message"]
+            assert c.get("/health").status_code == 200
+            r = c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3})
+            assert r.status_code == 200, r.text
+    finally:
+        run.stop()
+
+
+def test_an_exception_admitting_one_request_fails_it_in_the_cli_too(tmp_path, monkeypatch):
+    """The engine itself fails the request it could not take, so every loop (run_feed, session
+    feeds, the server) goes on."""
+    import cbbench.targets.engine as target
+    from cbbench.bench.runner import RunSpec, execute_run
+
+    def build(opts, notice):
+        engine, info = _sim_engine()
+        reason = engine.scheduler.rejection_reason
+
+        def picky(req):
+            if req.request_id == 2:
+                raise OverflowError("int too large to convert")
+            return reason(req)
+
+        engine.scheduler.rejection_reason = picky
+        return engine, info
+
+    monkeypatch.setattr(target, "build_engine", build)
+    w = tmp_path / "w.jsonl"
+    w.write_text("".join(json.dumps({"prompt_len": 3, "output_len": 2}) + "\n" for _ in range(4)))
+    result = execute_run(RunSpec(workload=str(w), num_requests=4, engine=sim_options()),
+                         lambda m: None)
+    s = result["summary"]
+    assert s["completed"] == 3 and s["error_types"] == {"engine_error": 1}

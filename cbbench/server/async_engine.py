@@ -376,6 +376,10 @@ class AsyncEngine:
             if op == "add":
                 admitted = time.perf_counter()
                 reason = engine.add_request(req)
+                if req.status == RequestStatus.FAILED:  # not a rejection: the engine's error
+                    log.error("the engine could not take a request: %s", reason)
+                    batch.append((queue, Failed(reason, STEP_FAILED)))
+                    continue
                 batch.append((queue, Admitted(reason, admitted)))
                 if reason is None:
                     live[req] = _Live(queue)

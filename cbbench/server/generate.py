@@ -176,8 +176,9 @@ class Generation:
                 _end(trace, stream, "abort", CLIENT_CLOSED_STATUS)
                 return
             if isinstance(adm, Failed):
-                _end(trace, stream, "error", 503, adm.message)
-                raise APIError(503, adm.message, type="server_error", code="engine_not_ready")
+                _end(trace, stream, "error", adm.status, adm.message)
+                code = "engine_not_ready" if adm.status == 503 else None
+                raise APIError(adm.status, adm.message, type="server_error", code=code)
             assert isinstance(adm, Admitted)
             trace.admitted = adm.time_s
             if adm.error is not None:
