@@ -178,7 +178,7 @@ def test_ints_for_floats_stay_accepted(client):
 JSON_LEAF = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.text(max_size=12)
              | st.floats(allow_nan=False, allow_infinity=False)
              | st.sampled_from([0, -1, 1, 2**31, 2**63, 2**64, 1e-46, 1e-300, 1e300, -0.0, "",
-                                "inf", "NaN", "\u2028", "\x00"]))
+                                "inf", "NaN", "\u2028", "\x00", "a \ud800 b"]))
 ANY_JSON = st.recursive(JSON_LEAF, lambda inner: st.lists(inner, max_size=4)
                         | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
 SMALL_INT = st.integers(-3, 6) | st.sampled_from([2**31, 2**63, 2**64, 10**30, -(2**63)])
@@ -271,8 +271,9 @@ def test_random_bodies_never_take_the_server_down(client, req):
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/tokenize",
                                   "/detokenize"])
 @pytest.mark.parametrize("body", ["[" * 100_000 + "]" * 100_000,
-                                  '{"prompt": "hi", "max_tokens": ' + "1" * 5000 + "}"],
-                         ids=["nested", "big-int"])
+                                  '{"prompt": "hi", "max_tokens": ' + "1" * 5000 + "}",
+                                  '{"prompt": "a \\ud800 b", "tokens": [1]}'],
+                         ids=["nested", "big-int", "lone-surrogate"])
 def test_json_that_breaks_python_parsers_is_400(client, path, body):
     r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text[:300]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable
 
@@ -22,6 +21,7 @@ import anyio._backends._asyncio  # noqa: F401
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic_core import from_json
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cbbench.server.async_engine import AsyncEngine
@@ -180,9 +180,9 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
 
 
 async def _json_body(request: Request) -> object:
+    # pydantic's parser, as the generation endpoints use: json.loads took lone surrogates
+    # ("\ud800", which no codec can encode: a 500) and recursed on deep nesting.
     try:
-        return json.loads(await request.body())
+        return from_json(await request.body())
     except ValueError as e:
         raise APIError(400, f"malformed JSON body: {e}") from None
-    except RecursionError:  # 100k nested brackets: a 500 before
-        raise APIError(400, "malformed JSON body: nested too deeply") from None
