@@ -288,3 +288,14 @@ def test_a_tokenizer_config_that_is_not_an_object_means_no_template(tmp_path, co
 
     (tmp_path / "tokenizer_config.json").write_text(content)
     assert load_chat_template(str(tmp_path / "tokenizer.json")) is None
+
+
+@pytest.mark.parametrize("line", [
+    '{"prompt": "a \\ud800 b", "output_len": 2}',
+    '{"turns": [{"user": "hi \\udfff", "output_len": 2}]}',
+])
+def test_a_lone_surrogate_in_a_prompt_is_one_line(tmp_path, line):
+    """json.loads takes "\\ud800"; a tokenizer then raised TypeError, and no HTTP body can
+    carry it."""
+    with pytest.raises(UsageError, match=r"w.jsonl:1\b.*not valid Unicode"):
+        load_jsonl(_write(tmp_path, line + "\n"), count_tokens=lambda s: len(s.encode()))

@@ -158,6 +158,7 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         text = obj["user"]
         if not isinstance(text, str) or not text:
             raise UsageError(f"{where}: 'user' must be a non-empty string")
+        check_unicode(text, "user", where)
         user_len = count_tokens(text)
     elif "user_len" in obj:
         user_len = _int(obj, "user_len", where, 1)
@@ -165,6 +166,17 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         raise UsageError(f"{where}: a turn needs one of 'user', 'user_token_ids' or 'user_len'")
     think = _nonneg_number(obj, "think_time_ms", where) / MS if "think_time_ms" in obj else None
     return Turn(user_len, output_len, text, ids, think)
+
+
+def check_unicode(text: str, key: str, where: str) -> None:
+    """JSON's \\ud800 escape gives a lone surrogate, which json.loads accepts and no encoder
+    (a tokenizer, an HTTP body) does: refuse it where it is read."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(
+            f"{where}: {key!r} is not valid Unicode text ({e.reason} at character {e.start})"
+        ) from None
 
 
 def parse_session(

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from cbbench.errors import UsageError
-from cbbench.load.sessions import Session, parse_session, sharegpt_multiturn
+from cbbench.load.sessions import Session, check_unicode, parse_session, sharegpt_multiturn
 
 # Without a tokenizer, text prompts are counted at ~4 characters per token (the usual figure for
 # English with BPE tokenizers); --tokenizer makes the count exact.
@@ -197,6 +197,7 @@ def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRe
         text = obj["prompt"]
         if not isinstance(text, str) or not text:
             raise UsageError(f"{where}: 'prompt' must be a non-empty string")
+        check_unicode(text, "prompt", where)
         prompt_len = count_tokens(text)
     elif "prompt_len" in obj:
         prompt_len = _int_field(obj, "prompt_len", where, 1)
