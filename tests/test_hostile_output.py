@@ -259,3 +259,13 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, inputs):
         assert proc.stdout == "", (name, proc.stdout)
         assert line, name
     assert {n: (d / n).read_bytes() for n in before} == before
+
+
+def test_a_symlink_loop_as_the_output_is_refused_before_the_run(tmp_path):
+    """Found in this round: the loop was found only when the result was written, after the
+    whole run."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    proc = run_cli([*RUN, "--output", str(tmp_path / "a")], tmp_path)
+    assert_one_error_line(proc, "Too many levels of symbolic links")
+    assert proc.stdout == ""  # refused before the run: no summary

@@ -130,6 +130,12 @@ def check_writable(path) -> None:
     if is_stdout(path):
         return
     target = Path(os.path.realpath(path))
+    try:
+        os.stat(target)
+    except FileNotFoundError:
+        pass
+    except OSError as e:  # a symlink loop, a path through a file: refused before the run
+        raise UsageError(f"cannot write {path}: {e.strerror}") from None
     if target.is_dir():
         raise UsageError(f"output path {path} is a folder; give a file name")
     if target.exists() and not target.is_file():  # a device or FIFO: written into
