@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbbench.analysis import telemetry
 from cbbench.analysis.telemetry import (
     METRIC_GPM,
     METRIC_MC_BUSY,
@@ -27,11 +26,12 @@ from cbbench.analysis.telemetry import (
     RULE_MIDDLE,
     SIMULATED_GPU_REASON,
     TelemetrySample,
-    TelemetrySampler,
     summarize,
     unavailable,
     warning_line,
 )
+from cbbench.bench import nvml_sampler
+from cbbench.bench.nvml_sampler import TelemetrySampler
 
 FAST_S = 0.005  # sampling interval for tests that only need some samples quickly
 WAIT_LIMIT_S = 3.0
@@ -172,7 +172,7 @@ class FakeNvml:
 @pytest.fixture(autouse=True)
 def no_gpm_min_window(monkeypatch):
     # Tests run far faster than NVML's 100 ms GPM refresh; the one test of that rule restores it.
-    monkeypatch.setattr(telemetry, "GPM_MIN_WINDOW_S", 0.0)
+    monkeypatch.setattr(nvml_sampler, "GPM_MIN_WINDOW_S", 0.0)
 
 
 def wait_for_samples(sampler: TelemetrySampler, n: int) -> None:
@@ -237,7 +237,7 @@ def test_gpm_windows_respect_nvml_minimum(monkeypatch):
     # NVML needs > 100 ms between the two GPM samples of a query; ticking every 40 ms, each
     # reading must still span at least that, and the first ones (no window yet) are None.
     min_window = 0.1
-    monkeypatch.setattr(telemetry, "GPM_MIN_WINDOW_S", min_window)
+    monkeypatch.setattr(nvml_sampler, "GPM_MIN_WINDOW_S", min_window)
     nvml = FakeNvml(gpm=True)
     with TelemetrySampler([0], interval_s=0.04, nvml=nvml) as sampler:
         deadline = time.perf_counter() + WAIT_LIMIT_S
@@ -544,4 +544,4 @@ def test_invisible_cuda_device_is_a_reason_not_a_crash(monkeypatch):
 
 
 def test_torch_pci_bus_id_is_none_without_cuda():
-    assert telemetry.torch_pci_bus_id(0) is None  # this machine's torch has no CUDA device
+    assert nvml_sampler.torch_pci_bus_id(0) is None  # this machine's torch has no CUDA device

@@ -184,12 +184,8 @@ def execute_run(
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    from cbbench.analysis.telemetry import (
-        SIMULATED_GPU_REASON,
-        TelemetrySampler,
-        unavailable,
-        warning_line,
-    )
+    from cbbench.analysis.telemetry import SIMULATED_GPU_REASON, unavailable, warning_line
+    from cbbench.bench.nvml_sampler import TelemetrySampler
 
     replay = None
     if spec.replay is not None:
