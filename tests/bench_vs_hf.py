@@ -196,7 +196,7 @@ def profile_summary(prof: cProfile.Profile, top: int) -> dict:
 # Where a cbbench run's time goes: label -> (module, qualified name) of the function whose
 # cumulative time is reported (resolved to file and first line, which is how cProfile keys them).
 PROFILE_PHASES = {
-    "build engine (model load, KV alloc, warm-up)": ("cbbench.engine.build", "build_torch_engine"),
+    "build engine (model load, KV alloc, warm-up)": ("cbbench.engine.build_torch", "build_torch_engine"),
     "  of which KV cache allocation": ("cbbench.engine.models.llama", "allocate_kv_cache"),
     "  of which runner warm-up": ("cbbench.engine.model_runner", "ModelRunner.warmup"),
     "engine loop (run_until_done)": ("cbbench.engine.engine", "run_until_done"),

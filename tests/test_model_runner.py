@@ -464,11 +464,11 @@ def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_gr
     a decode capture fails, the run serves every request, and the result's config says
     cuda_graphs_effective: false with the one-line reason."""
     from cbbench.bench.runner import RunSpec, execute_run
-    from cbbench.engine import build
+    from cbbench.engine import build_torch
     from cbbench.engine.args import EngineArgs
 
     _fail_decode_capture(eager_graphs)
-    monkeypatch.setattr(build, "_graphs_plan", lambda args, on_cuda, backend: (True, None))
+    monkeypatch.setattr(build_torch, "_graphs_plan", lambda args, on_cuda, backend: (True, None))
     notices = []
     spec = RunSpec(
         workload="sharegpt", num_requests=6, engine=EngineArgs(engine="torch", model="tiny",

@@ -1,0 +1,126 @@
+"""The simulated engine: a roofline cost model of a named GPU (or a calibrated device
+profile) on a virtual clock."""
+
+from __future__ import annotations
+
+from .args import EngineArgs, EngineArgsError
+from .build_common import (
+    EngineInfo,
+    cpu_num_kv_blocks,
+    engine_config,
+    load_device_profile,
+    num_swap_blocks,
+)
+
+DEFAULT_SIM_GPU = "h200"
+DEFAULT_SIM_MODEL = "llama-3-8b"
+
+
+def sim_device(args: EngineArgs, profile):
+    """(GPUSpec or None for a profiled CPU, DeviceRates, efficiency dict for the result)."""
+    from .cost_model import DeviceRates, Efficiency
+    from .gpu_specs import get_gpu_spec
+
+    if profile is not None:
+        if args.gpu is not None and args.gpu.lower() != profile.device:
+            raise EngineArgsError(
+                f"--gpu {args.gpu} and a --gpu-profile of {profile.device!r}: choose one"
+            )
+        gpu = None if profile.is_cpu else get_gpu_spec(profile.device)
+        info = {"source": "profile", "device": profile.device, **profile.rates.to_dict()}
+        return gpu, profile.rates, info
+    try:
+        gpu = get_gpu_spec(args.gpu or DEFAULT_SIM_GPU)
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+    defaults = Efficiency()
+    eff = Efficiency(
+        eta_memory=args.eta_memory if args.eta_memory is not None else defaults.eta_memory,
+        eta_compute=args.eta_compute if args.eta_compute is not None else defaults.eta_compute,
+        overhead_s=(
+            args.iteration_overhead_us * 1e-6
+            if args.iteration_overhead_us is not None
+            else defaults.overhead_s
+        ),
+    )
+    info = {
+        "eta_memory": eff.eta_memory,
+        "eta_compute": eff.eta_compute,
+        "iteration_overhead_us": eff.overhead_s * 1e6,
+    }
+    return gpu, DeviceRates.from_spec(gpu, eff), info
+
+
+def build_sim_engine(args: EngineArgs):
+    from .clock import VirtualClock
+    from .cost_model import CostModel
+    from .engine import Engine
+    from .model_config import get_model_config
+    from .sim_executor import SimExecutor, sim_num_kv_blocks
+
+    profile = load_device_profile(args)
+    gpu, rates, efficiency = sim_device(args, profile)
+    try:
+        model = get_model_config(
+            args.model or (profile.models[0] if profile else DEFAULT_SIM_MODEL)
+        )
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+    dtype = args.dtype or (profile.dtype if profile else "bf16")
+    tp = args.tensor_parallel_size
+    try:
+        cost = CostModel(model, dtype, gpu, rates=rates, tensor_parallel_size=tp)
+    except ValueError as e:
+        raise EngineArgsError(f"--tensor-parallel-size {tp}: {e}") from None
+    max_model_len = args.max_model_len or model.max_model_len
+    try:
+        if args.num_kv_blocks:
+            num_blocks = args.num_kv_blocks
+        elif gpu is None:
+            num_blocks = cpu_num_kv_blocks(model, args.block_size, dtype)
+        else:
+            num_blocks = sim_num_kv_blocks(
+                model, gpu, args.block_size, dtype, args.gpu_memory_utilization,
+                tensor_parallel_size=tp,
+            )
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+    if num_blocks < 1:
+        raise EngineArgsError(
+            f"no KV block fits: a block of --block-size {args.block_size} tokens is larger than "
+            f"the {gpu.name}'s memory left for the KV cache"
+        )
+    block_bytes = args.block_size * model.kv_bytes_per_token(dtype)
+    num_cpu_blocks = num_swap_blocks(args, block_bytes)
+    check_sim_sizes(args, num_blocks, num_cpu_blocks)
+    config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
+    engine = Engine(config, SimExecutor(cost, args.block_size), VirtualClock(), cost)
+    info = EngineInfo(
+        engine="sim",
+        gpu=gpu.name if gpu is not None else profile.device,
+        gpu_spec=gpu.to_dict() if gpu is not None else None,
+        model=model.name,
+        model_config=model.to_dict(),
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=budget,
+        num_kv_blocks=num_blocks,
+        kv_capacity_tokens=num_blocks * args.block_size,
+        num_cpu_blocks=num_cpu_blocks,
+        weight_bytes=cost.weight_bytes(),
+        kv_bytes_per_token=model.kv_bytes_per_token(dtype),
+        efficiency=efficiency,
+        clock="virtual",
+    )
+    return engine, info
+
+
+def check_sim_sizes(args: EngineArgs, num_blocks: int, num_cpu_blocks: int) -> None:
+    """The simulator's pools cost host memory for their bookkeeping only."""
+    from .memory_check import BLOCK_BOOKKEEPING_BYTES, available_host_bytes, require
+
+    host = available_host_bytes()
+    require(f"--num-kv-blocks {num_blocks} (the KV pool's bookkeeping)",
+            num_blocks * BLOCK_BOOKKEEPING_BYTES, host, "on this host")
+    require(f"--swap-space {args.swap_space:g} GiB ({num_cpu_blocks} blocks of bookkeeping)",
+            num_cpu_blocks * BLOCK_BOOKKEEPING_BYTES, host, "on this host")

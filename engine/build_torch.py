@@ -1,0 +1,242 @@
+"""The torch engine: a real model (a preset with random weights, or a Hugging Face folder),
+a paged KV cache and the model runner, on the wall clock, on CUDA or the CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .args import EngineArgs, EngineArgsError
+from .build_common import (
+    DEFAULT_CPU_KV_MEMORY_BYTES,
+    EngineInfo,
+    engine_config,
+    load_device_profile,
+    num_swap_blocks,
+)
+
+# The torch engine on a CPU: a small random-weight model, so a real forward pass over the
+# ShareGPT workload finishes in minutes on a laptop.
+DEFAULT_CPU_MODEL = "small"
+DEFAULT_CUDA_MODEL = "llama-3-8b"
+# The torch engine on a CPU runs one intra-op thread unless told otherwise: the CPU presets'
+# matmuls are too small to split across threads, and OpenMP threads that spin at barriers
+# collapse when other processes share the cores (measured 10-30x slower steps at 2 threads).
+DEFAULT_CPU_THREADS = 1
+
+
+def _device_free_bytes(device: str) -> int | None:
+    """Memory the torch engine can still allocate on ``device``."""
+    import torch
+
+    from .memory_check import available_host_bytes
+
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    return available_host_bytes()
+
+
+# What the torch engine allocates per position of the context (the RoPE tables: angles, cos
+# and sin, float32, head_dim / 2 each) and per sequence slot (its block-table row, int32 per
+# block, plus the sampling and bookkeeping arrays).
+ROPE_BYTES_PER_POSITION_DIM = 6
+SLOT_BYTES = 128
+
+
+def check_torch_sizes_before_load(args: EngineArgs, model_name: str, dtype_name: str,
+                                  device: str) -> None:
+    """The weights and the RoPE tables are allocated with the model: check them before. A
+    preset's context may be stretched by --max-model-len (a folder's own context caps it)."""
+    from .memory_check import require
+    from .model_config import MODEL_PRESETS, get_model_config
+
+    try:
+        config = get_model_config(model_name)
+    except ValueError:
+        return  # not a model: load_model says why
+    free = _device_free_bytes(device)
+    require(f"--model {model_name} (the weights in {dtype_name})",
+            config.weight_bytes(dtype_name), free, f"on {device}")
+    context = config.max_model_len
+    if model_name in MODEL_PRESETS and args.max_model_len is not None:
+        context = args.max_model_len
+    elif args.max_model_len is not None:
+        context = min(context, args.max_model_len)
+    need = context * config.head_dim * ROPE_BYTES_PER_POSITION_DIM
+    flag = f"--max-model-len {context}" if args.max_model_len else f"the context of {context}"
+    require(f"{flag} (the RoPE tables)", need, free, f"on {device}")
+
+
+def check_torch_sizes(args: EngineArgs, config, device: str, num_blocks: int,
+                      num_cpu_blocks: int, block_bytes: int) -> None:
+    from .memory_check import available_host_bytes, require
+
+    free = _device_free_bytes(device)
+    what = f"--num-kv-blocks {num_blocks}" if args.num_kv_blocks else f"{num_blocks} KV blocks"
+    require(f"{what} (the KV cache)", num_blocks * block_bytes, free, f"on {device}")
+    host = available_host_bytes()
+    require(f"--swap-space {args.swap_space:g} GiB (the CPU swap pool)",
+            num_cpu_blocks * block_bytes, host, "on this host")
+    blocks_per_seq = -(-config.max_model_len // args.block_size)
+    require(f"--max-num-seqs {args.max_num_seqs} (the per-sequence slots)",
+            args.max_num_seqs * (4 * blocks_per_seq + SLOT_BYTES), host, "on this host")
+
+
+def _resolve_fused(args: EngineArgs, device: str) -> bool:
+    """--fused-kernels auto: on where the Triton kernels can run on a GPU; on asks for them."""
+    from cbbench.kernels import available_backends
+
+    triton_ok = "triton" in available_backends(device)
+    if args.fused_kernels == "off":
+        return False
+    if args.fused_kernels == "on":
+        if not triton_ok:
+            raise EngineArgsError(
+                f"--fused-kernels on: the Triton kernels cannot run on {device} here (CUDA with "
+                "Triton, or TRITON_INTERPRET=1 on the CPU)"
+            )
+        return True
+    return triton_ok and device == "cuda"
+
+
+def _graphs_plan(args: EngineArgs, on_cuda: bool, backend) -> tuple[bool, str | None]:
+    """Whether to capture decode graphs, else why not."""
+    if not args.cuda_graphs:
+        return False, "off (--no-cuda-graphs)"
+    if not on_cuda:
+        return False, "no CUDA device"
+    # Only the triton backend's KV write and attention are free of host syncs, which capture
+    # requires; with another backend decode runs eagerly rather than failing.
+    if backend.name != "triton":
+        return False, f"the {backend.name!r} attention backend syncs with the host"
+    return True, None
+
+
+def real_run_cost_model(args: EngineArgs, config, dtype: str, gpu, device: str):
+    """The torch engine's cost model: analytic bytes/FLOPs, and predicted_s on the run's
+    device — a --gpu-profile of this device, else the detected GPU's spec (None on a CPU)."""
+    from .cost_model import CostModel
+
+    profile = load_device_profile(args)
+    if profile is None:
+        return CostModel(config, dtype, gpu)
+    here = gpu.name if gpu is not None else ("cpu" if device == "cpu" else "an unknown GPU")
+    if profile.device != here:
+        raise EngineArgsError(
+            f"--gpu-profile: the profile is of {profile.device!r}, this run is on {here}"
+        )
+    return CostModel(config, dtype, gpu, rates=profile.rates)
+
+
+def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
+    import torch
+
+    from cbbench.kernels import get_backend
+
+    from .clock import WallClock
+    from .engine import Engine
+    from .gpu_specs import match_device_name
+    from .kv_sizing import cuda_num_kv_blocks, kv_block_bytes, num_kv_blocks_for_memory
+    from .model_runner import ModelRunner
+    from .models.llama import allocate_kv_cache
+    from .models.loader import load_model, resolve_dtype
+
+    cuda = torch.cuda.is_available()
+    device = args.device or ("cuda" if cuda else "cpu")
+    if device == "cuda" and not cuda:
+        raise EngineArgsError("--device cuda: no CUDA GPU is available to torch here")
+    on_cuda = device == "cuda"
+    cpu_threads = None
+    if not on_cuda:
+        cpu_threads = args.cpu_threads or DEFAULT_CPU_THREADS
+        torch.set_num_threads(cpu_threads)
+    dtype_name = args.dtype or ("bf16" if on_cuda else "fp32")
+    dtype = resolve_dtype(dtype_name)
+    model_name = args.model or (DEFAULT_CUDA_MODEL if on_cuda else DEFAULT_CPU_MODEL)
+    try:
+        backend = get_backend(args.attention_backend, device, block_size=args.block_size)
+    except (ValueError, RuntimeError) as e:
+        raise EngineArgsError(f"attention backend {args.attention_backend!r}: {e}") from None
+    fused = _resolve_fused(args, device)
+    check_torch_sizes_before_load(args, model_name, dtype_name, device)
+    torch.manual_seed(args.seed)
+    try:
+        model, config = load_model(
+            model_name, dtype, device, backend, seed=args.seed,
+            max_model_len=args.max_model_len, fused=fused,
+        )  # fmt: skip
+    except (ValueError, FileNotFoundError) as e:
+        raise EngineArgsError(str(e)) from None
+    max_model_len = config.max_model_len
+
+    if args.num_kv_blocks:
+        num_blocks = args.num_kv_blocks
+    elif on_cuda:
+        num_blocks = cuda_num_kv_blocks(config, args.block_size, dtype, args.gpu_memory_utilization)
+    else:
+        memory = config.weight_bytes(dtype_name) + DEFAULT_CPU_KV_MEMORY_BYTES
+        num_blocks = num_kv_blocks_for_memory(config, args.block_size, dtype, memory)
+    if num_blocks < 1:
+        raise EngineArgsError("no memory is left for the KV cache after the weights")
+    num_cpu_blocks = num_swap_blocks(args, kv_block_bytes(config, args.block_size, dtype))
+    check_torch_sizes(args, config, device, num_blocks, num_cpu_blocks,
+                      kv_block_bytes(config, args.block_size, dtype))
+    engine_cfg, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
+    use_graphs, graphs_reason = _graphs_plan(args, on_cuda, backend)
+    if args.cuda_graphs and on_cuda and not use_graphs:
+        notice(f"CUDA graphs: {graphs_reason}; decode runs eagerly")
+    kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
+    runner = ModelRunner(
+        model,
+        config,
+        kv_caches,
+        args.block_size,
+        device,
+        dtype,
+        use_cuda_graphs=use_graphs,
+        max_num_seqs=args.max_num_seqs,
+        sampler_seed=args.seed,
+        max_num_batched_tokens=budget,
+        notice=notice,
+    )
+    mixed_reason = graphs_reason
+    if use_graphs and not runner.cuda_graphs_effective:
+        graphs_reason = f"capture failed: {runner.graphs_fallback_reason}"
+    if use_graphs and not runner.mixed_graphs_effective:
+        mixed_reason = f"capture failed: {runner.mixed_graphs_fallback_reason}"
+    if num_cpu_blocks:
+        runner.allocate_swap_space(num_cpu_blocks)
+    runner.warmup()
+
+    gpu = match_device_name(torch.cuda.get_device_name(device)) if on_cuda else None
+    cost = real_run_cost_model(args, config, dtype_name, gpu, device)
+    engine = Engine(engine_cfg, runner, WallClock(), cost)
+    info = EngineInfo(
+        engine="torch",
+        device=device,
+        device_name=torch.cuda.get_device_name(device) if on_cuda else "cpu",
+        gpu=gpu.name if gpu else None,
+        gpu_spec=gpu.to_dict() if gpu else None,
+        model=model_name,
+        model_config=config.to_dict(),
+        dtype=dtype_name,
+        attention_backend=backend.name,
+        fused_kernels=fused,
+        cuda_graphs=args.cuda_graphs,
+        cuda_graphs_effective=runner.cuda_graphs_effective,
+        cuda_graphs_reason=graphs_reason,
+        cuda_graphs_mixed_effective=runner.mixed_graphs_effective,
+        cuda_graphs_mixed_reason=mixed_reason,
+        cpu_threads=cpu_threads,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=budget,
+        num_kv_blocks=num_blocks,
+        kv_capacity_tokens=num_blocks * args.block_size,
+        num_cpu_blocks=num_cpu_blocks,
+        weight_bytes=config.weight_bytes(dtype_name),
+        kv_bytes_per_token=config.kv_bytes_per_token(dtype_name),
+        vocab_size=config.vocab_size,
+        eos_token_id=config.eos_token_id,
+        torch_version=torch.__version__,
+        clock="wall",
+    )
+    return engine, info
