@@ -4,8 +4,8 @@
 with and without CUDA graphs, fused and unfused layer kernels side by side, ``torch``-backend
 rows, and every backend's logits against ``reference`` (tests/gpu_check_decode.py,
 tests/gpu_check_agree.py). ``env``, ``probe-triton``: see tests/gpu_check_env.py.
-``summarize DIR``: see tests/gpu_check_summary.py. ``run``: cbbench run's engine path without
-the Typer CLI (a fallback when the CLI cannot import).
+``summarize DIR``: see tests/gpu_check_summary.py. ``run`` and ``calibrate``: cbbench run's
+engine path and cbbench calibrate without the Typer CLI (fallbacks when the CLI cannot import).
 
 CPU smoke test (what can be checked without a GPU):
 
@@ -88,26 +88,48 @@ def cmd_run(args) -> int:
     from cbbench.analysis.result import write_result
     from cbbench.bench.runner import RunSpec, execute_run
     from cbbench.engine.args import EngineArgs
+    from cbbench.errors import UsageError
 
     opts = EngineArgs(
         engine=args.engine, model=args.model, device=args.device, scheduler=args.scheduler,
         attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs,
-        fused_kernels=args.fused_kernels,
+        fused_kernels=args.fused_kernels, gpu_profile=args.gpu_profile,
     )  # fmt: skip
     spec = RunSpec(
-        workload=args.workload, num_requests=args.num_requests, label=args.label, engine=opts
-    )
+        workload=args.workload, num_requests=args.num_requests, label=args.label, engine=opts,
+        replay=args.replay,
+    )  # fmt: skip
 
     def notice(msg: str) -> None:
         print(f"cbbench: {msg}", file=sys.stderr)
 
-    result = execute_run(spec, notice)
+    try:
+        result = execute_run(spec, notice)
+    except (UsageError, ValueError) as exc:  # EngineArgsError is a ValueError
+        print(f"cbbench: error: {exc}", file=sys.stderr)
+        return 2
     write_result(args.output, result)
     s = result["summary"]
     print(
         f"completed {s.get('completed')} failed {s.get('failed')} "
         f"output tok/s {s.get('output_throughput')} -> {args.output}"
     )
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    """``cbbench calibrate RESULT... --out PROFILE`` without the Typer CLI."""
+    from cbbench.analysis.calibration import calibrate
+    from cbbench.analysis.result import dumps, load_result, write_atomic
+    from cbbench.errors import UsageError
+
+    try:
+        profile = calibrate([(str(p), load_result(p)) for p in args.results])
+    except UsageError as exc:
+        print(f"cbbench: error: {exc}", file=sys.stderr)
+        return 2
+    write_atomic(args.out, dumps(profile) + "\n")
+    print(f"profile of {profile['device']} from {profile['num_iterations']} iterations -> {args.out}")
     return 0
 
 
@@ -168,8 +190,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
     r.add_argument("--fused-kernels", default="auto")
     r.add_argument("--label", default=None)
+    r.add_argument("--gpu-profile", default=None)
+    r.add_argument("--replay", default=None)
     r.add_argument("--output", type=Path, required=True)
     r.set_defaults(func=cmd_run)
+    c = sub.add_parser("calibrate", help="cbbench calibrate without the CLI (a fallback)")
+    c.add_argument("results", type=Path, nargs="+")
+    c.add_argument("--out", type=Path, required=True)
+    c.set_defaults(func=cmd_calibrate)
     s = sub.add_parser("summarize", help="summary.json + summary.md from a gpu_check folder")
     s.add_argument("folder", type=Path)
     s.set_defaults(func=cmd_summarize)

@@ -22,8 +22,16 @@
 #              reference -> decode.json/.md
 #   sharegpt (100)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
 #              --num-requests 1000 -> sharegpt_h200.json
-#   static (110)  the same with --scheduler static -> sharegpt_h200_static.json
-#   summary (20)  tests/bench_gpu.py summarize -> summary.json, summary.md
+#   calibrate (30)  cbbench calibrate sharegpt_h200.json --out profile.json: the simulator
+#              fitted to the continuous run (~2 s of fitting for ~2k iterations on a CPU core)
+#   static (110)  the same run with --scheduler static (and --gpu-profile profile.json when the
+#              calibration worked, so its sim_error is the calibrated simulator's)
+#              -> sharegpt_h200_static.json
+#   sim_static (30)  cbbench run --engine sim --gpu-profile profile.json --replay
+#              sharegpt_h200_static.json -> sim_static.json: the calibrated simulator predicts
+#              the static run (same requests, arrivals, scheduling; ~1 s on a CPU)
+#   summary (20)  tests/bench_gpu.py summarize -> summary.json, summary.md (sim_accuracy: TTFT
+#              p50, TPOT p50, output throughput of the static run, real vs predicted)
 #
 # A run stopped by its timeout gets SIGTERM first: `cbbench run` then stops dispatching, lets
 # in-flight requests finish for a few seconds and still writes its result (interrupted: true).
@@ -221,8 +229,27 @@ else
 fi
 run_step sharegpt 100 "continuous, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
     --label continuous --output "$OUT_DIR/sharegpt_h200.json"
+
+# ---- the simulator calibrated on the continuous run, then predicting the static run ------------
+PROFILE="$OUT_DIR/profile.json"
+STATIC_PROFILE=()
+rm -f "$PROFILE" "$OUT_DIR/sim_static.json"  # never a previous check's, in a reused folder
+if [ ! -s "$OUT_DIR/sharegpt_h200.json" ]; then
+    record calibrate skipped "no continuous result to calibrate on"
+elif run_step calibrate 30 "cbbench calibrate on the continuous run" -- "${CB[@]}" calibrate \
+        "$OUT_DIR/sharegpt_h200.json" --out "$PROFILE"; then
+    STATIC_PROFILE=(--gpu-profile "$PROFILE")
+fi
 run_step sharegpt_static 110 "static, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
-    --scheduler static --label static --output "$OUT_DIR/sharegpt_h200_static.json"
+    --scheduler static --label static "${STATIC_PROFILE[@]+"${STATIC_PROFILE[@]}"}" \
+    --output "$OUT_DIR/sharegpt_h200_static.json"
+if [ -s "$PROFILE" ] && [ -s "$OUT_DIR/sharegpt_h200_static.json" ]; then
+    run_step sim_static 30 "the calibrated simulator replays the static run" -- "${CB[@]}" run \
+        --engine sim --gpu-profile "$PROFILE" --replay "$OUT_DIR/sharegpt_h200_static.json" \
+        --label sim-static --output "$OUT_DIR/sim_static.json"
+else
+    record sim_static skipped "no profile or no static result"
+fi
 
 # ---- summary --------------------------------------------------------------------------------------
 RESERVE_S=0

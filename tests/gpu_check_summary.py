@@ -12,7 +12,9 @@ run, a step that failed, a field another part of the project does not write yet)
 - ``kernel_compilations_during_run``: Triton compilations inside each timed ShareGPT run;
 - ``fallbacks``: one line per fallback the check took (Triton could not launch, a graph
   capture failed);
-- ``backends_agree``: {backend: max |logits - reference|}.
+- ``backends_agree``: {backend: max |logits - reference|};
+- ``sim_accuracy``: the simulator calibrated on the continuous run predicting the static run
+  (tests/gpu_check_sim.py), or null with ``sim_accuracy_why_not``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+
+from gpu_check_sim import markdown_line, sim_accuracy
 
 RUNS = {"continuous": "sharegpt_h200.json", "static": "sharegpt_h200_static.json"}
 FALLBACKS_FILE = "fallbacks.txt"  # written by gpu_check.sh, one reason per line
@@ -103,6 +107,8 @@ def _run_summary(path: Path) -> dict | None:
         "mfu": eng.get("mfu"),
         "kernel_compilations_during_run": eng.get("kernel_compilations_during_run"),
         "sim_error": eng.get("sim_error"),
+        # The device profile sim_error was computed with (none: the detected GPU's spec).
+        "gpu_profile": Path(cfg["gpu_profile"]).name if cfg.get("gpu_profile") else None,
         "telemetry": _telemetry_summary(d.get("telemetry") or {}),
     }
 
@@ -183,6 +189,7 @@ def build_summary(folder: Path) -> dict:
     dec = _load(folder / "decode.json")
     runs = {name: _run_summary(folder / file) for name, file in RUNS.items()}
     batch_sizes = sorted({r["batch_size"] for r in (dec or {}).get("rows", [])}) or [1, 16, 64, 256]
+    accuracy, accuracy_why_not = sim_accuracy(folder)
     summary = {
         "folder": folder.name,
         **decode_fields(dec, batch_sizes),
@@ -190,6 +197,8 @@ def build_summary(folder: Path) -> dict:
         "kernel_compilations_during_run": {
             n: (r or {}).get("kernel_compilations_during_run") for n, r in runs.items()
         },
+        "sim_accuracy": accuracy,
+        "sim_accuracy_why_not": accuracy_why_not,
         "fallbacks": collect_fallbacks(folder, dec, runs),
         "steps": _steps(folder),
         "env": _load(folder / "env.json"),
@@ -270,6 +279,7 @@ def summary_markdown(summary: dict) -> str:
         "Simulator error on the real runs: "
         + ", ".join(f"{k} {json.dumps(v)}" for k, v in summary["sim_error"].items())
     )
+    md.append(markdown_line(summary["sim_accuracy"], summary["sim_accuracy_why_not"]))
     md.append(f"Backends vs reference (max |logit diff|): {json.dumps(summary['backends_agree'])}")
     md += ["", "| step | rc | seconds | limit | note |", "|---|---|---|---|---|"]
     md += [

@@ -3,7 +3,9 @@ and the decode floor it reports, by hand.
 
 The smoke run forces the Triton-probe failure path: every later step then gets the fallback
 flags (on a CPU they are also the defaults, so the run is the same one a normal smoke run
-makes), and the summary must say so in one line. Fields that need a GPU are null.
+makes), and the summary must say so in one line. Fields that need a GPU are null. The
+simulator's calibration takes the GPU run's path on the CPU (a CPU profile from the
+continuous run predicting the static run), so ``sim_accuracy`` is filled here too.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
 import gpu_check_decode  # noqa: E402
+from gpu_check_sim import compare  # noqa: E402
 from gpu_check_summary import build_summary  # noqa: E402
 
 from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402
@@ -33,6 +36,7 @@ HEADLINE_FIELDS = (
     "kernel_compilations_during_run",
     "fallbacks",
     "backends_agree",
+    "sim_accuracy",
 )
 
 
@@ -99,7 +103,8 @@ def smoke(tmp_path_factory) -> Path:
         "GPU_CHECK_SKIP_INSTALL": "1",
         "GPU_CHECK_DEVICE": "cpu",
         "GPU_CHECK_MODEL": "tiny",
-        "GPU_CHECK_NUM_REQUESTS": "4",
+        # 8 ShareGPT requests make ~690 iterations (one long output): enough to calibrate on.
+        "GPU_CHECK_NUM_REQUESTS": "8",
         "GPU_CHECK_DECODE_ARGS": "--dry-run --dtype fp32",
         "GPU_CHECK_FORCE_TRITON_FAIL": "1",
         # A shared 2-core CI machine is far slower than the GPU host the caps are set for.
@@ -120,8 +125,8 @@ def test_smoke_every_step_ran(smoke):
         name, rc, *_ = line.split("\t")
         steps[name] = rc
     expected_skips = {"nvidia_smi": "missing", "install": "skipped", "triton_probe": "forced"}
-    for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt",
-                 "sharegpt_static", "summary"):  # fmt: skip
+    for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt", "calibrate",
+                 "sharegpt_static", "sim_static", "summary"):  # fmt: skip
         assert steps.get(name) == "0", (name, steps)
     for name, rc in expected_skips.items():
         assert steps.get(name) == rc, (name, steps)
@@ -149,7 +154,7 @@ def test_smoke_summary_has_every_field(smoke):
     assert s["fallbacks"][0].startswith("Triton could not launch (forced")
     for run in ("sharegpt_continuous", "sharegpt_static"):
         r = s[run]
-        assert r["completed"] == 4 and r["failed"] == 0
+        assert r["completed"] == 8 and r["failed"] == 0
         assert r["attention_backend"] == "torch" and r["fused_kernels"] is False
         assert r["cuda_graphs"] is False and r["cuda_graphs_effective"] is False
     assert "Fallbacks: Triton could not launch" in (smoke / "summary.md").read_text()
@@ -163,3 +168,82 @@ def test_smoke_env_lists_compiler_headers_and_missing_modules(smoke):
     assert set(env["missing_modules"]) == missing
     assert "flash_attn" in missing  # never installable here; imported by the flash backend
     assert "kernels/flash_attn_backend.py" in env["missing_modules"]["flash_attn"]["imported_by"]
+
+
+def test_smoke_calibrates_on_the_continuous_run_and_predicts_the_static_run(smoke):
+    """The same path as on the GPU: calibrate on the continuous run (the CPU is a device like
+    any other), the static run measured with that profile, the simulator replaying it."""
+    s = json.loads((smoke / "summary.json").read_text())
+    acc = s["sim_accuracy"]
+    assert acc is not None, s["sim_accuracy_why_not"]
+    profile = json.loads((smoke / "profile.json").read_text())
+    assert acc["device"] == profile["device"] == "cpu"
+    assert acc["profile_iterations"] == profile["num_iterations"] >= 50
+    assert acc["completed"] == {"real": 8, "predicted": 8}
+    static = json.loads((smoke / "sharegpt_h200_static.json").read_text())
+    predicted = json.loads((smoke / "sim_static.json").read_text())
+    assert predicted["config"]["engine"] == "sim" and predicted["config"]["scheduler"] == "static"
+    assert acc["metrics"] == compare(static["summary"], predicted["summary"])
+    for name, m in acc["metrics"].items():
+        assert m["real"] > 0 and m["predicted"] > 0, name
+    # The static run ran with the profile: its per-iteration error is the calibrated one.
+    assert s["sharegpt_static"]["gpu_profile"] == "profile.json"
+    assert acc["static_run_sim_error"] == s["sim_error"]["static"]
+    assert acc["static_run_sim_error"]["decode"]["n"] > 0
+    assert s["sharegpt_continuous"]["gpu_profile"] is None and s["sim_error"]["continuous"] is None
+    assert "Simulator calibrated on the continuous run (cpu" in (smoke / "summary.md").read_text()
+
+
+def test_fallback_calibrate_and_replay_match_the_cli(smoke, tmp_path):
+    """bench_gpu.py calibrate / run (used when the CLI cannot import) give the CLI's profile
+    rates and, the simulator being deterministic, the CLI's prediction."""
+    def bench(*args):
+        proc = subprocess.run([sys.executable, str(TESTS / "bench_gpu.py"), *map(str, args)],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    profile = tmp_path / "profile.json"
+    bench("calibrate", smoke / "sharegpt_h200.json", "--out", profile)
+    cli = json.loads((smoke / "profile.json").read_text())
+    assert json.loads(profile.read_text())["params"] == cli["params"]
+    out = tmp_path / "sim.json"
+    bench("run", "--engine", "sim", "--gpu-profile", smoke / "profile.json", "--replay",
+          smoke / "sharegpt_h200_static.json", "--output", out)  # fmt: skip
+    got = json.loads(out.read_text())["summary"]
+    want = json.loads((smoke / "sim_static.json").read_text())["summary"]
+    for name, m in compare(want, got).items():
+        assert m["real"] is not None and m["predicted"] == m["real"], name
+
+
+def test_sim_accuracy_relative_errors_by_hand():
+    real = {"ttft_ms": {"p50": 200.0}, "tpot_ms": {"p50": 10.0}, "output_throughput": 1000.0}
+    pred = {"ttft_ms": {"p50": 150.0}, "tpot_ms": {"p50": 12.5}, "output_throughput": 900.0}
+    got = compare(real, pred)
+    assert got["ttft_p50_ms"] == {"real": 200.0, "predicted": 150.0, "rel_error": -0.25}
+    assert got["tpot_p50_ms"]["rel_error"] == 0.25
+    assert got["output_throughput"]["rel_error"] == pytest.approx(-0.1)
+    assert compare({}, pred)["ttft_p50_ms"]["rel_error"] is None
+
+
+def test_sim_accuracy_is_null_with_the_reason(tmp_path):
+    """Each missing step gives its own reason; a failed calibration gives its one-line error."""
+    def why():
+        s = build_summary(tmp_path)
+        assert s["sim_accuracy"] is None
+        return s["sim_accuracy_why_not"]
+
+    assert "no continuous ShareGPT result" in why()
+    run = {"config": {}, "summary": {"completed": 1}}
+    (tmp_path / "sharegpt_h200.json").write_text(json.dumps(run))
+    assert why() == "calibrate did not run"
+    (tmp_path / "calibrate.log").write_text(
+        "cbbench: error: too few iterations to fit: 32 usable, at least 50 needed\n"
+    )
+    assert why() == ("calibrate failed: cbbench: error: too few iterations to fit: 32 usable, "
+                     "at least 50 needed")  # fmt: skip
+    (tmp_path / "profile.json").write_text(json.dumps({"device": "h200"}))
+    assert "no static run result" in why()
+    (tmp_path / "sharegpt_h200_static.json").write_text(json.dumps({**run, "interrupted": True}))
+    assert "interrupted" in why()
+    (tmp_path / "sharegpt_h200_static.json").write_text(json.dumps(run))
+    assert "did not finish" in why()
