@@ -15,11 +15,17 @@ import os
 
 import pytest
 from helpers import SERVE_MODEL, THOROUGH_EXAMPLES, serve_process
-from hypothesis import settings
 
-settings.register_profile("ci", deadline=None)
-settings.register_profile("thorough", deadline=None, max_examples=THOROUGH_EXAMPLES)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+try:
+    from hypothesis import settings
+except ImportError:
+    # The GPU image has torch and Triton but maybe not hypothesis, and conftest loads for every
+    # test file: the CUDA test files gpu_check.sh runs do not need it.
+    settings = None
+if settings is not None:
+    settings.register_profile("ci", deadline=None)
+    settings.register_profile("thorough", deadline=None, max_examples=THOROUGH_EXAMPLES)
+    settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 try:
     import torch
