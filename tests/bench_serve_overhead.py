@@ -18,8 +18,10 @@ as a user runs them, then pairs the client's records with the request log.
   When the client's result has its clock's epoch (summary.http.t0_epoch_s), the parts outside
   the server's stamps too: client send -> app arrival, and socket write -> client read.
 
-Pairing: a client record goes with the earliest unpaired log line of the same prompt and output
-token counts, both sides in time order (--lengths makes every request's pair of counts distinct). Not collected by pytest. Results: results/serve_overhead.md.
+Pairing: a client record goes with the log line of the response id it recorded
+(server_request_id; the log's id). --lengths is kept for comparing with earlier figures, which
+paired by distinct (prompt, output) lengths. Not collected by pytest. Results:
+results/serve_overhead.md.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict, deque
 from pathlib import Path
 
 import numpy as np
@@ -78,22 +79,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def pair(records: list[dict], log: list[dict]) -> tuple[list[tuple[dict, dict]], int]:
-    """(client record, log line) pairs, and how many records found no line. A record pairs with
-    the earliest unpaired line of the same (prompt tokens, output tokens), both sides taken in
-    time order (client send, server arrival)."""
-    recs = sorted(
-        (r for r in records if r["error"] is None),
-        key=lambda r: r["intended_start_s"] * MS + r["send_lag_ms"],
-    )
-    lines: dict[tuple[int, int], deque] = defaultdict(deque)
-    for e in sorted(log, key=lambda e: e["arrival"]):
-        if e["finish"] in ("length", "stop"):
-            lines[(e["prompt_tokens"], e["output_tokens"])].append(e)
+    """(client record, log line) pairs of the completed requests, joined by the response id,
+    and how many completed records found no line."""
+    lines = {e["id"]: e for e in log if e["finish"] in ("length", "stop")}
     pairs, unpaired = [], 0
-    for r in recs:
-        q = lines.get((r.get("server_prompt_tokens"), r["output_tokens"]))
-        if q:
-            pairs.append((r, q.popleft()))
+    for r in records:
+        if r["error"] is not None:
+            continue
+        e = lines.get(r.get("server_request_id"))
+        if e is not None:
+            pairs.append((r, e))
         else:
             unpaired += 1
     return pairs, unpaired
@@ -105,7 +100,7 @@ def p50(xs) -> float:
 
 def varied_workload(path: Path, n: int, prompt_len: int, output_len: int) -> None:
     """N requests whose (prompt, output) lengths are all distinct (up to prompt_len x
-    output_len requests), spread evenly around the given means, so pairing is exact."""
+    output_len requests), spread evenly around the given means (earlier figures paired by them)."""
     if n > prompt_len * output_len:
         raise SystemExit(f"--lengths {prompt_len},{output_len} pairs at most {prompt_len * output_len} requests")
     lines = []

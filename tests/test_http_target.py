@@ -65,6 +65,7 @@ def test_stream_counts_tokens(fresh, api):
         assert r.token_times_s == sorted(r.token_times_s) and r.token_times_s[0] >= r.send_s
         extra = CHAT_TEMPLATE_TOKENS if api == "chat" else 0
         assert r.server_prompt_tokens == r.prompt_tokens + extra
+        assert r.server_request_id is None  # the fake server's chunks carry no "id"
     assert run.info["token_count_method"] == {"usage": 6}
     assert run.info["prompt_tokens_mismatch"]["mean_abs_diff"] == (7.0 if api == "chat" else 0.0)
     body = fresh.requests[0]["body"]
@@ -77,6 +78,27 @@ def test_stream_counts_tokens(fresh, api):
     else:
         assert fresh.requests[0]["path"] == "/v1/completions"
         assert body["prompt"].startswith("hello world")
+
+
+def test_stream_keeps_the_first_response_id():
+    """OpenAI's response id is read from the first chunk that has one (the role chunk of a
+    chat stream may come first without), never replaced, and cut when absurdly long."""
+    from cbbench.targets.sse import MAX_RESPONSE_ID_CHARS, SseStream
+
+    def events(*objs) -> bytes:
+        return b"".join(b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs)
+
+    def tok(text, **extra):
+        return {"choices": [{"index": 0, "text": text, "finish_reason": None}], **extra}
+
+    st = SseStream(False, [])
+    st.feed(events(tok("a"), tok("b", id="cmpl-7"), tok("c", id="cmpl-8")), 1.0)
+    st.feed(b"data: [DONE]\n\n", 2.0)
+    st.close(2.0)
+    assert st.response_id == "cmpl-7" and st.times == [1.0, 1.0, 1.0]
+    st = SseStream(False, [])
+    st.feed(events(tok("a", id=7), tok("b", id="x" * (2 * MAX_RESPONSE_ID_CHARS))), 1.0)
+    assert st.response_id == "x" * MAX_RESPONSE_ID_CHARS  # a non-string id is not an id
 
 
 def test_served_model_discovery_and_no_ignore_eos(fresh):

@@ -31,6 +31,9 @@ class RequestRecord:
     output_token_counts: dict[str, int] | None = None  # every count available, by method
     finish_reason: str | None = None  # the server's last finish_reason
     prompt_token_counts: dict[str, int] | None = None  # chat: {"chat_template": n} (client)
+    # HTTP: the id the server gave the response (OpenAI's "id"): joins a record to the
+    # server's own log line for the request. None when the server sent none.
+    server_request_id: str | None = None
 
     @property
     def ok(self) -> bool:

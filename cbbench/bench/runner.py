@@ -97,6 +97,7 @@ def request_record_dict(rec, detailed: bool) -> dict:
         d["output_token_counts"] = rec.output_token_counts
         d["max_tokens"] = rec.max_tokens
         d["finish_reason"] = rec.finish_reason
+        d["server_request_id"] = rec.server_request_id  # null: the server sent no id
     if rec.prompt_token_counts is not None:
         d["prompt_token_counts"] = rec.prompt_token_counts
     if detailed:

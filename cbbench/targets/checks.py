@@ -39,7 +39,7 @@ MS = 1000.0
 
 def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) -> str:
     """Put the stream's counts on its record (output_token_counts, server_prompt_tokens,
-    finish_reason) the moment the request ends, with a provisional output count (usage, else
+    finish_reason, server_request_id) the moment the request ends, with a provisional output count (usage, else
     tokenizer, else events; the run-level choice in finish_http_run replaces it). `sample`:
     also tokenize each event alone (`one_token_events`: how many were one token). Returns the
     provisional method."""
@@ -57,6 +57,7 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
             counts["one_token_events"] = sum(len(e.ids) == 1 for e in encoded)
     rec.output_token_counts = counts
     rec.finish_reason = st.finish_reason
+    rec.server_request_id = st.response_id
     choose_output_count(rec, per_event=None)
     return rec.output_tokens_method
 

@@ -2,6 +2,11 @@
 sent -> response head checked -> streaming (SseStream) -> completed, or failed with an
 error_type. The run (http.py) decides when a request is sent (its schedule, a free slot under
 --max-concurrency) and what happens when the run is stopped.
+
+The record keeps the id the server gave the response (SseStream.response_id), which joins it
+to the server's logs. No X-Request-Id is sent to choose that id: vLLM makes the header its
+engine's request id and refuses one already running (HTTP 400), so two clients, two workers or
+a rerun reusing cbbench's numbering against one server would fail requests the server serves.
 """
 
 from __future__ import annotations

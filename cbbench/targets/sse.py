@@ -4,7 +4,7 @@
 Bytes go in as the network delivers them (`feed`, with the time that read returned); every
 `data:` event with non-empty text is a token event, timestamped with the read that completed
 its line; events with empty text are counted (empty_events), not timestamped. The parser keeps what the stream said beyond the token times (`[DONE]`, a
-finish_reason, the usage block, and the text of each event when asked to) and raises
+finish_reason, the usage block, the response's id, and the text of each event when asked to) and raises
 HttpFailure on a malformed or error event, or a stream that ends before it finished.
 """
 
@@ -16,6 +16,7 @@ from cbbench.targets.transport import ERROR_BODY_CHARS, HttpFailure
 
 MAX_LINE_BYTES = 1 << 20  # the longest event-stream line buffered before it counts as bad_event
 BAD_EVENT_CHARS = 80
+MAX_RESPONSE_ID_CHARS = 200  # a server's response id longer than this is cut (it is a label)
 
 
 def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict | None]:
@@ -62,7 +63,8 @@ class SseStream:
     (appended to in place); `pieces`, when kept, the text of each token event."""
 
     __slots__ = (
-        "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events", "_tail"
+        "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events",
+        "response_id", "_tail",
     )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
@@ -76,6 +78,9 @@ class SseStream:
         # vLLM send one per token that ends inside a multi-byte character). Counted as tokens,
         # never timestamped: TTFT and ITL stay the times text arrived.
         self.empty_events = 0
+        # OpenAI's response "id" (cmpl-..., chatcmpl-...), from the first chunk that has one:
+        # the server's name for the request, which its own logs use too (None: it sent none).
+        self.response_id: str | None = None
         self._tail = b""  # an incomplete line, waiting for the rest
 
     def feed(self, piece: bytes, t: float) -> None:
@@ -124,6 +129,10 @@ class SseStream:
                 shown = data[:BAD_EVENT_CHARS].decode("utf-8", "replace")
                 raise HttpFailure("bad_event", f"malformed event: {shown!r}") from None
             text, finish, usage = chunk_fields(obj, chat)
+            if self.response_id is None:
+                rid = obj.get("id")
+                if isinstance(rid, str) and rid:
+                    self.response_id = rid[:MAX_RESPONSE_ID_CHARS]
             if text:
                 times.append(t)
                 if pieces is not None:
