@@ -153,15 +153,6 @@ def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
     assert m["cbbench_requests_aborted_total"] - aborted_before >= 1
 
 
-def test_cancel_with_workers_is_refused(tmp_path):
-    res = CliRunner().invoke(app, [
-        "run", "--endpoint", "http://127.0.0.1:9", "--workers", "2", "--num-requests", "4",
-        "--cancel-rate", "0.5", "--cancel-after", "10", "--served-model", "m",
-        "--output", str(tmp_path / "r.json"),
-    ])
-    assert res.exit_code == 2 and "--cancel-rate runs in one process" in res.output
-
-
 def test_cli_flags(tmp_path):
     res = CliRunner().invoke(app, ["run", "--engine", "sim", "--num-requests", "5",
                                    "--cancel-rate", "0.5", "--output", str(tmp_path / "r.json")])

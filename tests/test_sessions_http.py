@@ -137,11 +137,3 @@ def test_cli_run_over_chat_writes_turns(srv, tmp_path):
     assert result["config"]["sessions"]["think_time"] == "exp:5"
     assert all(r["turn"] >= 1 and r["session_id"] is not None for r in result["requests"])
 
-
-def test_sessions_stay_in_one_process(fake, tmp_path):
-    res = CliRunner().invoke(app, [
-        "run", "--workload", "sharegpt-multiturn", "--endpoint", fake.url, "--api", "chat",
-        "--num-requests", "2", "--workers", "2", "--output", str(tmp_path / "r.json"),
-    ])
-    assert res.exit_code == 2
-    assert "multi-turn sessions run in one process" in res.output

@@ -26,8 +26,12 @@ from multiprocessing.connection import wait
 
 from cbbench.distributed.merge import FINAL, Merger
 from cbbench.distributed.messages import WorkerTask
+from cbbench.distributed.plan import deal
+from cbbench.distributed.session_share import deal_sessions
 from cbbench.distributed.worker import process_main
 from cbbench.errors import UsageError
+from cbbench.load.cancel import CancelPlan
+from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.http import HttpRun
 from cbbench.targets.options import EndpointOptions
@@ -38,15 +42,41 @@ POLL_S = 0.05  # the wait's timeout: how often a stop request and progress are c
 JOIN_TIMEOUT_S = 5.0
 
 
+def plan_workers(
+    opts: EndpointOptions,
+    wreqs: list[WorkloadRequest],
+    arrivals,
+    num_workers: int,
+    grace_s: float,
+    sessions: SessionPlan | None = None,
+    cancel: CancelPlan | None = None,
+) -> tuple[list[WorkerTask], Merger]:
+    """Deal the run to `num_workers` (fewer when there is less to deal: no idle workers):
+    request i to worker i mod N, or whole sessions in turn. The same for processes and Ray."""
+    if sessions is None:
+        n = max(1, min(num_workers, len(wreqs)))
+        shares = deal(len(wreqs), n)
+        session_shares = None
+    else:
+        n = max(1, min(num_workers, len(sessions.sessions)))
+        shares, session_shares = deal_sessions(sessions, n)
+    tasks = worker_tasks(opts, wreqs, arrivals, shares, grace_s, sessions, session_shares, cancel)
+    merger = Merger(wreqs, [float(a) for a in arrivals], shares, sessions, session_shares)
+    return tasks, merger
+
+
 def worker_tasks(
     opts: EndpointOptions,
     wreqs: list[WorkloadRequest],
     arrivals,
     shares: list[list[int]],
     grace_s: float,
+    sessions: SessionPlan | None = None,
+    session_shares: list[list[int]] | None = None,
+    cancel: CancelPlan | None = None,
 ) -> list[WorkerTask]:
-    """Each worker's share: its requests and arrival times, its share of --max-concurrency,
-    and /metrics scraping on worker 0 only (one scrape series per run)."""
+    """Each worker's share: its requests and arrival times (or its sessions), its share of
+    --max-concurrency, and /metrics scraping on worker 0 only (one scrape series per run)."""
     n = len(shares)
     cap = opts.max_concurrency
     if cap is not None and cap < n:
@@ -58,6 +88,10 @@ def worker_tasks(
             max_concurrency=None if cap is None else cap // n + (k < cap % n),
             scrape_metrics=opts.scrape_metrics and k == 0,
         )
+        if sessions is not None:
+            mine = dataclasses.replace(sessions, active=session_shares[k])
+            tasks.append(WorkerTask(k, o, share, [], [], grace_s, mine, cancel))
+            continue
         tasks.append(
             WorkerTask(
                 k,
@@ -66,6 +100,7 @@ def worker_tasks(
                 [wreqs[p] for p in share],
                 [float(arrivals[p]) for p in share],
                 grace_s,
+                cancel=cancel,
             )
         )
     return tasks

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch
+from cbbench.distributed.session_share import lost_turns
+from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.client_health import loop_lag_check, wall_clock_of
 from cbbench.targets.http import (
@@ -54,6 +56,7 @@ class WorkerState:
     died_at_s: float | None = None  # on the run clock: when the parent saw it gone
     error: str | None = None
     extra: dict = field(default_factory=dict)  # Ray: node, clock offset and uncertainty
+    sessions: list[int] = field(default_factory=list)  # multi-turn: its session positions
 
 
 class Merger:
@@ -62,12 +65,21 @@ class Merger:
         wreqs: list[WorkloadRequest],
         arrivals: list[float],
         shares: list[list[int]],
+        plan: SessionPlan | None = None,
+        session_shares: list[list[int]] | None = None,
     ):
+        """`plan` and `session_shares` (each worker's session positions): a multi-turn run,
+        whose positions are request ids (wreqs and arrivals then empty)."""
         self.wreqs = wreqs
         self.arrivals = arrivals
-        self.records: list[RequestRecord | None] = [None] * len(wreqs)
+        self.plan = plan
+        self.total = plan.num_turns if plan is not None else len(wreqs)
+        self.records: list[RequestRecord | None] = [None] * self.total
         self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
-        self.workers = [WorkerState(k, share) for k, share in enumerate(shares)]
+        self.workers = [
+            WorkerState(k, share, sessions=session_shares[k] if session_shares else [])
+            for k, share in enumerate(shares)
+        ]
         self.finished = 0  # records received, for progress
         self.usage_error: str | None = None  # a worker's UsageError: the run's bad input
 
@@ -111,6 +123,15 @@ class Merger:
         """A dead (or crashed) worker's unreported requests: those due before it died are
         failed records (sent or about to be, their outcome unknown); the rest were not sent."""
         died_at = ws.died_at_s if ws.died_at_s is not None else -math.inf
+        if self.plan is not None:
+            error = (f"worker {ws.worker} died ({ws.error}) at {died_at:.3f} s, after this turn "
+                     "was due and before it reported it")
+            recs, not_sent = lost_turns(
+                self.plan, ws.sessions, self.records, died_at, error, WORKER_LOST, ws.worker
+            )
+            for rec in recs:
+                self.records[rec.id] = rec
+            return len(recs), not_sent
         lost = not_sent = 0
         for pos in ws.positions:
             if self.records[pos] is not None:
@@ -198,7 +219,7 @@ class Merger:
             for k, v in (d.info.get("prompt_kinds") or {}).items():
                 kinds[k] = kinds.get(k, 0) + v
         records = [r for r in self.records if r is not None]
-        finish_http_run(opts, records, self.methods, kinds, len(self.wreqs), info, notice)
+        finish_http_run(opts, records, self.methods, kinds, self.total, info, notice)
         for e in workers:
             if e["status"] == DONE and (e["client_fell_behind"] or e["client_bound"]):
                 notice(
@@ -209,14 +230,15 @@ class Merger:
             elif e["status"] in (DIED, FAILED):
                 notice(
                     f"error: worker {e['worker']} {e['status']} ({e.get('error')}): "
-                    f"{e['completed'] + e['failed'] - e['lost']} requests reported, {e['lost']} "
+                    f"{e['sent'] - e['lost']} requests reported, {e['lost']} "
                     f"lost (due before it died, counted as failed: {WORKER_LOST}), "
                     f"{e['not_sent']} not sent"
                 )
         info["workers"] = workers
         interrupted = stopped or any(d.interrupted for d in done)
         not_sent = sum(e["not_sent"] for e in workers)
-        return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag)
+        ended_early = sum(d.sessions_ended_early for d in done)
+        return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag, ended_early)
 
 
 def worker_entry(
@@ -237,6 +259,7 @@ def worker_entry(
     for the one-process run, so both results have one form)."""
     completed = sum(r.ok for r in recs)
     failed = sum(r.error is not None for r in recs)
+    cancelled = sum(r.cancelled and r.error is None for r in recs)
     lag = send_lag_check([(r.send_s - r.ready_s) * MS for r in recs if r.send_s is not None])
     entry = {
         "worker": worker,
@@ -244,9 +267,10 @@ def worker_entry(
         "pid": pid,
         "host": host,
         "assigned": assigned,
-        "sent": completed + failed,
+        "sent": completed + failed + cancelled,
         "completed": completed,
         "failed": failed,
+        "cancelled": cancelled,
         "lost": lost,
         "not_sent": not_sent,
         "send_lag_p50_ms": lag["send_lag_p50_ms"],

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.load.cancel import CancelPlan
+from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.options import EndpointOptions
 
@@ -20,6 +22,10 @@ class WorkerTask:
     wreqs: list[WorkloadRequest]
     arrivals: list[float]  # seconds from the shared start instant
     grace_s: float
+    # Multi-turn: the run's plan with this worker's sessions active (wreqs and arrivals are
+    # then empty, and positions are its turns' request ids).
+    sessions: SessionPlan | None = None
+    cancel: CancelPlan | None = None  # the run's --cancel-rate plan (decided per request id)
 
 
 @dataclass
@@ -49,6 +55,7 @@ class Done:
     interrupted: bool
     info: dict  # its run_http info: send lag, loop lag, client CPU, served model, scrapes
     loop_lag_ms: list[float] = field(default_factory=list)
+    sessions_ended_early: int = 0  # multi-turn: its sessions cut short by a failed turn
 
 
 @dataclass

@@ -27,12 +27,14 @@ import uuid
 from collections.abc import Callable
 
 from cbbench.distributed.clock import UNCERTAINTY_FLAG_MS, ClockOffset, measure_offset
-from cbbench.distributed.local import START_MARGIN_S, worker_tasks
+from cbbench.distributed.local import START_MARGIN_S, plan_workers
 from cbbench.distributed.merge import FINAL, READY, Merger
 from cbbench.distributed.messages import Done, Failed, WorkerTask
-from cbbench.distributed.plan import AUTO, LoadPlan, deal, usable_cores
+from cbbench.distributed.plan import AUTO, LoadPlan, usable_cores
 from cbbench.distributed.worker import WorkerCore
 from cbbench.errors import UsageError
+from cbbench.load.cancel import CancelPlan
+from cbbench.load.session_plan import SessionPlan
 from cbbench.targets.http import HttpRun
 from cbbench.targets.options import EndpointOptions
 
@@ -136,21 +138,21 @@ def run_ray_workers(
     on_progress: Callable[[int, int], None] | None,
     grace_s: float,
     on_t0: Callable[[float], None] | None = None,
+    sessions: SessionPlan | None = None,
+    cancel: CancelPlan | None = None,
 ) -> HttpRun:
     ray, started_here = _init_ray(plan)
     try:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         # auto: one worker per CPU of the cluster, less one for this driver (which merges).
         n = max(1, cpus - 1) if plan.workers == AUTO else int(plan.workers)
-        n = max(1, min(n, len(wreqs)))
+        n = max(1, min(n, len(sessions.sessions) if sessions is not None else len(wreqs)))
         if n > cpus:
             raise UsageError(
                 f"--workers {n} needs {n} CPUs but the Ray cluster has {cpus}: a worker that "
                 "shares a core falls behind its schedule"
             )
-        shares = deal(len(wreqs), n)
-        tasks = worker_tasks(opts, wreqs, arrivals, shares, grace_s)
-        merger = Merger(wreqs, [float(a) for a in arrivals], shares)
+        tasks, merger = plan_workers(opts, wreqs, arrivals, n, grace_s, sessions, cancel)
         remote = ray.remote(num_cpus=1, max_concurrency=ACTOR_THREADS)(LoadWorkerActor)
         run_id = uuid.uuid4().hex[:8]
         actors = [
@@ -161,7 +163,7 @@ def run_ray_workers(
         ]
         try:
             return _drive(
-                ray, actors, opts, merger, notice, should_stop, on_progress, len(wreqs), on_t0
+                ray, actors, opts, merger, notice, should_stop, on_progress, merger.total, on_t0
             )
         finally:
             for a in actors:  # on a cluster that outlives this run, leave nothing behind

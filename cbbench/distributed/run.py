@@ -7,24 +7,16 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable
 
-from cbbench.distributed.merge import DONE, Merger, worker_entry
-from cbbench.distributed.plan import AUTO, LoadPlan, deal, spare_cores
-from cbbench.errors import UsageError
+from cbbench.distributed.merge import DONE, worker_entry
+from cbbench.distributed.plan import AUTO, LoadPlan, spare_cores
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.http import HttpRun, run_http
 from cbbench.targets.options import EndpointOptions
-
-
-def session_keys(wreqs: Sequence[WorkloadRequest]) -> list[Hashable | None] | None:
-    """The hook for multi-turn workloads: a request's session (its `session_id`, when the
-    workload's requests carry one), so that deal() keeps a session on one worker."""
-    keys = [getattr(w, "session_id", None) for w in wreqs]
-    return keys if any(k is not None for k in keys) else None
 
 
 def run_load(
@@ -42,11 +34,8 @@ def run_load(
 ) -> HttpRun:
     """`on_t0(t0)`: called (multi-worker runs) once the shared start instant is chosen, a
     time.perf_counter() value up to START_MARGIN_S ahead. `sessions`: a multi-turn plan
-    (run_http), in this process only."""
-    if sessions is not None and plan.distributed:
-        raise UsageError("multi-turn sessions run in one process: drop --workers / --ray")
-    if cancel is not None and plan.distributed:
-        raise UsageError("--cancel-rate runs in one process: drop --workers / --ray")
+    (run_http; with workers, whole sessions to each). `cancel`: the --cancel-rate plan, decided
+    per request id, so every worker cancels its own requests as one process would."""
     if not plan.distributed:
         return _one_process(
             opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions, cancel
@@ -55,15 +44,13 @@ def run_load(
         from cbbench.distributed.ray_pool import run_ray_workers
 
         return run_ray_workers(
-            opts, wreqs, arrivals, notice, plan, should_stop, on_progress, grace_s, on_t0
+            opts, wreqs, arrivals, notice, plan, should_stop, on_progress, grace_s, on_t0,
+            sessions, cancel,
         )
-    from cbbench.distributed.local import run_local_workers, worker_tasks
+    from cbbench.distributed.local import plan_workers, run_local_workers
 
     n = spare_cores() if plan.workers == AUTO else int(plan.workers)
-    n = max(1, min(n, len(wreqs)))  # no idle workers
-    shares = deal(len(wreqs), n, session_keys(wreqs))
-    tasks = worker_tasks(opts, wreqs, arrivals, shares, grace_s)
-    merger = Merger(wreqs, [float(a) for a in arrivals], shares)
+    tasks, merger = plan_workers(opts, wreqs, arrivals, n, grace_s, sessions, cancel)
     return run_local_workers(opts, tasks, merger, notice, should_stop, on_progress, on_t0)
 
 
@@ -108,7 +95,7 @@ def _one_process(
             DONE,
             os.getpid(),
             socket.gethostname(),
-            len(wreqs),
+            sessions.num_turns if sessions is not None else len(wreqs),
             run.records,
             run.info,
             0,

@@ -59,7 +59,9 @@ class WorkerCore:
         return self._t0
 
     def _on_record(self, pos: int, rec: RequestRecord, method: str) -> None:
-        self._finished.append((self.task.positions[pos], rec, method))
+        # A session run's positions are already the run's request ids.
+        run_pos = pos if self.task.sessions is not None else self.task.positions[pos]
+        self._finished.append((run_pos, rec, method))
 
     # -- the flusher thread --
     def _flush(self) -> None:
@@ -92,6 +94,8 @@ class WorkerCore:
                 hooks=RunHooks(
                     start_at=self._wait_for_start, on_record=self._on_record, keep_records=False
                 ),
+                sessions=t.sessions,
+                cancel=t.cancel,
             )
         except UsageError as e:
             self._end(flusher)
@@ -104,7 +108,8 @@ class WorkerCore:
             return
         self._end(flusher)
         self._finish(
-            Done(t.worker, run.duration_s, run.interrupted, run.info, list(run.loop_lag_ms))
+            Done(t.worker, run.duration_s, run.interrupted, run.info, list(run.loop_lag_ms),
+                 run.sessions_ended_early)
         )
 
     def _finish(self, msg: Message) -> None:

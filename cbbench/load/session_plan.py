@@ -55,6 +55,10 @@ class SessionPlan:
     starts: np.ndarray  # intended start of each session's first turn (s)
     think_time: Delay = field(default_factory=lambda: parse_delay(DEFAULT_THINK_TIME, ""))
     seed: int = 0
+    # The sessions (positions in `sessions`) this process runs; None: all. A load-generator
+    # worker runs its share of a plan that is otherwise the whole run's, so request ids, labels
+    # and every seeded draw are the same as in one process.
+    active: list[int] | None = None
 
     def __post_init__(self) -> None:
         sizes = [len(s.turns) for s in self.sessions]
@@ -65,6 +69,18 @@ class SessionPlan:
         names = [s.name for s in self.sessions]
         unique = None not in names and len(set(names)) == len(names)
         self.labels: list[int | str] = names if unique else list(range(len(self.sessions)))
+
+    @property
+    def active_sessions(self) -> list[int]:
+        return list(range(len(self.sessions))) if self.active is None else list(self.active)
+
+    @property
+    def active_turns(self) -> int:
+        return sum(len(self.sessions[i].turns) for i in self.active_sessions)
+
+    def session_of(self) -> list[int]:
+        """Each request id's session position."""
+        return [i for i, s in enumerate(self.sessions) for _ in s.turns]
 
     def planned_turns(self) -> dict:
         return {label: len(s.turns) for label, s in zip(self.labels, self.sessions)}

@@ -345,7 +345,7 @@ def run_http(
         runner = SessionRunner(
             opts, sessions, tokenizer, should_stop, on_progress, grace_s, hooks, cancel
         )
-        kinds, total = runner.kinds, sessions.num_turns
+        kinds, total = runner.kinds, sessions.active_turns
     else:
         prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
         runner = _Runner(

@@ -53,8 +53,8 @@ class SessionRunner(_Runner):
         self.ended_early = 0
         self.fitter = _ExactFitter.for_tokenizer(tokenizer) if tokenizer is not None else None
         self.kinds: dict[str, int] = {}
-        self.user_texts = [[self._user_text(i, k) for k in range(len(s.turns))]
-                           for i, s in enumerate(plan.sessions)]
+        self.user_texts = {i: [self._user_text(i, k) for k in range(len(plan.sessions[i].turns))]
+                           for i in plan.active_sessions}
 
     def _user_text(self, i: int, k: int) -> str:
         turn = self.plan.sessions[i].turns[k]
@@ -80,7 +80,7 @@ class SessionRunner(_Runner):
     async def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
         starts = [float(t) for t in self.plan.starts]
-        for i in sorted(range(len(starts)), key=starts.__getitem__):
+        for i in sorted(self.plan.active_sessions, key=starts.__getitem__):
             delay = self.t0 + starts[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -1,0 +1,80 @@
+"""Multi-turn sessions across workers.
+
+A session never spans workers: each turn carries the replies of the turns before it (only the
+worker that read them has them), and a session's turns share one growing prefix in the
+server's cache. So whole sessions are dealt in turn (deal(), keyed by session), and each
+worker runs the run's SessionPlan with its own sessions active: request ids, labels, think
+times and cancellations are drawn per (seed, session position, turn), the same as in one
+process.
+
+A worker that dies leaves, per session, at most one turn that may have been in flight: the
+first one it did not report. That turn was due at its session's start (turn 1) or at the end
+of the previous turn plus its think time; due before the death, it is lost (a failed record,
+as for a plain request); otherwise it, and every later turn, was not sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.distributed.plan import deal
+from cbbench.load.session_plan import SessionPlan
+from cbbench.load.sessions import first_prompt_len, next_prompt_len
+
+
+def deal_sessions(plan: SessionPlan, num_workers: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(each worker's request ids, each worker's session positions)."""
+    owner = plan.session_of()
+    shares = deal(plan.num_turns, num_workers, owner)
+    return shares, [sorted({owner[p] for p in share}) for share in shares]
+
+
+def _turn_end_s(rec: RequestRecord) -> float:
+    """When a reported turn ended, as far as its record tells: its last token, else its send.
+    The session's next turn went out a think time after its true end, which is no earlier:
+    a turn near the death is counted lost rather than not sent, never the other way."""
+    if rec.token_times_s:
+        return rec.token_times_s[-1]
+    return rec.send_s if rec.send_s is not None else rec.intended_start_s
+
+
+def lost_turns(
+    plan: SessionPlan,
+    sessions: Sequence[int],
+    records: Sequence[RequestRecord | None],
+    died_at_s: float,
+    error: str,
+    error_type: str,
+    worker: int,
+) -> tuple[list[RequestRecord], int]:
+    """A dead worker's unreported turns: (failed records for those due before it died, the
+    number of turns not sent)."""
+    lost: list[RequestRecord] = []
+    not_sent = 0
+    for i in sessions:
+        turns = plan.sessions[i].turns
+        prev: RequestRecord | None = None
+        for k, turn in enumerate(turns):
+            pos = plan.request_id(i, k)
+            if records[pos] is not None:
+                prev = records[pos]
+                continue
+            if k == 0:
+                due, prompt = float(plan.starts[i]), first_prompt_len(turn.user_len)
+            elif prev.error is None:  # completed or cancelled: the session went on
+                due = _turn_end_s(prev) + plan.think_time_s(i, k)
+                prompt = next_prompt_len(prev.prompt_tokens, prev.output_tokens, turn.user_len)
+            else:  # a failed turn ended the session, as in one process
+                due = None
+            if due is not None and due <= died_at_s:
+                lost.append(RequestRecord(
+                    id=pos, prompt_tokens=prompt, output_tokens=0, intended_start_s=due,
+                    error=error, error_type=error_type, session_id=plan.labels[i], turn=k + 1,
+                    max_tokens=turn.output_len, worker=worker,
+                ))
+                not_sent += len(turns) - k - 1
+            else:
+                not_sent += len(turns) - k
+            break
+    return lost, not_sent
