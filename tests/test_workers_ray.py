@@ -1,5 +1,6 @@
-"""--ray: the same workers as Ray actors, on a local Ray instance (started once for the module:
-ray.init takes ~5-10 s here, the runs ~2 s each). Same result shape and accuracy as --workers
+"""--ray: the same workers as Ray actors, on a local Ray instance (the first test lets cbbench
+start and shut down its own; the rest share one started for the module: ray.init takes ~5-10 s
+here, the runs ~2 s each). Same result shape and accuracy as --workers
 at 200 req/s, clock offsets measured and recorded, and an actor killed mid-run accounted for.
 
 Marked `ray`; skipped where Ray is not installed, except in CI (CI=true), where .ci/run
@@ -13,6 +14,7 @@ import threading
 import time
 
 import pytest
+from test_http_target import FakeOpenAI
 from test_workers import (
     ATTEMPTS,
     ITL_MS,
@@ -44,6 +46,34 @@ NUM_REQUESTS = 200  # 1 s
 RAY_CPUS = 2
 POLL_S = 0.05
 KILL_TIMEOUT_S = 60.0
+SESSIONS = 4
+
+
+def test_ray_started_by_cbbench_runs_whole_sessions(tmp_path):
+    """No Ray instance yet: cbbench starts a local one (its own ray.init) and shuts it down
+    after the run. A multi-turn run, so each actor gets whole sessions."""
+    if ray.is_initialized():  # left by another module: this test is about cbbench's own init
+        ray.shutdown()
+    out = tmp_path / "sessions.json"
+    with FakeOpenAI() as fake:
+        res = CliRunner().invoke(app, [
+            "run", "--workload", "sharegpt-multiturn", "--endpoint", fake.url, "--api", "chat",
+            "--num-requests", str(SESSIONS), "--request-rate", "20", "--think-time", "exp:10",
+            "--workers", "2", "--ray", "--output", str(out),
+        ])
+    assert res.exit_code == 0, res.output
+    assert not ray.is_initialized()  # shut down by the run that started it
+    r = json.loads(out.read_text())
+    s = r["summary"]
+    assert r["config"]["ray"] is True and r["config"]["workers"] == 2
+    assert s["completed"] == s["sessions"]["turns_planned"] == len(r["requests"])
+    assert s["sessions"]["completed"] == SESSIONS and s["failed"] == 0
+    assert sorted(q["id"] for q in r["requests"]) == list(range(len(r["requests"])))
+    owners: dict = {}
+    for q in r["requests"]:
+        owners.setdefault(q["session_id"], set()).add(q["worker"])
+    assert owners == {i: {i % 2} for i in range(SESSIONS)}
+    assert all(w["node"] and w["same_node_as_driver"] for w in s["workers"])
 
 
 @pytest.fixture(scope="module")
