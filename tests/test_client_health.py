@@ -4,10 +4,14 @@ wall-clock instant of the schedule's zero, and summary.client_bound."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
+from test_http_target import FakeOpenAI
 
+from cbbench.analysis.table import CLIENT_BOUND_MARK, LATENCY_KEYS, latency_table
+from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.targets.client_health import (
     CLIENT_BOUND_METRICS,
     LOOP_LAG_MIN_SPAN_S,
@@ -16,6 +20,7 @@ from cbbench.targets.client_health import (
     loop_lag_check,
     wall_clock_of,
 )
+from cbbench.targets.options import EndpointOptions
 
 STALL_S = 0.05
 STALL_EVERY_S = 0.1
@@ -91,3 +96,30 @@ def test_client_bound_summary_names_the_figures_and_why():
         }
     )
     assert both["metrics"] == list(CLIENT_BOUND_METRICS) and len(both["reasons"]) == 2
+
+
+def test_a_run_whose_loop_stalls_marks_its_latency_rows_in_the_table(tmp_path):
+    """A real run against the fake server whose event loop is blocked STALL_S at every progress
+    update (run_http calls on_progress from the loop, at most every 0.1 s, as a slow callback
+    or a saturated client would stall it): TTFT/TPOT/ITL/E2EL are client-bound and starred."""
+    n, rate = 30, 20.0  # 1.5 s: past LOOP_LAG_MIN_SPAN_S, so a verdict is given
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"delay:0.005 s{i}", "output_len": 4}) + "\n"
+                            for i in range(n)))
+    notes: list[str] = []
+    with FakeOpenAI() as fake:
+        result = execute_run(
+            RunSpec(workload=str(path), num_requests=None, request_rate=rate, rate_given=True,
+                    endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=60.0)),
+            notice=notes.append, on_progress=lambda done, total: time.sleep(STALL_S),
+        )
+    s = result["summary"]
+    assert s["completed"] == n
+    assert s["http"]["client_bound"] and s["http"]["loop_lag_p99_ms"] >= 0.8 * STALL_S * 1000
+    assert s["client_bound"]["metrics"] == list(CLIENT_BOUND_METRICS)
+    table = latency_table(s)
+    for label, _key in LATENCY_KEYS:
+        assert f"{label} (ms){CLIENT_BOUND_MARK}" in table
+    footnote = table.splitlines()[-1]
+    assert footnote.startswith("* client-bound: the client's event loop lagged")
+    assert "--workers" in footnote
