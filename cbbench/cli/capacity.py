@@ -23,6 +23,7 @@ from cbbench.cli.sweep import (
     MinDuration,
     NumRequests,
     Seed,
+    Workers,
     Workload,
     base_spec,
 )
@@ -76,6 +77,7 @@ def capacity(
     header: C.Header = None,
     request_timeout: C.RequestTimeout = 600.0,
     tokenizer: C.Tokenizer = None,
+    workers: Workers = "1",
     label: Annotated[str | None, typer.Option(help="A name for this search's runs.")] = None,
     out: Annotated[
         Path | None,
@@ -119,6 +121,7 @@ def capacity(
         C.endpoint_options(
             endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
         ),
+        workers,
     )
     out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
     check_writable(out_path)

@@ -39,6 +39,11 @@ Burstiness = Annotated[
 ]
 Arrival = Annotated[str, typer.Option(help="gamma (with --burstiness) | constant.")]
 ARRIVALS = ("gamma", "constant")
+Workers = Annotated[
+    str,
+    typer.Option(help="Client processes that send each probe's schedule (--endpoint runs): N, "
+                 "or auto (one per spare core), as in `cbbench run`."),
+]
 # Endpoint options come from cli_common, as `cbbench run` names them (open loop only: no
 # --max-concurrency, which would cap the very load a rate sweep offers).
 
@@ -79,6 +84,7 @@ def sweep(
     header: C.Header = None,
     request_timeout: C.RequestTimeout = 600.0,
     tokenizer: C.Tokenizer = None,
+    workers: Workers = "1",
     label: Annotated[str | None, typer.Option(help="A name for this sweep's runs.")] = None,
     out_dir: Annotated[
         Path | None,
@@ -120,6 +126,7 @@ def sweep(
         C.endpoint_options(
             endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
         ),
+        workers,
     )
     folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
     if folder.exists() and not folder.is_dir():
@@ -144,15 +151,20 @@ def sweep(
     typer.echo(f"\nsweep: {folder / SWEEP_FILE}\nplot: {folder / PLOT_FILE}")
 
 
-def base_spec(workload, seed, burstiness, arrival, label, engine_opts, endpoint_opts):
-    """The RunSpec every probe shares; each probe sets its rate and request count."""
+def base_spec(workload, seed, burstiness, arrival, label, engine_opts, endpoint_opts, workers="1"):
+    """The RunSpec every probe shares; each probe sets its rate and request count (and, with
+    --workers, is a multi-worker run: the probe's schedule dealt to the workers)."""
     from cbbench.bench.runner import RunSpec
+    from cbbench.distributed.plan import LoadPlan, parse_workers
 
+    load = LoadPlan(parse_workers(workers)).validate()
+    if endpoint_opts is None and load.distributed:
+        raise UsageError("--workers applies to --endpoint runs")
     if not (burstiness > 0 and math.isfinite(burstiness)):
         raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
     if arrival not in ARRIVALS:
         raise UsageError(f"unknown arrival process {arrival!r}: use {', '.join(ARRIVALS)}")
     return RunSpec(
         workload=workload, seed=seed, burstiness=burstiness, arrival=arrival, label=label,
-        engine=engine_opts, endpoint=endpoint_opts,
+        engine=engine_opts, endpoint=endpoint_opts, load=load,
     )
