@@ -10,13 +10,20 @@ requests exactly as one process would. A dead worker's unreported turns are acco
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 from test_http_target import FakeOpenAI
+from test_workers import CLI, POLL_S, RUN_TIMEOUT_S, _worker_pids
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.distributed.merge import WORKER_LOST, Merger
 from cbbench.distributed.messages import Ready, RecordBatch
 from cbbench.distributed.plan import LoadPlan
@@ -94,6 +101,27 @@ def test_two_workers_run_whole_sessions_as_one_process_would(fake):
             assert think - 1e-9 <= nxt["intended_start_s"] - ended < think + THINK_SLACK_S
 
 
+def test_a_failed_turn_ends_its_session_on_its_worker(fake, tmp_path):
+    path = tmp_path / "s.jsonl"
+    path.write_text(
+        json.dumps({"turns": [{"user": "fault:http500", "output_len": 2},
+                              {"user": "never sent", "output_len": 2},
+                              {"user": "nor this", "output_len": 2}]}) + "\n"
+        + json.dumps({"turns": [{"user": "fine", "output_len": 2},
+                                {"user": "still fine", "output_len": 2}]}) + "\n"
+    )
+    result = execute_run(RunSpec(
+        workload=str(path), num_requests=None, think_time="0", load=LoadPlan(2),
+        endpoint=EndpointOptions(endpoint=fake.url, api="chat", request_timeout_s=60.0),
+    ), notice=lambda _m: None)
+    s = result["summary"]
+    assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
+    assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1
+    w0, w1 = s["workers"]
+    assert (w0["assigned"], w0["sent"], w0["failed"], w0["not_sent"]) == (3, 1, 1, 2)
+    assert (w1["assigned"], w1["sent"], w1["completed"], w1["not_sent"]) == (2, 2, 2, 0)
+
+
 def test_two_workers_cancel_on_the_one_process_plan(fake, tmp_path):
     n, rate, after_ms = 24, 0.5, 30
     path = tmp_path / "slow.jsonl"  # 10 tokens 20 ms apart: every pick is cancelled in time
@@ -115,6 +143,53 @@ def test_two_workers_cancel_on_the_one_process_plan(fake, tmp_path):
         assert sum(w["sent"] for w in s["workers"]) == n
         assert all(w["not_sent"] == 0 for w in s["workers"])
     assert [q["worker"] for q in results[1]["requests"]] == [i % 2 for i in range(n)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
+def test_a_worker_killed_mid_session_is_accounted_turn_by_turn(fake, tmp_path):
+    sessions, turns = 4, 6  # each turn ~0.15 s (5 tokens 30 ms apart), 50 ms think time
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"turns": [
+        {"user": "delay:0.03 hello" if k == 0 else f"turn {k}", "output_len": 5}
+        for k in range(turns)]}) + "\n" for _ in range(sessions)))
+    out = tmp_path / "killed.json"
+    fake.reset()
+    proc = subprocess.Popen(CLI + [
+        "run", "--endpoint", fake.url, "--api", "chat", "--workload", str(path),
+        "--think-time", "50", "--request-rate", "20", "--workers", "2", "--output", str(out),
+    ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while sum(r["path"] == "/v1/chat/completions" for r in fake.requests) < 2 * sessions:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the run did not get going"
+            time.sleep(POLL_S)
+        pids = _worker_pids(proc.pid)
+        assert len(pids) == 2, pids
+        os.kill(pids[1], signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == WORKER_LOST_EXIT, stderr
+    r = json.loads(out.read_text())
+    s = r["summary"]
+    assert s["completed"] + s["failed"] + s["not_sent"] == sessions * turns
+    w0, w1 = s["workers"]
+    assert w0["status"] == "done" and w0["completed"] == w0["assigned"] == sessions // 2 * turns
+    assert w1["status"] == "died" and w1["not_sent"] > 0
+    assert w1["sent"] + w1["not_sent"] == w1["assigned"]
+    by_session: dict = {}
+    for q in r["requests"]:
+        by_session.setdefault(q["session_id"], []).append(q)
+    for i, recs in by_session.items():
+        recs.sort(key=lambda q: q["turn"])
+        assert {q["worker"] for q in recs} == {i % 2}
+        assert [q["turn"] for q in recs] == list(range(1, len(recs) + 1))  # no gaps
+        # At most the last turn reported is lost (it may have been in flight at the death).
+        assert all(q["error"] is None for q in recs[:-1])
+        assert recs[-1]["error"] is None or recs[-1]["error_type"] == WORKER_LOST
+    assert w1["lost"] == sum(q["error_type"] == WORKER_LOST for q in r["requests"])
 
 
 # ---- a dead worker's sessions (no processes) ---------------------------------------------------
