@@ -128,3 +128,41 @@ def test_scrape_keeps_llamacpp_sglang_and_tgi_names():
 def test_bad_scrape_filter_is_a_usage_error():
     with pytest.raises(UsageError, match="--scrape-metrics-filter"):
         EndpointOptions("http://h", scrape_metrics_filter="(unclosed").validate()
+
+
+def test_diff_of_means_by_hand():
+    """diff_mean = client mean - server mean, the server's from _sum/_count of the run's
+    scrape difference. Hand-computed: the run adds 4 TTFTs summing 0.4 s (mean 100 ms) in the
+    (50, 500] ms bucket, so the interpolated p50 is 275 ms; the client saw 110-140 ms."""
+    from cbbench.analysis.records import RequestRecord
+    from cbbench.analysis.server_latency import server_vs_client
+    from cbbench.analysis.table import server_latency_table
+
+    def page(n_low: int, n_mid: int, total_s: float) -> str:
+        name = "vllm:time_to_first_token_seconds"
+        return (
+            f"# TYPE {name} histogram\n"
+            f'{name}_bucket{{le="0.05"}} {n_low}\n'
+            f'{name}_bucket{{le="0.5"}} {n_low + n_mid}\n'
+            f'{name}_bucket{{le="+Inf"}} {n_low + n_mid}\n'
+            f"{name}_sum {total_s}\n{name}_count {n_low + n_mid}\n"
+        )
+
+    before, after = page(2, 0, 0.01), page(2, 4, 0.41)  # 2 earlier requests (0.01 s)
+    recs = [
+        RequestRecord(id=i, prompt_tokens=1, output_tokens=1, intended_start_s=0.0, send_s=0.0,
+                      token_times_s=[t])
+        for i, t in enumerate([0.11, 0.12, 0.13, 0.14])
+    ]
+    ttft = server_vs_client(before, after, recs)["ttft_ms"]
+    assert ttft["observations"] == 4
+    assert ttft["server_mean"] == pytest.approx(100.0)
+    assert ttft["client_mean"] == pytest.approx(125.0)
+    assert ttft["diff_mean"] == pytest.approx(25.0)
+    # The p50 difference says little here (275 ms is the bucket's middle): the means do.
+    assert ttft["server_p50"] == pytest.approx(275.0) and ttft["client_p50"] == pytest.approx(125.0)
+    assert ttft["diff_p50"] == pytest.approx(-150.0)
+    table = server_latency_table({"server_latency": {"ttft_ms": ttft}})
+    assert "diff of means" in table
+    row = next(x for x in table.splitlines() if x.startswith("TTFT p50"))
+    assert row.split()[-1] == "25.00"

@@ -292,6 +292,10 @@ def test_run_scrape_metrics_reads_cbbench_serve_as_vllm(served, tmp_path, monkey
     assert lat["ttft_ms"]["server_mean"] <= sum(client_ttft) / n
     assert lat["ttft_ms"]["client_p50"] >= lat["ttft_ms"]["server_p50_bucket"][0]
     assert lat["ttft_ms"]["diff_p50"] is not None
+    assert lat["ttft_ms"]["diff_mean"] == pytest.approx(
+        sum(client_ttft) / n - lat["ttft_ms"]["server_mean"]
+    )
+    assert lat["ttft_ms"]["diff_mean"] >= 0
     assert growth("vllm:request_success_total", finished_reason="length", **model) == n
     assert growth("vllm:generation_tokens_total", **model) == outputs
     assert growth("vllm:prompt_tokens_total", **model) == sum(

@@ -6,7 +6,9 @@ requests the server finished during the run; its p50 is interpolated within buck
 Prometheus' histogram_quantile does (linear within the bucket holding the rank; resolution is
 the bucket width) and its mean is exact (_sum / _count). Beside each, the client's p50 for the
 same quantity, from the send (the server cannot see the client's slot wait or send lag): the
-difference is the network and HTTP share (plus the client's own event-loop delays).
+difference is the network and HTTP share (plus the client's own event-loop delays). The
+difference of the means (diff_mean) is exact on the server's side, so it resolves a share far
+below a bucket's width, where diff_p50 compares with an interpolated figure.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ NOTE = (
     "server: vLLM's histograms, the difference between a scrape before the run and one at its "
     "end (every request the server finished meanwhile, other clients' too); p50 interpolated "
     "within buckets (server_p50_bucket: its resolution). client: from the send. diff = client - "
-    "server: network, HTTP and client, when the client's p50 lies outside that bucket."
+    "server: network, HTTP and client, when the client's p50 lies outside that bucket; diff_mean: "
+    "of the means (the server's is exact: _sum / _count), whatever the buckets."
 )
 
 
@@ -132,6 +135,8 @@ def server_vs_client(
         p50 = histogram_quantile(0.5, d["buckets"])
         c = client[key]
         client_p50 = float(np.percentile(c, 50)) if c.size else None
+        client_mean = float(c.mean()) if c.size else None
+        server_mean = d["sum"] / d["count"] * MS if d["count"] > 0 else None
         server_p50 = p50 * MS if p50 is not None else None
         bucket = quantile_bucket(0.5, d["buckets"])
         lo, hi = (bucket[0] * MS, bucket[1] * MS) if bucket else (None, None)
@@ -145,11 +150,16 @@ def server_vs_client(
             "client_within_bucket": (
                 client_p50 is not None and lo is not None and lo <= client_p50 <= hi
             ),
-            "server_mean": d["sum"] / d["count"] * MS if d["count"] > 0 else None,
+            "server_mean": server_mean,
             "client_p50": client_p50,
             "diff_p50": (
                 client_p50 - server_p50 if client_p50 is not None and server_p50 is not None
                 else None
+            ),
+            "client_mean": client_mean,
+            "diff_mean": (
+                client_mean - server_mean
+                if client_mean is not None and server_mean is not None else None
             ),
         }
     if not out:

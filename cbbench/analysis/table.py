@@ -137,7 +137,8 @@ def by_turn_table(summary: dict) -> str:
 
 
 def server_latency_table(http: dict | None) -> str:
-    """The server's own p50 (vLLM's histograms) beside the client's, with the difference."""
+    """The server's own p50 (vLLM's histograms) beside the client's, with the difference, and
+    the difference of the two means (exact on the server's side, unlike its p50)."""
     lat = (http or {}).get("server_latency")
     if not lat:
         return ""
@@ -150,9 +151,13 @@ def server_latency_table(http: dict | None) -> str:
             diff = _fmt(d["diff_p50"])
             if d.get("client_within_bucket"):  # below the histogram's resolution
                 diff = f"within bucket {_fmt(lo, 0)}-{_fmt(hi, 0)}"
-            rows.append([f"{label} p50 (ms)", _fmt(d["server_p50"]), _fmt(d["client_p50"]), diff])
+            rows.append([
+                f"{label} p50 (ms)", _fmt(d["server_p50"]), _fmt(d["client_p50"]), diff,
+                _fmt(d.get("diff_mean")),  # absent from results written before it existed
+            ])
     return tabulate(
-        rows, headers=["", "server", "client (from send)", "client - server"],
+        rows,
+        headers=["", "server", "client (from send)", "client - server", "diff of means"],
         tablefmt="simple", disable_numparse=True,
     )
 
