@@ -301,3 +301,39 @@ def test_run_scrape_metrics_reads_cbbench_serve_as_vllm(served, tmp_path, monkey
     assert growth("vllm:prompt_tokens_total", **model) == sum(
         q["server_prompt_tokens"] for q in reqs
     )
+
+
+# ---- preemptions: the log and the vLLM counter ---------------------------------------------------
+TIGHT_KV_BLOCKS = 16  # 256 tokens: four requests of ~100 tokens each cannot all stay resident
+
+
+def test_preemptions_in_the_log_add_up_to_the_vllm_counter(tmp_path):
+    """A pool too small for the requests in flight: the scheduler preempts, every request still
+    finishes whole, and the request log's per-request preemptions add up to
+    vllm:num_preemptions_total (issue 18: preemptions in /metrics and in the log)."""
+    log_path = tmp_path / "requests.jsonl"
+    run = start_server(
+        lambda: build_serving_engine(sim_options(num_kv_blocks=TIGHT_KV_BLOCKS)),
+        ServeConfig(request_log=str(log_path)),
+    )
+    try:
+        n, out_len = 4, 60
+        wreqs = [WorkloadRequest(id=i, prompt_len=40, output_len=out_len) for i in range(n)]
+        res = run_http(
+            EndpointOptions(endpoint=run.url), wreqs, np.zeros(n), notice=lambda _: None
+        )
+        assert all(r.ok and r.output_tokens == out_len for r in res.records), [
+            r.error for r in res.records
+        ]
+        fams = scrape(run.url)
+    finally:
+        run.stop()
+    log = read_log(log_path, n)
+    assert len(log) == n and all(e["finish"] == "length" for e in log)
+    by_id = {e["id"]: e for e in log}
+    assert {r.server_request_id for r in res.records} == set(by_id)
+    preempted = sum(e["preemptions"] for e in log)
+    assert preempted > 0  # the pool was tight enough to force some
+    model = {"model_name": MODEL, "engine": "0"}
+    assert sample(fams, "vllm:num_preemptions", "_total", **model) == preempted
+    assert all(e["output_tokens"] == out_len for e in log)
