@@ -15,11 +15,23 @@
 #   triton_probe (60)  one Triton kernel launch (Triton builds a C launcher on its first launch).
 #              If it fails, every later step runs with --attention-backend torch
 #              --no-cuda-graphs --fused-kernels off, and the summary says so in one line.
-#   pytest (150)  pytest -m cuda on the CUDA test files only -> pytest_cuda.log / .xml
+#   pytest (180)  pytest -m cuda on the test files that mark a test cuda -> pytest_cuda.log / .xml
+#              (--durations shows the slowest, for sizing this cap). Cold-cache Triton compiles
+#              dominate (estimated from the constexpr combinations, not yet measured):
+#              test_kernels.py ~40-50 (unified kernel: 3 dtypes x 2 block sizes x 3 GQA ratios
+#              x decode/prefill query tiles = 36, plus split-K pairs where the chooser splits),
+#              test_model_runner_cuda.py ~15, test_fused_cuda.py 14 (fused RMSNorm x2, RoPE x2,
+#              SiLU-mul, split-K pair at Llama-3-8B shapes, x bf16/fp16), test_fused_engine_hf.py
+#              ~8 (fp32, vs HF): ~80-90 at ~1-2 s each, ~150 s with the tests themselves. The
+#              bf16 block-16 Llama-shape ones are the decode and ShareGPT steps' own, so
+#              Triton's on-disk cache spares those steps the compile. The caps sum to more than
+#              the 540 s budget on purpose: a step that runs long shortens the ones after it
+#              (the expected total is ~480 s: pytest ~150, decode ~120, ShareGPT ~90 + ~100).
 #   decode (150)  tests/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
 #              batch 1/16/64/256, context 512, with and without CUDA graphs, fused and unfused
 #              layer kernels side by side, torch-backend rows, floor and MBU, every backend vs
-#              reference -> decode.json/.md
+#              reference, and the fused layer kernels vs the unfused ones on the same fed
+#              tokens (backends_agree's triton+fused row) -> decode.json/.md
 #   sharegpt (100)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
 #              --num-requests 1000 -> sharegpt_h200.json
 #   calibrate (30)  cbbench calibrate sharegpt_h200.json --out profile.json: the simulator
@@ -201,8 +213,8 @@ CUDA_TESTS=()
 for f in tests/test_*.py; do grep -q "pytest.mark.cuda" "$f" && CUDA_TESTS+=("$f"); done
 if have_module pytest; then
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
-    run_step pytest_cuda 150 "pytest $PYTEST_ARGS ${CUDA_TESTS[*]}" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -m pytest \
-        $PYTEST_ARGS -q -rs -p no:cacheprovider --junitxml="$OUT_DIR/pytest_cuda.xml" \
+    run_step pytest_cuda 180 "pytest $PYTEST_ARGS ${CUDA_TESTS[*]}" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -m pytest \
+        $PYTEST_ARGS -q -rs --durations=15 -p no:cacheprovider --junitxml="$OUT_DIR/pytest_cuda.xml" \
         "${CUDA_TESTS[@]}"
 else
     record pytest_cuda skipped "pytest is not importable"

@@ -12,7 +12,9 @@ run, a step that failed, a field another part of the project does not write yet)
 - ``kernel_compilations_during_run``: Triton compilations inside each timed ShareGPT run;
 - ``fallbacks``: one line per fallback the check took (Triton could not launch, a graph
   capture failed);
-- ``backends_agree``: {backend: max |logits - reference|};
+- ``backends_agree``: {backend: max |logits - reference|}, with a ``triton+fused`` row (the
+  Triton backend with the fused layer kernels); ``backends_agree_fused_vs_unfused``: that row's
+  logits against the unfused Triton row's (the same fed tokens);
 - ``sim_accuracy``: the simulator calibrated on the continuous run predicting the static run
   (tests/gpu_check_sim.py), or null with ``sim_accuracy_why_not``.
 """
@@ -163,6 +165,7 @@ def decode_fields(dec: dict | None, batch_sizes: list[int]) -> dict:
         # Agreement is meaningful on any device (fp32 on a CPU); kept with its device.
         "backends_agree": agree.get("max_abs_diff"),
         "backends_agree_why_not": agree.get("why"),
+        "backends_agree_fused_vs_unfused": agree.get("fused_vs_unfused"),
     }
 
 
@@ -281,6 +284,8 @@ def summary_markdown(summary: dict) -> str:
     )
     md.append(markdown_line(summary["sim_accuracy"], summary["sim_accuracy_why_not"]))
     md.append(f"Backends vs reference (max |logit diff|): {json.dumps(summary['backends_agree'])}")
+    md.append("Fused vs unfused layer kernels (Triton attention, max |logit diff|): "
+              f"{json.dumps(summary.get('backends_agree_fused_vs_unfused'))}")  # fmt: skip
     md += ["", "| step | rc | seconds | limit | note |", "|---|---|---|---|---|"]
     md += [
         f"| {r['step']} | {r['rc']} | {r['seconds']} | {r['limit_s']} | {r['note']} |"

@@ -6,6 +6,11 @@ run as Triton kernels (interpreted on a CPU). The engine (continuous batching, c
 with an 8-token budget, block size 4) serves ragged requests; every request's greedy tokens
 must equal what ``transformers`` generates for it alone. fp32, so rounding cannot excuse a
 difference. Kept small: the interpreter is slow.
+
+On a GPU the same check runs compiled (the ``cuda`` variant, which tests/gpu_check.sh's pytest
+step picks up): fp32 there too, the attention kernels' dots in IEEE fp32, cuBLAS without TF32
+(torch's default). The CPU variant runs where no GPU is (Triton cannot run on CPU tensors
+compiled).
 """
 
 from __future__ import annotations
@@ -24,7 +29,11 @@ from cbbench.engine.request import Request  # noqa: E402
 from cbbench.engine.scheduler import SchedulerConfig  # noqa: E402
 from cbbench.kernels import get_backend  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The interpreted variant only where no GPU is (conftest turns the interpreter on there);
+# the compiled one is marked cuda and skipped without a GPU.
+DEVICES = [pytest.param("cuda", marks=pytest.mark.cuda)]
+if not torch.cuda.is_available():
+    DEVICES.append("cpu")
 VOCAB = 256
 SIZES = dict(
     hidden_size=64,
@@ -67,13 +76,13 @@ def hf_case(tmp_path_factory):
     return folder, prompts, expected
 
 
-def _serve(folder, prompts, backend: str, fused: bool) -> list[list[int]]:
-    attn = get_backend(backend, DEVICE, block_size=BLOCK_SIZE)
-    model, config = load_model(str(folder), torch.float32, DEVICE, attn, fused=fused)
+def _serve(folder, prompts, backend: str, fused: bool, device: str) -> list[list[int]]:
+    attn = get_backend(backend, device, block_size=BLOCK_SIZE)
+    model, config = load_model(str(folder), torch.float32, device, attn, fused=fused)
     assert model.ops.fused is fused
     num_blocks = 32
-    kv = allocate_kv_cache(config, num_blocks, BLOCK_SIZE, torch.float32, DEVICE)
-    runner = ModelRunner(model, config, kv, BLOCK_SIZE, DEVICE, torch.float32)
+    kv = allocate_kv_cache(config, num_blocks, BLOCK_SIZE, torch.float32, device)
+    runner = ModelRunner(model, config, kv, BLOCK_SIZE, device, torch.float32)
     sched = SchedulerConfig(max_model_len=config.max_model_len, max_num_batched_tokens=BUDGET)
     engine = Engine(
         EngineConfig(sched, num_kv_blocks=num_blocks, block_size=BLOCK_SIZE), runner, WallClock()
@@ -93,7 +102,8 @@ def _is_mixed(step) -> bool:
     return r.num_prefill_tokens > 0 and r.num_decode_tokens > 0
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_fused_engine_matches_hf(hf_case, backend):
+def test_fused_engine_matches_hf(hf_case, backend, device):
     folder, prompts, expected = hf_case
-    assert _serve(folder, prompts, backend, fused=True) == expected
+    assert _serve(folder, prompts, backend, fused=True, device=device) == expected

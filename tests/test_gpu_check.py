@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -149,6 +150,9 @@ def test_smoke_summary_has_every_field(smoke):
     assert s["backends_agree"]["reference"] == 0.0
     assert s["backends_agree"]["torch"] < 1e-4
     assert s["backends_agree"]["triton"] is None and s["backends_agree_why_not"]["triton"]
+    assert s["backends_agree"]["triton+fused"] is None  # no Triton here: the row says why
+    assert s["backends_agree_why_not"]["triton+fused"]
+    assert s["backends_agree_fused_vs_unfused"] is None
     # The forced probe failure: one line, and the runs really took the fallback flags.
     assert len(s["fallbacks"]) == 1 and "\n" not in s["fallbacks"][0]
     assert s["fallbacks"][0].startswith("Triton could not launch (forced")
@@ -247,3 +251,52 @@ def test_sim_accuracy_is_null_with_the_reason(tmp_path):
     assert "interrupted" in why()
     (tmp_path / "sharegpt_h200_static.json").write_text(json.dumps(run))
     assert "did not finish" in why()
+
+
+def test_backends_agree_has_a_fused_row_fed_the_same_tokens():
+    """The agreement step in-process on the CPU, Triton interpreted (conftest): the fused layer
+    kernels' row is computed next to the unfused Triton row, both near the reference in fp32,
+    and their difference is reported; a device where Triton cannot run gets the reason."""
+    import torch
+    from gpu_check_agree import FUSED_ROW, backends_agree
+
+    args = SimpleNamespace(block_size=16, agree_model="tiny", max_model_len=128)
+    out = backends_agree(args, torch.device("cpu"), torch.float32)
+    diffs = out["max_abs_diff"]
+    assert diffs["reference"] == 0.0
+    for name in ("torch", "triton", FUSED_ROW):
+        assert diffs[name] is not None and diffs[name] < 1e-3, (name, out)
+    assert out["fused_vs_unfused"] is not None and out["fused_vs_unfused"] < 1e-3
+    assert diffs["flash-attn"] is None and out["why"]["flash-attn"]
+
+
+CUDA_FILES_WANTED = ("test_kernels.py", "test_model_runner_cuda.py", "test_fused_cuda.py",
+                     "test_fused_engine_hf.py")  # fmt: skip
+NO_HYPOTHESIS = """
+import sys
+sys.modules["hypothesis"] = None  # as if not installed: `import hypothesis` raises ImportError
+import pytest
+sys.exit(pytest.main(["--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                      *sys.argv[1:]]))
+"""
+
+
+def test_gpu_check_collects_the_compiled_kernel_checks_without_hypothesis():
+    """gpu_check.sh's pytest step takes the files that mark a test cuda: the compiled fused
+    kernels, split-K and the engine-vs-HF check are among them, and they collect (with their
+    cuda tests selected) on an image without hypothesis."""
+    selected = sorted(
+        p.name for p in TESTS.glob("test_*.py") if "pytest.mark.cuda" in p.read_text()
+    )
+    assert set(CUDA_FILES_WANTED) <= set(selected), selected
+    # Without plugin autoload: hypothesis's own pytest plugin is an installed entry point here.
+    env = os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_HYPOTHESIS, *selected], cwd=TESTS, capture_output=True,
+        text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    collected = proc.stdout
+    for name in ("test_fused_cuda.py::test_rms_norm_cuda", "test_fused_cuda.py::test_split_k_cuda",
+                 "test_fused_engine_hf.py::test_fused_engine_matches_hf[triton-cuda]"):  # fmt: skip
+        assert name in collected, collected[-2000:]
