@@ -37,6 +37,7 @@ class EngineInfo:
     device: str | None = None  # torch
     device_name: str | None = None
     attention_backend: str | None = None
+    attention_backend_requested: str | None = None  # e.g. auto (attention_backend: its choice)
     fused_kernels: bool | None = None
     cuda_graphs: bool | None = None
     cuda_graphs_effective: bool | None = None  # False: decode runs eagerly (reason below)

@@ -98,16 +98,27 @@ def _resolve_fused(args: EngineArgs, device: str) -> bool:
     return triton_ok and device == "cuda"
 
 
+# Attention backends whose forward and KV write stay on the device, as stream capture needs.
+# flash-attn (untested on a GPU): mha_varlen_fwd reads only tensor shapes and host ints, so the
+# graph bakes in max_seqlen_q = 1 and max_seqlen_k = max_model_len (its split-KV choice)
+# while each sequence's length comes from the persistent cu_seqlens_k buffer at replay.
+GRAPH_CAPTURABLE_BACKENDS = ("triton", "flash-attn")
+# Why the others cannot be captured: their forward loops over the requests on the host.
+HOST_LOOP_REASON = (
+    "the {name!r} attention backend copies the batch's lengths to the host (.tolist()) in "
+    "every forward, which stream capture forbids"
+)
+
+
 def _graphs_plan(args: EngineArgs, on_cuda: bool, backend) -> tuple[bool, str | None]:
     """Whether to capture decode graphs, else why not."""
     if not args.cuda_graphs:
         return False, "off (--no-cuda-graphs)"
     if not on_cuda:
         return False, "no CUDA device"
-    # Only the triton backend's KV write and attention are free of host syncs, which capture
-    # requires; with another backend decode runs eagerly rather than failing.
-    if backend.name != "triton":
-        return False, f"the {backend.name!r} attention backend syncs with the host"
+    # With a backend that syncs, decode runs eagerly rather than failing the capture.
+    if backend.name not in GRAPH_CAPTURABLE_BACKENDS:
+        return False, HOST_LOOP_REASON.format(name=backend.name)
     return True, None
 
 
@@ -184,6 +195,9 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     use_graphs, graphs_reason = _graphs_plan(args, on_cuda, backend)
     if args.cuda_graphs and on_cuda and not use_graphs:
         notice(f"CUDA graphs: {graphs_reason}; decode runs eagerly")
+    if use_graphs and backend.name == "flash-attn":
+        notice(f"attention backend {backend.name} (asked: {args.attention_backend}) with decode "
+               "CUDA graphs: untested on a GPU so far; --no-cuda-graphs runs it eagerly")  # fmt: skip
     kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
     runner = ModelRunner(
         model,
@@ -220,6 +234,7 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         model_config=config.to_dict(),
         dtype=dtype_name,
         attention_backend=backend.name,
+        attention_backend_requested=args.attention_backend,
         fused_kernels=fused,
         cuda_graphs=args.cuda_graphs,
         cuda_graphs_effective=runner.cuda_graphs_effective,
