@@ -89,12 +89,16 @@ GREEDY_ROWS = RowParams(None, None, None, None)
 
 
 class SamplingSlots:
-    """Per-slot sampling parameters: host arrays (for the host's decisions) and device tensors,
-    copied to the device only after a slot changed."""
+    """Per-slot sampling parameters: host arrays (for the host's decisions) and device tensors.
+    Only the slots set since the last upload are copied (a request joining its slot); a steady
+    batch, or one that only loses requests (a freed slot is simply not read), copies nothing.
+    ``uploads`` counts the slot rows copied so far."""
 
     def __init__(self, num_slots: int, device: torch.device, default_seed: int = 0) -> None:
         self.device = device
         self.default_seed = default_seed
+        self.dev: dict[str, torch.Tensor] | None = None
+        self.uploads = 0
         self._allocate(num_slots)
 
     def _allocate(self, num_slots: int) -> None:
@@ -110,7 +114,8 @@ class SamplingSlots:
             for name, arr in old.items():
                 self.host[name][: arr.shape[0]] = arr
         self.num_slots = num_slots
-        self._dirty = True
+        self.dev = None  # reallocated: the next upload copies every slot
+        self._dirty: set[int] = set()
 
     def set(self, slot: int, req: Request) -> None:
         if slot >= self.num_slots:
@@ -122,13 +127,27 @@ class SamplingSlots:
         h["top_p"][slot] = sp.top_p
         h["seed"][slot] = self.default_seed if sp.seed is None else sp.seed
         h["request_id"][slot] = int(req.request_id)
-        self._dirty = True
+        self._dirty.add(slot)
 
     def _device_tensors(self) -> dict[str, torch.Tensor]:
-        if self._dirty:
-            self.dev = {k: torch.from_numpy(v).to(self.device) for k, v in self.host.items()}
-            self._dirty = False
+        if self.dev is None or self._dirty:
+            # Ordinary tensors, not inference tensors: updatable in place whether or not the
+            # caller runs under inference mode.
+            with torch.inference_mode(False):
+                self._upload()
         return self.dev
+
+    def _upload(self) -> None:
+        if self.dev is None:
+            self.dev = {k: torch.from_numpy(v).to(self.device) for k, v in self.host.items()}
+            self.uploads += self.num_slots
+        else:
+            rows = np.fromiter(sorted(self._dirty), np.int64, len(self._dirty))
+            index = torch.from_numpy(rows).to(self.device)
+            for name, tensor in self.dev.items():
+                tensor[index] = torch.from_numpy(self.host[name][rows]).to(self.device)
+            self.uploads += rows.size
+        self._dirty.clear()
 
     def rows(self, slots: np.ndarray, num_tokens: np.ndarray, to_device) -> RowParams:
         """Parameters of the sampled rows, given their slots and token counts on the host;
