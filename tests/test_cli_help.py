@@ -5,11 +5,12 @@ options stay in their own panel."""
 
 from __future__ import annotations
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from cbbench.cli.app import app
-from cbbench.cli.help import COLON, TidyCommand, TidyGroup, reflow
+from cbbench.cli.help import COLON, RICH_MIN_WIDTH, TidyCommand, TidyGroup, reflow
 
 # Wide enough that Rich never wraps a paragraph: every line break left is in the text itself.
 WIDE = {"COLUMNS": "4000"}
@@ -116,3 +117,31 @@ def test_the_check_catches_hard_breaks_bool_types_and_markup():
 def test_reflow_keeps_paragraphs_and_verbatim_blocks():
     text = "One line\n    and its rest.\n\n    Second\n    paragraph.\n\n\b\nkept\nas is"
     assert reflow(text) == "One line and its rest.\n\nSecond paragraph.\n\n\b\nkept\nas is"
+
+
+def _names(path: list[str]) -> list[str]:
+    """Every option name of the command at ``path`` (positive and negative forms)."""
+    command = typer.main.get_command(app)
+    ctx = command.make_context("cbbench", [*path, "--help"], resilient_parsing=True)
+    for name in path:
+        command = command.get_command(ctx, name)
+        ctx = command.make_context(name, ["--help"], parent=ctx, resilient_parsing=True)
+    return [o for p in command.get_params(ctx) for o in (*p.opts, *p.secondary_opts)
+            if o.startswith("--")]  # fmt: skip
+
+
+@pytest.mark.parametrize("columns", [80, 100, RICH_MIN_WIDTH - 1, RICH_MIN_WIDTH])
+def test_help_is_not_cut_on_a_narrow_terminal(columns):
+    """At 80 columns (and up to where Rich's side-by-side table fits), no help is cut with
+    "…", no line runs past the terminal, and every option name shows in full."""
+    problems = []
+    for path in _all_paths():
+        result = CliRunner(env={"COLUMNS": str(columns)}).invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, result.output
+        out, where = result.output, " ".join(["cbbench", *path])
+        if "…" in out:
+            problems.append(f"{where} at {columns}: cut with …")
+        if max(len(line) for line in out.splitlines()) > columns:
+            problems.append(f"{where} at {columns}: a line wider than the terminal")
+        problems += [f"{where} at {columns}: {n} missing" for n in _names(path) if n not in out]
+    assert not problems, "\n".join(problems)

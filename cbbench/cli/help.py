@@ -6,6 +6,11 @@ mid-sentence in the terminal, ``[len*(1-R), len*(1+R)]`` vanished as an unknown 
 ``START:END:SECONDS`` showed an emoji for ``:END:``. The command and group classes here reflow
 each help paragraph into one line (the terminal wraps it), make the text render exactly as
 written, and leave a switch's type column empty: a flag takes no value.
+
+Typer's option table sets names, negative names, type and help side by side; below
+RICH_MIN_WIDTH columns (measured: `run`, `compare`, `serve`, `sweep` and `capacity` need 120)
+it cuts names and words with "…". There the help is laid out as click does it instead: each
+panel a section, a long name on its own line, its help wrapped below, nothing cut.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ RICH = "rich"
 # An empty span after each colon: Rich replaces :name: emoji codes only within one span of text.
 COLON = ":[none][/none]"
 TIDIED = "_cbbench_tidied"
+RICH_MIN_WIDTH = 120
+MIN_TEXT_WIDTH = 40
 
 
 def reflow(text: str | None) -> str | None:
@@ -37,6 +44,19 @@ def reflow(text: str | None) -> str | None:
 def literal(text: str | None) -> str | None:
     """``text`` as Rich markup that renders exactly as written (no style tags, no emoji)."""
     return escape(text).replace(":", COLON) if text else text
+
+
+def plain(text: str | None) -> str | None:
+    """The inverse of :func:`literal`: the text as written, for a renderer without markup."""
+    return text.replace(COLON, ":").replace("\\[", "[") if text else text
+
+
+def terminal_width() -> int:
+    """The width Typer's Rich console renders help at (TERMINAL_WIDTH, COLUMNS, the tty)."""
+    from rich.console import Console
+    from typer import rich_utils
+
+    return Console(width=rich_utils.MAX_WIDTH).width
 
 
 def is_switch(param) -> bool:
@@ -68,6 +88,42 @@ class _Tidy:
             if getattr(param, "help", None):
                 param.help = self._text(param.help)
         return params
+
+
+    def format_help(self, ctx, formatter) -> None:
+        if not self._rich or terminal_width() >= RICH_MIN_WIDTH:
+            return super().format_help(ctx, formatter)
+        return narrow_help(self, ctx, formatter)
+
+
+def narrow_help(command, ctx, formatter) -> None:
+    """Click's layout for ``command``'s help, sections named after Typer's panels."""
+    formatter.width = max(terminal_width() - 2, MIN_TEXT_WIDTH)
+    command.format_usage(ctx, formatter)
+    if command.help:
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(plain(command.help))
+    panels: dict[str, list[tuple[str, str]]] = {}
+    for param in command.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is None:
+            continue
+        default = "Arguments" if param.param_type_name == "argument" else "Options"
+        panel = getattr(param, "rich_help_panel", None) or default
+        panels.setdefault(panel, []).append((record[0], plain(record[1])))
+    for name, rows in panels.items():
+        with formatter.section(name):
+            formatter.write_dl(rows)
+    commands = []
+    for name in getattr(command, "commands", {}):
+        sub = command.get_command(ctx, name)
+        if sub is not None and not sub.hidden:
+            first = plain(sub.short_help or sub.help or "").split(PARAGRAPH)[0]
+            commands.append((name, " ".join(first.split())))
+    if commands:
+        with formatter.section("Commands"):
+            formatter.write_dl(commands)
 
 
 class TidyCommand(_Tidy, TyperCommand):
