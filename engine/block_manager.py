@@ -16,9 +16,8 @@ hooks it overrides (``lookup_prefix``, ``allocate_prefix``, ``register_full_bloc
 
 from __future__ import annotations
 
+from .args import KV_ALLOCATIONS
 from .request import Request
-
-ALLOCATION_MODES = ("paged", "reserved")
 
 
 def cdiv(a: int, b: int) -> int:
@@ -29,8 +28,8 @@ class BlockManager:
     enable_prefix_caching = False
 
     def __init__(self, num_blocks: int, block_size: int, allocation: str = "paged") -> None:
-        if allocation not in ALLOCATION_MODES:
-            raise ValueError(f"unknown KV allocation {allocation!r}: use {', '.join(ALLOCATION_MODES)}")
+        if allocation not in KV_ALLOCATIONS:
+            raise ValueError(f"unknown KV allocation {allocation!r}: use {', '.join(KV_ALLOCATIONS)}")
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
