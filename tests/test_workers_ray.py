@@ -76,6 +76,33 @@ def test_ray_started_by_cbbench_runs_whole_sessions(tmp_path):
     assert all(w["node"] and w["same_node_as_driver"] for w in s["workers"])
 
 
+def test_sweep_with_ray_starts_one_instance_for_every_point(tmp_path, monkeypatch):
+    if ray.is_initialized():
+        ray.shutdown()
+    inits = []
+    real_init = ray.init
+    monkeypatch.setattr(ray, "init", lambda *a, **kw: inits.append(kw) or real_init(*a, **kw))
+    n = 6
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("".join(json.dumps({"prompt": f"s{i}", "output_len": 2}) + "\n"
+                          for i in range(n)))
+    out = tmp_path / "sweep"
+    with FakeOpenAI() as fake:
+        res = CliRunner().invoke(app, [
+            "sweep", "--endpoint", fake.url, "--workload", str(wl), "--rates", "20,40",
+            "--num-requests", str(n), "--max-requests", str(n), "--min-duration", "0",
+            "--workers", "2", "--ray", "--out-dir", str(out),
+        ])
+    assert res.exit_code == 0, res.output
+    assert len(inits) == 1 and not ray.is_initialized()
+    points = [json.loads(p.read_text()) for p in out.glob("rate-*.json")]
+    assert len(points) == 2
+    for p in points:
+        assert p["config"]["ray"] is True and p["config"]["workers"] == 2
+        assert p["summary"]["completed"] == n
+        assert [q["worker"] for q in p["requests"]] == [i % 2 for i in range(n)]
+
+
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray instance for the module; runs find it initialized and leave it up."""

@@ -69,7 +69,7 @@ def test_capacity_probes_are_multi_worker_runs(fake, tmp_path):
 
 @pytest.mark.parametrize("command", ["sweep", "capacity"])
 @pytest.mark.parametrize("args, message", [
-    (["--engine", "sim", "--workers", "2"], "--workers applies to --endpoint runs"),
+    (["--engine", "sim", "--workers", "2"], "--workers and --ray apply to --endpoint runs"),
     (["--endpoint", "http://127.0.0.1:9", "--workers", "0"], "invalid --workers 0"),
 ])
 def test_bad_workers_is_one_line(tmp_path, command, args, message):

@@ -22,10 +22,13 @@ from cbbench.cli.sweep import (
     MaxRequests,
     MinDuration,
     NumRequests,
+    Ray,
+    RayAddress,
     Seed,
     Workers,
     Workload,
     base_spec,
+    probes_context,
 )
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
@@ -78,6 +81,8 @@ def capacity(
     request_timeout: C.RequestTimeout = 600.0,
     tokenizer: C.Tokenizer = None,
     workers: Workers = "1",
+    ray: Ray = False,
+    ray_address: RayAddress = None,
     label: Annotated[str | None, typer.Option(help="A name for this search's runs.")] = None,
     out: Annotated[
         Path | None,
@@ -121,7 +126,7 @@ def capacity(
         C.endpoint_options(
             endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
         ),
-        workers,
+        workers, ray, ray_address,
     )
     out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
     check_writable(out_path)
@@ -131,7 +136,7 @@ def capacity(
     saturation = sat_point = config = prober = found = None
     # The interrupt contract of `run`: the first signal stops dispatching, the probe in
     # progress is kept marked interrupted, and the file says so; a second exits 130.
-    with StopSignal() as stop:
+    with StopSignal() as stop, probes_context(base.load):
         if start_rate is None:
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
             sat_result = run_probe(base, math.inf, sizing, slo_spec, C.notice, stop)

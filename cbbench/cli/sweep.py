@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import math
 from pathlib import Path
@@ -44,6 +45,13 @@ Workers = Annotated[
     typer.Option(help="Client processes that send each probe's schedule (--endpoint runs): N, "
                  "or auto (one per spare core), as in `cbbench run`."),
 ]
+Ray = Annotated[
+    bool,
+    typer.Option("--ray", help="Run each probe's workers as Ray actors (pip install "
+                 "'cbbench[ray]'): one Ray instance for every probe, local unless "
+                 "--ray-address is given."),
+]
+RayAddress = Annotated[str | None, typer.Option(help="Join this running Ray cluster (with --ray).")]
 # Endpoint options come from cli_common, as `cbbench run` names them (open loop only: no
 # --max-concurrency, which would cap the very load a rate sweep offers).
 
@@ -85,6 +93,8 @@ def sweep(
     request_timeout: C.RequestTimeout = 600.0,
     tokenizer: C.Tokenizer = None,
     workers: Workers = "1",
+    ray: Ray = False,
+    ray_address: RayAddress = None,
     label: Annotated[str | None, typer.Option(help="A name for this sweep's runs.")] = None,
     out_dir: Annotated[
         Path | None,
@@ -126,14 +136,14 @@ def sweep(
         C.endpoint_options(
             endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
         ),
-        workers,
+        workers, ray, ray_address,
     )
     folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out-dir {folder} is a file; give a folder")
     check_writable(folder / SWEEP_FILE)
 
-    with StopSignal() as stop:
+    with StopSignal() as stop, probes_context(base.load):
         result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, C.notice, stop)
     pts = points_of(result)
     write_atomic(folder / PLOT_FILE, png_bytes(latency_throughput([(folder.name, result)])))
@@ -151,15 +161,16 @@ def sweep(
     typer.echo(f"\nsweep: {folder / SWEEP_FILE}\nplot: {folder / PLOT_FILE}")
 
 
-def base_spec(workload, seed, burstiness, arrival, label, engine_opts, endpoint_opts, workers="1"):
+def base_spec(workload, seed, burstiness, arrival, label, engine_opts, endpoint_opts,
+              workers="1", ray=False, ray_address=None):
     """The RunSpec every probe shares; each probe sets its rate and request count (and, with
-    --workers, is a multi-worker run: the probe's schedule dealt to the workers)."""
+    --workers or --ray, is a multi-worker run: the probe's schedule dealt to the workers)."""
     from cbbench.bench.runner import RunSpec
     from cbbench.distributed.plan import LoadPlan, parse_workers
 
-    load = LoadPlan(parse_workers(workers)).validate()
+    load = LoadPlan(parse_workers(workers), ray, ray_address).validate()
     if endpoint_opts is None and load.distributed:
-        raise UsageError("--workers applies to --endpoint runs")
+        raise UsageError("--workers and --ray apply to --endpoint runs")
     if not (burstiness > 0 and math.isfinite(burstiness)):
         raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
     if arrival not in ARRIVALS:
@@ -168,3 +179,12 @@ def base_spec(workload, seed, burstiness, arrival, label, engine_opts, endpoint_
         workload=workload, seed=seed, burstiness=burstiness, arrival=arrival, label=label,
         engine=engine_opts, endpoint=endpoint_opts, load=load,
     )
+
+
+def probes_context(load):
+    """Around every probe: with --ray, one Ray instance for them all (ray_pool.shared_ray)."""
+    if not load.ray:
+        return contextlib.nullcontext()
+    from cbbench.distributed.ray_pool import shared_ray
+
+    return shared_ray(load)

@@ -17,6 +17,7 @@ check. An uncertainty above UNCERTAINTY_FLAG_MS is flagged in summary.workers an
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -104,6 +105,19 @@ def _init_ray(plan: LoadPlan):
     else:
         ray.init(num_cpus=usable_cores(), include_dashboard=False, **kwargs)
     return ray, True
+
+
+@contextlib.contextmanager
+def shared_ray(plan: LoadPlan):
+    """One Ray instance for several runs (the probes of a sweep or a capacity search): started
+    or joined here, each run finds it initialized and leaves it up; shut down at the end if it
+    was started here. Ray takes seconds to start: once, not once per probe."""
+    ray, started_here = _init_ray(plan)
+    try:
+        yield
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 def check_reachable(address: str) -> None:
