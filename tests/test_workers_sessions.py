@@ -22,6 +22,7 @@ from test_http_target import FakeOpenAI
 from test_workers import CLI, POLL_S, RUN_TIMEOUT_S, _worker_pids
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.table import workers_table
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.distributed.merge import WORKER_LOST, Merger
@@ -143,6 +144,12 @@ def test_two_workers_cancel_on_the_one_process_plan(fake, tmp_path):
         assert sum(w["sent"] for w in s["workers"]) == n
         assert all(w["not_sent"] == 0 for w in s["workers"])
     assert [q["worker"] for q in results[1]["requests"]] == [i % 2 for i in range(n)]
+    head, _, *rows = workers_table(results[1]["summary"]["workers"]).splitlines()
+    cols = head.split()
+    assert cols[3:7] == ["sent", "ok", "failed", "cancelled"]
+    for row, w in zip(rows, results[1]["summary"]["workers"]):
+        assert row.split()[3:7] == [str(w[k]) for k in ("sent", "completed", "failed",
+                                                         "cancelled")]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")

@@ -48,16 +48,20 @@ def workers_table(workers: list[dict] | None) -> str:
     if not workers or (len(workers) == 1 and workers[0].get("status") == "done"):
         return ""
     rows = []
+    # --cancel-rate: sent = ok + failed + cancelled, so the column shows when any were.
+    cancelled = any(w.get("cancelled") for w in workers)
     for w in workers:
         cpu = w.get("client_cpu_util")
         rows.append([
             w["worker"], w["status"], w.get("host") or "-", w["sent"], w["completed"],
-            w["failed"], w["not_sent"], _fmt(w.get("send_lag_p50_ms")),
+            w["failed"], *([w["cancelled"]] if cancelled else []), w["not_sent"],
+            _fmt(w.get("send_lag_p50_ms")),
             _fmt(w.get("send_lag_p99_ms")), _fmt(w.get("loop_lag_p99_ms")),
             "-" if cpu is None else f"{cpu:.0%}",
             "-" if w.get("clock_uncertainty_ms") is None else _fmt(w["clock_uncertainty_ms"], 3),
         ])
-    headers = ["worker", "status", "host", "sent", "ok", "failed", "not sent", "lag p50 ms",
+    headers = ["worker", "status", "host", "sent", "ok", "failed",
+               *(["cancelled"] if cancelled else []), "not sent", "lag p50 ms",
                "lag p99 ms", "loop p99 ms", "CPU", "clock ± ms"]
     return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
 
