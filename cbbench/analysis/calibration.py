@@ -2,10 +2,10 @@
 
 Each record carries the batch shape the cost model read, so every operator's FLOPs and bytes
 are recomputed here from the run's model; analysis/roofline_fit.py fits the device rates
-(see there for the method). The profile adds the fit's story: each parameter's status
-(fitted or not identified), relative standard error and share of time, the residuals per
-iteration class (the relative errors summary.engine.sim_error reports) and the iterations
-used.
+and analysis/roofline_select.py decides which the data determine (see there). The profile
+adds the fit's story: each parameter's status (fitted or not identified), relative standard
+error and share of time, the residuals per iteration class (the relative errors
+summary.engine.sim_error reports) and the iterations used.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from cbbench.analysis.roofline_fit import (
     Fit,
     FitData,
     finite,
-    fit_rates,
     host_factor,
     times_and_grad,
 )
+from cbbench.analysis.roofline_select import NEUTRAL_Z, fit_rates
 from cbbench.analysis.sim_error import error_stats, iteration_class
 from cbbench.engine.cost_model import ATTENTION_OP, BatchShape, CostModel, DeviceRates
 from cbbench.engine.device_profile import CPU_DEVICE, DeviceProfile, profile_to_dict
@@ -207,13 +207,17 @@ def calibrate(results: Sequence[tuple[str, dict]]) -> dict:
         for s in sources
     ]
     out["fit"] = {
-        "method": "M-estimator on log(predicted / measured), classes weighted equally: IRLS "
-                  "with Huber then Tukey bisquare weights over scipy.optimize.least_squares "
-                  "(trf, bounds >= 0)",
+        "method": "M-estimator on log(predicted / measured): IRLS with Huber then Tukey "
+                  "bisquare weights over scipy.optimize.least_squares (trf, bounds >= 0); "
+                  "staged: all classes weighted equally, then the decode-side terms on the "
+                  "decode steps, then the FLOP rate and prefill-only terms on the "
+                  "prefill-carrying steps, twice (analysis/roofline_select.py); a "
+                  "parameter's rse is from the stage that fitted it, given the others",
         "residual_scale": fit.scale,
         "huber_k": HUBER_K,
         "bisquare_c": BISQUARE_C,
         "max_rse": MAX_RSE,
+        "neutral_z": NEUTRAL_Z,
         "rounds": rounds,
     }
     return out

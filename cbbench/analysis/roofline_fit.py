@@ -16,12 +16,12 @@ first, then Tukey's bisquare from there (each class's scale from its median abso
 deviation), the three iteration classes weighted equally (decode steps outnumber the rest a
 hundredfold, and only the others show the FLOP rate).
 
-Only what the data determine is kept: a parameter whose relative standard error (sandwich
-covariance) exceeds MAX_RSE, or which sits at 0, is reported as not identified, fixed at its
-fallback (a GPU: the uncalibrated simulator's value from its spec; the CPU: the term left
-out) and the rest refitted, worst first, until every free parameter is identified. Last,
-host_factor(): the measured total time over the fitted (typical) total, which a shared
-host's lost time puts above 1.
+Which parameters are free, and which iterations fit each, is analysis/roofline_select.py's
+part: a parameter whose relative standard error (sandwich covariance) exceeds MAX_RSE, or
+which sits at 0, is not identified and is fixed at its fallback (a GPU: the uncalibrated
+simulator's value from its spec; the CPU: the term left out). Last, host_factor(): the
+measured total time over the fitted (typical) total, which a shared host's lost time puts
+above 1.
 """
 
 from __future__ import annotations
@@ -78,6 +78,13 @@ class FitData:
     @property
     def n(self) -> int:
         return int(self.measured.size)
+
+    def subset(self, keep: np.ndarray) -> FitData:
+        """The iterations where ``keep`` (a boolean mask or indices) says so."""
+        idx = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep)
+        return FitData(self.op_flops[idx], self.op_bytes[idx], self.attn[idx],
+                       self.num_reqs[idx], self.num_prefill_reqs[idx], self.measured[idx],
+                       [self.labels[i] for i in idx])
 
 
 def times_and_grad(theta: np.ndarray, d: FitData) -> tuple[np.ndarray, np.ndarray]:
@@ -149,7 +156,7 @@ def _robust_weights(r: np.ndarray, labels: np.ndarray, scales: dict, kind: str) 
     return np.where(u < BISQUARE_C, (1.0 - (u / BISQUARE_C) ** 2) ** 2, 0.0)
 
 
-def _fit(d: FitData, theta0: np.ndarray, free: list[int], scale_hint: np.ndarray) -> Fit:
+def robust_fit(d: FitData, theta0: np.ndarray, free: list[int], scale_hint: np.ndarray) -> Fit:
     """Huber M-estimate by iteratively reweighted least squares: each round solves the
     weighted (class x Huber) least-squares problem with scipy's bounded trust-region solver,
     then reweighs by the new residuals, until the parameters settle."""
@@ -221,13 +228,17 @@ def _fit(d: FitData, theta0: np.ndarray, free: list[int], scale_hint: np.ndarray
             rse[p] = math.inf
         else:
             rse[p] = float(math.sqrt(diag[j]) / z[j])
+    return Fit(theta, list(free), r, scales, rse, shares(theta, d))
+
+
+def shares(theta: np.ndarray, d: FitData) -> dict[int, float]:
+    """Each parameter's median fraction of an iteration's time."""
     t, g = times_and_grad(theta, d)
-    share = {p: float(np.median(theta[p] * g[:, p] / np.maximum(t, TINY_S)))
-             for p in range(NUM_PARAMS)}
-    return Fit(theta, list(free), r, scales, rse, share)
+    return {p: float(np.median(theta[p] * g[:, p] / np.maximum(t, TINY_S)))
+            for p in range(NUM_PARAMS)}
 
 
-def _initial_guess(d: FitData) -> tuple[np.ndarray, np.ndarray]:
+def initial_guess(d: FitData) -> tuple[np.ndarray, np.ndarray]:
     """A start for the local fit, and each parameter's natural scale.
 
     The roofline's max() makes the fit non-convex in the two rates (which operators are
@@ -238,7 +249,7 @@ def _initial_guess(d: FitData) -> tuple[np.ndarray, np.ndarray]:
     (soft-L1, log) cost wins."""
     from scipy.optimize import nnls
 
-    d = _subsample(d, GRID_MAX_ROWS)
+    d = subsample(d, GRID_MAX_ROWS)
     m = d.measured
     med = float(np.median(m))
     # Each parameter alone explaining the median iteration: an upper end for its grid.
@@ -285,7 +296,7 @@ def _initial_guess(d: FitData) -> tuple[np.ndarray, np.ndarray]:
     return theta0, scale
 
 
-def _subsample(d: FitData, limit: int) -> FitData:
+def subsample(d: FitData, limit: int) -> FitData:
     """At most ``limit`` iterations for the start's grid search: every prefill and mixed one
     (the rare, informative kinds), decodes at an even stride."""
     if d.n <= limit:
@@ -295,11 +306,10 @@ def _subsample(d: FitData, limit: int) -> FitData:
     decode = np.flatnonzero(labels == "decode")
     room = max(limit - rare.size, 1)
     keep = np.sort(np.concatenate([rare, decode[:: max(1, -(-decode.size // room))]]))
-    return FitData(d.op_flops[keep], d.op_bytes[keep], d.attn[keep], d.num_reqs[keep],
-                   d.num_prefill_reqs[keep], d.measured[keep], [d.labels[i] for i in keep])
+    return d.subset(keep)
 
 
-def _fallbacks(device: str) -> np.ndarray:
+def fallbacks(device: str) -> np.ndarray:
     """Internal parameter values for terms the data cannot identify (see the module doc)."""
     if device == CPU_DEVICE:
         return np.array([0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0])
@@ -313,33 +323,6 @@ def _fallbacks(device: str) -> np.ndarray:
         0.0,
         0.0,
     ])
-
-
-def fit_rates(d: FitData, device: str) -> tuple[Fit, list[dict]]:
-    """Backward elimination: fit all, fix the worst unidentified parameter at its fallback,
-    refit, until every free parameter is identified. Returns the final fit and the rounds.
-    The fit sees at most FIT_MAX_ROWS iterations (every prefill-carrying one, decodes at an
-    even stride: a class's total weight is fixed, so thinning decodes costs little)."""
-    d = _subsample(d, FIT_MAX_ROWS)
-    theta0, scale = _initial_guess(d)
-    fallback = _fallbacks(device)
-    free = list(range(NUM_PARAMS))
-    rounds = []
-    while True:
-        fit = _fit(d, theta0, free, scale)
-        worst = max(free, key=lambda p: fit.rse[p]) if free else None
-        rounds.append({
-            "free": [PARAMS[p] for p in free],
-            "rse": {PARAMS[p]: finite(fit.rse[p]) for p in free},
-            "residual_scale": fit.scale,
-        })
-        if worst is None or fit.rse[worst] <= MAX_RSE:
-            return fit, rounds
-        free.remove(worst)
-        theta0 = fit.theta.copy()
-        theta0[worst] = fallback[worst]
-        if fallback[worst] > 0:
-            scale[worst] = fallback[worst]
 
 
 def finite(x: float) -> float | None:
