@@ -99,13 +99,21 @@ def engine_config(args: EngineArgs, max_model_len: int, num_blocks: int, num_cpu
     return config, budget
 
 
+# A device profile is a few hundred bytes; anything far larger is not one.
+PROFILE_MAX_BYTES = 1 << 20
+
+
 def load_device_profile(args: EngineArgs):
     """The --gpu-profile's DeviceProfile, or None (its problems as EngineArgsError)."""
     if args.gpu_profile is None:
         return None
     from .device_profile import load_profile
+    from .json_file import read_json
 
     try:
+        # Vetted by the capped reader first: /dev/zero or 100k nested brackets as a profile were
+        # a MemoryError / RecursionError traceback inside load_profile.
+        read_json(args.gpu_profile, "device profile", PROFILE_MAX_BYTES)
         return load_profile(args.gpu_profile)
     except ValueError as e:
         raise EngineArgsError(f"--gpu-profile: {e}") from None

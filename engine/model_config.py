@@ -6,7 +6,6 @@ simulator's roofline and the torch engine's random-weight models.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -167,16 +166,17 @@ def get_model_config(name_or_path: str) -> ModelConfig:
 _SUPPORTED_HF_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
 
 
+# A model's config.json is a few kB; one far larger (or an endless stream) is not one.
+CONFIG_MAX_BYTES = 16 << 20
+
+
 def _read_hf_config(config_path: Path) -> dict:
     """config.json as a dict whose fields, where present, have the kinds a model needs: a
     malformed one is a ValueError naming the field (it was a ZeroDivisionError, TypeError,
     KeyError or AttributeError from deep inside)."""
-    try:
-        cfg = json.loads(Path(config_path).read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {config_path}: {e}") from None
-    except (ValueError, RecursionError) as e:  # also 5000-digit integers, deep nesting
-        raise ValueError(f"{config_path} is not valid JSON ({e})") from None
+    from .json_file import read_json
+
+    cfg = read_json(config_path, "model config", CONFIG_MAX_BYTES)
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} is not a JSON object")
     return cfg

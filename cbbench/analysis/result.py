@@ -173,35 +173,15 @@ def check_not_an_input(output, inputs, flag: str) -> None:
             )
 
 
-# A result read from a pipe or a device (not a regular file, whose size is known) may be at
-# most this long: `gate /dev/zero` read until the OOM killer came.
-MAX_STREAM_BYTES = 1 << 30
-
-
 def read_json_file(path: Path, what: str = "result file"):
-    """A JSON file's value; UsageError (one line) for anything Python's parser chokes on: not
-    JSON, nested too deeply (RecursionError), an integer beyond int()'s digit limit
-    (ValueError), or an endless stream."""
-    path = Path(path)
+    """A JSON file's value; UsageError (one line) for anything Python's parser chokes on, an
+    endless stream or a file beyond memory (engine/json_file.py says which)."""
+    from cbbench.engine.json_file import read_json
+
     try:
-        with open(path, "rb") as f:
-            limit = None if stat.S_ISREG(os.fstat(f.fileno()).st_mode) else MAX_STREAM_BYTES
-            raw = f.read() if limit is None else f.read(limit + 1)
-        if limit is not None and len(raw) > limit:
-            raise UsageError(f"{path} holds more than {limit >> 20} MiB: not a {what}")
-        text = raw.decode("utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{what} not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read {what} {path}: {e}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    except RecursionError:
-        raise UsageError(f"{path} is not a {what}: its JSON is nested too deeply") from None
-    except ValueError as e:  # an integer of more digits than int() takes
-        raise UsageError(f"{path} is not valid JSON ({e})") from None
+        return read_json(path, what)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def load_result(path: Path) -> dict:

@@ -99,11 +99,12 @@ def _same_device(args: EngineArgs, config: dict) -> bool:
     is the recorded one, not an estimate)."""
     recorded = "cpu" if config.get("device") == "cpu" else config.get("gpu")
     if args.gpu_profile is not None:
-        from cbbench.engine.device_profile import load_profile
+        from cbbench.engine.args import EngineArgsError
+        from cbbench.engine.build_common import load_device_profile
 
         try:
-            return load_profile(args.gpu_profile).device == recorded
-        except ValueError:
+            return load_device_profile(args).device == recorded
+        except EngineArgsError:
             return False  # the engine build reports it
     return args.gpu is not None and args.gpu.lower() == recorded
 

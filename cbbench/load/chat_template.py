@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# Some list every added token (a few MB); far beyond that is not a tokenizer config.
+TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
 
 
 def _special(config: dict, key: str) -> str:
@@ -26,9 +28,11 @@ def load_chat_template(tokenizer_path: str):
     """(compiled template, bos, eos) from the tokenizer_config.json beside the tokenizer, or
     None when there is none (or no chat_template in it, or it does not compile)."""
     path = Path(tokenizer_path).with_name(TOKENIZER_CONFIG)
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+    from cbbench.engine.json_file import read_json
+
+    try:  # capped: a tokenizer_config.json linked to /dev/zero was read until the OOM killer
+        config = read_json(path, "tokenizer config", TOKENIZER_CONFIG_MAX_BYTES)
+    except ValueError:
         return None
     if not isinstance(config, dict):  # a list or a string: no template in it
         return None
