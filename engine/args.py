@@ -40,6 +40,11 @@ class EngineArgsError(ValueError):
     """An option value the engine cannot take (the CLI prints it as one line, exit 2)."""
 
 
+# Far beyond any host's cores: torch.set_num_threads(10**8) crashed the process (SIGSEGV) and
+# libgomp cannot create 20,000 threads.
+MAX_CPU_THREADS = 1024
+
+
 def opt(default, help: str, **meta):
     """A dataclass field carrying its CLI help and checks in its metadata."""
     return field(default=default, metadata={"help": help, **meta})
@@ -134,7 +139,7 @@ class EngineArgs:
         None,
         "torch engine on the CPU: intra-op threads. Default 1: the CPU presets' matmuls are too "
         "small to split, and spinning OpenMP threads collapse when cores are shared.",
-        low=1,
+        low=1, high=MAX_CPU_THREADS,
     )
     # The simulated engine's efficiency factors (None: the documented defaults).
     eta_memory: float | None = opt(

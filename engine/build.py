@@ -70,5 +70,17 @@ def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
     if resolve_engine(args, notice) == "torch":
         check_single_device(args)
     one = dataclasses.replace(args, data_parallel_size=1)
-    built = [build_sim_engine(one) for _ in range(args.data_parallel_size)]
+    first = build_sim_engine(one)
+    _check_replica_memory(args.data_parallel_size, first[1])
+    built = [first, *(build_sim_engine(one) for _ in range(args.data_parallel_size - 1))]
     return ReplicaSet([engine for engine, _ in built], args.router), built[0][1]
+
+
+def _check_replica_memory(replicas: int, info: EngineInfo) -> None:
+    """Every replica has its own KV pools' bookkeeping: `--data-parallel-size 10000` took 20 GB
+    of the host, building replicas for minutes, before this check."""
+    from .memory_check import BLOCK_BOOKKEEPING_BYTES, available_host_bytes, require
+
+    per_replica = (info.num_kv_blocks + info.num_cpu_blocks) * BLOCK_BOOKKEEPING_BYTES
+    require(f"--data-parallel-size {replicas} ({info.num_kv_blocks} KV blocks of bookkeeping "
+            "each)", replicas * per_replica, available_host_bytes(), "on this host")

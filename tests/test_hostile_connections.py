@@ -194,3 +194,23 @@ def test_a_request_log_that_cannot_be_written_stops_logging_not_serving(caplog):
         run.stop()
     warnings = [r for r in caplog.records if "request log" in r.getMessage()]
     assert len(warnings) == 1 and "No space left on device" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "no such host.invalid"])
+def test_a_server_that_cannot_listen_says_why_in_one_line(host):
+    """uvicorn logged its bind error as a second stderr line (`ERROR: [Errno 98] ...`)."""
+    import subprocess
+
+    from helpers import CBBENCH
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([*CBBENCH, "serve", "--engine", "sim", "--model", SERVE_MODEL,
+                               "--host", host, "--port", str(port), "--api-key", "k"],
+                              capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"cbbench: error: could not listen on {host}")
+    assert "Errno" in lines[0], lines

@@ -218,3 +218,38 @@ def test_more_numbers_have_a_range(tmp_path, argv, flag):
     code, err = invoke(argv, tmp_path)
     assert code == 2, err
     assert len(err) == 1 and err[0].startswith("cbbench: error: ") and flag in err[0], err
+
+
+# Each crashed or exhausted the process it ran in: run in a child whose memory is capped.
+CHILD_MEMORY_CAP_BYTES = 4 << 30
+
+
+def _cap_child_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY_CAP_BYTES, CHILD_MEMORY_CAP_BYTES))
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        ([*TORCH_RUN, "--cpu-threads", "100000000"], "--cpu-threads"),  # SIGSEGV
+        ([*SIM_RUN, "--data-parallel-size", "1000000000"], "--data-parallel-size"),  # 2 MB each
+    ],
+    ids=["torch-cpu-threads", "sim-data-parallel-size"],
+)
+def test_numbers_that_took_the_process_down_are_one_line(tmp_path, argv, flag):
+    import shutil
+    import subprocess
+    import sys
+
+    if "torch" in argv:
+        pytest.importorskip("torch")
+    exe = shutil.which("cbbench")
+    command = [exe] if exe else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
+    argv = [a.replace("{t}", str(tmp_path)) for a in argv]
+    proc = subprocess.run([*command, *argv], capture_output=True, text=True, timeout=120,
+                          preexec_fn=_cap_child_memory, cwd=tmp_path)
+    err = proc.stderr.splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(err) == 1 and err[0].startswith("cbbench: error: ") and flag in err[0], err

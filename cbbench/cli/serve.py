@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -192,14 +193,35 @@ async def _run_server(app, host: str, port: int, kind: str, protocol=None) -> st
     bridge = app.state.engine
     announce = asyncio.create_task(_announce(server, bridge, host, kind))
     drain = asyncio.create_task(_end_streams_on_exit(server, bridge))
+    startup_errors = _StartupErrors(server)
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    uvicorn_log.addFilter(startup_errors)
     try:
         await server.serve()
     except SystemExit:  # uvicorn exits this way when it cannot bind (it logged why)
-        return f"could not listen on {host}:{port}"
+        why = f": {startup_errors.messages[-1]}" if startup_errors.messages else ""
+        return f"could not listen on {host}:{port}{why}"
     finally:
+        uvicorn_log.removeFilter(startup_errors)
         announce.cancel()
         drain.cancel()
     return bridge.error
+
+
+class _StartupErrors(logging.Filter):
+    """Why uvicorn could not start (it logs it, then exits), kept for cbbench's one error line:
+    printed by uvicorn it was a second stderr line (`ERROR: [Errno 98] ...`)."""
+
+    def __init__(self, server) -> None:
+        super().__init__()
+        self.server = server
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and not self.server.started:
+            self.messages.append(record.getMessage())
+            return False
+        return True
 
 
 async def _end_streams_on_exit(server, bridge) -> None:
