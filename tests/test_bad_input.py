@@ -157,6 +157,10 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
         ["invalid --endpoint 'http://127.0.0.1:99999'", "Port out of range"]),
     "endpoint-unclosed-ipv6-bracket": (
         [*SIM, "--endpoint", "http://user:secret@[::1"], ["invalid --endpoint 'http://[::1'"]),
+    "endpoint-control-character": (  # urlsplit dropped the CR LF: a different path was used
+        [*SIM, "--endpoint", "http://127.0.0.1:8000/v1\r\nX: y"], ["a control character"]),
+    "endpoint-space": (
+        [*SIM, "--endpoint", "http://127.0.0.1:8000/v 1"], ["a space"]),
     "endpoint-port-not-a-number": (
         [*SIM, "--endpoint", "http://localhost:80a"], ["invalid --endpoint"]),
     "sweep-endpoint-port-out-of-range": (

@@ -253,3 +253,19 @@ def test_numbers_that_took_the_process_down_are_one_line(tmp_path, argv, flag):
     err = proc.stderr.splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(err) == 1 and err[0].startswith("cbbench: error: ") and flag in err[0], err
+
+
+def test_a_huge_sweep_rate_is_saved_under_a_short_name(tmp_path):
+    """`sweep --rates 1e308` ran the point, then could not save it: 'rate-1000...0.json' (309
+    digits) is a file name too long for any filesystem, so the measurement was lost."""
+    code, err = invoke(["sweep", "--engine", "sim", "--num-requests", "2", "--rates", "1e308",
+                        "--min-duration", "0", "--out-dir", "{t}/s"], tmp_path)
+    assert code == 0, err
+    assert (tmp_path / "s" / "rate-1e+308.json").is_file()
+
+
+def test_rate_labels_stay_short_and_distinct():
+    from cbbench.bench.probe import rate_label
+
+    assert [rate_label(r) for r in (1e308, 1e-300, 3e-7, 2.5)] == ["1e+308", "1e-300", "3e-07",
+                                                                     "2.5"]

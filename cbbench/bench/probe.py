@@ -225,11 +225,19 @@ def round_rate(rate: float) -> float:
     return rate if math.isinf(rate) else float(f"{rate:.{RATE_DIGITS}g}")
 
 
+MAX_POSITIONAL_LABEL = 16
+
+
 def rate_label(rate: float) -> str:
     """'inf', '2', '2.5': for file names and tables."""
     if math.isinf(rate):
         return "inf"
-    return np.format_float_positional(rate, precision=6, unique=True, trim="-")
+    label = np.format_float_positional(rate, precision=6, unique=True, trim="-")
+    # 1e308 written out is 309 digits: a file name too long to write once the point had run;
+    # 1e-300 at six decimals is '0'.
+    if len(label) > MAX_POSITIONAL_LABEL or float(label) == 0:
+        return f"{rate:.6g}"
+    return label
 
 
 def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None):

@@ -49,6 +49,10 @@ def normalize_endpoint(url: str) -> str:
     """The server's base URL: 'http://host:8000', '.../v1' and a trailing '/' all mean the
     same server; request paths (/v1/completions, /metrics) are added to it."""
     usage = "use http(s)://HOST[:PORT], PORT in [1, 65535]"
+    if any(c.isspace() or not c.isprintable() for c in url.strip()):
+        # urlsplit drops CR, LF and tabs silently: '/v1\r\nX: y' went out as '/v1X:%20y'.
+        raise UsageError(f"invalid --endpoint {redact_url(url)!r}: it holds a space or a "
+                         "control character (percent-encode it)")
     try:
         parts = urlsplit(url.strip())
         port = parts.port  # urlsplit checks the port only when asked: 99999, '80a'
