@@ -50,7 +50,39 @@ def load_sweep(path: Path) -> dict:
             f"{path} has sweep schema_version {data.get('schema_version')!r}; "
             f"this cbbench reads version {SWEEP_SCHEMA_VERSION}"
         )
+    _check_plotted_fields(path, data)
     return data
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_plotted_fields(path: Path, data: dict) -> None:
+    """Every field the plot reads has its kind: a sweep.json whose points were text, null or
+    held a text rate was a TypeError / ValueError / AttributeError traceback."""
+
+    def bad(what: str) -> UsageError:
+        return UsageError(f"{path}: {what}: cannot plot it")
+
+    points = data.get("points")
+    if not isinstance(points, list):
+        raise bad(f"'points' is a {type(points).__name__}, not a list of points")
+    for i, p in enumerate(points):
+        if not isinstance(p, dict):
+            raise bad(f"point {i} is a {type(p).__name__}, not an object")
+        if p.get("rate") != "inf" and not (_is_number(p.get("rate")) and p["rate"] > 0):
+            raise bad(f"point {i} has rate {p.get('rate')!r}")
+        for key in ("output_throughput", "ttft_p99_ms", "tpot_p99_ms"):
+            if p.get(key) is not None and not _is_number(p[key]):
+                raise bad(f"point {i} has {key} {p[key]!r}")
+    slo = data.get("slo")
+    limits = slo.get("limits_ms") if isinstance(slo, dict) else None
+    if (slo is not None and not isinstance(slo, dict)) or (
+        limits is not None
+        and (not isinstance(limits, dict) or not all(_is_number(v) for v in limits.values()))
+    ):
+        raise bad(f"'slo' is {slo!r}")
 
 
 def _draw_series(ax, points: list[ProbePoint], key: str, color: str, label: str) -> None:
