@@ -230,11 +230,21 @@ def range_text(low, high, low_open: bool) -> str:
     return f"in {'(' if low_open else '['}{num(low)}, {num(high)}]"
 
 
+# An EngineArgs field's annotation -> the Python types its values may have.
+_KINDS = {"bool": bool, "int": int, "float": (int, float), "str": str}
+_KIND_NAMES = {bool: "true or false", int: "an integer", (int, float): "a number", str: "text"}
+
+
 def check_value(f: dataclasses.Field, value) -> str | None:
     """Why ``value`` is not acceptable for field ``f`` (a phrase after the flag), or None."""
     meta = f.metadata
     if value is None:
         return None if f.default is None else "needs a value"
+    kind = _KINDS[str(f.type).removesuffix(" | None")]
+    # The CLI parses each flag to its type; values from a file (a replayed result's config)
+    # or the Python API may be anything: 'x' for an int was a TypeError from the range check.
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        return f"must be {_KIND_NAMES[kind]}, got {value!r}"
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         return f"must be one of {', '.join(choices)}, got {value!r}"

@@ -115,3 +115,75 @@ def test_a_tokenizer_config_linked_to_dev_zero_means_no_template(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "tokenizer.json")],
                           capture_output=True, text=True, timeout=120, preexec_fn=_cap_memory)
     assert proc.returncode == 0 and proc.stdout.strip() == "None", proc.stderr[-2000:]
+
+
+# ---- a result given to --replay: its records and config, of their kinds -----------------------
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> dict:
+    import json
+
+    from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.engine.args import EngineArgs
+
+    spec = RunSpec(workload="sharegpt", num_requests=3, engine=EngineArgs(engine="sim"))
+    return json.loads(json.dumps(execute_run(spec, lambda m: None)))
+
+
+REPLAY_CASES = {  # (section, key, value, text in the error); request keys edit record 0
+    "record-an-int": ("requests", None, [1], "request record 0 is a int"),
+    "output-tokens-text": ("request", "output_tokens", "x", "output_tokens 'x'"),
+    "output-tokens-float": ("request", "output_tokens", 1.5, "output_tokens 1.5"),
+    "prompt-tokens-negative": ("request", "prompt_tokens", -5, "prompt_tokens -5"),
+    "prompt-tokens-absent": ("request", "prompt_tokens", KeyError, "prompt_tokens None"),
+    "id-text": ("request", "id", "x", "id 'x'"),
+    "priority-text": ("request", "priority", "x", "priority 'x'"),
+    "seed-text": ("config", "seed", "x", "seed 'x'"),
+    "rate-text": ("config", "request_rate", "x", "request_rate 'x'"),
+    "max-num-seqs-text": ("config", "max_num_seqs", "x", "--max-num-seqs must be an integer"),
+    "block-size-bool": ("config", "block_size", True, "--block-size must be an integer"),
+    "swap-space-text": ("config", "swap_space", "x", "--swap-space must be a number"),
+    "model-a-list": ("config", "model", [1], "--model must be text"),
+    "prefix-caching-text": ("config", "enable_prefix_caching", "x", "true or false"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPLAY_CASES))
+def test_a_replayed_result_with_fields_of_the_wrong_kind_is_one_line(tmp_path, recorded, case):
+    """Each was an int() ValueError, a KeyError, an AttributeError or a TypeError from the
+    range check (EngineArgs checked ranges, not kinds) before."""
+    import copy
+    import json
+
+    from typer.testing import CliRunner
+
+    from cbbench.cli.app import app
+
+    section, key, value, text = REPLAY_CASES[case]
+    r = copy.deepcopy(recorded)
+    target = r["requests"][0] if section == "request" else r["config"]
+    if section == "requests":
+        r["requests"] = value
+    elif value is KeyError:
+        del target[key]
+    else:
+        target[key] = value
+    p = tmp_path / "rec.json"
+    p.write_text(json.dumps(r))
+    res = CliRunner().invoke(app, ["run", "--replay", str(p), "--engine", "sim", "--output",
+                                   str(tmp_path / "out.json")], env={"COLUMNS": "200"})
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    err = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(err) == 1, res.stderr
+    assert err[0].startswith(f"cbbench: error: {p}") and text in err[0], err[0]
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_engine_args_check_kinds_not_only_ranges():
+    from cbbench.engine.args import EngineArgs, EngineArgsError
+
+    for bad in ({"max_num_seqs": "8"}, {"block_size": 16.0}, {"chunked_prefill": 1},
+                {"gpu_memory_utilization": "0.9"}, {"scheduler": None}):
+        with pytest.raises(EngineArgsError):
+            EngineArgs(engine="sim", **bad).validate()
+    EngineArgs(engine="sim", swap_space=4, gpu_memory_utilization=1).validate()  # ints for floats

@@ -64,12 +64,38 @@ class Replay:
         )
 
 
+def _int_field(rec: dict, key: str, where: str, low: int | None, default=None) -> int:
+    """``rec[key]`` as an int >= ``low``; a text, float, bool or missing value in a hand-edited
+    result was an int() ValueError / KeyError traceback."""
+    v = rec.get(key, default)
+    if type(v) is not int or (low is not None and v < low):
+        want = "an integer" + (f" >= {low}" if low is not None else "")
+        raise UsageError(f"{where}: request {rec.get('id')!r} has {key} {v!r}: expected {want}")
+    return v
+
+
 def _output_len(rec: dict, where: str) -> int | None:
     if rec.get("error") is None and rec.get("output_tokens"):
-        return int(rec["output_tokens"])
+        return _int_field(rec, "output_tokens", where, 1)
     if rec.get("max_tokens"):
-        return int(rec["max_tokens"])
+        return _int_field(rec, "max_tokens", where, 1)
     return None
+
+
+def _check_run_fields(config: dict, where: str) -> None:
+    """The recorded run's fields run_spec reads, of their kinds."""
+    seed, rate, burst = config.get("seed"), config.get("request_rate"), config.get("burstiness")
+    problems = [
+        ("seed", seed) if seed is not None and (type(seed) is not int or seed < 0) else None,
+        ("request_rate", rate) if rate not in (None, "inf") and not _positive(rate) else None,
+        ("burstiness", burst) if burst is not None and not _positive(burst) else None,
+    ]
+    for key, v in filter(None, problems):
+        raise UsageError(f"{where}: config has {key} {v!r}: not a value a run records")
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def replayed_requests(result: dict, where: str) -> tuple[list[WorkloadRequest], np.ndarray, int]:
@@ -78,7 +104,9 @@ def replayed_requests(result: dict, where: str) -> tuple[list[WorkloadRequest], 
     if not isinstance(records, list) or not records:
         raise UsageError(f"{where} has no per-request records to replay (--summary-only?)")
     reqs, arrivals, unknown = [], [], 0
-    for rec in records:
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict):
+            raise UsageError(f"{where}: request record {i} is a {type(rec).__name__}, not an object")
         out = _output_len(rec, where)
         if out is None:
             unknown += 1
@@ -86,8 +114,10 @@ def replayed_requests(result: dict, where: str) -> tuple[list[WorkloadRequest], 
         t = rec.get("intended_start_s")
         if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise UsageError(f"{where}: request {rec.get('id')} has no intended start time")
-        reqs.append(WorkloadRequest(int(rec["id"]), int(rec["prompt_tokens"]), out,
-                                    arrival_s=float(t), priority=int(rec.get("priority") or 0)))
+        reqs.append(WorkloadRequest(_int_field(rec, "id", where, 0),
+                                    _int_field(rec, "prompt_tokens", where, 1), out,
+                                    arrival_s=float(t),
+                                    priority=_int_field(rec, "priority", where, None, 0)))
         arrivals.append(float(t))
     if not reqs:
         raise UsageError(f"{where}: no request with a known output length to replay")
@@ -119,7 +149,7 @@ def replay_engine_args(args: EngineArgs, config: dict, notice: Callable[[str], N
             kept[f] = config[f]
     if args.num_kv_blocks is None and config.get("num_kv_blocks") and _same_device(args, config):
         kept["num_kv_blocks"] = config["num_kv_blocks"]
-    if config.get("enable_prefix_caching"):
+    if config.get("enable_prefix_caching") is True:
         notice("the recorded run used prefix caching; a replay has no token ids to match")
     return dataclasses.replace(args, **kept)
 
@@ -130,6 +160,7 @@ def load_replay(path: str, args: EngineArgs, notice: Callable[[str], None]) -> R
     result = load_result(Path(path))
     if result.get("interrupted"):
         raise UsageError(f"{path} is an interrupted run: its request set is incomplete")
+    _check_run_fields(result["config"], path)
     reqs, arrivals, unknown = replayed_requests(result, path)
     if unknown:
         notice(f"{unknown} failed request(s) in {path} record no output length; left out")
