@@ -187,3 +187,30 @@ def test_engine_args_check_kinds_not_only_ranges():
         with pytest.raises(EngineArgsError):
             EngineArgs(engine="sim", **bad).validate()
     EngineArgs(engine="sim", swap_space=4, gpu_memory_utilization=1).validate()  # ints for floats
+
+
+# ---- CSV traces: read as a stream --------------------------------------------------------------
+def test_a_csv_trace_larger_than_memory_is_read_as_a_stream(tmp_path):
+    """An Azure trace whose (sparse) tail is 8 GiB of NULs: the whole file was read into memory
+    (a MemoryError traceback under the child's 4 GiB cap); now the rows stream and the NUL line
+    is refused by the line cap."""
+    from cbbench.load.traces import AZURE_COLUMNS
+
+    trace = tmp_path / "az.csv"
+    trace.write_text(",".join(AZURE_COLUMNS) + "\n2023-11-16 18:15:46.6805900,374,44\n")
+    try:
+        os.truncate(trace, 8 << 30)
+    except OSError as e:
+        pytest.skip(f"cannot make a sparse file here: {e}")
+    _one_line(_cli(["workloads", "show", str(trace)], tmp_path), f"{trace}:3", "longer than")
+
+
+def test_a_csv_trace_with_a_bom_and_crlf_still_loads(tmp_path):
+    from cbbench.load.traces import AZURE_COLUMNS, load_azure
+
+    rows = ["2023-11-16 18:15:46.6805900,374,44", "2023-11-16 18:15:47.0000000,10,2"]
+    trace = tmp_path / "az.csv"
+    trace.write_bytes(("\ufeff" + ",".join(AZURE_COLUMNS) + "\r\n" + "\r\n".join(rows) + "\r\n")
+                      .encode())
+    w = load_azure(trace)
+    assert [(r.prompt_len, r.output_len) for r in w.requests] == [(374, 44), (10, 2)]

@@ -99,13 +99,6 @@ def load_trace(path: Path, fmt: str) -> Workload:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read trace {path}: {e}") from None
-
-
 def _count(text: str, where: str, column: str) -> int:
     t = text.strip()
     if not t.isdigit():
@@ -134,15 +127,25 @@ def _timed_workload(
 
 
 def _csv_rows(path: Path, columns: tuple[str, ...]):
-    """(where, {column: text}) for every data row of a CSV trace."""
-    lines = _read_text(path).splitlines()
-    reader = csv.reader(lines)
-    header = [c.strip() for c in next(reader)]
-    index = {c: header.index(c) for c in columns}
-    for lineno, row in enumerate(reader, start=2):
+    """(where, {column: text}) for every data row of a CSV trace. Read as a stream with the
+    JSONL loader's line reader (each line capped): the whole file was read into memory, so a
+    trace larger than memory was a MemoryError traceback (trace rows hold no quoted line
+    breaks, so a line is a row)."""
+    from cbbench.load.workload import jsonl_lines
+
+    header = None
+    for lineno, line in jsonl_lines(path):
+        where = f"{path}:{lineno}"
+        try:
+            row = next(csv.reader([line.lstrip("\ufeff") if lineno == 1 else line]), [])
+        except csv.Error as e:  # a field beyond csv's size limit, a NUL
+            raise UsageError(f"{where}: not a CSV row ({e})") from None
+        if header is None:
+            header = [c.strip() for c in row]
+            index = {c: header.index(c) for c in columns}
+            continue
         if not row or not any(cell.strip() for cell in row):
             continue
-        where = f"{path}:{lineno}"
         if len(row) != len(header):
             raise UsageError(f"{where}: {len(row)} fields, the header has {len(header)}")
         yield where, {c: row[i] for c, i in index.items()}
