@@ -38,19 +38,21 @@ EXIT_TIMEOUT_S = 120.0
 
 
 def _signalled(argv: list[str], cwd: Path, marker: str, signals: list[int]) -> dict:
-    """Run ``argv``; once ``marker`` shows on stderr, wait SIGNAL_AFTER_S and send ``signals``
-    half a second apart. Returns rc, stdout, stderr and seconds from the last signal to exit."""
+    """Run ``argv``; once ``marker`` shows on stderr, wait SIGNAL_AFTER_S and send ``signals``,
+    each after the one before said `stopping`, half a second apart. Returns rc, stdout, stderr and seconds from the last signal to exit."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", COLUMNS="200")
     proc = subprocess.Popen([*COMMAND, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     err: list[str] = []
-    seen = threading.Event()
+    seen, stopping = threading.Event(), threading.Event()
 
     def pump() -> None:
         for line in proc.stderr:
             err.append(line)
             if marker in line:
                 seen.set()
+            if "stopping" in line:
+                stopping.set()
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -59,6 +61,10 @@ def _signalled(argv: list[str], cwd: Path, marker: str, signals: list[int]) -> d
         time.sleep(SIGNAL_AFTER_S)
         for i, sig in enumerate(signals):
             if i:
+                # Standard signals do not queue: two sent while the main thread is busy in C
+                # (a loaded machine) run the handler once. Send the next once the first is
+                # acknowledged.
+                assert stopping.wait(EXIT_TIMEOUT_S), "".join(err)
                 time.sleep(0.5)
             proc.send_signal(sig)
         t = time.monotonic()
