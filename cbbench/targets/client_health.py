@@ -49,6 +49,18 @@ def wall_clock_of(t_perf: float) -> float:
     return round(time.time() - (time.perf_counter() - t_perf), EPOCH_DECIMALS)
 
 
+async def sleep_until(deadline: float) -> None:
+    """Sleep until time.perf_counter() reaches ``deadline``, never returning before it.
+
+    One asyncio.sleep is not enough: uvloop (which Ray installs in its actors when it is
+    importable, and cbbench depends on it) rounds a timer to whole milliseconds and fires it up
+    to ~1 ms early, which would send a request before its slot and read a negative send lag.
+    """
+    now = time.perf_counter
+    while (delay := deadline - now()) > 0:
+        await asyncio.sleep(delay)
+
+
 class ClientMonitor:
     """The heartbeat (run it as a task in the run's event loop) and the client's CPU time."""
 
@@ -65,7 +77,7 @@ class ClientMonitor:
         started = now()
         deadline = started + HEARTBEAT_INTERVAL_S
         while True:
-            await asyncio.sleep(max(0.0, deadline - now()))
+            await sleep_until(deadline)
             woke = now()
             self.lag_ms.append((woke - deadline) * MS)
             self.span_s = woke - started

@@ -41,7 +41,7 @@ from cbbench.targets.checks import (
     finish_http_run,
     send_lag_check,
 )
-from cbbench.targets.client_health import ClientMonitor
+from cbbench.targets.client_health import ClientMonitor, sleep_until
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.options import API_PATHS, EndpointOptions, normalize_endpoint, redact_url
 from cbbench.targets.request import RequestContext, request_body, send_request
@@ -208,9 +208,7 @@ class _Runner:
         order = sorted(range(len(self.wreqs)), key=self.arrivals.__getitem__)  # stable
         for pos in order:
             # An absolute deadline on the run clock: a late wake-up does not shift later sends.
-            delay = self.t0 + self.arrivals[pos] - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await sleep_until(self.t0 + self.arrivals[pos])
             task = loop.create_task(self._one(pos))
             self.pending.add(task)
             task.add_done_callback(self.pending.discard)

@@ -23,6 +23,7 @@ from cbbench.load.cancel import CancelPlan
 from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import first_prompt_len, next_prompt_len
+from cbbench.targets.client_health import sleep_until
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http import _Runner
 from cbbench.targets.options import EndpointOptions
@@ -81,9 +82,7 @@ class SessionRunner(_Runner):
         loop = asyncio.get_running_loop()
         starts = [float(t) for t in self.plan.starts]
         for i in sorted(self.plan.active_sessions, key=starts.__getitem__):
-            delay = self.t0 + starts[i] - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            await sleep_until(self.t0 + starts[i])
             task = loop.create_task(self._session(i))
             self.pending.add(task)
             task.add_done_callback(self.pending.discard)
@@ -97,9 +96,7 @@ class SessionRunner(_Runner):
         for k in range(len(turns)):
             if k:
                 intended = self._now() + plan.think_time_s(i, k)
-                delay = self.t0 + intended - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+                await sleep_until(self.t0 + intended)
             messages.append({"role": "user", "content": self.user_texts[i][k]})
             rec, st = await self._turn(i, k, messages, intended, prompt_len)
             if self.stopped or rec.error is not None or rec.send_s is None:
