@@ -269,3 +269,25 @@ def test_a_symlink_loop_as_the_output_is_refused_before_the_run(tmp_path):
     proc = run_cli([*RUN, "--output", str(tmp_path / "a")], tmp_path)
     assert_one_error_line(proc, "Too many levels of symbolic links")
     assert proc.stdout == ""  # refused before the run: no summary
+
+
+# ---- a file output named like a folder ---------------------------------------------------------
+TRAILING_SLASH_CASES = {
+    "run": [*RUN, "--output", "{d}/newdir/"],
+    "gate-junit": ["gate", "{i}/a.json", "--baseline", "{i}/b.json", "--junit", "{d}/newdir/"],
+    "compare-csv": ["compare", "{i}/a.json", "{i}/b.json", "--csv", "{d}/newdir/"],
+    "capacity": ["capacity", *SIM, "--min-duration", "0", "--slo", "ttft_p99=1000000",
+                 "--start-rate", "1", "--out", "{d}/newdir/"],
+    "serve-request-log": ["serve", "--engine", "sim", "--request-log", "{d}/newdir/"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRAILING_SLASH_CASES))
+def test_a_file_output_ending_in_a_slash_is_refused(tmp_path, inputs, case):
+    """pathlib drops a trailing '/': `--output newdir/` wrote a regular file named newdir (and
+    serve created an empty one), as no careful Unix tool does."""
+    argv = [a.replace("{d}", str(tmp_path)).replace("{i}", str(inputs))
+            for a in TRAILING_SLASH_CASES[case]]
+    proc = run_cli(argv, tmp_path, timeout=120)
+    assert_one_error_line(proc, "newdir/", "ends in '/'")
+    assert not (tmp_path / "newdir").exists()

@@ -87,7 +87,8 @@ def capacity(
     out: Annotated[
         Path | None,
         typer.Option(help="capacity.json: the answer and every probe. "
-                     "Default: results/runs/capacity-<time>.json."),
+                     "Default: results/runs/capacity-<time>.json.", parser=C.output_file,
+                     metavar="<path>"),
     ] = None,
     runs_dir: Annotated[
         Path | None, typer.Option(help="Also save each probe's full result in this folder.")

@@ -62,9 +62,13 @@ def compare(
     save_detailed: Annotated[
         bool, typer.Option(help="--variants: store per-token times (ITL plots in report).")
     ] = False,
-    markdown: Annotated[Path | None, typer.Option(help="Also write the table as Markdown.")] = None,
+    markdown: Annotated[
+        Path | None, typer.Option(help="Also write the table as Markdown.", parser=C.output_file,
+                                  metavar="<path>")
+    ] = None,
     csv_out: Annotated[
-        Path | None, typer.Option("--csv", help="Also write the numbers and ratios as CSV.")
+        Path | None, typer.Option("--csv", help="Also write the numbers and ratios as CSV.",
+                                  parser=C.output_file, metavar="<path>")
     ] = None,
     window: Annotated[
         str,

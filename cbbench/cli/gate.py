@@ -62,11 +62,13 @@ def gate(
         ),
     ] = False,
     junit: Annotated[
-        Path | None, typer.Option(help="Also write JUnit XML: one testcase per metric.")
+        Path | None, typer.Option(help="Also write JUnit XML: one testcase per metric.",
+                                  parser=C.output_file, metavar="<path>")
     ] = None,
     markdown: Annotated[
         Path | None,
-        typer.Option(help="Also write a Markdown summary (e.g. to $GITHUB_STEP_SUMMARY)."),
+        typer.Option(help="Also write a Markdown summary (e.g. to $GITHUB_STEP_SUMMARY).",
+                     parser=C.output_file, metavar="<path>"),
     ] = None,
     window: Annotated[
         str,

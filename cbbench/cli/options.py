@@ -49,6 +49,15 @@ def check_finite(values: dict) -> None:
             raise UsageError(f"{flag_of(name)} must be a finite number, got {v}")
 
 
+def output_file(text: str) -> Path:
+    """A file output's path, as given: pathlib drops a trailing '/', so `--output newdir/`
+    wrote a file named newdir. A name ending in '/' that is not a folder is refused (one that
+    is gets check_writable's "is a folder")."""
+    if text.endswith("/") and not Path(text).is_dir():
+        raise typer.BadParameter(f"{text!r} ends in '/' but is not a folder: name a file")
+    return Path(text)
+
+
 def default_output_path(kind: str) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("results") / f"run-{stamp}-{kind}.json"

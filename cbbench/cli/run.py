@@ -128,7 +128,8 @@ def run(
     output: Annotated[
         Path | None,
         typer.Option(help="Result JSON path, or - for stdout (the table then goes to stderr). "
-                     "Default: results/run-<time>-<engine>.json."),
+                     "Default: results/run-<time>-<engine>.json.", parser=C.output_file,
+                     metavar="<path>"),
     ] = None,
     save_detailed: Annotated[
         bool, typer.Option(help="Also store per-request ITL lists and output token ids.")

@@ -163,6 +163,8 @@ def _check_writable(path: str | None) -> None:
     if path is None:
         return
     p = Path(path)
+    if path.endswith("/") and not p.is_dir():  # pathlib drops the '/': a file would be made
+        raise UsageError(f"--request-log {path} ends in '/' but is not a folder: name a file")
     if p.is_dir():
         raise UsageError(f"--request-log {path} is a directory")
     if not p.parent.is_dir():
