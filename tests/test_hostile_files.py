@@ -214,3 +214,23 @@ def test_a_csv_trace_with_a_bom_and_crlf_still_loads(tmp_path):
                       .encode())
     w = load_azure(trace)
     assert [(r.prompt_len, r.output_len) for r in w.requests] == [(374, 44), (10, 2)]
+
+
+# ---- numbers a server sends back ----------------------------------------------------------------
+@pytest.mark.parametrize("bad", [-5, 10**30, True, 2.0, "3"])
+def test_a_usage_count_that_is_not_a_count_is_ignored(bad):
+    """A server's `completion_tokens: -5` gave the run a negative output throughput, 10**30 one
+    of 7e31 tok/s, and `true` was stored as the count: such a usage is treated as missing (the
+    count falls back to the stream's events), as is such a prompt_tokens."""
+    from cbbench.analysis.records import RequestRecord
+    from cbbench.targets.checks import count_request
+    from cbbench.targets.sse import SseStream
+
+    rec = RequestRecord(id=0, prompt_tokens=5, output_tokens=0, intended_start_s=0.0,
+                        token_times_s=[0.1, 0.2])
+    st = SseStream(chat=False, times=rec.token_times_s)
+    st.usage = {"prompt_tokens": bad, "completion_tokens": bad}
+    assert count_request(rec, st, None, sample=False) == "events"
+    assert rec.output_tokens == 2 and rec.server_prompt_tokens is None
+    st.usage = {"prompt_tokens": 5, "completion_tokens": 2}  # a real count is still used
+    assert count_request(rec, st, None, sample=False) == "usage" and rec.server_prompt_tokens == 5

@@ -37,6 +37,16 @@ MISMATCH_WARN_FRACTION = 0.02
 MS = 1000.0
 
 
+# No model's context holds more tokens: a usage count beyond it (or below 0, or a bool) is not
+# a count. A server's `completion_tokens: -5` gave a negative throughput, 10**30 one of 7e31
+# tok/s and `true` was stored as the count; such a usage is ignored like a missing one.
+MAX_USAGE_TOKENS = 2**31 - 1
+
+
+def _is_count(v) -> bool:
+    return type(v) is int and 0 <= v <= MAX_USAGE_TOKENS
+
+
 def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) -> str:
     """Put the stream's counts on its record (output_token_counts, server_prompt_tokens,
     finish_reason, server_request_id) the moment the request ends, with a provisional output count (usage, else
@@ -46,9 +56,9 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     counts = {"events": len(rec.token_times_s) + st.empty_events}
     usage = st.usage or {}
     sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(sp, int):
+    if _is_count(sp):
         rec.server_prompt_tokens = sp
-    if isinstance(ct, int):
+    if _is_count(ct):
         counts["usage"] = ct
     if tokenizer is not None and st.pieces:
         counts["tokenizer"] = count_tokens(tokenizer, "".join(st.pieces))
