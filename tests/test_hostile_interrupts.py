@@ -79,8 +79,13 @@ def _signalled(argv: list[str], cwd: Path, marker: str, signals: list[int]) -> d
     return {"rc": proc.returncode, "out": out, "err": "".join(err), "secs": secs}
 
 
-def _workload(path: Path) -> Path:
-    path.write_text("".join(json.dumps({"prompt_len": 8, "output_len": 4}) + "\n"
+# The second-signal case needs requests still in flight after the first signal: with 4-token
+# outputs the drain took milliseconds and the sweep could exit 0 before the second arrived.
+LONG_OUTPUT_LEN = 1500  # ~1-2 s of decode per request for the tiny model on a CPU
+
+
+def _workload(path: Path, output_len: int = 4) -> Path:
+    path.write_text("".join(json.dumps({"prompt_len": 8, "output_len": output_len}) + "\n"
                             for _ in range(30)))
     return path
 
@@ -98,13 +103,15 @@ CASES = {
 def outcomes(tmp_path_factory):
     root = tmp_path_factory.mktemp("interrupts")
     w = _workload(root / "w.jsonl")
+    w_long = _workload(root / "w_long.jsonl", LONG_OUTPUT_LEN)
 
     def one(item):
         name, (kind, sigs) = item
         d = root / name
         d.mkdir()
         if kind == "sweep":
-            argv = ["sweep", *ENGINE, "--workload", str(w), "--rates", "4,8", "--out-dir",
+            wl = w_long if len(sigs) > 1 else w
+            argv = ["sweep", *ENGINE, "--workload", str(wl), "--rates", "4,8", "--out-dir",
                     str(d / "out")]
             marker = "rate 4 (1/2)"
         elif kind == "capacity":
