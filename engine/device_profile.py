@@ -69,7 +69,8 @@ def load_profile(path: str | Path) -> DeviceProfile:
         raise ValueError(f"{where} is not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(data, dict) or data.get("kind") != PROFILE_KIND:
         raise ValueError(f"{where} is not a device profile (make one with cbbench calibrate)")
-    if data.get("version") != PROFILE_VERSION:
+    version = data.get("version")
+    if type(version) is not int or version != PROFILE_VERSION:  # true == 1 in Python
         raise ValueError(
             f"{where} has profile version {data.get('version')!r}; this cbbench reads "
             f"version {PROFILE_VERSION}"

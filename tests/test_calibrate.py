@@ -290,3 +290,15 @@ def test_an_efficiency_stays_free_only_if_the_data_tell_it_from_1():
     assert unidentified(fit(0.5, 0.5, 0.1)) == []
     assert sorted(unidentified(fit(0.5, 0.5, 0.3))) == [ED, EP]
     assert unidentified(fit(1.2, 1.2, 0.1), neutral=()) == []  # stage 1 tests none
+
+
+@pytest.mark.parametrize("version", [True, 1.0, "1", None])
+def test_a_profile_version_that_is_not_the_integer_is_refused(cpu_profile, tmp_path, version):
+    """`true == 1` in Python: a profile saying "version": true passed the check."""
+    data = json.loads(cpu_profile[2].read_text())
+    data["version"] = version
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="profile version"):
+        load_profile(bad)
+    load_profile(cpu_profile[2])  # the untouched profile still loads

@@ -279,6 +279,7 @@ TRAILING_SLASH_CASES = {
     "capacity": ["capacity", *SIM, "--min-duration", "0", "--slo", "ttft_p99=1000000",
                  "--start-rate", "1", "--out", "{d}/newdir/"],
     "serve-request-log": ["serve", "--engine", "sim", "--request-log", "{d}/newdir/"],
+    "calibrate": ["calibrate", "{i}/a.json", "--out", "{d}/newdir/"],
 }
 
 

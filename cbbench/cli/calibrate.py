@@ -31,7 +31,11 @@ def calibrate(
     results: Annotated[
         list[Path], typer.Argument(help="Result JSON files of real runs (--engine torch) on one device.")
     ],
-    out: Annotated[Path, typer.Option("--out", help="Where to write the device profile (JSON).")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Where to write the device profile (JSON).",
+                     parser=C.output_file, metavar="<path>"),
+    ],
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the profile JSON instead of the tables.")
     ] = False,
