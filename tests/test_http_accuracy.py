@@ -56,7 +56,7 @@ from cbbench.analysis.result import load_result
 from cbbench.cli.app import app as cli_app
 from cbbench.cli.serve import build_serving_engine
 from cbbench.server.app import create_app
-from cbbench.server.async_engine import Admitted, TokenEvent
+from cbbench.server.engine_events import Admitted, TokenEvent
 
 NUM_REQUESTS = 200
 REQUEST_RATE = 50

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
 def build_serving_engine(opts, notice=C.notice):
     """``build_engine``, with a simulated engine moved from its virtual clock onto a paced wall
     clock: each iteration takes its predicted time, for real."""
-    from cbbench.server.async_engine import PacedWallClock
+    from cbbench.server.paced_clock import PacedWallClock
     from cbbench.targets.engine import build_engine
 
     engine, resolved = build_engine(opts, notice)

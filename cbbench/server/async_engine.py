@@ -25,13 +25,20 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Protocol
 
-from cbbench.engine.clock import WallClock
 from cbbench.engine.engine import StepFailed
 from cbbench.engine.request import Request, RequestStatus, SamplingParams
 from cbbench.errors import UsageError
+from cbbench.server.engine_events import (
+    Admitted,
+    EngineObserver,
+    EngineSnapshot,
+    Failed,
+    FinishedStats,
+    StepStats,
+    StreamEvent,
+    TokenEvent,
+)
 
 log = logging.getLogger("cbbench.server")
 
@@ -43,125 +50,6 @@ STOP_JOIN_TIMEOUT_S = 10.0
 # stays flat. Nothing in the server reads them.
 KEEP_RECORDS = 4096
 STEP_FAILED = 500  # the status of a request whose batch the engine failed on
-
-
-# ---- real-time pacing of a simulated engine ------------------------------------------------------
-# Catch-up is capped: a server too loaded to keep the simulated pace falls behind visibly
-# instead of bursting iterations to recover.
-MAX_CATCH_UP_S = 0.005
-
-
-class PacedWallClock(WallClock):
-    """A wall clock for a simulated engine that keeps back-to-back iterations on the simulated
-    timeline. The time between two steps (the bridge's hand-over, the engine's own Python, the
-    sleep's wake-up latency) is not in the predicted iteration time, so a plain wall clock runs
-    every iteration that much long (measured here: +10-25% on a 1 ms decode). This clock ends
-    an iteration that started late by that lag (up to MAX_CATCH_UP_S) on its ideal end."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._ideal_end: float | None = None
-        self._lag = 0.0
-
-    def begin_step(self, back_to_back: bool) -> None:
-        """Called just before ``engine.step()``; ``back_to_back`` when no idle wait came between
-        this step and the last one."""
-        if back_to_back and self._ideal_end is not None:
-            self._lag = min(max(self.now() - self._ideal_end, 0.0), MAX_CATCH_UP_S)
-        else:
-            self._lag = 0.0
-
-    def advance_to(self, t: float) -> None:
-        target = t - self._lag
-        self._ideal_end = target
-        self.sleep_until(target)
-
-
-# ---- events on a request's queue ----------------------------------------------------------------
-# Times are monotonic seconds on time.perf_counter()'s scale (CLOCK_MONOTONIC on Linux, shared by
-# every process on the host), so a client on the same machine can compare them with its own.
-@dataclass(frozen=True, slots=True)
-class Admitted:
-    """The first event of every stream: accepted (error None) or rejected with the reason.
-    ``time_s``: when the engine thread took the request from the inbox (its admission)."""
-
-    error: str | None
-    time_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    token_id: int | None  # None: the simulator models no token ids
-    time_s: float  # when the engine produced it
-    finish_reason: str | None  # "length" | "stop" on the request's last token, else None
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    """The engine stopped (shutdown or an internal error) before the request finished
-    (status 503), or failed this request's batch and goes on serving (status 500)."""
-
-    message: str
-    status: int = 503
-
-
-StreamEvent = Admitted | TokenEvent | Failed
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSnapshot:
-    ready: bool
-    running: int = 0
-    waiting: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    num_steps: int = 0
-    error: str | None = None
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedStats:
-    """One finished request's intervals, as vLLM's finished-request stats define them
-    (seconds): e2e from arrival, queue from arrival to first scheduled, prefill from first
-    scheduled to first token, decode from first to last token, inference from first scheduled
-    to last token, and the request's mean time per output token after the first."""
-
-    finish_reason: str
-    e2e_s: float
-    queue_s: float
-    prefill_s: float
-    decode_s: float
-    inference_s: float
-    mean_tpot_s: float
-    prompt_tokens: int
-    output_tokens: int
-    max_tokens: int
-
-
-@dataclass(slots=True)
-class StepStats:
-    """What one engine step produced, for the metrics (built in the engine thread).
-    Latencies count from a request's arrival: when the server handed it to the engine."""
-
-    new_tokens: int = 0
-    prompt_tokens: int = 0  # prompts of the requests that got their first token
-    ttfts_s: list[float] = field(default_factory=list)
-    itls_s: list[float] = field(default_factory=list)
-    finished: list[FinishedStats] = field(default_factory=list)
-
-
-class EngineObserver(Protocol):
-    """Called from the engine thread (metrics); must be quick and thread-safe."""
-
-    def on_ready(self, info: dict) -> None: ...
-    def on_admitted(self, req: Request) -> None: ...
-    def on_rejected(self, req: Request) -> None: ...
-    def on_aborted(self, req: Request) -> None: ...
-    def on_step(self, out, stats: StepStats) -> None: ...
 
 
 class RequestStream:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from cbbench.engine.request import SamplingParams
-from cbbench.server.async_engine import Admitted, Failed, RequestStream, TokenEvent
+from cbbench.server.async_engine import RequestStream
 from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
 from cbbench.server.context import ServeContext, Served
+from cbbench.server.engine_events import Admitted, Failed, TokenEvent
 from cbbench.server.protocol import (
     DEFAULT_MAX_TOKENS,
     APIError,

@@ -36,7 +36,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from cbbench.server.async_engine import EngineSnapshot, StepStats
+from cbbench.server.engine_events import EngineSnapshot, StepStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 PREFILL_TOKEN_BUCKETS = (1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
