@@ -264,6 +264,15 @@ def test_a_huge_sweep_rate_is_saved_under_a_short_name(tmp_path):
     assert (tmp_path / "s" / "rate-1e+308.json").is_file()
 
 
+def test_a_sweep_rate_too_slow_to_send_is_refused_before_any_point_runs(tmp_path):
+    """`sweep --rates 1,1e-300` ran rate 1 and only then refused 1e-300 (a 1e300 s schedule)."""
+    code, err = invoke(["sweep", "--engine", "sim", "--num-requests", "2", "--rates",
+                        "1,1e-300", "--min-duration", "0", "--out-dir", "{t}/s"], tmp_path)
+    assert code == 2
+    assert len(err) == 1 and "1e-300 req/s" in err[0] and "30 days" in err[0], err
+    assert not (tmp_path / "s").exists()  # nothing ran
+
+
 def test_rate_labels_stay_short_and_distinct():
     from cbbench.bench.probe import rate_label
 

@@ -73,6 +73,18 @@ class ProbeSizing:
         wanted = max(self.num_requests, math.ceil(rate * self.min_duration_s))
         return min(self.max_requests, wanted)
 
+    def check_schedule(self, rate: float) -> None:
+        """Refuse, before any point runs, a rate whose requests would take longer to send than
+        any schedule may span (the run itself would refuse it only when its turn came)."""
+        from cbbench.load.arrivals import MAX_SCHEDULE_S
+
+        n = self.requests_for(rate)
+        if math.isfinite(rate) and n / rate > MAX_SCHEDULE_S:
+            raise UsageError(
+                f"--rates: {n} requests at {rate_label(rate)} req/s take {n / rate:.3g} s to "
+                f"send, more than {MAX_SCHEDULE_S:.0f} s (30 days)"
+            )
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

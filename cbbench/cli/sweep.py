@@ -130,6 +130,8 @@ def sweep(
         raise UsageError(f"--points must be in [1, {MAX_POINTS}], got {points}")
     slo_spec = parse_attainment_slo(slo, attainment)
     sizing = ProbeSizing(num_requests, min_duration, max_requests)
+    for r in rate_list or []:
+        sizing.check_schedule(r)
     base = base_spec(
         workload, seed, burstiness, arrival, label,
         engine_opts,
