@@ -139,7 +139,10 @@ class SamplingSlots:
 
     def _upload(self) -> None:
         if self.dev is None:
-            self.dev = {k: torch.from_numpy(v).to(self.device) for k, v in self.host.items()}
+            # copy=True: on a CPU .to() would return the host array's own memory, and the
+            # partial uploads below (and their tests) would be no-ops.
+            self.dev = {k: torch.from_numpy(v).to(self.device, copy=True)
+                        for k, v in self.host.items()}
             self.uploads += self.num_slots
         else:
             rows = np.fromiter(sorted(self._dirty), np.int64, len(self._dirty))

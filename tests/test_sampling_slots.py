@@ -26,6 +26,8 @@ def _versions(slots) -> dict[str, tuple[int, int]]:
 
 def _device_matches_host(slots, used: list[int]) -> None:
     for name, tensor in slots.dev.items():
+        # Its own memory, as on a GPU: a tensor sharing the host array would match it always.
+        assert tensor.data_ptr() != slots.host[name].ctypes.data, name
         assert np.array_equal(tensor.cpu().numpy()[used], slots.host[name][used]), name
 
 
