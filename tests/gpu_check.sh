@@ -26,7 +26,8 @@
 #              bf16 block-16 Llama-shape ones are the decode and ShareGPT steps' own, so
 #              Triton's on-disk cache spares those steps the compile. The caps sum to more than
 #              the 540 s budget on purpose: a step that runs long shortens the ones after it
-#              (the expected total is ~480 s: pytest ~150, decode ~120, ShareGPT ~90 + ~100).
+#              (the expected total is ~490 s: pytest ~150, decode ~120, ShareGPT ~90 + ~100,
+#              calibrate + sim_static ~10; the static run gets what calibrate leaves).
 #   decode (150)  tests/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
 #              batch 1/16/64/256, context 512, with and without CUDA graphs, fused and unfused
 #              layer kernels side by side, torch-backend rows, floor and MBU, every backend vs
@@ -35,7 +36,8 @@
 #   sharegpt (100)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
 #              --num-requests 1000 -> sharegpt_h200.json
 #   calibrate (30)  cbbench calibrate sharegpt_h200.json --out profile.json: the simulator
-#              fitted to the continuous run (~2 s of fitting for ~2k iterations on a CPU core)
+#              fitted to the continuous run (2.5 s for ~1.8k iterations on this project's CPU;
+#              ~7 s for 15k: the staged fit)
 #   static (110)  the same run with --scheduler static (and --gpu-profile profile.json when the
 #              calibration worked, so its sim_error is the calibrated simulator's)
 #              -> sharegpt_h200_static.json

@@ -76,6 +76,9 @@ STAGE_PASSES = 2  # decode stage, prefill stage, twice: each sees the other's la
 # A stage runs only with this many iterations of its kind (else the earlier values stand).
 MIN_STAGE_ITERATIONS = {"decode": 50, "prefill": 10}
 START_FRACTION = 1e-2  # a term restarted from 0 starts at this fraction of its natural scale
+NEUTRAL_EFFICIENCY = 1.0  # an attention efficiency's neutral value: attention at the fitted rates
+# The median start's floor for a scaled parameter: the bounded solver cannot start on its bound.
+MIN_SCALED_START = 1e-6
 
 
 def unidentified(fit: Fit, neutral: tuple[int, ...] = (ED, EP)) -> list[int]:
@@ -93,7 +96,8 @@ def unidentified(fit: Fit, neutral: tuple[int, ...] = (ED, EP)) -> list[int]:
     out = [p for p in fit.free if fit.rse[p] > MAX_RSE]
     for p in neutral:
         if p in fit.free and p not in out:
-            effect = abs(math.log(fit.theta[p])) if fit.theta[p] > 0 else math.inf
+            theta = fit.theta[p] / NEUTRAL_EFFICIENCY
+            effect = abs(math.log(theta)) if theta > 0 else math.inf
             if effect <= NEUTRAL_Z * fit.rse[p]:
                 out.append(p)
     return out
@@ -165,7 +169,7 @@ def _restart(theta: np.ndarray, params: tuple[int, ...], scale: np.ndarray) -> n
     theta = theta.copy()
     for p in params:
         if theta[p] <= 0:
-            theta[p] = 1.0 if p in (ED, EP) else scale[p] * START_FRACTION
+            theta[p] = NEUTRAL_EFFICIENCY if p in (ED, EP) else scale[p] * START_FRACTION
     return theta
 
 
@@ -187,7 +191,7 @@ def median_start(d: FitData, theta: np.ndarray, free: list[int],
         t, _ = times_and_grad(th, d)
         return sw * (np.log(np.maximum(t, TINY_S)) - log_m)
 
-    res = least_squares(residuals, np.maximum(theta[free] / s, 1e-6), loss="soft_l1",
+    res = least_squares(residuals, np.maximum(theta[free] / s, MIN_SCALED_START), loss="soft_l1",
                         f_scale=FIRST_PASS_SCALE, bounds=(0.0, np.inf), method="trf")
     out = theta.copy()
     out[free] = res.x * s

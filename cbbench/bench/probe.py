@@ -35,6 +35,8 @@ from cbbench.analysis.slo import AttainmentSLO, run_attainment
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
 
+SECONDS_PER_DAY = 86_400.0
+
 DEFAULT_NUM_REQUESTS = 1000  # vLLM's benchmark default; also the size of a rate-inf probe
 DEFAULT_MIN_DURATION_S = 60.0
 DEFAULT_MAX_REQUESTS = 10_000
@@ -82,7 +84,7 @@ class ProbeSizing:
         if math.isfinite(rate) and n / rate > MAX_SCHEDULE_S:
             raise UsageError(
                 f"--rates: {n} requests at {rate_label(rate)} req/s take {n / rate:.3g} s to "
-                f"send, more than {MAX_SCHEDULE_S:.0f} s (30 days)"
+                f"send, more than {MAX_SCHEDULE_S:.0f} s ({MAX_SCHEDULE_S / SECONDS_PER_DAY:g} days)"
             )
 
     def to_dict(self) -> dict:
