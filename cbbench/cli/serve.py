@@ -136,9 +136,10 @@ def serve(
             "can use the server"
         )
     _check_writable(request_log)
-    from cbbench.server.limits import guarded_protocol, raise_file_limit
+    from cbbench.fd_limit import raise_open_file_limit
+    from cbbench.server.limits import guarded_protocol
 
-    allowed = raise_file_limit(max_connections)
+    allowed = raise_open_file_limit(max_connections)
     if allowed < max_connections:
         C.notice(f"warning: the open-file limit allows {allowed} connections: "
                  f"--max-connections {max_connections} lowered to {allowed}")

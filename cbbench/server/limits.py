@@ -13,14 +13,10 @@ no limit of its own), and a connection beyond the cap gets a 503 in the OpenAI e
 from __future__ import annotations
 
 import json
-import resource
 
 DEFAULT_READ_TIMEOUT_S = 15.0
 DEFAULT_MAX_CONNECTIONS = 4096
 MAX_HEAD_BYTES = 64 * 1024
-# File descriptors kept for what is not a client connection (the listening socket, logs,
-# the model's files, the engine's threads).
-RESERVED_FDS = 64
 
 
 def _raw_response(status: str, message: str, code: str) -> bytes:
@@ -39,23 +35,6 @@ HEAD_TOO_LARGE = _raw_response(
     "431 Request Header Fields Too Large",
     f"the request head is larger than {MAX_HEAD_BYTES} bytes", "request_head_too_large",
 )
-
-
-def raise_file_limit(max_connections: int) -> int:
-    """Raise the soft open-file limit towards the hard one (as vLLM does) and return how many
-    connections fit under it."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = max_connections + RESERVED_FDS
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-            soft = new
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY:
-        return max_connections
-    return max(1, min(max_connections, soft - RESERVED_FDS))
 
 
 def guarded_protocol(read_timeout_s: float, max_connections: int) -> type:

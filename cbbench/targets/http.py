@@ -28,6 +28,7 @@ import numpy as np
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.token_counts import DETECT_SAMPLE_REQUESTS
 from cbbench.errors import UsageError
+from cbbench.fd_limit import raise_open_file_limit
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.chat_template import chat_prompt_tokens
 from cbbench.load.interrupts import DEFAULT_GRACE_S
@@ -47,7 +48,7 @@ from cbbench.targets.options import API_PATHS, EndpointOptions, normalize_endpoi
 from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.sse import SseStream
-from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session, raise_fd_limit
+from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
 
 __all__ = [
     "ERROR_TYPES", "TOKEN_COUNT_METHODS", "EndpointOptions", "HttpRun", "error_rate",
@@ -227,7 +228,7 @@ class _Runner:
     async def run(self) -> tuple[float, dict]:
         o = self.opts
         wanted = o.max_concurrency or max(1, len(self.wreqs))
-        pool = raise_fd_limit(wanted)
+        pool = raise_open_file_limit(wanted)
         headers = {"Content-Type": "application/json", **o.headers}
         # Capped by the open-files limit: the excess waits for a connection inside its TTFT.
         info: dict = {"connection_pool_size": pool, "connection_pool_capped": pool < wanted}

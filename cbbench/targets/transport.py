@@ -24,7 +24,6 @@ ERROR_TYPES = (
     "client_error",
 )
 ERROR_BODY_CHARS = 200  # of an error response's body, kept in the record's message
-FD_MARGIN = 64  # file descriptors left for everything but the connection pool
 USER_AGENT = "cbbench"
 KEEPALIVE_S = 60.0  # an idle pooled connection is closed after this long
 
@@ -150,24 +149,3 @@ else:
 
     async def within(coro, timeout_s: float):
         return await asyncio.wait_for(coro, timeout_s)
-
-
-def raise_fd_limit(wanted: int) -> int:
-    """Raise the soft open-files limit so `wanted` connections fit; returns the pool size that
-    fits (an open-loop burst opens one connection per in-flight request)."""
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return wanted
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + FD_MARGIN
-    if soft != resource.RLIM_INFINITY and soft < need:
-        new = need if hard == resource.RLIM_INFINITY else min(hard, need)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-            soft = new
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft - FD_MARGIN))
