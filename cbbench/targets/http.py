@@ -133,13 +133,21 @@ class _Runner:
         if self.chat_prompt_tokens is not None and self.chat_prompt_tokens[pos] is not None:
             rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
         st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
+        await self._exchange(
+            pos, rec, st, lambda: request_body(self.ctx, self.prompts[pos], w.output_len)
+        )
+
+    async def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
+                        make_body: Callable[[], bytes]) -> None:
+        """Wait for a slot (--max-concurrency), send, record: one request's life, whether a
+        single request or a session's turn."""
         has_slot = False
         try:
             if self.sem is not None:
                 await self.sem.acquire()
                 has_slot = True
                 rec.slot_s = rec.first_scheduled_s = time.perf_counter() - self.t0
-            body = request_body(self.ctx, self.prompts[pos], w.output_len)
+            body = make_body()
             self.records[pos], self.streams[pos] = rec, st
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)

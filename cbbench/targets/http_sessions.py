@@ -115,32 +115,10 @@ class SessionRunner(_Runner):
                     prompt_len: int) -> tuple[RequestRecord, SseStream]:
         """One turn, as http._Runner._one sends one request: wait for a slot, send, record."""
         pos = self.plan.request_id(i, k)
+        output_len = self.plan.sessions[i].turns[k].output_len
         rec = RequestRecord(id=pos, prompt_tokens=prompt_len, output_tokens=0,
                             intended_start_s=intended, session_id=self.plan.labels[i],
-                            turn=k + 1, max_tokens=self.plan.sessions[i].turns[k].output_len)
+                            turn=k + 1, max_tokens=output_len)
         st = SseStream(True, rec.token_times_s, keep_text=True)
-        has_slot = False
-        try:
-            if self.sem is not None:
-                await self.sem.acquire()
-                has_slot = True
-                rec.slot_s = rec.first_scheduled_s = self._now()
-            body = messages_body(self.ctx, messages, self.plan.sessions[i].turns[k].output_len)
-            self.records[pos], self.streams[pos] = rec, st
-            self.in_flight += 1
-            self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            try:
-                await self._send(rec, body, st)
-            finally:
-                self.in_flight -= 1
-        except asyncio.CancelledError:  # the run was stopped
-            if rec.send_s is not None and rec.error is None:
-                rec.error_type, rec.error = (
-                    "interrupted", "run interrupted before the request finished",
-                )
-        finally:
-            if has_slot:
-                self.sem.release()
-            if rec.send_s is not None:
-                self._ended(pos, rec, st)
+        await self._exchange(pos, rec, st, lambda: messages_body(self.ctx, messages, output_len))
         return rec, st
