@@ -78,6 +78,18 @@ def itl_values_s(records: Sequence[RequestRecord]) -> np.ndarray:
     return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
+def latency_distributions(done: Sequence[RequestRecord], percentiles=DEFAULT_PERCENTILES) -> dict:
+    """TTFT, TPOT, ITL and E2EL of completed requests, in ms (vLLM's definitions)."""
+    return {
+        "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
+        "tpot_ms": distribution(
+            [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
+        ),
+        "itl_ms": distribution(itl_values_s(done) * MS, percentiles),
+        "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
+    }
+
+
 def summarize(
     records: Sequence[RequestRecord],
     duration_s: float,
@@ -105,12 +117,7 @@ def summarize(
         "request_throughput": len(done) / dur,
         "output_throughput": out_tokens / dur,
         "total_token_throughput": (in_tokens + out_tokens) / dur,
-        "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
-        "tpot_ms": distribution(
-            [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
-        ),
-        "itl_ms": distribution(itl_values_s(done) * MS, percentiles),
-        "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
+        **latency_distributions(done, percentiles),
         "send_lag_ms": distribution(lags, percentiles),
     }
     if summary["cancelled"]:

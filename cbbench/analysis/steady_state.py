@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.metrics import DEFAULT_PERCENTILES, MS, distribution, itl_values_s
+from cbbench.analysis.metrics import DEFAULT_PERCENTILES, latency_distributions
 from cbbench.analysis.records import RequestRecord
 
 LEVEL_FRACTION = 0.9  # within 10% of the steady level counts as "at it"
@@ -127,12 +127,7 @@ def window_figures(
         "request_throughput": len(finished) / span,
         "output_throughput": out_tokens / span,
         "total_token_throughput": (in_tokens + out_tokens) / span,
-        "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
-        "tpot_ms": distribution(
-            [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
-        ),
-        "itl_ms": distribution(itl_values_s(done) * MS, percentiles),
-        "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
+        **latency_distributions(done, percentiles),
     }
 
 
