@@ -223,21 +223,10 @@ def _json_int(obj: dict, key: str, where: str, minimum: int) -> int:
 
 
 def load_mooncake(path: Path) -> Workload:
-    from cbbench.load.workload import jsonl_lines  # lines end at \n only, each capped
+    from cbbench.load.workload import jsonl_objects  # lines end at \n only, each capped
 
     rows = []
-    for lineno, line in jsonl_lines(path):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-        except RecursionError:
-            raise UsageError(f"{where}: the JSON is nested too deeply") from None
-        except ValueError as e:  # an integer of more digits than int() takes
-            raise UsageError(f"{where}: malformed JSON ({e})") from None
+    for where, obj in jsonl_objects(path):
         if not isinstance(obj, dict):
             raise UsageError(f"{where}: expected a JSON object")
         missing = [k for k in MOONCAKE_FIELDS if k not in obj]

@@ -254,9 +254,9 @@ def jsonl_lines(path: Path):
                 raise UsageError(f"cannot read workload file {path}: line {lineno}: {e}") from None
 
 
-def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
-    reqs: list[WorkloadRequest] = []
-    sessions: list[Session] = []
+def jsonl_objects(path: Path):
+    """(where, value) of each non-blank line of a JSONL file, ``where`` being ``PATH:LINE``;
+    a line that is not JSON is one UsageError naming it."""
     for lineno, line in jsonl_lines(path):
         if not line.strip():
             continue
@@ -269,6 +269,13 @@ def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_cou
             raise UsageError(f"{where}: the JSON is nested too deeply") from None
         except ValueError as e:  # an integer of more digits than int() takes
             raise UsageError(f"{where}: malformed JSON ({e})") from None
+        yield where, obj
+
+
+def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
+    reqs: list[WorkloadRequest] = []
+    sessions: list[Session] = []
+    for where, obj in jsonl_objects(path):
         if isinstance(obj, dict) and "turns" in obj:
             sessions.append(parse_session(obj, len(sessions), where, count_tokens))
         else:
