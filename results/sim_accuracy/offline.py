@@ -23,17 +23,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from summarize import TARGET, get  # this folder's: the errors are read as run.sh reads them
 
 METRICS = (("TTFT p50", ("ttft_ms", "p50")), ("TPOT p50", ("tpot_ms", "p50")),
            ("throughput", ("output_throughput",)))
-TARGET = 0.15
-
-
-def get(result: dict, path: tuple[str, ...]) -> float:
-    node = result["summary"]
-    for key in path:
-        node = node[key]
-    return float(node)
 
 
 def decode_line(result: dict) -> tuple[float, float, float]:
