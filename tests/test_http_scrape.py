@@ -166,3 +166,18 @@ def test_diff_of_means_by_hand():
     assert "diff of means" in table
     row = next(x for x in table.splitlines() if x.startswith("TTFT p50"))
     assert row.split()[-1] == "25.00"
+
+
+@pytest.mark.parametrize("flags", [["--scrape-metrics"], ["--scrape-metrics-filter", "("]])
+def test_scrape_flags_without_an_endpoint_are_refused(tmp_path, flags):
+    """With the bundled engine there is no /metrics to read: the flags (even a bad regex) were
+    silently ignored."""
+    from typer.testing import CliRunner
+
+    from cbbench.cli.app import app
+
+    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--num-requests", "2", *flags,
+                                   "--output", str(tmp_path / "r.json")])
+    assert res.exit_code == 2
+    assert "needs --endpoint" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "r.json").exists()

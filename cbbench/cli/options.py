@@ -162,6 +162,9 @@ def endpoint_options(
 ):
     """EndpointOptions for --endpoint (None without it), checked before any probe runs."""
     if endpoint is None:
+        if scrape_metrics or scrape_metrics_filter is not None:  # was silently ignored
+            raise UsageError("--scrape-metrics reads a server's /metrics: it needs --endpoint "
+                             "(the bundled engine's own figures are in every result)")
         return None
     from cbbench.targets.options import EndpointOptions, parse_header
 
