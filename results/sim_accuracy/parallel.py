@@ -27,6 +27,8 @@ def quiet(_msg: str) -> None:
 def tensor_parallel() -> None:
     model, h100 = get_model_config("llama-3.1-70b"), get_gpu_spec("h100")
     floor = model.weight_bytes("bf16") / h100.hbm_bandwidth
+    print("Made by `python results/sim_accuracy/parallel.py > results/sim_accuracy/parallel.md`: "
+          "the simulator, deterministic.\n")
     print("## Tensor parallelism: llama-3.1-70b, batch-1 decode (512 keys), simulated H100\n")
     print("| TP | step (ms) | weight-read floor (ms) | step / floor | all-reduces + gather (ms) |")
     print("|---|---|---|---|---|")

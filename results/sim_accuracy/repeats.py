@@ -33,6 +33,7 @@ def main(dirs: list[str]) -> None:
     reals = [load(d, "real.json") for d in dirs]
     sims = [load(d, "sim.json") for d in dirs]
     cals = [load(d, "cal.json") for d in dirs]
+    print("Made by `python results/sim_accuracy/repeats.py WORK_r3 ... WORK_r8 > results/sim_accuracy/repeats.md` (each WORK_rN: the folder run.sh wrote that repeat's full results to)." + "\n")
     print("| repeat | calibration run | " + " | ".join(
         f"{m} real / sim (error)" for m, _ in METRICS) + " |")
     print("|---|---|" + "---|" * len(METRICS))
