@@ -166,6 +166,13 @@ class EngineArgs:
         "layer over the GPU's interconnect).",
         low=1,
     )
+    expert_parallel_size: int = opt(
+        1,
+        "sim, mixture-of-experts models: GPUs each replica spreads its experts over (whole "
+        "experts per GPU, attention data-parallel across them, an all-to-all dispatch and "
+        "combine per MoE layer over the GPU's interconnect).",
+        low=1,
+    )
     data_parallel_size: int = opt(
         1, "sim: independent engine replicas behind a router, one result.", low=1
     )
@@ -206,7 +213,7 @@ SIM_RATE_FIELDS = ("eta_memory", "eta_compute", "iteration_overhead_us")
 
 def check_single_device(args: EngineArgs) -> None:
     """The torch engine runs on one device: tensor and data parallelism are simulated only."""
-    for name in ("tensor_parallel_size", "data_parallel_size"):
+    for name in ("tensor_parallel_size", "expert_parallel_size", "data_parallel_size"):
         if getattr(args, name) > 1:
             raise EngineArgsError(
                 f"{flag_of(name)} {getattr(args, name)}: the torch engine runs on one device "

@@ -67,11 +67,13 @@ def build_sim_engine(args: EngineArgs):
     except ValueError as e:
         raise EngineArgsError(str(e)) from None
     dtype = args.dtype or (profile.dtype if profile else "bf16")
-    tp = args.tensor_parallel_size
+    tp, ep = args.tensor_parallel_size, args.expert_parallel_size
     try:
-        cost = CostModel(model, dtype, gpu, rates=rates, tensor_parallel_size=tp)
+        cost = CostModel(model, dtype, gpu, rates=rates, tensor_parallel_size=tp,
+                         expert_parallel_size=ep)
     except ValueError as e:
-        raise EngineArgsError(f"--tensor-parallel-size {tp}: {e}") from None
+        flag = f"--expert-parallel-size {ep}" if ep > 1 else f"--tensor-parallel-size {tp}"
+        raise EngineArgsError(f"{flag}: {e}") from None
     max_model_len = args.max_model_len or model.max_model_len
     try:
         if args.num_kv_blocks:
@@ -81,7 +83,7 @@ def build_sim_engine(args: EngineArgs):
         else:
             num_blocks = sim_num_kv_blocks(
                 model, gpu, args.block_size, dtype, args.gpu_memory_utilization,
-                tensor_parallel_size=tp,
+                tensor_parallel_size=tp, expert_parallel_size=ep,
             )
     except ValueError as e:
         raise EngineArgsError(str(e)) from None

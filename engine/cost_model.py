@@ -20,6 +20,14 @@ with prefill rows (a prefill chunk's own attention call and bookkeeping), and a 
 host's time lost to other processes scales the whole. With tensor
 parallelism (``tp`` > 1) the GEMMs, attention heads and KV are sharded and every layer adds two
 ring all-reduces of the hidden state, plus one all-gather of the logits.
+
+Mixture-of-experts models (engine/moe.py): the MLP's gate_up and down are the experts'
+(gate_up also carries the router's h x E GEMM). FLOPs count the k active experts per token;
+weight bytes count the experts the batch touches, E * (1 - (1 - k/E)^T) per layer for T tokens
+under uniform routing. With expert parallelism (``ep`` > 1) one engine spans ep GPUs: whole
+experts spread over them (E/ep each), attention data-parallel (each GPU a 1/ep share of the
+rows, the attention weights replicated), and every MoE layer adds an all-to-all dispatch of
+the tokens' hidden states to their experts' GPUs and one back (combine).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 
 from .gpu_specs import GPUSpec
 from .model_config import DTYPE_BYTES, ModelConfig
+from .moe import all_to_all_s, expected_experts_touched
 from .scheduler_output import SchedulerOutput
 
 # Efficiency defaults: what well-tuned kernels typically reach on Hopper-class GPUs
@@ -42,6 +51,8 @@ ELEMENTWISE_PASSES_PER_LAYER = 8
 LOGITS_BYTES = 4  # fp32 logits
 # All-reduces per layer under tensor parallelism (Megatron): attention output, MLP output.
 ALL_REDUCES_PER_LAYER = 2
+# All-to-alls per MoE layer under expert parallelism: dispatch to the experts, combine back.
+ALL_TO_ALLS_PER_LAYER = 2
 # Operator order of CostModel.operators(); the attention efficiencies scale attention's.
 OPERATORS = ("qkv", "o", "gate_up", "down", "attention", "kv_write", "elementwise", "embedding",
              "lm_head")
@@ -155,27 +166,31 @@ class CostModel:
         *,
         rates: DeviceRates | None = None,
         tensor_parallel_size: int = 1,
+        expert_parallel_size: int = 1,
     ) -> None:
         """``rates`` (a calibrated device) take precedence over ``gpu`` x ``efficiency``;
         with neither, time_s is None (analytic bytes and FLOPs only)."""
         tp = tensor_parallel_size
         check_tensor_parallel(model, tp)
+        check_expert_parallel(model, tp, expert_parallel_size)
         self.model = model
         self.gpu = gpu
         self.eff = efficiency
         self.tp = tp
+        self.ep = expert_parallel_size
         if rates is None and gpu is not None:
             rates = DeviceRates.from_spec(gpu, efficiency)
         self.rates = rates
         self.interconnect = (
             Interconnect(gpu.interconnect_bandwidth, gpu.collective_latency_s)
-            if gpu is not None and tp > 1
+            if gpu is not None and (tp > 1 or self.ep > 1)
             else None
         )
-        if tp > 1 and self.interconnect is None:
-            raise ValueError("tensor parallelism needs a GPU spec with an interconnect")
+        if (tp > 1 or self.ep > 1) and self.interconnect is None:
+            raise ValueError("tensor or expert parallelism needs a GPU spec with an interconnect")
         db = DTYPE_BYTES[dtype]
         self.dtype_bytes = db
+        self._dtype_name = dtype
         m = model
         h, inter, L = m.hidden_size, m.intermediate_size, m.num_layers
         q = m.q_size // tp
@@ -192,21 +207,72 @@ class CostModel:
         self._kv_bytes_per_token = 2 * L * kv * db
         self._attn_flops_per_pair = 4 * (m.num_heads // tp) * m.head_dim * L
         self._vocab = m.vocab_size // tp if tp > 1 else m.vocab_size
+        if m.is_moe:
+            ie = m.moe_intermediate_size // tp
+            bias = m.expert_bias
+            # Per expert, per GPU: (gate_up params, down params); biases with their weights.
+            self._expert_gate_up = h * 2 * ie + (2 * ie if bias else 0)
+            self._expert_down = ie * h + (h if bias else 0)
+            self._expert_width = ie
+            self._expert_db = m.expert_bytes_per_param(dtype)
         host = gpu.host_bandwidth if gpu is not None else None
         self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
 
     def weight_bytes(self) -> float:
-        """All weights of the model (every GPU's shard together)."""
-        return float(self.model.num_params * self.dtype_bytes)
+        """All weights of the model (every GPU's shard together; quantized experts at their
+        own width)."""
+        return float(self.model.weight_bytes(self._dtype_name))
+
+    def _local(self, shape: BatchShape) -> BatchShape:
+        """The share of the batch one GPU's attention and dense layers see: all of it, or
+        1/ep of its rows under expert parallelism (attention data-parallel)."""
+        if self.ep == 1:
+            return shape
+        n = self.ep
+        return BatchShape(shape.num_tokens / n, shape.num_logits / n, shape.attn_key_pairs / n,
+                          shape.attn_keys_read / n, shape.num_reqs / n,
+                          shape.num_prefill_reqs / n, shape.decode_keys / n)
+
+    def experts_touched(self, num_tokens: float) -> float:
+        """Experts per layer one GPU reads for a batch of ``num_tokens`` (every GPU's tokens
+        can route to its experts): E/ep * (1 - (1 - k/E)^T)."""
+        m = self.model
+        return expected_experts_touched(m.num_experts, m.num_experts_per_tok,
+                                        num_tokens) / self.ep
+
+    def _moe_ops(self, shape: BatchShape) -> list[tuple[float, float]]:
+        """(FLOPs, bytes) of the MoE MLP on one GPU, all layers: [gate_up + router, down]."""
+        m, db, L = self.model, self.dtype_bytes, self._L
+        T = shape.num_tokens  # the whole batch: its tokens route to every GPU's experts
+        pairs = T * m.num_experts_per_tok / self.ep  # (token, expert) pairs on this GPU
+        touched = self.experts_touched(T)
+        t_local = T / self.ep
+        router = m.router_params_per_layer
+        h, ie, edb = m.hidden_size, self._expert_width, self._expert_db
+        gate_up = (
+            2.0 * (pairs * self._expert_gate_up + t_local * router) * L,
+            (touched * self._expert_gate_up * edb + router * db
+             + (t_local * h + pairs * (h + 2 * ie)) * db) * L,
+        )
+        down = (
+            2.0 * pairs * self._expert_down * L,
+            (touched * self._expert_down * edb + pairs * (ie + h) * db) * L,
+        )
+        return [gate_up, down]
 
     def operators(self, shape: BatchShape) -> list[tuple[float, float]]:
         """(FLOPs, bytes) per operator on one GPU, all layers, in OPERATORS order."""
+        full = shape
+        shape = self._local(shape)
         db, L, T = self.dtype_bytes, self._L, shape.num_tokens
         h = self.model.hidden_size
+        gemms = self._layer_gemms[:2] if self.model.is_moe else self._layer_gemms
         ops: list[tuple[float, float]] = [
             (2.0 * T * params * L, (params + T * (din + dout)) * db * L)
-            for params, din, dout in self._layer_gemms
+            for params, din, dout in gemms
         ]
+        if self.model.is_moe:
+            ops += self._moe_ops(full)
         ops.append(
             (
                 self._attn_flops_per_pair * shape.attn_key_pairs,
@@ -224,6 +290,7 @@ class CostModel:
 
     def attention_parts(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
         """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows."""
+        shape = self._local(shape)
         db, L = self.dtype_bytes, self._L
         decode_rows = shape.num_reqs - shape.num_prefill_reqs
         prefill_rows = shape.num_tokens - decode_rows
@@ -239,15 +306,26 @@ class CostModel:
 
     def communication_s(self, shape: BatchShape) -> float:
         """Tensor-parallel collectives: 2 all-reduces of the hidden state per layer, and the
-        all-gather of the sampled rows' logits. 0 on one GPU."""
+        all-gather of the sampled rows' logits; expert parallelism's all-to-alls. 0 on one
+        GPU."""
         if self.interconnect is None:
             return 0.0
+        if self.ep > 1:
+            return self.all_to_all_s(shape)
         link, n = self.interconnect, self.tp
         hidden = shape.num_tokens * self.model.hidden_size * self.dtype_bytes
         t = ALL_REDUCES_PER_LAYER * self._L * link.all_reduce_s(hidden, n)
         if shape.num_logits:
             t += link.all_gather_s(shape.num_logits * self.model.vocab_size * LOGITS_BYTES, n)
         return t
+
+    def all_to_all_s(self, shape: BatchShape) -> float:
+        """Expert parallelism: per MoE layer, each GPU sends the hidden state of each of its
+        (token, expert) pairs to that expert's GPU and gets the result back."""
+        m, n, link = self.model, self.ep, self.interconnect
+        per_gpu = shape.num_tokens / n * m.num_experts_per_tok * m.hidden_size * self.dtype_bytes
+        one = all_to_all_s(link.bandwidth, link.latency_s, per_gpu, n)
+        return ALL_TO_ALLS_PER_LAYER * self._L * one
 
     def cost(self, shape: BatchShape) -> IterationCost:
         ops = self.operators(shape)
@@ -312,8 +390,26 @@ def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
     if tp < 1:
         raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
     kvh = model.num_kv_heads
-    if model.num_heads % tp or model.intermediate_size % tp or (kvh % tp and tp % kvh):
+    inter = model.moe_intermediate_size if model.is_moe else model.intermediate_size
+    if model.num_heads % tp or inter % tp or (kvh % tp and tp % kvh):
         raise ValueError(
             f"{model.name} ({model.num_heads} heads, {kvh} KV heads) cannot be split "
             f"{tp} ways: the heads must divide evenly"
         )
+
+
+def check_expert_parallel(model: ModelConfig, tp: int, ep: int) -> None:
+    """Expert parallelism needs experts to spread (whole) over the GPUs, and here runs with
+    data-parallel attention, so not beside tensor parallelism."""
+    if ep < 1:
+        raise ValueError(f"expert parallel size must be >= 1, got {ep}")
+    if ep == 1:
+        return
+    if not model.is_moe:
+        raise ValueError(f"{model.name} is a dense model: it has no experts to spread")
+    if tp > 1:
+        raise ValueError("expert parallelism runs attention data-parallel over its GPUs: "
+                         "use it with --tensor-parallel-size 1")
+    if model.num_experts % ep:
+        raise ValueError(f"{model.name}'s {model.num_experts} experts do not spread evenly "
+                         f"over {ep} GPUs")

@@ -33,6 +33,16 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     eos_token_id: int | None = None
     architecture: str = "llama"  # llama | qwen2 | mistral: all share one implementation
+    # Mixture of experts (the simulator only): every layer's MLP is num_experts SwiGLU experts
+    # of moe_intermediate_size, num_experts_per_tok of them chosen per token by a linear
+    # router (h x E). 0 experts: a dense model.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    expert_bias: bool = False  # gpt-oss: biases on each expert's projections and the router
+    # Bits per expert weight when the experts are stored quantized (gpt-oss: MXFP4, 4 bits
+    # plus one 8-bit scale per 32 values = 4.25); None: the model's dtype.
+    expert_weight_bits: float | None = None
 
     # ---- derived sizes (counts of parameters, not bytes) ----
     @property
@@ -44,14 +54,56 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def params_per_layer(self) -> int:
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def attention_params_per_layer(self) -> int:
         h = self.hidden_size
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.qkv_bias:
             attn += self.q_size + 2 * self.kv_size
-        mlp = 3 * h * self.intermediate_size
+        return attn
+
+    @property
+    def params_per_expert(self) -> int:
+        """One SwiGLU expert: gate and up (h x I each) and down (I x h), with biases on
+        gpt-oss."""
+        h, inter = self.hidden_size, self.moe_intermediate_size
+        return 3 * h * inter + (2 * inter + h if self.expert_bias else 0)
+
+    @property
+    def router_params_per_layer(self) -> int:
+        e = self.num_experts
+        return self.hidden_size * e + (e if self.expert_bias else 0) if e else 0
+
+    @property
+    def expert_params(self) -> int:
+        """Every expert of every layer (the part stored at expert_weight_bits)."""
+        return self.num_layers * self.num_experts * self.params_per_expert
+
+    @property
+    def params_per_layer(self) -> int:
+        h = self.hidden_size
+        if self.is_moe:
+            mlp = self.num_experts * self.params_per_expert + self.router_params_per_layer
+        else:
+            mlp = 3 * h * self.intermediate_size
         norms = 2 * h
-        return attn + mlp + norms
+        return self.attention_params_per_layer + mlp + norms
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token's forward uses: the chosen experts only (all, when dense)."""
+        if not self.is_moe:
+            return self.num_params
+        unused = self.num_experts - self.num_experts_per_tok
+        return self.num_params - self.num_layers * unused * self.params_per_expert
+
+    def expert_bytes_per_param(self, dtype: str = "bf16") -> float:
+        if self.expert_weight_bits is None:
+            return float(DTYPE_BYTES[dtype])
+        return self.expert_weight_bits / 8
 
     @property
     def embedding_params(self) -> int:
@@ -72,7 +124,9 @@ class ModelConfig:
         )
 
     def weight_bytes(self, dtype: str = "bf16") -> int:
-        return self.num_params * DTYPE_BYTES[dtype]
+        """All weights; quantized experts at their own width."""
+        dense = (self.num_params - self.expert_params) * DTYPE_BYTES[dtype]
+        return int(dense + math.ceil(self.expert_params * self.expert_bytes_per_param(dtype)))
 
     def kv_bytes_per_token(self, dtype: str = "bf16") -> int:
         """K and V for every layer: 2 * layers * kv_heads * head_dim * dtype bytes."""
@@ -80,6 +134,10 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# MXFP4 (OCP microscaling): 4-bit values, one 8-bit shared scale per block of 32.
+MXFP4_BITS = 4 + 8 / 32
 
 
 def _preset(**kw) -> ModelConfig:
@@ -133,6 +191,27 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         rope_theta=1000000.0, qkv_bias=True, rms_norm_eps=1e-6, architecture="qwen2",
         eos_token_id=151645,
     ),
+    # Mixture-of-experts presets (the simulator only), from each model's published config.json.
+    "mixtral-8x7b": _preset(
+        name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
+        head_dim=128, intermediate_size=14336, vocab_size=32000, max_model_len=32768,
+        rope_theta=1000000.0, architecture="mixtral", eos_token_id=2,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336,
+    ),
+    "qwen3-30b-a3b": _preset(
+        name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4,
+        head_dim=128, intermediate_size=6144, vocab_size=151936, max_model_len=40960,
+        rope_theta=1000000.0, rms_norm_eps=1e-6, architecture="qwen3_moe",
+        eos_token_id=151645, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+    ),
+    # Its experts ship in MXFP4 (quantization_config), the rest in bf16.
+    "gpt-oss-20b": _preset(
+        name="gpt-oss-20b", num_layers=24, hidden_size=2880, num_heads=64, num_kv_heads=8,
+        head_dim=64, intermediate_size=2880, vocab_size=201088, max_model_len=131072,
+        rope_theta=150000.0, qkv_bias=True, architecture="gpt_oss", eos_token_id=200002,
+        num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880, expert_bias=True,
+        expert_weight_bits=MXFP4_BITS,
+    ),
     # Small presets for the torch engine on a CPU and for tests (random weights only).
     "small": _preset(
         name="small", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
@@ -163,7 +242,16 @@ def get_model_config(name_or_path: str) -> ModelConfig:
     )
 
 
-_SUPPORTED_HF_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2"}
+_SUPPORTED_HF_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2",
+                       "mixtral": "mixtral", "qwen3_moe": "qwen3_moe", "gpt_oss": "gpt_oss"}
+# Mixture-of-experts model types: config.json key of (expert count, experts per token, expert
+# width). Both a count and a top-k are required: without them there is no MoE to model.
+_MOE_FIELDS = {
+    "mixtral": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
+    "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+    "gpt_oss": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
+}
+MOE_ARCHITECTURES = frozenset(_MOE_FIELDS)
 
 
 # A model's config.json is a few kB; one far larger (or an endless stream) is not one.
@@ -212,6 +300,37 @@ def _check_hf_fields(cfg: dict, config_path: Path) -> None:
         raise ValueError(f"{config_path}: 'eos_token_id' must be a token id (or a list of them)")
 
 
+def _moe_fields(cfg: dict, model_type: str, config_path: Path) -> dict:
+    """The expert fields of an MoE config.json, checked (a missing one is a ValueError)."""
+    if model_type not in _MOE_FIELDS:
+        return {}
+    count_key, topk_key, width_key = _MOE_FIELDS[model_type]
+    if topk_key not in cfg and "experts_per_token" in cfg:  # gpt-oss writes both names
+        topk_key = "experts_per_token"
+    values = {}
+    for key in (count_key, topk_key, width_key):
+        v = cfg.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{config_path}: a {model_type} (mixture-of-experts) config needs "
+                             f"{key!r} as an integer >= 1, got {v!r}")
+        values[key] = v
+    experts, topk = values[count_key], values[topk_key]
+    if topk > experts:
+        raise ValueError(f"{config_path}: {topk_key} ({topk}) exceeds {count_key} ({experts})")
+    if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+        raise ValueError(f"{config_path}: dense layers among the MoE layers (mlp_only_layers, "
+                         "decoder_sparse_step) are not modelled")
+    quant = cfg.get("quantization_config")
+    mxfp4 = isinstance(quant, dict) and quant.get("quant_method") == "mxfp4"
+    return {
+        "num_experts": experts,
+        "num_experts_per_tok": topk,
+        "moe_intermediate_size": values[width_key],
+        "expert_bias": model_type == "gpt_oss",
+        "expert_weight_bits": MXFP4_BITS if mxfp4 else None,
+    }
+
+
 def from_hf_config(config_path: Path) -> ModelConfig:
     cfg = _read_hf_config(config_path)
     model_type = cfg.get("model_type", "")
@@ -226,7 +345,10 @@ def from_hf_config(config_path: Path) -> ModelConfig:
     eos = cfg.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
+    moe = _moe_fields(cfg, model_type, config_path)
     rope_scaling = cfg.get("rope_scaling")
+    if moe:
+        rope_scaling = None  # position encoding does not change the simulator's cost
     if rope_scaling is not None:
         kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
         if kind not in ("llama3", "default", None):
@@ -250,6 +372,7 @@ def from_hf_config(config_path: Path) -> ModelConfig:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
         eos_token_id=eos,
         architecture=_SUPPORTED_HF_TYPES[model_type],
+        **moe,
     )
 
 

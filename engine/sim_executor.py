@@ -27,25 +27,32 @@ def sim_num_kv_blocks(
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
     tensor_parallel_size: int = 1,
+    expert_parallel_size: int = 1,
 ) -> int:
     """KV capacity from memory: N_max = (M - W) / k tokens, in whole blocks, where M is the
     memory given to the engine (less an activation reserve), W the weights, k the KV bytes per
     token. With tensor parallelism all three are per GPU: each holds 1/tp of the weights and
     of the KV heads (whole heads: replicated when there are fewer KV heads than GPUs), and
-    a block spans the GPUs, so the tightest GPU decides."""
-    tp = tensor_parallel_size
+    a block spans the GPUs, so the tightest GPU decides. With expert parallelism (ep GPUs)
+    each holds every non-expert weight and 1/ep of the experts, and its own requests' KV:
+    the pool is ep GPUs' worth."""
+    tp, ep = tensor_parallel_size, expert_parallel_size
     usable = gpu.memory_bytes * gpu_memory_utilization - activation_reserve_bytes
-    weights = model.num_params * DTYPE_BYTES[dtype] / tp
+    total = model.weight_bytes(dtype)
+    experts = model.expert_params * model.expert_bytes_per_param(dtype)
+    weights = (total - experts) / tp + experts / (tp * ep)
     free = usable - weights
     if free <= 0:
-        where = f"{gpu.name}'s memory" if tp == 1 else f"{tp} x {gpu.name} (tensor parallel)"
+        where = (f"{gpu.name}'s memory" if tp == 1 and ep == 1
+                 else f"{tp} x {gpu.name} (tensor parallel)" if ep == 1
+                 else f"{ep} x {gpu.name} (expert parallel)")
         raise ValueError(
-            f"{model.name} ({model.num_params * DTYPE_BYTES[dtype] / 1e9:.1f} GB in {dtype}) "
+            f"{model.name} ({total / 1e9:.1f} GB in {dtype}) "
             f"does not fit in {where} at utilization {gpu_memory_utilization}"
         )
     kv_per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim
     tokens = int(free // (kv_per_token * DTYPE_BYTES[dtype]))
-    return tokens // block_size
+    return ep * tokens // block_size
 
 
 class SimExecutor:

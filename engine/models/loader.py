@@ -63,6 +63,7 @@ def load_model(
     dtype = resolve_dtype(dtype)
     if model in MODEL_PRESETS:
         config = MODEL_PRESETS[model]
+        check_dense(config)
         if max_model_len is not None:
             config = with_max_model_len(config, max_model_len)
         net = LlamaForCausalLM(config, attn_backend, dtype=dtype, device=device, fused=fused)
@@ -76,12 +77,20 @@ def load_model(
             "nor an existing folder"
         )
     config = hf_model_config(folder)
+    check_dense(config)
     if max_model_len is not None:
         config = with_max_model_len(config, min(max_model_len, config.max_model_len))
     files = safetensors_files(folder)
     net = LlamaForCausalLM(config, attn_backend, dtype=dtype, device=device, fused=fused)
     load_hf_weights(net, files)
     return net.eval(), config
+
+
+def check_dense(config: ModelConfig) -> None:
+    """The torch engine implements the dense Llama family; MoE models are simulated only."""
+    if config.is_moe:
+        raise ValueError(f"{config.name} is a mixture-of-experts model: the torch engine runs "
+                         "dense Llama-family models; use --engine sim")
 
 
 def hf_model_config(folder: Path) -> ModelConfig:
