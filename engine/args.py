@@ -22,7 +22,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 QUEUE_POLICIES = ("fcfs", "priority")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("bf16", "fp16", "fp32")
-ROUTERS = ("round-robin", "least-requests", "least-kv")
+ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware")
 # Kept equal to cbbench.kernels.BACKEND_NAMES (a test checks): importing kernels imports torch,
 # which the simulated path never does.
 ATTENTION_BACKENDS = ("auto", "reference", "torch", "triton", "flash-attn")
@@ -176,11 +176,31 @@ class EngineArgs:
     data_parallel_size: int = opt(
         1, "sim: independent engine replicas behind a router, one result.", low=1
     )
+    disaggregate: str | None = opt(
+        None,
+        "sim: P:D disaggregated prefill and decode: P prefill instances and D decode "
+        "instances (each --tensor-parallel-size GPUs, its own queue); a request's KV moves "
+        "over --kv-link after its prefill and it decodes where --router sends it.",
+    )
+    kv_link: str = opt(
+        "nvlink",
+        "With --disaggregate: the link KV moves over, per GPU: nvlink (450 GB/s, 10 us) | "
+        "pcie (Gen5 x16, 64 GB/s, 10 us) | infiniband (NDR 400 Gb/s: 50 GB/s, 5 us) | roce "
+        "(400 GbE: 50 GB/s, 10 us).",
+    )
     router: str = opt(
         "round-robin",
         "With --data-parallel-size > 1: round-robin | least-requests (fewest unfinished "
-        "requests) | least-kv (lowest KV-cache use).",
+        "requests) | least-kv (lowest KV-cache use) | prefix-aware (most of the request's "
+        "leading blocks in the replica's prefix cache, within --router-max-imbalance; needs "
+        "--enable-prefix-caching).",
         choices=ROUTERS,
+    )
+    router_max_imbalance: int = opt(
+        16,
+        "--router prefix-aware: a replica wins on its cache only with at most this many more "
+        "unfinished requests than the least-loaded replica.",
+        low=0,
     )
     seed: int = opt(
         0, "Engine seed: random weights, synthetic prompts, sampling.", low=0, high=MAX_SEED,
@@ -195,6 +215,7 @@ class EngineArgs:
                 raise EngineArgsError(f"{flag_of(f.name)} {problem}")
         if self.engine == "torch":
             check_single_device(self)
+        self._check_disaggregation()
         if self.gpu_profile is not None:
             rate_flags = [flag_of(n) for n in SIM_RATE_FIELDS if getattr(self, n) is not None]
             if rate_flags:
@@ -203,6 +224,33 @@ class EngineArgs:
                     "choose one"
                 )
         return self
+
+    def _check_disaggregation(self) -> None:
+        from .kv_link import get_kv_link, parse_disaggregate
+
+        try:
+            get_kv_link(self.kv_link)
+            if self.disaggregate is not None:
+                parse_disaggregate(self.disaggregate)
+        except ValueError as e:
+            raise EngineArgsError(f"--kv-link {e}" if "KV link" in str(e) else str(e)) from None
+        if self.disaggregate is not None and self.data_parallel_size > 1:
+            raise EngineArgsError("--disaggregate P:D sets the instances: use it without "
+                                  "--data-parallel-size")
+
+    @property
+    def disaggregation(self) -> tuple[int, int] | None:
+        """(prefill instances, decode instances), or None when colocated."""
+        from .kv_link import parse_disaggregate
+
+        return parse_disaggregate(self.disaggregate) if self.disaggregate else None
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the deployment holds: instances x GPUs per instance."""
+        pd = self.disaggregation
+        instances = sum(pd) if pd else self.data_parallel_size
+        return instances * self.tensor_parallel_size * self.expert_parallel_size
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -213,6 +261,9 @@ SIM_RATE_FIELDS = ("eta_memory", "eta_compute", "iteration_overhead_us")
 
 def check_single_device(args: EngineArgs) -> None:
     """The torch engine runs on one device: tensor and data parallelism are simulated only."""
+    if args.disaggregate is not None:
+        raise EngineArgsError("--disaggregate: the torch engine runs on one device for now; "
+                              "use --engine sim to simulate disaggregated prefill and decode")
     for name in ("tensor_parallel_size", "expert_parallel_size", "data_parallel_size"):
         if getattr(args, name) > 1:
             raise EngineArgsError(

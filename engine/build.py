@@ -50,9 +50,10 @@ def build_engine(args: EngineArgs, notice: Callable[[str], None]):
     kind = resolve_engine(args, notice)
     if kind == "torch":
         check_single_device(args)
-    if args.data_parallel_size > 1:
+    if args.data_parallel_size > 1 or args.disaggregate is not None:
         raise EngineArgsError(
-            f"--data-parallel-size {args.data_parallel_size}: this command runs one engine "
+            f"--data-parallel-size {args.data_parallel_size} / --disaggregate: this command "
+            "runs one engine "
             "replica (benchmark runs take data parallelism: run, compare, sweep, capacity)"
         )
     if kind == "sim":
@@ -69,11 +70,35 @@ def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
     args.validate()
     if resolve_engine(args, notice) == "torch":
         check_single_device(args)
-    one = dataclasses.replace(args, data_parallel_size=1)
+    if args.router == "prefix-aware" and not args.enable_prefix_caching:
+        raise EngineArgsError("--router prefix-aware routes by the replicas' prefix caches: "
+                              "add --enable-prefix-caching")
+    one = dataclasses.replace(args, data_parallel_size=1, disaggregate=None)
+    pd = args.disaggregation
+    if pd is not None:
+        return _build_disaggregated(args, one, pd)
     first = build_sim_engine(one)
     _check_replica_memory(args.data_parallel_size, first[1])
     built = [first, *(build_sim_engine(one) for _ in range(args.data_parallel_size - 1))]
-    return ReplicaSet([engine for engine, _ in built], args.router), built[0][1]
+    engines = [engine for engine, _ in built]
+    return ReplicaSet(engines, args.router, args.router_max_imbalance), built[0][1]
+
+
+def _build_disaggregated(args: EngineArgs, one: EngineArgs, pd: tuple[int, int]):
+    """--disaggregate P:D: P prefill and D decode simulated engines, alike, with the KV link
+    between them. Returns (DisaggregatedSet, EngineInfo of one instance)."""
+    from .disaggregated import DisaggregatedSet
+    from .kv_link import get_kv_link
+
+    first = build_sim_engine(one)
+    info = first[1]
+    _check_replica_memory(sum(pd), info)
+    engines = [first[0], *(build_sim_engine(one)[0] for _ in range(sum(pd) - 1))]
+    gpus = args.tensor_parallel_size * args.expert_parallel_size
+    return DisaggregatedSet(
+        engines[: pd[0]], engines[pd[0]:], get_kv_link(args.kv_link), info.kv_bytes_per_token,
+        gpus, args.router, args.router_max_imbalance,
+    ), info
 
 
 def _check_replica_memory(replicas: int, info: EngineInfo) -> None:

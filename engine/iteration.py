@@ -36,6 +36,7 @@ class IterationRecord:
     attn_keys_read: float = 0.0  # keys read from the KV cache
     attn_decode_keys: float = 0.0  # of both, the decode rows' (one key pair per key read)
     replica: int | None = None  # data parallelism: which engine replica ran it
+    pool: str | None = None  # disaggregation: "prefill" or "decode" (replica: its index there)
 
     @property
     def achieved_bandwidth(self) -> float:
@@ -45,5 +46,7 @@ class IterationRecord:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         if self.replica is None:
             del d["replica"]
+        if self.pool is None:
+            del d["pool"]
         d["achieved_bw_gbps"] = self.achieved_bandwidth / 1e9
         return d

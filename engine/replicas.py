@@ -17,7 +17,7 @@ from .engine import Engine, StepFailed, StepOutput
 from .feed import RequestFeed
 from .iteration import IterationRecord
 from .request import Request
-from .router import make_router
+from .router import DEFAULT_MAX_IMBALANCE, make_router
 
 
 class Replica:
@@ -34,6 +34,14 @@ class Replica:
         bm = self.engine.block_manager
         return bm.num_used_blocks / bm.num_blocks if bm.num_blocks else 0.0
 
+    def prefix_hit_blocks(self, req: Request) -> int:
+        """Leading blocks of ``req`` this replica's prefix cache holds now (0 without prefix
+        caching, or for a request whose token ids are unknown)."""
+        bm = self.engine.block_manager
+        if not bm.enable_prefix_caching or req.prompt_token_ids is None:
+            return 0
+        return len(bm.lookup_prefix(req))
+
 
 class ReplicaClock:
     """The run's clock as the front sees it: the furthest replica's time (virtual)."""
@@ -48,13 +56,14 @@ class ReplicaClock:
 
 
 class ReplicaSet:
-    def __init__(self, engines: Sequence[Engine], router: str) -> None:
+    def __init__(self, engines: Sequence[Engine], router: str,
+                 max_imbalance: int = DEFAULT_MAX_IMBALANCE) -> None:
         if not engines:
             raise ValueError("data parallelism needs at least one replica")
         if any(e.clock.realtime for e in engines):
             raise ValueError("engine replicas run on virtual clocks (the simulator)")
         self.replicas = [Replica(k, e) for k, e in enumerate(engines)]
-        self.router = make_router(router)
+        self.router = make_router(router, max_imbalance)
         self.clock = ReplicaClock(self.replicas)
         self.assignments: dict[int, int] = {}  # request id -> replica
 

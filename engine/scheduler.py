@@ -187,8 +187,9 @@ class Scheduler:
         if not self.bm.allocate(req, num_tokens):
             return False
         pairs = list(zip(req.cpu_block_table, req.block_table))
-        step.swap_in.extend(pairs)
-        step.swapped_in[req] = pairs
+        if pairs:  # none for KV that arrives from another instance (engine/disaggregated.py)
+            step.swap_in.extend(pairs)
+            step.swapped_in[req] = pairs
         return True
 
     def _cancel_swap_in(self, req: Request, step: _Step) -> None:

@@ -373,6 +373,8 @@ def execute_run(
             # Triton compilations inside the timed run (0 is the goal: each one stalls an
             # iteration); null where Triton's compilation hook is unavailable.
             summary["engine"]["kernel_compilations_during_run"] = run.kernel_compilations
+    if spec.endpoint is None:
+        add_deployment(summary, spec.engine, run, iterations)
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     if spec.endpoint is not None:
@@ -393,6 +395,27 @@ def execute_run(
     result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
     result["iterations"] = iterations
     return result
+
+
+def add_deployment(summary: dict, opts: EngineArgs, run, iterations: list[dict]) -> None:
+    """The GPUs the engine run held, goodput per GPU (DistServe's figure of merit), and under
+    --disaggregate the KV transfer times and each pool's own engine summary."""
+    from cbbench.analysis.metrics import distribution
+
+    gpus = opts.num_gpus
+    summary["gpus"] = gpus
+    if "goodput" in summary:
+        summary["goodput_per_gpu"] = summary["goodput"] / gpus
+    transfers = getattr(run, "kv_transfer_ms", None)
+    if transfers is None:
+        return
+    summary["kv_transfer_ms"] = distribution(transfers)
+    if "engine" in summary:
+        gpu_spec = run.resolved.gpu_spec
+        summary["engine"]["pools"] = {
+            pool: summarize_engine([it for it in iterations if it.get("pool") == pool], gpu_spec)
+            for pool in ("prefill", "decode")
+        }
 
 
 def spec_to_dict(spec: RunSpec) -> dict:

@@ -73,6 +73,8 @@ class EngineRun:
     kv_blocks_in_use_at_end: int = 0  # held by no request once the run is over: must be 0
     # Triton kernels compiled while the run was timed (torch engine; None: not counted).
     kernel_compilations: int | None = None
+    # --disaggregate: each request's KV transfer, end of prefill to arrival (link queue included).
+    kv_transfer_ms: list[float] | None = None
 
 
 def _make_requests(
@@ -189,7 +191,7 @@ def run_engine(
     from cbbench.engine.request import RequestStatus
 
     loop = run_feed
-    if opts.data_parallel_size > 1:
+    if opts.data_parallel_size > 1 or opts.disaggregate is not None:
         from cbbench.engine.replicas import run_replicas
 
         engine, info = build_replicas(opts, notice)
@@ -290,6 +292,7 @@ def run_engine(
     )
     if session_feed is not None:
         run.sessions_ended_early = session_feed.ended_early
+    run.kv_transfer_ms = getattr(engine, "kv_transfer_ms", None)
     count = getattr(engine.executor, "kernel_compilations_since_ready", None)
     run.kernel_compilations = count() if count is not None else None
     return run
