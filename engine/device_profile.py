@@ -28,6 +28,9 @@ class DeviceProfile:
     dtype: str
     models: tuple[str, ...]
     rates: DeviceRates
+    # The residual spread as step-time factors per iteration class (engine/sim_bounds.py):
+    # {class: {"low", "high"}}; None when the profile records no residuals.
+    spread: dict | None = None
 
     @property
     def is_cpu(self) -> bool:
@@ -103,4 +106,34 @@ def load_profile(path: str | Path) -> DeviceProfile:
         dtype=dtype,
         models=tuple(models),
         rates=DeviceRates(**values),
+        spread=_spread(data, where),
     )
+
+
+def _spread(data: dict, where: str) -> dict | None:
+    """The profile's ``spread`` (written by calibrate), else derived from its ``residuals``
+    (profiles from before the field); None when it has neither."""
+    from .sim_bounds import CLASSES, spread_from_residuals
+
+    spread = data.get("spread")
+    if spread is None:
+        residuals = data.get("residuals")
+        if not isinstance(residuals, dict):
+            return None
+        try:
+            return spread_from_residuals(residuals) or None
+        except (TypeError, AttributeError):
+            raise ValueError(f"{where}: 'residuals' is malformed") from None
+    if not isinstance(spread, dict):
+        raise ValueError(f"{where}: 'spread' must be an object")
+    out = {}
+    for cls in CLASSES:
+        band = spread.get(cls)
+        if band is None:
+            continue
+        lo, hi = (band.get("low"), band.get("high")) if isinstance(band, dict) else (None, None)
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                   and v > 0 for v in (lo, hi)) or lo > hi:
+            raise ValueError(f"{where}: spread.{cls} must have 0 < low <= high")
+        out[cls] = {"low": float(lo), "high": float(hi)}
+    return out or None

@@ -42,6 +42,7 @@ from cbbench.engine.cost_model import ATTENTION_OP, BatchShape, CostModel, Devic
 from cbbench.engine.device_profile import CPU_DEVICE, DeviceProfile, profile_to_dict
 from cbbench.engine.gpu_specs import get_gpu_spec
 from cbbench.engine.model_config import ModelConfig
+from cbbench.engine.sim_bounds import SPREAD_LEVEL, spread_from_residuals
 from cbbench.errors import UsageError
 
 # Seven parameters need many more points than seven; 50 also keeps one outlier from steering.
@@ -200,6 +201,10 @@ def calibrate(results: Sequence[tuple[str, dict]]) -> dict:
     # the roofline's fit to a typical iteration (without it).
     out["residuals"] = error_stats(typical * factor, data.measured, data.labels)
     out["residuals_typical"] = error_stats(typical, data.measured, data.labels)
+    # The residual band a simulated run's intervals come from (summary.intervals).
+    out["spread"] = {"level": SPREAD_LEVEL, "basis": "per class: e in [bias - p90, bias + p90] "
+                     "of residuals, as factors 1 / (1 + e) on the predicted step time",
+                     **spread_from_residuals(out["residuals"])}
     out["num_iterations"] = data.n
     out["sources"] = [
         {"file": s.file, "workload": s.workload, "model": s.model, "iterations_used": s.used,

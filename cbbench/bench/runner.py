@@ -375,6 +375,8 @@ def execute_run(
             summary["engine"]["kernel_compilations_during_run"] = run.kernel_compilations
     if spec.endpoint is None:
         add_deployment(summary, spec.engine, run, iterations)
+        if not run.interrupted:
+            add_intervals(summary, spec, wreqs, arrivals, plan, cancel, notice)
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     if spec.endpoint is not None:
@@ -395,6 +397,28 @@ def execute_run(
     result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
     result["iterations"] = iterations
     return result
+
+
+def add_intervals(summary: dict, spec: RunSpec, wreqs, arrivals, plan, cancel, notice) -> None:
+    """summary.intervals on a simulated run with a calibrated profile: the same requests
+    simulated at the fast and the slow end of the profile's residual spread."""
+    from cbbench.analysis.intervals import intervals
+    from cbbench.engine.build_common import load_device_profile
+    from cbbench.engine.sim_bounds import SPREAD_LEVEL
+
+    opts = spec.engine
+    if opts.engine != "sim" or opts.gpu_profile is None:
+        return
+    spread = load_device_profile(opts).spread
+    if not spread:
+        return
+    bounds = []
+    for end in ("low", "high"):
+        factors = {cls: band[end] for cls, band in spread.items()}
+        run = run_engine(opts, wreqs, arrivals, notice, sessions=plan, cancel=cancel,
+                         step_time_factors=factors)
+        bounds.append(summarize(run.records, run.duration_s, spec.slo))
+    summary["intervals"] = intervals(summary, bounds, SPREAD_LEVEL)
 
 
 def add_deployment(summary: dict, opts: EngineArgs, run, iterations: list[dict]) -> None:

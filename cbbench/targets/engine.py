@@ -183,10 +183,12 @@ def run_engine(
     grace_s: float = 10.0,
     sessions: SessionPlan | None = None,
     cancel: CancelPlan | None = None,
+    step_time_factors: dict[str, float] | None = None,
 ) -> EngineRun:
     """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it).
     With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
-    ``cancel``, the requests it picks are aborted mid-flight."""
+    ``cancel``, the requests it picks are aborted mid-flight; with ``step_time_factors``
+    (the simulator), each step's time is scaled by its iteration class's factor."""
     from cbbench.engine.feed import ListFeed, run_feed
     from cbbench.engine.request import RequestStatus
 
@@ -198,6 +200,11 @@ def run_engine(
         loop = run_replicas
     else:
         engine, info = build_engine(opts, notice)
+    if step_time_factors is not None:
+        from cbbench.engine.sim_bounds import ScaledExecutor
+
+        for e in getattr(engine, "engines", [engine]):
+            e.executor = ScaledExecutor(e.executor, step_time_factors)
     session_feed = None
     timer = CancelTimer(cancel)
     if sessions is not None:
