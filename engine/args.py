@@ -176,6 +176,12 @@ class EngineArgs:
     data_parallel_size: int = opt(
         1, "sim: independent engine replicas behind a router, one result.", low=1
     )
+    fast_forward: bool = opt(
+        True,
+        "sim: advance stretches of pure-decode iterations (no arrival, finish, preemption or "
+        "chunk boundary in them) in one move, records and all; --no-fast-forward steps every "
+        "iteration (the reference: both give the same run).",
+    )
     disaggregate: str | None = opt(
         None,
         "sim: P:D disaggregated prefill and decode: P prefill instances and D decode "

@@ -97,6 +97,7 @@ def build_sim_engine(args: EngineArgs):
     check_sim_sizes(args, num_blocks, num_cpu_blocks)
     config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
     engine = Engine(config, SimExecutor(cost, args.block_size), VirtualClock(), cost)
+    engine.fast_forward = args.fast_forward  # read by the loops (engine/fast_forward.py)
     info = EngineInfo(
         engine="sim",
         gpu=gpu.name if gpu is not None else profile.device,

@@ -54,6 +54,22 @@ class ListFeed:
         return None
 
 
+def _fast_forward(engine: Engine, feed: RequestFeed, on_step) -> bool:
+    """A stretch of pure-decode steps up to the feed's next event, in one move (each step's
+    record still goes to ``on_step``). False: step normally."""
+    import math
+
+    from .fast_forward import fast_forward
+
+    def emit(step: StepOutput) -> None:
+        feed.on_step(step)
+        if on_step is not None:
+            on_step(step)
+
+    t = feed.next_time()
+    return fast_forward(engine, math.inf if t is None else t, emit) > 0
+
+
 def run_feed(
     engine: Engine,
     feed: RequestFeed,
@@ -72,6 +88,8 @@ def run_feed(
         if should_stop is not None and should_stop():
             return False
         feed.fire(engine, clock.now())
+        if getattr(engine, "fast_forward", False) and _fast_forward(engine, feed, on_step):
+            continue
         try:
             step = engine.step() if engine.has_unfinished() else None
         except StepFailed as e:

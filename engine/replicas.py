@@ -122,6 +122,25 @@ class ReplicaSet:
         times = [r.engine.clock.now() for r in self.replicas if r.engine.has_unfinished()]
         return min(times, default=math.inf)
 
+    def fast_forward_next(self, horizon: float, feed: RequestFeed, on_step) -> bool:
+        """Fast-forward the replica step_next would step, up to ``horizon`` (the feed's next
+        event: replicas meet only through the router, at arrivals). False: step normally."""
+        busy = [r for r in self.replicas if r.engine.has_unfinished()]
+        if not busy:
+            return False
+        replica = min(busy, key=lambda r: (r.engine.clock.now(), r.index))
+        if not getattr(replica.engine, "fast_forward", False):
+            return False
+        from .fast_forward import fast_forward
+
+        def emit(step: StepOutput) -> None:
+            step.record.replica = replica.index
+            feed.on_step(step)
+            if on_step is not None:
+                on_step(step)
+
+        return fast_forward(replica.engine, horizon, emit) > 0
+
 
 def run_replicas(
     replicas: ReplicaSet,
@@ -142,6 +161,9 @@ def run_replicas(
         # no replica that is still behind it in time.
         if t is not None and t <= replicas.next_busy_time():
             feed.fire(replicas, t)
+            continue
+        ff = getattr(replicas, "fast_forward_next", None)
+        if ff is not None and ff(math.inf if t is None else t, feed, on_step):
             continue
         try:
             step = replicas.step_next()
