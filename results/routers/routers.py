@@ -3,7 +3,7 @@ for the same requests and arrivals (the simulator is deterministic for a seed).
 
     python results/routers/routers.py [--sessions 200] [--rate 4]
 
-writes results/routers/routers.md and one result JSON per router beside it.
+writes results/routers/<workload>.md (the result files go to a temporary folder).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware")
@@ -25,38 +26,43 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--dp", type=int, default=4)
+    ap.add_argument("--model", default="llama-3-8b")
     a = ap.parse_args()
     rows = []
-    base = ["--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b", "--workload", a.workload,
+    base = ["--engine", "sim", "--gpu", "h200", "--model", a.model, "--workload", a.workload,
             "--num-requests", str(a.sessions), "--request-rate", str(a.rate),
             "--data-parallel-size", str(a.dp), "--enable-prefix-caching", "--summary-only",
             "--json"]
+    tmp = tempfile.mkdtemp()
     for router in ROUTERS:
-        out = HERE / f"{a.workload}-{router}.json"
+        out = Path(tmp) / f"{router}.json"
         cmd = ["cbbench", "run", *base, "--router", router, "--output", str(out)]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        # Exit 1 is a run whose requests failed (e.g. beyond the context): its file stands.
+        if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode not in (0, 1):
+            raise SystemExit(f"failed: {' '.join(cmd)}")
         s = json.loads(out.read_text())["summary"]
         rows.append((router, s["engine"]["prefix_cache_hit_rate"], s["ttft_ms"]["p50"],
                      s["ttft_ms"]["p99"], s["tpot_ms"]["p50"], s["output_throughput"],
-                     s["completed"]))
+                     s["completed"], s["failed"]))
     load = os.getloadavg()
     lines = [
-        f"# Routers on {a.workload}, data parallel {a.dp} (simulated H200, llama-3-8b)", "",
+        f"# Routers on {Path(a.workload).name}, data parallel {a.dp} (simulated H200, {a.model})", "",
         "Same requests and arrivals for every router; hit rate = prefix-cache hit tokens over "
         "the tokens looked up, summed over the replicas (the engines' own counters).", "",
         "Command: `python results/routers/routers.py --workload "
-        f"{a.workload} --sessions {a.sessions} --rate {a.rate} --dp {a.dp}` (each run: "
+        f"{Path(a.workload).name} --sessions {a.sessions} --rate {a.rate} --dp {a.dp} --model "
+        f"{a.model}` (each run: "
         f"`cbbench run {' '.join(base)} --router R`)", "",
         f"Load average at the time: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} (virtual clock: "
         "the figures do not depend on it)", "",
         "| router | hit rate | TTFT p50 (ms) | TTFT p99 (ms) | TPOT p50 (ms) | output tok/s "
-        "| completed |",
-        "|---|---|---|---|---|---|---|",
+        "| completed | failed |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for r, hit, t50, t99, p50, thr, done in rows:
+    for r, hit, t50, t99, p50, thr, done, failed in rows:
         lines.append(f"| {r} | {hit:.3f} | {t50:.2f} | {t99:.2f} | {p50:.2f} | {thr:,.0f} "
-                     f"| {done} |")
-    (HERE / f"{a.workload}.md").write_text("\n".join(lines) + "\n")
+                     f"| {done} | {failed} |")
+    (HERE / f"{Path(a.workload).stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
