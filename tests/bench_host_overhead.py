@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cbbench.engine.clock import WallClock
-from cbbench.engine.cost_model import CostModel
-from cbbench.engine.engine import Engine, EngineConfig
+from cbbench.engine.core.clock import WallClock
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.request import Request, SamplingParams
+from cbbench.engine.core.scheduler import SchedulerConfig
 from cbbench.engine.model_config import MODEL_PRESETS
-from cbbench.engine.model_runner import ModelRunner
-from cbbench.engine.request import Request, SamplingParams
-from cbbench.engine.scheduler import SchedulerConfig
+from cbbench.engine.sim.cost_model import CostModel
+from cbbench.engine.torch.model_runner import ModelRunner
 
 GOAL_US = {"1": 150.0, "256": 500.0}  # issue 13's goals
 BLOCK_SIZE = 16

@@ -107,8 +107,12 @@ class Count:
 def count_decode_step(config, dtype, device, batch_size: int, fused: bool, block_size: int,
                       execute_triton: bool = False, seq_len: int | None = None) -> Count:  # fmt: skip
     """Count one pure-decode step of ``batch_size`` requests as the decode graph runs it."""
-    from cbbench.engine.models.llama import LlamaDecoderLayer, LlamaForCausalLM, allocate_kv_cache
-    from cbbench.engine.sampler import Sampler, SamplingBatch
+    from cbbench.engine.torch.models.llama import (
+        LlamaDecoderLayer,
+        LlamaForCausalLM,
+        allocate_kv_cache,
+    )
+    from cbbench.engine.torch.sampler import Sampler, SamplingBatch
     from cbbench.kernels import AttentionMetadata
     from cbbench.kernels.triton_attention import TritonBackend
     from cbbench.kernels.triton_common import intercept_launches

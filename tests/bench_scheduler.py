@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.engine import Engine, EngineConfig
-from cbbench.engine.request import Request
-from cbbench.engine.scheduler import SchedulerConfig
-from cbbench.engine.scheduler_output import ExecutorOutput
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.request import Request
+from cbbench.engine.core.scheduler import SchedulerConfig
+from cbbench.engine.core.scheduler_output import ExecutorOutput
 from cbbench.load.workload import load_workload
 
 BLOCK_SIZE = 16

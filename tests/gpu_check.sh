@@ -144,7 +144,7 @@ run_step env 45 "modules, missing dependencies, cc, Python.h -> env.json" -- \
     "$PY" tests/bench_gpu.py env --out "$OUT_DIR/env.json"
 
 # ---- install (no downloads) -------------------------------------------------------------------
-IMPORT_CODE='import cbbench, cbbench.engine.engine, cbbench.engine.models.llama, cbbench.kernels, cbbench.load.workload; print("cbbench", cbbench.__version__, "from", cbbench.__file__)'
+IMPORT_CODE='import cbbench, cbbench.engine.core.engine, cbbench.engine.torch.models.llama, cbbench.kernels, cbbench.load.workload; print("cbbench", cbbench.__version__, "from", cbbench.__file__)'
 
 make_shadow() {
     # A folder whose cbbench/ is the source cbbench/ plus engine/, kernels/, workloads/ linked in

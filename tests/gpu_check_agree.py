@@ -41,7 +41,7 @@ def backends_agree(args, device, dtype, model=None) -> dict:
             result["why"][name] = str(exc).splitlines()[0][:200]
             continue
         if model is None:
-            from cbbench.engine.models.loader import load_model
+            from cbbench.engine.torch.models.loader import load_model
 
             model, _ = load_model(args.agree_model, dtype, device, backend, seed=0,
                                   max_model_len=args.max_model_len)  # fmt: skip
@@ -68,10 +68,10 @@ def _prefill_then_decode(model, block, device, dtype, fed_tokens):
     fed ``fed_tokens`` (else this run's own argmax); returns (logits, the prefill's argmax)."""
     import torch
 
-    from cbbench.engine.model_runner import ModelRunner
-    from cbbench.engine.models.llama import allocate_kv_cache
-    from cbbench.engine.request import Request
-    from cbbench.engine.scheduler_output import SchedulerOutput
+    from cbbench.engine.core.request import Request
+    from cbbench.engine.core.scheduler_output import SchedulerOutput
+    from cbbench.engine.torch.model_runner import ModelRunner
+    from cbbench.engine.torch.models.llama import allocate_kv_cache
 
     config = model.config
     blocks_per_req = -(-(max(AGREE_PROMPT_LENS) + 2) // block)

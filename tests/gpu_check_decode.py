@@ -114,7 +114,7 @@ def _decode_requests(n: int, context: int, vocab: int, bm, seed: int):
     known (its KV not yet written): every execute() is a pure-decode row with context + 1 keys."""
     import numpy as np
 
-    from cbbench.engine.request import Request, RequestStatus
+    from cbbench.engine.core.request import Request, RequestStatus
 
     rng = np.random.default_rng(seed)
     reqs = []
@@ -170,8 +170,8 @@ def run_decode(args) -> dict:
     import torch
     from gpu_check_agree import backends_agree
 
-    from cbbench.engine.gpu_specs import match_device_name
-    from cbbench.engine.models.loader import resolve_dtype
+    from cbbench.engine.sim.gpu_specs import match_device_name
+    from cbbench.engine.torch.models.loader import resolve_dtype
     from cbbench.kernels import get_backend, layer_ops
 
     device = torch.device(args.device)
@@ -241,10 +241,10 @@ def _setup(args, out, device, dtype, dtype_name, peak_bw, gpu, backend, fused) -
     """Build the model (once) and a KV cache for the largest batch."""
     import torch
 
-    from cbbench.engine.block_manager import BlockManager
-    from cbbench.engine.cost_model import CostModel
-    from cbbench.engine.models.llama import allocate_kv_cache
-    from cbbench.engine.models.loader import load_model
+    from cbbench.engine.core.block_manager import BlockManager
+    from cbbench.engine.sim.cost_model import CostModel
+    from cbbench.engine.torch.models.llama import allocate_kv_cache
+    from cbbench.engine.torch.models.loader import load_model
 
     t0 = time.perf_counter()
     model, config = load_model(
@@ -269,7 +269,7 @@ def _decode_config(args, out, device, dtype, setup: DecodeSetup, fused, batch_si
                    graphs_variants=None) -> None:  # fmt: skip
     """Time every batch size (with and without graphs) for the model's current kernels; rows
     are tagged with ``role``: "main" (the configured backend) or "torch_backend" (extra rows)."""
-    from cbbench.engine.model_runner import ModelRunner
+    from cbbench.engine.torch.model_runner import ModelRunner
 
     backend = setup.model.attn_backend
     label = f"{backend.name}{' fused' if fused else ''}"
@@ -319,7 +319,7 @@ def _decode_config(args, out, device, dtype, setup: DecodeSetup, fused, batch_si
 def _time_batch(args, runner, bs, setup: DecodeSetup) -> dict:
     import torch
 
-    from cbbench.engine.scheduler_output import SchedulerOutput
+    from cbbench.engine.core.scheduler_output import SchedulerOutput
 
     device = runner.device
     bm, config, dtype_name = setup.bm, setup.config, setup.dtype_name

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from cbbench.engine.args import ENGINES
-from cbbench.engine.gpu_specs import gpu_names
 from cbbench.engine.model_config import preset_names
+from cbbench.engine.sim.gpu_specs import gpu_names
 from cbbench.load.workload import JSONL_FIELDS, builtin_names
 
 CBBENCH = shutil.which("cbbench")

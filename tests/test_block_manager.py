@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from cbbench.engine.block_manager import BlockManager, cdiv
-from cbbench.engine.request import Request
+from cbbench.engine.core.block_manager import BlockManager, cdiv
+from cbbench.engine.core.request import Request
 
 NUM_REQS = 5
 

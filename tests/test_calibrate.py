@@ -15,9 +15,9 @@ from cbbench.analysis.calibration import calibrate
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
-from cbbench.engine.cost_model import BatchShape, CostModel, DeviceRates
-from cbbench.engine.device_profile import load_profile
 from cbbench.engine.model_config import get_model_config
+from cbbench.engine.sim.cost_model import BatchShape, CostModel, DeviceRates
+from cbbench.engine.sim.device_profile import load_profile
 
 SMALL = get_model_config("small")
 # Rates under which every term matters on the 'small' model in fp32: decode GEMMs and the
@@ -277,8 +277,8 @@ def test_an_efficiency_stays_free_only_if_the_data_tell_it_from_1():
     """The neutral-value test, by hand: |ln(efficiency)| must exceed NEUTRAL_Z (3)
     standard errors. 1.2 +- 10%: |ln 1.2| = 0.18 < 0.30, so it is fixed at 1; 0.5 +- 10%:
     0.69 > 0.30, so it stays; a relative error over MAX_RSE fails either way."""
-    from cbbench.analysis.roofline_fit import ED, EP, NUM_PARAMS, Fit
-    from cbbench.analysis.roofline_select import unidentified
+    from cbbench.engine.sim.roofline_fit import ED, EP, NUM_PARAMS, Fit
+    from cbbench.engine.sim.roofline_select import unidentified
 
     def fit(ed: float, ep: float, rse: float) -> Fit:
         theta = np.ones(NUM_PARAMS)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cbbench.engine.cost_model import BatchShape, CostModel
-from cbbench.engine.gpu_specs import get_gpu_spec
 from cbbench.engine.model_config import MODEL_PRESETS, ModelConfig
+from cbbench.engine.sim.cost_model import BatchShape, CostModel
+from cbbench.engine.sim.gpu_specs import get_gpu_spec
 
 LLAMA3_8B = MODEL_PRESETS["llama-3-8b"]
 # Published figures for Meta-Llama-3-8B: 8,030,261,248 parameters, of which the input embedding

@@ -13,8 +13,8 @@ import pytest
 
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import EngineArgs
-from cbbench.engine.request import Request
-from cbbench.engine.router import LeastKVRouter, LeastRequestsRouter, RoundRobinRouter
+from cbbench.engine.core.request import Request
+from cbbench.engine.sim.router import LeastKVRouter, LeastRequestsRouter, RoundRobinRouter
 
 
 def _quiet(_msg: str) -> None:

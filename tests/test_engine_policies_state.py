@@ -37,11 +37,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.engine import Engine, EngineConfig
-from cbbench.engine.request import Request, RequestStatus
-from cbbench.engine.scheduler import SchedulerConfig
-from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.request import Request, RequestStatus
+from cbbench.engine.core.scheduler import SchedulerConfig
+from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 
 VOCAB = 3  # tiny: equal blocks (hence cache hits) are common
 # Shared prompt heads, so requests in a group find each other's blocks.

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.engine import Engine, EngineConfig, run_until_done
-from cbbench.engine.request import Request
-from cbbench.engine.scheduler import SchedulerConfig
-from cbbench.engine.scheduler_output import ExecutorOutput
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.request import Request
+from cbbench.engine.core.scheduler import SchedulerConfig
+from cbbench.engine.core.scheduler_output import ExecutorOutput
 
 
 class _Millisecond:

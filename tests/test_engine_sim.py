@@ -12,15 +12,15 @@ import pytest
 
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import EngineArgs
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.cost_model import CostModel
-from cbbench.engine.engine import Engine, EngineConfig, run_until_done
-from cbbench.engine.gpu_specs import get_gpu_spec
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.request import Request, RequestStatus
+from cbbench.engine.core.scheduler import SchedulerConfig
+from cbbench.engine.core.scheduler_output import SchedulerOutput
 from cbbench.engine.model_config import get_model_config
-from cbbench.engine.request import Request, RequestStatus
-from cbbench.engine.scheduler import SchedulerConfig
-from cbbench.engine.scheduler_output import SchedulerOutput
-from cbbench.engine.sim_executor import SimExecutor, sim_num_kv_blocks
+from cbbench.engine.sim.cost_model import CostModel
+from cbbench.engine.sim.gpu_specs import get_gpu_spec
+from cbbench.engine.sim.sim_executor import SimExecutor, sim_num_kv_blocks
 from cbbench.load.arrivals import arrival_times
 from cbbench.load.workload import WorkloadRequest
 

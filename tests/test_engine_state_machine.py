@@ -46,12 +46,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from cbbench.engine.block_manager import cdiv
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.engine import Engine, EngineConfig
-from cbbench.engine.request import Request, RequestStatus, SamplingParams
-from cbbench.engine.scheduler import SchedulerConfig
-from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
+from cbbench.engine.core.block_manager import cdiv
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
+from cbbench.engine.core.scheduler import SchedulerConfig
+from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.targets.engine import _drain
 
 EXAMPLES = int(os.environ.get("CBBENCH_FUZZ_EXAMPLES", examples(150)))
@@ -88,7 +88,7 @@ if hasattr(RequestStatus, "SWAPPED"):
 
 def never_fits(prompt: int, max_tokens: int, cfg: SchedulerConfig, num_blocks: int,
                block_size: int, reserved: bool) -> bool:
-    """An independent statement of the rejection rule (engine/scheduler.py rejection_reason)."""
+    """An independent statement of the rejection rule (engine/core/scheduler.py rejection_reason)."""
     if prompt < 1 or max_tokens < 1:
         return True
     total = prompt + max_tokens

@@ -27,7 +27,7 @@ pytest.importorskip("triton")
 from test_kernels import assert_close, dense_attention, make_batch  # noqa: E402
 
 from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402
-from cbbench.engine.models.llama import rope_inv_freq  # noqa: E402
+from cbbench.engine.torch.models.llama import rope_inv_freq  # noqa: E402
 from cbbench.kernels.backend import write_kv_torch  # noqa: E402
 from cbbench.kernels.fused_rope import rope_triton  # noqa: E402
 from cbbench.kernels.layer_ops import FusedLayerOps, LayerOps, rope_torch  # noqa: E402

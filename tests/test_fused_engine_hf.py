@@ -21,12 +21,12 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
-from cbbench.engine.clock import WallClock  # noqa: E402
-from cbbench.engine.engine import Engine, EngineConfig, run_until_done  # noqa: E402
-from cbbench.engine.model_runner import ModelRunner  # noqa: E402
-from cbbench.engine.models import allocate_kv_cache, load_model  # noqa: E402
-from cbbench.engine.request import Request  # noqa: E402
-from cbbench.engine.scheduler import SchedulerConfig  # noqa: E402
+from cbbench.engine.core.clock import WallClock  # noqa: E402
+from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done  # noqa: E402
+from cbbench.engine.core.request import Request  # noqa: E402
+from cbbench.engine.core.scheduler import SchedulerConfig  # noqa: E402
+from cbbench.engine.torch.model_runner import ModelRunner  # noqa: E402
+from cbbench.engine.torch.models import allocate_kv_cache, load_model  # noqa: E402
 from cbbench.kernels import get_backend  # noqa: E402
 
 # The interpreted variant only where no GPU is (conftest turns the interpreter on there);

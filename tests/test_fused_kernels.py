@@ -14,7 +14,7 @@ import torch
 pytest.importorskip("triton")
 
 from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402
-from cbbench.engine.models.llama import rope_inv_freq  # noqa: E402
+from cbbench.engine.torch.models.llama import rope_inv_freq  # noqa: E402
 from cbbench.kernels.backend import write_kv_torch  # noqa: E402
 from cbbench.kernels.fused_rms_norm import add_rms_norm_triton, rms_norm_triton  # noqa: E402
 from cbbench.kernels.fused_rope import rope_triton  # noqa: E402

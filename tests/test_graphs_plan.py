@@ -99,7 +99,7 @@ def test_flash_attn_chosen_with_graphs_says_so(monkeypatch):
         raise Stop
 
     monkeypatch.setattr(build_torch, "_graphs_plan", lambda a, on_cuda, b: (True, None))
-    import cbbench.engine.models.llama as llama
+    import cbbench.engine.torch.models.llama as llama
 
     monkeypatch.setattr(llama, "allocate_kv_cache", stop_after_plan)
     monkeypatch.setattr("cbbench.kernels.get_backend", lambda *a, **k: _backend("flash-attn"))

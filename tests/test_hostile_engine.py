@@ -6,7 +6,7 @@ raised while one batch runs, must fail that request at most, never the engine.
   SAMPLING_EPS is greedy (vLLM's rule), a seed of any size is folded into 63 bits.
 - An exception raised by the executor fails the requests of that step (the engine cannot tell
   which one caused it), frees their KV, and the engine goes on with the rest: in the CLI's
-  loop (engine/feed.py), the in-process target, and the server's engine thread.
+  loop (engine/core/feed.py), the in-process target, and the server's engine thread.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import pytest
 from helpers import sim_options, start_server
 
-from cbbench.engine.request import Request, RequestStatus, SamplingParams
+from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
 
 HUGE_TOP_K = 2**63  # does not fit an int64: "Overflow when unpacking long long"
 POISON = 7  # a prompt starting with this token id makes the poisoned executor raise
@@ -27,7 +27,7 @@ POISON = 7  # a prompt starting with this token id makes the poisoned executor r
 def _sample(params: SamplingParams, vocab: int = 32, seed: int = 0) -> tuple[int, int]:
     """(sampled token, argmax) for one request's row of random logits."""
     torch = pytest.importorskip("torch")
-    from cbbench.engine.sampler import Sampler
+    from cbbench.engine.torch.sampler import Sampler
 
     torch.manual_seed(seed)
     logits = torch.randn(1, vocab) * 3
@@ -119,7 +119,7 @@ def _sim_engine(ids=(), **kw):
 
 
 def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on():
-    from cbbench.engine.engine import StepFailed
+    from cbbench.engine.core.engine import StepFailed
 
     engine, _ = _sim_engine(max_num_seqs=1)  # one request per step: the poison runs alone
     poison = Request(0, 3, 4, prompt_token_ids=[POISON, 1, 2])
@@ -139,7 +139,7 @@ def test_a_step_that_raises_fails_its_requests_and_the_engine_goes_on():
 
 
 def test_run_feed_goes_on_after_a_failed_step():
-    from cbbench.engine.feed import ListFeed, run_feed
+    from cbbench.engine.core.feed import ListFeed, run_feed
 
     engine, _ = _sim_engine()
     reqs = [Request(i, 3, 4, arrival_time=0.01 * i,

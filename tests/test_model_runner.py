@@ -10,17 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cbbench.engine import model_runner
-from cbbench.engine.clock import WallClock
-from cbbench.engine.cuda_graphs import GraphLadder
-from cbbench.engine.engine import Engine, EngineConfig, run_until_done
-from cbbench.engine.model_runner import ModelRunner
-from cbbench.engine.models import allocate_kv_cache, load_model
-from cbbench.engine.piecewise import ForwardPieces
-from cbbench.engine.request import Request, SamplingParams
-from cbbench.engine.sampler import Sampler, SamplingBatch
-from cbbench.engine.scheduler import SchedulerConfig
-from cbbench.engine.scheduler_output import SchedulerOutput
+from cbbench.engine.core.clock import WallClock
+from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.request import Request, SamplingParams
+from cbbench.engine.core.scheduler import SchedulerConfig
+from cbbench.engine.core.scheduler_output import SchedulerOutput
+from cbbench.engine.torch import model_runner
+from cbbench.engine.torch.cuda_graphs import GraphLadder
+from cbbench.engine.torch.model_runner import ModelRunner
+from cbbench.engine.torch.models import allocate_kv_cache, load_model
+from cbbench.engine.torch.piecewise import ForwardPieces
+from cbbench.engine.torch.sampler import Sampler, SamplingBatch
 from cbbench.kernels import get_backend
 
 TOL = 1e-4
@@ -447,8 +447,8 @@ def test_sampling_follows_the_softmax():
 
 
 def test_kv_blocks_for_memory_follows_the_design_rule():
-    from cbbench.engine.kv_sizing import num_kv_blocks_for_memory
     from cbbench.engine.model_config import MODEL_PRESETS
+    from cbbench.engine.torch.kv_sizing import num_kv_blocks_for_memory
 
     config = MODEL_PRESETS["llama-3-8b"]
     assert config.kv_bytes_per_token("bf16") == 131_072

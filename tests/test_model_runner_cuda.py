@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cbbench.engine.kv_sizing import cuda_num_kv_blocks, kv_block_bytes
-from cbbench.engine.model_runner import ModelRunner
-from cbbench.engine.models import allocate_kv_cache, load_model
-from cbbench.engine.request import Request
-from cbbench.engine.scheduler_output import SchedulerOutput
+from cbbench.engine.core.request import Request
+from cbbench.engine.core.scheduler_output import SchedulerOutput
+from cbbench.engine.torch.kv_sizing import cuda_num_kv_blocks, kv_block_bytes
+from cbbench.engine.torch.model_runner import ModelRunner
+from cbbench.engine.torch.models import allocate_kv_cache, load_model
 from cbbench.kernels import get_backend
 
 pytestmark = pytest.mark.cuda
@@ -212,7 +212,7 @@ def test_no_triton_compilation_after_warmup():
     varying batch sizes compiles no Triton kernel (each compile would stall an iteration)."""
     from cbbench.engine.args import EngineArgs
     from cbbench.engine.build import build_engine
-    from cbbench.engine.engine import run_until_done
+    from cbbench.engine.core.engine import run_until_done
 
     args = EngineArgs(engine="torch", device="cuda", model="tiny", max_num_seqs=16,
                       max_num_batched_tokens=64, num_kv_blocks=512)  # fmt: skip

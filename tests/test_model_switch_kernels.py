@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from cbbench.engine.models.llama import allocate_kv_cache
-from cbbench.engine.models.loader import load_model
+from cbbench.engine.torch.models.llama import allocate_kv_cache
+from cbbench.engine.torch.models.loader import load_model
 from cbbench.kernels import available_backends, get_backend, layer_ops
 
 BLOCK = 16
@@ -16,9 +16,9 @@ PROMPTS = (5, 17, 33)
 
 def _prefill_then_decode(model, config) -> torch.Tensor:
     """Logits of a packed prefill of three prompts and one decode step after it."""
-    from cbbench.engine.model_runner import ModelRunner
-    from cbbench.engine.request import Request
-    from cbbench.engine.scheduler_output import SchedulerOutput
+    from cbbench.engine.core.request import Request
+    from cbbench.engine.core.scheduler_output import SchedulerOutput
+    from cbbench.engine.torch.model_runner import ModelRunner
 
     per_req = -(-(max(PROMPTS) + 2) // BLOCK)
     kv = allocate_kv_cache(config, per_req * len(PROMPTS) + 1, BLOCK, torch.float32, "cpu")

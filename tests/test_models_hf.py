@@ -16,10 +16,10 @@ transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 from helpers import TINY_VOCAB, tiny_hf_model  # noqa: E402
 
-from cbbench.engine.model_runner import ModelRunner  # noqa: E402
-from cbbench.engine.models import allocate_kv_cache, load_model  # noqa: E402
-from cbbench.engine.request import Request  # noqa: E402
-from cbbench.engine.scheduler_output import SchedulerOutput  # noqa: E402
+from cbbench.engine.core.request import Request  # noqa: E402
+from cbbench.engine.core.scheduler_output import SchedulerOutput  # noqa: E402
+from cbbench.engine.torch.model_runner import ModelRunner  # noqa: E402
+from cbbench.engine.torch.models import allocate_kv_cache, load_model  # noqa: E402
 from cbbench.kernels import get_backend  # noqa: E402
 
 TOL = 1e-4

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from test_model_runner import Harness, _request
 
-from cbbench.engine.request import SamplingParams
+from cbbench.engine.core.request import SamplingParams
 
 
 def _sampling(seed: int) -> SamplingParams:
@@ -71,7 +71,7 @@ def test_greedy_batches_upload_nothing():
 def test_a_joined_slot_samples_as_a_fresh_upload_would():
     """The partial upload is complete: tokens drawn with the persistent tensors equal those of
     parameters uploaded from scratch for the same rows (Sampler's one-shot path)."""
-    from cbbench.engine.sampler import Sampler
+    from cbbench.engine.torch.sampler import Sampler
 
     h = Harness()
     reqs = [_request(i, 4 + i, _sampling(seed=10 + i)) for i in range(3)]

@@ -1,7 +1,7 @@
 """The scheduler, in the style of vLLM v1's scheduler tests: create Requests, step the real
 Engine (schedule -> a trivial executor that checks every plan against the scheduler's rules ->
 the engine's own postprocess) and compare each plan with numbers computed by hand from the rules
-in engine/scheduler.py (decodes, then running prefill chunks, then admissions; recompute
+in engine/core/scheduler.py (decodes, then running prefill chunks, then admissions; recompute
 preemption of the newest; rejection at arrival).
 
 A hypothesis property then runs random workloads and configurations to completion through the
@@ -17,11 +17,11 @@ from helpers import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.engine import Engine, EngineConfig, run_until_done
-from cbbench.engine.request import Request, RequestStatus
-from cbbench.engine.scheduler import Scheduler, SchedulerConfig
-from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.request import Request, RequestStatus
+from cbbench.engine.core.scheduler import Scheduler, SchedulerConfig
+from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 
 
 # ---- helpers --------------------------------------------------------------------------------

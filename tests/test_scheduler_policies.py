@@ -2,8 +2,8 @@
 
 Each test drives the real Engine (schedule -> execute -> postprocess) with a trivial executor
 that samples token 7 for every row that completes, and checks every iteration's plan, block
-tables and counters against numbers worked out by hand from the rules in engine/scheduler.py
-and engine/prefix_caching.py. Free GPU blocks are a stack (``range(n - 1, -1, -1)``: block 0
+tables and counters against numbers worked out by hand from the rules in engine/core/scheduler.py
+and engine/core/prefix_caching.py. Free GPU blocks are a stack (``range(n - 1, -1, -1)``: block 0
 is handed out first, and the last block freed is reused first); the CPU pool likewise.
 """
 
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import pytest
 
-from cbbench.engine.block_manager import BlockManager
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.cost_model import CostModel
-from cbbench.engine.engine import Engine, EngineConfig
-from cbbench.engine.gpu_specs import get_gpu_spec
+from cbbench.engine.core.block_manager import BlockManager
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.prefix_caching import PrefixCachingBlockManager, hash_block
+from cbbench.engine.core.request import Request, RequestStatus
+from cbbench.engine.core.scheduler import SchedulerConfig, _Step
+from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.engine.model_config import get_model_config
-from cbbench.engine.prefix_caching import PrefixCachingBlockManager, hash_block
-from cbbench.engine.request import Request, RequestStatus
-from cbbench.engine.scheduler import SchedulerConfig, _Step
-from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
-from cbbench.engine.sim_executor import SimExecutor
+from cbbench.engine.sim.cost_model import CostModel
+from cbbench.engine.sim.gpu_specs import get_gpu_spec
+from cbbench.engine.sim.sim_executor import SimExecutor
 
 TOKEN = 7  # what the executor samples
 

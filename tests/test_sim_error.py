@@ -22,7 +22,7 @@ from cbbench.analysis.sim_error import (
 )
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import EngineArgs
-from cbbench.engine.cost_model import CostModel, DeviceRates
+from cbbench.engine.sim.cost_model import CostModel, DeviceRates
 
 
 def _quiet(_msg: str) -> None:
@@ -163,7 +163,7 @@ def _tiny():
 
 
 def shape_of(record: dict):
-    from cbbench.engine.cost_model import BatchShape
+    from cbbench.engine.sim.cost_model import BatchShape
 
     return BatchShape(
         num_tokens=record["num_prefill_tokens"] + record["num_decode_tokens"],

@@ -9,10 +9,10 @@ from typer.testing import CliRunner
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
-from cbbench.engine.cost_model import BatchShape, CostModel, Interconnect
-from cbbench.engine.gpu_specs import get_gpu_spec
 from cbbench.engine.model_config import get_model_config
-from cbbench.engine.sim_executor import sim_num_kv_blocks
+from cbbench.engine.sim.cost_model import BatchShape, CostModel, Interconnect
+from cbbench.engine.sim.gpu_specs import get_gpu_spec
+from cbbench.engine.sim.sim_executor import sim_num_kv_blocks
 
 L70 = get_model_config("llama-3.1-70b")
 H100 = get_gpu_spec("h100")

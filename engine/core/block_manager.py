@@ -16,7 +16,7 @@ hooks it overrides (``lookup_prefix``, ``allocate_prefix``, ``register_full_bloc
 
 from __future__ import annotations
 
-from .args import KV_ALLOCATIONS
+from ..args import KV_ALLOCATIONS
 from .request import Request
 
 

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..sim.cost_model import CostModel
 from .block_manager import BlockManager
-from .cost_model import CostModel
 from .iteration import IterationRecord
 from .prefix_caching import PrefixCachingBlockManager
 from .request import Request, RequestStatus

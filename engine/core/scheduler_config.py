@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .args import DEFAULT_MAX_NUM_SEQS, PREEMPTION_MODES, QUEUE_POLICIES
-from .args import SCHEDULERS as BATCHING_POLICIES
+from ..args import DEFAULT_MAX_NUM_SEQS, PREEMPTION_MODES, QUEUE_POLICIES
+from ..args import SCHEDULERS as BATCHING_POLICIES
 
 # vLLM's default budget with chunked prefill; without chunking the budget admits any prompt the
 # model takes.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .request import Request
 
 if TYPE_CHECKING:
-    from .cost_model import IterationCost
+    from ..sim.cost_model import IterationCost
 
 
 @dataclass(slots=True)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from ..core.scheduler_output import SchedulerOutput
+from ..model_config import DTYPE_BYTES, ModelConfig
 from .gpu_specs import GPUSpec
-from .model_config import DTYPE_BYTES, ModelConfig
-from .scheduler_output import SchedulerOutput
 
 # Efficiency defaults: what well-tuned kernels typically reach on Hopper-class GPUs
 # (memory-bound GEMV/attention ~80% of peak HBM bandwidth, large GEMMs ~60% of dense peak).

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from .engine import Engine, StepFailed, StepOutput
-from .feed import RequestFeed
-from .iteration import IterationRecord
-from .request import Request
+from ..core.engine import Engine, StepFailed, StepOutput
+from ..core.feed import RequestFeed
+from ..core.iteration import IterationRecord
+from ..core.request import Request
 from .router import make_router
 
 

@@ -1,7 +1,7 @@
 """The robust fit behind `cbbench calibrate`: the simulator's roofline, vectorized over many
 iterations, fitted to measured times.
 
-The model is the simulator's own (engine/cost_model.py; a test checks they agree): per
+The model is the simulator's own (engine/sim/cost_model.py; a test checks they agree): per
 iteration,
 
     t = sum over operators of max(FLOPs / flop_rate, bytes / memory_bandwidth)
@@ -32,13 +32,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cbbench.engine.cost_model import (
+from .cost_model import (
     DEFAULT_ETA_COMPUTE,
     DEFAULT_ETA_MEMORY,
     DEFAULT_ITERATION_OVERHEAD_S,
 )
-from cbbench.engine.device_profile import CPU_DEVICE
-from cbbench.engine.gpu_specs import get_gpu_spec
+from .device_profile import CPU_DEVICE
+from .gpu_specs import get_gpu_spec
 
 MIN_ITERATIONS = 50
 # A parameter known to worse than +-25% (one standard error) is not identified by the data.

@@ -36,7 +36,7 @@ import math
 
 import numpy as np
 
-from cbbench.analysis.roofline_fit import (
+from .roofline_fit import (
     BISQUARE_C,
     ED,
     EP,

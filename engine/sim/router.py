@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from .request import Request
+from ..core.request import Request
 
 
 class ReplicaState(Protocol):

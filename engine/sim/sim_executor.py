@@ -7,10 +7,10 @@ preemption's KV copies add their transfer time over the host link.
 
 from __future__ import annotations
 
+from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
+from ..model_config import DTYPE_BYTES, ModelConfig
 from .cost_model import CostModel, kv_heads_per_gpu
 from .gpu_specs import GPUSpec
-from .model_config import DTYPE_BYTES, ModelConfig
-from .scheduler_output import ExecutorOutput, SchedulerOutput
 
 # Memory the engine may use, as vLLM's --gpu-memory-utilization default.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90

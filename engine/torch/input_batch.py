@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .request import Request
+from ..core.request import Request
 
 SLOT_GROWTH = 2  # the slot table doubles when a batch has more requests than slots
 

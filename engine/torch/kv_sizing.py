@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .model_config import DTYPE_BYTES, ModelConfig
+from ..model_config import DTYPE_BYTES, ModelConfig
 
 GiB = 1 << 30
 # Kept free on the GPU for activations, the logits of the largest batch, CUDA-graph pools and

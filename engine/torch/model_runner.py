@@ -29,17 +29,17 @@ import torch
 
 from cbbench.kernels import AttentionMetadata
 
-from .args import DEFAULT_MAX_NUM_SEQS
+from ..args import DEFAULT_MAX_NUM_SEQS
+from ..core.request import SamplingParams
+from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
+from ..model_config import ModelConfig
 from .cuda_graphs import GraphLadder
 from .device_inputs import DeviceInputs
 from .input_batch import HostInputs, PersistentBatch
 from .kv_swap import KVSwapSpace
-from .model_config import ModelConfig
 from .models.llama import KVCache, LlamaForCausalLM
 from .piecewise import ForwardPieces
-from .request import SamplingParams
 from .sampler import GREEDY_ROWS, RowParams, Sampler, SamplingBatch, SamplingSlots
-from .scheduler_output import ExecutorOutput, SchedulerOutput
 
 # Batch sizes with a captured decode graph: fine steps so padding wastes at most 15 rows
 # (capped at max_num_seqs, which is always added).
@@ -235,7 +235,7 @@ class ModelRunner:
             mixed_size=mixed_size,
         )
 
-    # ---- swap preemption: KV blocks to and from a CPU pool (engine/kv_swap.py) -------------------
+    # ---- swap preemption: KV blocks to and from a CPU pool (engine/torch/kv_swap.py) -------------------
 
     def allocate_swap_space(self, num_cpu_blocks: int) -> None:
         self.swap = KVSwapSpace(self.kv_caches, num_cpu_blocks, self.dtype, self.device)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .request import Request
+from ..core.request import Request
 
 # The hash works on 32-bit values held in int64 tensors; its multiplier is below 2**31, so no
 # product overflows int64 (a 32-bit value times it stays below 2**63).

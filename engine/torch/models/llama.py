@@ -20,7 +20,7 @@ from torch import nn
 from cbbench.kernels import AttentionMetadata
 from cbbench.kernels.layer_ops import LayerOps, layer_ops
 
-from ..model_config import ModelConfig
+from ...model_config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache) of one layer
 
@@ -175,7 +175,7 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(config, ops, dtype, device)
 
     # The layer in two halves around attention: the model's forward calls them with attention
-    # between, and so does the piecewise runner (engine/piecewise.py), which captures each half
+    # between, and so does the piecewise runner (engine/torch/piecewise.py), which captures each half
     # in a CUDA graph and runs attention eagerly: one implementation of the layer for both.
 
     def pre_attention(

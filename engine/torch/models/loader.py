@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..model_config import MODEL_PRESETS, ModelConfig, from_hf_config, with_max_model_len
+from ...model_config import MODEL_PRESETS, ModelConfig, from_hf_config, with_max_model_len
 from .llama import LlamaForCausalLM
 
 INIT_STD = 0.02  # normal init for random weights: keeps activations finite through deep stacks
