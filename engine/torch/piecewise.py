@@ -22,7 +22,7 @@ on the fused one), rather than kept alive across graphs.
 The layer's maths is the model's own: each piece calls ``LlamaDecoderLayer.post_attention``
 and ``pre_attention`` (the halves of the layer the model's forward also calls, with attention
 between) and ``LlamaModel.final_norm``; only the buffers and the cut are this module's.
-``tests/test_model_runner.py`` checks that the pieces run eagerly equal ``model.forward``.
+``tests/engine/test_model_runner.py`` checks that the pieces run eagerly equal ``model.forward``.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def test_engine_result_reports_both_windows():
 
 
 def test_endpoint_result_uses_the_in_flight_count():
-    from test_http_target import FakeOpenAI
+    from fake_openai import FakeOpenAI
 
     from cbbench.targets.options import EndpointOptions
 

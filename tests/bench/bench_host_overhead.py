@@ -1,7 +1,7 @@
 """Host overhead per decode step: everything the CPU does for one engine iteration outside the
 device work (issue 13 item 4). Not collected by pytest.
 
-    python tests/bench_host_overhead.py --json OUT [--running 1,64,256] [--steps 300]
+    python tests/bench/bench_host_overhead.py --json OUT [--running 1,64,256] [--steps 300]
 
 The real engine (scheduler, block manager, model runner, sampler, postprocess, iteration record
 and its analytic cost) runs with the model's forward replaced by a no-op: it returns a hidden

@@ -17,10 +17,10 @@ and not run. Two counters:
 
 What is not counted: cuBLAS may launch a second (split-K reduction) kernel for some GEMM
 shapes, unknowable without the GPU; the model runner's host-to-device copies of the step's
-inputs before a graph replay are outside the model and left out. ``tests/test_fused_kernel_count.py``
+inputs before a graph replay are outside the model and left out. ``tests/kernels/test_fused_kernel_count.py``
 checks that this counting matches a real CPU run (Triton interpreted, real tensors).
 
-    python tests/bench_kernel_count.py --json results/kernel_count.json
+    python tests/bench/bench_kernel_count.py --json results/kernel_count.json
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-COMMAND = "python tests/bench_kernel_count.py --json results/kernel_count.json"
+COMMAND = "python tests/bench/bench_kernel_count.py --json results/kernel_count.json"
 BATCH_SIZES = (1, 64, 256)
 NO_KERNEL_OPS = {
     "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "detach", "alias",
@@ -237,5 +237,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     raise SystemExit(main())

@@ -1,8 +1,8 @@
 """Load-generator capacity: can the client keep an open-loop schedule at RATE requests/s?
 
-    python tests/bench_loadgen.py [--rate 500] [--duration 10] [--arrival constant|poisson]
+    python tests/bench/bench_loadgen.py [--rate 500] [--duration 10] [--arrival constant|poisson]
                                   [--workers N]
-    python tests/bench_loadgen.py --workers 2 --rates 400,800,1200 --duration 5   # a sweep
+    python tests/bench/bench_loadgen.py --workers 2 --rates 400,800,1200 --duration 5   # a sweep
 
 Starts a minimal streaming server in a separate process (`--serve`: raw asyncio HTTP/1.1 on
 127.0.0.1, 4 short SSE token events + usage + [DONE] per request, no delay), so the server

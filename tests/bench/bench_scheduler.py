@@ -1,6 +1,6 @@
 """Benchmark (not a test): the scheduler's own CPU cost per iteration at N running decodes.
 
-Usage: python tests/bench_scheduler.py [--running 256 1024] [--iters 2000] [--out results/]
+Usage: python tests/bench/bench_scheduler.py [--running 256 1024] [--iters 2000] [--out results/]
 
 Set-up: N requests with ShareGPT prompt lengths (seed 0) are admitted and prefilled, with
 output lengths long enough that none finishes during the measurement; then each measured
@@ -94,7 +94,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [measure(n, args.iters) for n in args.running]
     report = {
-        "command": "python tests/bench_scheduler.py " + " ".join(
+        "command": "python tests/bench/bench_scheduler.py " + " ".join(
             ["--running", *map(str, args.running), "--iters", str(args.iters)]
         ),
         "python": platform.python_version(),

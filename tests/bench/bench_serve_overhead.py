@@ -1,6 +1,6 @@
 """What `cbbench serve`'s HTTP layer adds to TTFT: client TTFT - engine TTFT, per request.
 
-    python tests/bench_serve_overhead.py --rate 20 --num-requests 600 [--server-cbbench PATH]
+    python tests/bench/bench_serve_overhead.py --rate 20 --num-requests 600 [--server-cbbench PATH]
 
 Starts `cbbench serve --engine sim --gpu h200 --model llama-3-8b --request-log LOG` (the
 `cbbench` next to this Python unless --server-cbbench names another install, e.g. an older

@@ -3,8 +3,8 @@ static batches, on the same random-weight model and the same requests, in one pr
 
 Not collected by pytest (the file name does not start with ``test_``). Run from the repo root:
 
-    python tests/bench_vs_hf.py                 # writes results/cpu_vs_hf_generate.{json,md}
-    python tests/bench_vs_hf.py --profile       # also cProfile one cbbench run (top functions)
+    python tests/bench/bench_vs_hf.py                 # writes results/cpu_vs_hf_generate.{json,md}
+    python tests/bench/bench_vs_hf.py --profile       # also cProfile one cbbench run (top functions)
 
 Model: a LlamaConfig (hidden 256, 4 layers, 4 heads / 2 KV heads, intermediate 688, vocab 4096)
 with random weights, saved with ``save_pretrained`` to a temporary folder; cbbench loads it from
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_SIZES = dict(
     hidden_size=256,
     num_hidden_layers=4,
@@ -252,7 +252,7 @@ def _portable(text: str, tmp: Path | None) -> str:
         text = text.replace(str(tmp), "<tmp>")
     for sp in site.getsitepackages():
         text = text.replace(sp + "/", "<site-packages>/")
-    return text.replace(str(Path(__file__).resolve().parents[1]) + "/", "")
+    return text.replace(str(Path(__file__).resolve().parents[2]) + "/", "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     ratio = statistics.median(r["ratio"] for r in rounds)
-    command = "python tests/bench_vs_hf.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python tests/bench/bench_vs_hf.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {
         "what": "cbbench continuous batching (torch engine) vs HF generate static batches, CPU fp32",
         "command": command.strip(),

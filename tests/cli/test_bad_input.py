@@ -2,7 +2,7 @@
 exactly one stderr line starting `cbbench: error:`, nothing on stdout, no traceback, and no
 result (or temporary) file left behind.
 
-What tests/test_cli_run.py, tests/test_workload.py, tests/test_gate.py and tests/test_compare.py
+What tests/cli/test_cli_run.py, tests/load/test_workload.py, tests/analysis/test_gate.py and tests/analysis/test_compare.py
 already cover is not repeated here (tests/FAILURE_MODES.md maps each failure mode to its test).
 The cases run concurrently, once per module, to keep the file fast on two cores.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
 PACKAGES = {"cbbench": "cbbench", "engine": "cbbench.engine", "kernels": "cbbench.kernels"}
 CLI = "cbbench.cli"

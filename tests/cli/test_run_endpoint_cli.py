@@ -13,10 +13,10 @@ import json
 import sys
 
 import pytest
+from fake_openai import MODEL as FAKE_MODEL
+from fake_openai import FakeOpenAI, _free_port
 from helpers import SERVE_MODEL as MODEL
 from helpers import sim_options, start_server
-from test_http_target import MODEL as FAKE_MODEL
-from test_http_target import FakeOpenAI, _free_port
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import load_result

@@ -18,7 +18,7 @@ requests with matching reference counts, or cached and unreferenced); waiting re
 no GPU blocks; exactly the SWAPPED requests hold CPU blocks; budgets respected; every request
 ends exactly once (finished, aborted or rejected), and a drained engine gives every block back.
 
-``CBBENCH_POLICY_EXAMPLES=10000 pytest tests/test_engine_policies_state.py`` (or the thorough
+``CBBENCH_POLICY_EXAMPLES=10000 pytest tests/engine/test_engine_policies_state.py`` (or the thorough
 hypothesis profile) runs a long campaign; the default is bounded for CI.
 """
 

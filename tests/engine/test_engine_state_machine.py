@@ -27,7 +27,7 @@ derived below), with no iteration that schedules nothing while work remains.
 CBBENCH_FUZZ_EXAMPLES sets the number of examples (default 150: ~5 s here, well under 40 s on 2
 CI cores; 10,000 under the thorough hypothesis profile); a long campaign needs pytest-timeout off:
 ``CBBENCH_FUZZ_EXAMPLES=10000 CBBENCH_FUZZ_REPORT=1 pytest -s -o timeout=0
-tests/test_engine_state_machine.py`` (CBBENCH_FUZZ_REPORT prints the worst figures seen).
+tests/engine/test_engine_state_machine.py`` (CBBENCH_FUZZ_REPORT prints the worst figures seen).
 """
 
 from __future__ import annotations

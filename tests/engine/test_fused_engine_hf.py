@@ -7,7 +7,7 @@ with an 8-token budget, block size 4) serves ragged requests; every request's gr
 must equal what ``transformers`` generates for it alone. fp32, so rounding cannot excuse a
 difference. Kept small: the interpreter is slow.
 
-On a GPU the same check runs compiled (the ``cuda`` variant, which tests/gpu_check.sh's pytest
+On a GPU the same check runs compiled (the ``cuda`` variant, which tests/gpu/gpu_check.sh's pytest
 step picks up): fp32 there too, the attention kernels' dots in IEEE fp32, cuBLAS without TF32
 (torch's default). The CPU variant runs where no GPU is (Triton cannot run on CPU tensors
 compiled).

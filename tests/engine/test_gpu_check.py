@@ -1,4 +1,4 @@
-"""The prepared GPU check (tests/gpu_check.sh) on the CPU, so it cannot rot between GPU loans,
+"""The prepared GPU check (tests/gpu/gpu_check.sh) on the CPU, so it cannot rot between GPU loans,
 and the decode floor it reports, by hand.
 
 The smoke run forces the Triton-probe failure path: every later step then gets the fallback
@@ -19,8 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-sys.path.insert(0, str(TESTS))
+TESTS = Path(__file__).resolve().parents[1]
+GPU = TESTS / "gpu"  # the GPU scripts, apart from the collected tests
+sys.path.insert(0, str(GPU))
 
 import gpu_check_decode  # noqa: E402
 from gpu_check_sim import compare  # noqa: E402
@@ -113,7 +114,7 @@ def smoke(tmp_path_factory) -> Path:
         "GPU_CHECK_TOTAL_S": "1800",
     }
     proc = subprocess.run(
-        ["bash", str(TESTS / "gpu_check.sh"), str(out)],
+        ["bash", str(GPU / "gpu_check.sh"), str(out)],
         env=env, capture_output=True, text=True, timeout=1900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -202,7 +203,7 @@ def test_fallback_calibrate_and_replay_match_the_cli(smoke, tmp_path):
     """bench_gpu.py calibrate / run (used when the CLI cannot import) give the CLI's profile
     rates and, the simulator being deterministic, the CLI's prediction."""
     def bench(*args):
-        proc = subprocess.run([sys.executable, str(TESTS / "bench_gpu.py"), *map(str, args)],
+        proc = subprocess.run([sys.executable, str(GPU / "bench_gpu.py"), *map(str, args)],
                               capture_output=True, text=True, timeout=300)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
@@ -286,9 +287,11 @@ def test_gpu_check_collects_the_compiled_kernel_checks_without_hypothesis():
     kernels, split-K and the engine-vs-HF check are among them, and they collect (with their
     cuda tests selected) on an image without hypothesis."""
     selected = sorted(
-        p.name for p in TESTS.glob("test_*.py") if "pytest.mark.cuda" in p.read_text()
+        str(p.relative_to(TESTS))
+        for p in TESTS.glob("*/test_*.py")
+        if "pytest.mark.cuda" in p.read_text()
     )
-    assert set(CUDA_FILES_WANTED) <= set(selected), selected
+    assert set(CUDA_FILES_WANTED) <= {Path(s).name for s in selected}, selected
     # Without plugin autoload: hypothesis's own pytest plugin is an installed entry point here.
     env = os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     proc = subprocess.run(

@@ -1,16 +1,16 @@
-"""GPU measurements for tests/gpu_check.sh (not collected by pytest), through cbbench's own classes.
+"""GPU measurements for tests/gpu/gpu_check.sh (not collected by pytest), through cbbench's own classes.
 
 ``decode``: decode step time, floor and MBU of a random-weight model at several batch sizes,
 with and without CUDA graphs, fused and unfused layer kernels side by side, ``torch``-backend
-rows, and every backend's logits against ``reference`` (tests/gpu_check_decode.py,
-tests/gpu_check_agree.py). ``env``, ``probe-triton``: see tests/gpu_check_env.py.
-``summarize DIR``: see tests/gpu_check_summary.py. ``run`` and ``calibrate``: cbbench run's
+rows, and every backend's logits against ``reference`` (tests/gpu/gpu_check_decode.py,
+tests/gpu/gpu_check_agree.py). ``env``, ``probe-triton``: see tests/gpu/gpu_check_env.py.
+``summarize DIR``: see tests/gpu/gpu_check_summary.py. ``run`` and ``calibrate``: cbbench run's
 engine path and cbbench calibrate without the Typer CLI (fallbacks when the CLI cannot import).
 
 CPU smoke test (what can be checked without a GPU):
 
-    python tests/bench_gpu.py decode --device cpu --model tiny --dry-run --out /tmp/gpu-dry
-    python tests/bench_gpu.py summarize /tmp/gpu-dry
+    python tests/gpu/bench_gpu.py decode --device cpu --model tiny --dry-run --out /tmp/gpu-dry
+    python tests/gpu/bench_gpu.py summarize /tmp/gpu-dry
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def cmd_summarize(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="GPU measurements for tests/gpu_check.sh")
+    ap = argparse.ArgumentParser(description="GPU measurements for tests/gpu/gpu_check.sh")
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("decode", help="decode step time, floor and MBU per batch size")
     d.add_argument("--device", default="cuda")

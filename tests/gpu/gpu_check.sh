@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot GPU check for a machine with one H200 (or any CUDA GPU): under 9 minutes in all.
 #
-#   bash tests/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else results/gpu/check-<time>
+#   bash tests/gpu/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else results/gpu/check-<time>
 #
 # Steps (each under `timeout`, each one's exit code and time recorded in OUT_DIR/steps.tsv; a
 # failing step never stops the ones after it; caps in seconds, all clipped so the whole script
@@ -11,7 +11,7 @@
 #   install (60)  pip install --no-deps --no-build-isolation --no-index -e .  (never downloads;
 #              falls back to a PYTHONPATH view of the package if pip cannot install)
 #   import, import_cli  cbbench's engine imports; the CLI (cbbench.cli.app) imports, else the
-#              ShareGPT steps go through tests/bench_gpu.py run
+#              ShareGPT steps go through tests/gpu/bench_gpu.py run
 #   triton_probe (60)  one Triton kernel launch (Triton builds a C launcher on its first launch).
 #              If it fails, every later step runs with --attention-backend torch
 #              --no-cuda-graphs --fused-kernels off, and the summary says so in one line.
@@ -28,7 +28,7 @@
 #              the 540 s budget on purpose: a step that runs long shortens the ones after it
 #              (the expected total is ~490 s: pytest ~150, decode ~120, ShareGPT ~90 + ~100,
 #              calibrate + sim_static ~10; the static run gets what calibrate leaves).
-#   decode (150)  tests/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
+#   decode (150)  tests/gpu/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
 #              batch 1/16/64/256, context 512, with and without CUDA graphs, fused and unfused
 #              layer kernels side by side, torch-backend rows, floor and MBU, every backend vs
 #              reference, and the fused layer kernels vs the unfused ones on the same fed
@@ -44,7 +44,7 @@
 #   sim_static (30)  cbbench run --engine sim --gpu-profile profile.json --replay
 #              sharegpt_h200_static.json -> sim_static.json: the calibrated simulator predicts
 #              the static run (same requests, arrivals, scheduling; ~1 s on a CPU)
-#   summary (20)  tests/bench_gpu.py summarize -> summary.json, summary.md (sim_accuracy: TTFT
+#   summary (20)  tests/gpu/bench_gpu.py summarize -> summary.json, summary.md (sim_accuracy: TTFT
 #              p50, TPOT p50, output throughput of the static run, real vs predicted)
 #
 # A run stopped by its timeout gets SIGTERM first: `cbbench run` then stops dispatching, lets
@@ -56,13 +56,13 @@
 # GPU_CHECK_PYTEST_ARGS (replaces "-m cuda"), GPU_CHECK_FORCE_SHADOW=1 (test the no-install
 # fallback), GPU_CHECK_FORCE_TRITON_FAIL=1 (act as if the Triton probe failed),
 # GPU_CHECK_CAP_SCALE (multiplies every step's cap; for the smoke test on a shared CPU). The CPU smoke
-# test of the flow itself (tests/test_gpu_check.py runs it in CI):
+# test of the flow itself (tests/engine/test_gpu_check.py runs it in CI):
 #   GPU_CHECK_SKIP_INSTALL=1 GPU_CHECK_DEVICE=cpu GPU_CHECK_MODEL=tiny GPU_CHECK_NUM_REQUESTS=8 \
-#     GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu_check.sh /tmp/gpu-check-cpu
+#     GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu/gpu_check.sh /tmp/gpu-check-cpu
 set -u
 set -o pipefail
 
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO" || exit 2
 
 OUT_DIR="${1:-${OUT:-$REPO/results/gpu/check-$(date -u +%Y%m%d-%H%M%S)}}"
@@ -141,7 +141,7 @@ fi
 log "python: $(command -v "$PY") ($("$PY" --version 2>&1))"
 # bench_gpu.py env imports only the standard library before probing (cbbench is not needed).
 run_step env 45 "modules, missing dependencies, cc, Python.h -> env.json" -- \
-    "$PY" tests/bench_gpu.py env --out "$OUT_DIR/env.json"
+    "$PY" tests/gpu/bench_gpu.py env --out "$OUT_DIR/env.json"
 
 # ---- install (no downloads) -------------------------------------------------------------------
 IMPORT_CODE='import cbbench, cbbench.engine.core.engine, cbbench.engine.torch.models.llama, cbbench.kernels, cbbench.load.workload; print("cbbench", cbbench.__version__, "from", cbbench.__file__)'
@@ -206,13 +206,13 @@ if [ "${GPU_CHECK_FORCE_TRITON_FAIL:-0}" = "1" ]; then
 elif [ "$DEVICE" != "cuda" ]; then
     record triton_probe skipped "device $DEVICE: Triton is not used"
 elif ! run_step triton_probe 60 "one Triton kernel launch" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
-        tests/bench_gpu.py probe-triton --device "$DEVICE"; then
+        tests/gpu/bench_gpu.py probe-triton --device "$DEVICE"; then
     fall_back "$(grep -m1 'FAILED' "$OUT_DIR/triton_probe.log" | sed 's/^triton launch FAILED: //' | cut -c1-300)"
 fi
 
 # ---- pytest -m cuda, the CUDA test files only ---------------------------------------------------
 CUDA_TESTS=()
-for f in tests/test_*.py; do grep -q "pytest.mark.cuda" "$f" && CUDA_TESTS+=("$f"); done
+for f in tests/*/test_*.py; do grep -q "pytest.mark.cuda" "$f" && CUDA_TESTS+=("$f"); done
 if have_module pytest; then
     # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words on purpose
     run_step pytest_cuda 180 "pytest $PYTEST_ARGS ${CUDA_TESTS[*]}" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -m pytest \
@@ -226,7 +226,7 @@ fi
 # ---- decode microbenchmark ------------------------------------------------------------------------
 # shellcheck disable=SC2086
 run_step decode 150 "decode step time / floor / MBU, fused and unfused, $MODEL" -- \
-    "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/bench_gpu.py decode --device "$DEVICE" \
+    "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/gpu/bench_gpu.py decode --device "$DEVICE" \
     --model "$MODEL" --out "$OUT_DIR" "${FALLBACK_DECODE[@]+"${FALLBACK_DECODE[@]}"}" $DECODE_ARGS
 
 # ---- ShareGPT through cbbench run ---------------------------------------------------------------
@@ -238,8 +238,8 @@ if run_step import_cli 30 "import cbbench.cli.app" -- "$PY" "${PYFLAGS[@]+"${PYF
         -c "import cbbench.cli.app"; then
     CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" -c "$CB_MAIN")
 else
-    log "cbbench.cli.app does not import: running cbbench's runner through tests/bench_gpu.py run"
-    CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/bench_gpu.py)
+    log "cbbench.cli.app does not import: running cbbench's runner through tests/gpu/bench_gpu.py run"
+    CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/gpu/bench_gpu.py)
 fi
 run_step sharegpt 100 "continuous, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
     --label continuous --output "$OUT_DIR/sharegpt_h200.json"
@@ -268,7 +268,7 @@ fi
 # ---- summary --------------------------------------------------------------------------------------
 RESERVE_S=0
 run_step summary 20 "summary.json + summary.md" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
-    tests/bench_gpu.py summarize "$OUT_DIR" >/dev/null
+    tests/gpu/bench_gpu.py summarize "$OUT_DIR" >/dev/null
 log "done in $(( $(date +%s) - START_S ))s; results in $OUT_DIR"
 cat "$STEPS"
 exit 0

@@ -1,4 +1,4 @@
-"""What the GPU machine offers, for tests/gpu_check.sh (standard library only until it probes).
+"""What the GPU machine offers, for tests/gpu/gpu_check.sh (standard library only until it probes).
 
 ``env``: versions of everything the project may import; every dependency module that is
 missing, found two ways (the distributions pyproject.toml declares, and every third-party
@@ -26,7 +26,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("cbbench", "engine", "kernels")
 # Distribution name -> import name, where they differ.
 MODULE_OF = {

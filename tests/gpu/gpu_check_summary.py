@@ -1,4 +1,4 @@
-"""summary.json and summary.md from what tests/gpu_check.sh left in its folder.
+"""summary.json and summary.md from what tests/gpu/gpu_check.sh left in its folder.
 
 The headline fields (issue 12), each null where this run could not measure it (a CPU smoke
 run, a step that failed, a field another part of the project does not write yet):
@@ -16,7 +16,7 @@ run, a step that failed, a field another part of the project does not write yet)
   Triton backend with the fused layer kernels); ``backends_agree_fused_vs_unfused``: that row's
   logits against the unfused Triton row's (the same fed tokens);
 - ``sim_accuracy``: the simulator calibrated on the continuous run predicting the static run
-  (tests/gpu_check_sim.py), or null with ``sim_accuracy_why_not``.
+  (tests/gpu/gpu_check_sim.py), or null with ``sim_accuracy_why_not``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ on a CUDA GPU, at Llama-3-8B's shapes, in bf16 and fp16.
 
 The CPU checks the same kernels under Triton's interpreter at small shapes
 (test_fused_kernels.py, test_kernels_split_k.py, test_kernels_gpu_tiles.py); those files carry
-no ``cuda`` mark, so tests/gpu_check.sh's pytest step (``-m cuda``) would never compare the
+no ``cuda`` mark, so tests/gpu/gpu_check.sh's pytest step (``-m cuda``) would never compare the
 *compiled* kernels, which the ShareGPT runs use by default on CUDA. This file does. Skipped
 without a GPU (conftest.py); no hypothesis, which the GPU image may lack.
 

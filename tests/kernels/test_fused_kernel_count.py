@@ -1,17 +1,21 @@
 """The kernel-count benchmark's counting is honest, and the fused path meets its goal.
 
-tests/bench_kernel_count.py counts on ``meta`` tensors with Triton launches intercepted (no
+tests/bench/bench_kernel_count.py counts on ``meta`` tensors with Triton launches intercepted (no
 data, nothing runs). Here the same decode step also runs for real, every Triton kernel executed
 (interpreted on CPU tensors; compiled on a GPU): both must see the same launches, in order.
 """
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # the script under test
 from bench_kernel_count import count_decode_step  # noqa: E402
 
 from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402

@@ -2,7 +2,7 @@
 chains a hook someone else installed, and says why when it cannot count.
 
 That Triton really calls the hook on each new specialization is checked where kernels really
-compile: tests/test_triton_aot.py (each kernel's first launch in a fresh process counts)."""
+compile: tests/kernels/test_triton_aot.py (each kernel's first launch in a fresh process counts)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "workloads"
 CSV_PATH = WORKLOADS / "sharegpt.csv"
 META_PATH = WORKLOADS / "sharegpt.meta.json"

@@ -16,7 +16,7 @@ import pytest
 
 from cbbench.load.sessions import first_prompt_len, next_prompt_len, parse_multiturn_csv
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "workloads"
 CSV_PATH = WORKLOADS / "sharegpt_multiturn.csv"
 META_PATH = WORKLOADS / "sharegpt_multiturn.meta.json"

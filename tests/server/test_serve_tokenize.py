@@ -17,7 +17,7 @@ from cbbench.cli.serve import build_serving_engine
 from cbbench.server.app import ServeConfig
 from cbbench.server.text import FALLBACK_KIND, TOKENIZER_KIND, load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # shared/ sits in the repo root on the device machine, beside the checkout elsewhere.
 LLAMA3_CANDIDATES = [
     base / "shared" / "tokenizers" / "llama-3.1" / "tokenizer.json"

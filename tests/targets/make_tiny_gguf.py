@@ -1,9 +1,9 @@
-"""Make the tiny random-weight Llama GGUF that tests/test_llamacpp_server.py serves with
+"""Make the tiny random-weight Llama GGUF that tests/targets/test_llamacpp_server.py serves with
 llama-cpp-python: a seeded Hugging Face LlamaForCausalLM (68M parameters, almost all of them
 the Llama-3 vocabulary's embedding and output layers) saved with a given tokenizer, then
 converted by llama.cpp's own convert_hf_to_gguf.py.
 
-    python tests/make_tiny_gguf.py --tokenizer-dir DIR --llama-cpp SRC --out-dir OUT
+    python tests/targets/make_tiny_gguf.py --tokenizer-dir DIR --llama-cpp SRC --out-dir OUT
 
 DIR holds tokenizer.json and tokenizer_config.json (with its LICENSE, which is copied along:
 the Llama-3 tokenizer's license must travel with it); SRC is llama.cpp's source tree (the

@@ -21,7 +21,7 @@ from cbbench.analysis.metrics import summarize
 from cbbench.targets.http import run_http
 
 LLAMA3_CONFIG = (
-    Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama-3.1"
+    Path(__file__).resolve().parents[3] / "shared" / "tokenizers" / "llama-3.1"
     / "tokenizer_config.json"
 )
 

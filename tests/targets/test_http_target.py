@@ -38,7 +38,7 @@ from cbbench.targets.http import error_rate, run_http, send_lag_check
 from cbbench.targets.options import EndpointOptions, normalize_endpoint, parse_header, redact_url
 
 LLAMA3_TOKENIZER = (
-    Path(__file__).resolve().parents[2] / "shared" / "tokenizers" / "llama-3.1" / "tokenizer.json"
+    Path(__file__).resolve().parents[3] / "shared" / "tokenizers" / "llama-3.1" / "tokenizer.json"
 )
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,13 @@
 """`cbbench run --endpoint` against a real third-party server: llama-cpp-python's
 OpenAI-compatible server (it compiles llama.cpp when installed from PyPI), serving a tiny
-random-weight Llama GGUF (tests/make_tiny_gguf.py) on 127.0.0.1, started and stopped here.
+random-weight Llama GGUF (tests/targets/make_tiny_gguf.py) on 127.0.0.1, started and stopped here.
 
 Opt-in, because the server takes minutes to build and is not a dependency of cbbench:
 
     python3 -m venv VENV && VENV/bin/pip install 'llama-cpp-python[server]'
-    python tests/make_tiny_gguf.py --tokenizer-dir DIR --llama-cpp SRC --out-dir OUT
+    python tests/targets/make_tiny_gguf.py --tokenizer-dir DIR --llama-cpp SRC --out-dir OUT
     CBBENCH_LLAMACPP_PYTHON=VENV/bin/python CBBENCH_LLAMACPP_MODEL=OUT/tiny-llama-f16.gguf \\
-        pytest -m llamacpp tests/test_llamacpp_server.py
+        pytest -m llamacpp tests/targets/test_llamacpp_server.py
 
 (CBBENCH_LLAMACPP_TOKENIZER: the tokenizer.json, by default OUT/hf/tokenizer.json;
 CBBENCH_LLAMACPP_FIGURES=FILE also writes the per-request figures as JSON;
