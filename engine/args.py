@@ -232,7 +232,7 @@ class EngineArgs:
         return self
 
     def _check_disaggregation(self) -> None:
-        from .kv_link import get_kv_link, parse_disaggregate
+        from .sim.kv_link import get_kv_link, parse_disaggregate
 
         try:
             get_kv_link(self.kv_link)
@@ -247,7 +247,7 @@ class EngineArgs:
     @property
     def disaggregation(self) -> tuple[int, int] | None:
         """(prefill instances, decode instances), or None when colocated."""
-        from .kv_link import parse_disaggregate
+        from .sim.kv_link import parse_disaggregate
 
         return parse_disaggregate(self.disaggregate) if self.disaggregate else None
 

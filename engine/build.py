@@ -65,7 +65,7 @@ def build_engine(args: EngineArgs, notice: Callable[[str], None]):
 def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
     """Data parallelism: ``--data-parallel-size`` simulated engines behind ``--router``, as
     one (ReplicaSet, EngineInfo of one replica)."""
-    from .replicas import ReplicaSet
+    from .sim.replicas import ReplicaSet
 
     args.validate()
     if resolve_engine(args, notice) == "torch":
@@ -87,8 +87,8 @@ def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
 def _build_disaggregated(args: EngineArgs, one: EngineArgs, pd: tuple[int, int]):
     """--disaggregate P:D: P prefill and D decode simulated engines, alike, with the KV link
     between them. Returns (DisaggregatedSet, EngineInfo of one instance)."""
-    from .disaggregated import DisaggregatedSet
-    from .kv_link import get_kv_link
+    from .sim.disaggregated import DisaggregatedSet
+    from .sim.kv_link import get_kv_link
 
     first = build_sim_engine(one)
     info = first[1]

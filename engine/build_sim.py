@@ -18,8 +18,8 @@ DEFAULT_SIM_MODEL = "llama-3-8b"
 
 def sim_device(args: EngineArgs, profile):
     """(GPUSpec or None for a profiled CPU, DeviceRates, efficiency dict for the result)."""
-    from .cost_model import DeviceRates, Efficiency
-    from .gpu_specs import get_gpu_spec
+    from .sim.cost_model import DeviceRates, Efficiency
+    from .sim.gpu_specs import get_gpu_spec
 
     if profile is not None:
         if args.gpu is not None and args.gpu.lower() != profile.device:
@@ -52,11 +52,12 @@ def sim_device(args: EngineArgs, profile):
 
 
 def build_sim_engine(args: EngineArgs):
-    from .clock import VirtualClock
-    from .cost_model import CostModel
-    from .engine import Engine
+    from .core.clock import VirtualClock
+    from .core.engine import Engine
     from .model_config import get_model_config
-    from .sim_executor import SimExecutor, sim_num_kv_blocks
+    from .sim.cost_model import CostModel
+    from .sim.fast_forward import fast_forward
+    from .sim.sim_executor import SimExecutor, sim_num_kv_blocks
 
     profile = load_device_profile(args)
     gpu, rates, efficiency = sim_device(args, profile)
@@ -97,7 +98,8 @@ def build_sim_engine(args: EngineArgs):
     check_sim_sizes(args, num_blocks, num_cpu_blocks)
     config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
     engine = Engine(config, SimExecutor(cost, args.block_size), VirtualClock(), cost)
-    engine.fast_forward = args.fast_forward  # read by the loops (engine/fast_forward.py)
+    # The loops (core/feed.py, sim/replicas.py) advance pure-decode stretches with it.
+    engine.fast_forward = fast_forward if args.fast_forward else None
     info = EngineInfo(
         engine="sim",
         gpu=gpu.name if gpu is not None else profile.device,

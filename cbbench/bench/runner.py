@@ -282,7 +282,7 @@ def execute_run(
     try:
         if spec.endpoint is not None:
             from cbbench.distributed.run import SinceInstant, run_load
-            from cbbench.engine.clock import WallClock
+            from cbbench.engine.core.clock import WallClock
 
             if spec.load.distributed:  # workers take seconds to set up: time from their t0
                 on_t0 = lambda t0: start_telemetry(SinceInstant(t0))  # noqa: E731
@@ -404,7 +404,7 @@ def add_intervals(summary: dict, spec: RunSpec, wreqs, arrivals, plan, cancel, n
     simulated at the fast and the slow end of the profile's residual spread."""
     from cbbench.analysis.intervals import intervals
     from cbbench.engine.build_common import load_device_profile
-    from cbbench.engine.sim_bounds import SPREAD_LEVEL
+    from cbbench.engine.sim.sim_bounds import SPREAD_LEVEL
 
     opts = spec.engine
     if opts.engine != "sim" or opts.gpu_profile is None:

@@ -118,7 +118,7 @@ def _make_requests(
 
 def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, output_len: int,
              t: float, ids: list[int] | None, priority: int = 0):
-    from cbbench.engine.request import Request, SamplingParams
+    from cbbench.engine.core.request import Request, SamplingParams
 
     sampling = SamplingParams(
         temperature=opts.temperature,
@@ -155,7 +155,7 @@ def _drain(engine, grace_s: float) -> None:
     ``grace_s`` seconds of wall time, then abort the rest."""
     import time
 
-    from cbbench.engine.engine import StepFailed
+    from cbbench.engine.core.engine import StepFailed
 
     sched = engine.scheduler
     for req in list(sched.waiting):
@@ -189,19 +189,19 @@ def run_engine(
     With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
     ``cancel``, the requests it picks are aborted mid-flight; with ``step_time_factors``
     (the simulator), each step's time is scaled by its iteration class's factor."""
-    from cbbench.engine.feed import ListFeed, run_feed
-    from cbbench.engine.request import RequestStatus
+    from cbbench.engine.core.feed import ListFeed, run_feed
+    from cbbench.engine.core.request import RequestStatus
 
     loop = run_feed
     if opts.data_parallel_size > 1 or opts.disaggregate is not None:
-        from cbbench.engine.replicas import run_replicas
+        from cbbench.engine.sim.replicas import run_replicas
 
         engine, info = build_replicas(opts, notice)
         loop = run_replicas
     else:
         engine, info = build_engine(opts, notice)
     if step_time_factors is not None:
-        from cbbench.engine.sim_bounds import ScaledExecutor
+        from cbbench.engine.sim.sim_bounds import ScaledExecutor
 
         for e in getattr(engine, "engines", [engine]):
             e.executor = ScaledExecutor(e.executor, step_time_factors)

@@ -1,0 +1,110 @@
+"""Feeding the engine: what arrives when, including arrivals that depend on the engine.
+
+A fixed list of requests arrives at fixed times (``ListFeed``). Some load does not: a chat
+session's next turn arrives a think time after the previous reply finished, and a client that
+gives up aborts its request some time after sending it. A ``RequestFeed`` hands the engine what
+is due and hears about every finished request, so its next events can depend on them;
+``run_feed`` is the one loop that drives the engine from any feed, on the engine's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from .request import Request
+
+if TYPE_CHECKING:
+    from .engine import Engine, StepFailed, StepOutput
+
+
+class RequestFeed(Protocol):
+    def next_time(self) -> float | None:
+        """The time of the earliest pending event (an arrival, an abort); None when nothing is
+        pending (events may still come from requests that are yet to finish)."""
+        ...
+
+    def fire(self, engine: Engine, now: float) -> None:
+        """Hand the engine every event due at ``now`` (add_request, abort_request)."""
+        ...
+
+    def on_step(self, step: StepOutput) -> None:
+        """Called after every iteration: the finished requests may schedule new events."""
+        ...
+
+
+class ListFeed:
+    """Requests sorted by arrival_time, each added once its time has come."""
+
+    def __init__(self, requests: Sequence[Request]) -> None:
+        self.requests = requests
+        self.i = 0
+
+    def next_time(self) -> float | None:
+        return self.requests[self.i].arrival_time if self.i < len(self.requests) else None
+
+    def fire(self, engine: Engine, now: float) -> None:
+        reqs, i, n = self.requests, self.i, len(self.requests)
+        while i < n and reqs[i].arrival_time <= now:
+            engine.add_request(reqs[i])
+            i += 1
+        self.i = i
+
+    def on_step(self, step: StepOutput) -> None:
+        return None
+
+
+def _fast_forward(engine: Engine, fast_forward, feed: RequestFeed, on_step) -> bool:
+    """A stretch of pure-decode steps up to the feed's next event, in one move, by the
+    engine's ``fast_forward`` (a simulated engine's: engine/sim/fast_forward.py; each step's
+    record still goes to ``on_step``). False: step normally."""
+    import math
+
+    def emit(step: StepOutput) -> None:
+        feed.on_step(step)
+        if on_step is not None:
+            on_step(step)
+
+    t = feed.next_time()
+    return fast_forward(engine, math.inf if t is None else t, emit) > 0
+
+
+def run_feed(
+    engine: Engine,
+    feed: RequestFeed,
+    should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[StepOutput], None] | None = None,
+    on_step_failed: Callable[[StepFailed], None] | None = None,
+) -> bool:
+    """Step the engine until the feed has nothing pending and every request is done, sleeping
+    (or, on a virtual clock, jumping) to the next event when idle. Returns False when
+    ``should_stop`` ended the run early. A step that raised failed its own requests
+    (``on_step_failed``); the run goes on with the rest."""
+    from .engine import StepFailed
+
+    clock = engine.clock
+    while True:
+        if should_stop is not None and should_stop():
+            return False
+        feed.fire(engine, clock.now())
+        ff = getattr(engine, "fast_forward", None)
+        if ff is not None and _fast_forward(engine, ff, feed, on_step):
+            continue
+        try:
+            step = engine.step() if engine.has_unfinished() else None
+        except StepFailed as e:
+            if on_step_failed is not None:
+                on_step_failed(e)
+            continue
+        if step is not None:
+            feed.on_step(step)
+            if on_step is not None:
+                on_step(step)
+            continue
+        t = feed.next_time()
+        if t is not None:
+            clock.sleep_until(t)
+        elif engine.has_unfinished():
+            raise RuntimeError("engine stalled: requests are waiting but none can be scheduled")
+        else:
+            return True

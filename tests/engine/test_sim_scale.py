@@ -1,0 +1,97 @@
+"""The simulator's scale paths against its reference paths.
+
+- Fast-forward (engine/fast_forward.py) against --no-fast-forward on 10,000 ShareGPT
+  requests: every request's token times, hence TTFT, TPOT and E2EL, identical; every
+  iteration record identical.
+- The bounded-error histogram (analysis/histogram.py) against numpy.percentile on the pooled
+  ITL of that run: each percentile within the stated relative error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cbbench.analysis.histogram import LogHistogram
+from cbbench.analysis.metrics import itl_values_s
+from cbbench.engine.args import EngineArgs
+from cbbench.load.arrivals import arrival_times
+from cbbench.load.workload import load_workload, sample_requests
+from cbbench.targets.engine import run_engine
+
+
+def _run(n: int, ff: bool, **kw):
+    wl = load_workload("sharegpt")
+    reqs, _ = sample_requests(wl, n, 0)
+    arrivals = arrival_times(reqs, 50.0, 1.0, "gamma", 0, None)
+    opts = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", fast_forward=ff, **kw)
+    return run_engine(opts, reqs, arrivals, lambda _m: None)
+
+
+SKIPPED: list[int] = []  # steps each fast-forward call advanced, in the fast-forward run
+
+
+@pytest.fixture(scope="module")
+def runs():
+    import cbbench.engine.sim.fast_forward as ff
+
+    real = ff.fast_forward
+
+    def counting(*args, **kw):
+        k = real(*args, **kw)
+        SKIPPED.append(k)
+        return k
+
+    with pytest.MonkeyPatch.context() as mp:
+        stepped = _run(10_000, False)
+        assert SKIPPED == []  # --no-fast-forward never calls it
+        mp.setattr(ff, "fast_forward", counting)
+        return stepped, _run(10_000, True)
+
+
+def test_skipped_equals_stepped_on_10k(runs):
+    stepped, skipped = runs
+    assert len(stepped.records) == len(skipped.records) == 10_000
+    for a, b in zip(stepped.records, skipped.records):
+        assert a.id == b.id and a.token_times_s == b.token_times_s
+        assert (a.ttft_s, a.tpot_s, a.e2el_s) == (b.ttft_s, b.tpot_s, b.e2el_s)
+    assert stepped.iterations == skipped.iterations
+    assert stepped.duration_s == skipped.duration_s
+    # The fast-forward run did advance stretches (not only step): a share of its steps.
+    advanced = sum(SKIPPED)
+    assert 0.05 * len(skipped.iterations) < advanced < len(skipped.iterations)
+
+
+def test_data_parallel_skipped_equals_stepped():
+    """8 replicas under least-kv (the router reads KV use, which fast-forward changes block by
+    block): the same requests on the same replicas at the same times."""
+    a = _run(400, False, data_parallel_size=8, router="least-kv")
+    b = _run(400, True, data_parallel_size=8, router="least-kv")
+    assert [r.token_times_s for r in a.records] == [r.token_times_s for r in b.records]
+    assert a.iterations == b.iterations
+
+
+def test_pooled_itl_percentiles_within_the_stated_error(runs):
+    itl_ms = itl_values_s(runs[1].records) * 1e3
+    assert itl_ms.size > 1_000_000
+    for err in (1e-2, 1e-3):
+        h = LogHistogram(err)
+        for chunk in np.array_split(itl_ms, 7):  # fed as a stream would feed it
+            h.add_many(chunk)
+        d = h.distribution((1, 50, 90, 95, 99, 99.9))
+        exact = np.percentile(itl_ms, (1, 50, 90, 95, 99, 99.9))
+        for p, e in zip((1, 50, 90, 95, 99, 99.9), exact):
+            assert abs(d[f"p{p}"] / e - 1) <= err * (1 + 1e-9), (err, p)
+        assert d["count"] == itl_ms.size
+        assert d["mean"] == pytest.approx(itl_ms.mean(), rel=1e-9)
+        assert d["std"] == pytest.approx(itl_ms.std(), rel=1e-6)
+        assert len(h.buckets) < 20_000
+
+
+def test_histogram_error_is_the_bound_not_better_by_luck():
+    """A value at a bucket's far edge is off by almost exactly the stated error."""
+    h = LogHistogram(0.01)
+    edge = h.gamma ** 10  # the top of bucket 10: represented by 2 g^10 / (g + 1)
+    h.add_many([edge])
+    got = h.percentiles([50])[0]
+    assert abs(got / edge - 1) == pytest.approx(0.01, rel=1e-6)
