@@ -402,13 +402,13 @@ def execute_run(
 def add_intervals(summary: dict, spec: RunSpec, wreqs, arrivals, plan, cancel, notice) -> None:
     """summary.intervals on a simulated run with a calibrated profile: the same requests
     simulated at the fast and the slow end of the profile's residual spread."""
+    opts = spec.engine
+    if opts.engine != "sim" or opts.gpu_profile is None:
+        return
     from cbbench.analysis.intervals import intervals
     from cbbench.engine.build_common import load_device_profile
     from cbbench.engine.sim.sim_bounds import SPREAD_LEVEL
 
-    opts = spec.engine
-    if opts.engine != "sim" or opts.gpu_profile is None:
-        return
     spread = load_device_profile(opts).spread
     if not spread:
         return
