@@ -3,7 +3,7 @@
 - Fast-forward (engine/fast_forward.py) against --no-fast-forward on 10,000 ShareGPT
   requests: every request's token times, hence TTFT, TPOT and E2EL, identical; every
   iteration record identical.
-- The bounded-error histogram (analysis/histogram.py) against numpy.percentile on the pooled
+- The bounded-error histogram (analysis/bounded_histogram.py) against numpy.percentile on the pooled
   ITL of that run: each percentile within the stated relative error.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cbbench.analysis.histogram import LogHistogram
+from cbbench.analysis.bounded_histogram import LogHistogram
 from cbbench.analysis.metrics import itl_values_s
 from cbbench.engine.args import EngineArgs
 from cbbench.load.arrivals import arrival_times
