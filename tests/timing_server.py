@@ -8,9 +8,11 @@ token event goes out TTFT after the request arrived and each next one ITL later,
 deadlines (a late wake-up does not push the next token back), then usage and [DONE]. For each
 request it notes, on time.perf_counter() (CLOCK_MONOTONIC: the same clock as the client's on
 this machine), when the request arrived and when its first and last token events were written:
-GET /log returns them as JSON, keyed by prompt. GET /v1/models names one model.
+GET /log returns them as JSON, keyed by prompt; GET /log?clear returns them and forgets them (a
+benchmark that runs client after client against one server takes each run's log so). GET
+/v1/models names one model.
 
-Used by tests/test_workers.py and tests/bench_loadgen.py; 127.0.0.1 only.
+Used by tests/test_workers.py and tests/bench_loadgen.py (--against); 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -87,6 +89,8 @@ class TimingServer:
                     writer.write(_plain(json.dumps({"data": [{"id": MODEL}]}).encode()))
                 elif head.startswith(b"GET /log"):
                     writer.write(_plain(json.dumps(self.log).encode()))
+                    if head.startswith(b"GET /log?clear"):
+                        self.log = {}
                 else:
                     await self._stream(json.loads(body), received, writer)
                 await writer.drain()
@@ -122,9 +126,11 @@ def timing_server(ttft_ms: float, itl_ms: float):
         proc.wait(timeout=START_TIMEOUT_S)
 
 
-def fetch_log(url: str) -> dict[str, dict]:
-    """{prompt: {"received", "first_token", "last_token", "tokens"}} (perf_counter seconds)."""
-    with urllib.request.urlopen(url + "/log", timeout=START_TIMEOUT_S) as resp:
+def fetch_log(url: str, clear: bool = False) -> dict[str, dict]:
+    """{prompt: {"received", "first_token", "last_token", "tokens"}} (perf_counter seconds);
+    `clear`: the server forgets them once sent."""
+    path = "/log?clear" if clear else "/log"
+    with urllib.request.urlopen(url + path, timeout=START_TIMEOUT_S) as resp:
         return json.loads(resp.read())
 
 
