@@ -1,7 +1,7 @@
 """Side by side: this tree's HTTP client against another commit's, interleaved, against one
 server of known timing. The client's accuracy as a benchmark that compares commits.
 
-    python tests/bench_loadgen.py --against 6a0ec45 [--new REV] [--rate 500] [--requests 7500]
+    python tests/bench_loadgen.py --against 6a0ec45 [--new REV ...] [--rate 500] [--requests 7500]
         [--repeats 3] [--arrival poisson] [--ttft-ms 150] [--itl-ms 20] [--tokens 4]
         [--workers N] [--json-out FILE]
 
@@ -11,12 +11,16 @@ this venv's packages and installs the commit with `pip install --no-deps -e`; ma
 Both replay the same schedule (one arrival draw, made here) through their own `run_http`
 (`run_load` for --workers N, which a commit must have) against one tests/timing_server.py
 process (TTFT and ITL on absolute deadlines, and a log of when each request arrived and each
-token was written). Runs alternate ref, new, new, ref, ... so both sides see the same hour.
+token was written). Rounds alternate ref, new, new, ref, ... so all sides see the same hour;
+`--new` may be given several times (`--new 8169f12 --new worktree`: before and after a fix,
+each against the reference, in one run).
 
 Per run: the TTFT error against the server's own log (client TTFT, counted from the intended
 start, minus the server's received -> first token written, per request), the send lag (send -
-intended start), the achieved send rate, and the client's CPU from getrusage (the client
-process and its reaped children: the workers) over the run, in cores. The summary gives each
+intended start), the achieved send rate, and the client's CPU from getrusage: over the run in
+cores (one process: from the first request's end to the last one's, seen through the progress
+callback every commit has; --workers: the whole call, the reaped workers included), and per
+request over the whole call (set-up and the analysis after the run too). The summary gives each
 side's median over the repeats and the ratio new/ref (of the medians, and the range of the
 per-pair ratios). Results: results/loadgen_capacity.md.
 """
@@ -54,8 +58,8 @@ FIGURES = (
     ("send_lag_p50_ms", "send lag p50 (ms)"),
     ("send_lag_p99_ms", "send lag p99 (ms)"),
     ("achieved_send_rate", "achieved send rate (req/s)"),
-    ("client_cpu_cores", "client CPU (cores)"),
-    ("client_cpu_us_per_request", "client CPU per request (us)"),
+    ("client_cpu_cores", "client CPU over the run (cores)"),
+    ("client_cpu_us_per_request", "client CPU per request, whole call (us)"),
     ("gc_collections", "GC collections in the client"),
     ("gc_pause_total_ms", "GC pauses, total (ms)"),
 )
@@ -119,6 +123,26 @@ def worktree_side(name: str) -> Side:
 
 
 # ---- one client run (the client's own process) ------------------------------------------------
+class _RunWindow:
+    """CPU and wall time between the first and the last progress callback of a run."""
+
+    def __init__(self) -> None:
+        self.first: tuple[float, float] | None = None
+        self.last: tuple[float, float] | None = None
+
+    def progress(self, done: int, total: int) -> None:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        mark = (time.perf_counter(), ru.ru_utime + ru.ru_stime)
+        if self.first is None:
+            self.first = mark
+        self.last = mark
+
+    def result(self) -> dict | None:
+        if self.first is None or self.last is None or self.last[0] <= self.first[0]:
+            return None
+        return {"wall_s": self.last[0] - self.first[0], "cpu_s": self.last[1] - self.first[1]}
+
+
 class _GcPauses:
     """The garbage collector's pauses in the client's process (they stall its event loop)."""
 
@@ -187,7 +211,8 @@ def client_main(spec_path: str, out_path: str) -> None:
 
         run = run_load(opts, wreqs, arrivals, notices.append, LoadPlan(spec["workers"]))
     else:
-        run = run_http(opts, wreqs, arrivals, notices.append)
+        window = _RunWindow()
+        run = run_http(opts, wreqs, arrivals, notices.append, on_progress=window.progress)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(spec["profile"])
@@ -217,6 +242,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         "duration_s": run.duration_s,
         "wall_s": wall,
         "cpu_s": cpu,
+        # One process: its CPU from the first request's end to the last one's (the progress
+        # callback, which every commit calls from its event loop), without set-up and the
+        # analysis after the run, which differ between commits and are not the send path.
+        "window": window.result() if spec["workers"] == 1 else None,
         "notices": notices,
         "loop_lag_p99_ms": info.get("loop_lag_p99_ms"),
         "client_fell_behind": info.get("client_fell_behind"),
@@ -284,7 +313,9 @@ def figures(out: dict, log: dict[str, dict], tag: str, requests: int) -> dict:
         "send_lag_max_ms": max(lag) if lag else float("nan"),
         "achieved_send_rate": (len(sends) - 1) / span if span > 0 else 0.0,
         "client_cpu_s": out["cpu_s"],
-        "client_cpu_cores": out["cpu_s"] / out["wall_s"],
+        # Over the run (one process: first to last completion; workers: the whole call).
+        "client_cpu_cores": (out["window"]["cpu_s"] / out["window"]["wall_s"])
+        if out.get("window") else out["cpu_s"] / out["wall_s"],
         "client_cpu_us_per_request": out["cpu_s"] / max(1, len(recs)) * 1e6,
         "loop_lag_p99_ms": out["loop_lag_p99_ms"],
         "client_fell_behind": out["client_fell_behind"],
@@ -294,34 +325,41 @@ def figures(out: dict, log: dict[str, dict], tag: str, requests: int) -> dict:
     }
 
 
-def summarize(runs: list[dict]) -> dict:
-    """Each side's median over its runs, and new/ref: the ratio of the medians and the range
-    of the per-pair ratios (pair k: the k-th run of each side, run back to back)."""
-    by = {s: [r for r in runs if r["side"] == s] for s in ("ref", "new")}
+def summarize(runs: list[dict], names: list[str]) -> dict:
+    """Each side's median over its runs and, for each side but the reference, its ratio to the
+    reference: of the medians, and per pair (pair k: the k-th run of each side, run in the
+    same round)."""
+    by = {name: [r for r in runs if r["side"] == name] for name in names}
     out: dict = {}
-    for key, _ in FIGURES:
-        ref = [r[key] for r in by["ref"]]
-        new = [r[key] for r in by["new"]]
-        pairs = [n / f for f, n in zip(ref, new) if f]
-        out[key] = {
-            "ref": float(np.median(ref)),
-            "new": float(np.median(new)),
-            "ratio": float(np.median(new) / np.median(ref)) if np.median(ref) else None,
-            "pair_ratios": [round(p, 3) for p in pairs],
-        }
+    for name in names:
+        out[name] = {}
+        for key, _ in FIGURES:
+            ref = [r[key] for r in by["ref"]]
+            mine = [r[key] for r in by[name]]
+            fig = {"median": float(np.median(mine))}
+            if name != "ref":
+                base = float(np.median(ref))
+                fig["ratio"] = fig["median"] / base if base else None
+                fig["pair_ratios"] = [round(n / f, 3) for f, n in zip(ref, mine) if f]
+            out[name][key] = fig
     return out
 
 
-def table(summary: dict, ref: Side, new: Side) -> str:
-    lines = [
-        f"| figure | ref {ref.label} | new {new.label} | new/ref | per pair |",
-        "| --- | --- | --- | --- | --- |",
-    ]
+def table(summary: dict, sides: list[Side]) -> str:
+    head = f"| figure | ref {sides[0].label} |"
+    rule = "| --- | --- |"
+    for side in sides[1:]:
+        head += f" {side.name} {side.label} | {side.name}/ref | per round |"
+        rule += " --- | --- | --- |"
+    lines = [head, rule]
     for key, label in FIGURES:
-        s = summary[key]
-        ratio = "-" if s["ratio"] is None else f"{s['ratio']:.2f}"
-        pairs = ", ".join(f"{p:.2f}" for p in s["pair_ratios"])
-        lines.append(f"| {label} | {s['ref']:.3g} | {s['new']:.3g} | {ratio} | {pairs} |")
+        row = f"| {label} | {summary['ref'][key]['median']:.3g} |"
+        for side in sides[1:]:
+            s = summary[side.name][key]
+            ratio = "-" if s["ratio"] is None else f"{s['ratio']:.2f}"
+            pairs = ", ".join(f"{p:.2f}" for p in s["pair_ratios"])
+            row += f" {s['median']:.3g} | {ratio} | {pairs} |"
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -363,7 +401,12 @@ def compare(args: argparse.Namespace) -> dict:
 
     base = Path(args.ref_dir or tempfile.gettempdir())
     ref = commit_side("ref", args.against, base)
-    new = commit_side("new", args.new, base) if args.new else worktree_side("new")
+    revs = args.new or ["worktree"]
+    names = ["new"] if len(revs) == 1 else [f"new{i + 1}" for i in range(len(revs))]
+    sides = [ref] + [
+        worktree_side(name) if rev == "worktree" else commit_side(name, rev, base)
+        for name, rev in zip(names, revs)
+    ]
     n = args.requests or int(args.rate * args.duration)
     wreqs = [WorkloadRequest(i, PROMPT_LEN, args.tokens) for i in range(n)]
     process = "constant" if args.arrival == "constant" else "gamma"  # gamma shape 1 = Poisson
@@ -371,13 +414,14 @@ def compare(args: argparse.Namespace) -> dict:
     timeout_s = arrivals[-1] + CLIENT_TIMEOUT_MARGIN_S
     runs: list[dict] = []
     started = _uptime()
-    print(f"# ref {ref.label}, new {new.label}; {started}", file=sys.stderr)
+    print("# " + ", ".join(f"{x.name} {x.label}" for x in sides) + f"; {started}",
+          file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="cbbench-bench-") as work, timing_server(
         args.ttft_ms, args.itl_ms
     ) as url:
         fetch_log(url, clear=True)
         for k in range(args.repeats):
-            for side in (ref, new) if k % 2 == 0 else (new, ref):
+            for side in sides if k % 2 == 0 else sides[::-1]:
                 tag = f"{side.name}{k}"
                 spec = {"url": url, "tag": tag, "tokens": args.tokens, "arrivals": arrivals,
                         "workers": args.workers}
@@ -391,11 +435,10 @@ def compare(args: argparse.Namespace) -> dict:
                 fig.update(side=side.name, commit=side.label, repeat=k, loadavg_1min_before=load)
                 runs.append(fig)
                 print(json.dumps(fig), flush=True)
-    summary = summarize(runs)
+    summary = summarize(runs, [x.name for x in sides])
     result = {
         "command": " ".join(["python", "tests/bench_loadgen.py", *sys.argv[1:]]),
-        "ref": ref.label,
-        "new": new.label,
+        "sides": {x.name: x.label for x in sides},
         "rate": args.rate,
         "arrival": args.arrival,
         "requests": n,
@@ -414,7 +457,7 @@ def compare(args: argparse.Namespace) -> dict:
         "summary": summary,
         "runs": runs,
     }
-    print(table(summary, ref, new))
+    print(table(summary, sides))
     print(f"# {result['uptime_before']} -> {result['uptime_after']}")
     if args.json_out:
         tmp = Path(args.json_out + ".tmp")
@@ -425,7 +468,8 @@ def compare(args: argparse.Namespace) -> dict:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--against", metavar="REV", help="the reference commit (side by side)")
-    ap.add_argument("--new", metavar="REV", help="compare this commit instead of the worktree")
+    ap.add_argument("--new", metavar="REV", action="append",
+                    help="compare commit REV ('worktree': this tree); repeat for more sides")
     ap.add_argument("--requests", type=int, default=0, help="default: rate x duration")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side, interleaved")
     ap.add_argument("--ttft-ms", type=float, default=150.0)

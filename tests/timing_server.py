@@ -47,6 +47,11 @@ def _plain(body: bytes, ctype: bytes = b"application/json") -> bytes:
 
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+# Every token event is one of two byte strings, made once: the server spends its CPU on timing,
+# not on JSON (it shares the machine with the client under test).
+TOKEN = _event({"choices": [{"index": 0, "text": " a", "finish_reason": None}]})
+LAST_TOKEN = _event({"choices": [{"index": 0, "text": " a", "finish_reason": "length"}]})
+DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
 class TimingServer:
@@ -63,16 +68,15 @@ class TimingServer:
             delay = received + self.ttft_s + i * self.itl_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            finish = "length" if i == n - 1 else None
             t = time.perf_counter()
-            writer.write(_event({"choices": [{"index": 0, "text": " a", "finish_reason": finish}]}))
+            writer.write(LAST_TOKEN if i == n - 1 else TOKEN)
             if i == 0:
                 entry["first_token"] = t
             entry["last_token"] = t
             await writer.drain()
         usage = {"prompt_tokens": 2, "completion_tokens": n, "total_tokens": n + 2}
         writer.write(_event({"choices": [], "usage": usage}))
-        writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        writer.write(DONE)
         await writer.drain()
 
     async def handle(self, reader, writer) -> None:
