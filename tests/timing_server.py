@@ -12,7 +12,8 @@ GET /log returns them as JSON, keyed by prompt; GET /log?clear returns them and 
 benchmark that runs client after client against one server takes each run's log so). GET
 /v1/models names one model.
 
-Used by tests/test_workers.py and tests/bench_loadgen.py (--against); 127.0.0.1 only.
+Used by tests/targets/test_workers.py and tests/bench/bench_loadgen.py (and its --against);
+127.0.0.1 only.
 """
 
 from __future__ import annotations
