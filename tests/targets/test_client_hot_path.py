@@ -12,8 +12,8 @@ REV); these tests pin the two causes that measurement found, without timing anyt
 
 from __future__ import annotations
 
-import asyncio
 import gc
+import inspect
 import sys
 from pathlib import Path
 
@@ -41,14 +41,16 @@ def fresh(server):
 
 
 def _cbbench_chain() -> list[str]:
-    """The names of cbbench's coroutines from the current task down to the running one."""
+    """The names of cbbench's coroutines on the stack of the running task, outermost first
+    (each is resumed when the task is)."""
     names = []
-    coro = asyncio.current_task().get_coro()
-    while asyncio.iscoroutine(coro):
-        if "cbbench" in coro.cr_code.co_filename:
-            names.append(coro.cr_code.co_name)
-        coro = coro.cr_await
-    return names
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_flags & inspect.CO_COROUTINE and "cbbench" in code.co_filename:
+            names.append(code.co_name)
+        frame = frame.f_back
+    return names[::-1]
 
 
 def _chains_seen_by_feed(monkeypatch) -> list[list[str]]:
@@ -101,13 +103,13 @@ def test_the_run_freezes_the_heap_from_before_it_and_thaws_it(fresh):
 
 def test_a_callers_frozen_heap_is_left_alone(fresh):
     gc.freeze()
-    frozen = gc.get_freeze_count()
     try:
         seen: list[int] = []
         run_http(_opts(fresh.url), _reqs(["y"]), [0.0], print,
                  on_progress=lambda done, total: seen.append(gc.get_freeze_count()))
-        assert seen and all(s >= frozen for s in seen)
-        assert gc.get_freeze_count() >= frozen  # not unfrozen by the run
+        assert seen and min(seen) > 0
+        # Not unfrozen by the run (the count only falls as frozen objects are freed).
+        assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
 
