@@ -57,11 +57,13 @@ FIGURES = (
     ("ttft_p99_over_server_ms", "TTFT p99 - server's TTFT p99 (ms)"),
     ("send_lag_p50_ms", "send lag p50 (ms)"),
     ("send_lag_p99_ms", "send lag p99 (ms)"),
+    ("send_lag_max_ms", "send lag max (ms)"),
     ("achieved_send_rate", "achieved send rate (req/s)"),
     ("client_cpu_cores", "client CPU over the run (cores)"),
     ("client_cpu_us_per_request", "client CPU per request, whole call (us)"),
     ("gc_collections", "GC collections in the client"),
     ("gc_pause_total_ms", "GC pauses, total (ms)"),
+    ("gc_pause_max_ms", "longest GC pause (ms)"),
 )
 
 
@@ -321,6 +323,7 @@ def figures(out: dict, log: dict[str, dict], tag: str, requests: int) -> dict:
         "client_fell_behind": out["client_fell_behind"],
         "gc_collections": out["gc"]["collections"],
         "gc_pause_total_ms": out["gc"]["pause_total_ms"],
+        "gc_pause_max_ms": out["gc"]["pause_max_ms"],
         "gc": out["gc"],
     }
 
