@@ -130,7 +130,7 @@ def test_the_side_by_side_bench_holds_the_client_to_the_server_log():
            "t-1": {"received": 100.0145, "first_token": 100.1645}}
     out = {"records": recs, "cpu_s": 0.3, "wall_s": 1.0, "window": None,
            "loop_lag_p99_ms": None, "client_fell_behind": False,
-           "gc": {"collections": 0, "pause_total_ms": 0.0}}
+           "gc": {"collections": 0, "pause_total_ms": 0.0, "pause_max_ms": 0.0}}
     fig = figures(out, log, "t", 3)
     # request 0: client 153 ms, server 150 ms -> 3 ms; request 1: 160 - 150 -> 10 ms
     assert fig["ttft_err_p50_ms"] == pytest.approx(6.5)
