@@ -390,7 +390,10 @@ def _own_cpu_share(nice: int) -> None:
         Path("/proc/self/autogroup").write_text(f"{nice}\n")
     except OSError as e:
         print(f"# --nice {nice}: autogroup not set ({e}); os.nice instead", file=sys.stderr)
-        os.nice(nice)
+        try:
+            os.nice(nice)
+        except OSError as e2:  # a negative nice needs privileges: run as the shares allow
+            print(f"# --nice {nice}: not applied either ({e2})", file=sys.stderr)
 
 
 def compare(args: argparse.Namespace) -> dict:
