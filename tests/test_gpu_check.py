@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -94,8 +95,12 @@ def test_summary_takes_the_gpu_fields_from_a_cuda_decode_run(tmp_path):
     assert s["fallbacks"] == ["Triton could not launch (x): ..."]
 
 
+RESULT_FILES = {"gpu_check.tar.gz", "summary.json", "summary.md", "steps.tsv"}
+
+
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
+def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The CPU smoke run: its $OUT folder and the finished process."""
     out = tmp_path_factory.mktemp("gpu-check-cpu")
     # As run by hand: conftest's TRITON_INTERPRET (set for the in-process tests) stays out.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -117,7 +122,36 @@ def smoke(tmp_path_factory) -> Path:
         env=env, capture_output=True, text=True, timeout=1900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return out, proc
+
+
+@pytest.fixture(scope="module")
+def smoke(smoke_run, tmp_path_factory) -> Path:
+    """The smoke run's work folder, as its archive holds it."""
+    out, _ = smoke_run
+    dest = tmp_path_factory.mktemp("gpu-check-unpacked")
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        tar.extractall(dest, filter="data")
+    return dest / "gpu_check"
+
+
+def test_smoke_out_holds_the_archive_and_three_files_and_prints_the_summary_last(smoke_run, smoke):
+    """The GPU machine hands back at most 8 files of $OUT: the check leaves exactly four, the
+    three beside the archive equal to the archive's own, and summary.md is the last output."""
+    out, proc = smoke_run
+    assert {p.name for p in out.iterdir()} == RESULT_FILES
+    assert all(p.is_file() for p in out.iterdir())
+    for name in RESULT_FILES - {"gpu_check.tar.gz"}:
+        assert (out / name).read_bytes() == (smoke / name).read_bytes(), name
+    # Everything the steps wrote is in the archive (logs, JSON, the profile), in one folder.
+    for name in ("env.json", "decode.json", "sharegpt_h200.json", "profile.json", "sim_static.json",
+                 "pytest_cuda.log", "summary.log"):  # fmt: skip
+        assert (smoke / name).is_file(), name
+    summary_md = (out / "summary.md").read_text()
+    assert summary_md.startswith("# GPU check summary")
+    assert proc.stdout.rstrip().endswith(summary_md.rstrip())
+    # The summary's step table has the summary step itself (the archive was refreshed after it).
+    assert any(line.startswith("summary\t0\t") for line in (out / "steps.tsv").read_text().splitlines())
 
 
 def test_smoke_every_step_ran(smoke):
