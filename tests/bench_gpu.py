@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--torch-backend-max-batch", type=int, default=16)
     d.add_argument("--agree-model", default=None, help="backends_agree's model (default --model)")
     d.add_argument("--peak-bw", type=float, default=None, help="B/s; default: the GPU's spec")
+    d.add_argument("--peak-flops", type=float, default=None,
+                   help="FLOP/s; default: the GPU's dense bf16 spec")
+    d.add_argument("--seed", type=int, default=0, help="the KV cache's random fill")
     d.add_argument(
         "--dry-run", action="store_true",
         help="batch 1 and 4, context <= 40, 3 steps: a smoke test (CPU, tiny)",

@@ -64,6 +64,37 @@ def test_llama3_8b_bf16_decode_floor_on_h200_is_3_13_ms():
     assert gpu_check_decode.decode_read_bytes(cfg, "bf16", 256, 512) == big
 
 
+def test_llama3_8b_batch_256_floor_on_h200_is_the_roofline_7_47_ms():
+    """Issue 29 item 4, by hand. At batch 256 the layer GEMMs do 2 x 256 FLOPs per weight
+    (256 FLOP/byte in bf16, above the H200's ridge of 989/4.8 = 206): compute-bound. The KV
+    read (256 x 513 tokens x 128 KiB) is bandwidth-bound. Floor = sum of each one's max."""
+    cfg = MODEL_PRESETS["llama-3-8b"]
+    peak_flops = 989e12
+    gemm = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336  # q/k/v, o, gate/up/down
+    assert gemm == 218_103_808
+    gemms_s = max(2 * 256 * gemm * 32 / peak_flops, gemm * 32 * 2 / H200_BW)  # 3.613 ms compute
+    head = 128256 * 4096
+    head_s = max(2 * 256 * head / peak_flops, head * 2 / H200_BW)  # 0.272 ms compute
+    kv = 256 * 513 * 131_072
+    attn_s = max(4 * 4096 * 256 * 513 * 32 / peak_flops, kv / H200_BW)  # 3.586 ms bandwidth
+    small_s = ((2 * 4096 * 32 + 4096) * 2 + 256 * 4096 * 2) / H200_BW  # norms, embedding rows
+    hand_ms = (gemms_s + head_s + attn_s + small_s) * 1000
+    assert round(gemms_s * 1000, 3) == 3.613 and round(attn_s * 1000, 3) == 3.586
+    got = gpu_check_decode.decode_floor(cfg, "bf16", 256, 512, H200_BW, peak_flops)
+    assert got.floor_ms == pytest.approx(hand_ms, rel=1e-12)
+    assert 7.4 < got.floor_ms < 8.5
+    assert gpu_check_decode.decode_floor_ms(cfg, "bf16", 256, 512, H200_BW) == got.floor_ms
+    # Both terms recorded: bytes alone would say 6.71 ms, FLOPs alone 3.95 ms.
+    assert got.bytes_ms == pytest.approx(
+        gpu_check_decode.decode_read_bytes(cfg, "bf16", 256, 512) / H200_BW * 1000, rel=1e-12
+    )
+    assert round(got.bytes_ms, 2) == 6.71 and round(got.flops_ms, 2) == 3.95
+    assert got.floor_ms > max(got.bytes_ms, got.flops_ms)
+    # At batch 1 every operator is bandwidth-bound: the roofline is the bytes term.
+    one = gpu_check_decode.decode_floor(cfg, "bf16", 1, 512, H200_BW, peak_flops)
+    assert one.floor_ms == pytest.approx(one.bytes_ms, rel=1e-12)
+
+
 def test_tied_embedding_is_read_whole():
     """A tied table is also the LM head: decode reads all of it."""
     cfg = MODEL_PRESETS["llama-3.2-1b"]
