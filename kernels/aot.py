@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cap", type=int, required=True, choices=sorted(SMEM_LIMIT))
     parser.add_argument("--json", required=True, help="where to write the rows")
+    parser.add_argument("--configs", default=None,
+                        help="only the launch points whose config ends with this (e.g. ' decode')")
     args = parser.parse_args(argv)
     if INTERPRETED:
         print(
@@ -249,9 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     t0 = time.perf_counter()
-    rows = compile_launches(args.cap, engine_launches())
+    points = engine_launches()
+    spec_points = specialization_launches()
+    if args.configs is not None:
+        points = ((c, f) for c, f in points if c.endswith(args.configs))
+        spec_points = ((c, f) for c, f in spec_points if c.endswith(args.configs))
+    rows = compile_launches(args.cap, points)
     t1 = time.perf_counter()
-    spec_rows = compile_launches(args.cap, specialization_launches())
+    spec_rows = compile_launches(args.cap, spec_points)
     out = {
         "triton": triton.__version__,
         "cap": args.cap,

@@ -33,15 +33,16 @@
 #              bf16 block-16 Llama-shape ones are the decode and ShareGPT steps' own, so
 #              Triton's on-disk cache spares those steps the compile. The caps sum to more than
 #              the 540 s budget on purpose: a step that runs long shortens the ones after it
-#              (the expected total is ~490 s: pytest ~150, decode ~120, ShareGPT ~90 + ~100,
-#              calibrate + sim_static ~10; the static run gets what calibrate leaves).
+#              (the expected total is ~510 s: pytest ~150, decode ~120, ShareGPT 200 requests
+#              ~25 + ~30 (estimated from 1000 in ~90 + ~100), calibrate + sim_static ~10, the
+#              anchor what is left, ~150; not yet measured).
 #   decode (150)  tests/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
 #              batch 1/16/64/256, context 512, with and without CUDA graphs, fused and unfused
 #              layer kernels side by side, torch-backend rows, floor and MBU, every backend vs
 #              reference, and the fused layer kernels vs the unfused ones on the same fed
 #              tokens (backends_agree's triton+fused row) -> decode.json/.md
 #   sharegpt (100)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
-#              --num-requests 1000 -> sharegpt_h200.json
+#              --num-requests 200 -> sharegpt_h200.json (the anchor's 200 requests)
 #   calibrate (30)  cbbench calibrate sharegpt_h200.json --out profile.json: the simulator
 #              fitted to the continuous run (2.5 s for ~1.8k iterations on this project's CPU;
 #              ~7 s for 15k: the staged fit)
@@ -51,6 +52,12 @@
 #   sim_static (30)  cbbench run --engine sim --gpu-profile profile.json --replay
 #              sharegpt_h200_static.json -> sim_static.json: the calibrated simulator predicts
 #              the static run (same requests, arrivals, scheduling; ~1 s on a CPU)
+#   anchor (150)  tests/bench_gpu.py anchor: Hugging Face generate on the same GPU and model
+#              (random weights): static batches of the same ShareGPT requests (eager, static
+#              cache; half the step's time at most), then decode ms/step at batch 1 and 16 with a
+#              static cache and torch.compile (gpt-fast's recipe) -> anchor.json; summary.json's
+#              ratio_to_anchor holds cbbench / HF. Last: it gets what the budget leaves, and a
+#              part it cannot finish is null with the reason.
 #   summary (20)  tests/bench_gpu.py summarize -> summary.json, summary.md (sim_accuracy: TTFT
 #              p50, TPOT p50, output throughput of the static run, real vs predicted)
 #
@@ -59,7 +66,8 @@
 #
 # Knobs (environment): PYTHON (interpreter; default python3, else python), GPU_CHECK_TOTAL_S (whole budget, default 540),
 # GPU_CHECK_SKIP_INSTALL=1, GPU_CHECK_MODEL (default llama-3-8b), GPU_CHECK_DEVICE (cuda),
-# GPU_CHECK_NUM_REQUESTS (1000), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
+# GPU_CHECK_NUM_REQUESTS (200), GPU_CHECK_ANCHOR_CAP_S (150), GPU_CHECK_ANCHOR_ARGS (extra args for
+# bench_gpu.py anchor), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
 # GPU_CHECK_PYTEST_ARGS (replaces "-m cuda"), GPU_CHECK_FORCE_SHADOW=1 (test the no-install
 # fallback), GPU_CHECK_FORCE_TRITON_FAIL=1 (act as if the Triton probe failed),
 # GPU_CHECK_CAP_SCALE (multiplies every step's cap; for the smoke test on a shared CPU). The CPU smoke
@@ -87,7 +95,9 @@ RESULT_FILES=(summary.json summary.md steps.tsv)
 TOTAL_S="${GPU_CHECK_TOTAL_S:-540}"
 MODEL="${GPU_CHECK_MODEL:-llama-3-8b}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
-NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-1000}"
+NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-200}"  # the HF anchor runs the same requests
+ANCHOR_CAP_S="${GPU_CHECK_ANCHOR_CAP_S:-150}"
+ANCHOR_ARGS="${GPU_CHECK_ANCHOR_ARGS:-}"
 DECODE_ARGS="${GPU_CHECK_DECODE_ARGS:-}"
 PYTEST_ARGS="${GPU_CHECK_PYTEST_ARGS:--m cuda}"
 CAP_SCALE="${GPU_CHECK_CAP_SCALE:-1}"  # multiplies every step's cap (a slow, shared CPU)
@@ -296,6 +306,17 @@ if [ -s "$PROFILE" ] && [ -s "$OUT_DIR/sharegpt_h200_static.json" ]; then
 else
     record sim_static skipped "no profile or no static result"
 fi
+
+# ---- the anchor: Hugging Face generate on the same GPU, last (it gets what the budget leaves) ----
+# shellcheck disable=SC2086
+# Half of what the step gets goes to the throughput part (eager, first); the compiled decode
+# part takes the rest.
+ANCHOR_LEFT=$(( DEADLINE_S - $(date +%s) - RESERVE_S - KILL_GRACE_S ))
+[ "$ANCHOR_LEFT" -gt "$((ANCHOR_CAP_S * CAP_SCALE))" ] && ANCHOR_LEFT=$((ANCHOR_CAP_S * CAP_SCALE))
+ANCHOR_LEFT=$(( ANCHOR_LEFT / 2 ))
+run_step anchor "$ANCHOR_CAP_S" "HF generate: static cache + torch.compile decode, static batches" -- \
+    "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/bench_gpu.py anchor --device "$DEVICE" \
+    --model "$MODEL" --num-requests "$NUM_REQUESTS" --budget-s "$ANCHOR_LEFT" --out "$OUT_DIR" $ANCHOR_ARGS
 
 # ---- summary --------------------------------------------------------------------------------------
 RESERVE_S=0

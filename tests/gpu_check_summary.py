@@ -18,7 +18,10 @@ run, a step that failed, a field another part of the project does not write yet)
   Triton backend with the fused layer kernels); ``backends_agree_fused_vs_unfused``: that row's
   logits against the unfused Triton row's (the same fed tokens);
 - ``sim_accuracy``: the simulator calibrated on the continuous run predicting the static run
-  (tests/gpu_check_sim.py), or null with ``sim_accuracy_why_not``.
+  (tests/gpu_check_sim.py), or null with ``sim_accuracy_why_not``;
+- ``anchor``: Hugging Face generate on the same device (tests/gpu_check_anchor.py);
+  ``ratio_to_anchor``: cbbench / HF, ``decode_step_ms`` {1, 16} (< 1: cbbench faster) and
+  ``output_throughput`` {continuous, static} (> 1: cbbench faster), null with ``why_not``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import math
 from pathlib import Path
 
+from gpu_check_anchor import anchor_ratios
 from gpu_check_sim import markdown_line, sim_accuracy
 
 RUNS = {"continuous": "sharegpt_h200.json", "static": "sharegpt_h200_static.json"}
@@ -215,6 +219,9 @@ def build_summary(folder: Path) -> dict:
         "sharegpt_continuous": runs["continuous"],
         "sharegpt_static": runs["static"],
     }
+    anchor = _load(folder / "anchor.json")
+    summary["anchor"] = anchor
+    summary["ratio_to_anchor"] = anchor_ratios(summary, anchor)
     c, s = runs["continuous"], runs["static"]
     if c and s and c.get("output_throughput") and s.get("output_throughput"):
         summary["continuous_over_static_output_throughput"] = (
@@ -292,6 +299,11 @@ def summary_markdown(summary: dict) -> str:
         + ", ".join(f"{k} {json.dumps(v)}" for k, v in summary["sim_error"].items())
     )
     md.append(markdown_line(summary["sim_accuracy"], summary["sim_accuracy_why_not"]))
+    ratio = summary.get("ratio_to_anchor") or {}
+    md.append("cbbench / HF generate on the same device: decode step time "
+              f"{json.dumps(ratio.get('decode_step_ms'))}, output throughput "
+              f"{json.dumps(ratio.get('output_throughput'))}"
+              + (f" (missing: {json.dumps(ratio.get('why_not'))})" if ratio.get("why_not") else ""))  # fmt: skip
     md.append(f"Backends vs reference (max |logit diff|): {json.dumps(summary['backends_agree'])}")
     md.append("Fused vs unfused layer kernels (Triton attention, max |logit diff|): "
               f"{json.dumps(summary.get('backends_agree_fused_vs_unfused'))}")  # fmt: skip

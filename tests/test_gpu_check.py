@@ -24,6 +24,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
 import gpu_check_decode  # noqa: E402
+from gpu_check_anchor import anchor_ratios  # noqa: E402
 from gpu_check_sim import compare  # noqa: E402
 from gpu_check_summary import build_summary  # noqa: E402
 
@@ -147,6 +148,10 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
         # A shared 2-core CI machine is far slower than the GPU host the caps are set for.
         "GPU_CHECK_CAP_SCALE": "6",
         "GPU_CHECK_TOTAL_S": "1800",
+        # The anchor's throughput part gets 20 s (half its cap x 6 / 2... see gpu_check.sh):
+        # the 8 requests' long outputs do not fit, so it stops with its reason; decode runs.
+        "GPU_CHECK_ANCHOR_CAP_S": "7",
+        "GPU_CHECK_ANCHOR_ARGS": "--dtype fp32 --context 16 --short 2 --long 10",
     }
     proc = subprocess.run(
         ["bash", str(TESTS / "gpu_check.sh"), str(out)],
@@ -176,7 +181,7 @@ def test_smoke_out_holds_the_archive_and_three_files_and_prints_the_summary_last
         assert (out / name).read_bytes() == (smoke / name).read_bytes(), name
     # Everything the steps wrote is in the archive (logs, JSON, the profile), in one folder.
     for name in ("env.json", "decode.json", "sharegpt_h200.json", "profile.json", "sim_static.json",
-                 "pytest_cuda.log", "summary.log"):  # fmt: skip
+                 "pytest_cuda.log", "anchor.json", "summary.log"):  # fmt: skip
         assert (smoke / name).is_file(), name
     summary_md = (out / "summary.md").read_text()
     assert summary_md.startswith("# GPU check summary")
@@ -192,7 +197,7 @@ def test_smoke_every_step_ran(smoke):
         steps[name] = rc
     expected_skips = {"nvidia_smi": "missing", "install": "skipped", "triton_probe": "forced"}
     for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt", "calibrate",
-                 "sharegpt_static", "sim_static", "summary"):  # fmt: skip
+                 "sharegpt_static", "sim_static", "anchor", "summary"):  # fmt: skip
         assert steps.get(name) == "0", (name, steps)
     for name, rc in expected_skips.items():
         assert steps.get(name) == rc, (name, steps)
@@ -282,6 +287,61 @@ def test_fallback_calibrate_and_replay_match_the_cli(smoke, tmp_path):
     want = json.loads((smoke / "sim_static.json").read_text())["summary"]
     for name, m in compare(want, got).items():
         assert m["real"] is not None and m["predicted"] == m["real"], name
+
+
+def test_smoke_anchor_ran_on_the_same_device_and_says_why_where_it_could_not(smoke):
+    """The HF anchor step on the CPU (tiny, eager): decode timed at batch 1 and 16, the
+    throughput part stopped by its share of the budget with the reason, and the summary's
+    ratios: decode cbbench / HF null on a CPU (cbbench's decode rows need a GPU), with reasons."""
+    s = json.loads((smoke / "summary.json").read_text())
+    anchor = s["anchor"]
+    assert anchor["args"]["num_requests"] == 8 and anchor["args"]["device"] == "cpu"
+    assert anchor["decode"]["compiled"] is False  # torch.compile only on CUDA
+    for bs in ("1", "16"):
+        ms = anchor["decode"]["ms_per_step"][bs]
+        assert (ms is not None and ms > 0) or anchor["decode"]["why_not"][bs], anchor["decode"]
+    thr = anchor["throughput"]
+    assert thr["output_throughput"] is None and "out of time" in thr["why_not"]
+    ratio = s["ratio_to_anchor"]
+    assert ratio["decode_step_ms"] == {"1": None, "16": None}
+    assert ratio["why_not"]["decode 1"] == "no cbbench decode time on a GPU"
+    assert ratio["output_throughput"] == {"continuous": None, "static": None}
+    assert "out of time" in ratio["why_not"]["throughput continuous"]
+    assert "cbbench / HF generate on the same device" in (smoke / "summary.md").read_text()
+
+
+def test_anchor_ratios_by_hand():
+    summary = {"decode_step_ms": {"graphs": {"1": 5.0, "16": None}, "eager": {"16": 8.0}},
+               "sharegpt_continuous": {"output_throughput": 3000.0},
+               "sharegpt_static": {"output_throughput": 1000.0}}  # fmt: skip
+    anchor = {"decode": {"ms_per_step": {"1": 10.0, "16": 16.0}},
+              "throughput": {"output_throughput": 500.0}}  # fmt: skip
+    r = anchor_ratios(summary, anchor)
+    assert r["decode_step_ms"] == {"1": 0.5, "16": 0.5}  # graphs, else eager
+    assert r["output_throughput"] == {"continuous": 6.0, "static": 2.0}
+    assert r["why_not"] == {}
+    missing = anchor_ratios(summary, {"decode": None, "throughput": None,
+                                      "why_not": {"decode": "transformers missing: x",
+                                                  "throughput": "transformers missing: x"}})  # fmt: skip
+    assert missing["decode_step_ms"]["1"] is None
+    assert missing["why_not"]["decode 1"] == "transformers missing: x"
+    assert missing["why_not"]["throughput static"] == "transformers missing: x"
+
+
+def test_anchor_throughput_counts_each_requests_own_output(monkeypatch):
+    """Static batches: each batch is generated to its longest output, but a request's useful
+    tokens are its own output length (as static batching serves it)."""
+    import gpu_check_anchor as anchor
+    import torch
+
+    monkeypatch.setattr(anchor, "sharegpt_requests", lambda n, seed: [(5, 3), (9, 4), (2, 6)])
+    model, cfg = anchor.hf_model("tiny", torch.float32, torch.device("cpu"))
+    args = SimpleNamespace(num_requests=3, seed=0, batch_size=2)
+    got = anchor.throughput_anchor(model, cfg, args, torch.device("cpu"), deadline=float("inf"))
+    assert got["completed"] == 3 and got["output_tokens"] == 13
+    assert got["output_throughput"] == pytest.approx(13 / got["seconds"])
+    stopped = anchor.throughput_anchor(model, cfg, args, torch.device("cpu"), deadline=0.0)
+    assert stopped["output_throughput"] is None and stopped["completed"] == 0
 
 
 def test_sim_accuracy_relative_errors_by_hand():
