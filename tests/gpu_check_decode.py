@@ -273,6 +273,11 @@ def run_decode(args) -> dict:
                                graphs_variants=[False])  # fmt: skip
             except Exception as exc:  # noqa: BLE001
                 _error(errors, exc, stage="torch backend rows")
+    if setup is not None and device.type == "cuda" and backend.name == "triton":
+        try:
+            out["decode_attention_us"] = attention_kernels(args, setup, device, dtype)
+        except Exception as exc:  # noqa: BLE001
+            _error(errors, exc, stage="decode attention kernels")
     # The same model serves the agreement check when it is the one asked for.
     shared = setup.model if setup is not None and args.agree_model == args.model else None
     if setup is not None and shared is None:
@@ -284,6 +289,43 @@ def run_decode(args) -> dict:
         _error(errors, exc, stage="backends_agree")
     if device.type == "cuda":
         out["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
+
+
+ATTENTION_KERNELS = ("packed", "unified")
+ATTENTION_REPS = 20
+
+
+def attention_kernels(args, setup: DecodeSetup, device, dtype) -> dict:
+    """One layer's decode attention alone, the GQA-packed kernel beside the unified one, on the
+    model's shapes and the random KV cache: {kernel: {batch size: µs}}, plus each kernel's
+    bandwidth (KV bytes read / time) against the peak. UNTESTED on a GPU so far."""
+    import torch
+
+    from cbbench.kernels import build_metadata
+    from cbbench.kernels.triton_attention import TritonBackend
+
+    cfg, (k_cache, v_cache) = setup.config, setup.kv_caches[0]
+    blocks_per_req = -(-(args.context + 1) // args.block_size)
+    out: dict = {"context": args.context, "us": {}, "bandwidth_fraction": {}}
+    for kernel in ATTENTION_KERNELS:
+        backend = TritonBackend(decode_splits=1, decode_kernel=kernel)
+        out["us"][kernel], out["bandwidth_fraction"][kernel] = {}, {}
+        for bs in sorted(args.batch_sizes):
+            tables = [list(range(i * blocks_per_req, (i + 1) * blocks_per_req)) for i in range(bs)]
+            md = build_metadata([1] * bs, [args.context] * bs, tables, args.block_size,
+                                device=device)  # fmt: skip
+            q = torch.randn(bs, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
+            for _ in range(3):
+                backend.forward(q, k_cache, v_cache, md, cfg.head_dim**-0.5)
+            with _Timer(device) as t:
+                for _ in range(ATTENTION_REPS):
+                    backend.forward(q, k_cache, v_cache, md, cfg.head_dim**-0.5)
+            us = t.elapsed_ms() / ATTENTION_REPS * 1000
+            kv = bs * (args.context + 1) * cfg.kv_bytes_per_token(setup.dtype_name) / cfg.num_layers
+            out["us"][kernel][str(bs)] = us
+            out["bandwidth_fraction"][kernel][str(bs)] = kv / (us * 1e-6) / setup.peak_bw
+        print(f"decode attention {kernel}: {out['us'][kernel]} us", flush=True)
     return out
 
 

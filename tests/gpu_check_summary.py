@@ -175,6 +175,8 @@ def decode_fields(dec: dict | None, batch_sizes: list[int]) -> dict:
         "backends_agree": agree.get("max_abs_diff"),
         "backends_agree_why_not": agree.get("why"),
         "backends_agree_fused_vs_unfused": agree.get("fused_vs_unfused"),
+        # One layer's decode attention: the GQA-packed kernel beside the unified one (GPU only).
+        "decode_attention_us": (dec or {}).get("decode_attention_us") if on_gpu else None,
     }
 
 
