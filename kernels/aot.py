@@ -11,7 +11,7 @@ memory from the compile's metadata.
 Run it in a process WITHOUT ``TRITON_INTERPRET`` (under the interpreter even Triton's own
 library functions are interpreted and cannot be compiled):
 
-    python -m cbbench.kernels.aot --cap 80 --json OUT     (tests/test_triton_aot.py does this)
+    python -m cbbench.kernels.aot --cap 80 --json OUT     (tests/kernels/test_triton_aot.py does this)
 """
 
 from __future__ import annotations
@@ -155,8 +155,8 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     Attention and RoPE: every dtype x head dim x GQA group at block size 16, and bf16 (the GPU
     default) at block size 256 too; the block size only changes a constant divisor there.
-    "decode" is the default pure-decode path (the GQA-packed kernel), "unified-decode" the
-    unified kernel on a decode batch (``decode_kernel="unified"``).
+    "decode" is the default pure-decode path (the GQA-packed kernel on tensor cores),
+    "cores-decode" its CUDA-core variant, "unified-decode" the unified kernel on a decode batch.
     """
     from .fused_rms_norm import add_rms_norm_triton, rms_norm_triton
     from .fused_rope import rope_store_kv_triton, rope_triton
@@ -165,6 +165,7 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     unified, split = TritonBackend(decode_splits=1), TritonBackend(decode_splits=DECODE_SPLITS)
     unified_decode = TritonBackend(decode_splits=1, decode_kernel="unified")
+    cores_decode = TritonBackend(decode_splits=1, decode_kernel="packed-cores")
     points = [
         (d, hd, g, bs)
         for d, hd, g, bs in itertools.product(DTYPES, HEAD_DIMS, GQA_GROUPS, BLOCK_SIZES)
@@ -175,7 +176,7 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
         cache = torch.zeros(2, block_size, NUM_KV_HEADS, head_dim, dtype=dtype)
         tag = f"{dname} d{head_dim} gqa{gqa} bs{block_size}"
         phases = (("prefill", unified), ("decode", unified), ("split-k", split),
-                  ("unified-decode", unified_decode))  # fmt: skip
+                  ("unified-decode", unified_decode), ("cores-decode", cores_decode))  # fmt: skip
         for phase, backend in phases:
             md = _metadata(phase != "prefill", block_size)
             q, _, _ = _layer_tensors(dtype, head_dim, gqa, md.num_tokens)

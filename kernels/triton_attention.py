@@ -34,7 +34,7 @@ from .triton_common import INTERPRETED, check_device, launch, next_pow2
 from .triton_decode_packed import packed_decode_attention
 from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
 
-DECODE_KERNELS = ("packed", "unified")
+DECODE_KERNELS = ("packed", "packed-cores", "unified")
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 
@@ -51,13 +51,13 @@ class TileConfig:
 
 
 # The GPU's tiles, sized so no sm_80/sm_90 compile spills registers under Triton 3.6 or 3.9
-# (tests/test_triton_aot.py: 64 query rows x 64 keys spilled at head dim 128). fp32 computes its
+# (tests/kernels/test_triton_aot.py: 64 query rows x 64 keys spilled at head dim 128). fp32 computes its
 # dots exactly (FMA, not tensor cores), which needs far more registers per tile: smaller tiles.
 GPU_TILES = TileConfig(rows_decode=16, rows_prefill=32, block_n=64)
 GPU_FP32_TILES = TileConfig(rows_decode=16, rows_prefill=16, block_n=16)
 # The interpreter pays per program and per tile step, so it gets bigger query tiles; its
 # smaller key tiles keep the tests' short sequences spanning several tiles (online softmax gets
-# exercised). tests/test_kernels_gpu_tiles.py runs the GPU's tiles interpreted too.
+# exercised). tests/kernels/test_kernels_gpu_tiles.py runs the GPU's tiles interpreted too.
 INTERPRETER_TILES = TileConfig(rows_decode=16, rows_prefill=128, block_n=32)
 
 
@@ -199,8 +199,9 @@ class TritonBackend(AttentionBackend):
     """``tiles``: tile sizes (default: ``default_tiles(dtype)``). ``sms``: SMs
     to fill when choosing split-K (default: the device's). ``decode_splits``: force a split
     count for pure-decode batches (tests); ``None`` chooses, 1 never splits.
-    ``decode_kernel``: the kernel of unsplit pure-decode batches, "packed" (GQA-packed, the
-    default) or "unified" (this module's mixed kernel, as before it)."""
+    ``decode_kernel``: the kernel of unsplit pure-decode batches, "packed" (GQA-packed on tensor
+    cores, the default), "packed-cores" (GQA-packed on CUDA cores, no padding rows) or
+    "unified" (this module's mixed kernel, as before it)."""
 
     name = "triton"
 
@@ -282,9 +283,10 @@ class TritonBackend(AttentionBackend):
                 return split_decode_attention(
                     query, k_cache, v_cache, metadata, scale, splits, block_n, block_tables
                 )
-            if self.decode_kernel == "packed":
+            if self.decode_kernel != "unified":
                 return packed_decode_attention(
-                    query, k_cache, v_cache, metadata, scale, block_n, block_tables
+                    query, k_cache, v_cache, metadata, scale, block_n, block_tables,
+                    cores=self.decode_kernel == "packed-cores",
                 )
         block_q = max(1, rows // group_pad, MIN_DOT // group_pad)
         grid = (metadata.num_tokens // block_q + metadata.num_reqs, num_kv_heads)

@@ -9,16 +9,18 @@ each program binary-searches its request. Here, as in FlashDecoding / FlashInfer
 the program IS the (request, kv head) pair and its rows are the group's query heads: no empty
 programs, no search, each K/V tile loaded once for all of the group's heads.
 
-Two ways to multiply, chosen per group size (``USE_DOT``, a constexpr):
+Two ways to multiply (``USE_DOT``, a constexpr):
 
-- ``tl.dot`` (tensor cores) when the group fills a tile (``group >= MIN_DOT`` = 16 rows): the
-  rows are exactly the heads;
-- otherwise CUDA cores: ``sum(q[:, :, None] * k[None, :, :])`` over the head dim, with
-  ``next_pow2(group)`` rows (4 at group 4, 8 at group 8, 1 for MHA), so no row is padding for
-  tl.dot's 16-row minimum. Decode attention is bandwidth-bound (one K/V read per request and
-  kv head): the FLOPs on CUDA cores cost less than the 4x padded MMA rows' registers and
-  instructions. The key tile is sized so the broadcast product stays at
-  ``CORE_TILE_ELEMENTS`` per program (no spills; tests/test_triton_aot.py).
+- ``tl.dot`` (tensor cores; ``decode_kernel="packed"``, the default): the group's heads padded
+  to tl.dot's 16 rows (4 of 16 at a group of 4, as in FlashInfer's tensor-core decode), 64-key
+  tiles; what it saves over the unified kernel is the empty programs and the search;
+- CUDA cores (``decode_kernel="packed-cores"``): ``sum(q[:, :, None] * k[None, :, :])`` with
+  exactly ``next_pow2(group)`` rows (no padding rows below 16 heads; tensor cores from 16), the
+  key tile cut so the broadcast product stays at ``CORE_TILE_ELEMENTS`` per program. Compiled
+  for sm_90 (Triton 3.9) it needs ~210-230 registers a thread against ~90-120 for the dot
+  variants (2 blocks of 4 warps per SM instead of 4-5, and 16-key tiles): decode attention is
+  bandwidth-bound and occupancy is what keeps bytes in flight, so it is not the default until
+  the GPU check's side-by-side timing (``decode_attention_us``) says otherwise.
 
 Every per-step integer (request count, block-table width, lengths) is a runtime argument or a
 device tensor: graph-capture safe, and no re-specialization as the batch changes.
@@ -110,13 +112,14 @@ def _packed_decode_kernel(
              out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & d_valid[None, :])  # fmt: skip
 
 
-def packed_tile(group: int, head_dim: int, block_n: int) -> tuple[int, int, bool]:
-    """(rows, keys per tile, use tl.dot) for a kv group of ``group`` query heads: tensor cores
-    when the group fills tl.dot's 16 rows, else exactly ``next_pow2(group)`` rows on CUDA cores
-    with the key tile cut so rows x head dim x keys stays within CORE_TILE_ELEMENTS."""
+def packed_tile(group: int, head_dim: int, block_n: int, cores: bool = False) -> tuple[int, int, bool]:
+    """(rows, keys per tile, use tl.dot) for a kv group of ``group`` query heads. Tensor cores
+    (the default): the group's heads padded to tl.dot's 16 rows, ``block_n`` keys. ``cores``:
+    exactly ``next_pow2(group)`` rows on CUDA cores (tensor cores still from 16 heads), the key
+    tile cut so rows x head dim x keys stays within CORE_TILE_ELEMENTS."""
     rows = next_pow2(group)
-    if rows >= MIN_DOT:
-        return rows, block_n, True
+    if not cores or rows >= MIN_DOT:
+        return max(MIN_DOT, rows), block_n, True
     dim_pad = max(MIN_DOT, next_pow2(head_dim))
     keys = max(MIN_CORE_KEYS, min(block_n, CORE_TILE_ELEMENTS // (rows * dim_pad)))
     return rows, keys, False  # powers of two: CORE_TILE_ELEMENTS, rows, dim_pad, block_n
@@ -130,13 +133,15 @@ def packed_decode_attention(
     scale: float,
     block_n: int,
     block_tables: torch.Tensor,
+    cores: bool = False,
 ) -> torch.Tensor:
     """Attention for a batch whose requests have at most one row each (``max_seqlen_q <= 1``)
-    and unit-stride head dims; ``block_tables`` has unit column stride. One launch."""
+    and unit-stride head dims; ``block_tables`` has unit column stride. One launch.
+    ``cores``: the CUDA-core variant (see ``packed_tile``)."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    rows, keys, use_dot = packed_tile(group, head_dim, block_n)
+    rows, keys, use_dot = packed_tile(group, head_dim, block_n, cores)
     out = torch.empty_like(query)
     is_fp32 = query.dtype == torch.float32
     launch(

@@ -1,5 +1,5 @@
 """nano-vllm's host path for one decode step, rewritten as a harness (not its code): the same
-data structures and the same work, for tests/bench_host_overhead.py's side-by-side ratio.
+data structures and the same work, for tests/bench/bench_host_overhead.py's side-by-side ratio.
 
 Read from GeeeekExplorer/nano-vllm (nanovllm/engine/{llm_engine,scheduler,sequence,
 block_manager,model_runner}.py, layers/sampler.py); what one ``LLMEngine.step`` does for a batch

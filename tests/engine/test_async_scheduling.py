@@ -12,8 +12,8 @@ import torch
 
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.build import build_engine
-from cbbench.engine.engine import run_until_done
-from cbbench.engine.request import Request, SamplingParams
+from cbbench.engine.core.engine import run_until_done
+from cbbench.engine.core.request import Request, SamplingParams
 
 TIMING_FIELDS = {"start_s", "duration_s"}  # wall-clock: differ run to run either way
 # (prompt, max tokens, arrival) for 12 requests: staggered arrivals, so admissions land in the

@@ -1,6 +1,6 @@
 """CUDA graph capture failures, on the CPU (issue 29 items 2 and 3).
 
-1. The CUDA capture-failure test's stand-in body (tests/graph_standins.py) is called the way
+1. The CUDA capture-failure test's stand-in body (tests/engine/graph_standins.py) is called the way
    ``GraphLadder.capture`` calls a body, through the real ModelRunner capture path: a stand-in
    whose signature drifted would die with a TypeError before any capture (the old bug), and
    this test would say so.
@@ -18,10 +18,10 @@ import pytest
 import torch
 from graph_standins import syncing_graph_body
 
-from cbbench.engine import model_runner
-from cbbench.engine.cuda_graphs import GraphLadder
-from cbbench.engine.model_runner import ModelRunner
-from cbbench.engine.models import allocate_kv_cache, load_model
+from cbbench.engine.torch import model_runner
+from cbbench.engine.torch.cuda_graphs import GraphLadder
+from cbbench.engine.torch.model_runner import ModelRunner
+from cbbench.engine.torch.models import allocate_kv_cache, load_model
 from cbbench.kernels import get_backend
 
 BLOCK_SIZE = 4
