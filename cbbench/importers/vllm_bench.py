@@ -53,6 +53,9 @@ def records(data: Mapping, source: str) -> list[RequestRecord]:
             intended_start_s=start,
             send_s=start,
         )
+        # Counted by the tool (its tokenizer or the server's usage): recorded as its count.
+        rec.output_tokens_method = TOOL
+        rec.output_token_counts = {TOOL: rec.output_tokens}
         error = data["errors"][i]
         if error:
             rec.error = str(error)

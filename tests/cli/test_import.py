@@ -98,3 +98,59 @@ def test_an_unknown_tool_is_refused(tmp_path):
     src.write_text("{}")
     res = runner.invoke(app, ["import", str(src), "--from", "locust", "--out", str(tmp_path / "o.json")])
     assert res.exit_code == 2 and "--from 'locust': use one of vllm-bench" in res.output
+
+
+def _aiperf_line(start_ns, issued_ns, ttft_ms, chunks_ms, osl, isl, error=None, phase="profiling"):
+    metrics = {
+        "time_to_first_token": {"value": ttft_ms, "unit": "ms"},
+        "request_latency": {"value": ttft_ms + sum(chunks_ms), "unit": "ms"},
+        "inter_chunk_latency": {"value": chunks_ms, "unit": "ms"},
+        "output_sequence_length": {"value": osl, "unit": "tokens"},
+        "input_sequence_length": {"value": isl, "unit": "tokens"},
+    }
+    return json.dumps({
+        "metadata": {"session_num": 0, "x_request_id": f"req-{start_ns}",
+                     "credit_issued_ns": issued_ns, "request_start_ns": start_ns,
+                     "request_end_ns": start_ns + 1, "worker_id": "w", "record_processor_id": "p",
+                     "benchmark_phase": phase},
+        "metrics": {} if error else metrics,
+        "error": {"code": 500, "type": "HTTPError", "message": error} if error else None,
+    })
+
+
+def test_aiperf_records_figures_are_the_hand_computed_ones(tmp_path):
+    base = 10**18
+    lines = [
+        # warm-up: left out
+        _aiperf_line(base - 10**9, base - 10**9, 999.0, [1.0], 2, 5, phase="warmup"),
+        # released at t0, sent 2 ms later: TTFT 100 ms from the send, 102 from the slot
+        _aiperf_line(base + 2_000_000, base, 100.0, [20.0, 20.0], 3, 10),
+        # released 0.5 s later, sent on time, 2 tokens
+        _aiperf_line(base + 500_000_000, base + 500_000_000, 50.0, [10.0], 2, 20),
+        _aiperf_line(base + 600_000_000, base + 600_000_000, 0.0, [], 0, 30, error="boom"),
+    ]
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["ttft_ms"]["mean"] == pytest.approx((102.0 + 50.0) / 2)
+    assert s["send_lag_ms"]["p50"] == pytest.approx(0.0) and s["send_lag_ms"]["mean"] == pytest.approx(2 / 3)
+    assert s["tpot_ms"]["mean"] == pytest.approx((40.0 / 2 + 10.0 / 1) / 2)
+    assert s["itl_ms"]["mean"] == pytest.approx((20 + 20 + 10) / 3)
+    assert s["e2el_ms"]["p50"] == pytest.approx((142.0 + 60.0) / 2)
+    assert result["requests"][0]["server_request_id"] == f"req-{base + 2_000_000}"
+    assert result["requests"][2]["error"] == "boom"
+
+
+def test_a_bad_aiperf_file_is_one_line_and_exit_2(tmp_path):
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text('{"metadata": {"request_start_ns": -5}, "metrics": {}}\n')
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(tmp_path / "o.json")])
+    assert res.exit_code == 2 and "not a time in ns" in res.output, res.output
+    res = runner.invoke(app, ["import", str(tmp_path / "missing.jsonl"), "--from", "aiperf",
+                              "--out", str(tmp_path / "o.json")])
+    assert res.exit_code == 2 and res.output.startswith("cbbench: error: cannot read"), res.output
