@@ -52,13 +52,14 @@ def check_finite(values: dict) -> None:
 def given(name: str) -> bool:
     """Whether the running command's option ``name`` was given (on the command line or the
     environment), not left at its default: a default cannot say so by its value."""
-    import click
+    try:  # Typer 0.2x runs commands on its own copy of Click
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
 
-    ctx = click.get_current_context(silent=True)
+    ctx = get_current_context(silent=True)
     source = ctx.get_parameter_source(name) if ctx is not None else None
-    return source is not None and source not in (
-        click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP
-    )
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def output_file(text: str) -> Path:

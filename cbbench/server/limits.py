@@ -12,6 +12,7 @@ no limit of its own), and a connection beyond the cap gets a 503 in the OpenAI e
 
 from __future__ import annotations
 
+import collections
 import json
 
 DEFAULT_READ_TIMEOUT_S = 15.0
@@ -67,7 +68,8 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type:
         ]})
         await send({"type": "http.response.body", "body": body})
 
-    overflow = {"open": 0}  # connections beyond the cap, being answered 503
+    # Connections beyond the cap waiting for their request to answer it 503, oldest first.
+    waiting: collections.OrderedDict = collections.OrderedDict()
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _read_timer = None
@@ -84,13 +86,14 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type:
                 # Beyond the cap a connection is answered, not kept: a stalled one held its
                 # file descriptor for the whole read timeout, and enough of them exhausted the
                 # file limit (clients then got resets, not the 503). Up to OVERFLOW_RESERVE
-                # get a moment to send their request; beyond those the 503 is written at once.
+                # wait at most OVERFLOW_READ_TIMEOUT_S for their request; a newcomer beyond
+                # those takes the place of the one that waited longest, which is answered 503
+                # at once (it sent nothing, so it reads the answer, not a reset).
                 self._over = True
-                if overflow["open"] >= OVERFLOW_RESERVE:
-                    transport.write(TOO_MANY_CONNECTIONS)
-                    transport.close()
-                    return
-                overflow["open"] += 1
+                if len(waiting) >= OVERFLOW_RESERVE:
+                    oldest, _ = waiting.popitem(last=False)
+                    oldest._answer_busy()
+                waiting[self] = None
                 self.app = too_many  # answers this connection's request, then closes
             self._arm()
 
@@ -124,6 +127,7 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type:
 
         def on_headers_complete(self) -> None:
             self._head_done = True
+            waiting.pop(self, None)  # its request is in: the app answers it
             self._consumed += self._head_size
             super().on_headers_complete()
 
@@ -141,9 +145,15 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type:
 
         def connection_lost(self, exc) -> None:
             self._disarm()
-            if self._over and self.app is too_many:
-                overflow["open"] -= 1
+            waiting.pop(self, None)
             super().connection_lost(exc)
+
+        def _answer_busy(self) -> None:
+            self._disarm()
+            if self.transport is not None and not self.transport.is_closing():
+                if not self._head_done:
+                    self.transport.write(TOO_MANY_CONNECTIONS)
+                self.transport.close()
 
         def _arm(self) -> None:
             if self._read_timer is None and (self.cycle is None or self.cycle.response_complete
