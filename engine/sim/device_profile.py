@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ..model_config import DTYPE_BYTES
 from .cost_model import DeviceRates
 from .gpu_specs import GPU_SPECS
-from .model_config import DTYPE_BYTES
 
 PROFILE_KIND = "cbbench-device-profile"
 PROFILE_VERSION = 1
@@ -120,8 +120,8 @@ def _check_reference_step(rates: DeviceRates, dtype: str, where: str) -> None:
     1e-300 B/s or an overhead of 1e300 s gave a run "completed, duration 0.000 s, TTFT nan"
     in the simulator and killed `serve`'s engine on its first request. So the time of a
     reference step must be a time a step can take."""
+    from ..model_config import MODEL_PRESETS
     from .cost_model import BatchShape, CostModel
-    from .model_config import MODEL_PRESETS
 
     model = MODEL_PRESETS[REFERENCE_MODEL]
     c = REFERENCE_CONTEXT

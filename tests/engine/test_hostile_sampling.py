@@ -16,7 +16,7 @@ import httpx
 import pytest
 from helpers import serve_process
 
-from cbbench.engine.request import MAX_TEMPERATURE, Request, SamplingParams
+from cbbench.engine.core.request import MAX_TEMPERATURE, Request, SamplingParams
 
 torch = pytest.importorskip("torch")
 
@@ -24,7 +24,7 @@ HUGE = [1e39, 1e300, 1e37, 1e20]  # beyond float32; within it but losing the ord
 
 
 def _sample(params: SamplingParams, seed: int, vocab: int = 64) -> tuple[int, int]:
-    from cbbench.engine.sampler import Sampler
+    from cbbench.engine.torch.sampler import Sampler
 
     torch.manual_seed(seed)
     logits = torch.randn(1, vocab) * 3
@@ -48,7 +48,7 @@ def test_top_p_under_a_huge_temperature_samples_from_the_top_half(temperature):
         torch.manual_seed(0)
         logits = torch.randn(1, 64) * 3
         top = set(logits[0].argsort(descending=True)[:32].tolist())
-        from cbbench.engine.sampler import Sampler
+        from cbbench.engine.torch.sampler import Sampler
 
         req = Request(0, 3, 4, prompt_token_ids=[1, 2, 3],
                       sampling=SamplingParams(temperature=temperature, top_p=0.5, seed=seed))

@@ -20,8 +20,8 @@ from cbbench.analysis.calibration import calibrate
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
-from cbbench.engine.cost_model import BatchShape, CostModel, DeviceRates
 from cbbench.engine.model_config import MODEL_PRESETS
+from cbbench.engine.sim.cost_model import BatchShape, CostModel, DeviceRates
 
 RATES = DeviceRates(memory_bandwidth=20e9, flop_rate=100e9, iteration_overhead_s=2e-4,
                     row_overhead_s=2e-5)
