@@ -51,6 +51,19 @@ _HIST_LINES = tuple(f"{n}_" for n in SERVER_HISTOGRAMS) + tuple(
 _metric_name = metric_name
 _HIST_RE = re.compile("^(?:" + "|".join(re.escape(p) for p in _HIST_LINES) + ")[^\r\n]*",
                       re.MULTILINE)
+SCAN_CHARS = 1 << 16
+
+
+def _pieces(text: str):
+    """``text`` in pieces of about SCAN_CHARS, each ending at a line's end."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + SCAN_CHARS)
+        end = len(text) if end == -1 else end + 1
+        yield text[start:end]
+        start = end
+
+
 _TYPE_RE = re.compile(r"^# TYPE [^\r\n]*", re.MULTILINE)
 _KNOWN_RE = re.compile("^(?:" + "|".join(re.escape(p) for p in SCRAPE_PREFIXES) + ")[^\r\n]*",
                        re.MULTILINE)
@@ -130,21 +143,24 @@ class MetricsScraper:
         """(the latency histograms' lines, the kept gauges' and counters' rows) of a page:
         filtered by name first, then at most MAX_SERIES_PER_SCRAPE series parsed."""
         text = body.decode("utf-8", errors="replace")
-        # Lines found by C-level regex scans, not a Python test per line: a 300k-series page
-        # took seconds of the client's CPU a scrape that way.
-        hist_lines = _HIST_RE.findall(text)
+        # Lines found by C-level regex scans, not a Python test per line (a 300k-series page
+        # took seconds of the client's CPU a scrape that way), in pieces of SCAN_CHARS: one
+        # C call holds the GIL, and a scan of the whole page stalled the event loop for it.
+        pieces = list(_pieces(text))
+        hist_lines = [ln for piece in pieces for ln in _HIST_RE.findall(piece)]
         if len(hist_lines) > MAX_HISTOGRAM_LINES:
             self.histogram_lines_cut += len(hist_lines) - MAX_HISTOGRAM_LINES
             hist_lines = hist_lines[:MAX_HISTOGRAM_LINES]
         if not keep:
             return "\n".join(hist_lines), []
         types: dict[str, str] = {}
-        for ln in _TYPE_RE.findall(text):
+        for ln in (x for piece in pieces for x in _TYPE_RE.findall(piece)):
             parts = ln.split()
             if len(parts) >= 4 and self._keep(ln):
                 types[parts[2]] = parts[3]
         if self.name_filter is None:
-            wanted = [x for x in _KNOWN_RE.findall(text) if "_bucket{" not in x]
+            wanted = [x for piece in pieces for x in _KNOWN_RE.findall(piece)
+                      if "_bucket{" not in x]
         else:
             wanted = [x for x in text.splitlines() if x and x[0] != "#" and self._keep(x)]
         samples = wanted[:MAX_SERIES_PER_SCRAPE]
