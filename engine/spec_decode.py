@@ -1,0 +1,116 @@
+"""Speculative decoding: who proposes the draft tokens, and how many verification accepts.
+
+Each step a running decode request carries up to K draft tokens (``req.spec_token_ids``); the
+scheduler gives it 1 + drafts query rows (its latest token, then the drafts), the forward
+verifies them all at once, and the request gains its accepted drafts plus one sampled token
+(vLLM's and SGLang's scheme; docs/speculative.md).
+
+Drafters, asked after every step for each request that will decode next:
+
+- :class:`NgramDrafter` (the torch engine): prompt lookup. The longest suffix n-gram of the
+  request's tokens (``NGRAM_MAX`` down to ``NGRAM_MIN``) is looked up earlier in its own
+  prompt and output; the tokens that followed its most recent occurrence are the drafts. No
+  draft model, no GPU work: a numpy scan of the request's history on the host.
+- :class:`SimDrafter` (the simulator): K placeholder drafts (the simulator models no token
+  ids); :class:`SimAcceptance` draws how many verification accepts.
+
+Neither drafts past the request's output budget: with ``r`` tokens left a step can emit at
+most ``r``, so at most ``r - 1`` drafts (plus the sampled token) are worth verifying.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Protocol
+
+import numpy as np
+
+from .request import Request
+
+# Prompt lookup's n-gram sizes (vLLM's prompt_lookup_min / prompt_lookup_max): a 1-gram
+# matches almost anywhere and drafts mostly noise, so matches start at 2 tokens.
+NGRAM_MIN = 2
+NGRAM_MAX = 4
+# The simulator's drafts: it models no token ids.
+PLACEHOLDER_TOKEN = -1
+# The acceptance rate the simulator assumes when --acceptance-rate is not given: the issue's
+# worked example (EAGLE-class drafters report 0.6-0.8 on chat; n-gram lookup far less).
+DEFAULT_SIM_ACCEPTANCE_RATE = 0.7
+
+
+def max_drafts(req: Request, k: int) -> int:
+    """Drafts worth proposing for ``req``'s next step: K, less near the output budget."""
+    return max(0, min(k, req.max_tokens - req.num_output_tokens - 1))
+
+
+def expected_accepted_tokens(k: int, a: float) -> float:
+    """E[accepted] = sum_{i=1..K} A^i when each draft is accepted with probability A given the
+    ones before it were (K=3, A=0.7: 0.7 + 0.49 + 0.343 = 1.533)."""
+    return sum(a**i for i in range(1, k + 1))
+
+
+class Drafter(Protocol):
+    def propose(self, req: Request) -> list[int]: ...
+
+
+class SimDrafter:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def propose(self, req: Request) -> list[int]:
+        return [PLACEHOLDER_TOKEN] * max_drafts(req, self.k)
+
+
+class SimAcceptance:
+    """The simulator's verification: draft i (1-based) is accepted with probability A given
+    drafts 1..i-1 were, so the accepted count of d drafts is min(d, Geometric) and its mean is
+    sum_{i=1..d} A^i. Draws come from one RNG seeded with the engine seed, in scheduling order:
+    the same run gives the same acceptances."""
+
+    def __init__(self, acceptance_rate: float, seed: int = 0) -> None:
+        if not 0.0 <= acceptance_rate <= 1.0:
+            raise ValueError(f"acceptance rate must be in [0, 1], got {acceptance_rate}")
+        self.rate = acceptance_rate
+        self._rng = random.Random(seed)
+
+    def accepted(self, num_drafts: int) -> int:
+        rnd, a = self._rng.random, self.rate
+        n = 0
+        while n < num_drafts and rnd() < a:
+            n += 1
+        return n
+
+
+class NgramDrafter:
+    """Prompt-lookup drafts from the request's own token ids (prompt and outputs)."""
+
+    def __init__(self, k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max, got {min_n}, {max_n}")
+        self.k = k
+        self.min_n = min_n
+        self.max_n = max_n
+
+    def propose(self, req: Request) -> list[int]:
+        k = max_drafts(req, self.k)
+        if k == 0 or req.prompt_token_ids is None:
+            return []
+        return ngram_lookup(req.prompt_token_ids + req.output_token_ids, k, self.min_n, self.max_n)
+
+
+def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
+    suffix n-gram of ``tokens`` (n from ``max_n`` down to ``min_n``); [] when none recurs."""
+    length = len(tokens)
+    if length < min_n + 1:
+        return []
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        # Windows starting at 0 .. length-n-1: each is followed by at least one token, and the
+        # suffix itself (starting at length - n) is not among them.
+        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+        hits = np.flatnonzero((windows == arr[length - n :]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return tokens[start : start + k]
+    return []
