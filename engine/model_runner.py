@@ -40,6 +40,7 @@ from .piecewise import ForwardPieces
 from .request import SamplingParams
 from .sampler import GREEDY_ROWS, RowParams, Sampler, SamplingBatch, SamplingSlots
 from .scheduler_output import ExecutorOutput, SchedulerOutput
+from .spec_decode import accept_greedy
 
 # Batch sizes with a captured decode graph: fine steps so padding wastes at most 15 rows
 # (capped at max_num_seqs, which is always added).
@@ -153,15 +154,21 @@ class ModelRunner:
         batch = self.prepare(sched)
         logits = self.compute_logits(batch)
         sampled: list[int | None] = [None] * len(sched.scheduled_reqs)
+        accepted = None
         if batch.sample_req_indices:
             tokens = self.sampler.sample_rows(logits, batch.sampling).tolist()  # the host sync
-            for i, token in zip(batch.sample_req_indices, tokens, strict=True):
-                sampled[i] = token
+            if sched.num_drafts:
+                accepted = accept_greedy(sched.scheduled_reqs, batch.sample_req_indices,
+                                         tokens, sampled)  # fmt: skip
+            else:
+                for i, token in zip(batch.sample_req_indices, tokens, strict=True):
+                    sampled[i] = token
         elif self.device.type == "cuda":
             # Nothing sampled (only partial prefill chunks): without this sync the forward's
             # GPU time would land in the next iteration's measurement.
             torch.cuda.current_stream(self.device).synchronize()
-        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s)
+        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s,
+                              num_accepted=accepted)
 
     @torch.inference_mode()
     def compute_logits(self, batch: PackedBatch) -> torch.Tensor:

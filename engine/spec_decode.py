@@ -93,7 +93,9 @@ class NgramDrafter:
 
     def propose(self, req: Request) -> list[int]:
         k = max_drafts(req, self.k)
-        if k == 0 or req.prompt_token_ids is None:
+        # Greedy acceptance only: a sampled request (temperature > 0) would need rejection
+        # sampling to keep its output distribution, so it does not draft.
+        if k == 0 or req.prompt_token_ids is None or not req.sampling.greedy:
             return []
         return ngram_lookup(req.prompt_token_ids + req.output_token_ids, k, self.min_n, self.max_n)
 
@@ -114,3 +116,26 @@ def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]
             start = int(hits[-1]) + n
             return tokens[start : start + k]
     return []
+
+
+def accept_greedy(
+    reqs: list[Request], row_reqs: list[int], row_tokens: list[int], sampled: list[int | None]
+) -> list[int]:
+    """Greedy verification. ``row_tokens`` are the argmax tokens of the sampled rows, whose
+    requests ``row_reqs`` lists (a verify's 1 + d rows in order). Draft j is accepted while it
+    equals the argmax after the tokens before it; the argmax at the first mismatch (or after
+    the last draft) is the request's sampled token, written into ``sampled``. Returns the
+    accepted count per request. A greedy output is therefore what decoding one token per step
+    gives: every token kept is the model's argmax given the tokens before it."""
+    accepted = [0] * len(reqs)
+    r = 0
+    while r < len(row_reqs):
+        i = row_reqs[r]
+        spec = reqs[i].spec_token_ids
+        a = 0
+        while a < len(spec) and spec[a] == row_tokens[r + a]:
+            a += 1
+        accepted[i] = a
+        sampled[i] = row_tokens[r + a]
+        r += len(spec) + 1
+    return accepted

@@ -303,3 +303,32 @@ def test_sim_without_speculation_emits_one_token_per_request_step(tmp_path):
     assert "speculative" not in r["summary"]
     assert r["summary"]["engine"]["tokens_per_request_step"] == 1.0
     assert all(i["draft_tokens"] == 0 for i in r["iterations"])
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("command", "flags", "message"),
+    [
+        ("run", ["--speculative-tokens", "17"], "--speculative-tokens must be in [0, 16], got 17"),
+        ("run", ["--speculative-tokens", "-1"], "--speculative-tokens must be in [0, 16], got -1"),
+        ("serve", ["--speculative-tokens", "99"], "--speculative-tokens must be in [0, 16]"),
+        ("run", ["--speculative-tokens", "2", "--acceptance-rate", "1.5"],
+         "--acceptance-rate must be in [0, 1], got 1.5"),
+        ("run", ["--acceptance-rate", "0.5"], "--acceptance-rate needs --speculative-tokens"),
+    ],
+)
+def test_bad_speculation_options_are_one_line_exit_2(tmp_path, command, flags, message):
+    import subprocess
+    import sys
+
+    out = tmp_path / "r.json"
+    extra = ["--num-requests", "2", "--output", str(out)] if command == "run" else []
+    proc = subprocess.run(
+        [sys.executable, "-c", "from cbbench.cli.app import main; main()", command, "--engine",
+         "sim", *flags, *extra],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cbbench: error: ") and message in lines[0]
+    assert not out.exists()  # nothing ran
