@@ -233,9 +233,8 @@ class Engine:
         reqs = sched.scheduled_reqs
         nums = sched.num_scheduled_tokens
         sampled = out.sampled_token_ids
-        accepted = out.num_accepted
         gained = [0] * len(reqs)
-        counts = _StepTokens()
+        num_accepted = 0
         bm = self.block_manager
         for i in range(len(reqs)):
             req = reqs[i]
@@ -243,38 +242,28 @@ class Engine:
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a partial prefill chunk: no token yet
             token = sampled[i] if sampled is not None else None
-            drafts = req.spec_token_ids
-            if drafts:
-                a = accepted[i]
-                counts.accepted += a
-                rejected = len(drafts) - a
-                req.num_computed_tokens -= rejected
-                new = [*drafts[:a], token]
-                req.spec_token_ids = []
-            else:
-                rejected = 0
-                new = (token,)
-            n = 0
-            for t in new:
-                n += 1
+            if req.spec_token_ids:
+                a = out.num_accepted[i]
+                num_accepted += a
+                gained[i] = self._append_verified(req, a, token, sampled is not None, now)
+                if req.finish_reason is None:
+                    continue
+            else:  # the common case, kept inline: one token
+                gained[i] = 1
                 req.num_output_tokens += 1
                 req.token_times.append(now)
                 if sampled is not None:
-                    req.output_token_ids.append(t)
+                    req.output_token_ids.append(token)
                 if req.num_output_tokens >= req.max_tokens:
                     req.finish_reason = "length"
-                elif t is not None and t == req.eos_token_id and not req.sampling.ignore_eos:
+                elif (
+                    token is not None
+                    and token == req.eos_token_id
+                    and not req.sampling.ignore_eos
+                ):
                     req.finish_reason = "stop"
                 else:
                     continue
-                break  # finished inside the accepted run: the rest is dropped
-            gained[i] = n
-            counts.emitted += n
-            counts.sampled_reqs += 1
-            if req.finish_reason is None:
-                if rejected:
-                    bm.trim(req, req.num_computed_tokens)
-                continue
             req.status = RequestStatus.FINISHED
             req.finish_time = now
             bm.free(req)  # with prefix caching, registers its last full blocks
@@ -299,7 +288,35 @@ class Engine:
                 c = req.num_computed_tokens
                 if (c if c < known else known) >= (req.num_registered_blocks + 1) * bs:
                     bm.register_full_blocks(req)
+        counts = _StepTokens(num_accepted, sum(gained), len(gained) - gained.count(0))
         return finished, gained, counts
+
+    def _append_verified(
+        self, req: Request, num_accepted: int, token: int | None, with_ids: bool, now: float
+    ) -> int:
+        """A verified decode: roll back its rejected drafts' KV, then append its accepted
+        drafts and the sampled token, stopping at a finish inside that run. Returns the tokens
+        appended."""
+        drafts = req.spec_token_ids
+        req.spec_token_ids = []
+        rejected = len(drafts) - num_accepted
+        req.num_computed_tokens -= rejected
+        n = 0
+        for t in (*drafts[:num_accepted], token):
+            n += 1
+            req.num_output_tokens += 1
+            req.token_times.append(now)
+            if with_ids:
+                req.output_token_ids.append(t)
+            if req.num_output_tokens >= req.max_tokens:
+                req.finish_reason = "length"
+                break
+            if with_ids and t == req.eos_token_id and not req.sampling.ignore_eos:
+                req.finish_reason = "stop"
+                break  # the rest of the run is dropped
+        if rejected and req.finish_reason is None:
+            self.block_manager.trim(req, req.num_computed_tokens)
+        return n
 
 
 @dataclass(slots=True)
