@@ -50,6 +50,7 @@ from cbbench.cli import (  # noqa: E402
     calibrate,
     capacity,
     compare,
+    export,
     gate,
     report,
     run,
@@ -58,7 +59,7 @@ from cbbench.cli import (  # noqa: E402
     workloads,
 )
 
-for command in (run, compare, gate, report, serve, sweep, capacity, calibrate):
+for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, export):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).

@@ -1,6 +1,6 @@
 """Speculative decoding in the scheduler, the engine's postprocess and the simulator, against
-numbers computed by hand (the rules: engine/spec_decode.py, engine/scheduler.py
-``_schedule_drafts``, engine/engine.py ``_postprocess``; docs/speculative.md).
+numbers computed by hand (the rules: engine/core/spec_decode.py, engine/core/scheduler.py
+``_schedule_drafts``, engine/core/engine.py ``_postprocess``; docs/speculative.md).
 """
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ import random
 
 import pytest
 
-from cbbench.engine.clock import VirtualClock
-from cbbench.engine.cost_model import BatchShape, CostModel
-from cbbench.engine.engine import Engine, EngineConfig
-from cbbench.engine.gpu_specs import get_gpu_spec
-from cbbench.engine.model_config import get_model_config
-from cbbench.engine.request import Request, RequestStatus, SamplingParams
-from cbbench.engine.scheduler import SchedulerConfig
-from cbbench.engine.scheduler_output import ExecutorOutput, SchedulerOutput
-from cbbench.engine.spec_decode import (
+from cbbench.engine.core.clock import VirtualClock
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
+from cbbench.engine.core.scheduler import SchedulerConfig
+from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
+from cbbench.engine.core.spec_decode import (
     SimAcceptance,
     expected_accepted_tokens,
     max_drafts,
     ngram_lookup,
 )
+from cbbench.engine.model_config import get_model_config
+from cbbench.engine.sim.cost_model import BatchShape, CostModel
+from cbbench.engine.sim.gpu_specs import get_gpu_spec
 
 
 class FixedDrafter:

@@ -1,7 +1,7 @@
 """Speculative decoding on the torch engine against Hugging Face ``generate`` (CPU, fp32, greedy):
 speculation may never change a greedy output.
 
-The models are the equivalence tests' (tests/test_engine_hf_equivalence.py): tiny random-weight
+The models are the equivalence tests' (tests/engine/test_engine_hf_equivalence.py): tiny random-weight
 Llama and Qwen2 saved with ``save_pretrained`` and loaded from that folder through the real CLI.
 The prompts repeat a short random segment three times, so prompt lookup finds n-grams from the
 first decode on, and 40-odd greedy tokens of these models fall into loops it also finds: the
@@ -28,9 +28,9 @@ from typer.testing import CliRunner  # noqa: E402
 from cbbench.cli.app import app  # noqa: E402
 from cbbench.engine.args import EngineArgs  # noqa: E402
 from cbbench.engine.build import build_engine  # noqa: E402
-from cbbench.engine.engine import run_until_done  # noqa: E402
-from cbbench.engine.request import Request  # noqa: E402
-from cbbench.engine.spec_decode import max_drafts  # noqa: E402
+from cbbench.engine.core.engine import run_until_done  # noqa: E402
+from cbbench.engine.core.request import Request  # noqa: E402
+from cbbench.engine.core.spec_decode import max_drafts  # noqa: E402
 
 NUM_REQUESTS = 8
 BASE = ["--engine", "torch", "--device", "cpu", "--dtype", "fp32", "--save-detailed",
