@@ -22,7 +22,7 @@ def speculative_summary(
     return {
         "acceptance_rate": accepted_tokens / draft_tokens if draft_tokens else None,
         "mean_acceptance_length": 1.0 + accepted_tokens / num_drafts if num_drafts else None,
-        "num_drafts": int(num_drafts),
+        "drafts": int(num_drafts),
         "draft_tokens": int(draft_tokens),
         "accepted_tokens": int(accepted_tokens),
         "source": source,

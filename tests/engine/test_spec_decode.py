@@ -9,9 +9,12 @@ import json
 import random
 
 import pytest
+from helpers import examples
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cbbench.engine.core.clock import VirtualClock
-from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
 from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
 from cbbench.engine.core.scheduler import SchedulerConfig
 from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
@@ -332,3 +335,70 @@ def test_bad_speculation_options_are_one_line_exit_2(tmp_path, command, flags, m
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cbbench: error: ") and message in lines[0]
     assert not out.exists()  # nothing ran
+
+
+# ---- a property: random workloads to completion with speculation ----------------------------------
+class CheckingExecutor:
+    """Checks each plan against speculation's rules, then accepts a random number of drafts."""
+
+    def __init__(self, engine_ref: list, seed: int) -> None:
+        self.engine_ref, self.rng = engine_ref, random.Random(seed)
+
+    def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
+        eng = self.engine_ref[0]
+        s, bm = eng.scheduler, eng.block_manager
+        assert sched.total_tokens == sum(sched.num_scheduled_tokens)
+        assert sched.total_tokens <= s.config.max_num_batched_tokens
+        nd = sched.num_decode_reqs
+        drafts = 0
+        for i, (r, n) in enumerate(zip(sched.scheduled_reqs, sched.num_scheduled_tokens)):
+            d = len(r.spec_token_ids)
+            if i < nd:
+                assert n == 1 + d and r.num_tokens - r.num_computed_tokens == 1
+                assert r.num_output_tokens + 1 + d <= r.max_tokens  # never past the budget
+            else:
+                assert d == 0  # only decodes verify drafts
+            drafts += d
+            assert len(r.block_table) * bm.block_size >= r.num_computed_tokens + n
+        assert drafts == sched.num_draft_tokens
+        assert sched.num_drafts == sum(1 for r in sched.scheduled_reqs[:nd] if r.spec_token_ids)
+        for r in sched.preempted:
+            assert r.spec_token_ids == [] and r not in sched.scheduled_reqs
+        bm.check_invariants(list(s.running) + list(s.waiting))
+        accepted = [self.rng.randint(0, len(r.spec_token_ids)) for r in sched.scheduled_reqs]
+        return ExecutorOutput(None, duration_s=1e-3, num_accepted=accepted)
+
+
+_shapes = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30)), min_size=1, max_size=12)
+
+
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shapes=_shapes,
+    k=st.integers(1, 6),
+    budget=st.integers(8, 64),
+    num_blocks=st.integers(12, 60),
+    policy=st.sampled_from(["fcfs", "priority"]),
+    seed=st.integers(0, 1000),
+)
+def test_speculation_keeps_every_rule_and_exact_output_lengths(
+    shapes, k, budget, num_blocks, policy, seed
+):
+    ref: list = []
+    config = EngineConfig(
+        SchedulerConfig(max_model_len=4096, max_num_batched_tokens=budget, queue_policy=policy),
+        num_blocks, 4,
+    )  # fmt: skip
+    eng = Engine(config, CheckingExecutor(ref, seed), VirtualClock(), drafter=FixedDrafter(k))
+    ref.append(eng)
+    rng = random.Random(seed)
+    reqs = [Request(i, p, o, priority=rng.randint(0, 2)) for i, (p, o) in enumerate(shapes)]
+    run_until_done(eng, reqs)
+    for r in reqs:
+        if r.status == RequestStatus.REJECTED:
+            continue
+        assert r.status == RequestStatus.FINISHED and r.num_output_tokens == r.max_tokens
+        assert len(r.token_times) == r.max_tokens and r.token_times == sorted(r.token_times)
+    assert eng.block_manager.num_free_blocks == num_blocks
+    emitted = sum(rec.emitted_tokens for rec in eng.records)
+    assert emitted == sum(r.max_tokens for r in reqs if r.status == RequestStatus.FINISHED)

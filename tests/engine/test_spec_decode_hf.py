@@ -83,7 +83,7 @@ class Case:
             assert got == want, f"{self.kind} request {i}\n cbbench: {got}\n     HF: {want}"
         spec = result["summary"]["speculative"]
         # Both verification paths ran many times: accepted drafts and rejected ones.
-        assert spec["num_drafts"] >= 20 and 0 < spec["accepted_tokens"] < spec["draft_tokens"]
+        assert spec["drafts"] >= 20 and 0 < spec["accepted_tokens"] < spec["draft_tokens"]
         assert spec["source"] == "engine" and spec["speculative_tokens"] == 3
         its = result["iterations"]
         assert spec["draft_tokens"] == sum(it["draft_tokens"] for it in its)
