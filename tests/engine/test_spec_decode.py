@@ -392,7 +392,11 @@ def test_speculation_keeps_every_rule_and_exact_output_lengths(
     eng = Engine(config, CheckingExecutor(ref, seed), VirtualClock(), drafter=FixedDrafter(k))
     ref.append(eng)
     rng = random.Random(seed)
-    reqs = [Request(i, p, o, priority=rng.randint(0, 2)) for i, (p, o) in enumerate(shapes)]
+    # Staggered arrivals with mixed priorities: later, more urgent requests preempt running
+    # ones, verifiers included.
+    times = sorted(rng.choice([0.0, 0.002, 0.005, 0.01]) for _ in shapes)
+    reqs = [Request(i, p, o, arrival_time=t, priority=rng.randint(0, 2))
+            for i, ((p, o), t) in enumerate(zip(shapes, times))]  # fmt: skip
     run_until_done(eng, reqs)
     for r in reqs:
         if r.status == RequestStatus.REJECTED:
