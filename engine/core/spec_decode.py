@@ -82,7 +82,13 @@ class SimAcceptance:
 
 
 class NgramDrafter:
-    """Prompt-lookup drafts from the request's own token ids (prompt and outputs)."""
+    """Prompt-lookup drafts from the request's own token ids (prompt and outputs). Each
+    request's ids are kept in a numpy array sized for its whole life (prompt + max tokens) and
+    extended by the tokens it gained, so a lookup scans memory it already has instead of
+    converting the token list every step."""
+
+    # Forget finished requests' arrays after this many new ones.
+    PRUNE_EVERY = 256
 
     def __init__(self, k: int, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX) -> None:
         if not 1 <= min_n <= max_n:
@@ -90,6 +96,8 @@ class NgramDrafter:
         self.k = k
         self.min_n = min_n
         self.max_n = max_n
+        self._ids: dict[Request, tuple[np.ndarray, int]] = {}  # the array, ids filled
+        self._added = 0
 
     def propose(self, req: Request) -> list[int]:
         k = max_drafts(req, self.k)
@@ -97,25 +105,62 @@ class NgramDrafter:
         # sampling to keep its output distribution, so it does not draft.
         if k == 0 or req.prompt_token_ids is None or not req.sampling.greedy:
             return []
-        return ngram_lookup(req.prompt_token_ids + req.output_token_ids, k, self.min_n, self.max_n)
+        arr, length = self._token_array(req)
+        return ngram_lookup_array(arr[:length], k, self.min_n, self.max_n)
+
+    def _token_array(self, req: Request) -> tuple[np.ndarray, int]:
+        entry = self._ids.get(req)
+        out = req.output_token_ids
+        p = req.num_prompt_tokens
+        if entry is None:
+            self._prune()
+            arr = np.empty(req.max_total_tokens, dtype=np.int64)
+            arr[:p] = req.prompt_token_ids
+            filled = p
+        else:
+            arr, filled = entry
+        length = p + len(out)
+        if length > filled:
+            arr[filled:length] = out[filled - p :]
+            self._ids[req] = (arr, length)
+        return arr, length
+
+    def _prune(self) -> None:
+        self._added += 1
+        if self._added % self.PRUNE_EVERY == 0:
+            self._ids = {r: v for r, v in self._ids.items() if not r.status.is_done}
 
 
 def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
     """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
     suffix n-gram of ``tokens`` (n from ``max_n`` down to ``min_n``); [] when none recurs."""
-    length = len(tokens)
+    return ngram_lookup_array(np.asarray(tokens, dtype=np.int64), k, min_n, max_n)
+
+
+def ngram_lookup_array(arr: np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
+    """:func:`ngram_lookup` on an int64 array of the token ids."""
+    length = arr.shape[0]
     if length < min_n + 1:
         return []
-    arr = np.asarray(tokens, dtype=np.int64)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        # Windows starting at 0 .. length-n-1: each is followed by at least one token, and the
-        # suffix itself (starting at length - n) is not among them.
-        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-        hits = np.flatnonzero((windows == arr[length - n :]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return tokens[start : start + k]
-    return []
+    # Candidates: earlier positions p holding the last token (p <= length - 2, so a token
+    # follows), then how far back each match extends: arr[p - j] == arr[length - 1 - j].
+    ends = np.flatnonzero(arr[:-1] == arr[-1])
+    if ends.size == 0:
+        return []
+    matched = np.ones(ends.size, dtype=bool)
+    run = np.ones(ends.size, dtype=np.int64)  # match length of each candidate, up to max_n
+    for j in range(1, min(max_n, length - 1)):
+        back = ends - j
+        matched &= back >= 0
+        matched[matched] = arr[back[matched]] == arr[length - 1 - j]
+        if not matched.any():
+            break
+        run += matched
+    best = int(run.max())
+    if best < min_n:
+        return []
+    start = int(ends[np.flatnonzero(run == best)[-1]]) + 1  # the most recent longest match
+    return arr[start : start + k].tolist()
 
 
 def accept_greedy(

@@ -19,6 +19,9 @@ from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
 from cbbench.engine.core.scheduler import SchedulerConfig
 from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.engine.core.spec_decode import (
+    NGRAM_MAX,
+    NGRAM_MIN,
+    NgramDrafter,
     SimAcceptance,
     expected_accepted_tokens,
     max_drafts,
@@ -100,6 +103,32 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match():
     assert ngram_lookup(tokens, 2, 2, 4) == [5, 0]
     assert ngram_lookup([1, 2, 3, 4], 3, 2, 4) == []  # nothing recurs
     assert ngram_lookup([5, 5, 5], 3, 2, 4) == [5]  # only one token follows the match
+
+
+def _brute_force_lookup(tokens, k, min_n, max_n):
+    for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[len(tokens) - n :]:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+def test_ngram_lookup_agrees_with_brute_force_and_the_drafter_with_both():
+    rng = random.Random(0)
+    for _ in range(2000):
+        tokens = [rng.randrange(rng.choice([2, 3, 5, 20])) for _ in range(rng.randint(1, 50))]
+        k, lo = rng.randint(1, 5), rng.randint(1, 3)
+        hi = rng.randint(lo, 5)
+        assert ngram_lookup(tokens, k, lo, hi) == _brute_force_lookup(tokens, k, lo, hi)
+    # The drafter's incremental token array gives the same drafts as the whole list.
+    drafter = NgramDrafter(3)
+    r = Request(0, 10, 40, prompt_token_ids=[1, 2, 3, 1, 2, 3, 1, 2, 3, 1])
+    for _ in range(35):
+        want = _brute_force_lookup(r.prompt_token_ids + r.output_token_ids, max_drafts(r, 3),
+                                   NGRAM_MIN, NGRAM_MAX)  # fmt: skip
+        assert drafter.propose(r) == want
+        r.output_token_ids.append(rng.randrange(4))
+        r.num_output_tokens += 1
 
 
 # ---- the scheduler -----------------------------------------------------------------------------
