@@ -325,6 +325,10 @@ def test_sim_run_reports_the_drawn_acceptance(tmp_path):
     assert spec["acceptance_rate"] == pytest.approx(0.511, abs=0.02)
     assert spec["mean_acceptance_length"] == pytest.approx(2.533, abs=0.06)
     assert r["summary"]["engine"]["tokens_per_request_step"] == pytest.approx(2.5, abs=0.1)
+    from cbbench.analysis.table import render_summary
+
+    line = f"acceptance rate {spec['acceptance_rate']:.1%}, mean acceptance length"
+    assert f"speculative decoding (engine, K=3): {line}" in render_summary(r)
     # Every output token is accounted for, and per request exactly its output length.
     assert sum(i["emitted_tokens"] for i in its) == 40 * 400
     assert all(q["output_tokens"] == 400 for q in r["requests"])
