@@ -412,15 +412,17 @@ _shapes = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 30)), min_size=1
     budget=st.integers(8, 64),
     num_blocks=st.integers(12, 60),
     policy=st.sampled_from(["fcfs", "priority"]),
+    allocation=st.sampled_from(["paged", "reserved"]),
+    caching=st.booleans(),
     seed=st.integers(0, 1000),
 )
 def test_speculation_keeps_every_rule_and_exact_output_lengths(
-    shapes, k, budget, num_blocks, policy, seed
+    shapes, k, budget, num_blocks, policy, allocation, caching, seed
 ):
     ref: list = []
     config = EngineConfig(
         SchedulerConfig(max_model_len=4096, max_num_batched_tokens=budget, queue_policy=policy),
-        num_blocks, 4,
+        num_blocks, 4, allocation, enable_prefix_caching=caching,
     )  # fmt: skip
     eng = Engine(config, CheckingExecutor(ref, seed), VirtualClock(), drafter=FixedDrafter(k))
     ref.append(eng)
@@ -428,7 +430,10 @@ def test_speculation_keeps_every_rule_and_exact_output_lengths(
     # Staggered arrivals with mixed priorities: later, more urgent requests preempt running
     # ones, verifiers included.
     times = sorted(rng.choice([0.0, 0.002, 0.005, 0.01]) for _ in shapes)
-    reqs = [Request(i, p, o, arrival_time=t, priority=rng.randint(0, 2))
+    # Prompt ids from a shared stem, so prefix caching finds hits.
+    stem = [rng.randrange(8) for _ in range(40)]
+    reqs = [Request(i, p, o, arrival_time=t, priority=rng.randint(0, 2),
+                    prompt_token_ids=stem[:p] if caching else None)
             for i, ((p, o), t) in enumerate(zip(shapes, times))]  # fmt: skip
     run_until_done(eng, reqs)
     for r in reqs:
@@ -436,6 +441,8 @@ def test_speculation_keeps_every_rule_and_exact_output_lengths(
             continue
         assert r.status == RequestStatus.FINISHED and r.num_output_tokens == r.max_tokens
         assert len(r.token_times) == r.max_tokens and r.token_times == sorted(r.token_times)
-    assert eng.block_manager.num_free_blocks == num_blocks
+    bm = eng.block_manager
+    bm.check_invariants([])
+    assert bm.num_free_blocks == num_blocks
     emitted = sum(rec.emitted_tokens for rec in eng.records)
     assert emitted == sum(r.max_tokens for r in reqs if r.status == RequestStatus.FINISHED)

@@ -7,7 +7,8 @@ The prompts repeat a short random segment three times, so prompt lookup finds n-
 first decode on, and 40-odd greedy tokens of these models fall into loops it also finds: the
 drafts are accepted about 40% of the time, so both paths of verification (accept, then the
 bonus token; reject, then the correction and the KV rollback) run many times. Variants: a roomy
-pool, chunked prefill (a 16-token budget), a pool small enough to preempt, and both.
+pool, chunked prefill (a 16-token budget), a pool small enough to preempt, both, swap preemption
+with prefix caching, and the static scheduler.
 
 A second test swaps in an oracle drafter (the HF tokens, corrupted at a drawn position) through
 the engine's API: long accepted runs, rollbacks across block boundaries and K = 5.
@@ -98,10 +99,15 @@ def case(request, tmp_path_factory) -> Case:
     return Case(request.param, tmp_path_factory.mktemp(f"spec-{request.param}"))
 
 
+SWAP_PREFIX = ["--preemption", "swap", "--swap-space", "0.0005", "--enable-prefix-caching"]
+STATIC = ["--scheduler", "static", "--max-num-seqs", "3"]
+
+
 @pytest.mark.parametrize(
     "flags",
-    [ROOMY, [*CHUNKED, *ROOMY], PREEMPT, [*PREEMPT, *CHUNKED]],
-    ids=["roomy", "chunked", "preempt", "preempt-chunked"],
+    [ROOMY, [*CHUNKED, *ROOMY], PREEMPT, [*PREEMPT, *CHUNKED], [*PREEMPT, *SWAP_PREFIX],
+     [*STATIC, *ROOMY]],
+    ids=["roomy", "chunked", "preempt", "preempt-chunked", "swap-prefix-cache", "static"],
 )
 def test_ngram_speculation_matches_hf(case, tmp_path, flags):
     result = case.run(tmp_path / "spec.json", *flags)
@@ -113,6 +119,8 @@ def test_ngram_speculation_matches_hf(case, tmp_path, flags):
         assert any(it["draft_tokens"] > 0 and it["num_prefill_tokens"] > 0 for it in its)
     if flags[:2] == PREEMPT[:2]:
         assert sum(it["num_preempted"] for it in its) > 0, "the small pool never preempted"
+    if "swap" in flags:
+        assert sum(it["num_swapped_out_blocks"] for it in its) > 0
     print(f"{case.kind} {flags}: acceptance rate {spec['acceptance_rate']:.3f}, "
           f"mean acceptance length {spec['mean_acceptance_length']:.2f}")
 
