@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cbbench.analysis.metrics import summarize, summarize_engine
+from cbbench.analysis.histogram import log_histogram
+from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
 from cbbench.analysis.speculative import engine_speculative
@@ -352,6 +353,10 @@ def execute_run(
     result["started_at"] = started
     result["interrupted"] = run.interrupted
     summary = summarize(run.records, run.duration_s, spec.slo)
+    # The report draws ITL from this without --save-detailed (cbbench/analysis/histogram.py).
+    summary["itl_histogram"] = log_histogram(
+        itl_values_s([r for r in run.records if r.ok]) * 1000.0
+    )
     if plan is not None:
         summary["by_turn"] = by_turn(run.records)
         summary["sessions"] = session_summary(
