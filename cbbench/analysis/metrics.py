@@ -219,10 +219,25 @@ def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -
         "mean_kv_usage": float((used / total).mean()),
         "num_preemptions": int(sum(it["num_preempted"] for it in iterations)),
         "total_prefill_tokens": int(pre.sum()),
+        **_token_rates(iterations),
         **_policy_totals(iterations),
         # Time-weighted: total analytic bytes over total busy time.
         "mean_achieved_bw_gbps": float(nbytes.sum() / busy / 1e9) if busy > 0 else 0.0,
         **util,
+    }
+
+
+def _token_rates(iterations: Sequence[dict]) -> dict:
+    """Output tokens per step: per iteration, and per request that gained tokens in it (1.0
+    without speculative decoding; 1 + accepted drafts per step with it). None for results
+    from before these fields existed."""
+    if "emitted_tokens" not in iterations[0]:
+        return {"mean_emitted_tokens": None, "tokens_per_request_step": None}
+    emitted = sum(it["emitted_tokens"] for it in iterations)
+    sampled = sum(it["num_sampled_reqs"] for it in iterations)
+    return {
+        "mean_emitted_tokens": emitted / len(iterations),
+        "tokens_per_request_step": emitted / sampled if sampled else None,
     }
 
 

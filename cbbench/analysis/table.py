@@ -110,6 +110,19 @@ def engine_table(eng: dict) -> str:
     return tabulate(rows, tablefmt="simple", disable_numparse=True)
 
 
+def speculative_line(spec: dict | None) -> str:
+    """summary.speculative in one line (engine or scraped counters)."""
+    if not spec:
+        return ""
+    rate, length = spec.get("acceptance_rate"), spec.get("mean_acceptance_length")
+    k = f", K={spec['speculative_tokens']}" if spec.get("speculative_tokens") else ""
+    return (
+        f"speculative decoding ({spec.get('source')}{k}): acceptance rate "
+        f"{'-' if rate is None else f'{rate:.1%}'}, mean acceptance length "
+        f"{'-' if length is None else f'{length:.2f}'}"
+    )
+
+
 TURN_ROWS_SHOWN = 8  # the first turns; the result file holds them all
 
 
@@ -226,6 +239,9 @@ def render_summary(result: dict) -> str:
     eng = engine_table(s.get("engine", {}))
     if eng:
         parts += ["", eng]
+    spec = speculative_line(s.get("speculative"))
+    if spec:
+        parts += ["", spec]
     tel = telemetry_line(result.get("telemetry"))
     if tel:
         parts += ["", tel]

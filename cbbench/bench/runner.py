@@ -13,6 +13,7 @@ from cbbench.analysis.histogram import log_histogram
 from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
+from cbbench.analysis.speculative import engine_speculative
 from cbbench.analysis.steady_state import steady_state
 from cbbench.analysis.turns import by_turn, session_summary
 from cbbench.distributed.plan import LoadPlan
@@ -379,6 +380,11 @@ def execute_run(
         summary["engine"]["sim_error"] = error
         if reason is not None:
             summary["engine"]["sim_error_reason"] = reason
+        speculative = engine_speculative(
+            iterations, getattr(run.resolved, "speculative_tokens", None)
+        )
+        if speculative is not None:
+            summary["speculative"] = speculative
         if run.resolved.engine == "torch":
             # Triton compilations inside the timed run (0 is the goal: each one stalls an
             # iteration); null where Triton's compilation hook is unavailable.
