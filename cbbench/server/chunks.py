@@ -66,20 +66,29 @@ class Shape:
         d["choices"] = [choice]
         return d
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def delta_chunk(self, delta: dict, finish_reason: str | None) -> dict:
+        """A chat chunk with any delta (reasoning, content, tool calls, or several)."""
         d = self._head(self.chunk_object)
-        d["choices"] = []
-        d["usage"] = usage(prompt_tokens, completion_tokens)
+        d["choices"] = [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        ]
         return d
 
-    def full(self, text: str, finish_reason: str | None, prompt_tokens: int, n: int) -> dict:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, **details) -> dict:
+        d = self._head(self.chunk_object)
+        d["choices"] = []
+        d["usage"] = usage(prompt_tokens, completion_tokens, **details)
+        return d
+
+    def full(self, text: str, finish_reason: str | None, prompt_tokens: int, n: int,
+             message: dict | None = None, **details) -> dict:
         if self.chat:
             d = self._head("chat.completion")
-            message = {"role": "assistant", "content": text}
+            message = message or {"role": "assistant", "content": text}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
         else:
             d = self._head("text_completion")
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         d["choices"] = [choice]
-        d["usage"] = usage(prompt_tokens, n)
+        d["usage"] = usage(prompt_tokens, n, **details)
         return d
