@@ -47,6 +47,7 @@ def _root(
 
 # Each command lives in its own module and registers itself here.
 from cbbench.cli import (  # noqa: E402
+    audit,
     calibrate,
     capacity,
     compare,
@@ -58,7 +59,7 @@ from cbbench.cli import (  # noqa: E402
     workloads,
 )
 
-for command in (run, compare, gate, report, serve, sweep, capacity, calibrate):
+for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, audit):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
