@@ -400,6 +400,11 @@ def execute_run(
         summary["http"] = info
         if server_metrics is not None:
             result["server_metrics"] = server_metrics
+            from cbbench.analysis.speculative_scrape import scraped_speculative
+
+            scraped = scraped_speculative(server_metrics)
+            if scraped is not None and "speculative" not in summary:
+                summary["speculative"] = scraped
     result["summary"] = summary
     result["telemetry"] = telemetry
     result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
