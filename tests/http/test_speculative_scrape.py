@@ -22,11 +22,11 @@ def vllm_spec_page(fake: FakeOpenAI) -> str:
     d, t, a = (b + n * p for b, p in zip(BEFORE, PER_REQUEST))
     m = f'{{model_name="{MODEL}"}}'
     return (
-        "# TYPE vllm:spec_decode_num_drafts counter\n"
+        "# TYPE vllm:spec_decode_num_drafts_total counter\n"
         f"vllm:spec_decode_num_drafts_total{m} {d}\n"
-        "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+        "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
         f"vllm:spec_decode_num_draft_tokens_total{m} {t}\n"
-        "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
         f"vllm:spec_decode_num_accepted_tokens_total{m} {a}\n"
     )
 
