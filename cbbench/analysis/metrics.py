@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.server_cache import server_prefix_cache
 from cbbench.analysis.token_counts import short_outputs
 from cbbench.errors import UsageError
 
@@ -178,6 +179,9 @@ def summarize(
     }
     if summary["cancelled"]:
         summary["cancelled_work"] = cancelled_work(records)
+    cache = server_prefix_cache(records)
+    if cache is not None:  # the server's own count (usage.prompt_tokens_details)
+        summary["server_prefix_cache"] = cache
     if any(r.slot_s is not None for r in records):  # closed loop: both latency bases
         summary["latency_basis"] = "intended_start"
         summary["slot_wait_ms"] = distribution(

@@ -97,6 +97,10 @@ def throughput_table(summary: dict) -> str:
             ["short outputs (< max_tokens)", f"{short['count']} / {short['checked']} "
              f"(mean shortfall {short['mean_shortfall']:.1f} tok)"]
         )
+    cache = summary.get("server_prefix_cache")
+    if cache and cache.get("hit_rate") is not None:
+        rows.append(["server prefix cache hit rate", f"{cache['hit_rate']:.1%} "
+                     f"({cache['cached_tokens']:,} / {cache['prompt_tokens']:,} tok)"])
     if "goodput" in summary:
         rows.append(["goodput (req/s)", _fmt(summary["goodput"])])
         rows.append(["SLO attainment", f"{summary['slo_attainment']:.1%}"])

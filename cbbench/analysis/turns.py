@@ -14,6 +14,7 @@ import numpy as np
 
 from cbbench.analysis.metrics import DEFAULT_PERCENTILES, MS, distribution
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.server_cache import server_prefix_cache
 
 
 def by_turn(records: Sequence[RequestRecord], percentiles=DEFAULT_PERCENTILES) -> list[dict]:
@@ -35,6 +36,8 @@ def by_turn(records: Sequence[RequestRecord], percentiles=DEFAULT_PERCENTILES) -
             "tpot_ms": distribution(
                 [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
             ),
+            # The server's prefix-cache hits on this turn (None: it reported none).
+            "server_prefix_cache": server_prefix_cache(done),
         })
     return out
 
