@@ -103,7 +103,9 @@ class SessionRunner(_Runner):
                 if not self.stopped and k + 1 < len(turns):
                     self.ended_early += 1
                 return
-            messages.append({"role": "assistant", "content": "".join(st.pieces)})
+            # The answer as the server sent it; a reasoning model's reasoning is not sent back
+            # (OpenAI's and vLLM's convention), a tool call's text is not content.
+            messages.append({"role": "assistant", "content": st.answer_text()})
             if k + 1 < len(turns):
                 # The reply's length as counted for its record (the server's usage if sent).
                 prompt_len = next_prompt_len(prompt_len, rec.output_tokens, turns[k + 1].user_len)
