@@ -22,6 +22,7 @@ class RequestRecord:
     priority: int = 0
     session_id: int | str | None = None  # multi-turn workloads: the session
     turn: int | None = None  # multi-turn workloads: the turn, from 1
+    turn_kind: str | None = None  # sessions: "user" or "tool" (a tool result's turn)
     cancelled: bool = False  # --cancel-rate: the client gave up on it (not an error)
     worker: int | None = None  # HTTP runs: the load-generator worker that sent it (0..N-1)
     # HTTP targets (issue 20): what was asked and how the output was counted.

@@ -42,7 +42,8 @@ def _tool_name(tool: object) -> str | None:
 def check_tools(tools: object, choice: object, where: str) -> tuple[tuple[dict, ...] | None, object]:
     """(tools, tool_choice) as a request sends them; UsageError on a bad pair."""
     if tools is not None:
-        if not isinstance(tools, list) or not tools or any(_tool_name(t) is None for t in tools):
+        if (not isinstance(tools, list | tuple) or not tools
+                or any(_tool_name(t) is None for t in tools)):
             raise UsageError(
                 f"{where}: 'tools' must be a non-empty list of "
                 '{"type": "function", "function": {"name": ...}} objects'

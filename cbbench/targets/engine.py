@@ -287,6 +287,7 @@ def run_engine(
         )
         if session_feed is not None:
             records[-1].session_id, records[-1].turn = session_feed.labels(r)
+            records[-1].turn_kind = session_feed.turn_kind(r)
         elif r.request_id in reasoning:
             split_reasoning(records[-1], reasoning[r.request_id])
     finish_times = [r.finish_time for r in reqs if r.finish_time is not None]

@@ -230,14 +230,31 @@ class SseStream:
         for c in calls:
             idx = c.get("index", 0)
             idx = idx if type(idx) is int else 0
-            call = self.tool_calls.setdefault(idx, {"id": None, "name": None, "event_idx": []})
+            call = self.tool_calls.setdefault(
+                idx, {"id": None, "name": None, "arguments": "", "event_idx": []})
             if isinstance(c.get("id"), str) and call["id"] is None:
                 call["id"] = c["id"][:MAX_RESPONSE_ID_CHARS]
             fn = c.get("function") or {}
             if isinstance(fn.get("name"), str) and call["name"] is None:
                 call["name"] = fn["name"][:MAX_RESPONSE_ID_CHARS]
+            args = fn.get("arguments")
+            if isinstance(args, str) and len(call["arguments"]) < MAX_LINE_BYTES:
+                call["arguments"] += args  # a next turn sends the call back
             if not call["event_idx"] or call["event_idx"][-1] != n:
                 call["event_idx"].append(n)
+
+    def assistant_message(self) -> dict:
+        """The reply as a next turn sends it back: the answer's text and the tool calls it
+        made (OpenAI's shape)."""
+        m: dict = {"role": "assistant", "content": self.answer_text()}
+        if self.tool_calls:
+            m["content"] = m["content"] or None
+            m["tool_calls"] = [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
+                for _, c in sorted(self.tool_calls.items())
+            ]
+        return m
 
     def answer_text(self) -> str:
         """The answer's text (no reasoning, no tool-call text): what a next turn sends back."""
