@@ -16,7 +16,7 @@ requests (median, p99, max of client - server, in ms) and passes when:
   tokens): equal on every joined request.
 
 Client times are from its send (``send_s``), not the intended start: the audit checks the
-measurement, not the schedule. On one host (the result's ``summary.http.t0_epoch`` and the log
+measurement, not the schedule. On one host (the result's ``summary.http.t0_epoch_s`` and the log
 share the epoch, both moved from the monotonic clock) the truth counts from the client's send
 too, so an error is exactly how late the client saw what the server wrote; the request's way in
 (send -> the server's arrival) is reported apart, as ``request_transit_ms``. The result must
@@ -173,7 +173,8 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
     """The audit report (see the module doc); ``report["passed"]``."""
     pairs: list[tuple[Side, Side]] = []
     no_id = unmatched = not_comparable = 0
-    t0_epoch = ((result.get("summary") or {}).get("http") or {}).get("t0_epoch")
+    # The run clock's zero on the epoch (client_health.py), as the log's times are.
+    t0_epoch = ((result.get("summary") or {}).get("http") or {}).get("t0_epoch_s")
     shared_clock = isinstance(t0_epoch, float)
     transit: list[float] = []
     for r in result.get("requests") or []:

@@ -267,9 +267,6 @@ class _Runner:
                 await scraper.baseline()  # before the clock starts
             start_at = self.hooks.start_at
             self.t0 = await start_at() if start_at is not None else time.perf_counter()
-            # The run clock's origin on the epoch (cbbench audit lines the records up with a
-            # server's request log on the same host: both move perf_counter by one offset).
-            info["t0_epoch"] = time.time() - (time.perf_counter() - self.t0)
             self.monitor = ClientMonitor(self.t0)
             heartbeat = asyncio.create_task(self.monitor.run())
             self.ctx = RequestContext(
