@@ -64,7 +64,7 @@ def build_engine(args: EngineArgs, notice: Callable[[str], None]):
 def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
     """Data parallelism: ``--data-parallel-size`` simulated engines behind ``--router``, as
     one (ReplicaSet, EngineInfo of one replica)."""
-    from .replicas import ReplicaSet
+    from .sim.replicas import ReplicaSet
 
     args.validate()
     if resolve_engine(args, notice) == "torch":

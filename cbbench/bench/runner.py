@@ -294,7 +294,7 @@ def execute_run(
     try:
         if spec.endpoint is not None:
             from cbbench.distributed.run import SinceInstant, run_load
-            from cbbench.engine.clock import WallClock
+            from cbbench.engine.core.clock import WallClock
 
             if spec.load.distributed:  # workers take seconds to set up: time from their t0
                 on_t0 = lambda t0: start_telemetry(SinceInstant(t0))  # noqa: E731

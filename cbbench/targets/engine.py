@@ -116,7 +116,7 @@ def _make_requests(
 
 def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, output_len: int,
              t: float, ids: list[int] | None, priority: int = 0):
-    from cbbench.engine.request import Request, SamplingParams
+    from cbbench.engine.core.request import Request, SamplingParams
 
     sampling = SamplingParams(
         temperature=opts.temperature,
@@ -153,7 +153,7 @@ def _drain(engine, grace_s: float) -> None:
     ``grace_s`` seconds of wall time, then abort the rest."""
     import time
 
-    from cbbench.engine.engine import StepFailed
+    from cbbench.engine.core.engine import StepFailed
 
     sched = engine.scheduler
     for req in list(sched.waiting):
@@ -193,12 +193,12 @@ def run_engine(
     """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it).
     With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
     ``cancel``, the requests it picks are aborted mid-flight."""
-    from cbbench.engine.feed import ListFeed, run_feed
-    from cbbench.engine.request import RequestStatus
+    from cbbench.engine.core.feed import ListFeed, run_feed
+    from cbbench.engine.core.request import RequestStatus
 
     loop = run_feed
     if opts.data_parallel_size > 1:
-        from cbbench.engine.replicas import run_replicas
+        from cbbench.engine.sim.replicas import run_replicas
 
         engine, info = build_replicas(opts, notice)
         loop = run_replicas
