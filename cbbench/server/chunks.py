@@ -48,6 +48,10 @@ class Shape:
         self._token_head = (f'data: {head},"choices":[{{"index":0,{text_key}').encode()
         close = "}" if chat else ""
         self._token_tail = f'{close},"logprobs":null,"finish_reason":null}}]}}\n\n'.encode()
+        # The same event with the running usage (stream_options.continuous_usage_stats).
+        self._usage_tail = (
+            f'{close},"logprobs":null,"finish_reason":null}}],"usage":{{"prompt_tokens":'
+        ).encode()
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -55,6 +59,14 @@ class Shape:
     def token_event(self, text: str) -> bytes:
         """The SSE event of a token that does not finish the request."""
         return self._token_head + json_string(text).encode() + self._token_tail
+
+    def token_event_usage(self, text: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """token_event with the running usage after the choices, as json.dumps writes it."""
+        return b"".join((
+            self._token_head, json_string(text).encode(), self._usage_tail,
+            b'%d,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+            % (prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
+        ))
 
     def chunk(self, text: str, finish_reason: str | None, role: bool = False) -> dict:
         d = self._head(self.chunk_object)

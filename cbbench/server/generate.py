@@ -250,7 +250,7 @@ async def _stream(send, stream: RequestStream, shape: Shape, job: Job, s: Served
     decoder = s.codec.decoder()
     plan = job.plan
     deltas = ChatDeltas(plan, reasoning_field or DEFAULT_REASONING_FIELD) if shape.chat else None
-    template = plan.plain and not job.continuous_usage
+    template = plan.plain  # plain answer tokens: the byte templates (chunks.py)
     prompt_tokens = len(job.prompt_ids)
     times: list[float] | None = [] if job.return_token_times else None
     perf = time.perf_counter
@@ -287,7 +287,9 @@ async def _stream(send, stream: RequestStream, shape: Shape, job: Job, s: Served
         n += k
         pending.clear()
         if template and not last:
-            body = shape.token_event(pieces[0][1])
+            text = pieces[0][1]
+            body = (shape.token_event_usage(text, prompt_tokens, n) if job.continuous_usage
+                    else shape.token_event(text))
         else:
             if deltas is not None:
                 chunk = shape.delta_chunk(deltas.delta(pieces, last),

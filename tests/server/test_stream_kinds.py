@@ -120,3 +120,15 @@ def test_bad_serve_options_are_one_line(args, message):
                          text=True, timeout=60)
     assert out.returncode == 2 and message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_usage_template_writes_json_dumps_bytes(chat):
+    """The hot path's byte template with the running usage is the dict path's bytes."""
+    from cbbench.server.chunks import Shape, sse_bytes
+    from cbbench.server.protocol import usage
+
+    shape = Shape(chat, "m")
+    chunk = shape.chunk(' t"\u00e9', None)
+    chunk["usage"] = usage(4, 7)
+    assert shape.token_event_usage(' t"\u00e9', 4, 7) == sse_bytes(chunk)
