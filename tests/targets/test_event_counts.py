@@ -86,3 +86,24 @@ def test_completions_text_has_no_reasoning_figure():
     rec, _ = feed([{"id": "cmpl-1", "choices": [{"index": 0, "text": " a", "finish_reason":
                                                   "length"}]}], chat=False)
     assert rec.reasoning_tokens is None and rec.event_tokens == [1]
+
+
+def test_tokenizer_counts_each_event_without_usage(tmp_path):
+    from fake_openai import make_tiny_tokenizer
+
+    from cbbench.load.prompts import load_tokenizer
+
+    tok = load_tokenizer(make_tiny_tokenizer(tmp_path / "tokenizer.json"))
+    rec = RequestRecord(id=0, prompt_tokens=3, output_tokens=0, intended_start_s=0.0)
+    st = SseStream(True, rec.token_times_s, keep_text=True)
+    for i, d in enumerate([{"reasoning_content": " a b c"}, {"reasoning_content": " d",
+                                                              "content": " e f"},
+                           {"content": " g"}]):
+        st.feed(b"data: " + json.dumps(delta(d, finish="stop" if i == 2 else None)).encode()
+                + b"\n\n", 0.1 * (i + 1))
+    st.feed(b"data: [DONE]\n\n", 1.0)
+    st.close(1.0)
+    count_events(rec, st, tok)
+    # Word-level: each word one token ([UNK] for words outside the pool), no BOS per event.
+    assert rec.event_tokens == [3, 3, 1] and rec.event_tokens_method == "tokenizer"
+    assert rec.reasoning_tokens == 4  # the boundary event's reasoning text is one word
