@@ -98,7 +98,7 @@ def fast_forward(engine: Engine, horizon: float,
             engine.num_records, start, end - start, 0, n, budget, 0, n, n, 0, 0,
             bm.num_used_blocks, total_blocks, cost.bytes, cost.flops,
             predicted_s=cost.time_s, num_logits=n, attn_key_pairs=keys, attn_keys_read=keys,
-            attn_decode_keys=keys,
+            attn_decode_keys=keys, emitted_tokens=n, num_sampled_reqs=n,
         )
         records.append(record)
         engine.num_records += 1
