@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -244,16 +244,3 @@ class Engine:
                     bm.register_full_blocks(req)
         return finished
 
-
-def run_until_done(
-    engine: Engine,
-    requests: Sequence[Request],
-    should_stop: Callable[[], bool] | None = None,
-    on_step: Callable[[StepOutput], None] | None = None,
-) -> bool:
-    """Feed ``requests`` (sorted by arrival_time) to the engine at their arrival times and step
-    until all are done. Returns False when ``should_stop`` ended the run early. (Load whose
-    arrivals depend on the engine: feed.run_feed.)"""
-    from .feed import ListFeed, run_feed
-
-    return run_feed(engine, ListFeed(requests), should_stop, on_step)

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from .engine import StepFailed
 from .request import Request
 
 if TYPE_CHECKING:
-    from .engine import Engine, StepFailed, StepOutput
+    from .engine import Engine, StepOutput
 
 
 class RequestFeed(Protocol):
@@ -65,8 +66,6 @@ def run_feed(
     (or, on a virtual clock, jumping) to the next event when idle. Returns False when
     ``should_stop`` ended the run early. A step that raised failed its own requests
     (``on_step_failed``); the run goes on with the rest."""
-    from .engine import StepFailed
-
     clock = engine.clock
     while True:
         if should_stop is not None and should_stop():
@@ -90,3 +89,15 @@ def run_feed(
             raise RuntimeError("engine stalled: requests are waiting but none can be scheduled")
         else:
             return True
+
+
+def run_until_done(
+    engine: Engine,
+    requests: Sequence[Request],
+    should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[StepOutput], None] | None = None,
+) -> bool:
+    """Feed ``requests`` (sorted by arrival_time) to the engine at their arrival times and step
+    until all are done. Returns False when ``should_stop`` ended the run early. (Load whose
+    arrivals depend on the engine: run_feed with its own feed.)"""
+    return run_feed(engine, ListFeed(requests), should_stop, on_step)

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from cbbench.engine.core.clock import WallClock
-from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.feed import run_until_done
 from cbbench.engine.core.request import Request, SamplingParams
 from cbbench.engine.core.scheduler import SchedulerConfig
 from cbbench.engine.core.scheduler_output import SchedulerOutput
