@@ -15,7 +15,7 @@ from pathlib import Path
 
 from cbbench.analysis.metrics import summarize
 from cbbench.load.prompts import WORD_POOL
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.options import EndpointOptions
 
 MODEL = "fake-model"

@@ -33,7 +33,7 @@ from fake_openai import (  # noqa: F401 (MODEL, FakeOpenAI, _free_port: imported
 from cbbench.analysis.metrics import summarize
 from cbbench.errors import UsageError
 from cbbench.load.prompts import WORD_POOL, build_prompts, load_tokenizer, synthetic_prompt
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.http import error_rate, run_http, send_lag_check
 from cbbench.targets.options import EndpointOptions, normalize_endpoint, parse_header, redact_url
 
@@ -323,7 +323,7 @@ def test_https(tmp_path):
         # process): the stream goes through.
         code = (
             "import sys; from cbbench.targets.http import EndpointOptions, run_http; "
-            "from cbbench.load.workload import WorkloadRequest; "
+            "from cbbench.load.workload_types import WorkloadRequest; "
             "w = [WorkloadRequest(0, 2, 3, prompt='hi')]; "
             "r = run_http(EndpointOptions(sys.argv[1], served_model=sys.argv[2]), w, [0.0], "
             "lambda m: None).records[0]; print(r.error_type, r.error, len(r.token_times_s))"

@@ -33,7 +33,7 @@ from cbbench.distributed.messages import Done, Failed, Ready, RecordBatch
 from cbbench.distributed.plan import LoadPlan, deal, parse_workers, spare_cores
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import arrival_times
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.options import EndpointOptions
 
 TTFT_MS = 20.0
