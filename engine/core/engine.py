@@ -212,6 +212,7 @@ class Engine:
             token = None
             if sampled is not None:
                 token = sampled[i]
+                assert token is not None, "a row that ends its prompt or decodes samples a token"
                 req.output_token_ids.append(token)
             if req.num_output_tokens >= req.max_tokens:
                 req.finish_reason = "length"

@@ -19,13 +19,21 @@ if TYPE_CHECKING:
     from .engine import Engine, StepOutput
 
 
+class RequestSink(Protocol):
+    """What a feed hands its events to: one engine, or replicas behind a router."""
+
+    def add_request(self, req: Request) -> str | None: ...
+
+    def abort_request(self, req: Request) -> None: ...
+
+
 class RequestFeed(Protocol):
     def next_time(self) -> float | None:
         """The time of the earliest pending event (an arrival, an abort); None when nothing is
         pending (events may still come from requests that are yet to finish)."""
         ...
 
-    def fire(self, engine: Engine, now: float) -> None:
+    def fire(self, engine: RequestSink, now: float) -> None:
         """Hand the engine every event due at ``now`` (add_request, abort_request)."""
         ...
 
@@ -44,7 +52,7 @@ class ListFeed:
     def next_time(self) -> float | None:
         return self.requests[self.i].arrival_time if self.i < len(self.requests) else None
 
-    def fire(self, engine: Engine, now: float) -> None:
+    def fire(self, engine: RequestSink, now: float) -> None:
         reqs, i, n = self.requests, self.i, len(self.requests)
         while i < n and reqs[i].arrival_time <= now:
             engine.add_request(reqs[i])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from .cost_model import DeviceRates
@@ -47,10 +47,12 @@ def profile_to_dict(profile: DeviceProfile) -> dict:
     }
 
 
-def _rate(rates: dict, name: str, where: str, optional: bool) -> float | None:
+def _optional_rate(rates: dict, name: str, where: str) -> float | None:
+    return None if rates.get(name) is None else _rate(rates, name, where)
+
+
+def _rate(rates: dict, name: str, where: str) -> float:
     v = rates.get(name)
-    if v is None and optional:
-        return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         raise ValueError(f"{where}: rates.{name} must be a number >= 0, got {v!r}")
     return float(v)
@@ -82,14 +84,20 @@ def load_profile(path: str | Path) -> DeviceProfile:
     if not isinstance(rates, dict):
         raise ValueError(f"{where}: no 'rates' section")
     optional = {"memory_bandwidth", "flop_rate"}
-    values = {
-        f.name: _rate(rates, f.name, where, f.name in optional)
+    given = {
+        f.name: _rate(rates, f.name, where)
         for f in fields(DeviceRates)
-        if f.name in rates or f.name in optional
+        if f.name in rates and f.name not in optional
     }
-    values = {**DeviceRates(None, None).to_dict(), **values}
+    device_rates = replace(
+        DeviceRates(
+            _optional_rate(rates, "memory_bandwidth", where),
+            _optional_rate(rates, "flop_rate", where),
+        ),
+        **given,
+    )
     for name in ("decode_attention_efficiency", "prefill_attention_efficiency", "host_factor"):
-        if not values[name] > 0:
+        if not getattr(device_rates, name) > 0:
             raise ValueError(f"{where}: rates.{name} must be > 0")
     models = data.get("models")
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
@@ -102,5 +110,5 @@ def load_profile(path: str | Path) -> DeviceProfile:
         device_name=str(data.get("device_name", device)),
         dtype=dtype,
         models=tuple(models),
-        rates=DeviceRates(**values),
+        rates=device_rates,
     )
