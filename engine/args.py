@@ -129,6 +129,12 @@ class EngineArgs:
         True, "Benchmark runs ignore EOS so output lengths follow the workload."
     )
     cuda_graphs: bool = opt(True, "Replay CUDA graphs for decode.")
+    async_scheduling: bool = opt(
+        False,
+        "torch engine: prepare step n+1's inputs while step n runs on the device (vLLM v1's "
+        "async scheduling; the sampled tokens are the only dependency). Same tokens and "
+        "records either way. Off by default until a GPU run measures it (docs/async_scheduling.md).",
+    )
     fused_kernels: str = opt(
         "auto",
         "torch engine: the fused Triton layer kernels (residual add + RMSNorm, RoPE + KV store, "

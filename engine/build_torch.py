@@ -211,6 +211,7 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         sampler_seed=args.seed,
         max_num_batched_tokens=budget,
         notice=notice,
+        async_scheduling=args.async_scheduling,
     )
     mixed_reason = graphs_reason
     if use_graphs and not runner.cuda_graphs_effective:

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cbbench.analysis.metrics import summarize, summarize_engine
+from cbbench.analysis.histogram import log_histogram
+from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
 from cbbench.analysis.steady_state import steady_state
@@ -22,7 +23,7 @@ from cbbench.load.cancel import cancel_plan
 from cbbench.load.delays import parse_delay
 from cbbench.load.limits import check_request_count
 from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
-from cbbench.load.sessions import sample_sessions
+from cbbench.load.sessions import check_session_tokens, sample_sessions
 from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
@@ -176,7 +177,11 @@ def scale_trace_time(arrivals, process: str, time_scale: float):
         raise UsageError(f"--time-scale must be a positive number, got {time_scale}")
     if process != "trace":
         raise UsageError("--time-scale applies to --arrival trace (the trace's own timestamps)")
-    return arrivals * time_scale
+    from cbbench.load.arrivals import check_schedule_span
+
+    scaled = arrivals * time_scale
+    check_schedule_span(scaled, "--time-scale and the trace's arrival_s")  # bypassed it before
+    return scaled
 
 
 def execute_run(
@@ -237,6 +242,7 @@ def execute_run(
         num_requests = None  # generated in order: keep them all
     if workload.is_sessions:
         drawn, replaced = sample_sessions(workload.sessions, num_requests, spec.seed)
+        check_session_tokens(drawn)
         what = f"{len(workload.sessions)} sessions"
     else:
         drawn, replaced = sample_requests(workload, num_requests, spec.seed)
@@ -351,6 +357,10 @@ def execute_run(
     result["started_at"] = started
     result["interrupted"] = run.interrupted
     summary = summarize(run.records, run.duration_s, spec.slo)
+    # The report draws ITL from this without --save-detailed (cbbench/analysis/histogram.py).
+    summary["itl_histogram"] = log_histogram(
+        itl_values_s([r for r in run.records if r.ok]) * 1000.0
+    )
     if plan is not None:
         summary["by_turn"] = by_turn(run.records)
         summary["sessions"] = session_summary(

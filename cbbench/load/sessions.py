@@ -38,6 +38,7 @@ from importlib import resources
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.delays import MAX_DELAY_MS
 
 # ---- Llama-3's chat template, in tokens -------------------------------------------------------
 BOS_TOKENS = 1  # <|begin_of_text|>
@@ -145,6 +146,16 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
     if "output_len" not in obj:
         raise UsageError(f"{where}: missing 'output_len'")
     output_len = _int(obj, "output_len", where, 1)
+    # The request file's checks: one message field, and a length that agrees with the ids
+    # (a turn's `user` or `user_len` beside its ids was silently ignored).
+    given = [k for k in ("user", "user_token_ids") if k in obj]
+    if len(given) > 1:
+        raise UsageError(f"{where}: give 'user' or 'user_token_ids', not both")
+    if "user" in obj and "user_len" in obj:
+        raise UsageError(
+            f"{where}: give 'user' or 'user_len', not both (a text message's length is counted "
+            "from the text: exactly with --tokenizer)"
+        )
     text = ids = None
     if "user_token_ids" in obj:
         raw = obj["user_token_ids"]
@@ -154,6 +165,8 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
             raise UsageError(f"{where}: 'user_token_ids' must be a non-empty list of ids >= 0")
         ids = tuple(raw)
         user_len = len(ids)
+        if "user_len" in obj and obj["user_len"] != user_len:
+            raise UsageError(f"{where}: 'user_len' disagrees with len(user_token_ids)")
     elif "user" in obj:
         text = obj["user"]
         if not isinstance(text, str) or not text:
@@ -164,7 +177,15 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         user_len = _int(obj, "user_len", where, 1)
     else:
         raise UsageError(f"{where}: a turn needs one of 'user', 'user_token_ids' or 'user_len'")
-    think = _nonneg_number(obj, "think_time_ms", where) / MS if "think_time_ms" in obj else None
+    think = None
+    if "think_time_ms" in obj:
+        ms = _nonneg_number(obj, "think_time_ms", where)
+        if ms > MAX_DELAY_MS:  # --think-time's own limit (1e15 ms crashed a torch run midway)
+            raise UsageError(
+                f"{where}: 'think_time_ms' must be at most {MAX_DELAY_MS:.0f} ms (30 days), "
+                f"got {ms:g}"
+            )
+        think = ms / MS
     return Turn(user_len, output_len, text, ids, think)
 
 
@@ -241,3 +262,15 @@ def session_stats(sessions: Sequence[Session]) -> dict:
             "max": int(last.max()),
         },
     }
+
+
+def check_session_tokens(sessions: Sequence[Session]) -> None:
+    """Every turn's prompt is made whole when it is sent (the engine's token ids, an
+    endpoint's synthetic text), and a session run holds them all: the drawn sessions' prompt
+    tokens are checked against the memory available before the run, as --input-len's are (a
+    turn's `user_len: 10**12` asked for 7 TiB midway through a run)."""
+    from cbbench.load.limits import check_token_ids
+
+    total = sum(sum(prompt_lens(s)) for s in sessions)
+    check_token_ids(total, f"the sessions' turns ({total:.3g} prompt tokens in all)")
+

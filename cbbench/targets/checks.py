@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cbbench.analysis.prom_text import Dropped
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_latency import server_vs_client
 from cbbench.analysis.token_counts import (
@@ -234,6 +235,19 @@ def _server_metrics(info: dict, records: Sequence[RequestRecord], notice) -> Non
     if line:
         notice("warning: " + line)
     hist = info.get("server_histograms")
-    latency = server_vs_client(hist["before"], hist["after"], records) if hist else None
+    scrapes = info["server_metrics_scrapes"]
+    dropped = Dropped(scrapes.get("dropped_series", 0), scrapes.get("dropped_first"))
+    latency = None
+    if hist:
+        try:
+            latency = server_vs_client(hist["before"], hist["after"], records, dropped)
+        except Exception as e:  # noqa: BLE001 - what a server sent never costs the run
+            notice(f"warning: --scrape-metrics: the server's latency histograms could not be "
+                   f"read ({type(e).__name__}: {e}); server_latency left out")
     if latency is not None:
         info["server_latency"] = latency
+    scrapes["dropped_series"] = dropped.count
+    scrapes["dropped_first"] = dropped.first
+    if dropped.count:  # one line for every malformed series of the run
+        notice(f"warning: --scrape-metrics: dropped {dropped.count} malformed /metrics "
+               f"series (first: {dropped.first}); the others are kept")

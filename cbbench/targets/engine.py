@@ -138,6 +138,8 @@ def _session_feed(
     # hashes them; the simulator then gets scripted replies (engine_feed.py).
     keep_ids = info.engine == "torch" or opts.enable_prefix_caching
     vocab = info.vocab_size or DEFAULT_VOCAB
+    if info.engine == "torch":
+        check_session_vocab(plan, vocab)
     return SessionFeed(
         plan,
         lambda rid, p, o, t, ids: _request(opts, info, rid, p, o, t, ids),
@@ -145,7 +147,21 @@ def _session_feed(
         scripted_replies=keep_ids and info.engine != "torch",
         vocab=vocab,
         timer=timer,
+        max_model_len=info.max_model_len,
     )
+
+
+def check_session_vocab(plan: SessionPlan, vocab: int) -> None:
+    """A session turn's token ids are checked before the run, as a request's are
+    (_make_requests): one id beyond the vocabulary failed its engine step midway, and with it
+    every other session's request in that step."""
+    for i in plan.active_sessions:
+        for k, turn in enumerate(plan.sessions[i].turns):
+            if turn.user_token_ids is not None and max(turn.user_token_ids) >= vocab:
+                raise UsageError(
+                    f"session {plan.sessions[i].session_id} turn {k + 1}: token id "
+                    f"{max(turn.user_token_ids)} is outside the model's vocabulary of {vocab}"
+                )
 
 
 def _drain(engine, grace_s: float) -> None:

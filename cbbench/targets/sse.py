@@ -84,7 +84,8 @@ class SseStream:
         self._tail = b""  # an incomplete line, waiting for the rest
 
     def feed(self, piece: bytes, t: float) -> None:
-        """Whatever one network read returned, at run-clock time `t`."""
+        """Whatever one network read returned, at run-clock time `t`. (One function per read,
+        the lines parsed inline: it runs for every network read of every request.)"""
         if b"\n" not in piece:
             self._tail += piece
             if len(self._tail) > MAX_LINE_BYTES:
@@ -92,27 +93,8 @@ class SseStream:
                     "bad_event", f"event-stream line longer than {MAX_LINE_BYTES} bytes"
                 )
             return
-        lines = (self._tail + piece).split(b"\n")
+        lines = (self._tail + piece).split(b"\n") if self._tail else piece.split(b"\n")
         self._tail = lines.pop()
-        self._lines(lines, t)
-
-    def close(self, t: float) -> None:
-        """The body ended (at `t`): parse a last unterminated line, then check that the stream
-        finished and carried some text."""
-        if self._tail:
-            lines, self._tail = [self._tail], b""
-            self._lines(lines, t)
-        if not (self.done or self.finish_reason is not None):
-            raise HttpFailure(
-                "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
-            )
-        if not self.times:
-            why = f" (finish_reason {self.finish_reason!r})" if self.finish_reason else ""
-            raise HttpFailure(
-                "bad_event", f"the stream finished without any output text{why}"
-            )
-
-    def _lines(self, lines: list[bytes], t: float) -> None:
         times, pieces, chat, loads = self.times, self.pieces, self.chat, json.loads
         for line in lines:
             if not line.startswith(b"data:"):
@@ -143,3 +125,18 @@ class SseStream:
                 self.finish_reason = finish
             if usage is not None:
                 self.usage = usage
+
+    def close(self, t: float) -> None:
+        """The body ended (at `t`): parse a last unterminated line, then check that the stream
+        finished and carried some text."""
+        if self._tail:
+            self.feed(b"\n", t)  # ends the last line
+        if not (self.done or self.finish_reason is not None):
+            raise HttpFailure(
+                "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
+            )
+        if not self.times:
+            why = f" (finish_reason {self.finish_reason!r})" if self.finish_reason else ""
+            raise HttpFailure(
+                "bad_event", f"the stream finished without any output text{why}"
+            )

@@ -34,8 +34,13 @@ class RequestStatus(enum.IntEnum):
 # values can break a batch: a temperature or top-p below SAMPLING_EPS underflows (NaN
 # probabilities), so both mean greedy (vLLM's _SAMPLING_EPS rule); a top-k of MAX_TOP_K or more
 # keeps every token of any vocabulary, so it means off (and never overflows an int64 tensor);
-# a seed of any size is folded into the 63 bits a torch generator takes.
+# a seed of any size is folded into the 63 bits a torch generator takes. At the other end, a
+# temperature above MAX_TEMPERATURE samples as MAX_TEMPERATURE does: float32 logits divided by
+# it are already equal to within float32's resolution after softmax (uniform over what top-k
+# and top-p keep), while a larger one loses their order (beyond float32's 3.4e38 each logit
+# becomes 0, and `top_k: 1` drew random tokens).
 SAMPLING_EPS = 1e-5
+MAX_TEMPERATURE = 1e12
 MAX_TOP_K = 2**31
 SEED_MASK = 2**63 - 1
 
@@ -51,6 +56,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.temperature < SAMPLING_EPS or self.top_p < SAMPLING_EPS:
             object.__setattr__(self, "temperature", 0.0)
+        elif self.temperature > MAX_TEMPERATURE:
+            object.__setattr__(self, "temperature", MAX_TEMPERATURE)
         if self.top_k >= MAX_TOP_K:
             object.__setattr__(self, "top_k", 0)
         if self.seed is not None and not 0 <= self.seed <= SEED_MASK:
