@@ -244,9 +244,11 @@ class CostModel:
         if self.ep == 1:
             return shape
         n = self.ep
-        return BatchShape(shape.num_tokens / n, shape.num_logits / n, shape.attn_key_pairs / n,
-                          shape.attn_keys_read / n, shape.num_reqs / n,
-                          shape.num_prefill_reqs / n, shape.decode_keys / n)
+        # Fractional counts: the expected share of one GPU (the roofline is linear in them).
+        return BatchShape(shape.num_tokens / n, shape.num_logits / n,  # type: ignore[arg-type]
+                          shape.attn_key_pairs / n, shape.attn_keys_read / n,
+                          shape.num_reqs / n, shape.num_prefill_reqs / n,  # type: ignore[arg-type]
+                          shape.decode_keys / n)
 
     def experts_touched(self, num_tokens: float) -> float:
         """Experts per layer one GPU reads for a batch of ``num_tokens`` (every GPU's tokens
@@ -338,6 +340,7 @@ class CostModel:
         """Expert parallelism: per MoE layer, each GPU sends the hidden state of each of its
         (token, expert) pairs to that expert's GPU and gets the result back."""
         m, n, link = self.model, self.ep, self.interconnect
+        assert link is not None  # built whenever ep > 1
         per_gpu = shape.num_tokens / n * m.num_experts_per_tok * m.hidden_size * self.dtype_bytes
         one = all_to_all_s(link.bandwidth, link.latency_s, per_gpu, n)
         return ALL_TO_ALLS_PER_LAYER * self._L * one

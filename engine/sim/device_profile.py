@@ -173,8 +173,11 @@ def _spread(data: dict, where: str) -> dict | None:
         if band is None:
             continue
         lo, hi = (band.get("low"), band.get("high")) if isinstance(band, dict) else (None, None)
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                   and v > 0 for v in (lo, hi)) or lo > hi:
+        if not (_positive(lo) and _positive(hi)) or float(lo) > float(hi):  # type: ignore[arg-type]
             raise ValueError(f"{where}: spread.{cls} must have 0 < low <= high")
-        out[cls] = {"low": float(lo), "high": float(hi)}
+        out[cls] = {"low": float(lo), "high": float(hi)}  # type: ignore[arg-type]
     return out or None
+
+
+def _positive(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0

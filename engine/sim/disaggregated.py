@@ -108,7 +108,7 @@ class DisaggregatedSet:
     def records(self) -> list[IterationRecord]:
         merged = [rec for e in self.engines for rec in e.records]
         order = {PREFILL: 0, DECODE: 1}
-        return sorted(merged, key=lambda rec: (rec.start_s, order[rec.pool], rec.replica))
+        return sorted(merged, key=lambda rec: (rec.start_s, order[rec.pool or PREFILL], rec.replica))
 
     def has_unfinished(self) -> bool:
         return bool(self._transfers) or any(e.has_unfinished() for e in self.engines)
@@ -192,6 +192,7 @@ class DisaggregatedSet:
             del self._where[rid]
             return False
         ready = req.finish_time
+        assert ready is not None  # it finished its prefill this step
         start = max(ready, self._link_free[replica.index])
         nbytes = req.num_prompt_tokens * self.kv_bytes_per_token
         arrive = start + self.link.transfer_s(nbytes, self.gpus_per_instance)

@@ -71,7 +71,9 @@ def fast_forward(engine: Engine, horizon: float,
                 if s >= 0:
                     crossings.setdefault(s, []).append(r)
                 s += bs
-    cost_model = engine.executor.cost_model
+    executor = engine.executor
+    assert isinstance(executor, SimExecutor)  # eligible() checked it
+    cost_model = executor.cost_model
     budget = engine.scheduler.config.max_num_batched_tokens
     total_blocks = bm.num_blocks
     dec_keys = sum(r.num_computed_tokens for r in running) + n
@@ -91,6 +93,7 @@ def fast_forward(engine: Engine, horizon: float,
                 assert ok
         keys = float(dec_keys + j * n)
         cost = cost_model.cost(BatchShape(n, n, keys, keys, n, 0, keys))
+        assert cost.time_s is not None  # a simulated executor has rates
         clock.advance_to(start + cost.time_s)
         end = clock.now()
         times.append(end)

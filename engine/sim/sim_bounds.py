@@ -65,7 +65,8 @@ class ScaledExecutor:
 
     def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
         out = self.inner.execute(sched)
-        f = self.factors.get(step_class(sched), 1.0)
+        cls = step_class(sched)
+        f = self.factors.get(cls, 1.0) if cls is not None else 1.0
         if out.duration_s is not None and f != 1.0:
             out.duration_s *= f
         return out
