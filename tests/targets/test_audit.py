@@ -168,3 +168,14 @@ def test_audit_bad_input_is_one_line(tmp_path):
     out = subprocess.run([*CBBENCH, "audit", str(path), "--server-log", str(log)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "no request of the result joins" in out.stderr
+
+
+def test_a_result_without_token_times_is_told_to_rerun_with_save_detailed():
+    """Without --save-detailed no request can be joined: the audit says why, not "no join"."""
+    from cbbench.analysis.audit import audit
+    from cbbench.errors import UsageError
+
+    result = {"summary": {}, "requests": [{"id": 0, "error": None, "cancelled": False,
+                                           "server_request_id": "cmpl-1", "output_tokens": 3}]}
+    with pytest.raises(UsageError, match="rerun cbbench run with --save-detailed"):
+        audit(result, {"cmpl-1": {"events": [[1.0, 1]], "status": 200, "finish": "length"}})
