@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -155,6 +156,8 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     Attention and RoPE: every dtype x head dim x GQA group at block size 16, and bf16 (the GPU
     default) at block size 256 too; the block size only changes a constant divisor there.
+    "decode" is the default pure-decode path (the GQA-packed kernel on tensor cores),
+    "cores-decode" its CUDA-core variant, "unified-decode" the unified kernel on a decode batch.
     """
     from .fused_rms_norm import add_rms_norm_triton, rms_norm_triton
     from .fused_rope import rope_store_kv_triton, rope_triton
@@ -162,6 +165,8 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
     from .triton_attention import TritonBackend
 
     unified, split = TritonBackend(decode_splits=1), TritonBackend(decode_splits=DECODE_SPLITS)
+    unified_decode = TritonBackend(decode_splits=1, decode_kernel="unified")
+    cores_decode = TritonBackend(decode_splits=1, decode_kernel="packed-cores")
     points = [
         (d, hd, g, bs)
         for d, hd, g, bs in itertools.product(DTYPES, HEAD_DIMS, GQA_GROUPS, BLOCK_SIZES)
@@ -171,13 +176,15 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
         dtype = DTYPES[dname]
         cache = torch.zeros(2, block_size, NUM_KV_HEADS, head_dim, dtype=dtype)
         tag = f"{dname} d{head_dim} gqa{gqa} bs{block_size}"
-        for phase, backend in (("prefill", unified), ("decode", unified), ("split-k", split)):
+        phases = (("prefill", unified), ("decode", unified), ("split-k", split),
+                  ("unified-decode", unified_decode), ("cores-decode", cores_decode))  # fmt: skip
+        for phase, backend in phases:
             md = _metadata(phase != "prefill", block_size)
             q, _, _ = _layer_tensors(dtype, head_dim, gqa, md.num_tokens)
             q = q.contiguous()  # attention reads the rotated q, a fresh tensor
             yield (
                 f"{tag} {phase}",
-                lambda b=backend, q=q, c=cache, md=md: b.forward(q, c, c, md, 0.1),
+                partial(backend.forward, q, cache, cache, md, 0.1),
             )
         q, k, v = _layer_tensors(dtype, head_dim, gqa, 3)
         pos = torch.zeros(3, dtype=torch.int64)
@@ -185,29 +192,27 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
         cos = torch.zeros(64, head_dim // 2)
         yield (
             f"{tag} rope+kv",
-            lambda q=q, k=k, v=v, p=pos, c=cos, kc=cache, s=slots: rope_store_kv_triton(
-                q, k, v, p, c, c, kc, kc, s
-            ),
+            partial(rope_store_kv_triton, q, k, v, pos, cos, cos, cache, cache, slots),
         )
         if gqa == GQA_GROUPS[0]:  # the unfused path's KV store; no query heads involved
             kr = k.contiguous()  # PyTorch's RoPE output
             yield (
                 f"{tag} store-kv",
-                lambda k=kr, v=v, c=cache, s=slots: unified.write_kv(k, v, c, c, s),
+                partial(unified.write_kv, kr, v, cache, cache, slots),
             )
             if block_size == BLOCK_SIZES[0]:
-                yield f"{tag} rope", lambda q=q, k=k, p=pos, c=cos: rope_triton(q, k, p, c, c)
+                yield f"{tag} rope", partial(rope_triton, q, k, pos, cos, cos)
     for dname, hidden in itertools.product(DTYPES, HIDDEN_SIZES):
         x = torch.zeros(3, hidden, dtype=DTYPES[dname])
         w = torch.zeros(hidden, dtype=DTYPES[dname])
-        yield f"{dname} hidden{hidden}", lambda x=x, w=w: rms_norm_triton(x, w, 1e-5)
+        yield f"{dname} hidden{hidden}", partial(rms_norm_triton, x, w, 1e-5)
         yield (
             f"{dname} hidden{hidden} +residual",
-            lambda x=x, w=w: add_rms_norm_triton(x, x, w, 1e-5),
+            partial(add_rms_norm_triton, x, x, w, 1e-5),
         )
     for dname, inter in itertools.product(DTYPES, INTERMEDIATE_SIZES):
         x = torch.zeros(3, 2 * inter, dtype=DTYPES[dname])
-        yield f"{dname} intermediate{inter}", lambda x=x: silu_and_mul_triton(x)
+        yield f"{dname} intermediate{inter}", partial(silu_and_mul_triton, x)
 
 
 def specialization_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
@@ -219,15 +224,15 @@ def specialization_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     cache = torch.zeros(40, 16, NUM_KV_HEADS, 128, dtype=torch.bfloat16)
     for num_reqs, width, splits in [(2, 3, 4), (1, 1, 1), (16, 16, 16), (17, 17, 17), (32, 32, 2)]:
-        for decode in (True, False):
+        for phase in ("decode", "packed-decode", "prefill"):
+            decode = phase != "prefill"
             q_lens = [1] * num_reqs if decode else [2] * num_reqs
             md = build_metadata(q_lens, [14] * num_reqs, [[0] * width] * num_reqs, 16)
             q = torch.zeros(md.num_tokens, 4 * NUM_KV_HEADS, 128, dtype=torch.bfloat16)
-            backend = TritonBackend(decode_splits=max(2, splits) if decode else 1)
+            backend = TritonBackend(decode_splits=max(2, splits) if phase == "decode" else 1)
             yield (
-                f"num_reqs={num_reqs} width={width} splits={max(2, splits)} "
-                + ("decode" if decode else "prefill"),
-                lambda b=backend, q=q, md=md: b.forward(q, cache, cache, md, 0.1),
+                f"num_reqs={num_reqs} width={width} splits={max(2, splits)} {phase}",
+                partial(backend.forward, q, cache, cache, md, 0.1),
             )
 
 
@@ -235,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cap", type=int, required=True, choices=sorted(SMEM_LIMIT))
     parser.add_argument("--json", required=True, help="where to write the rows")
+    parser.add_argument("--configs", default=None,
+                        help="only the launch points whose config ends with this (e.g. ' decode')")
     args = parser.parse_args(argv)
     if INTERPRETED:
         print(
@@ -244,9 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     t0 = time.perf_counter()
-    rows = compile_launches(args.cap, engine_launches())
+    points = engine_launches()
+    spec_points = specialization_launches()
+    if args.configs is not None:
+        points = ((c, f) for c, f in points if c.endswith(args.configs))
+        spec_points = ((c, f) for c, f in spec_points if c.endswith(args.configs))
+    rows = compile_launches(args.cap, points)
     t1 = time.perf_counter()
-    spec_rows = compile_launches(args.cap, specialization_launches())
+    spec_rows = compile_launches(args.cap, spec_points)
     out = {
         "triton": triton.__version__,
         "cap": args.cap,

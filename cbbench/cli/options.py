@@ -49,6 +49,19 @@ def check_finite(values: dict) -> None:
             raise UsageError(f"{flag_of(name)} must be a finite number, got {v}")
 
 
+def given(name: str) -> bool:
+    """Whether the running command's option ``name`` was given (on the command line or the
+    environment), not left at its default: a default cannot say so by its value."""
+    try:  # Typer 0.2x runs commands on its own copy of Click
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+
+    ctx = get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
 def output_file(text: str) -> Path:
     """A file output's path, as given: pathlib drops a trailing '/', so `--output newdir/`
     wrote a file named newdir. A name ending in '/' that is not a folder is refused (one that

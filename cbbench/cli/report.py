@@ -1,4 +1,5 @@
-"""`cbbench report`: PNG plots and one self-contained HTML page for one or more results."""
+"""`cbbench report`: PNG plots and two self-contained HTML pages for one or more results: an
+interactive one (report.html, plotly embedded) and a static one (report-static.html, no script)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import typer
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 
-PAGE_NAME = "report.html"
+PAGE_NAME = "report.html"  # interactive (plotly embedded), opens offline
+STATIC_PAGE_NAME = "report-static.html"  # PNGs only, no script: for mail and CI attachments
 DPI = 100
 STATIC = "static"
 CONTINUOUS = "continuous"
@@ -53,7 +55,7 @@ def report(
     summary tables.
     """
     from cbbench.analysis.compare import file_labels, load_labeled
-    from cbbench.analysis.result import check_writable, write_atomic
+    from cbbench.analysis.result import check_folder_not_inputs, check_writable, write_atomic
     from cbbench.report.check import check_report_input
     from cbbench.report.html import PlotSection, render_page
 
@@ -80,6 +82,9 @@ def report(
             "lines are SLO limits.",
             lambda _r: latency_throughput(sweeps),
         ))
+    # Before a byte is written: an input named like one of the report's files is refused.
+    check_folder_not_inputs(out, [f"{s.key}.png" for s in specs] + [PAGE_NAME],
+                            [*files, *sweep_files], "--out")
     sections = []
     for spec in specs:
         fig = spec.draw(results)
@@ -88,13 +93,28 @@ def report(
         sections.append(
             PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
         )
-    page = render_page(
-        title, results, [str(p) for p in files + sweep_files], sections, page_notes(results)
-    )
-    write_atomic(out / PAGE_NAME, page)
+    paths = [str(p) for p in files + sweep_files]
+    page = render_page(title, results, paths, sections, page_notes(results))
+    write_atomic(out / STATIC_PAGE_NAME, page)
     for s in sections:
         typer.echo(str(out / f"{s.key}.png"))
-    typer.echo(str(out / PAGE_NAME))
+    typer.echo(str(out / STATIC_PAGE_NAME))
+    if results:
+        write_atomic(out / PAGE_NAME, _interactive_page(title, results, paths, max_gantt_requests,
+                                                        bool(sweeps)))
+        typer.echo(str(out / PAGE_NAME))
+
+
+def _interactive_page(title: str, results: Sequence, paths: list[str], max_gantt_requests: int,
+                      with_sweeps: bool) -> str:
+    from cbbench.report import interactive
+
+    page_plots, notes = interactive.build_plots(results, max_gantt_requests, gantt_pair(results))
+    notes = [*page_notes(results), *notes]
+    if with_sweeps:
+        notes.append(f"Latency-throughput curves of the sweeps: in {STATIC_PAGE_NAME}.")
+    return interactive.render_interactive(title, results, paths, page_plots, notes,
+                                          interactive.plotly_js())
 
 
 def _png(fig) -> bytes:

@@ -17,6 +17,9 @@ SYNTHETIC_PANEL = "Synthetic workload"
 # A load-generator worker died or crashed mid-run: the result is written, but it is short of
 # that worker's unreported requests (1 is --max-error-rate's, 2 bad input, 130 interrupted).
 WORKER_LOST_EXIT = 3
+# What a replay takes from the recorded run (so the same options on the command line would
+# be silently ignored).
+REPLAY_TAKES = ("workload", "seed", "burstiness", "arrival", "time_scale")
 
 
 def register(app: typer.Typer) -> None:
@@ -207,6 +210,7 @@ def run(
         check_not_an_input,
         check_writable,
         dumps,
+        engine_inputs,
         is_stdout,
         write_result,
     )
@@ -223,6 +227,11 @@ def run(
                                or ramp is not None or request_rate != "inf"):
         raise UsageError("--replay takes the recorded run's requests and arrivals: drop "
                          "--num-requests, --duration, --ramp and --request-rate")
+    if replay is not None:  # these were silently ignored: the recorded run's values stand
+        ignored = [C.flag_of(n) for n in REPLAY_TAKES if C.given(n)]
+        if ignored:
+            raise UsageError(f"--replay takes the recorded run's workload, seed and arrivals: "
+                             f"drop {', '.join(ignored)}")
     duration_s = parse_duration(duration) if duration is not None else None
     ramp_spec = parse_ramp(ramp) if ramp is not None else None
     if not burstiness > 0 or not math.isfinite(burstiness):
@@ -274,7 +283,7 @@ def run(
     kind = "http" if endpoint else (opts.engine if opts.engine != "auto" else "engine")
     out_path = output or C.default_output_path(kind)
     check_writable(out_path)
-    check_not_an_input(out_path, [workload, tokenizer], "--output")
+    check_not_an_input(out_path, [workload, tokenizer, replay, *engine_inputs(opts)], "--output")
 
     with StopSignal() as stop, _progress() as on_progress:
         result = execute_run(spec, C.notice, should_stop=stop, on_progress=on_progress)

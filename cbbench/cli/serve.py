@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -17,6 +19,7 @@ import typer
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from cbbench.server.stream_events import REASONING_FIELDS
 
 # Seconds uvicorn lets open streams run on after Ctrl-C before it cancels them (which aborts
 # their requests in the engine).
@@ -25,6 +28,7 @@ READY_POLL_S = 0.05
 # Room for load tests with a thousand connections arriving at once.
 LISTEN_BACKLOG = 4096
 MAX_READ_TIMEOUT_S = 24 * 3600.0
+MAX_STREAM_INTERVAL = 1 << 16
 
 
 def register(app: typer.Typer) -> None:
@@ -88,6 +92,17 @@ def serve(
         typer.Option(help="Open connections served at once; more get a 503 "
                      "(too_many_connections). Lowered to what the open-file limit allows."),
     ] = DEFAULT_MAX_CONNECTIONS,
+    stream_interval: Annotated[
+        int,
+        typer.Option(help="Write a stream event once this many tokens are waiting (or the "
+                     "request ends), as vLLM's --stream-interval: N > 1 makes multi-token "
+                     "events. 1: each engine step's tokens for a request as one event."),
+    ] = 1,
+    reasoning_field: Annotated[
+        str,
+        typer.Option(help="The delta field reasoning tokens stream in (requests that ask for "
+                     "reasoning_tokens): reasoning_content, or reasoning as newer vLLM."),
+    ] = "reasoning_content",
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
@@ -113,6 +128,12 @@ def serve(
                          f"got {read_timeout}")
     if max_connections < 1:
         raise UsageError(f"--max-connections must be >= 1, got {max_connections}")
+    if not 1 <= stream_interval <= MAX_STREAM_INTERVAL:
+        raise UsageError(f"--stream-interval must be in [1, {MAX_STREAM_INTERVAL}], "
+                         f"got {stream_interval}")
+    if reasoning_field not in REASONING_FIELDS:
+        raise UsageError(f"--reasoning-field must be one of {', '.join(REASONING_FIELDS)}, "
+                         f"got {reasoning_field!r}")
     opts = engine_opts
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
     opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
@@ -129,6 +150,9 @@ def serve(
         ),
         request_log=request_log,
         api_key=resolve_api_key(api_key),
+        stream_interval=stream_interval,
+        reasoning_field=reasoning_field,
+        report_cached_tokens=opts.enable_prefix_caching,
     )
     if config.api_key is None and not is_loopback(host):
         C.notice(
@@ -136,16 +160,24 @@ def serve(
             "can use the server"
         )
     _check_writable(request_log)
-    from cbbench.fd_limit import raise_open_file_limit
-    from cbbench.server.limits import guarded_protocol
+    from cbbench.analysis.result import check_not_an_input, engine_inputs
 
-    allowed = raise_open_file_limit(max_connections)
+    check_not_an_input(request_log, [tokenizer, *engine_inputs(opts)], "--request-log")
+    from cbbench.fd_limit import RESERVED_FDS, open_file_limit, raise_open_file_limit
+    from cbbench.server.limits import OVERFLOW_RESERVE, guarded_protocol
+
+    # Room beside the connections for the server's own files and for the 503 answers to
+    # connections beyond the cap (cbbench/server/limits.py).
+    reserved = RESERVED_FDS + OVERFLOW_RESERVE
+    allowed = raise_open_file_limit(max_connections, reserved)
     if allowed < max_connections:
         C.notice(f"warning: the open-file limit allows {allowed} connections: "
                  f"--max-connections {max_connections} lowered to {allowed}")
+    limits = (f"at most {allowed} connections, {OVERFLOW_RESERVE} more answered 503; "
+              f"open-file limit {open_file_limit()}")
     app = create_app(lambda: build_serving_engine(opts), config)
     protocol = guarded_protocol(read_timeout, allowed)
-    error = _run_event_loop(_run_server(app, host, port, opts.engine, protocol))
+    error = _run_event_loop(_run_server(app, host, port, opts.engine, protocol, limits))
     if error is not None:
         raise UsageError(error)
 
@@ -171,13 +203,19 @@ def _check_writable(path: str | None) -> None:
     if not p.parent.is_dir():
         raise UsageError(f"--request-log: the folder {p.parent} does not exist")
     try:
-        with open(p, "a", encoding="utf-8"):
-            pass
+        # Non-blocking: a FIFO with no reader made a plain open wait for one, and start-up
+        # hung silently; O_NONBLOCK gives ENXIO at once instead.
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        os.close(fd)
     except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise UsageError(f"--request-log {path} is a FIFO with no reader: start its "
+                             "reader first, or give a file") from None
         raise UsageError(f"--request-log {path}: {e.strerror or e}") from None
 
 
-async def _run_server(app, host: str, port: int, kind: str, protocol=None) -> str | None:
+async def _run_server(app, host: str, port: int, kind: str, protocol=None,
+                      limits: str | None = None) -> str | None:
     """Run uvicorn until it exits. Returns an error message when the server could not listen
     or the engine failed to start."""
     import uvicorn
@@ -194,7 +232,7 @@ async def _run_server(app, host: str, port: int, kind: str, protocol=None) -> st
         )
     )
     bridge = app.state.engine
-    announce = asyncio.create_task(_announce(server, bridge, host, kind))
+    announce = asyncio.create_task(_announce(server, bridge, host, kind, limits))
     drain = asyncio.create_task(_end_streams_on_exit(server, bridge))
     startup_errors = _StartupErrors(server)
     uvicorn_log = logging.getLogger("uvicorn.error")
@@ -236,7 +274,7 @@ async def _end_streams_on_exit(server, bridge) -> None:
     await asyncio.to_thread(bridge.stop)
 
 
-async def _announce(server, bridge, host: str, kind: str) -> None:
+async def _announce(server, bridge, host: str, kind: str, limits: str | None = None) -> None:
     """Print the URL once both uvicorn and the engine are ready; stop the server if the engine
     failed. Not a network loop: it waits out the engine build (a model load can take minutes)."""
     while not (server.started and (bridge.ready or bridge.error)):
@@ -246,4 +284,5 @@ async def _announce(server, bridge, host: str, kind: str) -> None:
         return
     port = server.servers[0].sockets[0].getsockname()[1]
     model = (bridge.info or {}).get("model", "?")
-    typer.echo(f"cbbench serve: {model} ({kind} engine) ready at http://{host}:{port}/v1")
+    said = f" ({limits})" if limits else ""  # the connection cap beside the file limit
+    typer.echo(f"cbbench serve: {model} ({kind} engine) ready at http://{host}:{port}/v1{said}")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import calendar
 import csv
-import functools
+import datetime as _dt
 import json
 import math
 import re
@@ -30,10 +30,10 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
-import numpy as np
-
 from cbbench.errors import UsageError
-from cbbench.load.workload import Workload, WorkloadRequest
+from cbbench.load.hash_blocks import MOONCAKE_BLOCK_TOKENS
+from cbbench.load.jsonl import jsonl_lines, jsonl_objects
+from cbbench.load.workload_types import Workload, WorkloadRequest
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = (
@@ -41,31 +41,27 @@ BURSTGPT_COLUMNS = (
 )
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 MOONCAKE_OPTIONAL = ("hash_ids",)
-MOONCAKE_BLOCK_TOKENS = 512
-# Block contents: ids below 512 are valid for every model preset, the tiny test ones included.
-TRACE_VOCAB = 512
-HASH_BLOCK_SEED = 20250225  # FAST'25: fixed, so a hash id means the same block on every run
-UNIQUE_TAIL_STREAM = 1
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
-HEADER_PEEK_BYTES = 1 << 16
 _AZURE_TIME = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
-    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$"
+    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$",
+    re.ASCII,
 )
-_DECIMAL = re.compile(r"^\d+(\.\d{1,9})?$")
+# ASCII digits (re's \d takes any script's), a whole part int() reads in a blink.
+MAX_COUNT_DIGITS = 18
+_DECIMAL = re.compile(r"^[0-9]{1,18}(\.[0-9]{1,9})?$")
+MAX_SHOWN_CHARS = 40
 
 
 def _first_line(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            head = f.read(HEADER_PEEK_BYTES)
-    except OSError as e:
-        raise UsageError(f"cannot read workload file {path}: {e}") from None
-    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
+    """The first non-blank line, read with the JSONL loader's line reader (up to its 64 MiB
+    a line): a 64 KiB peek cut a long Mooncake first line (many hash_ids), which then was not
+    recognised and the error blamed the JSONL format."""
+    for _, line in jsonl_lines(path):
+        line = line.lstrip("\ufeff").strip()
+        if line:
+            return line
     return ""
 
 
@@ -99,10 +95,20 @@ def load_trace(path: Path, fmt: str) -> Workload:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+def _shown(text: str) -> str:
+    """A cell as a message shows it: a 5000-digit number is cut, not printed whole."""
+    return repr(text) if len(text) <= MAX_SHOWN_CHARS else repr(text[:MAX_SHOWN_CHARS]) + "..."
+
+
 def _count(text: str, where: str, column: str) -> int:
     t = text.strip()
-    if not t.isdigit():
-        raise UsageError(f"{where}: {column} must be a whole number >= 0, got {text!r}")
+    # ASCII digits only: str.isdigit() takes '²', which int() refuses (a traceback), and a
+    # count of more digits than MAX_COUNT_DIGITS is no token count (int() refuses 4300+).
+    if not (t.isascii() and t.isdigit()) or len(t) > MAX_COUNT_DIGITS:
+        raise UsageError(
+            f"{where}: {column} must be a whole number >= 0 (at most {MAX_COUNT_DIGITS} "
+            f"digits), got {_shown(text)}"
+        )
     return int(t)
 
 
@@ -131,8 +137,6 @@ def _csv_rows(path: Path, columns: tuple[str, ...]):
     JSONL loader's line reader (each line capped): the whole file was read into memory, so a
     trace larger than memory was a MemoryError traceback (trace rows hold no quoted line
     breaks, so a line is a row)."""
-    from cbbench.load.workload import jsonl_lines
-
     header = None
     for lineno, line in jsonl_lines(path):
         where = f"{path}:{lineno}"
@@ -161,11 +165,13 @@ def parse_azure_time(text: str, where: str) -> int:
         )
     y, mo, d, hh, mm, ss, frac, zulu, sign, oh, om = m.groups()
     try:
+        # datetime checks the day against its month (calendar.timegm took Feb 31 as Mar 3).
+        _dt.date(int(y), int(mo), int(d))
         seconds = calendar.timegm((int(y), int(mo), int(d), int(hh), int(mm), int(ss)))
     except (ValueError, OverflowError):
         raise UsageError(f"{where}: TIMESTAMP {text!r} is not a valid date") from None
-    if not (1 <= int(mo) <= 12 and 1 <= int(d) <= 31 and int(hh) < 24 and int(mm) < 60
-            and int(ss) < 61):
+    if not (int(hh) < 24 and int(mm) < 60 and int(ss) < 61 and int(oh or 0) < 24
+            and int(om or 0) < 60):
         raise UsageError(f"{where}: TIMESTAMP {text!r} is not a valid date")
     if sign:
         offset = (int(oh) * 60 + int(om)) * 60
@@ -195,7 +201,8 @@ def _decimal_ns(text: str, where: str, column: str, unit_ns: int) -> int:
     """A non-negative decimal in some unit, as integer nanoseconds (exact to 1 ns)."""
     t = text.strip()
     if not _DECIMAL.match(t):
-        raise UsageError(f"{where}: {column} must be a number >= 0, got {text!r}")
+        raise UsageError(f"{where}: {column} must be a number >= 0 (at most "
+                         f"{MAX_COUNT_DIGITS} digits before the point), got {_shown(text)}")
     whole, _, frac = t.partition(".")
     return int(whole) * unit_ns + int(frac.ljust(9, "0")) * unit_ns // NS_PER_S
 
@@ -223,8 +230,6 @@ def _json_int(obj: dict, key: str, where: str, minimum: int) -> int:
 
 
 def load_mooncake(path: Path) -> Workload:
-    from cbbench.load.workload import jsonl_objects  # lines end at \n only, each capped
-
     rows = []
     for where, obj in jsonl_objects(path):
         if not isinstance(obj, dict):
@@ -256,22 +261,3 @@ def load_mooncake(path: Path) -> Workload:
             hashes = tuple(h) if h else None
         rows.append((t, p, o, hashes))
     return _timed_workload(path.name, f"Mooncake trace {path.name}", rows, 0, path)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def hash_block_ids(hash_id: int) -> tuple[int, ...]:
-    """The 512 token ids of one hash block: the same on every run."""
-    rng = np.random.default_rng([HASH_BLOCK_SEED, hash_id])
-    return tuple(rng.integers(0, TRACE_VOCAB, MOONCAKE_BLOCK_TOKENS).tolist())
-
-
-def expand_hash_ids(request_id: int, hash_ids: tuple[int, ...], prompt_len: int) -> tuple[int, ...]:
-    """Prompt ids: the hash blocks in order (the last one cut to the prompt's length), then,
-    where the trace names fewer blocks than the prompt fills, ids of this request alone."""
-    ids: list[int] = []
-    for h in hash_ids:
-        ids += hash_block_ids(h)
-    if len(ids) < prompt_len:
-        rng = np.random.default_rng([HASH_BLOCK_SEED, UNIQUE_TAIL_STREAM, request_id])
-        ids += rng.integers(0, TRACE_VOCAB, prompt_len - len(ids)).tolist()
-    return tuple(ids[:prompt_len])

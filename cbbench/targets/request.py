@@ -49,8 +49,12 @@ class RequestContext:
     chat: bool
 
 
-def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int) -> bytes:
+def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int,
+                 extra: dict | None = None) -> bytes:
+    """``extra``: the request's own fields (reasoning, tools: load/output_kinds.py)."""
     payload = dict(ctx.payload)
+    if extra:
+        payload.update(extra)
     if ctx.chat:
         payload["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -92,7 +96,7 @@ async def send_request(
         # The timeout inline, not through transport.within: one coroutine less to resume on
         # every network read of the stream.
         if _HAS_TIMEOUT_CM:
-            async with asyncio.timeout(ctx.timeout_s):
+            async with asyncio.timeout(ctx.timeout_s):  # type: ignore[attr-defined]  # 3.11+
                 await exchange(ctx, body, stream)
         else:  # Python 3.10
             await asyncio.wait_for(exchange(ctx, body, stream), ctx.timeout_s)

@@ -67,7 +67,9 @@ class PrefixCachingBlockManager(BlockManager):
             block = self._free.pop()
         else:  # evict the least recently released cached block
             block, _ = self.evictable.popitem(last=False)
-            del self.cached[self.block_hash[block]]
+            block_hash = self.block_hash[block]
+            assert block_hash is not None, "an evictable block is a cached one"
+            del self.cached[block_hash]
             self.block_hash[block] = None
             self.num_evictions += 1
         self.ref_counts[block] = 1
@@ -101,6 +103,12 @@ class PrefixCachingBlockManager(BlockManager):
 
     def discard(self, req: Request) -> None:
         self._free_table(req)
+
+    def _release_blocks(self, blocks: list[int]) -> None:
+        # Trimmed blocks lie past the computed tokens: never registered, so they go back to
+        # the free stack (tail first, as _free_table).
+        for block in reversed(blocks):
+            self._release(block)
 
     def _free_table(self, req: Request) -> None:
         # Reversed: the tail of a sequence is released first, so it is evicted first and the

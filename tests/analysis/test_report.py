@@ -73,7 +73,7 @@ def _decode(png: bytes):
 
 def test_every_plot_is_written_and_embedded(report_dir):
     out = report_dir
-    page = (out / "report.html").read_text()
+    page = (out / "report-static.html").read_text()
     for key in (*PLOTS, GANTT):
         png = (out / f"{key}.png").read_bytes()
         img = _decode(png)
@@ -98,7 +98,7 @@ def test_page_has_the_summary_and_config_tables(report_dir):
 
 
 def test_page_says_what_is_missing(report_dir):
-    page = (report_dir / "report.html").read_text()
+    page = (report_dir / "report-static.html").read_text()
     # The static run was not --save-detailed: no ITL line for it, and the page says so.
     assert "No ITL line for static" in page and "--save-detailed" in page
     assert "No measured bandwidth for static, continuous" in page
@@ -119,7 +119,7 @@ def test_telemetry_is_drawn_when_present(tmp_path, results):
         app, ["report", *_files(tmp_path, {"measured": measured}), "--out", str(out)]
     )
     assert r.exit_code == 0, r.output
-    page = (out / "report.html").read_text()
+    page = (out / "report-static.html").read_text()
     assert "No measured bandwidth" not in page
     assert _decode((out / "bandwidth.png").read_bytes()).ndim == 3
 
