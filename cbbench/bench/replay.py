@@ -21,7 +21,7 @@ import numpy as np
 
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 
 # Scheduling options of the recorded engine run that the replay keeps (the batching the
 # simulator must reproduce).
