@@ -163,6 +163,7 @@ def fit_data(results: Sequence[tuple[str, dict]]) -> tuple[FitData, str, str, st
                 num_reqs=it["num_prefill_reqs"] + it["num_decode_reqs"],
                 num_prefill_reqs=it["num_prefill_reqs"],
                 decode_keys=it["attn_decode_keys"],
+                num_draft_tokens=it.get("draft_tokens", 0),
             )
             ops = cost.operators(shape)
             ops[ATTENTION_OP] = (0.0, 0.0)

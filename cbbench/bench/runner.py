@@ -10,9 +10,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cbbench.analysis.histogram import log_histogram
-from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine
+from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
+from cbbench.analysis.speculative import engine_speculative
 from cbbench.analysis.steady_state import steady_state
 from cbbench.analysis.turns import by_turn, session_summary
 from cbbench.distributed.plan import LoadPlan
@@ -78,7 +79,15 @@ def request_record_dict(rec, detailed: bool) -> dict:
         "send_lag_ms": (rec.send_s - rec.ready_s) * ms if rec.send_s is not None else None,
         "num_preemptions": rec.num_preemptions,
         "priority": rec.priority,
+        # Issue 24: null when unknown (no reasoning_len in-process; a server that sent none).
+        "ttfot_ms": rec.ttfot_s * ms if rec.ttfot_s is not None else None,
+        "reasoning_tokens": rec.reasoning_tokens,
+        "cached_tokens": rec.cached_tokens,
     }
+    if rec.event_tokens_method is not None:
+        d["tokens_per_event_method"] = rec.event_tokens_method
+    if rec.tool_calls is not None:
+        d["tool_calls"] = rec.tool_calls
     if rec.worker is not None:
         d["worker"] = rec.worker
     if rec.first_scheduled_s is not None:
@@ -104,7 +113,11 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if detailed:
         t = rec.token_times_s
         d["token_times_s"] = list(t)
-        d["itl_ms"] = [(b - a) * ms for a, b in zip(t, t[1:])]
+        d["send_s"] = rec.send_s
+        d["first_output_s"] = rec.first_output_s
+        if rec.event_tokens is not None:
+            d["event_tokens"] = list(rec.event_tokens)
+        d["itl_ms"] = (token_gaps_s(rec)[0] * ms).tolist()  # per token (k gaps of g/k)
         if rec.output_token_ids is not None:
             d["output_token_ids"] = rec.output_token_ids
     return d
@@ -379,6 +392,11 @@ def execute_run(
         summary["engine"]["sim_error"] = error
         if reason is not None:
             summary["engine"]["sim_error_reason"] = reason
+        speculative = engine_speculative(
+            iterations, getattr(run.resolved, "speculative_tokens", None)
+        )
+        if speculative is not None:
+            summary["speculative"] = speculative
         if run.resolved.engine == "torch":
             # Triton compilations inside the timed run (0 is the goal: each one stalls an
             # iteration); null where Triton's compilation hook is unavailable.
@@ -398,6 +416,11 @@ def execute_run(
         summary["http"] = info
         if server_metrics is not None:
             result["server_metrics"] = server_metrics
+            from cbbench.analysis.speculative_scrape import scraped_speculative
+
+            scraped = scraped_speculative(server_metrics)
+            if scraped is not None and "speculative" not in summary:
+                summary["speculative"] = scraped
     result["summary"] = summary
     result["telemetry"] = telemetry
     result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]

@@ -19,6 +19,7 @@ import typer
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from cbbench.server.stream_events import REASONING_FIELDS
 
 # Seconds uvicorn lets open streams run on after Ctrl-C before it cancels them (which aborts
 # their requests in the engine).
@@ -27,6 +28,7 @@ READY_POLL_S = 0.05
 # Room for load tests with a thousand connections arriving at once.
 LISTEN_BACKLOG = 4096
 MAX_READ_TIMEOUT_S = 24 * 3600.0
+MAX_STREAM_INTERVAL = 1 << 16
 
 
 def register(app: typer.Typer) -> None:
@@ -90,6 +92,17 @@ def serve(
         typer.Option(help="Open connections served at once; more get a 503 "
                      "(too_many_connections). Lowered to what the open-file limit allows."),
     ] = DEFAULT_MAX_CONNECTIONS,
+    stream_interval: Annotated[
+        int,
+        typer.Option(help="Write a stream event once this many tokens are waiting (or the "
+                     "request ends), as vLLM's --stream-interval: N > 1 makes multi-token "
+                     "events. 1: each engine step's tokens for a request as one event."),
+    ] = 1,
+    reasoning_field: Annotated[
+        str,
+        typer.Option(help="The delta field reasoning tokens stream in (requests that ask for "
+                     "reasoning_tokens): reasoning_content, or reasoning as newer vLLM."),
+    ] = "reasoning_content",
     *,
     engine_opts: C.EngineArgs,
 ) -> None:
@@ -115,6 +128,12 @@ def serve(
                          f"got {read_timeout}")
     if max_connections < 1:
         raise UsageError(f"--max-connections must be >= 1, got {max_connections}")
+    if not 1 <= stream_interval <= MAX_STREAM_INTERVAL:
+        raise UsageError(f"--stream-interval must be in [1, {MAX_STREAM_INTERVAL}], "
+                         f"got {stream_interval}")
+    if reasoning_field not in REASONING_FIELDS:
+        raise UsageError(f"--reasoning-field must be one of {', '.join(REASONING_FIELDS)}, "
+                         f"got {reasoning_field!r}")
     opts = engine_opts
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
     opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
@@ -131,6 +150,9 @@ def serve(
         ),
         request_log=request_log,
         api_key=resolve_api_key(api_key),
+        stream_interval=stream_interval,
+        reasoning_field=reasoning_field,
+        report_cached_tokens=opts.enable_prefix_caching,
     )
     if config.api_key is None and not is_loopback(host):
         C.notice(

@@ -3,7 +3,8 @@ or of multi-turn sessions (load/sessions.py).
 
 Built-in workloads install with the package (``cbbench.workloads``); user workloads are JSONL
 files whose lines carry ``prompt_token_ids``, ``prompt`` or ``prompt_len``, plus ``output_len``
-and optionally ``arrival_s`` and ``priority`` -- or, one session per line, ``turns``. Public traces (load/traces.py) are recognized by
+and optionally ``arrival_s``, ``priority``, ``reasoning_len``, ``tools`` and ``tool_choice``
+(load/output_kinds.py) -- or, one session per line, ``turns``. Public traces (load/traces.py) are recognized by
 their header.
 """
 
@@ -17,6 +18,7 @@ import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.load.jsonl import jsonl_lines, jsonl_objects
+from cbbench.load.output_kinds import OUTPUT_KIND_FIELDS, parse_output_kind
 from cbbench.load.sessions import Session, check_unicode, parse_session, sharegpt_multiturn
 from cbbench.load.traces import detect_format, load_trace
 from cbbench.load.workload_types import Workload, WorkloadRequest
@@ -24,7 +26,10 @@ from cbbench.load.workload_types import Workload, WorkloadRequest
 # Without a tokenizer, text prompts are counted at ~4 characters per token (the usual figure for
 # English with BPE tokenizers); --tokenizer makes the count exact.
 APPROX_CHARS_PER_TOKEN = 4
-JSONL_FIELDS = {"prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority"}
+JSONL_FIELDS = {
+    "prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority",
+    *OUTPUT_KIND_FIELDS,
+}
 
 
 # ---- built-in workloads ---------------------------------------------------------------------
@@ -173,7 +178,8 @@ def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRe
         if isinstance(p, bool) or not isinstance(p, int):
             raise UsageError(f"{where}: 'priority' must be an integer")
         priority = p
-    return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority)
+    kinds = parse_output_kind(obj, output_len, where)
+    return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority, **kinds)
 
 
 def approx_token_count(text: str) -> int:

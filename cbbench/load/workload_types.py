@@ -22,6 +22,10 @@ class WorkloadRequest:
     priority: int = 0
     # A trace's prompt as 512-token blocks (Mooncake's hash_ids): ids made on demand.
     hash_ids: tuple[int, ...] | None = None
+    # load/output_kinds.py: the first reasoning_len output tokens are reasoning; tools offered.
+    reasoning_len: int = 0
+    tools: tuple[dict, ...] | None = None
+    tool_choice: str | dict | None = None
 
     def token_ids(self) -> tuple[int, ...] | None:
         """The prompt's token ids when the workload defines them (explicitly, or as a trace's

@@ -185,6 +185,14 @@ def _drain(engine, grace_s: float) -> None:
         engine.abort_request(req)
 
 
+def split_reasoning(rec: RequestRecord, reasoning_len: int) -> None:
+    """The workload's reasoning_len on an in-process record: its first reasoning_len tokens
+    were reasoning, the first output token the one after them."""
+    n = len(rec.token_times_s)
+    rec.reasoning_tokens = min(reasoning_len, n)
+    rec.first_output_s = rec.token_times_s[reasoning_len] if n > reasoning_len else None
+
+
 def run_engine(
     opts: EngineArgs,
     wreqs: list[WorkloadRequest],
@@ -252,6 +260,7 @@ def run_engine(
     end = clock.now()
 
     records = []
+    reasoning = {w.id: w.reasoning_len for w in wreqs if w.reasoning_len}
     not_sent = session_feed.not_created if session_feed is not None else 0
     for r in reqs:
         if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
@@ -294,6 +303,9 @@ def run_engine(
         )
         if session_feed is not None:
             records[-1].session_id, records[-1].turn = session_feed.labels(r)
+            records[-1].turn_kind = session_feed.turn_kind(r)
+        elif r.request_id in reasoning:
+            split_reasoning(records[-1], reasoning[r.request_id])
     finish_times = [r.finish_time for r in reqs if r.finish_time is not None]
     duration = end if not completed_all else max(finish_times, default=0.0)
     if math.isinf(duration):

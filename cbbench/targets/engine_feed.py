@@ -165,6 +165,10 @@ class SessionFeed:
     def not_created(self) -> int:
         return self.plan.num_turns - len(self.created)
 
+    def turn_kind(self, req: Request) -> str:
+        i, k = self.turn_of[req.request_id]
+        return self.plan.sessions[i].turns[k].kind
+
     def labels(self, req: Request) -> tuple[int | str, int]:
         """(session_id, turn) of a request, turns counted from 1."""
         i, k = self.turn_of[req.request_id]

@@ -33,6 +33,7 @@ from cbbench.fd_limit import raise_open_file_limit
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.chat_template import chat_prompt_tokens
 from cbbench.load.interrupts import DEFAULT_GRACE_S
+from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
@@ -143,8 +144,9 @@ class _Runner:
         if self.chat_prompt_tokens is not None and self.chat_prompt_tokens[pos] is not None:
             rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
         st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
+        extra = request_fields(w.reasoning_len, w.tools, w.tool_choice, self.chat)
         return self._exchange(pos, rec, st, partial(request_body, self.ctx, self.prompts[pos],
-                                                    w.output_len))
+                                                    w.output_len, extra))
 
     async def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
                         make_body: Callable[[], bytes]) -> None:
@@ -268,7 +270,9 @@ class _Runner:
             payload = {
                 "model": model,
                 "stream": True,
-                "stream_options": {"include_usage": True},
+                # continuous_usage_stats: the running usage on every chunk (vLLM, SGLang), so
+                # each event's tokens are counted exactly (targets/event_counts.py).
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                 "temperature": 0,
             }
             if o.ignore_eos_field:

@@ -48,8 +48,12 @@ class RequestContext:
     chat: bool
 
 
-def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int) -> bytes:
+def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int,
+                 extra: dict | None = None) -> bytes:
+    """``extra``: the request's own fields (reasoning, tools: load/output_kinds.py)."""
     payload = dict(ctx.payload)
+    if extra:
+        payload.update(extra)
     if ctx.chat:
         payload["messages"] = [{"role": "user", "content": prompt}]
     else:

@@ -3,7 +3,9 @@
 A request holds ``num_tokens`` known tokens (prompt + outputs so far) of which
 ``num_computed_tokens`` already have their KV in the cache. Each iteration the scheduler gives it
 ``n`` new tokens to compute; when that brings ``num_computed_tokens`` up to ``num_tokens`` the
-executor samples one more token. A decode is simply n = 1; a prefill chunk is n > 1. Recompute
+executor samples one more token. A decode is simply n = 1; a prefill chunk is n > 1. With
+speculative decoding a decode carries draft tokens (``spec_token_ids``): n = 1 + drafts, and the
+step may add several tokens (the accepted drafts, then one sampled token). Recompute
 preemption resets ``num_computed_tokens`` to 0, so the next prefill covers prompt + outputs; swap
 preemption keeps it (the KV waits in CPU memory, in ``cpu_block_table``, status SWAPPED) and the
 request resumes where it stopped once its blocks are copied back.
@@ -99,6 +101,7 @@ class Request:
         "block_hashes",
         "num_registered_blocks",
         "num_cached_tokens",
+        "spec_token_ids",
     )
 
     def __init__(
@@ -146,6 +149,11 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0
         self.num_cached_tokens = 0
+        # Speculative decoding: the draft tokens proposed after this request's latest token,
+        # verified at its next decode step (they are not in num_tokens until accepted). The
+        # scheduler trims them to what it schedules; a preemption drops them. The simulator's
+        # drafts are placeholders (it models no token ids).
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

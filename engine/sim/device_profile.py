@@ -114,11 +114,11 @@ def load_profile(path: str | Path) -> DeviceProfile:
         raise ValueError(f"{where}: no 'dtype'")
     if dtype not in DTYPE_BYTES:  # was a KeyError where the cost model looked it up
         raise ValueError(f"{where}: unknown dtype {dtype!r}: use {', '.join(DTYPE_BYTES)}")
-    name = data.get("device_name", device)
-    if not isinstance(name, str):
-        raise ValueError(f"{where}: 'device_name' must be a string, got {name!r}")
+    device_name = data.get("device_name", device)
+    if not isinstance(device_name, str):
+        raise ValueError(f"{where}: 'device_name' must be a string, got {device_name!r}")
     _check_reference_step(device_rates, dtype, where)
-    return DeviceProfile(device=device, device_name=name, dtype=dtype, models=tuple(models),
+    return DeviceProfile(device=device, device_name=device_name, dtype=dtype, models=tuple(models),
                          rates=device_rates)
 
 

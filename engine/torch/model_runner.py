@@ -35,6 +35,7 @@ from cbbench.kernels import AttentionMetadata
 from ..args import DEFAULT_MAX_NUM_SEQS
 from ..core.request import SamplingParams
 from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
+from ..core.spec_decode import accept_greedy
 from ..model_config import ModelConfig
 from . import async_prepare
 from .cuda_graphs import GraphLadder
@@ -168,21 +169,31 @@ class ModelRunner:
             batch = self.prepare(sched)
         logits = self.compute_logits(batch)
         sampled: list[int | None] = [None] * len(sched.scheduled_reqs)
+        accepted = None
         if batch.sample_req_indices:
             rows = self.sampler.sample_rows(logits, batch.sampling)
-            if self.async_scheduling:
-                tokens = self._overlap_next_step(rows, host, sched)
-            else:
+            if sched.num_drafts:
+                # Speculation: the accepted run depends on every row's token, and the next
+                # step's shape on how many were accepted, so nothing is predicted ahead.
+                self._prediction = None
                 tokens = rows.tolist()  # the host sync
-            for i, token in zip(batch.sample_req_indices, tokens, strict=True):
-                sampled[i] = token
+                accepted = accept_greedy(sched.scheduled_reqs, batch.sample_req_indices,
+                                         tokens, sampled)  # fmt: skip
+            else:
+                if self.async_scheduling:
+                    tokens = self._overlap_next_step(rows, host, sched)
+                else:
+                    tokens = rows.tolist()  # the host sync
+                for i, token in zip(batch.sample_req_indices, tokens, strict=True):
+                    sampled[i] = token
         else:
             self._prediction = None
             if self.device.type == "cuda":
                 # Nothing sampled (only partial prefill chunks): without this sync the
                 # forward's GPU time would land in the next iteration's measurement.
                 torch.cuda.current_stream(self.device).synchronize()
-        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s)
+        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s,
+                              num_accepted=accepted)
 
     # ---- async scheduling (engine/torch/async_prepare.py) ---------------------------------------
 
