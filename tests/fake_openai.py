@@ -300,7 +300,7 @@ def make_tiny_tokenizer(path: Path) -> str:
 HIST_BUCKETS = (0.025, 0.05, 0.5, 1.0)
 
 
-def _histogram(name: str, values: list[float]) -> str:
+def histogram_page(name: str, values: list[float]) -> str:
     lines = [f"# TYPE {name} histogram"]
     for le in (*HIST_BUCKETS, float("inf")):
         n = sum(v <= le for v in values)
@@ -312,7 +312,7 @@ def _histogram(name: str, values: list[float]) -> str:
 
 def vllm_histograms_page(fake: FakeOpenAI) -> str:
     """vLLM's TTFT and (older name) per-token latency histograms, from what the fake saw."""
-    return _histogram("vllm:time_to_first_token_seconds", fake.ttft_s) + _histogram(
+    return histogram_page("vllm:time_to_first_token_seconds", fake.ttft_s) + histogram_page(
         "vllm:time_per_output_token_seconds", fake.gaps_s
     )
 

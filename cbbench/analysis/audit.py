@@ -177,7 +177,11 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
     t0_epoch = ((result.get("summary") or {}).get("http") or {}).get("t0_epoch_s")
     shared_clock = isinstance(t0_epoch, float)
     transit: list[float] = []
-    for r in result.get("requests") or []:
+    requests = result.get("requests") or []
+    if requests and not any(r.get("token_times_s") for r in requests):
+        raise UsageError("the result's requests carry no token times: rerun cbbench run with "
+                         "--save-detailed")
+    for r in requests:
         c = client_side(r, t0_epoch if shared_clock else 0.0)
         if c is None:
             continue

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from yarl import URL
 
 ERROR_MESSAGE_CHARS = 300
-_HAS_TIMEOUT_CM = sys.version_info >= (3, 11)  # asyncio.timeout: no extra task, unlike wait_for
 
 
 @dataclass(slots=True)
@@ -95,8 +94,8 @@ async def send_request(
     try:
         # The timeout inline, not through transport.within: one coroutine less to resume on
         # every network read of the stream.
-        if _HAS_TIMEOUT_CM:
-            async with asyncio.timeout(ctx.timeout_s):  # type: ignore[attr-defined]  # 3.11+
+        if sys.version_info >= (3, 11):  # asyncio.timeout: no extra task, unlike wait_for
+            async with asyncio.timeout(ctx.timeout_s):
                 await exchange(ctx, body, stream)
         else:  # Python 3.10
             await asyncio.wait_for(exchange(ctx, body, stream), ctx.timeout_s)

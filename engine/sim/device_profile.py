@@ -106,9 +106,9 @@ def load_profile(path: str | Path) -> DeviceProfile:
         ),
         **given,
     )
-    for name in ("decode_attention_efficiency", "prefill_attention_efficiency", "host_factor"):
-        if not getattr(device_rates, name) > 0:
-            raise ValueError(f"{where}: rates.{name} must be > 0")
+    for rate in ("decode_attention_efficiency", "prefill_attention_efficiency", "host_factor"):
+        if not getattr(device_rates, rate) > 0:
+            raise ValueError(f"{where}: rates.{rate} must be > 0")
     models = data.get("models")
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
         raise ValueError(f"{where}: 'models' must be a non-empty list of model names")

@@ -8,7 +8,8 @@ first decode on, and 40-odd greedy tokens of these models fall into loops it als
 drafts are accepted about 40% of the time, so both paths of verification (accept, then the
 bonus token; reject, then the correction and the KV rollback) run many times. Variants: a roomy
 pool, chunked prefill (a 16-token budget), a pool small enough to preempt, both, swap preemption
-with prefix caching, and the static scheduler.
+with prefix caching, the static scheduler, and async scheduling (whose prediction of the next
+step is skipped after a verify step).
 
 A second test swaps in an oracle drafter (the HF tokens, corrupted at a drawn position) through
 the engine's API: long accepted runs, rollbacks across block boundaries and K = 5.
@@ -106,8 +107,9 @@ STATIC = ["--scheduler", "static", "--max-num-seqs", "3"]
 @pytest.mark.parametrize(
     "flags",
     [ROOMY, [*CHUNKED, *ROOMY], PREEMPT, [*PREEMPT, *CHUNKED], [*PREEMPT, *SWAP_PREFIX],
-     [*STATIC, *ROOMY]],
-    ids=["roomy", "chunked", "preempt", "preempt-chunked", "swap-prefix-cache", "static"],
+     [*STATIC, *ROOMY], [*PREEMPT, *CHUNKED, "--async-scheduling"]],
+    ids=["roomy", "chunked", "preempt", "preempt-chunked", "swap-prefix-cache", "static",
+         "async-scheduling"],
 )
 def test_ngram_speculation_matches_hf(case, tmp_path, flags):
     result = case.run(tmp_path / "spec.json", *flags)

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, endpoint_options, prompt_requests
+from fake_openai import endpoint_options, prompt_requests
 
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.delays import parse_delay
@@ -26,18 +26,6 @@ from cbbench.targets import sse
 from cbbench.targets.http import run_http
 
 FIRST_ROUND_DEPTH = 3  # 6a0ec45: _one -> _within -> _exchange
-
-
-@pytest.fixture(scope="module")
-def server():
-    with FakeOpenAI() as s:
-        yield s
-
-
-@pytest.fixture
-def fresh(server):
-    server.reset()
-    return server
 
 
 def _cbbench_chain() -> list[str]:
@@ -65,16 +53,16 @@ def _chains_seen_by_feed(monkeypatch) -> list[list[str]]:
     return chains
 
 
-def test_each_stream_read_resumes_three_coroutines(fresh, monkeypatch):
+def test_each_stream_read_resumes_three_coroutines(fresh_fake_server, monkeypatch):
     chains = _chains_seen_by_feed(monkeypatch)
-    run = run_http(endpoint_options(fresh.url), prompt_requests([f"hello {i}" for i in range(5)]), [0.0] * 5, print)
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"hello {i}" for i in range(5)]), [0.0] * 5, print)
     assert all(r.error is None for r in run.records)
     assert chains, "the stream was never read"
     assert {tuple(c) for c in chains} == {("_exchange", "send_request", "exchange")}
     assert len(chains[0]) == FIRST_ROUND_DEPTH
 
 
-def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh, monkeypatch):
+def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh_fake_server, monkeypatch):
     """--cancel-rate's wrapper (a task of its own, cut at the cancel time) is on the path of the
     requests it picked; the others keep the short one."""
     chains = _chains_seen_by_feed(monkeypatch)
@@ -82,7 +70,7 @@ def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh, mon
     n = 12
     picked = sum(plan.cancel_after_s(i) is not None for i in range(n))
     assert 0 < picked < n  # the premise: some picked, some not
-    run = run_http(endpoint_options(fresh.url), prompt_requests([f"hi {i}" for i in range(n)]), [0.0] * n, print,
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"hi {i}" for i in range(n)]), [0.0] * n, print,
                    cancel=plan)
     assert all(r.error is None and not r.cancelled for r in run.records)  # 10 s: none cut
     # A picked request's stream is read in a task of its own: the chain there starts below.
@@ -91,21 +79,21 @@ def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh, mon
     }
 
 
-def test_the_run_freezes_the_heap_from_before_it_and_thaws_it(fresh):
+def test_the_run_freezes_the_heap_from_before_it_and_thaws_it(fresh_fake_server):
     assert gc.get_freeze_count() == 0
     seen: list[int] = []
-    run = run_http(endpoint_options(fresh.url), prompt_requests([f"x {i}" for i in range(4)]), [0.0] * 4, print,
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"x {i}" for i in range(4)]), [0.0] * 4, print,
                    on_progress=lambda done, total: seen.append(gc.get_freeze_count()))
     assert all(r.error is None for r in run.records)
     assert seen and min(seen) > 0  # frozen for the whole run
     assert gc.get_freeze_count() == 0  # and thawed after it
 
 
-def test_a_callers_frozen_heap_is_left_alone(fresh):
+def test_a_callers_frozen_heap_is_left_alone(fresh_fake_server):
     gc.freeze()
     try:
         seen: list[int] = []
-        run_http(endpoint_options(fresh.url), prompt_requests(["y"]), [0.0], print,
+        run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["y"]), [0.0], print,
                  on_progress=lambda done, total: seen.append(gc.get_freeze_count()))
         assert seen and min(seen) > 0
         # Not unfrozen by the run (the count only falls as frozen objects are freed).

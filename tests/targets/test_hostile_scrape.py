@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 import pytest
-from fake_openai import MODEL, FakeOpenAI, _histogram, endpoint_options, prompt_requests
+from fake_openai import MODEL, FakeOpenAI, endpoint_options, histogram_page, prompt_requests
 from typer.testing import CliRunner
 
 from cbbench.analysis.prom_text import Dropped
@@ -39,8 +39,8 @@ def _page_with(bad: str):
     """A good TPOT histogram and the fake's TTFT histogram with one malformed series."""
 
     def page(fake: FakeOpenAI) -> str:
-        return (_histogram(TTFT, fake.ttft_s) + bad
-                + _histogram(TPOT, [0.01] * len(fake.ttft_s)))
+        return (histogram_page(TTFT, fake.ttft_s) + bad
+                + histogram_page(TPOT, [0.01] * len(fake.ttft_s)))
 
     return page
 
@@ -80,7 +80,7 @@ def test_a_malformed_histogram_with_workers_is_not_a_lost_worker(tmp_path):
 
 
 def test_parse_histograms_drops_bad_series_and_keeps_the_rest():
-    page = _histogram(TTFT, [0.01, 0.2]) + "".join(BAD_SERIES.values()) + (
+    page = histogram_page(TTFT, [0.01, 0.2]) + "".join(BAD_SERIES.values()) + (
         f'{TTFT}_bucket{{le="-1",model_name="m"}} 1\n'  # a negative bound
         f'{TTFT}_bucket{{le="0.5",model_name="n"}} -4\n'  # a negative count
     )
