@@ -188,9 +188,9 @@ def test_parse_slo_accepts(text, expected):
         ("ttft:500", "invalid SLO"),
         ("ttft=abc", "milliseconds expected"),
         ("ttft=", "milliseconds expected"),
-        ("ttft=-5", "must be a number > 0"),
-        ("ttft=0", "must be a number > 0"),
-        ("ttft=nan", "must be a number > 0"),
+        ("ttft=-5", "must be > 0"),
+        ("ttft=0", "must be > 0"),
+        ("ttft=nan", "must be > 0"),
         ("ttft_p99=500", "sets an attainment"),  # one grammar; goodput refuses the suffix
         ("ttft=500,", "invalid SLO"),  # trailing empty part
         ("ttft=500,foo=1", "invalid SLO"),

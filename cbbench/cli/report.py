@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from cbbench.cli import options as C
 from cbbench.errors import UsageError
 
 PAGE_NAME = "report.html"
@@ -31,7 +30,6 @@ class PlotSpec:
     draw: Callable  # (results) -> Figure
 
 
-@C.guard
 def report(
     files: Annotated[
         list[Path],
