@@ -28,9 +28,9 @@ from cbbench.bench.probe import (
     summarize_probe,
 )
 from cbbench.errors import UsageError
+from cbbench.schema.points import points_of  # noqa: F401 (re-exported)
+from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION
 
-SWEEP_KIND = "cbbench-sweep"
-SWEEP_SCHEMA_VERSION = 1
 SWEEP_FILE = "sweep.json"
 PLOT_FILE = "latency_throughput.png"
 AUTO = "auto"
@@ -146,10 +146,6 @@ def _dumps(sweep: dict) -> str:
     from cbbench.analysis.result import dumps
 
     return dumps(sweep) + "\n"
-
-
-def points_of(sweep: dict) -> list[ProbePoint]:
-    return [ProbePoint.from_dict(d) for d in sweep.get("points", [])]
 
 
 # ---- the table ------------------------------------------------------------------------------

@@ -53,12 +53,13 @@ from cbbench.cli import (  # noqa: E402
     gate,
     report,
     run,
+    schema,
     serve,
     sweep,
     workloads,
 )
 
-for command in (run, compare, gate, report, serve, sweep, capacity, calibrate):
+for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, schema):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).

@@ -20,6 +20,7 @@ from cbbench.cli.sweep import DEFAULT_OUT_PARENT, base_spec, probes_context
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
+from cbbench.schema import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION
 
 NOT_FOUND_EXIT = 1  # the search ran, but no probed rate met the SLO
 MISSING = "-"
@@ -124,8 +125,8 @@ def capacity(
             found = search(prober, start_rate, precision, should_stop=stop)
 
     doc = {
-        "kind": "cbbench-capacity",
-        "schema_version": 1,
+        "kind": CAPACITY_KIND,
+        "schema_version": CAPACITY_SCHEMA_VERSION,
         "slo": slo_spec.to_dict(),
         "precision": precision,
         "sizing": sizing.to_dict(),
