@@ -100,11 +100,11 @@ def cmd_run(args) -> int:
         replay=args.replay,
     )  # fmt: skip
 
-    def notice(msg: str) -> None:
-        print(f"cbbench: {msg}", file=sys.stderr)
+    from cbbench.cli import logs
 
+    logs.install()  # the notices as `cbbench: ...` lines, as the CLI prints them
     try:
-        result = execute_run(spec, notice)
+        result = execute_run(spec)
     except (UsageError, ValueError) as exc:  # EngineArgsError is a ValueError
         print(f"cbbench: error: {exc}", file=sys.stderr)
         return 2

@@ -89,4 +89,4 @@ def test_build_rejects_invalid_args_before_building():
     from cbbench.engine.build import build_engine
 
     with pytest.raises(EngineArgsError, match="--kv-allocation"):
-        build_engine(EngineArgs(engine="sim", kv_allocation="bogus"), notice=print)
+        build_engine(EngineArgs(engine="sim", kv_allocation="bogus"))

@@ -158,7 +158,7 @@ def test_in_process_run_records_the_failed_requests_and_finishes(tmp_path, monke
     import cbbench.targets.engine as target
     from cbbench.bench.runner import RunSpec, execute_run
 
-    monkeypatch.setattr(target, "build_engine", lambda opts, notice: _sim_engine(ids={1}))
+    monkeypatch.setattr(target, "build_engine", lambda opts: _sim_engine(ids={1}))
     w = tmp_path / "w.jsonl"
     lines = [{"prompt_len": 3, "output_len": 3, "arrival_s": 0.05 * i} for i in range(4)]
     w.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -234,7 +234,7 @@ def test_an_exception_admitting_one_request_fails_it_in_the_cli_too(tmp_path, mo
     import cbbench.targets.engine as target
     from cbbench.bench.runner import RunSpec, execute_run
 
-    def build(opts, notice):
+    def build(opts):
         engine, info = _sim_engine()
         reason = engine.scheduler.rejection_reason
 

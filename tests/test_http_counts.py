@@ -197,9 +197,9 @@ def test_chat_without_usage_warns_about_template_tokens(fresh):
 
 def test_token_count_fallbacks(fresh, tiny_tokenizer):
     wreqs = _reqs(["fault:nousage", "fault:pairs"], output_len=3)
-    run = run_http(_opts(fresh.url), wreqs, [0.0, 0.0], notice=print)
+    run = run_http(_opts(fresh.url), wreqs, [0.0, 0.0])
     assert [r.output_tokens for r in run.records] == [3, 3]  # events
     assert run.info["token_count_method"] == {"events": 2}
-    run = run_http(_opts(fresh.url, tokenizer=tiny_tokenizer), wreqs, [0.0, 0.0], notice=print)
+    run = run_http(_opts(fresh.url, tokenizer=tiny_tokenizer), wreqs, [0.0, 0.0])
     assert [r.output_tokens for r in run.records] == [3, 6]  # " a b" per event is 2 tokens
     assert run.info["token_count_method"] == {"tokenizer": 2}

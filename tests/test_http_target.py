@@ -57,7 +57,7 @@ def fresh(server):
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_stream_counts_tokens(fresh, api):
     wreqs = _reqs([f"hello world {i}" for i in range(6)], output_len=5)
-    run = run_http(_opts(fresh.url, api=api), wreqs, np.zeros(6), notice=print)
+    run = run_http(_opts(fresh.url, api=api), wreqs, np.zeros(6))
     _accounted(run, 6)
     assert all(r.ok for r in run.records)
     for r in run.records:
@@ -103,7 +103,7 @@ def test_stream_keeps_the_first_response_id():
 
 def test_served_model_discovery_and_no_ignore_eos(fresh):
     opts = EndpointOptions(endpoint=fresh.url + "/v1/", ignore_eos_field=False)
-    run = run_http(opts, _reqs(["x"]), [0.0], notice=print)
+    run = run_http(opts, _reqs(["x"]), [0.0])
     assert run.info["served_model"] == MODEL
     assert opts.to_config(run.info["served_model"])["served_model"] == MODEL
     body = fresh.requests[0]["body"]
@@ -119,7 +119,7 @@ def test_header_sent_but_not_in_config(fresh, monkeypatch):
     monkeypatch.setenv("CBBENCH_TEST_KEY", "Bearer sk-secret")
     key, value = parse_header("Authorization=env:CBBENCH_TEST_KEY")
     opts = _opts(fresh.url, headers={key: value, "X-Team": "bench"})
-    run_http(opts, _reqs(["x"]), [0.0], notice=print)
+    run_http(opts, _reqs(["x"]), [0.0])
     assert fresh.requests[0]["headers"]["authorization"] == "Bearer sk-secret"
     config = json.dumps(opts.to_config())
     assert "sk-secret" not in config and "bench" not in config
@@ -176,7 +176,7 @@ def test_arrival_schedule_honored(fresh):
 def test_max_concurrency_caps_in_flight(fresh):
     n, cap = 12, 3
     wreqs = _reqs(["delay:0.03"] * n, output_len=3)
-    run = run_http(_opts(fresh.url, max_concurrency=cap), wreqs, np.zeros(n), notice=print)
+    run = run_http(_opts(fresh.url, max_concurrency=cap), wreqs, np.zeros(n))
     _accounted(run, n)
     assert all(r.ok for r in run.records)
     assert fresh.max_in_flight == cap and run.info["max_in_flight"] == cap

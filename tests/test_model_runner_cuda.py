@@ -174,7 +174,7 @@ def test_cuda_kv_block_count_fits_in_free_memory():
     assert 0 < blocks * kv_block_bytes(config, BLOCK_SIZE, torch.bfloat16) <= 0.5 * total
 
 
-def test_graph_capture_error_falls_back_to_eager(monkeypatch):
+def test_graph_capture_error_falls_back_to_eager(monkeypatch, notices):
     """A body that syncs with the host cannot be captured: the runner keeps the reason and
     decodes eagerly, with the tokens an eager runner gives."""
     model, config = _model("tiny", torch.bfloat16)
@@ -185,11 +185,9 @@ def test_graph_capture_error_falls_back_to_eager(monkeypatch):
         torch.cuda.current_stream().synchronize()  # illegal while capturing
 
     monkeypatch.setattr(ModelRunner, "_graph_body", syncing_body)
-    notices = []
     runner = ModelRunner(
         model, config, allocate_kv_cache(config, NUM_BLOCKS, BLOCK_SIZE, torch.bfloat16, DEVICE),
         BLOCK_SIZE, DEVICE, torch.bfloat16, use_cuda_graphs=True, max_num_seqs=4,
-        notice=notices.append,
     )  # fmt: skip
     monkeypatch.undo()
     assert not runner.cuda_graphs_effective and runner.graphs_fallback_reason
@@ -216,7 +214,7 @@ def test_no_triton_compilation_after_warmup():
 
     args = EngineArgs(engine="torch", device="cuda", model="tiny", max_num_seqs=16,
                       max_num_batched_tokens=64, num_kv_blocks=512)  # fmt: skip
-    engine, info = build_engine(args, notice=lambda msg: None)
+    engine, info = build_engine(args)
     if engine.executor.kernel_compilations_since_ready() is None:
         pytest.skip("Triton's compilation hook is not available")
     g = torch.Generator().manual_seed(1)

@@ -133,8 +133,8 @@ def test_a_real_engine_with_device_rates_predicts_every_iteration(monkeypatch, s
                         row_overhead_s=1e-4)
     real_build = build.build_torch_engine
 
-    def with_rates(args, notice):
-        engine, info = real_build(args, notice)
+    def with_rates(args):
+        engine, info = real_build(args)
         cm = engine.cost_model
         engine.cost_model = CostModel(cm.model, "fp32", rates=rates)
         return engine, info

@@ -53,7 +53,7 @@ def _session_run(url: str, workers: int) -> dict:
         workload="sharegpt-multiturn", num_requests=SESSIONS, request_rate=20.0,
         rate_given=True, seed=SEED, think_time=THINK, load=LoadPlan(workers),
         endpoint=EndpointOptions(endpoint=url, api="chat", request_timeout_s=60.0),
-    ), notice=lambda _m: None)
+    ))
 
 
 def _turn_counts(summary: dict) -> list[tuple]:
@@ -114,7 +114,7 @@ def test_a_failed_turn_ends_its_session_on_its_worker(fake, tmp_path):
     result = execute_run(RunSpec(
         workload=str(path), num_requests=None, think_time="0", load=LoadPlan(2),
         endpoint=EndpointOptions(endpoint=fake.url, api="chat", request_timeout_s=60.0),
-    ), notice=lambda _m: None)
+    ))
     s = result["summary"]
     assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
     assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1
@@ -132,7 +132,7 @@ def test_two_workers_cancel_on_the_one_process_plan(fake, tmp_path):
         workload=str(path), num_requests=None, request_rate=50.0, rate_given=True, seed=SEED,
         endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=60.0),
         cancel_rate=rate, cancel_after=str(after_ms), load=LoadPlan(w),
-    ), notice=lambda _m: None) for w in (1, 2)]
+    )) for w in (1, 2)]
     plan = CancelPlan(rate, parse_delay(str(after_ms), ""), SEED)
     picked = {i for i in range(n) if plan.cancel_after_s(i) is not None}
     assert 0 < len(picked) < n

@@ -25,6 +25,7 @@ have no steady state (`steady: null`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -35,6 +36,8 @@ from cbbench.analysis.slo import AttainmentSLO, run_attainment
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
 from cbbench.schema.points import ProbePoint, rate_label  # noqa: F401 (re-exported)
+
+log = logging.getLogger(__name__)
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -288,12 +291,11 @@ def summarize_probe(
 
 
 def run_probe(
-    base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None,
-    notice: Callable[[str], None], should_stop: Callable[[], bool] | None = None,
+    base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None, should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Run the base spec at one rate; returns the result dict (execute_run's). With
     ``should_stop`` (a StopSignal) the run stops dispatching once it is set and comes back
     marked interrupted."""
     from cbbench.bench.runner import execute_run
 
-    return execute_run(probe_spec(base, rate, sizing, slo), notice, should_stop=should_stop)
+    return execute_run(probe_spec(base, rate, sizing, slo), should_stop=should_stop)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 import sys
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
+
+log = logging.getLogger(__name__)
 
 DEFAULT_NUM_REQUESTS = 1000
 
@@ -181,7 +184,6 @@ def scale_trace_time(arrivals, process: str, time_scale: float):
 
 def execute_run(
     spec: RunSpec,
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
@@ -192,7 +194,7 @@ def execute_run(
     if spec.replay is not None:
         from cbbench.bench.replay import load_replay
 
-        replay = load_replay(spec.replay, spec.engine, notice)
+        replay = load_replay(spec.replay, spec.engine)
         spec = replay.run_spec(spec)
     count_tokens = None
     if spec.endpoint is not None and spec.endpoint.tokenizer:
@@ -242,9 +244,9 @@ def execute_run(
         drawn, replaced = sample_requests(workload, num_requests, spec.seed)
         what = f"{len(workload.requests)} requests"
     if replaced:
-        notice(f"the workload has {what}; drew {num_requests} with replacement")
+        log.info(f"the workload has {what}; drew {num_requests} with replacement")
     for note in workload.notes:
-        notice(note)
+        log.info(note)
     # For a session workload the arrival process places each session's first turn.
     arrivals = arrival_times(
         drawn, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
@@ -290,7 +292,7 @@ def execute_run(
                 start_telemetry(WallClock())  # run_http's t0 is taken right after: ~µs apart
                 on_t0 = None
             run = run_load(
-                spec.endpoint, wreqs, arrivals, notice, spec.load, should_stop=should_stop,
+                spec.endpoint, wreqs, arrivals, spec.load, should_stop=should_stop,
                 on_progress=on_progress, on_t0=on_t0, sessions=plan, cancel=cancel,
             )
             target_config = {
@@ -299,7 +301,7 @@ def execute_run(
             }
         else:
             run = run_engine(
-                spec.engine, wreqs, arrivals, notice, should_stop=should_stop,
+                spec.engine, wreqs, arrivals, should_stop=should_stop,
                 on_progress=on_progress, keep_token_ids=spec.save_detailed,
                 on_start=start_telemetry, sessions=plan, cancel=cancel,
             )
@@ -322,7 +324,7 @@ def execute_run(
         telemetry = unavailable(SIMULATED_GPU_REASON)
     line = warning_line(telemetry)
     if line and indices is not None:
-        notice(line)
+        log.info(line)
 
     config = {
         "label": spec.label,

@@ -5,6 +5,7 @@ identical request set (same workload, seed and arrivals)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from cbbench.analysis.result import check_writable, write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import KV_ALLOCATIONS, PREEMPTION_MODES, QUEUE_POLICIES, EngineArgs
 from cbbench.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 # Batching axis: (scheduler, chunked prefill). Static batching runs without chunked prefill.
 BATCHING = {
@@ -83,7 +86,7 @@ def parse_variants(text: str) -> list[Variant]:
 
 
 def run_variants(
-    variants: Sequence[Variant], base: RunSpec, folder: Path, notice: Callable[[str], None],
+    variants: Sequence[Variant], base: RunSpec, folder: Path,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[Labeled]:
     """Run each variant on the base spec's request set; each result is saved as soon as it
@@ -97,11 +100,11 @@ def run_variants(
     for i, (v, path) in enumerate(zip(variants, paths), 1):
         if should_stop is not None and should_stop():
             break
-        notice(f"variant {v.name} ({i}/{len(variants)})")
+        log.info(f"variant {v.name} ({i}/{len(variants)})")
         spec = dataclasses.replace(base, engine=v.apply(base.engine))
-        result = execute_run(spec, notice, should_stop=should_stop)
+        result = execute_run(spec, should_stop=should_stop)
         write_result(path, result)
-        notice(f"saved {path}")
+        log.info(f"saved {path}")
         results.append(Labeled(v.name, result))
     return results
 

@@ -107,7 +107,7 @@ def capacity(
     with StopSignal() as stop, probes_context(base.load):
         if start_rate is None:
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
-            sat_result = run_probe(base, math.inf, sizing, slo_spec, C.notice, stop)
+            sat_result = run_probe(base, math.inf, sizing, slo_spec, stop)
             if runs_dir is not None:
                 write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
             saturation = saturation_rate(sat_result)
@@ -121,7 +121,7 @@ def capacity(
                     raise UsageError("the rate-inf probe completed nothing; give --start-rate")
                 start_rate = saturation * 0.5
         if found is None:
-            prober = Prober(base, sizing, slo_spec, C.notice, runs_dir, stop)
+            prober = Prober(base, sizing, slo_spec, runs_dir, stop)
             found = search(prober, start_rate, precision, should_stop=stop)
 
     doc = {

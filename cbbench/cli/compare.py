@@ -106,7 +106,7 @@ def compare(
         # run's interrupt contract: the first signal ends the variant in progress (saved,
         # marked interrupted) and starts no other; a second exits 130.
         with StopSignal() as stop:
-            results = run_variants(parse_variants(variants), base, folder, C.notice, stop)
+            results = run_variants(parse_variants(variants), base, folder, stop)
     else:
         if not files or len(files) < 2:
             raise UsageError("compare needs two or more result files (or --variants)")

@@ -4,9 +4,8 @@ built from values (the flags themselves come from the option groups in cbbench/o
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from pathlib import Path
-
-import typer
 
 from cbbench.cli.boundary import USAGE_EXIT
 from cbbench.engine.args import EngineArgs, EngineArgsError
@@ -18,7 +17,8 @@ __all__ = ["USAGE_EXIT", "EngineArgs", "default_output_path", "engine_args", "no
 
 
 def notice(msg: str) -> None:
-    typer.echo(f"cbbench: {msg}", err=True)
+    """A command's own one-line notice: through the `cbbench` logger, as the library's are."""
+    logging.getLogger("cbbench.cli").info(msg)
 
 
 def default_output_path(kind: str) -> Path:

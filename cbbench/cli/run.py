@@ -83,7 +83,7 @@ def run(
     check_not_an_input(out_path, [load.workload, endpoint.tokenizer], "--output")
 
     with StopSignal() as stop, _progress() as on_progress:
-        result = execute_run(spec, C.notice, should_stop=stop, on_progress=on_progress)
+        result = execute_run(spec, should_stop=stop, on_progress=on_progress)
     if output.summary_only:
         result = {k: v for k, v in result.items() if k not in ("requests", "iterations")}
         result["telemetry"] = {k: v for k, v in result["telemetry"].items() if k != "samples"}

@@ -30,13 +30,13 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
 
-def build_serving_engine(opts, notice=C.notice):
+def build_serving_engine(opts):
     """``build_engine``, with a simulated engine moved from its virtual clock onto a paced wall
     clock: each iteration takes its predicted time, for real."""
     from cbbench.server.paced_clock import PacedWallClock
     from cbbench.targets.engine import build_engine
 
-    engine, resolved = build_engine(opts, notice)
+    engine, resolved = build_engine(opts)
     info = resolved.to_dict()
     if not engine.clock.realtime:
         engine.clock = PacedWallClock()
@@ -65,7 +65,7 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     request_log, max_connections = options.request_log, options.max_connections
     opts = engine_opts
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
-    opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
+    opts = dataclasses.replace(opts, engine=resolve_engine(opts))
     try:
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     except ValueError as e:

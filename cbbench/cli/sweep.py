@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 
 from cbbench import options as O
-from cbbench.cli import options as C
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
@@ -88,7 +87,7 @@ def sweep(
     check_writable(folder / SWEEP_FILE)
 
     with StopSignal() as stop, probes_context(base.load):
-        result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, C.notice, stop)
+        result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop)
     pts = points_of(result)
     write_atomic(folder / PLOT_FILE, png_bytes(latency_throughput([(folder.name, result)])))
     if result["saturation_rate"] is not None:

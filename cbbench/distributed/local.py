@@ -18,6 +18,7 @@ that exits without its Done is dead: what it had streamed is kept, the rest is a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import multiprocessing as mp
 import signal
 import time
@@ -35,6 +36,8 @@ from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.http import HttpRun
 from cbbench.targets.options import EndpointOptions
+
+log = logging.getLogger(__name__)
 
 START_MARGIN_S = 0.2  # from t0's choice to t0: the start message reaches every worker first
 SETUP_TIMEOUT_S = 120.0  # spawn, imports, prompts, the served-model look-up
@@ -75,6 +78,7 @@ def worker_tasks(
     session_shares: list[list[int]] | None = None,
     cancel: CancelPlan | None = None,
 ) -> list[WorkerTask]:
+
     """Each worker's share: its requests and arrival times (or its sessions), its share of
     --max-concurrency, and /metrics scraping on worker 0 only (one scrape series per run)."""
     n = len(shares)
@@ -121,7 +125,6 @@ def run_local_workers(
     opts: EndpointOptions,
     tasks: list[WorkerTask],
     merger: Merger,
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[int, int], None] | None,
     on_t0: Callable[[float], None] | None = None,
@@ -194,7 +197,7 @@ def run_local_workers(
                 on_progress(merger.finished, total)
         if t0 is None:
             t0 = time.perf_counter()  # nothing was sent: the run starts and ends now
-        return merger.result(opts, t0, stop_sent or t0 is None, notice, time.process_time() - cpu0)
+        return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0)
     finally:
         for c in ctrls:
             c.close()

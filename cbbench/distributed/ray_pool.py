@@ -39,6 +39,8 @@ from cbbench.load.session_plan import SessionPlan
 from cbbench.targets.http import HttpRun
 from cbbench.targets.options import EndpointOptions
 
+log = logging.getLogger(__name__)
+
 RAY_MISSING = "--ray needs Ray: pip install 'cbbench[ray]'"
 SETUP_TIMEOUT_S = 300.0  # actors scheduled and started on the cluster, set up
 POLL_S = 0.05
@@ -146,7 +148,6 @@ def run_ray_workers(
     opts: EndpointOptions,
     wreqs,
     arrivals,
-    notice: Callable[[str], None],
     plan: LoadPlan,
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[int, int], None] | None,
@@ -177,7 +178,7 @@ def run_ray_workers(
         ]
         try:
             return _drive(
-                ray, actors, opts, merger, notice, should_stop, on_progress, merger.total, on_t0
+                ray, actors, opts, merger, should_stop, on_progress, merger.total, on_t0
             )
         finally:
             for a in actors:  # on a cluster that outlives this run, leave nothing behind
@@ -188,7 +189,7 @@ def run_ray_workers(
 
 
 def _drive(
-    ray, actors, opts, merger: Merger, notice, should_stop, on_progress, total, on_t0
+    ray, actors, opts, merger: Merger, should_stop, on_progress, total, on_t0
 ) -> HttpRun:
     cpu0 = time.process_time()
     try:
@@ -212,7 +213,7 @@ def _drive(
             if should_stop is not None and should_stop():
                 break
             if all(ws.status != "starting" for ws in merger.workers):
-                t0 = _start(ray, actors, merger, where, here, notice)
+                t0 = _start(ray, actors, merger, where, here)
                 if on_t0 is not None:
                     on_t0(t0)
             elif time.monotonic() > deadline:
@@ -236,10 +237,10 @@ def _drive(
             on_progress(merger.finished, total)
     if t0 is None:
         t0 = time.perf_counter()
-    return merger.result(opts, t0, stop_sent or t0 is None, notice, time.process_time() - cpu0)
+    return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0)
 
 
-def _start(ray, actors, merger: Merger, where, here: str, notice) -> float:
+def _start(ray, actors, merger: Merger, where, here: str) -> float:
     """Measure every ready actor's clock offset, then start them all at one instant."""
     offsets: dict[int, float] = {}
     for k, a in enumerate(actors):
@@ -261,7 +262,7 @@ def _start(ray, actors, merger: Merger, where, here: str, notice) -> float:
             **m.to_dict(),
         )
         if uncertainty_ms > UNCERTAINTY_FLAG_MS:
-            notice(
+            log.info(
                 f"warning: worker {k} on {host}: clock offset known only to ±"
                 f"{uncertainty_ms:.2f} ms (> {UNCERTAINTY_FLAG_MS:g} ms): its requests' place "
                 "on the shared schedule is that uncertain"

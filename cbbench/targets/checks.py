@@ -6,7 +6,8 @@ analysis/token_counts.py; this module feeds them the streams.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from cbbench.load.prompts import count_tokens
 from cbbench.targets.options import EndpointOptions, redact_url
 from cbbench.targets.scrape import warning as scrape_warning
 from cbbench.targets.sse import SseStream
+
+log = logging.getLogger(__name__)
 
 TOKEN_COUNT_METHODS = COUNT_METHODS
 
@@ -189,7 +192,6 @@ def finish_http_run(
     prompt_kinds: dict[str, int],
     total: int,
     info: dict,
-    notice: Callable[[str], None],
 ) -> dict:
     """The run-level figures (into `info`) and warnings, from the records of the requests that
     were sent out of `total`: one process's run, or several workers' merged
@@ -216,23 +218,23 @@ def finish_http_run(
         **prompt,
     )
     if info["client_fell_behind"]:
-        notice("warning: " + info["client_fell_behind_message"])
+        log.info("warning: " + info["client_fell_behind_message"])
     if info.get("client_bound"):
-        notice("warning: " + info["client_bound_message"])
+        log.info("warning: " + info["client_bound_message"])
     short = short_output_warning(short_outputs(records), opts.ignore_eos_field)
     for line in ([short] if short else []) + warnings + prompt_warnings:
-        notice("warning: " + line)
+        log.info("warning: " + line)
     if "server_metrics_scrapes" in info:
-        _server_metrics(info, records, notice)
+        _server_metrics(info, records)
     return info
 
 
-def _server_metrics(info: dict, records: Sequence[RequestRecord], notice) -> None:
+def _server_metrics(info: dict, records: Sequence[RequestRecord]) -> None:
     """One warning line for a scrape that failed or kept nothing; the server's own latency
     beside the client's when it exposes vLLM's histograms."""
     line = scrape_warning(info["server_metrics_scrapes"], info.get("server_metrics") or [])
     if line:
-        notice("warning: " + line)
+        log.info("warning: " + line)
     hist = info.get("server_histograms")
     latency = server_vs_client(hist["before"], hist["after"], records) if hist else None
     if latency is not None:

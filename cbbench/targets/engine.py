@@ -7,6 +7,7 @@ torch engine on the wall clock.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,33 +23,35 @@ from cbbench.load.session_plan import DEFAULT_VOCAB, SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.engine_feed import CancellingListFeed, CancelTimer, SessionFeed
 
+log = logging.getLogger(__name__)
 
-def build_engine(args: EngineArgs, notice: Callable[[str], None]):
+
+def build_engine(args: EngineArgs):
     """``engine.build.build_engine`` with its option errors as usage errors. Returns
     (Engine, EngineInfo)."""
     from cbbench.engine.build import build_engine as build
 
     try:
-        return build(args, notice)
+        return build(args)
     except EngineArgsError as e:
         raise UsageError(str(e)) from None
 
 
-def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
+def build_replicas(args: EngineArgs):
     """``engine.build.build_replicas`` (data parallelism) with option errors as usage errors.
     Returns (ReplicaSet, EngineInfo of one replica)."""
     from cbbench.engine.build import build_replicas as build
 
     try:
-        return build(args, notice)
+        return build(args)
     except EngineArgsError as e:
         raise UsageError(str(e)) from None
 
 
-def resolve_engine(args: EngineArgs, notice: Callable[[str], None]) -> str:
+def resolve_engine(args: EngineArgs) -> str:
     from cbbench.engine.build import resolve_engine as resolve
 
-    return resolve(args, notice)
+    return resolve(args)
 
 
 def engine_config_dict(args: EngineArgs, resolved: EngineInfo | None) -> dict:
@@ -173,7 +176,6 @@ def run_engine(
     opts: EngineArgs,
     wreqs: list[WorkloadRequest],
     arrivals: np.ndarray,
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     keep_token_ids: bool = False,
@@ -192,10 +194,10 @@ def run_engine(
     if opts.data_parallel_size > 1:
         from cbbench.engine.replicas import run_replicas
 
-        engine, info = build_replicas(opts, notice)
+        engine, info = build_replicas(opts)
         loop = run_replicas
     else:
-        engine, info = build_engine(opts, notice)
+        engine, info = build_engine(opts)
     session_feed = None
     timer = CancelTimer(cancel)
     if sessions is not None:
@@ -223,7 +225,7 @@ def run_engine(
     def on_step_failed(e) -> None:
         # The failed requests carry the error in the result; say it once, as it happens.
         if not step_failures:
-            notice(f"warning: an engine step failed ({e}): its {len(e.requests)} request(s) "
+            log.info(f"warning: an engine step failed ({e}): its {len(e.requests)} request(s) "
                    "failed; the run goes on")
         step_failures.append(e)
 
