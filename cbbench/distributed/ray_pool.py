@@ -208,36 +208,55 @@ def _drive(
     deadline = time.monotonic() + SETUP_TIMEOUT_S
     while not merger.all_final:
         if t0 is None:
-            if merger.usage_error is not None:
-                raise UsageError(merger.usage_error)
-            if should_stop is not None and should_stop():
+            state = _setup_state(merger, should_stop, deadline)
+            if state == SETUP_STOPPED:
                 break
-            if all(ws.status != "starting" for ws in merger.workers):
+            if state == SETUP_READY:
                 t0 = _start(ray, actors, merger, where, here)
                 if on_t0 is not None:
                     on_t0(t0)
-            elif time.monotonic() > deadline:
-                raise UsageError(f"the Ray workers did not get ready within {SETUP_TIMEOUT_S:g} s")
         elif not stop_sent and should_stop is not None and should_stop():
             stop_sent = True
             for k, a in enumerate(actors):
                 if merger.workers[k].status not in FINAL:
                     a.stop.remote()
-        try:
-            k, batch = out.get(timeout=POLL_S)
-        except queue.Empty:
-            continue
-        if isinstance(batch, tuple):  # ('died', reason)
-            at = time.perf_counter() - t0 if t0 is not None else 0.0
-            merger.died(k, at, batch[1])
-        else:
-            for msg in batch:
-                merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
+        _take(out, merger, t0)
         if on_progress is not None and t0 is not None:
             on_progress(merger.finished, total)
     if t0 is None:
         t0 = time.perf_counter()
     return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0)
+
+
+SETUP_STOPPED, SETUP_READY, SETTING_UP = "stopped", "ready", "setting up"
+
+
+def _setup_state(merger: Merger, should_stop, deadline: float) -> str:
+    """Before the start: SETUP_STOPPED (asked to stop), SETUP_READY (every worker set up, or gone) or
+    SETTING_UP; a worker's bad input and a set-up past its deadline are refused."""
+    if merger.usage_error is not None:
+        raise UsageError(merger.usage_error)
+    if should_stop is not None and should_stop():
+        return SETUP_STOPPED
+    if all(ws.status != "starting" for ws in merger.workers):
+        return SETUP_READY
+    if time.monotonic() > deadline:
+        raise UsageError(f"the Ray workers did not get ready within {SETUP_TIMEOUT_S:g} s")
+    return SETTING_UP
+
+
+def _take(out: queue.SimpleQueue, merger: Merger, t0: float | None) -> None:
+    """One batch the actors' reader threads queued (or a death), into the merger."""
+    try:
+        k, batch = out.get(timeout=POLL_S)
+    except queue.Empty:
+        return
+    if isinstance(batch, tuple):  # ('died', reason)
+        at = time.perf_counter() - t0 if t0 is not None else 0.0
+        merger.died(k, at, batch[1])
+    else:
+        for msg in batch:
+            merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
 
 
 def _start(ray, actors, merger: Merger, where, here: str) -> float:

@@ -42,6 +42,12 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type:
     imported here, not at the top: every cbbench command imports this module's defaults."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+    return type("GuardedHttpToolsProtocol", (_Guarded, HttpToolsProtocol), {
+        "read_timeout_s": read_timeout_s, "max_connections": max_connections,
+    })
+
+
+def _too_many(max_connections: int):
     async def too_many(scope, receive, send) -> None:
         body = json.dumps({"error": {
             "message": f"the server has {max_connections} connections open, its limit "
@@ -54,63 +60,70 @@ def guarded_protocol(read_timeout_s: float, max_connections: int) -> type:
         ]})
         await send({"type": "http.response.body", "body": body})
 
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _read_timer = None
-        _head_done = False
-        _head_bytes = 0
+    return too_many
 
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            if len(self.connections) > max_connections:
-                self.app = too_many  # answers this connection's request, then closes
-            self._arm()
 
-        def data_received(self, data: bytes) -> None:
-            self._arm()  # the first byte of a kept-alive connection's next request
-            super().data_received(data)
-            if not self._head_done and self.transport is not None:
-                self._head_bytes += len(data)
-                if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
-                    self.transport.write(HEAD_TOO_LARGE)
-                    self.transport.close()
+class _Guarded:
+    """Mixed in front of uvicorn's HttpToolsProtocol: the read timeout, the head size limit
+    and the connection cap (the class attributes guarded_protocol sets)."""
 
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._head_done = False
-            self._head_bytes = 0
+    read_timeout_s: float
+    max_connections: int
+    _read_timer = None
+    _head_done = False
+    _head_bytes = 0
 
-        def on_headers_complete(self) -> None:
-            self._head_done = True
-            super().on_headers_complete()
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            # Answers this connection's request, then closes it.
+            self.app = _too_many(self.max_connections)
+        self._arm()
 
-        def on_message_complete(self) -> None:
-            super().on_message_complete()
-            self._disarm()  # the request is in: the answer may take as long as it takes
+    def data_received(self, data: bytes) -> None:
+        self._arm()  # the first byte of a kept-alive connection's next request
+        super().data_received(data)
+        if not self._head_done and self.transport is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
+                self.transport.write(HEAD_TOO_LARGE)
+                self.transport.close()
 
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            self._disarm()  # the next request's first byte arms it again
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_done = False
+        self._head_bytes = 0
 
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
+    def on_headers_complete(self) -> None:
+        self._head_done = True
+        super().on_headers_complete()
 
-        def _arm(self) -> None:
-            if self._read_timer is None and (self.cycle is None or self.cycle.response_complete
-                                             or not self._head_done):
-                self._read_timer = self.loop.call_later(read_timeout_s, self._timed_out)
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._disarm()  # the request is in: the answer may take as long as it takes
 
-        def _disarm(self) -> None:
-            if self._read_timer is not None:
-                self._read_timer.cancel()
-                self._read_timer = None
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm()  # the next request's first byte arms it again
 
-        def _timed_out(self) -> None:
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._read_timer is None and (self.cycle is None or self.cycle.response_complete
+                                         or not self._head_done):
+            self._read_timer = self.loop.call_later(self.read_timeout_s, self._timed_out)
+
+    def _disarm(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
             self._read_timer = None
-            if self.transport is None or self.transport.is_closing():
-                return
-            if not self._head_done:  # no app runs for it yet: answer, then hang up
-                self.transport.write(REQUEST_TIMEOUT)
-            self.transport.close()  # an app reading the body sees a disconnect
 
-    return GuardedHttpToolsProtocol
+    def _timed_out(self) -> None:
+        self._read_timer = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        if not self._head_done:  # no app runs for it yet: answer, then hang up
+            self.transport.write(REQUEST_TIMEOUT)
+        self.transport.close()  # an app reading the body sees a disconnect

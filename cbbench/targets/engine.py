@@ -172,6 +172,62 @@ def _drain(engine, grace_s: float) -> None:
         engine.abort_request(req)
 
 
+def _outcome(r, cancelled: bool) -> tuple[str | None, str | None]:
+    """A request's (error, error_type) at the end of a run; (None, None) when it finished or
+    was cancelled (counted apart: neither completed nor failed)."""
+    from cbbench.engine.request import RequestStatus
+
+    if cancelled or r.status == RequestStatus.FINISHED:
+        return None, None
+    if r.status == RequestStatus.REJECTED:
+        return r.finish_reason, "rejected"
+    if r.status == RequestStatus.FAILED:
+        return r.finish_reason, "engine_error"
+    if r.status == RequestStatus.ABORTED:
+        return "cancelled by the interrupt", "interrupted"
+    return "run interrupted before the request finished", "interrupted"
+
+
+def _records(reqs, timer: CancelTimer, session_feed, keep_token_ids: bool):
+    """The run's request records, and how many requests never reached the engine."""
+    from cbbench.engine.request import RequestStatus
+
+    records = []
+    not_sent = session_feed.not_created if session_feed is not None else 0
+    for r in reqs:
+        if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
+            # Never reached the engine (its arrival came after the stop).
+            not_sent += 1
+            continue
+        cancelled = r.request_id in timer.cancelled
+        error, error_type = _outcome(r, cancelled)
+        records.append(
+            RequestRecord(
+                id=r.request_id,
+                prompt_tokens=r.num_prompt_tokens,
+                output_tokens=r.num_output_tokens,
+                intended_start_s=r.arrival_time,
+                send_s=r.arrival_time,
+                token_times_s=r.token_times,
+                error=error,
+                error_type=error_type,
+                output_token_ids=(
+                    list(r.output_token_ids)
+                    if keep_token_ids and r.prompt_token_ids is not None
+                    else None
+                ),
+                num_preemptions=r.num_preemptions,
+                first_scheduled_s=r.first_scheduled_time,
+                priority=r.priority,
+                cancelled=cancelled,
+                max_tokens=r.max_tokens,
+            )
+        )
+        if session_feed is not None:
+            records[-1].session_id, records[-1].turn = session_feed.labels(r)
+    return records, not_sent
+
+
 def run_engine(
     opts: EngineArgs,
     wreqs: list[WorkloadRequest],
@@ -188,7 +244,6 @@ def run_engine(
     With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
     ``cancel``, the requests it picks are aborted mid-flight."""
     from cbbench.engine.feed import ListFeed, run_feed
-    from cbbench.engine.request import RequestStatus
 
     loop = run_feed
     if opts.data_parallel_size > 1:
@@ -237,49 +292,7 @@ def run_engine(
             _drain(replica, grace_s)
     end = clock.now()
 
-    records = []
-    not_sent = session_feed.not_created if session_feed is not None else 0
-    for r in reqs:
-        if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
-            # Never reached the engine (its arrival came after the stop).
-            not_sent += 1
-            continue
-        error = error_type = None
-        cancelled = r.request_id in timer.cancelled
-        if cancelled:
-            pass  # counted apart: neither completed nor failed
-        elif r.status == RequestStatus.REJECTED:
-            error, error_type = r.finish_reason, "rejected"
-        elif r.status == RequestStatus.FAILED:
-            error, error_type = r.finish_reason, "engine_error"
-        elif r.status == RequestStatus.ABORTED:
-            error, error_type = "cancelled by the interrupt", "interrupted"
-        elif r.status != RequestStatus.FINISHED:
-            error, error_type = "run interrupted before the request finished", "interrupted"
-        records.append(
-            RequestRecord(
-                id=r.request_id,
-                prompt_tokens=r.num_prompt_tokens,
-                output_tokens=r.num_output_tokens,
-                intended_start_s=r.arrival_time,
-                send_s=r.arrival_time,
-                token_times_s=r.token_times,
-                error=error,
-                error_type=error_type,
-                output_token_ids=(
-                    list(r.output_token_ids)
-                    if keep_token_ids and r.prompt_token_ids is not None
-                    else None
-                ),
-                num_preemptions=r.num_preemptions,
-                first_scheduled_s=r.first_scheduled_time,
-                priority=r.priority,
-                cancelled=cancelled,
-                max_tokens=r.max_tokens,
-            )
-        )
-        if session_feed is not None:
-            records[-1].session_id, records[-1].turn = session_feed.labels(r)
+    records, not_sent = _records(reqs, timer, session_feed, keep_token_ids)
     finish_times = [r.finish_time for r in reqs if r.finish_time is not None]
     duration = end if not completed_all else max(finish_times, default=0.0)
     if math.isinf(duration):
