@@ -91,7 +91,7 @@ def cmd_run(args) -> int:
     from cbbench.errors import UsageError
 
     opts = EngineArgs(
-        engine=args.engine, model=args.model, device=args.device, scheduler=args.scheduler,
+        engine=args.engine, model=args.model, device=args.device, batching=args.scheduler,
         attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs,
         fused_kernels=args.fused_kernels, gpu_profile=args.gpu_profile,
     )  # fmt: skip

@@ -163,7 +163,7 @@ def test_independent_runs_around_the_capacity(capacity_doc):
     sizing = ProbeSizing(num_requests=200, min_duration_s=20)
 
     def attainment(rate: float) -> float:
-        result = execute_run(probe_spec(base, rate, sizing, slo), lambda m: None)
+        result = execute_run(probe_spec(base, rate, sizing, slo))
         return result["summary"]["slo_attainment"]
 
     assert attainment(doc["capacity"] * 0.85) >= slo.attainment

@@ -28,7 +28,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def base_result() -> dict:
     spec = RunSpec(num_requests=NUM_REQUESTS, engine=EngineArgs(engine="sim"))
-    return execute_run(spec, lambda msg: None)
+    return execute_run(spec)
 
 
 def _save(tmp_path, name: str, result: dict) -> str:

@@ -20,7 +20,7 @@ def good(tmp_path_factory) -> dict:
 
     spec = RunSpec(workload="sharegpt", num_requests=4, save_detailed=True,
                    engine=EngineArgs(engine="sim"))
-    return json.loads(json.dumps(execute_run(spec, lambda m: None)))
+    return json.loads(json.dumps(execute_run(spec)))
 
 
 def _mutate(result: dict, path: str, value):

@@ -112,7 +112,7 @@ def test_served_model_discovery_and_no_ignore_eos(fresh):
 
 def test_discovery_failure_is_usage_error():
     with pytest.raises(UsageError, match="served-model"):
-        run_http(EndpointOptions(f"http://127.0.0.1:{_free_port()}"), _reqs(["x"]), [0.0], print)
+        run_http(EndpointOptions(f"http://127.0.0.1:{_free_port()}"), _reqs(["x"]), [0.0])
 
 
 def test_header_sent_but_not_in_config(fresh, monkeypatch):
@@ -158,7 +158,6 @@ def test_arrival_schedule_honored(fresh):
         _opts(fresh.url),
         _reqs(["x"] * n),
         arrivals,
-        print,
         on_progress=lambda *a: progress.append(a),
     )
     _accounted(run, n)
@@ -185,8 +184,8 @@ def test_max_concurrency_caps_in_flight(fresh):
     assert not run.info["client_fell_behind"]  # the wait for a slot is not client lag
 
 
-def test_client_fell_behind_warns(fresh):
-    notes: list[str] = []
+def test_client_fell_behind_warns(fresh, notices):
+    notes = notices  # the logged notices (conftest)
     blocked = []
 
     def block_loop(done, total):  # stalls the client's event loop once
@@ -199,7 +198,6 @@ def test_client_fell_behind_warns(fresh):
         _opts(fresh.url),
         _reqs(["x"] * n),
         np.arange(n) * 0.005,
-        notes.append,
         on_progress=block_loop,
     )
     assert run.info["client_fell_behind"] and run.info["send_lag_p50_ms"] > 10
@@ -214,7 +212,7 @@ def test_should_stop_lets_in_flight_requests_finish_within_the_grace_period(fres
     wreqs = _reqs(["delay:0.05"] * 10, output_len=10)
     t = time.perf_counter()
     run = run_http(
-        _opts(fresh.url), wreqs, arrivals, print,
+        _opts(fresh.url), wreqs, arrivals,
         should_stop=lambda: time.perf_counter() - t > 0.2, grace_s=5.0,
     )
     assert time.perf_counter() - t < 4.0  # the 7 later arrivals were never sent
@@ -228,7 +226,7 @@ def test_should_stop_cancels_what_the_grace_period_does_not_cover(fresh):
     wreqs = _reqs(["delay:0.2"] * 10, output_len=10)
     t = time.perf_counter()
     run = run_http(
-        _opts(fresh.url), wreqs, arrivals, print,
+        _opts(fresh.url), wreqs, arrivals,
         should_stop=lambda: time.perf_counter() - t > 0.4, grace_s=0.0,
     )
     assert time.perf_counter() - t < 2.0
@@ -255,7 +253,7 @@ def test_faults_are_recorded_per_request(fresh):
     names = list(expected)
     wreqs = _reqs([f"fault:{f} please" for f in names], output_len=5)
     t = time.perf_counter()
-    run = run_http(_opts(fresh.url, request_timeout_s=1.0), wreqs, np.zeros(len(names)), print)
+    run = run_http(_opts(fresh.url, request_timeout_s=1.0), wreqs, np.zeros(len(names)))
     assert time.perf_counter() - t < STALL_S  # the timeout cut the stall short
     _accounted(run, len(names))
     got = {names[r.id]: r for r in run.records}
@@ -279,7 +277,7 @@ def test_split_events_and_stale_connection_retry(fresh):
     # The second request reuses the first one's connection, which the server then drops
     # without an answer: the client retries once on a new connection.
     wreqs = _reqs(["fault:split", "fault:stale"], output_len=3)
-    run = run_http(_opts(fresh.url), wreqs, [0.0, 0.2], print)
+    run = run_http(_opts(fresh.url), wreqs, [0.0, 0.2])
     assert [r.error_type for r in run.records] == [None, None]
     assert [len(r.token_times_s) for r in run.records] == [3, 3]
     assert len(fresh.requests) == 2 and fresh.dropped == 1  # reused, dropped, retried
@@ -291,13 +289,13 @@ def test_keep_alive_reuses_connections(fresh):
     before = fresh.connections
     n = 10
     opts = _opts(fresh.url, max_concurrency=1)
-    run = run_http(opts, _reqs(["x"] * n), np.arange(n) * 0.001, print)
+    run = run_http(opts, _reqs(["x"] * n), np.arange(n) * 0.001)
     assert all(r.ok for r in run.records)
     assert fresh.connections - before == 1
 
 
 def test_malformed_response_head_is_bad_event(fresh):
-    run = run_http(_opts(fresh.url), _reqs(["fault:badhead", "x"]), [0.0, 0.0], print)
+    run = run_http(_opts(fresh.url), _reqs(["fault:badhead", "x"]), [0.0, 0.0])
     assert [r.error_type for r in run.records] == ["bad_event", None]
 
 
@@ -315,7 +313,7 @@ def test_https(tmp_path):
     ctx.load_cert_chain(cert, key)
     with FakeOpenAI(tls=ctx) as s:
         # An untrusted (self-signed) certificate: the handshake fails, a connect error.
-        run = run_http(_opts(s.url), _reqs(["x"]), [0.0], print)
+        run = run_http(_opts(s.url), _reqs(["x"]), [0.0])
         assert s.requests == []
         assert run.records[0].error_type == "connect"
         assert "certificate" in run.records[0].error.lower()
@@ -340,7 +338,7 @@ def test_https(tmp_path):
 
 
 def test_connection_refused_is_connect():
-    run = run_http(_opts(f"http://127.0.0.1:{_free_port()}"), _reqs(["x", "y"]), [0.0, 0.0], print)
+    run = run_http(_opts(f"http://127.0.0.1:{_free_port()}"), _reqs(["x", "y"]), [0.0, 0.0])
     _accounted(run, 2)
     assert [r.error_type for r in run.records] == ["connect", "connect"]
     assert summarize(run.records, run.duration_s)["completed"] == 0
@@ -357,7 +355,7 @@ def test_dns_failure_is_dns(monkeypatch):
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
-    run = run_http(_opts("http://cbbench-test.invalid:8000"), _reqs(["x"]), [0.0], print)
+    run = run_http(_opts("http://cbbench-test.invalid:8000"), _reqs(["x"]), [0.0])
     _accounted(run, 1)
     assert run.records[0].error_type == "dns"
 
@@ -397,7 +395,7 @@ def test_synthetic_prompts_approx_without_tokenizer():
 def test_token_id_prompts(fresh, tiny_tokenizer):
     ids = (5, 6, 7)
     wreqs = [WorkloadRequest(0, 3, 2, prompt_token_ids=ids)]
-    run = run_http(_opts(fresh.url), wreqs, [0.0], print)
+    run = run_http(_opts(fresh.url), wreqs, [0.0])
     assert fresh.requests[0]["body"]["prompt"] == [5, 6, 7]
     assert run.records[0].server_prompt_tokens == 3
     with pytest.raises(UsageError, match="tokenizer"):

@@ -491,8 +491,8 @@ def test_fused_kernels_switch(monkeypatch):
     base = dict(engine="torch", model="tiny", attention_backend="torch", max_model_len=64)
     _, info = build.build_engine(EngineArgs(**base))
     assert info.fused_kernels is False
-    engine, info = build.build_engine(EngineArgs(**base, fused_kernels="on"), lambda m: None)
+    engine, info = build.build_engine(EngineArgs(**base, fused_kernels="on"))
     assert info.fused_kernels is True and engine.executor.model.ops.fused
     monkeypatch.setattr("cbbench.kernels.available_backends", lambda device: ["reference", "torch"])
     with pytest.raises(EngineArgsError, match="--fused-kernels on: the Triton kernels cannot run"):
-        build.build_engine(EngineArgs(**base, fused_kernels="on"), lambda m: None)
+        build.build_engine(EngineArgs(**base, fused_kernels="on"))

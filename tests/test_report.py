@@ -30,11 +30,11 @@ runner = CliRunner()
 
 def _run(scheduler: str, detailed: bool) -> dict:
     opts = EngineArgs(
-        engine="sim", scheduler=scheduler, chunked_prefill=scheduler == "continuous",
+        engine="sim", batching=scheduler, chunked_prefill=scheduler == "continuous",
         max_num_seqs=32, num_kv_blocks=400,  # a small pool, so preemptions happen
     )
     spec = RunSpec(num_requests=NUM_REQUESTS, save_detailed=detailed, engine=opts)
-    return execute_run(spec, lambda msg: None)
+    return execute_run(spec)
 
 
 @pytest.fixture(scope="module")

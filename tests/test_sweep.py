@@ -142,12 +142,12 @@ def test_overloaded_point_is_flagged_not_steady(tmp_path):
 def test_steady_check_queue_signals():
     base = RunSpec(workload="sharegpt", engine=EngineArgs(engine="sim", max_num_seqs=4))
     sizing = ProbeSizing(num_requests=200, min_duration_s=0)
-    burst = run_probe(base, math.inf, sizing, None, lambda m: None)
+    burst = run_probe(base, math.inf, sizing, None)
     assert check_steady(burst, math.inf).steady is None
     sat = saturation_rate(burst)
     assert 0.5 * sat < burst["summary"]["request_throughput"] <= 1.5 * sat
 
-    over = run_probe(base, 3 * sat, sizing, None, lambda m: None)
+    over = run_probe(base, 3 * sat, sizing, None)
     check = check_steady(over, 3 * sat)
     assert check.steady is False
     assert check.in_flight_end > check.in_flight_mid

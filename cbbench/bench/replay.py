@@ -146,7 +146,7 @@ def replay_engine_args(args: EngineArgs, config: dict) -> EngineArgs:
     if config.get("target") != "engine":
         log.info("replaying an endpoint run: the engine options are the command line's")
         return args
-    kept = {f: config[f] for f in SCHEDULING_FIELDS if f in config}
+    kept = {EngineArgs.field_of(k): config[k] for k in SCHEDULING_FIELDS if k in config}
     for f in UNSET_DEFAULT_FIELDS:
         if getattr(args, f) is None and config.get(f) is not None:
             kept[f] = config[f]

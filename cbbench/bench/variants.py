@@ -32,18 +32,18 @@ VARIANT_JOIN = "+"
 @dataclasses.dataclass(frozen=True)
 class Variant:
     name: str
-    scheduler: str | None = None  # None: keep the command's --scheduler
+    batching: str | None = None  # None: keep the command's --scheduler
     chunked_prefill: bool | None = None
     kv_allocation: str | None = None
     preemption: str | None = None
-    policy: str | None = None
+    queue_policy: str | None = None
     enable_prefix_caching: bool | None = None
 
     def apply(self, opts: EngineArgs) -> EngineArgs:
         changes = {}
-        if self.scheduler is not None:
-            changes.update(scheduler=self.scheduler, chunked_prefill=self.chunked_prefill)
-        for key in ("kv_allocation", "preemption", "policy", "enable_prefix_caching"):
+        if self.batching is not None:
+            changes.update(batching=self.batching, chunked_prefill=self.chunked_prefill)
+        for key in ("kv_allocation", "preemption", "queue_policy", "enable_prefix_caching"):
             value = getattr(self, key)
             if value is not None:
                 changes[key] = value
