@@ -66,7 +66,7 @@ def build_engine(args: EngineArgs):
 def build_replicas(args: EngineArgs):
     """Data parallelism: ``--data-parallel-size`` simulated engines behind ``--router``, as
     one (ReplicaSet, EngineInfo of one replica)."""
-    from .replicas import ReplicaSet
+    from .sim.replicas import ReplicaSet
 
     args.validate()
     if resolve_engine(args) == "torch":

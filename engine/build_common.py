@@ -70,8 +70,8 @@ def num_swap_blocks(args: EngineArgs, block_bytes: int) -> int:
 def engine_config(args: EngineArgs, max_model_len: int, num_blocks: int, num_cpu_blocks: int):
     """The scheduler and engine configuration both engine kinds share. Returns (EngineConfig,
     token budget)."""
-    from .engine import EngineConfig
-    from .scheduler_config import SchedulerConfig, default_max_num_batched_tokens
+    from .core.engine import EngineConfig
+    from .core.scheduler_config import SchedulerConfig, default_max_num_batched_tokens
 
     budget = args.max_num_batched_tokens or default_max_num_batched_tokens(
         args.chunked_prefill, max_model_len
@@ -107,8 +107,8 @@ def load_device_profile(args: EngineArgs):
     """The --gpu-profile's DeviceProfile, or None (its problems as EngineArgsError)."""
     if args.gpu_profile is None:
         return None
-    from .device_profile import load_profile
     from .json_file import read_json
+    from .sim.device_profile import load_profile
 
     try:
         # Vetted by the capped reader first: /dev/zero or 100k nested brackets as a profile were

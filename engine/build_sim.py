@@ -18,8 +18,8 @@ DEFAULT_SIM_MODEL = "llama-3-8b"
 
 def sim_device(args: EngineArgs, profile):
     """(GPUSpec or None for a profiled CPU, DeviceRates, efficiency dict for the result)."""
-    from .cost_model import DeviceRates, Efficiency
-    from .gpu_specs import get_gpu_spec
+    from .sim.cost_model import DeviceRates, Efficiency
+    from .sim.gpu_specs import get_gpu_spec
 
     if profile is not None:
         if args.gpu is not None and args.gpu.lower() != profile.device:
@@ -52,11 +52,11 @@ def sim_device(args: EngineArgs, profile):
 
 
 def build_sim_engine(args: EngineArgs):
-    from .clock import VirtualClock
-    from .cost_model import CostModel
-    from .engine import Engine
+    from .core.clock import VirtualClock
+    from .core.engine import Engine
     from .model_config import get_model_config
-    from .sim_executor import SimExecutor, sim_num_kv_blocks
+    from .sim.cost_model import CostModel
+    from .sim.sim_executor import SimExecutor, sim_num_kv_blocks
 
     profile = load_device_profile(args)
     gpu, rates, efficiency = sim_device(args, profile)

@@ -128,7 +128,7 @@ def _graphs_plan(args: EngineArgs, on_cuda: bool, backend) -> tuple[bool, str | 
 def real_run_cost_model(args: EngineArgs, config, dtype: str, gpu, device: str):
     """The torch engine's cost model: analytic bytes/FLOPs, and predicted_s on the run's
     device — a --gpu-profile of this device, else the detected GPU's spec (None on a CPU)."""
-    from .cost_model import CostModel
+    from .sim.cost_model import CostModel
 
     profile = load_device_profile(args)
     if profile is None:
@@ -146,13 +146,13 @@ def build_torch_engine(args: EngineArgs):
 
     from cbbench.kernels import get_backend
 
-    from .clock import WallClock
-    from .engine import Engine
-    from .gpu_specs import match_device_name
-    from .kv_sizing import cuda_num_kv_blocks, kv_block_bytes, num_kv_blocks_for_memory
-    from .model_runner import ModelRunner
-    from .models.llama import allocate_kv_cache
-    from .models.loader import load_model, resolve_dtype
+    from .core.clock import WallClock
+    from .core.engine import Engine
+    from .sim.gpu_specs import match_device_name
+    from .torch.kv_sizing import cuda_num_kv_blocks, kv_block_bytes, num_kv_blocks_for_memory
+    from .torch.model_runner import ModelRunner
+    from .torch.models.llama import allocate_kv_cache
+    from .torch.models.loader import load_model, resolve_dtype
 
     cuda = torch.cuda.is_available()
     device = args.device or ("cuda" if cuda else "cpu")

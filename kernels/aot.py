@@ -11,7 +11,7 @@ memory from the compile's metadata.
 Run it in a process WITHOUT ``TRITON_INTERPRET`` (under the interpreter even Triton's own
 library functions are interpreted and cannot be compiled):
 
-    python -m cbbench.kernels.aot --cap 80 --json OUT     (tests/test_triton_aot.py does this)
+    python -m cbbench.kernels.aot --cap 80 --json OUT     (tests/kernels/test_triton_aot.py does this)
 """
 
 from __future__ import annotations

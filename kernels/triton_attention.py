@@ -46,13 +46,13 @@ class TileConfig:
 
 
 # The GPU's tiles, sized so no sm_80/sm_90 compile spills registers under Triton 3.6 or 3.9
-# (tests/test_triton_aot.py: 64 query rows x 64 keys spilled at head dim 128). fp32 computes its
+# (tests/kernels/test_triton_aot.py: 64 query rows x 64 keys spilled at head dim 128). fp32 computes its
 # dots exactly (FMA, not tensor cores), which needs far more registers per tile: smaller tiles.
 GPU_TILES = TileConfig(rows_decode=16, rows_prefill=32, block_n=64)
 GPU_FP32_TILES = TileConfig(rows_decode=16, rows_prefill=16, block_n=16)
 # The interpreter pays per program and per tile step, so it gets bigger query tiles; its
 # smaller key tiles keep the tests' short sequences spanning several tiles (online softmax gets
-# exercised). tests/test_kernels_gpu_tiles.py runs the GPU's tiles interpreted too.
+# exercised). tests/kernels/test_kernels_gpu_tiles.py runs the GPU's tiles interpreted too.
 INTERPRETER_TILES = TileConfig(rows_decode=16, rows_prefill=128, block_n=32)
 
 

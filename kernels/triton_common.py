@@ -6,8 +6,8 @@ Triton reads ``TRITON_INTERPRET`` when a kernel is defined, so whether the kerne
 first imported.
 
 Every launch goes through :func:`launch`, so tools can see the launches the engine makes
-without touching the call sites: ``tests/test_triton_aot.py`` compiles them ahead of time for
-sm_80/sm_90 instead of running them, and ``tests/bench_kernel_count.py`` counts them.
+without touching the call sites: ``tests/kernels/test_triton_aot.py`` compiles them ahead of time for
+sm_80/sm_90 instead of running them, and ``tests/bench/bench_kernel_count.py`` counts them.
 """
 
 from __future__ import annotations

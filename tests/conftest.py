@@ -38,6 +38,10 @@ if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# Benchmark and GPU scripts sit apart from the collected tests (run by hand or by gpu/gpu_check.sh).
+collect_ignore = ["bench", "gpu"]
+
+
 def pytest_collection_modifyitems(config, items):
     if _HAS_CUDA:
         return

@@ -10,7 +10,7 @@ request it notes, on time.perf_counter() (CLOCK_MONOTONIC: the same clock as the
 this machine), when the request arrived and when its first and last token events were written:
 GET /log returns them as JSON, keyed by prompt. GET /v1/models names one model.
 
-Used by tests/test_workers.py and tests/bench_loadgen.py; 127.0.0.1 only.
+Used by tests/targets/test_workers.py and tests/bench/bench_loadgen.py; 127.0.0.1 only.
 """
 
 from __future__ import annotations

@@ -16,7 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cbbench.analysis.roofline_fit import (
+from cbbench.analysis.sim_error import error_stats, iteration_class
+from cbbench.engine.model_config import ModelConfig
+from cbbench.engine.sim.cost_model import ATTENTION_OP, BatchShape, CostModel, DeviceRates
+from cbbench.engine.sim.device_profile import CPU_DEVICE, DeviceProfile, profile_to_dict
+from cbbench.engine.sim.gpu_specs import get_gpu_spec
+from cbbench.engine.sim.roofline_fit import (
     BISQUARE_C,
     ED,
     EP,
@@ -36,12 +41,7 @@ from cbbench.analysis.roofline_fit import (
     host_factor,
     times_and_grad,
 )
-from cbbench.analysis.roofline_select import NEUTRAL_Z, fit_rates
-from cbbench.analysis.sim_error import error_stats, iteration_class
-from cbbench.engine.cost_model import ATTENTION_OP, BatchShape, CostModel, DeviceRates
-from cbbench.engine.device_profile import CPU_DEVICE, DeviceProfile, profile_to_dict
-from cbbench.engine.gpu_specs import get_gpu_spec
-from cbbench.engine.model_config import ModelConfig
+from cbbench.engine.sim.roofline_select import NEUTRAL_Z, fit_rates
 from cbbench.errors import UsageError
 
 # Seven parameters need many more points than seven; 50 also keeps one outlier from steering.

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cbbench import __version__
 from cbbench.errors import UsageError
+from cbbench.schema import read_json_file  # noqa: F401 (the readers of other formats use it)
 from cbbench.schema.run import RUN_SCHEMA_VERSION
 
 SCHEMA_VERSION = RUN_SCHEMA_VERSION  # the one definition is the schema's

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from cbbench.analysis.metrics import summarize, summarize_engine
+from cbbench.analysis.histogram import log_histogram
+from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
 from cbbench.analysis.steady_state import steady_state
@@ -351,7 +352,7 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
     """Send the schedule to the endpoint or the bundled engine; the run and its config."""
     if spec.endpoint is not None:
         from cbbench.distributed.run import SinceInstant, run_load
-        from cbbench.engine.clock import WallClock
+        from cbbench.engine.core.clock import WallClock
 
         if spec.load.distributed:  # workers take seconds to set up: time from their t0
             on_t0 = lambda t0: telemetry.start(SinceInstant(t0))  # noqa: E731
@@ -409,6 +410,10 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
 
 def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     summary = summarize(run.records, run.duration_s, spec.slo)
+    # The report draws ITL from this without --save-detailed (cbbench/analysis/histogram.py).
+    summary["itl_histogram"] = log_histogram(
+        itl_values_s([r for r in run.records if r.ok]) * 1000.0
+    )
     plan = sched.plan
     if plan is not None:
         summary["by_turn"] = by_turn(run.records)

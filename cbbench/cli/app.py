@@ -50,7 +50,9 @@ from cbbench.cli import (  # noqa: E402
     calibrate,
     capacity,
     compare,
+    export,
     gate,
+    import_result,
     report,
     run,
     schema,
@@ -59,7 +61,8 @@ from cbbench.cli import (  # noqa: E402
     workloads,
 )
 
-for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, schema):
+for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, export,
+                import_result, schema):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).

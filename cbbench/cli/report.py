@@ -1,4 +1,5 @@
-"""`cbbench report`: PNG plots and one self-contained HTML page for one or more results."""
+"""`cbbench report`: PNG plots and two self-contained HTML pages for one or more results: an
+interactive one (report.html, plotly embedded) and a static one (report-static.html, no script)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import typer
 
 from cbbench.errors import UsageError
 
-PAGE_NAME = "report.html"
+PAGE_NAME = "report.html"  # interactive (plotly embedded), opens offline
+STATIC_PAGE_NAME = "report-static.html"  # PNGs only, no script: for mail and CI attachments
 DPI = 100
 STATIC = "static"
 CONTINUOUS = "continuous"
@@ -86,13 +88,28 @@ def report(
         sections.append(
             PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
         )
-    page = render_page(
-        title, results, [str(p) for p in files + sweep_files], sections, page_notes(results)
-    )
-    write_atomic(out / PAGE_NAME, page)
+    paths = [str(p) for p in files + sweep_files]
+    page = render_page(title, results, paths, sections, page_notes(results))
+    write_atomic(out / STATIC_PAGE_NAME, page)
     for s in sections:
         typer.echo(str(out / f"{s.key}.png"))
-    typer.echo(str(out / PAGE_NAME))
+    typer.echo(str(out / STATIC_PAGE_NAME))
+    if results:
+        write_atomic(out / PAGE_NAME, _interactive_page(title, results, paths, max_gantt_requests,
+                                                        bool(sweeps)))
+        typer.echo(str(out / PAGE_NAME))
+
+
+def _interactive_page(title: str, results: Sequence, paths: list[str], max_gantt_requests: int,
+                      with_sweeps: bool) -> str:
+    from cbbench.report import interactive
+
+    page_plots, notes = interactive.build_plots(results, max_gantt_requests, gantt_pair(results))
+    notes = [*page_notes(results), *notes]
+    if with_sweeps:
+        notes.append(f"Latency-throughput curves of the sweeps: in {STATIC_PAGE_NAME}.")
+    return interactive.render_interactive(title, results, paths, page_plots, notes,
+                                          interactive.plotly_js())
 
 
 def _png(fig) -> bytes:

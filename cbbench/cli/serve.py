@@ -55,7 +55,7 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     those fields out; --ignore-eos is on, so outputs run to max_tokens (default 16), as a
     benchmark expects.
     """
-    from cbbench.engine.request import SamplingParams
+    from cbbench.engine.core.request import SamplingParams
     from cbbench.server.app import ServeConfig, create_app
     from cbbench.server.auth import is_loopback, resolve_api_key
     from cbbench.server.text import load_tokenizer

@@ -26,8 +26,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from cbbench.engine.engine import StepFailed
-from cbbench.engine.request import Request, RequestStatus, SamplingParams
+from cbbench.engine.core.engine import StepFailed
+from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
 from cbbench.errors import UsageError
 from cbbench.server.engine_events import (
     Admitted,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cbbench.engine.request import SamplingParams
+from cbbench.engine.core.request import SamplingParams
 from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError

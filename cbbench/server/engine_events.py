@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from cbbench.engine.request import Request
+from cbbench.engine.core.request import Request
 
 
 # Times are monotonic seconds on time.perf_counter()'s scale (CLOCK_MONOTONIC on Linux, shared by

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from cbbench.engine.request import SamplingParams
+from cbbench.engine.core.request import SamplingParams
 from cbbench.server.async_engine import RequestStream
 from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
 from cbbench.server.context import ServeContext, Served

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cbbench.engine.clock import WallClock
+from cbbench.engine.core.clock import WallClock
 
 # Catch-up is capped: a server too loaded to keep the simulated pace falls behind visibly
 # instead of bursting iterations to recover.

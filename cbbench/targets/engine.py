@@ -119,7 +119,7 @@ def _make_requests(
 
 def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, output_len: int,
              t: float, ids: list[int] | None, priority: int = 0):
-    from cbbench.engine.request import Request, SamplingParams
+    from cbbench.engine.core.request import Request, SamplingParams
 
     sampling = SamplingParams(
         temperature=opts.temperature,
@@ -156,7 +156,7 @@ def _drain(engine, grace_s: float) -> None:
     ``grace_s`` seconds of wall time, then abort the rest."""
     import time
 
-    from cbbench.engine.engine import StepFailed
+    from cbbench.engine.core.engine import StepFailed
 
     sched = engine.scheduler
     for req in list(sched.waiting):
@@ -175,7 +175,7 @@ def _drain(engine, grace_s: float) -> None:
 def _outcome(r, cancelled: bool) -> tuple[str | None, str | None]:
     """A request's (error, error_type) at the end of a run; (None, None) when it finished or
     was cancelled (counted apart: neither completed nor failed)."""
-    from cbbench.engine.request import RequestStatus
+    from cbbench.engine.core.request import RequestStatus
 
     if cancelled or r.status == RequestStatus.FINISHED:
         return None, None
@@ -190,7 +190,7 @@ def _outcome(r, cancelled: bool) -> tuple[str | None, str | None]:
 
 def _records(reqs, timer: CancelTimer, session_feed, keep_token_ids: bool):
     """The run's request records, and how many requests never reached the engine."""
-    from cbbench.engine.request import RequestStatus
+    from cbbench.engine.core.request import RequestStatus
 
     records = []
     not_sent = session_feed.not_created if session_feed is not None else 0
@@ -243,11 +243,11 @@ def run_engine(
     """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it).
     With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
     ``cancel``, the requests it picks are aborted mid-flight."""
-    from cbbench.engine.feed import ListFeed, run_feed
+    from cbbench.engine.core.feed import ListFeed, run_feed
 
     loop = run_feed
     if opts.data_parallel_size > 1:
-        from cbbench.engine.replicas import run_replicas
+        from cbbench.engine.sim.replicas import run_replicas
 
         engine, info = build_replicas(opts)
         loop = run_replicas

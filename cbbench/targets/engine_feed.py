@@ -15,8 +15,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from cbbench.engine.feed import ListFeed
-from cbbench.engine.request import Request, RequestStatus
+from cbbench.engine.core.feed import ListFeed
+from cbbench.engine.core.request import Request, RequestStatus
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import first_prompt_len, next_prompt_len
@@ -79,7 +79,7 @@ class CancellingListFeed(ListFeed):
 
 
 class SessionFeed:
-    """A RequestFeed (engine/feed.py) for multi-turn sessions. A cancelled turn ends like a
+    """A RequestFeed (engine/core/feed.py) for multi-turn sessions. A cancelled turn ends like a
     finished one, its reply cut where it stopped: the session goes on from there."""
 
     def __init__(

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import EngineArgs
-from cbbench.engine.cost_model import BatchShape, CostModel
-from cbbench.engine.gpu_specs import get_gpu_spec
 from cbbench.engine.model_config import get_model_config
+from cbbench.engine.sim.cost_model import BatchShape, CostModel
+from cbbench.engine.sim.gpu_specs import get_gpu_spec
 
 MS = 1e3
 

@@ -1,0 +1,81 @@
+"""`cbbench export`: a result in the formats other tools read.
+
+  br0.2    llm-d's Benchmark Report v0.2 (JSON), the envelope llm-d's analysis reads
+  csv      one row per request in PATH, the summary in long form in PATH_summary.csv
+  parquet  one row per request in PATH, one per engine iteration in PATH_iterations.parquet
+
+Every file is written atomically; none replaces the result it was made from.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cbbench.analysis.result import check_not_an_input, load_result, write_atomic
+from cbbench.cli import options as C
+from cbbench.errors import UsageError
+from cbbench.export import tabular
+from cbbench.export.br02 import to_br02
+
+FORMATS = ("br0.2", "csv", "parquet")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("export")(export)
+
+
+def export(
+    result: Annotated[Path, typer.Argument(help="A cbbench result JSON.", metavar="RESULT.json")],
+    fmt: Annotated[
+        str,
+        typer.Option("--format", help="br0.2 (llm-d Benchmark Report v0.2) | csv | parquet."),
+    ] = "br0.2",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", parser=C.output_file, metavar="<path>",
+            help="Output file. csv also writes PATH_summary.csv, parquet PATH_iterations"
+            ".parquet beside it. Default: RESULT with the format's extension.",
+        ),
+    ] = None,
+) -> None:
+    """Write a result as llm-d's Benchmark Report v0.2, CSV or Parquet."""
+    if fmt not in FORMATS:
+        raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    data = load_result(result)
+    out = out if out is not None else _default_out(result, fmt)
+    files = _render(data, fmt, out)
+    for path in files:
+        check_not_an_input(path, [result], "--out")
+    for path, raw in files.items():
+        write_atomic(path, raw)
+        typer.echo(f"wrote {path}")
+
+
+def _default_out(result: Path, fmt: str) -> Path:
+    ext = {"br0.2": ".br0.2.json", "csv": ".csv", "parquet": ".parquet"}[fmt]
+    return result.with_name(result.stem + ext)
+
+
+def _render(data: dict, fmt: str, out: Path) -> dict[Path, bytes]:
+    requests = data.get("requests") or []
+    if fmt == "br0.2":
+        return {out: (json.dumps(to_br02(data), indent=1, allow_nan=False) + "\n").encode()}
+    if fmt == "csv":
+        return {
+            out: tabular.rows_csv(requests),
+            tabular.sibling(out, tabular.SUMMARY_SUFFIX): tabular.summary_csv(data["summary"]),
+        }
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise UsageError("--format parquet needs pyarrow: pip install pyarrow") from None
+    return {
+        out: tabular.rows_parquet(requests),
+        tabular.sibling(out, tabular.ITERATIONS_SUFFIX):
+            tabular.rows_parquet(data.get("iterations") or []),
+    }

@@ -1,0 +1,276 @@
+"""A cbbench result as llm-d's Benchmark Report v0.2 (llm-d/llm-d-benchmark,
+llmdbenchmark/analysis/benchmark_report/schema_v0_2.py and its JSON Schema).
+
+The field mapping follows llm-d's own converters (native_to_br0_2.py's vLLM-bench import):
+TTFT and E2EL in ms, TPOT and ITL in ms/token, rates as their run-wide means; run.time from
+the result's start and duration. Where cbbench has per-request figures (TTFT, TPOT, E2EL,
+lengths) every statistic the schema names is filled from them with the same linear
+interpolation as cbbench's own summary (numpy.percentile), so the report's p50/p90/p95/p99
+equal the result's. ITL is pooled per token: from the per-request lists when the result was
+saved with --save-detailed, else the summary's figures only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from cbbench.export import requests as R
+
+VERSION = "0.2"
+TOOL = "cbbench"
+# The schema's statistic keys and the percentiles they stand for.
+PERCENTILE_KEYS = {
+    "p0p1": 0.1, "p1": 1.0, "p5": 5.0, "p10": 10.0, "p25": 25.0, "p50": 50.0,
+    "p75": 75.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99p9": 99.9,
+}
+# Workloads whose prompts are drawn from data rather than made of random tokens.
+RANDOM_WORKLOADS = ("random",)
+UID_LENGTH = 32  # llm-d's ids are 32 hex digits (md5-sized)
+
+
+def to_br02(result: Mapping) -> dict:
+    config = result.get("config") or {}
+    summary = result.get("summary") or {}
+    requests = result.get("requests") or []
+    done = R.completed(requests)
+    report = {
+        "version": VERSION,
+        "run": _run(result, config, summary),
+        "scenario": {"stack": [_stack_component(config, result)], "load": _load(config, done)},
+        "results": {
+            "request_performance": {
+                "aggregate": {
+                    "requests": _requests(summary, requests, done),
+                    "latency": _latency(summary, done),
+                    "throughput": _throughput(summary),
+                }
+            }
+        },
+    }
+    return _drop_none(report)
+
+
+def _run(result: Mapping, config: Mapping, summary: Mapping) -> dict:
+    start = _parse_time(result.get("started_at"))
+    duration = summary.get("duration_s")
+    time: dict = {}
+    if start is not None:
+        time["start"] = start.isoformat().replace("+00:00", "Z")
+        if _finite(duration):
+            end = start + dt.timedelta(seconds=duration)
+            time["end"] = end.isoformat().replace("+00:00", "Z")
+    if _finite(duration):
+        time["duration"] = f"PT{duration}S"
+    return {
+        # The same result always gets the same uid; runs of one configuration share the eid.
+        "uid": _digest(result)[:UID_LENGTH],
+        "eid": _digest(_config_identity(config))[:UID_LENGTH],
+        "time": time or None,
+        "description": config.get("label"),
+        "keywords": [k for k in (config.get("workload"), config.get("engine")) if k] or None,
+    }
+
+
+def _config_identity(config: Mapping) -> dict:
+    """The configuration without what differs between repeats of one experiment."""
+    return {k: v for k, v in config.items() if k not in ("command", "label")}
+
+
+def _stack_component(config: Mapping, result: Mapping) -> dict:
+    native = {"config": _jsonable(config)}
+    if config.get("target") == "http":
+        return {
+            "metadata": {"label": "endpoint", "cfg_id": _digest(config)[:UID_LENGTH]},
+            # cbbench sees an endpoint from outside: what serves it is not known here.
+            "standardized": {"kind": "generic", "tool": "openai-compatible-endpoint",
+                             "tool_version": "unknown"},
+            "native": native,
+        }
+    tp = int(config.get("tensor_parallel_size") or 1)
+    dp = int(config.get("data_parallel_size") or 1)
+    engine = config.get("engine") or "engine"
+    accelerator = config.get("gpu") if engine == "sim" else (config.get("device") or "unknown")
+    return {
+        "metadata": {
+            "label": f"cbbench-{engine}",
+            "cfg_id": _digest(config)[:UID_LENGTH],
+            "description": "cbbench's bundled engine"
+            + (" on a simulated GPU" if engine == "sim" else ""),
+        },
+        "standardized": {
+            "kind": "inference_engine",
+            "tool": f"cbbench-{engine}",
+            "tool_version": str(result.get("cbbench_version") or "unknown"),
+            "role": "replica",
+            "replicas": dp,
+            "model": {"name": str(config.get("model") or "unknown")},
+            "accelerator": {
+                "model": str(accelerator),
+                "count": tp * dp,
+                "parallelism": {"tp": tp, "dp": dp, "dp_local": dp, "workers": 1},
+            },
+        },
+        "native": native,
+    }
+
+
+def _load(config: Mapping, done: list[dict]) -> dict:
+    workload = str(config.get("workload") or "")
+    source = "random" if workload in RANDOM_WORKLOADS else ("sampled" if workload else "unknown")
+    rate = config.get("request_rate")
+    concurrency = config.get("max_concurrency")
+    standardized = {
+        "tool": TOOL,
+        "tool_version": str(config.get("cbbench_version") or _version()),
+        "source": source,
+        "input_seq_len": _seq_len(R.values(done, "prompt_tokens")),
+        "output_seq_len": _seq_len(R.values(done, "output_tokens")),
+        "rate_qps": rate if _finite(rate) and rate > 0 else None,
+        "concurrency": concurrency if isinstance(concurrency, int) and concurrency >= 1 else None,
+        "parallelism": _parallelism(config.get("workers")),
+    }
+    if any(r.get("turn") is not None for r in done):
+        standardized["multi_turn"] = {"enabled": True}
+    return {
+        "metadata": {"cfg_id": _digest(config)[:UID_LENGTH],
+                     "description": f"cbbench workload {workload}" if workload else None},
+        "standardized": standardized,
+        "native": {"args": {"command": config.get("command")} if config.get("command") else None},
+    }
+
+
+def _parallelism(workers) -> int:
+    if isinstance(workers, dict):
+        workers = workers.get("count")
+    return workers if isinstance(workers, int) and workers >= 1 else 1
+
+
+def _seq_len(values: np.ndarray) -> dict:
+    if values.size == 0:
+        return {"distribution": "other", "value": 0}
+    lo, hi = int(values.min()), int(values.max())
+    if lo == hi:
+        return {"distribution": "fixed", "value": lo}
+    return {"distribution": "other", "value": float(values.mean()),
+            "std_dev": float(values.std()), "min": lo, "max": max(hi, 1)}
+
+
+def _requests(summary: Mapping, requests: list, done: list[dict]) -> dict:
+    failed = summary.get("failed")
+    cancelled = summary.get("cancelled")
+    return {
+        "total": len(requests) if requests else int(summary.get("completed") or 0),
+        "failures": failed if isinstance(failed, int) else None,
+        # Cancelled by the client on purpose (--cancel-rate): neither completed nor failed.
+        "incomplete": cancelled if isinstance(cancelled, int) else None,
+        "input_length": statistics(R.values(done, "prompt_tokens"), "count"),
+        "output_length": statistics(R.values(done, "output_tokens"), "count"),
+    }
+
+
+def _latency(summary: Mapping, done: list[dict]) -> dict:
+    itl = _itl_values(done)
+    return {
+        "time_to_first_token": statistics(R.values(done, "ttft_ms"), "ms",
+                                          summary.get("ttft_ms")),
+        "time_per_output_token": statistics(R.values(done, "tpot_ms"), "ms/token",
+                                            summary.get("tpot_ms")),
+        "normalized_time_per_output_token": statistics(R.normalized_tpot_ms(done), "ms/token"),
+        "inter_token_latency": statistics(itl, "ms/token", summary.get("itl_ms")),
+        "request_latency": statistics(R.values(done, "e2el_ms"), "ms", summary.get("e2el_ms")),
+    }
+
+
+def _itl_values(done: list[dict]) -> np.ndarray:
+    lists = [r["itl_ms"] for r in done if isinstance(r.get("itl_ms"), list)]
+    if not lists:
+        return np.zeros(0)
+    return np.asarray([v for gaps in lists for v in gaps], dtype=np.float64)
+
+
+def _throughput(summary: Mapping) -> dict:
+    duration = summary.get("duration_s")
+    in_tokens = summary.get("total_input_tokens")
+    input_rate = in_tokens / duration if _finite(duration) and duration > 0 and _finite(in_tokens) else None
+    return {
+        "input_token_rate": _mean_only(input_rate, "tokens/s"),
+        "output_token_rate": _mean_only(summary.get("output_throughput"), "tokens/s"),
+        "total_token_rate": _mean_only(summary.get("total_token_throughput"), "tokens/s"),
+        "request_rate": _mean_only(summary.get("request_throughput"), "queries/s"),
+    }
+
+
+def statistics(values: np.ndarray, units: str, dist: Mapping | None = None) -> dict | None:
+    """The schema's Statistics: from the values when there are any, else from a summary
+    distribution (mean, std and the percentiles it holds), else None (left out)."""
+    if values.size:
+        pct = np.percentile(values, list(PERCENTILE_KEYS.values()))
+        return {
+            "units": units,
+            "mean": float(values.mean()),
+            "stddev": float(values.std()),
+            "min": float(values.min()),
+            **{k: float(v) for k, v in zip(PERCENTILE_KEYS, pct)},
+            "max": float(values.max()),
+        }
+    if not dist or not _finite(dist.get("mean")):
+        return None
+    out = {"units": units, "mean": dist["mean"]}
+    if _finite(dist.get("std")):
+        out["stddev"] = dist["std"]
+    for key, p in PERCENTILE_KEYS.items():
+        v = dist.get(f"p{p:g}")
+        if _finite(v):
+            out[key] = v
+    return out
+
+
+def _mean_only(value, units: str) -> dict | None:
+    return {"units": units, "mean": value} if _finite(value) else None
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _parse_time(text) -> dt.datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+
+
+def _digest(obj) -> str:
+    raw = json.dumps(_jsonable(obj), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=str))
+
+
+def _drop_none(obj):
+    """Optional fields the result has no value for are left out, not written as null (the
+    native configuration is kept as the result has it)."""
+    if isinstance(obj, dict):
+        return {
+            k: (v if k == "native" else _drop_none(v)) for k, v in obj.items() if v is not None
+        }
+    if isinstance(obj, list):
+        return [_drop_none(v) for v in obj]
+    return obj
+
+
+def _version() -> str:
+    from cbbench import __version__
+
+    return __version__

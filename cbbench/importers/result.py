@@ -1,0 +1,25 @@
+"""An imported run as a cbbench result: the records through cbbench's own summary, so an
+imported file is read like a run by compare, gate, report and export."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from cbbench.analysis.metrics import summarize
+from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.result import base_result
+from cbbench.analysis.telemetry import unavailable
+from cbbench.bench.runner import request_record_dict
+
+
+def build_result(
+    config: Mapping, started_at: str | None, records: Sequence[RequestRecord], duration_s: float
+) -> dict:
+    result = base_result(dict(config))
+    result["started_at"] = started_at
+    result["summary"] = summarize(records, duration_s)
+    result["telemetry"] = unavailable(f"imported from {config.get('imported_from')}")
+    # Detailed: the token times are all an imported request has; keep them.
+    result["requests"] = [request_record_dict(r, True) for r in records]
+    result["iterations"] = []
+    return result

@@ -1,0 +1,291 @@
+"""The report's interactive page: one HTML file that opens offline, with plotly.js embedded
+(no external reference), zoomable plots with hover, and the summary and compare tables.
+
+Each figure is plotly JSON in its own ``<script type="application/json">`` block; a small
+loader draws them and writes, into ``#cbbench-plot-check``, how many points each plot drew, so
+a headless browser can tell that every plot has data (tests/analysis/test_report_browser.py).
+A plot without data for any run is left out and the page says why.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cbbench.analysis.compare import Labeled
+from cbbench.analysis.histogram import cdf_points
+from cbbench.report import plots
+from cbbench.report.html import STYLE, differences_table, runs_table, summary_table
+
+MS = 1000.0
+# Enough points for a smooth line at any zoom a screen shows; keeps a 1M-token run's page small.
+MAX_POINTS = 2000
+TIME_BINS = 60  # throughput/latency over time: bins across the run
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
+CHECK_ID = "cbbench-plot-check"
+
+
+@dataclass
+class Plot:
+    key: str
+    title: str
+    caption: str
+    figure: dict  # {"data": [...], "layout": {...}}
+
+    @property
+    def points(self) -> int:
+        return sum(len(t.get("x") or ()) for t in self.figure["data"])
+
+
+def _color(i: int) -> str:
+    return COLORS[i % len(COLORS)]
+
+
+def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list, list]:
+    """At most MAX_POINTS evenly spaced points of a line (first and last kept)."""
+    if len(x) > MAX_POINTS:
+        idx = np.linspace(0, len(x) - 1, MAX_POINTS).round().astype(int)
+        x, y = x[idx], y[idx]
+    return [float(v) for v in x], [float(v) for v in y]
+
+
+def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v = np.sort(values)
+    return v, np.arange(1, len(v) + 1) / len(v)
+
+
+def _itl_cdf(result: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    exact = plots.itl_values(result)  # per-token gaps of a --save-detailed result
+    if exact is not None and len(exact):
+        return _cdf(exact)
+    hist = (result.get("summary") or {}).get("itl_histogram")
+    if isinstance(hist, dict) and hist.get("counts"):
+        return cdf_points(hist)
+    return None
+
+
+def latency_cdfs(results: Sequence[Labeled]) -> Plot:
+    panels = [("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", None), ("E2EL", "e2el_ms")]
+    data = []
+    layout = {"grid": {"rows": 2, "columns": 2, "pattern": "independent"}, "height": 640,
+              "hovermode": "closest", "legend": {"orientation": "h"}}
+    for p, (name, key) in enumerate(panels, 1):
+        axis = "" if p == 1 else str(p)
+        layout[f"xaxis{axis}"] = {"title": {"text": f"{name} (ms)"}, "type": "log"}
+        layout[f"yaxis{axis}"] = {"title": {"text": "share ≤ x"}, "range": [0, 1.02]}
+        for i, x in enumerate(results):
+            if key is None:
+                line = _itl_cdf(x.result)
+            else:
+                vals = plots.latency_values(x.result, key)
+                line = _cdf(vals) if vals is not None and len(vals) else None
+            if line is None:
+                continue
+            xs, ys = _thin(*line)
+            data.append({
+                "type": "scatter", "mode": "lines", "x": xs, "y": ys, "name": x.label,
+                "legendgroup": x.label, "showlegend": p == 1, "line": {"color": _color(i)},
+                "xaxis": f"x{axis}", "yaxis": f"y{axis}",
+                "hovertemplate": f"{name} %{{x:.2f}} ms: %{{y:.1%}}<extra>{html.escape(x.label)}</extra>",
+            })
+    return Plot("latency_cdfs", "Latency CDFs",
+                "Share of requests (ITL: of token gaps) at or below each latency; zoom with the "
+                "mouse, double-click to reset. ITL is drawn from the per-token gaps with "
+                "--save-detailed, else from the result's compact ITL histogram (12% bins).",
+                {"data": data, "layout": layout})
+
+
+def over_time(results: Sequence[Labeled]) -> Plot:
+    data = []
+    layout = {"grid": {"rows": 2, "columns": 1, "pattern": "independent"}, "height": 560,
+              "xaxis": {"title": {"text": "time (s)"}}, "yaxis": {"title": {"text": "output tok/s"}},
+              "xaxis2": {"title": {"text": "time (s)"}},
+              "yaxis2": {"title": {"text": "TTFT p50 of requests finished (ms)"}},
+              "legend": {"orientation": "h"}}
+    for i, x in enumerate(results):
+        done = [r for r in x.result.get("requests", [])
+                if r.get("e2el_ms") is not None and r.get("intended_start_s") is not None]
+        if not done:
+            continue
+        end = np.array([r["intended_start_s"] + r["e2el_ms"] / MS for r in done])
+        tokens = np.array([r.get("output_tokens") or 0 for r in done], dtype=np.float64)
+        ttft = np.array([r.get("ttft_ms") or 0.0 for r in done])
+        edges = np.linspace(0.0, float(end.max()) or 1.0, TIME_BINS + 1)
+        width = edges[1] - edges[0]
+        which = np.clip(np.searchsorted(edges, end, side="right") - 1, 0, TIME_BINS - 1)
+        rate = np.bincount(which, weights=tokens, minlength=TIME_BINS) / width
+        mids = (edges[:-1] + edges[1:]) / 2
+        p50 = [float(np.median(ttft[which == b])) if (which == b).any() else None
+               for b in range(TIME_BINS)]
+        data.append({"type": "scatter", "mode": "lines", "x": mids.tolist(), "y": rate.tolist(),
+                     "name": x.label, "legendgroup": x.label, "line": {"color": _color(i)}})
+        data.append({"type": "scatter", "mode": "lines+markers", "x": mids.tolist(), "y": p50,
+                     "name": x.label, "legendgroup": x.label, "showlegend": False,
+                     "line": {"color": _color(i)}, "xaxis": "x2", "yaxis": "y2"})
+    return Plot("over_time", "Throughput and latency over time",
+                f"Output tokens per second and the TTFT median of the requests that finished in "
+                f"each of {TIME_BINS} slices of the run (by finish time).",
+                {"data": data, "layout": layout})
+
+
+def _iteration_series(results: Sequence[Labeled], fields: Sequence[tuple[str, str]],
+                      ytitle: str, scale=None) -> dict:
+    data = []
+    for i, x in enumerate(results):
+        its = x.result.get("iterations") or []
+        if not its:
+            continue
+        t = np.array([it.get("start_s", 0.0) for it in its])
+        for j, (field, name) in enumerate(fields):
+            y = np.array([float(it.get(field) or 0) for it in its])
+            if scale is not None:
+                y = scale(its, y)
+            xs, ys = _thin(t, y)
+            data.append({"type": "scatter", "mode": "lines", "x": xs, "y": ys,
+                         "name": f"{x.label}: {name}", "line": {"color": _color(i),
+                         "dash": ("solid", "dot", "dash")[j % 3]}})
+    return {"data": data, "layout": {"height": 420, "xaxis": {"title": {"text": "time (s)"}},
+                                     "yaxis": {"title": {"text": ytitle}},
+                                     "legend": {"orientation": "h"}}}
+
+
+def token_budget(results: Sequence[Labeled]) -> Plot:
+    fig = _iteration_series(
+        results, [("num_prefill_tokens", "prefill tokens"), ("num_decode_tokens", "decode tokens"),
+                  ("token_budget", "token budget")], "tokens per iteration")
+    return Plot("token_budget", "Token budget per iteration",
+                "Prefill and decode tokens computed in each iteration under the token budget.",
+                fig)
+
+
+def kv_usage(results: Sequence[Labeled]) -> Plot:
+    def share(its, y):
+        total = np.array([float(it.get("kv_blocks_total") or 0) for it in its])
+        return np.divide(y, total, out=np.zeros_like(y), where=total > 0)
+
+    fig = _iteration_series(results, [("kv_blocks_used", "KV use")], "share of the KV pool",
+                            scale=share)
+    return Plot("kv_usage", "KV cache use", "KV blocks in use as a share of the pool.", fig)
+
+
+def batch_occupancy(results: Sequence[Labeled]) -> Plot:
+    fig = _iteration_series(results, [("num_running", "running"), ("num_waiting", "waiting")],
+                            "requests")
+    return Plot("batch_occupancy", "Batch occupancy",
+                "Running and waiting requests in each iteration.", fig)
+
+
+def request_timeline(pair: Sequence[Labeled], max_requests: int) -> Plot:
+    ids = plots.gantt_rows(pair[0].result, max_requests)
+    row_of = {rid: n for n, rid in enumerate(ids)}
+    data = []
+    layout = {"grid": {"rows": len(pair), "columns": 1, "pattern": "independent"},
+              "height": 300 + 6 * len(ids) * len(pair), "barmode": "overlay",
+              "legend": {"orientation": "h"}}
+    spans = (("queued", "#bbbbbb"), ("prefill", "#ff7f0e"), ("decode", "#1f77b4"))
+    for p, x in enumerate(pair, 1):
+        axis = "" if p == 1 else str(p)
+        sched = (x.result.get("config") or {}).get("scheduler") or ""
+        layout[f"yaxis{axis}"] = {"title": {"text": f"{x.label} {sched}".strip()},
+                                  "autorange": "reversed", "showticklabels": False}
+        layout[f"xaxis{axis}"] = {"title": {"text": "time (s)"}}
+        reqs = [r for r in x.result.get("requests", [])
+                if r["id"] in row_of and r.get("ttft_ms") is not None]
+        bounds = []
+        for r in reqs:
+            start = r["intended_start_s"]
+            service = start + (r.get("queue_ms") or 0.0) / MS
+            first = start + r["ttft_ms"] / MS
+            last = start + (r.get("e2el_ms") or r["ttft_ms"]) / MS
+            bounds.append((start, service, first, last))
+        b = np.array(bounds, dtype=np.float64).reshape(-1, 4)
+        rows = [row_of[r["id"]] for r in reqs]
+        hover = [f"request {r['id']}: {r['prompt_tokens']} prompt, {r['output_tokens']} output "
+                 f"tokens; TTFT {r['ttft_ms']:.1f} ms, E2EL {(r.get('e2el_ms') or 0):.1f} ms"
+                 for r in reqs]
+        for k, (name, color) in enumerate(spans):
+            data.append({
+                "type": "bar", "orientation": "h", "y": rows, "x": (b[:, k + 1] - b[:, k]).tolist(),
+                "base": b[:, k].tolist(), "name": name, "legendgroup": name,
+                "showlegend": p == 1, "marker": {"color": color}, "text": hover,
+                "hovertemplate": "%{text}<extra>" + name + "</extra>",
+                "xaxis": f"x{axis}", "yaxis": f"y{axis}",
+            })
+    return Plot("request_timeline", "Request timeline: static vs continuous",
+                "Each request's time queued, from admission to its first token, and decoding, "
+                "from its intended start; hover for the request's figures.",
+                {"data": data, "layout": layout})
+
+
+def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
+                pair: Sequence[Labeled] | None) -> tuple[list[Plot], list[str]]:
+    """The plots that have data, and a note for each left out."""
+    candidates = [latency_cdfs(results), over_time(results), token_budget(results),
+                  batch_occupancy(results), kv_usage(results)]
+    if pair is not None:
+        candidates.append(request_timeline(pair, max_gantt_requests))
+    kept = [p for p in candidates if p.points > 0]
+    notes = [f"No {p.title.lower()} plot: no result has the data it needs (an endpoint run "
+             "has no engine iterations)." for p in candidates if p.points == 0]
+    return kept, notes
+
+
+def _json_script(obj) -> str:
+    # "</" would end the script element early; "<\/" means the same inside a JSON string.
+    return json.dumps(obj, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+
+
+LOADER = """
+(function () {
+  var counts = {};
+  document.querySelectorAll('script[type="application/json"][data-plot]').forEach(function (el) {
+    var fig = JSON.parse(el.textContent);
+    Plotly.newPlot(el.dataset.plot, fig.data, fig.layout, {responsive: true, displaylogo: false});
+    counts[el.dataset.plot] = fig.data.reduce(function (n, t) { return n + (t.x || []).length; }, 0);
+  });
+  document.getElementById("CHECK_ID").textContent = JSON.stringify(counts);
+})();
+""".replace("CHECK_ID", CHECK_ID)
+
+
+def render_interactive(title: str, results: Sequence[Labeled], paths: Sequence[str],
+                       page_plots: Sequence[Plot], notes: Sequence[str], plotly_js: str) -> str:
+    esc = html.escape
+    toc = "".join(f'<li><a href="#{p.key}">{esc(p.title)}</a></li>' for p in page_plots)
+    sections = []
+    for p in page_plots:
+        sections.append(
+            f'<section id="{p.key}"><h2>{esc(p.title)}</h2>'
+            f'<p class="caption">{esc(p.caption)}</p><div id="plot-{p.key}"></div>'
+            f'<script type="application/json" data-plot="plot-{p.key}">'
+            f"{_json_script(p.figure)}</script></section>"
+        )
+    ratio_hint = f"Ratios are against the first run, {results[0].label}." if len(results) > 1 else ""
+    body = [
+        f"<h1>{esc(title)}</h1>",
+        *(f'<p class="note">{esc(n)}</p>' for n in notes),
+        "<h2>Runs</h2>", runs_table(results, paths),
+        "<h2>Summary</h2>", f'<p class="caption">{esc(ratio_hint)}</p>',
+        f'<div id="summary-table">{summary_table(results)}</div>',
+    ]
+    if len(results) > 1:
+        body += ["<h2>Config differences</h2>", differences_table(results)]
+    body += [f"<h2>Plots</h2><ul>{toc}</ul>", *sections,
+             f'<pre id="{CHECK_ID}" hidden></pre>']
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{esc(title)}</title>\n<style>{STYLE}</style>\n"
+        f"<script>{plotly_js}</script>\n</head>\n<body>\n" + "\n".join(body)
+        + f"\n<script>{LOADER}</script>\n</body>\n</html>\n"
+    )
+
+
+def plotly_js() -> str:
+    """plotly.js from the plotly package, to embed: the page needs no network to open."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()

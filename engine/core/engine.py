@@ -1,0 +1,259 @@
+"""The engine: schedule -> execute -> postprocess, once per iteration, on a clock."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..sim.cost_model import CostModel
+from .block_manager import BlockManager
+from .iteration import IterationRecord
+from .prefix_caching import PrefixCachingBlockManager
+from .request import Request, RequestStatus
+from .scheduler import Scheduler, SchedulerConfig
+from .scheduler_output import ExecutorOutput, SchedulerOutput
+
+
+class Executor(Protocol):
+    def execute(self, sched: SchedulerOutput) -> ExecutorOutput: ...
+
+
+class Clock(Protocol):
+    realtime: bool
+
+    def now(self) -> float: ...
+    def advance_to(self, t: float) -> None: ...
+    def sleep_until(self, t: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    scheduler: SchedulerConfig
+    num_kv_blocks: int
+    block_size: int = 16
+    kv_allocation: str = "paged"
+    # Swap preemption's CPU pool, in blocks (0: every preemption recomputes).
+    num_cpu_blocks: int = 0
+    enable_prefix_caching: bool = False
+
+
+class StepFailed(Exception):
+    """The executor raised during a step. The engine cannot tell which request caused it, so
+    it failed every request of that step (status FAILED, the error as finish_reason, their KV
+    freed); the engine itself is whole: the caller reports them and keeps stepping."""
+
+    def __init__(self, requests: list[Request], cause: Exception) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.requests = requests
+        self.cause = cause
+
+
+@dataclass(slots=True)
+class StepOutput:
+    record: IterationRecord
+    scheduled: SchedulerOutput
+    finished: list[Request]
+
+
+class Engine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        executor: Executor,
+        clock: Clock,
+        cost_model: CostModel | None = None,
+    ) -> None:
+        self.config = config
+        pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
+        self.block_manager = pool(config.num_kv_blocks, config.block_size, config.kv_allocation)
+        self.cpu_block_manager = (
+            BlockManager(config.num_cpu_blocks, config.block_size)
+            if config.num_cpu_blocks > 0
+            else None
+        )
+        self.scheduler = Scheduler(config.scheduler, self.block_manager, self.cpu_block_manager)
+        self._caching = config.enable_prefix_caching
+        self.executor = executor
+        self.clock = clock
+        self.cost_model = cost_model
+        # The iteration records: every one (a run), or only the most recent (a long-lived
+        # server, see keep_recent_records). Indices count every step ever recorded.
+        self.records: list[IterationRecord] | deque[IterationRecord] = []
+        self.num_records = 0
+        self.rejected: list[Request] = []
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(self, req: Request) -> str | None:
+        """Queue ``req``; a request that can never fit is rejected at once, with the reason.
+        An exception while taking it in fails that request alone (status FAILED, the error as
+        its reason, which is returned), never the engine."""
+        try:
+            reason = self.scheduler.rejection_reason(req)
+            if reason is None:
+                self.scheduler.add_request(req)
+                return None
+        except Exception as e:
+            if req in self.scheduler.waiting:
+                self.scheduler.remove(req)
+            req.status = RequestStatus.FAILED
+            req.finish_reason = f"the engine could not take this request: {type(e).__name__}: {e}"
+            req.finish_time = self.clock.now()
+            return req.finish_reason
+        req.status = RequestStatus.REJECTED
+        req.finish_reason = reason
+        req.finish_time = self.clock.now()
+        self.rejected.append(req)
+        return reason
+
+    def abort_request(self, req: Request) -> None:
+        if req.status.is_done:
+            return
+        self.scheduler.remove(req)
+        req.status = RequestStatus.ABORTED
+        req.finish_reason = "abort"
+        req.finish_time = self.clock.now()
+
+    def keep_recent_records(self, maxlen: int) -> None:
+        """Keep only the ``maxlen`` most recent iteration records from now on, so a long-lived
+        server's memory stays flat; the oldest drop as new ones arrive, and indices keep
+        counting (they never repeat)."""
+        if maxlen < 1:
+            raise ValueError("keep at least one iteration record")
+        self.records = deque(self.records, maxlen=maxlen)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.num_unfinished > 0
+
+    # ---- one iteration ----------------------------------------------------------------------
+    def step(self) -> StepOutput | None:
+        """Run one iteration; None when nothing could be scheduled."""
+        clock = self.clock
+        start = clock.now()
+        sched = self.scheduler.schedule(start)
+        if sched.is_empty and not sched.has_swaps:
+            return None
+        num_running = len(self.scheduler.running)
+        num_waiting = len(self.scheduler.waiting)
+        kv_used = self.block_manager.num_used_blocks
+
+        try:
+            out = self.executor.execute(sched)
+        except Exception as e:
+            raise self._fail_step(sched, e) from e
+        if out.duration_s is not None:
+            clock.advance_to(start + out.duration_s)
+        end = clock.now()
+        cost = out.cost
+        if cost is None and self.cost_model is not None:  # a real executor: analytic figures
+            cost = self.cost_model.step_cost(sched, self.config.block_size)
+        shape = cost.shape if cost is not None else None
+
+        finished = self._postprocess(sched, out.sampled_token_ids, end)
+        record = IterationRecord(
+            index=self.num_records,
+            start_s=start,
+            duration_s=end - start,
+            num_prefill_tokens=sched.num_prefill_tokens,
+            num_decode_tokens=sched.num_decode_reqs,
+            token_budget=sched.token_budget,
+            num_prefill_reqs=sched.num_prefill_reqs,
+            num_decode_reqs=sched.num_decode_reqs,
+            num_running=num_running,
+            num_waiting=num_waiting,
+            num_preempted=len(sched.preempted),
+            kv_blocks_used=kv_used,
+            kv_blocks_total=self.block_manager.num_blocks,
+            bytes_moved=cost.bytes if cost is not None else 0.0,
+            flops=cost.flops if cost is not None else 0.0,
+            num_swapped_out_blocks=len(sched.swap_out),
+            num_swapped_in_blocks=len(sched.swap_in),
+            swap_time_s=out.swap_time_s,
+            num_cached_tokens=sched.num_cached_tokens,
+            num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
+            predicted_s=cost.time_s if cost is not None else None,
+            num_logits=shape.num_logits if shape is not None else 0,
+            attn_key_pairs=shape.attn_key_pairs if shape is not None else 0.0,
+            attn_keys_read=shape.attn_keys_read if shape is not None else 0.0,
+            attn_decode_keys=shape.decode_keys if shape is not None else 0.0,
+        )
+        self.records.append(record)
+        self.num_records += 1
+        return StepOutput(record, sched, finished)
+
+    def _fail_step(self, sched: SchedulerOutput, cause: Exception) -> StepFailed:
+        """Fail the step's requests, and those it swapped out (their KV copy may not have
+        happened): one bad request must not take the engine, or the server, down with it."""
+        failed = list(sched.scheduled_reqs)
+        failed += [r for r in sched.preempted if r.status == RequestStatus.SWAPPED]
+        err = StepFailed(failed, cause)
+        now = self.clock.now()
+        for req in failed:
+            self.scheduler.remove(req)
+            req.status = RequestStatus.FAILED
+            req.finish_reason = f"the engine failed on this request's batch: {err}"
+            req.finish_time = now
+        return err
+
+    def _postprocess(
+        self, sched: SchedulerOutput, sampled: Sequence[int | None] | None, now: float
+    ) -> list[Request]:
+        finished: list[Request] = []
+        reqs = sched.scheduled_reqs
+        nums = sched.num_scheduled_tokens
+        for i in range(len(reqs)):
+            req = reqs[i]
+            req.num_computed_tokens += nums[i]
+            if req.num_computed_tokens < req.num_tokens:
+                continue  # a partial prefill chunk: no token yet
+            req.num_output_tokens += 1
+            req.token_times.append(now)
+            token = None
+            if sampled is not None:
+                token = sampled[i]
+                req.output_token_ids.append(token)
+            if req.num_output_tokens >= req.max_tokens:
+                req.finish_reason = "length"
+            elif (
+                token is not None
+                and token == req.eos_token_id
+                and not req.sampling.ignore_eos
+            ):
+                req.finish_reason = "stop"
+            else:
+                continue
+            req.status = RequestStatus.FINISHED
+            req.finish_time = now
+            self.block_manager.free(req)  # with prefix caching, registers its last full blocks
+            finished.append(req)
+        if finished:
+            self.scheduler.drop_finished()
+        if self._caching:
+            # Blocks that filled this step become findable (finished requests did so on free).
+            bm = self.block_manager
+            bs = bm.block_size
+            for req in reqs:
+                # Cheap test first: has a block of known token ids filled since the last
+                # registration? (The simulator knows prompt ids at most, never output ids.)
+                if req.prompt_token_ids is None or not req.block_table:
+                    continue
+                known = req.num_prompt_tokens + len(req.output_token_ids)
+                c = req.num_computed_tokens
+                if (c if c < known else known) >= (req.num_registered_blocks + 1) * bs:
+                    bm.register_full_blocks(req)
+        return finished
+
+
+def run_until_done(
+    engine: Engine,
+    requests: Sequence[Request],
+    should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[StepOutput], None] | None = None,
+) -> bool:
+    """Feed ``requests`` (sorted by arrival_time) to the engine at their arrival times and step
+    until all are done. Returns False when ``should_stop`` ended the run early. (Load whose
+    arrivals depend on the engine: feed.run_feed.)"""
+    from .feed import ListFeed, run_feed
+
+    return run_feed(engine, ListFeed(requests), should_stop, on_step)

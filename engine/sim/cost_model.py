@@ -1,0 +1,319 @@
+"""Analytic bytes and FLOPs of one engine iteration, per operator, and a roofline time.
+
+Used three ways: the simulated executor predicts an iteration's time from it; every engine
+(simulated or real) records the analytic bytes/FLOPs and the prediction (``predicted_s``) per
+iteration; and ``cbbench calibrate`` fits the device rates below to a real run's records.
+Formulas (per iteration, per GPU, summed over layers):
+
+- GEMMs (qkv, o, gate_up, down, lm_head): 2 * tokens * params FLOPs; bytes = the weights once
+  plus input and output activations. lm_head runs only on rows that sample.
+- Attention: 4 * q_heads * head_dim FLOPs per (query, key) pair (QK^T and PV); bytes = every key
+  and value the rows read from the cache (a decode row reads its whole history; a prefill chunk
+  reads its context once and its own keys) plus q and o.
+- KV write: kv_bytes_per_token per new token.
+- Elementwise (norms, rope, residuals, SiLU*mul) and embedding rows: memory-bound bytes.
+
+Each operator's time is max(FLOPs / flop_rate, bytes / memory_bandwidth), attention's decode
+and prefill rows at their own efficiencies (fractions of both rates); the iteration adds a fixed overhead, an overhead per
+request row (host work that grows with the batch: building it, sampling) and one per request
+with prefill rows (a prefill chunk's own attention call and bookkeeping), and a calibrated
+host's time lost to other processes scales the whole. With tensor
+parallelism (``tp`` > 1) the GEMMs, attention heads and KV are sharded and every layer adds two
+ring all-reduces of the hidden state, plus one all-gather of the logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from ..core.scheduler_output import SchedulerOutput
+from ..model_config import DTYPE_BYTES, ModelConfig
+from .gpu_specs import GPUSpec
+
+# Efficiency defaults: what well-tuned kernels typically reach on Hopper-class GPUs
+# (memory-bound GEMV/attention ~80% of peak HBM bandwidth, large GEMMs ~60% of dense peak).
+# They are configurable and can be fitted from a real run (cbbench calibrate).
+DEFAULT_ETA_MEMORY = 0.80
+DEFAULT_ETA_COMPUTE = 0.60
+# CPU/launch overhead per iteration with CUDA graphs for decode; not overlapped in this model.
+DEFAULT_ITERATION_OVERHEAD_S = 300e-6
+# Elementwise passes over the hidden state per layer (2 RMSNorms, 2 residual adds, rope, act).
+ELEMENTWISE_PASSES_PER_LAYER = 8
+LOGITS_BYTES = 4  # fp32 logits
+# All-reduces per layer under tensor parallelism (Megatron): attention output, MLP output.
+ALL_REDUCES_PER_LAYER = 2
+# Operator order of CostModel.operators(); the attention efficiencies scale attention's.
+OPERATORS = ("qkv", "o", "gate_up", "down", "attention", "kv_write", "elementwise", "embedding",
+             "lm_head")
+ATTENTION_OP = OPERATORS.index("attention")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of a GPU spec's peaks (the uncalibrated simulator's knobs)."""
+
+    eta_memory: float = DEFAULT_ETA_MEMORY
+    eta_compute: float = DEFAULT_ETA_COMPUTE
+    overhead_s: float = DEFAULT_ITERATION_OVERHEAD_S
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """What the roofline needs of a device: effective rates (None: that limit is not modelled,
+    e.g. a rate a calibration could not identify on a device without a spec) and overheads."""
+
+    memory_bandwidth: float | None  # bytes/s reached
+    flop_rate: float | None  # FLOP/s reached
+    iteration_overhead_s: float = 0.0
+    row_overhead_s: float = 0.0  # per request in the batch
+    prefill_overhead_s: float = 0.0  # per request with prefill rows (its own attention call)
+    # Attention runs at these fractions of both rates: decode rows (a KV read per row) and
+    # prefill rows (a chunk against its context) are different kernels' work.
+    decode_attention_efficiency: float = 1.0
+    prefill_attention_efficiency: float = 1.0
+    # Wall time over the time the work itself takes: what a shared host loses to other
+    # processes (a calibrated CPU: the mean measured over the typical one; a GPU: ~1).
+    host_factor: float = 1.0
+
+    @staticmethod
+    def from_spec(gpu: GPUSpec, eff: Efficiency = Efficiency()) -> DeviceRates:
+        return DeviceRates(
+            memory_bandwidth=gpu.hbm_bandwidth * eff.eta_memory,
+            flop_rate=gpu.bf16_flops * eff.eta_compute,
+            iteration_overhead_s=eff.overhead_s,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What the cost depends on: token counts and attention work, not request identities."""
+
+    num_tokens: int
+    num_logits: int  # rows that sample
+    attn_key_pairs: float  # sum over rows of keys attended
+    attn_keys_read: float  # keys read from the cache, summed over requests
+    num_reqs: int = 1  # requests in the batch (the per-row overhead's count)
+    num_prefill_reqs: int = 0  # of which with prefill rows
+    decode_keys: float = 0.0  # keys the decode rows attend (and read): part of both above
+
+    @staticmethod
+    def from_scheduler_output(sched: SchedulerOutput) -> BatchShape:
+        reqs = sched.scheduled_reqs
+        nd = sched.num_decode_reqs
+        # A decode row with c computed tokens attends c + 1 keys and reads them all.
+        dec_keys = sum([r.num_computed_tokens for r in reqs[:nd]]) + nd
+        pairs = float(dec_keys)
+        keys_read = float(dec_keys)
+        num_logits = nd
+        nums = sched.num_scheduled_tokens
+        for i in range(nd, len(reqs)):
+            r = reqs[i]
+            n = nums[i]
+            c = r.num_computed_tokens
+            pairs += n * c + n * (n + 1) / 2
+            keys_read += c + n
+            if c + n == r.num_tokens:
+                num_logits += 1
+        return BatchShape(sched.total_tokens, num_logits, pairs, keys_read, len(reqs),
+                          len(reqs) - nd, float(dec_keys))
+
+
+@dataclass(frozen=True, slots=True)
+class IterationCost:
+    bytes: float  # per GPU
+    flops: float  # per GPU
+    time_s: float | None  # roofline prediction, overheads included; None without rates
+    shape: BatchShape | None = None
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The link tensor-parallel collectives run over."""
+
+    bandwidth: float  # bytes/s per direction per GPU
+    latency_s: float  # per collective
+
+    def all_reduce_s(self, nbytes: float, n: int) -> float:
+        """Ring all-reduce of ``nbytes`` over ``n`` GPUs: each sends 2 (n-1)/n of the data."""
+        return self.latency_s + 2 * (n - 1) / n * nbytes / self.bandwidth
+
+    def all_gather_s(self, nbytes: float, n: int) -> float:
+        """Ring all-gather of a ``nbytes`` result: each GPU receives (n-1)/n of it."""
+        return self.latency_s + (n - 1) / n * nbytes / self.bandwidth
+
+
+class CostModel:
+    def __init__(
+        self,
+        model: ModelConfig,
+        dtype: str = "bf16",
+        gpu: GPUSpec | None = None,
+        efficiency: Efficiency = Efficiency(),
+        *,
+        rates: DeviceRates | None = None,
+        tensor_parallel_size: int = 1,
+    ) -> None:
+        """``rates`` (a calibrated device) take precedence over ``gpu`` x ``efficiency``;
+        with neither, time_s is None (analytic bytes and FLOPs only)."""
+        tp = tensor_parallel_size
+        check_tensor_parallel(model, tp)
+        self.model = model
+        self.gpu = gpu
+        self.eff = efficiency
+        self.tp = tp
+        if rates is None and gpu is not None:
+            rates = DeviceRates.from_spec(gpu, efficiency)
+        self.rates = rates
+        self.interconnect = (
+            Interconnect(gpu.interconnect_bandwidth, gpu.collective_latency_s)
+            if gpu is not None and tp > 1
+            else None
+        )
+        if tp > 1 and self.interconnect is None:
+            raise ValueError("tensor parallelism needs a GPU spec with an interconnect")
+        db = DTYPE_BYTES[dtype]
+        self.dtype_bytes = db
+        m = model
+        h, inter, L = m.hidden_size, m.intermediate_size, m.num_layers
+        q = m.q_size // tp
+        kv = kv_heads_per_gpu(model, tp) * m.head_dim
+        # (weight params, input width, output width) per GEMM per layer, per GPU
+        self._layer_gemms = [
+            (h * (q + 2 * kv), h, q + 2 * kv),
+            (q * h, q, h),
+            (h * 2 * inter // tp, h, 2 * inter // tp),
+            (inter // tp * h, inter // tp, h),
+        ]
+        self._L = L
+        self._q_size = q
+        self._kv_bytes_per_token = 2 * L * kv * db
+        self._attn_flops_per_pair = 4 * (m.num_heads // tp) * m.head_dim * L
+        self._vocab = m.vocab_size // tp if tp > 1 else m.vocab_size
+        host = gpu.host_bandwidth if gpu is not None else None
+        self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
+
+    def weight_bytes(self) -> float:
+        """All weights of the model (every GPU's shard together)."""
+        return float(self.model.num_params * self.dtype_bytes)
+
+    def operators(self, shape: BatchShape) -> list[tuple[float, float]]:
+        """(FLOPs, bytes) per operator on one GPU, all layers, in OPERATORS order."""
+        db, L, T = self.dtype_bytes, self._L, shape.num_tokens
+        h = self.model.hidden_size
+        ops: list[tuple[float, float]] = [
+            (2.0 * T * params * L, (params + T * (din + dout)) * db * L)
+            for params, din, dout in self._layer_gemms
+        ]
+        ops.append(
+            (
+                self._attn_flops_per_pair * shape.attn_key_pairs,
+                shape.attn_keys_read * self._kv_bytes_per_token + 2 * T * self._q_size * db * L,
+            )
+        )
+        ops.append((0.0, T * self._kv_bytes_per_token))  # KV write
+        ops.append((0.0, ELEMENTWISE_PASSES_PER_LAYER * T * h * db * L))
+        ops.append((0.0, T * h * db))  # embedding rows
+        vh = self._vocab * h
+        ops.append(
+            (2.0 * shape.num_logits * vh, vh * db + shape.num_logits * self._vocab * LOGITS_BYTES)
+        )
+        return ops
+
+    def attention_parts(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows."""
+        db, L = self.dtype_bytes, self._L
+        decode_rows = shape.num_reqs - shape.num_prefill_reqs
+        prefill_rows = shape.num_tokens - decode_rows
+        qo = 2 * self._q_size * db * L  # q read and o written, per row
+        kd = shape.decode_keys
+        return (
+            (self._attn_flops_per_pair * kd, kd * self._kv_bytes_per_token + decode_rows * qo),
+            (
+                self._attn_flops_per_pair * (shape.attn_key_pairs - kd),
+                (shape.attn_keys_read - kd) * self._kv_bytes_per_token + prefill_rows * qo,
+            ),
+        )
+
+    def communication_s(self, shape: BatchShape) -> float:
+        """Tensor-parallel collectives: 2 all-reduces of the hidden state per layer, and the
+        all-gather of the sampled rows' logits. 0 on one GPU."""
+        if self.interconnect is None:
+            return 0.0
+        link, n = self.interconnect, self.tp
+        hidden = shape.num_tokens * self.model.hidden_size * self.dtype_bytes
+        t = ALL_REDUCES_PER_LAYER * self._L * link.all_reduce_s(hidden, n)
+        if shape.num_logits:
+            t += link.all_gather_s(shape.num_logits * self.model.vocab_size * LOGITS_BYTES, n)
+        return t
+
+    def cost(self, shape: BatchShape) -> IterationCost:
+        ops = self.operators(shape)
+        total_flops = sum(f for f, _ in ops)
+        total_bytes = sum(b for _, b in ops)
+        r = self.rates
+        if r is None:
+            return IterationCost(total_bytes, total_flops, None, shape)
+        fl, bw = r.flop_rate, r.memory_bandwidth
+        ed, ep = r.decode_attention_efficiency, r.prefill_attention_efficiency
+        ops_s = 0.0
+        for i, (f, b) in enumerate(ops):
+            if i == ATTENTION_OP and ed != ep:
+                # One operator (one kernel over every row), each kind of row at its own pace.
+                (fd, bd), (fp, bp) = self.attention_parts(shape)
+                f, b = fd / ed + fp / ep, bd / ed + bp / ep
+            t = max(f / fl if fl else 0.0, b / bw if bw else 0.0)
+            ops_s += t / ed if i == ATTENTION_OP and ed == ep else t
+        time_s = ops_s + r.iteration_overhead_s
+        if r.row_overhead_s:
+            time_s += r.row_overhead_s * shape.num_reqs
+        if r.prefill_overhead_s:
+            time_s += r.prefill_overhead_s * shape.num_prefill_reqs
+        if self.interconnect is not None:
+            time_s += self.communication_s(shape)
+        if r.host_factor != 1.0:
+            time_s *= r.host_factor
+        return IterationCost(total_bytes, total_flops, time_s, shape)
+
+    def iteration_cost(self, sched: SchedulerOutput) -> IterationCost:
+        return self.cost(BatchShape.from_scheduler_output(sched))
+
+    def step_cost(self, sched: SchedulerOutput, block_size: int) -> IterationCost:
+        """One engine step: the forward's cost (none for a step that only copies KV blocks)
+        and the predicted time, swap copies included."""
+        if sched.is_empty:
+            cost = IterationCost(0.0, 0.0, 0.0 if self.rates is not None else None)
+        else:
+            cost = self.iteration_cost(sched)
+        swapped = len(sched.swap_out) + len(sched.swap_in)
+        if swapped and cost.time_s is not None:
+            cost = replace(cost, time_s=cost.time_s + self.swap_time(swapped, block_size))
+        return cost
+
+    def swap_time(self, num_blocks: int, block_size: int) -> float:
+        """Seconds to copy ``num_blocks`` KV blocks one way between GPU and host memory, at the
+        GPU's host bandwidth (PCIe or C2C). Not overlapped with the forward: the copies must
+        land before it reads the blocks. Not counted in the HBM bytes (another link)."""
+        if not self._host_bandwidth or num_blocks == 0:
+            return 0.0
+        return num_blocks * block_size * self._kv_bytes_per_token / self._host_bandwidth
+
+
+def kv_heads_per_gpu(model: ModelConfig, tp: int) -> int:
+    """KV heads each GPU holds: sharded while there are enough, else replicated (vLLM)."""
+    return max(1, model.num_kv_heads // tp)
+
+
+def check_tensor_parallel(model: ModelConfig, tp: int) -> None:
+    """vLLM's rule: the query heads split evenly, and the KV heads split evenly or each is
+    replicated on a whole number of GPUs."""
+    if tp < 1:
+        raise ValueError(f"tensor parallel size must be >= 1, got {tp}")
+    kvh = model.num_kv_heads
+    if model.num_heads % tp or model.intermediate_size % tp or (kvh % tp and tp % kvh):
+        raise ValueError(
+            f"{model.name} ({model.num_heads} heads, {kvh} KV heads) cannot be split "
+            f"{tp} ways: the heads must divide evenly"
+        )

@@ -1,0 +1,65 @@
+"""The simulated GPU: predicts each iteration's time from the batch's composition.
+
+No tensors, no torch: the roofline in cost_model.py gives the time, and the engine's clock
+advances by it (virtually for benchmarks, in real time behind ``cbbench serve``). Swap
+preemption's KV copies add their transfer time over the host link.
+"""
+
+from __future__ import annotations
+
+from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
+from ..model_config import DTYPE_BYTES, ModelConfig
+from .cost_model import CostModel, kv_heads_per_gpu
+from .gpu_specs import GPUSpec
+
+# Memory the engine may use, as vLLM's --gpu-memory-utilization default.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.90
+# Activations, CUDA graphs and allocator slack that are not KV cache (a profiled run on a real
+# GPU measures this; 2 GiB is typical for 8B-class models at a 2048-token budget).
+DEFAULT_ACTIVATION_RESERVE_BYTES = 2 * 1024**3
+
+
+def sim_num_kv_blocks(
+    model: ModelConfig,
+    gpu: GPUSpec,
+    block_size: int,
+    dtype: str = "bf16",
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    activation_reserve_bytes: float = DEFAULT_ACTIVATION_RESERVE_BYTES,
+    tensor_parallel_size: int = 1,
+) -> int:
+    """KV capacity from memory: N_max = (M - W) / k tokens, in whole blocks, where M is the
+    memory given to the engine (less an activation reserve), W the weights, k the KV bytes per
+    token. With tensor parallelism all three are per GPU: each holds 1/tp of the weights and
+    of the KV heads (whole heads: replicated when there are fewer KV heads than GPUs), and
+    a block spans the GPUs, so the tightest GPU decides."""
+    tp = tensor_parallel_size
+    usable = gpu.memory_bytes * gpu_memory_utilization - activation_reserve_bytes
+    weights = model.num_params * DTYPE_BYTES[dtype] / tp
+    free = usable - weights
+    if free <= 0:
+        where = f"{gpu.name}'s memory" if tp == 1 else f"{tp} x {gpu.name} (tensor parallel)"
+        raise ValueError(
+            f"{model.name} ({model.num_params * DTYPE_BYTES[dtype] / 1e9:.1f} GB in {dtype}) "
+            f"does not fit in {where} at utilization {gpu_memory_utilization}"
+        )
+    kv_per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim
+    tokens = int(free // (kv_per_token * DTYPE_BYTES[dtype]))
+    return tokens // block_size
+
+
+class SimExecutor:
+    def __init__(self, cost_model: CostModel, block_size: int = 16) -> None:
+        if cost_model.rates is None:
+            raise ValueError("the simulated executor needs a GPU spec or a device profile")
+        self.cost_model = cost_model
+        self.block_size = block_size
+
+    def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
+        cost = self.cost_model.step_cost(sched, self.block_size)
+        swap_s = 0.0
+        if sched.swap_out or sched.swap_in:
+            swap_s = self.cost_model.swap_time(
+                len(sched.swap_out) + len(sched.swap_in), self.block_size
+            )
+        return ExecutorOutput(None, duration_s=cost.time_s, swap_time_s=swap_s, cost=cost)

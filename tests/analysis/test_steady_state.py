@@ -1,0 +1,143 @@
+"""Steady-state windows: detection from the running-request count (hand-made step functions),
+--warmup/--cooldown, the figures inside a window (hand-computed), and the window on every
+result, engine and endpoint alike."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.steady_state import (
+    METHOD_IN_FLIGHT,
+    METHOD_RUNNING,
+    METHOD_WARMUP,
+    _steps_from_iterations,
+    _steps_from_records,
+    detect_window,
+    steady_state,
+    window_figures,
+)
+from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli.app import app
+from cbbench.engine.args import EngineArgs
+
+SIM = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b")
+
+
+def _rec(i, start, tokens, prompt=10, **kw) -> RequestRecord:
+    return RequestRecord(id=i, prompt_tokens=prompt, output_tokens=len(tokens),
+                         intended_start_s=start, send_s=start, token_times_s=list(tokens), **kw)
+
+
+# ---- detection ------------------------------------------------------------------------------
+def test_ramp_plateau_drain_all_arriving_at_once():
+    # c(t): 0 on [0,1), 5 on [1,2), 10 on [2,8), 5 on [8,9), 0 on [9,10)
+    edges = np.array([0, 1, 2, 8, 9, 10], dtype=float)
+    values = np.array([0, 5, 10, 5, 0], dtype=float)
+    start, end, detail = detect_window(edges, values, 0.0, 0.0)
+    assert (start, end) == (2.0, 8.0)
+    assert detail["level"] == 10.0 and detail["threshold"] == 9.0
+
+
+def test_the_window_closes_at_the_last_arrival():
+    edges = np.array([0, 1, 2, 8, 9, 10], dtype=float)
+    values = np.array([0, 5, 10, 5, 0], dtype=float)
+    start, end, _ = detect_window(edges, values, 0.0, 6.5)
+    assert (start, end) == (2.0, 6.5)
+
+
+def test_the_level_is_the_median_while_requests_arrive():
+    # A long drain at a lower count must not pull the level down: arrivals end at 6.
+    edges = np.array([0, 1, 6, 20], dtype=float)
+    values = np.array([2, 8, 3], dtype=float)
+    start, end, detail = detect_window(edges, values, 0.0, 6.0)
+    assert detail["level"] == 8.0 and (start, end) == (1.0, 6.0)
+
+
+def test_idle_run_has_no_window():
+    assert detect_window(np.array([0.0, 1.0]), np.array([0.0]), 0.0, 0.0) is None
+
+
+def test_step_functions_from_iterations_and_records():
+    its = [{"start_s": 0.0, "duration_s": 1.0, "num_running": 2},
+           {"start_s": 1.0, "duration_s": 1.0, "num_running": 4},
+           {"start_s": 3.0, "duration_s": 1.0, "num_running": 1}]  # idle on [2, 3)
+    edges, values = _steps_from_iterations(its)
+    assert edges.tolist() == [0, 1, 2, 3, 4] and values.tolist() == [2, 4, 0, 1]
+    recs = [_rec(0, 0.0, [1.0, 2.0]), _rec(1, 0.5, [1.5]), _rec(2, 2.0, [3.0])]
+    edges, values = _steps_from_records(recs)
+    # sends 0, 0.5, 2.0; ends 1.5, 2.0, 3.0 (an end and a send at 2.0: the end first)
+    assert edges.tolist() == [0, 0, 0.5, 1.5, 2.0, 2.0, 3.0]
+    assert values.tolist() == [0, 1, 2, 1, 0, 1]
+
+
+# ---- figures in a window ------------------------------------------------------------------------
+def test_window_figures_by_hand():
+    recs = [
+        _rec(0, 0.0, [0.5, 1.5, 2.5]),  # served at 0.5: before the window
+        _rec(1, 1.0, [1.2, 1.4, 2.0, 3.0]),  # served in [1, 3]
+        _rec(2, 2.5, [2.6, 3.5]),  # served in the window; its last token after it
+        _rec(3, 2.0, [], error="boom", error_type="http_status"),  # failed, started inside
+    ]
+    f = window_figures(recs, 1.0, 3.0)
+    assert (f["requests"], f["completed"], f["failed"]) == (3, 2, 1)
+    assert f["duration_s"] == 2.0
+    # tokens streamed in [1, 3]: r0 1.5, 2.5; r1 all 4; r2 2.6 -> 7 tokens in 2 s
+    assert f["output_throughput"] == pytest.approx(3.5)
+    # completed in the window: r0 (2.5) and r1 (3.0) -> 1 req/s; prompts 20 + 7 tokens
+    assert f["request_throughput"] == pytest.approx(1.0)
+    assert f["total_token_throughput"] == pytest.approx((20 + 7) / 2)
+    assert f["ttft_ms"]["count"] == 2
+    assert f["ttft_ms"]["mean"] == pytest.approx((0.2 + 0.1) / 2 * 1000)
+
+
+def test_warmup_and_cooldown_set_the_window():
+    recs = [_rec(i, i * 1.0, [i + 0.1, i + 0.2]) for i in range(10)]
+    ss = steady_state(recs, 10.0, warmup_s=2.0, cooldown_s=3.0)
+    assert ss["window_s"] == [2.0, 7.0] and ss["method"] == METHOD_WARMUP
+    assert ss["warmup_s"] == 2.0 and ss["cooldown_s"] == 3.0
+    assert ss["requests"] == 5  # served at 2.1 ... 6.1
+    empty = steady_state(recs, 10.0, warmup_s=8.0, cooldown_s=3.0)
+    assert empty["window_s"] is None and "empty window" in empty["note"]
+
+
+# ---- on every result ------------------------------------------------------------------------------
+def test_engine_result_reports_both_windows():
+    result = execute_run(RunSpec(workload="sharegpt", num_requests=400, engine=SIM))
+    s = result["summary"]
+    ss = s["steady_state"]
+    a, b = ss["window_s"]
+    assert ss["method"] == METHOD_RUNNING and 0 < a < b < s["duration_s"]
+    # Saturated: ramp-up and drain pull the whole-run rate down; the window is at full batch.
+    assert ss["output_throughput"] > s["output_throughput"]
+    assert ss["completed"] <= s["completed"] and ss["ttft_ms"]["count"] == ss["completed"]
+
+
+def test_endpoint_result_uses_the_in_flight_count():
+    from fake_openai import FakeOpenAI
+
+    from cbbench.targets.options import EndpointOptions
+
+    with FakeOpenAI() as fake:
+        result = execute_run(RunSpec(
+            workload="sharegpt", num_requests=60, request_rate=200.0, rate_given=True,
+            endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=30.0),
+        ))
+    ss = result["summary"]["steady_state"]
+    assert ss["method"] == METHOD_IN_FLIGHT and ss["window_s"] is not None
+    last_arrival = max(r["intended_start_s"] for r in result["requests"])
+    assert ss["window_s"][1] <= last_arrival + 1e-9
+
+
+def test_cli_flags_and_table(tmp_path):
+    out = tmp_path / "r.json"
+    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--num-requests", "200",
+                                   "--request-rate", "20", "--warmup", "1", "--cooldown", "1",
+                                   "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "steady state 1.00-" in res.output and "(warmup_cooldown)" in res.output
+    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--warmup", "-1",
+                                   "--output", str(out)])
+    assert res.exit_code == 2 and "--warmup must be a number of seconds >= 0" in res.output

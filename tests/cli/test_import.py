@@ -1,0 +1,156 @@
+"""`cbbench import --from vllm-bench`: a vLLM bench --save-detailed result becomes a cbbench
+result whose figures are hand-computed here, and that compare and export read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.cli.app import app
+
+runner = CliRunner()
+
+# vLLM bench's --save-detailed lists, in send order (vllm/benchmarks/serve.py): r0 streams 4
+# tokens one per chunk, r1 3 tokens in 2 chunks (its second chunk holds 2), r2 times out.
+VLLM_RESULT = {
+    "date": "20261201-120000",
+    "backend": "openai-chat",
+    "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+    "num_prompts": 3,
+    "request_rate": 20.0,
+    "burstiness": 1.0,
+    "max_concurrency": None,
+    "duration": 2.0,
+    "completed": 2,
+    "input_lens": [10, 20, 30],
+    "output_lens": [4, 3, 0],
+    "ttfts": [0.2, 0.1, 0.0],
+    "itls": [[0.05, 0.05, 0.1], [0.3], []],
+    "latencies": [0.4, 0.4, 0.0],
+    "start_times": [100.0, 100.5, 101.0],
+    "errors": ["", "", "TimeoutError"],
+}
+
+
+def _import(tmp_path, data) -> tuple[object, object]:
+    src = tmp_path / "vllm.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out)])
+    return res, out
+
+
+def test_vllm_bench_figures_are_the_hand_computed_ones(tmp_path):
+    res, out = _import(tmp_path, VLLM_RESULT)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["ttft_ms"]["mean"] == pytest.approx(150.0)  # 200 and 100 ms from each send
+    assert s["e2el_ms"]["p50"] == pytest.approx(400.0)  # both end 0.4 s after their send
+    # TPOT: (0.4 - 0.2) / 3 and (0.9 - 0.6) / 2 s.
+    assert s["tpot_ms"]["mean"] == pytest.approx((200 / 3 + 150) / 2)
+    # ITL pooled per chunk as vLLM counts it: 50, 50, 100 and 300 ms.
+    assert s["itl_ms"]["mean"] == pytest.approx(125.0)
+    assert s["itl_ms"]["p50"] == pytest.approx(75.0)
+    assert s["output_throughput"] == pytest.approx(7 / 2.0)
+    assert s["total_input_tokens"] == 30  # completed requests only, as a run counts them
+    reqs = result["requests"]
+    assert [r["intended_start_s"] for r in reqs] == pytest.approx([0.0, 0.5, 1.0])
+    assert reqs[2]["error"] == "TimeoutError"
+    assert result["config"]["imported_from"] == "vllm-bench"
+    assert result["started_at"] == "2026-12-01T12:00:00+00:00"
+
+
+def test_an_imported_result_is_read_by_compare_and_export(tmp_path):
+    res, out = _import(tmp_path, VLLM_RESULT)
+    assert res.exit_code == 0, res.output
+    cmp = runner.invoke(app, ["compare", str(out), str(out)])
+    assert cmp.exit_code == 0, cmp.output
+    assert "TTFT" in cmp.output or "ttft" in cmp.output
+    br = runner.invoke(app, ["export", str(out), "--out", str(tmp_path / "br.json")])
+    assert br.exit_code == 0, br.output
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.pop("itls"), "run vllm bench serve with --save-result --save-detailed"),
+        (lambda d: d["ttfts"].__setitem__(0, -1.0), "not a time in seconds"),
+        (lambda d: d["output_lens"].__setitem__(0, "four"), "not a token count"),
+        (lambda d: d["errors"].pop(), "different lengths"),
+    ],
+)
+def test_a_bad_vllm_file_is_one_line_and_exit_2(tmp_path, mutate, message):
+    data = json.loads(json.dumps(VLLM_RESULT))
+    mutate(data)
+    res, out = _import(tmp_path, data)
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert line.startswith("cbbench: error:") and "\n" not in line and message in line
+    assert not out.exists()  # nothing half-written
+
+
+def test_an_unknown_tool_is_refused(tmp_path):
+    src = tmp_path / "x.json"
+    src.write_text("{}")
+    res = runner.invoke(app, ["import", str(src), "--from", "locust", "--out", str(tmp_path / "o.json")])
+    assert res.exit_code == 2 and "--from 'locust': use one of vllm-bench" in res.output
+
+
+def _aiperf_line(start_ns, issued_ns, ttft_ms, chunks_ms, osl, isl, error=None, phase="profiling"):
+    metrics = {
+        "time_to_first_token": {"value": ttft_ms, "unit": "ms"},
+        "request_latency": {"value": ttft_ms + sum(chunks_ms), "unit": "ms"},
+        "inter_chunk_latency": {"value": chunks_ms, "unit": "ms"},
+        "output_sequence_length": {"value": osl, "unit": "tokens"},
+        "input_sequence_length": {"value": isl, "unit": "tokens"},
+    }
+    return json.dumps({
+        "metadata": {"session_num": 0, "x_request_id": f"req-{start_ns}",
+                     "credit_issued_ns": issued_ns, "request_start_ns": start_ns,
+                     "request_end_ns": start_ns + 1, "worker_id": "w", "record_processor_id": "p",
+                     "benchmark_phase": phase},
+        "metrics": {} if error else metrics,
+        "error": {"code": 500, "type": "HTTPError", "message": error} if error else None,
+    })
+
+
+def test_aiperf_records_figures_are_the_hand_computed_ones(tmp_path):
+    base = 10**18
+    lines = [
+        # warm-up: left out
+        _aiperf_line(base - 10**9, base - 10**9, 999.0, [1.0], 2, 5, phase="warmup"),
+        # released at t0, sent 2 ms later: TTFT 100 ms from the send, 102 from the slot
+        _aiperf_line(base + 2_000_000, base, 100.0, [20.0, 20.0], 3, 10),
+        # released 0.5 s later, sent on time, 2 tokens
+        _aiperf_line(base + 500_000_000, base + 500_000_000, 50.0, [10.0], 2, 20),
+        _aiperf_line(base + 600_000_000, base + 600_000_000, 0.0, [], 0, 30, error="boom"),
+    ]
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["ttft_ms"]["mean"] == pytest.approx((102.0 + 50.0) / 2)
+    assert s["send_lag_ms"]["p50"] == pytest.approx(0.0) and s["send_lag_ms"]["mean"] == pytest.approx(2 / 3)
+    assert s["tpot_ms"]["mean"] == pytest.approx((40.0 / 2 + 10.0 / 1) / 2)
+    assert s["itl_ms"]["mean"] == pytest.approx((20 + 20 + 10) / 3)
+    assert s["e2el_ms"]["p50"] == pytest.approx((142.0 + 60.0) / 2)
+    assert result["requests"][0]["server_request_id"] == f"req-{base + 2_000_000}"
+    assert result["requests"][2]["error"] == "boom"
+
+
+def test_a_bad_aiperf_file_is_one_line_and_exit_2(tmp_path):
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text('{"metadata": {"request_start_ns": -5}, "metrics": {}}\n')
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(tmp_path / "o.json")])
+    assert res.exit_code == 2 and "not a time in ns" in res.output, res.output
+    res = runner.invoke(app, ["import", str(tmp_path / "missing.jsonl"), "--from", "aiperf",
+                              "--out", str(tmp_path / "o.json")])
+    assert res.exit_code == 2 and res.output.startswith("cbbench: error: cannot read"), res.output

@@ -1,0 +1,305 @@
+"""The prepared GPU check (tests/gpu/gpu_check.sh) on the CPU, so it cannot rot between GPU loans,
+and the decode floor it reports, by hand.
+
+The smoke run forces the Triton-probe failure path: every later step then gets the fallback
+flags (on a CPU they are also the defaults, so the run is the same one a normal smoke run
+makes), and the summary must say so in one line. Fields that need a GPU are null. The
+simulator's calibration takes the GPU run's path on the CPU (a CPU profile from the
+continuous run predicting the static run), so ``sim_accuracy`` is filled here too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+GPU = TESTS / "gpu"  # the GPU scripts, apart from the collected tests
+sys.path.insert(0, str(GPU))
+
+import gpu_check_decode  # noqa: E402
+from gpu_check_sim import compare  # noqa: E402
+from gpu_check_summary import build_summary  # noqa: E402
+
+from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402
+
+H200_BW = 4.8e12
+HEADLINE_FIELDS = (
+    "decode_step_ms",
+    "decode_floor_ms",
+    "mbu",
+    "sim_error",
+    "kernel_compilations_during_run",
+    "fallbacks",
+    "backends_agree",
+    "sim_accuracy",
+)
+
+
+def test_llama3_8b_bf16_decode_floor_on_h200_is_3_13_ms():
+    """Decode reads every weight except the input embedding table, of which it gathers only
+    the batch's rows: 16.06 GB of weights, 15.01 GB read at batch 1."""
+    cfg = MODEL_PRESETS["llama-3-8b"]
+    per_layer = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336 + 2 * 4096
+    table = 128256 * 4096
+    all_params = 32 * per_layer + table + table + 4096  # + embedding, lm_head, final norm
+    assert all_params * 2 == cfg.weight_bytes("bf16") == 16_060_522_496
+    read = (all_params - table) * 2
+    assert read == gpu_check_decode.decode_weight_bytes(cfg, "bf16") == 15_009_849_344
+    assert round(read / H200_BW * 1000, 2) == 3.13
+    # A batch-1 step at context 0 also reads one embedding row and one token of KV.
+    step_bytes = read + 4096 * 2 + 131_072
+    assert gpu_check_decode.decode_read_bytes(cfg, "bf16", 1, 0) == step_bytes
+    assert gpu_check_decode.decode_floor_ms(cfg, "bf16", 1, 0, H200_BW) == pytest.approx(
+        step_bytes / H200_BW * 1000, rel=1e-12
+    )
+    # 256 rows at context 512: 256 embedding rows and 256 x 513 tokens of KV on top.
+    big = read + 256 * 4096 * 2 + 256 * 513 * 131_072
+    assert gpu_check_decode.decode_read_bytes(cfg, "bf16", 256, 512) == big
+
+
+def test_tied_embedding_is_read_whole():
+    """A tied table is also the LM head: decode reads all of it."""
+    cfg = MODEL_PRESETS["llama-3.2-1b"]
+    assert cfg.tie_word_embeddings
+    assert gpu_check_decode.decode_weight_bytes(cfg, "bf16") == cfg.weight_bytes("bf16")
+
+
+def test_summary_takes_the_gpu_fields_from_a_cuda_decode_run(tmp_path):
+    """The summarizer's mapping, on a decode.json shaped as a GPU run writes it."""
+
+    def row(bs, graphs, fused, role="main", backend="triton", ms=4.0):
+        return {"batch_size": bs, "graphs": graphs, "fused": fused, "role": role,
+                "attention_backend": backend, "step_ms": {"mean": ms}, "floor_ms": 3.13,
+                "mbu": 3.13 / ms}  # fmt: skip
+
+    rows = [row(1, g, f, ms=4.0 + g + 2 * (not f)) for g in (False, True) for f in (True, False)]
+    rows.append(row(1, False, False, role="torch_backend", backend="torch", ms=9.0))
+    decode = {"device": "cuda", "rows": rows, "graph_fallbacks": [],
+              "backends_agree": {"max_abs_diff": {"reference": 0.0, "torch": 0.01}, "why": {}}}  # fmt: skip
+    (tmp_path / "decode.json").write_text(json.dumps(decode))
+    (tmp_path / "fallbacks.txt").write_text("Triton could not launch (x): ...\n")
+    s = build_summary(tmp_path)
+    assert s["decode_step_ms"] == {"eager": {"1": 4.0}, "graphs": {"1": 5.0}}
+    assert s["decode_step_ms_unfused"] == {"eager": {"1": 6.0}, "graphs": {"1": 7.0}}
+    assert s["decode_step_ms_torch_backend"] == {"1": 9.0}
+    assert s["decode_floor_ms"] == {"1": 3.13}
+    assert s["mbu"]["graphs"]["1"] == pytest.approx(3.13 / 5.0)
+    assert s["backends_agree"] == {"reference": 0.0, "torch": 0.01}
+    assert s["fallbacks"] == ["Triton could not launch (x): ..."]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gpu-check-cpu")
+    # As run by hand: conftest's TRITON_INTERPRET (set for the in-process tests) stays out.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env |= {
+        "PYTHON": sys.executable,
+        "GPU_CHECK_SKIP_INSTALL": "1",
+        "GPU_CHECK_DEVICE": "cpu",
+        "GPU_CHECK_MODEL": "tiny",
+        # 8 ShareGPT requests make ~690 iterations (one long output): enough to calibrate on.
+        "GPU_CHECK_NUM_REQUESTS": "8",
+        "GPU_CHECK_DECODE_ARGS": "--dry-run --dtype fp32",
+        "GPU_CHECK_FORCE_TRITON_FAIL": "1",
+        # A shared 2-core CI machine is far slower than the GPU host the caps are set for.
+        "GPU_CHECK_CAP_SCALE": "6",
+        "GPU_CHECK_TOTAL_S": "1800",
+    }
+    proc = subprocess.run(
+        ["bash", str(GPU / "gpu_check.sh"), str(out)],
+        env=env, capture_output=True, text=True, timeout=1900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_smoke_every_step_ran(smoke):
+    steps = {}
+    for line in (smoke / "steps.tsv").read_text().splitlines()[1:]:
+        name, rc, *_ = line.split("\t")
+        steps[name] = rc
+    expected_skips = {"nvidia_smi": "missing", "install": "skipped", "triton_probe": "forced"}
+    for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt", "calibrate",
+                 "sharegpt_static", "sim_static", "summary"):  # fmt: skip
+        assert steps.get(name) == "0", (name, steps)
+    for name, rc in expected_skips.items():
+        assert steps.get(name) == rc, (name, steps)
+
+
+def test_smoke_summary_has_every_field(smoke):
+    s = json.loads((smoke / "summary.json").read_text())
+    for field in HEADLINE_FIELDS:
+        assert field in s, field
+    # Null where a GPU is needed.
+    assert s["decode_device"] == "cpu"
+    for mode in ("eager", "graphs"):
+        assert set(s["decode_step_ms"][mode]) == {"1", "4"}
+        assert all(v is None for v in s["decode_step_ms"][mode].values())
+        assert all(v is None for v in s["mbu"][mode].values())
+    assert all(v is None for v in s["decode_floor_ms"].values())
+    assert set(s["sim_error"]) == {"continuous", "static"}
+    # Measured here: nothing compiles on the torch backend; torch agrees with the reference.
+    assert s["kernel_compilations_during_run"] == {"continuous": 0, "static": 0}
+    assert s["backends_agree"]["reference"] == 0.0
+    assert s["backends_agree"]["torch"] < 1e-4
+    assert s["backends_agree"]["triton"] is None and s["backends_agree_why_not"]["triton"]
+    assert s["backends_agree"]["triton+fused"] is None  # no Triton here: the row says why
+    assert s["backends_agree_why_not"]["triton+fused"]
+    assert s["backends_agree_fused_vs_unfused"] is None
+    # The forced probe failure: one line, and the runs really took the fallback flags.
+    assert len(s["fallbacks"]) == 1 and "\n" not in s["fallbacks"][0]
+    assert s["fallbacks"][0].startswith("Triton could not launch (forced")
+    for run in ("sharegpt_continuous", "sharegpt_static"):
+        r = s[run]
+        assert r["completed"] == 8 and r["failed"] == 0
+        assert r["attention_backend"] == "torch" and r["fused_kernels"] is False
+        assert r["cuda_graphs"] is False and r["cuda_graphs_effective"] is False
+    assert "Fallbacks: Triton could not launch" in (smoke / "summary.md").read_text()
+
+
+def test_smoke_env_lists_compiler_headers_and_missing_modules(smoke):
+    env = json.loads((smoke / "env.json").read_text())
+    assert set(env["c_compiler"]) >= {"chosen", "version"}
+    assert isinstance(env["python_h"]["found"], bool)
+    missing = {m for m, v in env["modules"].items() if v.startswith("MISSING")}
+    assert set(env["missing_modules"]) == missing
+    assert "flash_attn" in missing  # never installable here; imported by the flash backend
+    assert "kernels/flash_attn_backend.py" in env["missing_modules"]["flash_attn"]["imported_by"]
+
+
+def test_smoke_calibrates_on_the_continuous_run_and_predicts_the_static_run(smoke):
+    """The same path as on the GPU: calibrate on the continuous run (the CPU is a device like
+    any other), the static run measured with that profile, the simulator replaying it."""
+    s = json.loads((smoke / "summary.json").read_text())
+    acc = s["sim_accuracy"]
+    assert acc is not None, s["sim_accuracy_why_not"]
+    profile = json.loads((smoke / "profile.json").read_text())
+    assert acc["device"] == profile["device"] == "cpu"
+    assert acc["profile_iterations"] == profile["num_iterations"] >= 50
+    assert acc["completed"] == {"real": 8, "predicted": 8}
+    static = json.loads((smoke / "sharegpt_h200_static.json").read_text())
+    predicted = json.loads((smoke / "sim_static.json").read_text())
+    assert predicted["config"]["engine"] == "sim" and predicted["config"]["scheduler"] == "static"
+    assert acc["metrics"] == compare(static["summary"], predicted["summary"])
+    for name, m in acc["metrics"].items():
+        assert m["real"] > 0 and m["predicted"] > 0, name
+    # The static run ran with the profile: its per-iteration error is the calibrated one.
+    assert s["sharegpt_static"]["gpu_profile"] == "profile.json"
+    assert acc["static_run_sim_error"] == s["sim_error"]["static"]
+    assert acc["static_run_sim_error"]["decode"]["n"] > 0
+    assert s["sharegpt_continuous"]["gpu_profile"] is None and s["sim_error"]["continuous"] is None
+    assert "Simulator calibrated on the continuous run (cpu" in (smoke / "summary.md").read_text()
+
+
+def test_fallback_calibrate_and_replay_match_the_cli(smoke, tmp_path):
+    """bench_gpu.py calibrate / run (used when the CLI cannot import) give the CLI's profile
+    rates and, the simulator being deterministic, the CLI's prediction."""
+    def bench(*args):
+        proc = subprocess.run([sys.executable, str(GPU / "bench_gpu.py"), *map(str, args)],
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+    profile = tmp_path / "profile.json"
+    bench("calibrate", smoke / "sharegpt_h200.json", "--out", profile)
+    cli = json.loads((smoke / "profile.json").read_text())
+    assert json.loads(profile.read_text())["params"] == cli["params"]
+    out = tmp_path / "sim.json"
+    bench("run", "--engine", "sim", "--gpu-profile", smoke / "profile.json", "--replay",
+          smoke / "sharegpt_h200_static.json", "--output", out)  # fmt: skip
+    got = json.loads(out.read_text())["summary"]
+    want = json.loads((smoke / "sim_static.json").read_text())["summary"]
+    for name, m in compare(want, got).items():
+        assert m["real"] is not None and m["predicted"] == m["real"], name
+
+
+def test_sim_accuracy_relative_errors_by_hand():
+    real = {"ttft_ms": {"p50": 200.0}, "tpot_ms": {"p50": 10.0}, "output_throughput": 1000.0}
+    pred = {"ttft_ms": {"p50": 150.0}, "tpot_ms": {"p50": 12.5}, "output_throughput": 900.0}
+    got = compare(real, pred)
+    assert got["ttft_p50_ms"] == {"real": 200.0, "predicted": 150.0, "rel_error": -0.25}
+    assert got["tpot_p50_ms"]["rel_error"] == 0.25
+    assert got["output_throughput"]["rel_error"] == pytest.approx(-0.1)
+    assert compare({}, pred)["ttft_p50_ms"]["rel_error"] is None
+
+
+def test_sim_accuracy_is_null_with_the_reason(tmp_path):
+    """Each missing step gives its own reason; a failed calibration gives its one-line error."""
+    def why():
+        s = build_summary(tmp_path)
+        assert s["sim_accuracy"] is None
+        return s["sim_accuracy_why_not"]
+
+    assert "no continuous ShareGPT result" in why()
+    run = {"config": {}, "summary": {"completed": 1}}
+    (tmp_path / "sharegpt_h200.json").write_text(json.dumps(run))
+    assert why() == "calibrate did not run"
+    (tmp_path / "calibrate.log").write_text(
+        "cbbench: error: too few iterations to fit: 32 usable, at least 50 needed\n"
+    )
+    assert why() == ("calibrate failed: cbbench: error: too few iterations to fit: 32 usable, "
+                     "at least 50 needed")  # fmt: skip
+    (tmp_path / "profile.json").write_text(json.dumps({"device": "h200"}))
+    assert "no static run result" in why()
+    (tmp_path / "sharegpt_h200_static.json").write_text(json.dumps({**run, "interrupted": True}))
+    assert "interrupted" in why()
+    (tmp_path / "sharegpt_h200_static.json").write_text(json.dumps(run))
+    assert "did not finish" in why()
+
+
+def test_backends_agree_has_a_fused_row_fed_the_same_tokens():
+    """The agreement step in-process on the CPU, Triton interpreted (conftest): the fused layer
+    kernels' row is computed next to the unfused Triton row, both near the reference in fp32,
+    and their difference is reported; a device where Triton cannot run gets the reason."""
+    import torch
+    from gpu_check_agree import FUSED_ROW, backends_agree
+
+    args = SimpleNamespace(block_size=16, agree_model="tiny", max_model_len=128)
+    out = backends_agree(args, torch.device("cpu"), torch.float32)
+    diffs = out["max_abs_diff"]
+    assert diffs["reference"] == 0.0
+    for name in ("torch", "triton", FUSED_ROW):
+        assert diffs[name] is not None and diffs[name] < 1e-3, (name, out)
+    assert out["fused_vs_unfused"] is not None and out["fused_vs_unfused"] < 1e-3
+    assert diffs["flash-attn"] is None and out["why"]["flash-attn"]
+
+
+CUDA_FILES_WANTED = ("test_kernels.py", "test_model_runner_cuda.py", "test_fused_cuda.py",
+                     "test_fused_engine_hf.py")  # fmt: skip
+NO_HYPOTHESIS = """
+import sys
+sys.modules["hypothesis"] = None  # as if not installed: `import hypothesis` raises ImportError
+import pytest
+sys.exit(pytest.main(["--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider",
+                      *sys.argv[1:]]))
+"""
+
+
+def test_gpu_check_collects_the_compiled_kernel_checks_without_hypothesis():
+    """gpu_check.sh's pytest step takes the files that mark a test cuda: the compiled fused
+    kernels, split-K and the engine-vs-HF check are among them, and they collect (with their
+    cuda tests selected) on an image without hypothesis."""
+    selected = sorted(
+        str(p.relative_to(TESTS))
+        for p in TESTS.glob("*/test_*.py")
+        if "pytest.mark.cuda" in p.read_text()
+    )
+    assert set(CUDA_FILES_WANTED) <= {Path(s).name for s in selected}, selected
+    # Without plugin autoload: hypothesis's own pytest plugin is an installed entry point here.
+    env = os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_HYPOTHESIS, *selected], cwd=TESTS, capture_output=True,
+        text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    collected = proc.stdout
+    for name in ("test_fused_cuda.py::test_rms_norm_cuda", "test_fused_cuda.py::test_split_k_cuda",
+                 "test_fused_engine_hf.py::test_fused_engine_matches_hf[triton-cuda]"):  # fmt: skip
+        assert name in collected, collected[-2000:]

@@ -1,0 +1,359 @@
+"""``bench_gpu.py decode``: decode step time, floor and MBU of one random-weight model.
+
+The model (default llama-3-8b, bf16) is built once; each configuration switches its kernels in
+place (``set_layer_ops``, ``set_attention_backend``: same weights) and gets a ModelRunner of its
+own, so CUDA graphs are captured for the kernels that run. Configurations: the fused layer
+kernels and the unfused ones side by side (``--fused both``), each at every batch size with
+and without CUDA graphs, plus eager rows of the ``torch`` attention backend. For every row:
+
+- ``step_ms``: one full ``ModelRunner.execute`` (host-side batch packing, forward, logits,
+  sampling and the one host sync), as the engine sees an iteration;
+- ``forward_ms``: the forward + logits of an already packed batch, back to back (GPU time);
+- ``floor_ms``: the bytes one decode step must read over the GPU's peak HBM bandwidth: every
+  weight except the input embedding table (decode reads only the batch's rows of it: Llama-3-8B
+  bf16 reads 15.01 of its 16.06 GB, 3.13 ms at batch 1 on an H200's 4.8 TB/s), the batch's
+  embedding rows, and batch x (context + 1) x KV bytes per token;
+- ``mbu``: model bandwidth utilization = floor_ms / step time (``mbu_forward`` from forward_ms).
+
+Timing uses ``torch.cuda.Event`` on CUDA (``time.perf_counter`` on a CPU), ``--steps`` steps after
+``--warmup`` untimed ones. The same decode step is replayed each time (the request is not
+advanced), so the context stays exactly ``--context + 1`` keys; the KV cache holds zeros, which
+costs the kernels exactly what real values would.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+import traceback
+from dataclasses import dataclass
+
+H200_PEAK_BW = 4.8e12
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+# ---- the decode floor -----------------------------------------------------------------------
+def decode_weight_bytes(config, dtype: str) -> int:
+    """Weight bytes one decode step reads, without the batch's embedding rows: every parameter
+    except the input embedding table (an untied table is gathered at the batch's rows only; a
+    tied one is the LM head, read whole)."""
+    table = 0 if config.tie_word_embeddings else config.embedding_params
+    return (config.num_params - table) * DTYPE_BYTES[dtype]
+
+
+def decode_read_bytes(config, dtype: str, batch: int, context: int) -> int:
+    """Bytes a decode step of ``batch`` rows, each attending ``context + 1`` keys, must read."""
+    rows = 0 if config.tie_word_embeddings else batch * config.hidden_size * DTYPE_BYTES[dtype]
+    kv = batch * (context + 1) * config.kv_bytes_per_token(dtype)
+    return decode_weight_bytes(config, dtype) + rows + kv
+
+
+def decode_floor_ms(config, dtype: str, batch: int, context: int, peak_bw: float) -> float:
+    return decode_read_bytes(config, dtype, batch, context) / peak_bw * 1000.0
+
+
+# ---- timing ---------------------------------------------------------------------------------
+def _versions() -> dict:
+    import torch
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda_available": torch.cuda.is_available(),
+        "torch_cuda": torch.version.cuda,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except Exception as exc:  # noqa: BLE001
+        info["triton"] = f"unavailable: {exc}"
+    if torch.cuda.is_available():
+        info["device_name"] = torch.cuda.get_device_name(0)
+        info["capability"] = list(torch.cuda.get_device_capability(0))
+        free, total = torch.cuda.mem_get_info()
+        info["memory_total_gib"] = round(total / 2**30, 1)
+        info["memory_free_gib_at_start"] = round(free / 2**30, 1)
+    return info
+
+
+class _Timer:
+    """CUDA events on a GPU, perf_counter on a CPU; ``elapsed_ms`` syncs."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+
+    def __enter__(self):
+        if self.cuda:
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            self.end.record()
+        else:
+            self.t1 = time.perf_counter()
+
+    def elapsed_ms(self) -> float:
+        if self.cuda:
+            self.end.synchronize()
+            return self.start.elapsed_time(self.end)
+        return (self.t1 - self.t0) * 1000.0
+
+
+def _decode_requests(n: int, context: int, vocab: int, bm, seed: int):
+    """``n`` requests one step into decoding: ``context`` prompt tokens cached, one output token
+    known (its KV not yet written): every execute() is a pure-decode row with context + 1 keys."""
+    import numpy as np
+
+    from cbbench.engine.core.request import Request, RequestStatus
+
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for i in range(n):
+        ids = rng.integers(0, vocab, context).tolist()
+        req = Request(i, context, 1 << 20, prompt_token_ids=ids)
+        req.output_token_ids.append(int(rng.integers(0, vocab)))
+        req.num_output_tokens = 1
+        req.num_computed_tokens = context
+        req.status = RequestStatus.RUNNING
+        if not bm.allocate(req, context + 1):
+            raise RuntimeError(f"KV pool too small for {n} x {context + 1} tokens")
+        reqs.append(req)
+    return reqs
+
+
+def _stats(xs: list[float]) -> dict:
+    xs = sorted(xs)
+    return {"mean": statistics.fmean(xs), "p50": statistics.median(xs), "min": xs[0], "max": xs[-1]}
+
+
+def _error(errors: list, exc: BaseException, **where) -> None:
+    errors.append({**where, "error": repr(exc), "traceback": traceback.format_exc()})
+    print(f"{where} failed: {exc!r}", flush=True)
+
+
+def _fused_configs(args, device) -> tuple[list[bool], str | None]:
+    """Which layer-op configurations to time: fused needs Triton to run on the device."""
+    from cbbench.kernels import available_backends
+
+    wanted = {"both": [True, False], "on": [True], "off": [False]}[args.fused]
+    if True in wanted and "triton" not in available_backends(device):
+        why = "the fused Triton kernels cannot run here"
+        return [f for f in wanted if not f] or [False], why
+    return wanted, None
+
+
+@dataclass
+class DecodeSetup:
+    """What every configuration shares: the model, its KV cache and block manager, the
+    device's peak bandwidth and cost model."""
+
+    model: object
+    config: object
+    kv_caches: list
+    bm: object
+    dtype_name: str
+    peak_bw: float
+    cost_model: object
+
+
+def run_decode(args) -> dict:
+    import torch
+    from gpu_check_agree import backends_agree
+
+    from cbbench.engine.sim.gpu_specs import match_device_name
+    from cbbench.engine.torch.models.loader import resolve_dtype
+    from cbbench.kernels import get_backend, layer_ops
+
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # as the engine does on a CPU (engine/build.py)
+    dtype = resolve_dtype(args.dtype)
+    dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
+    out: dict = {"env": _versions(), "args": {k: v for k, v in vars(args).items() if k != "func"}}
+    out["device"] = device.type
+    out["rows"] = []
+    out["errors"] = errors = []
+    gpu = match_device_name(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+    peak_bw = args.peak_bw or (gpu.hbm_bandwidth if gpu else H200_PEAK_BW)
+    out["peak_bw"] = peak_bw
+    out["gpu_spec"] = gpu.to_dict() if gpu else None
+    fused_list, why_not_fused = _fused_configs(args, device)
+    if why_not_fused:
+        out["fused_skipped"] = why_not_fused
+    if device.type != "cuda":
+        out["graphs_skipped"] = "CUDA graphs need a CUDA device"
+    setup = None
+    try:
+        backend = get_backend(args.attention_backend, device, block_size=args.block_size)
+        setup = _setup(args, out, device, dtype, dtype_name, peak_bw, gpu, backend, fused_list[0])
+    except Exception as exc:  # noqa: BLE001
+        _error(errors, exc, stage="model")
+    if setup is not None:
+        for fused in fused_list:
+            try:
+                setup.model.set_layer_ops(layer_ops(fused))
+                setup.model.set_attention_backend(backend)
+                _decode_config(args, out, device, dtype, setup, fused, args.batch_sizes, "main")
+            except Exception as exc:  # noqa: BLE001
+                _error(errors, exc, stage="config", fused=fused)
+        # The torch attention backend too (issue 12 item 7): eager, unfused, the smaller batches.
+        if args.torch_backend_rows:
+            torch_bs = [b for b in args.batch_sizes if b <= args.torch_backend_max_batch] or [1]
+            try:
+                setup.model.set_layer_ops(layer_ops(False))
+                setup.model.set_attention_backend(get_backend("torch", device))
+                _decode_config(args, out, device, dtype, setup, False, torch_bs, "torch_backend",
+                               graphs_variants=[False])  # fmt: skip
+            except Exception as exc:  # noqa: BLE001
+                _error(errors, exc, stage="torch backend rows")
+    # The same model serves the agreement check when it is the one asked for.
+    shared = setup.model if setup is not None and args.agree_model == args.model else None
+    if setup is not None and shared is None:
+        del setup.model, setup.kv_caches  # free the device before another model is built
+        _empty_cache(device)
+    try:
+        out["backends_agree"] = backends_agree(args, device, dtype, shared)
+    except Exception as exc:  # noqa: BLE001
+        _error(errors, exc, stage="backends_agree")
+    if device.type == "cuda":
+        out["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
+
+
+def _empty_cache(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _setup(args, out, device, dtype, dtype_name, peak_bw, gpu, backend, fused) -> DecodeSetup:
+    """Build the model (once) and a KV cache for the largest batch."""
+    import torch
+
+    from cbbench.engine.core.block_manager import BlockManager
+    from cbbench.engine.sim.cost_model import CostModel
+    from cbbench.engine.torch.models.llama import allocate_kv_cache
+    from cbbench.engine.torch.models.loader import load_model
+
+    t0 = time.perf_counter()
+    model, config = load_model(
+        args.model, dtype, device, backend, seed=0, max_model_len=args.max_model_len, fused=fused
+    )
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    out["model_build_s"] = time.perf_counter() - t0
+    out["model_config"] = config.to_dict()
+    out["weight_bytes"] = config.weight_bytes(dtype_name)
+    out["decode_weight_bytes"] = decode_weight_bytes(config, dtype_name)
+    out["kv_bytes_per_token"] = config.kv_bytes_per_token(dtype_name)
+    out["min_step_ms_weights_only"] = decode_weight_bytes(config, dtype_name) / peak_bw * 1000
+    blocks_per_req = -(-(args.context + 1) // args.block_size)
+    num_blocks = max(args.batch_sizes) * blocks_per_req + 1
+    kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
+    return DecodeSetup(model, config, kv_caches, BlockManager(num_blocks, args.block_size),
+                       dtype_name, peak_bw, CostModel(config, dtype_name, gpu))  # fmt: skip
+
+
+def _decode_config(args, out, device, dtype, setup: DecodeSetup, fused, batch_sizes, role,
+                   graphs_variants=None) -> None:  # fmt: skip
+    """Time every batch size (with and without graphs) for the model's current kernels; rows
+    are tagged with ``role``: "main" (the configured backend) or "torch_backend" (extra rows)."""
+    from cbbench.engine.torch.model_runner import ModelRunner
+
+    backend = setup.model.attn_backend
+    label = f"{backend.name}{' fused' if fused else ''}"
+    out.setdefault("attention_backends", []).append(backend.name)
+    max_bs = max(batch_sizes)
+    if graphs_variants is None:
+        graphs_variants = [False]
+        if device.type == "cuda" and not args.no_graphs and backend.name == "triton":
+            graphs_variants.append(True)
+    for graphs in graphs_variants:
+        t0 = time.perf_counter()
+        try:
+            runner = ModelRunner(
+                setup.model, setup.config, setup.kv_caches, args.block_size, device, dtype,
+                use_cuda_graphs=graphs, max_num_seqs=max(max_bs, args.max_num_seqs),
+            )  # fmt: skip
+            runner.warmup()
+        except Exception as exc:  # noqa: BLE001
+            _error(out["errors"], exc, stage="runner", graphs=graphs, fused=fused)
+            continue
+        if graphs:
+            out.setdefault("graph_capture_s", {})[label] = time.perf_counter() - t0
+            if not runner.cuda_graphs_effective:
+                out.setdefault("graph_fallbacks", []).append(
+                    f"{label}: CUDA graph capture failed, decode ran eagerly: "
+                    f"{runner.graphs_fallback_reason}"
+                )
+        for bs in sorted(batch_sizes):
+            try:
+                row = _time_batch(args, runner, bs, setup)
+            except Exception as exc:  # noqa: BLE001
+                _error(out["errors"], exc, graphs=graphs, fused=fused, batch_size=bs)
+                continue
+            row.update(graphs=graphs, fused=fused, attention_backend=backend.name, role=role)
+            row["graph_replayed"] = graphs and runner.graphs.padded_size(bs) is not None
+            out["rows"].append(row)
+            print(
+                f"{label:14s} bs {bs:4d} graphs {graphs!s:5}: step {row['step_ms']['mean']:.3f} "
+                f"ms, forward {row['forward_ms']:.3f} ms, floor {row['floor_ms']:.3f} ms, MBU "
+                f"{row['mbu']:.1%} (forward {row['mbu_forward']:.1%})",
+                flush=True,
+            )
+        del runner  # its graphs' memory pool
+        _empty_cache(device)
+
+def _time_batch(args, runner, bs, setup: DecodeSetup) -> dict:
+    import torch
+
+    from cbbench.engine.core.scheduler_output import SchedulerOutput
+
+    device = runner.device
+    bm, config, dtype_name = setup.bm, setup.config, setup.dtype_name
+    reqs = _decode_requests(bs, args.context, config.vocab_size, bm, seed=bs)
+    try:
+        sched = SchedulerOutput(reqs, [1] * bs, bs, 0, bs)
+        for _ in range(args.warmup):
+            runner.execute(sched)
+        step_ms = []
+        for _ in range(args.steps):
+            with _Timer(device) as t:
+                runner.execute(sched)  # ends with the sampled tokens' host copy: a sync
+            step_ms.append(t.elapsed_ms())
+        batch = runner.prepare(sched)
+        with torch.inference_mode():
+            for _ in range(args.warmup):
+                runner.compute_logits(batch)
+            with _Timer(device) as t:
+                for _ in range(args.steps):
+                    runner.compute_logits(batch)
+        forward_ms = t.elapsed_ms() / args.steps
+    finally:
+        for r in reqs:
+            bm.free(r)
+    floor = decode_floor_ms(config, dtype_name, bs, args.context, setup.peak_bw)
+    step = _stats(step_ms)
+    return {
+        "batch_size": bs,
+        "context": args.context,
+        "step_ms": step,
+        "forward_ms": forward_ms,
+        "tokens_per_s": bs / (step["mean"] / 1000),
+        "bytes_read": decode_read_bytes(config, dtype_name, bs, args.context),
+        "floor_ms": floor,
+        "mbu": floor / step["mean"],
+        "mbu_forward": floor / forward_ms,
+        "bytes_cost_model": setup.cost_model.iteration_cost(sched).bytes,
+    }
