@@ -17,6 +17,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from .errors import InputError
+
 ENGINES = ("auto", "sim", "torch")
 SCHEDULERS = ("continuous", "static")
 KV_ALLOCATIONS = ("paged", "reserved")
@@ -38,8 +40,8 @@ DEFAULT_SWAP_SPACE_GIB = 4.0
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
 
 
-class EngineArgsError(ValueError):
-    """An option value the engine cannot take (the CLI prints it as one line, exit 2)."""
+# An option value the engine cannot take: the one bad-input type (engine/errors.py).
+EngineArgsError = InputError
 
 
 # Far beyond any host's cores: torch.set_num_threads(10**8) crashed the process (SIGSEGV) and

@@ -169,6 +169,6 @@ def load_replay(path: str, args: EngineArgs) -> Replay:
         log.info(f"{unknown} failed request(s) in {path} record no output length; left out")
     try:
         engine = replay_engine_args(args, result["config"]).validate()
-    except ValueError as e:  # EngineArgsError: a recorded value this cbbench rejects
+    except UsageError as e:  # a recorded value this cbbench rejects: say which file
         raise UsageError(f"{path}: {e}") from None
     return Replay(path, result["config"], reqs, arrivals, engine)

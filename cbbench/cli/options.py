@@ -8,8 +8,7 @@ import logging
 from pathlib import Path
 
 from cbbench.cli.boundary import USAGE_EXIT
-from cbbench.engine.args import EngineArgs, EngineArgsError
-from cbbench.errors import UsageError
+from cbbench.engine.args import EngineArgs
 from cbbench.options import output_file
 
 __all__ = ["USAGE_EXIT", "EngineArgs", "default_output_path", "engine_args", "notice",
@@ -28,7 +27,4 @@ def default_output_path(kind: str) -> Path:
 
 def engine_args(**values) -> EngineArgs:
     """EngineArgs from option values, checked (UsageError naming the option)."""
-    try:
-        return EngineArgs(**values).validate()
-    except EngineArgsError as e:
-        raise UsageError(str(e)) from None
+    return EngineArgs(**values).validate()

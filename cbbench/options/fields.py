@@ -112,16 +112,11 @@ class Group:
     def build(self, values: dict[str, Any], given: Mapping[str, Any]) -> Any:
         """The group from a command's parsed values (fields the command does not take keep
         their defaults; ``inherit`` ones come from ``given``, every value as parsed), validated.
-        The engine's own error type becomes the front's one (the engine cannot import it)."""
-        from cbbench.engine.args import EngineArgsError
-
+        """
         mine = {f.name: values.pop(f.name) for f in self.fields()}
         mine.update({name: given[name] for name in self.inherit})
         group = self.cls(**mine)
-        try:
-            group.validate()
-        except EngineArgsError as e:
-            raise UsageError(str(e)) from None
+        group.validate()
         return group
 
 

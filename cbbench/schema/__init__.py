@@ -37,10 +37,7 @@ def read_json_file(path: Path, what: str = "result file") -> Any:
     endless stream or a file beyond memory (engine/json_file.py says which)."""
     from cbbench.engine.json_file import read_json
 
-    try:
-        return read_json(path, what)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return read_json(path, what)
 
 
 def check_run(data: Any, path: object) -> dict:

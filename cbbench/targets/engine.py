@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.engine.args import EngineArgs, EngineArgsError
+from cbbench.engine.args import EngineArgs
 from cbbench.engine.build import EngineInfo
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
@@ -27,25 +27,19 @@ log = logging.getLogger(__name__)
 
 
 def build_engine(args: EngineArgs):
-    """``engine.build.build_engine`` with its option errors as usage errors. Returns
-    (Engine, EngineInfo)."""
+    """``engine.build.build_engine``, imported when a run needs it. Returns (Engine,
+    EngineInfo); a bad option is the one bad-input error, as the engine raised it."""
     from cbbench.engine.build import build_engine as build
 
-    try:
-        return build(args)
-    except EngineArgsError as e:
-        raise UsageError(str(e)) from None
+    return build(args)
 
 
 def build_replicas(args: EngineArgs):
-    """``engine.build.build_replicas`` (data parallelism) with option errors as usage errors.
-    Returns (ReplicaSet, EngineInfo of one replica)."""
+    """``engine.build.build_replicas`` (data parallelism). Returns (ReplicaSet, EngineInfo of
+    one replica)."""
     from cbbench.engine.build import build_replicas as build
 
-    try:
-        return build(args)
-    except EngineArgsError as e:
-        raise UsageError(str(e)) from None
+    return build(args)
 
 
 def resolve_engine(args: EngineArgs) -> str:
