@@ -32,7 +32,7 @@ def validate(model: type[Record], data: Any, path: object, what: str) -> Record:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise UsageError(f"{path} is not a valid {what}: {first_problem(e)}") from None
+        raise UsageError(f"{path}: not a valid {what}: {first_problem(e)}") from None
 
 
 def to_dict(record: Record) -> dict:

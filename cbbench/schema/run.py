@@ -40,8 +40,8 @@ class SteadyState(Record):
 
 
 class Summary(Record):
-    completed: int
-    failed: int
+    completed: int | None = None  # every run writes both; a hand-made summary may not
+    failed: int | None = None
     cancelled: int | None = None
     error_types: dict[str, int] | None = None
     duration_s: Number | None = None

@@ -462,17 +462,9 @@ def test_tokenizer_codec_decodes_incrementally(tmp_path):
 
 # ---- the command --------------------------------------------------------------------------------
 def _serve_app():
-    import typer
+    """The real app: its command classes hold the one bad-input boundary (exit 2)."""
+    from cbbench.cli.app import app
 
-    from cbbench.cli import serve as cmd_serve
-
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    cmd_serve.register(app)
     return app
 
 
