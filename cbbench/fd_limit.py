@@ -26,3 +26,14 @@ def raise_open_file_limit(wanted: int, reserved: int = RESERVED_FDS) -> int:
     if soft == resource.RLIM_INFINITY:
         return wanted
     return max(1, min(wanted, soft - reserved))
+
+
+def open_file_limit() -> int | str:
+    """The soft open-file limit now ("unlimited" when it has none)."""
+    try:
+        import resource
+    except ImportError:
+        return "unknown"
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return "unlimited" if soft == resource.RLIM_INFINITY else soft
+

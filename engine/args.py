@@ -38,6 +38,10 @@ DEFAULT_BLOCK_SIZE = 16
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_SWAP_SPACE_GIB = 4.0
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
+# Speculative decoding: draft tokens per request per step. vLLM's n-gram and EAGLE setups use
+# 1..8; beyond 16 almost every draft is rejected (A^16 < 0.03 at A = 0.8) and the verify rows
+# only cost budget.
+MAX_SPECULATIVE_TOKENS = 16
 
 
 # An option value the engine cannot take: the one bad-input type (engine/errors.py).
@@ -117,6 +121,21 @@ class EngineArgs:
         "Reuse the KV of full blocks shared with earlier requests (needs token ids: workloads "
         "with prompt_token_ids, or the torch engine).",
     )
+    # Speculative decoding (vLLM's --speculative-config num_speculative_tokens).
+    speculative_tokens: int = opt(
+        0,
+        "Speculative decoding: draft tokens proposed per running request per step, verified "
+        "as K+1 query rows of that request in the same forward (0 = off). The torch engine "
+        "drafts by n-gram prompt lookup; the simulator draws acceptance from "
+        "--acceptance-rate.",
+        low=0, high=MAX_SPECULATIVE_TOKENS,
+    )
+    acceptance_rate: float | None = opt(
+        None,
+        "sim, with --speculative-tokens: probability that a draft token is accepted given "
+        "that the ones before it were (default 0.7). The torch engine measures its own.",
+        low=0.0, high=1.0,
+    )
     # The torch engine.
     device: str | None = opt(
         None, "torch engine: cpu | cuda. Default: cuda if present.", choices=DEVICES
@@ -135,6 +154,12 @@ class EngineArgs:
         True, "Benchmark runs ignore EOS so output lengths follow the workload."
     )
     cuda_graphs: bool = opt(True, "Replay CUDA graphs for decode.")
+    async_scheduling: bool = opt(
+        False,
+        "torch engine: prepare step n+1's inputs while step n runs on the device (vLLM v1's "
+        "async scheduling; the sampled tokens are the only dependency). Same tokens and "
+        "records either way. Off by default until a GPU run measures it (docs/async_scheduling.md).",
+    )
     fused_kernels: str = opt(
         "auto",
         "torch engine: the fused Triton layer kernels (residual add + RMSNorm, RoPE + KV store, "
@@ -194,6 +219,10 @@ class EngineArgs:
                 raise EngineArgsError(f"{field_flag(f)} {problem}")
         if self.engine == "torch":
             check_single_device(self)
+        if self.acceptance_rate is not None and self.speculative_tokens == 0:
+            raise EngineArgsError(
+                "--acceptance-rate needs --speculative-tokens K > 0 (speculation is off)"
+            )
         if self.gpu_profile is not None:
             rate_flags = [flag_of(n) for n in SIM_RATE_FIELDS if getattr(self, n) is not None]
             if rate_flags:

@@ -49,6 +49,9 @@ class EngineInfo:
     vocab_size: int | None = None
     eos_token_id: int | list[int] | None = None
     torch_version: str | None = None
+    # Speculative decoding: K, and the acceptance rate the simulator draws from (None: off).
+    speculative_tokens: int | None = None
+    acceptance_rate: float | None = None
 
     def to_dict(self) -> dict:
         """The fields this engine kind sets (None fields left out, except gpu)."""

@@ -94,7 +94,10 @@ def build_sim_engine(args: EngineArgs):
     num_cpu_blocks = num_swap_blocks(args, block_bytes)
     check_sim_sizes(args, num_blocks, num_cpu_blocks)
     config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
-    engine = Engine(config, SimExecutor(cost, args.block_size), VirtualClock(), cost)
+    acceptance, drafter = sim_speculation(args)
+    engine = Engine(
+        config, SimExecutor(cost, args.block_size, acceptance), VirtualClock(), cost, drafter
+    )
     info = EngineInfo(
         engine="sim",
         gpu=gpu.name if gpu is not None else profile.device,
@@ -111,8 +114,24 @@ def build_sim_engine(args: EngineArgs):
         kv_bytes_per_token=model.kv_bytes_per_token(dtype),
         efficiency=efficiency,
         clock="virtual",
+        speculative_tokens=args.speculative_tokens or None,
+        acceptance_rate=acceptance.rate if acceptance is not None else None,
     )
     return engine, info
+
+
+def sim_speculation(args: EngineArgs):
+    """(SimAcceptance, SimDrafter) with --speculative-tokens, else (None, None). The drafter
+    is free on the simulated GPU: a draft model's forward is not modelled (n-gram lookup and
+    placeholder drafts are host work of microseconds per request; docs/speculative.md)."""
+    if not args.speculative_tokens:
+        return None, None
+    from .core.spec_decode import DEFAULT_SIM_ACCEPTANCE_RATE, SimAcceptance, SimDrafter
+
+    rate = args.acceptance_rate
+    if rate is None:
+        rate = DEFAULT_SIM_ACCEPTANCE_RATE
+    return SimAcceptance(rate, args.seed), SimDrafter(args.speculative_tokens)
 
 
 def check_sim_sizes(args: EngineArgs, num_blocks: int, num_cpu_blocks: int) -> None:

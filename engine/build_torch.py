@@ -213,6 +213,7 @@ def build_torch_engine(args: EngineArgs):
         max_num_seqs=args.max_num_seqs,
         sampler_seed=args.seed,
         max_num_batched_tokens=budget,
+        async_scheduling=args.async_scheduling,
     )
     mixed_reason = graphs_reason
     if use_graphs and not runner.cuda_graphs_effective:
@@ -225,7 +226,15 @@ def build_torch_engine(args: EngineArgs):
 
     gpu = match_device_name(torch.cuda.get_device_name(device)) if on_cuda else None
     cost = real_run_cost_model(args, config, dtype_name, gpu, device)
-    engine = Engine(engine_cfg, runner, WallClock(), cost)
+    drafter = None
+    if args.speculative_tokens:
+        from .core.spec_decode import NgramDrafter
+
+        drafter = NgramDrafter(args.speculative_tokens)
+        if args.acceptance_rate is not None:
+            log.info(f"--acceptance-rate {args.acceptance_rate:g} is ignored by the torch engine: "
+                   "it drafts by n-gram lookup and measures its own acceptance")  # fmt: skip
+    engine = Engine(engine_cfg, runner, WallClock(), cost, drafter)
     info = EngineInfo(
         engine="torch",
         device=device,
@@ -255,5 +264,6 @@ def build_torch_engine(args: EngineArgs):
         eos_token_id=config.eos_token_id,
         torch_version=torch.__version__,
         clock="wall",
+        speculative_tokens=args.speculative_tokens or None,
     )
     return engine, info

@@ -44,7 +44,7 @@ def read_json(path: str | Path, what: str, max_bytes: int | None = None):
         raise InputError(f"cannot read {what} {path}: {e}") from None
     del raw
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
         raise InputError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
@@ -62,3 +62,17 @@ def _check_size(path: Path, what: str, size: int, max_bytes: int | None) -> None
             f"{path} ({fmt_bytes(size)}) needs about {fmt_bytes(size * JSON_MEMORY_FACTOR)} of "
             f"memory to read, more than the {fmt_bytes(available)} available on this host"
         )
+
+
+# No number a cbbench file holds is beyond a float: an integer of more digits than float's
+# range (a 401-digit one in a baseline) raised OverflowError wherever it met a float (gate
+# exited 1, its code for "regressed"; compare and report were tracebacks).
+MAX_INT_DIGITS = 308
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits, beyond any number "
+                         "cbbench reads")
+    return int(text)
+

@@ -155,6 +155,8 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     Attention and RoPE: every dtype x head dim x GQA group at block size 16, and bf16 (the GPU
     default) at block size 256 too; the block size only changes a constant divisor there.
+    "decode" is the default pure-decode path (the GQA-packed kernel on tensor cores),
+    "cores-decode" its CUDA-core variant, "unified-decode" the unified kernel on a decode batch.
     """
     from .fused_rms_norm import add_rms_norm_triton, rms_norm_triton
     from .fused_rope import rope_store_kv_triton, rope_triton
@@ -162,6 +164,8 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
     from .triton_attention import TritonBackend
 
     unified, split = TritonBackend(decode_splits=1), TritonBackend(decode_splits=DECODE_SPLITS)
+    unified_decode = TritonBackend(decode_splits=1, decode_kernel="unified")
+    cores_decode = TritonBackend(decode_splits=1, decode_kernel="packed-cores")
     points = [
         (d, hd, g, bs)
         for d, hd, g, bs in itertools.product(DTYPES, HEAD_DIMS, GQA_GROUPS, BLOCK_SIZES)
@@ -171,7 +175,9 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
         dtype = DTYPES[dname]
         cache = torch.zeros(2, block_size, NUM_KV_HEADS, head_dim, dtype=dtype)
         tag = f"{dname} d{head_dim} gqa{gqa} bs{block_size}"
-        for phase, backend in (("prefill", unified), ("decode", unified), ("split-k", split)):
+        phases = (("prefill", unified), ("decode", unified), ("split-k", split),
+                  ("unified-decode", unified_decode), ("cores-decode", cores_decode))  # fmt: skip
+        for phase, backend in phases:
             md = _metadata(phase != "prefill", block_size)
             q, _, _ = _layer_tensors(dtype, head_dim, gqa, md.num_tokens)
             q = q.contiguous()  # attention reads the rotated q, a fresh tensor
@@ -219,14 +225,14 @@ def specialization_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
 
     cache = torch.zeros(40, 16, NUM_KV_HEADS, 128, dtype=torch.bfloat16)
     for num_reqs, width, splits in [(2, 3, 4), (1, 1, 1), (16, 16, 16), (17, 17, 17), (32, 32, 2)]:
-        for decode in (True, False):
+        for phase in ("decode", "packed-decode", "prefill"):
+            decode = phase != "prefill"
             q_lens = [1] * num_reqs if decode else [2] * num_reqs
             md = build_metadata(q_lens, [14] * num_reqs, [[0] * width] * num_reqs, 16)
             q = torch.zeros(md.num_tokens, 4 * NUM_KV_HEADS, 128, dtype=torch.bfloat16)
-            backend = TritonBackend(decode_splits=max(2, splits) if decode else 1)
+            backend = TritonBackend(decode_splits=max(2, splits) if phase == "decode" else 1)
             yield (
-                f"num_reqs={num_reqs} width={width} splits={max(2, splits)} "
-                + ("decode" if decode else "prefill"),
+                f"num_reqs={num_reqs} width={width} splits={max(2, splits)} {phase}",
                 lambda b=backend, q=q, md=md: b.forward(q, cache, cache, md, 0.1),
             )
 
@@ -235,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cap", type=int, required=True, choices=sorted(SMEM_LIMIT))
     parser.add_argument("--json", required=True, help="where to write the rows")
+    parser.add_argument("--configs", default=None,
+                        help="only the launch points whose config ends with this (e.g. ' decode')")
     args = parser.parse_args(argv)
     if INTERPRETED:
         print(
@@ -244,9 +252,14 @@ def main(argv: list[str] | None = None) -> int:
     import triton
 
     t0 = time.perf_counter()
-    rows = compile_launches(args.cap, engine_launches())
+    points = engine_launches()
+    spec_points = specialization_launches()
+    if args.configs is not None:
+        points = ((c, f) for c, f in points if c.endswith(args.configs))
+        spec_points = ((c, f) for c, f in spec_points if c.endswith(args.configs))
+    rows = compile_launches(args.cap, points)
     t1 = time.perf_counter()
-    spec_rows = compile_launches(args.cap, specialization_launches())
+    spec_rows = compile_launches(args.cap, spec_points)
     out = {
         "triton": triton.__version__,
         "cap": args.cap,

@@ -11,8 +11,10 @@ BLOCK_Q)`` programs (the extra ones exit with nothing to do), ``start`` is incre
 whole grid is ``num_tokens // BLOCK_Q + num_reqs`` programs, known on the host without reading
 any device tensor (so no sync, and CUDA-graph friendly). Each program binary-searches ``start``.
 
-Pure-decode batches that would leave most SMs idle (few requests, long contexts) go to the
-split-K kernels of :mod:`.triton_decode_split` instead.
+Pure-decode batches go to decode kernels of their own: the split-K kernels of
+:mod:`.triton_decode_split` when few requests would leave most SMs idle (long contexts), else
+the GQA-packed kernel of :mod:`.triton_decode_packed` (one program per request and kv head,
+the group's heads as its rows; ``decode_kernel="unified"`` keeps this kernel for decode too).
 
 Triton reads ``TRITON_INTERPRET`` when a kernel is defined, so whether this module runs compiled
 (CUDA tensors) or interpreted (CPU tensors) is fixed at import time.
@@ -29,7 +31,10 @@ import triton.language as tl
 from .backend import AttentionBackend, check_shapes
 from .metadata import AttentionMetadata
 from .triton_common import INTERPRETED, check_device, launch, next_pow2
+from .triton_decode_packed import packed_decode_attention
 from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
+
+DECODE_KERNELS = ("packed", "packed-cores", "unified")
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 
@@ -193,7 +198,10 @@ def _store_kv_kernel(
 class TritonBackend(AttentionBackend):
     """``tiles``: tile sizes (default: ``default_tiles(dtype)``). ``sms``: SMs
     to fill when choosing split-K (default: the device's). ``decode_splits``: force a split
-    count for pure-decode batches (tests); ``None`` chooses, 1 never splits."""
+    count for pure-decode batches (tests); ``None`` chooses, 1 never splits.
+    ``decode_kernel``: the kernel of unsplit pure-decode batches, "packed" (GQA-packed on tensor
+    cores, the default), "packed-cores" (GQA-packed on CUDA cores, no padding rows) or
+    "unified" (this module's mixed kernel, as before it)."""
 
     name = "triton"
 
@@ -202,10 +210,14 @@ class TritonBackend(AttentionBackend):
         tiles: TileConfig | None = None,
         sms: int | None = None,
         decode_splits: int | None = None,
+        decode_kernel: str = "packed",
     ) -> None:
+        if decode_kernel not in DECODE_KERNELS:
+            raise ValueError(f"decode_kernel must be one of {DECODE_KERNELS}, not {decode_kernel!r}")
         self.tiles = tiles
         self.sms = sms
         self.decode_splits = decode_splits
+        self.decode_kernel = decode_kernel
 
     def choose_decode_splits(self, metadata: AttentionMetadata, num_kv_heads: int, device) -> int:
         """Splits for a pure-decode batch, from host-side values only (graph-capture safe)."""
@@ -270,6 +282,11 @@ class TritonBackend(AttentionBackend):
             if splits > 1:
                 return split_decode_attention(
                     query, k_cache, v_cache, metadata, scale, splits, block_n, block_tables
+                )
+            if self.decode_kernel != "unified":
+                return packed_decode_attention(
+                    query, k_cache, v_cache, metadata, scale, block_n, block_tables,
+                    cores=self.decode_kernel == "packed-cores",
                 )
         block_q = max(1, rows // group_pad, MIN_DOT // group_pad)
         grid = (metadata.num_tokens // block_q + metadata.num_reqs, num_kv_heads)

@@ -8,9 +8,12 @@ token event goes out TTFT after the request arrived and each next one ITL later,
 deadlines (a late wake-up does not push the next token back), then usage and [DONE]. For each
 request it notes, on time.perf_counter() (CLOCK_MONOTONIC: the same clock as the client's on
 this machine), when the request arrived and when its first and last token events were written:
-GET /log returns them as JSON, keyed by prompt. GET /v1/models names one model.
+GET /log returns them as JSON, keyed by prompt; GET /log?clear returns them and forgets them (a
+benchmark that runs client after client against one server takes each run's log so). GET
+/v1/models names one model.
 
-Used by tests/targets/test_workers.py and tests/bench/bench_loadgen.py; 127.0.0.1 only.
+Used by tests/targets/test_workers.py and tests/bench/bench_loadgen.py (and its --against);
+127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ def _plain(body: bytes, ctype: bytes = b"application/json") -> bytes:
 
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+# Every token event is one of two byte strings, made once: the server spends its CPU on timing,
+# not on JSON (it shares the machine with the client under test).
+TOKEN = _event({"choices": [{"index": 0, "text": " a", "finish_reason": None}]})
+LAST_TOKEN = _event({"choices": [{"index": 0, "text": " a", "finish_reason": "length"}]})
+DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 
 class TimingServer:
@@ -61,16 +69,15 @@ class TimingServer:
             delay = received + self.ttft_s + i * self.itl_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            finish = "length" if i == n - 1 else None
             t = time.perf_counter()
-            writer.write(_event({"choices": [{"index": 0, "text": " a", "finish_reason": finish}]}))
+            writer.write(LAST_TOKEN if i == n - 1 else TOKEN)
             if i == 0:
                 entry["first_token"] = t
             entry["last_token"] = t
             await writer.drain()
         usage = {"prompt_tokens": 2, "completion_tokens": n, "total_tokens": n + 2}
         writer.write(_event({"choices": [], "usage": usage}))
-        writer.write(_chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        writer.write(DONE)
         await writer.drain()
 
     async def handle(self, reader, writer) -> None:
@@ -87,6 +94,8 @@ class TimingServer:
                     writer.write(_plain(json.dumps({"data": [{"id": MODEL}]}).encode()))
                 elif head.startswith(b"GET /log"):
                     writer.write(_plain(json.dumps(self.log).encode()))
+                    if head.startswith(b"GET /log?clear"):
+                        self.log = {}
                 else:
                     await self._stream(json.loads(body), received, writer)
                 await writer.drain()
@@ -122,9 +131,11 @@ def timing_server(ttft_ms: float, itl_ms: float):
         proc.wait(timeout=START_TIMEOUT_S)
 
 
-def fetch_log(url: str) -> dict[str, dict]:
-    """{prompt: {"received", "first_token", "last_token", "tokens"}} (perf_counter seconds)."""
-    with urllib.request.urlopen(url + "/log", timeout=START_TIMEOUT_S) as resp:
+def fetch_log(url: str, clear: bool = False) -> dict[str, dict]:
+    """{prompt: {"received", "first_token", "last_token", "tokens"}} (perf_counter seconds);
+    `clear`: the server forgets them once sent."""
+    path = "/log?clear" if clear else "/log"
+    with urllib.request.urlopen(url + path, timeout=START_TIMEOUT_S) as resp:
         return json.loads(resp.read())
 
 

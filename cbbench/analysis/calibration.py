@@ -47,6 +47,16 @@ from cbbench.errors import UsageError
 # Seven parameters need many more points than seven; 50 also keeps one outlier from steering.
 MIN_ITERATIONS = 50
 SHAPE_FIELDS = ("num_logits", "attn_key_pairs", "attn_keys_read", "attn_decode_keys")
+# An iteration record's fields the fit reads: counts (tokens, rows, requests, blocks) and
+# amounts (attention's key pairs and keys, the measured time), each with its range. A step
+# holds at most 2^31 tokens (an int32 index); its key pairs at most that squared; a step of
+# more than a day is no measurement.
+MAX_RECORD_COUNT = 2**31 - 1
+RECORD_COUNTS = ("num_prefill_tokens", "num_decode_tokens", "num_logits", "num_prefill_reqs",
+                 "num_decode_reqs")
+RECORD_OPTIONAL_COUNTS = ("num_swapped_out_blocks", "num_swapped_in_blocks")
+RECORD_AMOUNTS = {"attn_key_pairs": float(2**62), "attn_keys_read": float(2**62),
+                  "attn_decode_keys": float(2**62), "duration_s": 86400.0}
 
 
 @dataclass
@@ -73,6 +83,10 @@ def _device_of(config: dict, where: str) -> tuple[str, str]:
     name = str(config.get("device_name") or "?")
     if not config.get("gpu"):
         raise UsageError(f"{where}: the GPU {name!r} has no spec in cbbench, so no profile")
+    try:
+        get_gpu_spec(str(config["gpu"]))  # a tampered name was a KeyError midway
+    except ValueError as e:
+        raise UsageError(f"{where}: config.gpu: {e}") from None
     return str(config["gpu"]), name
 
 
@@ -80,12 +94,39 @@ def _records_of(result: dict, where: str) -> list[dict]:
     its = result.get("iterations")
     if not isinstance(its, list) or not its:
         raise UsageError(f"{where} has no iteration records (was it written with --summary-only?)")
-    if any(k not in its[0] for k in SHAPE_FIELDS):
+    if isinstance(its[0], dict) and any(k not in its[0] for k in SHAPE_FIELDS):
         raise UsageError(
             f"{where}: its iteration records lack the batch shape (num_logits, attn_key_pairs); "
             "rerun it with this cbbench"
         )
+    for k, it in enumerate(its):
+        check_record(it, f"{where}: iteration {k}")
     return its
+
+
+def check_record(it: object, where: str) -> None:
+    """Every field the fit reads, of its kind and in its range: Infinity, text, a missing
+    field, 1e300, 10**30 or a record that is a number were tracebacks inside the fit, and
+    negative token counts were fitted silently. (A typed result schema will read these; the
+    checks stay the fit's own until then.)"""
+    if not isinstance(it, dict):
+        raise UsageError(f"{where} is {type(it).__name__}, not a record (an object)")
+    for name in RECORD_COUNTS + RECORD_OPTIONAL_COUNTS:
+        if name not in it:
+            if name in RECORD_OPTIONAL_COUNTS:
+                continue
+            raise UsageError(f"{where} has no {name!r}")
+        v = it[name]
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_RECORD_COUNT:
+            raise UsageError(
+                f"{where} has {name} {v!r}: expected an integer in [0, {MAX_RECORD_COUNT}]"
+            )
+    for name, top in RECORD_AMOUNTS.items():
+        if name not in it:
+            raise UsageError(f"{where} has no {name!r}")
+        v = it[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= top:
+            raise UsageError(f"{where} has {name} {v!r}: expected a number in [0, {top:g}]")
 
 
 def fit_data(results: Sequence[tuple[str, dict]]) -> tuple[FitData, str, str, str, list[Source]]:
@@ -122,6 +163,7 @@ def fit_data(results: Sequence[tuple[str, dict]]) -> tuple[FitData, str, str, st
                 num_reqs=it["num_prefill_reqs"] + it["num_decode_reqs"],
                 num_prefill_reqs=it["num_prefill_reqs"],
                 decode_keys=it["attn_decode_keys"],
+                num_draft_tokens=it.get("draft_tokens", 0),
             )
             ops = cost.operators(shape)
             ops[ATTENTION_OP] = (0.0, 0.0)

@@ -159,11 +159,17 @@ def metric_value(result: dict, metric: str, path: str) -> float:
     node = result.get("summary", {})
     for part in metric.split("."):
         node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, bool) or not isinstance(node, (int, float)) or not math.isfinite(node):
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise UsageError(f"{path} has no value for metric {metric!r}")
-    if node < 0 and not metric.startswith(SIGNED_METRICS):
+    try:
+        value = float(node)  # an int of 309+ digits is beyond any float: OverflowError
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):  # was a traceback, exit 1 (the code for "regressed")
+        raise UsageError(f"{path} has no value for metric {metric!r}")
+    if value < 0 and not metric.startswith(SIGNED_METRICS):
         raise UsageError(f"{path} has {metric} = {node}: it cannot be negative")
-    return float(node)
+    return value
 
 
 def check_same_workload(results: Sequence[tuple[str, dict]]) -> None:

@@ -6,8 +6,10 @@ lag (actual send - when the client was ready to send) is reported beside them. U
 --max-concurrency the wait for a slot is part of the intended-start figures and is reported on
 its own (slot_wait_ms), with TTFT/E2EL from the send beside them (vLLM's benchmark measures
 from the send). TPOT per request is (E2EL - TTFT) / (output - 1)
-over requests with more than one output token; ITL pools the gaps between consecutive tokens of
-every request. Distributions use numpy.percentile (linear interpolation).
+over requests with more than one output token; ITL pools the per-token gaps of every request
+(an event of k tokens after a gap g counts k gaps of g/k; event_gap_ms is the gap per event).
+TTFT counts to the first token of any kind (vLLM), TTFOT to the first answer or tool-call
+token (reasoning left out). Distributions use numpy.percentile (linear interpolation).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.server_cache import server_prefix_cache
 from cbbench.analysis.token_counts import short_outputs
 from cbbench.errors import UsageError
 
@@ -66,20 +69,74 @@ def meets_slo(rec: RequestRecord, slo: dict[str, float]) -> bool:
     return True
 
 
+def token_gaps_s(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per-token gaps, per-event gaps, tokens per event) of one request, in seconds. An event
+    of k tokens after a gap g gives k per-token gaps of g/k (SGLang's and inference-perf's
+    definition); the first event's tokens have no gap before them."""
+    times, counts = rec.events()
+    k = np.asarray(counts, dtype=np.float64)
+    if len(times) < 2:
+        return np.zeros(0), np.zeros(0), k
+    gaps = np.diff(np.asarray(times, dtype=np.float64))
+    later = k[1:]
+    nonzero = later > 0  # an event the count put at 0 tokens adds no per-token gap
+    per_token = np.repeat(gaps[nonzero] / later[nonzero], later[nonzero].astype(np.int64))
+    return per_token, gaps, k
+
+
 def itl_values_s(records: Sequence[RequestRecord]) -> np.ndarray:
-    gaps = [np.diff(r.token_times_s) for r in records if r.ok and len(r.token_times_s) > 1]
+    """Per-token inter-token latencies, pooled over the completed requests."""
+    gaps = [token_gaps_s(r)[0] for r in records if r.ok and len(r.token_times_s) > 1]
     return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
+def _reasoning_values(done: Sequence[RequestRecord]) -> tuple[list, list, list, list]:
+    """TTFOT, reasoning time, reasoning tokens and reasoning share of the output, per request
+    (ms where times). Reasoning time: from the first token to the first output token, for
+    requests that reasoned and then answered (or called a tool)."""
+    ttfot, r_time, r_tokens, r_share = [], [], [], []
+    for r in done:
+        t = r.ttfot_s
+        if t is not None:
+            ttfot.append(t * MS)
+        if r.reasoning_tokens is None:
+            continue
+        r_tokens.append(r.reasoning_tokens)
+        if r.output_tokens > 0:
+            r_share.append(r.reasoning_tokens / r.output_tokens)
+        if r.reasoning_tokens and t is not None:
+            r_time.append((t - r.ttft_s) * MS)
+    return ttfot, r_time, r_tokens, r_share
+
+
 def latency_distributions(done: Sequence[RequestRecord], percentiles=DEFAULT_PERCENTILES) -> dict:
-    """TTFT, TPOT, ITL and E2EL of completed requests, in ms (vLLM's definitions)."""
+    """TTFT, TPOT, ITL and E2EL of completed requests, in ms (vLLM's definitions); ITL per
+    token, with the per-event gap and tokens per event beside it; TTFOT and the reasoning
+    figures (analysis/records.py)."""
+    per_token, per_event, per_event_tokens = [], [], []
+    for r in done:
+        a, b, k = token_gaps_s(r)
+        per_token.append(a)
+        per_event.append(b)
+        per_event_tokens.append(k)
+
+    def cat(parts: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    ttfot, r_time, r_tokens, r_share = _reasoning_values(done)
     return {
         "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
         "tpot_ms": distribution(
             [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
         ),
-        "itl_ms": distribution(itl_values_s(done) * MS, percentiles),
+        "itl_ms": distribution(cat(per_token) * MS, percentiles),
         "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
+        "event_gap_ms": distribution(cat(per_event) * MS, percentiles),
+        "tokens_per_event": distribution(cat(per_event_tokens), percentiles),
+        "ttfot_ms": distribution(ttfot, percentiles),
+        "reasoning_time_ms": distribution(r_time, percentiles),
+        "reasoning_tokens": distribution(r_tokens, percentiles),
+        "reasoning_share": distribution(r_share, percentiles),
     }
 
 
@@ -115,6 +172,9 @@ def summarize(
     }
     if summary["cancelled"]:
         summary["cancelled_work"] = cancelled_work(records)
+    cache = server_prefix_cache(records)
+    if cache is not None:  # the server's own count (usage.prompt_tokens_details)
+        summary["server_prefix_cache"] = cache
     if any(r.slot_s is not None for r in records):  # closed loop: both latency bases
         summary["latency_basis"] = "intended_start"
         summary["slot_wait_ms"] = distribution(
@@ -212,10 +272,25 @@ def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -
         "mean_kv_usage": float((used / total).mean()),
         "num_preemptions": int(sum(it["num_preempted"] for it in iterations)),
         "total_prefill_tokens": int(pre.sum()),
+        **_token_rates(iterations),
         **_policy_totals(iterations),
         # Time-weighted: total analytic bytes over total busy time.
         "mean_achieved_bw_gbps": float(nbytes.sum() / busy / 1e9) if busy > 0 else 0.0,
         **util,
+    }
+
+
+def _token_rates(iterations: Sequence[dict]) -> dict:
+    """Output tokens per step: per iteration, and per request that gained tokens in it (1.0
+    without speculative decoding; 1 + accepted drafts per step with it). None for results
+    from before these fields existed."""
+    if "emitted_tokens" not in iterations[0]:
+        return {"mean_emitted_tokens": None, "tokens_per_request_step": None}
+    emitted = sum(it["emitted_tokens"] for it in iterations)
+    sampled = sum(it["num_sampled_reqs"] for it in iterations)
+    return {
+        "mean_emitted_tokens": emitted / len(iterations),
+        "tokens_per_request_step": emitted / sampled if sampled else None,
     }
 
 

@@ -22,6 +22,7 @@ class RequestRecord:
     priority: int = 0
     session_id: int | str | None = None  # multi-turn workloads: the session
     turn: int | None = None  # multi-turn workloads: the turn, from 1
+    turn_kind: str | None = None  # sessions: "user" or "tool" (a tool result's turn)
     cancelled: bool = False  # --cancel-rate: the client gave up on it (not an error)
     worker: int | None = None  # HTTP runs: the load-generator worker that sent it (0..N-1)
     # HTTP targets (issue 20): what was asked and how the output was counted.
@@ -34,6 +35,16 @@ class RequestRecord:
     # HTTP: the id the server gave the response (OpenAI's "id"): joins a record to the
     # server's own log line for the request. None when the server sent none.
     server_request_id: str | None = None
+    # Issue 24: what the tokens were, and how many each stream event carried.
+    # Tokens per timed event (parallel to token_times_s, HTTP), and how they were counted:
+    # continuous_usage (exact) | tokenizer | one_per_event. None: one token per time (the
+    # in-process engine, whose equal times mark the tokens of one step).
+    event_tokens: list[int] | None = None
+    event_tokens_method: str | None = None
+    reasoning_tokens: int | None = None  # output tokens that were reasoning (None: unknown)
+    first_output_s: float | None = None  # the first answer or tool-call token (not reasoning)
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (None: unsent)
+    tool_calls: list[dict] | None = None  # [{"id", "name", "argument_tokens"}] the reply made
 
     @property
     def ok(self) -> bool:
@@ -60,6 +71,34 @@ class RequestRecord:
     @property
     def e2el_from_send_s(self) -> float | None:
         return self.token_times_s[-1] - self.send_s if self.ok and self.send_s is not None else None
+
+    @property
+    def ttfot_s(self) -> float | None:
+        """Time to the first output token: the first answer or tool-call token, reasoning
+        left out (AIPerf's and GuideLLM's TTFOT); equal to TTFT for a request that did not
+        reason."""
+        if not self.ok:
+            return None
+        first = self.first_output_s
+        if first is None:
+            return None if self.reasoning_tokens else self.ttft_s
+        return first - self.intended_start_s
+
+    def events(self) -> tuple[list[float], list[int]]:
+        """(time, tokens) of each stream event: the recorded per-event counts, else runs of
+        equal token times (one engine step's tokens) -- one token each when all differ."""
+        times = self.token_times_s
+        if self.event_tokens is not None:
+            return times, self.event_tokens
+        out_t: list[float] = []
+        out_k: list[int] = []
+        for t in times:
+            if out_t and t == out_t[-1]:
+                out_k[-1] += 1
+            else:
+                out_t.append(t)
+                out_k.append(1)
+        return out_t, out_k
 
     @property
     def tpot_s(self) -> float | None:

@@ -158,21 +158,59 @@ def check_writable(path) -> None:
 
 
 def check_not_an_input(output, inputs, flag: str) -> None:
-    """Refuse an output that is also one of the command's inputs (by any name: a symlink, a
-    hard link): writing it would replace the input (`gate ... --junit BASE.json`)."""
+    """Refuse an output that is also one of the command's inputs, by any name: the same
+    resolved path (a symlink, `..`) or the same file (a hard link: device and inode). Writing
+    it would replace that input (`calibrate R.json --out R.json`, `run --replay R.json
+    --output R.json`: a real run replaced by its own simulation). Every command calls this
+    one guard for every file it writes, with every file it reads (workload, results,
+    profiles, tokenizer, trace, replay)."""
     if output is None or is_stdout(output):
         return
     out = Path(output)
-    if not out.is_file():
-        return  # a new file replaces nothing; a device or FIFO is written into, not replaced
+    real_out = os.path.realpath(out)
+    if os.path.exists(out) and not os.path.isfile(out):
+        return  # a device or FIFO is written into, not replaced
     for inp in inputs:
         if inp is None or is_stdout(inp) or not os.path.exists(inp):
             continue  # a built-in name, not a file
-        if os.path.samefile(out, inp):
+        same = os.path.realpath(inp) == real_out
+        if not same and os.path.exists(out):
+            try:
+                same = os.path.samefile(out, inp)
+            except OSError:
+                same = False
+        if same:
             raise UsageError(
                 f"{flag} {output} is also an input of this command ({inp}): writing it would "
                 "replace that input; give another path"
             )
+
+
+def check_folder_not_inputs(folder, names, inputs, flag: str) -> None:
+    """The guard for a command that writes several files into a folder (`report --out DIR`,
+    `sweep --out-dir DIR`): ``names`` are the file names it writes there (shell patterns for
+    those named by what is measured, `rate-*.json`); an input inside the folder with one of
+    those names is refused, as a file output over an input is."""
+    import fnmatch
+
+    folder = Path(folder)
+    for name in names:
+        if any(c in name for c in "*?["):
+            for inp in inputs:
+                if inp is None or is_stdout(inp) or not os.path.exists(inp):
+                    continue
+                here = Path(os.path.realpath(inp))
+                if (here.parent == Path(os.path.realpath(folder))
+                        and fnmatch.fnmatch(here.name, name)):
+                    check_not_an_input(folder / here.name, [inp], flag)
+        else:
+            check_not_an_input(folder / name, inputs, flag)
+
+
+def engine_inputs(engine_opts) -> list:
+    """The files an engine's options read (the device profile): inputs of every command
+    that builds an engine."""
+    return [getattr(engine_opts, "gpu_profile", None)]
 
 
 def load_result(path: Path) -> dict:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cbbench.analysis.metrics import itl_values_s
+from cbbench.analysis.prom_text import Dropped, family_of, family_types, parse_sample
 from cbbench.analysis.records import RequestRecord
 
 # What the summary calls each quantity -> the histogram families that hold it, newest name
@@ -41,25 +42,53 @@ NOTE = (
 )
 
 
-def parse_histograms(text: str) -> dict[str, dict]:
+def parse_histograms(text: str, dropped: Dropped | None = None) -> dict[str, dict]:
     """{family: {"buckets": {le: cumulative count}, "sum": s, "count": n}}, summed over the
-    label sets (model names, engines) of each family."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    label sets (model names, engines) of each family. Read line by line (prom_text.py): a
+    series without `le`, with `le="abc"` or a negative one, or a count that is not a finite
+    number >= 0 is dropped and counted in ``dropped``, and the page's other series stand."""
+    dropped = dropped if dropped is not None else Dropped()
+    lines = text.splitlines()
+    types = family_types(lines)
     out: dict[str, dict] = {}
-    for fam in text_string_to_metric_families(text):
-        if fam.type != "histogram":
+    for line in lines:
+        if not line or line[0] == "#":
             continue
-        h = out.setdefault(fam.name, {"buckets": {}, "sum": 0.0, "count": 0.0})
-        for s in fam.samples:
-            if s.name.endswith("_bucket"):
-                le = float(s.labels["le"])
-                h["buckets"][le] = h["buckets"].get(le, 0.0) + s.value
-            elif s.name.endswith("_sum"):
-                h["sum"] += s.value
-            elif s.name.endswith("_count"):
-                h["count"] += s.value
+        s = parse_sample(line, dropped)
+        if s is None:
+            continue
+        fam = family_of(s.name, types)
+        if fam is None or types.get(fam) != "histogram":
+            continue
+        if s.name.endswith("_bucket"):
+            le = _bound(s.labels.get("le"))
+            if le is None:
+                dropped.add("a histogram bucket without a valid le", line)
+                continue
+            if s.value < 0:
+                dropped.add("a negative bucket count", line)
+                continue
+            h = out.setdefault(fam, {"buckets": {}, "sum": 0.0, "count": 0.0})
+            h["buckets"][le] = h["buckets"].get(le, 0.0) + s.value
+        elif s.name.endswith("_sum"):
+            out.setdefault(fam, {"buckets": {}, "sum": 0.0, "count": 0.0})["sum"] += s.value
+        elif s.name.endswith("_count"):
+            if s.value < 0:
+                dropped.add("a negative histogram count", line)
+                continue
+            out.setdefault(fam, {"buckets": {}, "sum": 0.0, "count": 0.0})["count"] += s.value
     return out
+
+
+def _bound(le: str | None) -> float | None:
+    """A bucket's upper bound: a number >= 0 or +Inf; None for anything else."""
+    if le is None:
+        return None
+    try:
+        v = float(le)
+    except ValueError:
+        return None
+    return v if v >= 0 and not math.isnan(v) and v != -math.inf else None
 
 
 def delta(before: dict | None, after: dict) -> dict:
@@ -119,12 +148,14 @@ def _client_values_ms(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]
 
 
 def server_vs_client(
-    before_text: str | None, after_text: str, records: Sequence[RequestRecord]
+    before_text: str | None, after_text: str, records: Sequence[RequestRecord],
+    dropped: Dropped | None = None,
 ) -> dict | None:
     """Server p50/mean beside the client's p50, per quantity vLLM's histograms hold; None when
     the server exposes none of them."""
-    before = parse_histograms(before_text) if before_text else {}
-    after = parse_histograms(after_text)
+    dropped = dropped if dropped is not None else Dropped()
+    before = parse_histograms(before_text, dropped) if before_text else {}
+    after = parse_histograms(after_text, dropped)
     client = _client_values_ms(records)
     out: dict = {}
     for key, names in SERVER_HISTOGRAM_NAMES.items():
@@ -132,6 +163,11 @@ def server_vs_client(
         if name is None:
             continue
         d = delta(before.get(name), after[name])
+        if not (math.isfinite(d["sum"]) and 0 <= d["count"] < math.inf):
+            # A server restarted between the scrapes (its counts fell), or sums that overflow:
+            # no difference to read; the family is left out, not a traceback.
+            dropped.add("a histogram whose counts fell or overflowed during the run", name)
+            continue
         p50 = histogram_quantile(0.5, d["buckets"])
         c = client[key]
         client_p50 = float(np.percentile(c, 50)) if c.size else None

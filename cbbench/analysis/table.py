@@ -6,6 +6,11 @@ from tabulate import tabulate
 
 LATENCY_KEYS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2EL", "e2el_ms"))
 STATS = ("mean", "p50", "p90", "p99")
+# Shown when any request reasoned (TTFT counts to the first token of any kind).
+REASONING_ROWS = (
+    ("TTFOT (ms)", "ttfot_ms"), ("reasoning time (ms)", "reasoning_time_ms"),
+    ("reasoning tokens", "reasoning_tokens"), ("reasoning share", "reasoning_share"),
+)
 
 
 def _fmt(v, digits: int = 2) -> str:
@@ -26,6 +31,15 @@ def latency_table(summary: dict) -> str:
         d = summary.get(key) or {}
         mark = CLIENT_BOUND_MARK if key in bound else ""
         rows.append([f"{label} (ms){mark}", *(_fmt(d.get(s)) for s in STATS)])
+    tpe = summary.get("tokens_per_event") or {}
+    if (tpe.get("mean") or 1) > 1:  # several tokens per event: the per-event gap beside ITL
+        d = summary.get("event_gap_ms") or {}
+        rows.append(["event gap (ms)", *(_fmt(d.get(s)) for s in STATS)])
+        rows.append(["tokens / event", *(_fmt(tpe.get(s)) for s in STATS)])
+    if (summary.get("reasoning_tokens") or {}).get("p99"):  # a request reasoned
+        for label, key in REASONING_ROWS:
+            d = summary.get(key) or {}
+            rows.append([label, *(_fmt(d.get(s)) for s in STATS)])
     from_send = summary.get("from_send")
     if from_send:  # --max-concurrency: both bases, labelled
         rows.append(["slot wait (ms)", *(_fmt(summary["slot_wait_ms"].get(s)) for s in STATS)])
@@ -83,6 +97,10 @@ def throughput_table(summary: dict) -> str:
             ["short outputs (< max_tokens)", f"{short['count']} / {short['checked']} "
              f"(mean shortfall {short['mean_shortfall']:.1f} tok)"]
         )
+    cache = summary.get("server_prefix_cache")
+    if cache and cache.get("hit_rate") is not None:
+        rows.append(["server prefix cache hit rate", f"{cache['hit_rate']:.1%} "
+                     f"({cache['cached_tokens']:,} / {cache['prompt_tokens']:,} tok)"])
     if "goodput" in summary:
         rows.append(["goodput (req/s)", _fmt(summary["goodput"])])
         rows.append(["SLO attainment", f"{summary['slo_attainment']:.1%}"])
@@ -108,6 +126,19 @@ def engine_table(eng: dict) -> str:
     if eng.get("mbu") is not None:
         rows.append(["analytic MBU / MFU", f"{eng['mbu']:.1%} / {eng['mfu']:.1%}"])
     return tabulate(rows, tablefmt="simple", disable_numparse=True)
+
+
+def speculative_line(spec: dict | None) -> str:
+    """summary.speculative in one line (engine or scraped counters)."""
+    if not spec:
+        return ""
+    rate, length = spec.get("acceptance_rate"), spec.get("mean_acceptance_length")
+    k = f", K={spec['speculative_tokens']}" if spec.get("speculative_tokens") else ""
+    return (
+        f"speculative decoding ({spec.get('source')}{k}): acceptance rate "
+        f"{'-' if rate is None else f'{rate:.1%}'}, mean acceptance length "
+        f"{'-' if length is None else f'{length:.2f}'}"
+    )
 
 
 TURN_ROWS_SHOWN = 8  # the first turns; the result file holds them all
@@ -226,6 +257,9 @@ def render_summary(result: dict) -> str:
     eng = engine_table(s.get("engine", {}))
     if eng:
         parts += ["", eng]
+    spec = speculative_line(s.get("speculative"))
+    if spec:
+        parts += ["", spec]
     tel = telemetry_line(result.get("telemetry"))
     if tel:
         parts += ["", tel]

@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cbbench.analysis.histogram import log_histogram
-from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine
+from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
+from cbbench.analysis.speculative import engine_speculative
 from cbbench.analysis.steady_state import steady_state
 from cbbench.analysis.turns import by_turn, session_summary
 from cbbench.distributed.plan import LoadPlan
@@ -24,7 +25,7 @@ from cbbench.load.cancel import cancel_plan
 from cbbench.load.delays import parse_delay
 from cbbench.load.limits import check_request_count
 from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
-from cbbench.load.sessions import sample_sessions
+from cbbench.load.sessions import check_session_tokens, sample_sessions
 from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
@@ -81,7 +82,15 @@ def request_record_dict(rec, detailed: bool) -> dict:
         "send_lag_ms": (rec.send_s - rec.ready_s) * ms if rec.send_s is not None else None,
         "num_preemptions": rec.num_preemptions,
         "priority": rec.priority,
+        # Issue 24: null when unknown (no reasoning_len in-process; a server that sent none).
+        "ttfot_ms": rec.ttfot_s * ms if rec.ttfot_s is not None else None,
+        "reasoning_tokens": rec.reasoning_tokens,
+        "cached_tokens": rec.cached_tokens,
     }
+    if rec.event_tokens_method is not None:
+        d["tokens_per_event_method"] = rec.event_tokens_method
+    if rec.tool_calls is not None:
+        d["tool_calls"] = rec.tool_calls
     if rec.worker is not None:
         d["worker"] = rec.worker
     if rec.first_scheduled_s is not None:
@@ -107,7 +116,11 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if detailed:
         t = rec.token_times_s
         d["token_times_s"] = list(t)
-        d["itl_ms"] = [(b - a) * ms for a, b in zip(t, t[1:])]
+        d["send_s"] = rec.send_s
+        d["first_output_s"] = rec.first_output_s
+        if rec.event_tokens is not None:
+            d["event_tokens"] = list(rec.event_tokens)
+        d["itl_ms"] = (token_gaps_s(rec)[0] * ms).tolist()  # per token (k gaps of g/k)
         if rec.output_token_ids is not None:
             d["output_token_ids"] = rec.output_token_ids
     return d
@@ -180,7 +193,11 @@ def scale_trace_time(arrivals, process: str, time_scale: float):
         raise UsageError(f"--time-scale must be a positive number, got {time_scale}")
     if process != "trace":
         raise UsageError("--time-scale applies to --arrival trace (the trace's own timestamps)")
-    return arrivals * time_scale
+    from cbbench.load.arrivals import check_schedule_span
+
+    scaled = arrivals * time_scale
+    check_schedule_span(scaled, "--time-scale and the trace's arrival_s")  # bypassed it before
+    return scaled
 
 
 @dataclass
@@ -268,6 +285,7 @@ def _draw(spec: RunSpec, workload: Workload, num_requests: int | None):
     """The drawn requests (or sessions), the notices of a small workload said once."""
     if workload.is_sessions:
         drawn, replaced = sample_sessions(workload.sessions, num_requests, spec.seed)
+        check_session_tokens(drawn)
         what = f"{len(workload.sessions)} sessions"
     else:
         drawn, replaced = sample_requests(workload, num_requests, spec.seed)
@@ -426,6 +444,11 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     )
     if iterations:
         summary["engine"] = _engine_summary(run, iterations)
+        speculative = engine_speculative(
+            iterations, getattr(run.resolved, "speculative_tokens", None)
+        )
+        if speculative is not None:
+            summary["speculative"] = speculative
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     return summary
@@ -461,6 +484,11 @@ def _add_http_figures(result: dict, summary: dict, run) -> None:
     summary["http"] = info
     if server_metrics is not None:
         result["server_metrics"] = server_metrics
+        from cbbench.analysis.speculative_scrape import scraped_speculative
+
+        scraped = scraped_speculative(server_metrics)
+        if scraped is not None and "speculative" not in summary:
+            summary["speculative"] = scraped
 
 
 def spec_to_dict(spec: RunSpec) -> dict:

@@ -47,6 +47,7 @@ def _root(
 
 # Each command lives in its own module and registers itself here.
 from cbbench.cli import (  # noqa: E402
+    audit,
     calibrate,
     capacity,
     compare,
@@ -62,7 +63,7 @@ from cbbench.cli import (  # noqa: E402
 )
 
 for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, export,
-                import_result, schema):
+                import_result, audit, schema):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).

@@ -47,9 +47,16 @@ def calibrate(
     simulates the calibrated device; a real run on that device with --gpu-profile reports the
     simulator's error (summary.engine.sim_error)."""
     from cbbench.analysis.calibration import calibrate as fit
-    from cbbench.analysis.result import check_writable, dumps, load_result, write_atomic
+    from cbbench.analysis.result import (
+        check_not_an_input,
+        check_writable,
+        dumps,
+        load_result,
+        write_atomic,
+    )
 
     check_writable(out)
+    check_not_an_input(out, results, "--out")
     loaded = [(str(p), load_result(p)) for p in results]
     profile = fit(loaded)
     write_atomic(out, dumps(profile) + "\n")

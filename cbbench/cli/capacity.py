@@ -76,7 +76,14 @@ def capacity(
     Brackets from a first guess (doubling or halving), then bisects until the bracket is within
     --precision. A probe passes only when it meets the SLO and reached a steady state.
     """
-    from cbbench.analysis.result import check_writable, write_atomic, write_result
+    from cbbench.analysis.result import (
+        check_folder_not_inputs,
+        check_not_an_input,
+        check_writable,
+        engine_inputs,
+        write_atomic,
+        write_result,
+    )
     from cbbench.bench.capacity import (
         ABOVE_MAX,
         BELOW_MIN,
@@ -98,8 +105,11 @@ def capacity(
     base = base_spec(load, output, endpoint, engine_opts)
     out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
     check_writable(out_path)
+    inputs = [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)]
+    check_not_an_input(out_path, inputs, "--out")
     if runs_dir is not None:
         check_writable(runs_dir / "probe.json")
+        check_folder_not_inputs(runs_dir, ["probe-*-rate-*.json"], inputs, "--runs-dir")
 
     saturation = sat_point = config = prober = found = None
     # The interrupt contract of `run`: the first signal stops dispatching, the probe in

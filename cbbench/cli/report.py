@@ -53,7 +53,7 @@ def report(
     summary tables.
     """
     from cbbench.analysis.compare import file_labels, load_labeled
-    from cbbench.analysis.result import check_writable, write_atomic
+    from cbbench.analysis.result import check_folder_not_inputs, check_writable, write_atomic
     from cbbench.report.check import check_report_input
     from cbbench.report.html import PlotSection, render_page
 
@@ -80,6 +80,9 @@ def report(
             "lines are SLO limits.",
             lambda _r: latency_throughput(sweeps),
         ))
+    # Before a byte is written: an input named like one of the report's files is refused.
+    check_folder_not_inputs(out, [f"{s.key}.png" for s in specs] + [PAGE_NAME],
+                            [*files, *sweep_files], "--out")
     sections = []
     for spec in specs:
         fig = spec.draw(results)

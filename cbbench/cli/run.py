@@ -9,11 +9,15 @@ import typer
 from cbbench import options as O
 from cbbench.cli import options as C
 from cbbench.engine.args import EngineArgs
+from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
 
 # A load-generator worker died or crashed mid-run: the result is written, but it is short of
 # that worker's unreported requests (1 is --max-error-rate's, 2 bad input, 130 interrupted).
 WORKER_LOST_EXIT = 3
+# What a replay takes from the recorded run (so the same options on the command line would
+# be silently ignored).
+REPLAY_TAKES = ("workload", "seed", "burstiness", "arrival", "time_scale")
 
 
 def register(app: typer.Typer) -> None:
@@ -43,12 +47,18 @@ def run(
         check_not_an_input,
         check_writable,
         dumps,
+        engine_inputs,
         is_stdout,
         write_result,
     )
     from cbbench.analysis.table import render_summary
     from cbbench.bench.runner import RunSpec, execute_run
 
+    if load.replay is not None:  # these were silently ignored: the recorded run's values stand
+        ignored = [C.flag_of(n) for n in REPLAY_TAKES if C.given(n)]
+        if ignored:
+            raise UsageError(f"--replay takes the recorded run's workload, seed and arrivals: "
+                             f"drop {', '.join(ignored)}")
     spec = RunSpec(
         workload=load.workload,
         num_requests=load.num_requests,
@@ -80,7 +90,8 @@ def run(
         engine_opts.engine if engine_opts.engine != "auto" else "engine")
     out_path = output.output or C.default_output_path(kind)
     check_writable(out_path)
-    check_not_an_input(out_path, [load.workload, endpoint.tokenizer], "--output")
+    check_not_an_input(out_path, [load.workload, endpoint.tokenizer, load.replay,
+                                  *engine_inputs(engine_opts)], "--output")
 
     with StopSignal() as stop, _progress() as on_progress:
         result = execute_run(spec, should_stop=stop, on_progress=on_progress)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import logging
+import os
 from pathlib import Path
 
 import typer
@@ -79,6 +81,9 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
         ),
         request_log=request_log,
         api_key=resolve_api_key(options.api_key),
+        stream_interval=options.stream_interval,
+        reasoning_field=options.reasoning_field,
+        report_cached_tokens=opts.enable_prefix_caching,
     )
     if config.api_key is None and not is_loopback(host):
         C.notice(
@@ -86,16 +91,24 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
             "can use the server"
         )
     _check_writable(request_log)
-    from cbbench.fd_limit import raise_open_file_limit
-    from cbbench.server.limits import guarded_protocol
+    from cbbench.analysis.result import check_not_an_input, engine_inputs
 
-    allowed = raise_open_file_limit(max_connections)
+    check_not_an_input(request_log, [tokenizer, *engine_inputs(opts)], "--request-log")
+    from cbbench.fd_limit import RESERVED_FDS, open_file_limit, raise_open_file_limit
+    from cbbench.server.limits import OVERFLOW_RESERVE, guarded_protocol
+
+    # Room beside the connections for the server's own files and for the 503 answers to
+    # connections beyond the cap (cbbench/server/limits.py).
+    reserved = RESERVED_FDS + OVERFLOW_RESERVE
+    allowed = raise_open_file_limit(max_connections, reserved)
     if allowed < max_connections:
         C.notice(f"warning: the open-file limit allows {allowed} connections: "
                  f"--max-connections {max_connections} lowered to {allowed}")
+    limits = (f"at most {allowed} connections, {OVERFLOW_RESERVE} more answered 503; "
+              f"open-file limit {open_file_limit()}")
     app = create_app(lambda: build_serving_engine(opts), config)
     protocol = guarded_protocol(options.read_timeout, allowed)
-    error = _run_event_loop(_run_server(app, host, port, opts.engine, protocol))
+    error = _run_event_loop(_run_server(app, host, port, opts.engine, protocol, limits))
     if error is not None:
         raise UsageError(error)
 
@@ -121,13 +134,19 @@ def _check_writable(path: str | None) -> None:
     if not p.parent.is_dir():
         raise UsageError(f"--request-log: the folder {p.parent} does not exist")
     try:
-        with open(p, "a", encoding="utf-8"):
-            pass
+        # Non-blocking: a FIFO with no reader made a plain open wait for one, and start-up
+        # hung silently; O_NONBLOCK gives ENXIO at once instead.
+        fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+        os.close(fd)
     except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise UsageError(f"--request-log {path} is a FIFO with no reader: start its "
+                             "reader first, or give a file") from None
         raise UsageError(f"--request-log {path}: {e.strerror or e}") from None
 
 
-async def _run_server(app, host: str, port: int, kind: str, protocol=None) -> str | None:
+async def _run_server(app, host: str, port: int, kind: str, protocol=None,
+                      limits: str | None = None) -> str | None:
     """Run uvicorn until it exits. Returns an error message when the server could not listen
     or the engine failed to start."""
     import uvicorn
@@ -144,7 +163,7 @@ async def _run_server(app, host: str, port: int, kind: str, protocol=None) -> st
         )
     )
     bridge = app.state.engine
-    announce = asyncio.create_task(_announce(server, bridge, host, kind))
+    announce = asyncio.create_task(_announce(server, bridge, host, kind, limits))
     drain = asyncio.create_task(_end_streams_on_exit(server, bridge))
     startup_errors = _StartupErrors(server)
     uvicorn_log = logging.getLogger("uvicorn.error")
@@ -186,7 +205,7 @@ async def _end_streams_on_exit(server, bridge) -> None:
     await asyncio.to_thread(bridge.stop)
 
 
-async def _announce(server, bridge, host: str, kind: str) -> None:
+async def _announce(server, bridge, host: str, kind: str, limits: str | None = None) -> None:
     """Print the URL once both uvicorn and the engine are ready; stop the server if the engine
     failed. Not a network loop: it waits out the engine build (a model load can take minutes)."""
     while not (server.started and (bridge.ready or bridge.error)):
@@ -196,4 +215,5 @@ async def _announce(server, bridge, host: str, kind: str) -> None:
         return
     port = server.servers[0].sockets[0].getsockname()[1]
     model = (bridge.info or {}).get("model", "?")
-    typer.echo(f"cbbench serve: {model} ({kind} engine) ready at http://{host}:{port}/v1")
+    said = f" ({limits})" if limits else ""  # the connection cap beside the file limit
+    typer.echo(f"cbbench serve: {model} ({kind} engine) ready at http://{host}:{port}/v1{said}")

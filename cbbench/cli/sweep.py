@@ -60,7 +60,12 @@ def sweep(
     latency-throughput plot. Points that never reach a steady state (the queue still growing
     when arrivals stop) are flagged.
     """
-    from cbbench.analysis.result import check_writable, write_atomic
+    from cbbench.analysis.result import (
+        check_folder_not_inputs,
+        check_writable,
+        engine_inputs,
+        write_atomic,
+    )
     from cbbench.bench.probe import ProbeSizing
     from cbbench.bench.sweep import (
         PLOT_FILE,
@@ -85,6 +90,8 @@ def sweep(
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out-dir {folder} is a file; give a folder")
     check_writable(folder / SWEEP_FILE)
+    check_folder_not_inputs(folder, [SWEEP_FILE, PLOT_FILE, "rate-*.json"],
+                            [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)], "--out-dir")
 
     with StopSignal() as stop, probes_context(base.load):
         result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop)

@@ -55,7 +55,11 @@ class LoadPlan:
         return self.ray or self.workers != 1
 
     def validate(self) -> LoadPlan:
-        parse_workers(self.workers)
+        workers = parse_workers(self.workers)
+        if isinstance(workers, int) and not self.ray:  # Ray places its actors on a cluster
+            from cbbench.load.limits import check_worker_count
+
+            check_worker_count(workers, f"--workers {workers}")
         if self.ray_address is not None and not self.ray:
             raise UsageError("--ray-address needs --ray")
         if self.ray_address is not None and not self.ray_address.strip():

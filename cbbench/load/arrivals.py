@@ -161,12 +161,19 @@ def arrival_times(
                 f"{len(requests)} requests never all arrive; lower --num-requests or give "
                 "--duration"
             )
+    check_schedule_span(times)
+    return times
+
+
+def check_schedule_span(times: np.ndarray, hint: str = "the request rate or the trace's "
+                        "arrival_s") -> None:
+    """The 30-day limit on an arrival schedule, wherever a schedule is made or reshaped
+    (--time-scale multiplies one after it was drawn)."""
     if times.size and not times.max() <= MAX_SCHEDULE_S:
         raise UsageError(
             f"the arrival schedule spans {times.max():.3g} s, more than {MAX_SCHEDULE_S:.0f} s "
-            "(30 days): check the request rate or the trace's arrival_s"
+            f"(30 days): check {hint}"
         )
-    return times
 
 
 def count_within(
@@ -200,6 +207,11 @@ def count_within(
         if times[-1] >= duration_s:
             return int(np.searchsorted(times, duration_s, side="left"))
         n *= 2
+        # A tiny --burstiness draws gaps of almost 0 (and rare huge ones): the schedule can
+        # take far more arrivals than the rate says to reach the duration, and doubling ran
+        # until memory was gone. Each draw is checked as the first one was.
+        check_request_count(n, f"--duration {duration_s:g} s with --burstiness {burstiness:g} "
+                            f"(at least {n // 2} arrivals before {duration_s:g} s)")
 
 
 def _trace_times(requests: list[WorkloadRequest]) -> np.ndarray:

@@ -11,6 +11,9 @@ from cbbench.errors import UsageError
 # Measured: a 100,000-request simulated run peaks at ~0.9 GB (about 6 kB a request above the
 # process's own); a round figure with room for longer outputs.
 REQUEST_BYTES = 10_000
+# A load-generator worker process (an interpreter with aiohttp, numpy and cbbench imported):
+# ~59 MB each, measured with 16 local workers (issue 25).
+WORKER_BYTES = 60_000_000
 # A token id held in a Python tuple: the int object and the pointer to it.
 TOKEN_ID_BYTES = 36
 
@@ -35,3 +38,16 @@ def check_token_ids(n: float, what: str) -> None:
             f"{what} needs {fmt_bytes(n * TOKEN_ID_BYTES)} of token ids, more than the "
             f"{fmt_bytes(available)} available on this host"
         )
+
+
+def check_worker_count(n: int, what: str) -> None:
+    """UsageError when ``n`` load-generator processes need more memory than this host has
+    available (`--workers 1024` started ~60 GB of processes unchecked)."""
+    available = available_host_bytes()
+    if available is not None and n * WORKER_BYTES > available:
+        raise UsageError(
+            f"{what} needs about {fmt_bytes(n * WORKER_BYTES)} of memory "
+            f"(~{WORKER_BYTES // 1_000_000} MB a worker), more than the {fmt_bytes(available)} "
+            "available on this host"
+        )
+

@@ -27,6 +27,12 @@ User sessions come from JSONL, one session per line:
 A turn's user message is one of ``user`` (text), ``user_token_ids`` or ``user_len``;
 ``output_len`` is required; ``think_time_ms`` (the wait before this turn) overrides
 ``--think-time``. ``session_id`` and ``arrival_s`` are optional.
+
+Agent sessions (docs/streaming.md): a session's ``tools`` are offered on every turn; a turn's
+``tool_choice`` asks the model for a call; the next turn may then be a tool turn,
+``{"tool_result_len": N, "tool_time_ms": T, "output_len": M}``: after the tool's latency T it
+sends the assistant's tool call and a ``role: tool`` result of N tokens. A tool turn without
+tools, or after a turn that asked for no call, is refused.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ from importlib import resources
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.delays import MAX_DELAY_MS
+from cbbench.load.output_kinds import check_tools
 
 # ---- Llama-3's chat template, in tokens -------------------------------------------------------
 BOS_TOKENS = 1  # <|begin_of_text|>
@@ -45,8 +53,13 @@ MESSAGE_HEADER_TOKENS = 4  # <|start_header_id|> role <|end_header_id|> "\n\n"
 MESSAGE_END_TOKENS = 1  # <|eot_id|>
 GENERATION_PROMPT_TOKENS = MESSAGE_HEADER_TOKENS  # the assistant header that asks for a reply
 
-SESSION_FIELDS = {"session_id", "arrival_s", "turns"}
-TURN_FIELDS = {"user", "user_token_ids", "user_len", "output_len", "think_time_ms"}
+SESSION_FIELDS = {"session_id", "arrival_s", "turns", "tools"}
+TURN_FIELDS = {
+    "user", "user_token_ids", "user_len", "output_len", "think_time_ms", "tool_choice",
+    "tool_result_len", "tool_time_ms",
+}
+USER_TURN = "user"
+TOOL_TURN = "tool"
 MS = 1000.0
 
 MULTITURN_CSV = "sharegpt_multiturn.csv"
@@ -59,6 +72,12 @@ class Turn:
     user_text: str | None = None
     user_token_ids: tuple[int, ...] | None = None
     think_time_s: float | None = None  # wait after the previous reply; None: --think-time
+    # Agent sessions (issue 24): a "tool" turn sends the previous reply's tool call and a
+    # role-tool result of user_len tokens after the tool's latency (think_time_s); a turn's
+    # tool_choice asks the model for a call (None: the session's tools are offered with
+    # tool_choice "none", or not at all).
+    kind: str = USER_TURN
+    tool_choice: str | dict | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +86,7 @@ class Session:
     turns: tuple[Turn, ...]
     arrival_s: float | None = None
     name: str | None = None  # the file's session_id, when it gives one
+    tools: tuple[dict, ...] | None = None  # OpenAI tool definitions every turn offers
 
     @property
     def session_id(self) -> int | str:
@@ -145,6 +165,26 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
     if "output_len" not in obj:
         raise UsageError(f"{where}: missing 'output_len'")
     output_len = _int(obj, "output_len", where, 1)
+    choice = obj.get("tool_choice")
+    if "tool_result_len" in obj:
+        if {"user", "user_token_ids", "user_len", "think_time_ms"} & set(obj):
+            raise UsageError(f"{where}: a tool turn ('tool_result_len') has no user message "
+                             "or think time ('tool_time_ms' is its wait)")
+        wait = _delay_ms(obj, "tool_time_ms", where) / MS if "tool_time_ms" in obj else 0.0
+        return Turn(_int(obj, "tool_result_len", where, 1), output_len, think_time_s=wait,
+                    kind=TOOL_TURN, tool_choice=choice)
+    if "tool_time_ms" in obj:
+        raise UsageError(f"{where}: 'tool_time_ms' belongs to a tool turn ('tool_result_len')")
+    # The request file's checks: one message field, and a length that agrees with the ids
+    # (a turn's `user` or `user_len` beside its ids was silently ignored).
+    given = [k for k in ("user", "user_token_ids") if k in obj]
+    if len(given) > 1:
+        raise UsageError(f"{where}: give 'user' or 'user_token_ids', not both")
+    if "user" in obj and "user_len" in obj:
+        raise UsageError(
+            f"{where}: give 'user' or 'user_len', not both (a text message's length is counted "
+            "from the text: exactly with --tokenizer)"
+        )
     text = ids = None
     if "user_token_ids" in obj:
         raw = obj["user_token_ids"]
@@ -154,6 +194,8 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
             raise UsageError(f"{where}: 'user_token_ids' must be a non-empty list of ids >= 0")
         ids = tuple(raw)
         user_len = len(ids)
+        if "user_len" in obj and obj["user_len"] != user_len:
+            raise UsageError(f"{where}: 'user_len' disagrees with len(user_token_ids)")
     elif "user" in obj:
         text = obj["user"]
         if not isinstance(text, str) or not text:
@@ -164,8 +206,17 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         user_len = _int(obj, "user_len", where, 1)
     else:
         raise UsageError(f"{where}: a turn needs one of 'user', 'user_token_ids' or 'user_len'")
-    think = _nonneg_number(obj, "think_time_ms", where) / MS if "think_time_ms" in obj else None
-    return Turn(user_len, output_len, text, ids, think)
+    think = _delay_ms(obj, "think_time_ms", where) / MS if "think_time_ms" in obj else None
+    return Turn(user_len, output_len, text, ids, think, tool_choice=choice)
+
+
+def _delay_ms(obj: dict, key: str, where: str) -> float:
+    """A turn's wait in ms, within --think-time's own limit (1e15 ms crashed a torch run
+    midway): think_time_ms and a tool turn's tool_time_ms alike."""
+    ms = _nonneg_number(obj, key, where)
+    if ms > MAX_DELAY_MS:
+        raise UsageError(f"{where}: '{key}' must be at most {MAX_DELAY_MS:.0f} ms (30 days), got {ms:g}")
+    return ms
 
 
 def check_unicode(text: str, key: str, where: str) -> None:
@@ -196,6 +247,7 @@ def parse_session(
     parsed = tuple(
         _parse_turn(t, f"{where} turn {k + 1}", count_tokens) for k, t in enumerate(turns)
     )
+    tools = _check_tool_turns(obj.get("tools"), parsed, where)
     arrival = _nonneg_number(obj, "arrival_s", where) if "arrival_s" in obj else None
     name = None
     if "session_id" in obj:
@@ -203,7 +255,25 @@ def parse_session(
         if isinstance(sid, bool) or not isinstance(sid, (str, int)):
             raise UsageError(f"{where}: 'session_id' must be a string or an integer")
         name = str(sid)
-    return Session(index, parsed, arrival, name)
+    return Session(index, parsed, arrival, name, tools)
+
+
+def _check_tool_turns(tools: object, turns: tuple[Turn, ...], where: str):
+    """The session's tools, checked with its turns: a turn's tool_choice and a tool turn need
+    tools, and a tool turn answers the call the turn before it asked for."""
+    checked, _ = check_tools(tools, None, where)
+    for k, t in enumerate(turns):
+        at = f"{where} turn {k + 1}"
+        if t.tool_choice is not None:
+            check_tools(checked, t.tool_choice, at)
+        if t.kind == TOOL_TURN:
+            if not checked:
+                raise UsageError(f"{at}: a tool turn without tools (give the session 'tools')")
+            prev = turns[k - 1].tool_choice if k else None
+            if prev is None or prev == "none":
+                raise UsageError(f"{at}: a tool turn must follow a turn whose 'tool_choice' "
+                                 "asks for a call")
+    return checked
 
 
 # ---- sampling -------------------------------------------------------------------------------
@@ -241,3 +311,15 @@ def session_stats(sessions: Sequence[Session]) -> dict:
             "max": int(last.max()),
         },
     }
+
+
+def check_session_tokens(sessions: Sequence[Session]) -> None:
+    """Every turn's prompt is made whole when it is sent (the engine's token ids, an
+    endpoint's synthetic text), and a session run holds them all: the drawn sessions' prompt
+    tokens are checked against the memory available before the run, as --input-len's are (a
+    turn's `user_len: 10**12` asked for 7 TiB midway through a run)."""
+    from cbbench.load.limits import check_token_ids
+
+    total = sum(sum(prompt_lens(s)) for s in sessions)
+    check_token_ids(total, f"the sessions' turns ({total:.3g} prompt tokens in all)")
+

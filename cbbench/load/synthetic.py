@@ -37,6 +37,9 @@ PREFIX_STREAM = 12
 TOKEN_STREAM = 13
 BOUND_DIGITS = 9
 
+# The longest length a draw can hold: twice it (the top of a length range) fits in int64.
+MAX_LEN = 2**62 - 1
+
 
 @dataclass(frozen=True)
 class RandomSpec:
@@ -46,14 +49,15 @@ class RandomSpec:
     prefix_len: int = DEFAULT_PREFIX_LEN
 
     def validate(self) -> RandomSpec:
-        if self.input_len < 1:
-            raise UsageError(f"--input-len must be >= 1, got {self.input_len}")
-        if self.output_len < 1:
-            raise UsageError(f"--output-len must be >= 1, got {self.output_len}")
+        # Lengths are drawn as int64 within [len * (1 - R), len * (1 + R)]: beyond MAX_LEN
+        # numpy raised (`--input-len 2**63` was a traceback). Messages as --seed's range.
+        for flag, v, low in (("--input-len", self.input_len, 1),
+                             ("--output-len", self.output_len, 1),
+                             ("--prefix-len", self.prefix_len, 0)):
+            if not low <= v <= MAX_LEN:
+                raise UsageError(f"{flag} must be in [{low}, {MAX_LEN}], got {v}")
         if not (0.0 <= self.length_range < 1.0):
             raise UsageError(f"--length-range must be in [0, 1), got {self.length_range}")
-        if self.prefix_len < 0:
-            raise UsageError(f"--prefix-len must be >= 0, got {self.prefix_len}")
         return self
 
     def input_bounds(self) -> tuple[int, int]:

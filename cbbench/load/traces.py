@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import calendar
 import csv
+import datetime as _dt
 import functools
 import json
 import math
@@ -48,24 +49,27 @@ HASH_BLOCK_SEED = 20250225  # FAST'25: fixed, so a hash id means the same block 
 UNIQUE_TAIL_STREAM = 1
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
-HEADER_PEEK_BYTES = 1 << 16
 _AZURE_TIME = re.compile(
     r"^(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?"
-    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$"
+    r"(?:(Z)|([+-])(\d{2}):?(\d{2}))?$",
+    re.ASCII,
 )
-_DECIMAL = re.compile(r"^\d+(\.\d{1,9})?$")
+# ASCII digits (re's \d takes any script's), a whole part int() reads in a blink.
+MAX_COUNT_DIGITS = 18
+_DECIMAL = re.compile(r"^[0-9]{1,18}(\.[0-9]{1,9})?$")
+MAX_SHOWN_CHARS = 40
 
 
 def _first_line(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            head = f.read(HEADER_PEEK_BYTES)
-    except OSError as e:
-        raise UsageError(f"cannot read workload file {path}: {e}") from None
-    text = head.decode("utf-8", errors="replace").lstrip("\ufeff")
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
+    """The first non-blank line, read with the JSONL loader's line reader (up to its 64 MiB
+    a line): a 64 KiB peek cut a long Mooncake first line (many hash_ids), which then was not
+    recognised and the error blamed the JSONL format."""
+    from cbbench.load.workload import jsonl_lines
+
+    for _, line in jsonl_lines(path):
+        line = line.lstrip("\ufeff").strip()
+        if line:
+            return line
     return ""
 
 
@@ -99,10 +103,20 @@ def load_trace(path: Path, fmt: str) -> Workload:
 
 
 # ---- helpers ---------------------------------------------------------------------------------
+def _shown(text: str) -> str:
+    """A cell as a message shows it: a 5000-digit number is cut, not printed whole."""
+    return repr(text) if len(text) <= MAX_SHOWN_CHARS else repr(text[:MAX_SHOWN_CHARS]) + "..."
+
+
 def _count(text: str, where: str, column: str) -> int:
     t = text.strip()
-    if not t.isdigit():
-        raise UsageError(f"{where}: {column} must be a whole number >= 0, got {text!r}")
+    # ASCII digits only: str.isdigit() takes '²', which int() refuses (a traceback), and a
+    # count of more digits than MAX_COUNT_DIGITS is no token count (int() refuses 4300+).
+    if not (t.isascii() and t.isdigit()) or len(t) > MAX_COUNT_DIGITS:
+        raise UsageError(
+            f"{where}: {column} must be a whole number >= 0 (at most {MAX_COUNT_DIGITS} "
+            f"digits), got {_shown(text)}"
+        )
     return int(t)
 
 
@@ -161,11 +175,13 @@ def parse_azure_time(text: str, where: str) -> int:
         )
     y, mo, d, hh, mm, ss, frac, zulu, sign, oh, om = m.groups()
     try:
+        # datetime checks the day against its month (calendar.timegm took Feb 31 as Mar 3).
+        _dt.date(int(y), int(mo), int(d))
         seconds = calendar.timegm((int(y), int(mo), int(d), int(hh), int(mm), int(ss)))
     except (ValueError, OverflowError):
         raise UsageError(f"{where}: TIMESTAMP {text!r} is not a valid date") from None
-    if not (1 <= int(mo) <= 12 and 1 <= int(d) <= 31 and int(hh) < 24 and int(mm) < 60
-            and int(ss) < 61):
+    if not (int(hh) < 24 and int(mm) < 60 and int(ss) < 61 and int(oh or 0) < 24
+            and int(om or 0) < 60):
         raise UsageError(f"{where}: TIMESTAMP {text!r} is not a valid date")
     if sign:
         offset = (int(oh) * 60 + int(om)) * 60
@@ -195,7 +211,8 @@ def _decimal_ns(text: str, where: str, column: str, unit_ns: int) -> int:
     """A non-negative decimal in some unit, as integer nanoseconds (exact to 1 ns)."""
     t = text.strip()
     if not _DECIMAL.match(t):
-        raise UsageError(f"{where}: {column} must be a number >= 0, got {text!r}")
+        raise UsageError(f"{where}: {column} must be a number >= 0 (at most "
+                         f"{MAX_COUNT_DIGITS} digits before the point), got {_shown(text)}")
     whole, _, frac = t.partition(".")
     return int(whole) * unit_ns + int(frac.ljust(9, "0")) * unit_ns // NS_PER_S
 

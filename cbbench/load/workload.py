@@ -3,7 +3,8 @@ or of multi-turn sessions (load/sessions.py).
 
 Built-in workloads install with the package (``cbbench.workloads``); user workloads are JSONL
 files whose lines carry ``prompt_token_ids``, ``prompt`` or ``prompt_len``, plus ``output_len``
-and optionally ``arrival_s`` and ``priority`` -- or, one session per line, ``turns``. Public traces (load/traces.py) are recognized by
+and optionally ``arrival_s``, ``priority``, ``reasoning_len``, ``tools`` and ``tool_choice``
+(load/output_kinds.py) -- or, one session per line, ``turns``. Public traces (load/traces.py) are recognized by
 their header.
 """
 
@@ -18,12 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.output_kinds import OUTPUT_KIND_FIELDS, parse_output_kind
 from cbbench.load.sessions import Session, check_unicode, parse_session, sharegpt_multiturn
 
 # Without a tokenizer, text prompts are counted at ~4 characters per token (the usual figure for
 # English with BPE tokenizers); --tokenizer makes the count exact.
 APPROX_CHARS_PER_TOKEN = 4
-JSONL_FIELDS = {"prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority"}
+JSONL_FIELDS = {
+    "prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority",
+    *OUTPUT_KIND_FIELDS,
+}
 # A JSONL line may be this long (a long session's turns, a 128k-token prompt, fit many times);
 # a longer one (`--workload /dev/zero`) is an error, not a read until memory runs out.
 MAX_LINE_BYTES = 64 << 20
@@ -40,6 +45,10 @@ class WorkloadRequest:
     priority: int = 0
     # A trace's prompt as 512-token blocks (Mooncake's hash_ids): ids made on demand.
     hash_ids: tuple[int, ...] | None = None
+    # load/output_kinds.py: the first reasoning_len output tokens are reasoning; tools offered.
+    reasoning_len: int = 0
+    tools: tuple[dict, ...] | None = None
+    tool_choice: str | dict | None = None
 
     def token_ids(self) -> tuple[int, ...] | None:
         """The prompt's token ids when the workload defines them (explicitly, or as a trace's
@@ -217,7 +226,8 @@ def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRe
         if isinstance(p, bool) or not isinstance(p, int):
             raise UsageError(f"{where}: 'priority' must be an integer")
         priority = p
-    return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority)
+    kinds = parse_output_kind(obj, output_len, where)
+    return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority, **kinds)
 
 
 def approx_token_count(text: str) -> int:

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 from cbbench.options.fields import check_fields, opt
 from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from cbbench.server.stream_events import REASONING_FIELDS
 
 MAX_PORT = 65535
 MAX_READ_TIMEOUT_S = 24 * 3600.0
+MAX_STREAM_INTERVAL = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,19 @@ class ServeOptions:
         "Open connections served at once; more get a 503 (too_many_connections). Lowered to "
         "what the open-file limit allows.",
         low=1,
+    )
+    stream_interval: int = opt(
+        1,
+        "Write a stream event once this many tokens are waiting (or the request ends), as "
+        "vLLM's --stream-interval: N > 1 makes multi-token events. 1: each engine step's tokens "
+        "for a request as one event.",
+        low=1, high=MAX_STREAM_INTERVAL,
+    )
+    reasoning_field: str = opt(
+        "reasoning_content",
+        "The delta field reasoning tokens stream in (requests that ask for reasoning_tokens): "
+        "reasoning_content, or reasoning as newer vLLM.",
+        choices=REASONING_FIELDS, metavar="<str>",
     )
 
     def validate(self) -> None:

@@ -298,10 +298,11 @@ class AsyncEngine:
             ids = req.output_token_ids
             times = req.token_times
             finished = req.status == RequestStatus.FINISHED
-            for i in range(sent, n):
-                token = ids[i] if i < len(ids) else None
-                reason = req.finish_reason if finished and i == n - 1 else None
-                batch.append((state.queue, TokenEvent(token, times[i] + offset, reason)))
+            # One event for all the tokens this step gave the request (several under
+            # speculative decoding): the server writes them as one stream event.
+            tokens = tuple(ids[i] if i < len(ids) else None for i in range(sent, n))
+            reason = req.finish_reason if finished else None
+            batch.append((state.queue, TokenEvent(tokens, times[n - 1] + offset, reason)))
             state.sent = n
             if stats is not None:
                 _step_stats(stats, req, sent, finished)

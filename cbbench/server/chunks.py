@@ -48,6 +48,10 @@ class Shape:
         self._token_head = (f'data: {head},"choices":[{{"index":0,{text_key}').encode()
         close = "}" if chat else ""
         self._token_tail = f'{close},"logprobs":null,"finish_reason":null}}]}}\n\n'.encode()
+        # The same event with the running usage (stream_options.continuous_usage_stats).
+        self._usage_tail = (
+            f'{close},"logprobs":null,"finish_reason":null}}],"usage":{{"prompt_tokens":'
+        ).encode()
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
@@ -55,6 +59,14 @@ class Shape:
     def token_event(self, text: str) -> bytes:
         """The SSE event of a token that does not finish the request."""
         return self._token_head + json_string(text).encode() + self._token_tail
+
+    def token_event_usage(self, text: str, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """token_event with the running usage after the choices, as json.dumps writes it."""
+        return b"".join((
+            self._token_head, json_string(text).encode(), self._usage_tail,
+            b'%d,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+            % (prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
+        ))
 
     def chunk(self, text: str, finish_reason: str | None, role: bool = False) -> dict:
         d = self._head(self.chunk_object)
@@ -66,20 +78,29 @@ class Shape:
         d["choices"] = [choice]
         return d
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
+    def delta_chunk(self, delta: dict, finish_reason: str | None) -> dict:
+        """A chat chunk with any delta (reasoning, content, tool calls, or several)."""
         d = self._head(self.chunk_object)
-        d["choices"] = []
-        d["usage"] = usage(prompt_tokens, completion_tokens)
+        d["choices"] = [
+            {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        ]
         return d
 
-    def full(self, text: str, finish_reason: str | None, prompt_tokens: int, n: int) -> dict:
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int, **details) -> dict:
+        d = self._head(self.chunk_object)
+        d["choices"] = []
+        d["usage"] = usage(prompt_tokens, completion_tokens, **details)
+        return d
+
+    def full(self, text: str, finish_reason: str | None, prompt_tokens: int, n: int,
+             message: dict | None = None, **details) -> dict:
         if self.chat:
             d = self._head("chat.completion")
-            message = {"role": "assistant", "content": text}
+            message = message or {"role": "assistant", "content": text}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
         else:
             d = self._head("text_completion")
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
         d["choices"] = [choice]
-        d["usage"] = usage(prompt_tokens, n)
+        d["usage"] = usage(prompt_tokens, n, **details)
         return d

@@ -11,6 +11,7 @@ from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
+from cbbench.server.stream_events import DEFAULT_REASONING_FIELD
 from cbbench.server.text import TextCodec, make_codec
 
 # A request body may hold this many bytes per token of the context (JSON token ids take under
@@ -28,6 +29,12 @@ class ServeConfig:
     defaults: SamplingParams = field(default_factory=SamplingParams)
     request_log: str | None = None  # --request-log: a JSON-lines file, appended to
     api_key: str | None = field(default=None, repr=False)  # --api-key, resolved; never shown
+    # --stream-interval (vLLM's): a stream event is written once this many tokens are waiting
+    # (or the request ends); 1: every engine step's tokens at once.
+    stream_interval: int = 1
+    reasoning_field: str = DEFAULT_REASONING_FIELD  # --reasoning-field
+    # usage.prompt_tokens_details.cached_tokens on every answer: on with prefix caching.
+    report_cached_tokens: bool = False
 
 
 @dataclass(frozen=True)

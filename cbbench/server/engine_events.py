@@ -22,9 +22,17 @@ class Admitted:
 
 @dataclass(frozen=True, slots=True)
 class TokenEvent:
-    token_id: int | None  # None: the simulator models no token ids
-    time_s: float  # when the engine produced it
+    """The tokens one engine step gave a request: one, or several when the step emitted more
+    than one for it (speculative decoding's accepted drafts plus the bonus token). The server
+    writes them as one stream event, as vLLM does."""
+
+    token_ids: tuple[int | None, ...]  # None: the simulator models no token ids
+    time_s: float  # when the engine produced them (the step's end)
     finish_reason: str | None  # "length" | "stop" on the request's last token, else None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,9 +34,18 @@ from cbbench.server.protocol import (
     error_body,
     render_chat,
     token_times_ext,
+    usage,
     validation_error,
 )
 from cbbench.server.request_log import RequestTrace
+from cbbench.server.stream_events import (
+    ANSWER,
+    DEFAULT_REASONING_FIELD,
+    REASONING,
+    ChatDeltas,
+    OutputPlan,
+    event_kind,
+)
 
 # path -> is it chat
 GENERATION_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}
@@ -57,6 +66,8 @@ class Job:
     stream: bool
     include_usage: bool
     return_token_times: bool
+    continuous_usage: bool = False
+    plan: OutputPlan = OutputPlan()
 
 
 async def send_json(send, status: int, obj: dict) -> None:
@@ -139,9 +150,11 @@ class Generation:
         s = ctx.ready()
         ctx.check_model(s, req.model)
         req.check_supported()
+        plan = OutputPlan()
         if chat:
             ids = s.codec.encode(render_chat(req.messages))
             max_tokens = req.output_limit()
+            plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         else:
             prompt = req.single_prompt()
             ids = s.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
@@ -159,7 +172,7 @@ class Generation:
             )
         return s, Job(
             chat, ids, max_tokens, ctx.sampling(req), req.stream, req.include_usage,
-            req.return_token_times,
+            req.return_token_times, req.continuous_usage, plan,
         )
 
     async def _generate(self, scope, receive, send, s: Served, job: Job, arrival: float) -> None:
@@ -185,10 +198,13 @@ class Generation:
             if adm.error is not None:
                 _end(trace, stream, "rejected", 400, adm.error)
                 raise APIError(400, adm.error, code="request_rejected")
+            cfg = ctx.cfg
             if job.stream:
-                await _stream(send, stream, shape, job, s, trace)
+                await _stream(send, stream, shape, job, s, trace, cfg.stream_interval,
+                              cfg.reasoning_field, cfg.report_cached_tokens)
             else:
-                await _complete(send, stream, shape, job, s, trace)
+                await _complete(send, stream, shape, job, s, trace, cfg.reasoning_field,
+                                cfg.report_cached_tokens)
         finally:
             watcher.cancel()
             stream.close()
@@ -221,17 +237,26 @@ def _end(trace: RequestTrace, stream: RequestStream, finish: str, status: int,
         trace.queue_exit = req.first_scheduled_time + (stream.submitted_s - req.arrival_time)
 
 
-async def _stream(send, stream: RequestStream, shape: Shape, job: Job, s: Served,
-                  trace: RequestTrace) -> None:
-    """One SSE event per token, then usage (when asked) and [DONE]."""
+async def _stream(send, stream: RequestStream, shape: Shape, job: Job, s: Served,  # noqa: C901 - over 15 as merged from main; to split (issue 23)
+                  trace: RequestTrace, interval: int = 1, reasoning_field: str | None = None,
+                  cached: bool = False) -> None:
+    """One SSE event per engine step's tokens for the request (every ``interval`` tokens under
+    --stream-interval), then usage (when asked) and [DONE]. Plain answer tokens without
+    continuous usage take the byte template; the rest are built as dicts (stream_events.py)."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     if shape.chat:
         body = sse_bytes(shape.chunk("", None, role=True))
         await send({"type": "http.response.body", "body": body, "more_body": True})
     decoder = s.codec.decoder()
+    plan = job.plan
+    deltas = ChatDeltas(plan, reasoning_field or DEFAULT_REASONING_FIELD) if shape.chat else None
+    template = plan.plain  # plain answer tokens: the byte templates (chunks.py)
+    prompt_tokens = len(job.prompt_ids)
     times: list[float] | None = [] if job.return_token_times else None
     perf = time.perf_counter
     n = 0
+    pending: list[int | None] = []
+    events = trace.events = []
     while True:
         ev = await stream.next()
         if ev is CLIENT_GONE:
@@ -243,34 +268,82 @@ async def _stream(send, stream: RequestStream, shape: Shape, job: Job, s: Served
             await send({"type": "http.response.body", "body": body})
             return
         assert isinstance(ev, TokenEvent)
-        n += 1
-        text = decoder.push(ev.token_id)
+        if n == 0 and not pending:
+            trace.cached_tokens = stream.req.num_cached_tokens
+        pending.extend(ev.token_ids)
         if times is not None:
-            times.append(ev.time_s)
-        if ev.finish_reason is None:
-            body = shape.token_event(text)
+            times.extend([ev.time_s] * ev.num_tokens)
+        last = ev.finish_reason is not None
+        if len(pending) < interval and not last:
+            continue
+        k = len(pending)
+        runs = plan.split(n, k) if shape.chat else [(ANSWER, k)]
+        pieces, i = [], 0
+        for kind, count in runs:
+            pieces.append([kind, "".join(decoder.push(t) for t in pending[i:i + count])])
+            i += count
+        if last:
+            pieces[-1][1] += decoder.flush()
+        n += k
+        pending.clear()
+        if template and not last:
+            text = pieces[0][1]
+            body = (shape.token_event_usage(text, prompt_tokens, n) if job.continuous_usage
+                    else shape.token_event(text))
         else:
-            chunk = shape.chunk(text + decoder.flush(), ev.finish_reason)
-            if times is not None:
+            if deltas is not None:
+                chunk = shape.delta_chunk(deltas.delta(pieces, last),
+                                          deltas.finish_reason(ev.finish_reason))
+            else:
+                chunk = shape.chunk(pieces[0][1], ev.finish_reason)
+            if job.continuous_usage:
+                chunk["usage"] = usage(prompt_tokens, n)
+            if last and times is not None:
                 chunk["cbbench"] = token_times_ext(stream.submitted_s, times)
             body = sse_bytes(chunk)
         await send({"type": "http.response.body", "body": body, "more_body": True})
         sent = perf()
-        if n == 1:
+        events.append((sent, k, event_kind(runs)))
+        if trace.first_token is None:
             trace.first_token, trace.first_token_sent = ev.time_s, sent
+        if trace.first_output_sent is None and runs[-1][0] != REASONING:
+            trace.first_output, trace.first_output_sent = ev.time_s, sent
         trace.last_token, trace.last_token_sent = ev.time_s, sent
         trace.output_tokens = n
-        if ev.finish_reason is not None:
+        if last:
             break
-    _end(trace, stream, ev.finish_reason, 200)
+    _finish_counts(trace, plan, n, shape.chat)
+    reason = deltas.finish_reason(ev.finish_reason) if deltas is not None else ev.finish_reason
+    _end(trace, stream, reason, 200)
     tail = SSE_DONE
     if job.include_usage:
-        tail = sse_bytes(shape.usage_chunk(len(job.prompt_ids), n)) + tail
+        tail = sse_bytes(shape.usage_chunk(prompt_tokens, n, **_details(trace, plan, cached))) + tail
     await send({"type": "http.response.body", "body": tail})
 
 
+def _finish_counts(trace: RequestTrace, plan: OutputPlan, n: int, chat: bool) -> None:
+    """The request's reasoning and tool-call token counts, for the log and the usage."""
+    if chat:
+        trace.reasoning_tokens = min(plan.reasoning_tokens, n)
+        trace.tool_call_tokens = n - trace.reasoning_tokens if plan.tool_name else 0
+    else:
+        trace.reasoning_tokens = trace.tool_call_tokens = 0
+
+
+def _details(trace: RequestTrace, plan: OutputPlan, cached: bool) -> dict:
+    """usage's details: the prefix cache's hits (when the engine caches prefixes, as vLLM's
+    --enable-prompt-tokens-details), and the reasoning tokens of a request that reasoned."""
+    d: dict = {}
+    if cached:
+        d["cached_tokens"] = trace.cached_tokens or 0
+    if plan.reasoning_tokens:
+        d["reasoning_tokens"] = trace.reasoning_tokens
+    return d
+
+
 async def _complete(send, stream: RequestStream, shape: Shape, job: Job, s: Served,
-                    trace: RequestTrace) -> None:
+                    trace: RequestTrace, reasoning_field: str | None = None,
+                    cached: bool = False) -> None:
     """A non-streaming answer: every token, then one JSON body."""
     events: list[TokenEvent] = []
     while True:
@@ -285,12 +358,30 @@ async def _complete(send, stream: RequestStream, shape: Shape, job: Job, s: Serv
         if ev.finish_reason is not None:
             break
     decoder = s.codec.decoder()
-    text = "".join(decoder.push(ev.token_id) for ev in events) + decoder.flush()
-    body = shape.full(text, ev.finish_reason, len(job.prompt_ids), len(events))
+    ids = [t for e in events for t in e.token_ids]
+    n = len(ids)
+    trace.cached_tokens = stream.req.num_cached_tokens
+    plan = job.plan
+    _finish_counts(trace, plan, n, shape.chat)
+    reason, message = ev.finish_reason, None
+    if shape.chat and not plan.plain:
+        r = trace.reasoning_tokens
+        reasoning = "".join(decoder.push(t) for t in ids[:r])
+        rest = "".join(decoder.push(t) for t in ids[r:]) + decoder.flush()
+        deltas = ChatDeltas(plan, reasoning_field or DEFAULT_REASONING_FIELD)
+        tool = rest if plan.tool_name is not None and n > r else None
+        message = deltas.message(reasoning, rest if tool is None else "", tool)
+        reason = deltas.finish_reason(reason)
+        text = rest
+    else:
+        text = "".join(decoder.push(t) for t in ids) + decoder.flush()
+    body = shape.full(text, reason, len(job.prompt_ids), n, message,
+                      **_details(trace, plan, cached))
     if job.return_token_times:
-        body["cbbench"] = token_times_ext(stream.submitted_s, [e.time_s for e in events])
+        body["cbbench"] = token_times_ext(
+            stream.submitted_s, [e.time_s for e in events for _ in e.token_ids])
     trace.first_token, trace.last_token = events[0].time_s, ev.time_s
-    trace.output_tokens = len(events)
-    _end(trace, stream, ev.finish_reason, 200)
+    trace.output_tokens = n
+    _end(trace, stream, reason, 200)
     await send_json(send, 200, body)
     trace.first_token_sent = trace.last_token_sent = time.perf_counter()

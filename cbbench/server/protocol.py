@@ -20,6 +20,12 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   own times, in monotonic seconds on ``time.perf_counter()``'s scale, to check a client's
   measurements against. ``arrival_time`` is when the HTTP layer handed the request to the
   engine, after parsing it.
+- ``reasoning_tokens`` (a cbbench extension, chat): the first N output tokens are the model's
+  reasoning, streamed in ``delta.reasoning_content`` (``--reasoning-field``) before any
+  ``delta.content``; ``tools`` with ``tool_choice`` other than ``"none"``: the tokens after the
+  reasoning are one call of the chosen (else the first) tool, streamed as ``delta.tool_calls``
+  (docs/streaming.md). ``stream_options.continuous_usage_stats`` (vLLM's) puts the running
+  usage on every chunk.
 - Chat template (minimal, the same for every model): each message as
   ``<|role|>\\n{content}\\n``, then ``<|assistant|>\\n``; text content parts are joined.
 """
@@ -84,6 +90,9 @@ class StreamOptions(BaseModel):
     model_config = STRICT
 
     include_usage: bool = False
+    # vLLM's: the running usage (completion_tokens so far) on every chunk, so a client counts
+    # each event's tokens exactly.
+    continuous_usage_stats: bool = False
 
 
 class _Base(BaseModel):
@@ -101,10 +110,17 @@ class _Base(BaseModel):
     n: int = 1
     stop: str | list[str] | None = None
     return_token_times: bool = False  # cbbench extension
+    # cbbench extension: the first reasoning_tokens output tokens are the model's reasoning
+    # (chat: streamed in delta.reasoning_content, or the field --reasoning-field names).
+    reasoning_tokens: int = Field(0, ge=0)
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.continuous_usage_stats
 
     def check_supported(self) -> None:
         if self.n != 1:
@@ -150,22 +166,91 @@ class TextPart(BaseModel):
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    """An assistant message's earlier tool call, as a client sends it back."""
+
+    model_config = STRICT
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: str
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # role assistant: the calls it made
+    tool_call_id: str | None = None  # role tool: the call this result answers
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict | None = None
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(_Base):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.logprobs:
             raise APIError(400, "logprobs are not supported", param="logprobs")
+        choice = self.tool_choice
+        if choice is not None and choice != "none" and not self.tools:
+            raise APIError(400, "tool_choice needs tools", param="tool_choice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+            t.function.name for t in self.tools or ()
+        }:
+            raise APIError(
+                400, f"tool_choice names {choice.function.name!r}, which is not in tools",
+                param="tool_choice",
+            )
+
+    def called_tool(self) -> str | None:
+        """The function the simulated model calls: the named choice, else the first tool
+        unless tool_choice is "none" (a model offered tools uses one)."""
+        choice = self.tool_choice
+        if not self.tools or choice == "none":
+            return None
+        if isinstance(choice, NamedToolChoice):
+            return choice.function.name
+        return self.tools[0].function.name
 
     def output_limit(self) -> int:
         if self.max_completion_tokens is not None:
@@ -179,6 +264,8 @@ def render_chat(messages: list[ChatMessage], add_generation_prompt: bool = True)
     for m in messages:
         c = m.content
         text = c if isinstance(c, str) else "".join(p.text for p in c or ())
+        for call in m.tool_calls or ():  # the call's tokens are part of the context
+            text += f"{call.function.name}({call.function.arguments})"
         parts.append(f"<|{m.role}|>\n{text}\n")
     if add_generation_prompt:
         parts.append(f"<|{ASSISTANT_ROLE}|>\n")
@@ -218,12 +305,20 @@ class DetokenizeRequest(BaseModel):
 
 
 # ---- responses -------------------------------------------------------------------------------------
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+          reasoning_tokens: int | None = None) -> dict:
+    """OpenAI's usage block; ``prompt_tokens_details.cached_tokens`` (the prompt tokens the
+    prefix cache served) and ``completion_tokens_details.reasoning_tokens`` when known."""
+    d: dict = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        d["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if reasoning_tokens is not None:
+        d["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return d
 
 
 def token_times_ext(arrival_time: float, token_times: list[float]) -> dict:

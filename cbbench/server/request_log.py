@@ -14,7 +14,13 @@ Every request that passed validation and was handed to the engine gets a line wh
 - ``first_token`` / ``last_token``: when the engine produced them; ``first_token_sent`` /
   ``last_token_sent``: when the HTTP layer handed their bytes to the socket (a non-streaming
   response: the whole body, both).
-- ``prompt_tokens``, ``output_tokens``, ``preemptions``; ``finish``: length | stop | abort (the
+- ``first_output`` / ``first_output_sent``: the first answer or tool-call token (not
+  reasoning), made and sent: the server's side of TTFOT;
+- ``events`` (streamed requests): every stream event as ``[write time, tokens, kind]``, kind
+  ``reasoning`` | ``answer`` | ``tool`` (or ``reasoning+answer`` ... for an event that
+  straddles a boundary): the truth ``cbbench audit`` holds a client's per-token figures to;
+- ``prompt_tokens``, ``output_tokens``, ``reasoning_tokens``, ``tool_call_tokens``,
+  ``cached_tokens`` (prompt tokens the prefix cache served), ``preemptions``; ``finish``: length | stop | abort (the
   client went away) | rejected (the engine could never fit it) | error (the engine failed);
   ``status``: the HTTP status; ``error``: the reason, for rejected and error.
 
@@ -42,7 +48,7 @@ STOP_JOIN_TIMEOUT_S = 10.0
 
 TIME_FIELDS = (
     "arrival", "submitted", "admitted", "queue_exit", "first_token", "first_token_sent",
-    "last_token", "last_token_sent",
+    "first_output", "first_output_sent", "last_token", "last_token_sent",
 )
 
 
@@ -51,7 +57,8 @@ class RequestTrace:
 
     __slots__ = (
         "id", "engine_id", "api", "stream", *TIME_FIELDS, "prompt_tokens", "output_tokens",
-        "preemptions", "finish", "status", "error",
+        "reasoning_tokens", "tool_call_tokens", "cached_tokens", "preemptions", "finish",
+        "status", "error", "events",
     )
 
     def __init__(self, id: str, api: str, stream: bool, arrival: float) -> None:
@@ -65,14 +72,22 @@ class RequestTrace:
         self.queue_exit: float | None = None
         self.first_token: float | None = None
         self.first_token_sent: float | None = None
+        self.first_output: float | None = None  # the first answer or tool token (not reasoning)
+        self.first_output_sent: float | None = None
         self.last_token: float | None = None
         self.last_token_sent: float | None = None
         self.prompt_tokens = 0
         self.output_tokens = 0
+        self.reasoning_tokens = 0
+        self.tool_call_tokens = 0
+        self.cached_tokens: int | None = None
         self.preemptions = 0
         self.finish: str | None = None
         self.status: int | None = None
         self.error: str | None = None
+        # Streamed: every event as (write time, tokens, kind) -- the truth a client's per-token
+        # figures are audited against (cbbench audit).
+        self.events: list[tuple[float, int, str]] | None = None
 
     def to_dict(self, epoch_offset: float) -> dict:
         d = {}
@@ -80,6 +95,8 @@ class RequestTrace:
             v = getattr(self, name)
             if name in TIME_FIELDS and v is not None:
                 v = round(v + epoch_offset, EPOCH_DECIMALS)
+            elif name == "events" and v is not None:
+                v = [[round(t + epoch_offset, EPOCH_DECIMALS), k, kind] for t, k, kind in v]
             d[name] = v
         return d
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cbbench.analysis.prom_text import Dropped
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_latency import server_vs_client
 from cbbench.analysis.token_counts import (
@@ -22,6 +23,7 @@ from cbbench.analysis.token_counts import (
     short_outputs,
 )
 from cbbench.load.prompts import count_tokens
+from cbbench.targets.event_counts import EVENT_COUNT_METHODS, ONE_PER_EVENT, count_events
 from cbbench.targets.options import EndpointOptions, redact_url
 from cbbench.targets.scrape import warning as scrape_warning
 from cbbench.targets.sse import SseStream
@@ -71,6 +73,7 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     rec.output_token_counts = counts
     rec.finish_reason = st.finish_reason
     rec.server_request_id = st.response_id
+    count_events(rec, st, tokenizer)
     choose_output_count(rec, per_event=None)
     return rec.output_tokens_method
 
@@ -90,6 +93,26 @@ def count_outputs(records: Sequence[RequestRecord]) -> tuple[dict, list[str]]:
         if rec.output_token_counts is not None:
             choose_output_count(rec, detection["detected"])
     return output_count_summary(records, detection)
+
+
+def event_count_methods(records: Sequence[RequestRecord]) -> tuple[dict, str | None]:
+    """How the completed requests' tokens per event were counted, and a warning when some were
+    taken as one per event although usage shows more tokens than events."""
+    done = [r for r in records if r.ok and r.event_tokens_method is not None]
+    methods = {m: sum(r.event_tokens_method == m for r in done) for m in EVENT_COUNT_METHODS}
+    under = [
+        r for r in done if r.event_tokens_method == ONE_PER_EVENT
+        and (r.output_token_counts or {}).get("usage", 0) > len(r.token_times_s)
+    ]
+    warning = None
+    if under:
+        warning = (
+            f"{len(under)} of {len(done)} requests had more tokens (usage) than stream events, "
+            "and the server sent no running usage (stream_options.continuous_usage_stats): "
+            "tokens per event were taken as 1, so per-token ITL (itl_ms) is an event gap "
+            "there; give --tokenizer to count each event's tokens"
+        )
+    return {m: v for m, v in methods.items() if v}, warning
 
 
 def send_lag_check(lags_ms: Sequence[float]) -> dict:
@@ -201,6 +224,9 @@ def finish_http_run(
     counts, warnings = count_outputs(records)
     if not counts["output_method"]:  # records made elsewhere, without their counts
         counts["output_method"] = {k: v for k, v in methods.items() if v}
+    counts["tokens_per_event_method"], event_warning = event_count_methods(records)
+    if event_warning:
+        warnings.append(event_warning)
     prompt, prompt_warnings = prompt_counts(records, opts)
     for key in ("prompt_method", "workload_counted_by", "chat_template_tokens_added_mean"):
         if key in prompt:
@@ -236,6 +262,19 @@ def _server_metrics(info: dict, records: Sequence[RequestRecord]) -> None:
     if line:
         log.info("warning: " + line)
     hist = info.get("server_histograms")
-    latency = server_vs_client(hist["before"], hist["after"], records) if hist else None
+    scrapes = info["server_metrics_scrapes"]
+    dropped = Dropped(scrapes.get("dropped_series", 0), scrapes.get("dropped_first"))
+    latency = None
+    if hist:
+        try:
+            latency = server_vs_client(hist["before"], hist["after"], records, dropped)
+        except Exception as e:  # noqa: BLE001 - what a server sent never costs the run
+            log.info(f"warning: --scrape-metrics: the server's latency histograms could not be "
+                   f"read ({type(e).__name__}: {e}); server_latency left out")
     if latency is not None:
         info["server_latency"] = latency
+    scrapes["dropped_series"] = dropped.count
+    scrapes["dropped_first"] = dropped.first
+    if dropped.count:  # one line for every malformed series of the run
+        log.info(f"warning: --scrape-metrics: dropped {dropped.count} malformed /metrics "
+               f"series (first: {dropped.first}); the others are kept")

@@ -135,6 +135,8 @@ def _session_feed(
     # hashes them; the simulator then gets scripted replies (engine_feed.py).
     keep_ids = info.engine == "torch" or opts.enable_prefix_caching
     vocab = info.vocab_size or DEFAULT_VOCAB
+    if info.engine == "torch":
+        check_session_vocab(plan, vocab)
     return SessionFeed(
         plan,
         lambda rid, p, o, t, ids: _request(opts, info, rid, p, o, t, ids),
@@ -142,7 +144,21 @@ def _session_feed(
         scripted_replies=keep_ids and info.engine != "torch",
         vocab=vocab,
         timer=timer,
+        max_model_len=info.max_model_len,
     )
+
+
+def check_session_vocab(plan: SessionPlan, vocab: int) -> None:
+    """A session turn's token ids are checked before the run, as a request's are
+    (_make_requests): one id beyond the vocabulary failed its engine step midway, and with it
+    every other session's request in that step."""
+    for i in plan.active_sessions:
+        for k, turn in enumerate(plan.sessions[i].turns):
+            if turn.user_token_ids is not None and max(turn.user_token_ids) >= vocab:
+                raise UsageError(
+                    f"session {plan.sessions[i].session_id} turn {k + 1}: token id "
+                    f"{max(turn.user_token_ids)} is outside the model's vocabulary of {vocab}"
+                )
 
 
 def _drain(engine, grace_s: float) -> None:
@@ -182,11 +198,12 @@ def _outcome(r, cancelled: bool) -> tuple[str | None, str | None]:
     return "run interrupted before the request finished", "interrupted"
 
 
-def _records(reqs, timer: CancelTimer, session_feed, keep_token_ids: bool):
+def _records(reqs, wreqs, timer: CancelTimer, session_feed, keep_token_ids: bool):
     """The run's request records, and how many requests never reached the engine."""
     from cbbench.engine.core.request import RequestStatus
 
     records = []
+    reasoning = {w.id: w.reasoning_len for w in wreqs if w.reasoning_len}
     not_sent = session_feed.not_created if session_feed is not None else 0
     for r in reqs:
         if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
@@ -219,7 +236,18 @@ def _records(reqs, timer: CancelTimer, session_feed, keep_token_ids: bool):
         )
         if session_feed is not None:
             records[-1].session_id, records[-1].turn = session_feed.labels(r)
+            records[-1].turn_kind = session_feed.turn_kind(r)
+        elif r.request_id in reasoning:
+            split_reasoning(records[-1], reasoning[r.request_id])
     return records, not_sent
+
+
+def split_reasoning(rec: RequestRecord, reasoning_len: int) -> None:
+    """The workload's reasoning_len on an in-process record: its first reasoning_len tokens
+    were reasoning, the first output token the one after them."""
+    n = len(rec.token_times_s)
+    rec.reasoning_tokens = min(reasoning_len, n)
+    rec.first_output_s = rec.token_times_s[reasoning_len] if n > reasoning_len else None
 
 
 def run_engine(
@@ -286,7 +314,7 @@ def run_engine(
             _drain(replica, grace_s)
     end = clock.now()
 
-    records, not_sent = _records(reqs, timer, session_feed, keep_token_ids)
+    records, not_sent = _records(reqs, wreqs, timer, session_feed, keep_token_ids)
     finish_times = [r.finish_time for r in reqs if r.finish_time is not None]
     duration = end if not completed_all else max(finish_times, default=0.0)
     if math.isinf(duration):

@@ -90,9 +90,11 @@ class SessionFeed:
         scripted_replies: bool,
         vocab: int,
         timer: CancelTimer | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.timer = timer or CancelTimer(None)
         self.plan = plan
+        self.max_model_len = max_model_len
         self.make_request = make_request
         self.keep_ids = keep_ids
         self.scripted = scripted_replies
@@ -103,8 +105,18 @@ class SessionFeed:
         self.ended_early = 0  # sessions that stopped at a rejected turn
         for i, session in enumerate(plan.sessions):
             t0 = session.turns[0]
-            ids = plan.first_prompt_ids(i, vocab) if keep_ids else None
-            self._push(i, 0, first_prompt_len(t0.user_len), float(plan.starts[i]), ids)
+            prompt_len = first_prompt_len(t0.user_len)
+            ids = plan.first_prompt_ids(i, vocab) if self._builds(i, 0, prompt_len) else None
+            self._push(i, 0, prompt_len, float(plan.starts[i]), ids)
+
+    def _builds(self, i: int, k: int, prompt_len: int) -> bool:
+        """Whether turn k's prompt ids are made: not for a turn beyond the model's context,
+        which the engine rejects at arrival (as a request's: a `user_len` of 10**12 asked for
+        7 TiB of ids midway through the run)."""
+        if not self.keep_ids:
+            return False
+        out = self.plan.sessions[i].turns[k].output_len
+        return self.max_model_len is None or prompt_len + out <= self.max_model_len
 
     def _push(self, i: int, k: int, prompt_len: int, t: float, ids: list[int] | None) -> None:
         rid = self.plan.request_id(i, k)
@@ -143,15 +155,19 @@ class SessionFeed:
         t = req.finish_time + self.plan.think_time_s(i, k + 1)
         n_out = req.num_output_tokens
         ids = None
-        if req.prompt_token_ids is not None:
+        prompt_len = next_prompt_len(req.num_prompt_tokens, n_out, turns[k + 1].user_len)
+        if req.prompt_token_ids is not None and self._builds(i, k + 1, prompt_len):
             reply = req.output_token_ids[:n_out]
             ids = self.plan.next_prompt_ids(req.prompt_token_ids, reply, i, k + 1, self.vocab)
-        prompt_len = next_prompt_len(req.num_prompt_tokens, n_out, turns[k + 1].user_len)
         self._push(i, k + 1, prompt_len, t, ids)
 
     @property
     def not_created(self) -> int:
         return self.plan.num_turns - len(self.created)
+
+    def turn_kind(self, req: Request) -> str:
+        i, k = self.turn_of[req.request_id]
+        return self.plan.sessions[i].turns[k].kind
 
     def labels(self, req: Request) -> tuple[int | str, int]:
         """(session_id, turn) of a request, turns counted from 1."""

@@ -21,8 +21,9 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from cbbench.fd_limit import raise_open_file_limit
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.chat_template import chat_prompt_tokens
 from cbbench.load.interrupts import DEFAULT_GRACE_S
+from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
@@ -44,6 +46,7 @@ from cbbench.targets.checks import (
     send_lag_check,
 )
 from cbbench.targets.client_health import ClientMonitor, sleep_until
+from cbbench.targets.gc_freeze import freeze_heap, thaw_heap
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.options import API_PATHS, EndpointOptions, normalize_endpoint, redact_url
 from cbbench.targets.request import RequestContext, request_body, send_request
@@ -122,8 +125,11 @@ class _Runner:
         self.stopped = False
         self.ctx: RequestContext | None = None  # set when the run starts
 
-    async def _one(self, pos: int) -> None:
-        """Request `pos` from its intended start: wait for a slot, send, record."""
+    def _one(self, pos: int) -> Coroutine[None, None, None]:
+        """Request `pos` from its intended start (wait for a slot, send, record): the
+        coroutine the dispatcher runs as the request's task. Made here, not awaited here: every
+        coroutine between the task and the socket is resumed on each network read, so the hot
+        path is task -> _exchange -> send_request -> exchange and no deeper."""
         w = self.wreqs[pos]
         rec = RequestRecord(
             id=w.id,
@@ -136,9 +142,9 @@ class _Runner:
         if self.chat_prompt_tokens is not None and self.chat_prompt_tokens[pos] is not None:
             rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
         st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
-        await self._exchange(
-            pos, rec, st, lambda: request_body(self.ctx, self.prompts[pos], w.output_len)
-        )
+        extra = request_fields(w.reasoning_len, w.tools, w.tool_choice, self.chat)
+        return self._exchange(pos, rec, st, partial(request_body, self.ctx, self.prompts[pos],
+                                                    w.output_len, extra))
 
     async def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
                         make_body: Callable[[], bytes]) -> None:
@@ -155,7 +161,13 @@ class _Runner:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
-                await self._send(rec, body, st)
+                cancel_after = (
+                    self.cancel.cancel_after_s(rec.id) if self.cancel is not None else None
+                )
+                if cancel_after is None:
+                    await send_request(self.ctx, rec, body, st)
+                else:
+                    await self._send_cancelled(rec, body, st, cancel_after)
             finally:
                 self.in_flight -= 1
         except asyncio.CancelledError:  # the run was stopped; unsent requests stay unrecorded
@@ -170,13 +182,10 @@ class _Runner:
             if rec.send_s is not None:
                 self._ended(pos, rec, st)
 
-    async def _send(self, rec: RequestRecord, body: bytes, st: SseStream) -> None:
-        """send_request, or, for a request --cancel-rate picked, send_request until its
-        cancel time: then the stream is closed (the server sees the client go away)."""
-        delay = self.cancel.cancel_after_s(rec.id) if self.cancel is not None else None
-        if delay is None:
-            await send_request(self.ctx, rec, body, st)
-            return
+    async def _send_cancelled(self, rec: RequestRecord, body: bytes, st: SseStream,
+                              delay: float) -> None:
+        """send_request until `delay` after the send for a request --cancel-rate picked: then
+        the stream is closed (the server sees the client go away)."""
         task = asyncio.ensure_future(send_request(self.ctx, rec, body, st))
         try:
             done, _ = await asyncio.wait({task}, timeout=delay)
@@ -249,13 +258,16 @@ class _Runner:
 
         url = URL(self.base + API_PATHS[o.api])
         session = new_session(headers, max_connections=pool)
+        frozen = False
         try:
             model = o.served_model or await self._discover_model(session, info)
             info["served_model"] = model
             payload = {
                 "model": model,
                 "stream": True,
-                "stream_options": {"include_usage": True},
+                # continuous_usage_stats: the running usage on every chunk (vLLM, SGLang), so
+                # each event's tokens are counted exactly (targets/event_counts.py).
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
                 "temperature": 0,
             }
             if o.ignore_eos_field:
@@ -264,6 +276,7 @@ class _Runner:
             if o.scrape_metrics:
                 scraper = MetricsScraper(self.base, o.headers, o.scrape_metrics_filter)
                 await scraper.baseline()  # before the clock starts
+            frozen = freeze_heap()  # the heap so far: out of the run's collections
             start_at = self.hooks.start_at
             self.t0 = await start_at() if start_at is not None else time.perf_counter()
             self.monitor = ClientMonitor(self.t0)
@@ -301,6 +314,7 @@ class _Runner:
                 await scrape_task
                 info.update(scraper.result())
         finally:
+            thaw_heap(frozen)
             await session.close()
         info["max_in_flight"] = self.max_in_flight
         return duration, info

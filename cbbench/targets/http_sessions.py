@@ -20,9 +20,10 @@ import time
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
+from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
 from cbbench.load.session_plan import SessionPlan
-from cbbench.load.sessions import first_prompt_len, next_prompt_len
+from cbbench.load.sessions import TOOL_TURN, first_prompt_len, next_prompt_len
 from cbbench.targets.client_health import sleep_until
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http import _Runner
@@ -31,10 +32,13 @@ from cbbench.targets.request import RequestContext
 from cbbench.targets.sse import SseStream
 
 
-def messages_body(ctx: RequestContext, messages: list[dict], max_tokens: int) -> bytes:
+def messages_body(ctx: RequestContext, messages: list[dict], max_tokens: int,
+                  extra: dict | None = None) -> bytes:
     payload = dict(ctx.payload)
     payload["messages"] = messages
     payload["max_tokens"] = max_tokens
+    if extra:
+        payload.update(extra)
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
@@ -97,13 +101,21 @@ class SessionRunner(_Runner):
             if k:
                 intended = self._now() + plan.think_time_s(i, k)
                 await sleep_until(self.t0 + intended)
-            messages.append({"role": "user", "content": self.user_texts[i][k]})
+            turn = turns[k]
+            if turn.kind == TOOL_TURN:  # the tool's result, for the call the last reply made
+                call_id = messages[-1].get("tool_calls", [{}])[0].get("id")
+                messages.append({"role": "tool", "tool_call_id": call_id,
+                                 "content": self.user_texts[i][k]})
+            else:
+                messages.append({"role": "user", "content": self.user_texts[i][k]})
             rec, st = await self._turn(i, k, messages, intended, prompt_len)
             if self.stopped or rec.error is not None or rec.send_s is None:
                 if not self.stopped and k + 1 < len(turns):
                     self.ended_early += 1
                 return
-            messages.append({"role": "assistant", "content": "".join(st.pieces)})
+            # The answer as the server sent it; a reasoning model's reasoning is not sent back
+            # (OpenAI's and vLLM's convention), a tool call's text is not content.
+            messages.append(st.assistant_message())
             if k + 1 < len(turns):
                 # The reply's length as counted for its record (the server's usage if sent).
                 prompt_len = next_prompt_len(prompt_len, rec.output_tokens, turns[k + 1].user_len)
@@ -116,9 +128,15 @@ class SessionRunner(_Runner):
         """One turn, as http._Runner._one sends one request: wait for a slot, send, record."""
         pos = self.plan.request_id(i, k)
         output_len = self.plan.sessions[i].turns[k].output_len
+        session = self.plan.sessions[i]
+        turn = session.turns[k]
         rec = RequestRecord(id=pos, prompt_tokens=prompt_len, output_tokens=0,
                             intended_start_s=intended, session_id=self.plan.labels[i],
-                            turn=k + 1, max_tokens=output_len)
+                            turn=k + 1, max_tokens=output_len, turn_kind=turn.kind)
         st = SseStream(True, rec.token_times_s, keep_text=True)
-        await self._exchange(pos, rec, st, lambda: messages_body(self.ctx, messages, output_len))
+        # A session with tools offers them on every turn; a turn that asks for no call says
+        # "none" (a model offered tools may call one).
+        extra = request_fields(0, session.tools, turn.tool_choice or "none", True)
+        await self._exchange(
+            pos, rec, st, lambda: messages_body(self.ctx, messages, output_len, extra))
         return rec, st

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,7 +27,6 @@ from cbbench.targets.transport import (
     classify,
     post,
     read_body,
-    within,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from yarl import URL
 
 ERROR_MESSAGE_CHARS = 300
+_HAS_TIMEOUT_CM = sys.version_info >= (3, 11)  # asyncio.timeout: no extra task, unlike wait_for
 
 
 @dataclass(slots=True)
@@ -48,8 +49,12 @@ class RequestContext:
     chat: bool
 
 
-def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int) -> bytes:
+def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int,
+                 extra: dict | None = None) -> bytes:
+    """``extra``: the request's own fields (reasoning, tools: load/output_kinds.py)."""
     payload = dict(ctx.payload)
+    if extra:
+        payload.update(extra)
     if ctx.chat:
         payload["messages"] = [{"role": "user", "content": prompt}]
     else:
@@ -88,7 +93,13 @@ async def send_request(
     # Sent: the request starts now; a new connection's set-up counts towards its TTFT.
     rec.send_s = time.perf_counter() - ctx.t0
     try:
-        await within(exchange(ctx, body, stream), ctx.timeout_s)
+        # The timeout inline, not through transport.within: one coroutine less to resume on
+        # every network read of the stream.
+        if _HAS_TIMEOUT_CM:
+            async with asyncio.timeout(ctx.timeout_s):
+                await exchange(ctx, body, stream)
+        else:  # Python 3.10
+            await asyncio.wait_for(exchange(ctx, body, stream), ctx.timeout_s)
     except asyncio.TimeoutError:
         rec.error_type = "timeout"
         rec.error = (

@@ -6,6 +6,15 @@ value). The latency histograms of SERVER_HISTOGRAMS are kept as they stood befor
 its end, for the server's own TTFT/TPOT (analysis/server_latency.py). A failed scrape is
 recorded, never fatal; `warning()` makes one console line of a scrape that failed or kept
 nothing.
+
+What a server sends never costs the run (issue 25): each page is filtered first (cheap name
+tests), then at most MAX_SERIES_PER_SCRAPE series of it are parsed, line by line, in a thread
+(asyncio.to_thread: a 16 MB page stalled the client's loop ~3 s a scrape); a malformed series
+is dropped and counted (analysis/prom_text.py), never the page. The time series is bounded:
+past MAX_SCRAPES_KEPT kept scrapes every other one is dropped and from then on only every
+other scrape is kept (the resolution halves, the memory stays), and the latency histograms'
+lines are capped at MAX_HISTOGRAM_LINES. A 4-request run took 54 s and a 5 s run wrote 173 MB
+of a 300k-series page before.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+from cbbench.analysis.prom_text import Dropped, family_of, metric_name, parse_sample
 from cbbench.analysis.server_latency import SERVER_HISTOGRAMS
 from cbbench.targets.transport import classify, get_body, new_session
 
@@ -28,22 +38,35 @@ MAX_SCRAPE_FAILURES = 5  # in a row; then scraping stops for the rest of the run
 SCRAPE_PREFIXES = ("vllm:", "sglang:", "tgi_", "llamacpp:", "cbbench_")
 SCRAPE_TYPES = ("gauge", "counter")
 MAX_ERRORS_KEPT = 10
+# Bounds on what a scrape keeps (a vLLM page has ~100 gauge and counter series per model).
+MAX_SERIES_PER_SCRAPE = 1000
+MAX_SCRAPES_KEPT = 240  # 2 minutes at SCRAPE_INTERVAL_S; then thinned (see the module doc)
+MAX_HISTOGRAM_LINES = 20_000
 # The lines of the latency histograms: samples (_bucket, _sum, _count) and their TYPE line.
 _HIST_LINES = tuple(f"{n}_" for n in SERVER_HISTOGRAMS) + tuple(
     f"# TYPE {n} " for n in SERVER_HISTOGRAMS
 )
 
 
-def _metric_name(line: str) -> str:
-    """The metric name of a sample line or a '# TYPE' line."""
-    if line.startswith("# TYPE "):
-        return line[7:].split(" ", 1)[0]
-    end = len(line)
-    for sep in ("{", " "):
-        i = line.find(sep)
-        if i != -1:
-            end = min(end, i)
-    return line[:end]
+_metric_name = metric_name
+_HIST_RE = re.compile("^(?:" + "|".join(re.escape(p) for p in _HIST_LINES) + ")[^\r\n]*",
+                      re.MULTILINE)
+SCAN_CHARS = 1 << 16
+
+
+def _pieces(text: str):
+    """``text`` in pieces of about SCAN_CHARS, each ending at a line's end."""
+    start = 0
+    while start < len(text):
+        end = text.find("\n", start + SCAN_CHARS)
+        end = len(text) if end == -1 else end + 1
+        yield text[start:end]
+        start = end
+
+
+_TYPE_RE = re.compile(r"^# TYPE [^\r\n]*", re.MULTILINE)
+_KNOWN_RE = re.compile("^(?:" + "|".join(re.escape(p) for p in SCRAPE_PREFIXES) + ")[^\r\n]*",
+                       re.MULTILINE)
 
 
 class MetricsScraper:
@@ -56,7 +79,12 @@ class MetricsScraper:
         self.base = base
         self.headers = headers
         self.name_filter = re.compile(name_filter) if name_filter else None
-        self.pages: list[tuple[float, str]] = []
+        self.pages: list[tuple[float, list[dict]]] = []  # (t, rows), parsed in a thread
+        self.stride = 1  # keep every stride-th scrape (doubles each time the series thins)
+        self.scrapes = 0  # successful scrapes of the run (baseline excluded)
+        self.dropped = Dropped()  # malformed series, over the run
+        self.series_cut = 0  # series beyond MAX_SERIES_PER_SCRAPE, summed over scrapes
+        self.histogram_lines_cut = 0
         self.histograms: list[str] = []  # the latency histograms: [first scrape, latest]
         self.baseline_ok = False  # the first scrape was taken before the run started
         self.errors: list[str] = []
@@ -81,7 +109,7 @@ class MetricsScraper:
             return self.wanted(name) or self.wanted(name + "_total")
         return "_bucket{" not in line and self.wanted(_metric_name(line))
 
-    async def _scrape(self, t0: float, keep_page: bool = True) -> bool:
+    async def _scrape(self, t0: float, keep_page: bool = True, final: bool = False) -> bool:
         self.attempts += 1
         t = time.perf_counter() - t0
         try:
@@ -97,12 +125,57 @@ class MetricsScraper:
         if status != 200:
             self.errors.append(f"t={t:.1f}s: HTTP {status}")
             return False
-        lines = body.decode("utf-8", errors="replace").splitlines()
-        hist = "\n".join(ln for ln in lines if ln.startswith(_HIST_LINES))
-        self.histograms = [self.histograms[0], hist] if self.histograms else [hist]
+        keep = keep_page and (final or self.scrapes % self.stride == 0)
         if keep_page:
-            self.pages.append((t, "\n".join(ln for ln in lines if self._keep(ln))))
+            self.scrapes += 1
+        # Off the event loop that timestamps tokens: decoding, filtering and parsing a large
+        # page took seconds.
+        hist, rows = await asyncio.to_thread(self._digest, body, t, keep)
+        self.histograms = [self.histograms[0], hist] if self.histograms else [hist]
+        if keep:
+            self.pages.append((t, rows))
+            if len(self.pages) > MAX_SCRAPES_KEPT:  # a bounded time series: thin it
+                self.pages = self.pages[::2]
+                self.stride *= 2
         return True
+
+    def _digest(self, body: bytes, t: float, keep: bool) -> tuple[str, list[dict]]:
+        """(the latency histograms' lines, the kept gauges' and counters' rows) of a page:
+        filtered by name first, then at most MAX_SERIES_PER_SCRAPE series parsed."""
+        text = body.decode("utf-8", errors="replace")
+        # Lines found by C-level regex scans, not a Python test per line (a 300k-series page
+        # took seconds of the client's CPU a scrape that way), in pieces of SCAN_CHARS: one
+        # C call holds the GIL, and a scan of the whole page stalled the event loop for it.
+        pieces = list(_pieces(text))
+        hist_lines = [ln for piece in pieces for ln in _HIST_RE.findall(piece)]
+        if len(hist_lines) > MAX_HISTOGRAM_LINES:
+            self.histogram_lines_cut += len(hist_lines) - MAX_HISTOGRAM_LINES
+            hist_lines = hist_lines[:MAX_HISTOGRAM_LINES]
+        if not keep:
+            return "\n".join(hist_lines), []
+        types: dict[str, str] = {}
+        for ln in (x for piece in pieces for x in _TYPE_RE.findall(piece)):
+            parts = ln.split()
+            if len(parts) >= 4 and self._keep(ln):
+                types[parts[2]] = parts[3]
+        if self.name_filter is None:
+            wanted = [x for piece in pieces for x in _KNOWN_RE.findall(piece)
+                      if "_bucket{" not in x]
+        else:
+            wanted = [x for x in text.splitlines() if x and x[0] != "#" and self._keep(x)]
+        samples = wanted[:MAX_SERIES_PER_SCRAPE]
+        self.series_cut += len(wanted) - len(samples)
+        rows = []
+        for ln in samples:
+            sample = parse_sample(ln, self.dropped)
+            if sample is None or sample.name.endswith("_created"):  # a counter's birth time
+                continue
+            fam = family_of(sample.name, types)
+            if fam is None or types[fam] not in SCRAPE_TYPES:
+                continue
+            rows.append({"t_s": round(t, 4), "name": sample.name, "labels": sample.labels,
+                         "value": sample.value})
+        return "\n".join(hist_lines), rows
 
     async def baseline(self) -> None:
         """One scrape before the run starts: the histograms' starting point."""
@@ -126,7 +199,7 @@ class MetricsScraper:
                     await asyncio.wait_for(self._stop.wait(), max(0.0, delay))
                 except asyncio.TimeoutError:
                     pass
-            await self._scrape(t0)  # the final values of the counters
+            await self._scrape(t0, final=True)  # the final values of the counters
         finally:
             await self._session.close()
 
@@ -137,34 +210,12 @@ class MetricsScraper:
         return None
 
     def result(self) -> dict:
-        from prometheus_client.parser import text_string_to_metric_families
-
-        rows: list[dict] = []
-        parse_errors = 0
-        for t, text in self.pages:
-            try:
-                for fam in text_string_to_metric_families(text):
-                    if fam.type not in SCRAPE_TYPES:
-                        continue
-                    for s in fam.samples:
-                        if s.name.endswith("_created"):  # a counter's creation timestamp
-                            continue
-                        rows.append(
-                            {
-                                "t_s": round(t, 4),
-                                "name": s.name,
-                                "labels": dict(s.labels),
-                                "value": s.value,
-                            }
-                        )
-            except ValueError as e:
-                parse_errors += 1
-                self.errors.append(f"t={t:.1f}s: unparsable metrics page: {e}")
+        rows = [row for _, page in self.pages for row in page]
         out = {
             "server_metrics": rows,
             "server_metrics_scrapes": {
                 "attempts": self.attempts,
-                "ok": len(self.pages) - parse_errors,
+                "ok": self.scrapes,
                 "failed": len(self.errors),
                 "gave_up": self.gave_up,
                 "errors": self.errors[:MAX_ERRORS_KEPT],
@@ -172,6 +223,12 @@ class MetricsScraper:
                     f"names matching {self.name_filter.pattern!r}" if self.name_filter
                     else "names starting " + ", ".join(SCRAPE_PREFIXES)
                 ),
+                # What the bounds left out (module doc): never silently.
+                "kept_every": self.stride,
+                "dropped_series": self.dropped.count,
+                "dropped_first": self.dropped.first,
+                "series_beyond_cap": self.series_cut,
+                "histogram_lines_beyond_cap": self.histogram_lines_cut,
             },
         }
         texts = self.histogram_texts()

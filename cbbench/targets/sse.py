@@ -3,8 +3,13 @@
 
 Bytes go in as the network delivers them (`feed`, with the time that read returned); every
 `data:` event with non-empty text is a token event, timestamped with the read that completed
-its line; events with empty text are counted (empty_events), not timestamped. The parser keeps what the stream said beyond the token times (`[DONE]`, a
-finish_reason, the usage block, the response's id, and the text of each event when asked to) and raises
+its line; events with empty text are counted (empty_events), not timestamped. An event's text
+is reasoning (`delta.reasoning_content` or `delta.reasoning`), answer (`content`) or a tool
+call's (`delta.tool_calls`: name and argument pieces); each timed event keeps its kind and the
+running `usage.completion_tokens` when the server sends it on every chunk (vLLM's
+`continuous_usage_stats`), from which checks.py counts each event's tokens exactly. The parser
+keeps what the stream said beyond the token times (`[DONE]`, a finish_reason, the usage block,
+the response's id, the tool calls, and the text of each event when asked to) and raises
 HttpFailure on a malformed or error event, or a stream that ends before it finished.
 """
 
@@ -19,9 +24,31 @@ BAD_EVENT_CHARS = 80
 MAX_RESPONSE_ID_CHARS = 200  # a server's response id longer than this is cut (it is a label)
 
 
-def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict | None]:
-    """(text, finish_reason, usage) of one streamed JSON chunk; HttpFailure on a malformed or
-    error event."""
+REASONING = "reasoning"
+ANSWER = "answer"
+TOOL = "tool"
+# Reasoning models' reasoning text: vLLM's reasoning parsers (reasoning_content; `reasoning`
+# in newer vLLM and OpenAI-compatible servers such as gpt-oss's), before the answer's content.
+REASONING_KEYS = ("reasoning_content", "reasoning")
+
+
+def _bad_shape(obj) -> HttpFailure:
+    return HttpFailure("bad_event", f"unexpected chunk shape: {str(obj)[:BAD_EVENT_CHARS]!r}")
+
+
+def _text(v, obj) -> str | None:
+    if v is not None and not isinstance(v, str):
+        raise HttpFailure("bad_event", f"non-text token: {str(v)[:BAD_EVENT_CHARS]!r}")
+    return v
+
+
+def chunk_parts(obj: object, chat: bool):
+    """(parts, finish_reason, usage, tool_calls) of one streamed JSON chunk: ``parts`` the
+    event's (kind, text) runs in stream order (reasoning before answer or tool-call text),
+    None for a chunk that carries no token (the opening role chunk, the closing finish, a
+    usage-only chunk); an empty list for a token with no text of its own yet. ``tool_calls``:
+    the delta's tool-call entries (dicts), or None. HttpFailure on a malformed or error
+    event."""
     if type(obj) is not dict:
         raise HttpFailure(
             "bad_event", f"event is not a JSON object: {str(obj)[:BAD_EVENT_CHARS]!r}"
@@ -31,31 +58,63 @@ def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict 
         msg = err.get("message", err) if isinstance(err, dict) else err
         raise HttpFailure("bad_event", f"server error event: {str(msg)[:ERROR_BODY_CHARS]}")
     usage = obj.get("usage")
+    usage = usage if isinstance(usage, dict) else None
     choices = obj.get("choices")
     if not choices:  # the final usage-only chunk
-        return None, None, usage if isinstance(usage, dict) else None
+        return None, None, usage, None
     try:
         choice = choices[0]
+        finish = choice.get("finish_reason")
+        calls = None
         if chat:
             delta = choice.get("delta") or {}
-            # Reasoning models stream their thinking as separate fields; those are tokens too.
-            text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-            if text is None and delta.get("content") == "" and "role" not in delta:
-                text = ""  # not the opening role chunk: a token with no text of its own yet
+            parts = []
+            for key in REASONING_KEYS:
+                r = _text(delta.get(key), obj)
+                if r:
+                    parts.append((REASONING, r))
+                    break
+            content = _text(delta.get("content"), obj)
+            if content:
+                parts.append((ANSWER, content))
+            calls = delta.get("tool_calls")
+            if calls is not None:
+                if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+                    raise _bad_shape(obj)
+                text = "".join(_call_text(c, obj) for c in calls)
+                if text:
+                    parts.append((TOOL, text))
+                calls = calls or None
+            if not parts:
+                # "": a token with no text of its own yet; the opening role chunk is none.
+                empty = content == "" and "role" not in delta and finish is None
+                parts = [] if empty else None
         else:
-            text = choice.get("text")
-        finish = choice.get("finish_reason")
+            text = _text(choice.get("text"), obj)
+            parts = [(ANSWER, text)] if text else ([] if text == "" and finish is None
+                                                   else None)
     except (AttributeError, TypeError, KeyError, IndexError):
-        raise HttpFailure(
-            "bad_event", f"unexpected chunk shape: {str(obj)[:BAD_EVENT_CHARS]!r}"
-        ) from None
-    if text is not None and not isinstance(text, str):
-        raise HttpFailure("bad_event", f"non-text token: {str(text)[:BAD_EVENT_CHARS]!r}")
+        raise _bad_shape(obj) from None
     if finish is not None and not isinstance(finish, str):
         finish = str(finish)
-    if text == "" and finish is not None:
-        text = None  # the closing chunk carries the finish reason, not a token
-    return text, finish, usage if isinstance(usage, dict) else None
+    return parts, finish, usage, calls
+
+
+def _call_text(call: dict, obj) -> str:
+    """The text a tool-call delta streams: the function's name and its arguments' piece (the
+    tokens the model generated for the call)."""
+    fn = call.get("function") or {}
+    if not isinstance(fn, dict):
+        raise _bad_shape(obj)
+    return (_text(fn.get("name"), obj) or "") + (_text(fn.get("arguments"), obj) or "")
+
+
+def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict | None]:
+    """(text, finish_reason, usage) of one streamed JSON chunk, every kind of token text
+    joined (chunk_parts tells them apart)."""
+    parts, finish, usage, _ = chunk_parts(obj, chat)
+    text = None if parts is None else "".join(t for _, t in parts)
+    return text, finish, usage
 
 
 class SseStream:
@@ -64,7 +123,8 @@ class SseStream:
 
     __slots__ = (
         "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events",
-        "response_id", "_tail",
+        "response_id", "_tail", "kinds", "running", "reasoning_pieces", "answer_pieces",
+        "tool_calls", "_running_now",
     )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
@@ -82,9 +142,21 @@ class SseStream:
         # the server's name for the request, which its own logs use too (None: it sent none).
         self.response_id: str | None = None
         self._tail = b""  # an incomplete line, waiting for the rest
+        # Per timed event: its kind ("reasoning", "answer", "tool", or "reasoning+answer"...
+        # for one that straddles a boundary), and the running completion_tokens the server
+        # reported with it (stream_options.continuous_usage_stats; None where it sent none).
+        self.kinds: list[str] = []
+        self.running: list[int | None] = []
+        self._running_now: int | None = None  # the latest running count, from any chunk
+        # With keep_text: each event's reasoning text and answer text apart (tokenizer counts).
+        self.reasoning_pieces: list[str] | None = [] if keep_text else None
+        self.answer_pieces: list[str] | None = [] if keep_text else None
+        # Tool calls by index: {"id", "name", "event_idx": the timed events with its text}.
+        self.tool_calls: dict[int, dict] = {}
 
-    def feed(self, piece: bytes, t: float) -> None:
-        """Whatever one network read returned, at run-clock time `t`."""
+    def feed(self, piece: bytes, t: float) -> None:  # noqa: C901 - over 15 as merged from main; to split (issue 23)
+        """Whatever one network read returned, at run-clock time `t`. (One function per read,
+        the lines parsed inline: it runs for every network read of every request.)"""
         if b"\n" not in piece:
             self._tail += piece
             if len(self._tail) > MAX_LINE_BYTES:
@@ -92,27 +164,8 @@ class SseStream:
                     "bad_event", f"event-stream line longer than {MAX_LINE_BYTES} bytes"
                 )
             return
-        lines = (self._tail + piece).split(b"\n")
+        lines = (self._tail + piece).split(b"\n") if self._tail else piece.split(b"\n")
         self._tail = lines.pop()
-        self._lines(lines, t)
-
-    def close(self, t: float) -> None:
-        """The body ended (at `t`): parse a last unterminated line, then check that the stream
-        finished and carried some text."""
-        if self._tail:
-            lines, self._tail = [self._tail], b""
-            self._lines(lines, t)
-        if not (self.done or self.finish_reason is not None):
-            raise HttpFailure(
-                "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
-            )
-        if not self.times:
-            why = f" (finish_reason {self.finish_reason!r})" if self.finish_reason else ""
-            raise HttpFailure(
-                "bad_event", f"the stream finished without any output text{why}"
-            )
-
-    def _lines(self, lines: list[bytes], t: float) -> None:
         times, pieces, chat, loads = self.times, self.pieces, self.chat, json.loads
         for line in lines:
             if not line.startswith(b"data:"):
@@ -128,18 +181,78 @@ class SseStream:
             except ValueError:
                 shown = data[:BAD_EVENT_CHARS].decode("utf-8", "replace")
                 raise HttpFailure("bad_event", f"malformed event: {shown!r}") from None
-            text, finish, usage = chunk_fields(obj, chat)
+            parts, finish, usage, calls = chunk_parts(obj, chat)
             if self.response_id is None:
                 rid = obj.get("id")
                 if isinstance(rid, str) and rid:
                     self.response_id = rid[:MAX_RESPONSE_ID_CHARS]
-            if text:
+            if usage is not None:
+                self.usage = usage
+                ct = usage.get("completion_tokens")
+                if type(ct) is int and ct >= 0:
+                    self._running_now = ct
+            if calls is not None:
+                self._calls(calls)
+            if parts:
                 times.append(t)
+                self.kinds.append("+".join(k for k, _ in parts))
+                # A usage-only chunk carries none of the event's own count.
+                self.running.append(self._running_now if usage is not None else None)
                 if pieces is not None:
-                    pieces.append(text)
-            elif text is not None:
+                    pieces.append("".join(p for _, p in parts))
+                    self.reasoning_pieces.append("".join(p for k, p in parts if k == REASONING))
+                    self.answer_pieces.append("".join(p for k, p in parts if k == ANSWER))
+            elif parts is not None:
                 self.empty_events += 1
             if finish is not None:
                 self.finish_reason = finish
-            if usage is not None:
-                self.usage = usage
+
+    def close(self, t: float) -> None:
+        """The body ended (at `t`): parse a last unterminated line, then check that the stream
+        finished and carried some text."""
+        if self._tail:
+            self.feed(b"\n", t)  # ends the last line
+        if not (self.done or self.finish_reason is not None):
+            raise HttpFailure(
+                "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
+            )
+        if not self.times:
+            why = f" (finish_reason {self.finish_reason!r})" if self.finish_reason else ""
+            raise HttpFailure(
+                "bad_event", f"the stream finished without any output text{why}"
+            )
+
+    def _calls(self, calls: list[dict]) -> None:
+        n = len(self.times)  # the event these deltas belong to (appended next, if timed)
+        for c in calls:
+            idx = c.get("index", 0)
+            idx = idx if type(idx) is int else 0
+            call = self.tool_calls.setdefault(
+                idx, {"id": None, "name": None, "arguments": "", "event_idx": []})
+            if isinstance(c.get("id"), str) and call["id"] is None:
+                call["id"] = c["id"][:MAX_RESPONSE_ID_CHARS]
+            fn = c.get("function") or {}
+            if isinstance(fn.get("name"), str) and call["name"] is None:
+                call["name"] = fn["name"][:MAX_RESPONSE_ID_CHARS]
+            args = fn.get("arguments")
+            if isinstance(args, str) and len(call["arguments"]) < MAX_LINE_BYTES:
+                call["arguments"] += args  # a next turn sends the call back
+            if not call["event_idx"] or call["event_idx"][-1] != n:
+                call["event_idx"].append(n)
+
+    def assistant_message(self) -> dict:
+        """The reply as a next turn sends it back: the answer's text and the tool calls it
+        made (OpenAI's shape)."""
+        m: dict = {"role": "assistant", "content": self.answer_text()}
+        if self.tool_calls:
+            m["content"] = m["content"] or None
+            m["tool_calls"] = [
+                {"id": c["id"], "type": "function",
+                 "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
+                for _, c in sorted(self.tool_calls.items())
+            ]
+        return m
+
+    def answer_text(self) -> str:
+        """The answer's text (no reasoning, no tool-call text): what a next turn sends back."""
+        return "".join(self.answer_pieces or ())

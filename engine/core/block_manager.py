@@ -87,6 +87,21 @@ class BlockManager:
         """Free blocks whose KV was never written (a swap-in cancelled in its own step)."""
         self.free(req)
 
+    def trim(self, req: Request, num_tokens: int) -> None:
+        """Speculative decoding's rollback: free the blocks past the first ``num_tokens``
+        tokens (they held only rejected drafts' KV). Reserved allocation keeps its
+        reservation. The trimmed table is a new list: the model runner's persistent batch
+        tells a regrown table from a grown one by its identity."""
+        keep = cdiv(num_tokens, self.block_size)
+        table = req.block_table
+        if self.reserved or len(table) <= keep:
+            return
+        self._release_blocks(table[keep:])
+        req.block_table = table[:keep]
+
+    def _release_blocks(self, blocks: list[int]) -> None:
+        self._free.extend(reversed(blocks))
+
     # ---- bare blocks: the CPU pool of swap preemption -----------------------------------------
     def allocate_blocks(self, n: int) -> list[int] | None:
         """``n`` blocks not tied to a request, or None (and no change) when the pool is short."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..sim.cost_model import CostModel
@@ -14,6 +14,7 @@ from .prefix_caching import PrefixCachingBlockManager
 from .request import Request, RequestStatus
 from .scheduler import Scheduler, SchedulerConfig
 from .scheduler_output import ExecutorOutput, SchedulerOutput
+from .spec_decode import Drafter
 
 
 class Executor(Protocol):
@@ -52,9 +53,25 @@ class StepFailed(Exception):
 
 @dataclass(slots=True)
 class StepOutput:
+    """One step's result. ``num_new_tokens[i]``: the tokens ``scheduled.scheduled_reqs[i]``
+    gained this step (0 for a partial prefill chunk; 1 for a decode or a completed prefill;
+    1 + accepted drafts with speculative decoding, fewer when it finished inside the run).
+    They are the last ``num_new_tokens[i]`` entries of its ``token_times`` (all the step's end
+    time) and, where ids are modelled, of its ``output_token_ids``: a server sends them as one
+    event (docs/speculative.md)."""
+
     record: IterationRecord
     scheduled: SchedulerOutput
     finished: list[Request]
+    num_new_tokens: list[int] = field(default_factory=list)
+
+    def new_token_ids(self, i: int) -> list[int] | None:
+        """The ids of the tokens request ``i`` gained (None where ids are not modelled)."""
+        req, n = self.scheduled.scheduled_reqs[i], self.num_new_tokens[i]
+        ids = req.output_token_ids
+        if n == 0 or len(ids) < req.num_output_tokens:
+            return None if n else []
+        return ids[len(ids) - n :]
 
 
 class Engine:
@@ -64,8 +81,12 @@ class Engine:
         executor: Executor,
         clock: Clock,
         cost_model: CostModel | None = None,
+        drafter: Drafter | None = None,
     ) -> None:
+        """``drafter``: speculative decoding's proposer, asked after every step for the
+        requests that will decode next (None: speculation off)."""
         self.config = config
+        self.drafter = drafter
         pool = PrefixCachingBlockManager if config.enable_prefix_caching else BlockManager
         self.block_manager = pool(config.num_kv_blocks, config.block_size, config.kv_allocation)
         self.cpu_block_manager = (
@@ -150,13 +171,13 @@ class Engine:
             cost = self.cost_model.step_cost(sched, self.config.block_size)
         shape = cost.shape if cost is not None else None
 
-        finished = self._postprocess(sched, out.sampled_token_ids, end)
+        finished, gained, spec = self._postprocess(sched, out, end)
         record = IterationRecord(
             index=self.num_records,
             start_s=start,
             duration_s=end - start,
             num_prefill_tokens=sched.num_prefill_tokens,
-            num_decode_tokens=sched.num_decode_reqs,
+            num_decode_tokens=sched.num_decode_tokens,
             token_budget=sched.token_budget,
             num_prefill_reqs=sched.num_prefill_reqs,
             num_decode_reqs=sched.num_decode_reqs,
@@ -177,10 +198,15 @@ class Engine:
             attn_key_pairs=shape.attn_key_pairs if shape is not None else 0.0,
             attn_keys_read=shape.attn_keys_read if shape is not None else 0.0,
             attn_decode_keys=shape.decode_keys if shape is not None else 0.0,
+            num_drafts=sched.num_drafts,
+            draft_tokens=sched.num_draft_tokens,
+            accepted_tokens=spec.accepted,
+            emitted_tokens=spec.emitted,
+            num_sampled_reqs=spec.sampled_reqs,
         )
         self.records.append(record)
         self.num_records += 1
-        return StepOutput(record, sched, finished)
+        return StepOutput(record, sched, finished, gained)
 
     def _fail_step(self, sched: SchedulerOutput, cause: Exception) -> StepFailed:
         """Fail the step's requests, and those it swapped out (their KV copy may not have
@@ -196,42 +222,62 @@ class Engine:
             req.finish_time = now
         return err
 
-    def _postprocess(
-        self, sched: SchedulerOutput, sampled: Sequence[int | None] | None, now: float
-    ) -> list[Request]:
+    def _postprocess(  # noqa: C901 - over 15 as merged from main; to split (issue 23)
+        self, sched: SchedulerOutput, out: ExecutorOutput, now: float
+    ) -> tuple[list[Request], list[int], _StepTokens]:
+        """Advance each scheduled request by its rows and append the tokens it gained: one
+        sampled token, after its accepted drafts with speculative decoding (their KV stays; the
+        rejected drafts' slots are rolled back). Returns the finished requests, the tokens each
+        scheduled request gained, and the step's token counts."""
         finished: list[Request] = []
         reqs = sched.scheduled_reqs
         nums = sched.num_scheduled_tokens
+        sampled = out.sampled_token_ids
+        gained = [0] * len(reqs)
+        num_accepted = 0
+        bm = self.block_manager
         for i in range(len(reqs)):
             req = reqs[i]
             req.num_computed_tokens += nums[i]
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a partial prefill chunk: no token yet
-            req.num_output_tokens += 1
-            req.token_times.append(now)
-            token = None
-            if sampled is not None:
-                token = sampled[i]
-                req.output_token_ids.append(token)
-            if req.num_output_tokens >= req.max_tokens:
-                req.finish_reason = "length"
-            elif (
-                token is not None
-                and token == req.eos_token_id
-                and not req.sampling.ignore_eos
-            ):
-                req.finish_reason = "stop"
-            else:
-                continue
+            token = sampled[i] if sampled is not None else None
+            if req.spec_token_ids:
+                a = out.num_accepted[i]
+                num_accepted += a
+                gained[i] = self._append_verified(req, a, token, sampled is not None, now)
+                if req.finish_reason is None:
+                    continue
+            else:  # the common case, kept inline: one token
+                gained[i] = 1
+                req.num_output_tokens += 1
+                req.token_times.append(now)
+                if sampled is not None:
+                    req.output_token_ids.append(token)
+                if req.num_output_tokens >= req.max_tokens:
+                    req.finish_reason = "length"
+                elif (
+                    token is not None
+                    and token == req.eos_token_id
+                    and not req.sampling.ignore_eos
+                ):
+                    req.finish_reason = "stop"
+                else:
+                    continue
             req.status = RequestStatus.FINISHED
             req.finish_time = now
-            self.block_manager.free(req)  # with prefix caching, registers its last full blocks
+            bm.free(req)  # with prefix caching, registers its last full blocks
             finished.append(req)
         if finished:
             self.scheduler.drop_finished()
+        if self.drafter is not None:
+            propose = self.drafter.propose
+            for i in range(len(reqs)):
+                req = reqs[i]
+                if gained[i] and req.status == RequestStatus.RUNNING:
+                    req.spec_token_ids = propose(req)
         if self._caching:
             # Blocks that filled this step become findable (finished requests did so on free).
-            bm = self.block_manager
             bs = bm.block_size
             for req in reqs:
                 # Cheap test first: has a block of known token ids filled since the last
@@ -242,7 +288,44 @@ class Engine:
                 c = req.num_computed_tokens
                 if (c if c < known else known) >= (req.num_registered_blocks + 1) * bs:
                     bm.register_full_blocks(req)
-        return finished
+        counts = _StepTokens(num_accepted, sum(gained), len(gained) - gained.count(0))
+        return finished, gained, counts
+
+    def _append_verified(
+        self, req: Request, num_accepted: int, token: int | None, with_ids: bool, now: float
+    ) -> int:
+        """A verified decode: roll back its rejected drafts' KV, then append its accepted
+        drafts and the sampled token, stopping at a finish inside that run. Returns the tokens
+        appended."""
+        drafts = req.spec_token_ids
+        req.spec_token_ids = []
+        rejected = len(drafts) - num_accepted
+        req.num_computed_tokens -= rejected
+        n = 0
+        for t in (*drafts[:num_accepted], token):
+            n += 1
+            req.num_output_tokens += 1
+            req.token_times.append(now)
+            if with_ids:
+                req.output_token_ids.append(t)
+            if req.num_output_tokens >= req.max_tokens:
+                req.finish_reason = "length"
+                break
+            if with_ids and t == req.eos_token_id and not req.sampling.ignore_eos:
+                req.finish_reason = "stop"
+                break  # the rest of the run is dropped
+        if rejected and req.finish_reason is None:
+            self.block_manager.trim(req, req.num_computed_tokens)
+        return n
+
+
+@dataclass(slots=True)
+class _StepTokens:
+    """One step's output-token counts, for its iteration record."""
+
+    accepted: int = 0  # draft tokens verification accepted
+    emitted: int = 0  # tokens appended to outputs
+    sampled_reqs: int = 0  # requests that gained tokens
 
 
 def run_until_done(

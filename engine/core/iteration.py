@@ -35,6 +35,14 @@ class IterationRecord:
     attn_key_pairs: float = 0.0  # sum over rows of keys attended
     attn_keys_read: float = 0.0  # keys read from the KV cache
     attn_decode_keys: float = 0.0  # of both, the decode rows' (one key pair per key read)
+    # Speculative decoding (vLLM's spec_decode counters, per step): decodes that verified
+    # drafts, their draft rows, the drafts accepted; and every engine's output tokens this
+    # step and the requests that gained them (without speculation: one token each).
+    num_drafts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    emitted_tokens: int = 0
+    num_sampled_reqs: int = 0
     replica: int | None = None  # data parallelism: which engine replica ran it
 
     @property

@@ -102,6 +102,12 @@ class PrefixCachingBlockManager(BlockManager):
     def discard(self, req: Request) -> None:
         self._free_table(req)
 
+    def _release_blocks(self, blocks: list[int]) -> None:
+        # Trimmed blocks lie past the computed tokens: never registered, so they go back to
+        # the free stack (tail first, as _free_table).
+        for block in reversed(blocks):
+            self._release(block)
+
     def _free_table(self, req: Request) -> None:
         # Reversed: the tail of a sequence is released first, so it is evicted first and the
         # shared head of a prefix lives longest.

@@ -3,7 +3,9 @@
 A request holds ``num_tokens`` known tokens (prompt + outputs so far) of which
 ``num_computed_tokens`` already have their KV in the cache. Each iteration the scheduler gives it
 ``n`` new tokens to compute; when that brings ``num_computed_tokens`` up to ``num_tokens`` the
-executor samples one more token. A decode is simply n = 1; a prefill chunk is n > 1. Recompute
+executor samples one more token. A decode is simply n = 1; a prefill chunk is n > 1. With
+speculative decoding a decode carries draft tokens (``spec_token_ids``): n = 1 + drafts, and the
+step may add several tokens (the accepted drafts, then one sampled token). Recompute
 preemption resets ``num_computed_tokens`` to 0, so the next prefill covers prompt + outputs; swap
 preemption keeps it (the KV waits in CPU memory, in ``cpu_block_table``, status SWAPPED) and the
 request resumes where it stopped once its blocks are copied back.
@@ -34,8 +36,13 @@ class RequestStatus(enum.IntEnum):
 # values can break a batch: a temperature or top-p below SAMPLING_EPS underflows (NaN
 # probabilities), so both mean greedy (vLLM's _SAMPLING_EPS rule); a top-k of MAX_TOP_K or more
 # keeps every token of any vocabulary, so it means off (and never overflows an int64 tensor);
-# a seed of any size is folded into the 63 bits a torch generator takes.
+# a seed of any size is folded into the 63 bits a torch generator takes. At the other end, a
+# temperature above MAX_TEMPERATURE samples as MAX_TEMPERATURE does: float32 logits divided by
+# it are already equal to within float32's resolution after softmax (uniform over what top-k
+# and top-p keep), while a larger one loses their order (beyond float32's 3.4e38 each logit
+# becomes 0, and `top_k: 1` drew random tokens).
 SAMPLING_EPS = 1e-5
+MAX_TEMPERATURE = 1e12
 MAX_TOP_K = 2**31
 SEED_MASK = 2**63 - 1
 
@@ -51,6 +58,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.temperature < SAMPLING_EPS or self.top_p < SAMPLING_EPS:
             object.__setattr__(self, "temperature", 0.0)
+        elif self.temperature > MAX_TEMPERATURE:
+            object.__setattr__(self, "temperature", MAX_TEMPERATURE)
         if self.top_k >= MAX_TOP_K:
             object.__setattr__(self, "top_k", 0)
         if self.seed is not None and not 0 <= self.seed <= SEED_MASK:
@@ -92,6 +101,7 @@ class Request:
         "block_hashes",
         "num_registered_blocks",
         "num_cached_tokens",
+        "spec_token_ids",
     )
 
     def __init__(
@@ -139,6 +149,11 @@ class Request:
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0
         self.num_cached_tokens = 0
+        # Speculative decoding: the draft tokens proposed after this request's latest token,
+        # verified at its next decode step (they are not in num_tokens until accepted). The
+        # scheduler trims them to what it schedules; a preemption drops them. The simulator's
+        # drafts are placeholders (it models no token ids).
+        self.spec_token_ids: list[int] = []
 
     @property
     def num_tokens(self) -> int:

@@ -17,7 +17,9 @@ class SchedulerOutput:
     # Parallel lists in execution order: decode rows first, then prefill chunks.
     scheduled_reqs: list[Request]
     num_scheduled_tokens: list[int]
-    num_decode_reqs: int  # the first num_decode_reqs entries are decodes (1 token each)
+    # The first num_decode_reqs entries are decodes: 1 token each, or with speculative decoding
+    # 1 + len(req.spec_token_ids) (its latest token, then the drafts to verify).
+    num_decode_reqs: int
     num_prefill_tokens: int
     token_budget: int
     preempted: list[Request] = field(default_factory=list)
@@ -30,10 +32,13 @@ class SchedulerOutput:
     # and those requests' known tokens (what was looked up).
     num_cached_tokens: int = 0
     num_prefix_queried_tokens: int = 0
+    # Speculative decoding: decodes with draft rows, and the draft rows (of the decode rows).
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
 
     @property
     def num_decode_tokens(self) -> int:
-        return self.num_decode_reqs
+        return self.num_decode_reqs + self.num_draft_tokens
 
     @property
     def num_prefill_reqs(self) -> int:
@@ -41,7 +46,7 @@ class SchedulerOutput:
 
     @property
     def total_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_reqs
+        return self.num_prefill_tokens + self.num_decode_tokens
 
     @property
     def is_empty(self) -> bool:
@@ -58,6 +63,12 @@ class ExecutorOutput:
     # token id, or None where no token is produced (a partial prefill chunk) or ids are not
     # modelled (the simulator, which sets sampled_token_ids to None altogether).
     sampled_token_ids: list[int | None] | None
+    # Speculative decoding: per scheduled request, how many of its draft tokens verification
+    # accepted (leading drafts only; 0 for a request without drafts); None when no request had
+    # drafts. The request then gains its accepted drafts and, after them, the sampled token
+    # above (the correction at the first rejected position, or the bonus token after the last
+    # draft).
+    num_accepted: list[int] | None = None
     # Predicted duration for simulated execution; None when the executor really ran (the engine
     # reads its clock instead).
     duration_s: float | None = None

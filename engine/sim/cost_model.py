@@ -97,7 +97,11 @@ class BatchShape:
     attn_keys_read: float  # keys read from the cache, summed over requests
     num_reqs: int = 1  # requests in the batch (the per-row overhead's count)
     num_prefill_reqs: int = 0  # of which with prefill rows
-    decode_keys: float = 0.0  # keys the decode rows attend (and read): part of both above
+    decode_keys: float = 0.0  # keys the decode rows read: part of both above
+    # Speculative decoding's draft rows (decode rows beyond one per decode request). Their
+    # key pairs beyond decode_keys are costed with the prefill rows' attention (a multi-row
+    # query against a context: the same work as a prefill chunk's).
+    num_draft_tokens: int = 0
 
     @staticmethod
     def from_scheduler_output(sched: SchedulerOutput) -> BatchShape:
@@ -106,8 +110,19 @@ class BatchShape:
         # A decode row with c computed tokens attends c + 1 keys and reads them all.
         dec_keys = sum([r.num_computed_tokens for r in reqs[:nd]]) + nd
         pairs = float(dec_keys)
-        keys_read = float(dec_keys)
         num_logits = nd
+        if sched.num_draft_tokens:
+            # Speculative decoding: a decode with d drafts verifies d + 1 rows, each sampled,
+            # row j attending the c + 1 + j keys before it (causal): one read of c + 1 + d keys
+            # (the decode kernel reads a request's KV once for all its rows), and
+            # d (c + 1) + d (d + 1) / 2 key pairs more than the plain decode.
+            for r in reqs[:nd]:
+                d = len(r.spec_token_ids)
+                if d:
+                    pairs += d * (r.num_computed_tokens + 1) + d * (d + 1) / 2
+            dec_keys += sched.num_draft_tokens
+            num_logits += sched.num_draft_tokens
+        keys_read = float(dec_keys)
         nums = sched.num_scheduled_tokens
         for i in range(nd, len(reqs)):
             r = reqs[i]
@@ -118,7 +133,7 @@ class BatchShape:
             if c + n == r.num_tokens:
                 num_logits += 1
         return BatchShape(sched.total_tokens, num_logits, pairs, keys_read, len(reqs),
-                          len(reqs) - nd, float(dec_keys))
+                          len(reqs) - nd, float(dec_keys), sched.num_draft_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +240,7 @@ class CostModel:
     def attention_parts(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
         """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows."""
         db, L = self.dtype_bytes, self._L
-        decode_rows = shape.num_reqs - shape.num_prefill_reqs
+        decode_rows = shape.num_reqs - shape.num_prefill_reqs + shape.num_draft_tokens
         prefill_rows = shape.num_tokens - decode_rows
         qo = 2 * self._q_size * db * L  # q read and o written, per row
         kd = shape.decode_keys

@@ -13,12 +13,19 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ..model_config import DTYPE_BYTES
 from .cost_model import DeviceRates
 from .gpu_specs import GPU_SPECS
 
 PROFILE_KIND = "cbbench-device-profile"
 PROFILE_VERSION = 1
 CPU_DEVICE = "cpu"  # a profile of the CPU the torch engine ran on (no spec: rates only)
+# The step a profile's rates are checked on at load: no device runs it in less than a
+# microsecond (it reads 16 GB of weights) or more than an hour (a CPU takes seconds).
+REFERENCE_MODEL = "llama-3-8b"
+REFERENCE_CONTEXT = 1024
+MIN_REFERENCE_STEP_S = 1e-6
+MAX_REFERENCE_STEP_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -97,10 +104,38 @@ def load_profile(path: str | Path) -> DeviceProfile:
     dtype = data.get("dtype")
     if not isinstance(dtype, str):
         raise ValueError(f"{where}: no 'dtype'")
-    return DeviceProfile(
-        device=device,
-        device_name=str(data.get("device_name", device)),
-        dtype=dtype,
-        models=tuple(models),
-        rates=DeviceRates(**values),
-    )
+    if dtype not in DTYPE_BYTES:  # was a KeyError where the cost model looked it up
+        raise ValueError(f"{where}: unknown dtype {dtype!r}: use {', '.join(DTYPE_BYTES)}")
+    name = data.get("device_name", device)
+    if not isinstance(name, str):
+        raise ValueError(f"{where}: 'device_name' must be a string, got {name!r}")
+    rates_ = DeviceRates(**values)
+    _check_reference_step(rates_, dtype, where)
+    return DeviceProfile(device=device, device_name=name, dtype=dtype, models=tuple(models),
+                         rates=rates_)
+
+
+def _check_reference_step(rates: DeviceRates, dtype: str, where: str) -> None:
+    """Each rate may be in range while the step they predict together is not: a bandwidth of
+    1e-300 B/s or an overhead of 1e300 s gave a run "completed, duration 0.000 s, TTFT nan"
+    in the simulator and killed `serve`'s engine on its first request. So the time of a
+    reference step must be a time a step can take."""
+    from ..model_config import MODEL_PRESETS
+    from .cost_model import BatchShape, CostModel
+
+    model = MODEL_PRESETS[REFERENCE_MODEL]
+    c = REFERENCE_CONTEXT
+    steps = {
+        f"one decode step at a {c}-token context": BatchShape(1, 1, c + 1, c + 1, 1, 0, c + 1),
+        f"a {c}-token prefill": BatchShape(c, 1, c * (c + 1) / 2, c, 1, 1, 0.0),
+    }
+    cost = CostModel(model, dtype, rates=rates)
+    for what, shape in steps.items():
+        t = cost.cost(shape).time_s
+        t = math.nan if t is None else t
+        if not MIN_REFERENCE_STEP_S <= t <= MAX_REFERENCE_STEP_S:
+            raise ValueError(
+                f"{where}: its rates predict {t:.3g} s for {what} of {REFERENCE_MODEL}; a "
+                f"device's step takes between {MIN_REFERENCE_STEP_S:g} s and "
+                f"{MAX_REFERENCE_STEP_S:g} s"
+            )

@@ -55,6 +55,10 @@ GRID_POINTS = 17  # per rate, log-spaced over 4 decades below the rate that expl
 GRID_MAX_ROWS = 2000  # iterations the grid search for a start looks at
 FIT_MAX_ROWS = 5000  # iterations the fit looks at (the host factor and residuals: all)
 HOST_WINSOR_PERCENTILE = 99.5
+# A free parameter's (unit) Jacobian column left by the others' to less than this is not told
+# apart from them; shapes equal to this many digits are one shape (_varies).
+VARY_RTOL = 1e-6
+DISTINCT_DIGITS = 9
 PARAMS = ("memory_bandwidth", "flop_rate", "decode_attention_efficiency",
           "prefill_attention_efficiency", "iteration_overhead_s", "row_overhead_s",
           "prefill_overhead_s")
@@ -222,13 +226,48 @@ def robust_fit(d: FitData, theta0: np.ndarray, free: list[int], scale_hint: np.n
         diag = np.diag(inv @ meat @ inv)
     except np.linalg.LinAlgError:
         diag = np.full(len(free), np.inf)
+    varies = _varies(J, w)
     for j, p in enumerate(free):
         column = np.abs(J[:, j]).max() if J.size else 0.0
-        if z[j] <= 0 or column == 0 or not np.isfinite(diag[j]) or diag[j] < 0:
+        if (z[j] <= 0 or column == 0 or not np.isfinite(diag[j]) or diag[j] < 0
+                or not varies[j]):
             rse[p] = math.inf
         else:
             rse[p] = float(math.sqrt(diag[j]) / z[j])
     return Fit(theta, list(free), r, scales, rse, shares(theta, d))
+
+
+def _varies(J: np.ndarray, w: np.ndarray) -> list[bool]:
+    """Per free parameter: whether the data vary in what it multiplies, apart from what the
+    other free parameters multiply. A standard error from residuals says nothing when they
+    do not: 200 copies of one iteration fit four parameters exactly (zero residuals, zero
+    error), though one point can show only one sum. So a parameter is identified only when
+    the iterations (those the fit weighs) take more distinct shapes than there are free
+    parameters, and its column is not, to VARY_RTOL, a combination of the others' columns."""
+    used = J[w > 0] * np.sqrt(w[w > 0])[:, None]
+    k = J.shape[1]
+    if not k:
+        return []
+    if used.shape[0] == 0:
+        return [False] * k
+    norms = np.linalg.norm(used, axis=0)
+    unit = used / np.where(norms > 0, norms, 1.0)
+    distinct = np.unique(np.round(unit, DISTINCT_DIGITS), axis=0).shape[0]
+    if distinct <= k:
+        return [False] * k
+    out = []
+    for j in range(k):
+        if norms[j] == 0:
+            out.append(False)
+            continue
+        others = np.delete(unit, j, axis=1)
+        if others.shape[1]:
+            coef, *_ = np.linalg.lstsq(others, unit[:, j], rcond=None)
+            left = float(np.linalg.norm(unit[:, j] - others @ coef))
+        else:
+            left = 1.0
+        out.append(left > VARY_RTOL)
+    return out
 
 
 def shares(theta: np.ndarray, d: FitData) -> dict[int, float]:

@@ -2,12 +2,14 @@
 
 No tensors, no torch: the roofline in cost_model.py gives the time, and the engine's clock
 advances by it (virtually for benchmarks, in real time behind ``cbbench serve``). Swap
-preemption's KV copies add their transfer time over the host link.
+preemption's KV copies add their transfer time over the host link. With speculative decoding
+the verify rows are costed like any query rows, and acceptance is drawn (spec_decode.py).
 """
 
 from __future__ import annotations
 
 from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
+from ..core.spec_decode import SimAcceptance
 from ..model_config import DTYPE_BYTES, ModelConfig
 from .cost_model import CostModel, kv_heads_per_gpu
 from .gpu_specs import GPUSpec
@@ -49,11 +51,19 @@ def sim_num_kv_blocks(
 
 
 class SimExecutor:
-    def __init__(self, cost_model: CostModel, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        cost_model: CostModel,
+        block_size: int = 16,
+        acceptance: SimAcceptance | None = None,
+    ) -> None:
+        """``acceptance``: speculative decoding's verification (how many drafts each decode
+        keeps); needed when the engine drafts."""
         if cost_model.rates is None:
             raise ValueError("the simulated executor needs a GPU spec or a device profile")
         self.cost_model = cost_model
         self.block_size = block_size
+        self.acceptance = acceptance
 
     def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
         cost = self.cost_model.step_cost(sched, self.block_size)
@@ -62,4 +72,16 @@ class SimExecutor:
             swap_s = self.cost_model.swap_time(
                 len(sched.swap_out) + len(sched.swap_in), self.block_size
             )
-        return ExecutorOutput(None, duration_s=cost.time_s, swap_time_s=swap_s, cost=cost)
+        accepted = None
+        if sched.num_drafts:
+            # The verify rows are in the cost above whatever is accepted: the forward computes
+            # every row. Then each decode keeps a drawn number of its drafts.
+            draw = self.acceptance.accepted
+            reqs = sched.scheduled_reqs
+            accepted = [0] * len(reqs)
+            for i in range(sched.num_decode_reqs):
+                d = len(reqs[i].spec_token_ids)
+                if d:
+                    accepted[i] = draw(d)
+        return ExecutorOutput(None, duration_s=cost.time_s, swap_time_s=swap_s, cost=cost,
+                              num_accepted=accepted)

@@ -24,8 +24,13 @@ MAX_REASON_CHARS = 300
 
 
 def one_line(exc: BaseException) -> str:
-    """An exception as one short line (CUDA errors span many)."""
-    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    """An exception as one short line (CUDA errors span many), its first cause first: when a
+    body's error invalidates the capture, ``capture_end`` raises again in ``__exit__`` and the
+    first error (the one that says why) would otherwise be lost."""
+    chain = [exc]
+    while chain[-1].__context__ is not None and len(chain) < 4:
+        chain.append(chain[-1].__context__)
+    text = "; then ".join(" ".join(f"{type(e).__name__}: {e}".split()) for e in reversed(chain))
     return text[:MAX_REASON_CHARS]
 
 
@@ -59,6 +64,7 @@ class GraphLadder:
     def capture(self, body: Callable[[int, int], None], pool=None) -> str | None:
         """Capture every size (every piece); on failure drop them all and return the reason
         (one line). ``pool``: a memory pool to share (another ladder's)."""
+        graphs: list = []
         try:
             stream = self.capture_stream()
             for size in reversed(self.sizes):
@@ -71,7 +77,10 @@ class GraphLadder:
             self.pool = pool
             self.synchronize()
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+            for graph in [g for gs in self.graphs.values() for g in gs] + graphs:
+                _reset(graph)  # each captured graph holds the shared pool
             self.graphs.clear()
+            self.pool = None
             self._recover()
             return one_line(exc)
         return None
@@ -86,7 +95,13 @@ class GraphLadder:
         torch.cuda.synchronize(self.device)
 
     def capture_one(self, run: Callable[[], None], stream, pool):
-        """Warm up on the capture stream, then capture one graph of ``run`` on it."""
+        """Warm up on the capture stream, then capture one graph of ``run`` on it.
+
+        ``torch.cuda.graph``'s ``__exit__`` calls ``capture_end`` before it leaves its stream
+        context, so when ``capture_end`` raises (a body that synced, an op that cannot be
+        captured) the capture stream would stay current for every later op and the graph would
+        keep its memory pool. Whatever happens, the caller's stream is made current again and a
+        failed graph is reset (releasing its pool)."""
         current = torch.cuda.current_stream(self.device)
         stream.wait_stream(current)
         with torch.cuda.stream(stream):
@@ -94,8 +109,13 @@ class GraphLadder:
                 run()
         stream.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=stream):
-            run()
+        try:
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                run()
+        except BaseException:
+            torch.cuda.set_stream(current)
+            _reset(graph)
+            raise
         current.wait_stream(stream)
         return graph
 
@@ -111,3 +131,12 @@ class GraphLadder:
 
     def replay(self, size: int, piece: int = 0) -> None:
         self.graphs[size][piece].replay()
+
+
+def _reset(graph) -> None:
+    """Drop a graph and its reference to the memory pool; a graph broken by a failed capture may
+    refuse, and then it is simply garbage."""
+    try:
+        graph.reset()
+    except Exception:  # noqa: BLE001, S110 - nothing more can be done for it
+        pass

@@ -44,7 +44,8 @@ class HostInputs:
     max_seqlen_q: int
     max_seqlen_k: int
     logits_indices: np.ndarray  # int64 [N]: the rows whose logits are sampled
-    sample_req_indices: list[int]  # [N]: index into scheduled_reqs of each sampled row
+    # [N]: index into scheduled_reqs of each sampled row (a verify's 1 + d rows repeat it)
+    sample_req_indices: list[int]
     sample_slots: np.ndarray  # int64 [N]: the persistent slot of each sampled row
     sample_num_tokens: np.ndarray  # int64 [N]: known tokens at sampling (the seed's position)
 
@@ -128,6 +129,7 @@ class PersistentBatch:
         known: list[int] = []
         tokens: list[int] = []  # while every row so far is a 1-token row: the tokens
         chunks: list | None = None  # from the first longer chunk on: per-request token lists
+        drafts: list[int] | None = None  # speculative decoding: draft rows per request
         add_slot, add_computed, add_known = slots.append, computed.append, known.append
         nblocks = self._num_blocks
         tables = self._tables
@@ -157,10 +159,20 @@ class PersistentBatch:
             else:
                 if chunks is None:
                     chunks = [(t,) for t in tokens]
-                chunks.append(req.token_ids_slice(c, min(c + n, k)))
-        return self._pack(reqs, slots, computed, known, num_new, tokens, chunks)
+                spec = req.spec_token_ids
+                if spec:
+                    # A verify: its latest token, then the drafts, which count as known
+                    # tokens for this forward (every one of their rows is sampled).
+                    if drafts is None:
+                        drafts = [0] * len(reqs)
+                    drafts[len(slots) - 1] = len(spec)
+                    known[-1] = k + len(spec)
+                    chunks.append([*req.token_ids_slice(c, k), *spec])
+                else:
+                    chunks.append(req.token_ids_slice(c, min(c + n, k)))
+        return self._pack(reqs, slots, computed, known, num_new, tokens, chunks, drafts)
 
-    def _pack(self, reqs, slots, computed, known, num_new, tokens, chunks) -> HostInputs:
+    def _pack(self, reqs, slots, computed, known, num_new, tokens, chunks, drafts=None) -> HostInputs:
         bs = self.block_size
         num_reqs = len(reqs)
         new = np.asarray(num_new, dtype=np.int64)
@@ -201,6 +213,19 @@ class PersistentBatch:
         width = int(blocks_needed.max())
         # Sample where this chunk reaches the last known token (decodes, completing prefills).
         completes = np.flatnonzero(seq_lens == known_arr)
+        logits_indices = cu_q[1:][completes].astype(np.int64) - 1
+        sample_reqs = completes
+        sample_num_tokens = seq_lens[completes]
+        if drafts is not None:
+            # A verify samples every one of its 1 + d rows (in order): row j's logits judge
+            # draft j + 1, the last row's give the bonus token.
+            rows = 1 + np.asarray(drafts, dtype=np.int64)[completes]
+            back = np.arange(int(rows.sum()), dtype=np.int64) - np.repeat(np.cumsum(rows) - rows,
+                                                                          rows)
+            back = np.repeat(rows, rows) - 1 - back  # rows after each sampled row, in its request
+            logits_indices = np.repeat(logits_indices, rows) - back
+            sample_reqs = np.repeat(completes, rows)
+            sample_num_tokens = np.repeat(sample_num_tokens, rows) - back
         return HostInputs(
             num_reqs=num_reqs,
             num_tokens=num_tokens,
@@ -213,8 +238,8 @@ class PersistentBatch:
             block_tables=self.block_tables[slot_arr, :width],
             max_seqlen_q=int(new.max()),
             max_seqlen_k=int(seq_lens.max()),
-            logits_indices=cu_q[1:][completes].astype(np.int64) - 1,
-            sample_req_indices=completes.tolist(),
-            sample_slots=slot_arr[completes],
-            sample_num_tokens=seq_lens[completes],
+            logits_indices=logits_indices,
+            sample_req_indices=sample_reqs.tolist(),
+            sample_slots=slot_arr[sample_reqs],
+            sample_num_tokens=sample_num_tokens,
         )

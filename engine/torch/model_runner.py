@@ -17,6 +17,9 @@ to launch them, and padding them would cost more than launching saves.
 
 A capture that fails leaves that kind of iteration eager, with the reason kept
 (``graphs_fallback_reason``, ``mixed_graphs_fallback_reason``).
+
+``async_scheduling``: step n+1's inputs are prepared while step n runs on the device
+(:mod:`.async_prepare`, engine/torch/async_prepare.py); the outputs are the same either way.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from cbbench.kernels import AttentionMetadata
 from ..args import DEFAULT_MAX_NUM_SEQS
 from ..core.request import SamplingParams
 from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
+from ..core.spec_decode import accept_greedy
 from ..model_config import ModelConfig
+from . import async_prepare
 from .cuda_graphs import GraphLadder
 from .device_inputs import DeviceInputs
 from .input_batch import HostInputs, PersistentBatch
@@ -94,8 +99,14 @@ class ModelRunner:
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         sampler_seed: int = 0,
         max_num_batched_tokens: int | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         self.model = model
+        self.async_scheduling = async_scheduling
+        self._prediction: async_prepare.Prediction | None = None
+        self._last_tokens: list[int] | None = None
+        self._pinned_tokens: torch.Tensor | None = None
+        self.async_hits = self.async_misses = 0  # steps whose inputs were / were not predicted
         self.config = config
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -151,19 +162,74 @@ class ModelRunner:
         if sched.swap_out or sched.swap_in:
             swap_s = self.swap_blocks(sched.swap_out, sched.swap_in)
         if sched.is_empty:
+            self._prediction = None  # it described the step after the last forward
             return ExecutorOutput(sampled_token_ids=[], duration_s=None, swap_time_s=swap_s)
-        batch = self.prepare(sched)
+        if self.async_scheduling:
+            host = self._host_inputs_async(sched)
+            batch = self._prepare_host(host)
+        else:
+            batch = self.prepare(sched)
         logits = self.compute_logits(batch)
         sampled: list[int | None] = [None] * len(sched.scheduled_reqs)
+        accepted = None
         if batch.sample_req_indices:
-            tokens = self.sampler.sample_rows(logits, batch.sampling).tolist()  # the host sync
-            for i, token in zip(batch.sample_req_indices, tokens, strict=True):
-                sampled[i] = token
-        elif self.device.type == "cuda":
-            # Nothing sampled (only partial prefill chunks): without this sync the forward's
-            # GPU time would land in the next iteration's measurement.
-            torch.cuda.current_stream(self.device).synchronize()
-        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s)
+            rows = self.sampler.sample_rows(logits, batch.sampling)
+            if sched.num_drafts:
+                # Speculation: the accepted run depends on every row's token, and the next
+                # step's shape on how many were accepted, so nothing is predicted ahead.
+                self._prediction = None
+                tokens = rows.tolist()  # the host sync
+                accepted = accept_greedy(sched.scheduled_reqs, batch.sample_req_indices,
+                                         tokens, sampled)  # fmt: skip
+            else:
+                if self.async_scheduling:
+                    tokens = self._overlap_next_step(rows, host, sched)
+                else:
+                    tokens = rows.tolist()  # the host sync
+                for i, token in zip(batch.sample_req_indices, tokens, strict=True):
+                    sampled[i] = token
+        else:
+            self._prediction = None
+            if self.device.type == "cuda":
+                # Nothing sampled (only partial prefill chunks): without this sync the
+                # forward's GPU time would land in the next iteration's measurement.
+                torch.cuda.current_stream(self.device).synchronize()
+        return ExecutorOutput(sampled_token_ids=sampled, duration_s=None, swap_time_s=swap_s,
+                              num_accepted=accepted)
+
+    # ---- async scheduling (engine/torch/async_prepare.py) ---------------------------------------
+
+    def _host_inputs_async(self, sched: SchedulerOutput):
+        """Step n+1's host inputs: the ones predicted during step n when ``sched`` is the
+        predicted schedule, else the normal pass."""
+        host = async_prepare.take(self._prediction, sched, self._last_tokens, self.batch)
+        self._prediction = self._last_tokens = None
+        if host is None:
+            self.async_misses += 1
+            return self.batch.build(sched.scheduled_reqs, sched.num_scheduled_tokens)
+        self.async_hits += 1
+        return host
+
+    def _overlap_next_step(self, rows: torch.Tensor, host, sched: SchedulerOutput) -> list[int]:
+        """The sampled tokens, with step n+1's inputs predicted while the device works. On
+        CUDA the tokens' copy to the host is queued behind the forward and waited for after the
+        prediction (UNTESTED on a GPU so far: the CPU runs it in order, with the same result)."""
+        if self.device.type == "cuda":
+            if self._pinned_tokens is None or self._pinned_tokens.numel() < rows.numel():
+                self._pinned_tokens = torch.empty(max(rows.numel(), self.max_num_seqs),
+                                                  dtype=rows.dtype, pin_memory=True)  # fmt: skip
+            pinned = self._pinned_tokens[: rows.numel()]
+            pinned.copy_(rows, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(self.device))
+            self._prediction = async_prepare.predict(host, sched.scheduled_reqs, self.batch)
+            done.synchronize()
+            tokens = pinned.tolist()
+        else:
+            self._prediction = async_prepare.predict(host, sched.scheduled_reqs, self.batch)
+            tokens = rows.tolist()
+        self._last_tokens = tokens
+        return tokens
 
     @torch.inference_mode()
     def compute_logits(self, batch: PackedBatch) -> torch.Tensor:
@@ -188,7 +254,9 @@ class ModelRunner:
     # ---- batch construction -------------------------------------------------------------------
 
     def prepare(self, sched: SchedulerOutput) -> PackedBatch:
-        host = self.batch.build(sched.scheduled_reqs, sched.num_scheduled_tokens)
+        return self._prepare_host(self.batch.build(sched.scheduled_reqs, sched.num_scheduled_tokens))
+
+    def _prepare_host(self, host: HostInputs) -> PackedBatch:
         graph_size = mixed_size = None
         if host.is_pure_decode:
             graph_size = self.graphs.padded_size(host.num_reqs)

@@ -15,6 +15,13 @@ For each running count N: N requests of ``--prompt-len`` tokens are prefilled, t
 decode steps run untimed and ``--steps`` are timed one by one (``time.perf_counter``); OUT gets
 the medians, ``{"us_per_step": {"1": a, "64": b, "256": c}, ...}``, plus a per-stage breakdown
 from a second pass with the stages wrapped in timers (the wrappers add ~1 µs each).
+
+The same run times nano-vllm's host path doing the same work (tests/bench/nanovllm_host_harness.py:
+its decode scheduling, ``prepare_decode``, sampler bookkeeping and ``postprocess`` with a no-op
+model), one step of each engine in turn so both see the same machine: ``nanovllm_us_per_step``
+and ``ratio_to_nanovllm`` (cbbench / nano-vllm; the goal is <= 1.0 at 256 running), keyed by
+the running count like ``us_per_step``. The host-overhead figure moves 2-3x between machines;
+the ratio is what compares.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ from cbbench.engine.model_config import MODEL_PRESETS
 from cbbench.engine.sim.cost_model import CostModel
 from cbbench.engine.torch.model_runner import ModelRunner
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the nano-vllm harness beside it
+from nanovllm_host_harness import BLOCK_HASH, NanoDecodeHarness  # noqa: E402
+
 GOAL_US = {"1": 150.0, "256": 500.0}  # issue 13's goals
 BLOCK_SIZE = 16
 TOKEN_BUDGET = 2048
@@ -63,14 +73,15 @@ class NoOpModel(torch.nn.Module):
         return self.logits[: hidden.shape[0]]
 
 
-def build(num_running: int, args):
+def build(num_running: int, args, async_scheduling: bool = False):
     config = dataclasses.replace(MODEL_PRESETS[args.model], vocab_size=args.vocab)
     # Room for every step the benchmark runs (warm-up, timed, breakdown): nobody finishes.
     max_tokens = args.warmup + 2 * args.steps + 8
     blocks = num_running * -(-(args.prompt_len + max_tokens) // BLOCK_SIZE) + 1
     model = NoOpModel(max(TOKEN_BUDGET, num_running), args.vocab)
     runner = ModelRunner(
-        model, config, [], BLOCK_SIZE, "cpu", torch.float32, max_num_seqs=num_running
+        model, config, [], BLOCK_SIZE, "cpu", torch.float32, max_num_seqs=num_running,
+        async_scheduling=async_scheduling,
     )
     sched = SchedulerConfig(
         max_model_len=config.max_model_len,
@@ -102,6 +113,21 @@ def time_steps(engine: Engine, steps: int) -> list[float]:
         out.append((time.perf_counter() - t0) * 1e6)
         assert step is not None and step.record.num_prefill_tokens == 0
     return out
+
+
+def time_side_by_side(engine: Engine, nano: NanoDecodeHarness, steps: int):
+    """One cbbench step, then one nano-vllm step, ``steps`` times: µs of each."""
+    ours, theirs = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step = engine.step()
+        t1 = time.perf_counter()
+        finished = nano.step()
+        t2 = time.perf_counter()
+        assert step is not None and step.record.num_prefill_tokens == 0 and not finished
+        ours.append((t1 - t0) * 1e6)
+        theirs.append((t2 - t1) * 1e6)
+    return ours, theirs
 
 
 def time_steps_of(fn, steps: int) -> list[float]:
@@ -147,13 +173,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="llama-3-8b", help="preset: block-table width, hidden")
     ap.add_argument("--vocab", type=int, default=512)
     args = ap.parse_args(argv)
+    command = "python tests/bench/bench_host_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
     torch.set_num_threads(1)  # a GPU host's CPU side is one Python thread
-    result: dict = {"us_per_step": {}, "p90_us_per_step": {}, "breakdown_us": {}}
+    result: dict = {"us_per_step": {}, "nanovllm_us_per_step": {}, "ratio_to_nanovllm": {},
+                    "p90_us_per_step": {}, "breakdown_us": {}}  # fmt: skip
     for n in (int(x) for x in args.running.split(",")):
         engine = build(n, args)
-        time_steps(engine, args.warmup)
-        us = time_steps(engine, args.steps)
-        result["us_per_step"][str(n)] = round(statistics.median(us), 1)
+        max_tokens = args.warmup + 2 * args.steps + 8
+        nano = NanoDecodeHarness(n, args.prompt_len, max_tokens, args.vocab, BLOCK_SIZE, seed=n)
+        time_side_by_side(engine, nano, args.warmup)
+        us, nano_us = time_side_by_side(engine, nano, args.steps)
+        ours, theirs = statistics.median(us), statistics.median(nano_us)
+        result["us_per_step"][str(n)] = round(ours, 1)
+        result["nanovllm_us_per_step"][str(n)] = round(theirs, 1)
+        result["ratio_to_nanovllm"][str(n)] = round(ours / theirs, 3)
         result["p90_us_per_step"][str(n)] = round(float(np.percentile(us, 90)), 1)
         parts = breakdown(engine, args.steps)
         # The greedy argmax runs inside execute; on a GPU it is device work.
@@ -162,9 +195,17 @@ def main(argv: list[str] | None = None) -> int:
             time_steps_of(functools.partial(logits.argmax, -1), args.steps)
         )
         result["breakdown_us"][str(n)] = {k: round(v, 1) for k, v in parts.items()}
-        print(f"{n:4d} running: {result['us_per_step'][str(n)]:8.1f} µs/step (median), "
-              f"breakdown {result['breakdown_us'][str(n)]}", flush=True)  # fmt: skip
+        print(f"{n:4d} running: {result['us_per_step'][str(n)]:8.1f} µs/step (median), nano-vllm "
+              f"{theirs:8.1f}, ratio {ours / theirs:.2f}, breakdown "
+              f"{result['breakdown_us'][str(n)]}", flush=True)  # fmt: skip
     result["goal_us"] = GOAL_US
+    result["goal_ratio_to_nanovllm"] = {"256": 1.0}
+    result["nanovllm_harness"] = {
+        "source": "GeeeekExplorer/nano-vllm (read, rewritten: tests/bench/nanovllm_host_harness.py)",
+        "block_hash": BLOCK_HASH,
+        "timed": "schedule (decode branch) + prepare_decode + prepare_sample + no-op model + "
+                 "greedy argmax + tolist + postprocess (hash_blocks, append, finish check)",
+    }
     result["config"] = {
         "model_shape": args.model,
         "vocab": args.vocab,
@@ -174,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "warmup": args.warmup,
         "torch_threads": 1,
     }
+    result["command"] = command.replace(str(args.json), "OUT")
     result["machine"] = {
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -3,6 +3,11 @@
     python tests/bench/bench_loadgen.py [--rate 500] [--duration 10] [--arrival constant|poisson]
                                   [--workers N]
     python tests/bench/bench_loadgen.py --workers 2 --rates 400,800,1200 --duration 5   # a sweep
+    python tests/bench/bench_loadgen.py --against 6a0ec45 --rate 500 --requests 7500    # side by side
+
+`--against REV`: this tree's client and commit REV's, interleaved, against a server of known
+timing (TTFT 150 ms, ITL 20 ms; Poisson arrivals unless --arrival says otherwise), held to the
+server's own log: tests/bench/bench_loadgen_ab.py. Without it:
 
 Starts a minimal streaming server in a separate process (`--serve`: raw asyncio HTTP/1.1 on
 127.0.0.1, 4 short SSE token events + usage + [DONE] per request, no delay), so the server
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import time
 
+import bench_loadgen_ab  # tests/bench/, beside this file
 import numpy as np
 
 TOKENS_PER_REQUEST = 4
@@ -179,15 +185,22 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--duration", type=float, default=10.0)
-    ap.add_argument("--arrival", choices=("constant", "poisson"), default="constant")
+    ap.add_argument("--arrival", choices=("constant", "poisson"),
+                    help="default: constant; poisson with --against")
     ap.add_argument("--max-concurrency", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1, help="client processes (cbbench --workers)")
     ap.add_argument("--rates", help="a sweep: comma-separated rates, one run each, one server")
+    bench_loadgen_ab.add_arguments(ap)
     args = ap.parse_args()
     if args.serve:
         asyncio.run(_serve(args.port))
         return
+    if args.against:
+        args.arrival = args.arrival or "poisson"
+        bench_loadgen_ab.compare(args)
+        return
+    args.arrival = args.arrival or "constant"
     if args.rates is None:
         out = bench(
             args.rate, args.duration, args.arrival, args.seed, args.max_concurrency, args.workers

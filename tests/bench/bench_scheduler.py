@@ -68,7 +68,7 @@ def measure(num_running: int, iters: int, seed: int = 0) -> dict:
         t1 = time.perf_counter_ns()
         clock.advance_to(clock.now() + 1e-3)
         t2 = time.perf_counter_ns()
-        engine._postprocess(out, None, clock.now())
+        engine._postprocess(out, ExecutorOutput(None), clock.now())
         t3 = time.perf_counter_ns()
         assert out.num_decode_reqs == num_running, (out.num_decode_reqs, len(out.scheduled_reqs), len(out.preempted))
         sched_ns.append(t1 - t0)

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,6 +25,7 @@ GPU = TESTS / "gpu"  # the GPU scripts, apart from the collected tests
 sys.path.insert(0, str(GPU))
 
 import gpu_check_decode  # noqa: E402
+from gpu_check_anchor import anchor_ratios  # noqa: E402
 from gpu_check_sim import compare  # noqa: E402
 from gpu_check_summary import build_summary  # noqa: E402
 
@@ -64,6 +66,37 @@ def test_llama3_8b_bf16_decode_floor_on_h200_is_3_13_ms():
     assert gpu_check_decode.decode_read_bytes(cfg, "bf16", 256, 512) == big
 
 
+def test_llama3_8b_batch_256_floor_on_h200_is_the_roofline_7_47_ms():
+    """Issue 29 item 4, by hand. At batch 256 the layer GEMMs do 2 x 256 FLOPs per weight
+    (256 FLOP/byte in bf16, above the H200's ridge of 989/4.8 = 206): compute-bound. The KV
+    read (256 x 513 tokens x 128 KiB) is bandwidth-bound. Floor = sum of each one's max."""
+    cfg = MODEL_PRESETS["llama-3-8b"]
+    peak_flops = 989e12
+    gemm = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 14336  # q/k/v, o, gate/up/down
+    assert gemm == 218_103_808
+    gemms_s = max(2 * 256 * gemm * 32 / peak_flops, gemm * 32 * 2 / H200_BW)  # 3.613 ms compute
+    head = 128256 * 4096
+    head_s = max(2 * 256 * head / peak_flops, head * 2 / H200_BW)  # 0.272 ms compute
+    kv = 256 * 513 * 131_072
+    attn_s = max(4 * 4096 * 256 * 513 * 32 / peak_flops, kv / H200_BW)  # 3.586 ms bandwidth
+    small_s = ((2 * 4096 * 32 + 4096) * 2 + 256 * 4096 * 2) / H200_BW  # norms, embedding rows
+    hand_ms = (gemms_s + head_s + attn_s + small_s) * 1000
+    assert round(gemms_s * 1000, 3) == 3.613 and round(attn_s * 1000, 3) == 3.586
+    got = gpu_check_decode.decode_floor(cfg, "bf16", 256, 512, H200_BW, peak_flops)
+    assert got.floor_ms == pytest.approx(hand_ms, rel=1e-12)
+    assert 7.4 < got.floor_ms < 8.5
+    assert gpu_check_decode.decode_floor_ms(cfg, "bf16", 256, 512, H200_BW) == got.floor_ms
+    # Both terms recorded: bytes alone would say 6.71 ms, FLOPs alone 3.95 ms.
+    assert got.bytes_ms == pytest.approx(
+        gpu_check_decode.decode_read_bytes(cfg, "bf16", 256, 512) / H200_BW * 1000, rel=1e-12
+    )
+    assert round(got.bytes_ms, 2) == 6.71 and round(got.flops_ms, 2) == 3.95
+    assert got.floor_ms > max(got.bytes_ms, got.flops_ms)
+    # At batch 1 every operator is bandwidth-bound: the roofline is the bytes term.
+    one = gpu_check_decode.decode_floor(cfg, "bf16", 1, 512, H200_BW, peak_flops)
+    assert one.floor_ms == pytest.approx(one.bytes_ms, rel=1e-12)
+
+
 def test_tied_embedding_is_read_whole():
     """A tied table is also the LM head: decode reads all of it."""
     cfg = MODEL_PRESETS["llama-3.2-1b"]
@@ -95,8 +128,15 @@ def test_summary_takes_the_gpu_fields_from_a_cuda_decode_run(tmp_path):
     assert s["fallbacks"] == ["Triton could not launch (x): ..."]
 
 
+RESULT_FILES = {"gpu_check.tar.gz", "summary.json", "summary.md", "steps.tsv"}
+# The smoke run (the fixture) counts against the first test that needs it: the whole flow on a
+# shared 2-core machine takes minutes, beyond the suite's 300 s default.
+SMOKE_TIMEOUT = pytest.mark.timeout(2000)
+
+
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
+def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The CPU smoke run: its $OUT folder and the finished process."""
     out = tmp_path_factory.mktemp("gpu-check-cpu")
     # As run by hand: conftest's TRITON_INTERPRET (set for the in-process tests) stays out.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -112,15 +152,51 @@ def smoke(tmp_path_factory) -> Path:
         # A shared 2-core CI machine is far slower than the GPU host the caps are set for.
         "GPU_CHECK_CAP_SCALE": "6",
         "GPU_CHECK_TOTAL_S": "1800",
+        # The anchor: its throughput part given no time (--budget-s 0 overrides the script's
+        # share: one batch of the 8 requests, ~700 steps, takes minutes here), so it stops
+        # with its reason; the decode part runs on a short context.
+        "GPU_CHECK_ANCHOR_CAP_S": "30",
+        "GPU_CHECK_ANCHOR_ARGS": "--dtype fp32 --context 16 --short 2 --long 10 --budget-s 0",
     }
     proc = subprocess.run(
         ["bash", str(GPU / "gpu_check.sh"), str(out)],
         env=env, capture_output=True, text=True, timeout=1900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return out, proc
 
 
+@pytest.fixture(scope="module")
+def smoke(smoke_run, tmp_path_factory) -> Path:
+    """The smoke run's work folder, as its archive holds it."""
+    out, _ = smoke_run
+    dest = tmp_path_factory.mktemp("gpu-check-unpacked")
+    with tarfile.open(out / "gpu_check.tar.gz") as tar:
+        tar.extractall(dest, filter="data")
+    return dest / "gpu_check"
+
+
+@SMOKE_TIMEOUT
+def test_smoke_out_holds_the_archive_and_three_files_and_prints_the_summary_last(smoke_run, smoke):
+    """The GPU machine hands back at most 8 files of $OUT: the check leaves exactly four, the
+    three beside the archive equal to the archive's own, and summary.md is the last output."""
+    out, proc = smoke_run
+    assert {p.name for p in out.iterdir()} == RESULT_FILES
+    assert all(p.is_file() for p in out.iterdir())
+    for name in RESULT_FILES - {"gpu_check.tar.gz"}:
+        assert (out / name).read_bytes() == (smoke / name).read_bytes(), name
+    # Everything the steps wrote is in the archive (logs, JSON, the profile), in one folder.
+    for name in ("env.json", "decode.json", "sharegpt_h200.json", "profile.json", "sim_static.json",
+                 "pytest_cuda.log", "anchor.json", "summary.log"):  # fmt: skip
+        assert (smoke / name).is_file(), name
+    summary_md = (out / "summary.md").read_text()
+    assert summary_md.startswith("# GPU check summary")
+    assert proc.stdout.rstrip().endswith(summary_md.rstrip())
+    # The summary's step table has the summary step itself (the archive was refreshed after it).
+    assert any(line.startswith("summary\t0\t") for line in (out / "steps.tsv").read_text().splitlines())
+
+
+@SMOKE_TIMEOUT
 def test_smoke_every_step_ran(smoke):
     steps = {}
     for line in (smoke / "steps.tsv").read_text().splitlines()[1:]:
@@ -128,12 +204,13 @@ def test_smoke_every_step_ran(smoke):
         steps[name] = rc
     expected_skips = {"nvidia_smi": "missing", "install": "skipped", "triton_probe": "forced"}
     for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt", "calibrate",
-                 "sharegpt_static", "sim_static", "summary"):  # fmt: skip
+                 "sharegpt_static", "sim_static", "anchor", "summary"):  # fmt: skip
         assert steps.get(name) == "0", (name, steps)
     for name, rc in expected_skips.items():
         assert steps.get(name) == rc, (name, steps)
 
 
+@SMOKE_TIMEOUT
 def test_smoke_summary_has_every_field(smoke):
     s = json.loads((smoke / "summary.json").read_text())
     for field in HEADLINE_FIELDS:
@@ -165,6 +242,7 @@ def test_smoke_summary_has_every_field(smoke):
     assert "Fallbacks: Triton could not launch" in (smoke / "summary.md").read_text()
 
 
+@SMOKE_TIMEOUT
 def test_smoke_env_lists_compiler_headers_and_missing_modules(smoke):
     env = json.loads((smoke / "env.json").read_text())
     assert set(env["c_compiler"]) >= {"chosen", "version"}
@@ -175,6 +253,7 @@ def test_smoke_env_lists_compiler_headers_and_missing_modules(smoke):
     assert "kernels/flash_attn_backend.py" in env["missing_modules"]["flash_attn"]["imported_by"]
 
 
+@SMOKE_TIMEOUT
 def test_smoke_calibrates_on_the_continuous_run_and_predicts_the_static_run(smoke):
     """The same path as on the GPU: calibrate on the continuous run (the CPU is a device like
     any other), the static run measured with that profile, the simulator replaying it."""
@@ -199,6 +278,7 @@ def test_smoke_calibrates_on_the_continuous_run_and_predicts_the_static_run(smok
     assert "Simulator calibrated on the continuous run (cpu" in (smoke / "summary.md").read_text()
 
 
+@SMOKE_TIMEOUT
 def test_fallback_calibrate_and_replay_match_the_cli(smoke, tmp_path):
     """bench_gpu.py calibrate / run (used when the CLI cannot import) give the CLI's profile
     rates and, the simulator being deterministic, the CLI's prediction."""
@@ -218,6 +298,62 @@ def test_fallback_calibrate_and_replay_match_the_cli(smoke, tmp_path):
     want = json.loads((smoke / "sim_static.json").read_text())["summary"]
     for name, m in compare(want, got).items():
         assert m["real"] is not None and m["predicted"] == m["real"], name
+
+
+@SMOKE_TIMEOUT
+def test_smoke_anchor_ran_on_the_same_device_and_says_why_where_it_could_not(smoke):
+    """The HF anchor step on the CPU (tiny, eager): decode timed at batch 1 and 16, the
+    throughput part stopped by its budget (none here) with the reason, and the summary's
+    ratios: decode cbbench / HF null on a CPU (cbbench's decode rows need a GPU), with reasons."""
+    s = json.loads((smoke / "summary.json").read_text())
+    anchor = s["anchor"]
+    assert anchor["args"]["num_requests"] == 8 and anchor["args"]["device"] == "cpu"
+    assert anchor["decode"]["compiled"] is False  # torch.compile only on CUDA
+    for bs in ("1", "16"):
+        ms = anchor["decode"]["ms_per_step"][bs]
+        assert (ms is not None and ms > 0) or anchor["decode"]["why_not"][bs], anchor["decode"]
+    thr = anchor["throughput"]
+    assert thr["output_throughput"] is None and "out of time" in thr["why_not"]
+    ratio = s["ratio_to_anchor"]
+    assert ratio["decode_step_ms"] == {"1": None, "16": None}
+    assert ratio["why_not"]["decode 1"] == "no cbbench decode time on a GPU"
+    assert ratio["output_throughput"] == {"continuous": None, "static": None}
+    assert "out of time" in ratio["why_not"]["throughput continuous"]
+    assert "cbbench / HF generate on the same device" in (smoke / "summary.md").read_text()
+
+
+def test_anchor_ratios_by_hand():
+    summary = {"decode_step_ms": {"graphs": {"1": 5.0, "16": None}, "eager": {"16": 8.0}},
+               "sharegpt_continuous": {"output_throughput": 3000.0},
+               "sharegpt_static": {"output_throughput": 1000.0}}  # fmt: skip
+    anchor = {"decode": {"ms_per_step": {"1": 10.0, "16": 16.0}},
+              "throughput": {"output_throughput": 500.0}}  # fmt: skip
+    r = anchor_ratios(summary, anchor)
+    assert r["decode_step_ms"] == {"1": 0.5, "16": 0.5}  # graphs, else eager
+    assert r["output_throughput"] == {"continuous": 6.0, "static": 2.0}
+    assert r["why_not"] == {}
+    missing = anchor_ratios(summary, {"decode": None, "throughput": None,
+                                      "why_not": {"decode": "transformers missing: x",
+                                                  "throughput": "transformers missing: x"}})  # fmt: skip
+    assert missing["decode_step_ms"]["1"] is None
+    assert missing["why_not"]["decode 1"] == "transformers missing: x"
+    assert missing["why_not"]["throughput static"] == "transformers missing: x"
+
+
+def test_anchor_throughput_counts_each_requests_own_output(monkeypatch):
+    """Static batches: each batch is generated to its longest output, but a request's useful
+    tokens are its own output length (as static batching serves it)."""
+    import gpu_check_anchor as anchor
+    import torch
+
+    monkeypatch.setattr(anchor, "sharegpt_requests", lambda n, seed: [(5, 3), (9, 4), (2, 6)])
+    model, cfg = anchor.hf_model("tiny", torch.float32, torch.device("cpu"))
+    args = SimpleNamespace(num_requests=3, seed=0, batch_size=2)
+    got = anchor.throughput_anchor(model, cfg, args, torch.device("cpu"), deadline=float("inf"))
+    assert got["completed"] == 3 and got["output_tokens"] == 13
+    assert got["output_throughput"] == pytest.approx(13 / got["seconds"])
+    stopped = anchor.throughput_anchor(model, cfg, args, torch.device("cpu"), deadline=0.0)
+    assert stopped["output_throughput"] is None and stopped["completed"] == 0
 
 
 def test_sim_accuracy_relative_errors_by_hand():

@@ -6,8 +6,11 @@ test_model_runner.py.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from graph_standins import syncing_graph_body
 
 from cbbench.engine.core.request import Request
 from cbbench.engine.core.scheduler_output import SchedulerOutput
@@ -175,23 +178,34 @@ def test_cuda_kv_block_count_fits_in_free_memory():
 
 
 def test_graph_capture_error_falls_back_to_eager(monkeypatch, notices):
-    """A body that syncs with the host cannot be captured: the runner keeps the reason and
-    decodes eagerly, with the tokens an eager runner gives."""
+    """A body that syncs with the host cannot be captured: the capture really fails (its reason
+    names the capture error, not a TypeError from a stand-in with the wrong signature), the
+    caller's stream is current again (engine/cuda_graphs.py's cleanup), and the runner decodes
+    eagerly with the tokens an eager runner gives."""
     model, config = _model("tiny", torch.bfloat16)
-    real_body = ModelRunner._graph_body
+    syncs = []
 
-    def syncing_body(self, bs):
-        real_body(self, bs)
+    def sync() -> None:
+        syncs.append(torch.cuda.is_current_stream_capturing())
         torch.cuda.current_stream().synchronize()  # illegal while capturing
 
-    monkeypatch.setattr(ModelRunner, "_graph_body", syncing_body)
+    body = syncing_graph_body(ModelRunner._graph_body, sync)
+    monkeypatch.setattr(ModelRunner, "_graph_body", body)
+    default_stream = torch.cuda.current_stream()
     runner = ModelRunner(
         model, config, allocate_kv_cache(config, NUM_BLOCKS, BLOCK_SIZE, torch.bfloat16, DEVICE),
         BLOCK_SIZE, DEVICE, torch.bfloat16, use_cuda_graphs=True, max_num_seqs=4,
     )  # fmt: skip
     monkeypatch.undo()
-    assert not runner.cuda_graphs_effective and runner.graphs_fallback_reason
-    assert len(notices) == 1 and "\n" not in notices[0]
+    # The warm-up runs (not capturing) synced fine; the first capture's sync is what failed.
+    assert syncs[-1] is True and not any(syncs[:-1]), syncs
+    reason = runner.graphs_fallback_reason
+    assert not runner.cuda_graphs_effective and reason
+    assert "TypeError" not in reason and re.search(r"captur", reason, re.IGNORECASE), reason
+    assert len(notices) == 1 and "\n" not in notices[0] and reason in notices[0]
+    assert torch.cuda.current_stream() == default_stream
+    assert not torch.cuda.is_current_stream_capturing()
+    assert runner.graphs.padded_size(4) is None and runner.graphs.pool is None  # decodes eagerly
     eager = _runner(model, config, torch.bfloat16, graphs=False, max_num_seqs=4)
     outs = []
     for r in (runner, eager):

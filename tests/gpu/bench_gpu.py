@@ -4,6 +4,7 @@
 with and without CUDA graphs, fused and unfused layer kernels side by side, ``torch``-backend
 rows, and every backend's logits against ``reference`` (tests/gpu/gpu_check_decode.py,
 tests/gpu/gpu_check_agree.py). ``env``, ``probe-triton``: see tests/gpu/gpu_check_env.py.
+``anchor``: Hugging Face generate on the same device (tests/gpu/gpu_check_anchor.py).
 ``summarize DIR``: see tests/gpu/gpu_check_summary.py. ``run`` and ``calibrate``: cbbench run's
 engine path and cbbench calibrate without the Typer CLI (fallbacks when the CLI cannot import).
 
@@ -133,6 +134,17 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def cmd_anchor(args) -> int:
+    """Hugging Face generate on the same device (tests/gpu/gpu_check_anchor.py) -> anchor.json."""
+    from gpu_check_anchor import run_anchor
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = run_anchor(args)
+    ok = result.get("decode") is not None or result.get("throughput") is not None
+    print(f"anchor {'ok' if ok else 'FAILED'}: why not {result.get('why_not')}")
+    return 0 if ok else 1
+
+
 def cmd_summarize(args) -> int:
     from gpu_check_summary import summarize_folder
 
@@ -167,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--torch-backend-max-batch", type=int, default=16)
     d.add_argument("--agree-model", default=None, help="backends_agree's model (default --model)")
     d.add_argument("--peak-bw", type=float, default=None, help="B/s; default: the GPU's spec")
+    d.add_argument("--peak-flops", type=float, default=None,
+                   help="FLOP/s; default: the GPU's dense bf16 spec")
+    d.add_argument("--seed", type=int, default=0, help="the KV cache's random fill")
     d.add_argument(
         "--dry-run", action="store_true",
         help="batch 1 and 4, context <= 40, 3 steps: a smoke test (CPU, tiny)",
@@ -198,6 +213,22 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("results", type=Path, nargs="+")
     c.add_argument("--out", type=Path, required=True)
     c.set_defaults(func=cmd_calibrate)
+    a = sub.add_parser("anchor", help="HF generate on the same device: decode ms, throughput")
+    a.add_argument("--device", default="cuda")
+    a.add_argument("--model", default="llama-3-8b")
+    a.add_argument("--dtype", default="bf16")
+    a.add_argument("--context", type=int, default=512, help="decode: prompt tokens (as decode)")
+    a.add_argument("--short", type=int, default=16, help="decode: new tokens, first run")
+    a.add_argument("--long", type=int, default=80, help="decode: new tokens, second run")
+    a.add_argument("--compile", choices=("auto", "on", "off"), default="auto",
+                   help="torch.compile the decode forward (auto: on CUDA)")
+    a.add_argument("--num-requests", type=int, default=200, help="throughput: ShareGPT requests")
+    a.add_argument("--seed", type=int, default=0, help="throughput: the run's --seed")
+    a.add_argument("--batch-size", type=int, default=64, help="throughput: static batch size")
+    a.add_argument("--budget-s", type=float, default=1e9,
+                   help="throughput: stop starting batches after this many seconds")
+    a.add_argument("--out", type=Path, required=True)
+    a.set_defaults(func=cmd_anchor)
     s = sub.add_parser("summarize", help="summary.json + summary.md from a gpu_check folder")
     s.add_argument("folder", type=Path)
     s.set_defaults(func=cmd_summarize)

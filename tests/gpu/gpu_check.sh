@@ -3,7 +3,14 @@
 #
 #   bash tests/gpu/gpu_check.sh [OUT_DIR]        # OUT_DIR defaults to $OUT, else results/gpu/check-<time>
 #
-# Steps (each under `timeout`, each one's exit code and time recorded in OUT_DIR/steps.tsv; a
+# OUT_DIR receives exactly four files (the GPU machine hands back at most 8 files of $OUT):
+#   gpu_check.tar.gz  the whole work folder (gpu_check/: every log, JSON and the summary),
+#   summary.json, summary.md, steps.tsv  beside it, so they come back even if the archive is lost.
+# The steps run in a work folder under $TMPDIR (removed at exit unless GPU_CHECK_KEEP_WORK=1);
+# the four files are refreshed after every step, so a check stopped from outside still hands
+# back what it had. summary.md is the script's last output: the run's tail holds it.
+#
+# Steps (each under `timeout`, each one's exit code and time recorded in steps.tsv; a
 # failing step never stops the ones after it; caps in seconds, all clipped so the whole script
 # ends within GPU_CHECK_TOTAL_S = 540 s):
 #   nvidia_smi, env (45)  nvidia-smi; python, every dependency module (missing ones listed with
@@ -26,15 +33,16 @@
 #              bf16 block-16 Llama-shape ones are the decode and ShareGPT steps' own, so
 #              Triton's on-disk cache spares those steps the compile. The caps sum to more than
 #              the 540 s budget on purpose: a step that runs long shortens the ones after it
-#              (the expected total is ~490 s: pytest ~150, decode ~120, ShareGPT ~90 + ~100,
-#              calibrate + sim_static ~10; the static run gets what calibrate leaves).
+#              (the expected total is ~510 s: pytest ~150, decode ~120, ShareGPT 200 requests
+#              ~25 + ~30 (estimated from 1000 in ~90 + ~100), calibrate + sim_static ~10, the
+#              anchor what is left, ~150; not yet measured).
 #   decode (150)  tests/gpu/bench_gpu.py decode: llama-3-8b random weights, bf16, decode step time at
 #              batch 1/16/64/256, context 512, with and without CUDA graphs, fused and unfused
 #              layer kernels side by side, torch-backend rows, floor and MBU, every backend vs
 #              reference, and the fused layer kernels vs the unfused ones on the same fed
 #              tokens (backends_agree's triton+fused row) -> decode.json/.md
 #   sharegpt (100)  cbbench run --workload sharegpt --engine torch --model llama-3-8b
-#              --num-requests 1000 -> sharegpt_h200.json
+#              --num-requests 200 -> sharegpt_h200.json (the anchor's 200 requests)
 #   calibrate (30)  cbbench calibrate sharegpt_h200.json --out profile.json: the simulator
 #              fitted to the continuous run (2.5 s for ~1.8k iterations on this project's CPU;
 #              ~7 s for 15k: the staged fit)
@@ -44,15 +52,22 @@
 #   sim_static (30)  cbbench run --engine sim --gpu-profile profile.json --replay
 #              sharegpt_h200_static.json -> sim_static.json: the calibrated simulator predicts
 #              the static run (same requests, arrivals, scheduling; ~1 s on a CPU)
+#   anchor (150)  tests/gpu/bench_gpu.py anchor: Hugging Face generate on the same GPU and model
+#              (random weights): static batches of the same ShareGPT requests (eager, static
+#              cache; half the step's time at most), then decode ms/step at batch 1 and 16 with a
+#              static cache and torch.compile (gpt-fast's recipe) -> anchor.json; summary.json's
+#              ratio_to_anchor holds cbbench / HF. Last: it gets what the budget leaves, and a
+#              part it cannot finish is null with the reason.
 #   summary (20)  tests/gpu/bench_gpu.py summarize -> summary.json, summary.md (sim_accuracy: TTFT
 #              p50, TPOT p50, output throughput of the static run, real vs predicted)
 #
 # A run stopped by its timeout gets SIGTERM first: `cbbench run` then stops dispatching, lets
 # in-flight requests finish for a few seconds and still writes its result (interrupted: true).
 #
-# Knobs (environment): PYTHON (interpreter), GPU_CHECK_TOTAL_S (whole budget, default 540),
+# Knobs (environment): PYTHON (interpreter; default python3, else python), GPU_CHECK_TOTAL_S (whole budget, default 540),
 # GPU_CHECK_SKIP_INSTALL=1, GPU_CHECK_MODEL (default llama-3-8b), GPU_CHECK_DEVICE (cuda),
-# GPU_CHECK_NUM_REQUESTS (1000), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
+# GPU_CHECK_NUM_REQUESTS (200), GPU_CHECK_ANCHOR_CAP_S (150), GPU_CHECK_ANCHOR_ARGS (extra args for
+# bench_gpu.py anchor), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
 # GPU_CHECK_PYTEST_ARGS (replaces "-m cuda"), GPU_CHECK_FORCE_SHADOW=1 (test the no-install
 # fallback), GPU_CHECK_FORCE_TRITON_FAIL=1 (act as if the Triton probe failed),
 # GPU_CHECK_CAP_SCALE (multiplies every step's cap; for the smoke test on a shared CPU). The CPU smoke
@@ -65,14 +80,24 @@ set -o pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$REPO" || exit 2
 
-OUT_DIR="${1:-${OUT:-$REPO/results/gpu/check-$(date -u +%Y%m%d-%H%M%S)}}"
-mkdir -p "$OUT_DIR" || { echo "cannot create $OUT_DIR" >&2; exit 2; }
-OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+RESULT_DIR="${1:-${OUT:-$REPO/results/gpu/check-$(date -u +%Y%m%d-%H%M%S)}}"
+mkdir -p "$RESULT_DIR" || { echo "cannot create $RESULT_DIR" >&2; exit 2; }
+RESULT_DIR="$(cd "$RESULT_DIR" && pwd)"
+# The steps write into a work folder outside RESULT_DIR; RESULT_DIR gets only RESULT_FILES (the
+# GPU machine hands back at most 8 files of $OUT): the archive of the whole work folder, and the
+# summary and step table beside it, so they come back even if the archive does not.
+WORK_PARENT="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")" || { echo "cannot mktemp" >&2; exit 2; }
+OUT_DIR="$WORK_PARENT/gpu_check"
+mkdir -p "$OUT_DIR"
+ARCHIVE="gpu_check.tar.gz"
+RESULT_FILES=(summary.json summary.md steps.tsv)
 
 TOTAL_S="${GPU_CHECK_TOTAL_S:-540}"
 MODEL="${GPU_CHECK_MODEL:-llama-3-8b}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
-NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-1000}"
+NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-200}"  # the HF anchor runs the same requests
+ANCHOR_CAP_S="${GPU_CHECK_ANCHOR_CAP_S:-150}"
+ANCHOR_ARGS="${GPU_CHECK_ANCHOR_ARGS:-}"
 DECODE_ARGS="${GPU_CHECK_DECODE_ARGS:-}"
 PYTEST_ARGS="${GPU_CHECK_PYTEST_ARGS:--m cuda}"
 CAP_SCALE="${GPU_CHECK_CAP_SCALE:-1}"  # multiplies every step's cap (a slow, shared CPU)
@@ -83,8 +108,8 @@ DEADLINE_S=$((START_S + TOTAL_S))
 export PYTHONUNBUFFERED=1
 
 if [ -n "${PYTHON:-}" ]; then PY="$PYTHON"
-elif command -v python >/dev/null 2>&1; then PY=python
-else PY=python3; fi
+elif command -v python3 >/dev/null 2>&1; then PY=python3   # the image promises python3
+else PY=python; fi
 PYFLAGS=()        # becomes (-P) in the PYTHONPATH fallback (do not import ./cbbench from the cwd)
 SHADOW=""
 SHADOW_LINKS=()
@@ -94,10 +119,26 @@ printf 'step\trc\tseconds\tlimit_s\tnote\n' > "$STEPS"
 
 log() { echo "[gpu_check $(date -u +%H:%M:%S) +$(( $(date +%s) - START_S ))s] $*"; }
 
+# pack: the work folder -> RESULT_DIR/gpu_check.tar.gz, and RESULT_FILES copied beside it;
+# each written to a temporary name and renamed, so a kill mid-pack leaves the previous one.
+# Run after every step: a check stopped from outside still hands back what it had.
+pack() {
+    local f
+    tar -czf "$RESULT_DIR/.$ARCHIVE.part" -C "$WORK_PARENT" gpu_check 2>/dev/null \
+        && mv -f "$RESULT_DIR/.$ARCHIVE.part" "$RESULT_DIR/$ARCHIVE"
+    rm -f "$RESULT_DIR/.$ARCHIVE.part"
+    for f in "${RESULT_FILES[@]}"; do
+        if [ -f "$OUT_DIR/$f" ]; then
+            cp -f "$OUT_DIR/$f" "$RESULT_DIR/.$f.part" && mv -f "$RESULT_DIR/.$f.part" "$RESULT_DIR/$f"
+        fi
+    done
+}
+
 cleanup() {
     local l
     for l in "${SHADOW_LINKS[@]+"${SHADOW_LINKS[@]}"}"; do [ -L "$l" ] && rm -f "$l"; done
     [ -n "$SHADOW" ] && rm -rf "$SHADOW"
+    [ "${GPU_CHECK_KEEP_WORK:-0}" = "1" ] || rm -rf "$WORK_PARENT"
 }
 trap cleanup EXIT
 
@@ -122,6 +163,7 @@ run_step() {
     [ "$rc" -eq 124 ] && note="TIMEOUT after ${limit}s; $note"
     printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" "$limit" "$note" >> "$STEPS"
     log "END $name rc=$rc"
+    pack
     return "$rc"
 }
 
@@ -265,10 +307,23 @@ else
     record sim_static skipped "no profile or no static result"
 fi
 
+# ---- the anchor: Hugging Face generate on the same GPU, last (it gets what the budget leaves) ----
+# shellcheck disable=SC2086
+# Half of what the step gets goes to the throughput part (eager, first); the compiled decode
+# part takes the rest.
+ANCHOR_LEFT=$(( DEADLINE_S - $(date +%s) - RESERVE_S - KILL_GRACE_S ))
+[ "$ANCHOR_LEFT" -gt "$((ANCHOR_CAP_S * CAP_SCALE))" ] && ANCHOR_LEFT=$((ANCHOR_CAP_S * CAP_SCALE))
+ANCHOR_LEFT=$(( ANCHOR_LEFT / 2 ))
+run_step anchor "$ANCHOR_CAP_S" "HF generate: static cache + torch.compile decode, static batches" -- \
+    "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/gpu/bench_gpu.py anchor --device "$DEVICE" \
+    --model "$MODEL" --num-requests "$NUM_REQUESTS" --budget-s "$ANCHOR_LEFT" --out "$OUT_DIR" $ANCHOR_ARGS
+
 # ---- summary --------------------------------------------------------------------------------------
 RESERVE_S=0
 run_step summary 20 "summary.json + summary.md" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
     tests/gpu/bench_gpu.py summarize "$OUT_DIR" >/dev/null
-log "done in $(( $(date +%s) - START_S ))s; results in $OUT_DIR"
-cat "$STEPS"
+pack  # again: the summary step's own row is in steps.tsv now
+log "done in $(( $(date +%s) - START_S ))s; results in $RESULT_DIR: $(cd "$RESULT_DIR" && ls | tr '\n' ' ')"
+# The last output: the run's tail holds the summary even if no file comes back.
+if [ -f "$OUT_DIR/summary.md" ]; then cat "$OUT_DIR/summary.md"; else cat "$STEPS"; fi
 exit 0

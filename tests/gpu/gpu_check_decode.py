@@ -9,16 +9,22 @@ and without CUDA graphs, plus eager rows of the ``torch`` attention backend. For
 - ``step_ms``: one full ``ModelRunner.execute`` (host-side batch packing, forward, logits,
   sampling and the one host sync), as the engine sees an iteration;
 - ``forward_ms``: the forward + logits of an already packed batch, back to back (GPU time);
-- ``floor_ms``: the bytes one decode step must read over the GPU's peak HBM bandwidth: every
-  weight except the input embedding table (decode reads only the batch's rows of it: Llama-3-8B
-  bf16 reads 15.01 of its 16.06 GB, 3.13 ms at batch 1 on an H200's 4.8 TB/s), the batch's
-  embedding rows, and batch x (context + 1) x KV bytes per token;
-- ``mbu``: model bandwidth utilization = floor_ms / step time (``mbu_forward`` from forward_ms).
+- ``floor_ms``: the roofline floor, the sum over the step's operators (layer GEMMs, norms,
+  LM head, attention, embedding rows) of max(bytes / peak bandwidth, FLOPs / peak FLOP/s),
+  with both terms beside it (``floor_bytes_ms``, ``floor_flops_ms``). The bytes: every weight
+  except the input embedding table (decode reads only the batch's rows of it: Llama-3-8B bf16
+  reads 15.01 of its 16.06 GB, 3.13 ms at batch 1 on an H200's 4.8 TB/s), the batch's
+  embedding rows, and batch x (context + 1) x KV bytes per token. At batch 1 every operator is
+  bandwidth-bound (floor = bytes term); at batch 256 the GEMMs (~3.6 TFLOP) are compute-bound:
+  7.47 ms on an H200, not the 6.71 ms of bytes alone;
+- ``mbu``: floor_ms / step time (``mbu_forward`` from forward_ms): the fraction of the
+  roofline reached.
 
 Timing uses ``torch.cuda.Event`` on CUDA (``time.perf_counter`` on a CPU), ``--steps`` steps after
 ``--warmup`` untimed ones. The same decode step is replayed each time (the request is not
-advanced), so the context stays exactly ``--context + 1`` keys; the KV cache holds zeros, which
-costs the kernels exactly what real values would.
+advanced), so the context stays exactly ``--context + 1`` keys. The KV cache is filled with
+random values once, before anything is timed (a matmul on zeros runs faster than on real data);
+the token ids are random too.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import traceback
 from dataclasses import dataclass
 
 H200_PEAK_BW = 4.8e12
+H200_PEAK_FLOPS = 989e12  # dense bf16 tensor FLOP/s (engine/gpu_specs.py)
+KV_FILL_STD = 1.0  # the scale of K and V after the model's norms and projections: O(1)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -49,8 +57,56 @@ def decode_read_bytes(config, dtype: str, batch: int, context: int) -> int:
     return decode_weight_bytes(config, dtype) + rows + kv
 
 
-def decode_floor_ms(config, dtype: str, batch: int, context: int, peak_bw: float) -> float:
-    return decode_read_bytes(config, dtype, batch, context) / peak_bw * 1000.0
+def decode_operators(config, dtype: str, batch: int, context: int) -> list[tuple[str, float, int]]:
+    """(name, FLOPs, bytes) of each operator of a decode step of ``batch`` rows, each attending
+    ``context + 1`` keys: the kernels run one after another, so the floor is the sum over them
+    of each one's roofline. The bytes add up to ``decode_read_bytes``."""
+    db = DTYPE_BYTES[dtype]
+    h, L, B = config.hidden_size, config.num_layers, batch
+    gemm = h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * config.intermediate_size
+    head = config.vocab_size * h  # the LM head (the embedding table itself when tied)
+    rows = 0 if config.tie_word_embeddings else B * h * db
+    keys = B * (context + 1)
+    return [
+        ("layer GEMMs", 2.0 * B * gemm * L, gemm * L * db),
+        ("norms and biases", 0.0, ((config.params_per_layer - gemm) * L + h) * db),
+        ("lm_head", 2.0 * B * head, head * db),
+        ("attention", 4.0 * config.q_size * keys * L, keys * config.kv_bytes_per_token(dtype)),
+        ("embedding rows", 0.0, rows),
+    ]
+
+
+def decode_flops(config, dtype: str, batch: int, context: int) -> float:
+    return sum(f for _, f, _ in decode_operators(config, dtype, batch, context))
+
+
+@dataclass(frozen=True)
+class DecodeFloor:
+    """The roofline floor of one decode step and both of its terms, in ms: ``bytes_ms`` (every
+    byte at peak bandwidth), ``flops_ms`` (every FLOP at peak compute), and ``floor_ms``, the
+    sum over operators of max(bytes / bandwidth, FLOPs / peak): at batch 1 every operator is
+    bandwidth-bound and the floor is ``bytes_ms``; at batch 256 the GEMMs are compute-bound."""
+
+    floor_ms: float
+    bytes_ms: float
+    flops_ms: float
+
+
+def decode_floor(config, dtype: str, batch: int, context: int, peak_bw: float,
+                 peak_flops: float) -> DecodeFloor:  # fmt: skip
+    ops = decode_operators(config, dtype, batch, context)
+    floor = sum(max(b / peak_bw, f / peak_flops) for _, f, b in ops)
+    return DecodeFloor(
+        floor_ms=floor * 1000.0,
+        bytes_ms=sum(b for _, _, b in ops) / peak_bw * 1000.0,
+        flops_ms=sum(f for _, f, _ in ops) / peak_flops * 1000.0,
+    )
+
+
+def decode_floor_ms(config, dtype: str, batch: int, context: int, peak_bw: float,
+                    peak_flops: float = H200_PEAK_FLOPS) -> float:  # fmt: skip
+    """The roofline floor of a decode step (see ``DecodeFloor``)."""
+    return decode_floor(config, dtype, batch, context, peak_bw, peak_flops).floor_ms
 
 
 # ---- timing ---------------------------------------------------------------------------------
@@ -163,6 +219,7 @@ class DecodeSetup:
     bm: object
     dtype_name: str
     peak_bw: float
+    peak_flops: float
     cost_model: object
 
 
@@ -216,6 +273,11 @@ def run_decode(args) -> dict:
                                graphs_variants=[False])  # fmt: skip
             except Exception as exc:  # noqa: BLE001
                 _error(errors, exc, stage="torch backend rows")
+    if setup is not None and device.type == "cuda" and backend.name == "triton":
+        try:
+            out["decode_attention_us"] = attention_kernels(args, setup, device, dtype)
+        except Exception as exc:  # noqa: BLE001
+            _error(errors, exc, stage="decode attention kernels")
     # The same model serves the agreement check when it is the one asked for.
     shared = setup.model if setup is not None and args.agree_model == args.model else None
     if setup is not None and shared is None:
@@ -227,6 +289,43 @@ def run_decode(args) -> dict:
         _error(errors, exc, stage="backends_agree")
     if device.type == "cuda":
         out["max_memory_allocated_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
+
+
+ATTENTION_KERNELS = ("packed", "packed-cores", "unified")
+ATTENTION_REPS = 20
+
+
+def attention_kernels(args, setup: DecodeSetup, device, dtype) -> dict:
+    """One layer's decode attention alone, the GQA-packed kernel beside the unified one, on the
+    model's shapes and the random KV cache: {kernel: {batch size: µs}}, plus each kernel's
+    bandwidth (KV bytes read / time) against the peak. UNTESTED on a GPU so far."""
+    import torch
+
+    from cbbench.kernels import build_metadata
+    from cbbench.kernels.triton_attention import TritonBackend
+
+    cfg, (k_cache, v_cache) = setup.config, setup.kv_caches[0]
+    blocks_per_req = -(-(args.context + 1) // args.block_size)
+    out: dict = {"context": args.context, "us": {}, "bandwidth_fraction": {}}
+    for kernel in ATTENTION_KERNELS:
+        backend = TritonBackend(decode_splits=1, decode_kernel=kernel)
+        out["us"][kernel], out["bandwidth_fraction"][kernel] = {}, {}
+        for bs in sorted(args.batch_sizes):
+            tables = [list(range(i * blocks_per_req, (i + 1) * blocks_per_req)) for i in range(bs)]
+            md = build_metadata([1] * bs, [args.context] * bs, tables, args.block_size,
+                                device=device)  # fmt: skip
+            q = torch.randn(bs, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
+            for _ in range(3):
+                backend.forward(q, k_cache, v_cache, md, cfg.head_dim**-0.5)
+            with _Timer(device) as t:
+                for _ in range(ATTENTION_REPS):
+                    backend.forward(q, k_cache, v_cache, md, cfg.head_dim**-0.5)
+            us = t.elapsed_ms() / ATTENTION_REPS * 1000
+            kv = bs * (args.context + 1) * cfg.kv_bytes_per_token(setup.dtype_name) / cfg.num_layers
+            out["us"][kernel][str(bs)] = us
+            out["bandwidth_fraction"][kernel][str(bs)] = kv / (us * 1e-6) / setup.peak_bw
+        print(f"decode attention {kernel}: {out['us'][kernel]} us", flush=True)
     return out
 
 
@@ -261,8 +360,24 @@ def _setup(args, out, device, dtype, dtype_name, peak_bw, gpu, backend, fused) -
     blocks_per_req = -(-(args.context + 1) // args.block_size)
     num_blocks = max(args.batch_sizes) * blocks_per_req + 1
     kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
+    fill_random_(kv_caches, seed=args.seed)
+    out["kv_cache_fill"] = f"normal(0, {KV_FILL_STD}), seed {args.seed}, filled once"
+    peak_flops = args.peak_flops or (gpu.bf16_flops if gpu else H200_PEAK_FLOPS)
+    out["peak_flops"] = peak_flops
     return DecodeSetup(model, config, kv_caches, BlockManager(num_blocks, args.block_size),
-                       dtype_name, peak_bw, CostModel(config, dtype_name, gpu))  # fmt: skip
+                       dtype_name, peak_bw, peak_flops, CostModel(config, dtype_name, gpu))  # fmt: skip
+
+
+def fill_random_(kv_caches, seed: int) -> None:
+    """Random K/V, written once before anything is timed: tensor cores run measurably faster
+    on zeros (13% for a matmul on this GPU), so a zero cache would flatter the kernels. Block 0
+    too: the padding rows read it, and the real rows' values are finite."""
+    import torch
+
+    for i, (k, v) in enumerate(kv_caches):
+        g = torch.Generator(device=k.device).manual_seed(seed + i)
+        for t in (k, v):
+            t.normal_(0.0, KV_FILL_STD, generator=g)
 
 
 def _decode_config(args, out, device, dtype, setup: DecodeSetup, fused, batch_sizes, role,
@@ -343,7 +458,8 @@ def _time_batch(args, runner, bs, setup: DecodeSetup) -> dict:
     finally:
         for r in reqs:
             bm.free(r)
-    floor = decode_floor_ms(config, dtype_name, bs, args.context, setup.peak_bw)
+    roof = decode_floor(config, dtype_name, bs, args.context, setup.peak_bw, setup.peak_flops)
+    floor = roof.floor_ms
     step = _stats(step_ms)
     return {
         "batch_size": bs,
@@ -353,6 +469,10 @@ def _time_batch(args, runner, bs, setup: DecodeSetup) -> dict:
         "tokens_per_s": bs / (step["mean"] / 1000),
         "bytes_read": decode_read_bytes(config, dtype_name, bs, args.context),
         "floor_ms": floor,
+        "floor_bytes_ms": roof.bytes_ms,
+        "floor_flops_ms": roof.flops_ms,
+        "flops": decode_flops(config, dtype_name, bs, args.context),
+        # Of the roofline floor (not bytes alone: at batch 256 the GEMMs are compute-bound).
         "mbu": floor / step["mean"],
         "mbu_forward": floor / forward_ms,
         "bytes_cost_model": setup.cost_model.iteration_cost(sched).bytes,

@@ -6,8 +6,10 @@ run, a step that failed, a field another part of the project does not write yet)
 - ``decode_step_ms``: {"eager" | "graphs": {batch size: mean step ms}} for the default layer
   kernels (fused where they ran), ``decode_step_ms_unfused`` the same unfused, and
   ``decode_step_ms_torch_backend`` for the ``torch`` attention backend;
-- ``decode_floor_ms``: {batch size: ms} the bytes a decode step must read over peak bandwidth;
-- ``mbu``: {"eager" | "graphs": {batch size: floor / step}};
+- ``decode_floor_ms``: {batch size: ms} the roofline floor of a decode step, the sum over its
+  operators of max(bytes / peak bandwidth, FLOPs / peak FLOP/s); ``decode_floor_terms_ms``:
+  {batch size: {"bytes": ms, "flops": ms}} both terms of it, whole-step;
+- ``mbu``: {"eager" | "graphs": {batch size: roofline floor / step}};
 - ``sim_error``: the simulator's error on the real runs (``summary.engine.sim_error``);
 - ``kernel_compilations_during_run``: Triton compilations inside each timed ShareGPT run;
 - ``fallbacks``: one line per fallback the check took (Triton could not launch, a graph
@@ -16,7 +18,10 @@ run, a step that failed, a field another part of the project does not write yet)
   Triton backend with the fused layer kernels); ``backends_agree_fused_vs_unfused``: that row's
   logits against the unfused Triton row's (the same fed tokens);
 - ``sim_accuracy``: the simulator calibrated on the continuous run predicting the static run
-  (tests/gpu/gpu_check_sim.py), or null with ``sim_accuracy_why_not``.
+  (tests/gpu/gpu_check_sim.py), or null with ``sim_accuracy_why_not``;
+- ``anchor``: Hugging Face generate on the same device (tests/gpu/gpu_check_anchor.py);
+  ``ratio_to_anchor``: cbbench / HF, ``decode_step_ms`` {1, 16} (< 1: cbbench faster) and
+  ``output_throughput`` {continuous, static} (> 1: cbbench faster), null with ``why_not``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import json
 import math
 from pathlib import Path
 
+from gpu_check_anchor import anchor_ratios
 from gpu_check_sim import markdown_line, sim_accuracy
 
 RUNS = {"continuous": "sharegpt_h200.json", "static": "sharegpt_h200_static.json"}
@@ -151,8 +157,10 @@ def decode_fields(dec: dict | None, batch_sizes: list[int]) -> dict:
     torch_be = lambda r: r.get("role") == "torch_backend"  # noqa: E731
     step = lambda r: r["step_ms"]["mean"]  # noqa: E731
     floors = {str(bs): None for bs in batch_sizes}
+    terms = {str(bs): None for bs in batch_sizes}
     for r in main:
         floors[str(r["batch_size"])] = r.get("floor_ms")
+        terms[str(r["batch_size"])] = {"bytes": r.get("floor_bytes_ms"), "flops": r.get("floor_flops_ms")}
     agree = (dec or {}).get("backends_agree") or {}
     return {
         "decode_device": (dec or {}).get("device"),
@@ -161,11 +169,14 @@ def decode_fields(dec: dict | None, batch_sizes: list[int]) -> dict:
         "decode_step_ms_torch_backend": table(torch_be, step)["eager"],
         "decode_fused_configuration": fused_ran if main else None,
         "decode_floor_ms": floors,
+        "decode_floor_terms_ms": terms,
         "mbu": table(default, lambda r: r.get("mbu")),
         # Agreement is meaningful on any device (fp32 on a CPU); kept with its device.
         "backends_agree": agree.get("max_abs_diff"),
         "backends_agree_why_not": agree.get("why"),
         "backends_agree_fused_vs_unfused": agree.get("fused_vs_unfused"),
+        # One layer's decode attention: the GQA-packed kernel beside the unified one (GPU only).
+        "decode_attention_us": (dec or {}).get("decode_attention_us") if on_gpu else None,
     }
 
 
@@ -210,6 +221,9 @@ def build_summary(folder: Path) -> dict:
         "sharegpt_continuous": runs["continuous"],
         "sharegpt_static": runs["static"],
     }
+    anchor = _load(folder / "anchor.json")
+    summary["anchor"] = anchor
+    summary["ratio_to_anchor"] = anchor_ratios(summary, anchor)
     c, s = runs["continuous"], runs["static"]
     if c and s and c.get("output_throughput") and s.get("output_throughput"):
         summary["continuous_over_static_output_throughput"] = (
@@ -234,10 +248,12 @@ def decode_markdown(d: dict) -> str:
         f"Floor = bytes a decode step reads (weights without the input embedding table "
         f"{d['decode_weight_bytes'] / 1e9:.2f} GB + the batch's embedding rows + KV read) / "
         f"{d['peak_bw'] / 1e12:.2f} TB/s (batch 1, weights only: "
-        f"{d['min_step_ms_weights_only']:.2f} ms); MBU = floor / time.",
+        f"{d['min_step_ms_weights_only']:.2f} ms); floor = sum over operators of max(bytes / "
+        f"bandwidth, FLOPs / {d.get('peak_flops', 0) / 1e12:.0f} TFLOP/s) (bytes and FLOPs terms "
+        f"beside it); MBU = floor / time. KV cache: {d.get('kv_cache_fill', 'zeros')}.",
         "",
         "| backend | fused | batch | CUDA graphs | step ms (mean / p50 / min) | forward ms | "
-        "floor ms | MBU (step) | MBU (forward) | tok/s |",
+        "floor ms (bytes / FLOPs term) | MBU (step) | MBU (forward) | tok/s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in d["rows"]:
@@ -245,7 +261,9 @@ def decode_markdown(d: dict) -> str:
         lines.append(
             f"| {r['attention_backend']} | {'yes' if r['fused'] else 'no'} | {r['batch_size']} | "
             f"{'yes' if r['graphs'] else 'no'} | {s['mean']:.3f} / {s['p50']:.3f} / "
-            f"{s['min']:.3f} | {r['forward_ms']:.3f} | {r['floor_ms']:.3f} | {r['mbu']:.1%} | "
+            f"{s['min']:.3f} | {r['forward_ms']:.3f} | {r['floor_ms']:.3f} "
+            f"({_f(r.get('floor_bytes_ms'), '{:.3f}')} / {_f(r.get('floor_flops_ms'), '{:.3f}')}) | "
+            f"{r['mbu']:.1%} | "
             f"{r['mbu_forward']:.1%} | {r['tokens_per_s']:.0f} |"
         )
     for key in ("graphs_skipped", "fused_skipped"):
@@ -283,6 +301,11 @@ def summary_markdown(summary: dict) -> str:
         + ", ".join(f"{k} {json.dumps(v)}" for k, v in summary["sim_error"].items())
     )
     md.append(markdown_line(summary["sim_accuracy"], summary["sim_accuracy_why_not"]))
+    ratio = summary.get("ratio_to_anchor") or {}
+    md.append("cbbench / HF generate on the same device: decode step time "
+              f"{json.dumps(ratio.get('decode_step_ms'))}, output throughput "
+              f"{json.dumps(ratio.get('output_throughput'))}"
+              + (f" (missing: {json.dumps(ratio.get('why_not'))})" if ratio.get("why_not") else ""))  # fmt: skip
     md.append(f"Backends vs reference (max |logit diff|): {json.dumps(summary['backends_agree'])}")
     md.append("Fused vs unfused layer kernels (Triton attention, max |logit diff|): "
               f"{json.dumps(summary.get('backends_agree_fused_vs_unfused'))}")  # fmt: skip

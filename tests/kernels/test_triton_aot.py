@@ -29,6 +29,7 @@ SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 COMPILE_TIMEOUT_S = 900  # a cold cache on a busy 2-core machine; warm reruns take seconds
 KERNELS = {
     "_paged_attention_kernel",
+    "_packed_decode_kernel",
     "_split_decode_kernel",
     "_split_merge_kernel",
     "_store_kv_kernel",
@@ -121,8 +122,12 @@ def test_matrix_covers_every_kernel_dtype_shape(aot):
         for dtype in ("bf16", "fp16", "fp32"):
             for head_dim in (64, 128):
                 for gqa in (1, 4, 8):
-                    for phase in ("prefill", "decode"):
+                    for phase in ("prefill", "unified-decode"):
                         assert f"{dtype} d{head_dim} gqa{gqa} bs16 {phase}" in configs
+                    for phase in ("decode", "cores-decode"):  # the GQA-packed kernel, both ways
+                        packed = f"{dtype} d{head_dim} gqa{gqa} bs16 {phase}"
+                        assert any(r["kernel"] == "_packed_decode_kernel" and r["config"] == packed
+                                   for r in rows), f"sm_{cap} packed decode {packed}"  # fmt: skip
                     for kernel in ("_split_decode_kernel", "_rope_kernel"):
                         point = f"{dtype} d{head_dim} gqa{gqa} bs16"
                         assert any(
@@ -144,6 +149,7 @@ def test_per_step_integers_never_respecialize(aot):
         rows = result["specialization_rows"]
         assert {r["kernel"] for r in rows} == {
             "_paged_attention_kernel", "_split_decode_kernel", "_split_merge_kernel",
+            "_packed_decode_kernel",
         }  # fmt: skip
         seen: set[str] = set()
         for row in rows:

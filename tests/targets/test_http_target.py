@@ -69,7 +69,8 @@ def test_stream_counts_tokens(fresh, api):
     assert run.info["token_count_method"] == {"usage": 6}
     assert run.info["prompt_tokens_mismatch"]["mean_abs_diff"] == (7.0 if api == "chat" else 0.0)
     body = fresh.requests[0]["body"]
-    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["stream"] is True and body["stream_options"] == {
+        "include_usage": True, "continuous_usage_stats": True}
     assert body["max_tokens"] == 5 and body["temperature"] == 0 and body["ignore_eos"] is True
     assert body["model"] == MODEL
     if api == "chat":

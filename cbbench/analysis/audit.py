@@ -1,0 +1,280 @@
+"""`cbbench audit`: a client's per-request figures held to the server's own record of the same
+requests (`cbbench serve --request-log`), joined by the response id (server_request_id).
+
+The server logs, per request, when it read the request (``arrival``) and when it wrote each
+stream event, with its token count and kind (reasoning, answer, tool). Those are the truth:
+the client's TTFT should be the server's first write after its arrival, give or take the two
+trips over the wire (request in, event out), and every token count should be the server's
+exactly. Per metric the audit reports the client's error against that truth over the joined
+requests (median, p99, max of client - server, in ms) and passes when:
+
+- timings: the median per-request error's size (TTFT, TTFOT, E2EL, TPOT, each event gap)
+  and, for per-token ITL and TPOT, the difference of the two sides' p50s are within the
+  tolerance (default 2 ms); with ``tail_tolerance_ms``
+  the p99 error's size too;
+- counts (output, reasoning and tool-call tokens, events, tokens of each event, cached
+  tokens): equal on every joined request.
+
+Client times are from its send (``send_s``), not the intended start: the audit checks the
+measurement, not the schedule. On one host (the result's ``summary.http.t0_epoch_s`` and the log
+share the epoch, both moved from the monotonic clock) the truth counts from the client's send
+too, so an error is exactly how late the client saw what the server wrote; the request's way in
+(send -> the server's arrival) is reported apart, as ``request_transit_ms``. The result must
+carry per-event times (``--save-detailed``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from cbbench.errors import UsageError
+
+MS = 1000.0
+DEFAULT_TOLERANCE_MS = 2.0
+TIMING_METRICS = ("ttft_ms", "ttfot_ms", "e2el_ms", "tpot_ms", "event_gap_ms")
+# The distributions' p50s held to the tolerance: per-token ITL and TPOT (pooled over many
+# tokens). TTFT's and TTFOT's p50s are shown, not held: over a few dozen requests the p50 moves
+# with which request sits in the middle, and their per-request error is held instead.
+GATED_P50 = ("itl_p50_ms", "tpot_p50_ms")
+COUNT_METRICS = (
+    "output_tokens", "reasoning_tokens", "tool_call_tokens", "events", "tokens_per_event",
+    "cached_tokens",
+)
+
+
+@dataclass(slots=True)
+class Side:
+    """One request's figures from one side: event times and tokens (epoch seconds), the first
+    output event's time, and the origin its latencies count from."""
+
+    origin: float
+    times: list[float]
+    tokens: list[int]
+    first_output: float | None
+    n: int
+    counts: dict[str, int | None] = field(default_factory=dict)
+
+    @property
+    def ttft(self) -> float:
+        return self.times[0] - self.origin
+
+    @property
+    def ttfot(self) -> float | None:
+        return self.first_output - self.origin if self.first_output is not None else None
+
+    @property
+    def e2el(self) -> float:
+        return self.times[-1] - self.origin
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.times[-1] - self.times[0]) / (self.n - 1) if self.n > 1 else None
+
+
+def _per_token(times: Sequence[float], tokens: Sequence[int]) -> np.ndarray:
+    if len(times) < 2:
+        return np.zeros(0)
+    g = np.diff(np.asarray(times, dtype=np.float64))
+    k = np.asarray(tokens[1:], dtype=np.int64)
+    keep = k > 0
+    return np.repeat(g[keep] / k[keep], k[keep])
+
+
+def client_side(r: dict, t0_epoch: float) -> Side | None:
+    """A completed request of a result (detailed; run-clock times moved to the epoch by
+    ``t0_epoch``), or None when it did not complete."""
+    t = r.get("token_times_s")
+    if r.get("error") is not None or r.get("cancelled") or not t:
+        return None
+    send = r.get("send_s")
+    if send is None:
+        raise UsageError("the result's requests carry no send_s: rerun with --save-detailed "
+                         "(and this cbbench)")
+    n = r.get("output_tokens") or 0
+    first_out = r.get("first_output_s")
+    calls = r.get("tool_calls")
+    return Side(
+        origin=t0_epoch + send,
+        times=[t0_epoch + x for x in t],
+        tokens=list(r.get("event_tokens") or [1] * len(t)),
+        first_output=t0_epoch + first_out if first_out is not None else None,
+        n=n,
+        counts={
+            "output_tokens": n,
+            "reasoning_tokens": r.get("reasoning_tokens"),
+            "tool_call_tokens": sum(c.get("argument_tokens", 0) for c in calls) if calls
+            else 0,
+            "events": len(t),
+            "cached_tokens": r.get("cached_tokens"),
+        },
+    )
+
+
+def server_side(line: dict) -> Side | None:
+    """A request-log line of a streamed request that finished, or None. Its origin is the
+    server's arrival (the audit moves it to the client's send on a shared clock)."""
+    events = line.get("events")
+    if not events or line.get("status") != 200 or line.get("finish") in (None, "abort", "error"):
+        return None
+    tokens = [e[1] for e in events]
+    n = line.get("output_tokens") or sum(tokens)
+    return Side(
+        origin=line["arrival"],
+        times=[e[0] for e in events],
+        tokens=tokens,
+        first_output=line.get("first_output_sent"),
+        n=n,
+        counts={
+            "output_tokens": n,
+            "reasoning_tokens": line.get("reasoning_tokens"),
+            "tool_call_tokens": line.get("tool_call_tokens") or 0,
+            "events": len(events),
+            "cached_tokens": line.get("cached_tokens"),
+        },
+    )
+
+
+def read_server_log(path: Path) -> dict[str, dict]:
+    """The request log's lines by id (a later line with the same id wins)."""
+    out: dict[str, dict] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    line = json.loads(raw)
+                except ValueError:
+                    raise UsageError(f"{path}:{n}: not a JSON line") from None
+                if not isinstance(line, dict) or not isinstance(line.get("id"), str):
+                    raise UsageError(f"{path}:{n}: not a cbbench serve request-log line")
+                out[line["id"]] = line
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    return out
+
+
+def _errors(values: Sequence[float]) -> dict:
+    a = np.asarray(values, dtype=np.float64)
+    if a.size == 0:
+        return {"median": None, "p99": None, "max": None, "count": 0}
+    big = a[np.argmax(np.abs(a))]
+    return {"median": float(np.median(a)), "p99": float(np.percentile(np.abs(a), 99)),
+            "max": float(big), "count": int(a.size)}
+
+
+def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLERANCE_MS,
+          tail_tolerance_ms: float | None = None) -> dict:
+    """The audit report (see the module doc); ``report["passed"]``."""
+    pairs: list[tuple[Side, Side]] = []
+    no_id = unmatched = not_comparable = 0
+    # The run clock's zero on the epoch (client_health.py), as the log's times are.
+    t0_epoch = ((result.get("summary") or {}).get("http") or {}).get("t0_epoch_s")
+    shared_clock = isinstance(t0_epoch, float)
+    transit: list[float] = []
+    for r in result.get("requests") or []:
+        c = client_side(r, t0_epoch if shared_clock else 0.0)
+        if c is None:
+            continue
+        rid = r.get("server_request_id")
+        if rid is None:
+            no_id += 1
+            continue
+        line = log.get(rid)
+        if line is None:
+            unmatched += 1
+            continue
+        s = server_side(line)
+        if s is None:
+            not_comparable += 1
+            continue
+        if shared_clock:  # the truth counts from the client's send, as the client does
+            transit.append((s.origin - c.origin) * MS)
+            s.origin = c.origin
+        pairs.append((c, s))
+    if not pairs:
+        raise UsageError("no request of the result joins a streamed request of the server log "
+                         f"(by server_request_id; {no_id} without an id, {unmatched} not in "
+                         "the log)")
+    metrics: dict[str, dict] = {}
+    for name in TIMING_METRICS:
+        if name == "event_gap_ms":
+            errs = [
+                (cg - sg) * MS for c, s in pairs if len(c.times) == len(s.times)
+                for cg, sg in zip(np.diff(c.times), np.diff(s.times))
+            ]
+        else:
+            attr = name[:-3]
+            errs = [
+                (getattr(c, attr) - getattr(s, attr)) * MS for c, s in pairs
+                if getattr(c, attr) is not None and getattr(s, attr) is not None
+            ]
+        m = _errors(errs)
+        m["passed"] = m["median"] is None or abs(m["median"]) <= tolerance_ms
+        if tail_tolerance_ms is not None and m["p99"] is not None:
+            m["passed"] = m["passed"] and m["p99"] <= tail_tolerance_ms
+        metrics[name] = m
+    figures = _p50_figures(pairs)
+    for name, (cv, sv) in figures.items():
+        d = None if cv is None or sv is None else cv - sv
+        gated = name in GATED_P50
+        metrics[name] = {"client": cv, "server": sv, "error": d, "gated": gated,
+                         "passed": not gated or d is None or abs(d) <= tolerance_ms}
+    for name in COUNT_METRICS:
+        if name == "tokens_per_event":
+            wrong = sum(c.tokens != s.tokens for c, s in pairs)
+            tokens = sum(sum(s.tokens) for _, s in pairs)
+            events = sum(len(s.tokens) for _, s in pairs)
+            metrics[name] = {"requests": len(pairs), "mismatched": wrong,
+                             "server_mean": tokens / max(1, events), "passed": wrong == 0}
+            continue
+        both = [(c.counts.get(name), s.counts.get(name)) for c, s in pairs]
+        both = [(a, b) for a, b in both if b is not None]
+        diffs = [(a if a is not None else 0) - b for a, b in both]
+        wrong = sum(d != 0 for d in diffs)
+        metrics[name] = {"requests": len(both), "mismatched": wrong,
+                         "max_abs_diff": max((abs(d) for d in diffs), default=0),
+                         "passed": wrong == 0}
+    return {
+        "joined": len(pairs),
+        "without_id": no_id,
+        "not_in_log": unmatched,
+        "not_comparable": not_comparable,
+        # shared_clock: the server's event times are compared with the client's reads on
+        # one clock (same host), latencies from the client's send on both sides; else each
+        # side counts from its own start (client send, server arrival), and TTFT's error
+        # includes the request's way in.
+        "basis": "shared_clock" if shared_clock else "own_origins",
+        "request_transit_ms": _errors(transit),  # send -> the server's arrival
+        "tolerance_ms": tolerance_ms,
+        "tail_tolerance_ms": tail_tolerance_ms,
+        "metrics": metrics,
+        "passed": all(m["passed"] for m in metrics.values()),
+    }
+
+
+def _p50_figures(pairs: list[tuple[Side, Side]]) -> dict[str, tuple[float | None, float | None]]:
+    """The run's p50s as each side computes them (ms): per-token ITL, TPOT, TTFT, TTFOT."""
+
+    def p50(values) -> float | None:
+        a = np.asarray(values, dtype=np.float64)
+        return float(np.percentile(a, 50)) * MS if a.size else None
+
+    out = {}
+    for side in (0, 1):
+        sides = [p[side] for p in pairs]
+        itl = [_per_token(x.times, x.tokens) for x in sides]
+        vals = {
+            "itl_p50_ms": p50(np.concatenate(itl) if itl else []),
+            "tpot_p50_ms": p50([x.tpot for x in sides if x.tpot is not None]),
+            "ttft_p50_ms": p50([x.ttft for x in sides]),
+            "ttfot_p50_ms": p50([x.ttfot for x in sides if x.ttfot is not None]),
+        }
+        for k, v in vals.items():
+            out.setdefault(k, [None, None])[side] = v
+    return {k: (v[0], v[1]) for k, v in out.items()}

@@ -1,0 +1,29 @@
+"""The prefix cache's hits as the server reported them: ``usage.prompt_tokens_details.
+cached_tokens`` per request (vLLM with --enable-prompt-tokens-details, SGLang, OpenAI), summed
+over the completed requests that carried it: hit rate = cached tokens / the server's prompt
+tokens. Beside it, for the in-process engine, summary.engine.prefix_cache_hit_rate is the
+engine's own count; `cbbench serve` reports the engine's per-request figure, so the two agree
+when both are there."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cbbench.analysis.records import RequestRecord
+
+
+def server_prefix_cache(records: Sequence[RequestRecord]) -> dict | None:
+    """{"requests", "cached_tokens", "prompt_tokens", "hit_rate"}, or None when no completed
+    request carried cached_tokens."""
+    seen = [r for r in records if r.ok and r.cached_tokens is not None]
+    if not seen:
+        return None
+    cached = sum(r.cached_tokens for r in seen)
+    prompt = sum(r.server_prompt_tokens if r.server_prompt_tokens is not None
+                 else r.prompt_tokens for r in seen)
+    return {
+        "requests": len(seen),
+        "cached_tokens": cached,
+        "prompt_tokens": prompt,
+        "hit_rate": cached / prompt if prompt else None,
+    }

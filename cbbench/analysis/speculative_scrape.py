@@ -1,0 +1,69 @@
+"""Speculative decoding as the server counts it, from the /metrics it exposed during the run
+(--scrape-metrics): ``summary.speculative`` with source "scraped".
+
+- vLLM (V1): the counters ``vllm:spec_decode_num_drafts_total``,
+  ``vllm:spec_decode_num_draft_tokens_total`` and ``vllm:spec_decode_num_accepted_tokens_total``,
+  read at the run's first and last scrape: acceptance_rate = accepted / draft tokens,
+  mean_acceptance_length = 1 + accepted / drafts (the bonus token included), as vLLM's
+  benchmarks report them.
+- SGLang: the gauge ``sglang:spec_accept_length`` (its mean accepted length per verify step,
+  the bonus token included): averaged over the run's scrapes; SGLang exports no draft count,
+  so no acceptance rate.
+
+Counter values are summed over their label sets (one per engine or model). A counter that went
+down during the run (the server restarted) gives no figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts_total"
+VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SOURCE = "scraped"
+
+
+def _counter_growth(rows: Sequence[dict], name: str) -> float | None:
+    """The counter's growth from the first scrape that has it to the last (summed over label
+    sets), or None when it was never seen or went down."""
+    by_time: dict[float, float] = {}
+    for r in rows:
+        if r["name"] == name:
+            by_time[r["t_s"]] = by_time.get(r["t_s"], 0.0) + float(r["value"])
+    if not by_time:
+        return None
+    times = sorted(by_time)
+    growth = by_time[times[-1]] - by_time[times[0]]
+    return growth if growth >= 0 else None
+
+
+def scraped_speculative(rows: Sequence[dict] | None) -> dict | None:
+    """summary.speculative from a run's scraped server metrics, or None when the server
+    exposes no speculative-decoding figure."""
+    if not rows:
+        return None
+    drafts = _counter_growth(rows, VLLM_DRAFTS)
+    draft_tokens = _counter_growth(rows, VLLM_DRAFT_TOKENS)
+    accepted = _counter_growth(rows, VLLM_ACCEPTED)
+    if draft_tokens is not None and accepted is not None:
+        return {
+            "source": SOURCE,
+            "server": "vllm",
+            "drafts": drafts,
+            "draft_tokens": draft_tokens,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+        }
+    lengths = [float(r["value"]) for r in rows if r["name"] == SGLANG_ACCEPT_LENGTH]
+    if lengths:
+        return {
+            "source": SOURCE,
+            "server": "sglang",
+            "acceptance_rate": None,
+            "mean_acceptance_length": sum(lengths) / len(lengths),
+            "scrapes": len(lengths),
+        }
+    return None

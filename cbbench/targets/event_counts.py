@@ -1,0 +1,116 @@
+"""Each stream event's token count and each request's reasoning, tool-call and cached tokens,
+from what its stream carried (sse.py), the moment it ends.
+
+Tokens per event, by the best method the stream allows (named on the record):
+
+- ``continuous_usage``: the server put its running ``usage.completion_tokens`` on every chunk
+  (vLLM's ``stream_options.continuous_usage_stats``, which the client asks for): an event's
+  tokens are the growth of that count since the previous timed event, so tokens of empty-text
+  events before it count with it, and any left over at the final usage with the last. Exact.
+- ``tokenizer``: ``--tokenizer`` on the event's own text (a generated sequence need not be the
+  tokenizer's encoding of its text, so this can be off by a token here and there).
+- ``one_per_event``: neither: one token each (the run warns when usage shows more tokens than
+  events: then per-token ITL is too long by the tokens-per-event factor).
+
+Reasoning tokens: ``usage.completion_tokens_details.reasoning_tokens`` when the server sends it
+(OpenAI's field), else the tokens of reasoning events; an event that straddles the
+reasoning/answer boundary is split by the exact total when there is one, else by the
+tokenizer, else in proportion to its text.
+"""
+
+from __future__ import annotations
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.targets.sse import REASONING, TOOL, SseStream
+
+CONTINUOUS_USAGE = "continuous_usage"
+TOKENIZER = "tokenizer"
+ONE_PER_EVENT = "one_per_event"
+EVENT_COUNT_METHODS = (CONTINUOUS_USAGE, TOKENIZER, ONE_PER_EVENT)
+
+
+def _usage_int(usage: dict | None, *keys: str) -> int | None:
+    v = usage
+    for k in keys:
+        if not isinstance(v, dict):
+            return None
+        v = v.get(k)
+    return v if type(v) is int and v >= 0 else None
+
+
+def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str]:
+    """Tokens of each timed event, and the method."""
+    n = len(st.times)
+    running = st.running
+    if n and all(r is not None for r in running):
+        counts, prev = [], 0
+        for r in running:
+            counts.append(max(r - prev, 0))
+            prev = max(prev, r)
+        total = _usage_int(st.usage, "completion_tokens")
+        if total is not None and total > prev:  # tokens of a closing chunk without text
+            counts[-1] += total - prev
+        return counts, CONTINUOUS_USAGE
+    if tokenizer is not None and st.pieces is not None and len(st.pieces) == n:
+        encoded = tokenizer.encode_batch(st.pieces, add_special_tokens=False)
+        return [len(e.ids) for e in encoded], TOKENIZER
+    return [1] * n, ONE_PER_EVENT
+
+
+def _reasoning_per_event(st: SseStream, counts: list[int], tokenizer) -> list[float]:
+    """Reasoning tokens of each event (mixed events estimated; see the module doc)."""
+    out: list[float] = []
+    for i, (kind, k) in enumerate(zip(st.kinds, counts)):
+        if kind == REASONING:
+            out.append(float(k))
+        elif REASONING not in kind.split("+"):
+            out.append(0.0)
+        elif st.reasoning_pieces is not None and tokenizer is not None:
+            r = len(tokenizer.encode(st.reasoning_pieces[i], add_special_tokens=False).ids)
+            out.append(float(min(r, k)))
+        elif st.reasoning_pieces is not None and st.pieces[i]:
+            out.append(k * len(st.reasoning_pieces[i]) / len(st.pieces[i]))
+        else:
+            out.append(k / 2)
+    return out
+
+
+def count_events(rec: RequestRecord, st: SseStream, tokenizer) -> None:
+    """Put the stream's per-event and per-kind counts on its record."""
+    counts, method = event_token_counts(st, tokenizer)
+    rec.event_tokens = counts
+    rec.event_tokens_method = method
+    rec.cached_tokens = _usage_int(st.usage, "prompt_tokens_details", "cached_tokens")
+    reasoning = _reasoning_per_event(st, counts, tokenizer)
+    exact = _usage_int(st.usage, "completion_tokens_details", "reasoning_tokens")
+    mixed = [i for i, kind in enumerate(st.kinds) if "+" in kind and REASONING in kind]
+    if exact is not None and len(mixed) == 1:  # the boundary event holds what is left
+        pure = sum(r for i, r in enumerate(reasoning) if i != mixed[0])
+        reasoning[mixed[0]] = float(min(max(exact - pure, 0), counts[mixed[0]]))
+    seen = any(REASONING in kind for kind in st.kinds)
+    if exact is not None:
+        rec.reasoning_tokens = exact
+    elif seen or st.chat:
+        rec.reasoning_tokens = round(sum(reasoning))
+    first = next((i for i, kind in enumerate(st.kinds) if kind != REASONING), None)
+    rec.first_output_s = st.times[first] if first is not None else None
+    if st.tool_calls:
+        rec.tool_calls = _tool_calls(st, counts, reasoning)
+
+
+def _tool_calls(st: SseStream, counts: list[int], reasoning: list[float]) -> list[dict]:
+    """Each call's id, name and argument tokens (the non-reasoning tokens of the events that
+    carried its text, shared evenly between the calls of one event)."""
+    per_event: dict[int, int] = {}
+    for call in st.tool_calls.values():
+        for i in call["event_idx"]:
+            per_event[i] = per_event.get(i, 0) + 1
+    out = []
+    for idx in sorted(st.tool_calls):
+        call = st.tool_calls[idx]
+        tokens = 0.0
+        for i in call["event_idx"]:
+            if i < len(counts) and TOOL in st.kinds[i]:
+                tokens += (counts[i] - reasoning[i]) / per_event[i]
+        out.append({"id": call["id"], "name": call["name"], "argument_tokens": round(tokens)})
+    return out

@@ -1,0 +1,119 @@
+"""calibrate reads what it fits (issue 25, rule 7).
+
+Seven kinds of tampered iteration records (Infinity, text, a missing field, 1e300, 10^30, a
+record that is a number, an unknown GPU) were tracebacks; negative token counts were fitted
+silently; 200 copies of one iteration reported four parameters "fitted" with zero error. Each
+record is now checked field by field (one line naming the file, the iteration and the field,
+exit 2), and a parameter is identified only when the data vary in what it multiplies.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.analysis.calibration import calibrate
+from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.cli.app import app
+from cbbench.engine.args import EngineArgs
+from cbbench.engine.model_config import MODEL_PRESETS
+from cbbench.engine.sim.cost_model import BatchShape, CostModel, DeviceRates
+
+RATES = DeviceRates(memory_bandwidth=20e9, flop_rate=100e9, iteration_overhead_s=2e-4,
+                    row_overhead_s=2e-5)
+
+
+@pytest.fixture(scope="module")
+def real() -> dict:
+    """A simulated run's iterations re-timed as a CPU with RATES would run them (noise 5%):
+    what calibrate reads from a real run."""
+    spec = RunSpec(workload="sharegpt", num_requests=40, request_rate=30.0, rate_given=True,
+                   engine=EngineArgs(engine="sim", model="small", dtype="fp32",
+                                     max_num_seqs=32, max_num_batched_tokens=1024))
+    res = execute_run(spec)
+    cm = CostModel(MODEL_PRESETS["small"], "fp32", rates=RATES)
+    rng = np.random.default_rng(0)
+    for it in res["iterations"]:
+        shape = BatchShape(it["num_prefill_tokens"] + it["num_decode_tokens"], it["num_logits"],
+                           it["attn_key_pairs"], it["attn_keys_read"],
+                           it["num_prefill_reqs"] + it["num_decode_reqs"], it["num_prefill_reqs"],
+                           it["attn_decode_keys"])
+        it["duration_s"] = cm.cost(shape).time_s * float(np.exp(rng.normal(0, 0.05)))
+    res["config"].update(engine="torch", device="cpu", device_name="cpu", gpu=None,
+                         gpu_spec=None)
+    return res
+
+
+def _tampered(real: dict, k: int, field: str | None, value) -> dict:
+    res = copy.deepcopy(real)
+    if field is None:
+        res["iterations"][k] = value
+    elif value is KeyError:
+        del res["iterations"][k][field]
+    else:
+        res["iterations"][k][field] = value
+    return res
+
+
+TAMPERED = {
+    "infinity": ("duration_s", float("inf"), "duration_s inf"),
+    "text": ("num_decode_tokens", "12", "num_decode_tokens '12'"),
+    "missing": ("attn_key_pairs", KeyError, "has no 'attn_key_pairs'"),
+    "1e300": ("attn_keys_read", 1e300, "attn_keys_read 1e+300"),
+    "10^30": ("num_prefill_tokens", 10**30, "num_prefill_tokens 1000000000000000000000000000000"),
+    "a-number": (None, 7, "is int, not a record"),
+    "negative": ("num_decode_tokens", -5, "num_decode_tokens -5"),
+    # beyond the issue's list: a bool where a count goes (true == 1 in Python), NaN
+    "bool": ("num_logits", True, "num_logits True"),
+    "nan": ("duration_s", float("nan"), "duration_s nan"),
+}
+
+
+def _one_line(tmp_path, result: dict, text: str) -> None:
+    src = tmp_path / "R.json"
+    src.write_text(json.dumps(result))  # Infinity / NaN as Python's json writes them
+    out = tmp_path / "P.json"
+    res = CliRunner().invoke(app, ["calibrate", str(src), "--out", str(out)])
+    assert res.exit_code == 2, (res.output, res.exception)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.stderr
+    assert f"{src}: iteration 3" in lines[0] or "config.gpu" in lines[0], lines[0]
+    assert text in lines[0], lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_a_tampered_record_is_one_line_naming_the_field(real, tmp_path, case):
+    field, value, text = TAMPERED[case]
+    _one_line(tmp_path, _tampered(real, 3, field, value), text)
+
+
+def test_an_unknown_gpu_is_one_line(real, tmp_path):
+    res = copy.deepcopy(real)
+    res["config"].update(device="cuda", device_name="NVIDIA X9000", gpu="x9000")
+    _one_line(tmp_path, res, "unknown GPU 'x9000'")
+
+
+def test_copies_of_one_iteration_identify_nothing(real):
+    """200 copies of one decode step: one point shows one sum, so no parameter is fitted
+    (four were, with zero error)."""
+    one = copy.deepcopy(real)
+    decode = next(it for it in real["iterations"] if it["num_prefill_tokens"] == 0
+                  and it["num_decode_tokens"] > 2)
+    one["iterations"] = [dict(decode) for _ in range(200)]
+    profile = calibrate([("one.json", one)])
+    fitted = [k for k, p in profile["params"].items() if p["status"] == "fitted"
+              and k != "host_factor"]
+    assert fitted == [], fitted
+
+
+def test_varied_iterations_are_still_fitted(real):
+    """The same check on the run itself: the rates it was timed with are found."""
+    profile = calibrate([("real.json", real)])
+    p = profile["params"]
+    assert p["memory_bandwidth"]["status"] == "fitted"
+    assert p["memory_bandwidth"]["value"] == pytest.approx(RATES.memory_bandwidth, rel=0.15)

@@ -1,0 +1,170 @@
+"""cbbench's own client audited against `cbbench serve --engine sim` (issue 24's truth): for
+each traffic kind -- plain, reasoning, several tokens per event (--stream-interval, counted
+from continuous_usage_stats), tool calls, and all of them at once -- a run at 20 req/s, then
+`cbbench audit RESULT --server-log LOG` must pass (TTFT, TTFOT, E2EL, TPOT, event gaps within
+2 ms median, per-token ITL and TPOT p50 within 2 ms, every token count exact), and the run's
+itl_ms and event_gap_ms must differ by its tokens-per-event factor."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from helpers import CBBENCH, serve_process
+
+RATE = 20
+# On a machine too busy for the client to read its streams on time (it says so itself:
+# summary.client_bound), the run is repeated; the timing checks need one unbound run.
+ATTEMPTS = 3
+REQUESTS = 40
+TOOL = [{"type": "function", "function": {"name": "grep"}}]
+# Llama-3-8B on a simulated H200: ~6 ms steps, well above the client's scheduling noise.
+SERVER_ARGS = ("--engine", "sim", "--model", "llama-3-8b", "--gpu", "H200")
+
+
+def _workload(path, kind: str) -> None:
+    with open(path, "w") as f:
+        for i in range(REQUESTS):
+            # Outputs of 15, 18 or 21 tokens: every event of a 3-token interval holds 3.
+            d = {"prompt_len": 30 + i, "output_len": 15 + 3 * (i % 3)}
+            if kind in ("reasoning", "all") and i % 2 == 0:
+                d["reasoning_len"] = 5 + i % 4
+            if kind in ("tools", "all") and i % 3 != 1:
+                d["tools"], d["tool_choice"] = TOOL, "required"
+            f.write(json.dumps(d) + "\n")
+
+
+def _run(url: str, tmp_path, kind: str) -> tuple[dict, subprocess.CompletedProcess]:
+    wl, res = tmp_path / f"{kind}.jsonl", tmp_path / f"{kind}.json"
+    _workload(wl, kind)
+    out = subprocess.run(
+        [*CBBENCH, "run", "--endpoint", url, "--api", "chat", "--workload", str(wl),
+         "--num-requests", str(REQUESTS), "--request-rate", str(RATE), "--save-detailed",
+         "--output", str(res)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(res.read_text()), out
+
+
+def _audit(res_path, log) -> tuple[dict, subprocess.CompletedProcess]:
+    rep_path = res_path.with_suffix(".audit.json")
+    out = subprocess.run(
+        [*CBBENCH, "audit", str(res_path), "--server-log", str(log), "--output", str(rep_path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    return json.loads(rep_path.read_text()), out
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """One server writing an event per engine step, one every 3 tokens (multi-token)."""
+    d = tmp_path_factory.mktemp("audit")
+    with serve_process(*SERVER_ARGS, "--request-log", str(d / "one.jsonl")) as one, \
+            serve_process(*SERVER_ARGS, "--request-log", str(d / "three.jsonl"),
+                          "--stream-interval", "3") as three:
+        yield {1: (one.url, d / "one.jsonl"), 3: (three.url, d / "three.jsonl")}
+
+
+@pytest.mark.parametrize("kind,interval", [
+    ("plain", 1), ("reasoning", 1), ("multi", 3), ("tools", 1), ("all", 3),
+])
+def test_client_passes_audit(servers, tmp_path, kind, interval):
+    url, log = servers[interval]
+    for _ in range(ATTEMPTS):  # a run the client itself says it could not keep up with
+        result, run = _run(url, tmp_path, kind)
+        rep, audit = _audit(tmp_path / f"{kind}.json", log)
+        bound = result["summary"]["client_bound"]["metrics"]
+        if not bound:
+            break
+    s = result["summary"]
+    assert s["completed"] == REQUESTS and s["failed"] == 0
+    assert rep["joined"] == REQUESTS and rep["basis"] == "shared_clock"
+    m = rep["metrics"]
+    for name in ("output_tokens", "reasoning_tokens", "tool_call_tokens", "events",
+                 "tokens_per_event"):  # exact, however loaded the machine
+        assert m[name]["mismatched"] == 0 and m[name]["requests"] == REQUESTS, name
+    if not bound:  # timings: within 2 ms of the server's writes
+        assert audit.returncode == 0, audit.stdout + audit.stderr
+        for name in ("ttft_ms", "ttfot_ms", "tpot_ms", "event_gap_ms"):
+            assert abs(m[name]["median"]) <= 2.0, (name, m[name])
+        assert abs(m["itl_p50_ms"]["error"]) <= 2.0 and abs(m["tpot_p50_ms"]["error"]) <= 2.0
+    reqs = result["requests"]
+    methods = {r["tokens_per_event_method"] for r in reqs}
+    assert methods == {"continuous_usage"}  # the client asked for it; the server sent it
+    tpe = s["tokens_per_event"]
+    if interval == 1:
+        # One event per engine step and one token per step: ITL is the event gap.
+        assert tpe["p50"] == 1 and s["itl_ms"]["p50"] == pytest.approx(s["event_gap_ms"]["p50"])
+    else:
+        # Three tokens in every event: each event gap counts as three per-token gaps of a
+        # third of it: the per-token ITL is the event gap over 3 (the mean exactly; the
+        # percentiles up to interpolating over each gap repeated three times).
+        assert tpe["p50"] == tpe["p99"] == 3
+        assert s["itl_ms"]["mean"] * 3 == pytest.approx(s["event_gap_ms"]["mean"], rel=1e-9)
+        for p in ("p50", "p90"):
+            assert s["itl_ms"][p] * 3 == pytest.approx(s["event_gap_ms"][p], rel=0.02)
+        assert s["itl_ms"]["count"] == 3 * s["event_gap_ms"]["count"]
+    reasoned = [r for r in reqs if r["reasoning_tokens"]]
+    if kind in ("reasoning", "all"):
+        # The workload's reasoning_len, as the server streamed it, and TTFOT after TTFT.
+        assert len(reasoned) == REQUESTS // 2
+        for r in reasoned:
+            assert r["reasoning_tokens"] == 5 + r["id"] % 4
+            assert r["ttfot_ms"] > r["ttft_ms"]
+        assert s["reasoning_tokens"]["count"] == REQUESTS
+        assert "TTFOT (ms)" in run.stdout  # the table shows the reasoning rows
+    else:
+        assert not reasoned and "TTFOT" not in run.stdout
+        assert all(r["ttfot_ms"] == r["ttft_ms"] for r in reqs)
+    calls = [r for r in reqs if r.get("tool_calls")]
+    if kind in ("tools", "all"):
+        assert len(calls) == sum(1 for i in range(REQUESTS) if i % 3 != 1)
+        for r in calls:
+            (call,) = r["tool_calls"]
+            assert call["name"] == "grep" and call["id"].startswith("call_")
+            assert call["argument_tokens"] == r["output_tokens"] - (r["reasoning_tokens"] or 0)
+            assert r["finish_reason"] == "tool_calls"
+    else:
+        assert not calls
+    if bound:
+        pytest.skip(f"timings not audited: the client was starved in {ATTEMPTS} runs "
+                    f"({s['client_bound']['reasons'][0][:120]}); counts were exact")
+
+
+def test_audit_fails_on_a_wrong_count_and_a_late_client(servers, tmp_path):
+    """The audit can fail: a result whose counts or times were changed after the run."""
+    url, log = servers[1]
+    result, _ = _run(url, tmp_path, "plain")
+    r0 = result["requests"][0]
+    r0["output_tokens"] += 1
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(result))
+    rep, out = _audit(path, log)
+    assert out.returncode == 1 and "FAILED" in out.stdout
+    assert rep["metrics"]["output_tokens"]["mismatched"] == 1
+    r0["output_tokens"] -= 1
+    for r in result["requests"]:  # every first token read 5 ms late
+        r["token_times_s"][0] += 0.005
+    path.write_text(json.dumps(result))
+    rep, out = _audit(path, log)
+    assert out.returncode == 1
+    assert not rep["metrics"]["ttft_ms"]["passed"] and rep["metrics"]["output_tokens"]["passed"]
+    assert rep["metrics"]["ttft_ms"]["median"] == pytest.approx(5.0, abs=2.0)
+
+
+def test_audit_bad_input_is_one_line(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"schema_version": 1, "config": {}, "summary": {},
+                                "requests": []}))
+    log = tmp_path / "log.jsonl"
+    log.write_text("not json\n")
+    out = subprocess.run([*CBBENCH, "audit", str(path), "--server-log", str(log)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("cbbench: error: ")
+    assert len(out.stderr.strip().splitlines()) == 1
+    log.write_text("")
+    out = subprocess.run([*CBBENCH, "audit", str(path), "--server-log", str(log)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "no request of the result joins" in out.stderr

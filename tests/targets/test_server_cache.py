@@ -1,0 +1,52 @@
+"""The prefix cache's hits as the server reports them (usage.prompt_tokens_details.
+cached_tokens) beside the engine's own figure, on one workload: `cbbench serve
+--enable-prefix-caching` over HTTP, and the same engine in-process (issue 24)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from helpers import CBBENCH, serve_process
+
+ENGINE = ("--engine", "sim", "--model", "llama-3-8b", "--gpu", "H200", "--enable-prefix-caching",
+          "--block-size", "16")
+SHARED = list(range(1, 161))  # 10 blocks of 16 shared by every request
+
+
+def _workload(path) -> None:
+    with open(path, "w") as f:
+        for i in range(6):
+            ids = SHARED + [200 + 10 * i + j for j in range(20)]
+            f.write(json.dumps({"prompt_token_ids": ids, "output_len": 4}) + "\n")
+
+
+def _run(tmp_path, name: str, *target: str) -> dict:
+    out = subprocess.run(
+        [*CBBENCH, "run", *target, "--workload", str(tmp_path / "w.jsonl"), "--num-requests",
+         "6", "--request-rate", "4", "--arrival", "constant", "--output",
+         str(tmp_path / f"{name}.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "server prefix cache hit rate" in out.stdout or name == "engine"
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def test_server_side_hit_rate_matches_the_log_and_the_engine(tmp_path):
+    _workload(tmp_path / "w.jsonl")
+    log = tmp_path / "log.jsonl"
+    with serve_process(*ENGINE, "--request-log", str(log)) as srv:
+        http = _run(tmp_path, "http", "--endpoint", srv.url, "--api", "completions")
+    engine = _run(tmp_path, "engine", *ENGINE)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    cache = http["summary"]["server_prefix_cache"]
+    # The client's sum is the server's own, request by request.
+    by_id = {x["id"]: x["cached_tokens"] for x in lines}
+    for r in http["requests"]:
+        assert r["cached_tokens"] == by_id[r["server_request_id"]]
+    assert cache["cached_tokens"] == sum(by_id.values())
+    # Spaced out, every request after the first finds the 10 shared blocks cached.
+    assert cache["cached_tokens"] == 5 * len(SHARED)
+    assert cache["hit_rate"] == 5 * len(SHARED) / (6 * (len(SHARED) + 20))
+    assert engine["summary"]["engine"]["prefix_cache_hit_tokens"] == cache["cached_tokens"]
