@@ -282,7 +282,7 @@ def range_text(low, high, low_open: bool) -> str:
 
 
 # An EngineArgs field's annotation -> the Python types its values may have.
-_KINDS = {"bool": bool, "int": int, "float": (int, float), "str": str}
+_KINDS: dict[str, type | tuple[type, ...]] = {"bool": bool, "int": int, "float": (int, float), "str": str}
 _KIND_NAMES = {bool: "true or false", int: "an integer", (int, float): "a number", str: "text"}
 
 

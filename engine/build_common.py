@@ -28,7 +28,7 @@ class EngineInfo:
     num_kv_blocks: int
     kv_capacity_tokens: int
     num_cpu_blocks: int
-    weight_bytes: int
+    weight_bytes: float
     kv_bytes_per_token: int
     clock: str  # virtual | wall
     gpu: str | None = None

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -183,7 +184,7 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
             q = q.contiguous()  # attention reads the rotated q, a fresh tensor
             yield (
                 f"{tag} {phase}",
-                lambda b=backend, q=q, c=cache, md=md: b.forward(q, c, c, md, 0.1),
+                partial(backend.forward, q, cache, cache, md, 0.1),
             )
         q, k, v = _layer_tensors(dtype, head_dim, gqa, 3)
         pos = torch.zeros(3, dtype=torch.int64)
@@ -191,29 +192,27 @@ def engine_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
         cos = torch.zeros(64, head_dim // 2)
         yield (
             f"{tag} rope+kv",
-            lambda q=q, k=k, v=v, p=pos, c=cos, kc=cache, s=slots: rope_store_kv_triton(
-                q, k, v, p, c, c, kc, kc, s
-            ),
+            partial(rope_store_kv_triton, q, k, v, pos, cos, cos, cache, cache, slots),
         )
         if gqa == GQA_GROUPS[0]:  # the unfused path's KV store; no query heads involved
             kr = k.contiguous()  # PyTorch's RoPE output
             yield (
                 f"{tag} store-kv",
-                lambda k=kr, v=v, c=cache, s=slots: unified.write_kv(k, v, c, c, s),
+                partial(unified.write_kv, kr, v, cache, cache, slots),
             )
             if block_size == BLOCK_SIZES[0]:
-                yield f"{tag} rope", lambda q=q, k=k, p=pos, c=cos: rope_triton(q, k, p, c, c)
+                yield f"{tag} rope", partial(rope_triton, q, k, pos, cos, cos)
     for dname, hidden in itertools.product(DTYPES, HIDDEN_SIZES):
         x = torch.zeros(3, hidden, dtype=DTYPES[dname])
         w = torch.zeros(hidden, dtype=DTYPES[dname])
-        yield f"{dname} hidden{hidden}", lambda x=x, w=w: rms_norm_triton(x, w, 1e-5)
+        yield f"{dname} hidden{hidden}", partial(rms_norm_triton, x, w, 1e-5)
         yield (
             f"{dname} hidden{hidden} +residual",
-            lambda x=x, w=w: add_rms_norm_triton(x, x, w, 1e-5),
+            partial(add_rms_norm_triton, x, x, w, 1e-5),
         )
     for dname, inter in itertools.product(DTYPES, INTERMEDIATE_SIZES):
         x = torch.zeros(3, 2 * inter, dtype=DTYPES[dname])
-        yield f"{dname} intermediate{inter}", lambda x=x: silu_and_mul_triton(x)
+        yield f"{dname} intermediate{inter}", partial(silu_and_mul_triton, x)
 
 
 def specialization_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
@@ -233,7 +232,7 @@ def specialization_launches() -> Iterator[tuple[str, Callable[[], Any]]]:
             backend = TritonBackend(decode_splits=max(2, splits) if phase == "decode" else 1)
             yield (
                 f"num_reqs={num_reqs} width={width} splits={max(2, splits)} {phase}",
-                lambda b=backend, q=q, md=md: b.forward(q, cache, cache, md, 0.1),
+                partial(backend.forward, q, cache, cache, md, 0.1),
             )
 
 

@@ -10,6 +10,7 @@ import importlib.util
 
 import torch
 
+from .availability import triton_unavailable_reason
 from .backend import AttentionBackend, check_shapes, write_kv_torch
 from .metadata import AttentionMetadata, cu_seqlens_k_of
 
@@ -55,8 +56,6 @@ class FlashAttnBackend(AttentionBackend):
     def write_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:
         """The Triton store kernel where a Triton kernel can launch (one launch per layer),
         else the index-based write; neither syncs with the host (CUDA-graph safe)."""
-        from . import triton_unavailable_reason
-
         if key.device.type == "cuda" and triton_unavailable_reason(key.device) is None:
             from .triton_attention import TritonBackend
 

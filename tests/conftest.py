@@ -51,6 +51,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
 
 
+@pytest.fixture(scope="module")
+def fake_server():
+    """The fake OpenAI-compatible streaming server (tests/fake_openai.py), one per test module;
+    a request steers it with words in its prompt (`fault:NAME`, `delay:S`)."""
+    from fake_openai import FakeOpenAI  # imported here: the GPU image's tests do not need it
+
+    with FakeOpenAI() as server:
+        yield server
+
+
+@pytest.fixture
+def fresh_fake_server(fake_server):
+    """The module's fake server with its request log and in-flight peak cleared."""
+    fake_server.reset()
+    return fake_server
+
+
 @pytest.fixture
 def sim_serve_process():
     """`cbbench serve --engine sim` (Llama-3.2-1B on a simulated H200) as its own process, as a

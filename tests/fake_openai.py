@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import ssl
 import threading
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from cbbench.analysis.metrics import summarize
 from cbbench.load.prompts import WORD_POOL
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.options import EndpointOptions
 
 MODEL = "fake-model"
@@ -265,18 +264,18 @@ class FakeOpenAI:
         return True
 
 
-def _reqs(prompts, output_len=4) -> list[WorkloadRequest]:
+def prompt_requests(prompts, output_len=4) -> list[WorkloadRequest]:
     return [
         WorkloadRequest(i, len(p.split()) + 1, output_len, prompt=p) for i, p in enumerate(prompts)
     ]
 
 
-def _opts(url: str, **kw) -> EndpointOptions:
+def endpoint_options(url: str, **kw) -> EndpointOptions:
     kw.setdefault("served_model", MODEL)
     return EndpointOptions(endpoint=url, **kw)
 
 
-def _accounted(run, n: int) -> None:
+def assert_accounted(run, n: int) -> None:
     sent = len(run.records)
     assert sent + run.not_sent == n
     ok = sum(r.ok for r in run.records)
@@ -284,12 +283,6 @@ def _accounted(run, n: int) -> None:
     assert ok + failed == sent
     summary = summarize(run.records, run.duration_s)
     assert summary["completed"] == ok and summary["failed"] == failed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_tiny_tokenizer(path: Path) -> str:

@@ -13,6 +13,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +34,22 @@ def examples(ci: int) -> int:
     from hypothesis import settings
 
     return max(ci, THOROUGH_EXAMPLES) if settings().max_examples >= THOROUGH_EXAMPLES else ci
+
+
+def wait_until(condition, timeout: float, what: str, poll_s: float = 0.02) -> None:
+    """Wait for ``condition()`` to hold (a state the test cannot get an event for, such as a
+    server's connection count), failing with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
+        time.sleep(poll_s)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # ---- a tiny Hugging Face model ---------------------------------------------------------------
@@ -165,6 +182,7 @@ class ServeProcess:
     proc: subprocess.Popen
     url: str = ""
     output: list[str] = field(default_factory=list)  # everything it printed so far
+    output_done: threading.Event = field(default_factory=threading.Event)  # its stdout closed
 
     @property
     def text(self) -> str:
@@ -187,6 +205,7 @@ def serve_process(*args: str, env: dict[str, str] | None = None) -> Iterator[Ser
         for line in proc.stdout:
             run.output.append(line)
             lines.put(line)
+        run.output_done.set()
 
     threading.Thread(target=pump, daemon=True).start()
     try:
@@ -207,3 +226,11 @@ def serve_process(*args: str, env: dict[str, str] | None = None) -> Iterator[Ser
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(PROCESS_STOP_TIMEOUT_S)
+
+
+def serve_app():
+    """The real app, for CliRunner: its command classes hold the one bad-input boundary
+    (exit 2) that `cbbench serve` relies on."""
+    from cbbench.cli.app import app
+
+    return app

@@ -21,7 +21,7 @@ import numpy as np
 
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from cbbench.distributed.worker import process_main
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import SessionPlan
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.http import HttpRun
 from cbbench.targets.options import EndpointOptions
 

@@ -12,7 +12,7 @@ from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch
 from cbbench.distributed.session_share import lost_turns
 from cbbench.load.session_plan import SessionPlan
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.client_health import loop_lag_check, wall_clock_of
 from cbbench.targets.http import (
     TOKEN_COUNT_METHODS,

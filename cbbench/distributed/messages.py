@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from cbbench.analysis.records import RequestRecord
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import SessionPlan
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.options import EndpointOptions
 
 

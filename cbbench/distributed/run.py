@@ -15,7 +15,7 @@ from cbbench.distributed.plan import AUTO, LoadPlan, spare_cores
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.http import HttpRun, run_http
 from cbbench.targets.options import EndpointOptions
 

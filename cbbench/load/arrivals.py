@@ -26,7 +26,7 @@ import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 
 ARRIVAL_PROCESSES = ("auto", "gamma", "constant", "trace")
 # A schedule longer than this is a mistake (a rate of 1e-9 req/s, an arrival_s of 1e300), not

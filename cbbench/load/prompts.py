@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from cbbench.errors import UsageError
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 
 # One token each after a space (and alone) in the Llama-3 tokenizer; common English words that
 # BPE vocabularies keep whole. Checked against Llama-3.1's tokenizer.json.

@@ -21,7 +21,7 @@ import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_token_ids
-from cbbench.load.workload import Workload, WorkloadRequest
+from cbbench.load.workload_types import Workload, WorkloadRequest
 
 RANDOM_WORKLOAD = "random"
 # vLLM's `bench serve --dataset-name random` defaults.

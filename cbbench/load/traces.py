@@ -23,7 +23,6 @@ from __future__ import annotations
 import calendar
 import csv
 import datetime as _dt
-import functools
 import json
 import math
 import re
@@ -31,10 +30,10 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
-import numpy as np
-
 from cbbench.errors import UsageError
-from cbbench.load.workload import Workload, WorkloadRequest
+from cbbench.load.hash_blocks import MOONCAKE_BLOCK_TOKENS
+from cbbench.load.jsonl import jsonl_lines, jsonl_objects
+from cbbench.load.workload_types import Workload, WorkloadRequest
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 BURSTGPT_COLUMNS = (
@@ -42,11 +41,6 @@ BURSTGPT_COLUMNS = (
 )
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 MOONCAKE_OPTIONAL = ("hash_ids",)
-MOONCAKE_BLOCK_TOKENS = 512
-# Block contents: ids below 512 are valid for every model preset, the tiny test ones included.
-TRACE_VOCAB = 512
-HASH_BLOCK_SEED = 20250225  # FAST'25: fixed, so a hash id means the same block on every run
-UNIQUE_TAIL_STREAM = 1
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 _AZURE_TIME = re.compile(
@@ -64,8 +58,6 @@ def _first_line(path: Path) -> str:
     """The first non-blank line, read with the JSONL loader's line reader (up to its 64 MiB
     a line): a 64 KiB peek cut a long Mooncake first line (many hash_ids), which then was not
     recognised and the error blamed the JSONL format."""
-    from cbbench.load.workload import jsonl_lines
-
     for _, line in jsonl_lines(path):
         line = line.lstrip("\ufeff").strip()
         if line:
@@ -145,8 +137,6 @@ def _csv_rows(path: Path, columns: tuple[str, ...]):
     JSONL loader's line reader (each line capped): the whole file was read into memory, so a
     trace larger than memory was a MemoryError traceback (trace rows hold no quoted line
     breaks, so a line is a row)."""
-    from cbbench.load.workload import jsonl_lines
-
     header = None
     for lineno, line in jsonl_lines(path):
         where = f"{path}:{lineno}"
@@ -240,8 +230,6 @@ def _json_int(obj: dict, key: str, where: str, minimum: int) -> int:
 
 
 def load_mooncake(path: Path) -> Workload:
-    from cbbench.load.workload import jsonl_objects  # lines end at \n only, each capped
-
     rows = []
     for where, obj in jsonl_objects(path):
         if not isinstance(obj, dict):
@@ -273,22 +261,3 @@ def load_mooncake(path: Path) -> Workload:
             hashes = tuple(h) if h else None
         rows.append((t, p, o, hashes))
     return _timed_workload(path.name, f"Mooncake trace {path.name}", rows, 0, path)
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def hash_block_ids(hash_id: int) -> tuple[int, ...]:
-    """The 512 token ids of one hash block: the same on every run."""
-    rng = np.random.default_rng([HASH_BLOCK_SEED, hash_id])
-    return tuple(rng.integers(0, TRACE_VOCAB, MOONCAKE_BLOCK_TOKENS).tolist())
-
-
-def expand_hash_ids(request_id: int, hash_ids: tuple[int, ...], prompt_len: int) -> tuple[int, ...]:
-    """Prompt ids: the hash blocks in order (the last one cut to the prompt's length), then,
-    where the trace names fewer blocks than the prompt fills, ids of this request alone."""
-    ids: list[int] = []
-    for h in hash_ids:
-        ids += hash_block_ids(h)
-    if len(ids) < prompt_len:
-        rng = np.random.default_rng([HASH_BLOCK_SEED, UNIQUE_TAIL_STREAM, request_id])
-        ids += rng.integers(0, TRACE_VOCAB, prompt_len - len(ids)).tolist()
-    return tuple(ids[:prompt_len])

@@ -10,17 +10,18 @@ their header.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.jsonl import jsonl_lines, jsonl_objects
 from cbbench.load.output_kinds import OUTPUT_KIND_FIELDS, parse_output_kind
 from cbbench.load.sessions import Session, check_unicode, parse_session, sharegpt_multiturn
+from cbbench.load.traces import detect_format, load_trace
+from cbbench.load.workload_types import Workload, WorkloadRequest
 
 # Without a tokenizer, text prompts are counted at ~4 characters per token (the usual figure for
 # English with BPE tokenizers); --tokenizer makes the count exact.
@@ -29,55 +30,6 @@ JSONL_FIELDS = {
     "prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority",
     *OUTPUT_KIND_FIELDS,
 }
-# A JSONL line may be this long (a long session's turns, a 128k-token prompt, fit many times);
-# a longer one (`--workload /dev/zero`) is an error, not a read until memory runs out.
-MAX_LINE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadRequest:
-    id: int  # 0-based index in the workload file or built-in trace
-    prompt_len: int
-    output_len: int
-    prompt_token_ids: tuple[int, ...] | None = None
-    prompt: str | None = None
-    arrival_s: float | None = None
-    priority: int = 0
-    # A trace's prompt as 512-token blocks (Mooncake's hash_ids): ids made on demand.
-    hash_ids: tuple[int, ...] | None = None
-    # load/output_kinds.py: the first reasoning_len output tokens are reasoning; tools offered.
-    reasoning_len: int = 0
-    tools: tuple[dict, ...] | None = None
-    tool_choice: str | dict | None = None
-
-    def token_ids(self) -> tuple[int, ...] | None:
-        """The prompt's token ids when the workload defines them (explicitly, or as a trace's
-        hash blocks); None for text and length-only requests."""
-        if self.prompt_token_ids is not None:
-            return self.prompt_token_ids
-        if self.hash_ids is not None:
-            from cbbench.load.traces import expand_hash_ids
-
-            return expand_hash_ids(self.id, self.hash_ids, self.prompt_len)
-        return None
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    requests: list[WorkloadRequest]
-    description: str = ""
-    notes: tuple[str, ...] = ()  # what loading it left out, for the run to report
-    sessions: list[Session] | None = None  # set: a multi-turn workload (requests is empty)
-
-    @property
-    def is_sessions(self) -> bool:
-        return self.sessions is not None
-
-    @property
-    def has_arrivals(self) -> bool:
-        items = self.sessions if self.sessions is not None else self.requests
-        return bool(items) and all(r.arrival_s is not None for r in items)
 
 
 # ---- built-in workloads ---------------------------------------------------------------------
@@ -234,54 +186,6 @@ def approx_token_count(text: str) -> int:
     return max(1, round(len(text) / APPROX_CHARS_PER_TOKEN))
 
 
-def jsonl_lines(path: Path):
-    """(line number, text) of each line: lines end at \n only (and \r\n), as JSONL says:
-    str.splitlines() also cut at U+2028, U+2029 and U+0085, which JSON strings may hold.
-    Read as a stream, each line at most MAX_LINE_BYTES."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115 (closed below; open errors are reported apart)
-    except FileNotFoundError:
-        raise UsageError(f"workload file not found: {path}") from None
-    except OSError as e:
-        raise UsageError(f"cannot read workload file {path}: {e}") from None
-    with f:
-        lineno = 0
-        while True:
-            try:
-                raw = f.readline(MAX_LINE_BYTES + 1)
-            except OSError as e:
-                raise UsageError(f"cannot read workload file {path}: {e}") from None
-            if not raw:
-                return
-            lineno += 1
-            if len(raw) > MAX_LINE_BYTES:
-                raise UsageError(
-                    f"{path}:{lineno}: the line is longer than {MAX_LINE_BYTES >> 20} MiB"
-                )
-            try:
-                yield lineno, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise UsageError(f"cannot read workload file {path}: line {lineno}: {e}") from None
-
-
-def jsonl_objects(path: Path):
-    """(where, value) of each non-blank line of a JSONL file, ``where`` being ``PATH:LINE``;
-    a line that is not JSON is one UsageError naming it."""
-    for lineno, line in jsonl_lines(path):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-        except RecursionError:
-            raise UsageError(f"{where}: the JSON is nested too deeply") from None
-        except ValueError as e:  # an integer of more digits than int() takes
-            raise UsageError(f"{where}: malformed JSON ({e})") from None
-        yield where, obj
-
-
 def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
     reqs: list[WorkloadRequest] = []
     sessions: list[Session] = []
@@ -328,8 +232,6 @@ def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx
         return BUILTIN_WORKLOADS[name_or_path]()
     path = Path(name_or_path)
     if path.is_file():
-        from cbbench.load.traces import detect_format, load_trace
-
         fmt = detect_format(path)
         if fmt is not None:
             return load_trace(path, fmt)

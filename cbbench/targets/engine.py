@@ -20,7 +20,7 @@ from cbbench.engine.build import EngineInfo
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import DEFAULT_VOCAB, SessionPlan
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.engine_feed import CancellingListFeed, CancelTimer, SessionFeed
 
 log = logging.getLogger(__name__)

@@ -48,6 +48,7 @@ from cbbench.targets.checks import (
 from cbbench.targets.client_health import ClientMonitor, sleep_until
 from cbbench.targets.gc_freeze import freeze_heap, thaw_heap
 from cbbench.targets.hooks import RunHooks
+from cbbench.targets.http_sessions import SessionDispatch
 from cbbench.targets.options import API_PATHS, EndpointOptions, normalize_endpoint, redact_url
 from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
@@ -80,7 +81,9 @@ class HttpRun:
 
 class _Runner:
     """One run: the dispatcher sends each request at its intended time (after a free slot under
-    --max-concurrency), a watcher stops the run on request, and the scraper samples /metrics."""
+    --max-concurrency), a watcher stops the run on request, and the scraper samples /metrics.
+    With ``sessions`` the dispatch is theirs (http_sessions.py): each session sends its own
+    turns through this runner's slots, sends and records."""
 
     def __init__(
         self,
@@ -94,7 +97,9 @@ class _Runner:
         grace_s: float = DEFAULT_GRACE_S,
         hooks: RunHooks | None = None,
         cancel: CancelPlan | None = None,
+        sessions: SessionDispatch | None = None,
     ):
+        self.sessions = sessions
         self.grace_s = grace_s
         self.cancel = cancel
         self.hooks = hooks or RunHooks()
@@ -225,6 +230,9 @@ class _Runner:
             self.on_progress(self.finished, len(self.wreqs))
 
     async def _dispatch(self) -> None:
+        if self.sessions is not None:
+            await self.sessions.dispatch(self)
+            return
         loop = asyncio.get_running_loop()
         order = sorted(range(len(self.wreqs)), key=self.arrivals.__getitem__)  # stable
         for pos in order:
@@ -362,13 +370,15 @@ def run_http(
     if len(arrivals) != len(wreqs):
         raise ValueError(f"{len(wreqs)} requests but {len(arrivals)} arrival times")
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
+    dispatch = None
     if sessions is not None:
-        from cbbench.targets.http_sessions import SessionRunner
-
-        runner = SessionRunner(
-            opts, sessions, tokenizer, should_stop, on_progress, grace_s, hooks, cancel
+        dispatch = SessionDispatch(opts, sessions, tokenizer)
+        n = sessions.num_turns  # one record slot per turn, by its request id
+        runner = _Runner(
+            opts, [None] * n, [0.0] * n, [], tokenizer, should_stop, on_progress, grace_s, hooks,
+            cancel, sessions=dispatch,
         )
-        kinds, total = runner.kinds, sessions.active_turns
+        kinds, total = dispatch.kinds, sessions.active_turns
     else:
         prompts, kinds = build_prompts(wreqs, opts.api, opts.seed, tokenizer)
         runner = _Runner(
@@ -385,5 +395,5 @@ def run_http(
     return HttpRun(
         records, duration, runner.stopped, info, total - len(records),
         runner.monitor.lag_ms if runner.monitor is not None else [],
-        sessions_ended_early=getattr(runner, "ended_early", 0),
+        sessions_ended_early=dispatch.ended_early if dispatch is not None else 0,
     )

@@ -8,7 +8,8 @@ template to the messages, so its prefix cache sees exactly the sharing a real cl
 
 A failed turn ends its session (the history it would carry is missing); the rest of its turns
 are not sent; a cancelled turn (--cancel-rate) is history as far as it got, and the session
-goes on. The records, streams and the run's clock are the HTTP target's (http.py).
+goes on. The sessions are a dispatch strategy handed to the one HTTP runner (http.py): its
+slots, sends, records and clock serve every turn, as they serve a single request.
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import TYPE_CHECKING
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
-from cbbench.load.cancel import CancelPlan
 from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import TOOL_TURN, first_prompt_len, next_prompt_len
 from cbbench.targets.client_health import sleep_until
-from cbbench.targets.hooks import RunHooks
-from cbbench.targets.http import _Runner
 from cbbench.targets.options import EndpointOptions
 from cbbench.targets.request import RequestContext
 from cbbench.targets.sse import SseStream
+
+if TYPE_CHECKING:
+    from cbbench.targets.http import _Runner
 
 
 def messages_body(ctx: RequestContext, messages: list[dict], max_tokens: int,
@@ -42,20 +44,19 @@ def messages_body(ctx: RequestContext, messages: list[dict], max_tokens: int,
     return json.dumps(payload, separators=(",", ":")).encode()
 
 
-class SessionRunner(_Runner):
-    """The HTTP run with sessions instead of a fixed schedule: the dispatcher starts sessions,
-    each session sends its own turns."""
+class SessionDispatch:
+    """What the HTTP runner sends when the load is multi-turn sessions: the dispatcher starts
+    sessions at their arrival times, and each session sends its own turns through the runner
+    (a turn waits for a slot, is sent and recorded like a single request). Records are kept by
+    the turn's request id (plan.request_id), one slot per turn of the plan."""
 
-    def __init__(self, opts: EndpointOptions, plan: SessionPlan, tokenizer, should_stop,
-                 on_progress, grace_s: float, hooks: RunHooks | None = None,
-                 cancel: CancelPlan | None = None) -> None:
+    def __init__(self, opts: EndpointOptions, plan: SessionPlan, tokenizer) -> None:
         if opts.api != "chat":
             raise UsageError("multi-turn sessions send the history as messages: use --api chat")
-        n = plan.num_turns
-        super().__init__(opts, [None] * n, [0.0] * n, [], tokenizer, should_stop, on_progress,
-                         grace_s, hooks, cancel)
+        self.opts = opts
         self.plan = plan
-        self.ended_early = 0
+        self.tokenizer = tokenizer
+        self.ended_early = 0  # sessions cut short by a failed turn
         self.fitter = _ExactFitter.for_tokenizer(tokenizer) if tokenizer is not None else None
         self.kinds: dict[str, int] = {}
         self.user_texts = {i: [self._user_text(i, k) for k in range(len(plan.sessions[i].turns))]
@@ -82,16 +83,16 @@ class SessionRunner(_Runner):
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         return text
 
-    async def _dispatch(self) -> None:
+    async def dispatch(self, runner: _Runner) -> None:
         loop = asyncio.get_running_loop()
         starts = [float(t) for t in self.plan.starts]
         for i in sorted(self.plan.active_sessions, key=starts.__getitem__):
-            await sleep_until(self.t0 + starts[i])
-            task = loop.create_task(self._session(i))
-            self.pending.add(task)
-            task.add_done_callback(self.pending.discard)
+            await sleep_until(runner.t0 + starts[i])
+            task = loop.create_task(self._session(runner, i))
+            runner.pending.add(task)
+            task.add_done_callback(runner.pending.discard)
 
-    async def _session(self, i: int) -> None:
+    async def _session(self, runner: _Runner, i: int) -> None:
         plan = self.plan
         turns = plan.sessions[i].turns
         messages: list[dict] = []
@@ -99,8 +100,8 @@ class SessionRunner(_Runner):
         prompt_len = first_prompt_len(turns[0].user_len)
         for k in range(len(turns)):
             if k:
-                intended = self._now() + plan.think_time_s(i, k)
-                await sleep_until(self.t0 + intended)
+                intended = time.perf_counter() - runner.t0 + plan.think_time_s(i, k)
+                await sleep_until(runner.t0 + intended)
             turn = turns[k]
             if turn.kind == TOOL_TURN:  # the tool's result, for the call the last reply made
                 call_id = messages[-1].get("tool_calls", [{}])[0].get("id")
@@ -108,9 +109,9 @@ class SessionRunner(_Runner):
                                  "content": self.user_texts[i][k]})
             else:
                 messages.append({"role": "user", "content": self.user_texts[i][k]})
-            rec, st = await self._turn(i, k, messages, intended, prompt_len)
-            if self.stopped or rec.error is not None or rec.send_s is None:
-                if not self.stopped and k + 1 < len(turns):
+            rec, st = await self._turn(runner, i, k, messages, intended, prompt_len)
+            if runner.stopped or rec.error is not None or rec.send_s is None:
+                if not runner.stopped and k + 1 < len(turns):
                     self.ended_early += 1
                 return
             # The answer as the server sent it; a reasoning model's reasoning is not sent back
@@ -120,12 +121,9 @@ class SessionRunner(_Runner):
                 # The reply's length as counted for its record (the server's usage if sent).
                 prompt_len = next_prompt_len(prompt_len, rec.output_tokens, turns[k + 1].user_len)
 
-    def _now(self) -> float:
-        return time.perf_counter() - self.t0
-
-    async def _turn(self, i: int, k: int, messages: list[dict], intended: float,
+    async def _turn(self, runner: _Runner, i: int, k: int, messages: list[dict], intended: float,
                     prompt_len: int) -> tuple[RequestRecord, SseStream]:
-        """One turn, as http._Runner._one sends one request: wait for a slot, send, record."""
+        """One turn, as the runner sends one request: wait for a slot, send, record."""
         pos = self.plan.request_id(i, k)
         output_len = self.plan.sessions[i].turns[k].output_len
         session = self.plan.sessions[i]
@@ -137,6 +135,6 @@ class SessionRunner(_Runner):
         # A session with tools offers them on every turn; a turn that asks for no call says
         # "none" (a model offered tools may call one).
         extra = request_fields(0, session.tools, turn.tool_choice or "none", True)
-        await self._exchange(
-            pos, rec, st, lambda: messages_body(self.ctx, messages, output_len, extra))
+        await runner._exchange(
+            pos, rec, st, lambda: messages_body(runner.ctx, messages, output_len, extra))
         return rec, st

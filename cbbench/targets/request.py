@@ -96,7 +96,7 @@ async def send_request(
         # The timeout inline, not through transport.within: one coroutine less to resume on
         # every network read of the stream.
         if _HAS_TIMEOUT_CM:
-            async with asyncio.timeout(ctx.timeout_s):
+            async with asyncio.timeout(ctx.timeout_s):  # type: ignore[attr-defined]  # 3.11+
                 await exchange(ctx, body, stream)
         else:  # Python 3.10
             await asyncio.wait_for(exchange(ctx, body, stream), ctx.timeout_s)

@@ -66,6 +66,8 @@ def chunk_parts(obj: object, chat: bool):
         choice = choices[0]
         finish = choice.get("finish_reason")
         calls = None
+        parts: list[tuple[str, str]] | None
+        text: str | None
         if chat:
             delta = choice.get("delta") or {}
             parts = []
@@ -198,7 +200,8 @@ class SseStream:
                 self.kinds.append("+".join(k for k, _ in parts))
                 # A usage-only chunk carries none of the event's own count.
                 self.running.append(self._running_now if usage is not None else None)
-                if pieces is not None:
+                if pieces is not None:  # kept with keep_text, as are the two below
+                    assert self.reasoning_pieces is not None and self.answer_pieces is not None
                     pieces.append("".join(p for _, p in parts))
                     self.reasoning_pieces.append("".join(p for k, p in parts if k == REASONING))
                     self.answer_pieces.append("".join(p for k, p in parts if k == ANSWER))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -243,6 +242,7 @@ class Engine:
                 continue  # a partial prefill chunk: no token yet
             token = sampled[i] if sampled is not None else None
             if req.spec_token_ids:
+                assert out.num_accepted is not None, "a step with drafts reports their acceptance"
                 a = out.num_accepted[i]
                 num_accepted += a
                 gained[i] = self._append_verified(req, a, token, sampled is not None, now)
@@ -253,6 +253,7 @@ class Engine:
                 req.num_output_tokens += 1
                 req.token_times.append(now)
                 if sampled is not None:
+                    assert token is not None, "a row that ends its prompt or decodes samples a token"
                     req.output_token_ids.append(token)
                 if req.num_output_tokens >= req.max_tokens:
                     req.finish_reason = "length"
@@ -307,6 +308,7 @@ class Engine:
             req.num_output_tokens += 1
             req.token_times.append(now)
             if with_ids:
+                assert t is not None, "a verified row samples a token"
                 req.output_token_ids.append(t)
             if req.num_output_tokens >= req.max_tokens:
                 req.finish_reason = "length"
@@ -327,16 +329,3 @@ class _StepTokens:
     emitted: int = 0  # tokens appended to outputs
     sampled_reqs: int = 0  # requests that gained tokens
 
-
-def run_until_done(
-    engine: Engine,
-    requests: Sequence[Request],
-    should_stop: Callable[[], bool] | None = None,
-    on_step: Callable[[StepOutput], None] | None = None,
-) -> bool:
-    """Feed ``requests`` (sorted by arrival_time) to the engine at their arrival times and step
-    until all are done. Returns False when ``should_stop`` ended the run early. (Load whose
-    arrivals depend on the engine: feed.run_feed.)"""
-    from .feed import ListFeed, run_feed
-
-    return run_feed(engine, ListFeed(requests), should_stop, on_step)

@@ -12,10 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from .engine import StepFailed
 from .request import Request
 
 if TYPE_CHECKING:
-    from .engine import Engine, StepFailed, StepOutput
+    from .engine import Engine, StepOutput
+
+
+class RequestSink(Protocol):
+    """What a feed hands its events to: one engine, or replicas behind a router."""
+
+    def add_request(self, req: Request) -> str | None: ...
+
+    def abort_request(self, req: Request) -> None: ...
 
 
 class RequestFeed(Protocol):
@@ -24,7 +33,7 @@ class RequestFeed(Protocol):
         pending (events may still come from requests that are yet to finish)."""
         ...
 
-    def fire(self, engine: Engine, now: float) -> None:
+    def fire(self, engine: RequestSink, now: float) -> None:
         """Hand the engine every event due at ``now`` (add_request, abort_request)."""
         ...
 
@@ -43,7 +52,7 @@ class ListFeed:
     def next_time(self) -> float | None:
         return self.requests[self.i].arrival_time if self.i < len(self.requests) else None
 
-    def fire(self, engine: Engine, now: float) -> None:
+    def fire(self, engine: RequestSink, now: float) -> None:
         reqs, i, n = self.requests, self.i, len(self.requests)
         while i < n and reqs[i].arrival_time <= now:
             engine.add_request(reqs[i])
@@ -65,8 +74,6 @@ def run_feed(
     (or, on a virtual clock, jumping) to the next event when idle. Returns False when
     ``should_stop`` ended the run early. A step that raised failed its own requests
     (``on_step_failed``); the run goes on with the rest."""
-    from .engine import StepFailed
-
     clock = engine.clock
     while True:
         if should_stop is not None and should_stop():
@@ -90,3 +97,15 @@ def run_feed(
             raise RuntimeError("engine stalled: requests are waiting but none can be scheduled")
         else:
             return True
+
+
+def run_until_done(
+    engine: Engine,
+    requests: Sequence[Request],
+    should_stop: Callable[[], bool] | None = None,
+    on_step: Callable[[StepOutput], None] | None = None,
+) -> bool:
+    """Feed ``requests`` (sorted by arrival_time) to the engine at their arrival times and step
+    until all are done. Returns False when ``should_stop`` ended the run early. (Load whose
+    arrivals depend on the engine: run_feed with its own feed.)"""
+    return run_feed(engine, ListFeed(requests), should_stop, on_step)

@@ -67,7 +67,9 @@ class PrefixCachingBlockManager(BlockManager):
             block = self._free.pop()
         else:  # evict the least recently released cached block
             block, _ = self.evictable.popitem(last=False)
-            del self.cached[self.block_hash[block]]
+            block_hash = self.block_hash[block]
+            assert block_hash is not None, "an evictable block is a cached one"
+            del self.cached[block_hash]
             self.block_hash[block] = None
             self.num_evictions += 1
         self.ref_counts[block] = 1

@@ -128,6 +128,7 @@ class Scheduler:
             self.waiting.remove(req)
         self.bm.free(req)
         if req.cpu_block_table:
+            assert self.cpu_bm is not None, "only swap preemption fills a CPU block table"
             self.cpu_bm.free_blocks(req.cpu_block_table)
             req.cpu_block_table = []
 
@@ -426,6 +427,7 @@ class Scheduler:
         sched = step.sched
         if step.swapped_in:
             cpu = self.cpu_bm
+            assert cpu is not None, "only swap preemption swaps in"
             for req in step.swapped_in:
                 cpu.free_blocks(req.cpu_block_table)
                 req.cpu_block_table = []

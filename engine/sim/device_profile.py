@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from ..model_config import DTYPE_BYTES
@@ -54,10 +54,12 @@ def profile_to_dict(profile: DeviceProfile) -> dict:
     }
 
 
-def _rate(rates: dict, name: str, where: str, optional: bool) -> float | None:
+def _optional_rate(rates: dict, name: str, where: str) -> float | None:
+    return None if rates.get(name) is None else _rate(rates, name, where)
+
+
+def _rate(rates: dict, name: str, where: str) -> float:
     v = rates.get(name)
-    if v is None and optional:
-        return None
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         raise ValueError(f"{where}: rates.{name} must be a number >= 0, got {v!r}")
     return float(v)
@@ -89,14 +91,20 @@ def load_profile(path: str | Path) -> DeviceProfile:
     if not isinstance(rates, dict):
         raise ValueError(f"{where}: no 'rates' section")
     optional = {"memory_bandwidth", "flop_rate"}
-    values = {
-        f.name: _rate(rates, f.name, where, f.name in optional)
+    given = {
+        f.name: _rate(rates, f.name, where)
         for f in fields(DeviceRates)
-        if f.name in rates or f.name in optional
+        if f.name in rates and f.name not in optional
     }
-    values = {**DeviceRates(None, None).to_dict(), **values}
+    device_rates = replace(
+        DeviceRates(
+            _optional_rate(rates, "memory_bandwidth", where),
+            _optional_rate(rates, "flop_rate", where),
+        ),
+        **given,
+    )
     for name in ("decode_attention_efficiency", "prefill_attention_efficiency", "host_factor"):
-        if not values[name] > 0:
+        if not getattr(device_rates, name) > 0:
             raise ValueError(f"{where}: rates.{name} must be > 0")
     models = data.get("models")
     if not isinstance(models, list) or not models or not all(isinstance(m, str) for m in models):
@@ -106,13 +114,12 @@ def load_profile(path: str | Path) -> DeviceProfile:
         raise ValueError(f"{where}: no 'dtype'")
     if dtype not in DTYPE_BYTES:  # was a KeyError where the cost model looked it up
         raise ValueError(f"{where}: unknown dtype {dtype!r}: use {', '.join(DTYPE_BYTES)}")
-    name = data.get("device_name", device)
-    if not isinstance(name, str):
-        raise ValueError(f"{where}: 'device_name' must be a string, got {name!r}")
-    rates_ = DeviceRates(**values)
-    _check_reference_step(rates_, dtype, where)
-    return DeviceProfile(device=device, device_name=name, dtype=dtype, models=tuple(models),
-                         rates=rates_)
+    device_name = data.get("device_name", device)
+    if not isinstance(device_name, str):
+        raise ValueError(f"{where}: 'device_name' must be a string, got {device_name!r}")
+    _check_reference_step(device_rates, dtype, where)
+    return DeviceProfile(device=device, device_name=device_name, dtype=dtype, models=tuple(models),
+                         rates=device_rates)
 
 
 def _check_reference_step(rates: DeviceRates, dtype: str, where: str) -> None:

@@ -130,12 +130,12 @@ def class_weights(labels: Sequence[str | None]) -> np.ndarray:
     """Each iteration class (decode, mixed, prefill) weighs the same in total: a run is
     mostly decode steps, and an unweighted fit would let them set the FLOP rate that only
     the rarer prefill-carrying steps can show. Normalized to a mean weight of 1."""
-    labels = np.asarray(labels, dtype=object)
-    w = np.zeros(labels.size)
-    present = [c for c in np.unique(labels)]
+    classes = np.asarray(labels, dtype=object)
+    w = np.zeros(classes.size)
+    present = [c for c in np.unique(classes)]
     for c in present:
-        mask = labels == c
-        w[mask] = labels.size / (len(present) * mask.sum())
+        mask = classes == c
+        w[mask] = classes.size / (len(present) * mask.sum())
     return w
 
 
@@ -304,7 +304,8 @@ def initial_guess(d: FitData) -> tuple[np.ndarray, np.ndarray]:
         med,
     ])
     grid = np.concatenate(([0.0], np.logspace(-4, 0, GRID_POINTS)))
-    best, best_cost = None, math.inf
+    best: np.ndarray | None = None
+    best_cost = math.inf
     ones = np.ones_like(m)
     cw = class_weights(d.labels)
     sw = np.sqrt(cw)
@@ -329,6 +330,7 @@ def initial_guess(d: FitData) -> tuple[np.ndarray, np.ndarray]:
             cost = float(np.sum(cw * (np.sqrt(1.0 + (r / FIRST_PASS_SCALE) ** 2) - 1.0)))
             if cost < best_cost:
                 best, best_cost = theta, cost
+    assert best is not None, "no start point on the grid had a finite cost"
     theta0 = np.where(best > 0, best, scale * 1e-3)
     for e in (ED, EP):
         theta0[e] = min(max(theta0[e], 1e-2), 1e2) if best[e] > 0 else 1.0

@@ -76,6 +76,7 @@ class SimExecutor:
         if sched.num_drafts:
             # The verify rows are in the cost above whatever is accepted: the forward computes
             # every row. Then each decode keeps a drawn number of its drafts.
+            assert self.acceptance is not None, "drafts are proposed only with an acceptance model"
             draw = self.acceptance.accepted
             reqs = sched.scheduled_reqs
             accepted = [0] * len(reqs)

@@ -16,6 +16,7 @@ and the caller runs eagerly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -70,7 +71,7 @@ class GraphLadder:
             for size in reversed(self.sizes):
                 graphs = []
                 for piece in range(self.pieces):
-                    graph = self.capture_one(lambda s=size, p=piece: body(s, p), stream, pool)
+                    graph = self.capture_one(partial(body, size, piece), stream, pool)
                     pool = graph.pool()
                     graphs.append(graph)
                 self.graphs[size] = graphs

@@ -60,6 +60,13 @@ class PersistentBatch:
     ``on_new_slot(slot, req)`` is called when a request gets a slot (the sampler stores its
     parameters then)."""
 
+    # Per slot, grown by _allocate: the block table last copied, how much of it, the same
+    # count for numpy, and the free slots (popped from the end: lowest first).
+    _tables: list[list[int] | None]
+    _num_blocks: list[int]
+    _num_blocks_np: np.ndarray
+    _free: list[int]
+
     def __init__(self, num_slots: int, max_model_len: int, block_size: int, on_new_slot) -> None:
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_model_len // block_size)
@@ -79,9 +86,9 @@ class PersistentBatch:
             )
             self._free = list(range(num_slots - 1, old.shape[0] - 1, -1)) + self._free
         else:
-            self._tables: list[list[int] | None] = [None] * num_slots  # the list last copied
-            self._num_blocks: list[int] = [0] * num_slots  # how much of it
-            self._num_blocks_np = np.zeros(num_slots, np.int64)  # the same, for numpy
+            self._tables = [None] * num_slots
+            self._num_blocks = [0] * num_slots
+            self._num_blocks_np = np.zeros(num_slots, np.int64)
             self._free = list(range(num_slots - 1, -1, -1))
         self.num_slots = num_slots
 
@@ -148,7 +155,9 @@ class PersistentBatch:
             add_known(k)
             if n == 1:
                 if c < p:
-                    token = req.prompt_token_ids[c]
+                    prompt = req.prompt_token_ids
+                    assert prompt is not None, "the torch engine's requests carry their ids"
+                    token = prompt[c]
                 else:
                     out = req.output_token_ids
                     token = out[c - p] if c - p < len(out) else -1  # -1: rejected in _pack

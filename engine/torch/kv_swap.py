@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -29,7 +30,7 @@ class KVSwapSpace:
 
     @torch.inference_mode()
     def swap_blocks(
-        self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]
+        self, swap_out: Sequence[tuple[int, int]], swap_in: Sequence[tuple[int, int]]
     ) -> float:
         """Copy (device block, CPU block) pairs out, then (CPU block, device block) pairs in:
         in that order, because a device block freed by a swap-out may receive a swap-in in the

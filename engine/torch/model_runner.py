@@ -25,6 +25,7 @@ A capture that fails leaves that kind of iteration eager, with the reason kept
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -311,7 +312,7 @@ class ModelRunner:
         self.swap = KVSwapSpace(self.kv_caches, num_cpu_blocks, self.dtype, self.device)
 
     def swap_blocks(
-        self, swap_out: list[tuple[int, int]], swap_in: list[tuple[int, int]]
+        self, swap_out: Sequence[tuple[int, int]], swap_in: Sequence[tuple[int, int]]
     ) -> float:
         return self.swap.swap_blocks(swap_out, swap_in)
 

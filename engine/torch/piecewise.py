@@ -27,17 +27,20 @@ between) and ``LlamaModel.final_norm``; only the buffers and the cut are this mo
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from cbbench.kernels import AttentionMetadata
 
-from .models.llama import KVCache, LlamaForCausalLM
+from .models.llama import KVCache, LlamaDecoderLayer, LlamaForCausalLM
 
 
 class ForwardPieces:
     def __init__(self, model: LlamaForCausalLM, max_tokens: int, dtype, device) -> None:
         self.model = model.model  # LlamaModel
-        self.layers = list(self.model.layers)
+        # nn.ModuleList types its items as Module; LlamaModel fills it with decoder layers.
+        self.layers = cast(list[LlamaDecoderLayer], list(self.model.layers))
         cfg = model.config
         attn = self.layers[0].self_attn
         self.num_pieces = len(self.layers) + 1

@@ -103,7 +103,7 @@ class SamplingSlots:
 
     def _allocate(self, num_slots: int) -> None:
         old = getattr(self, "host", None)
-        self.host = {
+        self.host: dict[str, np.ndarray] = {
             "temperature": np.zeros(num_slots, np.float32),
             "top_k": np.zeros(num_slots, np.int64),
             "top_p": np.ones(num_slots, np.float32),
@@ -135,6 +135,7 @@ class SamplingSlots:
             # caller runs under inference mode.
             with torch.inference_mode(False):
                 self._upload()
+        assert self.dev is not None
         return self.dev
 
     def _upload(self) -> None:
@@ -232,12 +233,13 @@ class Sampler:
         tokens = logits.argmax(dim=-1)
         if not rows.any_random:
             return tokens
-        temps = rows.temperature
+        temps, keys = rows.temperature, rows.keys
+        assert temps is not None and keys is not None  # any_random: every tensor is set
         is_random = temps > 0.0
         scaled = logits / torch.where(is_random, temps, 1.0).unsqueeze(1)
         scaled = _apply_top_k_top_p(scaled, rows, is_random)
         probs = torch.softmax(scaled, dim=-1)
-        drawn = (probs / exponential_noise(rows.keys, logits.shape[1])).argmax(dim=-1)
+        drawn = (probs / exponential_noise(keys, logits.shape[1])).argmax(dim=-1)
         return torch.where(is_random, drawn, tokens)
 
 
@@ -248,7 +250,9 @@ def _apply_top_k_top_p(logits: torch.Tensor, rows: RowParams, is_random: torch.T
     use_k = rows.max_top_k > 0
     if not (use_k or rows.use_top_p):
         return logits
-    k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), vocab)  # 0 = off
+    top_k, top_p = rows.top_k, rows.top_p
+    assert top_k is not None and top_p is not None  # some row is random: every tensor is set
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)  # 0 = off
     if not rows.use_top_p:
         # Top-k alone needs no full sort: one top-max(k) pass gives each row's k-th value as
         # its threshold (tokens tied with it are kept too).
@@ -256,7 +260,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, rows: RowParams, is_random: torch.T
         values = logits.topk(max_k, dim=-1).values  # sorted, descending
         kth = (k.clamp(max=max_k) - 1).unsqueeze(1)
         threshold = values.gather(1, kth)
-        off = ((rows.top_k <= 0) | ~is_random).unsqueeze(1)
+        off = ((top_k <= 0) | ~is_random).unsqueeze(1)
         threshold = threshold.masked_fill(off, float("-inf"))
         return logits.masked_fill(logits < threshold, float("-inf"))
     sorted_logits, order = logits.sort(dim=-1, descending=True)
@@ -265,7 +269,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, rows: RowParams, is_random: torch.T
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # Keep a token while the mass before it is below p: the top token always survives.
     mass_before = probs.cumsum(dim=-1) - probs
-    drop |= mass_before >= rows.top_p.unsqueeze(1)
+    drop |= mass_before >= top_p.unsqueeze(1)
     drop &= is_random.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)

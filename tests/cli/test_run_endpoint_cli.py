@@ -14,9 +14,9 @@ import sys
 
 import pytest
 from fake_openai import MODEL as FAKE_MODEL
-from fake_openai import FakeOpenAI, _free_port
+from fake_openai import FakeOpenAI
 from helpers import SERVE_MODEL as MODEL
-from helpers import sim_options, start_server
+from helpers import free_port, sim_options, start_server
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import load_result
@@ -33,12 +33,6 @@ def srv():
     run = start_server(lambda: build_serving_engine(sim_options()))
     yield run
     run.stop()
-
-
-@pytest.fixture(scope="module")
-def fake():
-    with FakeOpenAI() as s:
-        yield s
 
 
 @pytest.fixture
@@ -217,11 +211,11 @@ def faulty(tmp_path):
     return path, len(prompts)
 
 
-def test_failures_exit_1_after_writing_the_result(fake, faulty, tmp_path, monkeypatch):
+def test_failures_exit_1_after_writing_the_result(fake_server, faulty, tmp_path, monkeypatch):
     path, n = faulty
     out = tmp_path / "faulty.json"
     res = invoke(
-        monkeypatch, "run", "--endpoint", fake.url, "--workload", str(path),
+        monkeypatch, "run", "--endpoint", fake_server.url, "--workload", str(path),
         "--num-requests", str(n), "--output", str(out),
     )
     assert res.exit_code == 1, res.output
@@ -238,24 +232,24 @@ def test_failures_exit_1_after_writing_the_result(fake, faulty, tmp_path, monkey
 
 
 @pytest.mark.parametrize("rate,code", [("1", 0), ("0.5", 0), ("0.3", 1)])
-def test_max_error_rate_decides_the_exit_code(fake, faulty, tmp_path, monkeypatch, rate, code):
+def test_max_error_rate_decides_the_exit_code(fake_server, faulty, tmp_path, monkeypatch, rate, code):
     path, n = faulty  # 2 of 6 fail: 33%
     out = tmp_path / "faulty.json"
     res = invoke(
-        monkeypatch, "run", "--endpoint", fake.url, "--workload", str(path),
+        monkeypatch, "run", "--endpoint", fake_server.url, "--workload", str(path),
         "--num-requests", str(n), "--output", str(out), "--max-error-rate", rate,
     )
     assert res.exit_code == code, res.output
     assert load_result(out)["summary"]["failed"] == 2
 
 
-def test_server_ignoring_ignore_eos_warns_and_counts(fake, tmp_path, monkeypatch):
+def test_server_ignoring_ignore_eos_warns_and_counts(fake_server, tmp_path, monkeypatch):
     prompts = ["fault:eos one", "fault:eos two", "three", "four"]
     path = tmp_path / "eos.jsonl"
     path.write_text("".join(json.dumps({"prompt": p, "output_len": 10}) + "\n" for p in prompts))
     out = tmp_path / "eos.json"
     res = invoke(
-        monkeypatch, "run", "--endpoint", fake.url, "--workload", str(path),
+        monkeypatch, "run", "--endpoint", fake_server.url, "--workload", str(path),
         "--num-requests", "4", "--output", str(out),
     )
     assert res.exit_code == 0, res.output  # the requests completed: a warning, not a failure
@@ -284,35 +278,35 @@ def test_scrape_metrics_without_a_metrics_page_is_one_warning_line(workload, tmp
     assert load_result(out)["server_metrics"] == []
 
 
-def test_scrape_metrics_filter_flag(fake, workload, tmp_path, monkeypatch):
+def test_scrape_metrics_filter_flag(fake_server, workload, tmp_path, monkeypatch):
     out = tmp_path / "filtered.json"
     # The filter alone asks for the scrape; the fake's page has process_cpu_seconds_total.
-    res = endpoint_run(monkeypatch, fake.url, workload, out, "--scrape-metrics-filter", "^process_")
+    res = endpoint_run(monkeypatch, fake_server.url, workload, out, "--scrape-metrics-filter", "^process_")
     assert res.exit_code == 0, res.output
     result = load_result(out)
     assert result["config"]["scrape_metrics"] is True
     assert result["config"]["scrape_metrics_filter"] == "^process_"
     assert {r["name"] for r in result["server_metrics"]} == {"process_cpu_seconds_total"}
-    res = endpoint_run(monkeypatch, fake.url, workload, out, "--scrape-metrics-filter", "(")
+    res = endpoint_run(monkeypatch, fake_server.url, workload, out, "--scrape-metrics-filter", "(")
     assert res.exit_code == 2 and "--scrape-metrics-filter" in one_error_line(res)
 
 
-def test_header_value_is_sent_but_never_written(fake, workload, tmp_path, monkeypatch):
+def test_header_value_is_sent_but_never_written(fake_server, workload, tmp_path, monkeypatch):
     monkeypatch.setenv("MY_KEY", SECRET)
-    fake.reset()
+    fake_server.reset()
     out = tmp_path / "auth.json"
     res = endpoint_run(
-        monkeypatch, fake.url, workload, out, "--header", "Authorization=env:MY_KEY"
+        monkeypatch, fake_server.url, workload, out, "--header", "Authorization=env:MY_KEY"
     )
     assert res.exit_code == 0, res.output
-    assert len(fake.requests) == N
-    assert {q["headers"]["authorization"] for q in fake.requests} == {SECRET}
+    assert len(fake_server.requests) == N
+    assert {q["headers"]["authorization"] for q in fake_server.requests} == {SECRET}
     assert SECRET not in out.read_text() and "sk-cbbench" not in res.output
     assert load_result(out)["config"]["header_names"] == ["Authorization"]
 
 
 def test_closed_port_records_connect_failures(workload, tmp_path, monkeypatch):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     out = tmp_path / "closed.json"
     res = endpoint_run(monkeypatch, url, workload, out, "--served-model", "m")
     assert res.exit_code == 1, res.output
@@ -326,7 +320,7 @@ def test_closed_port_records_connect_failures(workload, tmp_path, monkeypatch):
 
 def test_closed_port_without_served_model_is_a_usage_error(workload, tmp_path, monkeypatch):
     out = tmp_path / "closed.json"
-    res = endpoint_run(monkeypatch, f"http://127.0.0.1:{_free_port()}", workload, out)
+    res = endpoint_run(monkeypatch, f"http://127.0.0.1:{free_port()}", workload, out)
     assert res.exit_code == 2, res.output
     assert "--served-model" in one_error_line(res)
     assert not out.exists()
@@ -353,7 +347,7 @@ def test_bad_flags_exit_2_with_one_line(workload, tmp_path, monkeypatch, flags, 
     out = tmp_path / "never.json"
     # A closed port: a flag checked after the run starts would show as connect failures.
     res = endpoint_run(
-        monkeypatch, f"http://127.0.0.1:{_free_port()}", workload, out, "--served-model", "m",
+        monkeypatch, f"http://127.0.0.1:{free_port()}", workload, out, "--served-model", "m",
         *flags,
     )
     assert res.exit_code == 2, res.output

@@ -12,7 +12,7 @@ import torch
 
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.build import build_engine
-from cbbench.engine.core.engine import run_until_done
+from cbbench.engine.core.feed import run_until_done
 from cbbench.engine.core.request import Request, SamplingParams
 
 TIMING_FIELDS = {"start_s", "duration_s"}  # wall-clock: differ run to run either way

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cbbench.engine.core.clock import VirtualClock
-from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.feed import run_until_done
 from cbbench.engine.core.request import Request
 from cbbench.engine.core.scheduler import SchedulerConfig
 from cbbench.engine.core.scheduler_output import ExecutorOutput

@@ -13,7 +13,8 @@ import pytest
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.core.clock import VirtualClock
-from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.feed import run_until_done
 from cbbench.engine.core.request import Request, RequestStatus
 from cbbench.engine.core.scheduler import SchedulerConfig
 from cbbench.engine.core.scheduler_output import SchedulerOutput
@@ -22,7 +23,7 @@ from cbbench.engine.sim.cost_model import CostModel
 from cbbench.engine.sim.gpu_specs import get_gpu_spec
 from cbbench.engine.sim.sim_executor import SimExecutor, sim_num_kv_blocks
 from cbbench.load.arrivals import arrival_times
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 
 LLAMA3_8B = get_model_config("llama-3-8b")
 

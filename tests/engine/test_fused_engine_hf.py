@@ -22,7 +22,8 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("triton")
 
 from cbbench.engine.core.clock import WallClock  # noqa: E402
-from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done  # noqa: E402
+from cbbench.engine.core.engine import Engine, EngineConfig  # noqa: E402
+from cbbench.engine.core.feed import run_until_done  # noqa: E402
 from cbbench.engine.core.request import Request  # noqa: E402
 from cbbench.engine.core.scheduler import SchedulerConfig  # noqa: E402
 from cbbench.engine.torch.model_runner import ModelRunner  # noqa: E402

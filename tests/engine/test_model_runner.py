@@ -9,110 +9,41 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runner_harness import (
+    BLOCK_SIZE,
+    NUM_BLOCKS,
+    VOCAB,
+    Harness,
+    _advance,
+    make_request,
+)
 
 from cbbench.engine.core.clock import WallClock
-from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.feed import run_until_done
 from cbbench.engine.core.request import Request, SamplingParams
 from cbbench.engine.core.scheduler import SchedulerConfig
 from cbbench.engine.core.scheduler_output import SchedulerOutput
 from cbbench.engine.torch import model_runner
 from cbbench.engine.torch.cuda_graphs import GraphLadder
-from cbbench.engine.torch.model_runner import ModelRunner
-from cbbench.engine.torch.models import allocate_kv_cache, load_model
+from cbbench.engine.torch.models import load_model
 from cbbench.engine.torch.piecewise import ForwardPieces
 from cbbench.engine.torch.sampler import Sampler, SamplingBatch
 from cbbench.kernels import get_backend
 
 TOL = 1e-4
-BLOCK_SIZE = 4
-NUM_BLOCKS = 64
-VOCAB = 512  # the tiny preset's
 
 
-class BlockAllocator:
-    """Hands out blocks in a scrambled order so request tables are never contiguous."""
-
-    def __init__(self, num_blocks: int) -> None:
-        self.free = [(7 * i + 3) % num_blocks for i in range(num_blocks)]  # a permutation
-
-    def cover(self, req: Request, num_tokens: int) -> None:
-        while len(req.block_table) * BLOCK_SIZE < num_tokens:
-            req.block_table.append(self.free.pop(0))
 
 
-class Harness:
-    """A runner plus the engine's bookkeeping, for one backend."""
-
-    def __init__(self, backend: str = "reference", **runner_kwargs) -> None:
-        attn = get_backend(backend, "cpu")
-        self.model, self.config = load_model("tiny", torch.float32, "cpu", attn, seed=0)
-        self.kv_caches = allocate_kv_cache(
-            self.config, NUM_BLOCKS, BLOCK_SIZE, torch.float32, "cpu"
-        )
-        self.runner = ModelRunner(
-            self.model,
-            self.config,
-            self.kv_caches,
-            BLOCK_SIZE,
-            "cpu",
-            torch.float32,
-            **runner_kwargs,
-        )
-        self.alloc = BlockAllocator(NUM_BLOCKS)
-
-    def schedule(self, work: list[tuple[Request, int]]) -> SchedulerOutput:
-        """Decodes (n == 1 with the request past its prompt) must come first, as the scheduler's do."""
-        for req, n in work:
-            self.alloc.cover(req, req.num_computed_tokens + n)
-        num_decode = 0
-        while num_decode < len(work) and _is_decode(*work[num_decode]):
-            num_decode += 1
-        counts = [n for _, n in work]
-        return SchedulerOutput(
-            scheduled_reqs=[r for r, _ in work],
-            num_scheduled_tokens=counts,
-            num_decode_reqs=num_decode,
-            num_prefill_tokens=sum(counts[num_decode:]),
-            token_budget=sum(counts),
-        )
-
-    def step(self, work: list[tuple[Request, int]]) -> list[int | None]:
-        sched = self.schedule(work)
-        out = self.runner.execute(sched)
-        _advance(sched, out.sampled_token_ids)
-        return out.sampled_token_ids
-
-    def all_row_logits(self, sched: SchedulerOutput) -> torch.Tensor:
-        """Logits of every packed row (the runner itself only computes the sampled rows)."""
-        batch = self.runner.prepare(sched)
-        with torch.inference_mode():
-            hidden = self.model(batch.input_ids, batch.positions, self.kv_caches, batch.metadata)
-            return self.model.compute_logits(hidden)
 
 
-def _is_decode(req: Request, n: int) -> bool:
-    return n == 1 and req.num_computed_tokens >= req.num_prompt_tokens
 
 
-def _advance(sched: SchedulerOutput, sampled: list[int | None]) -> None:
-    """What the engine does after execute."""
-    for req, n, token in zip(
-        sched.scheduled_reqs, sched.num_scheduled_tokens, sampled, strict=True
-    ):
-        req.num_computed_tokens += n
-        if token is not None:
-            req.output_token_ids.append(token)
-            req.num_output_tokens += 1
 
 
-def _prompt(req_id: int, length: int) -> list[int]:
-    g = torch.Generator().manual_seed(100 + req_id)
-    return torch.randint(0, VOCAB, (length,), generator=g).tolist()
 
 
-def _request(req_id: int, prompt_len: int, sampling: SamplingParams | None = None) -> Request:
-    kwargs = {} if sampling is None else {"sampling": sampling}
-    return Request(req_id, prompt_len, 16, prompt_token_ids=_prompt(req_id, prompt_len), **kwargs)
 
 
 def _alone_logits(token_ids: list[int], backend: str = "reference") -> torch.Tensor:
@@ -124,7 +55,7 @@ def _alone_logits(token_ids: list[int], backend: str = "reference") -> torch.Ten
 
 def _mixed_batch(h: Harness):
     """Two decodes with cached context, a chunk over a cached chunk, and a fresh prefill."""
-    a, b, c, d = _request(0, 10), _request(1, 7), _request(2, 20), _request(3, 9)
+    a, b, c, d = make_request(0, 10), make_request(1, 7), make_request(2, 20), make_request(3, 9)
     assert h.step([(a, 10)]) != [None]  # a: prefill, then one decode
     assert h.step([(b, 7)]) != [None]
     h.step([(a, 1)])
@@ -262,7 +193,7 @@ def test_decode_graph_replay_logic_matches_eager(backend, eager_graphs):
     graphs = {bs: pieces[0] for bs, pieces in runner.graphs.graphs.items()}
     for g in graphs.values():
         g.replays = 0
-    reqs = {h: [_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))] for h in (eager, graphed)}
+    reqs = {h: [make_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))] for h in (eager, graphed)}
 
     def step(pick) -> None:
         scheds = {h: h.schedule(pick(reqs[h])) for h in (eager, graphed)}
@@ -303,7 +234,7 @@ def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_gr
             EngineConfig(SchedulerConfig(max_model_len=128, max_num_seqs=8), NUM_BLOCKS,
                          BLOCK_SIZE), h.runner, WallClock()
         )  # fmt: skip
-        reqs = [_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))]
+        reqs = [make_request(i, n) for i, n in enumerate((5, 9, 13, 4, 21))]
         assert run_until_done(engine, reqs)
         assert all(r.num_output_tokens == r.max_tokens for r in reqs)
         outputs[graphs] = [r.output_token_ids for r in reqs]
@@ -372,7 +303,7 @@ def test_failed_mixed_capture_runs_mixed_iterations_eagerly(eager_graphs, notice
 
 def test_short_block_table_is_a_clear_error():
     h = Harness()
-    req = _request(0, 10)
+    req = make_request(0, 10)
     req.block_table = [0, 1]  # 8 tokens' worth
     sched = SchedulerOutput([req], [10], 0, 10, 10)
     with pytest.raises(ValueError, match="block table has 2 blocks"):
@@ -388,13 +319,13 @@ def _logits(rows: int, vocab: int = VOCAB, seed: int = 0) -> torch.Tensor:
 
 def test_greedy_is_argmax():
     logits = _logits(6)
-    reqs = [_request(i, 4) for i in range(6)]
+    reqs = [make_request(i, 4) for i in range(6)]
     assert torch.equal(Sampler()(logits, reqs), logits.argmax(-1))
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent():
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=7)
-    reqs = [_request(i, 4, params) for i in range(8)]
+    reqs = [make_request(i, 4, params) for i in range(8)]
     logits = _logits(8)
     sampler = Sampler()
     first = sampler(logits, reqs)
@@ -403,7 +334,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent():
     for i in range(8):
         assert sampler(logits[i : i + 1], reqs[i : i + 1]).item() == first[i].item()
     order = [5, 2, 7, 0]
-    greedy_neighbour = _request(99, 4)
+    greedy_neighbour = make_request(99, 4)
     mixed = sampler(
         torch.cat([logits[order], logits[:1]]), [reqs[i] for i in order] + [greedy_neighbour]
     )
@@ -411,7 +342,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent():
     assert mixed[4].item() == logits[0].argmax().item()
     # A different seed gives different draws.
     other = [
-        _request(i, 4, SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=8))
+        make_request(i, 4, SamplingParams(temperature=1.0, top_k=50, top_p=0.9, seed=8))
         for i in range(8)
     ]
     assert not torch.equal(first, sampler(logits, other))

@@ -224,7 +224,7 @@ def test_no_triton_compilation_after_warmup():
     varying batch sizes compiles no Triton kernel (each compile would stall an iteration)."""
     from cbbench.engine.args import EngineArgs
     from cbbench.engine.build import build_engine
-    from cbbench.engine.core.engine import run_until_done
+    from cbbench.engine.core.feed import run_until_done
 
     args = EngineArgs(engine="torch", device="cuda", model="tiny", max_num_seqs=16,
                       max_num_batched_tokens=64, num_kv_blocks=512)  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from test_model_runner import Harness, _request
+from runner_harness import Harness, make_request
 
 from cbbench.engine.core.request import SamplingParams
 
@@ -34,7 +34,7 @@ def _device_matches_host(slots, used: list[int]) -> None:
 def test_steady_batch_uploads_nothing_and_a_join_uploads_its_row_only():
     h = Harness()
     slots = h.runner.sampling_slots
-    a, b, c = (_request(i, 5 + i, _sampling(seed=i)) for i in range(3))
+    a, b, c = (make_request(i, 5 + i, _sampling(seed=i)) for i in range(3))
     h.step([(a, 5), (b, 6)])  # both prefill and sample: their slots are set and uploaded
     first = slots.uploads
     assert first >= 2 and slots.dev is not None
@@ -62,7 +62,7 @@ def test_steady_batch_uploads_nothing_and_a_join_uploads_its_row_only():
 def test_greedy_batches_upload_nothing():
     h = Harness()
     slots = h.runner.sampling_slots
-    a, b = _request(0, 5), _request(1, 6)
+    a, b = make_request(0, 5), make_request(1, 6)
     h.step([(a, 5), (b, 6)])
     h.step([(a, 1), (b, 1)])
     assert slots.uploads == 0 and slots.dev is None
@@ -74,7 +74,7 @@ def test_a_joined_slot_samples_as_a_fresh_upload_would():
     from cbbench.engine.torch.sampler import Sampler
 
     h = Harness()
-    reqs = [_request(i, 4 + i, _sampling(seed=10 + i)) for i in range(3)]
+    reqs = [make_request(i, 4 + i, _sampling(seed=10 + i)) for i in range(3)]
     h.step([(reqs[0], 4), (reqs[1], 5)])
     h.step([(reqs[0], 1), (reqs[1], 1), (reqs[2], 6)])  # the third joins: a partial upload
     slots = h.runner.sampling_slots

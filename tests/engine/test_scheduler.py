@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cbbench.engine.core.clock import VirtualClock
-from cbbench.engine.core.engine import Engine, EngineConfig, run_until_done
+from cbbench.engine.core.engine import Engine, EngineConfig
+from cbbench.engine.core.feed import run_until_done
 from cbbench.engine.core.request import Request, RequestStatus
 from cbbench.engine.core.scheduler import Scheduler, SchedulerConfig
 from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput

@@ -29,7 +29,7 @@ from typer.testing import CliRunner  # noqa: E402
 from cbbench.cli.app import app  # noqa: E402
 from cbbench.engine.args import EngineArgs  # noqa: E402
 from cbbench.engine.build import build_engine  # noqa: E402
-from cbbench.engine.core.engine import run_until_done  # noqa: E402
+from cbbench.engine.core.feed import run_until_done  # noqa: E402
 from cbbench.engine.core.request import Request  # noqa: E402
 from cbbench.engine.core.spec_decode import max_drafts  # noqa: E402
 

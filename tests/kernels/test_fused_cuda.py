@@ -24,7 +24,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from test_kernels import assert_close, dense_attention, make_batch  # noqa: E402
+from paged_batches import assert_close, dense_attention, make_batch  # noqa: E402
 
 from cbbench.engine.model_config import MODEL_PRESETS  # noqa: E402
 from cbbench.engine.torch.models.llama import rope_inv_freq  # noqa: E402

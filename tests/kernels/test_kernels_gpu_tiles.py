@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from test_kernels import (  # noqa: E402
+from paged_batches import (  # noqa: E402
     CASES,
     TRITON_DEVICE,
     assert_close,

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from test_kernels import TRITON_DEVICE, assert_close, make_batch  # noqa: E402
+from paged_batches import TRITON_DEVICE, assert_close, make_batch  # noqa: E402
 
 from cbbench.kernels import get_backend  # noqa: E402
 from cbbench.kernels.triton_attention import GPU_TILES, TritonBackend  # noqa: E402

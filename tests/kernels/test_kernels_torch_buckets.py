@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernels import assert_close, make_batch, run_backend
+from paged_batches import assert_close, make_batch, run_backend
 
 from cbbench.kernels import torch_native
 from cbbench.kernels.torch_native import _buckets

@@ -19,7 +19,7 @@ from cbbench.load.arrivals import (
     parse_duration,
     parse_ramp,
 )
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 
 
 def _reqs(n: int, arrivals: list[float] | None = None) -> list[WorkloadRequest]:

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from cbbench.errors import UsageError
-from cbbench.load.workload import MAX_LINE_BYTES, load_jsonl
+from cbbench.load.jsonl import MAX_LINE_BYTES
+from cbbench.load.workload import load_jsonl
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]

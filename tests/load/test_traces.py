@@ -25,13 +25,8 @@ from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.load.traces import (
-    MOONCAKE_BLOCK_TOKENS,
-    detect_format,
-    expand_hash_ids,
-    hash_block_ids,
-    parse_azure_time,
-)
+from cbbench.load.hash_blocks import MOONCAKE_BLOCK_TOKENS, expand_hash_ids, hash_block_ids
+from cbbench.load.traces import detect_format, parse_azure_time
 from cbbench.load.workload import load_workload
 
 AZURE_2023 = """TIMESTAMP,ContextTokens,GeneratedTokens

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from helpers import SERVE_MODEL, serve_process
+from helpers import SERVE_MODEL, serve_process, wait_until
 
 READ_TIMEOUT_S = 1.5
 MAX_CONNECTIONS = 16
@@ -91,7 +91,8 @@ def test_connections_beyond_the_cap_get_a_clear_503(server):
         held = [stack.enter_context(_connect(server.url)) for _ in range(MAX_CONNECTIONS)]
         for s in held:
             s.sendall(HALF_REQUEST)
-        time.sleep(0.3)  # the server has accepted them all
+        # The server has taken them all once /health (one connection more) is refused.
+        wait_until(lambda: _health(server.url) == 503, 10, "the connection cap to be reached")
         r = httpx.get(server.url + "/health", timeout=10)
         assert r.status_code == 503
         err = r.json()["error"]
@@ -137,12 +138,18 @@ def test_stopping_with_open_streams_ends_them_without_tracebacks():
     import threading
 
     got: list[str] = []
+    flowing = threading.Semaphore(0)  # one release per stream, at its first bytes
 
     def stream(url: str) -> None:
         body = {"prompt": "hi", "max_tokens": 100_000, "stream": True}
+        parts: list[str] = []
         try:
             with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-                got.append("".join(r.iter_text()))
+                for part in r.iter_text():
+                    if not parts:
+                        flowing.release()
+                    parts.append(part)
+            got.append("".join(parts))
         except httpx.HTTPError as e:
             got.append(f"error: {e!r}")
 
@@ -150,14 +157,15 @@ def test_stopping_with_open_streams_ends_them_without_tracebacks():
         clients = [threading.Thread(target=stream, args=(run.url,)) for _ in range(3)]
         for t in clients:
             t.start()
-        time.sleep(1.5)  # the streams are flowing
+        for _ in clients:  # every stream is flowing
+            assert flowing.acquire(timeout=60), "a stream never started"
         t0 = time.monotonic()
         run.proc.send_signal(signal.SIGINT)
         run.proc.wait(30)
         stopped_in = time.monotonic() - t0
         for t in clients:
             t.join(30)
-        time.sleep(0.2)  # the output pump
+        assert run.output_done.wait(10), "the server's output did not end"
         text = run.text
     assert "Traceback" not in text, text[-3000:]
     assert stopped_in < 4, f"took {stopped_in:.1f} s to stop"
@@ -186,9 +194,8 @@ def test_a_request_log_that_cannot_be_written_stops_logging_not_serving(caplog):
             for _ in range(30):
                 r = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2})
                 assert r.status_code == 200
-            time.sleep(0.5)
             log = run.app.state.request_log
-            assert log._queue.qsize() == 0, "traces pile up in memory"
+            wait_until(lambda: log._queue.qsize() == 0, 10, "traces pile up in memory")
             assert c.get("/health").status_code == 200
     finally:
         run.stop()

@@ -23,6 +23,7 @@ from helpers import (
     SERVE_MODEL,
     SERVE_OVERHEAD_US,
     START_TIMEOUT_S,
+    serve_app,
     sim_options,
     start_server,
 )
@@ -461,27 +462,20 @@ def test_tokenizer_codec_decodes_incrementally(tmp_path):
 
 
 # ---- the command --------------------------------------------------------------------------------
-def _serve_app():
-    """The real app: its command classes hold the one bad-input boundary (exit 2)."""
-    from cbbench.cli.app import app
-
-    return app
-
-
 def test_serve_command_rejects_bad_options():
     from typer.testing import CliRunner
 
     runner = CliRunner()
-    r = runner.invoke(_serve_app(), ["serve", "--engine", "sim", "--port", "70000"])
+    r = runner.invoke(serve_app(), ["serve", "--engine", "sim", "--port", "70000"])
     assert r.exit_code == 2 and "--port" in r.output
-    r = runner.invoke(_serve_app(), ["serve", "--engine", "sim", "--tokenizer", "/nonexistent"])
+    r = runner.invoke(serve_app(), ["serve", "--engine", "sim", "--tokenizer", "/nonexistent"])
     assert r.exit_code == 2 and "tokenizer" in r.output
     r = runner.invoke(
-        _serve_app(), ["serve", "--engine", "sim", "--gpu", "no-such-gpu", "--port", "0"]
+        serve_app(), ["serve", "--engine", "sim", "--gpu", "no-such-gpu", "--port", "0"]
     )
     assert r.exit_code == 2 and "no-such-gpu" in r.output.lower()
     r = runner.invoke(
-        _serve_app(), ["serve", "--engine", "sim", "--request-log", "/nonexistent/dir/log.jsonl"]
+        serve_app(), ["serve", "--engine", "sim", "--request-log", "/nonexistent/dir/log.jsonl"]
     )
     assert r.exit_code == 2 and "--request-log" in r.output
 
@@ -496,7 +490,7 @@ def test_port_in_use_is_not_a_hang():
         port = s.getsockname()[1]
         t0 = time.monotonic()
         r = CliRunner().invoke(
-            _serve_app(), ["serve", "--engine", "sim", "--model", MODEL, "--port", str(port)]
+            serve_app(), ["serve", "--engine", "sim", "--model", MODEL, "--port", str(port)]
         )
     assert r.exit_code != 0
     assert time.monotonic() - t0 < START_TIMEOUT_S

@@ -19,7 +19,8 @@ import time
 
 import httpx
 import pytest
-from test_serve import MODEL, _serve_app, sim_options, start_server
+from helpers import SERVE_MODEL as MODEL
+from helpers import serve_app, sim_options, start_server
 from typer.testing import CliRunner
 
 from cbbench.cli.serve import build_serving_engine
@@ -99,9 +100,9 @@ def test_openai_sdk_with_and_without_the_key(guarded):
 def test_bad_api_key_options_are_usage_errors(monkeypatch):
     monkeypatch.delenv(ENV_NAME, raising=False)
     runner = CliRunner()
-    r = runner.invoke(_serve_app(), ["serve", "--engine", "sim", "--api-key", f"env:{ENV_NAME}"])
+    r = runner.invoke(serve_app(), ["serve", "--engine", "sim", "--api-key", f"env:{ENV_NAME}"])
     assert r.exit_code == 2 and ENV_NAME in r.output and "not set" in r.output
-    r = runner.invoke(_serve_app(), ["serve", "--engine", "sim", "--api-key", "two words"])
+    r = runner.invoke(serve_app(), ["serve", "--engine", "sim", "--api-key", "two words"])
     assert r.exit_code == 2 and "two words" not in r.output
 
 
@@ -118,14 +119,14 @@ def test_non_loopback_without_a_key_warns_once():
     s, port = _bound_port("0.0.0.0")
     with s:
         base = ["serve", "--engine", "sim", "--model", MODEL, "--host", "0.0.0.0", "--port", str(port)]
-        r = runner.invoke(_serve_app(), base)
+        r = runner.invoke(serve_app(), base)
         warnings = [ln for ln in r.output.splitlines() if "without --api-key" in ln]
         assert len(warnings) == 1 and "0.0.0.0" in warnings[0]
-        r = runner.invoke(_serve_app(), [*base, "--api-key", KEY])
+        r = runner.invoke(serve_app(), [*base, "--api-key", KEY])
         assert "without --api-key" not in r.output and KEY not in r.output
     s, port = _bound_port("127.0.0.1")
     with s:
-        r = runner.invoke(_serve_app(), ["serve", "--engine", "sim", "--model", MODEL, "--port", str(port)])
+        r = runner.invoke(serve_app(), ["serve", "--engine", "sim", "--model", MODEL, "--port", str(port)])
         assert "without --api-key" not in r.output
 
 

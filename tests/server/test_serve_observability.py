@@ -20,7 +20,7 @@ from helpers import sim_options, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from cbbench.cli.serve import build_serving_engine
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.server.app import ServeConfig
 from cbbench.targets.http import EndpointOptions, run_http
 

@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from test_http_target import FakeOpenAI
+from fake_openai import FakeOpenAI
 
 from cbbench.analysis.table import CLIENT_BOUND_MARK, LATENCY_KEYS, latency_table
 from cbbench.bench.runner import RunSpec, execute_run

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fake_openai import FakeOpenAI, _opts, _reqs
+from fake_openai import FakeOpenAI, endpoint_options, prompt_requests
 
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.delays import parse_delay
@@ -67,7 +67,7 @@ def _chains_seen_by_feed(monkeypatch) -> list[list[str]]:
 
 def test_each_stream_read_resumes_three_coroutines(fresh, monkeypatch):
     chains = _chains_seen_by_feed(monkeypatch)
-    run = run_http(_opts(fresh.url), _reqs([f"hello {i}" for i in range(5)]), [0.0] * 5)
+    run = run_http(endpoint_options(fresh.url), prompt_requests([f"hello {i}" for i in range(5)]), [0.0] * 5)
     assert all(r.error is None for r in run.records)
     assert chains, "the stream was never read"
     assert {tuple(c) for c in chains} == {("_exchange", "send_request", "exchange")}
@@ -82,7 +82,7 @@ def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh, mon
     n = 12
     picked = sum(plan.cancel_after_s(i) is not None for i in range(n))
     assert 0 < picked < n  # the premise: some picked, some not
-    run = run_http(_opts(fresh.url), _reqs([f"hi {i}" for i in range(n)]), [0.0] * n,
+    run = run_http(endpoint_options(fresh.url), prompt_requests([f"hi {i}" for i in range(n)]), [0.0] * n,
                    cancel=plan)
     assert all(r.error is None and not r.cancelled for r in run.records)  # 10 s: none cut
     # A picked request's stream is read in a task of its own: the chain there starts below.
@@ -94,7 +94,7 @@ def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh, mon
 def test_the_run_freezes_the_heap_from_before_it_and_thaws_it(fresh):
     assert gc.get_freeze_count() == 0
     seen: list[int] = []
-    run = run_http(_opts(fresh.url), _reqs([f"x {i}" for i in range(4)]), [0.0] * 4,
+    run = run_http(endpoint_options(fresh.url), prompt_requests([f"x {i}" for i in range(4)]), [0.0] * 4,
                    on_progress=lambda done, total: seen.append(gc.get_freeze_count()))
     assert all(r.error is None for r in run.records)
     assert seen and min(seen) > 0  # frozen for the whole run
@@ -105,7 +105,7 @@ def test_a_callers_frozen_heap_is_left_alone(fresh):
     gc.freeze()
     try:
         seen: list[int] = []
-        run_http(_opts(fresh.url), _reqs(["y"]), [0.0],
+        run_http(endpoint_options(fresh.url), prompt_requests(["y"]), [0.0],
                  on_progress=lambda done, total: seen.append(gc.get_freeze_count()))
         assert seen and min(seen) > 0
         # Not unfrozen by the run (the count only falls as frozen objects are freed).

@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 import pytest
-from fake_openai import MODEL, FakeOpenAI, _histogram, _opts, _reqs
+from fake_openai import MODEL, FakeOpenAI, _histogram, endpoint_options, prompt_requests
 from typer.testing import CliRunner
 
 from cbbench.analysis.prom_text import Dropped
@@ -108,7 +108,7 @@ def test_a_large_page_is_capped_and_parsed_off_the_loop(monkeypatch):
 
     monkeypatch.setattr(scrape.MetricsScraper, "_digest", spy)
     with FakeOpenAI(metrics_page=lambda fake: page) as s:
-        run = run_http(_opts(s.url, scrape_metrics=True), _reqs(["x"] * 4),
+        run = run_http(endpoint_options(s.url, scrape_metrics=True), prompt_requests(["x"] * 4),
                        np.arange(4) * 0.2)
     info = run.info
     assert len(run.records) == 4 and all(r.ok for r in run.records)
@@ -127,7 +127,7 @@ def test_the_time_series_is_bounded(monkeypatch):
     monkeypatch.setattr(scrape, "MAX_SCRAPES_KEPT", 4)
     monkeypatch.setattr(scrape, "SCRAPE_INTERVAL_S", 0.02)
     with FakeOpenAI() as s:
-        run = run_http(_opts(s.url, scrape_metrics=True), _reqs(["delay:0.3"] * 2),
+        run = run_http(endpoint_options(s.url, scrape_metrics=True), prompt_requests(["delay:0.3"] * 2),
                        np.zeros(2))
     scrapes = run.info["server_metrics_scrapes"]
     kept = sorted({row["t_s"] for row in run.info["server_metrics"]})

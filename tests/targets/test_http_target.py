@@ -16,24 +16,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fake_openai import (  # noqa: F401 (MODEL, FakeOpenAI, _free_port: imported by other tests)
+from fake_openai import (
     CHAT_TEMPLATE_TOKENS,
     CUT_AFTER,
     MODEL,
     STALL_S,
     TRICKLE_DELAY_S,
     FakeOpenAI,
-    _accounted,
-    _free_port,
-    _opts,
-    _reqs,
+    assert_accounted,
+    endpoint_options,
     make_tiny_tokenizer,
+    prompt_requests,
 )
+from helpers import free_port
 
 from cbbench.analysis.metrics import summarize
 from cbbench.errors import UsageError
 from cbbench.load.prompts import WORD_POOL, build_prompts, load_tokenizer, synthetic_prompt
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.http import error_rate, run_http, send_lag_check
 from cbbench.targets.options import EndpointOptions, normalize_endpoint, parse_header, redact_url
 
@@ -41,24 +41,12 @@ LLAMA3_TOKENIZER = (
     Path(__file__).resolve().parents[3] / "shared" / "tokenizers" / "llama-3.1" / "tokenizer.json"
 )
 
-@pytest.fixture(scope="module")
-def server():
-    with FakeOpenAI() as s:
-        yield s
-
-
-@pytest.fixture
-def fresh(server):
-    server.reset()
-    return server
-
-
 # ---- streaming and counting -----------------------------------------------------------------
 @pytest.mark.parametrize("api", ["completions", "chat"])
-def test_stream_counts_tokens(fresh, api):
-    wreqs = _reqs([f"hello world {i}" for i in range(6)], output_len=5)
-    run = run_http(_opts(fresh.url, api=api), wreqs, np.zeros(6))
-    _accounted(run, 6)
+def test_stream_counts_tokens(fresh_fake_server, api):
+    wreqs = prompt_requests([f"hello world {i}" for i in range(6)], output_len=5)
+    run = run_http(endpoint_options(fresh_fake_server.url, api=api), wreqs, np.zeros(6))
+    assert_accounted(run, 6)
     assert all(r.ok for r in run.records)
     for r in run.records:
         assert r.output_tokens == 5 and len(r.token_times_s) == 5
@@ -68,16 +56,16 @@ def test_stream_counts_tokens(fresh, api):
         assert r.server_request_id is None  # the fake server's chunks carry no "id"
     assert run.info["token_count_method"] == {"usage": 6}
     assert run.info["prompt_tokens_mismatch"]["mean_abs_diff"] == (7.0 if api == "chat" else 0.0)
-    body = fresh.requests[0]["body"]
+    body = fresh_fake_server.requests[0]["body"]
     assert body["stream"] is True and body["stream_options"] == {
         "include_usage": True, "continuous_usage_stats": True}
     assert body["max_tokens"] == 5 and body["temperature"] == 0 and body["ignore_eos"] is True
     assert body["model"] == MODEL
     if api == "chat":
-        assert fresh.requests[0]["path"] == "/v1/chat/completions"
+        assert fresh_fake_server.requests[0]["path"] == "/v1/chat/completions"
         assert body["messages"][0]["role"] == "user"
     else:
-        assert fresh.requests[0]["path"] == "/v1/completions"
+        assert fresh_fake_server.requests[0]["path"] == "/v1/completions"
         assert body["prompt"].startswith("hello world")
 
 
@@ -102,26 +90,26 @@ def test_stream_keeps_the_first_response_id():
     assert st.response_id == "x" * MAX_RESPONSE_ID_CHARS  # a non-string id is not an id
 
 
-def test_served_model_discovery_and_no_ignore_eos(fresh):
-    opts = EndpointOptions(endpoint=fresh.url + "/v1/", ignore_eos_field=False)
-    run = run_http(opts, _reqs(["x"]), [0.0])
+def test_served_model_discovery_and_no_ignore_eos(fresh_fake_server):
+    opts = EndpointOptions(endpoint=fresh_fake_server.url + "/v1/", ignore_eos_field=False)
+    run = run_http(opts, prompt_requests(["x"]), [0.0])
     assert run.info["served_model"] == MODEL
     assert opts.to_config(run.info["served_model"])["served_model"] == MODEL
-    body = fresh.requests[0]["body"]
+    body = fresh_fake_server.requests[0]["body"]
     assert body["model"] == MODEL and "ignore_eos" not in body
 
 
 def test_discovery_failure_is_usage_error():
     with pytest.raises(UsageError, match="served-model"):
-        run_http(EndpointOptions(f"http://127.0.0.1:{_free_port()}"), _reqs(["x"]), [0.0])
+        run_http(EndpointOptions(f"http://127.0.0.1:{free_port()}"), prompt_requests(["x"]), [0.0])
 
 
-def test_header_sent_but_not_in_config(fresh, monkeypatch):
+def test_header_sent_but_not_in_config(fresh_fake_server, monkeypatch):
     monkeypatch.setenv("CBBENCH_TEST_KEY", "Bearer sk-secret")
     key, value = parse_header("Authorization=env:CBBENCH_TEST_KEY")
-    opts = _opts(fresh.url, headers={key: value, "X-Team": "bench"})
-    run_http(opts, _reqs(["x"]), [0.0])
-    assert fresh.requests[0]["headers"]["authorization"] == "Bearer sk-secret"
+    opts = endpoint_options(fresh_fake_server.url, headers={key: value, "X-Team": "bench"})
+    run_http(opts, prompt_requests(["x"]), [0.0])
+    assert fresh_fake_server.requests[0]["headers"]["authorization"] == "Bearer sk-secret"
     config = json.dumps(opts.to_config())
     assert "sk-secret" not in config and "bench" not in config
     assert opts.to_config()["header_names"] == ["Authorization", "X-Team"]
@@ -151,41 +139,41 @@ def test_endpoint_forms_and_redaction():
 
 
 # ---- schedule and concurrency ---------------------------------------------------------------
-def test_arrival_schedule_honored(fresh):
+def test_arrival_schedule_honored(fresh_fake_server):
     n = 25
     arrivals = np.arange(n) * 0.02  # 50 requests/s for 0.5 s
     progress: list[tuple[int, int]] = []
     run = run_http(
-        _opts(fresh.url),
-        _reqs(["x"] * n),
+        endpoint_options(fresh_fake_server.url),
+        prompt_requests(["x"] * n),
         arrivals,
         on_progress=lambda *a: progress.append(a),
     )
-    _accounted(run, n)
+    assert_accounted(run, n)
     assert progress[-1] == (n, n) and len(progress) < n  # throttled, ends complete
     lags = np.array([r.send_s - r.intended_start_s for r in run.records])
     assert (lags >= 0).all()
     assert np.median(lags) < 0.005 and lags.max() < 0.05
     assert not run.info["client_fell_behind"]
     assert [r.intended_start_s for r in run.records] == pytest.approx(arrivals.tolist())
-    server_t = np.array([q["t"] for q in fresh.requests])
+    server_t = np.array([q["t"] for q in fresh_fake_server.requests])
     assert np.median(np.diff(server_t)) > 0.015  # spread out, not sent in a burst
     assert run.duration_s >= arrivals[-1]
 
 
-def test_max_concurrency_caps_in_flight(fresh):
+def test_max_concurrency_caps_in_flight(fresh_fake_server):
     n, cap = 12, 3
-    wreqs = _reqs(["delay:0.03"] * n, output_len=3)
-    run = run_http(_opts(fresh.url, max_concurrency=cap), wreqs, np.zeros(n))
-    _accounted(run, n)
+    wreqs = prompt_requests(["delay:0.03"] * n, output_len=3)
+    run = run_http(endpoint_options(fresh_fake_server.url, max_concurrency=cap), wreqs, np.zeros(n))
+    assert_accounted(run, n)
     assert all(r.ok for r in run.records)
-    assert fresh.max_in_flight == cap and run.info["max_in_flight"] == cap
+    assert fresh_fake_server.max_in_flight == cap and run.info["max_in_flight"] == cap
     queued = sorted(r.first_scheduled_s for r in run.records)
     assert queued[-1] > 0.15  # the last wave waited for three earlier ones (~0.09 s each)
     assert not run.info["client_fell_behind"]  # the wait for a slot is not client lag
 
 
-def test_client_fell_behind_warns(fresh, notices):
+def test_client_fell_behind_warns(fresh_fake_server, notices):
     notes = notices  # the logged notices (conftest)
     blocked = []
 
@@ -196,8 +184,8 @@ def test_client_fell_behind_warns(fresh, notices):
 
     n = 20
     run = run_http(
-        _opts(fresh.url),
-        _reqs(["x"] * n),
+        endpoint_options(fresh_fake_server.url),
+        prompt_requests(["x"] * n),
         np.arange(n) * 0.005,
         on_progress=block_loop,
     )
@@ -208,37 +196,37 @@ def test_client_fell_behind_warns(fresh, notices):
     assert not send_lag_check([0.5] * 100)["client_fell_behind"]
 
 
-def test_should_stop_lets_in_flight_requests_finish_within_the_grace_period(fresh):
+def test_should_stop_lets_in_flight_requests_finish_within_the_grace_period(fresh_fake_server):
     arrivals = [0.0, 0.05, 0.1] + [5.0 + i for i in range(7)]
-    wreqs = _reqs(["delay:0.05"] * 10, output_len=10)
+    wreqs = prompt_requests(["delay:0.05"] * 10, output_len=10)
     t = time.perf_counter()
     run = run_http(
-        _opts(fresh.url), wreqs, arrivals,
+        endpoint_options(fresh_fake_server.url), wreqs, arrivals,
         should_stop=lambda: time.perf_counter() - t > 0.2, grace_s=5.0,
     )
     assert time.perf_counter() - t < 4.0  # the 7 later arrivals were never sent
     assert run.interrupted and run.not_sent == 7 and len(run.records) == 3
     assert all(r.error is None and r.output_tokens == 10 for r in run.records)
-    _accounted(run, 10)
+    assert_accounted(run, 10)
 
 
-def test_should_stop_cancels_what_the_grace_period_does_not_cover(fresh):
+def test_should_stop_cancels_what_the_grace_period_does_not_cover(fresh_fake_server):
     arrivals = [0.0, 0.05, 0.1] + [5.0 + i for i in range(7)]
-    wreqs = _reqs(["delay:0.2"] * 10, output_len=10)
+    wreqs = prompt_requests(["delay:0.2"] * 10, output_len=10)
     t = time.perf_counter()
     run = run_http(
-        _opts(fresh.url), wreqs, arrivals,
+        endpoint_options(fresh_fake_server.url), wreqs, arrivals,
         should_stop=lambda: time.perf_counter() - t > 0.4, grace_s=0.0,
     )
     assert time.perf_counter() - t < 2.0
     assert run.interrupted and run.not_sent == 7 and len(run.records) == 3
     assert {r.error_type for r in run.records} == {"interrupted"}
     assert all(len(r.token_times_s) >= 1 for r in run.records)
-    _accounted(run, 10)
+    assert_accounted(run, 10)
 
 
 # ---- failures -------------------------------------------------------------------------------
-def test_faults_are_recorded_per_request(fresh):
+def test_faults_are_recorded_per_request(fresh_fake_server):
     expected = {
         "ok": None,
         "cut": "stream_cut",
@@ -252,11 +240,11 @@ def test_faults_are_recorded_per_request(fresh):
         "nodone": "stream_cut",
     }
     names = list(expected)
-    wreqs = _reqs([f"fault:{f} please" for f in names], output_len=5)
+    wreqs = prompt_requests([f"fault:{f} please" for f in names], output_len=5)
     t = time.perf_counter()
-    run = run_http(_opts(fresh.url, request_timeout_s=1.0), wreqs, np.zeros(len(names)))
+    run = run_http(endpoint_options(fresh_fake_server.url, request_timeout_s=1.0), wreqs, np.zeros(len(names)))
     assert time.perf_counter() - t < STALL_S  # the timeout cut the stall short
-    _accounted(run, len(names))
+    assert_accounted(run, len(names))
     got = {names[r.id]: r for r in run.records}
     assert {f: r.error_type for f, r in got.items()} == expected
     assert got["http500"].error.startswith("HTTP 500:") and "http500" in got["http500"].error
@@ -274,29 +262,29 @@ def test_faults_are_recorded_per_request(fresh):
     }
 
 
-def test_split_events_and_stale_connection_retry(fresh):
+def test_split_events_and_stale_connection_retry(fresh_fake_server):
     # The second request reuses the first one's connection, which the server then drops
     # without an answer: the client retries once on a new connection.
-    wreqs = _reqs(["fault:split", "fault:stale"], output_len=3)
-    run = run_http(_opts(fresh.url), wreqs, [0.0, 0.2])
+    wreqs = prompt_requests(["fault:split", "fault:stale"], output_len=3)
+    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0, 0.2])
     assert [r.error_type for r in run.records] == [None, None]
     assert [len(r.token_times_s) for r in run.records] == [3, 3]
-    assert len(fresh.requests) == 2 and fresh.dropped == 1  # reused, dropped, retried
+    assert len(fresh_fake_server.requests) == 2 and fresh_fake_server.dropped == 1  # reused, dropped, retried
 
 
-def test_keep_alive_reuses_connections(fresh):
+def test_keep_alive_reuses_connections(fresh_fake_server):
     # One request in flight at a time (not spacing in time, which a loaded machine can
     # overlap), so each request finds the previous one's connection idle in the pool.
-    before = fresh.connections
+    before = fresh_fake_server.connections
     n = 10
-    opts = _opts(fresh.url, max_concurrency=1)
-    run = run_http(opts, _reqs(["x"] * n), np.arange(n) * 0.001)
+    opts = endpoint_options(fresh_fake_server.url, max_concurrency=1)
+    run = run_http(opts, prompt_requests(["x"] * n), np.arange(n) * 0.001)
     assert all(r.ok for r in run.records)
-    assert fresh.connections - before == 1
+    assert fresh_fake_server.connections - before == 1
 
 
-def test_malformed_response_head_is_bad_event(fresh):
-    run = run_http(_opts(fresh.url), _reqs(["fault:badhead", "x"]), [0.0, 0.0])
+def test_malformed_response_head_is_bad_event(fresh_fake_server):
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:badhead", "x"]), [0.0, 0.0])
     assert [r.error_type for r in run.records] == ["bad_event", None]
 
 
@@ -314,7 +302,7 @@ def test_https(tmp_path):
     ctx.load_cert_chain(cert, key)
     with FakeOpenAI(tls=ctx) as s:
         # An untrusted (self-signed) certificate: the handshake fails, a connect error.
-        run = run_http(_opts(s.url), _reqs(["x"]), [0.0])
+        run = run_http(endpoint_options(s.url), prompt_requests(["x"]), [0.0])
         assert s.requests == []
         assert run.records[0].error_type == "connect"
         assert "certificate" in run.records[0].error.lower()
@@ -322,7 +310,7 @@ def test_https(tmp_path):
         # process): the stream goes through.
         code = (
             "import sys; from cbbench.targets.http import EndpointOptions, run_http; "
-            "from cbbench.load.workload import WorkloadRequest; "
+            "from cbbench.load.workload_types import WorkloadRequest; "
             "w = [WorkloadRequest(0, 2, 3, prompt='hi')]; "
             "r = run_http(EndpointOptions(sys.argv[1], served_model=sys.argv[2]), w, [0.0], "
             "lambda m: None).records[0]; print(r.error_type, r.error, len(r.token_times_s))"
@@ -339,8 +327,8 @@ def test_https(tmp_path):
 
 
 def test_connection_refused_is_connect():
-    run = run_http(_opts(f"http://127.0.0.1:{_free_port()}"), _reqs(["x", "y"]), [0.0, 0.0])
-    _accounted(run, 2)
+    run = run_http(endpoint_options(f"http://127.0.0.1:{free_port()}"), prompt_requests(["x", "y"]), [0.0, 0.0])
+    assert_accounted(run, 2)
     assert [r.error_type for r in run.records] == ["connect", "connect"]
     assert summarize(run.records, run.duration_s)["completed"] == 0
 
@@ -356,8 +344,8 @@ def test_dns_failure_is_dns(monkeypatch):
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
-    run = run_http(_opts("http://cbbench-test.invalid:8000"), _reqs(["x"]), [0.0])
-    _accounted(run, 1)
+    run = run_http(endpoint_options("http://cbbench-test.invalid:8000"), prompt_requests(["x"]), [0.0])
+    assert_accounted(run, 1)
     assert run.records[0].error_type == "dns"
 
 
@@ -393,11 +381,11 @@ def test_synthetic_prompts_approx_without_tokenizer():
     assert p == synthetic_prompt(100, request_id=5, seed=0) != synthetic_prompt(100, 6, 0)
 
 
-def test_token_id_prompts(fresh, tiny_tokenizer):
+def test_token_id_prompts(fresh_fake_server, tiny_tokenizer):
     ids = (5, 6, 7)
     wreqs = [WorkloadRequest(0, 3, 2, prompt_token_ids=ids)]
-    run = run_http(_opts(fresh.url), wreqs, [0.0])
-    assert fresh.requests[0]["body"]["prompt"] == [5, 6, 7]
+    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0])
+    assert fresh_fake_server.requests[0]["body"]["prompt"] == [5, 6, 7]
     assert run.records[0].server_prompt_tokens == 3
     with pytest.raises(UsageError, match="tokenizer"):
         build_prompts(wreqs, "chat", seed=0)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import free_port
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import load_result
@@ -62,12 +62,6 @@ EVAL_RE = re.compile(r"\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
 TOTAL_RE = re.compile(r"total time =\s*([\d.]+) ms")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     yield from _serve(MODEL, tmp_path_factory)
@@ -81,7 +75,7 @@ def eos_server(tmp_path_factory):
 
 
 def _serve(model: str, tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("llamacpp") / "server.log"
     cmd = [
         PYTHON, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1",

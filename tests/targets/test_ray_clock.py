@@ -17,7 +17,7 @@ from cbbench.distributed import ray_pool
 from cbbench.distributed.clock import UNCERTAINTY_FLAG_MS
 from cbbench.distributed.local import plan_workers
 from cbbench.distributed.messages import Done, Ready, RecordBatch
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.options import EndpointOptions
 
 DRIVER_NODE = "node-driver"

@@ -8,7 +8,6 @@ import json
 
 import pytest
 from helpers import sim_options, start_server
-from test_http_target import FakeOpenAI
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import load_result
@@ -25,12 +24,6 @@ def srv():
     run = start_server(lambda: build_serving_engine(sim_options(num_kv_blocks=KV_BLOCKS)))
     yield run
     run.stop()
-
-
-@pytest.fixture(scope="module")
-def fake():
-    with FakeOpenAI() as s:
-        yield s
 
 
 def _spec(url: str, workload: str, api: str = "chat", **kw) -> RunSpec:
@@ -68,17 +61,17 @@ def test_sharegpt_multiturn_against_serve_over_chat(srv):
     assert len(overheads) == 1, overheads
 
 
-def test_history_is_sent_as_messages_with_the_replies(fake, tmp_path):
+def test_history_is_sent_as_messages_with_the_replies(fake_server, tmp_path):
     path = tmp_path / "s.jsonl"
     path.write_text(json.dumps({"session_id": "bob", "turns": [
         {"user": "first question", "output_len": 3},
         {"user": "second question", "output_len": 2},
         {"user": "third", "output_len": 1},
     ]}) + "\n")
-    fake.reset()
-    result = execute_run(_spec(fake.url, str(path), num_requests=None))
+    fake_server.reset()
+    result = execute_run(_spec(fake_server.url, str(path), num_requests=None))
     assert result["summary"]["completed"] == 3
-    bodies = [r["body"] for r in fake.requests if r["path"] == "/v1/chat/completions"]
+    bodies = [r["body"] for r in fake_server.requests if r["path"] == "/v1/chat/completions"]
     assert [b["messages"] for b in bodies] == [
         [{"role": "user", "content": "first question"}],
         [{"role": "user", "content": "first question"},
@@ -92,13 +85,13 @@ def test_history_is_sent_as_messages_with_the_replies(fake, tmp_path):
     ]
     assert [b["max_tokens"] for b in bodies] == [3, 2, 1]
     # Each turn is sent only after the previous reply finished.
-    times = [r["t"] for r in fake.requests if r["path"] == "/v1/chat/completions"]
+    times = [r["t"] for r in fake_server.requests if r["path"] == "/v1/chat/completions"]
     assert times == sorted(times)
     reqs = sorted(result["requests"], key=lambda r: r["turn"])
     assert [(r["session_id"], r["turn"]) for r in reqs] == [("bob", 1), ("bob", 2), ("bob", 3)]
 
 
-def test_a_failed_turn_ends_its_session(fake, tmp_path):
+def test_a_failed_turn_ends_its_session(fake_server, tmp_path):
     path = tmp_path / "s.jsonl"
     path.write_text(
         json.dumps({"turns": [{"user": "fault:http500", "output_len": 2},
@@ -107,15 +100,15 @@ def test_a_failed_turn_ends_its_session(fake, tmp_path):
         + json.dumps({"turns": [{"user": "fine", "output_len": 2},
                                 {"user": "still fine", "output_len": 2}]}) + "\n"
     )
-    result = execute_run(_spec(fake.url, str(path), num_requests=None))
+    result = execute_run(_spec(fake_server.url, str(path), num_requests=None))
     s = result["summary"]
     assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
     assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1
 
 
-def test_sessions_need_the_chat_api(fake, tmp_path):
+def test_sessions_need_the_chat_api(fake_server, tmp_path):
     res = CliRunner().invoke(app, [
-        "run", "--workload", "sharegpt-multiturn", "--endpoint", fake.url, "--api",
+        "run", "--workload", "sharegpt-multiturn", "--endpoint", fake_server.url, "--api",
         "completions", "--num-requests", "2", "--output", str(tmp_path / "r.json"),
     ])
     assert res.exit_code == 2

@@ -19,10 +19,24 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import free_port
 from timing_server import fetch_log, timing_server
 from typer.testing import CliRunner
+from worker_runs import (
+    ATTEMPTS,
+    CLI,
+    ITL_MS,
+    POLL_S,
+    RUN_TIMEOUT_S,
+    TTFT_MS,
+    TTFT_P50_BOUND_MS,
+    assert_exactly_once,
+    run_args,
+    ttft_check,
+    worker_pids,
+    write_workload,
+)
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.cli.app import app
@@ -33,19 +47,11 @@ from cbbench.distributed.messages import Done, Failed, Ready, RecordBatch
 from cbbench.distributed.plan import LoadPlan, deal, parse_workers, spare_cores
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import arrival_times
-from cbbench.load.workload import WorkloadRequest
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.options import EndpointOptions
 
-TTFT_MS = 20.0
-ITL_MS = 5.0
-OUTPUT_LEN = 4
 RATE = 400
 NUM_REQUESTS = 400  # 1 s at 400 req/s
-TTFT_P50_BOUND_MS = 3.0  # the bound: |client TTFT p50 - server TTFT p50|
-ATTEMPTS = 3  # a run that misses the bound on a loaded machine is measured again
-POLL_S = 0.05
-RUN_TIMEOUT_S = 120
-CLI = [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
 
 
 # ---- units: no processes ----------------------------------------------------------------------
@@ -174,91 +180,30 @@ def server():
         yield url
 
 
-def _workload(path: Path, prefix: str, n: int) -> Path:
-    path.write_text(
-        "".join(
-            json.dumps({"prompt": f"{prefix}{i} go", "output_len": OUTPUT_LEN}) + "\n"
-            for i in range(n)
-        )
-    )
-    return path
 
 
-def _args(url: str, workload: Path, out: Path, n: int, rate: float, *extra: str) -> list[str]:
-    return [
-        "run",
-        "--endpoint",
-        url,
-        "--workload",
-        str(workload),
-        "--num-requests",
-        str(n),
-        "--request-rate",
-        str(rate),
-        "--seed",
-        "3",
-        "--output",
-        str(out),
-        "--save-detailed",
-        *extra,
-    ]
 
 
-def _ttft_check(result: dict, log: dict, prefix: str) -> tuple[float, float, str]:
-    client = float(np.median([r["ttft_ms"] for r in result["requests"]]))
-    server = float(
-        np.median(
-            [
-                (
-                    log[f"{prefix}{r['id']} go"]["first_token"]
-                    - log[f"{prefix}{r['id']} go"]["received"]
-                )
-                * 1000
-                for r in result["requests"]
-            ]
-        )
-    )
-    http = result["summary"]["http"]
-    load = os.getloadavg()[0]
-    report = (
-        f"client TTFT p50 {client:.2f} ms, server TTFT p50 {server:.2f} ms (nominal {TTFT_MS:g}); "
-        f"send lag p50 {http['send_lag_p50_ms']:.2f} ms; loop lag p99 "
-        f"{http['loop_lag_p99_ms']:.2f} ms; load average {load:.1f}"
-    )
-    return client, server, report
 
 
-def _exactly_once(result: dict, n: int, workers: int) -> None:
-    s = result["summary"]
-    reqs = result["requests"]
-    assert s["completed"] + s["failed"] == n == len(reqs)  # every request sent and reported
-    assert sorted(r["id"] for r in reqs) == list(range(n))  # ... exactly once
-    assert [r["worker"] for r in reqs] == [i % workers for i in range(n)]
-    assert len(s["workers"]) == workers
-    assert sum(w["sent"] for w in s["workers"]) == n
-    assert all(w["status"] == "done" and w["not_sent"] == 0 for w in s["workers"])
-    for w in s["workers"]:
-        for key in ("send_lag_p50_ms", "send_lag_p99_ms", "client_cpu_s", "loop_lag_p99_ms"):
-            assert w[key] is not None and w[key] >= 0, (key, w)
-    assert s["failed"] == 0, s["error_types"]
 
 
 def test_two_workers_report_every_request_once_on_the_one_process_schedule(server, tmp_path):
-    wl = _workload(tmp_path / "w.jsonl", "m", NUM_REQUESTS)
+    wl = write_workload(tmp_path / "w.jsonl", "m", NUM_REQUESTS)
     runner = CliRunner()
     one_path = tmp_path / "one.json"
-    res = runner.invoke(app, _args(server, wl, one_path, NUM_REQUESTS, RATE))
+    res = runner.invoke(app, run_args(server, wl, one_path, NUM_REQUESTS, RATE))
     assert res.exit_code == 0, res.output
     one = json.loads(one_path.read_text())
-    _exactly_once(one, NUM_REQUESTS, 1)
+    assert_exactly_once(one, NUM_REQUESTS, 1)
 
     reports = []
     for attempt in range(ATTEMPTS):
         out = tmp_path / f"two-{attempt}.json"
-        res = runner.invoke(app, _args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2"))
+        res = runner.invoke(app, run_args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2"))
         assert res.exit_code == 0, res.output
         two = json.loads(out.read_text())
-        _exactly_once(two, NUM_REQUESTS, 2)
+        assert_exactly_once(two, NUM_REQUESTS, 2)
         assert two["config"]["workers"] == 2
         # The merged schedule is the one-process schedule, request for request.
         sched = [(r["id"], r["intended_start_s"]) for r in two["requests"]]
@@ -267,7 +212,7 @@ def test_two_workers_report_every_request_once_on_the_one_process_schedule(serve
         assert [t for _, t in sched] == expected.tolist()
         # One shared start instant: the wall-clock zero is recorded to the microsecond.
         assert abs(two["summary"]["http"]["t0_epoch_s"] - time.time()) < RUN_TIMEOUT_S
-        client, srv, report = _ttft_check(two, fetch_log(server), "m")
+        client, srv, report = ttft_check(two, fetch_log(server), "m")
         reports.append(report)
         print(report)
         assert srv >= TTFT_MS  # the server keeps its timing (it can only be late)
@@ -276,18 +221,6 @@ def test_two_workers_report_every_request_once_on_the_one_process_schedule(serve
     assert abs(client - srv) < TTFT_P50_BOUND_MS, "\n".join(reports)
 
 
-# ---- killing a worker, and Ctrl-C (the CLI in a child process) --------------------------------
-def _worker_pids(parent: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmdline = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == parent and b"spawn_main" in cmdline:
-            pids.append(int(stat.parent.name))
-    return sorted(pids)
 
 
 def _wait_for_requests(url: str, prefix: str, count: int, proc: subprocess.Popen) -> None:
@@ -309,17 +242,17 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
 def test_a_killed_worker_is_accounted_for_and_sets_the_exit_code(server, tmp_path):
     n, rate = 600, 200  # 3 s
-    wl = _workload(tmp_path / "k.jsonl", "k", n)
+    wl = write_workload(tmp_path / "k.jsonl", "k", n)
     out = tmp_path / "killed.json"
     proc = subprocess.Popen(
-        CLI + _args(server, wl, out, n, rate, "--workers", "2"),
+        CLI + run_args(server, wl, out, n, rate, "--workers", "2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         _wait_for_requests(server, "k", 150, proc)  # ~0.75 s into the schedule
-        pids = _worker_pids(proc.pid)
+        pids = worker_pids(proc.pid)
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
         stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -352,10 +285,10 @@ def test_a_killed_worker_is_accounted_for_and_sets_the_exit_code(server, tmp_pat
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
 def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server, tmp_path):
     n, rate = 1000, 200  # 5 s, stopped after ~0.5 s of sending
-    wl = _workload(tmp_path / "c.jsonl", "c", n)
+    wl = write_workload(tmp_path / "c.jsonl", "c", n)
     out = tmp_path / "stopped.json"
     proc = subprocess.Popen(
-        CLI + _args(server, wl, out, n, rate, "--workers", "2"),
+        CLI + run_args(server, wl, out, n, rate, "--workers", "2"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -363,7 +296,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server, tmp_path):
     )
     try:
         _wait_for_requests(server, "c", 100, proc)
-        pids = _worker_pids(proc.pid)
+        pids = worker_pids(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
         t = time.monotonic()
         stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
@@ -427,17 +360,10 @@ def test_unreachable_ray_address_is_one_line(tmp_path):
             "http://127.0.0.1:9",
             "--ray",
             "--ray-address",
-            f"127.0.0.1:{_free_port()}",
+            f"127.0.0.1:{free_port()}",
             "--output",
             str(tmp_path / "x.json"),
         ],
     )
     assert res.exit_code == 2 and "cannot reach the Ray cluster" in res.output, res.output
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

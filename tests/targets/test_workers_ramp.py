@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from test_http_target import FakeOpenAI
+from fake_openai import FakeOpenAI
 from typer.testing import CliRunner
 
 from cbbench.cli.app import app

@@ -14,19 +14,19 @@ import threading
 import time
 
 import pytest
-from test_http_target import FakeOpenAI
-from test_workers import (
+from fake_openai import FakeOpenAI
+from timing_server import fetch_log, timing_server
+from typer.testing import CliRunner
+from worker_runs import (
     ATTEMPTS,
     ITL_MS,
     TTFT_MS,
     TTFT_P50_BOUND_MS,
-    _args,
-    _exactly_once,
-    _ttft_check,
-    _workload,
+    assert_exactly_once,
+    run_args,
+    ttft_check,
+    write_workload,
 )
-from timing_server import fetch_log, timing_server
-from typer.testing import CliRunner
 
 from cbbench.cli.app import app
 from cbbench.cli.run import WORKER_LOST_EXIT
@@ -118,16 +118,16 @@ def server():
 
 
 def test_ray_workers_same_shape_and_accuracy(local_ray, server, tmp_path):
-    wl = _workload(tmp_path / "r.jsonl", "r", NUM_REQUESTS)
+    wl = write_workload(tmp_path / "r.jsonl", "r", NUM_REQUESTS)
     reports = []
     for attempt in range(ATTEMPTS):
         out = tmp_path / f"ray-{attempt}.json"
         res = CliRunner().invoke(
-            app, _args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2", "--ray")
+            app, run_args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2", "--ray")
         )
         assert res.exit_code == 0, res.output
         r = json.loads(out.read_text())
-        _exactly_once(r, NUM_REQUESTS, 2)
+        assert_exactly_once(r, NUM_REQUESTS, 2)
         assert r["config"]["ray"] is True and r["config"]["workers"] == 2
         expected = arrival_times([None] * NUM_REQUESTS, RATE, 1.0, "gamma", 3)
         assert [q["intended_start_s"] for q in r["requests"]] == expected.tolist()
@@ -138,7 +138,7 @@ def test_ray_workers_same_shape_and_accuracy(local_ray, server, tmp_path):
             assert w["clock_offset_ms"] == 0.0 and w["clock_flagged"] is False
             assert abs(w["clock_measured_offset_ms"]) <= w["clock_measured_uncertainty_ms"] + 0.01
             assert 0 < w["clock_rtt_ms"] < 1000
-        client, srv, report = _ttft_check(r, fetch_log(server), "r")
+        client, srv, report = ttft_check(r, fetch_log(server), "r")
         reports.append(report)
         print(report)
         if abs(client - srv) < TTFT_P50_BOUND_MS:
@@ -162,12 +162,12 @@ def _kill_one_actor(url: str, prefix: str, count: int, killed: list) -> None:
 
 def test_ray_actor_killed_mid_run_is_accounted_for(local_ray, server, tmp_path):
     n = 600  # 3 s at 200 req/s
-    wl = _workload(tmp_path / "rk.jsonl", "rk", n)
+    wl = write_workload(tmp_path / "rk.jsonl", "rk", n)
     out = tmp_path / "ray-killed.json"
     killed: list[str] = []
     killer = threading.Thread(target=_kill_one_actor, args=(server, "rk", 150, killed))
     killer.start()
-    res = CliRunner().invoke(app, _args(server, wl, out, n, RATE, "--workers", "2", "--ray"))
+    res = CliRunner().invoke(app, run_args(server, wl, out, n, RATE, "--workers", "2", "--ray"))
     killer.join()
     assert killed, "no actor was killed"
     assert res.exit_code == WORKER_LOST_EXIT, res.output

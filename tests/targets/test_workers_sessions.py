@@ -18,8 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_http_target import FakeOpenAI
-from test_workers import CLI, POLL_S, RUN_TIMEOUT_S, _worker_pids
+from worker_runs import CLI, POLL_S, RUN_TIMEOUT_S, worker_pids
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.table import workers_table
@@ -42,12 +41,6 @@ THINK_SLACK_S = 2.0  # a loaded machine may start a turn late, never early
 COUNT_KEYS = ("count", "started", "completed", "ended_early", "turns_planned", "turns_sent")
 
 
-@pytest.fixture(scope="module")
-def fake():
-    with FakeOpenAI() as s:
-        yield s
-
-
 def _session_run(url: str, workers: int) -> dict:
     return execute_run(RunSpec(
         workload="sharegpt-multiturn", num_requests=SESSIONS, request_rate=20.0,
@@ -61,9 +54,9 @@ def _turn_counts(summary: dict) -> list[tuple]:
             for t in summary["by_turn"]]
 
 
-def test_two_workers_run_whole_sessions_as_one_process_would(fake):
-    one = _session_run(fake.url, 1)
-    two = _session_run(fake.url, 2)
+def test_two_workers_run_whole_sessions_as_one_process_would(fake_server):
+    one = _session_run(fake_server.url, 1)
+    two = _session_run(fake_server.url, 2)
     assert two["config"]["workers"] == 2
     s1, s2 = one["summary"], two["summary"]
     turns = s1["sessions"]["turns_planned"]
@@ -102,7 +95,7 @@ def test_two_workers_run_whole_sessions_as_one_process_would(fake):
             assert think - 1e-9 <= nxt["intended_start_s"] - ended < think + THINK_SLACK_S
 
 
-def test_a_failed_turn_ends_its_session_on_its_worker(fake, tmp_path):
+def test_a_failed_turn_ends_its_session_on_its_worker(fake_server, tmp_path):
     path = tmp_path / "s.jsonl"
     path.write_text(
         json.dumps({"turns": [{"user": "fault:http500", "output_len": 2},
@@ -113,7 +106,7 @@ def test_a_failed_turn_ends_its_session_on_its_worker(fake, tmp_path):
     )
     result = execute_run(RunSpec(
         workload=str(path), num_requests=None, think_time="0", load=LoadPlan(2),
-        endpoint=EndpointOptions(endpoint=fake.url, api="chat", request_timeout_s=60.0),
+        endpoint=EndpointOptions(endpoint=fake_server.url, api="chat", request_timeout_s=60.0),
     ))
     s = result["summary"]
     assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
@@ -123,14 +116,14 @@ def test_a_failed_turn_ends_its_session_on_its_worker(fake, tmp_path):
     assert (w1["assigned"], w1["sent"], w1["completed"], w1["not_sent"]) == (2, 2, 2, 0)
 
 
-def test_two_workers_cancel_on_the_one_process_plan(fake, tmp_path):
+def test_two_workers_cancel_on_the_one_process_plan(fake_server, tmp_path):
     n, rate, after_ms = 24, 0.5, 30
     path = tmp_path / "slow.jsonl"  # 10 tokens 20 ms apart: every pick is cancelled in time
     path.write_text("".join(json.dumps({"prompt": f"delay:0.02 c{i}", "output_len": 10}) + "\n"
                             for i in range(n)))
     results = [execute_run(RunSpec(
         workload=str(path), num_requests=None, request_rate=50.0, rate_given=True, seed=SEED,
-        endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=60.0),
+        endpoint=EndpointOptions(endpoint=fake_server.url, request_timeout_s=60.0),
         cancel_rate=rate, cancel_after=str(after_ms), load=LoadPlan(w),
     )) for w in (1, 2)]
     plan = CancelPlan(rate, parse_delay(str(after_ms), ""), SEED)
@@ -153,25 +146,25 @@ def test_two_workers_cancel_on_the_one_process_plan(fake, tmp_path):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds workers through /proc")
-def test_a_worker_killed_mid_session_is_accounted_turn_by_turn(fake, tmp_path):
+def test_a_worker_killed_mid_session_is_accounted_turn_by_turn(fake_server, tmp_path):
     sessions, turns = 4, 6  # each turn ~0.15 s (5 tokens 30 ms apart), 50 ms think time
     path = tmp_path / "s.jsonl"
     path.write_text("".join(json.dumps({"turns": [
         {"user": "delay:0.03 hello" if k == 0 else f"turn {k}", "output_len": 5}
         for k in range(turns)]}) + "\n" for _ in range(sessions)))
     out = tmp_path / "killed.json"
-    fake.reset()
+    fake_server.reset()
     proc = subprocess.Popen(CLI + [
-        "run", "--endpoint", fake.url, "--api", "chat", "--workload", str(path),
+        "run", "--endpoint", fake_server.url, "--api", "chat", "--workload", str(path),
         "--think-time", "50", "--request-rate", "20", "--workers", "2", "--output", str(out),
     ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
-        while sum(r["path"] == "/v1/chat/completions" for r in fake.requests) < 2 * sessions:
+        while sum(r["path"] == "/v1/chat/completions" for r in fake_server.requests) < 2 * sessions:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the run did not get going"
             time.sleep(POLL_S)
-        pids = _worker_pids(proc.pid)
+        pids = worker_pids(proc.pid)
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
         _, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)

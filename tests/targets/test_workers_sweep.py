@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_http_target import FakeOpenAI
 from typer.testing import CliRunner
 
 from cbbench.analysis.slo import parse_attainment_slo
@@ -35,16 +34,10 @@ def _two_worker_run(result: dict, n: int) -> None:
     assert all(w["status"] == "done" and w["sent"] == n // 2 for w in s["workers"])
 
 
-@pytest.fixture(scope="module")
-def fake():
-    with FakeOpenAI() as s:
-        yield s
-
-
-def test_sweep_points_are_multi_worker_runs(fake, tmp_path):
+def test_sweep_points_are_multi_worker_runs(fake_server, tmp_path):
     out = tmp_path / "sweep"
     res = CliRunner().invoke(app, [
-        "sweep", "--endpoint", fake.url, "--workload", str(_workload(tmp_path)),
+        "sweep", "--endpoint", fake_server.url, "--workload", str(_workload(tmp_path)),
         "--rates", "20,40", "--num-requests", str(N), "--max-requests", str(N),
         "--min-duration", "0", "--workers", "2", "--out-dir", str(out),
     ])
@@ -56,9 +49,9 @@ def test_sweep_points_are_multi_worker_runs(fake, tmp_path):
     assert json.loads((out / "sweep.json").read_text())["config"]["workers"] == 2
 
 
-def test_capacity_probes_are_multi_worker_runs(fake, tmp_path):
+def test_capacity_probes_are_multi_worker_runs(fake_server, tmp_path):
     base = base_spec(str(_workload(tmp_path)), 0, 1.0, "gamma", None, EngineArgs(),
-                     EndpointOptions(endpoint=fake.url), "2")
+                     EndpointOptions(endpoint=fake_server.url), "2")
     slo = parse_attainment_slo("ttft_p99=10000", None)
     prober = Prober(base, ProbeSizing(N, 0.0, N), slo, runs_dir=tmp_path)
     probe = prober(20.0, "bracket")

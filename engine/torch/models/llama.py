@@ -59,6 +59,9 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for every position up to max_model_len, indexed per row by position."""
 
+    cos: torch.Tensor  # registered buffers
+    sin: torch.Tensor
+
     def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
         super().__init__()
         inv_freq = rope_inv_freq(config)
@@ -267,7 +270,7 @@ class LlamaForCausalLM(nn.Module):
         """Use ``ops`` (``layer_ops(fused)``) in every module that takes layer ops."""
         for module in self.modules():
             if hasattr(module, "ops"):
-                module.ops = ops
+                setattr(module, "ops", ops)  # noqa: B010 (nn.Module types its attributes as tensors or modules)
 
     def set_attention_backend(self, attn_backend) -> None:
         """Use ``attn_backend`` (same paged KV layout, any backend) in every layer."""

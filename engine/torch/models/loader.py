@@ -138,7 +138,7 @@ def load_hf_weights(net: LlamaForCausalLM, files: list[Path]) -> None:
     params = dict(net.named_parameters())  # tied lm_head shares the embedding: listed once
     tied = net.config.tie_word_embeddings
     # Every (parameter, shard) that must be filled; a fused parameter has one entry per shard.
-    expected = {(name, None) for name in params}
+    expected: set[tuple[str, int | None]] = {(name, None) for name in params}
     for name in list(params):
         for ours, _ in _FUSED.values():
             if ours in name:

@@ -1,0 +1,61 @@
+"""The JSONL reader every line-based workload format shares (JSONL workloads, Mooncake traces, the
+CSV traces' line reader): lines end at \n only, each capped, errors name the line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cbbench.errors import UsageError
+
+# A JSONL line may be this long (a long session's turns, a 128k-token prompt, fit many times);
+# a longer one (`--workload /dev/zero`) is an error, not a read until memory runs out.
+MAX_LINE_BYTES = 64 << 20
+
+
+def jsonl_lines(path: Path):
+    """(line number, text) of each line: lines end at \n only (and \r\n), as JSONL says:
+    str.splitlines() also cut at U+2028, U+2029 and U+0085, which JSON strings may hold.
+    Read as a stream, each line at most MAX_LINE_BYTES."""
+    try:
+        f = open(path, "rb")  # noqa: SIM115 (closed below; open errors are reported apart)
+    except FileNotFoundError:
+        raise UsageError(f"workload file not found: {path}") from None
+    except OSError as e:
+        raise UsageError(f"cannot read workload file {path}: {e}") from None
+    with f:
+        lineno = 0
+        while True:
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+            except OSError as e:
+                raise UsageError(f"cannot read workload file {path}: {e}") from None
+            if not raw:
+                return
+            lineno += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise UsageError(
+                    f"{path}:{lineno}: the line is longer than {MAX_LINE_BYTES >> 20} MiB"
+                )
+            try:
+                yield lineno, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise UsageError(f"cannot read workload file {path}: line {lineno}: {e}") from None
+
+
+def jsonl_objects(path: Path):
+    """(where, value) of each non-blank line of a JSONL file, ``where`` being ``PATH:LINE``;
+    a line that is not JSON is one UsageError naming it."""
+    for lineno, line in jsonl_lines(path):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:
+            raise UsageError(f"{where}: the JSON is nested too deeply") from None
+        except ValueError as e:  # an integer of more digits than int() takes
+            raise UsageError(f"{where}: malformed JSON ({e})") from None
+        yield where, obj

@@ -1,0 +1,104 @@
+"""`cbbench run --workers` as a user runs it, against tests/timing_server.py: the workload file,
+the command line, and the checks every multi-worker test makes (each request exactly once,
+client TTFT against the server's log)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+TTFT_MS = 20.0
+ITL_MS = 5.0
+OUTPUT_LEN = 4
+TTFT_P50_BOUND_MS = 3.0  # the issue's bound: |client TTFT p50 - server TTFT p50|
+ATTEMPTS = 3  # a run that misses the bound on a loaded machine is measured again
+POLL_S = 0.05
+RUN_TIMEOUT_S = 120
+CLI = [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
+
+
+def write_workload(path: Path, prefix: str, n: int) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"{prefix}{i} go", "output_len": OUTPUT_LEN}) + "\n"
+            for i in range(n)
+        )
+    )
+    return path
+
+
+def run_args(url: str, workload: Path, out: Path, n: int, rate: float, *extra: str) -> list[str]:
+    return [
+        "run",
+        "--endpoint",
+        url,
+        "--workload",
+        str(workload),
+        "--num-requests",
+        str(n),
+        "--request-rate",
+        str(rate),
+        "--seed",
+        "3",
+        "--output",
+        str(out),
+        "--save-detailed",
+        *extra,
+    ]
+
+
+def ttft_check(result: dict, log: dict, prefix: str) -> tuple[float, float, str]:
+    client = float(np.median([r["ttft_ms"] for r in result["requests"]]))
+    server = float(
+        np.median(
+            [
+                (
+                    log[f"{prefix}{r['id']} go"]["first_token"]
+                    - log[f"{prefix}{r['id']} go"]["received"]
+                )
+                * 1000
+                for r in result["requests"]
+            ]
+        )
+    )
+    http = result["summary"]["http"]
+    load = os.getloadavg()[0]
+    report = (
+        f"client TTFT p50 {client:.2f} ms, server TTFT p50 {server:.2f} ms (nominal {TTFT_MS:g}); "
+        f"send lag p50 {http['send_lag_p50_ms']:.2f} ms; loop lag p99 "
+        f"{http['loop_lag_p99_ms']:.2f} ms; load average {load:.1f}"
+    )
+    return client, server, report
+
+
+def assert_exactly_once(result: dict, n: int, workers: int) -> None:
+    s = result["summary"]
+    reqs = result["requests"]
+    assert s["completed"] + s["failed"] == n == len(reqs)  # every request sent and reported
+    assert sorted(r["id"] for r in reqs) == list(range(n))  # ... exactly once
+    assert [r["worker"] for r in reqs] == [i % workers for i in range(n)]
+    assert len(s["workers"]) == workers
+    assert sum(w["sent"] for w in s["workers"]) == n
+    assert all(w["status"] == "done" and w["not_sent"] == 0 for w in s["workers"])
+    for w in s["workers"]:
+        for key in ("send_lag_p50_ms", "send_lag_p99_ms", "client_cpu_s", "loop_lag_p99_ms"):
+            assert w[key] is not None and w[key] >= 0, (key, w)
+    assert s["failed"] == 0, s["error_types"]
+
+
+# ---- killing a worker, and Ctrl-C (the CLI in a child process) --------------------------------
+def worker_pids(parent: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent and b"spawn_main" in cmdline:
+            pids.append(int(stat.parent.name))
+    return sorted(pids)
