@@ -222,8 +222,7 @@ def test_a_dead_workers_turns_are_lost_or_not_sent():
     m.on_message(RecordBatch(0, [_turn(plan, 0, k, k, k + 0.5) for k in range(3)]
                              + [_turn(plan, 2, 0, 0.2, 0.4, ok=False)]))
     m.died(0, 9.0, "killed by SIGKILL")
-    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False,
-                   lambda _m: None, 0.0)
+    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False, 0.0)
     w0, w1 = run.info["workers"]
     lost = [r for r in run.records if r.error_type == WORKER_LOST]
     # Session 1's turn 2 was due (0.4 s <= 1.0 s): lost; its turn 3 and all of session 3: not
