@@ -6,7 +6,9 @@ option is one field here plus its use. ``validate()`` rejects a bad value before
 
 Field metadata (all optional): ``help``; ``choices`` (a tuple; None stays allowed when the
 default is None); ``low``/``high`` with ``low_open`` for an open lower bound; ``cli=False``
-for a field the CLI sets from elsewhere (the command's own ``--seed``).
+for a field the CLI sets from elsewhere (the command's own ``--seed``); ``flag`` where the
+flag and the result-file key keep an older name than the field (``batching`` is
+``--scheduler`` and config["scheduler"]; ``queue_policy`` is ``--policy`` and "policy").
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+
+from .errors import InputError
 
 ENGINES = ("auto", "sim", "torch")
 SCHEDULERS = ("continuous", "static")
@@ -40,8 +44,8 @@ MAX_SEED = 2**63 - 1  # torch.manual_seed takes an int64
 MAX_SPECULATIVE_TOKENS = 16
 
 
-class EngineArgsError(ValueError):
-    """An option value the engine cannot take (the CLI prints it as one line, exit 2)."""
+# An option value the engine cannot take: the one bad-input type (engine/errors.py).
+EngineArgsError = InputError
 
 
 # Far beyond any host's cores: torch.set_num_threads(10**8) crashed the process (SIGSEGV) and
@@ -66,9 +70,10 @@ class EngineArgs:
         "Default: llama-3-8b (sim, CUDA), 'small' (CPU).",
     )
     gpu: str | None = opt(None, "Simulated GPU: a100-80gb, h100, h200, ... Default: h200.")
-    scheduler: str = opt(
+    # The batching mode (SchedulerConfig.batching); its flag is vLLM-era --scheduler.
+    batching: str = opt(
         "continuous", "continuous (iteration-level) | static (batch at a time).",
-        choices=SCHEDULERS,
+        choices=SCHEDULERS, flag="--scheduler",
     )
     chunked_prefill: bool = opt(True, "Split long prompts across iterations so decodes keep moving.")
     kv_allocation: str = opt(
@@ -104,11 +109,12 @@ class EngineArgs:
         DEFAULT_SWAP_SPACE_GIB, "CPU swap space in GiB for --preemption swap (vLLM's default 4).",
         low=0.0,
     )
-    policy: str = opt(
+    # The queue order (SchedulerConfig.queue_policy); its flag is vLLM's --policy.
+    queue_policy: str = opt(
         "fcfs",
         "Queue order: fcfs | priority (admit by each request's priority, lower first, ties by "
         "arrival; a request short of KV preempts a lower-priority running one).",
-        choices=QUEUE_POLICIES,
+        choices=QUEUE_POLICIES, flag="--policy",
     )
     enable_prefix_caching: bool = opt(
         False,
@@ -243,7 +249,7 @@ class EngineArgs:
         for f in dataclasses.fields(self):
             problem = check_value(f, getattr(self, f.name))
             if problem is not None:
-                raise EngineArgsError(f"{flag_of(f.name)} {problem}")
+                raise EngineArgsError(f"{field_flag(f)} {problem}")
         if self.engine == "torch":
             check_single_device(self)
         if self.acceptance_rate is not None and self.speculative_tokens == 0:
@@ -288,7 +294,18 @@ class EngineArgs:
         return instances * self.tensor_parallel_size * self.expert_parallel_size
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The result file's config keys: each field under its flag's name (scheduler, policy)."""
+        return {RESULT_KEYS.get(k, k): v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def field_of(cls, key: str) -> str:
+        """The field a result-config key (or a flag's name) stands for."""
+        return FIELD_OF_KEY.get(key, key)
+
+
+# Fields whose flag and result key keep the older name (one name per concept inside).
+RESULT_KEYS = {"batching": "scheduler", "queue_policy": "policy"}
+FIELD_OF_KEY = {v: k for k, v in RESULT_KEYS.items()}
 
 
 SIM_RATE_FIELDS = ("eta_memory", "eta_compute", "iteration_overhead_us")
@@ -309,6 +326,11 @@ def check_single_device(args: EngineArgs) -> None:
 
 def flag_of(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def field_flag(f: dataclasses.Field) -> str:
+    """A field's flag: its metadata's ``flag`` where the name differs, else from the name."""
+    return f.metadata.get("flag") or flag_of(f.name)
 
 
 def range_text(low, high, low_open: bool) -> str:

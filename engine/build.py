@@ -9,14 +9,16 @@ option the engine cannot take raises :class:`EngineArgsError` with a one-line re
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
-from collections.abc import Callable
 
 from .args import EngineArgs, EngineArgsError, check_single_device
 from .build_common import EngineInfo, load_device_profile
 from .build_sim import build_sim_engine
 from .build_torch import DEFAULT_CPU_MODEL, build_torch_engine
+
+log = logging.getLogger(__name__)
 
 __all__ = ["EngineInfo", "build_engine", "build_replicas", "cuda_available", "resolve_engine"]
 
@@ -31,23 +33,23 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve_engine(args: EngineArgs, notice: Callable[[str], None]) -> str:
+def resolve_engine(args: EngineArgs) -> str:
     """``auto`` -> torch (on CUDA when present, else on the CPU with a notice)."""
     if args.engine != "auto":
         return args.engine
     if not cuda_available():
-        notice(
+        log.info(
             f"no GPU found: running the torch engine on the CPU with the {DEFAULT_CPU_MODEL!r} "
             "random-weight preset (use --engine sim --gpu h200 for simulated H200 timing)"
         )
     return "torch"
 
 
-def build_engine(args: EngineArgs, notice: Callable[[str], None]):
+def build_engine(args: EngineArgs):
     """Returns (Engine, EngineInfo) for the resolved engine kind: one engine replica (data
     parallelism is engine.replicas.build_replicas)."""
     args.validate()
-    kind = resolve_engine(args, notice)
+    kind = resolve_engine(args)
     if kind == "torch":
         check_single_device(args)
     if args.data_parallel_size > 1 or args.disaggregate is not None:
@@ -59,16 +61,16 @@ def build_engine(args: EngineArgs, notice: Callable[[str], None]):
     if kind == "sim":
         return build_sim_engine(args)
     load_device_profile(args)  # a bad profile fails before the model loads
-    return build_torch_engine(args, notice)
+    return build_torch_engine(args)
 
 
-def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
+def build_replicas(args: EngineArgs):
     """Data parallelism: ``--data-parallel-size`` simulated engines behind ``--router``, as
     one (ReplicaSet, EngineInfo of one replica)."""
     from .sim.replicas import ReplicaSet
 
     args.validate()
-    if resolve_engine(args, notice) == "torch":
+    if resolve_engine(args) == "torch":
         check_single_device(args)
     if args.router == "prefix-aware" and not args.enable_prefix_caching:
         raise EngineArgsError("--router prefix-aware routes by the replicas' prefix caches: "

@@ -82,12 +82,12 @@ def engine_config(args: EngineArgs, max_model_len: int, num_blocks: int, num_cpu
     try:
         sched = SchedulerConfig(
             max_model_len=max_model_len,
-            batching=args.scheduler,
+            batching=args.batching,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=budget,
             chunked_prefill=args.chunked_prefill,
             preemption_mode=args.preemption,
-            queue_policy=args.policy,
+            queue_policy=args.queue_policy,
         )
         config = EngineConfig(
             sched,

@@ -3,7 +3,7 @@ a paged KV cache and the model runner, on the wall clock, on CUDA or the CPU."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
 
 from .args import EngineArgs, EngineArgsError
 from .build_common import (
@@ -16,6 +16,9 @@ from .build_common import (
 
 # The torch engine on a CPU: a small random-weight model, so a real forward pass over the
 # ShareGPT workload finishes in minutes on a laptop.
+
+log = logging.getLogger(__name__)
+
 DEFAULT_CPU_MODEL = "small"
 DEFAULT_CUDA_MODEL = "llama-3-8b"
 # The torch engine on a CPU runs one intra-op thread unless told otherwise: the CPU presets'
@@ -138,7 +141,7 @@ def real_run_cost_model(args: EngineArgs, config, dtype: str, gpu, device: str):
     return CostModel(config, dtype, gpu, rates=profile.rates)
 
 
-def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
+def build_torch_engine(args: EngineArgs):
     import torch
 
     from cbbench.kernels import get_backend
@@ -194,9 +197,9 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
     engine_cfg, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
     use_graphs, graphs_reason = _graphs_plan(args, on_cuda, backend)
     if args.cuda_graphs and on_cuda and not use_graphs:
-        notice(f"CUDA graphs: {graphs_reason}; decode runs eagerly")
+        log.info(f"CUDA graphs: {graphs_reason}; decode runs eagerly")
     if use_graphs and backend.name == "flash-attn":
-        notice(f"attention backend {backend.name} (asked: {args.attention_backend}) with decode "
+        log.info(f"attention backend {backend.name} (asked: {args.attention_backend}) with decode "
                "CUDA graphs: untested on a GPU so far; --no-cuda-graphs runs it eagerly")  # fmt: skip
     kv_caches = allocate_kv_cache(config, num_blocks, args.block_size, dtype, device)
     runner = ModelRunner(
@@ -210,7 +213,6 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
         max_num_seqs=args.max_num_seqs,
         sampler_seed=args.seed,
         max_num_batched_tokens=budget,
-        notice=notice,
         async_scheduling=args.async_scheduling,
     )
     mixed_reason = graphs_reason
@@ -230,7 +232,7 @@ def build_torch_engine(args: EngineArgs, notice: Callable[[str], None]):
 
         drafter = NgramDrafter(args.speculative_tokens)
         if args.acceptance_rate is not None:
-            notice(f"--acceptance-rate {args.acceptance_rate:g} is ignored by the torch engine: "
+            log.info(f"--acceptance-rate {args.acceptance_rate:g} is ignored by the torch engine: "
                    "it drafts by n-gram lookup and measures its own acceptance")  # fmt: skip
     engine = Engine(engine_cfg, runner, WallClock(), cost, drafter)
     info = EngineInfo(

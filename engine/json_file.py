@@ -1,5 +1,6 @@
 """Reading a JSON file a user names (a result, a sweep, a device profile, a model's config.json,
-a tokenizer_config.json): whatever the path holds, a one-line ValueError, never a traceback or
+a tokenizer_config.json): whatever the path holds, a one-line InputError (the one bad-input
+type, a ValueError), never a traceback or
 the OOM killer. `gate /dev/zero` read until the OOM killer came; `--gpu-profile /dev/zero` gave a
 MemoryError, a profile nested 100k brackets deep a RecursionError."""
 
@@ -10,6 +11,7 @@ import os
 import stat
 from pathlib import Path
 
+from .errors import InputError
 from .memory_check import available_host_bytes, fmt_bytes
 
 # A pipe or a device (whose size is not known up front) is read up to this many bytes.
@@ -20,7 +22,7 @@ JSON_MEMORY_FACTOR = 5
 
 
 def read_json(path: str | Path, what: str, max_bytes: int | None = None):
-    """The value in the JSON file ``path``; ValueError (one line naming it as ``what``) when it is
+    """The value in the JSON file ``path``; InputError (one line naming it as ``what``) when it is
     missing, a folder, unreadable, larger than ``max_bytes`` (a pipe or a device: than
     MAX_STREAM_BYTES when None) or than memory allows, not UTF-8, not JSON, nested too deeply
     (RecursionError) or holding an integer beyond int()'s digit limit."""
@@ -37,26 +39,26 @@ def read_json(path: str | Path, what: str, max_bytes: int | None = None):
                 _check_size(path, what, len(raw), cap)
         text = raw.decode("utf-8")
     except FileNotFoundError:
-        raise ValueError(f"{what} not found: {path}") from None
+        raise InputError(f"{what} not found: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read {what} {path}: {e}") from None
+        raise InputError(f"cannot read {what} {path}: {e}") from None
     del raw
     try:
         return json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise InputError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
-        raise ValueError(f"{path} is not a {what}: its JSON is nested too deeply") from None
+        raise InputError(f"{path} is not a {what}: its JSON is nested too deeply") from None
     except ValueError as e:  # an integer of more digits than int() takes
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+        raise InputError(f"{path} is not valid JSON ({e})") from None
 
 
 def _check_size(path: Path, what: str, size: int, max_bytes: int | None) -> None:
     if max_bytes is not None and size > max_bytes:
-        raise ValueError(f"{path} holds more than {fmt_bytes(max_bytes)}: not a {what}")
+        raise InputError(f"{path} holds more than {fmt_bytes(max_bytes)}: not a {what}")
     available = available_host_bytes()
     if available is not None and size * JSON_MEMORY_FACTOR > available:
-        raise ValueError(
+        raise InputError(
             f"{path} ({fmt_bytes(size)}) needs about {fmt_bytes(size * JSON_MEMORY_FACTOR)} of "
             f"memory to read, more than the {fmt_bytes(available)} available on this host"
         )

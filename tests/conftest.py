@@ -74,3 +74,24 @@ def sim_serve_process():
     user would start it; yields a helpers.ServeProcess (``.url``, ``.proc``, ``.text``)."""
     with serve_process("--engine", "sim", "--model", SERVE_MODEL, "--gpu", "h200") as run:
         yield run
+
+
+@pytest.fixture
+def notices():
+    """The one-line notices the code under test logged (the `cbbench` logger's records, which
+    the CLI prints as `cbbench: ...`), as a list of messages."""
+    import logging
+
+    got: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            got.append(record.getMessage())
+
+    logger, handler = logging.getLogger("cbbench"), Collect()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield got
+    logger.removeHandler(handler)
+    logger.setLevel(level)

@@ -229,16 +229,8 @@ def serve_process(*args: str, env: dict[str, str] | None = None) -> Iterator[Ser
 
 
 def serve_app():
-    """A Typer app holding only `cbbench serve`, for CliRunner."""
-    import typer
+    """The real app, for CliRunner: its command classes hold the one bad-input boundary
+    (exit 2) that `cbbench serve` relies on."""
+    from cbbench.cli.app import app
 
-    from cbbench.cli import serve as cmd_serve
-
-    app = typer.Typer()
-
-    @app.callback()
-    def _root() -> None:
-        pass
-
-    cmd_serve.register(app)
     return app

@@ -14,7 +14,6 @@ token (reasoning left out). Distributions use numpy.percentile (linear interpola
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,7 +24,6 @@ from cbbench.analysis.token_counts import short_outputs
 from cbbench.errors import UsageError
 
 DEFAULT_PERCENTILES = (50, 90, 95, 99)
-SLO_KEYS = ("ttft", "tpot", "e2el")
 MS = 1000.0
 
 
@@ -43,26 +41,21 @@ def distribution(values_ms: Sequence[float] | np.ndarray, percentiles=DEFAULT_PE
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
-    """'ttft=500,tpot=50' -> {'ttft': 500.0, 'tpot': 50.0} (milliseconds)."""
-    if not text:
+    """'ttft=500,tpot=50' -> {'ttft': 500.0, 'tpot': 50.0} (milliseconds): the limits of the one
+    SLO grammar (cbbench.analysis.slo). Goodput judges each request against every limit, so a
+    _pNN attainment suffix, which judges a whole run, is refused here rather than ignored."""
+    from cbbench.analysis.slo import parse_attainment_slo
+
+    spec = parse_attainment_slo(text)
+    if spec is None:
         return {}
-    slo: dict[str, float] = {}
-    for part in text.split(","):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or key not in SLO_KEYS:
-            raise UsageError(
-                f"invalid SLO {part!r}: use KEY=MS with KEY in {', '.join(SLO_KEYS)}, "
-                "e.g. --slo ttft=500,tpot=50"
-            )
-        try:
-            ms = float(value)
-        except ValueError:
-            raise UsageError(f"invalid SLO value in {part!r}: milliseconds expected") from None
-        if not (ms > 0 and math.isfinite(ms)):
-            raise UsageError(f"invalid SLO value in {part!r}: must be > 0 and finite")
-        slo[key] = ms
-    return slo
+    if spec.source == "suffix":
+        raise UsageError(
+            f"invalid SLO {text.strip()!r}: a _pNN suffix sets an attainment, which sweep and "
+            "capacity judge; goodput counts each request against KEY=MS, e.g. --slo "
+            "ttft=500,tpot=50"
+        )
+    return dict(spec.limits_ms)
 
 
 def meets_slo(rec: RequestRecord, slo: dict[str, float]) -> bool:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from cbbench import __version__
 from cbbench.errors import UsageError
+from cbbench.schema import read_json_file  # noqa: F401 (the readers of other formats use it)
+from cbbench.schema.run import RUN_SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = RUN_SCHEMA_VERSION  # the one definition is the schema's
 
 
 def _clean(obj):
@@ -211,33 +213,11 @@ def engine_inputs(engine_opts) -> list:
     return [getattr(engine_opts, "gpu_profile", None)]
 
 
-def read_json_file(path: Path, what: str = "result file"):
-    """A JSON file's value; UsageError (one line) for anything Python's parser chokes on, an
-    endless stream or a file beyond memory (engine/json_file.py says which)."""
-    from cbbench.engine.json_file import read_json
-
-    try:
-        return read_json(path, what)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-
-
 def load_result(path: Path) -> dict:
-    path = Path(path)
-    data = read_json_file(path)
-    if not isinstance(data, dict) or "schema_version" not in data:
-        raise UsageError(f"{path} is not a cbbench result (no schema_version)")
-    version = data["schema_version"]
-    # An int, not a bool or a float: true == 1 and 1.0 == 1 in Python, not in the schema.
-    if type(version) is not int or version != SCHEMA_VERSION:
-        raise UsageError(
-            f"{path} has schema_version {data['schema_version']!r}; "
-            f"this cbbench reads version {SCHEMA_VERSION}"
-        )
-    for key in ("config", "summary"):
-        if not isinstance(data.get(key), dict):
-            raise UsageError(f"{path} is missing its {key!r} section")
-    return data
+    """A run result file, validated by its schema (cbbench/schema/): every reader's way in."""
+    from cbbench.schema import read_run
+
+    return read_run(path)
 
 
 def base_result(config: dict) -> dict:

@@ -80,7 +80,7 @@ def parse_attainment_slo(text: str | None, attainment: float | None = None) -> A
         except ValueError:
             raise UsageError(f"invalid SLO value in {part.strip()!r}: milliseconds expected") from None
         if not (ms > 0 and math.isfinite(ms)):
-            raise UsageError(f"invalid SLO value in {part.strip()!r}: must be a number > 0")
+            raise UsageError(f"invalid SLO value in {part.strip()!r}: must be > 0 (finite ms)")
         limits[key] = ms
         if pct is not None:
             percentiles[key] = _percentile(pct, part.strip())

@@ -15,12 +15,15 @@ recorded, in order, with its phase.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cbbench.bench.probe import ProbePoint, round_rate
 from cbbench.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PRECISION = 0.05
 START_FRACTION = 0.5  # of the saturation rate: the first guess
@@ -156,10 +159,10 @@ class Prober:
     saves each probe's full result there as probe-<i>-rate-<r>.json. Keeps the first run's
     config (the resolved engine, model and GPU) for the capacity file."""
 
-    def __init__(self, base, sizing, slo, notice: Callable[[str], None], runs_dir=None,
+    def __init__(self, base, sizing, slo, runs_dir=None,
                  should_stop: Callable[[], bool] | None = None):
-        self.base, self.sizing, self.slo, self.notice, self.runs_dir = (
-            base, sizing, slo, notice, runs_dir
+        self.base, self.sizing, self.slo, self.runs_dir = (
+            base, sizing, slo, runs_dir
         )
         self.should_stop = should_stop
         self.count = 0
@@ -171,11 +174,11 @@ class Prober:
 
         self.count += 1
         i = self.count
-        self.notice(
+        log.info(
             f"probe {i} ({phase}): rate {rate_label(rate)} req/s, "
             f"{self.sizing.requests_for(rate)} requests"
         )
-        result = run_probe(self.base, rate, self.sizing, self.slo, self.notice,
+        result = run_probe(self.base, rate, self.sizing, self.slo,
                            self.should_stop)
         if self.config is None:
             self.config = result["config"]

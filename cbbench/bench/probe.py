@@ -25,15 +25,19 @@ have no steady state (`steady: null`).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from cbbench.analysis.slo import AttainmentSLO, run_attainment
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
+from cbbench.schema.points import ProbePoint, rate_label  # noqa: F401 (re-exported)
+
+log = logging.getLogger(__name__)
 
 SECONDS_PER_DAY = 86_400.0
 
@@ -239,21 +243,6 @@ def round_rate(rate: float) -> float:
     return rate if math.isinf(rate) else float(f"{rate:.{RATE_DIGITS}g}")
 
 
-MAX_POSITIONAL_LABEL = 16
-
-
-def rate_label(rate: float) -> str:
-    """'inf', '2', '2.5': for file names and tables."""
-    if math.isinf(rate):
-        return "inf"
-    label = np.format_float_positional(rate, precision=6, unique=True, trim="-")
-    # 1e308 written out is 309 digits: a file name too long to write once the point had run;
-    # 1e-300 at six decimals is '0'.
-    if len(label) > MAX_POSITIONAL_LABEL or float(label) == 0:
-        return f"{rate:.6g}"
-    return label
-
-
 def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None):
     """The base RunSpec at this rate: its request count from the sizing rule, the SLO limits
     for goodput."""
@@ -266,46 +255,6 @@ def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None
     if slo is not None:
         changes["slo"] = dict(slo.limits_ms)
     return dataclasses.replace(base, **changes)
-
-
-@dataclass
-class ProbePoint:
-    """The numbers one probe is summarized by, in sweep.json and capacity.json."""
-
-    rate: float
-    num_requests: int
-    completed: int
-    failed: int
-    achieved_request_rate: float
-    output_throughput: float
-    ttft_p50_ms: float | None
-    ttft_p99_ms: float | None
-    tpot_p50_ms: float | None
-    tpot_p99_ms: float | None
-    e2el_p50_ms: float | None
-    e2el_p99_ms: float | None
-    itl_p99_ms: float | None  # the stall a streaming user sees; TPOT averages it away
-    goodput: float | None
-    slo_attainment: float | None
-    steady: bool | None
-    steady_reason: str
-    steady_short: str
-    steady_detail: dict = field(default_factory=dict)
-    file: str | None = None
-
-    def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        d["rate"] = rate_label(self.rate) if math.isinf(self.rate) else self.rate
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> ProbePoint:
-        known = {f.name for f in fields(cls)}
-        # A figure an older file lacks reads as missing, not as an error.
-        kw = {f.name: None for f in fields(cls) if f.name.endswith("_ms")}
-        kw.update({k: v for k, v in d.items() if k in known})
-        kw["rate"] = math.inf if d["rate"] == "inf" else float(d["rate"])
-        return cls(**kw)
 
 
 def summarize_probe(
@@ -342,12 +291,11 @@ def summarize_probe(
 
 
 def run_probe(
-    base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None,
-    notice: Callable[[str], None], should_stop: Callable[[], bool] | None = None,
+    base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None, should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Run the base spec at one rate; returns the result dict (execute_run's). With
     ``should_stop`` (a StopSignal) the run stops dispatching once it is set and comes back
     marked interrupted."""
     from cbbench.bench.runner import execute_run
 
-    return execute_run(probe_spec(base, rate, sizing, slo), notice, should_stop=should_stop)
+    return execute_run(probe_spec(base, rate, sizing, slo), should_stop=should_stop)

@@ -12,8 +12,8 @@ did); the command line chooses the device: `--engine sim --gpu-profile PROFILE.j
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,12 +23,15 @@ from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.workload_types import WorkloadRequest
 
+log = logging.getLogger(__name__)
+
 # Scheduling options of the recorded engine run that the replay keeps (the batching the
 # simulator must reproduce).
 SCHEDULING_FIELDS = (
     "scheduler", "chunked_prefill", "kv_allocation", "max_num_seqs", "block_size",
     "preemption", "swap_space", "policy", "enable_prefix_caching", "ignore_eos",
 )
+
 # Kept too unless the command line sets them (their default is None).
 UNSET_DEFAULT_FIELDS = ("model", "dtype", "max_num_batched_tokens", "max_model_len")
 # Config keys of the run itself that make compare and gate see the same request set.
@@ -139,22 +142,22 @@ def _same_device(args: EngineArgs, config: dict) -> bool:
     return args.gpu is not None and args.gpu.lower() == recorded
 
 
-def replay_engine_args(args: EngineArgs, config: dict, notice: Callable[[str], None]) -> EngineArgs:
+def replay_engine_args(args: EngineArgs, config: dict) -> EngineArgs:
     if config.get("target") != "engine":
-        notice("replaying an endpoint run: the engine options are the command line's")
+        log.info("replaying an endpoint run: the engine options are the command line's")
         return args
-    kept = {f: config[f] for f in SCHEDULING_FIELDS if f in config}
+    kept = {EngineArgs.field_of(k): config[k] for k in SCHEDULING_FIELDS if k in config}
     for f in UNSET_DEFAULT_FIELDS:
         if getattr(args, f) is None and config.get(f) is not None:
             kept[f] = config[f]
     if args.num_kv_blocks is None and config.get("num_kv_blocks") and _same_device(args, config):
         kept["num_kv_blocks"] = config["num_kv_blocks"]
     if config.get("enable_prefix_caching") is True:
-        notice("the recorded run used prefix caching; a replay has no token ids to match")
+        log.info("the recorded run used prefix caching; a replay has no token ids to match")
     return dataclasses.replace(args, **kept)
 
 
-def load_replay(path: str, args: EngineArgs, notice: Callable[[str], None]) -> Replay:
+def load_replay(path: str, args: EngineArgs) -> Replay:
     from cbbench.analysis.result import load_result
 
     result = load_result(Path(path))
@@ -163,9 +166,9 @@ def load_replay(path: str, args: EngineArgs, notice: Callable[[str], None]) -> R
     _check_run_fields(result["config"], path)
     reqs, arrivals, unknown = replayed_requests(result, path)
     if unknown:
-        notice(f"{unknown} failed request(s) in {path} record no output length; left out")
+        log.info(f"{unknown} failed request(s) in {path} record no output length; left out")
     try:
-        engine = replay_engine_args(args, result["config"], notice).validate()
-    except ValueError as e:  # EngineArgsError: a recorded value this cbbench rejects
+        engine = replay_engine_args(args, result["config"]).validate()
+    except UsageError as e:  # a recorded value this cbbench rejects: say which file
         raise UsageError(f"{path}: {e}") from None
     return Replay(path, result["config"], reqs, arrivals, engine)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 import sys
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
+
+log = logging.getLogger(__name__)
 
 DEFAULT_NUM_REQUESTS = 1000
 
@@ -197,41 +200,66 @@ def scale_trace_time(arrivals, process: str, time_scale: float):
     return scaled
 
 
+@dataclass
+class Schedule:
+    """What a run sends and when, decided before anything is sent."""
+
+    workload: Workload
+    process: str | None  # the arrival process (the replayed run's, on --replay)
+    until: float | None  # --duration (or a ramp's own length); None: bound by the count
+    wreqs: list  # the requests (empty for a session workload: the plan sends them)
+    arrivals: object  # their arrival offsets (numpy), or the sessions' first turns'
+    plan: SessionPlan | None
+    cancel: object  # the --cancel-rate plan, or None
+
+
 def execute_run(
     spec: RunSpec,
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
-    from cbbench.analysis.telemetry import SIMULATED_GPU_REASON, unavailable, warning_line
-    from cbbench.bench.nvml_sampler import TelemetrySampler
-
+    """One run: the schedule, the target, then the result file's dict."""
     replay = None
     if spec.replay is not None:
         from cbbench.bench.replay import load_replay
 
-        replay = load_replay(spec.replay, spec.engine, notice)
+        replay = load_replay(spec.replay, spec.engine)
         spec = replay.run_spec(spec)
-    count_tokens = None
+    sched = plan_schedule(spec, replay)
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    telemetry = Telemetry(spec)
+    try:
+        run, target_config = _run_target(spec, sched, telemetry, should_stop, on_progress)
+    finally:
+        telemetry.stop()
+    result = base_result(_run_config(spec, sched, target_config))
+    result["started_at"] = started
+    result["interrupted"] = run.interrupted
+    summary = _summary(spec, sched, run)
+    if spec.endpoint is not None:
+        _add_http_figures(result, summary, run)
+    result["summary"] = summary
+    result["telemetry"] = telemetry.result()
+    result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
+    result["iterations"] = getattr(run, "iterations", [])
+    return result
+
+
+def _load_workload(spec: RunSpec, replay) -> Workload:
+    if replay is not None:
+        return Workload(str(replay.config.get("workload")), replay.requests)
+    if spec.workload == RANDOM_WORKLOAD:
+        return Workload(RANDOM_WORKLOAD, [])  # made once the request count is known
     if spec.endpoint is not None and spec.endpoint.tokenizer:
-        from cbbench.load.prompts import count_tokens as _count
-        from cbbench.load.prompts import load_tokenizer
+        from cbbench.load.prompts import count_tokens, load_tokenizer
 
         tok = load_tokenizer(spec.endpoint.tokenizer)
-        count_tokens = lambda text: _count(tok, text)  # noqa: E731
-    if replay is not None:
-        workload = Workload(str(replay.config.get("workload")), replay.requests)
-    elif spec.workload == RANDOM_WORKLOAD:
-        # Made below, once the request count is known.
-        workload = Workload(RANDOM_WORKLOAD, [])
-    elif count_tokens:
-        workload = load_workload(spec.workload, count_tokens)
-    else:
-        workload = load_workload(spec.workload)
-    process = resolve_process(
-        spec.arrival, spec.request_rate, workload.has_arrivals,
-        spec.rate_given or spec.ramp is not None,
-    )
+        return load_workload(spec.workload, lambda text: count_tokens(tok, text))
+    return load_workload(spec.workload)
+
+
+def _request_count(spec: RunSpec, workload: Workload, process: str) -> tuple[int | None, float | None]:
+    """How many requests (None: the whole file, in order) and the time bound, if any."""
     num_requests = spec.num_requests
     until = spec.duration_s
     if until is None and spec.ramp is not None and num_requests is None:
@@ -250,9 +278,11 @@ def execute_run(
         num_requests = DEFAULT_NUM_REQUESTS
     if num_requests is not None:
         check_request_count(num_requests, f"--num-requests {num_requests}")
-    if spec.workload == RANDOM_WORKLOAD:
-        workload = random_workload(spec.random, num_requests, spec.seed)
-        num_requests = None  # generated in order: keep them all
+    return num_requests, until
+
+
+def _draw(spec: RunSpec, workload: Workload, num_requests: int | None):
+    """The drawn requests (or sessions), the notices of a small workload said once."""
     if workload.is_sessions:
         drawn, replaced = sample_sessions(workload.sessions, num_requests, spec.seed)
         check_session_tokens(drawn)
@@ -261,9 +291,23 @@ def execute_run(
         drawn, replaced = sample_requests(workload, num_requests, spec.seed)
         what = f"{len(workload.requests)} requests"
     if replaced:
-        notice(f"the workload has {what}; drew {num_requests} with replacement")
+        log.info(f"the workload has {what}; drew {num_requests} with replacement")
     for note in workload.notes:
-        notice(note)
+        log.info(note)
+    return drawn
+
+
+def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
+    workload = _load_workload(spec, replay)
+    process = resolve_process(
+        spec.arrival, spec.request_rate, workload.has_arrivals,
+        spec.rate_given or spec.ramp is not None,
+    )
+    num_requests, until = _request_count(spec, workload, process)
+    if spec.workload == RANDOM_WORKLOAD:
+        workload = random_workload(spec.random, num_requests, spec.seed)
+        num_requests = None  # generated in order: keep them all
+    drawn = _draw(spec, workload, num_requests)
     # For a session workload the arrival process places each session's first turn.
     arrivals = arrival_times(
         drawn, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
@@ -272,81 +316,95 @@ def execute_run(
     if replay is not None:
         process, arrivals = replay.config.get("arrival"), replay.arrivals
     cancel = cancel_plan(spec.cancel_rate, spec.cancel_after, spec.seed)
-    plan = None
     if workload.is_sessions:
         plan = SessionPlan(drawn, arrivals, parse_delay(
             spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed)
-        wreqs, arrivals = [], arrivals[:0]
-    else:
-        if spec.think_time is not None:
-            raise UsageError("--think-time applies to multi-turn session workloads")
-        wreqs = drawn
-    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        return Schedule(workload, process, until, [], arrivals[:0], plan, cancel)
+    if spec.think_time is not None:
+        raise UsageError("--think-time applies to multi-turn session workloads")
+    return Schedule(workload, process, until, drawn, arrivals, None, cancel)
 
-    indices = _telemetry_indices(spec)
-    sampler: TelemetrySampler | None = None
 
-    def start_telemetry(clock) -> None:
-        nonlocal sampler
-        if indices is None:
+class Telemetry:
+    """GPU telemetry around a run: started on the run's own clock, stopped however it ends."""
+
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.indices = _telemetry_indices(spec)
+        self.sampler = None
+
+    def start(self, clock) -> None:
+        from cbbench.bench.nvml_sampler import TelemetrySampler
+
+        if self.indices is None:
             return
         # The engine's own device is a CUDA ordinal of this process (CUDA_VISIBLE_DEVICES
         # applied): mapped to its NVML handle by PCI bus id. --gpu-index is NVML's numbering.
+        spec = self.spec
         kind = "cuda" if spec.endpoint is None and spec.gpu_index is None else "nvml"
-        sampler = TelemetrySampler(
-            indices, spec.telemetry_interval_s, clock=clock.now, index_kind=kind
+        self.sampler = TelemetrySampler(
+            self.indices, spec.telemetry_interval_s, clock=clock.now, index_kind=kind
         )
-        sampler.start()
+        self.sampler.start()
 
-    try:
-        if spec.endpoint is not None:
-            from cbbench.distributed.run import SinceInstant, run_load
-            from cbbench.engine.core.clock import WallClock
+    def stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
 
-            if spec.load.distributed:  # workers take seconds to set up: time from their t0
-                on_t0 = lambda t0: start_telemetry(SinceInstant(t0))  # noqa: E731
-            else:
-                start_telemetry(WallClock())  # run_http's t0 is taken right after: ~µs apart
-                on_t0 = None
-            run = run_load(
-                spec.endpoint, wreqs, arrivals, notice, spec.load, should_stop=should_stop,
-                on_progress=on_progress, on_t0=on_t0, sessions=plan, cancel=cancel,
-            )
-            target_config = {
-                "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
-                **spec.load.to_config(len(run.info["workers"])),
-            }
+    def result(self) -> dict:
+        from cbbench.analysis.telemetry import SIMULATED_GPU_REASON, unavailable, warning_line
+
+        if self.sampler is not None:
+            telemetry = self.sampler.to_result()
+        elif self.spec.endpoint is not None:
+            telemetry = unavailable("remote endpoint: give --gpu-index to sample a GPU on this host")
         else:
-            run = run_engine(
-                spec.engine, wreqs, arrivals, notice, should_stop=should_stop,
-                on_progress=on_progress, keep_token_ids=spec.save_detailed,
-                on_start=start_telemetry, sessions=plan, cancel=cancel,
-            )
-            target_config = {
-                "target": "engine",
-                **{
-                    f"engine_{k}" if k == "seed" else k: v
-                    for k, v in engine_config_dict(spec.engine, run.resolved).items()
-                },
-            }
-    finally:
-        if sampler is not None:
-            sampler.stop()
+            telemetry = unavailable(SIMULATED_GPU_REASON)
+        line = warning_line(telemetry)
+        if line and self.indices is not None:
+            log.info(line)
+        return telemetry
 
-    if sampler is not None:
-        telemetry = sampler.to_result()
-    elif spec.endpoint is not None:
-        telemetry = unavailable("remote endpoint: give --gpu-index to sample a GPU on this host")
-    else:
-        telemetry = unavailable(SIMULATED_GPU_REASON)
-    line = warning_line(telemetry)
-    if line and indices is not None:
-        notice(line)
 
-    config = {
+def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_stop, on_progress):
+    """Send the schedule to the endpoint or the bundled engine; the run and its config."""
+    if spec.endpoint is not None:
+        from cbbench.distributed.run import SinceInstant, run_load
+        from cbbench.engine.core.clock import WallClock
+
+        if spec.load.distributed:  # workers take seconds to set up: time from their t0
+            on_t0 = lambda t0: telemetry.start(SinceInstant(t0))  # noqa: E731
+        else:
+            telemetry.start(WallClock())  # run_http's t0 is taken right after: ~µs apart
+            on_t0 = None
+        run = run_load(
+            spec.endpoint, sched.wreqs, sched.arrivals, spec.load, should_stop=should_stop,
+            on_progress=on_progress, on_t0=on_t0, sessions=sched.plan, cancel=sched.cancel,
+        )
+        return run, {
+            "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
+            **spec.load.to_config(len(run.info["workers"])),
+        }
+    run = run_engine(
+        spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
+        on_progress=on_progress, keep_token_ids=spec.save_detailed,
+        on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel,
+    )
+    return run, {
+        "target": "engine",
+        **{
+            f"engine_{k}" if k == "seed" else k: v
+            for k, v in engine_config_dict(spec.engine, run.resolved).items()
+        },
+    }
+
+
+def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
+    plan, cancel = sched.plan, sched.cancel
+    return {
         "label": spec.label,
-        "workload": workload.name,
-        "num_requests": len(wreqs) if plan is None else len(plan.sessions),
+        "workload": sched.workload.name,
+        "num_requests": len(sched.wreqs) if plan is None else len(plan.sessions),
         **({"sessions": plan.to_config()} if plan is not None else {}),
         **(cancel.to_config() if cancel is not None else {}),
         "seed": spec.seed,
@@ -356,9 +414,9 @@ def execute_run(
             else "inf" if math.isinf(spec.request_rate) else spec.request_rate
         ),
         "ramp": spec.ramp.to_config() if spec.ramp is not None else None,
-        "duration_s": until,  # None: bound by the request count
+        "duration_s": sched.until,  # None: bound by the request count
         "burstiness": spec.burstiness,
-        "arrival": process,
+        "arrival": sched.process,
         **({"time_scale": spec.time_scale} if spec.time_scale != 1.0 else {}),
         **({"random": spec.random.to_config()} if spec.workload == RANDOM_WORKLOAD else {}),
         **({"replay": Path(spec.replay).name} if spec.replay is not None else {}),
@@ -366,14 +424,15 @@ def execute_run(
         **target_config,
         "command": recorded_command(sys.argv[1:]),
     }
-    result = base_result(config)
-    result["started_at"] = started
-    result["interrupted"] = run.interrupted
+
+
+def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     summary = summarize(run.records, run.duration_s, spec.slo)
     # The report draws ITL from this without --save-detailed (cbbench/analysis/histogram.py).
     summary["itl_histogram"] = log_histogram(
         itl_values_s([r for r in run.records if r.ok]) * 1000.0
     )
+    plan = sched.plan
     if plan is not None:
         summary["by_turn"] = by_turn(run.records)
         summary["sessions"] = session_summary(
@@ -384,55 +443,59 @@ def execute_run(
         run.records, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s
     )
     if iterations:
-        gpu_spec = run.resolved.gpu_spec
-        add_utilization(iterations, gpu_spec)
-        summary["engine"] = summarize_engine(iterations, gpu_spec)
-        summary["engine"]["kv_blocks_in_use_at_end"] = getattr(run, "kv_blocks_in_use_at_end", 0)
-        error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
-        summary["engine"]["sim_error"] = error
-        if reason is not None:
-            summary["engine"]["sim_error_reason"] = reason
+        summary["engine"] = _engine_summary(run, iterations)
         speculative = engine_speculative(
             iterations, getattr(run.resolved, "speculative_tokens", None)
         )
         if speculative is not None:
             summary["speculative"] = speculative
-        if run.resolved.engine == "torch":
-            # Triton compilations inside the timed run (0 is the goal: each one stalls an
-            # iteration); null where Triton's compilation hook is unavailable.
-            summary["engine"]["kernel_compilations_during_run"] = run.kernel_compilations
     if spec.endpoint is None:
         add_deployment(summary, spec.engine, run, iterations)
         if not run.interrupted:
-            add_intervals(summary, spec, wreqs, arrivals, plan, cancel, notice)
+            add_intervals(summary, spec, sched)
     if run.not_sent:
         summary["not_sent"] = run.not_sent
-    if spec.endpoint is not None:
-        from cbbench.targets.client_health import client_bound_summary
-
-        info = dict(run.info)
-        server_metrics = info.pop("server_metrics", None)
-        server_histograms = info.pop("server_histograms", None)
-        if server_histograms is not None:  # vLLM's latency histograms, before and after
-            result["server_histograms"] = server_histograms
-        summary["workers"] = info.pop("workers")
-        summary["client_bound"] = client_bound_summary(info)
-        summary["http"] = info
-        if server_metrics is not None:
-            result["server_metrics"] = server_metrics
-            from cbbench.analysis.speculative_scrape import scraped_speculative
-
-            scraped = scraped_speculative(server_metrics)
-            if scraped is not None and "speculative" not in summary:
-                summary["speculative"] = scraped
-    result["summary"] = summary
-    result["telemetry"] = telemetry
-    result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
-    result["iterations"] = iterations
-    return result
+    return summary
 
 
-def add_intervals(summary: dict, spec: RunSpec, wreqs, arrivals, plan, cancel, notice) -> None:
+def _engine_summary(run, iterations: list[dict]) -> dict:
+    gpu_spec = run.resolved.gpu_spec
+    add_utilization(iterations, gpu_spec)
+    engine = summarize_engine(iterations, gpu_spec)
+    engine["kv_blocks_in_use_at_end"] = getattr(run, "kv_blocks_in_use_at_end", 0)
+    error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
+    engine["sim_error"] = error
+    if reason is not None:
+        engine["sim_error_reason"] = reason
+    if run.resolved.engine == "torch":
+        # Triton compilations inside the timed run (0 is the goal: each one stalls an
+        # iteration); null where Triton's compilation hook is unavailable.
+        engine["kernel_compilations_during_run"] = run.kernel_compilations
+    return engine
+
+
+def _add_http_figures(result: dict, summary: dict, run) -> None:
+    """An endpoint run's own figures: workers, client health, the server's /metrics."""
+    from cbbench.targets.client_health import client_bound_summary
+
+    info = dict(run.info)
+    server_metrics = info.pop("server_metrics", None)
+    server_histograms = info.pop("server_histograms", None)
+    if server_histograms is not None:  # vLLM's latency histograms, before and after
+        result["server_histograms"] = server_histograms
+    summary["workers"] = info.pop("workers")
+    summary["client_bound"] = client_bound_summary(info)
+    summary["http"] = info
+    if server_metrics is not None:
+        result["server_metrics"] = server_metrics
+        from cbbench.analysis.speculative_scrape import scraped_speculative
+
+        scraped = scraped_speculative(server_metrics)
+        if scraped is not None and "speculative" not in summary:
+            summary["speculative"] = scraped
+
+
+def add_intervals(summary: dict, spec: RunSpec, sched: Schedule) -> None:
     """summary.intervals on a simulated run with a calibrated profile: the same requests
     simulated at the fast and the slow end of the profile's residual spread."""
     opts = spec.engine
@@ -448,8 +511,8 @@ def add_intervals(summary: dict, spec: RunSpec, wreqs, arrivals, plan, cancel, n
     bounds = []
     for end in ("low", "high"):
         factors = {cls: band[end] for cls, band in spread.items()}
-        run = run_engine(opts, wreqs, arrivals, notice, sessions=plan, cancel=cancel,
-                         step_time_factors=factors)
+        run = run_engine(opts, sched.wreqs, sched.arrivals, sessions=sched.plan,
+                         cancel=sched.cancel, step_time_factors=factors)
         bounds.append(summarize(run.records, run.duration_s, spec.slo))
     summary["intervals"] = intervals(summary, bounds, SPREAD_LEVEL)
 

@@ -10,6 +10,7 @@ AUTO_HIGH_FRACTION of it.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,9 +29,11 @@ from cbbench.bench.probe import (
     summarize_probe,
 )
 from cbbench.errors import UsageError
+from cbbench.schema.points import points_of  # noqa: F401 (re-exported)
+from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION
 
-SWEEP_KIND = "cbbench-sweep"
-SWEEP_SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+
 SWEEP_FILE = "sweep.json"
 PLOT_FILE = "latency_throughput.png"
 AUTO = "auto"
@@ -78,7 +81,6 @@ def run_sweep(
     sizing: ProbeSizing,
     slo: AttainmentSLO | None,
     out_dir: Path,
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Run every point (rates None: auto), saving DIR/rate-<r>.json as each finishes and
@@ -103,8 +105,8 @@ def run_sweep(
     }
 
     def run_point(rate: float, i: int, total: int | str) -> dict:
-        notice(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
-        result = run_probe(base, rate, sizing, slo, notice, should_stop)
+        log.info(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
+        result = run_probe(base, rate, sizing, slo, should_stop)
         path = out_dir / f"rate-{rate_label(rate)}.json"
         write_result(path, result)
         point = summarize_probe(rate, result, slo, path.name).to_dict()
@@ -124,7 +126,7 @@ def run_sweep(
         if stop():
             return sweep
         sweep["saturation_rate"] = saturation_rate(result)
-        notice(f"saturation: ~{sweep['saturation_rate']:.4g} req/s")
+        log.info(f"saturation: ~{sweep['saturation_rate']:.4g} req/s")
         rates = auto_rates(sweep["saturation_rate"], points)
         first = 2
     else:
@@ -146,10 +148,6 @@ def _dumps(sweep: dict) -> str:
     from cbbench.analysis.result import dumps
 
     return dumps(sweep) + "\n"
-
-
-def points_of(sweep: dict) -> list[ProbePoint]:
-    return [ProbePoint.from_dict(d) for d in sweep.get("points", [])]
 
 
 # ---- the table ------------------------------------------------------------------------------

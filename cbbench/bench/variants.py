@@ -5,6 +5,7 @@ identical request set (same workload, seed and arrivals)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -13,6 +14,8 @@ from cbbench.analysis.result import check_writable, write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import KV_ALLOCATIONS, PREEMPTION_MODES, QUEUE_POLICIES, EngineArgs
 from cbbench.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 # Batching axis: (scheduler, chunked prefill). Static batching runs without chunked prefill.
 BATCHING = {
@@ -29,18 +32,18 @@ VARIANT_JOIN = "+"
 @dataclasses.dataclass(frozen=True)
 class Variant:
     name: str
-    scheduler: str | None = None  # None: keep the command's --scheduler
+    batching: str | None = None  # None: keep the command's --scheduler
     chunked_prefill: bool | None = None
     kv_allocation: str | None = None
     preemption: str | None = None
-    policy: str | None = None
+    queue_policy: str | None = None
     enable_prefix_caching: bool | None = None
 
     def apply(self, opts: EngineArgs) -> EngineArgs:
         changes = {}
-        if self.scheduler is not None:
-            changes.update(scheduler=self.scheduler, chunked_prefill=self.chunked_prefill)
-        for key in ("kv_allocation", "preemption", "policy", "enable_prefix_caching"):
+        if self.batching is not None:
+            changes.update(batching=self.batching, chunked_prefill=self.chunked_prefill)
+        for key in ("kv_allocation", "preemption", "queue_policy", "enable_prefix_caching"):
             value = getattr(self, key)
             if value is not None:
                 changes[key] = value
@@ -83,7 +86,7 @@ def parse_variants(text: str) -> list[Variant]:
 
 
 def run_variants(
-    variants: Sequence[Variant], base: RunSpec, folder: Path, notice: Callable[[str], None],
+    variants: Sequence[Variant], base: RunSpec, folder: Path,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[Labeled]:
     """Run each variant on the base spec's request set; each result is saved as soon as it
@@ -97,11 +100,11 @@ def run_variants(
     for i, (v, path) in enumerate(zip(variants, paths), 1):
         if should_stop is not None and should_stop():
             break
-        notice(f"variant {v.name} ({i}/{len(variants)})")
+        log.info(f"variant {v.name} ({i}/{len(variants)})")
         spec = dataclasses.replace(base, engine=v.apply(base.engine))
-        result = execute_run(spec, notice, should_stop=should_stop)
+        result = execute_run(spec, should_stop=should_stop)
         write_result(path, result)
-        notice(f"saved {path}")
+        log.info(f"saved {path}")
         results.append(Labeled(v.name, result))
     return results
 

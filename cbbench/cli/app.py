@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from cbbench import __version__
+from cbbench.cli import logs
 from cbbench.cli.help import TidyGroup, tidy_commands
-from cbbench.errors import UsageError
 
 app = typer.Typer(
     name="cbbench",
@@ -25,9 +25,9 @@ workloads_app = typer.Typer(
 )
 app.add_typer(workloads_app, name="workloads")
 
-from cbbench.cli.options import USAGE_EXIT  # noqa: E402
 
 INTERRUPTED_EXIT = 130
+logs.install()  # the library's notices print as `cbbench: ...` lines
 
 
 def _version(value: bool) -> None:
@@ -56,13 +56,14 @@ from cbbench.cli import (  # noqa: E402
     import_result,
     report,
     run,
+    schema,
     serve,
     sweep,
     workloads,
 )
 
 for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, export,
-                import_result, audit):
+                import_result, audit, schema):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
@@ -79,9 +80,6 @@ def _invoke() -> int:
     """Run the app; every failure becomes one line on stderr and an exit code."""
     try:
         rv = app(standalone_mode=False)
-    except UsageError as e:  # a command without its own guard
-        typer.echo(f"cbbench: error: {e}", err=True)
-        return USAGE_EXIT
     except typer.Exit as e:
         return e.exit_code
     except (typer.Abort, KeyboardInterrupt):

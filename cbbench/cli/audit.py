@@ -47,7 +47,6 @@ def report_table(rep: dict) -> str:
     return tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True)
 
 
-@C.guard
 def audit(
     result: Annotated[Path, typer.Argument(help="A run's result JSON (run with --save-detailed).")],
     server_log: Annotated[

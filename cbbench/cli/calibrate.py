@@ -26,7 +26,6 @@ def register(app: typer.Typer) -> None:
     app.command("calibrate")(calibrate)
 
 
-@C.guard
 def calibrate(
     results: Annotated[
         list[Path], typer.Argument(help="Result JSON files of real runs (--engine torch) on one device.")

@@ -13,25 +13,14 @@ from typing import Annotated
 import typer
 from tabulate import tabulate
 
+from cbbench import options as O
 from cbbench.bench.sweep import shared_config
 from cbbench.cli import options as C
-from cbbench.cli.sweep import (
-    DEFAULT_OUT_PARENT,
-    Arrival,
-    Burstiness,
-    MaxRequests,
-    MinDuration,
-    NumRequests,
-    Ray,
-    RayAddress,
-    Seed,
-    Workers,
-    Workload,
-    base_spec,
-    probes_context,
-)
+from cbbench.cli.sweep import DEFAULT_OUT_PARENT, base_spec, probes_context
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
+from cbbench.schema import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION
 
 NOT_FOUND_EXIT = 1  # the search ran, but no probed rate met the SLO
 MISSING = "-"
@@ -41,23 +30,23 @@ def register(app: typer.Typer) -> None:
     app.command("capacity")(capacity)
 
 
-@C.guard
-@C.with_engine_options
+@O.with_options(
+    O.Group(O.OutputOptions, "output", only=("slo", "attainment", "label"), defaults={
+        "slo": O.REQUIRED,
+    }, help={
+        "slo": "Limits in ms, KEY[_pNN]=MS with KEY in ttft, tpot, e2el, e.g. "
+        "ttft_p99=1000,tpot_p99=50. A request meets the SLO when its own TTFT, TPOT and E2EL "
+        "are all within their limits; a run meets it when at least the attainment share of its "
+        "requests do. The _pNN suffix sets the attainment (p99: 0.99); without one, 0.90.",
+        "attainment": "Share of requests that must meet every limit (overrides _pNN).",
+        "label": "A name for this search's runs.",
+    }),
+    O.Group(O.LoadOptions, "load", **O.PROBE_LOAD),
+    O.Group(O.ProbeOptions, "probe"),
+    O.Group(O.EndpointFlags, "endpoint", **O.PROBE_ENDPOINT),
+    O.engine_group(),
+)
 def capacity(
-    slo: Annotated[
-        str,
-        typer.Option(
-            help="Limits in ms, KEY[_pNN]=MS with KEY in ttft, tpot, e2el, e.g. "
-            "ttft_p99=1000,tpot_p99=50. A request meets the SLO when its own TTFT, TPOT and "
-            "E2EL are all within their limits; a run meets it when at least the attainment "
-            "share of its requests do. The _pNN suffix sets the attainment (p99: 0.99); "
-            "without one, 0.90."
-        ),
-    ],
-    attainment: Annotated[
-        float | None,
-        typer.Option(help="Share of requests that must meet every limit (overrides _pNN)."),
-    ] = None,
     precision: Annotated[
         float, typer.Option(help="Stop when the pass/fail bracket is this narrow, relative.")
     ] = 0.05,
@@ -66,35 +55,21 @@ def capacity(
         typer.Option(help="First rate to probe. Default: half the saturation rate that a "
                      "rate-inf probe measures."),
     ] = None,
-    workload: Workload = "sharegpt",
-    num_requests: NumRequests = 1000,
-    min_duration: MinDuration = 60.0,
-    max_requests: MaxRequests = 10_000,
-    seed: Seed = 0,
-    burstiness: Burstiness = 1.0,
-    arrival: Arrival = "gamma",
-    endpoint: C.Endpoint = None,
-    api: C.Api = "completions",
-    served_model: C.ServedModel = None,
-    ignore_eos_field: C.IgnoreEosField = True,
-    header: C.Header = None,
-    request_timeout: C.RequestTimeout = 600.0,
-    tokenizer: C.Tokenizer = None,
-    workers: Workers = "1",
-    ray: Ray = False,
-    ray_address: RayAddress = None,
-    label: Annotated[str | None, typer.Option(help="A name for this search's runs.")] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="capacity.json: the answer and every probe. "
-                     "Default: results/runs/capacity-<time>.json.", parser=C.output_file,
+                     "Default: results/runs/capacity-<time>.json.", parser=O.output_file,
                      metavar="<path>"),
     ] = None,
     runs_dir: Annotated[
         Path | None, typer.Option(help="Also save each probe's full result in this folder.")
     ] = None,
     *,
-    engine_opts: C.EngineArgs,
+    output: O.OutputOptions,
+    load: O.LoadOptions,
+    probe: O.ProbeOptions,
+    endpoint: O.EndpointFlags,
+    engine_opts: EngineArgs,
 ) -> None:
     """Find the highest request rate that meets an SLO.
 
@@ -109,7 +84,6 @@ def capacity(
         write_atomic,
         write_result,
     )
-    from cbbench.analysis.slo import parse_attainment_slo
     from cbbench.bench.capacity import (
         ABOVE_MAX,
         BELOW_MIN,
@@ -121,24 +95,17 @@ def capacity(
     )
     from cbbench.bench.probe import ProbeSizing, run_probe, saturation_rate, summarize_probe
 
-    slo_spec = parse_attainment_slo(slo, attainment)
+    slo_spec = output.attainment_slo()
     if slo_spec is None:
         raise UsageError("--slo is required, e.g. --slo ttft_p99=1000,tpot_p99=50")
     parse_precision(precision)
     if start_rate is not None and not (start_rate > 0 and math.isfinite(start_rate)):
         raise UsageError(f"--start-rate must be a positive number, got {start_rate}")
-    sizing = ProbeSizing(num_requests, min_duration, max_requests)
-    base = base_spec(
-        workload, seed, burstiness, arrival, label,
-        engine_opts,
-        C.endpoint_options(
-            endpoint, api, served_model, ignore_eos_field, header, request_timeout, tokenizer, seed
-        ),
-        workers, ray, ray_address,
-    )
+    sizing = ProbeSizing(load.num_requests, probe.min_duration, probe.max_requests)
+    base = base_spec(load, output, endpoint, engine_opts)
     out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
     check_writable(out_path)
-    inputs = [workload, tokenizer, *engine_inputs(engine_opts)]
+    inputs = [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)]
     check_not_an_input(out_path, inputs, "--out")
     if runs_dir is not None:
         check_writable(runs_dir / "probe.json")
@@ -150,7 +117,7 @@ def capacity(
     with StopSignal() as stop, probes_context(base.load):
         if start_rate is None:
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
-            sat_result = run_probe(base, math.inf, sizing, slo_spec, C.notice, stop)
+            sat_result = run_probe(base, math.inf, sizing, slo_spec, stop)
             if runs_dir is not None:
                 write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
             saturation = saturation_rate(sat_result)
@@ -164,12 +131,12 @@ def capacity(
                     raise UsageError("the rate-inf probe completed nothing; give --start-rate")
                 start_rate = saturation * 0.5
         if found is None:
-            prober = Prober(base, sizing, slo_spec, C.notice, runs_dir, stop)
+            prober = Prober(base, sizing, slo_spec, runs_dir, stop)
             found = search(prober, start_rate, precision, should_stop=stop)
 
     doc = {
-        "kind": "cbbench-capacity",
-        "schema_version": 1,
+        "kind": CAPACITY_KIND,
+        "schema_version": CAPACITY_SCHEMA_VERSION,
         "slo": slo_spec.to_dict(),
         "precision": precision,
         "sizing": sizing.to_dict(),

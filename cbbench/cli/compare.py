@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from cbbench import options as O
 from cbbench.cli import options as C
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
 
 if TYPE_CHECKING:
     from cbbench.bench.runner import RunSpec
-    from cbbench.engine.args import EngineArgs
 
 # Inside results/runs/, which git ignores: variant runs are scratch, not baselines.
 DEFAULT_OUT_PARENT = Path("results") / "runs"
@@ -32,8 +32,12 @@ def register(app: typer.Typer) -> None:
     app.command("compare")(compare)
 
 
-@C.guard
-@C.with_engine_options
+@O.with_options(
+    O.Group(O.LoadOptions, "load", help_prefix="--variants: ", only=(
+        "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival")),
+    O.Group(O.OutputOptions, "output", help_prefix="--variants: ", only=("slo", "save_detailed")),
+    O.engine_group(),
+)
 def compare(
     files: Annotated[
         list[Path] | None, typer.Argument(help="Result files; the first is the reference.")
@@ -50,18 +54,6 @@ def compare(
         Path | None,
         typer.Option(help="--variants: folder for <variant>.json. Default: results/runs/compare-<time>."),
     ] = None,
-    workload: Annotated[str, typer.Option(help="--variants: built-in workload or JSONL file.")] = "sharegpt",
-    num_requests: Annotated[int | None, typer.Option(help="--variants: requests drawn with --seed.")] = None,
-    seed: Annotated[int, typer.Option(help="--variants: seed for requests, arrivals, sampling.")] = 0,
-    request_rate: Annotated[str, typer.Option(help="--variants: requests/s, or inf.")] = "inf",
-    burstiness: Annotated[float, typer.Option(help="--variants: gamma shape; 1 = Poisson.")] = 1.0,
-    arrival: Annotated[str, typer.Option(help="--variants: auto | gamma | constant | trace.")] = "auto",
-    slo: Annotated[
-        str | None, typer.Option(help="--variants: goodput SLOs in ms, e.g. ttft=500,tpot=50.")
-    ] = None,
-    save_detailed: Annotated[
-        bool, typer.Option(help="--variants: store per-token times (ITL plots in report).")
-    ] = False,
     markdown: Annotated[
         Path | None, typer.Option(help="Also write the table as Markdown.", parser=C.output_file,
                                   metavar="<path>")
@@ -76,7 +68,9 @@ def compare(
                      "window (ramp-up and drain left out)."),
     ] = "all",
     *,
-    engine_opts: C.EngineArgs,
+    load: O.LoadOptions,
+    output: O.OutputOptions,
+    engine_opts: EngineArgs,
 ) -> None:
     """Compare results side by side, or run engine variants on one request set.
 
@@ -107,15 +101,12 @@ def compare(
     if variants is not None:
         if files:
             raise UsageError("give result files or --variants, not both")
-        opts = engine_opts
-        base = _base_spec(
-            workload, num_requests, seed, request_rate, burstiness, arrival, slo, save_detailed, opts
-        )
+        base = _base_spec(load, output, engine_opts)
         folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("compare-%Y%m%d-%H%M%S")
         # run's interrupt contract: the first signal ends the variant in progress (saved,
         # marked interrupted) and starts no other; a second exits 130.
         with StopSignal() as stop:
-            results = run_variants(parse_variants(variants), base, folder, C.notice, stop)
+            results = run_variants(parse_variants(variants), base, folder, stop)
     else:
         if not files or len(files) < 2:
             raise UsageError("compare needs two or more result files (or --variants)")
@@ -139,32 +130,19 @@ def compare(
         write_atomic(csv_out, csv_text(results))
 
 
-def _base_spec(
-    workload: str,
-    num_requests: int | None,
-    seed: int,
-    request_rate: str,
-    burstiness: float,
-    arrival: str,
-    slo: str | None,
-    save_detailed: bool,
-    opts: EngineArgs,
-) -> RunSpec:
+def _base_spec(load: O.LoadOptions, output: O.OutputOptions, opts: EngineArgs) -> RunSpec:
     """The RunSpec every variant shares; only its engine options change per variant."""
-    from cbbench.analysis.metrics import parse_slo
     from cbbench.bench.runner import DEFAULT_NUM_REQUESTS, RunSpec
 
-    if not burstiness > 0 or not math.isfinite(burstiness):
-        raise UsageError(f"--burstiness must be a positive number, got {burstiness}")
     return RunSpec(
-        workload=workload,
-        num_requests=num_requests if num_requests is not None else DEFAULT_NUM_REQUESTS,
-        seed=seed,
-        request_rate=C.parse_rate_option(request_rate),
-        rate_given=request_rate != "inf",
-        burstiness=burstiness,
-        arrival=arrival,
-        slo=parse_slo(slo),
-        save_detailed=save_detailed,
+        workload=load.workload,
+        num_requests=load.num_requests if load.num_requests is not None else DEFAULT_NUM_REQUESTS,
+        seed=load.seed,
+        request_rate=load.rate(),
+        rate_given=load.rate_given,
+        burstiness=load.burstiness,
+        arrival=load.arrival,
+        slo=output.goodput_slo(),
+        save_detailed=output.save_detailed,
         engine=opts,
     )

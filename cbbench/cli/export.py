@@ -28,7 +28,6 @@ def register(app: typer.Typer) -> None:
     app.command("export")(export)
 
 
-@C.guard
 def export(
     result: Annotated[Path, typer.Argument(help="A cbbench result JSON.", metavar="RESULT.json")],
     fmt: Annotated[

@@ -38,7 +38,6 @@ def register(app: typer.Typer) -> None:
     app.command("gate", **COMMAND_SETTINGS)(gate)
 
 
-@C.guard
 def gate(
     ctx: typer.Context,
     max_regression: Annotated[

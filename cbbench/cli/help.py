@@ -20,6 +20,8 @@ import inspect
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
+from cbbench.cli.boundary import CommandBoundary, GroupBoundary
+
 PARAGRAPH = "\n\n"
 # Click's marker for a paragraph that keeps its line breaks (a list, a table).
 VERBATIM = "\b"
@@ -126,11 +128,11 @@ def narrow_help(command, ctx, formatter) -> None:
             formatter.write_dl(commands)
 
 
-class TidyCommand(_Tidy, TyperCommand):
+class TidyCommand(CommandBoundary, _Tidy, TyperCommand):
     pass
 
 
-class TidyGroup(_Tidy, TyperGroup):
+class TidyGroup(GroupBoundary, _Tidy, TyperGroup):
     pass
 
 

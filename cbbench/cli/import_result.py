@@ -24,7 +24,6 @@ def register(app: typer.Typer) -> None:
     app.command("import")(import_result)
 
 
-@C.guard
 def import_result(
     file: Annotated[Path, typer.Argument(help="The other tool's result file.", metavar="FILE")],
     tool: Annotated[str, typer.Option("--from", help="The tool that wrote it: vllm-bench | aiperf.")],

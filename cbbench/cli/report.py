@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 
-from cbbench.cli import options as C
 from cbbench.errors import UsageError
 
 PAGE_NAME = "report.html"  # interactive (plotly embedded), opens offline
@@ -33,7 +32,6 @@ class PlotSpec:
     draw: Callable  # (results) -> Figure
 
 
-@C.guard
 def report(
     files: Annotated[
         list[Path],

@@ -12,14 +12,13 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
+from cbbench import options as O
 from cbbench.cli import options as C
+from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
-from cbbench.server.stream_events import REASONING_FIELDS
 
 # Seconds uvicorn lets open streams run on after Ctrl-C before it cancels them (which aborts
 # their requests in the engine).
@@ -27,21 +26,19 @@ GRACEFUL_SHUTDOWN_S = 5
 READY_POLL_S = 0.05
 # Room for load tests with a thousand connections arriving at once.
 LISTEN_BACKLOG = 4096
-MAX_READ_TIMEOUT_S = 24 * 3600.0
-MAX_STREAM_INTERVAL = 1 << 16
 
 
 def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
 
-def build_serving_engine(opts, notice=C.notice):
+def build_serving_engine(opts):
     """``build_engine``, with a simulated engine moved from its virtual clock onto a paced wall
     clock: each iteration takes its predicted time, for real."""
     from cbbench.server.paced_clock import PacedWallClock
     from cbbench.targets.engine import build_engine
 
-    engine, resolved = build_engine(opts, notice)
+    engine, resolved = build_engine(opts)
     info = resolved.to_dict()
     if not engine.clock.realtime:
         engine.clock = PacedWallClock()
@@ -49,63 +46,8 @@ def build_serving_engine(opts, notice=C.notice):
     return engine, info
 
 
-@C.guard
-@C.with_engine_options
-def serve(
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8000,
-    served_model_name: Annotated[
-        str | None, typer.Option(help="Model name clients use. Default: the --model name.")
-    ] = None,
-    tokenizer: Annotated[
-        str | None,
-        typer.Option(
-            help="tokenizer.json (or its folder) to encode prompts and decode outputs. Without "
-            "one, each prompt word is one token and outputs are placeholder text "
-            "(' tok' per token for sim, each token id as text for torch)."
-        ),
-    ] = None,
-    seed: Annotated[int, typer.Option(help="Engine seed (random-weight model presets).")] = 0,
-    api_key: Annotated[
-        str | None,
-        typer.Option(
-            help="Require 'Authorization: Bearer KEY' on every endpoint but /health and "
-            "/metrics. env:NAME reads the key from $NAME (keeps it off the command line)."
-        ),
-    ] = None,
-    request_log: Annotated[
-        str | None,
-        typer.Option(
-            help="Append one JSON line per request to this file: id, arrival, queue exit, "
-            "first and last token (made and sent), token counts, preemptions and how it ended, "
-            "in epoch seconds."
-        ),
-    ] = None,
-    read_timeout: Annotated[
-        float,
-        typer.Option(help="Seconds a client has to send a whole request (head and body) from "
-                     "its first byte; slower ones get 408 and are disconnected. The answer "
-                     "itself may take as long as it takes."),
-    ] = DEFAULT_READ_TIMEOUT_S,
-    max_connections: Annotated[
-        int,
-        typer.Option(help="Open connections served at once; more get a 503 "
-                     "(too_many_connections). Lowered to what the open-file limit allows."),
-    ] = DEFAULT_MAX_CONNECTIONS,
-    stream_interval: Annotated[
-        int,
-        typer.Option(help="Write a stream event once this many tokens are waiting (or the "
-                     "request ends), as vLLM's --stream-interval: N > 1 makes multi-token "
-                     "events. 1: each engine step's tokens for a request as one event."),
-    ] = 1,
-    reasoning_field: Annotated[
-        str,
-        typer.Option(help="The delta field reasoning tokens stream in (requests that ask for "
-                     "reasoning_tokens): reasoning_content, or reasoning as newer vLLM."),
-    ] = "reasoning_content",
-    *,
-    engine_opts: C.EngineArgs,
-) -> None:
+@O.with_options(O.Group(O.ServeOptions, "options"), O.engine_group())
+def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     """Serve the bundled engine over an OpenAI-compatible API.
 
     /v1/completions, /v1/chat/completions (streaming or not), /v1/models, vLLM's /tokenize and
@@ -121,37 +63,26 @@ def serve(
     from cbbench.server.text import load_tokenizer
     from cbbench.targets.engine import resolve_engine
 
-    if not 0 <= port <= 65535:
-        raise UsageError(f"--port must be in [0, 65535], got {port}")
-    if not 0 < read_timeout <= MAX_READ_TIMEOUT_S:
-        raise UsageError(f"--read-timeout must be in (0, {MAX_READ_TIMEOUT_S:g}] seconds, "
-                         f"got {read_timeout}")
-    if max_connections < 1:
-        raise UsageError(f"--max-connections must be >= 1, got {max_connections}")
-    if not 1 <= stream_interval <= MAX_STREAM_INTERVAL:
-        raise UsageError(f"--stream-interval must be in [1, {MAX_STREAM_INTERVAL}], "
-                         f"got {stream_interval}")
-    if reasoning_field not in REASONING_FIELDS:
-        raise UsageError(f"--reasoning-field must be one of {', '.join(REASONING_FIELDS)}, "
-                         f"got {reasoning_field!r}")
+    host, port, tokenizer = options.host, options.port, options.tokenizer
+    request_log, max_connections = options.request_log, options.max_connections
     opts = engine_opts
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
-    opts = dataclasses.replace(opts, engine=resolve_engine(opts, C.notice))
+    opts = dataclasses.replace(opts, engine=resolve_engine(opts))
     try:
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     except ValueError as e:
         raise UsageError(str(e)) from None
     config = ServeConfig(
-        served_model_name=served_model_name or opts.model,
+        served_model_name=options.served_model_name or opts.model,
         tokenizer=tok,
         defaults=SamplingParams(
             temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
             ignore_eos=opts.ignore_eos,
         ),
         request_log=request_log,
-        api_key=resolve_api_key(api_key),
-        stream_interval=stream_interval,
-        reasoning_field=reasoning_field,
+        api_key=resolve_api_key(options.api_key),
+        stream_interval=options.stream_interval,
+        reasoning_field=options.reasoning_field,
         report_cached_tokens=opts.enable_prefix_caching,
     )
     if config.api_key is None and not is_loopback(host):
@@ -176,7 +107,7 @@ def serve(
     limits = (f"at most {allowed} connections, {OVERFLOW_RESERVE} more answered 503; "
               f"open-file limit {open_file_limit()}")
     app = create_app(lambda: build_serving_engine(opts), config)
-    protocol = guarded_protocol(read_timeout, allowed)
+    protocol = guarded_protocol(options.read_timeout, allowed)
     error = _run_event_loop(_run_server(app, host, port, opts.engine, protocol, limits))
     if error is not None:
         raise UsageError(error)

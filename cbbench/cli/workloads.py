@@ -7,15 +7,12 @@ from typing import Annotated
 import typer
 from tabulate import tabulate
 
-from cbbench.cli import options as C
-
 
 def register(app: typer.Typer) -> None:
     app.command("list")(list_workloads)
     app.command("show")(show_workload)
 
 
-@C.guard
 def list_workloads() -> None:
     """List the built-in workloads."""
     from cbbench.load.workload import BUILTIN_WORKLOADS
@@ -28,7 +25,6 @@ def list_workloads() -> None:
     typer.echo(tabulate(rows, headers=["name", "requests", "description"]))
 
 
-@C.guard
 def show_workload(
     name: Annotated[str, typer.Argument(help="A built-in workload name or a JSONL file.")],
 ) -> None:

@@ -18,6 +18,7 @@ that exits without its Done is dead: what it had streamed is kept, the rest is a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import multiprocessing as mp
 import signal
 import time
@@ -35,6 +36,8 @@ from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.http import HttpRun
 from cbbench.targets.options import EndpointOptions
+
+log = logging.getLogger(__name__)
 
 START_MARGIN_S = 0.2  # from t0's choice to t0: the start message reaches every worker first
 SETUP_TIMEOUT_S = 120.0  # spawn, imports, prompts, the served-model look-up
@@ -75,6 +78,7 @@ def worker_tasks(
     session_shares: list[list[int]] | None = None,
     cancel: CancelPlan | None = None,
 ) -> list[WorkerTask]:
+
     """Each worker's share: its requests and arrival times (or its sessions), its share of
     --max-concurrency, and /metrics scraping on worker 0 only (one scrape series per run)."""
     n = len(shares)
@@ -121,16 +125,48 @@ def run_local_workers(
     opts: EndpointOptions,
     tasks: list[WorkerTask],
     merger: Merger,
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[int, int], None] | None,
     on_t0: Callable[[float], None] | None = None,
 ) -> HttpRun:
-    ctx = mp.get_context("spawn")
+    pool = _LocalPool(merger, should_stop, on_t0)
     total = len(merger.records)
-    procs, ctrls, datas = [], [], []
     cpu0 = time.process_time()
     try:
+        pool.spawn(tasks)
+        setup_deadline = time.monotonic() + SETUP_TIMEOUT_S
+        while not merger.all_final:
+            if pool.t0 is None:
+                if not pool.try_start(setup_deadline):
+                    break  # stopped during set-up: nothing was sent
+            elif not pool.stop_sent and should_stop is not None and should_stop():
+                pool.send_stop()
+            pool.poll()
+            if on_progress is not None and pool.t0 is not None:
+                on_progress(merger.finished, total)
+        t0 = pool.t0
+        if t0 is None:
+            t0 = time.perf_counter()  # nothing was sent: the run starts and ends now
+        return merger.result(opts, t0, pool.stop_sent or pool.t0 is None,
+                             time.process_time() - cpu0)
+    finally:
+        pool.close()
+
+
+class _LocalPool:
+    """The worker processes of one run, their pipes, and the shared start instant."""
+
+    def __init__(self, merger: Merger, should_stop, on_t0) -> None:
+        self.merger, self.should_stop, self.on_t0 = merger, should_stop, on_t0
+        self.procs: list = []
+        self.ctrls: list = []
+        self.datas: list = []
+        self.open_data: dict = {}
+        self.t0: float | None = None
+        self.stop_sent = False
+
+    def spawn(self, tasks: list[WorkerTask]) -> None:
+        ctx = mp.get_context("spawn")
         for task in tasks:
             ctrl_r, ctrl_w = ctx.Pipe(duplex=False)
             data_r, data_w = ctx.Pipe(duplex=False)
@@ -143,67 +179,67 @@ def run_local_workers(
             p.start()
             ctrl_r.close()  # the parent keeps only its own ends: EOF then means the peer is gone
             data_w.close()
-            procs.append(p)
-            ctrls.append(ctrl_w)
-            datas.append(data_r)
+            self.open_data[len(self.procs)] = data_r
+            self.datas.append(data_r)
+            self.procs.append(p)
+            self.ctrls.append(ctrl_w)
 
-        t0 = None
-        stop_sent = False
-        open_data = dict(enumerate(datas))
-        setup_deadline = time.monotonic() + SETUP_TIMEOUT_S
-        while not merger.all_final:
-            if t0 is None:
-                if merger.usage_error is not None:
-                    raise UsageError(merger.usage_error)
-                if should_stop is not None and should_stop():
-                    break  # stopped during set-up: nothing was sent
-                if all(ws.status != "starting" for ws in merger.workers):
-                    # Every worker is set up (or gone): one start instant for all.
-                    t0 = time.perf_counter() + START_MARGIN_S
-                    for k, c in enumerate(ctrls):
-                        if merger.workers[k].status not in FINAL:
-                            _send(c, ("start", t0))
-                    if on_t0 is not None:
-                        on_t0(t0)
-                elif time.monotonic() > setup_deadline:
-                    raise UsageError(f"the workers did not get ready within {SETUP_TIMEOUT_S:g} s")
-            elif not stop_sent and should_stop is not None and should_stop():
-                stop_sent = True
-                for k, c in enumerate(ctrls):
-                    if merger.workers[k].status not in FINAL:
-                        _send(c, ("stop",))
-            ready = wait(
-                list(open_data.values())
-                + [p.sentinel for k, p in enumerate(procs) if k not in open_data],
-                timeout=POLL_S,
-            )
-            for obj in ready:
-                k = next((k for k, d in open_data.items() if d is obj), None)
-                if k is not None:
-                    try:
-                        msg = open_data[k].recv()
-                        merger.on_message(msg, _since(t0))
-                    except (EOFError, OSError):
-                        del open_data[k]  # its pipe is closed: check the process next
-                    continue
-                k = next(k for k, p in enumerate(procs) if p.sentinel == obj)
-                procs[k].join(JOIN_TIMEOUT_S)
-                at = time.perf_counter() - t0 if t0 is not None else 0.0
-                merger.died(k, at, _signal_name(procs[k].exitcode))
-            if on_progress is not None and t0 is not None:
-                on_progress(merger.finished, total)
-        if t0 is None:
-            t0 = time.perf_counter()  # nothing was sent: the run starts and ends now
-        return merger.result(opts, t0, stop_sent or t0 is None, notice, time.process_time() - cpu0)
-    finally:
-        for c in ctrls:
+    def _send_all(self, msg: tuple) -> None:
+        for k, c in enumerate(self.ctrls):
+            if self.merger.workers[k].status not in FINAL:
+                _send(c, msg)
+
+    def try_start(self, setup_deadline: float) -> bool:
+        """Start every worker at one instant once all are set up. False: stopped in set-up."""
+        merger = self.merger
+        if merger.usage_error is not None:
+            raise UsageError(merger.usage_error)
+        if self.should_stop is not None and self.should_stop():
+            return False
+        if all(ws.status != "starting" for ws in merger.workers):
+            # Every worker is set up (or gone): one start instant for all.
+            self.t0 = time.perf_counter() + START_MARGIN_S
+            self._send_all(("start", self.t0))
+            if self.on_t0 is not None:
+                self.on_t0(self.t0)
+        elif time.monotonic() > setup_deadline:
+            raise UsageError(f"the workers did not get ready within {SETUP_TIMEOUT_S:g} s")
+        return True
+
+    def send_stop(self) -> None:
+        self.stop_sent = True
+        self._send_all(("stop",))
+
+    def poll(self) -> None:
+        """Take what the workers sent; note a process that ended with its pipe closed."""
+        ready = wait(
+            list(self.open_data.values())
+            + [p.sentinel for k, p in enumerate(self.procs) if k not in self.open_data],
+            timeout=POLL_S,
+        )
+        for obj in ready:
+            k = next((k for k, d in self.open_data.items() if d is obj), None)
+            if k is not None:
+                try:
+                    msg = self.open_data[k].recv()
+                    self.merger.on_message(msg, _since(self.t0))
+                except (EOFError, OSError):
+                    del self.open_data[k]  # its pipe is closed: check the process next
+                continue
+            k = next(k for k, p in enumerate(self.procs) if p.sentinel == obj)
+            self.procs[k].join(JOIN_TIMEOUT_S)
+            at = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
+            self.merger.died(k, at, _signal_name(self.procs[k].exitcode))
+
+    def close(self) -> None:
+        for c in self.ctrls:
             c.close()
-        for p in procs:
+        for p in self.procs:
             p.join(JOIN_TIMEOUT_S if p.exitcode is None else 0)
             if p.is_alive():
                 p.kill()
                 p.join(JOIN_TIMEOUT_S)
-        for d in datas:
+        for d in self.datas:
             d.close()
 
 

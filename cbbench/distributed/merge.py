@@ -4,6 +4,7 @@ result of the same form as a one-process run, with summary.workers beside it."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -20,6 +21,8 @@ from cbbench.targets.http import (
     send_lag_check,
 )
 from cbbench.targets.options import EndpointOptions
+
+log = logging.getLogger(__name__)
 
 WORKER_LOST = "worker_lost"  # error_type of a request due before its worker died, unreported
 # States of a worker, in the order they happen; the last three are final.
@@ -41,6 +44,7 @@ PER_WORKER_KEYS = (
     "client_bound_message",
     "client_fell_behind_message",
 )
+
 MS = 1000.0
 
 
@@ -177,7 +181,6 @@ class Merger:
         opts: EndpointOptions,
         t0: float,
         stopped: bool,
-        notice,
         parent_cpu_s: float,
     ) -> HttpRun:
         entries = []
@@ -219,16 +222,16 @@ class Merger:
             for k, v in (d.info.get("prompt_kinds") or {}).items():
                 kinds[k] = kinds.get(k, 0) + v
         records = [r for r in self.records if r is not None]
-        finish_http_run(opts, records, self.methods, kinds, self.total, info, notice)
+        finish_http_run(opts, records, self.methods, kinds, self.total, info)
         for e in workers:
             if e["status"] == DONE and (e["client_fell_behind"] or e["client_bound"]):
-                notice(
+                log.info(
                     f"warning: worker {e['worker']}: send lag p50 "
                     f"{e['send_lag_p50_ms']:.1f} ms, p99 {e['send_lag_p99_ms']:.1f} ms; event-loop "
                     f"lag p99 {_ms(e['loop_lag_p99_ms'])}; CPU {_pct(e['client_cpu_util'])}"
                 )
             elif e["status"] in (DIED, FAILED):
-                notice(
+                log.info(
                     f"error: worker {e['worker']} {e['status']} ({e.get('error')}): "
                     f"{e['sent'] - e['lost']} requests reported, {e['lost']} "
                     f"lost (due before it died, counted as failed: {WORKER_LOST}), "

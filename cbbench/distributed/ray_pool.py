@@ -39,6 +39,8 @@ from cbbench.load.session_plan import SessionPlan
 from cbbench.targets.http import HttpRun
 from cbbench.targets.options import EndpointOptions
 
+log = logging.getLogger(__name__)
+
 RAY_MISSING = "--ray needs Ray: pip install 'cbbench[ray]'"
 SETUP_TIMEOUT_S = 300.0  # actors scheduled and started on the cluster, set up
 POLL_S = 0.05
@@ -146,7 +148,6 @@ def run_ray_workers(
     opts: EndpointOptions,
     wreqs,
     arrivals,
-    notice: Callable[[str], None],
     plan: LoadPlan,
     should_stop: Callable[[], bool] | None,
     on_progress: Callable[[int, int], None] | None,
@@ -177,7 +178,7 @@ def run_ray_workers(
         ]
         try:
             return _drive(
-                ray, actors, opts, merger, notice, should_stop, on_progress, merger.total, on_t0
+                ray, actors, opts, merger, should_stop, on_progress, merger.total, on_t0
             )
         finally:
             for a in actors:  # on a cluster that outlives this run, leave nothing behind
@@ -188,7 +189,7 @@ def run_ray_workers(
 
 
 def _drive(
-    ray, actors, opts, merger: Merger, notice, should_stop, on_progress, total, on_t0
+    ray, actors, opts, merger: Merger, should_stop, on_progress, total, on_t0
 ) -> HttpRun:
     cpu0 = time.process_time()
     try:
@@ -207,39 +208,58 @@ def _drive(
     deadline = time.monotonic() + SETUP_TIMEOUT_S
     while not merger.all_final:
         if t0 is None:
-            if merger.usage_error is not None:
-                raise UsageError(merger.usage_error)
-            if should_stop is not None and should_stop():
+            state = _setup_state(merger, should_stop, deadline)
+            if state == SETUP_STOPPED:
                 break
-            if all(ws.status != "starting" for ws in merger.workers):
-                t0 = _start(ray, actors, merger, where, here, notice)
+            if state == SETUP_READY:
+                t0 = _start(ray, actors, merger, where, here)
                 if on_t0 is not None:
                     on_t0(t0)
-            elif time.monotonic() > deadline:
-                raise UsageError(f"the Ray workers did not get ready within {SETUP_TIMEOUT_S:g} s")
         elif not stop_sent and should_stop is not None and should_stop():
             stop_sent = True
             for k, a in enumerate(actors):
                 if merger.workers[k].status not in FINAL:
                     a.stop.remote()
-        try:
-            k, batch = out.get(timeout=POLL_S)
-        except queue.Empty:
-            continue
-        if isinstance(batch, tuple):  # ('died', reason)
-            at = time.perf_counter() - t0 if t0 is not None else 0.0
-            merger.died(k, at, batch[1])
-        else:
-            for msg in batch:
-                merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
+        _take(out, merger, t0)
         if on_progress is not None and t0 is not None:
             on_progress(merger.finished, total)
     if t0 is None:
         t0 = time.perf_counter()
-    return merger.result(opts, t0, stop_sent or t0 is None, notice, time.process_time() - cpu0)
+    return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0)
 
 
-def _start(ray, actors, merger: Merger, where, here: str, notice) -> float:
+SETUP_STOPPED, SETUP_READY, SETTING_UP = "stopped", "ready", "setting up"
+
+
+def _setup_state(merger: Merger, should_stop, deadline: float) -> str:
+    """Before the start: SETUP_STOPPED (asked to stop), SETUP_READY (every worker set up, or gone) or
+    SETTING_UP; a worker's bad input and a set-up past its deadline are refused."""
+    if merger.usage_error is not None:
+        raise UsageError(merger.usage_error)
+    if should_stop is not None and should_stop():
+        return SETUP_STOPPED
+    if all(ws.status != "starting" for ws in merger.workers):
+        return SETUP_READY
+    if time.monotonic() > deadline:
+        raise UsageError(f"the Ray workers did not get ready within {SETUP_TIMEOUT_S:g} s")
+    return SETTING_UP
+
+
+def _take(out: queue.SimpleQueue, merger: Merger, t0: float | None) -> None:
+    """One batch the actors' reader threads queued (or a death), into the merger."""
+    try:
+        k, batch = out.get(timeout=POLL_S)
+    except queue.Empty:
+        return
+    if isinstance(batch, tuple):  # ('died', reason)
+        at = time.perf_counter() - t0 if t0 is not None else 0.0
+        merger.died(k, at, batch[1])
+    else:
+        for msg in batch:
+            merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
+
+
+def _start(ray, actors, merger: Merger, where, here: str) -> float:
     """Measure every ready actor's clock offset, then start them all at one instant."""
     offsets: dict[int, float] = {}
     for k, a in enumerate(actors):
@@ -261,7 +281,7 @@ def _start(ray, actors, merger: Merger, where, here: str, notice) -> float:
             **m.to_dict(),
         )
         if uncertainty_ms > UNCERTAINTY_FLAG_MS:
-            notice(
+            log.info(
                 f"warning: worker {k} on {host}: clock offset known only to ±"
                 f"{uncertainty_ms:.2f} ms (> {UNCERTAINTY_FLAG_MS:g} ms): its requests' place "
                 "on the shared schedule is that uncertain"

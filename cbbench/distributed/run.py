@@ -4,6 +4,7 @@ worker, and info["workers"] (summary.workers) with one entry per worker."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -18,12 +19,13 @@ from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.http import HttpRun, run_http
 from cbbench.targets.options import EndpointOptions
 
+log = logging.getLogger(__name__)
+
 
 def run_load(
     opts: EndpointOptions,
     wreqs: list[WorkloadRequest],
     arrivals,
-    notice: Callable[[str], None],
     plan: LoadPlan,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
@@ -32,26 +34,27 @@ def run_load(
     sessions: SessionPlan | None = None,
     cancel: CancelPlan | None = None,
 ) -> HttpRun:
+
     """`on_t0(t0)`: called (multi-worker runs) once the shared start instant is chosen, a
     time.perf_counter() value up to START_MARGIN_S ahead. `sessions`: a multi-turn plan
     (run_http; with workers, whole sessions to each). `cancel`: the --cancel-rate plan, decided
     per request id, so every worker cancels its own requests as one process would."""
     if not plan.distributed:
         return _one_process(
-            opts, wreqs, arrivals, notice, should_stop, on_progress, grace_s, sessions, cancel
+            opts, wreqs, arrivals, should_stop, on_progress, grace_s, sessions, cancel
         )
     if plan.ray:
         from cbbench.distributed.ray_pool import run_ray_workers
 
         return run_ray_workers(
-            opts, wreqs, arrivals, notice, plan, should_stop, on_progress, grace_s, on_t0,
+            opts, wreqs, arrivals, plan, should_stop, on_progress, grace_s, on_t0,
             sessions, cancel,
         )
     from cbbench.distributed.local import plan_workers, run_local_workers
 
     n = spare_cores() if plan.workers == AUTO else int(plan.workers)
     tasks, merger = plan_workers(opts, wreqs, arrivals, n, grace_s, sessions, cancel)
-    return run_local_workers(opts, tasks, merger, notice, should_stop, on_progress, on_t0)
+    return run_local_workers(opts, tasks, merger, should_stop, on_progress, on_t0)
 
 
 class SinceInstant:
@@ -69,7 +72,6 @@ def _one_process(
     opts,
     wreqs,
     arrivals,
-    notice,
     should_stop,
     on_progress,
     grace_s,
@@ -80,7 +82,6 @@ def _one_process(
         opts,
         wreqs,
         arrivals,
-        notice,
         should_stop=should_stop,
         on_progress=on_progress,
         grace_s=grace_s,

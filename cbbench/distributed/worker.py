@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import os
 import signal
 import socket
@@ -77,6 +78,9 @@ class WorkerCore:
             self._flush()
 
     def run(self) -> None:
+        # The parent warns once, from the merged figures: a worker's own notices (a process
+        # or a Ray actor that inherited the CLI's handler) would repeat them per worker.
+        logging.getLogger("cbbench").setLevel(logging.WARNING)
         """Blocking: the whole run, ending with Done (or Failed)."""
         from cbbench.targets.http import run_http
 
@@ -88,7 +92,6 @@ class WorkerCore:
                 t.opts,
                 t.wreqs,
                 t.arrivals,
-                notice=lambda msg: None,  # the parent warns once, from the merged figures
                 should_stop=self._stop.is_set,
                 grace_s=t.grace_s,
                 hooks=RunHooks(

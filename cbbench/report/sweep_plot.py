@@ -13,9 +13,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from cbbench.bench.probe import ProbePoint, rate_label
-from cbbench.bench.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, points_of
 from cbbench.errors import UsageError
+from cbbench.schema import read_json_file, read_sweep
+from cbbench.schema.points import ProbePoint, points_of, rate_label
+from cbbench.schema.sweep import SWEEP_KIND
 
 WIDTH_IN = 9.0
 HEIGHT_IN = 7.0
@@ -31,8 +32,6 @@ def is_sweep(data: object) -> bool:
 
 def is_sweep_file(path: Path) -> bool:
     """True for a sweep.json (cheap enough to call on every file `report` is given)."""
-    from cbbench.analysis.result import read_json_file
-
     try:
         return is_sweep(read_json_file(path))
     except UsageError:  # load_result says what is wrong with it
@@ -40,16 +39,9 @@ def is_sweep_file(path: Path) -> bool:
 
 
 def load_sweep(path: Path) -> dict:
-    from cbbench.analysis.result import read_json_file
-
-    data = read_json_file(path, "sweep file")
-    if not is_sweep(data):
-        raise UsageError(f"{path} is not a cbbench sweep (no kind {SWEEP_KIND!r})")
-    if data.get("schema_version") != SWEEP_SCHEMA_VERSION:
-        raise UsageError(
-            f"{path} has sweep schema_version {data.get('schema_version')!r}; "
-            f"this cbbench reads version {SWEEP_SCHEMA_VERSION}"
-        )
+    """A sweep.json, validated by its schema (cbbench/schema/sweep.py), then the plot's own
+    rules: a positive rate, an SLO of numbers."""
+    data = read_sweep(path)
     _check_plotted_fields(path, data)
     return data
 

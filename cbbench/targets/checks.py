@@ -6,7 +6,8 @@ analysis/token_counts.py; this module feeds them the streams.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from cbbench.targets.event_counts import EVENT_COUNT_METHODS, ONE_PER_EVENT, cou
 from cbbench.targets.options import EndpointOptions, redact_url
 from cbbench.targets.scrape import warning as scrape_warning
 from cbbench.targets.sse import SseStream
+
+log = logging.getLogger(__name__)
 
 TOKEN_COUNT_METHODS = COUNT_METHODS
 
@@ -212,7 +215,6 @@ def finish_http_run(
     prompt_kinds: dict[str, int],
     total: int,
     info: dict,
-    notice: Callable[[str], None],
 ) -> dict:
     """The run-level figures (into `info`) and warnings, from the records of the requests that
     were sent out of `total`: one process's run, or several workers' merged
@@ -242,23 +244,23 @@ def finish_http_run(
         **prompt,
     )
     if info["client_fell_behind"]:
-        notice("warning: " + info["client_fell_behind_message"])
+        log.info("warning: " + info["client_fell_behind_message"])
     if info.get("client_bound"):
-        notice("warning: " + info["client_bound_message"])
+        log.info("warning: " + info["client_bound_message"])
     short = short_output_warning(short_outputs(records), opts.ignore_eos_field)
     for line in ([short] if short else []) + warnings + prompt_warnings:
-        notice("warning: " + line)
+        log.info("warning: " + line)
     if "server_metrics_scrapes" in info:
-        _server_metrics(info, records, notice)
+        _server_metrics(info, records)
     return info
 
 
-def _server_metrics(info: dict, records: Sequence[RequestRecord], notice) -> None:
+def _server_metrics(info: dict, records: Sequence[RequestRecord]) -> None:
     """One warning line for a scrape that failed or kept nothing; the server's own latency
     beside the client's when it exposes vLLM's histograms."""
     line = scrape_warning(info["server_metrics_scrapes"], info.get("server_metrics") or [])
     if line:
-        notice("warning: " + line)
+        log.info("warning: " + line)
     hist = info.get("server_histograms")
     scrapes = info["server_metrics_scrapes"]
     dropped = Dropped(scrapes.get("dropped_series", 0), scrapes.get("dropped_first"))
@@ -267,12 +269,12 @@ def _server_metrics(info: dict, records: Sequence[RequestRecord], notice) -> Non
         try:
             latency = server_vs_client(hist["before"], hist["after"], records, dropped)
         except Exception as e:  # noqa: BLE001 - what a server sent never costs the run
-            notice(f"warning: --scrape-metrics: the server's latency histograms could not be "
+            log.info(f"warning: --scrape-metrics: the server's latency histograms could not be "
                    f"read ({type(e).__name__}: {e}); server_latency left out")
     if latency is not None:
         info["server_latency"] = latency
     scrapes["dropped_series"] = dropped.count
     scrapes["dropped_first"] = dropped.first
     if dropped.count:  # one line for every malformed series of the run
-        notice(f"warning: --scrape-metrics: dropped {dropped.count} malformed /metrics "
+        log.info(f"warning: --scrape-metrics: dropped {dropped.count} malformed /metrics "
                f"series (first: {dropped.first}); the others are kept")

@@ -7,6 +7,7 @@ torch engine on the wall clock.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.engine.args import EngineArgs, EngineArgsError
+from cbbench.engine.args import EngineArgs
 from cbbench.engine.build import EngineInfo
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
@@ -22,33 +23,29 @@ from cbbench.load.session_plan import DEFAULT_VOCAB, SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.engine_feed import CancellingListFeed, CancelTimer, SessionFeed
 
+log = logging.getLogger(__name__)
 
-def build_engine(args: EngineArgs, notice: Callable[[str], None]):
-    """``engine.build.build_engine`` with its option errors as usage errors. Returns
-    (Engine, EngineInfo)."""
+
+def build_engine(args: EngineArgs):
+    """``engine.build.build_engine``, imported when a run needs it. Returns (Engine,
+    EngineInfo); a bad option is the one bad-input error, as the engine raised it."""
     from cbbench.engine.build import build_engine as build
 
-    try:
-        return build(args, notice)
-    except EngineArgsError as e:
-        raise UsageError(str(e)) from None
+    return build(args)
 
 
-def build_replicas(args: EngineArgs, notice: Callable[[str], None]):
-    """``engine.build.build_replicas`` (data parallelism) with option errors as usage errors.
-    Returns (ReplicaSet, EngineInfo of one replica)."""
+def build_replicas(args: EngineArgs):
+    """``engine.build.build_replicas`` (data parallelism). Returns (ReplicaSet, EngineInfo of
+    one replica)."""
     from cbbench.engine.build import build_replicas as build
 
-    try:
-        return build(args, notice)
-    except EngineArgsError as e:
-        raise UsageError(str(e)) from None
+    return build(args)
 
 
-def resolve_engine(args: EngineArgs, notice: Callable[[str], None]) -> str:
+def resolve_engine(args: EngineArgs) -> str:
     from cbbench.engine.build import resolve_engine as resolve
 
-    return resolve(args, notice)
+    return resolve(args)
 
 
 def engine_config_dict(args: EngineArgs, resolved: EngineInfo | None) -> dict:
@@ -187,6 +184,66 @@ def _drain(engine, grace_s: float) -> None:
         engine.abort_request(req)
 
 
+def _outcome(r, cancelled: bool) -> tuple[str | None, str | None]:
+    """A request's (error, error_type) at the end of a run; (None, None) when it finished or
+    was cancelled (counted apart: neither completed nor failed)."""
+    from cbbench.engine.core.request import RequestStatus
+
+    if cancelled or r.status == RequestStatus.FINISHED:
+        return None, None
+    if r.status == RequestStatus.REJECTED:
+        return r.finish_reason, "rejected"
+    if r.status == RequestStatus.FAILED:
+        return r.finish_reason, "engine_error"
+    if r.status == RequestStatus.ABORTED:
+        return "cancelled by the interrupt", "interrupted"
+    return "run interrupted before the request finished", "interrupted"
+
+
+def _records(reqs, wreqs, timer: CancelTimer, session_feed, keep_token_ids: bool):
+    """The run's request records, and how many requests never reached the engine."""
+    from cbbench.engine.core.request import RequestStatus
+
+    records = []
+    reasoning = {w.id: w.reasoning_len for w in wreqs if w.reasoning_len}
+    not_sent = session_feed.not_created if session_feed is not None else 0
+    for r in reqs:
+        if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
+            # Never reached the engine (its arrival came after the stop).
+            not_sent += 1
+            continue
+        cancelled = r.request_id in timer.cancelled
+        error, error_type = _outcome(r, cancelled)
+        records.append(
+            RequestRecord(
+                id=r.request_id,
+                prompt_tokens=r.num_prompt_tokens,
+                output_tokens=r.num_output_tokens,
+                intended_start_s=r.arrival_time,
+                send_s=r.arrival_time,
+                token_times_s=r.token_times,
+                error=error,
+                error_type=error_type,
+                output_token_ids=(
+                    list(r.output_token_ids)
+                    if keep_token_ids and r.prompt_token_ids is not None
+                    else None
+                ),
+                num_preemptions=r.num_preemptions,
+                first_scheduled_s=r.first_scheduled_time,
+                priority=r.priority,
+                cancelled=cancelled,
+                max_tokens=r.max_tokens,
+            )
+        )
+        if session_feed is not None:
+            records[-1].session_id, records[-1].turn = session_feed.labels(r)
+            records[-1].turn_kind = session_feed.turn_kind(r)
+        elif r.request_id in reasoning:
+            split_reasoning(records[-1], reasoning[r.request_id])
+    return records, not_sent
+
+
 def split_reasoning(rec: RequestRecord, reasoning_len: int) -> None:
     """The workload's reasoning_len on an in-process record: its first reasoning_len tokens
     were reasoning, the first output token the one after them."""
@@ -199,7 +256,6 @@ def run_engine(
     opts: EngineArgs,
     wreqs: list[WorkloadRequest],
     arrivals: np.ndarray,
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     keep_token_ids: bool = False,
@@ -214,16 +270,15 @@ def run_engine(
     ``cancel``, the requests it picks are aborted mid-flight; with ``step_time_factors``
     (the simulator), each step's time is scaled by its iteration class's factor."""
     from cbbench.engine.core.feed import ListFeed, run_feed
-    from cbbench.engine.core.request import RequestStatus
 
     loop = run_feed
     if opts.data_parallel_size > 1 or opts.disaggregate is not None:
         from cbbench.engine.sim.replicas import run_replicas
 
-        engine, info = build_replicas(opts, notice)
+        engine, info = build_replicas(opts)
         loop = run_replicas
     else:
-        engine, info = build_engine(opts, notice)
+        engine, info = build_engine(opts)
     if step_time_factors is not None:
         from cbbench.engine.sim.sim_bounds import ScaledExecutor
 
@@ -256,7 +311,7 @@ def run_engine(
     def on_step_failed(e) -> None:
         # The failed requests carry the error in the result; say it once, as it happens.
         if not step_failures:
-            notice(f"warning: an engine step failed ({e}): its {len(e.requests)} request(s) "
+            log.info(f"warning: an engine step failed ({e}): its {len(e.requests)} request(s) "
                    "failed; the run goes on")
         step_failures.append(e)
 
@@ -268,53 +323,7 @@ def run_engine(
             _drain(replica, grace_s)
     end = clock.now()
 
-    records = []
-    reasoning = {w.id: w.reasoning_len for w in wreqs if w.reasoning_len}
-    not_sent = session_feed.not_created if session_feed is not None else 0
-    for r in reqs:
-        if r.status == RequestStatus.WAITING and r.first_scheduled_time is None:
-            # Never reached the engine (its arrival came after the stop).
-            not_sent += 1
-            continue
-        error = error_type = None
-        cancelled = r.request_id in timer.cancelled
-        if cancelled:
-            pass  # counted apart: neither completed nor failed
-        elif r.status == RequestStatus.REJECTED:
-            error, error_type = r.finish_reason, "rejected"
-        elif r.status == RequestStatus.FAILED:
-            error, error_type = r.finish_reason, "engine_error"
-        elif r.status == RequestStatus.ABORTED:
-            error, error_type = "cancelled by the interrupt", "interrupted"
-        elif r.status != RequestStatus.FINISHED:
-            error, error_type = "run interrupted before the request finished", "interrupted"
-        records.append(
-            RequestRecord(
-                id=r.request_id,
-                prompt_tokens=r.num_prompt_tokens,
-                output_tokens=r.num_output_tokens,
-                intended_start_s=r.arrival_time,
-                send_s=r.arrival_time,
-                token_times_s=r.token_times,
-                error=error,
-                error_type=error_type,
-                output_token_ids=(
-                    list(r.output_token_ids)
-                    if keep_token_ids and r.prompt_token_ids is not None
-                    else None
-                ),
-                num_preemptions=r.num_preemptions,
-                first_scheduled_s=r.first_scheduled_time,
-                priority=r.priority,
-                cancelled=cancelled,
-                max_tokens=r.max_tokens,
-            )
-        )
-        if session_feed is not None:
-            records[-1].session_id, records[-1].turn = session_feed.labels(r)
-            records[-1].turn_kind = session_feed.turn_kind(r)
-        elif r.request_id in reasoning:
-            split_reasoning(records[-1], reasoning[r.request_id])
+    records, not_sent = _records(reqs, wreqs, timer, session_feed, keep_token_ids)
     finish_times = [r.finish_time for r in reqs if r.finish_time is not None]
     duration = end if not completed_all else max(finish_times, default=0.0)
     if math.isinf(duration):

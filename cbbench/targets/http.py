@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -53,6 +54,8 @@ from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.sse import SseStream
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ERROR_TYPES", "TOKEN_COUNT_METHODS", "EndpointOptions", "HttpRun", "error_rate",
@@ -352,7 +355,6 @@ def run_http(
     opts: EndpointOptions,
     wreqs: list[WorkloadRequest],
     arrivals: np.ndarray | Sequence[float],
-    notice: Callable[[str], None],
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     keep_token_ids: bool = False,  # unused: streamed text carries no token ids
@@ -389,7 +391,7 @@ def run_http(
     duration, info = asyncio.run(runner.run())
 
     records = [rec for rec in runner.records if rec is not None]
-    finish_http_run(opts, records, runner.methods, kinds, total, info, notice)
+    finish_http_run(opts, records, runner.methods, kinds, total, info)
     return HttpRun(
         records, duration, runner.stopped, info, total - len(records),
         runner.monitor.lag_ms if runner.monitor is not None else [],

@@ -24,7 +24,8 @@ A capture that fails leaves that kind of iteration eager, with the reason kept
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +49,9 @@ from .sampler import GREEDY_ROWS, RowParams, Sampler, SamplingBatch, SamplingSlo
 
 # Batch sizes with a captured decode graph: fine steps so padding wastes at most 15 rows
 # (capped at max_num_seqs, which is always added).
+
+log = logging.getLogger(__name__)
+
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, *range(16, 513, 16))
 # Token counts with piecewise graphs for mixed iterations: padding costs at most ~25% of the
 # rows; above the largest size an iteration runs eagerly (its GEMMs dwarf the launches).
@@ -96,7 +100,6 @@ class ModelRunner:
         max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
         sampler_seed: int = 0,
         max_num_batched_tokens: int | None = None,
-        notice: Callable[[str], None] | None = None,
         async_scheduling: bool = False,
     ) -> None:
         self.model = model
@@ -135,8 +138,8 @@ class ModelRunner:
         self.graphs_fallback_reason: str | None = None
         self.mixed_graphs_fallback_reason: str | None = None
         if use_cuda_graphs:
-            self.capture_decode_graphs(notice)
-            self.capture_mixed_graphs(notice)
+            self.capture_decode_graphs()
+            self.capture_mixed_graphs()
 
     @property
     def cuda_graphs_effective(self) -> bool:
@@ -398,9 +401,9 @@ class ModelRunner:
         return sorted({s for s in PIECEWISE_TOKEN_SIZES if s < cap} | {cap})
 
     @torch.inference_mode()
-    def capture_decode_graphs(self, notice: Callable[[str], None] | None = None) -> bool:
+    def capture_decode_graphs(self) -> bool:
         """Capture the decode ladder; on failure decode runs eagerly and the one-line reason
-        is kept (and given to ``notice``). Returns whether graphs are in use."""
+        is kept (and logged). Returns whether graphs are in use."""
         dev = self.device
         max_bs = self.max_num_seqs
         # Static inputs: the persistent buffers. cu_seqlens_q of a decode batch is always
@@ -414,23 +417,21 @@ class ModelRunner:
         reason = self.graphs.capture(self._graph_body)
         if reason is not None:
             self.graphs_fallback_reason = reason
-            if notice is not None:
-                notice(f"CUDA graph capture failed, decoding eagerly: {reason}")
+            log.info(f"CUDA graph capture failed, decoding eagerly: {reason}")
         return reason is None
 
     @torch.inference_mode()
-    def capture_mixed_graphs(self, notice: Callable[[str], None] | None = None) -> bool:
+    def capture_mixed_graphs(self) -> bool:
         """Capture the piecewise graphs of mixed iterations; on failure they run eagerly and
-        the reason is kept (and given to ``notice``). Returns whether they are in use."""
+        the reason is kept (and logged). Returns whether they are in use."""
         max_tokens = max(self.mixed_graphs.sizes)
         self.pieces = ForwardPieces(self.model, max_tokens, self.dtype, self.device)
         self.inputs.dev["slot_mapping"].fill_(PAD_SLOT)  # capture warm-ups store nothing
         reason = self.mixed_graphs.capture(self._piece_body, pool=self.graphs.pool)
         if reason is not None:
             self.mixed_graphs_fallback_reason = reason
-            if notice is not None:
-                notice(f"CUDA graph capture failed for mixed iterations, running them eagerly: "
-                       f"{reason}")  # fmt: skip
+            log.info(f"CUDA graph capture failed for mixed iterations, running them eagerly: "
+                     f"{reason}")
         return reason is None
 
     def _piece_body(self, size: int, piece: int) -> None:

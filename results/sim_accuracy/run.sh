@@ -11,13 +11,14 @@
 # 5. compare 3 and 4; summarize.py writes the errors of TTFT p50, TPOT p50, throughput
 #
 # Real runs use one intra-op thread (OMP_NUM_THREADS=1): on an oversubscribed host, torch's
-# two spinning OpenMP threads made iteration times 2-3x longer and far noisier. Full results
-# go to $WORK (they are MBs); the profile and the summaries are kept here.
+# two spinning OpenMP threads made iteration times 2-3x longer and far noisier. Everything
+# goes to $WORK (the full results are MBs); `table.py $WORK ...` makes the committed table's
+# row (results/sim_accuracy/table.md: one table for every repeat, not a folder each).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 TAG=${1:-$(date +%Y%m%d-%H%M)}
 WORK=${WORK:-$(mktemp -d)}
-OUT=results/sim_accuracy/$TAG
+OUT=$WORK/$TAG
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
 
@@ -44,4 +45,4 @@ cbbench compare "$WORK/real.json" "$WORK/sim.json" "$WORK/replay.json" > "$OUT/c
 python results/sim_accuracy/summarize.py "$WORK/cal.json" "$WORK/real.json" "$WORK/sim.json" \
   "$WORK/replay.json" > "$OUT/summary.md"
 cat "$OUT/summary.md"
-echo "full results: $WORK"
+echo "full results: $WORK; its row: python results/sim_accuracy/table.py $OUT"

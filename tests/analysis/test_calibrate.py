@@ -50,7 +50,7 @@ def shapes_run() -> dict:
     spec = RunSpec(workload="sharegpt", num_requests=60, request_rate=30.0, rate_given=True,
                    engine=EngineArgs(engine="sim", model="small", dtype="fp32",
                                      max_num_seqs=48, max_num_batched_tokens=1024))
-    return execute_run(spec, _quiet)
+    return execute_run(spec)
 
 
 def as_real(result: dict, rates: DeviceRates, seed: int = 0, outliers: int = 0,

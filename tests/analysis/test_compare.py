@@ -8,24 +8,18 @@ import json
 import re
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from cbbench.analysis.compare import Labeled, config_differences
 from cbbench.analysis.result import write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.bench.variants import parse_variant, parse_variants
-from cbbench.cli import compare as cmd_compare
+from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 
-app = typer.Typer()
-cmd_compare.register(app)
-
-
-@app.callback()
-def _root() -> None:  # keeps `compare` a named subcommand
-    pass
+# The real app: its command classes hold the one bad-input boundary (exit 2).
+app = cli_app
 
 
 runner = CliRunner()
@@ -34,7 +28,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def result() -> dict:
     spec = RunSpec(num_requests=60, engine=EngineArgs(engine="sim"))
-    return execute_run(spec, lambda msg: None)
+    return execute_run(spec)
 
 
 def _pair(tmp_path, result) -> tuple[str, str]:
@@ -111,15 +105,15 @@ def test_usage_errors(tmp_path, result):
 
 def test_variant_names():
     v = parse_variant("continuous-chunked+reserved")
-    assert (v.scheduler, v.chunked_prefill, v.kv_allocation) == ("continuous", True, "reserved")
+    assert (v.batching, v.chunked_prefill, v.kv_allocation) == ("continuous", True, "reserved")
     v = parse_variant("static")
-    assert (v.scheduler, v.chunked_prefill, v.kv_allocation) == ("static", False, None)
+    assert (v.batching, v.chunked_prefill, v.kv_allocation) == ("static", False, None)
     v = parse_variant("continuous")
-    assert (v.scheduler, v.chunked_prefill) == ("continuous", False)
+    assert (v.batching, v.chunked_prefill) == ("continuous", False)
     v = parse_variant("reserved+static")
-    assert (v.scheduler, v.kv_allocation) == ("static", "reserved")
+    assert (v.batching, v.kv_allocation) == ("static", "reserved")
     v = parse_variant("paged")
-    assert (v.scheduler, v.chunked_prefill, v.kv_allocation) == (None, None, "paged")
+    assert (v.batching, v.chunked_prefill, v.kv_allocation) == (None, None, "paged")
     for bad in ("fast", "static+continuous", "paged+reserved", "static+", ""):
         with pytest.raises(UsageError):
             parse_variant(bad)
@@ -130,9 +124,9 @@ def test_variant_names():
 
 
 def test_a_variant_keeps_the_other_engine_options():
-    base = EngineArgs(engine="sim", scheduler="static", chunked_prefill=True, max_num_seqs=8)
+    base = EngineArgs(engine="sim", batching="static", chunked_prefill=True, max_num_seqs=8)
     opts = parse_variant("reserved").apply(base)
-    assert (opts.scheduler, opts.chunked_prefill, opts.kv_allocation) == ("static", True, "reserved")
+    assert (opts.batching, opts.chunked_prefill, opts.kv_allocation) == ("static", True, "reserved")
     assert opts.max_num_seqs == 8
 
 

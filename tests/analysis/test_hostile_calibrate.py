@@ -34,7 +34,7 @@ def real() -> dict:
     spec = RunSpec(workload="sharegpt", num_requests=40, request_rate=30.0, rate_given=True,
                    engine=EngineArgs(engine="sim", model="small", dtype="fp32",
                                      max_num_seqs=32, max_num_batched_tokens=1024))
-    res = execute_run(spec, lambda _m: None)
+    res = execute_run(spec)
     cm = CostModel(MODEL_PRESETS["small"], "fp32", rates=RATES)
     rng = np.random.default_rng(0)
     for it in res["iterations"]:

@@ -1,6 +1,8 @@
-"""`cbbench report` on results that pass the loader but hold fields of the wrong kind
-(issue 19): one line naming the file, the record and the field, exit 2; before, each plot
-crashed its own way (AttributeError, ValueError, TypeError tracebacks)."""
+"""`cbbench report` on results that hold fields of the wrong kind (issue 19): one line naming
+the file, the record and the field, exit 2; before, each plot crashed its own way
+(AttributeError, ValueError, TypeError tracebacks). The schema (cbbench/schema/) refuses most
+of them as the file is read, naming the field's path; the report's own checks remain for what
+the schema allows (a null requests list)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ def good(tmp_path_factory) -> dict:
 
     spec = RunSpec(workload="sharegpt", num_requests=4, save_detailed=True,
                    engine=EngineArgs(engine="sim"))
-    return json.loads(json.dumps(execute_run(spec, lambda m: None)))
+    return json.loads(json.dumps(execute_run(spec)))
 
 
 def _mutate(result: dict, path: str, value):
@@ -40,19 +42,19 @@ def _mutate(result: dict, path: str, value):
 
 
 CASES = {
-    "requests-a-string": ("requests", "oops", "'requests' is a str"),
-    "requests-of-strings": ("requests", ["a", "b"], "'requests'[0] is a str"),
+    "requests-a-string": ("requests", "oops", "requests: Input should be a valid list"),
+    "requests-of-strings": ("requests", ["a", "b"], "requests.0: Input should be"),
     "requests-null": ("requests", None, "'requests' is null"),
     "requests-absent": ("requests", KeyError, None),  # a summary-only result: fine
-    "request-without-id": ("requests.0.id", KeyError, "request 0 has no 'id'"),
-    "request-ttft-text": ("requests.1.ttft_ms", "x", "request 1 has 'ttft_ms' = 'x'"),
-    "request-token-times-text": ("requests.0.token_times_s", "y", "'token_times_s'"),
-    "iterations-a-string": ("iterations", "oops", "'iterations' is a str"),
-    "iteration-empty": ("iterations", [{}], "iteration 0 has no 'index'"),
-    "iteration-start-text": ("iterations.0.start_s", "x", "iteration 0 has 'start_s' = 'x'"),
-    "iteration-kv-total-nan": ("iterations.0.kv_blocks_total", float("nan"), "'kv_blocks_total'"),
-    "config-scheduler-list": ("config.scheduler", ["x"], "config has 'scheduler'"),
-    "telemetry-a-string": ("telemetry", "x", "'telemetry' is a str"),
+    "request-without-id": ("requests.0.id", KeyError, "requests.0.id: Field required"),
+    "request-ttft-text": ("requests.1.ttft_ms", "x", "requests.1.ttft_ms:"),
+    "request-token-times-text": ("requests.0.token_times_s", "y", "requests.0.token_times_s:"),
+    "iterations-a-string": ("iterations", "oops", "iterations: Input should be a valid list"),
+    "iteration-empty": ("iterations", [{}], "iterations.0.index: Field required"),
+    "iteration-start-text": ("iterations.0.start_s", "x", "iterations.0.start_s:"),
+    "iteration-kv-total-nan": ("iterations.0.kv_blocks_total", float("nan"), "iterations.0.kv_blocks_total:"),
+    "config-scheduler-list": ("config.scheduler", ["x"], "config.scheduler:"),
+    "telemetry-a-string": ("telemetry", "x", "telemetry: Input should be"),
 }
 
 
@@ -85,15 +87,15 @@ def good_sweep(tmp_path_factory) -> dict:
 
 
 SWEEP_CASES = {
-    "points-a-string": ("points", "x", "'points' is a str"),
-    "points-null": ("points", None, "'points' is a NoneType"),
-    "point-an-int": ("points.0", 1, "point 0 is a int"),
-    "point-rate-text": ("points.0.rate", "x", "point 0 has rate 'x'"),
-    "point-rate-absent": ("points.1.rate", KeyError, "point 1 has rate None"),
-    "point-throughput-text": ("points.0.output_throughput", "x", "output_throughput 'x'"),
-    "point-ttft-bool": ("points.0.ttft_p99_ms", True, "ttft_p99_ms True"),
-    "slo-a-string": ("slo", "x", "'slo' is 'x'"),
-    "slo-limit-text": ("slo", {"limits_ms": {"ttft_p99": "x"}}, "'slo' is"),
+    "points-a-string": ("points", "x", "points: Input should be a valid list"),
+    "points-null": ("points", None, "points: Input should be a valid list"),
+    "point-an-int": ("points.0", 1, "points.0: Input should be"),
+    "point-rate-text": ("points.0.rate", "x", "points.0.rate"),
+    "point-rate-absent": ("points.1.rate", KeyError, "points.1.rate: Field required"),
+    "point-throughput-text": ("points.0.output_throughput", "x", "points.0.output_throughput:"),
+    "point-ttft-bool": ("points.0.ttft_p99_ms", True, "points.0.ttft_p99_ms:"),
+    "slo-a-string": ("slo", "x", "slo: Input should be"),
+    "slo-limit-text": ("slo", {"limits_ms": {"ttft_p99": "x"}}, "slo."),
     "ttft-null": ("points.0.ttft_p99_ms", None, None),  # a figure a point lacks: fine
 }
 

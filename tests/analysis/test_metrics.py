@@ -191,6 +191,7 @@ def test_parse_slo_accepts(text, expected):
         ("ttft=-5", "must be > 0"),
         ("ttft=0", "must be > 0"),
         ("ttft=nan", "must be > 0"),
+        ("ttft_p99=500", "sets an attainment"),  # one grammar; goodput refuses the suffix
         ("ttft=500,", "invalid SLO"),  # trailing empty part
         ("ttft=500,foo=1", "invalid SLO"),
     ],

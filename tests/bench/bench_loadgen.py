@@ -135,7 +135,7 @@ def bench(
         load_before = os.getloadavg()[0]
         cpu0 = resource.getrusage(resource.RUSAGE_SELF)
         run = run_load(
-            opts, wreqs, arrivals, lambda m: print(m, file=sys.stderr), LoadPlan(workers)
+            opts, wreqs, arrivals, LoadPlan(workers)
         )
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     finally:

@@ -193,7 +193,7 @@ def client_main(spec_path: str, out_path: str) -> None:
         WorkloadRequest(i, PROMPT_LEN, tokens, prompt=f"{tag}-{i}") for i in range(len(arrivals))
     ]
     opts = EndpointOptions(spec["url"], served_model=MODEL)
-    notices: list[str] = []
+    notices: list[str] = []  # notices now go through logging (the cbbench logger)
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN
     )
@@ -211,10 +211,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         from cbbench.distributed.plan import LoadPlan
         from cbbench.distributed.run import run_load
 
-        run = run_load(opts, wreqs, arrivals, notices.append, LoadPlan(spec["workers"]))
+        run = run_load(opts, wreqs, arrivals, LoadPlan(spec["workers"]))
     else:
         window = _RunWindow()
-        run = run_http(opts, wreqs, arrivals, notices.append, on_progress=window.progress)
+        run = run_http(opts, wreqs, arrivals, on_progress=window.progress)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(spec["profile"])

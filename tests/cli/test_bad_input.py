@@ -392,7 +392,7 @@ def test_prompt_beyond_the_context_is_rejected_and_the_run_goes_on(tmp_path):
     from cbbench.bench.runner import execute_run
 
     lines = [{"prompt_len": 100, "output_len": 8}] * 3 + [{"prompt_len": 9000, "output_len": 8}]
-    result = execute_run(_spec(tmp_path, lines, engine="sim"), lambda m: None)
+    result = execute_run(_spec(tmp_path, lines, engine="sim"))
     s = result["summary"]
     assert s["completed"] == 3 and s["failed"] == 1
     assert s["error_types"] == {"rejected": 1}
@@ -406,7 +406,7 @@ def test_prompt_beyond_the_whole_kv_pool_is_rejected_and_the_run_goes_on(tmp_pat
 
     lines = [{"prompt_len": 40, "output_len": 8}] * 3 + [{"prompt_len": 500, "output_len": 8}]
     spec = _spec(tmp_path, lines, engine="sim", num_kv_blocks=8, block_size=16)
-    result = execute_run(spec, lambda m: None)
+    result = execute_run(spec)
     s = result["summary"]
     assert s["completed"] == 3 and s["error_types"] == {"rejected": 1}
     assert "needs 32 KV blocks but the whole pool has 8" in _by_id(result)[3]["error"]
@@ -419,7 +419,7 @@ def test_torch_engine_rejects_a_prompt_beyond_the_context(tmp_path):
     lines = [{"prompt_len": 12, "output_len": 4}] * 2 + [{"prompt_len": 300, "output_len": 4}]
     spec = _spec(tmp_path, lines, engine="torch", device="cpu", model="tiny", max_model_len=128,
                  num_kv_blocks=64)
-    result = execute_run(spec, lambda m: None)
+    result = execute_run(spec)
     s = result["summary"]
     assert s["completed"] == 2 and s["error_types"] == {"rejected": 1}
     assert "exceed the model's context of 128" in _by_id(result)[2]["error"]
@@ -431,7 +431,7 @@ def test_torch_engine_rejects_an_absurd_prompt_len_without_building_it(tmp_path)
 
     lines = [{"prompt_len": 12, "output_len": 4}, {"prompt_len": 10**12, "output_len": 4}]
     spec = _spec(tmp_path, lines, engine="torch", device="cpu", model="tiny", num_kv_blocks=64)
-    result = execute_run(spec, lambda m: None)
+    result = execute_run(spec)
     assert result["summary"]["error_types"] == {"rejected": 1}
 
 
@@ -444,4 +444,4 @@ def test_absurd_arrival_time_is_a_usage_error(tmp_path):
              {"prompt_len": 8, "output_len": 2, "arrival_s": 1e300}]
     spec = _spec(tmp_path, lines, engine="torch", device="cpu", model="tiny", num_kv_blocks=64)
     with pytest.raises(UsageError, match="arrival_s"):
-        execute_run(spec, lambda m: None)
+        execute_run(spec)

@@ -201,7 +201,7 @@ def test_workloads_list_and_show():
         (["--slo", "ttfb=5"], "invalid SLO"),
         (["--slo", "ttft=-1"], "must be > 0"),
         (["--num-requests", "0"], "--num-requests must be >= 1"),
-        (["--burstiness", "0"], "--burstiness must be a positive number"),
+        (["--burstiness", "0"], "--burstiness must be > 0"),
         (["--scheduler", "fifo"], "--scheduler must be one of continuous, static, got 'fifo'"),
         (["--max-num-seqs", "0"], "--max-num-seqs must be >= 1"),
     ],

@@ -126,7 +126,7 @@ def recorded(tmp_path_factory) -> dict:
     from cbbench.engine.args import EngineArgs
 
     spec = RunSpec(workload="sharegpt", num_requests=3, engine=EngineArgs(engine="sim"))
-    return json.loads(json.dumps(execute_run(spec, lambda m: None)))
+    return json.loads(json.dumps(execute_run(spec)))
 
 
 REPLAY_CASES = {  # (section, key, value, text in the error); request keys edit record 0

@@ -272,7 +272,7 @@ def test_interrupted_sim_run_produces_a_valid_result(tmp_path):
     from cbbench.bench.runner import execute_run
 
     stop = _StopAfter(400)
-    result = execute_run(_sim_spec(), lambda msg: None, should_stop=stop)
+    result = execute_run(_sim_spec(), should_stop=stop)
     assert stop.calls > 400
     assert result["interrupted"] is True
     s = result["summary"]
@@ -291,7 +291,7 @@ def test_interrupted_sim_run_produces_a_valid_result(tmp_path):
 def test_sim_run_stopped_before_the_first_step(tmp_path):
     from cbbench.bench.runner import execute_run
 
-    result = execute_run(_sim_spec(50, rate=float("inf")), lambda m: None, should_stop=lambda: True)
+    result = execute_run(_sim_spec(50, rate=float("inf")), should_stop=lambda: True)
     s = result["summary"]
     assert result["interrupted"] is True
     assert s["completed"] == 0 and s["failed"] == 0 and s["not_sent"] == 50

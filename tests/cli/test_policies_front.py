@@ -33,14 +33,14 @@ def _opts(**kw) -> EngineArgs:
 
 def test_engine_options_defaults_and_validation():
     o = _opts()
-    assert (o.preemption, o.swap_space, o.policy, o.enable_prefix_caching) == (
+    assert (o.preemption, o.swap_space, o.queue_policy, o.enable_prefix_caching) == (
         "recompute", 4.0, "fcfs", False
     )
-    o = _opts(preemption="swap", swap_space=0.5, policy="priority", enable_prefix_caching=True)
-    assert (o.preemption, o.swap_space, o.policy, o.enable_prefix_caching) == (
+    o = _opts(preemption="swap", swap_space=0.5, queue_policy="priority", enable_prefix_caching=True)
+    assert (o.preemption, o.swap_space, o.queue_policy, o.enable_prefix_caching) == (
         "swap", 0.5, "priority", True
     )
-    for bad in (dict(preemption="offload"), dict(policy="lifo"), dict(swap_space=-1.0),
+    for bad in (dict(preemption="offload"), dict(queue_policy="lifo"), dict(swap_space=-1.0),
                 dict(swap_space=float("nan"))):  # fmt: skip
         with pytest.raises(UsageError):
             _opts(**bad)
@@ -53,15 +53,15 @@ def test_run_rejects_an_unknown_policy_with_usage_exit():
 
 def test_compare_variants_combine_the_policy_axes():
     v = parse_variant("swap+priority+prefix-cache")
-    assert (v.preemption, v.policy, v.enable_prefix_caching) == ("swap", "priority", True)
-    assert v.scheduler is None and v.kv_allocation is None
+    assert (v.preemption, v.queue_policy, v.enable_prefix_caching) == ("swap", "priority", True)
+    assert v.batching is None and v.kv_allocation is None
     v = parse_variant("continuous-chunked+recompute+fcfs+no-prefix-cache+reserved")
-    assert (v.scheduler, v.kv_allocation, v.preemption, v.policy, v.enable_prefix_caching) == (
+    assert (v.batching, v.kv_allocation, v.preemption, v.queue_policy, v.enable_prefix_caching) == (
         "continuous", "reserved", "recompute", "fcfs", False
     )
     base = EngineArgs(engine="sim", preemption="swap", swap_space=1.0, num_kv_blocks=100)
     opts = parse_variant("priority").apply(base)
-    assert (opts.preemption, opts.swap_space, opts.policy) == ("swap", 1.0, "priority")
+    assert (opts.preemption, opts.swap_space, opts.queue_policy) == ("swap", 1.0, "priority")
     assert parse_variant("prefix-cache").apply(base).enable_prefix_caching
     for bad in ("swap+recompute", "fcfs+priority", "prefix-cache+no-prefix-cache", "lru"):
         with pytest.raises(UsageError):
@@ -125,7 +125,7 @@ def _sim(workload="sharegpt", n=300, rate=float("inf"), **engine) -> dict:
         rate_given=rate != float("inf"),
         engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", **engine),
     )  # fmt: skip
-    return execute_run(spec, _quiet)
+    return execute_run(spec)
 
 
 def test_sim_swap_reports_traffic_and_time():
@@ -174,7 +174,7 @@ def test_sim_priority_protects_the_high_class(tmp_path):
     ))  # fmt: skip
     kw = dict(n=None, rate=float("inf"), num_kv_blocks=1500)
     fcfs = _sim(str(path), **kw)
-    prio = _sim(str(path), policy="priority", **kw)
+    prio = _sim(str(path), queue_policy="priority", **kw)
     f, p = fcfs["summary"]["per_priority"], prio["summary"]["per_priority"]
     assert f["0"]["completed"] == p["0"]["completed"] == 80
     assert p["0"]["ttft_ms"]["mean"] < f["0"]["ttft_ms"]["mean"] / 3

@@ -6,25 +6,19 @@ import json
 import math
 
 import pytest
-import typer
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from cbbench.bench.probe import ProbeSizing, check_steady, rate_label, run_probe, saturation_rate
 from cbbench.bench.runner import RunSpec
 from cbbench.bench.sweep import AUTO_HIGH_FRACTION, AUTO_LOW_FRACTION, auto_rates, parse_rates
-from cbbench.cli import sweep as cmd_sweep
+from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.report.sweep_plot import is_sweep_file, latency_throughput, load_sweep
 
-app = typer.Typer()
-cmd_sweep.register(app)
-
-
-@app.callback()
-def _root() -> None:  # keeps `sweep` a named subcommand
-    pass
+# The real app: its command classes hold the one bad-input boundary (exit 2).
+app = cli_app
 
 
 runner = CliRunner()
@@ -148,12 +142,12 @@ def test_overloaded_point_is_flagged_not_steady(tmp_path):
 def test_steady_check_queue_signals():
     base = RunSpec(workload="sharegpt", engine=EngineArgs(engine="sim", max_num_seqs=4))
     sizing = ProbeSizing(num_requests=200, min_duration_s=0)
-    burst = run_probe(base, math.inf, sizing, None, lambda m: None)
+    burst = run_probe(base, math.inf, sizing, None)
     assert check_steady(burst, math.inf).steady is None
     sat = saturation_rate(burst)
     assert 0.5 * sat < burst["summary"]["request_throughput"] <= 1.5 * sat
 
-    over = run_probe(base, 3 * sat, sizing, None, lambda m: None)
+    over = run_probe(base, 3 * sat, sizing, None)
     check = check_steady(over, 3 * sat)
     assert check.steady is False
     assert check.in_flight_end > check.in_flight_mid

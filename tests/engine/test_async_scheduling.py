@@ -37,7 +37,7 @@ def _run(async_scheduling: bool, eos: dict[int, int], num_kv_blocks: int):
     args = EngineArgs(engine="torch", device="cpu", model="tiny", max_num_seqs=6,
                       max_num_batched_tokens=48, num_kv_blocks=num_kv_blocks, block_size=4,
                       async_scheduling=async_scheduling)  # fmt: skip
-    engine, _ = build_engine(args, notice=lambda msg: None)
+    engine, _ = build_engine(args)
     reqs = _requests(eos)
     assert run_until_done(engine, reqs)
     records = [

@@ -38,7 +38,7 @@ def run(workload: str, dp: int, router: str = "round-robin", **kw) -> dict:
     spec = RunSpec(workload=workload, num_requests=kw.pop("num_requests", None),
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b",
                                      data_parallel_size=dp, router=router, **engine), **kw)
-    return execute_run(spec, _quiet)
+    return execute_run(spec)
 
 
 @pytest.fixture(scope="module")

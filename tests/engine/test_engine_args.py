@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench.cli.app import app
-from cbbench.engine.args import ATTENTION_BACKENDS, EngineArgs, EngineArgsError, flag_of
+from cbbench.engine.args import ATTENTION_BACKENDS, EngineArgs, EngineArgsError, field_flag
 
 runner = CliRunner()
 ENGINE_COMMANDS = ("run", "serve", "compare", "sweep", "capacity")
@@ -32,7 +32,7 @@ def test_every_engine_command_takes_every_engine_option(command):
     flags = {opt for p in group.params for opt in p.opts}
     for name, f in FIELDS.items():
         if f.metadata.get("cli", True):
-            assert flag_of(name) in flags, (command, name)
+            assert field_flag(f) in flags, (command, name)
 
 
 def typer_command(name: str):
@@ -47,7 +47,7 @@ def test_defaults_are_valid():
 
 @pytest.mark.parametrize("name", CHOICE_FIELDS)
 def test_a_bad_choice_is_rejected_by_validate(name):
-    with pytest.raises(EngineArgsError, match=flag_of(name)):
+    with pytest.raises(EngineArgsError, match=field_flag(FIELDS[name])):
         EngineArgs(**{name: "bogus"}).validate()
 
 
@@ -55,10 +55,10 @@ def test_a_bad_choice_is_rejected_by_validate(name):
 def test_a_bad_choice_exits_2_with_one_line_before_anything_runs(name, tmp_path):
     # --engine sim included: a torch-only option is checked on the simulator too.
     args = ["run", "--engine", "sim", "--num-requests", "3", "--output", str(tmp_path / "r.json")]
-    r = runner.invoke(app, [*args, flag_of(name), "bogus"])
+    r = runner.invoke(app, [*args, field_flag(FIELDS[name]), "bogus"])
     assert r.exit_code == 2, r.output
     lines = r.stderr.strip().splitlines()
-    assert lines == [lines[0]] and lines[0].startswith(f"cbbench: error: {flag_of(name)} must be")
+    assert lines == [lines[0]] and lines[0].startswith(f"cbbench: error: {field_flag(FIELDS[name])} must be")
     assert not (tmp_path / "r.json").exists()
 
 
@@ -89,4 +89,4 @@ def test_build_rejects_invalid_args_before_building():
     from cbbench.engine.build import build_engine
 
     with pytest.raises(EngineArgsError, match="--kv-allocation"):
-        build_engine(EngineArgs(engine="sim", kv_allocation="bogus"), notice=print)
+        build_engine(EngineArgs(engine="sim", kv_allocation="bogus"))

@@ -147,7 +147,7 @@ def _spec(n: int, scheduler: str = "continuous", seed: int = 0, rate: float = fl
         request_rate=rate,
         rate_given=rate != float("inf"),
         engine=EngineArgs(
-            engine="sim", gpu="h200", model="llama-3-8b", scheduler=scheduler, max_num_seqs=256
+            engine="sim", gpu="h200", model="llama-3-8b", batching=scheduler, max_num_seqs=256
         ),
     )
 
@@ -157,19 +157,19 @@ def _quiet(_msg: str) -> None:
 
 
 def test_same_seed_gives_identical_results():
-    a = execute_run(_spec(300, seed=7, rate=30.0), _quiet)
-    b = execute_run(_spec(300, seed=7, rate=30.0), _quiet)
+    a = execute_run(_spec(300, seed=7, rate=30.0))
+    b = execute_run(_spec(300, seed=7, rate=30.0))
     assert a["summary"] == b["summary"]
     assert a["requests"] == b["requests"]
     assert a["iterations"] == b["iterations"]
-    c = execute_run(_spec(300, seed=8, rate=30.0), _quiet)
+    c = execute_run(_spec(300, seed=8, rate=30.0))
     assert c["summary"] != a["summary"]
 
 
 @pytest.fixture(scope="module")
 def sharegpt_600():
     return {
-        policy: execute_run(_spec(600, scheduler=policy), _quiet)
+        policy: execute_run(_spec(600, scheduler=policy))
         for policy in ("continuous", "static")
     }
 

@@ -80,18 +80,16 @@ def test_result_config_says_what_auto_chose_and_why_no_graphs():
         workload="sharegpt", num_requests=2,
         engine=EngineArgs(engine="torch", model="tiny", attention_backend="auto", max_num_seqs=4),
     )  # fmt: skip
-    config = execute_run(spec, lambda _: None)["config"]
+    config = execute_run(spec)["config"]
     assert config["attention_backend_requested"] == "auto"
     assert config["attention_backend"] == "torch"
     assert config["cuda_graphs_effective"] is False
     assert config["cuda_graphs_reason"] == "no CUDA device"
 
 
-def test_flash_attn_chosen_with_graphs_says_so(monkeypatch):
+def test_flash_attn_chosen_with_graphs_says_so(monkeypatch, notices):
     """Where auto picks flash-attn (a CUDA GPU, block size 256), graphs are planned and the
     run's notices say that this pairing is untested; built with stand-ins up to the plan."""
-    notices = []
-
     class Stop(Exception):
         pass
 
@@ -106,5 +104,5 @@ def test_flash_attn_chosen_with_graphs_says_so(monkeypatch):
     args = EngineArgs(engine="torch", model="tiny", attention_backend="auto", block_size=256,
                       max_num_seqs=4, device="cpu")  # fmt: skip
     with pytest.raises(Stop):
-        build_torch.build_torch_engine(args, notices.append)
+        build_torch.build_torch_engine(args)
     assert any("flash-attn (asked: auto) with decode CUDA graphs: untested" in n for n in notices)

@@ -84,7 +84,7 @@ def test_cli_run_with_a_huge_top_k_completes(tmp_path):
     w.write_text("".join(json.dumps({"prompt_len": 6, "output_len": 3}) + "\n" for _ in range(2)))
     opts = EngineArgs(engine="torch", device="cpu", model="tiny", num_kv_blocks=32,
                       temperature=1.0, top_p=0.5, top_k=HUGE_TOP_K).validate()
-    result = execute_run(RunSpec(workload=str(w), num_requests=2, engine=opts), lambda m: None)
+    result = execute_run(RunSpec(workload=str(w), num_requests=2, engine=opts))
     assert result["summary"]["completed"] == 2 and result["summary"]["failed"] == 0
 
 
@@ -113,7 +113,7 @@ class PoisonedExecutor:
 def _sim_engine(ids=(), **kw):
     from cbbench.engine.build import build_engine
 
-    engine, info = build_engine(sim_options(**kw), lambda m: None)
+    engine, info = build_engine(sim_options(**kw))
     engine.executor = PoisonedExecutor(engine.executor, ids)
     return engine, info
 
@@ -152,19 +152,19 @@ def test_run_feed_goes_on_after_a_failed_step():
     assert len(failures) >= 1 and engine.block_manager.num_used_blocks == 0
 
 
-def test_in_process_run_records_the_failed_requests_and_finishes(tmp_path, monkeypatch):
+def test_in_process_run_records_the_failed_requests_and_finishes(tmp_path, monkeypatch, notices):
     """The CLI's in-process target: the failed request is an `engine_error`, the rest of the
     run completes and the result is whole."""
     import cbbench.targets.engine as target
     from cbbench.bench.runner import RunSpec, execute_run
 
-    monkeypatch.setattr(target, "build_engine", lambda opts, notice: _sim_engine(ids={1}))
+    monkeypatch.setattr(target, "build_engine", lambda opts: _sim_engine(ids={1}))
     w = tmp_path / "w.jsonl"
     lines = [{"prompt_len": 3, "output_len": 3, "arrival_s": 0.05 * i} for i in range(4)]
     w.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    notes = []
+    notes = notices  # the logged notices (conftest)
     spec = RunSpec(workload=str(w), num_requests=4, engine=sim_options())
-    result = execute_run(spec, notes.append)
+    result = execute_run(spec)
     s = result["summary"]
     assert s["error_types"] == {"engine_error": 1}
     assert s["completed"] == 3
@@ -234,7 +234,7 @@ def test_an_exception_admitting_one_request_fails_it_in_the_cli_too(tmp_path, mo
     import cbbench.targets.engine as target
     from cbbench.bench.runner import RunSpec, execute_run
 
-    def build(opts, notice):
+    def build(opts):
         engine, info = _sim_engine()
         reason = engine.scheduler.rejection_reason
 
@@ -249,7 +249,6 @@ def test_an_exception_admitting_one_request_fails_it_in_the_cli_too(tmp_path, mo
     monkeypatch.setattr(target, "build_engine", build)
     w = tmp_path / "w.jsonl"
     w.write_text("".join(json.dumps({"prompt_len": 3, "output_len": 2}) + "\n" for _ in range(4)))
-    result = execute_run(RunSpec(workload=str(w), num_requests=4, engine=sim_options()),
-                         lambda m: None)
+    result = execute_run(RunSpec(workload=str(w), num_requests=4, engine=sim_options()))
     s = result["summary"]
     assert s["completed"] == 3 and s["error_types"] == {"engine_error": 1}

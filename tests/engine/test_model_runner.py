@@ -216,15 +216,14 @@ def test_decode_graph_replay_logic_matches_eager(backend, eager_graphs):
     assert {bs: g.replays for bs, g in graphs.items()} == {1: 1, 2: 0, 4: 1, 8: 2}
 
 
-def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_graphs):
+def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_graphs, notices):
     """A capture error (simulated: a decode capture raises) drops every decode graph, keeps a
-    one-line reason, tells the notice, and the engine then serves every request (decodes
+    one-line reason, logs it, and the engine then serves every request (decodes
     through the piecewise graphs) with the same tokens as a runner that never tried graphs."""
     _fail_decode_capture(eager_graphs)
-    notices = []
     outputs = {}
     for graphs in (False, True):
-        h = Harness(max_num_seqs=8, use_cuda_graphs=graphs, notice=notices.append)
+        h = Harness(max_num_seqs=8, use_cuda_graphs=graphs)
         if graphs:
             assert not h.runner.cuda_graphs_effective
             reason = h.runner.graphs_fallback_reason
@@ -292,10 +291,9 @@ def test_mixed_piecewise_graph_replay_matches_eager(backend, eager_graphs):
     assert all(g.replays == graphs[0].replays for graphs in pieces.values() for g in graphs)
 
 
-def test_failed_mixed_capture_runs_mixed_iterations_eagerly(eager_graphs):
+def test_failed_mixed_capture_runs_mixed_iterations_eagerly(eager_graphs, notices):
     eager_graphs.fail = staticmethod(lambda pieces: pieces > 1)
-    notices = []
-    h = Harness(max_num_seqs=8, use_cuda_graphs=True, notice=notices.append)
+    h = Harness(max_num_seqs=8, use_cuda_graphs=True)
     assert h.runner.cuda_graphs_effective and not h.runner.mixed_graphs_effective
     assert "operation not permitted" in h.runner.mixed_graphs_fallback_reason
     assert len(notices) == 1 and "mixed iterations" in notices[0]
@@ -390,7 +388,8 @@ def test_kv_blocks_for_memory_follows_the_design_rule():
     assert num_kv_blocks_for_memory(config, 16, "bf16", 10**9) == 0  # weights alone overflow
 
 
-def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_graphs, monkeypatch):
+def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_graphs, monkeypatch,
+                                                                        notices):
     """Through cbbench's own run path: graphs asked for and captured (stand-ins) on the CPU,
     a decode capture fails, the run serves every request, and the result's config says
     cuda_graphs_effective: false with the one-line reason."""
@@ -400,12 +399,11 @@ def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_gr
 
     _fail_decode_capture(eager_graphs)
     monkeypatch.setattr(build_torch, "_graphs_plan", lambda args, on_cuda, backend: (True, None))
-    notices = []
     spec = RunSpec(
         workload="sharegpt", num_requests=6, engine=EngineArgs(engine="torch", model="tiny",
                                                                 max_num_seqs=8),
     )  # fmt: skip
-    result = execute_run(spec, notices.append)
+    result = execute_run(spec)
     config = result["config"]
     assert config["cuda_graphs"] is True and config["cuda_graphs_effective"] is False
     assert config["cuda_graphs_reason"].startswith("capture failed: RuntimeError: CUDA error")
@@ -422,10 +420,10 @@ def test_fused_kernels_switch(monkeypatch):
     from cbbench.engine.args import EngineArgs, EngineArgsError
 
     base = dict(engine="torch", model="tiny", attention_backend="torch", max_model_len=64)
-    _, info = build.build_engine(EngineArgs(**base), notice=lambda m: None)
+    _, info = build.build_engine(EngineArgs(**base))
     assert info.fused_kernels is False
-    engine, info = build.build_engine(EngineArgs(**base, fused_kernels="on"), lambda m: None)
+    engine, info = build.build_engine(EngineArgs(**base, fused_kernels="on"))
     assert info.fused_kernels is True and engine.executor.model.ops.fused
     monkeypatch.setattr("cbbench.kernels.available_backends", lambda device: ["reference", "torch"])
     with pytest.raises(EngineArgsError, match="--fused-kernels on: the Triton kernels cannot run"):
-        build.build_engine(EngineArgs(**base, fused_kernels="on"), lambda m: None)
+        build.build_engine(EngineArgs(**base, fused_kernels="on"))

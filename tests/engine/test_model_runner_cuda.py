@@ -177,7 +177,7 @@ def test_cuda_kv_block_count_fits_in_free_memory():
     assert 0 < blocks * kv_block_bytes(config, BLOCK_SIZE, torch.bfloat16) <= 0.5 * total
 
 
-def test_graph_capture_error_falls_back_to_eager(monkeypatch):
+def test_graph_capture_error_falls_back_to_eager(monkeypatch, notices):
     """A body that syncs with the host cannot be captured: the capture really fails (its reason
     names the capture error, not a TypeError from a stand-in with the wrong signature), the
     caller's stream is current again (engine/cuda_graphs.py's cleanup), and the runner decodes
@@ -191,12 +191,10 @@ def test_graph_capture_error_falls_back_to_eager(monkeypatch):
 
     body = syncing_graph_body(ModelRunner._graph_body, sync)
     monkeypatch.setattr(ModelRunner, "_graph_body", body)
-    notices = []
     default_stream = torch.cuda.current_stream()
     runner = ModelRunner(
         model, config, allocate_kv_cache(config, NUM_BLOCKS, BLOCK_SIZE, torch.bfloat16, DEVICE),
         BLOCK_SIZE, DEVICE, torch.bfloat16, use_cuda_graphs=True, max_num_seqs=4,
-        notice=notices.append,
     )  # fmt: skip
     monkeypatch.undo()
     # The warm-up runs (not capturing) synced fine; the first capture's sync is what failed.
@@ -230,7 +228,7 @@ def test_no_triton_compilation_after_warmup():
 
     args = EngineArgs(engine="torch", device="cuda", model="tiny", max_num_seqs=16,
                       max_num_batched_tokens=64, num_kv_blocks=512)  # fmt: skip
-    engine, info = build_engine(args, notice=lambda msg: None)
+    engine, info = build_engine(args)
     if engine.executor.kernel_compilations_since_ready() is None:
         pytest.skip("Triton's compilation hook is not available")
     g = torch.Generator().manual_seed(1)

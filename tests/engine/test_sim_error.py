@@ -79,7 +79,7 @@ def sim_spec(n: int = 40) -> RunSpec:
 
 
 def test_every_simulated_record_predicts_its_own_duration():
-    result = execute_run(sim_spec(), _quiet)
+    result = execute_run(sim_spec())
     its = result["iterations"]
     assert its
     for record in its:
@@ -116,7 +116,7 @@ def torch_spec(workload: str, **engine) -> RunSpec:
 
 
 def test_a_cpu_run_without_a_profile_has_null_predictions_and_says_why(small_workload):
-    result = execute_run(torch_spec(small_workload), _quiet)
+    result = execute_run(torch_spec(small_workload))
     assert all(r["predicted_s"] is None for r in result["iterations"])
     assert all(r["bytes_moved"] > 0 for r in result["iterations"])  # still analytic figures
     eng = result["summary"]["engine"]
@@ -133,14 +133,14 @@ def test_a_real_engine_with_device_rates_predicts_every_iteration(monkeypatch, s
                         row_overhead_s=1e-4)
     real_build = build.build_torch_engine
 
-    def with_rates(args, notice):
-        engine, info = real_build(args, notice)
+    def with_rates(args):
+        engine, info = real_build(args)
         cm = engine.cost_model
         engine.cost_model = CostModel(cm.model, "fp32", rates=rates)
         return engine, info
 
     monkeypatch.setattr(build, "build_torch_engine", with_rates)
-    result = execute_run(torch_spec(small_workload), _quiet)
+    result = execute_run(torch_spec(small_workload))
     cm = CostModel(_tiny(), "fp32", rates=rates)
     for record in result["iterations"]:
         assert record["predicted_s"] is not None and record["predicted_s"] > 0

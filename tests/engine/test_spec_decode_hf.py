@@ -153,7 +153,7 @@ def test_oracle_drafts_keep_outputs_and_roll_back_across_blocks(tmp_path):
     args = EngineArgs(engine="torch", model=str(folder), device="cpu", dtype="fp32",
                       block_size=4, num_kv_blocks=40, max_num_batched_tokens=24,
                       speculative_tokens=5)  # fmt: skip
-    engine, _ = build_engine(args, lambda _: None)
+    engine, _ = build_engine(args)
     engine.drafter = OracleDrafter(5, dict(enumerate(expected)))
     reqs = [Request(i, len(p), n, prompt_token_ids=p)
             for i, (p, n) in enumerate(zip(prompts, outs, strict=True))]  # fmt: skip
@@ -181,11 +181,10 @@ def test_oracle_drafts_keep_outputs_and_roll_back_across_blocks(tmp_path):
     assert bm.num_free_blocks == bm.num_blocks
 
 
-def test_torch_engine_ignores_acceptance_rate_with_one_notice():
-    notices: list[str] = []
+def test_torch_engine_ignores_acceptance_rate_with_one_notice(notices):
     args = EngineArgs(engine="torch", model="tiny", device="cpu", num_kv_blocks=16,
                       speculative_tokens=2, acceptance_rate=0.5)  # fmt: skip
-    engine, info = build_engine(args, notices.append)
+    engine, info = build_engine(args)
     ignored = [n for n in notices if "--acceptance-rate" in n]
     assert len(ignored) == 1 and "ignored by the torch engine" in ignored[0]
     assert "\n" not in ignored[0]

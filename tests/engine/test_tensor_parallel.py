@@ -111,7 +111,7 @@ def test_llama_70b_runs_on_4_h100_or_2_h200(gpu, tp):
     spec = RunSpec(workload="sharegpt", num_requests=30, request_rate=5.0, rate_given=True,
                    engine=EngineArgs(engine="sim", gpu=gpu, model="llama-3.1-70b",
                                      tensor_parallel_size=tp))
-    result = execute_run(spec, _quiet)
+    result = execute_run(spec)
     assert result["summary"]["completed"] == 30
     assert result["config"]["tensor_parallel_size"] == tp
 

@@ -92,7 +92,7 @@ def cmd_run(args) -> int:
     from cbbench.errors import UsageError
 
     opts = EngineArgs(
-        engine=args.engine, model=args.model, device=args.device, scheduler=args.scheduler,
+        engine=args.engine, model=args.model, device=args.device, batching=args.scheduler,
         attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs,
         fused_kernels=args.fused_kernels, gpu_profile=args.gpu_profile,
     )  # fmt: skip
@@ -101,11 +101,11 @@ def cmd_run(args) -> int:
         replay=args.replay,
     )  # fmt: skip
 
-    def notice(msg: str) -> None:
-        print(f"cbbench: {msg}", file=sys.stderr)
+    from cbbench.cli import logs
 
+    logs.install()  # the notices as `cbbench: ...` lines, as the CLI prints them
     try:
-        result = execute_run(spec, notice)
+        result = execute_run(spec)
     except (UsageError, ValueError) as exc:  # EngineArgsError is a ValueError
         print(f"cbbench: error: {exc}", file=sys.stderr)
         return 2

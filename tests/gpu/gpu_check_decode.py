@@ -400,7 +400,6 @@ def _decode_config(args, out, device, dtype, setup: DecodeSetup, fused, batch_si
             runner = ModelRunner(
                 setup.model, setup.config, setup.kv_caches, args.block_size, device, dtype,
                 use_cuda_graphs=graphs, max_num_seqs=max(max_bs, args.max_num_seqs),
-                notice=lambda msg: print(msg, flush=True),
             )  # fmt: skip
             runner.warmup()
         except Exception as exc:  # noqa: BLE001

@@ -27,7 +27,7 @@ METRICS_WAIT_S = 5.0
 
 def _run(workload="sharegpt", **kw) -> dict:
     kw.setdefault("engine", SIM)
-    return execute_run(RunSpec(workload=workload, **kw), notice=lambda _m: None)
+    return execute_run(RunSpec(workload=workload, **kw))
 
 
 # ---- the plan ---------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
         workload=str(path), num_requests=None, request_rate=100.0, rate_given=True,
         endpoint=EndpointOptions(endpoint=srv.url, request_timeout_s=60.0),
         cancel_rate=0.5, cancel_after="40",
-    ), notice=lambda _m: None)
+    ))
     s = result["summary"]
     assert s["cancelled"] > 0 and s["failed"] == 0
     assert s["completed"] + s["cancelled"] == 40

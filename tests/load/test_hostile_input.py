@@ -205,7 +205,7 @@ def good_result(tmp_path_factory) -> Path:
 
     p = tmp_path_factory.mktemp("good") / "good.json"
     write_result(p, execute_run(RunSpec(workload="sharegpt", num_requests=3,
-                                        engine=EngineArgs(engine="sim")), lambda m: None))
+                                        engine=EngineArgs(engine="sim"))))
     return p
 
 

@@ -33,7 +33,7 @@ def _write(tmp_path: Path, sessions: list[dict], name: str = "s.jsonl") -> Path:
 def _run(path_or_name: str, **kw) -> dict:
     engine = EngineArgs(**{**SIM, **kw.pop("engine", {})})
     spec = RunSpec(workload=str(path_or_name), engine=engine, **kw)
-    return execute_run(spec, notice=lambda _m: None)
+    return execute_run(spec)
 
 
 THREE_TURNS = {"session_id": "alice", "turns": [

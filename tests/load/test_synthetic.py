@@ -78,7 +78,7 @@ def test_run_records_the_parameters_and_the_prefix_hits():
         engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b",
                           enable_prefix_caching=True),
     )
-    result = execute_run(spec, notice=lambda _m: None)
+    result = execute_run(spec)
     assert result["config"]["random"] == {
         "input_len": 200, "output_len": 20, "length_range": 0.1, "prefix_len": 256,
     }

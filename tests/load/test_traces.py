@@ -104,7 +104,7 @@ def test_arrival_trace_replays_the_file_s_times(tmp_path: Path, name: str) -> No
     path = _write(tmp_path, name)
     expected = FILES[name][2]
     spec = RunSpec(workload=str(path), num_requests=None, arrival="trace", engine=SIM)
-    result = execute_run(spec, notice=lambda _m: None)
+    result = execute_run(spec)
     reqs = sorted(result["requests"], key=lambda r: r["id"])
     assert result["config"]["arrival"] == "trace"
     assert len(reqs) == len(expected) == result["summary"]["completed"]
@@ -119,7 +119,7 @@ def test_time_scale_stretches_and_compresses(tmp_path: Path) -> None:
     for scale in (0.5, 3.0):
         spec = RunSpec(workload=str(path), num_requests=None, arrival="trace", engine=SIM,
                        time_scale=scale)
-        result = execute_run(spec, notice=lambda _m: None)
+        result = execute_run(spec)
         starts = sorted(r["intended_start_s"] for r in result["requests"])
         assert starts == pytest.approx([e[0] * scale for e in BURSTGPT_V1_EXPECTED])
         assert result["config"]["time_scale"] == scale
@@ -130,17 +130,16 @@ def test_time_scale_needs_trace_arrivals(tmp_path: Path) -> None:
     spec = RunSpec(workload=str(path), num_requests=None, arrival="gamma", engine=SIM,
                    request_rate=5.0, rate_given=True, time_scale=2.0)
     with pytest.raises(UsageError, match="--time-scale applies to --arrival trace"):
-        execute_run(spec, notice=lambda _m: None)
+        execute_run(spec)
 
 
-def test_failed_rows_are_skipped_and_reported(tmp_path: Path) -> None:
+def test_failed_rows_are_skipped_and_reported(tmp_path: Path, notices) -> None:
     w = load_workload(str(_write(tmp_path, "burstgpt.csv")))
     assert len(w.notes) == 1 and "skipped 1 rows" in w.notes[0]
-    notes: list[str] = []
     spec = RunSpec(workload=str(_write(tmp_path, "azure2023.csv")), num_requests=None,
                    engine=SIM)
-    execute_run(spec, notice=notes.append)
-    assert any("skipped 1 rows" in n for n in notes)
+    execute_run(spec)
+    assert any("skipped 1 rows" in n for n in notices)
 
 
 def test_azure_times_are_exact_to_the_tick() -> None:
@@ -175,7 +174,7 @@ def test_mooncake_sharing_reaches_the_prefix_cache(tmp_path: Path) -> None:
     path = _write(tmp_path, "mooncake.jsonl")
     engine = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", enable_prefix_caching=True)
     spec = RunSpec(workload=str(path), num_requests=None, arrival="trace", engine=engine)
-    summary = execute_run(spec, notice=lambda _m: None)["summary"]
+    summary = execute_run(spec)["summary"]
     assert summary["engine"]["prefix_cache_hit_tokens"] == 640 + 640 + 512
 
 

@@ -130,15 +130,10 @@ def test_non_loopback_without_a_key_warns_once():
         assert "without --api-key" not in r.output
 
 
+# The real CLI (its notice handler and its exit-2 boundary included).
 SERVE_SCRIPT = """
-import typer
-from cbbench.cli import serve as cmd_serve
-app = typer.Typer()
-@app.callback()
-def _root() -> None:
-    pass
-cmd_serve.register(app)
-app()
+from cbbench.cli.app import main
+main()
 """
 
 

@@ -78,7 +78,7 @@ def client_run(served):
         WorkloadRequest(id=i, prompt_len=10 + 3 * (i % 4), output_len=4 + i % 3) for i in range(N)
     ]
     arrivals = np.arange(N) * GAP_S
-    res = run_http(EndpointOptions(endpoint=run.url), wreqs, arrivals, notice=lambda _: None)
+    res = run_http(EndpointOptions(endpoint=run.url), wreqs, arrivals)
     assert all(r.ok for r in res.records), [r.error for r in res.records]
     return res
 
@@ -320,7 +320,7 @@ def test_preemptions_in_the_log_add_up_to_the_vllm_counter(tmp_path):
         n, out_len = 4, 60
         wreqs = [WorkloadRequest(id=i, prompt_len=40, output_len=out_len) for i in range(n)]
         res = run_http(
-            EndpointOptions(endpoint=run.url), wreqs, np.zeros(n), notice=lambda _: None
+            EndpointOptions(endpoint=run.url), wreqs, np.zeros(n)
         )
         assert all(r.ok and r.output_tokens == out_len for r in res.records), [
             r.error for r in res.records

@@ -106,12 +106,11 @@ def test_a_run_whose_loop_stalls_marks_its_latency_rows_in_the_table(tmp_path):
     path = tmp_path / "w.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"delay:0.005 s{i}", "output_len": 4}) + "\n"
                             for i in range(n)))
-    notes: list[str] = []
     with FakeOpenAI() as fake:
         result = execute_run(
             RunSpec(workload=str(path), num_requests=None, request_rate=rate, rate_given=True,
                     endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=60.0)),
-            notice=notes.append, on_progress=lambda done, total: time.sleep(STALL_S),
+            on_progress=lambda done, total: time.sleep(STALL_S),
         )
     s = result["summary"]
     assert s["completed"] == n

@@ -55,7 +55,7 @@ def _chains_seen_by_feed(monkeypatch) -> list[list[str]]:
 
 def test_each_stream_read_resumes_three_coroutines(fresh_fake_server, monkeypatch):
     chains = _chains_seen_by_feed(monkeypatch)
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"hello {i}" for i in range(5)]), [0.0] * 5, print)
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"hello {i}" for i in range(5)]), [0.0] * 5)
     assert all(r.error is None for r in run.records)
     assert chains, "the stream was never read"
     assert {tuple(c) for c in chains} == {("_exchange", "send_request", "exchange")}
@@ -70,7 +70,7 @@ def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh_fake
     n = 12
     picked = sum(plan.cancel_after_s(i) is not None for i in range(n))
     assert 0 < picked < n  # the premise: some picked, some not
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"hi {i}" for i in range(n)]), [0.0] * n, print,
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"hi {i}" for i in range(n)]), [0.0] * n,
                    cancel=plan)
     assert all(r.error is None and not r.cancelled for r in run.records)  # 10 s: none cut
     # A picked request's stream is read in a task of its own: the chain there starts below.
@@ -82,7 +82,7 @@ def test_a_cancellable_request_takes_the_deeper_path_only_when_picked(fresh_fake
 def test_the_run_freezes_the_heap_from_before_it_and_thaws_it(fresh_fake_server):
     assert gc.get_freeze_count() == 0
     seen: list[int] = []
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"x {i}" for i in range(4)]), [0.0] * 4, print,
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests([f"x {i}" for i in range(4)]), [0.0] * 4,
                    on_progress=lambda done, total: seen.append(gc.get_freeze_count()))
     assert all(r.error is None for r in run.records)
     assert seen and min(seen) > 0  # frozen for the whole run
@@ -93,7 +93,7 @@ def test_a_callers_frozen_heap_is_left_alone(fresh_fake_server):
     gc.freeze()
     try:
         seen: list[int] = []
-        run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["y"]), [0.0], print,
+        run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["y"]), [0.0],
                  on_progress=lambda done, total: seen.append(gc.get_freeze_count()))
         assert seen and min(seen) > 0
         # Not unfrozen by the run (the count only falls as frozen objects are freed).

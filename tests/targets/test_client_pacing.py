@@ -51,6 +51,6 @@ def test_no_request_is_sent_before_its_slot_under_uvloop(uvloop_policy):
     n = 40
     arrivals = np.arange(n) * 0.0007  # sub-millisecond gaps: uvloop's rounding would show
     with FakeOpenAI() as server:
-        run = run_http(endpoint_options(server.url), prompt_requests(["x"] * n), arrivals, print)
+        run = run_http(endpoint_options(server.url), prompt_requests(["x"] * n), arrivals)
     assert_accounted(run, n)
     assert min(r.send_s - r.intended_start_s for r in run.records) >= 0

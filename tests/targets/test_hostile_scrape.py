@@ -109,7 +109,7 @@ def test_a_large_page_is_capped_and_parsed_off_the_loop(monkeypatch):
     monkeypatch.setattr(scrape.MetricsScraper, "_digest", spy)
     with FakeOpenAI(metrics_page=lambda fake: page) as s:
         run = run_http(endpoint_options(s.url, scrape_metrics=True), prompt_requests(["x"] * 4),
-                       np.arange(4) * 0.2, print)
+                       np.arange(4) * 0.2)
     info = run.info
     assert len(run.records) == 4 and all(r.ok for r in run.records)
     scrapes = info["server_metrics_scrapes"]
@@ -128,7 +128,7 @@ def test_the_time_series_is_bounded(monkeypatch):
     monkeypatch.setattr(scrape, "SCRAPE_INTERVAL_S", 0.02)
     with FakeOpenAI() as s:
         run = run_http(endpoint_options(s.url, scrape_metrics=True), prompt_requests(["delay:0.3"] * 2),
-                       np.zeros(2), print)
+                       np.zeros(2))
     scrapes = run.info["server_metrics_scrapes"]
     kept = sorted({row["t_s"] for row in run.info["server_metrics"]})
     assert scrapes["ok"] > 8  # enough scrapes to thin more than once

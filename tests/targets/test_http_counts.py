@@ -38,11 +38,11 @@ def tiny_tokenizer(tmp_path_factory) -> str:
     return make_tiny_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer.json")
 
 
-def test_server_ignoring_ignore_eos_is_counted_and_warned(fresh_fake_server):
+def test_server_ignoring_ignore_eos_is_counted_and_warned(fresh_fake_server, notices):
     # 6 requests for 8 tokens; the 4 "eos" ones come back with EOS_AFTER, finish_reason stop.
     prompts = ["fault:eos x"] * 4 + ["x"] * 2
-    notes: list[str] = []
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(prompts, output_len=8), np.zeros(6), notes.append)
+    notes = notices  # the logged notices (conftest)
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(prompts, output_len=8), np.zeros(6))
     assert all(r.ok for r in run.records) and all(r.max_tokens == 8 for r in run.records)
     assert [r.output_tokens for r in run.records] == [EOS_AFTER] * 4 + [8, 8]
     assert [r.finish_reason for r in run.records] == ["stop"] * 4 + ["length"] * 2
@@ -56,18 +56,18 @@ def test_server_ignoring_ignore_eos_is_counted_and_warned(fresh_fake_server):
 
     # A full-length run: short_outputs is 0 and nothing is said.
     notes.clear()
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["x"] * 3, output_len=5), np.zeros(3), notes.append)
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["x"] * 3, output_len=5), np.zeros(3))
     assert summarize(run.records, run.duration_s)["short_outputs"]["count"] == 0
     assert _ours(notes) == []
 
 
-def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh_fake_server, tiny_tokenizer):
+def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh_fake_server, tiny_tokenizer, notices):
     # glued: one token per event, no usage; the streamed text re-tokenizes to 1 token ("aaaa"
     # is one unknown word). Events are detected as single tokens (each event's text alone is one
     # token), so events are the count, and the tokenizer's disagreement is reported.
-    notes: list[str] = []
+    notes = notices  # the logged notices (conftest)
     opts = endpoint_options(fresh_fake_server.url, tokenizer=tiny_tokenizer)
-    run = run_http(opts, prompt_requests(["fault:glued x"] * 4, output_len=4), np.zeros(4), notes.append)
+    run = run_http(opts, prompt_requests(["fault:glued x"] * 4, output_len=4), np.zeros(4))
     for r in run.records:
         assert r.output_tokens_method == "events" and r.output_tokens == 4
         # one_token_events: this request's events that are one token each, tokenized alone
@@ -83,20 +83,20 @@ def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh_fake_ser
 
     # pairs: two tokens per event, no usage: the tokenizer is the count, and it disagrees too.
     notes.clear()
-    run = run_http(opts, prompt_requests(["fault:pairs x"] * 2, output_len=3), np.zeros(2), notes.append)
+    run = run_http(opts, prompt_requests(["fault:pairs x"] * 2, output_len=3), np.zeros(2))
     assert [(r.output_tokens_method, r.output_tokens) for r in run.records] == [("tokenizer", 6)] * 2
     assert run.info["token_counts"]["one_token_per_event"]["detected"] is False
     assert any("tokenizer vs events differ on 2 of 2" in n for n in notes)
 
     # No usage and no tokenizer: events, flagged as unverified.
     notes.clear()
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:nousage x"] * 2), np.zeros(2), notes.append)
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:nousage x"] * 2), np.zeros(2))
     assert [r.output_tokens_method for r in run.records] == ["events"] * 2
     assert any("--tokenizer" in n and "stream events" in n for n in notes)
 
     # With usage, it is the count; the events agree, which shows one token per event.
     notes.clear()
-    run = run_http(opts, prompt_requests(["x"] * 3, output_len=4), np.zeros(3), notes.append)
+    run = run_http(opts, prompt_requests(["x"] * 3, output_len=4), np.zeros(3))
     assert [r.output_tokens_method for r in run.records] == ["usage"] * 3
     assert run.records[0].output_token_counts == {
         "events": 4, "usage": 4, "tokenizer": 4, "one_token_events": 4,
@@ -108,11 +108,11 @@ def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh_fake_ser
 
 
 @pytest.mark.parametrize("api", ["completions", "chat"])
-def test_empty_text_events_are_tokens_but_not_token_times(fresh_fake_server, api):
+def test_empty_text_events_are_tokens_but_not_token_times(fresh_fake_server, api, notices):
     # 6 tokens, of which 3 have empty text, then an empty closing chunk with the finish reason.
-    notes: list[str] = []
+    notes = notices  # the logged notices (conftest)
     run = run_http(endpoint_options(fresh_fake_server.url, api=api), prompt_requests(["fault:emptytok x"] * 2, output_len=6),
-                   np.zeros(2), notes.append)
+                   np.zeros(2))
     for r in run.records:
         assert r.ok and r.output_tokens == 6 and r.output_tokens_method == "events"
         assert len(r.token_times_s) == 3 and r.finish_reason == "length"
@@ -121,7 +121,7 @@ def test_empty_text_events_are_tokens_but_not_token_times(fresh_fake_server, api
 
 
 def test_no_output_at_all_says_why(fresh_fake_server):
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:eosfirst x"]), [0.0], print)
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:eosfirst x"]), [0.0])
     rec = run.records[0]
     assert rec.error_type == "bad_event" and "finish_reason 'stop'" in rec.error
 
@@ -144,7 +144,7 @@ def test_short_counts_at_finish_length_are_called_a_counting_problem():
     assert short_output_warning(short_outputs([rec(10, "length")] * 3), True) is None
 
 
-def test_chat_prompt_tokens_from_the_tokenizers_chat_template(fresh_fake_server, tmp_path):
+def test_chat_prompt_tokens_from_the_tokenizers_chat_template(fresh_fake_server, tmp_path, notices):
     # A tokenizer_config.json beside the tokenizer, with a template that puts BOS and two
     # words around the message: 2 tokens on top of the workload's count (which has the BOS).
     tok = make_tiny_tokenizer(tmp_path / "tokenizer.json")
@@ -153,9 +153,9 @@ def test_chat_prompt_tokens_from_the_tokenizers_chat_template(fresh_fake_server,
         "chat_template": "{{ bos_token }} user: {{ messages[0]['content'] }}"
                          "{% if add_generation_prompt %} assistant:{% endif %}",
     }))
-    notes: list[str] = []
+    notes = notices  # the logged notices (conftest)
     run = run_http(endpoint_options(fresh_fake_server.url, api="chat", tokenizer=tok),
-                   prompt_requests(["fault:nousage x"] * 3), np.zeros(3), notes.append)
+                   prompt_requests(["fault:nousage x"] * 3), np.zeros(3))
     assert [r.prompt_token_counts for r in run.records] == [{"chat_template": 5}] * 3
     counts = run.info["token_counts"]
     assert counts["prompt_method"] == {"chat_template": 3}
@@ -176,17 +176,17 @@ def test_llama3_chat_template_adds_nine_tokens():
     assert chat_prompt_tokens(path, tok, [prompt, [1, 2]]) == [plain + 9, None]
 
 
-def test_chat_without_usage_warns_about_template_tokens(fresh_fake_server):
-    notes: list[str] = []
-    run_http(endpoint_options(fresh_fake_server.url, api="chat"), prompt_requests(["fault:nousage x"]), [0.0], notes.append)
+def test_chat_without_usage_warns_about_template_tokens(fresh_fake_server, notices):
+    notes = notices  # the logged notices (conftest)
+    run_http(endpoint_options(fresh_fake_server.url, api="chat"), prompt_requests(["fault:nousage x"]), [0.0])
     assert any("chat template" in n for n in notes)
 
 
 def test_token_count_fallbacks(fresh_fake_server, tiny_tokenizer):
     wreqs = prompt_requests(["fault:nousage", "fault:pairs"], output_len=3)
-    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0, 0.0], notice=print)
+    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0, 0.0])
     assert [r.output_tokens for r in run.records] == [3, 3]  # events
     assert run.info["token_count_method"] == {"events": 2}
-    run = run_http(endpoint_options(fresh_fake_server.url, tokenizer=tiny_tokenizer), wreqs, [0.0, 0.0], notice=print)
+    run = run_http(endpoint_options(fresh_fake_server.url, tokenizer=tiny_tokenizer), wreqs, [0.0, 0.0])
     assert [r.output_tokens for r in run.records] == [3, 6]  # " a b" per event is 2 tokens
     assert run.info["token_count_method"] == {"tokenizer": 2}

@@ -23,7 +23,7 @@ from cbbench.targets.options import EndpointOptions
 def test_scrape_metrics(fresh_fake_server):
     n = 8
     run = run_http(
-        endpoint_options(fresh_fake_server.url, scrape_metrics=True), prompt_requests(["delay:0.02"] * n), np.arange(n) * 0.15, print
+        endpoint_options(fresh_fake_server.url, scrape_metrics=True), prompt_requests(["delay:0.02"] * n), np.arange(n) * 0.15
     )
     rows = run.info["server_metrics"]
     names = {r["name"] for r in rows}
@@ -34,11 +34,11 @@ def test_scrape_metrics(fresh_fake_server):
     assert run.info["server_metrics_scrapes"]["failed"] == 0
 
 
-def test_scrape_failure_is_not_fatal_and_said_once():
-    notes: list[str] = []
+def test_scrape_failure_is_not_fatal_and_said_once(notices):
+    notes = notices  # the logged notices (conftest)
     with FakeOpenAI(metrics=False) as s:
         run = run_http(
-            endpoint_options(s.url, scrape_metrics=True), prompt_requests(["x"] * 3), [0.0, 0.3, 0.6], notes.append
+            endpoint_options(s.url, scrape_metrics=True), prompt_requests(["x"] * 3), [0.0, 0.3, 0.6]
         )
     assert all(r.ok for r in run.records)
     scrapes = run.info["server_metrics_scrapes"]
@@ -51,14 +51,14 @@ def test_scrape_failure_is_not_fatal_and_said_once():
 def test_server_side_ttft_from_vllm_histograms():
     with FakeOpenAI(metrics_page=vllm_histograms_page) as s:
         # Earlier traffic (TTFT ~1 ms: the first buckets) is in the histograms before the run.
-        run_http(endpoint_options(s.url), prompt_requests(["x"] * 3, output_len=2), np.zeros(3), print)
+        run_http(endpoint_options(s.url), prompt_requests(["x"] * 3, output_len=2), np.zeros(3))
         before = len(s.ttft_s)
         # The run: TTFT and token gaps of 60 ms, all in the (50, 500] ms bucket, so the
         # interpolated p50 is its middle, 275 ms, and the mean is the fake's own mean.
         n = 4
         run = run_http(
             endpoint_options(s.url, scrape_metrics=True), prompt_requests(["delay:0.06"] * n, output_len=3),
-            np.arange(n) * 0.01, print,
+            np.arange(n) * 0.01,
         )
         ours = s.ttft_s[before:]
     assert all(0.05 < t <= 0.5 for t in ours) and len(ours) == n
@@ -93,10 +93,10 @@ def test_histogram_quantile_by_hand():
     assert quantile_bucket(0.5, {0.1: 0, 0.2: 0, inf: 4}) == (0.2, inf)
 
 
-def test_scrape_keeps_llamacpp_sglang_and_tgi_names():
+def test_scrape_keeps_llamacpp_sglang_and_tgi_names(notices):
     with FakeOpenAI(metrics_page=lambda fake: LLAMACPP_PAGE) as s:
-        notes: list[str] = []
-        run = run_http(endpoint_options(s.url, scrape_metrics=True), prompt_requests(["x"] * 2), [0.0, 0.3], notes.append)
+        notes = notices  # the logged notices (conftest)
+        run = run_http(endpoint_options(s.url, scrape_metrics=True), prompt_requests(["x"] * 2), [0.0, 0.3])
         names = {r["name"] for r in run.info["server_metrics"]}
         assert names == {
             "llamacpp:prompt_tokens_total", "llamacpp:requests_processing",
@@ -106,14 +106,14 @@ def test_scrape_keeps_llamacpp_sglang_and_tgi_names():
         # A filter keeps what it finds instead.
         run = run_http(
             endpoint_options(s.url, scrape_metrics=True, scrape_metrics_filter=r"^process_|prompt_tokens_total$"),
-            prompt_requests(["x"]), [0.0], notes.append,
+            prompt_requests(["x"]), [0.0],
         )
         names = {r["name"] for r in run.info["server_metrics"]}
         assert names == {"process_open_fds", "llamacpp:prompt_tokens_total"}
         # A filter that finds nothing: one warning line, naming the filter.
         run = run_http(
             endpoint_options(s.url, scrape_metrics=True, scrape_metrics_filter="^nothing_here"),
-            prompt_requests(["x"]), [0.0], notes.append,
+            prompt_requests(["x"]), [0.0],
         )
     said = [n for n in notes if "metrics" in n]
     assert run.info["server_metrics"] == [] and len(said) == 1

@@ -45,7 +45,7 @@ LLAMA3_TOKENIZER = (
 @pytest.mark.parametrize("api", ["completions", "chat"])
 def test_stream_counts_tokens(fresh_fake_server, api):
     wreqs = prompt_requests([f"hello world {i}" for i in range(6)], output_len=5)
-    run = run_http(endpoint_options(fresh_fake_server.url, api=api), wreqs, np.zeros(6), notice=print)
+    run = run_http(endpoint_options(fresh_fake_server.url, api=api), wreqs, np.zeros(6))
     assert_accounted(run, 6)
     assert all(r.ok for r in run.records)
     for r in run.records:
@@ -92,7 +92,7 @@ def test_stream_keeps_the_first_response_id():
 
 def test_served_model_discovery_and_no_ignore_eos(fresh_fake_server):
     opts = EndpointOptions(endpoint=fresh_fake_server.url + "/v1/", ignore_eos_field=False)
-    run = run_http(opts, prompt_requests(["x"]), [0.0], notice=print)
+    run = run_http(opts, prompt_requests(["x"]), [0.0])
     assert run.info["served_model"] == MODEL
     assert opts.to_config(run.info["served_model"])["served_model"] == MODEL
     body = fresh_fake_server.requests[0]["body"]
@@ -101,14 +101,14 @@ def test_served_model_discovery_and_no_ignore_eos(fresh_fake_server):
 
 def test_discovery_failure_is_usage_error():
     with pytest.raises(UsageError, match="served-model"):
-        run_http(EndpointOptions(f"http://127.0.0.1:{free_port()}"), prompt_requests(["x"]), [0.0], print)
+        run_http(EndpointOptions(f"http://127.0.0.1:{free_port()}"), prompt_requests(["x"]), [0.0])
 
 
 def test_header_sent_but_not_in_config(fresh_fake_server, monkeypatch):
     monkeypatch.setenv("CBBENCH_TEST_KEY", "Bearer sk-secret")
     key, value = parse_header("Authorization=env:CBBENCH_TEST_KEY")
     opts = endpoint_options(fresh_fake_server.url, headers={key: value, "X-Team": "bench"})
-    run_http(opts, prompt_requests(["x"]), [0.0], notice=print)
+    run_http(opts, prompt_requests(["x"]), [0.0])
     assert fresh_fake_server.requests[0]["headers"]["authorization"] == "Bearer sk-secret"
     config = json.dumps(opts.to_config())
     assert "sk-secret" not in config and "bench" not in config
@@ -147,7 +147,6 @@ def test_arrival_schedule_honored(fresh_fake_server):
         endpoint_options(fresh_fake_server.url),
         prompt_requests(["x"] * n),
         arrivals,
-        print,
         on_progress=lambda *a: progress.append(a),
     )
     assert_accounted(run, n)
@@ -165,7 +164,7 @@ def test_arrival_schedule_honored(fresh_fake_server):
 def test_max_concurrency_caps_in_flight(fresh_fake_server):
     n, cap = 12, 3
     wreqs = prompt_requests(["delay:0.03"] * n, output_len=3)
-    run = run_http(endpoint_options(fresh_fake_server.url, max_concurrency=cap), wreqs, np.zeros(n), notice=print)
+    run = run_http(endpoint_options(fresh_fake_server.url, max_concurrency=cap), wreqs, np.zeros(n))
     assert_accounted(run, n)
     assert all(r.ok for r in run.records)
     assert fresh_fake_server.max_in_flight == cap and run.info["max_in_flight"] == cap
@@ -174,8 +173,8 @@ def test_max_concurrency_caps_in_flight(fresh_fake_server):
     assert not run.info["client_fell_behind"]  # the wait for a slot is not client lag
 
 
-def test_client_fell_behind_warns(fresh_fake_server):
-    notes: list[str] = []
+def test_client_fell_behind_warns(fresh_fake_server, notices):
+    notes = notices  # the logged notices (conftest)
     blocked = []
 
     def block_loop(done, total):  # stalls the client's event loop once
@@ -188,7 +187,6 @@ def test_client_fell_behind_warns(fresh_fake_server):
         endpoint_options(fresh_fake_server.url),
         prompt_requests(["x"] * n),
         np.arange(n) * 0.005,
-        notes.append,
         on_progress=block_loop,
     )
     assert run.info["client_fell_behind"] and run.info["send_lag_p50_ms"] > 10
@@ -203,7 +201,7 @@ def test_should_stop_lets_in_flight_requests_finish_within_the_grace_period(fres
     wreqs = prompt_requests(["delay:0.05"] * 10, output_len=10)
     t = time.perf_counter()
     run = run_http(
-        endpoint_options(fresh_fake_server.url), wreqs, arrivals, print,
+        endpoint_options(fresh_fake_server.url), wreqs, arrivals,
         should_stop=lambda: time.perf_counter() - t > 0.2, grace_s=5.0,
     )
     assert time.perf_counter() - t < 4.0  # the 7 later arrivals were never sent
@@ -217,7 +215,7 @@ def test_should_stop_cancels_what_the_grace_period_does_not_cover(fresh_fake_ser
     wreqs = prompt_requests(["delay:0.2"] * 10, output_len=10)
     t = time.perf_counter()
     run = run_http(
-        endpoint_options(fresh_fake_server.url), wreqs, arrivals, print,
+        endpoint_options(fresh_fake_server.url), wreqs, arrivals,
         should_stop=lambda: time.perf_counter() - t > 0.4, grace_s=0.0,
     )
     assert time.perf_counter() - t < 2.0
@@ -244,7 +242,7 @@ def test_faults_are_recorded_per_request(fresh_fake_server):
     names = list(expected)
     wreqs = prompt_requests([f"fault:{f} please" for f in names], output_len=5)
     t = time.perf_counter()
-    run = run_http(endpoint_options(fresh_fake_server.url, request_timeout_s=1.0), wreqs, np.zeros(len(names)), print)
+    run = run_http(endpoint_options(fresh_fake_server.url, request_timeout_s=1.0), wreqs, np.zeros(len(names)))
     assert time.perf_counter() - t < STALL_S  # the timeout cut the stall short
     assert_accounted(run, len(names))
     got = {names[r.id]: r for r in run.records}
@@ -268,7 +266,7 @@ def test_split_events_and_stale_connection_retry(fresh_fake_server):
     # The second request reuses the first one's connection, which the server then drops
     # without an answer: the client retries once on a new connection.
     wreqs = prompt_requests(["fault:split", "fault:stale"], output_len=3)
-    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0, 0.2], print)
+    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0, 0.2])
     assert [r.error_type for r in run.records] == [None, None]
     assert [len(r.token_times_s) for r in run.records] == [3, 3]
     assert len(fresh_fake_server.requests) == 2 and fresh_fake_server.dropped == 1  # reused, dropped, retried
@@ -280,13 +278,13 @@ def test_keep_alive_reuses_connections(fresh_fake_server):
     before = fresh_fake_server.connections
     n = 10
     opts = endpoint_options(fresh_fake_server.url, max_concurrency=1)
-    run = run_http(opts, prompt_requests(["x"] * n), np.arange(n) * 0.001, print)
+    run = run_http(opts, prompt_requests(["x"] * n), np.arange(n) * 0.001)
     assert all(r.ok for r in run.records)
     assert fresh_fake_server.connections - before == 1
 
 
 def test_malformed_response_head_is_bad_event(fresh_fake_server):
-    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:badhead", "x"]), [0.0, 0.0], print)
+    run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:badhead", "x"]), [0.0, 0.0])
     assert [r.error_type for r in run.records] == ["bad_event", None]
 
 
@@ -304,7 +302,7 @@ def test_https(tmp_path):
     ctx.load_cert_chain(cert, key)
     with FakeOpenAI(tls=ctx) as s:
         # An untrusted (self-signed) certificate: the handshake fails, a connect error.
-        run = run_http(endpoint_options(s.url), prompt_requests(["x"]), [0.0], print)
+        run = run_http(endpoint_options(s.url), prompt_requests(["x"]), [0.0])
         assert s.requests == []
         assert run.records[0].error_type == "connect"
         assert "certificate" in run.records[0].error.lower()
@@ -329,7 +327,7 @@ def test_https(tmp_path):
 
 
 def test_connection_refused_is_connect():
-    run = run_http(endpoint_options(f"http://127.0.0.1:{free_port()}"), prompt_requests(["x", "y"]), [0.0, 0.0], print)
+    run = run_http(endpoint_options(f"http://127.0.0.1:{free_port()}"), prompt_requests(["x", "y"]), [0.0, 0.0])
     assert_accounted(run, 2)
     assert [r.error_type for r in run.records] == ["connect", "connect"]
     assert summarize(run.records, run.duration_s)["completed"] == 0
@@ -346,7 +344,7 @@ def test_dns_failure_is_dns(monkeypatch):
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
-    run = run_http(endpoint_options("http://cbbench-test.invalid:8000"), prompt_requests(["x"]), [0.0], print)
+    run = run_http(endpoint_options("http://cbbench-test.invalid:8000"), prompt_requests(["x"]), [0.0])
     assert_accounted(run, 1)
     assert run.records[0].error_type == "dns"
 
@@ -386,7 +384,7 @@ def test_synthetic_prompts_approx_without_tokenizer():
 def test_token_id_prompts(fresh_fake_server, tiny_tokenizer):
     ids = (5, 6, 7)
     wreqs = [WorkloadRequest(0, 3, 2, prompt_token_ids=ids)]
-    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0], print)
+    run = run_http(endpoint_options(fresh_fake_server.url), wreqs, [0.0])
     assert fresh_fake_server.requests[0]["body"]["prompt"] == [5, 6, 7]
     assert run.records[0].server_prompt_tokens == 3
     with pytest.raises(UsageError, match="tokenizer"):

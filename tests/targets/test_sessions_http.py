@@ -38,7 +38,7 @@ def _spec(url: str, workload: str, api: str = "chat", **kw) -> RunSpec:
 def test_sharegpt_multiturn_against_serve_over_chat(srv):
     result = execute_run(
         _spec(srv.url, "sharegpt-multiturn", num_requests=5, request_rate=20.0,
-              rate_given=True), notice=lambda _m: None,
+              rate_given=True),
     )
     s = result["summary"]
     assert s["failed"] == 0 and s["error_types"] == {}
@@ -69,7 +69,7 @@ def test_history_is_sent_as_messages_with_the_replies(fake_server, tmp_path):
         {"user": "third", "output_len": 1},
     ]}) + "\n")
     fake_server.reset()
-    result = execute_run(_spec(fake_server.url, str(path), num_requests=None), notice=lambda _m: None)
+    result = execute_run(_spec(fake_server.url, str(path), num_requests=None))
     assert result["summary"]["completed"] == 3
     bodies = [r["body"] for r in fake_server.requests if r["path"] == "/v1/chat/completions"]
     assert [b["messages"] for b in bodies] == [
@@ -100,7 +100,7 @@ def test_a_failed_turn_ends_its_session(fake_server, tmp_path):
         + json.dumps({"turns": [{"user": "fine", "output_len": 2},
                                 {"user": "still fine", "output_len": 2}]}) + "\n"
     )
-    result = execute_run(_spec(fake_server.url, str(path), num_requests=None), notice=lambda _m: None)
+    result = execute_run(_spec(fake_server.url, str(path), num_requests=None))
     s = result["summary"]
     assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
     assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1

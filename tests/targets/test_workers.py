@@ -91,7 +91,7 @@ def _rec(i: int, t: float, ok: bool = True) -> RequestRecord:
     )
 
 
-def test_merge_accounts_for_a_dead_worker():
+def test_merge_accounts_for_a_dead_worker(notices):
     n = 10
     wreqs = [WorkloadRequest(100 + i, 5, 2) for i in range(n)]
     arrivals = [0.1 * i for i in range(n)]
@@ -108,9 +108,9 @@ def test_merge_accounts_for_a_dead_worker():
         m.on_message(RecordBatch(1, [(1, _rec(101, 0.1), "usage")]))
     m.died(1, 0.55, "killed by SIGKILL")
     assert m.all_final
-    notes: list[str] = []
+    notes = notices  # the logged notices (conftest)
     run = m.result(
-        EndpointOptions("http://127.0.0.1:1"), time.perf_counter(), False, notes.append, 0.0
+        EndpointOptions("http://127.0.0.1:1"), time.perf_counter(), False, 0.0
     )
     assert [r.id for r in run.records] == [100 + p for p in range(7)] + [108]
     lost = [r for r in run.records if r.error_type == WORKER_LOST]
@@ -144,7 +144,7 @@ def test_merge_a_worker_that_crashed_mid_run():
     m = Merger(wreqs, [0.0, 0.1, 0.2, 0.3], [[0, 1, 2, 3]])
     m.on_message(RecordBatch(0, [(0, _rec(0, 0.0), "events")]))
     m.on_message(Failed(0, "worker 0 crashed: RuntimeError: boom"), at_s=0.25)
-    run = m.result(EndpointOptions("http://127.0.0.1:1"), time.perf_counter(), False, print, 0.0)
+    run = m.result(EndpointOptions("http://127.0.0.1:1"), time.perf_counter(), False, 0.0)
     # Due before the crash (0.1, 0.2): lost; 0.3: not sent.
     assert [r.error_type for r in run.records] == [None, WORKER_LOST, WORKER_LOST]
     assert run.not_sent == 1 and run.info["workers"][0]["status"] == "failed"

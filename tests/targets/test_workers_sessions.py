@@ -46,7 +46,7 @@ def _session_run(url: str, workers: int) -> dict:
         workload="sharegpt-multiturn", num_requests=SESSIONS, request_rate=20.0,
         rate_given=True, seed=SEED, think_time=THINK, load=LoadPlan(workers),
         endpoint=EndpointOptions(endpoint=url, api="chat", request_timeout_s=60.0),
-    ), notice=lambda _m: None)
+    ))
 
 
 def _turn_counts(summary: dict) -> list[tuple]:
@@ -107,7 +107,7 @@ def test_a_failed_turn_ends_its_session_on_its_worker(fake_server, tmp_path):
     result = execute_run(RunSpec(
         workload=str(path), num_requests=None, think_time="0", load=LoadPlan(2),
         endpoint=EndpointOptions(endpoint=fake_server.url, api="chat", request_timeout_s=60.0),
-    ), notice=lambda _m: None)
+    ))
     s = result["summary"]
     assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
     assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1
@@ -125,7 +125,7 @@ def test_two_workers_cancel_on_the_one_process_plan(fake_server, tmp_path):
         workload=str(path), num_requests=None, request_rate=50.0, rate_given=True, seed=SEED,
         endpoint=EndpointOptions(endpoint=fake_server.url, request_timeout_s=60.0),
         cancel_rate=rate, cancel_after=str(after_ms), load=LoadPlan(w),
-    ), notice=lambda _m: None) for w in (1, 2)]
+    )) for w in (1, 2)]
     plan = CancelPlan(rate, parse_delay(str(after_ms), ""), SEED)
     picked = {i for i in range(n) if plan.cancel_after_s(i) is not None}
     assert 0 < len(picked) < n
@@ -222,8 +222,7 @@ def test_a_dead_workers_turns_are_lost_or_not_sent():
     m.on_message(RecordBatch(0, [_turn(plan, 0, k, k, k + 0.5) for k in range(3)]
                              + [_turn(plan, 2, 0, 0.2, 0.4, ok=False)]))
     m.died(0, 9.0, "killed by SIGKILL")
-    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False,
-                   lambda _m: None, 0.0)
+    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False, 0.0)
     w0, w1 = run.info["workers"]
     lost = [r for r in run.records if r.error_type == WORKER_LOST]
     # Session 1's turn 2 was due (0.4 s <= 1.0 s): lost; its turn 3 and all of session 3: not

@@ -53,7 +53,7 @@ def test_capacity_probes_are_multi_worker_runs(fake_server, tmp_path):
     base = base_spec(str(_workload(tmp_path)), 0, 1.0, "gamma", None, EngineArgs(),
                      EndpointOptions(endpoint=fake_server.url), "2")
     slo = parse_attainment_slo("ttft_p99=10000", None)
-    prober = Prober(base, ProbeSizing(N, 0.0, N), slo, lambda _m: None, runs_dir=tmp_path)
+    prober = Prober(base, ProbeSizing(N, 0.0, N), slo, runs_dir=tmp_path)
     probe = prober(20.0, "bracket")
     assert probe.passed
     (path,) = tmp_path.glob("probe-1-rate-*.json")

@@ -1,0 +1,23 @@
+"""Typed option groups, one per concern, like EngineArgs (engine/args.py): each field carries
+its type, default, help and checks, every command's flags are derived from them
+(:func:`with_options`), and each group validates once, in its ``validate()``.
+
+- load.py: what to send and when (LoadOptions; ProbeOptions for sweep and capacity)
+- endpoint.py: where HTTP requests go and how (EndpointFlags)
+- output.py: what is judged and written (OutputOptions)
+- serve.py: how `cbbench serve` listens (ServeOptions)
+- engine.py: EngineArgs as a group (its own metadata, its own validate())
+"""
+
+from cbbench.options.endpoint import PROBE_ENDPOINT, EndpointFlags
+from cbbench.options.engine import ENGINE_PANEL, engine_group
+from cbbench.options.fields import REQUIRED, Group, check_fields, opt, with_options
+from cbbench.options.load import PROBE_LOAD, LoadOptions, ProbeOptions
+from cbbench.options.output import RUN_OUTPUT, OutputOptions, output_file
+from cbbench.options.serve import ServeOptions
+
+__all__ = [
+    "ENGINE_PANEL", "PROBE_ENDPOINT", "PROBE_LOAD", "engine_group", "REQUIRED", "RUN_OUTPUT", "EndpointFlags", "Group",
+    "LoadOptions", "OutputOptions", "ProbeOptions", "ServeOptions", "check_fields",
+    "output_file", "opt", "with_options",
+]

@@ -1,0 +1,120 @@
+"""The endpoint options: where HTTP requests go and how (URL, API, headers, model, tokenizer,
+timeouts, concurrency, ignore-eos, /metrics scraping, client workers). Declared once; `run`,
+`sweep` and `capacity` take them and build the target's EndpointOptions and LoadPlan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbbench.errors import UsageError
+from cbbench.options.fields import check_fields, opt
+
+
+@dataclass(frozen=True)
+class EndpointFlags:
+    endpoint: str | None = opt(
+        None, "Benchmark this OpenAI-compatible endpoint instead of the bundled engine."
+    )
+    api: str = opt("completions", "Endpoint API: completions | chat.")
+    served_model: str | None = opt(
+        None, "Model name to request. Default: the first of /v1/models."
+    )
+    ignore_eos_field: bool = opt(
+        True,
+        "Send ignore_eos (vLLM, SGLang); turn off for servers that reject unknown fields.",
+    )
+    header: list[str] | None = opt(
+        None,
+        "HTTP header KEY=VALUE (repeatable); VALUE $NAME or env:NAME reads the environment. "
+        "Values are never written to the results.",
+    )
+    request_timeout: float = opt(600.0, "Seconds allowed per request (endpoint).")
+    max_concurrency: int | None = opt(
+        None,
+        "Cap on requests in flight (closed loop): TTFT/E2EL are reported from the intended "
+        "start and from the send, the slot wait on its own.",
+    )
+    tokenizer: str | None = opt(
+        None, "tokenizer.json: exact synthetic prompt lengths and token counts (endpoint)."
+    )
+    scrape_metrics: bool = opt(
+        False,
+        "Sample the endpoint's Prometheus /metrics during the run (vLLM, SGLang, TGI, llama.cpp "
+        "and cbbench names); with vLLM's histograms, the server's own TTFT/TPOT beside the "
+        "client's.",
+    )
+    scrape_metrics_filter: str | None = opt(
+        None,
+        "Keep the /metrics names this regex finds (re.search) instead of the known servers' "
+        "(vllm:, sglang:, tgi_, llamacpp:, cbbench_); implies --scrape-metrics.",
+        metavar="REGEX",
+    )
+    workers: str = opt(
+        "1",
+        "Client processes that send the schedule (endpoint runs): N, or auto (one per spare "
+        "core; with --ray, one per cluster CPU but one).",
+    )
+    ray: bool = opt(
+        False,
+        "Run the workers as Ray actors (pip install 'cbbench[ray]'); a local Ray instance "
+        "unless --ray-address is given.",
+        switch=False,
+    )
+    ray_address: str | None = opt(None, "Join this running Ray cluster (with --ray).")
+
+    def validate(self) -> None:
+        check_fields(self)
+        if self.endpoint is not None:
+            return
+        if self.scrape_metrics or self.scrape_metrics_filter is not None:  # was ignored
+            raise UsageError("--scrape-metrics reads a server's /metrics: it needs --endpoint "
+                             "(the bundled engine's own figures are in every result)")
+        if self.max_concurrency is not None:
+            raise UsageError("--max-concurrency applies to --endpoint runs")
+
+    def target(self, seed: int):
+        """The HTTP target's EndpointOptions (None without --endpoint), checked before any
+        probe runs."""
+        if self.endpoint is None:
+            return None
+        from cbbench.targets.options import EndpointOptions, parse_header
+
+        opts = EndpointOptions(
+            endpoint=self.endpoint,
+            api=self.api,
+            served_model=self.served_model,
+            ignore_eos_field=self.ignore_eos_field,
+            headers=dict(parse_header(h) for h in self.header or []),
+            request_timeout_s=self.request_timeout,
+            tokenizer=self.tokenizer,
+            seed=seed,
+            max_concurrency=self.max_concurrency,
+            # A filter says which metrics to keep: it asks for the scrape too.
+            scrape_metrics=self.scrape_metrics or self.scrape_metrics_filter is not None,
+            scrape_metrics_filter=self.scrape_metrics_filter,
+        )
+        opts.validate()
+        return opts
+
+    def load_plan(self):
+        """--workers and --ray, checked: they apply to endpoint runs only."""
+        from cbbench.distributed.plan import LoadPlan, parse_workers
+
+        load = LoadPlan(parse_workers(self.workers), self.ray, self.ray_address).validate()
+        if self.endpoint is None and load.distributed:
+            raise UsageError("--workers and --ray apply to --endpoint runs")
+        return load
+
+
+# sweep and capacity: open loop only (no --max-concurrency, which would cap the very load a
+# rate sweep offers) and no scraping; their probes share one Ray instance.
+PROBE_ENDPOINT = dict(
+    only=("endpoint", "api", "served_model", "ignore_eos_field", "header", "request_timeout",
+          "tokenizer", "workers", "ray", "ray_address"),
+    help={
+        "workers": "Client processes that send each probe's schedule (--endpoint runs): N, or "
+        "auto (one per spare core), as in `cbbench run`.",
+        "ray": "Run each probe's workers as Ray actors (pip install 'cbbench[ray]'): one Ray "
+        "instance for every probe, local unless --ray-address is given.",
+    },
+)

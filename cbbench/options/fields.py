@@ -1,0 +1,149 @@
+"""Option groups as typed dataclasses, and the Typer flags derived from them.
+
+The pattern is EngineArgs' (engine/args.py): a field carries its type, default, help and checks
+(choices, a range) in its metadata; the CLI derives each command's flags from the fields, so an
+option is declared once however many commands take it; ``validate()`` checks a group in one
+place and raises UsageError naming the flag.
+
+Field metadata (all optional, set through :func:`opt`): ``help``; ``choices``; ``low``/``high``
+with ``low_open`` (a range; checked by :func:`check_fields`); ``flag`` (the flag when it is not
+the field name, e.g. ``--json``); ``switch`` (False: a bool flag without a ``--no-`` form);
+``panel`` (the help panel); ``parser`` and ``metavar`` (passed to Typer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import typer
+
+from cbbench.engine.args import flag_of, range_text
+from cbbench.errors import UsageError
+
+REQUIRED = inspect.Parameter.empty  # an override's default that makes a flag required
+
+
+def opt(default: Any, help: str, **meta: Any) -> Any:
+    """A dataclass field carrying its flag's help and checks in its metadata."""
+    return field(default=default, metadata={"help": help, **meta})
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or flag_of(f.name)
+
+
+def check_fields(group: Any) -> None:
+    """The first field of ``group`` outside its choices or range, as a UsageError."""
+    for f in dataclasses.fields(group):
+        value, meta = getattr(group, f.name), f.metadata
+        if value is None or isinstance(value, bool):
+            continue
+        choices = meta.get("choices")
+        if choices is not None and value not in choices:
+            raise UsageError(f"{flag_name(f)} must be one of {', '.join(choices)}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{flag_name(f)} must be a finite number, got {value}")
+        low, high, low_open = meta.get("low"), meta.get("high"), meta.get("low_open", False)
+        if isinstance(value, (int, float)) and (
+            (low is not None and (value <= low if low_open else value < low))
+            or (high is not None and value > high)
+        ):
+            raise UsageError(f"{flag_name(f)} must be {range_text(low, high, low_open)}, got {value}")
+
+
+@dataclass(frozen=True)
+class Group:
+    """How a command takes an option group: which of its fields (default: all), with which
+    defaults or help changed for this command, and a prefix for every help text (compare's
+    ``--variants:``). The command receives the group as the keyword ``name``."""
+
+    cls: type
+    name: str
+    only: tuple[str, ...] | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    help: Mapping[str, str] = field(default_factory=dict)
+    help_prefix: str = ""
+    panel: str | None = None  # every flag of the group in this help panel
+    inherit: tuple[str, ...] = ()  # fields set from another group's flag of that name (seed)
+
+    def fields(self) -> list[dataclasses.Field]:
+        every = [f for f in dataclasses.fields(self.cls) if f.metadata.get("cli", True)]
+        if self.only is None:
+            return every
+        by_name = {f.name: f for f in every}
+        return [by_name[n] for n in self.only]
+
+    def parameters(self) -> list[inspect.Parameter]:
+        hints = typing.get_type_hints(self.cls)
+        return [
+            inspect.Parameter(
+                f.name, inspect.Parameter.KEYWORD_ONLY, annotation=self._annotation(f, hints[f.name]),
+                default=self.defaults.get(f.name, _default(f)),
+            )
+            for f in self.fields()
+        ]
+
+    def _annotation(self, f: dataclasses.Field, hint: Any) -> Any:
+        meta = f.metadata
+        flag = flag_name(f)
+        if hint is bool and meta.get("switch", True):
+            decls: tuple[str, ...] = (f"{flag}/--no-{flag[2:]}",)
+        else:
+            decls = (flag,)
+        help_text = self.help_prefix + self.help.get(f.name, meta.get("help", ""))
+        kwargs: dict[str, Any] = {"help": help_text}
+        if meta.get("choices") and not meta.get("metavar"):
+            kwargs["metavar"] = "|".join(meta["choices"])
+        if self.panel is not None:
+            kwargs["rich_help_panel"] = self.panel
+        for key, typer_key in (("panel", "rich_help_panel"), ("parser", "parser"),
+                               ("metavar", "metavar")):
+            if meta.get(key) is not None:
+                kwargs[typer_key] = meta[key]
+        return Annotated[hint, typer.Option(*decls, **kwargs)]
+
+    def build(self, values: dict[str, Any], given: Mapping[str, Any]) -> Any:
+        """The group from a command's parsed values (fields the command does not take keep
+        their defaults; ``inherit`` ones come from ``given``, every value as parsed), validated.
+        """
+        mine = {f.name: values.pop(f.name) for f in self.fields()}
+        mine.update({name: given[name] for name in self.inherit})
+        group = self.cls(**mine)
+        group.validate()
+        return group
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else REQUIRED
+
+
+def with_options(*groups: Group, after: Callable[[dict[str, Any]], None] | None = None):
+    """Give a command the flags of ``groups``: Typer sees them in the signature (after the
+    command's own), and the command receives each group built and validated, as the keyword
+    the Group names."""
+
+    def decorate(fn):
+        own = [p for name, p in inspect.signature(fn, eval_str=True).parameters.items()
+               if name not in {g.name for g in groups}]
+        extra = [p for g in groups for p in g.parameters()]
+
+        @functools.wraps(fn)
+        def wrapper(**kwargs):
+            given = dict(kwargs)
+            for g in groups:
+                kwargs[g.name] = g.build(kwargs, given)
+            return fn(**kwargs)
+
+        params = own + extra
+        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+
+    return decorate

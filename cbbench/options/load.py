@@ -1,0 +1,170 @@
+"""The load options: what to send and when (workload, counts, rates, arrivals, duration, ramp,
+sessions, cancellation, synthetic lengths, seed, replay), and the per-probe sizing of sweep and
+capacity. Declared once; `run`, `compare --variants`, `sweep` and `capacity` take them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cbbench.errors import UsageError
+from cbbench.options.fields import check_fields, opt
+
+SYNTHETIC_PANEL = "Synthetic workload"
+ARRIVALS = ("auto", "gamma", "constant", "trace")
+PROBE_ARRIVALS = ("gamma", "constant")  # a sweep's probes set their own rates
+RATE_INF = "inf"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    workload: str = opt(
+        "sharegpt",
+        "Built-in workload (sharegpt, sharegpt-multiturn, long-prompt, shared-prefix), random "
+        "(see --input-len), a JSONL file, or a trace file (Azure LLM inference CSV, BurstGPT "
+        "CSV, Mooncake JSONL; recognized by its header).",
+    )
+    num_requests: int | None = opt(
+        None,
+        "Requests drawn from the workload with --seed (vLLM's default: 1000); sessions, for a "
+        "multi-turn workload.",
+    )
+    seed: int = opt(0, "Seed for request sampling, arrivals and sampling.")
+    request_rate: str = opt(RATE_INF, "Requests per second, or inf to send all at t=0.")
+    burstiness: float = opt(
+        1.0, "Gamma shape of inter-arrival times: 1 = Poisson, <1 burstier.",
+        low=0.0, low_open=True,
+    )
+    arrival: str = opt(
+        "auto",
+        "auto | gamma | constant | trace. auto: the trace's arrival_s when it has them and no "
+        "--request-rate is given, else gamma.",
+    )
+    duration: str | None = opt(
+        None,
+        "Run for this long (60s, 5m, 1h): requests are drawn from the workload until the "
+        "arrival schedule reaches it (instead of --num-requests).",
+    )
+    ramp: str | None = opt(
+        None,
+        "START:END:SECONDS: a linear request-rate ramp (req/s) instead of --request-rate, held "
+        "at END after SECONDS; lasts SECONDS unless --duration or --num-requests says otherwise.",
+    )
+    input_len: int | None = opt(
+        None, "--workload random: input tokens per request (default 1024).", panel=SYNTHETIC_PANEL
+    )
+    output_len: int | None = opt(
+        None, "--workload random: output tokens per request (default 128).", panel=SYNTHETIC_PANEL
+    )
+    length_range: float | None = opt(
+        None,
+        "--workload random: lengths uniform in [len*(1-R), len*(1+R)], 0 <= R < 1 (default 0: "
+        "exact).",
+        panel=SYNTHETIC_PANEL,
+    )
+    prefix_len: int | None = opt(
+        None, "--workload random: the same N tokens in front of every prompt (default 0).",
+        panel=SYNTHETIC_PANEL,
+    )
+    think_time: str | None = opt(
+        None,
+        "Multi-turn sessions: the wait (ms) after a reply before the next turn: N, exp:MEAN or "
+        "uniform:LOW:HIGH. Default exp:1000 (ShareGPT has no timing); a turn's own "
+        "think_time_ms wins.",
+    )
+    cancel_rate: float | None = opt(
+        None,
+        "Cancel this share of requests mid-stream (0-1): the client closes the stream, the "
+        "engine aborts. Needs --cancel-after.",
+    )
+    cancel_after: str | None = opt(
+        None,
+        "When a picked request is cancelled, in ms after its send: N, exp:MEAN or "
+        "uniform:LOW:HIGH (it completes normally if it finishes first).",
+    )
+    time_scale: float = opt(
+        1.0,
+        "With --arrival trace: multiply the trace's timestamps (0.5 replays twice as fast).",
+    )
+    replay: Path | None = opt(
+        None,
+        "Re-run a result's exact requests and arrival times, with its scheduling options (e.g. "
+        "--engine sim --gpu-profile P.json: the simulator's error on that run; compare the two "
+        "files).",
+    )
+
+    @property
+    def rate_given(self) -> bool:
+        return self.request_rate != RATE_INF
+
+    def validate(self) -> None:
+        check_fields(self)
+        if self.duration is not None and self.num_requests is not None:
+            raise UsageError("--duration and --num-requests both set the run's length: give one")
+        if self.ramp is not None and self.rate_given:
+            raise UsageError("--ramp sets the request rate: drop --request-rate")
+        if self.replay is not None and (self.num_requests is not None or self.duration is not None
+                                        or self.ramp is not None or self.rate_given):
+            raise UsageError("--replay takes the recorded run's requests and arrivals: drop "
+                             "--num-requests, --duration, --ramp and --request-rate")
+
+    # Parsed forms, each read where the text is (UsageError naming the flag).
+    def rate(self) -> float:
+        from cbbench.load.arrivals import parse_rate
+
+        return parse_rate(self.request_rate)
+
+    def duration_s(self) -> float | None:
+        from cbbench.load.arrivals import parse_duration
+
+        return parse_duration(self.duration) if self.duration is not None else None
+
+    def ramp_spec(self):
+        from cbbench.load.arrivals import parse_ramp
+
+        return parse_ramp(self.ramp) if self.ramp is not None else None
+
+    def random_spec(self):
+        """The --workload random parameters (vLLM's defaults where not given); an error when
+        they are given for another workload, where they would silently do nothing."""
+        from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec
+
+        given = {
+            "input_len": self.input_len, "output_len": self.output_len,
+            "length_range": self.length_range, "prefix_len": self.prefix_len,
+        }
+        given = {k: v for k, v in given.items() if v is not None}
+        if given and self.workload != RANDOM_WORKLOAD:
+            flags = ", ".join("--" + k.replace("_", "-") for k in given)
+            verb = "applies" if len(given) == 1 else "apply"
+            raise UsageError(f"{flags} {verb} only to --workload random")
+        return RandomSpec(**given).validate()
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """How big each probe of a sweep or a capacity search is (bench/probe.py's ProbeSizing)."""
+
+    min_duration: float = opt(
+        60.0,
+        "Seconds of arrivals each probe should span: it sends max(--num-requests, rate x this) "
+        "requests, so queues can settle into a steady state.",
+    )
+    max_requests: int = opt(10_000, "The most requests one probe sends.")
+
+    def validate(self) -> None:
+        check_fields(self)
+
+
+# How sweep and capacity take the load group: a probe's size and an open-loop process.
+PROBE_LOAD = dict(
+    only=("workload", "num_requests", "seed", "burstiness", "arrival"),
+    defaults={"num_requests": 1000, "arrival": "gamma"},
+    help={
+        "workload": "Built-in workload (sharegpt, long-prompt) or a JSONL file.",
+        "num_requests": "Requests per probe at the least (more at high rates: see "
+        "--min-duration), and the size of a rate-inf probe.",
+        "seed": "Seed for requests, arrivals and sampling (all probes).",
+        "arrival": "gamma (with --burstiness) | constant.",
+    },
+)

@@ -1,0 +1,86 @@
+"""The output options: what a run measures beyond the requests (SLOs, the steady-state window,
+GPU telemetry) and what it writes (the result file, its detail, the label, the exit rule)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cbbench.errors import UsageError
+from cbbench.options.fields import check_fields, opt
+
+
+def output_file(text: str) -> Path:
+    """A file output's path, as given: pathlib drops a trailing '/', so `--output newdir/`
+    wrote a file named newdir. A name ending in '/' that is not a folder is refused (one that
+    is gets check_writable's "is a folder")."""
+    if text.endswith("/") and not Path(text).is_dir():
+        raise UsageError(f"{text!r} ends in '/' but is not a folder: name a file")
+    return Path(text)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    slo: str | None = opt(
+        None,
+        "Goodput SLOs in ms, e.g. ttft=500,tpot=50,e2el=10000 (one grammar with sweep and "
+        "capacity: KEY=MS, KEY in ttft, tpot, e2el).",
+    )
+    attainment: float | None = opt(
+        None, "Attainment target (default: the SLO's percentile).", low=0.0, low_open=True,
+        high=1.0,
+    )
+    warmup: float | None = opt(
+        None,
+        "Steady-state window: leave out the run's first SECONDS (with --cooldown; default: "
+        "detected from the running-request count).",
+        low=0.0,
+    )
+    cooldown: float | None = opt(
+        None, "Steady-state window: leave out the run's last SECONDS.", low=0.0
+    )
+    output: Path | None = opt(
+        None,
+        "Result JSON path, or - for stdout (the table then goes to stderr). Default: "
+        "results/run-<time>-<engine>.json.",
+        parser=output_file, metavar="<path>",
+    )
+    save_detailed: bool = opt(False, "Also store per-request ITL lists and output token ids.")
+    max_error_rate: float = opt(
+        0.0, "Exit 1 (after writing the result) when more requests fail.", low=0.0, high=1.0
+    )
+    gpu_index: int | None = opt(
+        None, "GPU to sample with NVML (default: the engine's; for --endpoint, none)."
+    )
+    telemetry_interval: float = opt(
+        0.05, "Seconds between GPU telemetry samples.", low=0.0, low_open=True
+    )
+    label: str | None = opt(None, "A name for this run, shown by compare and report.")
+    summary_only: bool = opt(
+        False,
+        "Write config and summary only (no per-request or per-iteration records): small files "
+        "for committed baselines.",
+    )
+    json: bool = opt(False, "Print the result JSON instead of the table.", flag="--json",
+                     switch=False)
+
+    def validate(self) -> None:
+        check_fields(self)  # the SLO text is read (and checked) by its one parser
+
+    def goodput_slo(self) -> dict[str, float]:
+        """--slo as run's goodput limits."""
+        from cbbench.analysis.metrics import parse_slo
+
+        return parse_slo(self.slo)
+
+    def attainment_slo(self):
+        """--slo and --attainment as a sweep's or capacity search's AttainmentSLO."""
+        from cbbench.analysis.slo import parse_attainment_slo
+
+        return parse_attainment_slo(self.slo, self.attainment)
+
+
+RUN_OUTPUT = dict(only=(
+    "slo", "warmup", "cooldown", "output", "save_detailed", "max_error_rate", "gpu_index",
+    "telemetry_interval", "label", "summary_only", "json",
+))

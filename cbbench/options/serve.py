@@ -1,0 +1,69 @@
+"""The serve options: how `cbbench serve` listens and answers (the engine options come from
+EngineArgs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cbbench.options.fields import check_fields, opt
+from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from cbbench.server.stream_events import REASONING_FIELDS
+
+MAX_PORT = 65535
+MAX_READ_TIMEOUT_S = 24 * 3600.0
+MAX_STREAM_INTERVAL = 1 << 16
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    host: str = opt("127.0.0.1", "Address to listen on.")
+    port: int = opt(8000, "Port to listen on (0: any free port).", low=0, high=MAX_PORT)
+    served_model_name: str | None = opt(
+        None, "Model name clients use. Default: the --model name."
+    )
+    tokenizer: str | None = opt(
+        None,
+        "tokenizer.json (or its folder) to encode prompts and decode outputs. Without one, each "
+        "prompt word is one token and outputs are placeholder text (' tok' per token for sim, "
+        "each token id as text for torch).",
+    )
+    seed: int = opt(0, "Engine seed (random-weight model presets).")
+    api_key: str | None = opt(
+        None,
+        "Require 'Authorization: Bearer KEY' on every endpoint but /health and /metrics. "
+        "env:NAME reads the key from $NAME (keeps it off the command line).",
+    )
+    request_log: str | None = opt(
+        None,
+        "Append one JSON line per request to this file: id, arrival, queue exit, first and last "
+        "token (made and sent), token counts, preemptions and how it ended, in epoch seconds.",
+    )
+    read_timeout: float = opt(
+        DEFAULT_READ_TIMEOUT_S,
+        "Seconds a client has to send a whole request (head and body) from its first byte; "
+        "slower ones get 408 and are disconnected. The answer itself may take as long as it "
+        "takes.",
+        low=0.0, low_open=True, high=MAX_READ_TIMEOUT_S,
+    )
+    max_connections: int = opt(
+        DEFAULT_MAX_CONNECTIONS,
+        "Open connections served at once; more get a 503 (too_many_connections). Lowered to "
+        "what the open-file limit allows.",
+        low=1,
+    )
+    stream_interval: int = opt(
+        1,
+        "Write a stream event once this many tokens are waiting (or the request ends), as "
+        "vLLM's --stream-interval: N > 1 makes multi-token events. 1: each engine step's tokens "
+        "for a request as one event.",
+        low=1, high=MAX_STREAM_INTERVAL,
+    )
+    reasoning_field: str = opt(
+        "reasoning_content",
+        "The delta field reasoning tokens stream in (requests that ask for reasoning_tokens): "
+        "reasoning_content, or reasoning as newer vLLM.",
+        choices=REASONING_FIELDS, metavar="<str>",
+    )
+
+    def validate(self) -> None:
+        check_fields(self)

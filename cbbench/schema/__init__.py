@@ -1,0 +1,81 @@
+"""The result files as typed, versioned models (pydantic): the run result, sweep.json and
+capacity.json. Every reader goes through :func:`read_run`, :func:`read_sweep` or
+:func:`read_capacity`, so a tampered, truncated or older file is refused here, in one line;
+`cbbench schema run|sweep|capacity` prints the JSON Schema.
+
+The models type every field they name and let other fields through (producers add fields; a
+reader that does not know one keeps it), so the files' field names stay the producers'.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cbbench.errors import UsageError
+from cbbench.schema.base import Record, to_dict, validate
+from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
+from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
+from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, SweepFile
+
+MODELS: dict[str, type[Record]] = {"run": RunResult, "sweep": SweepFile, "capacity": CapacityFile}
+
+__all__ = [
+    "CAPACITY_KIND", "CAPACITY_SCHEMA_VERSION", "MODELS", "RUN_SCHEMA_VERSION", "SWEEP_KIND",
+    "SWEEP_SCHEMA_VERSION", "CapacityFile", "RunResult", "SweepFile", "check_run",
+    "json_schema", "read_capacity", "read_json_file", "read_run", "read_sweep", "to_dict",
+]
+
+
+def json_schema(kind: str) -> str:
+    return json.dumps(MODELS[kind].model_json_schema(), indent=2)
+
+
+def read_json_file(path: Path, what: str = "result file") -> Any:
+    """A JSON file's value; UsageError (one line) for anything Python's parser chokes on, an
+    endless stream or a file beyond memory (engine/json_file.py says which)."""
+    from cbbench.engine.json_file import read_json
+
+    return read_json(path, what)
+
+
+def check_run(data: Any, path: object) -> dict:
+    """A run result's dict, checked against RunResult (the version first: its own message)."""
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise UsageError(f"{path} is not a cbbench result (no schema_version)")
+    version = data["schema_version"]
+    # An int, not a bool or a float: true == 1 and 1.0 == 1 in Python, not in the schema.
+    if type(version) is not int or version != RUN_SCHEMA_VERSION:
+        raise UsageError(f"{path} has schema_version {version!r}; this cbbench reads version "
+                         f"{RUN_SCHEMA_VERSION}")
+    for key in ("config", "summary"):
+        if not isinstance(data.get(key), dict):
+            raise UsageError(f"{path} is missing its {key!r} section")
+    validate(RunResult, data, path, "cbbench result")
+    return data
+
+
+def read_run(path: Path) -> dict:
+    """A run result file, validated (the dict as written: readers index it by field name)."""
+    return check_run(read_json_file(Path(path)), path)
+
+
+def _read_kind(path: Path, model: type[Record], kind: str, version: int, what: str) -> dict:
+    data = read_json_file(Path(path), what)
+    if not isinstance(data, dict) or data.get("kind") != kind:
+        raise UsageError(f"{path} is not a cbbench {what.split()[0]} (no kind {kind!r})")
+    if data.get("schema_version") != version or type(data.get("schema_version")) is not int:
+        raise UsageError(f"{path} has {what.split()[0]} schema_version "
+                         f"{data.get('schema_version')!r}; this cbbench reads version {version}")
+    validate(model, data, path, what)
+    return data
+
+
+def read_sweep(path: Path) -> dict:
+    return _read_kind(path, SweepFile, SWEEP_KIND, SWEEP_SCHEMA_VERSION, "sweep file")
+
+
+def read_capacity(path: Path) -> dict:
+    return _read_kind(path, CapacityFile, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION,
+                      "capacity file")

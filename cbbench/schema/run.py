@@ -1,0 +1,137 @@
+"""The run result (`cbbench run`, each sweep and capacity probe, each compare variant): config,
+summary, requests, iterations, telemetry. Field names are the file's; every field named here is
+typed, the rest pass through (Record allows extra fields)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from cbbench.schema.base import Number, Record
+
+RUN_SCHEMA_VERSION = 1
+
+
+class Distribution(Record):
+    """A latency distribution in ms (mean, std, pNN keys as extra fields, count)."""
+
+    mean: Number | None = None
+    std: Number | None = None
+    count: int | None = None
+
+
+class EngineSummary(Record):
+    num_iterations: int | None = None
+    busy_time_s: Number | None = None
+    mean_iteration_ms: Number | None = None
+    token_budget_utilization: Number | None = None
+    peak_kv_usage: Number | None = None
+    mean_kv_usage: Number | None = None
+    num_preemptions: int | None = None
+    mbu: Number | None = None
+    mfu: Number | None = None
+
+
+class SteadyState(Record):
+    window_s: list[Number | None] | None = None
+    method: str | None = None
+    completed: int | None = None
+    request_throughput: Number | None = None
+    output_throughput: Number | None = None
+
+
+class Summary(Record):
+    completed: int | None = None  # every run writes both; a hand-made summary may not
+    failed: int | None = None
+    cancelled: int | None = None
+    error_types: dict[str, int] | None = None
+    duration_s: Number | None = None
+    total_input_tokens: int | None = None
+    total_output_tokens: int | None = None
+    request_throughput: Number | None = None
+    output_throughput: Number | None = None
+    total_token_throughput: Number | None = None
+    ttft_ms: Distribution | None = None
+    tpot_ms: Distribution | None = None
+    itl_ms: Distribution | None = None
+    e2el_ms: Distribution | None = None
+    send_lag_ms: Distribution | None = None
+    slo: dict[str, Number] | None = None
+    goodput: Number | None = None
+    slo_attainment: Number | None = None
+    not_sent: int | None = None
+    steady_state: SteadyState | None = None
+    engine: EngineSummary | None = None
+
+
+class Config(Record):
+    label: str | None = None
+    workload: str | None = None
+    num_requests: int | None = None
+    seed: int | None = None
+    request_rate: str | Number | None = None
+    burstiness: Number | None = None
+    arrival: str | None = None
+    target: str | None = None
+    engine: str | None = None
+    model: str | None = None
+    scheduler: str | None = None
+    policy: str | None = None
+    command: str | None = None
+
+
+class Request(Record):
+    id: int | str
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft_ms: Number | None = None
+    tpot_ms: Number | None = None
+    e2el_ms: Number | None = None
+    error: str | None = None
+    cancelled: bool | None = None
+    error_type: str | None = None
+    intended_start_s: Number | None = None
+    send_lag_ms: Number | None = None
+    num_preemptions: int | None = None
+    priority: int | None = None
+    queue_ms: Number | None = None
+    max_tokens: int | None = None
+    token_times_s: list[Number] | None = None
+    itl_ms: list[Number] | None = None
+
+
+class Iteration(Record):
+    index: int
+    start_s: Number
+    duration_s: Number
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    token_budget: int | None = None
+    num_running: int | None = None
+    num_waiting: int | None = None
+    num_preempted: int | None = None
+    kv_blocks_used: int | None = None
+    kv_blocks_total: int | None = None
+    bytes_moved: Number | None = None
+    flops: Number | None = None
+    predicted_s: Number | None = None
+
+
+class Telemetry(Record):
+    available: bool | None = None
+    reason: str | None = None
+    source: str | None = None
+    interval_s: Number | None = None
+    samples: list[dict[str, Any]] | None = None
+    summary: dict[str, Any] | None = None
+
+
+class RunResult(Record):
+    schema_version: Literal[1]
+    cbbench_version: str | None = None
+    interrupted: bool | None = None
+    started_at: str | None = None
+    config: Config
+    summary: Summary
+    requests: list[Request] | None = None
+    iterations: list[Iteration] | None = None
+    telemetry: Telemetry | None = None

@@ -1,0 +1,113 @@
+"""The result files have one typed, versioned schema (cbbench/schema/): `cbbench schema` prints
+it, the files the commands write validate against it and round-trip, and every reader refuses a
+file with a wrong-typed field in one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.cli.app import app
+from cbbench.schema import MODELS, to_dict
+
+SIM = ["--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b"]
+PROBE = ["--num-requests", "8", "--min-duration", "1"]
+
+
+def _invoke(args):
+    return CliRunner().invoke(app, args)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A real run, sweep and capacity file, written by the commands themselves."""
+    d = tmp_path_factory.mktemp("schema")
+    run = d / "run.json"
+    r = _invoke(["run", *SIM, "--num-requests", "12", "--save-detailed", "--slo", "ttft=500",
+                 "--output", str(run)])
+    assert r.exit_code == 0, r.output
+    r = _invoke(["sweep", *SIM, *PROBE, "--rates", "4,inf", "--slo", "ttft_p99=5000",
+                 "--out-dir", str(d / "sweep")])
+    assert r.exit_code == 0, r.output
+    r = _invoke(["capacity", *SIM, *PROBE, "--slo", "ttft_p99=5000", "--start-rate", "4",
+                 "--out", str(d / "capacity.json")])
+    assert r.exit_code in (0, 1), r.output  # 1: no rate met the SLO; the file is written
+    return {"run": run, "sweep": d / "sweep" / "sweep.json", "capacity": d / "capacity.json"}
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_schema_command_prints_a_json_schema_the_written_file_meets(kind, files):
+    r = _invoke(["schema", kind])
+    assert r.exit_code == 0, r.output
+    schema = json.loads(r.stdout)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    data = json.loads(files[kind].read_text())
+    jsonschema.validate(data, schema)  # the printed schema, not only the pydantic model
+    # The model takes the file, and gives back exactly the file.
+    assert to_dict(MODELS[kind].model_validate(data)) == data
+
+
+def test_the_schema_types_what_it_names():
+    """A wrong-typed field fails the printed schema too (not only pydantic's strict mode)."""
+    schema = MODELS["run"].model_json_schema()
+    bad = {"schema_version": 1, "config": {}, "summary": {"completed": "many", "failed": 0}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, schema)
+
+
+def test_an_unknown_schema_kind_is_refused():
+    r = _invoke(["schema", "runs"])
+    assert r.exit_code == 2 and r.stderr.startswith("cbbench: error: unknown schema")
+
+
+def _tampered(files, tmp_path, kind="run", change=None):
+    data = json.loads(files[kind].read_text())
+    (change or (lambda d: d["summary"].__setitem__("completed", "many")))(data)
+    bad = tmp_path / f"bad-{kind}.json"
+    bad.write_text(json.dumps(data))
+    return bad
+
+
+def _readers(files, bad, tmp_path):
+    good = str(files["run"])
+    return {
+        "compare": ["compare", good, str(bad)],
+        "gate": ["gate", str(bad), "--baseline", good],
+        "report": ["report", good, str(bad), "--out", str(tmp_path / "report")],
+        "calibrate": ["calibrate", str(bad), "--out", str(tmp_path / "profile.json")],
+        "replay": ["run", *SIM, "--replay", str(bad), "--output", str(tmp_path / "again.json")],
+    }
+
+
+@pytest.mark.parametrize("reader", ["compare", "gate", "report", "calibrate", "replay"])
+def test_every_reader_refuses_a_wrong_typed_field_in_one_line(files, tmp_path, reader):
+    bad = _tampered(files, tmp_path)
+    r = _invoke(_readers(files, bad, tmp_path)[reader])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.output, r.stderr
+    assert lines[0].startswith("cbbench: error: ") and "summary.completed" in lines[0], lines
+    # Refused before anything was written (report may have made its folder, left empty).
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p != bad]
+    assert not written, written
+
+
+def test_report_refuses_a_wrong_typed_sweep_point(files, tmp_path):
+    bad = _tampered(files, tmp_path, "sweep",
+                    lambda d: d["points"][0].__setitem__("ttft_p99_ms", "slow"))
+    r = _invoke(["report", str(bad), "--out", str(tmp_path / "report")])
+    assert r.exit_code == 2, r.output
+    assert "points.0.ttft_p99_ms" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_capacity_file_with_a_wrong_typed_field_is_refused(files, tmp_path):
+    from cbbench.errors import UsageError
+    from cbbench.schema import read_capacity
+
+    read_capacity(files["capacity"])  # the real one reads
+    bad = _tampered(files, tmp_path, "capacity", lambda d: d.__setitem__("precision", "5%"))
+    with pytest.raises(UsageError, match="precision"):
+        read_capacity(bad)
