@@ -42,7 +42,8 @@ def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str]:
     """Tokens of each timed event, and the method."""
     n = len(st.times)
     running = st.running
-    if n and all(r is not None for r in running):
+    # Exact only when every timed event carried its running count.
+    if n and len(running) == n and all(r is not None for r in running):
         counts, prev = [], 0
         for r in running:
             counts.append(max(r - prev, 0))

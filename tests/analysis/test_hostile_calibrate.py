@@ -61,11 +61,12 @@ def _tampered(real: dict, k: int, field: str | None, value) -> dict:
 
 TAMPERED = {
     "infinity": ("duration_s", float("inf"), "duration_s inf"),
-    "text": ("num_decode_tokens", "12", "num_decode_tokens '12'"),
+    # The typed result schema refuses these two first, naming the field by its path.
+    "text": ("num_decode_tokens", "12", "iterations.3.num_decode_tokens: Input should be a valid integer"),
     "missing": ("attn_key_pairs", KeyError, "has no 'attn_key_pairs'"),
     "1e300": ("attn_keys_read", 1e300, "attn_keys_read 1e+300"),
     "10^30": ("num_prefill_tokens", 10**30, "num_prefill_tokens 1000000000000000000000000000000"),
-    "a-number": (None, 7, "is int, not a record"),
+    "a-number": (None, 7, "iterations.3: Input should be a valid dictionary"),
     "negative": ("num_decode_tokens", -5, "num_decode_tokens -5"),
     # beyond the list: a bool where a count goes (true == 1 in Python), NaN
     "bool": ("num_logits", True, "num_logits True"),
@@ -81,7 +82,10 @@ def _one_line(tmp_path, result: dict, text: str) -> None:
     assert res.exit_code == 2, (res.output, res.exception)
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.stderr
-    assert f"{src}: iteration 3" in lines[0] or "config.gpu" in lines[0], lines[0]
+    # calibrate's own check names "iteration 3"; the typed schema, which reads first, names
+    # the field's path ("iterations.3..."): either way the file and the record are named.
+    assert (f"{src}: iteration 3" in lines[0] or f"{src}: not a valid cbbench result: iterations.3"
+            in lines[0] or "config.gpu" in lines[0]), lines[0]
     assert text in lines[0], lines[0]
     assert not out.exists()
 

@@ -129,20 +129,21 @@ def recorded(tmp_path_factory) -> dict:
     return json.loads(json.dumps(execute_run(spec)))
 
 
-REPLAY_CASES = {  # (section, key, value, text in the error); request keys edit record 0
-    "record-an-int": ("requests", None, [1], "request record 0 is a int"),
-    "output-tokens-text": ("request", "output_tokens", "x", "output_tokens 'x'"),
-    "output-tokens-float": ("request", "output_tokens", 1.5, "output_tokens 1.5"),
+REPLAY_CASES = {  # (section, key, value, text in the error); request keys edit record 0.
+    # Fields the typed result schema (cbbench/schema) types are refused there first, by path.
+    "record-an-int": ("requests", None, [1], "requests.0: Input should be a valid dictionary"),
+    "output-tokens-text": ("request", "output_tokens", "x", "requests.0.output_tokens: Input should be a valid integer"),
+    "output-tokens-float": ("request", "output_tokens", 1.5, "requests.0.output_tokens: Input should be a valid integer"),
     "prompt-tokens-negative": ("request", "prompt_tokens", -5, "prompt_tokens -5"),
     "prompt-tokens-absent": ("request", "prompt_tokens", KeyError, "prompt_tokens None"),
     "id-text": ("request", "id", "x", "id 'x'"),
-    "priority-text": ("request", "priority", "x", "priority 'x'"),
-    "seed-text": ("config", "seed", "x", "seed 'x'"),
+    "priority-text": ("request", "priority", "x", "requests.0.priority: Input should be a valid integer"),
+    "seed-text": ("config", "seed", "x", "config.seed: Input should be a valid integer"),
     "rate-text": ("config", "request_rate", "x", "request_rate 'x'"),
     "max-num-seqs-text": ("config", "max_num_seqs", "x", "--max-num-seqs must be an integer"),
     "block-size-bool": ("config", "block_size", True, "--block-size must be an integer"),
     "swap-space-text": ("config", "swap_space", "x", "--swap-space must be a number"),
-    "model-a-list": ("config", "model", [1], "--model must be text"),
+    "model-a-list": ("config", "model", [1], "config.model: Input should be a valid string"),
     "prefix-caching-text": ("config", "enable_prefix_caching", "x", "true or false"),
 }
 
@@ -183,7 +184,7 @@ def test_engine_args_check_kinds_not_only_ranges():
     from cbbench.engine.args import EngineArgs, EngineArgsError
 
     for bad in ({"max_num_seqs": "8"}, {"block_size": 16.0}, {"chunked_prefill": 1},
-                {"gpu_memory_utilization": "0.9"}, {"scheduler": None}):
+                {"gpu_memory_utilization": "0.9"}, {"batching": None}):
         with pytest.raises(EngineArgsError):
             EngineArgs(engine="sim", **bad).validate()
     EngineArgs(engine="sim", swap_space=4, gpu_memory_utilization=1).validate()  # ints for floats
