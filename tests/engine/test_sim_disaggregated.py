@@ -28,7 +28,7 @@ KV_LLAMA3_8B = 131072  # bytes per token: 2 x 32 layers x 8 KV heads x 128 x 2
 def _set(pd="1:1", link="nvlink", **kw):
     args = EngineArgs(engine="sim", gpu="h100", model="llama-3-8b", disaggregate=pd,
                       kv_link=link, **kw)
-    return build_replicas(args, lambda _m: None)[0]
+    return build_replicas(args)[0]
 
 
 def _run(pd_set, reqs):
@@ -112,7 +112,7 @@ def test_summary_has_transfer_distribution_and_goodput_per_gpu():
                    slo={"ttft": 2000.0, "tpot": 50.0},
                    engine=EngineArgs(engine="sim", gpu="h100", disaggregate="1:1",
                                      tensor_parallel_size=2))
-    result = execute_run(spec, lambda _m: None)
+    result = execute_run(spec)
     s = result["summary"]
     assert s["gpus"] == 4 and s["kv_transfer_ms"]["count"] == 30
     assert s["goodput_per_gpu"] == pytest.approx(s["goodput"] / 4)

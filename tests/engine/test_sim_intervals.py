@@ -52,7 +52,7 @@ def _run(profile: str | None, **kw) -> dict:
     engine = EngineArgs(engine="sim", gpu_profile=profile, model="small", **kw)
     spec = RunSpec(workload="sharegpt", num_requests=40, request_rate=20.0, rate_given=True,
                    engine=engine)
-    return execute_run(spec, lambda _m: None)["summary"]
+    return execute_run(spec)["summary"]
 
 
 def test_intervals_bracket_the_point_and_scale_with_the_band(tmp_path):
@@ -75,7 +75,7 @@ def test_uniform_band_scales_every_figure_exactly(tmp_path):
     profile = _profile(tmp_path, residuals={c: same for c in ("decode", "mixed", "prefill")})
     engine = EngineArgs(engine="sim", gpu_profile=profile, model="small")
     spec = RunSpec(workload="sharegpt", num_requests=30, engine=engine)
-    s = execute_run(spec, lambda _m: None)["summary"]
+    s = execute_run(spec)["summary"]
     iv = s["intervals"]
     for key in ("ttft_ms", "tpot_ms"):
         for stat in ("p50", "p99"):

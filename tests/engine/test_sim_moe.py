@@ -206,7 +206,7 @@ def test_gpt_oss_run_on_simulated_h100(tmp_path):
 
     spec = RunSpec(workload="sharegpt", num_requests=100, request_rate=20.0, rate_given=True,
                    engine=EngineArgs(engine="sim", gpu="h100", model="gpt-oss-20b"))
-    result = execute_run(spec, lambda _m: None)
+    result = execute_run(spec)
     s = result["summary"]
     assert s["completed"] == 100 and result["config"]["model"] == "gpt-oss-20b"
     m = MODEL_PRESETS["gpt-oss-20b"]

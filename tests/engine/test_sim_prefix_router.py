@@ -42,7 +42,7 @@ def test_lookup_uses_the_engines_hashes():
     args = EngineArgs(engine="sim", model="llama-3.2-1b", data_parallel_size=2,
                       router="prefix-aware", enable_prefix_caching=True, num_kv_blocks=64,
                       max_model_len=1024)
-    replicas, _ = build_replicas(args, lambda _m: None)
+    replicas, _ = build_replicas(args)
     prompt = list(range(100))
     first = Request(0, 100, 2, prompt_token_ids=prompt)
     replicas.replicas[1].engine.add_request(first)
@@ -55,8 +55,7 @@ def test_lookup_uses_the_engines_hashes():
 
 def test_needs_prefix_caching():
     with pytest.raises(EngineArgsError, match="--enable-prefix-caching"):
-        build_replicas(EngineArgs(engine="sim", data_parallel_size=2, router="prefix-aware"),
-                       lambda _m: None)
+        build_replicas(EngineArgs(engine="sim", data_parallel_size=2, router="prefix-aware"))
 
 
 def _multiturn(router: str) -> dict:
@@ -64,7 +63,7 @@ def _multiturn(router: str) -> dict:
                    rate_given=True, seed=0,
                    engine=EngineArgs(engine="sim", model="llama-3-8b", data_parallel_size=4,
                                      router=router, enable_prefix_caching=True))
-    return execute_run(spec, lambda _m: None)["summary"]
+    return execute_run(spec)["summary"]
 
 
 def test_hit_rate_beats_least_requests_on_multiturn_dp4():

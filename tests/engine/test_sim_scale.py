@@ -25,7 +25,7 @@ def _run(n: int, ff: bool, **kw):
     reqs, _ = sample_requests(wl, n, 0)
     arrivals = arrival_times(reqs, 50.0, 1.0, "gamma", 0, None)
     opts = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", fast_forward=ff, **kw)
-    return run_engine(opts, reqs, arrivals, lambda _m: None)
+    return run_engine(opts, reqs, arrivals)
 
 
 SKIPPED: list[int] = []  # steps each fast-forward call advanced, in the fast-forward run

@@ -312,8 +312,8 @@ def test_https(tmp_path):
             "import sys; from cbbench.targets.http import EndpointOptions, run_http; "
             "from cbbench.load.workload_types import WorkloadRequest; "
             "w = [WorkloadRequest(0, 2, 3, prompt='hi')]; "
-            "r = run_http(EndpointOptions(sys.argv[1], served_model=sys.argv[2]), w, [0.0], "
-            "lambda m: None).records[0]; print(r.error_type, r.error, len(r.token_times_s))"
+            "r = run_http(EndpointOptions(sys.argv[1], served_model=sys.argv[2]), w, [0.0]"
+            ").records[0]; print(r.error_type, r.error, len(r.token_times_s))"
         )
         out = subprocess.run(
             [sys.executable, "-c", code, s.url, MODEL],
