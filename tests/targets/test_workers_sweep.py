@@ -14,7 +14,9 @@ from cbbench.bench.probe import ProbeSizing
 from cbbench.cli.app import app
 from cbbench.cli.sweep import base_spec
 from cbbench.engine.args import EngineArgs
-from cbbench.targets.options import EndpointOptions
+from cbbench.options.endpoint import EndpointFlags
+from cbbench.options.load import LoadOptions
+from cbbench.options.output import OutputOptions
 
 N = 8  # requests per point
 
@@ -50,8 +52,10 @@ def test_sweep_points_are_multi_worker_runs(fake_server, tmp_path):
 
 
 def test_capacity_probes_are_multi_worker_runs(fake_server, tmp_path):
-    base = base_spec(str(_workload(tmp_path)), 0, 1.0, "gamma", None, EngineArgs(),
-                     EndpointOptions(endpoint=fake_server.url), "2")
+    base = base_spec(LoadOptions(workload=str(_workload(tmp_path)), seed=0, burstiness=1.0,
+                                 arrival="gamma"),
+                     OutputOptions(), EndpointFlags(endpoint=fake_server.url, workers="2"),
+                     EngineArgs())
     slo = parse_attainment_slo("ttft_p99=10000", None)
     prober = Prober(base, ProbeSizing(N, 0.0, N), slo, runs_dir=tmp_path)
     probe = prober(20.0, "bracket")
