@@ -35,6 +35,10 @@ from .triton_decode_packed import packed_decode_attention
 from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
 
 DECODE_KERNELS = ("packed", "packed-cores", "unified")
+# Below this head dim pure decodes keep the unified kernel: under Triton 3.6 (the GPU image's)
+# the packed tensor-core tile at head dim 64 spills 8 bytes on sm_90 with 16-token blocks
+# (tests/kernels/test_triton_aot.py), and a 64-wide head gains least from packing.
+PACKED_MIN_HEAD_DIM = 128
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 
@@ -283,7 +287,7 @@ class TritonBackend(AttentionBackend):
                 return split_decode_attention(
                     query, k_cache, v_cache, metadata, scale, splits, block_n, block_tables
                 )
-            if self.decode_kernel != "unified":
+            if self.decode_kernel != "unified" and dim_pad >= PACKED_MIN_HEAD_DIM:
                 return packed_decode_attention(
                     query, k_cache, v_cache, metadata, scale, block_n, block_tables,
                     cores=self.decode_kernel == "packed-cores",

@@ -43,7 +43,7 @@ CONTEXTS = {16: [0, 15, 31, 100, 7], 256: [0, 255, 300, 5, 40]}  # block edges, 
 
 CASES = [
     *[("packed", d, g, hd, bs) for d in (torch.float32, torch.float16) for g in (1, 4, 8, 16)
-      for hd, bs in ((128, 16), (64, 256))],
+      for hd, bs in ((128, 16), (128, 256))],
     # The CUDA-core variant below 16 heads (from 16 it is the tensor-core code).
     *[("packed-cores", d, g, 128, 16) for d in (torch.float32, torch.float16) for g in (1, 4, 8)],
 ]  # fmt: skip
