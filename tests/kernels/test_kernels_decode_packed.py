@@ -71,13 +71,18 @@ def test_gpu_tiles_interpreted(variant):
 
 
 def test_the_unified_kernel_stays_selectable_and_agrees():
-    batch = make_batch([1, 1, 1], [3, 40, 17], 16, 4, torch.float32, device=TRITON_DEVICE)
+    batch = make_batch([1, 1, 1], [3, 40, 17], 16, 4, torch.float32, device=TRITON_DEVICE,
+                       head_dim=128)
     packed, p_names = _run(batch, TritonBackend(decode_splits=1))
     unified, u_names = _run(batch, TritonBackend(decode_splits=1, decode_kernel="unified"))
     assert p_names == ["_packed_decode_kernel"] and u_names == ["_paged_attention_kernel"]
     assert_close(packed, unified, torch.float32)
     with pytest.raises(ValueError, match="decode_kernel"):
         TritonBackend(decode_kernel="fast")
+    # Below head dim 128 the default keeps the unified kernel (the packed one spills there
+    # under Triton 3.6 on sm_90).
+    narrow = make_batch([1, 1], [3, 40], 16, 4, torch.float32, device=TRITON_DEVICE, head_dim=64)
+    assert _run(narrow, TritonBackend(decode_splits=1))[1] == ["_paged_attention_kernel"]
 
 
 def test_prefill_and_split_k_keep_their_kernels():
