@@ -124,10 +124,13 @@ def test_matrix_covers_every_kernel_dtype_shape(aot):
                 for gqa in (1, 4, 8):
                     for phase in ("prefill", "unified-decode"):
                         assert f"{dtype} d{head_dim} gqa{gqa} bs16 {phase}" in configs
-                    for phase in ("decode", "cores-decode"):  # the GQA-packed kernel, both ways
+                    # The GQA-packed kernel, both ways, from head dim 128 (PACKED_MIN_HEAD_DIM);
+                    # a narrower head's pure decode keeps the unified kernel.
+                    kernel = "_packed_decode_kernel" if head_dim >= 128 else "_paged_attention_kernel"
+                    for phase in ("decode", "cores-decode"):
                         packed = f"{dtype} d{head_dim} gqa{gqa} bs16 {phase}"
-                        assert any(r["kernel"] == "_packed_decode_kernel" and r["config"] == packed
-                                   for r in rows), f"sm_{cap} packed decode {packed}"  # fmt: skip
+                        assert any(r["kernel"] == kernel and r["config"] == packed
+                                   for r in rows), f"sm_{cap} {kernel} {packed}"  # fmt: skip
                     for kernel in ("_split_decode_kernel", "_rope_kernel"):
                         point = f"{dtype} d{head_dim} gqa{gqa} bs16"
                         assert any(
