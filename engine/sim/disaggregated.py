@@ -36,7 +36,7 @@ from ..core.engine import Engine, StepOutput
 from ..core.iteration import IterationRecord
 from ..core.request import Request, RequestStatus
 from .kv_link import KVLink
-from .replicas import Replica
+from .replicas import Replica, ReplicaClock
 from .router import DEFAULT_MAX_IMBALANCE, make_router
 
 PREFILL, DECODE = "prefill", "decode"
@@ -46,16 +46,6 @@ class PoolReplica(Replica):
     def __init__(self, index: int, engine: Engine, pool: str) -> None:
         super().__init__(index, engine)
         self.pool = pool
-
-
-class DisaggregatedClock:
-    realtime = False
-
-    def __init__(self, replicas: Sequence[Replica]) -> None:
-        self._replicas = replicas
-
-    def now(self) -> float:
-        return max(r.engine.clock.now() for r in self._replicas)
 
 
 class DisaggregatedSet:
@@ -79,7 +69,7 @@ class DisaggregatedSet:
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
         self.gpus_per_instance = gpus_per_instance
-        self.clock = DisaggregatedClock(self.replicas)
+        self.clock = ReplicaClock(self.replicas)
         self._link_free = [0.0] * len(self.prefill)  # when each prefill link is next idle
         self._transfers: list[tuple[float, int, Request]] = []  # (arrival, seq, request)
         self._seq = 0
