@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import inspect
 import json
 import os
 import platform
@@ -193,7 +194,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         WorkloadRequest(i, PROMPT_LEN, tokens, prompt=f"{tag}-{i}") for i in range(len(arrivals))
     ]
     opts = EndpointOptions(spec["url"], served_model=MODEL)
-    notices: list[str] = []  # notices now go through logging (the cbbench logger)
+    notices: list[str] = []
+    # Notices go through logging (the cbbench logger) now; commits before that (6a0ec45) take
+    # a `notice` callback as run_http's fourth argument.
+    old_notice = "notice" in inspect.signature(run_http).parameters
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN
     )
@@ -214,7 +218,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         run = run_load(opts, wreqs, arrivals, LoadPlan(spec["workers"]))
     else:
         window = _RunWindow()
-        run = run_http(opts, wreqs, arrivals, on_progress=window.progress)
+        if old_notice:
+            run = run_http(opts, wreqs, arrivals, notices.append, on_progress=window.progress)
+        else:
+            run = run_http(opts, wreqs, arrivals, on_progress=window.progress)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(spec["profile"])
