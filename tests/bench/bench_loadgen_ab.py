@@ -62,6 +62,8 @@ FIGURES = (
     ("achieved_send_rate", "achieved send rate (req/s)"),
     ("client_cpu_cores", "client CPU over the run (cores)"),
     ("client_cpu_us_per_request", "client CPU per request, whole call (us)"),
+    ("client_sys_cpu_us_per_request", "of which in the kernel (us)"),
+    ("minor_faults_per_request", "minor page faults per request"),
     ("gc_collections", "GC collections in the client"),
     ("gc_pause_total_ms", "GC pauses, total (ms)"),
     ("gc_pause_max_ms", "longest GC pause (ms)"),
@@ -234,6 +236,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
         for a, b in ((self0, self1), (kids0, kids1))
     )
+    # The kernel's share and the minor page faults: a client whose reads map fresh memory
+    # (read_buffers.py) shows in both before it shows in the CPU total.
+    sys_cpu = sum(b.ru_stime - a.ru_stime for a, b in ((self0, self1), (kids0, kids1)))
+    minflt = sum(b.ru_minflt - a.ru_minflt for a, b in ((self0, self1), (kids0, kids1)))
     records = [
         {
             "id": r.id,
@@ -251,6 +257,8 @@ def client_main(spec_path: str, out_path: str) -> None:
         "duration_s": run.duration_s,
         "wall_s": wall,
         "cpu_s": cpu,
+        "sys_cpu_s": sys_cpu,
+        "minor_faults": minflt,
         # One process: its CPU from the first request's end to the last one's (the progress
         # callback, which every commit calls from its event loop), without set-up and the
         # analysis after the run, which differ between commits and are not the send path.
@@ -326,6 +334,10 @@ def figures(out: dict, log: dict[str, dict], tag: str, requests: int) -> dict:
         "client_cpu_cores": (out["window"]["cpu_s"] / out["window"]["wall_s"])
         if out.get("window") else out["cpu_s"] / out["wall_s"],
         "client_cpu_us_per_request": out["cpu_s"] / max(1, len(recs)) * 1e6,
+        # Older result files (before these two were kept) read nan.
+        "client_sys_cpu_us_per_request": out.get("sys_cpu_s", float("nan"))
+        / max(1, len(recs)) * 1e6,
+        "minor_faults_per_request": out.get("minor_faults", float("nan")) / max(1, len(recs)),
         "loop_lag_p99_ms": out["loop_lag_p99_ms"],
         "client_fell_behind": out["client_fell_behind"],
         "gc_collections": out["gc"]["collections"],
