@@ -214,10 +214,13 @@ class _Runner:
         self.sampled += "one_token_events" in rec.output_token_counts
         if rec.error is None:
             self.methods[method] += 1
+        # Its counts are on the record now. Kept, the parser's lists would outlive the request
+        # to the run's end: more objects for the collector (a full collection walks them all).
+        self.streams[pos] = None
         if self.hooks.on_record is not None:
             self.hooks.on_record(pos, rec, method)
             if not self.hooks.keep_records:  # streamed out: hold nothing for the end
-                self.records[pos] = self.streams[pos] = None
+                self.records[pos] = None
         self.finished += 1
         self._progress()
 

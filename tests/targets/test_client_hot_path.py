@@ -227,3 +227,23 @@ def test_a_run_reads_its_streams_without_a_page_fault_per_read(fresh_fake_server
     assert without["faults"] / without["reads"] >= 0.9, f"the premise: {without}"
     assert fixed["faults"] / fixed["reads"] < 0.1, fixed
     assert fixed["reads"] / fixed["requests"] <= TOKENS + 3, fixed
+
+
+def test_a_finished_requests_parser_is_not_kept_to_the_runs_end(fresh_fake_server):
+    """The parser's lists (kinds, running counts, tool calls) outlive their request only while
+    it is in flight: kept to the run's end they were ~4 more objects per request for the
+    collector, and 7,500 requests at 500 req/s brought a full collection back into the run
+    (a 40-70 ms stall of the event loop) despite the frozen heap."""
+    n = 20
+    live: list[int] = []
+
+    def progress(done: int, total: int) -> None:
+        if done == total:  # the last request has just ended
+            live.append(sum(type(o) is sse.SseStream for o in gc.get_objects()))
+
+    run = run_http(endpoint_options(fresh_fake_server.url),
+                   prompt_requests([f"k {i}" for i in range(n)]), [0.0] * n, on_progress=progress)
+    assert all(r.error is None for r in run.records)
+    assert run.records[0].event_tokens  # what the stream said is on the record
+    # The last one's parser is still referenced by its ending coroutine; no other is.
+    assert live and live[0] <= 1, f"{live[0]} of {n} parsers alive at the run's end"
