@@ -4,24 +4,25 @@ from the heap (glibc's malloc), never from mmap.
 asyncio's selector transport reads every socket with `sock.recv(256 KiB)`: each read allocates
 a 256 KiB bytes object, and shrinks it to the few hundred bytes that arrived (a token event).
 glibc serves an allocation above its mmap threshold with a fresh mmap, the shrink with mremap,
-the free with munmap: three system calls and a page fault on every network read (~35 us here,
-~5 reads per streamed request: +25-30% of the client's CPU per request at 500 req/s). The
-threshold starts at 128 KiB, and glibc raises it only after the process frees an mmapped block
-larger than it, so whether a client pays depended on what its process happened to allocate
-and free before the run: 8169f12's client did, 6a0ec45's in the same harness did not
-(results/loadgen_capacity.md). Setting the thresholds before the run makes it the same for
-every process: a block up to MMAP_THRESHOLD_BYTES comes from the heap, and the heap's top is
-given back to the system only past TRIM_THRESHOLD_BYTES (the 2x glibc's own rule uses), so a
-read's buffer is a reused piece of the heap. Process-wide and kept after the run (glibc has no
-call to read the old values back); it is what glibc does itself once a large block is freed.
+the free with munmap: three system calls and two page faults on every network read (~35 us
+here, ~5 reads per streamed request: +25-30% of the client's CPU per request at 500 req/s).
+The threshold starts at 128 KiB, and glibc raises it only after the process frees an mmapped
+block larger than it, so whether a client paid depended on what its process happened to
+allocate and free before the run: in the side-by-side harness 8169f12's client paid in every
+run, 6a0ec45's in 1 of 4 (results/loadgen_capacity.md). Setting the thresholds before the run
+makes it the same for every process: a block up to MMAP_THRESHOLD_BYTES comes from the heap,
+and the heap's top goes back to the system only past TRIM_THRESHOLD_BYTES (twice, as glibc's
+own rule has it), so a read's buffer is a reused piece of the heap. Process-wide, and kept
+after the run (glibc has no call to read the old values back): what glibc does by itself once
+the process frees a large block.
 
-glibc only: elsewhere (macOS, musl) `enable` does nothing and says so.
+glibc only: elsewhere (macOS, musl) `keep_reads_on_heap` does nothing and returns False. Under
+uvloop (Ray's actors) a read allocates only what arrived, so there is nothing to keep.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import sys
 
 # glibc's malloc.h parameter numbers for mallopt().
@@ -37,7 +38,7 @@ def _libc_mallopt():
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the interpreter's own symbols, libc's among them
         # gnu_get_libc_version: glibc's own (musl has a mallopt that does nothing).
         libc.gnu_get_libc_version  # noqa: B018 - raises AttributeError off glibc
         return libc.mallopt
