@@ -197,8 +197,8 @@ def client_main(spec_path: str, out_path: str) -> None:
     ]
     opts = EndpointOptions(spec["url"], served_model=MODEL)
     notices: list[str] = []
-    # Notices go through logging (the cbbench logger) now; commits before that (6a0ec45) take
-    # a `notice` callback as run_http's fourth argument.
+    # Notices go through logging (the cbbench logger) now; commits before that (6a0ec45,
+    # 8169f12) take a `notice` callback as run_http's and run_load's fourth argument.
     old_notice = "notice" in inspect.signature(run_http).parameters
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN
@@ -217,7 +217,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         from cbbench.distributed.plan import LoadPlan
         from cbbench.distributed.run import run_load
 
-        run = run_load(opts, wreqs, arrivals, LoadPlan(spec["workers"]))
+        if "notice" in inspect.signature(run_load).parameters:  # before notices were logged
+            run = run_load(opts, wreqs, arrivals, notices.append, LoadPlan(spec["workers"]))
+        else:
+            run = run_load(opts, wreqs, arrivals, LoadPlan(spec["workers"]))
     else:
         window = _RunWindow()
         if old_notice:
