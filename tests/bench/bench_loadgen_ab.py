@@ -84,12 +84,19 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
+def _imports_aiohttp(py: Path) -> bool:
+    return py.exists() and subprocess.run(
+        [str(py), "-c", "import aiohttp"], capture_output=True, cwd=tempfile.gettempdir()
+    ).returncode == 0
+
+
 def commit_side(name: str, rev: str, base_dir: Path) -> Side:
     """A venv with commit `rev` installed (editable, over this venv's packages); made once."""
     sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
     tree = base_dir / f"cbbench-bench-{sha[:12]}"
     py = tree / ".venv" / "bin" / "python"
-    if not (tree / READY_MARK).exists():
+    # A tree made by another venv's run, whose packages are gone since, is made again.
+    if not (tree / READY_MARK).exists() or not _imports_aiohttp(py):
         shutil.rmtree(tree, ignore_errors=True)
         tree.mkdir(parents=True)
         archive = subprocess.run(
