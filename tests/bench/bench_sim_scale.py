@@ -43,6 +43,7 @@ def reference_tree(rev: str, dest: Path) -> Path:
     """``rev`` of this repository laid out as an importable ``cbbench`` package."""
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
                              capture_output=True).stdout
+    dest.mkdir()
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
     for sub in ("engine", "kernels", "workloads"):  # setuptools' package-dir mapping
         (dest / "cbbench" / sub).symlink_to(dest / sub)
