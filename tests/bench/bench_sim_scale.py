@@ -50,8 +50,11 @@ def reference_tree(rev: str, dest: Path) -> Path:
     return dest
 
 
-def run(args: list[str], ref: Path | None, rss_limit: float, cwd: Path) -> tuple[float, float, bool]:
-    """(wall s, peak RSS bytes, completed) of one process; killed past ``rss_limit``."""
+def run(args: list[str], ref: Path | None, rss_limit: float,
+        cwd: Path) -> tuple[float, float, bool, float]:
+    """(wall s, peak RSS bytes, completed, CPU s) of one process; killed past ``rss_limit``.
+    CPU time beside the wall time: on a host shared with other work the wall time stretches
+    with the load, the process's own CPU time much less."""
     env = dict(os.environ)
     if ref is not None:
         env["PYTHONPATH"] = str(ref)
@@ -77,7 +80,7 @@ def run(args: list[str], ref: Path | None, rss_limit: float, cwd: Path) -> tuple
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0 and not killed:
         raise RuntimeError(f"cbbench {' '.join(args)} exited {proc.returncode}")
-    return wall, usage.ru_maxrss * 1024.0, not killed
+    return wall, usage.ru_maxrss * 1024.0, not killed, usage.ru_utime + usage.ru_stime
 
 
 def identity(n: int, case: str, ref: Path, tmp: Path) -> dict[str, bool]:
@@ -130,16 +133,17 @@ def main() -> None:
 
 
 def write(a, rows, same) -> None:
-    def cell(r) -> str:
-        wall, rss, done = r
-        return f"{wall:.1f}" + ("" if done else " (killed)"), f"{rss / 2**20:,.0f}"
+    def cell(r) -> tuple[str, str]:
+        wall, rss, done, cpu = r
+        return (f"{wall:.1f} ({cpu:.1f} CPU)" + ("" if done else " (killed)"),
+                f"{rss / 2**20:,.0f}")
 
     lines = [
         "# The simulator at scale: time and memory of whole `cbbench run` processes", "",
         "Command: `python tests/bench/bench_sim_scale.py " + " ".join(sys.argv[1:]) + "`; each "
         "run `cbbench " + " ".join(BASE) + " --num-requests N " + " ".join(CASES[a.case])
         + " --summary-only` (fast-forward on, the default), wall time around the process and "
-        "its peak RSS from rusage; `reference` is `git archive " + a.reference + "` run the "
+        "its CPU time and peak RSS from rusage; `reference` is `git archive " + a.reference + "` run the "
         "same way in the same session. A run past --rss-limit-gb "
         f"{a.rss_limit_gb:g} is killed.", "",
     ]
@@ -149,15 +153,16 @@ def write(a, rows, same) -> None:
                   + ", ".join(f"{k} {'identical' if v else 'DIFFERENT'}" for k, v in same.items())
                   + ".", ""]
     lines += [
-        "| requests | iterations | this: s | this: RSS MB | this: µs/iteration | reference: s "
-        "| reference: RSS MB | time ratio (this / reference) | summaries equal | 1-min load |",
+        "| requests | iterations | this: s (CPU s) | this: RSS MB | this: CPU µs/iteration "
+        "| reference: s (CPU s) | reference: RSS MB | CPU time ratio (this / reference) "
+        "| summaries equal | 1-min load |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, iters, this, other, equal, load in rows:
         s, m = cell(this)
-        us = f"{this[0] / iters * 1e6:.0f}" if iters else "-"
+        us = f"{this[3] / iters * 1e6:.0f}" if iters else "-"
         rs, rm = cell(other) if other is not None else ("-", "-")
-        ratio = f"{this[0] / other[0]:.2f}" if other is not None and other[2] and this[2] else "-"
+        ratio = f"{this[3] / other[3]:.2f}" if other is not None and other[2] and this[2] else "-"
         lines.append(f"| {n:,} | {iters:,} | {s} | {m} | {us} | {rs} | {rm} | {ratio} | "
                      f"{equal if equal is not None else '-'} | {load:.1f} |"
                      if iters else
