@@ -7,8 +7,9 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from cbbench.analysis.histogram import log_histogram
 from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
@@ -30,6 +31,9 @@ from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.targets.engine import engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
+
+if TYPE_CHECKING:
+    from cbbench.options import EndpointFlags, LoadOptions, OutputOptions
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,45 @@ class RunSpec:
     ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
     load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
     replay: str | None = None  # --replay: a recorded run's requests and arrivals instead
+
+    @classmethod
+    def from_options(
+        cls,
+        load: LoadOptions,
+        engine: EngineArgs,
+        output: OutputOptions | None = None,
+        endpoint: EndpointFlags | None = None,
+        **overrides: Any,
+    ) -> RunSpec:
+        """The run a command's option groups describe. A field named as an option takes the
+        option's value as it is (a new option needs only its group's field and this class's
+        field of the same name); the parsed ones are read below, each by its group's parser.
+        A group a command does not take (``None``) stands at its defaults, which are this
+        class's; ``overrides`` set what a command decides itself (sweep's label, compare's
+        request count)."""
+        from cbbench.options import OutputOptions
+
+        out = output if output is not None else OutputOptions()
+        given: dict[str, Any] = {}
+        for group in (load, out):
+            given |= {f.name: getattr(group, f.name) for f in fields(group)}
+        spec: dict[str, Any] = {f.name: given[f.name] for f in fields(cls) if f.name in given}
+        spec |= dict(
+            request_rate=load.rate(),
+            rate_given=load.rate_given,
+            random=load.random_spec(),
+            duration_s=load.duration_s(),
+            ramp=load.ramp_spec(),
+            replay=str(load.replay) if load.replay is not None else None,
+            slo=out.goodput_slo(),
+            warmup_s=out.warmup,
+            cooldown_s=out.cooldown,
+            telemetry_interval_s=out.telemetry_interval,
+            engine=engine,
+        )
+        if endpoint is not None:
+            spec |= dict(endpoint=endpoint.target(load.seed), load=endpoint.load_plan())
+        return cls(**(spec | overrides))
 
 
 def request_record_dict(rec, detailed: bool) -> dict:

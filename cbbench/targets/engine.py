@@ -165,21 +165,20 @@ def check_session_vocab(plan: SessionPlan, vocab: int) -> None:
 
 def _drain(engine, grace_s: float) -> None:
     """After a stop: drop what has not started, let running requests finish for up to
-    ``grace_s`` seconds of wall time, then abort the rest."""
+    ``grace_s`` seconds of wall time, then abort the rest. The engine's one loop drives it,
+    with a feed that holds nothing and a stop at the grace deadline."""
     import time
 
-    from cbbench.engine.core.engine import StepFailed
+    from cbbench.engine.core.feed import EngineStalled, ListFeed, run_feed
 
     sched = engine.scheduler
     for req in list(sched.waiting):
         engine.abort_request(req)
     deadline = time.monotonic() + grace_s
-    while engine.has_unfinished() and time.monotonic() < deadline:
-        try:
-            if engine.step() is None:
-                break
-        except StepFailed:
-            continue  # those requests failed; the others drain on
+    try:
+        run_feed(engine, ListFeed([]), should_stop=lambda: time.monotonic() >= deadline)
+    except EngineStalled:
+        pass  # nothing can run any more: what is left is aborted below, as at the deadline
     for req in list(sched.running) + list(sched.waiting):
         engine.abort_request(req)
 
