@@ -102,6 +102,9 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if rec.turn is not None:
         d["session_id"] = rec.session_id
         d["turn"] = rec.turn
+        d["turn_kind"] = rec.turn_kind
+        if rec.agent is not None:
+            d["agent"] = rec.agent
     if rec.slot_s is not None:
         d["slot_wait_ms"] = (rec.slot_s - rec.intended_start_s) * ms
         d["ttft_from_send_ms"] = rec.ttft_from_send_s * ms if rec.ok else None
