@@ -102,11 +102,13 @@ class SessionDispatch:
         await self._agent(runner, i, 0, float(self.plan.starts[i]), None)
 
     async def _agent(self, runner: _Runner, i: int, k: int, intended: float,
-                     waited_from: float | None) -> bool:
+                     waited_from: float | None) -> float | None:
         """One agent's conversation from its first turn, flat turn k (the main agent's, or a
         sub-agent's, started by the turn that fanned out to it). After a turn that fans out,
         its sub-agents run in parallel, and the next turn waits for them all, then its own
-        wait. True when its last turn ended (completed or cancelled)."""
+        wait. Returns when its last turn's last token came (None: a turn failed, or none
+        came). A turn's wait is recorded from the last token of what it waited on: a tool's
+        time then holds the client's read of the stream's end, as a user's wait would."""
         plan = self.plan
         session = plan.sessions[i]
         turns, nodes = session.all_turns, session.nodes
@@ -127,25 +129,27 @@ class SessionDispatch:
             if runner.stopped or rec.error is not None or rec.send_s is None:
                 if not runner.stopped and (not last or nodes[k].agent):
                     self._ended.add(i)  # its later turns, or its parent's, are not sent
-                return False
+                return None
             # The answer as the server sent it; a reasoning model's reasoning is not sent back
             # (OpenAI's and vLLM's convention), a tool call's text is not content.
             messages.append(st.assistant_message())
+            end = rec.token_times_s[-1] if rec.token_times_s else rec.send_s
             children = nodes[k].children
             if children:
                 now = time.perf_counter() - runner.t0
-                ended = await asyncio.gather(*(
-                    self._agent(runner, i, c, now + plan.think_time_s(i, c), now)
+                ends = await asyncio.gather(*(
+                    self._agent(runner, i, c, now + plan.think_time_s(i, c), end)
                     for c in children))
-                if not all(ended):
-                    return False
+                if any(e is None for e in ends):
+                    return None
+                end = max(end, *ends)
             if last:
-                return True
+                return end
             # The reply's length as counted for its record (the server's usage if sent).
             prompt_len = next_prompt_len(prompt_len, rec.output_tokens, turns[k + 1].user_len)
             k += 1
-            waited_from = time.perf_counter() - runner.t0
-            intended = waited_from + plan.think_time_s(i, k)
+            waited_from = end
+            intended = time.perf_counter() - runner.t0 + plan.think_time_s(i, k)
 
     async def _turn(self, runner: _Runner, i: int, k: int, messages: list[dict], intended: float,
                     prompt_len: int, waited_from: float | None,
