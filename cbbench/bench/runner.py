@@ -47,6 +47,7 @@ class RunSpec:
     arrival: str = "auto"
     time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
     think_time: str | None = None  # session workloads: --think-time (None: the default)
+    tool_time_scale: float = 1.0  # agent sessions: --tool-time-scale (tool_time_ms times X)
     cancel_rate: float | None = None  # --cancel-rate: share of requests cancelled mid-stream
     cancel_after: str | None = None  # --cancel-after: ms after the send (N, exp:MEAN, ...)
     warmup_s: float | None = None  # steady-state window set by hand: [warmup, end - cooldown]
@@ -187,6 +188,11 @@ def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
         it["mfu"] = it["flops"] / d / fl if d > 0 else None
 
 
+# --tool-time-scale's upper end: tools a thousand times slower is past any use, and it keeps a
+# scaled wait a number every clock can sleep on.
+MAX_TOOL_TIME_SCALE = 1000.0
+
+
 def scale_trace_time(arrivals, process: str, time_scale: float):
     """--time-scale: a trace's offsets times X (X < 1 replays faster, X > 1 slower). The
     first request stays at 0."""
@@ -320,11 +326,18 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
         process, arrivals = replay.config.get("arrival"), replay.arrivals
     cancel = cancel_plan(spec.cancel_rate, spec.cancel_after, spec.seed)
     if workload.is_sessions:
+        scale = spec.tool_time_scale
+        if not (math.isfinite(scale) and 0 <= scale <= MAX_TOOL_TIME_SCALE):
+            raise UsageError(f"--tool-time-scale must be between 0 and {MAX_TOOL_TIME_SCALE:g}, "
+                             f"got {scale:g}")
         plan = SessionPlan(drawn, arrivals, parse_delay(
-            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed)
+            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed,
+            tool_time_scale=scale)
         return Schedule(workload, process, until, [], arrivals[:0], plan, cancel)
     if spec.think_time is not None:
         raise UsageError("--think-time applies to multi-turn session workloads")
+    if spec.tool_time_scale != 1.0:
+        raise UsageError("--tool-time-scale applies to agent session workloads (tool turns)")
     return Schedule(workload, process, until, drawn, arrivals, None, cancel)
 
 

@@ -69,6 +69,7 @@ def run(
         arrival=load.arrival,
         time_scale=load.time_scale,
         think_time=load.think_time,
+        tool_time_scale=load.tool_time_scale,
         cancel_rate=load.cancel_rate,
         cancel_after=load.cancel_after,
         warmup_s=output.warmup,

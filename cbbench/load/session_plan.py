@@ -16,6 +16,7 @@ from cbbench.load.delays import Delay, parse_delay
 from cbbench.load.sessions import (
     MESSAGE_END_TOKENS,
     MESSAGE_HEADER_TOKENS,
+    TOOL_TURN,
     Session,
 )
 
@@ -59,6 +60,7 @@ class SessionPlan:
     # worker runs its share of a plan that is otherwise the whole run's, so request ids, labels
     # and every seeded draw are the same as in one process.
     active: list[int] | None = None
+    tool_time_scale: float = 1.0  # --tool-time-scale: every tool turn's tool_time_ms times X
 
     def __post_init__(self) -> None:
         sizes = [s.num_turns for s in self.sessions]
@@ -93,9 +95,10 @@ class SessionPlan:
         (its agent's previous turn and that turn's sub-agents; a sub-agent's first turn: the
         turn that fanned out to it). A sub-agent starts without a think time of its own
         unless its turn gives one: a program starts it, not a person."""
-        own = self.sessions[i].all_turns[k].think_time_s
+        turn = self.sessions[i].all_turns[k]
+        own = turn.think_time_s
         if own is not None:
-            return own
+            return own * self.tool_time_scale if turn.kind == TOOL_TURN else own
         if self.sessions[i].nodes[k].prev is None:
             return 0.0
         return self.think_time.sample_s(np.random.default_rng([self.seed, THINK_STREAM, i, k]))
@@ -132,4 +135,5 @@ class SessionPlan:
             "sessions": len(self.sessions),
             "turns": self.num_turns,
             "think_time": self.think_time.text(),
+            **({"tool_time_scale": self.tool_time_scale} if self.tool_time_scale != 1.0 else {}),
         }

@@ -379,8 +379,11 @@ def sample_sessions(
 
 
 def session_stats(sessions: Sequence[Session]) -> dict:
-    turns = np.array([len(s.turns) for s in sessions])
-    last = np.array([prompt_lens(s)[-1] + s.turns[-1].output_len for s in sessions])
+    turns = np.array([s.num_turns for s in sessions])
+    # The longest history any of its agents reaches (the main agent's last turn, when it has
+    # no sub-agents).
+    last = np.array([max(p + t.output_len for p, t in zip(prompt_lens(s), s.all_turns))
+                     for s in sessions])
     return {
         "sessions": len(sessions),
         "turns": int(turns.sum()),
