@@ -202,3 +202,21 @@ def test_dag_over_http_by_hand(tmp_path, sim_serve_process, workers):
     assert (t[("dag", "search", 1)][3]["server_prompt_tokens"]
             < t[("dag", "main", 1)][3]["server_prompt_tokens"])
     assert t[("dag", "main", 1)][3]["finish_reason"] == "tool_calls"
+
+
+def test_a_failed_sub_agent_turn_stops_its_parent_not_its_sibling(tmp_path):
+    """A sub-agent turn the engine rejects (beyond Llama-3-8B's 8,192-token context): that
+    sub-agent stops, the main agent's next turn (which waits on it) is never sent, the other
+    sub-agent runs to its end, and the session counts once as ended early."""
+    bad = json.loads(json.dumps(DAG))
+    bad["subagents"]["search"][0]["output_len"] = 9000
+    spec = RunSpec(workload=_write(tmp_path, [bad]), num_requests=None,
+                   engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
+    result = execute_run(spec)
+    s = result["summary"]["sessions"]
+    assert s["ended_early"] == 1 and s["completed"] == 0
+    sent = {(r.get("agent", "main"), r["turn"]): r for r in result["requests"]}
+    assert sent[("search", 1)]["error_type"] == "rejected"
+    assert ("search", 2) not in sent and ("main", 2) not in sent  # never sent
+    assert sent[("long", 1)]["error"] is None and sent[("long", 1)]["output_tokens"] == 300
+    assert s["turns_sent"] == 3 and s["turns_planned"] == 5
