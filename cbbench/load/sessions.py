@@ -32,7 +32,9 @@ Agent sessions (docs/streaming.md): a session's ``tools`` are offered on every t
 ``tool_choice`` asks the model for a call; the next turn may then be a tool turn,
 ``{"tool_result_len": N, "tool_time_ms": T, "output_len": M}``: after the tool's latency T it
 sends the assistant's tool call and a ``role: tool`` result of N tokens. A tool turn without
-tools, or after a turn that asked for no call, is refused.
+tools, or after a turn that asked for no call, is refused. A turn's ``fan_out`` starts the
+session's named ``subagents`` in parallel, and the agent's next turn waits for them all: the
+session is then a DAG (load/session_dag.py).
 """
 
 from __future__ import annotations
