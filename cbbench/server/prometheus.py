@@ -193,8 +193,8 @@ class VllmMetrics:
         h = self.hist
         with self._lock:
             if self.spec is not None:
-                for name, v in zip(SPEC_COUNTERS, spec):
-                    self.spec[name] += v
+                for name, n in zip(SPEC_COUNTERS, spec):
+                    self.spec[name] += n
             c = self.counters
             c["vllm:num_preemptions"] += num_preempted
             c["vllm:prompt_tokens"] += stats.prompt_tokens
