@@ -51,6 +51,7 @@ class RunSpec:
     arrival: str = "auto"
     time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
     think_time: str | None = None  # session workloads: --think-time (None: the default)
+    tool_time_scale: float = 1.0  # agent sessions: --tool-time-scale (tool_time_ms times X)
     cancel_rate: float | None = None  # --cancel-rate: share of requests cancelled mid-stream
     cancel_after: str | None = None  # --cancel-after: ms after the send (N, exp:MEAN, ...)
     warmup_s: float | None = None  # steady-state window set by hand: [warmup, end - cooldown]
@@ -145,6 +146,9 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if rec.turn is not None:
         d["session_id"] = rec.session_id
         d["turn"] = rec.turn
+        d["turn_kind"] = rec.turn_kind
+        if rec.agent is not None:
+            d["agent"] = rec.agent
     if rec.slot_s is not None:
         d["slot_wait_ms"] = (rec.slot_s - rec.intended_start_s) * ms
         d["ttft_from_send_ms"] = rec.ttft_from_send_s * ms if rec.ok else None
@@ -225,6 +229,11 @@ def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
         d = it["duration_s"]
         it["mbu"] = it["bytes_moved"] / d / bw if d > 0 else None
         it["mfu"] = it["flops"] / d / fl if d > 0 else None
+
+
+# --tool-time-scale's upper end: tools a thousand times slower is past any use, and it keeps a
+# scaled wait a number every clock can sleep on.
+MAX_TOOL_TIME_SCALE = 1000.0
 
 
 def scale_trace_time(arrivals, process: str, time_scale: float):
@@ -360,11 +369,18 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
         process, arrivals = replay.config.get("arrival"), replay.arrivals
     cancel = cancel_plan(spec.cancel_rate, spec.cancel_after, spec.seed)
     if workload.is_sessions:
+        scale = spec.tool_time_scale
+        if not (math.isfinite(scale) and 0 <= scale <= MAX_TOOL_TIME_SCALE):
+            raise UsageError(f"--tool-time-scale must be between 0 and {MAX_TOOL_TIME_SCALE:g}, "
+                             f"got {scale:g}")
         plan = SessionPlan(drawn, arrivals, parse_delay(
-            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed)
+            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed,
+            tool_time_scale=scale)
         return Schedule(workload, process, until, [], arrivals[:0], plan, cancel)
     if spec.think_time is not None:
         raise UsageError("--think-time applies to multi-turn session workloads")
+    if spec.tool_time_scale != 1.0:
+        raise UsageError("--tool-time-scale applies to agent session workloads (tool turns)")
     return Schedule(workload, process, until, drawn, arrivals, None, cancel)
 
 

@@ -155,7 +155,7 @@ def check_session_vocab(plan: SessionPlan, vocab: int) -> None:
     (_make_requests): one id beyond the vocabulary failed its engine step midway, and with it
     every other session's request in that step."""
     for i in plan.active_sessions:
-        for k, turn in enumerate(plan.sessions[i].turns):
+        for k, turn in enumerate(plan.sessions[i].all_turns):
             if turn.user_token_ids is not None and max(turn.user_token_ids) >= vocab:
                 raise UsageError(
                     f"session {plan.sessions[i].session_id} turn {k + 1}: token id "
@@ -238,6 +238,8 @@ def _records(reqs, wreqs, timer: CancelTimer, session_feed, keep_token_ids: bool
         if session_feed is not None:
             records[-1].session_id, records[-1].turn = session_feed.labels(r)
             records[-1].turn_kind = session_feed.turn_kind(r)
+            records[-1].agent = session_feed.agent(r)
+            records[-1].waited_from_s = session_feed.waited_from.get(r.request_id)
         elif r.request_id in reasoning:
             split_reasoning(records[-1], reasoning[r.request_id])
     return records, not_sent
