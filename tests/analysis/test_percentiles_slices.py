@@ -96,7 +96,7 @@ def test_slices_add_up_to_the_whole_run(sliced):
 
 def test_output_format_writes_the_export_beside(sliced):
     result, _, d = sliced
-    rows = list(csv.DictReader(open(d / "run.csv")))
+    rows = list(csv.DictReader((d / "run.csv").read_text().splitlines()))
     assert len(rows) == len(result["requests"])
     assert [float(r["ttft_ms"]) for r in rows] == [r["ttft_ms"] for r in result["requests"]]
     assert (d / "run_summary.csv").exists()
@@ -167,3 +167,28 @@ def test_bad_slice_is_one_line():
     out = subprocess.run([*CBBENCH, *SIM, "--num-requests", "2", "--slice", "soon",
                           "--output", "/dev/null"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and out.stderr.startswith("cbbench: error: invalid --slice")
+
+
+def test_output_format_and_server_log_refused_before_the_run(tmp_path):
+    out = invoke(*SIM, "--num-requests", "2", "--output", "-", "--output-format", "csv")
+    assert out.exit_code == 2 and "--output-format writes a file beside the result" in out.output
+    out = invoke(*SIM, "--num-requests", "2", "--output", str(tmp_path / "r.json"),
+                 "--server-log", str(tmp_path / "log.jsonl"))
+    assert out.exit_code == 2 and "--server-log splits an endpoint run's TTFT" in out.output
+    out = invoke(*SIM, "--num-requests", "2", "--output", str(tmp_path / "r.json"),
+                 "--output-format", "xml")
+    assert out.exit_code == 2 and "--output-format must be one of" in out.output
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_gate_on_slices_of_a_result_without_them(sliced, tmp_path):
+    result, _, _ = sliced
+    plain = {**result, "summary": {k: v for k, v in result["summary"].items() if k != "slices"}}
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(plain))
+    out = invoke("gate", str(path), "--baseline", str(path), "--no-defaults",
+                 "--max-regression", "slices.worst.ttft_ms.p99=10%")
+    assert out.exit_code == 2 and "run with --slice" in out.output
+    out = invoke("gate", str(path), "--baseline", str(path), "--no-defaults",
+                 "--max-regression", "slices.worst.kv_usage=10%")
+    assert out.exit_code == 2 and "unknown metric" in out.output
