@@ -27,7 +27,15 @@ class Row:
 
 LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2EL", "e2el_ms"))
 LATENCY_STATS = ("mean", "p50", "p99")
-ROWS: tuple[Row, ...] = (
+
+
+def rows_for(stats: Sequence[str] = LATENCY_STATS) -> tuple[Row, ...]:
+    """The table's rows, the latencies at ``stats`` (compare --percentiles)."""
+    return (*HEAD_ROWS, *(Row(f"{label} {stat} (ms)", f"{key}.{stat}")
+                          for label, key in LATENCIES for stat in stats), *ENGINE_ROWS)
+
+
+HEAD_ROWS: tuple[Row, ...] = (
     Row("completed", "completed", 0),
     Row("failed", "failed", 0),
     Row("duration (s)", "duration_s", 3),
@@ -35,11 +43,8 @@ ROWS: tuple[Row, ...] = (
     Row("output throughput (tok/s)", "output_throughput", 1),
     Row("total token throughput (tok/s)", "total_token_throughput", 1),
     Row("goodput (req/s)", "goodput"),
-    *(
-        Row(f"{label} {stat} (ms)", f"{key}.{stat}")
-        for label, key in LATENCIES
-        for stat in LATENCY_STATS
-    ),
+)
+ENGINE_ROWS: tuple[Row, ...] = (
     Row("iterations", "engine.num_iterations", 0),
     Row("mean iteration (ms)", "engine.mean_iteration_ms", 3),
     Row("mean prefill tokens / iter", "engine.mean_prefill_tokens", 1),
@@ -55,6 +60,7 @@ ROWS: tuple[Row, ...] = (
     Row("analytic bandwidth (GB/s)", "engine.mean_achieved_bw_gbps", 1),
     Row("analytic MBU", "engine.mbu", 1, percent=True),
 )
+ROWS = rows_for()
 # Config keys that differ between any two runs without saying anything about them.
 NOISE_KEYS = frozenset({"command", "started_at"})
 MISSING = "-"
@@ -68,8 +74,10 @@ class Labeled:
 
 def summary_value(result: dict, path: str) -> float | None:
     """The number at a dotted path into `summary` (ints stay ints), or None."""
+    from cbbench.analysis.percentiles import split_metric_path
+
     node = result.get("summary", {})
-    for part in path.split("."):
+    for part in split_metric_path(path):
         node = node.get(part) if isinstance(node, dict) else None
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         return None
@@ -90,15 +98,15 @@ def fmt_number(v: float | None, row: Row) -> str:
     return f"{v:,.{row.digits}f}"
 
 
-def present_rows(results: Sequence[Labeled]) -> list[Row]:
+def present_rows(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> list[Row]:
     """The rows at least one result has a value for (goodput needs --slo, MBU a GPU peak)."""
-    return [r for r in ROWS if any(summary_value(x.result, r.path) is not None for x in results)]
+    return [r for r in rows if any(summary_value(x.result, r.path) is not None for x in results)]
 
 
-def table_rows(results: Sequence[Labeled]) -> list[list[str]]:
+def table_rows(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> list[list[str]]:
     """One row per metric: the first result's value, then each other's with its ratio."""
     out = []
-    for row in present_rows(results):
+    for row in present_rows(results, rows):
         values = [summary_value(x.result, row.path) for x in results]
         cells = [fmt_number(values[0], row)]
         for v in values[1:]:
@@ -113,9 +121,11 @@ def headers(results: Sequence[Labeled]) -> list[str]:
     return ["metric", *(x.label + m for x, m in zip(results, marks))]
 
 
-def render_table(results: Sequence[Labeled], tablefmt: str = "simple") -> str:
+def render_table(results: Sequence[Labeled], tablefmt: str = "simple",
+                 rows: Sequence[Row] = ROWS) -> str:
     return tabulate(
-        table_rows(results), headers=headers(results), tablefmt=tablefmt, disable_numparse=True
+        table_rows(results, rows), headers=headers(results), tablefmt=tablefmt,
+        disable_numparse=True,
     )
 
 
@@ -157,7 +167,7 @@ def render_differences(results: Sequence[Labeled], tablefmt: str = "simple") -> 
     return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)
 
 
-def csv_text(results: Sequence[Labeled]) -> str:
+def csv_text(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> str:
     """Raw numbers, one row per metric: each result's value, then each ratio to the first."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -165,15 +175,15 @@ def csv_text(results: Sequence[Labeled]) -> str:
     w.writerow(
         ["metric", "path", *(x.label for x in results), *(f"{x.label}/{first}" for x in results[1:])]
     )
-    for row in present_rows(results):
+    for row in present_rows(results, rows):
         values = [summary_value(x.result, row.path) for x in results]
         ratios = [ratio(v, values[0]) for v in values[1:]]
         w.writerow([row.label, row.path, *("" if v is None else repr(v) for v in [*values, *ratios])])
     return buf.getvalue()
 
 
-def markdown_text(results: Sequence[Labeled]) -> str:
-    parts = ["## cbbench compare", "", render_table(results, "github"), ""]
+def markdown_text(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> str:
+    parts = ["## cbbench compare", "", render_table(results, "github", rows), ""]
     diffs = config_differences(results)
     if diffs:
         parts += ["### Config differences", "", render_differences(results, "github"), ""]
@@ -192,6 +202,19 @@ def workload_note(results: Sequence[Labeled]) -> str | None:
 
 
 # ---- loading ----------------------------------------------------------------------------------
+def with_percentiles(results: Sequence[Labeled], percentiles: Sequence[float] | None
+                     ) -> tuple[list[Labeled], tuple[Row, ...]]:
+    """--percentiles on compare and report: each result with those percentiles (computed
+    from its requests where it did not store them) and the rows that show them."""
+    if percentiles is None:
+        return list(results), ROWS
+    from cbbench.analysis.percentiles import fill_percentiles, keys
+
+    filled = [dataclasses.replace(x, result=fill_percentiles(x.result, percentiles))
+              for x in results]
+    return filled, rows_for(("mean", *keys(percentiles)))
+
+
 def file_labels(files: Sequence[Path]) -> list[str]:
     """File stems, or the paths themselves where two stems collide."""
     stems = [p.stem for p in files]

@@ -114,13 +114,31 @@ class Check:
         return self.low is not None
 
 
+# `slices.worst.<metric>` (--slice results): the worst slice's value of a per-slice figure,
+# the lowest throughput or the highest latency statistic over the slices.
+WORST_SLICE = "slices.worst."
+SLICE_SCALARS = {"request_throughput": HIGHER, "output_throughput": HIGHER, "failed": LOWER,
+                 "completed": HIGHER}
+
+
 def direction_of(metric: str) -> str:
+    if metric.startswith(WORST_SLICE):
+        inner = metric[len(WORST_SLICE):]
+        if inner in SLICE_SCALARS:
+            return SLICE_SCALARS[inner]
+        head, _, stat = inner.partition(".")
+        if head in LATENCY_DISTRIBUTIONS and _STAT.match(stat):
+            return LOWER
+        raise UsageError(f"unknown metric {metric!r}; per slice: {WORST_SLICE}"
+                         f"<{'|'.join(SLICE_SCALARS)}> or {WORST_SLICE}<ttft_ms|tpot_ms|itl_ms|"
+                         "e2el_ms>.<mean|pNN>")
     if metric in SCALAR_DIRECTIONS:
         return SCALAR_DIRECTIONS[metric]
     head, _, stat = metric.partition(".")
     if head in LATENCY_DISTRIBUTIONS and _STAT.match(stat):
         return LOWER
-    known = ", ".join([*SCALAR_DIRECTIONS, *(f"{d}.<mean|std|pNN>" for d in LATENCY_DISTRIBUTIONS)])
+    known = ", ".join([*SCALAR_DIRECTIONS, *(f"{d}.<mean|std|pNN>" for d in LATENCY_DISTRIBUTIONS),
+                       f"{WORST_SLICE}<figure>"])
     raise UsageError(f"unknown metric {metric!r}; known: {known}")
 
 
@@ -142,11 +160,26 @@ def parse_threshold(text: str) -> Threshold:
     return Threshold(metric, limit, relative)
 
 
-def thresholds(given: Sequence[str], use_defaults: bool = True) -> list[Threshold]:
+def default_thresholds(percentiles: Sequence[float] | None = None) -> tuple[str, ...]:
+    """The default thresholds; with --percentiles, each default latency's at every percentile
+    asked (ttft_ms.p50, ttft_ms.p99.9, ...) instead of its p50 / p99."""
+    if percentiles is None:
+        return DEFAULT_THRESHOLDS_TEXT
+    from cbbench.analysis.percentiles import keys
+
+    latency = [t for t in DEFAULT_THRESHOLDS_TEXT if t.split(".")[0] in LATENCY_DISTRIBUTIONS]
+    limits = {t.split(".")[0]: t.rpartition("=")[2] for t in latency}
+    others = [t for t in DEFAULT_THRESHOLDS_TEXT if t not in latency]
+    return (*others[:2], *(f"{d}.{k}={lim}" for d, lim in limits.items() for k in keys(percentiles)),
+            *others[2:])
+
+
+def thresholds(given: Sequence[str], use_defaults: bool = True,
+               percentiles: Sequence[float] | None = None) -> list[Threshold]:
     """The defaults, overridden metric by metric by the given ones (in the order first seen)."""
     merged: dict[str, Threshold] = {}
     if use_defaults:
-        for t in map(parse_threshold, DEFAULT_THRESHOLDS_TEXT):
+        for t in map(parse_threshold, default_thresholds(percentiles)):
             merged[t.metric] = t
     for t in map(parse_threshold, given):
         merged[t.metric] = t
@@ -156,9 +189,18 @@ def thresholds(given: Sequence[str], use_defaults: bool = True) -> list[Threshol
 
 
 def metric_value(result: dict, metric: str, path: str) -> float:
+    from cbbench.analysis.percentiles import split_metric_path
+
     node = result.get("summary", {})
-    for part in metric.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
+    if metric.startswith(WORST_SLICE):
+        slices = node.get("slices") if isinstance(node, dict) else None
+        if not isinstance(slices, list):
+            raise UsageError(f"{path} has no time slices for {metric!r}: run with --slice")
+        node = worst_slice(slices, split_metric_path(metric[len(WORST_SLICE):]),
+                           direction_of(metric) == HIGHER)
+    else:
+        for part in split_metric_path(metric):
+            node = node.get(part) if isinstance(node, dict) else None
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise UsageError(f"{path} has no value for metric {metric!r}")
     try:
@@ -170,6 +212,22 @@ def metric_value(result: dict, metric: str, path: str) -> float:
     if value < 0 and not metric.startswith(SIGNED_METRICS):
         raise UsageError(f"{path} has {metric} = {node}: it cannot be negative")
     return value
+
+
+def worst_slice(slices: Sequence[object], path: Sequence[str], higher_is_better: bool
+                ) -> float | None:
+    """The worst value of a figure over the slices that have one (``path`` into a slice, e.g.
+    ['ttft_ms', 'p99']): the lowest throughput, the highest latency."""
+    values: list[float] = []
+    for s in slices:
+        node: object = s
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
+            values.append(float(node))
+    if not values:
+        return None
+    return min(values) if higher_is_better else max(values)
 
 
 def check_same_workload(results: Sequence[tuple[str, dict]]) -> None:

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from cbbench.analysis.percentiles import percentile_key
+
 LOW_MS = 0.01
 BINS_PER_DECADE = 20
 RELATIVE_WIDTH = 10 ** (1 / BINS_PER_DECADE) - 1  # a bin's upper edge over its lower, minus 1
@@ -139,11 +141,11 @@ class LogHistogram:
     def distribution(self, percentiles: Sequence[float] = (50, 90, 95, 99)) -> dict:
         """The fields of analysis.metrics.distribution, plus the stated relative error."""
         if self.count == 0:
-            return {"mean": None, "std": None, **{f"p{p}": None for p in percentiles},
+            return {"mean": None, "std": None, **{percentile_key(p): None for p in percentiles},
                     "count": 0, "relative_error": self.relative_error}
         mean = self._sum / self.count
         var = max(self._sum_sq / self.count - mean * mean, 0.0)
         pct = self.percentiles(percentiles)
         return {"mean": mean, "std": math.sqrt(var),
-                **{f"p{p}": v for p, v in zip(percentiles, pct)}, "count": self.count,
+                **{percentile_key(p): v for p, v in zip(percentiles, pct)}, "count": self.count,
                 "relative_error": self.relative_error}

@@ -18,24 +18,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cbbench.analysis.percentiles import DEFAULT_PERCENTILES, percentile_key
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_cache import server_prefix_cache
 from cbbench.analysis.token_counts import short_outputs
 from cbbench.errors import UsageError
 
-DEFAULT_PERCENTILES = (50, 90, 95, 99)
 MS = 1000.0
 
 
 def distribution(values_ms: Sequence[float] | np.ndarray, percentiles=DEFAULT_PERCENTILES) -> dict:
     a = np.asarray(values_ms, dtype=np.float64)
     if a.size == 0:
-        return {"mean": None, "std": None, **{f"p{p}": None for p in percentiles}, "count": 0}
+        return {"mean": None, "std": None, **{percentile_key(p): None for p in percentiles}, "count": 0}
     pct = np.percentile(a, percentiles)
     return {
         "mean": float(a.mean()),
         "std": float(a.std()),
-        **{f"p{p}": float(v) for p, v in zip(percentiles, pct)},
+        **{percentile_key(p): float(v) for p, v in zip(percentiles, pct)},
         "count": int(a.size),
     }
 

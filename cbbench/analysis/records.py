@@ -51,6 +51,11 @@ class RequestRecord:
     first_output_s: float | None = None  # the first answer or tool-call token (not reasoning)
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (None: unsent)
     tool_calls: list[dict] | None = None  # [{"id", "name", "argument_tokens"}] the reply made
+    # Issue 27: the server's own timings of the request (vLLM's --enable-per-request-metrics
+    # `metrics` object, as sent), and the TTFT / E2EL split made from them (ttft_breakdown.py).
+    server_timing: dict | None = None
+    ttft_parts: dict | None = None
+    e2el_parts: dict | None = None
 
     @property
     def ok(self) -> bool:

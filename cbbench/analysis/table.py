@@ -24,29 +24,30 @@ def _fmt(v, digits: int = 2) -> str:
 CLIENT_BOUND_MARK = " *"
 
 
-def latency_table(summary: dict) -> str:
+def latency_table(summary: dict, stats: tuple[str, ...] = STATS) -> str:
+    """The latency distributions' rows; ``stats`` the columns (--percentiles, else STATS)."""
     rows = []
     bound = (summary.get("client_bound") or {}).get("metrics") or ()
     for label, key in LATENCY_KEYS:
         d = summary.get(key) or {}
         mark = CLIENT_BOUND_MARK if key in bound else ""
-        rows.append([f"{label} (ms){mark}", *(_fmt(d.get(s)) for s in STATS)])
+        rows.append([f"{label} (ms){mark}", *(_fmt(d.get(s)) for s in stats)])
     tpe = summary.get("tokens_per_event") or {}
     if (tpe.get("mean") or 1) > 1:  # several tokens per event: the per-event gap beside ITL
         d = summary.get("event_gap_ms") or {}
-        rows.append(["event gap (ms)", *(_fmt(d.get(s)) for s in STATS)])
-        rows.append(["tokens / event", *(_fmt(tpe.get(s)) for s in STATS)])
+        rows.append(["event gap (ms)", *(_fmt(d.get(s)) for s in stats)])
+        rows.append(["tokens / event", *(_fmt(tpe.get(s)) for s in stats)])
     if (summary.get("reasoning_tokens") or {}).get("p99"):  # a request reasoned
         for label, key in REASONING_ROWS:
             d = summary.get(key) or {}
-            rows.append([label, *(_fmt(d.get(s)) for s in STATS)])
+            rows.append([label, *(_fmt(d.get(s)) for s in stats)])
     from_send = summary.get("from_send")
     if from_send:  # --max-concurrency: both bases, labelled
-        rows.append(["slot wait (ms)", *(_fmt(summary["slot_wait_ms"].get(s)) for s in STATS)])
+        rows.append(["slot wait (ms)", *(_fmt(summary["slot_wait_ms"].get(s)) for s in stats)])
         for label, key in (("TTFT", "ttft_ms"), ("E2EL", "e2el_ms")):
             d = from_send.get(key) or {}
-            rows.append([f"{label} from send (ms)", *(_fmt(d.get(s)) for s in STATS)])
-    table = tabulate(rows, headers=["", *STATS], tablefmt="simple", disable_numparse=True)
+            rows.append([f"{label} from send (ms)", *(_fmt(d.get(s)) for s in stats)])
+    table = tabulate(rows, headers=["", *stats], tablefmt="simple", disable_numparse=True)
     if from_send:
         table += (
             "\nTTFT and E2EL count from the intended start (the wait for a --max-concurrency "
@@ -247,7 +248,13 @@ def render_summary(result: dict) -> str:
         if cfg.get("gpu"):
             title += f" on {cfg.get('gpu')}"
         title += f" · {cfg.get('scheduler')}"
-    parts = [title, "", throughput_table(s), "", latency_table(s)]
+    from cbbench.analysis.table_views import breakdown_table, slices_table, stats_of
+
+    stats = stats_of(cfg, STATS)
+    parts = [title, "", throughput_table(s), "", latency_table(s, stats)]
+    for extra in (breakdown_table(s, stats), slices_table(s)):
+        if extra:
+            parts += ["", extra]
     steady = steady_state_line(s)
     if steady:
         parts += ["", steady]

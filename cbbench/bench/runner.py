@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from cbbench.analysis.histogram import log_histogram
 from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
+from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
 from cbbench.analysis.speculative import engine_speculative
@@ -68,6 +69,9 @@ class RunSpec:
     ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
     load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
     replay: str | None = None  # --replay: a recorded run's requests and arrivals instead
+    percentiles: tuple = DEFAULT_PERCENTILES  # --percentiles: every distribution's pNN keys
+    slice_s: float | None = None  # --slice: summary.slices of this length
+    server_log: str | None = None  # --server-log: the server's request log, for ttft_parts
 
     @classmethod
     def from_options(
@@ -102,6 +106,9 @@ class RunSpec:
             warmup_s=out.warmup,
             cooldown_s=out.cooldown,
             telemetry_interval_s=out.telemetry_interval,
+            percentiles=out.percentile_list(),
+            slice_s=out.slice_s(),
+            server_log=str(out.server_log) if out.server_log is not None else None,
             engine=engine,
         )
         if endpoint is not None:
@@ -160,6 +167,7 @@ def request_record_dict(rec, detailed: bool) -> dict:
         d["server_request_id"] = rec.server_request_id  # null: the server sent no id
     if rec.prompt_token_counts is not None:
         d["prompt_token_counts"] = rec.prompt_token_counts
+    d.update(_known(rec, ("server_timing", "ttft_parts", "e2el_parts")))  # issue 27
     if detailed:
         t = rec.token_times_s
         d["token_times_s"] = list(t)
@@ -171,6 +179,11 @@ def request_record_dict(rec, detailed: bool) -> dict:
         if rec.output_token_ids is not None:
             d["output_token_ids"] = rec.output_token_ids
     return d
+
+
+def _known(rec, names: tuple[str, ...]) -> dict:
+    """The record's fields among ``names`` that are set."""
+    return {k: getattr(rec, k) for k in names if getattr(rec, k) is not None}
 
 
 REDACTED = "<redacted>"
@@ -480,13 +493,16 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
         **({"random": spec.random.to_config()} if spec.workload == RANDOM_WORKLOAD else {}),
         **({"replay": Path(spec.replay).name} if spec.replay is not None else {}),
         "slo": spec.slo,
+        "percentiles": list(spec.percentiles),
+        **({"slice_s": spec.slice_s} if spec.slice_s is not None else {}),
         **target_config,
         "command": recorded_command(sys.argv[1:]),
     }
 
 
 def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
-    summary = summarize(run.records, run.duration_s, spec.slo)
+    summary = summarize(run.records, run.duration_s, spec.slo, spec.percentiles)
+    add_views(summary, spec, run)
     # The report draws ITL from this without --save-detailed (cbbench/analysis/histogram.py).
     summary["itl_histogram"] = log_histogram(
         itl_values_s([r for r in run.records if r.ok]) * 1000.0
@@ -499,7 +515,8 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
         )
     iterations = getattr(run, "iterations", [])
     summary["steady_state"] = steady_state(
-        run.records, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s
+        run.records, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s,
+        spec.percentiles,
     )
     if iterations:
         summary["engine"] = _engine_summary(run, iterations)
@@ -515,6 +532,23 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     return summary
+
+
+def add_views(summary: dict, spec: RunSpec, run) -> None:
+    """Issue 27's views of the run: the TTFT / E2EL breakdown (endpoint runs whose server told
+    its timings) and the time slices (--slice)."""
+    if spec.endpoint is not None:
+        from cbbench.analysis.server_join import read_log_for
+        from cbbench.analysis.ttft_breakdown import attach_parts, summarize_breakdown
+
+        log = read_log_for(spec.server_log, run.records) if spec.server_log else None
+        if attach_parts(run.records, log, run.info.get("t0_epoch_s")):
+            summary.update(summarize_breakdown(run.records, percentiles=spec.percentiles))
+    if spec.slice_s is not None:
+        from cbbench.analysis.slices import time_slices
+
+        summary["slices"] = time_slices(run.records, run.duration_s, spec.slice_s,
+                                        spec.percentiles)
 
 
 def _engine_summary(run, iterations: list[dict]) -> dict:

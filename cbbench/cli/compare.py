@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
     O.Group(O.LoadOptions, "load", help_prefix="--variants: ", only=(
         "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival")),
     O.Group(O.OutputOptions, "output", help_prefix="--variants: ", only=("slo", "save_detailed")),
+    O.Group(O.OutputOptions, "shown", **O.READ_OUTPUT, help={
+        "percentiles": "Latency rows at these percentiles, e.g. 50,99.9 (computed from a "
+        "result's requests where it did not store them). Default: mean, p50, p99."}),
     O.engine_group(),
     O.Group(O.WindowOptions, "windowed", help={"window": "all: the whole run's figures; steady: "
             "each result's steady-state window (ramp-up and drain left out)."}),
@@ -68,6 +71,7 @@ def compare(
     windowed: O.WindowOptions,
     load: O.LoadOptions,
     output: O.OutputOptions,
+    shown: O.OutputOptions,
     engine_opts: EngineArgs,
 ) -> None:
     """Compare results side by side, or run engine variants on one request set.
@@ -85,6 +89,7 @@ def compare(
         markdown_text,
         render_differences,
         render_table,
+        with_percentiles,
         workload_note,
     )
     from cbbench.analysis.result import check_not_an_input, check_writable, write_atomic
@@ -116,16 +121,17 @@ def compare(
             for x in results
         ]
         typer.echo("window: steady state (summary.steady_state)")
-    typer.echo(render_table(results))
+    results, rows = with_percentiles(results, shown.percentiles_given())
+    typer.echo(render_table(results, rows=rows))
     typer.echo("")
     typer.echo(render_differences(results))
     note = workload_note(results)
     if note:
         typer.echo(f"\n{note}")
     if markdown is not None:
-        write_atomic(markdown, markdown_text(results))
+        write_atomic(markdown, markdown_text(results, rows))
     if csv_out is not None:
-        write_atomic(csv_out, csv_text(results))
+        write_atomic(csv_out, csv_text(results, rows))
 
 
 def _base_spec(load: O.LoadOptions, output: O.OutputOptions, opts: EngineArgs) -> RunSpec:

@@ -9,7 +9,6 @@ Every file is written atomically; none replaces the result it was made from.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -18,10 +17,7 @@ import typer
 from cbbench.analysis.result import check_not_an_input, load_result, write_atomic
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
-from cbbench.export import tabular
-from cbbench.export.br02 import to_br02
-
-FORMATS = ("br0.2", "csv", "parquet")
+from cbbench.export.files import FORMATS, default_out, render
 
 
 def register(app: typer.Typer) -> None:
@@ -47,35 +43,10 @@ def export(
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     data = load_result(result)
-    out = out if out is not None else _default_out(result, fmt)
-    files = _render(data, fmt, out)
+    out = out if out is not None else default_out(result, fmt)
+    files = render(data, fmt, out)
     for path in files:
         check_not_an_input(path, [result], "--out")
     for path, raw in files.items():
         write_atomic(path, raw)
         typer.echo(f"wrote {path}")
-
-
-def _default_out(result: Path, fmt: str) -> Path:
-    ext = {"br0.2": ".br0.2.json", "csv": ".csv", "parquet": ".parquet"}[fmt]
-    return result.with_name(result.stem + ext)
-
-
-def _render(data: dict, fmt: str, out: Path) -> dict[Path, bytes]:
-    requests = data.get("requests") or []
-    if fmt == "br0.2":
-        return {out: (json.dumps(to_br02(data), indent=1, allow_nan=False) + "\n").encode()}
-    if fmt == "csv":
-        return {
-            out: tabular.rows_csv(requests),
-            tabular.sibling(out, tabular.SUMMARY_SUFFIX): tabular.summary_csv(data["summary"]),
-        }
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        raise UsageError("--format parquet needs pyarrow: pip install pyarrow") from None
-    return {
-        out: tabular.rows_parquet(requests),
-        tabular.sibling(out, tabular.ITERATIONS_SUFFIX):
-            tabular.rows_parquet(data.get("iterations") or []),
-    }

@@ -39,7 +39,12 @@ def register(app: typer.Typer) -> None:
     app.command("gate", **COMMAND_SETTINGS)(gate)
 
 
-@O.with_options(O.Group(O.WindowOptions, "windowed"))
+@O.with_options(O.Group(O.WindowOptions, "windowed"),
+                O.Group(O.OutputOptions, "output", **O.READ_OUTPUT,
+                        help={"percentiles": "The default latency thresholds at these "
+                              "percentiles (ttft_ms.p50, ttft_ms.p99.9, ...) instead of p50/p99; "
+                              "a percentile a result did not store is computed from its "
+                              "requests."}))
 def gate(
     ctx: typer.Context,
     max_regression: Annotated[
@@ -73,6 +78,7 @@ def gate(
     ] = None,
     *,
     windowed: O.WindowOptions,
+    output: O.OutputOptions,
 ) -> None:
     """Fail CI when a result regressed against a baseline, metric by metric.
 
@@ -89,7 +95,9 @@ def gate(
     from cbbench.analysis.result import check_not_an_input, check_writable, load_result
 
     new_paths, base_paths = _split_files(ctx.args)
-    checks_wanted = G.thresholds(max_regression or [], use_defaults=not no_defaults)
+    percentiles = output.percentiles_given()
+    checks_wanted = G.thresholds(max_regression or [], use_defaults=not no_defaults,
+                                 percentiles=percentiles)
     for flag, path in (("--junit", junit), ("--markdown", markdown)):
         if path is not None:
             check_writable(path)
@@ -99,8 +107,15 @@ def gate(
     window = windowed.window
     for t in checks_wanted:
         check_metric(t.metric, window)
-    baseline = [(str(p), select_window(load_result(p), window, str(p))) for p in base_paths]
-    new = [(str(p), select_window(load_result(p), window, str(p))) for p in new_paths]
+    from cbbench.analysis.percentiles import fill_percentiles
+
+    def read(p: Path) -> dict:
+        r = load_result(p)
+        r = fill_percentiles(r, percentiles) if percentiles else r
+        return select_window(r, window, str(p))
+
+    baseline = [(str(p), read(p)) for p in base_paths]
+    new = [(str(p), read(p)) for p in new_paths]
     checks = G.run_gate(baseline, new, checks_wanted, allow_different_workload)
     if max(len(baseline), len(new)) > 1 and min(len(baseline), len(new)) < MIN_BOOTSTRAP_FILES:
         C.notice(

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from cbbench import options as O
 from cbbench.errors import UsageError
 
 PAGE_NAME = "report.html"  # interactive (plotly embedded), opens offline
@@ -32,6 +33,9 @@ class PlotSpec:
     draw: Callable  # (results) -> Figure
 
 
+@O.with_options(O.Group(O.OutputOptions, "output", **O.READ_OUTPUT, help={
+    "percentiles": "The summary tables' latency rows at these percentiles, e.g. 50,99.9 "
+    "(computed from a result's requests where it did not store them)."}))
 def report(
     files: Annotated[
         list[Path],
@@ -45,6 +49,8 @@ def report(
     max_gantt_requests: Annotated[
         int, typer.Option(help="Requests drawn in the static-vs-continuous timeline.")
     ] = 100,
+    *,
+    output: O.OutputOptions,
 ) -> None:
     """Plot results as PNGs and one self-contained HTML page.
 
@@ -67,9 +73,12 @@ def report(
     sweep_files = [p for p in files if is_sweep_file(p)]
     files = [p for p in files if p not in sweep_files]
     sweeps = [(lbl, load_sweep(p)) for lbl, p in zip(file_labels(sweep_files), sweep_files)]
+    from cbbench.analysis.compare import with_percentiles
+
     results = load_labeled(files)
     for path, x in zip(files, results):
         check_report_input(x.result, path)
+    results, rows = with_percentiles(results, output.percentiles_given())
 
     specs = plot_specs(results, max_gantt_requests) if results else []
     if sweeps:
@@ -92,19 +101,19 @@ def report(
             PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
         )
     paths = [str(p) for p in files + sweep_files]
-    page = render_page(title, results, paths, sections, page_notes(results))
+    page = render_page(title, results, paths, sections, page_notes(results), rows)
     write_atomic(out / STATIC_PAGE_NAME, page)
     for s in sections:
         typer.echo(str(out / f"{s.key}.png"))
     typer.echo(str(out / STATIC_PAGE_NAME))
     if results:
         write_atomic(out / PAGE_NAME, _interactive_page(title, results, paths, max_gantt_requests,
-                                                        bool(sweeps)))
+                                                        bool(sweeps), rows))
         typer.echo(str(out / PAGE_NAME))
 
 
 def _interactive_page(title: str, results: Sequence, paths: list[str], max_gantt_requests: int,
-                      with_sweeps: bool) -> str:
+                      with_sweeps: bool, rows: Sequence = ()) -> str:
     from cbbench.report import interactive
 
     page_plots, notes = interactive.build_plots(results, max_gantt_requests, gantt_pair(results))
@@ -112,7 +121,7 @@ def _interactive_page(title: str, results: Sequence, paths: list[str], max_gantt
     if with_sweeps:
         notes.append(f"Latency-throughput curves of the sweeps: in {STATIC_PAGE_NAME}.")
     return interactive.render_interactive(title, results, paths, page_plots, notes,
-                                          interactive.plotly_js())
+                                          interactive.plotly_js(), *([rows] if rows else []))
 
 
 def _png(fig) -> bytes:

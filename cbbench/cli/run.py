@@ -64,8 +64,12 @@ def run(
         engine_opts.engine if engine_opts.engine != "auto" else "engine")
     out_path = output.output or C.default_output_path(kind)
     check_writable(out_path)
-    check_not_an_input(out_path, [load.workload, endpoint.tokenizer, load.replay,
-                                  *engine_inputs(engine_opts)], "--output")
+    inputs = [load.workload, endpoint.tokenizer, load.replay, output.server_log,
+              *engine_inputs(engine_opts)]
+    check_not_an_input(out_path, inputs, "--output")
+    if output.server_log is not None and spec.endpoint is None:
+        raise UsageError("--server-log splits an endpoint run's TTFT: give --endpoint")
+    also = _also_written(output.output_format, out_path, inputs)
 
     with StopSignal() as stop, _progress() as on_progress:
         result = execute_run(spec, should_stop=stop, on_progress=on_progress)
@@ -80,8 +84,18 @@ def run(
     elif not output.json:
         typer.echo(render_summary(result), err=to_stdout)
     write_result(out_path, result)
+    if also is not None:  # from the file's own form (NaN as null), as `cbbench export` reads it
+        import json
+
+        from cbbench.analysis.result import write_atomic
+        from cbbench.export.files import render
+
+        for path, raw in render(json.loads(dumps(result)), output.output_format, also).items():
+            write_atomic(path, raw)
     if not output.json and not to_stdout:
         typer.echo(f"\nresult: {out_path}")
+        if also is not None:
+            typer.echo(f"{output.output_format}: {also}")
     s = result["summary"]
     gone = [w for w in s.get("workers") or [] if w["status"] in ("died", "failed")]
     if gone:
@@ -98,6 +112,25 @@ def run(
             f"--max-error-rate {max_error_rate:.1%}"
         )
         raise typer.Exit(1)
+
+
+def _also_written(fmt: str | None, out_path, inputs: list):
+    """--output-format: the export's path beside the result (RESULT.csv for RESULT.json),
+    checked before the run; None without the flag."""
+    if fmt is None:
+        return None
+    from pathlib import Path
+
+    from cbbench.analysis.result import check_not_an_input, check_writable, is_stdout
+    from cbbench.export.files import default_out
+
+    if is_stdout(out_path):
+        raise UsageError("--output-format writes a file beside the result: give --output PATH, "
+                         "not -")
+    path = default_out(Path(out_path), fmt)
+    check_writable(path)
+    check_not_an_input(path, inputs, "--output-format")
+    return path
 
 
 class _progress:

@@ -107,14 +107,14 @@ def parse_ramp(text: str) -> Ramp:
     return Ramp(start, end, seconds)
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, flag: str = "--duration") -> float:
     """'60s', '90' (seconds), '500ms', '2m', '1h' -> seconds (> 0)."""
     m = _DURATION_RE.match(text)
     if not m:
-        raise UsageError(f"invalid --duration {text!r}: use e.g. 60s, 500ms, 5m, 1h")
+        raise UsageError(f"invalid {flag} {text!r}: use e.g. 60s, 500ms, 5m, 1h")
     seconds = float(m.group(1)) * DURATION_UNITS[m.group(2) or "s"]
     if not 0 < seconds <= MAX_SCHEDULE_S:
-        raise UsageError(f"invalid --duration {text!r}: must be > 0 and at most 30 days")
+        raise UsageError(f"invalid {flag} {text!r}: must be > 0 and at most 30 days")
     return seconds
 
 

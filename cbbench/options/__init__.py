@@ -13,11 +13,18 @@ from cbbench.options.endpoint import PROBE_ENDPOINT, EndpointFlags
 from cbbench.options.engine import ENGINE_PANEL, engine_group
 from cbbench.options.fields import REQUIRED, Group, check_fields, opt, with_options
 from cbbench.options.load import PROBE_LOAD, LoadOptions, ProbeOptions
-from cbbench.options.output import RUN_OUTPUT, OutputOptions, WindowOptions, output_file
+from cbbench.options.output import (
+    READ_OUTPUT,
+    RUN_OUTPUT,
+    OutputOptions,
+    WindowOptions,
+    output_file,
+)
 from cbbench.options.serve import ServeOptions
 
 __all__ = [
     "ENGINE_PANEL", "PROBE_ENDPOINT", "PROBE_LOAD", "engine_group", "REQUIRED", "RUN_OUTPUT", "EndpointFlags", "Group",
-    "LoadOptions", "OutputOptions", "ProbeOptions", "ServeOptions", "WindowOptions", "check_fields",
+    "LoadOptions", "OutputOptions", "READ_OUTPUT", "ProbeOptions", "ServeOptions", "WindowOptions",
+    "check_fields",
     "output_file", "opt", "with_options",
 ]

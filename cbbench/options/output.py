@@ -61,11 +61,55 @@ class OutputOptions:
         "Write config and summary only (no per-request or per-iteration records): small files "
         "for committed baselines.",
     )
+    percentiles: str | None = opt(
+        None,
+        "Percentiles every latency distribution holds, e.g. 50,90,99,99.9 (keys p50, p99.9). "
+        "Default: 50,90,95,99.",
+        metavar="LIST",
+    )
+    slice: str | None = opt(
+        None,
+        "Also summarize the run in time slices of DURATION (10s, 500ms, 1m): summary.slices, "
+        "each with its requests finished, throughput, TTFT/TPOT/ITL, errors and in-flight.",
+        metavar="DURATION",
+    )
+    output_format: str | None = opt(
+        None,
+        "Also write the result as br0.2 (llm-d's Benchmark Report), csv or parquet beside the "
+        "JSON (cbbench export's files, named after --output).",
+        choices=("br0.2", "csv", "parquet"),
+    )
+    server_log: Path | None = opt(
+        None,
+        "The server's request log (cbbench serve --request-log) on this host: each request's "
+        "TTFT and E2EL split into send lag, the way in, queue, prefill (decode) and delivery "
+        "(ttft_parts, summary.ttft_breakdown), with the server's --enable-per-request-metrics "
+        "timings or without them.",
+        metavar="<path>",
+    )
     json: bool = opt(False, "Print the result JSON instead of the table.", flag="--json",
                      switch=False)
 
     def validate(self) -> None:
         check_fields(self)  # the SLO text is read (and checked) by its one parser
+        self.percentile_list()
+        self.slice_s()
+
+    def slice_s(self) -> float | None:
+        """--slice in seconds (None: no slices)."""
+        from cbbench.load.arrivals import parse_duration
+
+        return parse_duration(self.slice, "--slice") if self.slice is not None else None
+
+    def percentile_list(self) -> tuple[float, ...]:
+        """--percentiles as numbers (the default set when not given)."""
+        from cbbench.analysis.percentiles import parse_percentiles
+
+        return parse_percentiles(self.percentiles)
+
+    def percentiles_given(self) -> tuple[float, ...] | None:
+        """--percentiles as numbers, or None when not given (a reader keeps its own columns)."""
+        return None if self.percentiles is None else self.percentile_list()
 
     def goodput_slo(self) -> dict[str, float]:
         """--slo as run's goodput limits."""
@@ -98,5 +142,7 @@ class WindowOptions:
 
 RUN_OUTPUT = dict(only=(
     "slo", "warmup", "cooldown", "output", "save_detailed", "max_error_rate", "gpu_index",
-    "telemetry_interval", "label", "summary_only", "json",
+    "telemetry_interval", "label", "summary_only", "percentiles", "slice", "output_format", "server_log", "json",
 ))
+# The one flag compare, gate and report take from this group.
+READ_OUTPUT = dict(only=("percentiles",))

@@ -65,5 +65,14 @@ class ServeOptions:
         choices=REASONING_FIELDS, metavar="<str>",
     )
 
+    enable_per_request_metrics: bool = opt(
+        False,
+        "Return each request's engine timings in its response, as vLLM's flag: `metrics` "
+        "(queue_time_ms, time_to_first_token_ms = the prefill, generation_time_ms, "
+        "mean_itl_ms, tokens_per_second) on a non-streamed answer and on a stream's final "
+        "usage chunk.",
+        switch=False,
+    )
+
     def validate(self) -> None:
         check_fields(self)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
-from cbbench.analysis.compare import Labeled, config_differences, table_rows
+from cbbench.analysis.compare import ROWS, Labeled, Row, config_differences, table_rows
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
@@ -60,9 +60,9 @@ def runs_table(results: Sequence[Labeled], paths: Sequence[str]) -> str:
     return _table([["-" if v is None else str(v) for v in r] for r in rows], headers)
 
 
-def summary_table(results: Sequence[Labeled]) -> str:
+def summary_table(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> str:
     head = ["metric", *(x.label for x in results)]
-    return _table(table_rows(results), head)
+    return _table(table_rows(results, rows), head)
 
 
 def differences_table(results: Sequence[Labeled]) -> str:
@@ -89,6 +89,7 @@ def render_page(
     paths: Sequence[str],
     sections: Sequence[PlotSection],
     notes: Sequence[str] = (),
+    rows: Sequence[Row] = ROWS,
 ) -> str:
     toc = "".join(f'<li><a href="#{_esc(s.key)}">{_esc(s.title)}</a></li>' for s in sections)
     ratio_hint = (
@@ -101,7 +102,7 @@ def render_page(
         runs_table(results, paths),
         "<h2>Summary</h2>",
         f'<p class="caption">{_esc(ratio_hint)}</p>',
-        f'<div id="summary-table">{summary_table(results)}</div>',
+        f'<div id="summary-table">{summary_table(results, rows)}</div>',
     ]
     if len(results) > 1:
         body += ["<h2>Config differences</h2>", differences_table(results)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cbbench.analysis.compare import Labeled
+from cbbench.analysis.compare import ROWS, Labeled, Row
 from cbbench.analysis.histogram import cdf_points
 from cbbench.report import plots
 from cbbench.report.html import STYLE, differences_table, runs_table, summary_table
@@ -132,6 +132,58 @@ def over_time(results: Sequence[Labeled]) -> Plot:
                 {"data": data, "layout": layout})
 
 
+def time_slices(results: Sequence[Labeled]) -> Plot:
+    """summary.slices (run --slice): each slice's output throughput, TTFT p50/p99 and in-flight
+    requests, one point per slice at its middle."""
+    data = []
+    layout = {"grid": {"rows": 3, "columns": 1, "pattern": "independent"}, "height": 720,
+              "legend": {"orientation": "h"}, "xaxis3": {"title": {"text": "time (s)"}},
+              "yaxis": {"title": {"text": "output tok/s"}},
+              "yaxis2": {"title": {"text": "TTFT (ms)"}},
+              "yaxis3": {"title": {"text": "in flight"}}}
+    for i, x in enumerate(results):
+        slices = (x.result.get("summary") or {}).get("slices") or []
+        if not slices:
+            continue
+        mids = [(s["start_s"] + s["end_s"]) / 2 for s in slices]
+        common = {"type": "scatter", "mode": "lines+markers", "x": mids, "legendgroup": x.label}
+        data.append({**common, "y": [s["output_throughput"] for s in slices], "name": x.label,
+                     "line": {"color": _color(i)}})
+        for stat, dash in (("p50", "solid"), ("p99", "dot")):
+            data.append({**common, "y": [(s.get("ttft_ms") or {}).get(stat) for s in slices],
+                         "name": f"{x.label} TTFT {stat}", "showlegend": False,
+                         "line": {"color": _color(i), "dash": dash}, "xaxis": "x2", "yaxis": "y2"})
+        data.append({**common, "y": [s.get("in_flight") for s in slices], "showlegend": False,
+                     "name": x.label, "line": {"color": _color(i)}, "xaxis": "x3", "yaxis": "y3"})
+    return Plot("time_slices", "Time slices",
+                "Per --slice slice: output tokens per second, TTFT p50 (solid) and p99 (dotted) "
+                "of the requests that ended in it, and the mean requests in flight.",
+                {"data": data, "layout": layout})
+
+
+def ttft_breakdown(results: Sequence[Labeled]) -> Plot:
+    """summary.ttft_breakdown: each part's mean, stacked, one bar per run."""
+    from cbbench.analysis.table_views import PART_LABELS
+
+    data = []
+    for name, label in PART_LABELS.items():
+        xs, ys = [], []
+        for x in results:
+            part = ((x.result.get("summary") or {}).get("ttft_breakdown") or {}).get(name)
+            if isinstance(part, dict) and part.get("mean") is not None:
+                xs.append(x.label)
+                ys.append(part["mean"])
+        if xs:
+            data.append({"type": "bar", "x": xs, "y": ys, "name": label,
+                         "hovertemplate": f"{label} %{{y:.2f}} ms<extra>%{{x}}</extra>"})
+    return Plot("ttft_breakdown", "Where TTFT went",
+                "Mean of each part of the TTFT, from the intended start to the first token read: "
+                "send lag, the way in, the server's queue and prefill, and delivery (network: "
+                "both trips together, where the server's log was not given).",
+                {"data": data, "layout": {"barmode": "stack", "height": 420,
+                                          "yaxis": {"title": {"text": "ms"}}}})
+
+
 def _iteration_series(results: Sequence[Labeled], fields: Sequence[tuple[str, str]],
                       ytitle: str, scale=None) -> dict:
     data = []
@@ -226,6 +278,8 @@ def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
     """The plots that have data, and a note for each left out."""
     candidates = [latency_cdfs(results), over_time(results), token_budget(results),
                   batch_occupancy(results), kv_usage(results)]
+    # Only where a run made them (--slice; a server that told its timings): no note otherwise.
+    candidates += [p for p in (time_slices(results), ttft_breakdown(results)) if p.points]
     if pair is not None:
         candidates.append(request_timeline(pair, max_gantt_requests))
     kept = [p for p in candidates if p.points > 0]
@@ -253,7 +307,8 @@ LOADER = """
 
 
 def render_interactive(title: str, results: Sequence[Labeled], paths: Sequence[str],
-                       page_plots: Sequence[Plot], notes: Sequence[str], plotly_js: str) -> str:
+                       page_plots: Sequence[Plot], notes: Sequence[str], plotly_js: str,
+                       rows: Sequence[Row] = ROWS) -> str:
     esc = html.escape
     toc = "".join(f'<li><a href="#{p.key}">{esc(p.title)}</a></li>' for p in page_plots)
     sections = []
@@ -270,7 +325,7 @@ def render_interactive(title: str, results: Sequence[Labeled], paths: Sequence[s
         *(f'<p class="note">{esc(n)}</p>' for n in notes),
         "<h2>Runs</h2>", runs_table(results, paths),
         "<h2>Summary</h2>", f'<p class="caption">{esc(ratio_hint)}</p>',
-        f'<div id="summary-table">{summary_table(results)}</div>',
+        f'<div id="summary-table">{summary_table(results, rows)}</div>',
     ]
     if len(results) > 1:
         body += ["<h2>Config differences</h2>", differences_table(results)]

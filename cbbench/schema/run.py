@@ -21,6 +21,76 @@ class Distribution(Record):
     count: int | None = None
 
 
+class BreakdownPart(Distribution):
+    """One part of the TTFT or E2EL breakdown: a distribution (ms) and its share of the whole."""
+
+    share: Number | None = None
+
+
+class Breakdown(Record):
+    """summary.ttft_breakdown / e2el_breakdown (analysis/ttft_breakdown.py)."""
+
+    requests: int
+    flagged: int
+    tolerance_ms: Number | None = None
+    sources: list[str] | None = None
+    slot_wait_ms: BreakdownPart | None = None
+    send_lag_ms: BreakdownPart | None = None
+    network_in_ms: BreakdownPart | None = None
+    network_ms: BreakdownPart | None = None
+    server_queue_ms: BreakdownPart | None = None
+    server_prefill_ms: BreakdownPart | None = None
+    server_decode_ms: BreakdownPart | None = None
+    delivery_ms: BreakdownPart | None = None
+    residual_ms: Distribution | None = None
+
+
+class TimeSlice(Record):
+    """One of summary.slices (analysis/slices.py): [start_s, end_s) of the run clock."""
+
+    start_s: Number
+    end_s: Number
+    completed: int
+    failed: int | None = None
+    cancelled: int | None = None
+    error_types: dict[str, int] | None = None
+    output_tokens: int | None = None
+    request_throughput: Number | None = None
+    output_throughput: Number | None = None
+    ttft_ms: Distribution | None = None
+    tpot_ms: Distribution | None = None
+    itl_ms: Distribution | None = None
+    e2el_ms: Distribution | None = None
+    in_flight: Number | None = None
+    in_flight_max: int | None = None
+
+
+class RequestParts(Record):
+    """A request's ttft_parts / e2el_parts (ms; None where unknown)."""
+
+    source: str
+    residual_ms: Number
+    consistent: bool
+    slot_wait_ms: Number | None = None
+    send_lag_ms: Number | None = None
+    network_in_ms: Number | None = None
+    network_ms: Number | None = None
+    server_queue_ms: Number | None = None
+    server_prefill_ms: Number | None = None
+    server_decode_ms: Number | None = None
+    delivery_ms: Number | None = None
+
+
+class ServerTiming(Record):
+    """The server's per-request timings as sent (vLLM's --enable-per-request-metrics)."""
+
+    time_to_first_token_ms: Number | None = None
+    generation_time_ms: Number | None = None
+    queue_time_ms: Number | None = None
+    mean_itl_ms: Number | None = None
+    tokens_per_second: Number | None = None
+
+
 class EngineSummary(Record):
     num_iterations: int | None = None
     busy_time_s: Number | None = None
@@ -63,6 +133,9 @@ class Summary(Record):
     not_sent: int | None = None
     steady_state: SteadyState | None = None
     engine: EngineSummary | None = None
+    ttft_breakdown: Breakdown | None = None
+    e2el_breakdown: Breakdown | None = None
+    slices: list[TimeSlice] | None = None
 
 
 class Config(Record):
@@ -79,6 +152,8 @@ class Config(Record):
     scheduler: str | None = None
     policy: str | None = None
     command: str | None = None
+    percentiles: list[Number] | None = None  # --percentiles: the pNN keys every distribution has
+    slice_s: Number | None = None  # --slice
 
 
 class Request(Record):
@@ -99,6 +174,9 @@ class Request(Record):
     max_tokens: int | None = None
     token_times_s: list[Number] | None = None
     itl_ms: list[Number] | None = None
+    server_timing: ServerTiming | None = None
+    ttft_parts: RequestParts | None = None
+    e2el_parts: RequestParts | None = None
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative

@@ -35,6 +35,8 @@ class ServeConfig:
     reasoning_field: str = DEFAULT_REASONING_FIELD  # --reasoning-field
     # usage.prompt_tokens_details.cached_tokens on every answer: on with prefix caching.
     report_cached_tokens: bool = False
+    # --enable-per-request-metrics (vLLM's): the engine's timings as `metrics` in each answer.
+    per_request_metrics: bool = False
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from cbbench.server.protocol import (
     validation_error,
 )
 from cbbench.server.request_log import RequestTrace
+from cbbench.server.request_metrics import METRICS_FIELD, request_metrics
 from cbbench.server.stream_events import (
     ANSWER,
     DEFAULT_REASONING_FIELD,
@@ -68,6 +69,7 @@ class Job:
     return_token_times: bool
     continuous_usage: bool = False
     plan: OutputPlan = OutputPlan()
+    per_request_metrics: bool = False  # --enable-per-request-metrics (request_metrics.py)
 
 
 async def send_json(send, status: int, obj: dict) -> None:
@@ -172,7 +174,7 @@ class Generation:
             )
         return s, Job(
             chat, ids, max_tokens, ctx.sampling(req), req.stream, req.include_usage,
-            req.return_token_times, req.continuous_usage, plan,
+            req.return_token_times, req.continuous_usage, plan, ctx.cfg.per_request_metrics,
         )
 
     async def _generate(self, scope, receive, send, s: Served, job: Job, arrival: float) -> None:
@@ -317,7 +319,10 @@ async def _stream(send, stream: RequestStream, shape: Shape, job: Job, s: Served
     _end(trace, stream, reason, 200)
     tail = SSE_DONE
     if job.include_usage:
-        tail = sse_bytes(shape.usage_chunk(prompt_tokens, n, **_details(trace, plan, cached))) + tail
+        last_chunk = shape.usage_chunk(prompt_tokens, n, **_details(trace, plan, cached))
+        if job.per_request_metrics:  # vLLM's place for them: the final usage chunk
+            last_chunk[METRICS_FIELD] = request_metrics(stream.req)
+        tail = sse_bytes(last_chunk) + tail
     await send({"type": "http.response.body", "body": tail})
 
 
@@ -377,6 +382,8 @@ async def _complete(send, stream: RequestStream, shape: Shape, job: Job, s: Serv
         text = "".join(decoder.push(t) for t in ids) + decoder.flush()
     body = shape.full(text, reason, len(job.prompt_ids), n, message,
                       **_details(trace, plan, cached))
+    if job.per_request_metrics:
+        body[METRICS_FIELD] = request_metrics(stream.req)
     if job.return_token_times:
         body["cbbench"] = token_times_ext(
             stream.submitted_s, [e.time_s for e in events for _ in e.token_ids])

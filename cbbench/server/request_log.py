@@ -38,8 +38,9 @@ import json
 import logging
 import queue
 import threading
-import time
 from pathlib import Path
+
+from cbbench.distributed.clock import perf_minus_epoch
 
 log = logging.getLogger("cbbench.server")
 
@@ -108,7 +109,8 @@ class RequestLog:
         self.path = Path(path)
         # Opened here, so that a bad path fails at start-up, not at the first request.
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
-        self.epoch_offset = time.time() - time.perf_counter()
+        # Bracketed reads, not two back to back (a preemption between them shifts every time).
+        self.epoch_offset = -perf_minus_epoch()
         self._queue: queue.SimpleQueue[RequestTrace | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="cbbench-request-log", daemon=True)

@@ -73,6 +73,7 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     rec.output_token_counts = counts
     rec.finish_reason = st.finish_reason
     rec.server_request_id = st.response_id
+    rec.server_timing = st.server_metrics
     count_events(rec, st, tokenizer)
     choose_output_count(rec, per_event=None)
     return rec.output_tokens_method

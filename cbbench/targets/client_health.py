@@ -44,9 +44,13 @@ MS = 1000.0
 
 
 def wall_clock_of(t_perf: float) -> float:
-    """The epoch time (µs resolution) of a time.perf_counter() instant, from both clocks read
-    back to back."""
-    return round(time.time() - (time.perf_counter() - t_perf), EPOCH_DECIMALS)
+    """The epoch time (µs resolution) of a time.perf_counter() instant. The two clocks' offset
+    is the best of several bracketed reads (distributed/clock.py): two reads back to back are
+    off by however long the process was descheduled between them, which on a busy host is
+    milliseconds, and the request log's join (audit, the TTFT breakdown) inherits it."""
+    from cbbench.distributed.clock import perf_minus_epoch
+
+    return round(t_perf - perf_minus_epoch(), EPOCH_DECIMALS)
 
 
 async def sleep_until(deadline: float) -> None:

@@ -126,7 +126,7 @@ class SseStream:
     __slots__ = (
         "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events",
         "response_id", "_tail", "kinds", "running", "reasoning_pieces", "answer_pieces",
-        "tool_calls", "_running_now",
+        "tool_calls", "_running_now", "server_metrics",
     )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
@@ -155,6 +155,8 @@ class SseStream:
         self.answer_pieces: list[str] | None = [] if keep_text else None
         # Tool calls by index: {"id", "name", "event_idx": the timed events with its text}.
         self.tool_calls: dict[int, dict] = {}
+        # vLLM's --enable-per-request-metrics timings, on the final usage chunk (None: unsent).
+        self.server_metrics: dict | None = None
 
     def feed(self, piece: bytes, t: float) -> None:  # noqa: C901 - over 15 as merged from main; to split (issue 23)
         """Whatever one network read returned, at run-clock time `t`. (One function per read,
@@ -190,6 +192,9 @@ class SseStream:
                     self.response_id = rid[:MAX_RESPONSE_ID_CHARS]
             if usage is not None:
                 self.usage = usage
+                m = obj.get("metrics")  # vLLM sends it with the final usage only
+                if type(m) is dict:
+                    self.server_metrics = m
                 ct = usage.get("completion_tokens")
                 if type(ct) is int and ct >= 0:
                     self._running_now = ct

@@ -22,7 +22,7 @@ BROWSER_TIMEOUT_S = 120
 CHECK = re.compile(r'<pre id="cbbench-plot-check"[^>]*>(.*?)</pre>', re.S)
 CONSOLE_ERROR = re.compile(r"Uncaught|:ERROR:CONSOLE|Error: ", re.I)
 EXPECTED_PLOTS = ("latency_cdfs", "over_time", "token_budget", "batch_occupancy", "kv_usage",
-                  "request_timeline")
+                  "request_timeline", "time_slices")
 
 
 def _load(page: Path, tmp_path: Path) -> tuple[str, str]:
@@ -48,7 +48,7 @@ def report_page(tmp_path_factory) -> Path:
     for sched in ("static", "continuous"):
         out = tmp / f"{sched}.json"
         res = runner.invoke(app, ["run", "--engine", "sim", "--scheduler", sched, "--label", sched,
-                                  "--num-requests", "80", "--output", str(out)])
+                                  "--num-requests", "80", "--slice", "0.5s", "--output", str(out)])
         assert res.exit_code == 0, res.output
         files.append(str(out))
     res = runner.invoke(app, ["report", *files, "--out", str(tmp / "report")])

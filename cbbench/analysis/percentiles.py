@@ -1,0 +1,107 @@
+"""The percentiles a summary holds: `--percentiles 50,90,99,99.9` on run, compare, gate and
+report (AIPerf's and GuideLLM's option). One key per percentile, one spelling everywhere:
+``p50``, ``p99``, ``p99.9`` (:func:`percentile_key`), so a reader that asks for p99.9 finds
+what a run stored under p99.9. The default is the set cbbench always wrote (p50/p90/p95/p99).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+
+from cbbench.errors import UsageError
+
+DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)  # ints: keyed p50 by any writer
+MIN_PERCENTILE, MAX_PERCENTILE = 0.0, 100.0
+MAX_PERCENTILES = 32  # more columns than any table can show
+_KEY = re.compile(r"^p(\d+(\.\d+)?)$")
+
+
+def percentile_key(p: float) -> str:
+    """50 -> 'p50', 99.9 -> 'p99.9', 99.0 -> 'p99' (the shortest spelling, as %g writes it)."""
+    return f"p{float(p):g}"
+
+
+def is_percentile_key(text: str) -> bool:
+    return _KEY.match(text) is not None
+
+
+def parse_percentiles(text: str | None) -> tuple[float, ...]:
+    """'50,90,99,99.9' -> (50.0, 90.0, 99.0, 99.9), ascending and without repeats; None or ''
+    -> the default. A bad entry is one UsageError line naming it."""
+    if text is None:
+        return DEFAULT_PERCENTILES
+    parts = [t.strip().removeprefix("p") for t in text.split(",")]
+    if not text.strip() or any(not t for t in parts):
+        raise UsageError(f"--percentiles {text!r}: give numbers in [0, 100] separated by commas, "
+                         "e.g. 50,90,99,99.9")
+    out: set[float] = set()
+    for t in parts:
+        try:
+            p = float(t)
+        except ValueError:
+            raise UsageError(f"--percentiles: {t!r} is not a number (e.g. 50,90,99,99.9)") from None
+        if not math.isfinite(p) or not MIN_PERCENTILE <= p <= MAX_PERCENTILE:
+            raise UsageError(f"--percentiles: {t} is outside [0, 100]")
+        out.add(int(p) if p.is_integer() else p)  # 50, not 50.0: every writer keys it p50
+    if len(out) > MAX_PERCENTILES:
+        raise UsageError(f"--percentiles: at most {MAX_PERCENTILES} percentiles, got {len(out)}")
+    return tuple(sorted(out))
+
+
+def keys(percentiles: Iterable[float]) -> tuple[str, ...]:
+    return tuple(percentile_key(p) for p in percentiles)
+
+
+def stats_shown(percentiles: Sequence[float] | None, default: Sequence[str]) -> tuple[str, ...]:
+    """The statistic columns a table shows: 'mean' and the asked percentiles, or the table's
+    own default when none were asked."""
+    if percentiles is None:
+        return tuple(default)
+    return ("mean", *keys(percentiles))
+
+
+def split_metric_path(path: str) -> list[str]:
+    """A dotted summary path into its parts, a percentile's decimal point kept:
+    'ttft_ms.p99.9' -> ['ttft_ms', 'p99.9']; 'slices.worst.ttft_ms.p99' unchanged otherwise."""
+    parts: list[str] = []
+    for part in path.split("."):
+        if parts and part.isdigit() and is_percentile_key(parts[-1]) and "." not in parts[-1]:
+            parts[-1] = f"{parts[-1]}.{part}"
+        else:
+            parts.append(part)
+    return parts
+
+
+# Per-request figures a distribution can be recomputed from (the result's request records).
+REQUEST_VALUES = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+def fill_percentiles(result: dict, percentiles: Sequence[float]) -> dict:
+    """``result`` with every asked percentile in its latency distributions: a key the run did
+    not store (it ran with other --percentiles) is computed from its per-request figures
+    (TTFT, TPOT, E2EL; ITL from the per-token lists --save-detailed keeps), with numpy's
+    linear interpolation as the run would have. Left missing where the figures are not there
+    (a --summary-only file). The input is not changed."""
+    import numpy as np
+
+    summary = dict(result.get("summary") or {})
+    requests = result.get("requests") or []
+    ok = [r for r in requests if r.get("error") is None and not r.get("cancelled")]
+    for name in (*REQUEST_VALUES, "itl_ms"):
+        dist = summary.get(name)
+        if not isinstance(dist, dict):
+            continue
+        missing = [p for p in percentiles if percentile_key(p) not in dist]
+        if not missing:
+            continue
+        if name == "itl_ms":
+            values = [v for r in ok for v in (r.get("itl_ms") or [])]
+        else:
+            values = [r[name] for r in ok if isinstance(r.get(name), (int, float))]
+        if not values:
+            continue
+        got = np.percentile(np.asarray(values, dtype=np.float64), missing)
+        summary[name] = {**dist, **{percentile_key(p): float(v) for p, v in zip(missing, got)}}
+    return {**result, "summary": summary}

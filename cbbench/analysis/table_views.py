@@ -1,0 +1,66 @@
+"""The run table's issue-27 parts: the columns --percentiles asked for, the TTFT / E2EL split
+(when the server told its side), and the time slices (--slice)."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from cbbench.analysis.percentiles import DEFAULT_PERCENTILES, stats_shown
+from cbbench.analysis.ttft_breakdown import E2EL_PARTS
+
+PART_LABELS = {
+    "slot_wait_ms": "slot wait", "send_lag_ms": "send lag", "network_in_ms": "network in",
+    "network_ms": "network (in + out)", "server_queue_ms": "server queue",
+    "server_prefill_ms": "server prefill", "server_decode_ms": "server decode",
+    "delivery_ms": "delivery",
+}
+SLICE_ROWS_SHOWN = 12  # the first slices; the result holds them all
+
+
+def _fmt(v, digits: int = 2) -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.{digits}f}" if isinstance(v, float) else f"{v:,}"
+
+
+def stats_of(config: dict, default: tuple[str, ...]) -> tuple[str, ...]:
+    """The table's columns: the run's --percentiles, or the default ones."""
+    asked = config.get("percentiles")
+    if not asked or tuple(asked) == DEFAULT_PERCENTILES:
+        return default
+    return stats_shown(asked, default)
+
+
+def breakdown_table(summary: dict, stats: tuple[str, ...]) -> str:
+    """TTFT and E2EL taken apart: each part's statistics (ms) and share of the whole."""
+    out = []
+    for title, key in (("TTFT", "ttft_breakdown"), ("E2EL", "e2el_breakdown")):
+        b = summary.get(key)
+        if not b:
+            continue
+        rows = [[f"{PART_LABELS[name]} (ms)", *(_fmt(b[name].get(s)) for s in stats),
+                 "-" if b[name].get("share") is None else f"{b[name]['share']:.1%}"]
+                for name in E2EL_PARTS if name in b]
+        table = tabulate(rows, headers=[f"{title} split", *stats, "share"], tablefmt="simple",
+                         disable_numparse=True)
+        note = (f"{b['requests']} requests split ({', '.join(b['sources'])}); {b['flagged']} "
+                f"flagged: parts off the whole by more than {b['tolerance_ms']:g} ms")
+        out.append(table + "\n" + note)
+    return "\n\n".join(out)
+
+
+def slices_table(summary: dict) -> str:
+    slices = summary.get("slices")
+    if not slices:
+        return ""
+    rows = [[f"{s['start_s']:.1f}-{s['end_s']:.1f}", s["completed"], s["failed"],
+             _fmt(s["request_throughput"]), _fmt(s["output_throughput"], 1),
+             _fmt(s["ttft_ms"].get("p50")), _fmt(s["ttft_ms"].get("p99")),
+             _fmt(s["tpot_ms"].get("p50")), _fmt(s["in_flight"], 1)]
+            for s in slices[:SLICE_ROWS_SHOWN]]
+    table = tabulate(rows, headers=["slice (s)", "done", "failed", "req/s", "tok/s", "TTFT p50",
+                                    "TTFT p99", "TPOT p50", "in flight"],
+                     tablefmt="simple", disable_numparse=True)
+    if len(slices) > SLICE_ROWS_SHOWN:
+        table += f"\n({len(slices) - SLICE_ROWS_SHOWN} more slices: see summary.slices)"
+    return table

@@ -1,0 +1,185 @@
+"""Where a request's TTFT went: its time from the intended start to the first token the client
+read, taken apart (summary.ttft_breakdown, per request ``ttft_parts``), and its E2EL likewise
+(summary.e2el_breakdown, ``e2el_parts``).
+
+TTFT = [slot_wait_ms] + send_lag_ms + network_in_ms + server_queue_ms + server_prefill_ms +
+delivery_ms:
+
+- ``slot_wait_ms`` (--max-concurrency only): intended start -> a slot freed;
+- ``send_lag_ms``: ready -> the client sent it (the client's own lag);
+- ``network_in_ms``: the send -> the engine's queue: the wire, HTTP and the server's front
+  (parsing, tokenization) on the way in;
+- ``server_queue_ms``: queued -> first scheduled;
+- ``server_prefill_ms``: first scheduled -> first token made;
+- ``delivery_ms``: first token made -> the client read it (detokenize, the event's write, the
+  wire back, the client's parse).
+
+E2EL's parts are the same up to the prefill, then ``server_decode_ms`` (first -> last token
+made) and ``delivery_ms`` of the last token.
+
+The server's parts come from its response (vLLM's --enable-per-request-metrics ``metrics``:
+queue_time_ms, time_to_first_token_ms, generation_time_ms; `cbbench serve` sends the same), or
+from its request log joined by server_request_id (`cbbench serve --request-log`, given to `run
+--server-log`). The two trips need the log on the client's clock (one host: the result's
+summary.http.t0_epoch_s and the log share the epoch): the log's ``submitted`` and
+``first_token`` / ``last_token`` place them. Without the log they cannot be told apart, and
+their sum is reported as ``network_ms`` (both trips and the server's front; the rest of the
+TTFT once the measured parts are taken off).
+
+Each request's ``residual_ms`` is its TTFT minus the sum of its parts. A request whose parts do
+not add up within the clocks' uncertainty (``tolerance_ms``, 1 ms by default: |residual| or any
+part below -tolerance) is flagged (``consistent: false``) with its figures as measured, never
+adjusted, and left out of the summary's distributions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cbbench.analysis.metrics import distribution
+from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
+from cbbench.analysis.records import RequestRecord
+
+MS = 1000.0
+DEFAULT_TOLERANCE_MS = 1.0
+TTFT_PARTS = ("slot_wait_ms", "send_lag_ms", "network_in_ms", "network_ms", "server_queue_ms",
+              "server_prefill_ms", "delivery_ms")
+E2EL_PARTS = ("slot_wait_ms", "send_lag_ms", "network_in_ms", "network_ms", "server_queue_ms",
+              "server_prefill_ms", "server_decode_ms", "delivery_ms")
+SOURCE_RESPONSE = "response"
+SOURCE_LOG = "server_log"
+
+
+def _num(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def server_parts(rec: RequestRecord, line: dict | None) -> tuple[dict, str | None]:
+    """(queue, prefill, decode in ms; where they came from): the response's timings first,
+    else the request log's."""
+    t = rec.server_timing or {}
+    resp = {"server_queue_ms": _num(t.get("queue_time_ms")),
+            "server_prefill_ms": _num(t.get("time_to_first_token_ms")),
+            "server_decode_ms": _num(t.get("generation_time_ms"))}
+    if resp["server_queue_ms"] is not None and resp["server_prefill_ms"] is not None:
+        return resp, SOURCE_RESPONSE
+    if line is None:
+        return {}, None
+    sub, qx = _num(line.get("submitted")), _num(line.get("queue_exit"))
+    ft, lt = _num(line.get("first_token")), _num(line.get("last_token"))
+    if None in (sub, qx, ft):
+        return {}, None
+    return {"server_queue_ms": (qx - sub) * MS, "server_prefill_ms": (ft - qx) * MS,
+            "server_decode_ms": (lt - ft) * MS if lt is not None else None}, SOURCE_LOG
+
+
+def _client_parts(rec: RequestRecord) -> dict:
+    out = {"send_lag_ms": (rec.send_s - rec.ready_s) * MS}
+    if rec.slot_s is not None:
+        out["slot_wait_ms"] = (rec.slot_s - rec.intended_start_s) * MS
+    return out
+
+
+def _trips(rec: RequestRecord, line: dict | None, t0_epoch: float | None) -> dict | None:
+    """The way in and the two deliveries (first and last token), from the log on the client's
+    clock; None without them."""
+    if line is None or t0_epoch is None:
+        return None
+    sub, ft, lt = (_num(line.get(k)) for k in ("submitted", "first_token", "last_token"))
+    if sub is None or ft is None or lt is None:
+        return None
+    return {"network_in_ms": (sub - (t0_epoch + rec.send_s)) * MS,
+            "delivery_ms": (t0_epoch + rec.token_times_s[0] - ft) * MS,
+            "last_delivery_ms": (t0_epoch + rec.token_times_s[-1] - lt) * MS}
+
+
+def _close(parts: dict, whole_ms: float, source: str, tol: float) -> dict:
+    """The parts with their residual and verdict."""
+    residual = whole_ms - sum(v for v in parts.values() if v is not None)
+    if "network_ms" in parts:  # the rest once the measured parts are taken off: adds up by
+        parts["network_ms"] += residual  # construction, so only its sign is a check
+        residual = 0.0
+    ok = abs(residual) <= tol and all(v is None or v >= -tol for v in parts.values())
+    return {**parts, "source": source, "residual_ms": residual, "consistent": ok}
+
+
+def request_parts(rec: RequestRecord, line: dict | None, t0_epoch: float | None,
+                  tol: float = DEFAULT_TOLERANCE_MS) -> tuple[dict | None, dict | None]:
+    """(ttft_parts, e2el_parts) of one completed request, or (None, None) when the server's
+    side of it is unknown."""
+    if not rec.ok or rec.send_s is None:
+        return None, None
+    server, source = server_parts(rec, line)
+    if source is None:
+        return None, None
+    trips = _trips(rec, line, t0_epoch)
+    if trips is not None and source == SOURCE_RESPONSE:
+        source = f"{SOURCE_RESPONSE}+{SOURCE_LOG}"
+    client = _client_parts(rec)
+    head = {**client, **({"network_in_ms": trips["network_in_ms"]} if trips else
+                         {"network_ms": 0.0})}
+    ttft = _close({**head, "server_queue_ms": server["server_queue_ms"],
+                   "server_prefill_ms": server["server_prefill_ms"],
+                   **({"delivery_ms": trips["delivery_ms"]} if trips else {})},
+                  rec.ttft_s * MS, source, tol)
+    e2el = None
+    if server.get("server_decode_ms") is not None:
+        e2el = _close({**head, "server_queue_ms": server["server_queue_ms"],
+                       "server_prefill_ms": server["server_prefill_ms"],
+                       "server_decode_ms": server["server_decode_ms"],
+                       **({"delivery_ms": trips["last_delivery_ms"]} if trips else {})},
+                      rec.e2el_s * MS, source, tol)
+    return ttft, e2el
+
+
+def attach_parts(records: Sequence[RequestRecord], log: dict[str, dict] | None,
+                 t0_epoch: float | None, tol: float = DEFAULT_TOLERANCE_MS) -> int:
+    """Set ttft_parts / e2el_parts on every completed request the server told about; the
+    number that got them."""
+    n = 0
+    for r in records:
+        line = log.get(r.server_request_id) if log and r.server_request_id else None
+        r.ttft_parts, r.e2el_parts = request_parts(r, line, t0_epoch, tol)
+        n += r.ttft_parts is not None
+    return n
+
+
+def breakdown(records: Sequence[RequestRecord], attr: str, whole: str, names: Sequence[str],
+              tol: float = DEFAULT_TOLERANCE_MS, percentiles=DEFAULT_PERCENTILES) -> dict | None:
+    """summary.ttft_breakdown (attr 'ttft_parts', whole 'ttft_s') or e2el_breakdown: each
+    part's distribution over the consistent requests, with its share of the whole (the part's
+    sum over the whole's), and how many requests were split and flagged."""
+    split = [r for r in records if getattr(r, attr) is not None]
+    if not split:
+        return None
+    good = [r for r in split if getattr(r, attr)["consistent"]]
+    total = sum(getattr(r, whole) for r in good) * MS
+    out: dict = {
+        "requests": len(split),
+        "flagged": len(split) - len(good),
+        "tolerance_ms": tol,
+        "sources": sorted({getattr(r, attr)["source"] for r in split}),
+    }
+    for name in names:
+        vals = [getattr(r, attr)[name] for r in good if getattr(r, attr).get(name) is not None]
+        if not vals:
+            continue
+        d = distribution(vals, percentiles)
+        d["share"] = sum(vals) / total if total > 0 else None
+        out[name] = d
+    out["residual_ms"] = distribution([getattr(r, attr)["residual_ms"] for r in split],
+                                      percentiles)
+    return out
+
+
+def summarize_breakdown(records: Sequence[RequestRecord], tol: float = DEFAULT_TOLERANCE_MS,
+                        percentiles=DEFAULT_PERCENTILES) -> dict:
+    """The summary's ttft_breakdown and e2el_breakdown (absent when no request was split)."""
+    out = {}
+    t = breakdown(records, "ttft_parts", "ttft_s", TTFT_PARTS, tol, percentiles)
+    if t is not None:
+        out["ttft_breakdown"] = t
+    e = breakdown(records, "e2el_parts", "e2el_s", E2EL_PARTS, tol, percentiles)
+    if e is not None:
+        out["e2el_breakdown"] = e
+    return out

@@ -1,0 +1,194 @@
+"""`--percentiles` and `--slice` (issue 27) on the simulated engine: the result stores every
+percentile asked for (p50, p99.9) and the table shows them; compare, gate and report take the
+flag; the slices' counts add up to the whole run's; gate reads `slices.worst.<figure>`; bad
+values are one line and exit 2; `--output-format` writes the export beside the result."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+
+import numpy as np
+import pytest
+from helpers import CBBENCH
+from typer.testing import CliRunner
+
+from cbbench.analysis.gate import WORST_SLICE, direction_of, metric_value
+from cbbench.analysis.percentiles import (
+    fill_percentiles,
+    parse_percentiles,
+    percentile_key,
+    split_metric_path,
+)
+from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.slices import time_slices
+from cbbench.cli.app import app
+from cbbench.errors import UsageError
+
+SIM = ["run", "--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b",
+       "--workload", "random", "--input-len", "64", "--output-len", "16"]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_keys_and_parsing():
+    assert [percentile_key(p) for p in (50, 99.9, 99.0, 0)] == ["p50", "p99.9", "p99", "p0"]
+    assert parse_percentiles("99.9, 50,90,50") == (50, 90, 99.9)
+    assert parse_percentiles(None) == (50, 90, 95, 99)
+    assert split_metric_path("ttft_ms.p99.9") == ["ttft_ms", "p99.9"]
+    assert split_metric_path("slices.worst.tpot_ms.p50") == ["slices", "worst", "tpot_ms", "p50"]
+
+
+@pytest.mark.parametrize("bad", ["", "50,,99", "fifty", "101", "-1", "nan", "50,inf"])
+def test_bad_percentiles_are_refused(bad):
+    with pytest.raises(UsageError, match="--percentiles"):
+        parse_percentiles(bad)
+
+
+@pytest.mark.parametrize("bad", ["fifty", "101"])
+def test_bad_percentiles_are_one_line_exit_2(bad):
+    out = subprocess.run([*CBBENCH, *SIM, "--num-requests", "2", "--percentiles", bad,
+                          "--output", "/dev/null"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.startswith("cbbench: error: --percentiles") and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def sliced(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slices")
+    res = d / "run.json"
+    out = invoke(*SIM, "--num-requests", "200", "--request-rate", "40", "--percentiles",
+                 "50,90,99,99.9", "--slice", "1s", "--output", str(res),
+                 "--output-format", "csv")
+    assert out.exit_code == 0, out.output
+    return json.loads(res.read_text()), out.output, d
+
+
+def test_every_percentile_asked_is_stored_and_shown(sliced):
+    result, table, _ = sliced
+    s = result["summary"]
+    assert result["config"]["percentiles"] == [50, 90, 99, 99.9]
+    ttft = [r["ttft_ms"] for r in result["requests"] if r["ttft_ms"] is not None]
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        assert {"p50", "p90", "p99", "p99.9"} <= set(s[key]) and "p95" not in s[key]
+    assert s["ttft_ms"]["p99.9"] == pytest.approx(float(np.percentile(ttft, 99.9)))
+    header = next(line for line in table.splitlines() if "p99.9" in line)
+    assert header.split() == ["mean", "p50", "p90", "p99", "p99.9"]
+
+
+def test_slices_add_up_to_the_whole_run(sliced):
+    result, table, _ = sliced
+    s = result["summary"]
+    slices = s["slices"]
+    assert len(slices) >= 5 and slices[0]["start_s"] == 0.0
+    assert all(a["end_s"] == b["start_s"] for a, b in zip(slices, slices[1:]))
+    assert slices[-1]["end_s"] == pytest.approx(s["duration_s"])
+    assert sum(x["completed"] for x in slices) == s["completed"]
+    assert sum(x["failed"] for x in slices) == s["failed"]
+    assert sum(x["output_tokens"] for x in slices) == s["total_output_tokens"]
+    assert all("p99.9" in x["ttft_ms"] for x in slices)
+    assert "slice (s)" in table
+
+
+def test_output_format_writes_the_export_beside(sliced):
+    result, _, d = sliced
+    rows = list(csv.DictReader((d / "run.csv").read_text().splitlines()))
+    assert len(rows) == len(result["requests"])
+    assert [float(r["ttft_ms"]) for r in rows] == [r["ttft_ms"] for r in result["requests"]]
+    assert (d / "run_summary.csv").exists()
+
+
+def test_gate_on_the_worst_slice(sliced, tmp_path):
+    result, _, d = sliced
+    slices = result["summary"]["slices"]
+    worst = max(x["ttft_ms"]["p99"] for x in slices if x["ttft_ms"]["p99"] is not None)
+    assert metric_value(result, "slices.worst.ttft_ms.p99", "r") == worst
+    slowest = min(x["request_throughput"] for x in slices)
+    assert metric_value(result, "slices.worst.request_throughput", "r") == slowest
+    assert direction_of(WORST_SLICE + "request_throughput") == "higher"
+    # A new run whose worst slice is 20% slower regresses; the same run holds.
+    worse = json.loads(json.dumps(result))
+    for x in worse["summary"]["slices"]:
+        if x["ttft_ms"]["p99"] is not None:
+            x["ttft_ms"]["p99"] *= 1.2
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps(worse))
+    base = d / "run.json"
+    args = ["gate", str(new), "--baseline", str(base), "--no-defaults", "--max-regression",
+            "slices.worst.ttft_ms.p99=10%"]
+    out = invoke(*args)
+    assert out.exit_code == 1 and "REGRESSED" in out.output, out.output
+    assert invoke("gate", str(base), "--baseline", str(base), "--no-defaults",
+                  "--max-regression", "slices.worst.ttft_ms.p99=10%").exit_code == 0
+
+
+def test_gate_compare_report_take_percentiles(sliced, tmp_path):
+    _, _, d = sliced
+    base = str(d / "run.json")
+    out = invoke("gate", base, "--baseline", base, "--percentiles", "50,99.9")
+    assert out.exit_code == 0 and "ttft_ms.p99.9" in out.output, out.output
+    out = invoke("compare", base, base, "--percentiles", "50,99.9")
+    assert out.exit_code == 0 and "TTFT p99.9 (ms)" in out.output, out.output
+    out = invoke("report", base, "--out", str(tmp_path / "rep"), "--percentiles", "99.9")
+    assert out.exit_code == 0, out.output
+    page = (tmp_path / "rep" / "report.html").read_text()
+    assert "TTFT p99.9 (ms)" in page and 'data-plot="plot-time_slices"' in page
+
+
+def test_a_stored_percentile_is_recomputed_from_the_requests(sliced):
+    result, _, _ = sliced
+    filled = fill_percentiles(result, (75,))
+    ttft = [r["ttft_ms"] for r in result["requests"] if r["ttft_ms"] is not None]
+    assert filled["summary"]["ttft_ms"]["p75"] == pytest.approx(float(np.percentile(ttft, 75)))
+    assert "p75" not in result["summary"]["ttft_ms"]  # the input is left as it was
+
+
+def test_slices_by_hand():
+    # Three requests: one ends at 0.5 s, one streams over 0.8-1.6 s, one fails at 2.2 s.
+    a = RequestRecord(0, 10, 2, 0.0, send_s=0.0, token_times_s=[0.3, 0.5])
+    b = RequestRecord(1, 10, 4, 0.7, send_s=0.7, token_times_s=[0.8, 1.0, 1.2, 1.6])
+    c = RequestRecord(2, 10, 0, 2.0, send_s=2.0, error="boom", error_type="http_status")
+    c.token_times_s = []
+    s = time_slices([a, b, c], 2.5, 1.0)
+    assert [(x["start_s"], x["end_s"]) for x in s] == [(0.0, 1.0), (1.0, 2.0), (2.0, 2.5)]
+    assert [x["completed"] for x in s] == [1, 1, 0]
+    assert [x["failed"] for x in s] == [0, 0, 1]
+    assert [x["output_tokens"] for x in s] == [2 + 1, 3, 0]  # b's first token in slice 0
+    assert s[2]["error_types"] == {"http_status": 1}
+    # In flight over [0, 1): a for 0.5 s, b for 0.3 s.
+    assert s[0]["in_flight"] == pytest.approx(0.8) and s[0]["in_flight_max"] == 1
+
+
+def test_bad_slice_is_one_line():
+    out = subprocess.run([*CBBENCH, *SIM, "--num-requests", "2", "--slice", "soon",
+                          "--output", "/dev/null"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith("cbbench: error: invalid --slice")
+
+
+def test_output_format_and_server_log_refused_before_the_run(tmp_path):
+    out = invoke(*SIM, "--num-requests", "2", "--output", "-", "--output-format", "csv")
+    assert out.exit_code == 2 and "--output-format writes a file beside the result" in out.output
+    out = invoke(*SIM, "--num-requests", "2", "--output", str(tmp_path / "r.json"),
+                 "--server-log", str(tmp_path / "log.jsonl"))
+    assert out.exit_code == 2 and "--server-log splits an endpoint run's TTFT" in out.output
+    out = invoke(*SIM, "--num-requests", "2", "--output", str(tmp_path / "r.json"),
+                 "--output-format", "xml")
+    assert out.exit_code == 2 and "--output-format must be one of" in out.output
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_gate_on_slices_of_a_result_without_them(sliced, tmp_path):
+    result, _, _ = sliced
+    plain = {**result, "summary": {k: v for k, v in result["summary"].items() if k != "slices"}}
+    path = tmp_path / "plain.json"
+    path.write_text(json.dumps(plain))
+    out = invoke("gate", str(path), "--baseline", str(path), "--no-defaults",
+                 "--max-regression", "slices.worst.ttft_ms.p99=10%")
+    assert out.exit_code == 2 and "run with --slice" in out.output
+    out = invoke("gate", str(path), "--baseline", str(path), "--no-defaults",
+                 "--max-regression", "slices.worst.kv_usage=10%")
+    assert out.exit_code == 2 and "unknown metric" in out.output
