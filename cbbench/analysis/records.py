@@ -25,6 +25,10 @@ class RequestRecord:
     session_id: int | str | None = None  # multi-turn workloads: the session
     turn: int | None = None  # multi-turn workloads: the turn, from 1
     turn_kind: str | None = None  # sessions: "user" or "tool" (a tool result's turn)
+    agent: str | None = None  # sessions: the sub-agent the turn belongs to (None: the main one)
+    # Sessions: when the turn's wait (think or tool time) began -- the end of every turn it
+    # waited on (its agent's previous turn, that turn's sub-agents). None: a session's first.
+    waited_from_s: float | None = None
     cancelled: bool = False  # --cancel-rate: the client gave up on it (not an error)
     worker: int | None = None  # HTTP runs: the load-generator worker that sent it (0..N-1)
     # HTTP targets (issue 20): what was asked and how the output was counted.
