@@ -84,6 +84,7 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
         stream_interval=options.stream_interval,
         reasoning_field=options.reasoning_field,
         report_cached_tokens=opts.enable_prefix_caching,
+        max_image_bytes=options.max_image_bytes,
     )
     if config.api_key is None and not is_loopback(host):
         C.notice(

@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cbbench.options.fields import check_fields, opt
-from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from cbbench.server.limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+)
 from cbbench.server.stream_events import REASONING_FIELDS
 
 MAX_PORT = 65535
@@ -63,6 +67,13 @@ class ServeOptions:
         "The delta field reasoning tokens stream in (requests that ask for reasoning_tokens): "
         "reasoning_content, or reasoning as newer vLLM.",
         choices=REASONING_FIELDS, metavar="<str>",
+    )
+
+    max_image_bytes: int = opt(
+        DEFAULT_MAX_IMAGE_BYTES,
+        "The encoded image bytes one chat request may carry (image_url data: URLs; OpenAI's "
+        "50 MB); more is a 413 (request_too_large).",
+        low=1,
     )
 
     def validate(self) -> None:

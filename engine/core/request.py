@@ -102,6 +102,7 @@ class Request:
         "num_registered_blocks",
         "num_cached_tokens",
         "spec_token_ids",
+        "encoder_flops",
     )
 
     def __init__(
@@ -114,6 +115,7 @@ class Request:
         sampling: SamplingParams = GREEDY,
         priority: int = 0,
         eos_token_id: int | None = None,
+        encoder_flops: float = 0.0,
     ) -> None:
         if prompt_token_ids is not None and len(prompt_token_ids) != num_prompt_tokens:
             raise ValueError("num_prompt_tokens must equal len(prompt_token_ids)")
@@ -154,6 +156,9 @@ class Request:
         # scheduler trims them to what it schedules; a preemption drops them. The simulator's
         # drafts are placeholders (it models no token ids).
         self.spec_token_ids: list[int] = []
+        # A multimodal request's vision-encoder work (FLOPs), run with the first prefill chunk
+        # after each admission (the simulator charges it; cbbench/server/images.py sets it).
+        self.encoder_flops = encoder_flops
 
     @property
     def num_tokens(self) -> int:
