@@ -45,6 +45,13 @@ class RequestRecord:
     first_output_s: float | None = None  # the first answer or tool-call token (not reasoning)
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (None: unsent)
     tool_calls: list[dict] | None = None  # [{"id", "name", "argument_tokens"}] the reply made
+    # Issue 26. Images (chat): how many the request carried, their encoded bytes, and the
+    # prompt tokens they cost by the server's usage (None: unknown, or no images).
+    images: int | None = None
+    image_bytes: int | None = None
+    image_tokens: int | None = None
+    request_bytes: int | None = None  # HTTP: the request body's size (payload bytes)
+    inputs: int | None = None  # embeddings / rerank: inputs (documents) in the request
 
     @property
     def ok(self) -> bool:

@@ -85,7 +85,11 @@ def run(
         ramp=load.ramp_spec(),
         load=endpoint.load_plan(),
         replay=str(load.replay) if load.replay is not None else None,
+        images=load.image_spec(),
     )
+    if spec.endpoint is not None and spec.endpoint.pooling and load.output_len is not None:
+        raise UsageError(f"--output-len does not fit --api {spec.endpoint.api}: its workload is "
+                         "inputs and their lengths, with no output")
     kind = "http" if spec.endpoint else (
         engine_opts.engine if engine_opts.engine != "auto" else "engine")
     out_path = output.output or C.default_output_path(kind)

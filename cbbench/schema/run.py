@@ -61,6 +61,12 @@ class Summary(Record):
     not_sent: int | None = None
     steady_state: SteadyState | None = None
     engine: EngineSummary | None = None
+    # Issue 26 (analysis/inputs.py): embeddings/rerank, images, request payloads.
+    input_throughput: Number | None = None
+    inputs: int | None = None
+    usage: dict[str, int] | None = None
+    images: dict[str, Any] | None = None
+    request_bytes: dict[str, Any] | None = None
 
 
 class Config(Record):
@@ -97,6 +103,13 @@ class Request(Record):
     max_tokens: int | None = None
     token_times_s: list[Number] | None = None
     itl_ms: list[Number] | None = None
+    # Issue 26: a chat request's images (null where unknown), embeddings/rerank inputs, and
+    # the request body's bytes.
+    images: int | None = None
+    image_bytes: int | None = None
+    image_tokens: int | None = None
+    inputs: int | None = None
+    request_bytes: int | None = None
 
 
 class Iteration(Record):

@@ -1,6 +1,7 @@
 """POST /v1/embeddings in OpenAI's shape: ``input`` a string, a list of strings, a list of
 token ids or a list of such lists; ``encoding_format`` float (default) or base64 (the float32
-little-endian bytes, as the openai SDK asks for by default); the answer's ``data`` one
+little-endian bytes, as the openai SDK asks for by default); the answer (vLLM's
+EmbeddingResponse: ``id``, ``created``, ``model``) has ``data`` one
 ``{"object": "embedding", "embedding", "index"}`` per input, ``usage`` {prompt_tokens,
 total_tokens}. Each input is one prefill in the engine; the vectors are the simulator's
 (server/pooling.py)."""
@@ -8,6 +9,7 @@ total_tokens}. Each input is one prefill in the engine; the vectors are the simu
 from __future__ import annotations
 
 import base64
+import time
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -65,7 +67,7 @@ def parse_embeddings(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
     b64 = req.encoding_format == "base64"
     dim = hidden_size(ctx)
 
-    def respond(prompt_tokens: int) -> dict:
+    def respond(prompt_tokens: int, rid: str) -> dict:
         vectors = [unit_vector(p, dim) for p in prompts]
         data = [
             {"object": "embedding", "index": i,
@@ -73,7 +75,8 @@ def parse_embeddings(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
                            else v.tolist())}
             for i, v in enumerate(vectors)
         ]
-        return {"object": "list", "data": data, "model": s.name,
+        return {"id": rid, "object": "list", "created": int(time.time()), "data": data,
+                "model": s.name,
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
     return PoolingJob(prompts, respond)

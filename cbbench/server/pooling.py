@@ -46,7 +46,7 @@ class PoolingJob:
     makes the response body from the vectors of those prompts."""
 
     prompts: list[list[int]]
-    respond: Callable[[int], dict]  # (prompt tokens) -> the response body
+    respond: Callable[[int, str], dict]  # (prompt tokens, response id) -> the response body
 
 
 def parse_model(model: type[BaseModel], body: bytes) -> BaseModel:
@@ -116,7 +116,7 @@ class PoolingEndpoint:
             times = await self._prefills(streams, trace)
             if times is None:
                 return
-            body = job.respond(trace.prompt_tokens)
+            body = job.respond(trace.prompt_tokens, trace.id)
             trace.first_token, trace.last_token = min(times), max(times)
             trace.finish, trace.status = "stop", 200
             await send_json(send, 200, body)

@@ -18,7 +18,6 @@ import math
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cbbench.server.chunks import request_id
 from cbbench.server.context import ServeContext, Served
 from cbbench.server.pooling import (
     PoolingEndpoint,
@@ -72,7 +71,7 @@ def parse_rerank(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
         prompts.append(query + doc)
     dim = hidden_size(ctx)
 
-    def respond(prompt_tokens: int) -> dict:
+    def respond(prompt_tokens: int, rid: str) -> dict:
         qv = unit_vector(query, dim)
         scored = sorted(
             ((relevance(qv, unit_vector(d, dim)), i) for i, d in enumerate(docs)),
@@ -86,7 +85,7 @@ def parse_rerank(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
             if req.return_documents:
                 r["document"] = {"text": texts[i]}
             results.append(r)
-        return {"id": request_id("rerank", None), "model": s.name, "results": results,
+        return {"id": rid, "model": s.name, "results": results,
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
     return PoolingJob(prompts, respond)

@@ -74,6 +74,10 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     rec.finish_reason = st.finish_reason
     rec.server_request_id = st.response_id
     count_events(rec, st, tokenizer)
+    if rec.images:  # a cbbench serve extension: the prompt tokens the images cost
+        details = usage.get("prompt_tokens_details")
+        n = details.get("image_tokens") if isinstance(details, dict) else None
+        rec.image_tokens = n if _is_count(n) else None
     choose_output_count(rec, per_event=None)
     return rec.output_tokens_method
 

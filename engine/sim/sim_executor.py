@@ -81,7 +81,9 @@ class SimExecutor:
         cost = self.cost_model.step_cost(sched, self.block_size)
         encoder = encoder_flops(sched)
         if encoder:
-            rate = self.cost_model.rates.flop_rate
+            rates = self.cost_model.rates
+            assert rates is not None  # checked when the executor was made
+            rate = rates.flop_rate
             extra_s = encoder / rate if rate else 0.0
             cost = replace(cost, flops=cost.flops + encoder,
                            time_s=cost.time_s + extra_s if cost.time_s is not None else None)
