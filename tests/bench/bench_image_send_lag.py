@@ -104,7 +104,9 @@ def _one(url: str, kind: str, rate: float, duration: float, seed: int, out: Path
         "sent_rate": (s["completed"] + s["failed"]) / s["duration_s"],
         "request_bytes_mean": (s.get("request_bytes") or {}).get("mean"),
         "fell_behind": h["client_fell_behind"], "load_before": load0, "load_after": _uptime(),
-        "command": " ".join(["cbbench", *cmd[3:]]),
+        # Without the sink's port and the temporary output path (machine-specific).
+        "command": " ".join(["cbbench", *cmd[3:]]).replace(url, "SINK_URL").replace(
+            f" --output {out}", ""),
     }
 
 

@@ -211,3 +211,36 @@ def test_image_bytes_beyond_the_limit_are_413(client):
     assert r.status_code == 413
     err = r.json()["error"]
     assert err["code"] == "request_too_large" and "--max-image-bytes" in err["message"]
+
+
+def test_a_client_that_leaves_aborts_every_input(srv):
+    """The body is sent and the socket closed at once: the server notices (its watcher), aborts
+    the inputs still in the engine, logs the request as an abort, and the KV pool empties."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    # 8 inputs of 1000 words: many engine steps on the simulated H200's wall clock (a 2 ms
+    # overhead each), the disconnect seen within the first.
+    body = json.dumps({"input": [" ".join(["w"] * 1000)] * 8}).encode()
+    parts = urlsplit(srv.url)
+    before = set(_ids(srv))
+    with socket.create_connection((parts.hostname, parts.port)) as s:
+        s.sendall(b"POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    deadline = time.monotonic() + 20.0
+    new: list[dict] = []
+    while not new and time.monotonic() < deadline:
+        new = [x for i, x in _ids(srv).items() if i not in before]
+        time.sleep(0.01)
+    assert len(new) == 1 and new[0]["finish"] == "abort" and new[0]["inputs"] == 8
+    assert new[0]["last_token"] is None  # it never answered
+    snap = srv.engine.snapshot()
+    while (snap.running or snap.waiting or snap.kv_blocks_used) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        snap = srv.engine.snapshot()
+    assert snap.running == snap.waiting == snap.kv_blocks_used == 0
+
+
+def _ids(srv) -> dict[str, dict]:
+    return {x["id"]: x for x in map(json.loads, srv.log.read_text().splitlines())}
