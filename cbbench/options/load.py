@@ -151,7 +151,7 @@ class LoadOptions:
         if given and self.workload not in (RANDOM_WORKLOAD, RANDOM_MM_WORKLOAD):
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             verb = "applies" if len(given) == 1 else "apply"
-            raise UsageError(f"{flags} {verb} only to --workload random (and random-mm)")
+            raise UsageError(f"{flags} {verb} only to --workload random")
         return RandomSpec(**given).validate()
 
     def image_spec(self):

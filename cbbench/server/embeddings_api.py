@@ -3,8 +3,8 @@ token ids or a list of such lists; ``encoding_format`` float (default) or base64
 little-endian bytes, as the openai SDK asks for by default); the answer (vLLM's
 EmbeddingResponse: ``id``, ``created``, ``model``) has ``data`` one
 ``{"object": "embedding", "embedding", "index"}`` per input, ``usage`` {prompt_tokens,
-total_tokens}. Each input is one prefill in the engine; the vectors are the simulator's
-(server/pooling.py)."""
+total_tokens}. Each input is one prefill in the engine; the vectors are the torch engine's
+last-token hidden states, or the simulator's stand-ins (server/pooling.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from cbbench.server.context import ServeContext, Served
-from cbbench.server.pooling import (
-    PoolingEndpoint,
-    PoolingJob,
-    check_ids,
-    hidden_size,
-    parse_model,
-    unit_vector,
-)
+from cbbench.server.pooling import PoolingEndpoint, PoolingJob, check_ids, parse_model
 from cbbench.server.protocol import APIError
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
@@ -65,10 +58,8 @@ def parse_embeddings(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
         check_ids(s, ids, f"input.{i}")
         prompts.append(ids)
     b64 = req.encoding_format == "base64"
-    dim = hidden_size(ctx)
 
-    def respond(prompt_tokens: int, rid: str) -> dict:
-        vectors = [unit_vector(p, dim) for p in prompts]
+    def respond(prompt_tokens: int, rid: str, vectors) -> dict:
         data = [
             {"object": "embedding", "index": i,
              "embedding": (base64.b64encode(v.astype("<f4").tobytes()).decode() if b64
@@ -79,7 +70,7 @@ def parse_embeddings(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
                 "model": s.name,
                 "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
 
-    return PoolingJob(prompts, respond)
+    return PoolingJob(prompts, respond, vectors=True)
 
 
 def embeddings_endpoint(ctx: ServeContext) -> PoolingEndpoint:

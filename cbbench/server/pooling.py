@@ -2,12 +2,13 @@
 (each a request of max_tokens 1: its prefill, then one sampled row that nobody reads, the
 step's lm_head row), answered with one JSON body once every prefill finished.
 
-The vectors are the simulator's: a unit vector per input drawn from a seed that is a hash of
-its token ids (the same input gives the same vector on every run and server), of the model's
-hidden size. They are deterministic stand-ins, not a model's embeddings: the timing is the
-engine's (its prefills), the numbers mean nothing. The torch engine's pooling (mean or
-last-token pooling of its final hidden states, as vLLM's pooling models) is not built: it is a
-400 there.
+The vectors: on the torch engine, the model's own -- its final (normed) hidden state at the
+input's last token, L2-normalized (vLLM's LAST pooling with normalize, the default of its
+decoder-only embedding models), kept by the model runner from the row it samples anyway. On the
+sim engine, deterministic stand-ins: a unit vector per input drawn from a seed that is a hash
+of its token ids (the same input gives the same vector on every run and server), of the model's
+hidden size; the timing is the engine's (its prefills), the numbers mean nothing. Rerank needs
+a classifier head the torch engine's models do not have: it is a 400 there.
 
 Each request keeps the server's contract: one request-log line (api embeddings | rerank,
 ``inputs``, ``prompt_tokens``; first/last token = the first and last prefill's end), the
@@ -46,7 +47,9 @@ class PoolingJob:
     makes the response body from the vectors of those prompts."""
 
     prompts: list[list[int]]
-    respond: Callable[[int, str], dict]  # (prompt tokens, response id) -> the response body
+    # (prompt tokens, response id, each prompt's vector or None) -> the response body
+    respond: Callable[[int, str, list[np.ndarray] | None], dict]
+    vectors: bool = False  # the body needs each prompt's vector (embeddings)
 
 
 def parse_model(model: type[BaseModel], body: bytes) -> BaseModel:
@@ -95,9 +98,9 @@ class PoolingEndpoint:
                 return
             s = self.ctx.ready()
             info = self.ctx.bridge.info or {}
-            if info.get("engine") != "sim":
+            if info.get("engine") != "sim" and self.api != "embeddings":
                 raise APIError(400, f"/v1/{self.api} is simulated (--engine sim): the torch "
-                               "engine's pooling of hidden states is not built")
+                               "engine's models have no classifier head to score pairs")
             job = self.parse(body, s, self.ctx)
             await self._run(receive, send, job, arrival)
         except APIError as e:  # raised only before a response started
@@ -108,7 +111,9 @@ class PoolingEndpoint:
         trace = RequestTrace(request_id(self.prefix, None), self.api, False, arrival)
         trace.prompt_tokens = sum(len(p) for p in job.prompts)
         trace.inputs = len(job.prompts)
-        streams = [ctx.bridge.submit(p, 1, POOLED) for p in job.prompts]
+        real = (ctx.bridge.info or {}).get("engine") != "sim"  # torch: the model's vectors
+        streams = [ctx.bridge.submit(p, 1, POOLED, pooling=real and job.vectors)
+                   for p in job.prompts]
         trace.submitted = streams[0].submitted_s
         trace.engine_id = streams[0].req.request_id
         watcher = asyncio.ensure_future(_watch_disconnect(receive, streams))
@@ -116,7 +121,8 @@ class PoolingEndpoint:
             times = await self._prefills(streams, trace)
             if times is None:
                 return
-            body = job.respond(trace.prompt_tokens, trace.id)
+            body = job.respond(trace.prompt_tokens, trace.id,
+                               self._vectors(job, streams, real) if job.vectors else None)
             trace.first_token, trace.last_token = min(times), max(times)
             trace.finish, trace.status = "stop", 200
             await send_json(send, 200, body)
@@ -128,6 +134,20 @@ class PoolingEndpoint:
             if trace.finish is None:  # cancelled: the server is shutting down
                 trace.finish, trace.status = "abort", CLIENT_CLOSED_STATUS
             ctx.log(trace)
+
+    def _vectors(self, job: PoolingJob, streams: list[RequestStream], real: bool) -> list:
+        if not real:
+            dim = hidden_size(self.ctx)
+            return [unit_vector(p, dim) for p in job.prompts]
+        out = []
+        for st in streams:
+            h = st.req.pooled_hidden
+            if h is None:  # the runner did not keep it: an engine that cannot pool
+                raise APIError(500, "the engine kept no hidden state for this input",
+                               type="server_error")
+            v = h.numpy().astype(np.float32)
+            out.append(v / np.float32(np.linalg.norm(v)))
+        return out
 
     async def _prefills(self, streams: list[RequestStream], trace: RequestTrace) -> list[float] | None:
         """Each input's prefill end (its one token's time); None when the client went away.

@@ -71,7 +71,7 @@ def parse_rerank(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
         prompts.append(query + doc)
     dim = hidden_size(ctx)
 
-    def respond(prompt_tokens: int, rid: str) -> dict:
+    def respond(prompt_tokens: int, rid: str, vectors) -> dict:
         qv = unit_vector(query, dim)
         scored = sorted(
             ((relevance(qv, unit_vector(d, dim)), i) for i, d in enumerate(docs)),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class RequestStatus(enum.IntEnum):
@@ -103,6 +104,8 @@ class Request:
         "num_cached_tokens",
         "spec_token_ids",
         "encoder_flops",
+        "pooling",
+        "pooled_hidden",
     )
 
     def __init__(
@@ -159,6 +162,11 @@ class Request:
         # A multimodal request's vision-encoder work (FLOPs), run with the first prefill chunk
         # after each admission (the simulator charges it; cbbench/server/images.py sets it).
         self.encoder_flops = encoder_flops
+        # An embeddings request (cbbench serve's /v1/embeddings on the torch engine): the
+        # executor keeps the final hidden state of the row it samples after the prefill (the
+        # last prompt token: vLLM's LAST pooling) in pooled_hidden (a float32 CPU tensor).
+        self.pooling = False
+        self.pooled_hidden: Any = None  # a torch tensor; the core imports no torch
 
     @property
     def num_tokens(self) -> int:

@@ -244,3 +244,33 @@ def test_a_client_that_leaves_aborts_every_input(srv):
 
 def _ids(srv) -> dict[str, dict]:
     return {x["id"]: x for x in map(json.loads, srv.log.read_text().splitlines())}
+
+
+def test_torch_engine_embeddings_are_the_models_last_hidden_state(tmp_path):
+    """On the torch engine a vector is the model's own: the final (normed) hidden state at the
+    input's last token, L2-normalized (vLLM's LAST pooling), checked against Hugging Face's
+    forward of the same weights; rerank (no classifier head) is a 400 there."""
+    torch = pytest.importorskip("torch")
+    from helpers import tiny_hf_model
+
+    from cbbench.engine.args import EngineArgs
+
+    hf = tiny_hf_model("llama")
+    hf.save_pretrained(tmp_path / "m")
+    args = EngineArgs(engine="torch", model=str(tmp_path / "m"), device="cpu", dtype="fp32",
+                      num_kv_blocks=64)
+    run = start_server(lambda: build_serving_engine(args))
+    try:
+        ids = [[3, 14, 15, 92, 65], [35, 89], [7]]
+        r = httpx.post(run.url + "/v1/embeddings", json={"input": ids}, timeout=60)
+        assert r.status_code == 200, r.text
+        got = [d["embedding"] for d in r.json()["data"]]
+        assert r.json()["usage"]["prompt_tokens"] == 8
+        with torch.no_grad():
+            for row, x in zip(got, ids, strict=True):
+                h = hf.model(torch.tensor([x])).last_hidden_state[0, -1]
+                assert np.allclose(row, (h / h.norm()).numpy(), atol=1e-5)
+        bad = httpx.post(run.url + "/v1/rerank", json={"query": "a", "documents": ["b"]})
+        assert bad.status_code == 400 and "classifier head" in bad.json()["error"]["message"]
+    finally:
+        run.stop()
