@@ -134,15 +134,5 @@ def _base_spec(load: O.LoadOptions, output: O.OutputOptions, opts: EngineArgs) -
     """The RunSpec every variant shares; only its engine options change per variant."""
     from cbbench.bench.runner import DEFAULT_NUM_REQUESTS, RunSpec
 
-    return RunSpec(
-        workload=load.workload,
-        num_requests=load.num_requests if load.num_requests is not None else DEFAULT_NUM_REQUESTS,
-        seed=load.seed,
-        request_rate=load.rate(),
-        rate_given=load.rate_given,
-        burstiness=load.burstiness,
-        arrival=load.arrival,
-        slo=output.goodput_slo(),
-        save_detailed=output.save_detailed,
-        engine=opts,
-    )
+    num_requests = load.num_requests if load.num_requests is not None else DEFAULT_NUM_REQUESTS
+    return RunSpec.from_options(load, opts, output, num_requests=num_requests)

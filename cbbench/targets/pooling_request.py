@@ -172,11 +172,12 @@ class PoolingRunner(_Runner):
         answer: PoolingAnswer = st
         rec.server_prompt_tokens = answer.prompt_tokens()
         rec.server_request_id = answer.response_id
+        self.streams[pos] = None  # its counts are on the record (as _Runner._ended)
         self.finished += 1
         if self.hooks.on_record is not None:
             self.hooks.on_record(pos, rec, "usage")
             if not self.hooks.keep_records:
-                self.records[pos] = self.streams[pos] = None
+                self.records[pos] = None
         self._progress()
 
 
