@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
         "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival")),
     O.Group(O.OutputOptions, "output", help_prefix="--variants: ", only=("slo", "save_detailed")),
     O.engine_group(),
+    O.Group(O.WindowOptions, "windowed", help={"window": "all: the whole run's figures; steady: "
+            "each result's steady-state window (ramp-up and drain left out)."}),
 )
 def compare(
     files: Annotated[
@@ -62,12 +64,8 @@ def compare(
         Path | None, typer.Option("--csv", help="Also write the numbers and ratios as CSV.",
                                   parser=C.output_file, metavar="<path>")
     ] = None,
-    window: Annotated[
-        str,
-        typer.Option(help="all: the whole run's figures; steady: each result's steady-state "
-                     "window (ramp-up and drain left out)."),
-    ] = "all",
     *,
+    windowed: O.WindowOptions,
     load: O.LoadOptions,
     output: O.OutputOptions,
     engine_opts: EngineArgs,
@@ -90,10 +88,10 @@ def compare(
         workload_note,
     )
     from cbbench.analysis.result import check_not_an_input, check_writable, write_atomic
-    from cbbench.analysis.windows import check_window, select_window
+    from cbbench.analysis.windows import select_window
     from cbbench.bench.variants import parse_variants, run_variants
 
-    check_window(window)
+    window = windowed.window
     for flag, path in (("--markdown", markdown), ("--csv", csv_out)):
         if path is not None:
             check_writable(path)
