@@ -56,6 +56,13 @@ class RequestRecord:
     server_timing: dict | None = None
     ttft_parts: dict | None = None
     e2el_parts: dict | None = None
+    # Issue 26. Images (chat): how many the request carried, their encoded bytes, and the
+    # prompt tokens they cost by the server's usage (None: unknown, or no images).
+    images: int | None = None
+    image_bytes: int | None = None
+    image_tokens: int | None = None
+    request_bytes: int | None = None  # HTTP: the request body's size (payload bytes)
+    inputs: int | None = None  # embeddings / rerank: inputs (documents) in the request
 
     @property
     def ok(self) -> bool:

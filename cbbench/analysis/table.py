@@ -92,6 +92,7 @@ def throughput_table(summary: dict) -> str:
         ["output throughput (tok/s)", _fmt(summary["output_throughput"], 1)],
         ["total token throughput (tok/s)", _fmt(summary["total_token_throughput"], 1)],
     ]
+    rows += input_rows(summary)
     short = summary.get("short_outputs")
     if short and short["checked"]:
         rows.append(
@@ -106,6 +107,23 @@ def throughput_table(summary: dict) -> str:
         rows.append(["goodput (req/s)", _fmt(summary["goodput"])])
         rows.append(["SLO attainment", f"{summary['slo_attainment']:.1%}"])
     return tabulate(rows, tablefmt="simple", disable_numparse=True)
+
+
+def input_rows(summary: dict) -> list[list[str]]:
+    """Embeddings/rerank input throughput, images and payload bytes (analysis/inputs.py)."""
+    rows = []
+    if "input_throughput" in summary:
+        rows.append(["input throughput (tok/s)", _fmt(summary["input_throughput"], 1)])
+        rows.append(["inputs sent", _fmt(summary.get("inputs"))])
+    im = summary.get("images")
+    if im:
+        split = ("" if im.get("image_tokens") is None else
+                 f"; prompt tokens {im['image_tokens']:,} image / {im['text_tokens']:,} text")
+        rows.append(["images", f"{im['images']:,} in {im['requests']:,} requests{split}"])
+    payload = summary.get("request_bytes")
+    if payload and payload.get("mean") is not None:
+        rows.append(["request payload (bytes, mean)", _fmt(payload["mean"], 0)])
+    return rows
 
 
 def engine_table(eng: dict) -> str:

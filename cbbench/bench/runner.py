@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cbbench.analysis.histogram import log_histogram
+from cbbench.analysis.inputs import add_input_figures
 from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
 from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.result import base_result
@@ -25,6 +26,7 @@ from cbbench.errors import UsageError
 from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
 from cbbench.load.cancel import cancel_plan
 from cbbench.load.delays import parse_delay
+from cbbench.load.images import RANDOM_MM_WORKLOAD, ImageSpec
 from cbbench.load.limits import check_request_count
 from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
 from cbbench.load.sessions import check_session_tokens, sample_sessions
@@ -72,6 +74,7 @@ class RunSpec:
     percentiles: tuple = DEFAULT_PERCENTILES  # --percentiles: every distribution's pNN keys
     slice_s: float | None = None  # --slice: summary.slices of this length
     server_log: str | None = None  # --server-log: the server's request log, for ttft_parts
+    images: ImageSpec | None = None  # --workload random-mm's images
 
     @classmethod
     def from_options(
@@ -99,6 +102,7 @@ class RunSpec:
             request_rate=load.rate(),
             rate_given=load.rate_given,
             random=load.random_spec(),
+            images=load.image_spec(),
             duration_s=load.duration_s(),
             ramp=load.ramp_spec(),
             replay=str(load.replay) if load.replay is not None else None,
@@ -168,6 +172,7 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if rec.prompt_token_counts is not None:
         d["prompt_token_counts"] = rec.prompt_token_counts
     d.update(_known(rec, ("server_timing", "ttft_parts", "e2el_parts")))  # issue 27
+    _input_fields(rec, d)
     if detailed:
         t = rec.token_times_s
         d["token_times_s"] = list(t)
@@ -184,6 +189,20 @@ def request_record_dict(rec, detailed: bool) -> dict:
 def _known(rec, names: tuple[str, ...]) -> dict:
     """The record's fields among ``names`` that are set."""
     return {k: getattr(rec, k) for k in names if getattr(rec, k) is not None}
+
+
+def _input_fields(rec, d: dict) -> None:
+    """Issue 26: a request's images (image_tokens null where unknown), embeddings/rerank
+    inputs and its body's bytes."""
+    if rec.images is not None:
+        d["images"] = rec.images
+        d["image_bytes"] = rec.image_bytes
+        d["image_tokens"] = rec.image_tokens
+    if rec.inputs is not None:
+        d["inputs"] = rec.inputs
+        d["server_request_id"] = rec.server_request_id  # joins the server's log line
+    if rec.request_bytes is not None:
+        d["request_bytes"] = rec.request_bytes
 
 
 REDACTED = "<redacted>"
@@ -315,12 +334,15 @@ def _load_workload(spec: RunSpec, replay) -> Workload:
         return Workload(str(replay.config.get("workload")), replay.requests)
     if spec.workload == RANDOM_WORKLOAD:
         return Workload(RANDOM_WORKLOAD, [])  # made once the request count is known
+    if spec.workload == RANDOM_MM_WORKLOAD:
+        return Workload(RANDOM_MM_WORKLOAD, [])
+    pooling = spec.endpoint is not None and spec.endpoint.pooling
     if spec.endpoint is not None and spec.endpoint.tokenizer:
         from cbbench.load.prompts import count_tokens, load_tokenizer
 
         tok = load_tokenizer(spec.endpoint.tokenizer)
-        return load_workload(spec.workload, lambda text: count_tokens(tok, text))
-    return load_workload(spec.workload)
+        return load_workload(spec.workload, lambda text: count_tokens(tok, text), pooling)
+    return load_workload(spec.workload, pooling=pooling)
 
 
 def _request_count(spec: RunSpec, workload: Workload, process: str) -> tuple[int | None, float | None]:
@@ -336,7 +358,8 @@ def _request_count(spec: RunSpec, workload: Workload, process: str) -> tuple[int
             workload.sessions if workload.is_sessions else workload.requests,
         )
     elif num_requests is None and (
-        spec.workload in BUILTIN_WORKLOADS or spec.workload == RANDOM_WORKLOAD
+        spec.workload in BUILTIN_WORKLOADS or spec.workload in (RANDOM_WORKLOAD,
+                                                                RANDOM_MM_WORKLOAD)
     ):
         # Built-ins are large traces: sample vLLM's default count. A user's file without the
         # flag is replayed whole, in order.
@@ -362,6 +385,31 @@ def _draw(spec: RunSpec, workload: Workload, num_requests: int | None):
     return drawn
 
 
+def random_mm_workload(random: RandomSpec, images: ImageSpec, num_requests: int,
+                       seed: int) -> Workload:
+    """--workload random: the lengths; then each request's images (load/images.py)."""
+    from dataclasses import replace
+
+    base = random_workload(random, num_requests, seed)
+    refs = images.refs(len(base.requests), seed)
+    reqs = [replace(w, images=r) for w, r in zip(base.requests, refs)]
+    sizes = ", ".join(f"{w}x{h}" for w, h in images.sizes)
+    return Workload(RANDOM_MM_WORKLOAD, reqs, f"{base.description}; {images.per_request} "
+                    f"{images.format} image(s) per request of {sizes}")
+
+
+def check_workload_api(spec: RunSpec, drawn) -> None:
+    """Refuse a workload the target's API cannot send (it would be dropped silently)."""
+    if spec.workload == RANDOM_MM_WORKLOAD or any(
+            getattr(w, "images", None) for w in drawn):
+        if spec.endpoint is None:
+            raise UsageError("image workloads go to an endpoint: give --endpoint (cbbench serve "
+                             "--engine sim charges images on a simulated GPU)")
+        if spec.endpoint.api != "chat":
+            raise UsageError(f"images are sent in chat messages: use --api chat, not "
+                             f"--api {spec.endpoint.api}")
+
+
 def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
     workload = _load_workload(spec, replay)
     process = resolve_process(
@@ -372,7 +420,12 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
     if spec.workload == RANDOM_WORKLOAD:
         workload = random_workload(spec.random, num_requests, spec.seed)
         num_requests = None  # generated in order: keep them all
+    elif spec.workload == RANDOM_MM_WORKLOAD:
+        workload = random_mm_workload(spec.random, spec.images or ImageSpec(), num_requests,
+                                      spec.seed)
+        num_requests = None
     drawn = _draw(spec, workload, num_requests)
+    check_workload_api(spec, drawn)
     # For a session workload the arrival process places each session's first turn.
     arrivals = arrival_times(
         drawn, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
@@ -490,7 +543,10 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
         "burstiness": spec.burstiness,
         "arrival": sched.process,
         **({"time_scale": spec.time_scale} if spec.time_scale != 1.0 else {}),
-        **({"random": spec.random.to_config()} if spec.workload == RANDOM_WORKLOAD else {}),
+        **({"random": spec.random.to_config()}
+           if spec.workload in (RANDOM_WORKLOAD, RANDOM_MM_WORKLOAD) else {}),
+        **({"images": (spec.images or ImageSpec()).to_config()}
+           if spec.workload == RANDOM_MM_WORKLOAD else {}),
         **({"replay": Path(spec.replay).name} if spec.replay is not None else {}),
         "slo": spec.slo,
         "percentiles": list(spec.percentiles),
@@ -529,6 +585,8 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
         add_deployment(summary, spec.engine, run, iterations)
         if not run.interrupted:
             add_intervals(summary, spec, sched)
+    if spec.endpoint is not None:
+        add_input_figures(summary, run.records, run.duration_s, spec.endpoint.pooling)
     if run.not_sent:
         summary["not_sent"] = run.not_sent
     return summary

@@ -60,6 +60,9 @@ def run(
             raise UsageError(f"--replay takes the recorded run's workload, seed and arrivals: "
                              f"drop {', '.join(ignored)}")
     spec = RunSpec.from_options(load, engine_opts, output, endpoint)
+    if spec.endpoint is not None and spec.endpoint.pooling and load.output_len is not None:
+        raise UsageError(f"--output-len does not fit --api {spec.endpoint.api}: its workload is "
+                         "inputs and their lengths, with no output")
     kind = "http" if spec.endpoint else (
         engine_opts.engine if engine_opts.engine != "auto" else "engine")
     out_path = output.output or C.default_output_path(kind)

@@ -18,6 +18,7 @@ from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.http import HttpRun, run_http
 from cbbench.targets.options import EndpointOptions
+from cbbench.targets.pooling_request import run_pooling
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def _one_process(
     sessions=None,
     cancel=None,
 ) -> HttpRun:
-    run = run_http(
+    run = (run_pooling if opts.pooling else run_http)(
         opts,
         wreqs,
         arrivals,

@@ -83,12 +83,13 @@ class WorkerCore:
         logging.getLogger("cbbench").setLevel(logging.WARNING)
         """Blocking: the whole run, ending with Done (or Failed)."""
         from cbbench.targets.http import run_http
+        from cbbench.targets.pooling_request import run_pooling
 
         t = self.task
         flusher = threading.Thread(target=self._flush_loop, name="cbbench-flush", daemon=True)
         flusher.start()
         try:
-            run = run_http(
+            run = (run_pooling if t.opts.pooling else run_http)(
                 t.opts,
                 t.wreqs,
                 t.arrivals,

@@ -3,8 +3,9 @@ or of multi-turn sessions (load/sessions.py).
 
 Built-in workloads install with the package (``cbbench.workloads``); user workloads are JSONL
 files whose lines carry ``prompt_token_ids``, ``prompt`` or ``prompt_len``, plus ``output_len``
-and optionally ``arrival_s``, ``priority``, ``reasoning_len``, ``tools`` and ``tool_choice``
-(load/output_kinds.py) -- or, one session per line, ``turns``. Public traces (load/traces.py) are recognized by
+(none for --api embeddings | rerank) and optionally ``arrival_s``, ``priority``,
+``reasoning_len``, ``tools``, ``tool_choice`` (load/output_kinds.py) and ``images``
+(load/images.py) -- or, one session per line, ``turns``. Public traces (load/traces.py) are recognized by
 their header.
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load.images import parse_images
 from cbbench.load.jsonl import jsonl_lines, jsonl_objects
 from cbbench.load.output_kinds import OUTPUT_KIND_FIELDS, parse_output_kind
 from cbbench.load.sessions import Session, check_unicode, parse_session, sharegpt_multiturn
@@ -27,9 +29,12 @@ from cbbench.load.workload_types import Workload, WorkloadRequest
 # English with BPE tokenizers); --tokenizer makes the count exact.
 APPROX_CHARS_PER_TOKEN = 4
 JSONL_FIELDS = {
-    "prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority",
+    "prompt_token_ids", "prompt", "prompt_len", "output_len", "arrival_s", "priority", "images",
     *OUTPUT_KIND_FIELDS,
 }
+# --api embeddings | rerank: a workload of inputs and their lengths, no output.
+POOLING_NO_OUTPUT = ("'output_len' does not fit --api embeddings or rerank: their workload is "
+                     "inputs and their lengths, with no output (drop it)")
 
 
 # ---- built-in workloads ---------------------------------------------------------------------
@@ -145,7 +150,19 @@ def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
     return v
 
 
-def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRequest:
+def _output_len(obj: dict, where: str, pooling: bool) -> int:
+    """A line's output length; 0 for an embeddings/rerank workload, which has none."""
+    if pooling:
+        if "output_len" in obj:
+            raise UsageError(f"{where}: {POOLING_NO_OUTPUT}")
+        return 0
+    if "output_len" not in obj:
+        raise UsageError(f"{where}: missing 'output_len'")
+    return _int_field(obj, "output_len", where, 1)
+
+
+def _parse_line(obj: object, index: int, where: str, count_tokens, base: Path = Path("."),
+                pooling: bool = False) -> WorkloadRequest:
     if not isinstance(obj, dict):
         raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     unknown = set(obj) - JSONL_FIELDS
@@ -154,9 +171,7 @@ def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRe
             f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
             f"allowed: {', '.join(sorted(JSONL_FIELDS))}"
         )
-    if "output_len" not in obj:
-        raise UsageError(f"{where}: missing 'output_len'")
-    output_len = _int_field(obj, "output_len", where, 1)
+    output_len = _output_len(obj, where, pooling)
     ids = None
     text = None
     if "prompt_token_ids" in obj:
@@ -197,21 +212,26 @@ def _parse_line(obj: object, index: int, where: str, count_tokens) -> WorkloadRe
             raise UsageError(f"{where}: 'priority' must be an integer")
         priority = p
     kinds = parse_output_kind(obj, output_len, where)
-    return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority, **kinds)
+    images = parse_images(obj["images"], base, where) if "images" in obj else None
+    return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority, **kinds,
+                           images=images)
 
 
 def approx_token_count(text: str) -> int:
     return max(1, round(len(text) / APPROX_CHARS_PER_TOKEN))
 
 
-def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
+def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count,
+               pooling: bool = False) -> Workload:
+    """``pooling``: for --api embeddings | rerank (lines carry no output_len)."""
     reqs: list[WorkloadRequest] = []
     sessions: list[Session] = []
+    base = path.parent
     for where, obj in jsonl_objects(path):
         if isinstance(obj, dict) and "turns" in obj:
             sessions.append(parse_session(obj, len(sessions), where, count_tokens))
         else:
-            reqs.append(_parse_line(obj, len(reqs), where, count_tokens))
+            reqs.append(_parse_line(obj, len(reqs), where, count_tokens, base, pooling))
         if reqs and sessions:
             raise UsageError(f"{where}: a file holds either requests or sessions, not both")
     if sessions:
@@ -245,7 +265,8 @@ def _line_of(path: Path, index: int) -> int:
     return 0
 
 
-def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx_token_count) -> Workload:
+def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx_token_count,
+                  pooling: bool = False) -> Workload:
     if name_or_path in BUILTIN_WORKLOADS:
         return BUILTIN_WORKLOADS[name_or_path]()
     path = Path(name_or_path)
@@ -260,7 +281,7 @@ def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx
                 "Request tokens,Response tokens,Total tokens,Log Type)"
             )
     if path.suffix in (".jsonl", ".json") or path.exists():
-        return load_jsonl(path, count_tokens)
+        return load_jsonl(path, count_tokens, pooling)
     raise UsageError(
         f"unknown workload {name_or_path!r}: use a built-in ({', '.join(builtin_names())}), "
         "random, a JSONL file or a trace (Azure, BurstGPT, Mooncake)"

@@ -26,6 +26,9 @@ class WorkloadRequest:
     reasoning_len: int = 0
     tools: tuple[dict, ...] | None = None
     tool_choice: str | dict | None = None
+    # load/images.py: the images the request's chat message carries (paths, URLs, or
+    # random-mm's synthetic references); None: text only.
+    images: tuple[str, ...] | None = None
 
     def token_ids(self) -> tuple[int, ...] | None:
         """The prompt's token ids when the workload defines them (explicitly, or as a trace's

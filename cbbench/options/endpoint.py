@@ -15,7 +15,15 @@ class EndpointFlags:
     endpoint: str | None = opt(
         None, "Benchmark this OpenAI-compatible endpoint instead of the bundled engine."
     )
-    api: str = opt("completions", "Endpoint API: completions | chat.")
+    api: str = opt(
+        "completions",
+        "Endpoint API: completions | chat (streamed); embeddings | rerank (one JSON answer per "
+        "request: latency, requests/s, input tokens/s).",
+    )
+    batch_size: int | None = opt(
+        None,
+        "--api embeddings: inputs per request; rerank: documents per query (default 1).",
+    )
     served_model: str | None = opt(
         None, "Model name to request. Default: the first of /v1/models."
     )
@@ -71,6 +79,9 @@ class EndpointFlags:
                              "(the bundled engine's own figures are in every result)")
         if self.max_concurrency is not None:
             raise UsageError("--max-concurrency applies to --endpoint runs")
+        if self.batch_size is not None:
+            raise UsageError("--batch-size applies to --endpoint runs with --api embeddings or "
+                             "rerank")
 
     def target(self, seed: int):
         """The HTTP target's EndpointOptions (None without --endpoint), checked before any
@@ -92,6 +103,7 @@ class EndpointFlags:
             # A filter says which metrics to keep: it asks for the scrape too.
             scrape_metrics=self.scrape_metrics or self.scrape_metrics_filter is not None,
             scrape_metrics_filter=self.scrape_metrics_filter,
+            batch_size=self.batch_size,
         )
         opts.validate()
         return opts
@@ -110,7 +122,7 @@ class EndpointFlags:
 # rate sweep offers) and no scraping; their probes share one Ray instance.
 PROBE_ENDPOINT = dict(
     only=("endpoint", "api", "served_model", "ignore_eos_field", "header", "request_timeout",
-          "tokenizer", "workers", "ray", "ray_address"),
+          "tokenizer", "workers", "ray", "ray_address", "batch_size"),
     help={
         "workers": "Client processes that send each probe's schedule (--endpoint runs): N, or "
         "auto (one per spare core), as in `cbbench run`.",

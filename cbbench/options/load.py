@@ -21,7 +21,8 @@ class LoadOptions:
     workload: str = opt(
         "sharegpt",
         "Built-in workload (sharegpt, sharegpt-multiturn, long-prompt, shared-prefix), random "
-        "(see --input-len), a JSONL file, or a trace file (Azure LLM inference CSV, BurstGPT "
+        "(see --input-len), random-mm (random with images: --images-per-request), a JSONL file, "
+        "or a trace file (Azure LLM inference CSV, BurstGPT "
         "CSV, Mooncake JSONL; recognized by its header).",
     )
     num_requests: int | None = opt(
@@ -65,6 +66,18 @@ class LoadOptions:
     prefix_len: int | None = opt(
         None, "--workload random: the same N tokens in front of every prompt (default 0).",
         panel=SYNTHETIC_PANEL,
+    )
+    images_per_request: int | None = opt(
+        None, "--workload random-mm: images per request (default 1).", panel=SYNTHETIC_PANEL
+    )
+    image_size: str | None = opt(
+        None,
+        "--workload random-mm: image size WxH, or a comma list to draw from uniformly "
+        "(512x512,1024x1024); default 512x512.",
+        panel=SYNTHETIC_PANEL,
+    )
+    image_format: str | None = opt(
+        None, "--workload random-mm: jpeg (default) | png.", panel=SYNTHETIC_PANEL,
     )
     think_time: str | None = opt(
         None,
@@ -132,6 +145,7 @@ class LoadOptions:
     def random_spec(self):
         """The --workload random parameters (vLLM's defaults where not given); an error when
         they are given for another workload, where they would silently do nothing."""
+        from cbbench.load.images import RANDOM_MM_WORKLOAD
         from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec
 
         given = {
@@ -139,11 +153,36 @@ class LoadOptions:
             "length_range": self.length_range, "prefix_len": self.prefix_len,
         }
         given = {k: v for k, v in given.items() if v is not None}
-        if given and self.workload != RANDOM_WORKLOAD:
+        if given and self.workload not in (RANDOM_WORKLOAD, RANDOM_MM_WORKLOAD):
             flags = ", ".join("--" + k.replace("_", "-") for k in given)
             verb = "applies" if len(given) == 1 else "apply"
             raise UsageError(f"{flags} {verb} only to --workload random")
         return RandomSpec(**given).validate()
+
+    def image_spec(self):
+        """--workload random-mm's images (None for another workload, where the image flags
+        are an error: they would do nothing)."""
+        from cbbench.load.images import (
+            DEFAULT_IMAGE_FORMAT,
+            DEFAULT_IMAGE_SIZE,
+            DEFAULT_IMAGES_PER_REQUEST,
+            RANDOM_MM_WORKLOAD,
+            ImageSpec,
+            parse_image_sizes,
+        )
+
+        given = [f for f, v in (("--images-per-request", self.images_per_request),
+                                ("--image-size", self.image_size),
+                                ("--image-format", self.image_format)) if v is not None]
+        if self.workload != RANDOM_MM_WORKLOAD:
+            if given:
+                raise UsageError(f"{', '.join(given)} apply only to --workload random-mm")
+            return None
+        return ImageSpec(
+            self.images_per_request or DEFAULT_IMAGES_PER_REQUEST,
+            parse_image_sizes(self.image_size or DEFAULT_IMAGE_SIZE),
+            self.image_format or DEFAULT_IMAGE_FORMAT,
+        ).validate()
 
 
 @dataclass(frozen=True)

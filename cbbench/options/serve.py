@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cbbench.options.fields import check_fields, opt
-from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
+from cbbench.server.limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+)
 from cbbench.server.stream_events import REASONING_FIELDS
 
 MAX_PORT = 65535
@@ -72,6 +76,13 @@ class ServeOptions:
         "mean_itl_ms, tokens_per_second) on a non-streamed answer and on a stream's final "
         "usage chunk.",
         switch=False,
+    )
+
+    max_image_bytes: int = opt(
+        DEFAULT_MAX_IMAGE_BYTES,
+        "The encoded image bytes one chat request may carry (image_url data: URLs; OpenAI's "
+        "50 MB); more is a 413 (request_too_large).",
+        low=1,
     )
 
     def validate(self) -> None:

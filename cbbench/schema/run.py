@@ -136,6 +136,12 @@ class Summary(Record):
     ttft_breakdown: Breakdown | None = None
     e2el_breakdown: Breakdown | None = None
     slices: list[TimeSlice] | None = None
+    # Issue 26 (analysis/inputs.py): embeddings/rerank, images, request payloads.
+    input_throughput: Number | None = None
+    inputs: int | None = None
+    usage: dict[str, int] | None = None
+    images: dict[str, Any] | None = None
+    request_bytes: dict[str, Any] | None = None
 
 
 class Config(Record):
@@ -177,6 +183,13 @@ class Request(Record):
     server_timing: ServerTiming | None = None
     ttft_parts: RequestParts | None = None
     e2el_parts: RequestParts | None = None
+    # Issue 26: a chat request's images (null where unknown), embeddings/rerank inputs, and
+    # the request body's bytes.
+    images: int | None = None
+    image_bytes: int | None = None
+    image_tokens: int | None = None
+    inputs: int | None = None
+    request_bytes: int | None = None
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative

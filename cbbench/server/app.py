@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.auth import ApiKeyGuard
 from cbbench.server.context import ServeConfig, ServeContext
+from cbbench.server.embeddings_api import embeddings_endpoint
 from cbbench.server.generate import (
     GENERATION_PATHS,
     Generation,
@@ -36,11 +37,13 @@ from cbbench.server.generate import (
 )
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
 from cbbench.server.protocol import APIError, error_body, validation_error
+from cbbench.server.rerank_api import rerank_endpoint
 from cbbench.server.tokenization import detokenize, parse_detokenize, parse_tokenize, tokenize
 
 __all__ = ["ServeConfig", "create_app"]
 
 OWNED_BY = "cbbench"
+CHAT_PATH = "/v1/chat/completions"  # the one whose bodies may carry images
 METHOD_NOT_ALLOWED = 405
 
 
@@ -53,6 +56,11 @@ class ServeApp:
         self.api = api
         self.state = api.state
         self._generation = generation
+        # /v1/embeddings and /v1/rerank: plain ASGI as well (server/pooling.py).
+        self._pooling = {
+            "/v1/embeddings": embeddings_endpoint(generation.ctx),
+            "/v1/rerank": rerank_endpoint(generation.ctx),
+        }
         self._guard = guard
         self._app = self._dispatch
 
@@ -71,14 +79,17 @@ class ServeApp:
         if self._guard is not None and (msg := self._guard.verdict(scope)) is not None:
             await self._guard.reject(send, msg)
             return
-        limit = self._generation.ctx.max_body_bytes()
+        limit = self._generation.ctx.max_body_bytes(images=scope["path"] == CHAT_PATH)
         length = _content_length(scope)
         if length is not None and length > limit:  # refused before a byte of it is read
             await send_json(send, body_too_large(limit).status, body_too_large(limit).body())
             return
         receive = capped_receive(receive, limit)
         chat = GENERATION_PATHS.get(scope["path"])
-        if chat is None:
+        pooling = self._pooling.get(scope["path"])
+        if pooling is not None and scope["method"] == "POST":
+            await pooling(scope, receive, send, arrival)
+        elif chat is None and pooling is None:
             await self.api(scope, receive, send)
         elif scope["method"] != "POST":
             await send_json(send, METHOD_NOT_ALLOWED, error_body(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from cbbench.engine.core.request import SamplingParams
 from cbbench.server.async_engine import AsyncEngine
+from cbbench.server.limits import DEFAULT_MAX_IMAGE_BYTES
 from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
@@ -37,6 +38,8 @@ class ServeConfig:
     report_cached_tokens: bool = False
     # --enable-per-request-metrics (vLLM's): the engine's timings as `metrics` in each answer.
     per_request_metrics: bool = False
+    # --max-image-bytes: the encoded image bytes one chat request may carry (413 beyond).
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
 
 
 @dataclass(frozen=True)
@@ -77,11 +80,13 @@ class ServeContext:
         )
         return self._served
 
-    def max_body_bytes(self) -> int:
-        """The largest request body accepted (413 beyond it)."""
+    def max_body_bytes(self, images: bool = False) -> int:
+        """The largest request body accepted (413 beyond it); ``images``: a body that may
+        carry images (chat) may be larger by their base64 (4/3 of --max-image-bytes)."""
         s = self._served
         context = s.max_model_len if s is not None and s.max_model_len else 0
-        return max(MIN_BODY_BYTES, context * BODY_BYTES_PER_TOKEN)
+        text = max(MIN_BODY_BYTES, context * BODY_BYTES_PER_TOKEN)
+        return text + (self.cfg.max_image_bytes * 4 // 3 if images else 0)
 
     @staticmethod
     def check_model(s: Served, model: str | None) -> None:

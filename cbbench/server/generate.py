@@ -26,6 +26,7 @@ from cbbench.server.async_engine import RequestStream
 from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
 from cbbench.server.context import ServeContext, Served
 from cbbench.server.engine_events import Admitted, Failed, TokenEvent
+from cbbench.server.images import ImageCost, add_images, trace_images
 from cbbench.server.protocol import (
     DEFAULT_MAX_TOKENS,
     APIError,
@@ -70,6 +71,7 @@ class Job:
     continuous_usage: bool = False
     plan: OutputPlan = OutputPlan()
     per_request_metrics: bool = False  # --enable-per-request-metrics (request_metrics.py)
+    images: tuple[ImageCost, ...] = ()  # chat image parts (server/images.py)
 
 
 async def send_json(send, status: int, obj: dict) -> None:
@@ -153,8 +155,11 @@ class Generation:
         ctx.check_model(s, req.model)
         req.check_supported()
         plan = OutputPlan()
+        images: tuple[ImageCost, ...] = ()
         if chat:
-            ids = s.codec.encode(render_chat(req.messages))
+            ids, images = add_images(s.codec.encode(render_chat(req.messages)), req.messages, ctx)
+            if not images and len(body) > ctx.max_body_bytes():  # the image allowance unused
+                raise body_too_large(ctx.max_body_bytes())
             max_tokens = req.output_limit()
             plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         else:
@@ -175,6 +180,7 @@ class Generation:
         return s, Job(
             chat, ids, max_tokens, ctx.sampling(req), req.stream, req.include_usage,
             req.return_token_times, req.continuous_usage, plan, ctx.cfg.per_request_metrics,
+            images,
         )
 
     async def _generate(self, scope, receive, send, s: Served, job: Job, arrival: float) -> None:
@@ -182,7 +188,10 @@ class Generation:
         shape = Shape(job.chat, s.name, _header(scope, b"x-request-id"))
         trace = RequestTrace(shape.id, "chat" if job.chat else "completions", job.stream, arrival)
         trace.prompt_tokens = len(job.prompt_ids)
-        stream = ctx.bridge.submit(job.prompt_ids, job.max_tokens, job.sampling)
+        if job.images:
+            trace_images(trace, job.images)
+        stream = ctx.bridge.submit(job.prompt_ids, job.max_tokens, job.sampling,
+                                   encoder_flops=sum(im.encoder_flops for im in job.images))
         trace.submitted = stream.submitted_s
         trace.engine_id = stream.req.request_id
         watcher = asyncio.ensure_future(_watch_disconnect(receive, stream))
@@ -343,6 +352,8 @@ def _details(trace: RequestTrace, plan: OutputPlan, cached: bool) -> dict:
         d["cached_tokens"] = trace.cached_tokens or 0
     if plan.reasoning_tokens:
         d["reasoning_tokens"] = trace.reasoning_tokens
+    if trace.image_tokens is not None:
+        d["image_tokens"] = trace.image_tokens
     return d
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 
 DEFAULT_READ_TIMEOUT_S = 15.0
+# OpenAI's documented limit on the image payload of one request (50 MB): --max-image-bytes.
+DEFAULT_MAX_IMAGE_BYTES = 50 * 1000 * 1000
 DEFAULT_MAX_CONNECTIONS = 4096
 MAX_HEAD_BYTES = 64 * 1024
 # A head's bytes beyond its URL and header names and values: "METHOD ", " HTTP/1.1\r\n" and

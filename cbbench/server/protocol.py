@@ -28,11 +28,15 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   usage on every chunk.
 - Chat template (minimal, the same for every model): each message as
   ``<|role|>\\n{content}\\n``, then ``<|assistant|>\\n``; text content parts are joined.
+- ``image_url`` content parts (data: URLs) cost the vision tokens of Qwen2-VL's formula, after
+  the text's tokens, and a vision-encoder time on the simulated GPU (server/images.py); usage
+  counts them in ``prompt_tokens`` and, a cbbench extension, in
+  ``prompt_tokens_details.image_tokens``.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -166,6 +170,25 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImageUrl(BaseModel):
+    model_config = STRICT
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(BaseModel):
+    """An image in a chat message (OpenAI's shape): a data: URL here (server/images.py)."""
+
+    model_config = STRICT
+
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class ToolCallFunction(BaseModel):
     model_config = STRICT
 
@@ -187,7 +210,7 @@ class ChatMessage(BaseModel):
     model_config = STRICT
 
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCall] | None = None  # role assistant: the calls it made
     tool_call_id: str | None = None  # role tool: the call this result answers
 
@@ -263,7 +286,9 @@ def render_chat(messages: list[ChatMessage], add_generation_prompt: bool = True)
     parts = []
     for m in messages:
         c = m.content
-        text = c if isinstance(c, str) else "".join(p.text for p in c or ())
+        # Image parts are not text: their placeholder tokens follow the text (images.py).
+        text = c if isinstance(c, str) else "".join(
+            p.text for p in c or () if isinstance(p, TextPart))
         for call in m.tool_calls or ():  # the call's tokens are part of the context
             text += f"{call.function.name}({call.function.arguments})"
         parts.append(f"<|{m.role}|>\n{text}\n")
@@ -306,7 +331,7 @@ class DetokenizeRequest(BaseModel):
 
 # ---- responses -------------------------------------------------------------------------------------
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
-          reasoning_tokens: int | None = None) -> dict:
+          reasoning_tokens: int | None = None, image_tokens: int | None = None) -> dict:
     """OpenAI's usage block; ``prompt_tokens_details.cached_tokens`` (the prompt tokens the
     prefix cache served) and ``completion_tokens_details.reasoning_tokens`` when known."""
     d: dict = {
@@ -316,6 +341,8 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
     }
     if cached_tokens is not None:
         d["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if image_tokens is not None:  # a cbbench extension: the prompt tokens images cost
+        d.setdefault("prompt_tokens_details", {})["image_tokens"] = image_tokens
     if reasoning_tokens is not None:
         d["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     return d

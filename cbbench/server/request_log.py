@@ -23,6 +23,11 @@ Every request that passed validation and was handed to the engine gets a line wh
   ``cached_tokens`` (prompt tokens the prefix cache served), ``preemptions``; ``finish``: length | stop | abort (the
   client went away) | rejected (the engine could never fit it) | error (the engine failed);
   ``status``: the HTTP status; ``error``: the reason, for rejected and error.
+- ``images``, ``image_bytes``, ``image_tokens``: a chat request's images (count, encoded bytes,
+  prompt tokens they cost: part of ``prompt_tokens``); null without images.
+- ``api`` embeddings | rerank (server/pooling.py): ``inputs`` the inputs (rerank: query-document
+  pairs) of the request, ``prompt_tokens`` all their tokens, ``first_token``/``last_token`` when
+  the first and the last input's prefill finished, ``output_tokens`` 0.
 
 Timestamps not reached are null. Times are taken on ``time.perf_counter()`` and moved to the
 epoch by one offset measured at start, so differences between fields are exact.
@@ -59,7 +64,7 @@ class RequestTrace:
     __slots__ = (
         "id", "engine_id", "api", "stream", *TIME_FIELDS, "prompt_tokens", "output_tokens",
         "reasoning_tokens", "tool_call_tokens", "cached_tokens", "preemptions", "finish",
-        "status", "error", "events",
+        "status", "error", "events", "images", "image_bytes", "image_tokens", "inputs",
     )
 
     def __init__(self, id: str, api: str, stream: bool, arrival: float) -> None:
@@ -89,6 +94,13 @@ class RequestTrace:
         # Streamed: every event as (write time, tokens, kind) -- the truth a client's per-token
         # figures are audited against (cbbench audit).
         self.events: list[tuple[float, int, str]] | None = None
+        # Chat requests with images (server/images.py): how many, their encoded bytes, and the
+        # prompt tokens they cost (part of prompt_tokens). None: a request without images.
+        self.images: int | None = None
+        self.image_bytes: int | None = None
+        self.image_tokens: int | None = None
+        # Embeddings and rerank: the inputs (or query-document pairs) the request carried.
+        self.inputs: int | None = None
 
     def to_dict(self, epoch_offset: float) -> dict:
         d = {}

@@ -75,6 +75,10 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     rec.server_request_id = st.response_id
     rec.server_timing = st.server_metrics
     count_events(rec, st, tokenizer)
+    if rec.images:  # a cbbench serve extension: the prompt tokens the images cost
+        details = usage.get("prompt_tokens_details")
+        n = details.get("image_tokens") if isinstance(details, dict) else None
+        rec.image_tokens = n if _is_count(n) else None
     choose_output_count(rec, per_event=None)
     return rec.output_tokens_method
 

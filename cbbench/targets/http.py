@@ -33,6 +33,7 @@ from cbbench.errors import UsageError
 from cbbench.fd_limit import raise_open_file_limit
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.chat_template import chat_prompt_tokens
+from cbbench.load.images import EncodedContent, attach_images, image_request_body
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import build_prompts, load_tokenizer
@@ -84,7 +85,10 @@ class _Runner:
     """One run: the dispatcher sends each request at its intended time (after a free slot under
     --max-concurrency), a watcher stops the run on request, and the scraper samples /metrics.
     With ``sessions`` the dispatch is theirs (http_sessions.py): each session sends its own
-    turns through this runner's slots, sends and records."""
+    turns through this runner's slots, sends and records. The embeddings and rerank APIs are
+    a subclass (pooling_request.py): its own request, send and count, chosen once per run."""
+
+    _send = staticmethod(send_request)  # one request: send, read, record
 
     def __init__(
         self,
@@ -108,6 +112,8 @@ class _Runner:
         self.sampled = 0  # requests whose events were tokenized one by one
         # Chat: each prompt's tokens inside the tokenizer's chat template (load/chat_template).
         self.chat_prompt_tokens: list[int | None] | None = None
+        # Requests with images (load/images.py): (images, image bytes) per request, else None.
+        self.image_info: list[tuple[int, int | None] | None] | None = None
         self.monitor: ClientMonitor | None = None
         self.opts = opts
         self.wreqs = wreqs
@@ -147,10 +153,13 @@ class _Runner:
         )
         if self.chat_prompt_tokens is not None and self.chat_prompt_tokens[pos] is not None:
             rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
+        if self.image_info is not None and (im := self.image_info[pos]) is not None:
+            rec.images, rec.image_bytes = im
         st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
         extra = request_fields(w.reasoning_len, w.tools, w.tool_choice, self.chat)
-        return self._exchange(pos, rec, st, partial(request_body, self.ctx, self.prompts[pos],
-                                                    w.output_len, extra))
+        prompt = self.prompts[pos]
+        body = image_request_body if isinstance(prompt, EncodedContent) else request_body
+        return self._exchange(pos, rec, st, partial(body, self.ctx, prompt, w.output_len, extra))
 
     async def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
                         make_body: Callable[[], bytes]) -> None:
@@ -163,6 +172,7 @@ class _Runner:
                 has_slot = True
                 rec.slot_s = rec.first_scheduled_s = time.perf_counter() - self.t0
             body = make_body()
+            rec.request_bytes = len(body)
             self.records[pos], self.streams[pos] = rec, st
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -171,7 +181,7 @@ class _Runner:
                     self.cancel.cancel_after_s(rec.id) if self.cancel is not None else None
                 )
                 if cancel_after is None:
-                    await send_request(self.ctx, rec, body, st)
+                    await self._send(self.ctx, rec, body, st)
                 else:
                     await self._send_cancelled(rec, body, st, cancel_after)
             finally:
@@ -192,7 +202,7 @@ class _Runner:
                               delay: float) -> None:
         """send_request until `delay` after the send for a request --cancel-rate picked: then
         the stream is closed (the server sees the client go away)."""
-        task = asyncio.ensure_future(send_request(self.ctx, rec, body, st))
+        task = asyncio.ensure_future(self._send(self.ctx, rec, body, st))
         try:
             done, _ = await asyncio.wait({task}, timeout=delay)
         except asyncio.CancelledError:  # the run was stopped: stop the request too
@@ -274,16 +284,7 @@ class _Runner:
         try:
             model = o.served_model or await self._discover_model(session, info)
             info["served_model"] = model
-            payload = {
-                "model": model,
-                "stream": True,
-                # continuous_usage_stats: the running usage on every chunk (vLLM, SGLang), so
-                # each event's tokens are counted exactly (targets/event_counts.py).
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "temperature": 0,
-            }
-            if o.ignore_eos_field:
-                payload["ignore_eos"] = True
+            payload = self._payload(model)
             scraper = None
             if o.scrape_metrics:
                 scraper = MetricsScraper(self.base, o.headers, o.scrape_metrics_filter)
@@ -331,6 +332,20 @@ class _Runner:
             await session.close()
         info["max_in_flight"] = self.max_in_flight
         return duration, info
+
+    def _payload(self, model: str) -> dict:
+        """The fields every request body of the run carries."""
+        payload = {
+            "model": model,
+            "stream": True,
+            # continuous_usage_stats: the running usage on every chunk (vLLM, SGLang), so
+            # each event's tokens are counted exactly (targets/event_counts.py).
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "temperature": 0,
+        }
+        if self.opts.ignore_eos_field:
+            payload["ignore_eos"] = True
+        return payload
 
     async def _discover_model(self, session, info: dict) -> str:
         where = redact_url(self.base + "/v1/models")
@@ -392,6 +407,7 @@ def run_http(
         )
         if opts.api == "chat" and tokenizer is not None:
             runner.chat_prompt_tokens = chat_prompt_tokens(opts.tokenizer, tokenizer, prompts)
+        runner.image_info = attach_images(prompts, wreqs, opts.seed)
         total = len(wreqs)
     duration, info = asyncio.run(runner.run())
 

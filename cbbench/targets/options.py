@@ -12,8 +12,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 from cbbench.errors import UsageError
 
-APIS = ("completions", "chat")
-API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+APIS = ("completions", "chat", "embeddings", "rerank")
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
+             "embeddings": "/v1/embeddings", "rerank": "/v1/rerank"}
+# Non-streaming APIs whose requests carry inputs and no output (targets/pooling_request.py).
+POOLING_APIS = ("embeddings", "rerank")
+MAX_BATCH_SIZE = 2048  # OpenAI's limit on the inputs of one embeddings request
 # RFC 9110 token characters: what a header name may hold.
 HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -94,11 +98,24 @@ class EndpointOptions:
     scrape_metrics: bool = False
     scrape_metrics_filter: str | None = None  # a regex over metric names; None: known servers
     seed: int = 0  # synthetic prompt text; the run's seed
+    # --batch-size: embeddings inputs (rerank: documents) per request; None: 1
+    batch_size: int | None = None
+
+    @property
+    def pooling(self) -> bool:
+        return self.api in POOLING_APIS
 
     def validate(self) -> None:
         normalize_endpoint(self.endpoint)
         if self.api not in APIS:
-            raise UsageError(f"unknown --api {self.api!r}: use {' or '.join(APIS)}")
+            raise UsageError(f"unknown --api {self.api!r}: use {', '.join(APIS)}")
+        if self.batch_size is not None:
+            if not self.pooling:
+                raise UsageError("--batch-size applies to --api embeddings and rerank (inputs "
+                                 "per request)")
+            if not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+                raise UsageError(f"--batch-size must be in [1, {MAX_BATCH_SIZE}], got "
+                                 f"{self.batch_size}")
         t = self.request_timeout_s
         if not (t > 0 and math.isfinite(t)):
             raise UsageError(f"--request-timeout must be a positive number of seconds, got {t}")
@@ -132,4 +149,5 @@ class EndpointOptions:
             "tokenizer": self.tokenizer,
             "scrape_metrics": self.scrape_metrics,
             "scrape_metrics_filter": self.scrape_metrics_filter,
+            **({"batch_size": self.batch_size or 1} if self.pooling else {}),
         }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 
 class RequestStatus(enum.IntEnum):
@@ -102,6 +103,9 @@ class Request:
         "num_registered_blocks",
         "num_cached_tokens",
         "spec_token_ids",
+        "encoder_flops",
+        "pooling",
+        "pooled_hidden",
     )
 
     def __init__(
@@ -114,6 +118,7 @@ class Request:
         sampling: SamplingParams = GREEDY,
         priority: int = 0,
         eos_token_id: int | None = None,
+        encoder_flops: float = 0.0,
     ) -> None:
         if prompt_token_ids is not None and len(prompt_token_ids) != num_prompt_tokens:
             raise ValueError("num_prompt_tokens must equal len(prompt_token_ids)")
@@ -154,6 +159,14 @@ class Request:
         # scheduler trims them to what it schedules; a preemption drops them. The simulator's
         # drafts are placeholders (it models no token ids).
         self.spec_token_ids: list[int] = []
+        # A multimodal request's vision-encoder work (FLOPs), run with the first prefill chunk
+        # after each admission (the simulator charges it; cbbench/server/images.py sets it).
+        self.encoder_flops = encoder_flops
+        # An embeddings request (cbbench serve's /v1/embeddings on the torch engine): the
+        # executor keeps the final hidden state of the row it samples after the prefill (the
+        # last prompt token: vLLM's LAST pooling) in pooled_hidden (a float32 CPU tensor).
+        self.pooling = False
+        self.pooled_hidden: Any = None  # a torch tensor; the core imports no torch
 
     @property
     def num_tokens(self) -> int:

@@ -4,9 +4,14 @@ No tensors, no torch: the roofline in cost_model.py gives the time, and the engi
 advances by it (virtually for benchmarks, in real time behind ``cbbench serve``). Swap
 preemption's KV copies add their transfer time over the host link. With speculative decoding
 the verify rows are costed like any query rows, and acceptance is drawn (spec_decode.py).
+A multimodal request's vision encoder (Request.encoder_flops) runs in the step that schedules
+its first prefill chunk after an admission, as vLLM runs the encoder for the placeholder tokens
+it schedules: compute-bound, its FLOPs at the device's FLOP rate, added to that step.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
 from ..core.spec_decode import SimAcceptance
@@ -74,6 +79,14 @@ class SimExecutor:
 
     def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
         cost = self.cost_model.step_cost(sched, self.block_size)
+        encoder = encoder_flops(sched)
+        if encoder:
+            rates = self.cost_model.rates
+            assert rates is not None  # checked when the executor was made
+            rate = rates.flop_rate
+            extra_s = encoder / rate if rate else 0.0
+            cost = replace(cost, flops=cost.flops + encoder,
+                           time_s=cost.time_s + extra_s if cost.time_s is not None else None)
         swap_s = 0.0
         if sched.swap_out or sched.swap_in:
             swap_s = self.cost_model.swap_time(
@@ -93,3 +106,15 @@ class SimExecutor:
                     accepted[i] = draw(d)
         return ExecutorOutput(None, duration_s=cost.time_s, swap_time_s=swap_s, cost=cost,
                               num_accepted=accepted)
+
+
+def encoder_flops(sched: SchedulerOutput) -> float:
+    """The vision-encoder FLOPs of this step: those of the prefill requests starting their
+    first chunk since their admission (computed tokens = the prefix cache's hits then)."""
+    reqs = sched.scheduled_reqs
+    total = 0.0
+    for i in range(sched.num_decode_reqs, len(reqs)):
+        r = reqs[i]
+        if r.encoder_flops and r.num_computed_tokens == r.num_cached_tokens:
+            total += r.encoder_flops
+    return total

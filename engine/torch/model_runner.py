@@ -189,6 +189,7 @@ class ModelRunner:
                     tokens = rows.tolist()  # the host sync
                 for i, token in zip(batch.sample_req_indices, tokens, strict=True):
                     sampled[i] = token
+            self._keep_pooled(sched, batch)
         else:
             self._prediction = None
             if self.device.type == "cuda":
@@ -238,7 +239,16 @@ class ModelRunner:
         hidden = self._forward(batch)
         if batch.logits_indices is not None:
             hidden = hidden[batch.logits_indices]
+        self._sampled_hidden = hidden  # the final hidden states of the sampled rows
         return self.model.compute_logits(hidden)
+
+    def _keep_pooled(self, sched: SchedulerOutput, batch: PackedBatch) -> None:
+        """An embeddings request's final hidden state at its last prompt token (vLLM's LAST
+        pooling), kept on the request when its prefill's row is sampled."""
+        reqs = sched.scheduled_reqs
+        for row, i in enumerate(batch.sample_req_indices):
+            if reqs[i].pooling and reqs[i].pooled_hidden is None:
+                reqs[i].pooled_hidden = self._sampled_hidden[row].float().cpu()
 
     def _forward(self, batch: PackedBatch) -> torch.Tensor:
         if batch.graph_size is not None:

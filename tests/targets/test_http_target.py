@@ -135,7 +135,7 @@ def test_endpoint_forms_and_redaction():
     assert redact_url("http://user:pw@h:8000/v1?key=s") == "http://h:8000/v1"
     assert "pw" not in json.dumps(EndpointOptions("http://user:pw@h:1").to_config())
     with pytest.raises(UsageError):
-        EndpointOptions("http://h", api="embeddings").validate()
+        EndpointOptions("http://h", api="embedding").validate()  # not an API
 
 
 # ---- schedule and concurrency ---------------------------------------------------------------
