@@ -15,7 +15,8 @@ class EndpointFlags:
     endpoint: str | None = opt(
         None, "Benchmark this OpenAI-compatible endpoint instead of the bundled engine."
     )
-    api: str = opt("completions", "Endpoint API: completions | chat.")
+    api: str = opt("completions", "Endpoint API: completions | chat | responses (OpenAI's "
+                   "Responses) | anthropic (Anthropic's Messages); docs/endpoints.md.")
     served_model: str | None = opt(
         None, "Model name to request. Default: the first of /v1/models."
     )

@@ -8,8 +8,9 @@ server is doing; TTFT and E2EL count from that intended time (metrics.py), and t
 (actual send - intended) says whether the client kept up. --max-concurrency turns it into a
 capped loop: a request waits for a slot, and `slot_s` records when it got one.
 
-Each request is one streamed `/v1/completions` or `/v1/chat/completions` call (request.py, its
-stream parsed by sse.py) over an aiohttp keep-alive pool (transport.py;
+Each request is one streamed call of the run's --api (`/v1/completions`, `/v1/chat/completions`,
+`/v1/responses`, `/v1/messages`: api_specs.py; request.py sends it, sse.py or the API's own
+module parses its stream) over an aiohttp keep-alive pool (transport.py;
 results/loadgen_capacity.md has its capacity on the 2-core machine). Failures are recorded on
 their request, never raised: error_type is one of ERROR_TYPES.
 """
@@ -38,6 +39,7 @@ from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.api_specs import SPECS
 from cbbench.targets.checks import (
     TOKEN_COUNT_METHODS,
     count_request,
@@ -116,7 +118,8 @@ class _Runner:
         self.should_stop = should_stop
         self.on_progress = on_progress
         self.base = normalize_endpoint(opts.endpoint)
-        self.chat = opts.api == "chat"
+        self.spec = SPECS[opts.api]
+        self.chat = self.spec.chat
         n = len(wreqs)
         self.records: list[RequestRecord | None] = [None] * n
         self.streams: list[SseStream | None] = [None] * n
@@ -146,9 +149,10 @@ class _Runner:
         )
         if self.chat_prompt_tokens is not None and self.chat_prompt_tokens[pos] is not None:
             rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
-        st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
+        st = self.spec.stream(rec.token_times_s, self.tokenizer is not None)
         extra = request_fields(w.reasoning_len, w.tools, w.tool_choice, self.chat)
-        return self._exchange(pos, rec, st, partial(request_body, self.ctx, self.prompts[pos],
+        make = self.spec.single_body or request_body
+        return self._exchange(pos, rec, st, partial(make, self.ctx, self.prompts[pos],
                                                     w.output_len, extra))
 
     async def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
@@ -257,7 +261,7 @@ class _Runner:
         o = self.opts
         wanted = o.max_concurrency or max(1, len(self.wreqs))
         pool = raise_open_file_limit(wanted)
-        headers = {"Content-Type": "application/json", **o.headers}
+        headers = {"Content-Type": "application/json", **self.spec.headers(o.headers), **o.headers}
         # Capped by the open-files limit: the excess waits for a connection inside its TTFT.
         info: dict = {"connection_pool_size": pool, "connection_pool_capped": pool < wanted}
         if o.max_concurrency:
@@ -270,14 +274,7 @@ class _Runner:
         try:
             model = o.served_model or await self._discover_model(session, info)
             info["served_model"] = model
-            payload = {
-                "model": model,
-                "stream": True,
-                # continuous_usage_stats: the running usage on every chunk (vLLM, SGLang), so
-                # each event's tokens are counted exactly (targets/event_counts.py).
-                "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-                "temperature": 0,
-            }
+            payload = self.spec.payload(model)
             if o.ignore_eos_field:
                 payload["ignore_eos"] = True
             scraper = None

@@ -12,8 +12,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from cbbench.errors import UsageError
 
-APIS = ("completions", "chat")
-API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+APIS = ("completions", "chat", "responses", "anthropic")
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
+             "responses": "/v1/responses", "anthropic": "/v1/messages"}
 # RFC 9110 token characters: what a header name may hold.
 HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -84,7 +85,7 @@ def redact_url(url: str) -> str:
 @dataclass
 class EndpointOptions:
     endpoint: str
-    api: str = "completions"  # or "chat"
+    api: str = "completions"  # or one of APIS
     served_model: str | None = None  # None: the first model of GET /v1/models
     ignore_eos_field: bool = True  # send vLLM/SGLang's `ignore_eos: true`
     headers: dict[str, str] = field(default_factory=dict)
@@ -98,7 +99,7 @@ class EndpointOptions:
     def validate(self) -> None:
         normalize_endpoint(self.endpoint)
         if self.api not in APIS:
-            raise UsageError(f"unknown --api {self.api!r}: use {' or '.join(APIS)}")
+            raise UsageError(f"unknown --api {self.api!r}: use {', '.join(APIS)}")
         t = self.request_timeout_s
         if not (t > 0 and math.isfinite(t)):
             raise UsageError(f"--request-timeout must be a positive number of seconds, got {t}")
