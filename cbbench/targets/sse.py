@@ -191,7 +191,7 @@ class SseStream:
         """One event's JSON: an OpenAI chunk (another API's stream overrides this)."""
         parts, finish, usage, calls = chunk_parts(obj, self.chat)
         if self.response_id is None:
-            self._take_id(obj)
+            self._take_id(obj)  # type: ignore[arg-type]  # chunk_parts checked it is a dict
         if usage is not None:
             self.usage = usage
             ct = usage.get("completion_tokens")
