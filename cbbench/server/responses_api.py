@@ -7,9 +7,10 @@ message), ``max_output_tokens`` (default 16, as completions), the sampling field
 (``{"type": "function", "name": ...}``) and ``tool_choice``, and cbbench's ``reasoning_tokens``
 extension (the first N output tokens are reasoning). The conversation is rendered with the
 minimal chat template of /v1/chat/completions, so a conversation costs the same prompt tokens
-on both. ``previous_response_id`` is refused (400): this server keeps no responses, so a
-multi-turn client sends the whole conversation as ``input`` (``store`` is accepted, and
-ignored).
+on both. A response is stored (``store``, default true, as OpenAI's) in memory, the newest 4096
+(response_store.py): ``previous_response_id`` continues its conversation (its input and output
+before this request's input); an id not stored is a 400. A multi-turn client may equally send
+the whole conversation as ``input``.
 
 A stream is typed SSE (``event: TYPE`` / ``data: JSON``, no ``[DONE]``), every event with its
 ``sequence_number``: ``response.created`` and ``response.in_progress``; per output item
@@ -30,6 +31,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -44,6 +46,7 @@ from cbbench.server.protocol import (
     render_chat,
     validation_error,
 )
+from cbbench.server.response_store import ResponseStore
 from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
 from cbbench.server.stream_events import (
     ANSWER,
@@ -146,6 +149,16 @@ class ResponsesRequest(BaseModel):
         return self.tools[0].name
 
 
+@dataclass(frozen=True, slots=True)
+class ResponsesJob:
+    """A Responses request, the conversation it continues (earlier turns included), and where
+    its response is stored (None: ``store: false``)."""
+
+    req: ResponsesRequest
+    conversation: list[ChatMessage]
+    store: ResponseStore | None
+
+
 def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
@@ -155,7 +168,9 @@ class ResponsesShaper:
 
     def __init__(self, job: Job, model: str, client_request_id: str | None) -> None:
         self.job = job
-        self.req: ResponsesRequest = job.request  # type: ignore[assignment]
+        rj: ResponsesJob = job.request  # type: ignore[assignment]
+        self.req = rj.req
+        self.rj = rj
         self.id = request_id("resp", client_request_id, sep="_")
         self.created_at = int(time.time())
         self.model = model
@@ -185,8 +200,8 @@ class ResponsesShaper:
             "status": status, "background": False, "error": None,
             "incomplete_details": incomplete, "instructions": req.instructions,
             "max_output_tokens": self.job.max_tokens, "model": self.model, "output": output,
-            "parallel_tool_calls": True, "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None}, "store": False,
+            "parallel_tool_calls": True, "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": None, "summary": None}, "store": req.store,
             "temperature": sampling.temperature, "text": {"format": {"type": "text"}},
             "tool_choice": _dump(req.tool_choice) or "auto",
             "tools": [_function_tool(t.name) for t in req.tools or ()],
@@ -283,10 +298,25 @@ class ResponsesShaper:
         kinds = [REASONING] if self.text[REASONING] else []
         kinds.append("tool" if self.tool_started else ANSWER)
         output = [self._item(k, True) for k in kinds]
+        self._store()
         return self._response(
             "incomplete" if incomplete else "completed", output, responses_usage(counts),
             {"reason": "max_output_tokens"} if incomplete else None,
         )
+
+    def _store(self) -> None:
+        """The finished conversation, for a next request's previous_response_id (the reasoning
+        is not part of it, as a chat history leaves it out)."""
+        store = self.rj.store
+        if store is None:
+            return
+        if self.tool_started:
+            call = ToolCall(id=self.plan.tool_call_id, function=ToolCallFunction(
+                name=self.plan.tool_name or "", arguments=self.text["tool"]))
+            reply = ChatMessage(role="assistant", content=None, tool_calls=[call])
+        else:
+            reply = ChatMessage(role="assistant", content=self.text[ANSWER])
+        store.put(self.id, [*self.rj.conversation, reply])
 
     def closing(self, counts: Counts, engine_finish: str) -> bytes:
         r = self._final(counts, engine_finish)
@@ -343,15 +373,25 @@ class ResponsesApi:
             raise validation_error(list(e.errors())) from None
         s = ctx.ready()
         ctx.check_model(s, req.model)
+        conversation = req.messages()
         if req.previous_response_id is not None:
-            raise APIError(400, "previous_response_id is not supported: this server stores no "
-                           "responses; send the whole conversation as input",
-                           param="previous_response_id")
-        ids = s.codec.encode(render_chat(req.messages()))
+            before = ctx.responses.get(req.previous_response_id)
+            if before is None:
+                raise APIError(400, f"previous response with id {req.previous_response_id!r} "
+                               "not found (this server keeps the newest responses in memory)",
+                               param="previous_response_id", code="previous_response_not_found")
+            # The earlier turns first. Their instructions are not carried over (OpenAI's rule):
+            # this request's own are its system message.
+            conversation = ([m for m in conversation if m.role == "system"]
+                            + [m for m in before if m.role != "system"]
+                            + [m for m in conversation if m.role != "system"])
+        ids = s.codec.encode(render_chat(conversation))
         check_vocab(ids, s.vocab_size, "input")
         max_tokens = req.max_output_tokens or DEFAULT_MAX_TOKENS
         plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
-        return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, plan=plan, request=req)
+        store = ctx.responses if req.store else None
+        return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, plan=plan,
+                      request=ResponsesJob(req, conversation, store))
 
     def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> ResponsesShaper:
         return ResponsesShaper(job, s.name, client_request_id)

@@ -15,7 +15,7 @@ tokens come from --tokenizer, else one per event (checks.py warns when usage sho
 
 Multi-turn sessions send the whole conversation as ``input`` (messages, the model's
 ``function_call`` items and their ``function_call_output``), never ``previous_response_id``:
-every server that speaks the API takes the full input, and cbbench serve keeps no responses.
+every server that speaks the API takes the full input, whether or not it stores responses.
 """
 
 from __future__ import annotations

@@ -97,10 +97,20 @@ def test_openai_sdk_responses_tool_call_and_non_streaming(served):
         {"type": "function_call_output", "call_id": call.call_id, "output": "a b c"},
     ])
     assert r2.output_text == SIM_TOKEN_TEXT * 2
-    with pytest.raises(openai.BadRequestError, match="previous_response_id"):
-        client.responses.create(model=SERVE_MODEL, input="x", previous_response_id=r.id)
+    # previous_response_id continues the stored conversation: the same prompt as sending it
+    # all again as input; an id never stored (store false) is a 400.
+    r3 = client.responses.create(model=SERVE_MODEL, max_output_tokens=2,
+                                 previous_response_id=r.id, input=[
+        {"type": "function_call_output", "call_id": call.call_id, "output": "a b c"}])
+    assert r3.previous_response_id == r.id and r3.output_text == SIM_TOKEN_TEXT * 2
+    unstored = client.responses.create(model=SERVE_MODEL, input="x", max_output_tokens=1,
+                                       store=False)
+    with pytest.raises(openai.BadRequestError, match="previous response with id") as e:
+        client.responses.create(model=SERVE_MODEL, input="y", previous_response_id=unstored.id)
+    assert e.value.body["param"] == "previous_response_id"
     client.close()
     log = read_log()
+    assert log[r3.id]["prompt_tokens"] == log[r2.id]["prompt_tokens"]
     assert log[r.id]["finish"] == "tool_calls" and log[r.id]["tool_call_tokens"] == 4
     assert log[r2.id]["prompt_tokens"] > log[r.id]["prompt_tokens"] + 4  # call + result
     assert r2.usage.input_tokens == log[r2.id]["prompt_tokens"]
