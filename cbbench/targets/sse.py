@@ -201,7 +201,8 @@ class SseStream:
             self._calls(calls)
         if parts:  # _timed inline: this runs for every token of a chat or completions stream
             self.times.append(t)
-            self.kinds.append("+".join(k for k, _ in parts))
+            # One kind (most events): no join. (Per event of every stream: kept cheap.)
+            self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
             # A usage-only chunk carries none of the event's own count.
             self.running.append(self._running_now if usage is not None else None)
             if self.pieces is not None:
@@ -219,7 +220,7 @@ class SseStream:
     def _timed(self, parts: list[tuple[str, str]], t: float, running: int | None = None) -> None:
         """A token event with text: its time, kind and running count (and text, when kept)."""
         self.times.append(t)
-        self.kinds.append("+".join(k for k, _ in parts))
+        self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
         self.running.append(running)
         if self.pieces is not None:
             self._keep(parts)
