@@ -128,7 +128,7 @@ def build_prompts(
                 kinds["token_ids"] += 1
             elif tokenizer is None:
                 raise UsageError(
-                    f"request {w.id} carries token ids, which the chat API cannot take: give "
+                    f"request {w.id} carries token ids, which the {api} API cannot take: give "
                     "--tokenizer (a tokenizer.json) to decode them, or use --api completions"
                 )
             else:

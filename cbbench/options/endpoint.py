@@ -17,8 +17,9 @@ class EndpointFlags:
     )
     api: str = opt(
         "completions",
-        "Endpoint API: completions | chat (streamed); embeddings | rerank (one JSON answer per "
-        "request: latency, requests/s, input tokens/s).",
+        "Endpoint API: completions | chat | responses (OpenAI's Responses) | anthropic "
+        "(Anthropic's Messages), streamed; embeddings | rerank (one JSON answer per request: "
+        "latency, requests/s, input tokens/s). docs/endpoints.md.",
     )
     batch_size: int | None = opt(
         None,

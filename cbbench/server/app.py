@@ -1,7 +1,8 @@
-"""The ASGI app of `cbbench serve`: OpenAI-compatible completions and chat completions in front of
-the bundled engine, plus /v1/models, vLLM's /tokenize and /detokenize, /health and /metrics.
+"""The ASGI app of `cbbench serve`: OpenAI-compatible completions, chat completions and the
+Responses API, and Anthropic's Messages, in front of the bundled engine, plus /v1/models, vLLM's
+/tokenize and /detokenize, /health and /metrics.
 
-The two generation endpoints are the hot path and are served as plain ASGI (generate.py); the
+The generation endpoints are the hot path and are served as plain ASGI (generate.py); the
 rest, light and rare, by FastAPI. The engine is built in the bridge's thread when the app starts,
 so the server answers at once: /health (and every other endpoint) says 503 until the engine is
 ready. A client that goes away mid-request has its request aborted in the engine, which returns
@@ -76,28 +77,29 @@ class ServeApp:
             await self.api(scope, receive, send)  # lifespan
             return
         arrival = time.perf_counter()  # the request log's arrival: headers in, body not read
+        api = GENERATION_PATHS.get(scope["path"])
         if self._guard is not None and (msg := self._guard.verdict(scope)) is not None:
-            await self._guard.reject(send, msg)
+            await self._guard.reject(send, msg, api)
             return
         limit = self._generation.ctx.max_body_bytes(images=scope["path"] == CHAT_PATH)
         length = _content_length(scope)
         if length is not None and length > limit:  # refused before a byte of it is read
-            await send_json(send, body_too_large(limit).status, body_too_large(limit).body())
+            err = body_too_large(limit)
+            await send_json(send, err.status, api.error_body(err) if api else err.body())
             return
         receive = capped_receive(receive, limit)
-        chat = GENERATION_PATHS.get(scope["path"])
         pooling = self._pooling.get(scope["path"])
         if pooling is not None and scope["method"] == "POST":
             await pooling(scope, receive, send, arrival)
-        elif chat is None and pooling is None:
+        elif api is None and pooling is None:
             await self.api(scope, receive, send)
         elif scope["method"] != "POST":
-            await send_json(send, METHOD_NOT_ALLOWED, error_body(
-                f"{scope['method']} is not allowed on {scope['path']}: use POST",
-                "invalid_request_error",
-            ))
+            err = APIError(METHOD_NOT_ALLOWED,
+                           f"{scope['method']} is not allowed on {scope['path']}: use POST")
+            await send_json(send, METHOD_NOT_ALLOWED, api.error_body(err) if api else err.body())
         else:
-            await self._generation(scope, receive, send, chat, arrival)
+            assert api is not None  # a pooling path that is not POST answered 405 above
+            await self._generation(scope, receive, send, api, arrival)
 
 
 def _content_length(scope) -> int | None:

@@ -1,6 +1,8 @@
-"""`cbbench serve --api-key`: every request needs ``Authorization: Bearer KEY`` except the
-public endpoints (health, metrics, the API docs), as vLLM guards its routes. A missing or wrong
-key is a 401 in OpenAI's error format; the answer never repeats what the client sent.
+"""`cbbench serve --api-key`: every request needs ``Authorization: Bearer KEY`` (or, as Anthropic's
+clients send it, ``x-api-key: KEY``) except the public endpoints (health, metrics, the API
+docs), as vLLM guards its routes. A missing or wrong key is a 401 in the endpoint's error format
+(OpenAI's; Anthropic's ``authentication_error`` on /v1/messages); the answer never repeats what
+the client sent.
 
 The key is kept only as its SHA-256 digest and compared in constant time (no timing hint of how
 much of a guess matched). Nothing here logs.
@@ -16,7 +18,7 @@ import re
 import secrets
 
 from cbbench.errors import UsageError
-from cbbench.server.protocol import error_body
+from cbbench.server.protocol import APIError
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc",
                           "/openapi.json"})
@@ -25,7 +27,7 @@ ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 BEARER = "bearer"
 UNAUTHORIZED = 401
 MISSING_KEY = (
-    "missing API key: send it as the header 'Authorization: Bearer <key>'"
+    "missing API key: send it as the header 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
 )
 WRONG_KEY = "incorrect API key provided"
 LOOPBACK_NAMES = frozenset({"localhost"})
@@ -75,21 +77,29 @@ class ApiKeyGuard:
         """None when the request may pass, else the 401's message."""
         if scope.get("method") == "OPTIONS" or scope["path"] in PUBLIC_PATHS:
             return None
-        auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
-        if auth is None:
-            return MISSING_KEY
-        scheme, _, token = auth.partition(b" ")
-        if scheme.lower() != BEARER.encode() or not token:
+        auth = key = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                auth = v
+            elif k == b"x-api-key":
+                key = v
+        if auth is not None:
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != BEARER.encode() or not token:
+                return MISSING_KEY
+        elif key:
+            token = key
+        else:
             return MISSING_KEY
         if not secrets.compare_digest(_digest(token.strip()), self._digest):
             return WRONG_KEY
         return None
 
     @staticmethod
-    async def reject(send, message: str) -> None:
-        body = json.dumps(
-            error_body(message, "invalid_request_error", code="invalid_api_key")
-        ).encode()
+    async def reject(send, message: str, api=None) -> None:
+        """The 401, in the error shape of ``api`` (a generation endpoint's; None: OpenAI's)."""
+        err = APIError(UNAUTHORIZED, message, code="invalid_api_key")
+        body = json.dumps(api.error_body(err) if api is not None else err.body()).encode()
         await send({
             "type": "http.response.start",
             "status": UNAUTHORIZED,

@@ -26,12 +26,12 @@ def sse_bytes(obj: dict) -> bytes:
     return SSE_PREFIX + json.dumps(obj, separators=(",", ":")).encode() + SSE_END
 
 
-def request_id(prefix: str, header: str | None) -> str:
+def request_id(prefix: str, header: str | None, sep: str = "-") -> str:
     """vLLM's ids: the prefix and the client's X-Request-Id when it sent a usable one, else a
-    random hex id."""
+    random hex id (``sep``: "_" for the Responses and Anthropic ids, resp_... and msg_...)."""
     if header and len(header) <= MAX_REQUEST_ID_CHARS and header.isprintable():
-        return f"{prefix}-{header}"
-    return f"{prefix}-{uuid.uuid4().hex}"
+        return f"{prefix}{sep}{header}"
+    return f"{prefix}{sep}{uuid.uuid4().hex}"
 
 
 class Shape:

@@ -12,6 +12,7 @@ from cbbench.server.limits import DEFAULT_MAX_IMAGE_BYTES
 from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
+from cbbench.server.response_store import ResponseStore
 from cbbench.server.stream_events import DEFAULT_REASONING_FIELD
 from cbbench.server.text import TextCodec, make_codec
 
@@ -60,6 +61,7 @@ class ServeContext:
         self.metrics = metrics
         self.request_log = RequestLog(cfg.request_log) if cfg.request_log else None
         self._served: Served | None = None  # set once, when the engine is first seen ready
+        self.responses = ResponseStore()  # /v1/responses' stored responses (previous_response_id)
 
     def ready(self) -> Served:
         """What the engine serves, or a 503 while it starts (or after it failed)."""

@@ -350,3 +350,11 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 def token_times_ext(arrival_time: float, token_times: list[float]) -> dict:
     return {"arrival_time": arrival_time, "token_times": token_times, "clock": "monotonic"}
+
+
+def body_too_large(limit: int) -> APIError:
+    """The 413 of a body over the server's cap (generate.capped_receive, app.py, chat images)."""
+    return APIError(
+        413, f"the request body is larger than the {limit} bytes this server accepts "
+        "(64 bytes per token of the context, at least 1 MiB)", code="request_too_large",
+    )

@@ -4,9 +4,9 @@ wall clock (epoch seconds, rounded to the microsecond).
 Every request that passed validation and was handed to the engine gets a line when it ends
 (requests refused before that, with a 400 or 401, get none):
 
-- ``id``: the id the client sees in the response (``cmpl-...``, ``chatcmpl-...``; a client's
-  ``X-Request-Id`` header becomes its tail, as in vLLM); ``engine_id``: the engine's number;
-  ``api``: completions | chat; ``stream``.
+- ``id``: the id the client sees in the response (``cmpl-...``, ``chatcmpl-...``, ``resp_...``,
+  ``msg_...``; a client's ``X-Request-Id`` header becomes its tail, as in vLLM); ``engine_id``:
+  the engine's number; ``api``: completions | chat | responses | anthropic; ``stream``.
 - ``arrival``: the request reached the app (headers parsed, before the body was read);
   ``submitted``: handed to the engine after parsing, validation and tokenization (the arrival
   the engine and the ``vllm:*`` latency metrics count from); ``admitted``: the engine thread
@@ -20,7 +20,8 @@ Every request that passed validation and was handed to the engine gets a line wh
   ``reasoning`` | ``answer`` | ``tool`` (or ``reasoning+answer`` ... for an event that
   straddles a boundary): the truth ``cbbench audit`` holds a client's per-token figures to;
 - ``prompt_tokens``, ``output_tokens``, ``reasoning_tokens``, ``tool_call_tokens``,
-  ``cached_tokens`` (prompt tokens the prefix cache served), ``preemptions``; ``finish``: length | stop | abort (the
+  ``cached_tokens`` (prompt tokens the prefix cache served), ``preemptions``; ``finish``: length | stop |
+  tool_calls (every API: the request made a tool call) | abort (the
   client went away) | rejected (the engine could never fit it) | error (the engine failed);
   ``status``: the HTTP status; ``error``: the reason, for rejected and error.
 - ``images``, ``image_bytes``, ``image_tokens``: a chat request's images (count, encoded bytes,

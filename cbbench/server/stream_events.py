@@ -32,7 +32,7 @@ TOOL_ARGS_CLOSE = '"}'
 TOOL_FINISH_REASON = "tool_calls"
 
 
-def _escaped(text: str) -> str:
+def escaped(text: str) -> str:
     """Text as it sits inside a JSON string (the arguments are JSON text themselves)."""
     return json.dumps(text)[1:-1]
 
@@ -93,7 +93,7 @@ class ChatDeltas:
         return d
 
     def _tool_delta(self, text: str, last: bool) -> dict:
-        args = _escaped(text)
+        args = escaped(text)
         call: dict = {"index": 0}
         if not self._tool_started:
             self._tool_started = True
@@ -121,7 +121,7 @@ class ChatDeltas:
             m["tool_calls"] = [{
                 "id": self.plan.tool_call_id, "type": "function",
                 "function": {"name": self.plan.tool_name,
-                             "arguments": TOOL_ARGS_OPEN + _escaped(tool_text) + TOOL_ARGS_CLOSE},
+                             "arguments": TOOL_ARGS_OPEN + escaped(tool_text) + TOOL_ARGS_CLOSE},
             }]
         return m
 

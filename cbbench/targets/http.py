@@ -8,8 +8,9 @@ server is doing; TTFT and E2EL count from that intended time (metrics.py), and t
 (actual send - intended) says whether the client kept up. --max-concurrency turns it into a
 capped loop: a request waits for a slot, and `slot_s` records when it got one.
 
-Each request is one streamed `/v1/completions` or `/v1/chat/completions` call (request.py, its
-stream parsed by sse.py) over an aiohttp keep-alive pool (transport.py;
+Each request is one streamed call of the run's --api (`/v1/completions`, `/v1/chat/completions`,
+`/v1/responses`, `/v1/messages`: api_specs.py; request.py sends it, sse.py or the API's own
+module parses its stream) over an aiohttp keep-alive pool (transport.py;
 results/loadgen_capacity.md has its capacity on the 2-core machine). Failures are recorded on
 their request, never raised: error_type is one of ERROR_TYPES.
 """
@@ -39,6 +40,7 @@ from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
+from cbbench.targets.api_specs import SPECS
 from cbbench.targets.checks import (
     TOKEN_COUNT_METHODS,
     count_request,
@@ -123,7 +125,8 @@ class _Runner:
         self.should_stop = should_stop
         self.on_progress = on_progress
         self.base = normalize_endpoint(opts.endpoint)
-        self.chat = opts.api == "chat"
+        self.spec = SPECS[opts.api]
+        self.chat = self.spec.chat
         n = len(wreqs)
         self.records: list[RequestRecord | None] = [None] * n
         self.streams: list[SseStream | None] = [None] * n
@@ -155,11 +158,12 @@ class _Runner:
             rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
         if self.image_info is not None and (im := self.image_info[pos]) is not None:
             rec.images, rec.image_bytes = im
-        st = SseStream(self.chat, rec.token_times_s, keep_text=self.tokenizer is not None)
+        st = self.spec.stream(rec.token_times_s, self.tokenizer is not None)
         extra = request_fields(w.reasoning_len, w.tools, w.tool_choice, self.chat)
         prompt = self.prompts[pos]
-        body = image_request_body if isinstance(prompt, EncodedContent) else request_body
-        return self._exchange(pos, rec, st, partial(body, self.ctx, prompt, w.output_len, extra))
+        make = (image_request_body if isinstance(prompt, EncodedContent)
+                else self.spec.single_body or request_body)
+        return self._exchange(pos, rec, st, partial(make, self.ctx, prompt, w.output_len, extra))
 
     async def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
                         make_body: Callable[[], bytes]) -> None:
@@ -271,7 +275,7 @@ class _Runner:
         o = self.opts
         wanted = o.max_concurrency or max(1, len(self.wreqs))
         pool = raise_open_file_limit(wanted)
-        headers = {"Content-Type": "application/json", **o.headers}
+        headers = {"Content-Type": "application/json", **self.spec.headers(o.headers), **o.headers}
         # Capped by the open-files limit: the excess waits for a connection inside its TTFT.
         info: dict = {"connection_pool_size": pool, "connection_pool_capped": pool < wanted}
         if o.max_concurrency:
@@ -335,14 +339,7 @@ class _Runner:
 
     def _payload(self, model: str) -> dict:
         """The fields every request body of the run carries."""
-        payload = {
-            "model": model,
-            "stream": True,
-            # continuous_usage_stats: the running usage on every chunk (vLLM, SGLang), so
-            # each event's tokens are counted exactly (targets/event_counts.py).
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "temperature": 0,
-        }
+        payload = self.spec.payload(model)  # the API's own (targets/api_specs.py)
         if self.opts.ignore_eos_field:
             payload["ignore_eos"] = True
         return payload

@@ -1,4 +1,5 @@
-"""Multi-turn sessions against an endpoint, over the chat API.
+"""Multi-turn sessions against an endpoint, over the chat API (or the Responses or Anthropic API:
+the same history, in their shapes; api_specs.py).
 
 Each session is one coroutine, as a user at a chat window: it starts at its intended time (the
 arrival process), sends turn 1 as ``messages``, and once the reply has finished waits its
@@ -27,6 +28,7 @@ from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import TOOL_TURN, first_prompt_len, next_prompt_len
+from cbbench.targets.api_specs import SPECS
 from cbbench.targets.client_health import sleep_until
 from cbbench.targets.options import EndpointOptions
 from cbbench.targets.request import RequestContext
@@ -53,8 +55,10 @@ class SessionDispatch:
     the turn's request id (plan.request_id), one slot per turn of the plan."""
 
     def __init__(self, opts: EndpointOptions, plan: SessionPlan, tokenizer) -> None:
-        if opts.api != "chat":
-            raise UsageError("multi-turn sessions send the history as messages: use --api chat")
+        self.spec = SPECS[opts.api]
+        if not self.spec.sessions:
+            raise UsageError("multi-turn sessions send the history as messages: use --api chat, "
+                             "responses or anthropic")
         self.opts = opts
         self.plan = plan
         self.tokenizer = tokenizer
@@ -163,10 +167,11 @@ class SessionDispatch:
                             turn=session.nodes[k].index + 1, max_tokens=turn.output_len,
                             turn_kind=turn.kind, agent=session.agent_name(k),
                             waited_from_s=waited_from)
-        st = SseStream(True, rec.token_times_s, keep_text=True)
+        st = self.spec.stream(rec.token_times_s, True)
         # A session with tools offers them on every turn; a turn that asks for no call says
         # "none" (a model offered tools may call one).
         extra = request_fields(0, session.tools, turn.tool_choice or "none", True)
+        make = self.spec.messages_body or messages_body
         await runner._exchange(
-            pos, rec, st, lambda: messages_body(runner.ctx, messages, turn.output_len, extra))
+            pos, rec, st, lambda: make(runner.ctx, messages, turn.output_len, extra))
         return rec, st

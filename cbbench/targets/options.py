@@ -12,8 +12,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 from cbbench.errors import UsageError
 
-APIS = ("completions", "chat", "embeddings", "rerank")
+APIS = ("completions", "chat", "responses", "anthropic", "embeddings", "rerank")
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
+             "responses": "/v1/responses", "anthropic": "/v1/messages",
              "embeddings": "/v1/embeddings", "rerank": "/v1/rerank"}
 # Non-streaming APIs whose requests carry inputs and no output (targets/pooling_request.py).
 POOLING_APIS = ("embeddings", "rerank")
@@ -88,7 +89,7 @@ def redact_url(url: str) -> str:
 @dataclass
 class EndpointOptions:
     endpoint: str
-    api: str = "completions"  # or "chat"
+    api: str = "completions"  # or one of APIS
     served_model: str | None = None  # None: the first model of GET /v1/models
     ignore_eos_field: bool = True  # send vLLM/SGLang's `ignore_eos: true`
     headers: dict[str, str] = field(default_factory=dict)

@@ -67,7 +67,7 @@ async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:
     exception) when the answer is not a complete event stream."""
     async with await post(ctx.session, ctx.url, body) as resp:
         if not 200 <= resp.status < 300:
-            head = body_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
+            head = stream.error_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
             raise HttpFailure("http_status", f"HTTP {resp.status}: {head}")
         ctype = resp.headers.get("Content-Type", "")
         if ctype and "text/event-stream" not in ctype:

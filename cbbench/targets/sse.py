@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from cbbench.targets.transport import ERROR_BODY_CHARS, HttpFailure
+from cbbench.targets.transport import ERROR_BODY_CHARS, HttpFailure, body_text
 
 MAX_LINE_BYTES = 1 << 20  # the longest event-stream line buffered before it counts as bad_event
 BAD_EVENT_CHARS = 80
@@ -158,19 +158,15 @@ class SseStream:
         # vLLM's --enable-per-request-metrics timings, on the final usage chunk (None: unsent).
         self.server_metrics: dict | None = None
 
-    def feed(self, piece: bytes, t: float) -> None:  # noqa: C901 - over 15 as merged from main; to split (issue 23)
-        """Whatever one network read returned, at run-clock time `t`. (One function per read,
-        the lines parsed inline: it runs for every network read of every request.)"""
+    def feed(self, piece: bytes, t: float) -> None:
+        """Whatever one network read returned, at run-clock time `t`. (It runs for every network
+        read of every request: the lines are split inline, each event's JSON parsed here.)"""
         if b"\n" not in piece:
-            self._tail += piece
-            if len(self._tail) > MAX_LINE_BYTES:
-                raise HttpFailure(
-                    "bad_event", f"event-stream line longer than {MAX_LINE_BYTES} bytes"
-                )
+            self._hold(piece)
             return
         lines = (self._tail + piece).split(b"\n") if self._tail else piece.split(b"\n")
         self._tail = lines.pop()
-        times, pieces, chat, loads = self.times, self.pieces, self.chat, json.loads
+        loads = json.loads
         for line in lines:
             if not line.startswith(b"data:"):
                 continue  # blank separators, ': comments', 'event:' lines
@@ -185,36 +181,67 @@ class SseStream:
             except ValueError:
                 shown = data[:BAD_EVENT_CHARS].decode("utf-8", "replace")
                 raise HttpFailure("bad_event", f"malformed event: {shown!r}") from None
-            parts, finish, usage, calls = chunk_parts(obj, chat)
-            if self.response_id is None:
-                rid = obj.get("id")
-                if isinstance(rid, str) and rid:
-                    self.response_id = rid[:MAX_RESPONSE_ID_CHARS]
-            if usage is not None:
-                self.usage = usage
-                m = obj.get("metrics")  # vLLM sends it with the final usage only
-                if type(m) is dict:
-                    self.server_metrics = m
-                ct = usage.get("completion_tokens")
-                if type(ct) is int and ct >= 0:
-                    self._running_now = ct
-            if calls is not None:
-                self._calls(calls)
-            if parts:
-                times.append(t)
-                # One kind (most events): no join. (Per event of every stream: kept cheap.)
-                self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
-                # A usage-only chunk carries none of the event's own count.
-                self.running.append(self._running_now if usage is not None else None)
-                if pieces is not None:  # kept with keep_text, as are the two below
-                    assert self.reasoning_pieces is not None and self.answer_pieces is not None
-                    pieces.append("".join(p for _, p in parts))
-                    self.reasoning_pieces.append("".join(p for k, p in parts if k == REASONING))
-                    self.answer_pieces.append("".join(p for k, p in parts if k == ANSWER))
-            elif parts is not None:
-                self.empty_events += 1
-            if finish is not None:
-                self.finish_reason = finish
+            self._chunk(obj, t)
+
+    def _hold(self, piece: bytes) -> None:
+        """A read that ends no line: keep it for the next (bad_event past MAX_LINE_BYTES)."""
+        self._tail += piece
+        if len(self._tail) > MAX_LINE_BYTES:
+            raise HttpFailure("bad_event", f"event-stream line longer than {MAX_LINE_BYTES} bytes")
+
+    def _chunk(self, obj: object, t: float) -> None:
+        """One event's JSON: an OpenAI chunk (another API's stream overrides this)."""
+        parts, finish, usage, calls = chunk_parts(obj, self.chat)
+        if self.response_id is None:
+            self._take_id(obj)  # type: ignore[arg-type]  # chunk_parts checked it is a dict
+        if usage is not None:
+            self.usage = usage
+            m = obj.get("metrics")  # type: ignore[attr-defined]  # a dict (chunk_parts checked); vLLM: with the final usage only
+            if type(m) is dict:
+                self.server_metrics = m
+            ct = usage.get("completion_tokens")
+            if type(ct) is int and ct >= 0:
+                self._running_now = ct
+        if calls is not None:
+            self._calls(calls)
+        if parts:  # _timed inline: this runs for every token of a chat or completions stream
+            self.times.append(t)
+            # One kind (most events): no join. (Per event of every stream: kept cheap.)
+            self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
+            # A usage-only chunk carries none of the event's own count.
+            self.running.append(self._running_now if usage is not None else None)
+            if self.pieces is not None:
+                self._keep(parts)
+        elif parts is not None:
+            self.empty_events += 1
+        if finish is not None:
+            self.finish_reason = finish
+
+    def _take_id(self, obj: dict) -> None:
+        rid = obj.get("id")
+        if isinstance(rid, str) and rid:
+            self.response_id = rid[:MAX_RESPONSE_ID_CHARS]
+
+    def _timed(self, parts: list[tuple[str, str]], t: float, running: int | None = None) -> None:
+        """A token event with text: its time, kind and running count (and text, when kept)."""
+        self.times.append(t)
+        self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
+        self.running.append(running)
+        if self.pieces is not None:
+            self._keep(parts)
+
+    def _keep(self, parts: list[tuple[str, str]]) -> None:
+        """With keep_text: the event's text, and its reasoning and answer text apart."""
+        assert self.pieces is not None
+        assert self.reasoning_pieces is not None and self.answer_pieces is not None
+        self.pieces.append("".join(p for _, p in parts))
+        self.reasoning_pieces.append("".join(p for k, p in parts if k == REASONING))
+        self.answer_pieces.append("".join(p for k, p in parts if k == ANSWER))
+
+    @staticmethod
+    def error_text(body: bytes) -> str:
+        """An error response's body as the run's one-line error."""
+        return body_text(body)
 
     def close(self, t: float) -> None:
         """The body ended (at `t`): parse a last unterminated line, then check that the stream

@@ -77,11 +77,14 @@ def test_agent_sessions_in_process(tmp_path):
     _check(_run(tmp_path, "engine", "--engine", "sim"), exact=True)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_agent_sessions_over_http(tmp_path, workers):
+@pytest.mark.parametrize("api,workers", [("chat", 1), ("chat", 2), ("responses", 1),
+                                         ("anthropic", 1)])
+def test_agent_sessions_over_http(tmp_path, api, workers):
+    """Also over the Responses API (function_call / function_call_output items) and Anthropic's
+    (tool_use / tool_result blocks)."""
     log = tmp_path / "serve.jsonl"
     with serve_process("--engine", "sim", "--request-log", str(log)) as srv:
-        result = _run(tmp_path, "http", "--endpoint", srv.url, "--api", "chat",
+        result = _run(tmp_path, "http", "--endpoint", srv.url, "--api", api,
                       "--workers", str(workers))
     _check(result, exact=False)
     reqs = sorted(result["requests"], key=lambda r: (r["session_id"], r["turn"]))

@@ -35,11 +35,12 @@ def _workload(path, kind: str) -> None:
             f.write(json.dumps(d) + "\n")
 
 
-def _run(url: str, tmp_path, kind: str) -> tuple[dict, subprocess.CompletedProcess]:
+def _run(url: str, tmp_path, kind: str, api: str = "chat"
+         ) -> tuple[dict, subprocess.CompletedProcess]:
     wl, res = tmp_path / f"{kind}.jsonl", tmp_path / f"{kind}.json"
     _workload(wl, kind)
     out = subprocess.run(
-        [*CBBENCH, "run", "--endpoint", url, "--api", "chat", "--workload", str(wl),
+        [*CBBENCH, "run", "--endpoint", url, "--api", api, "--workload", str(wl),
          "--num-requests", str(REQUESTS), "--request-rate", str(RATE), "--save-detailed",
          "--output", str(res)],
         capture_output=True, text=True, timeout=300,
@@ -145,6 +146,48 @@ def test_client_passes_audit(servers, tmp_path, kind, interval):
     if bound:
         pytest.skip(f"timings not audited: the client was starved in {ATTEMPTS} runs "
                     f"({s['client_bound']['reasons'][0][:120]}); counts were exact")
+
+
+@pytest.mark.parametrize("api", ["responses", "anthropic"])
+@pytest.mark.parametrize("kind", ["plain", "all"])
+def test_streaming_apis_pass_audit(servers, tmp_path, api, kind):
+    """--api responses and --api anthropic at 20 req/s (issue 26): 0 errors, every count the
+    server's (output, reasoning, tool-call tokens, events, tokens per event), TTFT/TTFOT/TPOT
+    within 2 ms of the server's writes. Their streams carry no running usage: each event is
+    taken as one token, which one engine step per event makes exact."""
+    url, log = servers[1]
+    for _ in range(ATTEMPTS):
+        result, run = _run(url, tmp_path, kind, api)
+        rep, audit = _audit(tmp_path / f"{kind}.json", log)
+        if audit.returncode == 0:
+            break
+    bound = audit.returncode != 0 and bool(result["summary"]["client_bound"]["metrics"])
+    s = result["summary"]
+    assert s["completed"] == REQUESTS and s["failed"] == 0
+    assert rep["joined"] == REQUESTS and rep["basis"] == "shared_clock"
+    m = rep["metrics"]
+    for name in ("output_tokens", "reasoning_tokens", "tool_call_tokens", "events",
+                 "tokens_per_event"):
+        assert m[name]["mismatched"] == 0 and m[name]["requests"] == REQUESTS, name
+    reqs = result["requests"]
+    prefix = "resp_" if api == "responses" else "msg_"
+    assert all(r["server_request_id"].startswith(prefix) for r in reqs)
+    assert {r["tokens_per_event_method"] for r in reqs} == {"one_per_event"}
+    assert all(r["server_prompt_tokens"] is not None for r in reqs)
+    if kind == "all":
+        assert sum(1 for r in reqs if r["reasoning_tokens"]) == REQUESTS // 2
+        calls = [r for r in reqs if r.get("tool_calls")]
+        assert len(calls) == sum(1 for i in range(REQUESTS) if i % 3 != 1)
+        assert all(r["finish_reason"] == "tool_calls" for r in calls)
+        assert "TTFOT (ms)" in run.stdout
+    else:
+        assert {r["finish_reason"] for r in reqs} == {"length"}
+    if bound:
+        pytest.skip(f"timings not audited: the client was starved in {ATTEMPTS} runs "
+                    f"({s['client_bound']['reasons'][0][:120]}); counts were exact")
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    for name in ("ttft_ms", "ttfot_ms", "tpot_ms", "event_gap_ms"):
+        assert abs(m[name]["median"]) <= 2.0, (name, m[name])
 
 
 def test_audit_fails_on_a_wrong_count_and_a_late_client(servers, tmp_path):

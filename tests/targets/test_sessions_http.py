@@ -35,9 +35,12 @@ def _spec(url: str, workload: str, api: str = "chat", **kw) -> RunSpec:
     )
 
 
-def test_sharegpt_multiturn_against_serve_over_chat(srv):
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+def test_sharegpt_multiturn_against_serve_over_chat(srv, api):
+    """Over chat, and over the Responses and Anthropic APIs with the whole history as their
+    input: the same prompt growth, turn by turn."""
     result = execute_run(
-        _spec(srv.url, "sharegpt-multiturn", num_requests=5, request_rate=20.0,
+        _spec(srv.url, "sharegpt-multiturn", api=api, num_requests=5, request_rate=20.0,
               rate_given=True),
     )
     s = result["summary"]
@@ -113,7 +116,8 @@ def test_sessions_need_the_chat_api(fake_server, tmp_path):
     ])
     assert res.exit_code == 2
     assert res.output.strip() == (
-        "cbbench: error: multi-turn sessions send the history as messages: use --api chat"
+        "cbbench: error: multi-turn sessions send the history as messages: use --api chat, "
+        "responses or anthropic"
     )
 
 

@@ -1,0 +1,311 @@
+"""POST /v1/messages (Anthropic's Messages API) over the generation core, in Anthropic's field
+names, events and error format.
+
+The request: ``model`` and ``max_tokens`` (both required, as Anthropic's), ``messages`` (user and
+assistant turns; content a string or blocks: ``text``, an assistant's ``tool_use`` and the
+user's ``tool_result``), ``system``, the sampling fields, ``tools`` (``{"name", "input_schema"}``)
+and ``tool_choice`` (``auto`` | ``any`` | ``tool`` | ``none``), and cbbench's
+``reasoning_tokens`` extension: the first N output tokens are the model's thinking. The
+conversation is rendered with the minimal chat template of /v1/chat/completions.
+
+A stream is ``event: TYPE`` / ``data: JSON``: ``message_start`` (the message, its
+``usage.input_tokens``); per content block ``content_block_start`` (``thinking``, ``text`` or
+``tool_use``), its ``content_block_delta`` events (``thinking_delta``, then one
+``signature_delta``; ``text_delta``; ``input_json_delta`` for a tool call's input, the JSON
+object ``{"input": "<the tokens' text>"}``) and ``content_block_stop``; then ``message_delta``
+(``stop_reason``: ``end_turn``, ``max_tokens`` or ``tool_use``; ``usage.output_tokens``,
+cumulative) and ``message_stop``. ``usage.input_tokens`` counts the prompt tokens the prefix
+cache did not serve; ``cache_read_input_tokens`` those it did (Anthropic's split; with prefix
+caching off, all are input_tokens). Errors are ``{"type": "error", "error": {"type", "message"}}``
+(an ``error`` event mid-stream). A request's log line has ``api: anthropic`` and the message's
+id (``msg_...``).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cbbench.server.chunks import request_id
+from cbbench.server.protocol import (
+    APIError,
+    ChatMessage,
+    ToolCall,
+    ToolCallFunction,
+    render_chat,
+    validation_error,
+)
+from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
+from cbbench.server.stream_events import (
+    ANSWER,
+    REASONING,
+    TOOL_ARGS_CLOSE,
+    TOOL_ARGS_OPEN,
+    OutputPlan,
+    escaped,
+)
+
+STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+TOOL = "tool"
+# Anthropic's error types by HTTP status (docs: API errors).
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    529: "overloaded_error",
+}
+SERVER_ERROR_TYPE = "api_error"
+STOP_REASONS = {"length": "max_tokens", "stop": "end_turn"}
+SIGNATURE = "cbbench"  # the thinking block's signature: the server signs nothing
+
+
+def anthropic_error(status: int, message: str) -> dict:
+    kind = ERROR_TYPES.get(status, SERVER_ERROR_TYPE if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+class Block(BaseModel):
+    model_config = STRICT
+
+    type: str
+    text: str = ""
+    thinking: str = ""
+    id: str | None = None
+    name: str | None = None
+    input: object = None
+    tool_use_id: str | None = None
+    content: str | list[Block] | None = None
+
+
+class Message(BaseModel):
+    model_config = STRICT
+
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(BaseModel):
+    model_config = STRICT
+
+    name: str = Field(min_length=1)
+
+
+class ToolChoice(BaseModel):
+    model_config = STRICT
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+
+class MessagesRequest(BaseModel):
+    model_config = STRICT
+
+    model: str
+    max_tokens: int = Field(ge=1)
+    messages: list[Message] = Field(min_length=1)
+    system: str | list[Block] | None = None
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    seed: int | None = None  # cbbench extension, as the OpenAI endpoints take it
+    ignore_eos: bool | None = None  # vLLM's extension
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
+
+    def chat_messages(self) -> list[ChatMessage]:
+        out = []
+        if self.system:
+            out.append(ChatMessage(role="system", content=_text(self.system)))
+        for m in self.messages:
+            out.extend(_chat_messages(m))
+        return out
+
+    def called_tool(self) -> str | None:
+        choice = self.tool_choice
+        if not self.tools or (choice is not None and choice.type == "none"):
+            return None
+        if choice is not None and choice.type == "tool":
+            if choice.name not in {t.name for t in self.tools}:
+                raise APIError(400, f"tool_choice names {choice.name!r}, which is not in tools")
+            return choice.name
+        return self.tools[0].name
+
+
+def _text(content: str | list[Block] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(b.text for b in content if b.type == "text")
+
+
+def _chat_messages(m: Message) -> list[ChatMessage]:
+    """One Anthropic turn as chat messages: its text, an assistant's tool calls, and the tool
+    results a user turn carries (each a tool message)."""
+    if isinstance(m.content, str):
+        return [ChatMessage(role=m.role, content=m.content)]
+    out = []
+    calls = [ToolCall(id=b.id, function=ToolCallFunction(name=b.name or "",
+                                                         arguments=json.dumps(b.input)))
+             for b in m.content if b.type == "tool_use"]
+    for b in m.content:
+        if b.type == "tool_result":
+            out.append(ChatMessage(role="tool", content=_text(b.content),
+                                   tool_call_id=b.tool_use_id))
+        elif b.type not in ("text", "tool_use", "thinking", "redacted_thinking"):
+            raise APIError(400, f"content block type {b.type!r} is not supported")
+    text = _text(m.content)
+    if text or calls:
+        out.append(ChatMessage(role=m.role, content=text or None, tool_calls=calls or None))
+    return out
+
+
+class AnthropicShaper:
+    """One request's Messages events (or its one message)."""
+
+    def __init__(self, job: Job, model: str, client_request_id: str | None) -> None:
+        self.job = job
+        self.plan: OutputPlan = job.plan
+        self.id = request_id("msg", client_request_id, sep="_")
+        self.model = model
+        self.times = None
+        self.tool_id = f"toolu_{uuid.uuid4().hex[:24]}"
+        self.block = -1  # the open block's index
+        self.open: str | None = None
+        self.tool_started = False
+
+    @staticmethod
+    def _event(obj: dict) -> bytes:
+        return (f"event: {obj['type']}\ndata: ".encode()
+                + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+
+    def _message(self, content: list, stop_reason: str | None, usage: dict) -> dict:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
+                "content": content, "stop_reason": stop_reason, "stop_sequence": None,
+                "usage": usage}
+
+    def opening(self) -> bytes:
+        usage = {"input_tokens": len(self.job.prompt_ids), "output_tokens": 0}
+        return self._event({"type": "message_start", "message": self._message([], None, usage)})
+
+    def _open(self, kind: str) -> bytes:
+        out = self._close()
+        self.open, self.block = kind, self.block + 1
+        if kind == REASONING:
+            block: dict = {"type": "thinking", "thinking": "", "signature": ""}
+        elif kind == ANSWER:
+            block = {"type": "text", "text": ""}
+        else:
+            block = {"type": "tool_use", "id": self.tool_id, "name": self.plan.tool_name,
+                     "input": {}}
+        return out + self._event({"type": "content_block_start", "index": self.block,
+                                  "content_block": block})
+
+    def _close(self) -> bytes:
+        if self.open is None:
+            return b""
+        out = b""
+        if self.open == REASONING:
+            out = self._event({"type": "content_block_delta", "index": self.block,
+                               "delta": {"type": "signature_delta", "signature": SIGNATURE}})
+        self.open = None
+        return out + self._event({"type": "content_block_stop", "index": self.block})
+
+    def _delta(self, kind: str, text: str) -> bytes:
+        if kind == REASONING:
+            delta = {"type": "thinking_delta", "thinking": text}
+        elif kind == ANSWER:
+            delta = {"type": "text_delta", "text": text}
+        else:
+            delta = {"type": "input_json_delta", "partial_json": text}
+        return self._event({"type": "content_block_delta", "index": self.block, "delta": delta})
+
+    def tokens(self, pieces: list[list[str]], n: int, last: bool,
+               engine_finish: str | None) -> bytes:
+        out = b""
+        for kind, text in pieces:
+            if kind not in (REASONING, ANSWER):
+                kind = TOOL
+                text = escaped(text)
+                if not self.tool_started:
+                    self.tool_started = True
+                    text = TOOL_ARGS_OPEN + text
+                if last:
+                    text += TOOL_ARGS_CLOSE
+            if self.open != kind:
+                out += self._open(kind)
+            out += self._delta(kind, text)
+        if last:
+            out += self._close()
+        return out
+
+    def _stop_reason(self, engine_finish: str) -> str:
+        return "tool_use" if self.tool_started else STOP_REASONS.get(engine_finish, "end_turn")
+
+    def closing(self, counts: Counts, engine_finish: str) -> bytes:
+        delta = {"stop_reason": self._stop_reason(engine_finish), "stop_sequence": None}
+        return (self._event({"type": "message_delta", "delta": delta,
+                             "usage": {"output_tokens": counts.output_tokens}})
+                + self._event({"type": "message_stop"}))
+
+    def failure(self, message: str) -> bytes:
+        return self._event(anthropic_error(500, message))
+
+    def finish_reason(self, engine_finish: str | None) -> str | None:
+        if engine_finish is not None and self.tool_started:
+            return "tool_calls"
+        return engine_finish
+
+    def full(self, texts: OutputTexts, counts: Counts, engine_finish: str) -> dict:
+        content: list[dict] = []
+        if texts.reasoning:
+            content.append({"type": "thinking", "thinking": texts.reasoning,
+                            "signature": SIGNATURE})
+        if texts.tool is not None:
+            self.tool_started = True
+            content.append({"type": "tool_use", "id": self.tool_id, "name": self.plan.tool_name,
+                            "input": {"input": texts.tool}})
+        else:
+            content.append({"type": "text", "text": texts.answer})
+        return self._message(content, self._stop_reason(engine_finish), anthropic_usage(counts))
+
+
+def anthropic_usage(c: Counts) -> dict:
+    """Anthropic's usage: input_tokens are the prompt tokens the prefix cache did not serve."""
+    cached = (c.cached_tokens or 0) if c.report_cached else 0
+    d = {"input_tokens": c.prompt_tokens - cached, "output_tokens": c.output_tokens}
+    if c.report_cached:
+        d["cache_read_input_tokens"] = cached
+        d["cache_creation_input_tokens"] = 0
+    return d
+
+
+class AnthropicApi:
+    name = "anthropic"
+
+    def parse(self, body: bytes, ctx):
+        try:
+            req = MessagesRequest.model_validate_json(body)
+        except ValidationError as e:
+            raise validation_error(list(e.errors())) from None
+        s = ctx.ready()
+        ctx.check_model(s, req.model)
+        if req.stop_sequences:
+            raise APIError(400, "stop_sequences are not supported", param="stop_sequences")
+        ids = s.codec.encode(render_chat(req.chat_messages()))
+        check_vocab(ids, s.vocab_size, "messages")
+        plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
+        return s, Job(self, ids, req.max_tokens, ctx.sampling(req), req.stream, plan=plan,
+                      request=req)
+
+    def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> AnthropicShaper:
+        return AnthropicShaper(job, s.name, client_request_id)
+
+    def error_body(self, e: APIError) -> dict:
+        return anthropic_error(e.status, e.message)
+
+
+ANTHROPIC = AnthropicApi()
