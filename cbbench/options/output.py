@@ -63,6 +63,11 @@ class OutputOptions:
     )
     json: bool = opt(False, "Print the result JSON instead of the table.", flag="--json",
                      switch=False)
+    quiet: bool = opt(
+        False,
+        "No live panel while the run runs (it shows only on a terminal, never in a pipe).",
+        switch=False,
+    )
 
     def validate(self) -> None:
         check_fields(self)  # the SLO text is read (and checked) by its one parser
@@ -82,5 +87,5 @@ class OutputOptions:
 
 RUN_OUTPUT = dict(only=(
     "slo", "warmup", "cooldown", "output", "save_detailed", "max_error_rate", "gpu_index",
-    "telemetry_interval", "label", "summary_only", "json",
+    "telemetry_interval", "label", "summary_only", "json", "quiet",
 ))
