@@ -45,6 +45,10 @@ class RequestRecord:
     first_output_s: float | None = None  # the first answer or tool-call token (not reasoning)
     cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (None: unsent)
     tool_calls: list[dict] | None = None  # [{"id", "name", "argument_tokens"}] the reply made
+    # Issue 27: HTTP runs: the endpoint URL the request went to (several with --balance), and
+    # the model it asked for (an adapter under --lora-modules, else the served model).
+    endpoint: str | None = None
+    model: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from cbbench.analysis.metrics import summarize
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.result import base_result
+from cbbench.analysis.splits import add_splits
 from cbbench.analysis.telemetry import unavailable
 from cbbench.bench.runner import request_record_dict
 
@@ -18,6 +19,7 @@ def build_result(
     result = base_result(dict(config))
     result["started_at"] = started_at
     result["summary"] = summarize(records, duration_s)
+    add_splits(result["summary"], records, duration_s)  # by model (inference-perf's adapters)
     result["telemetry"] = unavailable(f"imported from {config.get('imported_from')}")
     # Detailed: the token times are all an imported request has; keep them.
     result["requests"] = [request_record_dict(r, True) for r in records]

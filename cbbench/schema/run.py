@@ -61,6 +61,10 @@ class Summary(Record):
     not_sent: int | None = None
     steady_state: SteadyState | None = None
     engine: EngineSummary | None = None
+    # HTTP runs with several models (--lora-modules) or endpoints (--endpoint A,B): the
+    # figures of each (analysis/splits.py), keyed by model name / endpoint URL.
+    by_model: dict[str, dict[str, Any]] | None = None
+    by_endpoint: dict[str, dict[str, Any]] | None = None
 
 
 class Config(Record):
@@ -97,6 +101,8 @@ class Request(Record):
     max_tokens: int | None = None
     token_times_s: list[Number] | None = None
     itl_ms: list[Number] | None = None
+    endpoint: str | None = None  # HTTP runs: the URL the request went to
+    model: str | None = None  # HTTP runs: the model (or LoRA adapter) it asked for
 
 
 class Iteration(Record):
