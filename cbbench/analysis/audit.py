@@ -184,8 +184,9 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
         raise UsageError("the result's requests carry no token times: rerun cbbench run with "
                          "--save-detailed")
     by_order = bool(requests) and all(r.get("server_request_id") is None for r in requests)
+    find = _id_lookup(log)
     for r, line in (_by_send_order(requests, log) if by_order else
-                    ((r, log.get(r.get("server_request_id"))) for r in requests)):
+                    ((r, find(r.get("server_request_id"))) for r in requests)):
         c = client_side(r, t0_epoch if shared_clock else 0.0)
         if c is None:
             continue
@@ -266,6 +267,20 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
         "metrics": metrics,
         "passed": all(m["passed"] for m in metrics.values()),
     }
+
+
+def _id_lookup(log: dict[str, dict]):
+    """The log line of a request id: the response id itself, or the id a client chose and
+    sent as X-Request-Id (AIPerf's x_request_id), which the server made the tail of its
+    response id (``chatcmpl-<id>``, as vLLM forms it)."""
+    tails = {k.split("-", 1)[1]: v for k, v in log.items() if "-" in k}
+
+    def find(rid):
+        if rid is None:
+            return None
+        return log.get(rid) or tails.get(rid)
+
+    return find
 
 
 def _by_send_order(requests: Sequence[dict], log: dict[str, dict]):

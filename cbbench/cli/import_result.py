@@ -54,8 +54,10 @@ def import_result(
 
 def _read(file: Path, tool: str, benchmark: int | None):
     if tool == aiperf.TOOL:
-        recs = aiperf.records(aiperf.lines(file), str(file))
-        return build_result(aiperf.config(recs), None, recs, aiperf.duration_s(recs)), recs
+        rows = aiperf.lines(file)
+        recs = aiperf.records(rows, str(file))
+        return build_result(aiperf.config(recs), None, recs, aiperf.duration_s(recs),
+                            aiperf.origin(rows)), recs
     data = read_json_file(file, f"{tool} result")
     if tool == inference_perf.TOOL:
         rows = inference_perf.entries(data, str(file))
@@ -68,7 +70,8 @@ def _read(file: Path, tool: str, benchmark: int | None):
         bench = guidellm.benchmark(data, str(file), benchmark)
         recs = guidellm.records(bench, str(file))
         return build_result(guidellm.config(data, bench, recs), guidellm.started_at(bench), recs,
-                            guidellm.duration_s(bench, recs)), recs
+                            guidellm.duration_s(bench, recs),
+                            guidellm.origin(bench, str(file))), recs
     recs = vllm_bench.records(data, str(file))
     return build_result(
         vllm_bench.config(data), vllm_bench.started_at(data), recs,

@@ -63,7 +63,7 @@ def _strategy(bench) -> str:
     return "?"
 
 
-def records(bench: Mapping, source: str) -> list[RequestRecord]:
+def _rows(bench: Mapping, source: str) -> list[tuple[str, Mapping]]:
     rows = []
     for status in STATUSES:
         group = bench["requests"].get(status) or []
@@ -73,9 +73,23 @@ def records(bench: Mapping, source: str) -> list[RequestRecord]:
     if not rows:
         raise UsageError(f"{source} holds no requests (GuideLLM samples them: raise "
                          "--sample-requests, or leave it unset)")
+    return rows
+
+
+def _start(t: Mapping) -> float:
+    return t["targeted_start"] if t.get("targeted_start") is not None else t["request_start"]
+
+
+def origin(bench: Mapping, source: str) -> float:
+    """The records' zero: the first intended start, on the Unix clock GuideLLM times on."""
+    return min(_start(_timings(r, source)) for _, r in _rows(bench, source))
+
+
+def records(bench: Mapping, source: str) -> list[RequestRecord]:
+    rows = _rows(bench, source)
     timings = [_timings(r, f"{source}: request {i}") for i, (_, r) in enumerate(rows)]
-    starts = [t.get("targeted_start") or t.get("request_start") for t in timings]
-    t0 = min(s for s in starts if s is not None)
+    starts = [_start(t) for t in timings]
+    t0 = min(starts)
     order = sorted(range(len(rows)), key=lambda i: starts[i])  # the schedule's order
     return [_record(k, *rows[i], timings[i], t0, f"{source}: request {i}")
             for k, i in enumerate(order)]

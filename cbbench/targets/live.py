@@ -13,12 +13,14 @@ Nothing here imports rich: the rendering is the CLI's (cbbench/cli/live.py).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from cbbench.analysis.bounded_histogram import LogHistogram
+
 MS = 1000.0
+LIVE_RELATIVE_ERROR = 0.005  # the panel's p50s: within 0.5% (its figures show 3-4 digits)
 
 
 @dataclass(frozen=True)
@@ -44,42 +46,58 @@ class LiveSnapshot:
 
 
 class _Tally:
-    """The ended requests' figures so far, grown incrementally by snapshot()."""
+    """The ended requests' figures so far: counts exactly, latencies in bounded-error
+    histograms (analysis/bounded_histogram.py), so a redraw costs O(new requests + buckets),
+    not O(all requests so far): a p50 within LIVE_RELATIVE_ERROR."""
 
     def __init__(self) -> None:
-        self.ttft_ms: list[float] = []
-        self.tpot_ms: list[float] = []
-        self.lag_ms: list[float] = []
+        self.ttft_ms = LogHistogram(LIVE_RELATIVE_ERROR)
+        self.tpot_ms = LogHistogram(LIVE_RELATIVE_ERROR)
+        self.lag_ms = LogHistogram(LIVE_RELATIVE_ERROR)
+        self.lag_max_ms: float | None = None
         self.done = 0
         self.failed = 0
         self.output_tokens = 0
 
-    def add_record(self, rec) -> None:  # an HTTP RequestRecord
-        if rec.send_s is not None:
-            self.lag_ms.append((rec.send_s - rec.ready_s) * MS)
-        if not rec.ok:
-            self.failed += 1
-            return
-        self.done += 1
-        self.output_tokens += rec.output_tokens
-        self.ttft_ms.append(rec.ttft_s * MS)
-        if rec.tpot_s is not None:
-            self.tpot_ms.append(rec.tpot_s * MS)
+    def add(self, ttft: list[float], tpot: list[float], lag: list[float]) -> None:
+        self.ttft_ms.add_many(ttft)
+        self.tpot_ms.add_many(tpot)
+        if lag:
+            self.lag_max_ms = max(self.lag_max_ms or 0.0, max(lag))
+            self.lag_ms.add_many([max(0.0, x) for x in lag])  # a clock tick early: 0
 
-    def add_request(self, req, finished_status) -> None:  # an engine Request
-        times = req.token_times
-        if req.status != finished_status or not times:
-            self.failed += 1
-            return
-        self.done += 1
-        self.output_tokens += req.num_output_tokens
-        self.ttft_ms.append((times[0] - req.arrival_time) * MS)
-        if req.num_output_tokens > 1:
-            self.tpot_ms.append((times[-1] - times[0]) / (req.num_output_tokens - 1) * MS)
+    def records(self, recs) -> None:  # HTTP RequestRecords
+        ttft, tpot, lag = [], [], []
+        for rec in recs:
+            if rec.send_s is not None:
+                lag.append((rec.send_s - rec.ready_s) * MS)
+            if not rec.ok:
+                self.failed += 1
+                continue
+            self.done += 1
+            self.output_tokens += rec.output_tokens
+            ttft.append(rec.ttft_s * MS)
+            if rec.tpot_s is not None:
+                tpot.append(rec.tpot_s * MS)
+        self.add(ttft, tpot, lag)
+
+    def requests(self, reqs, finished_status) -> None:  # engine Requests
+        ttft, tpot = [], []
+        for req in reqs:
+            times = req.token_times
+            if req.status != finished_status or not times:
+                self.failed += 1
+                continue
+            self.done += 1
+            self.output_tokens += req.num_output_tokens
+            ttft.append((times[0] - req.arrival_time) * MS)
+            if req.num_output_tokens > 1:
+                tpot.append((times[-1] - times[0]) / (req.num_output_tokens - 1) * MS)
+        self.add(ttft, tpot, [])
 
 
-def _p50(values: Sequence[float]) -> float | None:
-    return float(np.median(values)) if values else None
+def _p50(h: LogHistogram) -> float | None:
+    return h.percentiles([50])[0] if h.count else None
 
 
 class LiveBoard:
@@ -132,11 +150,11 @@ class LiveBoard:
         ended = self._ended
         n = len(ended)  # a list only grows: read its length once, then the new items
         tally = self._tally
-        for item in ended[self._cursor:n]:
-            if self._engine is not None:
-                tally.add_request(item, self._finished_status)
-            else:
-                tally.add_record(item)
+        new = ended[self._cursor:n]
+        if self._engine is not None:
+            tally.requests(new, self._finished_status)
+        else:
+            tally.records(new)
         self._cursor = n
         elapsed, in_flight, engine = self._clock_and_flight()
         done, failed = tally.done, tally.failed
@@ -156,7 +174,7 @@ class LiveBoard:
             target_rate=self.target_rate,
             achieved_rate=sent / elapsed if elapsed > 0 else None,
             send_lag_p50_ms=_p50(tally.lag_ms),
-            send_lag_max_ms=max(tally.lag_ms) if tally.lag_ms else None,
+            send_lag_max_ms=tally.lag_max_ms,
             ttft_p50_ms=_p50(tally.ttft_ms),
             tpot_p50_ms=_p50(tally.tpot_ms),
             output_tok_s=tally.output_tokens / elapsed if elapsed > 0 else None,

@@ -5,6 +5,11 @@ process). Reports per side the client's CPU per request (this process: the view'
 included) and the send lag p50/p99, and the ratios view/no-view.
 
     python tests/bench/bench_live_view.py [--rate 300] [--duration 5] [--pairs 3]
+    python tests/bench/bench_live_view.py --frame-cost [--per-frame 150] [--frames 200]
+
+--frame-cost: the CPU one redraw takes (time.thread_time around the board's snapshot and the
+panel's render, into an in-memory terminal) while PER_FRAME new finished requests arrive
+between frames (300 req/s at 2 frames/s), so the view's cost per second of a run is twice it.
 
 Not collected by pytest. Results: results/live_view_cost.md.
 """
@@ -57,12 +62,54 @@ def one(port: int, rate: float, duration: float, seed: int, view: bool) -> dict:
             "panel_frames": screen.getvalue().count("cbbench run")}
 
 
+def frame_cost(per_frame: int, frames: int) -> dict:
+    import time
+
+    from rich.console import Console
+
+    from cbbench.analysis.records import RequestRecord
+    from cbbench.cli.live import LiveView
+
+    class Runner:
+        t0 = time.perf_counter()
+        in_flight = 40
+
+    lv = LiveView(True, console=Console(file=io.StringIO(), force_terminal=True, width=100))
+    board = lv.board
+    board.plan(per_frame * frames, 60.0, 300.0)
+    board.attach_http(Runner())
+    costs = []
+    k = 0
+    for _ in range(frames):
+        for _ in range(per_frame):
+            t = k * 0.003
+            board.on_record(k, RequestRecord(k, 100, 4, t, t + 0.0005,
+                                             [t + 0.05, t + 0.06, t + 0.07, t + 0.08]), "usage")
+            k += 1
+        c0 = time.thread_time()
+        lv.console.print(lv._panel())
+        costs.append(time.thread_time() - c0)
+    a = np.array(costs) * 1e3
+    return {"per_frame_requests": per_frame, "frames": frames, "requests_seen": k,
+            "frame_cpu_ms": {"p50": float(np.percentile(a, 50)),
+                             "p99": float(np.percentile(a, 99)),
+                             "last": float(a[-1])},
+            "cpu_ms_per_second_at_2_frames": 2 * float(np.percentile(a, 50)),
+            "loadavg_1min": os.getloadavg()[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=300.0)
     ap.add_argument("--duration", type=float, default=5.0)
     ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--frame-cost", action="store_true")
+    ap.add_argument("--per-frame", type=int, default=150)
+    ap.add_argument("--frames", type=int, default=200)
     a = ap.parse_args()
+    if a.frame_cost:
+        print(json.dumps(frame_cost(a.per_frame, a.frames), indent=1))
+        return
     proc, port = bench_loadgen._start_server()
     runs = []
     try:

@@ -141,3 +141,31 @@ def test_compare_gate_report_and_export_read_the_imports(tmp_path):
         br = runner.invoke(app, ["export", str(f), "--format", "csv",
                                  "--out", str(tmp_path / f"{f.stem}.csv")])
         assert br.exit_code == 0, br.output
+
+
+# ---- AIPerf's reasoning figures and wall clock ---------------------------------------------
+def test_aiperf_reasoning_and_clock_carry_over(tmp_path):
+    base = 1_796_000_000 * 10**9  # AIPerf stamps time.time_ns()
+    metrics = {
+        "time_to_first_token": {"value": 40.0, "unit": "ms"},
+        "time_to_first_output_token": {"value": 70.0, "unit": "ms"},
+        "inter_chunk_latency": {"value": [30.0, 10.0], "unit": "ms"},
+        "output_sequence_length": {"value": 3, "unit": "tokens"},
+        "input_sequence_length": {"value": 10, "unit": "tokens"},
+        "usage_reasoning_tokens": {"value": 1, "unit": "tokens"},
+    }
+    line = {"metadata": {"x_request_id": "abc", "credit_issued_ns": base,
+                         "request_start_ns": base + 5_000_000, "request_end_ns": base + 10**8,
+                         "benchmark_phase": "profiling"}, "metrics": metrics, "error": None}
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text(json.dumps(line) + "\n")
+    res, result = _import(src, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    r = result["requests"][0]
+    assert r["reasoning_tokens"] == 1
+    assert r["ttfot_ms"] == pytest.approx(75.0)  # 70 ms from the send, 5 ms after the release
+    assert r["ttft_ms"] == pytest.approx(45.0)
+    # The records' zero on the Unix clock: audit compares them with a server log on it.
+    assert result["summary"]["http"]["t0_epoch_s"] == pytest.approx(base / 1e9)
+    res, g = _import(GUIDELLM, "guidellm", tmp_path / "g.json", "--benchmark", "0")
+    assert g["summary"]["http"]["t0_epoch_s"] == pytest.approx(1700000000.0)

@@ -65,3 +65,18 @@ def test_a_log_that_is_not_the_runs_alone_is_refused(run_and_log):
                          capture_output=True, text=True, timeout=120)
     lines = [x for x in out.stderr.splitlines() if x.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "send order" in lines[0], out.stderr
+
+
+def test_a_client_chosen_id_joins_the_servers_id_that_ends_in_it(run_and_log):
+    """AIPerf records the X-Request-Id it sent; the server's response id is cmpl-<that id>."""
+    result, log, _ = run_and_log
+    tails = json.loads(json.dumps(result))
+    for r in tails["requests"]:
+        r["server_request_id"] = r["server_request_id"].split("-", 1)[1]
+    rep = A.audit(tails, log)
+    assert rep["joined_by"] == "server_request_id" and rep["joined"] == REQUESTS
+    assert rep["metrics"]["ttft_ms"] == A.audit(result, log)["metrics"]["ttft_ms"]
+    for r in tails["requests"]:
+        r["server_request_id"] = "nobody-" + r["server_request_id"]  # the check can fail
+    with pytest.raises(UsageError, match=f"{REQUESTS} not in the log"):
+        A.audit(tails, log)
