@@ -48,8 +48,8 @@ def panel_lines(s: LiveSnapshot) -> list[tuple[str, str]]:
 
 
 class LiveView:
-    """``with LiveView(enabled) as board:`` -- hand ``board`` to execute_run. Disabled, the
-    board is still filled (cheaply) but nothing is drawn."""
+    """``with LiveView(enabled) as board:`` -- hand ``board`` to execute_run; None when the
+    view is off, so an undrawn run feeds no board at all (its hot path exactly as before)."""
 
     def __init__(self, enabled: bool, console=None):
         """``console``: draw there instead (a benchmark measuring the view's cost)."""
@@ -70,7 +70,7 @@ class LiveView:
             text.append(line)
         return Panel(text, title="cbbench run", expand=False)
 
-    def __enter__(self) -> LiveBoard:
+    def __enter__(self) -> LiveBoard | None:
         if self.enabled:
             from rich.console import Console
             from rich.live import Live
@@ -81,7 +81,8 @@ class LiveView:
                 redirect_stderr=False,
             )
             self._live.start()
-        return self.board
+            return self.board
+        return None
 
     def __exit__(self, *exc) -> None:
         if self._live is not None:

@@ -47,6 +47,7 @@ def one(port: int, rate: float, duration: float, seed: int, view: bool) -> dict:
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     if lv is not None:
         with lv as board:
+            assert board is not None
             board.plan(n, float(arrivals[-1]), rate)
             run = run_load(opts, wreqs, arrivals, LoadPlan(1), on_progress=board.on_progress,
                            live=board)
