@@ -24,7 +24,8 @@ FRONT=(
   cbbench.report.check
   cbbench.server.engine_events cbbench.server.limits cbbench.server.paced_clock
   cbbench.server.prometheus cbbench.server.request_log cbbench.server.text
-  cbbench.targets.hooks cbbench.targets.options cbbench.targets.request cbbench.targets.sse
+  cbbench.targets.hooks cbbench.targets.options cbbench.targets.read_buffers cbbench.targets.request
+  cbbench.targets.sse
   cbbench.targets.transport
 )
 args=(-p cbbench.engine -p cbbench.kernels)

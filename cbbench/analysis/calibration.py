@@ -106,28 +106,30 @@ def _records_of(result: dict, where: str) -> list[dict]:
 
 
 def check_record(it: object, where: str) -> None:
-    """Every field the fit reads, of its kind and in its range: Infinity, text, a missing
-    field, 1e300, 10**30 or a record that is a number were tracebacks inside the fit, and
-    negative token counts were fitted silently. (A typed result schema will read these; the
-    checks stay the fit's own until then.)"""
+    """A record the fit can read. Its fields' kinds are the result schema's (cbbench/schema:
+    text, a bool or a negative count is refused there, as every reader refuses it); the fit
+    adds its own rules: every field it reads is present and within range (Infinity, NaN, 1e300
+    and 10**30 were tracebacks inside the fit)."""
+    from cbbench.schema.base import validate
+    from cbbench.schema.run import Iteration
+
     if not isinstance(it, dict):
         raise UsageError(f"{where} is {type(it).__name__}, not a record (an object)")
+    validate(Iteration, it, where, "iteration record")
     for name in RECORD_COUNTS + RECORD_OPTIONAL_COUNTS:
         if name not in it:
             if name in RECORD_OPTIONAL_COUNTS:
                 continue
             raise UsageError(f"{where} has no {name!r}")
-        v = it[name]
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_RECORD_COUNT:
+        if not it[name] <= MAX_RECORD_COUNT:
             raise UsageError(
-                f"{where} has {name} {v!r}: expected an integer in [0, {MAX_RECORD_COUNT}]"
+                f"{where} has {name} {it[name]!r}: expected an integer in [0, {MAX_RECORD_COUNT}]"
             )
     for name, top in RECORD_AMOUNTS.items():
         if name not in it:
             raise UsageError(f"{where} has no {name!r}")
-        v = it[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= top:
-            raise UsageError(f"{where} has {name} {v!r}: expected a number in [0, {top:g}]")
+        if not 0 <= it[name] <= top:  # NaN is in no range
+            raise UsageError(f"{where} has {name} {it[name]!r}: expected a number in [0, {top:g}]")
 
 
 def fit_data(results: Sequence[tuple[str, dict]]) -> tuple[FitData, str, str, str, list[Source]]:

@@ -73,11 +73,10 @@ def token_gaps_s(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray
     """(per-token gaps, per-event gaps, tokens per event) of one request, in seconds. An event
     of k tokens after a gap g gives k per-token gaps of g/k (SGLang's and inference-perf's
     definition); the first event's tokens have no gap before them."""
-    times, counts = rec.events()
-    k = np.asarray(counts, dtype=np.float64)
+    times, k = rec.event_arrays()
     if len(times) < 2:
         return np.zeros(0), np.zeros(0), k
-    gaps = np.diff(np.asarray(times, dtype=np.float64))
+    gaps = np.diff(times)
     later = k[1:]
     nonzero = later > 0  # an event the count put at 0 tokens adds no per-token gap
     per_token = np.repeat(gaps[nonzero] / later[nonzero], later[nonzero].astype(np.int64))

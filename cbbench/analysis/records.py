@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -23,6 +25,10 @@ class RequestRecord:
     session_id: int | str | None = None  # multi-turn workloads: the session
     turn: int | None = None  # multi-turn workloads: the turn, from 1
     turn_kind: str | None = None  # sessions: "user" or "tool" (a tool result's turn)
+    agent: str | None = None  # sessions: the sub-agent the turn belongs to (None: the main one)
+    # Sessions: when the turn's wait (think or tool time) began -- the end of every turn it
+    # waited on (its agent's previous turn, that turn's sub-agents). None: a session's first.
+    waited_from_s: float | None = None
     cancelled: bool = False  # --cancel-rate: the client gave up on it (not an error)
     worker: int | None = None  # HTTP runs: the load-generator worker that sent it (0..N-1)
     # HTTP targets (issue 20): what was asked and how the output was counted.
@@ -103,6 +109,21 @@ class RequestRecord:
                 out_t.append(t)
                 out_k.append(1)
         return out_t, out_k
+
+    def event_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """``events()`` as float64 times and counts, found with numpy (a run's summary takes
+        them for every request: a Python loop over every token was its largest cost)."""
+        t = np.asarray(self.token_times_s, dtype=np.float64)
+        if self.event_tokens is not None:
+            return t, np.asarray(self.event_tokens, dtype=np.float64)
+        n = len(t)
+        if n == 0:
+            return t, np.zeros(0)
+        new = np.empty(n, dtype=bool)
+        new[0] = True
+        np.not_equal(t[1:], t[:-1], out=new[1:])
+        starts = np.flatnonzero(new)
+        return t[starts], np.diff(np.append(starts, n)).astype(np.float64)
 
     @property
     def tpot_s(self) -> float | None:

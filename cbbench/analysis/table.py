@@ -168,6 +168,12 @@ def by_turn_table(summary: dict) -> str:
             f"\nsessions: {ses['completed']} of {ses['count']} completed, "
             f"{ses['turns_sent']} of {ses['turns_planned']} turns sent"
         )
+        split = [(label, (ses.get(key) or {}).get("p50")) for label, key in (
+            ("end to end", "duration_s"), ("in the model", "time_in_model_s"),
+            ("in tools", "time_in_tools_s"), ("in sub-agents", "time_in_subagents_s"))]
+        if any(v for label, v in split[2:]):  # an agent workload: where its time went
+            table += "\nper session, p50 (s): " + ", ".join(
+                f"{label} {v:.3f}" for label, v in split if v is not None)
     return table
 
 

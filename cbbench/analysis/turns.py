@@ -16,6 +16,10 @@ from cbbench.analysis.metrics import DEFAULT_PERCENTILES, MS, distribution
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_cache import server_prefix_cache
 
+# The records' turn kinds (load/sessions.py writes them; analysis reads records only).
+TOOL_KIND = "tool"
+SUBAGENT_KIND = "subagent"  # ttft_by_turn_kind_ms: any turn of a sub-agent (load/session_dag.py)
+
 
 def by_turn(records: Sequence[RequestRecord], percentiles=DEFAULT_PERCENTILES) -> list[dict]:
     """[{"turn": k, "completed", "failed", "mean_prompt_tokens", "ttft_ms", "tpot_ms"}, ...]
@@ -55,7 +59,7 @@ def session_summary(
             by_session.setdefault(r.session_id, []).append(r)
     completed = []
     mean_ttft = []
-    in_tools, in_model = [], []
+    in_tools, in_model, in_subagents = [], [], []
     for sid, recs in by_session.items():
         done = [r for r in recs if r.ok]
         if done:
@@ -63,12 +67,13 @@ def session_summary(
         if len(done) == planned_turns.get(sid, -1):
             start = min(r.intended_start_s for r in recs)
             completed.append(max(r.token_times_s[-1] for r in done) - start)
-            tools, model = _tool_and_model_time(done)
+            tools, model, subagents = _wall_time_split(done)
             in_tools.append(tools)
             in_model.append(model)
-    kinds = sorted({r.turn_kind for r in records if r.turn_kind is not None})
+            in_subagents.append(subagents)
+    kinds = sorted({_kind(r) for r in records if r.turn_kind is not None})
     by_kind = {
-        k: distribution([r.ttft_s * MS for r in records if r.ok and r.turn_kind == k],
+        k: distribution([r.ttft_s * MS for r in records if r.ok and _kind(r) == k],
                         percentiles)
         for k in kinds
     }
@@ -81,21 +86,57 @@ def session_summary(
         "turns_sent": sum(len(v) for v in by_session.values()),
         "duration_s": distribution(completed, percentiles),
         "mean_ttft_ms": distribution(mean_ttft, percentiles),
-        # Completed sessions: the end-to-end time split into waiting on tools (a tool turn's
-        # latency: from the reply that asked for the call to the tool turn's intended start)
-        # and in the model (each turn's intended start to its last token); the rest is the
-        # user's think time.
+        # Completed sessions, on the wall clock (a session with sub-agents runs turns in
+        # parallel): time in the model is when at least one of its turns was in the model
+        # (from a turn's intended start to its last token); time in tools when at least one
+        # tool was running (a tool turn's wait) and no turn was in the model; the rest of
+        # duration_s is think time. time_in_subagents_s: when a sub-agent's turn was in the
+        # model (part of time_in_model_s).
         "time_in_tools_s": distribution(in_tools, percentiles),
         "time_in_model_s": distribution(in_model, percentiles),
+        "time_in_subagents_s": distribution(in_subagents, percentiles),
         "ttft_by_turn_kind_ms": by_kind,
     }
 
 
-def _tool_and_model_time(done: Sequence[RequestRecord]) -> tuple[float, float]:
-    turns = sorted(done, key=lambda r: r.turn)
-    tools = sum(
-        r.intended_start_s - prev.token_times_s[-1]
-        for prev, r in zip(turns, turns[1:]) if r.turn_kind == "tool"
-    )
-    model = sum(r.token_times_s[-1] - r.intended_start_s for r in turns)
-    return float(tools), float(model)
+def _kind(r: RequestRecord) -> str | None:
+    """A turn's kind for the summary: a sub-agent's turns are their own kind."""
+    return SUBAGENT_KIND if r.agent is not None else r.turn_kind
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(i for i in intervals if i[1] > i[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return float(sum(b - a for a, b in intervals))
+
+
+def _minus(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """The length of union a outside union b (both sorted and disjoint)."""
+    overlap = sum(max(0.0, min(x1, y1) - max(x0, y0)) for x0, x1 in a for y0, y1 in b)
+    return _length(a) - overlap
+
+
+def _wall_time_split(done: Sequence[RequestRecord]) -> tuple[float, float, float]:
+    """(time in tools, in the model, in sub-agents) of one completed session."""
+    model = _union([(r.intended_start_s, r.token_times_s[-1]) for r in done])
+    subagents = _union([(r.intended_start_s, r.token_times_s[-1]) for r in done if r.agent])
+    tools = _union([(_wait_start(r, done), r.intended_start_s)
+                    for r in done if r.turn_kind == TOOL_KIND])
+    return _minus(tools, model), _length(model), _length(subagents)
+
+
+def _wait_start(r: RequestRecord, done: Sequence[RequestRecord]) -> float:
+    """When a tool turn's wait began: as recorded, else (records made without it) the end of
+    its agent's previous turn."""
+    if r.waited_from_s is not None:
+        return r.waited_from_s
+    prev = [p for p in done if p.agent == r.agent and p.turn == r.turn - 1]
+    return prev[0].token_times_s[-1] if prev else r.intended_start_s

@@ -7,8 +7,9 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from cbbench.analysis.histogram import log_histogram
 from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
@@ -32,6 +33,9 @@ from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sa
 from cbbench.targets.engine import engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
 
+if TYPE_CHECKING:
+    from cbbench.options import EndpointFlags, LoadOptions, OutputOptions
+
 log = logging.getLogger(__name__)
 
 DEFAULT_NUM_REQUESTS = 1000
@@ -48,6 +52,7 @@ class RunSpec:
     arrival: str = "auto"
     time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
     think_time: str | None = None  # session workloads: --think-time (None: the default)
+    tool_time_scale: float = 1.0  # agent sessions: --tool-time-scale (tool_time_ms times X)
     cancel_rate: float | None = None  # --cancel-rate: share of requests cancelled mid-stream
     cancel_after: str | None = None  # --cancel-after: ms after the send (N, exp:MEAN, ...)
     warmup_s: float | None = None  # steady-state window set by hand: [warmup, end - cooldown]
@@ -64,6 +69,45 @@ class RunSpec:
     ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
     load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
     replay: str | None = None  # --replay: a recorded run's requests and arrivals instead
+
+    @classmethod
+    def from_options(
+        cls,
+        load: LoadOptions,
+        engine: EngineArgs,
+        output: OutputOptions | None = None,
+        endpoint: EndpointFlags | None = None,
+        **overrides: Any,
+    ) -> RunSpec:
+        """The run a command's option groups describe. A field named as an option takes the
+        option's value as it is (a new option needs only its group's field and this class's
+        field of the same name); the parsed ones are read below, each by its group's parser.
+        A group a command does not take (``None``) stands at its defaults, which are this
+        class's; ``overrides`` set what a command decides itself (sweep's label, compare's
+        request count)."""
+        from cbbench.options import OutputOptions
+
+        out = output if output is not None else OutputOptions()
+        given: dict[str, Any] = {}
+        for group in (load, out):
+            given |= {f.name: getattr(group, f.name) for f in fields(group)}
+        spec: dict[str, Any] = {f.name: given[f.name] for f in fields(cls) if f.name in given}
+        spec |= dict(
+            request_rate=load.rate(),
+            rate_given=load.rate_given,
+            random=load.random_spec(),
+            duration_s=load.duration_s(),
+            ramp=load.ramp_spec(),
+            replay=str(load.replay) if load.replay is not None else None,
+            slo=out.goodput_slo(),
+            warmup_s=out.warmup,
+            cooldown_s=out.cooldown,
+            telemetry_interval_s=out.telemetry_interval,
+            engine=engine,
+        )
+        if endpoint is not None:
+            spec |= dict(endpoint=endpoint.target(load.seed), load=endpoint.load_plan())
+        return cls(**(spec | overrides))
 
 
 def request_record_dict(rec, detailed: bool) -> dict:
@@ -103,6 +147,9 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if rec.turn is not None:
         d["session_id"] = rec.session_id
         d["turn"] = rec.turn
+        d["turn_kind"] = rec.turn_kind
+        if rec.agent is not None:
+            d["agent"] = rec.agent
     if rec.slot_s is not None:
         d["slot_wait_ms"] = (rec.slot_s - rec.intended_start_s) * ms
         d["ttft_from_send_ms"] = rec.ttft_from_send_s * ms if rec.ok else None
@@ -185,6 +232,11 @@ def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
         d = it["duration_s"]
         it["mbu"] = it["bytes_moved"] / d / bw if d > 0 else None
         it["mfu"] = it["flops"] / d / fl if d > 0 else None
+
+
+# --tool-time-scale's upper end: tools a thousand times slower is past any use, and it keeps a
+# scaled wait a number every clock can sleep on.
+MAX_TOOL_TIME_SCALE = 1000.0
 
 
 def scale_trace_time(arrivals, process: str, time_scale: float):
@@ -325,11 +377,18 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
         process, arrivals = replay.config.get("arrival"), replay.arrivals
     cancel = cancel_plan(spec.cancel_rate, spec.cancel_after, spec.seed)
     if workload.is_sessions:
+        scale = spec.tool_time_scale
+        if not (math.isfinite(scale) and 0 <= scale <= MAX_TOOL_TIME_SCALE):
+            raise UsageError(f"--tool-time-scale must be between 0 and {MAX_TOOL_TIME_SCALE:g}, "
+                             f"got {scale:g}")
         plan = SessionPlan(drawn, arrivals, parse_delay(
-            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed)
+            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed,
+            tool_time_scale=scale)
         return Schedule(workload, process, until, [], arrivals[:0], plan, cancel)
     if spec.think_time is not None:
         raise UsageError("--think-time applies to multi-turn session workloads")
+    if spec.tool_time_scale != 1.0:
+        raise UsageError("--tool-time-scale applies to agent session workloads (tool turns)")
     return Schedule(workload, process, until, drawn, arrivals, None, cancel)
 
 

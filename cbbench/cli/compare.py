@@ -37,6 +37,8 @@ def register(app: typer.Typer) -> None:
         "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival")),
     O.Group(O.OutputOptions, "output", help_prefix="--variants: ", only=("slo", "save_detailed")),
     O.engine_group(),
+    O.Group(O.WindowOptions, "windowed", help={"window": "all: the whole run's figures; steady: "
+            "each result's steady-state window (ramp-up and drain left out)."}),
 )
 def compare(
     files: Annotated[
@@ -62,12 +64,8 @@ def compare(
         Path | None, typer.Option("--csv", help="Also write the numbers and ratios as CSV.",
                                   parser=C.output_file, metavar="<path>")
     ] = None,
-    window: Annotated[
-        str,
-        typer.Option(help="all: the whole run's figures; steady: each result's steady-state "
-                     "window (ramp-up and drain left out)."),
-    ] = "all",
     *,
+    windowed: O.WindowOptions,
     load: O.LoadOptions,
     output: O.OutputOptions,
     engine_opts: EngineArgs,
@@ -90,10 +88,10 @@ def compare(
         workload_note,
     )
     from cbbench.analysis.result import check_not_an_input, check_writable, write_atomic
-    from cbbench.analysis.windows import check_window, select_window
+    from cbbench.analysis.windows import select_window
     from cbbench.bench.variants import parse_variants, run_variants
 
-    check_window(window)
+    window = windowed.window
     for flag, path in (("--markdown", markdown), ("--csv", csv_out)):
         if path is not None:
             check_writable(path)
@@ -134,15 +132,5 @@ def _base_spec(load: O.LoadOptions, output: O.OutputOptions, opts: EngineArgs) -
     """The RunSpec every variant shares; only its engine options change per variant."""
     from cbbench.bench.runner import DEFAULT_NUM_REQUESTS, RunSpec
 
-    return RunSpec(
-        workload=load.workload,
-        num_requests=load.num_requests if load.num_requests is not None else DEFAULT_NUM_REQUESTS,
-        seed=load.seed,
-        request_rate=load.rate(),
-        rate_given=load.rate_given,
-        burstiness=load.burstiness,
-        arrival=load.arrival,
-        slo=output.goodput_slo(),
-        save_detailed=output.save_detailed,
-        engine=opts,
-    )
+    num_requests = load.num_requests if load.num_requests is not None else DEFAULT_NUM_REQUESTS
+    return RunSpec.from_options(load, opts, output, num_requests=num_requests)

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from tabulate import tabulate
 
+from cbbench import options as O
 from cbbench.analysis import gate as G
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
@@ -38,6 +39,7 @@ def register(app: typer.Typer) -> None:
     app.command("gate", **COMMAND_SETTINGS)(gate)
 
 
+@O.with_options(O.Group(O.WindowOptions, "windowed"))
 def gate(
     ctx: typer.Context,
     max_regression: Annotated[
@@ -69,11 +71,8 @@ def gate(
         typer.Option(help="Also write a Markdown summary (e.g. to $GITHUB_STEP_SUMMARY).",
                      parser=C.output_file, metavar="<path>"),
     ] = None,
-    window: Annotated[
-        str,
-        typer.Option(help="all: the whole run's figures; steady: the steady-state window's "
-                     "(summary.steady_state: ramp-up and drain left out)."),
-    ] = "all",
+    *,
+    windowed: O.WindowOptions,
 ) -> None:
     """Fail CI when a result regressed against a baseline, metric by metric.
 
@@ -95,9 +94,9 @@ def gate(
         if path is not None:
             check_writable(path)
             check_not_an_input(path, [*new_paths, *base_paths], flag)
-    from cbbench.analysis.windows import check_metric, check_window, select_window
+    from cbbench.analysis.windows import check_metric, select_window
 
-    check_window(window)
+    window = windowed.window
     for t in checks_wanted:
         check_metric(t.metric, window)
     baseline = [(str(p), select_window(load_result(p), window, str(p))) for p in base_paths]

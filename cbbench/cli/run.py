@@ -57,33 +57,7 @@ def run(
         if ignored:
             raise UsageError(f"--replay takes the recorded run's workload, seed and arrivals: "
                              f"drop {', '.join(ignored)}")
-    spec = RunSpec(
-        workload=load.workload,
-        num_requests=load.num_requests,
-        seed=load.seed,
-        request_rate=load.rate(),
-        rate_given=load.rate_given,
-        burstiness=load.burstiness,
-        arrival=load.arrival,
-        time_scale=load.time_scale,
-        think_time=load.think_time,
-        cancel_rate=load.cancel_rate,
-        cancel_after=load.cancel_after,
-        warmup_s=output.warmup,
-        cooldown_s=output.cooldown,
-        random=load.random_spec(),
-        slo=output.goodput_slo(),
-        save_detailed=output.save_detailed,
-        label=output.label,
-        engine=engine_opts,
-        endpoint=endpoint.target(load.seed),
-        gpu_index=output.gpu_index,
-        telemetry_interval_s=output.telemetry_interval,
-        duration_s=load.duration_s(),
-        ramp=load.ramp_spec(),
-        load=endpoint.load_plan(),
-        replay=str(load.replay) if load.replay is not None else None,
-    )
+    spec = RunSpec.from_options(load, engine_opts, output, endpoint)
     kind = "http" if spec.endpoint else (
         engine_opts.engine if engine_opts.engine != "auto" else "engine")
     out_path = output.output or C.default_output_path(kind)

@@ -40,6 +40,8 @@ def build_serving_engine(opts):
 
     engine, resolved = build_engine(opts)
     info = resolved.to_dict()
+    # /metrics exports vLLM's spec_decode counters when speculation is on (as vLLM registers them).
+    info["speculative_tokens"] = opts.speculative_tokens
     if not engine.clock.realtime:
         engine.clock = PacedWallClock()
         info["clock"] = "wall"

@@ -117,15 +117,12 @@ def base_spec(load: O.LoadOptions, output: O.OutputOptions, endpoint: O.Endpoint
     --workers or --ray, is a multi-worker run: the probe's schedule dealt to the workers)."""
     from cbbench.bench.runner import RunSpec
 
-    plan = endpoint.load_plan()
     if load.arrival not in PROBE_ARRIVALS:
         raise UsageError(f"unknown arrival process {load.arrival!r}: use "
                          f"{', '.join(PROBE_ARRIVALS)}")
-    return RunSpec(
-        workload=load.workload, seed=load.seed, burstiness=load.burstiness,
-        arrival=load.arrival, label=output.label, engine=engine_opts,
-        endpoint=endpoint.target(load.seed), load=plan,
-    )
+    # The output group's --slo is the sweep's attainment SLO (the probes judge it), not a
+    # run's goodput limits: only the label passes to the probes.
+    return RunSpec.from_options(load, engine_opts, endpoint=endpoint, label=output.label)
 
 
 def probes_context(load):

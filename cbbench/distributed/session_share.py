@@ -7,10 +7,11 @@ worker runs the run's SessionPlan with its own sessions active: request ids, lab
 times and cancellations are drawn per (seed, session position, turn), the same as in one
 process.
 
-A worker that dies leaves, per session, at most one turn that may have been in flight: the
-first one it did not report. That turn was due at its session's start (turn 1) or at the end
-of the previous turn plus its think time; due before the death, it is lost (a failed record,
-as for a plain request); otherwise it, and every later turn, was not sent.
+A worker that dies leaves, per session, the turns it did not report. One whose every awaited
+turn was reported (and did not fail) may have been in flight: it was due at its session's start
+(turn 1) or at the end of those turns plus its wait; due before the death, it is lost (a failed
+record, as for a plain request); otherwise it, and every turn waiting on an unreported one, was
+not sent. (A session without sub-agents has at most one such turn: the first unreported.)
 """
 
 from __future__ import annotations
@@ -53,28 +54,30 @@ def lost_turns(
     lost: list[RequestRecord] = []
     not_sent = 0
     for i in sessions:
-        turns = plan.sessions[i].turns
-        prev: RequestRecord | None = None
-        for k, turn in enumerate(turns):
+        session = plan.sessions[i]
+        turns = session.all_turns
+        for k, (turn, node) in enumerate(zip(turns, session.nodes)):
             pos = plan.request_id(i, k)
             if records[pos] is not None:
-                prev = records[pos]
                 continue
+            waits = [records[plan.request_id(i, w)] for w in node.waits_on]
             if k == 0:
                 due, prompt = float(plan.starts[i]), first_prompt_len(turn.user_len)
-            elif prev.error is None:  # completed or cancelled: the session went on
-                due = _turn_end_s(prev) + plan.think_time_s(i, k)
-                prompt = next_prompt_len(prev.prompt_tokens, prev.output_tokens, turn.user_len)
-            else:  # a failed turn ended the session, as in one process
+            elif all(w is not None and w.error is None for w in waits):
+                # completed or cancelled: the session went on
+                due = max(_turn_end_s(w) for w in waits) + plan.think_time_s(i, k)
+                before = records[plan.request_id(i, node.prev)] if node.prev is not None else None
+                prompt = (first_prompt_len(turn.user_len) if before is None else
+                          next_prompt_len(before.prompt_tokens, before.output_tokens, turn.user_len))
+            else:  # a turn it waits on failed or was never sent: it was not sent either
                 due = None
             if due is not None and due <= died_at_s:
                 lost.append(RequestRecord(
                     id=pos, prompt_tokens=prompt, output_tokens=0, intended_start_s=due,
-                    error=error, error_type=error_type, session_id=plan.labels[i], turn=k + 1,
-                    max_tokens=turn.output_len, worker=worker,
+                    error=error, error_type=error_type, session_id=plan.labels[i],
+                    turn=node.index + 1, max_tokens=turn.output_len, worker=worker,
+                    turn_kind=turn.kind, agent=session.agent_name(k),
                 ))
-                not_sent += len(turns) - k - 1
             else:
-                not_sent += len(turns) - k
-            break
+                not_sent += 1
     return lost, not_sent

@@ -16,6 +16,7 @@ from cbbench.load.delays import Delay, parse_delay
 from cbbench.load.sessions import (
     MESSAGE_END_TOKENS,
     MESSAGE_HEADER_TOKENS,
+    TOOL_TURN,
     Session,
 )
 
@@ -59,9 +60,10 @@ class SessionPlan:
     # worker runs its share of a plan that is otherwise the whole run's, so request ids, labels
     # and every seeded draw are the same as in one process.
     active: list[int] | None = None
+    tool_time_scale: float = 1.0  # --tool-time-scale: every tool turn's tool_time_ms times X
 
     def __post_init__(self) -> None:
-        sizes = [len(s.turns) for s in self.sessions]
+        sizes = [s.num_turns for s in self.sessions]
         self.first_id = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(int).tolist()
         self.num_turns = int(sum(sizes))
         # The records' session_id: the file's names when every drawn session has a distinct
@@ -76,28 +78,34 @@ class SessionPlan:
 
     @property
     def active_turns(self) -> int:
-        return sum(len(self.sessions[i].turns) for i in self.active_sessions)
+        return sum(self.sessions[i].num_turns for i in self.active_sessions)
 
     def session_of(self) -> list[int]:
         """Each request id's session position."""
-        return [i for i, s in enumerate(self.sessions) for _ in s.turns]
+        return [i for i, s in enumerate(self.sessions) for _ in s.all_turns]
 
     def planned_turns(self) -> dict:
-        return {label: len(s.turns) for label, s in zip(self.labels, self.sessions)}
+        return {label: s.num_turns for label, s in zip(self.labels, self.sessions)}
 
     def request_id(self, i: int, k: int) -> int:
         return self.first_id[i] + k
 
     def think_time_s(self, i: int, k: int) -> float:
-        """The wait before turn k (>= 1) of session i, after turn k - 1's reply finished."""
-        own = self.sessions[i].turns[k].think_time_s
+        """The wait before flat turn k of session i once every turn it waits on finished
+        (its agent's previous turn and that turn's sub-agents; a sub-agent's first turn: the
+        turn that fanned out to it). A sub-agent starts without a think time of its own
+        unless its turn gives one: a program starts it, not a person."""
+        turn = self.sessions[i].all_turns[k]
+        own = turn.think_time_s
         if own is not None:
-            return own
+            return own * self.tool_time_scale if turn.kind == TOOL_TURN else own
+        if self.sessions[i].nodes[k].prev is None:
+            return 0.0
         return self.think_time.sample_s(np.random.default_rng([self.seed, THINK_STREAM, i, k]))
 
     # ---- token ids (the engine target) ------------------------------------------------------
     def user_ids(self, i: int, k: int, vocab: int) -> list[int]:
-        turn = self.sessions[i].turns[k]
+        turn = self.sessions[i].all_turns[k]
         if turn.user_token_ids is not None:
             return list(turn.user_token_ids)
         rng = np.random.default_rng([self.seed, USER_IDS_STREAM, i, k])
@@ -107,10 +115,11 @@ class SessionPlan:
         """The reply the simulator "generates" for turn k: it samples lengths, not ids, and a
         prefix cache can only reuse a reply whose ids are known."""
         rng = np.random.default_rng([self.seed, REPLY_IDS_STREAM, i, k])
-        return rng.integers(FIRST_CONTENT_ID, vocab, self.sessions[i].turns[k].output_len).tolist()
+        return rng.integers(FIRST_CONTENT_ID, vocab, self.sessions[i].all_turns[k].output_len).tolist()
 
-    def first_prompt_ids(self, i: int, vocab: int) -> list[int]:
-        return [BOS_ID, *USER_HEADER, *self.user_ids(i, 0, vocab), *END, *ASSISTANT_HEADER]
+    def first_prompt_ids(self, i: int, vocab: int, k: int = 0) -> list[int]:
+        """A first turn's prompt (the main agent's, k = 0, or a sub-agent's)."""
+        return [BOS_ID, *USER_HEADER, *self.user_ids(i, k, vocab), *END, *ASSISTANT_HEADER]
 
     def next_prompt_ids(
         self, prev_prompt: list[int], reply: list[int], i: int, k: int, vocab: int
@@ -126,4 +135,5 @@ class SessionPlan:
             "sessions": len(self.sessions),
             "turns": self.num_turns,
             "think_time": self.think_time.text(),
+            **({"tool_time_scale": self.tool_time_scale} if self.tool_time_scale != 1.0 else {}),
         }

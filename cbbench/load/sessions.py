@@ -32,13 +32,15 @@ Agent sessions (docs/streaming.md): a session's ``tools`` are offered on every t
 ``tool_choice`` asks the model for a call; the next turn may then be a tool turn,
 ``{"tool_result_len": N, "tool_time_ms": T, "output_len": M}``: after the tool's latency T it
 sends the assistant's tool call and a ``role: tool`` result of N tokens. A tool turn without
-tools, or after a turn that asked for no call, is refused.
+tools, or after a turn that asked for no call, is refused. A turn's ``fan_out`` starts the
+session's named ``subagents`` in parallel, and the agent's next turn waits for them all: the
+session is then a DAG (load/session_dag.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 
 import numpy as np
@@ -46,6 +48,7 @@ import numpy as np
 from cbbench.errors import UsageError
 from cbbench.load.delays import MAX_DELAY_MS
 from cbbench.load.output_kinds import check_tools
+from cbbench.load.session_dag import TurnNode, build_nodes, order_subagents
 
 # ---- Llama-3's chat template, in tokens -------------------------------------------------------
 BOS_TOKENS = 1  # <|begin_of_text|>
@@ -53,10 +56,10 @@ MESSAGE_HEADER_TOKENS = 4  # <|start_header_id|> role <|end_header_id|> "\n\n"
 MESSAGE_END_TOKENS = 1  # <|eot_id|>
 GENERATION_PROMPT_TOKENS = MESSAGE_HEADER_TOKENS  # the assistant header that asks for a reply
 
-SESSION_FIELDS = {"session_id", "arrival_s", "turns", "tools"}
+SESSION_FIELDS = {"session_id", "arrival_s", "turns", "tools", "subagents"}
 TURN_FIELDS = {
     "user", "user_token_ids", "user_len", "output_len", "think_time_ms", "tool_choice",
-    "tool_result_len", "tool_time_ms",
+    "tool_result_len", "tool_time_ms", "fan_out",
 }
 USER_TURN = "user"
 TOOL_TURN = "tool"
@@ -78,19 +81,47 @@ class Turn:
     # tool_choice "none", or not at all).
     kind: str = USER_TURN
     tool_choice: str | dict | None = None
+    # The sub-agents (1-based: the session's subagents[a - 1]) started when this turn's reply
+    # finished; the agent's next turn waits for them all (load/session_dag.py).
+    fan_out: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SubAgent:
+    name: str
+    turns: tuple[Turn, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Session:
     id: int  # 0-based index in the workload
-    turns: tuple[Turn, ...]
+    turns: tuple[Turn, ...]  # the main agent's
     arrival_s: float | None = None
     name: str | None = None  # the file's session_id, when it gives one
     tools: tuple[dict, ...] | None = None  # OpenAI tool definitions every turn offers
+    subagents: tuple[SubAgent, ...] = ()  # in the order the fan-outs reach them
+    # Every turn, flat (the main agent's, then each sub-agent's), and the DAG over them.
+    all_turns: tuple[Turn, ...] = field(default=(), init=False, compare=False, repr=False)
+    nodes: tuple[TurnNode, ...] = field(default=(), init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        agents = [self.turns, *(a.turns for a in self.subagents)]
+        object.__setattr__(self, "all_turns", tuple(t for turns in agents for t in turns))
+        fan = [[t.fan_out for t in turns] for turns in agents]
+        object.__setattr__(self, "nodes", build_nodes(agents, fan))
 
     @property
     def session_id(self) -> int | str:
         return self.name if self.name is not None else self.id
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.all_turns)
+
+    def agent_name(self, k: int) -> str | None:
+        """The sub-agent flat turn k belongs to; None: the main agent."""
+        a = self.nodes[k].agent
+        return self.subagents[a - 1].name if a else None
 
 
 def first_prompt_len(user_len: int) -> int:
@@ -109,13 +140,16 @@ def next_prompt_len(prev_prompt_len: int, reply_len: int, user_len: int) -> int:
 
 
 def prompt_lens(session: Session) -> list[int]:
-    """Each turn's prompt length when every earlier reply ran to its full length."""
+    """Each turn's prompt length (flat order) when every earlier reply ran to its full length:
+    a first turn (of the main agent or a sub-agent) starts a history, a later one extends its
+    agent's previous turn."""
     out: list[int] = []
-    for k, t in enumerate(session.turns):
-        if k == 0:
+    turns = session.all_turns
+    for t, node in zip(turns, session.nodes):
+        if node.prev is None:
             out.append(first_prompt_len(t.user_len))
         else:
-            out.append(next_prompt_len(out[-1], session.turns[k - 1].output_len, t.user_len))
+            out.append(next_prompt_len(out[node.prev], turns[node.prev].output_len, t.user_len))
     return out
 
 
@@ -166,6 +200,7 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         raise UsageError(f"{where}: missing 'output_len'")
     output_len = _int(obj, "output_len", where, 1)
     choice = obj.get("tool_choice")
+    _fan_out_names(obj, where)
     if "tool_result_len" in obj:
         if {"user", "user_token_ids", "user_len", "think_time_ms"} & set(obj):
             raise UsageError(f"{where}: a tool turn ('tool_result_len') has no user message "
@@ -230,6 +265,43 @@ def check_unicode(text: str, key: str, where: str) -> None:
         ) from None
 
 
+def _fan_out_names(obj: dict, where: str) -> tuple[str, ...]:
+    """A turn's ``fan_out``: the sub-agents it starts, a non-empty list of distinct names."""
+    if "fan_out" not in obj:
+        return ()
+    names = obj["fan_out"]
+    if not isinstance(names, list) or not names:
+        raise UsageError(f"{where}: 'fan_out' must be a non-empty list of sub-agent names "
+                         "(a fan-out without sub-agents)")
+    if not all(isinstance(n, str) and n for n in names):
+        raise UsageError(f"{where}: 'fan_out' must list sub-agent names (non-empty strings)")
+    if len(set(names)) < len(names):
+        raise UsageError(f"{where}: 'fan_out' names a sub-agent twice")
+    return tuple(names)
+
+
+def _parse_turns(raw: object, where: str, count_tokens: Callable[[str], int]) -> tuple[Turn, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise UsageError(f"{where}: 'turns' must be a non-empty list")
+    turns = tuple(_parse_turn(t, f"{where}turn {k + 1}", count_tokens) for k, t in enumerate(raw))
+    if "fan_out" in raw[-1]:
+        raise UsageError(f"{where}turn {len(raw)}: a fan-out on the agent's last turn (the next "
+                         "turn is what waits for the sub-agents: give the agent one more turn)")
+    return turns
+
+
+def _raw_subagents(obj: dict, where: str) -> dict[str, list]:
+    subs = obj.get("subagents", {})
+    if not isinstance(subs, dict) or ("subagents" in obj and not subs):
+        raise UsageError(f"{where}: 'subagents' must be a non-empty object of name -> turns")
+    for name, turns in subs.items():
+        if not name:
+            raise UsageError(f"{where}: a sub-agent's name must be a non-empty string")
+        if not isinstance(turns, list) or not turns:
+            raise UsageError(f"{where} sub-agent {name!r}: its turns must be a non-empty list")
+    return subs
+
+
 def parse_session(
     obj: object, index: int, where: str, count_tokens: Callable[[str], int]
 ) -> Session:
@@ -241,13 +313,23 @@ def parse_session(
             f"{where}: unknown session field(s) {', '.join(sorted(unknown))}; "
             f"allowed: {', '.join(sorted(SESSION_FIELDS))}"
         )
-    turns = obj.get("turns")
-    if not isinstance(turns, list) or not turns:
-        raise UsageError(f"{where}: 'turns' must be a non-empty list")
-    parsed = tuple(
-        _parse_turn(t, f"{where} turn {k + 1}", count_tokens) for k, t in enumerate(turns)
-    )
+    main_raw = obj.get("turns")
+    parsed = _parse_turns(main_raw, f"{where} ", count_tokens)
+    subs_raw = _raw_subagents(obj, where)
+    subs = {name: _parse_turns(turns, f"{where} sub-agent {name!r} ", count_tokens)
+            for name, turns in subs_raw.items()}
+    order = order_subagents(main_raw, subs_raw, lambda t: t.get("fan_out", ()), where)
+    number = {name: a + 1 for a, name in enumerate(order)}
+
+    def wired(turns: tuple[Turn, ...], raw: list) -> tuple[Turn, ...]:
+        return tuple(replace(t, fan_out=tuple(number[n] for n in r.get("fan_out", ())))
+                     for t, r in zip(turns, raw))
+
+    parsed = wired(parsed, main_raw)
     tools = _check_tool_turns(obj.get("tools"), parsed, where)
+    subagents = tuple(SubAgent(n, wired(subs[n], subs_raw[n])) for n in order)
+    for sub in subagents:
+        _check_tool_turns(tools, sub.turns, f"{where} sub-agent {sub.name!r}")
     arrival = _nonneg_number(obj, "arrival_s", where) if "arrival_s" in obj else None
     name = None
     if "session_id" in obj:
@@ -255,7 +337,7 @@ def parse_session(
         if isinstance(sid, bool) or not isinstance(sid, (str, int)):
             raise UsageError(f"{where}: 'session_id' must be a string or an integer")
         name = str(sid)
-    return Session(index, parsed, arrival, name, tools)
+    return Session(index, parsed, arrival, name, tools, subagents)
 
 
 def _check_tool_turns(tools: object, turns: tuple[Turn, ...], where: str):
@@ -299,8 +381,11 @@ def sample_sessions(
 
 
 def session_stats(sessions: Sequence[Session]) -> dict:
-    turns = np.array([len(s.turns) for s in sessions])
-    last = np.array([prompt_lens(s)[-1] + s.turns[-1].output_len for s in sessions])
+    turns = np.array([s.num_turns for s in sessions])
+    # The longest history any of its agents reaches (the main agent's last turn, when it has
+    # no sub-agents).
+    last = np.array([max(p + t.output_len for p, t in zip(prompt_lens(s), s.all_turns))
+                     for s in sessions])
     return {
         "sessions": len(sessions),
         "turns": int(turns.sum()),

@@ -105,7 +105,25 @@ def _sharegpt_multiturn() -> Workload:
     )
 
 
+AGENTIC_CODING_JSONL = "agentic_coding.jsonl"
+
+
+def _agentic_coding() -> Workload:
+    """Coding-agent sessions drawn from TraceLab's published statistics of Claude Code and
+    Codex sessions (workloads/build_agentic_coding.py; its meta file says which figures are
+    the source's and which are assumed)."""
+    with resources.as_file(resources.files("cbbench.workloads").joinpath(AGENTIC_CODING_JSONL)) as p:
+        w = load_jsonl(p)
+    return Workload(
+        "agentic-coding", [],
+        "coding-agent sessions (TraceLab's Claude Code/Codex statistics): a task, tool calls "
+        "and results with tool latencies, some fanning out to sub-agents",
+        sessions=w.sessions,
+    )
+
+
 BUILTIN_WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "agentic-coding": _agentic_coding,
     "sharegpt": _sharegpt,
     "sharegpt-multiturn": _sharegpt_multiturn,
     "long-prompt": _long_prompt,

@@ -4,7 +4,7 @@ its type, default, help and checks, every command's flags are derived from them
 
 - load.py: what to send and when (LoadOptions; ProbeOptions for sweep and capacity)
 - endpoint.py: where HTTP requests go and how (EndpointFlags)
-- output.py: what is judged and written (OutputOptions)
+- output.py: what is judged and written (OutputOptions), and which window is read (WindowOptions)
 - serve.py: how `cbbench serve` listens (ServeOptions)
 - engine.py: EngineArgs as a group (its own metadata, its own validate())
 """
@@ -13,11 +13,11 @@ from cbbench.options.endpoint import PROBE_ENDPOINT, EndpointFlags
 from cbbench.options.engine import ENGINE_PANEL, engine_group
 from cbbench.options.fields import REQUIRED, Group, check_fields, opt, with_options
 from cbbench.options.load import PROBE_LOAD, LoadOptions, ProbeOptions
-from cbbench.options.output import RUN_OUTPUT, OutputOptions, output_file
+from cbbench.options.output import RUN_OUTPUT, OutputOptions, WindowOptions, output_file
 from cbbench.options.serve import ServeOptions
 
 __all__ = [
     "ENGINE_PANEL", "PROBE_ENDPOINT", "PROBE_LOAD", "engine_group", "REQUIRED", "RUN_OUTPUT", "EndpointFlags", "Group",
-    "LoadOptions", "OutputOptions", "ProbeOptions", "ServeOptions", "check_fields",
+    "LoadOptions", "OutputOptions", "ProbeOptions", "ServeOptions", "WindowOptions", "check_fields",
     "output_file", "opt", "with_options",
 ]

@@ -72,6 +72,11 @@ class LoadOptions:
         "uniform:LOW:HIGH. Default exp:1000 (ShareGPT has no timing); a turn's own "
         "think_time_ms wins.",
     )
+    tool_time_scale: float = opt(
+        1.0,
+        "Agent sessions: multiply every tool turn's tool_time_ms (0.01: tools a hundred times "
+        "faster; 0: each tool turn at once).",
+    )
     cancel_rate: float | None = opt(
         None,
         "Cancel this share of requests mid-stream (0-1): the client closes the stream, the "

@@ -85,6 +85,22 @@ class OutputOptions:
         return parse_attainment_slo(self.slo, self.attainment)
 
 
+@dataclass(frozen=True)
+class WindowOptions:
+    """Which window of a result `gate` and `compare` read (cbbench/analysis/windows.py)."""
+
+    window: str = opt(
+        "all",
+        "all: the whole run's figures; steady: the steady-state window's "
+        "(summary.steady_state: ramp-up and drain left out).",
+    )
+
+    def validate(self) -> None:
+        from cbbench.analysis.windows import check_window
+
+        check_window(self.window)
+
+
 RUN_OUTPUT = dict(only=(
     "slo", "warmup", "cooldown", "output", "save_detailed", "max_error_rate", "gpu_index",
     "telemetry_interval", "label", "summary_only", "json", "quiet",

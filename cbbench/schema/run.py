@@ -4,7 +4,9 @@ typed, the rest pass through (Record allows extra fields)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from cbbench.schema.base import Number, Record
 
@@ -105,12 +107,26 @@ class Request(Record):
     model: str | None = None  # HTTP runs: the model (or LoRA adapter) it asked for
 
 
+Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative
+Amount = Annotated[Number, Field(ge=0)]
+
+
 class Iteration(Record):
     index: int
     start_s: Number
     duration_s: Number
-    num_prefill_tokens: int
-    num_decode_tokens: int
+    num_prefill_tokens: Count
+    num_decode_tokens: Count
+    num_prefill_reqs: Count | None = None
+    num_decode_reqs: Count | None = None
+    # The batch shape the cost model read (what `cbbench calibrate` refits), and swap copies.
+    num_logits: Count | None = None
+    attn_key_pairs: Amount | None = None
+    attn_keys_read: Amount | None = None
+    attn_decode_keys: Amount | None = None
+    num_swapped_out_blocks: Count | None = None
+    num_swapped_in_blocks: Count | None = None
+    draft_tokens: Count | None = None
     token_budget: int | None = None
     num_running: int | None = None
     num_waiting: int | None = None

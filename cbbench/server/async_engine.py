@@ -2,7 +2,8 @@
 
 The engine is not thread-safe and its ``step()`` blocks (a real forward pass, or the simulator
 sleeping out its predicted time on a wall clock), so it lives in one dedicated thread that
-builds it, owns it and loops:
+builds it, owns it and drives it with the engine's one loop (engine/core/feed.py run_feed),
+the inbox being its feed:
 
     drain the inbox (adds, aborts) -> step() if there is work, else wait on the inbox
     -> hand every new token to its request's asyncio.Queue
@@ -27,6 +28,7 @@ from collections import deque
 from collections.abc import Callable
 
 from cbbench.engine.core.engine import StepFailed
+from cbbench.engine.core.feed import run_feed
 from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
 from cbbench.errors import UsageError
 from cbbench.server.engine_events import (
@@ -218,64 +220,64 @@ class AsyncEngine:
             self._deliver_threadsafe(batch)
 
     def _serve(self, engine, live: dict[Request, _Live]) -> None:
-        begin_step = getattr(engine.clock, "begin_step", None)  # a PacedWallClock
-        back_to_back = False
-        while not self._stopping:
-            self._wake.clear()  # before draining: a later submit sets it again
-            batch: Delivery = []
-            self._drain(engine, live, batch)
-            out = None
-            if engine.has_unfinished():
-                if begin_step is not None:
-                    begin_step(back_to_back)
-                try:
-                    out = engine.step()
-                except StepFailed as e:  # those requests failed; the engine serves on
-                    log.error("an engine step failed; its %d request(s) failed",
-                              len(e.requests), exc_info=e.cause)
-                    for req in e.requests:
-                        state = live.pop(req, None)
-                        if state is not None:
-                            batch.append((state.queue, Failed(req.finish_reason, STEP_FAILED)))
-                except Exception:
-                    self._deliver_threadsafe(batch)  # this drain's verdicts, rejections included
-                    raise
-            back_to_back = out is not None
-            stats = StepStats() if self._observer is not None else None
-            if out is not None:
-                self._collect_tokens(out, live, batch, stats)
-                self._num_steps += 1
-            self._publish_snapshot(engine)
-            # Admissions ride with the step's tokens: one hand-over per iteration, because each
-            # costs this thread a GIL round trip with the busy event loop.
-            self._deliver_threadsafe(batch)
-            if out is not None:
-                if stats is not None:
-                    self._observer.on_step(out, stats)
-                continue
-            self._wake.wait(IDLE_WAIT_S)
+        feed = _InboxFeed(self, engine, live)
+        try:
+            run_feed(engine, feed, should_stop=lambda: self._stopping,
+                     on_step_failed=feed.on_step_failed)
+        except Exception:
+            feed.hand_over()  # this drain's verdicts, rejections included
+            raise
 
-    def _drain(self, engine, live: dict[Request, _Live], batch: Delivery) -> None:
+    def _take_inbox(self) -> list[tuple[str, Request, asyncio.Queue | None]]:
+        self._wake.clear()  # before draining: a later submit sets it again
         with self._lock:
             items = list(self._inbox)
             self._inbox.clear()
-        obs = self._observer
-        for op, req, queue in items:
+        return items
+
+    def _publish_snapshot(self, engine) -> None:
+        sched = engine.scheduler
+        bm = engine.block_manager
+        self._snapshot = EngineSnapshot(
+            ready=True,
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_blocks_used=bm.num_used_blocks,
+            kv_blocks_total=bm.num_blocks,
+            num_steps=self._num_steps,
+        )
+
+    def _deliver_threadsafe(self, batch: Delivery) -> None:
+        if not batch or self._loop is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_deliver, batch)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+class _InboxFeed:
+    """The server's inbox as the engine loop's feed (an OpenFeed: never done). Each iteration
+    ends in one hand-over to the event loop (``hand_over``): a step's tokens with the
+    admissions of the drain before it, because each hand-over costs this thread a GIL round
+    trip with the busy event loop."""
+
+    def __init__(self, bridge: AsyncEngine, engine, live: dict[Request, _Live]) -> None:
+        self.bridge = bridge
+        self.engine = engine
+        self.live = live
+        self.batch: Delivery = []
+
+    def next_time(self) -> float | None:
+        return None  # requests arrive when clients send them, never on a schedule
+
+    def fire(self, engine, now: float) -> None:
+        """Drain the inbox: adds (admitted, rejected or failed) and aborts."""
+        obs = self.bridge._observer
+        for op, req, queue in self.bridge._take_inbox():
             if op == "add":
-                admitted = time.perf_counter()
-                reason = engine.add_request(req)
-                if req.status == RequestStatus.FAILED:  # not a rejection: the engine's error
-                    log.error("the engine could not take a request: %s", reason)
-                    batch.append((queue, Failed(reason, STEP_FAILED)))
-                    continue
-                batch.append((queue, Admitted(reason, admitted)))
-                if reason is None:
-                    live[req] = _Live(queue)
-                    if obs is not None:
-                        obs.on_admitted(req)
-                elif obs is not None:
-                    obs.on_rejected(req)
-            elif live.pop(req, None) is not None and not req.status.is_done:
+                self._add(engine, req, queue)
+            elif self.live.pop(req, None) is not None and not req.status.is_done:
                 engine.abort_request(req)  # frees its KV blocks
                 if obs is not None:
                     obs.on_aborted(req)
@@ -283,10 +285,56 @@ class AsyncEngine:
         # has answered them already, and keeping them, prompts included, leaked memory.
         engine.rejected.clear()
 
-    def _collect_tokens(
-        self, out, live: dict[Request, _Live], batch: Delivery, stats: StepStats | None
-    ) -> None:
-        offset = self._offset
+    def _add(self, engine, req: Request, queue) -> None:
+        obs = self.bridge._observer
+        admitted = time.perf_counter()
+        reason = engine.add_request(req)
+        if req.status == RequestStatus.FAILED:  # not a rejection: the engine's error
+            log.error("the engine could not take a request: %s", reason)
+            self.batch.append((queue, Failed(reason, STEP_FAILED)))
+            return
+        self.batch.append((queue, Admitted(reason, admitted)))
+        if reason is None:
+            self.live[req] = _Live(queue)
+            if obs is not None:
+                obs.on_admitted(req)
+        elif obs is not None:
+            obs.on_rejected(req)
+
+    def on_step(self, step) -> None:
+        bridge = self.bridge
+        stats = StepStats() if bridge._observer is not None else None
+        self._collect_tokens(step, stats)
+        bridge._num_steps += 1
+        self.hand_over()
+        if stats is not None:
+            bridge._observer.on_step(step, stats)
+
+    def on_step_failed(self, e: StepFailed) -> None:
+        """Those requests failed; the engine serves on."""
+        log.error("an engine step failed; its %d request(s) failed",
+                  len(e.requests), exc_info=e.cause)
+        for req in e.requests:
+            state = self.live.pop(req, None)
+            if state is not None:
+                self.batch.append((state.queue, Failed(req.finish_reason, STEP_FAILED)))
+        self.hand_over()
+
+    def idle(self) -> None:
+        """Nothing to step: hand over this drain's verdicts, then wait for the inbox (the
+        timeout only bounds how long a stop can take to be seen)."""
+        self.hand_over()
+        self.bridge._wake.wait(IDLE_WAIT_S)
+
+    def hand_over(self) -> None:
+        """The iteration's end: republish the snapshot, deliver the batch in one hand-over."""
+        self.bridge._publish_snapshot(self.engine)
+        batch, self.batch = self.batch, []
+        self.bridge._deliver_threadsafe(batch)
+
+    def _collect_tokens(self, out, stats: StepStats | None) -> None:
+        offset = self.bridge._offset
+        live, batch = self.live, self.batch
         for req in out.scheduled.scheduled_reqs:
             state = live.get(req)
             if state is None:
@@ -308,26 +356,6 @@ class AsyncEngine:
                 _step_stats(stats, req, sent, finished)
             if finished:
                 del live[req]
-
-    def _publish_snapshot(self, engine) -> None:
-        sched = engine.scheduler
-        bm = engine.block_manager
-        self._snapshot = EngineSnapshot(
-            ready=True,
-            running=len(sched.running),
-            waiting=len(sched.waiting),
-            kv_blocks_used=bm.num_used_blocks,
-            kv_blocks_total=bm.num_blocks,
-            num_steps=self._num_steps,
-        )
-
-    def _deliver_threadsafe(self, batch: Delivery) -> None:
-        if not batch or self._loop is None:
-            return
-        try:
-            self._loop.call_soon_threadsafe(_deliver, batch)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
 
 
 def _step_stats(stats: StepStats, req: Request, sent: int, finished: bool) -> None:

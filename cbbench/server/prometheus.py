@@ -149,6 +149,15 @@ COUNTERS = {
     "vllm:prompt_tokens": "Number of prefill tokens processed.",
     "vllm:generation_tokens": "Number of generation tokens processed.",
 }
+# vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py), registered only when
+# speculation is on: a draft is one request's proposal in one step; its tokens, and how many of
+# them the verify step accepted. (vLLM's per-position counter is not exported: the engine's
+# iteration records hold the totals only.)
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
+    "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
+    "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+}
 DEFAULT_MAX_MODEL_LEN = 8192  # for the token buckets when the engine does not say
 
 
@@ -162,6 +171,7 @@ class VllmMetrics:
         self.token_hist: dict[str, BucketHistogram] = {}
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.spec: dict[str, int] | None = None  # set when the engine speculates
         self.snapshot: EngineSnapshot | None = None
 
     def on_ready(self, info: dict) -> None:
@@ -170,14 +180,21 @@ class VllmMetrics:
         buckets = build_1_2_5_buckets(int(info.get("max_model_len") or DEFAULT_MAX_MODEL_LEN))
         with self._lock:
             self.token_hist = {name: BucketHistogram(buckets) for name in TOKEN_HISTOGRAMS}
+            if info.get("speculative_tokens"):
+                self.spec = dict.fromkeys(SPEC_COUNTERS, 0)
 
     def on_aborted(self) -> None:
         with self._lock:
             self.success["abort"] += 1
 
-    def on_step(self, num_tokens: int, num_preempted: int, stats: StepStats) -> None:
+    def on_step(self, num_tokens: int, num_preempted: int, stats: StepStats,
+                spec: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """``spec``: the step's (drafts, draft tokens, accepted tokens)."""
         h = self.hist
         with self._lock:
+            if self.spec is not None:
+                for name, n in zip(SPEC_COUNTERS, spec):
+                    self.spec[name] += n
             c = self.counters
             c["vllm:num_preemptions"] += num_preempted
             c["vllm:prompt_tokens"] += stats.prompt_tokens
@@ -232,8 +249,10 @@ class VllmMetrics:
             ]
             counters = dict(self.counters)
             success = dict(self.success)
-        for name, value in counters.items():
-            fam = CounterMetricFamily(name, COUNTERS[name], labels=list(VLLM_LABELS))
+            spec = dict(self.spec) if self.spec is not None else {}
+        docs = {**COUNTERS, **SPEC_COUNTERS}
+        for name, value in {**counters, **spec}.items():
+            fam = CounterMetricFamily(name, docs[name], labels=list(VLLM_LABELS))
             fam.add_metric(labels, value)
             yield fam
         fam = CounterMetricFamily(
@@ -309,7 +328,8 @@ class ServerMetrics:
         if stats.new_tokens:
             self.generation_tokens.inc(stats.new_tokens)
         self.vllm.on_step(
-            rec.num_prefill_tokens + rec.num_decode_tokens, rec.num_preempted, stats
+            rec.num_prefill_tokens + rec.num_decode_tokens, rec.num_preempted, stats,
+            (rec.num_drafts, rec.draft_tokens, rec.accepted_tokens),
         )
 
     # ---- scrape ----------------------------------------------------------------------------------

@@ -155,7 +155,7 @@ def check_session_vocab(plan: SessionPlan, vocab: int) -> None:
     (_make_requests): one id beyond the vocabulary failed its engine step midway, and with it
     every other session's request in that step."""
     for i in plan.active_sessions:
-        for k, turn in enumerate(plan.sessions[i].turns):
+        for k, turn in enumerate(plan.sessions[i].all_turns):
             if turn.user_token_ids is not None and max(turn.user_token_ids) >= vocab:
                 raise UsageError(
                     f"session {plan.sessions[i].session_id} turn {k + 1}: token id "
@@ -165,21 +165,20 @@ def check_session_vocab(plan: SessionPlan, vocab: int) -> None:
 
 def _drain(engine, grace_s: float) -> None:
     """After a stop: drop what has not started, let running requests finish for up to
-    ``grace_s`` seconds of wall time, then abort the rest."""
+    ``grace_s`` seconds of wall time, then abort the rest. The engine's one loop drives it,
+    with a feed that holds nothing and a stop at the grace deadline."""
     import time
 
-    from cbbench.engine.core.engine import StepFailed
+    from cbbench.engine.core.feed import EngineStalled, ListFeed, run_feed
 
     sched = engine.scheduler
     for req in list(sched.waiting):
         engine.abort_request(req)
     deadline = time.monotonic() + grace_s
-    while engine.has_unfinished() and time.monotonic() < deadline:
-        try:
-            if engine.step() is None:
-                break
-        except StepFailed:
-            continue  # those requests failed; the others drain on
+    try:
+        run_feed(engine, ListFeed([]), should_stop=lambda: time.monotonic() >= deadline)
+    except EngineStalled:
+        pass  # nothing can run any more: what is left is aborted below, as at the deadline
     for req in list(sched.running) + list(sched.waiting):
         engine.abort_request(req)
 
@@ -239,6 +238,8 @@ def _records(reqs, wreqs, timer: CancelTimer, session_feed, keep_token_ids: bool
         if session_feed is not None:
             records[-1].session_id, records[-1].turn = session_feed.labels(r)
             records[-1].turn_kind = session_feed.turn_kind(r)
+            records[-1].agent = session_feed.agent(r)
+            records[-1].waited_from_s = session_feed.waited_from.get(r.request_id)
         elif r.request_id in reasoning:
             split_reasoning(records[-1], reasoning[r.request_id])
     return records, not_sent

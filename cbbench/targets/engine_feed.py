@@ -25,6 +25,14 @@ from cbbench.load.sessions import first_prompt_len, next_prompt_len
 MakeRequest = Callable[[int, int, int, float, "list[int] | None"], Request]
 
 
+def _successors(nodes) -> list[list[int]]:
+    out: list[list[int]] = [[] for _ in nodes]
+    for m, node in enumerate(nodes):
+        for w in node.waits_on:
+            out[w].append(m)
+    return out
+
+
 class CancelTimer:
     """The aborts a CancelPlan schedules: each request it picks is aborted its delay after
     its arrival (when the engine target sends it), if it is still running or waiting then."""
@@ -102,12 +110,20 @@ class SessionFeed:
         self._events: list[tuple[float, int, Request]] = []  # (arrival, request id, request)
         self.created: list[Request] = []
         self.turn_of: dict[int, tuple[int, int]] = {}  # request id -> (session position, turn)
-        self.ended_early = 0  # sessions that stopped at a rejected turn
+        self.req_of: dict[tuple[int, int], Request] = {}  # (session position, flat turn) -> it
+        self.waited_from: dict[int, float] = {}  # request id -> when its wait began
+        self._ended: set[int] = set()  # sessions that stopped at a rejected turn
+        # Each flat turn's successors in the DAG: the turns that wait on it.
+        self.successors = [_successors(s.nodes) for s in plan.sessions]
         for i, session in enumerate(plan.sessions):
             t0 = session.turns[0]
             prompt_len = first_prompt_len(t0.user_len)
             ids = plan.first_prompt_ids(i, vocab) if self._builds(i, 0, prompt_len) else None
             self._push(i, 0, prompt_len, float(plan.starts[i]), ids)
+
+    @property
+    def ended_early(self) -> int:
+        return len(self._ended)
 
     def _builds(self, i: int, k: int, prompt_len: int) -> bool:
         """Whether turn k's prompt ids are made: not for a turn beyond the model's context,
@@ -115,15 +131,17 @@ class SessionFeed:
         7 TiB of ids midway through the run)."""
         if not self.keep_ids:
             return False
-        out = self.plan.sessions[i].turns[k].output_len
+        out = self.plan.sessions[i].all_turns[k].output_len
         return self.max_model_len is None or prompt_len + out <= self.max_model_len
 
     def _push(self, i: int, k: int, prompt_len: int, t: float, ids: list[int] | None) -> None:
         rid = self.plan.request_id(i, k)
-        req = self.make_request(rid, prompt_len, self.plan.sessions[i].turns[k].output_len, t, ids)
+        req = self.make_request(
+            rid, prompt_len, self.plan.sessions[i].all_turns[k].output_len, t, ids)
         if self.scripted and ids is not None:
             req.output_token_ids = self.plan.reply_ids(i, k, self.vocab)
         self.turn_of[rid] = (i, k)
+        self.req_of[(i, k)] = req
         self.created.append(req)
         heapq.heappush(self._events, (t, rid, req))
         self.timer.arm(req)
@@ -137,7 +155,8 @@ class SessionFeed:
         while events and events[0][0] <= now:
             _, _, req = heapq.heappop(events)
             if engine.add_request(req) is not None:
-                self.ended_early += 1  # can never run: the session cannot go on without it
+                # Can never run: the turns that wait on it (its agent's, its parent's) cannot go on.
+                self._ended.add(self.turn_of[req.request_id][0])
         for req in self.timer.fire(engine, now):
             self.finished(req)
 
@@ -147,19 +166,39 @@ class SessionFeed:
 
     # ---- the next turn ---------------------------------------------------------------------------
     def finished(self, req: Request) -> None:
-        """Schedule the session's next turn after ``req`` (finished or aborted) ended."""
+        """Schedule the turns that wait on ``req`` (finished or aborted) and on nothing else
+        unfinished: its agent's next turn (once its sub-agents ended too), the sub-agents it
+        fans out to, its parent's next turn when it was a sub-agent's last."""
         i, k = self.turn_of[req.request_id]
-        turns = self.plan.sessions[i].turns
-        if k + 1 >= len(turns) or req.status == RequestStatus.REJECTED:
+        if req.status == RequestStatus.REJECTED:
             return
-        t = req.finish_time + self.plan.think_time_s(i, k + 1)
-        n_out = req.num_output_tokens
+        nodes = self.plan.sessions[i].nodes
+        for m in self.successors[i][k]:
+            waits = [self.req_of.get((i, w)) for w in nodes[m].waits_on]
+            if any(r is None or not r.status.is_done or r.status == RequestStatus.REJECTED
+                   for r in waits):
+                continue  # another turn it waits on is still out (or can never end)
+            self._push_next(i, m, max(r.finish_time for r in waits if r is not None))
+
+    def _push_next(self, i: int, m: int, waited_from: float) -> None:
+        """Flat turn m of session i, its wait starting at ``waited_from``."""
+        turn = self.plan.sessions[i].all_turns[m]
+        prev = self.plan.sessions[i].nodes[m].prev
+        t = waited_from + self.plan.think_time_s(i, m)
         ids = None
-        prompt_len = next_prompt_len(req.num_prompt_tokens, n_out, turns[k + 1].user_len)
-        if req.prompt_token_ids is not None and self._builds(i, k + 1, prompt_len):
-            reply = req.output_token_ids[:n_out]
-            ids = self.plan.next_prompt_ids(req.prompt_token_ids, reply, i, k + 1, self.vocab)
-        self._push(i, k + 1, prompt_len, t, ids)
+        if prev is None:  # a sub-agent's first turn: a history of its own
+            prompt_len = first_prompt_len(turn.user_len)
+            if self._builds(i, m, prompt_len):
+                ids = self.plan.first_prompt_ids(i, self.vocab, m)
+        else:
+            before = self.req_of[(i, prev)]
+            n_out = before.num_output_tokens
+            prompt_len = next_prompt_len(before.num_prompt_tokens, n_out, turn.user_len)
+            if before.prompt_token_ids is not None and self._builds(i, m, prompt_len):
+                reply = before.output_token_ids[:n_out]
+                ids = self.plan.next_prompt_ids(before.prompt_token_ids, reply, i, m, self.vocab)
+        self._push(i, m, prompt_len, t, ids)
+        self.waited_from[self.plan.request_id(i, m)] = waited_from
 
     @property
     def not_created(self) -> int:
@@ -167,9 +206,13 @@ class SessionFeed:
 
     def turn_kind(self, req: Request) -> str:
         i, k = self.turn_of[req.request_id]
-        return self.plan.sessions[i].turns[k].kind
+        return self.plan.sessions[i].all_turns[k].kind
+
+    def agent(self, req: Request) -> str | None:
+        i, k = self.turn_of[req.request_id]
+        return self.plan.sessions[i].agent_name(k)
 
     def labels(self, req: Request) -> tuple[int | str, int]:
-        """(session_id, turn) of a request, turns counted from 1."""
+        """(session_id, turn) of a request, turns counted from 1 within the turn's agent."""
         i, k = self.turn_of[req.request_id]
-        return self.plan.labels[i], k + 1
+        return self.plan.labels[i], self.plan.sessions[i].nodes[k].index + 1

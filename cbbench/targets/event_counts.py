@@ -43,7 +43,7 @@ def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str]:
     n = len(st.times)
     running = st.running
     # Exact only when every timed event carried its running count.
-    if n and len(running) == n and all(r is not None for r in running):
+    if n and len(running) == n and None not in running:
         counts, prev = [], 0
         for r in running:
             counts.append(max(r - prev, 0))
@@ -82,18 +82,24 @@ def count_events(rec: RequestRecord, st: SseStream, tokenizer) -> None:
     rec.event_tokens = counts
     rec.event_tokens_method = method
     rec.cached_tokens = _usage_int(st.usage, "prompt_tokens_details", "cached_tokens")
-    reasoning = _reasoning_per_event(st, counts, tokenizer)
     exact = _usage_int(st.usage, "completion_tokens_details", "reasoning_tokens")
-    mixed = [i for i, kind in enumerate(st.kinds) if "+" in kind and REASONING in kind]
-    if exact is not None and len(mixed) == 1:  # the boundary event holds what is left
-        pure = sum(r for i, r in enumerate(reasoning) if i != mixed[0])
-        reasoning[mixed[0]] = float(min(max(exact - pure, 0), counts[mixed[0]]))
-    seen = any(REASONING in kind for kind in st.kinds)
+    # It runs as each request ends, in the run's event loop: a stream without reasoning (most,
+    # and every /v1/completions one) skips the per-event walks. Its distinct kinds are few.
+    seen = any(REASONING in kind for kind in set(st.kinds))
+    if seen:
+        reasoning = _reasoning_per_event(st, counts, tokenizer)
+        mixed = [i for i, kind in enumerate(st.kinds) if "+" in kind and REASONING in kind]
+        if exact is not None and len(mixed) == 1:  # the boundary event holds what is left
+            pure = sum(r for i, r in enumerate(reasoning) if i != mixed[0])
+            reasoning[mixed[0]] = float(min(max(exact - pure, 0), counts[mixed[0]]))
+        first = next((i for i, kind in enumerate(st.kinds) if kind != REASONING), None)
+    else:
+        reasoning = [0.0] * len(counts)
+        first = 0 if st.kinds else None
     if exact is not None:
         rec.reasoning_tokens = exact
     elif seen or st.chat:
         rec.reasoning_tokens = round(sum(reasoning))
-    first = next((i for i, kind in enumerate(st.kinds) if kind != REASONING), None)
     rec.first_output_s = st.times[first] if first is not None else None
     if st.tool_calls:
         rec.tool_calls = _tool_calls(st, counts, reasoning)

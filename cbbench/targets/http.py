@@ -51,6 +51,7 @@ from cbbench.targets.gc_freeze import freeze_heap, thaw_heap
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http_sessions import SessionDispatch
 from cbbench.targets.options import API_PATHS, EndpointOptions, redact_url
+from cbbench.targets.read_buffers import keep_reads_on_heap
 from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.server_tokenize import size_with_server
@@ -230,10 +231,13 @@ class _Runner:
         self.sampled += "one_token_events" in rec.output_token_counts
         if rec.error is None:
             self.methods[method] += 1
+        # Its counts are on the record now. Kept, the parser's lists would outlive the request
+        # to the run's end: more objects for the collector (a full collection walks them all).
+        self.streams[pos] = None
         if self.hooks.on_record is not None:
             self.hooks.on_record(pos, rec, method)
             if not self.hooks.keep_records:  # streamed out: hold nothing for the end
-                self.records[pos] = self.streams[pos] = None
+                self.records[pos] = None
         self.finished += 1
         self._progress()
 
@@ -304,6 +308,7 @@ class _Runner:
                 scraper = MetricsScraper(self.base, o.headers, o.scrape_metrics_filter)
                 await scraper.baseline()  # before the clock starts
             frozen = freeze_heap()  # the heap so far: out of the run's collections
+            keep_reads_on_heap()  # no mmap per network read, whatever the process did before
             start_at = self.hooks.start_at
             self.t0 = await start_at() if start_at is not None else time.perf_counter()
             if self.hooks.on_run is not None:

@@ -6,9 +6,11 @@ think time and sends turn 2 with the whole history -- every earlier user message
 assistant's replies *as the server sent them* -- and so on. The server applies its own chat
 template to the messages, so its prefix cache sees exactly the sharing a real client causes.
 
-A failed turn ends its session (the history it would carry is missing); the rest of its turns
-are not sent; a cancelled turn (--cancel-rate) is history as far as it got, and the session
-goes on. The sessions are a dispatch strategy handed to the one HTTP runner (http.py): its
+A session with sub-agents (load/session_dag.py) runs each agent as a coroutine: after a turn
+that fans out, its sub-agents run as coroutines of their own and the next turn awaits them all.
+A failed turn ends its agent and every agent waiting on it (the history it would carry is
+missing); those turns are not sent; a cancelled turn (--cancel-rate) is history as far as it
+got, and the session goes on. The sessions are a dispatch strategy handed to the one HTTP runner (http.py): its
 slots, sends, records and clock serve every turn, as they serve a single request.
 """
 
@@ -56,14 +58,18 @@ class SessionDispatch:
         self.opts = opts
         self.plan = plan
         self.tokenizer = tokenizer
-        self.ended_early = 0  # sessions cut short by a failed turn
+        self._ended: set[int] = set()  # sessions cut short by a failed turn
         self.fitter = _ExactFitter.for_tokenizer(tokenizer) if tokenizer is not None else None
         self.kinds: dict[str, int] = {}
-        self.user_texts = {i: [self._user_text(i, k) for k in range(len(plan.sessions[i].turns))]
+        self.user_texts = {i: [self._user_text(i, k) for k in range(plan.sessions[i].num_turns)]
                            for i in plan.active_sessions}
 
+    @property
+    def ended_early(self) -> int:
+        return len(self._ended)
+
     def _user_text(self, i: int, k: int) -> str:
-        turn = self.plan.sessions[i].turns[k]
+        turn = self.plan.sessions[i].all_turns[k]
         if turn.user_text is not None:
             kind, text = "text", turn.user_text
         elif turn.user_token_ids is not None:
@@ -93,14 +99,23 @@ class SessionDispatch:
             task.add_done_callback(runner.pending.discard)
 
     async def _session(self, runner: _Runner, i: int) -> None:
+        await self._agent(runner, i, 0, float(self.plan.starts[i]), None)
+
+    async def _agent(self, runner: _Runner, i: int, k: int, intended: float,
+                     waited_from: float | None) -> float | None:
+        """One agent's conversation from its first turn, flat turn k (the main agent's, or a
+        sub-agent's, started by the turn that fanned out to it). After a turn that fans out,
+        its sub-agents run in parallel, and the next turn waits for them all, then its own
+        wait. Returns when its last turn's last token came (None: a turn failed, or none
+        came). A turn's wait is recorded from the last token of what it waited on: a tool's
+        time then holds the client's read of the stream's end, as a user's wait would."""
         plan = self.plan
-        turns = plan.sessions[i].turns
+        session = plan.sessions[i]
+        turns, nodes = session.all_turns, session.nodes
         messages: list[dict] = []
-        intended = float(plan.starts[i])
-        prompt_len = first_prompt_len(turns[0].user_len)
-        for k in range(len(turns)):
-            if k:
-                intended = time.perf_counter() - runner.t0 + plan.think_time_s(i, k)
+        prompt_len = first_prompt_len(turns[k].user_len)
+        while True:
+            if waited_from is not None:
                 await sleep_until(runner.t0 + intended)
             turn = turns[k]
             if turn.kind == TOOL_TURN:  # the tool's result, for the call the last reply made
@@ -109,32 +124,49 @@ class SessionDispatch:
                                  "content": self.user_texts[i][k]})
             else:
                 messages.append({"role": "user", "content": self.user_texts[i][k]})
-            rec, st = await self._turn(runner, i, k, messages, intended, prompt_len)
+            rec, st = await self._turn(runner, i, k, messages, intended, prompt_len, waited_from)
+            last = k + 1 >= len(turns) or nodes[k + 1].prev != k
             if runner.stopped or rec.error is not None or rec.send_s is None:
-                if not runner.stopped and k + 1 < len(turns):
-                    self.ended_early += 1
-                return
+                if not runner.stopped and (not last or nodes[k].agent):
+                    self._ended.add(i)  # its later turns, or its parent's, are not sent
+                return None
             # The answer as the server sent it; a reasoning model's reasoning is not sent back
             # (OpenAI's and vLLM's convention), a tool call's text is not content.
             messages.append(st.assistant_message())
-            if k + 1 < len(turns):
-                # The reply's length as counted for its record (the server's usage if sent).
-                prompt_len = next_prompt_len(prompt_len, rec.output_tokens, turns[k + 1].user_len)
+            end = rec.token_times_s[-1] if rec.token_times_s else rec.send_s
+            children = nodes[k].children
+            if children:
+                now = time.perf_counter() - runner.t0
+                ends = await asyncio.gather(*(
+                    self._agent(runner, i, c, now + plan.think_time_s(i, c), end)
+                    for c in children))
+                if any(e is None for e in ends):
+                    return None
+                end = max(end, *ends)
+            if last:
+                return end
+            # The reply's length as counted for its record (the server's usage if sent).
+            prompt_len = next_prompt_len(prompt_len, rec.output_tokens, turns[k + 1].user_len)
+            k += 1
+            waited_from = end
+            intended = time.perf_counter() - runner.t0 + plan.think_time_s(i, k)
 
     async def _turn(self, runner: _Runner, i: int, k: int, messages: list[dict], intended: float,
-                    prompt_len: int) -> tuple[RequestRecord, SseStream]:
+                    prompt_len: int, waited_from: float | None,
+                    ) -> tuple[RequestRecord, SseStream]:
         """One turn, as the runner sends one request: wait for a slot, send, record."""
         pos = self.plan.request_id(i, k)
-        output_len = self.plan.sessions[i].turns[k].output_len
         session = self.plan.sessions[i]
-        turn = session.turns[k]
+        turn = session.all_turns[k]
         rec = RequestRecord(id=pos, prompt_tokens=prompt_len, output_tokens=0,
                             intended_start_s=intended, session_id=self.plan.labels[i],
-                            turn=k + 1, max_tokens=output_len, turn_kind=turn.kind)
+                            turn=session.nodes[k].index + 1, max_tokens=turn.output_len,
+                            turn_kind=turn.kind, agent=session.agent_name(k),
+                            waited_from_s=waited_from)
         st = SseStream(True, rec.token_times_s, keep_text=True)
         # A session with tools offers them on every turn; a turn that asks for no call says
         # "none" (a model offered tools may call one).
         extra = request_fields(0, session.tools, turn.tool_choice or "none", True)
         await runner._exchange(
-            pos, rec, st, lambda: messages_body(runner.ctx, messages, output_len, extra))
+            pos, rec, st, lambda: messages_body(runner.ctx, messages, turn.output_len, extra))
         return rec, st

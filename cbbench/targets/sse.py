@@ -197,7 +197,8 @@ class SseStream:
                 self._calls(calls)
             if parts:
                 times.append(t)
-                self.kinds.append("+".join(k for k, _ in parts))
+                # One kind (most events): no join. (Per event of every stream: kept cheap.)
+                self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
                 # A usage-only chunk carries none of the event's own count.
                 self.running.append(self._running_now if usage is not None else None)
                 if pieces is not None:  # kept with keep_text, as are the two below

@@ -27,6 +27,9 @@ class VirtualClock:
 
     sleep_until = advance_to
 
+    def begin_step(self, back_to_back: bool) -> None:
+        """Called by the loop just before each step (a pacing clock uses it; this one not)."""
+
 
 class WallClock:
     """Real time since construction (or ``reset``)."""
@@ -51,6 +54,9 @@ class WallClock:
         delay = t - self.now()
         if delay > 0:
             time.sleep(delay)
+
+    def begin_step(self, back_to_back: bool) -> None:
+        """Called by the loop just before each step (a pacing clock uses it; this one not)."""
 
     def advance_to(self, t: float) -> None:
         # Real executors take real time; a simulated executor on a wall clock sleeps out its

@@ -26,6 +26,7 @@ class Clock(Protocol):
     def now(self) -> float: ...
     def advance_to(self, t: float) -> None: ...
     def sleep_until(self, t: float) -> None: ...
+    def begin_step(self, back_to_back: bool) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -221,20 +222,84 @@ class Engine:
             req.finish_time = now
         return err
 
-    def _postprocess(  # noqa: C901 - over 15 as merged from main; to split (issue 23)
+    def _postprocess(
         self, sched: SchedulerOutput, out: ExecutorOutput, now: float
     ) -> tuple[list[Request], list[int], _StepTokens]:
         """Advance each scheduled request by its rows and append the tokens it gained: one
         sampled token, after its accepted drafts with speculative decoding (their KV stays; the
         rejected drafts' slots are rolled back). Returns the finished requests, the tokens each
         scheduled request gained, and the step's token counts."""
+        if out.sampled_token_ids is None and out.num_accepted is None and self.drafter is None:
+            finished, gained = self._advance_counted(sched, now)
+            for req in finished:  # nothing above touched the KV pool: free in row order now
+                self._finish(req, now)
+            num_accepted = 0
+        else:
+            finished, gained, num_accepted = self._advance_sampled(sched, out, now)
+        reqs = sched.scheduled_reqs
+        if finished:
+            self.scheduler.drop_finished()
+        if self.drafter is not None:
+            propose = self.drafter.propose
+            for i in range(len(reqs)):
+                req = reqs[i]
+                if gained[i] and req.status == RequestStatus.RUNNING:
+                    req.spec_token_ids = propose(req)
+        if self._caching:
+            self._register_filled_blocks(reqs)
+        counts = _StepTokens(num_accepted, sum(gained), len(gained) - gained.count(0))
+        return finished, gained, counts
+
+    def _finish(self, req: Request, now: float) -> None:
+        req.status = RequestStatus.FINISHED
+        req.finish_time = now
+        self.block_manager.free(req)  # with prefix caching, registers its last full blocks
+
+    def _advance_counted(
+        self, sched: SchedulerOutput, now: float
+    ) -> tuple[list[Request], list[int]]:
+        """The simulator's rows (no token ids, no drafts): every decode row, and every prefill
+        chunk that completes its prompt, gains one token. The decode rows come first, one token
+        each (SchedulerOutput), so they need no test of whether the row completes."""
+        reqs = sched.scheduled_reqs
+        nd = sched.num_decode_reqs
+        finished: list[Request] = []
+        for req in reqs[:nd] if nd < len(reqs) else reqs:
+            req.num_computed_tokens += 1
+            o = req.num_output_tokens + 1
+            req.num_output_tokens = o
+            req.token_times.append(now)
+            if o >= req.max_tokens:
+                req.finish_reason = "length"
+                finished.append(req)
+        gained = [1] * nd
+        nums = sched.num_scheduled_tokens
+        for i in range(nd, len(reqs)):
+            req = reqs[i]
+            c = req.num_computed_tokens + nums[i]
+            req.num_computed_tokens = c
+            if c < req.num_prompt_tokens + req.num_output_tokens:
+                gained.append(0)  # a partial prefill chunk: no token yet
+                continue
+            gained.append(1)
+            req.num_output_tokens += 1
+            req.token_times.append(now)
+            if req.num_output_tokens >= req.max_tokens:
+                req.finish_reason = "length"
+                finished.append(req)
+        return finished, gained
+
+    def _advance_sampled(
+        self, sched: SchedulerOutput, out: ExecutorOutput, now: float
+    ) -> tuple[list[Request], list[int], int]:
+        """Rows with sampled token ids (torch) or verified drafts. Returns the finished
+        requests, the tokens each request gained and the drafts accepted."""
         finished: list[Request] = []
         reqs = sched.scheduled_reqs
         nums = sched.num_scheduled_tokens
         sampled = out.sampled_token_ids
         gained = [0] * len(reqs)
         num_accepted = 0
-        bm = self.block_manager
         for i in range(len(reqs)):
             req = reqs[i]
             req.num_computed_tokens += nums[i]
@@ -246,51 +311,42 @@ class Engine:
                 a = out.num_accepted[i]
                 num_accepted += a
                 gained[i] = self._append_verified(req, a, token, sampled is not None, now)
-                if req.finish_reason is None:
-                    continue
-            else:  # the common case, kept inline: one token
+            else:
                 gained[i] = 1
-                req.num_output_tokens += 1
-                req.token_times.append(now)
-                if sampled is not None:
-                    assert token is not None, "a row that ends its prompt or decodes samples a token"
-                    req.output_token_ids.append(token)
-                if req.num_output_tokens >= req.max_tokens:
-                    req.finish_reason = "length"
-                elif (
-                    token is not None
-                    and token == req.eos_token_id
-                    and not req.sampling.ignore_eos
-                ):
-                    req.finish_reason = "stop"
-                else:
-                    continue
-            req.status = RequestStatus.FINISHED
-            req.finish_time = now
-            bm.free(req)  # with prefix caching, registers its last full blocks
-            finished.append(req)
-        if finished:
-            self.scheduler.drop_finished()
-        if self.drafter is not None:
-            propose = self.drafter.propose
-            for i in range(len(reqs)):
-                req = reqs[i]
-                if gained[i] and req.status == RequestStatus.RUNNING:
-                    req.spec_token_ids = propose(req)
-        if self._caching:
-            # Blocks that filled this step become findable (finished requests did so on free).
-            bs = bm.block_size
-            for req in reqs:
-                # Cheap test first: has a block of known token ids filled since the last
-                # registration? (The simulator knows prompt ids at most, never output ids.)
-                if req.prompt_token_ids is None or not req.block_table:
-                    continue
-                known = req.num_prompt_tokens + len(req.output_token_ids)
-                c = req.num_computed_tokens
-                if (c if c < known else known) >= (req.num_registered_blocks + 1) * bs:
-                    bm.register_full_blocks(req)
-        counts = _StepTokens(num_accepted, sum(gained), len(gained) - gained.count(0))
-        return finished, gained, counts
+                self._append_token(req, token, sampled is not None, now)
+            if req.finish_reason is not None:
+                # Freed here, in row order between the other rows' draft rollbacks (trim).
+                self._finish(req, now)
+                finished.append(req)
+        return finished, gained, num_accepted
+
+    @staticmethod
+    def _append_token(req: Request, token: int | None, with_ids: bool, now: float) -> None:
+        """One sampled token (None where ids are not modelled), and its finish if any."""
+        req.num_output_tokens += 1
+        req.token_times.append(now)
+        if with_ids:
+            assert token is not None, "a row that ends its prompt or decodes samples a token"
+            req.output_token_ids.append(token)
+        if req.num_output_tokens >= req.max_tokens:
+            req.finish_reason = "length"
+        elif token is not None and token == req.eos_token_id and not req.sampling.ignore_eos:
+            req.finish_reason = "stop"
+
+    def _register_filled_blocks(self, reqs: list[Request]) -> None:
+        """Prefix caching: blocks that filled this step become findable (finished requests did
+        so on free)."""
+        bm = self.block_manager
+        bs = bm.block_size
+        for req in reqs:
+            # Cheap test first: has a block of known token ids filled since the last
+            # registration? (The simulator knows prompt ids at most, never output ids.)
+            if req.prompt_token_ids is None or not req.block_table:
+                continue
+            known = req.num_prompt_tokens + len(req.output_token_ids)
+            c = req.num_computed_tokens
+            if (c if c < known else known) >= (req.num_registered_blocks + 1) * bs:
+                bm.register_full_blocks(req)
 
     def _append_verified(
         self, req: Request, num_accepted: int, token: int | None, with_ids: bool, now: float

@@ -4,13 +4,15 @@ A fixed list of requests arrives at fixed times (``ListFeed``). Some load does n
 session's next turn arrives a think time after the previous reply finished, and a client that
 gives up aborts its request some time after sending it. A ``RequestFeed`` hands the engine what
 is due and hears about every finished request, so its next events can depend on them;
-``run_feed`` is the one loop that drives the engine from any feed, on the engine's clock.
+``run_feed`` is the one loop that drives the engine from any feed, on the engine's clock: the
+in-process run, the interrupt drain (a feed with nothing pending) and ``cbbench serve`` (an
+``OpenFeed`` whose events are its clients' requests) all step the engine through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .engine import StepFailed
 from .request import Request
@@ -40,6 +42,19 @@ class RequestFeed(Protocol):
     def on_step(self, step: StepOutput) -> None:
         """Called after every iteration: the finished requests may schedule new events."""
         ...
+
+
+@runtime_checkable
+class OpenFeed(RequestFeed, Protocol):
+    """A feed whose events come from outside the run (a server's clients): it is never done,
+    so ``run_feed`` ends only by ``should_stop``. With nothing to step and nothing pending, the
+    loop calls ``idle()``, which returns once an event may have come (or a while passed)."""
+
+    def idle(self) -> None: ...
+
+
+class EngineStalled(RuntimeError):
+    """Requests are waiting but none can be scheduled, and no event is coming to change that."""
 
 
 class ListFeed:
@@ -86,10 +101,14 @@ def run_feed(
     on_step_failed: Callable[[StepFailed], None] | None = None,
 ) -> bool:
     """Step the engine until the feed has nothing pending and every request is done, sleeping
-    (or, on a virtual clock, jumping) to the next event when idle. Returns False when
-    ``should_stop`` ended the run early. A step that raised failed its own requests
-    (``on_step_failed``); the run goes on with the rest."""
+    (or, on a virtual clock, jumping) to the next event when idle; an ``OpenFeed`` waits in its
+    ``idle()`` instead of ending. Returns False when ``should_stop`` ended the run early. A step
+    that raised failed its own requests (``on_step_failed``); the run goes on with the rest.
+    Before each step the clock hears whether it follows the last one back to back
+    (``begin_step``: a pacing clock, cbbench/server/paced_clock.py, uses it)."""
     clock = engine.clock
+    idle = feed.idle if isinstance(feed, OpenFeed) else None
+    back_to_back = False
     while True:
         if should_stop is not None and should_stop():
             return False
@@ -97,24 +116,38 @@ def run_feed(
         ff = getattr(engine, "fast_forward", None)
         if ff is not None and _fast_forward(engine, ff, feed, on_step):
             continue
-        try:
-            step = engine.step() if engine.has_unfinished() else None
-        except StepFailed as e:
-            if on_step_failed is not None:
-                on_step_failed(e)
-            continue
+        step = None
+        if engine.has_unfinished():
+            clock.begin_step(back_to_back)
+            try:
+                step = engine.step()
+            except StepFailed as e:
+                back_to_back = False
+                if on_step_failed is not None:
+                    on_step_failed(e)
+                continue
+        back_to_back = step is not None
         if step is not None:
             feed.on_step(step)
             if on_step is not None:
                 on_step(step)
-            continue
-        t = feed.next_time()
-        if t is not None:
-            clock.sleep_until(t)
-        elif engine.has_unfinished():
-            raise RuntimeError("engine stalled: requests are waiting but none can be scheduled")
-        else:
+        elif not _wait_for_event(engine, feed, idle):
             return True
+
+
+def _wait_for_event(engine: Engine, feed: RequestFeed, idle: Callable[[], None] | None) -> bool:
+    """Nothing was stepped: sleep to the feed's next event, or wait in an open feed's idle.
+    False: nothing is pending and every request is done (the run is over)."""
+    t = feed.next_time()
+    if t is not None:
+        engine.clock.sleep_until(t)
+    elif idle is not None:
+        idle()
+    elif engine.has_unfinished():
+        raise EngineStalled("engine stalled: requests are waiting but none can be scheduled")
+    else:
+        return False
+    return True
 
 
 def run_until_done(

@@ -224,29 +224,39 @@ class Scheduler:
         return taken
 
     # ---- the per-iteration decision ---------------------------------------------------------
-    def schedule(self, now: float) -> SchedulerOutput:  # noqa: C901 - over 15 as merged from main; to split (issue 23)
-        cfg = self.config
-        bm = self.bm
-        budget = cfg.max_num_batched_tokens
+    def schedule(self, now: float) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
         step = _Step()
+        if self._static and not self.running:
+            self._admit_static_batch(step, now)
+        budget, prefilling = self._schedule_decodes(step, budget)
+        num_decodes = len(step.sched)
+        budget = self._schedule_chunks(prefilling, step, budget)
+        # 3. Admissions (continuous only), unless this step had to preempt.
+        if not self._static and not step.preempted:
+            budget = self._admit(step, budget, now)
+        return self._output(step, budget, num_decodes)
+
+    def _schedule_decodes(self, step: _Step, budget: int) -> tuple[int, list[Request]]:
+        """1. Running decodes, oldest first. A decode needs a new block only when it crosses a
+        block boundary; if the pool is dry, preempt until it fits. With speculative decoding
+        a decode also verifies its draft tokens: 1 + drafts rows, as the budget and KV allow.
+        Returns the budget left and the running requests with prompt left to compute (those
+        after the budget ran out are not classified: they get no tokens this step)."""
+        bm = self.bm
         sched = step.sched
         running = self.running
-
-        if self._static and not running:
-            self._admit_static_batch(step, now)
-            running = self.running
-
-        # 1. Running decodes, oldest first. A decode needs a new block only when it crosses a
-        # block boundary; if the pool is dry, preempt until it fits. With speculative decoding
-        # a decode also verifies its draft tokens: 1 + drafts rows, as the budget and KV allow.
         block_size = bm.block_size
         prefilling: list[Request] = []
         i = 0
-        while i < len(running) and budget > 0:
+        n = len(running)
+        while i < n and budget > 0:
             req = running[i]
             i += 1
             c = req.num_computed_tokens
-            if c < req.num_prompt_tokens or req.num_tokens - c != 1:
+            # A decode row: one known token left to compute, after the prompt (_is_decode,
+            # inline: this loop visits every running request every step).
+            if c < req.num_prompt_tokens or req.num_prompt_tokens + req.num_output_tokens - c != 1:
                 prefilling.append(req)
                 continue
             if req.spec_token_ids:
@@ -257,15 +267,20 @@ class Scheduler:
                     continue
             if c >= len(req.block_table) * block_size and not bm.allocate(req, c + 1):
                 i, budget = self._make_room_for_decode(req, i, budget, step)
+                n = len(running)
                 if req.status != RequestStatus.RUNNING:
                     continue  # req itself was the victim
             sched[req] = 1
             budget -= 1
-        num_decodes = len(sched)
-        # Requests after the budget ran out were not classified; they get no tokens this step.
+        return budget, prefilling
 
-        # 2. Unfinished prefill chunks of running requests (chunked prefill, static batches).
-        # A victim preempted here may have been given tokens already this step: take them back.
+    def _schedule_chunks(self, prefilling: list[Request], step: _Step, budget: int) -> int:
+        """2. Unfinished prefill chunks of running requests (chunked prefill, static batches).
+        A victim preempted here may have been given tokens already this step: take them back.
+        Returns the budget left."""
+        cfg = self.config
+        bm = self.bm
+        sched = step.sched
         for req in prefilling:
             if budget <= 0:
                 break
@@ -287,12 +302,7 @@ class Scheduler:
             if fits:
                 sched[req] = n
                 budget -= n
-
-        # 3. Admissions (continuous only), unless this step had to preempt.
-        if not self._static and not step.preempted:
-            budget = self._admit(step, budget, now)
-
-        return self._output(step, budget, num_decodes)
+        return budget
 
     def _schedule_drafts(self, req: Request, c: int, budget: int, step: _Step) -> int:
         """Speculative decoding: keep as many of ``req``'s draft tokens as the token budget

@@ -232,6 +232,7 @@ class CostModel:
             self._expert_db = m.expert_bytes_per_param(dtype)
         host = gpu.host_bandwidth if gpu is not None else None
         self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
+        self._min_step_s = self.cost(BatchShape(1, 1, 1.0, 1.0, 1, 0, 1.0)).time_s
 
     def weight_bytes(self) -> float:
         """All weights of the model (every GPU's shard together; quantized experts at their
@@ -372,6 +373,12 @@ class CostModel:
         if r.host_factor != 1.0:
             time_s *= r.host_factor
         return IterationCost(total_bytes, total_flops, time_s, shape)
+
+    def min_step_s(self) -> float | None:
+        """A floor under every non-empty step's predicted time: one decode row reading one
+        key (every term of the roofline, the overheads and the collectives grow with the
+        batch). None without rates."""
+        return self._min_step_s
 
     def iteration_cost(self, sched: SchedulerOutput) -> IterationCost:
         return self.cost(BatchShape.from_scheduler_output(sched))

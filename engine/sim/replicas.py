@@ -24,6 +24,14 @@ class Replica:
     def __init__(self, index: int, engine: Engine) -> None:
         self.index = index
         self.engine = engine
+        # Read for every replica on every step of the loop: held here, not looked up.
+        self.scheduler = engine.scheduler
+        self.clock = engine.clock
+
+    @property
+    def busy(self) -> bool:
+        s = self.scheduler
+        return bool(s.running) or bool(s.waiting)
 
     @property
     def num_unfinished(self) -> int:
@@ -66,6 +74,25 @@ class ReplicaSet:
         self.router = make_router(router, max_imbalance)
         self.clock = ReplicaClock(self.replicas)
         self.assignments: dict[int, int] = {}  # request id -> replica
+        # The busy replica furthest behind (what the loop asks three times per step), kept
+        # until a request or a step changes the replicas' queues or clocks.
+        self._next: Replica | None = None
+        self._next_known = False
+
+    def _next_replica(self) -> Replica | None:
+        """The busy replica furthest behind in time (ties: the lowest index); None when none
+        is busy."""
+        if self._next_known:
+            return self._next
+        best, best_t = None, math.inf
+        for r in self.replicas:
+            s = r.scheduler
+            if s.running or s.waiting:
+                t = r.clock.now()
+                if t < best_t:
+                    best, best_t = r, t
+        self._next, self._next_known = best, True
+        return best
 
     @property
     def engines(self) -> list[Engine]:
@@ -93,6 +120,7 @@ class ReplicaSet:
         """Queue an arrived request on the router's replica (an idle replica's clock first
         moves up to the arrival). Returns the rejection reason, as Engine.add_request."""
         k = self.router.choose(self.replicas, req)
+        self._next_known = False
         engine = self.replicas[k].engine
         engine.clock.advance_to(req.arrival_time)
         self.assignments[req.request_id] = k
@@ -101,14 +129,15 @@ class ReplicaSet:
     def abort_request(self, req: Request) -> None:
         k = self.assignments.get(req.request_id)
         if k is not None:
+            self._next_known = False
             self.replicas[k].engine.abort_request(req)
 
     def step_next(self) -> StepOutput | None:
         """Step the busy replica furthest behind in time; None when none is busy."""
-        busy = [r for r in self.replicas if r.engine.has_unfinished()]
-        if not busy:
+        replica = self._next_replica()
+        if replica is None:
             return None
-        replica = min(busy, key=lambda r: (r.engine.clock.now(), r.index))
+        self._next_known = False
         step = replica.engine.step()
         if step is None:
             raise RuntimeError(
@@ -119,19 +148,19 @@ class ReplicaSet:
         return step
 
     def next_busy_time(self) -> float:
-        times = [r.engine.clock.now() for r in self.replicas if r.engine.has_unfinished()]
-        return min(times, default=math.inf)
+        replica = self._next_replica()
+        return replica.clock.now() if replica is not None else math.inf
 
     def fast_forward_next(self, horizon: float, feed: RequestFeed, on_step) -> bool:
         """Fast-forward the replica step_next would step, up to ``horizon`` (the feed's next
         event: replicas meet only through the router, at arrivals). False: step normally."""
-        busy = [r for r in self.replicas if r.engine.has_unfinished()]
-        if not busy:
+        replica = self._next_replica()
+        if replica is None:
             return False
-        replica = min(busy, key=lambda r: (r.engine.clock.now(), r.index))
         fast_forward = getattr(replica.engine, "fast_forward", None)
         if fast_forward is None:
             return False
+        self._next_known = False  # it may move the replica's clock
 
         def emit(step: StepOutput) -> None:
             step.record.replica = replica.index

@@ -83,27 +83,7 @@ def take(
     input_ids = np.asarray(tokens, dtype=np.int64)
     if len(pred.keep) != len(tokens):
         input_ids = input_ids[pred.keep]
-    slot_mapping = batch.block_tables[slots, positions // bs].astype(np.int64) * bs
-    slot_mapping += positions % bs
     cu_q = np.arange(r + 1, dtype=np.int32)
-    cu_k = np.zeros(r + 1, dtype=np.int32)
-    np.cumsum(seq_lens, out=cu_k[1:])
-    max_k = int(seq_lens.max())
-    width = -(-max_k // bs)
-    return HostInputs(
-        num_reqs=r,
-        num_tokens=r,
-        input_ids=input_ids,
-        positions=positions,
-        slot_mapping=slot_mapping,
-        seq_lens=seq_lens.astype(np.int32),
-        cu_seqlens_q=cu_q,
-        cu_seqlens_k=cu_k,
-        block_tables=batch.block_tables[slots, :width],
-        max_seqlen_q=1,
-        max_seqlen_k=max_k,
-        logits_indices=np.arange(r, dtype=np.int64),
-        sample_req_indices=list(range(r)),
-        sample_slots=slots,
-        sample_num_tokens=seq_lens,
-    )
+    every = np.arange(r, dtype=np.int64)  # one row per request, each sampled
+    return batch.host_inputs(slots, input_ids, positions, slots, seq_lens, cu_q, 1, every,
+                             every, seq_lens)

@@ -205,8 +205,6 @@ class PersistentBatch:
             )
         cu_q = np.zeros(num_reqs + 1, dtype=np.int32)
         np.cumsum(new, out=cu_q[1:])
-        cu_k = np.zeros(num_reqs + 1, dtype=np.int32)
-        np.cumsum(seq_lens, out=cu_k[1:])
         num_tokens = int(cu_q[-1])
         if chunks is None:  # every request has one row
             input_ids = np.asarray(tokens, dtype=np.int64)
@@ -217,9 +215,6 @@ class PersistentBatch:
             row_req = np.repeat(np.arange(num_reqs), new)
             positions = np.arange(num_tokens, dtype=np.int64) - cu_q[:-1][row_req] + ctx[row_req]
             row_slot = slot_arr[row_req]
-        slot_mapping = self.block_tables[row_slot, positions // bs].astype(np.int64) * bs
-        slot_mapping += positions % bs
-        width = int(blocks_needed.max())
         # Sample where this chunk reaches the last known token (decodes, completing prefills).
         completes = np.flatnonzero(seq_lens == known_arr)
         logits_indices = cu_q[1:][completes].astype(np.int64) - 1
@@ -235,20 +230,38 @@ class PersistentBatch:
             logits_indices = np.repeat(logits_indices, rows) - back
             sample_reqs = np.repeat(completes, rows)
             sample_num_tokens = np.repeat(sample_num_tokens, rows) - back
+        return self.host_inputs(slot_arr, input_ids, positions, row_slot, seq_lens, cu_q,
+                                int(new.max()), logits_indices, sample_reqs, sample_num_tokens)
+
+    def host_inputs(
+        self, slots: np.ndarray, input_ids: np.ndarray, positions: np.ndarray,
+        row_slot: np.ndarray, seq_lens: np.ndarray, cu_q: np.ndarray, max_q: int,
+        logits_indices: np.ndarray, sample_reqs: np.ndarray, sample_num_tokens: np.ndarray,
+    ) -> HostInputs:  # fmt: skip
+        """A step's packed inputs from its rows (the full pass above and async scheduling's
+        predicted one, async_prepare.py, both end here): every token's KV slot from its
+        request's block table, the key offsets, and the block-table rows the step reads.
+        ``slots``: each request's slot; ``row_slot``: each token's."""
+        bs = self.block_size
+        slot_mapping = self.block_tables[row_slot, positions // bs].astype(np.int64) * bs
+        slot_mapping += positions % bs
+        cu_k = np.zeros(len(slots) + 1, dtype=np.int32)
+        np.cumsum(seq_lens, out=cu_k[1:])
+        max_k = int(seq_lens.max())
         return HostInputs(
-            num_reqs=num_reqs,
-            num_tokens=num_tokens,
+            num_reqs=len(slots),
+            num_tokens=int(cu_q[-1]),
             input_ids=input_ids,
             positions=positions,
             slot_mapping=slot_mapping,
             seq_lens=seq_lens.astype(np.int32),
             cu_seqlens_q=cu_q,
             cu_seqlens_k=cu_k,
-            block_tables=self.block_tables[slot_arr, :width],
-            max_seqlen_q=int(new.max()),
-            max_seqlen_k=int(seq_lens.max()),
+            block_tables=self.block_tables[slots, :-(-max_k // bs)],
+            max_seqlen_q=max_q,
+            max_seqlen_k=max_k,
             logits_indices=logits_indices,
             sample_req_indices=sample_reqs.tolist(),
-            sample_slots=slot_arr[sample_reqs],
+            sample_slots=slots[sample_reqs],
             sample_num_tokens=sample_num_tokens,
         )

@@ -67,9 +67,11 @@ TAMPERED = {
     "1e300": ("attn_keys_read", 1e300, "attn_keys_read 1e+300"),
     "10^30": ("num_prefill_tokens", 10**30, "num_prefill_tokens 1000000000000000000000000000000"),
     "a-number": (None, 7, "iterations.3: Input should be a valid dictionary"),
-    "negative": ("num_decode_tokens", -5, "num_decode_tokens -5"),
+    # The schema types every field the fit reads (a count is a non-negative integer).
+    "negative": ("num_decode_tokens", -5,
+                 "iterations.3.num_decode_tokens: Input should be greater than or equal to 0"),
     # beyond the issue's list: a bool where a count goes (true == 1 in Python), NaN
-    "bool": ("num_logits", True, "num_logits True"),
+    "bool": ("num_logits", True, "iterations.3.num_logits: Input should be a valid integer"),
     "nan": ("duration_s", float("nan"), "duration_s nan"),
 }
 
@@ -94,6 +96,18 @@ def _one_line(tmp_path, result: dict, text: str) -> None:
 def test_a_tampered_record_is_one_line_naming_the_field(real, tmp_path, case):
     field, value, text = TAMPERED[case]
     _one_line(tmp_path, _tampered(real, 3, field, value), text)
+
+
+def test_the_python_api_reads_each_record_through_the_schema(real):
+    """calibrate() on results in memory (no file, so no file schema read first): each record
+    still goes through the schema's Iteration model, then the fit's ranges."""
+    from cbbench.errors import UsageError
+
+    with pytest.raises(UsageError, match="mem.json: iteration 3: not a valid iteration "
+                       "record: num_logits: Input should be a valid integer"):
+        calibrate([("mem.json", _tampered(real, 3, "num_logits", "7"))])
+    with pytest.raises(UsageError, match="mem.json: iteration 3 has duration_s inf"):
+        calibrate([("mem.json", _tampered(real, 3, "duration_s", float("inf")))])
 
 
 def test_an_unknown_gpu_is_one_line(real, tmp_path):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import inspect
 import json
 import os
 import platform
@@ -61,6 +62,8 @@ FIGURES = (
     ("achieved_send_rate", "achieved send rate (req/s)"),
     ("client_cpu_cores", "client CPU over the run (cores)"),
     ("client_cpu_us_per_request", "client CPU per request, whole call (us)"),
+    ("client_sys_cpu_us_per_request", "of which in the kernel (us)"),
+    ("minor_faults_per_request", "minor page faults per request"),
     ("gc_collections", "GC collections in the client"),
     ("gc_pause_total_ms", "GC pauses, total (ms)"),
     ("gc_pause_max_ms", "longest GC pause (ms)"),
@@ -81,12 +84,19 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
+def _imports_aiohttp(py: Path) -> bool:
+    return py.exists() and subprocess.run(
+        [str(py), "-c", "import aiohttp"], capture_output=True, cwd=tempfile.gettempdir()
+    ).returncode == 0
+
+
 def commit_side(name: str, rev: str, base_dir: Path) -> Side:
     """A venv with commit `rev` installed (editable, over this venv's packages); made once."""
     sha = _git("rev-parse", "--verify", f"{rev}^{{commit}}")
     tree = base_dir / f"cbbench-bench-{sha[:12]}"
     py = tree / ".venv" / "bin" / "python"
-    if not (tree / READY_MARK).exists():
+    # A tree made by another venv's run, whose packages are gone since, is made again.
+    if not (tree / READY_MARK).exists() or not _imports_aiohttp(py):
         shutil.rmtree(tree, ignore_errors=True)
         tree.mkdir(parents=True)
         archive = subprocess.run(
@@ -193,7 +203,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         WorkloadRequest(i, PROMPT_LEN, tokens, prompt=f"{tag}-{i}") for i in range(len(arrivals))
     ]
     opts = EndpointOptions(spec["url"], served_model=MODEL)
-    notices: list[str] = []  # notices now go through logging (the cbbench logger)
+    notices: list[str] = []
+    # Notices go through logging (the cbbench logger) now; commits before that (6a0ec45,
+    # 8169f12) take a `notice` callback as run_http's and run_load's fourth argument.
+    old_notice = "notice" in inspect.signature(run_http).parameters
     self0, kids0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
         resource.RUSAGE_CHILDREN
     )
@@ -211,10 +224,16 @@ def client_main(spec_path: str, out_path: str) -> None:
         from cbbench.distributed.plan import LoadPlan
         from cbbench.distributed.run import run_load
 
-        run = run_load(opts, wreqs, arrivals, LoadPlan(spec["workers"]))
+        if "notice" in inspect.signature(run_load).parameters:  # before notices were logged
+            run = run_load(opts, wreqs, arrivals, notices.append, LoadPlan(spec["workers"]))
+        else:
+            run = run_load(opts, wreqs, arrivals, LoadPlan(spec["workers"]))
     else:
         window = _RunWindow()
-        run = run_http(opts, wreqs, arrivals, on_progress=window.progress)
+        if old_notice:
+            run = run_http(opts, wreqs, arrivals, notices.append, on_progress=window.progress)
+        else:
+            run = run_http(opts, wreqs, arrivals, on_progress=window.progress)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(spec["profile"])
@@ -227,6 +246,10 @@ def client_main(spec_path: str, out_path: str) -> None:
         (b.ru_utime - a.ru_utime) + (b.ru_stime - a.ru_stime)
         for a, b in ((self0, self1), (kids0, kids1))
     )
+    # The kernel's share and the minor page faults: a client whose reads map fresh memory
+    # (read_buffers.py) shows in both before it shows in the CPU total.
+    sys_cpu = sum(b.ru_stime - a.ru_stime for a, b in ((self0, self1), (kids0, kids1)))
+    minflt = sum(b.ru_minflt - a.ru_minflt for a, b in ((self0, self1), (kids0, kids1)))
     records = [
         {
             "id": r.id,
@@ -244,6 +267,8 @@ def client_main(spec_path: str, out_path: str) -> None:
         "duration_s": run.duration_s,
         "wall_s": wall,
         "cpu_s": cpu,
+        "sys_cpu_s": sys_cpu,
+        "minor_faults": minflt,
         # One process: its CPU from the first request's end to the last one's (the progress
         # callback, which every commit calls from its event loop), without set-up and the
         # analysis after the run, which differ between commits and are not the send path.
@@ -319,6 +344,10 @@ def figures(out: dict, log: dict[str, dict], tag: str, requests: int) -> dict:
         "client_cpu_cores": (out["window"]["cpu_s"] / out["window"]["wall_s"])
         if out.get("window") else out["cpu_s"] / out["wall_s"],
         "client_cpu_us_per_request": out["cpu_s"] / max(1, len(recs)) * 1e6,
+        # Older result files (before these two were kept) read nan.
+        "client_sys_cpu_us_per_request": out.get("sys_cpu_s", float("nan"))
+        / max(1, len(recs)) * 1e6,
+        "minor_faults_per_request": out.get("minor_faults", float("nan")) / max(1, len(recs)),
         "loop_lag_p99_ms": out["loop_lag_p99_ms"],
         "client_fell_behind": out["client_fell_behind"],
         "gc_collections": out["gc"]["collections"],

@@ -95,6 +95,18 @@ def test_every_reader_refuses_a_wrong_typed_field_in_one_line(files, tmp_path, r
     assert not written, written
 
 
+@pytest.mark.parametrize("reader", ["compare", "gate", "report", "calibrate", "replay"])
+def test_every_reader_refuses_a_wrong_typed_iteration_field(files, tmp_path, reader):
+    """The schema types an iteration's batch-shape fields (what calibrate fits), so every
+    reader refuses text there the same way, before calibrate's own range checks."""
+    bad = _tampered(files, tmp_path, change=lambda d: d["iterations"][0].__setitem__(
+        "num_logits", "3"))
+    r = _invoke(_readers(files, bad, tmp_path)[reader])
+    assert r.exit_code == 2, r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "iterations.0.num_logits" in lines[0], r.stderr
+
+
 def test_report_refuses_a_wrong_typed_sweep_point(files, tmp_path):
     bad = _tampered(files, tmp_path, "sweep",
                     lambda d: d["points"][0].__setitem__("ttft_p99_ms", "slow"))

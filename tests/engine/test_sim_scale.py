@@ -3,7 +3,10 @@
 - Fast-forward (engine/fast_forward.py) against --no-fast-forward on 10,000 ShareGPT
   requests: every request's token times, hence TTFT, TPOT and E2EL, identical; every
   iteration record identical.
-- The bounded-error histogram (analysis/bounded_histogram.py) against numpy.percentile on the pooled
+- The simulator's fast paths through the stepped loop (the counted-token postprocess, the
+  replica set's cached next replica) against the general paths they shortcut (the sampled-row
+  postprocess the torch engine runs, a fresh scan of every replica before each decision).
+- The bounded-error histogram (analysis/histogram.py) against numpy.percentile on the pooled
   ITL of that run: each percentile within the stated relative error.
 """
 
@@ -12,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cbbench.analysis.bounded_histogram import LogHistogram
+from cbbench.analysis.histogram import LogHistogram
 from cbbench.analysis.metrics import itl_values_s
 from cbbench.engine.args import EngineArgs
 from cbbench.load.arrivals import arrival_times
@@ -69,6 +72,58 @@ def test_data_parallel_skipped_equals_stepped():
     b = _run(400, True, data_parallel_size=8, router="least-kv")
     assert [r.token_times_s for r in a.records] == [r.token_times_s for r in b.records]
     assert a.iterations == b.iterations
+
+
+class _NoDrafts:
+    """A drafter that never proposes: the engine takes its general (sampled-row) postprocess,
+    with nothing else changed (no drafts are ever scheduled or verified)."""
+
+    def propose(self, req) -> list[int]:
+        return []
+
+
+def test_fast_paths_equal_the_general_paths():
+    """8 replicas at 400 req/s (the scale case): every token time and iteration record of the
+    default path equals the run with the counted-row postprocess and the cached next replica
+    both replaced by their general forms."""
+    from cbbench.engine.core.engine import Engine
+    from cbbench.engine.sim.replicas import ReplicaSet
+
+    def general(n: int):
+        wl = load_workload("sharegpt")
+        reqs, _ = sample_requests(wl, n, 0)
+        arrivals = arrival_times(reqs, 400.0, 1.0, "gamma", 0, None)
+        opts = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", fast_forward=False,
+                          data_parallel_size=8)
+        return run_engine(opts, reqs, arrivals)
+
+    fast = general(2_000)
+    init, pick = Engine.__init__, ReplicaSet._next_replica
+    calls = {"advance_sampled": 0}
+    sampled = Engine._advance_sampled
+
+    def init_no_drafts(self, *a, **kw):
+        init(self, *a, **kw)
+        self.drafter = _NoDrafts()
+
+    def counting_sampled(self, *a, **kw):
+        calls["advance_sampled"] += 1
+        return sampled(self, *a, **kw)
+
+    def rescan(self):
+        self._next_known = False
+        return pick(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "__init__", init_no_drafts)
+        mp.setattr(Engine, "_advance_sampled", counting_sampled)
+        mp.setattr(Engine, "_advance_counted", None)  # would raise if still called
+        mp.setattr(ReplicaSet, "_next_replica", rescan)
+        ref = general(2_000)
+    assert calls["advance_sampled"] == len(ref.iterations) > 2_000
+    assert [r.token_times_s for r in fast.records] == [r.token_times_s for r in ref.records]
+    assert fast.iterations == ref.iterations
+    assert fast.duration_s == ref.duration_s
 
 
 def test_pooled_itl_percentiles_within_the_stated_error(runs):

@@ -27,7 +27,8 @@ from cbbench.load.workload import (
 
 # ---- built-ins ------------------------------------------------------------------------------
 def test_builtin_names():
-    assert builtin_names() == ["long-prompt", "shared-prefix", "sharegpt", "sharegpt-multiturn"]
+    assert builtin_names() == [
+        "agentic-coding", "long-prompt", "shared-prefix", "sharegpt", "sharegpt-multiturn"]
 
 
 def test_sharegpt_loads_every_csv_row():

@@ -64,3 +64,53 @@ def test_sglang_accept_length_and_nothing_to_report():
             for n in ("vllm:spec_decode_num_draft_tokens_total",
                       "vllm:spec_decode_num_accepted_tokens_total")]
     assert scraped_speculative(down) is None
+
+
+def _spec_counters(url: str) -> dict[str, float]:
+    """The truth server's own spec_decode counters (the engine's iteration records, summed)."""
+    import urllib.request
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name.startswith("vllm:spec_decode_"):
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def test_truth_server_spec_counters_scraped_end_to_end(tmp_path):
+    """`cbbench serve --engine sim --speculative-tokens 3 --acceptance-rate 0.7` exports
+    vLLM's counters; `cbbench run --endpoint` scrapes them into summary.speculative, equal to
+    what the server counted; and the figures are the simulator's arithmetic (K=3, A=0.7:
+    accepted/draft = (0.7 + 0.49 + 0.343) / 3 = 0.511, mean length 2.533)."""
+    from helpers import serve_process
+
+    with serve_process("--engine", "sim", "--model", "llama-3.2-1b", "--gpu", "h200",
+                       "--speculative-tokens", "3", "--acceptance-rate", "0.7") as srv:
+        assert _spec_counters(srv.url) == {  # registered at start, as vLLM does
+            "vllm:spec_decode_num_drafts_total": 0.0,
+            "vllm:spec_decode_num_draft_tokens_total": 0.0,
+            "vllm:spec_decode_num_accepted_tokens_total": 0.0}
+        out = subprocess.run(
+            [*CBBENCH, "run", "--endpoint", srv.url, "--workload", "random", "--input-len",
+             "64", "--output-len", "200", "--num-requests", "16", "--request-rate", "20",
+             "--scrape-metrics", "--output", str(tmp_path / "r.json")],
+            capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        server = _spec_counters(srv.url)
+    spec = json.loads((tmp_path / "r.json").read_text())["summary"]["speculative"]
+    assert spec["source"] == "scraped" and spec["server"] == "vllm"
+    assert spec["drafts"] == server["vllm:spec_decode_num_drafts_total"] > 0
+    assert spec["draft_tokens"] == server["vllm:spec_decode_num_draft_tokens_total"]
+    assert spec["accepted_tokens"] == server["vllm:spec_decode_num_accepted_tokens_total"]
+    # A draft proposes K tokens, fewer near a request's max_tokens (no draft past the end).
+    assert 2.9 * spec["drafts"] <= spec["draft_tokens"] <= 3 * spec["drafts"]
+    # ~1,200 drafts: the figures' standard errors are ~0.01 and ~0.03; the few short drafts
+    # (their early positions accept more often) lift the rate a little.
+    assert spec["acceptance_rate"] == pytest.approx(1.533 / 3, abs=0.05)
+    assert spec["mean_acceptance_length"] == pytest.approx(2.533, abs=0.15)
+
+
+def test_no_spec_counters_without_speculation(sim_serve_process):
+    assert _spec_counters(sim_serve_process.url) == {}
