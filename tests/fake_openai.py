@@ -72,6 +72,7 @@ class FakeOpenAI:
         self.requests: list[dict] = []  # {"path", "headers", "body", "t"} per POST
         self.prompt_tokens = 0
         self.dropped = 0  # requests dropped unanswered by the stale fault
+        self.models: list[dict] = [{"id": MODEL}]  # what GET /v1/models lists (cards)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 
@@ -101,6 +102,7 @@ class FakeOpenAI:
     def reset(self) -> None:
         self.max_in_flight = 0
         self.requests.clear()
+        self.models = [{"id": MODEL}]
 
     # -- HTTP --
     async def _handle(self, reader, writer) -> None:
@@ -138,7 +140,7 @@ class FakeOpenAI:
 
     async def _route(self, method, path, headers, body, writer) -> bool:
         if method == "GET" and path == "/v1/models":
-            self._plain(writer, "200 OK", json.dumps({"data": [{"id": MODEL}]}).encode())
+            self._plain(writer, "200 OK", json.dumps({"data": self.models}).encode())
             return True
         if method == "GET" and path == "/metrics":
             if not self.metrics:

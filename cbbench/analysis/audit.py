@@ -1,5 +1,7 @@
 """`cbbench audit`: a client's per-request figures held to the server's own record of the same
-requests (`cbbench serve --request-log`), joined by the response id (server_request_id).
+requests (`cbbench serve --request-log`), joined by the response id (server_request_id), or,
+for a tool that recorded none (an import), by send order: the result's sent requests in send
+order to the log's lines in arrival order, when the two counts agree.
 
 The server logs, per request, when it read the request (``arrival``) and when it wrote each
 stream event, with its token count and kind (reasoning, answer, tool). Those are the truth:
@@ -181,15 +183,17 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
     if requests and not any(r.get("token_times_s") for r in requests):
         raise UsageError("the result's requests carry no token times: rerun cbbench run with "
                          "--save-detailed")
-    for r in requests:
+    by_order = bool(requests) and all(r.get("server_request_id") is None for r in requests)
+    find = _id_lookup(log)
+    for r, line in (_by_send_order(requests, log) if by_order else
+                    ((r, find(r.get("server_request_id"))) for r in requests)):
         c = client_side(r, t0_epoch if shared_clock else 0.0)
         if c is None:
             continue
-        rid = r.get("server_request_id")
+        rid = r.get("server_request_id") if not by_order else "by-order"
         if rid is None:
             no_id += 1
             continue
-        line = log.get(rid)
         if line is None:
             unmatched += 1
             continue
@@ -246,6 +250,9 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
                          "passed": wrong == 0}
     return {
         "joined": len(pairs),
+        # send_order: the tool recorded no response ids (an import): its requests in send
+        # order joined to the log's lines in arrival order, one for one.
+        "joined_by": "send_order" if by_order else "server_request_id",
         "without_id": no_id,
         "not_in_log": unmatched,
         "not_comparable": not_comparable,
@@ -260,6 +267,32 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
         "metrics": metrics,
         "passed": all(m["passed"] for m in metrics.values()),
     }
+
+
+def _id_lookup(log: dict[str, dict]):
+    """The log line of a request id: the response id itself, or the id a client chose and
+    sent as X-Request-Id (AIPerf's x_request_id), which the server made the tail of its
+    response id (``chatcmpl-<id>``, as vLLM forms it)."""
+    tails = {k.split("-", 1)[1]: v for k, v in log.items() if "-" in k}
+
+    def find(rid):
+        if rid is None:
+            return None
+        return log.get(rid) or tails.get(rid)
+
+    return find
+
+
+def _by_send_order(requests: Sequence[dict], log: dict[str, dict]):
+    """(request, log line) pairs: the sent requests by their send, the log's lines by their
+    arrival. Only a log of exactly this run's requests joins so: the counts must agree."""
+    sent = sorted((r for r in requests if r.get("send_s") is not None), key=lambda r: r["send_s"])
+    lines = sorted(log.values(), key=lambda x: x.get("arrival") or 0.0)
+    if len(sent) != len(lines):
+        raise UsageError(f"the result records no response ids, and its {len(sent)} sent requests "
+                         f"cannot be joined by send order to the log's {len(lines)} lines: give "
+                         "the log of this run alone")
+    return list(zip(sent, lines))
 
 
 def _p50_figures(pairs: list[tuple[Side, Side]]) -> dict[str, tuple[float | None, float | None]]:

@@ -63,6 +63,10 @@ class RequestRecord:
     image_tokens: int | None = None
     request_bytes: int | None = None  # HTTP: the request body's size (payload bytes)
     inputs: int | None = None  # embeddings / rerank: inputs (documents) in the request
+    # Issue 27: HTTP runs: the endpoint URL the request went to (several with --balance), and
+    # the model it asked for (an adapter under --lora-modules, else the served model).
+    endpoint: str | None = None
+    model: str | None = None
 
     @property
     def ok(self) -> bool:

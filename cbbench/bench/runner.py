@@ -18,6 +18,7 @@ from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.result import base_result
 from cbbench.analysis.sim_error import sim_error
 from cbbench.analysis.speculative import engine_speculative
+from cbbench.analysis.splits import add_splits
 from cbbench.analysis.steady_state import steady_state
 from cbbench.analysis.turns import by_turn, session_summary
 from cbbench.distributed.plan import LoadPlan
@@ -169,6 +170,8 @@ def request_record_dict(rec, detailed: bool) -> dict:
         d["max_tokens"] = rec.max_tokens
         d["finish_reason"] = rec.finish_reason
         d["server_request_id"] = rec.server_request_id  # null: the server sent no id
+        d["endpoint"] = rec.endpoint  # issue 27: the URL it went to (null: an import)
+        d["model"] = rec.model  # the model (or LoRA adapter) it asked for
     if rec.prompt_token_counts is not None:
         d["prompt_token_counts"] = rec.prompt_token_counts
     d.update(_known(rec, ("server_timing", "ttft_parts", "e2el_parts")))  # issue 27
@@ -301,8 +304,10 @@ def execute_run(
     spec: RunSpec,
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    live=None,
 ) -> dict:
-    """One run: the schedule, the target, then the result file's dict."""
+    """One run: the schedule, the target, then the result file's dict. ``live``: a
+    LiveBoard (cbbench/targets/live.py) a live view reads while the run runs."""
     replay = None
     if spec.replay is not None:
         from cbbench.bench.replay import load_replay
@@ -310,10 +315,12 @@ def execute_run(
         replay = load_replay(spec.replay, spec.engine)
         spec = replay.run_spec(spec)
     sched = plan_schedule(spec, replay)
+    if live is not None:
+        _plan_live(live, spec, sched)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     telemetry = Telemetry(spec)
     try:
-        run, target_config = _run_target(spec, sched, telemetry, should_stop, on_progress)
+        run, target_config = _run_target(spec, sched, telemetry, should_stop, on_progress, live)
     finally:
         telemetry.stop()
     result = base_result(_run_config(spec, sched, target_config))
@@ -322,6 +329,7 @@ def execute_run(
     summary = _summary(spec, sched, run)
     if spec.endpoint is not None:
         _add_http_figures(result, summary, run)
+        add_splits(summary, run.records, run.duration_s)
     result["summary"] = summary
     result["telemetry"] = telemetry.result()
     result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
@@ -491,7 +499,16 @@ class Telemetry:
         return telemetry
 
 
-def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_stop, on_progress):
+def _plan_live(live, spec: RunSpec, sched: Schedule) -> None:
+    arrivals = sched.arrivals
+    total = sched.plan.num_turns if sched.plan is not None else len(sched.wreqs)
+    planned = sched.until if sched.until is not None else (
+        float(max(arrivals)) if sched.plan is None and len(arrivals) else None)
+    live.plan(total, planned, spec.request_rate if spec.ramp is None else None)
+
+
+def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_stop, on_progress,
+                live=None):
     """Send the schedule to the endpoint or the bundled engine; the run and its config."""
     if spec.endpoint is not None:
         from cbbench.distributed.run import SinceInstant, run_load
@@ -505,6 +522,7 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
         run = run_load(
             spec.endpoint, sched.wreqs, sched.arrivals, spec.load, should_stop=should_stop,
             on_progress=on_progress, on_t0=on_t0, sessions=sched.plan, cancel=sched.cancel,
+            live=live,
         )
         return run, {
             "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
@@ -513,7 +531,7 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
     run = run_engine(
         spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
         on_progress=on_progress, keep_token_ids=spec.save_detailed,
-        on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel,
+        on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel, live=live,
     )
     return run, {
         "target": "engine",

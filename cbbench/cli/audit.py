@@ -63,7 +63,8 @@ def audit(
     ] = None,
 ) -> None:
     """Hold a result's per-request figures (TTFT, TTFOT, per-token ITL, TPOT, token counts) to
-    a cbbench serve request log, joined by server_request_id: the client's error per metric
+    a cbbench serve request log, joined by server_request_id (by send order when the result
+    has no ids): the client's error per metric
     (median, p99, max), exit 1 past the tolerance (counts: exact)."""
     if not tolerance_ms >= 0:
         raise UsageError(f"--tolerance-ms must be >= 0, got {tolerance_ms}")

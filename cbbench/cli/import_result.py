@@ -1,7 +1,9 @@
 """`cbbench import`: another tool's per-request output as a cbbench result.
 
-  vllm-bench  `vllm bench serve --save-result --save-detailed`'s JSON
-  aiperf      AIPerf's per-request records, profile_export.jsonl
+  vllm-bench      `vllm bench serve --save-result --save-detailed`'s JSON
+  aiperf          AIPerf's per-request records, profile_export.jsonl
+  guidellm        GuideLLM's benchmarks JSON (one benchmark of it: --benchmark)
+  inference-perf  inference-perf's per_request_lifecycle_metrics.json
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ import typer
 from cbbench.analysis.result import check_not_an_input, read_json_file, write_result
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
-from cbbench.importers import aiperf, vllm_bench
+from cbbench.importers import aiperf, guidellm, inference_perf, vllm_bench
 from cbbench.importers.result import build_result
 
-TOOLS = (vllm_bench.TOOL, aiperf.TOOL)
+TOOLS = (vllm_bench.TOOL, aiperf.TOOL, guidellm.TOOL, inference_perf.TOOL)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,28 +28,52 @@ def register(app: typer.Typer) -> None:
 
 def import_result(
     file: Annotated[Path, typer.Argument(help="The other tool's result file.", metavar="FILE")],
-    tool: Annotated[str, typer.Option("--from", help="The tool that wrote it: vllm-bench | aiperf.")],
+    tool: Annotated[str, typer.Option(
+        "--from", help="The tool that wrote it: vllm-bench | aiperf | guidellm | inference-perf.")],
     out: Annotated[
         Path, typer.Option("--out", parser=C.output_file, metavar="<path>",
                            help="The cbbench result JSON to write.")
     ],
+    benchmark: Annotated[int | None, typer.Option(
+        "--benchmark", metavar="INDEX",
+        help="guidellm: which of the file's benchmarks (0-based; a sweep writes several). "
+        "Default: the only one.")] = None,
 ) -> None:
     """Turn another tool's per-request output into a cbbench result (compare, gate, report
     and export then read it)."""
     if tool not in TOOLS:
         raise UsageError(f"--from {tool!r}: use one of {', '.join(TOOLS)}")
     check_not_an_input(out, [file], "--out")
-    if tool == aiperf.TOOL:
-        recs = aiperf.records(aiperf.lines(file), str(file))
-        result = build_result(aiperf.config(recs), None, recs, aiperf.duration_s(recs))
-    else:
-        data = read_json_file(file, f"{tool} result")
-        if not isinstance(data, dict):
-            raise UsageError(f"{file} is not a {tool} result (not a JSON object)")
-        recs = vllm_bench.records(data, str(file))
-        result = build_result(
-            vllm_bench.config(data), vllm_bench.started_at(data), recs,
-            vllm_bench.duration_s(data, recs),
-        )
+    if benchmark is not None and tool != guidellm.TOOL:
+        raise UsageError("--benchmark picks one of a GuideLLM file's benchmarks: it needs "
+                         "--from guidellm")
+    result, recs = _read(file, tool, benchmark)
     write_result(out, result)
     typer.echo(f"imported {len(recs)} requests from {tool}: {out}")
+
+
+def _read(file: Path, tool: str, benchmark: int | None):
+    if tool == aiperf.TOOL:
+        rows = aiperf.lines(file)
+        recs = aiperf.records(rows, str(file))
+        return build_result(aiperf.config(recs), None, recs, aiperf.duration_s(recs),
+                            aiperf.origin(rows)), recs
+    data = read_json_file(file, f"{tool} result")
+    if tool == inference_perf.TOOL:
+        rows = inference_perf.entries(data, str(file))
+        recs = inference_perf.records(rows, str(file))
+        return build_result(inference_perf.config(recs), None, recs,
+                            inference_perf.duration_s(rows, recs)), recs
+    if not isinstance(data, dict):
+        raise UsageError(f"{file} is not a {tool} result (not a JSON object)")
+    if tool == guidellm.TOOL:
+        bench = guidellm.benchmark(data, str(file), benchmark)
+        recs = guidellm.records(bench, str(file))
+        return build_result(guidellm.config(data, bench, recs), guidellm.started_at(bench), recs,
+                            guidellm.duration_s(bench, recs),
+                            guidellm.origin(bench, str(file))), recs
+    recs = vllm_bench.records(data, str(file))
+    return build_result(
+        vllm_bench.config(data), vllm_bench.started_at(data), recs,
+        vllm_bench.duration_s(data, recs),
+    ), recs

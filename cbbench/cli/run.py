@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
 from cbbench import options as O
@@ -74,8 +72,12 @@ def run(
         raise UsageError("--server-log splits an endpoint run's TTFT: give --endpoint")
     also = _also_written(output.output_format, out_path, inputs)
 
-    with StopSignal() as stop, _progress() as on_progress:
-        result = execute_run(spec, should_stop=stop, on_progress=on_progress)
+    from cbbench.cli.live import LiveView
+
+    # The live panel: on a terminal, unless --quiet or the result JSON itself is stdout.
+    with StopSignal() as stop, LiveView(not output.quiet and not is_stdout(out_path)) as board:
+        result = execute_run(spec, should_stop=stop,
+                             on_progress=board.on_progress if board else None, live=board)
     if output.summary_only:
         result = {k: v for k, v in result.items() if k not in ("requests", "iterations")}
         result["telemetry"] = {k: v for k, v in result["telemetry"].items() if k != "samples"}
@@ -135,39 +137,3 @@ def _also_written(fmt: str | None, out_path, inputs: list):
     check_not_an_input(path, inputs, "--output-format")
     return path
 
-
-class _progress:
-    """A progress bar on stderr, shown only on a terminal and only once a run lasts a moment."""
-
-    DELAY_S = 0.5
-
-    def __enter__(self):
-        import time
-
-        self._bar = None
-        self._t0 = time.perf_counter()
-        self._tty = sys.stderr.isatty()
-        return self.update
-
-    def update(self, done: int, total: int) -> None:
-        if not self._tty:
-            return
-        import time
-
-        if self._bar is None:
-            if time.perf_counter() - self._t0 < self.DELAY_S:
-                return
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-            self._bar = Progress(
-                "requests", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                console=Console(stderr=True), transient=True,
-            )
-            self._bar.start()
-            self._task = self._bar.add_task("run", total=total)
-        self._bar.update(self._task, completed=done)
-
-    def __exit__(self, *exc) -> None:
-        if self._bar is not None:
-            self._bar.stop()

@@ -16,8 +16,9 @@ from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
+from cbbench.targets.balance import tag_records
 from cbbench.targets.http import HttpRun, run_http
-from cbbench.targets.options import EndpointOptions
+from cbbench.targets.options import EndpointOptions, redact_url
 from cbbench.targets.pooling_request import run_pooling
 
 log = logging.getLogger(__name__)
@@ -34,28 +35,35 @@ def run_load(
     on_t0: Callable[[float], None] | None = None,
     sessions: SessionPlan | None = None,
     cancel: CancelPlan | None = None,
+    live=None,
 ) -> HttpRun:
 
     """`on_t0(t0)`: called (multi-worker runs) once the shared start instant is chosen, a
     time.perf_counter() value up to START_MARGIN_S ahead. `sessions`: a multi-turn plan
     (run_http; with workers, whole sessions to each). `cancel`: the --cancel-rate plan, decided
-    per request id, so every worker cancels its own requests as one process would."""
+    per request id, so every worker cancels its own requests as one process would. `live`: a
+    LiveBoard (targets/live.py); in one process it reads the runner, with workers their
+    progress only."""
     if not plan.distributed:
         return _one_process(
-            opts, wreqs, arrivals, should_stop, on_progress, grace_s, sessions, cancel
+            opts, wreqs, arrivals, should_stop, on_progress, grace_s, sessions, cancel, live
         )
     if plan.ray:
         from cbbench.distributed.ray_pool import run_ray_workers
 
-        return run_ray_workers(
+        run = run_ray_workers(
             opts, wreqs, arrivals, plan, should_stop, on_progress, grace_s, on_t0,
             sessions, cancel,
         )
-    from cbbench.distributed.local import plan_workers, run_local_workers
+    else:
+        from cbbench.distributed.local import plan_workers, run_local_workers
 
-    n = spare_cores() if plan.workers == AUTO else int(plan.workers)
-    tasks, merger = plan_workers(opts, wreqs, arrivals, n, grace_s, sessions, cancel)
-    return run_local_workers(opts, tasks, merger, should_stop, on_progress, on_t0)
+        n = spare_cores() if plan.workers == AUTO else int(plan.workers)
+        tasks, merger = plan_workers(opts, wreqs, arrivals, n, grace_s, sessions, cancel)
+        run = run_local_workers(opts, tasks, merger, should_stop, on_progress, on_t0)
+    # Streamed out of the workers as they ended: tagged here (one endpoint, no adapter).
+    tag_records(run.records, redact_url(opts.endpoints()[0]), run.info.get("served_model"))
+    return run
 
 
 class SinceInstant:
@@ -78,7 +86,13 @@ def _one_process(
     grace_s,
     sessions=None,
     cancel=None,
+    live=None,
 ) -> HttpRun:
+    hooks = None
+    if live is not None:
+        from cbbench.targets.hooks import RunHooks
+
+        hooks = RunHooks(on_record=live.on_record, on_run=live.attach_http)
     run = (run_pooling if opts.pooling else run_http)(
         opts,
         wreqs,
@@ -88,6 +102,7 @@ def _one_process(
         grace_s=grace_s,
         sessions=sessions,
         cancel=cancel,
+        hooks=hooks,
     )
     for rec in run.records:
         rec.worker = 0

@@ -5,7 +5,9 @@ Each line holds ``metadata`` (wall-clock ``request_start_ns`` at the send, ``req
 ``credit_issued_ns`` when AIPerf's rate limiter released the request, ``x_request_id``,
 ``benchmark_phase``), ``metrics`` (tag -> ``{"value", "unit"}`` in display units:
 ``time_to_first_token``, ``request_latency`` and ``inter_chunk_latency`` in ms,
-``output_sequence_length`` and ``input_sequence_length`` in tokens) and ``error`` (null, or
+``output_sequence_length`` and ``input_sequence_length`` in tokens; for a reasoning model
+``usage_reasoning_tokens``/``reasoning_token_count`` and ``time_to_first_output_token``) and
+``error`` (null, or
 ``{"code", "type", "message"}``); aiperf/common/models/record_models.py defines them.
 
 The intended start is the credit's release where AIPerf recorded it (the schedule's slot, so
@@ -47,14 +49,29 @@ def _record(path, n: int, line: str) -> tuple[int, dict]:
     return n, obj
 
 
-def records(objs: Iterable[tuple[int, dict]], source: str) -> list[RequestRecord]:
+def _profiling(objs: Iterable[tuple[int, dict]], source: str) -> list[tuple[int, dict]]:
     rows = [(n, o) for n, o in objs if o["metadata"].get("benchmark_phase") != WARMUP_PHASE]
     if not rows:
         raise UsageError(f"{source} holds no profiling records")
+    return rows
+
+
+def _slots(rows: list[tuple[int, dict]], source: str) -> tuple[list[int], list[int]]:
+    """(send, intended start) per record, in ns on AIPerf's wall clock (time.time_ns)."""
     starts = [_ns(o["metadata"], "request_start_ns", f"{source}:{n}") for n, o in rows]
     issued = [o["metadata"].get("credit_issued_ns") for _, o in rows]
-    slots = [i if isinstance(i, int) and not isinstance(i, bool) else s
-             for i, s in zip(issued, starts)]
+    return starts, [i if isinstance(i, int) and not isinstance(i, bool) else s
+                    for i, s in zip(issued, starts)]
+
+
+def origin(objs: Iterable[tuple[int, dict]], source: str = "") -> float:
+    """The records' zero on the Unix clock (s): AIPerf stamps with time.time_ns()."""
+    return min(_slots(_profiling(objs, source), source)[1]) * NS
+
+
+def records(objs: Iterable[tuple[int, dict]], source: str) -> list[RequestRecord]:
+    rows = _profiling(objs, source)
+    starts, slots = _slots(rows, source)
     t0 = min(slots)
     out = []
     for i, ((n, obj), start_ns, slot_ns) in enumerate(zip(rows, starts, slots)):
@@ -78,8 +95,20 @@ def records(objs: Iterable[tuple[int, dict]], source: str) -> list[RequestRecord
             rec.error_type = str(error.get("type") or "error") if isinstance(error, dict) else "error"
         else:
             rec.token_times_s = _token_times(metrics, send, rec.output_tokens, where)
+            _reasoning(rec, metrics, send, where)
         out.append(rec)
     return out
+
+
+def _reasoning(rec: RequestRecord, metrics: Mapping, send: float, where: str) -> None:
+    """A reasoning model's figures as AIPerf recorded them: the reasoning tokens (the server's
+    usage, else AIPerf's count) and the first answer token (time_to_first_output_token)."""
+    for tag in ("usage_reasoning_tokens", "reasoning_token_count"):
+        if tag in metrics:
+            rec.reasoning_tokens = _tokens(metrics, tag, where)
+            break
+    if rec.reasoning_tokens and "time_to_first_output_token" in metrics:
+        rec.first_output_s = send + _seconds(metrics, "time_to_first_output_token", where)
 
 
 def _token_times(metrics: Mapping, send: float, output_tokens: int, where: str) -> list[float]:

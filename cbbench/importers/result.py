@@ -8,16 +8,24 @@ from collections.abc import Mapping, Sequence
 from cbbench.analysis.metrics import summarize
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.result import base_result
+from cbbench.analysis.splits import add_splits
 from cbbench.analysis.telemetry import unavailable
 from cbbench.bench.runner import request_record_dict
 
 
 def build_result(
-    config: Mapping, started_at: str | None, records: Sequence[RequestRecord], duration_s: float
+    config: Mapping, started_at: str | None, records: Sequence[RequestRecord], duration_s: float,
+    t0_epoch_s: float | None = None,
 ) -> dict:
+    """``t0_epoch_s``: the records' zero on the Unix clock, for a tool that timed on it
+    (GuideLLM, AIPerf): `cbbench audit` then compares them with the server log's times on one
+    clock (exact when tool and server ran on one host, as a conformance run does)."""
     result = base_result(dict(config))
     result["started_at"] = started_at
     result["summary"] = summarize(records, duration_s)
+    add_splits(result["summary"], records, duration_s)  # by model (inference-perf's adapters)
+    if t0_epoch_s is not None:
+        result["summary"]["http"] = {"t0_epoch_s": float(t0_epoch_s)}
     result["telemetry"] = unavailable(f"imported from {config.get('imported_from')}")
     # Detailed: the token times are all an imported request has; keep them.
     result["requests"] = [request_record_dict(r, True) for r in records]

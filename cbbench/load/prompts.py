@@ -43,13 +43,31 @@ PROMPT_RNG_STREAM = 7  # a separate random stream from request sampling and arri
 MAX_FIT_ROUNDS = 16  # drop/add rounds to hit an exact length (one suffices for the pool)
 MIN_SINGLE_TOKEN_WORDS = 8  # fewer than this: fall back to the whole pool, best effort
 
-PROMPT_KINDS = ("text", "token_ids", "decoded", "synthetic_exact", "synthetic_approx")
+# synthetic_server: sized exactly with the server's /tokenize (targets/server_tokenize.py).
+PROMPT_KINDS = ("text", "token_ids", "decoded", "synthetic_exact", "synthetic_server",
+                "synthetic_approx")
+
+
+TOKENIZER_FILE = "tokenizer.json"  # what a Hugging Face model folder holds
+
+
+def tokenizer_file(path: str) -> str:
+    """--tokenizer's file: the path itself, or a Hugging Face model folder's tokenizer.json
+    (its tokenizer_config.json beside it gives the chat template: load/chat_template.py)."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / TOKENIZER_FILE).is_file():
+            raise UsageError(f"--tokenizer {path}: a folder without a {TOKENIZER_FILE} (give the "
+                             "model folder, or the file itself)")
+        return str(p / TOKENIZER_FILE)
+    return path
 
 
 def load_tokenizer(path: str):
-    """A `tokenizers.Tokenizer` from a tokenizer.json file (UsageError when it cannot load). A
-    device, FIFO or folder is refused before the library reads it: it read /dev/zero until
-    memory ran out."""
+    """A `tokenizers.Tokenizer` from a tokenizer.json file or a model folder holding one
+    (UsageError when it cannot load). A device or FIFO is refused before the library reads
+    it: it read /dev/zero until memory ran out."""
+    path = tokenizer_file(path)
     if not Path(path).is_file():
         raise UsageError(f"--tokenizer {path}: not a tokenizer.json file")
     try:
@@ -101,14 +119,23 @@ class _ExactFitter:
         return text  # the run's prompt-token mismatch shows any residue
 
 
+def prompt_rng(request_id: int, seed: int) -> np.random.Generator:
+    return np.random.default_rng([seed, request_id, PROMPT_RNG_STREAM])
+
+
+def approx_words(prompt_len: int, rng: np.random.Generator) -> list[str]:
+    """The words of a prompt sized without a tokenizer (one BOS assumed)."""
+    n = max(1, prompt_len - ASSUMED_SPECIAL_TOKENS)
+    return [WORD_POOL[i] for i in rng.integers(0, len(WORD_POOL), n)]
+
+
 def synthetic_prompt(
     prompt_len: int, request_id: int, seed: int, fitter: _ExactFitter | None = None
 ) -> str:
-    rng = np.random.default_rng([seed, request_id, PROMPT_RNG_STREAM])
+    rng = prompt_rng(request_id, seed)
     if fitter is not None:
         return fitter.fit(prompt_len, rng)
-    n = max(1, prompt_len - ASSUMED_SPECIAL_TOKENS)
-    return " ".join(WORD_POOL[i] for i in rng.integers(0, len(WORD_POOL), n))
+    return " ".join(approx_words(prompt_len, rng))
 
 
 def build_prompts(

@@ -13,7 +13,9 @@ from cbbench.options.fields import check_fields, opt
 @dataclass(frozen=True)
 class EndpointFlags:
     endpoint: str | None = opt(
-        None, "Benchmark this OpenAI-compatible endpoint instead of the bundled engine."
+        None,
+        "Benchmark this OpenAI-compatible endpoint instead of the bundled engine; several "
+        "comma-separated URLs (replicas without a gateway) share the load by --balance.",
     )
     api: str = opt(
         "completions",
@@ -26,7 +28,7 @@ class EndpointFlags:
         "--api embeddings: inputs per request; rerank: documents per query (default 1).",
     )
     served_model: str | None = opt(
-        None, "Model name to request. Default: the first of /v1/models."
+        None, "Model name to request. Default: the server's only (base) model in /v1/models."
     )
     ignore_eos_field: bool = opt(
         True,
@@ -44,7 +46,10 @@ class EndpointFlags:
         "start and from the send, the slot wait on its own.",
     )
     tokenizer: str | None = opt(
-        None, "tokenizer.json: exact synthetic prompt lengths and token counts (endpoint)."
+        None,
+        "tokenizer.json, or a Hugging Face model folder holding it (and tokenizer_config.json):"
+        " exact synthetic prompt lengths and token counts (endpoint). Without it, prompts are "
+        "sized with the server's /tokenize where it has one.",
     )
     scrape_metrics: bool = opt(
         False,
@@ -70,6 +75,19 @@ class EndpointFlags:
         switch=False,
     )
     ray_address: str | None = opt(None, "Join this running Ray cluster (with --ray).")
+    balance: str = opt(
+        "round-robin",
+        "How requests spread over several --endpoint URLs: round-robin | least-in-flight "
+        "(this client's requests in flight at each).",
+        choices=("round-robin", "least-in-flight"),
+    )
+    lora_modules: str | None = opt(
+        None,
+        "NAME=SHARE,...: send that share of requests to each LoRA adapter name (the model "
+        "field; drawn per request from the seed), the rest to the served model; the summary "
+        "splits by model.",
+        metavar="NAME=SHARE,...",
+    )
 
     def validate(self) -> None:
         check_fields(self)
@@ -83,12 +101,16 @@ class EndpointFlags:
         if self.batch_size is not None:
             raise UsageError("--batch-size applies to --endpoint runs with --api embeddings or "
                              "rerank")
+        if self.lora_modules is not None:
+            raise UsageError("--lora-modules names a server's adapters: it needs --endpoint")
 
     def target(self, seed: int):
         """The HTTP target's EndpointOptions (None without --endpoint), checked before any
         probe runs."""
         if self.endpoint is None:
             return None
+        from cbbench.load.prompts import tokenizer_file
+        from cbbench.targets.balance import parse_lora_modules
         from cbbench.targets.options import EndpointOptions, parse_header
 
         opts = EndpointOptions(
@@ -98,8 +120,10 @@ class EndpointFlags:
             ignore_eos_field=self.ignore_eos_field,
             headers=dict(parse_header(h) for h in self.header or []),
             request_timeout_s=self.request_timeout,
-            tokenizer=self.tokenizer,
+            tokenizer=tokenizer_file(self.tokenizer) if self.tokenizer is not None else None,
             seed=seed,
+            balance=self.balance,
+            lora_modules=parse_lora_modules(self.lora_modules),
             max_concurrency=self.max_concurrency,
             # A filter says which metrics to keep: it asks for the scrape too.
             scrape_metrics=self.scrape_metrics or self.scrape_metrics_filter is not None,
@@ -123,7 +147,7 @@ class EndpointFlags:
 # rate sweep offers) and no scraping; their probes share one Ray instance.
 PROBE_ENDPOINT = dict(
     only=("endpoint", "api", "served_model", "ignore_eos_field", "header", "request_timeout",
-          "tokenizer", "workers", "ray", "ray_address", "batch_size"),
+          "tokenizer", "workers", "ray", "ray_address", "batch_size", "balance", "lora_modules"),
     help={
         "workers": "Client processes that send each probe's schedule (--endpoint runs): N, or "
         "auto (one per spare core), as in `cbbench run`.",

@@ -89,6 +89,11 @@ class OutputOptions:
     )
     json: bool = opt(False, "Print the result JSON instead of the table.", flag="--json",
                      switch=False)
+    quiet: bool = opt(
+        False,
+        "No live panel while the run runs (it shows only on a terminal, never in a pipe).",
+        switch=False,
+    )
 
     def validate(self) -> None:
         check_fields(self)  # the SLO text is read (and checked) by its one parser
@@ -142,7 +147,7 @@ class WindowOptions:
 
 RUN_OUTPUT = dict(only=(
     "slo", "warmup", "cooldown", "output", "save_detailed", "max_error_rate", "gpu_index",
-    "telemetry_interval", "label", "summary_only", "percentiles", "slice", "output_format", "server_log", "json",
+    "telemetry_interval", "label", "summary_only", "percentiles", "slice", "output_format", "server_log", "json", "quiet",
 ))
 # The one flag compare, gate and report take from this group.
 READ_OUTPUT = dict(only=("percentiles",))

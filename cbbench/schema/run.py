@@ -142,6 +142,10 @@ class Summary(Record):
     usage: dict[str, int] | None = None
     images: dict[str, Any] | None = None
     request_bytes: dict[str, Any] | None = None
+    # HTTP runs with several models (--lora-modules) or endpoints (--endpoint A,B): the
+    # figures of each (analysis/splits.py), keyed by model name / endpoint URL.
+    by_model: dict[str, dict[str, Any]] | None = None
+    by_endpoint: dict[str, dict[str, Any]] | None = None
 
 
 class Config(Record):
@@ -190,6 +194,8 @@ class Request(Record):
     image_tokens: int | None = None
     inputs: int | None = None
     request_bytes: int | None = None
+    endpoint: str | None = None  # HTTP runs: the URL the request went to
+    model: str | None = None  # HTTP runs: the model (or LoRA adapter) it asked for
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative

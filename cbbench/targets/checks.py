@@ -236,9 +236,11 @@ def finish_http_run(
     for key in ("prompt_method", "workload_counted_by", "chat_template_tokens_added_mean"):
         if key in prompt:
             counts[key] = prompt.pop(key)
+    if prompt_kinds.get("synthetic_server") and not opts.tokenizer:
+        counts["workload_counted_by"] = "server /tokenize"
     info.update(
         target="http",
-        endpoint=redact_url(opts.endpoint),
+        endpoint=",".join(redact_url(u) for u in opts.endpoint.split(",")),
         api=opts.api,
         prompt_kinds=prompt_kinds,
         token_count_method=counts["output_method"],  # the older field: completed, by method

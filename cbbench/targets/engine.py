@@ -253,6 +253,25 @@ def split_reasoning(rec: RequestRecord, reasoning_len: int) -> None:
     rec.first_output_s = rec.token_times_s[reasoning_len] if n > reasoning_len else None
 
 
+def _step_callback(engine, total: int, on_progress, live):
+    """The feed's per-step callback: progress (done of total) and the live view's finished
+    requests, only on steps that finished some. Attaches the live view to the engine."""
+    if live is not None:
+        live.attach_engine(engine)
+    done = [0]
+
+    def on_step(step) -> None:
+        if not step.finished:
+            return
+        if live is not None:
+            live.on_finished(step.finished)
+        if on_progress is not None:
+            done[0] += len(step.finished)
+            on_progress(done[0] + len(engine.rejected), total)
+
+    return on_step
+
+
 def run_engine(
     opts: EngineArgs,
     wreqs: list[WorkloadRequest],
@@ -265,11 +284,13 @@ def run_engine(
     sessions: SessionPlan | None = None,
     cancel: CancelPlan | None = None,
     step_time_factors: dict[str, float] | None = None,
+    live=None,
 ) -> EngineRun:
     """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it).
     With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
     ``cancel``, the requests it picks are aborted mid-flight; with ``step_time_factors``
-    (the simulator), each step's time is scaled by its iteration class's factor."""
+    (the simulator), each step's time is scaled by its iteration class's factor; ``live``
+    (a LiveBoard, targets/live.py) reads the engine's records and its finished requests."""
     from cbbench.engine.core.feed import ListFeed, run_feed
 
     loop = run_feed
@@ -295,12 +316,7 @@ def run_engine(
         reqs = _make_requests(wreqs, arrivals, opts, info)
         feed = CancellingListFeed(reqs, timer) if cancel is not None else ListFeed(reqs)
         total = len(reqs)
-    done = [0]
-
-    def on_step(step) -> None:
-        if step.finished and on_progress is not None:
-            done[0] += len(step.finished)
-            on_progress(done[0] + len(engine.rejected), total)
+    on_step = _step_callback(engine, total, on_progress, live)
 
     clock = engine.clock
     if clock.realtime:

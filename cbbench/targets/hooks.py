@@ -23,3 +23,6 @@ class RunHooks:
     # them all out; a long run then holds only the requests in flight). run_http's own records
     # and record-based figures are then empty: the receiver computes them.
     keep_records: bool = True
+    # Called once with the runner when its clock (runner.t0) is set: a live view reads its
+    # counters (in_flight, finished) on its own timer (targets/live.py).
+    on_run: Callable[[object], None] | None = None

@@ -22,7 +22,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -41,6 +41,7 @@ from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
 from cbbench.targets.api_specs import SPECS
+from cbbench.targets.balance import Balancer, endpoint_contexts, lora_models, tag_records
 from cbbench.targets.checks import (
     TOKEN_COUNT_METHODS,
     count_request,
@@ -52,10 +53,11 @@ from cbbench.targets.client_health import ClientMonitor, sleep_until
 from cbbench.targets.gc_freeze import freeze_heap, thaw_heap
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http_sessions import SessionDispatch
-from cbbench.targets.options import API_PATHS, EndpointOptions, normalize_endpoint, redact_url
+from cbbench.targets.options import API_PATHS, EndpointOptions, redact_url
 from cbbench.targets.read_buffers import keep_reads_on_heap
 from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
+from cbbench.targets.server_tokenize import size_with_server
 from cbbench.targets.sse import SseStream
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
 
@@ -70,6 +72,7 @@ STOP_POLL_S = 0.1
 PROGRESS_INTERVAL_S = 0.1
 MODELS_TIMEOUT_S = 30.0
 MODELS_MAX_BYTES = 1 << 20
+MODELS_SHOWN = 10  # models named in the "choose one" error
 
 
 @dataclass
@@ -124,7 +127,7 @@ class _Runner:
         self.tokenizer = tokenizer
         self.should_stop = should_stop
         self.on_progress = on_progress
-        self.base = normalize_endpoint(opts.endpoint)
+        self.base = opts.endpoints()[0]  # /v1/models, /tokenize, /metrics: the first URL
         self.spec = SPECS[opts.api]
         self.chat = self.spec.chat
         n = len(wreqs)
@@ -139,6 +142,13 @@ class _Runner:
         self.max_in_flight = 0
         self.stopped = False
         self.ctx: RequestContext | None = None  # set when the run starts
+        # Several --endpoint URLs: which one each send goes to (targets/balance.py).
+        self.balancer: Balancer | None = None
+        self.models: list[str | None] | None = None  # --lora-modules: each request's model
+        # No --tokenizer: sizes the synthetic prompts with the server's /tokenize, before t0.
+        self.size_prompts: Callable[..., Awaitable[str]] | None = None
+        # --workload random-mm / JSONL images: turns prompts into content parts (load/images.py)
+        self.attach_images: Callable[[], list | None] | None = None
 
     def _one(self, pos: int) -> Coroutine[None, None, None]:
         """Request `pos` from its intended start (wait for a slot, send, record): the
@@ -160,6 +170,9 @@ class _Runner:
             rec.images, rec.image_bytes = im
         st = self.spec.stream(rec.token_times_s, self.tokenizer is not None)
         extra = request_fields(w.reasoning_len, w.tools, w.tool_choice, self.chat)
+        if self.models is not None and self.models[pos] is not None:  # a LoRA adapter
+            rec.model = self.models[pos]
+            extra = {**(extra or {}), "model": rec.model}
         prompt = self.prompts[pos]
         make = (image_request_body if isinstance(prompt, EncodedContent)
                 else self.spec.single_body or request_body)
@@ -178,6 +191,10 @@ class _Runner:
             body = make_body()
             rec.request_bytes = len(body)
             self.records[pos], self.streams[pos] = rec, st
+            ctx, picked = self.ctx, None
+            if self.balancer is not None:  # several endpoints: chosen at the send
+                picked = self.balancer.acquire()
+                ctx, rec.endpoint = self.balancer.contexts[picked], self.balancer.urls[picked]
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
@@ -185,11 +202,13 @@ class _Runner:
                     self.cancel.cancel_after_s(rec.id) if self.cancel is not None else None
                 )
                 if cancel_after is None:
-                    await self._send(self.ctx, rec, body, st)
+                    await self._send(ctx, rec, body, st)
                 else:
-                    await self._send_cancelled(rec, body, st, cancel_after)
+                    await self._send_cancelled(ctx, rec, body, st, cancel_after)
             finally:
                 self.in_flight -= 1
+                if picked is not None:
+                    self.balancer.release(picked)
         except asyncio.CancelledError:  # the run was stopped; unsent requests stay unrecorded
             if rec.send_s is not None and rec.error is None:
                 rec.error_type, rec.error = (
@@ -202,11 +221,11 @@ class _Runner:
             if rec.send_s is not None:
                 self._ended(pos, rec, st)
 
-    async def _send_cancelled(self, rec: RequestRecord, body: bytes, st: SseStream,
-                              delay: float) -> None:
+    async def _send_cancelled(self, ctx: RequestContext, rec: RequestRecord, body: bytes,
+                              st: SseStream, delay: float) -> None:
         """send_request until `delay` after the send for a request --cancel-rate picked: then
         the stream is closed (the server sees the client go away)."""
-        task = asyncio.ensure_future(self._send(self.ctx, rec, body, st))
+        task = asyncio.ensure_future(self._send(ctx, rec, body, st))
         try:
             done, _ = await asyncio.wait({task}, timeout=delay)
         except asyncio.CancelledError:  # the run was stopped: stop the request too
@@ -288,6 +307,10 @@ class _Runner:
         try:
             model = o.served_model or await self._discover_model(session, info)
             info["served_model"] = model
+            if self.size_prompts is not None:  # before the clock: no load is measured yet
+                info["prompt_sizing"] = await self.size_prompts(session, self.base, model)
+            if self.attach_images is not None:  # after the sizing: it resizes the text first
+                self.image_info = self.attach_images()
             payload = self._payload(model)
             scraper = None
             if o.scrape_metrics:
@@ -297,6 +320,8 @@ class _Runner:
             keep_reads_on_heap()  # no mmap per network read, whatever the process did before
             start_at = self.hooks.start_at
             self.t0 = await start_at() if start_at is not None else time.perf_counter()
+            if self.hooks.on_run is not None:
+                self.hooks.on_run(self)
             self.monitor = ClientMonitor(self.t0)
             heartbeat = asyncio.create_task(self.monitor.run())
             self.ctx = RequestContext(
@@ -307,6 +332,12 @@ class _Runner:
                 payload=payload,
                 chat=self.chat,
             )
+            urls = o.endpoints()
+            if len(urls) > 1:
+                self.balancer = Balancer(
+                    endpoint_contexts(self.ctx, [URL(u + API_PATHS[o.api]) for u in urls]),
+                    [redact_url(u) for u in urls], o.balance,
+                )
             scrape_task = asyncio.create_task(scraper.run(self.t0)) if scraper else None
             dispatcher = asyncio.create_task(self._dispatch())
             watcher = (
@@ -335,6 +366,8 @@ class _Runner:
             thaw_heap(frozen)
             await session.close()
         info["max_in_flight"] = self.max_in_flight
+        if self.balancer is not None:
+            info["sent_by_endpoint"] = dict(zip(self.balancer.urls, self.balancer.sent))
         return duration, info
 
     def _payload(self, model: str) -> dict:
@@ -360,12 +393,20 @@ class _Runner:
         if status != 200:
             raise UsageError(f"GET {where} answered HTTP {status}; give --served-model NAME")
         try:
-            ids = [m["id"] for m in json.loads(body)["data"]]
-            model = ids[0]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise UsageError(f"GET {where} listed no models; give --served-model NAME") from None
+            cards = json.loads(body)["data"]
+            ids = [m["id"] for m in cards]
+            # vLLM lists its LoRA adapters beside the base model, each with a "parent".
+            bases = [m["id"] for m in cards if not m.get("parent")]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            ids = bases = []
+        if not ids:
+            raise UsageError(f"GET {where} listed no models; give --served-model NAME")
         info["models_listed"] = ids[:10]
-        return model
+        if len(ids) == 1 or len(bases) == 1:
+            return ids[0] if len(ids) == 1 else bases[0]
+        shown = ", ".join(ids[:MODELS_SHOWN]) + (", ..." if len(ids) > MODELS_SHOWN else "")
+        raise UsageError(f"{where} serves {len(ids)} models ({shown}): choose one with "
+                         "--served-model NAME")
 
 
 def run_http(
@@ -386,6 +427,9 @@ def run_http(
     opts.validate()
     if len(arrivals) != len(wreqs):
         raise ValueError(f"{len(wreqs)} requests but {len(arrivals)} arrival times")
+    if sessions is not None and opts.lora_modules:
+        raise UsageError("--lora-modules applies to single-turn workloads (a session's turns "
+                         "keep one model)")
     tokenizer = load_tokenizer(opts.tokenizer) if opts.tokenizer else None
     dispatch = None
     if sessions is not None:
@@ -404,11 +448,19 @@ def run_http(
         )
         if opts.api == "chat" and tokenizer is not None:
             runner.chat_prompt_tokens = chat_prompt_tokens(opts.tokenizer, tokenizer, prompts)
-        runner.image_info = attach_images(prompts, wreqs, opts.seed)
+        # Images become chat content parts once the text is final (size_prompts runs first).
+        runner.attach_images = partial(attach_images, prompts, wreqs, opts.seed)
+        if tokenizer is None:
+            runner.size_prompts = partial(size_with_server, wreqs=wreqs, prompts=prompts,
+                                          kinds=kinds, seed=opts.seed)
+        if opts.lora_modules:
+            runner.models = lora_models([w.id for w in wreqs], opts.lora_modules, opts.seed, None)
         total = len(wreqs)
     duration, info = asyncio.run(runner.run())
+    info.setdefault("prompt_sizing", "tokenizer" if tokenizer is not None else "approximate")
 
     records = [rec for rec in runner.records if rec is not None]
+    tag_records(records, redact_url(runner.base), info.get("served_model"))
     finish_http_run(opts, records, runner.methods, kinds, total, info)
     return HttpRun(
         records, duration, runner.stopped, info, total - len(records),

@@ -95,19 +95,29 @@ class EndpointOptions:
     headers: dict[str, str] = field(default_factory=dict)
     request_timeout_s: float = 600.0  # the whole request, send to last event
     max_concurrency: int | None = None
-    tokenizer: str | None = None  # a tokenizer.json: exact synthetic prompts, token counts
+    tokenizer: str | None = None  # a tokenizer.json (a folder's, resolved): exact prompts, counts
     scrape_metrics: bool = False
     scrape_metrics_filter: str | None = None  # a regex over metric names; None: known servers
     seed: int = 0  # synthetic prompt text; the run's seed
     # --batch-size: embeddings inputs (rerank: documents) per request; None: 1
     batch_size: int | None = None
+    balance: str = "round-robin"  # several endpoints: targets/balance.py
+    lora_modules: dict[str, float] | None = None  # adapter name -> share of the requests
 
     @property
     def pooling(self) -> bool:
         return self.api in POOLING_APIS
 
+    def endpoints(self) -> list[str]:
+        """The base URL of each comma-separated --endpoint, normalized."""
+        return [normalize_endpoint(u) for u in self.endpoint.split(",")]
+
     def validate(self) -> None:
-        normalize_endpoint(self.endpoint)
+        urls = self.endpoints()
+        if len(set(urls)) < len(urls):
+            raise UsageError("--endpoint names one URL twice: give each replica once")
+        if len(urls) > 1 and (self.scrape_metrics or self.scrape_metrics_filter is not None):
+            raise UsageError("--scrape-metrics reads one server's /metrics: give one --endpoint")
         if self.api not in APIS:
             raise UsageError(f"unknown --api {self.api!r}: use {', '.join(APIS)}")
         if self.batch_size is not None:
@@ -138,8 +148,11 @@ class EndpointOptions:
     def to_config(self, served_model: str | None = None) -> dict:
         """For the result file: header *names* only (values may be API keys), and the
         endpoint without credentials. ``served_model``: the model the run resolved to."""
+        urls = [redact_url(u) for u in self.endpoint.split(",")]
         return {
-            "endpoint": redact_url(self.endpoint),
+            "endpoint": ",".join(urls),
+            **({"endpoints": urls, "balance": self.balance} if len(urls) > 1 else {}),
+            **({"lora_modules": self.lora_modules} if self.lora_modules else {}),
             "api": self.api,
             "served_model": served_model or self.served_model,
             "served_model_requested": self.served_model,

@@ -1,0 +1,200 @@
+"""GuideLLM's benchmarks JSON (`guidellm benchmark run --output-path benchmarks.json`, a
+GenerativeBenchmarksReport, schema version 2) -> a cbbench result.
+
+The report holds ``benchmarks``, one per strategy GuideLLM ran (a sweep writes several); each
+has ``requests`` grouped by status (``successful``, ``incomplete``, ``errored``: lists of
+GenerativeRequestStats), and each request has ``info.timings`` (Unix seconds):
+``targeted_start`` (when its strategy meant it to go), ``request_start`` (the send),
+``first_token_iteration``, ``first_output_token_iteration`` (the first non-reasoning token),
+``last_token_iteration``, ``request_end`` and ``token_iterations`` (stream events with
+tokens), beside ``input_metrics``/``output_metrics`` (``text_tokens``: the server's usage, else
+GuideLLM's count) and ``response_id`` (guidellm/schemas/request_stats.py, info.py).
+
+What carries over, and how it differs from a cbbench run of the same load:
+- the intended start is ``targeted_start`` (GuideLLM's schedule), so TTFT/E2EL count from it as
+  a cbbench run does and the send lag is the gap to ``request_start``; GuideLLM's own TTFT
+  counts from the send;
+- GuideLLM keeps no per-event times, only the first and last token and the number of events:
+  the events in between are spaced evenly (as GuideLLM's own over-time figures space them), the
+  first carrying one token and the rest the remaining tokens shared as evenly as whole tokens
+  allow. TTFT, TPOT and E2EL are exact; ITL percentiles are per-request means, not measured gaps;
+- ``incomplete`` requests (in flight when the benchmark ended) are imported as interrupted.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.errors import UsageError
+
+TOOL = "guidellm"
+STATUSES = ("successful", "incomplete", "errored")
+
+
+def benchmark(data: Mapping, source: str, index: int | None) -> Mapping:
+    """The benchmark to import: the only one, or ``index`` (0-based) of several."""
+    benches = data.get("benchmarks")
+    if not isinstance(benches, list) or not benches:
+        raise UsageError(f"{source} holds no benchmarks: not a GuideLLM benchmarks JSON")
+    if index is None:
+        if len(benches) > 1:
+            kinds = ", ".join(f"{i}: {_strategy(b)}" for i, b in enumerate(benches))
+            raise UsageError(f"{source} holds {len(benches)} benchmarks ({kinds}): choose one "
+                             "with --benchmark INDEX")
+        index = 0
+    if not 0 <= index < len(benches):
+        raise UsageError(f"--benchmark {index}: {source} holds benchmarks 0..{len(benches) - 1}")
+    bench = benches[index]
+    if not isinstance(bench, dict) or not isinstance(bench.get("requests"), dict):
+        raise UsageError(f"{source}: benchmark {index} has no requests by status")
+    return bench
+
+
+def _strategy(bench) -> str:
+    strategy = (bench.get("config") or {}).get("strategy") if isinstance(bench, dict) else None
+    if isinstance(strategy, dict):
+        rate = strategy.get("rate") or strategy.get("streams")
+        return f"{strategy.get('type_', '?')}{f' {rate:g}' if isinstance(rate, (int, float)) else ''}"
+    return "?"
+
+
+def _rows(bench: Mapping, source: str) -> list[tuple[str, Mapping]]:
+    rows = []
+    for status in STATUSES:
+        group = bench["requests"].get(status) or []
+        if not isinstance(group, list):
+            raise UsageError(f"{source}: requests.{status} is not a list")
+        rows += [(status, r) for r in group]
+    if not rows:
+        raise UsageError(f"{source} holds no requests (GuideLLM samples them: raise "
+                         "--sample-requests, or leave it unset)")
+    return rows
+
+
+def _start(t: Mapping) -> float:
+    return t["targeted_start"] if t.get("targeted_start") is not None else t["request_start"]
+
+
+def origin(bench: Mapping, source: str) -> float:
+    """The records' zero: the first intended start, on the Unix clock GuideLLM times on."""
+    return min(_start(_timings(r, source)) for _, r in _rows(bench, source))
+
+
+def records(bench: Mapping, source: str) -> list[RequestRecord]:
+    rows = _rows(bench, source)
+    timings = [_timings(r, f"{source}: request {i}") for i, (_, r) in enumerate(rows)]
+    starts = [_start(t) for t in timings]
+    t0 = min(starts)
+    order = sorted(range(len(rows)), key=lambda i: starts[i])  # the schedule's order
+    return [_record(k, *rows[i], timings[i], t0, f"{source}: request {i}")
+            for k, i in enumerate(order)]
+
+
+def _timings(row, where: str) -> dict:
+    t = (row.get("info") or {}).get("timings") if isinstance(row, dict) else None
+    if not isinstance(t, dict) or (t.get("request_start") is None
+                                   and t.get("targeted_start") is None):
+        raise UsageError(f"{where} has no info.timings.request_start")
+    for k, v in t.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or not math.isfinite(v)):
+            raise UsageError(f"{where}: info.timings.{k} holds {v!r}, not a time")
+    return t
+
+
+def _record(k: int, status: str, row: Mapping, t: Mapping, t0: float, where: str):
+    send = t.get("request_start")
+    intended = t.get("targeted_start") if t.get("targeted_start") is not None else send
+    rec = RequestRecord(
+        id=k,
+        prompt_tokens=_tokens(row, "input_metrics", "prompt_tokens", where),
+        output_tokens=_tokens(row, "output_metrics", "output_tokens", where),
+        intended_start_s=intended - t0,
+        send_s=send - t0 if send is not None else None,
+        server_request_id=row.get("response_id"),
+    )
+    rec.output_tokens_method = TOOL
+    rec.output_token_counts = {TOOL: rec.output_tokens}
+    info = row.get("info") or {}
+    if status == "errored":
+        rec.error, rec.error_type = str(info.get("error") or "errored"), "error"
+        return rec
+    if status == "incomplete":
+        rec.error = "incomplete: in flight when the GuideLLM benchmark ended"
+        rec.error_type = "interrupted"
+        return rec
+    first, last = t.get("first_token_iteration"), t.get("last_token_iteration")
+    if first is None:
+        rec.error, rec.error_type = "no token arrived", "error"
+        return rec
+    rec.token_times_s, rec.event_tokens = _events(
+        first - t0, (last if last is not None else first) - t0,
+        int(t.get("token_iterations") or 1), rec.output_tokens)
+    rec.event_tokens_method = TOOL
+    out_first = t.get("first_output_token_iteration")
+    if out_first is not None and out_first != first:  # it reasoned first
+        rec.first_output_s = out_first - t0
+    return rec
+
+
+def _events(first: float, last: float, events: int, tokens: int):
+    """Evenly spaced events from the first to the last token: the first one token, the rest
+    sharing the remaining tokens as evenly as whole tokens go (largest remainders first)."""
+    events = max(1, min(events, tokens)) if tokens > 0 else 1
+    times = [float(t) for t in np.linspace(first, last, events)] if events > 1 else [first]
+    if events == 1:
+        return times, [max(tokens, 1)]
+    rest, n = tokens - 1, events - 1
+    share = [rest // n + (i < rest % n) for i in range(n)]
+    return times, [1, *share]
+
+
+def _tokens(row: Mapping, group: str, computed: str, where: str) -> int:
+    v = (row.get(group) or {}).get("text_tokens")
+    if v is None:
+        v = row.get(computed)
+    if v is None:
+        return 0
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise UsageError(f"{where}: {group}.text_tokens holds {v!r}, not a token count")
+    return v
+
+
+def config(data: Mapping, bench: Mapping, recs: list[RequestRecord]) -> dict:
+    strategy = (bench.get("config") or {}).get("strategy") or {}
+    rate = strategy.get("rate") if isinstance(strategy, dict) else None
+    scenario = data.get("config") or {}
+    return {
+        "label": None,
+        "imported_from": TOOL,
+        "workload": str(scenario.get("data") or "unknown")[:200],
+        "num_requests": len(recs),
+        "request_rate": rate if isinstance(rate, (int, float)) else None,
+        "target": "http",
+        "endpoint": scenario.get("target"),
+        "served_model": scenario.get("model"),
+        "model": scenario.get("model"),
+        "strategy": strategy.get("type_") if isinstance(strategy, dict) else None,
+    }
+
+
+def started_at(bench: Mapping) -> str | None:
+    start = bench.get("start_time")
+    if not isinstance(start, (int, float)) or isinstance(start, bool) or not math.isfinite(start):
+        return None
+    return dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def duration_s(bench: Mapping, recs: list[RequestRecord]) -> float:
+    d = bench.get("duration")
+    if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
+        return float(d)
+    ends = [r.token_times_s[-1] for r in recs if r.token_times_s]
+    return max(ends) if ends else 0.0

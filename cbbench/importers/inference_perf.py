@@ -1,0 +1,154 @@
+"""inference-perf's per-request report (`per_request_lifecycle_metrics.json`, written with
+``report.request_lifecycle.per_request: true``) -> a cbbench result.
+
+The report is a JSON list, one entry per request (inference_perf/reportgen/base.py):
+``start_time`` and ``end_time`` (time.perf_counter() seconds in the load generator: one clock
+per run, arbitrary origin), ``request`` (the body sent, as text), ``response`` (the raw answer),
+``info`` (InferenceInfo: ``request_metrics.text.input_tokens``, ``response_metrics`` with
+``output_tokens``, ``server_usage``, and for a streamed answer ``chunk_times`` (one per chunk
+that carried text), ``response_chunks`` (those chunks' JSON) and ``output_token_times`` (one per
+token, each at its chunk's time, when inference-perf re-tokenized the chunks), ``lora_adapter``)
+and ``error`` (null, or ``{"error_type", "error_msg"}``).
+
+What carries over, and how it differs from a cbbench run of the same load:
+- the report keeps no scheduled time, only the send: the intended start is the send and the
+  send lag 0 (inference-perf's own schedule deltas are in its summary report only);
+- a request's events are its text chunks; the tokens each carried are the runs of equal times
+  in ``output_token_times`` where those match the chunks, else one per chunk; the output count
+  is the server's ``usage.completion_tokens`` when it sent one, else inference-perf's count;
+- reasoning chunks carry no text (only ``delta.content`` is timed), so TTFT is inference-perf's:
+  the first answer token's;
+- per request ``model``: its adapter (``lora_adapter``), else the body's ``model``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+
+from cbbench.analysis.records import RequestRecord
+from cbbench.errors import UsageError
+
+TOOL = "inference-perf"
+
+
+def entries(data, source: str) -> list[Mapping]:
+    if not isinstance(data, list):
+        raise UsageError(f"{source} is not an inference-perf per-request report (a JSON list; "
+                         "per_request_lifecycle_metrics.json)")
+    if not data:
+        raise UsageError(f"{source} holds no requests")
+    for i, e in enumerate(data):
+        if not isinstance(e, dict) or "start_time" not in e or not isinstance(e.get("info"), dict):
+            raise UsageError(f"{source}: entry {i} has no start_time and info: not an "
+                             "inference-perf request")
+    return data
+
+
+def records(data: list[Mapping], source: str) -> list[RequestRecord]:
+    starts = [_time(e.get("start_time"), f"{source}: entry {i}", "start_time")
+              for i, e in enumerate(data)]
+    t0 = min(starts)
+    order = sorted(range(len(data)), key=starts.__getitem__)  # in send order
+    return [_record(k, data[i], starts[i] - t0, t0, f"{source}: entry {i}")
+            for k, i in enumerate(order)]
+
+
+def _record(k: int, e: Mapping, start: float, t0: float, where: str) -> RequestRecord:
+    info = e["info"]
+    metrics = info.get("response_metrics") or {}
+    usage = metrics.get("server_usage") or {}
+    body = _json(e.get("request"))
+    rec = RequestRecord(
+        id=k,
+        prompt_tokens=_count(((info.get("request_metrics") or {}).get("text") or {}).get(
+            "input_tokens", info.get("input_tokens", 0)), where, "input_tokens"),
+        output_tokens=0,
+        intended_start_s=start,
+        send_s=start,
+    )
+    counted = _count(metrics.get("output_tokens", 0), where, "output_tokens")
+    server = usage.get("completion_tokens")
+    rec.output_tokens = server if type(server) is int and server >= 0 else counted
+    rec.output_tokens_method = TOOL
+    rec.output_token_counts = {TOOL: counted, **({"usage": server} if type(server) is int else {})}
+    if type(usage.get("prompt_tokens")) is int:
+        rec.server_prompt_tokens = usage["prompt_tokens"]
+    rec.model = info.get("lora_adapter") or (body.get("model") if isinstance(body, dict) else None)
+    chunks = metrics.get("response_chunks") or []
+    first_chunk = _json(chunks[0]) if chunks else None
+    if isinstance(first_chunk, dict):
+        rec.server_request_id = first_chunk.get("id")
+    error = e.get("error")
+    if error:
+        rec.error = str(error.get("error_msg") if isinstance(error, dict) else error)
+        rec.error_type = str(error.get("error_type") or "error") if isinstance(error, dict) \
+            else "error"
+        return rec
+    times = [_time(t, where, "chunk_times") - t0 for t in metrics.get("chunk_times") or []]
+    if not times:  # not streamed: the whole answer at the end
+        times = [_time(e.get("end_time"), where, "end_time") - t0]
+    rec.token_times_s = times
+    rec.event_tokens = _per_chunk(metrics.get("output_token_times") or [],
+                                  metrics.get("chunk_times") or [])
+    rec.event_tokens_method = TOOL if rec.event_tokens is not None else None
+    return rec
+
+
+def _per_chunk(token_times: list, chunk_times: list) -> list[int] | None:
+    """Tokens per chunk: the runs of equal times in output_token_times, when they fall on the
+    chunks' own times (inference-perf re-tokenized each chunk); None otherwise."""
+    if not token_times or len(token_times) <= len(chunk_times):
+        return None
+    runs: list[list] = []
+    for t in token_times:
+        if runs and t == runs[-1][0]:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1])
+    if [r[0] for r in runs] != list(chunk_times):
+        return None
+    return [r[1] for r in runs]
+
+
+def _json(text):
+    if not isinstance(text, str):
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _time(v, where: str, key: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UsageError(f"{where}: {key} holds {v!r}, not a time in seconds")
+    return float(v)
+
+
+def _count(v, where: str, key: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise UsageError(f"{where}: {key} holds {v!r}, not a token count")
+    return v
+
+
+def config(recs: list[RequestRecord]) -> dict:
+    models = sorted({r.model for r in recs if r.model})
+    return {
+        "label": None,
+        "imported_from": TOOL,
+        "workload": "unknown",
+        "num_requests": len(recs),
+        "request_rate": None,
+        "target": "http",
+        "served_model": models[0] if len(models) == 1 else None,
+        "model": models[0] if len(models) == 1 else None,
+    }
+
+
+def duration_s(data: list[Mapping], recs: list[RequestRecord]) -> float:
+    """inference-perf's total time: last end - first start."""
+    starts = [e["start_time"] for e in data]
+    ends = [e.get("end_time") for e in data if isinstance(e.get("end_time"), (int, float))]
+    return float(max(ends) - min(starts)) if ends else 0.0

@@ -1,0 +1,171 @@
+"""`cbbench import --from guidellm|inference-perf` (issue 27, Build 8): files in each tool's own
+shape (tests/data/guidellm/benchmarks.json: GuideLLM's GenerativeBenchmarksReport v2, its
+requests as GenerativeRequestStats dumps; tests/data/inference-perf/
+per_request_lifecycle_metrics.json: inference-perf's per-request report; both hand-made from
+the tools' models, see docs/export.md) give the hand-computed figures below, and compare,
+gate, report and export read the result."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.cli.app import app
+
+runner = CliRunner()
+DATA = Path(__file__).resolve().parents[1] / "data"
+GUIDELLM = DATA / "guidellm" / "benchmarks.json"
+INFERENCE_PERF = DATA / "inference-perf" / "per_request_lifecycle_metrics.json"
+
+
+def _import(src, tool, out, *extra):
+    res = runner.invoke(app, ["import", str(src), "--from", tool, "--out", str(out), *extra])
+    return res, (json.loads(Path(out).read_text()) if res.exit_code == 0 else None)
+
+
+def _one_line(res, says: str) -> None:
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert line.startswith("cbbench: error:") and "\n" not in line and says in line, line
+
+
+# ---- GuideLLM ------------------------------------------------------------------------------
+def test_guidellm_figures_are_the_hand_computed_ones(tmp_path):
+    # A GuideLLM sweep-like file holds two benchmarks: one must be chosen.
+    res, _ = _import(GUIDELLM, "guidellm", tmp_path / "x.json")
+    _one_line(res, "holds 2 benchmarks (0: constant 2, 1: synchronous): choose one with "
+                   "--benchmark INDEX")
+    res, result = _import(GUIDELLM, "guidellm", tmp_path / "g.json", "--benchmark", "0")
+    assert res.exit_code == 0, res.output
+    s, reqs = result["summary"], result["requests"]
+    # a: targeted 0, sent 10 ms late, first token 110 ms, last 410 ms, 7 tokens in 4 events;
+    # b: targeted 0.5 s, sent 2 ms late, first (reasoning) token 202 ms, first answer 402 ms,
+    #    last 602 ms, 5 tokens in 5 events; c errored; d was in flight at the end.
+    assert (s["completed"], s["failed"]) == (2, 2)
+    assert [r["ttft_ms"] for r in reqs[:2]] == pytest.approx([110.0, 202.0], abs=1e-3)
+    assert [r["e2el_ms"] for r in reqs[:2]] == pytest.approx([410.0, 602.0], abs=1e-3)
+    assert [r["tpot_ms"] for r in reqs[:2]] == pytest.approx([50.0, 100.0], abs=1e-3)
+    assert [r["send_lag_ms"] for r in reqs[:2]] == pytest.approx([10.0, 2.0], abs=1e-3)
+    assert reqs[1]["ttfot_ms"] == pytest.approx(402.0, abs=1e-3)
+    assert reqs[0]["server_request_id"] == "cmpl-a"
+    assert reqs[2]["error_type"] == "error" and "500" in reqs[2]["error"]
+    assert reqs[3]["error_type"] == "interrupted"
+    # ITL: a's 3 later events (100 ms apart) carry 6 tokens, 2 each -> six 50 ms gaps; b's four
+    # 100 ms gaps -> 10 gaps, mean (6 * 50 + 4 * 100) / 10.
+    assert s["itl_ms"]["mean"] == pytest.approx(70.0, abs=1e-3)
+    assert s["itl_ms"]["p50"] == pytest.approx(50.0, abs=1e-3)
+    assert s["output_throughput"] == pytest.approx(12 / 2.0)  # over GuideLLM's 2 s duration
+    assert result["config"]["imported_from"] == "guidellm"
+    assert result["config"]["strategy"] == "constant" and result["config"]["request_rate"] == 2.0
+    res, other = _import(GUIDELLM, "guidellm", tmp_path / "g1.json", "--benchmark", "1")
+    assert res.exit_code == 0 and other["summary"]["completed"] == 1
+    assert other["requests"][0]["ttft_ms"] == pytest.approx(50.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("mutate,says", [
+    (lambda d: d.pop("benchmarks"), "holds no benchmarks"),
+    (lambda d: d["benchmarks"][0]["requests"]["successful"][0]["info"]["timings"].__setitem__(
+        "first_token_iteration", "soon"), "not a time"),
+    (lambda d: d["benchmarks"][0]["requests"]["successful"][0]["output_metrics"].__setitem__(
+        "text_tokens", -3), "not a token count"),
+])
+def test_a_bad_guidellm_file_is_one_line(tmp_path, mutate, says):
+    data = json.loads(GUIDELLM.read_text())
+    mutate(data)
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps(data))
+    res, _ = _import(src, "guidellm", tmp_path / "o.json", "--benchmark", "0")
+    _one_line(res, says)
+    assert not (tmp_path / "o.json").exists()
+    res, _ = _import(GUIDELLM, "guidellm", tmp_path / "o.json", "--benchmark", "5")
+    _one_line(res, "--benchmark 5: ")
+    res, _ = _import(INFERENCE_PERF, "inference-perf", tmp_path / "o.json", "--benchmark", "0")
+    _one_line(res, "it needs --from guidellm")
+
+
+# ---- inference-perf ------------------------------------------------------------------------
+def test_inference_perf_figures_are_the_hand_computed_ones(tmp_path):
+    res, result = _import(INFERENCE_PERF, "inference-perf", tmp_path / "i.json")
+    assert res.exit_code == 0, res.output
+    s, reqs = result["summary"], result["requests"]
+    # e0: 6 tokens in 4 chunks (1, 2, 1, 2) at 100, 200, 300, 450 ms; e1 (adapter sql): 2
+    # tokens at 200 and 300 ms after its send; e2: HTTP 500; e3: not streamed, 400 ms.
+    assert (s["completed"], s["failed"]) == (3, 1)
+    assert [r["ttft_ms"] for r in reqs] == pytest.approx([100.0, 200.0, None, 400.0], abs=1e-6)
+    assert [r["e2el_ms"] for r in reqs] == pytest.approx([450.0, 300.0, None, 400.0], abs=1e-6)
+    assert reqs[0]["tpot_ms"] == pytest.approx(70.0, abs=1e-6)  # 350 ms over 5 gaps
+    assert reqs[0]["output_tokens"] == 6 and reqs[0]["server_prompt_tokens"] == 21
+    assert reqs[0]["server_request_id"] == "cmpl-e0"
+    assert [r["model"] for r in reqs] == ["m-base", "sql", "m-base", "m-base"]
+    assert reqs[2]["error_type"] == "HTTP Error 500" and reqs[2]["error"] == "boom"
+    # per-token ITL: e0's gaps 100/2, 100/2, 100/1, 150/2 ms; e1's 100 ms (one per chunk).
+    assert s["itl_ms"]["mean"] == pytest.approx((50 + 50 + 100 + 75 + 75 + 100) / 6, abs=1e-6)
+    assert s["duration_s"] == pytest.approx(1.0)  # last end - first start
+    assert set(s["by_model"]) == {"m-base", "sql"}
+    assert s["by_model"]["sql"]["completed"] == 1 and s["by_model"]["m-base"]["failed"] == 1
+
+
+def test_a_bad_inference_perf_file_is_one_line(tmp_path):
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps({"not": "a list"}))
+    res, _ = _import(src, "inference-perf", tmp_path / "o.json")
+    _one_line(res, "not an inference-perf per-request report")
+    rows = json.loads(INFERENCE_PERF.read_text())
+    rows[0]["info"]["response_metrics"]["chunk_times"][1] = None
+    src.write_text(json.dumps(rows))
+    res, _ = _import(src, "inference-perf", tmp_path / "o.json")
+    _one_line(res, "chunk_times holds None")
+
+
+# ---- what reads an imported result ---------------------------------------------------------
+def test_compare_gate_report_and_export_read_the_imports(tmp_path):
+    g = tmp_path / "g.json"
+    i = tmp_path / "i.json"
+    assert _import(GUIDELLM, "guidellm", g, "--benchmark", "0")[0].exit_code == 0
+    assert _import(INFERENCE_PERF, "inference-perf", i)[0].exit_code == 0
+    cmp = runner.invoke(app, ["compare", str(g), str(i)])
+    assert cmp.exit_code == 0 and "ttft" in cmp.output.lower(), cmp.output
+    same = runner.invoke(app, ["gate", str(i), "--baseline", str(i)])
+    assert same.exit_code == 0 and "gate: passed" in same.stdout, same.output
+    # g's output throughput (12 tokens over 2 s) is 45% below i's (11 over 1 s): a regression.
+    worse = runner.invoke(app, ["gate", str(g), "--baseline", str(i),
+                                "--allow-different-workload"])
+    assert worse.exit_code == 1 and "REGRESSED" in worse.stdout, worse.output
+    rep = runner.invoke(app, ["report", str(g), str(i), "--out", str(tmp_path / "rep")])
+    assert rep.exit_code == 0, rep.output
+    assert (tmp_path / "rep" / "report.html").stat().st_size > 0
+    for f in (g, i):
+        br = runner.invoke(app, ["export", str(f), "--format", "csv",
+                                 "--out", str(tmp_path / f"{f.stem}.csv")])
+        assert br.exit_code == 0, br.output
+
+
+# ---- AIPerf's reasoning figures and wall clock ---------------------------------------------
+def test_aiperf_reasoning_and_clock_carry_over(tmp_path):
+    base = 1_796_000_000 * 10**9  # AIPerf stamps time.time_ns()
+    metrics = {
+        "time_to_first_token": {"value": 40.0, "unit": "ms"},
+        "time_to_first_output_token": {"value": 70.0, "unit": "ms"},
+        "inter_chunk_latency": {"value": [30.0, 10.0], "unit": "ms"},
+        "output_sequence_length": {"value": 3, "unit": "tokens"},
+        "input_sequence_length": {"value": 10, "unit": "tokens"},
+        "usage_reasoning_tokens": {"value": 1, "unit": "tokens"},
+    }
+    line = {"metadata": {"x_request_id": "abc", "credit_issued_ns": base,
+                         "request_start_ns": base + 5_000_000, "request_end_ns": base + 10**8,
+                         "benchmark_phase": "profiling"}, "metrics": metrics, "error": None}
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text(json.dumps(line) + "\n")
+    res, result = _import(src, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    r = result["requests"][0]
+    assert r["reasoning_tokens"] == 1
+    assert r["ttfot_ms"] == pytest.approx(75.0)  # 70 ms from the send, 5 ms after the release
+    assert r["ttft_ms"] == pytest.approx(45.0)
+    # The records' zero on the Unix clock: audit compares them with a server log on it.
+    assert result["summary"]["http"]["t0_epoch_s"] == pytest.approx(base / 1e9)
+    res, g = _import(GUIDELLM, "guidellm", tmp_path / "g.json", "--benchmark", "0")
+    assert g["summary"]["http"]["t0_epoch_s"] == pytest.approx(1700000000.0)
