@@ -123,9 +123,9 @@ class ServerRecorder:
         self.submit = submit
         self.seen: dict[int, ServerSide] = {}
 
-    def __call__(self, prompt_ids, max_tokens, sampling):
+    def __call__(self, prompt_ids, max_tokens, sampling, **kwargs):
         received = time.perf_counter()
-        stream = self.submit(prompt_ids, max_tokens, sampling)
+        stream = self.submit(prompt_ids, max_tokens, sampling, **kwargs)  # images' encoder_flops...
         rec = self.seen[prompt_ids[0]] = ServerSide(_WIRE.get(), received)
         read = stream.next
 
