@@ -617,8 +617,13 @@ def add_views(summary: dict, spec: RunSpec, run) -> None:
         from cbbench.analysis.server_join import read_log_for
         from cbbench.analysis.ttft_breakdown import attach_parts, summarize_breakdown
 
-        log = read_log_for(spec.server_log, run.records) if spec.server_log else None
-        if attach_parts(run.records, log, run.info.get("t0_epoch_s")):
+        server_log = None
+        if spec.server_log:
+            try:
+                server_log = read_log_for(spec.server_log, run.records)
+            except UsageError as e:  # the run is measured: keep it, without the log's split
+                log.info(f"warning: --server-log not used ({e}); the TTFT split is the response's")
+        if attach_parts(run.records, server_log, run.info.get("t0_epoch_s")):
             summary.update(summarize_breakdown(run.records, percentiles=spec.percentiles))
     if spec.slice_s is not None:
         from cbbench.analysis.slices import time_slices

@@ -70,6 +70,10 @@ def run(
     check_not_an_input(out_path, inputs, "--output")
     if output.server_log is not None and spec.endpoint is None:
         raise UsageError("--server-log splits an endpoint run's TTFT: give --endpoint")
+    if output.server_log is not None and not output.server_log.is_file():
+        # Read only after the run (the server writes it meanwhile): a wrong path is caught here.
+        raise UsageError(f"--server-log {output.server_log}: no such file (cbbench serve "
+                         "--request-log opens it at start-up)")
     also = _also_written(output.output_format, out_path, inputs)
 
     from cbbench.cli.live import LiveView

@@ -140,3 +140,37 @@ def test_a_negative_remainder_without_the_log_is_flagged():
     ttft, e2el = request_parts(rec, None, T0)
     assert ttft["network_ms"] == pytest.approx(-7.0) and not ttft["consistent"]
     assert e2el is None  # no decode time: E2EL is not split
+
+
+def test_a_server_log_path_that_does_not_exist_is_refused_before_the_run(tmp_path):
+    out = subprocess.run(
+        [*CBBENCH, "run", "--endpoint", "http://127.0.0.1:9", "--num-requests", "2",
+         "--server-log", str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"cbbench: error: --server-log {tmp_path / 'nope.jsonl'}: no such file (cbbench serve "
+        "--request-log opens it at start-up)"]
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_an_unreadable_server_log_after_the_run_keeps_the_result(tmp_path):
+    """The log is read once the run is measured: a file that is not a request log then costs
+    the log's split (a warning), never the run."""
+    bad = tmp_path / "not-a-log.jsonl"
+    bad.write_text('{"hello": 1}\n')
+    res = tmp_path / "r.json"
+    with serve_process(*SERVER_ARGS) as srv:
+        out = subprocess.run(
+            [*CBBENCH, "run", "--endpoint", srv.url, "--workload", "random", "--input-len", "16",
+             "--output-len", "4", "--num-requests", "4", "--request-rate", "20",
+             "--server-log", str(bad), "--output", str(res)],
+            capture_output=True, text=True, timeout=300,
+        )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "warning: --server-log not used" in out.stderr
+    result = json.loads(res.read_text())
+    assert result["summary"]["completed"] == 4
+    # The split still comes from the responses' own metrics, without the log's way-in part.
+    assert all(r["ttft_parts"]["source"] == "response" for r in result["requests"])
