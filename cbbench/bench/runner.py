@@ -7,7 +7,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -711,6 +711,3 @@ def add_deployment(summary: dict, opts: EngineArgs, run, iterations: list[dict])
             for pool in ("prefill", "decode")
         }
 
-
-def spec_to_dict(spec: RunSpec) -> dict:
-    return asdict(spec)
