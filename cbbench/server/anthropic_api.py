@@ -27,10 +27,11 @@ import json
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from cbbench.server.chunks import request_id
 from cbbench.server.protocol import (
+    STRICT_FINITE,
     APIError,
     ChatMessage,
     ToolCall,
@@ -48,7 +49,7 @@ from cbbench.server.stream_events import (
     escaped,
 )
 
-STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+STRICT = STRICT_FINITE
 TOOL = "tool"
 # Anthropic's error types by HTTP status (docs: API errors).
 ERROR_TYPES = {

@@ -88,6 +88,8 @@ def validation_error(errors: list[dict]) -> APIError:
 # strict: a value of the wrong JSON type is a 400, not coerced (`"max_tokens": true` was 1,
 # `"stream": "true"` true); an int still passes where a float is expected.
 STRICT = ConfigDict(extra="ignore", strict=True)
+# The Responses and Anthropic request models: strict, and no NaN or infinity in any number.
+STRICT_FINITE = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(BaseModel):

@@ -34,11 +34,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from cbbench.server.chunks import request_id
 from cbbench.server.protocol import (
     DEFAULT_MAX_TOKENS,
+    STRICT_FINITE,
     APIError,
     ChatMessage,
     ToolCall,
@@ -57,7 +58,7 @@ from cbbench.server.stream_events import (
     escaped,
 )
 
-STRICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+STRICT = STRICT_FINITE
 LENGTH = "length"
 
 
