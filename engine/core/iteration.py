@@ -51,7 +51,7 @@ class IterationRecord:
         return self.bytes_moved / self.duration_s if self.duration_s > 0 else 0.0
 
     def to_dict(self) -> dict:
-        d = {name: getattr(self, name) for name in _FIELD_NAMES}
+        d = {name: getattr(self, name) for name in FIELD_NAMES}
         if self.replica is None:
             del d["replica"]
         if self.pool is None:
@@ -61,4 +61,4 @@ class IterationRecord:
 
 
 # Looked up once: to_dict runs for every record of a run (millions at scale).
-_FIELD_NAMES = tuple(f.name for f in fields(IterationRecord))
+FIELD_NAMES = tuple(f.name for f in fields(IterationRecord))
