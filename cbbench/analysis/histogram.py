@@ -33,17 +33,30 @@ BINS_PER_DECADE = 20
 RELATIVE_WIDTH = 10 ** (1 / BINS_PER_DECADE) - 1  # a bin's upper edge over its lower, minus 1
 
 
-def log_histogram(values_ms: np.ndarray) -> dict:
+def log_histogram(values_ms: np.ndarray, weights: np.ndarray | None = None) -> dict:
+    """The histogram of ``values_ms``; with ``weights``, of the multiset in which value j
+    occurs weights[j] times (a compact run's pooled gaps: the same counts as the expanded
+    array, each value's bin found once)."""
     v = np.asarray(values_ms, dtype=np.float64)
-    v = v[np.isfinite(v)]
+    finite = np.isfinite(v)
+    v = v[finite]
     below = v < LOW_MS
     idx = np.floor(BINS_PER_DECADE * np.log10(v[~below] / LOW_MS)).astype(np.int64)
-    bins, counts = np.unique(idx, return_counts=True)
+    if weights is None:
+        bins, counts = np.unique(idx, return_counts=True)
+        n_below = int(below.sum())
+    else:
+        w = np.asarray(weights, dtype=np.int64)[finite]
+        bins, inverse = np.unique(idx, return_inverse=True)
+        counts = np.bincount(inverse, weights=w[~below], minlength=bins.size).astype(np.int64)
+        keep = counts > 0  # a bin whose values all had weight 0 is not stored
+        bins, counts = bins[keep], counts[keep]
+        n_below = int(w[below].sum())
     return {
         "unit": "ms",
         "low_ms": LOW_MS,
         "bins_per_decade": BINS_PER_DECADE,
-        "below": int(below.sum()),
+        "below": n_below,
         "bins": bins.tolist(),
         "counts": counts.tolist(),
     }

@@ -40,6 +40,57 @@ def distribution(values_ms: Sequence[float] | np.ndarray, percentiles=DEFAULT_PE
     }
 
 
+def weighted_distribution(
+    values_ms: np.ndarray, weights: np.ndarray, percentiles=DEFAULT_PERCENTILES
+) -> dict:
+    """``distribution`` of the multiset in which ``values_ms[j]`` occurs ``weights[j]`` times,
+    without expanding it (a million-request run pools ~200M per-token gaps from ~4M step
+    gaps). The percentiles are bit-identical to numpy.percentile on the expanded array (the
+    same two order statistics, found by cumulative weight, and numpy's own interpolation);
+    mean and std are weighted sums, equal to the expanded ones to float rounding (the order of
+    summation differs: numpy sums the expanded array pairwise)."""
+    v = np.asarray(values_ms, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.int64)
+    keep = w > 0
+    v, w = v[keep], w[keep]
+    n = int(w.sum())
+    if n == 0:
+        return distribution([], percentiles)
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    mean = float(np.dot(v, w.astype(np.float64)) / n)
+    dev = v - mean
+    std = float(np.sqrt(np.dot(dev * dev, w.astype(np.float64)) / n))
+    pct = sorted_weighted_percentiles(v, np.cumsum(w), percentiles)
+    return {
+        "mean": mean,
+        "std": std,
+        **{percentile_key(p): float(x) for p, x in zip(percentiles, pct)},
+        "count": n,
+    }
+
+
+def sorted_weighted_percentiles(
+    sorted_values: np.ndarray, cum_weights: np.ndarray, percentiles
+) -> np.ndarray:
+    """numpy.percentile's default (linear, Hyndman & Fan's 7th) of the expanded multiset,
+    given its distinct values ascending and their cumulative counts. Each step is numpy's
+    (numpy/lib/_function_base_impl.py: virtual index (n - 1) q, its floor and the next
+    index, clamped at the last, then ``_lerp``) so the result is the same float."""
+    n = int(cum_weights[-1])
+    q = np.true_divide(np.asarray(percentiles), 100)
+    virtual = (n - 1) * q
+    prev = np.floor(virtual)
+    above = virtual >= n - 1  # numpy takes the last value twice there (then b - a == 0)
+    lo = np.where(above, n - 1, prev).astype(np.int64)
+    hi = np.where(above, n - 1, prev + 1).astype(np.int64)
+    a = sorted_values[np.searchsorted(cum_weights, lo, side="right")]
+    b = sorted_values[np.searchsorted(cum_weights, hi, side="right")]
+    t = virtual - prev
+    diff = b - a
+    return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+
+
 def parse_slo(text: str | None) -> dict[str, float]:
     """'ttft=500,tpot=50' -> {'ttft': 500.0, 'tpot': 50.0} (milliseconds): the limits of the one
     SLO grammar (cbbench.analysis.slo). Goodput judges each request against every limit, so a
@@ -232,21 +283,50 @@ def per_priority(records: Sequence[RequestRecord], priorities: Sequence[int]) ->
     return out
 
 
+# The iteration fields the engine summary reads: always there, and added later (0 in results
+# from before they existed; emitted_tokens and num_sampled_reqs: None rates instead).
+ENGINE_FIELDS = ("num_prefill_tokens", "num_decode_tokens", "token_budget", "kv_blocks_used",
+                 "kv_blocks_total", "duration_s", "num_running", "num_preempted")
+ENGINE_LATER_FIELDS = ("bytes_moved", "flops", "num_swapped_out_blocks",
+                       "num_swapped_in_blocks", "swap_time_s", "num_cached_tokens",
+                       "num_prefix_queried_tokens")
+RATE_FIELDS = ("emitted_tokens", "num_sampled_reqs")
+
+
+def engine_columns(iterations: Sequence[dict]) -> dict[str, np.ndarray]:
+    """The columns summarize_engine_columns reads, from iteration dicts."""
+    cols = {k: np.array([it[k] for it in iterations]) for k in ENGINE_FIELDS}
+    cols |= {k: np.array([it.get(k, 0) for it in iterations]) for k in ENGINE_LATER_FIELDS}
+    if iterations and "emitted_tokens" in iterations[0]:
+        cols |= {k: np.array([it[k] for it in iterations]) for k in RATE_FIELDS}
+    return cols
+
+
 def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
-    """Engine facts from the per-iteration records (as dicts, the result's form). With a GPU
-    spec, also MBU/MFU: time-weighted (total analytic bytes or FLOPs over busy time, over peak)."""
-    if not iterations:
+    """Engine facts from the per-iteration records (as dicts, the result's form)."""
+    return summarize_engine_columns(engine_columns(iterations), gpu_spec)
+
+
+def _total(col: np.ndarray):
+    """A column's sum as the dict path took it: exact for integers; for floats, Python's
+    sum over the values in order (numpy sums pairwise: another rounding)."""
+    return col.sum().item() if col.dtype.kind in "iub" else sum(col.tolist())
+
+
+def summarize_engine_columns(cols, gpu_spec: dict | None = None) -> dict:
+    """Engine facts from the iteration records' columns (``engine_columns``, or a compact
+    run's StepTable). With a GPU spec, also MBU/MFU: time-weighted (total analytic bytes or
+    FLOPs over busy time, over peak)."""
+    if len(cols["duration_s"]) == 0:
         return {"num_iterations": 0}
-    pre = np.array([it["num_prefill_tokens"] for it in iterations], dtype=np.float64)
-    dec = np.array([it["num_decode_tokens"] for it in iterations], dtype=np.float64)
-    budget = np.array([it["token_budget"] for it in iterations], dtype=np.float64)
-    used = np.array([it["kv_blocks_used"] for it in iterations], dtype=np.float64)
-    total = np.array([it["kv_blocks_total"] for it in iterations], dtype=np.float64)
-    dur = np.array([it["duration_s"] for it in iterations], dtype=np.float64)
-    nbytes = np.array([it.get("bytes_moved", 0.0) for it in iterations], dtype=np.float64)
-    running = np.array([it["num_running"] for it in iterations], dtype=np.float64)
+
+    def f(name: str) -> np.ndarray:
+        return np.asarray(cols[name], dtype=np.float64)
+
+    pre, dec, budget = f("num_prefill_tokens"), f("num_decode_tokens"), f("token_budget")
+    used, total, dur = f("kv_blocks_used"), f("kv_blocks_total"), f("duration_s")
+    nbytes, running, flops = f("bytes_moved"), f("num_running"), f("flops")
     busy = float(dur.sum())
-    flops = np.array([it.get("flops", 0.0) for it in iterations], dtype=np.float64)
     util = {}
     if gpu_spec and busy > 0:
         util = {
@@ -258,8 +338,9 @@ def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -
             util["decode_mbu"] = float(
                 nbytes[decode_only].sum() / dur[decode_only].sum() / gpu_spec["hbm_bandwidth"]
             )
+    kv_usage = used / total
     return {
-        "num_iterations": len(iterations),
+        "num_iterations": len(dur),
         "busy_time_s": busy,
         "mean_iteration_ms": float(dur.mean() * MS),
         "mean_prefill_tokens": float(pre.mean()),
@@ -267,39 +348,39 @@ def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -
         "mean_batch_tokens": float((pre + dec).mean()),
         "token_budget_utilization": float(((pre + dec) / budget).mean()),
         "mean_running": float(running.mean()),
-        "peak_kv_usage": float((used / total).max()),
-        "mean_kv_usage": float((used / total).mean()),
-        "num_preemptions": int(sum(it["num_preempted"] for it in iterations)),
+        "peak_kv_usage": float(kv_usage.max()),
+        "mean_kv_usage": float(kv_usage.mean()),
+        "num_preemptions": int(_total(np.asarray(cols["num_preempted"]))),
         "total_prefill_tokens": int(pre.sum()),
-        **_token_rates(iterations),
-        **_policy_totals(iterations),
+        **_token_rates(cols, len(dur)),
+        **_policy_totals(cols),
         # Time-weighted: total analytic bytes over total busy time.
         "mean_achieved_bw_gbps": float(nbytes.sum() / busy / 1e9) if busy > 0 else 0.0,
         **util,
     }
 
 
-def _token_rates(iterations: Sequence[dict]) -> dict:
+def _token_rates(cols, n: int) -> dict:
     """Output tokens per step: per iteration, and per request that gained tokens in it (1.0
     without speculative decoding; 1 + accepted drafts per step with it). None for results
     from before these fields existed."""
-    if "emitted_tokens" not in iterations[0]:
+    if "emitted_tokens" not in cols:
         return {"mean_emitted_tokens": None, "tokens_per_request_step": None}
-    emitted = sum(it["emitted_tokens"] for it in iterations)
-    sampled = sum(it["num_sampled_reqs"] for it in iterations)
+    emitted = _total(np.asarray(cols["emitted_tokens"]))
+    sampled = _total(np.asarray(cols["num_sampled_reqs"]))
     return {
-        "mean_emitted_tokens": emitted / len(iterations),
+        "mean_emitted_tokens": emitted / n,
         "tokens_per_request_step": emitted / sampled if sampled else None,
     }
 
 
-def _policy_totals(iterations: Sequence[dict]) -> dict:
+def _policy_totals(cols) -> dict:
     """Swap traffic and prefix-cache hits summed over the run (0 for results from before these
     fields existed). The hit rate is hit tokens over the tokens looked up at admission; None
     when nothing was looked up (prefix caching off)."""
 
-    def total(key: str) -> float:
-        return sum(it.get(key, 0) for it in iterations)
+    def total(key: str):
+        return _total(np.asarray(cols[key])) if key in cols else 0
 
     queried = total("num_prefix_queried_tokens")
     hits = total("num_cached_tokens")

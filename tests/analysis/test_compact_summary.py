@@ -1,0 +1,211 @@
+"""The compact summary (analysis/compact_summary.py) and rows (compact_rows.py) against the
+object path on real simulated runs: each run is made with run_engine, summarized by
+runner._summary, converted to a CompactRun (compact_convert.py) and summarized again. The
+whole summary dict must be equal: exactly (==, key order too) everywhere except the mean and
+std of the pooled per-token distributions (itl_ms, event_gap_ms, wherever they sit), which
+are within 1e-9 relative (summation order; see compact_summary's module doc). Their count
+and percentiles are exact."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import math
+
+import numpy as np
+import pytest
+
+import cbbench.targets.engine as engine_target
+from cbbench.analysis.compact_convert import compact_from_engine_run
+from cbbench.analysis.compact_rows import compact_iteration_dicts, compact_request_dicts
+from cbbench.analysis.compact_summary import summarize_compact
+from cbbench.analysis.metrics import parse_slo
+from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
+from cbbench.engine.args import EngineArgs
+
+POOLED = ("itl_ms", "event_gap_ms")
+POOLED_REL = 1e-9
+
+
+def assert_same(a, b, path: str = "summary") -> None:
+    """``a`` (the compact path's) equals ``b`` (the object path's), recursively."""
+    if isinstance(b, dict):
+        assert isinstance(a, dict), path
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in b:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(b, list):
+        assert isinstance(a, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        parts = path.split(".")
+        pooled = len(parts) >= 2 and parts[-2] in POOLED and parts[-1] in ("mean", "std")
+        if pooled and isinstance(b, float):
+            assert math.isclose(a, b, rel_tol=POOLED_REL), f"{path}: {a} != {b}"
+        else:
+            assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
+
+
+def _run(spec: RunSpec, monkeypatch, edit=None):
+    """(object path's run, its summary, the CompactRun) for ``spec``; ``edit`` changes the
+    scheduled requests (a rejected one, one-token ones, priorities)."""
+    sched = plan_schedule(spec)
+    if edit is not None:
+        sched = dataclasses.replace(sched, wreqs=edit(list(sched.wreqs)))
+    sets = []
+    real = engine_target.build_replicas
+
+    def capture(args):
+        rs, info = real(args)
+        sets.append(rs)
+        return rs, info
+
+    monkeypatch.setattr(engine_target, "build_replicas", capture)
+    run = engine_target.run_engine(spec.engine, sched.wreqs, sched.arrivals)
+    replica_of = sets[0].assignments if sets else None
+    compact = compact_from_engine_run(run, replica_of)
+    return run, _summary(spec, sched, run), compact
+
+
+def _engine(dp: int = 1, router: str = "round-robin") -> EngineArgs:
+    return EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", data_parallel_size=dp,
+                      router=router)
+
+
+def _odd_requests(wreqs):
+    """One request too long for the model's context (rejected at arrival), a few of one
+    output token, two priority classes."""
+    out = [dataclasses.replace(w, priority=i % 2) for i, w in enumerate(wreqs)]
+    out[5] = dataclasses.replace(out[5], prompt_len=200_000)
+    for i in (7, 8, 30):
+        out[i] = dataclasses.replace(out[i], output_len=1)
+    return out
+
+
+CASES = {
+    "dp1_odd": (dict(num_requests=300, request_rate=20.0), _engine(), _odd_requests),
+    "dp4_rr_views": (
+        dict(num_requests=1000, request_rate=100.0, slo=parse_slo("ttft=15,tpot=5"),
+             percentiles=(50, 99.9), slice_s=1.5, warmup_s=1.0, cooldown_s=1.0),
+        _engine(4, "round-robin"), None),
+    "dp4_least_requests": (dict(num_requests=2000, request_rate=400.0, slice_s=2.0),
+                           _engine(4, "least-requests"), _odd_requests),
+    "burst_dp2": (dict(num_requests=400), _engine(2, "least-requests"), None),
+}
+
+
+@functools.cache
+def _built(name: str):
+    fields, engine, edit = CASES[name]
+    spec = RunSpec(workload="sharegpt", seed=3, rate_given="request_rate" in fields,
+                   engine=engine, **fields)
+    with pytest.MonkeyPatch.context() as mp:
+        run, ref, compact = _run(spec, mp, edit)
+    return name, spec, run, ref, compact
+
+
+@pytest.fixture(params=list(CASES))
+def case(request):
+    return _built(request.param)
+
+
+def test_the_compact_summary_equals_the_object_paths(case):
+    name, spec, run, ref, compact = case
+    got = summarize_compact(compact, spec)
+    assert_same(got, ref)
+    # What each case is there to exercise, shown to have happened.
+    assert ref["completed"] > 0 and ref["itl_ms"]["count"] > 1000
+    if name.endswith("odd"):
+        assert ref["failed"] == 1 and ref["error_types"] == {"rejected": 1}
+        assert "per_priority" in ref and ref["tpot_ms"]["count"] < ref["completed"]
+    if name == "dp4_rr_views":
+        assert 0 < ref["goodput"] < ref["request_throughput"]
+        assert "p99.9" in ref["itl_ms"] and len(ref["slices"]) > 3
+        assert ref["steady_state"]["method"] == "warmup_cooldown"
+    if name == "dp4_least_requests":
+        assert ref["steady_state"]["method"] == "running_requests"
+        assert ref["steady_state"]["window_s"] is not None
+        assert {it["replica"] for it in run.iterations} == {0, 1, 2, 3}
+
+
+def test_request_rows_equal_the_object_paths(case):
+    _, spec, run, _, compact = case
+    for detailed in (False, True):
+        got = list(compact_request_dicts(compact, detailed))
+        want = [request_record_dict(r, detailed) for r in run.records]
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w, f"request {w['id']}")
+
+
+def test_iteration_rows_equal_the_object_paths(case):
+    _, _, run, _, compact = case
+    # run.iterations went through _summary: add_utilization gave them MBU and MFU.
+    assert "mbu" in run.iterations[0]
+    assert_same(list(compact_iteration_dicts(compact)), run.iterations, "iterations")
+
+
+def test_a_gap_in_a_requests_tokens_is_refused():
+    run = _built("dp1_odd")[2]
+    r = next(r for r in run.records if r.output_tokens > 10)
+    gapped = dataclasses.replace(r, token_times_s=r.token_times_s[:3] + r.token_times_s[4:],
+                                 output_tokens=r.output_tokens - 1)
+    # The step it skipped stays in the replica's end times: another request had a token then.
+    others = {t for o in run.records if o is not r for t in o.token_times_s}
+    assert r.token_times_s[3] in others
+    broken = dataclasses.replace(run, records=[gapped if o is r else o for o in run.records])
+    with pytest.raises(ValueError, match="not consecutive steps"):
+        compact_from_engine_run(broken)
+    preempted = dataclasses.replace(run, records=[
+        dataclasses.replace(o, num_preemptions=1) if o is r else o for o in run.records])
+    with pytest.raises(ValueError, match="num_preemptions"):
+        compact_from_engine_run(preempted)
+
+
+def test_out_of_scope_runs_are_refused():
+    _, spec, _, _, compact = _built("dp1_odd")
+    with pytest.raises(ValueError, match="--cancel-rate"):
+        summarize_compact(compact, dataclasses.replace(spec, cancel_rate=0.1))
+
+
+def test_the_comparison_fails_where_it_should():
+    """assert_same is strict where it says: one ulp off a percentile fails, a pooled mean
+    1e-12 off passes and 1e-6 off fails, a key out of order fails."""
+    _, spec, _, ref, compact = _built("dp1_odd")
+    got = summarize_compact(compact, spec)
+    for path, change, fails in (
+        (("itl_ms", "p50"), lambda v: math.nextafter(v, math.inf), True),
+        (("ttft_ms", "mean"), lambda v: math.nextafter(v, math.inf), True),
+        (("itl_ms", "mean"), lambda v: v * (1 + 1e-12), False),
+        (("itl_ms", "mean"), lambda v: v * (1 + 1e-6), True),
+    ):
+        bent = copy.deepcopy(got)
+        bent[path[0]][path[1]] = change(bent[path[0]][path[1]])
+        if fails:
+            with pytest.raises(AssertionError):
+                assert_same(bent, ref)
+        else:
+            assert_same(bent, ref)
+    reordered = {"failed": got["failed"], **got}
+    with pytest.raises(AssertionError, match="keys"):
+        assert_same(reordered, ref)
+
+
+def test_weighted_pooling_counts_each_gap_once_per_request():
+    """The coverage count by hand: two requests on one replica of 5 steps."""
+    from cbbench.analysis.compact_run import CompactRequests, CompactRun, StepTable
+    from cbbench.analysis.compact_summary import CompactView
+
+    ends = np.array([1.0, 2.0, 4.0, 7.0, 11.0])
+    req = CompactRequests(
+        id=np.array([0, 1]), prompt_tokens=np.array([3, 3]), output_tokens=np.array([3, 4]),
+        max_tokens=np.array([3, 4]), arrival_s=np.array([0.0, 0.5]),
+        first_scheduled_s=np.array([0.1, 0.6]), replica=np.array([0, 0]),
+        first_step=np.array([0, 1]), priority=np.array([0, 0]))
+    run = CompactRun(req, [ends], StepTable({"index": np.zeros(0)}), 11.0, False, None)
+    gaps, weights = CompactView(run).pooled_gaps_ms(np.array([0, 1]))
+    # Request 0: gaps 1, 2 (ms x 1000); request 1: gaps 2, 3, 4.
+    assert dict(zip(gaps.tolist(), weights.tolist())) == {1000.0: 1, 2000.0: 2, 3000.0: 1,
+                                                          4000.0: 1}
