@@ -52,16 +52,16 @@ def weighted_distribution(
     v = np.asarray(values_ms, dtype=np.float64)
     w = np.asarray(weights, dtype=np.int64)
     keep = w > 0
-    v, w = v[keep], w[keep]
+    if not keep.all():
+        v, w = v[keep], w[keep]
     n = int(w.sum())
     if n == 0:
         return distribution([], percentiles)
-    order = np.argsort(v, kind="stable")
-    v, w = v[order], w[order]
-    mean = float(np.dot(v, w.astype(np.float64)) / n)
+    wf = w.astype(np.float64)
+    mean = float(np.dot(v, wf) / n)
     dev = v - mean
-    std = float(np.sqrt(np.dot(dev * dev, w.astype(np.float64)) / n))
-    pct = sorted_weighted_percentiles(v, np.cumsum(w), percentiles)
+    std = float(np.sqrt(np.dot(dev * dev, wf) / n))
+    pct = weighted_percentiles(v, w, percentiles)
     return {
         "mean": mean,
         "std": std,
@@ -70,25 +70,55 @@ def weighted_distribution(
     }
 
 
-def sorted_weighted_percentiles(
-    sorted_values: np.ndarray, cum_weights: np.ndarray, percentiles
-) -> np.ndarray:
-    """numpy.percentile's default (linear, Hyndman & Fan's 7th) of the expanded multiset,
-    given its distinct values ascending and their cumulative counts. Each step is numpy's
-    (numpy/lib/_function_base_impl.py: virtual index (n - 1) q, its floor and the next
-    index, clamped at the last, then ``_lerp``) so the result is the same float."""
-    n = int(cum_weights[-1])
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, percentiles) -> np.ndarray:
+    """numpy.percentile's default (linear, Hyndman & Fan's 7th) of the expanded multiset
+    (``weights`` > 0). Each step is numpy's (numpy/lib/_function_base_impl.py: virtual index
+    (n - 1) q, its floor and the next index, clamped at the last, then ``_lerp``), so the
+    result is the same float."""
+    n = int(weights.sum())
     q = np.true_divide(np.asarray(percentiles), 100)
     virtual = (n - 1) * q
     prev = np.floor(virtual)
     above = virtual >= n - 1  # numpy takes the last value twice there (then b - a == 0)
     lo = np.where(above, n - 1, prev).astype(np.int64)
     hi = np.where(above, n - 1, prev + 1).astype(np.int64)
-    a = sorted_values[np.searchsorted(cum_weights, lo, side="right")]
-    b = sorted_values[np.searchsorted(cum_weights, hi, side="right")]
+    ranks = np.unique(np.concatenate((lo, hi)))
+    at = dict(zip(ranks.tolist(), weighted_order_statistics(values, weights, ranks).tolist()))
+    a = np.array([at[r] for r in lo.tolist()])
+    b = np.array([at[r] for r in hi.tolist()])
     t = virtual - prev
     diff = b - a
     return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+
+
+# Radix selection: a non-negative double's bits, read as an unsigned integer, order as the
+# double does; their top 64 - SHIFT bits (sign, exponent, 8 mantissa bits) name a bucket.
+_BUCKET_SHIFT = np.uint64(44)
+
+
+def weighted_order_statistics(values: np.ndarray, weights: np.ndarray,
+                              ranks: np.ndarray) -> np.ndarray:
+    """The values at 0-based ``ranks`` of the expanded multiset. Non-negative values: each
+    rank's bucket by cumulative bucket weight, then that bucket's few values sorted (no sort
+    of the whole array: argsort of 4M gaps costs ~1 s); otherwise one argsort."""
+    v = np.asarray(values, dtype=np.float64)
+    if not (np.isfinite(v).all() and (v >= 0).all()):
+        order = np.argsort(v, kind="stable")
+        cum = np.cumsum(weights[order])
+        return v[order][np.searchsorted(cum, ranks, side="right")]
+    keys = ((v + 0.0).view(np.uint64) >> _BUCKET_SHIFT).astype(np.int64)  # + 0.0: no -0.0
+    cum_bucket = np.cumsum(np.bincount(keys, weights=weights.astype(np.float64)))
+    bucket = np.searchsorted(cum_bucket, ranks, side="right")
+    out = np.empty(len(ranks))
+    for b in np.unique(bucket).tolist():
+        mine = keys == b
+        vb, wb = v[mine], weights[mine]
+        order = np.argsort(vb, kind="stable")
+        before = int(cum_bucket[b - 1]) if b else 0
+        cum = before + np.cumsum(wb[order])
+        sel = bucket == b
+        out[sel] = vb[order][np.searchsorted(cum, ranks[sel], side="right")]
+    return out
 
 
 def parse_slo(text: str | None) -> dict[str, float]:

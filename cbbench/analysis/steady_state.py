@@ -93,9 +93,18 @@ def _weighted_median(edges: np.ndarray, values: np.ndarray, a: float, b: float) 
     w = hi - lo
     if w.sum() <= 0:
         return float(values.max()) if values.size else 0.0
-    order = np.argsort(values, kind="stable")
+    order = _stable_order(values)
     cum = np.cumsum(w[order])
     return float(values[order][np.searchsorted(cum, cum[-1] / 2)])
+
+
+def _stable_order(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable"). Running counts are small whole numbers: as int16
+    numpy radix-sorts them, the same permutation in O(n) (a million-request run has ~4M)."""
+    if values.size and values.min() >= 0 and values.max() < 2**15 and (
+            np.floor(values) == values).all():
+        return np.argsort(values.astype(np.int16), kind="stable")
+    return np.argsort(values, kind="stable")
 
 
 def detect_window(

@@ -209,3 +209,52 @@ def test_weighted_pooling_counts_each_gap_once_per_request():
     # Request 0: gaps 1, 2 (ms x 1000); request 1: gaps 2, 3, 4.
     assert dict(zip(gaps.tolist(), weights.tolist())) == {1000.0: 1, 2000.0: 2, 3000.0: 1,
                                                           4000.0: 1}
+
+
+def test_weighted_distribution_is_numpys_on_the_expanded_array():
+    """Percentiles and count bit-identical to distribution(np.repeat(v, w)), for positive,
+    negative (the argsort fallback), tied and zero values and zero weights; mean and std to
+    1e-12. (A multiset of one repeated value is left out: numpy's pairwise mean of it can be
+    an ulp off the value, making its std ~1e-15 where the weighted one is 0.)"""
+    from cbbench.analysis.metrics import distribution, weighted_distribution
+
+    rng = np.random.default_rng(1)
+    ps = (0, 1, 33.3, 50, 90, 95, 99, 99.9, 100)
+    checked = 0
+    for trial in range(300):
+        k = int(rng.integers(2, 60))
+        v = np.round(rng.exponential(1, k) * 10.0 ** rng.integers(-3, 3), int(rng.integers(1, 6)))
+        v = -v if trial % 5 == 0 else v
+        v[0], v[-1] = (0.0, -0.0) if trial % 7 == 0 else (v[0], v[-1])
+        w = rng.integers(0, 40, k)
+        e = np.repeat(v, w)
+        if np.unique(e).size < 2:
+            continue
+        want, got = distribution(e, ps), weighted_distribution(v, w, ps)
+        assert list(got) == list(want)
+        for key in want:
+            if key in ("mean", "std"):
+                assert math.isclose(got[key], want[key], rel_tol=1e-12), (trial, key)
+            else:
+                assert type(got[key]) is type(want[key]) and got[key] == want[key], (trial, key)
+        checked += 1
+    assert checked > 250
+    assert weighted_distribution(np.ones(3), np.zeros(3, dtype=np.int64)) == distribution([])
+
+
+def test_weighted_histogram_and_running_order_are_the_expanded_ones():
+    from cbbench.analysis.histogram import log_histogram
+    from cbbench.analysis.steady_state import _stable_order
+
+    rng = np.random.default_rng(2)
+    for trial in range(100):
+        k = int(rng.integers(0, 50))
+        v = rng.exponential(1, k) * 10.0 ** rng.integers(-4, 3)
+        if k and trial % 3 == 0:
+            v[0] = np.inf
+        w = rng.integers(0, 5, k)
+        assert log_histogram(v, w) == log_histogram(np.repeat(v, w))
+        running = rng.integers(0, 90, k).astype(np.float64)
+        assert (_stable_order(running) == np.argsort(running, kind="stable")).all()
+    fractional = np.array([2.0, 1.5, 2.0, 1.0])
+    assert (_stable_order(fractional) == np.argsort(fractional, kind="stable")).all()
