@@ -60,7 +60,8 @@ def weighted_distribution(
     wf = w.astype(np.float64)
     mean = float(np.dot(v, wf) / n)
     dev = v - mean
-    std = float(np.sqrt(np.dot(dev * dev, wf) / n))
+    std = float(np.sqrt(np.dot(np.square(dev, out=dev), wf) / n))
+    del dev
     pct = weighted_percentiles(v, w, percentiles)
     return {
         "mean": mean,
@@ -106,7 +107,8 @@ def weighted_order_statistics(values: np.ndarray, weights: np.ndarray,
         order = np.argsort(v, kind="stable")
         cum = np.cumsum(weights[order])
         return v[order][np.searchsorted(cum, ranks, side="right")]
-    keys = ((v + 0.0).view(np.uint64) >> _BUCKET_SHIFT).astype(np.int64)  # + 0.0: no -0.0
+    # + 0.0: no -0.0 (its sign bit would sort it last); the keys are < 2^20: int64 as they are.
+    keys = ((v + 0.0).view(np.uint64) >> _BUCKET_SHIFT).view(np.int64)
     cum_bucket = np.cumsum(np.bincount(keys, weights=weights.astype(np.float64)))
     bucket = np.searchsorted(cum_bucket, ranks, side="right")
     out = np.empty(len(ranks))
@@ -351,35 +353,45 @@ def summarize_engine_columns(cols, gpu_spec: dict | None = None) -> dict:
         return {"num_iterations": 0}
 
     def f(name: str) -> np.ndarray:
-        return np.asarray(cols[name], dtype=np.float64)
+        col = np.asarray(cols[name])
+        if col.ndim == 1 and col.size and col.strides[0] == 0:  # one value throughout
+            return np.broadcast_to(np.float64(col[0]), col.shape)
+        return col.astype(np.float64, copy=False)
 
-    pre, dec, budget = f("num_prefill_tokens"), f("num_decode_tokens"), f("token_budget")
-    used, total, dur = f("kv_blocks_used"), f("kv_blocks_total"), f("duration_s")
-    nbytes, running, flops = f("bytes_moved"), f("num_running"), f("flops")
+    # One column or two at a time (a million-request run has ~4M iterations: 32 MB each).
+    dur = f("duration_s")
     busy = float(dur.sum())
+    pre, dec = f("num_prefill_tokens"), f("num_decode_tokens")
+    batch = pre + dec
+    batch_stats = {
+        "mean_batch_tokens": float(batch.mean()),
+        "token_budget_utilization": float((batch / f("token_budget")).mean()),
+    }
+    del batch
+    kv_usage = f("kv_blocks_used") / f("kv_blocks_total")
+    kv_stats = {"peak_kv_usage": float(kv_usage.max()), "mean_kv_usage": float(kv_usage.mean())}
+    del kv_usage
+    nbytes = f("bytes_moved")
     util = {}
     if gpu_spec and busy > 0:
         util = {
             "mbu": float(nbytes.sum() / busy / gpu_spec["hbm_bandwidth"]),
-            "mfu": float(flops.sum() / busy / gpu_spec["bf16_flops"]),
+            "mfu": float(f("flops").sum() / busy / gpu_spec["bf16_flops"]),
         }
         decode_only = (pre == 0) & (dec > 0)
         if decode_only.any():
             util["decode_mbu"] = float(
                 nbytes[decode_only].sum() / dur[decode_only].sum() / gpu_spec["hbm_bandwidth"]
             )
-    kv_usage = used / total
     return {
         "num_iterations": len(dur),
         "busy_time_s": busy,
         "mean_iteration_ms": float(dur.mean() * MS),
         "mean_prefill_tokens": float(pre.mean()),
         "mean_decode_tokens": float(dec.mean()),
-        "mean_batch_tokens": float((pre + dec).mean()),
-        "token_budget_utilization": float(((pre + dec) / budget).mean()),
-        "mean_running": float(running.mean()),
-        "peak_kv_usage": float(kv_usage.max()),
-        "mean_kv_usage": float(kv_usage.mean()),
+        **batch_stats,
+        "mean_running": float(f("num_running").mean()),
+        **kv_stats,
         "num_preemptions": int(_total(np.asarray(cols["num_preempted"]))),
         "total_prefill_tokens": int(pre.sum()),
         **_token_rates(cols, len(dur)),

@@ -51,16 +51,18 @@ def steps_from_columns(
     """``_steps_from_iterations`` from the records' columns (a compact run's StepTable): the
     iterations in start order; before one that starts after every earlier one has ended, an
     idle gap at 0 from that end (the run's start for the first)."""
-    order = np.argsort(start_s, kind="stable")
-    start = np.asarray(start_s, dtype=np.float64)[order]
-    end = start + np.asarray(duration_s, dtype=np.float64)[order]
-    running = np.asarray(num_running, dtype=np.float64)[order]
+    start = np.asarray(start_s, dtype=np.float64)
+    dur = np.asarray(duration_s, dtype=np.float64)
+    running = np.asarray(num_running, dtype=np.float64)
+    if (start[1:] < start[:-1]).any():  # the engine lists them in start order: no copies then
+        order = np.argsort(start, kind="stable")
+        start, dur, running = start[order], dur[order], running[order]
+    end = start + dur
     reached = np.maximum.accumulate(np.concatenate(([0.0], end)))  # [i]: before iteration i
-    idle = start > reached[:-1]
-    edges = np.column_stack([reached[:-1], start])
-    values = np.column_stack([np.zeros(len(start)), running])
-    shown = np.column_stack([idle, np.ones(len(start), dtype=bool)])
-    return np.append(edges[shown], reached[-1]), values[shown]
+    idle = np.flatnonzero(start > reached[:-1])
+    edges = np.insert(start, idle, reached[idle])  # an idle gap (count 0) before each
+    values = np.insert(running, idle, 0.0)
+    return np.append(edges, reached[-1]), values
 
 
 def _served_s(r: RequestRecord) -> float:

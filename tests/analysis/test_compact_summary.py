@@ -258,3 +258,18 @@ def test_weighted_histogram_and_running_order_are_the_expanded_ones():
         assert (_stable_order(running) == np.argsort(running, kind="stable")).all()
     fractional = np.array([2.0, 1.5, 2.0, 1.0])
     assert (_stable_order(fractional) == np.argsort(fractional, kind="stable")).all()
+
+
+def test_engine_summary_of_one_value_columns_is_the_full_columns():
+    """A StepTable column that holds one value may be a zero-stride view (compact_run.py):
+    the engine summary of it equals that of the full column."""
+    from cbbench.analysis.metrics import summarize_engine_columns
+
+    run = _built("dp4_least_requests")[4]
+    cols = dict(run.steps.columns)
+    assert len(np.unique(cols["token_budget"])) == len(np.unique(cols["kv_blocks_total"])) == 1
+    viewed = dict(cols)
+    for name in ("token_budget", "kv_blocks_total", "num_preempted", "swap_time_s"):
+        viewed[name] = np.broadcast_to(cols[name][0], cols[name].shape)
+    gpu = run.resolved.gpu_spec
+    assert summarize_engine_columns(viewed, gpu) == summarize_engine_columns(cols, gpu)
