@@ -20,6 +20,7 @@ runner._summary on a real run converted both ways.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -138,13 +139,24 @@ def child_synthetic(args) -> dict:
     t0 = time.perf_counter()
     summary = summarize_compact(run, spec)
     summary_s = time.perf_counter() - t0
-    return {
+    figures = {
         "requests": len(run.requests), "steps": len(run.steps), "build_s": build_s,
         "summary_s": summary_s, "rss_before_summary_mb": base,
         "summary_peak_rss_mb": _rss_mb("VmHWM"),
         "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "itl_count": summary["itl_ms"]["count"], "completed": summary["completed"],
     }
+    # Beside it: the request rows streamed (not kept), and the summary with --slice.
+    from cbbench.analysis.compact_rows import compact_request_dicts
+
+    t0 = time.perf_counter()
+    rows = sum(1 for _ in compact_request_dicts(run, False))
+    figures |= {"request_rows": rows, "request_rows_s": time.perf_counter() - t0}
+    sliced = dataclasses.replace(spec, slice_s=args.slice)
+    t0 = time.perf_counter()
+    figures |= {"slices": len(summarize_compact(run, sliced)["slices"]),
+                "summary_with_slices_s": time.perf_counter() - t0}
+    return figures
 
 
 def child_real(args) -> dict:
@@ -183,7 +195,7 @@ def child_real(args) -> dict:
 def _child(kind: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--requests", str(args.requests),
            "--replicas", str(args.replicas), "--steps", str(args.steps), "--real",
-           str(args.real), "--repeats", str(args.repeats)]
+           str(args.real), "--repeats", str(args.repeats), "--slice", str(args.slice)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -195,6 +207,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4_000_000)
     ap.add_argument("--real", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--slice", type=float, default=60.0, help="--slice of the sliced summary")
     ap.add_argument("--child", choices=("synthetic", "real"))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
