@@ -93,6 +93,9 @@ CASES = {
     "dp4_least_requests": (dict(num_requests=2000, request_rate=400.0, slice_s=2.0),
                            _engine(4, "least-requests"), _odd_requests),
     "burst_dp2": (dict(num_requests=400), _engine(2, "least-requests"), None),
+    # Nothing runs: no iteration, no token (the in-flight steady state, no engine summary).
+    "all_rejected": (dict(num_requests=5, request_rate=10.0), _engine(),
+                     lambda ws: [dataclasses.replace(w, prompt_len=200_000) for w in ws]),
 }
 
 
@@ -116,6 +119,10 @@ def test_the_compact_summary_equals_the_object_paths(case):
     got = summarize_compact(compact, spec)
     assert_same(got, ref)
     # What each case is there to exercise, shown to have happened.
+    if name == "all_rejected":
+        assert ref["failed"] == 5 and "engine" not in ref and not run.iterations
+        assert ref["steady_state"]["method"] == "in_flight_requests"
+        return
     assert ref["completed"] > 0 and ref["itl_ms"]["count"] > 1000
     if name.endswith("odd"):
         assert ref["failed"] == 1 and ref["error_types"] == {"rejected": 1}
@@ -143,7 +150,7 @@ def test_request_rows_equal_the_object_paths(case):
 def test_iteration_rows_equal_the_object_paths(case):
     _, _, run, _, compact = case
     # run.iterations went through _summary: add_utilization gave them MBU and MFU.
-    assert "mbu" in run.iterations[0]
+    assert not run.iterations or "mbu" in run.iterations[0]
     assert_same(list(compact_iteration_dicts(compact)), run.iterations, "iterations")
 
 
