@@ -26,6 +26,7 @@ from cbbench.analysis.histogram import log_histogram
 from cbbench.analysis.metrics import (
     MS,
     distribution,
+    run_totals,
     summarize_engine_columns,
     weighted_distribution,
 )
@@ -187,16 +188,8 @@ def summarize_view(view: CompactView, duration_s: float, slo: dict | None,
     in_tokens = int(req.prompt_tokens[done].sum())
     dur = duration_s if duration_s > 0 else float("inf")
     summary = {
-        "completed": len(done),
-        "failed": len(req.errors),
-        "cancelled": 0,
-        "error_types": _error_types(req.errors, sorted(req.errors)),
-        "duration_s": duration_s,
-        "total_input_tokens": in_tokens,
-        "total_output_tokens": out_tokens,
-        "request_throughput": len(done) / dur,
-        "output_throughput": out_tokens / dur,
-        "total_token_throughput": (in_tokens + out_tokens) / dur,
+        **run_totals(len(done), len(req.errors), 0, _error_types(req.errors, sorted(req.errors)),
+                     duration_s, in_tokens, out_tokens),
         **latency_distributions_compact(view, done, percentiles, pooled=pooled),
         # In-process the send is the intended start: no lag.
         "send_lag_ms": distribution((req.arrival_s - req.arrival_s) * MS, percentiles),

@@ -239,16 +239,9 @@ def summarize(
     for r in failed:
         error_types[r.error_type or "error"] = error_types.get(r.error_type or "error", 0) + 1
     summary = {
-        "completed": len(done),
-        "failed": len(failed),
-        "cancelled": sum(1 for r in records if r.cancelled),  # apart: neither of the above
-        "error_types": error_types,
-        "duration_s": duration_s,
-        "total_input_tokens": in_tokens,
-        "total_output_tokens": out_tokens,
-        "request_throughput": len(done) / dur,
-        "output_throughput": out_tokens / dur,
-        "total_token_throughput": (in_tokens + out_tokens) / dur,
+        # Cancelled: apart, neither completed nor failed.
+        **run_totals(len(done), len(failed), sum(1 for r in records if r.cancelled),
+                     error_types, duration_s, in_tokens, out_tokens),
         **latency_distributions(done, percentiles),
         "send_lag_ms": distribution(lags, percentiles),
     }
@@ -278,6 +271,24 @@ def summarize(
         summary["goodput"] = good / dur
         summary["slo_attainment"] = good / len(records) if records else 0.0
     return summary
+
+
+def run_totals(completed: int, failed: int, cancelled: int, error_types: dict[str, int],
+               duration_s: float, in_tokens: int, out_tokens: int) -> dict:
+    """The summary's counts, token totals and throughputs (a run of no time: rates 0)."""
+    dur = duration_s if duration_s > 0 else float("inf")
+    return {
+        "completed": completed,
+        "failed": failed,
+        "cancelled": cancelled,
+        "error_types": error_types,
+        "duration_s": duration_s,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": completed / dur,
+        "output_throughput": out_tokens / dur,
+        "total_token_throughput": (in_tokens + out_tokens) / dur,
+    }
 
 
 def cancelled_work(records: Sequence[RequestRecord]) -> dict:
