@@ -280,3 +280,25 @@ def test_engine_summary_of_one_value_columns_is_the_full_columns():
         viewed[name] = np.broadcast_to(cols[name][0], cols[name].shape)
     gpu = run.resolved.gpu_spec
     assert summarize_engine_columns(viewed, gpu) == summarize_engine_columns(cols, gpu)
+
+
+def test_bounded_histogram_with_weights_is_the_expanded_one():
+    """LogHistogram.add_many(values, weights): the buckets, zeros, count and so every
+    percentile of the expanded array; mean and std to float rounding."""
+    from cbbench.analysis.histogram import LogHistogram
+
+    rng = np.random.default_rng(3)
+    v = np.concatenate((rng.exponential(10.0, 500), np.zeros(7)))
+    w = rng.integers(0, 30, v.size)
+    weighted, expanded = LogHistogram(), LogHistogram()
+    weighted.add_many(v, w)
+    expanded.add_many(np.repeat(v, w))
+    assert weighted.buckets == expanded.buckets and weighted.zeros == expanded.zeros > 0
+    got, want = weighted.distribution((50, 99)), expanded.distribution((50, 99))
+    for key in want:
+        if key in ("mean", "std"):
+            assert math.isclose(got[key], want[key], rel_tol=1e-9)
+        else:
+            assert got[key] == want[key]
+    with pytest.raises(ValueError, match="weights"):
+        LogHistogram().add_many(v[:2], np.array([1, -1]))
