@@ -138,3 +138,40 @@ def test_dense_cost_is_cost_model_cost_bit_for_bit(model, gpu, tp):
         want = cm.cost(shape)
         assert fast(tokens, logits, pairs, keys, nd + len(prefills), len(prefills),
                     float(dec_keys)) == (want.time_s, want.bytes, want.flops)
+
+
+@pytest.mark.parametrize("grace_s", [60.0, 0.0])
+def test_an_interrupt_keeps_what_finished(monkeypatch, grace_s):
+    """A stop mid-run: arrivals not yet fired are not sent, queued requests are aborted, the
+    running ones finish within the grace (0: they are aborted with the tokens they had), and
+    every KV block comes back."""
+    import cbbench.engine.sim.array_sim as array_sim
+
+    monkeypatch.setattr(array_sim, "CHECK_EVERY_STEPS", 50)
+    reqs, arrivals = _requests(600, 200.0)
+    checks = []
+
+    def stop() -> bool:
+        checks.append(1)
+        return len(checks) >= 4  # after 200 steps
+
+    run = run_engine_compact(_args(max_num_seqs=8), reqs, arrivals, should_stop=stop,
+                             grace_s=grace_s)
+    assert run is not None and run.interrupted
+    r = run.requests
+    assert 0 < len(r) < 600 and run.not_sent == 600 - len(r)
+    kinds = [r.errors.get(i, (None, None))[1] for i in range(len(r))]
+    done = [i for i, k in enumerate(kinds) if k is None]
+    aborted = [i for i, k in enumerate(kinds) if k == "interrupted"]
+    assert done and aborted and len(done) + len(aborted) == len(r)
+    for i in done:  # whole, on consecutive steps of its replica
+        assert r.output_tokens[i] == r.max_tokens[i]
+        assert len(r.token_times(i, run.replica_end_s)) == r.max_tokens[i]
+    partial = [i for i in aborted if r.output_tokens[i] > 0]
+    if grace_s:  # the running ones finished: an aborted request never started
+        assert partial == [] and all(np.isnan(r.first_scheduled_s[i]) for i in aborted)
+    else:  # 8 were running at the stop: cut mid-decode, their tokens kept
+        assert 0 < len(partial) <= 8
+        assert all(r.output_tokens[i] < r.max_tokens[i] for i in partial)
+    assert run.kv_blocks_in_use_at_end == 0
+    assert run.duration_s == max(float(e[-1]) for e in run.replica_end_s if len(e))
