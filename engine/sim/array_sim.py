@@ -163,8 +163,9 @@ class _Replica:
             keys_read += c + n
             if c + n == prompt[e[0]]:
                 logits += 1
+        nrows = len(rows)
         t, nbytes, flops = self.cost(nd + prefill_tokens, logits, pairs, keys_read,
-                                     nd + len(rows), len(rows), float(dec_keys))
+                                     nd + nrows, nrows, float(dec_keys))
         end = start + t
         if end < start:
             end = start
@@ -181,12 +182,20 @@ class _Replica:
         a_dec(float(dec_keys))
         a_pre(prefill_tokens)
         a_nd(nd)
-        a_npre(len(rows))
+        a_npre(nrows)
         a_run(nd + len(self.prefilling))
         a_wait(len(self.waiting))
         a_kv(used)
         a_logits(logits)
-        self._postprocess(sim, s, end, rows, used)
+        # Post-process: every decode row gains a token (those at their length finish); a
+        # prefill row that completes its prompt gains its first.
+        self.decsum += nd
+        done = self.finishing.pop(s, None)
+        if done:
+            used -= self._finish_decodes(done, sim, end)
+        if rows:
+            used -= self._first_tokens(rows, sim, s, end)
+        self.used = used
         self.nsteps = s + 1
 
     def _chunks(self, prompt: list[int], s: int, used: int, budget: int,
@@ -236,21 +245,25 @@ class _Replica:
             budget -= n
         return used, budget
 
-    def _postprocess(self, sim: ArraySim, s: int, end: float, rows: list, used: int) -> None:
-        """Every decode row gains a token (those at their length finish); a prefill row that
-        completes its prompt gains its first."""
+    def _finish_decodes(self, done: list[tuple[int, int, int]], sim: ArraySim,
+                        end: float) -> int:
+        """Decode rows at their length: out of the counts. Returns the blocks they free."""
         bs = self.bs
-        self.decsum += self.nd
-        done = self.finishing.pop(s, None)
-        if done:
-            crossing = self.crossing
-            for _, c, residue in done:
-                used -= cdiv(c, bs)
-                self.decsum -= c
-                crossing[residue] -= 1
-            self.nd -= len(done)
-            sim.finished(len(done), end)
-        first = 0
+        crossing = self.crossing
+        freed = 0
+        for _, c, residue in done:
+            freed += cdiv(c, bs)
+            self.decsum -= c
+            crossing[residue] -= 1
+        self.nd -= len(done)
+        sim.finished(len(done), end)
+        return freed
+
+    def _first_tokens(self, rows: list, sim: ArraySim, s: int, end: float) -> int:
+        """Prefill rows: a completed prompt gains its first token and decodes from the next
+        step (or finishes, at one token). Returns the blocks finished ones free."""
+        bs = self.bs
+        freed = first = 0
         for e, n, c in rows:
             c += n
             e[1] = c
@@ -262,7 +275,7 @@ class _Replica:
             sim.first_step[i] = s
             m = sim.max_tokens[i]
             if m <= 1:
-                used -= cdiv(p, bs)
+                freed += cdiv(p, bs)
                 sim.finished(1, end)
                 continue
             self.nd += 1
@@ -272,7 +285,7 @@ class _Replica:
             self.finishing.setdefault(s + m - 1, []).append((i, p + m - 1, residue))
         if first:
             self.prefilling = [e for e in self.prefilling if e[1] < sim.prompt[e[0]]]
-        self.used = used
+        return freed
 
     def abort_all(self, sim: ArraySim) -> None:
         """The interrupt's end: every request still here is aborted (tokens so far kept)."""
