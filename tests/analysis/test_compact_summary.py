@@ -66,7 +66,11 @@ def _run(spec: RunSpec, monkeypatch, edit=None):
     run = engine_target.run_engine(spec.engine, sched.wreqs, sched.arrivals)
     replica_of = sets[0].assignments if sets else None
     compact = compact_from_engine_run(run, replica_of)
+    SCHEDULES[spec.label] = sched
     return run, _summary(spec, sched, run), compact
+
+
+SCHEDULES: dict = {}  # each case's schedule (its label), for the array simulator's run
 
 
 def _engine(dp: int = 1, router: str = "round-robin") -> EngineArgs:
@@ -103,7 +107,7 @@ CASES = {
 def _built(name: str):
     fields, engine, edit = CASES[name]
     spec = RunSpec(workload="sharegpt", seed=3, rate_given="request_rate" in fields,
-                   engine=engine, **fields)
+                   engine=engine, label=name, **fields)
     with pytest.MonkeyPatch.context() as mp:
         run, ref, compact = _run(spec, mp, edit)
     return name, spec, run, ref, compact
@@ -302,3 +306,21 @@ def test_bounded_histogram_with_weights_is_the_expanded_one():
             assert got[key] == want[key]
     with pytest.raises(ValueError, match="weights"):
         LogHistogram().add_many(v[:2], np.array([1, -1]))
+
+
+@pytest.mark.parametrize("name", ["dp1_odd", "dp4_rr_views", "dp4_least_requests"])
+def test_the_array_simulators_run_summarizes_as_the_object_run(name):
+    """End to end: engine/sim/array_sim.py's own CompactRun (int32 step columns, every step
+    in the end times, one-value columns as views) of the same requests gives the object
+    path's summary, request rows and iteration rows."""
+    from cbbench.targets.engine_compact import run_engine_compact
+
+    _, spec, run, ref, _ = _built(name)
+    sched = SCHEDULES[name]
+    compact = run_engine_compact(spec.engine, sched.wreqs, sched.arrivals)
+    assert compact is not None
+    assert_same(summarize_compact(compact, spec), ref)
+    for detailed in (False, True):
+        assert_same(list(compact_request_dicts(compact, detailed)),
+                    [request_record_dict(r, detailed) for r in run.records], "requests")
+    assert_same(list(compact_iteration_dicts(compact)), run.iterations, "iterations")
