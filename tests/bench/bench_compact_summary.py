@@ -192,10 +192,35 @@ def child_real(args) -> dict:
             "ratio": min(obj) / min(com), "convert_s": convert_s, "per_request_equal": same}
 
 
+def child_array(args) -> dict:
+    """--array N requests run by the array simulator (engine/sim/array_sim.py), then the
+    compact summary of its own CompactRun: its time and its own peak, as for the synthetic."""
+    from cbbench.analysis.compact_summary import summarize_compact
+    from cbbench.bench.runner import plan_schedule
+    from cbbench.targets.engine_compact import run_engine_compact
+
+    spec = _spec(8, args.array)
+    sched = plan_schedule(spec)
+    t0 = time.perf_counter()
+    run = run_engine_compact(spec.engine, sched.wreqs, sched.arrivals)
+    sim_s = time.perf_counter() - t0
+    assert run is not None, "the array simulator handed the run back"
+    base = _rss_mb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")
+    t0 = time.perf_counter()
+    summary = summarize_compact(run, spec)
+    return {"requests": len(run.requests), "steps": len(run.steps), "array_sim_s": sim_s,
+            "summary_s": time.perf_counter() - t0, "rss_before_summary_mb": base,
+            "summary_peak_rss_mb": _rss_mb("VmHWM"),
+            "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "itl_count": summary["itl_ms"]["count"]}
+
+
 def _child(kind: str, args) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--requests", str(args.requests),
            "--replicas", str(args.replicas), "--steps", str(args.steps), "--real",
-           str(args.real), "--repeats", str(args.repeats), "--slice", str(args.slice)]
+           str(args.real), "--repeats", str(args.repeats), "--slice", str(args.slice),
+           "--array", str(args.array)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -208,11 +233,13 @@ def main() -> None:
     ap.add_argument("--real", type=int, default=10_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--slice", type=float, default=60.0, help="--slice of the sliced summary")
-    ap.add_argument("--child", choices=("synthetic", "real"))
+    ap.add_argument("--array", type=int, default=0,
+                    help="also: this many requests run by the array simulator, summarized")
+    ap.add_argument("--child", choices=("synthetic", "real", "array"))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     if args.child:
-        fn = child_synthetic if args.child == "synthetic" else child_real
+        fn = {"synthetic": child_synthetic, "real": child_real, "array": child_array}[args.child]
         print(json.dumps(fn(args)))
         return
     load = [subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()]
@@ -220,7 +247,10 @@ def main() -> None:
     load.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     real = _child("real", args) if args.real else None
     load.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
-    report = {"synthetic": synthetic, "real": real, "uptime": load,
+    array = _child("array", args) if args.array else None
+    if array is not None:
+        load.append(subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    report = {"synthetic": synthetic, "real": real, "array": array, "uptime": load,
               "command": " ".join(["python", "tests/bench/bench_compact_summary.py",
                                    *sys.argv[1:]])}
     print(json.dumps(report, indent=1))
