@@ -64,7 +64,12 @@ def step_table(iterations: Sequence[dict]) -> StepTable:
     """The iteration dicts as columns (``replica`` only where the records carry it; a
     missing prediction is NaN)."""
     names = [n for n in FIELD_NAMES if n not in ("replica", "pool")]
-    if iterations and "replica" in iterations[0]:
+    with_replica = sum(1 for it in iterations if "replica" in it)
+    if with_replica:
+        if with_replica < len(iterations):  # run_engine's drain after a stop steps each
+            raise ValueError(  # replica's engine itself: those records carry no replica
+                f"{len(iterations) - with_replica} of {len(iterations)} iteration records "
+                "have no replica: a column cannot hold that")
         names.append("replica")
     if any("pool" in it for it in iterations):
         raise ValueError("a disaggregated run has no compact form (iteration pools)")

@@ -48,7 +48,7 @@ def assert_same(a, b, path: str = "summary") -> None:
             assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
 
 
-def _run(spec: RunSpec, monkeypatch, edit=None):
+def _run(spec: RunSpec, monkeypatch, edit=None, stop_after: int | None = None):
     """(object path's run, its summary, the CompactRun) for ``spec``; ``edit`` changes the
     scheduled requests (a rejected one, one-token ones, priorities)."""
     sched = plan_schedule(spec)
@@ -63,13 +63,20 @@ def _run(spec: RunSpec, monkeypatch, edit=None):
         return rs, info
 
     monkeypatch.setattr(engine_target, "build_replicas", capture)
-    run = engine_target.run_engine(spec.engine, sched.wreqs, sched.arrivals)
+    calls = [0]
+
+    def should_stop() -> bool:  # after so many turns of the engine's loop: deterministic
+        calls[0] += 1
+        return stop_after is not None and calls[0] > stop_after
+
+    run = engine_target.run_engine(spec.engine, sched.wreqs, sched.arrivals, should_stop)
     replica_of = sets[0].assignments if sets else None
     compact = compact_from_engine_run(run, replica_of)
     SCHEDULES[spec.label] = sched
     return run, _summary(spec, sched, run), compact
 
 
+STOP_AFTER = {"interrupted": 20}  # turns of the engine's loop before the stop
 SCHEDULES: dict = {}  # each case's schedule (its label), for the array simulator's run
 
 
@@ -97,6 +104,11 @@ CASES = {
     "dp4_least_requests": (dict(num_requests=2000, request_rate=400.0, slice_s=2.0),
                            _engine(4, "least-requests"), _odd_requests),
     "burst_dp2": (dict(num_requests=400), _engine(2, "least-requests"), None),
+    # Stopped midway: requests not sent, the queued ones aborted (failed: interrupted).
+    # A queue (32 seats) that the stop cuts: the queued aborted, the last arrivals not sent.
+    # (DP 1: under DP the object path's drain writes iteration records with no replica.)
+    "interrupted": (dict(num_requests=600, request_rate=2000.0),
+                    dataclasses.replace(_engine(), max_num_seqs=32), None),
     # Nothing runs: no iteration, no token (the in-flight steady state, no engine summary).
     "all_rejected": (dict(num_requests=5, request_rate=10.0), _engine(),
                      lambda ws: [dataclasses.replace(w, prompt_len=200_000) for w in ws]),
@@ -109,7 +121,7 @@ def _built(name: str):
     spec = RunSpec(workload="sharegpt", seed=3, rate_given="request_rate" in fields,
                    engine=engine, label=name, **fields)
     with pytest.MonkeyPatch.context() as mp:
-        run, ref, compact = _run(spec, mp, edit)
+        run, ref, compact = _run(spec, mp, edit, STOP_AFTER.get(name))
     return name, spec, run, ref, compact
 
 
@@ -128,6 +140,9 @@ def test_the_compact_summary_equals_the_object_paths(case):
         assert ref["steady_state"]["method"] == "in_flight_requests"
         return
     assert ref["completed"] > 0 and ref["itl_ms"]["count"] > 1000
+    if name == "interrupted":  # 435 sent: 39 completed, 396 aborted; 165 not sent
+        assert run.interrupted and ref["not_sent"] > 0
+        assert ref["error_types"].get("interrupted", 0) > 0
     if name.endswith("odd"):
         assert ref["failed"] == 1 and ref["error_types"] == {"rejected": 1}
         assert "per_priority" in ref and ref["tpot_ms"]["count"] < ref["completed"]
