@@ -18,11 +18,12 @@ def _nullable(a: np.ndarray) -> list:
     return [None if math.isnan(v) else v for v in a.tolist()]
 
 
-def compact_request_dicts(run: CompactRun, detailed: bool) -> Iterator[dict]:
+def compact_request_dicts(run: CompactRun, detailed: bool,
+                          view: CompactView | None = None) -> Iterator[dict]:
     """The result's ``requests`` rows, in the run's order. In-process: the send is the
     intended start (no lag), no preemption (the layout's premise), no reasoning, cached
-    tokens or token ids."""
-    view = CompactView(run)
+    tokens or token ids. ``view``: the summary's, if it is at hand (saves ~0.3 s at 1M)."""
+    view = view if view is not None else CompactView(run)
     req = run.requests
     ok = view.ok
     ttft = _nullable(np.where(ok, view.ttft_ms, np.nan))
