@@ -156,12 +156,13 @@ def check_compact_scope(run: CompactRun, spec) -> None:
         raise ValueError(f"the compact summary does not serve {', '.join(out)}")
 
 
-def summarize_compact(run: CompactRun, spec) -> dict:
-    """``runner._summary(spec, sched, run)`` for the same run (the module doc)."""
+def summarize_compact(run: CompactRun, spec, view: CompactView | None = None) -> dict:
+    """``runner._summary(spec, sched, run)`` for the same run (the module doc). ``view``:
+    one made already (the request rows take the same one)."""
     from cbbench.bench.runner import add_deployment
 
     check_compact_scope(run, spec)
-    view = CompactView(run)
+    view = view if view is not None else CompactView(run)
     pct = spec.percentiles
     ok_rows = np.flatnonzero(view.ok)
     pooled = view.pooled_gaps_ms(ok_rows)

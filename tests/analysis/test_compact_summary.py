@@ -19,7 +19,7 @@ import pytest
 import cbbench.targets.engine as engine_target
 from cbbench.analysis.compact_convert import compact_from_engine_run
 from cbbench.analysis.compact_rows import compact_iteration_dicts, compact_request_dicts
-from cbbench.analysis.compact_summary import summarize_compact
+from cbbench.analysis.compact_summary import CompactView, summarize_compact
 from cbbench.analysis.metrics import parse_slo
 from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
 from cbbench.engine.args import EngineArgs
@@ -222,7 +222,6 @@ def test_the_comparison_fails_where_it_should():
 def test_weighted_pooling_counts_each_gap_once_per_request():
     """The coverage count by hand: two requests on one replica of 5 steps."""
     from cbbench.analysis.compact_run import CompactRequests, CompactRun, StepTable
-    from cbbench.analysis.compact_summary import CompactView
 
     ends = np.array([1.0, 2.0, 4.0, 7.0, 11.0])
     req = CompactRequests(
@@ -334,8 +333,9 @@ def test_the_array_simulators_run_summarizes_as_the_object_run(name):
     sched = SCHEDULES[name]
     compact = run_engine_compact(spec.engine, sched.wreqs, sched.arrivals)
     assert compact is not None
-    assert_same(summarize_compact(compact, spec), ref)
+    view = CompactView(compact)  # one view for the summary and the rows, as the runner would
+    assert_same(summarize_compact(compact, spec, view), ref)
     for detailed in (False, True):
-        assert_same(list(compact_request_dicts(compact, detailed)),
+        assert_same(list(compact_request_dicts(compact, detailed, view)),
                     [request_record_dict(r, detailed) for r in run.records], "requests")
     assert_same(list(compact_iteration_dicts(compact)), run.iterations, "iterations")
