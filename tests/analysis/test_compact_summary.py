@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import assert_same
 
 import cbbench.targets.engine as engine_target
 from cbbench.analysis.compact_convert import compact_from_engine_run
@@ -23,29 +24,6 @@ from cbbench.analysis.compact_summary import CompactView, summarize_compact
 from cbbench.analysis.metrics import parse_slo
 from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
 from cbbench.engine.args import EngineArgs
-
-POOLED = ("itl_ms", "event_gap_ms")
-POOLED_REL = 1e-9
-
-
-def assert_same(a, b, path: str = "summary") -> None:
-    """``a`` (the compact path's) equals ``b`` (the object path's), recursively."""
-    if isinstance(b, dict):
-        assert isinstance(a, dict), path
-        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
-        for k in b:
-            assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(b, list):
-        assert isinstance(a, list) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    else:
-        parts = path.split(".")
-        pooled = len(parts) >= 2 and parts[-2] in POOLED and parts[-1] in ("mean", "std")
-        if pooled and isinstance(b, float):
-            assert math.isclose(a, b, rel_tol=POOLED_REL), f"{path}: {a} != {b}"
-        else:
-            assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
 
 
 def _run(spec: RunSpec, monkeypatch, edit=None, stop_after: int | None = None):
