@@ -175,3 +175,24 @@ def test_an_interrupt_keeps_what_finished(monkeypatch, grace_s):
         assert all(r.output_tokens[i] < r.max_tokens[i] for i in partial)
     assert run.kv_blocks_in_use_at_end == 0
     assert run.duration_s == max(float(e[-1]) for e in run.replica_end_s if len(e))
+
+
+@pytest.mark.parametrize("kw", [{"data_parallel_size": 2}, {"disaggregate": "1:1"}])
+def test_the_object_paths_drain_labels_its_steps(kw):
+    """An interrupted multi-engine run drains each engine on its own: those steps carry their
+    replica (and pool) like every other, so the set's (start, replica) order holds. Before,
+    they had none (a TypeError when two start times tied)."""
+    reqs, arrivals = _requests(400, 200.0)
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return len(calls) > 300
+
+    run = run_engine(_args(**kw), reqs, arrivals, should_stop=stop)
+    assert run.interrupted
+    assert all(it["replica"] is not None for it in run.iterations)
+    if "disaggregate" in kw:
+        assert {it["pool"] for it in run.iterations} == {"prefill", "decode"}
+    starts = [(it["start_s"], it.get("pool") or "", it["replica"]) for it in run.iterations]
+    assert len(starts) == len(set(starts))
