@@ -544,7 +544,7 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
             "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
             **spec.load.to_config(len(run.info["workers"])),
         }
-    run = _run_compact(spec, sched, should_stop, on_progress)
+    run = _run_compact(spec, sched, should_stop, on_progress, live)
     if run is None:
         run = run_engine(
             spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
@@ -560,7 +560,8 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
     }
 
 
-def _run_compact(spec: RunSpec, sched: Schedule, should_stop, on_progress) -> CompactRun | None:
+def _run_compact(spec: RunSpec, sched: Schedule, should_stop, on_progress,
+                 live=None) -> CompactRun | None:
     """A large simulated run by the array simulator (targets/engine_compact.py), where it
     models the run; None: the object engines run it. Its simulated GPU has no telemetry to
     start."""
@@ -575,7 +576,7 @@ def _run_compact(spec: RunSpec, sched: Schedule, should_stop, on_progress) -> Co
                  "(the array simulator does not model it; slower at this size)")
         return None
     return engine_compact.run_engine_compact(spec.engine, sched.wreqs, sched.arrivals,
-                                             should_stop, on_progress)
+                                             should_stop, on_progress, live=live)
 
 
 def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:

@@ -51,7 +51,9 @@ def run_engine_compact(
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     grace_s: float = 10.0,
+    live=None,
 ) -> CompactRun | None:
+    """``live``: a LiveBoard (targets/live.py) the array simulator feeds."""
     from cbbench.engine.sim.array_sim import ArraySim, NeedsStepping
 
     from .engine import build_engine, build_replicas
@@ -66,6 +68,8 @@ def run_engine_compact(
     total = len(prompt)
     try:
         sim = ArraySim(engines, opts.router, prompt, max_tokens, arrival)
+        if live is not None:
+            live.attach_array_sim(sim)
         progress = (lambda done: on_progress(done, total)) if on_progress is not None else None
         completed_all = sim.run(should_stop, progress)
         if not completed_all:

@@ -81,6 +81,17 @@ class _Tally:
                 tpot.append(rec.tpot_s * MS)
         self.add(ttft, tpot, lag)
 
+    def array_sim(self, ended, arrival, max_tokens) -> None:  # engine/sim/array_sim.py
+        ttft, tpot = [], []
+        for i, first, last in ended:
+            self.done += 1
+            m = max_tokens[i]
+            self.output_tokens += m
+            ttft.append((first - arrival[i]) * MS)
+            if m > 1:
+                tpot.append((last - first) / (m - 1) * MS)
+        self.add(ttft, tpot, [])
+
     def requests(self, reqs, finished_status) -> None:  # engine Requests
         ttft, tpot = [], []
         for req in reqs:
@@ -115,6 +126,7 @@ class LiveBoard:
         self._engine = None
         self._finished_status = None
         self._progress = (0, 0)  # (done, total): all a multi-worker run reports
+        self._array = None  # the array simulator (large simulated runs): its own feed
 
     def plan(self, total: int, planned_s: float | None, target_rate: float | None) -> None:
         self.total = total
@@ -140,6 +152,12 @@ class LiveBoard:
         self._finished_status = RequestStatus.FINISHED
         self._engine = engine
 
+    def attach_array_sim(self, sim) -> None:
+        """The array simulator (engine/sim/array_sim.py): no request objects; it lists each
+        finished request's index and token times, and its replicas' counts."""
+        sim.ended = []
+        self._array = sim
+
     def on_finished(self, requests: list) -> None:
         """The engine's step finished these requests (or rejected them)."""
         self._ended.extend(requests)
@@ -147,6 +165,8 @@ class LiveBoard:
     # The view's side -------------------------------------------------------------------
 
     def snapshot(self) -> LiveSnapshot:
+        if self._array is not None:
+            return self._array_snapshot()
         ended = self._ended
         n = len(ended)  # a list only grows: read its length once, then the new items
         tally = self._tally
@@ -179,6 +199,26 @@ class LiveBoard:
             tpot_p50_ms=_p50(tally.tpot_ms),
             output_tok_s=tally.output_tokens / elapsed if elapsed > 0 else None,
             **engine,
+        )
+
+    def _array_snapshot(self) -> LiveSnapshot:
+        sim = self._array
+        ended = sim.ended
+        n = len(ended)
+        tally = self._tally
+        tally.array_sim(ended[self._cursor:n], sim.arrival, sim.max_tokens)
+        self._cursor = n
+        elapsed, in_flight, engine = sim.live_state()
+        failed = len(sim.errors)
+        sent = tally.done + failed + in_flight
+        return LiveSnapshot(
+            elapsed_s=elapsed, planned_s=self.planned_s, total=self.total or self._progress[1],
+            sent=sent, in_flight=in_flight, done=tally.done, failed=failed,
+            target_rate=self.target_rate,
+            achieved_rate=sent / elapsed if elapsed > 0 else None,
+            send_lag_p50_ms=None, send_lag_max_ms=None,
+            ttft_p50_ms=_p50(tally.ttft_ms), tpot_p50_ms=_p50(tally.tpot_ms),
+            output_tok_s=tally.output_tokens / elapsed if elapsed > 0 else None, **engine,
         )
 
     def _clock_and_flight(self) -> tuple[float, int, dict]:

@@ -257,6 +257,10 @@ class _Replica:
             crossing[residue] -= 1
         self.nd -= len(done)
         sim.finished(len(done), end)
+        if sim.ended is not None:
+            ends = self.cols["end_s"]
+            for i, _, _ in done:
+                sim.ended.append((i, ends[sim.first_step[i]], end))
         return freed
 
     def _first_tokens(self, rows: list, sim: ArraySim, s: int, end: float) -> int:
@@ -277,6 +281,8 @@ class _Replica:
             if m <= 1:
                 freed += cdiv(p, bs)
                 sim.finished(1, end)
+                if sim.ended is not None:
+                    sim.ended.append((i, end, end))
                 continue
             self.nd += 1
             self.decsum += p
@@ -319,6 +325,9 @@ class ArraySim:
         self.replica_of = array.array("q", [0]) * n
         self.errors: dict[int, tuple[str, str]] = {}
         self.tokens_at_abort: dict[int, int] = {}
+        # A live view's feed (targets/live.py), when one listens: (request, first token time,
+        # last token time) of each finished request, in finishing order.
+        self.ended: list[tuple[int, float, float]] | None = None
         self.num_done = 0  # finished or rejected
         self.last_finish = -math.inf
         self.arrived = 0
@@ -406,6 +415,23 @@ class ArraySim:
 
     def now(self) -> float:
         return max(r.clock for r in self.replicas)
+
+    def live_state(self) -> tuple[float, int, dict]:
+        """(clock, requests in flight, the last step's running / token budget use / KV use
+        summed over the replicas), as a live view reads an engine's last records."""
+        reps = [r for r in self.replicas if r.nsteps and r.cols]
+        in_flight = sum(r.num_unfinished for r in self.replicas)
+        if not reps:
+            return self.now(), in_flight, {}
+        budget = sum(r.budget for r in reps)
+        kv_total = sum(r.total_blocks for r in reps)
+        scheduled = sum(r.cols["num_prefill_tokens"][-1] + r.cols["num_decode_reqs"][-1]
+                        for r in reps)
+        return self.now(), in_flight, {
+            "running": sum(r.cols["num_running"][-1] for r in reps),
+            "token_budget_use": scheduled / budget,
+            "kv_use": sum(r.cols["kv_blocks_used"][-1] for r in reps) / kv_total,
+        }
 
     # ---- the result as columns ---------------------------------------------------------
     def step_columns(self, replica_field: bool) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:

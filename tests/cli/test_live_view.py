@@ -97,3 +97,43 @@ def test_board_figures_are_the_ended_requests():
     assert "sent 7 of 10" in rows["requests"] and "failed 1" in rows["requests"]
     assert "TTFT p50 " in rows["latency"] and "engine" not in rows
     assert f"{s.ttft_p50_ms:,.1f} ms" in rows["latency"]
+
+
+def test_board_reads_the_array_simulator(monkeypatch):
+    """A large simulated run (the array simulator: no request objects) feeds the board too:
+    its finished requests' TTFT and TPOT, its in-flight count and its replicas' last step."""
+    import numpy as np
+
+    import cbbench.engine.sim.array_sim as array_sim
+    from cbbench.engine.args import EngineArgs
+    from cbbench.load.arrivals import arrival_times
+    from cbbench.load.workload import load_workload, sample_requests
+    from cbbench.targets.engine_compact import run_engine_compact
+
+    reqs, _ = sample_requests(load_workload("sharegpt"), 800, 0)
+    arrivals = arrival_times(reqs, 200.0, 1.0, "poisson", 0, None)
+    opts = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", data_parallel_size=2)
+    board = LiveBoard()
+    board.plan(800, float(arrivals.max()), 200.0)
+    monkeypatch.setattr(array_sim, "CHECK_EVERY_STEPS", 500)
+    mid = []
+    run = run_engine_compact(opts, reqs, arrivals, live=board,
+                             on_progress=lambda done, total: mid.append(board.snapshot()))
+    # Mid-run: the replicas' last steps (running counts those that finish in it).
+    assert mid and all(m.running and 0 < m.kv_use < 1 and 0 < m.token_budget_use <= 1
+                       and m.done + m.failed + m.in_flight == m.sent for m in mid)
+    assert [m.done for m in mid] == sorted(m.done for m in mid) and mid[-1].done < 800
+    s = board.snapshot()
+    r = run.requests
+    first = np.array([run.replica_end_s[r.replica[i]][r.first_step[i]] for i in range(len(r))])
+    last = np.array([run.replica_end_s[r.replica[i]][r.first_step[i] + r.output_tokens[i] - 1]
+                     for i in range(len(r))])
+    ttft_ms = (first - r.arrival_s) * 1000.0
+    multi = r.output_tokens > 1
+    tpot_ms = (last - first)[multi] / (r.output_tokens[multi] - 1) * 1000.0
+    assert (s.done, s.failed, s.in_flight, s.sent) == (800, 0, 0, 800)
+    close = dict(rel=LIVE_RELATIVE_ERROR)
+    assert s.ttft_p50_ms == pytest.approx(float(np.percentile(ttft_ms, 50)), **close)
+    assert s.tpot_p50_ms == pytest.approx(float(np.percentile(tpot_ms, 50)), **close)
+    assert s.elapsed_s == pytest.approx(run.duration_s)
+    assert s.output_tok_s == pytest.approx(int(r.output_tokens.sum()) / s.elapsed_s)
