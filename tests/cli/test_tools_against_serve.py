@@ -179,6 +179,15 @@ def _vllm_bench(cmd: list[str], url: str, log, tmp_path) -> None:
         assert r["ttft_parts"]["server_queue_ms"] == pytest.approx(queue_ms, abs=0.01)
     split = result["summary"]["ttft_breakdown"]
     assert split["requests"] == REQUESTS and split["sources"] == ["response"]
+    # The import reproduces vLLM bench's own figures (its TTFT counts from the send: cbbench's
+    # from the schedule's release, one send lag -- vLLM's queue_times -- earlier).
+    own, s = json.loads((tmp_path / "vllm.json").read_text()), result["summary"]
+    for name in ("tpot", "itl"):
+        assert s[f"{name}_ms"]["mean"] == pytest.approx(own[f"mean_{name}_ms"], rel=1e-9)
+        assert s[f"{name}_ms"]["p50"] == pytest.approx(own[f"median_{name}_ms"], rel=1e-9)
+    ttft_from_send = s["ttft_ms"]["mean"] - s["send_lag_ms"]["mean"]
+    assert ttft_from_send == pytest.approx(own["mean_ttft_ms"], rel=1e-9)
+    assert s["output_throughput"] == pytest.approx(own["output_throughput"], rel=1e-9)
 
 
 def test_vllm_bench_skips_reasoning_content(tmp_path):
