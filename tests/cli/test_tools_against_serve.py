@@ -169,14 +169,10 @@ def _vllm_bench(cmd: list[str], url: str, log, tmp_path) -> None:
     assert m["reasoning_tokens"]["mismatched"] == REQUESTS
     assert m["tokens_per_event"]["mismatched"] == REQUESTS
     assert abs(m["e2el_ms"]["median"]) <= TTFT_BOUND_MS, m["e2el_ms"]
-    # The server's queue time, as vLLM kept it from the response's metrics, is the log's.
+    # The server's queue time, as vLLM kept it from the response's metrics, is the log's
+    # (its prefill is not: the log's first_token is the first 3-token event's).
+    assert m["server_queue_ms"]["count"] == REQUESTS and abs(m["server_queue_ms"]["max"]) < 0.01
     result = json.loads((tmp_path / "vllm-bench.json").read_text())
-    lines = sorted((json.loads(x) for x in log.read_text().splitlines()),
-                   key=lambda x: x["arrival"])
-    sent = sorted(result["requests"], key=lambda r: r["send_s"])
-    for r, line in zip(sent, lines, strict=True):
-        queue_ms = (line["queue_exit"] - line["submitted"]) * 1000.0
-        assert r["ttft_parts"]["server_queue_ms"] == pytest.approx(queue_ms, abs=0.01)
     split = result["summary"]["ttft_breakdown"]
     assert split["requests"] == REQUESTS and split["sources"] == ["response"]
     # The import reproduces vLLM bench's own figures (its TTFT counts from the send: cbbench's
