@@ -8,7 +8,7 @@ docs/export.md): GuideLLM's and AIPerf's executables, and vLLM bench's command l
 `vllm bench serve` CLI, words split as a shell would):
 
     CBBENCH_GUIDELLM=/tmp/guidellm/bin/guidellm CBBENCH_AIPERF=/tmp/aiperf/bin/aiperf \\
-        CBBENCH_VLLM_BENCH="/tmp/vllm/bin/vllm bench serve" \\
+        CBBENCH_VLLM_BENCH="$HOME/vllm-venv/bin/vllm bench serve" \\
         pytest tests/cli/test_tools_against_serve.py
 
 What each must get right is asserted (every request joined to its log line, output tokens
@@ -127,7 +127,7 @@ def _vllm_bench_command() -> list[str]:
     words = shlex.split(os.environ.get("CBBENCH_VLLM_BENCH", ""))
     if not words or not os.access(words[0], os.X_OK):
         pytest.skip("set CBBENCH_VLLM_BENCH to vLLM bench's command, e.g. "
-                    "'/tmp/vllm/bin/vllm bench serve' (docs/export.md)")
+                    "'$HOME/vllm-venv/bin/vllm bench serve' (docs/export.md)")
     if not LLAMA3_TOKENIZER.is_file():
         pytest.skip("no Llama-3.1 tokenizer in ../shared on this machine")
     return words
