@@ -240,3 +240,21 @@ def test_a_bad_aiperf_file_is_one_line_and_exit_2(tmp_path):
     res = runner.invoke(app, ["import", str(tmp_path / "missing.jsonl"), "--from", "aiperf",
                               "--out", str(tmp_path / "o.json")])
     assert res.exit_code == 2 and res.output.startswith("cbbench: error: cannot read"), res.output
+
+
+@pytest.mark.parametrize(("date", "message"), [
+    (None, "has no date to check --same-host against"),
+    ("2026-12-01 12:00", "is not vLLM's %Y%m%d-%H%M%S"),
+])
+def test_same_host_needs_vllms_date(tmp_path, date, message):
+    data = _written_here_now()
+    if date is None:
+        del data["date"]
+    else:
+        data["date"] = date
+    src = tmp_path / "vllm.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out),
+                              "--same-host"])
+    assert res.exit_code == 2 and message in res.output and not out.exists()
