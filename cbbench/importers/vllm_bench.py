@@ -23,6 +23,9 @@ What carries over, and how it differs from a cbbench run of the same load:
   output length as the token count, so TPOT is (E2EL - TTFT) / (output - 1) as in vLLM;
 - vLLM records no reasoning token count, no tokens per chunk and no response id: `cbbench
   audit` joins it to a server log by send order;
+- a failed request's ``errors`` entry is the HTTP reason phrase, or the client's whole
+  traceback: kept as its last line, typed as cbbench types a failure (http_status, connect,
+  timeout, stream_cut, ...); "" with no first token and no output is a failure too;
 - its times are perf_counter readings, a clock of the host it ran on. ``origin`` puts them on
   the Unix clock when the file was written on this host since its last boot (`cbbench import
   --same-host`), so the audit compares them with the server log's on one clock.
@@ -33,6 +36,7 @@ imported file like any other.
 from __future__ import annotations
 
 import datetime as dt
+import http
 import math
 from collections.abc import Mapping
 
@@ -48,6 +52,19 @@ MS = 1000.0
 # this close to its perf_counter times put on this host's Unix clock. Below: the date is
 # truncated to the second; above: vLLM stamps it after its summary, a moment after the end.
 DATE_EARLY_S, DATE_LATE_S = 2.0, 60.0
+# vLLM's `errors` entry: a non-200 answer's HTTP reason phrase ("Bad Request"), else the whole
+# traceback of what its client raised. Its last line names the exception, which gives
+# cbbench's error type (targets/transport.py ERROR_TYPES); the first marker found wins.
+HTTP_REASONS = frozenset(s.phrase for s in http.HTTPStatus)
+EXCEPTION_TYPES = (
+    ("TimeoutError", "timeout"),
+    ("ClientConnectorDNSError", "dns"),
+    ("ClientConnectorError", "connect"),
+    ("ServerDisconnectedError", "stream_cut"),
+    ("ClientPayloadError", "stream_cut"),
+    ("Never received a valid chunk", "bad_event"),
+)
+NO_REASON = "failed (vLLM bench recorded no reason)"
 
 
 def records(data: Mapping, source: str) -> list[RequestRecord]:
@@ -81,13 +98,32 @@ def records(data: Mapping, source: str) -> list[RequestRecord]:
         rec.output_tokens_method = TOOL
         rec.output_token_counts = {TOOL: rec.output_tokens}
         error = data["errors"][i]
+        if not error and _looks_failed(data, i):
+            error = NO_REASON
         if error:
-            rec.error = str(error)
-            rec.error_type = "error"
+            rec.error, rec.error_type = _error(str(error))
         else:
             rec.token_times_s = _token_times(data, i, start, latencies, source)
         out.append(rec)
     return out
+
+
+def _looks_failed(data: Mapping, i: int) -> bool:
+    """vLLM writes a non-200 answer's reason phrase as the error, which is "" when the server
+    sent none: such a request has no first token (TTFT exactly 0) and no output."""
+    return data["ttfts"][i] == 0 and data["output_lens"][i] == 0 and not data["itls"][i]
+
+
+def _error(text: str) -> tuple[str, str]:
+    """(message, error type) of vLLM's error entry: a traceback is kept as its last line."""
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    message = lines[-1].strip() if lines else text
+    if message in HTTP_REASONS:
+        return f"HTTP {message}", "http_status"
+    for marker, kind in EXCEPTION_TYPES:
+        if marker in message:
+            return message, kind
+    return message, "error"
 
 
 def _zero(data: Mapping, source: str) -> float:

@@ -258,3 +258,42 @@ def test_same_host_needs_vllms_date(tmp_path, date, message):
     res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out),
                               "--same-host"])
     assert res.exit_code == 2 and message in res.output and not out.exists()
+
+
+# vLLM's `errors` entries as a real run against a killed `cbbench serve` and one refusing long
+# prompts wrote them (shortened): a reason phrase, or the client's whole traceback.
+TRACEBACK = ("Traceback (most recent call last):\n  File \"connector.py\", line 1322, in _wrap\n"
+             "ConnectionRefusedError: [Errno 111] Connect call failed\n\nThe above exception "
+             "was the direct cause of the following exception:\n\nTraceback (most recent call "
+             "last):\n  File \"endpoint_request_func.py\", line 447, in chat\n"
+             "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host "
+             "127.0.0.1:18800 ssl:default [Connect call failed ('127.0.0.1', 18800)]\n")
+CUT = ("Traceback (most recent call last):\n  File \"x.py\", line 1\naiohttp.client_exceptions."
+       "ClientPayloadError: Response payload is not completed\n")
+
+
+def test_vllm_errors_are_typed_and_a_traceback_kept_as_its_last_line(tmp_path):
+    data = {**VLLM_RESULT, "errors": ["Bad Request", TRACEBACK, CUT],
+            "output_lens": [0, 0, 0], "ttfts": [0.0, 0.0, 0.0], "itls": [[], [], []]}
+    res, out = _import(tmp_path, data)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    reqs = result["requests"]
+    assert [r["error_type"] for r in reqs] == ["http_status", "connect", "stream_cut"]
+    assert reqs[0]["error"] == "HTTP Bad Request"
+    assert reqs[1]["error"].startswith("aiohttp.client_exceptions.ClientConnectorError: Cannot")
+    assert "\n" not in reqs[1]["error"]
+    assert result["summary"]["error_types"] == {"http_status": 1, "connect": 1, "stream_cut": 1}
+
+
+def test_a_failure_vllm_gave_no_reason_is_not_a_completed_request(tmp_path):
+    # A non-200 answer without a reason phrase: vLLM's error is "", its TTFT 0, no output.
+    data = {**VLLM_RESULT, "errors": ["", "", "TimeoutError"],
+            "output_lens": [4, 0, 0], "ttfts": [0.2, 0.0, 0.0], "itls": [[0.05] * 3, [], []]}
+    res, out = _import(tmp_path, data)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    assert (result["summary"]["completed"], result["summary"]["failed"]) == (1, 2)
+    r1 = result["requests"][1]
+    assert r1["error"] == "failed (vLLM bench recorded no reason)" and r1["error_type"] == "error"
+    assert result["requests"][2]["error_type"] == "timeout"
