@@ -9,6 +9,7 @@ that import this module do not pay for them.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import re
@@ -234,3 +235,30 @@ def serve_app():
     from cbbench.cli.app import app
 
     return app
+
+
+# ---- one run computed two ways (the array simulator and compact summary vs the objects) -------
+POOLED = ("itl_ms", "event_gap_ms")
+POOLED_REL = 1e-9
+
+
+def assert_same(a, b, path: str = "summary") -> None:
+    """``a`` (the compact path's) equals ``b`` (the object path's), recursively: exactly (type,
+    value, key order) except the mean and std of the pooled per-token distributions, to
+    POOLED_REL (a weighted sum adds in another order than numpy's sum of the expanded array)."""
+    if isinstance(b, dict):
+        assert isinstance(a, dict), path
+        assert list(a) == list(b), f"{path}: keys {list(a)} != {list(b)}"
+        for k in b:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(b, list):
+        assert isinstance(a, list) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    else:
+        parts = path.split(".")
+        pooled = len(parts) >= 2 and parts[-2] in POOLED and parts[-1] in ("mean", "std")
+        if pooled and isinstance(b, float):
+            assert math.isclose(a, b, rel_tol=POOLED_REL), f"{path}: {a} != {b}"
+        else:
+            assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"

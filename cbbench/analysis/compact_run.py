@@ -85,3 +85,5 @@ class CompactRun:
     resolved: object  # engine.build_common.EngineInfo
     not_sent: int = 0
     kv_blocks_in_use_at_end: int = 0
+    # compact_summary.CompactView: per-request values, made once for the summary and the rows.
+    view: object | None = None

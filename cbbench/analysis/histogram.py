@@ -33,17 +33,30 @@ BINS_PER_DECADE = 20
 RELATIVE_WIDTH = 10 ** (1 / BINS_PER_DECADE) - 1  # a bin's upper edge over its lower, minus 1
 
 
-def log_histogram(values_ms: np.ndarray) -> dict:
+def log_histogram(values_ms: np.ndarray, weights: np.ndarray | None = None) -> dict:
+    """The histogram of ``values_ms``; with ``weights``, of the multiset in which value j
+    occurs weights[j] times (a compact run's pooled gaps: the same counts as the expanded
+    array, each value's bin found once)."""
     v = np.asarray(values_ms, dtype=np.float64)
-    v = v[np.isfinite(v)]
+    finite = np.isfinite(v)
+    v = v[finite]
     below = v < LOW_MS
     idx = np.floor(BINS_PER_DECADE * np.log10(v[~below] / LOW_MS)).astype(np.int64)
-    bins, counts = np.unique(idx, return_counts=True)
+    if weights is None:
+        bins, counts = np.unique(idx, return_counts=True)
+        n_below = int(below.sum())
+    else:
+        w = np.asarray(weights, dtype=np.int64)[finite]
+        low = int(idx.min()) if idx.size else 0
+        per_bin = np.bincount(idx - low, weights=w[~below]).astype(np.int64)  # bins: a few 100
+        bins = np.flatnonzero(per_bin) + low  # a bin whose values all had weight 0: not stored
+        counts = per_bin[bins - low]
+        n_below = int(w[below].sum())
     return {
         "unit": "ms",
         "low_ms": LOW_MS,
         "bins_per_decade": BINS_PER_DECADE,
-        "below": int(below.sum()),
+        "below": n_below,
         "bins": bins.tolist(),
         "counts": counts.tolist(),
     }
@@ -90,22 +103,41 @@ class LogHistogram:
         self._sum = 0.0
         self._sum_sq = 0.0
 
-    def add_many(self, values: Iterable[float] | np.ndarray) -> None:
+    def add_many(self, values: Iterable[float] | np.ndarray,
+                 weights: np.ndarray | None = None) -> None:
+        """Add the values; with ``weights``, value j ``weights[j]`` times (a compact run's
+        step gaps with the number of requests spanning each): the same buckets and count as
+        the expanded array, the sums to float rounding."""
         a = np.asarray(values, dtype=np.float64)
+        w = None if weights is None else np.asarray(weights, dtype=np.int64)
+        if w is not None and (w < 0).any():
+            raise ValueError("weights must be >= 0")
         if a.size == 0:
             return
         if (a < 0).any():
             raise ValueError("the histogram takes values >= 0")
-        self.count += int(a.size)
-        self._sum += float(a.sum())
-        self._sum_sq += float((a * a).sum())
-        pos = a[a > 0]
-        self.zeros += int(a.size - pos.size)
-        idx, counts = np.unique(np.ceil(np.log(pos) / self._log_gamma).astype(np.int64),
-                                return_counts=True)
+        if w is None:
+            self.count += int(a.size)
+            self._sum += float(a.sum())
+            self._sum_sq += float((a * a).sum())
+        else:
+            wf = w.astype(np.float64)
+            self.count += int(w.sum())
+            self._sum += float(np.dot(a, wf))
+            self._sum_sq += float(np.dot(a * a, wf))
+        positive = a > 0
+        pos = a[positive]
+        self.zeros += int(a.size - pos.size) if w is None else int(w[~positive].sum())
+        keys = np.ceil(np.log(pos) / self._log_gamma).astype(np.int64)
+        if w is None:
+            idx, counts = np.unique(keys, return_counts=True)
+        else:
+            idx, inverse = np.unique(keys, return_inverse=True)
+            counts = np.bincount(inverse, weights=w[positive], minlength=idx.size).astype(np.int64)
         b = self.buckets
         for i, c in zip(idx.tolist(), counts.tolist()):
-            b[i] = b.get(i, 0) + c
+            if c:
+                b[i] = b.get(i, 0) + c
 
     def _value(self, i: int) -> float:
         return 2 * self.gamma ** i / (self.gamma + 1)

@@ -40,6 +40,89 @@ def distribution(values_ms: Sequence[float] | np.ndarray, percentiles=DEFAULT_PE
     }
 
 
+def weighted_distribution(
+    values_ms: np.ndarray, weights: np.ndarray, percentiles=DEFAULT_PERCENTILES
+) -> dict:
+    """``distribution`` of the multiset in which ``values_ms[j]`` occurs ``weights[j]`` times,
+    without expanding it (a million-request run pools ~200M per-token gaps from ~4M step
+    gaps). The percentiles are bit-identical to numpy.percentile on the expanded array (the
+    same two order statistics, found by cumulative weight, and numpy's own interpolation);
+    mean and std are weighted sums, equal to the expanded ones to float rounding (the order of
+    summation differs: numpy sums the expanded array pairwise)."""
+    v = np.asarray(values_ms, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.int64)
+    keep = w > 0
+    if not keep.all():
+        v, w = v[keep], w[keep]
+    n = int(w.sum())
+    if n == 0:
+        return distribution([], percentiles)
+    wf = w.astype(np.float64)
+    mean = float(np.dot(v, wf) / n)
+    dev = v - mean
+    std = float(np.sqrt(np.dot(np.square(dev, out=dev), wf) / n))
+    del dev
+    pct = weighted_percentiles(v, w, percentiles)
+    return {
+        "mean": mean,
+        "std": std,
+        **{percentile_key(p): float(x) for p, x in zip(percentiles, pct)},
+        "count": n,
+    }
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, percentiles) -> np.ndarray:
+    """numpy.percentile's default (linear, Hyndman & Fan's 7th) of the expanded multiset
+    (``weights`` > 0). Each step is numpy's (numpy/lib/_function_base_impl.py: virtual index
+    (n - 1) q, its floor and the next index, clamped at the last, then ``_lerp``), so the
+    result is the same float."""
+    n = int(weights.sum())
+    q = np.true_divide(np.asarray(percentiles), 100)
+    virtual = (n - 1) * q
+    prev = np.floor(virtual)
+    above = virtual >= n - 1  # numpy takes the last value twice there (then b - a == 0)
+    lo = np.where(above, n - 1, prev).astype(np.int64)
+    hi = np.where(above, n - 1, prev + 1).astype(np.int64)
+    ranks = np.unique(np.concatenate((lo, hi)))
+    at = dict(zip(ranks.tolist(), weighted_order_statistics(values, weights, ranks).tolist()))
+    a = np.array([at[r] for r in lo.tolist()])
+    b = np.array([at[r] for r in hi.tolist()])
+    t = virtual - prev
+    diff = b - a
+    return np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+
+
+# Radix selection: a non-negative double's bits, read as an unsigned integer, order as the
+# double does; their top 64 - SHIFT bits (sign, exponent, 8 mantissa bits) name a bucket.
+_BUCKET_SHIFT = np.uint64(44)
+
+
+def weighted_order_statistics(values: np.ndarray, weights: np.ndarray,
+                              ranks: np.ndarray) -> np.ndarray:
+    """The values at 0-based ``ranks`` of the expanded multiset. Non-negative values: each
+    rank's bucket by cumulative bucket weight, then that bucket's few values sorted (no sort
+    of the whole array: argsort of 4M gaps costs ~1 s); otherwise one argsort."""
+    v = np.asarray(values, dtype=np.float64)
+    if not (np.isfinite(v).all() and (v >= 0).all()):
+        order = np.argsort(v, kind="stable")
+        cum = np.cumsum(weights[order])
+        return v[order][np.searchsorted(cum, ranks, side="right")]
+    # + 0.0: no -0.0 (its sign bit would sort it last); the keys are < 2^20: int64 as they are.
+    keys = ((v + 0.0).view(np.uint64) >> _BUCKET_SHIFT).view(np.int64)
+    cum_bucket = np.cumsum(np.bincount(keys, weights=weights.astype(np.float64)))
+    bucket = np.searchsorted(cum_bucket, ranks, side="right")
+    out = np.empty(len(ranks))
+    for b in np.unique(bucket).tolist():
+        mine = keys == b
+        vb, wb = v[mine], weights[mine]
+        order = np.argsort(vb, kind="stable")
+        before = int(cum_bucket[b - 1]) if b else 0
+        cum = before + np.cumsum(wb[order])
+        sel = bucket == b
+        out[sel] = vb[order][np.searchsorted(cum, ranks[sel], side="right")]
+    return out
+
+
 def parse_slo(text: str | None) -> dict[str, float]:
     """'ttft=500,tpot=50' -> {'ttft': 500.0, 'tpot': 50.0} (milliseconds): the limits of the one
     SLO grammar (cbbench.analysis.slo). Goodput judges each request against every limit, so a
@@ -156,16 +239,9 @@ def summarize(
     for r in failed:
         error_types[r.error_type or "error"] = error_types.get(r.error_type or "error", 0) + 1
     summary = {
-        "completed": len(done),
-        "failed": len(failed),
-        "cancelled": sum(1 for r in records if r.cancelled),  # apart: neither of the above
-        "error_types": error_types,
-        "duration_s": duration_s,
-        "total_input_tokens": in_tokens,
-        "total_output_tokens": out_tokens,
-        "request_throughput": len(done) / dur,
-        "output_throughput": out_tokens / dur,
-        "total_token_throughput": (in_tokens + out_tokens) / dur,
+        # Cancelled: apart, neither completed nor failed.
+        **run_totals(len(done), len(failed), sum(1 for r in records if r.cancelled),
+                     error_types, duration_s, in_tokens, out_tokens),
         **latency_distributions(done, percentiles),
         "send_lag_ms": distribution(lags, percentiles),
     }
@@ -195,6 +271,24 @@ def summarize(
         summary["goodput"] = good / dur
         summary["slo_attainment"] = good / len(records) if records else 0.0
     return summary
+
+
+def run_totals(completed: int, failed: int, cancelled: int, error_types: dict[str, int],
+               duration_s: float, in_tokens: int, out_tokens: int) -> dict:
+    """The summary's counts, token totals and throughputs (a run of no time: rates 0)."""
+    dur = duration_s if duration_s > 0 else float("inf")
+    return {
+        "completed": completed,
+        "failed": failed,
+        "cancelled": cancelled,
+        "error_types": error_types,
+        "duration_s": duration_s,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": completed / dur,
+        "output_throughput": out_tokens / dur,
+        "total_token_throughput": (in_tokens + out_tokens) / dur,
+    }
 
 
 def cancelled_work(records: Sequence[RequestRecord]) -> dict:
@@ -232,26 +326,68 @@ def per_priority(records: Sequence[RequestRecord], priorities: Sequence[int]) ->
     return out
 
 
+# The iteration fields the engine summary reads: always there, and added later (0 in results
+# from before they existed; emitted_tokens and num_sampled_reqs: None rates instead).
+ENGINE_FIELDS = ("num_prefill_tokens", "num_decode_tokens", "token_budget", "kv_blocks_used",
+                 "kv_blocks_total", "duration_s", "num_running", "num_preempted")
+ENGINE_LATER_FIELDS = ("bytes_moved", "flops", "num_swapped_out_blocks",
+                       "num_swapped_in_blocks", "swap_time_s", "num_cached_tokens",
+                       "num_prefix_queried_tokens")
+RATE_FIELDS = ("emitted_tokens", "num_sampled_reqs")
+
+
+def engine_columns(iterations: Sequence[dict]) -> dict[str, np.ndarray]:
+    """The columns summarize_engine_columns reads, from iteration dicts."""
+    cols = {k: np.array([it[k] for it in iterations]) for k in ENGINE_FIELDS}
+    cols |= {k: np.array([it.get(k, 0) for it in iterations]) for k in ENGINE_LATER_FIELDS}
+    if iterations and "emitted_tokens" in iterations[0]:
+        cols |= {k: np.array([it[k] for it in iterations]) for k in RATE_FIELDS}
+    return cols
+
+
 def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
-    """Engine facts from the per-iteration records (as dicts, the result's form). With a GPU
-    spec, also MBU/MFU: time-weighted (total analytic bytes or FLOPs over busy time, over peak)."""
-    if not iterations:
+    """Engine facts from the per-iteration records (as dicts, the result's form)."""
+    return summarize_engine_columns(engine_columns(iterations), gpu_spec)
+
+
+def _total(col: np.ndarray):
+    """A column's sum as the dict path took it: exact for integers; for floats, Python's
+    sum over the values in order (numpy sums pairwise: another rounding)."""
+    return col.sum().item() if col.dtype.kind in "iub" else sum(col.tolist())
+
+
+def summarize_engine_columns(cols, gpu_spec: dict | None = None) -> dict:
+    """Engine facts from the iteration records' columns (``engine_columns``, or a compact
+    run's StepTable). With a GPU spec, also MBU/MFU: time-weighted (total analytic bytes or
+    FLOPs over busy time, over peak)."""
+    if len(cols["duration_s"]) == 0:
         return {"num_iterations": 0}
-    pre = np.array([it["num_prefill_tokens"] for it in iterations], dtype=np.float64)
-    dec = np.array([it["num_decode_tokens"] for it in iterations], dtype=np.float64)
-    budget = np.array([it["token_budget"] for it in iterations], dtype=np.float64)
-    used = np.array([it["kv_blocks_used"] for it in iterations], dtype=np.float64)
-    total = np.array([it["kv_blocks_total"] for it in iterations], dtype=np.float64)
-    dur = np.array([it["duration_s"] for it in iterations], dtype=np.float64)
-    nbytes = np.array([it.get("bytes_moved", 0.0) for it in iterations], dtype=np.float64)
-    running = np.array([it["num_running"] for it in iterations], dtype=np.float64)
+
+    def f(name: str) -> np.ndarray:
+        col = np.asarray(cols[name])
+        if col.ndim == 1 and col.size and col.strides[0] == 0:  # one value throughout
+            return np.broadcast_to(np.float64(col[0]), col.shape)
+        return col.astype(np.float64, copy=False)
+
+    # One column or two at a time (a million-request run has ~4M iterations: 32 MB each).
+    dur = f("duration_s")
     busy = float(dur.sum())
-    flops = np.array([it.get("flops", 0.0) for it in iterations], dtype=np.float64)
+    pre, dec = f("num_prefill_tokens"), f("num_decode_tokens")
+    batch = pre + dec
+    batch_stats = {
+        "mean_batch_tokens": float(batch.mean()),
+        "token_budget_utilization": float((batch / f("token_budget")).mean()),
+    }
+    del batch
+    kv_usage = f("kv_blocks_used") / f("kv_blocks_total")
+    kv_stats = {"peak_kv_usage": float(kv_usage.max()), "mean_kv_usage": float(kv_usage.mean())}
+    del kv_usage
+    nbytes = f("bytes_moved")
     util = {}
     if gpu_spec and busy > 0:
         util = {
             "mbu": float(nbytes.sum() / busy / gpu_spec["hbm_bandwidth"]),
-            "mfu": float(flops.sum() / busy / gpu_spec["bf16_flops"]),
+            "mfu": float(f("flops").sum() / busy / gpu_spec["bf16_flops"]),
         }
         decode_only = (pre == 0) & (dec > 0)
         if decode_only.any():
@@ -259,47 +395,45 @@ def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -
                 nbytes[decode_only].sum() / dur[decode_only].sum() / gpu_spec["hbm_bandwidth"]
             )
     return {
-        "num_iterations": len(iterations),
+        "num_iterations": len(dur),
         "busy_time_s": busy,
         "mean_iteration_ms": float(dur.mean() * MS),
         "mean_prefill_tokens": float(pre.mean()),
         "mean_decode_tokens": float(dec.mean()),
-        "mean_batch_tokens": float((pre + dec).mean()),
-        "token_budget_utilization": float(((pre + dec) / budget).mean()),
-        "mean_running": float(running.mean()),
-        "peak_kv_usage": float((used / total).max()),
-        "mean_kv_usage": float((used / total).mean()),
-        "num_preemptions": int(sum(it["num_preempted"] for it in iterations)),
+        **batch_stats,
+        "mean_running": float(f("num_running").mean()),
+        **kv_stats,
+        "num_preemptions": int(_total(np.asarray(cols["num_preempted"]))),
         "total_prefill_tokens": int(pre.sum()),
-        **_token_rates(iterations),
-        **_policy_totals(iterations),
+        **_token_rates(cols, len(dur)),
+        **_policy_totals(cols),
         # Time-weighted: total analytic bytes over total busy time.
         "mean_achieved_bw_gbps": float(nbytes.sum() / busy / 1e9) if busy > 0 else 0.0,
         **util,
     }
 
 
-def _token_rates(iterations: Sequence[dict]) -> dict:
+def _token_rates(cols, n: int) -> dict:
     """Output tokens per step: per iteration, and per request that gained tokens in it (1.0
     without speculative decoding; 1 + accepted drafts per step with it). None for results
     from before these fields existed."""
-    if "emitted_tokens" not in iterations[0]:
+    if "emitted_tokens" not in cols:
         return {"mean_emitted_tokens": None, "tokens_per_request_step": None}
-    emitted = sum(it["emitted_tokens"] for it in iterations)
-    sampled = sum(it["num_sampled_reqs"] for it in iterations)
+    emitted = _total(np.asarray(cols["emitted_tokens"]))
+    sampled = _total(np.asarray(cols["num_sampled_reqs"]))
     return {
-        "mean_emitted_tokens": emitted / len(iterations),
+        "mean_emitted_tokens": emitted / n,
         "tokens_per_request_step": emitted / sampled if sampled else None,
     }
 
 
-def _policy_totals(iterations: Sequence[dict]) -> dict:
+def _policy_totals(cols) -> dict:
     """Swap traffic and prefix-cache hits summed over the run (0 for results from before these
     fields existed). The hit rate is hit tokens over the tokens looked up at admission; None
     when nothing was looked up (prefix caching off)."""
 
-    def total(key: str) -> float:
-        return sum(it.get(key, 0) for it in iterations)
+    def total(key: str):
+        return _total(np.asarray(cols[key])) if key in cols else 0
 
     queried = total("num_prefix_queried_tokens")
     hits = total("num_cached_tokens")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from cbbench.analysis.compact_run import CompactRun
 from cbbench.analysis.histogram import log_histogram
 from cbbench.analysis.inputs import add_input_figures
 from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
@@ -305,9 +306,12 @@ def execute_run(
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     live=None,
+    records: bool = True,
 ) -> dict:
     """One run: the schedule, the target, then the result file's dict. ``live``: a
-    LiveBoard (cbbench/targets/live.py) a live view reads while the run runs."""
+    LiveBoard (cbbench/targets/live.py) a live view reads while the run runs. ``records``:
+    False leaves the per-request and per-iteration records out (--summary-only), so a
+    million-request run never builds them."""
     replay = None
     if spec.replay is not None:
         from cbbench.bench.replay import load_replay
@@ -332,9 +336,21 @@ def execute_run(
         add_splits(summary, run.records, run.duration_s)
     result["summary"] = summary
     result["telemetry"] = telemetry.result()
-    result["requests"] = [request_record_dict(r, spec.save_detailed) for r in run.records]
-    result["iterations"] = getattr(run, "iterations", [])
+    result["requests"], result["iterations"] = _records(run, spec, records)
     return result
+
+
+def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
+    """The result's per-request and per-iteration rows (none unless ``keep``)."""
+    if not keep:
+        return [], []
+    if isinstance(run, CompactRun):
+        from cbbench.analysis.compact_rows import compact_iteration_dicts, compact_request_dicts
+
+        return (list(compact_request_dicts(run, spec.save_detailed, run.view)),
+                list(compact_iteration_dicts(run)))
+    return ([request_record_dict(r, spec.save_detailed) for r in run.records],
+            getattr(run, "iterations", []))
 
 
 def _load_workload(spec: RunSpec, replay) -> Workload:
@@ -528,11 +544,13 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
             "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
             **spec.load.to_config(len(run.info["workers"])),
         }
-    run = run_engine(
-        spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
-        on_progress=on_progress, keep_token_ids=spec.save_detailed,
-        on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel, live=live,
-    )
+    run = _run_compact(spec, sched, should_stop, on_progress)
+    if run is None:
+        run = run_engine(
+            spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
+            on_progress=on_progress, keep_token_ids=spec.save_detailed,
+            on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel, live=live,
+        )
     return run, {
         "target": "engine",
         **{
@@ -540,6 +558,24 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
             for k, v in engine_config_dict(spec.engine, run.resolved).items()
         },
     }
+
+
+def _run_compact(spec: RunSpec, sched: Schedule, should_stop, on_progress) -> CompactRun | None:
+    """A large simulated run by the array simulator (targets/engine_compact.py), where it
+    models the run; None: the object engines run it. Its simulated GPU has no telemetry to
+    start."""
+    from cbbench.targets import engine_compact
+
+    if len(sched.wreqs) < engine_compact.COMPACT_MIN_REQUESTS:
+        return None
+    why = engine_compact.compact_unsupported(spec.engine, sched.wreqs, sessions=sched.plan,
+                                             cancel=sched.cancel)
+    if why is not None:
+        log.info(f"{len(sched.wreqs)} requests with {why}: the engine's objects step this run "
+                 "(the array simulator does not model it; slower at this size)")
+        return None
+    return engine_compact.run_engine_compact(spec.engine, sched.wreqs, sched.arrivals,
+                                             should_stop, on_progress)
 
 
 def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
@@ -575,6 +611,11 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
 
 
 def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
+    if isinstance(run, CompactRun):
+        from cbbench.analysis.compact_summary import CompactView, summarize_compact
+
+        run.view = CompactView(run)  # made once: the summary's and the rows' per-request values
+        return summarize_compact(run, spec, run.view)
     summary = summarize(run.records, run.duration_s, spec.slo, spec.percentiles)
     add_views(summary, spec, run)
     # The report draws ITL from this without --save-detailed (cbbench/analysis/histogram.py).

@@ -81,7 +81,8 @@ def run(
     # The live panel: on a terminal, unless --quiet or the result JSON itself is stdout.
     with StopSignal() as stop, LiveView(not output.quiet and not is_stdout(out_path)) as board:
         result = execute_run(spec, should_stop=stop,
-                             on_progress=board.on_progress if board else None, live=board)
+                             on_progress=board.on_progress if board else None, live=board,
+                             records=not output.summary_only)
     if output.summary_only:
         result = {k: v for k, v in result.items() if k not in ("requests", "iterations")}
         result["telemetry"] = {k: v for k, v in result["telemetry"].items() if k != "samples"}

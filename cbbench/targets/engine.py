@@ -183,6 +183,24 @@ def _drain(engine, grace_s: float) -> None:
         engine.abort_request(req)
 
 
+def _drain_all(engine, grace_s: float) -> None:
+    """``_drain`` each engine of the run. A replica's (or a disaggregated instance's) drain
+    steps are labelled with its index and pool, as the set's own loop labels its steps: an
+    unlabelled record has no place in the set's (start, replica) order."""
+    members = getattr(engine, "replicas", None)
+    if members is None:
+        _drain(engine, grace_s)
+        return
+    for member in members:
+        e = member.engine
+        before = e.num_records
+        _drain(e, grace_s)
+        new = e.num_records - before
+        for rec in list(e.records)[len(e.records) - new:] if new else []:
+            rec.replica = member.index
+            rec.pool = getattr(member, "pool", None)
+
+
 def _outcome(r, cancelled: bool) -> tuple[str | None, str | None]:
     """A request's (error, error_type) at the end of a run; (None, None) when it finished or
     was cancelled (counted apart: neither completed nor failed)."""
@@ -336,8 +354,7 @@ def run_engine(
         engine, feed, should_stop=should_stop, on_step=on_step, on_step_failed=on_step_failed
     )
     if not completed_all:
-        for replica in getattr(engine, "engines", [engine]):
-            _drain(replica, grace_s)
+        _drain_all(engine, grace_s)
     end = clock.now()
 
     records, not_sent = _records(reqs, wreqs, timer, session_feed, keep_token_ids)

@@ -150,3 +150,46 @@ def test_histogram_error_is_the_bound_not_better_by_luck():
     h.add_many([edge])
     got = h.percentiles([50])[0]
     assert abs(got / edge - 1) == pytest.approx(0.01, rel=1e-6)
+
+
+def test_array_path_is_the_stepped_run_on_10k(tmp_path, monkeypatch):
+    """Issue 28's scale path end to end: `cbbench run` on 10,000 ShareGPT requests, 8
+    replicas at 400 req/s, through the array simulator and its column summary (forced here:
+    by default only 50,000+ requests take it) against --no-fast-forward (the object engines,
+    every iteration stepped). Every request row (TTFT, TPOT, E2EL, queue time) and every
+    iteration record identical (token times: tests/engine/test_array_sim.py); the summary
+    identical but for the pooled per-token means and standard deviations, to 1e-9 (their percentiles and counts exact)."""
+    import json
+
+    from helpers import assert_same
+    from typer.testing import CliRunner
+
+    import cbbench.targets.engine_compact as engine_compact
+    from cbbench.cli.app import app
+
+    base = ["run", "--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b", "--workload",
+            "sharegpt", "--num-requests", "10000", "--request-rate", "400",
+            "--data-parallel-size", "8", "--quiet"]
+    took = []
+    real = engine_compact.run_engine_compact
+
+    def counted(*a, **kw):
+        run = real(*a, **kw)
+        took.append(run is not None)
+        return run
+
+    monkeypatch.setattr(engine_compact, "run_engine_compact", counted)
+    monkeypatch.setattr(engine_compact, "COMPACT_MIN_REQUESTS", 0)
+    res = CliRunner().invoke(app, [*base, "--output", str(tmp_path / "array.json")])
+    assert res.exit_code == 0, res.output
+    assert took == [True]  # the array simulator ran it
+    res = CliRunner().invoke(app, [*base, "--no-fast-forward", "--output",
+                                   str(tmp_path / "stepped.json")])
+    assert res.exit_code == 0, res.output
+    assert took == [True]  # --no-fast-forward: the objects, stepped
+    fast = json.loads((tmp_path / "array.json").read_text())
+    stepped = json.loads((tmp_path / "stepped.json").read_text())
+    assert len(fast["requests"]) == 10_000
+    assert fast["requests"] == stepped["requests"]
+    assert fast["iterations"] == stepped["iterations"]
+    assert_same(fast["summary"], stepped["summary"])
