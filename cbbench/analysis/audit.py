@@ -17,6 +17,10 @@ requests (median, p99, max of client - server, in ms) and passes when:
 - counts (output, reasoning and tool-call tokens, events, tokens of each event, cached
   tokens): equal on every joined request.
 
+The server's own timings, where the result recorded them from its responses (vLLM's
+per-request ``metrics``: queue, prefill, decode; cbbench run, or an imported vLLM bench file),
+are held to the log's too (``server_queue_ms`` ...: recorded - logged), shown, not gated.
+
 Client times are from its send (``send_s``), not the intended start: the audit checks the
 measurement, not the schedule. On one host (the result's ``summary.http.t0_epoch_s`` and the log
 share the epoch, both moved from the monotonic clock) the truth counts from the client's send
@@ -47,6 +51,13 @@ COUNT_METRICS = (
     "output_tokens", "reasoning_tokens", "tool_call_tokens", "events", "tokens_per_event",
     "cached_tokens",
 )
+# The server's own timings as the client recorded them from its responses (vLLM's
+# --enable-per-request-metrics `metrics`: cbbench run, or an imported vLLM bench file) held to
+# the log's, which come from the same engine timestamps: shown, not gated, since with
+# --stream-interval N > 1 the log's first_token is the first event's (several tokens in).
+SERVER_TIMING_METRICS = {"server_queue_ms": "queue_time_ms",
+                         "server_prefill_ms": "time_to_first_token_ms",
+                         "server_decode_ms": "generation_time_ms"}
 
 
 @dataclass(slots=True)
@@ -60,6 +71,7 @@ class Side:
     first_output: float | None
     n: int
     counts: dict[str, int | None] = field(default_factory=dict)
+    server_ms: dict[str, float | None] = field(default_factory=dict)  # SERVER_TIMING_METRICS
 
     @property
     def ttft(self) -> float:
@@ -114,7 +126,26 @@ def client_side(r: dict, t0_epoch: float) -> Side | None:
             "events": len(t),
             "cached_tokens": r.get("cached_tokens"),
         },
+        server_ms={name: _ms((r.get("server_timing") or {}).get(key))
+                   for name, key in SERVER_TIMING_METRICS.items()},
     )
+
+
+def _ms(v) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _log_server_ms(line: dict) -> dict[str, float | None]:
+    """The log's queue (submitted -> queue_exit), prefill (-> first_token) and decode (->
+    last_token), in ms, as request_metrics.py forms the response's."""
+    sub, qx, ft, lt = (_ms(line.get(k)) for k in ("submitted", "queue_exit", "first_token",
+                                                   "last_token"))
+
+    def gap(a, b):
+        return (b - a) * MS if a is not None and b is not None else None
+
+    return {"server_queue_ms": gap(sub, qx), "server_prefill_ms": gap(qx, ft),
+            "server_decode_ms": gap(ft, lt)}
 
 
 def server_side(line: dict) -> Side | None:
@@ -138,6 +169,7 @@ def server_side(line: dict) -> Side | None:
             "events": len(events),
             "cached_tokens": line.get("cached_tokens"),
         },
+        server_ms=_log_server_ms(line),
     )
 
 
@@ -233,6 +265,7 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
         gated = name in GATED_P50
         metrics[name] = {"client": cv, "server": sv, "error": d, "gated": gated,
                          "passed": not gated or d is None or abs(d) <= tolerance_ms}
+    metrics.update(_server_timing_errors(pairs))
     for name in COUNT_METRICS:
         if name == "tokens_per_event":
             wrong = sum(c.tokens != s.tokens for c, s in pairs)
@@ -267,6 +300,18 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
         "metrics": metrics,
         "passed": all(m["passed"] for m in metrics.values()),
     }
+
+
+def _server_timing_errors(pairs: list[tuple[Side, Side]]) -> dict[str, dict]:
+    """SERVER_TIMING_METRICS' errors (recorded - logged, ms), shown; none when the result
+    recorded no server timings."""
+    out = {}
+    for name in SERVER_TIMING_METRICS:
+        errs = [c.server_ms[name] - s.server_ms[name] for c, s in pairs
+                if c.server_ms.get(name) is not None and s.server_ms.get(name) is not None]
+        if errs:
+            out[name] = {**_errors(errs), "gated": False, "passed": True}
+    return out
 
 
 def _id_lookup(log: dict[str, dict]):

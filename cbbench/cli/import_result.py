@@ -38,6 +38,12 @@ def import_result(
         "--benchmark", metavar="INDEX",
         help="guidellm: which of the file's benchmarks (0-based; a sweep writes several). "
         "Default: the only one.")] = None,
+    same_host: Annotated[bool, typer.Option(
+        "--same-host",
+        help="vllm-bench: the file was written on this host since its last boot. vLLM times on "
+        "perf_counter (this host's monotonic clock); this puts its times on the Unix clock, so "
+        "`cbbench audit` compares them with a server log on one clock. Checked against the "
+        "file's date.")] = False,
 ) -> None:
     """Turn another tool's per-request output into a cbbench result (compare, gate, report
     and export then read it)."""
@@ -47,12 +53,15 @@ def import_result(
     if benchmark is not None and tool != guidellm.TOOL:
         raise UsageError("--benchmark picks one of a GuideLLM file's benchmarks: it needs "
                          "--from guidellm")
-    result, recs = _read(file, tool, benchmark)
+    if same_host and tool != vllm_bench.TOOL:
+        raise UsageError(f"--same-host is for vllm-bench's perf_counter times: {tool} times on "
+                         "the Unix clock already")
+    result, recs = _read(file, tool, benchmark, same_host)
     write_result(out, result)
     typer.echo(f"imported {len(recs)} requests from {tool}: {out}")
 
 
-def _read(file: Path, tool: str, benchmark: int | None):
+def _read(file: Path, tool: str, benchmark: int | None, same_host: bool = False):
     if tool == aiperf.TOOL:
         rows = aiperf.lines(file)
         recs = aiperf.records(rows, str(file))
@@ -73,7 +82,8 @@ def _read(file: Path, tool: str, benchmark: int | None):
                             guidellm.duration_s(bench, recs),
                             guidellm.origin(bench, str(file))), recs
     recs = vllm_bench.records(data, str(file))
+    t0 = vllm_bench.origin(data, str(file)) if same_host else None
     return build_result(
-        vllm_bench.config(data), vllm_bench.started_at(data), recs,
-        vllm_bench.duration_s(data, recs),
+        vllm_bench.config(data), vllm_bench.started_at(data, t0), recs,
+        vllm_bench.duration_s(data, recs), t0,
     ), recs

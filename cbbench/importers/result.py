@@ -10,6 +10,7 @@ from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.result import base_result
 from cbbench.analysis.splits import add_splits
 from cbbench.analysis.telemetry import unavailable
+from cbbench.analysis.ttft_breakdown import attach_parts, summarize_breakdown
 from cbbench.bench.runner import request_record_dict
 
 
@@ -26,6 +27,10 @@ def build_result(
     add_splits(result["summary"], records, duration_s)  # by model (inference-perf's adapters)
     if t0_epoch_s is not None:
         result["summary"]["http"] = {"t0_epoch_s": float(t0_epoch_s)}
+    # A tool that kept the server's per-request timings (vLLM bench, from a server with
+    # --enable-per-request-metrics): the TTFT split a run makes from the same fields.
+    if attach_parts(records, None, t0_epoch_s):
+        result["summary"].update(summarize_breakdown(records))
     result["telemetry"] = unavailable(f"imported from {config.get('imported_from')}")
     # Detailed: the token times are all an imported request has; keep them.
     result["requests"] = [request_record_dict(r, True) for r in records]

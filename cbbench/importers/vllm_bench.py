@@ -1,17 +1,34 @@
 """vLLM bench (`vllm bench serve --save-result --save-detailed`) -> a cbbench result.
 
 vLLM's result JSON keeps, with --save-detailed, one list entry per request in send order:
-``input_lens``, ``output_lens``, ``ttfts`` (s), ``itls`` (s, one gap per streamed chunk),
-``latencies`` (s), ``start_times`` (perf_counter at the send, s) and ``errors`` ("" when the
-request succeeded); the run's ``duration`` (s), ``date`` (%Y%m%d-%H%M%S), ``model_id``,
-``request_rate`` and ``max_concurrency`` beside them (vllm/benchmarks/serve.py).
+``input_lens`` (the server's usage prompt_tokens when it sent usage), ``output_lens``,
+``ttfts`` (s), ``itls`` (s, one gap per streamed chunk), ``latencies`` (s), ``start_times``
+(time.perf_counter at the send, s), ``queue_times`` (s: the send minus when the schedule
+released the request, i.e. the client's own lag and, with --max-concurrency, the wait for a
+slot), ``errors`` ("" when the request succeeded), and, when the server returned per-request
+metrics (vLLM's --enable-per-request-metrics, `cbbench serve` likewise), ``server_queue_times``
+and ``server_ttfts`` (s); the run's ``duration`` (s), ``date`` (local time when the run
+ended, %Y%m%d-%H%M%S), ``model_id``, ``request_rate`` and ``max_concurrency`` beside them
+(vllm/benchmarks/serve.py, vLLM 0.33; checked on a real run against `cbbench serve`).
 
 What carries over, and how it differs from a cbbench run of the same load:
-- vLLM times TTFT and E2EL from the actual send, not from an intended schedule (it keeps
-  none), so the imported intended start is the send and the send lag is unknown (null);
+- the intended start is when vLLM's schedule released the request (the send minus its
+  ``queue_times``), so the send lag is vLLM's client queue time; vLLM times its own TTFT and
+  E2EL from the send, which the audit uses too (without ``queue_times``: intended = send);
 - ITL is vLLM's: one gap per chunk. A chunk of several tokens is one gap, as vLLM counts it;
+  a chunk is a delta with ``content``, ``reasoning`` (vLLM's own field name), tool calls, or an
+  empty content: a server that streams reasoning in another field (``reasoning_content``)
+  has its reasoning chunks skipped by vLLM bench, so its TTFT is the first answer chunk;
 - a request's token times are its chunk times (first token, then each gap), with vLLM's
-  output length as the token count, so TPOT is (E2EL - TTFT) / (output - 1) as in vLLM.
+  output length as the token count, so TPOT is (E2EL - TTFT) / (output - 1) as in vLLM;
+- vLLM records no reasoning token count, no tokens per chunk and no response id: `cbbench
+  audit` joins it to a server log by send order;
+- a failed request's ``errors`` entry is the HTTP reason phrase, or the client's whole
+  traceback: kept as its last line, typed as cbbench types a failure (http_status, connect,
+  timeout, stream_cut, ...); "" with no first token and no output is a failure too;
+- its times are perf_counter readings, a clock of the host it ran on. ``origin`` puts them on
+  the Unix clock when the file was written on this host since its last boot (`cbbench import
+  --same-host`), so the audit compares them with the server log's on one clock.
 The summary is then cbbench's own (the same functions as a run), so compare and gate treat an
 imported file like any other.
 """
@@ -19,15 +36,35 @@ imported file like any other.
 from __future__ import annotations
 
 import datetime as dt
+import http
 import math
 from collections.abc import Mapping
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.distributed.clock import perf_minus_epoch
 from cbbench.errors import UsageError
 
 TOOL = "vllm-bench"
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
 DATE_FORMAT = "%Y%m%d-%H%M%S"
+MS = 1000.0
+# --same-host: the file's date (the run's end, to the second, on the local clock) must fall
+# this close to its perf_counter times put on this host's Unix clock. Below: the date is
+# truncated to the second; above: vLLM stamps it after its summary, a moment after the end.
+DATE_EARLY_S, DATE_LATE_S = 2.0, 60.0
+# vLLM's `errors` entry: a non-200 answer's HTTP reason phrase ("Bad Request"), else the whole
+# traceback of what its client raised. Its last line names the exception, which gives
+# cbbench's error type (targets/transport.py ERROR_TYPES); the first marker found wins.
+HTTP_REASONS = frozenset(s.phrase for s in http.HTTPStatus)
+EXCEPTION_TYPES = (
+    ("TimeoutError", "timeout"),
+    ("ClientConnectorDNSError", "dns"),
+    ("ClientConnectorError", "connect"),
+    ("ServerDisconnectedError", "stream_cut"),
+    ("ClientPayloadError", "stream_cut"),
+    ("Never received a valid chunk", "bad_event"),
+)
+NO_REASON = "failed (vLLM bench recorded no reason)"
 
 
 def records(data: Mapping, source: str) -> list[RequestRecord]:
@@ -42,7 +79,10 @@ def records(data: Mapping, source: str) -> list[RequestRecord]:
         raise UsageError(f"{source}: its per-request lists have different lengths")
     latencies = data.get("latencies")
     starts = [_number(s, source, "start_times") for s in data["start_times"]]
-    t0 = min(starts) if starts else 0.0
+    queued = _optional_list(data, "queue_times", n, source)
+    server_queue = _optional_list(data, "server_queue_times", n, source)
+    server_ttft = _optional_list(data, "server_ttfts", n, source)
+    t0 = _zero(data, source)
     out = []
     for i in range(n):
         start = starts[i] - t0
@@ -50,20 +90,94 @@ def records(data: Mapping, source: str) -> list[RequestRecord]:
             id=i,
             prompt_tokens=_count(data["input_lens"][i], source, "input_lens"),
             output_tokens=_count(data["output_lens"][i], source, "output_lens"),
-            intended_start_s=start,
+            intended_start_s=start - queued[i] if queued[i] is not None else start,
             send_s=start,
         )
+        rec.server_timing = _server_timing(server_queue[i], server_ttft[i])
         # Counted by the tool (its tokenizer or the server's usage): recorded as its count.
         rec.output_tokens_method = TOOL
         rec.output_token_counts = {TOOL: rec.output_tokens}
         error = data["errors"][i]
+        if not error and _looks_failed(data, i):
+            error = NO_REASON
         if error:
-            rec.error = str(error)
-            rec.error_type = "error"
+            rec.error, rec.error_type = _error(str(error))
         else:
             rec.token_times_s = _token_times(data, i, start, latencies, source)
         out.append(rec)
     return out
+
+
+def _looks_failed(data: Mapping, i: int) -> bool:
+    """vLLM writes a non-200 answer's reason phrase as the error, which is "" when the server
+    sent none: such a request has no first token (TTFT exactly 0) and no output."""
+    return data["ttfts"][i] == 0 and data["output_lens"][i] == 0 and not data["itls"][i]
+
+
+def _error(text: str) -> tuple[str, str]:
+    """(message, error type) of vLLM's error entry: a traceback is kept as its last line."""
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    message = lines[-1].strip() if lines else text
+    if message in HTTP_REASONS:
+        return f"HTTP {message}", "http_status"
+    for marker, kind in EXCEPTION_TYPES:
+        if marker in message:
+            return message, kind
+    return message, "error"
+
+
+def _zero(data: Mapping, source: str) -> float:
+    """The run's zero on vLLM's perf_counter: the first release by its schedule (or send)."""
+    starts = [_number(s, source, "start_times") for s in data["start_times"]]
+    queued = _optional_list(data, "queue_times", len(starts), source)
+    firsts = [s - (q or 0.0) for s, q in zip(starts, queued)]
+    return min(firsts) if firsts else 0.0
+
+
+def _optional_list(data: Mapping, key: str, n: int, source: str) -> list[float | None]:
+    """A per-request list of times (s) vLLM writes only sometimes (None entries kept)."""
+    v = data.get(key)
+    if v is None:
+        return [None] * n
+    if not isinstance(v, list) or len(v) != n:
+        raise UsageError(f"{source}: {key} is not a list of one entry per request")
+    return [None if x is None else _number(x, source, key) for x in v]
+
+
+def _server_timing(queue: float | None, prefill: float | None) -> dict | None:
+    """The server's per-request metrics vLLM kept (s), as the `metrics` object's fields (ms):
+    vLLM keeps only these two of them."""
+    if queue is None and prefill is None:
+        return None
+    return {"queue_time_ms": None if queue is None else queue * MS,
+            "time_to_first_token_ms": None if prefill is None else prefill * MS}
+
+
+def origin(data: Mapping, source: str) -> float:
+    """The run's zero (``_zero``) on the Unix clock, for a file written on this host since its
+    last boot: vLLM's perf_counter is this host's monotonic clock, which every process on it
+    shares, so this host's offset now places it (as `cbbench serve` places its log's times).
+    Checked against the file's date; a file from elsewhere is refused."""
+    date = data.get("date")
+    if not isinstance(date, str):
+        raise UsageError(f"{source} has no date to check --same-host against")
+    try:
+        stamped = dt.datetime.strptime(date, DATE_FORMAT).timestamp()  # naive: local time
+    except ValueError:
+        raise UsageError(f"{source}: date {date!r} is not vLLM's %Y%m%d-%H%M%S") from None
+    offset = perf_minus_epoch()
+    t0 = _zero(data, source) - offset
+    last_send = max((_number(s, source, "start_times") for s in data["start_times"]),
+                    default=0.0) - offset
+    d = data.get("duration")
+    finite = isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d)
+    late = stamped - max(last_send, t0 + float(d) if finite else last_send)
+    if not -DATE_EARLY_S <= late <= DATE_LATE_S:
+        raise UsageError(
+            f"{source} was not written on this host since its last boot (its date is "
+            f"{late:+.0f} s from its times on this host's clock): drop --same-host"
+        )
+    return t0
 
 
 def _token_times(data: Mapping, i: int, start: float, latencies, source: str) -> list[float]:
@@ -97,14 +211,22 @@ def config(data: Mapping) -> dict:
     }
 
 
-def started_at(data: Mapping) -> str | None:
+def started_at(data: Mapping, t0_epoch: float | None = None) -> str | None:
+    """When the run started (UTC): its zero on the Unix clock when known (--same-host), else
+    the file's date -- vLLM's local time when the run ended -- less the run's duration."""
+    if t0_epoch is not None:
+        return dt.datetime.fromtimestamp(t0_epoch, dt.timezone.utc).isoformat()
     date = data.get("date")
     if not isinstance(date, str):
         return None
     try:
-        return dt.datetime.strptime(date, DATE_FORMAT).replace(tzinfo=dt.timezone.utc).isoformat()
+        end = dt.datetime.strptime(date, DATE_FORMAT).astimezone(dt.timezone.utc)
     except ValueError:
         return None
+    d = data.get("duration")
+    if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
+        end -= dt.timedelta(seconds=round(d))
+    return end.isoformat()
 
 
 def duration_s(data: Mapping, recs: list[RequestRecord]) -> float:

@@ -3,7 +3,9 @@ result whose figures are hand-computed here, and that compare and export read.""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -61,7 +63,89 @@ def test_vllm_bench_figures_are_the_hand_computed_ones(tmp_path):
     assert [r["intended_start_s"] for r in reqs] == pytest.approx([0.0, 0.5, 1.0])
     assert reqs[2]["error"] == "TimeoutError"
     assert result["config"]["imported_from"] == "vllm-bench"
-    assert result["started_at"] == "2026-12-01T12:00:00+00:00"
+    assert "http" not in s  # no --same-host: its times are on no known clock
+
+
+@pytest.fixture
+def new_york(monkeypatch):
+    """The process's local time zone is UTC-5 (December) for one test."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_started_at_is_the_local_end_date_less_the_duration(tmp_path, new_york):
+    # vLLM stamps `date` with datetime.now() -- local time -- when the run has ended.
+    res, out = _import(tmp_path, VLLM_RESULT)
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["started_at"] == "2026-12-01T16:59:58+00:00"
+
+
+def test_queue_times_are_the_send_lag_and_server_timings_split_the_ttft(tmp_path):
+    # vLLM 0.33 also keeps queue_times (schedule release -> send) and, from a server with
+    # --enable-per-request-metrics, server_queue_times / server_ttfts (s).
+    data = {**VLLM_RESULT, "queue_times": [0.01, 0.0, 0.02],
+            "server_queue_times": [0.03, 0.02, None], "server_ttfts": [0.1, 0.05, None]}
+    res, out = _import(tmp_path, data)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    reqs = result["requests"]
+    # The zero is r0's release (100.0 - 0.01): r0 sent 10 ms after it, r1 at its release.
+    assert [r["intended_start_s"] for r in reqs] == pytest.approx([0.0, 0.51, 0.99])
+    assert [r["send_lag_ms"] for r in reqs] == pytest.approx([10.0, 0.0, 20.0])
+    assert reqs[0]["ttft_ms"] == pytest.approx(210.0)  # from the release: vLLM's 200 + 10
+    p0 = reqs[0]["ttft_parts"]
+    assert (p0["server_queue_ms"], p0["server_prefill_ms"]) == pytest.approx((30.0, 100.0))
+    assert p0["network_ms"] == pytest.approx(210.0 - 10.0 - 30.0 - 100.0)  # the rest
+    assert reqs[2].get("ttft_parts") is None  # failed: no split
+    b = result["summary"]["ttft_breakdown"]
+    assert b["requests"] == 2 and b["flagged"] == 0 and b["sources"] == ["response"]
+    assert b["server_queue_ms"]["mean"] == pytest.approx(25.0)
+
+
+def _written_here_now(offset_s: float = 0.0) -> dict:
+    """A result as vLLM bench writes it on this host: perf_counter sends, a local end date."""
+    now = time.perf_counter() + offset_s
+    data = {**VLLM_RESULT, "start_times": [now - 2.0, now - 1.5, now - 1.0], "duration": 2.0}
+    data["date"] = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return data
+
+
+def test_same_host_puts_the_perf_counter_times_on_the_unix_clock(tmp_path):
+    data = _written_here_now()
+    src = tmp_path / "vllm.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "imported.json"
+    expected = time.time() - (time.perf_counter() - data["start_times"][0])
+    res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out),
+                              "--same-host"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    assert result["summary"]["http"]["t0_epoch_s"] == pytest.approx(expected, abs=0.005)
+
+
+@pytest.mark.parametrize("offset_s", [-3600.0, 3600.0])  # another host, or before a reboot
+def test_same_host_refuses_a_file_from_elsewhere(tmp_path, offset_s):
+    src = tmp_path / "vllm.json"
+    src.write_text(json.dumps(_written_here_now(offset_s)))
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out),
+                              "--same-host"])
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert line.startswith("cbbench: error:") and "\n" not in line
+    assert "not written on this host since its last boot" in line
+    assert not out.exists()
+
+
+def test_same_host_is_for_vllm_bench_only(tmp_path):
+    src = tmp_path / "x.jsonl"
+    src.write_text("")
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out",
+                              str(tmp_path / "o.json"), "--same-host"])
+    assert res.exit_code == 2 and "--same-host is for vllm-bench" in res.output
 
 
 def test_an_imported_result_is_read_by_compare_and_export(tmp_path):
@@ -81,6 +165,8 @@ def test_an_imported_result_is_read_by_compare_and_export(tmp_path):
         (lambda d: d["ttfts"].__setitem__(0, -1.0), "not a time in seconds"),
         (lambda d: d["output_lens"].__setitem__(0, "four"), "not a token count"),
         (lambda d: d["errors"].pop(), "different lengths"),
+        (lambda d: d.__setitem__("queue_times", [0.1]), "queue_times is not a list of one"),
+        (lambda d: d.__setitem__("server_ttfts", [0.1, "x", None]), "not a time in seconds"),
     ],
 )
 def test_a_bad_vllm_file_is_one_line_and_exit_2(tmp_path, mutate, message):
@@ -154,3 +240,60 @@ def test_a_bad_aiperf_file_is_one_line_and_exit_2(tmp_path):
     res = runner.invoke(app, ["import", str(tmp_path / "missing.jsonl"), "--from", "aiperf",
                               "--out", str(tmp_path / "o.json")])
     assert res.exit_code == 2 and res.output.startswith("cbbench: error: cannot read"), res.output
+
+
+@pytest.mark.parametrize(("date", "message"), [
+    (None, "has no date to check --same-host against"),
+    ("2026-12-01 12:00", "is not vLLM's %Y%m%d-%H%M%S"),
+])
+def test_same_host_needs_vllms_date(tmp_path, date, message):
+    data = _written_here_now()
+    if date is None:
+        del data["date"]
+    else:
+        data["date"] = date
+    src = tmp_path / "vllm.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out),
+                              "--same-host"])
+    assert res.exit_code == 2 and message in res.output and not out.exists()
+
+
+# vLLM's `errors` entries as a real run against a killed `cbbench serve` and one refusing long
+# prompts wrote them (shortened): a reason phrase, or the client's whole traceback.
+TRACEBACK = ("Traceback (most recent call last):\n  File \"connector.py\", line 1322, in _wrap\n"
+             "ConnectionRefusedError: [Errno 111] Connect call failed\n\nThe above exception "
+             "was the direct cause of the following exception:\n\nTraceback (most recent call "
+             "last):\n  File \"endpoint_request_func.py\", line 447, in chat\n"
+             "aiohttp.client_exceptions.ClientConnectorError: Cannot connect to host "
+             "127.0.0.1:18800 ssl:default [Connect call failed ('127.0.0.1', 18800)]\n")
+CUT = ("Traceback (most recent call last):\n  File \"x.py\", line 1\naiohttp.client_exceptions."
+       "ClientPayloadError: Response payload is not completed\n")
+
+
+def test_vllm_errors_are_typed_and_a_traceback_kept_as_its_last_line(tmp_path):
+    data = {**VLLM_RESULT, "errors": ["Bad Request", TRACEBACK, CUT],
+            "output_lens": [0, 0, 0], "ttfts": [0.0, 0.0, 0.0], "itls": [[], [], []]}
+    res, out = _import(tmp_path, data)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    reqs = result["requests"]
+    assert [r["error_type"] for r in reqs] == ["http_status", "connect", "stream_cut"]
+    assert reqs[0]["error"] == "HTTP Bad Request"
+    assert reqs[1]["error"].startswith("aiohttp.client_exceptions.ClientConnectorError: Cannot")
+    assert "\n" not in reqs[1]["error"]
+    assert result["summary"]["error_types"] == {"http_status": 1, "connect": 1, "stream_cut": 1}
+
+
+def test_a_failure_vllm_gave_no_reason_is_not_a_completed_request(tmp_path):
+    # A non-200 answer without a reason phrase: vLLM's error is "", its TTFT 0, no output.
+    data = {**VLLM_RESULT, "errors": ["", "", "TimeoutError"],
+            "output_lens": [4, 0, 0], "ttfts": [0.2, 0.0, 0.0], "itls": [[0.05] * 3, [], []]}
+    res, out = _import(tmp_path, data)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    assert (result["summary"]["completed"], result["summary"]["failed"]) == (1, 2)
+    r1 = result["requests"][1]
+    assert r1["error"] == "failed (vLLM bench recorded no reason)" and r1["error_type"] == "error"
+    assert result["requests"][2]["error_type"] == "timeout"

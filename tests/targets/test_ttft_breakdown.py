@@ -28,21 +28,24 @@ SERVER_ARGS = ("--engine", "sim", "--model", "llama-3-8b", "--gpu", "H200",
                "--enable-per-request-metrics")
 
 
-@pytest.fixture(scope="module")
-def run_against_serve(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ttft_parts")
+def _run_against_serve(d, *run_args: str):
     log, res = d / "serve.jsonl", d / "run.json"
     with serve_process(*SERVER_ARGS, "--request-log", str(log)) as srv:
         out = subprocess.run(
             [*CBBENCH, "run", "--endpoint", srv.url, "--workload", "random",
              "--input-len", "200", "--output-len", "16",
              "--num-requests", str(REQUESTS), "--request-rate", str(RATE),
-             "--server-log", str(log), "--output", str(res)],
+             "--server-log", str(log), "--output", str(res), *run_args],
             capture_output=True, text=True, timeout=300,
         )
         assert out.returncode == 0, out.stdout + out.stderr
     lines = {x["id"]: x for x in map(json.loads, log.read_text().splitlines())}
     return json.loads(res.read_text()), lines, out.stdout
+
+
+@pytest.fixture(scope="module")
+def run_against_serve(tmp_path_factory):
+    return _run_against_serve(tmp_path_factory.mktemp("ttft_parts"))
 
 
 def test_parts_add_up_to_each_ttft(run_against_serve):
@@ -82,6 +85,26 @@ def test_server_parts_equal_its_request_log(run_against_serve):
         e = r["e2el_parts"]
         assert sum(v for k, v in e.items() if k.endswith("_ms") and k != "residual_ms") \
             == pytest.approx(r["e2el_ms"], abs=1.0)
+
+
+def test_the_split_holds_with_two_workers(tmp_path):
+    """--workers 2: each worker process reads its own clock; the log's way in and delivery
+    only come out non-negative, and the response's server parts equal the log's, when both
+    workers' times are on the result's one clock."""
+    result, lines, _ = _run_against_serve(tmp_path, "--workers", "2", "--quiet")
+    done = [r for r in result["requests"] if r["error"] is None]
+    assert len(done) == REQUESTS and {r["worker"] for r in done} == {0, 1}
+    assert all(r["ttft_parts"]["source"] == "response+server_log" for r in done)
+    sound = 0
+    for r in done:
+        p, line = r["ttft_parts"], lines[r["server_request_id"]]
+        sound += (abs(sum(p[k] for k in PARTS) - r["ttft_ms"]) <= 1.0
+                  and all(p[k] >= -1.0 for k in PARTS))
+        assert p["server_queue_ms"] == pytest.approx(
+            (line["queue_exit"] - line["submitted"]) * MS, abs=2e-3)
+    assert sound >= 0.99 * len(done), f"{sound} of {len(done)} sound"
+    b = result["summary"]["ttft_breakdown"]
+    assert b["requests"] == REQUESTS and b["flagged"] == len(done) - sound
 
 
 def _record(**kw) -> RequestRecord:
