@@ -159,7 +159,7 @@ def check_compact_scope(run: CompactRun, spec) -> None:
 def summarize_compact(run: CompactRun, spec, view: CompactView | None = None) -> dict:
     """``runner._summary(spec, sched, run)`` for the same run (the module doc). ``view``:
     one made already (the request rows take the same one)."""
-    from cbbench.bench.runner import add_deployment
+    from cbbench.analysis.deployment import add_deployment
 
     check_compact_scope(run, spec)
     view = view if view is not None else CompactView(run)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cbbench.analysis.compact_run import CompactRun
+from cbbench.analysis.deployment import add_deployment
 from cbbench.analysis.histogram import log_histogram
 from cbbench.analysis.inputs import add_input_figures
 from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
@@ -732,24 +733,4 @@ def add_intervals(summary: dict, spec: RunSpec, sched: Schedule) -> None:
         bounds.append(summarize(run.records, run.duration_s, spec.slo))
     summary["intervals"] = intervals(summary, bounds, SPREAD_LEVEL)
 
-
-def add_deployment(summary: dict, opts: EngineArgs, run, iterations: list[dict]) -> None:
-    """The GPUs the engine run held, goodput per GPU (DistServe's figure of merit), and under
-    --disaggregate the KV transfer times and each pool's own engine summary."""
-    from cbbench.analysis.metrics import distribution
-
-    gpus = opts.num_gpus
-    summary["gpus"] = gpus
-    if "goodput" in summary:
-        summary["goodput_per_gpu"] = summary["goodput"] / gpus
-    transfers = getattr(run, "kv_transfer_ms", None)
-    if transfers is None:
-        return
-    summary["kv_transfer_ms"] = distribution(transfers)
-    if "engine" in summary:
-        gpu_spec = run.resolved.gpu_spec
-        summary["engine"]["pools"] = {
-            pool: summarize_engine([it for it in iterations if it.get("pool") == pool], gpu_spec)
-            for pool in ("prefill", "decode")
-        }
 
