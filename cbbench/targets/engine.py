@@ -195,8 +195,8 @@ def _drain_all(engine, grace_s: float) -> None:
         e = member.engine
         before = e.num_records
         _drain(e, grace_s)
-        new = e.num_records - before
-        for rec in list(e.records)[len(e.records) - new:] if new else []:
+        records = list(e.records)
+        for rec in records[len(records) - (e.num_records - before):]:
             rec.replica = member.index
             rec.pool = getattr(member, "pool", None)
 

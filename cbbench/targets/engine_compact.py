@@ -89,15 +89,16 @@ def _compact_run(sim, order: np.ndarray, wreqs: list[WorkloadRequest], info,
     first_step = np.frombuffer(sim.first_step, dtype=np.int64)[keep].copy()
     # A finished request has its whole length; one rejected, queued or in its prefill when it
     # ended has no token; one aborted mid-decode has the tokens it had.
-    out = np.array([wreqs[k].output_len for k in order[keep]], dtype=np.int64)
+    max_tokens = np.array(sim.max_tokens[:n], dtype=np.int64)
+    out = max_tokens.copy()
     out[first_step < 0] = 0
     for i, tokens in sim.tokens_at_abort.items():
         out[i] = tokens
     requests = CompactRequests(
         id=np.array([wreqs[k].id for k in order[keep]], dtype=np.int64),
-        prompt_tokens=np.array([wreqs[k].prompt_len for k in order[keep]], dtype=np.int64),
+        prompt_tokens=np.array(sim.prompt[:n], dtype=np.int64),
         output_tokens=out,
-        max_tokens=np.array([wreqs[k].output_len for k in order[keep]], dtype=np.int64),
+        max_tokens=max_tokens,
         arrival_s=np.array(sim.arrival[:n], dtype=np.float64),
         first_scheduled_s=np.frombuffer(sim.first_scheduled, dtype=np.float64)[keep].copy(),
         replica=np.frombuffer(sim.replica_of, dtype=np.int64)[keep].copy(),

@@ -165,23 +165,9 @@ class LiveBoard:
     # The view's side -------------------------------------------------------------------
 
     def snapshot(self) -> LiveSnapshot:
-        if self._array is not None:
-            return self._array_snapshot()
-        ended = self._ended
-        n = len(ended)  # a list only grows: read its length once, then the new items
+        elapsed, in_flight, engine, done, failed = (
+            self._read_array_sim() if self._array is not None else self._read_ended())
         tally = self._tally
-        new = ended[self._cursor:n]
-        if self._engine is not None:
-            tally.requests(new, self._finished_status)
-        else:
-            tally.records(new)
-        self._cursor = n
-        elapsed, in_flight, engine = self._clock_and_flight()
-        done, failed = tally.done, tally.failed
-        if self._engine is not None:  # refused at admission: never in a step's finished
-            failed += sum(len(e.rejected) for e in getattr(self._engine, "engines", [self._engine]))
-        elif self._http is None:  # workers: their progress only
-            done = self._progress[0]
         sent = done + failed + in_flight
         return LiveSnapshot(
             elapsed_s=elapsed,
@@ -201,25 +187,35 @@ class LiveBoard:
             **engine,
         )
 
-    def _array_snapshot(self) -> LiveSnapshot:
+    def _read_ended(self) -> tuple[float, int, dict, int, int]:
+        """The ended requests (HTTP records, engine Requests) since the last read, then
+        (elapsed, in flight, engine figures, done, failed)."""
+        ended = self._ended
+        n = len(ended)  # a list only grows: read its length once, then the new items
+        tally = self._tally
+        new = ended[self._cursor:n]
+        if self._engine is not None:
+            tally.requests(new, self._finished_status)
+        else:
+            tally.records(new)
+        self._cursor = n
+        elapsed, in_flight, engine = self._clock_and_flight()
+        done, failed = tally.done, tally.failed
+        if self._engine is not None:  # refused at admission: never in a step's finished
+            failed += sum(len(e.rejected) for e in getattr(self._engine, "engines", [self._engine]))
+        elif self._http is None:  # workers: their progress only
+            done = self._progress[0]
+        return elapsed, in_flight, engine, done, failed
+
+    def _read_array_sim(self) -> tuple[float, int, dict, int, int]:
+        """The array simulator's finished requests since the last read, and its counts."""
         sim = self._array
         ended = sim.ended
         n = len(ended)
-        tally = self._tally
-        tally.array_sim(ended[self._cursor:n], sim.arrival, sim.max_tokens)
+        self._tally.array_sim(ended[self._cursor:n], sim.arrival, sim.max_tokens)
         self._cursor = n
         elapsed, in_flight, engine = sim.live_state()
-        failed = len(sim.errors)
-        sent = tally.done + failed + in_flight
-        return LiveSnapshot(
-            elapsed_s=elapsed, planned_s=self.planned_s, total=self.total or self._progress[1],
-            sent=sent, in_flight=in_flight, done=tally.done, failed=failed,
-            target_rate=self.target_rate,
-            achieved_rate=sent / elapsed if elapsed > 0 else None,
-            send_lag_p50_ms=None, send_lag_max_ms=None,
-            ttft_p50_ms=_p50(tally.ttft_ms), tpot_p50_ms=_p50(tally.tpot_ms),
-            output_tok_s=tally.output_tokens / elapsed if elapsed > 0 else None, **engine,
-        )
+        return elapsed, in_flight, engine, self._tally.done, len(sim.errors)
 
     def _clock_and_flight(self) -> tuple[float, int, dict]:
         if self._http is not None:

@@ -68,9 +68,9 @@ class NeedsStepping(Exception):
 
 
 def unsupported(args: EngineArgs) -> str | None:
-    """Why these engine options need the object path, or None."""
+    """Why these simulator options need the object path, or None (the engine kind is the
+    caller's to check: targets/engine_compact.compact_unsupported resolves it)."""
     checks = [
-        (args.engine not in ("sim",), "not the simulator"),
         (not args.fast_forward, "--no-fast-forward steps every request"),
         (args.batching != "continuous", "static batching"),
         (args.queue_policy != "fcfs", "a priority queue"),
@@ -156,7 +156,8 @@ class _Replica:
             used, budget = self._admit(sim, start, used, budget, rows)
         prefill_tokens = self.budget - budget - nd
         dec_keys = self.decsum + nd
-        pairs = keys_read = float(dec_keys)
+        dk = float(dec_keys)
+        pairs = keys_read = dk
         logits = nd
         for e, n, c in rows:  # BatchShape.from_scheduler_output's sums, in its order
             pairs += n * c + n * (n + 1) / 2
@@ -165,7 +166,7 @@ class _Replica:
                 logits += 1
         nrows = len(rows)
         t, nbytes, flops = self.cost(nd + prefill_tokens, logits, pairs, keys_read,
-                                     nd + nrows, nrows, float(dec_keys))
+                                     nd + nrows, nrows, dk)
         end = start + t
         if end < start:
             end = start
@@ -179,7 +180,7 @@ class _Replica:
         a_flops(flops)
         a_pairs(pairs)
         a_read(keys_read)
-        a_dec(float(dec_keys))
+        a_dec(dk)
         a_pre(prefill_tokens)
         a_nd(nd)
         a_npre(nrows)
