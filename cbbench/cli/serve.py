@@ -89,6 +89,7 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
         report_cached_tokens=opts.enable_prefix_caching,
         per_request_metrics=options.enable_per_request_metrics,
         max_image_bytes=options.max_image_bytes,
+        limit_images_per_prompt=options.image_limit,
     )
     if config.api_key is None and not is_loopback(host):
         C.notice(

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cbbench.errors import UsageError
 from cbbench.options.fields import check_fields, opt
 from cbbench.server.limits import (
+    DEFAULT_LIMIT_IMAGES_PER_PROMPT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IMAGE_BYTES,
     DEFAULT_READ_TIMEOUT_S,
+    parse_image_limit,
 )
 from cbbench.server.stream_events import REASONING_FIELDS
 
@@ -85,5 +88,20 @@ class ServeOptions:
         low=1,
     )
 
+    limit_mm_per_prompt: str = opt(
+        f'{{"image": {DEFAULT_LIMIT_IMAGES_PER_PROMPT}}}',
+        "The images one chat request may carry, as vLLM's flag ('{\"image\": N}', or N); "
+        "more is a 400 before any image is read, so one request cannot hold the server.",
+        metavar="<json>",
+    )
+
+    @property
+    def image_limit(self) -> int:
+        return parse_image_limit(self.limit_mm_per_prompt)
+
     def validate(self) -> None:
         check_fields(self)
+        try:
+            self.image_limit  # noqa: B018 - parsed here for its error
+        except ValueError as e:
+            raise UsageError(f"--limit-mm-per-prompt: {e}") from None

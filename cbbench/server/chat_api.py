@@ -7,7 +7,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
-from cbbench.server.images import ImageCost, add_images
+from cbbench.server.images import ImageCost, add_images, check_image_count
 from cbbench.server.protocol import (
     DEFAULT_MAX_TOKENS,
     APIError,
@@ -111,6 +111,8 @@ class OpenAIApi:
         self.name = "chat" if chat else "completions"
 
     def parse(self, body: bytes, ctx):
+        if self.chat:
+            check_image_count(body, ctx.cfg.limit_images_per_prompt)
         try:
             req = (ChatRequest if self.chat else CompletionRequest).model_validate_json(body)
         except ValidationError as e:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from cbbench.engine.core.request import SamplingParams
 from cbbench.server.async_engine import AsyncEngine
-from cbbench.server.limits import DEFAULT_MAX_IMAGE_BYTES
+from cbbench.server.limits import DEFAULT_LIMIT_IMAGES_PER_PROMPT, DEFAULT_MAX_IMAGE_BYTES
 from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
@@ -41,6 +41,9 @@ class ServeConfig:
     per_request_metrics: bool = False
     # --max-image-bytes: the encoded image bytes one chat request may carry (413 beyond).
     max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    # --limit-mm-per-prompt: the images one chat request may carry (400 beyond, before any
+    # image is read).
+    limit_images_per_prompt: int = DEFAULT_LIMIT_IMAGES_PER_PROMPT
 
 
 @dataclass(frozen=True)

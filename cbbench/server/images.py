@@ -21,6 +21,12 @@ Perception of the World at Any Resolution"):
 An image arrives as a ``data:`` URL (base64); the server fetches nothing (a ``http(s)://``
 URL is a 400). Only the image's header is read (Pillow) for its size; a part that is not an
 image is a 400, and images beyond the request's image-byte limit a 413 (OpenAI's error shape).
+
+This runs on the event loop, so its work is bounded before it starts: the image parts are
+counted first (more than --limit-mm-per-prompt is a 400 before any is decoded), the prompt's
+length with its image tokens is checked against the context before a placeholder id is built,
+and the ids are built in one linear pass. A header claiming more pixels than Pillow's
+decompression-bomb limit is a 400.
 """
 
 from __future__ import annotations
@@ -32,10 +38,15 @@ import math
 import zlib
 from dataclasses import dataclass
 
-from cbbench.server.limits import DEFAULT_MAX_IMAGE_BYTES
+from cbbench.server.limits import DEFAULT_LIMIT_IMAGES_PER_PROMPT, DEFAULT_MAX_IMAGE_BYTES
 from cbbench.server.protocol import APIError
 
-__all__ = ["DEFAULT_MAX_IMAGE_BYTES", "ImageCost", "add_images", "image_tokens", "trace_images"]
+__all__ = ["DEFAULT_MAX_IMAGE_BYTES", "ImageCost", "add_images", "check_image_count",
+           "image_tokens", "trace_images"]
+
+# Chat bodies this large have their image parts counted from the raw JSON before validation:
+# a smaller one holds too few parts for its validation to matter.
+PRECOUNT_MIN_BYTES = 16 * 1024
 
 # Qwen2-VL's image processor (transformers' Qwen2VLImageProcessor defaults).
 PATCH_SIZE = 14
@@ -110,12 +121,22 @@ def decode_data_url(url: str, param: str) -> bytes:
 
 def image_cost(data: bytes, param: str) -> ImageCost:
     """Size (from the header alone), tokens and encoder FLOPs of one encoded image."""
+    import warnings
+
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as im:
-            width, height = im.size
-    except (UnidentifiedImageError, OSError, ValueError) as e:
+        with warnings.catch_warnings():
+            # Pillow warns past MAX_IMAGE_PIXELS (a header only is read: no harm here) and
+            # raises past twice that (~179M pixels): a 400, never the 500 it was.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                width, height = im.size
+    except Image.DecompressionBombError:
+        raise APIError(400, f"{param}: the image's header claims more than "
+                       f"{2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels (a decompression bomb)",
+                       param=param) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
         raise APIError(400, f"{param}: not an image Pillow can read ({type(e).__name__})",
                        param=param) from None
     try:
@@ -140,42 +161,84 @@ def placeholder_ids(cost: ImageCost, vocab_size: int) -> list[int]:
     return [cost.digest % vocab_size if vocab_size else 0] * cost.tokens
 
 
-def chat_images(messages, limit: int) -> list[ImageCost]:
-    """Every image of a chat request's messages, in order; a 413 once their bytes pass
-    ``limit``, a 400 for one that is not a base64 image."""
+def image_parts(messages) -> list[tuple[str, object]]:
+    """(param, part) of every image part of a chat request's messages, in order; nothing read."""
     from cbbench.server.protocol import ImagePart
 
+    return [(f"messages.{i}.content.{j}.image_url", part)
+            for i, m in enumerate(messages) if not isinstance(m.content, str) and m.content
+            for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
+
+
+def too_many_images(count: int, limit: int) -> APIError:
+    return APIError(400, f"the request has {count} images; at most {limit} may be given in one "
+                    "prompt (--limit-mm-per-prompt)", param="messages")
+
+
+def count_image_parts(body: bytes) -> int:
+    """The image parts of a chat body, from its raw JSON (pydantic-core's parser: ~5 us per KB,
+    against ~60 us per KB to validate the request): so an image count past the limit is
+    refused before the request is validated. 0 for a body that is not the expected shape
+    (validation then says what is wrong)."""
+    from pydantic_core import from_json
+
+    try:
+        doc = from_json(body)
+    except ValueError:
+        return 0
+    messages = doc.get("messages") if isinstance(doc, dict) else None
+    if not isinstance(messages, list):
+        return 0
+    return sum(1 for m in messages if isinstance(m, dict) and isinstance(m.get("content"), list)
+               for p in m["content"] if isinstance(p, dict) and p.get("type") == "image_url")
+
+
+def check_image_count(body: bytes, limit: int) -> None:
+    """A 400 for a chat body with more than ``limit`` image parts, before it is validated."""
+    if len(body) >= PRECOUNT_MIN_BYTES and (count := count_image_parts(body)) > limit:
+        raise too_many_images(count, limit)
+
+
+def chat_images(messages, limit: int,
+                max_images: int = DEFAULT_LIMIT_IMAGES_PER_PROMPT) -> list[ImageCost]:
+    """Every image of a chat request's messages, in order; a 400 past ``max_images`` images
+    (counted before any is decoded), a 413 once their bytes pass ``limit``, a 400 for one
+    that is not a base64 image."""
+    parts = image_parts(messages)
+    if len(parts) > max_images:
+        raise too_many_images(len(parts), max_images)
     out: list[ImageCost] = []
     total = 0
-    for i, m in enumerate(messages):
-        if isinstance(m.content, str) or not m.content:
-            continue
-        for j, part in enumerate(m.content):
-            if not isinstance(part, ImagePart):
-                continue
-            param = f"messages.{i}.content.{j}.image_url"
-            data = decode_data_url(part.image_url.url, param)
-            total += len(data)
-            if total > limit:
-                raise too_many_image_bytes(total, limit)
-            out.append(image_cost(data, param))
+    for param, part in parts:
+        data = decode_data_url(part.image_url.url, param)  # type: ignore[attr-defined]
+        total += len(data)
+        if total > limit:
+            raise too_many_image_bytes(total, limit)
+        out.append(image_cost(data, param))
     return out
 
 
 def add_images(ids: list[int], messages, ctx) -> tuple[list[int], tuple[ImageCost, ...]]:
     """A chat prompt's ids with its images' placeholder ids after the text's, and the images
     (none: ``ids`` unchanged). The torch engine's models read text only: images are a 400."""
-    images = chat_images(messages, ctx.cfg.max_image_bytes)
+    images = chat_images(messages, ctx.cfg.max_image_bytes, ctx.cfg.limit_images_per_prompt)
     if not images:
         return ids, ()
     info = ctx.bridge.info or {}
     if info.get("engine") != "sim":
         raise APIError(400, "image inputs are simulated (--engine sim): the torch engine's "
                        "models read text only", param="messages")
-    vocab = ctx.ready().vocab_size
-    for im in images:
-        ids = ids + placeholder_ids(im, vocab)
-    return ids, tuple(images)
+    served = ctx.ready()
+    total = len(ids) + sum(im.tokens for im in images)
+    if served.max_model_len and total > served.max_model_len:
+        # Checked before a placeholder id is built: the ids of a prompt that cannot run.
+        raise APIError(400, f"This model's maximum context length is {served.max_model_len} "
+                       f"tokens. However, the messages and their {len(images)} images are "
+                       f"{total} tokens.", param="messages", code="context_length_exceeded")
+    out = list(ids)
+    for im in images:  # one pass: extend, never a copy of the prompt per image
+        out.extend(placeholder_ids(im, served.vocab_size))
+    return out, tuple(images)
 
 
 def trace_images(trace, images: tuple[ImageCost, ...]) -> None:
