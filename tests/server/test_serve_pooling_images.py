@@ -387,12 +387,12 @@ def test_many_images_never_hold_the_server(tmp_path):
                 during: list[float] = []
                 done = threading.Event()
 
-                def poll() -> None:
+                def poll(done: threading.Event, during: list[float]) -> None:
                     with httpx.Client(base_url=run.url, timeout=60.0) as h2:
                         while not done.is_set() or len(during) < 3:  # at least 3, overlapping
                             during.append(health_ms(h2))
 
-                poller = threading.Thread(target=poll)
+                poller = threading.Thread(target=poll, args=(done, during))
                 poller.start()
                 t = time.perf_counter()
                 r = c.post("/v1/chat/completions", content=body,
