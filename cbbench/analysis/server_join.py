@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from cbbench.analysis.audit import read_server_log
 from cbbench.analysis.records import RequestRecord
+from cbbench.errors import UsageError
 
 LOG_SETTLE_S = 2.0  # the longest wait for the server's last lines
 LOG_POLL_S = 0.05
@@ -19,11 +20,16 @@ LOG_POLL_S = 0.05
 def read_log_for(path: str, records: Sequence[RequestRecord],
                  settle_s: float = LOG_SETTLE_S) -> dict[str, dict]:
     """The log's lines by id, once it holds every completed request's id (or ``settle_s``
-    passed: the requests missing then are split from the response alone, or not at all)."""
+    passed: the requests missing then are split from the response alone, or not at all).
+    UsageError when it holds none of them: another run's log joined nothing, silently."""
     wanted = {r.server_request_id for r in records if r.ok and r.server_request_id}
     deadline = time.monotonic() + settle_s
     while True:
         log = read_server_log(path)
         if wanted <= log.keys() or time.monotonic() >= deadline:
-            return log
+            break
         time.sleep(LOG_POLL_S)
+    if wanted and not wanted & log.keys():
+        raise UsageError(f"none of the run's {len(wanted)} completed requests is in {path} "
+                         f"({len(log)} lines): is it this server's log of this run?")
+    return log

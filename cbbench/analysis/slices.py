@@ -29,6 +29,9 @@ from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.records import RequestRecord
 
 MAX_SLICES = 10_000  # a 1 ms slice over an hour's run is a mistake, not a summary
+# The shortest --slice, refused before the run: below the client's own timing noise, and
+# 1e-7 s cut a 15 s run into 1.5e8 slices, found only once the run was done (and lost).
+MIN_SLICE_S = 1e-3
 SLICE_LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 

@@ -671,8 +671,11 @@ def add_views(summary: dict, spec: RunSpec, run) -> None:
     if spec.slice_s is not None:
         from cbbench.analysis.slices import time_slices
 
-        summary["slices"] = time_slices(run.records, run.duration_s, spec.slice_s,
-                                        spec.percentiles)
+        try:
+            summary["slices"] = time_slices(run.records, run.duration_s, spec.slice_s,
+                                            spec.percentiles)
+        except UsageError as e:  # a side product: it costs the slices, never the result
+            log.info(f"warning: --slice not applied ({e})")
 
 
 def _engine_summary(run, iterations: list[dict]) -> dict:

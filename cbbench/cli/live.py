@@ -47,6 +47,41 @@ def panel_lines(s: LiveSnapshot) -> list[tuple[str, str]]:
     return rows
 
 
+class TerminalFile:
+    """The terminal the panel draws on; once a write fails (the pty closed: EIO), the panel
+    is gone and every later write is dropped, so a closed terminal costs the view, never the
+    run (it ended in a rich I/O-error traceback with no result)."""
+
+    def __init__(self, file) -> None:
+        self._file = file
+        self.closed_terminal = False
+
+    def write(self, text: str) -> int:
+        if not self.closed_terminal:
+            try:
+                return self._file.write(text)
+            except (OSError, ValueError):
+                self.closed_terminal = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.closed_terminal:
+            try:
+                self._file.flush()
+            except (OSError, ValueError):
+                self.closed_terminal = True
+
+    def isatty(self) -> bool:
+        return not self.closed_terminal and self._file.isatty()
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self._file, "encoding", "utf-8")
+
+
 class LiveView:
     """``with LiveView(enabled) as board:`` -- hand ``board`` to execute_run; None when the
     view is off, so an undrawn run feeds no board at all (its hot path exactly as before)."""
@@ -77,7 +112,8 @@ class LiveView:
 
             self._live = Live(
                 get_renderable=self._panel, refresh_per_second=REFRESH_PER_S, transient=True,
-                console=self.console or Console(file=sys.stdout), redirect_stdout=False,
+                console=self.console or Console(file=TerminalFile(sys.stdout)),
+                redirect_stdout=False,
                 redirect_stderr=False,
             )
             self._live.start()

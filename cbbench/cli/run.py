@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
 
 from cbbench import options as O
@@ -68,12 +70,7 @@ def run(
     inputs = [load.workload, endpoint.tokenizer, load.replay, output.server_log,
               *engine_inputs(engine_opts)]
     check_not_an_input(out_path, inputs, "--output")
-    if output.server_log is not None and spec.endpoint is None:
-        raise UsageError("--server-log splits an endpoint run's TTFT: give --endpoint")
-    if output.server_log is not None and not output.server_log.is_file():
-        # Read only after the run (the server writes it meanwhile): a wrong path is caught here.
-        raise UsageError(f"--server-log {output.server_log}: no such file (cbbench serve "
-                         "--request-log opens it at start-up)")
+    _check_server_log(output.server_log, spec.endpoint is not None)
     also = _also_written(output.output_format, out_path, inputs)
 
     from cbbench.cli.live import LiveView
@@ -89,10 +86,13 @@ def run(
     # The measurements first: a result that cannot be written (a full disk) is still seen.
     # With --output - the JSON is stdout, so the table goes to stderr.
     to_stdout = is_stdout(out_path)
-    if output.json and not to_stdout:
-        typer.echo(dumps(result))
-    elif not output.json:
-        typer.echo(render_summary(result), err=to_stdout)
+    try:
+        if output.json and not to_stdout:
+            typer.echo(dumps(result))
+        elif not output.json:
+            typer.echo(render_summary(result), err=to_stdout)
+    except OSError:  # the terminal is gone (closed pty, SIGHUP): the printout, not the result
+        pass
     write_result(out_path, result)
     if also is not None:  # from the file's own form (NaN as null), as `cbbench export` reads it
         import json
@@ -103,9 +103,10 @@ def run(
         for path, raw in render(json.loads(dumps(result)), output.output_format, also).items():
             write_atomic(path, raw)
     if not output.json and not to_stdout:
-        typer.echo(f"\nresult: {out_path}")
-        if also is not None:
-            typer.echo(f"{output.output_format}: {also}")
+        with contextlib.suppress(OSError):  # a closed terminal: the file is written
+            typer.echo(f"\nresult: {out_path}")
+            if also is not None:
+                typer.echo(f"{output.output_format}: {also}")
     s = result["summary"]
     gone = [w for w in s.get("workers") or [] if w["status"] in ("died", "failed")]
     if gone:
@@ -122,6 +123,22 @@ def run(
             f"--max-error-rate {max_error_rate:.1%}"
         )
         raise typer.Exit(1)
+
+
+def _check_server_log(path, endpoint: bool) -> None:
+    """--server-log is read only after the run (the server writes it meanwhile): whatever can
+    be wrong with it now is refused now, never after a measured run (an unreadable log failed
+    only then)."""
+    if path is None:
+        return
+    if not endpoint:
+        raise UsageError("--server-log splits an endpoint run's TTFT: give --endpoint")
+    if not path.exists():
+        raise UsageError(f"--server-log {path}: no such file (cbbench serve "
+                         "--request-log opens it at start-up)")
+    from cbbench.analysis.input_file import check_input_file
+
+    check_input_file(path, "--server-log")
 
 
 def _also_written(fmt: str | None, out_path, inputs: list):

@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM during a run: the first stops dispatching and lets in-flight requests
+"""Ctrl-C, SIGTERM and SIGHUP during a run: the first stops dispatching and lets in-flight requests
 finish (up to a grace period) so the result keeps what was measured; a second exits at once.
 Result files are replaced atomically, so even then no half-written file is left.
 
@@ -14,6 +14,12 @@ import sys
 import threading
 
 DEFAULT_GRACE_S = 10.0
+
+
+# SIGHUP (the terminal closed, an ssh session dropped) stops a run as SIGTERM does: it killed
+# an endpoint run with nothing written.
+STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, n))
 
 
 class StopSignal:
@@ -35,16 +41,19 @@ class StopSignal:
             raise KeyboardInterrupt
         self._stop.set()
         name = signal.Signals(signum).name
-        print(
-            f"cbbench: {name}: stopping; finishing in-flight requests and writing the result "
-            "(press Ctrl-C again to quit now)",
-            file=sys.stderr,
-            flush=True,
-        )
+        try:
+            print(
+                f"cbbench: {name}: stopping; finishing in-flight requests and writing the result "
+                "(press Ctrl-C again to quit now)",
+                file=sys.stderr,
+                flush=True,
+            )
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP): the result still counts
+            pass
 
     def __enter__(self) -> StopSignal:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 

@@ -102,9 +102,16 @@ class OutputOptions:
 
     def slice_s(self) -> float | None:
         """--slice in seconds (None: no slices)."""
+        from cbbench.analysis.slices import MIN_SLICE_S
         from cbbench.load.arrivals import parse_duration
 
-        return parse_duration(self.slice, "--slice") if self.slice is not None else None
+        if self.slice is None:
+            return None
+        value = parse_duration(self.slice, "--slice")
+        if value < MIN_SLICE_S:
+            raise UsageError(f"--slice {self.slice} is shorter than {MIN_SLICE_S * 1e3:g} ms: "
+                             "give a longer slice")
+        return value
 
     def percentile_list(self) -> tuple[float, ...]:
         """--percentiles as numbers (the default set when not given)."""

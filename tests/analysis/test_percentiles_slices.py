@@ -192,3 +192,29 @@ def test_gate_on_slices_of_a_result_without_them(sliced, tmp_path):
     out = invoke("gate", str(path), "--baseline", str(path), "--no-defaults",
                  "--max-regression", "slices.worst.kv_usage=10%")
     assert out.exit_code == 2 and "unknown metric" in out.output
+
+
+# ---- issue 37, rule 4: a finished run is never lost to a side product ---------------------------
+def test_a_slice_too_short_is_refused_before_the_run(tmp_path):
+    """The attack: `--slice 1e-7s` was checked only after the run (1.5e8 slices of a 15 s run):
+    exit 2 and nothing written. Now refused with the options, before any engine is built."""
+    res = tmp_path / "r.json"
+    out = invoke(*SIM, "--num-requests", "4", "--slice", "1e-7s", "--output", str(res))
+    assert out.exit_code == 2, out.output
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cbbench: error: --slice 1e-7s is shorter")
+    assert not res.exists()
+
+
+def test_slices_that_cannot_be_made_after_the_run_cost_only_the_slices(tmp_path, monkeypatch):
+    """Past MAX_SLICES once the run's length is known: the result is written without them,
+    with a warning (it was exit 2 with no result)."""
+    import cbbench.analysis.slices as S
+
+    monkeypatch.setattr(S, "MAX_SLICES", 1)
+    res = tmp_path / "r.json"
+    out = invoke(*SIM, "--num-requests", "40", "--request-rate", "40", "--slice", "10ms",
+                 "--output", str(res))
+    assert out.exit_code == 0, out.output
+    data = json.loads(res.read_text())
+    assert data["summary"]["completed"] == 40 and "slices" not in data["summary"]

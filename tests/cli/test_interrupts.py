@@ -159,8 +159,11 @@ def _check_interrupted_result(path: Path) -> dict:
 
 # ---- one signal: stop, drain, write the result ------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_one_signal_writes_an_interrupted_result(tmp_path, sig):
+    """SIGHUP (issue 37: the terminal closed, an ssh session dropped) killed the run with
+    nothing written; it stops it as SIGTERM does."""
     run = _Run(tmp_path)
     run.wait_for_progress()
     t = time.monotonic()
@@ -183,6 +186,25 @@ def test_one_signal_writes_an_interrupted_result(tmp_path, sig):
     assert _leftovers(run.out_dir) == []
     # Stopped well before the ~8 s of arrivals plus the full run, bounded by the grace.
     assert elapsed < EXIT_TIMEOUT_S
+
+
+@pytest.mark.slow
+def test_a_closed_terminal_costs_the_live_view_not_the_result(tmp_path):
+    """Issue 37: the terminal closed mid-run (the pty's other end gone, no signal): the panel's
+    next write failed with EIO and the run ended in a rich traceback with no result. Now the
+    view stops drawing and the run goes on to write its whole result."""
+    run = _Run(tmp_path)
+    run.wait_for_progress()
+    os.close(run._master)  # the terminal is gone: every write to it fails from now on
+    try:
+        run.proc.wait(timeout=EXIT_TIMEOUT_S + 60)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        pytest.fail("cbbench did not finish after its terminal closed")
+    data = load_result(run.out)
+    s = data["summary"]
+    assert data["interrupted"] is False and s["completed"] + s["failed"] == N, s
+    assert _leftovers(run.out_dir) == []
 
 
 @pytest.mark.slow

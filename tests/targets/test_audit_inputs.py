@@ -186,3 +186,20 @@ def test_audit_failure_on_a_loaded_client_names_the_client(run_and_log, tmp_path
     late.write_text(json.dumps(data))
     rep = A.audit(data, A.read_server_log(log))
     assert not rep["passed"] and "the client recorded no lag that explains it" in rep["cause"]
+
+
+def test_run_server_log_from_another_run_says_so(run_and_log, tmp_path):
+    """`run --server-log` with another run's log joined nothing and said nothing; now the
+    split is not taken and the reason is given (the runner keeps the run and prints it)."""
+    from types import SimpleNamespace
+
+    from cbbench.analysis.server_join import read_log_for
+    from cbbench.errors import UsageError
+
+    _, log = run_and_log
+    records = [SimpleNamespace(ok=True, server_request_id=f"chatcmpl-elsewhere-{i}")
+               for i in range(3)]
+    with pytest.raises(UsageError, match="none of the run's 3 completed requests is in"):
+        read_log_for(str(log), records, settle_s=0.0)
+    mine = [SimpleNamespace(ok=True, server_request_id=x["id"]) for x in _lines(log)]
+    assert len(read_log_for(str(log), mine, settle_s=0.0)) == REQUESTS
