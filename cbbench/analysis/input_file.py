@@ -12,11 +12,12 @@ from cbbench.errors import UsageError
 
 
 def check_input_file(path: str | Path, what: str) -> None:
-    """UsageError (one line) unless ``path`` is a regular file this process may open."""
+    """UsageError (one line) when ``path`` exists but is not a regular file this process
+    may open (a missing one is left to the reader's open)."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise UsageError(f"{what} not found: {path}") from None
+        return  # the reader's own open says so, in the words its command always used
     except OSError as e:
         raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
     if stat.S_ISDIR(st.st_mode):

@@ -13,10 +13,12 @@ from typing import Annotated
 
 import typer
 
+from cbbench.analysis.input_file import check_input_file
 from cbbench.analysis.result import check_not_an_input, read_json_file, write_result
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 from cbbench.importers import aiperf, guidellm, inference_perf, vllm_bench
+from cbbench.importers.checks import check_records, check_result
 from cbbench.importers.result import build_result
 
 TOOLS = (vllm_bench.TOOL, aiperf.TOOL, guidellm.TOOL, inference_perf.TOOL)
@@ -61,29 +63,51 @@ def import_result(
     typer.echo(f"imported {len(recs)} requests from {tool}: {out}")
 
 
+# What an importer's parsing raises on a file of the right kind but the wrong shapes (a list
+# where an object belongs, a dict as a name): one line naming the file, never a traceback.
+MALFORMED = (TypeError, KeyError, AttributeError, IndexError, ValueError, OverflowError,
+             RecursionError)
+
+
 def _read(file: Path, tool: str, benchmark: int | None, same_host: bool = False):
+    """(result, records): parsed, every record held to a measured record's rules, the result
+    to the run schema; UsageError (one line) for anything else."""
+    check_input_file(file, f"{tool} result")  # a FIFO hung, /dev/zero was read without end
+    try:
+        config, started, recs, duration, t0 = _parse(file, tool, benchmark, same_host)
+        check_records(recs, duration, str(file))
+        result = build_result(config, started, recs, duration, t0)
+    except UsageError:
+        raise
+    except MemoryError:
+        raise UsageError(f"{file}: the {tool} file asks for more memory than this host has: "
+                         "its counts are not a run's") from None
+    except MALFORMED as e:
+        raise UsageError(f"{file} is not a {tool} result cbbench can read "
+                         f"({type(e).__name__}: {str(e)[:120]})") from None
+    return check_result(result, str(file)), recs
+
+
+def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
+    """(config, started_at, records, duration_s, t0_epoch_s) of the tool's file."""
     if tool == aiperf.TOOL:
         rows = aiperf.lines(file)
         recs = aiperf.records(rows, str(file))
-        return build_result(aiperf.config(recs), None, recs, aiperf.duration_s(recs),
-                            aiperf.origin(rows)), recs
+        return aiperf.config(recs), None, recs, aiperf.duration_s(recs), aiperf.origin(rows)
     data = read_json_file(file, f"{tool} result")
     if tool == inference_perf.TOOL:
         rows = inference_perf.entries(data, str(file))
         recs = inference_perf.records(rows, str(file))
-        return build_result(inference_perf.config(recs), None, recs,
-                            inference_perf.duration_s(rows, recs)), recs
+        return (inference_perf.config(recs), None, recs, inference_perf.duration_s(rows, recs),
+                None)
     if not isinstance(data, dict):
         raise UsageError(f"{file} is not a {tool} result (not a JSON object)")
     if tool == guidellm.TOOL:
         bench = guidellm.benchmark(data, str(file), benchmark)
         recs = guidellm.records(bench, str(file))
-        return build_result(guidellm.config(data, bench, recs), guidellm.started_at(bench), recs,
-                            guidellm.duration_s(bench, recs),
-                            guidellm.origin(bench, str(file))), recs
+        return (guidellm.config(data, bench, recs), guidellm.started_at(bench), recs,
+                guidellm.duration_s(bench, recs), guidellm.origin(bench, str(file)))
     recs = vllm_bench.records(data, str(file))
     t0 = vllm_bench.origin(data, str(file)) if same_host else None
-    return build_result(
-        vllm_bench.config(data), vllm_bench.started_at(data, t0), recs,
-        vllm_bench.duration_s(data, recs), t0,
-    ), recs
+    return (vllm_bench.config(data), vllm_bench.started_at(data, t0), recs,
+            vllm_bench.duration_s(data, recs), t0)

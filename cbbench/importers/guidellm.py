@@ -31,6 +31,7 @@ import numpy as np
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+from cbbench.importers.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, check_count
 
 TOOL = "guidellm"
 STATUSES = ("successful", "incomplete", "errored")
@@ -162,9 +163,9 @@ def _tokens(row: Mapping, group: str, computed: str, where: str) -> int:
         return 0
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UsageError(f"{where}: {group}.text_tokens holds {v!r}, not a token count")
-    return v
+    limit = MAX_OUTPUT_TOKENS if group == "output_metrics" else MAX_PROMPT_TOKENS
+    # Bounded before any event is built from it (10^11 once asked numpy for 745 GiB).
+    return check_count(v, limit, f"{group}.text_tokens", where)
 
 
 def config(data: Mapping, bench: Mapping, recs: list[RequestRecord]) -> dict:

@@ -169,3 +169,82 @@ def test_aiperf_reasoning_and_clock_carry_over(tmp_path):
     assert result["summary"]["http"]["t0_epoch_s"] == pytest.approx(base / 1e9)
     res, g = _import(GUIDELLM, "guidellm", tmp_path / "g.json", "--benchmark", "0")
     assert g["summary"]["http"]["t0_epoch_s"] == pytest.approx(1700000000.0)
+
+
+# ---- issue 37, rule 3: imported numbers are checked like measured ones ------------------------
+def _guidellm(mutate) -> dict:
+    data = json.loads(GUIDELLM.read_text())
+    mutate(data["benchmarks"][0]["requests"]["successful"][0])
+    return data
+
+
+def _inference_perf(mutate) -> list:
+    data = json.loads(INFERENCE_PERF.read_text())
+    mutate(data[0])
+    return data
+
+
+def _set(path: str, value):
+    def mutate(obj):
+        *head, last = path.split(".")
+        for k in head:
+            obj = obj[k]
+        obj[last] = value
+    return mutate
+
+
+def _shift_first_token_back(r):
+    r["info"]["timings"]["first_token_iteration"] = r["info"]["timings"]["request_start"] - 1000
+
+
+@pytest.mark.parametrize(("tool", "build", "says"), [
+    # Backward times: imported as TTFT -999,900 ms, exit 0.
+    ("guidellm", lambda: _guidellm(_shift_first_token_back), "times run backwards"),
+    ("inference-perf", lambda: _inference_perf(_set("info.response_metrics.chunk_times",
+                                                    [900.0, 901.0])), "backwards"),
+    # 10^11 token events in a 15 KB file asked numpy for 745 GiB.
+    ("guidellm", lambda: _guidellm(lambda r: (_set("info.timings.token_iterations", 10**11)(r),
+                                              _set("output_metrics.text_tokens", 10**11)(r))),
+     "not a token count"),
+    # Lists where objects belong, a dict as a name, a 10^400 integer: tracebacks.
+    ("guidellm", lambda: _guidellm(_set("info", [1, 2])), "guidellm"),
+    ("guidellm", lambda: _guidellm(_set("output_metrics", [1])), "guidellm"),
+    ("guidellm", lambda: _guidellm(_set("response_id", {"a": 1})), "not a string"),
+    ("inference-perf", lambda: _inference_perf(_set("info.lora_adapter", {"a": 1})),
+     "inference-perf"),
+    ("inference-perf", lambda: _inference_perf(_set("info", [1])), "inference-perf"),
+    ("inference-perf", lambda: _inference_perf(_set("info.response_metrics", [1])),
+     "inference-perf"),
+    ("inference-perf", lambda: _inference_perf(
+        _set("request", json.dumps({"model": {"lora": 1}, "prompt": "x", "stream": True}))),
+     "inference-perf"),
+    ("inference-perf", lambda: _inference_perf(_set("info.response_metrics.output_tokens",
+                                                     10**400)), "401 digits"),
+])
+def test_a_hostile_import_fails_in_one_line(tmp_path, tool, build, says):
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps(build()))
+    extra = ("--benchmark", "0") if tool == "guidellm" else ()
+    res, _ = _import(src, tool, tmp_path / "o.json", *extra)
+    _one_line(res, says)
+    assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_an_import_that_never_ends_is_refused(tmp_path, kind):
+    """A FIFO with no writer hung the import until killed; /dev/zero was read without end."""
+    import os
+    import subprocess
+
+    from helpers import CBBENCH
+
+    path = "/dev/zero"
+    if kind == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)
+    for tool in ("aiperf", "guidellm"):
+        out = subprocess.run([*CBBENCH, "import", path, "--from", tool, "--out",
+                              str(tmp_path / "o.json")], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and "not a file" in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
