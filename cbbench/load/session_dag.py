@@ -63,13 +63,19 @@ def order_subagents(
                 parent[name] = owner
     order: list[str] = []
 
-    def visit(turns: list) -> None:
-        for turn in turns:
-            for name in fan_out_of(turn):
-                order.append(name)
-                visit(subagents[name])
+    def names(turns: list):
+        return (name for turn in turns for name in fan_out_of(turn))
 
-    visit(main)
+    # Depth first with a stack of its own, not recursion: a 2,000-deep chain of sub-agents
+    # raised RecursionError (in-process and over HTTP, both parse here).
+    stack = [names(main)]
+    while stack:
+        name = next(stack[-1], None)
+        if name is None:
+            stack.pop()
+            continue
+        order.append(name)
+        stack.append(names(subagents[name]))
     for name in subagents:
         if name not in parent:
             raise UsageError(f"{where}: sub-agent {name!r} is never fanned out to")

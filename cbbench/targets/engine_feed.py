@@ -174,6 +174,11 @@ class SessionFeed:
             return
         nodes = self.plan.sessions[i].nodes
         for m in self.successors[i][k]:
+            if (i, m) in self.req_of:
+                # Already sent: two sub-agents it joins ended in one step, and the first one
+                # seen found the other done too (a second push reused the request id, and the
+                # heap compared two Requests: a TypeError).
+                continue
             waits = [self.req_of.get((i, w)) for w in nodes[m].waits_on]
             if any(r is None or not r.status.is_done or r.status == RequestStatus.REJECTED
                    for r in waits):

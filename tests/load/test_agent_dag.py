@@ -220,3 +220,44 @@ def test_a_failed_sub_agent_turn_stops_its_parent_not_its_sibling(tmp_path):
     assert ("search", 2) not in sent and ("main", 2) not in sent  # never sent
     assert sent[("long", 1)]["error"] is None and sent[("long", 1)]["output_tokens"] == 300
     assert s["turns_sent"] == 3 and s["turns_planned"] == 5
+
+
+# ---- issue 37, rule 6: sub-agents are requests like any other ---------------------------------
+def test_two_sub_agents_with_equal_turns_finish_together_in_process(tmp_path):
+    """The attack: two sub-agents with identical turns finish in the same engine step; the
+    parent's next turn was pushed once per sub-agent (the same request id twice), and the
+    feed's heap compared two Requests: a TypeError in targets/engine_feed.py."""
+    twin = [{"user_len": 10, "output_len": 3}]
+    session = {"session_id": "twins", "arrival_s": 0.0, "turns": [
+        {"user_len": 30, "output_len": 4, "fan_out": ["a", "b"]},
+        {"user_len": 5, "output_len": 2}], "subagents": {"a": twin, "b": twin}}
+    spec = RunSpec(workload=_write(tmp_path, [session]), num_requests=None,
+                   engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
+    result = execute_run(spec)
+    s = result["summary"]["sessions"]
+    assert s["completed"] == 1 and s["turns_sent"] == 4 == s["turns_planned"]
+    ids = [r["id"] for r in result["requests"]]
+    assert len(ids) == len(set(ids)) == 4
+
+
+DEEP = 2000
+
+
+def _deep_chain() -> dict:
+    """A 2,000-deep chain of sub-agents: each fans out to the next."""
+    last = [{"user_len": 2, "output_len": 1}]
+    subs = {f"s{d}": [{"user_len": 2, "output_len": 1, "fan_out": [f"s{d + 1}"]}, *last]
+            if d + 1 < DEEP else last for d in range(DEEP)}
+    return {"session_id": "deep", "arrival_s": 0.0,
+            "turns": [{"user_len": 2, "output_len": 1, "fan_out": ["s0"]}, *last],
+            "subagents": subs}
+
+
+def test_a_2000_deep_sub_agent_chain_runs(tmp_path):
+    """The attack: a RecursionError (the fan-outs walked depth first by recursion), in-process
+    and over HTTP (the same parser). Every turn of the chain is sent, in order."""
+    spec = RunSpec(workload=_write(tmp_path, [_deep_chain()]), num_requests=None,
+                   engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
+    result = execute_run(spec)
+    s = result["summary"]["sessions"]
+    assert s["turns_sent"] == 2 * DEEP + 1 == s["turns_planned"] and s["completed"] == 1
