@@ -90,6 +90,7 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
         per_request_metrics=options.enable_per_request_metrics,
         max_image_bytes=options.max_image_bytes,
         limit_images_per_prompt=options.image_limit,
+        max_stored_response_bytes=options.max_stored_response_bytes,
     )
     if config.api_key is None and not is_loopback(host):
         C.notice(

@@ -11,6 +11,7 @@ from cbbench.server.limits import (
     DEFAULT_LIMIT_IMAGES_PER_PROMPT,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_STORED_BYTES,
     DEFAULT_READ_TIMEOUT_S,
     parse_image_limit,
 )
@@ -88,6 +89,14 @@ class ServeOptions:
         low=1,
     )
 
+    max_stored_response_bytes: int = opt(
+        DEFAULT_MAX_STORED_BYTES,
+        "Memory, in bytes, for the Responses API's stored responses (store: true, as "
+        "OpenAI's; previous_response_id continues one): the newest are kept within it (and "
+        "the newest 4096 at most); an older one named later is a 400. A count alone bounded "
+        "nothing: 4,096 responses of a 0.9 MB input held ~3.6 GB.",
+        low=0,
+    )
     limit_mm_per_prompt: str = opt(
         f'{{"image": {DEFAULT_LIMIT_IMAGES_PER_PROMPT}}}',
         "The images one chat request may carry, as vLLM's flag ('{\"image\": N}', or N); "

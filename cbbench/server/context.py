@@ -8,7 +8,11 @@ from dataclasses import dataclass, field
 
 from cbbench.engine.core.request import SamplingParams
 from cbbench.server.async_engine import AsyncEngine
-from cbbench.server.limits import DEFAULT_LIMIT_IMAGES_PER_PROMPT, DEFAULT_MAX_IMAGE_BYTES
+from cbbench.server.limits import (
+    DEFAULT_LIMIT_IMAGES_PER_PROMPT,
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_STORED_BYTES,
+)
 from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
@@ -44,6 +48,8 @@ class ServeConfig:
     # --limit-mm-per-prompt: the images one chat request may carry (400 beyond, before any
     # image is read).
     limit_images_per_prompt: int = DEFAULT_LIMIT_IMAGES_PER_PROMPT
+    # --max-stored-response-bytes: the Responses API's stored conversations, in bytes.
+    max_stored_response_bytes: int = DEFAULT_MAX_STORED_BYTES
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,8 @@ class ServeContext:
         self.metrics = metrics
         self.request_log = RequestLog(cfg.request_log) if cfg.request_log else None
         self._served: Served | None = None  # set once, when the engine is first seen ready
-        self.responses = ResponseStore()  # /v1/responses' stored responses (previous_response_id)
+        # /v1/responses' stored responses (previous_response_id), within a byte budget.
+        self.responses = ResponseStore(max_bytes=cfg.max_stored_response_bytes)
 
     def ready(self) -> Served:
         """What the engine serves, or a 503 while it starts (or after it failed)."""

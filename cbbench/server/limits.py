@@ -22,6 +22,8 @@ DEFAULT_MAX_IMAGE_BYTES = 50 * 1000 * 1000
 # (1,000 68-byte headers in a 163 KB body once blocked the loop for 12 s).
 DEFAULT_LIMIT_IMAGES_PER_PROMPT = 64
 MAX_LIMIT_IMAGES_PER_PROMPT = 4096
+# --max-stored-response-bytes: the Responses API's stored conversations (response_store.py).
+DEFAULT_MAX_STORED_BYTES = 256 * 1024 * 1024
 DEFAULT_MAX_CONNECTIONS = 4096
 MAX_HEAD_BYTES = 64 * 1024
 # A head's bytes beyond its URL and header names and values: "METHOD ", " HTTP/1.1\r\n" and

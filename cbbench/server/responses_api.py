@@ -8,7 +8,7 @@ message), ``max_output_tokens`` (default 16, as completions), the sampling field
 extension (the first N output tokens are reasoning). The conversation is rendered with the
 minimal chat template of /v1/chat/completions, so a conversation costs the same prompt tokens
 on both. A response is stored (``store``, default true, as OpenAI's) in memory, the newest 4096
-(response_store.py): ``previous_response_id`` continues its conversation (its input and output
+within --max-stored-response-bytes (response_store.py): ``previous_response_id`` continues its conversation (its input and output
 before this request's input); an id not stored is a 400. A multi-turn client may equally send
 the whole conversation as ``input``.
 

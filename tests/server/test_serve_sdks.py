@@ -192,3 +192,31 @@ def test_a_client_that_leaves_mid_stream_is_aborted(served, path, body):
     assert run.engine.snapshot().kv_blocks_used == 0
     (line,) = read_log().values()
     assert line["finish"] == "abort" and 3 <= line["output_tokens"] < LONG
+
+
+# ---- issue 37, rule 5: memory is bounded by bytes, not counts ---------------------------------
+def test_the_responses_store_is_bounded_in_bytes():
+    """The attack: 4,096 stored responses of a 0.9 MB input each (~888 KB of RSS apiece, ~3.6 GB
+    in all), the store bounded by count only. Bounded in bytes, the newest kept; one larger
+    than the whole budget is not kept at all."""
+    from cbbench.server.protocol import ChatMessage
+    from cbbench.server.response_store import MESSAGE_OVERHEAD, ResponseStore
+
+    big = 900_000
+    store = ResponseStore(max_bytes=4 * (big + len("ok") + 2 * MESSAGE_OVERHEAD))
+    for i in range(4096):
+        store.put(f"resp_{i}", [ChatMessage(role="user", content="x" * big),
+                                ChatMessage(role="assistant", content="ok")])
+    assert len(store) == 4 and store.bytes <= store.max_bytes
+    assert store.get("resp_4095") is not None and store.get("resp_0") is None
+    store.put("huge", [ChatMessage(role="user", content="x" * (store.max_bytes + 1))])
+    assert store.get("huge") is None and store.get("resp_4095") is not None
+
+
+def test_serve_help_says_the_store_is_bounded_in_bytes():
+    from typer.testing import CliRunner
+
+    from cbbench.cli.app import app
+
+    out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["serve", "--help"]).output
+    assert "--max-stored-response-bytes" in out and "bytes" in out
