@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -121,6 +122,40 @@ def _replace(target: Path, raw: bytes, old: os.stat_result | None) -> None:
         except OSError:
             pass
         raise
+
+
+def write_atomic_group(files: dict) -> None:
+    """Write several files that belong together (a main file and its sidecar) all or none:
+    each is staged in full (written and synced) before any replaces its target, so a write
+    that fails (a full disk) leaves every target as it was. Written one by one, a full disk
+    left a Parquet export without its sidecar. Devices and stdout are written in order."""
+    if any(is_stdout(p) or (os.path.exists(p) and not os.path.isfile(p)) for p in files):
+        for path, raw in files.items():
+            write_atomic(path, raw)
+        return
+    staged: list[tuple[str, Path]] = []
+    try:
+        for path, raw in files.items():
+            target = Path(os.path.realpath(path))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                       dir=target.parent)
+            staged.append((tmp, target))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw if isinstance(raw, bytes) else raw.encode())
+                f.flush()
+                os.fsync(f.fileno())
+    except OSError as e:
+        for tmp, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise UsageError(f"cannot write {target}: {e.strerror or e}; none of "
+                         f"{', '.join(str(p) for p in files)} was written") from None
+    for tmp, target in staged:
+        os.replace(tmp, target)
 
 
 def write_result(path, result: dict) -> None:

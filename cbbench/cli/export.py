@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from cbbench.analysis.result import check_not_an_input, load_result, write_atomic
+from cbbench.analysis.result import check_not_an_input, load_result, write_atomic_group
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 from cbbench.export.files import FORMATS, default_out, render
@@ -47,6 +47,6 @@ def export(
     files = render(data, fmt, out)
     for path in files:
         check_not_an_input(path, [result], "--out")
-    for path, raw in files.items():
-        write_atomic(path, raw)
+    write_atomic_group(files)  # a main file never without its sidecar (a full disk)
+    for path in files:
         typer.echo(f"wrote {path}")

@@ -92,8 +92,8 @@ def _stack_component(config: Mapping, result: Mapping) -> dict:
                              "tool_version": "unknown"},
             "native": native,
         }
-    tp = int(config.get("tensor_parallel_size") or 1)
-    dp = int(config.get("data_parallel_size") or 1)
+    tp = _parallel_size(config.get("tensor_parallel_size"))
+    dp = _parallel_size(config.get("data_parallel_size"))
     engine = config.get("engine") or "engine"
     accelerator = config.get("gpu") if engine == "sim" else (config.get("device") or "unknown")
     return {
@@ -149,6 +149,12 @@ def _parallelism(workers) -> int:
     if isinstance(workers, dict):
         workers = workers.get("count")
     return workers if isinstance(workers, int) and workers >= 1 else 1
+
+
+def _parallel_size(v) -> int:
+    """A parallel size as the result holds it; 1 for one that is not a finite number >= 1
+    (inf raised OverflowError, NaN ValueError)."""
+    return int(v) if _finite(v) and v >= 1 else 1
 
 
 def _seq_len(values: np.ndarray) -> dict:

@@ -4,6 +4,7 @@ result): each format's file names and bytes, so both write the same files the sa
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from cbbench.errors import UsageError
@@ -19,8 +20,28 @@ def default_out(result: Path, fmt: str) -> Path:
     return result.with_name(result.stem + EXTENSIONS[fmt])
 
 
+def clean(value):
+    """``value`` with what no export format can hold made writable: a lone surrogate (a
+    result's JSON may carry "\\ud800", which no UTF-8 file can) as U+FFFD, and NaN or an
+    infinity (BR0.2 is strict JSON) as null. Both were tracebacks."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
+
+
 def render(data: dict, fmt: str, out: Path) -> dict[Path, bytes]:
     """Every file of the export, by path (csv and parquet write a sibling too)."""
+    data = clean(data)
     requests = data.get("requests") or []
     if fmt == "br0.2":
         return {out: (json.dumps(to_br02(data), indent=1, allow_nan=False) + "\n").encode()}

@@ -168,3 +168,66 @@ def test_a_file_that_is_not_a_result_is_refused(tmp_path):
     res = runner.invoke(app, ["export", str(bogus), "--format", "csv"])
     assert res.exit_code == 2 and "not a cbbench result" in res.output
     assert not (tmp_path / "bogus.csv").exists()
+
+
+# ---- issue 37, rule 7: every reader of outside files fails in one line (or writes) ----------
+def _mutated(src: Path, tmp_path: Path, mutate) -> Path:
+    data = json.loads(src.read_text())
+    mutate(data)
+    out = tmp_path / "mutated.json"
+    out.write_text(json.dumps(data))  # NaN and Infinity as Python writes them; \\ud800 escaped
+    return out
+
+
+@pytest.mark.parametrize("key,value", [("tensor_parallel_size", float("inf")),
+                                       ("data_parallel_size", float("nan"))])
+def test_br02_of_non_finite_sizes_validates(results, tmp_path, key, value):
+    """An infinite or NaN parallel size in a result: OverflowError / ValueError tracebacks."""
+    src = _mutated(results["plain"], tmp_path, lambda d: d["config"].__setitem__(key, value))
+    doc = _export_br(src, tmp_path / "o.br0.2.json")
+    _validator().validate(doc)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_lone_surrogates_are_written_as_replacement_characters(results, tmp_path, fmt):
+    """A label and an error holding lone surrogates: UnicodeEncodeError tracebacks."""
+    def mutate(d):
+        d["config"]["label"] = "run-\ud800"
+        d["requests"][0]["error"] = "\udcff"
+
+    src = _mutated(results["plain"], tmp_path, mutate)
+    out = tmp_path / f"o.{fmt}"
+    res = runner.invoke(app, ["export", str(src), "--format", fmt, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert out.exists()
+    if fmt == "csv":
+        assert "\ufffd" in out.read_text(encoding="utf-8")
+
+
+def test_parquet_on_a_full_disk_writes_neither_file(results, tmp_path):
+    """A write that fails midway (the disk full: here a file-size limit the sidecar passes,
+    EFBIG as ENOSPC would be) left the main Parquet file without its iterations sidecar. Now
+    the two are staged together: neither is written, one line, exit 2."""
+    import subprocess
+    import sys
+
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    assert _cli("export", str(results["plain"]), "--format", "parquet", "--out",
+                str(ok / "r.parquet")).exit_code == 0
+    main_size = (ok / "r.parquet").stat().st_size
+    side_size = (ok / "r_iterations.parquet").stat().st_size
+    assert main_size < side_size, (main_size, side_size)  # the sidecar is the one to fail
+    limit = (main_size + side_size) // 2
+    out = tmp_path / "full" / "r.parquet"
+    out.parent.mkdir()
+    code = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+            "from cbbench.cli.app import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, "export", str(results["plain"]),
+                           "--format", "parquet", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("cbbench: error: cannot write") and \
+        len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert sorted(p.name for p in out.parent.iterdir()) == []  # no file, no temporary
