@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Annotated
 
 import typer
@@ -28,4 +30,12 @@ def schema(
 
     if kind not in KINDS:
         raise UsageError(f"unknown schema {kind!r}: use {', '.join(KINDS)}")
-    typer.echo(json_schema(kind))
+    text = json_schema(kind)
+    try:
+        typer.echo(text)
+        sys.stdout.flush()
+    except OSError as e:  # `> /dev/full`, a closed pipe: one line, not a traceback
+        # What is left in stdout's buffer must not fail again at exit: send it nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise UsageError(f"cannot write the schema to standard output: {e.strerror or e}") \
+            from None

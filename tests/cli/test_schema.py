@@ -123,3 +123,20 @@ def test_a_capacity_file_with_a_wrong_typed_field_is_refused(files, tmp_path):
     bad = _tampered(files, tmp_path, "capacity", lambda d: d.__setitem__("precision", "5%"))
     with pytest.raises(UsageError, match="precision"):
         read_capacity(bad)
+
+
+def test_schema_to_a_full_device_is_one_line():
+    """Issue 37, rule 7: `cbbench schema run > /dev/full` ended in an OSError traceback."""
+    import os
+    import subprocess
+
+    from helpers import CBBENCH
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full (Linux)")
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([*CBBENCH, "schema", "run"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("cbbench: error: cannot write the schema") and \
+        len(out.stderr.strip().splitlines()) == 1, out.stderr
