@@ -17,6 +17,17 @@ from pathlib import Path
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # Some list every added token (a few MB); far beyond that is not a tokenizer config.
 TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
+# A template comes from a --tokenizer folder, which may be anyone's: its render is bounded
+# (issue 37: `{{1/0}}`, type errors and recursion were tracebacks, nested loops hung). A real
+# chat template renders one message in well under a millisecond, into a few hundred chars.
+RENDER_TIME_LIMIT_S = 1.0  # per prompt, checked at every call, range() and lookup
+RENDER_MAX_CHARS = 1 << 22  # the rendered prompt, and any string or list it builds
+MAX_RANGE_ITEMS = 1 << 20  # items every range() of one render may make together
+MAX_POWER_EXPONENT = 64
+
+
+class RenderLimit(Exception):
+    """A template went past its render's time or size limit."""
 
 
 def _special(config: dict, key: str) -> str:
@@ -50,15 +61,92 @@ def load_chat_template(tokenizer_path: str):
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _bounded_sandbox(ImmutableSandboxedEnvironment)(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: _dt.datetime.now().strftime(fmt)
     env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
     try:
         template = env.from_string(source)
-    except TemplateError:
+    except Exception:  # a syntax error, or source nested past the parser's recursion
         return None
     return template, _special(config, "bos_token"), _special(config, "eos_token")
+
+
+def _bounded_sandbox(base: type) -> type:
+    """Jinja's immutable sandbox with a budget per render (``env.start()`` opens one): a
+    deadline checked at every call, attribute or item lookup and range(); range() items
+    counted across the render; ``*`` and ``**`` refused past the size limits."""
+    import time
+
+    class BoundedSandbox(base):  # type: ignore[misc, valid-type]
+        intercepted_binops = frozenset(["*", "**"])
+
+        def start(self) -> None:
+            self.deadline = time.monotonic() + RENDER_TIME_LIMIT_S
+            self.range_items = 0
+
+        def tick(self) -> None:
+            if time.monotonic() > getattr(self, "deadline", float("inf")):
+                raise RenderLimit(f"the template ran past {RENDER_TIME_LIMIT_S:g} s")
+
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's signature)
+            __self.tick()
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def getattr(self, obj, attribute):
+            self.tick()
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj, argument):
+            self.tick()
+            return super().getitem(obj, argument)
+
+        def call_binop(self, context, operator, left, right):
+            if operator == "**" and isinstance(right, (int, float)) and abs(right) > MAX_POWER_EXPONENT:
+                raise RenderLimit(f"a power above {MAX_POWER_EXPONENT}")
+            if operator == "*":
+                for seq, n in ((left, right), (right, left)):
+                    if isinstance(seq, (str, list, tuple)) and isinstance(n, int) \
+                            and len(seq) * n > RENDER_MAX_CHARS:
+                        raise RenderLimit(f"a sequence longer than {RENDER_MAX_CHARS}")
+            return super().call_binop(context, operator, left, right)
+
+    def bounded_range(*args):
+        env = bounded_range.env
+        env.tick()
+        r = range(*args)
+        env.range_items += len(r)
+        if env.range_items > MAX_RANGE_ITEMS:
+            raise RenderLimit(f"range() past {MAX_RANGE_ITEMS} items in one render")
+        return r
+
+    def make(*a, **kw):
+        env = BoundedSandbox(*a, **kw)
+        bounded_range.env = env  # type: ignore[attr-defined]
+        env.globals["range"] = bounded_range
+        env.start()
+        return env
+
+    return make  # type: ignore[return-value]
+
+
+def render_bounded(template, **context) -> str | None:
+    """The template rendered within its limits, or None when it fails in any way (an error of
+    its own, a type error, recursion, a limit): that prompt's count is then unknown."""
+    env = template.environment
+    env.start()
+    out: list[str] = []
+    size = 0
+    try:
+        for chunk in template.generate(**context):
+            size += len(chunk)
+            if size > RENDER_MAX_CHARS:
+                return None
+            env.tick()
+            out.append(chunk)
+    except Exception:  # anything a hostile template raises (RecursionError too): not a count
+        return None
+    return "".join(out)
 
 
 def chat_prompt_tokens(
@@ -71,19 +159,16 @@ def chat_prompt_tokens(
     if loaded is None:
         return None
     template, bos, eos = loaded
-    from jinja2 import TemplateError
-
     out: list[int | None] = []
     for prompt in prompts:
         if not isinstance(prompt, str):
             out.append(None)
             continue
-        try:
-            text = template.render(
-                messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-                bos_token=bos, eos_token=eos,
-            )
-        except TemplateError:
+        text = render_bounded(
+            template, messages=[{"role": "user", "content": prompt}],
+            add_generation_prompt=True, bos_token=bos, eos_token=eos,
+        )
+        if text is None:
             out.append(None)
             continue
         # The template writes the special tokens itself (BOS included): none added here.

@@ -190,3 +190,27 @@ def test_token_count_fallbacks(fresh_fake_server, tiny_tokenizer):
     run = run_http(endpoint_options(fresh_fake_server.url, tokenizer=tiny_tokenizer), wreqs, [0.0, 0.0])
     assert [r.output_tokens for r in run.records] == [3, 6]  # " a b" per event is 2 tokens
     assert run.info["token_count_method"] == {"tokenizer": 2}
+
+
+# ---- issue 37, rule 7: a --tokenizer folder's chat template renders in a bounded sandbox -------
+@pytest.mark.parametrize("template", [
+    "{{ 1/0 }}",  # ZeroDivisionError: a traceback
+    "{{ messages + 1 }}",  # TypeError
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",  # RecursionError
+    # Nested loops of 10^5 x 10^5 (the sandbox caps each range, not their product): a hang.
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x",
+    "{{ 'a' * 10**9 }}",  # a 1 GB string
+    "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",  # 100 MB of output
+])
+def test_a_hostile_chat_template_costs_its_count_not_the_run(tmp_path, template):
+    import time
+
+    from cbbench.load.chat_template import RENDER_TIME_LIMIT_S, chat_prompt_tokens
+
+    tok = make_tiny_tokenizer(tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    t = time.monotonic()
+    counts = chat_prompt_tokens(str(tmp_path / "tokenizer.json"), tok, ["hello world"] * 2)
+    assert counts == [None, None]
+    # Two renders, each within its limit (wall time on a loaded machine: a generous bound).
+    assert time.monotonic() - t < 2 * RENDER_TIME_LIMIT_S + 20
