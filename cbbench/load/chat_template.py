@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # Some list every added token (a few MB); far beyond that is not a tokenizer config.
@@ -72,13 +73,13 @@ def load_chat_template(tokenizer_path: str):
     return template, _special(config, "bos_token"), _special(config, "eos_token")
 
 
-def _bounded_sandbox(base: type) -> type:
+def _bounded_sandbox(base: type) -> Callable[..., Any]:
     """Jinja's immutable sandbox with a budget per render (``env.start()`` opens one): a
     deadline checked at every call, attribute or item lookup and range(); range() items
     counted across the render; ``*`` and ``**`` refused past the size limits."""
     import time
 
-    class BoundedSandbox(base):  # type: ignore[misc, valid-type]
+    class BoundedSandbox(base):
         intercepted_binops = frozenset(["*", "**"])
 
         def start(self) -> None:
@@ -122,12 +123,12 @@ def _bounded_sandbox(base: type) -> type:
 
     def make(*a, **kw):
         env = BoundedSandbox(*a, **kw)
-        bounded_range.env = env  # type: ignore[attr-defined]
+        bounded_range.env = env
         env.globals["range"] = bounded_range
         env.start()
         return env
 
-    return make  # type: ignore[return-value]
+    return make
 
 
 def render_bounded(template, **context) -> str | None:
