@@ -178,11 +178,29 @@ def test_a_server_log_path_that_does_not_exist_is_refused_before_the_run(tmp_pat
     assert not (tmp_path / "r.json").exists()
 
 
-def test_an_unreadable_server_log_after_the_run_keeps_the_result(tmp_path):
+def test_a_server_log_that_is_a_fifo_is_refused_before_the_run(tmp_path):
+    """Issue 37, rule 4: whatever is wrong with --server-log now is refused now."""
+    import os
+
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    out = subprocess.run(
+        [*CBBENCH, "run", "--endpoint", "http://127.0.0.1:9", "--num-requests", "2",
+         "--server-log", str(fifo), "--output", str(tmp_path / "r.json")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "is a FIFO, not a file" in out.stderr and not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.parametrize("content", [b'{"hello": 1}\n', b"\x89PNG\r\n\x1a\n\xff\xfe garbage\n"],
+                         ids=["not-a-log", "binary"])
+def test_an_unreadable_server_log_after_the_run_keeps_the_result(tmp_path, content):
     """The log is read once the run is measured: a file that is not a request log then costs
-    the log's split (a warning), never the run."""
+    the log's split (a warning), never the run. Issue 37, rule 4: a binary log was a
+    UnicodeDecodeError traceback after a finished run, with no result."""
     bad = tmp_path / "not-a-log.jsonl"
-    bad.write_text('{"hello": 1}\n')
+    bad.write_bytes(content)
     res = tmp_path / "r.json"
     with serve_process(*SERVER_ARGS) as srv:
         out = subprocess.run(
