@@ -59,6 +59,7 @@ from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.server_tokenize import size_with_server
 from cbbench.targets.sse import SseStream
+from cbbench.targets.stream_pool import StreamPool
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
 
 log = logging.getLogger(__name__)
@@ -303,6 +304,14 @@ class _Runner:
 
         url = URL(self.base + API_PATHS[o.api])
         session = new_session(headers, max_connections=pool)
+        pools: dict[tuple, StreamPool] = {}  # the streams' connections, by origin
+
+        def pool_for(u: URL) -> StreamPool:
+            key = (u.scheme, u.host, u.port)
+            if key not in pools:
+                pools[key] = StreamPool(u, headers, pool)
+            return pools[key]
+
         frozen = False
         try:
             model = o.served_model or await self._discover_model(session, info)
@@ -331,13 +340,14 @@ class _Runner:
                 timeout_s=o.request_timeout_s,
                 payload=payload,
                 chat=self.chat,
+                pool=pool_for(url),
             )
             urls = o.endpoints()
             if len(urls) > 1:
-                self.balancer = Balancer(
-                    endpoint_contexts(self.ctx, [URL(u + API_PATHS[o.api]) for u in urls]),
-                    [redact_url(u) for u in urls], o.balance,
-                )
+                contexts = endpoint_contexts(self.ctx, [URL(u + API_PATHS[o.api]) for u in urls])
+                for c in contexts:
+                    c.pool = pool_for(c.url)
+                self.balancer = Balancer(contexts, [redact_url(u) for u in urls], o.balance)
             scrape_task = asyncio.create_task(scraper.run(self.t0)) if scraper else None
             dispatcher = asyncio.create_task(self._dispatch())
             watcher = (
@@ -364,6 +374,8 @@ class _Runner:
                 info.update(scraper.result())
         finally:
             thaw_heap(frozen)
+            for p in pools.values():
+                p.close()
             await session.close()
         info["max_in_flight"] = self.max_in_flight
         if self.balancer is not None:

@@ -112,12 +112,16 @@ def commit_side(name: str, rev: str, base_dir: Path) -> Side:
             check=True, capture_output=True, text=True,
         ).stdout.strip()
         ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        # And the site folders this venv chains to (a venv layered over another by a .pth).
+        ours |= {p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()}
         Path(site, "_bench_deps.pth").write_text("\n".join(sorted(ours)) + "\n")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-             "--no-build-isolation", "-e", str(tree)],
-            check=True, cwd=tree,
-        )
+        install = [sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                   "--no-deps", "-e", str(tree)]
+        # Without build isolation first (no index needed); a venv whose setuptools is too old
+        # for the commit's pyproject.toml builds it in an isolated environment instead.
+        if subprocess.run([*install, "--no-build-isolation"], cwd=tree,
+                          capture_output=True).returncode != 0:
+            subprocess.run(install, check=True, cwd=tree)
         (tree / READY_MARK).write_text(sha + "\n")
     got = subprocess.run(
         [str(py), "-c", "import cbbench, os; print(os.path.dirname(cbbench.__file__))"],
