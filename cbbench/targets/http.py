@@ -50,6 +50,7 @@ from cbbench.targets.checks import (
     send_lag_check,
 )
 from cbbench.targets.client_health import ClientMonitor, sleep_until
+from cbbench.targets.client_loop import loop_name, run_client
 from cbbench.targets.gc_freeze import freeze_heap, thaw_heap
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http_sessions import SessionDispatch
@@ -468,7 +469,8 @@ def run_http(
         if opts.lora_modules:
             runner.models = lora_models([w.id for w in wreqs], opts.lora_modules, opts.seed, None)
         total = len(wreqs)
-    duration, info = asyncio.run(runner.run())
+    duration, info = run_client(runner.run())
+    info["client_event_loop"] = loop_name()
     info.setdefault("prompt_sizing", "tokenizer" if tokenizer is not None else "approximate")
 
     records = [rec for rec in runner.records if rec is not None]

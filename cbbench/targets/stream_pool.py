@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ipaddress
 import socket
 import ssl as ssl_module
 import time
+from functools import partial
 from typing import TYPE_CHECKING
 
 import httptools
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from cbbench.targets.sse import SseStream
 
 ERROR_BODY_BYTES = 4 * ERROR_BODY_CHARS  # of a failed answer's body, read for its message
+DNS_CACHE_S = 10.0  # a host name's addresses are looked up again after this (aiohttp's default)
 
 
 class _StaleConnection(Exception):
@@ -221,6 +224,8 @@ class StreamPool:
 
     def __init__(self, url: URL, headers: dict[str, str], limit: int | None) -> None:
         self.host = url.host or ""
+        self.addresses: list[str] = []
+        self.resolved_at = 0.0
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.ssl = ssl_module.create_default_context() if url.scheme == "https" else None
         self.limit = limit
@@ -248,21 +253,44 @@ class StreamPool:
             ).encode("latin-1")
         return head
 
+    async def _resolve(self) -> list[str]:
+        """The host's addresses, through the system resolver (socket.getaddrinfo, in a thread,
+        as aiohttp's ThreadedResolver: the same answer under either event loop); kept for
+        DNS_CACHE_S. An IP address resolves to itself."""
+        now = time.monotonic()
+        if self.addresses and now - self.resolved_at < DNS_CACHE_S:
+            return self.addresses
+        try:
+            ipaddress.ip_address(self.host)
+            found = [self.host]
+        except ValueError:
+            try:
+                infos = await asyncio.get_running_loop().run_in_executor(
+                    None, partial(socket.getaddrinfo, self.host, self.port,
+                                  type=socket.SOCK_STREAM))
+            except socket.gaierror as e:
+                raise HttpFailure(
+                    "dns", f"cannot resolve {self.host!r}: {e.strerror or e}") from None
+            found = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        self.addresses, self.resolved_at = found, now
+        return found
+
     async def _connect(self) -> StreamConnection:
         loop = asyncio.get_running_loop()
-        try:
-            _, conn = await loop.create_connection(
-                lambda: StreamConnection(self), self.host, self.port, ssl=self.ssl,
-                server_hostname=self.host if self.ssl is not None else None,
-            )
-        except socket.gaierror as e:
-            raise HttpFailure(
-                "dns", f"cannot resolve {self.host!r}: {e.strerror or e}") from None
-        except (OSError, ssl_module.SSLError) as e:  # refused, unreachable, TLS
-            raise HttpFailure(
-                "connect", f"cannot connect to {self.host}:{self.port} ({e})") from None
-        self.open.add(conn)
-        return conn
+        error: BaseException | None = None
+        for address in await self._resolve():
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: StreamConnection(self), address, self.port, ssl=self.ssl,
+                    server_hostname=self.host if self.ssl is not None else None,
+                )
+            except (OSError, ssl_module.SSLError) as e:  # refused, unreachable, TLS
+                error = e
+                continue
+            self.open.add(conn)
+            return conn
+        raise HttpFailure(
+            "connect", f"cannot connect to {self.host}:{self.port} ({error})") from None
 
     async def acquire(self) -> StreamConnection:
         now = time.monotonic()

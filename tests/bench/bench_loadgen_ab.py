@@ -76,6 +76,7 @@ class Side:
     name: str  # "ref" or "new"
     label: str  # the commit (short sha), or "worktree"
     python: str  # the interpreter whose `import cbbench` is this side's client
+    env: tuple[tuple[str, str], ...] = ()  # set in the client's environment
 
 
 def _git(*args: str) -> str:
@@ -130,6 +131,18 @@ def commit_side(name: str, rev: str, base_dir: Path) -> Side:
     if Path(got).resolve() != (tree / "cbbench").resolve():
         raise SystemExit(f"the {name} side imports cbbench from {got}, not from {tree}")
     return Side(name, sha[:7], str(py))
+
+
+LOOP_ENV = "CBBENCH_CLIENT_LOOP"  # cbbench/targets/client_loop.py
+
+
+def side_for(name: str, rev: str, base: Path) -> Side:
+    """REV, 'worktree', or either with '+asyncio': its client on asyncio's standard loop."""
+    rev, _, loop = rev.partition("+")
+    side = worktree_side(name) if rev == "worktree" else commit_side(name, rev, base)
+    if loop:
+        side = Side(side.name, f"{side.label}+{loop}", side.python, ((LOOP_ENV, loop),))
+    return side
 
 
 def worktree_side(name: str) -> Side:
@@ -291,6 +304,7 @@ def _run_client(side: Side, spec: dict, work: Path, timeout_s: float) -> dict:
     proc = subprocess.run(
         [side.python, str(Path(__file__).resolve()), "--client", str(spec_path), str(out_path)],
         cwd=work, capture_output=True, text=True, timeout=timeout_s,
+        env={**os.environ, **dict(side.env)},
     )
     if proc.returncode != 0:
         raise SystemExit(f"the {side.name} client ({side.label}) failed:\n{proc.stderr[-3000:]}")
@@ -443,8 +457,7 @@ def compare(args: argparse.Namespace) -> dict:
     revs = args.new or ["worktree"]
     names = ["new"] if len(revs) == 1 else [f"new{i + 1}" for i in range(len(revs))]
     sides = [ref] + [
-        worktree_side(name) if rev == "worktree" else commit_side(name, rev, base)
-        for name, rev in zip(names, revs)
+        side_for(name, rev, base) for name, rev in zip(names, revs)
     ]
     n = args.requests or int(args.rate * args.duration)
     wreqs = [WorkloadRequest(i, PROMPT_LEN, args.tokens) for i in range(n)]
