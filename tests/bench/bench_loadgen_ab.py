@@ -63,6 +63,8 @@ FIGURES = (
     ("client_cpu_cores", "client CPU over the run (cores)"),
     ("client_cpu_us_per_request", "client CPU per request, whole call (us)"),
     ("client_sys_cpu_us_per_request", "of which in the kernel (us)"),
+    ("server_cpu_us_per_request", "the timing server's CPU per request (us)"),
+    ("server_ttft_p50_ms", "the server's own TTFT p50 (ms)"),
     ("minor_faults_per_request", "minor page faults per request"),
     ("gc_collections", "GC collections in the client"),
     ("gc_pause_total_ms", "GC pauses, total (ms)"),
@@ -447,7 +449,7 @@ def compare(args: argparse.Namespace) -> dict:
     if args.nice is not None:
         _own_cpu_share(args.nice)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-    from timing_server import fetch_log, timing_server
+    from timing_server import fetch_cpu, fetch_log, timing_server
 
     from cbbench.load.arrivals import arrival_times
     from cbbench.load.workload import WorkloadRequest
@@ -482,8 +484,13 @@ def compare(args: argparse.Namespace) -> dict:
                 if args.profile_dir:
                     spec["profile"] = str(Path(args.profile_dir).resolve() / f"{tag}.prof")
                 load = os.getloadavg()[0]
+                server_cpu0 = fetch_cpu(url)
                 out = _run_client(side, spec, Path(work), timeout_s)
+                server_cpu = fetch_cpu(url) - server_cpu0
                 fig = figures(out, fetch_log(url, clear=True), tag, n)
+                # The truth server's own CPU over the client's call, per request: whether it
+                # kept up is in the server TTFT figures; this says how close to its edge.
+                fig["server_cpu_us_per_request"] = server_cpu / n * 1e6
                 fig.update(side=side.name, commit=side.label, repeat=k, loadavg_1min_before=load)
                 runs.append(fig)
                 print(json.dumps(fig), flush=True)
