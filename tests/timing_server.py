@@ -128,6 +128,8 @@ class _Connection(asyncio.Protocol):
             self.transport.write(_plain(json.dumps(self.srv.log).encode()))
             if head.startswith(b"GET /log?clear"):
                 self.srv.log = {}
+        elif not head.startswith(b"POST /v1/completions"):  # /tokenize and the like
+            self.transport.write(_plain(b'{"error":"not found"}').replace(b"200 OK", b"404 Not Found"))
         else:
             req = json.loads(body)
             n = int(req["max_tokens"])

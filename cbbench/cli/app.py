@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Annotated
 
@@ -11,7 +12,7 @@ from cbbench import __version__
 from cbbench.cli import logs
 from cbbench.cli.help import TidyGroup, tidy_commands
 
-app = typer.Typer(
+_app = typer.Typer(
     name="cbbench",
     help="Benchmark LLM serving: TTFT/TPOT/ITL distributions, throughput, and the engine's "
     "per-iteration story, against the bundled engine or any OpenAI-compatible endpoint.",
@@ -23,7 +24,7 @@ app = typer.Typer(
 workloads_app = typer.Typer(
     help="List and inspect workloads.", no_args_is_help=True, cls=TidyGroup
 )
-app.add_typer(workloads_app, name="workloads")
+_app.add_typer(workloads_app, name="workloads")
 
 
 INTERRUPTED_EXIT = 130
@@ -36,7 +37,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
@@ -45,30 +46,48 @@ def _root(
     pass
 
 
-# Each command lives in its own module and registers itself here.
-from cbbench.cli import (  # noqa: E402
-    audit,
-    calibrate,
-    capacity,
-    compare,
-    export,
-    gate,
-    import_result,
-    report,
-    run,
-    schema,
-    serve,
-    sweep,
-    workloads,
+# Each command lives in its own module (cbbench/cli/<module>.py) and registers itself here:
+# (command name, module), in the order `cbbench --help` lists them.
+COMMANDS = (
+    ("run", "run"), ("compare", "compare"), ("gate", "gate"), ("report", "report"),
+    ("serve", "serve"), ("sweep", "sweep"), ("capacity", "capacity"),
+    ("calibrate", "calibrate"), ("export", "export"), ("import", "import_result"),
+    ("audit", "audit"), ("schema", "schema"),
 )
+_registered: set[str] = set()
 
-for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, export,
-                import_result, audit, schema):
-    command.register(app)
-workloads.register(workloads_app)
-# Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
-tidy_commands(app)
-tidy_commands(workloads_app)
+
+def _register(names: set[str] | None = None) -> typer.Typer:
+    """The app with commands `names` registered (None: all of them). A command's module is
+    imported only here: `cbbench run` does not import what `audit` or `serve` need (a
+    second of imports before the first request, issue 41)."""
+    for name, module in COMMANDS:
+        if (names is None or name in names) and name not in _registered:
+            importlib.import_module(f"cbbench.cli.{module}").register(_app)
+            _registered.add(name)
+    if (names is None or "workloads" in names) and "workloads" not in _registered:
+        importlib.import_module("cbbench.cli.workloads").register(workloads_app)
+        _registered.add("workloads")
+        tidy_commands(workloads_app)
+    # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
+    tidy_commands(_app)
+    return _app
+
+
+def __getattr__(name: str):
+    """`app`: the whole command line, every command registered (tests, the surface
+    snapshot); main() registers only the command it runs."""
+    if name == "app":
+        return _register()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _command_named(argv: list[str]) -> set[str] | None:
+    """The one command argv runs ({name}), or None (help, --version, a typo: register all,
+    so the listing and click's suggestions see every command)."""
+    if len(argv) > 1 and (argv[1] == "workloads" or argv[1] in dict(COMMANDS)):
+        return {argv[1]}
+    return None
 
 
 def main() -> None:
@@ -78,6 +97,7 @@ def main() -> None:
 
 def _invoke() -> int:
     """Run the app; every failure becomes one line on stderr and an exit code."""
+    app = _register(_command_named(sys.argv))
     try:
         rv = app(standalone_mode=False)
     except typer.Exit as e:
