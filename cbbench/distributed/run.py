@@ -11,13 +11,13 @@ import socket
 import time
 from collections.abc import Callable
 
-from cbbench.distributed.merge import DONE, worker_entry
 from cbbench.distributed.client_cost import (
     ONE_PROCESS_BUDGET_CORES,
     ClientCost,
     calibrate,
     schedule_rate,
 )
+from cbbench.distributed.merge import DONE, worker_entry
 from cbbench.distributed.plan import AUTO, LoadPlan, usable_cores
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -62,6 +63,9 @@ from cbbench.targets.server_tokenize import size_with_server
 from cbbench.targets.sse import SseStream
 from cbbench.targets.stream_pool import StreamPool
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
+
+if TYPE_CHECKING:
+    from yarl import URL
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +155,9 @@ class _Runner:
         self.size_prompts: Callable[..., Awaitable[str]] | None = None
         # --workload random-mm / JSONL images: turns prompts into content parts (load/images.py)
         self.attach_images: Callable[[], list | None] | None = None
+        # The streams' connections (stream_pool.py), by origin; their headers and size limit.
+        self.pools: dict[tuple, StreamPool] = {}
+        self.pool_settings: tuple[dict[str, str], int | None] = ({}, None)
 
     def _one(self, pos: int) -> Coroutine[None, None, None]:
         """Request `pos` from its intended start (wait for a slot, send, record): the
@@ -305,14 +312,7 @@ class _Runner:
 
         url = URL(self.base + API_PATHS[o.api])
         session = new_session(headers, max_connections=pool)
-        pools: dict[tuple, StreamPool] = {}  # the streams' connections, by origin
-
-        def pool_for(u: URL) -> StreamPool:
-            key = (u.scheme, u.host, u.port)
-            if key not in pools:
-                pools[key] = StreamPool(u, headers, pool)
-            return pools[key]
-
+        self.pool_settings = (headers, pool)
         frozen = False
         try:
             model = o.served_model or await self._discover_model(session, info)
@@ -341,14 +341,12 @@ class _Runner:
                 timeout_s=o.request_timeout_s,
                 payload=payload,
                 chat=self.chat,
-                pool=pool_for(url),
+                pool=self._pool_for(url),
             )
             urls = o.endpoints()
             if len(urls) > 1:
-                contexts = endpoint_contexts(self.ctx, [URL(u + API_PATHS[o.api]) for u in urls])
-                for c in contexts:
-                    c.pool = pool_for(c.url)
-                self.balancer = Balancer(contexts, [redact_url(u) for u in urls], o.balance)
+                self.balancer = Balancer(self._endpoint_contexts(urls),
+                                         [redact_url(u) for u in urls], o.balance)
             scrape_task = asyncio.create_task(scraper.run(self.t0)) if scraper else None
             dispatcher = asyncio.create_task(self._dispatch())
             watcher = (
@@ -375,13 +373,30 @@ class _Runner:
                 info.update(scraper.result())
         finally:
             thaw_heap(frozen)
-            for p in pools.values():
-                p.close()
+            for stream_pool in self.pools.values():
+                stream_pool.close()
             await session.close()
         info["max_in_flight"] = self.max_in_flight
         if self.balancer is not None:
             info["sent_by_endpoint"] = dict(zip(self.balancer.urls, self.balancer.sent))
         return duration, info
+
+    def _pool_for(self, url: URL) -> StreamPool:
+        """The streams' keep-alive pool for the URL's origin (one per endpoint host)."""
+        key = (url.scheme, url.host, url.port)
+        if key not in self.pools:
+            headers, limit = self.pool_settings
+            self.pools[key] = StreamPool(url, headers, limit)
+        return self.pools[key]
+
+    def _endpoint_contexts(self, urls: list[str]) -> list[RequestContext]:
+        """Several --endpoint URLs: a request context each, with its origin's pool."""
+        from yarl import URL
+
+        contexts = endpoint_contexts(self.ctx, [URL(u + API_PATHS[self.opts.api]) for u in urls])
+        for c in contexts:
+            c.pool = self._pool_for(c.url)
+        return contexts
 
     def _payload(self, model: str) -> dict:
         """The fields every request body of the run carries."""

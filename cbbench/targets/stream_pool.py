@@ -85,7 +85,7 @@ class StreamConnection(asyncio.Protocol):
         self.idle_since = 0.0
 
     # ---- the transport's callbacks ----
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
