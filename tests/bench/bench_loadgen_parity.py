@@ -9,8 +9,15 @@ first request, for both. Writes results/loadgen_rust_parity.md (figures and the 
 
 Each rate is tests/bench/bench_loadgen_ab.py's comparison (the sides alternate, ref first;
 CPU from getrusage; the timing server's own CPU beside). The issue's goals are checked on the
-new side's medians and printed with each table. vLLM's Rust client is not run here (no wheel
-was at hand to learn its command line); its figures are the issue's, from another session.
+new side's medians and printed with each table.
+
+vLLM's Rust client, opt-in: CBBENCH_BENCH_VLLM_RS names its binary (`vllm/vllm-rs` inside the
+vllm 0.34.0 wheel runs on its own: `pip download --no-deps vllm==0.34.0`, unzip that one file;
+never commit it). It runs `vllm-rs bench serve` at each rate against a timing server of its own,
+with a tokenizer (its random dataset needs one: CBBENCH_BENCH_TOKENIZER, default the shared
+Llama-3.1 one beside the repository). Its prompts are its own, so its figures are held to the
+server's log by distribution (its TTFT p50/p99 minus the server's), not per request, and its
+TTFT counts from its actual send (vLLM's convention; cbbench's from the intended start).
 """
 
 from __future__ import annotations
@@ -39,6 +46,65 @@ POINTS = (
     (2000.0, 2, (("ttft_err_p50_ms", 3.0, "<="), ("achieved_send_rate", 1990.0, ">="))),
 )
 FIRST_REQUEST_RUNS = 2
+VLLM_RS_ENV = "CBBENCH_BENCH_VLLM_RS"
+TOKENIZER_ENV = "CBBENCH_BENCH_TOKENIZER"
+SHARED_TOKENIZER = ROOT.parent / "shared" / "tokenizers" / "llama-3.1"
+
+
+def _vllm_rs(binary: str, rate: float, n: int, work: Path) -> dict:
+    """One `vllm-rs bench serve` run against a timing server of its own; its figures."""
+    import resource
+
+    import numpy as np
+    from timing_server import fetch_cpu, fetch_log, timing_server
+
+    tokenizer = os.environ.get(TOKENIZER_ENV) or str(SHARED_TOKENIZER)
+    with timing_server(TTFT_MS, ITL_MS) as url:
+        fetch_log(url, clear=True)
+        kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server0 = fetch_cpu(url)
+        proc = subprocess.run(
+            [binary, "bench", "serve", "--backend", "openai", "--base-url", url, "--model",
+             ab.MODEL, "--tokenizer", tokenizer, "--dataset-name", "random",
+             "--random-input-len", "64", "--random-output-len", str(TOKENS), "--num-prompts",
+             str(n), "--request-rate", str(rate), "--disable-tqdm", "--save-result",
+             "--save-detailed", "--result-dir", str(work), "--result-filename", "rs.json"],
+            capture_output=True, text=True, timeout=ab.CLIENT_TIMEOUT_MARGIN_S + n / rate,
+        )
+        kids1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server_cpu = fetch_cpu(url) - server0
+        log = fetch_log(url, clear=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"vllm-rs failed:\n{proc.stderr[-2000:]}")
+    res = json.loads((work / "rs.json").read_text())
+    server = [(e["first_token"] - e["received"]) * 1e3 for e in log.values() if "first_token" in e]
+    ttft = [t * 1e3 for t in res["ttfts"] if t]
+    starts = sorted(res["start_times"])
+    cpu = (kids1.ru_utime - kids0.ru_utime) + (kids1.ru_stime - kids0.ru_stime)
+    return {
+        "ttft_p50_minus_server_ms": float(np.percentile(ttft, 50) - np.percentile(server, 50)),
+        "ttft_p99_minus_server_ms": float(np.percentile(ttft, 99) - np.percentile(server, 99)),
+        "achieved_send_rate": (len(starts) - 1) / (starts[-1] - starts[0]),
+        "completed": res["completed"],
+        "client_cpu_cores": cpu / res["duration"],  # its whole call over its run's duration
+        "client_cpu_us_per_request": cpu / n * 1e6,
+        "server_cpu_us_per_request": server_cpu / n * 1e6,
+    }
+
+
+def _vllm_rs_section(binary: str, args, work: Path) -> str:
+    rows = ["| rate | TTFT p50 / p99 - server's (ms) | send rate | completed | client cores "
+            "(whole call) | client CPU per request (us) | server CPU per request (us) |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for rate, _, _ in POINTS:
+        f = _vllm_rs(binary, rate, int(rate * args.duration), work)
+        rows.append(
+            f"| {rate:g} | {f['ttft_p50_minus_server_ms']:+.1f} / "
+            f"{f['ttft_p99_minus_server_ms']:+.1f} | {f['achieved_send_rate']:.1f} | "
+            f"{f['completed']} | {f['client_cpu_cores']:.2f} | "
+            f"{f['client_cpu_us_per_request']:.0f} | {f['server_cpu_us_per_request']:.0f} |")
+    return ("### vLLM's Rust client (vllm-rs bench serve), one process\n\n"
+            + "\n".join(rows) + f"\n\n(load after: {ab._uptime()})\n")
 
 
 def _point(args, rate: float, workers: int, work: Path) -> dict:
@@ -92,6 +158,8 @@ def main() -> None:
     if args.nice is not None:
         ab._own_cpu_share(args.nice)
     command = " ".join(["python", "tests/bench/bench_loadgen_parity.py", *sys.argv[1:]])
+    if os.environ.get(VLLM_RS_ENV):  # the binary's path is this machine's: named, not shown
+        command = f"{VLLM_RS_ENV}=<path of vllm-rs> {command}"
     started = ab._uptime()
     sections = []
     with tempfile.TemporaryDirectory(prefix="cbbench-parity-") as work:
@@ -106,6 +174,12 @@ def main() -> None:
             )
         sys.path.insert(0, str(ROOT / "tests"))
         from timing_server import fetch_log, timing_server
+
+        binary = os.environ.get(VLLM_RS_ENV)
+        if binary:
+            sections.append(_vllm_rs_section(binary, args, Path(work)))
+        else:
+            sections.append(f"(vLLM's Rust client not run: {VLLM_RS_ENV} names no binary)\n")
 
         ref = ab.commit_side("ref", args.against, Path(args.ref_dir or tempfile.gettempdir()))
         ref_cbbench = str(Path(ref.python).parent / "cbbench")
