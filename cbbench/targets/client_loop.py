@@ -5,8 +5,8 @@ Each streamed request costs the client one network read per token event; under a
 selector loop every read is a Python-level `_run_once` pass, a handle, a `recv` of a 256 KiB
 buffer (read_buffers.py) and a `data_received` call, under uvloop only the last is Python.
 Side by side at 1,000 req/s of 16-token streams uvloop took the client from 508 to 346 us of
-CPU per request (f5e98e5: 977; a loaded machine)
-(results/loadgen_rust_parity.md). Timers keep their meaning: uvloop rounds them to whole
+CPU per request (f5e98e5: 977; measured on a loaded machine, results/loadgen_rust_parity.md
+has the benchmark). Timers keep their meaning: uvloop rounds them to whole
 milliseconds, and client_health.sleep_until never returns before its deadline under either.
 
 `CBBENCH_CLIENT_LOOP=asyncio` runs the standard loop instead (the side-by-side benchmark

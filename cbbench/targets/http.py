@@ -10,8 +10,9 @@ capped loop: a request waits for a slot, and `slot_s` records when it got one.
 
 Each request is one streamed call of the run's --api (`/v1/completions`, `/v1/chat/completions`,
 `/v1/responses`, `/v1/messages`: api_specs.py; request.py sends it, sse.py or the API's own
-module parses its stream) over an aiohttp keep-alive pool (transport.py;
-results/loadgen_capacity.md has its capacity on the 2-core machine). Failures are recorded on
+module parses its stream) over the streams' own keep-alive pool, parsed where each network read
+arrives (stream_pool.py), on uvloop where installed (client_loop.py); aiohttp (transport.py)
+serves the small GETs. results/loadgen_rust_parity.md has its cost beside vLLM's Rust client. Failures are recorded on
 their request, never raised: error_type is one of ERROR_TYPES.
 """
 
