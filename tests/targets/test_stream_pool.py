@@ -9,7 +9,6 @@ DNS) are test_http_target.py's, run through this transport."""
 from __future__ import annotations
 
 import asyncio
-import math
 import sys
 from pathlib import Path
 
@@ -72,12 +71,12 @@ def test_event_times_are_the_reads_times(server):
     log = fetch_log(server, clear=True)
     for r in run.records:
         assert r.ok and len(r.token_times_s) == TOKENS
-        gaps = np.diff(r.token_times_s)
-        assert (gaps > 0).all()  # each event timed at its own read, not batched at the end
+        assert (np.diff(r.token_times_s) >= 0).all()
+        # Timed read by read, not all at the stream's end: the server wrote them ITL apart
+        # (two may share a read when the machine is busy; all of them would not).
+        assert len(set(r.token_times_s)) > TOKENS // 2
         entry = log[f"times-{r.id}"]
-        # The client read the first event after the server wrote it (one clock: perf_counter).
-        client_first = run.records[0].token_times_s[0]
-        assert not math.isnan(client_first) and entry["first_token"] <= entry["last_token"]
+        assert entry["last_token"] - entry["first_token"] >= (TOKENS - 1) * ITL_MS / 1e3 - 0.002
 
 
 def test_events_orjson_refuses_are_read_as_python_reads_them():
