@@ -11,7 +11,7 @@ from cbbench import __version__
 from cbbench.cli import logs
 from cbbench.cli.help import TidyGroup, tidy_commands
 
-app = typer.Typer(
+_app = typer.Typer(
     name="cbbench",
     help="Benchmark LLM serving: TTFT/TPOT/ITL distributions, throughput, and the engine's "
     "per-iteration story, against the bundled engine or any OpenAI-compatible endpoint.",
@@ -23,7 +23,7 @@ app = typer.Typer(
 workloads_app = typer.Typer(
     help="List and inspect workloads.", no_args_is_help=True, cls=TidyGroup
 )
-app.add_typer(workloads_app, name="workloads")
+_app.add_typer(workloads_app, name="workloads")
 
 
 INTERRUPTED_EXIT = 130
@@ -36,7 +36,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@_app.callback()
 def _root(
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
@@ -45,30 +45,81 @@ def _root(
     pass
 
 
-# Each command lives in its own module and registers itself here.
-from cbbench.cli import (  # noqa: E402
-    audit,
-    calibrate,
-    capacity,
-    compare,
-    export,
-    gate,
-    import_result,
-    report,
-    run,
-    schema,
-    serve,
-    sweep,
-    workloads,
+# Each command lives in its own module (cbbench/cli/<module>.py, _command_module) and
+# registers itself here: (command name, module), in the order `cbbench --help` lists them.
+COMMANDS = (
+    ("run", "run"), ("compare", "compare"), ("gate", "gate"), ("report", "report"),
+    ("serve", "serve"), ("sweep", "sweep"), ("capacity", "capacity"),
+    ("calibrate", "calibrate"), ("export", "export"), ("import", "import_result"),
+    ("audit", "audit"), ("schema", "schema"),
 )
+_registered: set[str] = set()
 
-for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, export,
-                import_result, audit, schema):
-    command.register(app)
-workloads.register(workloads_app)
-# Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
-tidy_commands(app)
-tidy_commands(workloads_app)
+
+def _register(names: set[str] | None = None) -> typer.Typer:
+    """The app with commands `names` registered (None: all of them). A command's module is
+    imported only here: `cbbench run` does not import what `audit` or `serve` need (a
+    second of imports before the first request, issue 41)."""
+    for name, _ in COMMANDS:
+        if (names is None or name in names) and name not in _registered:
+            _command_module(name).register(_app)
+            _registered.add(name)
+    if (names is None or "workloads" in names) and "workloads" not in _registered:
+        from cbbench.cli import workloads
+
+        workloads.register(workloads_app)
+        _registered.add("workloads")
+        tidy_commands(workloads_app)
+    # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).
+    tidy_commands(_app)
+    return _app
+
+
+def _command_module(name: str):  # noqa: C901 - one branch a command, imported on first use
+    """The module of command `name` (deferred imports: the import graph still sees them)."""
+    if name == "run":
+        from cbbench.cli import run as module
+    elif name == "compare":
+        from cbbench.cli import compare as module
+    elif name == "gate":
+        from cbbench.cli import gate as module
+    elif name == "report":
+        from cbbench.cli import report as module
+    elif name == "serve":
+        from cbbench.cli import serve as module
+    elif name == "sweep":
+        from cbbench.cli import sweep as module
+    elif name == "capacity":
+        from cbbench.cli import capacity as module
+    elif name == "calibrate":
+        from cbbench.cli import calibrate as module
+    elif name == "export":
+        from cbbench.cli import export as module
+    elif name == "import":
+        from cbbench.cli import import_result as module
+    elif name == "audit":
+        from cbbench.cli import audit as module
+    elif name == "schema":
+        from cbbench.cli import schema as module
+    else:
+        raise KeyError(name)
+    return module
+
+
+def __getattr__(name: str):
+    """`app`: the whole command line, every command registered (tests, the surface
+    snapshot); main() registers only the command it runs."""
+    if name == "app":
+        return _register()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _command_named(argv: list[str]) -> set[str] | None:
+    """The one command argv runs ({name}), or None (help, --version, a typo: register all,
+    so the listing and click's suggestions see every command)."""
+    if len(argv) > 1 and (argv[1] == "workloads" or argv[1] in dict(COMMANDS)):
+        return {argv[1]}
+    return None
 
 
 def main() -> None:
@@ -78,6 +129,7 @@ def main() -> None:
 
 def _invoke() -> int:
     """Run the app; every failure becomes one line on stderr and an exit code."""
+    app = _register(_command_named(sys.argv))
     try:
         rv = app(standalone_mode=False)
     except typer.Exit as e:

@@ -5,13 +5,20 @@ worker, and info["workers"] (summary.workers) with one entry per worker."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
 from collections.abc import Callable
 
+from cbbench.distributed.client_cost import (
+    ONE_PROCESS_BUDGET_CORES,
+    ClientCost,
+    calibrate,
+    schedule_rate,
+)
 from cbbench.distributed.merge import DONE, worker_entry
-from cbbench.distributed.plan import AUTO, LoadPlan, spare_cores
+from cbbench.distributed.plan import AUTO, LoadPlan, usable_cores
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
@@ -44,10 +51,13 @@ def run_load(
     per request id, so every worker cancels its own requests as one process would. `live`: a
     LiveBoard (targets/live.py); in one process it reads the runner, with workers their
     progress only."""
+    cost = _calibrated(opts, wreqs, arrivals, plan, sessions)
     if not plan.distributed:
-        return _one_process(
+        run = _one_process(
             opts, wreqs, arrivals, should_stop, on_progress, grace_s, sessions, cancel, live
         )
+        _note_cost(run, cost, arrivals)
+        return run
     if plan.ray:
         from cbbench.distributed.ray_pool import run_ray_workers
 
@@ -58,12 +68,59 @@ def run_load(
     else:
         from cbbench.distributed.local import plan_workers, run_local_workers
 
-        n = spare_cores() if plan.workers == AUTO else int(plan.workers)
+        n = int(plan.workers) if plan.workers != AUTO else (
+            cost.workers_for(schedule_rate(arrivals), usable_cores()) if cost is not None
+            else 1)
         tasks, merger = plan_workers(opts, wreqs, arrivals, n, grace_s, sessions, cancel)
         run = run_local_workers(opts, tasks, merger, should_stop, on_progress, on_t0)
     # Streamed out of the workers as they ended: tagged here (one endpoint, no adapter).
     tag_records(run.records, redact_url(opts.endpoints()[0]), run.info.get("served_model"))
+    _note_cost(run, cost, arrivals)
     return run
+
+
+# Below this rate a process keeps the schedule even at 2 ms of CPU a request: no calibration
+# (it costs ~0.1 s before the first request).
+CALIBRATE_ABOVE_RATE = ONE_PROCESS_BUDGET_CORES / 2e-3
+
+
+def _calibrated(opts, wreqs, arrivals, plan: LoadPlan, sessions) -> ClientCost | None:
+    """The client's per-request cost (distributed/client_cost.py) where the schedule is fast
+    enough for it to matter; None otherwise (and for sessions, Ray, the pooled APIs). A
+    schedule one process cannot keep is said now, before the run starts."""
+    rate = schedule_rate(arrivals)
+    if (plan.ray or opts.pooling or sessions is not None or not wreqs
+            or not rate > CALIBRATE_ABOVE_RATE):
+        return None
+    tokens = sum(w.output_len for w in wreqs) / len(wreqs)
+    cost = calibrate(tokens)
+    cores = usable_cores()
+    workers = 1 if not plan.distributed else (
+        cost.workers_for(rate, cores) if plan.workers == AUTO else int(plan.workers))
+    per_process = cost.cores_at(rate) / workers
+    if per_process > ONE_PROCESS_BUDGET_CORES and math.isfinite(rate):
+        advice = (f"--workers {cost.workers_for(rate, cores)}" if workers < cores
+                  else "a machine with more cores, or a lower rate")
+        log.info(
+            f"warning: this schedule ({rate:.0f} req/s, {tokens:.0f} output tokens a request) "
+            f"needs at least {per_process:.2f} cores of each of {workers} client process(es): "
+            f"this client costs at least {cost.per_request_s * 1e6:.0f} us of CPU a request "
+            f"here (calibrated), so one process keeps a schedule to about "
+            f"{cost.max_rate():.0f} req/s; expect send lag. Use {advice}."
+        )
+    return cost
+
+
+def _note_cost(run: HttpRun, cost: ClientCost | None, arrivals) -> None:
+    if cost is None:
+        return
+    run.info["client_calibration"] = {
+        "us_per_request": cost.per_request_s * 1e6,
+        "us_own_work": cost.request_s * 1e6,
+        "us_per_read": cost.read_s * 1e6,
+        "max_rate_one_process": cost.max_rate(),
+        "cores_at_rate": cost.cores_at(schedule_rate(arrivals)),
+    }
 
 
 class SinceInstant:

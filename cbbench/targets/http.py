@@ -10,8 +10,9 @@ capped loop: a request waits for a slot, and `slot_s` records when it got one.
 
 Each request is one streamed call of the run's --api (`/v1/completions`, `/v1/chat/completions`,
 `/v1/responses`, `/v1/messages`: api_specs.py; request.py sends it, sse.py or the API's own
-module parses its stream) over an aiohttp keep-alive pool (transport.py;
-results/loadgen_capacity.md has its capacity on the 2-core machine). Failures are recorded on
+module parses its stream) over the streams' own keep-alive pool, parsed where each network read
+arrives (stream_pool.py), on uvloop where installed (client_loop.py); aiohttp (transport.py)
+serves the small GETs. results/loadgen_rust_parity.md has its cost beside vLLM's Rust client. Failures are recorded on
 their request, never raised: error_type is one of ERROR_TYPES.
 """
 
@@ -25,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -50,6 +52,7 @@ from cbbench.targets.checks import (
     send_lag_check,
 )
 from cbbench.targets.client_health import ClientMonitor, sleep_until
+from cbbench.targets.client_loop import loop_name, run_client
 from cbbench.targets.gc_freeze import freeze_heap, thaw_heap
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http_sessions import SessionDispatch
@@ -59,7 +62,11 @@ from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.server_tokenize import size_with_server
 from cbbench.targets.sse import SseStream
+from cbbench.targets.stream_pool import StreamPool
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
+
+if TYPE_CHECKING:
+    from yarl import URL
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +156,9 @@ class _Runner:
         self.size_prompts: Callable[..., Awaitable[str]] | None = None
         # --workload random-mm / JSONL images: turns prompts into content parts (load/images.py)
         self.attach_images: Callable[[], list | None] | None = None
+        # The streams' connections (stream_pool.py), by origin; their headers and size limit.
+        self.pools: dict[tuple, StreamPool] = {}
+        self.pool_settings: tuple[dict[str, str], int | None] = ({}, None)
 
     def _one(self, pos: int) -> Coroutine[None, None, None]:
         """Request `pos` from its intended start (wait for a slot, send, record): the
@@ -303,6 +313,7 @@ class _Runner:
 
         url = URL(self.base + API_PATHS[o.api])
         session = new_session(headers, max_connections=pool)
+        self.pool_settings = (headers, pool)
         frozen = False
         try:
             model = o.served_model or await self._discover_model(session, info)
@@ -331,13 +342,12 @@ class _Runner:
                 timeout_s=o.request_timeout_s,
                 payload=payload,
                 chat=self.chat,
+                pool=self._pool_for(url),
             )
             urls = o.endpoints()
             if len(urls) > 1:
-                self.balancer = Balancer(
-                    endpoint_contexts(self.ctx, [URL(u + API_PATHS[o.api]) for u in urls]),
-                    [redact_url(u) for u in urls], o.balance,
-                )
+                self.balancer = Balancer(self._endpoint_contexts(urls),
+                                         [redact_url(u) for u in urls], o.balance)
             scrape_task = asyncio.create_task(scraper.run(self.t0)) if scraper else None
             dispatcher = asyncio.create_task(self._dispatch())
             watcher = (
@@ -364,11 +374,30 @@ class _Runner:
                 info.update(scraper.result())
         finally:
             thaw_heap(frozen)
+            for stream_pool in self.pools.values():
+                stream_pool.close()
             await session.close()
         info["max_in_flight"] = self.max_in_flight
         if self.balancer is not None:
             info["sent_by_endpoint"] = dict(zip(self.balancer.urls, self.balancer.sent))
         return duration, info
+
+    def _pool_for(self, url: URL) -> StreamPool:
+        """The streams' keep-alive pool for the URL's origin (one per endpoint host)."""
+        key = (url.scheme, url.host, url.port)
+        if key not in self.pools:
+            headers, limit = self.pool_settings
+            self.pools[key] = StreamPool(url, headers, limit)
+        return self.pools[key]
+
+    def _endpoint_contexts(self, urls: list[str]) -> list[RequestContext]:
+        """Several --endpoint URLs: a request context each, with its origin's pool."""
+        from yarl import URL
+
+        contexts = endpoint_contexts(self.ctx, [URL(u + API_PATHS[self.opts.api]) for u in urls])
+        for c in contexts:
+            c.pool = self._pool_for(c.url)
+        return contexts
 
     def _payload(self, model: str) -> dict:
         """The fields every request body of the run carries."""
@@ -456,7 +485,8 @@ def run_http(
         if opts.lora_modules:
             runner.models = lora_models([w.id for w in wreqs], opts.lora_modules, opts.seed, None)
         total = len(wreqs)
-    duration, info = asyncio.run(runner.run())
+    duration, info = run_client(runner.run())
+    info["client_event_loop"] = loop_name()
     info.setdefault("prompt_sizing", "tokenizer" if tokenizer is not None else "approximate")
 
     records = [rec for rec in runner.records if rec is not None]

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
@@ -34,8 +35,19 @@ from cbbench.targets.options import EndpointOptions
 from cbbench.targets.request import RequestContext
 from cbbench.targets.sse import SseStream
 
-if TYPE_CHECKING:
-    from cbbench.targets.http import _Runner
+
+class TurnRunner(Protocol):
+    """What a session needs of the run that sends its turns (http.py's runner): its clock, its
+    tasks, its stop flag, its request context and its one-request exchange. Named here, not
+    imported from http.py, which imports this module (no import cycle, not even for types)."""
+
+    t0: float
+    stopped: bool
+    pending: set[asyncio.Task]
+    ctx: RequestContext | None
+
+    def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
+                  make_body: Callable[[], bytes]) -> Awaitable[None]: ...
 
 
 def messages_body(ctx: RequestContext, messages: list[dict], max_tokens: int,
@@ -93,7 +105,7 @@ class SessionDispatch:
         self.kinds[kind] = self.kinds.get(kind, 0) + 1
         return text
 
-    async def dispatch(self, runner: _Runner) -> None:
+    async def dispatch(self, runner: TurnRunner) -> None:
         loop = asyncio.get_running_loop()
         starts = [float(t) for t in self.plan.starts]
         for i in sorted(self.plan.active_sessions, key=starts.__getitem__):
@@ -102,10 +114,10 @@ class SessionDispatch:
             runner.pending.add(task)
             task.add_done_callback(runner.pending.discard)
 
-    async def _session(self, runner: _Runner, i: int) -> None:
+    async def _session(self, runner: TurnRunner, i: int) -> None:
         await self._agent(runner, i, 0, float(self.plan.starts[i]), None)
 
-    async def _agent(self, runner: _Runner, i: int, k: int, intended: float,
+    async def _agent(self, runner: TurnRunner, i: int, k: int, intended: float,
                      waited_from: float | None) -> float | None:
         """One agent's conversation from its first turn, flat turn k (the main agent's, or a
         sub-agent's, started by the turn that fanned out to it). After a turn that fans out,
@@ -155,7 +167,7 @@ class SessionDispatch:
             waited_from = end
             intended = time.perf_counter() - runner.t0 + plan.think_time_s(i, k)
 
-    async def _turn(self, runner: _Runner, i: int, k: int, messages: list[dict], intended: float,
+    async def _turn(self, runner: TurnRunner, i: int, k: int, messages: list[dict], intended: float,
                     prompt_len: int, waited_from: float | None,
                     ) -> tuple[RequestRecord, SseStream]:
         """One turn, as the runner sends one request: wait for a slot, send, record."""

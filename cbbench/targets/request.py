@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     import aiohttp
     from yarl import URL
 
+    from cbbench.targets.stream_pool import StreamPool
+
 ERROR_MESSAGE_CHARS = 300
 
 
@@ -46,6 +48,9 @@ class RequestContext:
     timeout_s: float  # the whole request, send to last event
     payload: dict  # model, stream, sampling: the fields every request body carries
     chat: bool
+    # The streams' own keep-alive pool for this URL's origin (stream_pool.py); None: the
+    # streams go through the aiohttp session too.
+    pool: StreamPool | None = None
 
 
 def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int,
@@ -65,6 +70,9 @@ def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int,
 async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:
     """POST the body and parse the streamed answer into `stream`; HttpFailure (or a transport
     exception) when the answer is not a complete event stream."""
+    if ctx.pool is not None:  # the run's path: events parsed as each network read returns
+        await ctx.pool.post_stream(ctx.url, body, stream, ctx.t0)
+        return
     async with await post(ctx.session, ctx.url, body) as resp:
         if not 200 <= resp.status < 300:
             head = stream.error_text(await read_body(resp, 4 * ERROR_BODY_CHARS))

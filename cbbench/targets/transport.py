@@ -1,6 +1,7 @@
-"""The HTTP transport under the endpoint target and the metrics scraper (aiohttp): a keep-alive
-connection pool, small GETs, a POST that survives the keep-alive race, and the one mapping from
-an exception to the benchmark's error_type (one of ERROR_TYPES)."""
+"""The HTTP transport under the endpoint target's small requests and the metrics scraper
+(aiohttp): a keep-alive connection pool, small GETs, a POST that survives the keep-alive race
+(the pooled APIs' JSON answers), and the one mapping from an exception to the benchmark's
+error_type (one of ERROR_TYPES). The streamed requests of a run go through stream_pool.py."""
 
 from __future__ import annotations
 

@@ -63,6 +63,8 @@ FIGURES = (
     ("client_cpu_cores", "client CPU over the run (cores)"),
     ("client_cpu_us_per_request", "client CPU per request, whole call (us)"),
     ("client_sys_cpu_us_per_request", "of which in the kernel (us)"),
+    ("server_cpu_us_per_request", "the timing server's CPU per request (us)"),
+    ("server_ttft_p50_ms", "the server's own TTFT p50 (ms)"),
     ("minor_faults_per_request", "minor page faults per request"),
     ("gc_collections", "GC collections in the client"),
     ("gc_pause_total_ms", "GC pauses, total (ms)"),
@@ -76,6 +78,7 @@ class Side:
     name: str  # "ref" or "new"
     label: str  # the commit (short sha), or "worktree"
     python: str  # the interpreter whose `import cbbench` is this side's client
+    env: tuple[tuple[str, str], ...] = ()  # set in the client's environment
 
 
 def _git(*args: str) -> str:
@@ -112,12 +115,16 @@ def commit_side(name: str, rev: str, base_dir: Path) -> Side:
             check=True, capture_output=True, text=True,
         ).stdout.strip()
         ours = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+        # And the site folders this venv chains to (a venv layered over another by a .pth).
+        ours |= {p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()}
         Path(site, "_bench_deps.pth").write_text("\n".join(sorted(ours)) + "\n")
-        subprocess.run(
-            [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-             "--no-build-isolation", "-e", str(tree)],
-            check=True, cwd=tree,
-        )
+        install = [sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                   "--no-deps", "-e", str(tree)]
+        # Without build isolation first (no index needed); a venv whose setuptools is too old
+        # for the commit's pyproject.toml builds it in an isolated environment instead.
+        if subprocess.run([*install, "--no-build-isolation"], cwd=tree,
+                          capture_output=True).returncode != 0:
+            subprocess.run(install, check=True, cwd=tree)
         (tree / READY_MARK).write_text(sha + "\n")
     got = subprocess.run(
         [str(py), "-c", "import cbbench, os; print(os.path.dirname(cbbench.__file__))"],
@@ -126,6 +133,18 @@ def commit_side(name: str, rev: str, base_dir: Path) -> Side:
     if Path(got).resolve() != (tree / "cbbench").resolve():
         raise SystemExit(f"the {name} side imports cbbench from {got}, not from {tree}")
     return Side(name, sha[:7], str(py))
+
+
+LOOP_ENV = "CBBENCH_CLIENT_LOOP"  # cbbench/targets/client_loop.py
+
+
+def side_for(name: str, rev: str, base: Path) -> Side:
+    """REV, 'worktree', or either with '+asyncio': its client on asyncio's standard loop."""
+    rev, _, loop = rev.partition("+")
+    side = worktree_side(name) if rev == "worktree" else commit_side(name, rev, base)
+    if loop:
+        side = Side(side.name, f"{side.label}+{loop}", side.python, ((LOOP_ENV, loop),))
+    return side
 
 
 def worktree_side(name: str) -> Side:
@@ -287,6 +306,7 @@ def _run_client(side: Side, spec: dict, work: Path, timeout_s: float) -> dict:
     proc = subprocess.run(
         [side.python, str(Path(__file__).resolve()), "--client", str(spec_path), str(out_path)],
         cwd=work, capture_output=True, text=True, timeout=timeout_s,
+        env={**os.environ, **dict(side.env)},
     )
     if proc.returncode != 0:
         raise SystemExit(f"the {side.name} client ({side.label}) failed:\n{proc.stderr[-3000:]}")
@@ -429,7 +449,7 @@ def compare(args: argparse.Namespace) -> dict:
     if args.nice is not None:
         _own_cpu_share(args.nice)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-    from timing_server import fetch_log, timing_server
+    from timing_server import fetch_cpu, fetch_log, timing_server
 
     from cbbench.load.arrivals import arrival_times
     from cbbench.load.workload import WorkloadRequest
@@ -439,8 +459,7 @@ def compare(args: argparse.Namespace) -> dict:
     revs = args.new or ["worktree"]
     names = ["new"] if len(revs) == 1 else [f"new{i + 1}" for i in range(len(revs))]
     sides = [ref] + [
-        worktree_side(name) if rev == "worktree" else commit_side(name, rev, base)
-        for name, rev in zip(names, revs)
+        side_for(name, rev, base) for name, rev in zip(names, revs)
     ]
     n = args.requests or int(args.rate * args.duration)
     wreqs = [WorkloadRequest(i, PROMPT_LEN, args.tokens) for i in range(n)]
@@ -465,8 +484,13 @@ def compare(args: argparse.Namespace) -> dict:
                 if args.profile_dir:
                     spec["profile"] = str(Path(args.profile_dir).resolve() / f"{tag}.prof")
                 load = os.getloadavg()[0]
+                server_cpu0 = fetch_cpu(url)
                 out = _run_client(side, spec, Path(work), timeout_s)
+                server_cpu = fetch_cpu(url) - server_cpu0
                 fig = figures(out, fetch_log(url, clear=True), tag, n)
+                # The truth server's own CPU over the client's call, per request: whether it
+                # kept up is in the server TTFT figures; this says how close to its edge.
+                fig["server_cpu_us_per_request"] = server_cpu / n * 1e6
                 fig.update(side=side.name, commit=side.label, repeat=k, loadavg_1min_before=load)
                 runs.append(fig)
                 print(json.dumps(fig), flush=True)

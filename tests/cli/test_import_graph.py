@@ -180,7 +180,7 @@ def test_the_graph_tells_deferred_and_typing_only_imports_apart():
         return {(i.top_level, i.typing_only) for i in GRAPH[module] if i.target == target}
 
     assert kinds("cbbench.engine.build", "cbbench.engine.sim.replicas") == {(False, False)}
-    assert kinds("cbbench.targets.http_sessions", "cbbench.targets.http") == {(False, True)}
+    assert kinds("cbbench.targets.request", "cbbench.targets.stream_pool") == {(False, True)}
     # feed.py imports StepFailed at load and Engine only for annotations.
     assert kinds("cbbench.engine.core.feed", "cbbench.engine.core.engine") == {
         (True, False), (False, True),

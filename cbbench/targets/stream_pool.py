@@ -1,0 +1,366 @@
+"""The streamed POST under the endpoint target: a keep-alive pool of plain asyncio connections
+whose responses httptools (llhttp, in C) parses inside the connection's Protocol, the body fed
+straight from `data_received` to the request's stream parser (sse.py).
+
+Why not aiohttp's client for the streams (it stays for the small GETs and the pooled APIs'
+JSON answers, transport.py): a streamed request is one network read per token event, and
+through aiohttp each read went data_received -> the response's StreamReader -> a wake-up of
+the request's task -> its coroutine chain -> `readany()`, plus the request and response
+objects, their headers and trace hooks per request. Profiled at 1,000 req/s of 16-token
+streams that was most of the client's ~1 ms of CPU per request (results/loadgen_rust_parity.md).
+Here a read is one `data_received` call that parses and timestamps the events where they
+arrive; the request's coroutine wakes twice (its connection, its end). A token event's time
+is still the time the network read that completed it returned (taken first thing in
+`data_received`, before anything is parsed), on the run clock.
+
+Failures keep the benchmark's error types (transport.ERROR_TYPES): a refused or failed
+connection (TLS included) is `connect`, a name that does not resolve `dns`, a connection that
+closes mid-response `stream_cut`, a response head llhttp cannot parse `bad_event`. The
+keep-alive race is handled as transport.post does: a reused idle connection that the server
+turns out to have closed before any byte of an answer is retried once on a new connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ipaddress
+import socket
+import ssl as ssl_module
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+import httptools
+
+from cbbench.errors import UsageError
+from cbbench.targets.transport import ERROR_BODY_CHARS, KEEPALIVE_S, USER_AGENT, HttpFailure
+
+if TYPE_CHECKING:
+    from yarl import URL
+
+    from cbbench.targets.sse import SseStream
+
+ERROR_BODY_BYTES = 4 * ERROR_BODY_CHARS  # of a failed answer's body, read for its message
+DNS_CACHE_S = 10.0  # a host name's addresses are looked up again after this (aiohttp's default)
+
+
+class _StaleConnection(Exception):
+    """A reused idle connection closed before any byte of the answer (the keep-alive race)."""
+
+
+class _Exchange:
+    """One request's answer as it arrives on a connection: its status, its content type, the
+    stream it feeds, and the future its coroutine waits on (set at the end, or on a failure)."""
+
+    __slots__ = ("stream", "t0", "done", "status", "ctype", "error_body", "streaming",
+                 "got_bytes", "t", "failed", "framed")
+
+    def __init__(self, stream: SseStream, t0: float, done: asyncio.Future) -> None:
+        self.stream = stream
+        self.t0 = t0
+        self.done = done
+        self.status = 0
+        self.ctype = ""
+        self.error_body: bytearray | None = None  # a non-stream answer's first bytes
+        self.streaming = False  # the head said 2xx and an event stream: the body is events
+        self.got_bytes = False
+        self.t = 0.0  # the run-clock time the current network read returned
+        self.failed = False
+        # The body's end is marked (chunked, or a Content-Length): a close before it is a cut
+        # stream; unmarked, the body runs to the close.
+        self.framed = False
+
+
+class StreamConnection(asyncio.Protocol):
+    """One keep-alive connection: the parser of its responses, and the request it carries."""
+
+    def __init__(self, pool: StreamPool) -> None:
+        self.pool = pool
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.ex: _Exchange | None = None
+        self.closed = False
+        self.reused = False
+        self.idle_since = 0.0
+
+    # ---- the transport's callbacks ----
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is None:  # bytes on an idle connection: nothing to match them to; drop it
+            self.close()
+            return
+        ex.t = time.perf_counter() - ex.t0  # when this network read returned
+        ex.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:  # a malformed head or chunk framing
+            self._fail(HttpFailure("bad_event", f"malformed response: {e}"))
+        except httptools.HttpParserUpgrade:
+            self._fail(HttpFailure("bad_event", "malformed response: an upgrade"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        ex = self.ex
+        if ex is None or ex.done.done():
+            return
+        if self.reused and not ex.got_bytes:
+            ex.done.set_exception(_StaleConnection())
+            return
+        if ex.streaming and not ex.framed:  # a body that runs to the close: it ended here
+            self.ex = None
+            try:
+                ex.stream.close(time.perf_counter() - ex.t0)
+            except HttpFailure as e:
+                ex.done.set_exception(e)
+                return
+            ex.done.set_result(None)
+            return
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else "Server disconnected"
+        ex.done.set_exception(HttpFailure("stream_cut", f"connection closed mid-response ({why})"))
+
+    # ---- the parser's callbacks ----
+    def on_header(self, name: bytes, value: bytes) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        key = name.lower()
+        if key == b"content-type":
+            ex.ctype = value.decode("latin-1")
+        elif key == b"transfer-encoding" or key == b"content-length":
+            ex.framed = True
+
+    def on_headers_complete(self) -> None:
+        ex = self.ex
+        if ex is None:
+            return
+        ex.status = status = self.parser.get_status_code()
+        if 200 <= status < 300 and (not ex.ctype or "text/event-stream" in ex.ctype):
+            ex.streaming = True
+        else:
+            ex.error_body = bytearray()
+
+    def on_body(self, body: bytes) -> None:
+        ex = self.ex
+        if ex is None or ex.failed:
+            return
+        if ex.streaming:
+            try:
+                ex.stream.feed(body, ex.t)
+            except HttpFailure as e:  # a malformed or error event: the request failed
+                self._fail(e)
+            return
+        assert ex.error_body is not None
+        ex.error_body += body[: ERROR_BODY_BYTES - len(ex.error_body)]
+        if len(ex.error_body) >= ERROR_BODY_BYTES:  # enough for the message: stop reading
+            self._finish(keep=False)
+
+    def on_message_complete(self) -> None:
+        ex = self.ex
+        if ex is None or ex.failed:
+            return
+        if ex.streaming:
+            try:
+                ex.stream.close(ex.t)
+            except HttpFailure as e:
+                self._fail(e, keep=self.parser.should_keep_alive())
+                return
+        self._finish(keep=self.parser.should_keep_alive())
+
+    # ---- the request's side ----
+    def start(self, ex: _Exchange, data: bytes) -> None:
+        self.ex = ex
+        assert self.transport is not None
+        self.transport.write(data)
+
+    def _finish(self, keep: bool) -> None:
+        ex = self.ex
+        assert ex is not None
+        ex.failed = True  # nothing more goes to this request
+        if not ex.done.done():
+            ex.done.set_result(None)
+        self.ex = None
+        if keep and not self.closed:
+            self.pool.release(self)
+        else:
+            self.close()
+
+    def _fail(self, e: BaseException, keep: bool = False) -> None:
+        ex = self.ex
+        if ex is None or ex.failed:
+            return
+        ex.failed = True
+        if not ex.done.done():
+            ex.done.set_exception(e)
+        self.ex = None
+        if keep and not self.closed:
+            self.pool.release(self)
+        else:
+            self.close()
+
+    def abandon(self) -> None:
+        """The request was cancelled or timed out mid-answer: the connection closes (the
+        server sees the client go away)."""
+        if self.ex is not None:
+            self.ex.failed = True
+            self.ex = None
+        self.close()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.pool.forget(self)
+            if self.transport is not None:
+                self.transport.close()
+
+
+class StreamPool:
+    """Keep-alive connections to one origin (scheme, host, port), at most `limit` open (None:
+    no limit); a request beyond it waits for one to be released."""
+
+    def __init__(self, url: URL, headers: dict[str, str], limit: int | None) -> None:
+        self.host = url.host or ""
+        self.addresses: list[str] = []
+        self.resolved_at = 0.0
+        self.port = url.port or (443 if url.scheme == "https" else 80)
+        self.ssl = ssl_module.create_default_context() if url.scheme == "https" else None
+        self.limit = limit
+        self.idle: collections.deque[StreamConnection] = collections.deque()
+        self.open: set[StreamConnection] = set()
+        self.waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.heads: dict[str, bytes] = {}  # the request head up to Content-Length, by path
+        netloc = self.host if ":" not in self.host else f"[{self.host}]"
+        default_port = url.port is None or url.port == (443 if url.scheme == "https" else 80)
+        self.host_header = netloc if default_port else f"{netloc}:{self.port}"
+        lines = []
+        for key, value in {"User-Agent": USER_AGENT, "Accept": "*/*", **headers}.items():
+            if any(c in key + value for c in "\r\n\0") or ":" in key:
+                raise UsageError(f"--header {key}: a header cannot hold a line break")
+            lines.append(f"{key}: {value}\r\n")
+        self.header_lines = "".join(lines)
+
+    def head(self, url: URL) -> bytes:
+        path = url.raw_path_qs
+        head = self.heads.get(path)
+        if head is None:
+            head = self.heads[path] = (
+                f"POST {path} HTTP/1.1\r\nHost: {self.host_header}\r\n{self.header_lines}"
+                "Content-Length: "
+            ).encode("latin-1")
+        return head
+
+    async def _resolve(self) -> list[str]:
+        """The host's addresses, through the system resolver (socket.getaddrinfo, in a thread,
+        as aiohttp's ThreadedResolver: the same answer under either event loop); kept for
+        DNS_CACHE_S. An IP address resolves to itself."""
+        now = time.monotonic()
+        if self.addresses and now - self.resolved_at < DNS_CACHE_S:
+            return self.addresses
+        try:
+            ipaddress.ip_address(self.host)
+            found = [self.host]
+        except ValueError:
+            try:
+                infos = await asyncio.get_running_loop().run_in_executor(
+                    None, partial(socket.getaddrinfo, self.host, self.port,
+                                  type=socket.SOCK_STREAM))
+            except socket.gaierror as e:
+                raise HttpFailure(
+                    "dns", f"cannot resolve {self.host!r}: {e.strerror or e}") from None
+            found = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        self.addresses, self.resolved_at = found, now
+        return found
+
+    async def _connect(self) -> StreamConnection:
+        loop = asyncio.get_running_loop()
+        error: BaseException | None = None
+        for address in await self._resolve():
+            try:
+                _, conn = await loop.create_connection(
+                    lambda: StreamConnection(self), address, self.port, ssl=self.ssl,
+                    server_hostname=self.host if self.ssl is not None else None,
+                )
+            except (OSError, ssl_module.SSLError) as e:  # refused, unreachable, TLS
+                error = e
+                continue
+            self.open.add(conn)
+            return conn
+        raise HttpFailure(
+            "connect", f"cannot connect to {self.host}:{self.port} ({error})") from None
+
+    async def acquire(self) -> StreamConnection:
+        now = time.monotonic()
+        while self.idle:
+            conn = self.idle.pop()  # the most recently used: the likeliest still open
+            if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
+                conn.reused = True
+                return conn
+            conn.close()
+        while self.limit is not None and len(self.open) >= self.limit:
+            waiter = asyncio.get_running_loop().create_future()
+            self.waiters.append(waiter)
+            try:
+                conn = await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():  # handed one as it was cancelled
+                    self.release(waiter.result())
+                raise
+            if conn is not None:
+                conn.reused = True
+                return conn
+        conn = await self._connect()
+        conn.reused = False
+        return conn
+
+    def release(self, conn: StreamConnection) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return
+        conn.idle_since = time.monotonic()
+        self.idle.append(conn)
+
+    def forget(self, conn: StreamConnection) -> None:
+        """A connection closed: its place in the limit goes to a waiting request."""
+        if conn in self.open:
+            self.open.discard(conn)
+            while self.waiters:
+                waiter = self.waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)  # None: open a new connection
+                    return
+
+    async def post_stream(self, url: URL, body: bytes, stream: SseStream, t0: float) -> None:
+        """POST `body` and feed the answer's events to `stream`; HttpFailure when the answer
+        is not a complete event stream (the transport's failures included)."""
+        data = self.head(url) + b"%d\r\n\r\n" % len(body) + body
+        for attempt in (0, 1):
+            conn = await self.acquire()
+            ex = _Exchange(stream, t0, asyncio.get_running_loop().create_future())
+            conn.start(ex, data)
+            try:
+                await ex.done
+            except _StaleConnection:
+                if attempt:
+                    raise HttpFailure(
+                        "stream_cut", "connection closed before the answer (twice)") from None
+                continue
+            finally:
+                if conn.ex is ex:  # still in progress: cancelled, or timed out
+                    conn.abandon()
+            if ex.streaming:
+                return
+            text = stream.error_text(bytes(ex.error_body or b""))
+            if not 200 <= ex.status < 300:
+                raise HttpFailure("http_status", f"HTTP {ex.status}: {text}")
+            raise HttpFailure("bad_event", f"expected an event stream, got {ex.ctype}: {text}")
+
+    def close(self) -> None:
+        for conn in list(self.open):
+            conn.close()
+        self.idle.clear()
