@@ -16,7 +16,7 @@ from tabulate import tabulate
 from cbbench import options as O
 from cbbench.bench.sweep import shared_config
 from cbbench.cli import options as C
-from cbbench.cli.sweep import DEFAULT_OUT_PARENT, base_spec, probes_context
+from cbbench.cli.sweep import DEFAULT_OUT_PARENT, PROBE_OUTPUT, base_spec, probes_context
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
 
 
 @O.with_options(
-    O.Group(O.OutputOptions, "output", only=("slo", "attainment", "label"), defaults={
+    O.Group(O.OutputOptions, "output", only=PROBE_OUTPUT, defaults={
         "slo": O.REQUIRED,
     }, help={
         "slo": "Limits in ms, KEY[_pNN]=MS with KEY in ttft, tpot, e2el, e.g. "

@@ -17,6 +17,8 @@ from cbbench.options.load import PROBE_ARRIVALS
 
 DEFAULT_OUT_PARENT = Path("results") / "runs"  # git ignores it: sweeps are scratch
 MAX_POINTS = 100  # each point is a whole run: more is a typo (10^9 points ran out of memory)
+# The output flags a sweep's and a capacity search's probes take (their telemetry included).
+PROBE_OUTPUT = ("slo", "attainment", "label", "gpu_metrics", "telemetry_interval")
 
 def register(app: typer.Typer) -> None:
     app.command("sweep")(sweep)
@@ -25,7 +27,7 @@ def register(app: typer.Typer) -> None:
 @O.with_options(
     O.Group(O.LoadOptions, "load", **O.PROBE_LOAD),
     O.Group(O.ProbeOptions, "probe"),
-    O.Group(O.OutputOptions, "output", only=("slo", "attainment", "label"), help={
+    O.Group(O.OutputOptions, "output", only=PROBE_OUTPUT, help={
         "slo": "SLO in ms for goodput and attainment, e.g. ttft_p99=1000,tpot_p99=50.",
         "label": "A name for this sweep's runs.",
     }),
@@ -121,8 +123,10 @@ def base_spec(load: O.LoadOptions, output: O.OutputOptions, endpoint: O.Endpoint
         raise UsageError(f"unknown arrival process {load.arrival!r}: use "
                          f"{', '.join(PROBE_ARRIVALS)}")
     # The output group's --slo is the sweep's attainment SLO (the probes judge it), not a
-    # run's goodput limits: only the label passes to the probes.
-    return RunSpec.from_options(load, engine_opts, endpoint=endpoint, label=output.label)
+    # run's goodput limits: the label and the telemetry pass to the probes.
+    return RunSpec.from_options(load, engine_opts, endpoint=endpoint, label=output.label,
+                                gpu_metrics=output.gpu_metrics,
+                                telemetry_interval_s=output.telemetry_interval)
 
 
 def probes_context(load):
