@@ -57,7 +57,8 @@ def sweep(
 ) -> None:
     """Run one workload at several request rates: latency against throughput.
 
-    The same requests at every rate, on a fresh engine per point. Prints latency percentiles,
+    Fresh prompts at every rate (--reuse-prompts: the same requests), on a fresh engine per
+    point (--endpoint: --reset-prefix-cache empties the server's prefix cache first). Prints latency percentiles,
     throughput and goodput per rate, and saves each run, a summary (sweep.json) and a
     latency-throughput plot. Points that never reach a steady state (the queue still growing
     when arrivals stop) are flagged.
@@ -88,6 +89,8 @@ def sweep(
     for r in rate_list or []:
         sizing.check_schedule(r)
     base = base_spec(load, output, endpoint, engine_opts)
+    prep = probe.point_prep()
+    prep.check(base)
     folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out-dir {folder} is a file; give a folder")
@@ -96,7 +99,7 @@ def sweep(
                             [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)], "--out-dir")
 
     with StopSignal() as stop, probes_context(base.load):
-        result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop)
+        result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop, prep)
     pts = points_of(result)
     write_atomic(folder / PLOT_FILE, png_bytes(latency_throughput([(folder.name, result)])))
     if result["saturation_rate"] is not None:

@@ -195,6 +195,24 @@ class ProbeOptions:
         "requests, so queues can settle into a steady state.",
     )
     max_requests: int = opt(10_000, "The most requests one probe sends.")
+    reuse_prompts: bool = opt(
+        False,
+        "Send every point the same requests (one draw, one prompt text). Default: each point "
+        "draws fresh prompts with its own seed, so no point meets another's in a server's "
+        "prefix cache.",
+    )
+    reset_prefix_cache: bool = opt(
+        False,
+        "Before each point, POST /reset_prefix_cache on the --endpoint (vLLM's route, with "
+        "VLLM_SERVER_DEV_MODE=1; cbbench serve has it): every point starts with an empty "
+        "prefix cache. The result records each call's answer.",
+    )
+
+    def point_prep(self):
+        """The per-point preparation these flags ask for (bench/point_prep.py)."""
+        from cbbench.bench.point_prep import PointPrep
+
+        return PointPrep(self.reuse_prompts, self.reset_prefix_cache)
 
     def validate(self) -> None:
         check_fields(self)
