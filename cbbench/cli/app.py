@@ -52,6 +52,7 @@ from cbbench.cli import (  # noqa: E402
     capacity,
     compare,
     export,
+    forward,
     gate,
     import_result,
     report,
@@ -63,7 +64,7 @@ from cbbench.cli import (  # noqa: E402
 )
 
 for command in (run, compare, gate, report, serve, sweep, capacity, calibrate, export,
-                import_result, audit, schema):
+                import_result, audit, schema, forward):
     command.register(app)
 workloads.register(workloads_app)
 # Every command's help reflowed and its switches without a type (cbbench/cli/help.py).

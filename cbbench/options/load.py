@@ -199,13 +199,13 @@ class ProbeOptions:
         False,
         "Send every point the same requests (one draw, one prompt text). Default: each point "
         "draws fresh prompts with its own seed, so no point meets another's in a server's "
-        "prefix cache.",
+        "prefix cache.", switch=False,
     )
     reset_prefix_cache: bool = opt(
         False,
         "Before each point, POST /reset_prefix_cache on the --endpoint (vLLM's route, with "
         "VLLM_SERVER_DEV_MODE=1; cbbench serve has it): every point starts with an empty "
-        "prefix cache. The result records each call's answer.",
+        "prefix cache. The result records each call's answer.", switch=False,
     )
 
     def point_prep(self):
