@@ -12,12 +12,21 @@ warm each other (issue 40; GuideLLM users hit it: guidellm#460).
   has it). The result says what each call answered (``prefix_cache_reset``). A server that
   refuses the first call stops the sweep before anything is measured (exit 2); a later refusal
   is a warning and is recorded, the point runs (its cache figures then say what it met).
+- **A warm-up sized to the point.** Against an endpoint, each point first sends as many
+  requests as it expects to have in flight (Little's law: its rate x the previous point's
+  median E2EL; a rate-inf point, all of its requests; the first finite point, one), all at
+  once, with prompts of their own (never the point's), their results discarded: the server's
+  connections, batch shapes and allocator are warm at the point's concurrency, not at a fixed
+  count. It runs before the prefix-cache reset, so the reset still leaves the cache empty.
+  ``--skip-warmup`` leaves it out. The bundled engine starts a fresh engine per point (its
+  torch engine warms itself up): no warm-up there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -31,6 +40,10 @@ log = logging.getLogger(__name__)
 RESET_PATH = "/reset_prefix_cache"
 RESET_TIMEOUT_S = 30.0  # the server finishes its current step first: seconds at the most
 SEED_BITS = 31  # point seeds stay positive 32-bit ints, as a user's --seed is
+# A warm-up past this many requests warms nothing more (the server's batch is full long before)
+# and would cost as much as the point.
+MAX_WARMUP_REQUESTS = 256
+WARMUP_STREAM = 1 << 20  # warm-up seeds: point_seed(seed, WARMUP_STREAM + i), apart from points'
 
 
 def point_seed(seed: int, index: int) -> int:
@@ -70,11 +83,14 @@ class PointPrep:
     """Prepares each point: its spec (its own seed unless ``reuse_prompts``) and, with
     ``reset_prefix_cache``, the servers' prefix caches emptied before it."""
 
-    def __init__(self, reuse_prompts: bool = False, reset_prefix_cache: bool = False) -> None:
+    def __init__(self, reuse_prompts: bool = False, reset_prefix_cache: bool = False,
+                 warmup: bool = True) -> None:
         self.reuse_prompts = reuse_prompts
         self.reset_prefix_cache = reset_prefix_cache
+        self.warmup = warmup
         self.points = 0
         self._reset_worked = False
+        self._last_e2el_s: float | None = None  # the previous point's median E2EL
 
     def check(self, base) -> None:
         if self.reset_prefix_cache and base.endpoint is None:
@@ -83,7 +99,45 @@ class PointPrep:
 
     def to_dict(self) -> dict:
         return {"fresh_prompts": not self.reuse_prompts,
-                "reset_prefix_cache": self.reset_prefix_cache}
+                "reset_prefix_cache": self.reset_prefix_cache,
+                "warmup": "sized to each point's concurrency" if self.warmup else None}
+
+    def warmup_size(self, rate: float, planned: int) -> tuple[int, str]:
+        """How many warm-up requests a point at ``rate`` sends (``planned``: its own count),
+        and on what basis."""
+        if math.isinf(rate):
+            n, basis = planned, "rate inf: every request in flight at once"
+        elif self._last_e2el_s is None:
+            n, basis = 1, "no latency measured yet: one request"
+        else:
+            n = math.ceil(rate * self._last_e2el_s)
+            basis = (f"Little's law: {rate:.4g} req/s x the previous point's median E2EL "
+                     f"{self._last_e2el_s:.3g} s")
+        return max(1, min(n, planned, MAX_WARMUP_REQUESTS)), basis
+
+    def warm_up(self, spec, should_stop=None) -> dict | None:
+        """Send the point's warm-up (endpoint runs); what was sent, or None when none is."""
+        if not self.warmup or spec.endpoint is None:
+            return None
+        from cbbench.bench.runner import execute_run
+
+        n, basis = self.warmup_size(spec.request_rate, spec.num_requests or 1)
+        seed = point_seed(spec.seed, WARMUP_STREAM + self.points)
+        warm = dataclasses.replace(
+            spec, num_requests=n, request_rate=math.inf, seed=seed, gpu_metrics=None,
+            slice_s=None, server_log=None, label=None, duration_s=None, ramp=None,
+            endpoint=dataclasses.replace(spec.endpoint, seed=seed, scrape_metrics=False,
+                                         scrape_metrics_filter=None))
+        result = execute_run(warm, should_stop=should_stop, records=False)
+        s = result["summary"]
+        return {"requests": n, "basis": basis, "completed": s.get("completed"),
+                "failed": s.get("failed"), "duration_s": s.get("duration_s")}
+
+    def after(self, result: dict) -> None:
+        """Remember the point's median E2EL: the next point's warm-up is sized by it."""
+        e2el = ((result.get("summary") or {}).get("e2el_ms") or {}).get("p50")
+        if e2el is not None and math.isfinite(e2el) and e2el > 0:
+            self._last_e2el_s = e2el / 1000.0
 
     def spec_for(self, spec):
         """``spec`` for the next point: its own seed (the endpoint's prompt text too)."""

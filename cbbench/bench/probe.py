@@ -302,11 +302,16 @@ def run_probe(
     from cbbench.bench.runner import execute_run
 
     spec = probe_spec(base, rate, sizing, slo)
-    resets = None
+    resets = warm = None
     if prep is not None:
         spec = prep.spec_for(spec)
+        warm = prep.warm_up(spec, should_stop)  # first: the reset then empties what it cached
         resets = prep.before(spec)
     result = execute_run(spec, should_stop=should_stop)
+    if prep is not None:
+        prep.after(result)
     if resets is not None:
         result["prefix_cache_reset"] = resets
+    if warm is not None:
+        result["warmup_requests"] = warm
     return result

@@ -116,8 +116,9 @@ def run_sweep(
         write_result(path, result)
         point = summarize_probe(rate, result, slo, path.name).to_dict()
         point["seed"] = result["config"].get("seed")
-        if "prefix_cache_reset" in result:
-            point["prefix_cache_reset"] = result["prefix_cache_reset"]
+        for key in ("prefix_cache_reset", "warmup_requests"):
+            if key in result:
+                point[key] = result[key]
         if result.get("interrupted"):
             point["interrupted"] = True
         sweep["interrupted"] = stop()

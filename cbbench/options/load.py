@@ -208,11 +208,18 @@ class ProbeOptions:
         "prefix cache. The result records each call's answer.", switch=False,
     )
 
+    skip_warmup: bool = opt(
+        False,
+        "No warm-up before each point. Default (--endpoint): each point first sends as many "
+        "requests as it expects in flight (its rate x the last point's median E2EL), all at "
+        "once, with prompts of their own, results discarded.", switch=False,
+    )
+
     def point_prep(self):
         """The per-point preparation these flags ask for (bench/point_prep.py)."""
         from cbbench.bench.point_prep import PointPrep
 
-        return PointPrep(self.reuse_prompts, self.reset_prefix_cache)
+        return PointPrep(self.reuse_prompts, self.reset_prefix_cache, not self.skip_warmup)
 
     def validate(self) -> None:
         check_fields(self)

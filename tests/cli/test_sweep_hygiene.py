@@ -57,7 +57,8 @@ def test_reset_prefix_cache_starts_each_point_from_zero(caching_server, workload
     # The same prompts at both points, so only the reset keeps point 2 cold.
     reset = sweep(caching_server, workload, tmp_path / "reset", "--reuse-prompts",
                   "--reset-prefix-cache")
-    assert reset["points_prep"] == {"fresh_prompts": False, "reset_prefix_cache": True}
+    assert reset["points_prep"] == {"fresh_prompts": False, "reset_prefix_cache": True,
+                                    "warmup": "sized to each point's concurrency"}
     for p in reset["points"]:
         assert [a["ok"] for a in p["prefix_cache_reset"]] == [True]
         assert p["prefix_cache_reset"][0]["status"] == 200
@@ -70,6 +71,29 @@ def test_reset_prefix_cache_starts_each_point_from_zero(caching_server, workload
     assert "prefix_cache_reset" not in warm["points"][0]
     first2, total2 = cached(tmp_path / "warm", "40")
     assert first2 > 0 and total2 > total1
+
+
+def test_the_warmup_is_sized_to_the_points_concurrency(caching_server, workload, tmp_path):
+    import math
+
+    out = tmp_path / "warmup"
+    result = sweep(caching_server, workload, out, "--seed", "777")
+    first, second = result["points"]
+    # The first point has no latency to size by: one request; the second, Little's law on
+    # the first point's median E2EL at its own rate (within its request count).
+    assert first["warmup_requests"]["requests"] == 1
+    assert first["warmup_requests"]["completed"] == 1
+    e2el_s = json.loads((out / "rate-20.json").read_text())["summary"]["e2el_ms"]["p50"] / 1000
+    want = max(1, min(math.ceil(40 * e2el_s), NUM_REQUESTS))
+    assert second["warmup_requests"]["requests"] == want
+    assert second["warmup_requests"]["completed"] == want
+    assert "Little's law" in second["warmup_requests"]["basis"]
+    # Not in the point's own figures.
+    assert second["num_requests"] == NUM_REQUESTS and second["completed"] == NUM_REQUESTS
+    skipped = sweep(caching_server, workload, tmp_path / "skip", "--seed", "778",
+                    "--skip-warmup")
+    assert all("warmup_requests" not in p for p in skipped["points"])
+    assert skipped["points_prep"]["warmup"] is None
 
 
 def test_fresh_prompts_per_point_by_default(caching_server, workload, tmp_path):
