@@ -39,6 +39,7 @@ from cbbench.bench.roofline import (
 )
 from cbbench.errors import UsageError
 from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION
+
 CPU_PRESETS = ("tiny", "small")  # a CPU times these; a real model's step would take minutes
 DEFAULT_REFERENCE_GPU = "h100"  # a CPU run's floors: what the shape would take on it
 KV_FILL_STD = 1.0  # K and V after the model's norms and projections: O(1)
@@ -285,7 +286,7 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
         runner = _runner(spec, setup, device, dtype, False, out)
         if runner is not None:
             for p in sorted(spec.prefill_tokens):
-                _time_row(spec, setup, runner, "prefill", [(p, 0)], False, out, log)
+                _time_row(spec, setup, runner, "prefill", prefill_rows(p), False, out, log)
     return out
 
 

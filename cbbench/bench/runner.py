@@ -525,7 +525,8 @@ class Telemetry:
         elif self.spec.gpu_metrics:  # the target never started its clock (the array simulator)
             telemetry = unavailable("the run's clock never started: no DCGM page was scraped")
         elif self.spec.endpoint is not None:
-            telemetry = unavailable("remote endpoint: give --gpu-index to sample a GPU on this host")
+            telemetry = unavailable("remote endpoint: give --gpu-metrics URL (the server's DCGM "
+                                    "exporter) or --gpu-index (a GPU on this host)")
         else:
             telemetry = unavailable(SIMULATED_GPU_REASON)
         line = warning_line(telemetry)

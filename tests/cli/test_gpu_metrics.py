@@ -12,11 +12,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import SERVE_MODEL, free_port, serve_process, wait_until
 from typer.testing import CliRunner
 
 from cbbench.bench import dcgm
 from cbbench.cli.app import app
-from helpers import SERVE_MODEL, free_port, serve_process, wait_until
 
 NUM_REQUESTS = 12
 DRAM = {0: 0.62, 1: 0.31}  # DCGM_FI_PROF_DRAM_ACTIVE per GPU: a ratio
@@ -162,9 +162,9 @@ def test_two_gpus_scraped_during_a_run(sim_server, workload, tmp_path):
     # On the run's clock: inside the run, from its start.
     duration = result["summary"]["duration_s"]
     times = [s["t_s"] for s in samples]
-    assert 0 <= min(times) and max(times) <= duration + 1.0
+    assert min(times) >= 0 and max(times) <= duration + 1.0
     assert max(times) - min(times) > duration / 2
-    assert [t for t in times] == sorted(times)
+    assert times == sorted(times)
     # The steady-state summary and its printed line, as for NVML (pooled over the two GPUs).
     steady = tel["summary"]["steady"]["dram_bw_util_pct"]
     assert steady["mean"] == pytest.approx((DRAM[0] + DRAM[1]) * 50, rel=0.05)

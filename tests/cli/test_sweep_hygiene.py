@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import SERVE_MODEL, free_port, serve_process
 from typer.testing import CliRunner
 
 from cbbench.bench.point_prep import PointPrep, point_seed
 from cbbench.cli.app import app
 from cbbench.errors import UsageError
-from helpers import SERVE_MODEL, free_port, serve_process
 
 NUM_REQUESTS = 6
 RATES = "20,40"
