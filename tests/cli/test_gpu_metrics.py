@@ -162,8 +162,11 @@ def test_two_gpus_scraped_during_a_run(sim_server, workload, tmp_path):
     # On the run's clock: inside the run, from its start.
     duration = result["summary"]["duration_s"]
     times = [s["t_s"] for s in samples]
-    assert min(times) >= 0 and max(times) <= duration + 1.0
+    # (The sampling stops when the target returns: its teardown, seconds on a loaded machine,
+    # may add samples past the last request, as with NVML.)
+    assert min(times) >= 0 and max(times) <= duration + 10.0
     assert max(times) - min(times) > duration / 2
+    assert any(s["t_s"] <= duration / 2 for s in samples)  # inside the run, not only after
     assert times == sorted(times)
     # The steady-state summary and its printed line, as for NVML (pooled over the two GPUs).
     steady = tel["summary"]["steady"]["dram_bw_util_pct"]
