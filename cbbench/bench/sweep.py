@@ -119,6 +119,9 @@ def run_sweep(
         for key in ("prefix_cache_reset", "warmup_requests"):
             if key in result:
                 point[key] = result[key]
+        gpu = telemetry_means(result.get("telemetry"))
+        if gpu is not None:
+            point["telemetry"] = gpu
         if result.get("interrupted"):
             point["interrupted"] = True
         sweep["interrupted"] = stop()
@@ -145,6 +148,16 @@ def run_sweep(
             break
         run_point(rate, i, total)
     return sweep
+
+
+def telemetry_means(tel: dict | None) -> dict | None:
+    """A point's GPU telemetry in sweep.json: each quantity's steady-state mean (NVML or a
+    DCGM exporter's, pooled over GPUs as the run's summary line is); None without any."""
+    if not tel or not tel.get("available"):
+        return None
+    steady = (tel.get("summary") or {}).get("steady") or {}
+    return {"source": tel.get("source"), "metric": tel.get("metric"),
+            "steady_mean": {k: v.get("mean") for k, v in steady.items()}}
 
 
 def shared_config(config: dict) -> dict:

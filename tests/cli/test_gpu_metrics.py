@@ -183,6 +183,22 @@ def test_two_gpus_scraped_during_a_run(sim_server, workload, tmp_path):
     read_run(tmp_path / "r.json")
 
 
+def test_a_sweep_scrapes_each_point(sim_server, workload, tmp_path):
+    out = tmp_path / "sweep"
+    with FakeExporter() as fake:
+        r = CliRunner().invoke(app, [
+            "sweep", "--endpoint", sim_server.url, "--workload", str(workload), "--rates", "20",
+            "--num-requests", str(NUM_REQUESTS), "--min-duration", "0", "--out-dir", str(out),
+            "--gpu-metrics", fake.url, "--telemetry-interval", "0.05", "--skip-warmup"])
+    assert r.exit_code == 0, r.output
+    point = json.loads((out / "sweep.json").read_text())["points"][0]
+    assert point["telemetry"]["source"] == "dcgm"
+    mean = point["telemetry"]["steady_mean"]["dram_bw_util_pct"]
+    assert mean == pytest.approx((DRAM[0] + DRAM[1]) * 50, rel=0.05)
+    run = json.loads((out / "rate-20.json").read_text())
+    assert {s["gpu"] for s in run["telemetry"]["samples"]} == {0, 1}
+
+
 @pytest.mark.parametrize("mode, why", [
     ("down", "cannot connect"),
     ("slow", "within"),
