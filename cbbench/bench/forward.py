@@ -29,6 +29,7 @@ import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from cbbench.bench.roofline import (
     decode_rows,
@@ -102,16 +103,23 @@ def _peaks(spec: ForwardSpec, device, torch) -> tuple[Peaks, dict | None]:
     elif device.type == "cuda":
         gpu = match_device_name(torch.cuda.get_device_name(device))
     on_gpu = device.type == "cuda"
-    if gpu is None and (spec.peak_bw is None or spec.peak_flops is None):
+    given = spec.peak_bw is not None and spec.peak_flops is not None
+    if gpu is None and not given:
         if on_gpu:
             raise UsageError(f"unknown GPU {torch.cuda.get_device_name(device)!r}: give --gpu "
                              "or --peak-bw and --peak-flops")
         gpu = get_gpu_spec(DEFAULT_REFERENCE_GPU)
-    bw = spec.peak_bw or gpu.hbm_bandwidth
-    fl = spec.peak_flops or gpu.bf16_flops
-    given = spec.peak_bw is not None and spec.peak_flops is not None
-    source = "given" if given else f"{gpu.name} spec" + ("" if on_gpu else " (a CPU: reference)")
+    bw = spec.peak_bw if spec.peak_bw is not None else _spec_peak(gpu, "hbm_bandwidth")
+    fl = spec.peak_flops if spec.peak_flops is not None else _spec_peak(gpu, "bf16_flops")
+    name = gpu.name if gpu is not None else "?"
+    source = "given" if given else f"{name} spec" + ("" if on_gpu else " (a CPU: reference)")
     return Peaks(bw, fl, source, on_gpu or given), (gpu.to_dict() if gpu else None)
+
+
+def _spec_peak(gpu, attr: str) -> float:
+    if gpu is None:  # _peaks chose a GPU whenever a peak was not given
+        raise UsageError("give --gpu, or both --peak-bw and --peak-flops")
+    return float(getattr(gpu, attr))
 
 
 class _Timer:
@@ -186,10 +194,10 @@ def _stats(xs: list[float]) -> dict:
 
 @dataclass
 class _Setup:
-    model: object
-    config: object
+    model: Any
+    config: Any
     kv_caches: list
-    bm: object
+    bm: Any
     dtype_name: str
     peaks: Peaks
     num_blocks: int
@@ -252,7 +260,7 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
     fill_random_(kv_caches, spec.seed)
     setup = _Setup(model, config, kv_caches, BlockManager(num_blocks, spec.block_size),
                    dtype_name, peaks, num_blocks)
-    out = {
+    out: dict[str, Any] = {
         "kind": FORWARD_KIND,
         "schema_version": FORWARD_SCHEMA_VERSION,
         "started_at": _now(),
