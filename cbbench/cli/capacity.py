@@ -16,7 +16,13 @@ from tabulate import tabulate
 from cbbench import options as O
 from cbbench.bench.sweep import shared_config
 from cbbench.cli import options as C
-from cbbench.cli.sweep import DEFAULT_OUT_PARENT, PROBE_OUTPUT, base_spec, probes_context
+from cbbench.cli.sweep import (
+    DEFAULT_OUT_PARENT,
+    PROBE_OUTPUT,
+    base_spec,
+    point_prep,
+    probes_context,
+)
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
@@ -103,7 +109,7 @@ def capacity(
         raise UsageError(f"--start-rate must be a positive number, got {start_rate}")
     sizing = ProbeSizing(load.num_requests, probe.min_duration, probe.max_requests)
     base = base_spec(load, output, endpoint, engine_opts)
-    prep = probe.point_prep()
+    prep = point_prep(probe)
     prep.check(base)
     out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
     check_writable(out_path)

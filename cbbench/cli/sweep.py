@@ -89,7 +89,7 @@ def sweep(
     for r in rate_list or []:
         sizing.check_schedule(r)
     base = base_spec(load, output, endpoint, engine_opts)
-    prep = probe.point_prep()
+    prep = point_prep(probe)
     prep.check(base)
     folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
     if folder.exists() and not folder.is_dir():
@@ -130,6 +130,13 @@ def base_spec(load: O.LoadOptions, output: O.OutputOptions, endpoint: O.Endpoint
     return RunSpec.from_options(load, engine_opts, endpoint=endpoint, label=output.label,
                                 gpu_metrics=output.gpu_metrics,
                                 telemetry_interval_s=output.telemetry_interval)
+
+
+def point_prep(probe: O.ProbeOptions):
+    """The per-point preparation the probe flags ask for (bench/point_prep.py)."""
+    from cbbench.bench.point_prep import PointPrep
+
+    return PointPrep(probe.reuse_prompts, probe.reset_prefix_cache, not probe.skip_warmup)
 
 
 def probes_context(load):

@@ -215,12 +215,6 @@ class ProbeOptions:
         "once, with prompts of their own, results discarded.", switch=False,
     )
 
-    def point_prep(self):
-        """The per-point preparation these flags ask for (bench/point_prep.py)."""
-        from cbbench.bench.point_prep import PointPrep
-
-        return PointPrep(self.reuse_prompts, self.reset_prefix_cache, not self.skip_warmup)
-
     def validate(self) -> None:
         check_fields(self)
 
