@@ -19,6 +19,7 @@ FRONT=(
   cbbench.analysis.gate cbbench.analysis.records cbbench.analysis.result cbbench.analysis.slo
   cbbench.analysis.telemetry cbbench.analysis.windows
   cbbench.bench.nvml_gpm cbbench.distributed.plan
+  cbbench.bench.dcgm cbbench.bench.roofline cbbench.bench.forward
   cbbench.load.cancel cbbench.load.chat_template cbbench.load.delays cbbench.load.hash_blocks
   cbbench.load.jsonl cbbench.load.limits
   cbbench.report.check

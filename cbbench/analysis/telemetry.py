@@ -1,7 +1,8 @@
 """GPU telemetry in the result: samples -> the ``telemetry`` section and its summary.
 
-The samples come from the NVML sampler (:mod:`cbbench.bench.nvml_sampler`), one per GPU per
-tick, stamped with the run's clock so they line up with engine iterations and request events.
+The samples come from the NVML sampler (:mod:`cbbench.bench.nvml_sampler`) or from a DCGM
+exporter's page (:mod:`cbbench.bench.dcgm`, ``source: "dcgm"``), one per GPU per tick,
+stamped with the run's clock so they line up with engine iterations and request events.
 The headline quantity is DRAM bandwidth utilization from NVML's GPM counters (Hopper and
 newer); where GPM is missing the sampler falls back to the memory controller's busy
 percentage, which is a different quantity (the share of time memory was read or written at
@@ -20,8 +21,11 @@ from typing import Any
 import numpy as np
 
 SOURCE = "nvml"
+SOURCE_DCGM = "dcgm"  # a DCGM exporter's page (cbbench/bench/dcgm.py: --gpu-metrics)
 METRIC_GPM = "dram_bw_util_gpm"
 METRIC_MC_BUSY = "memory_controller_busy"
+# DCGM_FI_PROF_DRAM_ACTIVE: the quantity GPM's DRAM bandwidth utilization reads, from DCGM.
+METRIC_DCGM = "dram_active_dcgm"
 
 # With no steady-state window from the caller, drop this share of the sampled span at each end
 # (ramp-up and drain): the middle 80% is kept.
@@ -122,15 +126,16 @@ def section(
     samples: Sequence[TelemetrySample],
     window: tuple[float, float] | None,
     index_kind: str | None = None,
+    source: str = SOURCE,
 ) -> dict[str, Any]:
     return {
         "available": available,
         "reason": reason,
         "error": error,
-        "source": SOURCE,
+        "source": source,
         "metric": metric,
         "gpu_indices": [int(i) for i in gpu_indices],
-        "index_kind": index_kind,  # gpu_indices are NVML's ("nvml") or CUDA ordinals ("cuda")
+        "index_kind": index_kind,  # NVML's ("nvml"), CUDA ordinals ("cuda"), DCGM's gpu labels ("dcgm")
         "interval_s": float(interval_s),
         "samples": [asdict(s) for s in samples],
         "summary": summarize(samples, window),

@@ -160,11 +160,12 @@ class Prober:
     config (the resolved engine, model and GPU) for the capacity file."""
 
     def __init__(self, base, sizing, slo, runs_dir=None,
-                 should_stop: Callable[[], bool] | None = None):
+                 should_stop: Callable[[], bool] | None = None, prep=None):
         self.base, self.sizing, self.slo, self.runs_dir = (
             base, sizing, slo, runs_dir
         )
         self.should_stop = should_stop
+        self.prep = prep  # bench/point_prep.py: each probe's own prompts, the cache reset
         self.count = 0
         self.config: dict | None = None
 
@@ -179,7 +180,7 @@ class Prober:
             f"{self.sizing.requests_for(rate)} requests"
         )
         result = run_probe(self.base, rate, self.sizing, self.slo,
-                           self.should_stop)
+                           self.should_stop, self.prep)
         if self.config is None:
             self.config = result["config"]
         path = None

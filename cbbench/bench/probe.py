@@ -33,6 +33,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from cbbench.analysis.slo import AttainmentSLO, run_attainment
+from cbbench.bench.point_prep import PointPrep
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
 from cbbench.schema.points import ProbePoint, rate_label  # noqa: F401 (re-exported)
@@ -292,10 +293,25 @@ def summarize_probe(
 
 def run_probe(
     base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None, should_stop: Callable[[], bool] | None = None,
+    prep: PointPrep | None = None,
 ) -> dict:
     """Run the base spec at one rate; returns the result dict (execute_run's). With
     ``should_stop`` (a StopSignal) the run stops dispatching once it is set and comes back
-    marked interrupted."""
+    marked interrupted. ``prep``: the point's own prompts and, asked for, the server's prefix
+    cache reset first (bench/point_prep.py); the result then says what the reset answered."""
     from cbbench.bench.runner import execute_run
 
-    return execute_run(probe_spec(base, rate, sizing, slo), should_stop=should_stop)
+    spec = probe_spec(base, rate, sizing, slo)
+    resets = warm = None
+    if prep is not None:
+        spec = prep.spec_for(spec)
+        warm = prep.warm_up(spec, should_stop)  # first: the reset then empties what it cached
+        resets = prep.before(spec)
+    result = execute_run(spec, should_stop=should_stop)
+    if prep is not None:
+        prep.after(result)
+    if resets is not None:
+        result["prefix_cache_reset"] = resets
+    if warm is not None:
+        result["warmup_requests"] = warm
+    return result

@@ -70,6 +70,7 @@ class RunSpec:
     endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
     gpu_index: int | None = None
     telemetry_interval_s: float = 0.05
+    gpu_metrics: list[str] | None = None  # --gpu-metrics: DCGM exporter pages, not NVML
     duration_s: float | None = None  # --duration: draw requests until the schedule reaches it
     ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
     load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
@@ -211,12 +212,13 @@ def _input_fields(rec, d: dict) -> None:
 
 
 REDACTED = "<redacted>"
+URL_FLAGS = ("--endpoint", "--gpu-metrics")  # a URL's user:password@ and query are dropped
 
 
 def _redact_option(flag: str, value: str) -> str:
     from cbbench.targets.options import redact_url
 
-    if flag == "--endpoint":
+    if flag in URL_FLAGS:
         return redact_url(value)
     key, sep, val = value.partition("=")
     if sep and not (val.startswith("env:") or val.startswith("$")):
@@ -232,7 +234,7 @@ def recorded_command(argv: list[str]) -> str:
     while i < len(argv):
         arg = argv[i]
         flag, eq, inline = arg.partition("=")
-        if flag in ("--header", "--endpoint"):
+        if flag == "--header" or flag in URL_FLAGS:
             if eq:
                 out.append(f"{flag}={_redact_option(flag, inline)}")
             elif i + 1 < len(argv):
@@ -486,6 +488,9 @@ class Telemetry:
     def start(self, clock) -> None:
         from cbbench.bench.nvml_sampler import TelemetrySampler
 
+        if self.spec.gpu_metrics:
+            self._start_dcgm(clock)
+            return
         if self.indices is None:
             return
         # The engine's own device is a CUDA ordinal of this process (CUDA_VISIBLE_DEVICES
@@ -497,6 +502,17 @@ class Telemetry:
         )
         self.sampler.start()
 
+    def _start_dcgm(self, clock) -> None:
+        """--gpu-metrics: the DCGM exporters' pages, on the run's clock (URL credentials kept
+        out of the result)."""
+        from cbbench.bench.dcgm import DcgmScraper
+        from cbbench.targets.options import redact_url
+
+        urls = list(self.spec.gpu_metrics or [])
+        self.sampler = DcgmScraper(urls, self.spec.telemetry_interval_s, clock=clock.now,
+                                   shown_urls=[redact_url(u) for u in urls])
+        self.sampler.start()
+
     def stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
@@ -506,12 +522,15 @@ class Telemetry:
 
         if self.sampler is not None:
             telemetry = self.sampler.to_result()
+        elif self.spec.gpu_metrics:  # the target never started its clock (the array simulator)
+            telemetry = unavailable("the run's clock never started: no DCGM page was scraped")
         elif self.spec.endpoint is not None:
-            telemetry = unavailable("remote endpoint: give --gpu-index to sample a GPU on this host")
+            telemetry = unavailable("remote endpoint: give --gpu-metrics URL (the server's DCGM "
+                                    "exporter) or --gpu-index (a GPU on this host)")
         else:
             telemetry = unavailable(SIMULATED_GPU_REASON)
         line = warning_line(telemetry)
-        if line and self.indices is not None:
+        if line and (self.indices is not None or self.spec.gpu_metrics):
             log.info(line)
         return telemetry
 

@@ -1,6 +1,8 @@
-"""Sweeps: one workload at a list of request rates, each point a fresh run of the same requests
-(same seed: the same draws and the same arrival pattern, scaled to the rate), summarized into
-sweep.json and a table.
+"""Sweeps: one workload at a list of request rates, each point a fresh run, summarized into
+sweep.json and a table. Each point draws its own prompts (its own seed: no point meets an
+earlier one's prompts in a server's prefix cache) unless --reuse-prompts asks for the same
+requests at every rate, and with --reset-prefix-cache empties the server's cache first
+(bench/point_prep.py).
 
 `--rates auto` follows GuideLLM's sweep: a rate-inf probe first measures the saturation rate
 (probe.saturation_rate), then `points` rates are spread evenly from AUTO_LOW_FRACTION to
@@ -19,6 +21,7 @@ import numpy as np
 from tabulate import tabulate
 
 from cbbench.analysis.slo import AttainmentSLO
+from cbbench.bench.point_prep import PointPrep
 from cbbench.bench.probe import (
     ProbePoint,
     ProbeSizing,
@@ -82,6 +85,7 @@ def run_sweep(
     slo: AttainmentSLO | None,
     out_dir: Path,
     should_stop: Callable[[], bool] | None = None,
+    prep: PointPrep | None = None,
 ) -> dict:
     """Run every point (rates None: auto), saving DIR/rate-<r>.json as each finishes and
     DIR/sweep.json after each point, so an interrupted sweep keeps what it measured. Once
@@ -96,6 +100,7 @@ def run_sweep(
         "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "rates": "auto" if rates is None else [rate_label(r) for r in rates],
         "sizing": sizing.to_dict(),
+        "points_prep": (prep or PointPrep(reuse_prompts=True)).to_dict(),
         "slo": slo.to_dict() if slo is not None else None,
         "saturation_rate": None,
         "config": None,
@@ -106,10 +111,17 @@ def run_sweep(
 
     def run_point(rate: float, i: int, total: int | str) -> dict:
         log.info(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
-        result = run_probe(base, rate, sizing, slo, should_stop)
+        result = run_probe(base, rate, sizing, slo, should_stop, prep)
         path = out_dir / f"rate-{rate_label(rate)}.json"
         write_result(path, result)
         point = summarize_probe(rate, result, slo, path.name).to_dict()
+        point["seed"] = result["config"].get("seed")
+        for key in ("prefix_cache_reset", "warmup_requests"):
+            if key in result:
+                point[key] = result[key]
+        gpu = telemetry_means(result.get("telemetry"))
+        if gpu is not None:
+            point["telemetry"] = gpu
         if result.get("interrupted"):
             point["interrupted"] = True
         sweep["interrupted"] = stop()
@@ -138,9 +150,19 @@ def run_sweep(
     return sweep
 
 
+def telemetry_means(tel: dict | None) -> dict | None:
+    """A point's GPU telemetry in sweep.json: each quantity's steady-state mean (NVML or a
+    DCGM exporter's, pooled over GPUs as the run's summary line is); None without any."""
+    if not tel or not tel.get("available"):
+        return None
+    steady = (tel.get("summary") or {}).get("steady") or {}
+    return {"source": tel.get("source"), "metric": tel.get("metric"),
+            "steady_mean": {k: v.get("mean") for k, v in steady.items()}}
+
+
 def shared_config(config: dict) -> dict:
     """The first point's config without what changes per point."""
-    per_point = {"request_rate", "num_requests", "command", "label"}
+    per_point = {"request_rate", "num_requests", "command", "label", "seed"}
     return {k: v for k, v in config.items() if k not in per_point}
 
 

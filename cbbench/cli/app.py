@@ -51,7 +51,7 @@ COMMANDS = (
     ("run", "run"), ("compare", "compare"), ("gate", "gate"), ("report", "report"),
     ("serve", "serve"), ("sweep", "sweep"), ("capacity", "capacity"),
     ("calibrate", "calibrate"), ("export", "export"), ("import", "import_result"),
-    ("audit", "audit"), ("schema", "schema"),
+    ("audit", "audit"), ("schema", "schema"), ("forward", "forward"),
 )
 _registered: set[str] = set()
 
@@ -101,6 +101,8 @@ def _command_module(name: str):  # noqa: C901 - one branch a command, imported o
         from cbbench.cli import audit as module
     elif name == "schema":
         from cbbench.cli import schema as module
+    elif name == "forward":
+        from cbbench.cli import forward as module
     else:
         raise KeyError(name)
     return module

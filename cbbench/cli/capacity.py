@@ -16,7 +16,13 @@ from tabulate import tabulate
 from cbbench import options as O
 from cbbench.bench.sweep import shared_config
 from cbbench.cli import options as C
-from cbbench.cli.sweep import DEFAULT_OUT_PARENT, base_spec, probes_context
+from cbbench.cli.sweep import (
+    DEFAULT_OUT_PARENT,
+    PROBE_OUTPUT,
+    base_spec,
+    point_prep,
+    probes_context,
+)
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
@@ -31,7 +37,7 @@ def register(app: typer.Typer) -> None:
 
 
 @O.with_options(
-    O.Group(O.OutputOptions, "output", only=("slo", "attainment", "label"), defaults={
+    O.Group(O.OutputOptions, "output", only=PROBE_OUTPUT, defaults={
         "slo": O.REQUIRED,
     }, help={
         "slo": "Limits in ms, KEY[_pNN]=MS with KEY in ttft, tpot, e2el, e.g. "
@@ -103,6 +109,8 @@ def capacity(
         raise UsageError(f"--start-rate must be a positive number, got {start_rate}")
     sizing = ProbeSizing(load.num_requests, probe.min_duration, probe.max_requests)
     base = base_spec(load, output, endpoint, engine_opts)
+    prep = point_prep(probe)
+    prep.check(base)
     out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
     check_writable(out_path)
     inputs = [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)]
@@ -117,7 +125,7 @@ def capacity(
     with StopSignal() as stop, probes_context(base.load):
         if start_rate is None:
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
-            sat_result = run_probe(base, math.inf, sizing, slo_spec, stop)
+            sat_result = run_probe(base, math.inf, sizing, slo_spec, stop, prep)
             if runs_dir is not None:
                 write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
             saturation = saturation_rate(sat_result)
@@ -131,7 +139,7 @@ def capacity(
                     raise UsageError("the rate-inf probe completed nothing; give --start-rate")
                 start_rate = saturation * 0.5
         if found is None:
-            prober = Prober(base, sizing, slo_spec, runs_dir, stop)
+            prober = Prober(base, sizing, slo_spec, runs_dir, stop, prep)
             found = search(prober, start_rate, precision, should_stop=stop)
 
     doc = {
@@ -140,6 +148,7 @@ def capacity(
         "slo": slo_spec.to_dict(),
         "precision": precision,
         "sizing": sizing.to_dict(),
+        "points_prep": prep.to_dict(),
         "status": found.status,
         "capacity": found.capacity,
         "bracket": [found.lo, found.hi],

@@ -10,7 +10,7 @@ import typer
 
 from cbbench.errors import UsageError
 
-KINDS = ("run", "sweep", "capacity")
+KINDS = ("run", "sweep", "capacity", "forward")
 
 
 def register(app: typer.Typer) -> None:
@@ -18,10 +18,11 @@ def register(app: typer.Typer) -> None:
 
 
 def schema(
-    kind: Annotated[str, typer.Argument(help="run | sweep | capacity.", metavar="KIND")],
+    kind: Annotated[str, typer.Argument(help="run | sweep | capacity | forward.",
+                                        metavar="KIND")],
 ) -> None:
-    """Print the JSON Schema of a result file: run (a run's result), sweep (sweep.json) or
-    capacity (capacity.json).
+    """Print the JSON Schema of a result file: run (a run's result), sweep (sweep.json),
+    capacity (capacity.json) or forward (cbbench forward's file).
 
     Every reader (compare, gate, report, calibrate, run --replay) validates its files against
     these models; fields a model does not name are allowed, the named ones are typed.

@@ -17,6 +17,8 @@ from cbbench.options.load import PROBE_ARRIVALS
 
 DEFAULT_OUT_PARENT = Path("results") / "runs"  # git ignores it: sweeps are scratch
 MAX_POINTS = 100  # each point is a whole run: more is a typo (10^9 points ran out of memory)
+# The output flags a sweep's and a capacity search's probes take (their telemetry included).
+PROBE_OUTPUT = ("slo", "attainment", "label", "gpu_metrics", "telemetry_interval")
 
 def register(app: typer.Typer) -> None:
     app.command("sweep")(sweep)
@@ -25,7 +27,7 @@ def register(app: typer.Typer) -> None:
 @O.with_options(
     O.Group(O.LoadOptions, "load", **O.PROBE_LOAD),
     O.Group(O.ProbeOptions, "probe"),
-    O.Group(O.OutputOptions, "output", only=("slo", "attainment", "label"), help={
+    O.Group(O.OutputOptions, "output", only=PROBE_OUTPUT, help={
         "slo": "SLO in ms for goodput and attainment, e.g. ttft_p99=1000,tpot_p99=50.",
         "label": "A name for this sweep's runs.",
     }),
@@ -55,7 +57,8 @@ def sweep(
 ) -> None:
     """Run one workload at several request rates: latency against throughput.
 
-    The same requests at every rate, on a fresh engine per point. Prints latency percentiles,
+    Fresh prompts at every rate (--reuse-prompts: the same requests), on a fresh engine per
+    point (--endpoint: --reset-prefix-cache empties the server's prefix cache first). Prints latency percentiles,
     throughput and goodput per rate, and saves each run, a summary (sweep.json) and a
     latency-throughput plot. Points that never reach a steady state (the queue still growing
     when arrivals stop) are flagged.
@@ -86,6 +89,8 @@ def sweep(
     for r in rate_list or []:
         sizing.check_schedule(r)
     base = base_spec(load, output, endpoint, engine_opts)
+    prep = point_prep(probe)
+    prep.check(base)
     folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out-dir {folder} is a file; give a folder")
@@ -94,7 +99,7 @@ def sweep(
                             [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)], "--out-dir")
 
     with StopSignal() as stop, probes_context(base.load):
-        result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop)
+        result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop, prep)
     pts = points_of(result)
     write_atomic(folder / PLOT_FILE, png_bytes(latency_throughput([(folder.name, result)])))
     if result["saturation_rate"] is not None:
@@ -121,8 +126,17 @@ def base_spec(load: O.LoadOptions, output: O.OutputOptions, endpoint: O.Endpoint
         raise UsageError(f"unknown arrival process {load.arrival!r}: use "
                          f"{', '.join(PROBE_ARRIVALS)}")
     # The output group's --slo is the sweep's attainment SLO (the probes judge it), not a
-    # run's goodput limits: only the label passes to the probes.
-    return RunSpec.from_options(load, engine_opts, endpoint=endpoint, label=output.label)
+    # run's goodput limits: the label and the telemetry pass to the probes.
+    return RunSpec.from_options(load, engine_opts, endpoint=endpoint, label=output.label,
+                                gpu_metrics=output.gpu_metrics,
+                                telemetry_interval_s=output.telemetry_interval)
+
+
+def point_prep(probe: O.ProbeOptions):
+    """The per-point preparation the probe flags ask for (bench/point_prep.py)."""
+    from cbbench.bench.point_prep import PointPrep
+
+    return PointPrep(probe.reuse_prompts, probe.reset_prefix_cache, not probe.skip_warmup)
 
 
 def probes_context(load):

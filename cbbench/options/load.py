@@ -195,6 +195,25 @@ class ProbeOptions:
         "requests, so queues can settle into a steady state.",
     )
     max_requests: int = opt(10_000, "The most requests one probe sends.")
+    reuse_prompts: bool = opt(
+        False,
+        "Send every point the same requests (one draw, one prompt text). Default: each point "
+        "draws fresh prompts with its own seed, so no point meets another's in a server's "
+        "prefix cache.", switch=False,
+    )
+    reset_prefix_cache: bool = opt(
+        False,
+        "Before each point, POST /reset_prefix_cache on the --endpoint (vLLM's route, with "
+        "VLLM_SERVER_DEV_MODE=1; cbbench serve has it): every point starts with an empty "
+        "prefix cache. The result records each call's answer.", switch=False,
+    )
+
+    skip_warmup: bool = opt(
+        False,
+        "No warm-up before each point. Default (--endpoint): each point first sends as many "
+        "requests as it expects in flight (its rate x the last point's median E2EL), all at "
+        "once, with prompts of their own, results discarded.", switch=False,
+    )
 
     def validate(self) -> None:
         check_fields(self)

@@ -55,6 +55,14 @@ class OutputOptions:
     telemetry_interval: float = opt(
         0.05, "Seconds between GPU telemetry samples.", low=0.0, low_open=True
     )
+    gpu_metrics: list[str] | None = opt(
+        None,
+        "A DCGM exporter's Prometheus page (http://GPU-HOST:9400/metrics; repeatable, one per "
+        "GPU server), scraped every --telemetry-interval during the run: per-GPU HBM bandwidth "
+        "(DCGM_FI_PROF_DRAM_ACTIVE), SM and tensor activity, memory, clocks and power as the "
+        "result's telemetry (source dcgm), instead of NVML on this host.",
+        metavar="URL",
+    )
     label: str | None = opt(None, "A name for this run, shown by compare and report.")
     summary_only: bool = opt(
         False,
@@ -99,6 +107,20 @@ class OutputOptions:
         check_fields(self)  # the SLO text is read (and checked) by its one parser
         self.percentile_list()
         self.slice_s()
+        self.check_gpu_metrics()
+
+    def check_gpu_metrics(self) -> None:
+        """--gpu-metrics: http(s) URLs, and not beside --gpu-index (one telemetry source)."""
+        from urllib.parse import urlsplit
+
+        for url in self.gpu_metrics or []:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise UsageError(f"--gpu-metrics {url!r}: give an http(s) URL, e.g. "
+                                 "http://gpu-host:9400/metrics")
+        if self.gpu_metrics and self.gpu_index is not None:
+            raise UsageError("--gpu-metrics reads the GPUs from a DCGM exporter; --gpu-index "
+                             "samples one on this host with NVML: give one of them")
 
     def slice_s(self) -> float | None:
         """--slice in seconds (None: no slices)."""
@@ -154,7 +176,7 @@ class WindowOptions:
 
 RUN_OUTPUT = dict(only=(
     "slo", "warmup", "cooldown", "output", "save_detailed", "max_error_rate", "gpu_index",
-    "telemetry_interval", "label", "summary_only", "percentiles", "slice", "output_format", "server_log", "json", "quiet",
+    "telemetry_interval", "gpu_metrics", "label", "summary_only", "percentiles", "slice", "output_format", "server_log", "json", "quiet",
 ))
 # The one flag compare, gate and report take from this group.
 READ_OUTPUT = dict(only=("percentiles",))

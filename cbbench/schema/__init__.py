@@ -1,7 +1,8 @@
 """The result files as typed, versioned models (pydantic): the run result, sweep.json and
 capacity.json. Every reader goes through :func:`read_run`, :func:`read_sweep` or
 :func:`read_capacity`, so a tampered, truncated or older file is refused here, in one line;
-`cbbench schema run|sweep|capacity` prints the JSON Schema.
+`cbbench schema run|sweep|capacity|forward` prints the JSON Schema (forward: `cbbench forward`'s
+file, read by :func:`read_forward`).
 
 The models type every field they name and let other fields through (producers add fields; a
 reader that does not know one keeps it), so the files' field names stay the producers'.
@@ -16,15 +17,18 @@ from typing import Any
 from cbbench.errors import UsageError
 from cbbench.schema.base import Record, to_dict, validate
 from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
+from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
 from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
 from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, SweepFile
 
-MODELS: dict[str, type[Record]] = {"run": RunResult, "sweep": SweepFile, "capacity": CapacityFile}
+MODELS: dict[str, type[Record]] = {"run": RunResult, "sweep": SweepFile, "capacity": CapacityFile,
+                                   "forward": ForwardResult}
 
 __all__ = [
     "CAPACITY_KIND", "CAPACITY_SCHEMA_VERSION", "MODELS", "RUN_SCHEMA_VERSION", "SWEEP_KIND",
     "SWEEP_SCHEMA_VERSION", "CapacityFile", "RunResult", "SweepFile", "check_run",
     "json_schema", "read_capacity", "read_json_file", "read_run", "read_sweep", "to_dict",
+    "FORWARD_KIND", "FORWARD_SCHEMA_VERSION", "ForwardResult", "read_forward",
 ]
 
 
@@ -79,3 +83,8 @@ def read_sweep(path: Path) -> dict:
 def read_capacity(path: Path) -> dict:
     return _read_kind(path, CapacityFile, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION,
                       "capacity file")
+
+
+def read_forward(path: Path) -> dict:
+    return _read_kind(path, ForwardResult, FORWARD_KIND, FORWARD_SCHEMA_VERSION,
+                      "forward file")

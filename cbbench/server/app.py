@@ -165,6 +165,20 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
             return JSONResponse(error_body(msg, "server_error", code="engine_not_ready"), 503)
         return {"status": "ok"}
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """vLLM's route: drop the engine's cached prefixes (between benchmark points). 200 when
+        done; 409 while requests still hold KV blocks (vLLM refuses then too)."""
+        ctx.ready()
+        done = await bridge.reset_prefix_cache()
+        if isinstance(done, str):
+            return JSONResponse(error_body(done, "server_error", code="engine_not_ready"), 503)
+        if not done:
+            return JSONResponse(error_body(
+                "requests still hold KV blocks: reset the prefix cache when the server is idle",
+                "invalid_request_error", code="prefix_cache_in_use"), 409)
+        return JSONResponse({"reset": True}, 200)
+
     @app.get("/metrics")
     async def prometheus_metrics():
         return Response(ctx.metrics.render(bridge.snapshot()), media_type=CONTENT_TYPE)

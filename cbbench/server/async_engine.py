@@ -95,6 +95,9 @@ class _Live:
 Delivery = list[tuple[asyncio.Queue, StreamEvent]]
 
 
+RESET = "reset_prefix_cache"  # the inbox's op for POST /reset_prefix_cache
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -191,6 +194,21 @@ class AsyncEngine:
             self._inbox.append(("abort", req, None))
         self._wake.set()
 
+    async def reset_prefix_cache(self) -> bool | str:
+        """POST /reset_prefix_cache: the engine drops its cached prefixes between two steps.
+        True: done; False: a request still holds KV blocks (nothing dropped); a string: the
+        engine is down (why)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._inbox.append((RESET, None, queue))  # type: ignore[arg-type]
+        if closed:
+            return self.error or "the engine is shut down"
+        self._wake.set()
+        answer = await queue.get()
+        return answer if isinstance(answer, bool) else (self.error or "the engine failed")
+
     # ---- the engine thread --------------------------------------------------------------------
     def _run(self) -> None:
         live: dict[Request, _Live] = {}
@@ -218,7 +236,7 @@ class AsyncEngine:
         finally:
             with self._lock:
                 self._closed = True
-                pending = [(op, q) for op, _, q in self._inbox if op == "add"]
+                pending = [(op, q) for op, _, q in self._inbox if op in ("add", RESET)]
                 self._inbox.clear()
             batch: Delivery = [(q, Failed(error)) for _, q in pending]
             batch += [(s.queue, Failed(error)) for s in live.values()]
@@ -282,6 +300,8 @@ class _InboxFeed:
         for op, req, queue in self.bridge._take_inbox():
             if op == "add":
                 self._add(engine, req, queue)
+            elif op == RESET:  # between steps: no request is mid-iteration
+                self.batch.append((queue, engine.reset_prefix_cache()))  # type: ignore[arg-type]
             elif self.live.pop(req, None) is not None and not req.status.is_done:
                 engine.abort_request(req)  # frees its KV blocks
                 if obs is not None:

@@ -38,6 +38,11 @@ class BlockManager:
         # A stack: the most recently freed block is reused first (warm in cache on a GPU).
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's reset_prefix_cache): without prefix caching
+        nothing is cached, so it always succeeds."""
+        return True
+
     @property
     def num_free_blocks(self) -> int:
         return len(self._free)

@@ -136,6 +136,11 @@ class Engine:
         req.finish_reason = "abort"
         req.finish_time = self.clock.now()
 
+    def reset_prefix_cache(self) -> bool:
+        """POST /reset_prefix_cache (vLLM's semantics): drop every cached prefix; False while a
+        request still holds KV blocks (nothing is dropped then)."""
+        return self.block_manager.reset_prefix_cache()
+
     def keep_recent_records(self, maxlen: int) -> None:
         """Keep only the ``maxlen`` most recent iteration records from now on, so a long-lived
         server's memory stays flat; the oldest drop as new ones arrive, and indices keep

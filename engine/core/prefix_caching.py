@@ -62,6 +62,18 @@ class PrefixCachingBlockManager(BlockManager):
     def num_cached_blocks(self) -> int:
         return len(self.cached)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix, as vLLM's ``reset_prefix_cache``: only while no request
+        holds a block (a held block's hash cannot be dropped under it); False otherwise, and
+        nothing changes. The cached blocks go back to the free stack."""
+        if any(self.ref_counts):
+            return False
+        self._free.extend(self.evictable)
+        self.evictable.clear()
+        self.cached.clear()
+        self.block_hash = [None] * self.num_blocks
+        return True
+
     def _pop_block(self) -> int:
         if self._free:
             block = self._free.pop()

@@ -129,7 +129,10 @@ SIZING = ["--num-requests", "200", "--min-duration", "20"]
 @pytest.fixture(scope="module")
 def capacity_doc(tmp_path_factory):
     out = tmp_path_factory.mktemp("capacity") / "capacity.json"
-    r = runner.invoke(app, ["capacity", "--slo", SLO, *SIM, *SIZING, "--out", str(out)])
+    # --reuse-prompts: every probe draws the requests the independent runs below draw (seed
+    # 0), so their verdicts are about the rate alone, not a different sample of ShareGPT.
+    r = runner.invoke(app, ["capacity", "--slo", SLO, *SIM, *SIZING, "--reuse-prompts",
+                            "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "capacity:" in r.stdout
     return json.loads(out.read_text()), r.stdout

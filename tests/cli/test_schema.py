@@ -23,7 +23,7 @@ def _invoke(args):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """A real run, sweep and capacity file, written by the commands themselves."""
+    """A real run, sweep, capacity and forward file, written by the commands themselves."""
     d = tmp_path_factory.mktemp("schema")
     run = d / "run.json"
     r = _invoke(["run", *SIM, "--num-requests", "12", "--save-detailed", "--slo", "ttft=500",
@@ -35,7 +35,12 @@ def files(tmp_path_factory):
     r = _invoke(["capacity", *SIM, *PROBE, "--slo", "ttft_p99=5000", "--start-rate", "4",
                  "--out", str(d / "capacity.json")])
     assert r.exit_code in (0, 1), r.output  # 1: no rate met the SLO; the file is written
-    return {"run": run, "sweep": d / "sweep" / "sweep.json", "capacity": d / "capacity.json"}
+    r = _invoke(["forward", "--device", "cpu", "--model", "tiny", "--batch-sizes", "1",
+                 "--context", "8", "--prefill-tokens", "16", "--steps", "1", "--warmup", "0",
+                 "--output", str(d / "forward.json")])
+    assert r.exit_code == 0, r.output
+    return {"run": run, "sweep": d / "sweep" / "sweep.json", "capacity": d / "capacity.json",
+            "forward": d / "forward.json"}
 
 
 @pytest.mark.parametrize("kind", sorted(MODELS))

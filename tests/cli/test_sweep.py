@@ -99,10 +99,12 @@ def test_sweep_writes_files_and_table(tmp_path):
     assert sweep["points"][-1]["steady"] is None  # a burst has no steady state
     assert sweep["config"]["gpu"] == "h200" and "request_rate" not in sweep["config"]
 
-    # The same requests at every rate, each on a fresh engine.
+    # Each rate draws its own requests (issue 40: no point meets another's prompts; the
+    # ShareGPT draws differ), each on a fresh engine; --reuse-prompts would draw once.
     runs = [json.loads((out / f"rate-{r}.json").read_text()) for r in ("2", "4", "inf")]
     ids = [sorted(q["id"] for q in run["requests"]) for run in runs]
-    assert ids[0] == ids[1] == ids[2]
+    assert ids[0] != ids[1] and ids[1] != ids[2] and ids[0] != ids[2]
+    assert [p["seed"] for p in sweep["points"]] == [run["config"]["seed"] for run in runs]
     assert [run["config"]["request_rate"] for run in runs] == [2.0, 4.0, "inf"]
 
 

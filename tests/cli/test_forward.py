@@ -1,0 +1,100 @@
+"""`cbbench forward` on a CPU (issue 40): the tiny preset's floors against numbers worked out by
+hand from its shape, the file read back through the schema, and the CPU said."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.cli.app import app
+from cbbench.schema import read_forward
+
+# The tiny preset (engine/model_config.py): 2 layers, hidden 64, 4 query heads and 2 KV heads of
+# 16, MLP 128, vocabulary 512, untied embeddings; bf16 (2 bytes).
+# Per layer: QKV 64 x (64 + 2 x 32) = 8192, O 64 x 64 = 4096, MLP 3 x 64 x 128 = 24576 -> 36864
+# GEMM weights; norms 2 x 64 = 128. Final norm 64. LM head 512 x 64 = 32768.
+# KV bytes per token: K and V x 2 layers x 2 heads x 16 x 2 bytes = 256.
+GEMM_BYTES = 36864 * 2 * 2  # both layers' GEMM weights, bf16
+NORM_BYTES = (128 * 2 + 64) * 2
+HEAD_BYTES = 32768 * 2
+# Decode batch 4 at context 40: 4 rows x 41 keys.
+DECODE = {
+    "layer GEMMs": (2 * 4 * 36864 * 2, GEMM_BYTES),
+    "norms and biases": (0, NORM_BYTES),
+    "lm_head": (2 * 4 * 32768, HEAD_BYTES),
+    "attention": (4 * 64 * (4 * 41) * 2, 4 * 41 * 256),
+    "embedding rows": (0, 4 * 64 * 2),
+}
+# A 64-token prefill chunk, nothing cached: causal keys 64 x 65 / 2 = 2080; one logits row.
+PREFILL = {
+    "layer GEMMs": (2 * 64 * 36864 * 2, GEMM_BYTES),
+    "norms and biases": (0, NORM_BYTES),
+    "lm_head": (2 * 1 * 32768, HEAD_BYTES),
+    "attention": (4 * 64 * 2080 * 2, 64 * 256),
+    "embedding rows": (0, 64 * 64 * 2),
+}
+# Peaks as slow as a CPU's, so both roofs bind somewhere: 1 GB/s and 1 GFLOP/s.
+PEAK = 1e9
+# Each operator's floor = max(bytes, FLOPs) / 1e9 s, so in ms: max(...) / 1e6.
+DECODE_FLOOR_MS = (589824 + 640 + 262144 + 83968 + 512) / 1e6
+PREFILL_FLOOR_MS = (9437184 + 640 + 65536 + 1064960 + 8192) / 1e6
+H100_BW = 3.35e12
+
+
+def forward(tmp_path, *extra: str) -> tuple[str, dict]:
+    out = tmp_path / "forward.json"
+    r = CliRunner().invoke(app, [
+        "forward", "--model", "tiny", "--device", "cpu", "--batch-sizes", "4", "--context",
+        "40", "--prefill-tokens", "64", "--steps", "2", "--warmup", "1", "--output", str(out),
+        *extra])
+    assert r.exit_code == 0, r.output
+    return r.output, read_forward(out)  # through the schema
+
+
+def test_floors_match_the_hand_worked_numbers(tmp_path):
+    output, result = forward(tmp_path, "--peak-bw", str(PEAK), "--peak-flops", str(PEAK))
+    rows = {r["phase"]: r for r in result["rows"]}
+    assert set(rows) == {"decode", "prefill"}
+    for phase, want, floor in (("decode", DECODE, DECODE_FLOOR_MS),
+                               ("prefill", PREFILL, PREFILL_FLOOR_MS)):
+        row = rows[phase]
+        ops = {o["name"]: o for o in row["operators"]}
+        assert {k: (o["flops"], o["bytes"]) for k, o in ops.items()} == want
+        assert row["floor_ms"] == pytest.approx(floor, rel=1e-12)
+        assert row["bytes"] == sum(b for _, b in want.values())
+        step_s = row["step_ms"]["mean"] / 1000
+        assert row["mbu"] == pytest.approx(row["bytes"] / step_s / PEAK)  # peaks given: a number
+        assert row["mfu"] == pytest.approx(row["flops"] / step_s / PEAK)
+        assert row["step_ms"]["min"] > 0 and row["graphs"] is False
+    # At these peaks the GEMMs are compute-bound and the norms memory-bound.
+    ops = {o["name"]: o for o in rows["decode"]["operators"]}
+    assert ops["layer GEMMs"]["bound"] == "compute" and ops["norms and biases"]["bound"] == "memory"
+    assert "floor by operator" in output
+
+
+def test_a_cpu_says_so_and_leaves_utilization_null(tmp_path):
+    output, result = forward(tmp_path)
+    assert result["device"]["is_cpu"] is True and result["device"]["type"] == "cpu"
+    assert "a CPU" in output and "no CUDA graphs" in output
+    assert result["peaks"]["source"].startswith("h100") and result["peaks"]["utilization"] is False
+    for row in result["rows"]:
+        assert row["mbu"] is None and row["mfu"] is None
+        # The floor is the H100's for this shape: every operator memory-bound at this size.
+        assert row["floor_ms"] == pytest.approx(row["bytes"] / H100_BW * 1000, rel=1e-12)
+
+
+def test_bad_input(tmp_path):
+    r = CliRunner().invoke(app, ["forward", "--device", "cpu", "--model", "llama-3-8b"])
+    assert r.exit_code == 2 and "small presets" in r.output
+    r = CliRunner().invoke(app, ["forward", "--device", "cpu", "--batch-sizes", "1,x"])
+    assert r.exit_code == 2 and "--batch-sizes" in r.output
+    r = CliRunner().invoke(app, ["forward", "--device", "cpu", "--context", "4000"])
+    assert r.exit_code == 2 and "positions" in r.output
+
+
+def test_schema_forward_prints_the_model():
+    r = CliRunner().invoke(app, ["schema", "forward"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["title"] == "ForwardResult"
