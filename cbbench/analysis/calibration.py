@@ -459,9 +459,10 @@ def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str) -> dict:
             entry["status"] = "confounded"
             entry["value"] = None
             entry["rse"] = None  # its error given the prior's split, not the data's
-            entry["note"] = (f"not separable from {conf[0]} (posterior correlation "
-                             f"{conf[1]:+.2f}): the data fix a combination of the two, the "
-                             "spec's priors the split")
+            entry["note"] = (f"not told apart from {conf[0]} (posterior correlation "
+                             f"{conf[1]:+.2f}): the data fix a combination of the two; the "
+                             "split rests on small terms and the spec's priors, which a model "
+                             "error moves")
         out[name] = entry
     if rates.memory_bandwidth:
         out["memory_bandwidth"]["fraction_of_peak"] = rates.memory_bandwidth / gpu.hbm_bandwidth

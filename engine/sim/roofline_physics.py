@@ -84,6 +84,9 @@ class PhysicsFit:
     shrinkage: dict[int, float]  # 1 - posterior variance / prior variance
     rse: dict[int, float]  # posterior sd, relative to the value
     confounder: dict[int, tuple[str, float]]  # parameter -> (confounder, posterior corr)
+    # parameter -> the largest posterior variance (in prior units) left in any combination
+    # of it and its confounder: near 1, the data leave that combination to the prior.
+    left_with_confounder: dict[int, float]
     share: dict[int, float]
     priors: list[Prior]
     effective_params: float  # sum of shrinkages: how many parameters the data determine
@@ -221,7 +224,10 @@ def fit_physics(d: FitData, gpu: GPUSpec) -> PhysicsFit:
     sd = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     shrink = {p: float(1.0 - cov[p, p]) for p in range(NUM_PARAMS)}
     corr = cov / np.outer(np.maximum(sd, 1e-300), np.maximum(sd, 1e-300))
-    status, rse, confounder = {}, {}, {}
+    status: dict[int, str] = {}
+    rse: dict[int, float] = {}
+    confounder: dict[int, tuple[str, float]] = {}
+    left: dict[int, float] = {}
     for p, prior in enumerate(priors):
         at_bound = _at_bound(theta[p], prior)
         if at_bound:
@@ -231,14 +237,15 @@ def fit_physics(d: FitData, gpu: GPUSpec) -> PhysicsFit:
         else:
             status[p] = "prior"
         # A relative error: a log prior's unit is relative already; a linear one's over the value.
-        rse[p] = (sd[p] * prior.sd if prior.log
+        rse[p] = float(sd[p] * prior.sd if prior.log
                   else (sd[p] * prior.sd / theta[p] if theta[p] > 0 else math.inf))
         others = [q for q in range(NUM_PARAMS) if q != p]
         q = max(others, key=lambda q: abs(corr[p, q]))
         if abs(corr[p, q]) >= MIN_CONFOUNDING:
             confounder[p] = (PARAMS[q], float(corr[p, q]))
-    return PhysicsFit(theta, r, scales, status, shrink, rse, confounder, shares(theta, d),
-                      priors, float(sum(shrink.values())))
+            left[p] = float(np.linalg.eigvalsh(cov[np.ix_([p, q], [p, q])]).max())
+    return PhysicsFit(theta, r, scales, status, shrink, rse, confounder, left,
+                      shares(theta, d), priors, float(sum(shrink.values())))
 
 
 def _at_bound(value: float, prior: Prior) -> bool:
