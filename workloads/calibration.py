@@ -28,7 +28,7 @@ OUTPUT_LENS = (32, 64, 128, 256)
 WAVE_MAX = 128  # the largest wave: the batch reaches min(this + what is still running, max)
 WAVE_GAP_S = 1.5  # a wave of one request decodes its 256 tokens alone in ~1.5 s on an H100
 DESCRIPTION = (
-    "calibration: waves of 1, 2, 4, ... 128 requests 1.5 s apart (with --arrival trace), "
+    "waves of 1, 2, 4, ... 128 requests 1.5 s apart (with --arrival trace), "
     "prompts of 128-7,936 tokens, outputs of 32-256: decode at every batch size and at "
     "contexts of 128-8k, prefill chunks of many sizes, mixed steps"
 )
