@@ -446,7 +446,10 @@ def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str) -> dict:
         }
         conf = fit.confounder.get(p)
         if conf is not None:
-            entry["confounded_with"] = {"param": conf[0], "posterior_correlation": conf[1]}
+            entry["confounded_with"] = {
+                "param": conf[0], "posterior_correlation": conf[1],
+                # the most prior variance the data leave in any mix of the two (1: all)
+                "variance_left": fit.left_with_confounder.get(p)}
         if status == "prior":
             entry["note"] = ("the data cannot determine it"
                              + (f" apart from {conf[0]}" if conf else "")
