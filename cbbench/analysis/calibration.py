@@ -10,12 +10,15 @@ summary.engine.sim_error reports) and the iterations used.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from cbbench.analysis.calibration_inputs import decode_bench
 from cbbench.analysis.sim_error import error_stats, iteration_class
 from cbbench.engine.model_config import ModelConfig
 from cbbench.engine.sim.cost_model import ATTENTION_OP, BatchShape, CostModel, DeviceRates
@@ -23,6 +26,7 @@ from cbbench.engine.sim.device_profile import CPU_DEVICE, DeviceProfile, profile
 from cbbench.engine.sim.gpu_specs import get_gpu_spec
 from cbbench.engine.sim.roofline_fit import (
     BISQUARE_C,
+    DISTINCT_DIGITS,
     ED,
     EP,
     HOST_WINSOR_PERCENTILE,
@@ -41,10 +45,16 @@ from cbbench.engine.sim.roofline_fit import (
     host_factor,
     times_and_grad,
 )
+from cbbench.engine.sim.roofline_physics import MIN_SHRINKAGE, PhysicsFit, fit_physics
 from cbbench.engine.sim.roofline_select import NEUTRAL_Z, fit_rates
 from cbbench.engine.sim.sim_bounds import SPREAD_LEVEL, spread_from_residuals
 from cbbench.errors import UsageError
 
+# A fit residual above these (per iteration class) is large: the profile and the output say so.
+WARN_MEDIAN = 0.10
+WARN_P90 = 0.25
+# A parameter whose posterior is this correlated with another's is not told apart from it.
+CONFOUNDED_CORRELATION = 0.95
 # Seven parameters need many more points than seven; 50 also keeps one outlier from steering.
 MIN_ITERATIONS = 50
 SHAPE_FIELDS = ("num_logits", "attn_key_pairs", "attn_keys_read", "attn_decode_keys")
@@ -67,6 +77,7 @@ class Source:
     model: str
     used: int
     excluded: dict[str, int] = field(default_factory=dict)
+    selection: dict | None = None  # a decode microbenchmark's: the rows' configuration
 
 
 # ---- reading results ------------------------------------------------------------------------
@@ -132,25 +143,53 @@ def check_record(it: object, where: str) -> None:
             raise UsageError(f"{where} has {name} {it[name]!r}: expected a number in [0, {top:g}]")
 
 
-def fit_data(results: Sequence[tuple[str, dict]]) -> tuple[FitData, str, str, str, list[Source]]:
-    """The usable iterations of every result, with their operators' FLOPs and bytes. Returns
-    (data, device, device_name, dtype, sources)."""
+def _bench_selection(results: Sequence[tuple[str, dict]]) -> dict:
+    """The decode microbenchmark rows that match the runs: their CUDA graphs, fused kernels and
+    attention backend (without runs: graphs and fused kernels, the engine's defaults on a
+    GPU)."""
     if not results:
+        return {"graphs": True, "fused": True, "attention_backend": None}
+    config = results[0][1]["config"]
+    graphs = config.get("cuda_graphs_effective", config.get("cuda_graphs"))
+    return {"graphs": bool(graphs), "fused": bool(config.get("fused_kernels")),
+            "attention_backend": config.get("attention_backend")}
+
+
+def fit_data(results: Sequence[tuple[str, dict]],
+             benches: Sequence[tuple[str, dict]] = ()
+             ) -> tuple[FitData, str, str, str, list[Source]]:
+    """The usable iterations of every result (and the matching rows of every decode
+    microbenchmark), with their operators' FLOPs and bytes. Returns (data, device,
+    device_name, dtype, sources)."""
+    if not results and not benches:
         raise UsageError("give at least one result file")
     devices: dict[tuple[str, str], str] = {}
     dtypes: dict[str, str] = {}
     flops, nbytes, attn, reqs, prefill_reqs, measured, labels = [], [], [], [], [], [], []
+    weights: list[float] = []
     sources: list[Source] = []
+
+    def add(cost: CostModel, shape: BatchShape, seconds: float, label: str | None,
+            weight: float, row_overheads: int) -> None:
+        ops = cost.operators(shape)
+        ops[ATTENTION_OP] = (0.0, 0.0)
+        flops.append([f for f, _ in ops])
+        nbytes.append([b for _, b in ops])
+        (fd, bd), (fp, bp) = cost.attention_parts(shape)
+        attn.append([fd, bd, fp, bp])
+        reqs.append(row_overheads)
+        prefill_reqs.append(shape.num_prefill_reqs)
+        measured.append(seconds)
+        labels.append(label)
+        weights.append(weight)
+
     for where, result in results:
         config = result["config"]
         device = _device_of(config, where)
         devices.setdefault(device, where)
         dtypes.setdefault(str(config.get("dtype")), where)
         its = _records_of(result, where)
-        try:
-            model = ModelConfig(**config["model_config"])
-        except (KeyError, TypeError) as e:
-            raise UsageError(f"{where}: no usable model_config in its config ({e})") from None
+        model = _model_of(config.get("model_config"), where)
         cost = CostModel(model, str(config.get("dtype")))
         src = Source(Path(where).name, config.get("workload"), model.name, 0)
         for it in its:
@@ -168,36 +207,56 @@ def fit_data(results: Sequence[tuple[str, dict]]) -> tuple[FitData, str, str, st
                 decode_keys=it["attn_decode_keys"],
                 num_draft_tokens=it.get("draft_tokens", 0),
             )
-            ops = cost.operators(shape)
-            ops[ATTENTION_OP] = (0.0, 0.0)
-            flops.append([f for f, _ in ops])
-            nbytes.append([b for _, b in ops])
-            (fd, bd), (fp, bp) = cost.attention_parts(shape)
-            attn.append([fd, bd, fp, bp])
-            reqs.append(shape.num_reqs)
-            prefill_reqs.append(shape.num_prefill_reqs)
-            measured.append(it["duration_s"])
-            labels.append(iteration_class(it["num_prefill_tokens"], it["num_decode_tokens"]))
+            add(cost, shape, it["duration_s"],
+                iteration_class(it["num_prefill_tokens"], it["num_decode_tokens"]), 1.0,
+                shape.num_reqs)
             src.used += 1
         sources.append(src)
-    if len(devices) > 1:
+    selection = _bench_selection(results)
+    for where, data in benches:
+        bench = decode_bench(where, data, selection)
+        devices.setdefault((bench.device, bench.device_name), where)
+        dtypes.setdefault(bench.dtype, where)
+        model = _model_of(bench.model_config, where)
+        cost = CostModel(model, bench.dtype)
+        src = Source(bench.file, "decode microbenchmark", model.name, 0)
+        for row in bench.rows:
+            keys = float(row.batch_size * (row.context + 1))  # each row attends c + 1 keys
+            shape = BatchShape(num_tokens=row.batch_size, num_logits=row.batch_size,
+                               attn_key_pairs=keys, attn_keys_read=keys,
+                               num_reqs=row.batch_size, num_prefill_reqs=0, decode_keys=keys)
+            # A microbenchmark step is ModelRunner.execute alone: none of the engine's work
+            # per request (scheduling, output processing) that row_overhead_s stands for.
+            add(cost, shape, row.step_s, "decode", float(row.steps), 0)
+            src.used += 1
+        src.selection = selection
+        sources.append(src)
+    if len({d for d, _ in devices}) > 1:
         (d1, w1), (d2, w2) = list(devices.items())[:2]
         raise UsageError(f"mixed devices: {w1} ran on {d1[1]}, {w2} on {d2[1]}; one device per profile")
     if len(dtypes) > 1:
         (t1, w1), (t2, w2) = list(dtypes.items())[:2]
         raise UsageError(f"mixed dtypes: {w1} ran in {t1}, {w2} in {t2}; one dtype per profile")
     n = len(measured)
-    if n < MIN_ITERATIONS:
+    if n < MIN_ITERATIONS and not benches:
         raise UsageError(
             f"too few iterations to fit: {n} usable, at least {MIN_ITERATIONS} needed "
             "(run more requests)"
         )
-    (device, device_name), = devices
+    device, device_name = next(iter(devices))
     data = FitData(np.array(flops), np.array(nbytes), np.array(attn),
                    np.array(reqs, dtype=np.float64),
                    np.array(prefill_reqs, dtype=np.float64),
-                   np.array(measured, dtype=np.float64), labels)
+                   np.array(measured, dtype=np.float64), labels,
+                   np.array(weights, dtype=np.float64))
     return data, device, device_name, next(iter(dtypes)), sources
+
+
+def _model_of(model_config: object, where: str) -> ModelConfig:
+    try:
+        return ModelConfig(**model_config)  # type: ignore[arg-type]
+    except (KeyError, TypeError) as e:
+        raise UsageError(f"{where}: no usable model_config in its config ({e})") from None
 
 
 def _exclusion(it: dict) -> str | None:
@@ -224,22 +283,55 @@ def _rates(theta: np.ndarray, host_factor: float) -> DeviceRates:
     )
 
 
-def calibrate(results: Sequence[tuple[str, dict]]) -> dict:
-    """The profile (a JSON-ready dict) fitted to ``results`` [(path, result dict)]."""
-    data, device, device_name, dtype, sources = fit_data(results)
-    fit, rounds = fit_rates(data, device)
-    typical, _ = times_and_grad(fit.theta, data)
+def calibrate(results: Sequence[tuple[str, dict]],
+              benches: Sequence[tuple[str, dict]] = ()) -> dict:
+    """The profile (a JSON-ready dict) fitted to ``results`` [(path, run result dict)] and
+    ``benches`` [(path, decode microbenchmark dict)]. On a GPU with a spec the fit is bounded by
+    its physics with the spec's priors (engine/sim/roofline_physics.py); on the CPU, which has
+    no spec, the staged fit decides which terms the data determine (roofline_select.py)."""
+    data, device, device_name, dtype, sources = fit_data(results, benches)
+    physics: PhysicsFit | None = None
+    if device == CPU_DEVICE:
+        fit, rounds = fit_rates(data, device)
+        theta = fit.theta
+    else:
+        physics = fit_physics(data, get_gpu_spec(device))
+        theta = physics.theta
+    typical, _ = times_and_grad(theta, data)
     factor, factor_rse = host_factor(np.maximum(typical, TINY_S), data.measured)
-    rates = _rates(fit.theta, factor)
+    fitted_scales = (len(fit.free) if physics is None
+                     else sum(1 for v in physics.status.values() if v == "fitted"))
+    shapes = distinct_shapes(data)
+    # The host factor is one more scale on the whole: the data show it only when they have a
+    # shape to spare beyond the ones the fitted terms explain (200 copies of one iteration
+    # have none: the roofline explains that one time exactly and the factor is 1 by design).
+    factor_known = shapes > fitted_scales and math.isfinite(factor_rse) and factor_rse < MAX_RSE
+    if not factor_known:
+        factor, factor_rse = 1.0, math.inf
+    rates = _rates(theta, factor)
     models = tuple(dict.fromkeys(s.model for s in sources))
     profile = DeviceProfile(device, device_name, dtype, models, rates)
     out = profile_to_dict(profile)
-    out["params"] = _param_report(fit, rates, device)
+    if physics is None:
+        out["params"] = _param_report(fit, rates, device)
+    else:
+        out["params"] = _physics_report(physics, rates, device)
+    if shapes <= fitted_scales:  # as many shapes as fitted terms: an exact fit, no error
+        for entry in out["params"].values():
+            if entry["status"] == "fitted":
+                entry["rse"] = None
+                entry["note"] = (f"determined exactly by {shapes} distinct iteration shape(s): "
+                                 "no residual is left to estimate its error")
     out["params"]["host_factor"] = {
-        "value": factor, "status": "fitted", "rse": factor_rse,
+        "value": factor if factor_known else None,
+        "status": "fitted" if factor_known else "not identified",
+        "rse": finite(factor_rse),
         "median_share_of_time": 1.0 - 1.0 / factor if factor > 1 else 0.0, "used": factor,
-        "note": "measured over typical time, summed (winsorized at "
-                f"p{HOST_WINSOR_PERCENTILE:g}): the host's share lost to other processes",
+        "note": ("measured over typical time, summed (winsorized at "
+                 f"p{HOST_WINSOR_PERCENTILE:g}): the host's share lost to other processes")
+        if factor_known else
+        (f"the data hold {shapes} distinct iteration shape(s) for {fitted_scales} fitted "
+         "term(s): no time is left over to show a host's lost share; the simulator uses 1"),
     }
     # The simulator's error per iteration as it will predict (host factor included), and
     # the roofline's fit to a typical iteration (without it).
@@ -250,30 +342,140 @@ def calibrate(results: Sequence[tuple[str, dict]]) -> dict:
                      "of residuals, as factors 1 / (1 + e) on the predicted step time",
                      **spread_from_residuals(out["residuals"])}
     out["num_iterations"] = data.n
+    out["distinct_shapes"] = shapes
+    out["determined"] = _determined(out["params"], shapes)
+    out["warnings"] = residual_warnings(out["residuals"])
     out["sources"] = [
         {"file": s.file, "workload": s.workload, "model": s.model, "iterations_used": s.used,
-         "excluded": s.excluded}
+         "excluded": s.excluded, **({"rows": s.selection} if s.selection else {})}
         for s in sources
     ]
-    out["fit"] = {
-        "method": "M-estimator on log(predicted / measured): IRLS with Huber then Tukey "
-                  "bisquare weights over scipy.optimize.least_squares (trf, bounds >= 0); "
-                  "staged: all classes weighted equally, then the decode-side terms on the "
-                  "decode steps, then the FLOP rate and prefill-only terms on the "
-                  "prefill-carrying steps, twice (analysis/roofline_select.py); a "
-                  "parameter's rse is from the stage that fitted it, given the others",
-        "residual_scale": fit.scale,
-        "huber_k": HUBER_K,
-        "bisquare_c": BISQUARE_C,
-        "max_rse": MAX_RSE,
-        "neutral_z": NEUTRAL_Z,
-        "rounds": rounds,
-    }
+    if physics is None:
+        out["fit"] = {
+            "method": "M-estimator on log(predicted / measured): IRLS with Huber then Tukey "
+                      "bisquare weights over scipy.optimize.least_squares (trf, bounds >= 0); "
+                      "staged: all classes weighted equally, then the decode-side terms on the "
+                      "decode steps, then the FLOP rate and prefill-only terms on the "
+                      "prefill-carrying steps, twice (analysis/roofline_select.py); a "
+                      "parameter's rse is from the stage that fitted it, given the others",
+            "residual_scale": fit.scale,
+            "huber_k": HUBER_K,
+            "bisquare_c": BISQUARE_C,
+            "max_rse": MAX_RSE,
+            "neutral_z": NEUTRAL_Z,
+            "rounds": rounds,
+        }
+    else:
+        out["fit"] = {
+            "method": "maximum a posteriori on log(predicted / measured), bounded by the "
+                      "GPU's physics, with the spec's priors (engine/sim/roofline_physics.py): "
+                      "IRLS with Huber then Tukey bisquare weights over "
+                      "scipy.optimize.least_squares (trf); each parameter's status from the "
+                      "share of its prior variance the data remove (Laplace approximation)",
+            "residual_scale": physics.scale,
+            "huber_k": HUBER_K,
+            "bisquare_c": BISQUARE_C,
+            "min_shrinkage": MIN_SHRINKAGE,
+            "effective_parameters": physics.effective_params,
+        }
+    check_profile(out)
     return out
 
 
-def _param_report(fit: Fit, rates: DeviceRates, device: str) -> dict:
-    values = {
+def distinct_shapes(d: FitData) -> int:
+    """How many different iterations the data hold (what the roofline reads of each)."""
+    rows = np.column_stack([d.op_flops, d.op_bytes, d.attn, d.num_reqs, d.num_prefill_reqs])
+    scale = np.where(np.abs(rows).max(axis=0) > 0, np.abs(rows).max(axis=0), 1.0)
+    return int(np.unique(np.round(rows / scale, DISTINCT_DIGITS), axis=0).shape[0])
+
+
+def _determined(params: dict, shapes: int) -> str:
+    """One line: which rates the data determined (the rest are the spec's or left out)."""
+    fitted = [k for k, p in params.items() if p["status"] == "fitted"]
+    if not fitted:
+        return (f"nothing: {shapes} distinct iteration shape(s) show no rate apart from the "
+                "others")
+    return f"{', '.join(fitted)} (from {shapes} distinct iteration shapes)"
+
+
+def residual_warnings(residuals: dict) -> list[str]:
+    """One line per iteration class whose fit residuals are large: a profile that does not
+    fit its own calibration data predicts nothing well, and says so."""
+    out = []
+    for cls, r in residuals.items():
+        if not r.get("n"):
+            continue
+        if r["p90"] > WARN_P90 or r["median"] > WARN_MEDIAN:
+            out.append(f"{cls} steps fit poorly: median |error| {r['median']:.0%}, p90 "
+                       f"{r['p90']:.0%} (over {WARN_MEDIAN:.0%} / {WARN_P90:.0%}): "
+                       "predictions of such steps are unreliable")
+    return out
+
+
+def check_profile(profile: dict) -> None:
+    """The profile must be one `run --gpu-profile` reads: the same checks, applied before it
+    is written (a fit that determines no time wrote a profile the run then refused)."""
+    import tempfile
+
+    from cbbench.engine.sim.device_profile import load_profile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.json"
+        path.write_text(json.dumps(profile))
+        try:
+            load_profile(path)
+        except ValueError as e:
+            reason = str(e).replace(str(path), "the fitted profile")
+            raise UsageError(f"calibrate: no profile written: {reason}") from None
+
+
+def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str) -> dict:
+    values = _values(rates)
+    gpu = get_gpu_spec(device)
+    out = {}
+    for p, name in enumerate(PARAMS):
+        status = fit.status[p]
+        entry: dict = {
+            "value": values[name] if status == "fitted" else None,
+            "status": status,
+            "rse": finite(fit.rse[p]) if status == "fitted" else None,
+            "median_share_of_time": fit.share[p],
+            "used": values[name],
+            "data_share": fit.shrinkage[p],
+            "prior": fit.priors[p].basis,
+        }
+        conf = fit.confounder.get(p)
+        if conf is not None:
+            entry["confounded_with"] = {
+                "param": conf[0], "posterior_correlation": conf[1],
+                # the most prior variance the data leave in any mix of the two (1: all)
+                "variance_left": fit.left_with_confounder.get(p)}
+        if status == "prior":
+            entry["note"] = ("the data cannot determine it"
+                             + (f" apart from {conf[0]}" if conf else "")
+                             + "; the simulator uses the spec's prior, moved by what the data say")
+        elif status == "at bound":
+            entry["note"] = ("the data ask for more than the device's physics allow; the "
+                             "simulator uses the bound" + (f" (confounded with {conf[0]})"
+                                                           if conf else ""))
+        elif conf is not None and abs(conf[1]) >= CONFOUNDED_CORRELATION:
+            entry["status"] = "confounded"
+            entry["value"] = None
+            entry["rse"] = None  # its error given the prior's split, not the data's
+            entry["note"] = (f"not told apart from {conf[0]} (posterior correlation "
+                             f"{conf[1]:+.2f}): the data fix a combination of the two; the "
+                             "split rests on small terms and the spec's priors, which a model "
+                             "error moves")
+        out[name] = entry
+    if rates.memory_bandwidth:
+        out["memory_bandwidth"]["fraction_of_peak"] = rates.memory_bandwidth / gpu.hbm_bandwidth
+    if rates.flop_rate:
+        out["flop_rate"]["fraction_of_peak"] = rates.flop_rate / gpu.bf16_flops
+    return out
+
+
+def _values(rates: DeviceRates) -> dict:
+    return {
         "memory_bandwidth": rates.memory_bandwidth,
         "flop_rate": rates.flop_rate,
         "decode_attention_efficiency": rates.decode_attention_efficiency,
@@ -282,11 +484,10 @@ def _param_report(fit: Fit, rates: DeviceRates, device: str) -> dict:
         "row_overhead_s": rates.row_overhead_s,
         "prefill_overhead_s": rates.prefill_overhead_s,
     }
-    fallback_text = (
-        "left out (the CPU has no spec to fall back on)"
-        if device == CPU_DEVICE
-        else "the uncalibrated simulator's value for this GPU"
-    )
+
+
+def _param_report(fit: Fit, rates: DeviceRates, device: str) -> dict:
+    values = _values(rates)
     out = {}
     for p, name in enumerate(PARAMS):
         fitted = p in fit.free
@@ -298,12 +499,7 @@ def _param_report(fit: Fit, rates: DeviceRates, device: str) -> dict:
             "used": values[name],
         }
         if not fitted:
-            entry["note"] = f"the data cannot determine it; the simulator uses {fallback_text}"
+            entry["note"] = ("the data cannot determine it, and the CPU has no spec to fall "
+                             "back on: the simulator leaves this term out")
         out[name] = entry
-    if device != CPU_DEVICE:
-        gpu = get_gpu_spec(device)
-        if rates.memory_bandwidth:
-            out["memory_bandwidth"]["fraction_of_peak"] = rates.memory_bandwidth / gpu.hbm_bandwidth
-        if rates.flop_rate:
-            out["flop_rate"]["fraction_of_peak"] = rates.flop_rate / gpu.bf16_flops
     return out

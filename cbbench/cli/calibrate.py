@@ -28,7 +28,9 @@ def register(app: typer.Typer) -> None:
 
 def calibrate(
     results: Annotated[
-        list[Path], typer.Argument(help="Result JSON files of real runs (--engine torch) on one device.")
+        list[Path], typer.Argument(
+            help="Result JSON files of real runs (--engine torch) on one device (.json or "
+                 ".json.gz), and/or the GPU check's decode microbenchmark (decode.json).")
     ],
     out: Annotated[
         Path,
@@ -47,23 +49,28 @@ def calibrate(
     simulates the calibrated device; a real run on that device with --gpu-profile reports the
     simulator's error (summary.engine.sim_error)."""
     from cbbench.analysis.calibration import calibrate as fit
+    from cbbench.analysis.calibration_inputs import read_input
     from cbbench.analysis.result import (
         check_not_an_input,
         check_writable,
         dumps,
-        load_result,
         write_atomic,
     )
 
     check_writable(out)
     check_not_an_input(out, results, "--out")
-    loaded = [(str(p), load_result(p)) for p in results]
-    profile = fit(loaded)
+    runs, benches = [], []
+    for p in results:
+        kind, data = read_input(p)
+        (benches if kind == "bench" else runs).append((str(p), data))
+    profile = fit(runs, benches)
     write_atomic(out, dumps(profile) + "\n")
     if json_out:
         typer.echo(dumps(profile))
         return
     typer.echo(render(profile))
+    for line in profile.get("warnings", []):
+        typer.echo(f"warning: {line}")
     typer.echo(f"\nprofile: {out}")
 
 
@@ -78,9 +85,11 @@ def render(profile: dict) -> str:
         used = p["used"]
         value = "-" if used is None else f"{used / div:,.4g} {unit}".strip()
         rse = "-" if p["rse"] is None else f"{p['rse']:.1%}"
-        rows.append([name, value, p["status"], rse, f"{p['median_share_of_time']:.1%}"])
+        conf = p.get("confounded_with")
+        rows.append([name, value, p["status"], rse, f"{p['median_share_of_time']:.1%}",
+                     "-" if conf is None else conf["param"]])
     params = tabulate(rows, headers=["parameter", "used", "status", "rel. std. error",
-                                     "median share of time"])
+                                     "median share of time", "confounded with"])
     res = []
     for cls, r in profile["residuals"].items():
         if r["n"]:
@@ -88,4 +97,5 @@ def render(profile: dict) -> str:
         else:
             res.append([cls, 0, "-", "-", "-"])
     residuals = tabulate(res, headers=["fit residuals", "n", "median |err|", "p90 |err|", "bias"])
-    return f"{head}\n\n{params}\n\n{residuals}"
+    determined = f"determined by the data: {profile['determined']}" if "determined" in profile else ""
+    return f"{head}\n\n{params}\n{determined}\n\n{residuals}"

@@ -127,8 +127,19 @@ def _agentic_coding() -> Workload:
     )
 
 
+def _calibration() -> Workload:
+    """Waves of growing size over short to 8k prompts, for `cbbench calibrate`
+    (workloads/calibration.py)."""
+    from cbbench.workloads.calibration import DESCRIPTION, calibration_rows
+
+    reqs = [WorkloadRequest(i, p, o, arrival_s=t)
+            for i, (p, o, t) in enumerate(calibration_rows())]
+    return Workload("calibration", reqs, DESCRIPTION)
+
+
 BUILTIN_WORKLOADS: dict[str, Callable[[], Workload]] = {
     "agentic-coding": _agentic_coding,
+    "calibration": _calibration,
     "sharegpt": _sharegpt,
     "sharegpt-multiturn": _sharegpt_multiturn,
     "long-prompt": _long_prompt,

@@ -78,6 +78,9 @@ class FitData:
     num_prefill_reqs: np.ndarray
     measured: np.ndarray
     labels: list[str | None]
+    # Each iteration's weight in a fit (None: 1 each): a microbenchmark row stands for the
+    # timed steps of its median.
+    weights: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -88,7 +91,8 @@ class FitData:
         idx = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep)
         return FitData(self.op_flops[idx], self.op_bytes[idx], self.attn[idx],
                        self.num_reqs[idx], self.num_prefill_reqs[idx], self.measured[idx],
-                       [self.labels[i] for i in idx])
+                       [self.labels[i] for i in idx],
+                       None if self.weights is None else self.weights[idx])
 
 
 def times_and_grad(theta: np.ndarray, d: FitData) -> tuple[np.ndarray, np.ndarray]:
@@ -253,7 +257,10 @@ def _varies(J: np.ndarray, w: np.ndarray) -> list[bool]:
     norms = np.linalg.norm(used, axis=0)
     unit = used / np.where(norms > 0, norms, 1.0)
     distinct = np.unique(np.round(unit, DISTINCT_DIGITS), axis=0).shape[0]
-    if distinct <= k:
+    # One free parameter is one scale, which any shape it shows in determines (200 copies of
+    # one iteration fit one time exactly): the fit keeps one, and the profile it writes
+    # predicts that time instead of none (a profile of only fallbacks predicted 0 s).
+    if distinct <= k and k > 1:
         return [False] * k
     out = []
     for j in range(k):

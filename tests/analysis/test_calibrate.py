@@ -162,6 +162,8 @@ def test_a_term_the_data_do_not_need_is_reported_not_invented(shapes_run):
     row = profile["params"]["row_overhead_s"]
     assert row["status"] == "not identified" and row["value"] is None
     assert row["used"] == 0.0 and "cannot determine" in row["note"]
+    # Issue 35 item 6: the note read "the simulator uses left out (...)".
+    assert "uses left out" not in row["note"] and "leaves this term out" in row["note"]
     assert profile["rates"]["row_overhead_s"] == 0.0
     p = profile["params"]
     for name in ("memory_bandwidth", "flop_rate", "iteration_overhead_s"):
@@ -302,3 +304,25 @@ def test_a_profile_version_that_is_not_the_integer_is_refused(cpu_profile, tmp_p
     with pytest.raises(ValueError, match="profile version"):
         load_profile(bad)
     load_profile(cpu_profile[2])  # the untouched profile still loads
+
+
+def test_large_residuals_warn_in_one_line_in_the_profile_and_the_output(shapes_run, tmp_path):
+    """Issue 35 item 6: a CPU fit with a decode p90 residual of 257% said nothing. Half the
+    decode steps stretched 4x: no roofline fits both halves, and the profile and the output
+    say so in one line per class."""
+    real = as_real(shapes_run, TRUE, seed=3)
+    decodes = [it for it in real["iterations"] if it["num_prefill_tokens"] == 0]
+    for it in decodes[::2]:
+        it["duration_s"] *= 4.0
+    path = tmp_path / "real.json"
+    path.write_text(json.dumps(real))
+    out = tmp_path / "p.json"
+    r = invoke("calibrate", str(path), "--out", str(out))
+    assert r.exit_code == 0, r.output
+    profile = json.loads(out.read_text())
+    assert profile["residuals"]["decode"]["p90"] > 0.25
+    warned = [w for w in profile["warnings"] if w.startswith("decode steps fit poorly")]
+    assert len(warned) == 1, profile["warnings"]
+    assert f"warning: {warned[0]}" in r.stdout
+    # A clean fit has no warning.
+    assert calibrate([("clean.json", as_real(shapes_run, TRUE, seed=4))])["warnings"] == []

@@ -28,7 +28,8 @@ from cbbench.load.workload import (
 # ---- built-ins ------------------------------------------------------------------------------
 def test_builtin_names():
     assert builtin_names() == [
-        "agentic-coding", "long-prompt", "shared-prefix", "sharegpt", "sharegpt-multiturn"]
+        "agentic-coding", "calibration", "long-prompt", "shared-prefix", "sharegpt",
+        "sharegpt-multiturn"]
 
 
 def test_sharegpt_loads_every_csv_row():
