@@ -1,0 +1,94 @@
+"""Reading `cbbench serve --request-log` (a JSON line per request) for `audit` and `run
+--server-log`: every line is checked before a reader indexes it, so a file that is not such a
+log fails in one line naming the line, never a traceback (issue 37: a binary file, ``events``
+as a string or of short pairs, 10^30-token events, negative times that printed a transit of
+-1.8e12 ms, /dev/zero and a FIFO that hung)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from cbbench.analysis.input_file import check_input_file
+from cbbench.errors import UsageError
+
+# One line holds one request's stream events: [time, tokens] pairs of ~25 bytes; a million
+# events is far beyond any context, and a line past this is not a request log's.
+MAX_LINE_BYTES = 64 << 20
+# Tokens in one event or one request: far beyond any model's context (2^31).
+MAX_TOKENS = 1 << 31
+TIME_FIELDS = (
+    "arrival", "submitted", "admitted", "queue_exit", "first_token", "first_token_sent",
+    "first_output", "first_output_sent", "last_token", "last_token_sent",
+)
+COUNT_FIELDS = ("prompt_tokens", "output_tokens", "reasoning_tokens", "tool_call_tokens",
+                "cached_tokens", "preemptions")
+
+
+def _is_time(v) -> bool:
+    """An epoch time as the server writes it: a finite number >= 0."""
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and v >= 0)
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS
+
+
+def line_problem(line: dict) -> str | None:
+    """What makes ``line`` not a request-log line the readers can use, or None."""
+    if not isinstance(line.get("id"), str):
+        return "not a cbbench serve request-log line (no string 'id')"
+    for k in TIME_FIELDS:
+        if line.get(k) is not None and not _is_time(line[k]):
+            return f"{k!r} must be a time in seconds >= 0, got {line[k]!r:.40}"
+    for k in COUNT_FIELDS:
+        if line.get(k) is not None and not _is_count(line[k]):
+            return f"{k!r} must be a count in [0, {MAX_TOKENS}], got {line[k]!r:.40}"
+    if line.get("status") is not None and not _is_count(line["status"]):
+        return f"'status' must be an HTTP status, got {line['status']!r:.40}"
+    if line.get("finish") is not None and not isinstance(line["finish"], str):
+        return f"'finish' must be a string, got {type(line['finish']).__name__}"
+    events = line.get("events")
+    if events is None:
+        return None
+    if not isinstance(events, list):
+        return f"'events' must be a list of [time, tokens, kind] events, got {type(events).__name__}"
+    for i, e in enumerate(events):
+        if not (isinstance(e, list) and len(e) in (2, 3) and _is_time(e[0])
+                and _is_count(e[1]) and (len(e) == 2 or isinstance(e[2], str))):
+            return (f"events[{i}] must be [time >= 0, tokens in [0, {MAX_TOKENS}], kind], "
+                    f"got {e!r:.60}")
+    if line.get("arrival") is None and events:
+        return "a line with events needs its 'arrival' time"
+    return None
+
+
+def read_server_log(path: Path | str) -> dict[str, dict]:
+    """The request log's lines by id (a later line with the same id wins); UsageError (one
+    line, naming the file's line) for a file that is not such a log."""
+    check_input_file(path, "server log")
+    out: dict[str, dict] = {}
+    try:
+        with open(path, "rb") as f:
+            n = 0
+            while raw := f.readline(MAX_LINE_BYTES + 1):
+                n += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    raise UsageError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES} bytes: "
+                                     "not a cbbench serve request log")
+                if not raw.strip():
+                    continue
+                try:
+                    line = json.loads(raw)
+                except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deeply
+                    raise UsageError(f"{path}:{n}: not a JSON line") from None
+                if not isinstance(line, dict):
+                    raise UsageError(f"{path}:{n}: not a cbbench serve request-log line")
+                if (problem := line_problem(line)) is not None:
+                    raise UsageError(f"{path}:{n}: {problem}")
+                out[line["id"]] = line
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    return out
