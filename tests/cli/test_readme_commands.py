@@ -146,8 +146,18 @@ def _written(argv: list[str]) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a in WRITES]
 
 
-def run_commands(commands: list[Command], workdir: Path, skip_slow: bool) -> list[dict]:
-    """Each command in order in ``workdir``; the failures (and what ran) as dicts."""
+def _show(r: dict) -> None:
+    state = r.get("skipped") and f"skipped ({r['skipped']})" or (
+        "FAILED" if "error" in r else f"ok rc={r['rc']} {r['s']} s")
+    print(f"{r['n']:>2}  {state:<28} {r['command']}", flush=True)
+    if "error" in r:
+        print(r["error"], flush=True)
+
+
+def run_commands(commands: list[Command], workdir: Path, skip_slow: bool,
+                 show=None) -> list[dict]:
+    """Each command in order in ``workdir``; the failures (and what ran) as dicts, each also
+    handed to ``show`` as it ends."""
     if (ROOT / SAMPLES).is_dir() and not (workdir / SAMPLES).exists():
         shutil.copytree(ROOT / SAMPLES, workdir / SAMPLES)
     first_serve = next((c for c in commands if c.argv[:2] == ["cbbench", "serve"]), None)
@@ -158,6 +168,8 @@ def run_commands(commands: list[Command], workdir: Path, skip_slow: bool) -> lis
             argv = c.argv
             if skip_slow and c.slow:
                 rows.append({"n": c.number, "command": c.text, "skipped": c.slow})
+                if show:
+                    show(rows[-1])
                 continue
             if argv[:2] == ["cbbench", "serve"]:
                 if server is None or server.argv != argv:
@@ -165,6 +177,8 @@ def run_commands(commands: list[Command], workdir: Path, skip_slow: bool) -> lis
                         server.stop()
                     server = Server(argv, workdir, workdir / f"serve-{i}.log")
                 rows.append({"n": c.number, "command": c.text, "rc": 0, "s": 0.0})
+                if show:
+                    show(rows[-1])
                 continue
             if ENDPOINT in c.text:
                 if server is None:
@@ -183,6 +197,8 @@ def run_commands(commands: list[Command], workdir: Path, skip_slow: bool) -> lis
                 row["error"] = (f"exit {p.returncode}, missing {missing}\n"
                                 f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
             rows.append(row)
+            if show:
+                show(row)
     finally:
         if server is not None:
             server.stop()
@@ -236,13 +252,7 @@ def main() -> int:
         workdir = Path(args.dir) if args.dir else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="cbbench-readme-")))
         workdir.mkdir(parents=True, exist_ok=True)
-        rows = run_commands(commands, workdir, skip_slow=not args.all)
-    for r in rows:
-        state = r.get("skipped") and f"skipped ({r['skipped']})" or (
-            "FAILED" if "error" in r else f"ok rc={r['rc']} {r['s']} s")
-        print(f"{r['n']:>2}  {state:<28} {r['command']}")
-        if "error" in r:
-            print(r["error"])
+        rows = run_commands(commands, workdir, skip_slow=not args.all, show=_show)
     return 1 if any("error" in r for r in rows) else 0
 
 
