@@ -79,6 +79,13 @@ class Command:
     def argv(self) -> list[str]:
         return shlex.split(self.text, comments=True)
 
+
+def _executable(argv: list[str]) -> list[str]:
+    """`cbbench` as this interpreter's environment installed it (the venv under test), even
+    when that venv's bin is not on PATH."""
+    beside = Path(sys.executable).parent / argv[0]
+    return [str(beside) if beside.exists() else argv[0], *argv[1:]]
+
     @property
     def slow(self) -> str | None:
         return next((why for prefix, why in SLOW.items() if self.text.startswith(prefix)), None)
@@ -117,7 +124,7 @@ class Server:
         self.argv = argv
         self.log = log
         self.out = log.open("w")
-        cmd = [argv[0], "serve", "--port", "0", *argv[2:]]
+        cmd = _executable([argv[0], "serve", "--port", "0", *argv[2:]])
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=self.out, stderr=subprocess.STDOUT,
                                      text=True, env=env)
@@ -186,7 +193,7 @@ def run_commands(commands: list[Command], workdir: Path, skip_slow: bool,
                     server = Server(first_serve.argv, workdir, workdir / "serve-early.log")
                 argv = [a.replace(ENDPOINT, server.url) for a in argv]
             t0 = time.monotonic()
-            p = subprocess.run(argv, cwd=workdir, capture_output=True, text=True,
+            p = subprocess.run(_executable(argv), cwd=workdir, capture_output=True, text=True,
                                timeout=COMMAND_TIMEOUT_S)
             row = {"n": c.number, "command": c.text, "rc": p.returncode,
                    "s": round(time.monotonic() - t0, 1)}
