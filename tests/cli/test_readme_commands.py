@@ -56,9 +56,10 @@ SLOW = {
     "cbbench run --engine sim --gpu-profile": "needs the CPU run above",
     "cbbench run --engine sim --num-requests 1000000": "a million simulated requests",
     "cbbench run --endpoint http://localhost:8000 --api responses": "1000 requests in real time",
-    "cbbench run --endpoint http://localhost:8000 --api embeddings": "1000 requests in real time",
+    "cbbench run --endpoint http://localhost:8000 --api embeddings":
+        "800 inputs of ~1k tokens through the simulated H200 in real time",
     "cbbench run --endpoint http://localhost:8000 --api chat --workload random-mm":
-        "1000 image requests in real time",
+        "100 requests of 2 images at 10 req/s",
     "cbbench run --endpoint http://localhost:8000 --api chat --workload agentic-coding":
         "agent sessions in real time",
     "cbbench serve --engine sim --enable-per-request-metrics": "only the slow run below uses it",
