@@ -80,16 +80,16 @@ class Command:
     def argv(self) -> list[str]:
         return shlex.split(self.text, comments=True)
 
+    @property
+    def slow(self) -> str | None:
+        return next((why for prefix, why in SLOW.items() if self.text.startswith(prefix)), None)
+
 
 def _executable(argv: list[str]) -> list[str]:
     """`cbbench` as this interpreter's environment installed it (the venv under test), even
     when that venv's bin is not on PATH."""
     beside = Path(sys.executable).parent / argv[0]
     return [str(beside) if beside.exists() else argv[0], *argv[1:]]
-
-    @property
-    def slow(self) -> str | None:
-        return next((why for prefix, why in SLOW.items() if self.text.startswith(prefix)), None)
 
 
 def readme_commands(readme: Path = README) -> list[Command]:
