@@ -61,7 +61,7 @@ SLOW = {
     "cbbench run --endpoint http://localhost:8000 --api chat --workload random-mm":
         "100 requests of 2 images at 10 req/s",
     "cbbench run --endpoint http://localhost:8000 --api chat --workload agentic-coding":
-        "agent sessions in real time",
+        "20 agent sessions (tool calls, sub-agents) in real time",
     "cbbench serve --engine sim --enable-per-request-metrics": "only the slow run below uses it",
     "cbbench run --endpoint http://localhost:8000 --server-log": "1000 requests in real time",
     "cbbench run --engine sim --gpu h100 --model gpt-oss-20b": "a 4-replica MoE cluster",
@@ -194,8 +194,12 @@ def run_commands(commands: list[Command], workdir: Path, skip_slow: bool,
                     server = Server(first_serve.argv, workdir, workdir / "serve-early.log")
                 argv = [a.replace(ENDPOINT, server.url) for a in argv]
             t0 = time.monotonic()
-            p = subprocess.run(_executable(argv), cwd=workdir, capture_output=True, text=True,
-                               timeout=COMMAND_TIMEOUT_S)
+            try:
+                p = subprocess.run(_executable(argv), cwd=workdir, capture_output=True,
+                                   text=True, timeout=COMMAND_TIMEOUT_S)
+            except subprocess.TimeoutExpired as e:  # one command's failure, not the script's
+                p = subprocess.CompletedProcess(argv, -1, str(e.stdout or ""),
+                                                f"timed out after {COMMAND_TIMEOUT_S:.0f} s")
             row = {"n": c.number, "command": c.text, "rc": p.returncode,
                    "s": round(time.monotonic() - t0, 1)}
             allowed = {0} | next((v for k, v in ALSO_EXITS.items() if tuple(argv[1:2]) == k),
