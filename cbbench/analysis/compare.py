@@ -140,6 +140,17 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+CONFIG_FLOAT_DIGITS = 6  # significant digits of a config float as shown: 1e-05, 9.89e+14
+
+
+def config_text(v: object) -> str:
+    """A config value as a table shows it: a float to CONFIG_FLOAT_DIGITS significant digits
+    (1e-05, not its binary 9.999999999999999e-06), anything else as written."""
+    if isinstance(v, float):
+        return f"{v:.{CONFIG_FLOAT_DIGITS}g}"
+    return str(v)
+
+
 def config_differences(results: Sequence[Labeled]) -> list[list[str]]:
     """[key, value per result] for every config key whose values differ (nested keys
     dotted), plus the cbbench version; the command line and timestamps are left out."""
@@ -155,7 +166,7 @@ def config_differences(results: Sequence[Labeled]) -> list[list[str]]:
             continue
         values = [f.get(k, absent) for f in flat]
         if any(v != values[0] for v in values[1:]):
-            rows.append([k, *("(absent)" if v is absent else str(v) for v in values)])
+            rows.append([k, *("(absent)" if v is absent else config_text(v) for v in values)])
     return rows
 
 

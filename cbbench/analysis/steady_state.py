@@ -139,9 +139,11 @@ def window_figures(
     done = [r for r in inside if r.ok]
     span = b - a
     every = [r for r in records if r.ok]
-    # Token times are sorted: two bisections count a request's tokens in [a, b].
+    # Token times are sorted: two bisections count a request's tokens in [a, b]. A request
+    # with no output (embeddings, rerank: its one time is the answer's) streams none.
     out_tokens = sum(
         bisect_right(r.token_times_s, b) - bisect_left(r.token_times_s, a) for r in every
+        if r.output_tokens
     )
     finished = [r for r in every if a <= r.token_times_s[-1] <= b]
     in_tokens = sum(r.prompt_tokens for r in finished)

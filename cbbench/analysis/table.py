@@ -222,8 +222,17 @@ def server_latency_table(http: dict | None) -> str:
     )
 
 
+# How the steady window was chosen, in words (summary.steady_state.method).
+STEADY_HOW = {
+    "running_requests": "the engine ran a steady ~{level:g} requests",
+    "in_flight_requests": "a steady ~{level:g} requests were in flight",
+    "warmup_cooldown": "--warmup and --cooldown left out",
+}
+
+
 def steady_state_line(summary: dict) -> str:
-    """The steady-state window and its headline figures, under the whole-run ones."""
+    """The steady-state window and its headline figures, under the whole-run ones, in words:
+    the span the run held its load, its ramp-up and drain left out."""
     ss = summary.get("steady_state")
     if not ss:
         return ""
@@ -231,11 +240,20 @@ def steady_state_line(summary: dict) -> str:
         return f"steady state: none ({ss.get('note', ss.get('method'))})"
     a, b = ss["window_s"]
     ttft, tpot = ss["ttft_ms"], ss["tpot_ms"]
+    how = STEADY_HOW.get(ss["method"], ss["method"])
+    if "{level" in how:
+        how = how.format(level=round(ss["level"], 1)) if ss.get("level") is not None else \
+            how.split(" ~")[0].replace("a steady", "steady") + " requests"
+    if ss["method"] != "warmup_cooldown":
+        how += "; ramp-up and drain left out"
+    if "input_throughput" in summary:  # embeddings / rerank: inputs, no output tokens
+        rate = f"{_fmt(ss['total_token_throughput'] - ss['output_throughput'], 1)} input tok/s"
+    else:
+        rate = f"{_fmt(ss['output_throughput'], 1)} output tok/s"
     line = (
-        f"steady state {a:.2f}-{b:.2f} s ({ss['method']}): {ss['requests']} requests, "
+        f"steady state, {a:.2f}-{b:.2f} s of the run ({how}): {ss['requests']} requests, "
         f"TTFT p50 {_fmt(ttft.get('p50'))} / p99 {_fmt(ttft.get('p99'))} ms, "
-        f"TPOT p50 {_fmt(tpot.get('p50'))} / p99 {_fmt(tpot.get('p99'))} ms, "
-        f"{_fmt(ss['output_throughput'], 1)} output tok/s"
+        f"TPOT p50 {_fmt(tpot.get('p50'))} / p99 {_fmt(tpot.get('p99'))} ms, {rate}"
     )
     return line + (f"\n  note: {ss['note']}" if ss.get("note") else "")
 
@@ -257,19 +275,92 @@ def telemetry_line(tel: dict | None) -> str:
     )
 
 
+def header_lines(cfg: dict, summary: dict) -> list[str]:
+    """What was run, before its figures: the target (engine, model, GPU, scheduler, or the
+    endpoint and its model), the cluster (replicas, router, disaggregation) and the arrivals."""
+    label = f"{cfg['label']} · " if cfg.get("label") else ""
+    title = f"cbbench · {label}{cfg.get('workload')} · "
+    if cfg.get("target") == "engine":
+        title += f"engine {cfg.get('engine')} · {cfg.get('model')}"
+        if cfg.get("gpu"):
+            title += f" on {cfg.get('gpu')}"
+        sched = str(cfg.get("scheduler"))
+        if cfg.get("chunked_prefill") and sched == "continuous":
+            sched += " + chunked prefill"
+        title += f" · {sched}"
+    elif cfg.get("target") == "http":
+        model = cfg.get("served_model") or cfg.get("model") or "(the server's default)"
+        title += f"endpoint {_endpoints(cfg)} · model {model}"
+        if cfg.get("api"):
+            title += f" · --api {cfg.get('api')}"
+    else:
+        title += str(cfg.get("target"))
+    lines = [title]
+    cluster = cluster_line(cfg)
+    if cluster:
+        lines.append(cluster)
+    arrivals = arrivals_line(cfg)
+    if arrivals:
+        lines.append(arrivals)
+    return lines
+
+
+def _endpoints(cfg: dict) -> str:
+    eps = cfg.get("endpoints")
+    if eps and len(eps) > 1:
+        return f"{', '.join(eps)} (--balance {cfg.get('balance')})"
+    return str(cfg.get("endpoint") or "(not recorded)")
+
+
+def cluster_line(cfg: dict) -> str:
+    """Data-parallel replicas and their router, disaggregated prefill/decode: blank for one
+    engine."""
+    bits = []
+    dp = cfg.get("data_parallel_size") or 1
+    if dp > 1:
+        bits.append(f"{dp} data-parallel replicas, router {cfg.get('router')}")
+    if cfg.get("tensor_parallel_size", 1) > 1:
+        bits.append(f"tensor parallel {cfg['tensor_parallel_size']}")
+    if cfg.get("disaggregate"):
+        bits.append(f"disaggregated prefill:decode {cfg['disaggregate']} instances, KV "
+                    f"over {cfg.get('kv_link')}")
+    return f"cluster: {'; '.join(bits)}" if bits else ""
+
+
+def arrivals_line(cfg: dict) -> str:
+    """How the requests arrive; with --request-rate inf, what that means for TTFT."""
+    n = f"{cfg['num_requests']} requests" if cfg.get("num_requests") else "requests"
+    rate = cfg.get("request_rate")
+    if cfg.get("replay"):
+        return f"arrivals: replayed from {cfg['replay']}"
+    if rate == "inf" and not cfg.get("ramp") and not cfg.get("sessions"):
+        return (f"arrivals: all {n} at t=0 (--request-rate inf): TTFT includes each "
+                "request's wait behind the others; --request-rate N spreads them")
+    if isinstance(rate, (int, float)):
+        process = ("Poisson" if cfg.get("arrival") == "gamma" and cfg.get("burstiness") == 1.0
+                   else str(cfg.get("arrival")))
+        return f"arrivals: {n} at {rate:g} req/s ({process})"
+    return ""
+
+
+def kv_transfer_line(cfg: dict, summary: dict) -> str:
+    """A disaggregated run's prefill-to-decode KV transfer per request."""
+    kv = summary.get("kv_transfer_ms")
+    if not kv or not kv.get("count"):
+        return ""
+    return (f"KV transfer prefill -> decode over {cfg.get('kv_link')} (ms per request): mean "
+            f"{_fmt(kv.get('mean'))}, p50 {_fmt(kv.get('p50'))}, p99 {_fmt(kv.get('p99'))} "
+            f"({kv['count']} requests)")
+
+
 def render_summary(result: dict) -> str:
     s = result["summary"]
     cfg = result["config"]
-    title = f"cbbench · {cfg.get('label') + ' · ' if cfg.get('label') else ''}{cfg.get('workload')} · {cfg.get('target')}"
-    if cfg.get("target") == "engine":
-        title += f" {cfg.get('engine')} · {cfg.get('model')}"
-        if cfg.get("gpu"):
-            title += f" on {cfg.get('gpu')}"
-        title += f" · {cfg.get('scheduler')}"
+    parts_title = header_lines(cfg, s)
     from cbbench.analysis.table_views import breakdown_table, slices_table, stats_of
 
     stats = stats_of(cfg, STATS)
-    parts = [title, "", throughput_table(s), "", latency_table(s, stats)]
+    parts = [*parts_title, "", throughput_table(s), "", latency_table(s, stats)]
     for extra in (breakdown_table(s, stats), slices_table(s)):
         if extra:
             parts += ["", extra]
@@ -288,6 +379,9 @@ def render_summary(result: dict) -> str:
     eng = engine_table(s.get("engine", {}))
     if eng:
         parts += ["", eng]
+    kv = kv_transfer_line(cfg, s)
+    if kv:
+        parts += ["", kv]
     spec = speculative_line(s.get("speculative"))
     if spec:
         parts += ["", spec]

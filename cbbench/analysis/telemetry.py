@@ -36,6 +36,7 @@ RULE_CALLER = "given by caller"
 RULE_MIDDLE = "middle 80% of the sampled time span"
 RULE_NO_SAMPLES = "no samples"
 SIMULATED_GPU_REASON = "simulated GPU: nothing to sample"
+CPU_RUN_REASON = "a CPU run: no GPU to read"
 
 QUANTITIES = (
     "dram_bw_util_pct",

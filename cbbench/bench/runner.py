@@ -253,9 +253,19 @@ def _telemetry_indices(spec: RunSpec) -> list[int] | None:
     None: nothing to sample (the simulated GPU)."""
     if spec.endpoint is not None:
         return [spec.gpu_index] if spec.gpu_index is not None else None
-    if spec.engine.engine == "sim":
+    if spec.engine.engine == "sim" or _runs_on_cpu(spec.engine):
         return None
     return [spec.gpu_index if spec.gpu_index is not None else 0]
+
+
+def _runs_on_cpu(args: EngineArgs) -> bool:
+    """The torch engine on the CPU (--device cpu, or no CUDA device): no GPU to sample, which
+    is information, not a failed NVML start to warn about."""
+    if args.device is not None:
+        return args.device.startswith("cpu")
+    from cbbench.engine.build import cuda_available
+
+    return not cuda_available()
 
 
 def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
@@ -518,7 +528,12 @@ class Telemetry:
             self.sampler.stop()
 
     def result(self) -> dict:
-        from cbbench.analysis.telemetry import SIMULATED_GPU_REASON, unavailable, warning_line
+        from cbbench.analysis.telemetry import (
+            CPU_RUN_REASON,
+            SIMULATED_GPU_REASON,
+            unavailable,
+            warning_line,
+        )
 
         if self.sampler is not None:
             telemetry = self.sampler.to_result()
@@ -527,6 +542,8 @@ class Telemetry:
         elif self.spec.endpoint is not None:
             telemetry = unavailable("remote endpoint: give --gpu-metrics URL (the server's DCGM "
                                     "exporter) or --gpu-index (a GPU on this host)")
+        elif self.spec.engine.engine != "sim":
+            telemetry = unavailable(CPU_RUN_REASON)
         else:
             telemetry = unavailable(SIMULATED_GPU_REASON)
         line = warning_line(telemetry)

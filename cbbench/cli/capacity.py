@@ -134,7 +134,7 @@ def capacity(
             if stop():
                 found = SearchResult(INTERRUPTED, None, None, None, [])
             else:
-                C.notice(f"saturation: ~{saturation:.4g} req/s")
+                C.notice(saturation_line(saturation, sat_point))
                 if not saturation > 0:
                     raise UsageError("the rate-inf probe completed nothing; give --start-rate")
                 start_rate = saturation * 0.5
@@ -165,7 +165,7 @@ def capacity(
     # The probes first: a file that cannot be written (a full disk) still shows them.
     typer.echo(f"SLO: {slo_spec.describe()}")
     if saturation is not None:
-        typer.echo(f"saturation (rate inf): ~{saturation:.4g} req/s")
+        typer.echo(saturation_line(saturation, sat_point))
     typer.echo("latencies in ms")
     typer.echo(probe_table(found.probes, sat_point))
     typer.echo("")
@@ -176,6 +176,18 @@ def capacity(
         raise typer.Exit(NOT_FOUND_EXIT)
     if found.status == ABOVE_MAX:
         C.notice("every probe passed up to the search's ceiling: the capacity is at least that")
+
+
+def saturation_line(saturation: float, sat_point=None) -> str:
+    """The rate-inf probe's sustained rate, told apart from its row's achieved rate: the first
+    counts the tokens made while requests still queued (bench/probe.py saturation_rate), the
+    second completed / duration, which the drain at the end pulls down."""
+    line = f"saturation (rate inf): ~{saturation:.4g} req/s sustained while requests queued"
+    achieved = getattr(sat_point, "achieved_request_rate", None)
+    if achieved is not None:
+        line += (f" (probe 0's row: {achieved:.2f} req/s achieved over the whole run, its "
+                 "drain included)")
+    return line
 
 
 def _num(v: float | None, digits: int = 1) -> str:

@@ -130,11 +130,28 @@ def gate(
         _write_markdown(markdown, markdown_summary(checks, base_paths, new_paths))
     if window == "steady":
         typer.echo("window: steady state (summary.steady_state)")
+    unasked = defaults_line(checks_wanted, max_regression or [], no_defaults)
+    if unasked:
+        typer.echo(unasked)
     typer.echo(render_table(checks))
     typer.echo("")
     typer.echo(verdict_line(checks))
     if not G.passed(checks):
         raise typer.Exit(REGRESSION_EXIT)
+
+
+def defaults_line(wanted: Sequence[G.Threshold], given: Sequence[str], no_defaults: bool) -> str:
+    """The metrics gated by default, not named by --max-regression: said, with their limits,
+    so a failure on one nobody asked for is not a surprise."""
+    if no_defaults:
+        return ""
+    named = {G.parse_threshold(t).metric for t in given}
+    unasked = [t for t in wanted if t.metric not in named]
+    if not unasked:
+        return ""
+    limits = ", ".join(f"{t.metric} {t.text()}" for t in unasked)
+    return (f"also gated by default ({len(unasked)} metrics not named by --max-regression; "
+            f"--no-defaults drops them): {limits}")
 
 
 def _split_files(args: Sequence[str]) -> tuple[list[Path], list[Path]]:

@@ -160,9 +160,10 @@ def plot_specs(results: Sequence, max_gantt_requests: int) -> list[PlotSpec]:
                  "KV blocks in use as a share of the pool over time; crosses mark iterations "
                  "that preempted requests.",
                  plots.kv_usage),
-        PlotSpec("bandwidth", "HBM bandwidth",
+        PlotSpec("bandwidth", plots.bandwidth_title(results),
                  "Analytic bandwidth per iteration (the cost model's bytes moved over the "
-                 "iteration's time) and, where recorded, the bandwidth NVML measured.",
+                 "iteration's time) and, where recorded, the bandwidth GPU telemetry (NVML, "
+                 "DCGM) measured.",
                  plots.bandwidth_timeline),
     ]
     pair = gantt_pair(results)
@@ -214,7 +215,8 @@ def page_notes(results: Sequence) -> list[str]:
     notes = []
     if len(results) > 1 and (note := workload_note(results)):
         notes.append(note)
-    if gantt_pair(results) is None and len(results) > 1:
+    schedulers = {x.result.get("config", {}).get("scheduler") for x in results}
+    if gantt_pair(results) is None and STATIC in schedulers:  # a comparison left one-sided
         notes.append(
             "No request timeline: it needs one static and one continuous run among the results."
         )

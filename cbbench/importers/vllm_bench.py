@@ -78,7 +78,7 @@ def records(data: Mapping, source: str) -> list[RequestRecord]:
     if any(len(data[k]) != n for k in PER_REQUEST_KEYS):
         raise UsageError(f"{source}: its per-request lists have different lengths")
     latencies = data.get("latencies")
-    starts = [_number(s, source, "start_times") for s in data["start_times"]]
+    starts = [_clock_reading(s, source, "start_times") for s in data["start_times"]]
     queued = _optional_list(data, "queue_times", n, source)
     server_queue = _optional_list(data, "server_queue_times", n, source)
     server_ttft = _optional_list(data, "server_ttfts", n, source)
@@ -128,7 +128,7 @@ def _error(text: str) -> tuple[str, str]:
 
 def _zero(data: Mapping, source: str) -> float:
     """The run's zero on vLLM's perf_counter: the first release by its schedule (or send)."""
-    starts = [_number(s, source, "start_times") for s in data["start_times"]]
+    starts = [_clock_reading(s, source, "start_times") for s in data["start_times"]]
     queued = _optional_list(data, "queue_times", len(starts), source)
     firsts = [s - (q or 0.0) for s, q in zip(starts, queued)]
     return min(firsts) if firsts else 0.0
@@ -167,7 +167,7 @@ def origin(data: Mapping, source: str) -> float:
         raise UsageError(f"{source}: date {date!r} is not vLLM's %Y%m%d-%H%M%S") from None
     offset = perf_minus_epoch()
     t0 = _zero(data, source) - offset
-    last_send = max((_number(s, source, "start_times") for s in data["start_times"]),
+    last_send = max((_clock_reading(s, source, "start_times") for s in data["start_times"]),
                     default=0.0) - offset
     d = data.get("duration")
     finite = isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d)
@@ -244,6 +244,15 @@ def _is_inf(v) -> bool:
 def _number(v, source: str, key: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         raise UsageError(f"{source}: {key} holds {v!r}, not a time in seconds")
+    return float(v)
+
+
+def _clock_reading(v, source: str, key: str) -> float:
+    """A perf_counter reading (s): any finite number, below zero too. Python leaves
+    perf_counter's zero undefined, and a file from before this host's last boot, moved onto
+    its clock, reads below zero here: `origin` refuses such a file for its date, by name."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise UsageError(f"{source}: {key} holds {v!r}, not a clock reading in seconds")
     return float(v)
 
 

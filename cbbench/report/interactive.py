@@ -231,6 +231,45 @@ def batch_occupancy(results: Sequence[Labeled]) -> Plot:
                 "Running and waiting requests in each iteration.", fig)
 
 
+def bandwidth(results: Sequence[Labeled]) -> Plot:
+    """The static page's bandwidth plot: analytic per iteration, and the measured bandwidth
+    where the result has GPU telemetry (GB/s against the GPU's peak; % of peak without it)."""
+    data = []
+    pct_only = False
+    for i, x in enumerate(results):
+        its = x.result.get("iterations") or []
+        line = {"color": _color(i)}
+        if its:
+            xs, ys = _thin(np.array([it.get("start_s", 0.0) for it in its], dtype=np.float64),
+                           np.array([float(it.get("achieved_bw_gbps") or 0.0) for it in its]))
+            data.append({"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": line,
+                         "name": f"{x.label}: analytic ({plots.memory_name(x.result)})"})
+        measured = plots.telemetry_bandwidth(x.result)
+        if measured is None:
+            continue
+        t, pct = measured
+        peak = plots.peak_bw_gbps(x.result)
+        xs, ys = _thin(t, pct * peak / 100 if peak else pct)
+        trace = {"type": "scatter", "mode": "lines", "x": xs, "y": ys,
+                 "line": {**line, "dash": "dot"},
+                 "name": f"{x.label}: {plots.measured_label(x.result)}"}
+        if not peak:
+            trace["yaxis"] = "y2"
+            pct_only = True
+        data.append(trace)
+    layout: dict = {"height": 420, "xaxis": {"title": {"text": "time (s)"}},
+                    "yaxis": {"title": {"text": "GB/s"}, "rangemode": "tozero"},
+                    "legend": {"orientation": "h"}}
+    if pct_only:
+        layout["yaxis2"] = {"title": {"text": "measured (% of peak)"}, "overlaying": "y",
+                            "side": "right", "range": [0, 100]}
+    title = plots.bandwidth_title(results)
+    return Plot("bandwidth", title,
+                "Analytic bandwidth per iteration (the cost model's bytes moved over the "
+                "iteration's time) and, dotted, what GPU telemetry measured where recorded.",
+                {"data": data, "layout": layout})
+
+
 def request_timeline(pair: Sequence[Labeled], max_requests: int) -> Plot:
     ids = plots.gantt_rows(pair[0].result, max_requests)
     row_of = {rid: n for n, rid in enumerate(ids)}
@@ -277,7 +316,7 @@ def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
                 pair: Sequence[Labeled] | None) -> tuple[list[Plot], list[str]]:
     """The plots that have data, and a note for each left out."""
     candidates = [latency_cdfs(results), over_time(results), token_budget(results),
-                  batch_occupancy(results), kv_usage(results)]
+                  batch_occupancy(results), kv_usage(results), bandwidth(results)]
     # Only where a run made them (--slice; a server that told its timings): no note otherwise.
     candidates += [p for p in (time_slices(results), ttft_breakdown(results)) if p.points]
     if pair is not None:

@@ -83,10 +83,37 @@ def latency_values(result: dict, key: str) -> np.ndarray | None:
     return itl_values(result) if key == "itl_ms" else request_values(result, key)
 
 
-def _peak_bw_gbps(result: dict) -> float | None:
+def peak_bw_gbps(result: dict) -> float | None:
     spec = result.get("config", {}).get("gpu_spec") or {}
     bw = spec.get("hbm_bandwidth")
     return float(bw) / GB if bw else None
+
+
+# The telemetry section's "source" (analysis/telemetry.py SOURCE; DCGM beside NVML) as the
+# plots name it; an unknown source is shown upper-cased.
+TELEMETRY_SOURCE_NAMES = {"nvml": "NVML", "dcgm": "DCGM"}
+
+
+def runs_on_cpu(result: dict) -> bool:
+    """A torch run on the CPU: its memory is the host's DRAM, not a GPU's HBM."""
+    c = result.get("config") or {}
+    return str(c.get("device") or c.get("device_name") or "").startswith("cpu")
+
+
+def memory_name(result: dict) -> str:
+    return "CPU memory" if runs_on_cpu(result) else "HBM"
+
+
+def bandwidth_title(results: Sequence[Labeled]) -> str:
+    """HBM bandwidth, unless a run is on the CPU (its bandwidth is the host memory's)."""
+    names = {memory_name(x.result) for x in results}
+    return f"{names.pop()} bandwidth" if len(names) == 1 else "Memory bandwidth (HBM, CPU memory)"
+
+
+def measured_label(result: dict) -> str:
+    """The measured line's name, from the telemetry that measured it."""
+    source = str((result.get("telemetry") or {}).get("source") or "nvml")
+    return f"measured ({TELEMETRY_SOURCE_NAMES.get(source, source.upper())})"
 
 
 def telemetry_bandwidth(result: dict) -> tuple[np.ndarray, np.ndarray] | None:
@@ -309,14 +336,15 @@ def kv_usage(results: Sequence[Labeled]) -> Figure:
 
 
 def bandwidth_timeline(results: Sequence[Labeled]) -> Figure:
-    """Analytic HBM bandwidth per iteration (bytes the model says moved / iteration time),
-    and the bandwidth NVML measured (dram_bw_util_pct) where the result has telemetry."""
-    fig, axes = _rows_figure(len(results), "HBM bandwidth over time", sharex=True)
+    """Analytic memory bandwidth per iteration (bytes the model says moved / iteration time),
+    and the bandwidth GPU telemetry measured (dram_bw_util_pct) where the result has it; named
+    HBM on a GPU, CPU memory on the CPU, the measured line by its source (NVML, DCGM)."""
+    fig, axes = _rows_figure(len(results), f"{bandwidth_title(results)} over time", sharex=True)
     drawn = []
     for ax, x in zip(axes, results):
         its = x.result.get("iterations") or []
-        ax.set_title(x.label, fontsize="medium", loc="left")
-        peak = _peak_bw_gbps(x.result)
+        ax.set_title(f"{x.label} ({memory_name(x.result)})", fontsize="medium", loc="left")
+        peak = peak_bw_gbps(x.result)
         measured = telemetry_bandwidth(x.result)
         if not its and measured is None:
             _no_data(ax, "no iteration records or telemetry")
@@ -329,10 +357,11 @@ def bandwidth_timeline(results: Sequence[Labeled]) -> Figure:
             t, pct = measured
             if peak:
                 ax.plot(t, pct * peak / 100, color=COLOR_MEASURED, linewidth=1.2,
-                        label="measured (NVML)")
+                        label=measured_label(x.result))
             else:
                 target = ax.twinx()
-                target.plot(t, pct, color=COLOR_MEASURED, linewidth=1.2, label="measured (NVML)")
+                target.plot(t, pct, color=COLOR_MEASURED, linewidth=1.2,
+                            label=measured_label(x.result))
                 target.set_ylabel("measured DRAM bandwidth (% of peak)")
                 target.set_ylim(0, 100)
         if peak:

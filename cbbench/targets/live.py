@@ -203,6 +203,11 @@ class LiveBoard:
         done, failed = tally.done, tally.failed
         if self._engine is not None:  # refused at admission: never in a step's finished
             failed += sum(len(e.rejected) for e in getattr(self._engine, "engines", [self._engine]))
+            # The last step's running count still holds the requests it finished (counted
+            # done above): at the run's end that read "sent 31 of 30". Never more in flight
+            # than the plan has left.
+            if self.total:
+                in_flight = max(0, min(in_flight, self.total - done - failed))
         elif self._http is None:  # workers: their progress only
             done = self._progress[0]
         return elapsed, in_flight, engine, done, failed

@@ -108,6 +108,21 @@ def test_a_given_threshold_overrides_the_default(tmp_path, base_result):
     assert r.exit_code == 0, r.output
 
 
+def test_the_output_names_the_metrics_gated_by_default(tmp_path, base_result):
+    """Issue 35: one --max-regression gated 8 more metrics at silent defaults. The output says
+    which, and at what limit; --no-defaults (or naming them all) leaves the line out."""
+    base = _save(tmp_path, "base.json", base_result)
+    r = _gate(base, "--baseline", base, "--max-regression", "output_throughput=5%")
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("also gated by default"))
+    assert "(8 metrics not named by --max-regression; --no-defaults drops them)" in line
+    assert "request_throughput 5%" in line and "ttft_ms.p99 10%" in line and "failed 0" in line
+    assert "output_throughput" not in line
+    r = _gate(base, "--baseline", base, "--max-regression", "output_throughput=5%",
+              "--no-defaults")
+    assert r.exit_code == 0 and "also gated by default" not in r.stdout
+
+
 def test_a_new_failed_request_regresses_by_default(tmp_path, base_result):
     base = _save(tmp_path, "base.json", base_result)
     failing = copy.deepcopy(base_result)

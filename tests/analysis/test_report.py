@@ -161,3 +161,56 @@ def test_timeline_panels_share_the_whole_time_span(results):
     ]
     for ax in fig.axes:
         assert ax.get_xlim()[1] >= max(ends)  # static's last batch is not cut off
+
+
+def test_the_config_table_shows_floats_as_people_write_them(tmp_path, results):
+    """Issue 35: the config differences showed 9.999999999999999e-06 and 989000000000000.0."""
+    a, b = copy.deepcopy(results["continuous"]), copy.deepcopy(results["continuous"])
+    a["config"]["gpu_spec"]["bf16_flops"] = 989e12
+    a["config"]["gpu_spec"]["collective_latency_s"] = 9.999999999999999e-06
+    b["config"]["gpu_spec"]["bf16_flops"] = 1979e12
+    b["config"]["gpu_spec"]["collective_latency_s"] = 2e-05
+    out = tmp_path / "report"
+    r = runner.invoke(app, ["report", *_files(tmp_path, {"a": a, "b": b}), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    page = (out / "report.html").read_text()
+    table = page.split("Config differences")[1]
+    assert "9.89e+14" in table and "1.979e+15" in table and "1e-05" in table
+    assert "989000000000000.0" not in page and "9.999999999999999e-06" not in page
+    # Two continuous runs are an ordinary report: no note about a static-vs-continuous plot.
+    assert "No request timeline" not in page
+    assert "No request timeline" not in (out / "report-static.html").read_text()
+
+
+def test_the_interactive_page_has_the_bandwidth_plot(report_dir):
+    """The static page had the bandwidth plot; the interactive one lacked it."""
+    page = (report_dir / "report.html").read_text()
+    plot = page.split('data-plot="plot-bandwidth">')[1].split("</script>")[0]
+    assert '"achieved_bw_gbps"' not in plot and "analytic (HBM)" in plot
+    assert "HBM bandwidth" in page
+
+
+def test_a_cpu_runs_bandwidth_is_not_called_hbm_and_measured_names_its_source(tmp_path,
+                                                                               results):
+    from cbbench.analysis.compare import Labeled
+    from cbbench.report import interactive, plots
+
+    cpu = copy.deepcopy(results["continuous"])
+    cpu["config"]["device"] = "cpu"
+    assert plots.bandwidth_title([Labeled("cpu", cpu)]) == "CPU memory bandwidth"
+    out = tmp_path / "report"
+    r = runner.invoke(app, ["report", *_files(tmp_path, {"cpu": cpu}), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    for name in ("report.html", "report-static.html"):
+        text = re.sub(r"base64,[A-Za-z0-9+/=]+", "", (out / name).read_text())  # images out
+        assert "HBM" not in text and "CPU memory bandwidth" in text, name
+    gpu = copy.deepcopy(results["continuous"])
+    end = gpu["iterations"][-1]["start_s"]
+    gpu["telemetry"] = {"available": True, "source": "dcgm", "metric": "dram_active",
+                        "samples": [{"t_s": end * i / 10, "gpu": 0, "dram_bw_util_pct": 50.0}
+                                    for i in range(11)]}
+    plot = interactive.bandwidth([Labeled("gpu", gpu)])
+    names = [t["name"] for t in plot.figure["data"]]
+    assert names == ["gpu: analytic (HBM)", "gpu: measured (DCGM)"]
+    peak = plots.peak_bw_gbps(gpu)
+    assert plot.figure["data"][1]["y"][0] == pytest.approx(peak / 2)  # 50% of the peak, GB/s

@@ -22,7 +22,7 @@ BROWSER_TIMEOUT_S = 120
 CHECK = re.compile(r'<pre id="cbbench-plot-check"[^>]*>(.*?)</pre>', re.S)
 CONSOLE_ERROR = re.compile(r"Uncaught|:ERROR:CONSOLE|Error: ", re.I)
 EXPECTED_PLOTS = ("latency_cdfs", "over_time", "token_budget", "batch_occupancy", "kv_usage",
-                  "request_timeline", "time_slices")
+                  "bandwidth", "request_timeline", "time_slices")
 
 
 def _load(page: Path, tmp_path: Path) -> tuple[str, str]:

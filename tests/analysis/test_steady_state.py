@@ -137,7 +137,7 @@ def test_cli_flags_and_table(tmp_path):
                                    "--request-rate", "20", "--warmup", "1", "--cooldown", "1",
                                    "--output", str(out)])
     assert res.exit_code == 0, res.output
-    assert "steady state 1.00-" in res.output and "(warmup_cooldown)" in res.output
+    assert "steady state, 1.00-" in res.output and "(--warmup and --cooldown left out)" in res.output
     res = CliRunner().invoke(app, ["run", "--engine", "sim", "--warmup", "-1",
                                    "--output", str(out)])
     assert res.exit_code == 2 and "--warmup must be >= 0" in res.output

@@ -156,6 +156,16 @@ def test_capacity_finds_a_rate_within_precision(capacity_doc):
     assert "attainment" in header and "TTFT p99" in header
 
 
+def test_the_saturation_line_tells_its_rate_from_the_rows_achieved_rate(capacity_doc):
+    """Issue 35: "saturation: ~72.37 req/s" sat beside probe 0's row reading 57.08 achieved,
+    two definitions with nothing saying so. The line names both, and what each counts."""
+    doc, stdout = capacity_doc
+    line = next(ln for ln in stdout.splitlines() if ln.startswith("saturation (rate inf)"))
+    achieved = doc["saturation_probe"]["achieved_request_rate"]
+    assert f"~{doc['saturation_rate']:.4g} req/s sustained while requests queued" in line
+    assert f"probe 0's row: {achieved:.2f} req/s achieved over the whole run" in line
+
+
 def test_independent_runs_around_the_capacity(capacity_doc):
     """Runs 15% above the answer miss the SLO and runs 15% below meet it, measured by the
     run summary's own goodput accounting rather than the search's."""

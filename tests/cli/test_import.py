@@ -105,20 +105,40 @@ def test_queue_times_are_the_send_lag_and_server_timings_split_the_ttft(tmp_path
     assert b["server_queue_ms"]["mean"] == pytest.approx(25.0)
 
 
-def _written_here_now(offset_s: float = 0.0) -> dict:
+# This host's perf_counter, real or faked: a fresh CI machine reads a few minutes since boot,
+# so a file "from an hour before" has negative perf_counter times there (any uptime must pass).
+BOOTED_5_MIN_AGO_S = 300.0
+UP_30_DAYS_S = 30 * 86400.0
+
+
+@pytest.fixture(params=["real", BOOTED_5_MIN_AGO_S, UP_30_DAYS_S],
+                ids=["real-clock", "booted-5-min-ago", "up-30-days"])
+def perf_now(request, monkeypatch):
+    """This host's perf_counter now (a function), with the importer reading the same clock: the
+    real one, or a fake one that reads the given uptime now (the epoch's offset made to match)."""
+    if request.param == "real":
+        return time.perf_counter
+    from cbbench.importers import vllm_bench
+
+    minus_epoch = request.param - time.time()  # perf_counter - time.time() on the fake host
+    monkeypatch.setattr(vllm_bench, "perf_minus_epoch", lambda: minus_epoch)
+    return lambda: time.time() + minus_epoch
+
+
+def _written_here_now(perf_now, offset_s: float = 0.0) -> dict:
     """A result as vLLM bench writes it on this host: perf_counter sends, a local end date."""
-    now = time.perf_counter() + offset_s
+    now = perf_now() + offset_s
     data = {**VLLM_RESULT, "start_times": [now - 2.0, now - 1.5, now - 1.0], "duration": 2.0}
     data["date"] = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return data
 
 
-def test_same_host_puts_the_perf_counter_times_on_the_unix_clock(tmp_path):
-    data = _written_here_now()
+def test_same_host_puts_the_perf_counter_times_on_the_unix_clock(tmp_path, perf_now):
+    data = _written_here_now(perf_now)
     src = tmp_path / "vllm.json"
     src.write_text(json.dumps(data))
     out = tmp_path / "imported.json"
-    expected = time.time() - (time.perf_counter() - data["start_times"][0])
+    expected = time.time() - (perf_now() - data["start_times"][0])
     res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out),
                               "--same-host"])
     assert res.exit_code == 0, res.output
@@ -127,9 +147,12 @@ def test_same_host_puts_the_perf_counter_times_on_the_unix_clock(tmp_path):
 
 
 @pytest.mark.parametrize("offset_s", [-3600.0, 3600.0])  # another host, or before a reboot
-def test_same_host_refuses_a_file_from_elsewhere(tmp_path, offset_s):
+def test_same_host_refuses_a_file_from_elsewhere(tmp_path, offset_s, perf_now):
+    """Refused for its date, at any uptime: booted 5 minutes ago, a file an hour older has
+    negative perf_counter times, which are clock readings (Python leaves perf_counter's zero
+    undefined), not malformed durations."""
     src = tmp_path / "vllm.json"
-    src.write_text(json.dumps(_written_here_now(offset_s)))
+    src.write_text(json.dumps(_written_here_now(perf_now, offset_s)))
     out = tmp_path / "imported.json"
     res = runner.invoke(app, ["import", str(src), "--from", "vllm-bench", "--out", str(out),
                               "--same-host"])
@@ -138,6 +161,24 @@ def test_same_host_refuses_a_file_from_elsewhere(tmp_path, offset_s):
     assert line.startswith("cbbench: error:") and "\n" not in line
     assert "not written on this host since its last boot" in line
     assert not out.exists()
+
+
+def test_negative_perf_counter_send_times_import(tmp_path):
+    """vLLM's start_times are perf_counter readings, whose zero Python leaves undefined: a file
+    whose sends read below zero imports like any other (only durations must be >= 0)."""
+    data = {**VLLM_RESULT, "start_times": [s - 1000.0 for s in VLLM_RESULT["start_times"]]}
+    assert max(data["start_times"]) < 0
+    res, out = _import(tmp_path, data)
+    assert res.exit_code == 0, res.output
+    shifted = json.loads(out.read_text())
+    res, out = _import(tmp_path, VLLM_RESULT)
+    assert res.exit_code == 0, res.output
+    plain = json.loads(out.read_text())
+    assert [r["intended_start_s"] for r in shifted["requests"]] == pytest.approx([0.0, 0.5, 1.0])
+    assert shifted["requests"] == plain["requests"]  # only the clock's zero moved
+    bad = {**VLLM_RESULT, "ttfts": [-0.2, 0.1, 0.0]}  # a duration below zero stays refused
+    res, out = _import(tmp_path, bad)
+    assert res.exit_code == 2 and "ttfts holds -0.2, not a time in seconds" in res.output
 
 
 def test_same_host_is_for_vllm_bench_only(tmp_path):
@@ -247,7 +288,7 @@ def test_a_bad_aiperf_file_is_one_line_and_exit_2(tmp_path):
     ("2026-12-01 12:00", "is not vLLM's %Y%m%d-%H%M%S"),
 ])
 def test_same_host_needs_vllms_date(tmp_path, date, message):
-    data = _written_here_now()
+    data = _written_here_now(time.perf_counter)
     if date is None:
         del data["date"]
     else:

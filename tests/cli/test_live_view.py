@@ -137,3 +137,25 @@ def test_board_reads_the_array_simulator(monkeypatch):
     assert s.tpot_p50_ms == pytest.approx(float(np.percentile(tpot_ms, 50)), **close)
     assert s.elapsed_s == pytest.approx(run.duration_s)
     assert s.output_tok_s == pytest.approx(int(r.output_tokens.sum()) / s.elapsed_s)
+
+
+def test_the_last_frame_never_sends_more_than_planned():
+    """The engine's last step still counts as running the requests it finished; the panel's
+    last frame read "sent 31 of 30". In flight is what the plan has left, at most."""
+    from types import SimpleNamespace
+
+    from cbbench.engine.core.request import RequestStatus
+
+    step = SimpleNamespace(num_running=1, num_waiting=0, token_budget=2048,
+                           kv_blocks_total=100, kv_blocks_used=3, num_prefill_tokens=0,
+                           num_decode_tokens=1)
+    engine = SimpleNamespace(records=[step], rejected=[], clock=SimpleNamespace(now=lambda: 3.0))
+    board = LiveBoard()
+    board.plan(2, 3.0, None)
+    board.attach_engine(engine)
+    done = [SimpleNamespace(status=RequestStatus.FINISHED, token_times=[1.0, 1.5, 2.0],
+                            arrival_time=0.5, num_output_tokens=3) for _ in range(2)]
+    board.on_finished(done)  # the last step finished both, and still lists one running
+    s = board.snapshot()
+    assert (s.done, s.in_flight, s.sent, s.total) == (2, 0, 2, 2)
+    assert "sent 2 of 2   in flight 0   done 2" in dict(panel_lines(s))["requests"]
