@@ -6,7 +6,7 @@ Against a remote endpoint (vLLM, SGLang, TGI on a GPU server) the in-process NVM
 profiling fields carry the same quantities. Each ``--gpu-metrics URL`` gets a background thread
 that reads the page every telemetry interval, keeps one sample per GPU (labels ``gpu``,
 ``UUID``, ``Hostname``) stamped with the run's clock, and hands the samples to
-:mod:`cbbench.analysis.telemetry`, so the result's ``telemetry`` section, the steady-state
+:mod:`cbbench.analysis.summary.telemetry`, so the result's ``telemetry`` section, the steady-state
 summary line and the report's plots are the NVML sampler's, with ``source: "dcgm"``.
 
 Field mapping (DCGM's profiling fields are ratios 0-1; cbbench's fields are percentages):
@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cbbench.analysis.telemetry import (
+from cbbench.analysis.summary.telemetry import (
     METRIC_DCGM,
     METRIC_MC_BUSY,
     SOURCE_DCGM,

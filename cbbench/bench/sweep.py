@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from cbbench.analysis.slo import AttainmentSLO
+from cbbench.analysis.summary.slo import AttainmentSLO
 from cbbench.bench.point_prep import PointPrep
 from cbbench.bench.probe import (
     ProbePoint,

@@ -124,7 +124,7 @@ class OutputOptions:
 
     def slice_s(self) -> float | None:
         """--slice in seconds (None: no slices)."""
-        from cbbench.analysis.slices import MIN_SLICE_S
+        from cbbench.analysis.summary.slices import MIN_SLICE_S
         from cbbench.load.arrivals import parse_duration
 
         if self.slice is None:
@@ -137,7 +137,7 @@ class OutputOptions:
 
     def percentile_list(self) -> tuple[float, ...]:
         """--percentiles as numbers (the default set when not given)."""
-        from cbbench.analysis.percentiles import parse_percentiles
+        from cbbench.analysis.summary.percentiles import parse_percentiles
 
         return parse_percentiles(self.percentiles)
 
@@ -147,20 +147,20 @@ class OutputOptions:
 
     def goodput_slo(self) -> dict[str, float]:
         """--slo as run's goodput limits."""
-        from cbbench.analysis.metrics import parse_slo
+        from cbbench.analysis.summary.metrics import parse_slo
 
         return parse_slo(self.slo)
 
     def attainment_slo(self):
         """--slo and --attainment as a sweep's or capacity search's AttainmentSLO."""
-        from cbbench.analysis.slo import parse_attainment_slo
+        from cbbench.analysis.summary.slo import parse_attainment_slo
 
         return parse_attainment_slo(self.slo, self.attainment)
 
 
 @dataclass(frozen=True)
 class WindowOptions:
-    """Which window of a result `gate` and `compare` read (cbbench/analysis/windows.py)."""
+    """Which window of a result `gate` and `compare` read (cbbench/analysis/comparison/windows.py)."""
 
     window: str = opt(
         "all",
@@ -169,7 +169,7 @@ class WindowOptions:
     )
 
     def validate(self) -> None:
-        from cbbench.analysis.windows import check_window
+        from cbbench.analysis.comparison.windows import check_window
 
         check_window(self.window)
 

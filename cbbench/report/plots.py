@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from cbbench.analysis.compare import Labeled
+from cbbench.analysis.comparison.compare import Labeled
 
 MS = 1000.0
 GB = 1e9
@@ -89,7 +89,7 @@ def peak_bw_gbps(result: dict) -> float | None:
     return float(bw) / GB if bw else None
 
 
-# The telemetry section's "source" (analysis/telemetry.py SOURCE; DCGM beside NVML) as the
+# The telemetry section's "source" (analysis/summary/telemetry.py SOURCE; DCGM beside NVML) as the
 # plots name it; an unknown source is shown upper-cased.
 TELEMETRY_SOURCE_NAMES = {"nvml": "NVML", "dcgm": "DCGM"}
 

@@ -14,15 +14,15 @@ import pytest
 from helpers import CBBENCH
 from typer.testing import CliRunner
 
-from cbbench.analysis.gate import WORST_SLICE, direction_of, metric_value
-from cbbench.analysis.percentiles import (
+from cbbench.analysis.comparison.gate import WORST_SLICE, direction_of, metric_value
+from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.percentiles import (
     fill_percentiles,
     parse_percentiles,
     percentile_key,
     split_metric_path,
 )
-from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.slices import time_slices
+from cbbench.analysis.summary.slices import time_slices
 from cbbench.cli.app import app
 from cbbench.errors import UsageError
 
@@ -209,7 +209,7 @@ def test_a_slice_too_short_is_refused_before_the_run(tmp_path):
 def test_slices_that_cannot_be_made_after_the_run_cost_only_the_slices(tmp_path, monkeypatch):
     """Past MAX_SLICES once the run's length is known: the result is written without them,
     with a warning (it was exit 2 with no result)."""
-    import cbbench.analysis.slices as S
+    import cbbench.analysis.summary.slices as S
 
     monkeypatch.setattr(S, "MAX_SLICES", 1)
     res = tmp_path / "r.json"

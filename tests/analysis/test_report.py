@@ -150,7 +150,7 @@ def test_usage_errors(tmp_path, results):
 
 
 def test_timeline_panels_share_the_whole_time_span(results):
-    from cbbench.analysis.compare import Labeled
+    from cbbench.analysis.comparison.compare import Labeled
     from cbbench.report import plots
 
     pair = [Labeled("static", results["static"]), Labeled("continuous", results["continuous"])]
@@ -192,7 +192,7 @@ def test_the_interactive_page_has_the_bandwidth_plot(report_dir):
 
 def test_a_cpu_runs_bandwidth_is_not_called_hbm_and_measured_names_its_source(tmp_path,
                                                                                results):
-    from cbbench.analysis.compare import Labeled
+    from cbbench.analysis.comparison.compare import Labeled
     from cbbench.report import interactive, plots
 
     cpu = copy.deepcopy(results["continuous"])

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.steady_state import window_figures
+from cbbench.analysis.summary.steady_state import window_figures
 from cbbench.analysis.table import header_lines, render_summary, steady_state_line
 from cbbench.cli.app import app
 

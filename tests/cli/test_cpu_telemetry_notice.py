@@ -8,7 +8,7 @@ import json
 
 from typer.testing import CliRunner
 
-from cbbench.analysis.telemetry import CPU_RUN_REASON
+from cbbench.analysis.summary.telemetry import CPU_RUN_REASON
 from cbbench.cli.app import app
 
 

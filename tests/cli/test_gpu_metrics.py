@@ -136,7 +136,7 @@ def run_with(sim_server, workload, tmp_path, *urls: str):
 
 
 def test_two_gpus_scraped_during_a_run(sim_server, workload, tmp_path):
-    from cbbench.analysis.compare import Labeled
+    from cbbench.analysis.comparison.compare import Labeled
     from cbbench.analysis.table import telemetry_line
     from cbbench.report import plots
     from cbbench.schema import read_run

@@ -199,8 +199,8 @@ def test_the_responses_store_is_bounded_in_bytes():
     """The attack: 4,096 stored responses of a 0.9 MB input each (~888 KB of RSS apiece, ~3.6 GB
     in all), the store bounded by count only. Bounded in bytes, the newest kept; one larger
     than the whole budget is not kept at all."""
+    from cbbench.server.apis.response_store import MESSAGE_OVERHEAD, ResponseStore
     from cbbench.server.protocol import ChatMessage
-    from cbbench.server.response_store import MESSAGE_OVERHEAD, ResponseStore
 
     big = 900_000
     store = ResponseStore(max_bytes=4 * (big + len("ok") + 2 * MESSAGE_OVERHEAD))

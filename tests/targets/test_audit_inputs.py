@@ -13,7 +13,7 @@ import pytest
 from helpers import CBBENCH, serve_process
 from typer.testing import CliRunner
 
-from cbbench.analysis import audit as A
+from cbbench.analysis.server_side import audit as A
 from cbbench.cli.app import app
 
 REQUESTS = 30
@@ -193,7 +193,7 @@ def test_run_server_log_from_another_run_says_so(run_and_log, tmp_path):
     split is not taken and the reason is given (the runner keeps the run and prints it)."""
     from types import SimpleNamespace
 
-    from cbbench.analysis.server_join import read_log_for
+    from cbbench.analysis.server_side.server_join import read_log_for
     from cbbench.errors import UsageError
 
     _, log = run_and_log
