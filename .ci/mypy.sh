@@ -16,8 +16,8 @@ ln -s "$REPO/kernels" "$VIEW/cbbench/kernels"
 
 FRONT=(
   cbbench.errors cbbench.fd_limit
-  cbbench.analysis.gate cbbench.analysis.records cbbench.analysis.result cbbench.analysis.slo
-  cbbench.analysis.telemetry cbbench.analysis.windows
+  cbbench.analysis.comparison.gate cbbench.analysis.records cbbench.analysis.result cbbench.analysis.summary.slo
+  cbbench.analysis.summary.telemetry cbbench.analysis.comparison.windows
   cbbench.bench.nvml_gpm cbbench.distributed.plan
   cbbench.load.cancel cbbench.load.chat_template cbbench.load.delays cbbench.load.hash_blocks
   cbbench.load.jsonl cbbench.load.limits

@@ -12,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from cbbench.analysis.metrics import summarize
+from cbbench.analysis.summary.metrics import summarize
 from cbbench.load.prompts import WORD_POOL
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.options import EndpointOptions

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cbbench.analysis.sim_error import error_stats, iteration_class
+from cbbench.analysis.comparison.sim_error import error_stats, iteration_class
 from cbbench.engine.model_config import ModelConfig
 from cbbench.engine.sim.cost_model import ATTENTION_OP, BatchShape, CostModel, DeviceRates
 from cbbench.engine.sim.device_profile import CPU_DEVICE, DeviceProfile, profile_to_dict

@@ -110,7 +110,7 @@ def throughput_table(summary: dict) -> str:
 
 
 def input_rows(summary: dict) -> list[list[str]]:
-    """Embeddings/rerank input throughput, images and payload bytes (analysis/inputs.py)."""
+    """Embeddings/rerank input throughput, images and payload bytes (analysis/summary/inputs.py)."""
     rows = []
     if "input_throughput" in summary:
         rows.append(["input throughput (tok/s)", _fmt(summary["input_throughput"], 1)])

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from cbbench.analysis.percentiles import DEFAULT_PERCENTILES, stats_shown
-from cbbench.analysis.ttft_breakdown import E2EL_PARTS
+from cbbench.analysis.server_side.ttft_breakdown import E2EL_PARTS
+from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, stats_shown
 
 PART_LABELS = {
     "slot_wait_ms": "slot wait", "send_lag_ms": "send lag", "network_in_ms": "network in",

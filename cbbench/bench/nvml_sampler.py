@@ -1,7 +1,7 @@
 """The NVML sampler: GPU telemetry read in a background thread while a benchmark runs.
 
 A background thread reads every requested GPU each ``interval_s`` and stamps each reading with
-the run's clock; :mod:`cbbench.analysis.telemetry` turns the samples into the result's
+the run's clock; :mod:`cbbench.analysis.summary.telemetry` turns the samples into the result's
 section. DRAM bandwidth utilization comes from NVML's GPM counters where the GPU has them,
 else the memory controller's busy percentage (one metric per result; see there).
 
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cbbench.analysis.telemetry import METRIC_GPM, METRIC_MC_BUSY, TelemetrySample, section
+from cbbench.analysis.summary.telemetry import METRIC_GPM, METRIC_MC_BUSY, TelemetrySample, section
 from cbbench.bench.nvml_gpm import GpmRing
 
 DEFAULT_INTERVAL_S = 0.05

@@ -32,7 +32,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from cbbench.analysis.slo import AttainmentSLO, run_attainment
+from cbbench.analysis.summary.slo import AttainmentSLO, run_attainment
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
 from cbbench.schema.points import ProbePoint, rate_label  # noqa: F401 (re-exported)

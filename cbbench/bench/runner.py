@@ -11,18 +11,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cbbench.analysis.compact_run import CompactRun
-from cbbench.analysis.deployment import add_deployment
-from cbbench.analysis.histogram import log_histogram
-from cbbench.analysis.inputs import add_input_figures
-from cbbench.analysis.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
-from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
+from cbbench.analysis.compact.compact_run import CompactRun
+from cbbench.analysis.comparison.sim_error import sim_error
 from cbbench.analysis.result import base_result
-from cbbench.analysis.sim_error import sim_error
-from cbbench.analysis.speculative import engine_speculative
-from cbbench.analysis.splits import add_splits
-from cbbench.analysis.steady_state import steady_state
-from cbbench.analysis.turns import by_turn, session_summary
+from cbbench.analysis.summary.deployment import add_deployment
+from cbbench.analysis.summary.histogram import log_histogram
+from cbbench.analysis.summary.inputs import add_input_figures
+from cbbench.analysis.summary.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
+from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
+from cbbench.analysis.summary.speculative import engine_speculative
+from cbbench.analysis.summary.splits import add_splits
+from cbbench.analysis.summary.steady_state import steady_state
+from cbbench.analysis.summary.turns import by_turn, session_summary
 from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -346,7 +346,10 @@ def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
     if not keep:
         return [], []
     if isinstance(run, CompactRun):
-        from cbbench.analysis.compact_rows import compact_iteration_dicts, compact_request_dicts
+        from cbbench.analysis.compact.compact_rows import (
+            compact_iteration_dicts,
+            compact_request_dicts,
+        )
 
         return (list(compact_request_dicts(run, spec.save_detailed, run.view)),
                 list(compact_iteration_dicts(run)))
@@ -502,7 +505,11 @@ class Telemetry:
             self.sampler.stop()
 
     def result(self) -> dict:
-        from cbbench.analysis.telemetry import SIMULATED_GPU_REASON, unavailable, warning_line
+        from cbbench.analysis.summary.telemetry import (
+            SIMULATED_GPU_REASON,
+            unavailable,
+            warning_line,
+        )
 
         if self.sampler is not None:
             telemetry = self.sampler.to_result()
@@ -614,13 +621,13 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
 
 def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     if isinstance(run, CompactRun):
-        from cbbench.analysis.compact_summary import CompactView, summarize_compact
+        from cbbench.analysis.compact.compact_summary import CompactView, summarize_compact
 
         run.view = CompactView(run)  # made once: the summary's and the rows' per-request values
         return summarize_compact(run, spec, run.view)
     summary = summarize(run.records, run.duration_s, spec.slo, spec.percentiles)
     add_views(summary, spec, run)
-    # The report draws ITL from this without --save-detailed (cbbench/analysis/histogram.py).
+    # The report draws ITL from this without --save-detailed (cbbench/analysis/summary/histogram.py).
     summary["itl_histogram"] = log_histogram(
         itl_values_s([r for r in run.records if r.ok]) * 1000.0
     )
@@ -657,8 +664,8 @@ def add_views(summary: dict, spec: RunSpec, run) -> None:
     """Issue 27's views of the run: the TTFT / E2EL breakdown (endpoint runs whose server told
     its timings) and the time slices (--slice)."""
     if spec.endpoint is not None:
-        from cbbench.analysis.server_join import read_log_for
-        from cbbench.analysis.ttft_breakdown import attach_parts, summarize_breakdown
+        from cbbench.analysis.server_side.server_join import read_log_for
+        from cbbench.analysis.server_side.ttft_breakdown import attach_parts, summarize_breakdown
 
         server_log = None
         if spec.server_log:
@@ -669,7 +676,7 @@ def add_views(summary: dict, spec: RunSpec, run) -> None:
         if attach_parts(run.records, server_log, run.info.get("t0_epoch_s")):
             summary.update(summarize_breakdown(run.records, percentiles=spec.percentiles))
     if spec.slice_s is not None:
-        from cbbench.analysis.slices import time_slices
+        from cbbench.analysis.summary.slices import time_slices
 
         summary["slices"] = time_slices(run.records, run.duration_s, spec.slice_s,
                                         spec.percentiles)
@@ -705,7 +712,7 @@ def _add_http_figures(result: dict, summary: dict, run) -> None:
     summary["http"] = info
     if server_metrics is not None:
         result["server_metrics"] = server_metrics
-        from cbbench.analysis.speculative_scrape import scraped_speculative
+        from cbbench.analysis.server_side.speculative_scrape import scraped_speculative
 
         scraped = scraped_speculative(server_metrics)
         if scraped is not None and "speculative" not in summary:
@@ -718,7 +725,7 @@ def add_intervals(summary: dict, spec: RunSpec, sched: Schedule) -> None:
     opts = spec.engine
     if opts.engine != "sim" or opts.gpu_profile is None:
         return
-    from cbbench.analysis.intervals import intervals
+    from cbbench.analysis.summary.intervals import intervals
     from cbbench.engine.build_common import load_device_profile
     from cbbench.engine.sim.sim_bounds import SPREAD_LEVEL
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from tabulate import tabulate
 
-from cbbench.analysis.slo import AttainmentSLO
+from cbbench.analysis.summary.slo import AttainmentSLO
 from cbbench.bench.probe import (
     ProbePoint,
     ProbeSizing,

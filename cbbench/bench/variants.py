@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from cbbench.analysis.compare import Labeled
+from cbbench.analysis.comparison.compare import Labeled
 from cbbench.analysis.result import check_writable, write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import KV_ALLOCATIONS, PREEMPTION_MODES, QUEUE_POLICIES, EngineArgs

@@ -1,5 +1,5 @@
 """`cbbench audit RESULT.json --server-log LOG`: hold a run's per-request figures to the
-server's request log (analysis/audit.py).
+server's request log (analysis/server_side/audit.py).
 
 Exit codes: 0 every figure within the tolerance, 1 one is not, 2 the input cannot be audited.
 """
@@ -12,8 +12,8 @@ from typing import Annotated
 import typer
 from tabulate import tabulate
 
-from cbbench.analysis import audit as A
 from cbbench.analysis.result import load_result, write_result
+from cbbench.analysis.server_side import audit as A
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 

@@ -2,7 +2,7 @@
 
 Two modes: existing result files, or `--variants`, which runs each engine variant on the
 identical request set (same workload, seed and arrivals) and saves DIR/<variant>.json. The table
-lives in cbbench/analysis/compare.py (shared with `cbbench report`), the variants in
+lives in cbbench/analysis/comparison/compare.py (shared with `cbbench report`), the variants in
 cbbench/bench/variants.py.
 """
 
@@ -83,7 +83,7 @@ def compare(
     mode (recompute, swap), the queue policy (fcfs, priority) and prefix caching (prefix-cache,
     no-prefix-cache), joined with '+'; the other engine options apply to every variant.
     """
-    from cbbench.analysis.compare import (
+    from cbbench.analysis.comparison.compare import (
         csv_text,
         load_labeled,
         markdown_text,
@@ -92,8 +92,8 @@ def compare(
         with_percentiles,
         workload_note,
     )
+    from cbbench.analysis.comparison.windows import select_window
     from cbbench.analysis.result import check_not_an_input, check_writable, write_atomic
-    from cbbench.analysis.windows import select_window
     from cbbench.bench.variants import parse_variants, run_variants
 
     window = windowed.window

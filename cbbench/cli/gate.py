@@ -16,7 +16,7 @@ import typer
 from tabulate import tabulate
 
 from cbbench import options as O
-from cbbench.analysis import gate as G
+from cbbench.analysis.comparison import gate as G
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 
@@ -102,12 +102,12 @@ def gate(
         if path is not None:
             check_writable(path)
             check_not_an_input(path, [*new_paths, *base_paths], flag)
-    from cbbench.analysis.windows import check_metric, select_window
+    from cbbench.analysis.comparison.windows import check_metric, select_window
 
     window = windowed.window
     for t in checks_wanted:
         check_metric(t.metric, window)
-    from cbbench.analysis.percentiles import fill_percentiles
+    from cbbench.analysis.summary.percentiles import fill_percentiles
 
     def read(p: Path) -> dict:
         r = load_result(p)

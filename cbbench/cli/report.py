@@ -58,7 +58,7 @@ def report(
     a static and a continuous run) a request timeline; the HTML page holds them all with the
     summary tables.
     """
-    from cbbench.analysis.compare import file_labels, load_labeled
+    from cbbench.analysis.comparison.compare import file_labels, load_labeled
     from cbbench.analysis.result import check_folder_not_inputs, check_writable, write_atomic
     from cbbench.report.check import check_report_input
     from cbbench.report.html import PlotSection, render_page
@@ -73,7 +73,7 @@ def report(
     sweep_files = [p for p in files if is_sweep_file(p)]
     files = [p for p in files if p not in sweep_files]
     sweeps = [(lbl, load_sweep(p)) for lbl, p in zip(file_labels(sweep_files), sweep_files)]
-    from cbbench.analysis.compare import with_percentiles
+    from cbbench.analysis.comparison.compare import with_percentiles
 
     results = load_labeled(files)
     for path, x in zip(files, results):
@@ -209,7 +209,7 @@ def section_notes(key: str, results: Sequence) -> list[str]:
 
 
 def page_notes(results: Sequence) -> list[str]:
-    from cbbench.analysis.compare import workload_note
+    from cbbench.analysis.comparison.compare import workload_note
 
     notes = []
     if len(results) > 1 and (note := workload_note(results)):

@@ -16,10 +16,10 @@ from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
+from cbbench.targets.apis.pooling_request import run_pooling
 from cbbench.targets.balance import tag_records
 from cbbench.targets.http import HttpRun, run_http
 from cbbench.targets.options import EndpointOptions, redact_url
-from cbbench.targets.pooling_request import run_pooling
 
 log = logging.getLogger(__name__)
 

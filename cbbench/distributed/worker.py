@@ -82,8 +82,8 @@ class WorkerCore:
         # or a Ray actor that inherited the CLI's handler) would repeat them per worker.
         logging.getLogger("cbbench").setLevel(logging.WARNING)
         """Blocking: the whole run, ending with Done (or Failed)."""
+        from cbbench.targets.apis.pooling_request import run_pooling
         from cbbench.targets.http import run_http
-        from cbbench.targets.pooling_request import run_pooling
 
         t = self.task
         flusher = threading.Thread(target=self._flush_loop, name="cbbench-flush", daemon=True)

@@ -1,7 +1,7 @@
 """The per-request figures of a result, as the exporters see them.
 
 One place decides which requests count as completed (no error, not cancelled: the set the
-summary's distributions are computed over, cbbench/analysis/metrics.py) so that every export's
+summary's distributions are computed over, cbbench/analysis/summary/metrics.py) so that every export's
 statistics agree with the result's own summary.
 """
 

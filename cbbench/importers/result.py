@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cbbench.analysis.metrics import summarize
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.result import base_result
-from cbbench.analysis.splits import add_splits
-from cbbench.analysis.telemetry import unavailable
-from cbbench.analysis.ttft_breakdown import attach_parts, summarize_breakdown
+from cbbench.analysis.server_side.ttft_breakdown import attach_parts, summarize_breakdown
+from cbbench.analysis.summary.metrics import summarize
+from cbbench.analysis.summary.splits import add_splits
+from cbbench.analysis.summary.telemetry import unavailable
 from cbbench.bench.runner import request_record_dict
 
 

@@ -43,7 +43,7 @@ PROMPT_RNG_STREAM = 7  # a separate random stream from request sampling and arri
 MAX_FIT_ROUNDS = 16  # drop/add rounds to hit an exact length (one suffices for the pool)
 MIN_SINGLE_TOKEN_WORDS = 8  # fewer than this: fall back to the whole pool, best effort
 
-# synthetic_server: sized exactly with the server's /tokenize (targets/server_tokenize.py).
+# synthetic_server: sized exactly with the server's /tokenize (targets/apis/server_tokenize.py).
 PROMPT_KINDS = ("text", "token_ids", "decoded", "synthetic_exact", "synthetic_server",
                 "synthetic_approx")
 

@@ -108,7 +108,7 @@ class OutputOptions:
 
     def percentile_list(self) -> tuple[float, ...]:
         """--percentiles as numbers (the default set when not given)."""
-        from cbbench.analysis.percentiles import parse_percentiles
+        from cbbench.analysis.summary.percentiles import parse_percentiles
 
         return parse_percentiles(self.percentiles)
 
@@ -118,20 +118,20 @@ class OutputOptions:
 
     def goodput_slo(self) -> dict[str, float]:
         """--slo as run's goodput limits."""
-        from cbbench.analysis.metrics import parse_slo
+        from cbbench.analysis.summary.metrics import parse_slo
 
         return parse_slo(self.slo)
 
     def attainment_slo(self):
         """--slo and --attainment as a sweep's or capacity search's AttainmentSLO."""
-        from cbbench.analysis.slo import parse_attainment_slo
+        from cbbench.analysis.summary.slo import parse_attainment_slo
 
         return parse_attainment_slo(self.slo, self.attainment)
 
 
 @dataclass(frozen=True)
 class WindowOptions:
-    """Which window of a result `gate` and `compare` read (cbbench/analysis/windows.py)."""
+    """Which window of a result `gate` and `compare` read (cbbench/analysis/comparison/windows.py)."""
 
     window: str = opt(
         "all",
@@ -140,7 +140,7 @@ class WindowOptions:
     )
 
     def validate(self) -> None:
-        from cbbench.analysis.windows import check_window
+        from cbbench.analysis.comparison.windows import check_window
 
         check_window(self.window)
 

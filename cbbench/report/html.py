@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from tabulate import tabulate
 
-from cbbench.analysis.compare import ROWS, Labeled, Row, config_differences, table_rows
+from cbbench.analysis.comparison.compare import ROWS, Labeled, Row, config_differences, table_rows
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cbbench.analysis.compare import ROWS, Labeled, Row
-from cbbench.analysis.histogram import cdf_points
+from cbbench.analysis.comparison.compare import ROWS, Labeled, Row
+from cbbench.analysis.summary.histogram import cdf_points
 from cbbench.report import plots
 from cbbench.report.html import STYLE, differences_table, runs_table, summary_table
 

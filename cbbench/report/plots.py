@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from cbbench.analysis.compare import Labeled
+from cbbench.analysis.comparison.compare import Labeled
 
 MS = 1000.0
 GB = 1e9

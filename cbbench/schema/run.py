@@ -28,7 +28,7 @@ class BreakdownPart(Distribution):
 
 
 class Breakdown(Record):
-    """summary.ttft_breakdown / e2el_breakdown (analysis/ttft_breakdown.py)."""
+    """summary.ttft_breakdown / e2el_breakdown (analysis/server_side/ttft_breakdown.py)."""
 
     requests: int
     flagged: int
@@ -46,7 +46,7 @@ class Breakdown(Record):
 
 
 class TimeSlice(Record):
-    """One of summary.slices (analysis/slices.py): [start_s, end_s) of the run clock."""
+    """One of summary.slices (analysis/summary/slices.py): [start_s, end_s) of the run clock."""
 
     start_s: Number
     end_s: Number
@@ -136,14 +136,14 @@ class Summary(Record):
     ttft_breakdown: Breakdown | None = None
     e2el_breakdown: Breakdown | None = None
     slices: list[TimeSlice] | None = None
-    # Issue 26 (analysis/inputs.py): embeddings/rerank, images, request payloads.
+    # Issue 26 (analysis/summary/inputs.py): embeddings/rerank, images, request payloads.
     input_throughput: Number | None = None
     inputs: int | None = None
     usage: dict[str, int] | None = None
     images: dict[str, Any] | None = None
     request_bytes: dict[str, Any] | None = None
     # HTTP runs with several models (--lora-modules) or endpoints (--endpoint A,B): the
-    # figures of each (analysis/splits.py), keyed by model name / endpoint URL.
+    # figures of each (analysis/summary/splits.py), keyed by model name / endpoint URL.
     by_model: dict[str, dict[str, Any]] | None = None
     by_endpoint: dict[str, dict[str, Any]] | None = None
 

@@ -25,10 +25,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic_core import from_json
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cbbench.server.apis.embeddings_api import embeddings_endpoint
+from cbbench.server.apis.rerank_api import rerank_endpoint
+from cbbench.server.apis.tokenization import detokenize, parse_detokenize, parse_tokenize, tokenize
 from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.auth import ApiKeyGuard
 from cbbench.server.context import ServeConfig, ServeContext
-from cbbench.server.embeddings_api import embeddings_endpoint
 from cbbench.server.generate import (
     GENERATION_PATHS,
     Generation,
@@ -38,8 +40,6 @@ from cbbench.server.generate import (
 )
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
 from cbbench.server.protocol import APIError, error_body, validation_error
-from cbbench.server.rerank_api import rerank_endpoint
-from cbbench.server.tokenization import detokenize, parse_detokenize, parse_tokenize, tokenize
 
 __all__ = ["ServeConfig", "create_app"]
 
@@ -57,7 +57,7 @@ class ServeApp:
         self.api = api
         self.state = api.state
         self._generation = generation
-        # /v1/embeddings and /v1/rerank: plain ASGI as well (server/pooling.py).
+        # /v1/embeddings and /v1/rerank: plain ASGI as well (server/apis/pooling.py).
         self._pooling = {
             "/v1/embeddings": embeddings_endpoint(generation.ctx),
             "/v1/rerank": rerank_endpoint(generation.ctx),

@@ -156,7 +156,7 @@ class AsyncEngine:
     def submit(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams,
                encoder_flops: float = 0.0, pooling: bool = False) -> RequestStream:
         """``encoder_flops``: a multimodal request's vision-encoder work (server/images.py);
-        ``pooling``: keep its last prompt token's hidden state (torch: server/pooling.py)."""
+        ``pooling``: keep its last prompt token's hidden state (torch: server/apis/pooling.py)."""
         # The request arrives now, on the engine's clock: a request handed over while the engine
         # is mid-iteration waits for the iteration's end, and that wait is the engine's (it is
         # in the in-process target's TTFT, and in vLLM's, whose arrival is stamped before the

@@ -7,12 +7,12 @@ import time
 from dataclasses import dataclass, field
 
 from cbbench.engine.core.request import SamplingParams
+from cbbench.server.apis.response_store import ResponseStore
 from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.limits import DEFAULT_MAX_IMAGE_BYTES
 from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
-from cbbench.server.response_store import ResponseStore
 from cbbench.server.stream_events import DEFAULT_REASONING_FIELD
 from cbbench.server.text import TextCodec, make_codec
 

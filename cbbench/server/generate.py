@@ -21,16 +21,16 @@ import asyncio
 import json
 import time
 
-from cbbench.server.anthropic_api import ANTHROPIC
+from cbbench.server.apis.anthropic_api import ANTHROPIC
+from cbbench.server.apis.chat_api import CHAT, COMPLETIONS
+from cbbench.server.apis.responses_api import RESPONSES
 from cbbench.server.async_engine import RequestStream
-from cbbench.server.chat_api import CHAT, COMPLETIONS
 from cbbench.server.context import ServeContext, Served
 from cbbench.server.engine_events import Admitted, Failed, TokenEvent
 from cbbench.server.images import trace_images
 from cbbench.server.protocol import APIError, body_too_large
 from cbbench.server.request_log import RequestTrace
 from cbbench.server.request_metrics import request_metrics
-from cbbench.server.responses_api import RESPONSES
 from cbbench.server.shaping import Api, Counts, Job, OutputTexts, StreamShaper
 from cbbench.server.stream_events import ANSWER, REASONING, OutputPlan, event_kind
 

@@ -26,7 +26,7 @@ Every request that passed validation and was handed to the engine gets a line wh
   ``status``: the HTTP status; ``error``: the reason, for rejected and error.
 - ``images``, ``image_bytes``, ``image_tokens``: a chat request's images (count, encoded bytes,
   prompt tokens they cost: part of ``prompt_tokens``); null without images.
-- ``api`` embeddings | rerank (server/pooling.py): ``inputs`` the inputs (rerank: query-document
+- ``api`` embeddings | rerank (server/apis/pooling.py): ``inputs`` the inputs (rerank: query-document
   pairs) of the request, ``prompt_tokens`` all their tokens, ``first_token``/``last_token`` when
   the first and the last input's prefill finished, ``output_tokens`` 0.
 

@@ -1,7 +1,7 @@
 """After an HTTP run: each request's token counts from what its stream carried, and what the run
 says about itself (send lag, prompt and output counts, short outputs), with the console
 warnings a user comparing two servers needs. The counting rules are in
-analysis/token_counts.py; this module feeds them the streams.
+analysis/summary/token_counts.py; this module feeds them the streams.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.prom_text import Dropped
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.server_latency import server_vs_client
-from cbbench.analysis.token_counts import (
+from cbbench.analysis.server_side.prom_text import Dropped
+from cbbench.analysis.server_side.server_latency import server_vs_client
+from cbbench.analysis.summary.token_counts import (
     COUNT_METHODS,
     choose_output_count,
     one_token_per_event,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from cbbench.analysis.compact_run import CompactRequests, CompactRun, StepTable
+from cbbench.analysis.compact.compact_run import CompactRequests, CompactRun, StepTable
 from cbbench.engine.args import EngineArgs
 from cbbench.load.workload_types import WorkloadRequest
 

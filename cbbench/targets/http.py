@@ -29,7 +29,7 @@ from functools import partial
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.token_counts import DETECT_SAMPLE_REQUESTS
+from cbbench.analysis.summary.token_counts import DETECT_SAMPLE_REQUESTS
 from cbbench.errors import UsageError
 from cbbench.fd_limit import raise_open_file_limit
 from cbbench.load.cancel import CancelPlan
@@ -40,7 +40,8 @@ from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import build_prompts, load_tokenizer
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload import WorkloadRequest
-from cbbench.targets.api_specs import SPECS
+from cbbench.targets.apis.api_specs import SPECS
+from cbbench.targets.apis.server_tokenize import size_with_server
 from cbbench.targets.balance import Balancer, endpoint_contexts, lora_models, tag_records
 from cbbench.targets.checks import (
     TOKEN_COUNT_METHODS,
@@ -57,7 +58,6 @@ from cbbench.targets.options import API_PATHS, EndpointOptions, redact_url
 from cbbench.targets.read_buffers import keep_reads_on_heap
 from cbbench.targets.request import RequestContext, request_body, send_request
 from cbbench.targets.scrape import MetricsScraper
-from cbbench.targets.server_tokenize import size_with_server
 from cbbench.targets.sse import SseStream
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
 
@@ -372,7 +372,7 @@ class _Runner:
 
     def _payload(self, model: str) -> dict:
         """The fields every request body of the run carries."""
-        payload = self.spec.payload(model)  # the API's own (targets/api_specs.py)
+        payload = self.spec.payload(model)  # the API's own (targets/apis/api_specs.py)
         if self.opts.ignore_eos_field:
             payload["ignore_eos"] = True
         return payload

@@ -28,7 +28,7 @@ from cbbench.load.output_kinds import request_fields
 from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import TOOL_TURN, first_prompt_len, next_prompt_len
-from cbbench.targets.api_specs import SPECS
+from cbbench.targets.apis.api_specs import SPECS
 from cbbench.targets.client_health import sleep_until
 from cbbench.targets.options import EndpointOptions
 from cbbench.targets.request import RequestContext

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cbbench.analysis.histogram import LogHistogram
+from cbbench.analysis.summary.histogram import LogHistogram
 
 MS = 1000.0
 LIVE_RELATIVE_ERROR = 0.005  # the panel's p50s: within 0.5% (its figures show 3-4 digits)
@@ -47,7 +47,7 @@ class LiveSnapshot:
 
 class _Tally:
     """The ended requests' figures so far: counts exactly, latencies in bounded-error
-    histograms (analysis/histogram.py), so a redraw costs O(new requests + buckets),
+    histograms (analysis/summary/histogram.py), so a redraw costs O(new requests + buckets),
     not O(all requests so far): a p50 within LIVE_RELATIVE_ERROR."""
 
     def __init__(self) -> None:

@@ -16,7 +16,7 @@ APIS = ("completions", "chat", "responses", "anthropic", "embeddings", "rerank")
 API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions",
              "responses": "/v1/responses", "anthropic": "/v1/messages",
              "embeddings": "/v1/embeddings", "rerank": "/v1/rerank"}
-# Non-streaming APIs whose requests carry inputs and no output (targets/pooling_request.py).
+# Non-streaming APIs whose requests carry inputs and no output (targets/apis/pooling_request.py).
 POOLING_APIS = ("embeddings", "rerank")
 MAX_BATCH_SIZE = 2048  # OpenAI's limit on the inputs of one embeddings request
 # RFC 9110 token characters: what a header name may hold.

@@ -3,14 +3,14 @@ SCRAPE_INTERVAL_S and keep a time series of the gauges and counters of the serve
 (vLLM `vllm:`, SGLang `sglang:`, TGI `tgi_`, llama.cpp `llamacpp:`, cbbench `cbbench_`), or of
 any metric whose name matches --scrape-metrics-filter (t_s on the run clock, name, labels,
 value). The latency histograms of SERVER_HISTOGRAMS are kept as they stood before the run and at
-its end, for the server's own TTFT/TPOT (analysis/server_latency.py). A failed scrape is
+its end, for the server's own TTFT/TPOT (analysis/server_side/server_latency.py). A failed scrape is
 recorded, never fatal; `warning()` makes one console line of a scrape that failed or kept
 nothing.
 
 What a server sends never costs the run (issue 25): each page is filtered first (cheap name
 tests), then at most MAX_SERIES_PER_SCRAPE series of it are parsed, line by line, in a thread
 (asyncio.to_thread: a 16 MB page stalled the client's loop ~3 s a scrape); a malformed series
-is dropped and counted (analysis/prom_text.py), never the page. The time series is bounded:
+is dropped and counted (analysis/server_side/prom_text.py), never the page. The time series is bounded:
 past MAX_SCRAPES_KEPT kept scrapes every other one is dropped and from then on only every
 other scrape is kept (the resolution halves, the memory stays), and the latency histograms'
 lines are capped at MAX_HISTOGRAM_LINES. A 4-request run took 54 s and a 5 s run wrote 173 MB
@@ -24,8 +24,8 @@ import re
 import time
 from typing import TYPE_CHECKING
 
-from cbbench.analysis.prom_text import Dropped, family_of, metric_name, parse_sample
-from cbbench.analysis.server_latency import SERVER_HISTOGRAMS
+from cbbench.analysis.server_side.prom_text import Dropped, family_of, metric_name, parse_sample
+from cbbench.analysis.server_side.server_latency import SERVER_HISTOGRAMS
 from cbbench.targets.transport import classify, get_body, new_session
 
 if TYPE_CHECKING:

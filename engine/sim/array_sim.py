@@ -28,7 +28,7 @@ reasoning splits, a profile's step factors) or during it (``NeedsStepping``: a s
 preempt); the caller then runs the object path. ``--no-fast-forward`` always steps the objects
 (the reference).
 
-Output: a CompactRun (cbbench/analysis/compact_run.py): per-request columns, each replica's step
+Output: a CompactRun (cbbench/analysis/compact/compact_run.py): per-request columns, each replica's step
 end times (a request's tokens are a slice of them), the iteration records as columns.
 """
 

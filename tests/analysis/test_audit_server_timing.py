@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from cbbench.analysis import audit as A
+from cbbench.analysis.server_side import audit as A
 
 T0 = 1000.0  # the run's zero on the epoch
 # One request: sent at 0.010 s, events at 0.050 (2 tokens) and 0.060 (1 token).

@@ -1,4 +1,4 @@
-"""The compact summary (analysis/compact_summary.py) and rows (compact_rows.py) against the
+"""The compact summary (analysis/compact/compact_summary.py) and rows (compact_rows.py) against the
 object path on real simulated runs: each run is made with run_engine, summarized by
 runner._summary, converted to a CompactRun (compact_convert.py) and summarized again. The
 whole summary dict must be equal: exactly (==, key order too) everywhere except the mean and
@@ -18,10 +18,10 @@ import pytest
 from helpers import assert_same
 
 import cbbench.targets.engine as engine_target
-from cbbench.analysis.compact_convert import compact_from_engine_run
-from cbbench.analysis.compact_rows import compact_iteration_dicts, compact_request_dicts
-from cbbench.analysis.compact_summary import CompactView, summarize_compact
-from cbbench.analysis.metrics import parse_slo
+from cbbench.analysis.compact.compact_convert import compact_from_engine_run
+from cbbench.analysis.compact.compact_rows import compact_iteration_dicts, compact_request_dicts
+from cbbench.analysis.compact.compact_summary import CompactView, summarize_compact
+from cbbench.analysis.summary.metrics import parse_slo
 from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
 from cbbench.engine.args import EngineArgs
 
@@ -199,7 +199,7 @@ def test_the_comparison_fails_where_it_should():
 
 def test_weighted_pooling_counts_each_gap_once_per_request():
     """The coverage count by hand: two requests on one replica of 5 steps."""
-    from cbbench.analysis.compact_run import CompactRequests, CompactRun, StepTable
+    from cbbench.analysis.compact.compact_run import CompactRequests, CompactRun, StepTable
 
     ends = np.array([1.0, 2.0, 4.0, 7.0, 11.0])
     req = CompactRequests(
@@ -219,7 +219,7 @@ def test_weighted_distribution_is_numpys_on_the_expanded_array():
     negative (the argsort fallback), tied and zero values and zero weights; mean and std to
     1e-12. (A multiset of one repeated value is left out: numpy's pairwise mean of it can be
     an ulp off the value, making its std ~1e-15 where the weighted one is 0.)"""
-    from cbbench.analysis.metrics import distribution, weighted_distribution
+    from cbbench.analysis.summary.metrics import distribution, weighted_distribution
 
     rng = np.random.default_rng(1)
     ps = (0, 1, 33.3, 50, 90, 95, 99, 99.9, 100)
@@ -246,8 +246,8 @@ def test_weighted_distribution_is_numpys_on_the_expanded_array():
 
 
 def test_weighted_histogram_and_running_order_are_the_expanded_ones():
-    from cbbench.analysis.histogram import log_histogram
-    from cbbench.analysis.steady_state import _stable_order
+    from cbbench.analysis.summary.histogram import log_histogram
+    from cbbench.analysis.summary.steady_state import _stable_order
 
     rng = np.random.default_rng(2)
     for trial in range(100):
@@ -266,7 +266,7 @@ def test_weighted_histogram_and_running_order_are_the_expanded_ones():
 def test_engine_summary_of_one_value_columns_is_the_full_columns():
     """A StepTable column that holds one value may be a zero-stride view (compact_run.py):
     the engine summary of it equals that of the full column."""
-    from cbbench.analysis.metrics import summarize_engine_columns
+    from cbbench.analysis.summary.metrics import summarize_engine_columns
 
     run = _built("dp4_least_requests")[4]
     cols = dict(run.steps.columns)
@@ -281,7 +281,7 @@ def test_engine_summary_of_one_value_columns_is_the_full_columns():
 def test_bounded_histogram_with_weights_is_the_expanded_one():
     """LogHistogram.add_many(values, weights): the buckets, zeros, count and so every
     percentile of the expanded array; mean and std to float rounding."""
-    from cbbench.analysis.histogram import LogHistogram
+    from cbbench.analysis.summary.histogram import LogHistogram
 
     rng = np.random.default_rng(3)
     v = np.concatenate((rng.exponential(10.0, 500), np.zeros(7)))

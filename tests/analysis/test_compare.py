@@ -10,7 +10,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from cbbench.analysis.compare import Labeled, config_differences
+from cbbench.analysis.comparison.compare import Labeled, config_differences
 from cbbench.analysis.result import write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.bench.variants import parse_variant, parse_variants

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from cbbench.analysis import gate as G
+from cbbench.analysis.comparison import gate as G
 from cbbench.analysis.result import write_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli.app import app as cli_app

@@ -6,7 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cbbench.analysis.histogram import RELATIVE_WIDTH, bin_edges_ms, cdf_points, log_histogram
+from cbbench.analysis.summary.histogram import (
+    RELATIVE_WIDTH,
+    bin_edges_ms,
+    cdf_points,
+    log_histogram,
+)
 
 
 def test_each_value_lies_in_its_bin_and_counts_add_up():

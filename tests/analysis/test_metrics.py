@@ -16,8 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbbench.analysis.metrics import distribution, meets_slo, parse_slo, summarize, summarize_engine
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import (
+    distribution,
+    meets_slo,
+    parse_slo,
+    summarize,
+    summarize_engine,
+)
 from cbbench.errors import UsageError
 
 

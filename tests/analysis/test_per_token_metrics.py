@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cbbench.analysis.metrics import latency_distributions, token_gaps_s
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import latency_distributions, token_gaps_s
 from cbbench.analysis.table import latency_table
 from cbbench.targets.engine import split_reasoning
 

@@ -14,15 +14,15 @@ import pytest
 from helpers import CBBENCH
 from typer.testing import CliRunner
 
-from cbbench.analysis.gate import WORST_SLICE, direction_of, metric_value
-from cbbench.analysis.percentiles import (
+from cbbench.analysis.comparison.gate import WORST_SLICE, direction_of, metric_value
+from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.percentiles import (
     fill_percentiles,
     parse_percentiles,
     percentile_key,
     split_metric_path,
 )
-from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.slices import time_slices
+from cbbench.analysis.summary.slices import time_slices
 from cbbench.cli.app import app
 from cbbench.errors import UsageError
 

@@ -150,7 +150,7 @@ def test_usage_errors(tmp_path, results):
 
 
 def test_timeline_panels_share_the_whole_time_span(results):
-    from cbbench.analysis.compare import Labeled
+    from cbbench.analysis.comparison.compare import Labeled
     from cbbench.report import plots
 
     pair = [Labeled("static", results["static"]), Labeled("continuous", results["continuous"])]

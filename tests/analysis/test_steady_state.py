@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.steady_state import (
+from cbbench.analysis.summary.steady_state import (
     METHOD_IN_FLIGHT,
     METHOD_RUNNING,
     METHOD_WARMUP,

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cbbench.analysis.telemetry import (
+from cbbench.analysis.summary.telemetry import (
     METRIC_GPM,
     METRIC_MC_BUSY,
     QUANTITIES,

@@ -9,7 +9,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cbbench.analysis.windows import select_window
+from cbbench.analysis.comparison.windows import select_window
 from cbbench.cli.app import app
 from cbbench.errors import UsageError
 

@@ -1,4 +1,4 @@
-"""The compact summary's cost (analysis/compact_summary.py): time and memory of the full
+"""The compact summary's cost (analysis/compact/compact_summary.py): time and memory of the full
 summary of a million-request compact run, and its speed beside the object path's
 runner._summary on a real run converted both ways.
 
@@ -43,7 +43,7 @@ def _engine(dp: int):
 
 
 def _spec(dp: int, n: int):
-    from cbbench.analysis.metrics import parse_slo
+    from cbbench.analysis.summary.metrics import parse_slo
     from cbbench.bench.runner import RunSpec
 
     return RunSpec(workload="sharegpt", num_requests=n, request_rate=400.0, rate_given=True,
@@ -64,7 +64,7 @@ def synthetic_run(n: int, replicas: int, steps: int, seed: int = 0):
     """A plausible compact run: per replica, steps of 8-20 ms; each request's tokens a
     contiguous slice starting at a random step, its arrival 5-200 ms before its first token;
     rows in arrival order, one rejected request in 10,000."""
-    from cbbench.analysis.compact_run import CompactRequests, CompactRun, StepTable
+    from cbbench.analysis.compact.compact_run import CompactRequests, CompactRun, StepTable
 
     rng = np.random.default_rng(seed)
     per = steps // replicas
@@ -128,7 +128,7 @@ def _rss_mb(field: str) -> float:
 
 
 def child_synthetic(args) -> dict:
-    from cbbench.analysis.compact_summary import summarize_compact
+    from cbbench.analysis.compact.compact_summary import summarize_compact
 
     t0 = time.perf_counter()
     run = synthetic_run(args.requests, args.replicas, args.steps)
@@ -147,7 +147,7 @@ def child_synthetic(args) -> dict:
         "itl_count": summary["itl_ms"]["count"], "completed": summary["completed"],
     }
     # Beside it: the request rows streamed (not kept), and the summary with --slice.
-    from cbbench.analysis.compact_rows import compact_request_dicts
+    from cbbench.analysis.compact.compact_rows import compact_request_dicts
 
     t0 = time.perf_counter()
     rows = sum(1 for _ in compact_request_dicts(run, False))
@@ -160,8 +160,8 @@ def child_synthetic(args) -> dict:
 
 
 def child_real(args) -> dict:
-    from cbbench.analysis.compact_convert import compact_from_engine_run
-    from cbbench.analysis.compact_summary import summarize_compact
+    from cbbench.analysis.compact.compact_convert import compact_from_engine_run
+    from cbbench.analysis.compact.compact_summary import summarize_compact
     from cbbench.bench.runner import _summary, plan_schedule
     from cbbench.targets import engine as target
 
@@ -195,7 +195,7 @@ def child_real(args) -> dict:
 def child_array(args) -> dict:
     """--array N requests run by the array simulator (engine/sim/array_sim.py), then the
     compact summary of its own CompactRun: its time and its own peak, as for the synthetic."""
-    from cbbench.analysis.compact_summary import summarize_compact
+    from cbbench.analysis.compact.compact_summary import summarize_compact
     from cbbench.bench.runner import plan_schedule
     from cbbench.targets.engine_compact import run_engine_compact
 

@@ -217,7 +217,7 @@ PROFILE_PHASES = {
     "    lm_head (LlamaForCausalLM.compute_logits)": ("cbbench.engine.torch.models.llama", "LlamaForCausalLM.compute_logits"),
     "    sampling (Sampler.sample_rows)": ("cbbench.engine.torch.sampler", "Sampler.sample_rows"),
     "  postprocess (Engine._postprocess)": ("cbbench.engine.core.engine", "Engine._postprocess"),
-    "metrics (summarize)": ("cbbench.analysis.metrics", "summarize"),
+    "metrics (summarize)": ("cbbench.analysis.summary.metrics", "summarize"),
     "result write (write_result)": ("cbbench.analysis.result", "write_result"),
 }  # fmt: skip
 

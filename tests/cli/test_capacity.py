@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cbbench.analysis.slo import DEFAULT_ATTAINMENT, parse_attainment_slo, request_meets
+from cbbench.analysis.summary.slo import DEFAULT_ATTAINMENT, parse_attainment_slo, request_meets
 from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, Probe, search
 from cbbench.bench.probe import ProbePoint, ProbeSizing, probe_spec
 from cbbench.bench.runner import RunSpec, execute_run

@@ -9,8 +9,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cbbench.analysis.metrics import summarize
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import summarize
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.bench.variants import parse_variant
 from cbbench.cli import options as C

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cbbench.analysis.sim_error import (
+from cbbench.analysis.comparison.sim_error import (
     NO_PREDICTION_REASON,
     SIMULATED_REASON,
     error_stats,

@@ -6,7 +6,7 @@
 - The simulator's fast paths through the stepped loop (the counted-token postprocess, the
   replica set's cached next replica) against the general paths they shortcut (the sampled-row
   postprocess the torch engine runs, a fresh scan of every replica before each decision).
-- The bounded-error histogram (analysis/histogram.py) against numpy.percentile on the pooled
+- The bounded-error histogram (analysis/summary/histogram.py) against numpy.percentile on the pooled
   ITL of that run: each percentile within the stated relative error.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cbbench.analysis.histogram import LogHistogram
-from cbbench.analysis.metrics import itl_values_s
+from cbbench.analysis.summary.histogram import LogHistogram
+from cbbench.analysis.summary.metrics import itl_values_s
 from cbbench.engine.args import EngineArgs
 from cbbench.load.arrivals import arrival_times
 from cbbench.load.workload import load_workload, sample_requests

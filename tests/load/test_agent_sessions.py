@@ -11,7 +11,7 @@ import pytest
 from helpers import CBBENCH, serve_process
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.turns import session_summary
+from cbbench.analysis.summary.turns import session_summary
 
 TOOLS = [{"type": "function", "function": {"name": "grep"}}]
 TOOL_MS = (300, 150)

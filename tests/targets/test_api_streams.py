@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench.cli.app import app
-from cbbench.targets.anthropic_stream import AnthropicStream, headers, to_messages
-from cbbench.targets.responses_stream import ResponsesStream, input_items
+from cbbench.targets.apis.anthropic_stream import AnthropicStream, headers, to_messages
+from cbbench.targets.apis.responses_stream import ResponsesStream, input_items
 from cbbench.targets.transport import HttpFailure
 
 

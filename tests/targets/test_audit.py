@@ -229,7 +229,7 @@ def test_audit_bad_input_is_one_line(tmp_path):
 
 def test_a_result_without_token_times_is_told_to_rerun_with_save_detailed():
     """Without --save-detailed no request can be joined: the audit says why, not "no join"."""
-    from cbbench.analysis.audit import audit
+    from cbbench.analysis.server_side.audit import audit
     from cbbench.errors import UsageError
 
     result = {"summary": {}, "requests": [{"id": 0, "error": None, "cancelled": False,

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from helpers import CBBENCH, serve_process
 
-from cbbench.analysis import audit as A
+from cbbench.analysis.server_side import audit as A
 from cbbench.errors import UsageError
 
 REQUESTS = 24

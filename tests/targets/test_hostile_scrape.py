@@ -19,8 +19,8 @@ import pytest
 from fake_openai import MODEL, FakeOpenAI, endpoint_options, histogram_page, prompt_requests
 from typer.testing import CliRunner
 
-from cbbench.analysis.prom_text import Dropped
-from cbbench.analysis.server_latency import parse_histograms
+from cbbench.analysis.server_side.prom_text import Dropped
+from cbbench.analysis.server_side.server_latency import parse_histograms
 from cbbench.cli.app import app
 from cbbench.targets import scrape
 from cbbench.targets.http import run_http

@@ -16,7 +16,7 @@ from fake_openai import (
     prompt_requests,
 )
 
-from cbbench.analysis.metrics import summarize
+from cbbench.analysis.summary.metrics import summarize
 from cbbench.targets.http import run_http
 
 LLAMA3_CONFIG = (
@@ -128,7 +128,7 @@ def test_no_output_at_all_says_why(fresh_fake_server):
 
 def test_short_counts_at_finish_length_are_called_a_counting_problem():
     from cbbench.analysis.records import RequestRecord
-    from cbbench.analysis.token_counts import short_output_warning, short_outputs
+    from cbbench.analysis.summary.token_counts import short_output_warning, short_outputs
 
     def rec(out: int, finish: str) -> RequestRecord:
         return RequestRecord(0, 5, out, 0.0, token_times_s=[0.1, 0.2], max_tokens=10,

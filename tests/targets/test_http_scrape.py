@@ -81,7 +81,7 @@ def test_server_side_ttft_from_vllm_histograms():
 
 
 def test_histogram_quantile_by_hand():
-    from cbbench.analysis.server_latency import histogram_quantile, quantile_bucket
+    from cbbench.analysis.server_side.server_latency import histogram_quantile, quantile_bucket
 
     inf = float("inf")
     # 10 observations: 2 <= 0.1, 8 more <= 0.2. p50 rank 5: 0.1 + 0.1 * (5 - 2) / 8.
@@ -130,7 +130,7 @@ def test_diff_of_means_by_hand():
     scrape difference. Hand-computed: the run adds 4 TTFTs summing 0.4 s (mean 100 ms) in the
     (50, 500] ms bucket, so the interpolated p50 is 275 ms; the client saw 110-140 ms."""
     from cbbench.analysis.records import RequestRecord
-    from cbbench.analysis.server_latency import server_vs_client
+    from cbbench.analysis.server_side.server_latency import server_vs_client
     from cbbench.analysis.table import server_latency_table
 
     def page(n_low: int, n_mid: int, total_s: float) -> str:

@@ -30,7 +30,7 @@ from fake_openai import (
 )
 from helpers import free_port
 
-from cbbench.analysis.metrics import summarize
+from cbbench.analysis.summary.metrics import summarize
 from cbbench.errors import UsageError
 from cbbench.load.prompts import WORD_POOL, build_prompts, load_tokenizer, synthetic_prompt
 from cbbench.load.workload_types import WorkloadRequest

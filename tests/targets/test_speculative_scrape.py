@@ -10,7 +10,7 @@ import pytest
 from fake_openai import MODEL, FakeOpenAI
 from helpers import CBBENCH
 
-from cbbench.analysis.speculative_scrape import scraped_speculative
+from cbbench.analysis.server_side.speculative_scrape import scraped_speculative
 
 # Earlier traffic, already counted when the run starts: the figures are the run's growth.
 BEFORE = (1000, 3000, 1500)

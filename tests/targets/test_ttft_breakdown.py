@@ -14,7 +14,7 @@ import pytest
 from helpers import CBBENCH, serve_process
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.ttft_breakdown import (
+from cbbench.analysis.server_side.ttft_breakdown import (
     DEFAULT_TOLERANCE_MS,
     breakdown,
     request_parts,

@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cbbench.analysis.slo import parse_attainment_slo
+from cbbench.analysis.summary.slo import parse_attainment_slo
 from cbbench.bench.capacity import Prober
 from cbbench.bench.probe import ProbeSizing
 from cbbench.cli.app import app

@@ -1,17 +1,17 @@
 """summary.gpus, goodput per GPU and the disaggregated pools' figures of an engine run: one
 definition for the object path's summary (bench/runner.py) and the column summary
-(analysis/compact_summary.py)."""
+(analysis/compact/compact_summary.py)."""
 
 from __future__ import annotations
 
-from cbbench.analysis.metrics import summarize_engine
+from cbbench.analysis.summary.metrics import summarize_engine
 from cbbench.engine.args import EngineArgs
 
 
 def add_deployment(summary: dict, opts: EngineArgs, run, iterations: list[dict]) -> None:
     """The GPUs the engine run held, goodput per GPU (DistServe's figure of merit), and under
     --disaggregate the KV transfer times and each pool's own engine summary."""
-    from cbbench.analysis.metrics import distribution
+    from cbbench.analysis.summary.metrics import distribution
 
     gpus = opts.num_gpus
     summary["gpus"] = gpus

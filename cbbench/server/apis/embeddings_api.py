@@ -4,7 +4,7 @@ little-endian bytes, as the openai SDK asks for by default); the answer (vLLM's
 EmbeddingResponse: ``id``, ``created``, ``model``) has ``data`` one
 ``{"object": "embedding", "embedding", "index"}`` per input, ``usage`` {prompt_tokens,
 total_tokens}. Each input is one prefill in the engine; the vectors are the torch engine's
-last-token hidden states, or the simulator's stand-ins (server/pooling.py)."""
+last-token hidden states, or the simulator's stand-ins (server/apis/pooling.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from cbbench.server.apis.pooling import PoolingEndpoint, PoolingJob, check_ids, parse_model
 from cbbench.server.context import ServeContext, Served
-from cbbench.server.pooling import PoolingEndpoint, PoolingJob, check_ids, parse_model
 from cbbench.server.protocol import APIError
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request

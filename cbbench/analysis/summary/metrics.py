@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.percentiles import DEFAULT_PERCENTILES, percentile_key
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.server_cache import server_prefix_cache
-from cbbench.analysis.token_counts import short_outputs
+from cbbench.analysis.server_side.server_cache import server_prefix_cache
+from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, percentile_key
+from cbbench.analysis.summary.token_counts import short_outputs
 from cbbench.errors import UsageError
 
 MS = 1000.0
@@ -125,9 +125,9 @@ def weighted_order_statistics(values: np.ndarray, weights: np.ndarray,
 
 def parse_slo(text: str | None) -> dict[str, float]:
     """'ttft=500,tpot=50' -> {'ttft': 500.0, 'tpot': 50.0} (milliseconds): the limits of the one
-    SLO grammar (cbbench.analysis.slo). Goodput judges each request against every limit, so a
+    SLO grammar (cbbench.analysis.summary.slo). Goodput judges each request against every limit, so a
     _pNN attainment suffix, which judges a whole run, is refused here rather than ignored."""
-    from cbbench.analysis.slo import parse_attainment_slo
+    from cbbench.analysis.summary.slo import parse_attainment_slo
 
     spec = parse_attainment_slo(text)
     if spec is None:

@@ -1,4 +1,4 @@
-"""The run's summary from a CompactRun (analysis/compact_run.py), vectorized: the dict
+"""The run's summary from a CompactRun (analysis/compact/compact_run.py), vectorized: the dict
 ``bench.runner._summary`` gives for the same run on the object path, for the runs the array
 simulator serves (the in-process simulator; no sessions, --cancel-rate, --gpu-profile,
 speculative decoding or disaggregation; any --data-parallel-size, --slo, --percentiles,
@@ -21,26 +21,31 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.compact_run import CompactRun
-from cbbench.analysis.histogram import log_histogram
-from cbbench.analysis.metrics import (
+from cbbench.analysis.compact.compact_run import CompactRun
+from cbbench.analysis.comparison.sim_error import sim_error
+from cbbench.analysis.summary.histogram import log_histogram
+from cbbench.analysis.summary.metrics import (
     MS,
     distribution,
     run_totals,
     summarize_engine_columns,
     weighted_distribution,
 )
-from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
-from cbbench.analysis.sim_error import sim_error
-from cbbench.analysis.slices import SLICE_LATENCIES, in_flight_sorted, slice_edges, slice_row
-from cbbench.analysis.steady_state import (
+from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
+from cbbench.analysis.summary.slices import (
+    SLICE_LATENCIES,
+    in_flight_sorted,
+    slice_edges,
+    slice_row,
+)
+from cbbench.analysis.summary.steady_state import (
     METHOD_IN_FLIGHT,
     METHOD_RUNNING,
     steady_state_from,
     steps_from_columns,
     steps_from_sends,
 )
-from cbbench.analysis.token_counts import SHORT_OUTPUT_WARN_SHARE
+from cbbench.analysis.summary.token_counts import SHORT_OUTPUT_WARN_SHARE
 
 LATENCY_NAMES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "event_gap_ms", "tokens_per_event",
                  "ttfot_ms", "reasoning_time_ms", "reasoning_tokens", "reasoning_share")
@@ -159,7 +164,7 @@ def check_compact_scope(run: CompactRun, spec) -> None:
 def summarize_compact(run: CompactRun, spec, view: CompactView | None = None) -> dict:
     """``runner._summary(spec, sched, run)`` for the same run (the module doc). ``view``:
     one made already (the request rows take the same one)."""
-    from cbbench.analysis.deployment import add_deployment
+    from cbbench.analysis.summary.deployment import add_deployment
 
     check_compact_scope(run, spec)
     view = view if view is not None else CompactView(run)
@@ -234,7 +239,7 @@ def _short_outputs(view: CompactView) -> dict:
 
 
 def _per_priority(view: CompactView, priorities: np.ndarray) -> dict:
-    from cbbench.analysis.metrics import PER_PRIORITY_STATS
+    from cbbench.analysis.summary.metrics import PER_PRIORITY_STATS
 
     def short(values_ms: np.ndarray) -> dict:
         d = distribution(values_ms, (50, 99))

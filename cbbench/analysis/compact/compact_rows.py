@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from cbbench.analysis.compact_run import CompactRun
-from cbbench.analysis.compact_summary import CompactView
-from cbbench.analysis.metrics import MS
+from cbbench.analysis.compact.compact_run import CompactRun
+from cbbench.analysis.compact.compact_summary import CompactView
+from cbbench.analysis.summary.metrics import MS
 
 
 def _nullable(a: np.ndarray) -> list:

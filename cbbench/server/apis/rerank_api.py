@@ -7,7 +7,7 @@ RerankRequest, RerankResponse): ``query``, ``documents`` (strings, or ``{"text":
 As a cross-encoder reranker does, each (query, document) pair is one prefill of the query's
 tokens followed by the document's (vLLM counts usage over those pairs: the query once per
 document). The score is the simulator's: the sigmoid of the scaled dot product of the query's
-and the document's deterministic vectors (server/pooling.py), a number in (0, 1) that is the
+and the document's deterministic vectors (server/apis/pooling.py), a number in (0, 1) that is the
 same on every run and means nothing more.
 """
 
@@ -18,8 +18,7 @@ import math
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from cbbench.server.context import ServeContext, Served
-from cbbench.server.pooling import (
+from cbbench.server.apis.pooling import (
     PoolingEndpoint,
     PoolingJob,
     check_ids,
@@ -27,6 +26,7 @@ from cbbench.server.pooling import (
     parse_model,
     unit_vector,
 )
+from cbbench.server.context import ServeContext, Served
 from cbbench.server.protocol import APIError
 
 MAX_DOCUMENTS = 1000

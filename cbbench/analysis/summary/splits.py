@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from cbbench.analysis.metrics import DEFAULT_PERCENTILES, MS, distribution
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import DEFAULT_PERCENTILES, MS, distribution
 
 
 def split_by(records: Sequence[RequestRecord], key: Callable[[RequestRecord], str | None],

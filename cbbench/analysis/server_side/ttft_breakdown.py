@@ -36,9 +36,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cbbench.analysis.metrics import distribution
-from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import distribution
+from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 
 MS = 1000.0
 DEFAULT_TOLERANCE_MS = 1.0

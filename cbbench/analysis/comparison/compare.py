@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from cbbench.analysis.gate import WORKLOAD_KEYS
+from cbbench.analysis.comparison.gate import WORKLOAD_KEYS
 from cbbench.analysis.result import load_result
 
 
@@ -74,7 +74,7 @@ class Labeled:
 
 def summary_value(result: dict, path: str) -> float | None:
     """The number at a dotted path into `summary` (ints stay ints), or None."""
-    from cbbench.analysis.percentiles import split_metric_path
+    from cbbench.analysis.summary.percentiles import split_metric_path
 
     node = result.get("summary", {})
     for part in split_metric_path(path):
@@ -208,7 +208,7 @@ def with_percentiles(results: Sequence[Labeled], percentiles: Sequence[float] | 
     from its requests where it did not store them) and the rows that show them."""
     if percentiles is None:
         return list(results), ROWS
-    from cbbench.analysis.percentiles import fill_percentiles, keys
+    from cbbench.analysis.summary.percentiles import fill_percentiles, keys
 
     filled = [dataclasses.replace(x, result=fill_percentiles(x.result, percentiles))
               for x in results]

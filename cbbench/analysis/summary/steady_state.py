@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cbbench.analysis.metrics import DEFAULT_PERCENTILES, latency_distributions
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import DEFAULT_PERCENTILES, latency_distributions
 
 LEVEL_FRACTION = 0.9  # within 10% of the steady level counts as "at it"
 MIN_WINDOW_REQUESTS = 10  # fewer started in the window: the figures are reported, with a note

@@ -165,7 +165,7 @@ def default_thresholds(percentiles: Sequence[float] | None = None) -> tuple[str,
     asked (ttft_ms.p50, ttft_ms.p99.9, ...) instead of its p50 / p99."""
     if percentiles is None:
         return DEFAULT_THRESHOLDS_TEXT
-    from cbbench.analysis.percentiles import keys
+    from cbbench.analysis.summary.percentiles import keys
 
     latency = [t for t in DEFAULT_THRESHOLDS_TEXT if t.split(".")[0] in LATENCY_DISTRIBUTIONS]
     limits = {t.split(".")[0]: t.rpartition("=")[2] for t in latency}
@@ -189,7 +189,7 @@ def thresholds(given: Sequence[str], use_defaults: bool = True,
 
 
 def metric_value(result: dict, metric: str, path: str) -> float:
-    from cbbench.analysis.percentiles import split_metric_path
+    from cbbench.analysis.summary.percentiles import split_metric_path
 
     node = result.get("summary", {})
     if metric.startswith(WORST_SLICE):

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.metrics import itl_values_s
-from cbbench.analysis.prom_text import Dropped, family_of, family_types, parse_sample
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.server_side.prom_text import Dropped, family_of, family_types, parse_sample
+from cbbench.analysis.summary.metrics import itl_values_s
 
 # What the summary calls each quantity -> the histogram families that hold it, newest name
 # first (vLLM renamed time_per_output_token_seconds, a per-token gap, to inter_token_latency).

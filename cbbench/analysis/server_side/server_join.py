@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from cbbench.analysis.audit import read_server_log
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.server_side.audit import read_server_log
 
 LOG_SETTLE_S = 2.0  # the longest wait for the server's last lines
 LOG_POLL_S = 0.05

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from cbbench.targets import anthropic_stream, responses_stream
+from cbbench.targets.apis import anthropic_stream, responses_stream
 from cbbench.targets.sse import SseStream
 
 
@@ -52,7 +52,7 @@ SPECS = {
     "anthropic": ApiSpec("anthropic", True, anthropic_stream.payload,
                          anthropic_stream.AnthropicStream, anthropic_stream.single_body,
                          anthropic_stream.messages_body, anthropic_stream.headers),
-    # Not streamed: targets/pooling_request.py sends and reads these (its own payload and
+    # Not streamed: targets/apis/pooling_request.py sends and reads these (its own payload and
     # bodies); the entries give the shared runner its path and headers.
     "embeddings": ApiSpec("embeddings", False, lambda model: {"model": model},
                           lambda times, keep: SseStream(False, times, keep), sessions=False),

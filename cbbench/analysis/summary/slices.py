@@ -24,9 +24,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.metrics import latency_distributions
-from cbbench.analysis.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import latency_distributions
+from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 
 MAX_SLICES = 10_000  # a 1 ms slice over an hour's run is a mistake, not a summary
 SLICE_LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.metrics import distribution
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.metrics import distribution
 
 
 def pooling_figures(summary: dict, records: Sequence[RequestRecord], duration_s: float) -> None:

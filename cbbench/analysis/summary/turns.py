@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cbbench.analysis.metrics import DEFAULT_PERCENTILES, MS, distribution
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.server_cache import server_prefix_cache
+from cbbench.analysis.server_side.server_cache import server_prefix_cache
+from cbbench.analysis.summary.metrics import DEFAULT_PERCENTILES, MS, distribution
 
 # The records' turn kinds (load/sessions.py writes them; analysis reads records only).
 TOOL_KIND = "tool"

@@ -16,7 +16,7 @@ from dataclasses import fields
 
 import numpy as np
 
-from cbbench.analysis.compact_run import CompactRequests, CompactRun, StepTable
+from cbbench.analysis.compact.compact_run import CompactRequests, CompactRun, StepTable
 from cbbench.analysis.records import RequestRecord
 from cbbench.engine.core.iteration import FIELD_NAMES, IterationRecord
 

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from cbbench.analysis.percentiles import percentile_key
+from cbbench.analysis.summary.percentiles import percentile_key
 
 LOW_MS = 0.01
 BINS_PER_DECADE = 20
@@ -171,7 +171,7 @@ class LogHistogram:
         return out
 
     def distribution(self, percentiles: Sequence[float] = (50, 90, 95, 99)) -> dict:
-        """The fields of analysis.metrics.distribution, plus the stated relative error."""
+        """The fields of analysis.summary.metrics.distribution, plus the stated relative error."""
         if self.count == 0:
             return {"mean": None, "std": None, **{percentile_key(p): None for p in percentiles},
                     "count": 0, "relative_error": self.relative_error}

@@ -36,6 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from cbbench.server.apis.response_store import ResponseStore
 from cbbench.server.chunks import request_id
 from cbbench.server.protocol import (
     DEFAULT_MAX_TOKENS,
@@ -47,7 +48,6 @@ from cbbench.server.protocol import (
     render_chat,
     validation_error,
 )
-from cbbench.server.response_store import ResponseStore
 from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
 from cbbench.server.stream_events import (
     ANSWER,
