@@ -6,18 +6,24 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..sim.cost_model import CostModel
 from .block_manager import BlockManager
 from .iteration import IterationRecord
 from .prefix_caching import PrefixCachingBlockManager
 from .request import Request, RequestStatus
 from .scheduler import Scheduler, SchedulerConfig
-from .scheduler_output import ExecutorOutput, SchedulerOutput
+from .scheduler_output import ExecutorOutput, IterationCost, SchedulerOutput
 from .spec_decode import Drafter
 
 
 class Executor(Protocol):
     def execute(self, sched: SchedulerOutput) -> ExecutorOutput: ...
+
+
+class StepCostModel(Protocol):
+    """The analytic cost of a step the executor ran for real (engine/sim/cost_model.py's
+    CostModel): the engine core names what it asks, not the simulator that answers."""
+
+    def step_cost(self, sched: SchedulerOutput, block_size: int) -> IterationCost: ...
 
 
 class Clock(Protocol):
@@ -80,7 +86,7 @@ class Engine:
         config: EngineConfig,
         executor: Executor,
         clock: Clock,
-        cost_model: CostModel | None = None,
+        cost_model: StepCostModel | None = None,
         drafter: Drafter | None = None,
     ) -> None:
         """``drafter``: speculative decoding's proposer, asked after every step for the
