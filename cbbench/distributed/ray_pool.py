@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from cbbench.distributed.clock import UNCERTAINTY_FLAG_MS, ClockOffset, measure_offset
+from cbbench.clock_offset import UNCERTAINTY_FLAG_MS, ClockOffset, measure_offset
 from cbbench.distributed.local import START_MARGIN_S, plan_workers
 from cbbench.distributed.merge import FINAL, READY, Merger
 from cbbench.distributed.messages import Done, Failed, WorkerTask

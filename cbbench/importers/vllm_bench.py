@@ -41,7 +41,7 @@ import math
 from collections.abc import Mapping
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.distributed.clock import perf_minus_epoch
+from cbbench.clock_offset import perf_minus_epoch
 from cbbench.errors import UsageError
 
 TOOL = "vllm-bench"

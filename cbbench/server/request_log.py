@@ -46,7 +46,7 @@ import queue
 import threading
 from pathlib import Path
 
-from cbbench.distributed.clock import perf_minus_epoch
+from cbbench.clock_offset import perf_minus_epoch
 
 log = logging.getLogger("cbbench.server")
 

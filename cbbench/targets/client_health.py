@@ -45,10 +45,10 @@ MS = 1000.0
 
 def wall_clock_of(t_perf: float) -> float:
     """The epoch time (µs resolution) of a time.perf_counter() instant. The two clocks' offset
-    is the best of several bracketed reads (distributed/clock.py): two reads back to back are
+    is the best of several bracketed reads (cbbench/clock_offset.py): two reads back to back are
     off by however long the process was descheduled between them, which on a busy host is
     milliseconds, and the request log's join (audit, the TTFT breakdown) inherits it."""
-    from cbbench.distributed.clock import perf_minus_epoch
+    from cbbench.clock_offset import perf_minus_epoch
 
     return round(t_perf - perf_minus_epoch(), EPOCH_DECIMALS)
 

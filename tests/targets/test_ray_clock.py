@@ -13,8 +13,8 @@ import time
 import pytest
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.clock_offset import UNCERTAINTY_FLAG_MS
 from cbbench.distributed import ray_pool
-from cbbench.distributed.clock import UNCERTAINTY_FLAG_MS
 from cbbench.distributed.local import plan_workers
 from cbbench.distributed.messages import Done, Ready, RecordBatch
 from cbbench.load.workload_types import WorkloadRequest

@@ -41,7 +41,7 @@ from worker_runs import (
 from cbbench.analysis.records import RequestRecord
 from cbbench.cli.app import app
 from cbbench.cli.run import WORKER_LOST_EXIT
-from cbbench.distributed.clock import measure_offset
+from cbbench.clock_offset import measure_offset
 from cbbench.distributed.merge import WORKER_LOST, Merger
 from cbbench.distributed.messages import Done, Failed, Ready, RecordBatch
 from cbbench.distributed.plan import LoadPlan, deal, parse_workers, spare_cores
