@@ -23,6 +23,7 @@ from cbbench.analysis.summary.speculative import engine_speculative
 from cbbench.analysis.summary.splits import add_splits
 from cbbench.analysis.summary.steady_state import steady_state
 from cbbench.analysis.summary.turns import by_turn, session_summary
+from cbbench.bench.target_run import iterations_of
 from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -354,7 +355,7 @@ def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
         return (list(compact_request_dicts(run, spec.save_detailed, run.view)),
                 list(compact_iteration_dicts(run)))
     return ([request_record_dict(r, spec.save_detailed) for r in run.records],
-            getattr(run, "iterations", []))
+            iterations_of(run))
 
 
 def _load_workload(spec: RunSpec, replay) -> Workload:
@@ -637,7 +638,7 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
         summary["sessions"] = session_summary(
             run.records, plan.planned_turns(), getattr(run, "sessions_ended_early", 0)
         )
-    iterations = getattr(run, "iterations", [])
+    iterations = iterations_of(run)
     summary["steady_state"] = steady_state(
         run.records, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s,
         spec.percentiles,

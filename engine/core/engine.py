@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +25,15 @@ class StepCostModel(Protocol):
     CostModel): the engine core names what it asks, not the simulator that answers."""
 
     def step_cost(self, sched: SchedulerOutput, block_size: int) -> IterationCost: ...
+
+
+class FastForward(Protocol):
+    """Advances a stretch of decode-only steps in one move, as stepping would, and returns how
+    many (0: step normally). A simulated engine's (engine/sim/fast_forward.py); ``on_step``
+    hears each step's record."""
+
+    def __call__(self, engine: Engine, horizon: float,
+                 on_step: Callable[[StepOutput], None] | None = None) -> int: ...
 
 
 class Clock(Protocol):
@@ -105,6 +115,9 @@ class Engine:
         self.executor = executor
         self.clock = clock
         self.cost_model = cost_model
+        # Set by the simulator's builder (engine/build_sim.py) where its closed form holds; the
+        # loops (core/feed.py, sim/replicas.py) ask it before each step.
+        self.fast_forward: FastForward | None = None
         # The iteration records: every one (a run), or only the most recent (a long-lived
         # server, see keep_recent_records). Indices count every step ever recorded.
         self.records: list[IterationRecord] | deque[IterationRecord] = []
@@ -141,6 +154,16 @@ class Engine:
         req.status = RequestStatus.ABORTED
         req.finish_reason = "abort"
         req.finish_time = self.clock.now()
+
+    @property
+    def engines(self) -> list[Engine]:
+        """EngineLike's (core/engine_like.py): one engine is made of itself."""
+        return [self]
+
+    def append_record(self, record: IterationRecord) -> None:
+        """One step's record, numbered by ``num_records`` (the steps ever recorded)."""
+        self.records.append(record)
+        self.num_records += 1
 
     def keep_recent_records(self, maxlen: int) -> None:
         """Keep only the ``maxlen`` most recent iteration records from now on, so a long-lived
@@ -210,8 +233,7 @@ class Engine:
             emitted_tokens=spec.emitted,
             num_sampled_reqs=spec.sampled_reqs,
         )
-        self.records.append(record)
-        self.num_records += 1
+        self.append_record(record)
         return StepOutput(record, sched, finished, gained)
 
     def _fail_step(self, sched: SchedulerOutput, cause: Exception) -> StepFailed:
