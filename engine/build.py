@@ -17,6 +17,7 @@ from .args import EngineArgs, EngineArgsError, check_single_device
 from .build_common import EngineInfo, load_device_profile
 from .build_sim import build_sim_engine
 from .build_torch import DEFAULT_CPU_MODEL, build_torch_engine
+from .core.engine_like import EngineLike
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def build_engine(args: EngineArgs):
     return build_torch_engine(args)
 
 
-def build_replicas(args: EngineArgs):
+def build_replicas(args: EngineArgs) -> tuple[EngineLike, EngineInfo]:
     """Data parallelism: ``--data-parallel-size`` simulated engines behind ``--router``, as
     one (ReplicaSet, EngineInfo of one replica)."""
     from .sim.replicas import ReplicaSet
@@ -86,7 +87,8 @@ def build_replicas(args: EngineArgs):
     return ReplicaSet(engines, args.router, args.router_max_imbalance), built[0][1]
 
 
-def _build_disaggregated(args: EngineArgs, one: EngineArgs, pd: tuple[int, int]):
+def _build_disaggregated(args: EngineArgs, one: EngineArgs,
+                         pd: tuple[int, int]) -> tuple[EngineLike, EngineInfo]:
     """--disaggregate P:D: P prefill and D decode simulated engines, alike, with the KV link
     between them. Returns (DisaggregatedSet, EngineInfo of one instance)."""
     from .sim.disaggregated import DisaggregatedSet

@@ -103,7 +103,7 @@ def build_sim_engine(args: EngineArgs):
     )
     # The loops (core/feed.py, sim/replicas.py) advance pure-decode stretches with it; its
     # closed form is one token per decode row: not with speculative decoding.
-    engine.fast_forward = (  # type: ignore[attr-defined]
+    engine.fast_forward = (
         fast_forward if args.fast_forward and not args.speculative_tokens else None
     )
     info = EngineInfo(

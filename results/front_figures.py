@@ -121,12 +121,30 @@ def _components(edges: dict[str, list[str]]) -> dict[str, int]:
     return comp
 
 
+# Issue 36's string-key lookups: a subscript by a string literal (`x["key"]`, `x['key']`) or a
+# `.get("key"` call, in the front's own code (cbbench/). Comments and docstrings count too when
+# they hold one; the figure is a trend, counted the same way in every tree.
+STRING_KEY = re.compile(r"""\[\s*(?:"[^"\n]*"|'[^'\n]*')\s*\]|\.get\(\s*["']""")
+
+
+def string_key_lookups(files: list[Path]) -> int:
+    return sum(len(STRING_KEY.findall(p.read_text(errors="replace"))) for p in files)
+
+
 def figures(root: Path) -> dict[str, str]:
     lib = py_files(root, LIBRARY)
     tests = py_files(root, ("tests",))
+    front = py_files(root, ("cbbench",))
+    analysis = py_files(root, ("cbbench/analysis",))
     cx, name = largest_complexity(root)
     return {
         "library .py files / lines (cbbench, engine, kernels)": f"{len(lib)} / {line_count(lib):,}",
+        "front (cbbench/) .py files / lines": f"{len(front)} / {line_count(front):,}",
+        "analysis/ modules (no __init__), in folders": (
+            f"{sum(p.name != '__init__.py' for p in analysis)}, "
+            f"{len({p.parent for p in analysis})}"),
+        "string-key lookups in cbbench/ (`x[\"...\"]`, `.get(\"...\"`)": (
+            f"{string_key_lookups(front):,}"),
         "test .py files / lines": f"{len(tests)} / {line_count(tests):,}",
         "largest library function's complexity (noqa ignored)": f"{cx} ({name})",
         "`duplicates` pairs (whole tree)": duplicate_pairs(root),

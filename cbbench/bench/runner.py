@@ -23,6 +23,7 @@ from cbbench.analysis.summary.speculative import engine_speculative
 from cbbench.analysis.summary.splits import add_splits
 from cbbench.analysis.summary.steady_state import steady_state
 from cbbench.analysis.summary.turns import by_turn, session_summary
+from cbbench.bench.target_run import iterations_of
 from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -35,7 +36,7 @@ from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
 from cbbench.load.sessions import check_session_tokens, sample_sessions
 from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
-from cbbench.targets.engine import engine_config_dict, run_engine
+from cbbench.targets.engine import EngineRun, engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
 
 if TYPE_CHECKING:
@@ -366,7 +367,7 @@ def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
         return (list(compact_request_dicts(run, spec.save_detailed, run.view)),
                 list(compact_iteration_dicts(run)))
     return ([request_record_dict(r, spec.save_detailed) for r in run.records],
-            getattr(run, "iterations", []))
+            iterations_of(run))
 
 
 def _load_workload(spec: RunSpec, replay) -> Workload:
@@ -667,14 +668,15 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     if plan is not None:
         summary["by_turn"] = by_turn(run.records)
         summary["sessions"] = session_summary(
-            run.records, plan.planned_turns(), getattr(run, "sessions_ended_early", 0)
+            run.records, plan.planned_turns(), run.sessions_ended_early
         )
-    iterations = getattr(run, "iterations", [])
+    iterations = iterations_of(run)
     summary["steady_state"] = steady_state(
         run.records, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s,
         spec.percentiles,
     )
     if iterations:
+        assert isinstance(run, EngineRun)  # iterations_of: only an engine run has them
         summary["engine"] = _engine_summary(run, iterations)
         speculative = engine_speculative(
             iterations, getattr(run.resolved, "speculative_tokens", None)
@@ -717,11 +719,11 @@ def add_views(summary: dict, spec: RunSpec, run) -> None:
             log.info(f"warning: --slice not applied ({e})")
 
 
-def _engine_summary(run, iterations: list[dict]) -> dict:
+def _engine_summary(run: EngineRun, iterations: list[dict]) -> dict:
     gpu_spec = run.resolved.gpu_spec
     add_utilization(iterations, gpu_spec)
     engine = summarize_engine(iterations, gpu_spec)
-    engine["kv_blocks_in_use_at_end"] = getattr(run, "kv_blocks_in_use_at_end", 0)
+    engine["kv_blocks_in_use_at_end"] = run.kv_blocks_in_use_at_end
     error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
     engine["sim_error"] = error
     if reason is not None:

@@ -40,7 +40,7 @@ class Variant:
     enable_prefix_caching: bool | None = None
 
     def apply(self, opts: EngineArgs) -> EngineArgs:
-        changes = {}
+        changes: dict[str, object] = {}
         if self.batching is not None:
             changes.update(batching=self.batching, chunked_prefill=self.chunked_prefill)
         for key in ("kv_allocation", "preemption", "queue_policy", "enable_prefix_caching"):

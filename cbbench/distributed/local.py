@@ -93,6 +93,7 @@ def worker_tasks(
             scrape_metrics=opts.scrape_metrics and k == 0,
         )
         if sessions is not None:
+            assert session_shares is not None  # dealt with the sessions (local_run)
             mine = dataclasses.replace(sessions, active=session_shares[k])
             tasks.append(WorkerTask(k, o, share, [], [], grace_s, mine, cancel))
             continue

@@ -167,7 +167,7 @@ class Merger:
             ws.pid,
             ws.host,
             len(ws.positions),
-            [self.records[p] for p in ws.positions if self.records[p] is not None],
+            [r for p in ws.positions if (r := self.records[p]) is not None],
             ws.done.info if ws.done is not None else {},
             lost,
             not_sent,

@@ -65,7 +65,7 @@ def lost_turns(
                 due, prompt = float(plan.starts[i]), first_prompt_len(turn.user_len)
             elif all(w is not None and w.error is None for w in waits):
                 # completed or cancelled: the session went on
-                due = max(_turn_end_s(w) for w in waits) + plan.think_time_s(i, k)
+                due = max(_turn_end_s(w) for w in waits if w is not None) + plan.think_time_s(i, k)
                 before = records[plan.request_id(i, node.prev)] if node.prev is not None else None
                 prompt = (first_prompt_len(turn.user_len) if before is None else
                           next_prompt_len(before.prompt_tokens, before.output_tokens, turn.user_len))

@@ -57,6 +57,7 @@ class WorkerCore:
         self.emit(Ready(self.task.worker, os.getpid(), socket.gethostname()))
         while not self._started.is_set():  # polled: the loop keeps running meanwhile
             await asyncio.sleep(START_POLL_S)
+        assert self._t0 is not None  # set before _started
         return self._t0
 
     def _on_record(self, pos: int, rec: RequestRecord, method: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from typing import Any
 
 DEFAULT_GRACE_S = 10.0
 
@@ -25,7 +26,7 @@ STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP")
 class StopSignal:
     def __init__(self) -> None:
         self._stop = threading.Event()
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned
         self._started = False
 
     def __call__(self) -> bool:

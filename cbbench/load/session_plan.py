@@ -70,7 +70,8 @@ class SessionPlan:
         # one, else the session's position in this run (a session drawn twice is two users).
         names = [s.name for s in self.sessions]
         unique = None not in names and len(set(names)) == len(names)
-        self.labels: list[int | str] = names if unique else list(range(len(self.sessions)))
+        self.labels: list[int | str] = (
+            [n for n in names if n is not None] if unique else list(range(len(self.sessions))))
 
     @property
     def active_sessions(self) -> list[int]:

@@ -82,7 +82,7 @@ def _shared_prefix() -> Workload:
     prefix caching pays. Explicit token ids (so the simulator can hash them too), in groups
     of consecutive ids; drawn with a fixed seed."""
     rng = np.random.default_rng(SHARED_PREFIX_SEED)
-    reqs = []
+    reqs: list[WorkloadRequest] = []
     for _ in range(SHARED_PREFIX_GROUPS):
         system = rng.integers(
             0, SHARED_PREFIX_VOCAB, rng.integers(*SHARED_PREFIX_SYSTEM_LEN, endpoint=True)

@@ -142,7 +142,7 @@ def with_options(*groups: Group, after: Callable[[dict[str, Any]], None] | None 
             return fn(**kwargs)
 
         params = own + extra
-        wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        wrapper.__signature__ = inspect.Signature(params)
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
 

@@ -322,7 +322,7 @@ def run_engine(
     if step_time_factors is not None:
         from cbbench.engine.sim.sim_bounds import ScaledExecutor
 
-        for e in getattr(engine, "engines", [engine]):
+        for e in engine.engines:
             e.executor = ScaledExecutor(e.executor, step_time_factors)
     session_feed = None
     timer = CancelTimer(cancel)
@@ -366,7 +366,7 @@ def run_engine(
     run = EngineRun(records, iterations, duration, not completed_all, info, not_sent)
     # Every request has ended: whatever KV is still held leaked (aborts must free theirs).
     run.kv_blocks_in_use_at_end = sum(
-        e.block_manager.num_used_blocks for e in getattr(engine, "engines", [engine])
+        e.block_manager.num_used_blocks for e in engine.engines
     )
     if session_feed is not None:
         run.sessions_ended_early = session_feed.ended_early

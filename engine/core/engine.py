@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..sim.cost_model import CostModel
 from .block_manager import BlockManager
 from .iteration import IterationRecord
 from .prefix_caching import PrefixCachingBlockManager
 from .request import Request, RequestStatus
 from .scheduler import Scheduler, SchedulerConfig
-from .scheduler_output import ExecutorOutput, SchedulerOutput
+from .scheduler_output import ExecutorOutput, IterationCost, SchedulerOutput
 from .spec_decode import Drafter
 
 
 class Executor(Protocol):
     def execute(self, sched: SchedulerOutput) -> ExecutorOutput: ...
+
+
+class StepCostModel(Protocol):
+    """The analytic cost of a step the executor ran for real (engine/sim/cost_model.py's
+    CostModel): the engine core names what it asks, not the simulator that answers."""
+
+    def step_cost(self, sched: SchedulerOutput, block_size: int) -> IterationCost: ...
+
+
+class FastForward(Protocol):
+    """Advances a stretch of decode-only steps in one move, as stepping would, and returns how
+    many (0: step normally). A simulated engine's (engine/sim/fast_forward.py); ``on_step``
+    hears each step's record."""
+
+    def __call__(self, engine: Engine, horizon: float,
+                 on_step: Callable[[StepOutput], None] | None = None) -> int: ...
 
 
 class Clock(Protocol):
@@ -80,7 +96,7 @@ class Engine:
         config: EngineConfig,
         executor: Executor,
         clock: Clock,
-        cost_model: CostModel | None = None,
+        cost_model: StepCostModel | None = None,
         drafter: Drafter | None = None,
     ) -> None:
         """``drafter``: speculative decoding's proposer, asked after every step for the
@@ -99,6 +115,9 @@ class Engine:
         self.executor = executor
         self.clock = clock
         self.cost_model = cost_model
+        # Set by the simulator's builder (engine/build_sim.py) where its closed form holds; the
+        # loops (core/feed.py, sim/replicas.py) ask it before each step.
+        self.fast_forward: FastForward | None = None
         # The iteration records: every one (a run), or only the most recent (a long-lived
         # server, see keep_recent_records). Indices count every step ever recorded.
         self.records: list[IterationRecord] | deque[IterationRecord] = []
@@ -140,6 +159,15 @@ class Engine:
         """POST /reset_prefix_cache (vLLM's semantics): drop every cached prefix; False while a
         request still holds KV blocks (nothing is dropped then)."""
         return self.block_manager.reset_prefix_cache()
+    @property
+    def engines(self) -> list[Engine]:
+        """EngineLike's (core/engine_like.py): one engine is made of itself."""
+        return [self]
+
+    def append_record(self, record: IterationRecord) -> None:
+        """One step's record, numbered by ``num_records`` (the steps ever recorded)."""
+        self.records.append(record)
+        self.num_records += 1
 
     def keep_recent_records(self, maxlen: int) -> None:
         """Keep only the ``maxlen`` most recent iteration records from now on, so a long-lived
@@ -209,8 +237,7 @@ class Engine:
             emitted_tokens=spec.emitted,
             num_sampled_reqs=spec.sampled_reqs,
         )
-        self.records.append(record)
-        self.num_records += 1
+        self.append_record(record)
         return StepOutput(record, sched, finished, gained)
 
     def _fail_step(self, sched: SchedulerOutput, cause: Exception) -> StepFailed:

@@ -113,7 +113,7 @@ def run_feed(
         if should_stop is not None and should_stop():
             return False
         feed.fire(engine, clock.now())
-        ff = getattr(engine, "fast_forward", None)
+        ff = engine.fast_forward
         if ff is not None and _fast_forward(engine, ff, feed, on_step):
             continue
         step = None

@@ -223,6 +223,23 @@ class Scheduler:
         step.num_decodes_taken += was_decode
         return taken
 
+    def decode_only(self) -> bool:
+        """Whether the next step is decodes alone, one row per running request: continuous
+        batching, nothing waiting, every running request past its prompt with one token to
+        compute, all within the token budget. Until a request finishes, arrives or finds the KV
+        pool short, the steps after it are too (engine/sim/fast_forward.py advances such a
+        stretch in one move)."""
+        running = self.running
+        if self._static or self.waiting or not running:
+            return False
+        if len(running) > self.config.max_num_batched_tokens:
+            return False
+        for r in running:
+            c = r.num_computed_tokens
+            if c < r.num_prompt_tokens or r.num_tokens - c != 1:
+                return False
+        return True
+
     # ---- the per-iteration decision ---------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens

@@ -1,15 +1,13 @@
-"""What the scheduler hands the executor each iteration, and what the executor returns."""
+"""What the scheduler hands the executor each iteration, what the executor returns, and what the
+step costs (its batch shape; the bytes, FLOPs and predicted time the simulator's cost model
+gives it: engine/sim/cost_model.py builds these records, the engine core only reads them)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .request import Request
-
-if TYPE_CHECKING:
-    from ..sim.cost_model import IterationCost
 
 
 @dataclass(slots=True)
@@ -84,3 +82,60 @@ class ExecutorOutput:
     @property
     def flops(self) -> float:
         return self.cost.flops if self.cost is not None else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """What the cost depends on: token counts and attention work, not request identities."""
+
+    num_tokens: int
+    num_logits: int  # rows that sample
+    attn_key_pairs: float  # sum over rows of keys attended
+    attn_keys_read: float  # keys read from the cache, summed over requests
+    num_reqs: int = 1  # requests in the batch (the per-row overhead's count)
+    num_prefill_reqs: int = 0  # of which with prefill rows
+    decode_keys: float = 0.0  # keys the decode rows read: part of both above
+    # Speculative decoding's draft rows (decode rows beyond one per decode request). Their
+    # key pairs beyond decode_keys are costed with the prefill rows' attention (a multi-row
+    # query against a context: the same work as a prefill chunk's).
+    num_draft_tokens: int = 0
+
+    @staticmethod
+    def from_scheduler_output(sched: SchedulerOutput) -> BatchShape:
+        reqs = sched.scheduled_reqs
+        nd = sched.num_decode_reqs
+        # A decode row with c computed tokens attends c + 1 keys and reads them all.
+        dec_keys = sum([r.num_computed_tokens for r in reqs[:nd]]) + nd
+        pairs = float(dec_keys)
+        num_logits = nd
+        if sched.num_draft_tokens:
+            # Speculative decoding: a decode with d drafts verifies d + 1 rows, each sampled,
+            # row j attending the c + 1 + j keys before it (causal): one read of c + 1 + d keys
+            # (the decode kernel reads a request's KV once for all its rows), and
+            # d (c + 1) + d (d + 1) / 2 key pairs more than the plain decode.
+            for r in reqs[:nd]:
+                d = len(r.spec_token_ids)
+                if d:
+                    pairs += d * (r.num_computed_tokens + 1) + d * (d + 1) / 2
+            dec_keys += sched.num_draft_tokens
+            num_logits += sched.num_draft_tokens
+        keys_read = float(dec_keys)
+        nums = sched.num_scheduled_tokens
+        for i in range(nd, len(reqs)):
+            r = reqs[i]
+            n = nums[i]
+            c = r.num_computed_tokens
+            pairs += n * c + n * (n + 1) / 2
+            keys_read += c + n
+            if c + n == r.num_tokens:
+                num_logits += 1
+        return BatchShape(sched.total_tokens, num_logits, pairs, keys_read, len(reqs),
+                          len(reqs) - nd, float(dec_keys), sched.num_draft_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class IterationCost:
+    bytes: float  # per GPU
+    flops: float  # per GPU
+    time_s: float | None  # roofline prediction, overheads included; None without rates
+    shape: BatchShape | None = None

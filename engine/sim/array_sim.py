@@ -46,6 +46,7 @@ import numpy as np
 from ..args import EngineArgs
 from ..core.engine import Engine
 from ..core.request import Request
+from .cost_model import BatchShape, CostModel
 from .dense_cost import dense_cost
 
 ROUTERS = ("round-robin", "least-requests", "least-kv")
@@ -105,7 +106,7 @@ class _Replica:
         self.bs = engine.block_manager.block_size
         self.total_blocks = engine.block_manager.num_blocks
         cm = engine.cost_model
-        assert cm is not None  # a simulated engine has one
+        assert isinstance(cm, CostModel)  # a simulated engine has the simulator's
         self.cost_model = cm
         self.cost = dense_cost(cm) or self._object_cost
         self.clock = 0.0
@@ -122,8 +123,6 @@ class _Replica:
         self._append = tuple(self.cols[n].append for n in FLOAT_COLUMNS + INT_COLUMNS)
 
     def _object_cost(self, tokens, logits, pairs, keys_read, reqs, prefill_reqs, decode_keys):
-        from .cost_model import BatchShape
-
         c = self.cost_model.cost(BatchShape(tokens, logits, pairs, keys_read, reqs,
                                             prefill_reqs, decode_keys))
         return c.time_s, c.bytes, c.flops

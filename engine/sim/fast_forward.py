@@ -30,19 +30,10 @@ MIN_STRETCH = 2  # fewer steps than this are not worth the set-up
 
 
 def eligible(engine: Engine) -> bool:
-    sch = engine.scheduler
-    running = sch.running
-    if sch.waiting or not running or type(engine.executor) is not SimExecutor:
+    """A simulated engine on a virtual clock whose scheduler will step decodes alone."""
+    if type(engine.executor) is not SimExecutor or not isinstance(engine.clock, VirtualClock):
         return False
-    if not isinstance(engine.clock, VirtualClock) or sch._static:
-        return False
-    if len(running) > sch.config.max_num_batched_tokens:
-        return False
-    for r in running:
-        c = r.num_computed_tokens
-        if c < r.num_prompt_tokens or r.num_tokens - c != 1:
-            return False
-    return True
+    return engine.scheduler.decode_only()
 
 
 def _room_for_two_steps(engine: Engine, now: float, horizon: float) -> bool:
@@ -89,7 +80,6 @@ def fast_forward(engine: Engine, horizon: float,
     dec_keys = sum(r.num_computed_tokens for r in running) + n
     sched = SchedulerOutput(running, [1] * n, n, 0, budget)
     times: list[float] = []
-    records = engine.records
     for j in range(k_max):
         start = clock.now()
         if start >= horizon:
@@ -113,8 +103,7 @@ def fast_forward(engine: Engine, horizon: float,
             predicted_s=cost.time_s, num_logits=n, attn_key_pairs=keys, attn_keys_read=keys,
             attn_decode_keys=keys, emitted_tokens=n, num_sampled_reqs=n,
         )
-        records.append(record)
-        engine.num_records += 1
+        engine.append_record(record)
         if on_step is not None:
             on_step(StepOutput(record, sched, []))
     k = len(times)

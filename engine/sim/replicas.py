@@ -157,7 +157,7 @@ class ReplicaSet:
         replica = self._next_replica()
         if replica is None:
             return False
-        fast_forward = getattr(replica.engine, "fast_forward", None)
+        fast_forward = replica.engine.fast_forward
         if fast_forward is None:
             return False
         self._next_known = False  # it may move the replica's clock

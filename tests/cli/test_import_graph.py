@@ -7,8 +7,14 @@ the modules of cbbench/, engine/ and kernels/, and every import points down the 
   ``if TYPE_CHECKING:`` are left out: they never run.
 - Only cbbench/cli/ imports cbbench.cli: library modules never depend on a command module.
 - engine/ (cbbench.engine) never imports the cbbench front; kernels/ (cbbench.kernels) never
-  imports the engine or the front.
-The last two count every import, deferred ones included: a lazy import is still a dependency.
+  imports the engine or the front; the engine core (engine/core) imports nothing from the
+  simulator (engine/sim) or the torch engine (engine/torch), which build on it.
+- The front's packages are layered (FRONT_LAYERS): a module imports only from its own layer or
+  a lower one (targets/ never reaches up into distributed/, which runs targets on workers).
+- No circle even through imports under ``if TYPE_CHECKING:``: a module that names another's
+  class for its annotations still depends on it.
+The layer rules count every import, deferred and typing-only ones included: a lazy import is
+still a dependency.
 """
 
 from __future__ import annotations
@@ -25,6 +31,24 @@ PACKAGES = {"cbbench": "cbbench", "engine": "cbbench.engine", "kernels": "cbbenc
 CLI = "cbbench.cli"
 ENGINE = "cbbench.engine"
 KERNELS = "cbbench.kernels"
+ENGINE_CORE = "cbbench.engine.core"
+ENGINE_ABOVE_CORE = ("cbbench.engine.sim", "cbbench.engine.torch")
+# The front, bottom to top: each package (or top-level module) may import its own layer and
+# those below it (the engine and kernels sit under all of them).
+FRONT_LAYERS = [
+    {"cbbench", "cbbench.errors", "cbbench.fd_limit", "cbbench.clock_offset", "cbbench.workloads"},
+    {"cbbench.schema", "cbbench.load", "cbbench.analysis"},
+    {"cbbench.targets", "cbbench.server"},
+    {"cbbench.distributed"},
+    {"cbbench.options"},
+    {"cbbench.bench"},
+    {"cbbench.importers", "cbbench.report", "cbbench.export"},
+    {CLI},
+]
+# issue 41: targets/http_sessions subclasses targets/http's _Runner and names it for its
+# annotations while http imports http_sessions: the one circle left, helper h41's to break
+# (it owns both files). Its test below is an expected failure until then.
+KNOWN_CIRCLE_EDGE = ("cbbench.targets.http_sessions", "cbbench.targets.http")
 
 
 @dataclass(frozen=True)
@@ -174,6 +198,54 @@ def test_no_import_cycle_counting_imports_inside_functions():
     assert cycle is None, "import cycle (deferred imports included): " + " -> ".join(cycle)
 
 
+def _all_imports_graph(skip: tuple[str, str] | None = None) -> dict[str, list[str]]:
+    return {m: [i.target for i in imps if (m, i.target) != skip] for m, imps in GRAPH.items()}
+
+
+def test_no_import_cycle_counting_typing_only_imports():
+    # Every import counted; the one known circle's typing-only edge left out (its own test
+    # below), so that any other circle fails here.
+    cycle = find_cycle(_all_imports_graph(skip=KNOWN_CIRCLE_EDGE))
+    assert cycle is None, "import cycle (typing-only imports included): " + " -> ".join(cycle)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 41: targets/http <-> targets/http_sessions")
+def test_no_import_cycle_at_all():
+    cycle = find_cycle(_all_imports_graph())
+    assert cycle is None, "import cycle (typing-only imports included): " + " -> ".join(cycle)
+
+
+def _layer_of(module: str) -> int | None:
+    for i, layer in enumerate(FRONT_LAYERS):
+        if any(_in(module, p) if p != "cbbench" else module == p for p in layer):
+            return i
+    return None
+
+
+def test_every_front_module_has_a_layer():
+    unplaced = [m for m in MODULES
+                if not (_in(m, ENGINE) or _in(m, KERNELS)) and _layer_of(m) is None]
+    assert not unplaced, "add to FRONT_LAYERS: " + ", ".join(unplaced)
+
+
+def test_front_imports_point_down_the_layers():
+    bad = [
+        f"{MODULES[m][0].relative_to(ROOT)}:{imp.line} imports {imp.target}"
+        for m, imps in GRAPH.items()
+        if (lm := _layer_of(m)) is not None
+        for imp in imps
+        if (lt := _layer_of(imp.target)) is not None and lt > lm
+    ]
+    assert not bad, "an import up the front's layers (FRONT_LAYERS):\n" + "\n".join(bad)
+
+
+def test_the_layer_rules_see_an_upward_import():
+    # Guards the check above against a layer table that places nothing.
+    assert _layer_of("cbbench.targets.http") < _layer_of("cbbench.distributed.worker")
+    assert _layer_of("cbbench.clock_offset") == 0 and _layer_of("cbbench.cli.app") == 7
+    assert _layer_of("cbbench.engine.core.engine") is None
+
+
 def test_the_graph_tells_deferred_and_typing_only_imports_apart():
     # Guards the check above: a function-level import is counted, a TYPE_CHECKING one is not.
     def kinds(module: str, target: str) -> set[tuple[bool, bool]]:
@@ -206,6 +278,16 @@ def test_find_cycle_finds_one():
             "the engine never imports the cbbench front",
             lambda m: _in(m, ENGINE),
             lambda t: not (_in(t, ENGINE) or _in(t, KERNELS)),
+        ),
+        (
+            "the engine core imports nothing from the simulator or the torch engine",
+            lambda m: _in(m, ENGINE_CORE),
+            lambda t: any(_in(t, p) for p in ENGINE_ABOVE_CORE),
+        ),
+        (
+            "targets never import distributed (the workers run targets, not the reverse)",
+            lambda m: _in(m, "cbbench.targets"),
+            lambda t: _in(t, "cbbench.distributed"),
         ),
         (
             "kernels never import the engine or the front",

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cbbench.engine.core.iteration import FIELD_NAMES
+
+if TYPE_CHECKING:
+    from cbbench.engine.build_common import EngineInfo
 
 
 @dataclass
@@ -82,7 +86,7 @@ class CompactRun:
     steps: StepTable
     duration_s: float
     interrupted: bool
-    resolved: object  # engine.build_common.EngineInfo
+    resolved: EngineInfo
     not_sent: int = 0
     kv_blocks_in_use_at_end: int = 0
     # compact_summary.CompactView: per-request values, made once for the summary and the rows.

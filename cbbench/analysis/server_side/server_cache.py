@@ -18,7 +18,7 @@ def server_prefix_cache(records: Sequence[RequestRecord]) -> dict | None:
     seen = [r for r in records if r.ok and r.cached_tokens is not None]
     if not seen:
         return None
-    cached = sum(r.cached_tokens for r in seen)
+    cached = sum(r.cached_tokens or 0 for r in seen)  # every one is set (seen)
     prompt = sum(r.server_prompt_tokens if r.server_prompt_tokens is not None
                  else r.prompt_tokens for r in seen)
     return {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_side.audit import read_server_log
@@ -25,7 +26,7 @@ def read_log_for(path: str, records: Sequence[RequestRecord],
     wanted = {r.server_request_id for r in records if r.ok and r.server_request_id}
     deadline = time.monotonic() + settle_s
     while True:
-        log = read_server_log(path)
+        log = read_server_log(Path(path))
         if wanted <= log.keys() or time.monotonic() >= deadline:
             break
         time.sleep(LOG_POLL_S)
