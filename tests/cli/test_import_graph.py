@@ -45,10 +45,6 @@ FRONT_LAYERS = [
     {"cbbench.importers", "cbbench.report", "cbbench.export"},
     {CLI},
 ]
-# issue 41: targets/http_sessions subclasses targets/http's _Runner and names it for its
-# annotations while http imports http_sessions: the one circle left, helper h41's to break
-# (it owns both files). Its test below is an expected failure until then.
-KNOWN_CIRCLE_EDGE = ("cbbench.targets.http_sessions", "cbbench.targets.http")
 
 
 @dataclass(frozen=True)
@@ -198,20 +194,12 @@ def test_no_import_cycle_counting_imports_inside_functions():
     assert cycle is None, "import cycle (deferred imports included): " + " -> ".join(cycle)
 
 
-def _all_imports_graph(skip: tuple[str, str] | None = None) -> dict[str, list[str]]:
-    return {m: [i.target for i in imps if (m, i.target) != skip] for m, imps in GRAPH.items()}
-
-
 def test_no_import_cycle_counting_typing_only_imports():
-    # Every import counted; the one known circle's typing-only edge left out (its own test
-    # below), so that any other circle fails here.
-    cycle = find_cycle(_all_imports_graph(skip=KNOWN_CIRCLE_EDGE))
-    assert cycle is None, "import cycle (typing-only imports included): " + " -> ".join(cycle)
-
-
-@pytest.mark.xfail(strict=True, reason="issue 41: targets/http <-> targets/http_sessions")
-def test_no_import_cycle_at_all():
-    cycle = find_cycle(_all_imports_graph())
+    # Every import counted, those under TYPE_CHECKING too: the last circle
+    # (targets/http <-> targets/http_sessions, issue 41) went when http_sessions stopped
+    # subclassing http's runner.
+    graph = {m: [i.target for i in imps] for m, imps in GRAPH.items()}
+    cycle = find_cycle(graph)
     assert cycle is None, "import cycle (typing-only imports included): " + " -> ".join(cycle)
 
 
