@@ -329,7 +329,8 @@ def cluster_line(cfg: dict) -> str:
 
 def arrivals_line(cfg: dict) -> str:
     """How the requests arrive; with --request-rate inf, what that means for TTFT."""
-    n = f"{cfg['num_requests']} requests" if cfg.get("num_requests") else "requests"
+    noun = "sessions" if cfg.get("sessions") else "requests"  # a multi-turn run counts sessions
+    n = f"{cfg['num_requests']} {noun}" if cfg.get("num_requests") else noun
     rate = cfg.get("request_rate")
     if cfg.get("replay"):
         return f"arrivals: replayed from {cfg['replay']}"
@@ -339,7 +340,8 @@ def arrivals_line(cfg: dict) -> str:
     if isinstance(rate, (int, float)):
         process = ("Poisson" if cfg.get("arrival") == "gamma" and cfg.get("burstiness") == 1.0
                    else str(cfg.get("arrival")))
-        return f"arrivals: {n} at {rate:g} req/s ({process})"
+        per = "sessions/s" if cfg.get("sessions") else "req/s"
+        return f"arrivals: {n} at {rate:g} {per} ({process})"
     return ""
 
 

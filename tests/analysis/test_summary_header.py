@@ -49,6 +49,11 @@ def test_the_header_says_how_requests_arrive(rate, said):
                                                                {}))
 
 
+def test_a_multi_turn_runs_arrivals_count_sessions():
+    cfg = {**ENGINE, "num_requests": 40, "request_rate": 2.0, "sessions": {"think_time": "1s"}}
+    assert "arrivals: 40 sessions at 2 sessions/s (Poisson)" in header_lines(cfg, {})
+
+
 def test_a_disaggregated_run_prints_its_kv_transfer(tmp_path):
     out = tmp_path / "d.json"
     res = CliRunner().invoke(app, ["run", "--engine", "sim", "--gpu", "h100", "--disaggregate",
