@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-SAMPLES = "examples"  # the README names its sample inputs under this folder of the clone
+SAMPLES = "docs/examples"  # the README names its sample inputs under this folder of the clone
 SECTION = "## The commands you will type most"
 NUMBERED = re.compile(r"^#\s*(\d+)\.\s")
 ENDPOINT = "http://localhost:8000"
