@@ -439,3 +439,26 @@ def test_gpu_check_collects_the_compiled_kernel_checks_without_hypothesis():
     for name in ("test_fused_cuda.py::test_rms_norm_cuda", "test_fused_cuda.py::test_split_k_cuda",
                  "test_fused_engine_hf.py::test_fused_engine_matches_hf[triton-cuda]"):  # fmt: skip
         assert name in collected, collected[-2000:]
+
+
+def test_a_cpu_profile_of_the_tiny_model_fitted_under_load_is_accepted(tmp_path):
+    """Issue 35 item 2, the smoke run's exit 2: its static step runs with the profile fitted on
+    the continuous run, and load_profile refused it when the predicted reference step (then
+    always llama-3-8b's) went past an hour. The smoke's CPU profile (tiny, fp32) measured 131 MB/s
+    at load ~1.5 on this 2-core machine: 602 s for an 8B 1024-token prefill; a load 8x slower
+    fits ~16 MB/s: ~4,900 s, refused. The too-slow bound now takes the profiled model's step;
+    the too-fast bound still takes the 8B one, and an absurd bandwidth is still refused."""
+    from cbbench.engine.sim.device_profile import load_profile
+
+    rates = {"memory_bandwidth": 131e6 / 8, "flop_rate": None, "iteration_overhead_s": 0.0,
+             "row_overhead_s": 0.0, "prefill_overhead_s": 0.0, "host_factor": 1.75}  # fmt: skip
+    p = {"kind": "cbbench-device-profile", "version": 1, "device": "cpu", "device_name": "cpu",
+         "dtype": "fp32", "models": ["tiny"], "rates": rates}  # fmt: skip
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(p))
+    assert load_profile(path).rates.memory_bandwidth == pytest.approx(131e6 / 8)
+    for model, bandwidth in (("tiny", 1e-300), ("llama-3-8b", 131e6 / 8), ("tiny", 1e300)):
+        path.write_text(json.dumps({**p, "models": [model],
+                                    "rates": {**rates, "memory_bandwidth": bandwidth}}))  # fmt: skip
+        with pytest.raises(ValueError, match="a device's step takes between"):
+            load_profile(path)
