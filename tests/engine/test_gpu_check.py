@@ -591,3 +591,21 @@ def test_smoke_decode_has_the_per_kernel_table(smoke):
 
 def s_has(summary: dict, key: str) -> bool:
     return summary.get(key) is not None
+
+
+def test_the_anchor_imports_transformers_with_the_repository_root_on_sys_path(monkeypatch):
+    """With the root on sys.path, `import kernels` found this project's kernels/ instead of HF's
+    hub-kernels distribution and transformers' Llama import failed (the full test file's run);
+    the anchor hides the root while transformers imports."""
+    import importlib
+
+    import gpu_check_anchor
+    import torch
+
+    monkeypatch.syspath_prepend(str(gpu_check_anchor.REPO))
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    model, _ = gpu_check_anchor.hf_model("tiny", torch.float32, torch.device("cpu"))
+    assert model.config.num_hidden_layers == 2
+    assert str(gpu_check_anchor.REPO) in sys.path  # restored

@@ -33,8 +33,10 @@ eagerly on the tiny preset. UNTESTED on a GPU so far.
 from __future__ import annotations
 
 import json
+import sys
 import time
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 DECODE_BATCHES = (1, 16)
@@ -46,10 +48,44 @@ def _write(out: Path, result: dict) -> None:
     tmp.replace(out)
 
 
+REPO = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def _hf_kernels_not_ours():
+    """transformers imports the ``kernels`` distribution (HF's hub kernels) when it is
+    installed; with the repository's root on sys.path (``python -m pytest`` or ``python -c``
+    from it, or a test that put it there) ``import kernels`` finds this project's ``kernels/``
+    folder instead, and importing LlamaForCausalLM fails (``cannot import name
+    'CUDAProperties' from 'kernels'``: seen in the full test_gpu_check.py run). Hide the root
+    while transformers imports."""
+    def ours(p: str) -> bool:
+        try:
+            return Path(p or ".").resolve() == REPO
+        except OSError:
+            return False
+
+    saved_path = sys.path[:]
+    shadow = sys.modules.get("kernels")
+    if shadow is not None and Path(getattr(shadow, "__file__", "") or "").parent == REPO / "kernels":
+        del sys.modules["kernels"]
+    else:
+        shadow = None
+    sys.path[:] = [p for p in sys.path if not ours(p)]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved_path
+        if shadow is not None and "kernels" not in sys.modules:
+            sys.modules["kernels"] = shadow
+
+
 def hf_model(preset: str, dtype, device, seed: int = 0):
     """A random-weight ``LlamaForCausalLM`` with the preset's sizes."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with _hf_kernels_not_ours():
+        from transformers import LlamaConfig, LlamaForCausalLM
 
     from cbbench.engine.model_config import MODEL_PRESETS
 
