@@ -30,10 +30,10 @@ import triton.language as tl
 
 from .backend import AttentionBackend, check_shapes
 from .metadata import AttentionMetadata
-from .triton_dot import attention_dot, dot_precision
 from .triton_common import INTERPRETED, check_device, launch, next_pow2
 from .triton_decode_packed import packed_decode_attention
 from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
+from .triton_dot import attention_dot, dot_precision
 
 DECODE_KERNELS = ("packed", "packed-cores", "unified")
 # Below this head dim pure decodes keep the unified kernel: under Triton 3.6 (the GPU image's)

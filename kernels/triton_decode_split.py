@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 from .metadata import AttentionMetadata
-from .triton_dot import attention_dot, dot_precision
 from .triton_common import launch, next_pow2
+from .triton_dot import attention_dot, dot_precision
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 # A split shorter than one GPU key tile (GPU_TILES.block_n) would load a tile of masked keys:

@@ -137,13 +137,13 @@ def kernel_profile(args, setup, device, batch_sizes: list[int], make_runner, mak
                 runner = runners["replay"]
                 for _ in range(PROFILE_WARMUP):
                     runner.execute(sched)
-                prof = _profile(lambda r=runner: r.execute(sched), PROFILE_STEPS, cuda, shapes=not cuda)
+                prof = _profile(lambda r=runner, s=sched: r.execute(s), PROFILE_STEPS, cuda, shapes=not cuda)
                 entry = {"replay": kernel_rows(prof, PROFILE_STEPS, cuda, kv_call, setup.peak_bw)}
                 eager = runners["eager"] or runner
                 if eager is not runner:
                     for _ in range(PROFILE_WARMUP):
                         eager.execute(sched)
-                    prof = _profile(lambda r=eager: r.execute(sched), PROFILE_STEPS, cuda, shapes=True)
+                    prof = _profile(lambda r=eager, s=sched: r.execute(s), PROFILE_STEPS, cuda, shapes=True)
                 entry["gemms"] = gemm_rows(prof, PROFILE_STEPS, cuda, setup.peak_bw,
                                            ELEMENT_BYTES[setup.dtype_name])
                 out["by_batch"][str(bs)] = entry
