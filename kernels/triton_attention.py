@@ -33,6 +33,7 @@ from .metadata import AttentionMetadata
 from .triton_common import INTERPRETED, check_device, launch, next_pow2
 from .triton_decode_packed import packed_decode_attention
 from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
+from .triton_dot import attention_dot, dot_precision
 
 DECODE_KERNELS = ("packed", "packed-cores", "unified")
 # Below this head dim pure decodes keep the unified kernel: under Triton 3.6 (the GPU image's)
@@ -151,7 +152,7 @@ def _paged_attention_kernel(
         k_ptrs = (k_cache_ptr + block[None, :] * stride_kb + offset[None, :] * stride_ks
                   + kv_head * stride_kh + d[:, None] * stride_kd)  # fmt: skip
         k = tl.load(k_ptrs, mask=kv_mask, other=0.0)  # [DIM_PAD, BLOCK_N]
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # log2 domain
+        s = attention_dot(q, k, DOT_PRECISION) * scale_log2  # log2 domain
         visible = (n[None, :] <= q_pos[:, None]) & n_valid[None, :]
         s = tl.where(visible, s, float("-inf"))
 
@@ -162,7 +163,7 @@ def _paged_attention_kernel(
         v_ptrs = (v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
                   + kv_head * stride_vh + d[None, :] * stride_vd)  # fmt: skip
         v = tl.load(v_ptrs, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + attention_dot(p.to(v.dtype), v, DOT_PRECISION)
         m_i = m_new
 
     l_i = tl.where(l_i > 0.0, l_i, 1.0)  # rows without keys are padding; avoid 0/0
@@ -265,8 +266,6 @@ class TritonBackend(AttentionBackend):
                 f"triton needs one dtype for query and caches, got {query.dtype}, "
                 f"{k_cache.dtype}, {v_cache.dtype}"
             )
-        if INTERPRETED and query.dtype == torch.bfloat16:
-            raise ValueError("triton's interpreter computes bf16 tl.dot wrongly: use fp32/fp16")
         if metadata.num_tokens == 0 or metadata.num_reqs == 0:
             return torch.empty_like(query)
         block_tables = metadata.block_tables
@@ -295,8 +294,7 @@ class TritonBackend(AttentionBackend):
         block_q = max(1, rows // group_pad, MIN_DOT // group_pad)
         grid = (metadata.num_tokens // block_q + metadata.num_reqs, num_kv_heads)
         is_fp32 = query.dtype == torch.float32
-        # fp32 must not silently drop to TF32 on tensor cores; fp16/bf16 ignore this.
-        precision = "ieee" if is_fp32 else "tf32"
+        precision = dot_precision(query.dtype)  # bf16 interpreted: fp32 dots (triton_dot.py)
         options = {"num_warps": NUM_WARPS}
         if is_fp32:
             options["num_stages"] = FP32_NUM_STAGES

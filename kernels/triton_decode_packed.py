@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .metadata import AttentionMetadata
 from .triton_common import launch, next_pow2
+from .triton_dot import attention_dot, dot_precision
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 # Elements of the CUDA-core path's broadcast product (rows x head dim x keys) per program:
@@ -89,7 +90,7 @@ def _packed_decode_kernel(
                     + kv_head * stride_kh + d[:, None],
                     mask=n_valid[None, :] & d_valid[:, None], other=0.0)  # fmt: skip
         if USE_DOT:
-            s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [M_PAD, BLOCK_N]
+            s = attention_dot(q, k, DOT_PRECISION)  # [M_PAD, BLOCK_N]
         else:
             s = tl.sum(q[:, :, None] * k.to(tl.float32)[None, :, :], axis=1)
         s = tl.where(n_valid[None, :], s * scale_log2, float("-inf"))  # log2 domain
@@ -101,7 +102,7 @@ def _packed_decode_kernel(
                     + kv_head * stride_vh + d[None, :],
                     mask=n_valid[:, None] & d_valid[None, :], other=0.0)  # fmt: skip
         if USE_DOT:
-            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+            pv = attention_dot(p.to(v.dtype), v, DOT_PRECISION)
         else:
             pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         acc = acc * alpha[:, None] + pv
@@ -155,7 +156,7 @@ def packed_decode_attention(
         block_tables.stride(0),
         GROUP=group, M_PAD=rows, HEAD_DIM=head_dim, DIM_PAD=max(MIN_DOT, next_pow2(head_dim)),
         BLOCK_N=keys, KV_BLOCK_SIZE=metadata.block_size, USE_DOT=use_dot,
-        DOT_PRECISION="ieee" if is_fp32 else "tf32", num_warps=NUM_WARPS,
+        DOT_PRECISION=dot_precision(query.dtype), num_warps=NUM_WARPS,
         **({"num_stages": 1} if is_fp32 else {}),
     )  # fmt: skip
     return out

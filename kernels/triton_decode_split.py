@@ -23,14 +23,18 @@ import triton.language as tl
 
 from .metadata import AttentionMetadata
 from .triton_common import launch, next_pow2
+from .triton_dot import attention_dot, dot_precision
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
-# Splits are worth their partial-output traffic only when each walks a few key tiles.
-MIN_KEYS_PER_SPLIT = 256
+# A split shorter than one GPU key tile (GPU_TILES.block_n) would load a tile of masked keys:
+# one tile is the least work worth a program. (It was 256 keys, which left batch 1 at context
+# 512 with 2 splits, 16 programs on 132 SMs: the H100 run's 45 us per layer.)
+MIN_KEYS_PER_SPLIT = 64
 # Upper bound on splits: the merge kernel loads all of them in one tile (a power of two).
 MAX_SPLITS = 32
-# Aim for this many programs per SM, so the wave's tail stays small.
-TARGET_PROGRAMS_PER_SM = 1
+# Aim for this many programs per SM: a decode program is a short chain of dependent loads
+# (block table -> K -> scores -> V), so two resident per SM keep bytes in flight while one waits.
+TARGET_PROGRAMS_PER_SM = 2
 # SMs assumed when no CUDA device can be asked (the interpreter, tools): an H100/H200.
 DEFAULT_NUM_SMS = 132
 NUM_WARPS = 4
@@ -47,8 +51,14 @@ def num_sms(device: torch.device) -> int:
 
 
 def num_kv_splits(num_reqs: int, num_kv_heads: int, max_seqlen_k: int, sms: int) -> int:
-    """Splits per request so that ``num_reqs * num_kv_heads * splits`` programs fill ``sms``
-    SMs, without splits shorter than ``MIN_KEYS_PER_SPLIT`` keys; 1 means "do not split"."""
+    """Splits per request so that ``num_reqs * num_kv_heads * splits`` programs cover ``sms``
+    SMs ``TARGET_PROGRAMS_PER_SM`` times, without splits shorter than ``MIN_KEYS_PER_SPLIT``
+    keys; 1 means "do not split".
+
+    Inside a CUDA graph ``max_seqlen_k`` is the model's length (the bound every replay
+    satisfies), so each captured batch size has one fixed count, decided by the batch size
+    alone; each replay's true lengths then decide on the device which splits hold keys
+    (``ceil(seq_len / splits)`` keys rounded up to whole tiles each, the rest empty)."""
     programs = max(1, num_reqs * num_kv_heads)
     wanted = -(-(sms * TARGET_PROGRAMS_PER_SM) // programs)
     by_length = max(1, max_seqlen_k // MIN_KEYS_PER_SPLIT)
@@ -105,7 +115,7 @@ def _split_decode_kernel(
         k_ptrs = (k_cache_ptr + block[None, :] * stride_kb + offset[None, :] * stride_ks
                   + kv_head * stride_kh + d[:, None])  # fmt: skip
         k = tl.load(k_ptrs, mask=n_valid[None, :] & d_valid[:, None], other=0.0)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2
+        s = attention_dot(q, k, DOT_PRECISION) * scale_log2
         s = tl.where(n_valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -114,7 +124,7 @@ def _split_decode_kernel(
         v_ptrs = (v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
                   + kv_head * stride_vh + d[None, :])  # fmt: skip
         v = tl.load(v_ptrs, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + attention_dot(p.to(v.dtype), v, DOT_PRECISION)
         m_i = m_new
 
     has_keys = l_i > 0.0
@@ -185,7 +195,7 @@ def split_decode_attention(
         block_tables.stride(0),
         NUM_HEADS=num_heads, GROUP=group, M_PAD=max(MIN_DOT, next_pow2(group)),
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, BLOCK_N=block_n, KV_BLOCK_SIZE=metadata.block_size,
-        DOT_PRECISION="ieee" if is_fp32 else "tf32", num_warps=NUM_WARPS,
+        DOT_PRECISION=dot_precision(query.dtype), num_warps=NUM_WARPS,
         **({"num_stages": 1} if is_fp32 else {}),
     )  # fmt: skip
     launch(

@@ -291,8 +291,11 @@ class ModelRunner:
         pad_tokens = mixed_size or pad_to
         input_ids = up("input_ids", host.input_ids, pad_tokens, 0)[: host.num_tokens]
         positions = up("positions", host.positions, pad_tokens, 0)[: host.num_tokens]
+        # A decode graph reads its own constant cu_seqlens_q (0, 1, 2, ...: _g_cu_q), never the
+        # buffer: uploading the host's copy was one host-to-device copy per replay for nothing.
+        cu_q = self._g_cu_q[: n + 1] if graph_size is not None else up("cu_seqlens_q", host.cu_seqlens_q)
         metadata = AttentionMetadata(
-            cu_seqlens_q=up("cu_seqlens_q", host.cu_seqlens_q),
+            cu_seqlens_q=cu_q,
             seq_lens=up("seq_lens", host.seq_lens, pad_to, PAD_SEQ_LEN)[:n],
             max_seqlen_q=host.max_seqlen_q,
             max_seqlen_k=host.max_seqlen_k,

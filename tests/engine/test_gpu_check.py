@@ -10,6 +10,7 @@ continuous run predicting the static run), so ``sim_accuracy`` is filled here to
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -129,9 +130,14 @@ def test_summary_takes_the_gpu_fields_from_a_cuda_decode_run(tmp_path):
 
 
 RESULT_FILES = {"gpu_check.tar.gz", "summary.json", "summary.md", "steps.tsv"}
-# The smoke run (the fixture) counts against the first test that needs it: the whole flow on a
-# shared 2-core machine takes minutes, beyond the suite's 300 s default.
-SMOKE_TIMEOUT = pytest.mark.timeout(2000)
+# The smoke run (the fixture) counts against the first test that needs it: the whole flow takes
+# ~5 minutes on a shared 2-core machine at load 2, ~12 at load 14 (measured with two `yes`
+# burners beside 8 agents' work), beyond the suite's 300 s default. Its caps are a net for a
+# hung step, not a timing test: scaled far past what a loaded machine needs, so the smoke does
+# not depend on the machine's load (issue 35 item 2).
+SMOKE_CAP_SCALE = 20
+SMOKE_TOTAL_S = 3600
+SMOKE_TIMEOUT = pytest.mark.timeout(SMOKE_TOTAL_S + 300)
 
 
 @pytest.fixture(scope="module")
@@ -147,20 +153,20 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
         "GPU_CHECK_MODEL": "tiny",
         # 8 ShareGPT requests make ~690 iterations (one long output): enough to calibrate on.
         "GPU_CHECK_NUM_REQUESTS": "8",
+        "GPU_CHECK_POISSON_REQUESTS": "8",
         "GPU_CHECK_DECODE_ARGS": "--dry-run --dtype fp32",
         "GPU_CHECK_FORCE_TRITON_FAIL": "1",
-        # A shared 2-core CI machine is far slower than the GPU host the caps are set for.
-        "GPU_CHECK_CAP_SCALE": "6",
-        "GPU_CHECK_TOTAL_S": "1800",
-        # The anchor: its throughput part given no time (--budget-s 0 overrides the script's
-        # share: one batch of the 8 requests, ~700 steps, takes minutes here), so it stops
-        # with its reason; the decode part runs on a short context.
+        "GPU_CHECK_CAP_SCALE": str(SMOKE_CAP_SCALE),
+        "GPU_CHECK_TOTAL_S": str(SMOKE_TOTAL_S),
+        # The anchor: decode on a short context, then one static batch of 2 requests (a
+        # token budget of 1 stops it after the first batch: 17 steps), so both parts run.
         "GPU_CHECK_ANCHOR_CAP_S": "30",
-        "GPU_CHECK_ANCHOR_ARGS": "--dtype fp32 --context 16 --short 2 --long 10 --budget-s 0",
+        "GPU_CHECK_ANCHOR_ARGS": "--dtype fp32 --context 16 --short 2 --long 10 --batch-size 2 "
+                                 "--token-budget 1",
     }
     proc = subprocess.run(
         ["bash", str(GPU / "gpu_check.sh"), str(out)],
-        env=env, capture_output=True, text=True, timeout=1900,
+        env=env, capture_output=True, text=True, timeout=SMOKE_TOTAL_S + 200,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc
@@ -188,7 +194,7 @@ def test_smoke_out_holds_the_archive_and_three_files_and_prints_the_summary_last
     # Everything the steps wrote is in the archive (logs, JSON, the profile), in one folder.
     for name in ("env.json", "decode.json", "sharegpt_h200.json", "profile.json", "sim_static.json",
                  "pytest_cuda.log", "anchor.json", "summary.log"):  # fmt: skip
-        assert (smoke / name).is_file(), name
+        assert (smoke / name).is_file(), f"{name} missing\n{failed_steps_report(smoke)}"
     summary_md = (out / "summary.md").read_text()
     assert summary_md.startswith("# GPU check summary")
     assert proc.stdout.rstrip().endswith(summary_md.rstrip())
@@ -196,18 +202,64 @@ def test_smoke_out_holds_the_archive_and_three_files_and_prints_the_summary_last
     assert any(line.startswith("summary\t0\t") for line in (out / "steps.tsv").read_text().splitlines())
 
 
-@SMOKE_TIMEOUT
-def test_smoke_every_step_ran(smoke):
+LOG_TAIL_CHARS = 3000
+EXPECTED_SKIPS = {"nvidia_smi": "missing", "install": "skipped", "triton_probe": "forced"}
+
+
+def step_codes(folder: Path) -> dict[str, str]:
+    """{step: exit code as steps.tsv records it}."""
     steps = {}
-    for line in (smoke / "steps.tsv").read_text().splitlines()[1:]:
+    for line in (folder / "steps.tsv").read_text().splitlines()[1:]:
         name, rc, *_ = line.split("\t")
         steps[name] = rc
-    expected_skips = {"nvidia_smi": "missing", "install": "skipped", "triton_probe": "forced"}
-    for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt", "calibrate",
-                 "sharegpt_static", "sim_static", "anchor", "summary"):  # fmt: skip
-        assert steps.get(name) == "0", (name, steps)
-    for name, rc in expected_skips.items():
+    return steps
+
+
+def failed_steps_report(folder: Path) -> str:
+    """Every step that did not exit 0 (bar the expected skips), with its log's tail: what a
+    failing smoke assertion says, so a failure under load explains itself (issue 35 item 2:
+    "the sharegpt_static step exited 2", and nothing said why)."""
+    lines = []
+    steps = step_codes(folder)
+    for name, rc in steps.items():
+        if rc == "0" or EXPECTED_SKIPS.get(name) == rc:
+            continue
+        if name == "calibrate" and steps.get("calibrate_run_only") == "0":
+            continue  # decode.json refused, the run alone fitted (test_smoke_every_step_ran)
+        log = folder / f"{name}.log"
+        tail = log.read_text(errors="replace")[-LOG_TAIL_CHARS:] if log.is_file() else "(no log)"
+        lines.append(f"--- step {name} exited {rc}; the tail of {log.name}:\n{tail}")
+    return "\n".join(lines) or "every step exited 0"
+
+
+@SMOKE_TIMEOUT
+def test_smoke_every_step_ran(smoke):
+    steps = step_codes(smoke)
+    for name in ("env", "import", "pytest_cuda", "decode", "import_cli", "sharegpt",
+                 "sharegpt_static", "sim_static", "anchor", "poisson_continuous", "poisson_static",
+                 "summary"):  # fmt: skip
+        assert steps.get(name) == "0", f"{name}: {steps}\n{failed_steps_report(smoke)}"
+    # Calibrate on the run and decode.json where calibrate reads decode.json (and a CPU dry
+    # run's rows); else it is refused and the run alone is fitted, and that must work.
+    if steps.get("calibrate") != "0":
+        assert steps.get("calibrate_run_only") == "0", failed_steps_report(smoke)
+        assert "decode.json" in (smoke / "calibrate.log").read_text()
+    for name, rc in EXPECTED_SKIPS.items():
         assert steps.get(name) == rc, (name, steps)
+
+
+def test_a_failing_step_is_reported_with_its_log_tail(tmp_path):
+    """The report a failing smoke assertion carries, on a folder shaped as the check leaves it."""
+    (tmp_path / "steps.tsv").write_text(
+        "step\trc\tseconds\tlimit_s\tnote\nnvidia_smi\tmissing\t0\t0\tx\n"
+        "sharegpt\t0\t5\t100\tx\nsharegpt_static\t2\t3\t110\tx\n"
+    )
+    (tmp_path / "sharegpt_static.log").write_text("x" * 5000 + "\ncbbench: error: --gpu-profile: why\n")
+    report = failed_steps_report(tmp_path)
+    assert report.startswith("--- step sharegpt_static exited 2; the tail of sharegpt_static.log")
+    assert report.rstrip().endswith("cbbench: error: --gpu-profile: why")
+    assert "nvidia_smi" not in report and "step sharegpt exited" not in report
+    assert len(report) < LOG_TAIL_CHARS + 200
 
 
 @SMOKE_TIMEOUT
@@ -236,6 +288,7 @@ def test_smoke_summary_has_every_field(smoke):
     assert s["fallbacks"][0].startswith("Triton could not launch (forced")
     for run in ("sharegpt_continuous", "sharegpt_static"):
         r = s[run]
+        assert r is not None, f"no {run} result\n{failed_steps_report(smoke)}"
         assert r["completed"] == 8 and r["failed"] == 0
         assert r["attention_backend"] == "torch" and r["fused_kernels"] is False
         assert r["cuda_graphs"] is False and r["cuda_graphs_effective"] is False
@@ -259,7 +312,7 @@ def test_smoke_calibrates_on_the_continuous_run_and_predicts_the_static_run(smok
     any other), the static run measured with that profile, the simulator replaying it."""
     s = json.loads((smoke / "summary.json").read_text())
     acc = s["sim_accuracy"]
-    assert acc is not None, s["sim_accuracy_why_not"]
+    assert acc is not None, f"{s['sim_accuracy_why_not']}\n{failed_steps_report(smoke)}"
     profile = json.loads((smoke / "profile.json").read_text())
     assert acc["device"] == profile["device"] == "cpu"
     assert acc["profile_iterations"] == profile["num_iterations"] >= 50
@@ -302,24 +355,54 @@ def test_fallback_calibrate_and_replay_match_the_cli(smoke, tmp_path):
 
 @SMOKE_TIMEOUT
 def test_smoke_anchor_ran_on_the_same_device_and_says_why_where_it_could_not(smoke):
-    """The HF anchor step on the CPU (tiny, eager): decode timed at batch 1 and 16, the
-    throughput part stopped by its budget (none here) with the reason, and the summary's
-    ratios: decode cbbench / HF null on a CPU (cbbench's decode rows need a GPU), with reasons."""
+    """The HF anchor step on the CPU (tiny, eager), end to end: decode timed at batch 1 and 16
+    first, then the throughput part stopped by its token budget after one batch, reporting
+    what it measured; the summary's ratios: decode cbbench / HF null on a CPU (cbbench's
+    decode rows need a GPU) with the reason, throughput numbers."""
     s = json.loads((smoke / "summary.json").read_text())
     anchor = s["anchor"]
+    assert anchor is not None, failed_steps_report(smoke)
     assert anchor["args"]["num_requests"] == 8 and anchor["args"]["device"] == "cpu"
-    assert anchor["decode"]["compiled"] is False  # torch.compile only on CUDA
+    assert anchor["decode"]["compiled"] is False  # compiled only on CUDA
+    assert anchor["started_s"]["decode"] < anchor["started_s"]["throughput"]  # decode first
     for bs in ("1", "16"):
         ms = anchor["decode"]["ms_per_step"][bs]
         assert (ms is not None and ms > 0) or anchor["decode"]["why_not"][bs], anchor["decode"]
     thr = anchor["throughput"]
-    assert thr["output_throughput"] is None and "out of time" in thr["why_not"]
+    assert thr["completed"] == 2 and thr["of"] == 8 and thr["partial"] is True
+    assert thr["stopped"] == "token budget of 1 generated tokens spent"
+    assert thr["output_tokens"] == 12 + 17 and thr["generated_tokens"] == 2 * 17
+    assert thr["output_throughput"] == pytest.approx(29 / thr["seconds"])
     ratio = s["ratio_to_anchor"]
     assert ratio["decode_step_ms"] == {"1": None, "16": None}
     assert ratio["why_not"]["decode 1"] == "no cbbench decode time on a GPU"
-    assert ratio["output_throughput"] == {"continuous": None, "static": None}
-    assert "out of time" in ratio["why_not"]["throughput continuous"]
+    for run in ("continuous", "static"):
+        mine = s[f"sharegpt_{run}"]["output_throughput"]
+        assert ratio["output_throughput"][run] == pytest.approx(mine / thr["output_throughput"])
     assert "cbbench / HF generate on the same device" in (smoke / "summary.md").read_text()
+
+
+@SMOKE_TIMEOUT
+def test_smoke_poisson_point_compares_the_schedulers(smoke):
+    """The Poisson point at 0.7 x the continuous run's request throughput, each scheduler,
+    and the continuous / static ratios."""
+    s = json.loads((smoke / "summary.json").read_text())
+    point = s["poisson"]
+    assert point is not None, failed_steps_report(smoke)
+    capacity = s["sharegpt_continuous"]["request_throughput"]
+    assert point["request_rate"] == pytest.approx(0.7 * capacity, rel=1e-3)
+    for run in ("continuous", "static"):
+        r = point[run]
+        assert r is not None, failed_steps_report(smoke)
+        assert r["completed"] == 8 and r["scheduler"] == run
+    ratios = point["continuous_over_static"]
+    assert ratios["output_throughput"] == pytest.approx(
+        point["continuous"]["output_throughput"] / point["static"]["output_throughput"]
+    )
+    assert ratios["ttft_p50_ms"] > 0 and ratios["e2el_p50_ms"] > 0
+    run = json.loads((smoke / "poisson_static.json").read_text())
+    assert run["config"]["request_rate"] == pytest.approx(point["request_rate"])
+    assert "Poisson arrivals at" in (smoke / "summary.md").read_text()
 
 
 def test_anchor_ratios_by_hand():
@@ -439,3 +522,90 @@ def test_gpu_check_collects_the_compiled_kernel_checks_without_hypothesis():
     for name in ("test_fused_cuda.py::test_rms_norm_cuda", "test_fused_cuda.py::test_split_k_cuda",
                  "test_fused_engine_hf.py::test_fused_engine_matches_hf[triton-cuda]"):  # fmt: skip
         assert name in collected, collected[-2000:]
+
+
+def test_a_cpu_profile_of_the_tiny_model_fitted_under_load_is_accepted(tmp_path):
+    """Issue 35 item 2, the smoke run's exit 2: its static step runs with the profile fitted on
+    the continuous run, and load_profile refused it when the predicted reference step (then
+    always llama-3-8b's) went past an hour. The smoke's CPU profile (tiny, fp32) measured 131 MB/s
+    at load ~1.5 on this 2-core machine: 602 s for an 8B 1024-token prefill; a load 8x slower
+    fits ~16 MB/s: ~4,900 s, refused. The too-slow bound now takes the profiled model's step;
+    the too-fast bound still takes the 8B one, and an absurd bandwidth is still refused."""
+    from cbbench.engine.sim.device_profile import load_profile
+
+    rates = {"memory_bandwidth": 131e6 / 8, "flop_rate": None, "iteration_overhead_s": 0.0,
+             "row_overhead_s": 0.0, "prefill_overhead_s": 0.0, "host_factor": 1.75}  # fmt: skip
+    p = {"kind": "cbbench-device-profile", "version": 1, "device": "cpu", "device_name": "cpu",
+         "dtype": "fp32", "models": ["tiny"], "rates": rates}  # fmt: skip
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(p))
+    assert load_profile(path).rates.memory_bandwidth == pytest.approx(131e6 / 8)
+    for model, bandwidth in (("tiny", 1e-300), ("llama-3-8b", 131e6 / 8), ("tiny", 1e300)):
+        path.write_text(json.dumps({**p, "models": [model],
+                                    "rates": {**rates, "memory_bandwidth": bandwidth}}))  # fmt: skip
+        with pytest.raises(ValueError, match="a device's step takes between"):
+            load_profile(path)
+
+
+def test_env_looks_a_distribution_up_by_what_it_imports_as():
+    """Issue 39: the H100 run's env step listed Pillow missing while PIL imported (it looked up
+    a module named "Pillow"). A declared distribution is present when its import name imports."""
+    pytest.importorskip("PIL")
+    import gpu_check_env
+
+    assert gpu_check_env.import_name("Pillow") == "PIL"
+    assert gpu_check_env.import_name("nvidia-ml-py") == "pynvml"
+    # Known to the installed metadata only: PyYAML installs yaml; typer is itself.
+    if importlib.util.find_spec("yaml") is not None:
+        assert gpu_check_env.import_name("PyYAML") == "yaml"
+    assert gpu_check_env.import_name("typer") == "typer"
+    env = gpu_check_env.collect_env()
+    assert not env["modules"]["PIL"].startswith("MISSING"), env["modules"]["PIL"]
+    assert "Pillow" not in env["modules"] and "Pillow" not in env["missing_modules"]
+    assert "PIL" not in env["missing_modules"]
+
+
+@SMOKE_TIMEOUT
+def test_smoke_decode_has_the_per_kernel_table(smoke):
+    """Issue 39 item 3, end to end on the CPU: torch.profiler over steps at the smallest and
+    largest batch (1 and 4 in the dry run; 1 and 256 on the GPU, as graph replays), the top
+    entries by time with their share, and the GEMMs by shape with bytes and bandwidth."""
+    dec = json.loads((smoke / "decode.json").read_text())
+    table = dec.get("kernel_table")
+    assert table is not None, dec.get("errors")
+    assert set(table["by_batch"]) == {"1", "4"} and table["graphs"] is False
+    for entry in table["by_batch"].values():
+        rows = entry["replay"]["rows"]
+        assert rows and all(r["us_per_step"] >= 0 for r in rows)
+        assert sum(r["share"] for r in rows) <= 1.0 + 1e-9
+        assert [r["us_per_step"] for r in rows] == sorted((r["us_per_step"] for r in rows), reverse=True)
+        gemms = entry["gemms"]
+        assert gemms and all(g["op"] == "aten::mm" for g in gemms)
+        # tiny's layer GEMMs at hidden 64: x [rows, 64] and w [64, n], fp32
+        for g in gemms:
+            assert g["bytes_per_call"] > 0 and g["gb_per_s"] is not None
+    md = (smoke / "decode.md").read_text()
+    assert "## Where the step's time goes (torch.profiler, 5 eager steps per batch size)" in md
+    assert s_has(json.loads((smoke / "summary.json").read_text()), "kernel_table")
+
+
+def s_has(summary: dict, key: str) -> bool:
+    return summary.get(key) is not None
+
+
+def test_the_anchor_imports_transformers_with_the_repository_root_on_sys_path(monkeypatch):
+    """With the root on sys.path, `import kernels` found this project's kernels/ instead of HF's
+    hub-kernels distribution and transformers' Llama import failed (the full test file's run);
+    the anchor hides the root while transformers imports."""
+    import importlib
+
+    import gpu_check_anchor
+    import torch
+
+    monkeypatch.syspath_prepend(str(gpu_check_anchor.REPO))
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    model, _ = gpu_check_anchor.hf_model("tiny", torch.float32, torch.device("cpu"))
+    assert model.config.num_hidden_layers == 2
+    assert str(gpu_check_anchor.REPO) in sys.path  # restored

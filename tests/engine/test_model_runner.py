@@ -216,6 +216,30 @@ def test_decode_graph_replay_logic_matches_eager(backend, eager_graphs):
     assert {bs: g.replays for bs, g in graphs.items()} == {1: 1, 2: 0, 4: 1, 8: 2}
 
 
+def test_a_decode_graph_replay_uploads_no_cu_seqlens_q(eager_graphs, monkeypatch):
+    """Issue 39 item 2: a decode graph reads its own constant cu_seqlens_q (0, 1, 2, ...), so a
+    replay step copies no cu_seqlens_q to the device (one host-to-device copy per step less,
+    UNTESTED for its time on a GPU); eager and mixed steps still upload theirs."""
+    graphed = Harness("torch", max_num_seqs=8, use_cuda_graphs=True)
+    runner = graphed.runner
+    uploaded: list[str] = []
+    real_upload = runner.inputs.upload
+
+    def upload(name, *args, **kwargs):
+        uploaded.append(name)
+        return real_upload(name, *args, **kwargs)
+
+    monkeypatch.setattr(runner.inputs, "upload", upload)
+    reqs = [make_request(i, n) for i, n in enumerate((5, 9, 13))]
+    graphed.step([(r, r.num_prompt_tokens) for r in reqs])  # prefill: mixed, not a decode graph
+    assert "cu_seqlens_q" in uploaded
+    uploaded.clear()
+    batch = runner.prepare(graphed.schedule([(r, 1) for r in reqs]))
+    assert batch.graph_size == 4
+    assert "cu_seqlens_q" not in uploaded and {"input_ids", "seq_lens"} <= set(uploaded)
+    assert batch.metadata.cu_seqlens_q.tolist() == [0, 1, 2, 3]
+
+
 def test_failed_graph_capture_falls_back_to_eager_and_the_run_completes(eager_graphs, notices):
     """A capture error (simulated: a decode capture raises) drops every decode graph, keeps a
     one-line reason, logs it, and the engine then serves every request (decodes

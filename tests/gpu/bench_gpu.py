@@ -95,10 +95,12 @@ def cmd_run(args) -> int:
         engine=args.engine, model=args.model, device=args.device, batching=args.scheduler,
         attention_backend=args.attention_backend, cuda_graphs=args.cuda_graphs,
         fused_kernels=args.fused_kernels, gpu_profile=args.gpu_profile,
+        **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs is not None else {}),
     )  # fmt: skip
+    rate = float(args.request_rate)
     spec = RunSpec(
         workload=args.workload, num_requests=args.num_requests, label=args.label, engine=opts,
-        replay=args.replay,
+        replay=args.replay, request_rate=rate, rate_given=args.request_rate != "inf",
     )  # fmt: skip
 
     from cbbench.cli import logs
@@ -201,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--model", default=None)
     r.add_argument("--num-requests", type=int, default=1000)
     r.add_argument("--scheduler", default="continuous")
+    r.add_argument("--max-num-seqs", type=int, default=None)
+    r.add_argument("--request-rate", default="inf", help="req/s (Poisson arrivals), or inf")
     r.add_argument("--attention-backend", default="auto")
     r.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false")
     r.add_argument("--fused-kernels", default="auto")
@@ -226,7 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--seed", type=int, default=0, help="throughput: the run's --seed")
     a.add_argument("--batch-size", type=int, default=64, help="throughput: static batch size")
     a.add_argument("--budget-s", type=float, default=1e9,
-                   help="throughput: stop starting batches after this many seconds")
+                   help="the whole step: the throughput part stops starting batches after "
+                        "this many seconds from the start")
+    a.add_argument("--decode-budget-s", type=float, default=150.0,
+                   help="decode (first): start no batch size after this many seconds, "
+                        "compilation included")
+    a.add_argument("--token-budget", type=int, default=50_000,
+                   help="throughput: stop starting batches once this many tokens were "
+                        "generated (padding included); 0: time only")
     a.add_argument("--out", type=Path, required=True)
     a.set_defaults(func=cmd_anchor)
     s = sub.add_parser("summarize", help="summary.json + summary.md from a gpu_check folder")

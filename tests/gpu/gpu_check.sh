@@ -95,8 +95,16 @@ RESULT_FILES=(summary.json summary.md steps.tsv)
 TOTAL_S="${GPU_CHECK_TOTAL_S:-540}"
 MODEL="${GPU_CHECK_MODEL:-llama-3-8b}"
 DEVICE="${GPU_CHECK_DEVICE:-cuda}"
-NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-200}"  # the HF anchor runs the same requests
-ANCHOR_CAP_S="${GPU_CHECK_ANCHOR_CAP_S:-150}"
+NUM_REQUESTS="${GPU_CHECK_NUM_REQUESTS:-400}"  # the HF anchor runs the same requests
+# 32 batch slots: 400 requests at t=0 do not fit one batch, so static and continuous batching
+# differ (256 slots took all 200 requests in one batch on the H100: both took 1,558 iterations).
+MAX_NUM_SEQS="${GPU_CHECK_MAX_NUM_SEQS:-32}"
+ANCHOR_CAP_S="${GPU_CHECK_ANCHOR_CAP_S:-200}"
+ANCHOR_DECODE_S="${GPU_CHECK_ANCHOR_DECODE_S:-150}"  # the compiled decode part, compile included
+# The Poisson point: this fraction of the continuous run's request throughput (its capacity at
+# MAX_NUM_SEQS), POISSON_REQUESTS requests, each scheduler; last, it gets what is left.
+POISSON_LOAD="${GPU_CHECK_POISSON_LOAD:-0.7}"
+POISSON_REQUESTS="${GPU_CHECK_POISSON_REQUESTS:-150}"
 ANCHOR_ARGS="${GPU_CHECK_ANCHOR_ARGS:-}"
 DECODE_ARGS="${GPU_CHECK_DECODE_ARGS:-}"
 PYTEST_ARGS="${GPU_CHECK_PYTEST_ARGS:--m cuda}"
@@ -273,8 +281,9 @@ run_step decode 150 "decode step time / floor / MBU, fused and unfused, $MODEL" 
 
 # ---- ShareGPT through cbbench run ---------------------------------------------------------------
 CB_MAIN='import sys; sys.argv[0] = "cbbench"; from cbbench.cli.app import main; sys.exit(main())'
-CB_RUN=(run --workload sharegpt --engine torch --device "$DEVICE" --model "$MODEL"
-        --num-requests "$NUM_REQUESTS" "${FALLBACK_RUN[@]+"${FALLBACK_RUN[@]}"}")
+CB_ENGINE=(--engine torch --device "$DEVICE" --model "$MODEL" --max-num-seqs "$MAX_NUM_SEQS"
+           "${FALLBACK_RUN[@]+"${FALLBACK_RUN[@]}"}")
+CB_RUN=(run --workload sharegpt --num-requests "$NUM_REQUESTS" "${CB_ENGINE[@]}")
 # The CLI itself must import (a --no-deps install can leave typer importable and tabulate not).
 if run_step import_cli 30 "import cbbench.cli.app" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
         -c "import cbbench.cli.app"; then
@@ -283,7 +292,7 @@ else
     log "cbbench.cli.app does not import: running cbbench's runner through tests/gpu/bench_gpu.py run"
     CB=("$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/gpu/bench_gpu.py)
 fi
-run_step sharegpt 100 "continuous, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
+run_step sharegpt 100 "continuous, $NUM_REQUESTS requests, --max-num-seqs $MAX_NUM_SEQS" -- "${CB[@]}" "${CB_RUN[@]}" \
     --label continuous --output "$OUT_DIR/sharegpt_h200.json"
 
 # ---- the simulator calibrated on the continuous run, then predicting the static run ------------
@@ -292,11 +301,25 @@ STATIC_PROFILE=()
 rm -f "$PROFILE" "$OUT_DIR/sim_static.json"  # never a previous check's, in a reused folder
 if [ ! -s "$OUT_DIR/sharegpt_h200.json" ]; then
     record calibrate skipped "no continuous result to calibrate on"
-elif run_step calibrate 30 "cbbench calibrate on the continuous run" -- "${CB[@]}" calibrate \
-        "$OUT_DIR/sharegpt_h200.json" --out "$PROFILE"; then
-    STATIC_PROFILE=(--gpu-profile "$PROFILE")
+else
+    # The decode microbenchmark's rows (batch 1-256) beside the run's (batch <= 32), so the fitted
+    # rates span batch sizes: `cbbench calibrate RUN decode.json` where calibrate reads decode.json
+    # (helper h38's branch, issue 39 item 5); a calibrate that cannot (exit != 0) is retried on
+    # the run alone, and the summary says which fit the profile is (calibrate_decode_rows).
+    CAL_INPUTS=("$OUT_DIR/sharegpt_h200.json")
+    if [ "${GPU_CHECK_CALIBRATE_DECODE:-1}" = "1" ] && [ -s "$OUT_DIR/decode.json" ]; then
+        CAL_INPUTS+=("$OUT_DIR/decode.json")
+    fi
+    if run_step calibrate 30 "cbbench calibrate on the continuous run${CAL_INPUTS[1]:+ + decode.json}" -- \
+            "${CB[@]}" calibrate "${CAL_INPUTS[@]}" --out "$PROFILE"; then
+        STATIC_PROFILE=(--gpu-profile "$PROFILE")
+    elif [ "${#CAL_INPUTS[@]}" -gt 1 ] && run_step calibrate_run_only 30 \
+            "cbbench calibrate on the continuous run alone (decode.json refused)" -- \
+            "${CB[@]}" calibrate "$OUT_DIR/sharegpt_h200.json" --out "$PROFILE"; then
+        STATIC_PROFILE=(--gpu-profile "$PROFILE")
+    fi
 fi
-run_step sharegpt_static 110 "static, $NUM_REQUESTS requests" -- "${CB[@]}" "${CB_RUN[@]}" \
+run_step sharegpt_static 150 "static, $NUM_REQUESTS requests, --max-num-seqs $MAX_NUM_SEQS" -- "${CB[@]}" "${CB_RUN[@]}" \
     --scheduler static --label static "${STATIC_PROFILE[@]+"${STATIC_PROFILE[@]}"}" \
     --output "$OUT_DIR/sharegpt_h200_static.json"
 if [ -s "$PROFILE" ] && [ -s "$OUT_DIR/sharegpt_h200_static.json" ]; then
@@ -307,16 +330,41 @@ else
     record sim_static skipped "no profile or no static result"
 fi
 
-# ---- the anchor: Hugging Face generate on the same GPU, last (it gets what the budget leaves) ----
-# shellcheck disable=SC2086
-# Half of what the step gets goes to the throughput part (eager, first); the compiled decode
-# part takes the rest.
+# ---- the anchor: Hugging Face generate on the same GPU ------------------------------------------
+# Its compiled decode part first (batch 1 and 16, within ANCHOR_DECODE_S incl. compilation), then
+# the eager static batches, bounded by a token budget and by what is left of the step's time
+# (--budget-s: the step's limit less a margin to write the result).
 ANCHOR_LEFT=$(( DEADLINE_S - $(date +%s) - RESERVE_S - KILL_GRACE_S ))
 [ "$ANCHOR_LEFT" -gt "$((ANCHOR_CAP_S * CAP_SCALE))" ] && ANCHOR_LEFT=$((ANCHOR_CAP_S * CAP_SCALE))
-ANCHOR_LEFT=$(( ANCHOR_LEFT / 2 ))
-run_step anchor "$ANCHOR_CAP_S" "HF generate: static cache + torch.compile decode, static batches" -- \
+ANCHOR_LEFT=$(( ANCHOR_LEFT * 9 / 10 ))
+# shellcheck disable=SC2086
+run_step anchor "$ANCHOR_CAP_S" "HF generate: compiled static-cache decode first, then eager static batches" -- \
     "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/gpu/bench_gpu.py anchor --device "$DEVICE" \
-    --model "$MODEL" --num-requests "$NUM_REQUESTS" --budget-s "$ANCHOR_LEFT" --out "$OUT_DIR" $ANCHOR_ARGS
+    --model "$MODEL" --num-requests "$NUM_REQUESTS" --budget-s "$ANCHOR_LEFT" \
+    --decode-budget-s "$((ANCHOR_DECODE_S * CAP_SCALE))" --out "$OUT_DIR" $ANCHOR_ARGS
+
+# ---- a Poisson point at POISSON_LOAD of the continuous run's capacity, each scheduler ------------
+# At t=0 the pair measures capacity; here requests arrive as a service sees them, at a rate the
+# continuous scheduler sustains and the static one (~1/3 of it on the H100) does not.
+RATE=""
+if [ -s "$OUT_DIR/sharegpt_h200.json" ]; then
+    RATE=$("$PY" -c 'import json, sys
+s = json.load(open(sys.argv[1]))["summary"]
+r = s.get("request_throughput") or 0
+print(f"{r * float(sys.argv[2]):.4g}" if r > 0 else "")' "$OUT_DIR/sharegpt_h200.json" "$POISSON_LOAD" 2>/dev/null)
+fi
+if [ -z "$RATE" ]; then
+    record poisson_continuous skipped "no continuous capacity to set the rate from"
+    record poisson_static skipped "no continuous capacity to set the rate from"
+else
+    echo "$RATE" > "$OUT_DIR/poisson_rate.txt"
+    for SCHED in continuous static; do
+        run_step "poisson_$SCHED" 60 "$SCHED, $POISSON_REQUESTS requests, Poisson at $RATE req/s ($POISSON_LOAD x capacity)" -- \
+            "${CB[@]}" run --workload sharegpt --num-requests "$POISSON_REQUESTS" "${CB_ENGINE[@]}" \
+            --request-rate "$RATE" --scheduler "$SCHED" --label "poisson-$SCHED" \
+            --output "$OUT_DIR/poisson_$SCHED.json"
+    done
+fi
 
 # ---- summary --------------------------------------------------------------------------------------
 RESERVE_S=0

@@ -273,6 +273,13 @@ def run_decode(args) -> dict:
                                graphs_variants=[False])  # fmt: skip
             except Exception as exc:  # noqa: BLE001
                 _error(errors, exc, stage="torch backend rows")
+    if setup is not None:
+        try:  # the fused configuration (the engine's default) again: the torch rows switched it
+            setup.model.set_layer_ops(layer_ops(fused_list[0]))
+            setup.model.set_attention_backend(backend)
+            out["kernel_table"] = kernel_table(args, setup, device, dtype)
+        except Exception as exc:  # noqa: BLE001
+            _error(errors, exc, stage="kernel table")
     if setup is not None and device.type == "cuda" and backend.name == "triton":
         try:
             out["decode_attention_us"] = attention_kernels(args, setup, device, dtype)
@@ -292,14 +299,80 @@ def run_decode(args) -> dict:
     return out
 
 
-ATTENTION_KERNELS = ("packed", "packed-cores", "unified")
+def kernel_table(args, setup: DecodeSetup, device, dtype) -> dict:
+    """torch.profiler over a few steps at the smallest and largest batch (gpu_check_profile)."""
+    from gpu_check_profile import kernel_profile
+
+    from cbbench.engine.core.scheduler_output import SchedulerOutput
+    from cbbench.engine.torch.model_runner import ModelRunner
+
+    def make_runner(graphs: bool):
+        runner = ModelRunner(
+            setup.model, setup.config, setup.kv_caches, args.block_size, device, dtype,
+            use_cuda_graphs=graphs, max_num_seqs=max(max(args.batch_sizes), args.max_num_seqs),
+        )  # fmt: skip
+        runner.warmup()
+        return runner
+
+    def make_sched(bs: int):
+        reqs = _decode_requests(bs, args.context, setup.config.vocab_size, setup.bm, seed=bs)
+
+        def release() -> None:
+            for r in reqs:
+                setup.bm.free(r)
+
+        return SchedulerOutput(reqs, [1] * bs, bs, 0, bs), release
+
+    sizes = sorted({min(args.batch_sizes), max(args.batch_sizes)})
+    try:
+        return kernel_profile(args, setup, device, sizes, make_runner, make_sched)
+    finally:
+        _empty_cache(device)
+
+
+# The chosen path ("split": what the engine runs, splits as a captured graph of that batch size
+# gets them) beside the unsplit kernels.
+ATTENTION_KERNELS = ("split", "packed", "packed-cores", "unified")
 ATTENTION_REPS = 20
 
 
+def _time_in_graph(fn, device, reps: int) -> tuple[float, str]:
+    """µs per call of ``fn``: ``reps`` calls captured in one CUDA graph and replayed, so the
+    host's launch overhead (~40 µs per eager call of the Python launcher, which is what the
+    H100 run's 45 µs "per layer" at batch 1 measured) drops out; eager if capture fails."""
+    import torch
+
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):  # compile and warm up off the capture
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        graph.replay()
+        with _Timer(device) as t:
+            graph.replay()
+        return t.elapsed_ms() / reps * 1000, "graph"
+    except Exception:  # noqa: BLE001 - fall back to eager launches, and say so
+        with _Timer(device) as t:
+            for _ in range(reps):
+                fn()
+        return t.elapsed_ms() / reps * 1000, "eager"
+
+
 def attention_kernels(args, setup: DecodeSetup, device, dtype) -> dict:
-    """One layer's decode attention alone, the GQA-packed kernel beside the unified one, on the
-    model's shapes and the random KV cache: {kernel: {batch size: µs}}, plus each kernel's
-    bandwidth (KV bytes read / time) against the peak. UNTESTED on a GPU so far."""
+    """One layer's decode attention alone on the model's shapes and the random KV cache:
+    {kernel: {batch size: µs}}, timed inside a CUDA graph, plus each one's bandwidth (KV bytes
+    read / time) against the peak. "split" is the engine's own choice (split-K where the
+    chooser splits, with the split count a captured graph of that batch size has: max_seqlen_k
+    = the model's length), the others unsplit. UNTESTED on a GPU so far."""
+    import dataclasses
+
     import torch
 
     from cbbench.kernels import build_metadata
@@ -307,23 +380,30 @@ def attention_kernels(args, setup: DecodeSetup, device, dtype) -> dict:
 
     cfg, (k_cache, v_cache) = setup.config, setup.kv_caches[0]
     blocks_per_req = -(-(args.context + 1) // args.block_size)
-    out: dict = {"context": args.context, "us": {}, "bandwidth_fraction": {}}
+    max_len = args.max_model_len or cfg.max_model_len
+    out: dict = {"context": args.context, "us": {}, "bandwidth_fraction": {}, "splits": {},
+                 "timing": {}}  # fmt: skip
     for kernel in ATTENTION_KERNELS:
-        backend = TritonBackend(decode_splits=1, decode_kernel=kernel)
+        if kernel == "split":
+            backend = TritonBackend()
+        else:
+            backend = TritonBackend(decode_splits=1, decode_kernel=kernel)
         out["us"][kernel], out["bandwidth_fraction"][kernel] = {}, {}
         for bs in sorted(args.batch_sizes):
             tables = [list(range(i * blocks_per_req, (i + 1) * blocks_per_req)) for i in range(bs)]
             md = build_metadata([1] * bs, [args.context] * bs, tables, args.block_size,
                                 device=device)  # fmt: skip
+            md = dataclasses.replace(md, max_seqlen_k=max_len)  # as a captured graph has it
+            if kernel == "split":
+                out["splits"][str(bs)] = backend.choose_decode_splits(md, cfg.num_kv_heads, device)
             q = torch.randn(bs, cfg.num_heads, cfg.head_dim, dtype=dtype, device=device)
-            for _ in range(3):
-                backend.forward(q, k_cache, v_cache, md, cfg.head_dim**-0.5)
-            with _Timer(device) as t:
-                for _ in range(ATTENTION_REPS):
-                    backend.forward(q, k_cache, v_cache, md, cfg.head_dim**-0.5)
-            us = t.elapsed_ms() / ATTENTION_REPS * 1000
+            us, how = _time_in_graph(
+                lambda b=backend, m=md, q=q: b.forward(q, k_cache, v_cache, m, cfg.head_dim**-0.5),
+                device, ATTENTION_REPS,
+            )  # fmt: skip
             kv = bs * (args.context + 1) * cfg.kv_bytes_per_token(setup.dtype_name) / cfg.num_layers
             out["us"][kernel][str(bs)] = us
+            out["timing"][f"{kernel} {bs}"] = how
             out["bandwidth_fraction"][kernel][str(bs)] = kv / (us * 1e-6) / setup.peak_bw
         print(f"decode attention {kernel}: {out['us'][kernel]} us", flush=True)
     return out

@@ -28,8 +28,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_DIRS = ("cbbench", "engine", "kernels")
-# Distribution name -> import name, where they differ.
+# Distribution name -> import name, where they differ and the distribution may be absent (when
+# it is installed, its own metadata says: import_name). A distribution is present when its
+# import name imports: the H100 run called Pillow missing while PIL imported (issue 39).
 MODULE_OF = {
+    "Pillow": "PIL",
+    "pillow": "PIL",
     "nvidia-ml-py": "pynvml",
     "prometheus-client": "prometheus_client",
     "flash-attn": "flash_attn",
@@ -39,6 +43,22 @@ MODULE_OF = {
 NOT_THIRD_PARTY = {"cbbench", "__future__"}
 EXTRA_MODULES = ("pip", "setuptools", "wheel", "pytest", "cbbench")
 COMMAND_TIMEOUT_S = 20
+
+
+def import_name(dist: str) -> str:
+    """The top-level module a distribution installs: MODULE_OF, else the installed
+    distributions' own record (importlib.metadata.packages_distributions), else the name with
+    dashes as underscores."""
+    if dist in MODULE_OF:
+        return MODULE_OF[dist]
+    want = dist.lower().replace("_", "-")
+    try:
+        owners = md.packages_distributions()
+    except Exception:  # noqa: BLE001 - a broken metadata tree: fall back to the name
+        owners = {}
+    tops = sorted(m for m, ds in owners.items()
+                  if any(d.lower().replace("_", "-") == want for d in ds) and not m.startswith("_"))  # fmt: skip
+    return tops[0] if len(tops) == 1 else dist.replace("-", "_")
 
 
 def _dist_name(spec: str) -> str:
@@ -147,12 +167,12 @@ def python_headers() -> dict:
 def collect_env() -> dict:
     declared = declared_distributions()
     imported = imported_modules()
-    required = {MODULE_OF.get(d, d.replace("-", "_")) for d in declared.get("required", [])}
+    required = {import_name(d) for d in declared.get("required", [])}
     runtime = required | set(imported)  # imported for real; test-only tools looked up
     modules: dict[str, str] = {}
     for dists in declared.values():
         for dist in dists:
-            name = MODULE_OF.get(dist, dist.replace("-", "_"))
+            name = import_name(dist)
             modules.setdefault(name, module_status(name, name in runtime))
     for name in [*imported, *EXTRA_MODULES]:
         modules.setdefault(name, module_status(name, name in runtime))

@@ -177,6 +177,7 @@ def decode_fields(dec: dict | None, batch_sizes: list[int]) -> dict:
         "backends_agree_fused_vs_unfused": agree.get("fused_vs_unfused"),
         # One layer's decode attention: the GQA-packed kernel beside the unified one (GPU only).
         "decode_attention_us": (dec or {}).get("decode_attention_us") if on_gpu else None,
+        "kernel_table": (dec or {}).get("kernel_table"),
     }
 
 
@@ -229,7 +230,41 @@ def build_summary(folder: Path) -> dict:
         summary["continuous_over_static_output_throughput"] = (
             c["output_throughput"] / s["output_throughput"]
         )
+    summary["poisson"] = poisson_point(folder)
     return summary
+
+
+POISSON_RUNS = {"continuous": "poisson_continuous.json", "static": "poisson_static.json"}
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if isinstance(a, int | float) and isinstance(b, int | float) and b else None
+
+
+def poisson_point(folder: Path) -> dict | None:
+    """The Poisson point (gpu_check.sh: a rate of POISSON_LOAD x the continuous run's request
+    throughput, each scheduler): both runs' figures and continuous / static ratios of output
+    throughput (> 1: continuous serves more) and of TTFT and end-to-end latency p50 (< 1:
+    continuous answers sooner). None when the step did not run."""
+    rate_file = folder / "poisson_rate.txt"
+    if not rate_file.is_file():
+        return None
+    runs = {k: _run_summary(folder / f) for k, f in POISSON_RUNS.items()}
+    c, s = runs["continuous"] or {}, runs["static"] or {}
+
+    def p50(r, key):
+        return (r.get(key) or {}).get("p50")
+
+    return {
+        "request_rate": float(rate_file.read_text().strip()),
+        "continuous": runs["continuous"],
+        "static": runs["static"],
+        "continuous_over_static": {
+            "output_throughput": _ratio(c.get("output_throughput"), s.get("output_throughput")),
+            "ttft_p50_ms": _ratio(p50(c, "ttft_ms"), p50(s, "ttft_ms")),
+            "e2el_p50_ms": _ratio(p50(c, "e2el_ms"), p50(s, "e2el_ms")),
+        },
+    }
 
 
 def _f(x, fmt="{:.1f}") -> str:
@@ -271,7 +306,19 @@ def decode_markdown(d: dict) -> str:
             lines.append(f"\n{key.replace('_', ' ')}: {d[key]}.")
     for e in d.get("errors", []):
         lines.append(f"\nERROR {str(e)[:400]}")
-    return "\n".join(lines) + "\n"
+    att = d.get("decode_attention_us")
+    if att:
+        lines += ["", f"Decode attention alone, one layer, context {att['context']} (µs, timed "
+                  "inside a CUDA graph; split: the engine's choice, splits "
+                  f"{json.dumps(att.get('splits'))}):", ""]  # fmt: skip
+        for kernel, by_bs in att["us"].items():
+            frac = att["bandwidth_fraction"][kernel]
+            lines.append(f"- {kernel}: " + ", ".join(
+                f"batch {bs} {us:.1f} µs ({frac[bs]:.0%} of bandwidth)" for bs, us in by_bs.items()))  # fmt: skip
+    from gpu_check_profile import kernel_markdown
+
+    table = kernel_markdown(d.get("kernel_table"))
+    return "\n".join(lines) + "\n" + ("\n" + table if table else "")
 
 
 def summary_markdown(summary: dict) -> str:
@@ -363,7 +410,25 @@ def summary_markdown(summary: dict) -> str:
             "Continuous / static output throughput: "
             f"{summary['continuous_over_static_output_throughput']:.2f}x",
         ]
+    md += poisson_markdown(summary.get("poisson"))
     return "\n".join(md) + "\n"
+
+
+def poisson_markdown(point: dict | None) -> list[str]:
+    if not point:
+        return ["", "Poisson point: not run"]
+    r = point["continuous_over_static"]
+    md = ["", f"## Poisson arrivals at {point['request_rate']:g} req/s (continuous / static)", "",
+          "| run | completed | out tok/s | TTFT p50 ms | E2E p50 ms |", "|---|---|---|---|---|"]  # fmt: skip
+    for name in ("continuous", "static"):
+        run = point[name] or {}
+        md.append(f"| {name} | {_f(run.get('completed'), '{}')} | "
+                  f"{_f(run.get('output_throughput'), '{:.0f}')} | "
+                  f"{_f((run.get('ttft_ms') or {}).get('p50'))} | "
+                  f"{_f((run.get('e2el_ms') or {}).get('p50'))} |")  # fmt: skip
+    md.append(f"| continuous / static | | {_f(r['output_throughput'], '{:.2f}x')} | "
+              f"{_f(r['ttft_p50_ms'], '{:.2f}x')} | {_f(r['e2el_p50_ms'], '{:.2f}x')} |")  # fmt: skip
+    return md
 
 
 def summarize_folder(folder: Path) -> dict:

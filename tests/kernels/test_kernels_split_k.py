@@ -23,7 +23,7 @@ from cbbench.kernels.triton_decode_split import (  # noqa: E402
     num_kv_splits,
 )
 
-SCALE = 32**-0.5
+SCALE = 32**-0.5  # the reference and the kernels take the same scale at any head dim
 
 
 def _check(batch, backend: TritonBackend, dtype) -> None:
@@ -81,17 +81,58 @@ def test_split_k_request_without_rows():
 
 
 def test_num_kv_splits_hand_computed():
-    # batch 1, 8 kv heads, 8k context on 132 SMs: 8 programs -> ceil(132 / 8) = 17 splits
-    assert num_kv_splits(1, 8, 8192, 132) == 17
+    # batch 1, 8 kv heads, 8k context on 132 SMs: 8 programs -> ceil(2 x 132 / 8) = 33 splits,
+    # capped at MAX_SPLITS
+    assert num_kv_splits(1, 8, 8192, 132) == MAX_SPLITS == 32
     # enough programs already: no split
     assert num_kv_splits(256, 8, 8192, 132) == 1
-    assert num_kv_splits(17, 8, 8192, 132) == 1  # 136 programs >= 132 SMs
+    assert num_kv_splits(33, 8, 8192, 132) == 1  # 264 programs >= 2 x 132
+    assert num_kv_splits(32, 8, 8192, 132) == 2  # 256 programs: ceil(264 / 256)
     # short contexts are not split below MIN_KEYS_PER_SPLIT keys per split
     assert num_kv_splits(1, 8, MIN_KEYS_PER_SPLIT - 1, 132) == 1
     assert num_kv_splits(1, 8, 3 * MIN_KEYS_PER_SPLIT, 132) == 3
-    # capped: one kv head, 64k keys would want 132
+    # capped: one kv head, 64k keys would want 264
     assert num_kv_splits(1, 1, 65536, 132) == MAX_SPLITS
-    assert num_kv_splits(4, 8, 8192, 108) == 4  # A100: 32 programs -> ceil(108 / 32)
+    assert num_kv_splits(4, 8, 8192, 108) == 7  # A100: 32 programs -> ceil(216 / 32)
+
+
+# Issue 39's table, by hand: Llama-3-8B (8 kv heads) on an H100 (132 SMs), a decode row after
+# `context` cached tokens sees context + 1 keys. wanted = ceil(2 x 132 / (batch x 8)):
+# 33, 3, 1, 1; by length = (context + 1) // 64: 8, 32, 128; splits = min(wanted, by length, 32).
+SPLIT_TABLE = {  # (batch, context): splits
+    (1, 512): 8, (1, 2048): 32, (1, 8192): 32,
+    (16, 512): 3, (16, 2048): 3, (16, 8192): 3,
+    (64, 512): 1, (64, 2048): 1, (64, 8192): 1,
+    (256, 512): 1, (256, 2048): 1, (256, 8192): 1,
+}  # fmt: skip
+# Inside a CUDA graph max_seqlen_k is the model's length (8192), whatever the context: one
+# fixed count per captured batch size.
+GRAPH_SPLITS = {1: 32, 16: 3, 64: 1, 256: 1}
+H100_SMS = 132
+LLAMA3_KV_HEADS = 8
+
+
+@pytest.mark.parametrize(("batch", "context"), list(SPLIT_TABLE))
+def test_split_choice_at_issue_39_batches_and_contexts(batch, context):
+    assert num_kv_splits(batch, LLAMA3_KV_HEADS, context + 1, H100_SMS) == SPLIT_TABLE[(batch, context)]
+    assert num_kv_splits(batch, LLAMA3_KV_HEADS, 8192, H100_SMS) == GRAPH_SPLITS[batch]
+    # What the engine's backend picks from the metadata it is given (graph capture: 8192).
+    md = make_batch([1], [0], 16, 4, torch.float32).metadata
+    import dataclasses
+
+    md = dataclasses.replace(
+        md, seq_lens=torch.zeros(batch, dtype=torch.int32, device="meta"), max_seqlen_k=8192
+    )
+    chosen = TritonBackend(sms=H100_SMS).choose_decode_splits(md, LLAMA3_KV_HEADS, "cpu")
+    assert chosen == GRAPH_SPLITS[batch]
+
+
+def test_split_grid_covers_the_sms_at_batch_1():
+    """Batch 1 at context 512 (the H100 run's case): the old chooser's 256-key minimum gave 2
+    splits, 16 programs for 132 SMs; now 8 splits of one 64-key tile each, 64 programs
+    holding keys. At 8k: 32 splits x 8 kv heads = 256 programs, 2 per SM (less 8)."""
+    assert num_kv_splits(1, 8, 513, 132) * 8 == 64
+    assert num_kv_splits(1, 8, 8193, 132) * 8 == 256 >= 132
 
 
 def test_split_choice_needs_no_device_values():
@@ -100,4 +141,54 @@ def test_split_choice_needs_no_device_values():
     import dataclasses
 
     meta = dataclasses.replace(md, seq_lens=md.seq_lens.to("meta"), max_seqlen_k=8192)
-    assert TritonBackend(sms=132).choose_decode_splits(meta, 8, torch.device("cpu")) == 9
+    # 2 requests x 8 kv heads = 16 programs -> ceil(264 / 16) = 17 splits
+    assert TritonBackend(sms=132).choose_decode_splits(meta, 8, torch.device("cpu")) == 17
+
+
+# Issue 39's interpreter matrix: every dtype (bf16 through fp32 dots, kernels/triton_dot.py), GQA
+# 1/4/8, block sizes 16/32, ragged decode batches from 1 key up. The split count is the
+# chooser's, on a 16-SM "GPU" so these short contexts still split (5 requests x 1 kv head:
+# ceil(2 x 16 / 5) = 7 wanted, 334 // 64 = 5 by length -> 5 splits), keeping the interpreter's
+# program count small; the 8k cases below take an H100's 132.
+MATRIX_CONTEXTS = [0, 1, 63, 200, 333]
+MATRIX_SMS = 16
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _decode_batch(contexts, block_size, gqa, dtype, head_dim=32, kv_heads=1, seed=0):
+    return make_batch(
+        [1] * len(contexts), contexts, block_size, gqa, dtype, device=TRITON_DEVICE, seed=seed,
+        head_dim=head_dim, num_kv_heads=kv_heads,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_decode_matrix(dtype, gqa, block_size):
+    batch = _decode_batch(MATRIX_CONTEXTS, block_size, gqa, dtype, seed=gqa * block_size)
+    backend = TritonBackend(tiles=GPU_TILES, sms=MATRIX_SMS)
+    assert backend.choose_decode_splits(batch.metadata, 1, batch.query.device) == 5
+    _check(batch, backend, dtype)
+
+
+@pytest.mark.parametrize(
+    ("contexts", "gqa", "dtype"),
+    [([8191], 8, torch.bfloat16), ([8191, 17], 1, torch.float32)],
+    ids=["b1-8k-gqa8-bf16", "b2-8k-gqa1-fp32"],  # fp16 at 8k: test_split_k_matches_reference
+)
+def test_split_decode_long_contexts_with_h100_choice(contexts, gqa, dtype):
+    """Up to 8k keys, the split count an H100 gets (MAX_SPLITS at batch 1-2)."""
+    batch = _decode_batch(contexts, 16, gqa, dtype, seed=len(contexts))
+    backend = TritonBackend(tiles=GPU_TILES, sms=H100_SMS)
+    assert backend.choose_decode_splits(batch.metadata, 1, batch.query.device) == MAX_SPLITS
+    _check(batch, backend, dtype)
+
+
+@pytest.mark.parametrize("gqa", [1, 4, 8])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_unsplit_decode_at_llama_head_dim(dtype, gqa):
+    """The unsplit pure-decode path (the GQA-packed kernel from head dim 128) at every dtype and
+    GQA group, on both block sizes' boundaries: what batches of 64 and up take on an H100."""
+    batch = _decode_batch([0, 15, 16, 33, 130], 16 if gqa != 4 else 32, gqa, dtype, head_dim=128)
+    _check(batch, TritonBackend(tiles=GPU_TILES, decode_splits=1), dtype)
