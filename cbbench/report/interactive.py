@@ -244,19 +244,16 @@ def bandwidth(results: Sequence[Labeled]) -> Plot:
                            np.array([float(it.get("achieved_bw_gbps") or 0.0) for it in its]))
             data.append({"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": line,
                          "name": f"{x.label}: analytic ({plots.memory_name(x.result)})"})
-        measured = plots.telemetry_bandwidth(x.result)
-        if measured is None:
-            continue
-        t, pct = measured
         peak = plots.peak_bw_gbps(x.result)
-        xs, ys = _thin(t, pct * peak / 100 if peak else pct)
-        trace = {"type": "scatter", "mode": "lines", "x": xs, "y": ys,
-                 "line": {**line, "dash": "dot"},
-                 "name": f"{x.label}: {plots.measured_label(x.result)}"}
-        if not peak:
-            trace["yaxis"] = "y2"
-            pct_only = True
-        data.append(trace)
+        for gpu, t, pct in plots.telemetry_bandwidth_by_gpu(x.result):  # one line per GPU
+            xs, ys = _thin(t, pct * peak / 100 if peak else pct)
+            name = f"{x.label}: {plots.measured_label(x.result)}" + (f" {gpu}" if gpu else "")
+            trace = {"type": "scatter", "mode": "lines", "x": xs, "y": ys,
+                     "line": {**line, "dash": "dot"}, "name": name}
+            if not peak:
+                trace["yaxis"] = "y2"
+                pct_only = True
+            data.append(trace)
     layout: dict = {"height": 420, "xaxis": {"title": {"text": "time (s)"}},
                     "yaxis": {"title": {"text": "GB/s"}, "rangemode": "tozero"},
                     "legend": {"orientation": "h"}}

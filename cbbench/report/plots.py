@@ -131,6 +131,26 @@ def telemetry_bandwidth(result: dict) -> tuple[np.ndarray, np.ndarray] | None:
     return t, pct
 
 
+def telemetry_bandwidth_by_gpu(result: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """The measured bandwidth as one series per GPU ((host, gpu) of each sample): pooled,
+    two GPUs' samples interleave and one line zig-zags between them. Each series is named
+    by its GPU ("" when the run read one GPU)."""
+    tel = result.get("telemetry") or {}
+    if not tel.get("available"):
+        return []
+    series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for s in tel.get("samples", []):
+        if s.get("dram_bw_util_pct") is not None:
+            key = (str(s.get("hostname") or ""), str(s.get("gpu", "")))
+            series.setdefault(key, []).append((s["t_s"], s["dram_bw_util_pct"]))
+    out = []
+    for (host, gpu), pts in sorted(series.items()):
+        name = "" if len(series) == 1 else (f"{host} GPU {gpu}" if host else f"GPU {gpu}")
+        t, pct = np.array(sorted(pts), dtype=np.float64).T
+        out.append((name, t, pct))
+    return out
+
+
 def _rows_figure(n: int, title: str, sharex: bool = False) -> tuple[Figure, list]:
     fig = Figure(figsize=(WIDTH_IN, ROW_HEIGHT_IN * n + 0.6), layout="constrained")
     axes = fig.subplots(n, 1, squeeze=False, sharex=sharex)[:, 0]
@@ -345,25 +365,25 @@ def bandwidth_timeline(results: Sequence[Labeled]) -> Figure:
         its = x.result.get("iterations") or []
         ax.set_title(f"{x.label} ({memory_name(x.result)})", fontsize="medium", loc="left")
         peak = peak_bw_gbps(x.result)
-        measured = telemetry_bandwidth(x.result)
-        if not its and measured is None:
+        measured = telemetry_bandwidth_by_gpu(x.result)
+        if not its and not measured:
             _no_data(ax, "no iteration records or telemetry")
             continue
         if its:
             ax.step(_column(its, "start_s"), _column(its, "achieved_bw_gbps"), where="post",
                     color=COLOR_DECODE, linewidth=0.8, label="analytic (per iteration)")
         target = ax
-        if measured is not None:
-            t, pct = measured
-            if peak:
-                ax.plot(t, pct * peak / 100, color=COLOR_MEASURED, linewidth=1.2,
-                        label=measured_label(x.result))
-            else:
-                target = ax.twinx()
-                target.plot(t, pct, color=COLOR_MEASURED, linewidth=1.2,
-                            label=measured_label(x.result))
-                target.set_ylabel("measured DRAM bandwidth (% of peak)")
-                target.set_ylim(0, 100)
+        if measured and not peak:
+            target = ax.twinx()
+            target.set_ylabel("measured DRAM bandwidth (% of peak)")
+            target.set_ylim(0, 100)
+        for k, (gpu, t, pct) in enumerate(measured):
+            # The first GPU in the measured colour, the others in dashes of their own.
+            style = {"color": COLOR_MEASURED} if k == 0 else {"color": _color(k + 1),
+                                                               "linestyle": "--"}
+            label = measured_label(x.result) + (f" {gpu}" if gpu else "")
+            target.plot(t, pct * peak / 100 if peak else pct, linewidth=1.2, label=label,
+                        **style)
         if peak:
             ax.axhline(peak, color="k", linestyle="--", linewidth=0.8,
                        label=f"peak {peak:,.0f} GB/s")

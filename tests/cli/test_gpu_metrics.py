@@ -11,6 +11,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import numpy as np
 import pytest
 from helpers import SERVE_MODEL, free_port, serve_process, wait_until
 from typer.testing import CliRunner
@@ -180,6 +181,16 @@ def test_two_gpus_scraped_during_a_run(sim_server, workload, tmp_path):
     fig = plots.bandwidth_timeline([Labeled("dcgm", result)])
     labels = [ln.get_label() for ax in fig.axes for ln in ax.get_lines()]
     assert any("measured" in label for label in labels), labels
+    # One line per GPU, each flat at its own exporter value (pooled, the two GPUs' samples
+    # interleaved into one line that zig-zagged between them), named by GPU and by DCGM.
+    measured = [ln for ax in fig.axes for ln in ax.get_lines() if "measured" in ln.get_label()]
+    assert sorted(ln.get_label() for ln in measured) == [
+        "measured (DCGM) gpu-node-1 GPU 0", "measured (DCGM) gpu-node-1 GPU 1"]
+    peak = plots.peak_bw_gbps(result)
+    for ln, dram in zip(sorted(measured, key=lambda ln: ln.get_label()), (DRAM[0], DRAM[1])):
+        ys = np.asarray(ln.get_ydata(), dtype=float)
+        want = dram * 100 * (peak / 100 if peak else 1.0)
+        assert np.allclose(ys, want), (ln.get_label(), ys[:5], want)
     read_run(tmp_path / "r.json")
 
 
