@@ -39,11 +39,14 @@ ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 16
 TTFT_MS, ITL_MS = 150.0, 20.0
 # (rate, client processes, the goals on the new side's medians: (figure, limit, "<=" or ">="))
+# "995 req/s reached at 1000" is read against the rate of the Poisson schedule the client was
+# given (achieved / schedule's own rate >= 99.5%): a 4 s draw of 4,000 arrivals itself runs
+# ~1.6% fast or slow, which the raw send rate (also in the table) carries.
 POINTS = (
     (500.0, 1, (("ttft_err_p50_ms", 1.0, "<="),)),
     (1000.0, 1, (("ttft_err_p50_ms", 2.0, "<="), ("ttft_err_p99_ms", 20.0, "<="),
-                 ("achieved_send_rate", 995.0, ">="), ("client_cpu_cores", 0.6, "<="))),
-    (2000.0, 2, (("ttft_err_p50_ms", 3.0, "<="), ("achieved_send_rate", 1990.0, ">="))),
+                 ("achieved_over_schedule", 0.995, ">="), ("client_cpu_cores", 0.6, "<="))),
+    (2000.0, 2, (("ttft_err_p50_ms", 3.0, "<="), ("achieved_over_schedule", 0.995, ">="))),
 )
 FIRST_REQUEST_RUNS = 2
 VLLM_RS_ENV = "CBBENCH_BENCH_VLLM_RS"
