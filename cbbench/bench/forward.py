@@ -122,12 +122,15 @@ def _spec_peak(gpu, attr: str) -> float:
     return float(getattr(gpu, attr))
 
 
-class _Timer:
-    """CUDA events on a GPU, perf_counter on a CPU; ``elapsed_ms`` syncs."""
+class StepTimer:
+    """CUDA events on a GPU, perf_counter on a CPU; ``elapsed_ms`` syncs (also the GPU
+    check's timer, tests/gpu/gpu_check_decode.py)."""
 
-    def __init__(self, device, torch) -> None:
+    def __init__(self, device) -> None:
         self.cuda = device.type == "cuda"
         if self.cuda:
+            import torch
+
             self.start = torch.cuda.Event(enable_timing=True)
             self.end = torch.cuda.Event(enable_timing=True)
 
@@ -347,8 +350,6 @@ def _runner(spec, setup: _Setup, device, dtype, graphs: bool, out: dict):
 
 def _time_row(spec, setup: _Setup, runner, phase: str, rows, graphs: bool, out: dict,
               log) -> None:
-    import torch
-
     from cbbench.engine.core.scheduler_output import SchedulerOutput
 
     reqs = step_requests(rows, setup.config.vocab_size, setup.bm, seed=len(rows),
@@ -361,7 +362,7 @@ def _time_row(spec, setup: _Setup, runner, phase: str, rows, graphs: bool, out: 
             runner.execute(sched)
         step_ms = []
         for _ in range(spec.steps):
-            with _Timer(runner.device, torch) as t:
+            with StepTimer(runner.device) as t:
                 runner.execute(sched)  # ends with the sampled tokens' host copy: a sync
             step_ms.append(t.elapsed_ms())
     except Exception as e:  # noqa: BLE001 - one shape failing keeps the others

@@ -35,9 +35,11 @@ import time
 import traceback
 from dataclasses import dataclass
 
+# The engine step timer and the K/V fill `cbbench forward` uses (one of each).
+from cbbench.bench.forward import KV_FILL_STD, StepTimer, fill_random_
+
 H200_PEAK_BW = 4.8e12
 H200_PEAK_FLOPS = 989e12  # dense bf16 tensor FLOP/s (engine/gpu_specs.py)
-KV_FILL_STD = 1.0  # the scale of K and V after the model's norms and projections: O(1)
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
@@ -132,37 +134,6 @@ def _versions() -> dict:
         info["memory_total_gib"] = round(total / 2**30, 1)
         info["memory_free_gib_at_start"] = round(free / 2**30, 1)
     return info
-
-
-class _Timer:
-    """CUDA events on a GPU, perf_counter on a CPU; ``elapsed_ms`` syncs."""
-
-    def __init__(self, device) -> None:
-        import torch
-
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.start = torch.cuda.Event(enable_timing=True)
-            self.end = torch.cuda.Event(enable_timing=True)
-
-    def __enter__(self):
-        if self.cuda:
-            self.start.record()
-        else:
-            self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.cuda:
-            self.end.record()
-        else:
-            self.t1 = time.perf_counter()
-
-    def elapsed_ms(self) -> float:
-        if self.cuda:
-            self.end.synchronize()
-            return self.start.elapsed_time(self.end)
-        return (self.t1 - self.t0) * 1000.0
 
 
 def _decode_requests(n: int, context: int, vocab: int, bm, seed: int):
@@ -355,11 +326,11 @@ def _time_in_graph(fn, device, reps: int) -> tuple[float, str]:
             for _ in range(reps):
                 fn()
         graph.replay()
-        with _Timer(device) as t:
+        with StepTimer(device) as t:
             graph.replay()
         return t.elapsed_ms() / reps * 1000, "graph"
     except Exception:  # noqa: BLE001 - fall back to eager launches, and say so
-        with _Timer(device) as t:
+        with StepTimer(device) as t:
             for _ in range(reps):
                 fn()
         return t.elapsed_ms() / reps * 1000, "eager"
@@ -448,18 +419,6 @@ def _setup(args, out, device, dtype, dtype_name, peak_bw, gpu, backend, fused) -
                        dtype_name, peak_bw, peak_flops, CostModel(config, dtype_name, gpu))  # fmt: skip
 
 
-def fill_random_(kv_caches, seed: int) -> None:
-    """Random K/V, written once before anything is timed: tensor cores run measurably faster
-    on zeros (13% for a matmul on this GPU), so a zero cache would flatter the kernels. Block 0
-    too: the padding rows read it, and the real rows' values are finite."""
-    import torch
-
-    for i, (k, v) in enumerate(kv_caches):
-        g = torch.Generator(device=k.device).manual_seed(seed + i)
-        for t in (k, v):
-            t.normal_(0.0, KV_FILL_STD, generator=g)
-
-
 def _decode_config(args, out, device, dtype, setup: DecodeSetup, fused, batch_sizes, role,
                    graphs_variants=None) -> None:  # fmt: skip
     """Time every batch size (with and without graphs) for the model's current kernels; rows
@@ -524,14 +483,14 @@ def _time_batch(args, runner, bs, setup: DecodeSetup) -> dict:
             runner.execute(sched)
         step_ms = []
         for _ in range(args.steps):
-            with _Timer(device) as t:
+            with StepTimer(device) as t:
                 runner.execute(sched)  # ends with the sampled tokens' host copy: a sync
             step_ms.append(t.elapsed_ms())
         batch = runner.prepare(sched)
         with torch.inference_mode():
             for _ in range(args.warmup):
                 runner.compute_logits(batch)
-            with _Timer(device) as t:
+            with StepTimer(device) as t:
                 for _ in range(args.steps):
                     runner.compute_logits(batch)
         forward_ms = t.elapsed_ms() / args.steps
