@@ -37,10 +37,17 @@ from dataclasses import dataclass
 
 # The engine step timer and the K/V fill `cbbench forward` uses (one of each).
 from cbbench.bench.forward import KV_FILL_STD, StepTimer, fill_random_
+from cbbench.bench.roofline import (
+    DTYPE_BYTES,
+    Floor,
+    Operator,
+    decode_rows,
+    step_floor,
+    step_operators,
+)
 
 H200_PEAK_BW = 4.8e12
 H200_PEAK_FLOPS = 989e12  # dense bf16 tensor FLOP/s (engine/gpu_specs.py)
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 # ---- the decode floor -----------------------------------------------------------------------
@@ -54,60 +61,30 @@ def decode_weight_bytes(config, dtype: str) -> int:
 
 def decode_read_bytes(config, dtype: str, batch: int, context: int) -> int:
     """Bytes a decode step of ``batch`` rows, each attending ``context + 1`` keys, must read."""
-    rows = 0 if config.tie_word_embeddings else batch * config.hidden_size * DTYPE_BYTES[dtype]
-    kv = batch * (context + 1) * config.kv_bytes_per_token(dtype)
-    return decode_weight_bytes(config, dtype) + rows + kv
+    return sum(o.bytes for o in decode_operators(config, dtype, batch, context))
 
 
-def decode_operators(config, dtype: str, batch: int, context: int) -> list[tuple[str, float, int]]:
-    """(name, FLOPs, bytes) of each operator of a decode step of ``batch`` rows, each attending
-    ``context + 1`` keys: the kernels run one after another, so the floor is the sum over them
-    of each one's roofline. The bytes add up to ``decode_read_bytes``."""
-    db = DTYPE_BYTES[dtype]
-    h, L, B = config.hidden_size, config.num_layers, batch
-    gemm = h * (config.q_size + 2 * config.kv_size) + config.q_size * h + 3 * h * config.intermediate_size
-    head = config.vocab_size * h  # the LM head (the embedding table itself when tied)
-    rows = 0 if config.tie_word_embeddings else B * h * db
-    keys = B * (context + 1)
-    return [
-        ("layer GEMMs", 2.0 * B * gemm * L, gemm * L * db),
-        ("norms and biases", 0.0, ((config.params_per_layer - gemm) * L + h) * db),
-        ("lm_head", 2.0 * B * head, head * db),
-        ("attention", 4.0 * config.q_size * keys * L, keys * config.kv_bytes_per_token(dtype)),
-        ("embedding rows", 0.0, rows),
-    ]
+def decode_operators(config, dtype: str, batch: int, context: int) -> list[Operator]:
+    """Each operator of a decode step of ``batch`` rows, each attending ``context + 1`` keys
+    (the library's roofline, cbbench/bench/roofline.py, at decode rows)."""
+    return step_operators(config, dtype, decode_rows(batch, context))
 
 
 def decode_flops(config, dtype: str, batch: int, context: int) -> float:
-    return sum(f for _, f, _ in decode_operators(config, dtype, batch, context))
-
-
-@dataclass(frozen=True)
-class DecodeFloor:
-    """The roofline floor of one decode step and both of its terms, in ms: ``bytes_ms`` (every
-    byte at peak bandwidth), ``flops_ms`` (every FLOP at peak compute), and ``floor_ms``, the
-    sum over operators of max(bytes / bandwidth, FLOPs / peak): at batch 1 every operator is
-    bandwidth-bound and the floor is ``bytes_ms``; at batch 256 the GEMMs are compute-bound."""
-
-    floor_ms: float
-    bytes_ms: float
-    flops_ms: float
+    return sum(o.flops for o in decode_operators(config, dtype, batch, context))
 
 
 def decode_floor(config, dtype: str, batch: int, context: int, peak_bw: float,
-                 peak_flops: float) -> DecodeFloor:  # fmt: skip
-    ops = decode_operators(config, dtype, batch, context)
-    floor = sum(max(b / peak_bw, f / peak_flops) for _, f, b in ops)
-    return DecodeFloor(
-        floor_ms=floor * 1000.0,
-        bytes_ms=sum(b for _, _, b in ops) / peak_bw * 1000.0,
-        flops_ms=sum(f for _, f, _ in ops) / peak_flops * 1000.0,
-    )
+                 peak_flops: float) -> Floor:  # fmt: skip
+    """The roofline floor of one decode step and both of its terms, in ms (``Floor``): at batch
+    1 every operator is bandwidth-bound and the floor is ``bytes_ms``; at batch 256 the GEMMs
+    are compute-bound."""
+    return step_floor(decode_operators(config, dtype, batch, context), peak_bw, peak_flops)
 
 
 def decode_floor_ms(config, dtype: str, batch: int, context: int, peak_bw: float,
                     peak_flops: float = H200_PEAK_FLOPS) -> float:  # fmt: skip
-    """The roofline floor of a decode step (see ``DecodeFloor``)."""
+    """The roofline floor of a decode step (see ``decode_floor``)."""
     return decode_floor(config, dtype, batch, context, peak_bw, peak_flops).floor_ms
 
 
