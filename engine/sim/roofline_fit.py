@@ -181,12 +181,23 @@ def robust_fit(d: FitData, theta0: np.ndarray, free: list[int], scale_hint: np.n
         th[free] = z * s
         return th
 
+    # scipy's solver asks for the Jacobian at the point whose residuals it has just
+    # accepted: one model evaluation serves both (the calibration's main CPU cost).
+    last: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+    def evaluate(z):
+        key = z.tobytes()
+        if key not in last:
+            last.clear()
+            last[key] = times_and_grad(unpack(z), d)
+        return last[key]
+
     def residuals(z):
-        t, _ = times_and_grad(unpack(z), d)
+        t, _ = evaluate(z)
         return np.log(np.maximum(t, TINY_S)) - log_m
 
     def jac(z):
-        t, g = times_and_grad(unpack(z), d)
+        t, g = evaluate(z)
         return g[:, free] * s / np.maximum(t, TINY_S)[:, None]
 
     z = np.maximum(theta0[free] / s, 1e-6)

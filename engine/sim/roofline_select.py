@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from .roofline_fit import (
     BISQUARE_C,
@@ -203,6 +204,18 @@ def fit_rates(d: FitData, device: str) -> tuple[Fit, list[dict]]:
     over every iteration, each parameter's error from the stage that fitted it) and every
     stage's rounds. The fit sees at most FIT_MAX_ROWS iterations (every prefill-carrying one,
     decodes at an even stride)."""
+    # One BLAS thread: the fit's matrices are small (at most FIT_MAX_ROWS rows of 7; hundreds of
+    # SVDs a fit), where a second thread saves nothing and, on a busy host, spin-waits for a
+    # core: a calibration took 5x the CPU with OpenBLAS's default threads on 2 shared cores.
+    # The results are the same to the last bit. threadpoolctl limits the libraries already
+    # loaded, so scipy's own OpenBLAS is loaded first (robust_fit imports it lazily).
+    import scipy.optimize  # noqa: F401
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _fit_rates(d, device)
+
+
+def _fit_rates(d: FitData, device: str) -> tuple[Fit, list[dict]]:
     d = subsample(d, FIT_MAX_ROWS)
     theta0, scale = initial_guess(d)
     fallback = fallbacks(device)
