@@ -172,7 +172,7 @@ class AnthropicShaper:
         self.plan: OutputPlan = job.plan
         self.id = request_id("msg", client_request_id, sep="_")
         self.model = model
-        self.times = None
+        self.times: list[float] | None = None  # the Responses/Messages answers carry none
         self.tool_id = f"toolu_{uuid.uuid4().hex[:24]}"
         self.block = -1  # the open block's index
         self.open: str | None = None
@@ -291,7 +291,7 @@ class AnthropicApi:
         try:
             req = MessagesRequest.model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(list(e.errors())) from None
+            raise validation_error(e.errors()) from None
         s = ctx.ready()
         ctx.check_model(s, req.model)
         if req.stop_sequences:

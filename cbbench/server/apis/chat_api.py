@@ -89,7 +89,8 @@ class ChatShaper:
         return self.deltas.finish_reason(engine_finish) if self.deltas is not None else engine_finish
 
     def full(self, texts: OutputTexts, counts: Counts, engine_finish: str) -> dict:
-        message, reason = None, engine_finish
+        message: dict | None = None
+        reason: str | None = engine_finish
         if self.deltas is not None and not self.job.plan.plain:
             message = self.deltas.message(texts.reasoning, texts.answer, texts.tool)
             reason = self.deltas.finish_reason(reason)
@@ -116,7 +117,7 @@ class OpenAIApi:
         try:
             req = (ChatRequest if self.chat else CompletionRequest).model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(list(e.errors())) from None
+            raise validation_error(e.errors()) from None
         s = ctx.ready()
         ctx.check_model(s, req.model)
         req.check_supported()

@@ -175,7 +175,7 @@ class ResponsesShaper:
         self.id = request_id("resp", client_request_id, sep="_")
         self.created_at = int(time.time())
         self.model = model
-        self.times = None
+        self.times: list[float] | None = None  # the Responses/Messages answers carry none
         self.seq = 0
         plan = job.plan
         self.plan = plan
@@ -371,7 +371,7 @@ class ResponsesApi:
         try:
             req = ResponsesRequest.model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(list(e.errors())) from None
+            raise validation_error(e.errors()) from None
         s = ctx.ready()
         ctx.check_model(s, req.model)
         conversation = req.messages()
