@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -42,6 +42,9 @@ from cbbench.server.protocol import (
 )
 from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
 from cbbench.server.stream_events import ANSWER, REASONING, OutputPlan
+
+if TYPE_CHECKING:
+    from cbbench.server.context import ServeConfig, ServeContext, Served
 
 STRICT = STRICT_FINITE
 # Anthropic's error types by HTTP status (docs: API errors).
@@ -247,7 +250,7 @@ def anthropic_usage(c: Counts) -> dict:
 class AnthropicApi:
     name = "anthropic"
 
-    def parse(self, body: bytes, ctx):
+    def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
         try:
             req = MessagesRequest.model_validate_json(body)
         except ValidationError as e:
@@ -262,7 +265,8 @@ class AnthropicApi:
         return s, Job(self, ids, req.max_tokens, ctx.sampling(req), req.stream, plan=plan,
                       request=req)
 
-    def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> AnthropicShaper:
+    def shaper(self, job: Job, s: Served, client_request_id: str | None, cfg: ServeConfig,
+               submitted_s: float) -> AnthropicShaper:
         return AnthropicShaper(job, s.name, client_request_id)
 
     def error_body(self, e: APIError) -> dict:

@@ -4,6 +4,8 @@ protocol.py's, the bytes chunks.py's (a byte template per plain token) and strea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import ValidationError
 
 from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
@@ -23,6 +25,9 @@ from cbbench.server.protocol import (
 from cbbench.server.request_metrics import METRICS_FIELD
 from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
 from cbbench.server.stream_events import DEFAULT_REASONING_FIELD, ChatDeltas, OutputPlan
+
+if TYPE_CHECKING:
+    from cbbench.server.context import ServeConfig, ServeContext, Served
 
 
 def chat_details(c: Counts) -> dict:
@@ -111,7 +116,7 @@ class OpenAIApi:
         self.chat = chat
         self.name = "chat" if chat else "completions"
 
-    def parse(self, body: bytes, ctx):
+    def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
         if self.chat:
             check_image_count(body, ctx.cfg.limit_images_per_prompt)
         try:
@@ -138,7 +143,8 @@ class OpenAIApi:
                       req.return_token_times, req.continuous_usage, plan, req,
                       ctx.cfg.per_request_metrics, images)
 
-    def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> ChatShaper:
+    def shaper(self, job: Job, s: Served, client_request_id: str | None, cfg: ServeConfig,
+               submitted_s: float) -> ChatShaper:
         shape = Shape(self.chat, s.name, client_request_id)
         return ChatShaper(job, shape, cfg.reasoning_field or DEFAULT_REASONING_FIELD, submitted_s)
 

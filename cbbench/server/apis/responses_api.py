@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -58,6 +58,9 @@ from cbbench.server.stream_events import (
     OutputPlan,
     escaped,
 )
+
+if TYPE_CHECKING:
+    from cbbench.server.context import ServeConfig, ServeContext, Served
 
 STRICT = STRICT_FINITE
 LENGTH = "length"
@@ -335,7 +338,7 @@ def _dump(v) -> object:
 class ResponsesApi:
     name = "responses"
 
-    def parse(self, body: bytes, ctx):
+    def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
         try:
             req = ResponsesRequest.model_validate_json(body)
         except ValidationError as e:
@@ -362,7 +365,8 @@ class ResponsesApi:
         return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, plan=plan,
                       request=ResponsesJob(req, conversation, store))
 
-    def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> ResponsesShaper:
+    def shaper(self, job: Job, s: Served, client_request_id: str | None, cfg: ServeConfig,
+               submitted_s: float) -> ResponsesShaper:
         return ResponsesShaper(job, s.name, client_request_id)
 
     def error_body(self, e: APIError) -> dict:
