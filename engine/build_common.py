@@ -47,7 +47,7 @@ class EngineInfo:
     cuda_graphs_mixed_reason: str | None = None
     cpu_threads: int | None = None
     vocab_size: int | None = None
-    eos_token_id: int | list[int] | None = None
+    eos_token_id: int | None = None  # a config's list of them: its first (model_config.py)
     torch_version: str | None = None
     # Speculative decoding: K, and the acceptance rate the simulator draws from (None: off).
     speculative_tokens: int | None = None

@@ -139,7 +139,7 @@ def _loop(rng, first_len: int, steps: int, max_steps: int | None = None) -> list
     if max_steps is not None:
         steps = min(steps, max_steps)
     out = _lognormal(rng, OUTPUT_MEDIAN, 0.9, 16, 1024)
-    turns = [{"user_len": first_len, "output_len": out}]
+    turns: list[dict[str, int | str]] = [{"user_len": first_len, "output_len": out}]
     context = 1 + MESSAGE_OVERHEAD + first_len + 4 + out
     for _ in range(steps):
         result = _lognormal(rng, RESULT_MEDIAN, 1.1, 8, 2048)

@@ -36,7 +36,7 @@ DESCRIPTION = (
 
 def calibration_rows() -> list[tuple[int, int, float]]:
     """(prompt_len, output_len, arrival_s) of every request, in arrival order."""
-    rows = []
+    rows: list[tuple[int, int, float]] = []
     wave, size = 0, 1
     while size <= WAVE_MAX:
         for _ in range(size):

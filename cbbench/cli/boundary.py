@@ -32,7 +32,7 @@ def check_finite(values: dict) -> None:
 class GroupBoundary:
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)  # type: ignore[misc]
+            return super().invoke(ctx)
         except UsageError as e:
             raise usage_exit(e) from None
 
@@ -41,6 +41,6 @@ class CommandBoundary:
     def invoke(self, ctx):
         try:
             check_finite(ctx.params)
-            return super().invoke(ctx)  # type: ignore[misc]
+            return super().invoke(ctx)
         except UsageError as e:
             raise usage_exit(e) from None

@@ -16,11 +16,20 @@ panel a section, a long name on its own line, its help wrapped below, nothing cu
 from __future__ import annotations
 
 import inspect
+from typing import TYPE_CHECKING, overload
 
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from cbbench.cli.boundary import CommandBoundary, GroupBoundary
+
+if TYPE_CHECKING:
+    # The mixin's base for the type checker: the command class that Typer's command and group
+    # classes both derive from (Typer vendors click as typer._click). At run time the mixin
+    # stays a plain class, placed before Typer's in each subclass's bases.
+    from typer._click.core import Command as _CommandBase
+else:
+    _CommandBase = object
 
 PARAGRAPH = "\n\n"
 # Click's marker for a paragraph that keeps its line breaks (a list, a table).
@@ -33,6 +42,10 @@ RICH_MIN_WIDTH = 120
 MIN_TEXT_WIDTH = 40
 
 
+@overload
+def reflow(text: str) -> str: ...
+@overload
+def reflow(text: None) -> None: ...
 def reflow(text: str | None) -> str | None:
     """Each paragraph of ``text`` on one line; paragraphs stay apart, verbatim ones untouched."""
     if not text:
@@ -43,11 +56,19 @@ def reflow(text: str | None) -> str | None:
     )
 
 
+@overload
+def literal(text: str) -> str: ...
+@overload
+def literal(text: None) -> None: ...
 def literal(text: str | None) -> str | None:
     """``text`` as Rich markup that renders exactly as written (no style tags, no emoji)."""
     return escape(text).replace(":", COLON) if text else text
 
 
+@overload
+def plain(text: str) -> str: ...
+@overload
+def plain(text: None) -> None: ...
 def plain(text: str | None) -> str | None:
     """The inverse of :func:`literal`: the text as written, for a renderer without markup."""
     return text.replace(COLON, ":").replace("\\[", "[") if text else text
@@ -66,7 +87,7 @@ def is_switch(param) -> bool:
     return bool(getattr(param, "is_flag", False))
 
 
-class _Tidy:
+class _Tidy(_CommandBase):
     """Mixed into Typer's command and group classes."""
 
     def __init__(self, *args, **kwargs) -> None:
@@ -87,8 +108,11 @@ class _Tidy:
             setattr(param, TIDIED, True)
             if is_switch(param):
                 param.metavar = ""  # Typer shows the metavar in the type column
-            if getattr(param, "help", None):
-                param.help = self._text(param.help)
+            # Options and Typer's arguments have a help; click's Parameter declares none, so
+            # the type checker sees no attribute: set it as it was read, by name.
+            text = getattr(param, "help", None)
+            if text:
+                setattr(param, "help", self._text(text))  # noqa: B010
         return params
 
 

@@ -11,8 +11,12 @@ terminal (a pipe, a file, CI logs) and when the result JSON itself goes to stdou
 from __future__ import annotations
 
 import sys
+from typing import IO, TYPE_CHECKING, cast
 
 from cbbench.targets.live import LiveBoard, LiveSnapshot
+
+if TYPE_CHECKING:
+    from rich.live import Live
 
 REFRESH_PER_S = 2.0
 LABEL_WIDTH = 10  # the row labels' column
@@ -91,7 +95,7 @@ class LiveView:
         self.board = LiveBoard()
         self.console = console
         self.enabled = console is not None or (enabled and sys.stdout.isatty())
-        self._live = None
+        self._live: Live | None = None
 
     def _panel(self):
         # One Text, not a Table grid: a quarter of the CPU per redraw
@@ -110,13 +114,16 @@ class LiveView:
             from rich.console import Console
             from rich.live import Live
 
-            self._live = Live(
+            # rich asks IO[str] of its file but calls only what TerminalFile has (write,
+            # flush, isatty, fileno, encoding).
+            terminal = cast(IO[str], TerminalFile(sys.stdout))
+            live = self._live = Live(
                 get_renderable=self._panel, refresh_per_second=REFRESH_PER_S, transient=True,
-                console=self.console or Console(file=TerminalFile(sys.stdout)),
+                console=self.console or Console(file=terminal),
                 redirect_stdout=False,
                 redirect_stderr=False,
             )
-            self._live.start()
+            live.start()
             return self.board
         return None
 

@@ -20,7 +20,7 @@ def list_workloads() -> None:
     rows = []
     for name in sorted(BUILTIN_WORKLOADS):
         w = BUILTIN_WORKLOADS[name]()
-        size = f"{len(w.sessions)} sessions" if w.is_sessions else len(w.requests)
+        size = f"{len(w.sessions)} sessions" if w.sessions is not None else len(w.requests)
         rows.append([name, size, w.description])
     typer.echo(tabulate(rows, headers=["name", "requests", "description"]))
 
@@ -41,7 +41,8 @@ def show_workload(
     rows = [[k, *(round(st[k][s], 1) for s in keys)] for k in ("prompt_len", "output_len")]
     typer.echo(tabulate(rows, headers=["tokens", *keys]))
     if w.has_arrivals:
-        last = max(r.arrival_s for r in w.requests)
+        # has_arrivals: every request has one
+        last = max(r.arrival_s for r in w.requests if r.arrival_s is not None)
         typer.echo(f"trace arrivals over {last:.1f} s")
 
 

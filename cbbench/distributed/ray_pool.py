@@ -18,6 +18,7 @@ check. An uncertainty above UNCERTAINTY_FLAG_MS is flagged in summary.workers an
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import queue
@@ -97,15 +98,15 @@ def _init_ray(plan: LoadPlan):
         raise UsageError(RAY_MISSING) from None
     if ray.is_initialized():
         return ray, False
-    kwargs = {"logging_level": logging.WARNING, "namespace": NAMESPACE}
     if plan.ray_address is not None:
         check_reachable(plan.ray_address)
         try:
-            ray.init(address=plan.ray_address, **kwargs)
+            ray.init(address=plan.ray_address, logging_level=logging.WARNING, namespace=NAMESPACE)
         except Exception as e:  # ConnectionError and Ray's own errors
             raise UsageError(f"cannot join the Ray cluster at {plan.ray_address}: {e}") from None
     else:
-        ray.init(num_cpus=usable_cores(), include_dashboard=False, **kwargs)
+        ray.init(num_cpus=usable_cores(), include_dashboard=False, logging_level=logging.WARNING,
+                 namespace=NAMESPACE)
     return ray, True
 
 
@@ -259,6 +260,11 @@ def _take(out: queue.SimpleQueue, merger: Merger, t0: float | None) -> None:
             merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
 
 
+def _actor_now(ray, actor) -> float:
+    """The actor's clock, read through Ray (one round trip)."""
+    return ray.get(actor.now.remote())
+
+
 def _start(ray, actors, merger: Merger, where, here: str) -> float:
     """Measure every ready actor's clock offset, then start them all at one instant."""
     offsets: dict[int, float] = {}
@@ -267,7 +273,7 @@ def _start(ray, actors, merger: Merger, where, here: str) -> float:
         if ws.status != READY:
             continue
         node, host, pid = where[k]
-        m: ClockOffset = measure_offset(lambda a=a: ray.get(a.now.remote()))
+        m: ClockOffset = measure_offset(functools.partial(_actor_now, ray, a))
         same = node == here
         # Same node: one kernel clock, the offset is exactly 0 (the measurement is a check).
         offsets[k] = 0.0 if same else m.offset_s

@@ -58,6 +58,8 @@ def check_tools(tools: object, choice: object, where: str) -> tuple[tuple[dict, 
             raise UsageError(f"{where}: 'tool_choice' must be one of {', '.join(TOOL_CHOICES)} "
                              "or a named function")
         return tools, choice
+    # A named function: the 'without tools' check above raised when tools was None.
+    assert tools is not None
     name = _tool_name(choice)
     if name is None or name not in {_tool_name(t) for t in tools}:
         raise UsageError(f"{where}: 'tool_choice' must name a function in 'tools'")

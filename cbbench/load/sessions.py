@@ -157,7 +157,7 @@ def prompt_lens(session: Session) -> list[int]:
 def parse_multiturn_csv(text: str) -> list[Session]:
     """Rows of alternating (user_len, output_len) pairs, one conversation per row, after a
     header line. Built by workloads/build_sharegpt_multiturn.py."""
-    sessions = []
+    sessions: list[Session] = []
     for line in text.splitlines()[1:]:
         if not line.strip():
             continue
@@ -315,6 +315,7 @@ def parse_session(
         )
     main_raw = obj.get("turns")
     parsed = _parse_turns(main_raw, f"{where} ", count_tokens)
+    assert isinstance(main_raw, list)  # _parse_turns refused anything else
     subs_raw = _raw_subagents(obj, where)
     subs = {name: _parse_turns(turns, f"{where} sub-agent {name!r} ", count_tokens)
             for name, turns in subs_raw.items()}

@@ -26,7 +26,7 @@ import datetime as _dt
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from pathlib import Path
 
@@ -113,7 +113,7 @@ def _count(text: str, where: str, column: str) -> int:
 
 
 def _timed_workload(
-    name: str, description: str, rows: list[tuple[int, int, int, tuple[int, ...] | None]],
+    name: str, description: str, rows: Sequence[tuple[int, int, int, tuple[int, ...] | None]],
     skipped: int, path: Path,
 ) -> Workload:
     """rows: (time in ns, prompt_len, output_len, hash_ids); arrivals relative to the
@@ -125,7 +125,7 @@ def _timed_workload(
         WorkloadRequest(i, p, o, arrival_s=(t - t0) / NS_PER_S, hash_ids=h)
         for i, (t, p, o, h) in enumerate(rows)
     ]
-    notes = ()
+    notes: tuple[str, ...] = ()
     if skipped:
         notes = (f"{path.name}: skipped {skipped} rows with 0 prompt or output tokens "
                  "(failed requests in the trace)",)

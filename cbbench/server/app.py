@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 # FastAPI's responses import anyio's asyncio backend on first use, inside the event loop, which
 # stalls the process ~150 ms and inflates the first requests' TTFT: import it up front.
@@ -40,6 +41,9 @@ from cbbench.server.generate import (
 )
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
 from cbbench.server.protocol import APIError, error_body, validation_error
+
+if TYPE_CHECKING:
+    from cbbench.engine.core.engine import Engine
 
 __all__ = ["ServeConfig", "create_app"]
 
@@ -109,7 +113,7 @@ def _content_length(scope) -> int | None:
     return None
 
 
-def create_app(build: Callable[[], tuple[object, dict]], config: ServeConfig | None = None) -> ServeApp:
+def create_app(build: Callable[[], tuple[Engine, dict]], config: ServeConfig | None = None) -> ServeApp:
     """``build`` returns (engine, info) as ``build_engine`` does; it runs in the engine thread.
     ``app.state.engine`` is the bridge (its ``snapshot()`` is what /metrics reports)."""
     cfg = config or ServeConfig()
@@ -146,7 +150,7 @@ def _add_errors(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        err = validation_error(list(exc.errors()))
+        err = validation_error(exc.errors())
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)

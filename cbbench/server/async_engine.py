@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cbbench.engine.core.engine import StepFailed
 from cbbench.engine.core.feed import run_feed
@@ -41,6 +42,9 @@ from cbbench.server.engine_events import (
     StreamEvent,
     TokenEvent,
 )
+
+if TYPE_CHECKING:
+    from cbbench.engine.core.engine import Engine
 
 log = logging.getLogger("cbbench.server")
 
@@ -101,7 +105,7 @@ RESET = "reset_prefix_cache"  # the inbox's op for POST /reset_prefix_cache
 class AsyncEngine:
     def __init__(
         self,
-        build: Callable[[], tuple[object, dict]],
+        build: Callable[[], tuple[Engine, dict]],
         observer: EngineObserver | None = None,
     ) -> None:
         """``build`` runs in the engine thread and returns (engine, info), as build_engine."""
@@ -236,9 +240,10 @@ class AsyncEngine:
         finally:
             with self._lock:
                 self._closed = True
-                pending = [(op, q) for op, _, q in self._inbox if op in ("add", RESET)]
+                # adds and resets carry the queue that waits for their answer (aborts: None)
+                pending = [q for op, _, q in self._inbox if op in ("add", RESET) and q is not None]
                 self._inbox.clear()
-            batch: Delivery = [(q, Failed(error)) for _, q in pending]
+            batch: Delivery = [(q, Failed(error)) for q in pending]
             batch += [(s.queue, Failed(error)) for s in live.values()]
             self._deliver_threadsafe(batch)
 
@@ -328,12 +333,13 @@ class _InboxFeed:
 
     def on_step(self, step) -> None:
         bridge = self.bridge
-        stats = StepStats() if bridge._observer is not None else None
+        obs = bridge._observer
+        stats = StepStats() if obs is not None else None
         self._collect_tokens(step, stats)
         bridge._num_steps += 1
         self.hand_over()
-        if stats is not None:
-            bridge._observer.on_step(step, stats)
+        if obs is not None and stats is not None:
+            obs.on_step(step, stats)
 
     def on_step_failed(self, e: StepFailed) -> None:
         """Those requests failed; the engine serves on."""
@@ -342,6 +348,8 @@ class _InboxFeed:
         for req in e.requests:
             state = self.live.pop(req, None)
             if state is not None:
+                # the engine set every failed request's finish_reason to why (engine.py)
+                assert req.finish_reason is not None
                 self.batch.append((state.queue, Failed(req.finish_reason, STEP_FAILED)))
         self.hand_over()
 

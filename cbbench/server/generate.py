@@ -250,9 +250,11 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
         _sent(trace, ev.time_s, sent, runs[-1][0] != REASONING, n)
         if last:
             break
+    finish = ev.finish_reason
+    assert finish is not None  # the loop ends on the request's last event
     counts = _counts(trace, stream, job, n, cached)
-    _end(trace, stream, shaper.finish_reason(ev.finish_reason), 200)
-    await send({"type": "http.response.body", "body": shaper.closing(counts, ev.finish_reason)})
+    _end(trace, stream, shaper.finish_reason(finish), 200)
+    await send({"type": "http.response.body", "body": shaper.closing(counts, finish)})
 
 
 def _sent(trace: RequestTrace, made: float, sent: float, output: bool, n: int) -> None:
@@ -288,9 +290,11 @@ async def _complete(send, stream: RequestStream, shaper: StreamShaper, job: Job,
         if isinstance(ev, Failed):
             _end(trace, stream, "error", ev.status, ev.message)
             raise APIError(ev.status, ev.message, type="server_error")
+        assert isinstance(ev, TokenEvent)  # Admitted comes once, first: _admitted took it
         events.append(ev)
         if ev.finish_reason is not None:
             break
+    finish = ev.finish_reason
     decoder = s.codec.decoder()
     ids = [t for e in events for t in e.token_ids]
     n = len(ids)
@@ -304,9 +308,9 @@ async def _complete(send, stream: RequestStream, shaper: StreamShaper, job: Job,
     texts = OutputTexts(reasoning, rest if tool is None else "", tool)
     if shaper.times is not None:
         shaper.times.extend(e.time_s for e in events for _ in e.token_ids)
-    body = shaper.full(texts, counts, ev.finish_reason)
+    body = shaper.full(texts, counts, finish)
     trace.first_token, trace.last_token = events[0].time_s, ev.time_s
     trace.output_tokens = n
-    _end(trace, stream, shaper.finish_reason(ev.finish_reason), 200)
+    _end(trace, stream, shaper.finish_reason(finish), 200)
     await send_json(send, 200, body)
     trace.first_token_sent = trace.last_token_sent = time.perf_counter()

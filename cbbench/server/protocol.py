@@ -36,7 +36,8 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,7 +72,7 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def validation_error(errors: list[dict]) -> APIError:
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     """FastAPI's validation errors (malformed JSON, missing or bad fields) as one 400."""
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
@@ -158,11 +159,13 @@ class CompletionRequest(_Base):
         p = self.prompt
         if isinstance(p, str):
             return p
-        if p and isinstance(p[0], str | list):
+        first = p[0] if p else None
+        if isinstance(first, str | list):
             if len(p) != 1:
                 raise APIError(400, "only one prompt per request is supported", param="prompt")
-            return p[0]
-        return p
+            return first
+        # Empty, or its first item an int: the strict model admits only list[int] then.
+        return cast("list[int]", p)
 
 
 class TextPart(BaseModel):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 REASONING = "reasoning"
@@ -80,7 +81,7 @@ class ChatDeltas:
         self.reasoning_field = reasoning_field
         self._tool_started = False
 
-    def delta(self, pieces: list[tuple[str, str]], last: bool) -> dict:
+    def delta(self, pieces: Sequence[Sequence[str]], last: bool) -> dict:
         """``pieces``: (kind, text) runs of one event; ``last``: the request ends with it."""
         d: dict = {}
         for kind, text in pieces:

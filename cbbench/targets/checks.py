@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TypeGuard
 
 import numpy as np
 
@@ -48,7 +49,7 @@ MS = 1000.0
 MAX_USAGE_TOKENS = 2**31 - 1
 
 
-def _is_count(v) -> bool:
+def _is_count(v: object) -> TypeGuard[int]:
     return type(v) is int and 0 <= v <= MAX_USAGE_TOKENS
 
 
@@ -80,7 +81,9 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
         n = details.get("image_tokens") if isinstance(details, dict) else None
         rec.image_tokens = n if _is_count(n) else None
     choose_output_count(rec, per_event=None)
-    return rec.output_tokens_method
+    method = rec.output_tokens_method
+    assert method is not None  # choose_output_count always sets one
+    return method
 
 
 def count_outputs(records: Sequence[RequestRecord]) -> tuple[dict, list[str]]:
@@ -125,7 +128,7 @@ def send_lag_check(lags_ms: Sequence[float]) -> dict:
     if not len(lags_ms):
         return {"send_lag_p50_ms": None, "send_lag_p99_ms": None, "client_fell_behind": False}
     p50, p99 = (float(v) for v in np.percentile(np.asarray(lags_ms, dtype=np.float64), [50, 99]))
-    out = {
+    out: dict[str, float | bool | str] = {
         "send_lag_p50_ms": p50,
         "send_lag_p99_ms": p99,
         "client_fell_behind": p50 > LAG_P50_LIMIT_MS or p99 > LAG_P99_LIMIT_MS,

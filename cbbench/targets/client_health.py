@@ -114,7 +114,7 @@ def loop_lag_check(lag_ms: Sequence[float], span_s: float) -> dict:
         }
     a = np.asarray(lag_ms, dtype=np.float64)
     p50, p99 = (float(v) for v in np.percentile(a, [50, 99]))
-    out = {
+    out: dict[str, float | bool | str] = {
         "loop_lag_p50_ms": p50,
         "loop_lag_p99_ms": p99,
         "loop_lag_max_ms": float(a.max()),

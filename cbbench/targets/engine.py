@@ -11,6 +11,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +23,10 @@ from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import DEFAULT_VOCAB, SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.engine_feed import CancellingListFeed, CancelTimer, SessionFeed
+
+if TYPE_CHECKING:
+    from cbbench.engine.core.engine import StepFailed
+    from cbbench.engine.core.feed import RequestFeed
 
 log = logging.getLogger(__name__)
 
@@ -311,7 +316,9 @@ def run_engine(
     (a LiveBoard, targets/live.py) reads the engine's records and its finished requests."""
     from cbbench.engine.core.feed import ListFeed, run_feed
 
-    loop = run_feed
+    # run_feed drives one engine; run_replicas a replica set or a disaggregated pair, whichever
+    # of the two branches below built
+    loop: Callable[..., bool] = run_feed
     if opts.data_parallel_size > 1 or opts.disaggregate is not None:
         from cbbench.engine.sim.replicas import run_replicas
 
@@ -326,6 +333,7 @@ def run_engine(
             e.executor = ScaledExecutor(e.executor, step_time_factors)
     session_feed = None
     timer = CancelTimer(cancel)
+    feed: RequestFeed
     if sessions is not None:
         feed = session_feed = _session_feed(sessions, opts, info, timer)
         reqs = session_feed.created
@@ -341,7 +349,7 @@ def run_engine(
         clock.reset()
     if on_start is not None:
         on_start(clock)
-    step_failures = []
+    step_failures: list[StepFailed] = []
 
     def on_step_failed(e) -> None:
         # The failed requests carry the error in the result; say it once, as it happens.

@@ -183,7 +183,7 @@ class SessionFeed:
             if any(r is None or not r.status.is_done or r.status == RequestStatus.REJECTED
                    for r in waits):
                 continue  # another turn it waits on is still out (or can never end)
-            self._push_next(i, m, max(r.finish_time for r in waits if r is not None))
+            self._push_next(i, m, max(_finish_time(r) for r in waits if r is not None))
 
     def _push_next(self, i: int, m: int, waited_from: float) -> None:
         """Flat turn m of session i, its wait starting at ``waited_from``."""
@@ -221,3 +221,8 @@ class SessionFeed:
         """(session_id, turn) of a request, turns counted from 1 within the turn's agent."""
         i, k = self.turn_of[req.request_id]
         return self.plan.labels[i], self.plan.sessions[i].nodes[k].index + 1
+
+
+def _finish_time(req: Request) -> float:
+    assert req.finish_time is not None  # the engine stamps every request it ends (engine.py)
+    return req.finish_time

@@ -41,9 +41,9 @@ def _usage_int(usage: dict | None, *keys: str) -> int | None:
 def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str]:
     """Tokens of each timed event, and the method."""
     n = len(st.times)
-    running = st.running
+    running = [r for r in st.running if r is not None]
     # Exact only when every timed event carried its running count.
-    if n and len(running) == n and None not in running:
+    if n and len(st.running) == n and len(running) == n:
         counts, prev = [], 0
         for r in running:
             counts.append(max(r - prev, 0))
@@ -69,7 +69,8 @@ def _reasoning_per_event(st: SseStream, counts: list[int], tokenizer) -> list[fl
         elif st.reasoning_pieces is not None and tokenizer is not None:
             r = len(tokenizer.encode(st.reasoning_pieces[i], add_special_tokens=False).ids)
             out.append(float(min(r, k)))
-        elif st.reasoning_pieces is not None and st.pieces[i]:
+        elif st.reasoning_pieces is not None and st.pieces is not None and st.pieces[i]:
+            # (pieces and reasoning_pieces are kept together: sse.py's keep_text)
             out.append(k * len(st.reasoning_pieces[i]) / len(st.pieces[i]))
         else:
             out.append(k / 2)

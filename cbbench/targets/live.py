@@ -14,10 +14,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from cbbench.analysis.summary.histogram import LogHistogram
+
+if TYPE_CHECKING:
+    from cbbench.engine.core.request import RequestStatus
+    from cbbench.engine.sim.array_sim import ArraySim
 
 MS = 1000.0
 LIVE_RELATIVE_ERROR = 0.005  # the panel's p50s: within 0.5% (its figures show 3-4 digits)
@@ -111,6 +116,25 @@ def _p50(h: LogHistogram) -> float | None:
     return h.percentiles([50])[0] if h.count else None
 
 
+class _RunClock(Protocol):
+    def now(self) -> float: ...
+
+
+class _BoardEngine(Protocol):
+    """What the board reads of the in-process run's engine (one engine, a replica set or a
+    disaggregated pair: each has a clock, and the board reads its members' records)."""
+
+    @property
+    def clock(self) -> _RunClock: ...
+
+
+class _BoardHttp(Protocol):
+    """What the board reads of the HTTP runner (targets/http.py)."""
+
+    t0: float
+    in_flight: int
+
+
 class LiveBoard:
     """Filled by the target, read by the view. ``plan()`` comes from the run (its schedule),
     ``attach_http()``/``attach_engine()`` from the target when its clock starts."""
@@ -122,11 +146,11 @@ class LiveBoard:
         self._ended: list = []  # appended by the target's thread, read by the view's
         self._cursor = 0
         self._tally = _Tally()
-        self._http = None
-        self._engine = None
-        self._finished_status = None
+        self._http: _BoardHttp | None = None
+        self._engine: _BoardEngine | None = None
+        self._finished_status: RequestStatus | None = None
         self._progress = (0, 0)  # (done, total): all a multi-worker run reports
-        self._array = None  # the array simulator (large simulated runs): its own feed
+        self._array: ArraySim | None = None  # the array simulator (large simulated runs)
 
     def plan(self, total: int, planned_s: float | None, target_rate: float | None) -> None:
         self.total = total
@@ -215,7 +239,9 @@ class LiveBoard:
     def _read_array_sim(self) -> tuple[float, int, dict, int, int]:
         """The array simulator's finished requests since the last read, and its counts."""
         sim = self._array
+        assert sim is not None  # snapshot() reads the array simulator only once attached
         ended = sim.ended
+        assert ended is not None  # attach_array_sim set it
         n = len(ended)
         self._tally.array_sim(ended[self._cursor:n], sim.arrival, sim.max_tokens)
         self._cursor = n

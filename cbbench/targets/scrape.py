@@ -112,9 +112,11 @@ class MetricsScraper:
     async def _scrape(self, t0: float, keep_page: bool = True, final: bool = False) -> bool:
         self.attempts += 1
         t = time.perf_counter() - t0
+        session = self._session
+        assert session is not None  # baseline() or run() opened it
         try:
             status, body = await get_body(
-                self._session, self.base + "/metrics", SCRAPE_MAX_BYTES, SCRAPE_TIMEOUT_S
+                session, self.base + "/metrics", SCRAPE_MAX_BYTES, SCRAPE_TIMEOUT_S
             )
         except asyncio.TimeoutError:
             self.errors.append(f"t={t:.1f}s: no answer within {SCRAPE_TIMEOUT_S:g} s")

@@ -137,6 +137,19 @@ def test_anthropic_errors_are_one_line():
                 0.0)
 
 
+@pytest.mark.parametrize("delta_type", [["text_delta"], {"a": 1}, None, 3])
+def test_anthropic_delta_without_a_string_type_is_a_bad_event(delta_type):
+    # A list or an object as the delta's type was a TypeError (unhashable) out of the parser,
+    # not the request's one-line failure.
+    st = AnthropicStream([])
+    event = {"type": "content_block_delta", "index": 0,
+             "delta": {"type": delta_type, "text": "x"}}
+    with pytest.raises(HttpFailure, match="unexpected chunk shape") as e:
+        st.feed(sse(event), 0.0)
+    assert e.value.error_type == "bad_event"
+    assert st.kinds == []  # nothing counted as a token
+
+
 def test_anthropic_request_shape():
     assert headers({}) == {"anthropic-version": "2023-06-01"}
     assert headers({"Anthropic-Version": "2024-01-01"}) == {}  # the user's wins

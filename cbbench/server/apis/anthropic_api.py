@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from cbbench.server.apis.block_stream import BlockStream, typed_event
 from cbbench.server.chunks import request_id
 from cbbench.server.protocol import (
     STRICT_FINITE,
@@ -40,17 +41,12 @@ from cbbench.server.protocol import (
     validation_error,
 )
 from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
-from cbbench.server.stream_events import (
-    ANSWER,
-    REASONING,
-    TOOL_ARGS_CLOSE,
-    TOOL_ARGS_OPEN,
-    OutputPlan,
-    escaped,
-)
+from cbbench.server.stream_events import ANSWER, REASONING, OutputPlan
+
+if TYPE_CHECKING:
+    from cbbench.server.context import ServeConfig, ServeContext, Served
 
 STRICT = STRICT_FINITE
-TOOL = "tool"
 # Anthropic's error types by HTTP status (docs: API errors).
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -164,24 +160,20 @@ def _chat_messages(m: Message) -> list[ChatMessage]:
     return out
 
 
-class AnthropicShaper:
-    """One request's Messages events (or its one message)."""
+class AnthropicShaper(BlockStream):
+    """One request's Messages events (or its one message): its content blocks are the blocks
+    of block_stream.py."""
 
     def __init__(self, job: Job, model: str, client_request_id: str | None) -> None:
+        super().__init__()
         self.job = job
         self.plan: OutputPlan = job.plan
         self.id = request_id("msg", client_request_id, sep="_")
         self.model = model
-        self.times = None
+        self.times: list[float] | None = None  # the Responses/Messages answers carry none
         self.tool_id = f"toolu_{uuid.uuid4().hex[:24]}"
-        self.block = -1  # the open block's index
-        self.open: str | None = None
-        self.tool_started = False
 
-    @staticmethod
-    def _event(obj: dict) -> bytes:
-        return (f"event: {obj['type']}\ndata: ".encode()
-                + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+    _event = staticmethod(typed_event)
 
     def _message(self, content: list, stop_reason: str | None, usage: dict) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
@@ -192,9 +184,7 @@ class AnthropicShaper:
         usage = {"input_tokens": len(self.job.prompt_ids), "output_tokens": 0}
         return self._event({"type": "message_start", "message": self._message([], None, usage)})
 
-    def _open(self, kind: str) -> bytes:
-        out = self._close()
-        self.open, self.block = kind, self.block + 1
+    def _started(self, kind: str) -> bytes:
         if kind == REASONING:
             block: dict = {"type": "thinking", "thinking": "", "signature": ""}
         elif kind == ANSWER:
@@ -202,18 +192,15 @@ class AnthropicShaper:
         else:
             block = {"type": "tool_use", "id": self.tool_id, "name": self.plan.tool_name,
                      "input": {}}
-        return out + self._event({"type": "content_block_start", "index": self.block,
-                                  "content_block": block})
+        return self._event({"type": "content_block_start", "index": self.index,
+                            "content_block": block})
 
-    def _close(self) -> bytes:
-        if self.open is None:
-            return b""
+    def _stopped(self, kind: str) -> bytes:
         out = b""
-        if self.open == REASONING:
-            out = self._event({"type": "content_block_delta", "index": self.block,
+        if kind == REASONING:
+            out = self._event({"type": "content_block_delta", "index": self.index,
                                "delta": {"type": "signature_delta", "signature": SIGNATURE}})
-        self.open = None
-        return out + self._event({"type": "content_block_stop", "index": self.block})
+        return out + self._event({"type": "content_block_stop", "index": self.index})
 
     def _delta(self, kind: str, text: str) -> bytes:
         if kind == REASONING:
@@ -222,26 +209,7 @@ class AnthropicShaper:
             delta = {"type": "text_delta", "text": text}
         else:
             delta = {"type": "input_json_delta", "partial_json": text}
-        return self._event({"type": "content_block_delta", "index": self.block, "delta": delta})
-
-    def tokens(self, pieces: list[list[str]], n: int, last: bool,
-               engine_finish: str | None) -> bytes:
-        out = b""
-        for kind, text in pieces:
-            if kind not in (REASONING, ANSWER):
-                kind = TOOL
-                text = escaped(text)
-                if not self.tool_started:
-                    self.tool_started = True
-                    text = TOOL_ARGS_OPEN + text
-                if last:
-                    text += TOOL_ARGS_CLOSE
-            if self.open != kind:
-                out += self._open(kind)
-            out += self._delta(kind, text)
-        if last:
-            out += self._close()
-        return out
+        return self._event({"type": "content_block_delta", "index": self.index, "delta": delta})
 
     def _stop_reason(self, engine_finish: str) -> str:
         return "tool_use" if self.tool_started else STOP_REASONS.get(engine_finish, "end_turn")
@@ -254,11 +222,6 @@ class AnthropicShaper:
 
     def failure(self, message: str) -> bytes:
         return self._event(anthropic_error(500, message))
-
-    def finish_reason(self, engine_finish: str | None) -> str | None:
-        if engine_finish is not None and self.tool_started:
-            return "tool_calls"
-        return engine_finish
 
     def full(self, texts: OutputTexts, counts: Counts, engine_finish: str) -> dict:
         content: list[dict] = []
@@ -287,11 +250,11 @@ def anthropic_usage(c: Counts) -> dict:
 class AnthropicApi:
     name = "anthropic"
 
-    def parse(self, body: bytes, ctx):
+    def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
         try:
             req = MessagesRequest.model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(list(e.errors())) from None
+            raise validation_error(e.errors()) from None
         s = ctx.ready()
         ctx.check_model(s, req.model)
         if req.stop_sequences:
@@ -302,7 +265,8 @@ class AnthropicApi:
         return s, Job(self, ids, req.max_tokens, ctx.sampling(req), req.stream, plan=plan,
                       request=req)
 
-    def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> AnthropicShaper:
+    def shaper(self, job: Job, s: Served, client_request_id: str | None, cfg: ServeConfig,
+               submitted_s: float) -> AnthropicShaper:
         return AnthropicShaper(job, s.name, client_request_id)
 
     def error_body(self, e: APIError) -> dict:

@@ -4,6 +4,8 @@ protocol.py's, the bytes chunks.py's (a byte template per plain token) and strea
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import ValidationError
 
 from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
@@ -23,6 +25,9 @@ from cbbench.server.protocol import (
 from cbbench.server.request_metrics import METRICS_FIELD
 from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
 from cbbench.server.stream_events import DEFAULT_REASONING_FIELD, ChatDeltas, OutputPlan
+
+if TYPE_CHECKING:
+    from cbbench.server.context import ServeConfig, ServeContext, Served
 
 
 def chat_details(c: Counts) -> dict:
@@ -89,7 +94,8 @@ class ChatShaper:
         return self.deltas.finish_reason(engine_finish) if self.deltas is not None else engine_finish
 
     def full(self, texts: OutputTexts, counts: Counts, engine_finish: str) -> dict:
-        message, reason = None, engine_finish
+        message: dict | None = None
+        reason: str | None = engine_finish
         if self.deltas is not None and not self.job.plan.plain:
             message = self.deltas.message(texts.reasoning, texts.answer, texts.tool)
             reason = self.deltas.finish_reason(reason)
@@ -110,13 +116,13 @@ class OpenAIApi:
         self.chat = chat
         self.name = "chat" if chat else "completions"
 
-    def parse(self, body: bytes, ctx):
+    def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
         if self.chat:
             check_image_count(body, ctx.cfg.limit_images_per_prompt)
         try:
             req = (ChatRequest if self.chat else CompletionRequest).model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(list(e.errors())) from None
+            raise validation_error(e.errors()) from None
         s = ctx.ready()
         ctx.check_model(s, req.model)
         req.check_supported()
@@ -137,7 +143,8 @@ class OpenAIApi:
                       req.return_token_times, req.continuous_usage, plan, req,
                       ctx.cfg.per_request_metrics, images)
 
-    def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> ChatShaper:
+    def shaper(self, job: Job, s: Served, client_request_id: str | None, cfg: ServeConfig,
+               submitted_s: float) -> ChatShaper:
         shape = Shape(self.chat, s.name, client_request_id)
         return ChatShaper(job, shape, cfg.reasoning_field or DEFAULT_REASONING_FIELD, submitted_s)
 

@@ -38,8 +38,8 @@ def _inputs(req: EmbeddingRequest) -> list[str | list[int]]:
     if not x:
         raise APIError(400, "input: give at least one input", param="input")
     if isinstance(x[0], int):  # one prompt of token ids
-        return [list(x)]  # type: ignore[arg-type]
-    return list(x)  # type: ignore[arg-type]
+        return [list(x)]
+    return list(x)
 
 
 def parse_embeddings(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:

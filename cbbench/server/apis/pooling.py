@@ -56,7 +56,7 @@ def parse_model(model: type[BaseModel], body: bytes) -> BaseModel:
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
-        raise validation_error(list(e.errors())) from None
+        raise validation_error(e.errors()) from None
 
 
 def hidden_size(ctx: ServeContext) -> int:

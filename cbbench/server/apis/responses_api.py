@@ -28,14 +28,14 @@ an ``error`` event. A request's log line has ``api: responses`` and the response
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from cbbench.server.apis.block_stream import BlockStream, typed_event
 from cbbench.server.apis.response_store import ResponseStore
 from cbbench.server.chunks import request_id
 from cbbench.server.protocol import (
@@ -52,11 +52,15 @@ from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
 from cbbench.server.stream_events import (
     ANSWER,
     REASONING,
+    TOOL,
     TOOL_ARGS_CLOSE,
     TOOL_ARGS_OPEN,
     OutputPlan,
     escaped,
 )
+
+if TYPE_CHECKING:
+    from cbbench.server.context import ServeConfig, ServeContext, Served
 
 STRICT = STRICT_FINITE
 LENGTH = "length"
@@ -164,10 +168,12 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class ResponsesShaper:
-    """One request's Responses events (or its one response object)."""
+class ResponsesShaper(BlockStream):
+    """One request's Responses events (or its one response object): its output items are the
+    blocks of block_stream.py."""
 
     def __init__(self, job: Job, model: str, client_request_id: str | None) -> None:
+        super().__init__()
         self.job = job
         rj: ResponsesJob = job.request  # type: ignore[assignment]
         self.req = rj.req
@@ -175,23 +181,19 @@ class ResponsesShaper:
         self.id = request_id("resp", client_request_id, sep="_")
         self.created_at = int(time.time())
         self.model = model
-        self.times = None
+        self.times: list[float] | None = None  # the Responses/Messages answers carry none
         self.seq = 0
         plan = job.plan
         self.plan = plan
         # The output items, in order: reasoning (when any), then the message or the call.
         self.rs_id, self.msg_id, self.fc_id = _item_id("rs"), _item_id("msg"), _item_id("fc")
-        self.open: str | None = None  # the kind whose item is open
-        self.index = -1  # the open item's output_index
-        self.text = {REASONING: "", ANSWER: "", "tool": ""}
-        self.tool_started = False
+        self.text = {REASONING: "", ANSWER: "", TOOL: ""}
 
     # ---- events ---------------------------------------------------------------------------
     def _event(self, obj: dict) -> bytes:
         obj["sequence_number"] = self.seq
         self.seq += 1
-        return (f"event: {obj['type']}\ndata: ".encode()
-                + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+        return typed_event(obj)
 
     def _response(self, status: str, output: list, usage: dict | None = None,
                   incomplete: dict | None = None) -> dict:
@@ -228,12 +230,10 @@ class ResponsesShaper:
         return {"type": "function_call", "id": self.fc_id, "call_id": self.plan.tool_call_id,
                 "name": self.plan.tool_name, "arguments": text if done else "", "status": status}
 
-    def _open(self, kind: str) -> bytes:
-        out = self._close()
-        self.open, self.index = kind, self.index + 1
-        out += self._event({"type": "response.output_item.added", "output_index": self.index,
-                            "item": self._item(kind, False)})
-        if kind == "tool":
+    def _started(self, kind: str) -> bytes:
+        out = self._event({"type": "response.output_item.added", "output_index": self.index,
+                           "item": self._item(kind, False)})
+        if kind == TOOL:
             return out
         part = ({"type": "reasoning_text", "text": ""} if kind == REASONING
                 else _output_text(""))
@@ -241,14 +241,10 @@ class ResponsesShaper:
         return out + self._event({"type": "response.content_part.added", "item_id": item_id,
                                   "output_index": self.index, "content_index": 0, "part": part})
 
-    def _close(self) -> bytes:
-        kind = self.open
-        if kind is None:
-            return b""
-        self.open = None
+    def _stopped(self, kind: str) -> bytes:
         text, i = self.text[kind], self.index
         done = self._item(kind, True)
-        if kind == "tool":
+        if kind == TOOL:
             out = self._event({"type": "response.function_call_arguments.done",
                                "item_id": self.fc_id, "output_index": i, "arguments": text})
         else:
@@ -274,30 +270,10 @@ class ResponsesShaper:
         return self._event({"type": "response.function_call_arguments.delta",
                             "item_id": self.fc_id, "output_index": self.index, "delta": text})
 
-    def tokens(self, pieces: list[list[str]], n: int, last: bool,
-               engine_finish: str | None) -> bytes:
-        out = b""
-        for kind, text in pieces:
-            if kind not in (REASONING, ANSWER):
-                kind = "tool"
-                if not self.tool_started:
-                    self.tool_started = True
-                    text = TOOL_ARGS_OPEN + escaped(text)
-                else:
-                    text = escaped(text)
-                if last:
-                    text += TOOL_ARGS_CLOSE
-            if self.open != kind:
-                out += self._open(kind)
-            out += self._delta(kind, text)
-        if last:
-            out += self._close()
-        return out
-
     def _final(self, counts: Counts, engine_finish: str) -> dict:
         incomplete = engine_finish == LENGTH and not self.tool_started
         kinds = [REASONING] if self.text[REASONING] else []
-        kinds.append("tool" if self.tool_started else ANSWER)
+        kinds.append(TOOL if self.tool_started else ANSWER)
         output = [self._item(k, True) for k in kinds]
         self._store()
         return self._response(
@@ -313,7 +289,7 @@ class ResponsesShaper:
             return
         if self.tool_started:
             call = ToolCall(id=self.plan.tool_call_id, function=ToolCallFunction(
-                name=self.plan.tool_name or "", arguments=self.text["tool"]))
+                name=self.plan.tool_name or "", arguments=self.text[TOOL]))
             reply = ChatMessage(role="assistant", content=None, tool_calls=[call])
         else:
             reply = ChatMessage(role="assistant", content=self.text[ANSWER])
@@ -328,17 +304,12 @@ class ResponsesShaper:
         return self._event({"type": "error", "code": "server_error", "message": message,
                             "param": None})
 
-    def finish_reason(self, engine_finish: str | None) -> str | None:
-        if engine_finish is not None and self.tool_started:
-            return "tool_calls"
-        return engine_finish
-
     def full(self, texts: OutputTexts, counts: Counts, engine_finish: str) -> dict:
         self.text[REASONING] = texts.reasoning
         self.text[ANSWER] = texts.answer
         if texts.tool is not None:
             self.tool_started = True
-            self.text["tool"] = TOOL_ARGS_OPEN + escaped(texts.tool) + TOOL_ARGS_CLOSE
+            self.text[TOOL] = TOOL_ARGS_OPEN + escaped(texts.tool) + TOOL_ARGS_CLOSE
         return self._final(counts, engine_finish)
 
 
@@ -367,11 +338,11 @@ def _dump(v) -> object:
 class ResponsesApi:
     name = "responses"
 
-    def parse(self, body: bytes, ctx):
+    def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
         try:
             req = ResponsesRequest.model_validate_json(body)
         except ValidationError as e:
-            raise validation_error(list(e.errors())) from None
+            raise validation_error(e.errors()) from None
         s = ctx.ready()
         ctx.check_model(s, req.model)
         conversation = req.messages()
@@ -394,7 +365,8 @@ class ResponsesApi:
         return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, plan=plan,
                       request=ResponsesJob(req, conversation, store))
 
-    def shaper(self, job: Job, s, client_request_id, cfg, submitted_s: float) -> ResponsesShaper:
+    def shaper(self, job: Job, s: Served, client_request_id: str | None, cfg: ServeConfig,
+               submitted_s: float) -> ResponsesShaper:
         return ResponsesShaper(job, s.name, client_request_id)
 
     def error_body(self, e: APIError) -> dict:

@@ -26,7 +26,7 @@ def parse_tokenize(body: object) -> TokenizeCompletionRequest | TokenizeChatRequ
     try:
         return model.model_validate(body)
     except ValidationError as e:
-        raise validation_error(list(e.errors())) from None
+        raise validation_error(e.errors()) from None
 
 
 def tokenize(req: TokenizeCompletionRequest | TokenizeChatRequest, codec: TextCodec,
@@ -50,7 +50,7 @@ def parse_detokenize(body: object) -> DetokenizeRequest:
     try:
         return DetokenizeRequest.model_validate(body)
     except ValidationError as e:
-        raise validation_error(list(e.errors())) from None
+        raise validation_error(e.errors()) from None
 
 
 def detokenize(req: DetokenizeRequest, codec: TextCodec, vocab_size: int) -> dict:

@@ -67,7 +67,10 @@ class AnthropicStream(SseStream):
         delta = obj.get("delta")
         if not isinstance(delta, dict):
             raise _bad_shape(obj)
-        known = DELTA_KINDS.get(delta.get("type"))
+        delta_type = delta.get("type")
+        if not isinstance(delta_type, str):  # (a list or an object here was a TypeError)
+            raise _bad_shape(obj)
+        known = DELTA_KINDS.get(delta_type)
         if known is None:  # signature_delta, citations: no token
             return
         field, kind = known
