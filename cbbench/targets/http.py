@@ -60,7 +60,6 @@ from cbbench.targets.http_sessions import SessionDispatch
 from cbbench.targets.options import API_PATHS, EndpointOptions, redact_url
 from cbbench.targets.read_buffers import keep_reads_on_heap
 from cbbench.targets.request import RequestContext, request_body, send_request
-from cbbench.targets.scrape import MetricsScraper
 from cbbench.targets.sse import SseStream
 from cbbench.targets.stream_pool import StreamPool
 from cbbench.targets.transport import ERROR_TYPES, classify, get_body, new_session
@@ -325,6 +324,8 @@ class _Runner:
             payload = self._payload(model)
             scraper = None
             if o.scrape_metrics:
+                from cbbench.targets.scrape import MetricsScraper  # only with --scrape-metrics
+
                 scraper = MetricsScraper(self.base, o.headers, o.scrape_metrics_filter)
                 await scraper.baseline()  # before the clock starts
             frozen = freeze_heap()  # the heap so far: out of the run's collections
