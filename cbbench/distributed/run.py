@@ -149,7 +149,7 @@ def _one_process(
         from cbbench.targets.hooks import RunHooks
 
         hooks = RunHooks(on_record=live.on_record, on_run=live.attach_http)
-    runner = run_http
+    runner: Callable[..., HttpRun] = run_http
     if opts.pooling:  # imported here: the streamed APIs' start does not pay for it (issue 41)
         from cbbench.targets.apis.pooling_request import run_pooling
 
