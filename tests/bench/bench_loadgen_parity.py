@@ -5,7 +5,7 @@ server's own log; then the time from the `cbbench run` command to the server rec
 first request, for both. Writes results/loadgen_rust_parity.md (figures and the command).
 
     python tests/bench/bench_loadgen_parity.py [--against f5e98e5] [--duration 4] [--repeats 2]
-        [--nice -20] [--out results/loadgen_rust_parity.md]
+        [--rates 500 1000 2000] [--nice -20] [--out results/loadgen_rust_parity.md]
 
 Each rate is tests/bench/bench_loadgen_ab.py's comparison (the sides alternate, ref first;
 CPU from getrusage; the timing server's own CPU beside). The issue's goals are checked on the
@@ -13,7 +13,9 @@ new side's medians and printed with each table.
 
 vLLM's Rust client, opt-in: CBBENCH_BENCH_VLLM_RS names its binary (`vllm/vllm-rs` inside the
 vllm 0.34.0 wheel runs on its own: `pip download --no-deps vllm==0.34.0`, unzip that one file;
-never commit it). It runs `vllm-rs bench serve` at each rate against a timing server of its own,
+never commit it). It runs `vllm-rs bench serve` right after cbbench's runs at each rate (the same
+load), against a timing server of its own, with the arguments `VLLM_USE_RUST_BENCH=1 vllm bench
+serve` hands it (vllm's CLI execs the binary with its own argv),
 with a tokenizer (its random dataset needs one: CBBENCH_BENCH_TOKENIZER, default the shared
 Llama-3.1 one beside the repository). Its prompts are its own, so its figures are held to the
 server's log by distribution (its TTFT p50/p99 minus the server's), not per request, and its
