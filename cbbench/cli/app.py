@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import ModuleType
 from typing import Annotated
 
 import typer
@@ -75,8 +76,10 @@ def _register(names: set[str] | None = None) -> typer.Typer:
     return _app
 
 
-def _command_module(name: str):  # noqa: C901 - one branch a command, imported on first use
-    """The module of command `name` (deferred imports: the import graph still sees them)."""
+def _command_module(name: str) -> ModuleType:  # noqa: C901 - one branch a command
+    """The module of command `name`, imported on first use (written out, one import a command,
+    so the import graph sees them: tests/cli/test_import_graph.py)."""
+    module: ModuleType
     if name == "run":
         from cbbench.cli import run as module
     elif name == "compare":
@@ -143,13 +146,15 @@ def _invoke() -> int:
     except Exception as e:
         # Click's parse errors (bad option, bad value, missing argument) carry an exit code and
         # a message; print that one line instead of click's usage block.
-        if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
+        code = getattr(e, "exit_code", None)
+        if hasattr(e, "format_message") and isinstance(code, int):
             message = e.format_message()
             if message:
                 typer.echo(f"cbbench: error: {message}", err=True)
             else:  # no arguments at all: show the help
-                typer.echo(e.ctx.get_help() if getattr(e, "ctx", None) else "", err=True)
-            return e.exit_code
+                ctx = getattr(e, "ctx", None)
+                typer.echo(ctx.get_help() if ctx is not None else "", err=True)
+            return code
         raise
     if rv == INTERRUPTED_EXIT:  # typer's own handling of a KeyboardInterrupt
         typer.echo("cbbench: interrupted", err=True)

@@ -89,7 +89,7 @@ class _Ping(asyncio.Protocol):
         self.left, self.done = left, done
         self.transport: asyncio.Transport | None = None
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:

@@ -23,7 +23,6 @@ from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
-from cbbench.targets.apis.pooling_request import run_pooling
 from cbbench.targets.balance import tag_records
 from cbbench.targets.http import HttpRun, run_http
 from cbbench.targets.options import EndpointOptions, redact_url
@@ -150,7 +149,12 @@ def _one_process(
         from cbbench.targets.hooks import RunHooks
 
         hooks = RunHooks(on_record=live.on_record, on_run=live.attach_http)
-    run = (run_pooling if opts.pooling else run_http)(
+    runner: Callable[..., HttpRun] = run_http
+    if opts.pooling:  # imported here: the streamed APIs' start does not pay for it (issue 41)
+        from cbbench.targets.apis.pooling_request import run_pooling
+
+        runner = run_pooling
+    run = runner(
         opts,
         wreqs,
         arrivals,

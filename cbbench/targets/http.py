@@ -106,7 +106,7 @@ class _Runner:
         self,
         opts: EndpointOptions,
         wreqs: Sequence[WorkloadRequest],
-        arrivals: Sequence[float],
+        arrivals: Sequence[float] | np.ndarray,
         prompts: list,
         tokenizer,
         should_stop: Callable[[], bool] | None,
@@ -148,7 +148,8 @@ class _Runner:
         self.in_flight = 0
         self.max_in_flight = 0
         self.stopped = False
-        self.ctx: RequestContext | None = None  # set when the run starts
+        # Set when the run starts (run()), before any request is made: typed as always there.
+        self.ctx: RequestContext = None  # type: ignore[assignment]
         # Several --endpoint URLs: which one each send goes to (targets/balance.py).
         self.balancer: Balancer | None = None
         self.models: list[str | None] | None = None  # --lora-modules: each request's model
@@ -174,8 +175,8 @@ class _Runner:
             priority=w.priority,
             max_tokens=w.output_len,
         )
-        if self.chat_prompt_tokens is not None and self.chat_prompt_tokens[pos] is not None:
-            rec.prompt_token_counts = {"chat_template": self.chat_prompt_tokens[pos]}
+        if self.chat_prompt_tokens is not None and (n := self.chat_prompt_tokens[pos]) is not None:
+            rec.prompt_token_counts = {"chat_template": n}
         if self.image_info is not None and (im := self.image_info[pos]) is not None:
             rec.images, rec.image_bytes = im
         st = self.spec.stream(rec.token_times_s, self.tokenizer is not None)
@@ -218,7 +219,7 @@ class _Runner:
             finally:
                 self.in_flight -= 1
                 if picked is not None:
-                    self.balancer.release(picked)
+                    self.balancer.release(picked)  # type: ignore[union-attr]  # picked: it is set
         except asyncio.CancelledError:  # the run was stopped; unsent requests stay unrecorded
             if rec.send_s is not None and rec.error is None:
                 rec.error_type, rec.error = (
@@ -227,6 +228,7 @@ class _Runner:
                 )
         finally:
             if has_slot:
+                assert self.sem is not None  # has_slot: it was acquired
                 self.sem.release()
             if rec.send_s is not None:
                 self._ended(pos, rec, st)
@@ -254,7 +256,7 @@ class _Runner:
     def _ended(self, pos: int, rec: RequestRecord, st: SseStream) -> None:
         """A sent request ended: its record is final now (a worker streams it out)."""
         method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS)
-        self.sampled += "one_token_events" in rec.output_token_counts
+        self.sampled += "one_token_events" in (rec.output_token_counts or ())
         if rec.error is None:
             self.methods[method] += 1
         # Its counts are on the record now. Kept, the parser's lists would outlive the request
@@ -289,8 +291,8 @@ class _Runner:
             self.pending.add(task)
             task.add_done_callback(self.pending.discard)
 
-    async def _watch_stop(self, dispatcher: asyncio.Task) -> None:
-        while not self.should_stop():
+    async def _watch_stop(self, dispatcher: asyncio.Task, should_stop: Callable[[], bool]) -> None:
+        while not should_stop():
             await asyncio.sleep(STOP_POLL_S)
         self.stopped = True
         dispatcher.cancel()
@@ -351,7 +353,7 @@ class _Runner:
             scrape_task = asyncio.create_task(scraper.run(self.t0)) if scraper else None
             dispatcher = asyncio.create_task(self._dispatch())
             watcher = (
-                asyncio.create_task(self._watch_stop(dispatcher))
+                asyncio.create_task(self._watch_stop(dispatcher, self.should_stop))
                 if self.should_stop is not None
                 else None
             )
@@ -368,7 +370,7 @@ class _Runner:
             info.update(self.monitor.result(duration))
             if watcher is not None:
                 watcher.cancel()
-            if scraper is not None:
+            if scraper is not None and scrape_task is not None:
                 scraper.stop()
                 await scrape_task
                 info.update(scraper.result())
@@ -465,8 +467,9 @@ def run_http(
         dispatch = SessionDispatch(opts, sessions, tokenizer)
         n = sessions.num_turns  # one record slot per turn, by its request id
         runner = _Runner(
-            opts, [None] * n, [0.0] * n, [], tokenizer, should_stop, on_progress, grace_s, hooks,
-            cancel, sessions=dispatch,
+            # No requests of its own: the sessions' turns fill the slots (http_sessions.py).
+            opts, [None] * n, [0.0] * n, [], tokenizer,  # type: ignore[list-item]
+            should_stop, on_progress, grace_s, hooks, cancel, sessions=dispatch,
         )
         kinds, total = dispatch.kinds, sessions.active_turns
     else:
@@ -475,7 +478,7 @@ def run_http(
             opts, wreqs, arrivals, prompts, tokenizer, should_stop, on_progress, grace_s, hooks,
             cancel,
         )
-        if opts.api == "chat" and tokenizer is not None:
+        if opts.api == "chat" and tokenizer is not None and opts.tokenizer:
             runner.chat_prompt_tokens = chat_prompt_tokens(opts.tokenizer, tokenizer, prompts)
         # Images become chat content parts once the text is final (size_prompts runs first).
         runner.attach_images = partial(attach_images, prompts, wreqs, opts.seed)

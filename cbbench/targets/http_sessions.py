@@ -44,7 +44,7 @@ class TurnRunner(Protocol):
     t0: float
     stopped: bool
     pending: set[asyncio.Task]
-    ctx: RequestContext | None
+    ctx: RequestContext
 
     def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
                   make_body: Callable[[], bytes]) -> Awaitable[None]: ...
@@ -156,9 +156,10 @@ class SessionDispatch:
                 ends = await asyncio.gather(*(
                     self._agent(runner, i, c, now + plan.think_time_s(i, c), end)
                     for c in children))
-                if any(e is None for e in ends):
+                came = [e for e in ends if e is not None]
+                if len(came) < len(ends):  # a sub-agent failed
                     return None
-                end = max(end, *ends)
+                end = max(end, *came)
             if last:
                 return end
             # The reply's length as counted for its record (the server's usage if sent).

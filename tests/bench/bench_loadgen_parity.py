@@ -5,7 +5,7 @@ server's own log; then the time from the `cbbench run` command to the server rec
 first request, for both. Writes results/loadgen_rust_parity.md (figures and the command).
 
     python tests/bench/bench_loadgen_parity.py [--against f5e98e5] [--duration 4] [--repeats 2]
-        [--nice -20] [--out results/loadgen_rust_parity.md]
+        [--rates 500 1000 2000] [--nice -20] [--out results/loadgen_rust_parity.md]
 
 Each rate is tests/bench/bench_loadgen_ab.py's comparison (the sides alternate, ref first;
 CPU from getrusage; the timing server's own CPU beside). The issue's goals are checked on the
@@ -13,7 +13,9 @@ new side's medians and printed with each table.
 
 vLLM's Rust client, opt-in: CBBENCH_BENCH_VLLM_RS names its binary (`vllm/vllm-rs` inside the
 vllm 0.34.0 wheel runs on its own: `pip download --no-deps vllm==0.34.0`, unzip that one file;
-never commit it). It runs `vllm-rs bench serve` at each rate against a timing server of its own,
+never commit it). It runs `vllm-rs bench serve` right after cbbench's runs at each rate (the same
+load), against a timing server of its own, with the arguments `VLLM_USE_RUST_BENCH=1 vllm bench
+serve` hands it (vllm's CLI execs the binary with its own argv),
 with a tokenizer (its random dataset needs one: CBBENCH_BENCH_TOKENIZER, default the shared
 Llama-3.1 one beside the repository). Its prompts are its own, so its figures are held to the
 server's log by distribution (its TTFT p50/p99 minus the server's), not per request, and its
@@ -66,6 +68,7 @@ def _vllm_rs(binary: str, rate: float, n: int, work: Path) -> dict:
         fetch_log(url, clear=True)
         kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         server0 = fetch_cpu(url)
+        started = time.perf_counter()  # the server's clock (perf_counter: CLOCK_MONOTONIC)
         proc = subprocess.run(
             [binary, "bench", "serve", "--backend", "openai", "--base-url", url, "--model",
              ab.MODEL, "--tokenizer", tokenizer, "--dataset-name", "random",
@@ -92,22 +95,54 @@ def _vllm_rs(binary: str, rate: float, n: int, work: Path) -> dict:
         "client_cpu_cores": cpu / res["duration"],  # its whole call over its run's duration
         "client_cpu_us_per_request": cpu / n * 1e6,
         "server_cpu_us_per_request": server_cpu / n * 1e6,
+        # from the command to the server receiving its first request (tokenizer, dataset)
+        "to_first_request_s": min(e["received"] for e in log.values()) - started,
     }
 
 
-def _vllm_rs_section(binary: str, args, work: Path) -> str:
-    rows = ["| rate | TTFT p50 / p99 - server's (ms) | send rate | completed | client cores "
-            "(whole call) | client CPU per request (us) | server CPU per request (us) |",
-            "| --- | --- | --- | --- | --- | --- | --- |"]
-    for rate, _, _ in POINTS:
-        f = _vllm_rs(binary, rate, int(rate * args.duration), work)
-        rows.append(
-            f"| {rate:g} | {f['ttft_p50_minus_server_ms']:+.1f} / "
-            f"{f['ttft_p99_minus_server_ms']:+.1f} | {f['achieved_send_rate']:.1f} | "
-            f"{f['completed']} | {f['client_cpu_cores']:.2f} | "
-            f"{f['client_cpu_us_per_request']:.0f} | {f['server_cpu_us_per_request']:.0f} |")
-    return ("### vLLM's Rust client (vllm-rs bench serve), one process\n\n"
-            + "\n".join(rows) + f"\n\n(load after: {ab._uptime()})\n")
+VLLM_RS_HEAD = (
+    "| client | TTFT p50 / p99 - server's (ms) | send rate | completed | client cores "
+    "(whole call) | client CPU per request (us) | server CPU per request (us) "
+    "| to first request (s) | load before |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+VLLM_RS_NOTE = (
+    "vLLM's Rust client right after cbbench's runs at this rate, one process, the arguments "
+    "`VLLM_USE_RUST_BENCH=1 vllm bench serve` passes on (vllm's CLI execs `vllm-rs bench serve` "
+    "with its own argv): openai backend, random dataset, 64-token prompts, 16 output tokens, "
+    "Poisson arrivals at --request-rate. Its TTFT counts from its own send and is held to the "
+    "server's log by distribution (cbbench's row beside it: the same two figures, from the "
+    "table above)."
+)
+
+
+def _vllm_rs_rows(binary: str, rate: float, args, work: Path, result: dict) -> str:
+    """vllm-rs at `rate` just after cbbench's runs there, beside cbbench's same figures."""
+    import numpy as np
+
+    load = ab._uptime().split("load average:")[-1].strip()
+    f = _vllm_rs(binary, rate, int(rate * args.duration), work)
+    runs = [r for r in result["runs"] if r["side"] == "new"]
+
+    def med(fn) -> float:
+        return float(np.median([fn(r) for r in runs]))
+
+    return (
+        f"{VLLM_RS_NOTE}\n\n{VLLM_RS_HEAD}\n"
+        f"| vllm-rs | {f['ttft_p50_minus_server_ms']:+.1f} / "
+        f"{f['ttft_p99_minus_server_ms']:+.1f} | {f['achieved_send_rate']:.1f} | "
+        f"{f['completed']} | {f['client_cpu_cores']:.2f} | "
+        f"{f['client_cpu_us_per_request']:.0f} | {f['server_cpu_us_per_request']:.0f} | "
+        f"{f['to_first_request_s']:.2f} | {load} |\n"
+        f"| cbbench (this tree, median of {len(runs)}) | "
+        f"{med(lambda r: r['ttft_p50_ms'] - r['server_ttft_p50_ms']):+.1f} / "
+        f"{med(lambda r: r['ttft_p99_over_server_ms']):+.1f} | "
+        f"{med(lambda r: r['achieved_send_rate']):.1f} | {med(lambda r: r['completed']):.0f} | "
+        f"{med(lambda r: r['client_cpu_cores']):.2f} | "
+        f"{med(lambda r: r['client_cpu_us_per_request']):.0f} | "
+        f"{med(lambda r: r['server_cpu_us_per_request']):.0f} | (last table) | "
+        f"{runs[0]['loadavg_1min_before']:.2f} (1 min) |\n"
+    )
 
 
 def _point(args, rate: float, workers: int, work: Path) -> dict:
@@ -121,7 +156,7 @@ def _point(args, rate: float, workers: int, work: Path) -> dict:
     return ab.compare(ns)
 
 
-def _first_request(cbbench: str, url: str, fetch_log) -> list[float]:
+def _first_request(cbbench: str, url: str, fetch_log, env: dict[str, str]) -> list[float]:
     """Seconds from starting `cbbench run` to the server receiving its first request."""
     out = []
     for _ in range(FIRST_REQUEST_RUNS):
@@ -131,13 +166,29 @@ def _first_request(cbbench: str, url: str, fetch_log) -> list[float]:
                 [cbbench, "run", "--endpoint", url, "--served-model", ab.MODEL, "--workload",
                  "random", "--input-len", "16", "--output-len", str(TOKENS), "--num-requests",
                  "20", "--request-rate", "100", "--output", str(Path(tmp) / "r.json")],
-                capture_output=True, text=True, timeout=300,
+                capture_output=True, text=True, timeout=300, env=env,
             )
         log = fetch_log(url, clear=True)
         if proc.returncode != 0 or not log:
             raise SystemExit(f"{cbbench} run failed:\n{proc.stderr[-2000:]}")
         out.append(min(e["received"] for e in log.values()) - t)
     return out
+
+
+def _start_envs(cache: Path) -> dict[str, dict[str, str]]:
+    """How the command starts: as an installed package does (its modules' bytecode cached,
+    here under a temporary PYTHONPYCACHEPREFIX, filled by one uncounted run first), and
+    compiling every module from source (PYTHONDONTWRITEBYTECODE=1, as some sandboxes set it:
+    a source tree that never keeps its bytecode)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    return {"bytecode cached": {**base, "PYTHONPYCACHEPREFIX": str(cache)},
+            "no bytecode": {**base, "PYTHONDONTWRITEBYTECODE": "1"}}
+
+
+def _points(args) -> tuple:
+    """The points --rates picks (all three by default)."""
+    return tuple(p for p in POINTS if not args.rates or p[0] in args.rates)
 
 
 def _checks(summary: dict, goals) -> list[str]:
@@ -156,6 +207,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--ref-dir", help="where the reference commit is unpacked (default: temp)")
     ap.add_argument("--nice", type=int, help="run in a scheduler group of its own (see ab)")
+    ap.add_argument("--rates", type=float, nargs="*", help="only these of 500 1000 2000")
     ap.add_argument("--out", default=str(ROOT / "results" / "loadgen_rust_parity.md"))
     args = ap.parse_args()
     if args.nice is not None:
@@ -165,8 +217,9 @@ def main() -> None:
         command = f"{VLLM_RS_ENV}=<path of vllm-rs> {command}"
     started = ab._uptime()
     sections = []
+    binary = os.environ.get(VLLM_RS_ENV)
     with tempfile.TemporaryDirectory(prefix="cbbench-parity-") as work:
-        for rate, workers, goals in POINTS:
+        for rate, workers, goals in _points(args):
             result = _point(args, rate, workers, Path(work))
             sides = [ab.Side(name, label, "") for name, label in result["sides"].items()]
             where = "one process" if workers == 1 else f"--workers {workers}"
@@ -175,24 +228,29 @@ def main() -> None:
                 + "\n".join(_checks(result["summary"], goals))
                 + f"\n\n(load: {result['uptime_before']} -> {result['uptime_after']})\n"
             )
+            if binary:
+                sections.append(_vllm_rs_rows(binary, rate, args, Path(work), result))
         sys.path.insert(0, str(ROOT / "tests"))
         from timing_server import fetch_log, timing_server
 
-        binary = os.environ.get(VLLM_RS_ENV)
-        if binary:
-            sections.append(_vllm_rs_section(binary, args, Path(work)))
-        else:
+        if not binary:
             sections.append(f"(vLLM's Rust client not run: {VLLM_RS_ENV} names no binary)\n")
 
         ref = ab.commit_side("ref", args.against, Path(args.ref_dir or tempfile.gettempdir()))
         ref_cbbench = str(Path(ref.python).parent / "cbbench")
         new_cbbench = str(Path(sys.executable).parent / "cbbench")
+        firsts: dict[tuple[str, str], list[float]] = {}
+        first_load = ab._uptime()
         with timing_server(TTFT_MS, ITL_MS) as url:
             fetch_log(url, clear=True)
-            firsts = {ref.label: _first_request(ref_cbbench, url, fetch_log),
-                      "worktree": _first_request(new_cbbench, url, fetch_log)}
+            for how, env in _start_envs(Path(work) / "pycache").items():
+                for label, exe in ((ref.label, ref_cbbench), ("worktree", new_cbbench)):
+                    if how == "bytecode cached":  # fill the cache: not counted
+                        _first_request(exe, url, fetch_log, env)
+                    firsts[(label, how)] = _first_request(exe, url, fetch_log, env)
     first_lines = "\n".join(
-        f"| {label} | {', '.join(f'{s:.2f}' for s in secs)} |" for label, secs in firsts.items())
+        f"| {label} | {how} | {', '.join(f'{s:.2f}' for s in secs)} |"
+        for (label, how), secs in firsts.items())
     text = (
         "# The load generator beside a compiled client (issue 41)\n\n"
         f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')}, "
@@ -202,7 +260,9 @@ def main() -> None:
         f"Against tests/timing_server.py (TTFT {TTFT_MS:g} ms, ITL {ITL_MS:g} ms, {TOKENS} "
         "output tokens, Poisson arrivals), each client's TTFT held to the server's own log. "
         "Median of the runs per side, ratio new/ref.\n\n" + "\n".join(sections)
-        + "\n### From the command to the first request (s)\n\n| client | runs |\n| --- | --- |\n"
+        + "\n### From the command to the first request (s)\n\n"
+        + "`cbbench run --endpoint ... --served-model ... --request-rate 100` (load before: "
+        + f"{first_load}).\n\n| client | start | runs |\n| --- | --- | --- |\n"
         + first_lines + "\n"
     )
     out = Path(args.out)
