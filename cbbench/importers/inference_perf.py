@@ -154,5 +154,5 @@ def config(recs: list[RequestRecord]) -> dict:
 def duration_s(data: list[Mapping], recs: list[RequestRecord]) -> float:
     """inference-perf's total time: last end - first start."""
     starts = [e["start_time"] for e in data]
-    ends = [e.get("end_time") for e in data if isinstance(e.get("end_time"), (int, float))]
+    ends = [float(e["end_time"]) for e in data if isinstance(e.get("end_time"), (int, float))]
     return float(max(ends) - min(starts)) if ends else 0.0
