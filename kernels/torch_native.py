@@ -12,6 +12,8 @@ keys): ~2x faster than 32-row buckets of any size (and index_select for the gath
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -46,13 +48,13 @@ class TorchBackend(AttentionBackend):
         if metadata.max_seqlen_q <= 1:
             # Pure decode: no host sync needed. Row r belongs to request r unless some requests
             # have no rows at all (then map rows to requests on the device).
+            if query.device.type == "cpu" and metadata.num_tokens == metadata.num_reqs:
+                return _planned_single_rows(query, k_cache, v_cache, metadata, scale)
             reqs = torch.arange(metadata.num_reqs, device=query.device)
             if metadata.num_tokens != metadata.num_reqs:
                 reqs = torch.repeat_interleave(
                     reqs, query_lens_of(metadata), output_size=metadata.num_tokens
                 )
-            if query.device.type == "cpu" and metadata.num_tokens == metadata.num_reqs:
-                return _bucketed_single_rows(query, k_cache, v_cache, metadata, scale)
             return _single_row_attention(
                 query, k_cache, v_cache, metadata, reqs, metadata.max_seqlen_k, scale
             )
@@ -60,16 +62,9 @@ class TorchBackend(AttentionBackend):
         out = torch.empty_like(query)
         lengths = host_lengths(metadata)  # synced once per forward, not per layer
         q_lens, cu_q, seq_lens = lengths.query_lens, lengths.cu_seqlens_q, lengths.seq_lens
-        single = [i for i, n in enumerate(q_lens) if n == 1]
-        if single:
-            # Sorted by key length and cut into buckets, so each padded gather pads little.
-            single.sort(key=seq_lens.__getitem__)
-            for bucket in _buckets(single, seq_lens, k_cache):
-                reqs = torch.tensor(bucket, device=query.device)
-                rows = torch.tensor([cu_q[i] for i in bucket], device=query.device)
-                out[rows] = _single_row_attention(
-                    query[rows], k_cache, v_cache, metadata, reqs, seq_lens[bucket[-1]], scale
-                )
+        if any(n == 1 for n in q_lens):
+            plan = _decode_plan(metadata, k_cache, mixed=True)
+            out.index_copy_(0, plan.rows, _attend_plan(query, k_cache, v_cache, plan, scale))
         for i, q_len in enumerate(q_lens):
             if q_len > 1:
                 start, end = cu_q[i], cu_q[i + 1]
@@ -109,7 +104,91 @@ def _buckets(order: list[int], seq_lens: list[int], k_cache: torch.Tensor) -> li
     return buckets
 
 
-def _bucketed_single_rows(
+@dataclass(frozen=True)
+class _Bucket:
+    """One padded gather: sorted rows ``start:end`` (positions in ``_DecodePlan.rows``)."""
+
+    start: int
+    end: int
+    blocks: torch.Tensor  # [rows * max_blocks]: each row's block table, padded to the longest
+    # [rows, 1, 1, max_blocks * block_size]: 0 on a row's real keys, -inf on its padding (what
+    # SDPA would turn a boolean mask into, for every layer and bucket, done once per forward)
+    bias: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    """The single rows of one forward, sorted by key count and cut into buckets. Every layer of
+    a forward has the same lengths and block tables, so the plan is built once per metadata
+    object and each layer only gathers and attends."""
+
+    key: tuple  # (block_size, bytes per key, dtype, mixed): what the plan depends on
+    rows: torch.Tensor  # int64 [n]: the query rows, sorted by key count
+    unsort: torch.Tensor  # int64 [n]: pure decode only, position of row r in ``rows``
+    buckets: list[_Bucket]
+
+
+def _decode_plan(metadata: AttentionMetadata, k_cache: torch.Tensor, mixed: bool) -> _DecodePlan:
+    """The plan for ``metadata``'s single rows (every row of a pure decode, where row r is
+    request r; the 1-row requests of a mixed batch), cached on the metadata object like
+    :func:`host_lengths` (its tensors are not modified after it is built)."""
+    block_size = k_cache.shape[1]
+    key = (block_size, k_cache[0, 0].numel() * k_cache.element_size(), k_cache.dtype, mixed)
+    cached = metadata.__dict__.get("_decode_plan")
+    if cached is not None and cached.key == key:
+        return cached
+    lengths = host_lengths(metadata)
+    seq_lens = lengths.seq_lens
+    reqs = (
+        [i for i, n in enumerate(lengths.query_lens) if n == 1] if mixed else range(len(seq_lens))
+    )
+    order = sorted(reqs, key=seq_lens.__getitem__)
+    device = metadata.block_tables.device
+    order_t = torch.tensor(order, dtype=torch.int64, device=device)
+    rows = (
+        torch.tensor([lengths.cu_seqlens_q[i] for i in order], dtype=torch.int64, device=device)
+        if mixed
+        else order_t
+    )
+    tables = metadata.block_tables.index_select(0, order_t)
+    lens = metadata.seq_lens.index_select(0, order_t).unsqueeze(1)
+    buckets, start = [], 0
+    for bucket in _buckets(order, seq_lens, k_cache):
+        end = start + len(bucket)
+        max_blocks = max(1, -(-seq_lens[bucket[-1]] // block_size))
+        blocks = tables[start:end, :max_blocks]
+        key_pos = torch.arange(blocks.shape[1] * block_size, device=device)
+        valid = key_pos.unsqueeze(0) < lens[start:end]
+        bias = torch.zeros(valid.shape, dtype=k_cache.dtype, device=device)
+        bias.masked_fill_(valid.logical_not(), float("-inf"))
+        buckets.append(_Bucket(start, end, blocks.reshape(-1), bias[:, None, None, :]))
+        start = end
+    unsort = torch.empty_like(order_t)
+    if not mixed:  # rows are requests 0..n-1 here: a permutation
+        unsort[order_t] = torch.arange(len(order), device=device)
+    plan = _DecodePlan(key, rows, unsort, buckets)
+    object.__setattr__(metadata, "_decode_plan", plan)  # a cache, not a field
+    return plan
+
+
+def _attend_plan(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: _DecodePlan,
+    scale: float,
+) -> torch.Tensor:
+    """The plan's rows attended, in the plan's (sorted) order: ``[n, heads, head_dim]``."""
+    q_sorted = query.index_select(0, plan.rows)  # one copy; each bucket is then a slice
+    out = torch.empty_like(q_sorted)
+    for b in plan.buckets:
+        out[b.start : b.end] = _attend_rows(
+            q_sorted[b.start : b.end], k_cache, v_cache, b.blocks, b.bias, scale
+        )
+    return out
+
+
+def _planned_single_rows(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -120,15 +199,8 @@ def _bucketed_single_rows(
     longest history (ShareGPT's max/mean is ~4x); sorting by length and padding per bucket of
     similar lengths reads only a little more than the real keys. The host sync this needs is
     free on a CPU."""
-    seq_lens = host_lengths(metadata).seq_lens
-    order = sorted(range(len(seq_lens)), key=seq_lens.__getitem__)
-    out = torch.empty_like(query)
-    for bucket in _buckets(order, seq_lens, k_cache):
-        reqs = torch.tensor(bucket, device=query.device)
-        out[reqs] = _single_row_attention(
-            query[reqs], k_cache, v_cache, metadata, reqs, seq_lens[bucket[-1]], scale
-        )
-    return out
+    plan = _decode_plan(metadata, k_cache, mixed=False)
+    return _attend_plan(query, k_cache, v_cache, plan, scale).index_select(0, plan.unsort)
 
 
 def _single_row_attention(
@@ -143,24 +215,39 @@ def _single_row_attention(
     """Rows that are the last position of request ``reqs[r]``: each attends all its keys.
 
     ``max_len`` bounds those requests' key counts (the padded gather length)."""
-    num_rows, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    block_size = k_cache.shape[1]
     max_blocks = max(1, -(-max_len // block_size))
-    blocks = metadata.block_tables[reqs, :max_blocks].reshape(-1)  # [rows * max_blocks]
-    # One gather per cache, padded to the longest request; the padding is masked out below.
+    blocks = metadata.block_tables[reqs, :max_blocks]  # [rows, max_blocks]
+    key_pos = torch.arange(blocks.shape[1] * block_size, device=query.device)
+    valid = key_pos.unsqueeze(0) < metadata.seq_lens[reqs].unsqueeze(1)  # [rows, keys]
+    return _attend_rows(
+        query, k_cache, v_cache, blocks.reshape(-1), valid[:, None, None, :], scale
+    )
+
+
+def _attend_rows(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    blocks: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Single rows over their padded gather: ``blocks`` holds each row's ``max_blocks`` block
+    ids (``[rows * max_blocks]``), ``mask`` (``[rows, 1, 1, keys]``, SDPA's boolean or additive
+    mask) its real keys."""
+    num_rows, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    # One gather per cache, padded to the longest row; the padding is masked out below.
     # transpose() is a view: SDPA reads the strided [rows, kv_heads, keys, dim] layout directly.
     keys, values = (
         gather_blocks(cache, blocks).view(num_rows, -1, num_kv_heads, head_dim).transpose(1, 2)
         for cache in (k_cache, v_cache)
     )
-    key_pos = torch.arange(keys.shape[2], device=query.device)
-    valid = key_pos.unsqueeze(0) < metadata.seq_lens[reqs].unsqueeze(1)  # [rows, keys]
     # GQA: the group's heads are the "query rows" of their kv head: [rows, kv_heads, group, dim].
     q = query.reshape(num_rows, num_kv_heads, group, head_dim)
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=valid[:, None, None, :], scale=scale
-    )
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
     return out.reshape(num_rows, num_heads, head_dim)
 
 

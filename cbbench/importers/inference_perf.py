@@ -122,6 +122,10 @@ def _json(text):
 
 
 def _time(v, where: str, key: str) -> float:
+    """A perf_counter reading (s): any finite number, below zero too. Python leaves
+    perf_counter's zero undefined and only differences are used here (each time less the
+    first send), so a report whose times read below zero (back-dated past a recent boot, or
+    from another clock) imports as any other (issue 35, item 1)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise UsageError(f"{where}: {key} holds {v!r}, not a time in seconds")
     return float(v)
@@ -150,5 +154,5 @@ def config(recs: list[RequestRecord]) -> dict:
 def duration_s(data: list[Mapping], recs: list[RequestRecord]) -> float:
     """inference-perf's total time: last end - first start."""
     starts = [e["start_time"] for e in data]
-    ends = [e.get("end_time") for e in data if isinstance(e.get("end_time"), (int, float))]
+    ends = [float(e["end_time"]) for e in data if isinstance(e.get("end_time"), (int, float))]
     return float(max(ends) - min(starts)) if ends else 0.0

@@ -120,6 +120,42 @@ def test_a_bad_inference_perf_file_is_one_line(tmp_path):
     _one_line(res, "chunk_times holds None")
 
 
+def _shift_clock(rows: list, by_s: float) -> list:
+    """The same report read off a perf_counter whose zero lies ``by_s`` seconds later."""
+    for e in rows:
+        e["start_time"] -= by_s
+        e["end_time"] -= by_s
+        m = e["info"].get("response_metrics") or {}
+        for k in ("chunk_times", "output_token_times"):
+            if m.get(k):
+                m[k] = [t - by_s for t in m[k]]
+    return rows
+
+
+@pytest.mark.parametrize("uptime_s", [300.0, 30 * 86400.0])
+def test_inference_perf_times_below_zero_import_alike(tmp_path, uptime_s):
+    """inference-perf's times are perf_counter readings, whose zero Python leaves undefined:
+    a load generator on a host booted ``uptime_s`` ago, its report back-dated by an hour (as
+    tests/cli/test_import.py does for vLLM's), holds times below zero. They import with the
+    same figures as the original; the clock is faked by shifting the readings, not waited on.
+    (Issue 35, item 1: the cbbench result importer had refused such times.)"""
+    rows = json.loads(INFERENCE_PERF.read_text())
+    first = min(e["start_time"] for e in rows)
+    # perf_counter at the first send reads uptime_s - 3600: below zero under an hour's uptime
+    shifted = _shift_clock(json.loads(INFERENCE_PERF.read_text()), first - (uptime_s - 3600.0))
+    assert (min(e["start_time"] for e in shifted) < 0) == (uptime_s < 3600)
+    src = tmp_path / "shifted.json"
+    src.write_text(json.dumps(shifted))
+    res, got = _import(src, "inference-perf", tmp_path / "s.json")
+    assert res.exit_code == 0, res.output
+    _, want = _import(INFERENCE_PERF, "inference-perf", tmp_path / "o.json")
+    for key in ("ttft_ms", "e2el_ms", "tpot_ms", "output_tokens"):
+        assert [r[key] for r in got["requests"]] == pytest.approx(
+            [r[key] for r in want["requests"]], abs=1e-6), key
+    assert got["summary"]["duration_s"] == pytest.approx(want["summary"]["duration_s"])
+    assert got["summary"]["itl_ms"]["mean"] == pytest.approx(want["summary"]["itl_ms"]["mean"])
+
+
 # ---- what reads an imported result ---------------------------------------------------------
 def test_compare_gate_report_and_export_read_the_imports(tmp_path):
     g = tmp_path / "g.json"

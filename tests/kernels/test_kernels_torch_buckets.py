@@ -45,3 +45,31 @@ def test_many_buckets_match_the_reference(monkeypatch, cap_keys, mixed):
     assert_close(
         run_backend("torch", batch, SCALE), run_backend("reference", batch, SCALE), torch.float32
     )
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_layers_share_one_decode_plan(mixed):
+    """Every layer of a forward gets the same metadata: the decode rows' order, buckets, block
+    lists and masks are built by the first layer and reused by the next (the same object, and
+    the same output bit for bit), and rebuilt for a cache they do not fit (another dtype)."""
+    query_lens = [1] * 40
+    if mixed:
+        query_lens[7] = 5
+    context = torch.randint(0, 200, (40,), generator=torch.Generator().manual_seed(1)).tolist()
+    batch = make_batch(query_lens, context, 16, 2, torch.float32, seed=1)
+    backend = torch_native.TorchBackend()
+    first = backend.forward(batch.query, batch.k_cache, batch.v_cache, batch.metadata, SCALE)
+    plan = batch.metadata.__dict__["_decode_plan"]
+    assert len(plan.buckets) >= 1 and plan.rows.numel() == 40 - int(mixed)
+    second = backend.forward(
+        batch.query, batch.k_cache.clone(), batch.v_cache.clone(), batch.metadata, SCALE
+    )
+    assert batch.metadata.__dict__["_decode_plan"] is plan
+    assert torch.equal(first, second)
+    assert_close(first, run_backend("reference", batch, SCALE), torch.float32)
+    wide = backend.forward(
+        batch.query.double(), batch.k_cache.double(), batch.v_cache.double(), batch.metadata,
+        SCALE,
+    )
+    assert batch.metadata.__dict__["_decode_plan"] is not plan
+    assert_close(wide.float(), first, torch.float32)
