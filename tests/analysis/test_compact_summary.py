@@ -20,7 +20,7 @@ from helpers import assert_same
 import cbbench.targets.engine as engine_target
 from cbbench.analysis.compact.compact_convert import compact_from_engine_run
 from cbbench.analysis.compact.compact_rows import compact_iteration_dicts, compact_request_dicts
-from cbbench.analysis.compact.compact_summary import CompactView, summarize_compact
+from cbbench.analysis.compact.compact_summary import StepTokens, compact_columns, summarize_compact
 from cbbench.analysis.summary.metrics import parse_slo
 from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
 from cbbench.engine.args import EngineArgs
@@ -208,7 +208,7 @@ def test_weighted_pooling_counts_each_gap_once_per_request():
         first_scheduled_s=np.array([0.1, 0.6]), replica=np.array([0, 0]),
         first_step=np.array([0, 1]), priority=np.array([0, 0]))
     run = CompactRun(req, [ends], StepTable({"index": np.zeros(0)}), 11.0, False, None)
-    gaps, weights = CompactView(run).pooled_gaps_ms(np.array([0, 1]))
+    gaps, weights = StepTokens(run).pooled_gaps_ms(np.array([0, 1]))
     # Request 0: gaps 1, 2 (ms x 1000); request 1: gaps 2, 3, 4.
     assert dict(zip(gaps.tolist(), weights.tolist())) == {1000.0: 1, 2000.0: 2, 3000.0: 1,
                                                           4000.0: 1}
@@ -311,7 +311,7 @@ def test_the_array_simulators_run_summarizes_as_the_object_run(name):
     sched = SCHEDULES[name]
     compact = run_engine_compact(spec.engine, sched.wreqs, sched.arrivals)
     assert compact is not None
-    view = CompactView(compact)  # one view for the summary and the rows, as the runner would
+    view = compact_columns(compact)  # one for the summary and the rows, as the runner does
     assert_same(summarize_compact(compact, spec, view), ref)
     for detailed in (False, True):
         assert_same(list(compact_request_dicts(compact, detailed, view)),
