@@ -49,7 +49,8 @@ def compact_columns(run: CompactRun) -> RequestColumns:
         slot_s=np.full(n, np.nan), first_token_s=first, last_token_s=last, failed=failed,
         cancelled=no, error_types={i: req.errors[i][1] for i in sorted(req.errors)},
         max_tokens=req.max_tokens, finish_stop=no, finish_length=no,
-        ttfot_s=first - req.arrival_s,  # no reasoning: TTFOT is TTFT
+        # No reasoning: TTFOT is TTFT (of a completed request, as the records have it).
+        ttfot_s=np.where(has & ~failed, first - req.arrival_s, np.nan),
         reasoning_tokens=np.full(n, np.nan), turn=np.full(n, NO_TURN, dtype=np.int64),
         tokens=StepTokens(run),
     )
