@@ -143,7 +143,7 @@ def parse_slo(text: str | None) -> dict[str, float]:
         return {}
     if spec.source == "suffix":
         raise UsageError(
-            f"invalid SLO {text.strip()!r}: a _pNN suffix sets an attainment, which sweep and "
+            f"invalid SLO {(text or '').strip()!r}: a _pNN suffix sets an attainment, which sweep and "
             "capacity judge; goodput counts each request against KEY=MS, e.g. --slo "
             "ttft=500,tpot=50"
         )

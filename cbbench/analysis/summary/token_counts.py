@@ -40,11 +40,11 @@ def one_token_per_event(
     """Whether the server streams one token per event. `events_alone`: (events tokenized on
     their own, how many of them were exactly one token), when a tokenizer was given."""
     with_usage = [
-        r for r in records
-        if r.ok and r.output_token_counts and "usage" in r.output_token_counts
+        counts for r in records
+        if r.ok and (counts := r.output_token_counts) and "usage" in counts
     ]
     if with_usage:
-        same = sum(r.output_token_counts["usage"] == r.output_token_counts["events"] for r in with_usage)
+        same = sum(counts["usage"] == counts["events"] for counts in with_usage)
         share = same / len(with_usage)
         return {"detected": share >= ONE_TOKEN_PER_EVENT_SHARE, "basis": "usage",
                 "share": share, "checked": len(with_usage)}

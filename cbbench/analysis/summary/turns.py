@@ -73,10 +73,10 @@ def session_summary(
             in_tools.append(tools)
             in_model.append(model)
             in_subagents.append(subagents)
-    kinds = sorted({_kind(r) for r in records if r.turn_kind is not None})
+    kinds = sorted({k for r in records if r.turn_kind is not None and (k := _kind(r)) is not None})
     by_kind = {
-        k: distribution([r.ttft_s * MS for r in records if r.ok and _kind(r) == k],
-                        percentiles)
+        k: distribution([(r.token_times_s[0] - r.intended_start_s) * MS  # TTFT
+                         for r in records if r.ok and _kind(r) == k], percentiles)
         for k in kinds
     }
     return {
@@ -140,5 +140,5 @@ def _wait_start(r: RequestRecord, done: Sequence[RequestRecord]) -> float:
     its agent's previous turn."""
     if r.waited_from_s is not None:
         return r.waited_from_s
-    prev = [p for p in done if p.agent == r.agent and p.turn == r.turn - 1]
+    prev = [p for p in done if p.agent == r.agent and p.turn == (r.turn or 0) - 1]
     return prev[0].token_times_s[-1] if prev else r.intended_start_s
