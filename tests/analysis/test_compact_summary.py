@@ -1,7 +1,7 @@
 """The compact run's conversion to the summary's columns (analysis/compact/compact_summary.py)
 and its rows (compact_rows.py) against the object path's on real simulated runs: each run is
 made with run_engine, summarized by runner._summary (its records' columns), converted to a
-CompactRun (tests/compact_reference.py), its columns compared with the records' and summarized again
+CompactRun (compact_convert.py), its columns compared with the records' and summarized again
 by the same functions. The whole summary dict must be equal: exactly (==, key order too) everywhere except the mean and
 std of the pooled per-token distributions (itl_ms, event_gap_ms, wherever they sit), which
 are within 1e-9 relative (summation order; see compact_summary's module doc). Their count
@@ -16,10 +16,10 @@ import math
 
 import numpy as np
 import pytest
-from compact_reference import compact_from_engine_run
 from helpers import assert_same
 
 import cbbench.targets.engine as engine_target
+from cbbench.analysis.compact.compact_convert import compact_from_engine_run
 from cbbench.analysis.compact.compact_rows import compact_iteration_dicts, compact_request_dicts
 from cbbench.analysis.compact.compact_summary import StepTokens, compact_columns, summarize_compact
 from cbbench.analysis.summary.columns import request_columns

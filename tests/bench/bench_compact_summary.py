@@ -160,9 +160,7 @@ def child_synthetic(args) -> dict:
 
 
 def child_real(args) -> dict:
-    sys.path.insert(0, str(ROOT / "tests"))  # the test oracle: tests/compact_reference.py
-    from compact_reference import compact_from_engine_run
-
+    from cbbench.analysis.compact.compact_convert import compact_from_engine_run
     from cbbench.analysis.compact.compact_summary import summarize_compact
     from cbbench.bench.runner import _summary, plan_schedule
     from cbbench.targets import engine as target

@@ -1,2 +1,2 @@
 """A simulated run held as columns (compact_run) and its summary computed on them: the array
-simulator's path, checked against the object path's (tests/compact_reference.py)."""
+simulator's path, checked against the object path's (compact_convert)."""

@@ -1,6 +1,5 @@
 """An object-path engine run (targets/engine.py's EngineRun) as a CompactRun: the reference
-the array simulator's runs and the compact summary are checked against (a test oracle: the
-library never converts this way, so it lives beside the tests).
+the array simulator's runs and the compact summary are checked against.
 
 Per replica, the step end times are the sorted distinct token times of the requests it
 served (a step that gave nobody a token is in nobody's slice, so leaving it out changes no
