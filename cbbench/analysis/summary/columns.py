@@ -156,15 +156,15 @@ def request_columns(records: Sequence[RequestRecord]) -> RequestColumns:
         if t:
             first[i], last[i] = t[0], t[-1]
         times.append(np.asarray(t, dtype=np.float64))
-        a, b, k = token_gaps_s(r)
+        et, k = r.event_arrays()
+        a, b = _gaps_s(et, k)
         per_token.append(a)
         per_event.append(b)
         event_k.append(k)
-        et, ek = r.events()  # slices.py's count: what the events did not carry goes last
-        counts = np.asarray(ek, dtype=np.int64).copy()
+        counts = k.astype(np.int64)  # the slices' count: what the events did not carry goes last
         if counts.size:
             counts[-1] += r.output_tokens - int(counts.sum())
-        event_t.append(np.asarray(et, dtype=np.float64))
+        event_t.append(et)
         slice_k.append(counts)
     return RequestColumns(
         prompt_tokens=np.array([r.prompt_tokens for r in records], dtype=np.int64),
@@ -196,13 +196,18 @@ def token_gaps_s(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray
     of k tokens after a gap g gives k per-token gaps of g/k (SGLang's and inference-perf's
     definition); the first event's tokens have no gap before them."""
     times, k = rec.event_arrays()
+    return (*_gaps_s(times, k), k)
+
+
+def _gaps_s(times: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(per-token gaps, per-event gaps) of events at ``times`` of ``k`` tokens each."""
     if len(times) < 2:
-        return np.zeros(0), np.zeros(0), k
+        return np.zeros(0), np.zeros(0)
     gaps = np.diff(times)
     later = k[1:]
     nonzero = later > 0  # an event the count put at 0 tokens adds no per-token gap
     per_token = np.repeat(gaps[nonzero] / later[nonzero], later[nonzero].astype(np.int64))
-    return per_token, gaps, k
+    return per_token, gaps
 
 
 def _flat(parts: list[np.ndarray], dtype) -> tuple[np.ndarray, np.ndarray]:
