@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 from cbbench.analysis.compact.compact_run import CompactRun
 from cbbench.analysis.comparison.sim_error import sim_error
 from cbbench.analysis.result import base_result
+from cbbench.analysis.summary.columns import request_columns, token_gaps_s
 from cbbench.analysis.summary.deployment import add_deployment
-from cbbench.analysis.summary.histogram import log_histogram
 from cbbench.analysis.summary.inputs import add_input_figures
-from cbbench.analysis.summary.metrics import itl_values_s, summarize, summarize_engine, token_gaps_s
+from cbbench.analysis.summary.metrics import itl_histogram, summarize, summarize_engine
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.summary.speculative import engine_speculative
 from cbbench.analysis.summary.splits import add_splits
@@ -654,25 +654,24 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
 
 def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     if isinstance(run, CompactRun):
-        from cbbench.analysis.compact.compact_summary import CompactView, summarize_compact
+        from cbbench.analysis.compact.compact_summary import compact_columns, summarize_compact
 
-        run.view = CompactView(run)  # made once: the summary's and the rows' per-request values
+        run.view = compact_columns(run)  # made once: the summary's and the rows' columns
         return summarize_compact(run, spec, run.view)
-    summary = summarize(run.records, run.duration_s, spec.slo, spec.percentiles)
+    cols = request_columns(run.records)  # the summary's one input
+    summary = summarize(cols, run.duration_s, spec.slo, spec.percentiles)
     add_views(summary, spec, run)
     # The report draws ITL from this without --save-detailed (cbbench/analysis/summary/histogram.py).
-    summary["itl_histogram"] = log_histogram(
-        itl_values_s([r for r in run.records if r.ok]) * 1000.0
-    )
+    summary["itl_histogram"] = itl_histogram(cols)
     plan = sched.plan
     if plan is not None:
-        summary["by_turn"] = by_turn(run.records)
+        summary["by_turn"] = by_turn(cols)
         summary["sessions"] = session_summary(
             run.records, plan.planned_turns(), run.sessions_ended_early
         )
     iterations = iterations_of(run)
     summary["steady_state"] = steady_state(
-        run.records, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s,
+        cols, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s,
         spec.percentiles,
     )
     if iterations:

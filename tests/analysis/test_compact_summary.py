@@ -1,7 +1,8 @@
-"""The compact summary (analysis/compact/compact_summary.py) and rows (compact_rows.py) against the
-object path on real simulated runs: each run is made with run_engine, summarized by
-runner._summary, converted to a CompactRun (compact_convert.py) and summarized again. The
-whole summary dict must be equal: exactly (==, key order too) everywhere except the mean and
+"""The compact run's conversion to the summary's columns (analysis/compact/compact_summary.py)
+and its rows (compact_rows.py) against the object path's on real simulated runs: each run is
+made with run_engine, summarized by runner._summary (its records' columns), converted to a
+CompactRun (compact_convert.py), its columns compared with the records' and summarized again
+by the same functions. The whole summary dict must be equal: exactly (==, key order too) everywhere except the mean and
 std of the pooled per-token distributions (itl_ms, event_gap_ms, wherever they sit), which
 are within 1e-9 relative (summation order; see compact_summary's module doc). Their count
 and percentiles are exact."""
@@ -20,7 +21,8 @@ from helpers import assert_same
 import cbbench.targets.engine as engine_target
 from cbbench.analysis.compact.compact_convert import compact_from_engine_run
 from cbbench.analysis.compact.compact_rows import compact_iteration_dicts, compact_request_dicts
-from cbbench.analysis.compact.compact_summary import CompactView, summarize_compact
+from cbbench.analysis.compact.compact_summary import StepTokens, compact_columns, summarize_compact
+from cbbench.analysis.summary.columns import request_columns
 from cbbench.analysis.summary.metrics import parse_slo
 from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
 from cbbench.engine.args import EngineArgs
@@ -134,6 +136,36 @@ def test_the_compact_summary_equals_the_object_paths(case):
         assert {it["replica"] for it in run.iterations} == {0, 1, 2, 3}
 
 
+# Every column of summary/columns.py's RequestColumns, the derived ones too.
+COLUMNS = ("prompt_tokens", "output_tokens", "priority", "intended_start_s", "send_s", "slot_s",
+           "first_token_s", "last_token_s", "failed", "cancelled", "max_tokens", "finish_stop",
+           "finish_length", "ttfot_s", "reasoning_tokens", "turn", "has_tokens", "ok",
+           "ttft_ms", "e2el_ms", "tpot_ms", "has_tpot", "start_s", "end_s", "served_s")
+
+
+def test_both_conversions_give_the_same_columns(case):
+    """The one summary reads columns: the records' (request_columns) and the compact run's
+    (compact_columns) must be equal, every column exactly (NaN where both have none), and
+    their token times must answer alike: the pooled gaps the same multiset, the same tokens
+    in any window and slice."""
+    _, _, run, _, compact = case
+    want, got = request_columns(run.records), compact_columns(compact)
+    for name in COLUMNS:
+        np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=name)
+    assert got.error_types == want.error_types
+    ok = np.flatnonzero(want.ok)
+    values, weights = got.tokens.pooled_gaps_ms(ok)
+    expanded, none = want.tokens.pooled_gaps_ms(ok)
+    assert weights is not None and none is None
+    assert np.array_equal(np.sort(np.repeat(values, weights)), np.sort(expanded))
+    end = float(np.nanmax(want.last_token_s)) if len(ok) else 1.0
+    for a, b in ((0.0, end), (end / 3, end / 2), (end / 2, end / 2)):
+        assert got.tokens.tokens_between(ok, a, b) == want.tokens.tokens_between(ok, a, b)
+    bounds = np.linspace(0.0, end, 7)[1:-1]
+    assert (got.tokens.slice_tokens(ok, bounds, 6) == want.tokens.slice_tokens(ok, bounds, 6)).all()
+    assert int(got.tokens.slice_tokens(ok, bounds, 6).sum()) == int(want.output_tokens[ok].sum())
+
+
 def test_request_rows_equal_the_object_paths(case):
     _, spec, run, _, compact = case
     for detailed in (False, True):
@@ -208,7 +240,7 @@ def test_weighted_pooling_counts_each_gap_once_per_request():
         first_scheduled_s=np.array([0.1, 0.6]), replica=np.array([0, 0]),
         first_step=np.array([0, 1]), priority=np.array([0, 0]))
     run = CompactRun(req, [ends], StepTable({"index": np.zeros(0)}), 11.0, False, None)
-    gaps, weights = CompactView(run).pooled_gaps_ms(np.array([0, 1]))
+    gaps, weights = StepTokens(run).pooled_gaps_ms(np.array([0, 1]))
     # Request 0: gaps 1, 2 (ms x 1000); request 1: gaps 2, 3, 4.
     assert dict(zip(gaps.tolist(), weights.tolist())) == {1000.0: 1, 2000.0: 2, 3000.0: 1,
                                                           4000.0: 1}
@@ -311,7 +343,7 @@ def test_the_array_simulators_run_summarizes_as_the_object_run(name):
     sched = SCHEDULES[name]
     compact = run_engine_compact(spec.engine, sched.wreqs, sched.arrivals)
     assert compact is not None
-    view = CompactView(compact)  # one view for the summary and the rows, as the runner would
+    view = compact_columns(compact)  # one for the summary and the rows, as the runner does
     assert_same(summarize_compact(compact, spec, view), ref)
     for detailed in (False, True):
         assert_same(list(compact_request_dicts(compact, detailed, view)),

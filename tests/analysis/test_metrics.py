@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.columns import request_columns
 from cbbench.analysis.summary.metrics import (
     distribution,
     meets_slo,
@@ -111,10 +112,10 @@ def test_goodput_by_hand(slo, good):
 
 
 def test_one_token_request_passes_a_tpot_slo():
-    b = _records()[1]
-    assert meets_slo(b, {"tpot": 0.001})
-    assert not meets_slo(b, {"tpot": 0.001, "ttft": 10.0})
-    assert not meets_slo(_records()[3], {})  # a failed request never meets an SLO
+    cols = request_columns(_records())
+    assert meets_slo(cols, {"tpot": 0.001})[1]
+    assert not meets_slo(cols, {"tpot": 0.001, "ttft": 10.0})[1]
+    assert not meets_slo(cols, {})[3]  # a failed request never meets an SLO
 
 
 def test_empty_and_all_failed():

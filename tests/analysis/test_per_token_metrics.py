@@ -3,9 +3,11 @@ hand-computed records (issue 24)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.columns import request_columns
 from cbbench.analysis.summary.metrics import latency_distributions, token_gaps_s
 from cbbench.analysis.table import latency_table
 from cbbench.targets.engine import split_reasoning
@@ -17,6 +19,12 @@ def rec(times, tokens=None, **kw) -> RequestRecord:
                          send_s=0.0, token_times_s=list(times), event_tokens=tokens, **kw)
 
 
+def dists(records: list[RequestRecord]) -> dict:
+    """The latency distributions of the completed ``records``, through their columns."""
+    cols = request_columns(records)
+    return latency_distributions(cols, np.flatnonzero(cols.ok))
+
+
 def test_an_event_of_k_tokens_gives_k_gaps_of_a_kth():
     r = rec([0.1, 0.4, 0.6], [1, 3, 2])  # 6 tokens in 3 events
     per_token, per_event, k = token_gaps_s(r)
@@ -25,7 +33,7 @@ def test_an_event_of_k_tokens_gives_k_gaps_of_a_kth():
     assert k.tolist() == [1, 3, 2]
     # TPOT is unchanged: (last - first) / (tokens - 1) = 0.5 / 5.
     assert r.tpot_s == pytest.approx(0.1)
-    d = latency_distributions([r])
+    d = dists([r])
     assert d["itl_ms"]["p50"] == pytest.approx(100.0) and d["itl_ms"]["count"] == 5
     assert d["event_gap_ms"]["mean"] == pytest.approx(250.0) and d["event_gap_ms"]["count"] == 2
     assert d["tokens_per_event"]["mean"] == pytest.approx(2.0)
@@ -51,7 +59,7 @@ def test_ttfot_and_reasoning():
     assert reasoned.ttft_s == pytest.approx(0.2) and reasoned.ttfot_s == pytest.approx(0.5)
     assert plain.ttfot_s == plain.ttft_s
     assert only_reasoning.ttfot_s is None
-    d = latency_distributions([reasoned, plain, only_reasoning])
+    d = dists([reasoned, plain, only_reasoning])
     assert d["ttft_ms"]["count"] == 3
     assert d["ttfot_ms"]["count"] == 2 and d["ttfot_ms"]["mean"] == pytest.approx(300.0)
     assert d["reasoning_time_ms"]["count"] == 1
@@ -60,7 +68,7 @@ def test_ttfot_and_reasoning():
     assert d["reasoning_share"]["mean"] == pytest.approx((0.5 + 0 + 1) / 3)
     summary = {**d, "client_bound": {}}
     assert "TTFOT (ms)" in latency_table(summary)
-    assert "TTFOT" not in latency_table({**latency_distributions([plain]), "client_bound": {}})
+    assert "TTFOT" not in latency_table({**dists([plain]), "client_bound": {}})
 
 
 def test_split_reasoning_on_an_engine_record():

@@ -9,14 +9,15 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.columns import request_columns
 from cbbench.analysis.summary.steady_state import (
     METHOD_IN_FLIGHT,
     METHOD_RUNNING,
     METHOD_WARMUP,
-    _steps_from_iterations,
-    _steps_from_records,
     detect_window,
     steady_state,
+    steps_from_iterations,
+    steps_from_requests,
     window_figures,
 )
 from cbbench.bench.runner import RunSpec, execute_run
@@ -64,10 +65,10 @@ def test_step_functions_from_iterations_and_records():
     its = [{"start_s": 0.0, "duration_s": 1.0, "num_running": 2},
            {"start_s": 1.0, "duration_s": 1.0, "num_running": 4},
            {"start_s": 3.0, "duration_s": 1.0, "num_running": 1}]  # idle on [2, 3)
-    edges, values = _steps_from_iterations(its)
+    edges, values = steps_from_iterations(its)
     assert edges.tolist() == [0, 1, 2, 3, 4] and values.tolist() == [2, 4, 0, 1]
     recs = [_rec(0, 0.0, [1.0, 2.0]), _rec(1, 0.5, [1.5]), _rec(2, 2.0, [3.0])]
-    edges, values = _steps_from_records(recs)
+    edges, values = steps_from_requests(request_columns(recs))
     # sends 0, 0.5, 2.0; ends 1.5, 2.0, 3.0 (an end and a send at 2.0: the end first)
     assert edges.tolist() == [0, 0, 0.5, 1.5, 2.0, 2.0, 3.0]
     assert values.tolist() == [0, 1, 2, 1, 0, 1]

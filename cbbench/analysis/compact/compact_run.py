@@ -26,6 +26,7 @@ import numpy as np
 from cbbench.engine.core.iteration import FIELD_NAMES
 
 if TYPE_CHECKING:
+    from cbbench.analysis.summary.columns import RequestColumns
     from cbbench.engine.build_common import EngineInfo
 
 
@@ -89,5 +90,5 @@ class CompactRun:
     resolved: EngineInfo
     not_sent: int = 0
     kv_blocks_in_use_at_end: int = 0
-    # compact_summary.CompactView: per-request values, made once for the summary and the rows.
-    view: object | None = None
+    # compact_summary.compact_columns: per-request values, made once for the summary and rows.
+    view: RequestColumns | None = None

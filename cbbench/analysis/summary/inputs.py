@@ -58,7 +58,7 @@ def image_figures(records: Sequence[RequestRecord]) -> dict | None:
                            for r in known) if known else None,
     }
     if known:
-        out["image_tokens_per_request"] = distribution([r.image_tokens for r in known])
+        out["image_tokens_per_request"] = distribution([r.image_tokens or 0 for r in known])
     return out
 
 

@@ -24,8 +24,9 @@ def intervals(point: dict, bounds: Sequence[dict], level: float) -> dict:
     """Each headline figure's [low, high]: the range over the point run and the bound runs."""
     out: dict = {}
     for key, stat in HEADLINE:
-        values = [_get(s, key, stat) for s in (point, *bounds)]
-        if any(v is None for v in values):
+        got = [_get(s, key, stat) for s in (point, *bounds)]
+        values = [v for v in got if v is not None]
+        if len(values) < len(got):
             continue
         band = {"low": float(min(values)), "high": float(max(values)), "level": level}
         if stat is None:

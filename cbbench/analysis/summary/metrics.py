@@ -20,11 +20,20 @@ import numpy as np
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_side.server_cache import server_prefix_cache
+from cbbench.analysis.summary.columns import (
+    MS,
+    NOT_ASKED,
+    RequestColumns,
+    as_columns,
+    token_gaps_s,
+)
+from cbbench.analysis.summary.histogram import log_histogram
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, percentile_key
 from cbbench.analysis.summary.token_counts import short_outputs
 from cbbench.errors import UsageError
 
-MS = 1000.0
+LATENCY_NAMES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "event_gap_ms", "tokens_per_event",
+                 "ttfot_ms", "reasoning_time_ms", "reasoning_tokens", "reasoning_share")
 
 
 def distribution(values_ms: Sequence[float] | np.ndarray, percentiles=DEFAULT_PERCENTILES) -> dict:
@@ -134,36 +143,22 @@ def parse_slo(text: str | None) -> dict[str, float]:
         return {}
     if spec.source == "suffix":
         raise UsageError(
-            f"invalid SLO {text.strip()!r}: a _pNN suffix sets an attainment, which sweep and "
+            f"invalid SLO {(text or '').strip()!r}: a _pNN suffix sets an attainment, which sweep and "
             "capacity judge; goodput counts each request against KEY=MS, e.g. --slo "
             "ttft=500,tpot=50"
         )
     return dict(spec.limits_ms)
 
 
-def meets_slo(rec: RequestRecord, slo: dict[str, float]) -> bool:
-    if not rec.ok:
-        return False
-    checks = {"ttft": rec.ttft_s, "tpot": rec.tpot_s, "e2el": rec.e2el_s}
+def meets_slo(cols: RequestColumns, slo: dict[str, float]) -> np.ndarray:
+    """Per request: completed, and every limit met (a request with no TPOT passes it)."""
+    meets = cols.ok.copy()
+    checks = {"ttft": (cols.ttft_ms, cols.ok), "tpot": (cols.tpot_ms, cols.has_tpot),
+              "e2el": (cols.e2el_ms, cols.ok)}
     for key, limit_ms in slo.items():
-        v = checks[key]
-        if v is not None and v * MS > limit_ms:
-            return False
-    return True
-
-
-def token_gaps_s(rec: RequestRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(per-token gaps, per-event gaps, tokens per event) of one request, in seconds. An event
-    of k tokens after a gap g gives k per-token gaps of g/k (SGLang's and inference-perf's
-    definition); the first event's tokens have no gap before them."""
-    times, k = rec.event_arrays()
-    if len(times) < 2:
-        return np.zeros(0), np.zeros(0), k
-    gaps = np.diff(times)
-    later = k[1:]
-    nonzero = later > 0  # an event the count put at 0 tokens adds no per-token gap
-    per_token = np.repeat(gaps[nonzero] / later[nonzero], later[nonzero].astype(np.int64))
-    return per_token, gaps, k
+        values, known = checks[key]
+        meets &= ~(known & (values > limit_ms))
+    return meets
 
 
 def itl_values_s(records: Sequence[RequestRecord]) -> np.ndarray:
@@ -172,104 +167,117 @@ def itl_values_s(records: Sequence[RequestRecord]) -> np.ndarray:
     return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
-def _reasoning_values(done: Sequence[RequestRecord]) -> tuple[list, list, list, list]:
-    """TTFOT, reasoning time, reasoning tokens and reasoning share of the output, per request
-    (ms where times). Reasoning time: from the first token to the first output token, for
-    requests that reasoned and then answered (or called a tool)."""
-    ttfot, r_time, r_tokens, r_share = [], [], [], []
-    for r in done:
-        t = r.ttfot_s
-        if t is not None:
-            ttfot.append(t * MS)
-        if r.reasoning_tokens is None:
-            continue
-        r_tokens.append(r.reasoning_tokens)
-        if r.output_tokens > 0:
-            r_share.append(r.reasoning_tokens / r.output_tokens)
-        if r.reasoning_tokens and t is not None:
-            r_time.append((t - r.ttft_s) * MS)
-    return ttfot, r_time, r_tokens, r_share
+def pooled_distribution(pooled: tuple[np.ndarray, np.ndarray | None],
+                        percentiles=DEFAULT_PERCENTILES) -> dict:
+    """``distribution`` of a TokenTimes pool: expanded (numpy's own), or weighted."""
+    values, weights = pooled
+    if weights is None:
+        return distribution(values, percentiles)
+    return weighted_distribution(values, weights, percentiles)
 
 
-def latency_distributions(done: Sequence[RequestRecord], percentiles=DEFAULT_PERCENTILES) -> dict:
-    """TTFT, TPOT, ITL and E2EL of completed requests, in ms (vLLM's definitions); ITL per
-    token, with the per-event gap and tokens per event beside it; TTFOT and the reasoning
-    figures (analysis/records.py)."""
-    per_token, per_event, per_event_tokens = [], [], []
-    for r in done:
-        a, b, k = token_gaps_s(r)
-        per_token.append(a)
-        per_event.append(b)
-        per_event_tokens.append(k)
+def itl_histogram(cols: RequestColumns,
+                  pooled: tuple[np.ndarray, np.ndarray | None] | None = None) -> dict:
+    """summary.itl_histogram: the completed requests' pooled per-token gaps."""
+    values, weights = pooled if pooled is not None else cols.tokens.pooled_gaps_ms(
+        np.flatnonzero(cols.ok))
+    return log_histogram(values, weights)
 
-    def cat(parts: list[np.ndarray]) -> np.ndarray:
-        return np.concatenate(parts) if parts else np.zeros(0)
 
-    ttfot, r_time, r_tokens, r_share = _reasoning_values(done)
-    return {
-        "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
-        "tpot_ms": distribution(
-            [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
-        ),
-        "itl_ms": distribution(cat(per_token) * MS, percentiles),
-        "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
-        "event_gap_ms": distribution(cat(per_event) * MS, percentiles),
-        "tokens_per_event": distribution(cat(per_event_tokens), percentiles),
-        "ttfot_ms": distribution(ttfot, percentiles),
-        "reasoning_time_ms": distribution(r_time, percentiles),
-        "reasoning_tokens": distribution(r_tokens, percentiles),
-        "reasoning_share": distribution(r_share, percentiles),
-    }
+def latency_distributions(cols: RequestColumns, rows: np.ndarray,
+                          percentiles=DEFAULT_PERCENTILES, names: Sequence[str] = LATENCY_NAMES,
+                          pooled: tuple[np.ndarray, np.ndarray | None] | None = None) -> dict:
+    """TTFT, TPOT, ITL and E2EL of the completed requests ``rows`` (ascending), in ms (vLLM's
+    definitions); ITL per token, with the per-event gap and tokens per event beside it; TTFOT
+    and the reasoning figures (analysis/records.py). ``pooled``: the rows' per-token gaps,
+    if they are at hand."""
+    tokens = cols.tokens
+    out: dict = {}
+    if "ttft_ms" in names:
+        out["ttft_ms"] = distribution(cols.ttft_ms[rows], percentiles)
+    if "tpot_ms" in names:
+        out["tpot_ms"] = distribution(cols.tpot_ms[rows[cols.has_tpot[rows]]], percentiles)
+    if "itl_ms" in names:
+        out["itl_ms"] = pooled_distribution(
+            pooled if pooled is not None else tokens.pooled_gaps_ms(rows), percentiles)
+    if "e2el_ms" in names:
+        out["e2el_ms"] = distribution(cols.e2el_ms[rows], percentiles)
+    if "event_gap_ms" in names:
+        out["event_gap_ms"] = (dict(out["itl_ms"]) if tokens.one_token_per_event
+                               else pooled_distribution(tokens.event_gaps_ms(rows), percentiles))
+    if "tokens_per_event" in names:
+        out["tokens_per_event"] = pooled_distribution(tokens.tokens_per_event(rows), percentiles)
+    ttfot_s = cols.ttfot_s[rows]
+    known = ~np.isnan(ttfot_s)
+    if "ttfot_ms" in names:
+        out["ttfot_ms"] = distribution(ttfot_s[known] * MS, percentiles)
+    reasoning = cols.reasoning_tokens[rows]
+    said = ~np.isnan(reasoning)
+    if "reasoning_time_ms" in names:
+        # From the first token to the first output token: requests that reasoned, then answered.
+        both = said & (reasoning != 0) & known
+        ttft_s = cols.first_token_s[rows] - cols.intended_start_s[rows]
+        out["reasoning_time_ms"] = distribution((ttfot_s[both] - ttft_s[both]) * MS, percentiles)
+    if "reasoning_tokens" in names:
+        out["reasoning_tokens"] = distribution(reasoning[said], percentiles)
+    if "reasoning_share" in names:
+        n = cols.output_tokens[rows]
+        share = said & (n > 0)
+        out["reasoning_share"] = distribution(reasoning[share] / n[share], percentiles)
+    return out
 
 
 def summarize(
-    records: Sequence[RequestRecord],
+    run: RequestColumns | Sequence[RequestRecord],
     duration_s: float,
     slo: dict[str, float] | None = None,
     percentiles=DEFAULT_PERCENTILES,
+    pooled: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> dict:
-    done = [r for r in records if r.ok]
-    failed = [r for r in records if r.error is not None]
-    out_tokens = sum(r.output_tokens for r in done)
-    in_tokens = sum(r.prompt_tokens for r in done)
+    """The run's summary (records are converted: columns.request_columns). ``pooled``: the
+    completed requests' per-token gaps, if they are at hand."""
+    cols = as_columns(run)
+    done = np.flatnonzero(cols.ok)
+    failed = np.flatnonzero(cols.failed)
+    out_tokens = int(cols.output_tokens[done].sum())
+    in_tokens = int(cols.prompt_tokens[done].sum())
     dur = duration_s if duration_s > 0 else float("inf")  # nothing ran: rates are 0
     # The client's own lag: from when it was ready to send (a freed slot under a cap).
-    lags = [(r.send_s - r.ready_s) * MS for r in records if r.send_s is not None]
-    error_types: dict[str, int] = {}
-    for r in failed:
-        error_types[r.error_type or "error"] = error_types.get(r.error_type or "error", 0) + 1
+    sent = cols.sent
+    slot = ~np.isnan(cols.slot_s)
+    ready = np.where(slot, cols.slot_s, cols.intended_start_s)
     summary = {
         # Cancelled: apart, neither completed nor failed.
-        **run_totals(len(done), len(failed), sum(1 for r in records if r.cancelled),
-                     error_types, duration_s, in_tokens, out_tokens),
-        **latency_distributions(done, percentiles),
-        "send_lag_ms": distribution(lags, percentiles),
+        **run_totals(len(done), len(failed), int(cols.cancelled.sum()),
+                     cols.error_types_of(failed), duration_s, in_tokens, out_tokens),
+        **latency_distributions(cols, done, percentiles, pooled=pooled),
+        "send_lag_ms": distribution((cols.send_s[sent] - ready[sent]) * MS, percentiles),
     }
     if summary["cancelled"]:
-        summary["cancelled_work"] = cancelled_work(records)
-    cache = server_prefix_cache(records)
+        summary["cancelled_work"] = cancelled_work(cols)
+    cache = (server_prefix_cache(cols.records) if cols.records is not None else None)
     if cache is not None:  # the server's own count (usage.prompt_tokens_details)
         summary["server_prefix_cache"] = cache
-    if any(r.slot_s is not None for r in records):  # closed loop: both latency bases
+    if slot.any():  # closed loop: both latency bases
         summary["latency_basis"] = "intended_start"
         summary["slot_wait_ms"] = distribution(
-            [(r.slot_s - r.intended_start_s) * MS for r in records if r.slot_s is not None],
-            percentiles,
-        )
+            (cols.slot_s[slot] - cols.intended_start_s[slot]) * MS, percentiles)
         summary["from_send"] = {
-            "ttft_ms": distribution([r.ttft_from_send_s * MS for r in done], percentiles),
-            "e2el_ms": distribution([r.e2el_from_send_s * MS for r in done], percentiles),
+            "ttft_ms": distribution((cols.first_token_s[done] - cols.send_s[done]) * MS,
+                                    percentiles),
+            "e2el_ms": distribution((cols.last_token_s[done] - cols.send_s[done]) * MS,
+                                    percentiles),
         }
-    if any(r.max_tokens is not None for r in records):
-        summary["short_outputs"] = short_outputs(records)
-    priorities = sorted({r.priority for r in records})
+    if (cols.max_tokens != NOT_ASKED).any():
+        summary["short_outputs"] = short_outputs(cols)
+    priorities = np.unique(cols.priority)
     if len(priorities) > 1:
-        summary["per_priority"] = per_priority(records, priorities)
+        summary["per_priority"] = per_priority(cols, priorities.tolist())
     if slo:
-        good = sum(1 for r in done if meets_slo(r, slo))
+        good = int(meets_slo(cols, slo).sum())
         summary["slo"] = dict(slo)
         summary["goodput"] = good / dur
-        summary["slo_attainment"] = good / len(records) if records else 0.0
+        summary["slo_attainment"] = good / len(cols) if len(cols) else 0.0
     return summary
 
 
@@ -291,37 +299,38 @@ def run_totals(completed: int, failed: int, cancelled: int, error_types: dict[st
     }
 
 
-def cancelled_work(records: Sequence[RequestRecord]) -> dict:
+def cancelled_work(cols: RequestColumns) -> dict:
     """What the server did for requests the client cancelled: their prompts (sent) and the
     output tokens streamed before the cancel. Part of the server's load, in no latency."""
-    gone = [r for r in records if r.cancelled]
+    gone = cols.cancelled
     return {
-        "requests": len(gone),
-        "prompt_tokens": sum(r.prompt_tokens for r in gone),
-        "output_tokens": sum(r.output_tokens for r in gone),
-        "with_first_token": sum(1 for r in gone if r.token_times_s),
+        "requests": int(gone.sum()),
+        "prompt_tokens": int(cols.prompt_tokens[gone].sum()),
+        "output_tokens": int(cols.output_tokens[gone].sum()),
+        "with_first_token": int((gone & cols.has_tokens).sum()),
     }
 
 
 PER_PRIORITY_STATS = ("mean", "p50", "p99")
 
 
-def per_priority(records: Sequence[RequestRecord], priorities: Sequence[int]) -> dict:
+def per_priority(cols: RequestColumns, priorities: Sequence[int]) -> dict:
     """TTFT and TPOT per priority class (keys are the priorities as strings, as JSON has
     them), for runs whose requests carry more than one priority."""
 
-    def short(values_ms: list[float]) -> dict:
+    def short(values_ms: np.ndarray) -> dict:
         d = distribution(values_ms, (50, 99))
         return {k: d[k] for k in PER_PRIORITY_STATS}
 
     out = {}
     for p in priorities:
-        done = [r for r in records if r.priority == p and r.ok]
+        mine = cols.priority == p
+        done = mine & cols.ok
         out[str(p)] = {
-            "completed": len(done),
-            "failed": sum(1 for r in records if r.priority == p and r.error is not None),
-            "ttft_ms": short([r.ttft_s * MS for r in done]),
-            "tpot_ms": short([r.tpot_s * MS for r in done if r.tpot_s is not None]),
+            "completed": int(done.sum()),
+            "failed": int((mine & cols.failed).sum()),
+            "ttft_ms": short(cols.ttft_ms[done]),
+            "tpot_ms": short(cols.tpot_ms[done & cols.has_tpot]),
         }
     return out
 

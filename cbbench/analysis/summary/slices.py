@@ -25,6 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.columns import RequestColumns, as_columns
 from cbbench.analysis.summary.metrics import latency_distributions
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 
@@ -33,17 +34,6 @@ MAX_SLICES = 10_000  # a 1 ms slice over an hour's run is a mistake, not a summa
 # 1e-7 s cut a 15 s run into 1.5e8 slices, found only once the run was done (and lost).
 MIN_SLICE_S = 1e-3
 SLICE_LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
-
-
-def end_s(r: RequestRecord) -> float:
-    """When a request ended, as far as the client knows."""
-    if r.token_times_s:
-        return r.token_times_s[-1]
-    return r.send_s if r.send_s is not None else r.intended_start_s
-
-
-def _start_s(r: RequestRecord) -> float:
-    return r.send_s if r.send_s is not None else r.intended_start_s
 
 
 def slice_edges(duration_s: float, slice_s: float) -> list[float]:
@@ -56,61 +46,30 @@ def slice_edges(duration_s: float, slice_s: float) -> list[float]:
     return [min(k * slice_s, duration_s) for k in range(n)] + [duration_s]
 
 
-def _token_counts(r: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
-    """(event times, tokens) of a completed request, the tokens adding up to its output count
-    (a count the events did not carry goes to the last event)."""
-    times, counts = r.events()
-    k = np.asarray(counts, dtype=np.int64).copy()
-    if k.size:
-        k[-1] += r.output_tokens - int(k.sum())
-    return np.asarray(times, dtype=np.float64), k
-
-
-def _in_flight(records: Sequence[RequestRecord], edges: Sequence[float]) -> tuple[list, list]:
-    """Time-weighted mean and max of requests in flight, per slice."""
-    starts = np.array([_start_s(r) for r in records], dtype=np.float64)
-    ends = np.array([end_s(r) for r in records], dtype=np.float64)
-    means, peaks = [], []
-    for a, b in zip(edges[:-1], edges[1:]):
-        span = b - a
-        overlap = np.clip(np.minimum(ends, b) - np.maximum(starts, a), 0.0, None)
-        means.append(float(overlap.sum() / span) if span > 0 else 0.0)
-        # The peak is reached at some request's start inside the slice (or at its opening).
-        points = np.concatenate(([a], starts[(starts >= a) & (starts < b)]))
-        live = [int(((starts <= t) & (ends > t)).sum()) for t in points]
-        peaks.append(max(live))
-    return means, peaks
-
-
 def time_slices(
-    records: Sequence[RequestRecord], duration_s: float, slice_s: float,
+    run: RequestColumns | Sequence[RequestRecord], duration_s: float, slice_s: float,
     percentiles=DEFAULT_PERCENTILES,
 ) -> list[dict]:
     """summary.slices (see the module doc)."""
-    edges = slice_edges(max(duration_s, max((end_s(r) for r in records), default=0.0)), slice_s)
+    cols = as_columns(run)
+    end = cols.end_s
+    edges = slice_edges(max(duration_s, float(end.max()) if len(end) else 0.0), slice_s)
     bounds = np.asarray(edges[1:-1], dtype=np.float64)
-
-    def which(t: float) -> int:
-        return int(np.searchsorted(bounds, t, side="right"))
-
     n = len(edges) - 1
-    members: list[list[RequestRecord]] = [[] for _ in range(n)]
-    tokens = np.zeros(n, dtype=np.int64)
-    for r in records:
-        members[which(end_s(r))].append(r)
-        if r.ok:
-            times, k = _token_counts(r)
-            np.add.at(tokens, np.searchsorted(bounds, times, side="right"), k)
-    means, peaks = _in_flight(records, edges)
+    which = np.searchsorted(bounds, end, side="right")
+    order = np.argsort(which, kind="stable")  # each slice's members in row order
+    members = np.split(order, np.searchsorted(which[order], np.arange(1, n)))
+    tokens = cols.tokens.slice_tokens(np.flatnonzero(cols.ok), bounds, n)
+    means, peaks = in_flight(cols.start_s, end, edges)
     out = []
     for i in range(n):
         inside = members[i]
-        done = [r for r in inside if r.ok]
-        failed = [r for r in inside if r.error is not None]
+        done = inside[cols.ok[inside]]
+        failed = inside[cols.failed[inside]]
         out.append(slice_row(
-            edges[i], edges[i + 1], len(done), [r.error_type for r in failed],
-            sum(1 for r in inside if r.cancelled), int(tokens[i]),
-            latency_distributions(done, percentiles), means[i], peaks[i],
+            edges[i], edges[i + 1], len(done), [cols.error_types[j] for j in failed.tolist()],
+            int(cols.cancelled[inside].sum()), int(tokens[i]),
+            latency_distributions(cols, done, percentiles, SLICE_LATENCIES), means[i], peaks[i],
         ))
     return out
 
@@ -139,12 +98,12 @@ def slice_row(a: float, b: float, completed: int, failed_types: Sequence[str | N
     }
 
 
-def in_flight_sorted(starts: np.ndarray, ends: np.ndarray, edges: Sequence[float]
-                     ) -> tuple[list, list]:
-    """``_in_flight`` without its quadratic peak search (a compact run's million requests):
-    the mean is the same sum over the requests in order; the count in flight at t is
-    #(start <= t) - #(end <= t), which is #(start <= t < end) since no request ends before it
-    starts (its end is its last token, else its send)."""
+def in_flight(starts: np.ndarray, ends: np.ndarray, edges: Sequence[float]
+              ) -> tuple[list, list]:
+    """Time-weighted mean and max of requests in flight (sent and not ended), per slice. The
+    peak is reached at some request's start inside the slice (or at its opening); the count
+    in flight at t is #(start <= t) - #(end <= t), which is #(start <= t < end) since no
+    request ends before it starts (its end is its last token, else its send)."""
     s_sorted, e_sorted = np.sort(starts), np.sort(ends)
     means, peaks = [], []
     for a, b in zip(edges[:-1], edges[1:]):

@@ -29,10 +29,12 @@ def split_by(records: Sequence[RequestRecord], key: Callable[[RequestRecord], st
             "output_throughput": (
                 sum(r.output_tokens for r in done) / duration_s if duration_s > 0 else None
             ),
-            "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
+            "ttft_ms": distribution([(r.token_times_s[0] - r.intended_start_s) * MS
+                                     for r in done], percentiles),
             "tpot_ms": distribution([r.tpot_s * MS for r in done if r.tpot_s is not None],
                                     percentiles),
-            "e2el_ms": distribution([r.e2el_s * MS for r in done], percentiles),
+            "e2el_ms": distribution([(r.token_times_s[-1] - r.intended_start_s) * MS
+                                     for r in done], percentiles),
         }
     return out
 

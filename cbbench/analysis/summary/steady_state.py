@@ -21,12 +21,12 @@ happened in it (output tokens streamed, requests completed, per second of the wi
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.columns import RequestColumns, as_columns
 from cbbench.analysis.summary.metrics import DEFAULT_PERCENTILES, latency_distributions
 
 LEVEL_FRACTION = 0.9  # within 10% of the steady level counts as "at it"
@@ -36,21 +36,12 @@ METHOD_RUNNING = "running_requests"
 METHOD_IN_FLIGHT = "in_flight_requests"
 
 
-def _steps_from_iterations(iterations: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
-    """(edges, values): c = values[i] on [edges[i], edges[i + 1]); idle gaps count 0."""
-    return steps_from_columns(
-        np.array([it["start_s"] for it in iterations], dtype=np.float64),
-        np.array([it["duration_s"] for it in iterations], dtype=np.float64),
-        np.array([it["num_running"] for it in iterations], dtype=np.float64),
-    )
-
-
 def steps_from_columns(
     start_s: np.ndarray, duration_s: np.ndarray, num_running: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``_steps_from_iterations`` from the records' columns (a compact run's StepTable): the
-    iterations in start order; before one that starts after every earlier one has ended, an
-    idle gap at 0 from that end (the run's start for the first)."""
+    """(edges, values): c = values[i] on [edges[i], edges[i + 1]), from the iteration
+    records' columns: the iterations in start order; before one that starts after every
+    earlier one has ended, an idle gap at 0 from that end (the run's start for the first)."""
     start = np.asarray(start_s, dtype=np.float64)
     dur = np.asarray(duration_s, dtype=np.float64)
     running = np.asarray(num_running, dtype=np.float64)
@@ -65,18 +56,26 @@ def steps_from_columns(
     return np.append(edges, reached[-1]), values
 
 
-def _served_s(r: RequestRecord) -> float:
-    """When a request was served: its first token, else its intended start."""
-    return r.token_times_s[0] if r.token_times_s else r.intended_start_s
+def _iteration_count(iterations: Sequence[dict] | Mapping[str, np.ndarray]) -> int:
+    return len(iterations["start_s"]) if isinstance(iterations, Mapping) else len(iterations)
 
 
-def _end_s(r: RequestRecord) -> float:
-    return r.token_times_s[-1] if r.token_times_s else r.send_s
+def steps_from_iterations(
+    iterations: Sequence[dict] | Mapping[str, np.ndarray],
+) -> tuple[np.ndarray, np.ndarray]:
+    """The engine's running count, from its iteration records: dicts, or columns (a compact
+    run's StepTable)."""
+    if isinstance(iterations, Mapping):
+        return steps_from_columns(iterations["start_s"], iterations["duration_s"],
+                                  iterations["num_running"])
+    return steps_from_columns(*(np.array([it[k] for it in iterations], dtype=np.float64)
+                                for k in ("start_s", "duration_s", "num_running")))
 
 
-def _steps_from_records(records: Sequence[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
-    sent = [r for r in records if r.send_s is not None]
-    return steps_from_sends(np.array([r.send_s for r in sent]), np.array([_end_s(r) for r in sent]))
+def steps_from_requests(cols: RequestColumns) -> tuple[np.ndarray, np.ndarray]:
+    """The client's count of requests in flight: each sent request from its send to its end."""
+    sent = cols.sent
+    return steps_from_sends(cols.send_s[sent], cols.end_s[sent])
 
 
 def steps_from_sends(sends: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,50 +132,54 @@ def detect_window(
 
 
 def window_figures(
-    records: Sequence[RequestRecord], a: float, b: float, percentiles=DEFAULT_PERCENTILES
+    run: RequestColumns | Sequence[RequestRecord], a: float, b: float,
+    percentiles=DEFAULT_PERCENTILES,
 ) -> dict:
-    inside = [r for r in records if a <= _served_s(r) <= b]
-    done = [r for r in inside if r.ok]
+    cols = as_columns(run)
+    served = cols.served_s
+    inside = (served >= a) & (served <= b)
+    done = np.flatnonzero(inside & cols.ok)
     span = b - a
-    every = [r for r in records if r.ok]
-    # Token times are sorted: two bisections count a request's tokens in [a, b]. A request
-    # with no output (embeddings, rerank: its one time is the answer's) streams none.
-    out_tokens = sum(
-        bisect_right(r.token_times_s, b) - bisect_left(r.token_times_s, a) for r in every
-        if r.output_tokens
-    )
-    finished = [r for r in every if a <= r.token_times_s[-1] <= b]
-    in_tokens = sum(r.prompt_tokens for r in finished)
+    # A request with no output (embeddings, rerank: its one time is the answer's) streams none.
+    out_tokens = cols.tokens.tokens_between(np.flatnonzero(cols.ok & (cols.output_tokens > 0)),
+                                            a, b)
+    finished = cols.ok & (cols.last_token_s >= a) & (cols.last_token_s <= b)
+    in_tokens = int(cols.prompt_tokens[finished].sum())
     return {
-        "requests": len(inside),
+        "requests": int(inside.sum()),
         "completed": len(done),
-        "failed": sum(1 for r in inside if r.error is not None),
-        "cancelled": sum(1 for r in inside if r.cancelled),
+        "failed": int((inside & cols.failed).sum()),
+        "cancelled": int((inside & cols.cancelled).sum()),
         "duration_s": span,
-        "request_throughput": len(finished) / span,
+        "request_throughput": int(finished.sum()) / span,
         "output_throughput": out_tokens / span,
         "total_token_throughput": (in_tokens + out_tokens) / span,
-        **latency_distributions(done, percentiles),
+        **latency_distributions(cols, done, percentiles),
     }
 
 
 def steady_state(
-    records: Sequence[RequestRecord],
+    run: RequestColumns | Sequence[RequestRecord],
     duration_s: float,
-    iterations: Sequence[dict] | None = None,
+    iterations: Sequence[dict] | Mapping[str, np.ndarray] | None = None,
     warmup_s: float | None = None,
     cooldown_s: float | None = None,
     percentiles=DEFAULT_PERCENTILES,
 ) -> dict:
-    """summary.steady_state: the window, how it was chosen, and its figures."""
-    if iterations:
-        method, steps = METHOD_RUNNING, lambda: _steps_from_iterations(iterations)
+    """summary.steady_state: the window, how it was chosen, and its figures. ``iterations``:
+    the engine's iteration records, as dicts or as columns (a compact run's StepTable)."""
+    cols = as_columns(run)
+    if iterations is not None and _iteration_count(iterations):
+        method = METHOD_RUNNING
+        steps = lambda: steps_from_iterations(iterations)  # noqa: E731
     else:
-        method, steps = METHOD_IN_FLIGHT, lambda: _steps_from_records(records)
-    starts = [r.intended_start_s for r in records]
+        method = METHOD_IN_FLIGHT
+        steps = lambda: steps_from_requests(cols)  # noqa: E731
+    starts = cols.intended_start_s
+    arrivals = (float(starts.min()), float(starts.max())) if len(starts) else (0.0, 0.0)
     return steady_state_from(
-        duration_s, method, steps, (min(starts, default=0.0), max(starts, default=0.0)),
-        warmup_s, cooldown_s, lambda a, b: window_figures(records, a, b, percentiles),
+        duration_s, method, steps, arrivals, warmup_s, cooldown_s,
+        lambda a, b: window_figures(cols, a, b, percentiles),
     )
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from itertools import combinations
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.summary.columns import NOT_ASKED, RequestColumns, as_columns
 
 COUNT_METHODS = ("usage", "events", "tokenizer")
 # One token per event when at least this share of the evidence (requests with usage, or events
@@ -39,11 +40,11 @@ def one_token_per_event(
     """Whether the server streams one token per event. `events_alone`: (events tokenized on
     their own, how many of them were exactly one token), when a tokenizer was given."""
     with_usage = [
-        r for r in records
-        if r.ok and r.output_token_counts and "usage" in r.output_token_counts
+        counts for r in records
+        if r.ok and (counts := r.output_token_counts) and "usage" in counts
     ]
     if with_usage:
-        same = sum(r.output_token_counts["usage"] == r.output_token_counts["events"] for r in with_usage)
+        same = sum(counts["usage"] == counts["events"] for counts in with_usage)
         share = same / len(with_usage)
         return {"detected": share >= ONE_TOKEN_PER_EVENT_SHARE, "basis": "usage",
                 "share": share, "checked": len(with_usage)}
@@ -131,23 +132,22 @@ def output_count_summary(records: Sequence[RequestRecord], detection: dict) -> t
     return summary, warnings
 
 
-def short_outputs(records: Sequence[RequestRecord]) -> dict:
+def short_outputs(run: RequestColumns | Sequence[RequestRecord]) -> dict:
     """Completed requests that returned fewer output tokens than max_tokens asked for."""
-    checked = [r for r in records if r.ok and r.max_tokens is not None]
-    short = [r for r in checked if r.output_tokens < r.max_tokens]
-    stops = sum(r.finish_reason == "stop" for r in short)
-    # finish_reason 'length': the server says it stopped at max_tokens, so the shortfall is
-    # in the count (events or tokenizer), not in the generation.
-    at_length = sum(r.finish_reason == "length" for r in short)
+    cols = as_columns(run)
+    checked = cols.ok & (cols.max_tokens != NOT_ASKED)
+    short = checked & (cols.output_tokens < cols.max_tokens)
+    count, n_checked = int(short.sum()), int(checked.sum())
+    shortfall = int((cols.max_tokens[short] - cols.output_tokens[short]).sum())
     return {
-        "count": len(short),
-        "share": len(short) / len(checked) if checked else 0.0,
-        "mean_shortfall": (
-            sum(r.max_tokens - r.output_tokens for r in short) / len(short) if short else 0.0
-        ),
-        "checked": len(checked),
-        "finish_reason_stop": stops,
-        "finish_reason_length": at_length,
+        "count": count,
+        "share": count / n_checked if n_checked else 0.0,
+        "mean_shortfall": shortfall / count if count else 0.0,
+        "checked": n_checked,
+        "finish_reason_stop": int((short & cols.finish_stop).sum()),
+        # finish_reason 'length': the server says it stopped at max_tokens, so the shortfall
+        # is in the count (events or tokenizer), not in the generation.
+        "finish_reason_length": int((short & cols.finish_length).sum()),
         "warn_share": SHORT_OUTPUT_WARN_SHARE,
     }
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_side.server_cache import server_prefix_cache
+from cbbench.analysis.summary.columns import NO_TURN, RequestColumns, as_columns
 from cbbench.analysis.summary.metrics import DEFAULT_PERCENTILES, MS, distribution
 
 # The records' turn kinds (load/sessions.py writes them; analysis reads records only).
@@ -21,27 +22,28 @@ TOOL_KIND = "tool"
 SUBAGENT_KIND = "subagent"  # ttft_by_turn_kind_ms: any turn of a sub-agent (load/session_dag.py)
 
 
-def by_turn(records: Sequence[RequestRecord], percentiles=DEFAULT_PERCENTILES) -> list[dict]:
+def by_turn(run: RequestColumns | Sequence[RequestRecord],
+            percentiles=DEFAULT_PERCENTILES) -> list[dict]:
     """[{"turn": k, "completed", "failed", "mean_prompt_tokens", "ttft_ms", "tpot_ms"}, ...]
     for every turn index present, in order (turns count from 1)."""
-    turns = sorted({r.turn for r in records if r.turn is not None})
+    cols = as_columns(run)
+    records = cols.records
+    turns = np.unique(cols.turn[cols.turn != NO_TURN])
     out = []
-    for k in turns:
-        mine = [r for r in records if r.turn == k]
-        done = [r for r in mine if r.ok]
+    for k in turns.tolist():
+        mine = cols.turn == k
+        done = mine & cols.ok
+        rows = np.flatnonzero(done)
         out.append({
             "turn": k,
-            "completed": len(done),
-            "failed": sum(1 for r in mine if r.error is not None),
-            "mean_prompt_tokens": (
-                float(np.mean([r.prompt_tokens for r in done])) if done else None
-            ),
-            "ttft_ms": distribution([r.ttft_s * MS for r in done], percentiles),
-            "tpot_ms": distribution(
-                [r.tpot_s * MS for r in done if r.tpot_s is not None], percentiles
-            ),
+            "completed": len(rows),
+            "failed": int((mine & cols.failed).sum()),
+            "mean_prompt_tokens": float(np.mean(cols.prompt_tokens[rows])) if len(rows) else None,
+            "ttft_ms": distribution(cols.ttft_ms[rows], percentiles),
+            "tpot_ms": distribution(cols.tpot_ms[done & cols.has_tpot], percentiles),
             # The server's prefix-cache hits on this turn (None: it reported none).
-            "server_prefix_cache": server_prefix_cache(done),
+            "server_prefix_cache": (server_prefix_cache([records[i] for i in rows.tolist()])
+                                    if records is not None else None),
         })
     return out
 
@@ -71,10 +73,10 @@ def session_summary(
             in_tools.append(tools)
             in_model.append(model)
             in_subagents.append(subagents)
-    kinds = sorted({_kind(r) for r in records if r.turn_kind is not None})
+    kinds = sorted({k for r in records if r.turn_kind is not None and (k := _kind(r)) is not None})
     by_kind = {
-        k: distribution([r.ttft_s * MS for r in records if r.ok and _kind(r) == k],
-                        percentiles)
+        k: distribution([(r.token_times_s[0] - r.intended_start_s) * MS  # TTFT
+                         for r in records if r.ok and _kind(r) == k], percentiles)
         for k in kinds
     }
     return {
@@ -138,5 +140,5 @@ def _wait_start(r: RequestRecord, done: Sequence[RequestRecord]) -> float:
     its agent's previous turn."""
     if r.waited_from_s is not None:
         return r.waited_from_s
-    prev = [p for p in done if p.agent == r.agent and p.turn == r.turn - 1]
+    prev = [p for p in done if p.agent == r.agent and p.turn == (r.turn or 0) - 1]
     return prev[0].token_times_s[-1] if prev else r.intended_start_s
