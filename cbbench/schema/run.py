@@ -146,6 +146,7 @@ class Summary(Record):
     # figures of each (analysis/summary/splits.py), keyed by model name / endpoint URL.
     by_model: dict[str, dict[str, Any]] | None = None
     by_endpoint: dict[str, dict[str, Any]] | None = None
+    itl_histogram: dict[str, Any] | None = None  # analysis/summary/histogram.py (the report)
 
 
 class Config(Record):
@@ -164,6 +165,24 @@ class Config(Record):
     command: str | None = None
     percentiles: list[Number] | None = None  # --percentiles: the pNN keys every distribution has
     slice_s: Number | None = None  # --slice
+    # What the engine resolved to (engine/build_common.py EngineInfo and its config), as the
+    # readers (report, calibrate, export, replay) read it. model_config stays an extra field:
+    # pydantic reserves the name.
+    device: str | None = None  # torch: cpu | cuda
+    device_name: str | None = None
+    gpu: str | None = None
+    gpu_spec: dict[str, Any] | None = None
+    dtype: str | None = None
+    max_num_seqs: Any = None  # replay checks its kind itself (its own --max-num-seqs message)
+    attention_backend: str | None = None
+    # The options as given (true, false or "auto") or as resolved: calibrate reads their truth.
+    fused_kernels: Any = None
+    cuda_graphs: Any = None
+    cuda_graphs_effective: Any = None
+    # Shown as written (the report's runs table): no reader computes with them.
+    engine_kind: Any = None
+    chunked_prefill: Any = None
+    kv_allocation: Any = None
 
 
 class Request(Record):
@@ -227,6 +246,7 @@ class Iteration(Record):
     bytes_moved: Number | None = None
     flops: Number | None = None
     predicted_s: Number | None = None
+    achieved_bw_gbps: Number | None = None  # bytes_moved over duration_s (the report's plot)
 
 
 class Telemetry(Record):
