@@ -147,6 +147,7 @@ class Summary(Record):
     by_model: dict[str, dict[str, Any]] | None = None
     by_endpoint: dict[str, dict[str, Any]] | None = None
     itl_histogram: dict[str, Any] | None = None  # analysis/summary/histogram.py (the report)
+    http: dict[str, Any] | None = None  # HTTP runs: the client's health (targets/client_health.py)
 
 
 class Config(Record):
@@ -215,6 +216,15 @@ class Request(Record):
     request_bytes: int | None = None
     endpoint: str | None = None  # HTTP runs: the URL the request went to
     model: str | None = None  # HTTP runs: the model (or LoRA adapter) it asked for
+    # What `cbbench audit` holds to the server's log (HTTP runs, --save-detailed): the send
+    # and first answer token (run clock, s), each event's tokens, the server's response id.
+    send_s: Number | None = None
+    first_output_s: Number | None = None
+    event_tokens: list[int] | None = None
+    server_request_id: str | None = None
+    reasoning_tokens: int | None = None
+    cached_tokens: int | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative
