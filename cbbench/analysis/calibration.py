@@ -213,8 +213,7 @@ def fit_data(results: Sequence[tuple[str, ResultLike]],
         run = _run_of(result, where)
         runs.append(run)
         config = run.config
-        device = _device_of(config, where)
-        devices.setdefault(device, where)
+        devices.setdefault(_device_of(config, where), where)
         dtypes.setdefault(str(config.dtype), where)
         # model_config stays an extra field of the config: pydantic reserves the name.
         model = _model_of((config.model_extra or {}).get("model_config"), where)
@@ -245,8 +244,8 @@ def fit_data(results: Sequence[tuple[str, ResultLike]],
             src.used += 1
         sources.append(src)
     selection = _bench_selection(runs)
-    for where, data in benches:
-        bench = decode_bench(where, data, selection)
+    for where, bench_data in benches:
+        bench = decode_bench(where, bench_data, selection)
         devices.setdefault((bench.device, bench.device_name), where)
         dtypes.setdefault(bench.dtype, where)
         model = _model_of(bench.model_config, where)

@@ -138,6 +138,8 @@ def decode_bench(where: str, data: dict, selection: dict) -> DecodeBench:
     if not rows:
         chosen = ", ".join(f"{k}={v}" for k, v in selection.items() if v is not None)
         raise UsageError(f"{where}: no decode rows run as the results were ({chosen})")
-    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    env = data.get("env")
+    if not isinstance(env, dict):
+        env = {}
     return DecodeBench(Path(where).name, device, str(env.get("device_name") or device), dtype,
                        model, tuple(rows), selection)

@@ -7,7 +7,7 @@ import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -134,7 +134,7 @@ def gantt_pair(results: Sequence) -> list | None:
     """The first static run and the first continuous run, static first; None without both."""
     from cbbench.schema.coerce import as_run
 
-    by_sched = {}
+    by_sched: dict[str | None, Any] = {}
     for x in results:
         by_sched.setdefault(as_run(x.result).config.scheduler, x)
     if STATIC in by_sched and CONTINUOUS in by_sched:

@@ -110,7 +110,7 @@ def _timings(row, where: str) -> dict:
 
 def _record(k: int, status: str, row: Mapping, t: Mapping, t0: float, where: str):
     send = t.get("request_start")
-    intended = t.get("targeted_start") if t.get("targeted_start") is not None else send
+    intended = _start(t)
     rec = RequestRecord(
         id=k,
         prompt_tokens=_tokens(row, "input_metrics", "prompt_tokens", where),

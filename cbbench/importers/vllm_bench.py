@@ -124,11 +124,12 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
     out = []
     for i in range(n):
         start = starts[i] - t0
+        queue = queued[i]
         rec = RequestRecord(
             id=i,
             prompt_tokens=_count(data.input_lens[i], source, "input_lens"),
             output_tokens=_count(data.output_lens[i], source, "output_lens"),
-            intended_start_s=start - queued[i] if queued[i] is not None else start,
+            intended_start_s=start - queue if queue is not None else start,
             send_s=start,
         )
         rec.server_timing = _server_timing(server_queue[i], server_ttft[i])

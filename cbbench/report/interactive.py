@@ -155,7 +155,8 @@ def time_slices(results: Sequence[Labeled]) -> Plot:
         if not slices:
             continue
         mids = [(s.start_s + s.end_s) / 2 for s in slices]
-        common = {"type": "scatter", "mode": "lines+markers", "x": mids, "legendgroup": x.label}
+        common: dict[str, Any] = {"type": "scatter", "mode": "lines+markers", "x": mids,
+                                  "legendgroup": x.label}
         data.append({**common, "y": [s.output_throughput for s in slices], "name": x.label,
                      "line": {"color": _color(i)}})
         for stat, dash in (("p50", "solid"), ("p99", "dot")):

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
@@ -194,10 +195,10 @@ def _bars(ax, y: np.ndarray, left: np.ndarray, width: np.ndarray, color: str, la
     ax.add_collection(PolyCollection(verts, facecolors=color, linewidths=0, label=label))
 
 
-def _figure_legend(fig: Figure, axes: Sequence) -> None:
+def _figure_legend(fig: Figure, axes: Iterable) -> None:
     """One legend below the panels for every series drawn in any of them (rows of the same
     kind share it), so no legend hides data."""
-    seen: dict[str, object] = {}
+    seen: dict[str, Artist] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, h)

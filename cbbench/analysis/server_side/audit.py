@@ -276,8 +276,8 @@ def audit(result: RunResult | Mapping[str, Any], log: dict[str, dict],
             metrics[name] = {"requests": len(pairs), "mismatched": wrong,
                              "server_mean": tokens / max(1, events), "passed": wrong == 0}
             continue
-        both = [(c.counts.get(name), s.counts.get(name)) for c, s in pairs]
-        both = [(a, b) for a, b in both if b is not None]
+        both = [(c.counts.get(name), b) for c, s in pairs
+                if (b := s.counts.get(name)) is not None]
         diffs = [(a if a is not None else 0) - b for a, b in both]
         wrong = sum(d != 0 for d in diffs)
         metrics[name] = {"requests": len(both), "mismatched": wrong,
@@ -366,10 +366,11 @@ def failure_cause(result: RunResult, metrics: dict, coverage: dict, transit_ms: 
 def _server_timing_errors(pairs: list[tuple[Side, Side]]) -> dict[str, dict]:
     """SERVER_TIMING_METRICS' errors (recorded - logged, ms), shown; none when the result
     recorded no server timings."""
-    out = {}
+    out: dict[str, dict] = {}
     for name in SERVER_TIMING_METRICS:
-        errs = [c.server_ms[name] - s.server_ms[name] for c, s in pairs
-                if c.server_ms.get(name) is not None and s.server_ms.get(name) is not None]
+        errs = [cv - sv for c, s in pairs
+                if (cv := c.server_ms.get(name)) is not None
+                and (sv := s.server_ms.get(name)) is not None]
         if errs:
             out[name] = {**_errors(errs), "gated": False, "passed": True}
     return out
@@ -409,7 +410,7 @@ def _p50_figures(pairs: list[tuple[Side, Side]]) -> dict[str, tuple[float | None
         a = np.asarray(values, dtype=np.float64)
         return float(np.percentile(a, 50)) * MS if a.size else None
 
-    out = {}
+    out: dict[str, list[float | None]] = {}
     for side in (0, 1):
         sides = [p[side] for p in pairs]
         itl = [_per_token(x.times, x.tokens) for x in sides]
