@@ -66,8 +66,9 @@ def _itl_cdf(result: RunResult | dict) -> tuple[np.ndarray, np.ndarray] | None:
     exact = plots.itl_values(run)  # per-token gaps of a --save-detailed result
     if exact is not None and len(exact):
         return _cdf(exact)
-    hist = run.summary.itl_histogram
-    if hist and hist.get("counts"):  # analysis/summary/histogram.py's dict
+    # An extra field of the summary (n36res types Summary): analysis/summary/histogram.py's dict.
+    hist = (run.summary.model_extra or {}).get("itl_histogram")
+    if isinstance(hist, dict) and hist.get("counts"):
         return cdf_points(hist)
     return None
 

@@ -146,8 +146,6 @@ class Summary(Record):
     # figures of each (analysis/summary/splits.py), keyed by model name / endpoint URL.
     by_model: dict[str, dict[str, Any]] | None = None
     by_endpoint: dict[str, dict[str, Any]] | None = None
-    itl_histogram: dict[str, Any] | None = None  # analysis/summary/histogram.py (the report)
-    http: dict[str, Any] | None = None  # HTTP runs: the client's health (targets/client_health.py)
 
 
 class Config(Record):

@@ -139,6 +139,13 @@ def client_side(r: Request, t0_epoch: float) -> Side | None:
     )
 
 
+def _http(run: RunResult) -> dict:
+    """summary.http: the client's health (targets/client_health.py), an extra field of the
+    summary model."""
+    http = (run.summary.model_extra or {}).get("http")
+    return http if isinstance(http, dict) else {}
+
+
 def _ms(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
@@ -228,7 +235,7 @@ def audit(result: RunResult | Mapping[str, Any], log: dict[str, dict],
     """The audit report (see the module doc); ``report["passed"]``."""
     run = as_run(result)
     # The run clock's zero on the epoch (client_health.py), as the log's times are.
-    t0_epoch = (run.summary.http or {}).get("t0_epoch_s")
+    t0_epoch = _http(run).get("t0_epoch_s")
     shared_clock = isinstance(t0_epoch, float)
     requests = run.requests or []
     if requests and not any(r.token_times_s for r in requests):
@@ -341,7 +348,7 @@ def failure_cause(result: RunResult, metrics: dict, coverage: dict, transit_ms: 
         return "a token count differs from the server's: the client miscounted"
     worst = max(abs(metrics[n].get("median") if metrics[n].get("median") is not None
                     else metrics[n].get("error") or 0.0) for n in timing)
-    http = result.summary.http or {}  # targets/client_health.py's figures
+    http = _http(result)
     lag = [http.get(k) for k in ("loop_lag_p50_ms", "loop_lag_p99_ms")]
     send = [http.get(k) for k in ("send_lag_p50_ms", "send_lag_p99_ms")]
     way_in = float(np.median(transit_ms)) if transit_ms else None
