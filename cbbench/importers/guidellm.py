@@ -219,7 +219,7 @@ def _events(first: float, last: float, events: int, tokens: int):
     return times, [1, *share]
 
 
-def _tokens(metrics: Any, group: str, computed: object, where: str) -> int:
+def _tokens(metrics: Any, group: str, computed: Any, where: str) -> int:
     """The tokens of ``metrics`` (the row's ``group``: its text_tokens), else ``computed``
     (the row's prompt_tokens / output_tokens)."""
     v = (metrics or {}).get("text_tokens")  # a non-object is malformed (AttributeError)
