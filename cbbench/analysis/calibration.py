@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,11 @@ from cbbench.engine.sim.roofline_physics import MIN_SHRINKAGE, PhysicsFit, fit_p
 from cbbench.engine.sim.roofline_select import NEUTRAL_Z, fit_rates
 from cbbench.engine.sim.sim_bounds import SPREAD_LEVEL, spread_from_residuals
 from cbbench.errors import UsageError
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import Config, Iteration, RunResult
+
+# A result as calibrate() is handed it: the run model, or its dict (a file's, or one in memory).
+ResultLike = RunResult | Mapping[str, Any]
 
 # A fit residual above these (per iteration class) is large: the profile and the output say so.
 WARN_MEDIAN = 0.10
@@ -81,81 +87,100 @@ class Source:
 
 
 # ---- reading results ------------------------------------------------------------------------
-def _device_of(config: dict, where: str) -> tuple[str, str]:
+def _device_of(config: Config, where: str) -> tuple[str, str]:
     """(profile device, the name the run reported) of a real engine run."""
-    if config.get("target") != "engine":
+    if config.target != "engine":
         raise UsageError(f"{where}: an endpoint run has no engine iteration records to fit")
-    if config.get("engine") != "torch":
+    if config.engine != "torch":
         raise UsageError(
-            f"{where}: a simulated run (engine {config.get('engine')!r}); calibrate from real "
+            f"{where}: a simulated run (engine {config.engine!r}); calibrate from real "
             "runs (--engine torch)"
         )
-    if config.get("device") == "cpu":
-        return CPU_DEVICE, str(config.get("device_name") or "cpu")
-    name = str(config.get("device_name") or "?")
-    if not config.get("gpu"):
+    if config.device == "cpu":
+        return CPU_DEVICE, str(config.device_name or "cpu")
+    name = str(config.device_name or "?")
+    if not config.gpu:
         raise UsageError(f"{where}: the GPU {name!r} has no spec in cbbench, so no profile")
     try:
-        get_gpu_spec(str(config["gpu"]))  # a tampered name was a KeyError midway
+        get_gpu_spec(config.gpu)  # a tampered name was a KeyError midway
     except ValueError as e:
         raise UsageError(f"{where}: config.gpu: {e}") from None
-    return str(config["gpu"]), name
+    return config.gpu, name
 
 
-def _records_of(result: dict, where: str) -> list[dict]:
-    its = result.get("iterations")
+def _run_of(result: ResultLike, where: str) -> RunResult:
+    """The run, its iteration records checked for the fit. A dict's records are checked
+    before the whole is parsed, so a bad one is named by its index (iteration 3), as a file's
+    is by read_run (iterations.3)."""
+    if isinstance(result, RunResult):
+        its: object = result.iterations
+    else:
+        its = result.get("iterations")
     if not isinstance(its, list) or not its:
         raise UsageError(f"{where} has no iteration records (was it written with --summary-only?)")
-    if isinstance(its[0], dict) and any(k not in its[0] for k in SHAPE_FIELDS):
+    first = its[0]
+    written = (first.model_fields_set if isinstance(first, Iteration)
+               else set(first) if isinstance(first, dict) else set(SHAPE_FIELDS))
+    if any(k not in written for k in SHAPE_FIELDS):
         raise UsageError(
             f"{where}: its iteration records lack the batch shape (num_logits, attn_key_pairs); "
             "rerun it with this cbbench"
         )
     for k, it in enumerate(its):
         check_record(it, f"{where}: iteration {k}")
-    return its
+    return as_run(result)
 
 
-def check_record(it: object, where: str) -> None:
+def check_record(it: object, where: str) -> Iteration:
     """A record the fit can read. Its fields' kinds are the result schema's (cbbench/schema:
     text, a bool or a negative count is refused there, as every reader refuses it); the fit
     adds its own rules: every field it reads is present and within range (Infinity, NaN, 1e300
     and 10**30 were tracebacks inside the fit)."""
     from cbbench.schema.base import validate
-    from cbbench.schema.run import Iteration
 
-    if not isinstance(it, dict):
+    if isinstance(it, Iteration):
+        rec = it
+    elif isinstance(it, dict):
+        checked = validate(Iteration, it, where, "iteration record")
+        assert isinstance(checked, Iteration)
+        rec = checked
+    else:
         raise UsageError(f"{where} is {type(it).__name__}, not a record (an object)")
-    validate(Iteration, it, where, "iteration record")
+    written = rec.model_fields_set
+    # The fields by name: the ranges are a table (RECORD_COUNTS, RECORD_AMOUNTS).
     for name in RECORD_COUNTS + RECORD_OPTIONAL_COUNTS:
-        if name not in it:
+        if name not in written:
             if name in RECORD_OPTIONAL_COUNTS:
                 continue
             raise UsageError(f"{where} has no {name!r}")
-        if not it[name] <= MAX_RECORD_COUNT:
+        value = getattr(rec, name)
+        if not value <= MAX_RECORD_COUNT:
             raise UsageError(
-                f"{where} has {name} {it[name]!r}: expected an integer in [0, {MAX_RECORD_COUNT}]"
+                f"{where} has {name} {value!r}: expected an integer in [0, {MAX_RECORD_COUNT}]"
             )
     for name, top in RECORD_AMOUNTS.items():
-        if name not in it:
+        if name not in written:
             raise UsageError(f"{where} has no {name!r}")
-        if not 0 <= it[name] <= top:  # NaN is in no range
-            raise UsageError(f"{where} has {name} {it[name]!r}: expected a number in [0, {top:g}]")
+        value = getattr(rec, name)
+        if not 0 <= value <= top:  # NaN is in no range
+            raise UsageError(f"{where} has {name} {value!r}: expected a number in [0, {top:g}]")
+    return rec
 
 
-def _bench_selection(results: Sequence[tuple[str, dict]]) -> dict:
+def _bench_selection(runs: Sequence[RunResult]) -> dict:
     """The decode microbenchmark rows that match the runs: their CUDA graphs, fused kernels and
     attention backend (without runs: graphs and fused kernels, the engine's defaults on a
     GPU)."""
-    if not results:
+    if not runs:
         return {"graphs": True, "fused": True, "attention_backend": None}
-    config = results[0][1]["config"]
-    graphs = config.get("cuda_graphs_effective", config.get("cuda_graphs"))
-    return {"graphs": bool(graphs), "fused": bool(config.get("fused_kernels")),
-            "attention_backend": config.get("attention_backend")}
+    config = runs[0].config
+    graphs = (config.cuda_graphs_effective if "cuda_graphs_effective" in config.model_fields_set
+              else config.cuda_graphs)
+    return {"graphs": bool(graphs), "fused": bool(config.fused_kernels),
+            "attention_backend": config.attention_backend}
 
 
-def fit_data(results: Sequence[tuple[str, dict]],
+def fit_data(results: Sequence[tuple[str, ResultLike]],
              benches: Sequence[tuple[str, dict]] = ()
              ) -> tuple[FitData, str, str, str, list[Source]]:
     """The usable iterations of every result (and the matching rows of every decode
@@ -183,38 +208,44 @@ def fit_data(results: Sequence[tuple[str, dict]],
         labels.append(label)
         weights.append(weight)
 
+    runs = []
     for where, result in results:
-        config = result["config"]
-        device = _device_of(config, where)
-        devices.setdefault(device, where)
-        dtypes.setdefault(str(config.get("dtype")), where)
-        its = _records_of(result, where)
-        model = _model_of(config.get("model_config"), where)
-        cost = CostModel(model, str(config.get("dtype")))
-        src = Source(Path(where).name, config.get("workload"), model.name, 0)
-        for it in its:
+        run = _run_of(result, where)
+        runs.append(run)
+        config = run.config
+        devices.setdefault(_device_of(config, where), where)
+        dtypes.setdefault(str(config.dtype), where)
+        # model_config stays an extra field of the config: pydantic reserves the name.
+        model = _model_of((config.model_extra or {}).get("model_config"), where)
+        cost = CostModel(model, str(config.dtype))
+        src = Source(Path(where).name, config.workload, model.name, 0)
+        for it in run.iterations or []:
             reason = _exclusion(it)
             if reason is not None:
                 src.excluded[reason] = src.excluded.get(reason, 0) + 1
                 continue
+            # _run_of checked that each field the fit reads is there (not None).
+            assert (it.num_logits is not None and it.attn_key_pairs is not None
+                    and it.attn_keys_read is not None and it.attn_decode_keys is not None
+                    and it.num_prefill_reqs is not None and it.num_decode_reqs is not None)
             shape = BatchShape(
-                num_tokens=it["num_prefill_tokens"] + it["num_decode_tokens"],
-                num_logits=it["num_logits"],
-                attn_key_pairs=it["attn_key_pairs"],
-                attn_keys_read=it["attn_keys_read"],
-                num_reqs=it["num_prefill_reqs"] + it["num_decode_reqs"],
-                num_prefill_reqs=it["num_prefill_reqs"],
-                decode_keys=it["attn_decode_keys"],
-                num_draft_tokens=it.get("draft_tokens", 0),
+                num_tokens=it.num_prefill_tokens + it.num_decode_tokens,
+                num_logits=it.num_logits,
+                attn_key_pairs=it.attn_key_pairs,
+                attn_keys_read=it.attn_keys_read,
+                num_reqs=it.num_prefill_reqs + it.num_decode_reqs,
+                num_prefill_reqs=it.num_prefill_reqs,
+                decode_keys=it.attn_decode_keys,
+                num_draft_tokens=it.draft_tokens or 0,
             )
-            add(cost, shape, it["duration_s"],
-                iteration_class(it["num_prefill_tokens"], it["num_decode_tokens"]), 1.0,
+            add(cost, shape, it.duration_s,
+                iteration_class(it.num_prefill_tokens, it.num_decode_tokens), 1.0,
                 shape.num_reqs)
             src.used += 1
         sources.append(src)
-    selection = _bench_selection(results)
-    for where, data in benches:
-        bench = decode_bench(where, data, selection)
+    selection = _bench_selection(runs)
+    for where, bench_data in benches:
+        bench = decode_bench(where, bench_data, selection)
         devices.setdefault((bench.device, bench.device_name), where)
         dtypes.setdefault(bench.dtype, where)
         model = _model_of(bench.model_config, where)
@@ -259,12 +290,12 @@ def _model_of(model_config: object, where: str) -> ModelConfig:
         raise UsageError(f"{where}: no usable model_config in its config ({e})") from None
 
 
-def _exclusion(it: dict) -> str | None:
-    if iteration_class(it["num_prefill_tokens"], it["num_decode_tokens"]) is None:
+def _exclusion(it: Iteration) -> str | None:
+    if iteration_class(it.num_prefill_tokens, it.num_decode_tokens) is None:
         return "no tokens"
-    if it.get("num_swapped_out_blocks") or it.get("num_swapped_in_blocks"):
+    if it.num_swapped_out_blocks or it.num_swapped_in_blocks:
         return "swap copies"  # their time is the host link's, not the roofline's
-    if not it["duration_s"] > 0:
+    if not it.duration_s > 0:
         return "no measured time"
     return None
 
@@ -283,7 +314,7 @@ def _rates(theta: np.ndarray, host_factor: float) -> DeviceRates:
     )
 
 
-def calibrate(results: Sequence[tuple[str, dict]],
+def calibrate(results: Sequence[tuple[str, ResultLike]],
               benches: Sequence[tuple[str, dict]] = ()) -> dict:
     """The profile (a JSON-ready dict) fitted to ``results`` [(path, run result dict)] and
     ``benches`` [(path, decode microbenchmark dict)]. On a GPU with a spec the fit is bounded by
@@ -311,18 +342,15 @@ def calibrate(results: Sequence[tuple[str, dict]],
     rates = _rates(theta, factor)
     models = tuple(dict.fromkeys(s.model for s in sources))
     profile = DeviceProfile(device, device_name, dtype, models, rates)
-    out = profile_to_dict(profile)
-    if physics is None:
-        out["params"] = _param_report(fit, rates, device)
-    else:
-        out["params"] = _physics_report(physics, rates, device)
+    params = (_param_report(fit, rates, device) if physics is None
+              else _physics_report(physics, rates, device))
     if shapes <= fitted_scales:  # as many shapes as fitted terms: an exact fit, no error
-        for entry in out["params"].values():
+        for entry in params.values():
             if entry["status"] == "fitted":
-                entry["rse"] = None
-                entry["note"] = (f"determined exactly by {shapes} distinct iteration shape(s): "
-                                 "no residual is left to estimate its error")
-    out["params"]["host_factor"] = {
+                entry.update(rse=None, note=(
+                    f"determined exactly by {shapes} distinct iteration shape(s): "
+                    "no residual is left to estimate its error"))
+    params.update(host_factor={
         "value": factor if factor_known else None,
         "status": "fitted" if factor_known else "not identified",
         "rse": finite(factor_rse),
@@ -332,54 +360,64 @@ def calibrate(results: Sequence[tuple[str, dict]],
         if factor_known else
         (f"the data hold {shapes} distinct iteration shape(s) for {fitted_scales} fitted "
          "term(s): no time is left over to show a host's lost share; the simulator uses 1"),
-    }
+    })
     # The simulator's error per iteration as it will predict (host factor included), and
     # the roofline's fit to a typical iteration (without it).
-    out["residuals"] = error_stats(typical * factor, data.measured, data.labels)
-    out["residuals_typical"] = error_stats(typical, data.measured, data.labels)
-    # The residual band a simulated run's intervals come from (summary.intervals).
-    out["spread"] = {"level": SPREAD_LEVEL, "basis": "per class: e in [bias - p90, bias + p90] "
-                     "of residuals, as factors 1 / (1 + e) on the predicted step time",
-                     **spread_from_residuals(out["residuals"])}
-    out["num_iterations"] = data.n
-    out["distinct_shapes"] = shapes
-    out["determined"] = _determined(out["params"], shapes)
-    out["warnings"] = residual_warnings(out["residuals"])
-    out["sources"] = [
-        {"file": s.file, "workload": s.workload, "model": s.model, "iterations_used": s.used,
-         "excluded": s.excluded, **({"rows": s.selection} if s.selection else {})}
-        for s in sources
-    ]
-    if physics is None:
-        out["fit"] = {
-            "method": "M-estimator on log(predicted / measured): IRLS with Huber then Tukey "
-                      "bisquare weights over scipy.optimize.least_squares (trf, bounds >= 0); "
-                      "staged: all classes weighted equally, then the decode-side terms on the "
-                      "decode steps, then the FLOP rate and prefill-only terms on the "
-                      "prefill-carrying steps, twice (analysis/roofline_select.py); a "
-                      "parameter's rse is from the stage that fitted it, given the others",
-            "residual_scale": fit.scale,
-            "huber_k": HUBER_K,
-            "bisquare_c": BISQUARE_C,
-            "max_rse": MAX_RSE,
-            "neutral_z": NEUTRAL_Z,
-            "rounds": rounds,
-        }
-    else:
-        out["fit"] = {
-            "method": "maximum a posteriori on log(predicted / measured), bounded by the "
-                      "GPU's physics, with the spec's priors (engine/sim/roofline_physics.py): "
-                      "IRLS with Huber then Tukey bisquare weights over "
-                      "scipy.optimize.least_squares (trf); each parameter's status from the "
-                      "share of its prior variance the data remove (Laplace approximation)",
-            "residual_scale": physics.scale,
-            "huber_k": HUBER_K,
-            "bisquare_c": BISQUARE_C,
-            "min_shrinkage": MIN_SHRINKAGE,
-            "effective_parameters": physics.effective_params,
-        }
+    residuals = error_stats(typical * factor, data.measured, data.labels)
+    out = {
+        **profile_to_dict(profile),
+        "params": params,
+        "residuals": residuals,
+        "residuals_typical": error_stats(typical, data.measured, data.labels),
+        # The residual band a simulated run's intervals come from (summary.intervals).
+        "spread": {"level": SPREAD_LEVEL, "basis": "per class: e in [bias - p90, bias + p90] "
+                   "of residuals, as factors 1 / (1 + e) on the predicted step time",
+                   **spread_from_residuals(residuals)},
+        "num_iterations": data.n,
+        "distinct_shapes": shapes,
+        "determined": _determined(params, shapes),
+        "warnings": residual_warnings(residuals),
+        "sources": [
+            {"file": s.file, "workload": s.workload, "model": s.model, "iterations_used": s.used,
+             "excluded": s.excluded, **({"rows": s.selection} if s.selection else {})}
+            for s in sources
+        ],
+        "fit": _fit_report(fit, rounds) if physics is None else _physics_fit_report(physics),
+    }
     check_profile(out)
     return out
+
+
+def _fit_report(fit: Fit, rounds: Any) -> dict:
+    return {
+        "method": "M-estimator on log(predicted / measured): IRLS with Huber then Tukey "
+                  "bisquare weights over scipy.optimize.least_squares (trf, bounds >= 0); "
+                  "staged: all classes weighted equally, then the decode-side terms on the "
+                  "decode steps, then the FLOP rate and prefill-only terms on the "
+                  "prefill-carrying steps, twice (analysis/roofline_select.py); a "
+                  "parameter's rse is from the stage that fitted it, given the others",
+        "residual_scale": fit.scale,
+        "huber_k": HUBER_K,
+        "bisquare_c": BISQUARE_C,
+        "max_rse": MAX_RSE,
+        "neutral_z": NEUTRAL_Z,
+        "rounds": rounds,
+    }
+
+
+def _physics_fit_report(physics: PhysicsFit) -> dict:
+    return {
+        "method": "maximum a posteriori on log(predicted / measured), bounded by the "
+                  "GPU's physics, with the spec's priors (engine/sim/roofline_physics.py): "
+                  "IRLS with Huber then Tukey bisquare weights over "
+                  "scipy.optimize.least_squares (trf); each parameter's status from the "
+                  "share of its prior variance the data remove (Laplace approximation)",
+        "residual_scale": physics.scale,
+        "huber_k": HUBER_K,
+        "bisquare_c": BISQUARE_C,
+        "min_shrinkage": MIN_SHRINKAGE,
+        "effective_parameters": physics.effective_params,
+    }
 
 
 def distinct_shapes(d: FitData) -> int:
@@ -446,31 +484,32 @@ def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str) -> dict:
         }
         conf = fit.confounder.get(p)
         if conf is not None:
-            entry["confounded_with"] = {
+            entry.update(confounded_with={
                 "param": conf[0], "posterior_correlation": conf[1],
                 # the most prior variance the data leave in any mix of the two (1: all)
-                "variance_left": fit.left_with_confounder.get(p)}
+                "variance_left": fit.left_with_confounder.get(p)})
         if status == "prior":
-            entry["note"] = ("the data cannot determine it"
-                             + (f" apart from {conf[0]}" if conf else "")
-                             + "; the simulator uses the spec's prior, moved by what the data say")
+            entry.update(note=("the data cannot determine it"
+                               + (f" apart from {conf[0]}" if conf else "")
+                               + "; the simulator uses the spec's prior, moved by what the "
+                               "data say"))
         elif status == "at bound":
-            entry["note"] = ("the data ask for more than the device's physics allow; the "
-                             "simulator uses the bound" + (f" (confounded with {conf[0]})"
-                                                           if conf else ""))
+            entry.update(note=("the data ask for more than the device's physics allow; the "
+                               "simulator uses the bound" + (f" (confounded with {conf[0]})"
+                                                             if conf else "")))
         elif conf is not None and abs(conf[1]) >= CONFOUNDED_CORRELATION:
-            entry["status"] = "confounded"
-            entry["value"] = None
-            entry["rse"] = None  # its error given the prior's split, not the data's
-            entry["note"] = (f"not told apart from {conf[0]} (posterior correlation "
-                             f"{conf[1]:+.2f}): the data fix a combination of the two; the "
-                             "split rests on small terms and the spec's priors, which a model "
-                             "error moves")
+            # rse None: its error given the prior's split, not the data's
+            entry.update(status="confounded", value=None, rse=None, note=(
+                f"not told apart from {conf[0]} (posterior correlation "
+                f"{conf[1]:+.2f}): the data fix a combination of the two; the "
+                "split rests on small terms and the spec's priors, which a model "
+                "error moves"))
         out[name] = entry
-    if rates.memory_bandwidth:
-        out["memory_bandwidth"]["fraction_of_peak"] = rates.memory_bandwidth / gpu.hbm_bandwidth
-    if rates.flop_rate:
-        out["flop_rate"]["fraction_of_peak"] = rates.flop_rate / gpu.bf16_flops
+    peaks = {"memory_bandwidth": (rates.memory_bandwidth, gpu.hbm_bandwidth),
+             "flop_rate": (rates.flop_rate, gpu.bf16_flops)}
+    for name, (rate, peak) in peaks.items():
+        if rate:
+            out[name].update(fraction_of_peak=rate / peak)
     return out
 
 
@@ -499,7 +538,7 @@ def _param_report(fit: Fit, rates: DeviceRates, device: str) -> dict:
             "used": values[name],
         }
         if not fitted:
-            entry["note"] = ("the data cannot determine it, and the CPU has no spec to fall "
-                             "back on: the simulator leaves this term out")
+            entry.update(note=("the data cannot determine it, and the CPU has no spec to fall "
+                               "back on: the simulator leaves this term out"))
         out[name] = entry
     return out

@@ -17,6 +17,9 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from cbbench.errors import UsageError
 
@@ -50,6 +53,36 @@ class DecodeBench:
     model_config: dict
     rows: tuple[BenchRow, ...]
     selection: dict  # the configuration the rows were chosen by
+
+
+class _Fields(BaseModel):
+    """A microbenchmark object's fields decode_bench reads, as written: each is checked
+    where it is read, with the message that names it."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class BenchArgs(_Fields):
+    cmd: Any = None
+    dtype: Any = None
+    steps: Any = None
+
+
+class BenchRowIn(_Fields):
+    """One row of decode.json (tests/gpu/bench_gpu.py decode)."""
+
+    role: Any = None
+    step_ms: Any = None
+    batch_size: Any = None
+    context: Any = None
+
+
+class BenchFile(_Fields):
+    # model_config (the model's shape) stays an extra field: pydantic reserves the name.
+    gpu_spec: Any = None
+    args: Any = None
+    rows: Any = None
+    env: Any = None
 
 
 def read_json_input(path: Path) -> object:
@@ -100,44 +133,48 @@ def decode_bench(where: str, data: dict, selection: dict) -> DecodeBench:
     "attention_backend"}; a None value: any), checked field by field."""
     from cbbench.engine.sim.gpu_specs import get_gpu_spec
 
-    spec = data.get("gpu_spec")
-    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+    bench = BenchFile.model_validate(data)
+    spec = bench.gpu_spec
+    name = spec.get("name") if isinstance(spec, dict) else None  # a GpuSpec's dict
+    if not isinstance(name, str):
         raise UsageError(f"{where}: a decode microbenchmark without a gpu_spec (a CPU run?): "
                          "it calibrates no GPU profile")
     try:
-        device = get_gpu_spec(spec["name"]).name
+        device = get_gpu_spec(name).name
     except ValueError as e:
         raise UsageError(f"{where}: gpu_spec.name: {e}") from None
-    args = data["args"]
-    dtype = args.get("dtype")
+    args = BenchArgs.model_validate(bench.args)  # an object: is_decode_bench
+    dtype = args.dtype
     if not isinstance(dtype, str):
         raise UsageError(f"{where}: args.dtype is missing")
-    model = data.get("model_config")
+    model = (bench.model_extra or {}).get("model_config")
     if not isinstance(model, dict):
         raise UsageError(f"{where}: no model_config")
-    rows_in = data.get("rows")
+    rows_in = bench.rows
     if not isinstance(rows_in, list):
         raise UsageError(f"{where}: 'rows' is not a list")
-    steps = _int(args.get("steps"), 1 << 20, f"{where}: args.steps")
+    steps = _int(args.steps, 1 << 20, f"{where}: args.steps")
     rows = []
-    for k, row in enumerate(rows_in):
+    for k, raw in enumerate(rows_in):
         w = f"{where}: rows[{k}]"
-        if not isinstance(row, dict):
+        if not isinstance(raw, dict):
             raise UsageError(f"{w} is not an object")
-        if row.get("role", BENCH_ROLE) != BENCH_ROLE:
+        row = BenchRowIn.model_validate(raw)
+        if (row.role if "role" in row.model_fields_set else BENCH_ROLE) != BENCH_ROLE:
             continue
-        if any(v is not None and row.get(key) != v for key, v in selection.items()):
+        # The selection's keys are the rows' own (graphs, fused, attention_backend).
+        if any(v is not None and raw.get(key) != v for key, v in selection.items()):
             continue
-        stat = row.get("step_ms")
+        stat = row.step_ms
         t = stat.get(BENCH_STAT) if isinstance(stat, dict) else None
         if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
             raise UsageError(f"{w}: step_ms.{BENCH_STAT} must be a time > 0 ms, got {t!r}")
-        rows.append(BenchRow(_int(row.get("batch_size"), MAX_BENCH_BATCH, f"{w}.batch_size"),
-                             _int(row.get("context"), MAX_BENCH_CONTEXT, f"{w}.context"),
+        rows.append(BenchRow(_int(row.batch_size, MAX_BENCH_BATCH, f"{w}.batch_size"),
+                             _int(row.context, MAX_BENCH_CONTEXT, f"{w}.context"),
                              float(t) / 1e3, steps))
     if not rows:
         chosen = ", ".join(f"{k}={v}" for k, v in selection.items() if v is not None)
         raise UsageError(f"{where}: no decode rows run as the results were ({chosen})")
-    env = data.get("env") if isinstance(data.get("env"), dict) else {}
+    env = bench.env if isinstance(bench.env, dict) else {}
     return DecodeBench(Path(where).name, device, str(env.get("device_name") or device), dtype,
                        model, tuple(rows), selection)

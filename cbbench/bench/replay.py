@@ -22,6 +22,8 @@ import numpy as np
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.workload_types import WorkloadRequest
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import Config, Request, RunResult
 
 log = logging.getLogger(__name__)
 
@@ -49,16 +51,16 @@ class Replay:
     def run_spec(self, spec):
         """The RunSpec that replays: these requests in their order (the path as the workload,
         so nothing is resampled), the recorded run's config for the record."""
-        c = self.config
-        rate = c.get("request_rate")
+        c = Config.model_validate(self.config)
+        rate = c.request_rate
         return dataclasses.replace(
             spec,
             workload=self.source,
             num_requests=None,
-            seed=int(c.get("seed", spec.seed)),
-            request_rate=math.inf if rate in (None, "inf") else float(rate),
+            seed=c.seed if c.seed is not None else spec.seed,
+            request_rate=float(rate) if rate is not None and rate != "inf" else math.inf,
             rate_given=False,
-            burstiness=float(c.get("burstiness") or 1.0),
+            burstiness=float(c.burstiness or 1.0),
             arrival="trace",
             time_scale=1.0,
             duration_s=None,
@@ -67,27 +69,26 @@ class Replay:
         )
 
 
-def _int_field(rec: dict, key: str, where: str, low: int | None, default=None) -> int:
-    """``rec[key]`` as an int >= ``low``; a text, float, bool or missing value in a hand-edited
-    result was an int() ValueError / KeyError traceback."""
-    v = rec.get(key, default)
+def _int_field(rec: Request, key: str, v: object, where: str, low: int | None) -> int:
+    """``v`` (the record's field ``key``) as an int >= ``low``; a text, float, bool or missing
+    value in a hand-edited result was an int() ValueError / KeyError traceback."""
     if type(v) is not int or (low is not None and v < low):
         want = "an integer" + (f" >= {low}" if low is not None else "")
-        raise UsageError(f"{where}: request {rec.get('id')!r} has {key} {v!r}: expected {want}")
+        raise UsageError(f"{where}: request {rec.id!r} has {key} {v!r}: expected {want}")
     return v
 
 
-def _output_len(rec: dict, where: str) -> int | None:
-    if rec.get("error") is None and rec.get("output_tokens"):
-        return _int_field(rec, "output_tokens", where, 1)
-    if rec.get("max_tokens"):
-        return _int_field(rec, "max_tokens", where, 1)
+def _output_len(rec: Request, where: str) -> int | None:
+    if rec.error is None and rec.output_tokens:
+        return _int_field(rec, "output_tokens", rec.output_tokens, where, 1)
+    if rec.max_tokens:
+        return _int_field(rec, "max_tokens", rec.max_tokens, where, 1)
     return None
 
 
-def _check_run_fields(config: dict, where: str) -> None:
+def _check_run_fields(config: Config, where: str) -> None:
     """The recorded run's fields run_spec reads, of their kinds."""
-    seed, rate, burst = config.get("seed"), config.get("request_rate"), config.get("burstiness")
+    seed, rate, burst = config.seed, config.request_rate, config.burstiness
     problems = [
         ("seed", seed) if seed is not None and (type(seed) is not int or seed < 0) else None,
         ("request_rate", rate) if rate not in (None, "inf") and not _positive(rate) else None,
@@ -101,36 +102,36 @@ def _positive(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def replayed_requests(result: dict, where: str) -> tuple[list[WorkloadRequest], np.ndarray, int]:
+def replayed_requests(result: RunResult | dict,
+                      where: str) -> tuple[list[WorkloadRequest], np.ndarray, int]:
     """(requests, arrival times, requests left out for want of an output length)."""
-    records = result.get("requests")
-    if not isinstance(records, list) or not records:
+    records = as_run(result).requests
+    if not records:
         raise UsageError(f"{where} has no per-request records to replay (--summary-only?)")
     reqs, arrivals, unknown = [], [], 0
-    for i, rec in enumerate(records):
-        if not isinstance(rec, dict):
-            raise UsageError(f"{where}: request record {i} is a {type(rec).__name__}, not an object")
+    for rec in records:
         out = _output_len(rec, where)
         if out is None:
             unknown += 1
             continue
-        t = rec.get("intended_start_s")
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-            raise UsageError(f"{where}: request {rec.get('id')} has no intended start time")
-        reqs.append(WorkloadRequest(_int_field(rec, "id", where, 0),
-                                    _int_field(rec, "prompt_tokens", where, 1), out,
-                                    arrival_s=float(t),
-                                    priority=_int_field(rec, "priority", where, None, 0)))
+        t = rec.intended_start_s
+        if t is None or not math.isfinite(t) or t < 0:
+            raise UsageError(f"{where}: request {rec.id} has no intended start time")
+        priority = rec.priority if "priority" in rec.model_fields_set else 0
+        reqs.append(WorkloadRequest(_int_field(rec, "id", rec.id, where, 0),
+                                    _int_field(rec, "prompt_tokens", rec.prompt_tokens, where, 1),
+                                    out, arrival_s=float(t),
+                                    priority=_int_field(rec, "priority", priority, where, None)))
         arrivals.append(float(t))
     if not reqs:
         raise UsageError(f"{where}: no request with a known output length to replay")
     return reqs, np.array(arrivals, dtype=np.float64), unknown
 
 
-def _same_device(args: EngineArgs, config: dict) -> bool:
+def _same_device(args: EngineArgs, config: Config) -> bool:
     """Whether the replay runs on the device the recorded run measured (then its KV capacity
     is the recorded one, not an estimate)."""
-    recorded = "cpu" if config.get("device") == "cpu" else config.get("gpu")
+    recorded = "cpu" if config.device == "cpu" else config.gpu
     if args.gpu_profile is not None:
         from cbbench.engine.args import EngineArgsError
         from cbbench.engine.build_common import load_device_profile
@@ -142,17 +143,22 @@ def _same_device(args: EngineArgs, config: dict) -> bool:
     return args.gpu is not None and args.gpu.lower() == recorded
 
 
-def replay_engine_args(args: EngineArgs, config: dict) -> EngineArgs:
-    if config.get("target") != "engine":
+def replay_engine_args(args: EngineArgs, config: Config | dict) -> EngineArgs:
+    c = Config.model_validate(config)
+    if c.target != "engine":
         log.info("replaying an endpoint run: the engine options are the command line's")
         return args
-    kept = {EngineArgs.field_of(k): config[k] for k in SCHEDULING_FIELDS if k in config}
+    # The recorded options as written (their kinds are EngineArgs.validate's to check): the
+    # scheduling ones by name, from the fields the file has.
+    written = {**c.model_dump(include=c.model_fields_set), **(c.model_extra or {})}
+    kept = {EngineArgs.field_of(k): written[k] for k in SCHEDULING_FIELDS if k in written}
     for f in UNSET_DEFAULT_FIELDS:
-        if getattr(args, f) is None and config.get(f) is not None:
-            kept[f] = config[f]
-    if args.num_kv_blocks is None and config.get("num_kv_blocks") and _same_device(args, config):
-        kept["num_kv_blocks"] = config["num_kv_blocks"]
-    if config.get("enable_prefix_caching") is True:
+        if getattr(args, f) is None and written.get(f) is not None:
+            kept[f] = written[f]
+    blocks = written.get("num_kv_blocks")
+    if args.num_kv_blocks is None and blocks and _same_device(args, c):
+        kept["num_kv_blocks"] = blocks
+    if written.get("enable_prefix_caching") is True:
         log.info("the recorded run used prefix caching; a replay has no token ids to match")
     return dataclasses.replace(args, **kept)
 
@@ -160,15 +166,15 @@ def replay_engine_args(args: EngineArgs, config: dict) -> EngineArgs:
 def load_replay(path: str, args: EngineArgs) -> Replay:
     from cbbench.analysis.result import load_result
 
-    result = load_result(Path(path))
-    if result.get("interrupted"):
+    run = as_run(load_result(Path(path)))
+    if run.interrupted:
         raise UsageError(f"{path} is an interrupted run: its request set is incomplete")
-    _check_run_fields(result["config"], path)
-    reqs, arrivals, unknown = replayed_requests(result, path)
+    _check_run_fields(run.config, path)
+    reqs, arrivals, unknown = replayed_requests(run, path)
     if unknown:
         log.info(f"{unknown} failed request(s) in {path} record no output length; left out")
     try:
-        engine = replay_engine_args(args, result["config"]).validate()
+        engine = replay_engine_args(args, run.config).validate()
     except UsageError as e:  # a recorded value this cbbench rejects: say which file
         raise UsageError(f"{path}: {e}") from None
-    return Replay(path, result["config"], reqs, arrivals, engine)
+    return Replay(path, run.config.model_dump(exclude_unset=True), reqs, arrivals, engine)

@@ -59,7 +59,8 @@ def calibrate(
 
     check_writable(out)
     check_not_an_input(out, results, "--out")
-    runs, benches = [], []
+    runs: list[tuple[str, dict]] = []
+    benches: list[tuple[str, dict]] = []
     for p in results:
         kind, data = read_input(p)
         (benches if kind == "bench" else runs).append((str(p), data))

@@ -96,10 +96,10 @@ def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
         return aiperf.config(recs), None, recs, aiperf.duration_s(recs), aiperf.origin(rows)
     data = read_json_file(file, f"{tool} result")
     if tool == inference_perf.TOOL:
-        rows = inference_perf.entries(data, str(file))
-        recs = inference_perf.records(rows, str(file))
-        return (inference_perf.config(recs), None, recs, inference_perf.duration_s(rows, recs),
-                None)
+        entries = inference_perf.entries(data, str(file))
+        recs = inference_perf.records(entries, str(file))
+        return (inference_perf.config(recs), None, recs,
+                inference_perf.duration_s(entries, recs), None)
     if not isinstance(data, dict):
         raise UsageError(f"{file} is not a {tool} result (not a JSON object)")
     if tool == guidellm.TOOL:

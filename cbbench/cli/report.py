@@ -7,7 +7,7 @@ import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -132,9 +132,11 @@ def _png(fig) -> bytes:
 
 def gantt_pair(results: Sequence) -> list | None:
     """The first static run and the first continuous run, static first; None without both."""
-    by_sched = {}
+    from cbbench.schema.coerce import as_run
+
+    by_sched: dict[str | None, Any] = {}
     for x in results:
-        by_sched.setdefault(x.result.get("config", {}).get("scheduler"), x)
+        by_sched.setdefault(as_run(x.result).config.scheduler, x)
     if STATIC in by_sched and CONTINUOUS in by_sched:
         return [by_sched[STATIC], by_sched[CONTINUOUS]]
     return None
@@ -180,6 +182,7 @@ def plot_specs(results: Sequence, max_gantt_requests: int) -> list[PlotSpec]:
 def section_notes(key: str, results: Sequence) -> list[str]:
     """What a plot could not show, said on the page rather than left for the reader to guess."""
     from cbbench.report import plots
+    from cbbench.schema.coerce import as_run
 
     notes = []
     if key == "latency_cdfs":
@@ -199,7 +202,7 @@ def section_notes(key: str, results: Sequence) -> list[str]:
     if key == "request_timeline":
         no_queue = [
             x.label for x in results
-            if any("queue_ms" not in r for r in x.result.get("requests", []))
+            if any("queue_ms" not in r.model_fields_set for r in as_run(x.result).requests or [])
         ]
         if no_queue:
             notes.append(
@@ -211,16 +214,17 @@ def section_notes(key: str, results: Sequence) -> list[str]:
 
 def page_notes(results: Sequence) -> list[str]:
     from cbbench.analysis.comparison.compare import workload_note
+    from cbbench.schema.coerce import as_run
 
     notes = []
     if len(results) > 1 and (note := workload_note(results)):
         notes.append(note)
-    schedulers = {x.result.get("config", {}).get("scheduler") for x in results}
+    schedulers = {as_run(x.result).config.scheduler for x in results}
     if gantt_pair(results) is None and STATIC in schedulers:  # a comparison left one-sided
         notes.append(
             "No request timeline: it needs one static and one continuous run among the results."
         )
-    interrupted = [x.label for x in results if x.result.get("interrupted")]
+    interrupted = [x.label for x in results if as_run(x.result).interrupted]
     if interrupted:
         notes.append(f"Interrupted runs ({', '.join(interrupted)}): figures cover only what finished.")
     return notes

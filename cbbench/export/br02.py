@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
+from typing import TypeGuard
 
 import numpy as np
 
@@ -241,7 +242,8 @@ def _mean_only(value, units: str) -> dict | None:
     return {"units": units, "mean": value} if _finite(value) else None
 
 
-def _finite(v) -> bool:
+def _finite(v: object) -> TypeGuard[float]:
+    """A finite number (not a bool): a TypeGuard, so the checked value reads as a number."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 

@@ -26,8 +26,10 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
@@ -37,9 +39,68 @@ TOOL = "guidellm"
 STATUSES = ("successful", "incomplete", "errored")
 
 
-def benchmark(data: Mapping, source: str, index: int | None) -> Mapping:
+class _Fields(BaseModel):
+    """A GuideLLM object's fields this importer reads, as written: each is checked where it is
+    read, with the message that names it (the others pass through)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Report(_Fields):
+    benchmarks: Any = None
+    config: Any = None  # the scenario: data, target, model
+
+
+class Benchmark(_Fields):
+    requests: Any = None  # lists of request stats by status
+    config: Any = None
+    start_time: Any = None
+    duration: Any = None
+
+
+class Strategy(_Fields):
+    type_: Any = None
+    rate: Any = None
+    streams: Any = None
+
+
+class Scenario(_Fields):
+    data: Any = None
+    target: Any = None
+    model: Any = None
+
+
+class Row(_Fields):
+    """One request's stats (guidellm/schemas/request_stats.py)."""
+
+    info: Any = None
+    input_metrics: Any = None
+    output_metrics: Any = None
+    response_id: Any = None
+    prompt_tokens: Any = None
+    output_tokens: Any = None
+
+
+class Timings(_Fields):
+    """info.timings (Unix seconds), each a finite number or null (_timings checks them; kept
+    as written, an int an int)."""
+
+    request_start: Any = None
+    targeted_start: Any = None
+    first_token_iteration: Any = None
+    first_output_token_iteration: Any = None
+    last_token_iteration: Any = None
+    token_iterations: Any = None
+
+    @property
+    def start(self) -> Any:
+        """The intended start: targeted_start, else the send (one is there: _timings)."""
+        return self.targeted_start if self.targeted_start is not None else self.request_start
+
+
+def benchmark(data: Mapping, source: str, index: int | None) -> Benchmark:
     """The benchmark to import: the only one, or ``index`` (0-based) of several."""
-    benches = data.get("benchmarks")
+    benches = Report.model_validate(dict(data)).benchmarks
     if not isinstance(benches, list) or not benches:
         raise UsageError(f"{source} holds no benchmarks: not a GuideLLM benchmarks JSON")
     if index is None:
@@ -53,21 +114,27 @@ def benchmark(data: Mapping, source: str, index: int | None) -> Mapping:
     bench = benches[index]
     if not isinstance(bench, dict) or not isinstance(bench.get("requests"), dict):
         raise UsageError(f"{source}: benchmark {index} has no requests by status")
-    return bench
+    return Benchmark.model_validate(bench)
 
 
-def _strategy(bench) -> str:
-    strategy = (bench.get("config") or {}).get("strategy") if isinstance(bench, dict) else None
-    if isinstance(strategy, dict):
-        rate = strategy.get("rate") or strategy.get("streams")
-        return f"{strategy.get('type_', '?')}{f' {rate:g}' if isinstance(rate, (int, float)) else ''}"
+def _strategy_of(bench: Benchmark) -> Strategy | None:
+    strategy = (bench.config or {}).get("strategy")  # a non-object config is malformed
+    return Strategy.model_validate(strategy) if isinstance(strategy, dict) else None
+
+
+def _strategy(bench: object) -> str:
+    strategy = _strategy_of(Benchmark.model_validate(bench)) if isinstance(bench, dict) else None
+    if strategy is not None:
+        rate = strategy.rate or strategy.streams
+        kind = strategy.type_ if "type_" in strategy.model_fields_set else "?"
+        return f"{kind}{f' {rate:g}' if isinstance(rate, (int, float)) else ''}"
     return "?"
 
 
-def _rows(bench: Mapping, source: str) -> list[tuple[str, Mapping]]:
-    rows = []
+def _rows(bench: Benchmark, source: str) -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = []
     for status in STATUSES:
-        group = bench["requests"].get(status) or []
+        group = bench.requests.get(status) or []
         if not isinstance(group, list):
             raise UsageError(f"{source}: requests.{status} is not a list")
         rows += [(status, r) for r in group]
@@ -77,27 +144,25 @@ def _rows(bench: Mapping, source: str) -> list[tuple[str, Mapping]]:
     return rows
 
 
-def _start(t: Mapping) -> float:
-    return t["targeted_start"] if t.get("targeted_start") is not None else t["request_start"]
-
-
-def origin(bench: Mapping, source: str) -> float:
+def origin(bench: Benchmark, source: str) -> float:
     """The records' zero: the first intended start, on the Unix clock GuideLLM times on."""
-    return min(_start(_timings(r, source)) for _, r in _rows(bench, source))
+    return min(_timings(r, source).start for _, r in _rows(bench, source))
 
 
-def records(bench: Mapping, source: str) -> list[RequestRecord]:
+def records(bench: Benchmark, source: str) -> list[RequestRecord]:
     rows = _rows(bench, source)
     timings = [_timings(r, f"{source}: request {i}") for i, (_, r) in enumerate(rows)]
-    starts = [_start(t) for t in timings]
+    starts = [t.start for t in timings]
     t0 = min(starts)
     order = sorted(range(len(rows)), key=lambda i: starts[i])  # the schedule's order
-    return [_record(k, *rows[i], timings[i], t0, f"{source}: request {i}")
+    return [_record(k, rows[i][0], Row.model_validate(rows[i][1]), timings[i], t0,
+                    f"{source}: request {i}")
             for k, i in enumerate(order)]
 
 
-def _timings(row, where: str) -> dict:
-    t = (row.get("info") or {}).get("timings") if isinstance(row, dict) else None
+def _timings(row: object, where: str) -> Timings:
+    # A non-object info is malformed (AttributeError: import_result.py's one line).
+    t = (Row.model_validate(row).info or {}).get("timings") if isinstance(row, dict) else None
     if not isinstance(t, dict) or (t.get("request_start") is None
                                    and t.get("targeted_start") is None):
         raise UsageError(f"{where} has no info.timings.request_start")
@@ -105,23 +170,22 @@ def _timings(row, where: str) -> dict:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                               or not math.isfinite(v)):
             raise UsageError(f"{where}: info.timings.{k} holds {v!r}, not a time")
-    return t
+    return Timings.model_validate(t)
 
 
-def _record(k: int, status: str, row: Mapping, t: Mapping, t0: float, where: str):
-    send = t.get("request_start")
-    intended = t.get("targeted_start") if t.get("targeted_start") is not None else send
+def _record(k: int, status: str, row: Row, t: Timings, t0: float, where: str):
+    send = t.request_start
     rec = RequestRecord(
         id=k,
-        prompt_tokens=_tokens(row, "input_metrics", "prompt_tokens", where),
-        output_tokens=_tokens(row, "output_metrics", "output_tokens", where),
-        intended_start_s=intended - t0,
+        prompt_tokens=_tokens(row.input_metrics, "input_metrics", row.prompt_tokens, where),
+        output_tokens=_tokens(row.output_metrics, "output_metrics", row.output_tokens, where),
+        intended_start_s=t.start - t0,
         send_s=send - t0 if send is not None else None,
-        server_request_id=row.get("response_id"),
+        server_request_id=row.response_id,
     )
     rec.output_tokens_method = TOOL
     rec.output_token_counts = {TOOL: rec.output_tokens}
-    info = row.get("info") or {}
+    info = row.info or {}
     if status == "errored":
         rec.error, rec.error_type = str(info.get("error") or "errored"), "error"
         return rec
@@ -129,15 +193,15 @@ def _record(k: int, status: str, row: Mapping, t: Mapping, t0: float, where: str
         rec.error = "incomplete: in flight when the GuideLLM benchmark ended"
         rec.error_type = "interrupted"
         return rec
-    first, last = t.get("first_token_iteration"), t.get("last_token_iteration")
+    first, last = t.first_token_iteration, t.last_token_iteration
     if first is None:
         rec.error, rec.error_type = "no token arrived", "error"
         return rec
     rec.token_times_s, rec.event_tokens = _events(
         first - t0, (last if last is not None else first) - t0,
-        int(t.get("token_iterations") or 1), rec.output_tokens)
+        int(t.token_iterations or 1), rec.output_tokens)
     rec.event_tokens_method = TOOL
-    out_first = t.get("first_output_token_iteration")
+    out_first = t.first_output_token_iteration
     if out_first is not None and out_first != first:  # it reasoned first
         rec.first_output_s = out_first - t0
     return rec
@@ -155,10 +219,12 @@ def _events(first: float, last: float, events: int, tokens: int):
     return times, [1, *share]
 
 
-def _tokens(row: Mapping, group: str, computed: str, where: str) -> int:
-    v = (row.get(group) or {}).get("text_tokens")
+def _tokens(metrics: Any, group: str, computed: Any, where: str) -> int:
+    """The tokens of ``metrics`` (the row's ``group``: its text_tokens), else ``computed``
+    (the row's prompt_tokens / output_tokens)."""
+    v = (metrics or {}).get("text_tokens")  # a non-object is malformed (AttributeError)
     if v is None:
-        v = row.get(computed)
+        v = computed
     if v is None:
         return 0
     if isinstance(v, float) and v.is_integer():
@@ -168,33 +234,34 @@ def _tokens(row: Mapping, group: str, computed: str, where: str) -> int:
     return check_count(v, limit, f"{group}.text_tokens", where)
 
 
-def config(data: Mapping, bench: Mapping, recs: list[RequestRecord]) -> dict:
-    strategy = (bench.get("config") or {}).get("strategy") or {}
-    rate = strategy.get("rate") if isinstance(strategy, dict) else None
-    scenario = data.get("config") or {}
+def config(data: Mapping, bench: Benchmark, recs: list[RequestRecord]) -> dict:
+    strategy = _strategy_of(bench)
+    rate = strategy.rate if strategy is not None else None
+    # A non-object config is malformed (pydantic's ValueError: import_result.py's one line).
+    scenario = Scenario.model_validate(Report.model_validate(dict(data)).config or {})
     return {
         "label": None,
         "imported_from": TOOL,
-        "workload": str(scenario.get("data") or "unknown")[:200],
+        "workload": str(scenario.data or "unknown")[:200],
         "num_requests": len(recs),
         "request_rate": rate if isinstance(rate, (int, float)) else None,
         "target": "http",
-        "endpoint": scenario.get("target"),
-        "served_model": scenario.get("model"),
-        "model": scenario.get("model"),
-        "strategy": strategy.get("type_") if isinstance(strategy, dict) else None,
+        "endpoint": scenario.target,
+        "served_model": scenario.model,
+        "model": scenario.model,
+        "strategy": strategy.type_ if strategy is not None else None,
     }
 
 
-def started_at(bench: Mapping) -> str | None:
-    start = bench.get("start_time")
+def started_at(bench: Benchmark) -> str | None:
+    start = bench.start_time
     if not isinstance(start, (int, float)) or isinstance(start, bool) or not math.isfinite(start):
         return None
     return dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def duration_s(bench: Mapping, recs: list[RequestRecord]) -> float:
-    d = bench.get("duration")
+def duration_s(bench: Benchmark, recs: list[RequestRecord]) -> float:
+    d = bench.duration
     if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
         return float(d)
     ends = [r.token_times_s[-1] for r in recs if r.token_times_s]

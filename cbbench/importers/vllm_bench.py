@@ -39,6 +39,9 @@ import datetime as dt
 import http
 import math
 from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.clock_offset import perf_minus_epoch
@@ -67,37 +70,73 @@ EXCEPTION_TYPES = (
 NO_REASON = "failed (vLLM bench recorded no reason)"
 
 
-def records(data: Mapping, source: str) -> list[RequestRecord]:
-    missing = [k for k in PER_REQUEST_KEYS if not isinstance(data.get(k), list)]
+class VllmBenchFile(BaseModel):
+    """The fields of vLLM bench's result this importer reads (vllm/benchmarks/serve.py), as
+    written: each is checked where it is read, with the message that names it."""
+
+    model_config = ConfigDict(extra="allow", protected_namespaces=())  # model_id is vLLM's
+
+    input_lens: Any = None
+    output_lens: Any = None
+    ttfts: Any = None
+    itls: Any = None
+    latencies: Any = None
+    start_times: Any = None
+    queue_times: Any = None
+    errors: Any = None
+    server_queue_times: Any = None
+    server_ttfts: Any = None
+    duration: Any = None
+    date: Any = None
+    label: Any = None
+    dataset_name: Any = None
+    request_rate: Any = None
+    base_url: Any = None
+    backend: Any = None
+    model_id: Any = None
+    max_concurrency: Any = None
+    burstiness: Any = None
+
+
+def _file(data: Mapping | VllmBenchFile) -> VllmBenchFile:
+    return data if isinstance(data, VllmBenchFile) else VllmBenchFile.model_validate(dict(data))
+
+
+def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
+    data = _file(raw)
+    lists = {"input_lens": data.input_lens, "output_lens": data.output_lens, "ttfts": data.ttfts,
+             "itls": data.itls, "start_times": data.start_times, "errors": data.errors}
+    missing = [k for k in PER_REQUEST_KEYS if not isinstance(lists[k], list)]
     if missing:
         raise UsageError(
             f"{source} has no per-request {', '.join(missing)}: run vllm bench serve with "
             "--save-result --save-detailed"
         )
-    n = len(data["ttfts"])
-    if any(len(data[k]) != n for k in PER_REQUEST_KEYS):
+    n = len(data.ttfts)
+    if any(len(lists[k]) != n for k in PER_REQUEST_KEYS):
         raise UsageError(f"{source}: its per-request lists have different lengths")
-    latencies = data.get("latencies")
-    starts = [_clock_reading(s, source, "start_times") for s in data["start_times"]]
-    queued = _optional_list(data, "queue_times", n, source)
-    server_queue = _optional_list(data, "server_queue_times", n, source)
-    server_ttft = _optional_list(data, "server_ttfts", n, source)
+    latencies = data.latencies
+    starts = [_clock_reading(s, source, "start_times") for s in data.start_times]
+    queued = _optional_list(data.queue_times, "queue_times", n, source)
+    server_queue = _optional_list(data.server_queue_times, "server_queue_times", n, source)
+    server_ttft = _optional_list(data.server_ttfts, "server_ttfts", n, source)
     t0 = _zero(data, source)
     out = []
     for i in range(n):
         start = starts[i] - t0
+        queue = queued[i]
         rec = RequestRecord(
             id=i,
-            prompt_tokens=_count(data["input_lens"][i], source, "input_lens"),
-            output_tokens=_count(data["output_lens"][i], source, "output_lens"),
-            intended_start_s=start - queued[i] if queued[i] is not None else start,
+            prompt_tokens=_count(data.input_lens[i], source, "input_lens"),
+            output_tokens=_count(data.output_lens[i], source, "output_lens"),
+            intended_start_s=start - queue if queue is not None else start,
             send_s=start,
         )
         rec.server_timing = _server_timing(server_queue[i], server_ttft[i])
         # Counted by the tool (its tokenizer or the server's usage): recorded as its count.
         rec.output_tokens_method = TOOL
         rec.output_token_counts = {TOOL: rec.output_tokens}
-        error = data["errors"][i]
+        error = data.errors[i]
         if not error and _looks_failed(data, i):
             error = NO_REASON
         if error:
@@ -108,10 +147,10 @@ def records(data: Mapping, source: str) -> list[RequestRecord]:
     return out
 
 
-def _looks_failed(data: Mapping, i: int) -> bool:
+def _looks_failed(data: VllmBenchFile, i: int) -> bool:
     """vLLM writes a non-200 answer's reason phrase as the error, which is "" when the server
     sent none: such a request has no first token (TTFT exactly 0) and no output."""
-    return data["ttfts"][i] == 0 and data["output_lens"][i] == 0 and not data["itls"][i]
+    return data.ttfts[i] == 0 and data.output_lens[i] == 0 and not data.itls[i]
 
 
 def _error(text: str) -> tuple[str, str]:
@@ -126,17 +165,17 @@ def _error(text: str) -> tuple[str, str]:
     return message, "error"
 
 
-def _zero(data: Mapping, source: str) -> float:
+def _zero(data: VllmBenchFile, source: str) -> float:
     """The run's zero on vLLM's perf_counter: the first release by its schedule (or send)."""
-    starts = [_clock_reading(s, source, "start_times") for s in data["start_times"]]
-    queued = _optional_list(data, "queue_times", len(starts), source)
+    starts = [_clock_reading(s, source, "start_times") for s in data.start_times]
+    queued = _optional_list(data.queue_times, "queue_times", len(starts), source)
     firsts = [s - (q or 0.0) for s, q in zip(starts, queued)]
     return min(firsts) if firsts else 0.0
 
 
-def _optional_list(data: Mapping, key: str, n: int, source: str) -> list[float | None]:
-    """A per-request list of times (s) vLLM writes only sometimes (None entries kept)."""
-    v = data.get(key)
+def _optional_list(v: object, key: str, n: int, source: str) -> list[float | None]:
+    """A per-request list of times (s) vLLM writes only sometimes (None entries kept): ``v``,
+    the file's ``key``."""
     if v is None:
         return [None] * n
     if not isinstance(v, list) or len(v) != n:
@@ -153,12 +192,13 @@ def _server_timing(queue: float | None, prefill: float | None) -> dict | None:
             "time_to_first_token_ms": None if prefill is None else prefill * MS}
 
 
-def origin(data: Mapping, source: str) -> float:
+def origin(raw: Mapping | VllmBenchFile, source: str) -> float:
     """The run's zero (``_zero``) on the Unix clock, for a file written on this host since its
     last boot: vLLM's perf_counter is this host's monotonic clock, which every process on it
     shares, so this host's offset now places it (as `cbbench serve` places its log's times).
     Checked against the file's date; a file from elsewhere is refused."""
-    date = data.get("date")
+    data = _file(raw)
+    date = data.date
     if not isinstance(date, str):
         raise UsageError(f"{source} has no date to check --same-host against")
     try:
@@ -167,9 +207,9 @@ def origin(data: Mapping, source: str) -> float:
         raise UsageError(f"{source}: date {date!r} is not vLLM's %Y%m%d-%H%M%S") from None
     offset = perf_minus_epoch()
     t0 = _zero(data, source) - offset
-    last_send = max((_clock_reading(s, source, "start_times") for s in data["start_times"]),
+    last_send = max((_clock_reading(s, source, "start_times") for s in data.start_times),
                     default=0.0) - offset
-    d = data.get("duration")
+    d = data.duration
     finite = isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d)
     late = stamped - max(last_send, t0 + float(d) if finite else last_send)
     if not -DATE_EARLY_S <= late <= DATE_LATE_S:
@@ -180,57 +220,60 @@ def origin(data: Mapping, source: str) -> float:
     return t0
 
 
-def _token_times(data: Mapping, i: int, start: float, latencies, source: str) -> list[float]:
-    first = start + _number(data["ttfts"][i], source, "ttfts")
+def _token_times(data: VllmBenchFile, i: int, start: float, latencies, source: str) -> list[float]:
+    first = start + _number(data.ttfts[i], source, "ttfts")
     times = [first]
-    gaps = data["itls"][i]
+    gaps = data.itls[i]
     if not isinstance(gaps, list):
         raise UsageError(f"{source}: itls[{i}] is not a list")
     for gap in gaps:
         times.append(times[-1] + _number(gap, source, "itls"))
-    if not gaps and isinstance(latencies, list) and data["output_lens"][i] > 1:
+    if not gaps and isinstance(latencies, list) and data.output_lens[i] > 1:
         times.append(start + _number(latencies[i], source, "latencies"))
     return times
 
 
-def config(data: Mapping) -> dict:
-    rate = data.get("request_rate")
+def config(raw: Mapping | VllmBenchFile) -> dict:
+    data = _file(raw)
+    rate = data.request_rate
     return {
-        "label": data.get("label"),
+        "label": data.label,
         "imported_from": TOOL,
-        "workload": data.get("dataset_name") or "unknown",
-        "num_requests": len(data["ttfts"]),
+        "workload": data.dataset_name or "unknown",
+        "num_requests": len(data.ttfts),
         "request_rate": "inf" if rate in (None, "inf") or _is_inf(rate) else rate,
         "target": "http",
-        "endpoint": data.get("base_url"),
-        "api": data.get("backend"),
-        "served_model": data.get("model_id"),
-        "model": data.get("model_id"),
-        "max_concurrency": data.get("max_concurrency"),
-        "burstiness": data.get("burstiness"),
+        "endpoint": data.base_url,
+        "api": data.backend,
+        "served_model": data.model_id,
+        "model": data.model_id,
+        "max_concurrency": data.max_concurrency,
+        "burstiness": data.burstiness,
     }
 
 
-def started_at(data: Mapping, t0_epoch: float | None = None) -> str | None:
+def started_at(raw: Mapping | VllmBenchFile, t0_epoch: float | None = None) -> str | None:
     """When the run started (UTC): its zero on the Unix clock when known (--same-host), else
     the file's date -- vLLM's local time when the run ended -- less the run's duration."""
+    data = _file(raw)
     if t0_epoch is not None:
         return dt.datetime.fromtimestamp(t0_epoch, dt.timezone.utc).isoformat()
-    date = data.get("date")
+    date = data.date
     if not isinstance(date, str):
         return None
     try:
         end = dt.datetime.strptime(date, DATE_FORMAT).astimezone(dt.timezone.utc)
     except ValueError:
         return None
-    d = data.get("duration")
+    d = data.duration
     if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
         end -= dt.timedelta(seconds=round(d))
     return end.isoformat()
 
 
-def duration_s(data: Mapping, recs: list[RequestRecord]) -> float:
-    d = data.get("duration")
+def duration_s(raw: Mapping | VllmBenchFile, recs: list[RequestRecord]) -> float:
+    data = _file(raw)
+    d = data.duration
     if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
         return float(d)
     ends = [r.token_times_s[-1] for r in recs if r.token_times_s]

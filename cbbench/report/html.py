@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tabulate import tabulate
 
 from cbbench.analysis.comparison.compare import ROWS, Labeled, Row, config_differences, table_rows
+from cbbench.schema.coerce import as_run
 
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto;
@@ -50,12 +51,15 @@ def runs_table(results: Sequence[Labeled], paths: Sequence[str]) -> str:
                "chunked prefill", "KV", "interrupted"]
     rows = []
     for x, path in zip(results, paths):
-        c = x.result.get("config", {})
+        run = as_run(x.result)
+        c = run.config
+        fields = c.model_fields_set  # written fields: a null engine is shown as null
+        engine = (c.engine_kind if "engine_kind" in fields
+                  else c.engine if "engine" in fields else c.target)
         rows.append([
-            x.label, path, c.get("workload"), c.get("num_requests"),
-            c.get("engine_kind", c.get("engine", c.get("target"))), c.get("model"), c.get("gpu"),
-            c.get("scheduler"), c.get("chunked_prefill"), c.get("kv_allocation"),
-            "yes" if x.result.get("interrupted") else "no",
+            x.label, path, c.workload, c.num_requests, engine, c.model, c.gpu,
+            c.scheduler, c.chunked_prefill, c.kv_allocation,
+            "yes" if run.interrupted else "no",
         ])
     return _table([["-" if v is None else str(v) for v in r] for r in rows], headers)
 

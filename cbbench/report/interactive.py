@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,6 +21,8 @@ from cbbench.analysis.comparison.compare import ROWS, Labeled, Row
 from cbbench.analysis.summary.histogram import cdf_points
 from cbbench.report import plots
 from cbbench.report.html import STYLE, differences_table, runs_table, summary_table
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import Distribution, Iteration, RunResult
 
 MS = 1000.0
 # Enough points for a smooth line at any zoom a screen shows; keeps a 1M-token run's page small.
@@ -58,14 +61,21 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return v, np.arange(1, len(v) + 1) / len(v)
 
 
-def _itl_cdf(result: dict) -> tuple[np.ndarray, np.ndarray] | None:
-    exact = plots.itl_values(result)  # per-token gaps of a --save-detailed result
+def _itl_cdf(result: RunResult | dict) -> tuple[np.ndarray, np.ndarray] | None:
+    run = as_run(result)
+    exact = plots.itl_values(run)  # per-token gaps of a --save-detailed result
     if exact is not None and len(exact):
         return _cdf(exact)
-    hist = (result.get("summary") or {}).get("itl_histogram")
+    # An extra field of the summary (n36res types Summary): analysis/summary/histogram.py's dict.
+    hist = (run.summary.model_extra or {}).get("itl_histogram")
     if isinstance(hist, dict) and hist.get("counts"):
         return cdf_points(hist)
     return None
+
+
+def _stat(d: Distribution | None, stat: str) -> Any:
+    """A distribution's pNN (an extra field: --percentiles names them), or None."""
+    return (d.model_extra or {}).get(stat) if d is not None else None
 
 
 def latency_cdfs(results: Sequence[Labeled]) -> Plot:
@@ -107,13 +117,13 @@ def over_time(results: Sequence[Labeled]) -> Plot:
               "yaxis2": {"title": {"text": "TTFT p50 of requests finished (ms)"}},
               "legend": {"orientation": "h"}}
     for i, x in enumerate(results):
-        done = [r for r in x.result.get("requests", [])
-                if r.get("e2el_ms") is not None and r.get("intended_start_s") is not None]
-        if not done:
+        ends = [(r.intended_start_s + r.e2el_ms / MS, r) for r in as_run(x.result).requests or []
+                if r.e2el_ms is not None and r.intended_start_s is not None]
+        if not ends:
             continue
-        end = np.array([r["intended_start_s"] + r["e2el_ms"] / MS for r in done])
-        tokens = np.array([r.get("output_tokens") or 0 for r in done], dtype=np.float64)
-        ttft = np.array([r.get("ttft_ms") or 0.0 for r in done])
+        end = np.array([e for e, _ in ends])
+        tokens = np.array([r.output_tokens or 0 for _, r in ends], dtype=np.float64)
+        ttft = np.array([r.ttft_ms or 0.0 for _, r in ends])
         edges = np.linspace(0.0, float(end.max()) or 1.0, TIME_BINS + 1)
         width = edges[1] - edges[0]
         which = np.clip(np.searchsorted(edges, end, side="right") - 1, 0, TIME_BINS - 1)
@@ -142,18 +152,19 @@ def time_slices(results: Sequence[Labeled]) -> Plot:
               "yaxis2": {"title": {"text": "TTFT (ms)"}},
               "yaxis3": {"title": {"text": "in flight"}}}
     for i, x in enumerate(results):
-        slices = (x.result.get("summary") or {}).get("slices") or []
+        slices = as_run(x.result).summary.slices or []
         if not slices:
             continue
-        mids = [(s["start_s"] + s["end_s"]) / 2 for s in slices]
-        common = {"type": "scatter", "mode": "lines+markers", "x": mids, "legendgroup": x.label}
-        data.append({**common, "y": [s["output_throughput"] for s in slices], "name": x.label,
+        mids = [(s.start_s + s.end_s) / 2 for s in slices]
+        common: dict[str, Any] = {"type": "scatter", "mode": "lines+markers", "x": mids,
+                                  "legendgroup": x.label}
+        data.append({**common, "y": [s.output_throughput for s in slices], "name": x.label,
                      "line": {"color": _color(i)}})
         for stat, dash in (("p50", "solid"), ("p99", "dot")):
-            data.append({**common, "y": [(s.get("ttft_ms") or {}).get(stat) for s in slices],
+            data.append({**common, "y": [_stat(s.ttft_ms, stat) for s in slices],
                          "name": f"{x.label} TTFT {stat}", "showlegend": False,
                          "line": {"color": _color(i), "dash": dash}, "xaxis": "x2", "yaxis": "y2"})
-        data.append({**common, "y": [s.get("in_flight") for s in slices], "showlegend": False,
+        data.append({**common, "y": [s.in_flight for s in slices], "showlegend": False,
                      "name": x.label, "line": {"color": _color(i)}, "xaxis": "x3", "yaxis": "y3"})
     return Plot("time_slices", "Time slices",
                 "Per --slice slice: output tokens per second, TTFT p50 (solid) and p99 (dotted) "
@@ -169,10 +180,12 @@ def ttft_breakdown(results: Sequence[Labeled]) -> Plot:
     for name, label in PART_LABELS.items():
         xs, ys = [], []
         for x in results:
-            part = ((x.result.get("summary") or {}).get("ttft_breakdown") or {}).get(name)
-            if isinstance(part, dict) and part.get("mean") is not None:
+            b = as_run(x.result).summary.ttft_breakdown
+            # A part by its field name (PART_LABELS holds Breakdown's part fields).
+            part = getattr(b, name, None) if b is not None else None
+            if isinstance(part, Distribution) and part.mean is not None:
                 xs.append(x.label)
-                ys.append(part["mean"])
+                ys.append(part.mean)
         if xs:
             data.append({"type": "bar", "x": xs, "y": ys, "name": label,
                          "hovertemplate": f"{label} %{{y:.2f}} ms<extra>%{{x}}</extra>"})
@@ -184,16 +197,19 @@ def ttft_breakdown(results: Sequence[Labeled]) -> Plot:
                                           "yaxis": {"title": {"text": "ms"}}}})
 
 
-def _iteration_series(results: Sequence[Labeled], fields: Sequence[tuple[str, str]],
+IterationField = Callable[[Iteration], float | None]
+
+
+def _iteration_series(results: Sequence[Labeled], fields: Sequence[tuple[IterationField, str]],
                       ytitle: str, scale=None) -> dict:
     data = []
     for i, x in enumerate(results):
-        its = x.result.get("iterations") or []
+        its = as_run(x.result).iterations or []
         if not its:
             continue
-        t = np.array([it.get("start_s", 0.0) for it in its])
+        t = np.array([it.start_s for it in its])
         for j, (field, name) in enumerate(fields):
-            y = np.array([float(it.get(field) or 0) for it in its])
+            y = np.array([float(field(it) or 0) for it in its])
             if scale is not None:
                 y = scale(its, y)
             xs, ys = _thin(t, y)
@@ -207,26 +223,27 @@ def _iteration_series(results: Sequence[Labeled], fields: Sequence[tuple[str, st
 
 def token_budget(results: Sequence[Labeled]) -> Plot:
     fig = _iteration_series(
-        results, [("num_prefill_tokens", "prefill tokens"), ("num_decode_tokens", "decode tokens"),
-                  ("token_budget", "token budget")], "tokens per iteration")
+        results, [(lambda it: it.num_prefill_tokens, "prefill tokens"),
+                  (lambda it: it.num_decode_tokens, "decode tokens"),
+                  (lambda it: it.token_budget, "token budget")], "tokens per iteration")
     return Plot("token_budget", "Token budget per iteration",
                 "Prefill and decode tokens computed in each iteration under the token budget.",
                 fig)
 
 
 def kv_usage(results: Sequence[Labeled]) -> Plot:
-    def share(its, y):
-        total = np.array([float(it.get("kv_blocks_total") or 0) for it in its])
+    def share(its: Sequence[Iteration], y: np.ndarray) -> np.ndarray:
+        total = np.array([float(it.kv_blocks_total or 0) for it in its])
         return np.divide(y, total, out=np.zeros_like(y), where=total > 0)
 
-    fig = _iteration_series(results, [("kv_blocks_used", "KV use")], "share of the KV pool",
-                            scale=share)
+    fig = _iteration_series(results, [(lambda it: it.kv_blocks_used, "KV use")],
+                            "share of the KV pool", scale=share)
     return Plot("kv_usage", "KV cache use", "KV blocks in use as a share of the pool.", fig)
 
 
 def batch_occupancy(results: Sequence[Labeled]) -> Plot:
-    fig = _iteration_series(results, [("num_running", "running"), ("num_waiting", "waiting")],
-                            "requests")
+    fig = _iteration_series(results, [(lambda it: it.num_running, "running"),
+                                      (lambda it: it.num_waiting, "waiting")], "requests")
     return Plot("batch_occupancy", "Batch occupancy",
                 "Running and waiting requests in each iteration.", fig)
 
@@ -237,29 +254,29 @@ def bandwidth(results: Sequence[Labeled]) -> Plot:
     data = []
     pct_only = False
     for i, x in enumerate(results):
-        its = x.result.get("iterations") or []
+        run = as_run(x.result)
+        its = run.iterations or []
         line = {"color": _color(i)}
         if its:
-            xs, ys = _thin(np.array([it.get("start_s", 0.0) for it in its], dtype=np.float64),
-                           np.array([float(it.get("achieved_bw_gbps") or 0.0) for it in its]))
+            xs, ys = _thin(np.array([it.start_s for it in its], dtype=np.float64),
+                           np.array([float(it.achieved_bw_gbps or 0.0) for it in its]))
             data.append({"type": "scatter", "mode": "lines", "x": xs, "y": ys, "line": line,
-                         "name": f"{x.label}: analytic ({plots.memory_name(x.result)})"})
-        peak = plots.peak_bw_gbps(x.result)
-        for gpu, t, pct in plots.telemetry_bandwidth_by_gpu(x.result):  # one line per GPU
+                         "name": f"{x.label}: analytic ({plots.memory_name(run)})"})
+        peak = plots.peak_bw_gbps(run)
+        for gpu, t, pct in plots.telemetry_bandwidth_by_gpu(run):  # one line per GPU
             xs, ys = _thin(t, pct * peak / 100 if peak else pct)
-            name = f"{x.label}: {plots.measured_label(x.result)}" + (f" {gpu}" if gpu else "")
+            name = f"{x.label}: {plots.measured_label(run)}" + (f" {gpu}" if gpu else "")
             trace = {"type": "scatter", "mode": "lines", "x": xs, "y": ys,
-                     "line": {**line, "dash": "dot"}, "name": name}
-            if not peak:
-                trace["yaxis"] = "y2"
-                pct_only = True
+                     "line": {**line, "dash": "dot"}, "name": name,
+                     **({} if peak else {"yaxis": "y2"})}
+            pct_only = pct_only or not peak
             data.append(trace)
     layout: dict = {"height": 420, "xaxis": {"title": {"text": "time (s)"}},
                     "yaxis": {"title": {"text": "GB/s"}, "rangemode": "tozero"},
                     "legend": {"orientation": "h"}}
     if pct_only:
-        layout["yaxis2"] = {"title": {"text": "measured (% of peak)"}, "overlaying": "y",
-                            "side": "right", "range": [0, 100]}
+        layout.update(yaxis2={"title": {"text": "measured (% of peak)"}, "overlaying": "y",
+                              "side": "right", "range": [0, 100]})
     title = plots.bandwidth_title(results)
     return Plot("bandwidth", title,
                 "Analytic bandwidth per iteration (the cost model's bytes moved over the "
@@ -277,24 +294,26 @@ def request_timeline(pair: Sequence[Labeled], max_requests: int) -> Plot:
     spans = (("queued", "#bbbbbb"), ("prefill", "#ff7f0e"), ("decode", "#1f77b4"))
     for p, x in enumerate(pair, 1):
         axis = "" if p == 1 else str(p)
-        sched = (x.result.get("config") or {}).get("scheduler") or ""
+        run = as_run(x.result)
+        sched = run.config.scheduler or ""
         layout[f"yaxis{axis}"] = {"title": {"text": f"{x.label} {sched}".strip()},
                                   "autorange": "reversed", "showticklabels": False}
         layout[f"xaxis{axis}"] = {"title": {"text": "time (s)"}}
-        reqs = [r for r in x.result.get("requests", [])
-                if r["id"] in row_of and r.get("ttft_ms") is not None]
+        # Drawn: the requests that reached a first token (every one has an intended start:
+        # report/check.py).
+        reqs = [(r, r.ttft_ms, r.intended_start_s) for r in run.requests or []
+                if r.id in row_of and r.ttft_ms is not None and r.intended_start_s is not None]
         bounds = []
-        for r in reqs:
-            start = r["intended_start_s"]
-            service = start + (r.get("queue_ms") or 0.0) / MS
-            first = start + r["ttft_ms"] / MS
-            last = start + (r.get("e2el_ms") or r["ttft_ms"]) / MS
+        for r, ttft, start in reqs:
+            service = start + (r.queue_ms or 0.0) / MS
+            first = start + ttft / MS
+            last = start + (r.e2el_ms or ttft) / MS
             bounds.append((start, service, first, last))
         b = np.array(bounds, dtype=np.float64).reshape(-1, 4)
-        rows = [row_of[r["id"]] for r in reqs]
-        hover = [f"request {r['id']}: {r['prompt_tokens']} prompt, {r['output_tokens']} output "
-                 f"tokens; TTFT {r['ttft_ms']:.1f} ms, E2EL {(r.get('e2el_ms') or 0):.1f} ms"
-                 for r in reqs]
+        rows = [row_of[r.id] for r, _, _ in reqs]
+        hover = [f"request {r.id}: {r.prompt_tokens} prompt, {r.output_tokens} output "
+                 f"tokens; TTFT {ttft:.1f} ms, E2EL {(r.e2el_ms or 0):.1f} ms"
+                 for r, ttft, _ in reqs]
         for k, (name, color) in enumerate(spans):
             data.append({
                 "type": "bar", "orientation": "h", "y": rows, "x": (b[:, k + 1] - b[:, k]).tolist(),

@@ -7,13 +7,17 @@ global figure registry grows while a report is made.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
 from cbbench.analysis.comparison.compare import Labeled
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import Request, RunResult
 
 MS = 1000.0
 GB = 1e9
@@ -47,45 +51,53 @@ LATENCY_PANELS = (
 # ---- data access --------------------------------------------------------------------------
 
 
-def _column(items: Sequence[dict], key: str, default: float = 0.0) -> np.ndarray:
-    return np.array(
-        [default if it.get(key) is None else it[key] for it in items], dtype=np.float64
-    )
+def _column(values: Iterable[float | None], default: float = 0.0) -> np.ndarray:
+    return np.array([default if v is None else v for v in values], dtype=np.float64)
 
 
-def request_values(result: dict, key: str) -> np.ndarray:
+# The per-request latencies a CDF panel reads, by the summary's key.
+REQUEST_LATENCY: dict[str, Callable[[Request], float | None]] = {
+    "ttft_ms": lambda r: r.ttft_ms,
+    "tpot_ms": lambda r: r.tpot_ms,
+    "e2el_ms": lambda r: r.e2el_ms,
+}
+
+
+def request_values(result: RunResult | dict, key: str) -> np.ndarray:
     """Per-request values of ttft_ms, tpot_ms or e2el_ms (completed requests only)."""
+    value = REQUEST_LATENCY[key]
     return np.array(
-        [r[key] for r in result.get("requests", []) if r.get(key) is not None], dtype=np.float64
+        [v for r in as_run(result).requests or [] if (v := value(r)) is not None],
+        dtype=np.float64,
     )
 
 
-def itl_values(result: dict) -> np.ndarray | None:
+def itl_values(result: RunResult | dict) -> np.ndarray | None:
     """Pooled inter-token gaps in ms, from itl_ms or token_times_s lists (--save-detailed);
     None when the result kept neither."""
     gaps = []
     found = False
-    for r in result.get("requests", []):
-        if r.get("error") is not None:
+    for r in as_run(result).requests or []:
+        if r.error is not None:
             continue
-        if r.get("itl_ms") is not None:
+        if r.itl_ms is not None:
             found = True
-            gaps.append(np.asarray(r["itl_ms"], dtype=np.float64))
-        elif r.get("token_times_s") is not None:
+            gaps.append(np.asarray(r.itl_ms, dtype=np.float64))
+        elif r.token_times_s is not None:
             found = True
-            gaps.append(np.diff(np.asarray(r["token_times_s"], dtype=np.float64)) * MS)
+            gaps.append(np.diff(np.asarray(r.token_times_s, dtype=np.float64)) * MS)
     if not found:
         return None
     return np.concatenate(gaps) if gaps else np.zeros(0)
 
 
-def latency_values(result: dict, key: str) -> np.ndarray | None:
+def latency_values(result: RunResult | dict, key: str) -> np.ndarray | None:
     return itl_values(result) if key == "itl_ms" else request_values(result, key)
 
 
-def peak_bw_gbps(result: dict) -> float | None:
-    spec = result.get("config", {}).get("gpu_spec") or {}
-    bw = spec.get("hbm_bandwidth")
+def peak_bw_gbps(result: RunResult | dict) -> float | None:
+    spec = as_run(result).config.gpu_spec or {}
+    bw = spec.get("hbm_bandwidth")  # a GpuSpec's dict (engine/sim/gpu_specs.py)
     return float(bw) / GB if bw else None
 
 
@@ -94,13 +106,13 @@ def peak_bw_gbps(result: dict) -> float | None:
 TELEMETRY_SOURCE_NAMES = {"nvml": "NVML", "dcgm": "DCGM"}
 
 
-def runs_on_cpu(result: dict) -> bool:
+def runs_on_cpu(result: RunResult | dict) -> bool:
     """A torch run on the CPU: its memory is the host's DRAM, not a GPU's HBM."""
-    c = result.get("config") or {}
-    return str(c.get("device") or c.get("device_name") or "").startswith("cpu")
+    c = as_run(result).config
+    return str(c.device or c.device_name or "").startswith("cpu")
 
 
-def memory_name(result: dict) -> str:
+def memory_name(result: RunResult | dict) -> str:
     return "CPU memory" if runs_on_cpu(result) else "HBM"
 
 
@@ -110,39 +122,38 @@ def bandwidth_title(results: Sequence[Labeled]) -> str:
     return f"{names.pop()} bandwidth" if len(names) == 1 else "Memory bandwidth (HBM, CPU memory)"
 
 
-def measured_label(result: dict) -> str:
+def measured_label(result: RunResult | dict) -> str:
     """The measured line's name, from the telemetry that measured it."""
-    source = str((result.get("telemetry") or {}).get("source") or "nvml")
+    tel = as_run(result).telemetry
+    source = str((tel.source if tel is not None else None) or "nvml")
     return f"measured ({TELEMETRY_SOURCE_NAMES.get(source, source.upper())})"
 
 
-def telemetry_bandwidth(result: dict) -> tuple[np.ndarray, np.ndarray] | None:
-    tel = result.get("telemetry") or {}
-    if not tel.get("available"):
-        return None
-    pts = [
-        (s["t_s"], s["dram_bw_util_pct"])
-        for s in tel.get("samples", [])
-        if s.get("dram_bw_util_pct") is not None
-    ]
+def _bandwidth_samples(result: RunResult | dict) -> list[dict[str, Any]]:
+    """The telemetry samples that measured DRAM bandwidth (none without telemetry)."""
+    tel = as_run(result).telemetry
+    if tel is None or not tel.available:
+        return []
+    return [s for s in tel.samples or [] if s.get("dram_bw_util_pct") is not None]
+
+
+def telemetry_bandwidth(result: RunResult | dict) -> tuple[np.ndarray, np.ndarray] | None:
+    pts = [(s["t_s"], s["dram_bw_util_pct"]) for s in _bandwidth_samples(result)]
     if not pts:
         return None
     t, pct = np.array(pts, dtype=np.float64).T
     return t, pct
 
 
-def telemetry_bandwidth_by_gpu(result: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
+def telemetry_bandwidth_by_gpu(result: RunResult | dict
+                               ) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """The measured bandwidth as one series per GPU ((host, gpu) of each sample): pooled,
     two GPUs' samples interleave and one line zig-zags between them. Each series is named
     by its GPU ("" when the run read one GPU)."""
-    tel = result.get("telemetry") or {}
-    if not tel.get("available"):
-        return []
     series: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for s in tel.get("samples", []):
-        if s.get("dram_bw_util_pct") is not None:
-            key = (str(s.get("hostname") or ""), str(s.get("gpu", "")))
-            series.setdefault(key, []).append((s["t_s"], s["dram_bw_util_pct"]))
+    for s in _bandwidth_samples(result):
+        key = (str(s.get("hostname") or ""), str(s.get("gpu", "")))
+        series.setdefault(key, []).append((s["t_s"], s["dram_bw_util_pct"]))
     out = []
     for (host, gpu), pts in sorted(series.items()):
         name = "" if len(series) == 1 else (f"{host} GPU {gpu}" if host else f"GPU {gpu}")
@@ -184,10 +195,10 @@ def _bars(ax, y: np.ndarray, left: np.ndarray, width: np.ndarray, color: str, la
     ax.add_collection(PolyCollection(verts, facecolors=color, linewidths=0, label=label))
 
 
-def _figure_legend(fig: Figure, axes: Sequence) -> None:
+def _figure_legend(fig: Figure, axes: Iterable) -> None:
     """One legend below the panels for every series drawn in any of them (rows of the same
     kind share it), so no legend hides data."""
-    seen: dict[str, object] = {}
+    seen: dict[str, Artist] = {}
     for ax in axes:
         for h, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, h)
@@ -258,25 +269,25 @@ def token_budget_timeline(results: Sequence[Labeled]) -> Figure:
     fig, axes = _rows_figure(len(results), "Token budget per iteration")
     drawn = []
     for ax, x in zip(axes, results):
-        its = x.result.get("iterations") or []
+        its = as_run(x.result).iterations or []
         ax.set_title(x.label, fontsize="medium", loc="left")
         if not its:
             _no_data(ax, "no iteration records")
             continue
-        idx = _column(its, "index")
+        idx = _column(it.index for it in its)
         _stack(ax, idx, [
-            (_column(its, "num_prefill_tokens"), "prefill tokens", COLOR_PREFILL),
-            (_column(its, "num_decode_tokens"), "decode tokens", COLOR_DECODE),
+            (_column(it.num_prefill_tokens for it in its), "prefill tokens", COLOR_PREFILL),
+            (_column(it.num_decode_tokens for it in its), "decode tokens", COLOR_DECODE),
         ])
-        ax.step(idx, _column(its, "token_budget"), where="post", color="k", linewidth=1,
-                label="token budget")
+        ax.step(idx, _column(it.token_budget for it in its), where="post", color="k",
+                linewidth=1, label="token budget")
         ax.set_xlabel("iteration")
         ax.set_ylabel("tokens")
         ax.set_ylim(bottom=0)
         ax2 = ax.twinx()
-        ax2.step(idx, _column(its, "num_running"), where="post", color=COLOR_RUNNING,
+        ax2.step(idx, _column(it.num_running for it in its), where="post", color=COLOR_RUNNING,
                  linewidth=0.9, label="running")
-        ax2.step(idx, _column(its, "num_waiting"), where="post", color=COLOR_WAITING,
+        ax2.step(idx, _column(it.num_waiting for it in its), where="post", color=COLOR_WAITING,
                  linewidth=0.9, label="waiting")
         ax2.set_ylabel("requests")
         ax2.set_ylim(bottom=0)
@@ -291,16 +302,18 @@ def batch_occupancy(results: Sequence[Labeled]) -> Figure:
     red area is capacity wasted while work queued: static batching's cost)."""
     fig, axes = _rows_figure(len(results), "Batch occupancy (sequence slots per iteration)")
     for ax, x in zip(axes, results):
-        its = x.result.get("iterations") or []
+        run = as_run(x.result)
+        its = run.iterations or []
         if not its:
             ax.set_title(x.label, fontsize="medium", loc="left")
             _no_data(ax, "no iteration records")
             continue
-        slots = x.result.get("config", {}).get("max_num_seqs")
-        idx = _column(its, "index")
-        active = _column(its, "num_prefill_reqs") + _column(its, "num_decode_reqs")
-        running = np.maximum(_column(its, "num_running"), active)
-        waiting = _column(its, "num_waiting")
+        slots = run.config.max_num_seqs
+        idx = _column(it.index for it in its)
+        active = (_column(it.num_prefill_reqs for it in its)
+                  + _column(it.num_decode_reqs for it in its))
+        running = np.maximum(_column(it.num_running for it in its), active)
+        waiting = _column(it.num_waiting for it in its)
         cap = float(slots) if slots else float(running.max())
         idle = np.maximum(cap - running, 0.0)
         idle_waiting = np.minimum(idle, waiting)
@@ -330,17 +343,18 @@ def kv_usage(results: Sequence[Labeled]) -> Figure:
     ax.set_title("KV cache blocks in use")
     drawn = False
     for i, x in enumerate(results):
-        its = x.result.get("iterations") or []
+        its = as_run(x.result).iterations or []
         if not its:
             continue
-        t = _column(its, "start_s")
-        total = _column(its, "kv_blocks_total", default=np.nan)
-        used = _column(its, "kv_blocks_used") / total * 100
+        t = _column(it.start_s for it in its)
+        total = _column((it.kv_blocks_total for it in its), default=np.nan)
+        used = _column(it.kv_blocks_used for it in its) / total * 100
         ax.step(t, used, where="post", color=_color(i),
                 label=f"{x.label} ({int(np.nanmax(total)):,} blocks)")
-        pre = _column(its, "num_preempted") > 0
+        preempted = _column(it.num_preempted for it in its)
+        pre = preempted > 0
         if pre.any():
-            n = int(_column(its, "num_preempted").sum())
+            n = int(preempted.sum())
             ax.scatter(t[pre], used[pre], marker="x", s=30, color=_color(i),
                        label=f"{x.label}: preemptions ({n})", zorder=3)
         drawn = True
@@ -362,16 +376,18 @@ def bandwidth_timeline(results: Sequence[Labeled]) -> Figure:
     fig, axes = _rows_figure(len(results), f"{bandwidth_title(results)} over time", sharex=True)
     drawn = []
     for ax, x in zip(axes, results):
-        its = x.result.get("iterations") or []
-        ax.set_title(f"{x.label} ({memory_name(x.result)})", fontsize="medium", loc="left")
-        peak = peak_bw_gbps(x.result)
-        measured = telemetry_bandwidth_by_gpu(x.result)
+        run = as_run(x.result)
+        its = run.iterations or []
+        ax.set_title(f"{x.label} ({memory_name(run)})", fontsize="medium", loc="left")
+        peak = peak_bw_gbps(run)
+        measured = telemetry_bandwidth_by_gpu(run)
         if not its and not measured:
             _no_data(ax, "no iteration records or telemetry")
             continue
         if its:
-            ax.step(_column(its, "start_s"), _column(its, "achieved_bw_gbps"), where="post",
-                    color=COLOR_DECODE, linewidth=0.8, label="analytic (per iteration)")
+            ax.step(_column(it.start_s for it in its), _column(it.achieved_bw_gbps for it in its),
+                    where="post", color=COLOR_DECODE, linewidth=0.8,
+                    label="analytic (per iteration)")
         target = ax
         if measured and not peak:
             target = ax.twinx()
@@ -381,7 +397,7 @@ def bandwidth_timeline(results: Sequence[Labeled]) -> Figure:
             # The first GPU in the measured colour, the others in dashes of their own.
             style = {"color": COLOR_MEASURED} if k == 0 else {"color": _color(k + 1),
                                                                "linestyle": "--"}
-            label = measured_label(x.result) + (f" {gpu}" if gpu else "")
+            label = measured_label(run) + (f" {gpu}" if gpu else "")
             target.plot(t, pct * peak / 100 if peak else pct, linewidth=1.2, label=label,
                         **style)
         if peak:
@@ -401,29 +417,36 @@ def bandwidth_timeline(results: Sequence[Labeled]) -> Figure:
     return fig
 
 
-def _service_start(r: dict) -> float:
-    queue = r.get("queue_ms")
-    return r["intended_start_s"] + (queue / MS if queue is not None else 0.0)
+def _start(r: Request) -> float:
+    """The request's intended start: every request a report draws has one (report/check.py)."""
+    assert r.intended_start_s is not None, "report/check.py requires intended_start_s"
+    return r.intended_start_s
 
 
-def gantt_rows(reference: dict, max_requests: int = GANTT_MAX_REQUESTS) -> list[int]:
+def _service_start(r: Request) -> float:
+    queue = r.queue_ms
+    return _start(r) + (queue / MS if queue is not None else 0.0)
+
+
+def gantt_rows(reference: RunResult | dict,
+               max_requests: int = GANTT_MAX_REQUESTS) -> list[int | str]:
     """Request ids to draw: evenly spread over the reference run's service order, so a
     later static batch shows up even when the first one alone exceeds the cap."""
     reqs = sorted(
-        reference.get("requests", []),
-        key=lambda r: (r["intended_start_s"], _service_start(r), r["id"]),
+        as_run(reference).requests or [],
+        key=lambda r: (_start(r), _service_start(r), r.id),
     )
     if len(reqs) <= max_requests:
-        return [r["id"] for r in reqs]
+        return [r.id for r in reqs]
     picks = np.linspace(0, len(reqs) - 1, max_requests).round().astype(int)
-    return [reqs[i]["id"] for i in picks]
+    return [reqs[i].id for i in picks]
 
 
 def request_gantt(pair: Sequence[Labeled], max_requests: int = GANTT_MAX_REQUESTS) -> Figure:
     """Each request's queue, prefill (admission to first token) and decode spans, the same
     requests in the same rows for each run of the pair (e.g. static vs continuous)."""
     ids = gantt_rows(pair[0].result, max_requests)
-    total = len(pair[0].result.get("requests", []))
+    total = len(as_run(pair[0].result).requests or [])
     fig = Figure(figsize=(WIDTH_IN, 1.5 + GANTT_ROW_IN * len(ids) * len(pair)), layout="constrained")
     axes = fig.subplots(len(pair), 1, sharex=True, squeeze=False)[:, 0]
     shown = f"all {total}" if len(ids) == total else f"{len(ids)} of {total} (evenly sampled)"
@@ -431,13 +454,14 @@ def request_gantt(pair: Sequence[Labeled], max_requests: int = GANTT_MAX_REQUEST
     row_of = {rid: i for i, rid in enumerate(ids)}
     t_max = 0.0
     for ax, x in zip(axes, pair):
-        reqs = [r for r in x.result.get("requests", []) if r["id"] in row_of]
-        y = np.array([row_of[r["id"]] for r in reqs], dtype=np.float64)
-        start = np.array([r["intended_start_s"] for r in reqs], dtype=np.float64)
+        run = as_run(x.result)
+        reqs = [r for r in run.requests or [] if r.id in row_of]
+        y = np.array([row_of[r.id] for r in reqs], dtype=np.float64)
+        start = np.array([_start(r) for r in reqs], dtype=np.float64)
         service = np.array([_service_start(r) for r in reqs], dtype=np.float64)
-        ok = np.array([r.get("ttft_ms") is not None for r in reqs], dtype=bool)
-        first = np.array([r["intended_start_s"] + (r.get("ttft_ms") or 0) / MS for r in reqs])
-        last = np.array([r["intended_start_s"] + (r.get("e2el_ms") or 0) / MS for r in reqs])
+        ok = np.array([r.ttft_ms is not None for r in reqs], dtype=bool)
+        first = np.array([_start(r) + (r.ttft_ms or 0) / MS for r in reqs])
+        last = np.array([_start(r) + (r.e2el_ms or 0) / MS for r in reqs])
         _bars(ax, y, start, service - start, COLOR_QUEUE, "queued")
         _bars(ax, y[ok], service[ok], (first - service)[ok], COLOR_PREFILL,
               "prefill (admitted → first token)")
@@ -449,7 +473,7 @@ def request_gantt(pair: Sequence[Labeled], max_requests: int = GANTT_MAX_REQUEST
         ax.set_ylim(len(ids) - 0.5, -0.5)  # first request at the top
         ax.set_yticks([])
         ax.set_ylabel("requests")
-        sched = x.result.get("config", {}).get("scheduler")
+        sched = run.config.scheduler
         ax.set_title(f"{x.label} ({sched})" if sched else x.label, fontsize="medium", loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlim(0, t_max * 1.02 or 1.0)  # shared; collections do not autoscale

@@ -104,7 +104,8 @@ def latency_throughput(sweeps: Sequence[tuple[str, dict]]) -> Figure:
     fig.suptitle("Latency vs throughput")
     for ax, (title, key, slo_key) in zip(axes, PANELS):
         values = []
-        limits = {}  # limit -> the sweeps that set it: one line each, however many share it
+        # limit -> the sweeps that set it: one line each, however many share it
+        limits: dict[float, list[str]] = {}
         for i, (label, sweep) in enumerate(sweeps):
             pts = points_of(sweep)
             _draw_series(ax, pts, key, f"C{i % 10}", label)

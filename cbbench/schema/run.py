@@ -164,6 +164,24 @@ class Config(Record):
     command: str | None = None
     percentiles: list[Number] | None = None  # --percentiles: the pNN keys every distribution has
     slice_s: Number | None = None  # --slice
+    # What the engine resolved to (engine/build_common.py EngineInfo and its config), as the
+    # readers (report, calibrate, export, replay) read it. model_config stays an extra field:
+    # pydantic reserves the name.
+    device: str | None = None  # torch: cpu | cuda
+    device_name: str | None = None
+    gpu: str | None = None
+    gpu_spec: dict[str, Any] | None = None
+    dtype: str | None = None
+    max_num_seqs: Any = None  # replay checks its kind itself (its own --max-num-seqs message)
+    attention_backend: str | None = None
+    # The options as given (true, false or "auto") or as resolved: calibrate reads their truth.
+    fused_kernels: Any = None
+    cuda_graphs: Any = None
+    cuda_graphs_effective: Any = None
+    # Shown as written (the report's runs table): no reader computes with them.
+    engine_kind: Any = None
+    chunked_prefill: Any = None
+    kv_allocation: Any = None
 
 
 class Request(Record):
@@ -196,6 +214,15 @@ class Request(Record):
     request_bytes: int | None = None
     endpoint: str | None = None  # HTTP runs: the URL the request went to
     model: str | None = None  # HTTP runs: the model (or LoRA adapter) it asked for
+    # What `cbbench audit` holds to the server's log (HTTP runs, --save-detailed): the send
+    # and first answer token (run clock, s), each event's tokens, the server's response id.
+    send_s: Number | None = None
+    first_output_s: Number | None = None
+    event_tokens: list[int] | None = None
+    server_request_id: str | None = None
+    reasoning_tokens: int | None = None
+    cached_tokens: int | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative
@@ -227,6 +254,7 @@ class Iteration(Record):
     bytes_moved: Number | None = None
     flops: Number | None = None
     predicted_s: Number | None = None
+    achieved_bw_gbps: Number | None = None  # bytes_moved over duration_s (the report's plot)
 
 
 class Telemetry(Record):

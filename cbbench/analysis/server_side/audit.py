@@ -31,13 +31,16 @@ carry per-event times (``--save-detailed``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from cbbench.analysis.server_log import read_server_log
 from cbbench.errors import UsageError
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import Request, RunResult, ServerTiming
 
 __all__ = ["DEFAULT_TOLERANCE_MS", "audit", "read_server_log"]
 
@@ -56,9 +59,11 @@ COUNT_METRICS = (
 # --enable-per-request-metrics `metrics`: cbbench run, or an imported vLLM bench file) held to
 # the log's, which come from the same engine timestamps: shown, not gated, since with
 # --stream-interval N > 1 the log's first_token is the first event's (several tokens in).
-SERVER_TIMING_METRICS = {"server_queue_ms": "queue_time_ms",
-                         "server_prefill_ms": "time_to_first_token_ms",
-                         "server_decode_ms": "generation_time_ms"}
+SERVER_TIMING_METRICS: dict[str, Callable[[ServerTiming], float | None]] = {
+    "server_queue_ms": lambda t: t.queue_time_ms,
+    "server_prefill_ms": lambda t: t.time_to_first_token_ms,
+    "server_decode_ms": lambda t: t.generation_time_ms,
+}
 
 
 @dataclass(slots=True)
@@ -100,36 +105,45 @@ def _per_token(times: Sequence[float], tokens: Sequence[int]) -> np.ndarray:
     return np.repeat(g[keep] / k[keep], k[keep])
 
 
-def client_side(r: dict, t0_epoch: float) -> Side | None:
+def client_side(r: Request, t0_epoch: float) -> Side | None:
     """A completed request of a result (detailed; run-clock times moved to the epoch by
     ``t0_epoch``), or None when it did not complete."""
-    t = r.get("token_times_s")
-    if r.get("error") is not None or r.get("cancelled") or not t:
+    t = r.token_times_s
+    if r.error is not None or r.cancelled or not t:
         return None
-    send = r.get("send_s")
+    send = r.send_s
     if send is None:
         raise UsageError("the result's requests carry no send_s: rerun with --save-detailed "
                          "(and this cbbench)")
-    n = r.get("output_tokens") or 0
-    first_out = r.get("first_output_s")
-    calls = r.get("tool_calls")
+    n = r.output_tokens or 0
+    first_out = r.first_output_s
+    calls = r.tool_calls
+    timing = r.server_timing
     return Side(
         origin=t0_epoch + send,
         times=[t0_epoch + x for x in t],
-        tokens=list(r.get("event_tokens") or [1] * len(t)),
+        tokens=list(r.event_tokens or [1] * len(t)),
         first_output=t0_epoch + first_out if first_out is not None else None,
         n=n,
         counts={
             "output_tokens": n,
-            "reasoning_tokens": r.get("reasoning_tokens"),
+            "reasoning_tokens": r.reasoning_tokens,
+            # a tool call as the stream reader wrote it (targets/tool_calls.py)
             "tool_call_tokens": sum(c.get("argument_tokens", 0) for c in calls) if calls
             else 0,
             "events": len(t),
-            "cached_tokens": r.get("cached_tokens"),
+            "cached_tokens": r.cached_tokens,
         },
-        server_ms={name: _ms((r.get("server_timing") or {}).get(key))
-                   for name, key in SERVER_TIMING_METRICS.items()},
+        server_ms={name: _ms(value(timing)) if timing is not None else None
+                   for name, value in SERVER_TIMING_METRICS.items()},
     )
+
+
+def _http(run: RunResult) -> dict:
+    """summary.http: the client's health (targets/client_health.py), an extra field of the
+    summary model."""
+    http = (run.summary.model_extra or {}).get("http")
+    return http if isinstance(http, dict) else {}
 
 
 def _ms(v) -> float | None:
@@ -183,7 +197,7 @@ def _errors(values: Sequence[float]) -> dict:
             "max": float(big), "count": int(a.size)}
 
 
-def _join(requests: Sequence[dict], log: dict[str, dict], t0_epoch: float | None,
+def _join(requests: Sequence[Request], log: dict[str, dict], t0_epoch: float | None,
           by_order: bool) -> tuple[list[tuple[Side, Side]], list[float], tuple[int, int, int]]:
     """The (client, server) pairs of the completed requests, the request transits (ms, on a
     shared clock: ``t0_epoch`` given) and the counts of those without an id, not in the log,
@@ -193,11 +207,11 @@ def _join(requests: Sequence[dict], log: dict[str, dict], t0_epoch: float | None
     no_id = unmatched = not_comparable = 0
     find = _id_lookup(log)
     for r, line in (_by_send_order(requests, log) if by_order else
-                    ((r, find(r.get("server_request_id"))) for r in requests)):
+                    ((r, find(r.server_request_id)) for r in requests)):
         c = client_side(r, t0_epoch if t0_epoch is not None else 0.0)
         if c is None:
             continue
-        rid = r.get("server_request_id") if not by_order else "by-order"
+        rid = r.server_request_id if not by_order else "by-order"
         if rid is None:
             no_id += 1
             continue
@@ -215,17 +229,19 @@ def _join(requests: Sequence[dict], log: dict[str, dict], t0_epoch: float | None
     return pairs, transit, (no_id, unmatched, not_comparable)
 
 
-def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLERANCE_MS,
+def audit(result: RunResult | Mapping[str, Any], log: dict[str, dict],
+          tolerance_ms: float = DEFAULT_TOLERANCE_MS,
           tail_tolerance_ms: float | None = None) -> dict:
     """The audit report (see the module doc); ``report["passed"]``."""
+    run = as_run(result)
     # The run clock's zero on the epoch (client_health.py), as the log's times are.
-    t0_epoch = ((result.get("summary") or {}).get("http") or {}).get("t0_epoch_s")
+    t0_epoch = _http(run).get("t0_epoch_s")
     shared_clock = isinstance(t0_epoch, float)
-    requests = result.get("requests") or []
-    if requests and not any(r.get("token_times_s") for r in requests):
+    requests = run.requests or []
+    if requests and not any(r.token_times_s for r in requests):
         raise UsageError("the result's requests carry no token times: rerun cbbench run with "
                          "--save-detailed")
-    by_order = bool(requests) and all(r.get("server_request_id") is None for r in requests)
+    by_order = bool(requests) and all(r.server_request_id is None for r in requests)
     pairs, transit, (no_id, unmatched, not_comparable) = _join(
         requests, log, t0_epoch if shared_clock else None, by_order)
     if not pairs:
@@ -267,8 +283,8 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
             metrics[name] = {"requests": len(pairs), "mismatched": wrong,
                              "server_mean": tokens / max(1, events), "passed": wrong == 0}
             continue
-        both = [(c.counts.get(name), s.counts.get(name)) for c, s in pairs]
-        both = [(a, b) for a, b in both if b is not None]
+        both = [(c.counts.get(name), b) for c, s in pairs
+                if (b := s.counts.get(name)) is not None]
         diffs = [(a if a is not None else 0) - b for a, b in both]
         wrong = sum(d != 0 for d in diffs)
         metrics[name] = {"requests": len(both), "mismatched": wrong,
@@ -298,7 +314,7 @@ def audit(result: dict, log: dict[str, dict], tolerance_ms: float = DEFAULT_TOLE
         "tail_tolerance_ms": tail_tolerance_ms,
         "metrics": metrics,
         "coverage": coverage,
-        "cause": None if passed else failure_cause(result, metrics, coverage, transit,
+        "cause": None if passed else failure_cause(run, metrics, coverage, transit,
                                                    tolerance_ms),
         "passed": passed,
     }
@@ -317,7 +333,7 @@ def _check_same_clock(transit_ms: list[float]) -> None:
                          "(median): not this run's log, or not on this run's clock")
 
 
-def failure_cause(result: dict, metrics: dict, coverage: dict, transit_ms: list[float],
+def failure_cause(result: RunResult, metrics: dict, coverage: dict, transit_ms: list[float],
                   tolerance_ms: float) -> str:
     """Why the audit failed, in a line: missing data, the client (its own record of its event
     loop's lag and its send lag, against the failing errors), or neither. A client too loaded
@@ -332,7 +348,7 @@ def failure_cause(result: dict, metrics: dict, coverage: dict, transit_ms: list[
         return "a token count differs from the server's: the client miscounted"
     worst = max(abs(metrics[n].get("median") if metrics[n].get("median") is not None
                     else metrics[n].get("error") or 0.0) for n in timing)
-    http = (result.get("summary") or {}).get("http") or {}
+    http = _http(result)
     lag = [http.get(k) for k in ("loop_lag_p50_ms", "loop_lag_p99_ms")]
     send = [http.get(k) for k in ("send_lag_p50_ms", "send_lag_p99_ms")]
     way_in = float(np.median(transit_ms)) if transit_ms else None
@@ -357,10 +373,11 @@ def failure_cause(result: dict, metrics: dict, coverage: dict, transit_ms: list[
 def _server_timing_errors(pairs: list[tuple[Side, Side]]) -> dict[str, dict]:
     """SERVER_TIMING_METRICS' errors (recorded - logged, ms), shown; none when the result
     recorded no server timings."""
-    out = {}
+    out: dict[str, dict] = {}
     for name in SERVER_TIMING_METRICS:
-        errs = [c.server_ms[name] - s.server_ms[name] for c, s in pairs
-                if c.server_ms.get(name) is not None and s.server_ms.get(name) is not None]
+        errs = [cv - sv for c, s in pairs
+                if (cv := c.server_ms.get(name)) is not None
+                and (sv := s.server_ms.get(name)) is not None]
         if errs:
             out[name] = {**_errors(errs), "gated": False, "passed": True}
     return out
@@ -380,10 +397,11 @@ def _id_lookup(log: dict[str, dict]):
     return find
 
 
-def _by_send_order(requests: Sequence[dict], log: dict[str, dict]):
+def _by_send_order(requests: Sequence[Request], log: dict[str, dict]):
     """(request, log line) pairs: the sent requests by their send, the log's lines by their
     arrival. Only a log of exactly this run's requests joins so: the counts must agree."""
-    sent = sorted((r for r in requests if r.get("send_s") is not None), key=lambda r: r["send_s"])
+    sent = [r for _, r in sorted(((r.send_s, r) for r in requests if r.send_s is not None),
+                                 key=lambda sr: sr[0])]
     lines = sorted(log.values(), key=lambda x: x.get("arrival") or 0.0)
     if len(sent) != len(lines):
         raise UsageError(f"the result records no response ids, and its {len(sent)} sent requests "
@@ -399,7 +417,7 @@ def _p50_figures(pairs: list[tuple[Side, Side]]) -> dict[str, tuple[float | None
         a = np.asarray(values, dtype=np.float64)
         return float(np.percentile(a, 50)) * MS if a.size else None
 
-    out = {}
+    out: dict[str, list[float | None]] = {}
     for side in (0, 1):
         sides = [p[side] for p in pairs]
         itl = [_per_token(x.times, x.tokens) for x in sides]

@@ -184,7 +184,8 @@ def server_vs_client(
             # server's by less than the histogram can tell.
             "server_p50_bucket": [lo, hi if hi is None or math.isfinite(hi) else None],
             "client_within_bucket": (
-                client_p50 is not None and lo is not None and lo <= client_p50 <= hi
+                client_p50 is not None and lo is not None and hi is not None
+                and lo <= client_p50 <= hi
             ),
             "server_mean": server_mean,
             "client_p50": client_p50,

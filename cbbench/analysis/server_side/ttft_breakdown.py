@@ -67,20 +67,21 @@ def server_parts(rec: RequestRecord, line: dict | None) -> tuple[dict, str | Non
         return {}, None
     sub, qx = _num(line.get("submitted")), _num(line.get("queue_exit"))
     ft, lt = _num(line.get("first_token")), _num(line.get("last_token"))
-    if None in (sub, qx, ft):
+    if sub is None or qx is None or ft is None:
         return {}, None
     return {"server_queue_ms": (qx - sub) * MS, "server_prefill_ms": (ft - qx) * MS,
             "server_decode_ms": (lt - ft) * MS if lt is not None else None}, SOURCE_LOG
 
 
-def _client_parts(rec: RequestRecord) -> dict:
-    out = {"send_lag_ms": (rec.send_s - rec.ready_s) * MS}
+def _client_parts(rec: RequestRecord, send_s: float) -> dict:
+    out = {"send_lag_ms": (send_s - rec.ready_s) * MS}
     if rec.slot_s is not None:
         out["slot_wait_ms"] = (rec.slot_s - rec.intended_start_s) * MS
     return out
 
 
-def _trips(rec: RequestRecord, line: dict | None, t0_epoch: float | None) -> dict | None:
+def _trips(rec: RequestRecord, send_s: float, line: dict | None,
+           t0_epoch: float | None) -> dict | None:
     """The way in and the two deliveries (first and last token), from the log on the client's
     clock; None without them."""
     if line is None or t0_epoch is None:
@@ -88,7 +89,7 @@ def _trips(rec: RequestRecord, line: dict | None, t0_epoch: float | None) -> dic
     sub, ft, lt = (_num(line.get(k)) for k in ("submitted", "first_token", "last_token"))
     if sub is None or ft is None or lt is None:
         return None
-    return {"network_in_ms": (sub - (t0_epoch + rec.send_s)) * MS,
+    return {"network_in_ms": (sub - (t0_epoch + send_s)) * MS,
             "delivery_ms": (t0_epoch + rec.token_times_s[0] - ft) * MS,
             "last_delivery_ms": (t0_epoch + rec.token_times_s[-1] - lt) * MS}
 
@@ -107,28 +108,29 @@ def request_parts(rec: RequestRecord, line: dict | None, t0_epoch: float | None,
                   tol: float = DEFAULT_TOLERANCE_MS) -> tuple[dict | None, dict | None]:
     """(ttft_parts, e2el_parts) of one completed request, or (None, None) when the server's
     side of it is unknown."""
-    if not rec.ok or rec.send_s is None:
+    send, ttft_s, e2el_s = rec.send_s, rec.ttft_s, rec.e2el_s
+    if send is None or ttft_s is None or e2el_s is None:  # not completed (rec.ok) or not sent
         return None, None
     server, source = server_parts(rec, line)
     if source is None:
         return None, None
-    trips = _trips(rec, line, t0_epoch)
+    trips = _trips(rec, send, line, t0_epoch)
     if trips is not None and source == SOURCE_RESPONSE:
         source = f"{SOURCE_RESPONSE}+{SOURCE_LOG}"
-    client = _client_parts(rec)
+    client = _client_parts(rec, send)
     head = {**client, **({"network_in_ms": trips["network_in_ms"]} if trips else
                          {"network_ms": 0.0})}
     ttft = _close({**head, "server_queue_ms": server["server_queue_ms"],
                    "server_prefill_ms": server["server_prefill_ms"],
                    **({"delivery_ms": trips["delivery_ms"]} if trips else {})},
-                  rec.ttft_s * MS, source, tol)
+                  ttft_s * MS, source, tol)
     e2el = None
     if server.get("server_decode_ms") is not None:
         e2el = _close({**head, "server_queue_ms": server["server_queue_ms"],
                        "server_prefill_ms": server["server_prefill_ms"],
                        "server_decode_ms": server["server_decode_ms"],
                        **({"delivery_ms": trips["last_delivery_ms"]} if trips else {})},
-                      rec.e2el_s * MS, source, tol)
+                      e2el_s * MS, source, tol)
     return ttft, e2el
 
 
