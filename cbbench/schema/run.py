@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, WithJsonSchema
 
 from cbbench.schema.base import Number, Record
 
@@ -199,7 +199,7 @@ class Request(Record):
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative
-Amount = Annotated[Number, Field(ge=0)]
+Amount = Annotated[int | float, Field(ge=0), WithJsonSchema({"type": "number", "minimum": 0})]
 
 
 class Iteration(Record):
