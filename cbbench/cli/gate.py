@@ -92,7 +92,8 @@ def gate(
     Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
     itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
     """
-    from cbbench.analysis.result import check_not_an_input, check_writable, load_result
+    from cbbench.analysis.result import check_not_an_input, check_writable
+    from cbbench.schema import RunResult, parse_run, read_run, to_dict
 
     new_paths, base_paths = _split_files(ctx.args)
     percentiles = output.percentiles_given()
@@ -109,9 +110,10 @@ def gate(
         check_metric(t.metric, window)
     from cbbench.analysis.summary.percentiles import fill_percentiles
 
-    def read(p: Path) -> dict:
-        r = load_result(p)
-        r = fill_percentiles(r, percentiles) if percentiles else r
+    def read(p: Path) -> RunResult | dict:
+        r = read_run(p)
+        if percentiles:  # the percentiles it did not store, from its requests
+            r = parse_run(fill_percentiles(to_dict(r), percentiles), p)
         return select_window(r, window, str(p))
 
     baseline = [(str(p), read(p)) for p in base_paths]

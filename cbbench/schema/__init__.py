@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.errors import UsageError
-from cbbench.schema.base import Record, dumps, file_text, to_dict, validate
+from cbbench.schema.base import Record, dumps, file_text, json_clean, to_dict, validate
 from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
 from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
 from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
@@ -33,7 +33,7 @@ __all__ = [
     "SWEEP_SCHEMA_VERSION", "CapacityFile", "RunResult", "SweepFile", "check_run",
     "json_schema", "read_capacity", "read_json_file", "read_run", "read_sweep", "to_dict",
     "FORWARD_KIND", "FORWARD_SCHEMA_VERSION", "ForwardResult", "read_forward",
-    "Record", "dumps", "file_text", "parse_run", "read_run_dict",
+    "Record", "dumps", "file_text", "as_run", "as_run_result", "parse_run", "read_run_dict",
     "read_sweep_dict", "read_capacity_dict",
 ]
 
@@ -69,6 +69,19 @@ def _checked_run_dict(data: Any, path: object) -> dict:
 def parse_run(data: Any, path: object) -> RunResult:
     """A run result's JSON value as the RunResult model (one UsageError line if it is not)."""
     return validate(RunResult, _checked_run_dict(data, path), path, "cbbench result")
+
+
+def as_run_result(data: dict, what: str = "the run's result") -> RunResult:
+    """A result built in memory (bench/runner.py) as the model, holding exactly what its file
+    will: its JSON value (NaN and inf as null, tuples as lists) validated, keys in the order
+    the producer gave them."""
+    plain = json.loads(json.dumps(json_clean(data), allow_nan=False))
+    return validate(RunResult, plain, what, "cbbench result")
+
+
+def as_run(result: RunResult | dict, path: object) -> RunResult:
+    """A result as its model: a model as it is, a dict (a test's, an importer's) validated."""
+    return result if isinstance(result, RunResult) else parse_run(result, path)
 
 
 def check_run(data: Any, path: object) -> dict:

@@ -58,7 +58,7 @@ class Record(BaseModel):
     @model_serializer(mode="wrap")
     def _in_given_order(self, handler: SerializerFunctionWrapHandler) -> Any:
         out = handler(self)
-        order = self._order
+        order = self._order if isinstance(self, Record) else None  # a dict set by hand: as is
         if order is None or not isinstance(out, dict):
             return out
         ordered = {k: out[k] for k in order if k in out}
@@ -90,7 +90,33 @@ class Record(BaseModel):
         return (self.__pydantic_extra__ or {}).get(key, default)
 
     def __setitem__(self, key: str, value: Any) -> None:
+        """A named field takes its type where the value fits it (a dict set as the telemetry
+        becomes a Telemetry); one that does not is kept as given, as a dict would keep it (a
+        test writing a broken file on purpose), and the reader refuses the file."""
+        if key in type(self).model_fields:
+            try:
+                self.__pydantic_validator__.validate_assignment(self, key, value)
+                return
+            except ValidationError:
+                pass
         setattr(self, key, value)
+
+    def __delitem__(self, key: str) -> None:
+        if key not in self:
+            raise KeyError(key)
+        if key in type(self).model_fields:  # back to unset: left out of the file
+            setattr(self, key, type(self).model_fields[key].get_default(call_default_factory=True))
+            self.model_fields_set.discard(key)
+        else:
+            del self.__pydantic_extra__[key]  # type: ignore[index]
+
+    def pop(self, key: str, default: Any = _MISSING) -> Any:
+        value = self.get(key, default)
+        if value is _MISSING:
+            raise KeyError(key)
+        if key in self:
+            del self[key]
+        return value
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key, _MISSING) is not _MISSING
@@ -109,6 +135,23 @@ class Record(BaseModel):
 
     def __len__(self) -> int:
         return len(self._present())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, dict):  # the dict it was: equal to the file's value
+            return to_dict(self) == other
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, as a dict
+
+
+def field_of(node: object, name: str) -> Any:
+    """``node``'s value at ``name`` (a model's field, named or extra, or a plain dict's key, as
+    extra fields hold them), None where it has none: how a dotted metric path walks a result."""
+    if isinstance(node, Record):
+        return node.get(name)
+    if isinstance(node, dict):
+        return node.get(name)
+    return None
 
 
 R = TypeVar("R", bound=Record)
@@ -135,7 +178,9 @@ def validate(model: type[R], data: Any, path: object, what: str) -> R:
 def to_dict(record: Record) -> dict:
     """The file's dict again: only the fields it had (none of the models' defaults added), in
     the order it had them."""
-    return record.model_dump(mode="json", exclude_unset=True)
+    # warnings off: a field set through the dict view to what its type refuses is written as
+    # given (the file's reader refuses it), not warned about.
+    return record.model_dump(mode="json", exclude_unset=True, warnings=False)
 
 
 def json_clean(obj: Any) -> Any:

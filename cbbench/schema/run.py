@@ -104,11 +104,34 @@ class EngineSummary(Record):
 
 
 class SteadyState(Record):
+    """summary.steady_state: the figures of the run's steady window (ramp-up and drain out)."""
+
     window_s: list[Number | None] | None = None
     method: str | None = None
+    note: str | None = None  # why there is no window
     completed: int | None = None
+    failed: int | None = None
+    cancelled: int | None = None
+    duration_s: Number | None = None
     request_throughput: Number | None = None
     output_throughput: Number | None = None
+    total_token_throughput: Number | None = None
+    ttft_ms: Distribution | None = None
+    tpot_ms: Distribution | None = None
+    itl_ms: Distribution | None = None
+    e2el_ms: Distribution | None = None
+
+
+class Worker(Record):
+    """One of summary.workers (an endpoint run's load generators, distributed/merge.py)."""
+
+    worker: int | str
+    status: str
+    completed: int | None = None
+    failed: int | None = None
+
+
+WORKER_LOST = ("died", "failed")  # a worker's status when its requests are not all reported
 
 
 class Summary(Record):
@@ -146,6 +169,7 @@ class Summary(Record):
     # figures of each (analysis/summary/splits.py), keyed by model name / endpoint URL.
     by_model: dict[str, dict[str, Any]] | None = None
     by_endpoint: dict[str, dict[str, Any]] | None = None
+    workers: list[Worker] | None = None  # endpoint runs
 
 
 class Config(Record):
@@ -248,3 +272,9 @@ class RunResult(Record):
     requests: list[Request] | None = None
     iterations: list[Iteration] | None = None
     telemetry: Telemetry | None = None
+
+    def summary_only(self) -> RunResult:
+        """--summary-only's file: no request or iteration records, no telemetry samples."""
+        kept = self.model_dump(mode="json", exclude_unset=True, exclude={
+            "requests": True, "iterations": True, "telemetry": {"samples"}})
+        return RunResult.model_validate(kept)
