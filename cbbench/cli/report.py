@@ -61,8 +61,8 @@ def report(
     from cbbench.analysis.comparison.compare import file_labels, load_labeled
     from cbbench.analysis.result import check_folder_not_inputs, check_writable, write_atomic
     from cbbench.report.check import check_report_input
-    from cbbench.schema import to_dict
     from cbbench.report.html import PlotSection, render_page
+    from cbbench.schema import to_dict
 
     if max_gantt_requests < 1:
         raise UsageError("--max-gantt-requests must be >= 1")
