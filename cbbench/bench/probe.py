@@ -36,7 +36,10 @@ from cbbench.analysis.summary.slo import AttainmentSLO, run_attainment
 from cbbench.bench.point_prep import PointPrep
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
+from cbbench.schema import RunResult, as_run
+from cbbench.schema.base import field_of
 from cbbench.schema.points import ProbePoint, rate_label  # noqa: F401 (re-exported)
+from cbbench.schema.run import Distribution, Iteration
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +119,19 @@ class SteadyCheck:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _spans(result: dict) -> tuple[np.ndarray, np.ndarray]:
+def _spans(run: RunResult) -> tuple[np.ndarray, np.ndarray]:
     """(start, finish) per request, on the run clock. Failed requests left at an unknown time
     and are dropped; unfinished ones (an interrupted run) stay in flight for ever."""
     starts, ends = [], []
-    for r in result.get("requests", []):
-        if r.get("error_type") == "interrupted":
-            starts.append(r["intended_start_s"])
+    for r in run.requests or []:
+        if r.intended_start_s is None:
+            continue
+        if r.error_type == "interrupted":
+            starts.append(r.intended_start_s)
             ends.append(math.inf)
-        elif r.get("error") is None and r.get("e2el_ms") is not None:
-            starts.append(r["intended_start_s"])
-            ends.append(r["intended_start_s"] + r["e2el_ms"] / 1000.0)
+        elif r.error is None and r.e2el_ms is not None:
+            starts.append(r.intended_start_s)
+            ends.append(r.intended_start_s + r.e2el_ms / 1000.0)
     return np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
 
 
@@ -137,8 +142,8 @@ def _window_mean_in_flight(starts, ends, lo: float, hi: float) -> float:
     return float((arrived - finished).mean())
 
 
-def _window_mean_waiting(iterations: list[dict], lo: float, hi: float) -> float | None:
-    w = [it["num_waiting"] for it in iterations if lo <= it["start_s"] <= hi]
+def _window_mean_waiting(iterations: list[Iteration], lo: float, hi: float) -> float | None:
+    w = [it.num_waiting for it in iterations if lo <= it.start_s <= hi]
     return float(np.mean(w)) if w else None
 
 
@@ -146,13 +151,14 @@ def _grew(mid: float, end: float) -> bool:
     return end > QUEUE_GROWTH * mid + QUEUE_SLACK
 
 
-def check_steady(result: dict, rate: float) -> SteadyCheck:
+def check_steady(result: RunResult | dict, rate: float) -> SteadyCheck:
     if math.isinf(rate):
         return SteadyCheck(None, "a burst (rate inf): no steady state", "burst")
-    if result.get("interrupted"):
+    run = as_run(result, "the probe's result")
+    if run.interrupted:
         return SteadyCheck(False, "the run was interrupted before every request finished",
                            "no: interrupted")
-    starts, ends = _spans(result)
+    starts, ends = _spans(run)
     if starts.size == 0:
         return SteadyCheck(None, "no completed requests to judge", "-")
     window = float(starts.max())
@@ -170,7 +176,7 @@ def check_steady(result: dict, rate: float) -> SteadyCheck:
         in_flight_mid=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW)),
         in_flight_end=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW)),
     )
-    iterations = result.get("iterations") or []
+    iterations = run.iterations or []
     if iterations:
         check.waiting_mid = _window_mean_waiting(iterations, *(f * window for f in QUEUE_MID_WINDOW))
         check.waiting_end = _window_mean_waiting(iterations, *(f * window for f in QUEUE_END_WINDOW))
@@ -211,21 +217,22 @@ def check_steady(result: dict, rate: float) -> SteadyCheck:
 # ---- saturation -----------------------------------------------------------------------------
 
 
-def saturation_rate(result: dict) -> float:
+def saturation_rate(result: RunResult | dict) -> float:
     """The request rate a target sustains at saturation, from a rate-inf probe.
 
     Completed / duration undercounts it: the run's tail drains a shrinking batch. Instead, take
     the output tokens produced while requests were still queued (up to the last first token;
     tokens of a request in progress interpolated between its first and last token) per second,
     and divide by the mean output length. Falls back to completed / duration."""
-    fallback = float(result.get("summary", {}).get("request_throughput") or 0.0)
-    done = [r for r in result.get("requests", []) if r.get("error") is None and r.get("e2el_ms")]
+    run = as_run(result, "the rate-inf probe's result")
+    fallback = float(run.summary.request_throughput or 0.0)
+    done = [r for r in run.requests or [] if r.error is None and r.e2el_ms]
     if not done:
         return fallback
-    start = np.array([r["intended_start_s"] for r in done])
-    first = start + np.array([r["ttft_ms"] for r in done]) / 1000.0
-    last = start + np.array([r["e2el_ms"] for r in done]) / 1000.0
-    out = np.array([r["output_tokens"] for r in done], dtype=np.float64)
+    start = np.array([r.intended_start_s for r in done], dtype=np.float64)
+    first = start + np.array([r.ttft_ms for r in done], dtype=np.float64) / 1000.0
+    last = start + np.array([r.e2el_ms for r in done], dtype=np.float64) / 1000.0
+    out = np.array([r.output_tokens for r in done], dtype=np.float64)
     t_end = float(first.max())
     if t_end <= 0:
         return fallback
@@ -259,29 +266,30 @@ def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None
 
 
 def summarize_probe(
-    rate: float, result: dict, slo: AttainmentSLO | None, file: str | None = None
+    rate: float, result: RunResult, slo: AttainmentSLO | None, file: str | None = None
 ) -> ProbePoint:
-    s = result["summary"]
+    s = result.summary
     check = check_steady(result, rate)
 
-    def pct(key: str, p: str) -> float | None:
-        return (s.get(key) or {}).get(p)
+    def pct(dist: Distribution | None, p: str) -> float | None:
+        return field_of(dist, p)
 
+    num_requests = result.config.num_requests
     return ProbePoint(
         rate=rate,
-        num_requests=int(result["config"].get("num_requests", len(result.get("requests", [])))),
-        completed=int(s["completed"]),
-        failed=int(s["failed"]),
-        achieved_request_rate=float(s["request_throughput"]),
-        output_throughput=float(s["output_throughput"]),
-        ttft_p50_ms=pct("ttft_ms", "p50"),
-        ttft_p99_ms=pct("ttft_ms", "p99"),
-        tpot_p50_ms=pct("tpot_ms", "p50"),
-        tpot_p99_ms=pct("tpot_ms", "p99"),
-        e2el_p50_ms=pct("e2el_ms", "p50"),
-        e2el_p99_ms=pct("e2el_ms", "p99"),
-        itl_p99_ms=pct("itl_ms", "p99"),
-        goodput=s.get("goodput"),
+        num_requests=int(num_requests if num_requests is not None else len(result.requests or [])),
+        completed=int(s.completed or 0),
+        failed=int(s.failed or 0),
+        achieved_request_rate=float(s.request_throughput or 0.0),
+        output_throughput=float(s.output_throughput or 0.0),
+        ttft_p50_ms=pct(s.ttft_ms, "p50"),
+        ttft_p99_ms=pct(s.ttft_ms, "p99"),
+        tpot_p50_ms=pct(s.tpot_ms, "p50"),
+        tpot_p99_ms=pct(s.tpot_ms, "p99"),
+        e2el_p50_ms=pct(s.e2el_ms, "p50"),
+        e2el_p99_ms=pct(s.e2el_ms, "p99"),
+        itl_p99_ms=pct(s.itl_ms, "p99"),
+        goodput=s.goodput,
         slo_attainment=run_attainment(result, slo.limits_ms) if slo is not None else None,
         steady=check.steady,
         steady_reason=check.reason,
@@ -294,8 +302,8 @@ def summarize_probe(
 def run_probe(
     base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None, should_stop: Callable[[], bool] | None = None,
     prep: PointPrep | None = None,
-) -> dict:
-    """Run the base spec at one rate; returns the result dict (execute_run's). With
+) -> RunResult:
+    """Run the base spec at one rate; returns the result (execute_run's model). With
     ``should_stop`` (a StopSignal) the run stops dispatching once it is set and comes back
     marked interrupted. ``prep``: the point's own prompts and, asked for, the server's prefix
     cache reset first (bench/point_prep.py); the result then says what the reset answered."""
@@ -311,7 +319,7 @@ def run_probe(
     if prep is not None:
         prep.after(result)
     if resets is not None:
-        result["prefix_cache_reset"] = resets
+        result.prefix_cache_reset = resets
     if warm is not None:
-        result["warmup_requests"] = warm
+        result.warmup_requests = warm
     return result

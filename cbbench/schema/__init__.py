@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.errors import UsageError
-from cbbench.schema.base import Record, dumps, file_text, json_clean, to_dict, validate
+from cbbench.schema.base import Record, dumps, file_text, from_built, to_dict, validate
 from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
 from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
 from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
@@ -33,7 +33,7 @@ __all__ = [
     "SWEEP_SCHEMA_VERSION", "CapacityFile", "RunResult", "SweepFile", "check_run",
     "json_schema", "read_capacity", "read_json_file", "read_run", "read_sweep", "to_dict",
     "FORWARD_KIND", "FORWARD_SCHEMA_VERSION", "ForwardResult", "read_forward",
-    "Record", "dumps", "file_text", "as_run", "as_run_result", "parse_run", "read_run_dict",
+    "Record", "dumps", "file_text", "from_built", "as_run", "as_run_result", "parse_run", "read_run_dict",
     "read_sweep_dict", "read_capacity_dict",
 ]
 
@@ -75,8 +75,7 @@ def as_run_result(data: dict, what: str = "the run's result") -> RunResult:
     """A result built in memory (bench/runner.py) as the model, holding exactly what its file
     will: its JSON value (NaN and inf as null, tuples as lists) validated, keys in the order
     the producer gave them."""
-    plain = json.loads(json.dumps(json_clean(data), allow_nan=False))
-    return validate(RunResult, plain, what, "cbbench result")
+    return from_built(RunResult, data, what)
 
 
 def as_run(result: RunResult | dict, path: object) -> RunResult:

@@ -175,6 +175,21 @@ def validate(model: type[R], data: Any, path: object, what: str) -> R:
         raise UsageError(f"{path}: not a valid {what}: {first_problem(e)}") from None
 
 
+def from_built(model: type[R], data: Any, what: str) -> R:
+    """A value built in memory (a producer's dicts) as ``model``, holding exactly what its
+    file will: its JSON value (NaN and inf as null, tuples as lists, numpy numbers as
+    numbers) validated, keys in the order the producer gave them."""
+    plain = json.loads(json.dumps(json_clean(data), allow_nan=False, default=_json_number))
+    return validate(model, plain, what, model.__name__)
+
+
+def _json_number(v: Any) -> Any:
+    """json.dumps' fallback: a numpy scalar as its Python number."""
+    if hasattr(v, "item"):
+        return v.item()
+    raise TypeError(f"{type(v).__name__} is not JSON")
+
+
 def to_dict(record: Record) -> dict:
     """The file's dict again: only the fields it had (none of the models' defaults added), in
     the order it had them."""

@@ -9,6 +9,9 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
+from cbbench.schema.base import to_dict
+from cbbench.schema.sweep import SweepFile
+
 MAX_POSITIONAL_LABEL = 16
 
 
@@ -65,5 +68,8 @@ class ProbePoint:
         return cls(**kw)
 
 
-def points_of(sweep: dict) -> list[ProbePoint]:
+def points_of(sweep: SweepFile | dict) -> list[ProbePoint]:
+    """sweep.json's points as ProbePoints (a dict: a reader not yet on the model)."""
+    if isinstance(sweep, SweepFile):
+        return [ProbePoint.from_dict(to_dict(p)) for p in sweep.points]
     return [ProbePoint.from_dict(d) for d in sweep.get("points", [])]

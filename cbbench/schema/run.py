@@ -257,6 +257,7 @@ class Telemetry(Record):
     available: bool | None = None
     reason: str | None = None
     source: str | None = None
+    metric: str | None = None  # the bandwidth counter sampled (dram_active_dcgm, ...)
     interval_s: Number | None = None
     samples: list[dict[str, Any]] | None = None
     summary: dict[str, Any] | None = None
@@ -272,6 +273,10 @@ class RunResult(Record):
     requests: list[Request] | None = None
     iterations: list[Iteration] | None = None
     telemetry: Telemetry | None = None
+    # A sweep's or capacity search's point (bench/point_prep.py): what the server's prefix
+    # cache reset answered, and the warm-up run before the point.
+    prefix_cache_reset: list[dict[str, Any]] | None = None
+    warmup_requests: dict[str, Any] | None = None
 
     def summary_only(self) -> RunResult:
         """--summary-only's file: no request or iteration records, no telemetry samples."""
