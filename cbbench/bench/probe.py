@@ -29,6 +29,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -143,7 +144,8 @@ def _window_mean_in_flight(starts, ends, lo: float, hi: float) -> float:
 
 
 def _window_mean_waiting(iterations: list[Iteration], lo: float, hi: float) -> float | None:
-    w = [it.num_waiting for it in iterations if lo <= it.start_s <= hi]
+    w = [it.num_waiting for it in iterations
+         if it.num_waiting is not None and lo <= it.start_s <= hi]
     return float(np.mean(w)) if w else None
 
 
@@ -168,32 +170,35 @@ def check_steady(result: RunResult | dict, rate: float) -> SteadyCheck:
         return SteadyCheck(None, f"too few requests ({starts.size}) to judge", "-",
                            arrival_window_s=window)
     completed = int(((ends >= lo) & (ends < hi)).sum())
+    arrival_rate, completion_rate = arrived / (hi - lo), completed / (hi - lo)
+    in_flight_mid = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW))
+    in_flight_end = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW))
     check = SteadyCheck(
         True,
         arrival_window_s=window,
-        mid_arrival_rate=arrived / (hi - lo),
-        mid_completion_rate=completed / (hi - lo),
-        in_flight_mid=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW)),
-        in_flight_end=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW)),
+        mid_arrival_rate=arrival_rate,
+        mid_completion_rate=completion_rate,
+        in_flight_mid=in_flight_mid,
+        in_flight_end=in_flight_end,
     )
     iterations = run.iterations or []
     if iterations:
         check.waiting_mid = _window_mean_waiting(iterations, *(f * window for f in QUEUE_MID_WINDOW))
         check.waiting_end = _window_mean_waiting(iterations, *(f * window for f in QUEUE_END_WINDOW))
     reasons, shorts = [], []
-    ratio = check.mid_completion_rate / check.mid_arrival_rate
+    ratio = completion_rate / arrival_rate
     if ratio < 1 - THROUGHPUT_TOLERANCE:
         reasons.append(
-            f"falling behind: {check.mid_completion_rate:.3g} req/s completed vs "
-            f"{check.mid_arrival_rate:.3g} req/s arriving in the middle half of the arrival window"
+            f"falling behind: {completion_rate:.3g} req/s completed vs "
+            f"{arrival_rate:.3g} req/s arriving in the middle half of the arrival window"
         )
         shorts.append(f"behind {ratio:.2f}x")
-    if _grew(check.in_flight_mid, check.in_flight_end):
+    if _grew(in_flight_mid, in_flight_end):
         reasons.append(
-            f"queue growing: {check.in_flight_end:.1f} requests in flight at the end of the "
-            f"arrival window vs {check.in_flight_mid:.1f} mid-window"
+            f"queue growing: {in_flight_end:.1f} requests in flight at the end of the "
+            f"arrival window vs {in_flight_mid:.1f} mid-window"
         )
-        shorts.append(f"in flight {check.in_flight_mid:.0f}->{check.in_flight_end:.0f}")
+        shorts.append(f"in flight {in_flight_mid:.0f}->{in_flight_end:.0f}")
     elif (
         check.waiting_mid is not None
         and check.waiting_end is not None
@@ -254,7 +259,7 @@ def round_rate(rate: float) -> float:
 def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None):
     """The base RunSpec at this rate: its request count from the sizing rule, the SLO limits
     for goodput."""
-    changes = dict(
+    changes: dict[str, Any] = dict(
         request_rate=rate,
         # Always a rate, never a trace's own timing: 'auto' then resolves to gamma.
         rate_given=True,

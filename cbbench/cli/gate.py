@@ -10,7 +10,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from tabulate import tabulate
@@ -27,7 +27,7 @@ BASELINE_FLAG = "--baseline"
 NEW_FLAG = "--new"
 # --baseline and --new each take every file up to the next option, which click cannot
 # express; they are parsed from the leftover arguments instead (see _split_files).
-COMMAND_SETTINGS = {
+COMMAND_SETTINGS: dict[str, Any] = {
     "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
     "options_metavar": "NEW.json... --baseline BASE.json... [OPTIONS]",
 }
@@ -217,7 +217,7 @@ def fmt_change(c: float, relative: bool) -> str:
 def change_text(c: G.Check) -> str:
     rel = c.threshold.relative
     text = fmt_change(c.change, rel)
-    if c.noise_aware:
+    if c.low is not None and c.high is not None:  # noise-aware: the bootstrap's interval
         text += f" [{fmt_change(c.low, rel)}, {fmt_change(c.high, rel)}]"
     return text
 

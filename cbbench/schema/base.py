@@ -21,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import (
     BaseModel,
     ConfigDict,
+    PlainValidator,
     PrivateAttr,
     SerializerFunctionWrapHandler,
     ValidationError,
@@ -29,12 +30,31 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from cbbench.errors import UsageError
 
-# A number: an int stays an int (a float field would read 50 as 50.0 and write it back so),
-# and the JSON Schema says "number" as it did when this was `float`.
-Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+
+def _number(v: Any) -> int | float:
+    """An int or a float as it is (a float field would read 50 as 50.0 and write it back so);
+    not a bool, not a text: strict, as the rest of the schema."""
+    if type(v) in (int, float) or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+        return v
+    raise PydanticCustomError("float_type", "Input should be a valid number")
+
+
+def _amount(v: Any) -> int | float:
+    n = _number(v)
+    if n < 0:
+        raise PydanticCustomError("greater_than_equal",
+                                  "Input should be greater than or equal to 0")
+    return n
+
+
+# The JSON Schema says "number" as it did when this was `float`.
+Number = Annotated[int | float, PlainValidator(_number), WithJsonSchema({"type": "number"})]
+Amount = Annotated[int | float, PlainValidator(_amount),
+                   WithJsonSchema({"type": "number", "minimum": 0})]
 
 # One tuple per distinct key order: a million request records share a handful of them.
 _ORDERS: dict[tuple[str, ...], tuple[str, ...]] = {}
@@ -108,7 +128,9 @@ class Record(BaseModel):
             setattr(self, key, type(self).model_fields[key].get_default(call_default_factory=True))
             self.model_fields_set.discard(key)
         else:
-            del self.__pydantic_extra__[key]  # type: ignore[index]
+            extra = self.__pydantic_extra__
+            if extra is not None:
+                del extra[key]
 
     def pop(self, key: str, default: Any = _MISSING) -> Any:
         value = self.get(key, default)
@@ -117,6 +139,10 @@ class Record(BaseModel):
         if key in self:
             del self[key]
         return value
+
+    def update(self, other: Any = (), **kw: Any) -> None:
+        for key, value in dict(other, **kw).items():
+            self[key] = value
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self.get(key, _MISSING) is not _MISSING
@@ -232,3 +258,18 @@ def dumps(data: Record | dict) -> str:
 def file_text(data: Record | dict) -> str:
     """The whole file as written: :func:`dumps` and a newline."""
     return dumps(data) + "\n"
+
+
+# Transitional (issue 36): code and tests that wrote `json.dumps(execute_run(...))` when the
+# result was a dict keep working: the standard encoder's fallback gives a record's dict (the
+# file's value). Every other type falls through to the encoder's own error, unchanged.
+_encoder_default = json.JSONEncoder.default
+
+
+def _record_as_json(encoder: json.JSONEncoder, o: Any) -> Any:
+    if isinstance(o, Record):  # Python values: a NaN set by hand is written as json writes it
+        return o.model_dump(exclude_unset=True, warnings=False)
+    return _encoder_default(encoder, o)
+
+
+json.JSONEncoder.default = _record_as_json  # type: ignore[method-assign]

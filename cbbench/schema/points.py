@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -62,7 +63,7 @@ class ProbePoint:
     def from_dict(cls, d: dict) -> ProbePoint:
         known = {f.name for f in fields(cls)}
         # A figure an older file lacks reads as missing, not as an error.
-        kw = {f.name: None for f in fields(cls) if f.name.endswith("_ms")}
+        kw: dict[str, Any] = {f.name: None for f in fields(cls) if f.name.endswith("_ms")}
         kw.update({k: v for k, v in d.items() if k in known})
         kw["rate"] = math.inf if d["rate"] == "inf" else float(d["rate"])
         return cls(**kw)

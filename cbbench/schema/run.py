@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, WithJsonSchema
+from pydantic import Field
 
-from cbbench.schema.base import Number, Record
+from cbbench.schema.base import Amount, Number, Record
 
 RUN_SCHEMA_VERSION = 1
 
@@ -223,7 +223,6 @@ class Request(Record):
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative
-Amount = Annotated[int | float, Field(ge=0), WithJsonSchema({"type": "number", "minimum": 0})]
 
 
 class Iteration(Record):

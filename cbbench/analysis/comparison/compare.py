@@ -241,7 +241,8 @@ def load_labeled(files: Sequence[Path]) -> list[Labeled]:
     """Results labelled by their own ``--label`` where every one has a distinct label, else by
     file name."""
     results = [read_run(p) for p in files]
-    labels = [r.config.label for r in results]
-    if not all(labels) or len(set(labels)) != len(labels):
+    given = [r.config.label for r in results]
+    labels = [lbl for lbl in given if lbl]
+    if len(labels) != len(given) or len(set(labels)) != len(labels):
         labels = file_labels(files)
     return [Labeled(lbl, r) for lbl, r in zip(labels, results)]
