@@ -295,7 +295,9 @@ def summarize_probe(
         e2el_p99_ms=pct(s.e2el_ms, "p99"),
         itl_p99_ms=pct(s.itl_ms, "p99"),
         goodput=s.goodput,
-        slo_attainment=run_attainment(result, slo.limits_ms) if slo is not None else None,
+        # run_attainment (analysis/summary) reads the result's dict view, for now.
+        slo_attainment=(run_attainment(result, slo.limits_ms)  # type: ignore[arg-type]
+                        if slo is not None else None),
         steady=check.steady,
         steady_reason=check.reason,
         steady_short=check.short,
@@ -322,7 +324,7 @@ def run_probe(
         resets = prep.before(spec)
     result = execute_run(spec, should_stop=should_stop)
     if prep is not None:
-        prep.after(result)
+        prep.after(result)  # type: ignore[arg-type]  # point_prep reads the dict view, for now
     if resets is not None:
         result.prefix_cache_reset = resets
     if warm is not None:

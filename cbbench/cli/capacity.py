@@ -146,6 +146,7 @@ def capacity(
                     raise UsageError("the rate-inf probe completed nothing; give --start-rate")
                 start_rate = saturation * 0.5
         if found is None:
+            assert start_rate is not None  # given, or half the saturation probe's
             prober = Prober(base, sizing, slo_spec, runs_dir, stop, prep)
             found = search(prober, start_rate, precision, should_stop=stop)
 

@@ -95,7 +95,7 @@ def run(
     except OSError:  # the terminal is gone (closed pty, SIGHUP): the printout, not the result
         pass
     write_result(out_path, result)
-    if also is not None:  # from the file's own form (NaN as null), as `cbbench export` reads it
+    if also is not None and output.output_format is not None:  # the file's form, as export reads it
         from cbbench.analysis.result import write_atomic
         from cbbench.export.files import render
 
