@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cbbench import __version__
 from cbbench.analysis.compact.compact_run import CompactRun
 from cbbench.analysis.comparison.sim_error import sim_error
@@ -41,6 +43,9 @@ from cbbench.targets.engine import EngineRun, engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
 
 if TYPE_CHECKING:
+    from cbbench.bench.dcgm import DcgmScraper
+    from cbbench.bench.nvml_sampler import TelemetrySampler
+    from cbbench.load.cancel import CancelPlan
     from cbbench.options import EndpointFlags, LoadOptions, OutputOptions
 
 log = logging.getLogger(__name__)
@@ -311,9 +316,9 @@ class Schedule:
     process: str | None  # the arrival process (the replayed run's, on --replay)
     until: float | None  # --duration (or a ramp's own length); None: bound by the count
     wreqs: list  # the requests (empty for a session workload: the plan sends them)
-    arrivals: object  # their arrival offsets (numpy), or the sessions' first turns'
+    arrivals: np.ndarray  # their arrival offsets, or the sessions' first turns'
     plan: SessionPlan | None
-    cancel: object  # the --cancel-rate plan, or None
+    cancel: CancelPlan | None  # the --cancel-rate plan
 
 
 def execute_run(
@@ -508,7 +513,7 @@ class Telemetry:
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.indices = _telemetry_indices(spec)
-        self.sampler = None
+        self.sampler: TelemetrySampler | DcgmScraper | None = None
 
     def start(self, clock) -> None:
         from cbbench.bench.nvml_sampler import TelemetrySampler
@@ -596,18 +601,19 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
             "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
             **spec.load.to_config(len(run.info["workers"])),
         }
-    run = _run_compact(spec, sched, should_stop, on_progress, live)
-    if run is None:
-        run = run_engine(
+    engine_run: EngineRun | CompactRun | None = _run_compact(spec, sched, should_stop,
+                                                              on_progress, live)
+    if engine_run is None:
+        engine_run = run_engine(
             spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
             on_progress=on_progress, keep_token_ids=spec.save_detailed,
             on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel, live=live,
         )
-    return run, {
+    return engine_run, {
         "target": "engine",
         **{
             f"engine_{k}" if k == "seed" else k: v
-            for k, v in engine_config_dict(spec.engine, run.resolved).items()
+            for k, v in engine_config_dict(spec.engine, engine_run.resolved).items()
         },
     }
 
