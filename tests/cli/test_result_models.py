@@ -72,3 +72,13 @@ def test_a_field_set_after_reading_is_written_in_place():
     data = json.loads(file_text(run))
     assert data["summary"]["completed"] == 5 and data["interrupted"] is True
     assert list(data) == list(json.loads((DATA / "run.json").read_text()))
+
+
+def test_an_auto_sweeps_file_reads(tmp_path):
+    """`sweep --rates auto` writes "rates": "auto"; the schema took only a list, so
+    `cbbench report` refused every auto sweep's sweep.json."""
+    data = json.loads((DATA / "sweep.json").read_text())
+    data["rates"] = "auto"
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps(data))
+    assert read_sweep(path).rates == "auto"
