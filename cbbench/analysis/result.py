@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import os
 import stat
 import sys
@@ -14,38 +12,16 @@ from pathlib import Path
 from cbbench import __version__
 from cbbench.errors import UsageError
 from cbbench.schema import read_json_file  # noqa: F401 (the readers of other formats use it)
+from cbbench.schema.base import Record, file_text
+from cbbench.schema.base import dumps as schema_dumps
 from cbbench.schema.run import RUN_SCHEMA_VERSION
 
 SCHEMA_VERSION = RUN_SCHEMA_VERSION  # the one definition is the schema's
 
 
-def _clean(obj):
-    """JSON has no NaN/inf: write them as null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
-def _dump(obj, indent: str) -> str:
-    """Pretty at the top, one line per record: a 1000-request result stays readable and about
-    half the size of fully indented JSON, and diffs line up record by record."""
-    if isinstance(obj, dict) and obj and indent.count(" ") < 2:
-        inner = indent + " "
-        items = [f"{inner}{json.dumps(k)}: {_dump(v, inner)}" for k, v in obj.items()]
-        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(obj, list) and obj and isinstance(obj[0], dict):
-        inner = indent + " "
-        rows = [inner + json.dumps(v, separators=(",", ":"), allow_nan=False) for v in obj]
-        return "[\n" + ",\n".join(rows) + "\n" + indent + "]"
-    return json.dumps(obj, allow_nan=False)
-
-
-def dumps(result: dict) -> str:
-    return _dump(_clean(result), "")
+def dumps(result: Record | dict) -> str:
+    """A result file's text: the model's own dump (cbbench/schema/base.py), or a dict's."""
+    return schema_dumps(result)
 
 
 STDOUT = "-"  # --output -: write to standard output
@@ -158,8 +134,9 @@ def write_atomic_group(files: dict) -> None:
         os.replace(tmp, target)
 
 
-def write_result(path, result: dict) -> None:
-    write_atomic(path, dumps(result) + "\n")
+def write_result(path, result: Record | dict) -> None:
+    """A result file, atomically: a model by its own dump (a dict as it is, transitional)."""
+    write_atomic(path, file_text(result))
 
 
 def check_writable(path) -> None:
@@ -249,10 +226,11 @@ def engine_inputs(engine_opts) -> list:
 
 
 def load_result(path: Path) -> dict:
-    """A run result file, validated by its schema (cbbench/schema/): every reader's way in."""
-    from cbbench.schema import read_run
+    """Transitional (issue 36): a run result file, validated by its schema, as its dict.
+    New readers take cbbench.schema.read_run's model."""
+    from cbbench.schema import read_run_dict
 
-    return read_run(path)
+    return read_run_dict(path)
 
 
 def base_result(config: dict) -> dict:

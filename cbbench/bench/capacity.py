@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from cbbench.bench.probe import ProbePoint, round_rate
 from cbbench.errors import UsageError
+from cbbench.schema.run import Config
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +168,7 @@ class Prober:
         self.should_stop = should_stop
         self.prep = prep  # bench/point_prep.py: each probe's own prompts, the cache reset
         self.count = 0
-        self.config: dict | None = None
+        self.config: Config | None = None
 
     def __call__(self, rate: float, phase: str) -> Probe:
         from cbbench.analysis.result import write_result
@@ -182,13 +183,13 @@ class Prober:
         result = run_probe(self.base, rate, self.sizing, self.slo,
                            self.should_stop, self.prep)
         if self.config is None:
-            self.config = result["config"]
+            self.config = result.config
         path = None
         if self.runs_dir is not None:
             path = self.runs_dir / f"probe-{i}-rate-{rate_label(rate)}.json"
             write_result(path, result)
         point = summarize_probe(rate, result, self.slo, str(path) if path else None)
         meets = point.slo_attainment is not None and point.slo_attainment >= self.slo.attainment
-        interrupted = bool(result.get("interrupted"))
+        interrupted = bool(result.interrupted)
         passed = meets and point.steady is not False and not interrupted
         return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted)

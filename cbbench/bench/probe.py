@@ -29,6 +29,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,10 @@ from cbbench.analysis.summary.slo import AttainmentSLO, run_attainment
 from cbbench.bench.point_prep import PointPrep
 from cbbench.errors import UsageError
 from cbbench.load.limits import check_request_count
+from cbbench.schema import RunResult, as_run
+from cbbench.schema.base import field_of
 from cbbench.schema.points import ProbePoint, rate_label  # noqa: F401 (re-exported)
+from cbbench.schema.run import Distribution, Iteration
 
 log = logging.getLogger(__name__)
 
@@ -116,17 +120,19 @@ class SteadyCheck:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _spans(result: dict) -> tuple[np.ndarray, np.ndarray]:
+def _spans(run: RunResult) -> tuple[np.ndarray, np.ndarray]:
     """(start, finish) per request, on the run clock. Failed requests left at an unknown time
     and are dropped; unfinished ones (an interrupted run) stay in flight for ever."""
     starts, ends = [], []
-    for r in result.get("requests", []):
-        if r.get("error_type") == "interrupted":
-            starts.append(r["intended_start_s"])
+    for r in run.requests or []:
+        if r.intended_start_s is None:
+            continue
+        if r.error_type == "interrupted":
+            starts.append(r.intended_start_s)
             ends.append(math.inf)
-        elif r.get("error") is None and r.get("e2el_ms") is not None:
-            starts.append(r["intended_start_s"])
-            ends.append(r["intended_start_s"] + r["e2el_ms"] / 1000.0)
+        elif r.error is None and r.e2el_ms is not None:
+            starts.append(r.intended_start_s)
+            ends.append(r.intended_start_s + r.e2el_ms / 1000.0)
     return np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
 
 
@@ -137,8 +143,9 @@ def _window_mean_in_flight(starts, ends, lo: float, hi: float) -> float:
     return float((arrived - finished).mean())
 
 
-def _window_mean_waiting(iterations: list[dict], lo: float, hi: float) -> float | None:
-    w = [it["num_waiting"] for it in iterations if lo <= it["start_s"] <= hi]
+def _window_mean_waiting(iterations: list[Iteration], lo: float, hi: float) -> float | None:
+    w = [it.num_waiting for it in iterations
+         if it.num_waiting is not None and lo <= it.start_s <= hi]
     return float(np.mean(w)) if w else None
 
 
@@ -146,13 +153,14 @@ def _grew(mid: float, end: float) -> bool:
     return end > QUEUE_GROWTH * mid + QUEUE_SLACK
 
 
-def check_steady(result: dict, rate: float) -> SteadyCheck:
+def check_steady(result: RunResult | dict, rate: float) -> SteadyCheck:
     if math.isinf(rate):
         return SteadyCheck(None, "a burst (rate inf): no steady state", "burst")
-    if result.get("interrupted"):
+    run = as_run(result, "the probe's result")
+    if run.interrupted:
         return SteadyCheck(False, "the run was interrupted before every request finished",
                            "no: interrupted")
-    starts, ends = _spans(result)
+    starts, ends = _spans(run)
     if starts.size == 0:
         return SteadyCheck(None, "no completed requests to judge", "-")
     window = float(starts.max())
@@ -162,32 +170,35 @@ def check_steady(result: dict, rate: float) -> SteadyCheck:
         return SteadyCheck(None, f"too few requests ({starts.size}) to judge", "-",
                            arrival_window_s=window)
     completed = int(((ends >= lo) & (ends < hi)).sum())
+    arrival_rate, completion_rate = arrived / (hi - lo), completed / (hi - lo)
+    in_flight_mid = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW))
+    in_flight_end = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW))
     check = SteadyCheck(
         True,
         arrival_window_s=window,
-        mid_arrival_rate=arrived / (hi - lo),
-        mid_completion_rate=completed / (hi - lo),
-        in_flight_mid=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW)),
-        in_flight_end=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW)),
+        mid_arrival_rate=arrival_rate,
+        mid_completion_rate=completion_rate,
+        in_flight_mid=in_flight_mid,
+        in_flight_end=in_flight_end,
     )
-    iterations = result.get("iterations") or []
+    iterations = run.iterations or []
     if iterations:
         check.waiting_mid = _window_mean_waiting(iterations, *(f * window for f in QUEUE_MID_WINDOW))
         check.waiting_end = _window_mean_waiting(iterations, *(f * window for f in QUEUE_END_WINDOW))
     reasons, shorts = [], []
-    ratio = check.mid_completion_rate / check.mid_arrival_rate
+    ratio = completion_rate / arrival_rate
     if ratio < 1 - THROUGHPUT_TOLERANCE:
         reasons.append(
-            f"falling behind: {check.mid_completion_rate:.3g} req/s completed vs "
-            f"{check.mid_arrival_rate:.3g} req/s arriving in the middle half of the arrival window"
+            f"falling behind: {completion_rate:.3g} req/s completed vs "
+            f"{arrival_rate:.3g} req/s arriving in the middle half of the arrival window"
         )
         shorts.append(f"behind {ratio:.2f}x")
-    if _grew(check.in_flight_mid, check.in_flight_end):
+    if _grew(in_flight_mid, in_flight_end):
         reasons.append(
-            f"queue growing: {check.in_flight_end:.1f} requests in flight at the end of the "
-            f"arrival window vs {check.in_flight_mid:.1f} mid-window"
+            f"queue growing: {in_flight_end:.1f} requests in flight at the end of the "
+            f"arrival window vs {in_flight_mid:.1f} mid-window"
         )
-        shorts.append(f"in flight {check.in_flight_mid:.0f}->{check.in_flight_end:.0f}")
+        shorts.append(f"in flight {in_flight_mid:.0f}->{in_flight_end:.0f}")
     elif (
         check.waiting_mid is not None
         and check.waiting_end is not None
@@ -211,21 +222,22 @@ def check_steady(result: dict, rate: float) -> SteadyCheck:
 # ---- saturation -----------------------------------------------------------------------------
 
 
-def saturation_rate(result: dict) -> float:
+def saturation_rate(result: RunResult | dict) -> float:
     """The request rate a target sustains at saturation, from a rate-inf probe.
 
     Completed / duration undercounts it: the run's tail drains a shrinking batch. Instead, take
     the output tokens produced while requests were still queued (up to the last first token;
     tokens of a request in progress interpolated between its first and last token) per second,
     and divide by the mean output length. Falls back to completed / duration."""
-    fallback = float(result.get("summary", {}).get("request_throughput") or 0.0)
-    done = [r for r in result.get("requests", []) if r.get("error") is None and r.get("e2el_ms")]
+    run = as_run(result, "the rate-inf probe's result")
+    fallback = float(run.summary.request_throughput or 0.0)
+    done = [r for r in run.requests or [] if r.error is None and r.e2el_ms]
     if not done:
         return fallback
-    start = np.array([r["intended_start_s"] for r in done])
-    first = start + np.array([r["ttft_ms"] for r in done]) / 1000.0
-    last = start + np.array([r["e2el_ms"] for r in done]) / 1000.0
-    out = np.array([r["output_tokens"] for r in done], dtype=np.float64)
+    start = np.array([r.intended_start_s for r in done], dtype=np.float64)
+    first = start + np.array([r.ttft_ms for r in done], dtype=np.float64) / 1000.0
+    last = start + np.array([r.e2el_ms for r in done], dtype=np.float64) / 1000.0
+    out = np.array([r.output_tokens for r in done], dtype=np.float64)
     t_end = float(first.max())
     if t_end <= 0:
         return fallback
@@ -247,7 +259,7 @@ def round_rate(rate: float) -> float:
 def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None):
     """The base RunSpec at this rate: its request count from the sizing rule, the SLO limits
     for goodput."""
-    changes = dict(
+    changes: dict[str, Any] = dict(
         request_rate=rate,
         # Always a rate, never a trace's own timing: 'auto' then resolves to gamma.
         rate_given=True,
@@ -259,30 +271,33 @@ def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None
 
 
 def summarize_probe(
-    rate: float, result: dict, slo: AttainmentSLO | None, file: str | None = None
+    rate: float, result: RunResult, slo: AttainmentSLO | None, file: str | None = None
 ) -> ProbePoint:
-    s = result["summary"]
+    s = result.summary
     check = check_steady(result, rate)
 
-    def pct(key: str, p: str) -> float | None:
-        return (s.get(key) or {}).get(p)
+    def pct(dist: Distribution | None, p: str) -> float | None:
+        return field_of(dist, p)
 
+    num_requests = result.config.num_requests
     return ProbePoint(
         rate=rate,
-        num_requests=int(result["config"].get("num_requests", len(result.get("requests", [])))),
-        completed=int(s["completed"]),
-        failed=int(s["failed"]),
-        achieved_request_rate=float(s["request_throughput"]),
-        output_throughput=float(s["output_throughput"]),
-        ttft_p50_ms=pct("ttft_ms", "p50"),
-        ttft_p99_ms=pct("ttft_ms", "p99"),
-        tpot_p50_ms=pct("tpot_ms", "p50"),
-        tpot_p99_ms=pct("tpot_ms", "p99"),
-        e2el_p50_ms=pct("e2el_ms", "p50"),
-        e2el_p99_ms=pct("e2el_ms", "p99"),
-        itl_p99_ms=pct("itl_ms", "p99"),
-        goodput=s.get("goodput"),
-        slo_attainment=run_attainment(result, slo.limits_ms) if slo is not None else None,
+        num_requests=int(num_requests if num_requests is not None else len(result.requests or [])),
+        completed=int(s.completed or 0),
+        failed=int(s.failed or 0),
+        achieved_request_rate=float(s.request_throughput or 0.0),
+        output_throughput=float(s.output_throughput or 0.0),
+        ttft_p50_ms=pct(s.ttft_ms, "p50"),
+        ttft_p99_ms=pct(s.ttft_ms, "p99"),
+        tpot_p50_ms=pct(s.tpot_ms, "p50"),
+        tpot_p99_ms=pct(s.tpot_ms, "p99"),
+        e2el_p50_ms=pct(s.e2el_ms, "p50"),
+        e2el_p99_ms=pct(s.e2el_ms, "p99"),
+        itl_p99_ms=pct(s.itl_ms, "p99"),
+        goodput=s.goodput,
+        # run_attainment (analysis/summary) reads the result's dict view, for now.
+        slo_attainment=(run_attainment(result, slo.limits_ms)  # type: ignore[arg-type]
+                        if slo is not None else None),
         steady=check.steady,
         steady_reason=check.reason,
         steady_short=check.short,
@@ -294,8 +309,8 @@ def summarize_probe(
 def run_probe(
     base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None, should_stop: Callable[[], bool] | None = None,
     prep: PointPrep | None = None,
-) -> dict:
-    """Run the base spec at one rate; returns the result dict (execute_run's). With
+) -> RunResult:
+    """Run the base spec at one rate; returns the result (execute_run's model). With
     ``should_stop`` (a StopSignal) the run stops dispatching once it is set and comes back
     marked interrupted. ``prep``: the point's own prompts and, asked for, the server's prefix
     cache reset first (bench/point_prep.py); the result then says what the reset answered."""
@@ -309,9 +324,9 @@ def run_probe(
         resets = prep.before(spec)
     result = execute_run(spec, should_stop=should_stop)
     if prep is not None:
-        prep.after(result)
+        prep.after(result)  # type: ignore[arg-type]  # point_prep reads the dict view, for now
     if resets is not None:
-        result["prefix_cache_reset"] = resets
+        result.prefix_cache_reset = resets
     if warm is not None:
-        result["warmup_requests"] = warm
+        result.warmup_requests = warm
     return result

@@ -11,9 +11,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from cbbench import __version__
 from cbbench.analysis.compact.compact_run import CompactRun
 from cbbench.analysis.comparison.sim_error import sim_error
-from cbbench.analysis.result import base_result
 from cbbench.analysis.summary.columns import request_columns, token_gaps_s
 from cbbench.analysis.summary.deployment import add_deployment
 from cbbench.analysis.summary.inputs import add_input_figures
@@ -36,10 +38,14 @@ from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
 from cbbench.load.sessions import check_session_tokens, sample_sessions
 from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
+from cbbench.schema import RUN_SCHEMA_VERSION, RunResult, as_run_result
 from cbbench.targets.engine import EngineRun, engine_config_dict, run_engine
 from cbbench.targets.options import EndpointOptions
 
 if TYPE_CHECKING:
+    from cbbench.bench.dcgm import DcgmScraper
+    from cbbench.bench.nvml_sampler import TelemetrySampler
+    from cbbench.load.cancel import CancelPlan
     from cbbench.options import EndpointFlags, LoadOptions, OutputOptions
 
 log = logging.getLogger(__name__)
@@ -310,9 +316,9 @@ class Schedule:
     process: str | None  # the arrival process (the replayed run's, on --replay)
     until: float | None  # --duration (or a ramp's own length); None: bound by the count
     wreqs: list  # the requests (empty for a session workload: the plan sends them)
-    arrivals: object  # their arrival offsets (numpy), or the sessions' first turns'
+    arrivals: np.ndarray  # their arrival offsets, or the sessions' first turns'
     plan: SessionPlan | None
-    cancel: object  # the --cancel-rate plan, or None
+    cancel: CancelPlan | None  # the --cancel-rate plan
 
 
 def execute_run(
@@ -321,11 +327,11 @@ def execute_run(
     on_progress: Callable[[int, int], None] | None = None,
     live=None,
     records: bool = True,
-) -> dict:
-    """One run: the schedule, the target, then the result file's dict. ``live``: a
-    LiveBoard (cbbench/targets/live.py) a live view reads while the run runs. ``records``:
-    False leaves the per-request and per-iteration records out (--summary-only), so a
-    million-request run never builds them."""
+) -> RunResult:
+    """One run: the schedule, the target, then the result as its model (cbbench/schema/run.py;
+    ``write_result`` writes it). ``live``: a LiveBoard (cbbench/targets/live.py) a live view
+    reads while the run runs. ``records``: False leaves the per-request and per-iteration
+    records out (--summary-only), so a million-request run never builds them."""
     replay = None
     if spec.replay is not None:
         from cbbench.bench.replay import load_replay
@@ -341,17 +347,27 @@ def execute_run(
         run, target_config = _run_target(spec, sched, telemetry, should_stop, on_progress, live)
     finally:
         telemetry.stop()
-    result = base_result(_run_config(spec, sched, target_config))
-    result["started_at"] = started
-    result["interrupted"] = run.interrupted
+    config = _run_config(spec, sched, target_config)
     summary = _summary(spec, sched, run)
+    server_side: dict[str, Any] = {}
     if spec.endpoint is not None:
-        _add_http_figures(result, summary, run)
+        server_side = _add_http_figures(summary, run)
         add_splits(summary, run.records, run.duration_s)
-    result["summary"] = summary
-    result["telemetry"] = telemetry.result()
-    result["requests"], result["iterations"] = _records(run, spec, records)
-    return result
+    telemetry_result = telemetry.result()
+    requests, iterations = _records(run, spec, records)
+    # The file's keys in the file's order (tests/bench/test_golden_results.py holds it).
+    return as_run_result({
+        "schema_version": RUN_SCHEMA_VERSION,
+        "cbbench_version": __version__,
+        "interrupted": run.interrupted,
+        "config": config,
+        "started_at": started,
+        **server_side,
+        "summary": summary,
+        "telemetry": telemetry_result,
+        "requests": requests,
+        "iterations": iterations,
+    })
 
 
 def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
@@ -497,7 +513,7 @@ class Telemetry:
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.indices = _telemetry_indices(spec)
-        self.sampler = None
+        self.sampler: TelemetrySampler | DcgmScraper | None = None
 
     def start(self, clock) -> None:
         from cbbench.bench.nvml_sampler import TelemetrySampler
@@ -585,18 +601,19 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
             "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
             **spec.load.to_config(len(run.info["workers"])),
         }
-    run = _run_compact(spec, sched, should_stop, on_progress, live)
-    if run is None:
-        run = run_engine(
+    engine_run: EngineRun | CompactRun | None = _run_compact(spec, sched, should_stop,
+                                                              on_progress, live)
+    if engine_run is None:
+        engine_run = run_engine(
             spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
             on_progress=on_progress, keep_token_ids=spec.save_detailed,
             on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel, live=live,
         )
-    return run, {
+    return engine_run, {
         "target": "engine",
         **{
             f"engine_{k}" if k == "seed" else k: v
-            for k, v in engine_config_dict(spec.engine, run.resolved).items()
+            for k, v in engine_config_dict(spec.engine, engine_run.resolved).items()
         },
     }
 
@@ -734,25 +751,27 @@ def _engine_summary(run: EngineRun, iterations: list[dict]) -> dict:
     return engine
 
 
-def _add_http_figures(result: dict, summary: dict, run) -> None:
-    """An endpoint run's own figures: workers, client health, the server's /metrics."""
+def _add_http_figures(summary: dict, run) -> dict[str, Any]:
+    """An endpoint run's own figures: workers, client health (into the summary), and the
+    server's /metrics (returned: the result's server_histograms and server_metrics)."""
     from cbbench.targets.client_health import client_bound_summary
 
     info = dict(run.info)
     server_metrics = info.pop("server_metrics", None)
     server_histograms = info.pop("server_histograms", None)
+    server_side: dict[str, Any] = {}
     if server_histograms is not None:  # vLLM's latency histograms, before and after
-        result["server_histograms"] = server_histograms
-    summary["workers"] = info.pop("workers")
-    summary["client_bound"] = client_bound_summary(info)
-    summary["http"] = info
+        server_side.update(server_histograms=server_histograms)
+    summary.update(workers=info.pop("workers"), client_bound=client_bound_summary(info),
+                   http=info)
     if server_metrics is not None:
-        result["server_metrics"] = server_metrics
+        server_side.update(server_metrics=server_metrics)
         from cbbench.analysis.server_side.speculative_scrape import scraped_speculative
 
         scraped = scraped_speculative(server_metrics)
         if scraped is not None and "speculative" not in summary:
-            summary["speculative"] = scraped
+            summary.update(speculative=scraped)
+    return server_side
 
 
 def add_intervals(summary: dict, spec: RunSpec, sched: Schedule) -> None:

@@ -32,8 +32,10 @@ from cbbench.bench.probe import (
     summarize_probe,
 )
 from cbbench.errors import UsageError
+from cbbench.schema import RunResult, file_text, from_built, to_dict
 from cbbench.schema.points import points_of  # noqa: F401 (re-exported)
-from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION
+from cbbench.schema.run import Telemetry
+from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, SweepFile, SweepPoint
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,7 @@ def run_sweep(
     out_dir: Path,
     should_stop: Callable[[], bool] | None = None,
     prep: PointPrep | None = None,
-) -> dict:
+) -> SweepFile:
     """Run every point (rates None: auto), saving DIR/rate-<r>.json as each finishes and
     DIR/sweep.json after each point, so an interrupted sweep keeps what it measured. Once
     ``should_stop`` is set no further point starts; the one in progress stops its dispatch
@@ -94,11 +96,12 @@ def run_sweep(
     stop = should_stop or (lambda: False)
     from cbbench.analysis.result import write_atomic, write_result
 
-    sweep = {
+    # The file's keys in the file's order: the model dumps them as given.
+    sweep = from_built(SweepFile, {
         "kind": SWEEP_KIND,
         "schema_version": SWEEP_SCHEMA_VERSION,
         "started_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "rates": "auto" if rates is None else [rate_label(r) for r in rates],
+        "rates": AUTO if rates is None else [rate_label(r) for r in rates],
         "sizing": sizing.to_dict(),
         "points_prep": (prep or PointPrep(reuse_prompts=True)).to_dict(),
         "slo": slo.to_dict() if slo is not None else None,
@@ -107,29 +110,19 @@ def run_sweep(
         "command": None,
         "points": [],
         "interrupted": False,
-    }
+    }, "the sweep")
 
-    def run_point(rate: float, i: int, total: int | str) -> dict:
+    def run_point(rate: float, i: int, total: int | str) -> RunResult:
         log.info(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
         result = run_probe(base, rate, sizing, slo, should_stop, prep)
         path = out_dir / f"rate-{rate_label(rate)}.json"
         write_result(path, result)
-        point = summarize_probe(rate, result, slo, path.name).to_dict()
-        point["seed"] = result["config"].get("seed")
-        for key in ("prefix_cache_reset", "warmup_requests"):
-            if key in result:
-                point[key] = result[key]
-        gpu = telemetry_means(result.get("telemetry"))
-        if gpu is not None:
-            point["telemetry"] = gpu
-        if result.get("interrupted"):
-            point["interrupted"] = True
-        sweep["interrupted"] = stop()
-        sweep["points"].append(point)
-        if sweep["config"] is None:
-            sweep["config"] = shared_config(result["config"])
-            sweep["command"] = result["config"].get("command")
-        write_atomic(out_dir / SWEEP_FILE, _dumps(sweep))
+        sweep.points.append(sweep_point(rate, result, slo, path.name))
+        sweep.interrupted = stop()
+        if sweep.config is None:
+            sweep.config = shared_config(to_dict(result.config))
+            sweep.command = result.config.command
+        write_atomic(out_dir / SWEEP_FILE, file_text(sweep))
         return result
 
     if rates is None:
@@ -137,9 +130,10 @@ def run_sweep(
         result = run_point(math.inf, 1, total)
         if stop():
             return sweep
-        sweep["saturation_rate"] = saturation_rate(result)
-        log.info(f"saturation: ~{sweep['saturation_rate']:.4g} req/s")
-        rates = auto_rates(sweep["saturation_rate"], points)
+        saturation = saturation_rate(result)
+        sweep.saturation_rate = saturation
+        log.info(f"saturation: ~{saturation:.4g} req/s")
+        rates = auto_rates(saturation, points)
         first = 2
     else:
         first, total = 1, len(rates)
@@ -150,13 +144,31 @@ def run_sweep(
     return sweep
 
 
-def telemetry_means(tel: dict | None) -> dict | None:
+def sweep_point(rate: float, result: RunResult, slo: AttainmentSLO | None,
+                file: str) -> SweepPoint:
+    """sweep.json's row of one point: the probe's figures, its seed, what its preparation
+    answered, its GPU telemetry's means, whether it was cut short."""
+    point = summarize_probe(rate, result, slo, file).to_dict()
+    point.update(seed=result.config.seed)
+    if result.prefix_cache_reset is not None:
+        point.update(prefix_cache_reset=result.prefix_cache_reset)
+    if result.warmup_requests is not None:
+        point.update(warmup_requests=result.warmup_requests)
+    gpu = telemetry_means(result.telemetry)
+    if gpu is not None:
+        point.update(telemetry=gpu)
+    if result.interrupted:
+        point.update(interrupted=True)
+    return from_built(SweepPoint, point, f"the sweep's point at rate {rate_label(rate)}")
+
+
+def telemetry_means(tel: Telemetry | None) -> dict | None:
     """A point's GPU telemetry in sweep.json: each quantity's steady-state mean (NVML or a
     DCGM exporter's, pooled over GPUs as the run's summary line is); None without any."""
-    if not tel or not tel.get("available"):
+    if tel is None or not tel.available:
         return None
-    steady = (tel.get("summary") or {}).get("steady") or {}
-    return {"source": tel.get("source"), "metric": tel.get("metric"),
+    steady = (tel.summary or {}).get("steady") or {}
+    return {"source": tel.source, "metric": tel.metric,
             "steady_mean": {k: v.get("mean") for k, v in steady.items()}}
 
 
@@ -164,12 +176,6 @@ def shared_config(config: dict) -> dict:
     """The first point's config without what changes per point."""
     per_point = {"request_rate", "num_requests", "command", "label", "seed"}
     return {k: v for k, v in config.items() if k not in per_point}
-
-
-def _dumps(sweep: dict) -> str:
-    from cbbench.analysis.result import dumps
-
-    return dumps(sweep) + "\n"
 
 
 # ---- the table ------------------------------------------------------------------------------

@@ -26,7 +26,14 @@ from cbbench.cli.sweep import (
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
-from cbbench.schema import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION
+from cbbench.schema import (
+    CAPACITY_KIND,
+    CAPACITY_SCHEMA_VERSION,
+    CapacityFile,
+    file_text,
+    from_built,
+    to_dict,
+)
 
 NOT_FOUND_EXIT = 1  # the search ran, but no probed rate met the SLO
 MISSING = "-"
@@ -130,7 +137,7 @@ def capacity(
                 write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
             saturation = saturation_rate(sat_result)
             sat_point = summarize_probe(math.inf, sat_result, slo_spec)
-            config = sat_result["config"]
+            config = sat_result.config
             if stop():
                 found = SearchResult(INTERRUPTED, None, None, None, [])
             else:
@@ -139,10 +146,13 @@ def capacity(
                     raise UsageError("the rate-inf probe completed nothing; give --start-rate")
                 start_rate = saturation * 0.5
         if found is None:
+            assert start_rate is not None  # given, or half the saturation probe's
             prober = Prober(base, sizing, slo_spec, runs_dir, stop, prep)
             found = search(prober, start_rate, precision, should_stop=stop)
 
-    doc = {
+    config = config or (prober.config if prober else None)
+    # The file's keys in the file's order: the model dumps them as given.
+    doc = from_built(CapacityFile, {
         "kind": CAPACITY_KIND,
         "schema_version": CAPACITY_SCHEMA_VERSION,
         "slo": slo_spec.to_dict(),
@@ -155,12 +165,11 @@ def capacity(
         "margin": found.margin,
         "saturation_rate": saturation,
         "saturation_probe": sat_point.to_dict() if sat_point else None,
-        "config": shared_config(config or (prober.config if prober else None) or {}),
+        "config": shared_config(to_dict(config) if config is not None else {}),
         "command": " ".join(["cbbench", *sys.argv[1:]]),
         "probes": [p.to_dict() for p in found.probes],
         "interrupted": found.status == INTERRUPTED,
-    }
-    from cbbench.analysis.result import dumps
+    }, "the capacity search")
 
     # The probes first: a file that cannot be written (a full disk) still shows them.
     typer.echo(f"SLO: {slo_spec.describe()}")
@@ -170,7 +179,7 @@ def capacity(
     typer.echo(probe_table(found.probes, sat_point))
     typer.echo("")
     typer.echo(answer_line(found))
-    write_atomic(out_path, dumps(doc) + "\n")
+    write_atomic(out_path, file_text(doc))
     typer.echo(f"\ncapacity: {out_path}")
     if found.status == BELOW_MIN:
         raise typer.Exit(NOT_FOUND_EXIT)

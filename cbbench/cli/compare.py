@@ -95,6 +95,7 @@ def compare(
     from cbbench.analysis.comparison.windows import select_window
     from cbbench.analysis.result import check_not_an_input, check_writable, write_atomic
     from cbbench.bench.variants import parse_variants, run_variants
+    from cbbench.schema import as_run
 
     window = windowed.window
     for flag, path in (("--markdown", markdown), ("--csv", csv_out)):
@@ -117,7 +118,8 @@ def compare(
 
     if window == "steady":
         results = [
-            dataclasses.replace(x, result=select_window(x.result, window, x.label))
+            dataclasses.replace(x, result=as_run(select_window(x.result, window, x.label),
+                                                 x.label))
             for x in results
         ]
         typer.echo("window: steady state (summary.steady_state)")

@@ -10,7 +10,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from tabulate import tabulate
@@ -27,7 +27,7 @@ BASELINE_FLAG = "--baseline"
 NEW_FLAG = "--new"
 # --baseline and --new each take every file up to the next option, which click cannot
 # express; they are parsed from the leftover arguments instead (see _split_files).
-COMMAND_SETTINGS = {
+COMMAND_SETTINGS: dict[str, Any] = {
     "context_settings": {"allow_extra_args": True, "ignore_unknown_options": True},
     "options_metavar": "NEW.json... --baseline BASE.json... [OPTIONS]",
 }
@@ -92,7 +92,8 @@ def gate(
     Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
     itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
     """
-    from cbbench.analysis.result import check_not_an_input, check_writable, load_result
+    from cbbench.analysis.result import check_not_an_input, check_writable
+    from cbbench.schema import RunResult, parse_run, read_run, to_dict
 
     new_paths, base_paths = _split_files(ctx.args)
     percentiles = output.percentiles_given()
@@ -109,9 +110,10 @@ def gate(
         check_metric(t.metric, window)
     from cbbench.analysis.summary.percentiles import fill_percentiles
 
-    def read(p: Path) -> dict:
-        r = load_result(p)
-        r = fill_percentiles(r, percentiles) if percentiles else r
+    def read(p: Path) -> RunResult | dict:
+        r = read_run(p)
+        if percentiles:  # the percentiles it did not store, from its requests
+            r = parse_run(fill_percentiles(to_dict(r), percentiles), p)
         return select_window(r, window, str(p))
 
     baseline = [(str(p), read(p)) for p in base_paths]
@@ -215,7 +217,7 @@ def fmt_change(c: float, relative: bool) -> str:
 def change_text(c: G.Check) -> str:
     rel = c.threshold.relative
     text = fmt_change(c.change, rel)
-    if c.noise_aware:
+    if c.low is not None and c.high is not None:  # noise-aware: the bootstrap's interval
         text += f" [{fmt_change(c.low, rel)}, {fmt_change(c.high, rel)}]"
     return text
 

@@ -62,6 +62,7 @@ def report(
     from cbbench.analysis.result import check_folder_not_inputs, check_writable, write_atomic
     from cbbench.report.check import check_report_input
     from cbbench.report.html import PlotSection, render_page
+    from cbbench.schema import to_dict
 
     if max_gantt_requests < 1:
         raise UsageError("--max-gantt-requests must be >= 1")
@@ -77,7 +78,7 @@ def report(
 
     results = load_labeled(files)
     for path, x in zip(files, results):
-        check_report_input(x.result, path)
+        check_report_input(to_dict(x.result), path)  # its checks read the file's dict
     results, rows = with_percentiles(results, output.percentiles_given())
 
     specs = plot_specs(results, max_gantt_requests) if results else []

@@ -53,6 +53,8 @@ def run(
     )
     from cbbench.analysis.table import render_summary
     from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.schema import to_dict
+    from cbbench.schema.run import WORKER_LOST
 
     if load.replay is not None:  # these were silently ignored: the recorded run's values stand
         ignored = [C.flag_of(n) for n in REPLAY_TAKES if C.given(n)]
@@ -81,8 +83,7 @@ def run(
                              on_progress=board.on_progress if board else None, live=board,
                              records=not output.summary_only)
     if output.summary_only:
-        result = {k: v for k, v in result.items() if k not in ("requests", "iterations")}
-        result["telemetry"] = {k: v for k, v in result["telemetry"].items() if k != "samples"}
+        result = result.summary_only()
     # The measurements first: a result that cannot be written (a full disk) is still seen.
     # With --output - the JSON is stdout, so the table goes to stderr.
     to_stdout = is_stdout(out_path)
@@ -90,36 +91,35 @@ def run(
         if output.json and not to_stdout:
             typer.echo(dumps(result))
         elif not output.json:
-            typer.echo(render_summary(result), err=to_stdout)
+            typer.echo(render_summary(to_dict(result)), err=to_stdout)
     except OSError:  # the terminal is gone (closed pty, SIGHUP): the printout, not the result
         pass
     write_result(out_path, result)
-    if also is not None:  # from the file's own form (NaN as null), as `cbbench export` reads it
-        import json
-
+    if also is not None and output.output_format is not None:  # the file's form, as export reads it
         from cbbench.analysis.result import write_atomic
         from cbbench.export.files import render
 
-        for path, raw in render(json.loads(dumps(result)), output.output_format, also).items():
+        for path, raw in render(to_dict(result), output.output_format, also).items():
             write_atomic(path, raw)
     if not output.json and not to_stdout:
         with contextlib.suppress(OSError):  # a closed terminal: the file is written
             typer.echo(f"\nresult: {out_path}")
             if also is not None:
                 typer.echo(f"{output.output_format}: {also}")
-    s = result["summary"]
-    gone = [w for w in s.get("workers") or [] if w["status"] in ("died", "failed")]
+    s = result.summary
+    gone = [w for w in s.workers or [] if w.status in WORKER_LOST]
     if gone:
         C.notice(
             f"{len(gone)} load-generator worker(s) did not finish (worker "
-            f"{', '.join(str(w['worker']) for w in gone)}): the result covers what they reported"
+            f"{', '.join(str(w.worker) for w in gone)}): the result covers what they reported"
         )
         raise typer.Exit(WORKER_LOST_EXIT)
-    sent = s["completed"] + s["failed"]
+    failed = s.failed or 0
+    sent = (s.completed or 0) + failed
     max_error_rate = output.max_error_rate
-    if sent and s["failed"] / sent > max_error_rate:
+    if sent and failed / sent > max_error_rate:
         C.notice(
-            f"{s['failed']} of {sent} requests failed ({s['failed'] / sent:.1%}), above "
+            f"{failed} of {sent} requests failed ({failed / sent:.1%}), above "
             f"--max-error-rate {max_error_rate:.1%}"
         )
         raise typer.Exit(1)

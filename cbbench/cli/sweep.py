@@ -80,6 +80,7 @@ def sweep(
         unsteady_notes,
     )
     from cbbench.report.sweep_plot import latency_throughput, png_bytes
+    from cbbench.schema import to_dict
 
     rate_list = parse_rates(rates)
     if rate_list is None and not 1 <= points <= MAX_POINTS:
@@ -101,16 +102,17 @@ def sweep(
     with StopSignal() as stop, probes_context(base.load):
         result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop, prep)
     pts = points_of(result)
-    write_atomic(folder / PLOT_FILE, png_bytes(latency_throughput([(folder.name, result)])))
-    if result["saturation_rate"] is not None:
-        typer.echo(f"saturation (rate inf): ~{result['saturation_rate']:.4g} req/s")
+    write_atomic(folder / PLOT_FILE,
+                 png_bytes(latency_throughput([(folder.name, to_dict(result))])))
+    if result.saturation_rate is not None:
+        typer.echo(f"saturation (rate inf): ~{result.saturation_rate:.4g} req/s")
     if slo_spec is not None:
         typer.echo(f"SLO: {slo_spec.describe()}")
     typer.echo("latencies in ms")
     typer.echo(sweep_table(pts))
     for note in unsteady_notes(pts):
         typer.echo(f"note: {note}")
-    if result["interrupted"]:
+    if result.interrupted:
         typer.echo(f"interrupted: the sweep stopped after {len(pts)} point(s); the last one "
                    "covers only what finished")
     typer.echo(f"\nsweep: {folder / SWEEP_FILE}\nplot: {folder / PLOT_FILE}")

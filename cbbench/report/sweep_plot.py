@@ -14,7 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from cbbench.errors import UsageError
-from cbbench.schema import read_json_file, read_sweep
+from cbbench.schema import read_json_file, read_sweep_dict
 from cbbench.schema.points import ProbePoint, points_of, rate_label
 from cbbench.schema.sweep import SWEEP_KIND
 
@@ -41,7 +41,7 @@ def is_sweep_file(path: Path) -> bool:
 def load_sweep(path: Path) -> dict:
     """A sweep.json, validated by its schema (cbbench/schema/sweep.py), then the plot's own
     rules: a positive rate, an SLO of numbers."""
-    data = read_sweep(path)
+    data = read_sweep_dict(path)
     _check_plotted_fields(path, data)
     return data
 

@@ -4,6 +4,10 @@ capacity.json. Every reader goes through :func:`read_run`, :func:`read_sweep` or
 `cbbench schema run|sweep|capacity|forward` prints the JSON Schema (forward: `cbbench forward`'s
 file, read by :func:`read_forward`).
 
+The readers return the models (RunResult, SweepFile, CapacityFile): code reads attributes
+(``run.summary.ttft_ms``), and a model written by :func:`file_text` is the file byte for byte.
+``read_run_dict`` and ``check_run`` give the dict, for readers not yet moved (issue 36).
+
 The models type every field they name and let other fields through (producers add fields; a
 reader that does not know one keeps it), so the files' field names stay the producers'.
 """
@@ -15,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.errors import UsageError
-from cbbench.schema.base import Record, to_dict, validate
+from cbbench.schema.base import Record, dumps, file_text, from_built, to_dict, validate
 from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
 from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
 from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
@@ -29,6 +33,8 @@ __all__ = [
     "SWEEP_SCHEMA_VERSION", "CapacityFile", "RunResult", "SweepFile", "check_run",
     "json_schema", "read_capacity", "read_json_file", "read_run", "read_sweep", "to_dict",
     "FORWARD_KIND", "FORWARD_SCHEMA_VERSION", "ForwardResult", "read_forward",
+    "Record", "dumps", "file_text", "from_built", "as_run", "as_run_result", "parse_run", "read_run_dict",
+    "read_sweep_dict", "read_capacity_dict",
 ]
 
 
@@ -44,8 +50,9 @@ def read_json_file(path: Path, what: str = "result file") -> Any:
     return read_json(path, what)
 
 
-def check_run(data: Any, path: object) -> dict:
-    """A run result's dict, checked against RunResult (the version first: its own message)."""
+def _checked_run_dict(data: Any, path: object) -> dict:
+    """The version and sections of a run result, before the model reads it (their own
+    messages)."""
     if not isinstance(data, dict) or "schema_version" not in data:
         raise UsageError(f"{path} is not a cbbench result (no schema_version)")
     version = data["schema_version"]
@@ -56,35 +63,84 @@ def check_run(data: Any, path: object) -> dict:
     for key in ("config", "summary"):
         if not isinstance(data.get(key), dict):
             raise UsageError(f"{path} is missing its {key!r} section")
-    validate(RunResult, data, path, "cbbench result")
     return data
 
 
-def read_run(path: Path) -> dict:
-    """A run result file, validated (the dict as written: readers index it by field name)."""
+def parse_run(data: Any, path: object) -> RunResult:
+    """A run result's JSON value as the RunResult model (one UsageError line if it is not)."""
+    return validate(RunResult, _checked_run_dict(data, path), path, "cbbench result")
+
+
+def as_run_result(data: dict, what: str = "the run's result") -> RunResult:
+    """A result built in memory (bench/runner.py) as the model, holding exactly what its file
+    will: its JSON value (NaN and inf as null, tuples as lists) validated, keys in the order
+    the producer gave them."""
+    return from_built(RunResult, data, what)
+
+
+def as_run(result: RunResult | dict, path: object) -> RunResult:
+    """A result as its model: a model as it is, a dict (a test's, an importer's) validated."""
+    return result if isinstance(result, RunResult) else parse_run(result, path)
+
+
+def check_run(data: Any, path: object) -> dict:
+    """A run result's dict, checked against RunResult (transitional: readers that still index
+    the dict; new code takes :func:`parse_run`'s model)."""
+    parse_run(data, path)
+    return data
+
+
+def read_run(path: Path) -> RunResult:
+    """A run result file as its model, validated: readers use its attributes."""
+    return parse_run(read_json_file(Path(path)), path)
+
+
+def read_run_dict(path: Path) -> dict:
+    """Transitional (issue 36): a run result file validated, as the dict it holds, for readers
+    not yet moved to :func:`read_run`'s model."""
     return check_run(read_json_file(Path(path)), path)
 
 
-def _read_kind(path: Path, model: type[Record], kind: str, version: int, what: str) -> dict:
+def _read_kind(path: Path, kind: str, version: int, what: str) -> dict:
     data = read_json_file(Path(path), what)
     if not isinstance(data, dict) or data.get("kind") != kind:
         raise UsageError(f"{path} is not a cbbench {what.split()[0]} (no kind {kind!r})")
     if data.get("schema_version") != version or type(data.get("schema_version")) is not int:
         raise UsageError(f"{path} has {what.split()[0]} schema_version "
                          f"{data.get('schema_version')!r}; this cbbench reads version {version}")
-    validate(model, data, path, what)
     return data
 
 
-def read_sweep(path: Path) -> dict:
-    return _read_kind(path, SweepFile, SWEEP_KIND, SWEEP_SCHEMA_VERSION, "sweep file")
+def read_sweep(path: Path) -> SweepFile:
+    """sweep.json as its model, validated."""
+    what = "sweep file"
+    data = _read_kind(path, SWEEP_KIND, SWEEP_SCHEMA_VERSION, what)
+    return validate(SweepFile, data, path, what)
 
 
-def read_capacity(path: Path) -> dict:
-    return _read_kind(path, CapacityFile, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION,
-                      "capacity file")
+def read_capacity(path: Path) -> CapacityFile:
+    """capacity.json as its model, validated."""
+    what = "capacity file"
+    data = _read_kind(path, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, what)
+    return validate(CapacityFile, data, path, what)
+
+
+def read_sweep_dict(path: Path) -> dict:
+    """Transitional (issue 36): sweep.json validated, as its dict."""
+    data = _read_kind(path, SWEEP_KIND, SWEEP_SCHEMA_VERSION, "sweep file")
+    validate(SweepFile, data, path, "sweep file")
+    return data
+
+
+def read_capacity_dict(path: Path) -> dict:
+    """Transitional (issue 36): capacity.json validated, as its dict."""
+    data = _read_kind(path, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, "capacity file")
+    validate(CapacityFile, data, path, "capacity file")
+    return data
 
 
 def read_forward(path: Path) -> dict:
-    return _read_kind(path, ForwardResult, FORWARD_KIND, FORWARD_SCHEMA_VERSION,
-                      "forward file")
+    what = "forward file"
+    data = _read_kind(path, FORWARD_KIND, FORWARD_SCHEMA_VERSION, what)
+    validate(ForwardResult, data, path, what)
+    return data

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from cbbench.schema.base import Number, Record
 from cbbench.schema.sweep import AttainmentSLO, Point, Sizing
@@ -26,13 +26,14 @@ class CapacityFile(Record):
     slo: AttainmentSLO
     precision: Number
     sizing: Sizing
+    points_prep: dict[str, Any] | None = None
     status: str
     capacity: Number | None = None
     bracket: list[Number | None]
     margin: Number | None = None
     saturation_rate: Number | None = None
     saturation_probe: Point | None = None
-    config: dict | None = None
+    config: dict[str, Any] | None = None
     command: str | None = None
     probes: list[Probe]
     interrupted: bool | None = None

@@ -6,8 +6,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
+
+from cbbench.schema.base import to_dict
+from cbbench.schema.sweep import SweepFile
 
 MAX_POSITIONAL_LABEL = 16
 
@@ -59,11 +63,14 @@ class ProbePoint:
     def from_dict(cls, d: dict) -> ProbePoint:
         known = {f.name for f in fields(cls)}
         # A figure an older file lacks reads as missing, not as an error.
-        kw = {f.name: None for f in fields(cls) if f.name.endswith("_ms")}
+        kw: dict[str, Any] = {f.name: None for f in fields(cls) if f.name.endswith("_ms")}
         kw.update({k: v for k, v in d.items() if k in known})
         kw["rate"] = math.inf if d["rate"] == "inf" else float(d["rate"])
         return cls(**kw)
 
 
-def points_of(sweep: dict) -> list[ProbePoint]:
+def points_of(sweep: SweepFile | dict) -> list[ProbePoint]:
+    """sweep.json's points as ProbePoints (a dict: a reader not yet on the model)."""
+    if isinstance(sweep, SweepFile):
+        return [ProbePoint.from_dict(to_dict(p)) for p in sweep.points]
     return [ProbePoint.from_dict(d) for d in sweep.get("points", [])]

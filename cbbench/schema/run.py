@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from cbbench.schema.base import Number, Record
+from cbbench.schema.base import Amount, Number, Record
 
 RUN_SCHEMA_VERSION = 1
 
@@ -104,11 +104,34 @@ class EngineSummary(Record):
 
 
 class SteadyState(Record):
+    """summary.steady_state: the figures of the run's steady window (ramp-up and drain out)."""
+
     window_s: list[Number | None] | None = None
     method: str | None = None
+    note: str | None = None  # why there is no window
     completed: int | None = None
+    failed: int | None = None
+    cancelled: int | None = None
+    duration_s: Number | None = None
     request_throughput: Number | None = None
     output_throughput: Number | None = None
+    total_token_throughput: Number | None = None
+    ttft_ms: Distribution | None = None
+    tpot_ms: Distribution | None = None
+    itl_ms: Distribution | None = None
+    e2el_ms: Distribution | None = None
+
+
+class Worker(Record):
+    """One of summary.workers (an endpoint run's load generators, distributed/merge.py)."""
+
+    worker: int | str
+    status: str
+    completed: int | None = None
+    failed: int | None = None
+
+
+WORKER_LOST = ("died", "failed")  # a worker's status when its requests are not all reported
 
 
 class Summary(Record):
@@ -146,6 +169,7 @@ class Summary(Record):
     # figures of each (analysis/summary/splits.py), keyed by model name / endpoint URL.
     by_model: dict[str, dict[str, Any]] | None = None
     by_endpoint: dict[str, dict[str, Any]] | None = None
+    workers: list[Worker] | None = None  # endpoint runs
 
 
 class Config(Record):
@@ -226,7 +250,6 @@ class Request(Record):
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative
-Amount = Annotated[Number, Field(ge=0)]
 
 
 class Iteration(Record):
@@ -261,6 +284,7 @@ class Telemetry(Record):
     available: bool | None = None
     reason: str | None = None
     source: str | None = None
+    metric: str | None = None  # the bandwidth counter sampled (dram_active_dcgm, ...)
     interval_s: Number | None = None
     samples: list[dict[str, Any]] | None = None
     summary: dict[str, Any] | None = None
@@ -276,3 +300,13 @@ class RunResult(Record):
     requests: list[Request] | None = None
     iterations: list[Iteration] | None = None
     telemetry: Telemetry | None = None
+    # A sweep's or capacity search's point (bench/point_prep.py): what the server's prefix
+    # cache reset answered, and the warm-up run before the point.
+    prefix_cache_reset: list[dict[str, Any]] | None = None
+    warmup_requests: dict[str, Any] | None = None
+
+    def summary_only(self) -> RunResult:
+        """--summary-only's file: no request or iteration records, no telemetry samples."""
+        kept = self.model_dump(mode="json", exclude_unset=True, exclude={
+            "requests": True, "iterations": True, "telemetry": {"samples"}})
+        return RunResult.model_validate(kept)

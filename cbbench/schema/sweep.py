@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from cbbench.schema.base import Number, Record
 
@@ -43,18 +43,30 @@ class Point(Record):
     steady: bool | None = None
     steady_reason: str | None = None
     steady_short: str | None = None
+    steady_detail: dict[str, Any] | None = None
     file: str | None = None
+
+
+class SweepPoint(Point):
+    """A point of sweep.json: the probe's figures and what the sweep adds."""
+
+    seed: int | None = None
+    prefix_cache_reset: list[dict[str, Any]] | None = None
+    warmup_requests: dict[str, Any] | None = None
+    telemetry: dict[str, Any] | None = None  # the point's GPU telemetry, steady-state means
+    interrupted: bool | None = None
 
 
 class SweepFile(Record):
     kind: Literal["cbbench-sweep"]
     schema_version: Literal[1]
     started_at: str | None = None
-    rates: list[str] | None = None
+    rates: list[str] | Literal["auto"] | None = None
     sizing: Sizing | None = None
+    points_prep: dict[str, Any] | None = None
     slo: AttainmentSLO | None = None
     saturation_rate: Number | None = None
-    config: dict | None = None
+    config: dict[str, Any] | None = None
     command: str | None = None
-    points: list[Point]
+    points: list[SweepPoint]
     interrupted: bool | None = None

@@ -14,7 +14,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from cbbench.analysis.comparison.gate import WORKLOAD_KEYS
-from cbbench.analysis.result import load_result
+from cbbench.schema import RunResult, as_run, parse_run, read_run, to_dict
+from cbbench.schema.base import field_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,17 +69,23 @@ MISSING = "-"
 
 @dataclasses.dataclass(frozen=True)
 class Labeled:
+    """A result and the name a table shows it by. A dict given (a test's) is read as its
+    model: every reader of ``result`` reads attributes."""
+
     label: str
-    result: dict
+    result: RunResult
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "result", as_run(self.result, self.label))
 
 
-def summary_value(result: dict, path: str) -> float | None:
+def summary_value(result: RunResult, path: str) -> float | None:
     """The number at a dotted path into `summary` (ints stay ints), or None."""
     from cbbench.analysis.summary.percentiles import split_metric_path
 
-    node = result.get("summary", {})
+    node: object = result.summary
     for part in split_metric_path(path):
-        node = node.get(part) if isinstance(node, dict) else None
+        node = field_of(node, part)
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         return None
     return node if math.isfinite(node) else None
@@ -117,7 +124,7 @@ def table_rows(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> list[l
 
 
 def headers(results: Sequence[Labeled]) -> list[str]:
-    marks = [" (interrupted)" if x.result.get("interrupted") else "" for x in results]
+    marks = [" (interrupted)" if x.result.interrupted else "" for x in results]
     return ["metric", *(x.label + m for x, m in zip(results, marks))]
 
 
@@ -154,10 +161,8 @@ def config_text(v: object) -> str:
 def config_differences(results: Sequence[Labeled]) -> list[list[str]]:
     """[key, value per result] for every config key whose values differ (nested keys
     dotted), plus the cbbench version; the command line and timestamps are left out."""
-    flat = [
-        {**_flatten(x.result.get("config", {})), "cbbench_version": x.result.get("cbbench_version")}
-        for x in results
-    ]
+    flat = [{**_flatten(to_dict(x.result.config)), "cbbench_version": x.result.cbbench_version}
+            for x in results]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     absent = object()
     rows = []
@@ -202,10 +207,10 @@ def markdown_text(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> str
 
 
 def workload_note(results: Sequence[Labeled]) -> str | None:
-    first = results[0].result.get("config", {})
+    first = results[0].result.config
     keys = [
         k for k in WORKLOAD_KEYS
-        if any(x.result.get("config", {}).get(k) != first.get(k) for x in results[1:])
+        if any(field_of(x.result.config, k) != field_of(first, k) for x in results[1:])
     ]
     if not keys:
         return None
@@ -221,8 +226,8 @@ def with_percentiles(results: Sequence[Labeled], percentiles: Sequence[float] | 
         return list(results), ROWS
     from cbbench.analysis.summary.percentiles import fill_percentiles, keys
 
-    filled = [dataclasses.replace(x, result=fill_percentiles(x.result, percentiles))
-              for x in results]
+    filled = [dataclasses.replace(x, result=parse_run(
+        fill_percentiles(to_dict(x.result), percentiles), x.label)) for x in results]
     return filled, rows_for(("mean", *keys(percentiles)))
 
 
@@ -235,8 +240,9 @@ def file_labels(files: Sequence[Path]) -> list[str]:
 def load_labeled(files: Sequence[Path]) -> list[Labeled]:
     """Results labelled by their own ``--label`` where every one has a distinct label, else by
     file name."""
-    results = [load_result(p) for p in files]
-    labels = [(r.get("config") or {}).get("label") for r in results]
-    if not all(labels) or len(set(labels)) != len(labels):
+    results = [read_run(p) for p in files]
+    given = [r.config.label for r in results]
+    labels = [lbl for lbl in given if lbl]
+    if len(labels) != len(given) or len(set(labels)) != len(labels):
         labels = file_labels(files)
     return [Labeled(lbl, r) for lbl, r in zip(labels, results)]

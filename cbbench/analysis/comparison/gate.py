@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.schema import RunResult, as_run
+from cbbench.schema.base import field_of
 
 HIGHER = "higher"
 LOWER = "lower"
@@ -188,19 +190,21 @@ def thresholds(given: Sequence[str], use_defaults: bool = True,
     return list(merged.values())
 
 
-def metric_value(result: dict, metric: str, path: str) -> float:
+def metric_value(result: RunResult | dict, metric: str, path: str) -> float:
+    """The number ``metric`` (a dotted path into the summary) has in ``result``."""
     from cbbench.analysis.summary.percentiles import split_metric_path
 
-    node = result.get("summary", {})
+    summary = as_run(result, path).summary
+    node: object
     if metric.startswith(WORST_SLICE):
-        slices = node.get("slices") if isinstance(node, dict) else None
-        if not isinstance(slices, list):
+        if summary.slices is None:
             raise UsageError(f"{path} has no time slices for {metric!r}: run with --slice")
-        node = worst_slice(slices, split_metric_path(metric[len(WORST_SLICE):]),
+        node = worst_slice(summary.slices, split_metric_path(metric[len(WORST_SLICE):]),
                            direction_of(metric) == HIGHER)
     else:
+        node = summary
         for part in split_metric_path(metric):
-            node = node.get(part) if isinstance(node, dict) else None
+            node = field_of(node, part)
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise UsageError(f"{path} has no value for metric {metric!r}")
     try:
@@ -222,7 +226,7 @@ def worst_slice(slices: Sequence[object], path: Sequence[str], higher_is_better:
     for s in slices:
         node: object = s
         for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
+            node = field_of(node, part)
         if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
             values.append(float(node))
     if not values:
@@ -230,12 +234,12 @@ def worst_slice(slices: Sequence[object], path: Sequence[str], higher_is_better:
     return min(values) if higher_is_better else max(values)
 
 
-def check_same_workload(results: Sequence[tuple[str, dict]]) -> None:
+def check_same_workload(results: Sequence[tuple[str, RunResult]]) -> None:
     """Raise unless every result served the same request set as the first."""
     first_path, first = results[0]
     for path, r in results[1:]:
         for key in WORKLOAD_KEYS:
-            a, b = first["config"].get(key), r["config"].get(key)
+            a, b = field_of(first.config, key), field_of(r.config, key)
             if a != b:
                 raise UsageError(
                     f"{path} ran a different load from {first_path}: {key} {b!r} vs {a!r} "
@@ -315,22 +319,24 @@ def check_metric(
 
 
 def run_gate(
-    baseline: Sequence[tuple[str, dict]],
-    new: Sequence[tuple[str, dict]],
+    baseline: Sequence[tuple[str, RunResult | dict]],
+    new: Sequence[tuple[str, RunResult | dict]],
     checks: Sequence[Threshold],
     allow_different_workload: bool = False,
 ) -> list[Check]:
     """(path, result) pairs per side -> one Check per threshold. Raises UsageError on input
     that cannot be compared (an interrupted run, a different load, a missing metric)."""
-    for path, r in [*baseline, *new]:
-        if r.get("interrupted"):
+    base_runs = [(p, as_run(r, p)) for p, r in baseline]
+    new_runs = [(p, as_run(r, p)) for p, r in new]
+    for path, run in [*base_runs, *new_runs]:
+        if run.interrupted:
             raise UsageError(f"{path} is an interrupted run: its figures cover only what finished")
     if not allow_different_workload:
-        check_same_workload([*baseline, *new])
+        check_same_workload([*base_runs, *new_runs])
     out = []
     for t in checks:
-        base_values = [metric_value(r, t.metric, p) for p, r in baseline]
-        new_values = [metric_value(r, t.metric, p) for p, r in new]
+        base_values = [metric_value(r, t.metric, p) for p, r in base_runs]
+        new_values = [metric_value(r, t.metric, p) for p, r in new_runs]
         out.append(check_metric(t, base_values, new_values))
     return out
 

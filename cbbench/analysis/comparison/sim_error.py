@@ -40,10 +40,10 @@ def error_stats(predicted: np.ndarray, measured: np.ndarray, labels: Sequence[st
     """{"decode": {"median", "p90", "n", "bias"}, "mixed": ..., "prefill": ...} of the relative
     errors; ``bias`` is the median signed error (> 0: the prediction is too slow)."""
     signed = (predicted - measured) / measured
-    labels = np.asarray(labels, dtype=object)
-    out = {}
+    classes = np.asarray(labels, dtype=object)
+    out: dict[str, dict[str, float | int | None]] = {}
     for cls in CLASSES:
-        e = signed[labels == cls]
+        e = signed[classes == cls]
         if e.size == 0:
             out[cls] = {"median": None, "p90": None, "n": 0, "bias": None}
             continue

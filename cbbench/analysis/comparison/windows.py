@@ -10,6 +10,8 @@ out rather than mixed in: a gate threshold on one of them is refused with ``--wi
 from __future__ import annotations
 
 from cbbench.errors import UsageError
+from cbbench.schema import RunResult, as_run
+from cbbench.schema.run import Summary
 
 WINDOWS = ("all", "steady")
 WINDOWED_KEYS = (
@@ -34,17 +36,20 @@ def check_metric(metric: str, window: str) -> None:
         )
 
 
-def select_window(result: dict, window: str, path: str) -> dict:
+def select_window(result: RunResult | dict, window: str, path: str) -> RunResult | dict:
+    """``result`` as ``window`` sees it: itself for ``all``; for ``steady`` a copy whose summary
+    is the steady-state figures (a dict is read as its model first)."""
     if window == "all":
         return result
-    summary = result.get("summary") or {}
-    ss = summary.get("steady_state")
-    if not isinstance(ss, dict):
+    run = as_run(result, path)
+    ss = run.summary.steady_state
+    if ss is None:
         raise UsageError(
             f"{path} has no steady-state summary (made before cbbench reported one): "
             "use --window all"
         )
-    if not ss.get("window_s"):
-        raise UsageError(f"{path} has no steady-state window ({ss.get('note', 'none found')})")
-    chosen = {k: ss[k] for k in (*WINDOWED_KEYS, *WINDOW_FACTS) if k in ss}
-    return {**result, "summary": chosen}
+    if not ss.window_s:
+        raise UsageError(f"{path} has no steady-state window ({ss.note or 'none found'})")
+    chosen = ss.model_dump(mode="json", exclude_unset=True,
+                           include={*WINDOWED_KEYS, *WINDOW_FACTS})
+    return run.model_copy(update={"summary": Summary.model_validate(chosen)})
