@@ -52,17 +52,17 @@ class Replay:
         c = self.config
         rate = c.get("request_rate")
         return dataclasses.replace(
-            spec,
-            workload=self.source,
-            num_requests=None,
-            seed=int(c.get("seed", spec.seed)),
-            request_rate=math.inf if rate in (None, "inf") else float(rate),
-            rate_given=False,
-            burstiness=float(c.get("burstiness") or 1.0),
-            arrival="trace",
-            time_scale=1.0,
-            duration_s=None,
-            ramp=None,
+            spec.with_load(
+                workload=self.source,
+                num_requests=None,
+                seed=int(c.get("seed", spec.load.seed)),
+                request_rate="inf" if rate in (None, "inf") else repr(float(rate)),
+                burstiness=float(c.get("burstiness") or 1.0),
+                arrival="trace",
+                time_scale=1.0,
+                duration=None,
+                ramp=None,
+            ),
             engine=self.engine,
         )
 

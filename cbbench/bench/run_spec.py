@@ -1,13 +1,12 @@
-"""What one benchmark run is asked to do (RunSpec): the workload, the arrivals, the target and
-what the result holds. bench/runner.py executes it."""
+"""What one benchmark run is asked to do (RunSpec): the option groups a command parsed and the
+target they name. bench/runner.py executes it."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+import dataclasses
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
 from cbbench.load.arrivals import Ramp
@@ -15,7 +14,7 @@ from cbbench.load.images import ImageSpec
 from cbbench.load.synthetic import RandomSpec
 from cbbench.targets.options import EndpointOptions
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the groups' module imports typer: a run needs only their values
     from cbbench.options import EndpointFlags, LoadOptions, OutputOptions
 
 DEFAULT_NUM_REQUESTS = 1000
@@ -23,37 +22,38 @@ DEFAULT_NUM_REQUESTS = 1000
 
 @dataclass
 class RunSpec:
-    workload: str = "sharegpt"
-    num_requests: int | None = DEFAULT_NUM_REQUESTS
-    seed: int = 0
-    request_rate: float = math.inf
-    rate_given: bool = False
-    burstiness: float = 1.0
-    arrival: str = "auto"
-    time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
-    think_time: str | None = None  # session workloads: --think-time (None: the default)
-    tool_time_scale: float = 1.0  # agent sessions: --tool-time-scale (tool_time_ms times X)
-    cancel_rate: float | None = None  # --cancel-rate: share of requests cancelled mid-stream
-    cancel_after: str | None = None  # --cancel-after: ms after the send (N, exp:MEAN, ...)
-    warmup_s: float | None = None  # steady-state window set by hand: [warmup, end - cooldown]
-    cooldown_s: float | None = None
-    random: RandomSpec = field(default_factory=RandomSpec)  # --workload random
-    slo: dict = field(default_factory=dict)
-    save_detailed: bool = False
-    label: str | None = None
+    """The run's option groups as the command took them (--workload, --seed, ... in ``load``;
+    --slo, --label, ... in ``output``), the engine, and the target the endpoint flags resolved
+    to. The values that need parsing are parsed once, here, by their group's own parser (a
+    UsageError naming the flag before anything runs); a change is a new RunSpec
+    (dataclasses.replace, with_load, with_output), parsed again."""
+
+    load: LoadOptions  # what to send and when
+    output: OutputOptions  # what is judged and written
     engine: EngineArgs = field(default_factory=EngineArgs)
     endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
-    gpu_index: int | None = None
-    telemetry_interval_s: float = 0.05
-    gpu_metrics: list[str] | None = None  # --gpu-metrics: DCGM exporter pages, not NVML
-    duration_s: float | None = None  # --duration: draw requests until the schedule reaches it
-    ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
-    load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
-    replay: str | None = None  # --replay: a recorded run's requests and arrivals instead
-    percentiles: tuple = DEFAULT_PERCENTILES  # --percentiles: every distribution's pNN keys
-    slice_s: float | None = None  # --slice: summary.slices of this length
-    server_log: str | None = None  # --server-log: the server's request log, for ttft_parts
-    images: ImageSpec | None = None  # --workload random-mm's images
+    load_plan: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
+
+    # Parsed from the groups (__post_init__).
+    request_rate: float = field(init=False)
+    random: RandomSpec = field(init=False)  # --workload random's lengths
+    images: ImageSpec | None = field(init=False)  # --workload random-mm's images
+    duration_s: float | None = field(init=False)  # --duration: draw until the schedule reaches it
+    ramp: Ramp | None = field(init=False)  # --ramp: a linear rate ramp instead of --request-rate
+    slo: dict[str, float] = field(init=False)  # --slo: goodput's limits (ms)
+    percentiles: tuple[float, ...] = field(init=False)  # every distribution's pNN keys
+    slice_s: float | None = field(init=False)  # --slice: summary.slices of this length
+
+    def __post_init__(self) -> None:
+        load, out = self.load, self.output
+        self.request_rate = load.rate()
+        self.random = load.random_spec()
+        self.images = load.image_spec()
+        self.duration_s = load.duration_s()
+        self.ramp = load.ramp_spec()
+        self.slo = out.goodput_slo()
+        self.percentiles = out.percentile_list()
+        self.slice_s = out.slice_s()
 
     @classmethod
     def from_options(
@@ -62,38 +62,22 @@ class RunSpec:
         engine: EngineArgs,
         output: OutputOptions | None = None,
         endpoint: EndpointFlags | None = None,
-        **overrides: Any,
     ) -> RunSpec:
-        """The run a command's option groups describe. A field named as an option takes the
-        option's value as it is (a new option needs only its group's field and this class's
-        field of the same name); the parsed ones are read below, each by its group's parser.
-        A group a command does not take (``None``) stands at its defaults, which are this
-        class's; ``overrides`` set what a command decides itself (sweep's label, compare's
-        request count)."""
+        """The run a command's option groups describe. A group a command does not take
+        (``None``) stands at its defaults; the endpoint flags become the HTTP target and its
+        client workers, checked after the load and output groups."""
         from cbbench.options import OutputOptions
 
-        out = output if output is not None else OutputOptions()
-        given: dict[str, Any] = {}
-        for group in (load, out):
-            given |= {f.name: getattr(group, f.name) for f in fields(group)}
-        spec: dict[str, Any] = {f.name: given[f.name] for f in fields(cls) if f.name in given}
-        spec |= dict(
-            request_rate=load.rate(),
-            rate_given=load.rate_given,
-            random=load.random_spec(),
-            images=load.image_spec(),
-            duration_s=load.duration_s(),
-            ramp=load.ramp_spec(),
-            replay=str(load.replay) if load.replay is not None else None,
-            slo=out.goodput_slo(),
-            warmup_s=out.warmup,
-            cooldown_s=out.cooldown,
-            telemetry_interval_s=out.telemetry_interval,
-            percentiles=out.percentile_list(),
-            slice_s=out.slice_s(),
-            server_log=str(out.server_log) if out.server_log is not None else None,
-            engine=engine,
-        )
+        spec = cls(load, output if output is not None else OutputOptions(), engine)
         if endpoint is not None:
-            spec |= dict(endpoint=endpoint.target(load.seed), load=endpoint.load_plan())
-        return cls(**(spec | overrides))
+            spec.endpoint = endpoint.target(load.seed)
+            spec.load_plan = endpoint.load_plan()
+        return spec
+
+    def with_load(self, **changes: Any) -> RunSpec:
+        """This run with load options changed (a probe's rate, a point's seed)."""
+        return dataclasses.replace(self, load=dataclasses.replace(self.load, **changes))
+
+    def with_output(self, **changes: Any) -> RunSpec:
+        """This run with output options changed."""
+        return dataclasses.replace(self, output=dataclasses.replace(self.output, **changes))

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import assert_same
+from helpers import assert_same, run_spec
 
 import cbbench.targets.engine as engine_target
 from cbbench.analysis.compact.compact_convert import compact_from_engine_run
@@ -96,7 +96,7 @@ CASES = {
 @functools.cache
 def _built(name: str):
     fields, engine, edit = CASES[name]
-    spec = RunSpec(workload="sharegpt", seed=3, rate_given="request_rate" in fields,
+    spec = run_spec(workload="sharegpt", seed=3,
                    engine=engine, label=name, **fields)
     with pytest.MonkeyPatch.context() as mp:
         run, ref, compact = _run(spec, mp, edit, STOP_AFTER.get(name))

@@ -152,7 +152,7 @@ def check_compact_scope(run: CompactRun, spec) -> None:
     out = [what for what, bad in (
         ("an endpoint", spec.endpoint is not None),
         ("an engine other than the simulator", getattr(run.resolved, "engine", "sim") != "sim"),
-        ("--cancel-rate", spec.cancel_rate is not None),
+        ("--cancel-rate", spec.load.cancel_rate is not None),
         ("--gpu-profile", opts.gpu_profile is not None),
         ("speculative decoding", bool(opts.speculative_tokens)),
         ("--disaggregate", opts.disaggregate is not None),
@@ -175,7 +175,8 @@ def summarize_compact(run: CompactRun, spec, view: CompactView | None = None) ->
     if spec.slice_s is not None:
         summary["slices"] = compact_slices(view, run.duration_s, spec.slice_s, pct)
     summary["itl_histogram"] = log_histogram(*pooled)
-    summary["steady_state"] = compact_steady_state(view, spec.warmup_s, spec.cooldown_s, pct)
+    summary["steady_state"] = compact_steady_state(view, spec.output.warmup,
+                                                   spec.output.cooldown, pct)
     if len(run.steps):
         summary["engine"] = compact_engine_summary(run)
     add_deployment(summary, spec.engine, run, [])
