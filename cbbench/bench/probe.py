@@ -162,27 +162,30 @@ def check_steady(result: dict, rate: float) -> SteadyCheck:
         return SteadyCheck(None, f"too few requests ({starts.size}) to judge", "-",
                            arrival_window_s=window)
     completed = int(((ends >= lo) & (ends < hi)).sum())
+    mid_arrival, mid_completion = arrived / (hi - lo), completed / (hi - lo)
+    in_flight_mid = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW))
+    in_flight_end = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW))
     check = SteadyCheck(
         True,
         arrival_window_s=window,
-        mid_arrival_rate=arrived / (hi - lo),
-        mid_completion_rate=completed / (hi - lo),
-        in_flight_mid=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW)),
-        in_flight_end=_window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW)),
+        mid_arrival_rate=mid_arrival,
+        mid_completion_rate=mid_completion,
+        in_flight_mid=in_flight_mid,
+        in_flight_end=in_flight_end,
     )
     iterations = result.get("iterations") or []
     if iterations:
         check.waiting_mid = _window_mean_waiting(iterations, *(f * window for f in QUEUE_MID_WINDOW))
         check.waiting_end = _window_mean_waiting(iterations, *(f * window for f in QUEUE_END_WINDOW))
     reasons, shorts = [], []
-    ratio = check.mid_completion_rate / check.mid_arrival_rate
+    ratio = mid_completion / mid_arrival
     if ratio < 1 - THROUGHPUT_TOLERANCE:
         reasons.append(
             f"falling behind: {check.mid_completion_rate:.3g} req/s completed vs "
             f"{check.mid_arrival_rate:.3g} req/s arriving in the middle half of the arrival window"
         )
         shorts.append(f"behind {ratio:.2f}x")
-    if _grew(check.in_flight_mid, check.in_flight_end):
+    if _grew(in_flight_mid, in_flight_end):
         reasons.append(
             f"queue growing: {check.in_flight_end:.1f} requests in flight at the end of the "
             f"arrival window vs {check.in_flight_mid:.1f} mid-window"
