@@ -141,6 +141,7 @@ def run_spec(**flags):
     from dataclasses import fields
 
     from cbbench.bench.run_spec import DEFAULT_NUM_REQUESTS, RunSpec
+    from cbbench.engine.args import EngineArgs
     from cbbench.options import LoadOptions, OutputOptions
 
     flags.setdefault("num_requests", DEFAULT_NUM_REQUESTS)
@@ -150,9 +151,9 @@ def run_spec(**flags):
     slo = flags.get("slo")
     if isinstance(slo, dict):
         flags["slo"] = ",".join(f"{k}={v!r}" for k, v in slo.items())
-    groups = [group(**{f.name: flags.pop(f.name) for f in fields(group) if f.name in flags})
-              for group in (LoadOptions, OutputOptions)]
-    return RunSpec(*groups, **flags)
+    load, output = (group(**{f.name: flags.pop(f.name) for f in fields(group) if f.name in flags})
+                    for group in (LoadOptions, OutputOptions))
+    return RunSpec(load, flags.pop("engine", EngineArgs()), output, **flags)
 
 
 @dataclass

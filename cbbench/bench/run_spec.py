@@ -29,8 +29,8 @@ class RunSpec:
     (dataclasses.replace, with_load, with_output), parsed again."""
 
     load: LoadOptions  # what to send and when
+    engine: EngineArgs  # the bundled engine's options
     output: OutputOptions  # what is judged and written
-    engine: EngineArgs = field(default_factory=EngineArgs)
     endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
     load_plan: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
 
@@ -68,7 +68,7 @@ class RunSpec:
         client workers, checked after the load and output groups."""
         from cbbench.options import OutputOptions
 
-        spec = cls(load, output if output is not None else OutputOptions(), engine)
+        spec = cls(load, engine, output if output is not None else OutputOptions())
         if endpoint is not None:
             spec.endpoint = endpoint.target(load.seed)
             spec.load_plan = endpoint.load_plan()

@@ -46,7 +46,7 @@ def _spec(dp: int, n: int):
     from cbbench.options import LoadOptions, OutputOptions
 
     return RunSpec(LoadOptions(workload="sharegpt", num_requests=n, request_rate="400"),
-                   OutputOptions(slo=SLO), _engine(dp))
+                   _engine(dp), OutputOptions(slo=SLO))
 
 
 def _resolved(dp: int):

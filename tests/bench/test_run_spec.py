@@ -52,11 +52,11 @@ def test_the_groups_are_held_and_parsed_once():
 def test_a_bad_value_is_refused_when_the_spec_is_made(load, output, message):
     """Before anything runs, whoever builds the spec (a command, a probe, a test)."""
     with pytest.raises(UsageError, match=message):
-        RunSpec(load, output, SIM)
+        RunSpec(load, SIM, output)
 
 
 def test_a_change_is_parsed_again():
-    spec = RunSpec(LoadOptions(request_rate="4"), OutputOptions())
+    spec = RunSpec(LoadOptions(request_rate="4"), SIM, OutputOptions())
     faster = spec.with_load(request_rate="inf", seed=7)
     assert faster.request_rate == math.inf and faster.load.seed == 7
     assert spec.request_rate == 4.0 and spec.load.seed == 0  # the original stands
@@ -69,8 +69,8 @@ def test_a_change_is_parsed_again():
 def test_a_probe_gets_its_rate_and_slo_exactly(rate):
     """The probe's rate and the SLO's limits pass through the groups' text: repr, so each
     parses back to the same float (a probe's arrivals and goodput bit for bit as before)."""
-    base = RunSpec(LoadOptions(workload="sharegpt", num_requests=10, arrival="gamma"),
-                   OutputOptions(label="sweep"), SIM)
+    base = RunSpec(LoadOptions(workload="sharegpt", num_requests=10, arrival="gamma"), SIM,
+                   OutputOptions(label="sweep"))
     slo = AttainmentSLO({"ttft": 1 / 7, "e2el": 2500.0}, 0.99)
     spec = probe_spec(base, rate, ProbeSizing(num_requests=10), slo)
     assert spec.request_rate == rate

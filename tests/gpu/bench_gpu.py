@@ -101,7 +101,7 @@ def cmd_run(args) -> int:
     load = LoadOptions(workload=args.workload, num_requests=args.num_requests,
                        request_rate=args.request_rate,
                        replay=Path(args.replay) if args.replay is not None else None)
-    spec = RunSpec(load, OutputOptions(label=args.label), opts)
+    spec = RunSpec(load, opts, OutputOptions(label=args.label))
 
     from cbbench.cli import logs
 
