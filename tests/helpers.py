@@ -132,6 +132,30 @@ def sim_options(**kw):
     return EngineArgs(**base)
 
 
+# ---- a run's spec by its flags -----------------------------------------------------------------
+def run_spec(**flags):
+    """A RunSpec from flat names, as a test writes them: each field of the load and output
+    option groups (workload=, seed=, think_time=, label=, ...), and RunSpec's own engine=,
+    endpoint=, load_plan=. request_rate= and slo= may be the parsed values (a float, a dict of
+    limits), as a probe sets them; num_requests defaults to 1000 (vLLM's)."""
+    from dataclasses import fields
+
+    from cbbench.bench.run_spec import DEFAULT_NUM_REQUESTS, RunSpec
+    from cbbench.engine.args import EngineArgs
+    from cbbench.options import LoadOptions, OutputOptions
+
+    flags.setdefault("num_requests", DEFAULT_NUM_REQUESTS)
+    rate = flags.get("request_rate")
+    if isinstance(rate, (int, float)):
+        flags["request_rate"] = "inf" if math.isinf(rate) else repr(float(rate))
+    slo = flags.get("slo")
+    if isinstance(slo, dict):
+        flags["slo"] = ",".join(f"{k}={v!r}" for k, v in slo.items())
+    load, output = (group(**{f.name: flags.pop(f.name) for f in fields(group) if f.name in flags})
+                    for group in (LoadOptions, OutputOptions))
+    return RunSpec(load, flags.pop("engine", EngineArgs()), output, **flags)
+
+
 @dataclass
 class Running:
     url: str

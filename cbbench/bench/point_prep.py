@@ -120,12 +120,16 @@ class PointPrep:
         if not self.warmup or spec.endpoint is None:
             return None
         from cbbench.bench.runner import execute_run
+        from cbbench.options.load import RATE_INF
 
-        n, basis = self.warmup_size(spec.request_rate, spec.num_requests or 1)
-        seed = point_seed(spec.seed, WARMUP_STREAM + self.points)
+        n, basis = self.warmup_size(spec.request_rate, spec.load.num_requests or 1)
+        seed = point_seed(spec.load.seed, WARMUP_STREAM + self.points)
         warm = dataclasses.replace(
-            spec, num_requests=n, request_rate=math.inf, seed=seed, gpu_metrics=None,
-            slice_s=None, server_log=None, label=None, duration_s=None, ramp=None,
+            spec,
+            load=dataclasses.replace(spec.load, num_requests=n, request_rate=RATE_INF,
+                                     seed=seed, duration=None, ramp=None),
+            output=dataclasses.replace(spec.output, gpu_metrics=None, slice=None,
+                                       server_log=None, label=None),
             endpoint=dataclasses.replace(spec.endpoint, seed=seed, scrape_metrics=False,
                                          scrape_metrics_filter=None))
         result = execute_run(warm, should_stop=should_stop, records=False)
@@ -145,11 +149,11 @@ class PointPrep:
         self.points += 1
         if self.reuse_prompts:
             return spec
-        seed = point_seed(spec.seed, index)
-        changes: dict = {"seed": seed}
+        seed = point_seed(spec.load.seed, index)
+        spec = spec.with_load(seed=seed)
         if spec.endpoint is not None:
-            changes["endpoint"] = dataclasses.replace(spec.endpoint, seed=seed)
-        return dataclasses.replace(spec, **changes)
+            spec = dataclasses.replace(spec, endpoint=dataclasses.replace(spec.endpoint, seed=seed))
+        return spec
 
     def before(self, spec) -> list[dict] | None:
         """Reset every endpoint's prefix cache (with --reset-prefix-cache); what each said."""

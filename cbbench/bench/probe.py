@@ -29,7 +29,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any
 
 import numpy as np
 
@@ -259,15 +258,12 @@ def round_rate(rate: float) -> float:
 def probe_spec(base, rate: float, sizing: ProbeSizing, slo: AttainmentSLO | None):
     """The base RunSpec at this rate: its request count from the sizing rule, the SLO limits
     for goodput."""
-    changes: dict[str, Any] = dict(
-        request_rate=rate,
-        # Always a rate, never a trace's own timing: 'auto' then resolves to gamma.
-        rate_given=True,
-        num_requests=sizing.requests_for(rate),
-    )
-    if slo is not None:
-        changes["slo"] = dict(slo.limits_ms)
-    return dataclasses.replace(base, **changes)
+    # repr: the text parses back to this very float. Always a rate, never a trace's own timing:
+    # sweep and capacity take gamma or constant arrivals only.
+    spec = base.with_load(request_rate=repr(rate), num_requests=sizing.requests_for(rate))
+    if slo is not None:  # goodput judges each request against the SLO's limits
+        spec = spec.with_output(slo=",".join(f"{k}={v!r}" for k, v in slo.limits_ms.items()))
+    return spec
 
 
 def summarize_probe(

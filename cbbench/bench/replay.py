@@ -54,17 +54,17 @@ class Replay:
         c = Config.model_validate(self.config)
         rate = c.request_rate
         return dataclasses.replace(
-            spec,
-            workload=self.source,
-            num_requests=None,
-            seed=c.seed if c.seed is not None else spec.seed,
-            request_rate=float(rate) if rate is not None and rate != "inf" else math.inf,
-            rate_given=False,
-            burstiness=float(c.burstiness or 1.0),
-            arrival="trace",
-            time_scale=1.0,
-            duration_s=None,
-            ramp=None,
+            spec.with_load(
+                workload=self.source,
+                num_requests=None,
+                seed=c.seed if c.seed is not None else spec.load.seed,
+                request_rate="inf" if rate in (None, "inf") else repr(float(rate)),
+                burstiness=float(c.burstiness or 1.0),
+                arrival="trace",
+                time_scale=1.0,
+                duration=None,
+                ramp=None,
+            ),
             engine=self.engine,
         )
 

@@ -7,8 +7,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,16 +19,16 @@ from cbbench.analysis.summary.columns import request_columns, token_gaps_s
 from cbbench.analysis.summary.deployment import add_deployment
 from cbbench.analysis.summary.inputs import add_input_figures
 from cbbench.analysis.summary.metrics import itl_histogram, summarize, summarize_engine
-from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 from cbbench.analysis.summary.speculative import engine_speculative
 from cbbench.analysis.summary.splits import add_splits
 from cbbench.analysis.summary.steady_state import steady_state
 from cbbench.analysis.summary.turns import by_turn, session_summary
+from cbbench.bench.run_spec import DEFAULT_NUM_REQUESTS as DEFAULT_NUM_REQUESTS  # re-exported:
+from cbbench.bench.run_spec import RunSpec as RunSpec  # callers import RunSpec from here
 from cbbench.bench.target_run import iterations_of
-from cbbench.distributed.plan import LoadPlan
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
-from cbbench.load.arrivals import Ramp, arrival_times, count_within, resolve_process
+from cbbench.load.arrivals import arrival_times, count_within, resolve_process
 from cbbench.load.cancel import cancel_plan
 from cbbench.load.delays import parse_delay
 from cbbench.load.images import RANDOM_MM_WORKLOAD, ImageSpec
@@ -40,96 +39,13 @@ from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
 from cbbench.schema import RUN_SCHEMA_VERSION, RunResult, as_run_result
 from cbbench.targets.engine import EngineRun, engine_config_dict, run_engine
-from cbbench.targets.options import EndpointOptions
 
 if TYPE_CHECKING:
     from cbbench.bench.dcgm import DcgmScraper
     from cbbench.bench.nvml_sampler import TelemetrySampler
     from cbbench.load.cancel import CancelPlan
-    from cbbench.options import EndpointFlags, LoadOptions, OutputOptions
 
 log = logging.getLogger(__name__)
-
-DEFAULT_NUM_REQUESTS = 1000
-
-
-@dataclass
-class RunSpec:
-    workload: str = "sharegpt"
-    num_requests: int | None = DEFAULT_NUM_REQUESTS
-    seed: int = 0
-    request_rate: float = math.inf
-    rate_given: bool = False
-    burstiness: float = 1.0
-    arrival: str = "auto"
-    time_scale: float = 1.0  # --arrival trace: multiplies the trace's timestamps
-    think_time: str | None = None  # session workloads: --think-time (None: the default)
-    tool_time_scale: float = 1.0  # agent sessions: --tool-time-scale (tool_time_ms times X)
-    cancel_rate: float | None = None  # --cancel-rate: share of requests cancelled mid-stream
-    cancel_after: str | None = None  # --cancel-after: ms after the send (N, exp:MEAN, ...)
-    warmup_s: float | None = None  # steady-state window set by hand: [warmup, end - cooldown]
-    cooldown_s: float | None = None
-    random: RandomSpec = field(default_factory=RandomSpec)  # --workload random
-    slo: dict = field(default_factory=dict)
-    save_detailed: bool = False
-    label: str | None = None
-    engine: EngineArgs = field(default_factory=EngineArgs)
-    endpoint: EndpointOptions | None = None  # set: benchmark an HTTP endpoint, not the engine
-    gpu_index: int | None = None
-    telemetry_interval_s: float = 0.05
-    gpu_metrics: list[str] | None = None  # --gpu-metrics: DCGM exporter pages, not NVML
-    duration_s: float | None = None  # --duration: draw requests until the schedule reaches it
-    ramp: Ramp | None = None  # --ramp: a linear rate ramp instead of --request-rate
-    load: LoadPlan = field(default_factory=LoadPlan)  # --workers, --ray (endpoint runs)
-    replay: str | None = None  # --replay: a recorded run's requests and arrivals instead
-    percentiles: tuple = DEFAULT_PERCENTILES  # --percentiles: every distribution's pNN keys
-    slice_s: float | None = None  # --slice: summary.slices of this length
-    server_log: str | None = None  # --server-log: the server's request log, for ttft_parts
-    images: ImageSpec | None = None  # --workload random-mm's images
-
-    @classmethod
-    def from_options(
-        cls,
-        load: LoadOptions,
-        engine: EngineArgs,
-        output: OutputOptions | None = None,
-        endpoint: EndpointFlags | None = None,
-        **overrides: Any,
-    ) -> RunSpec:
-        """The run a command's option groups describe. A field named as an option takes the
-        option's value as it is (a new option needs only its group's field and this class's
-        field of the same name); the parsed ones are read below, each by its group's parser.
-        A group a command does not take (``None``) stands at its defaults, which are this
-        class's; ``overrides`` set what a command decides itself (sweep's label, compare's
-        request count)."""
-        from cbbench.options import OutputOptions
-
-        out = output if output is not None else OutputOptions()
-        given: dict[str, Any] = {}
-        for group in (load, out):
-            given |= {f.name: getattr(group, f.name) for f in fields(group)}
-        spec: dict[str, Any] = {f.name: given[f.name] for f in fields(cls) if f.name in given}
-        spec |= dict(
-            request_rate=load.rate(),
-            rate_given=load.rate_given,
-            random=load.random_spec(),
-            images=load.image_spec(),
-            duration_s=load.duration_s(),
-            ramp=load.ramp_spec(),
-            replay=str(load.replay) if load.replay is not None else None,
-            slo=out.goodput_slo(),
-            warmup_s=out.warmup,
-            cooldown_s=out.cooldown,
-            telemetry_interval_s=out.telemetry_interval,
-            percentiles=out.percentile_list(),
-            slice_s=out.slice_s(),
-            server_log=str(out.server_log) if out.server_log is not None else None,
-            engine=engine,
-        )
-        if endpoint is not None:
-            spec |= dict(endpoint=endpoint.target(load.seed), load=endpoint.load_plan())
-        return cls(**(spec | overrides))
-
 
 def request_record_dict(rec, detailed: bool) -> dict:
     ms = 1000.0
@@ -259,10 +175,10 @@ def _telemetry_indices(spec: RunSpec) -> list[int] | None:
     """GPUs to sample: the torch engine's device, or --gpu-index for an endpoint on this host.
     None: nothing to sample (the simulated GPU)."""
     if spec.endpoint is not None:
-        return [spec.gpu_index] if spec.gpu_index is not None else None
+        return [spec.output.gpu_index] if spec.output.gpu_index is not None else None
     if spec.engine.engine == "sim" or _runs_on_cpu(spec.engine):
         return None
-    return [spec.gpu_index if spec.gpu_index is not None else 0]
+    return [spec.output.gpu_index if spec.output.gpu_index is not None else 0]
 
 
 def _runs_on_cpu(args: EngineArgs) -> bool:
@@ -333,10 +249,10 @@ def execute_run(
     reads while the run runs. ``records``: False leaves the per-request and per-iteration
     records out (--summary-only), so a million-request run never builds them."""
     replay = None
-    if spec.replay is not None:
+    if spec.load.replay is not None:
         from cbbench.bench.replay import load_replay
 
-        replay = load_replay(spec.replay, spec.engine)
+        replay = load_replay(str(spec.load.replay), spec.engine)
         spec = replay.run_spec(spec)
     sched = plan_schedule(spec, replay)
     if live is not None:
@@ -380,42 +296,42 @@ def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
             compact_request_dicts,
         )
 
-        return (list(compact_request_dicts(run, spec.save_detailed, run.view)),
+        return (list(compact_request_dicts(run, spec.output.save_detailed, run.view)),
                 list(compact_iteration_dicts(run)))
-    return ([request_record_dict(r, spec.save_detailed) for r in run.records],
+    return ([request_record_dict(r, spec.output.save_detailed) for r in run.records],
             iterations_of(run))
 
 
 def _load_workload(spec: RunSpec, replay) -> Workload:
     if replay is not None:
         return Workload(str(replay.config.get("workload")), replay.requests)
-    if spec.workload == RANDOM_WORKLOAD:
+    if spec.load.workload == RANDOM_WORKLOAD:
         return Workload(RANDOM_WORKLOAD, [])  # made once the request count is known
-    if spec.workload == RANDOM_MM_WORKLOAD:
+    if spec.load.workload == RANDOM_MM_WORKLOAD:
         return Workload(RANDOM_MM_WORKLOAD, [])
     pooling = spec.endpoint is not None and spec.endpoint.pooling
     if spec.endpoint is not None and spec.endpoint.tokenizer:
         from cbbench.load.prompts import count_tokens, load_tokenizer
 
         tok = load_tokenizer(spec.endpoint.tokenizer)
-        return load_workload(spec.workload, lambda text: count_tokens(tok, text), pooling)
-    return load_workload(spec.workload, pooling=pooling)
+        return load_workload(spec.load.workload, lambda text: count_tokens(tok, text), pooling)
+    return load_workload(spec.load.workload, pooling=pooling)
 
 
 def _request_count(spec: RunSpec, workload: Workload, process: str) -> tuple[int | None, float | None]:
     """How many requests (None: the whole file, in order) and the time bound, if any."""
-    num_requests = spec.num_requests
+    num_requests = spec.load.num_requests
     until = spec.duration_s
     if until is None and spec.ramp is not None and num_requests is None:
         until = spec.ramp.seconds  # a ramp alone runs for its own length
     if until is not None:
         # Time-bound: as many requests as the schedule has arrivals before the time is up.
         num_requests = count_within(
-            until, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp,
+            until, spec.request_rate, spec.load.burstiness, process, spec.load.seed, spec.ramp,
             workload.sessions if workload.is_sessions else workload.requests,
         )
     elif num_requests is None and (
-        spec.workload in BUILTIN_WORKLOADS or spec.workload in (RANDOM_WORKLOAD,
+        spec.load.workload in BUILTIN_WORKLOADS or spec.load.workload in (RANDOM_WORKLOAD,
                                                                 RANDOM_MM_WORKLOAD)
     ):
         # Built-ins are large traces: sample vLLM's default count. A user's file without the
@@ -429,11 +345,11 @@ def _request_count(spec: RunSpec, workload: Workload, process: str) -> tuple[int
 def _draw(spec: RunSpec, workload: Workload, num_requests: int | None):
     """The drawn requests (or sessions), the notices of a small workload said once."""
     if workload.is_sessions:
-        drawn, replaced = sample_sessions(workload.sessions, num_requests, spec.seed)
+        drawn, replaced = sample_sessions(workload.sessions, num_requests, spec.load.seed)
         check_session_tokens(drawn)
         what = f"{len(workload.sessions)} sessions"
     else:
-        drawn, replaced = sample_requests(workload, num_requests, spec.seed)
+        drawn, replaced = sample_requests(workload, num_requests, spec.load.seed)
         what = f"{len(workload.requests)} requests"
     if replaced:
         log.info(f"the workload has {what}; drew {num_requests} with replacement")
@@ -457,7 +373,7 @@ def random_mm_workload(random: RandomSpec, images: ImageSpec, num_requests: int,
 
 def check_workload_api(spec: RunSpec, drawn) -> None:
     """Refuse a workload the target's API cannot send (it would be dropped silently)."""
-    if spec.workload == RANDOM_MM_WORKLOAD or any(
+    if spec.load.workload == RANDOM_MM_WORKLOAD or any(
             getattr(w, "images", None) for w in drawn):
         if spec.endpoint is None:
             raise UsageError("image workloads go to an endpoint: give --endpoint (cbbench serve "
@@ -470,39 +386,39 @@ def check_workload_api(spec: RunSpec, drawn) -> None:
 def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
     workload = _load_workload(spec, replay)
     process = resolve_process(
-        spec.arrival, spec.request_rate, workload.has_arrivals,
-        spec.rate_given or spec.ramp is not None,
+        spec.load.arrival, spec.request_rate, workload.has_arrivals,
+        spec.load.rate_given or spec.ramp is not None,
     )
     num_requests, until = _request_count(spec, workload, process)
-    if spec.workload == RANDOM_WORKLOAD:
-        workload = random_workload(spec.random, num_requests, spec.seed)
+    if spec.load.workload == RANDOM_WORKLOAD:
+        workload = random_workload(spec.random, num_requests, spec.load.seed)
         num_requests = None  # generated in order: keep them all
-    elif spec.workload == RANDOM_MM_WORKLOAD:
+    elif spec.load.workload == RANDOM_MM_WORKLOAD:
         workload = random_mm_workload(spec.random, spec.images or ImageSpec(), num_requests,
-                                      spec.seed)
+                                      spec.load.seed)
         num_requests = None
     drawn = _draw(spec, workload, num_requests)
     check_workload_api(spec, drawn)
     # For a session workload the arrival process places each session's first turn.
     arrivals = arrival_times(
-        drawn, spec.request_rate, spec.burstiness, process, spec.seed, spec.ramp
+        drawn, spec.request_rate, spec.load.burstiness, process, spec.load.seed, spec.ramp
     )
-    arrivals = scale_trace_time(arrivals, process, spec.time_scale)
+    arrivals = scale_trace_time(arrivals, process, spec.load.time_scale)
     if replay is not None:
         process, arrivals = replay.config.get("arrival"), replay.arrivals
-    cancel = cancel_plan(spec.cancel_rate, spec.cancel_after, spec.seed)
+    cancel = cancel_plan(spec.load.cancel_rate, spec.load.cancel_after, spec.load.seed)
     if workload.is_sessions:
-        scale = spec.tool_time_scale
+        scale = spec.load.tool_time_scale
         if not (math.isfinite(scale) and 0 <= scale <= MAX_TOOL_TIME_SCALE):
             raise UsageError(f"--tool-time-scale must be between 0 and {MAX_TOOL_TIME_SCALE:g}, "
                              f"got {scale:g}")
         plan = SessionPlan(drawn, arrivals, parse_delay(
-            spec.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.seed,
+            spec.load.think_time or DEFAULT_THINK_TIME, "--think-time"), spec.load.seed,
             tool_time_scale=scale)
         return Schedule(workload, process, until, [], arrivals[:0], plan, cancel)
-    if spec.think_time is not None:
+    if spec.load.think_time is not None:
         raise UsageError("--think-time applies to multi-turn session workloads")
-    if spec.tool_time_scale != 1.0:
+    if spec.load.tool_time_scale != 1.0:
         raise UsageError("--tool-time-scale applies to agent session workloads (tool turns)")
     return Schedule(workload, process, until, drawn, arrivals, None, cancel)
 
@@ -518,7 +434,7 @@ class Telemetry:
     def start(self, clock) -> None:
         from cbbench.bench.nvml_sampler import TelemetrySampler
 
-        if self.spec.gpu_metrics:
+        if self.spec.output.gpu_metrics:
             self._start_dcgm(clock)
             return
         if self.indices is None:
@@ -526,9 +442,9 @@ class Telemetry:
         # The engine's own device is a CUDA ordinal of this process (CUDA_VISIBLE_DEVICES
         # applied): mapped to its NVML handle by PCI bus id. --gpu-index is NVML's numbering.
         spec = self.spec
-        kind = "cuda" if spec.endpoint is None and spec.gpu_index is None else "nvml"
+        kind = "cuda" if spec.endpoint is None and spec.output.gpu_index is None else "nvml"
         self.sampler = TelemetrySampler(
-            self.indices, spec.telemetry_interval_s, clock=clock.now, index_kind=kind
+            self.indices, spec.output.telemetry_interval, clock=clock.now, index_kind=kind
         )
         self.sampler.start()
 
@@ -538,8 +454,8 @@ class Telemetry:
         from cbbench.bench.dcgm import DcgmScraper
         from cbbench.targets.options import redact_url
 
-        urls = list(self.spec.gpu_metrics or [])
-        self.sampler = DcgmScraper(urls, self.spec.telemetry_interval_s, clock=clock.now,
+        urls = list(self.spec.output.gpu_metrics or [])
+        self.sampler = DcgmScraper(urls, self.spec.output.telemetry_interval, clock=clock.now,
                                    shown_urls=[redact_url(u) for u in urls])
         self.sampler.start()
 
@@ -557,7 +473,7 @@ class Telemetry:
 
         if self.sampler is not None:
             telemetry = self.sampler.to_result()
-        elif self.spec.gpu_metrics:  # the target never started its clock (the array simulator)
+        elif self.spec.output.gpu_metrics:  # the target never started its clock (array simulator)
             telemetry = unavailable("the run's clock never started: no DCGM page was scraped")
         elif self.spec.endpoint is not None:
             telemetry = unavailable("remote endpoint: give --gpu-metrics URL (the server's DCGM "
@@ -567,7 +483,7 @@ class Telemetry:
         else:
             telemetry = unavailable(SIMULATED_GPU_REASON)
         line = warning_line(telemetry)
-        if line and (self.indices is not None or self.spec.gpu_metrics):
+        if line and (self.indices is not None or self.spec.output.gpu_metrics):
             log.info(line)
         return telemetry
 
@@ -587,26 +503,26 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
         from cbbench.distributed.run import SinceInstant, run_load
         from cbbench.engine.core.clock import WallClock
 
-        if spec.load.distributed:  # workers take seconds to set up: time from their t0
+        if spec.load_plan.distributed:  # workers take seconds to set up: time from their t0
             on_t0 = lambda t0: telemetry.start(SinceInstant(t0))  # noqa: E731
         else:
             telemetry.start(WallClock())  # run_http's t0 is taken right after: ~µs apart
             on_t0 = None
         run = run_load(
-            spec.endpoint, sched.wreqs, sched.arrivals, spec.load, should_stop=should_stop,
+            spec.endpoint, sched.wreqs, sched.arrivals, spec.load_plan, should_stop=should_stop,
             on_progress=on_progress, on_t0=on_t0, sessions=sched.plan, cancel=sched.cancel,
             live=live,
         )
         return run, {
             "target": "http", **spec.endpoint.to_config(run.info.get("served_model")),
-            **spec.load.to_config(len(run.info["workers"])),
+            **spec.load_plan.to_config(len(run.info["workers"])),
         }
     engine_run: EngineRun | CompactRun | None = _run_compact(spec, sched, should_stop,
                                                               on_progress, live)
     if engine_run is None:
         engine_run = run_engine(
             spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
-            on_progress=on_progress, keep_token_ids=spec.save_detailed,
+            on_progress=on_progress, keep_token_ids=spec.output.save_detailed,
             on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel, live=live,
         )
     return engine_run, {
@@ -640,12 +556,12 @@ def _run_compact(spec: RunSpec, sched: Schedule, should_stop, on_progress,
 def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
     plan, cancel = sched.plan, sched.cancel
     return {
-        "label": spec.label,
+        "label": spec.output.label,
         "workload": sched.workload.name,
         "num_requests": len(sched.wreqs) if plan is None else len(plan.sessions),
         **({"sessions": plan.to_config()} if plan is not None else {}),
         **(cancel.to_config() if cancel is not None else {}),
-        "seed": spec.seed,
+        "seed": spec.load.seed,
         # JSON has no infinity: "inf" is written as the string the CLI takes.
         "request_rate": (
             None if spec.ramp is not None
@@ -653,14 +569,14 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
         ),
         "ramp": spec.ramp.to_config() if spec.ramp is not None else None,
         "duration_s": sched.until,  # None: bound by the request count
-        "burstiness": spec.burstiness,
+        "burstiness": spec.load.burstiness,
         "arrival": sched.process,
-        **({"time_scale": spec.time_scale} if spec.time_scale != 1.0 else {}),
+        **({"time_scale": spec.load.time_scale} if spec.load.time_scale != 1.0 else {}),
         **({"random": spec.random.to_config()}
-           if spec.workload in (RANDOM_WORKLOAD, RANDOM_MM_WORKLOAD) else {}),
+           if spec.load.workload in (RANDOM_WORKLOAD, RANDOM_MM_WORKLOAD) else {}),
         **({"images": (spec.images or ImageSpec()).to_config()}
-           if spec.workload == RANDOM_MM_WORKLOAD else {}),
-        **({"replay": Path(spec.replay).name} if spec.replay is not None else {}),
+           if spec.load.workload == RANDOM_MM_WORKLOAD else {}),
+        **({"replay": spec.load.replay.name} if spec.load.replay is not None else {}),
         "slo": spec.slo,
         "percentiles": list(spec.percentiles),
         **({"slice_s": spec.slice_s} if spec.slice_s is not None else {}),
@@ -688,7 +604,7 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
         )
     iterations = iterations_of(run)
     summary["steady_state"] = steady_state(
-        cols, run.duration_s, iterations, spec.warmup_s, spec.cooldown_s,
+        cols, run.duration_s, iterations, spec.output.warmup, spec.output.cooldown,
         spec.percentiles,
     )
     if iterations:
@@ -718,9 +634,9 @@ def add_views(summary: dict, spec: RunSpec, run) -> None:
         from cbbench.analysis.server_side.ttft_breakdown import attach_parts, summarize_breakdown
 
         server_log = None
-        if spec.server_log:
+        if spec.output.server_log:
             try:
-                server_log = read_log_for(spec.server_log, run.records)
+                server_log = read_log_for(str(spec.output.server_log), run.records)
             except UsageError as e:  # the run is measured: keep it, without the log's split
                 log.info(f"warning: --server-log not used ({e}); the TTFT split is the response's")
         if attach_parts(run.records, server_log, run.info.get("t0_epoch_s")):

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from cbbench.analysis.comparison.compare import Labeled
 from cbbench.analysis.result import check_writable, write_result
@@ -40,7 +41,7 @@ class Variant:
     enable_prefix_caching: bool | None = None
 
     def apply(self, opts: EngineArgs) -> EngineArgs:
-        changes: dict[str, object] = {}
+        changes: dict[str, Any] = {}
         if self.batching is not None:
             changes.update(batching=self.batching, chunked_prefill=self.chunked_prefill)
         for key in ("kv_allocation", "preemption", "queue_policy", "enable_prefix_caching"):

@@ -129,7 +129,7 @@ def capacity(
     saturation = sat_point = config = prober = found = None
     # The interrupt contract of `run`: the first signal stops dispatching, the probe in
     # progress is kept marked interrupted, and the file says so; a second exits 130.
-    with StopSignal() as stop, probes_context(base.load):
+    with StopSignal() as stop, probes_context(base.load_plan):
         if start_rate is None:
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
             sat_result = run_probe(base, math.inf, sizing, slo_spec, stop, prep)

@@ -141,4 +141,4 @@ def _base_spec(load: O.LoadOptions, output: O.OutputOptions, opts: EngineArgs) -
     from cbbench.bench.runner import DEFAULT_NUM_REQUESTS, RunSpec
 
     num_requests = load.num_requests if load.num_requests is not None else DEFAULT_NUM_REQUESTS
-    return RunSpec.from_options(load, opts, output, num_requests=num_requests)
+    return RunSpec.from_options(dataclasses.replace(load, num_requests=num_requests), opts, output)

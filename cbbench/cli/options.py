@@ -25,8 +25,8 @@ def given(name: str) -> bool:
     environment), not left at its default: a default cannot say so by its value."""
     try:  # Typer 0.2x runs commands on its own copy of Click
         from typer._click.globals import get_current_context
-    except ImportError:
-        from click import get_current_context
+    except ImportError:  # the same function from Click itself (a different module to mypy)
+        from click import get_current_context  # type: ignore[no-redef]
 
     ctx = get_current_context(silent=True)
     source = ctx.get_parameter_source(name) if ctx is not None else None

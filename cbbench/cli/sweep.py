@@ -99,7 +99,7 @@ def sweep(
     check_folder_not_inputs(folder, [SWEEP_FILE, PLOT_FILE, "rate-*.json"],
                             [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)], "--out-dir")
 
-    with StopSignal() as stop, probes_context(base.load):
+    with StopSignal() as stop, probes_context(base.load_plan):
         result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop, prep)
     pts = points_of(result)
     write_atomic(folder / PLOT_FILE,
@@ -129,9 +129,9 @@ def base_spec(load: O.LoadOptions, output: O.OutputOptions, endpoint: O.Endpoint
                          f"{', '.join(PROBE_ARRIVALS)}")
     # The output group's --slo is the sweep's attainment SLO (the probes judge it), not a
     # run's goodput limits: the label and the telemetry pass to the probes.
-    return RunSpec.from_options(load, engine_opts, endpoint=endpoint, label=output.label,
-                                gpu_metrics=output.gpu_metrics,
-                                telemetry_interval_s=output.telemetry_interval)
+    probes_output = O.OutputOptions(label=output.label, gpu_metrics=output.gpu_metrics,
+                                    telemetry_interval=output.telemetry_interval)
+    return RunSpec.from_options(load, engine_opts, probes_output, endpoint)
 
 
 def point_prep(probe: O.ProbeOptions):

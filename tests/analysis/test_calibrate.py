@@ -9,10 +9,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.calibration import calibrate
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import get_model_config
@@ -47,7 +48,7 @@ def shape_of(it: dict) -> BatchShape:
 def shapes_run() -> dict:
     """A simulated run's iteration shapes (decode, mixed and prefill steps of ShareGPT on the
     'small' model), to be re-timed as if a CPU with known rates had run them."""
-    spec = RunSpec(workload="sharegpt", num_requests=60, request_rate=30.0, rate_given=True,
+    spec = run_spec(workload="sharegpt", num_requests=60, request_rate=30.0,
                    engine=EngineArgs(engine="sim", model="small", dtype="fp32",
                                      max_num_seqs=48, max_num_batched_tokens=1024))
     return execute_run(spec)

@@ -16,14 +16,13 @@ import math
 
 import numpy as np
 import pytest
-from helpers import assert_same
+from helpers import assert_same, run_spec
 
 import cbbench.targets.engine as engine_target
 from cbbench.analysis.compact.compact_convert import compact_from_engine_run
 from cbbench.analysis.compact.compact_rows import compact_iteration_dicts, compact_request_dicts
 from cbbench.analysis.compact.compact_summary import StepTokens, compact_columns, summarize_compact
 from cbbench.analysis.summary.columns import request_columns
-from cbbench.analysis.summary.metrics import parse_slo
 from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
 from cbbench.engine.args import EngineArgs
 
@@ -52,7 +51,7 @@ def _run(spec: RunSpec, monkeypatch, edit=None, stop_after: int | None = None):
     run = engine_target.run_engine(spec.engine, sched.wreqs, sched.arrivals, should_stop)
     replica_of = sets[0].assignments if sets else None
     compact = compact_from_engine_run(run, replica_of)
-    SCHEDULES[spec.label] = sched
+    SCHEDULES[spec.output.label] = sched
     return run, _summary(spec, sched, run), compact
 
 
@@ -78,10 +77,10 @@ def _odd_requests(wreqs):
 CASES = {
     "dp1_odd": (dict(num_requests=300, request_rate=20.0), _engine(), _odd_requests),
     "dp4_rr_views": (
-        dict(num_requests=1000, request_rate=100.0, slo=parse_slo("ttft=15,tpot=5"),
-             percentiles=(50, 99.9), slice_s=1.5, warmup_s=1.0, cooldown_s=1.0),
+        dict(num_requests=1000, request_rate=100.0, slo="ttft=15,tpot=5",
+             percentiles="50,99.9", slice="1.5s", warmup=1.0, cooldown=1.0),
         _engine(4, "round-robin"), None),
-    "dp4_least_requests": (dict(num_requests=2000, request_rate=400.0, slice_s=2.0),
+    "dp4_least_requests": (dict(num_requests=2000, request_rate=400.0, slice="2s"),
                            _engine(4, "least-requests"), _odd_requests),
     "burst_dp2": (dict(num_requests=400), _engine(2, "least-requests"), None),
     # Stopped midway: requests not sent, the queued ones aborted (failed: interrupted).
@@ -98,8 +97,7 @@ CASES = {
 @functools.cache
 def _built(name: str):
     fields, engine, edit = CASES[name]
-    spec = RunSpec(workload="sharegpt", seed=3, rate_given="request_rate" in fields,
-                   engine=engine, label=name, **fields)
+    spec = run_spec(workload="sharegpt", seed=3, engine=engine, label=name, **fields)
     with pytest.MonkeyPatch.context() as mp:
         run, ref, compact = _run(spec, mp, edit, STOP_AFTER.get(name))
     return name, spec, run, ref, compact
@@ -203,7 +201,7 @@ def test_a_gap_in_a_requests_tokens_is_refused():
 def test_out_of_scope_runs_are_refused():
     _, spec, _, _, compact = _built("dp1_odd")
     with pytest.raises(ValueError, match="--cancel-rate"):
-        summarize_compact(compact, dataclasses.replace(spec, cancel_rate=0.1))
+        summarize_compact(compact, spec.with_load(cancel_rate=0.1))
 
 
 def test_the_comparison_fails_where_it_should():

@@ -8,11 +8,12 @@ import json
 import re
 
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.comparison.compare import Labeled, config_differences
 from cbbench.analysis.result import write_result
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.bench.variants import parse_variant, parse_variants
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
@@ -27,7 +28,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    spec = RunSpec(num_requests=60, engine=EngineArgs(engine="sim"))
+    spec = run_spec(num_requests=60, engine=EngineArgs(engine="sim"))
     return execute_run(spec)
 
 

@@ -7,11 +7,12 @@ import xml.etree.ElementTree as ET
 
 import numpy as np
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.comparison import gate as G
 from cbbench.analysis.result import write_result
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -27,7 +28,7 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def base_result() -> dict:
-    spec = RunSpec(num_requests=NUM_REQUESTS, engine=EngineArgs(engine="sim"))
+    spec = run_spec(num_requests=NUM_REQUESTS, engine=EngineArgs(engine="sim"))
     return execute_run(spec)
 
 

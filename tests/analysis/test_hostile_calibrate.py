@@ -15,10 +15,11 @@ import json
 
 import numpy as np
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.calibration import calibrate
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import MODEL_PRESETS
@@ -32,7 +33,7 @@ RATES = DeviceRates(memory_bandwidth=20e9, flop_rate=100e9, iteration_overhead_s
 def real() -> dict:
     """A simulated run's iterations re-timed as a CPU with RATES would run them (noise 5%):
     what calibrate reads from a real run."""
-    spec = RunSpec(workload="sharegpt", num_requests=40, request_rate=30.0, rate_given=True,
+    spec = run_spec(workload="sharegpt", num_requests=40, request_rate=30.0,
                    engine=EngineArgs(engine="sim", model="small", dtype="fp32",
                                      max_num_seqs=32, max_num_batched_tokens=1024))
     res = execute_run(spec)

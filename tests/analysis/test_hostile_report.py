@@ -17,10 +17,12 @@ from cbbench.cli.app import app
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> dict:
-    from cbbench.bench.runner import RunSpec, execute_run
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
     from cbbench.engine.args import EngineArgs
 
-    spec = RunSpec(workload="sharegpt", num_requests=4, save_detailed=True,
+    spec = run_spec(workload="sharegpt", num_requests=4, save_detailed=True,
                    engine=EngineArgs(engine="sim"))
     return json.loads(json.dumps(execute_run(spec)))
 

@@ -10,10 +10,11 @@ import re
 
 import matplotlib.image as mpimg
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import write_result
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
 
@@ -33,7 +34,7 @@ def _run(scheduler: str, detailed: bool) -> dict:
         engine="sim", batching=scheduler, chunked_prefill=scheduler == "continuous",
         max_num_seqs=32, num_kv_blocks=400,  # a small pool, so preemptions happen
     )
-    spec = RunSpec(num_requests=NUM_REQUESTS, save_detailed=detailed, engine=opts)
+    spec = run_spec(num_requests=NUM_REQUESTS, save_detailed=detailed, engine=opts)
     return execute_run(spec)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.records import RequestRecord
@@ -20,7 +21,7 @@ from cbbench.analysis.summary.steady_state import (
     steps_from_requests,
     window_figures,
 )
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 
@@ -106,7 +107,7 @@ def test_warmup_and_cooldown_set_the_window():
 
 # ---- on every result ------------------------------------------------------------------------------
 def test_engine_result_reports_both_windows():
-    result = execute_run(RunSpec(workload="sharegpt", num_requests=400, engine=SIM))
+    result = execute_run(run_spec(workload="sharegpt", num_requests=400, engine=SIM))
     s = result["summary"]
     ss = s["steady_state"]
     a, b = ss["window_s"]
@@ -122,8 +123,8 @@ def test_endpoint_result_uses_the_in_flight_count():
     from cbbench.targets.options import EndpointOptions
 
     with FakeOpenAI() as fake:
-        result = execute_run(RunSpec(
-            workload="sharegpt", num_requests=60, request_rate=200.0, rate_given=True,
+        result = execute_run(run_spec(
+            workload="sharegpt", num_requests=60, request_rate=200.0,
             endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=30.0),
         ))
     ss = result["summary"]["steady_state"]

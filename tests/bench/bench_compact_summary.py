@@ -20,7 +20,6 @@ runner._summary on a real run converted both ways.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import resource
@@ -43,11 +42,11 @@ def _engine(dp: int):
 
 
 def _spec(dp: int, n: int):
-    from cbbench.analysis.summary.metrics import parse_slo
     from cbbench.bench.runner import RunSpec
+    from cbbench.options import LoadOptions, OutputOptions
 
-    return RunSpec(workload="sharegpt", num_requests=n, request_rate=400.0, rate_given=True,
-                   slo=parse_slo(SLO), engine=_engine(dp))
+    return RunSpec(LoadOptions(workload="sharegpt", num_requests=n, request_rate="400"),
+                   _engine(dp), OutputOptions(slo=SLO))
 
 
 def _resolved(dp: int):
@@ -152,7 +151,7 @@ def child_synthetic(args) -> dict:
     t0 = time.perf_counter()
     rows = sum(1 for _ in compact_request_dicts(run, False))
     figures |= {"request_rows": rows, "request_rows_s": time.perf_counter() - t0}
-    sliced = dataclasses.replace(spec, slice_s=args.slice)
+    sliced = spec.with_output(slice=f"{args.slice!r}s")
     t0 = time.perf_counter()
     figures |= {"slices": len(summarize_compact(run, sliced)["slices"]),
                 "summary_with_slices_s": time.perf_counter() - t0}

@@ -376,12 +376,13 @@ def test_option_parse_errors_are_one_line(tmp_path):
 
 # ---- requests that can never fit: rejected with the reason, the run goes on -----------------
 def _spec(tmp_path: Path, lines: list[dict], **engine):
-    from cbbench.bench.runner import RunSpec
+    from helpers import run_spec
+
     from cbbench.engine.args import EngineArgs
 
     w = tmp_path / "w.jsonl"
     w.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    return RunSpec(workload=str(w), num_requests=len(lines), engine=EngineArgs(**engine))
+    return run_spec(workload=str(w), num_requests=len(lines), engine=EngineArgs(**engine))
 
 
 def _by_id(result: dict) -> dict[int, dict]:

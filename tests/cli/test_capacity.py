@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.summary.slo import DEFAULT_ATTAINMENT, parse_attainment_slo, request_meets
 from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, Probe, search
 from cbbench.bench.probe import ProbePoint, ProbeSizing, probe_spec
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -171,7 +172,7 @@ def test_independent_runs_around_the_capacity(capacity_doc):
     run summary's own goodput accounting rather than the search's."""
     doc, _ = capacity_doc
     slo = parse_attainment_slo(SLO)
-    base = RunSpec(workload="sharegpt", engine=EngineArgs(
+    base = run_spec(workload="sharegpt", engine=EngineArgs(
         engine="sim", model="llama-3-8b", gpu="h200", max_num_seqs=8))
     sizing = ProbeSizing(num_requests=200, min_duration_s=20)
 

@@ -122,10 +122,12 @@ def test_a_tokenizer_config_linked_to_dev_zero_means_no_template(tmp_path):
 def recorded(tmp_path_factory) -> dict:
     import json
 
-    from cbbench.bench.runner import RunSpec, execute_run
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
     from cbbench.engine.args import EngineArgs
 
-    spec = RunSpec(workload="sharegpt", num_requests=3, engine=EngineArgs(engine="sim"))
+    spec = run_spec(workload="sharegpt", num_requests=3, engine=EngineArgs(engine="sim"))
     return json.loads(json.dumps(execute_run(spec)))
 
 

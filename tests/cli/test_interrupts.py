@@ -280,12 +280,13 @@ class _StopAfter:
 
 
 def _sim_spec(num_requests: int = 300, rate: float = 20.0):
-    from cbbench.bench.runner import RunSpec
+    from helpers import run_spec
+
     from cbbench.engine.args import EngineArgs
 
-    return RunSpec(
+    return run_spec(
         workload="sharegpt", num_requests=num_requests, seed=3, request_rate=rate,
-        rate_given=True, engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"),
+        engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"),
     )
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.summary.metrics import summarize
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.bench.variants import parse_variant
 from cbbench.cli import options as C
 from cbbench.cli.app import app
@@ -120,9 +121,8 @@ def test_per_priority_breakdown():
 
 # ---- simulated runs -------------------------------------------------------------------------
 def _sim(workload="sharegpt", n=300, rate=float("inf"), **engine) -> dict:
-    spec = RunSpec(
+    spec = run_spec(
         workload=workload, num_requests=n, seed=0, request_rate=rate,
-        rate_given=rate != float("inf"),
         engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", **engine),
     )  # fmt: skip
     return execute_run(spec)

@@ -6,11 +6,11 @@ import json
 import math
 
 import pytest
+from helpers import run_spec
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
 from cbbench.bench.probe import ProbeSizing, check_steady, rate_label, run_probe, saturation_rate
-from cbbench.bench.runner import RunSpec
 from cbbench.bench.sweep import AUTO_HIGH_FRACTION, AUTO_LOW_FRACTION, auto_rates, parse_rates
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
@@ -142,7 +142,7 @@ def test_overloaded_point_is_flagged_not_steady(tmp_path):
 
 
 def test_steady_check_queue_signals():
-    base = RunSpec(workload="sharegpt", engine=EngineArgs(engine="sim", max_num_seqs=4))
+    base = run_spec(workload="sharegpt", engine=EngineArgs(engine="sim", max_num_seqs=4))
     sizing = ProbeSizing(num_requests=200, min_duration_s=0)
     burst = run_probe(base, math.inf, sizing, None)
     assert check_steady(burst, math.inf).steady is None

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_spec
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.core.request import Request
 from cbbench.engine.sim.router import LeastKVRouter, LeastRequestsRouter, RoundRobinRouter
@@ -35,7 +36,7 @@ def uniform_trace(tmp_path_factory):
 def run(workload: str, dp: int, router: str = "round-robin", **kw) -> dict:
     engine = {k: kw.pop(k) for k in list(kw)
               if k in EngineArgs.__dataclass_fields__ and k != "seed"}
-    spec = RunSpec(workload=workload, num_requests=kw.pop("num_requests", None),
+    spec = run_spec(workload=workload, num_requests=kw.pop("num_requests", None),
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b",
                                      data_parallel_size=dp, router=router, **engine), **kw)
     return execute_run(spec)
@@ -75,14 +76,14 @@ def test_least_requests_shortens_the_ttft_tail_on_a_bursty_trace(seed):
     shape 0.2), round-robin keeps sending to a replica whose slots are held by long requests
     while the other has room; least-requests does not."""
     p = {r: run("sharegpt", 2, r, num_requests=600, seed=seed, request_rate=50.0,
-                rate_given=True, burstiness=0.2, max_num_seqs=32)["summary"]["ttft_ms"]
+                burstiness=0.2, max_num_seqs=32)["summary"]["ttft_ms"]
          for r in ("round-robin", "least-requests")}
     assert p["least-requests"]["p99"] <= p["round-robin"]["p99"]
     assert p["least-requests"]["p90"] <= p["round-robin"]["p90"]
 
 
 def test_least_kv_runs_and_balances():
-    res = run("sharegpt", 3, "least-kv", num_requests=200, request_rate=40.0, rate_given=True)
+    res = run("sharegpt", 3, "least-kv", num_requests=200, request_rate=40.0)
     assert res["summary"]["completed"] == 200
     counts = [sum(1 for it in res["iterations"] if it["replica"] == k) for k in range(3)]
     assert min(counts) > 0

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import run_spec
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.core.clock import VirtualClock
 from cbbench.engine.core.engine import Engine, EngineConfig
@@ -140,12 +141,11 @@ def test_kv_capacity_matches_n_max_by_hand():
 
 # ---- runs through the front's runner --------------------------------------------------------
 def _spec(n: int, scheduler: str = "continuous", seed: int = 0, rate: float = float("inf")):
-    return RunSpec(
+    return run_spec(
         workload="sharegpt",
         num_requests=n,
         seed=seed,
         request_rate=rate,
-        rate_given=rate != float("inf"),
         engine=EngineArgs(
             engine="sim", gpu="h200", model="llama-3-8b", batching=scheduler, max_num_seqs=256
         ),

@@ -74,9 +74,11 @@ def test_off_and_no_device_reasons():
 def test_result_config_says_what_auto_chose_and_why_no_graphs():
     """A CPU run with --attention-backend auto: the config keeps the request and the choice,
     and why decode ran eagerly."""
-    from cbbench.bench.runner import RunSpec, execute_run
+    from helpers import run_spec
 
-    spec = RunSpec(
+    from cbbench.bench.runner import execute_run
+
+    spec = run_spec(
         workload="sharegpt", num_requests=2,
         engine=EngineArgs(engine="torch", model="tiny", attention_backend="auto", max_num_seqs=4),
     )  # fmt: skip

@@ -77,14 +77,16 @@ def test_sampling_params_normalize_what_a_sampler_cannot_use():
 def test_cli_run_with_a_huge_top_k_completes(tmp_path):
     """`run --engine torch --top-k 9223372036854775808 --top-p 0.5` was a traceback."""
     pytest.importorskip("torch")
-    from cbbench.bench.runner import RunSpec, execute_run
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
     from cbbench.engine.args import EngineArgs
 
     w = tmp_path / "w.jsonl"
     w.write_text("".join(json.dumps({"prompt_len": 6, "output_len": 3}) + "\n" for _ in range(2)))
     opts = EngineArgs(engine="torch", device="cpu", model="tiny", num_kv_blocks=32,
                       temperature=1.0, top_p=0.5, top_k=HUGE_TOP_K).validate()
-    result = execute_run(RunSpec(workload=str(w), num_requests=2, engine=opts))
+    result = execute_run(run_spec(workload=str(w), num_requests=2, engine=opts))
     assert result["summary"]["completed"] == 2 and result["summary"]["failed"] == 0
 
 
@@ -155,15 +157,17 @@ def test_run_feed_goes_on_after_a_failed_step():
 def test_in_process_run_records_the_failed_requests_and_finishes(tmp_path, monkeypatch, notices):
     """The CLI's in-process target: the failed request is an `engine_error`, the rest of the
     run completes and the result is whole."""
+    from helpers import run_spec
+
     import cbbench.targets.engine as target
-    from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.bench.runner import execute_run
 
     monkeypatch.setattr(target, "build_engine", lambda opts: _sim_engine(ids={1}))
     w = tmp_path / "w.jsonl"
     lines = [{"prompt_len": 3, "output_len": 3, "arrival_s": 0.05 * i} for i in range(4)]
     w.write_text("".join(json.dumps(x) + "\n" for x in lines))
     notes = notices  # the logged notices (conftest)
-    spec = RunSpec(workload=str(w), num_requests=4, engine=sim_options())
+    spec = run_spec(workload=str(w), num_requests=4, engine=sim_options())
     result = execute_run(spec)
     s = result["summary"]
     assert s["error_types"] == {"engine_error": 1}
@@ -231,8 +235,10 @@ def test_serve_survives_an_exception_admitting_one_request():
 def test_an_exception_admitting_one_request_fails_it_in_the_cli_too(tmp_path, monkeypatch):
     """The engine itself fails the request it could not take, so every loop (run_feed, session
     feeds, the server) goes on."""
+    from helpers import run_spec
+
     import cbbench.targets.engine as target
-    from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.bench.runner import execute_run
 
     def build(opts):
         engine, info = _sim_engine()
@@ -249,6 +255,6 @@ def test_an_exception_admitting_one_request_fails_it_in_the_cli_too(tmp_path, mo
     monkeypatch.setattr(target, "build_engine", build)
     w = tmp_path / "w.jsonl"
     w.write_text("".join(json.dumps({"prompt_len": 3, "output_len": 2}) + "\n" for _ in range(4)))
-    result = execute_run(RunSpec(workload=str(w), num_requests=4, engine=sim_options()))
+    result = execute_run(run_spec(workload=str(w), num_requests=4, engine=sim_options()))
     s = result["summary"]
     assert s["completed"] == 3 and s["error_types"] == {"engine_error": 1}

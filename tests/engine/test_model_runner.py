@@ -417,13 +417,15 @@ def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_gr
     """Through cbbench's own run path: graphs asked for and captured (stand-ins) on the CPU,
     a decode capture fails, the run serves every request, and the result's config says
     cuda_graphs_effective: false with the one-line reason."""
-    from cbbench.bench.runner import RunSpec, execute_run
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
     from cbbench.engine import build_torch
     from cbbench.engine.args import EngineArgs
 
     _fail_decode_capture(eager_graphs)
     monkeypatch.setattr(build_torch, "_graphs_plan", lambda args, on_cuda, backend: (True, None))
-    spec = RunSpec(
+    spec = run_spec(
         workload="sharegpt", num_requests=6, engine=EngineArgs(engine="torch", model="tiny",
                                                                 max_num_seqs=8),
     )  # fmt: skip

@@ -106,9 +106,11 @@ def test_one_token_outputs_never_leave_the_prefill_instance():
 
 
 def test_summary_has_transfer_distribution_and_goodput_per_gpu():
-    from cbbench.bench.runner import RunSpec, execute_run
+    from helpers import run_spec
 
-    spec = RunSpec(workload="long-prompt", num_requests=30, request_rate=2.0, rate_given=True,
+    from cbbench.bench.runner import execute_run
+
+    spec = run_spec(workload="long-prompt", num_requests=30, request_rate=2.0,
                    slo={"ttft": 2000.0, "tpot": 50.0},
                    engine=EngineArgs(engine="sim", gpu="h100", disaggregate="1:1",
                                      tensor_parallel_size=2))

@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers import run_spec
 
 from cbbench.analysis.comparison.sim_error import (
     NO_PREDICTION_REASON,
@@ -72,8 +73,8 @@ def test_error_stats_is_relative_to_the_measurement():
 
 
 def sim_spec(n: int = 40) -> RunSpec:
-    return RunSpec(
-        workload="sharegpt", num_requests=n, request_rate=20.0, rate_given=True,
+    return run_spec(
+        workload="sharegpt", num_requests=n, request_rate=20.0,
         engine=EngineArgs(engine="sim", gpu="h100", model="llama-3-8b"),
     )
 
@@ -108,7 +109,7 @@ def small_workload(tmp_path_factory):
 
 
 def torch_spec(workload: str, **engine) -> RunSpec:
-    return RunSpec(
+    return run_spec(
         workload=workload, num_requests=None,
         engine=EngineArgs(engine="torch", model="tiny", device="cpu", max_model_len=1024,
                           **engine),

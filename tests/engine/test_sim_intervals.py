@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import run_spec
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.sim.device_profile import load_profile
 from cbbench.engine.sim.sim_bounds import spread_from_residuals
@@ -50,7 +51,7 @@ def test_profile_spread_checked(tmp_path):
 
 def _run(profile: str | None, **kw) -> dict:
     engine = EngineArgs(engine="sim", gpu_profile=profile, model="small", **kw)
-    spec = RunSpec(workload="sharegpt", num_requests=40, request_rate=20.0, rate_given=True,
+    spec = run_spec(workload="sharegpt", num_requests=40, request_rate=20.0,
                    engine=engine)
     return execute_run(spec)["summary"]
 
@@ -74,7 +75,7 @@ def test_uniform_band_scales_every_figure_exactly(tmp_path):
     same = {"median": 0.05, "p90": 0.15, "n": 100, "bias": 0.05}
     profile = _profile(tmp_path, residuals={c: same for c in ("decode", "mixed", "prefill")})
     engine = EngineArgs(engine="sim", gpu_profile=profile, model="small")
-    spec = RunSpec(workload="sharegpt", num_requests=30, engine=engine)
+    spec = run_spec(workload="sharegpt", num_requests=30, engine=engine)
     s = execute_run(spec)["summary"]
     iv = s["intervals"]
     for key in ("ttft_ms", "tpot_ms"):

@@ -201,10 +201,12 @@ def test_gpt_oss_run_on_simulated_h100(tmp_path):
     """A whole run: gpt-oss-20b on a simulated H100. Its decode steps sit above the batch-1
     floor (4.1 GB of weights read at 3.35 TB/s x 0.8 = 1.5 ms, with 4 of 32 experts) and below
     the floor of reading every expert."""
-    from cbbench.bench.runner import RunSpec, execute_run
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
     from cbbench.engine.args import EngineArgs
 
-    spec = RunSpec(workload="sharegpt", num_requests=100, request_rate=20.0, rate_given=True,
+    spec = run_spec(workload="sharegpt", num_requests=100, request_rate=20.0,
                    engine=EngineArgs(engine="sim", gpu="h100", model="gpt-oss-20b"))
     result = execute_run(spec)
     s = result["summary"]

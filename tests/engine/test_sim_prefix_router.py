@@ -8,8 +8,9 @@ summed over the replicas, for the same requests and arrivals under each router.
 from __future__ import annotations
 
 import pytest
+from helpers import run_spec
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs, EngineArgsError
 from cbbench.engine.build import build_replicas
 from cbbench.engine.core.request import Request
@@ -59,8 +60,8 @@ def test_needs_prefix_caching():
 
 
 def _multiturn(router: str) -> dict:
-    spec = RunSpec(workload="sharegpt-multiturn", num_requests=60, request_rate=4.0,
-                   rate_given=True, seed=0,
+    spec = run_spec(workload="sharegpt-multiturn", num_requests=60, request_rate=4.0,
+                   seed=0,
                    engine=EngineArgs(engine="sim", model="llama-3-8b", data_parallel_size=4,
                                      router=router, enable_prefix_caching=True))
     return execute_run(spec)["summary"]

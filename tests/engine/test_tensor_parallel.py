@@ -4,9 +4,10 @@ H100 SXM: 3.35 TB/s HBM, NVLink 4 at 450 GB/s per direction, 10 µs per collecti
 from __future__ import annotations
 
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import get_model_config
@@ -108,7 +109,7 @@ def _quiet(_msg: str) -> None:
 
 @pytest.mark.parametrize(("gpu", "tp"), [("h100", 4), ("h200", 2)])
 def test_llama_70b_runs_on_4_h100_or_2_h200(gpu, tp):
-    spec = RunSpec(workload="sharegpt", num_requests=30, request_rate=5.0, rate_given=True,
+    spec = run_spec(workload="sharegpt", num_requests=30, request_rate=5.0,
                    engine=EngineArgs(engine="sim", gpu=gpu, model="llama-3.1-70b",
                                      tensor_parallel_size=tp))
     result = execute_run(spec)

@@ -90,6 +90,7 @@ def cmd_run(args) -> int:
     from cbbench.bench.runner import RunSpec, execute_run
     from cbbench.engine.args import EngineArgs
     from cbbench.errors import UsageError
+    from cbbench.options import LoadOptions, OutputOptions
 
     opts = EngineArgs(
         engine=args.engine, model=args.model, device=args.device, batching=args.scheduler,
@@ -97,11 +98,10 @@ def cmd_run(args) -> int:
         fused_kernels=args.fused_kernels, gpu_profile=args.gpu_profile,
         **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs is not None else {}),
     )  # fmt: skip
-    rate = float(args.request_rate)
-    spec = RunSpec(
-        workload=args.workload, num_requests=args.num_requests, label=args.label, engine=opts,
-        replay=args.replay, request_rate=rate, rate_given=args.request_rate != "inf",
-    )  # fmt: skip
+    load = LoadOptions(workload=args.workload, num_requests=args.num_requests,
+                       request_rate=args.request_rate,
+                       replay=Path(args.replay) if args.replay is not None else None)
+    spec = RunSpec(load, opts, OutputOptions(label=args.label))
 
     from cbbench.cli import logs
 

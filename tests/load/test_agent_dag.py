@@ -11,9 +11,9 @@ import subprocess
 
 import numpy as np
 import pytest
-from helpers import CBBENCH
+from helpers import CBBENCH, run_spec
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.sessions import first_prompt_len
@@ -176,7 +176,7 @@ def _check(result: dict, wait_slack: float) -> None:
 
 
 def test_dag_in_process_by_hand(tmp_path):
-    spec = RunSpec(workload=_write(tmp_path, [DAG, CHAIN]), num_requests=None,
+    spec = run_spec(workload=_write(tmp_path, [DAG, CHAIN]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
     result = execute_run(spec)
     _check(result, wait_slack=0.0)  # the virtual clock: every wait exact
@@ -210,7 +210,7 @@ def test_a_failed_sub_agent_turn_stops_its_parent_not_its_sibling(tmp_path):
     sub-agent runs to its end, and the session counts once as ended early."""
     bad = json.loads(json.dumps(DAG))
     bad["subagents"]["search"][0]["output_len"] = 9000
-    spec = RunSpec(workload=_write(tmp_path, [bad]), num_requests=None,
+    spec = run_spec(workload=_write(tmp_path, [bad]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
     result = execute_run(spec)
     s = result["summary"]["sessions"]
@@ -231,7 +231,7 @@ def test_two_sub_agents_with_equal_turns_finish_together_in_process(tmp_path):
     session = {"session_id": "twins", "arrival_s": 0.0, "turns": [
         {"user_len": 30, "output_len": 4, "fan_out": ["a", "b"]},
         {"user_len": 5, "output_len": 2}], "subagents": {"a": twin, "b": twin}}
-    spec = RunSpec(workload=_write(tmp_path, [session]), num_requests=None,
+    spec = run_spec(workload=_write(tmp_path, [session]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
     result = execute_run(spec)
     s = result["summary"]["sessions"]
@@ -256,7 +256,7 @@ def _deep_chain() -> dict:
 def test_a_2000_deep_sub_agent_chain_runs(tmp_path):
     """The attack: a RecursionError (the fan-outs walked depth first by recursion), in-process
     and over HTTP (the same parser). Every turn of the chain is sent, in order."""
-    spec = RunSpec(workload=_write(tmp_path, [_deep_chain()]), num_requests=None,
+    spec = run_spec(workload=_write(tmp_path, [_deep_chain()]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
     result = execute_run(spec)
     s = result["summary"]["sessions"]

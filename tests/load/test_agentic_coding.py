@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import CBBENCH
+from helpers import CBBENCH, run_spec
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.load.sessions import prompt_lens, sample_sessions
 from cbbench.load.workload import load_workload
@@ -69,7 +69,7 @@ def test_the_test_draw_holds_a_fan_out():
 
 
 def test_agentic_coding_in_process():
-    result = execute_run(RunSpec(workload="agentic-coding", num_requests=NUM_SESSIONS, seed=SEED,
+    result = execute_run(run_spec(workload="agentic-coding", num_requests=NUM_SESSIONS, seed=SEED,
                                  engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b")))
     s = result["summary"]["sessions"]
     drawn, _ = sample_sessions(load_workload("agentic-coding").sessions, NUM_SESSIONS, SEED)

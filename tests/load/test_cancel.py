@@ -9,10 +9,10 @@ import time
 import urllib.request
 
 import pytest
-from helpers import sim_options, start_server
+from helpers import run_spec, sim_options, start_server
 from typer.testing import CliRunner
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.cli.serve import build_serving_engine
 from cbbench.engine.args import EngineArgs
@@ -27,7 +27,7 @@ METRICS_WAIT_S = 5.0
 
 def _run(workload="sharegpt", **kw) -> dict:
     kw.setdefault("engine", SIM)
-    return execute_run(RunSpec(workload=workload, **kw))
+    return execute_run(run_spec(workload=workload, **kw))
 
 
 # ---- the plan ---------------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def test_plan_errors(rate, after, match):
 # ---- the engine -------------------------------------------------------------------------------
 def test_engine_cancels_apart_and_frees_its_blocks():
     n = 300
-    result = _run(num_requests=n, request_rate=20.0, rate_given=True, cancel_rate=0.4,
+    result = _run(num_requests=n, request_rate=20.0, cancel_rate=0.4,
                   cancel_after="exp:400")
     s, reqs = result["summary"], result["requests"]
     cancelled = [r for r in reqs if r["cancelled"]]
@@ -75,7 +75,7 @@ def test_engine_cancels_apart_and_frees_its_blocks():
 
 def test_cancel_lands_at_its_time():
     plan = CancelPlan(0.5, parse_delay("150", ""))
-    result = _run(num_requests=60, request_rate=10.0, rate_given=True, arrival="constant",
+    result = _run(num_requests=60, request_rate=10.0, arrival="constant",
                   cancel_rate=0.5, cancel_after="150", save_detailed=True)
     assert 0 < result["summary"]["cancelled"] < 30
     for r in result["requests"]:
@@ -99,7 +99,7 @@ def test_cancel_everything_with_prefix_caching_leaves_nothing_held():
 
 
 def test_a_cancelled_turn_does_not_end_its_session():
-    result = _run("sharegpt-multiturn", num_requests=30, request_rate=2.0, rate_given=True,
+    result = _run("sharegpt-multiturn", num_requests=30, request_rate=2.0,
                   cancel_rate=0.3, cancel_after="exp:300")
     s = result["summary"]
     assert s["cancelled"] > 0 and s["failed"] == 0
@@ -131,8 +131,8 @@ def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
     path.write_text("".join(json.dumps({"prompt_len": 64, "output_len": 300}) + "\n"
                             for _ in range(40)))
     aborted_before = _metrics(srv.url).get("cbbench_requests_aborted_total", 0.0)
-    result = execute_run(RunSpec(
-        workload=str(path), num_requests=None, request_rate=100.0, rate_given=True,
+    result = execute_run(run_spec(
+        workload=str(path), num_requests=None, request_rate=100.0,
         endpoint=EndpointOptions(endpoint=srv.url, request_timeout_s=60.0),
         cancel_rate=0.5, cancel_after="40",
     ))

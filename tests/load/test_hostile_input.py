@@ -199,12 +199,14 @@ def _result_file(tmp_path: Path, text: str) -> Path:
 
 @pytest.fixture(scope="module")
 def good_result(tmp_path_factory) -> Path:
+    from helpers import run_spec
+
     from cbbench.analysis.result import write_result
-    from cbbench.bench.runner import RunSpec, execute_run
+    from cbbench.bench.runner import execute_run
     from cbbench.engine.args import EngineArgs
 
     p = tmp_path_factory.mktemp("good") / "good.json"
-    write_result(p, execute_run(RunSpec(workload="sharegpt", num_requests=3,
+    write_result(p, execute_run(run_spec(workload="sharegpt", num_requests=3,
                                         engine=EngineArgs(engine="sim"))))
     return p
 

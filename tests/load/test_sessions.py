@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -32,7 +33,7 @@ def _write(tmp_path: Path, sessions: list[dict], name: str = "s.jsonl") -> Path:
 
 def _run(path_or_name: str, **kw) -> dict:
     engine = EngineArgs(**{**SIM, **kw.pop("engine", {})})
-    spec = RunSpec(workload=str(path_or_name), engine=engine, **kw)
+    spec = run_spec(workload=str(path_or_name), engine=engine, **kw)
     return execute_run(spec)
 
 
@@ -142,7 +143,7 @@ def test_sessions_arrive_open_loop(tmp_path):
     sessions = [{"turns": [{"user_len": 10, "output_len": 5}, {"user_len": 10, "output_len": 5}]}
                 for _ in range(4)]
     result = _run(_write(tmp_path, sessions), num_requests=None, request_rate=2.0,
-                  rate_given=True, arrival="constant", think_time="0")
+                  arrival="constant", think_time="0")
     firsts = sorted(r["intended_start_s"] for r in result["requests"] if r["turn"] == 1)
     assert firsts == pytest.approx([0.0, 0.5, 1.0, 1.5])
     assert result["config"]["sessions"] == {"sessions": 4, "turns": 8, "think_time": "0"}
@@ -167,7 +168,7 @@ def test_think_time_draws_are_seeded_per_turn():
 
 
 def test_builtin_multiturn_draws_sessions(tmp_path):
-    result = _run("sharegpt-multiturn", num_requests=20, request_rate=1.0, rate_given=True,
+    result = _run("sharegpt-multiturn", num_requests=20, request_rate=1.0,
                   engine={"enable_prefix_caching": True})
     s = result["summary"]
     assert s["sessions"]["count"] == 20 and s["failed"] == 0

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -72,9 +73,9 @@ def test_bad_values(kwargs):
 
 
 def test_run_records_the_parameters_and_the_prefix_hits():
-    spec = RunSpec(
-        workload="random", num_requests=40, request_rate=5.0, rate_given=True,
-        random=RandomSpec(input_len=200, output_len=20, length_range=0.1, prefix_len=256),
+    spec = run_spec(
+        workload="random", num_requests=40, request_rate=5.0,
+        input_len=200, output_len=20, length_range=0.1, prefix_len=256,
         engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b",
                           enable_prefix_caching=True),
     )

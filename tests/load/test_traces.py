@@ -19,9 +19,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import run_spec
 from typer.testing import CliRunner
 
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -103,7 +104,7 @@ def test_trace_loads_exactly_as_written(tmp_path: Path, name: str) -> None:
 def test_arrival_trace_replays_the_file_s_times(tmp_path: Path, name: str) -> None:
     path = _write(tmp_path, name)
     expected = FILES[name][2]
-    spec = RunSpec(workload=str(path), num_requests=None, arrival="trace", engine=SIM)
+    spec = run_spec(workload=str(path), num_requests=None, arrival="trace", engine=SIM)
     result = execute_run(spec)
     reqs = sorted(result["requests"], key=lambda r: r["id"])
     assert result["config"]["arrival"] == "trace"
@@ -117,7 +118,7 @@ def test_arrival_trace_replays_the_file_s_times(tmp_path: Path, name: str) -> No
 def test_time_scale_stretches_and_compresses(tmp_path: Path) -> None:
     path = _write(tmp_path, "burstgpt.csv")
     for scale in (0.5, 3.0):
-        spec = RunSpec(workload=str(path), num_requests=None, arrival="trace", engine=SIM,
+        spec = run_spec(workload=str(path), num_requests=None, arrival="trace", engine=SIM,
                        time_scale=scale)
         result = execute_run(spec)
         starts = sorted(r["intended_start_s"] for r in result["requests"])
@@ -127,8 +128,8 @@ def test_time_scale_stretches_and_compresses(tmp_path: Path) -> None:
 
 def test_time_scale_needs_trace_arrivals(tmp_path: Path) -> None:
     path = _write(tmp_path, "azure2023.csv")
-    spec = RunSpec(workload=str(path), num_requests=None, arrival="gamma", engine=SIM,
-                   request_rate=5.0, rate_given=True, time_scale=2.0)
+    spec = run_spec(workload=str(path), num_requests=None, arrival="gamma", engine=SIM,
+                   request_rate=5.0, time_scale=2.0)
     with pytest.raises(UsageError, match="--time-scale applies to --arrival trace"):
         execute_run(spec)
 
@@ -136,7 +137,7 @@ def test_time_scale_needs_trace_arrivals(tmp_path: Path) -> None:
 def test_failed_rows_are_skipped_and_reported(tmp_path: Path, notices) -> None:
     w = load_workload(str(_write(tmp_path, "burstgpt.csv")))
     assert len(w.notes) == 1 and "skipped 1 rows" in w.notes[0]
-    spec = RunSpec(workload=str(_write(tmp_path, "azure2023.csv")), num_requests=None,
+    spec = run_spec(workload=str(_write(tmp_path, "azure2023.csv")), num_requests=None,
                    engine=SIM)
     execute_run(spec)
     assert any("skipped 1 rows" in n for n in notices)
@@ -173,7 +174,7 @@ def test_mooncake_sharing_reaches_the_prefix_cache(tmp_path: Path) -> None:
     full blocks (640 tokens) each cached; request 3 finds block 46 (32 blocks, 512 tokens)."""
     path = _write(tmp_path, "mooncake.jsonl")
     engine = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", enable_prefix_caching=True)
-    spec = RunSpec(workload=str(path), num_requests=None, arrival="trace", engine=engine)
+    spec = run_spec(workload=str(path), num_requests=None, arrival="trace", engine=engine)
     summary = execute_run(spec)["summary"]
     assert summary["engine"]["prefix_cache_hit_tokens"] == 640 + 640 + 512
 

@@ -9,9 +9,10 @@ import time
 
 import pytest
 from fake_openai import FakeOpenAI
+from helpers import run_spec
 
 from cbbench.analysis.table import CLIENT_BOUND_MARK, LATENCY_KEYS, latency_table
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.targets.client_health import (
     CLIENT_BOUND_METRICS,
     LOOP_LAG_MIN_SPAN_S,
@@ -108,7 +109,7 @@ def test_a_run_whose_loop_stalls_marks_its_latency_rows_in_the_table(tmp_path):
                             for i in range(n)))
     with FakeOpenAI() as fake:
         result = execute_run(
-            RunSpec(workload=str(path), num_requests=None, request_rate=rate, rate_given=True,
+            run_spec(workload=str(path), num_requests=None, request_rate=rate,
                     endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=60.0)),
             on_progress=lambda done, total: time.sleep(STALL_S),
         )

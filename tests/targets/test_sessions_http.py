@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import sim_options, start_server
+from helpers import run_spec, sim_options, start_server
 from typer.testing import CliRunner
 
 from cbbench.analysis.result import load_result
@@ -27,7 +27,7 @@ def srv():
 
 
 def _spec(url: str, workload: str, api: str = "chat", **kw) -> RunSpec:
-    return RunSpec(
+    return run_spec(
         workload=workload,
         endpoint=EndpointOptions(endpoint=url, api=api, request_timeout_s=60.0),
         think_time="0",
@@ -40,8 +40,7 @@ def test_sharegpt_multiturn_against_serve_over_chat(srv, api):
     """Over chat, and over the Responses and Anthropic APIs with the whole history as their
     input: the same prompt growth, turn by turn."""
     result = execute_run(
-        _spec(srv.url, "sharegpt-multiturn", api=api, num_requests=5, request_rate=20.0,
-              rate_given=True),
+        _spec(srv.url, "sharegpt-multiturn", api=api, num_requests=5, request_rate=20.0),
     )
     s = result["summary"]
     assert s["failed"] == 0 and s["error_types"] == {}

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import run_spec
 from worker_runs import CLI, POLL_S, RUN_TIMEOUT_S, worker_pids
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.table import workers_table
-from cbbench.bench.runner import RunSpec, execute_run
+from cbbench.bench.runner import execute_run
 from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.distributed.merge import WORKER_LOST, Merger
 from cbbench.distributed.messages import Ready, RecordBatch
@@ -42,9 +43,9 @@ COUNT_KEYS = ("count", "started", "completed", "ended_early", "turns_planned", "
 
 
 def _session_run(url: str, workers: int) -> dict:
-    return execute_run(RunSpec(
+    return execute_run(run_spec(
         workload="sharegpt-multiturn", num_requests=SESSIONS, request_rate=20.0,
-        rate_given=True, seed=SEED, think_time=THINK, load=LoadPlan(workers),
+        seed=SEED, think_time=THINK, load_plan=LoadPlan(workers),
         endpoint=EndpointOptions(endpoint=url, api="chat", request_timeout_s=60.0),
     ))
 
@@ -104,8 +105,8 @@ def test_a_failed_turn_ends_its_session_on_its_worker(fake_server, tmp_path):
         + json.dumps({"turns": [{"user": "fine", "output_len": 2},
                                 {"user": "still fine", "output_len": 2}]}) + "\n"
     )
-    result = execute_run(RunSpec(
-        workload=str(path), num_requests=None, think_time="0", load=LoadPlan(2),
+    result = execute_run(run_spec(
+        workload=str(path), num_requests=None, think_time="0", load_plan=LoadPlan(2),
         endpoint=EndpointOptions(endpoint=fake_server.url, api="chat", request_timeout_s=60.0),
     ))
     s = result["summary"]
@@ -121,10 +122,10 @@ def test_two_workers_cancel_on_the_one_process_plan(fake_server, tmp_path):
     path = tmp_path / "slow.jsonl"  # 10 tokens 20 ms apart: every pick is cancelled in time
     path.write_text("".join(json.dumps({"prompt": f"delay:0.02 c{i}", "output_len": 10}) + "\n"
                             for i in range(n)))
-    results = [execute_run(RunSpec(
-        workload=str(path), num_requests=None, request_rate=50.0, rate_given=True, seed=SEED,
+    results = [execute_run(run_spec(
+        workload=str(path), num_requests=None, request_rate=50.0, seed=SEED,
         endpoint=EndpointOptions(endpoint=fake_server.url, request_timeout_s=60.0),
-        cancel_rate=rate, cancel_after=str(after_ms), load=LoadPlan(w),
+        cancel_rate=rate, cancel_after=str(after_ms), load_plan=LoadPlan(w),
     )) for w in (1, 2)]
     plan = CancelPlan(rate, parse_delay(str(after_ms), ""), SEED)
     picked = {i for i in range(n) if plan.cancel_after_s(i) is not None}

@@ -128,7 +128,7 @@ def check_compact_scope(run: CompactRun, spec) -> None:
     out = [what for what, bad in (
         ("an endpoint", spec.endpoint is not None),
         ("an engine other than the simulator", getattr(run.resolved, "engine", "sim") != "sim"),
-        ("--cancel-rate", spec.cancel_rate is not None),
+        ("--cancel-rate", spec.load.cancel_rate is not None),
         ("--gpu-profile", opts.gpu_profile is not None),
         ("speculative decoding", bool(opts.speculative_tokens)),
         ("--disaggregate", opts.disaggregate is not None),
@@ -151,8 +151,8 @@ def summarize_compact(run: CompactRun, spec, view: RequestColumns | None = None)
         summary["slices"] = time_slices(cols, run.duration_s, spec.slice_s, pct)
     summary["itl_histogram"] = itl_histogram(cols, pooled)
     summary["steady_state"] = steady_state(
-        cols, run.duration_s, run.steps.columns if len(run.steps) else None, spec.warmup_s,
-        spec.cooldown_s, pct)
+        cols, run.duration_s, run.steps.columns if len(run.steps) else None, spec.output.warmup,
+        spec.output.cooldown, pct)
     if len(run.steps):
         summary["engine"] = compact_engine_summary(run)
     add_deployment(summary, spec.engine, run, [])
