@@ -267,18 +267,3 @@ def dumps(data: Record | dict) -> str:
 def file_text(data: Record | dict) -> str:
     """The whole file as written: :func:`dumps` and a newline."""
     return dumps(data) + "\n"
-
-
-# Transitional (issue 36): code and tests that wrote `json.dumps(execute_run(...))` when the
-# result was a dict keep working: the standard encoder's fallback gives a record's dict (the
-# file's value). Every other type falls through to the encoder's own error, unchanged.
-_encoder_default = json.JSONEncoder.default
-
-
-def _record_as_json(encoder: json.JSONEncoder, o: Any) -> Any:
-    if isinstance(o, Record):  # Python values: a NaN set by hand is written as json writes it
-        return plain(o)
-    return _encoder_default(encoder, o)
-
-
-json.JSONEncoder.default = _record_as_json  # type: ignore[assignment]

@@ -19,6 +19,7 @@ from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import get_model_config
 from cbbench.engine.sim.cost_model import BatchShape, CostModel, DeviceRates
 from cbbench.engine.sim.device_profile import load_profile
+from cbbench.schema.base import plain
 
 SMALL = get_model_config("small")
 # Rates under which every term matters on the 'small' model in fp32: decode GEMMs and the
@@ -178,7 +179,7 @@ def test_a_term_the_data_do_not_need_is_reported_not_invented(shapes_run):
 
 
 def write(path, obj) -> str:
-    path.write_text(json.dumps(obj))
+    path.write_text(json.dumps(obj, default=plain))
     return str(path)
 
 
@@ -316,7 +317,7 @@ def test_large_residuals_warn_in_one_line_in_the_profile_and_the_output(shapes_r
     for it in decodes[::2]:
         it["duration_s"] *= 4.0
     path = tmp_path / "real.json"
-    path.write_text(json.dumps(real))
+    path.write_text(json.dumps(real, default=plain))
     out = tmp_path / "p.json"
     r = invoke("calibrate", str(path), "--out", str(out))
     assert r.exit_code == 0, r.output

@@ -21,6 +21,7 @@ import pytest
 
 from cbbench.engine.json_file import read_json
 from cbbench.engine.memory_check import available_host_bytes
+from cbbench.schema.base import plain
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
@@ -128,7 +129,7 @@ def recorded(tmp_path_factory) -> dict:
     from cbbench.engine.args import EngineArgs
 
     spec = run_spec(workload="sharegpt", num_requests=3, engine=EngineArgs(engine="sim"))
-    return json.loads(json.dumps(execute_run(spec)))
+    return json.loads(json.dumps(execute_run(spec), default=plain))
 
 
 REPLAY_CASES = {  # (section, key, value, text in the error); request keys edit record 0.

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 from cbbench.analysis.result import load_result
+from cbbench.schema.base import plain
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
@@ -307,7 +308,7 @@ def test_interrupted_sim_run_produces_a_valid_result(tmp_path):
     path = tmp_path / "sim.json"
     write_result(path, result)
     data = load_result(path)
-    assert data["interrupted"] is True and data["summary"] == json.loads(json.dumps(s))
+    assert data["interrupted"] is True and data["summary"] == json.loads(json.dumps(s, default=plain))
     assert [p.name for p in tmp_path.iterdir()] == ["sim.json"]
 
 
