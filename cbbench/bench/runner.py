@@ -34,9 +34,10 @@ from cbbench.load.delays import parse_delay
 from cbbench.load.images import RANDOM_MM_WORKLOAD, ImageSpec
 from cbbench.load.limits import check_request_count
 from cbbench.load.session_plan import DEFAULT_THINK_TIME, SessionPlan
-from cbbench.load.sessions import check_session_tokens, sample_sessions
+from cbbench.load.sessions import Session, check_session_tokens, sample_sessions
 from cbbench.load.synthetic import RANDOM_WORKLOAD, RandomSpec, random_workload
 from cbbench.load.workload import BUILTIN_WORKLOADS, Workload, load_workload, sample_requests
+from cbbench.load.workload_types import WorkloadRequest
 from cbbench.schema import RUN_SCHEMA_VERSION, RunResult, as_run_result
 from cbbench.targets.engine import EngineRun, engine_config_dict, run_engine
 
@@ -344,7 +345,9 @@ def _request_count(spec: RunSpec, workload: Workload, process: str) -> tuple[int
 
 def _draw(spec: RunSpec, workload: Workload, num_requests: int | None):
     """The drawn requests (or sessions), the notices of a small workload said once."""
+    drawn: list[Session] | list[WorkloadRequest]
     if workload.is_sessions:
+        assert workload.sessions is not None  # is_sessions says so
         drawn, replaced = sample_sessions(workload.sessions, num_requests, spec.load.seed)
         check_session_tokens(drawn)
         what = f"{len(workload.sessions)} sessions"
@@ -390,10 +393,13 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
         spec.load.rate_given or spec.ramp is not None,
     )
     num_requests, until = _request_count(spec, workload, process)
+    # _request_count sizes a generated workload: a time bound's count or vLLM's default.
     if spec.load.workload == RANDOM_WORKLOAD:
+        assert num_requests is not None
         workload = random_workload(spec.random, num_requests, spec.load.seed)
         num_requests = None  # generated in order: keep them all
     elif spec.load.workload == RANDOM_MM_WORKLOAD:
+        assert num_requests is not None
         workload = random_mm_workload(spec.random, spec.images or ImageSpec(), num_requests,
                                       spec.load.seed)
         num_requests = None

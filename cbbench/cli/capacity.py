@@ -114,6 +114,7 @@ def capacity(
     parse_precision(precision)
     if start_rate is not None and not (start_rate > 0 and math.isfinite(start_rate)):
         raise UsageError(f"--start-rate must be a positive number, got {start_rate}")
+    assert load.num_requests is not None  # PROBE_LOAD gives it a default: a probe has a size
     sizing = ProbeSizing(load.num_requests, probe.min_duration, probe.max_requests)
     base = base_spec(load, output, endpoint, engine_opts)
     prep = point_prep(probe)

@@ -86,6 +86,7 @@ def sweep(
     if rate_list is None and not 1 <= points <= MAX_POINTS:
         raise UsageError(f"--points must be in [1, {MAX_POINTS}], got {points}")
     slo_spec = output.attainment_slo()
+    assert load.num_requests is not None  # PROBE_LOAD gives it a default: a probe has a size
     sizing = ProbeSizing(load.num_requests, probe.min_duration, probe.max_requests)
     for r in rate_list or []:
         sizing.check_schedule(r)

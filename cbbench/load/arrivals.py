@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -176,6 +178,13 @@ def check_schedule_span(times: np.ndarray, hint: str = "the request rate or the 
         )
 
 
+class Arrives(Protocol):
+    """A trace's item: a request or a session, each with its recorded arrival."""
+
+    @property
+    def arrival_s(self) -> float | None: ...
+
+
 def count_within(
     duration_s: float,
     rate: float,
@@ -183,7 +192,7 @@ def count_within(
     process: str,
     seed: int,
     ramp: Ramp | None = None,
-    trace: list[WorkloadRequest] | None = None,
+    trace: Sequence[Arrives] | None = None,
 ) -> int:
     """How many arrivals of the schedule fall before `duration_s` (for --duration): draw more
     until one lands at or past it. A trace is cut at its first request at or past the duration,
@@ -214,7 +223,7 @@ def count_within(
                             f"(at least {n // 2} arrivals before {duration_s:g} s)")
 
 
-def _trace_times(requests: list[WorkloadRequest]) -> np.ndarray:
+def _trace_times(requests: Sequence[Arrives]) -> np.ndarray:
     t = np.array([r.arrival_s for r in requests], dtype=np.float64)
     return t - t.min() if t.size else t
 

@@ -5,6 +5,7 @@ timeouts, concurrency, ignore-eos, /metrics scraping, client workers). Declared 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cbbench.errors import UsageError
 from cbbench.options.fields import check_fields, opt
@@ -145,7 +146,7 @@ class EndpointFlags:
 
 # sweep and capacity: open loop only (no --max-concurrency, which would cap the very load a
 # rate sweep offers) and no scraping; their probes share one Ray instance.
-PROBE_ENDPOINT = dict(
+PROBE_ENDPOINT: dict[str, Any] = dict(
     only=("endpoint", "api", "served_model", "ignore_eos_field", "header", "request_timeout",
           "tokenizer", "workers", "ray", "ray_address", "batch_size", "balance", "lora_modules"),
     help={

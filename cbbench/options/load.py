@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cbbench.errors import UsageError
 from cbbench.options.fields import check_fields, opt
@@ -220,7 +221,7 @@ class ProbeOptions:
 
 
 # How sweep and capacity take the load group: a probe's size and an open-loop process.
-PROBE_LOAD = dict(
+PROBE_LOAD: dict[str, Any] = dict(
     only=("workload", "num_requests", "seed", "burstiness", "arrival"),
     defaults={"num_requests": 1000, "arrival": "gamma"},
     help={

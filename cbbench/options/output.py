@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cbbench.errors import UsageError
 from cbbench.options.fields import check_fields, opt
@@ -174,9 +175,9 @@ class WindowOptions:
         check_window(self.window)
 
 
-RUN_OUTPUT = dict(only=(
+RUN_OUTPUT: dict[str, Any] = dict(only=(
     "slo", "warmup", "cooldown", "output", "save_detailed", "max_error_rate", "gpu_index",
     "telemetry_interval", "gpu_metrics", "label", "summary_only", "percentiles", "slice", "output_format", "server_log", "json", "quiet",
 ))
 # The one flag compare, gate and report take from this group.
-READ_OUTPUT = dict(only=("percentiles",))
+READ_OUTPUT: dict[str, Any] = dict(only=("percentiles",))
