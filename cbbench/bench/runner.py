@@ -272,7 +272,7 @@ def execute_run(
         add_splits(summary, run.records, run.duration_s)
     telemetry_result = telemetry.result()
     requests, iterations = _records(run, spec, records)
-    # The file's keys in the file's order (tests/bench/test_golden_results.py holds it).
+    # The file's keys in the file's order (tests/cli/test_golden_results.py holds it).
     return as_run_result({
         "schema_version": RUN_SCHEMA_VERSION,
         "cbbench_version": __version__,

@@ -10,7 +10,7 @@ scheduler decides: every request's token counts and outcome, every iteration's b
 KV use, the config, and the summary's counts.
 
 Regenerate (only when a change of results is intended, and say so in the commit):
-``python tests/bench/test_golden_results.py --write``.
+``python tests/cli/test_golden_results.py --write``.
 """
 
 from __future__ import annotations
