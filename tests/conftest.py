@@ -14,12 +14,11 @@ with a GPU the compiled path is tested instead.
 import os
 
 # One OpenBLAS thread for numpy/scipy, set before anything imports numpy (helpers, hypothesis
-# and torch below do), and inherited by the subprocesses the tests start. The calibration fits
-# (scipy's least_squares) make hundreds of SVDs of a tall, 9-column Jacobian: with OpenBLAS's
-# default of a thread per core its threads spin-wait for each other, and on a shared 2-core
-# machine one such SVD took 37 ms of CPU (237 ms wall at load 11) against 1.3 ms (7.9 ms) on
-# one thread. torch keeps its own thread pool (the engine sets it, engine/build_torch.py).
-# setdefault: a run that asks for more threads gets them.
+# and torch below do), and inherited by the subprocesses the tests start. The calibration fit
+# limits itself (engine/sim/roofline_select.fit_rates: hundreds of small SVDs, whose OpenBLAS
+# threads spin-wait on a shared machine); this holds every other numpy/scipy call in the suite
+# to the same rule, the suite's tests sharing 2 cores. torch keeps its own thread pool (the
+# engine sets it, engine/build_torch.py). setdefault: a run that asks for more threads gets them.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
