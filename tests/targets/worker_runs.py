@@ -75,6 +75,40 @@ def ttft_check(result: dict, log: dict, prefix: str) -> tuple[float, float, str]
     return client, server, report
 
 
+def accurate_or_flagged(result: dict, client: float, server: float) -> tuple[bool, str]:
+    """Did this run measure TTFT within the bound, or say itself why it could not?
+
+    On a quiet machine the client's TTFT p50 is within TTFT_P50_BOUND_MS of the server's. On a
+    loaded one it cannot be: the client sends late and reads late, and a suite test must pass on
+    a machine of any load (issue 35). Then the run must have marked its TTFT client-bound
+    (summary.client_bound, the user's warning), and the error must be no larger than the lag the
+    run reports (send lag p50 plus event-loop lag p99) plus the bound: a client error the run
+    does not account for still fails."""
+    err = client - server
+    if abs(err) < TTFT_P50_BOUND_MS:
+        return True, "within the bound"
+    if err < 0:  # earlier than the server saw the first token: no load explains that
+        return False, f"error {err:+.2f} ms: the client reads TTFT below the server's"
+    s = result["summary"]
+    flagged = "ttft_ms" in ((s.get("client_bound") or {}).get("metrics") or [])
+    http = s["http"]
+    reported = (http["send_lag_p50_ms"] or 0.0) + (http["loop_lag_p99_ms"] or 0.0)
+    if not flagged:
+        return False, f"error {err:+.2f} ms, and the run did not mark its TTFT client-bound"
+    if err > reported + TTFT_P50_BOUND_MS:
+        return False, (f"error {err:+.2f} ms exceeds the lag the run reports ({reported:.2f} ms) "
+                       f"plus the bound")
+    return True, f"error {err:+.2f} ms, marked client-bound and within the reported lag"
+
+
+def assert_accurate_or_flagged(verdicts: list[tuple[bool, str]], reports: list[str]) -> None:
+    """One attempt within the bound passes; otherwise every attempt must be flagged and
+    explained (accurate_or_flagged)."""
+    lines = [f"{r} -> {why}" for (_, why), r in zip(verdicts, reports)]
+    strict = any(why == "within the bound" for _, why in verdicts)
+    assert strict or all(ok for ok, _ in verdicts), "\n".join(lines)
+
+
 def assert_exactly_once(result: dict, n: int, workers: int) -> None:
     s = result["summary"]
     reqs = result["requests"]
