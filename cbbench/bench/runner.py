@@ -305,7 +305,7 @@ def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
 
 def _load_workload(spec: RunSpec, replay) -> Workload:
     if replay is not None:
-        return Workload(str(replay.config.get("workload")), replay.requests)
+        return Workload(str(replay.config.workload), replay.requests)
     if spec.load.workload == RANDOM_WORKLOAD:
         return Workload(RANDOM_WORKLOAD, [])  # made once the request count is known
     if spec.load.workload == RANDOM_MM_WORKLOAD:
@@ -411,7 +411,7 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
     )
     arrivals = scale_trace_time(arrivals, process, spec.load.time_scale)
     if replay is not None:
-        process, arrivals = replay.config.get("arrival"), replay.arrivals
+        process, arrivals = replay.config.arrival, replay.arrivals
     cancel = cancel_plan(spec.load.cancel_rate, spec.load.cancel_after, spec.load.seed)
     if workload.is_sessions:
         scale = spec.load.tool_time_scale
