@@ -79,11 +79,11 @@ class ItlHistogram:
 
     @classmethod
     def of(cls, hist: ItlHistogram | Mapping[str, Any]) -> ItlHistogram:
-        """The histogram, from its summary dict (a result's, or log_histogram's): its fields,
-        any other key left as the reader before left it."""
+        """The histogram, from its summary dict (a result's, or log_histogram's): its fields
+        (one missing: KeyError, as the reader before), any other key left as it was."""
         if isinstance(hist, ItlHistogram):
             return hist
-        return cls(**{f.name: hist.get(f.name) for f in fields(cls)})
+        return cls(**{f.name: hist[f.name] for f in fields(cls)})
 
 
 def bin_edges_ms(hist: ItlHistogram | Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
