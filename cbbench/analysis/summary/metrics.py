@@ -247,14 +247,15 @@ def summarize(
     sent = cols.sent
     slot = ~np.isnan(cols.slot_s)
     ready = np.where(slot, cols.slot_s, cols.intended_start_s)
+    cancelled = int(cols.cancelled.sum())
     summary = {
         # Cancelled: apart, neither completed nor failed.
-        **run_totals(len(done), len(failed), int(cols.cancelled.sum()),
+        **run_totals(len(done), len(failed), cancelled,
                      cols.error_types_of(failed), duration_s, in_tokens, out_tokens),
         **latency_distributions(cols, done, percentiles, pooled=pooled),
         "send_lag_ms": distribution((cols.send_s[sent] - ready[sent]) * MS, percentiles),
     }
-    if summary["cancelled"]:
+    if cancelled:
         summary["cancelled_work"] = cancelled_work(cols)
     cache = (server_prefix_cache(cols.records) if cols.records is not None else None)
     if cache is not None:  # the server's own count (usage.prompt_tokens_details)
