@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from cbbench.analysis.input_file import check_input_file
 from cbbench.errors import UsageError
@@ -36,21 +39,63 @@ def _is_count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS
 
 
-def line_problem(line: dict) -> str | None:
+@dataclass(frozen=True, slots=True)
+class LogLine:
+    """One request-log line as the readers use it (its other fields are not read); a field the
+    line lacks is None. The types are those :func:`line_problem` holds a file's line to; a
+    line a caller built is taken as it is."""
+
+    id: str | None = None
+    status: int | None = None  # the HTTP status
+    finish: str | None = None  # the finish reason: length | stop | abort | error ...
+    events: list[list[Any]] | None = None  # [[time, tokens, kind], ...]: each event written
+    # Epoch seconds (TIME_FIELDS).
+    arrival: float | None = None
+    submitted: float | None = None
+    admitted: float | None = None
+    queue_exit: float | None = None
+    first_token: float | None = None
+    first_token_sent: float | None = None
+    first_output: float | None = None
+    first_output_sent: float | None = None
+    last_token: float | None = None
+    last_token_sent: float | None = None
+    # Counts (COUNT_FIELDS).
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    tool_call_tokens: int | None = None
+    cached_tokens: int | None = None
+    preemptions: int | None = None
+
+    @classmethod
+    def of(cls, line: Mapping[str, Any]) -> LogLine:
+        """The line's fields as they are (JSON values, not yet checked)."""
+        return cls(**{name: line.get(name) for name in LOG_LINE_FIELDS})
+
+
+LOG_LINE_FIELDS = tuple(f.name for f in fields(LogLine))
+
+
+def line_problem(line: Mapping[str, Any]) -> str | None:
     """What makes ``line`` not a request-log line the readers can use, or None."""
-    if not isinstance(line.get("id"), str):
+    return _problem(LogLine.of(line))
+
+
+def _problem(ll: LogLine) -> str | None:
+    if not isinstance(ll.id, str):
         return "not a cbbench serve request-log line (no string 'id')"
     for k in TIME_FIELDS:
-        if line.get(k) is not None and not _is_time(line[k]):
-            return f"{k!r} must be a time in seconds >= 0, got {line[k]!r:.40}"
+        if (v := getattr(ll, k)) is not None and not _is_time(v):
+            return f"{k!r} must be a time in seconds >= 0, got {v!r:.40}"
     for k in COUNT_FIELDS:
-        if line.get(k) is not None and not _is_count(line[k]):
-            return f"{k!r} must be a count in [0, {MAX_TOKENS}], got {line[k]!r:.40}"
-    if line.get("status") is not None and not _is_count(line["status"]):
-        return f"'status' must be an HTTP status, got {line['status']!r:.40}"
-    if line.get("finish") is not None and not isinstance(line["finish"], str):
-        return f"'finish' must be a string, got {type(line['finish']).__name__}"
-    events = line.get("events")
+        if (v := getattr(ll, k)) is not None and not _is_count(v):
+            return f"{k!r} must be a count in [0, {MAX_TOKENS}], got {v!r:.40}"
+    if ll.status is not None and not _is_count(ll.status):
+        return f"'status' must be an HTTP status, got {ll.status!r:.40}"
+    if ll.finish is not None and not isinstance(ll.finish, str):
+        return f"'finish' must be a string, got {type(ll.finish).__name__}"
+    events = ll.events
     if events is None:
         return None
     if not isinstance(events, list):
@@ -60,7 +105,7 @@ def line_problem(line: dict) -> str | None:
                 and _is_count(e[1]) and (len(e) == 2 or isinstance(e[2], str))):
             return (f"events[{i}] must be [time >= 0, tokens in [0, {MAX_TOKENS}], kind], "
                     f"got {e!r:.60}")
-    if line.get("arrival") is None and events:
+    if ll.arrival is None and events:
         return "a line with events needs its 'arrival' time"
     return None
 
@@ -86,9 +131,11 @@ def read_server_log(path: Path | str) -> dict[str, dict]:
                     raise UsageError(f"{path}:{n}: not a JSON line") from None
                 if not isinstance(line, dict):
                     raise UsageError(f"{path}:{n}: not a cbbench serve request-log line")
-                if (problem := line_problem(line)) is not None:
+                ll = LogLine.of(line)
+                if (problem := _problem(ll)) is not None:
                     raise UsageError(f"{path}:{n}: {problem}")
-                out[line["id"]] = line
+                assert ll.id is not None  # _problem: a string id
+                out[ll.id] = line
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
     return out

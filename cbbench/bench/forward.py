@@ -189,10 +189,20 @@ def step_requests(rows, vocab: int, bm, seed: int, decode: bool):
     return reqs
 
 
-def _stats(xs: list[float]) -> dict:
+@dataclass(frozen=True)
+class StepStats:
+    """A shape's step times (ms) over its timed steps: a row's ``step_ms``."""
+
+    mean: float
+    p50: float
+    min: float
+    max: float
+
+
+def _stats(xs: list[float]) -> StepStats:
     xs = sorted(xs)
-    return {"mean": statistics.fmean(xs), "p50": statistics.median(xs), "min": xs[0],
-            "max": xs[-1]}
+    return StepStats(mean=statistics.fmean(xs), p50=statistics.median(xs), min=xs[0],
+                     max=xs[-1])
 
 
 @dataclass
@@ -376,7 +386,7 @@ def _time_row(spec, setup: _Setup, runner, phase: str, rows, graphs: bool, out: 
     ops = step_operators(setup.config, setup.dtype_name, rows)
     floor = step_floor(ops, p.bandwidth, p.flops)
     step = _stats(step_ms)
-    seconds = step["mean"] / 1000.0
+    seconds = step.mean / 1000.0
     row = {
         "phase": phase,
         "batch_size": len(rows),
@@ -385,21 +395,21 @@ def _time_row(spec, setup: _Setup, runner, phase: str, rows, graphs: bool, out: 
         "graphs": graphs,
         "graph_replayed": bool(graphs and runner.cuda_graphs_effective
                                and runner.graphs.padded_size(len(rows)) is not None),
-        "step_ms": step,
+        "step_ms": asdict(step),
         "tokens_per_s": tokens / seconds,
         "bytes": floor.bytes,
         "flops": floor.flops,
         "floor_ms": floor.floor_ms,
         "floor_bytes_ms": floor.bytes_ms,
         "floor_flops_ms": floor.flops_ms,
-        "roofline_fraction": floor.floor_ms / step["mean"],
+        "roofline_fraction": floor.floor_ms / step.mean,
         "mbu": floor.bytes / seconds / p.bandwidth if p.utilization else None,
         "mfu": floor.flops / seconds / p.flops if p.utilization else None,
         "operators": operator_table(ops, p.bandwidth, p.flops),
     }
     out["rows"].append(row)
     log(f"{phase:7s} batch {len(rows):4d} tokens {tokens:5d} graphs {graphs!s:5}: "
-        f"step {step['mean']:.4g} ms, floor {floor.floor_ms:.4g} ms")
+        f"step {step.mean:.4g} ms, floor {floor.floor_ms:.4g} ms")
 
 
 def _empty_cache(device, torch) -> None:

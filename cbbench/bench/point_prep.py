@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cbbench.analysis.summary.percentiles import percentile_key
 from cbbench.errors import UsageError
+from cbbench.schema.run import RunResult
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +134,14 @@ class PointPrep:
                                        server_log=None, label=None),
             endpoint=dataclasses.replace(spec.endpoint, seed=seed, scrape_metrics=False,
                                          scrape_metrics_filter=None))
-        result = execute_run(warm, should_stop=should_stop, records=False)
-        s = result["summary"]
-        return {"requests": n, "basis": basis, "completed": s.get("completed"),
-                "failed": s.get("failed"), "duration_s": s.get("duration_s")}
+        s = execute_run(warm, should_stop=should_stop, records=False).summary
+        return {"requests": n, "basis": basis, "completed": s.completed,
+                "failed": s.failed, "duration_s": s.duration_s}
 
-    def after(self, result: dict) -> None:
+    def after(self, result: RunResult) -> None:
         """Remember the point's median E2EL: the next point's warm-up is sized by it."""
-        e2el = ((result.get("summary") or {}).get("e2el_ms") or {}).get("p50")
+        dist = result.summary.e2el_ms
+        e2el = (dist.model_extra or {}).get(percentile_key(50)) if dist is not None else None
         if e2el is not None and math.isfinite(e2el) and e2el > 0:
             self._last_e2el_s = e2el / 1000.0
 

@@ -291,9 +291,7 @@ def summarize_probe(
         e2el_p99_ms=pct(s.e2el_ms, "p99"),
         itl_p99_ms=pct(s.itl_ms, "p99"),
         goodput=s.goodput,
-        # run_attainment (analysis/summary) reads the result's dict view, for now.
-        slo_attainment=(run_attainment(result, slo.limits_ms)  # type: ignore[arg-type]
-                        if slo is not None else None),
+        slo_attainment=(run_attainment(result, slo.limits_ms) if slo is not None else None),
         steady=check.steady,
         steady_reason=check.reason,
         steady_short=check.short,
@@ -320,7 +318,7 @@ def run_probe(
         resets = prep.before(spec)
     result = execute_run(spec, should_stop=should_stop)
     if prep is not None:
-        prep.after(result)  # type: ignore[arg-type]  # point_prep reads the dict view, for now
+        prep.after(result)
     if resets is not None:
         result.prefix_cache_reset = resets
     if warm is not None:

@@ -43,7 +43,7 @@ RUN_FIELDS = ("workload", "seed", "request_rate", "burstiness", "arrival")
 @dataclass(frozen=True)
 class Replay:
     source: str
-    config: dict  # the recorded run's config
+    config: Config  # the recorded run's config
     requests: list[WorkloadRequest]
     arrivals: np.ndarray
     engine: EngineArgs  # the command line's options with the recorded scheduling ones
@@ -51,7 +51,7 @@ class Replay:
     def run_spec(self, spec):
         """The RunSpec that replays: these requests in their order (the path as the workload,
         so nothing is resampled), the recorded run's config for the record."""
-        c = Config.model_validate(self.config)
+        c = self.config
         rate = c.request_rate
         return dataclasses.replace(
             spec.with_load(
@@ -177,4 +177,4 @@ def load_replay(path: str, args: EngineArgs) -> Replay:
         engine = replay_engine_args(args, run.config).validate()
     except UsageError as e:  # a recorded value this cbbench rejects: say which file
         raise UsageError(f"{path}: {e}") from None
-    return Replay(path, run.config.model_dump(exclude_unset=True), reqs, arrivals, engine)
+    return Replay(path, run.config, reqs, arrivals, engine)

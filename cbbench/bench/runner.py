@@ -18,7 +18,7 @@ from cbbench.analysis.comparison.sim_error import sim_error
 from cbbench.analysis.summary.columns import request_columns, token_gaps_s
 from cbbench.analysis.summary.deployment import add_deployment
 from cbbench.analysis.summary.inputs import add_input_figures
-from cbbench.analysis.summary.metrics import itl_histogram, summarize, summarize_engine
+from cbbench.analysis.summary.metrics import gpu_of, itl_histogram, summarize, summarize_engine
 from cbbench.analysis.summary.speculative import engine_speculative
 from cbbench.analysis.summary.splits import add_splits
 from cbbench.analysis.summary.steady_state import steady_state
@@ -195,9 +195,10 @@ def _runs_on_cpu(args: EngineArgs) -> bool:
 def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
     """MBU and MFU per iteration: analytic bytes (FLOPs) over the iteration's time, over the
     GPU's peak. Only where the GPU is known."""
-    if not gpu_spec:
+    gpu = gpu_of(gpu_spec)
+    if gpu is None:
         return
-    bw, fl = gpu_spec["hbm_bandwidth"], gpu_spec["bf16_flops"]
+    bw, fl = gpu.hbm_bandwidth, gpu.bf16_flops
     for it in iterations:
         d = it["duration_s"]
         it["mbu"] = it["bytes_moved"] / d / bw if d > 0 else None
@@ -305,7 +306,7 @@ def _records(run, spec: RunSpec, keep: bool) -> tuple[list[dict], list[dict]]:
 
 def _load_workload(spec: RunSpec, replay) -> Workload:
     if replay is not None:
-        return Workload(str(replay.config.get("workload")), replay.requests)
+        return Workload(str(replay.config.workload), replay.requests)
     if spec.load.workload == RANDOM_WORKLOAD:
         return Workload(RANDOM_WORKLOAD, [])  # made once the request count is known
     if spec.load.workload == RANDOM_MM_WORKLOAD:
@@ -411,7 +412,7 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
     )
     arrivals = scale_trace_time(arrivals, process, spec.load.time_scale)
     if replay is not None:
-        process, arrivals = replay.config.get("arrival"), replay.arrivals
+        process, arrivals = replay.config.arrival, replay.arrivals
     cancel = cancel_plan(spec.load.cancel_rate, spec.load.cancel_after, spec.load.seed)
     if workload.is_sessions:
         scale = spec.load.tool_time_scale

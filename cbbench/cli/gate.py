@@ -93,7 +93,7 @@ def gate(
     itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
     """
     from cbbench.analysis.result import check_not_an_input, check_writable
-    from cbbench.schema import RunResult, parse_run, read_run, to_dict
+    from cbbench.schema import RunResult, read_run
 
     new_paths, base_paths = _split_files(ctx.args)
     percentiles = output.percentiles_given()
@@ -108,12 +108,12 @@ def gate(
     window = windowed.window
     for t in checks_wanted:
         check_metric(t.metric, window)
-    from cbbench.analysis.summary.percentiles import fill_percentiles
+    from cbbench.analysis.summary.percentiles import with_percentiles_filled
 
     def read(p: Path) -> RunResult | dict:
         r = read_run(p)
         if percentiles:  # the percentiles it did not store, from its requests
-            r = parse_run(fill_percentiles(to_dict(r), percentiles), p)
+            r = with_percentiles_filled(r, percentiles, p)
         return select_window(r, window, str(p))
 
     baseline = [(str(p), read(p)) for p in base_paths]

@@ -99,7 +99,7 @@ def run(
         from cbbench.analysis.result import write_atomic
         from cbbench.export.files import render
 
-        for path, raw in render(to_dict(result), output.output_format, also).items():
+        for path, raw in render(result, output.output_format, also).items():
             write_atomic(path, raw)
     if not output.json and not to_stdout:
         with contextlib.suppress(OSError):  # a closed terminal: the file is written

@@ -17,11 +17,15 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
 from cbbench.export import requests as R
+from cbbench.export.writable import clean, clean_texts
+from cbbench.schema.base import to_dict
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import Config, Distribution, Request, RunResult, Summary
 
 VERSION = "0.2"
 TOOL = "cbbench"
@@ -35,31 +39,35 @@ RANDOM_WORKLOADS = ("random",)
 UID_LENGTH = 32  # llm-d's ids are 32 hex digits (md5-sized)
 
 
-def to_br02(result: Mapping) -> dict:
-    config = result.get("config") or {}
-    summary = result.get("summary") or {}
-    requests = result.get("requests") or []
+def to_br02(result: RunResult | Mapping[str, Any]) -> dict:
+    run = as_run(result)
+    # The result as the file's JSON, cleaned (export/writable.py): what the ids digest and the
+    # native configuration holds.
+    plain = clean(to_dict(run))
+    config = clean(to_dict(run.config))
+    requests = run.requests or []
     done = R.completed(requests)
     report = {
         "version": VERSION,
-        "run": _run(result, config, summary),
-        "scenario": {"stack": [_stack_component(config, result)], "load": _load(config, done)},
+        "run": _run(run, plain, config),
+        "scenario": {"stack": [_stack_component(run, config)], "load": _load(run.config, config, done)},
         "results": {
             "request_performance": {
                 "aggregate": {
-                    "requests": _requests(summary, requests, done),
-                    "latency": _latency(summary, done),
-                    "throughput": _throughput(summary),
+                    "requests": _requests(run.summary, requests, done),
+                    "latency": _latency(run.summary, done),
+                    "throughput": _throughput(run.summary),
                 }
             }
         },
     }
-    return _drop_none(report)
+    # Read from the model, the texts are the file's: made writable as the cleaned result's.
+    return clean_texts(_drop_none(report))
 
 
-def _run(result: Mapping, config: Mapping, summary: Mapping) -> dict:
-    start = _parse_time(result.get("started_at"))
-    duration = summary.get("duration_s")
+def _run(run: RunResult, plain: dict, config: dict) -> dict:
+    start = _parse_time(run.started_at)
+    duration = run.summary.duration_s
     time: dict = {}
     if start is not None:
         time["start"] = start.isoformat().replace("+00:00", "Z")
@@ -68,24 +76,26 @@ def _run(result: Mapping, config: Mapping, summary: Mapping) -> dict:
             time["end"] = end.isoformat().replace("+00:00", "Z")
     if _finite(duration):
         time["duration"] = f"PT{duration}S"
+    c = run.config
     return {
         # The same result always gets the same uid; runs of one configuration share the eid.
-        "uid": _digest(result)[:UID_LENGTH],
+        "uid": _digest(plain)[:UID_LENGTH],
         "eid": _digest(_config_identity(config))[:UID_LENGTH],
         "time": time or None,
-        "description": config.get("label"),
-        "keywords": [k for k in (config.get("workload"), config.get("engine")) if k] or None,
+        "description": c.label,
+        "keywords": [k for k in (c.workload, c.engine) if k] or None,
     }
 
 
-def _config_identity(config: Mapping) -> dict:
+def _config_identity(config: dict) -> dict:
     """The configuration without what differs between repeats of one experiment."""
     return {k: v for k, v in config.items() if k not in ("command", "label")}
 
 
-def _stack_component(config: Mapping, result: Mapping) -> dict:
+def _stack_component(run: RunResult, config: dict) -> dict:
+    c = run.config
     native = {"config": _jsonable(config)}
-    if config.get("target") == "http":
+    if c.target == "http":
         return {
             "metadata": {"label": "endpoint", "cfg_id": _digest(config)[:UID_LENGTH]},
             # cbbench sees an endpoint from outside: what serves it is not known here.
@@ -93,10 +103,10 @@ def _stack_component(config: Mapping, result: Mapping) -> dict:
                              "tool_version": "unknown"},
             "native": native,
         }
-    tp = _parallel_size(config.get("tensor_parallel_size"))
-    dp = _parallel_size(config.get("data_parallel_size"))
-    engine = config.get("engine") or "engine"
-    accelerator = config.get("gpu") if engine == "sim" else (config.get("device") or "unknown")
+    tp = _parallel_size(c.tensor_parallel_size)
+    dp = _parallel_size(c.data_parallel_size)
+    engine = c.engine or "engine"
+    accelerator = c.gpu if engine == "sim" else (c.device or "unknown")
     return {
         "metadata": {
             "label": f"cbbench-{engine}",
@@ -107,10 +117,10 @@ def _stack_component(config: Mapping, result: Mapping) -> dict:
         "standardized": {
             "kind": "inference_engine",
             "tool": f"cbbench-{engine}",
-            "tool_version": str(result.get("cbbench_version") or "unknown"),
+            "tool_version": str(run.cbbench_version or "unknown"),
             "role": "replica",
             "replicas": dp,
-            "model": {"name": str(config.get("model") or "unknown")},
+            "model": {"name": str(c.model or "unknown")},
             "accelerator": {
                 "model": str(accelerator),
                 "count": tp * dp,
@@ -121,34 +131,38 @@ def _stack_component(config: Mapping, result: Mapping) -> dict:
     }
 
 
-def _load(config: Mapping, done: list[dict]) -> dict:
-    workload = str(config.get("workload") or "")
+def _load(c: Config, config: dict, done: list[Request]) -> dict:
+    workload = str(c.workload or "")
     source = "random" if workload in RANDOM_WORKLOADS else ("sampled" if workload else "unknown")
-    rate = config.get("request_rate")
-    concurrency = config.get("max_concurrency")
+    rate = c.request_rate
+    concurrency = c.max_concurrency
     standardized = {
         "tool": TOOL,
-        "tool_version": str(config.get("cbbench_version") or _version()),
+        # The config's own version where a producer wrote one there (none does today).
+        "tool_version": str((c.model_extra or {}).get("cbbench_version") or _version()),
         "source": source,
-        "input_seq_len": _seq_len(R.values(done, "prompt_tokens")),
-        "output_seq_len": _seq_len(R.values(done, "output_tokens")),
+        "input_seq_len": _seq_len(R.values(done, lambda r: r.prompt_tokens)),
+        "output_seq_len": _seq_len(R.values(done, lambda r: r.output_tokens)),
         "rate_qps": rate if _finite(rate) and rate > 0 else None,
         "concurrency": concurrency if isinstance(concurrency, int) and concurrency >= 1 else None,
-        "parallelism": _parallelism(config.get("workers")),
+        "parallelism": _parallelism(c.workers),
     }
-    if any(r.get("turn") is not None for r in done):
+    if any(r.turn is not None for r in done):
         standardized["multi_turn"] = {"enabled": True}
     return {
         "metadata": {"cfg_id": _digest(config)[:UID_LENGTH],
                      "description": f"cbbench workload {workload}" if workload else None},
         "standardized": standardized,
-        "native": {"args": {"command": config.get("command")} if config.get("command") else None},
+        "native": {"args": {"command": c.command} if c.command else None},
     }
 
 
 def _parallelism(workers) -> int:
-    if isinstance(workers, dict):
-        workers = workers.get("count")
+    match workers:
+        case {"count": count}:  # {"count": N, ...}: a worker plan as distributed/ writes it
+            workers = count
+        case dict():
+            workers = None
     return workers if isinstance(workers, int) and workers >= 1 else 1
 
 
@@ -168,52 +182,55 @@ def _seq_len(values: np.ndarray) -> dict:
             "std_dev": float(values.std()), "min": lo, "max": max(hi, 1)}
 
 
-def _requests(summary: Mapping, requests: list, done: list[dict]) -> dict:
-    failed = summary.get("failed")
-    cancelled = summary.get("cancelled")
+def _requests(summary: Summary, requests: list[Request], done: list[Request]) -> dict:
+    failed = summary.failed
+    cancelled = summary.cancelled
     return {
-        "total": len(requests) if requests else int(summary.get("completed") or 0),
+        "total": len(requests) if requests else int(summary.completed or 0),
         "failures": failed if isinstance(failed, int) else None,
         # Cancelled by the client on purpose (--cancel-rate): neither completed nor failed.
         "incomplete": cancelled if isinstance(cancelled, int) else None,
-        "input_length": statistics(R.values(done, "prompt_tokens"), "count"),
-        "output_length": statistics(R.values(done, "output_tokens"), "count"),
+        "input_length": statistics(R.values(done, lambda r: r.prompt_tokens), "count"),
+        "output_length": statistics(R.values(done, lambda r: r.output_tokens), "count"),
     }
 
 
-def _latency(summary: Mapping, done: list[dict]) -> dict:
+def _latency(summary: Summary, done: list[Request]) -> dict:
     itl = _itl_values(done)
     return {
-        "time_to_first_token": statistics(R.values(done, "ttft_ms"), "ms",
-                                          summary.get("ttft_ms")),
-        "time_per_output_token": statistics(R.values(done, "tpot_ms"), "ms/token",
-                                            summary.get("tpot_ms")),
+        "time_to_first_token": statistics(R.values(done, lambda r: r.ttft_ms), "ms",
+                                          summary.ttft_ms),
+        "time_per_output_token": statistics(R.values(done, lambda r: r.tpot_ms), "ms/token",
+                                            summary.tpot_ms),
         "normalized_time_per_output_token": statistics(R.normalized_tpot_ms(done), "ms/token"),
-        "inter_token_latency": statistics(itl, "ms/token", summary.get("itl_ms")),
-        "request_latency": statistics(R.values(done, "e2el_ms"), "ms", summary.get("e2el_ms")),
+        "inter_token_latency": statistics(itl, "ms/token", summary.itl_ms),
+        "request_latency": statistics(R.values(done, lambda r: r.e2el_ms), "ms", summary.e2el_ms),
     }
 
 
-def _itl_values(done: list[dict]) -> np.ndarray:
-    lists = [r["itl_ms"] for r in done if isinstance(r.get("itl_ms"), list)]
+def _itl_values(done: list[Request]) -> np.ndarray:
+    """Every request's per-token gaps, pooled. A NaN among them stays one (the export then
+    refuses to write NaN, as it did when the result's NaN were read as null here)."""
+    lists = [[math.nan if not _finite(v) else v for v in r.itl_ms]
+             for r in done if r.itl_ms is not None]
     if not lists:
         return np.zeros(0)
     return np.asarray([v for gaps in lists for v in gaps], dtype=np.float64)
 
 
-def _throughput(summary: Mapping) -> dict:
-    duration = summary.get("duration_s")
-    in_tokens = summary.get("total_input_tokens")
+def _throughput(summary: Summary) -> dict:
+    duration = summary.duration_s
+    in_tokens = summary.total_input_tokens
     input_rate = in_tokens / duration if _finite(duration) and duration > 0 and _finite(in_tokens) else None
     return {
         "input_token_rate": _mean_only(input_rate, "tokens/s"),
-        "output_token_rate": _mean_only(summary.get("output_throughput"), "tokens/s"),
-        "total_token_rate": _mean_only(summary.get("total_token_throughput"), "tokens/s"),
-        "request_rate": _mean_only(summary.get("request_throughput"), "queries/s"),
+        "output_token_rate": _mean_only(summary.output_throughput, "tokens/s"),
+        "total_token_rate": _mean_only(summary.total_token_throughput, "tokens/s"),
+        "request_rate": _mean_only(summary.request_throughput, "queries/s"),
     }
 
 
-def statistics(values: np.ndarray, units: str, dist: Mapping | None = None) -> dict | None:
+def statistics(values: np.ndarray, units: str, dist: Distribution | None = None) -> dict | None:
     """The schema's Statistics: from the values when there are any, else from a summary
     distribution (mean, std and the percentiles it holds), else None (left out)."""
     if values.size:
@@ -226,13 +243,14 @@ def statistics(values: np.ndarray, units: str, dist: Mapping | None = None) -> d
             **{k: float(v) for k, v in zip(PERCENTILE_KEYS, pct)},
             "max": float(values.max()),
         }
-    if not dist or not _finite(dist.get("mean")):
+    if dist is None or not _finite(mean := dist.mean):
         return None
-    out = {"units": units, "mean": dist["mean"]}
-    if _finite(dist.get("std")):
-        out["stddev"] = dist["std"]
+    out = {"units": units, "mean": mean}
+    if _finite(std := dist.std):
+        out["stddev"] = std
+    pnn = dist.model_extra or {}  # the pNN keys: extra fields of the distribution
     for key, p in PERCENTILE_KEYS.items():
-        v = dist.get(f"p{p:g}")
+        v = pnn.get(f"p{p:g}")
         if _finite(v):
             out[key] = v
     return out

@@ -4,12 +4,17 @@ result): each format's file names and bytes, so both write the same files the sa
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from cbbench.errors import UsageError
 from cbbench.export import tabular
 from cbbench.export.br02 import to_br02
+from cbbench.export.writable import clean
+from cbbench.schema.base import to_dict
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import RunResult
 
 FORMATS = ("br0.2", "csv", "parquet")
 EXTENSIONS = {"br0.2": ".br0.2.json", "csv": ".csv", "parquet": ".parquet"}
@@ -20,35 +25,19 @@ def default_out(result: Path, fmt: str) -> Path:
     return result.with_name(result.stem + EXTENSIONS[fmt])
 
 
-def clean(value):
-    """``value`` with what no export format can hold made writable: a lone surrogate (a
-    result's JSON may carry "\\ud800", which no UTF-8 file can) as U+FFFD, and NaN or an
-    infinity (BR0.2 is strict JSON) as null. Both were tracebacks."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-            return value
-        except UnicodeEncodeError:
-            return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {clean(k): clean(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [clean(v) for v in value]
-    return value
-
-
-def render(data: dict, fmt: str, out: Path) -> dict[Path, bytes]:
-    """Every file of the export, by path (csv and parquet write a sibling too)."""
-    data = clean(data)
-    requests = data.get("requests") or []
-    if fmt == "br0.2":
-        return {out: (json.dumps(to_br02(data), indent=1, allow_nan=False) + "\n").encode()}
+def render(result: RunResult | Mapping[str, Any], fmt: str, out: Path) -> dict[Path, bytes]:
+    """Every file of the export, by path (csv and parquet write a sibling too). ``result``: a
+    run result's model, or its dict (validated here)."""
+    run = as_run(result)
+    if fmt == "br0.2":  # reads the result's model, and cleans what it writes
+        return {out: (json.dumps(to_br02(run), indent=1, allow_nan=False) + "\n").encode()}
+    # The tables take the records as the file holds them, cleaned.
+    requests = [clean(to_dict(r)) for r in run.requests or []]
     if fmt == "csv":
         return {
             out: tabular.rows_csv(requests),
-            tabular.sibling(out, tabular.SUMMARY_SUFFIX): tabular.summary_csv(data["summary"]),
+            tabular.sibling(out, tabular.SUMMARY_SUFFIX):
+                tabular.summary_csv(clean(to_dict(run.summary))),
         }
     try:
         import pyarrow  # noqa: F401
@@ -57,5 +46,5 @@ def render(data: dict, fmt: str, out: Path) -> dict[Path, bytes]:
     return {
         out: tabular.rows_parquet(requests),
         tabular.sibling(out, tabular.ITERATIONS_SUFFIX):
-            tabular.rows_parquet(data.get("iterations") or []),
+            tabular.rows_parquet([clean(to_dict(it)) for it in run.iterations or []]),
     }

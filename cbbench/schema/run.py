@@ -206,6 +206,12 @@ class Config(Record):
     engine_kind: Any = None
     chunked_prefill: Any = None
     kv_allocation: Any = None
+    # Read by the exporters (export/br02.py), which check their kind themselves: a hand-edited
+    # size of inf or NaN, or workers as a count or as {"count": N}, still exports.
+    tensor_parallel_size: Any = None
+    data_parallel_size: Any = None
+    max_concurrency: Any = None
+    workers: Any = None
 
 
 class Request(Record):
@@ -247,6 +253,7 @@ class Request(Record):
     reasoning_tokens: int | None = None
     cached_tokens: int | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    turn: int | None = None  # a session workload's turn (from 1): BR0.2's multi_turn
 
 
 Count = Annotated[int, Field(ge=0)]  # tokens, rows, requests, blocks: never negative

@@ -12,7 +12,7 @@ import numpy as np
 from cbbench.analysis.compact.compact_run import CompactRun
 from cbbench.analysis.compact.compact_summary import compact_columns
 from cbbench.analysis.summary.columns import RequestColumns
-from cbbench.analysis.summary.metrics import MS
+from cbbench.analysis.summary.metrics import MS, gpu_of
 
 
 def _nullable(a: np.ndarray) -> list:
@@ -59,10 +59,10 @@ def compact_request_dicts(run: CompactRun, detailed: bool,
 def compact_iteration_dicts(run: CompactRun) -> Iterator[dict]:
     """The result's ``iterations`` rows: StepTable.dicts(), with MBU and MFU where the GPU
     is known (runner.add_utilization adds them to the object path's dicts)."""
-    gpu_spec = run.resolved.gpu_spec
+    gpu = gpu_of(run.resolved.gpu_spec)
     for it in run.steps.dicts():
-        if gpu_spec:
+        if gpu is not None:
             d = it["duration_s"]
-            it["mbu"] = it["bytes_moved"] / d / gpu_spec["hbm_bandwidth"] if d > 0 else None
-            it["mfu"] = it["flops"] / d / gpu_spec["bf16_flops"] if d > 0 else None
+            it["mbu"] = it["bytes_moved"] / d / gpu.hbm_bandwidth if d > 0 else None
+            it["mfu"] = it["flops"] / d / gpu.bf16_flops if d > 0 else None
         yield it

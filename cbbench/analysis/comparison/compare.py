@@ -14,7 +14,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from cbbench.analysis.comparison.gate import WORKLOAD_KEYS
-from cbbench.schema import RunResult, as_run, parse_run, read_run, to_dict
+from cbbench.schema import RunResult, as_run, read_run, to_dict
 from cbbench.schema.base import field_of
 
 
@@ -224,10 +224,10 @@ def with_percentiles(results: Sequence[Labeled], percentiles: Sequence[float] | 
     from its requests where it did not store them) and the rows that show them."""
     if percentiles is None:
         return list(results), ROWS
-    from cbbench.analysis.summary.percentiles import fill_percentiles, keys
+    from cbbench.analysis.summary.percentiles import keys, with_percentiles_filled
 
-    filled = [dataclasses.replace(x, result=parse_run(
-        fill_percentiles(to_dict(x.result), percentiles), x.label)) for x in results]
+    filled = [dataclasses.replace(x, result=with_percentiles_filled(x.result, percentiles, x.label))
+              for x in results]
     return filled, rows_for(("mean", *keys(percentiles)))
 
 

@@ -32,12 +32,12 @@ carry per-event times (``--save-detailed``).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
-from cbbench.analysis.server_log import read_server_log
+from cbbench.analysis.server_log import LogLine, read_server_log
 from cbbench.errors import UsageError
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Request, RunResult, ServerTiming
@@ -66,6 +66,28 @@ SERVER_TIMING_METRICS: dict[str, Callable[[ServerTiming], float | None]] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class Counts:
+    """One request's counts as one side has them (COUNT_METRICS but tokens_per_event, which
+    compares the event lists; None: the side does not know it)."""
+
+    output_tokens: int | None
+    reasoning_tokens: int | None
+    tool_call_tokens: int | None
+    events: int | None
+    cached_tokens: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMs:
+    """The server's queue, prefill and decode (ms; SERVER_TIMING_METRICS) as one side has
+    them: the response's, or the log's."""
+
+    server_queue_ms: float | None = None
+    server_prefill_ms: float | None = None
+    server_decode_ms: float | None = None
+
+
 @dataclass(slots=True)
 class Side:
     """One request's figures from one side: event times and tokens (epoch seconds), the first
@@ -76,8 +98,8 @@ class Side:
     tokens: list[int]
     first_output: float | None
     n: int
-    counts: dict[str, int | None] = field(default_factory=dict)
-    server_ms: dict[str, float | None] = field(default_factory=dict)  # SERVER_TIMING_METRICS
+    counts: Counts
+    server_ms: ServerMs = field(default_factory=ServerMs)
 
     @property
     def ttft(self) -> float:
@@ -125,79 +147,177 @@ def client_side(r: Request, t0_epoch: float) -> Side | None:
         tokens=list(r.event_tokens or [1] * len(t)),
         first_output=t0_epoch + first_out if first_out is not None else None,
         n=n,
-        counts={
-            "output_tokens": n,
-            "reasoning_tokens": r.reasoning_tokens,
-            # a tool call as the stream reader wrote it (targets/tool_calls.py)
-            "tool_call_tokens": sum(c.get("argument_tokens", 0) for c in calls) if calls
-            else 0,
-            "events": len(t),
-            "cached_tokens": r.cached_tokens,
-        },
-        server_ms={name: _ms(value(timing)) if timing is not None else None
-                   for name, value in SERVER_TIMING_METRICS.items()},
+        counts=Counts(
+            output_tokens=n,
+            reasoning_tokens=r.reasoning_tokens,
+            tool_call_tokens=sum(_argument_tokens(c) for c in calls) if calls else 0,
+            events=len(t),
+            cached_tokens=r.cached_tokens,
+        ),
+        server_ms=ServerMs(**{name: _ms(value(timing)) if timing is not None else None
+                              for name, value in SERVER_TIMING_METRICS.items()}),
     )
 
 
-def _http(run: RunResult) -> dict:
-    """summary.http: the client's health (targets/client_health.py), an extra field of the
-    summary model."""
-    http = (run.summary.model_extra or {}).get("http")
-    return http if isinstance(http, dict) else {}
+def _argument_tokens(call: Mapping[str, Any]) -> int:
+    """A tool call's argument tokens as the stream reader wrote it (targets/tool_calls.py:
+    {"id", "name", "argument_tokens"}); 0 where it has none."""
+    match call:
+        case {"argument_tokens": n}:
+            return n
+    return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ClientHealth:
+    """What the audit reads of summary.http, the client's health (targets/client_health.py),
+    an extra field of the summary model: its values as the result holds them (None: absent)."""
+
+    t0_epoch_s: Any = None  # the run clock's zero on the epoch: a float on one host
+    loop_lag_p50_ms: Any = None
+    loop_lag_p99_ms: Any = None
+    send_lag_p50_ms: Any = None
+    send_lag_p99_ms: Any = None
+    client_bound: Any = None
+    client_fell_behind: Any = None
+
+
+def _http(run: RunResult) -> ClientHealth:
+    extra = run.summary.model_extra or {}
+    match extra:
+        case {"http": dict(http)}:
+            return ClientHealth(**{f.name: http.get(f.name) for f in fields(ClientHealth)})
+    return ClientHealth()
 
 
 def _ms(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _log_server_ms(line: dict) -> dict[str, float | None]:
+def _log_server_ms(line: LogLine) -> ServerMs:
     """The log's queue (submitted -> queue_exit), prefill (-> first_token) and decode (->
     last_token), in ms, as request_metrics.py forms the response's."""
-    sub, qx, ft, lt = (_ms(line.get(k)) for k in ("submitted", "queue_exit", "first_token",
-                                                   "last_token"))
+    sub, qx, ft, lt = (_ms(v) for v in (line.submitted, line.queue_exit, line.first_token,
+                                        line.last_token))
 
     def gap(a, b):
         return (b - a) * MS if a is not None and b is not None else None
 
-    return {"server_queue_ms": gap(sub, qx), "server_prefill_ms": gap(qx, ft),
-            "server_decode_ms": gap(ft, lt)}
+    return ServerMs(server_queue_ms=gap(sub, qx), server_prefill_ms=gap(qx, ft),
+                    server_decode_ms=gap(ft, lt))
 
 
-def server_side(line: dict) -> Side | None:
+def server_side(line: LogLine | Mapping[str, Any]) -> Side | None:
     """A request-log line of a streamed request that finished, or None. Its origin is the
     server's arrival (the audit moves it to the client's send on a shared clock)."""
-    events = line.get("events")
-    if not events or line.get("status") != 200 or line.get("finish") in (None, "abort", "error"):
+    line = _log_line(line)
+    events = line.events
+    if not events or line.status != 200 or line.finish in (None, "abort", "error"):
         return None
+    if line.arrival is None:
+        raise KeyError("arrival")  # a line with events has one (server_log.line_problem)
     tokens = [e[1] for e in events]
-    n = line.get("output_tokens") or sum(tokens)
+    n = line.output_tokens or sum(tokens)
     return Side(
-        origin=line["arrival"],
+        origin=line.arrival,
         times=[e[0] for e in events],
         tokens=tokens,
-        first_output=line.get("first_output_sent"),
+        first_output=line.first_output_sent,
         n=n,
-        counts={
-            "output_tokens": n,
-            "reasoning_tokens": line.get("reasoning_tokens"),
-            "tool_call_tokens": line.get("tool_call_tokens") or 0,
-            "events": len(events),
-            "cached_tokens": line.get("cached_tokens"),
-        },
+        counts=Counts(
+            output_tokens=n,
+            reasoning_tokens=line.reasoning_tokens,
+            tool_call_tokens=line.tool_call_tokens or 0,
+            events=len(events),
+            cached_tokens=line.cached_tokens,
+        ),
         server_ms=_log_server_ms(line),
     )
 
 
-def _errors(values: Sequence[float]) -> dict:
+def _log_line(line: LogLine | Mapping[str, Any]) -> LogLine:
+    """A log line as the typed line: read_server_log's lines are the file's dicts, and a
+    caller may hand in its own."""
+    return line if isinstance(line, LogLine) else LogLine.of(line)
+
+
+# -- the report's figures: typed here, written as the report's dicts (their fields in order) --
+
+
+@dataclass(slots=True)
+class Errors:
+    """Client - server errors (ms) over the joined requests: the median, the p99 of their
+    size, the largest by size (its sign kept), how many."""
+
+    median: float | None
+    p99: float | None
+    max: float | None
+    count: int
+
+
+@dataclass(slots=True)
+class TimingVerdict(Errors):
+    passed: bool
+
+
+@dataclass(slots=True)
+class ShownErrors(Errors):
+    """SERVER_TIMING_METRICS' errors: shown, never gated."""
+
+    gated: bool = False
+    passed: bool = True
+
+
+@dataclass(slots=True)
+class P50Verdict:
+    """A run-wide p50 as each side computes it, and their difference (ms)."""
+
+    client: float | None
+    server: float | None
+    error: float | None
+    gated: bool
+    passed: bool
+
+
+@dataclass(slots=True)
+class CountVerdict:
+    requests: int
+    mismatched: int
+    max_abs_diff: int
+    passed: bool
+
+
+@dataclass(slots=True)
+class EventTokensVerdict:
+    """tokens_per_event: each request's tokens per event, compared event by event."""
+
+    requests: int
+    mismatched: int
+    server_mean: float
+    passed: bool
+
+
+@dataclass(slots=True)
+class Coverage:
+    completed: int
+    joined: int
+    missing: int
+    passed: bool
+
+
+Verdict = TimingVerdict | ShownErrors | P50Verdict | CountVerdict | EventTokensVerdict
+
+
+def _errors(values: Sequence[float]) -> Errors:
     a = np.asarray(values, dtype=np.float64)
     if a.size == 0:
-        return {"median": None, "p99": None, "max": None, "count": 0}
+        return Errors(median=None, p99=None, max=None, count=0)
     big = a[np.argmax(np.abs(a))]
-    return {"median": float(np.median(a)), "p99": float(np.percentile(np.abs(a), 99)),
-            "max": float(big), "count": int(a.size)}
+    return Errors(median=float(np.median(a)), p99=float(np.percentile(np.abs(a), 99)),
+                  max=float(big), count=int(a.size))
 
 
-def _join(requests: Sequence[Request], log: dict[str, dict], t0_epoch: float | None,
+def _join(requests: Sequence[Request], log: Mapping[str, LogLine], t0_epoch: float | None,
           by_order: bool) -> tuple[list[tuple[Side, Side]], list[float], tuple[int, int, int]]:
     """The (client, server) pairs of the completed requests, the request transits (ms, on a
     shared clock: ``t0_epoch`` given) and the counts of those without an id, not in the log,
@@ -229,13 +349,15 @@ def _join(requests: Sequence[Request], log: dict[str, dict], t0_epoch: float | N
     return pairs, transit, (no_id, unmatched, not_comparable)
 
 
-def audit(result: RunResult | Mapping[str, Any], log: dict[str, dict],
+def audit(result: RunResult | Mapping[str, Any], log: Mapping[str, LogLine | Mapping[str, Any]],
           tolerance_ms: float = DEFAULT_TOLERANCE_MS,
           tail_tolerance_ms: float | None = None) -> dict:
-    """The audit report (see the module doc); ``report["passed"]``."""
+    """The audit report (see the module doc), passed or not. ``log``: the request
+    log's lines by id (read_server_log's dicts, or typed lines)."""
     run = as_run(result)
+    lines = {rid: _log_line(line) for rid, line in log.items()}
     # The run clock's zero on the epoch (client_health.py), as the log's times are.
-    t0_epoch = _http(run).get("t0_epoch_s")
+    t0_epoch = _http(run).t0_epoch_s
     shared_clock = isinstance(t0_epoch, float)
     requests = run.requests or []
     if requests and not any(r.token_times_s for r in requests):
@@ -243,14 +365,14 @@ def audit(result: RunResult | Mapping[str, Any], log: dict[str, dict],
                          "--save-detailed")
     by_order = bool(requests) and all(r.server_request_id is None for r in requests)
     pairs, transit, (no_id, unmatched, not_comparable) = _join(
-        requests, log, t0_epoch if shared_clock else None, by_order)
+        requests, lines, t0_epoch if shared_clock else None, by_order)
     if not pairs:
         raise UsageError("no request of the result joins a streamed request of the server log "
                          f"(by server_request_id; {no_id} without an id, {unmatched} not in "
                          "the log): is it this run's log?")
     if shared_clock:
         _check_same_clock(transit)
-    metrics: dict[str, dict] = {}
+    metrics: dict[str, Verdict] = {}
     for name in TIMING_METRICS:
         if name == "event_gap_ms":
             errs = [
@@ -263,39 +385,40 @@ def audit(result: RunResult | Mapping[str, Any], log: dict[str, dict],
                 (getattr(c, attr) - getattr(s, attr)) * MS for c, s in pairs
                 if getattr(c, attr) is not None and getattr(s, attr) is not None
             ]
-        m = _errors(errs)
-        m["passed"] = m["median"] is None or abs(m["median"]) <= tolerance_ms
-        if tail_tolerance_ms is not None and m["p99"] is not None:
-            m["passed"] = m["passed"] and m["p99"] <= tail_tolerance_ms
-        metrics[name] = m
+        e = _errors(errs)
+        ok = e.median is None or abs(e.median) <= tolerance_ms
+        if tail_tolerance_ms is not None and e.p99 is not None:
+            ok = ok and e.p99 <= tail_tolerance_ms
+        metrics[name] = TimingVerdict(**asdict(e), passed=ok)
     figures = _p50_figures(pairs)
     for name, (cv, sv) in figures.items():
         d = None if cv is None or sv is None else cv - sv
         gated = name in GATED_P50
-        metrics[name] = {"client": cv, "server": sv, "error": d, "gated": gated,
-                         "passed": not gated or d is None or abs(d) <= tolerance_ms}
+        metrics[name] = P50Verdict(client=cv, server=sv, error=d, gated=gated,
+                                   passed=not gated or d is None or abs(d) <= tolerance_ms)
     metrics.update(_server_timing_errors(pairs))
     for name in COUNT_METRICS:
         if name == "tokens_per_event":
             wrong = sum(c.tokens != s.tokens for c, s in pairs)
             tokens = sum(sum(s.tokens) for _, s in pairs)
             events = sum(len(s.tokens) for _, s in pairs)
-            metrics[name] = {"requests": len(pairs), "mismatched": wrong,
-                             "server_mean": tokens / max(1, events), "passed": wrong == 0}
+            metrics[name] = EventTokensVerdict(requests=len(pairs), mismatched=wrong,
+                                               server_mean=tokens / max(1, events),
+                                               passed=wrong == 0)
             continue
-        both = [(c.counts.get(name), b) for c, s in pairs
-                if (b := s.counts.get(name)) is not None]
+        both = [(getattr(c.counts, name), b) for c, s in pairs
+                if (b := getattr(s.counts, name)) is not None]
         diffs = [(a if a is not None else 0) - b for a, b in both]
         wrong = sum(d != 0 for d in diffs)
-        metrics[name] = {"requests": len(both), "mismatched": wrong,
-                         "max_abs_diff": max((abs(d) for d in diffs), default=0),
-                         "passed": wrong == 0}
+        metrics[name] = CountVerdict(requests=len(both), mismatched=wrong,
+                                     max_abs_diff=max((abs(d) for d in diffs), default=0),
+                                     passed=wrong == 0)
     missing = no_id + unmatched + not_comparable
     # A verdict on the requests the log holds says nothing of those it lacks: 15 of 30
     # requests absent passed. Every completed request must be joined for a pass.
-    coverage = {"completed": len(pairs) + missing, "joined": len(pairs), "missing": missing,
-                "passed": missing == 0}
-    passed = all(m["passed"] for m in metrics.values()) and coverage["passed"]
+    coverage = Coverage(completed=len(pairs) + missing, joined=len(pairs), missing=missing,
+                        passed=missing == 0)
+    passed = all(m.passed for m in metrics.values()) and coverage.passed
     return {
         "joined": len(pairs),
         # send_order: the tool recorded no response ids (an import): its requests in send
@@ -309,11 +432,11 @@ def audit(result: RunResult | Mapping[str, Any], log: dict[str, dict],
         # side counts from its own start (client send, server arrival), and TTFT's error
         # includes the request's way in.
         "basis": "shared_clock" if shared_clock else "own_origins",
-        "request_transit_ms": _errors(transit),  # send -> the server's arrival
+        "request_transit_ms": asdict(_errors(transit)),  # send -> the server's arrival
         "tolerance_ms": tolerance_ms,
         "tail_tolerance_ms": tail_tolerance_ms,
-        "metrics": metrics,
-        "coverage": coverage,
+        "metrics": {name: asdict(m) for name, m in metrics.items()},
+        "coverage": asdict(coverage),
         "cause": None if passed else failure_cause(run, metrics, coverage, transit,
                                                    tolerance_ms),
         "passed": passed,
@@ -333,31 +456,31 @@ def _check_same_clock(transit_ms: list[float]) -> None:
                          "(median): not this run's log, or not on this run's clock")
 
 
-def failure_cause(result: RunResult, metrics: dict, coverage: dict, transit_ms: list[float],
-                  tolerance_ms: float) -> str:
+def failure_cause(result: RunResult, metrics: Mapping[str, Verdict], coverage: Coverage,
+                  transit_ms: list[float], tolerance_ms: float) -> str:
     """Why the audit failed, in a line: missing data, the client (its own record of its event
     loop's lag and its send lag, against the failing errors), or neither. A client too loaded
     to read its streams on time sees every event late: the error is the client's, and
     FAILED alone read as a server bug (issue 35)."""
-    if not coverage["passed"]:
-        return (f"{coverage['missing']} of {coverage['completed']} completed requests are not "
+    if not coverage.passed:
+        return (f"{coverage.missing} of {coverage.completed} completed requests are not "
                 "in the log as finished streams: the verdict needs every one (is it this "
                 "run's whole log?)")
-    timing = [n for n, m in metrics.items() if not m["passed"] and n.endswith("_ms")]
+    timing = [n for n, m in metrics.items() if not m.passed and n.endswith("_ms")]
     if not timing:
         return "a token count differs from the server's: the client miscounted"
-    worst = max(abs(metrics[n].get("median") if metrics[n].get("median") is not None
-                    else metrics[n].get("error") or 0.0) for n in timing)
+    worst = max(_error_size(metrics[n]) for n in timing)
     http = _http(result)
-    lag = [http.get(k) for k in ("loop_lag_p50_ms", "loop_lag_p99_ms")]
-    send = [http.get(k) for k in ("send_lag_p50_ms", "send_lag_p99_ms")]
     way_in = float(np.median(transit_ms)) if transit_ms else None
     evidence = []
-    if isinstance(lag[1], (int, float)) and (lag[1] >= worst or http.get("client_bound")):
-        evidence.append(f"its event loop woke late (p50 {lag[0]:.1f} ms, p99 {lag[1]:.1f} ms)")
-    if http.get("client_fell_behind") and isinstance(send[1], (int, float)):
-        evidence.append(f"it fell behind its sends (send lag p50 {send[0]:.1f} ms, p99 "
-                        f"{send[1]:.1f} ms)")
+    loop_p99 = http.loop_lag_p99_ms
+    if isinstance(loop_p99, (int, float)) and (loop_p99 >= worst or http.client_bound):
+        evidence.append(f"its event loop woke late (p50 {http.loop_lag_p50_ms:.1f} ms, p99 "
+                        f"{loop_p99:.1f} ms)")
+    send_p99 = http.send_lag_p99_ms
+    if http.client_fell_behind and isinstance(send_p99, (int, float)):
+        evidence.append(f"it fell behind its sends (send lag p50 {http.send_lag_p50_ms:.1f} ms, "
+                        f"p99 {send_p99:.1f} ms)")
     if way_in is not None and way_in > tolerance_ms:
         evidence.append(f"its requests reached the server {way_in:.1f} ms after it stamped "
                         "them sent (median)")
@@ -370,20 +493,28 @@ def failure_cause(result: RunResult, metrics: dict, coverage: dict, transit_ms: 
             "true times)")
 
 
-def _server_timing_errors(pairs: list[tuple[Side, Side]]) -> dict[str, dict]:
+def _error_size(m: Verdict) -> float:
+    """How far off a failing timing is (ms): its median error, or its p50s' difference."""
+    median = m.median if isinstance(m, Errors) else None
+    if median is not None:
+        return abs(median)
+    return abs((m.error if isinstance(m, P50Verdict) else None) or 0.0)
+
+
+def _server_timing_errors(pairs: list[tuple[Side, Side]]) -> dict[str, ShownErrors]:
     """SERVER_TIMING_METRICS' errors (recorded - logged, ms), shown; none when the result
     recorded no server timings."""
-    out: dict[str, dict] = {}
+    out: dict[str, ShownErrors] = {}
     for name in SERVER_TIMING_METRICS:
         errs = [cv - sv for c, s in pairs
-                if (cv := c.server_ms.get(name)) is not None
-                and (sv := s.server_ms.get(name)) is not None]
+                if (cv := getattr(c.server_ms, name)) is not None
+                and (sv := getattr(s.server_ms, name)) is not None]
         if errs:
-            out[name] = {**_errors(errs), "gated": False, "passed": True}
+            out[name] = ShownErrors(**asdict(_errors(errs)))
     return out
 
 
-def _id_lookup(log: dict[str, dict]):
+def _id_lookup(log: Mapping[str, LogLine]):
     """The log line of a request id: the response id itself, or the id a client chose and
     sent as X-Request-Id (AIPerf's x_request_id), which the server made the tail of its
     response id (``chatcmpl-<id>``, as vLLM forms it)."""
@@ -397,12 +528,12 @@ def _id_lookup(log: dict[str, dict]):
     return find
 
 
-def _by_send_order(requests: Sequence[Request], log: dict[str, dict]):
+def _by_send_order(requests: Sequence[Request], log: Mapping[str, LogLine]):
     """(request, log line) pairs: the sent requests by their send, the log's lines by their
     arrival. Only a log of exactly this run's requests joins so: the counts must agree."""
     sent = [r for _, r in sorted(((r.send_s, r) for r in requests if r.send_s is not None),
                                  key=lambda sr: sr[0])]
-    lines = sorted(log.values(), key=lambda x: x.get("arrival") or 0.0)
+    lines = sorted(log.values(), key=lambda x: x.arrival or 0.0)
     if len(sent) != len(lines):
         raise UsageError(f"the result records no response ids, and its {len(sent)} sent requests "
                          f"cannot be joined by send order to the log's {len(lines)} lines: give "

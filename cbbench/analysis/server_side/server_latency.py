@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -42,15 +43,40 @@ NOTE = (
 )
 
 
+@dataclass(slots=True)
+class Histogram:
+    """One histogram family of a scrape: cumulative count per upper bound ``le`` (s), and the
+    observations' sum and count, each summed over the family's label sets."""
+
+    buckets: dict[float, float] = field(default_factory=dict)
+    sum: float = 0.0
+    count: float = 0.0
+
+    def since(self, before: Histogram | None) -> Histogram:
+        """What was observed between ``before`` (an earlier scrape) and this one."""
+        before = before or Histogram()
+        return Histogram(
+            buckets={le: n - before.buckets.get(le, 0.0) for le, n in self.buckets.items()},
+            sum=self.sum - before.sum,
+            count=self.count - before.count,
+        )
+
+
 def parse_histograms(text: str, dropped: Dropped | None = None) -> dict[str, dict]:
-    """{family: {"buckets": {le: cumulative count}, "sum": s, "count": n}}, summed over the
-    label sets (model names, engines) of each family. Read line by line (prom_text.py): a
-    series without `le`, with `le="abc"` or a negative one, or a count that is not a finite
-    number >= 0 is dropped and counted in ``dropped``, and the page's other series stand."""
+    """{family: {"buckets": {le: cumulative count}, "sum": s, "count": n}}: :func:`histograms`
+    as dicts."""
+    return {fam: asdict(h) for fam, h in histograms(text, dropped).items()}
+
+
+def histograms(text: str, dropped: Dropped | None = None) -> dict[str, Histogram]:
+    """The page's histogram families, summed over the label sets (model names, engines) of
+    each. Read line by line (prom_text.py): a series without `le`, with `le="abc"` or a
+    negative one, or a count that is not a finite number >= 0 is dropped and counted in
+    ``dropped``, and the page's other series stand."""
     dropped = dropped if dropped is not None else Dropped()
     lines = text.splitlines()
     types = family_types(lines)
-    out: dict[str, dict] = {}
+    out: dict[str, Histogram] = {}
     for line in lines:
         if not line or line[0] == "#":
             continue
@@ -68,15 +94,15 @@ def parse_histograms(text: str, dropped: Dropped | None = None) -> dict[str, dic
             if s.value < 0:
                 dropped.add("a negative bucket count", line)
                 continue
-            h = out.setdefault(fam, {"buckets": {}, "sum": 0.0, "count": 0.0})
-            h["buckets"][le] = h["buckets"].get(le, 0.0) + s.value
+            h = out.setdefault(fam, Histogram())
+            h.buckets[le] = h.buckets.get(le, 0.0) + s.value
         elif s.name.endswith("_sum"):
-            out.setdefault(fam, {"buckets": {}, "sum": 0.0, "count": 0.0})["sum"] += s.value
+            out.setdefault(fam, Histogram()).sum += s.value
         elif s.name.endswith("_count"):
             if s.value < 0:
                 dropped.add("a negative histogram count", line)
                 continue
-            out.setdefault(fam, {"buckets": {}, "sum": 0.0, "count": 0.0})["count"] += s.value
+            out.setdefault(fam, Histogram()).count += s.value
     return out
 
 
@@ -89,15 +115,6 @@ def _bound(le: str | None) -> float | None:
     except ValueError:
         return None
     return v if v >= 0 and not math.isnan(v) and v != -math.inf else None
-
-
-def delta(before: dict | None, after: dict) -> dict:
-    before = before or {"buckets": {}, "sum": 0.0, "count": 0.0}
-    return {
-        "buckets": {le: n - before["buckets"].get(le, 0.0) for le, n in after["buckets"].items()},
-        "sum": after["sum"] - before["sum"],
-        "count": after["count"] - before["count"],
-    }
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
@@ -154,31 +171,31 @@ def server_vs_client(
     """Server p50/mean beside the client's p50, per quantity vLLM's histograms hold; None when
     the server exposes none of them."""
     dropped = dropped if dropped is not None else Dropped()
-    before = parse_histograms(before_text, dropped) if before_text else {}
-    after = parse_histograms(after_text, dropped)
+    before = histograms(before_text, dropped) if before_text else {}
+    after = histograms(after_text, dropped)
     client = _client_values_ms(records)
     out: dict = {}
     for key, names in SERVER_HISTOGRAM_NAMES.items():
         name = next((n for n in names if n in after), None)
         if name is None:
             continue
-        d = delta(before.get(name), after[name])
-        if not (math.isfinite(d["sum"]) and 0 <= d["count"] < math.inf):
+        d = after[name].since(before.get(name))
+        if not (math.isfinite(d.sum) and 0 <= d.count < math.inf):
             # A server restarted between the scrapes (its counts fell), or sums that overflow:
             # no difference to read; the family is left out, not a traceback.
             dropped.add("a histogram whose counts fell or overflowed during the run", name)
             continue
-        p50 = histogram_quantile(0.5, d["buckets"])
+        p50 = histogram_quantile(0.5, d.buckets)
         c = client[key]
         client_p50 = float(np.percentile(c, 50)) if c.size else None
         client_mean = float(c.mean()) if c.size else None
-        server_mean = d["sum"] / d["count"] * MS if d["count"] > 0 else None
+        server_mean = d.sum / d.count * MS if d.count > 0 else None
         server_p50 = p50 * MS if p50 is not None else None
-        bucket = quantile_bucket(0.5, d["buckets"])
+        bucket = quantile_bucket(0.5, d.buckets)
         lo, hi = (bucket[0] * MS, bucket[1] * MS) if bucket else (None, None)
         out[f"{key}_ms"] = {
             "histogram": name,
-            "observations": int(d["count"]),
+            "observations": int(d.count),
             "server_p50": server_p50,
             # The bucket the server's p50 lies in: a client p50 inside it differs from the
             # server's by less than the histogram can tell.

@@ -34,11 +34,15 @@ adjusted, and left out of the summary's distributions.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from cbbench.analysis.records import RequestRecord
+from cbbench.analysis.server_log import LogLine
 from cbbench.analysis.summary.metrics import distribution
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
+from cbbench.schema.run import ServerTiming
 
 MS = 1000.0
 DEFAULT_TOLERANCE_MS = 1.0
@@ -54,23 +58,48 @@ def _num(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def server_parts(rec: RequestRecord, line: dict | None) -> tuple[dict, str | None]:
-    """(queue, prefill, decode in ms; where they came from): the response's timings first,
-    else the request log's."""
-    t = rec.server_timing or {}
-    resp = {"server_queue_ms": _num(t.get("queue_time_ms")),
-            "server_prefill_ms": _num(t.get("time_to_first_token_ms")),
-            "server_decode_ms": _num(t.get("generation_time_ms"))}
-    if resp["server_queue_ms"] is not None and resp["server_prefill_ms"] is not None:
-        return resp, SOURCE_RESPONSE
-    if line is None:
-        return {}, None
-    sub, qx = _num(line.get("submitted")), _num(line.get("queue_exit"))
-    ft, lt = _num(line.get("first_token")), _num(line.get("last_token"))
+@dataclass(frozen=True, slots=True)
+class ServerParts:
+    """The server's side of a request (ms), and where it came from (SOURCE_RESPONSE or
+    SOURCE_LOG)."""
+
+    queue_ms: float
+    prefill_ms: float
+    decode_ms: float | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Trips:
+    """The way in and the deliveries of the first and last token (ms), from the log on the
+    client's clock."""
+
+    network_in_ms: float
+    delivery_ms: float
+    last_delivery_ms: float
+
+
+def _log_line(line: LogLine | Mapping[str, Any] | None) -> LogLine | None:
+    return line if line is None or isinstance(line, LogLine) else LogLine.of(line)
+
+
+def server_parts(rec: RequestRecord, line: LogLine | Mapping[str, Any] | None) -> ServerParts | None:
+    """The server's queue, prefill and decode: the response's timings first, else the request
+    log's; None without either."""
+    # The server's timings as it sent them (a JSON object), read through the schema's names.
+    t = ServerTiming.model_construct(**(rec.server_timing or {}))
+    queue, prefill = _num(t.queue_time_ms), _num(t.time_to_first_token_ms)
+    if queue is not None and prefill is not None:
+        return ServerParts(queue, prefill, _num(t.generation_time_ms), SOURCE_RESPONSE)
+    log = _log_line(line)
+    if log is None:
+        return None
+    sub, qx = _num(log.submitted), _num(log.queue_exit)
+    ft, lt = _num(log.first_token), _num(log.last_token)
     if sub is None or qx is None or ft is None:
-        return {}, None
-    return {"server_queue_ms": (qx - sub) * MS, "server_prefill_ms": (ft - qx) * MS,
-            "server_decode_ms": (lt - ft) * MS if lt is not None else None}, SOURCE_LOG
+        return None
+    return ServerParts((qx - sub) * MS, (ft - qx) * MS,
+                       (lt - ft) * MS if lt is not None else None, SOURCE_LOG)
 
 
 def _client_parts(rec: RequestRecord, send_s: float) -> dict:
@@ -80,18 +109,18 @@ def _client_parts(rec: RequestRecord, send_s: float) -> dict:
     return out
 
 
-def _trips(rec: RequestRecord, send_s: float, line: dict | None,
-           t0_epoch: float | None) -> dict | None:
+def _trips(rec: RequestRecord, send_s: float, line: LogLine | None,
+           t0_epoch: float | None) -> Trips | None:
     """The way in and the two deliveries (first and last token), from the log on the client's
     clock; None without them."""
     if line is None or t0_epoch is None:
         return None
-    sub, ft, lt = (_num(line.get(k)) for k in ("submitted", "first_token", "last_token"))
+    sub, ft, lt = _num(line.submitted), _num(line.first_token), _num(line.last_token)
     if sub is None or ft is None or lt is None:
         return None
-    return {"network_in_ms": (sub - (t0_epoch + send_s)) * MS,
-            "delivery_ms": (t0_epoch + rec.token_times_s[0] - ft) * MS,
-            "last_delivery_ms": (t0_epoch + rec.token_times_s[-1] - lt) * MS}
+    return Trips(network_in_ms=(sub - (t0_epoch + send_s)) * MS,
+                 delivery_ms=(t0_epoch + rec.token_times_s[0] - ft) * MS,
+                 last_delivery_ms=(t0_epoch + rec.token_times_s[-1] - lt) * MS)
 
 
 def _close(parts: dict, whole_ms: float, source: str, tol: float) -> dict:
@@ -104,37 +133,41 @@ def _close(parts: dict, whole_ms: float, source: str, tol: float) -> dict:
     return {**parts, "source": source, "residual_ms": residual, "consistent": ok}
 
 
-def request_parts(rec: RequestRecord, line: dict | None, t0_epoch: float | None,
+def request_parts(rec: RequestRecord, line: LogLine | Mapping[str, Any] | None,
+                  t0_epoch: float | None,
                   tol: float = DEFAULT_TOLERANCE_MS) -> tuple[dict | None, dict | None]:
     """(ttft_parts, e2el_parts) of one completed request, or (None, None) when the server's
     side of it is unknown."""
     send, ttft_s, e2el_s = rec.send_s, rec.ttft_s, rec.e2el_s
     if send is None or ttft_s is None or e2el_s is None:  # not completed (rec.ok) or not sent
         return None, None
-    server, source = server_parts(rec, line)
-    if source is None:
+    log = _log_line(line)
+    server = server_parts(rec, log)
+    if server is None:
         return None, None
-    trips = _trips(rec, send, line, t0_epoch)
+    source = server.source
+    trips = _trips(rec, send, log, t0_epoch)
     if trips is not None and source == SOURCE_RESPONSE:
         source = f"{SOURCE_RESPONSE}+{SOURCE_LOG}"
     client = _client_parts(rec, send)
-    head = {**client, **({"network_in_ms": trips["network_in_ms"]} if trips else
+    head = {**client, **({"network_in_ms": trips.network_in_ms} if trips else
                          {"network_ms": 0.0})}
-    ttft = _close({**head, "server_queue_ms": server["server_queue_ms"],
-                   "server_prefill_ms": server["server_prefill_ms"],
-                   **({"delivery_ms": trips["delivery_ms"]} if trips else {})},
+    ttft = _close({**head, "server_queue_ms": server.queue_ms,
+                   "server_prefill_ms": server.prefill_ms,
+                   **({"delivery_ms": trips.delivery_ms} if trips else {})},
                   ttft_s * MS, source, tol)
     e2el = None
-    if server.get("server_decode_ms") is not None:
-        e2el = _close({**head, "server_queue_ms": server["server_queue_ms"],
-                       "server_prefill_ms": server["server_prefill_ms"],
-                       "server_decode_ms": server["server_decode_ms"],
-                       **({"delivery_ms": trips["last_delivery_ms"]} if trips else {})},
+    if server.decode_ms is not None:
+        e2el = _close({**head, "server_queue_ms": server.queue_ms,
+                       "server_prefill_ms": server.prefill_ms,
+                       "server_decode_ms": server.decode_ms,
+                       **({"delivery_ms": trips.last_delivery_ms} if trips else {})},
                       e2el_s * MS, source, tol)
     return ttft, e2el
 
 
-def attach_parts(records: Sequence[RequestRecord], log: dict[str, dict] | None,
+def attach_parts(records: Sequence[RequestRecord],
+                 log: Mapping[str, LogLine | Mapping[str, Any]] | None,
                  t0_epoch: float | None, tol: float = DEFAULT_TOLERANCE_MS) -> int:
     """Set ttft_parts / e2el_parts on every completed request the server told about; the
     number that got them."""

@@ -22,7 +22,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -62,20 +64,44 @@ def log_histogram(values_ms: np.ndarray, weights: np.ndarray | None = None) -> d
     }
 
 
-def bin_edges_ms(hist: dict) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True, slots=True)
+class ItlHistogram:
+    """summary.itl_histogram as :func:`log_histogram` writes it: bin i holds the values in
+    [low_ms * 10^(i / bins_per_decade), low_ms * 10^((i + 1) / bins_per_decade)); ``below``
+    counts those under low_ms."""
+
+    unit: str
+    low_ms: float
+    bins_per_decade: int
+    below: int
+    bins: list[int]
+    counts: list[int]
+
+    @classmethod
+    def of(cls, hist: ItlHistogram | Mapping[str, Any]) -> ItlHistogram:
+        """The histogram, from its summary dict (a result's, or log_histogram's): its fields
+        (one missing: KeyError, as the reader before), any other key left as it was."""
+        if isinstance(hist, ItlHistogram):
+            return hist
+        return cls(**{f.name: hist[f.name] for f in fields(cls)})
+
+
+def bin_edges_ms(hist: ItlHistogram | Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Each stored bin's lower and upper edge in ms."""
-    b = np.asarray(hist["bins"], dtype=np.float64)
-    per = hist["bins_per_decade"]
-    low = hist["low_ms"] * 10 ** (b / per)
+    h = ItlHistogram.of(hist)
+    b = np.asarray(h.bins, dtype=np.float64)
+    per = h.bins_per_decade
+    low = h.low_ms * 10 ** (b / per)
     return low, low * 10 ** (1 / per)
 
 
-def cdf_points(hist: dict) -> tuple[np.ndarray, np.ndarray]:
+def cdf_points(hist: ItlHistogram | Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """(x_ms, share at or below x) at each bin's lower and upper edge: the histogram's CDF,
     flat across empty bins and linear within a bin (where the histogram cannot say more)."""
-    low, high = bin_edges_ms(hist)
-    counts = np.asarray(hist["counts"], dtype=np.float64)
-    below = float(hist["below"])
+    h = ItlHistogram.of(hist)
+    low, high = bin_edges_ms(h)
+    counts = np.asarray(h.counts, dtype=np.float64)
+    below = float(h.below)
     total = counts.sum() + below
     if total == 0 or counts.size == 0:
         return np.zeros(0), np.zeros(0)

@@ -30,6 +30,7 @@ from cbbench.analysis.summary.columns import (
 from cbbench.analysis.summary.histogram import log_histogram
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, percentile_key
 from cbbench.analysis.summary.token_counts import short_outputs
+from cbbench.engine.sim.gpu_specs import GPUSpec
 from cbbench.errors import UsageError
 
 LATENCY_NAMES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "event_gap_ms", "tokens_per_event",
@@ -246,14 +247,15 @@ def summarize(
     sent = cols.sent
     slot = ~np.isnan(cols.slot_s)
     ready = np.where(slot, cols.slot_s, cols.intended_start_s)
+    cancelled = int(cols.cancelled.sum())
     summary = {
         # Cancelled: apart, neither completed nor failed.
-        **run_totals(len(done), len(failed), int(cols.cancelled.sum()),
+        **run_totals(len(done), len(failed), cancelled,
                      cols.error_types_of(failed), duration_s, in_tokens, out_tokens),
         **latency_distributions(cols, done, percentiles, pooled=pooled),
         "send_lag_ms": distribution((cols.send_s[sent] - ready[sent]) * MS, percentiles),
     }
-    if summary["cancelled"]:
+    if cancelled:
         summary["cancelled_work"] = cancelled_work(cols)
     cache = (server_prefix_cache(cols.records) if cols.records is not None else None)
     if cache is not None:  # the server's own count (usage.prompt_tokens_details)
@@ -354,6 +356,12 @@ def engine_columns(iterations: Sequence[dict]) -> dict[str, np.ndarray]:
     return cols
 
 
+def gpu_of(gpu_spec: dict | None) -> GPUSpec | None:
+    """The engine's GPU (EngineInfo.gpu_spec, a GPUSpec's dict) as its spec; None when the
+    engine ran on no known GPU."""
+    return GPUSpec(**gpu_spec) if gpu_spec else None
+
+
 def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
     """Engine facts from the per-iteration records (as dicts, the result's form)."""
     return summarize_engine_columns(engine_columns(iterations), gpu_spec)
@@ -393,15 +401,16 @@ def summarize_engine_columns(cols, gpu_spec: dict | None = None) -> dict:
     del kv_usage
     nbytes = f("bytes_moved")
     util = {}
-    if gpu_spec and busy > 0:
+    gpu = gpu_of(gpu_spec)
+    if gpu is not None and busy > 0:
         util = {
-            "mbu": float(nbytes.sum() / busy / gpu_spec["hbm_bandwidth"]),
-            "mfu": float(f("flops").sum() / busy / gpu_spec["bf16_flops"]),
+            "mbu": float(nbytes.sum() / busy / gpu.hbm_bandwidth),
+            "mfu": float(f("flops").sum() / busy / gpu.bf16_flops),
         }
         decode_only = (pre == 0) & (dec > 0)
         if decode_only.any():
             util["decode_mbu"] = float(
-                nbytes[decode_only].sum() / dur[decode_only].sum() / gpu_spec["hbm_bandwidth"]
+                nbytes[decode_only].sum() / dur[decode_only].sum() / gpu.hbm_bandwidth
             )
     return {
         "num_iterations": len(dur),

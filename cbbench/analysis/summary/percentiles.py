@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from cbbench.errors import UsageError
+from cbbench.schema import parse_run, to_dict
+from cbbench.schema.run import Distribution, Request, RunResult
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)  # ints: keyed p50 by any writer
 MIN_PERCENTILE, MAX_PERCENTILE = 0.0, 100.0
@@ -74,34 +77,51 @@ def split_metric_path(path: str) -> list[str]:
     return parts
 
 
-# Per-request figures a distribution can be recomputed from (the result's request records).
-REQUEST_VALUES = ("ttft_ms", "tpot_ms", "e2el_ms")
+# The distributions that can be recomputed from the result's request records, and each
+# request's figure (ITL: the per-token list --save-detailed keeps).
+REQUEST_VALUES: dict[str, Callable[[Request], Sequence[float]]] = {
+    "ttft_ms": lambda r: _number(r.ttft_ms),
+    "tpot_ms": lambda r: _number(r.tpot_ms),
+    "e2el_ms": lambda r: _number(r.e2el_ms),
+    "itl_ms": lambda r: r.itl_ms or [],
+}
 
 
-def fill_percentiles(result: dict, percentiles: Sequence[float]) -> dict:
+def _number(v: object) -> list[float]:
+    return [v] if isinstance(v, (int, float)) else []
+
+
+def fill_percentiles(result: Mapping[str, Any], percentiles: Sequence[float]) -> dict:
+    """:func:`with_percentiles_filled` of a result's dict, as its dict."""
+    return to_dict(with_percentiles_filled(parse_run(result, "the result"), percentiles,
+                                           "the result"))
+
+
+def with_percentiles_filled(result: RunResult, percentiles: Sequence[float],
+                            where: object) -> RunResult:
     """``result`` with every asked percentile in its latency distributions: a key the run did
     not store (it ran with other --percentiles) is computed from its per-request figures
     (TTFT, TPOT, E2EL; ITL from the per-token lists --save-detailed keeps), with numpy's
     linear interpolation as the run would have. Left missing where the figures are not there
-    (a --summary-only file). The input is not changed."""
+    (a --summary-only file). A new model (``where`` names it in an error); the input is not
+    changed."""
     import numpy as np
 
-    summary = dict(result.get("summary") or {})
-    requests = result.get("requests") or []
-    ok = [r for r in requests if r.get("error") is None and not r.get("cancelled")]
-    for name in (*REQUEST_VALUES, "itl_ms"):
-        dist = summary.get(name)
-        if not isinstance(dist, dict):
+    summary = result.summary
+    ok = [r for r in result.requests or [] if r.error is None and not r.cancelled]
+    filled: dict[str, dict] = {}
+    for name, figures in REQUEST_VALUES.items():
+        dist = getattr(summary, name)
+        if not isinstance(dist, Distribution):
             continue
-        missing = [p for p in percentiles if percentile_key(p) not in dist]
+        stored = dist.model_extra or {}  # the pNN keys: extra fields of a distribution
+        missing = [p for p in percentiles if percentile_key(p) not in stored]
         if not missing:
             continue
-        if name == "itl_ms":
-            values = [v for r in ok for v in (r.get("itl_ms") or [])]
-        else:
-            values = [r[name] for r in ok if isinstance(r.get(name), (int, float))]
+        values = [v for r in ok for v in figures(r)]
         if not values:
             continue
         got = np.percentile(np.asarray(values, dtype=np.float64), missing)
-        summary[name] = {**dist, **{percentile_key(p): float(v) for p, v in zip(missing, got)}}
-    return {**result, "summary": summary}
+        filled[name] = {**to_dict(dist), **{percentile_key(p): float(v)
+                                            for p, v in zip(missing, got)}}
+    return parse_run({**to_dict(result), "summary": {**to_dict(summary), **filled}}, where)

@@ -20,16 +20,22 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from cbbench.errors import UsageError
+from cbbench.schema.coerce import as_run
+from cbbench.schema.run import Request, RunResult
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
 DEFAULT_ATTAINMENT = 0.90
 # KEY, then an optional _pNN (or _pNN.N) suffix.
 _KEY_RE = re.compile(r"^(ttft|tpot|e2el)(?:_p(\d+(?:\.\d+)?))?$")
 _EXAMPLE = "e.g. --slo ttft_p99=1000,tpot_p99=50"
-MS_FIELDS = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2el_ms"}
+# Each limit's figure of a request (ms).
+REQUEST_MS: dict[str, Callable[[Request], float | None]] = {
+    "ttft": lambda r: r.ttft_ms, "tpot": lambda r: r.tpot_ms, "e2el": lambda r: r.e2el_ms}
 
 
 @dataclass(frozen=True)
@@ -98,22 +104,25 @@ def parse_attainment_slo(text: str | None, attainment: float | None = None) -> A
     return AttainmentSLO(limits, DEFAULT_ATTAINMENT, "default")
 
 
-def request_meets(req: dict, limits_ms: dict[str, float]) -> bool:
-    """One request of a result file (its `requests` entry) against every limit."""
-    if req.get("error") is not None or req.get("ttft_ms") is None:
+def request_meets(req: Request | Mapping[str, Any], limits_ms: dict[str, float]) -> bool:
+    """One request of a result file (its `requests` entry: the model, or a hand-made dict read
+    through the model's names) against every limit."""
+    r = req if isinstance(req, Request) else Request.model_construct(**req)
+    if r.error is not None or r.ttft_ms is None:
         return False
     for key, limit in limits_ms.items():
-        v = req.get(MS_FIELDS[key])
+        v = REQUEST_MS[key](r)
         if v is not None and v > limit:
             return False
     return True
 
 
-def run_attainment(result: dict, limits_ms: dict[str, float]) -> float:
+def run_attainment(result: RunResult | Mapping[str, Any], limits_ms: dict[str, float]) -> float:
     """The fraction of a run's requests that met every limit; requests never sent (an
     interrupted run) count as missing it."""
-    reqs = result.get("requests", [])
-    total = len(reqs) + int(result.get("summary", {}).get("not_sent", 0))
+    run = as_run(result)
+    reqs = run.requests or []
+    total = len(reqs) + int(run.summary.not_sent or 0)
     if total == 0:
         return 0.0
     return sum(1 for r in reqs if request_meets(r, limits_ms)) / total

@@ -16,8 +16,10 @@ some requests carry it (events == usage), else by tokenizing each event's text o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
 from itertools import combinations
+from typing import Any
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.summary.columns import NOT_ASKED, RequestColumns, as_columns
@@ -69,10 +71,23 @@ def choose_output_count(rec: RequestRecord, per_event: bool | None) -> None:
     rec.output_tokens = counts.get(method, len(rec.token_times_s))
 
 
-def disagreements(records: Sequence[RequestRecord]) -> dict:
+@dataclass(frozen=True, slots=True)
+class Disagreement:
+    """Two counting methods over the completed requests that have both (summary.http.
+    token_counts.disagreement["B_vs_A"]): how many differ, the mean and largest difference
+    (B - A)."""
+
+    requests: int
+    disagree: int
+    share: float
+    mean_diff: float
+    max_abs_diff: int
+
+
+def disagreements(records: Sequence[RequestRecord]) -> dict[str, Disagreement]:
     """For each pair of methods both available on a completed request: how many requests had
     both, how many differ, and the mean and largest difference (second - first)."""
-    out: dict[str, dict] = {}
+    out: dict[str, Disagreement] = {}
     for a, b in combinations(COUNT_METHODS, 2):
         diffs = [
             r.output_token_counts[b] - r.output_token_counts[a]
@@ -83,13 +98,13 @@ def disagreements(records: Sequence[RequestRecord]) -> dict:
         if not diffs:
             continue
         differ = sum(d != 0 for d in diffs)
-        out[f"{b}_vs_{a}"] = {
-            "requests": len(diffs),
-            "disagree": differ,
-            "share": differ / len(diffs),
-            "mean_diff": sum(diffs) / len(diffs),
-            "max_abs_diff": max(abs(d) for d in diffs),
-        }
+        out[f"{b}_vs_{a}"] = Disagreement(
+            requests=len(diffs),
+            disagree=differ,
+            share=differ / len(diffs),
+            mean_diff=sum(diffs) / len(diffs),
+            max_abs_diff=max(abs(d) for d in diffs),
+        )
     return out
 
 
@@ -104,17 +119,17 @@ def output_count_summary(records: Sequence[RequestRecord], detection: dict) -> t
     summary = {
         "output_method": methods,
         "one_token_per_event": detection,
-        "disagreement": pairs,
+        "disagreement": {name: asdict(d) for name, d in pairs.items()},
         "disagree_warn_share": DISAGREE_WARN_SHARE,
     }
     warnings = []
     for name, d in pairs.items():
-        if d["share"] > DISAGREE_WARN_SHARE:
+        if d.share > DISAGREE_WARN_SHARE:
             b, a = name.split("_vs_")
             warnings.append(
-                f"output token counts disagree: {b} vs {a} differ on {d['disagree']} of "
-                f"{d['requests']} requests (mean {d['mean_diff']:+.1f}, max |diff| "
-                f"{d['max_abs_diff']}); the run counted by "
+                f"output token counts disagree: {b} vs {a} differ on {d.disagree} of "
+                f"{d.requests} requests (mean {d.mean_diff:+.1f}, max |diff| "
+                f"{d.max_abs_diff}); the run counted by "
                 + ", ".join(f"{k} ({v})" for k, v in methods.items())
                 + " (usage > one-token events > tokenizer)"
             )
@@ -132,40 +147,64 @@ def output_count_summary(records: Sequence[RequestRecord], detection: dict) -> t
     return summary, warnings
 
 
+@dataclass(frozen=True, slots=True)
+class ShortOutputs:
+    """summary.short_outputs: completed requests that returned fewer output tokens than
+    max_tokens asked for, of those that asked (``checked``)."""
+
+    count: int
+    share: float
+    mean_shortfall: float
+    checked: int
+    finish_reason_stop: int
+    # finish_reason 'length': the server says it stopped at max_tokens, so the shortfall is
+    # in the count (events or tokenizer), not in the generation.
+    finish_reason_length: int
+    warn_share: float = SHORT_OUTPUT_WARN_SHARE
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 def short_outputs(run: RequestColumns | Sequence[RequestRecord]) -> dict:
+    """summary.short_outputs (:class:`ShortOutputs` as its dict)."""
+    return short_output_figures(run).to_dict()
+
+
+def short_output_figures(run: RequestColumns | Sequence[RequestRecord]) -> ShortOutputs:
     """Completed requests that returned fewer output tokens than max_tokens asked for."""
     cols = as_columns(run)
     checked = cols.ok & (cols.max_tokens != NOT_ASKED)
     short = checked & (cols.output_tokens < cols.max_tokens)
     count, n_checked = int(short.sum()), int(checked.sum())
     shortfall = int((cols.max_tokens[short] - cols.output_tokens[short]).sum())
-    return {
-        "count": count,
-        "share": count / n_checked if n_checked else 0.0,
-        "mean_shortfall": shortfall / count if count else 0.0,
-        "checked": n_checked,
-        "finish_reason_stop": int((short & cols.finish_stop).sum()),
-        # finish_reason 'length': the server says it stopped at max_tokens, so the shortfall
-        # is in the count (events or tokenizer), not in the generation.
-        "finish_reason_length": int((short & cols.finish_length).sum()),
-        "warn_share": SHORT_OUTPUT_WARN_SHARE,
-    }
+    return ShortOutputs(
+        count=count,
+        share=count / n_checked if n_checked else 0.0,
+        mean_shortfall=shortfall / count if count else 0.0,
+        checked=n_checked,
+        finish_reason_stop=int((short & cols.finish_stop).sum()),
+        finish_reason_length=int((short & cols.finish_length).sum()),
+    )
 
 
-def short_output_warning(so: dict, ignore_eos_sent: bool) -> str | None:
-    if so["share"] <= SHORT_OUTPUT_WARN_SHARE or not so["checked"]:
+def short_output_warning(figures: ShortOutputs | Mapping[str, Any],
+                         ignore_eos_sent: bool) -> str | None:
+    """The warning ``figures`` call for (:func:`short_outputs`' dict or its figures)."""
+    so = figures if isinstance(figures, ShortOutputs) else ShortOutputs(**figures)
+    if so.share <= SHORT_OUTPUT_WARN_SHARE or not so.checked:
         return None
-    early = so["count"] - so["finish_reason_length"]
-    if early / so["checked"] <= SHORT_OUTPUT_WARN_SHARE:
+    early = so.count - so.finish_reason_length
+    if early / so.checked <= SHORT_OUTPUT_WARN_SHARE:
         return (
-            f"{so['finish_reason_length']} of {so['checked']} completed requests ended at "
+            f"{so.finish_reason_length} of {so.checked} completed requests ended at "
             "max_tokens (finish_reason 'length') but were counted shorter: their output count "
             "is low (see summary.http.token_counts for the methods and how they disagree)"
         )
     head = (
-        f"{so['count']} of {so['checked']} completed requests ({so['share']:.0%}) returned "
-        f"fewer output tokens than max_tokens (mean shortfall {so['mean_shortfall']:.1f} "
-        f"tokens; {so['finish_reason_stop']} ended with finish_reason 'stop'): "
+        f"{so.count} of {so.checked} completed requests ({so.share:.0%}) returned "
+        f"fewer output tokens than max_tokens (mean shortfall {so.mean_shortfall:.1f} "
+        f"tokens; {so.finish_reason_stop} ended with finish_reason 'stop'): "
     )
     if ignore_eos_sent:
         return head + (

@@ -1,0 +1,41 @@
+"""What no export format can hold, made writable: a lone surrogate (a result's JSON may carry
+"\\ud800", which no UTF-8 file can) as U+FFFD, and NaN or an infinity (BR0.2 is strict JSON)
+as null. Both were tracebacks."""
+
+from __future__ import annotations
+
+import math
+
+
+def clean_text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+        return value
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+def clean(value):
+    """``value`` with its texts (keys too) made UTF-8 and its non-finite floats as None."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {clean(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean(v) for v in value]
+    return value
+
+
+def clean_texts(value):
+    """``value`` with only its texts made UTF-8: a report built from a result's raw fields
+    holds what it would hold built from the cleaned result (a text's surrogates are replaced
+    one by one, wherever the text lands in a longer one)."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_texts(k): clean_texts(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_texts(v) for v in value]
+    return value
