@@ -23,8 +23,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 # The few hundred `cbbench` and `python` processes the tests start share one bytecode cache in a
 # temporary folder. Where PYTHONDONTWRITEBYTECODE is set (some sandboxes set it), each of them
-# would compile cbbench's modules from source again: about 0.1 s of CPU a start
-# (results/suite_time.md). A prefix outside the tree keeps the checkout free of .pyc files, as
+# would compile cbbench's modules from source again: 0.03-0.17 s of CPU a start
+# (results/suite_time.md, 4e). A prefix outside the tree keeps the checkout free of .pyc files, as
 # the setting meant; this process itself keeps the setting. A PYTHONPYCACHEPREFIX already set wins.
 if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
     import atexit  # noqa: E402
