@@ -16,6 +16,10 @@ from typing import Any
 from cbbench.analysis.input_file import check_input_file
 from cbbench.errors import UsageError
 
+# The largest median error (ms) `audit` lets a client's timing have against this log by default.
+# Here, beside the reader, so `cbbench audit`'s default costs no numpy or result models at
+# registration (`cbbench --help` registers every command); analysis/server_side/audit.py uses it.
+DEFAULT_TOLERANCE_MS = 2.0
 # One line holds one request's stream events: [time, tokens] pairs of ~25 bytes; a million
 # events is far beyond any context, and a line past this is not a request log's.
 MAX_LINE_BYTES = 64 << 20

@@ -28,6 +28,7 @@ _app.add_typer(workloads_app, name="workloads")
 
 
 INTERRUPTED_EXIT = 130
+VERSION_FLAG = "--version"
 logs.install()  # the library's notices print as `cbbench: ...` lines
 
 
@@ -40,7 +41,7 @@ def _version(value: bool) -> None:
 @_app.callback()
 def _root(
     version: Annotated[
-        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+        bool, typer.Option(VERSION_FLAG, callback=_version, is_eager=True, help="Print the version.")
     ] = False,
 ) -> None:
     pass
@@ -120,10 +121,13 @@ def __getattr__(name: str):
 
 
 def _command_named(argv: list[str]) -> set[str] | None:
-    """The one command argv runs ({name}), or None (help, --version, a typo: register all,
-    so the listing and click's suggestions see every command)."""
+    """The one command argv runs ({name}); none for --version, which prints before any
+    command is looked up; or None (help, a typo: register all, so the listing and click's
+    suggestions see every command)."""
     if len(argv) > 1 and (argv[1] == "workloads" or argv[1] in dict(COMMANDS)):
         return {argv[1]}
+    if len(argv) > 1 and argv[1] == VERSION_FLAG:
+        return set()
     return None
 
 

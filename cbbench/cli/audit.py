@@ -12,13 +12,7 @@ from typing import Annotated
 import typer
 from tabulate import tabulate
 
-from cbbench.analysis.result import (
-    check_not_an_input,
-    check_writable,
-    load_result,
-    write_result,
-)
-from cbbench.analysis.server_side import audit as A
+from cbbench.analysis.server_log import DEFAULT_TOLERANCE_MS
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
 
@@ -59,7 +53,7 @@ def audit(
     ],
     tolerance_ms: Annotated[
         float, typer.Option(help="Largest median error (and p50 difference) a timing may have.")
-    ] = A.DEFAULT_TOLERANCE_MS,
+    ] = DEFAULT_TOLERANCE_MS,
     tail_tolerance_ms: Annotated[
         float | None, typer.Option(help="Also hold each timing's p99 |error| to this (ms).")
     ] = None,
@@ -71,6 +65,16 @@ def audit(
     a cbbench serve request log, joined by server_request_id (by send order when the result
     has no ids): the client's error per metric
     (median, p99, max), exit 1 past the tolerance (counts: exact)."""
+    # Here, not at the top: `cbbench --help` registers every command (cli/app.py), and these
+    # bring numpy and the result models.
+    from cbbench.analysis.result import (
+        check_not_an_input,
+        check_writable,
+        load_result,
+        write_result,
+    )
+    from cbbench.analysis.server_side import audit as A
+
     if not tolerance_ms >= 0:
         raise UsageError(f"--tolerance-ms must be >= 0, got {tolerance_ms}")
     if tail_tolerance_ms is not None and not tail_tolerance_ms >= 0:

@@ -14,7 +14,6 @@ import typer
 from tabulate import tabulate
 
 from cbbench import options as O
-from cbbench.bench.sweep import shared_config
 from cbbench.cli import options as C
 from cbbench.cli.sweep import (
     DEFAULT_OUT_PARENT,
@@ -26,14 +25,6 @@ from cbbench.cli.sweep import (
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
-from cbbench.schema import (
-    CAPACITY_KIND,
-    CAPACITY_SCHEMA_VERSION,
-    CapacityFile,
-    file_text,
-    from_built,
-    to_dict,
-)
 
 NOT_FOUND_EXIT = 1  # the search ran, but no probed rate met the SLO
 MISSING = "-"
@@ -107,6 +98,15 @@ def capacity(
         search,
     )
     from cbbench.bench.probe import ProbeSizing, run_probe, saturation_rate, summarize_probe
+    from cbbench.bench.sweep import shared_config
+    from cbbench.schema import (
+        CAPACITY_KIND,
+        CAPACITY_SCHEMA_VERSION,
+        CapacityFile,
+        file_text,
+        from_built,
+        to_dict,
+    )
 
     slo_spec = output.attainment_slo()
     if slo_spec is None:

@@ -14,10 +14,8 @@ from typing import Annotated
 
 import typer
 
-from cbbench.analysis.result import check_not_an_input, load_result, write_atomic_group
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
-from cbbench.export.files import FORMATS, default_out, render
 
 
 def register(app: typer.Typer) -> None:
@@ -40,6 +38,11 @@ def export(
     ] = None,
 ) -> None:
     """Write a result as llm-d's Benchmark Report v0.2, CSV or Parquet."""
+    # Here, not at the top: `cbbench --help` registers every command (cli/app.py), and these
+    # bring numpy and the result models.
+    from cbbench.analysis.result import check_not_an_input, load_result, write_atomic_group
+    from cbbench.export.files import FORMATS, default_out, render
+
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
     data = load_result(result)

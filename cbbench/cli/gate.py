@@ -10,15 +10,18 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from tabulate import tabulate
 
 from cbbench import options as O
-from cbbench.analysis.comparison import gate as G
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from cbbench.analysis.comparison import gate as G  # numpy and the result models: imported
+    # where a gate runs, not where `cbbench --help` registers the command (cli/app.py)
 
 REGRESSION_EXIT = 1
 # A bootstrap over fewer runs than this per side cannot see the noise it is meant to measure.
@@ -92,6 +95,7 @@ def gate(
     Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
     itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
     """
+    from cbbench.analysis.comparison import gate as G
     from cbbench.analysis.result import check_not_an_input, check_writable
     from cbbench.schema import RunResult, read_run
 
@@ -145,6 +149,8 @@ def gate(
 def defaults_line(wanted: Sequence[G.Threshold], given: Sequence[str], no_defaults: bool) -> str:
     """The metrics gated by default, not named by --max-regression: said, with their limits,
     so a failure on one nobody asked for is not a surprise."""
+    from cbbench.analysis.comparison import gate as G
+
     if no_defaults:
         return ""
     named = {G.parse_threshold(t).metric for t in given}
@@ -246,6 +252,8 @@ def render_table(checks: Sequence[G.Check]) -> str:
 
 
 def verdict_line(checks: Sequence[G.Check]) -> str:
+    from cbbench.analysis.comparison import gate as G
+
     bad = [c.metric for c in checks if c.verdict == G.REGRESSED]
     better = sum(c.verdict == G.IMPROVED for c in checks)
     mode = (
@@ -259,6 +267,8 @@ def verdict_line(checks: Sequence[G.Check]) -> str:
 
 
 def junit_xml(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Path]) -> str:
+    from cbbench.analysis.comparison import gate as G
+
     failures = sum(c.verdict == G.REGRESSED for c in checks)
     suites = ET.Element("testsuites", tests=str(len(checks)), failures=str(failures))
     suite = ET.SubElement(
@@ -284,6 +294,8 @@ def junit_xml(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Pat
 
 
 def markdown_summary(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Path]) -> str:
+    from cbbench.analysis.comparison import gate as G
+
     ok = G.passed(checks)
     head = "### cbbench gate: " + ("✅ passed" if ok else "❌ FAILED")
     files = [

@@ -14,14 +14,11 @@ from typing import Annotated
 import typer
 
 from cbbench.analysis.input_file import check_input_file
-from cbbench.analysis.result import check_not_an_input, read_json_file, write_result
 from cbbench.cli import options as C
 from cbbench.errors import UsageError
-from cbbench.importers import aiperf, guidellm, inference_perf, vllm_bench
-from cbbench.importers.checks import check_records, check_result
-from cbbench.importers.result import build_result
 
-TOOLS = (vllm_bench.TOOL, aiperf.TOOL, guidellm.TOOL, inference_perf.TOOL)
+# The importers and the result models (numpy, pydantic) are imported where a file is imported,
+# not at the top: `cbbench --help` registers every command (cli/app.py).
 
 
 def register(app: typer.Typer) -> None:
@@ -49,8 +46,12 @@ def import_result(
 ) -> None:
     """Turn another tool's per-request output into a cbbench result (compare, gate, report
     and export then read it)."""
-    if tool not in TOOLS:
-        raise UsageError(f"--from {tool!r}: use one of {', '.join(TOOLS)}")
+    from cbbench.analysis.result import check_not_an_input, write_result
+    from cbbench.importers import guidellm, vllm_bench
+
+    tools = _tools()
+    if tool not in tools:
+        raise UsageError(f"--from {tool!r}: use one of {', '.join(tools)}")
     check_not_an_input(out, [file], "--out")
     if benchmark is not None and tool != guidellm.TOOL:
         raise UsageError("--benchmark picks one of a GuideLLM file's benchmarks: it needs "
@@ -69,9 +70,18 @@ MALFORMED = (TypeError, KeyError, AttributeError, IndexError, ValueError, Overfl
              RecursionError)
 
 
+def _tools() -> tuple[str, ...]:
+    from cbbench.importers import aiperf, guidellm, inference_perf, vllm_bench
+
+    return (vllm_bench.TOOL, aiperf.TOOL, guidellm.TOOL, inference_perf.TOOL)
+
+
 def _read(file: Path, tool: str, benchmark: int | None, same_host: bool = False):
     """(result, records): parsed, every record held to a measured record's rules, the result
     to the run schema; UsageError (one line) for anything else."""
+    from cbbench.importers.checks import check_records, check_result
+    from cbbench.importers.result import build_result
+
     check_input_file(file, f"{tool} result")  # a FIFO hung, /dev/zero was read without end
     try:
         config, started, recs, duration, t0 = _parse(file, tool, benchmark, same_host)
@@ -90,6 +100,9 @@ def _read(file: Path, tool: str, benchmark: int | None, same_host: bool = False)
 
 def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
     """(config, started_at, records, duration_s, t0_epoch_s) of the tool's file."""
+    from cbbench.analysis.result import read_json_file
+    from cbbench.importers import aiperf, guidellm, inference_perf, vllm_bench
+
     if tool == aiperf.TOOL:
         rows = aiperf.lines(file)
         recs = aiperf.records(rows, str(file))

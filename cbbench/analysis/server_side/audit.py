@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from cbbench.analysis.server_log import LogLine, read_server_log
+from cbbench.analysis.server_log import DEFAULT_TOLERANCE_MS, LogLine, read_server_log
 from cbbench.errors import UsageError
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Request, RunResult, ServerTiming
@@ -45,7 +45,6 @@ from cbbench.schema.run import Request, RunResult, ServerTiming
 __all__ = ["DEFAULT_TOLERANCE_MS", "audit", "read_server_log"]
 
 MS = 1000.0
-DEFAULT_TOLERANCE_MS = 2.0
 TIMING_METRICS = ("ttft_ms", "ttfot_ms", "e2el_ms", "tpot_ms", "event_gap_ms")
 # The distributions' p50s held to the tolerance: per-token ITL and TPOT (pooled over many
 # tokens). TTFT's and TTFOT's p50s are shown, not held: over a few dozen requests the p50 moves
