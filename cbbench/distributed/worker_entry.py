@@ -71,7 +71,7 @@ class WorkerEntry:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _TAIL}
         out.update(self.extra)
         if self.error is not None:
-            out.update(error=self.error)
+            out["error"] = self.error
         return out
 
 
