@@ -180,8 +180,10 @@ def _timings(row: object, where: str) -> Timings:
     info = part(Info, Row.model_validate(row).info, where, "info", TOOL) \
         if isinstance(row, dict) else None
     t = info.timings if info is not None else None
-    timings = Timings.model_validate(t) if isinstance(t, dict) else None
-    if timings is None or (timings.request_start is None and timings.targeted_start is None):
+    if not isinstance(t, dict):
+        raise UsageError(f"{where} has no info.timings.request_start")
+    timings = Timings.model_validate(t)
+    if timings.request_start is None and timings.targeted_start is None:
         raise UsageError(f"{where} has no info.timings.request_start")
     for k, v in t.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
