@@ -11,15 +11,11 @@ from dataclasses import dataclass, field
 from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch
 from cbbench.distributed.session_share import lost_turns
+from cbbench.distributed.worker_entry import ClientFigures, WorkerEntry, worker_entry
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.client_health import loop_lag_check, wall_clock_of
-from cbbench.targets.http import (
-    TOKEN_COUNT_METHODS,
-    HttpRun,
-    finish_http_run,
-    send_lag_check,
-)
+from cbbench.targets.http import TOKEN_COUNT_METHODS, HttpRun, finish_http_run
 from cbbench.targets.options import EndpointOptions
 
 log = logging.getLogger(__name__)
@@ -44,8 +40,6 @@ PER_WORKER_KEYS = (
     "client_bound_message",
     "client_fell_behind_message",
 )
-
-MS = 1000.0
 
 
 @dataclass
@@ -160,7 +154,7 @@ class Merger:
                 not_sent += 1
         return lost, not_sent
 
-    def _worker_entry(self, ws: WorkerState, lost: int, not_sent: int) -> dict:
+    def _worker_entry(self, ws: WorkerState, lost: int, not_sent: int) -> WorkerEntry:
         return worker_entry(
             ws.worker,
             ws.status,
@@ -168,7 +162,7 @@ class Merger:
             ws.host,
             len(ws.positions),
             [r for p in ws.positions if (r := self.records[p]) is not None],
-            ws.done.info if ws.done is not None else {},
+            ClientFigures.of(ws.done.info) if ws.done is not None else ClientFigures(),
             lost,
             not_sent,
             ws.done.duration_s if ws.done is not None else ws.died_at_s,
@@ -192,7 +186,7 @@ class Merger:
         workers = [self._worker_entry(ws, lost, ns) for ws, lost, ns in entries]
         for ws, e in zip(self.workers, workers):
             if ws.status == DONE:
-                e["not_sent"] = e["assigned"] - e["sent"]  # a stopped run's unsent share
+                e.not_sent = e.assigned - e.sent  # a stopped run's unsent share
 
         done = [ws.done for ws in self.workers if ws.done is not None]
         # Shared facts (served model, /metrics scrapes: worker 0 scrapes) from the first
@@ -204,93 +198,45 @@ class Merger:
             ws.died_at_s for ws in self.workers if ws.died_at_s is not None
         ]
         duration = max(durations, default=0.0)
-        cpu = sum(d.info.get("client_cpu_s") or 0.0 for d in done)
+        figures = [ClientFigures.of(d.info) for d in done]
+        cpu = sum(f.client_cpu_s or 0.0 for f in figures)
         info.update(
-            connection_pool_size=sum(d.info.get("connection_pool_size", 0) for d in done),
-            connection_pool_capped=any(d.info.get("connection_pool_capped") for d in done),
-            max_in_flight=sum(d.info.get("max_in_flight", 0) for d in done),  # sum of peaks
+            connection_pool_size=sum(f.connection_pool_size for f in figures),
+            connection_pool_capped=any(f.connection_pool_capped for f in figures),
+            max_in_flight=sum(f.max_in_flight or 0 for f in figures),  # sum of peaks
             t0_epoch_s=wall_clock_of(t0),
             client_cpu_s=cpu,
             client_cpu_util=cpu / duration if duration > 0 else None,  # in cores
             parent_cpu_s=parent_cpu_s,
             **loop_lag_check(
-                pooled_lag, max((d.info.get("loop_lag_span_s") or 0.0 for d in done), default=0.0)
+                pooled_lag, max((f.loop_lag_span_s or 0.0 for f in figures), default=0.0)
             ),
         )
         kinds: dict[str, int] = {}
-        for d in done:
-            for k, v in (d.info.get("prompt_kinds") or {}).items():
+        for f in figures:
+            for k, v in (f.prompt_kinds or {}).items():
                 kinds[k] = kinds.get(k, 0) + v
         records = [r for r in self.records if r is not None]
         finish_http_run(opts, records, self.methods, kinds, self.total, info)
         for e in workers:
-            if e["status"] == DONE and (e["client_fell_behind"] or e["client_bound"]):
+            if e.status == DONE and (e.client_fell_behind or e.client_bound):
                 log.info(
-                    f"warning: worker {e['worker']}: send lag p50 "
-                    f"{e['send_lag_p50_ms']:.1f} ms, p99 {e['send_lag_p99_ms']:.1f} ms; event-loop "
-                    f"lag p99 {_ms(e['loop_lag_p99_ms'])}; CPU {_pct(e['client_cpu_util'])}"
+                    f"warning: worker {e.worker}: send lag p50 "
+                    f"{e.send_lag_p50_ms:.1f} ms, p99 {e.send_lag_p99_ms:.1f} ms; event-loop "
+                    f"lag p99 {_ms(e.loop_lag_p99_ms)}; CPU {_pct(e.client_cpu_util)}"
                 )
-            elif e["status"] in (DIED, FAILED):
+            elif e.status in (DIED, FAILED):
                 log.info(
-                    f"error: worker {e['worker']} {e['status']} ({e.get('error')}): "
-                    f"{e['sent'] - e['lost']} requests reported, {e['lost']} "
+                    f"error: worker {e.worker} {e.status} ({e.error}): "
+                    f"{e.sent - e.lost} requests reported, {e.lost} "
                     f"lost (due before it died, counted as failed: {WORKER_LOST}), "
-                    f"{e['not_sent']} not sent"
+                    f"{e.not_sent} not sent"
                 )
-        info["workers"] = workers
+        info["workers"] = [e.to_dict() for e in workers]
         interrupted = stopped or any(d.interrupted for d in done)
-        not_sent = sum(e["not_sent"] for e in workers)
+        not_sent = sum(e.not_sent for e in workers)
         ended_early = sum(d.sessions_ended_early for d in done)
         return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag, ended_early)
-
-
-def worker_entry(
-    worker: int,
-    status: str,
-    pid: int | None,
-    host: str | None,
-    assigned: int,
-    recs: list[RequestRecord],
-    info: dict,
-    lost: int,
-    not_sent: int,
-    duration_s: float | None,
-    extra: dict | None = None,
-    error: str | None = None,
-) -> dict:
-    """One summary.workers entry, from the worker's records and its run_http info (the same
-    for the one-process run, so both results have one form)."""
-    completed = sum(r.ok for r in recs)
-    failed = sum(r.error is not None for r in recs)
-    cancelled = sum(r.cancelled and r.error is None for r in recs)
-    lag = send_lag_check([(r.send_s - r.ready_s) * MS for r in recs if r.send_s is not None])
-    entry = {
-        "worker": worker,
-        "status": status,
-        "pid": pid,
-        "host": host,
-        "assigned": assigned,
-        "sent": completed + failed + cancelled,
-        "completed": completed,
-        "failed": failed,
-        "cancelled": cancelled,
-        "lost": lost,
-        "not_sent": not_sent,
-        "send_lag_p50_ms": lag["send_lag_p50_ms"],
-        "send_lag_p99_ms": lag["send_lag_p99_ms"],
-        "client_fell_behind": lag["client_fell_behind"],
-        "loop_lag_p50_ms": info.get("loop_lag_p50_ms"),
-        "loop_lag_p99_ms": info.get("loop_lag_p99_ms"),
-        "client_bound": info.get("client_bound", False),
-        "client_cpu_s": info.get("client_cpu_s"),
-        "client_cpu_util": info.get("client_cpu_util"),
-        "max_in_flight": info.get("max_in_flight"),
-        "duration_s": duration_s,
-        **(extra or {}),
-    }
-    if error is not None:
-        entry["error"] = error
-    return entry
 
 
 def _ms(v: float | None) -> str:

@@ -17,8 +17,9 @@ from cbbench.distributed.client_cost import (
     calibrate,
     schedule_rate,
 )
-from cbbench.distributed.merge import DONE, worker_entry
+from cbbench.distributed.merge import DONE
 from cbbench.distributed.plan import AUTO, LoadPlan, usable_cores
+from cbbench.distributed.worker_entry import ClientFigures, worker_entry
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
@@ -175,10 +176,10 @@ def _one_process(
             socket.gethostname(),
             sessions.num_turns if sessions is not None else len(wreqs),
             run.records,
-            run.info,
+            ClientFigures.of(run.info),
             0,
             run.not_sent,
             run.duration_s,
-        )
+        ).to_dict()
     ]
     return run

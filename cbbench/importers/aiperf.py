@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+from cbbench.importers.fields import ToolFields, part
 
 TOOL = "aiperf"
 NS = 1e-9
@@ -31,7 +34,57 @@ WARMUP_PHASE = "warmup"
 TIME_UNITS_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
-def lines(path) -> list[tuple[int, dict]]:
+class Line(ToolFields):
+    """One MetricRecordInfo."""
+
+    metadata: Any = None
+    metrics: Any = None
+    error: Any = None  # null, or {"code", "type", "message"}
+
+
+class Metadata(ToolFields):
+    request_start_ns: Any = None  # the send, on time.time_ns()
+    credit_issued_ns: Any = None  # the rate limiter's release
+    x_request_id: Any = None
+    benchmark_phase: Any = None
+
+
+class Metric(ToolFields):
+    """One metric in display units: a number (or a list of them) and its unit."""
+
+    value: Any = None
+    unit: Any = None
+
+
+class Metrics(ToolFields):
+    """The metrics read, by tag (each a Metric where present)."""
+
+    time_to_first_token: Any = None
+    request_latency: Any = None
+    inter_chunk_latency: Any = None
+    output_sequence_length: Any = None
+    input_sequence_length: Any = None
+    usage_reasoning_tokens: Any = None  # the server's usage
+    reasoning_token_count: Any = None  # AIPerf's own count
+    time_to_first_output_token: Any = None
+
+
+class ErrorInfo(ToolFields):
+    type: Any = None
+    message: Any = None
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the file: its number (for messages) and its parts."""
+
+    n: int
+    meta: Metadata
+    metrics: Any  # an object of Metrics' fields, or empty (an errored record)
+    error: Any
+
+
+def lines(path) -> list[Row]:
     try:
         with open(path, encoding="utf-8") as f:
             return [_record(path, n, line) for n, line in enumerate(f, 1) if line.strip()]
@@ -39,60 +92,64 @@ def lines(path) -> list[tuple[int, dict]]:
         raise UsageError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
-def _record(path, n: int, line: str) -> tuple[int, dict]:
+def _record(path, n: int, text: str) -> Row:
     try:
-        obj = json.loads(line)
+        obj = json.loads(text)
     except ValueError:
         raise UsageError(f"{path}:{n} is not JSON: not an AIPerf profile_export.jsonl") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+    line = Line.model_validate(obj) if isinstance(obj, dict) else None
+    if line is None or not isinstance(line.metadata, dict):
         raise UsageError(f"{path}:{n} has no metadata: not an AIPerf record")
-    return n, obj
+    return Row(n, Metadata.model_validate(line.metadata), line.metrics, line.error)
 
 
-def _profiling(objs: Iterable[tuple[int, dict]], source: str) -> list[tuple[int, dict]]:
-    rows = [(n, o) for n, o in objs if o["metadata"].get("benchmark_phase") != WARMUP_PHASE]
-    if not rows:
+def _profiling(rows: Iterable[Row], source: str) -> list[Row]:
+    kept = [r for r in rows if r.meta.benchmark_phase != WARMUP_PHASE]
+    if not kept:
         raise UsageError(f"{source} holds no profiling records")
-    return rows
+    return kept
 
 
-def _slots(rows: list[tuple[int, dict]], source: str) -> tuple[list[int], list[int]]:
+def _slots(rows: list[Row], source: str) -> tuple[list[int], list[int]]:
     """(send, intended start) per record, in ns on AIPerf's wall clock (time.time_ns)."""
-    starts = [_ns(o["metadata"], "request_start_ns", f"{source}:{n}") for n, o in rows]
-    issued = [o["metadata"].get("credit_issued_ns") for _, o in rows]
+    starts = [_ns(r.meta.request_start_ns, "request_start_ns", f"{source}:{r.n}") for r in rows]
+    issued = [r.meta.credit_issued_ns for r in rows]
     return starts, [i if isinstance(i, int) and not isinstance(i, bool) else s
                     for i, s in zip(issued, starts)]
 
 
-def origin(objs: Iterable[tuple[int, dict]], source: str = "") -> float:
+def origin(rows: Iterable[Row], source: str = "") -> float:
     """The records' zero on the Unix clock (s): AIPerf stamps with time.time_ns()."""
-    return min(_slots(_profiling(objs, source), source)[1]) * NS
+    return min(_slots(_profiling(rows, source), source)[1]) * NS
 
 
-def records(objs: Iterable[tuple[int, dict]], source: str) -> list[RequestRecord]:
-    rows = _profiling(objs, source)
-    starts, slots = _slots(rows, source)
+def records(rows: Iterable[Row], source: str) -> list[RequestRecord]:
+    kept = _profiling(rows, source)
+    starts, slots = _slots(kept, source)
     t0 = min(slots)
     out = []
-    for i, ((n, obj), start_ns, slot_ns) in enumerate(zip(rows, starts, slots)):
-        where = f"{source}:{n}"
-        metrics = obj.get("metrics") or {}
+    for i, (row, start_ns, slot_ns) in enumerate(zip(kept, starts, slots)):
+        where = f"{source}:{row.n}"
+        metrics = part(Metrics, row.metrics, where, "metrics", TOOL)
         send = (start_ns - t0) * NS
         rec = RequestRecord(
             id=i,
-            prompt_tokens=_tokens(metrics, "input_sequence_length", where),
-            output_tokens=_tokens(metrics, "output_sequence_length", where),
+            prompt_tokens=_tokens(metrics.input_sequence_length, "input_sequence_length", where),
+            output_tokens=_tokens(metrics.output_sequence_length, "output_sequence_length",
+                                  where),
             intended_start_s=(slot_ns - t0) * NS,
             send_s=send,
-            server_request_id=obj["metadata"].get("x_request_id"),
+            server_request_id=row.meta.x_request_id,
         )
         # Counted by the tool (its tokenizer or the server's usage): recorded as its count.
         rec.output_tokens_method = TOOL
         rec.output_token_counts = {TOOL: rec.output_tokens}
-        error = obj.get("error")
-        if error:
-            rec.error = str(error.get("message") if isinstance(error, dict) else error)
-            rec.error_type = str(error.get("type") or "error") if isinstance(error, dict) else "error"
+        error = row.error
+        if error and isinstance(error, dict):
+            err = ErrorInfo.model_validate(error)
+            rec.error, rec.error_type = str(err.message), str(err.type or "error")
+        elif error:
+            rec.error, rec.error_type = str(error), "error"
         else:
             rec.token_times_s = _token_times(metrics, send, rec.output_tokens, where)
             _reasoning(rec, metrics, send, where)
@@ -100,49 +157,55 @@ def records(objs: Iterable[tuple[int, dict]], source: str) -> list[RequestRecord
     return out
 
 
-def _reasoning(rec: RequestRecord, metrics: Mapping, send: float, where: str) -> None:
+def _reasoning(rec: RequestRecord, metrics: Metrics, send: float, where: str) -> None:
     """A reasoning model's figures as AIPerf recorded them: the reasoning tokens (the server's
     usage, else AIPerf's count) and the first answer token (time_to_first_output_token)."""
-    for tag in ("usage_reasoning_tokens", "reasoning_token_count"):
-        if tag in metrics:
-            rec.reasoning_tokens = _tokens(metrics, tag, where)
-            break
-    if rec.reasoning_tokens and "time_to_first_output_token" in metrics:
-        rec.first_output_s = send + _seconds(metrics, "time_to_first_output_token", where)
+    present = metrics.model_fields_set
+    if "usage_reasoning_tokens" in present:
+        rec.reasoning_tokens = _tokens(metrics.usage_reasoning_tokens, "usage_reasoning_tokens",
+                                       where)
+    elif "reasoning_token_count" in present:
+        rec.reasoning_tokens = _tokens(metrics.reasoning_token_count, "reasoning_token_count",
+                                       where)
+    if rec.reasoning_tokens and "time_to_first_output_token" in present:
+        rec.first_output_s = send + _seconds(metrics.time_to_first_output_token,
+                                             "time_to_first_output_token", where)
 
 
-def _token_times(metrics: Mapping, send: float, output_tokens: int, where: str) -> list[float]:
-    first = send + _seconds(metrics, "time_to_first_token", where)
+def _token_times(metrics: Metrics, send: float, output_tokens: int, where: str) -> list[float]:
+    first = send + _seconds(metrics.time_to_first_token, "time_to_first_token", where)
     times = [first]
-    chunks = metrics.get("inter_chunk_latency")
-    if isinstance(chunks, dict) and isinstance(chunks.get("value"), list):
-        scale = _unit(chunks, where, "inter_chunk_latency")
-        for gap in chunks["value"]:
+    chunks = metrics.inter_chunk_latency
+    gaps = Metric.model_validate(chunks) if isinstance(chunks, dict) else None
+    if gaps is not None and isinstance(gaps.value, list):
+        scale = _unit(gaps, where, "inter_chunk_latency")
+        for gap in gaps.value:
             times.append(times[-1] + _finite(gap, where, "inter_chunk_latency") * scale)
-    elif output_tokens > 1 and "request_latency" in metrics:
-        times.append(send + _seconds(metrics, "request_latency", where))
+    elif output_tokens > 1 and "request_latency" in metrics.model_fields_set:
+        times.append(send + _seconds(metrics.request_latency, "request_latency", where))
     return times
 
 
-def _seconds(metrics: Mapping, tag: str, where: str) -> float:
-    m = metrics.get(tag)
+def _seconds(m: Any, tag: str, where: str) -> float:
+    """Metric ``tag`` (``m``, as written) in seconds."""
     if not isinstance(m, dict):
         raise UsageError(f"{where}: a completed record without {tag}")
-    return _finite(m.get("value"), where, tag) * _unit(m, where, tag)
+    metric = Metric.model_validate(m)
+    return _finite(metric.value, where, tag) * _unit(metric, where, tag)
 
 
-def _unit(m: Mapping, where: str, tag: str) -> float:
-    unit = m.get("unit")
+def _unit(m: Metric, where: str, tag: str) -> float:
+    unit = m.unit
     if unit not in TIME_UNITS_S:
         raise UsageError(f"{where}: {tag} in unit {unit!r}, not one of {', '.join(TIME_UNITS_S)}")
     return TIME_UNITS_S[unit]
 
 
-def _tokens(metrics: Mapping, tag: str, where: str) -> int:
-    m = metrics.get(tag)
+def _tokens(m: Any, tag: str, where: str) -> int:
+    """Metric ``tag`` (``m``, as written) as a token count; absent: 0."""
     if m is None:
         return 0
-    v = m.get("value") if isinstance(m, dict) else None
+    v = Metric.model_validate(m).value if isinstance(m, dict) else None
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -150,8 +213,8 @@ def _tokens(metrics: Mapping, tag: str, where: str) -> int:
     return v
 
 
-def _ns(meta: Mapping, key: str, where: str) -> int:
-    v = meta.get(key)
+def _ns(v: Any, key: str, where: str) -> int:
+    """metadata.``key`` (``v``, as written): a time in ns."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise UsageError(f"{where}: metadata.{key} holds {v!r}, not a time in ns")
     return v

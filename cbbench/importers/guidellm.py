@@ -29,48 +29,45 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
 from cbbench.importers.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, check_count
+from cbbench.importers.fields import ToolFields, part
 
 TOOL = "guidellm"
 STATUSES = ("successful", "incomplete", "errored")
 
 
-class _Fields(BaseModel):
-    """A GuideLLM object's fields this importer reads, as written: each is checked where it is
-    read, with the message that names it (the others pass through)."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-class Report(_Fields):
+class Report(ToolFields):
     benchmarks: Any = None
     config: Any = None  # the scenario: data, target, model
 
 
-class Benchmark(_Fields):
+class Benchmark(ToolFields):
     requests: Any = None  # lists of request stats by status
     config: Any = None
     start_time: Any = None
     duration: Any = None
 
 
-class Strategy(_Fields):
+class BenchConfig(ToolFields):
+    strategy: Any = None
+
+
+class Strategy(ToolFields):
     type_: Any = None
     rate: Any = None
     streams: Any = None
 
 
-class Scenario(_Fields):
+class Scenario(ToolFields):
     data: Any = None
     target: Any = None
     model: Any = None
 
 
-class Row(_Fields):
+class Row(ToolFields):
     """One request's stats (guidellm/schemas/request_stats.py)."""
 
     info: Any = None
@@ -81,7 +78,18 @@ class Row(_Fields):
     output_tokens: Any = None
 
 
-class Timings(_Fields):
+class Info(ToolFields):
+    timings: Any = None
+    error: Any = None  # an errored request's
+
+
+class TokenMetrics(ToolFields):
+    """input_metrics / output_metrics."""
+
+    text_tokens: Any = None  # the server's usage, else GuideLLM's count
+
+
+class Timings(ToolFields):
     """info.timings (Unix seconds), each a finite number or null (_timings checks them; kept
     as written, an int an int)."""
 
@@ -105,25 +113,33 @@ def benchmark(data: Mapping, source: str, index: int | None) -> Benchmark:
         raise UsageError(f"{source} holds no benchmarks: not a GuideLLM benchmarks JSON")
     if index is None:
         if len(benches) > 1:
-            kinds = ", ".join(f"{i}: {_strategy(b)}" for i, b in enumerate(benches))
+            kinds = ", ".join(f"{i}: {_strategy(b, f'{source}: benchmark {i}')}"
+                              for i, b in enumerate(benches))
             raise UsageError(f"{source} holds {len(benches)} benchmarks ({kinds}): choose one "
                              "with --benchmark INDEX")
         index = 0
     if not 0 <= index < len(benches):
         raise UsageError(f"--benchmark {index}: {source} holds benchmarks 0..{len(benches) - 1}")
-    bench = benches[index]
-    if not isinstance(bench, dict) or not isinstance(bench.get("requests"), dict):
+    bench = Benchmark.model_validate(benches[index]) if isinstance(benches[index], dict) else None
+    if bench is None or not isinstance(bench.requests, dict):
         raise UsageError(f"{source}: benchmark {index} has no requests by status")
-    return Benchmark.model_validate(bench)
+    _strategy_of(bench, f"{source}: benchmark {index}")  # an object, or refused by name
+    _scenario(data, source)
+    return bench
 
 
-def _strategy_of(bench: Benchmark) -> Strategy | None:
-    strategy = (bench.config or {}).get("strategy")  # a non-object config is malformed
+def _strategy_of(bench: Benchmark, where: str) -> Strategy | None:
+    strategy = part(BenchConfig, bench.config, where, "config", TOOL).strategy
     return Strategy.model_validate(strategy) if isinstance(strategy, dict) else None
 
 
-def _strategy(bench: object) -> str:
-    strategy = _strategy_of(Benchmark.model_validate(bench)) if isinstance(bench, dict) else None
+def _scenario(data: Mapping, where: str) -> Scenario:
+    return part(Scenario, Report.model_validate(dict(data)).config, where, "config", TOOL)
+
+
+def _strategy(bench: object, where: str) -> str:
+    strategy = (_strategy_of(Benchmark.model_validate(bench), where)
+                if isinstance(bench, dict) else None)
     if strategy is not None:
         rate = strategy.rate or strategy.streams
         kind = strategy.type_ if "type_" in strategy.model_fields_set else "?"
@@ -161,16 +177,19 @@ def records(bench: Benchmark, source: str) -> list[RequestRecord]:
 
 
 def _timings(row: object, where: str) -> Timings:
-    # A non-object info is malformed (AttributeError: import_result.py's one line).
-    t = (Row.model_validate(row).info or {}).get("timings") if isinstance(row, dict) else None
-    if not isinstance(t, dict) or (t.get("request_start") is None
-                                   and t.get("targeted_start") is None):
+    info = part(Info, Row.model_validate(row).info, where, "info", TOOL) \
+        if isinstance(row, dict) else None
+    t = info.timings if info is not None else None
+    if not isinstance(t, dict):
+        raise UsageError(f"{where} has no info.timings.request_start")
+    timings = Timings.model_validate(t)
+    if timings.request_start is None and timings.targeted_start is None:
         raise UsageError(f"{where} has no info.timings.request_start")
     for k, v in t.items():
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                               or not math.isfinite(v)):
             raise UsageError(f"{where}: info.timings.{k} holds {v!r}, not a time")
-    return Timings.model_validate(t)
+    return timings
 
 
 def _record(k: int, status: str, row: Row, t: Timings, t0: float, where: str):
@@ -185,9 +204,9 @@ def _record(k: int, status: str, row: Row, t: Timings, t0: float, where: str):
     )
     rec.output_tokens_method = TOOL
     rec.output_token_counts = {TOOL: rec.output_tokens}
-    info = row.info or {}
     if status == "errored":
-        rec.error, rec.error_type = str(info.get("error") or "errored"), "error"
+        error = part(Info, row.info, where, "info", TOOL).error
+        rec.error, rec.error_type = str(error or "errored"), "error"
         return rec
     if status == "incomplete":
         rec.error = "incomplete: in flight when the GuideLLM benchmark ended"
@@ -222,7 +241,7 @@ def _events(first: float, last: float, events: int, tokens: int):
 def _tokens(metrics: Any, group: str, computed: Any, where: str) -> int:
     """The tokens of ``metrics`` (the row's ``group``: its text_tokens), else ``computed``
     (the row's prompt_tokens / output_tokens)."""
-    v = (metrics or {}).get("text_tokens")  # a non-object is malformed (AttributeError)
+    v = part(TokenMetrics, metrics, where, group, TOOL).text_tokens
     if v is None:
         v = computed
     if v is None:
@@ -235,10 +254,10 @@ def _tokens(metrics: Any, group: str, computed: Any, where: str) -> int:
 
 
 def config(data: Mapping, bench: Benchmark, recs: list[RequestRecord]) -> dict:
-    strategy = _strategy_of(bench)
+    # Both configs are objects (or none): benchmark() refused anything else by name.
+    strategy = _strategy_of(bench, "the benchmark")
     rate = strategy.rate if strategy is not None else None
-    # A non-object config is malformed (pydantic's ValueError: import_result.py's one line).
-    scenario = Scenario.model_validate(Report.model_validate(dict(data)).config or {})
+    scenario = _scenario(data, "the report")
     return {
         "label": None,
         "imported_from": TOOL,

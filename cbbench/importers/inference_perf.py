@@ -25,29 +25,93 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from typing import Any
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+from cbbench.importers.fields import ToolFields, part
 
 TOOL = "inference-perf"
 
 
-def entries(data, source: str) -> list[Mapping]:
+class Entry(ToolFields):
+    """One request of the report (inference_perf/reportgen/base.py)."""
+
+    start_time: Any = None
+    end_time: Any = None
+    request: Any = None  # the body sent, as text
+    info: Any = None  # an InferenceInfo (checked by entries)
+    error: Any = None  # null, or {"error_type", "error_msg"}
+
+
+class Info(ToolFields):
+    """InferenceInfo."""
+
+    request_metrics: Any = None
+    response_metrics: Any = None
+    input_tokens: Any = 0  # older reports: beside the metrics, not in them
+    lora_adapter: Any = None
+
+
+class RequestMetrics(ToolFields):
+    text: Any = None
+
+
+class TextMetrics(ToolFields):
+    input_tokens: Any = None
+
+
+class ResponseMetrics(ToolFields):
+    output_tokens: Any = 0
+    server_usage: Any = None
+    response_chunks: Any = None
+    chunk_times: Any = None
+    output_token_times: Any = None
+
+
+class Usage(ToolFields):
+    """The server's usage, as the answer sent it."""
+
+    completion_tokens: Any = None
+    prompt_tokens: Any = None
+
+
+class ErrorInfo(ToolFields):
+    error_type: Any = None
+    error_msg: Any = None
+
+
+class Body(ToolFields):
+    """The request body sent (JSON text in the report)."""
+
+    model: Any = None
+
+
+class Chunk(ToolFields):
+    """One streamed answer chunk (JSON text in the report)."""
+
+    id: Any = None
+
+
+def entries(data, source: str) -> list[Entry]:
     if not isinstance(data, list):
         raise UsageError(f"{source} is not an inference-perf per-request report (a JSON list; "
                          "per_request_lifecycle_metrics.json)")
     if not data:
         raise UsageError(f"{source} holds no requests")
+    out = []
     for i, e in enumerate(data):
-        if not isinstance(e, dict) or "start_time" not in e or not isinstance(e.get("info"), dict):
+        entry = Entry.model_validate(e) if isinstance(e, dict) else None
+        if entry is None or "start_time" not in entry.model_fields_set \
+                or not isinstance(entry.info, dict):
             raise UsageError(f"{source}: entry {i} has no start_time and info: not an "
                              "inference-perf request")
-    return data
+        out.append(entry)
+    return out
 
 
-def records(data: list[Mapping], source: str) -> list[RequestRecord]:
-    starts = [_time(e.get("start_time"), f"{source}: entry {i}", "start_time")
+def records(data: list[Entry], source: str) -> list[RequestRecord]:
+    starts = [_time(e.start_time, f"{source}: entry {i}", "start_time")
               for i, e in enumerate(data)]
     t0 = min(starts)
     order = sorted(range(len(data)), key=starts.__getitem__)  # in send order
@@ -55,43 +119,48 @@ def records(data: list[Mapping], source: str) -> list[RequestRecord]:
             for k, i in enumerate(order)]
 
 
-def _record(k: int, e: Mapping, start: float, t0: float, where: str) -> RequestRecord:
-    info = e["info"]
-    metrics = info.get("response_metrics") or {}
-    usage = metrics.get("server_usage") or {}
-    body = _json(e.get("request"))
+def _record(k: int, e: Entry, start: float, t0: float, where: str) -> RequestRecord:
+    info = Info.model_validate(e.info)
+    metrics = part(ResponseMetrics, info.response_metrics, where, "info.response_metrics", TOOL)
+    usage = part(Usage, metrics.server_usage, where, "info.response_metrics.server_usage", TOOL)
+    body = _json(e.request)
+    request_metrics = part(RequestMetrics, info.request_metrics, where, "info.request_metrics",
+                           TOOL)
+    text = part(TextMetrics, request_metrics.text, where, "info.request_metrics.text", TOOL)
     rec = RequestRecord(
         id=k,
-        prompt_tokens=_count(((info.get("request_metrics") or {}).get("text") or {}).get(
-            "input_tokens", info.get("input_tokens", 0)), where, "input_tokens"),
+        prompt_tokens=_count(text.input_tokens if "input_tokens" in text.model_fields_set
+                             else info.input_tokens, where, "input_tokens"),
         output_tokens=0,
         intended_start_s=start,
         send_s=start,
     )
-    counted = _count(metrics.get("output_tokens", 0), where, "output_tokens")
-    server = usage.get("completion_tokens")
+    counted = _count(metrics.output_tokens, where, "output_tokens")
+    server = usage.completion_tokens
     rec.output_tokens = server if type(server) is int and server >= 0 else counted
     rec.output_tokens_method = TOOL
     rec.output_token_counts = {TOOL: counted, **({"usage": server} if type(server) is int else {})}
-    if type(usage.get("prompt_tokens")) is int:
-        rec.server_prompt_tokens = usage["prompt_tokens"]
-    rec.model = info.get("lora_adapter") or (body.get("model") if isinstance(body, dict) else None)
-    chunks = metrics.get("response_chunks") or []
+    if type(usage.prompt_tokens) is int:
+        rec.server_prompt_tokens = usage.prompt_tokens
+    rec.model = info.lora_adapter or (Body.model_validate(body).model
+                                      if isinstance(body, dict) else None)
+    chunks = metrics.response_chunks or []
     first_chunk = _json(chunks[0]) if chunks else None
     if isinstance(first_chunk, dict):
-        rec.server_request_id = first_chunk.get("id")
-    error = e.get("error")
+        rec.server_request_id = Chunk.model_validate(first_chunk).id
+    error = e.error
     if error:
-        rec.error = str(error.get("error_msg") if isinstance(error, dict) else error)
-        rec.error_type = str(error.get("error_type") or "error") if isinstance(error, dict) \
-            else "error"
+        if isinstance(error, dict):
+            err = ErrorInfo.model_validate(error)
+            rec.error, rec.error_type = str(err.error_msg), str(err.error_type or "error")
+        else:
+            rec.error, rec.error_type = str(error), "error"
         return rec
-    times = [_time(t, where, "chunk_times") - t0 for t in metrics.get("chunk_times") or []]
+    times = [_time(t, where, "chunk_times") - t0 for t in metrics.chunk_times or []]
     if not times:  # not streamed: the whole answer at the end
-        times = [_time(e.get("end_time"), where, "end_time") - t0]
+        times = [_time(e.end_time, where, "end_time") - t0]
     rec.token_times_s = times
-    rec.event_tokens = _per_chunk(metrics.get("output_token_times") or [],
-                                  metrics.get("chunk_times") or [])
+    rec.event_tokens = _per_chunk(metrics.output_token_times or [], metrics.chunk_times or [])
     rec.event_tokens_method = TOOL if rec.event_tokens is not None else None
     return rec
 
@@ -151,8 +220,8 @@ def config(recs: list[RequestRecord]) -> dict:
     }
 
 
-def duration_s(data: list[Mapping], recs: list[RequestRecord]) -> float:
+def duration_s(data: list[Entry], recs: list[RequestRecord]) -> float:
     """inference-perf's total time: last end - first start."""
-    starts = [e["start_time"] for e in data]
-    ends = [float(e["end_time"]) for e in data if isinstance(e.get("end_time"), (int, float))]
+    starts = [e.start_time for e in data]
+    ends = [float(e.end_time) for e in data if isinstance(e.end_time, (int, float))]
     return float(max(ends) - min(starts)) if ends else 0.0

@@ -21,18 +21,20 @@ def build_result(
     """``t0_epoch_s``: the records' zero on the Unix clock, for a tool that timed on it
     (GuideLLM, AIPerf): `cbbench audit` then compares them with the server log's times on one
     clock (exact when tool and server ran on one host, as a conformance run does)."""
-    result = base_result(dict(config))
-    result["started_at"] = started_at
-    result["summary"] = summarize(records, duration_s)
-    add_splits(result["summary"], records, duration_s)  # by model (inference-perf's adapters)
+    summary = summarize(records, duration_s)
+    add_splits(summary, records, duration_s)  # by model (inference-perf's adapters)
     if t0_epoch_s is not None:
-        result["summary"]["http"] = {"t0_epoch_s": float(t0_epoch_s)}
+        summary["http"] = {"t0_epoch_s": float(t0_epoch_s)}
     # A tool that kept the server's per-request timings (vLLM bench, from a server with
     # --enable-per-request-metrics): the TTFT split a run makes from the same fields.
     if attach_parts(records, None, t0_epoch_s):
-        result["summary"].update(summarize_breakdown(records))
-    result["telemetry"] = unavailable(f"imported from {config.get('imported_from')}")
-    # Detailed: the token times are all an imported request has; keep them.
-    result["requests"] = [request_record_dict(r, True) for r in records]
-    result["iterations"] = []
-    return result
+        summary.update(summarize_breakdown(records))
+    return {
+        **base_result(dict(config)),
+        "started_at": started_at,
+        "summary": summary,
+        "telemetry": unavailable(f"imported from {config.get('imported_from')}"),
+        # Detailed: the token times are all an imported request has; keep them.
+        "requests": [request_record_dict(r, True) for r in records],
+        "iterations": [],
+    }

@@ -32,11 +32,12 @@ def check_reasoning_len(value: object, output_len: int, where: str) -> int:
 
 
 def _tool_name(tool: object) -> str | None:
-    if not isinstance(tool, dict) or tool.get("type") != "function":
-        return None
-    fn = tool.get("function")
-    name = fn.get("name") if isinstance(fn, dict) else None
-    return name if isinstance(name, str) and name else None
+    """The function's name of an OpenAI tool definition (or a named tool_choice); None for
+    anything else."""
+    match tool:
+        case {"type": "function", "function": {"name": str(name)}} if name:
+            return name
+    return None
 
 
 def check_tools(tools: object, choice: object, where: str) -> tuple[tuple[dict, ...] | None, object]:

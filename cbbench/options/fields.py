@@ -35,22 +35,45 @@ def opt(default: Any, help: str, **meta: Any) -> Any:
     return field(default=default, metadata={"help": help, **meta})
 
 
+@dataclass(frozen=True)
+class FieldMeta:
+    """A field's metadata (the module docstring's keys, as :func:`opt` or EngineArgs' own
+    ``opt`` set them), typed; a key not set keeps its default."""
+
+    help: str = ""
+    choices: tuple[str, ...] | None = None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    flag: str | None = None
+    switch: bool = True
+    panel: str | None = None
+    parser: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    cli: bool = True  # False: set by the code, never a flag
+
+    @classmethod
+    def of(cls, f: dataclasses.Field) -> FieldMeta:
+        given = f.metadata
+        return cls(**{k.name: given[k.name] for k in dataclasses.fields(cls) if k.name in given})
+
+
 def flag_name(f: dataclasses.Field) -> str:
-    return f.metadata.get("flag") or flag_of(f.name)
+    return FieldMeta.of(f).flag or flag_of(f.name)
 
 
 def check_fields(group: Any) -> None:
     """The first field of ``group`` outside its choices or range, as a UsageError."""
     for f in dataclasses.fields(group):
-        value, meta = getattr(group, f.name), f.metadata
+        value, meta = getattr(group, f.name), FieldMeta.of(f)
         if value is None or isinstance(value, bool):
             continue
-        choices = meta.get("choices")
+        choices = meta.choices
         if choices is not None and value not in choices:
             raise UsageError(f"{flag_name(f)} must be one of {', '.join(choices)}, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise UsageError(f"{flag_name(f)} must be a finite number, got {value}")
-        low, high, low_open = meta.get("low"), meta.get("high"), meta.get("low_open", False)
+        low, high, low_open = meta.low, meta.high, meta.low_open
         if isinstance(value, (int, float)) and (
             (low is not None and (value <= low if low_open else value < low))
             or (high is not None and value > high)
@@ -74,7 +97,7 @@ class Group:
     inherit: tuple[str, ...] = ()  # fields set from another group's flag of that name (seed)
 
     def fields(self) -> list[dataclasses.Field]:
-        every = [f for f in dataclasses.fields(self.cls) if f.metadata.get("cli", True)]
+        every = [f for f in dataclasses.fields(self.cls) if FieldMeta.of(f).cli]
         if self.only is None:
             return every
         by_name = {f.name: f for f in every}
@@ -91,23 +114,23 @@ class Group:
         ]
 
     def _annotation(self, f: dataclasses.Field, hint: Any) -> Any:
-        meta = f.metadata
+        meta = FieldMeta.of(f)
         flag = flag_name(f)
-        if hint is bool and meta.get("switch", True):
+        if hint is bool and meta.switch:
             decls: tuple[str, ...] = (f"{flag}/--no-{flag[2:]}",)
         else:
             decls = (flag,)
-        help_text = self.help_prefix + self.help.get(f.name, meta.get("help", ""))
-        kwargs: dict[str, Any] = {"help": help_text}
-        if meta.get("choices") and not meta.get("metavar"):
-            kwargs["metavar"] = "|".join(meta["choices"])
-        if self.panel is not None:
-            kwargs["rich_help_panel"] = self.panel
-        for key, typer_key in (("panel", "rich_help_panel"), ("parser", "parser"),
-                               ("metavar", "metavar")):
-            if meta.get(key) is not None:
-                kwargs[typer_key] = meta[key]
-        return Annotated[hint, typer.Option(*decls, **kwargs)]
+        help_text = self.help_prefix + self.help.get(f.name, meta.help)
+        option = typer.Option(
+            *decls,
+            help=help_text,
+            # a field's own panel over the group's
+            rich_help_panel=meta.panel if meta.panel is not None else self.panel,
+            parser=meta.parser,
+            metavar=meta.metavar if meta.metavar is not None
+            else "|".join(meta.choices) if meta.choices else None,
+        )
+        return Annotated[hint, option]
 
     def build(self, values: dict[str, Any], given: Mapping[str, Any]) -> Any:
         """The group from a command's parsed values (fields the command does not take keep

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.errors import UsageError
-from cbbench.schema.base import Record, dumps, file_text, from_built, to_dict, validate
+from cbbench.schema.base import (
+    FileHeader,
+    Record,
+    dumps,
+    file_text,
+    from_built,
+    to_dict,
+    validate,
+)
 from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
 from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
 from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
@@ -53,9 +61,10 @@ def read_json_file(path: Path, what: str = "result file") -> Any:
 def _checked_run_dict(data: Any, path: object) -> dict:
     """The version and sections of a run result, before the model reads it (their own
     messages)."""
-    if not isinstance(data, dict) or "schema_version" not in data:
+    header = FileHeader.model_validate(data) if isinstance(data, dict) else None
+    if header is None or "schema_version" not in header.model_fields_set:
         raise UsageError(f"{path} is not a cbbench result (no schema_version)")
-    version = data["schema_version"]
+    version = header.schema_version
     # An int, not a bool or a float: true == 1 and 1.0 == 1 in Python, not in the schema.
     if type(version) is not int or version != RUN_SCHEMA_VERSION:
         raise UsageError(f"{path} has schema_version {version!r}; this cbbench reads version "
@@ -103,11 +112,13 @@ def read_run_dict(path: Path) -> dict:
 
 def _read_kind(path: Path, kind: str, version: int, what: str) -> dict:
     data = read_json_file(Path(path), what)
-    if not isinstance(data, dict) or data.get("kind") != kind:
+    header = FileHeader.model_validate(data) if isinstance(data, dict) else None
+    if header is None or header.kind != kind:
         raise UsageError(f"{path} is not a cbbench {what.split()[0]} (no kind {kind!r})")
-    if data.get("schema_version") != version or type(data.get("schema_version")) is not int:
+    found = header.schema_version
+    if found != version or type(found) is not int:
         raise UsageError(f"{path} has {what.split()[0]} schema_version "
-                         f"{data.get('schema_version')!r}; this cbbench reads version {version}")
+                         f"{found!r}; this cbbench reads version {version}")
     return data
 
 

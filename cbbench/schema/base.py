@@ -170,6 +170,16 @@ class Record(BaseModel):
     __hash__ = None  # type: ignore[assignment]  # mutable, as a dict
 
 
+class FileHeader(BaseModel):
+    """What tells a file's kind and version, as written (any JSON value: each reader checks
+    them, with its own message, before the file's model reads the rest)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    kind: Any = None
+    schema_version: Any = None
+
+
 def field_of(node: object, name: str) -> Any:
     """``node``'s value at ``name`` (a model's field, named or extra, or a plain dict's key, as
     extra fields hold them), None where it has none: how a dotted metric path walks a result."""

@@ -68,39 +68,40 @@ class Shape:
             % (prompt_tokens, completion_tokens, prompt_tokens + completion_tokens),
         ))
 
+    def _body(self, obj: str, choices: list[dict], usage: dict | None = None) -> dict:
+        """A response object or chunk: the head (as _head), its choices and, when given, its
+        usage. Built as one literal: this is once per streamed event past the byte template."""
+        d = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+             "choices": choices}
+        if usage is not None:
+            d["usage"] = usage
+        return d
+
     def chunk(self, text: str, finish_reason: str | None, role: bool = False) -> dict:
-        d = self._head(self.chunk_object)
         if self.chat:
             delta = {"role": "assistant", "content": text} if role else {"content": text}
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        d["choices"] = [choice]
-        return d
+        return self._body(self.chunk_object, [choice])
 
     def delta_chunk(self, delta: dict, finish_reason: str | None) -> dict:
         """A chat chunk with any delta (reasoning, content, tool calls, or several)."""
-        d = self._head(self.chunk_object)
-        d["choices"] = [
+        return self._body(self.chunk_object, [
             {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        ]
-        return d
+        ])
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int, **details) -> dict:
-        d = self._head(self.chunk_object)
-        d["choices"] = []
-        d["usage"] = usage(prompt_tokens, completion_tokens, **details)
-        return d
+        return self._body(self.chunk_object, [], usage(prompt_tokens, completion_tokens,
+                                                       **details))
 
     def full(self, text: str, finish_reason: str | None, prompt_tokens: int, n: int,
              message: dict | None = None, **details) -> dict:
         if self.chat:
-            d = self._head("chat.completion")
+            obj = "chat.completion"
             message = message or {"role": "assistant", "content": text}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
         else:
-            d = self._head("text_completion")
+            obj = "text_completion"
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        d["choices"] = [choice]
-        d["usage"] = usage(prompt_tokens, n, **details)
-        return d
+        return self._body(obj, [choice], usage(prompt_tokens, n, **details))

@@ -25,6 +25,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections import Counter as Tally
+from dataclasses import dataclass
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -107,58 +108,75 @@ def _le(bound: float) -> str:
     return repr(float(bound))
 
 
-# name -> (help, buckets): the latency histograms, in seconds.
-LATENCY_HISTOGRAMS = {
-    "vllm:time_to_first_token_seconds": ("Histogram of time to first token in seconds.", TTFT_BUCKETS),
-    "vllm:inter_token_latency_seconds": ("Histogram of inter-token latency in seconds.", ITL_BUCKETS),
-    "vllm:time_per_output_token_seconds": (
-        "Histogram of time per output token in seconds (vLLM's older name for the inter-token "
-        "latency).",
-        ITL_BUCKETS,
-    ),
-    "vllm:request_time_per_output_token_seconds": (
-        "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS,
-    ),
-    "vllm:e2e_request_latency_seconds": (
-        "Histogram of e2e request latency in seconds.", REQUEST_LATENCY_BUCKETS,
-    ),
-    "vllm:request_queue_time_seconds": (
-        "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS,
-    ),
-    "vllm:request_inference_time_seconds": (
-        "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS,
-    ),
-    "vllm:request_prefill_time_seconds": (
-        "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS,
-    ),
-    "vllm:request_decode_time_seconds": (
-        "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS,
-    ),
-    "vllm:iteration_tokens_total": (
-        "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS,
-    ),
-}
+@dataclass(frozen=True)
+class Series:
+    """One vLLM series: its name, help text and (a histogram's) buckets."""
+
+    name: str
+    doc: str
+    buckets: tuple[float, ...] = ()
+
+
+# The latency histograms, in seconds, and the per-step token histogram.
+TTFT = Series("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+              TTFT_BUCKETS)
+ITL = Series("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+             ITL_BUCKETS)
+ITL_OLD_NAME = Series(
+    "vllm:time_per_output_token_seconds",
+    "Histogram of time per output token in seconds (vLLM's older name for the inter-token "
+    "latency).",
+    ITL_BUCKETS,
+)
+REQUEST_TPOT = Series("vllm:request_time_per_output_token_seconds",
+                      "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+E2E = Series("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+             REQUEST_LATENCY_BUCKETS)
+QUEUE = Series("vllm:request_queue_time_seconds",
+               "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+INFERENCE = Series("vllm:request_inference_time_seconds",
+                   "Histogram of time spent in RUNNING phase for request.",
+                   REQUEST_LATENCY_BUCKETS)
+PREFILL = Series("vllm:request_prefill_time_seconds",
+                 "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+DECODE = Series("vllm:request_decode_time_seconds",
+                "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+ITERATION_TOKENS = Series("vllm:iteration_tokens_total",
+                          "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
 # Token-count histograms: 1-2-5 buckets up to the model's context, known once the engine is up.
-TOKEN_HISTOGRAMS = {
-    "vllm:request_prompt_tokens": "Number of prefill tokens processed.",
-    "vllm:request_generation_tokens": "Number of generation tokens processed.",
-    "vllm:request_params_max_tokens": "Histogram of the max_tokens request parameter.",
-}
-COUNTERS = {
-    "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
-    "vllm:prompt_tokens": "Number of prefill tokens processed.",
-    "vllm:generation_tokens": "Number of generation tokens processed.",
-}
+PROMPT_TOKENS_HIST = Series("vllm:request_prompt_tokens", "Number of prefill tokens processed.")
+GENERATION_TOKENS_HIST = Series("vllm:request_generation_tokens",
+                                "Number of generation tokens processed.")
+MAX_TOKENS_HIST = Series("vllm:request_params_max_tokens",
+                         "Histogram of the max_tokens request parameter.")
+NUM_PREEMPTIONS = Series("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+PROMPT_TOKENS = Series("vllm:prompt_tokens", "Number of prefill tokens processed.")
+GENERATION_TOKENS = Series("vllm:generation_tokens", "Number of generation tokens processed.")
 # vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py), registered only when
 # speculation is on: a draft is one request's proposal in one step; its tokens, and how many of
 # them the verify step accepted. (vLLM's per-position counter is not exported: the engine's
-# iteration records hold the totals only.)
-SPEC_COUNTERS = {
-    "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
-    "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
-    "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
-}
+# iteration records hold the totals only.) In the order of on_step's ``spec``.
+SPEC_COUNTERS = (
+    Series("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+    Series("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+    Series("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+)
 DEFAULT_MAX_MODEL_LEN = 8192  # for the token buckets when the engine does not say
+
+
+class TokenHistograms:
+    """The per-request token-count histograms, bucketed up to the model's context."""
+
+    __slots__ = ("prompt", "generation", "max_tokens")
+
+    def __init__(self, buckets: tuple[int, ...]) -> None:
+        self.prompt = BucketHistogram(buckets)
+        self.generation = BucketHistogram(buckets)
+        self.max_tokens = BucketHistogram(buckets)
+
+    def series(self) -> tuple[tuple[Series, BucketHistogram], ...]:
+        return ((PROMPT_TOKENS_HIST, self.prompt), (GENERATION_TOKENS_HIST, self.generation),
+                (MAX_TOKENS_HIST, self.max_tokens))
 
 
 class VllmMetrics:
@@ -167,11 +185,29 @@ class VllmMetrics:
     def __init__(self, model_name: str | None = None) -> None:
         self._lock = threading.Lock()
         self.model_name = model_name
-        self.hist = {name: BucketHistogram(b) for name, (_, b) in LATENCY_HISTOGRAMS.items()}
-        self.token_hist: dict[str, BucketHistogram] = {}
-        self.counters = dict.fromkeys(COUNTERS, 0)
-        self.success = dict.fromkeys(FINISH_REASONS, 0)
-        self.spec: dict[str, int] | None = None  # set when the engine speculates
+        self.ttft = BucketHistogram(TTFT.buckets)
+        self.itl = BucketHistogram(ITL.buckets)
+        self.itl_old_name = BucketHistogram(ITL_OLD_NAME.buckets)
+        self.request_tpot = BucketHistogram(REQUEST_TPOT.buckets)
+        self.e2e = BucketHistogram(E2E.buckets)
+        self.queue = BucketHistogram(QUEUE.buckets)
+        self.inference = BucketHistogram(INFERENCE.buckets)
+        self.prefill = BucketHistogram(PREFILL.buckets)
+        self.decode = BucketHistogram(DECODE.buckets)
+        self.iteration_tokens = BucketHistogram(ITERATION_TOKENS.buckets)
+        # What a scrape shows, in this order.
+        self.histograms: tuple[tuple[Series, BucketHistogram], ...] = (
+            (TTFT, self.ttft), (ITL, self.itl), (ITL_OLD_NAME, self.itl_old_name),
+            (REQUEST_TPOT, self.request_tpot), (E2E, self.e2e), (QUEUE, self.queue),
+            (INFERENCE, self.inference), (PREFILL, self.prefill), (DECODE, self.decode),
+            (ITERATION_TOKENS, self.iteration_tokens),
+        )
+        self.tokens: TokenHistograms | None = None  # set when the engine is up
+        self.num_preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISH_REASONS, 0)  # by vLLM's finished_reason label
+        self.spec: list[int] | None = None  # SPEC_COUNTERS' counts, when the engine speculates
         self.snapshot: EngineSnapshot | None = None
 
     def on_ready(self, info: dict) -> None:
@@ -179,9 +215,9 @@ class VllmMetrics:
             self.model_name = str(info.get("model", "model"))
         buckets = build_1_2_5_buckets(int(info.get("max_model_len") or DEFAULT_MAX_MODEL_LEN))
         with self._lock:
-            self.token_hist = {name: BucketHistogram(buckets) for name in TOKEN_HISTOGRAMS}
+            self.tokens = TokenHistograms(buckets)
             if info.get("speculative_tokens"):
-                self.spec = dict.fromkeys(SPEC_COUNTERS, 0)
+                self.spec = [0] * len(SPEC_COUNTERS)
 
     def on_aborted(self) -> None:
         with self._lock:
@@ -190,40 +226,36 @@ class VllmMetrics:
     def on_step(self, num_tokens: int, num_preempted: int, stats: StepStats,
                 spec: tuple[int, int, int] = (0, 0, 0)) -> None:
         """``spec``: the step's (drafts, draft tokens, accepted tokens)."""
-        h = self.hist
         with self._lock:
             if self.spec is not None:
-                for name, n in zip(SPEC_COUNTERS, spec):
-                    self.spec[name] += n
-            c = self.counters
-            c["vllm:num_preemptions"] += num_preempted
-            c["vllm:prompt_tokens"] += stats.prompt_tokens
-            c["vllm:generation_tokens"] += stats.new_tokens
-            h["vllm:iteration_tokens_total"].observe(num_tokens)
-            ttft = h["vllm:time_to_first_token_seconds"]
+                self.spec = [total + n for total, n in zip(self.spec, spec)]
+            self.num_preemptions += num_preempted
+            self.prompt_tokens += stats.prompt_tokens
+            self.generation_tokens += stats.new_tokens
+            self.iteration_tokens.observe(num_tokens)
+            ttft = self.ttft
             for v in stats.ttfts_s:
                 ttft.observe(v)
             if stats.itls_s:
                 # Requests decoded in the same step mostly share one gap: observe each distinct
                 # gap once, with its count.
-                itl = h["vllm:inter_token_latency_seconds"]
-                tpot = h["vllm:time_per_output_token_seconds"]
+                itl, itl_old_name = self.itl, self.itl_old_name
                 for v, k in Tally(stats.itls_s).items():
                     itl.observe(v, k)
-                    tpot.observe(v, k)
-            tok = self.token_hist
+                    itl_old_name.observe(v, k)
+            tok = self.tokens
             for f in stats.finished:
                 self.success[f.finish_reason if f.finish_reason in self.success else "stop"] += 1
-                h["vllm:e2e_request_latency_seconds"].observe(f.e2e_s)
-                h["vllm:request_queue_time_seconds"].observe(f.queue_s)
-                h["vllm:request_prefill_time_seconds"].observe(f.prefill_s)
-                h["vllm:request_decode_time_seconds"].observe(f.decode_s)
-                h["vllm:request_inference_time_seconds"].observe(f.inference_s)
-                h["vllm:request_time_per_output_token_seconds"].observe(f.mean_tpot_s)
-                if tok:
-                    tok["vllm:request_prompt_tokens"].observe(f.prompt_tokens)
-                    tok["vllm:request_generation_tokens"].observe(f.output_tokens)
-                    tok["vllm:request_params_max_tokens"].observe(f.max_tokens)
+                self.e2e.observe(f.e2e_s)
+                self.queue.observe(f.queue_s)
+                self.prefill.observe(f.prefill_s)
+                self.decode.observe(f.decode_s)
+                self.inference.observe(f.inference_s)
+                self.request_tpot.observe(f.mean_tpot_s)
+                if tok is not None:
+                    tok.prompt.observe(f.prompt_tokens)
+                    tok.generation.observe(f.output_tokens)
+                    tok.max_tokens.observe(f.max_tokens)
 
     def collect(self):
         labels = [self.model_name or "", ENGINE_INDEX]
@@ -241,18 +273,16 @@ class VllmMetrics:
                 g.add_metric(labels, value)
                 yield g
         with self._lock:  # a consistent copy; rendering happens outside the lock
-            families = [
-                h.family(name, LATENCY_HISTOGRAMS[name][0], labels) for name, h in self.hist.items()
-            ]
-            families += [
-                h.family(name, TOKEN_HISTOGRAMS[name], labels) for name, h in self.token_hist.items()
-            ]
-            counters = dict(self.counters)
+            series = self.histograms + (self.tokens.series() if self.tokens is not None else ())
+            families = [h.family(s.name, s.doc, labels) for s, h in series]
+            counters = [(NUM_PREEMPTIONS, self.num_preemptions),
+                        (PROMPT_TOKENS, self.prompt_tokens),
+                        (GENERATION_TOKENS, self.generation_tokens)]
+            if self.spec is not None:
+                counters += zip(SPEC_COUNTERS, self.spec)
             success = dict(self.success)
-            spec = dict(self.spec) if self.spec is not None else {}
-        docs = {**COUNTERS, **SPEC_COUNTERS}
-        for name, value in {**counters, **spec}.items():
-            fam = CounterMetricFamily(name, docs[name], labels=list(VLLM_LABELS))
+        for s, value in counters:
+            fam = CounterMetricFamily(s.name, s.doc, labels=list(VLLM_LABELS))
             fam.add_metric(labels, value)
             yield fam
         fam = CounterMetricFamily(

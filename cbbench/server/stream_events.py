@@ -94,18 +94,14 @@ class ChatDeltas:
         return d
 
     def _tool_delta(self, text: str, last: bool) -> dict:
-        args = escaped(text)
-        call: dict = {"index": 0}
-        if not self._tool_started:
-            self._tool_started = True
-            args = TOOL_ARGS_OPEN + args
-            call.update(id=self.plan.tool_call_id, type="function")
-            call["function"] = {"name": self.plan.tool_name, "arguments": args}
-        else:
-            call["function"] = {"arguments": args}
-        if last:
-            call["function"]["arguments"] += TOOL_ARGS_CLOSE
-        return call
+        """The call's delta: the first opens it (its id, name and the arguments' opening), the
+        last closes its arguments."""
+        args = escaped(text) + TOOL_ARGS_CLOSE if last else escaped(text)
+        if self._tool_started:
+            return {"index": 0, "function": {"arguments": args}}
+        self._tool_started = True
+        return {"index": 0, "id": self.plan.tool_call_id, "type": "function",
+                "function": {"name": self.plan.tool_name, "arguments": TOOL_ARGS_OPEN + args}}
 
     def finish_reason(self, engine_reason: str | None) -> str | None:
         if engine_reason is not None and self._tool_started:
