@@ -176,6 +176,20 @@ class SseStream:
     def feed(self, piece: bytes, t: float) -> None:
         """Whatever one network read returned, at run-clock time `t`. (It runs for every network
         read of every request: the lines are split inline, each event's JSON parsed here.)"""
+        # The usual read: one whole `data:` event and its blank line, nothing held from
+        # before (a server writes each event at once). Parsed without splitting it into lines.
+        if not self._tail and piece.endswith(b"\n\n") and piece.count(b"\n") == 2 \
+                and piece.startswith(b"data:"):
+            data = piece[5:-2].strip()
+            if data == b"[DONE]":
+                self.done = True
+            elif not self.done:
+                try:
+                    obj = fast_loads(data)
+                except ValueError:
+                    obj = _strict_loads(data)
+                self._chunk(obj, t)
+            return
         if b"\n" not in piece:
             self._hold(piece)
             return
