@@ -74,6 +74,7 @@ class TimingServer:
         self.log: dict[str, dict] = {}
         self.usage_events: dict[int, bytes] = {}  # the usage event by token count, made once
         self.connections = 0  # accepted so far (GET /cpu): a client's connection churn
+        self.loop: asyncio.AbstractEventLoop | None = None  # serve()'s running loop
 
     def usage_event(self, n: int) -> bytes:
         ev = self.usage_events.get(n)
@@ -151,8 +152,10 @@ class _Connection(asyncio.Protocol):
         due = received + srv.ttft_s + i * srv.itl_s
         now = time.perf_counter()
         if due - now > EARLY_OK_S:
-            loop = asyncio.get_running_loop()
-            loop.call_at(loop.time() + (due - now), self._token, entry, received, i, n)
+            # The loop kept from the connection: asyncio.get_running_loop() is a getpid()
+            # system call on Python 3.11, once per token.
+            assert srv.loop is not None
+            srv.loop.call_later(due - now, self._token, entry, received, i, n)
             return
         if i == 0:
             entry["first_token"] = now
@@ -170,7 +173,7 @@ class _Connection(asyncio.Protocol):
 
 async def serve(ttft_s: float, itl_s: float, port: int) -> None:
     srv = TimingServer(ttft_s, itl_s)
-    loop = asyncio.get_running_loop()
+    loop = srv.loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Connection(srv), "127.0.0.1", port, backlog=4096)
     print(server.sockets[0].getsockname()[1], flush=True)  # the port, for the parent
     async with server:
