@@ -135,8 +135,13 @@ def main() -> None:
                     c0 = _connections(url)
                     u0, s0 = _proc_cpu(proc.pid)
                     load = os.getloadavg()[0]
-                    out = ab._run_client(side, spec, work,
-                                         arrivals[-1] + ab.CLIENT_TIMEOUT_MARGIN_S)
+                    try:
+                        out = ab._run_client(side, spec, work,
+                                             arrivals[-1] + ab.CLIENT_TIMEOUT_MARGIN_S)
+                    except (subprocess.TimeoutExpired, SystemExit) as e:  # one run lost, not all
+                        print(json.dumps({"server": srv, "client": cli, "round": k,
+                                          "lost": str(e)[-300:]}), flush=True)
+                        continue
                     u1, s1 = _proc_cpu(proc.pid)
                     conns = _connections(url) - c0
                     fig = ab.figures(out, fetch_log(url, clear=True), tag, args.requests)
@@ -161,12 +166,18 @@ def main() -> None:
                 }
                 rows[(srv, cli)].append(row)
                 print(json.dumps({"server": srv, "client": cli, "round": k, **row}), flush=True)
-    keys = list(next(iter(rows.values()))[0])
+    done = [rs[0] for rs in rows.values() if rs]
+    if not done:
+        raise SystemExit("every run was lost")
+    keys = list(done[0])
     print(f"\nrate {args.rate:g} req/s, --workers {args.workers}, {args.requests} requests, "
           f"{TOKENS} tokens; median of {args.rounds} rounds (ABBA); {ab._uptime()}\n")
     print("| server | client | " + " | ".join(keys) + " |")
     print("|---|---|" + "---|" * len(keys))
     for (srv, cli), rs in rows.items():
+        if not rs:
+            print(f"| {srv} | {cli} | " + " | ".join("lost" for _ in keys) + " |")
+            continue
         med = [float(np.median([r[key] for r in rs])) for key in keys]
         print(f"| {srv} | {cli} | " + " | ".join(f"{v:.3g}" for v in med) + " |")
 
