@@ -73,6 +73,8 @@ class TimingServer:
         self.itl_s = itl_s
         self.log: dict[str, dict] = {}
         self.usage_events: dict[int, bytes] = {}  # the usage event by token count, made once
+        self.connections = 0  # accepted so far (GET /cpu): a client's connection churn
+        self.loop: asyncio.AbstractEventLoop | None = None  # serve()'s running loop
 
     def usage_event(self, n: int) -> bytes:
         ev = self.usage_events.get(n)
@@ -96,6 +98,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:  # type: ignore[override]
         self.transport = transport
+        self.srv.connections += 1
 
     def connection_lost(self, exc) -> None:
         self.transport = None
@@ -123,7 +126,8 @@ class _Connection(asyncio.Protocol):
         if head.startswith(b"GET /v1/models"):
             self.transport.write(_plain(json.dumps({"data": [{"id": MODEL}]}).encode()))
         elif head.startswith(b"GET /cpu"):  # its own CPU time: does the server keep up?
-            self.transport.write(_plain(json.dumps({"cpu_s": time.process_time()}).encode()))
+            cpu = {"cpu_s": time.process_time(), "connections": self.srv.connections}
+            self.transport.write(_plain(json.dumps(cpu).encode()))
         elif head.startswith(b"GET /log"):
             self.transport.write(_plain(json.dumps(self.srv.log).encode()))
             if head.startswith(b"GET /log?clear"):
@@ -148,24 +152,28 @@ class _Connection(asyncio.Protocol):
         due = received + srv.ttft_s + i * srv.itl_s
         now = time.perf_counter()
         if due - now > EARLY_OK_S:
-            loop = asyncio.get_running_loop()
-            loop.call_at(loop.time() + (due - now), self._token, entry, received, i, n)
+            # The loop kept from the connection: asyncio.get_running_loop() is a getpid()
+            # system call on Python 3.11, once per token.
+            assert srv.loop is not None
+            srv.loop.call_later(due - now, self._token, entry, received, i, n)
             return
-        self.transport.write(LAST_TOKEN if i == n - 1 else TOKEN)
         if i == 0:
             entry["first_token"] = now
         entry["last_token"] = now
         if i + 1 < n:
+            self.transport.write(TOKEN)
             self._token(entry, received, i + 1, n)
             return
-        self.transport.write(srv.usage_event(n) + DONE)
+        # The last token, the usage and [DONE] in one write: the server's CPU is its writes
+        # (a loopback send does the receiver's TCP work too), and all three are due now.
+        self.transport.write(LAST_TOKEN + srv.usage_event(n) + DONE)
         self.busy = False
         self._next()
 
 
 async def serve(ttft_s: float, itl_s: float, port: int) -> None:
     srv = TimingServer(ttft_s, itl_s)
-    loop = asyncio.get_running_loop()
+    loop = srv.loop = asyncio.get_running_loop()
     server = await loop.create_server(lambda: _Connection(srv), "127.0.0.1", port, backlog=4096)
     print(server.sockets[0].getsockname()[1], flush=True)  # the port, for the parent
     async with server:
@@ -209,7 +217,21 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the server into FILE (on SIGTERM)")
     args = ap.parse_args()
+    if args.profile:
+        import cProfile
+        import signal
+
+        profiler = cProfile.Profile()
+
+        def _dump(signum, frame) -> None:
+            profiler.disable()
+            profiler.dump_stats(args.profile)
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, _dump)
+        profiler.enable()
     try:  # uvloop (a cbbench dependency): its timers and writes are C, the server keeps up
         import uvloop
 

@@ -111,14 +111,14 @@ def _tool_calls(st: SseStream, counts: list[int], reasoning: list[float]) -> lis
     carried its text, shared evenly between the calls of one event)."""
     per_event: dict[int, int] = {}
     for call in st.tool_calls.values():
-        for i in call["event_idx"]:
+        for i in call.event_idx:
             per_event[i] = per_event.get(i, 0) + 1
     out = []
     for idx in sorted(st.tool_calls):
         call = st.tool_calls[idx]
         tokens = 0.0
-        for i in call["event_idx"]:
+        for i in call.event_idx:
             if i < len(counts) and TOOL in st.kinds[i]:
                 tokens += (counts[i] - reasoning[i]) / per_event[i]
-        out.append({"id": call["id"], "name": call["name"], "argument_tokens": round(tokens)})
+        out.append({"id": call.id, "name": call.name, "argument_tokens": round(tokens)})
     return out

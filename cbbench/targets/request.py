@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as encode_string
 from typing import TYPE_CHECKING
 
 from cbbench.analysis.records import RequestRecord
@@ -51,11 +52,39 @@ class RequestContext:
     # The streams' own keep-alive pool for this URL's origin (stream_pool.py); None: the
     # streams go through the aiohttp session too.
     pool: StreamPool | None = None
+    # The encoded payload every request body starts with (request_body; b"": none), made on
+    # the first request.
+    body_head: bytes | None = None
+
+
+# One encoder for every body (json.dumps with options builds a new one on each call).
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_NO_HEAD = b""  # the run's payload sets a field the request sets too: no shared head
+
+
+def _body_head(payload: dict, chat: bool) -> bytes:
+    """The bytes every body of the run starts with: the run's payload, encoded once, open for
+    the request's own fields (json.dumps would write the same bytes, key by key)."""
+    if ("messages" if chat else "prompt") in payload or "max_tokens" in payload:
+        return _NO_HEAD  # its place in the body would be the payload's, not at the end
+    head = _ENCODE(payload).encode()[:-1]
+    return head + b"," if payload else head
 
 
 def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int,
                  extra: dict | None = None) -> bytes:
     """``extra``: the request's own fields (reasoning, tools: load/output_kinds.py)."""
+    head = ctx.body_head
+    if head is None:
+        head = ctx.body_head = _body_head(ctx.payload, ctx.chat)
+    if head and not extra and type(prompt) is str and type(max_tokens) is int:
+        # The usual request: the run's head, then the prompt and max_tokens; the same bytes as
+        # the dict below encoded whole, for a fifth of the CPU (issue 41).
+        text = encode_string(prompt).encode()
+        if ctx.chat:
+            return b'%s"messages":[{"role":"user","content":%s}],"max_tokens":%d}' % (
+                head, text, max_tokens)
+        return b'%s"prompt":%s,"max_tokens":%d}' % (head, text, max_tokens)
     payload = dict(ctx.payload)
     if extra:
         payload.update(extra)
@@ -64,7 +93,7 @@ def request_body(ctx: RequestContext, prompt: str | list[int], max_tokens: int,
     else:
         payload["prompt"] = prompt
     payload["max_tokens"] = max_tokens
-    return json.dumps(payload, separators=(",", ":")).encode()
+    return _ENCODE(payload).encode()
 
 
 async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:

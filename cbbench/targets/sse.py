@@ -16,6 +16,7 @@ HttpFailure on a malformed or error event, or a stream that ends before it finis
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 try:  # orjson: a compiled JSON parser, several times the standard library's on a token event
     from orjson import loads as fast_loads
@@ -117,6 +118,17 @@ def chunk_parts(obj: object, chat: bool):
     return parts, finish, usage, calls
 
 
+@dataclass(slots=True)
+class ToolCall:
+    """One tool call the stream made (by its index): the id and the function's name, the first
+    of each the server sent; its arguments so far; the timed events that carried its text."""
+
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+    event_idx: list[int] = field(default_factory=list)
+
+
 def _call_text(call: dict, obj) -> str:
     """The text a tool-call delta streams: the function's name and its arguments' piece (the
     tokens the model generated for the call)."""
@@ -168,14 +180,28 @@ class SseStream:
         # With keep_text: each event's reasoning text and answer text apart (tokenizer counts).
         self.reasoning_pieces: list[str] | None = [] if keep_text else None
         self.answer_pieces: list[str] | None = [] if keep_text else None
-        # Tool calls by index: {"id", "name", "event_idx": the timed events with its text}.
-        self.tool_calls: dict[int, dict] = {}
+        # Tool calls by index.
+        self.tool_calls: dict[int, ToolCall] = {}
         # vLLM's --enable-per-request-metrics timings, on the final usage chunk (None: unsent).
         self.server_metrics: dict | None = None
 
     def feed(self, piece: bytes, t: float) -> None:
         """Whatever one network read returned, at run-clock time `t`. (It runs for every network
         read of every request: the lines are split inline, each event's JSON parsed here.)"""
+        # The usual read: one whole `data:` event and its blank line, nothing held from
+        # before (a server writes each event at once). Parsed without splitting it into lines.
+        if not self._tail and piece.endswith(b"\n\n") and piece.count(b"\n") == 2 \
+                and piece.startswith(b"data:"):
+            data = piece[5:-2].strip()
+            if data == b"[DONE]":
+                self.done = True
+            elif not self.done:
+                try:
+                    obj = fast_loads(data)
+                except ValueError:
+                    obj = _strict_loads(data)
+                self._chunk(obj, t)
+            return
         if b"\n" not in piece:
             self._hold(piece)
             return
@@ -277,31 +303,32 @@ class SseStream:
         for c in calls:
             idx = c.get("index", 0)
             idx = idx if type(idx) is int else 0
-            call = self.tool_calls.setdefault(
-                idx, {"id": None, "name": None, "arguments": "", "event_idx": []})
-            if isinstance(c.get("id"), str) and call["id"] is None:
-                call["id"] = c["id"][:MAX_RESPONSE_ID_CHARS]
+            call = self.tool_calls.get(idx)
+            if call is None:
+                call = self.tool_calls[idx] = ToolCall()
+            if call.id is None and isinstance(cid := c.get("id"), str):
+                call.id = cid[:MAX_RESPONSE_ID_CHARS]
             fn = c.get("function") or {}
-            if isinstance(fn.get("name"), str) and call["name"] is None:
-                call["name"] = fn["name"][:MAX_RESPONSE_ID_CHARS]
+            if call.name is None and isinstance(name := fn.get("name"), str):
+                call.name = name[:MAX_RESPONSE_ID_CHARS]
             args = fn.get("arguments")
-            if isinstance(args, str) and len(call["arguments"]) < MAX_LINE_BYTES:
-                call["arguments"] += args  # a next turn sends the call back
-            if not call["event_idx"] or call["event_idx"][-1] != n:
-                call["event_idx"].append(n)
+            if isinstance(args, str) and len(call.arguments) < MAX_LINE_BYTES:
+                call.arguments += args  # a next turn sends the call back
+            if not call.event_idx or call.event_idx[-1] != n:
+                call.event_idx.append(n)
 
     def assistant_message(self) -> dict:
         """The reply as a next turn sends it back: the answer's text and the tool calls it
         made (OpenAI's shape)."""
-        m: dict = {"role": "assistant", "content": self.answer_text()}
-        if self.tool_calls:
-            m["content"] = m["content"] or None
-            m["tool_calls"] = [
-                {"id": c["id"], "type": "function",
-                 "function": {"name": c["name"] or "", "arguments": c["arguments"]}}
-                for _, c in sorted(self.tool_calls.items())
-            ]
-        return m
+        text = self.answer_text()
+        if not self.tool_calls:
+            return {"role": "assistant", "content": text}
+        calls = [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name or "", "arguments": c.arguments}}
+            for _, c in sorted(self.tool_calls.items())
+        ]
+        return {"role": "assistant", "content": text or None, "tool_calls": calls}
 
     def answer_text(self) -> str:
         """The answer's text (no reasoning, no tool-call text): what a next turn sends back."""

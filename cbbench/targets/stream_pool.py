@@ -229,6 +229,9 @@ class StreamPool:
         self.port = url.port or (443 if url.scheme == "https" else 80)
         self.ssl = ssl_module.create_default_context() if url.scheme == "https" else None
         self.limit = limit
+        # Made in the run's event loop (http.py), kept: asyncio.get_running_loop() is a system
+        # call (getpid) on Python 3.11, and a request would make it on every send.
+        self.loop = asyncio.get_running_loop()
         self.idle: collections.deque[StreamConnection] = collections.deque()
         self.open: set[StreamConnection] = set()
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
@@ -265,7 +268,7 @@ class StreamPool:
             found = [self.host]
         except ValueError:
             try:
-                infos = await asyncio.get_running_loop().run_in_executor(
+                infos = await self.loop.run_in_executor(
                     None, partial(socket.getaddrinfo, self.host, self.port,
                                   type=socket.SOCK_STREAM))
             except socket.gaierror as e:
@@ -276,7 +279,7 @@ class StreamPool:
         return found
 
     async def _connect(self) -> StreamConnection:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         error: BaseException | None = None
         for address in await self._resolve():
             try:
@@ -301,7 +304,7 @@ class StreamPool:
                 return conn
             conn.close()
         while self.limit is not None and len(self.open) >= self.limit:
-            waiter = asyncio.get_running_loop().create_future()
+            waiter = self.loop.create_future()
             self.waiters.append(waiter)
             try:
                 conn = await waiter
@@ -341,7 +344,7 @@ class StreamPool:
         data = self.head(url) + b"%d\r\n\r\n" % len(body) + body
         for attempt in (0, 1):
             conn = await self.acquire()
-            ex = _Exchange(stream, t0, asyncio.get_running_loop().create_future())
+            ex = _Exchange(stream, t0, self.loop.create_future())
             conn.start(ex, data)
             try:
                 await ex.done
