@@ -19,8 +19,8 @@ The latency chain of one program is what decode at small batch waits on (the byt
 2 MB a layer at batch 1, context 512, Llama-3-8B), so each iteration covers ``BLOCK_N`` keys
 (128 on the GPU for 16-bit caches: up to 8 KV blocks of 16 keys, ``TileConfig.block_n_split``)
 with the GQA group's query heads as the rows of one tile, and issues the V load beside the K
-load, before the scores that only the V product needs: one dependent round trip to memory per
-iteration, not two.
+load, before the scores that only the V product needs: two dependent round trips to memory
+per iteration (the block table, then K and V together), not three.
 """
 
 from __future__ import annotations

@@ -54,8 +54,9 @@ def layout(batch: int, context: int, bounds, block_n: int) -> dict:
 
 
 def chain_us(lay: dict, round_trips_per_iter: float) -> float:
-    """Split kernel: (lengths) -> per iteration (block table -> K/V) round trips, plus the SM's
-    bytes at its share of bandwidth; then the merge kernel's launch and its L2 round trip."""
+    """Split kernel: (lengths) -> per iteration ``round_trips_per_iter`` dependent HBM round
+    trips, plus the SM's bytes at its share of bandwidth; then the merge kernel's launch and
+    its L2 round trip."""
     split = LAUNCH_GAP_US + MEM_ROUND_TRIP_US + lay["iters"] * round_trips_per_iter * MEM_ROUND_TRIP_US
     split += lay["kib_per_sm"] * 1.024 / SM_SHARE_GBPS
     return split + LAUNCH_GAP_US + L2_ROUND_TRIP_US
@@ -69,9 +70,10 @@ def main() -> None:
           f"{MEM_ROUND_TRIP_US} us, L2 round trip {L2_ROUND_TRIP_US} us, graph kernel node "
           f"{LAUNCH_GAP_US} us, an SM's share of bandwidth {SM_SHARE_GBPS:.1f} GB/s. Before = "
           f"5026e70 (splits rounded to 64-key tiles, 64-key iterations, V loaded after the "
-          f"scores: 1 or 2 HBM round trips an iteration, as Triton's pipeliner did or did not "
-          f"hoist V); after = this tree ({GPU_TILES.block_n_split}-key iterations, V beside K: "
-          f"1). The model adds round trips to transfer time and ignores software pipelining, "
+          f"scores: 2 or 3 dependent HBM round trips an iteration, block table -> K -> V, as "
+          f"Triton's pipeliner did or did not hoist V); after = this tree "
+          f"({GPU_TILES.block_n_split}-key iterations, V beside K: 2, block table -> K and V). "
+          f"The model adds round trips to transfer time and ignores software pipelining, "
           f"so where iterations > 1 it is an upper bound; at batch 16 the transfer term (the "
           f"bandwidth floor) dominates. Programs / SM assumes every program resident at "
           f"once: the split kernel at head dim 128 and 16-bit compiles to 185 registers a "
@@ -88,16 +90,17 @@ def main() -> None:
             f"| {batch} | {context} | {new['splits']} | {old['working']} -> {new['working']} "
             f"(of {new['launched']}) | {old['keys']} -> {new['keys']} | {old['iters']} -> "
             f"{new['iters']} | {old['per_sm']:.2f} -> {new['per_sm']:.2f} | "
-            f"{chain_us(old, 1):.1f}-{chain_us(old, 2):.1f} -> {chain_us(new, 1):.1f} |"
+            f"{chain_us(old, 2):.1f}-{chain_us(old, 3):.1f} -> {chain_us(new, 2):.1f} |"
         )
     unsplit = {"iters": -(-513 // OLD_BLOCK_N), "kib_per_sm": 513 * HEAD_DIM * BYTES * 2 / 1024}
     print(f"\nFor scale, batch 1 at context 512 unsplit (8 programs, the packed kernel the H100 "
           f"run timed eagerly at 45 us, ~40 us of it host launch overhead): "
-          f"{chain_us(unsplit, 1) - LAUNCH_GAP_US - L2_ROUND_TRIP_US:.1f}-"
-          f"{chain_us(unsplit, 2) - LAUNCH_GAP_US - L2_ROUND_TRIP_US:.1f} us by the same model "
-          f"(one launch, no merge). What is left at batch 1 is two graph nodes (~{2 * LAUNCH_GAP_US} "
-          f"us assumed) and ~3 dependent round trips: merging the splits inside the first "
-          f"launch (the last split of a kv head merges) would remove one node; not built.")  # fmt: skip
+          f"{chain_us(unsplit, 2) - LAUNCH_GAP_US - L2_ROUND_TRIP_US:.1f}-"
+          f"{chain_us(unsplit, 3) - LAUNCH_GAP_US - L2_ROUND_TRIP_US:.1f} us by the same model "
+          f"(one launch, no merge). What is left at batch 1 is two graph nodes "
+          f"(~{2 * LAUNCH_GAP_US} us assumed) and 3 dependent HBM round trips (lengths, block "
+          f"table, K and V): merging the splits inside the first launch (the last split of a "
+          f"kv head merges) would remove one node; not built.")  # fmt: skip
 
 
 if __name__ == "__main__":
