@@ -75,6 +75,18 @@ class _MatrixReport:
             )
 
 
+def _finish(proc: subprocess.Popen, group: list[subprocess.Popen]) -> str:
+    """``proc``'s output; on a timeout every compile of ``group`` is killed first (a timed-out
+    ``communicate`` leaves them compiling on, starved, long after the test has failed)."""
+    try:
+        return proc.communicate(timeout=COMPILE_TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        for other in group:
+            other.kill()
+            other.communicate()
+        raise
+
+
 @pytest.fixture(scope="module")
 def aot(tmp_path_factory, request) -> dict[int, dict]:
     out = tmp_path_factory.mktemp("aot")
@@ -108,11 +120,11 @@ def aot(tmp_path_factory, request) -> dict[int, dict]:
     }
     results = {}
     for cap, proc in procs.items():
-        output, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S)
+        output = _finish(proc, list(procs.values()) + list(extra.values()))
         assert proc.returncode == 0, f"sm_{cap} compile failed:\n{output[-4000:]}"
         results[cap] = json.loads((out / f"sm_{cap}.json").read_text())
     for cap, proc in extra.items():
-        output, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S)
+        output = _finish(proc, list(extra.values()))
         assert proc.returncode == 0, f"sm_{cap} extra points failed:\n{output[-4000:]}"
         results[cap]["rows"] += json.loads((out / f"extra_sm_{cap}.json").read_text())["rows"]
     request.config.pluginmanager.register(_MatrixReport(results), "triton-aot-matrix")
