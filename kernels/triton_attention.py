@@ -47,23 +47,26 @@ MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 @dataclass(frozen=True)
 class TileConfig:
     """Query-tile rows (tokens x group heads) per program: small keeps decode waste low, large
-    reuses each K/V tile across more prefill rows. ``block_n``: keys per inner-loop tile (also
-    the split-K kernel's)."""
+    reuses each K/V tile across more prefill rows. ``block_n``: keys per inner-loop tile.
+    ``block_n_split``: the split-K kernel's keys per iteration; its programs are few and each
+    is a chain of dependent loads, so it takes more keys a step (a shorter chain) where the
+    compile allows (tests/kernels/test_triton_aot.py)."""
 
     rows_decode: int = 16
     rows_prefill: int = 32
     block_n: int = 64
+    block_n_split: int = 64
 
 
 # The GPU's tiles, sized so no sm_80/sm_90 compile spills registers under Triton 3.6 or 3.9
 # (tests/kernels/test_triton_aot.py: 64 query rows x 64 keys spilled at head dim 128). fp32 computes its
 # dots exactly (FMA, not tensor cores), which needs far more registers per tile: smaller tiles.
-GPU_TILES = TileConfig(rows_decode=16, rows_prefill=32, block_n=64)
-GPU_FP32_TILES = TileConfig(rows_decode=16, rows_prefill=16, block_n=16)
+GPU_TILES = TileConfig(rows_decode=16, rows_prefill=32, block_n=64, block_n_split=128)
+GPU_FP32_TILES = TileConfig(rows_decode=16, rows_prefill=16, block_n=16, block_n_split=16)
 # The interpreter pays per program and per tile step, so it gets bigger query tiles; its
 # smaller key tiles keep the tests' short sequences spanning several tiles (online softmax gets
 # exercised). tests/kernels/test_kernels_gpu_tiles.py runs the GPU's tiles interpreted too.
-INTERPRETER_TILES = TileConfig(rows_decode=16, rows_prefill=128, block_n=32)
+INTERPRETER_TILES = TileConfig(rows_decode=16, rows_prefill=128, block_n=32, block_n_split=32)
 
 
 def default_tiles(dtype: torch.dtype) -> TileConfig:
@@ -276,15 +279,16 @@ class TritonBackend(AttentionBackend):
         group_pad = next_pow2(group)
         tiles = self.tiles or default_tiles(query.dtype)
         rows = tiles.rows_decode if metadata.max_seqlen_q <= 1 else tiles.rows_prefill
-        block_n = tiles.block_n
+        block_n, block_n_split = tiles.block_n, tiles.block_n_split
         if dim_pad > WIDE_HEAD_DIM:
             rows, block_n = max(MIN_DOT, rows // 2), max(MIN_DOT, block_n // 2)
+            block_n_split = max(MIN_DOT, block_n_split // 2)
         contiguous_dims = query.stride(-1) == k_cache.stride(-1) == v_cache.stride(-1) == 1
         if metadata.max_seqlen_q <= 1 and contiguous_dims:
             splits = self.choose_decode_splits(metadata, num_kv_heads, query.device)
             if splits > 1:
                 return split_decode_attention(
-                    query, k_cache, v_cache, metadata, scale, splits, block_n, block_tables
+                    query, k_cache, v_cache, metadata, scale, splits, block_n_split, block_tables
                 )
             if self.decode_kernel != "unified" and dim_pad >= PACKED_MIN_HEAD_DIM:
                 return packed_decode_attention(

@@ -8,9 +8,19 @@ writing its partial output and log-sum-exp; a second kernel merges the splits pe
 
 The split count is chosen on the host from values known without reading the device
 (``num_reqs``, ``max_seqlen_k``, the SM count), so a captured CUDA graph keeps its split count
-while each replay's true lengths decide, on the device, which keys each split covers (empty
-splits write ``lse = -inf`` and weigh nothing). Every per-step integer is a runtime argument
-marked ``do_not_specialize``: no recompilation as the batch changes.
+while each replay's true lengths decide, on the device, which keys each split covers: split
+``s`` of a request with ``seq_len`` keys takes keys ``[s * c, min((s + 1) * c, seq_len))`` with
+``c = ceil(seq_len / num_splits)`` (:func:`split_bounds`), so a short context still spreads
+over (nearly) every split instead of filling whole key tiles first; empty splits write
+``lse = -inf`` and weigh nothing. Every per-step integer is a runtime argument marked
+``do_not_specialize``: no recompilation as the batch changes.
+
+The latency chain of one program is what decode at small batch waits on (the bytes are few:
+2 MB a layer at batch 1, context 512, Llama-3-8B), so each iteration covers ``BLOCK_N`` keys
+(128 on the GPU for 16-bit caches: up to 8 KV blocks of 16 keys, ``TileConfig.block_n_split``)
+with the GQA group's query heads as the rows of one tile, and issues the V load beside the K
+load, before the scores that only the V product needs: two dependent round trips to memory
+per iteration (the block table, then K and V together), not three.
 """
 
 from __future__ import annotations
@@ -26,10 +36,12 @@ from .triton_common import launch, next_pow2
 from .triton_dot import attention_dot, dot_precision
 
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
-# A split shorter than one GPU key tile (GPU_TILES.block_n) would load a tile of masked keys:
-# one tile is the least work worth a program. (It was 256 keys, which left batch 1 at context
-# 512 with 2 splits, 16 programs on 132 SMs: the H100 run's 45 us per layer.)
-MIN_KEYS_PER_SPLIT = 64
+# The least keys a split is given when the host knows the length (eager launches): one KV block
+# of the smallest size. Masked keys of a tile cost no memory traffic, so a split need not fill a
+# key tile; what a split costs is its partial output (head dim floats a query head). It was 64
+# keys rounded up to whole 64-key tiles on the device, which left batch 1 at context 512 with
+# 9 splits holding keys inside a graph (72 programs on 132 SMs), and 256 keys before that.
+MIN_KEYS_PER_SPLIT = 16
 # Upper bound on splits: the merge kernel loads all of them in one tile (a power of two).
 MAX_SPLITS = 32
 # Aim for this many programs per SM: a decode program is a short chain of dependent loads
@@ -58,11 +70,19 @@ def num_kv_splits(num_reqs: int, num_kv_heads: int, max_seqlen_k: int, sms: int)
     Inside a CUDA graph ``max_seqlen_k`` is the model's length (the bound every replay
     satisfies), so each captured batch size has one fixed count, decided by the batch size
     alone; each replay's true lengths then decide on the device which splits hold keys
-    (``ceil(seq_len / splits)`` keys rounded up to whole tiles each, the rest empty)."""
+    (``ceil(seq_len / splits)`` keys each, :func:`split_bounds`)."""
     programs = max(1, num_reqs * num_kv_heads)
     wanted = -(-(sms * TARGET_PROGRAMS_PER_SM) // programs)
     by_length = max(1, max_seqlen_k // MIN_KEYS_PER_SPLIT)
     return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+def split_bounds(seq_len: int, num_splits: int) -> list[tuple[int, int]]:
+    """The key range ``[start, end)`` each split of a ``seq_len``-key request covers, as the
+    kernel computes it on the device (empty ranges where ``start >= end``)."""
+    per_split = -(-seq_len // num_splits)
+    return [(min(s * per_split, seq_len), min((s + 1) * per_split, seq_len))
+            for s in range(num_splits)]  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])
@@ -85,8 +105,8 @@ def _split_decode_kernel(
     q_len = tl.load(cu_seqlens_q_ptr + req + 1) - tok
     seq_len = tl.load(seq_lens_ptr + req)
 
-    # This split's keys: ceil(seq_len / num_splits) rounded up to whole tiles.
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    # This split's keys: ceil(seq_len / num_splits) of them (split_bounds), not whole tiles.
+    per_split = tl.cdiv(seq_len, num_splits)
     start = split * per_split
     end = tl.minimum(start + per_split, seq_len)
     end = tl.where(q_len > 0, end, start)  # a request without a row has nothing to attend
@@ -115,15 +135,16 @@ def _split_decode_kernel(
         k_ptrs = (k_cache_ptr + block[None, :] * stride_kb + offset[None, :] * stride_ks
                   + kv_head * stride_kh + d[:, None])  # fmt: skip
         k = tl.load(k_ptrs, mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+        # V depends on the block table only: issued here, its round trip overlaps K's.
+        v_ptrs = (v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
+                  + kv_head * stride_vh + d[None, :])  # fmt: skip
+        v = tl.load(v_ptrs, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
         s = attention_dot(q, k, DOT_PRECISION) * scale_log2
         s = tl.where(n_valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_ptrs = (v_cache_ptr + block[:, None] * stride_vb + offset[:, None] * stride_vs
-                  + kv_head * stride_vh + d[None, :])  # fmt: skip
-        v = tl.load(v_ptrs, mask=n_valid[:, None] & d_valid[None, :], other=0.0)
         acc = acc * alpha[:, None] + attention_dot(p.to(v.dtype), v, DOT_PRECISION)
         m_i = m_new
 
@@ -161,7 +182,7 @@ def _split_merge_kernel(
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
 
-def split_decode_attention(
+def split_partials(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -170,14 +191,14 @@ def split_decode_attention(
     num_splits: int,
     block_n: int,
     block_tables: torch.Tensor,
-) -> torch.Tensor:
-    """Attention for a batch whose requests have at most one row each (``max_seqlen_q <= 1``);
-    ``block_tables`` has unit column stride. Two launches: splits, then the merge."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first launch alone: each split's normalized output ``[tokens, heads, num_splits,
+    DIM_PAD]`` (fp32) and its log2-sum-exp of scaled scores ``[tokens, heads, num_splits]``
+    (``-inf`` for a split without keys)."""
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     dim_pad = max(MIN_DOT, next_pow2(head_dim))
-    out = torch.empty_like(query)
     # fp32 partials: the merge must not round each split's output to the model dtype first.
     partial = torch.empty(
         num_tokens, num_heads, num_splits, dim_pad, dtype=torch.float32, device=query.device
@@ -198,6 +219,27 @@ def split_decode_attention(
         DOT_PRECISION=dot_precision(query.dtype), num_warps=NUM_WARPS,
         **({"num_stages": 1} if is_fp32 else {}),
     )  # fmt: skip
+    return partial, lse
+
+
+def split_decode_attention(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    num_splits: int,
+    block_n: int,
+    block_tables: torch.Tensor,
+) -> torch.Tensor:
+    """Attention for a batch whose requests have at most one row each (``max_seqlen_q <= 1``);
+    ``block_tables`` has unit column stride. Two launches: splits, then the merge."""
+    partial, lse = split_partials(
+        query, k_cache, v_cache, metadata, scale, num_splits, block_n, block_tables
+    )
+    num_tokens, num_heads, head_dim = query.shape
+    dim_pad = partial.shape[-1]
+    out = torch.empty_like(query)
     launch(
         _split_merge_kernel, (num_tokens, num_heads),
         partial, lse, out, num_splits, out.stride(0), out.stride(1),

@@ -123,6 +123,8 @@ def test_silu_and_mul_cuda(dtype):
 # (context lengths before each request's one new token, forced splits or None = the chooser's)
 SPLIT_CASES = [
     pytest.param([8191], None, id="b1-8k-chosen"),  # what split-K exists for
+    # Issue 39's latency case: 32 splits of 17 keys (31 hold keys), one 128-key iteration each.
+    pytest.param([512], None, id="b1-512-chosen"),
     pytest.param([0, 700, 3000, 15, 255, 1000, 31], 4, id="b7-ragged-4splits"),
 ]
 

@@ -21,6 +21,8 @@ from cbbench.kernels.triton_decode_split import (  # noqa: E402
     MAX_SPLITS,
     MIN_KEYS_PER_SPLIT,
     num_kv_splits,
+    split_bounds,
+    split_partials,
 )
 
 SCALE = 32**-0.5  # the reference and the kernels take the same scale at any head dim
@@ -98,9 +100,9 @@ def test_num_kv_splits_hand_computed():
 
 # Issue 39's table, by hand: Llama-3-8B (8 kv heads) on an H100 (132 SMs), a decode row after
 # `context` cached tokens sees context + 1 keys. wanted = ceil(2 x 132 / (batch x 8)):
-# 33, 3, 1, 1; by length = (context + 1) // 64: 8, 32, 128; splits = min(wanted, by length, 32).
+# 33, 3, 1, 1; by length = (context + 1) // 16: 32, 128, 512; splits = min(wanted, by length, 32).
 SPLIT_TABLE = {  # (batch, context): splits
-    (1, 512): 8, (1, 2048): 32, (1, 8192): 32,
+    (1, 512): 32, (1, 2048): 32, (1, 8192): 32,
     (16, 512): 3, (16, 2048): 3, (16, 8192): 3,
     (64, 512): 1, (64, 2048): 1, (64, 8192): 1,
     (256, 512): 1, (256, 2048): 1, (256, 8192): 1,
@@ -127,12 +129,38 @@ def test_split_choice_at_issue_39_batches_and_contexts(batch, context):
     assert chosen == GRAPH_SPLITS[batch]
 
 
+def _holding_keys(seq_len: int, splits: int) -> int:
+    return sum(start < end for start, end in split_bounds(seq_len, splits))
+
+
 def test_split_grid_covers_the_sms_at_batch_1():
-    """Batch 1 at context 512 (the H100 run's case): the old chooser's 256-key minimum gave 2
-    splits, 16 programs for 132 SMs; now 8 splits of one 64-key tile each, 64 programs
-    holding keys. At 8k: 32 splits x 8 kv heads = 256 programs, 2 per SM (less 8)."""
-    assert num_kv_splits(1, 8, 513, 132) * 8 == 64
-    assert num_kv_splits(1, 8, 8193, 132) * 8 == 256 >= 132
+    """Batch 1 at context 512 (the H100 run's case), Llama-3-8B's 8 kv heads on 132 SMs.
+
+    Eager (max_seqlen_k = 513) and inside a graph (8192) alike the count is 32. Each split now
+    takes ceil(513 / 32) = 17 keys: splits 0-29 hold 17, split 30 holds 3, split 31 none, so
+    31 x 8 = 248 programs read keys, ~2 per SM. Before, each split's keys were rounded up to
+    whole 64-key tiles: ceil(513 / 64) = 9 splits held keys, 72 programs on 132 SMs (60 SMs
+    idle); and before that the 256-key minimum gave 2 splits eagerly (16 programs)."""
+    assert num_kv_splits(1, 8, 513, 132) == num_kv_splits(1, 8, 8192, 132) == 32
+    bounds = split_bounds(513, 32)
+    assert bounds[0] == (0, 17) and bounds[29] == (493, 510) and bounds[30] == (510, 513)
+    assert bounds[31][0] >= bounds[31][1]  # empty
+    assert _holding_keys(513, 32) * 8 == 248 >= 132
+    assert -(-513 // 64) * 8 == 72  # the tile-rounded split of before, for the record
+    # 8k: 32 splits of 257 keys, all 256 programs hold keys.
+    assert _holding_keys(8193, 32) * 8 == 256
+    # Short contexts still spread: 100 keys over a graph's 32 splits -> 4 keys x 25 splits.
+    assert _holding_keys(100, 32) == 25
+
+
+@pytest.mark.parametrize("seq_len", [1, 16, 17, 100, 513, 8193])
+@pytest.mark.parametrize("splits", [1, 3, 32])
+def test_split_bounds_partition_the_keys(seq_len, splits):
+    """Every key in exactly one split, in order, none longer than ceil(seq_len / splits)."""
+    bounds = split_bounds(seq_len, splits)
+    covered = [k for start, end in bounds for k in range(start, end)]
+    assert covered == list(range(seq_len))
+    assert max(end - start for start, end in bounds) == -(-seq_len // splits)
 
 
 def test_split_choice_needs_no_device_values():
@@ -148,7 +176,7 @@ def test_split_choice_needs_no_device_values():
 # Issue 39's interpreter matrix: every dtype (bf16 through fp32 dots, kernels/triton_dot.py), GQA
 # 1/4/8, block sizes 16/32, ragged decode batches from 1 key up. The split count is the
 # chooser's, on a 16-SM "GPU" so these short contexts still split (5 requests x 1 kv head:
-# ceil(2 x 16 / 5) = 7 wanted, 334 // 64 = 5 by length -> 5 splits), keeping the interpreter's
+# ceil(2 x 16 / 5) = 7 wanted, 334 // 16 = 20 by length -> 7 splits), keeping the interpreter's
 # program count small; the 8k cases below take an H100's 132.
 MATRIX_CONTEXTS = [0, 1, 63, 200, 333]
 MATRIX_SMS = 16
@@ -168,7 +196,7 @@ def _decode_batch(contexts, block_size, gqa, dtype, head_dim=32, kv_heads=1, see
 def test_split_decode_matrix(dtype, gqa, block_size):
     batch = _decode_batch(MATRIX_CONTEXTS, block_size, gqa, dtype, seed=gqa * block_size)
     backend = TritonBackend(tiles=GPU_TILES, sms=MATRIX_SMS)
-    assert backend.choose_decode_splits(batch.metadata, 1, batch.query.device) == 5
+    assert backend.choose_decode_splits(batch.metadata, 1, batch.query.device) == 7
     _check(batch, backend, dtype)
 
 
@@ -192,3 +220,40 @@ def test_unsplit_decode_at_llama_head_dim(dtype, gqa):
     GQA group, on both block sizes' boundaries: what batches of 64 and up take on an H100."""
     batch = _decode_batch([0, 15, 16, 33, 130], 16 if gqa != 4 else 32, gqa, dtype, head_dim=128)
     _check(batch, TritonBackend(tiles=GPU_TILES, decode_splits=1), dtype)
+
+
+def test_each_split_covers_exactly_its_keys():
+    """The first launch alone, at a graph's split count: batch 1 at context 512 (Llama-3's
+    head dim and GQA group of 4) beside a 41-key request. Each split's output and log-sum-exp
+    equal attention over exactly the keys ``split_bounds`` gives it, and a split without keys
+    writes lse = -inf: on the device the splits cover the keys as the host's count says."""
+    import dataclasses
+    import math
+
+    head_dim, gqa, dtype = 128, 4, torch.float16
+    batch = _decode_batch([512, 40], 16, gqa, dtype, head_dim=head_dim, seed=5)
+    md = dataclasses.replace(batch.metadata, max_seqlen_k=8192)  # as a captured graph has it
+    backend = TritonBackend(tiles=GPU_TILES, sms=H100_SMS)
+    splits = backend.choose_decode_splits(md, 1, batch.query.device)
+    assert splits == MAX_SPLITS
+    scale = head_dim**-0.5
+    partial, lse = split_partials(
+        batch.query, batch.k_cache, batch.v_cache, md, scale, splits, GPU_TILES.block_n_split,
+        md.block_tables,
+    )  # fmt: skip
+    holding = 0
+    for req, (k, v) in enumerate(zip(batch.keys, batch.values, strict=True)):
+        q = batch.query[req].double()  # [heads, dim]: one row per request
+        for split, (start, end) in enumerate(split_bounds(k.shape[0], splits)):
+            if start >= end:
+                assert torch.isneginf(lse[req, :, split]).all(), (req, split)
+                continue
+            holding += 1
+            scores = q @ k[start:end, 0].double().T * scale  # [heads, keys]
+            want_lse = torch.logsumexp(scores, -1) / math.log(2)
+            want = torch.softmax(scores, -1) @ v[start:end, 0].double()
+            torch.testing.assert_close(lse[req, :, split].double(), want_lse, atol=1e-2, rtol=0)
+            torch.testing.assert_close(
+                partial[req, :, split, :head_dim].double(), want, atol=1e-2, rtol=0
+            )
+    assert holding == 31 + 21  # 513 keys: 17 a split; 41 keys: 2 a split (split 20: 1)

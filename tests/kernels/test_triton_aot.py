@@ -19,12 +19,16 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
 CAPS = (80, 90)
+# Launch points beyond the library's matrix (the split-K kernel at block size 32 as a captured
+# graph launches it), compiled by the same code in a process of their own.
+EXTRA_POINTS = Path(__file__).with_name("aot_split_points.py")
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 COMPILE_TIMEOUT_S = 900  # a cold cache on a busy 2-core machine; warm reruns take seconds
 KERNELS = {
@@ -71,6 +75,18 @@ class _MatrixReport:
             )
 
 
+def _finish(proc: subprocess.Popen, group: list[subprocess.Popen]) -> str:
+    """``proc``'s output; on a timeout every compile of ``group`` is killed first (a timed-out
+    ``communicate`` leaves them compiling on, starved, long after the test has failed)."""
+    try:
+        return proc.communicate(timeout=COMPILE_TIMEOUT_S)[0]
+    except subprocess.TimeoutExpired:
+        for other in group:
+            other.kill()
+            other.communicate()
+        raise
+
+
 @pytest.fixture(scope="module")
 def aot(tmp_path_factory, request) -> dict[int, dict]:
     out = tmp_path_factory.mktemp("aot")
@@ -94,11 +110,23 @@ def aot(tmp_path_factory, request) -> dict[int, dict]:
         )  # fmt: skip
         for cap in CAPS
     }
+    extra = {
+        cap: subprocess.Popen(
+            [sys.executable, str(EXTRA_POINTS), "--cap", str(cap),
+             "--json", str(out / f"extra_sm_{cap}.json")],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for cap in CAPS
+    }
     results = {}
     for cap, proc in procs.items():
-        output, _ = proc.communicate(timeout=COMPILE_TIMEOUT_S)
+        output = _finish(proc, list(procs.values()) + list(extra.values()))
         assert proc.returncode == 0, f"sm_{cap} compile failed:\n{output[-4000:]}"
         results[cap] = json.loads((out / f"sm_{cap}.json").read_text())
+    for cap, proc in extra.items():
+        output = _finish(proc, list(extra.values()))
+        assert proc.returncode == 0, f"sm_{cap} extra points failed:\n{output[-4000:]}"
+        results[cap]["rows"] += json.loads((out / f"extra_sm_{cap}.json").read_text())["rows"]
     request.config.pluginmanager.register(_MatrixReport(results), "triton-aot-matrix")
     return results
 
@@ -159,3 +187,15 @@ def test_per_step_integers_never_respecialize(aot):
             if row["kernel"] in seen:
                 assert not row["compiled"], f"sm_{cap} {row['kernel']} recompiled: {row['config']}"
             seen.add(row["kernel"])
+
+
+def test_split_k_compiles_at_block_size_32_as_a_graph_launches_it(aot):
+    """The split kernel at the second block size the CPU suite proves (tests/kernels/
+    aot_split_points.py), every dtype, head dim and GQA group; no spills by the test above."""
+    for cap, result in aot.items():
+        configs = {r["config"] for r in result["rows"] if r["kernel"] == "_split_decode_kernel"}
+        for dtype in ("bf16", "fp16", "fp32"):
+            for head_dim in (64, 128):
+                for gqa in (1, 4, 8):
+                    point = f"{dtype} d{head_dim} gqa{gqa} bs32 split-k graph"
+                    assert point in configs, f"sm_{cap} {point}"
