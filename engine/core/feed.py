@@ -78,10 +78,10 @@ class ListFeed:
         return None
 
 
-def _fast_forward(engine: Engine, fast_forward, feed: RequestFeed, on_step) -> bool:
-    """A stretch of pure-decode steps up to the feed's next event, in one move, by the
-    engine's ``fast_forward`` (a simulated engine's: engine/sim/fast_forward.py; each step's
-    record still goes to ``on_step``). False: step normally."""
+def _fast_forward(engine: Engine, feed: RequestFeed, on_step) -> bool:
+    """A stretch of pure-decode steps up to the feed's next event, in one move
+    (Engine.fast_forward; each step's record still goes to ``on_step``). False: step
+    normally."""
     import math
 
     def emit(step: StepOutput) -> None:
@@ -90,7 +90,7 @@ def _fast_forward(engine: Engine, fast_forward, feed: RequestFeed, on_step) -> b
             on_step(step)
 
     t = feed.next_time()
-    return fast_forward(engine, math.inf if t is None else t, emit) > 0
+    return engine.fast_forward(math.inf if t is None else t, emit) > 0
 
 
 def run_feed(
@@ -113,8 +113,7 @@ def run_feed(
         if should_stop is not None and should_stop():
             return False
         feed.fire(engine, clock.now())
-        ff = engine.fast_forward
-        if ff is not None and _fast_forward(engine, ff, feed, on_step):
+        if engine.decode_cost_model is not None and _fast_forward(engine, feed, on_step):
             continue
         step = None
         if engine.has_unfinished():
