@@ -144,8 +144,11 @@ class Scheduler:
             )
         return None
 
-    def add_request(self, req: Request) -> None:
-        req.status = RequestStatus.WAITING
+    def add_request(self, req: Request, kv_elsewhere: bool = False) -> None:
+        """Queue ``req``. ``kv_elsewhere``: its computed tokens' KV waits outside this pool
+        (sent by a disaggregated prefill instance, engine/sim/disaggregated.py): it resumes as
+        a swapped-out request does, with no CPU blocks to copy in."""
+        req.status = RequestStatus.SWAPPED if kv_elsewhere else RequestStatus.WAITING
         req.queue_seq = self._num_added
         self._num_added += 1
         self.waiting.append(req)
