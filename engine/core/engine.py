@@ -33,9 +33,7 @@ class DecodeCostModel(Protocol):
 
     def decode_cost(self, num_rows: int, decode_keys: float) -> IterationCost: ...
 
-    def min_step_s(self) -> float | None:
-        """A floor under every step's time (None: none known)."""
-        ...
+    def min_step_s(self) -> float | None: ...  # a floor under every step's time
 
 
 # Fewer steps than this are not worth a stretch's set-up: one is just a step.
@@ -256,21 +254,19 @@ class Engine:
 
     def fast_forward(self, horizon: float,
                      on_step: Callable[[StepOutput], None] | None = None) -> int:
-        """Advance the decode-only steps that start before ``horizon`` (the next arrival or
-        abort) in one move, leaving the engine exactly as stepping would: the same clock,
-        token times, block tables and records (``on_step`` hears each). Returns how many
-        (0: step normally). Only with ``decode_cost_model`` as the executor, no drafter (one
-        token per row) and a virtual clock; the scheduler says which steps
-        (Scheduler.decode_stretch). --no-fast-forward steps every iteration, the reference
-        (tests/engine/test_sim_scale.py holds the two equal)."""
+        """Advance the decode-only steps that start before ``horizon`` (the next event) in
+        one move, leaving the engine exactly as stepping would: the same clock, token times,
+        block tables and records (``on_step`` hears each). Returns how many (0: step
+        normally). The scheduler says which steps (Scheduler.decode_stretch); only with
+        ``decode_cost_model`` as the executor, no drafter (one token per row) and a virtual
+        clock. --no-fast-forward steps every iteration: the reference (test_sim_scale.py)."""
         pricer = self.decode_cost_model
         clock = self.clock
         if pricer is None or pricer is not self.executor or self.drafter is not None \
                 or clock.realtime or self.scheduler.waiting:
             return 0
-        # Whether a second step could start before the horizon, from the cost model's floor:
-        # first, as it costs nothing per row (under dense arrivals the next one is nearly
-        # always within a step, and a one-step stretch is just a step).
+        # Room for a second step before the horizon? Asked first, as it costs nothing per row
+        # (under dense arrivals there rarely is; a one-step stretch is just a step).
         if clock.now() + (pricer.min_step_s() or 0.0) >= horizon:
             return 0
         stretch = self.scheduler.decode_stretch(MIN_STRETCH)

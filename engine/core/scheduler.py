@@ -30,6 +30,7 @@ a ``_Step`` made fresh for that call, never on the scheduler.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from .block_manager import BlockManager, cdiv
 from .request import Request, RequestStatus
@@ -71,6 +72,7 @@ class _Step:
         self.num_draft_tokens = 0
 
 
+@dataclass(slots=True)
 class DecodeStretch:
     """Steps of decodes alone from the next one on (``Scheduler.decode_stretch``): each
     schedules ``sched`` (every running request one token) and none ends a request.
@@ -78,22 +80,18 @@ class DecodeStretch:
     give them, in its order; the rows advance after the stretch (Engine.fast_forward), so at
     step ``j`` each row's computed tokens are ``j`` short of the stepped run's."""
 
-    __slots__ = ("sched", "num_steps", "_bm", "_crossings")
-
-    def __init__(self, sched: SchedulerOutput, num_steps: int, bm: BlockManager,
-                 crossings: dict[int, list[Request]]) -> None:
-        self.sched = sched
-        self.num_steps = num_steps
-        self._bm = bm
-        self._crossings = crossings  # step -> the rows whose next token starts a block
+    sched: SchedulerOutput
+    num_steps: int
+    bm: BlockManager
+    crossings: dict[int, list[Request]]  # step -> the rows whose next token starts a block
 
     def take_blocks(self, j: int) -> bool:
         """Step ``j``'s new blocks; False (and none taken) when the pool is short: that step
         would preempt, so it is scheduled for real."""
-        rows = self._crossings.get(j)
+        rows = self.crossings.get(j)
         if not rows:
             return True
-        bm = self._bm
+        bm = self.bm
         if len(rows) > bm.num_free_blocks:
             return False
         for r in rows:
@@ -257,29 +255,20 @@ class Scheduler:
         step.num_decodes_taken += was_decode
         return taken
 
-    def decode_only(self) -> bool:
-        """Whether the next step is decodes alone, one row per running request: continuous
-        batching, nothing waiting, every running request past its prompt with one token to
-        compute, all within the token budget. Until a request finishes, arrives or finds the KV
-        pool short, the steps after it are too (``decode_stretch``)."""
-        running = self.running
-        if self._static or self.waiting or not running:
-            return False
-        if len(running) > self.config.max_num_batched_tokens:
-            return False
+    def decode_stretch(self, min_steps: int) -> DecodeStretch | None:
+        """The steps from the next one on while they are decodes alone, one row per running
+        request (continuous batching, nothing waiting, every running request past its prompt
+        with one token to compute, all within the token budget), before the step in which a
+        request would finish (a finish changes the batch: that step is scheduled for real);
+        None when fewer than ``min_steps``. An arrival or a short KV pool ends it sooner."""
+        running = list(self.running)
+        if self._static or self.waiting or not running \
+                or len(running) > self.config.max_num_batched_tokens:
+            return None
         for r in running:
             c = r.num_computed_tokens
-            if c < r.num_prompt_tokens or r.num_tokens - c != 1:
-                return False
-        return True
-
-    def decode_stretch(self, min_steps: int) -> DecodeStretch | None:
-        """The steps from the next one on while they are decodes alone (``decode_only``) and
-        before the step in which a request would finish (a finish changes the batch: that
-        step is scheduled for real); None when fewer than ``min_steps``."""
-        if not self.decode_only():
-            return None
-        running = list(self.running)
+            if c < r.num_prompt_tokens or r.num_tokens - c != 1:  # _is_decode, inline
+                return None
         num_steps = min(r.max_tokens - r.num_output_tokens for r in running) - 1
         if num_steps < min_steps:
             return None
