@@ -56,7 +56,6 @@ def build_sim_engine(args: EngineArgs):
     from .core.engine import Engine
     from .model_config import get_model_config
     from .sim.cost_model import CostModel
-    from .sim.fast_forward import fast_forward
     from .sim.sim_executor import SimExecutor, sim_num_kv_blocks
 
     profile = load_device_profile(args)
@@ -98,14 +97,10 @@ def build_sim_engine(args: EngineArgs):
     check_sim_sizes(args, num_blocks, num_cpu_blocks)
     config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)
     acceptance, drafter = sim_speculation(args)
-    engine = Engine(
-        config, SimExecutor(cost, args.block_size, acceptance), VirtualClock(), cost, drafter
-    )
-    # The loops (core/feed.py, sim/replicas.py) advance pure-decode stretches with it; its
-    # closed form is one token per decode row: not with speculative decoding.
-    engine.fast_forward = (
-        fast_forward if args.fast_forward and not args.speculative_tokens else None
-    )
+    executor = SimExecutor(cost, args.block_size, acceptance)
+    engine = Engine(config, executor, VirtualClock(), cost, drafter)
+    if args.fast_forward:  # decode-only stretches in one move (Engine.fast_forward)
+        engine.decode_cost_model = executor
     info = EngineInfo(
         engine="sim",
         gpu=gpu.name if gpu is not None else profile.device,

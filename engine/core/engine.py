@@ -27,13 +27,17 @@ class StepCostModel(Protocol):
     def step_cost(self, sched: SchedulerOutput, block_size: int) -> IterationCost: ...
 
 
-class FastForward(Protocol):
-    """Advances a stretch of decode-only steps in one move, as stepping would, and returns how
-    many (0: step normally). A simulated engine's (engine/sim/fast_forward.py); ``on_step``
-    hears each step's record."""
+class DecodeCostModel(Protocol):
+    """An executor that prices a step of decodes alone in closed form, from its rows and the
+    keys they read (the simulator's: engine/sim/sim_executor.py): what fast_forward asks."""
 
-    def __call__(self, engine: Engine, horizon: float,
-                 on_step: Callable[[StepOutput], None] | None = None) -> int: ...
+    def decode_cost(self, num_rows: int, decode_keys: float) -> IterationCost: ...
+
+    def min_step_s(self) -> float | None: ...  # a floor under every step's time
+
+
+# Fewer steps than this are not worth a stretch's set-up: one is just a step.
+MIN_STRETCH = 2
 
 
 class Clock(Protocol):
@@ -115,9 +119,10 @@ class Engine:
         self.executor = executor
         self.clock = clock
         self.cost_model = cost_model
-        # Set by the simulator's builder (engine/build_sim.py) where its closed form holds; the
-        # loops (core/feed.py, sim/replicas.py) ask it before each step.
-        self.fast_forward: FastForward | None = None
+        # The simulator's executor, set by its builder (engine/build_sim.py) unless
+        # --no-fast-forward: while it is the executor, the loops (core/feed.py,
+        # sim/replicas.py) ask fast_forward before each step.
+        self.decode_cost_model: DecodeCostModel | None = None
         # The iteration records: every one (a run), or only the most recent (a long-lived
         # server, see keep_recent_records). Indices count every step ever recorded.
         self.records: list[IterationRecord] | deque[IterationRecord] = []
@@ -202,10 +207,19 @@ class Engine:
         cost = out.cost
         if cost is None and self.cost_model is not None:  # a real executor: analytic figures
             cost = self.cost_model.step_cost(sched, self.config.block_size)
-        shape = cost.shape if cost is not None else None
 
         finished, gained, spec = self._postprocess(sched, out, end)
-        record = IterationRecord(
+        record = self._record(start, end, sched, cost, num_running, num_waiting, kv_used,
+                              out.swap_time_s, spec)
+        self.append_record(record)
+        return StepOutput(record, sched, finished, gained)
+
+    def _record(self, start: float, end: float, sched: SchedulerOutput,
+                cost: IterationCost | None, num_running: int, num_waiting: int, kv_used: int,
+                swap_time_s: float, spec: _StepTokens) -> IterationRecord:
+        """One step's record: the schedule, its cost and what it emitted."""
+        shape = cost.shape if cost is not None else None
+        return IterationRecord(
             index=self.num_records,
             start_s=start,
             duration_s=end - start,
@@ -223,7 +237,7 @@ class Engine:
             flops=cost.flops if cost is not None else 0.0,
             num_swapped_out_blocks=len(sched.swap_out),
             num_swapped_in_blocks=len(sched.swap_in),
-            swap_time_s=out.swap_time_s,
+            swap_time_s=swap_time_s,
             num_cached_tokens=sched.num_cached_tokens,
             num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
             predicted_s=cost.time_s if cost is not None else None,
@@ -237,8 +251,54 @@ class Engine:
             emitted_tokens=spec.emitted,
             num_sampled_reqs=spec.sampled_reqs,
         )
-        self.append_record(record)
-        return StepOutput(record, sched, finished, gained)
+
+    def fast_forward(self, horizon: float,
+                     on_step: Callable[[StepOutput], None] | None = None) -> int:
+        """Advance the decode-only steps that start before ``horizon`` (the next event) in
+        one move, leaving the engine exactly as stepping would: the same clock, token times,
+        block tables and records (``on_step`` hears each). Returns how many (0: step
+        normally). The scheduler says which steps (Scheduler.decode_stretch); only with
+        ``decode_cost_model`` as the executor, no drafter (one token per row) and a virtual
+        clock. --no-fast-forward steps every iteration: the reference (test_sim_scale.py)."""
+        pricer = self.decode_cost_model
+        clock = self.clock
+        if pricer is None or pricer is not self.executor or self.drafter is not None \
+                or clock.realtime or self.scheduler.waiting:
+            return 0
+        # Room for a second step before the horizon? Asked first, as it costs nothing per row
+        # (under dense arrivals there rarely is; a one-step stretch is just a step).
+        if clock.now() + (pricer.min_step_s() or 0.0) >= horizon:
+            return 0
+        stretch = self.scheduler.decode_stretch(MIN_STRETCH)
+        if stretch is None:
+            return 0
+        sched = stretch.sched
+        rows = sched.scheduled_reqs
+        n = len(rows)
+        dec_keys = sum([r.num_computed_tokens for r in rows]) + n  # grows by n a step
+        tokens = _StepTokens(0, n, n)
+        bm = self.block_manager
+        times: list[float] = []
+        for j in range(stretch.num_steps):
+            start = clock.now()
+            if start >= horizon or not stretch.take_blocks(j):
+                break
+            cost = pricer.decode_cost(n, float(dec_keys + j * n))
+            assert cost.time_s is not None  # a simulated executor has rates
+            clock.advance_to(start + cost.time_s)
+            end = clock.now()
+            times.append(end)
+            record = self._record(start, end, sched, cost, n, 0, bm.num_used_blocks, 0.0,
+                                  tokens)
+            self.append_record(record)
+            if on_step is not None:
+                on_step(StepOutput(record, sched, []))
+        k = len(times)
+        for r in rows:  # _advance_counted's decode rows, k steps at once
+            r.num_computed_tokens += k
+            r.num_output_tokens += k
+            r.token_times.extend(times)
+        return k
 
     def _fail_step(self, sched: SchedulerOutput, cause: Exception) -> StepFailed:
         """Fail the step's requests, and those it swapped out (their KV copy may not have

@@ -11,6 +11,7 @@ in-process run, the interrupt drain (a feed with nothing pending) and ``cbbench 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -78,21 +79,6 @@ class ListFeed:
         return None
 
 
-def _fast_forward(engine: Engine, fast_forward, feed: RequestFeed, on_step) -> bool:
-    """A stretch of pure-decode steps up to the feed's next event, in one move, by the
-    engine's ``fast_forward`` (a simulated engine's: engine/sim/fast_forward.py; each step's
-    record still goes to ``on_step``). False: step normally."""
-    import math
-
-    def emit(step: StepOutput) -> None:
-        feed.on_step(step)
-        if on_step is not None:
-            on_step(step)
-
-    t = feed.next_time()
-    return fast_forward(engine, math.inf if t is None else t, emit) > 0
-
-
 def run_feed(
     engine: Engine,
     feed: RequestFeed,
@@ -109,13 +95,21 @@ def run_feed(
     clock = engine.clock
     idle = feed.idle if isinstance(feed, OpenFeed) else None
     back_to_back = False
+
+    def emit(step: StepOutput) -> None:  # every step, stepped or fast-forwarded
+        feed.on_step(step)
+        if on_step is not None:
+            on_step(step)
+
     while True:
         if should_stop is not None and should_stop():
             return False
         feed.fire(engine, clock.now())
-        ff = engine.fast_forward
-        if ff is not None and _fast_forward(engine, ff, feed, on_step):
-            continue
+        if engine.decode_cost_model is not None:
+            # A stretch of decode-only steps up to the feed's next event, in one move.
+            t = feed.next_time()
+            if engine.fast_forward(math.inf if t is None else t, emit):
+                continue
         step = None
         if engine.has_unfinished():
             clock.begin_step(back_to_back)
@@ -128,9 +122,7 @@ def run_feed(
                 continue
         back_to_back = step is not None
         if step is not None:
-            feed.on_step(step)
-            if on_step is not None:
-                on_step(step)
+            emit(step)
         elif not _wait_for_event(engine, feed, idle):
             return True
 

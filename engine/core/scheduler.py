@@ -30,6 +30,7 @@ a ``_Step`` made fresh for that call, never on the scheduler.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from .block_manager import BlockManager, cdiv
 from .request import Request, RequestStatus
@@ -69,6 +70,34 @@ class _Step:
         # taken back from preempted victims).
         self.num_drafts = 0
         self.num_draft_tokens = 0
+
+
+@dataclass(slots=True)
+class DecodeStretch:
+    """Steps of decodes alone from the next one on (``Scheduler.decode_stretch``): each
+    schedules ``sched`` (every running request one token) and none ends a request.
+    ``take_blocks(j)`` gives step ``j``'s rows the KV blocks ``schedule()``'s decode loop would
+    give them, in its order; the rows advance after the stretch (Engine.fast_forward), so at
+    step ``j`` each row's computed tokens are ``j`` short of the stepped run's."""
+
+    sched: SchedulerOutput
+    num_steps: int
+    bm: BlockManager
+    crossings: dict[int, list[Request]]  # step -> the rows whose next token starts a block
+
+    def take_blocks(self, j: int) -> bool:
+        """Step ``j``'s new blocks; False (and none taken) when the pool is short: that step
+        would preempt, so it is scheduled for real."""
+        rows = self.crossings.get(j)
+        if not rows:
+            return True
+        bm = self.bm
+        if len(rows) > bm.num_free_blocks:
+            return False
+        for r in rows:
+            ok = bm.allocate(r, r.num_computed_tokens + j + 1)
+            assert ok
+        return True
 
 
 class Scheduler:
@@ -113,8 +142,11 @@ class Scheduler:
             )
         return None
 
-    def add_request(self, req: Request) -> None:
-        req.status = RequestStatus.WAITING
+    def add_request(self, req: Request, kv_elsewhere: bool = False) -> None:
+        """Queue ``req``. ``kv_elsewhere``: its computed tokens' KV waits outside this pool
+        (sent by a disaggregated prefill instance, engine/sim/disaggregated.py): it resumes as
+        a swapped-out request does, with no CPU blocks to copy in."""
+        req.status = RequestStatus.SWAPPED if kv_elsewhere else RequestStatus.WAITING
         req.queue_seq = self._num_added
         self._num_added += 1
         self.waiting.append(req)
@@ -223,22 +255,37 @@ class Scheduler:
         step.num_decodes_taken += was_decode
         return taken
 
-    def decode_only(self) -> bool:
-        """Whether the next step is decodes alone, one row per running request: continuous
-        batching, nothing waiting, every running request past its prompt with one token to
-        compute, all within the token budget. Until a request finishes, arrives or finds the KV
-        pool short, the steps after it are too (engine/sim/fast_forward.py advances such a
-        stretch in one move)."""
-        running = self.running
-        if self._static or self.waiting or not running:
-            return False
-        if len(running) > self.config.max_num_batched_tokens:
-            return False
+    def decode_stretch(self, min_steps: int) -> DecodeStretch | None:
+        """The steps from the next one on while they are decodes alone, one row per running
+        request (continuous batching, nothing waiting, every running request past its prompt
+        with one token to compute, all within the token budget), before the step in which a
+        request would finish (a finish changes the batch: that step is scheduled for real);
+        None when fewer than ``min_steps``. An arrival or a short KV pool ends it sooner."""
+        running = list(self.running)
+        if self._static or self.waiting or not running \
+                or len(running) > self.config.max_num_batched_tokens:
+            return None
         for r in running:
             c = r.num_computed_tokens
-            if c < r.num_prompt_tokens or r.num_tokens - c != 1:
-                return False
-        return True
+            if c < r.num_prompt_tokens or r.num_tokens - c != 1:  # _is_decode, inline
+                return None
+        num_steps = min(r.max_tokens - r.num_output_tokens for r in running) - 1
+        if num_steps < min_steps:
+            return None
+        # A decode row takes a block when its computed tokens reach its table's end
+        # (_schedule_decodes): at step s = table end - computed tokens, then every block_size
+        # steps, in running order. (A reserved table holds every token: it never does.)
+        bs = self.bm.block_size
+        crossings: dict[int, list[Request]] = {}
+        for r in running:
+            s = len(r.block_table) * bs - r.num_computed_tokens
+            while s < num_steps:
+                if s >= 0:
+                    crossings.setdefault(s, []).append(r)
+                s += bs
+        n = len(running)
+        sched = SchedulerOutput(running, [1] * n, n, 0, self.config.max_num_batched_tokens)
+        return DecodeStretch(sched, num_steps, self.bm, crossings)
 
     # ---- the per-iteration decision ---------------------------------------------------------
     def schedule(self, now: float) -> SchedulerOutput:

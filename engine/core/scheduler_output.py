@@ -101,6 +101,12 @@ class BatchShape:
     num_draft_tokens: int = 0
 
     @staticmethod
+    def decodes(num_rows: int, keys: float) -> BatchShape:
+        """``num_rows`` decode rows alone, reading ``keys`` keys in all: what
+        ``from_scheduler_output`` gives such a step."""
+        return BatchShape(num_rows, num_rows, keys, keys, num_rows, 0, keys)
+
+    @staticmethod
     def from_scheduler_output(sched: SchedulerOutput) -> BatchShape:
         reqs = sched.scheduled_reqs
         nd = sched.num_decode_reqs

@@ -177,7 +177,7 @@ class CostModel:
             self._expert_db = m.expert_bytes_per_param(dtype)
         host = gpu.host_bandwidth if gpu is not None else None
         self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
-        self._min_step_s = self.cost(BatchShape(1, 1, 1.0, 1.0, 1, 0, 1.0)).time_s
+        self._min_step_s = self.cost(BatchShape.decodes(1, 1.0)).time_s
 
     def weight_bytes(self) -> float:
         """All weights of the model (every GPU's shard together; quantized experts at their

@@ -202,7 +202,5 @@ class DisaggregatedSet:
         engine = replica.engine
         engine.clock.advance_to(t)
         self._where[req.request_id] = replica
-        engine.scheduler.add_request(req)
-        # Its KV waits outside this pool, as a swapped-out request's does (with no CPU blocks:
-        # nothing to copy in). Admission gives it blocks for its computed tokens and a decode.
-        req.status = RequestStatus.SWAPPED
+        # Admission gives it blocks for its computed tokens and a decode.
+        engine.scheduler.add_request(req, kv_elsewhere=True)

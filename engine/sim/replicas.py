@@ -157,8 +157,8 @@ class ReplicaSet:
         replica = self._next_replica()
         if replica is None:
             return False
-        fast_forward = replica.engine.fast_forward
-        if fast_forward is None:
+        engine = replica.engine
+        if engine.decode_cost_model is None:
             return False
         self._next_known = False  # it may move the replica's clock
 
@@ -168,7 +168,7 @@ class ReplicaSet:
             if on_step is not None:
                 on_step(step)
 
-        return fast_forward(replica.engine, horizon, emit) > 0
+        return engine.fast_forward(horizon, emit) > 0
 
 
 def run_replicas(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..core.scheduler_output import ExecutorOutput, SchedulerOutput
+from ..core.scheduler_output import BatchShape, ExecutorOutput, IterationCost, SchedulerOutput
 from ..core.spec_decode import SimAcceptance
 from ..model_config import DTYPE_BYTES, ModelConfig
 from .cost_model import CostModel, kv_heads_per_gpu
@@ -106,6 +106,15 @@ class SimExecutor:
                     accepted[i] = draw(d)
         return ExecutorOutput(None, duration_s=cost.time_s, swap_time_s=swap_s, cost=cost,
                               num_accepted=accepted)
+
+    # ---- the closed form of a step of decodes alone (core/engine.DecodeCostModel) ----------
+    def decode_cost(self, num_rows: int, decode_keys: float) -> IterationCost:
+        """What ``execute`` gives a step of ``num_rows`` decodes alone that read
+        ``decode_keys`` keys: such a step has no encoder, swap or drafts."""
+        return self.cost_model.cost(BatchShape.decodes(num_rows, decode_keys))
+
+    def min_step_s(self) -> float | None:
+        return self.cost_model.min_step_s()
 
 
 def encoder_flops(sched: SchedulerOutput) -> float:

@@ -1,6 +1,6 @@
 """The simulator's scale paths against its reference paths.
 
-- Fast-forward (engine/fast_forward.py) against --no-fast-forward on 10,000 ShareGPT
+- Fast-forward (Engine.fast_forward over Scheduler.decode_stretch) against --no-fast-forward on 10,000 ShareGPT
   requests: every request's token times, hence TTFT, TPOT and E2EL, identical; every
   iteration record identical.
 - The simulator's fast paths through the stepped loop (the counted-token postprocess, the
@@ -36,9 +36,9 @@ SKIPPED: list[int] = []  # steps each fast-forward call advanced, in the fast-fo
 
 @pytest.fixture(scope="module")
 def runs():
-    import cbbench.engine.sim.fast_forward as ff
+    from cbbench.engine.core.engine import Engine
 
-    real = ff.fast_forward
+    real = Engine.fast_forward
 
     def counting(*args, **kw):
         k = real(*args, **kw)
@@ -46,9 +46,9 @@ def runs():
         return k
 
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Engine, "fast_forward", counting)
         stepped = _run(10_000, False)
         assert SKIPPED == []  # --no-fast-forward never calls it
-        mp.setattr(ff, "fast_forward", counting)
         return stepped, _run(10_000, True)
 
 
