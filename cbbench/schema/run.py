@@ -348,8 +348,9 @@ class Config(Record):
     endpoint: Any = None
     endpoints: list[str] | None = None
     balance: str | None = None
-    data_parallel_size: int | None = None
-    tensor_parallel_size: int | None = None
+    # Any: the exporters check their kind themselves (a hand-edited inf still exports).
+    tensor_parallel_size: Any = None
+    data_parallel_size: Any = None
     router: str | None = None
     disaggregate: str | None = None
     kv_link: str | None = None
