@@ -19,6 +19,7 @@ from cbbench.schema.run import (
     Summary,
     Telemetry,
     TelemetryQuantities,
+    TelemetryStat,
     Worker,
 )
 
@@ -64,7 +65,8 @@ def latency_table(summary: Summary | dict, stats: tuple[str, ...] = STATS) -> st
     """The latency distributions' rows; ``stats`` the columns (--percentiles, else STATS)."""
     s = _as(Summary, summary)
     rows = []
-    bound = (s.client_bound and s.client_bound.metrics) or ()
+    cb = s.client_bound
+    bound = (cb.metrics or []) if cb else []
     for label, key in LATENCY_KEYS:
         mark = CLIENT_BOUND_MARK if key in bound else ""
         rows.append(_row(f"{label} (ms){mark}", getattr(s, key), stats))
@@ -86,8 +88,8 @@ def latency_table(summary: Summary | dict, stats: tuple[str, ...] = STATS) -> st
             "\nTTFT and E2EL count from the intended start (the wait for a --max-concurrency "
             "slot included);\nthe 'from send' rows leave that wait out (as vLLM's benchmark)."
         )
-    if bound and s.client_bound:
-        table += "\n* client-bound: " + " ".join(s.client_bound.reasons or [])
+    if bound and cb:
+        table += "\n* client-bound: " + " ".join(cb.reasons or [])
     return table
 
 
@@ -308,12 +310,13 @@ def telemetry_line(telemetry: Telemetry | dict | None) -> str:
     tel = _as(Telemetry, telemetry)
     if not tel.available:
         return f"GPU telemetry: unavailable ({tel.reason})"
-    steady = (tel.summary and tel.summary.steady) or TelemetryQuantities()
-    bw, sm = steady.dram_bw_util_pct, steady.sm_util_pct
+    steady = (tel.summary.steady if tel.summary else None) or TelemetryQuantities()
+    bw = steady.dram_bw_util_pct or TelemetryStat()
+    sm = steady.sm_util_pct or TelemetryStat()
     fmt = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
     return (
-        f"GPU telemetry ({tel.metric}, steady state): HBM util mean {fmt(bw and bw.mean)}, "
-        f"p90 {fmt(bw and bw.p90)}; SM util mean {fmt(sm and sm.mean)}"
+        f"GPU telemetry ({tel.metric}, steady state): HBM util mean {fmt(bw.mean)}, "
+        f"p90 {fmt(bw.p90)}; SM util mean {fmt(sm.mean)}"
     )
 
 

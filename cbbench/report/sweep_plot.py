@@ -63,7 +63,8 @@ def _check_plotted_fields(path: Path, sweep: SweepFile) -> None:
         return UsageError(f"{path}: {what}: cannot plot it")
 
     for i, p in enumerate(sweep.points):
-        if p.rate != "inf" and not (_is_number(p.rate) and p.rate > 0):
+        # A text rate is "inf" (the schema's Literal); a number must be finite and above 0.
+        if not isinstance(p.rate, str) and not (_is_number(p.rate) and p.rate > 0):
             raise bad(f"point {i} has rate {p.rate!r}")
         for key, v in (("output_throughput", p.output_throughput),
                        ("ttft_p99_ms", p.ttft_p99_ms), ("tpot_p99_ms", p.tpot_p99_ms)):

@@ -431,6 +431,16 @@ class Iteration(Record):
     achieved_bw_gbps: Number | None = None  # bytes_moved over duration_s (the report's plot)
 
 
+class TelemetrySample(Record):
+    """One reading of one GPU (analysis/summary/telemetry.py TelemetrySample, a DCGM page's
+    with its host): the fields the report's bandwidth plot reads; the rest pass through."""
+
+    t_s: Number | None = None
+    gpu: int | None = None
+    dram_bw_util_pct: Number | None = None
+    hostname: str | None = None  # DCGM exporters: the host the GPU is on
+
+
 class TelemetryStat(Record):
     """One sampled quantity over a window (analysis/summary/telemetry.py)."""
 
@@ -459,7 +469,7 @@ class Telemetry(Record):
     source: str | None = None
     metric: str | None = None  # the bandwidth counter sampled (dram_active_dcgm, ...)
     interval_s: Number | None = None
-    samples: list[dict[str, Any]] | None = None
+    samples: list[TelemetrySample] | None = None
     summary: TelemetrySummary | None = None
 
 
