@@ -1,12 +1,16 @@
 """The run table's issue-27 parts: the columns --percentiles asked for, the TTFT / E2EL split
-(when the server told its side), and the time slices (--slice)."""
+(when the server told its side), and the time slices (--slice), read from the result's
+models by attribute."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from tabulate import tabulate
 
 from cbbench.analysis.server_side.ttft_breakdown import E2EL_PARTS
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, stats_shown
+from cbbench.schema.run import Config, Distribution, Summary
 
 PART_LABELS = {
     "slot_wait_ms": "slot wait", "send_lag_ms": "send lag", "network_in_ms": "network in",
@@ -23,40 +27,45 @@ def _fmt(v, digits: int = 2) -> str:
     return f"{v:,.{digits}f}" if isinstance(v, float) else f"{v:,}"
 
 
-def stats_of(config: dict, default: tuple[str, ...]) -> tuple[str, ...]:
+def stats_of(config: Config | dict, default: tuple[str, ...]) -> tuple[str, ...]:
     """The table's columns: the run's --percentiles, or the default ones."""
-    asked = config.get("percentiles")
+    asked = (config if isinstance(config, Config) else Config.model_validate(config)).percentiles
     if not asked or tuple(asked) == DEFAULT_PERCENTILES:
         return default
     return stats_shown(asked, default)
 
 
-def breakdown_table(summary: dict, stats: tuple[str, ...]) -> str:
+def _stat(d: Distribution | None, stat: str) -> Any:
+    return None if d is None else getattr(d, stat, None)
+
+
+def breakdown_table(summary: Summary, stats: tuple[str, ...]) -> str:
     """TTFT and E2EL taken apart: each part's statistics (ms) and share of the whole."""
     out = []
-    for title, key in (("TTFT", "ttft_breakdown"), ("E2EL", "e2el_breakdown")):
-        b = summary.get(key)
+    for title, b in (("TTFT", summary.ttft_breakdown), ("E2EL", summary.e2el_breakdown)):
         if not b:
             continue
-        rows = [[f"{PART_LABELS[name]} (ms)", *(_fmt(b[name].get(s)) for s in stats),
-                 "-" if b[name].get("share") is None else f"{b[name]['share']:.1%}"]
-                for name in E2EL_PARTS if name in b]
+        parts = [(name, part) for name in E2EL_PARTS
+                 if (part := getattr(b, name, None)) is not None]
+        rows = [[f"{PART_LABELS[name]} (ms)", *(_fmt(_stat(part, s)) for s in stats),
+                 "-" if part.share is None else f"{part.share:.1%}"]
+                for name, part in parts]
         table = tabulate(rows, headers=[f"{title} split", *stats, "share"], tablefmt="simple",
                          disable_numparse=True)
-        note = (f"{b['requests']} requests split ({', '.join(b['sources'])}); {b['flagged']} "
-                f"flagged: parts off the whole by more than {b['tolerance_ms']:g} ms")
+        note = (f"{b.requests} requests split ({', '.join(b.sources or [])}); {b.flagged} "
+                f"flagged: parts off the whole by more than {b.tolerance_ms:g} ms")
         out.append(table + "\n" + note)
     return "\n\n".join(out)
 
 
-def slices_table(summary: dict) -> str:
-    slices = summary.get("slices")
+def slices_table(summary: Summary) -> str:
+    slices = summary.slices
     if not slices:
         return ""
-    rows = [[f"{s['start_s']:.1f}-{s['end_s']:.1f}", s["completed"], s["failed"],
-             _fmt(s["request_throughput"]), _fmt(s["output_throughput"], 1),
-             _fmt(s["ttft_ms"].get("p50")), _fmt(s["ttft_ms"].get("p99")),
-             _fmt(s["tpot_ms"].get("p50")), _fmt(s["in_flight"], 1)]
+    rows = [[f"{s.start_s:.1f}-{s.end_s:.1f}", s.completed, s.failed,
+             _fmt(s.request_throughput), _fmt(s.output_throughput, 1),
+             _fmt(_stat(s.ttft_ms, "p50")), _fmt(_stat(s.ttft_ms, "p99")),
+             _fmt(_stat(s.tpot_ms, "p50")), _fmt(s.in_flight, 1)]
             for s in slices[:SLICE_ROWS_SHOWN]]
     table = tabulate(rows, headers=["slice (s)", "done", "failed", "req/s", "tok/s", "TTFT p50",
                                     "TTFT p99", "TPOT p50", "in flight"],

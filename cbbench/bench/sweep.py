@@ -167,9 +167,9 @@ def telemetry_means(tel: Telemetry | None) -> dict | None:
     DCGM exporter's, pooled over GPUs as the run's summary line is); None without any."""
     if tel is None or not tel.available:
         return None
-    steady = (tel.summary or {}).get("steady") or {}
-    return {"source": tel.source, "metric": tel.metric,
-            "steady_mean": {k: v.get("mean") for k, v in steady.items()}}
+    steady = tel.summary.steady if tel.summary is not None else None  # a TelemetrySummary
+    means = {k: v.get("mean") for k, v in steady.items()} if steady else {}
+    return {"source": tel.source, "metric": tel.metric, "steady_mean": means}
 
 
 def shared_config(config: dict) -> dict:

@@ -29,21 +29,63 @@ def _fmt(v) -> str:
     return f"{v:+.3f}" if isinstance(v, float) else str(v)
 
 
+def _verdict(m: dict) -> str:
+    match m:
+        case {"gated": False}:  # shown beside the gated ones, never failing the audit
+            return "(shown)"
+        case {"passed": True}:
+            return "ok"
+        case _:
+            return "FAIL"
+
+
+def _metric_row(name: str, m: dict) -> list:
+    """One metric of the report (analysis/server_side/audit.py), by its kind: an error
+    distribution, a p50 on both sides, or a count that must match exactly."""
+    match m:
+        case {"median": median, "p99": p99, "max": worst, "count": n}:
+            return [name, _fmt(median), _fmt(p99), _fmt(worst), n, _verdict(m)]
+        case {"client": client, "server": server, "error": error}:
+            return [name + " (client / server)", f"{_fmt(error)}",
+                    f"{_fmt(client)} / {_fmt(server)}", "", "", _verdict(m)]
+        case {"mismatched": wrong, "requests": n}:
+            return [name, f"{wrong} mismatched", "", "", n, _verdict(m)]
+    raise TypeError(f"audit metric {name}: not a kind the table knows: {sorted(m)}")
+
+
 def report_table(rep: dict) -> str:
-    rows = []
-    for name, m in rep["metrics"].items():
-        verdict = ("ok" if m["passed"] else "FAIL") if m.get("gated", True) else "(shown)"
-        if "median" in m:
-            rows.append([name, _fmt(m["median"]), _fmt(m["p99"]), _fmt(m["max"]),
-                         m["count"], verdict])
-        elif "client" in m:
-            rows.append([name + " (client / server)",
-                         f"{_fmt(m['error'])}", f"{_fmt(m['client'])} / {_fmt(m['server'])}",
-                         "", "", verdict])
-        else:
-            rows.append([name, f"{m['mismatched']} mismatched", "", "", m["requests"], verdict])
+    match rep:
+        case {"metrics": dict(metrics)}:
+            rows = [_metric_row(name, m) for name, m in metrics.items()]
+        case _:
+            raise TypeError("an audit report has its metrics")
     head = ["metric", "median err (ms)", "p99 |err|", "max err", "n", "verdict"]
     return tabulate(rows, headers=head, tablefmt="simple", disable_numparse=True)
+
+
+def report_lines(rep: dict, tolerance_ms: float) -> list[str]:
+    """Under the table: the requests' way in, the join's coverage and the verdict, its cause."""
+    match rep:
+        case {"request_transit_ms": {"count": n, "median": median, "p99": p99},
+              "joined": joined, "not_in_log": not_in_log, "without_id": without_id,
+              "not_comparable": not_comparable, "passed": passed}:
+            pass
+        case _:
+            raise TypeError("an audit report has its transit, join counts and verdict")
+    lines = []
+    if n:
+        lines.append(f"request transit (client send -> server arrival): median {median:.3f} "
+                     f"ms, p99 {p99:.3f} ms")
+    lines.append(
+        f"{joined} requests joined ({not_in_log} not in the log, "
+        f"{without_id} without an id, {not_comparable} not a finished stream "
+        f"there); tolerance {tolerance_ms:g} ms, counts exact: "
+        + ("PASSED" if passed else "FAILED")
+    )
+    match rep:
+        case {"cause": str(cause)} if cause:
+            lines.append(f"cause: {cause}")
+    return lines
 
 
 def audit(
@@ -87,19 +129,12 @@ def audit(
     log = A.read_server_log(server_log)
     rep = A.audit(data, log, tolerance_ms, tail_tolerance_ms)
     typer.echo(report_table(rep))
-    tr = rep["request_transit_ms"]
-    if tr["count"]:
-        typer.echo(f"request transit (client send -> server arrival): median {tr['median']:.3f} "
-                   f"ms, p99 {tr['p99']:.3f} ms")
-    typer.echo(
-        f"{rep['joined']} requests joined ({rep['not_in_log']} not in the log, "
-        f"{rep['without_id']} without an id, {rep['not_comparable']} not a finished stream "
-        f"there); tolerance {tolerance_ms:g} ms, counts exact: "
-        + ("PASSED" if rep["passed"] else "FAILED")
-    )
-    if rep.get("cause"):
-        typer.echo(f"cause: {rep['cause']}")
+    for line in report_lines(rep, tolerance_ms):
+        typer.echo(line)
     if output is not None:
         write_result(out_path, rep)
-    if not rep["passed"]:
-        raise typer.Exit(AUDIT_FAILED_EXIT)
+    match rep:
+        case {"passed": True}:
+            pass
+        case _:
+            raise typer.Exit(AUDIT_FAILED_EXIT)

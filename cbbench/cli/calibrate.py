@@ -9,6 +9,8 @@ import typer
 from tabulate import tabulate
 
 from cbbench.cli import options as C
+from cbbench.schema.base import validate
+from cbbench.schema.profile import CalibrationProfile
 
 UNITS = {
     "memory_bandwidth": (1e9, "GB/s"),
@@ -69,34 +71,37 @@ def calibrate(
     if json_out:
         typer.echo(dumps(profile))
         return
-    typer.echo(render(profile))
-    for line in profile.get("warnings", []):
+    # The written profile's model: the tables read it by attribute.
+    model = validate(CalibrationProfile, profile, out, "device profile")
+    typer.echo(render(model))
+    for line in model.warnings or []:
         typer.echo(f"warning: {line}")
     typer.echo(f"\nprofile: {out}")
 
 
-def render(profile: dict) -> str:
+def render(profile: CalibrationProfile) -> str:
     head = (
-        f"device {profile['device']} ({profile['device_name']}) · {profile['dtype']} · "
-        f"{', '.join(profile['models'])} · {profile['num_iterations']} iterations"
+        f"device {profile.device} ({profile.device_name}) · {profile.dtype} · "
+        f"{', '.join(profile.models)} · {profile.num_iterations} iterations"
     )
     rows = []
-    for name, p in profile["params"].items():
+    for name, p in profile.params.items():
         div, unit = UNITS[name]
-        used = p["used"]
+        used = p.used
         value = "-" if used is None else f"{used / div:,.4g} {unit}".strip()
-        rse = "-" if p["rse"] is None else f"{p['rse']:.1%}"
-        conf = p.get("confounded_with")
-        rows.append([name, value, p["status"], rse, f"{p['median_share_of_time']:.1%}",
-                     "-" if conf is None else conf["param"]])
+        rse = "-" if p.rse is None else f"{p.rse:.1%}"
+        conf = p.confounded_with
+        rows.append([name, value, p.status, rse, f"{p.median_share_of_time:.1%}",
+                     "-" if conf is None else conf.param])
     params = tabulate(rows, headers=["parameter", "used", "status", "rel. std. error",
                                      "median share of time", "confounded with"])
     res = []
-    for cls, r in profile["residuals"].items():
-        if r["n"]:
-            res.append([cls, r["n"], f"{r['median']:.1%}", f"{r['p90']:.1%}", f"{r['bias']:+.1%}"])
+    for cls, r in profile.residuals.items():
+        if r.n:
+            res.append([cls, r.n, f"{r.median:.1%}", f"{r.p90:.1%}", f"{r.bias:+.1%}"])
         else:
             res.append([cls, 0, "-", "-", "-"])
     residuals = tabulate(res, headers=["fit residuals", "n", "median |err|", "p90 |err|", "bias"])
-    determined = f"determined by the data: {profile['determined']}" if "determined" in profile else ""
+    determined = ("" if profile.determined is None
+                  else f"determined by the data: {profile.determined}")
     return f"{head}\n\n{params}\n{determined}\n\n{residuals}"

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from cbbench.errors import UsageError
 from cbbench.options import output_file
+
+if TYPE_CHECKING:
+    from cbbench.schema import ForwardResult
 
 DEFAULT_MODEL_GPU = "llama-3-8b"  # on a GPU; a CPU gets forward.CPU_PRESETS[0]
 
@@ -69,6 +72,7 @@ def forward(
 
     from cbbench.analysis.result import check_writable, dumps, is_stdout, write_atomic
     from cbbench.bench.forward import CPU_PRESETS, ForwardSpec, run_forward
+    from cbbench.schema import ForwardResult, file_text, from_built
 
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     spec = ForwardSpec(
@@ -83,47 +87,52 @@ def forward(
     check_writable(out_path)
     to_stdout = is_stdout(out_path)
     say = (lambda m: typer.echo(m, err=True)) if to_stdout else typer.echo
-    result = run_forward(spec, log=say)
-    result["command"] = " ".join(["cbbench", *__import__("sys").argv[1:]])
+    measured = run_forward(spec, log=say)
+    measured["command"] = " ".join(["cbbench", *__import__("sys").argv[1:]])
+    try:  # the file's model, built once: the table reads it, the file is its dump
+        result = from_built(ForwardResult, measured, "the forward result")
+    except UsageError:  # a field the schema refuses: the measurements are kept as measured
+        write_atomic(out_path, dumps(measured) + "\n")
+        raise
     say("")
     say(forward_table(result))
-    write_atomic(out_path, dumps(result) + "\n")
+    write_atomic(out_path, file_text(result))
     if not to_stdout:
         typer.echo(f"\nforward: {out_path}")
-    if result["errors"]:
-        raise UsageError(f"{len(result['errors'])} shape(s) failed (their errors are in the "
-                         f"file): first {result['errors'][0]['error']}")
+    if result.errors:
+        raise UsageError(f"{len(result.errors)} shape(s) failed (their errors are in the "
+                         f"file): first {result.errors[0].error}")
 
 
-def forward_table(result: dict) -> str:
+def forward_table(result: ForwardResult) -> str:
     from tabulate import tabulate
 
-    dev = result["device"]
-    head = (f"cbbench forward · {result['model']} {result['dtype']} · "
-            f"{'a CPU (' + dev['name'] + ')' if dev['is_cpu'] else dev['name']} · "
-            f"{result['attention_backend']} attention · peaks: {result['peaks']['source']}")
+    dev = result.device
+    head = (f"cbbench forward · {result.model} {result.dtype} · "
+            f"{'a CPU (' + dev.name + ')' if dev.is_cpu else dev.name} · "
+            f"{result.attention_backend} attention · peaks: {result.peaks.source}")
 
     def pct(v):
         return "-" if v is None else f"{v:.1%}"
 
-    rows = [[r["phase"], r["batch_size"], r["tokens"], r["context"],
-             "on" if r["graphs"] else "off", f"{r['step_ms']['mean']:.3f}",
-             f"{r['floor_ms']:.4g}", pct(r["roofline_fraction"]), pct(r["mbu"]), pct(r["mfu"]),
-             f"{r['tokens_per_s']:,.0f}"] for r in result["rows"]]
+    rows = [[r.phase, r.batch_size, r.tokens, r.context,
+             "on" if r.graphs else "off", f"{r.step_ms.mean:.3f}",
+             f"{r.floor_ms:.4g}", pct(r.roofline_fraction), pct(r.mbu), pct(r.mfu),
+             f"{r.tokens_per_s:,.0f}"] for r in result.rows]
     table = tabulate(rows, headers=["phase", "batch", "tokens", "context", "graphs", "step ms",
                                     "floor ms", "of floor", "MBU", "MFU", "tok/s"],
                      disable_numparse=True)
     parts = [head, "", table]
-    if result["rows"]:  # the per-operator table of the largest decode and prefill rows
+    if result.rows:  # the per-operator table of the largest decode and prefill rows
         for phase in ("decode", "prefill"):
-            rs = [r for r in result["rows"] if r["phase"] == phase]
+            rs = [r for r in result.rows if r.phase == phase]
             if rs:
-                big = max(rs, key=lambda r: r["tokens"])
-                ops = [[o["name"], f"{o['flops'] / 1e9:,.3f}", f"{o['bytes'] / 1e6:,.3f}",
-                        f"{o['floor_ms']:.4g}", o["bound"]] for o in big["operators"]]
-                parts += ["", f"{phase} batch {big['batch_size']}, {big['tokens']} tokens: "
+                big = max(rs, key=lambda r: r.tokens)
+                ops = [[o.name, f"{o.flops / 1e9:,.3f}", f"{o.bytes / 1e6:,.3f}",
+                        f"{o.floor_ms:.4g}", o.bound] for o in big.operators]
+                parts += ["", f"{phase} batch {big.batch_size}, {big.tokens} tokens: "
                           "floor by operator",
                           tabulate(ops, headers=["operator", "GFLOP", "MB", "floor ms", "bound"],
                                    disable_numparse=True)]
-    parts += [f"note: {n}" for n in result["notes"]]
+    parts += [f"note: {n}" for n in result.notes]
     return "\n".join(parts)

@@ -91,7 +91,7 @@ def run(
         if output.json and not to_stdout:
             typer.echo(dumps(result))
         elif not output.json:
-            typer.echo(render_summary(to_dict(result)), err=to_stdout)
+            typer.echo(render_summary(result), err=to_stdout)
     except OSError:  # the terminal is gone (closed pty, SIGHUP): the printout, not the result
         pass
     write_result(out_path, result)

@@ -80,7 +80,6 @@ def sweep(
         unsteady_notes,
     )
     from cbbench.report.sweep_plot import latency_throughput, png_bytes
-    from cbbench.schema import to_dict
 
     rate_list = parse_rates(rates)
     if rate_list is None and not 1 <= points <= MAX_POINTS:
@@ -104,7 +103,7 @@ def sweep(
         result = run_sweep(base, rate_list, points, sizing, slo_spec, folder, stop, prep)
     pts = points_of(result)
     write_atomic(folder / PLOT_FILE,
-                 png_bytes(latency_throughput([(folder.name, to_dict(result))])))
+                 png_bytes(latency_throughput([(folder.name, result)])))
     if result.saturation_rate is not None:
         typer.echo(f"saturation (rate inf): ~{result.saturation_rate:.4g} req/s")
     if slo_spec is not None:

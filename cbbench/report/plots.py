@@ -8,7 +8,6 @@ global figure registry grows while a report is made.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import numpy as np
 from matplotlib.artist import Artist
@@ -129,16 +128,20 @@ def measured_label(result: RunResult | dict) -> str:
     return f"measured ({TELEMETRY_SOURCE_NAMES.get(source, source.upper())})"
 
 
-def _bandwidth_samples(result: RunResult | dict) -> list[dict[str, Any]]:
-    """The telemetry samples that measured DRAM bandwidth (none without telemetry)."""
+def _bandwidth_samples(result: RunResult | dict) -> list[tuple[str, str, float, float]]:
+    """(host, GPU, t_s, DRAM bandwidth %) of each telemetry sample that measured DRAM
+    bandwidth (none without telemetry); host and GPU "" where the sample names none."""
     tel = as_run(result).telemetry
     if tel is None or not tel.available:
         return []
-    return [s for s in tel.samples or [] if s.get("dram_bw_util_pct") is not None]
+    # A drawn sample has its time (report/check.py refuses one without it before this).
+    return [(str(s.hostname or ""), "" if s.gpu is None else str(s.gpu), s.t_s,
+             s.dram_bw_util_pct)
+            for s in tel.samples or [] if s.dram_bw_util_pct is not None and s.t_s is not None]
 
 
 def telemetry_bandwidth(result: RunResult | dict) -> tuple[np.ndarray, np.ndarray] | None:
-    pts = [(s["t_s"], s["dram_bw_util_pct"]) for s in _bandwidth_samples(result)]
+    pts = [(t, pct) for _, _, t, pct in _bandwidth_samples(result)]
     if not pts:
         return None
     t, pct = np.array(pts, dtype=np.float64).T
@@ -151,9 +154,8 @@ def telemetry_bandwidth_by_gpu(result: RunResult | dict
     two GPUs' samples interleave and one line zig-zags between them. Each series is named
     by its GPU ("" when the run read one GPU)."""
     series: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for s in _bandwidth_samples(result):
-        key = (str(s.get("hostname") or ""), str(s.get("gpu", "")))
-        series.setdefault(key, []).append((s["t_s"], s["dram_bw_util_pct"]))
+    for host, gpu, t, pct in _bandwidth_samples(result):
+        series.setdefault((host, gpu), []).append((t, pct))
     out = []
     for (host, gpu), pts in sorted(series.items()):
         name = "" if len(series) == 1 else (f"{host} GPU {gpu}" if host else f"GPU {gpu}")

@@ -14,9 +14,10 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from cbbench.errors import UsageError
-from cbbench.schema import read_json_file, read_sweep_dict
+from cbbench.schema import read_json_file, read_sweep
+from cbbench.schema.base import plain
 from cbbench.schema.points import ProbePoint, points_of, rate_label
-from cbbench.schema.sweep import SWEEP_KIND
+from cbbench.schema.sweep import SWEEP_KIND, SweepFile
 
 WIDTH_IN = 9.0
 HEIGHT_IN = 7.0
@@ -27,7 +28,10 @@ COLOR_SLO = "#d64541"
 
 
 def is_sweep(data: object) -> bool:
-    return isinstance(data, dict) and data.get("kind") == SWEEP_KIND
+    match data:
+        case {"kind": kind}:
+            return kind == SWEEP_KIND
+    return False
 
 
 def is_sweep_file(path: Path) -> bool:
@@ -38,43 +42,37 @@ def is_sweep_file(path: Path) -> bool:
         return False
 
 
-def load_sweep(path: Path) -> dict:
-    """A sweep.json, validated by its schema (cbbench/schema/sweep.py), then the plot's own
-    rules: a positive rate, an SLO of numbers."""
-    data = read_sweep_dict(path)
-    _check_plotted_fields(path, data)
-    return data
+def load_sweep(path: Path) -> SweepFile:
+    """A sweep.json as its model (cbbench/schema/sweep.py, which refuses a field of the wrong
+    kind), then the plot's own rules: a positive rate, finite figures and SLO limits."""
+    sweep = read_sweep(path)
+    _check_plotted_fields(path, sweep)
+    return sweep
 
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _check_plotted_fields(path: Path, data: dict) -> None:
-    """Every field the plot reads has its kind: a sweep.json whose points were text, null or
-    held a text rate was a TypeError / ValueError / AttributeError traceback."""
+def _check_plotted_fields(path: Path, sweep: SweepFile) -> None:
+    """What the schema lets through and the plot cannot draw: a rate of 0 or below, a NaN
+    figure or SLO limit (a sweep.json whose points were text, null or held a text rate was a
+    TypeError / ValueError / AttributeError traceback; the schema refuses those now)."""
 
     def bad(what: str) -> UsageError:
         return UsageError(f"{path}: {what}: cannot plot it")
 
-    points = data.get("points")
-    if not isinstance(points, list):
-        raise bad(f"'points' is a {type(points).__name__}, not a list of points")
-    for i, p in enumerate(points):
-        if not isinstance(p, dict):
-            raise bad(f"point {i} is a {type(p).__name__}, not an object")
-        if p.get("rate") != "inf" and not (_is_number(p.get("rate")) and p["rate"] > 0):
-            raise bad(f"point {i} has rate {p.get('rate')!r}")
-        for key in ("output_throughput", "ttft_p99_ms", "tpot_p99_ms"):
-            if p.get(key) is not None and not _is_number(p[key]):
-                raise bad(f"point {i} has {key} {p[key]!r}")
-    slo = data.get("slo")
-    limits = slo.get("limits_ms") if isinstance(slo, dict) else None
-    if (slo is not None and not isinstance(slo, dict)) or (
-        limits is not None
-        and (not isinstance(limits, dict) or not all(_is_number(v) for v in limits.values()))
-    ):
-        raise bad(f"'slo' is {slo!r}")
+    for i, p in enumerate(sweep.points):
+        # A text rate is "inf" (the schema's Literal); a number must be finite and above 0.
+        if not isinstance(p.rate, str) and not (_is_number(p.rate) and p.rate > 0):
+            raise bad(f"point {i} has rate {p.rate!r}")
+        for key, v in (("output_throughput", p.output_throughput),
+                       ("ttft_p99_ms", p.ttft_p99_ms), ("tpot_p99_ms", p.tpot_p99_ms)):
+            if v is not None and not _is_number(v):
+                raise bad(f"point {i} has {key} {v!r}")
+    slo = sweep.slo
+    if slo is not None and not all(_is_number(v) for v in slo.limits_ms.values()):
+        raise bad(f"'slo' is {plain(slo)!r}")
 
 
 def _draw_series(ax, points: list[ProbePoint], key: str, color: str, label: str) -> None:
@@ -95,7 +93,7 @@ def _draw_series(ax, points: list[ProbePoint], key: str, color: str, label: str)
                     fontsize=7, color=color)
 
 
-def latency_throughput(sweeps: Sequence[tuple[str, dict]]) -> Figure:
+def latency_throughput(sweeps: Sequence[tuple[str, SweepFile | dict]]) -> Figure:
     """TTFT p99 and TPOT p99 against achieved output throughput, one line per sweep; each
     point is labelled with its offered rate. Hollow markers: runs that never reached a
     steady state; squares: rate inf. Dashed lines: the sweep's SLO limits."""
@@ -106,11 +104,13 @@ def latency_throughput(sweeps: Sequence[tuple[str, dict]]) -> Figure:
         values = []
         # limit -> the sweeps that set it: one line each, however many share it
         limits: dict[float, list[str]] = {}
-        for i, (label, sweep) in enumerate(sweeps):
+        for i, (label, given) in enumerate(sweeps):
+            # A dict (a caller holding the file's): validated into the model.
+            sweep = given if isinstance(given, SweepFile) else SweepFile.model_validate(given)
             pts = points_of(sweep)
             _draw_series(ax, pts, key, f"C{i % 10}", label)
             values += [getattr(p, key) for p in pts if getattr(p, key)]
-            limit = ((sweep.get("slo") or {}).get("limits_ms") or {}).get(slo_key)
+            limit = sweep.slo.limits_ms.get(slo_key) if sweep.slo else None
             if limit is not None:
                 limits.setdefault(limit, []).append(label)
         for limit, labels in limits.items():

@@ -61,6 +61,14 @@ class Peaks(Record):
     utilization: bool
 
 
+class ForwardError(Record):
+    """A shape (or the runner) that failed: where, and the error as raised (the rest passes
+    through: its graphs setting, its rows)."""
+
+    stage: str | None = None
+    error: str
+
+
 class ForwardResult(Record):
     kind: Literal["cbbench-forward"]
     schema_version: Literal[1]
@@ -73,5 +81,5 @@ class ForwardResult(Record):
     peaks: Peaks
     gpu_spec: dict[str, Any] | None = None
     rows: list[ForwardRow]
-    errors: list[dict[str, Any]]
+    errors: list[ForwardError]
     notes: list[str]

@@ -91,6 +91,109 @@ class ServerTiming(Record):
     tokens_per_second: Number | None = None
 
 
+# -- the sections the run table reads (issue 36: cbbench/analysis/table.py by attribute) ------
+
+
+class FromSend(Record):
+    """summary.from_send (--max-concurrency): TTFT and E2EL from each request's send, the
+    wait for a slot left out."""
+
+    ttft_ms: Distribution | None = None
+    e2el_ms: Distribution | None = None
+
+
+class ClientBound(Record):
+    """summary.client_bound (targets/client_health.py): the latency figures the client
+    distorted, and why."""
+
+    metrics: list[str] | None = None
+    reasons: list[str] | None = None
+
+
+class ShortOutputs(Record):
+    """summary.short_outputs (analysis/summary/token_counts.py): completed requests that
+    returned fewer output tokens than max_tokens asked for."""
+
+    count: int | None = None
+    share: Number | None = None
+    mean_shortfall: Number | None = None
+    checked: int | None = None
+
+
+class PrefixCacheUse(Record):
+    """summary.server_prefix_cache (analysis/server_side/server_cache.py): the server's own
+    count of cached prompt tokens."""
+
+    requests: int | None = None
+    cached_tokens: Number | None = None
+    prompt_tokens: Number | None = None
+    hit_rate: Number | None = None
+
+
+class Images(Record):
+    """summary.images (analysis/summary/inputs.py): the chat requests that carried images."""
+
+    requests: int | None = None
+    images: int | None = None
+    image_tokens: Number | None = None  # null where the server's usage did not tell them
+    text_tokens: Number | None = None
+
+
+class TurnSummary(Record):
+    """One of summary.by_turn (analysis/summary/turns.py)."""
+
+    turn: int
+    completed: int | None = None
+    failed: int | None = None
+    mean_prompt_tokens: Number | None = None
+    ttft_ms: Distribution | None = None
+    tpot_ms: Distribution | None = None
+
+
+class Sessions(Record):
+    """summary.sessions (analysis/summary/turns.py): per-session figures (s)."""
+
+    count: int | None = None
+    completed: int | None = None
+    turns_planned: int | None = None
+    turns_sent: int | None = None
+    duration_s: Distribution | None = None
+    time_in_model_s: Distribution | None = None
+    time_in_tools_s: Distribution | None = None
+    time_in_subagents_s: Distribution | None = None
+
+
+class ServerLatency(Record):
+    """One of summary.http.server_latency (analysis/server_side/server_latency.py): the
+    server's p50 from its histogram beside the client's."""
+
+    server_p50: Number | None = None
+    server_p50_bucket: list[Number | None] | None = None
+    client_within_bucket: bool | None = None
+    server_mean: Number | None = None
+    client_p50: Number | None = None
+    diff_p50: Number | None = None
+    client_mean: Number | None = None
+    diff_mean: Number | None = None  # absent from results written before it existed
+
+
+class HttpInfo(Record):
+    """summary.http: what an endpoint run learned of its client and server (the rest passes
+    through). Not yet a field of Summary: analysis/server_side/audit.py reads summary.http as
+    an extra field; the run table validates it into this model."""
+
+    server_latency: dict[str, ServerLatency] | None = None
+
+
+class Speculative(Record):
+    """summary.speculative (analysis/summary/speculative.py, or scraped from the server)."""
+
+    acceptance_rate: Number | None = None
+    mean_acceptance_length: Number | None = None
+    speculative_tokens: int | None = None
+    source: str | None = None
+
+
 class EngineSummary(Record):
     num_iterations: int | None = None
     busy_time_s: Number | None = None
@@ -101,6 +204,11 @@ class EngineSummary(Record):
     num_preemptions: int | None = None
     mbu: Number | None = None
     mfu: Number | None = None
+    mean_prefill_tokens: Number | None = None
+    mean_decode_tokens: Number | None = None
+    mean_running: Number | None = None
+    mean_achieved_bw_gbps: Number | None = None
+    prefix_cache_hit_rate: Number | None = None
 
 
 class SteadyState(Record):
@@ -120,6 +228,8 @@ class SteadyState(Record):
     tpot_ms: Distribution | None = None
     itl_ms: Distribution | None = None
     e2el_ms: Distribution | None = None
+    level: Number | None = None  # the running count the window held (its method's)
+    requests: int | None = None  # served in the window
 
 
 class Worker(Record):
@@ -129,6 +239,15 @@ class Worker(Record):
     status: str
     completed: int | None = None
     failed: int | None = None
+    host: str | None = None
+    sent: int | None = None
+    cancelled: int | None = None
+    not_sent: int | None = None
+    send_lag_p50_ms: Number | None = None
+    send_lag_p99_ms: Number | None = None
+    loop_lag_p99_ms: Number | None = None
+    client_cpu_util: Number | None = None
+    clock_uncertainty_ms: Number | None = None  # Ray workers: the clock offset's bound
 
 
 WORKER_LOST = ("died", "failed")  # a worker's status when its requests are not all reported
@@ -163,13 +282,29 @@ class Summary(Record):
     input_throughput: Number | None = None
     inputs: int | None = None
     usage: dict[str, int] | None = None
-    images: dict[str, Any] | None = None
-    request_bytes: dict[str, Any] | None = None
+    images: Images | None = None
+    request_bytes: Distribution | None = None
     # HTTP runs with several models (--lora-modules) or endpoints (--endpoint A,B): the
     # figures of each (analysis/summary/splits.py), keyed by model name / endpoint URL.
     by_model: dict[str, dict[str, Any]] | None = None
     by_endpoint: dict[str, dict[str, Any]] | None = None
     workers: list[Worker] | None = None  # endpoint runs
+    # The run table's other sections (analysis/table.py).
+    event_gap_ms: Distribution | None = None
+    tokens_per_event: Distribution | None = None
+    ttfot_ms: Distribution | None = None
+    reasoning_time_ms: Distribution | None = None
+    reasoning_tokens: Distribution | None = None
+    reasoning_share: Distribution | None = None
+    slot_wait_ms: Distribution | None = None  # --max-concurrency
+    from_send: FromSend | None = None
+    client_bound: ClientBound | None = None
+    short_outputs: ShortOutputs | None = None
+    server_prefix_cache: PrefixCacheUse | None = None
+    by_turn: list[TurnSummary] | None = None
+    sessions: Sessions | None = None
+    speculative: Speculative | None = None
+    kv_transfer_ms: Distribution | None = None  # disaggregated prefill/decode
 
 
 class Config(Record):
@@ -206,12 +341,25 @@ class Config(Record):
     engine_kind: Any = None
     chunked_prefill: Any = None
     kv_allocation: Any = None
+    # The run table's header (analysis/table.py header_lines): shown as written; an
+    # importer copies the endpoint's, api's and model's values from the file it reads.
+    served_model: Any = None
+    api: Any = None
+    endpoint: Any = None
+    endpoints: list[str] | None = None
+    balance: str | None = None
     # Read by the exporters (export/br02.py), which check their kind themselves: a hand-edited
     # size of inf or NaN, or workers as a count or as {"count": N}, still exports.
     tensor_parallel_size: Any = None
     data_parallel_size: Any = None
     max_concurrency: Any = None
     workers: Any = None
+    router: str | None = None
+    disaggregate: str | None = None
+    kv_link: str | None = None
+    sessions: Any = None  # a multi-turn run's plan (load/session_plan.py)
+    ramp: Any = None
+    replay: str | None = None
 
 
 class Request(Record):
@@ -287,14 +435,46 @@ class Iteration(Record):
     achieved_bw_gbps: Number | None = None  # bytes_moved over duration_s (the report's plot)
 
 
+class TelemetrySample(Record):
+    """One reading of one GPU (analysis/summary/telemetry.py TelemetrySample, a DCGM page's
+    with its host): the fields the report's bandwidth plot reads; the rest pass through."""
+
+    t_s: Number | None = None
+    gpu: int | None = None
+    dram_bw_util_pct: Number | None = None
+    hostname: str | None = None  # DCGM exporters: the host the GPU is on
+
+
+class TelemetryStat(Record):
+    """One sampled quantity over a window (analysis/summary/telemetry.py)."""
+
+    mean: Number | None = None
+    p50: Number | None = None
+    p90: Number | None = None
+
+
+class TelemetryQuantities(Record):
+    """The sampled quantities over one window (the rest pass through)."""
+
+    dram_bw_util_pct: TelemetryStat | None = None
+    sm_util_pct: TelemetryStat | None = None
+
+
+class TelemetrySummary(Record):
+    """telemetry.summary: the quantities over the whole run and over its steady window."""
+
+    run: TelemetryQuantities | None = None
+    steady: TelemetryQuantities | None = None
+
+
 class Telemetry(Record):
     available: bool | None = None
     reason: str | None = None
     source: str | None = None
     metric: str | None = None  # the bandwidth counter sampled (dram_active_dcgm, ...)
     interval_s: Number | None = None
-    samples: list[dict[str, Any]] | None = None
-    summary: dict[str, Any] | None = None
+    samples: list[TelemetrySample] | None = None
+    summary: TelemetrySummary | None = None
 
 
 class RunResult(Record):
