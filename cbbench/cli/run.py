@@ -53,7 +53,6 @@ def run(
     )
     from cbbench.analysis.table import render_summary
     from cbbench.bench.runner import RunSpec, execute_run
-    from cbbench.schema import to_dict
     from cbbench.schema.run import WORKER_LOST
 
     if load.replay is not None:  # these were silently ignored: the recorded run's values stand
