@@ -15,6 +15,7 @@ from cbbench.schema.run import (
     EngineSummary,
     HttpInfo,
     RunResult,
+    ServerLatency,
     Speculative,
     Summary,
     Telemetry,
@@ -248,7 +249,7 @@ def server_latency_table(http: HttpInfo | dict | None) -> str:
     for label, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"),
                        ("E2EL", "e2el_ms")):
         d = lat.get(key)
-        if d:
+        if isinstance(d, ServerLatency):
             lo, hi = d.server_p50_bucket or (None, None)
             diff = _fmt(d.diff_p50)
             if d.client_within_bucket:  # below the histogram's resolution

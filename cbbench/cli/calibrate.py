@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from tabulate import tabulate
 
 from cbbench.cli import options as C
-from cbbench.schema.base import validate
-from cbbench.schema.profile import CalibrationProfile
+
+if TYPE_CHECKING:  # `cbbench --help` imports this module: pydantic only when the command runs
+    from cbbench.schema.profile import CalibrationProfile
 
 UNITS = {
     "memory_bandwidth": (1e9, "GB/s"),
@@ -71,6 +72,9 @@ def calibrate(
     if json_out:
         typer.echo(dumps(profile))
         return
+    from cbbench.schema.base import validate
+    from cbbench.schema.profile import CalibrationProfile
+
     # The written profile's model: the tables read it by attribute.
     model = validate(CalibrationProfile, profile, out, "device profile")
     typer.echo(render(model))

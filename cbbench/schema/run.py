@@ -182,7 +182,8 @@ class HttpInfo(Record):
     through). Not yet a field of Summary: analysis/server_side/audit.py reads summary.http as
     an extra field; the run table validates it into this model."""
 
-    server_latency: dict[str, ServerLatency] | None = None
+    # The four figures' entries and a "note" (the histograms' caveat, a string).
+    server_latency: dict[str, ServerLatency | str] | None = None
 
 
 class Speculative(Record):
