@@ -17,7 +17,6 @@ import argparse
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -56,19 +55,13 @@ def main() -> None:
     ap.add_argument("--against", help="a commit to measure beside this tree")
     args = ap.parse_args()
 
-    sides = {"worktree": sys.executable}
-    if args.against:
-        ref = ab.commit_side("ref", args.against, Path(tempfile.gettempdir()))
-        sides = {ref.label: ref.python, **sides}
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    sides = ab.start_sides(args.against)
     print(f"# {ab._uptime()}")
     print("| command | side | start | CPU s (median) | runs |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="cbbench-cli-start-") as tmp:
         work = Path(tmp)
-        starts = {"bytecode cached": {**base, "PYTHONPYCACHEPREFIX": str(work / "cache")},
-                  "not cached": {**base, "PYTHONDONTWRITEBYTECODE": "1"}}
+        starts = ab.start_envs(work, "not cached")
         for how, env in starts.items():
             for name, (argv, want) in COMMANDS.items():
                 if how == "bytecode cached":  # fill the cache: not counted

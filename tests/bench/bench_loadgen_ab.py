@@ -426,6 +426,25 @@ def table(summary: dict, sides: list[Side]) -> str:
     return "\n".join(lines)
 
 
+def start_sides(against: str | None) -> dict[str, str]:
+    """The pythons a start-up benchmark runs side by side: ``against``'s unpacked commit (when
+    given) first, then this tree's."""
+    sides = {"worktree": sys.executable}
+    if against:
+        ref = commit_side("ref", against, Path(tempfile.gettempdir()))
+        sides = {ref.label: ref.python, **sides}
+    return sides
+
+
+def start_envs(work: Path, uncached: str) -> dict[str, dict[str, str]]:
+    """The two ways a process starts: with its bytecode cached (in ``work``, filled first by
+    the caller, not counted) and with none written (the ``uncached`` label)."""
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    return {"bytecode cached": {**base, "PYTHONPYCACHEPREFIX": str(work / "cache")},
+            uncached: {**base, "PYTHONDONTWRITEBYTECODE": "1"}}
+
+
 def _uptime() -> str:
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()

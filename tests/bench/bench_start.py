@@ -18,7 +18,6 @@ compiled on every start where it never kept any: this sandbox's editable checkou
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -85,18 +84,12 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
     from timing_server import fetch_log, timing_server
 
-    sides = {"worktree": sys.executable}
-    if args.against:
-        ref = ab.commit_side("ref", args.against, Path(tempfile.gettempdir()))
-        sides = {ref.label: ref.python, **sides}
-    base = {k: v for k, v in os.environ.items()
-            if k not in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    sides = ab.start_sides(args.against)
     print(f"# {ab._uptime()}")
     with tempfile.TemporaryDirectory(prefix="cbbench-start-") as tmp, \
             timing_server(150.0, 20.0) as url:
         work = Path(tmp)
-        starts = {"bytecode cached": {**base, "PYTHONPYCACHEPREFIX": str(work / "cache")},
-                  "cbbench not cached": {**base, "PYTHONDONTWRITEBYTECODE": "1"}}
+        starts = ab.start_envs(work, "cbbench not cached")
         for how, env in starts.items():
             got: dict[str, list[tuple[float, float]]] = {label: [] for label in sides}
             if how == "bytecode cached":
