@@ -261,7 +261,7 @@ class Scheduler:
         with one token to compute, all within the token budget), before the step in which a
         request would finish (a finish changes the batch: that step is scheduled for real);
         None when fewer than ``min_steps``. An arrival or a short KV pool ends it sooner."""
-        running = list(self.running)
+        running = self.running
         if self._static or self.waiting or not running \
                 or len(running) > self.config.max_num_batched_tokens:
             return None
@@ -284,7 +284,8 @@ class Scheduler:
                     crossings.setdefault(s, []).append(r)
                 s += bs
         n = len(running)
-        sched = SchedulerOutput(running, [1] * n, n, 0, self.config.max_num_batched_tokens)
+        # A copy: the stretch's rows stay its own while the scheduler's list moves on.
+        sched = SchedulerOutput(list(running), [1] * n, n, 0, self.config.max_num_batched_tokens)
         return DecodeStretch(sched, num_steps, self.bm, crossings)
 
     # ---- the per-iteration decision ---------------------------------------------------------
