@@ -4,11 +4,11 @@ caller) gets it validated into the model first (:func:`_as`)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 from tabulate import tabulate
 
-from cbbench.schema.base import Record
+from cbbench.schema.coerce import as_model
 from cbbench.schema.run import (
     Config,
     Distribution,
@@ -23,8 +23,6 @@ from cbbench.schema.run import (
     TelemetryStat,
     Worker,
 )
-
-M = TypeVar("M", bound=Record)
 
 LATENCY_KEYS = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2EL", "e2el_ms"))
 STATS = ("mean", "p50", "p90", "p99")
@@ -43,12 +41,6 @@ def _fmt(v, digits: int = 2) -> str:
     return f"{v:,}"
 
 
-def _as(model: type[M], value: M | dict) -> M:
-    """Transitional (issue 36): a section as its model; a dict (a test's, a caller's that
-    holds the file's dict) validated into it."""
-    return value if isinstance(value, model) else model.model_validate(value)
-
-
 def _stat(d: Distribution | None, stat: str) -> Any:
     """A distribution's statistic (mean, or a pNN the run's --percentiles named: extra
     fields), None where the distribution or the statistic is missing."""
@@ -64,7 +56,7 @@ CLIENT_BOUND_MARK = " *"
 
 def latency_table(summary: Summary | dict, stats: tuple[str, ...] = STATS) -> str:
     """The latency distributions' rows; ``stats`` the columns (--percentiles, else STATS)."""
-    s = _as(Summary, summary)
+    s = as_model(Summary, summary)
     rows = []
     cb = s.client_bound
     bound = (cb.metrics or []) if cb else []
@@ -96,7 +88,7 @@ def latency_table(summary: Summary | dict, stats: tuple[str, ...] = STATS) -> st
 
 def workers_table(workers: list[Worker] | list[dict] | None) -> str:
     """One row per load-generator worker, when there are several or one did not finish."""
-    ws = [_as(Worker, w) for w in workers or []]
+    ws = [as_model(Worker, w) for w in workers or []]
     if not ws or (len(ws) == 1 and ws[0].status == "done"):
         return ""
     rows = []
@@ -119,7 +111,7 @@ def workers_table(workers: list[Worker] | list[dict] | None) -> str:
 
 
 def throughput_table(summary: Summary | dict) -> str:
-    s = _as(Summary, summary)
+    s = as_model(Summary, summary)
     rows = [
         ["completed / failed", f"{s.completed} / {s.failed}"]
         if not s.cancelled else
@@ -148,7 +140,7 @@ def throughput_table(summary: Summary | dict) -> str:
 
 def input_rows(summary: Summary | dict) -> list[list[str]]:
     """Embeddings/rerank input throughput, images and payload bytes (analysis/summary/inputs.py)."""
-    s = _as(Summary, summary)
+    s = as_model(Summary, summary)
     rows = []
     if s.input_throughput is not None:
         rows.append(["input throughput (tok/s)", _fmt(s.input_throughput, 1)])
@@ -167,7 +159,7 @@ def input_rows(summary: Summary | dict) -> list[list[str]]:
 def engine_table(engine: EngineSummary | dict | None) -> str:
     if not engine:
         return ""
-    eng = _as(EngineSummary, engine)
+    eng = as_model(EngineSummary, engine)
     if not eng.num_iterations:
         return ""
     rows = [
@@ -192,7 +184,7 @@ def speculative_line(speculative: Speculative | dict | None) -> str:
     """summary.speculative in one line (engine or scraped counters)."""
     if not speculative:
         return ""
-    spec = _as(Speculative, speculative)
+    spec = as_model(Speculative, speculative)
     rate, length = spec.acceptance_rate, spec.mean_acceptance_length
     k = f", K={spec.speculative_tokens}" if spec.speculative_tokens else ""
     return (
@@ -207,7 +199,7 @@ TURN_ROWS_SHOWN = 8  # the first turns; the result file holds them all
 
 def by_turn_table(summary: Summary | dict) -> str:
     """TTFT and TPOT by turn index, for multi-turn runs."""
-    s = _as(Summary, summary)
+    s = as_model(Summary, summary)
     turns = s.by_turn or []
     if not turns:
         return ""
@@ -242,7 +234,7 @@ def by_turn_table(summary: Summary | dict) -> str:
 def server_latency_table(http: HttpInfo | dict | None) -> str:
     """The server's own p50 (vLLM's histograms) beside the client's, with the difference, and
     the difference of the two means (exact on the server's side, unlike its p50)."""
-    lat = _as(HttpInfo, http).server_latency if http else None
+    lat = as_model(HttpInfo, http).server_latency if http else None
     if not lat:
         return ""
     rows = []
@@ -276,7 +268,7 @@ STEADY_HOW = {
 def steady_state_line(summary: Summary | dict) -> str:
     """The steady-state window and its headline figures, under the whole-run ones, in words:
     the span the run held its load, its ramp-up and drain left out."""
-    s = _as(Summary, summary)
+    s = as_model(Summary, summary)
     ss = s.steady_state
     if not ss:
         return ""
@@ -308,7 +300,7 @@ def telemetry_line(telemetry: Telemetry | dict | None) -> str:
     """Measured HBM utilization, to read beside the analytic MBU above."""
     if not telemetry:
         return ""
-    tel = _as(Telemetry, telemetry)
+    tel = as_model(Telemetry, telemetry)
     if not tel.available:
         return f"GPU telemetry: unavailable ({tel.reason})"
     steady = (tel.summary.steady if tel.summary else None) or TelemetryQuantities()
@@ -325,7 +317,7 @@ def header_lines(config: Config | dict, summary: Summary | dict | None = None) -
     """What was run, before its figures: the target (engine, model, GPU, scheduler, or the
     endpoint and its model), the cluster (replicas, router, disaggregation) and the arrivals.
     (``summary``: unused, kept for callers that pass it.)"""
-    cfg = _as(Config, config)
+    cfg = as_model(Config, config)
     label = f"{cfg.label} · " if cfg.label else ""
     title = f"cbbench · {label}{cfg.workload} · "
     if cfg.target == "engine":
@@ -363,7 +355,7 @@ def _endpoints(cfg: Config) -> str:
 def cluster_line(config: Config | dict) -> str:
     """Data-parallel replicas and their router, disaggregated prefill/decode: blank for one
     engine."""
-    cfg = _as(Config, config)
+    cfg = as_model(Config, config)
     bits = []
     dp = cfg.data_parallel_size or 1
     if dp > 1:
@@ -378,7 +370,7 @@ def cluster_line(config: Config | dict) -> str:
 
 def arrivals_line(config: Config | dict) -> str:
     """How the requests arrive; with --request-rate inf, what that means for TTFT."""
-    cfg = _as(Config, config)
+    cfg = as_model(Config, config)
     noun = "sessions" if cfg.sessions else "requests"  # a multi-turn run counts sessions
     n = f"{cfg.num_requests} {noun}" if cfg.num_requests else noun
     rate = cfg.request_rate
@@ -397,10 +389,10 @@ def arrivals_line(config: Config | dict) -> str:
 
 def kv_transfer_line(config: Config | dict, summary: Summary | dict) -> str:
     """A disaggregated run's prefill-to-decode KV transfer per request."""
-    kv = _as(Summary, summary).kv_transfer_ms
+    kv = as_model(Summary, summary).kv_transfer_ms
     if not kv or not kv.count:
         return ""
-    return (f"KV transfer prefill -> decode over {_as(Config, config).kv_link} (ms per "
+    return (f"KV transfer prefill -> decode over {as_model(Config, config).kv_link} (ms per "
             f"request): mean {_fmt(kv.mean)}, p50 {_fmt(_stat(kv, 'p50'))}, p99 "
             f"{_fmt(_stat(kv, 'p99'))} ({kv.count} requests)")
 

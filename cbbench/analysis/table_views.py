@@ -10,6 +10,7 @@ from tabulate import tabulate
 
 from cbbench.analysis.server_side.ttft_breakdown import E2EL_PARTS
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, stats_shown
+from cbbench.schema.coerce import as_model
 from cbbench.schema.run import Config, Distribution, Summary
 
 PART_LABELS = {
@@ -29,7 +30,7 @@ def _fmt(v, digits: int = 2) -> str:
 
 def stats_of(config: Config | dict, default: tuple[str, ...]) -> tuple[str, ...]:
     """The table's columns: the run's --percentiles, or the default ones."""
-    asked = (config if isinstance(config, Config) else Config.model_validate(config)).percentiles
+    asked = as_model(Config, config).percentiles
     if not asked or tuple(asked) == DEFAULT_PERCENTILES:
         return default
     return stats_shown(asked, default)

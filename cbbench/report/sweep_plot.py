@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from cbbench.errors import UsageError
 from cbbench.schema import read_json_file, read_sweep
 from cbbench.schema.base import plain
+from cbbench.schema.coerce import as_model
 from cbbench.schema.points import ProbePoint, points_of, rate_label
 from cbbench.schema.sweep import SWEEP_KIND, SweepFile
 
@@ -106,7 +107,7 @@ def latency_throughput(sweeps: Sequence[tuple[str, SweepFile | dict]]) -> Figure
         limits: dict[float, list[str]] = {}
         for i, (label, given) in enumerate(sweeps):
             # A dict (a caller holding the file's): validated into the model.
-            sweep = given if isinstance(given, SweepFile) else SweepFile.model_validate(given)
+            sweep = as_model(SweepFile, given)
             pts = points_of(sweep)
             _draw_series(ax, pts, key, f"C{i % 10}", label)
             values += [getattr(p, key) for p in pts if getattr(p, key)]

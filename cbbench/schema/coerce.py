@@ -5,9 +5,18 @@ or one built in memory); it is parsed here, once per call."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
+from cbbench.schema.base import Record
 from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
+
+M = TypeVar("M", bound=Record)
+
+
+def as_model(model: type[M], value: M | Mapping[str, Any]) -> M:
+    """Transitional (issue 36): a section as its model; a dict (a test's, or a caller's that
+    holds the file's dict) validated into it."""
+    return value if isinstance(value, model) else model.model_validate(value)
 
 
 def as_run(result: RunResult | Mapping[str, Any]) -> RunResult:
