@@ -192,33 +192,25 @@ class SseStream:
         # before (a server writes each event at once). Parsed without splitting it into lines.
         if not self._tail and piece.endswith(b"\n\n") and piece.count(b"\n") == 2 \
                 and piece.startswith(b"data:"):
-            data = piece[5:-2].strip()
-            if data == b"[DONE]":
-                self.done = True
-            elif not self.done:
-                try:
-                    obj = fast_loads(data)
-                except ValueError:
-                    obj = _strict_loads(data)
-                self._chunk(obj, t)
+            self._data(piece[5:-2].strip(), t)
             return
         if b"\n" not in piece:
             self._hold(piece)
             return
         lines = (self._tail + piece).split(b"\n") if self._tail else piece.split(b"\n")
         self._tail = lines.pop()
-        loads = fast_loads
         for line in lines:
-            if not line.startswith(b"data:"):
-                continue  # blank separators, ': comments', 'event:' lines
-            data = line[5:].strip()  # and the \r of a CRLF line
-            if data == b"[DONE]":
-                self.done = True  # read on to the end, so the connection can be reused
-                continue
-            if self.done:
-                continue
+            if line.startswith(b"data:"):  # not blank separators, ': comments', 'event:' lines
+                self._data(line[5:].strip(), t)  # strip: and the \r of a CRLF line
+
+    def _data(self, data: bytes, t: float) -> None:
+        """One event's data: [DONE], or a chunk's JSON (ignored after [DONE]: the stream is
+        read on to its end, so the connection can be reused)."""
+        if data == b"[DONE]":
+            self.done = True
+        elif not self.done:
             try:
-                obj = loads(data)
+                obj = fast_loads(data)
             except ValueError:
                 obj = _strict_loads(data)  # what orjson refuses and Python reads (NaN, big ints)
             self._chunk(obj, t)
