@@ -362,6 +362,14 @@ def gpu_of(gpu_spec: dict | None) -> GPUSpec | None:
     return GPUSpec(**gpu_spec) if gpu_spec else None
 
 
+def add_utilization(it: dict, gpu: GPUSpec) -> None:
+    """An iteration row's MBU and MFU: analytic bytes (FLOPs) over its time, over the GPU's
+    peak (the object path's rows and a compact run's, compact_rows)."""
+    d = it["duration_s"]
+    it["mbu"] = it["bytes_moved"] / d / gpu.hbm_bandwidth if d > 0 else None
+    it["mfu"] = it["flops"] / d / gpu.bf16_flops if d > 0 else None
+
+
 def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
     """Engine facts from the per-iteration records (as dicts, the result's form)."""
     return summarize_engine_columns(engine_columns(iterations), gpu_spec)
