@@ -20,10 +20,10 @@ from cbbench.analysis.summary.deployment import add_deployment
 from cbbench.analysis.summary.inputs import add_input_figures
 from cbbench.analysis.summary.metrics import (
     add_utilization,
+    engine_columns,
     gpu_of,
     itl_histogram,
     summarize,
-    summarize_engine,
     summarize_engine_columns,
 )
 from cbbench.analysis.summary.speculative import engine_speculative
@@ -590,16 +590,17 @@ def _summary(spec: RunSpec, sched: Schedule | None, run) -> dict:
     """The run's summary, one path for every kind of run: its requests as columns, then the
     same functions over them. ``sched``: None where no schedule is at hand (a column run a
     benchmark built): no session plan, no intervals."""
+    iterations = iterations_of(run)  # the rows; a column run's steps are its columns
+    # The requests and the iterations as columns (None: no iteration), which every figure reads.
     if isinstance(run, CompactRun):  # the array simulator's run (analysis/compact/)
         from cbbench.analysis.compact.compact_summary import check_compact_scope, compact_columns
 
         check_compact_scope(run, spec)
         cols = run.view = compact_columns(run)  # made once: the summary's and the rows' columns
-        steps: list[dict] | dict = run.steps.columns if len(run.steps) else []
+        steps = run.steps.columns if len(run.steps) else None
     else:
-        cols = request_columns(run.records)  # the summary's one input
-        steps = iterations_of(run)
-    iterations = iterations_of(run)  # a column run's steps are its columns, not dicts
+        cols = request_columns(run.records)
+        steps = engine_columns(iterations) if iterations else None
     pooled = cols.tokens.pooled_gaps_ms(np.flatnonzero(cols.ok))  # the completed requests'
     summary = summarize(cols, run.duration_s, spec.slo, spec.percentiles, pooled)
     add_views(summary, spec, run, cols)
@@ -614,8 +615,8 @@ def _summary(spec: RunSpec, sched: Schedule | None, run) -> dict:
     summary["steady_state"] = steady_state(
         cols, run.duration_s, steps, spec.output.warmup, spec.output.cooldown, spec.percentiles,
     )
-    if steps:
-        summary["engine"] = _engine_summary(run, iterations)
+    if steps is not None:
+        summary["engine"] = _engine_summary(run, iterations, steps)
         speculative = engine_speculative(
             iterations, getattr(run.resolved, "speculative_tokens", None)
         )
@@ -657,15 +658,14 @@ def add_views(summary: dict, spec: RunSpec, run, cols: RequestColumns) -> None:
             log.info(f"warning: --slice not applied ({e})")
 
 
-def _engine_summary(run: EngineRun | CompactRun, iterations: list[dict]) -> dict:
+def _engine_summary(run: EngineRun | CompactRun, iterations: list[dict], steps) -> dict:
+    """summary.engine from the iterations' columns; MBU and MFU into the iteration rows where
+    the GPU is known (a column run has none: compact_rows adds its own)."""
     gpu_spec = run.resolved.gpu_spec
-    if isinstance(run, CompactRun):  # its steps as columns (compact_rows adds its MBU, MFU)
-        engine = summarize_engine_columns(run.steps.columns, gpu_spec)
-    else:
-        if (gpu := gpu_of(gpu_spec)) is not None:  # the GPU is known: MBU, MFU per row
-            for it in iterations:
-                add_utilization(it, gpu)
-        engine = summarize_engine(iterations, gpu_spec)
+    if (gpu := gpu_of(gpu_spec)) is not None:
+        for it in iterations:
+            add_utilization(it, gpu)
+    engine = summarize_engine_columns(steps, gpu_spec)
     engine["kv_blocks_in_use_at_end"] = run.kv_blocks_in_use_at_end
     error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
     engine["sim_error"] = error

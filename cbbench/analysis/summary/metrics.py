@@ -337,10 +337,11 @@ def per_priority(cols: RequestColumns, priorities: Sequence[int]) -> dict:
     return out
 
 
-# The iteration fields the engine summary reads: always there, and added later (0 in results
-# from before they existed; emitted_tokens and num_sampled_reqs: None rates instead).
+# The iteration fields the engine summary (and the steady state's running count: start_s)
+# reads: always there, and added later (0 in results from before they existed;
+# emitted_tokens and num_sampled_reqs: None rates instead).
 ENGINE_FIELDS = ("num_prefill_tokens", "num_decode_tokens", "token_budget", "kv_blocks_used",
-                 "kv_blocks_total", "duration_s", "num_running", "num_preempted")
+                 "kv_blocks_total", "start_s", "duration_s", "num_running", "num_preempted")
 ENGINE_LATER_FIELDS = ("bytes_moved", "flops", "num_swapped_out_blocks",
                        "num_swapped_in_blocks", "swap_time_s", "num_cached_tokens",
                        "num_prefix_queried_tokens")
@@ -348,7 +349,7 @@ RATE_FIELDS = ("emitted_tokens", "num_sampled_reqs")
 
 
 def engine_columns(iterations: Sequence[dict]) -> dict[str, np.ndarray]:
-    """The columns summarize_engine_columns reads, from iteration dicts."""
+    """The columns summarize_engine_columns and steady_state read, from iteration dicts."""
     cols = {k: np.array([it[k] for it in iterations]) for k in ENGINE_FIELDS}
     cols |= {k: np.array([it.get(k, 0) for it in iterations]) for k in ENGINE_LATER_FIELDS}
     if iterations and "emitted_tokens" in iterations[0]:
