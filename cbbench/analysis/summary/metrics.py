@@ -29,7 +29,7 @@ from cbbench.analysis.summary.columns import (
 )
 from cbbench.analysis.summary.histogram import log_histogram
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, percentile_key
-from cbbench.analysis.summary.token_counts import short_outputs
+from cbbench.analysis.summary.token_counts import short_output_figures
 from cbbench.engine.sim.gpu_specs import GPUSpec
 from cbbench.errors import UsageError
 
@@ -271,7 +271,7 @@ def summarize(
                                     percentiles),
         }
     if (cols.max_tokens != NOT_ASKED).any():
-        summary["short_outputs"] = short_outputs(cols)
+        summary["short_outputs"] = short_output_figures(cols).to_dict()
     priorities = np.unique(cols.priority)
     if len(priorities) > 1:
         summary["per_priority"] = per_priority(cols, priorities.tolist())
