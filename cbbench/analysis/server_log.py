@@ -73,8 +73,11 @@ class LogLine:
     preemptions: int | None = None
 
     @classmethod
-    def of(cls, line: Mapping[str, Any]) -> LogLine:
-        """The line's fields as they are (JSON values, not yet checked)."""
+    def of(cls, line: LogLine | Mapping[str, Any]) -> LogLine:
+        """The line's fields as they are (JSON values, not yet checked): read_server_log's
+        lines are the file's dicts, and a caller may hand in a LogLine of its own."""
+        if isinstance(line, LogLine):
+            return line
         return cls(**{name: line.get(name) for name in LOG_LINE_FIELDS})
 
 
