@@ -73,20 +73,19 @@ class LogLine:
     preemptions: int | None = None
 
     @classmethod
-    def of(cls, line: Mapping[str, Any]) -> LogLine:
-        """The line's fields as they are (JSON values, not yet checked)."""
+    def of(cls, line: LogLine | Mapping[str, Any]) -> LogLine:
+        """The line's fields as they are (JSON values, not yet checked): read_server_log's
+        lines are the file's dicts, and a caller may hand in a LogLine of its own."""
+        if isinstance(line, LogLine):
+            return line
         return cls(**{name: line.get(name) for name in LOG_LINE_FIELDS})
 
 
 LOG_LINE_FIELDS = tuple(f.name for f in fields(LogLine))
 
 
-def line_problem(line: Mapping[str, Any]) -> str | None:
-    """What makes ``line`` not a request-log line the readers can use, or None."""
-    return _problem(LogLine.of(line))
-
-
-def _problem(ll: LogLine) -> str | None:
+def line_problem(ll: LogLine) -> str | None:
+    """What makes ``ll`` not a request-log line the readers can use, or None."""
     if not isinstance(ll.id, str):
         return "not a cbbench serve request-log line (no string 'id')"
     for k in TIME_FIELDS:
@@ -136,9 +135,9 @@ def read_server_log(path: Path | str) -> dict[str, dict]:
                 if not isinstance(line, dict):
                     raise UsageError(f"{path}:{n}: not a cbbench serve request-log line")
                 ll = LogLine.of(line)
-                if (problem := _problem(ll)) is not None:
+                if (problem := line_problem(ll)) is not None:
                     raise UsageError(f"{path}:{n}: {problem}")
-                assert ll.id is not None  # _problem: a string id
+                assert ll.id is not None  # line_problem: a string id
                 out[ll.id] = line
     except OSError as e:
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None

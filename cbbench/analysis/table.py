@@ -313,10 +313,9 @@ def telemetry_line(telemetry: Telemetry | dict | None) -> str:
     )
 
 
-def header_lines(config: Config | dict, summary: Summary | dict | None = None) -> list[str]:
+def header_lines(config: Config | dict) -> list[str]:
     """What was run, before its figures: the target (engine, model, GPU, scheduler, or the
-    endpoint and its model), the cluster (replicas, router, disaggregation) and the arrivals.
-    (``summary``: unused, kept for callers that pass it.)"""
+    endpoint and its model), the cluster (replicas, router, disaggregation) and the arrivals."""
     cfg = as_model(Config, config)
     label = f"{cfg.label} · " if cfg.label else ""
     title = f"cbbench · {label}{cfg.workload} · "
@@ -408,7 +407,7 @@ def render_summary(result: RunResult | dict) -> str:
     run = result if isinstance(result, RunResult) else \
         RunResult.model_validate({"schema_version": 1, **result})
     s, cfg = run.summary, run.config
-    parts_title = header_lines(cfg, s)
+    parts_title = header_lines(cfg)
     from cbbench.analysis.table_views import breakdown_table, slices_table, stats_of
 
     stats = stats_of(cfg, STATS)

@@ -15,10 +15,17 @@ import numpy as np
 from cbbench import __version__
 from cbbench.analysis.compact.compact_run import CompactRun
 from cbbench.analysis.comparison.sim_error import sim_error
-from cbbench.analysis.summary.columns import request_columns, token_gaps_s
+from cbbench.analysis.summary.columns import RequestColumns, request_columns, token_gaps_s
 from cbbench.analysis.summary.deployment import add_deployment
 from cbbench.analysis.summary.inputs import add_input_figures
-from cbbench.analysis.summary.metrics import gpu_of, itl_histogram, summarize, summarize_engine
+from cbbench.analysis.summary.metrics import (
+    add_utilization,
+    engine_columns,
+    gpu_of,
+    itl_histogram,
+    summarize,
+    summarize_engine_columns,
+)
 from cbbench.analysis.summary.speculative import engine_speculative
 from cbbench.analysis.summary.splits import add_splits
 from cbbench.analysis.summary.steady_state import steady_state
@@ -190,19 +197,6 @@ def _runs_on_cpu(args: EngineArgs) -> bool:
     from cbbench.engine.build import cuda_available
 
     return not cuda_available()
-
-
-def add_utilization(iterations: list[dict], gpu_spec: dict | None) -> None:
-    """MBU and MFU per iteration: analytic bytes (FLOPs) over the iteration's time, over the
-    GPU's peak. Only where the GPU is known."""
-    gpu = gpu_of(gpu_spec)
-    if gpu is None:
-        return
-    bw, fl = gpu.hbm_bandwidth, gpu.bf16_flops
-    for it in iterations:
-        d = it["duration_s"]
-        it["mbu"] = it["bytes_moved"] / d / bw if d > 0 else None
-        it["mfu"] = it["flops"] / d / fl if d > 0 else None
 
 
 # --tool-time-scale's upper end: tools a thousand times slower is past any use, and it keeps a
@@ -592,31 +586,37 @@ def _run_config(spec: RunSpec, sched: Schedule, target_config: dict) -> dict:
     }
 
 
-def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
-    if isinstance(run, CompactRun):
-        from cbbench.analysis.compact.compact_summary import compact_columns, summarize_compact
+def _summary(spec: RunSpec, sched: Schedule | None, run) -> dict:
+    """The run's summary, one path for every kind of run: its requests as columns, then the
+    same functions over them. ``sched``: None where no schedule is at hand (a column run a
+    benchmark built): no session plan, no intervals."""
+    iterations = iterations_of(run)  # the rows; a column run's steps are its columns
+    # The requests and the iterations as columns (None: no iteration), which every figure reads.
+    if isinstance(run, CompactRun):  # the array simulator's run (analysis/compact/)
+        from cbbench.analysis.compact.compact_summary import check_compact_scope, compact_columns
 
-        run.view = compact_columns(run)  # made once: the summary's and the rows' columns
-        return summarize_compact(run, spec, run.view)
-    cols = request_columns(run.records)  # the summary's one input
-    summary = summarize(cols, run.duration_s, spec.slo, spec.percentiles)
-    add_views(summary, spec, run)
+        check_compact_scope(run, spec)
+        cols = run.view = compact_columns(run)  # made once: the summary's and the rows' columns
+        steps = run.steps.columns if len(run.steps) else None
+    else:
+        cols = request_columns(run.records)
+        steps = engine_columns(iterations) if iterations else None
+    pooled = cols.tokens.pooled_gaps_ms(np.flatnonzero(cols.ok))  # the completed requests'
+    summary = summarize(cols, run.duration_s, spec.slo, spec.percentiles, pooled)
+    add_views(summary, spec, run, cols)
     # The report draws ITL from this without --save-detailed (cbbench/analysis/summary/histogram.py).
-    summary["itl_histogram"] = itl_histogram(cols)
-    plan = sched.plan
+    summary["itl_histogram"] = itl_histogram(cols, pooled)
+    plan = sched.plan if sched is not None else None
     if plan is not None:
         summary["by_turn"] = by_turn(cols)
         summary["sessions"] = session_summary(
             run.records, plan.planned_turns(), run.sessions_ended_early
         )
-    iterations = iterations_of(run)
     summary["steady_state"] = steady_state(
-        cols, run.duration_s, iterations, spec.output.warmup, spec.output.cooldown,
-        spec.percentiles,
+        cols, run.duration_s, steps, spec.output.warmup, spec.output.cooldown, spec.percentiles,
     )
-    if iterations:
-        assert isinstance(run, EngineRun)  # iterations_of: only an engine run has them
-        summary["engine"] = _engine_summary(run, iterations)
+    if steps is not None:
+        summary["engine"] = _engine_summary(run, iterations, steps)
         speculative = engine_speculative(
             iterations, getattr(run.resolved, "speculative_tokens", None)
         )
@@ -624,7 +624,7 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
             summary["speculative"] = speculative
     if spec.endpoint is None:
         add_deployment(summary, spec.engine, run, iterations)
-        if not run.interrupted:
+        if not run.interrupted and sched is not None:
             add_intervals(summary, spec, sched)
     if spec.endpoint is not None:
         add_input_figures(summary, run.records, run.duration_s, spec.endpoint.pooling)
@@ -633,7 +633,7 @@ def _summary(spec: RunSpec, sched: Schedule, run) -> dict:
     return summary
 
 
-def add_views(summary: dict, spec: RunSpec, run) -> None:
+def add_views(summary: dict, spec: RunSpec, run, cols: RequestColumns) -> None:
     """Issue 27's views of the run: the TTFT / E2EL breakdown (endpoint runs whose server told
     its timings) and the time slices (--slice)."""
     if spec.endpoint is not None:
@@ -652,22 +652,26 @@ def add_views(summary: dict, spec: RunSpec, run) -> None:
         from cbbench.analysis.summary.slices import time_slices
 
         try:
-            summary["slices"] = time_slices(run.records, run.duration_s, spec.slice_s,
+            summary["slices"] = time_slices(cols, run.duration_s, spec.slice_s,
                                             spec.percentiles)
         except UsageError as e:  # a side product: it costs the slices, never the result
             log.info(f"warning: --slice not applied ({e})")
 
 
-def _engine_summary(run: EngineRun, iterations: list[dict]) -> dict:
+def _engine_summary(run: EngineRun | CompactRun, iterations: list[dict], steps) -> dict:
+    """summary.engine from the iterations' columns; MBU and MFU into the iteration rows where
+    the GPU is known (a column run has none: compact_rows adds its own)."""
     gpu_spec = run.resolved.gpu_spec
-    add_utilization(iterations, gpu_spec)
-    engine = summarize_engine(iterations, gpu_spec)
+    if (gpu := gpu_of(gpu_spec)) is not None:
+        for it in iterations:
+            add_utilization(it, gpu)
+    engine = summarize_engine_columns(steps, gpu_spec)
     engine["kv_blocks_in_use_at_end"] = run.kv_blocks_in_use_at_end
     error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
     engine["sim_error"] = error
     if reason is not None:
         engine["sim_error_reason"] = reason
-    if run.resolved.engine == "torch":
+    if isinstance(run, EngineRun) and run.resolved.engine == "torch":
         # Triton compilations inside the timed run (0 is the goal: each one stalls an
         # iteration); null where Triton's compilation hook is unavailable.
         engine["kernel_compilations_during_run"] = run.kernel_compilations

@@ -70,9 +70,7 @@ def summary_rows(summary: Mapping, prefix: str = "") -> list[dict]:
                 ]
             else:
                 rows += summary_rows(value, f"{name}.")
-        elif isinstance(value, list):
-            rows.append({"metric": name, "statistic": "value", "value": value})
-        else:
+        else:  # a scalar or a list: one value
             rows.append({"metric": name, "statistic": "value", "value": value})
     return rows
 

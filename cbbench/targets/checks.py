@@ -20,8 +20,8 @@ from cbbench.analysis.summary.token_counts import (
     choose_output_count,
     one_token_per_event,
     output_count_summary,
+    short_output_figures,
     short_output_warning,
-    short_outputs,
 )
 from cbbench.load.prompts import count_tokens
 from cbbench.targets.event_counts import EVENT_COUNT_METHODS, ONE_PER_EVENT, count_events
@@ -257,7 +257,7 @@ def finish_http_run(
         log.info("warning: " + info["client_fell_behind_message"])
     if info.get("client_bound"):
         log.info("warning: " + info["client_bound_message"])
-    short = short_output_warning(short_outputs(records), opts.ignore_eos_field)
+    short = short_output_warning(short_output_figures(records), opts.ignore_eos_field)
     for line in ([short] if short else []) + warnings + prompt_warnings:
         log.info("warning: " + line)
     if "server_metrics_scrapes" in info:

@@ -2,7 +2,7 @@
 and its rows (compact_rows.py) against the object path's on real simulated runs: each run is
 made with run_engine, summarized by runner._summary (its records' columns), converted to a
 CompactRun (compact_convert.py), its columns compared with the records' and summarized again
-by the same functions. The whole summary dict must be equal: exactly (==, key order too) everywhere except the mean and
+by the same _summary. The whole summary dict must be equal: exactly (==, key order too) everywhere except the mean and
 std of the pooled per-token distributions (itl_ms, event_gap_ms, wherever they sit), which
 are within 1e-9 relative (summation order; see compact_summary's module doc). Their count
 and percentiles are exact."""
@@ -21,7 +21,7 @@ from helpers import assert_same, run_spec
 import cbbench.targets.engine as engine_target
 from cbbench.analysis.compact.compact_convert import compact_from_engine_run
 from cbbench.analysis.compact.compact_rows import compact_iteration_dicts, compact_request_dicts
-from cbbench.analysis.compact.compact_summary import StepTokens, compact_columns, summarize_compact
+from cbbench.analysis.compact.compact_summary import StepTokens, compact_columns
 from cbbench.analysis.summary.columns import request_columns
 from cbbench.bench.runner import RunSpec, _summary, plan_schedule, request_record_dict
 from cbbench.engine.args import EngineArgs
@@ -110,7 +110,7 @@ def case(request):
 
 def test_the_compact_summary_equals_the_object_paths(case):
     name, spec, run, ref, compact = case
-    got = summarize_compact(compact, spec)
+    got = _summary(spec, SCHEDULES[name], compact)
     assert_same(got, ref)
     # What each case is there to exercise, shown to have happened.
     if name == "all_rejected":
@@ -201,14 +201,14 @@ def test_a_gap_in_a_requests_tokens_is_refused():
 def test_out_of_scope_runs_are_refused():
     _, spec, _, _, compact = _built("dp1_odd")
     with pytest.raises(ValueError, match="--cancel-rate"):
-        summarize_compact(compact, spec.with_load(cancel_rate=0.1))
+        _summary(spec.with_load(cancel_rate=0.1), SCHEDULES["dp1_odd"], compact)
 
 
 def test_the_comparison_fails_where_it_should():
     """assert_same is strict where it says: one ulp off a percentile fails, a pooled mean
     1e-12 off passes and 1e-6 off fails, a key out of order fails."""
     _, spec, _, ref, compact = _built("dp1_odd")
-    got = summarize_compact(compact, spec)
+    got = _summary(spec, SCHEDULES["dp1_odd"], compact)
     for path, change, fails in (
         (("itl_ms", "p50"), lambda v: math.nextafter(v, math.inf), True),
         (("ttft_ms", "mean"), lambda v: math.nextafter(v, math.inf), True),
@@ -341,8 +341,8 @@ def test_the_array_simulators_run_summarizes_as_the_object_run(name):
     sched = SCHEDULES[name]
     compact = run_engine_compact(spec.engine, sched.wreqs, sched.arrivals)
     assert compact is not None
-    view = compact_columns(compact)  # one for the summary and the rows, as the runner does
-    assert_same(summarize_compact(compact, spec, view), ref)
+    assert_same(_summary(spec, sched, compact), ref)
+    view = compact.view  # the summary's columns, which the rows take too, as the runner does
     for detailed in (False, True):
         assert_same(list(compact_request_dicts(compact, detailed, view)),
                     [request_record_dict(r, detailed) for r in run.records], "requests")

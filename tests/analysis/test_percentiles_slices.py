@@ -17,14 +17,15 @@ from typer.testing import CliRunner
 from cbbench.analysis.comparison.gate import WORST_SLICE, direction_of, metric_value
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.summary.percentiles import (
-    fill_percentiles,
     parse_percentiles,
     percentile_key,
     split_metric_path,
+    with_percentiles_filled,
 )
 from cbbench.analysis.summary.slices import time_slices
 from cbbench.cli.app import app
 from cbbench.errors import UsageError
+from cbbench.schema import parse_run, to_dict
 
 SIM = ["run", "--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b",
        "--workload", "random", "--input-len", "64", "--output-len", "16"]
@@ -141,7 +142,7 @@ def test_gate_compare_report_take_percentiles(sliced, tmp_path):
 
 def test_a_stored_percentile_is_recomputed_from_the_requests(sliced):
     result, _, _ = sliced
-    filled = fill_percentiles(result, (75,))
+    filled = to_dict(with_percentiles_filled(parse_run(result, "the result"), (75,), "the result"))
     ttft = [r["ttft_ms"] for r in result["requests"] if r["ttft_ms"] is not None]
     assert filled["summary"]["ttft_ms"]["p75"] == pytest.approx(float(np.percentile(ttft, 75)))
     assert "p75" not in result["summary"]["ttft_ms"]  # the input is left as it was

@@ -66,7 +66,8 @@ def test_step_functions_from_iterations_and_records():
     its = [{"start_s": 0.0, "duration_s": 1.0, "num_running": 2},
            {"start_s": 1.0, "duration_s": 1.0, "num_running": 4},
            {"start_s": 3.0, "duration_s": 1.0, "num_running": 1}]  # idle on [2, 3)
-    edges, values = steps_from_iterations(its)
+    edges, values = steps_from_iterations(
+        {k: np.array([it[k] for it in its]) for k in ("start_s", "duration_s", "num_running")})
     assert edges.tolist() == [0, 1, 2, 3, 4] and values.tolist() == [2, 4, 0, 1]
     recs = [_rec(0, 0.0, [1.0, 2.0]), _rec(1, 0.5, [1.5]), _rec(2, 2.0, [3.0])]
     edges, values = steps_from_requests(request_columns(recs))

@@ -24,18 +24,18 @@ def test_an_endpoint_runs_header_names_the_endpoint_and_model():
     cfg = {"target": "http", "workload": "sharegpt", "endpoint": "http://10.0.0.5:8000",
            "api": "chat", "served_model": "meta-llama/Llama-3.1-8B-Instruct",
            "num_requests": 100, "request_rate": 8.0, "arrival": "gamma", "burstiness": 1.0}
-    title = header_lines(cfg, {})[0]
+    title = header_lines(cfg)[0]
     assert "endpoint http://10.0.0.5:8000" in title
     assert "model meta-llama/Llama-3.1-8B-Instruct" in title and "--api chat" in title
 
 
 def test_the_header_shows_chunked_prefill_replicas_router_and_disaggregation():
-    lines = header_lines({**ENGINE, "data_parallel_size": 4, "router": "prefix-aware"}, {})
+    lines = header_lines({**ENGINE, "data_parallel_size": 4, "router": "prefix-aware"})
     assert lines[0].endswith("continuous + chunked prefill")
     assert "cluster: 4 data-parallel replicas, router prefix-aware" in lines
-    plain = header_lines({**ENGINE, "chunked_prefill": False}, {})
+    plain = header_lines({**ENGINE, "chunked_prefill": False})
     assert plain[0].endswith("· continuous") and not any("cluster" in x for x in plain)
-    disagg = header_lines({**ENGINE, "disaggregate": "1:1"}, {})
+    disagg = header_lines({**ENGINE, "disaggregate": "1:1"})
     assert "cluster: disaggregated prefill:decode 1:1 instances, KV over nvlink" in disagg
 
 
@@ -45,13 +45,12 @@ def test_the_header_shows_chunked_prefill_replicas_router_and_disaggregation():
     (8.0, "arrivals: 1000 requests at 8 req/s (Poisson)"),
 ])
 def test_the_header_says_how_requests_arrive(rate, said):
-    assert any(line.startswith(said) for line in header_lines({**ENGINE, "request_rate": rate},
-                                                               {}))
+    assert any(line.startswith(said) for line in header_lines({**ENGINE, "request_rate": rate}))
 
 
 def test_a_multi_turn_runs_arrivals_count_sessions():
     cfg = {**ENGINE, "num_requests": 40, "request_rate": 2.0, "sessions": {"think_time": "1s"}}
-    assert "arrivals: 40 sessions at 2 sessions/s (Poisson)" in header_lines(cfg, {})
+    assert "arrivals: 40 sessions at 2 sessions/s (Poisson)" in header_lines(cfg)
 
 
 def test_a_disaggregated_run_prints_its_kv_transfer(tmp_path):

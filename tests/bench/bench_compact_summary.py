@@ -8,11 +8,11 @@ runner._summary on a real run converted both ways.
 - synthetic: a CompactRun built directly with numpy (--requests over --replicas, --steps
   step end times in all, ShareGPT-like output lengths of mean ~200 tokens, every request's
   tokens a contiguous slice; an iteration table with every column the engine writes), then
-  summarize_compact with --slo and the default percentiles. Run in a child process: its
+  runner._summary with --slo and the default percentiles. Run in a child process: its
   wall time around the summary alone; its peak RSS for the whole process (rusage) and the
   summary's own peak (VmHWM reset through /proc/self/clear_refs after the build, then read).
 - real: --real ShareGPT requests on the simulated H200 (llama-3-8b, Poisson 400 req/s, DP 8)
-  with run_engine; then runner._summary (object path) and summarize_compact on the converted
+  with run_engine; then runner._summary of the object run and of the converted
   run, alternated --repeats times: the best time of each and their ratio, and whether the
   per-request figures agree (the tests check the whole dict).
 """
@@ -127,7 +127,7 @@ def _rss_mb(field: str) -> float:
 
 
 def child_synthetic(args) -> dict:
-    from cbbench.analysis.compact.compact_summary import summarize_compact
+    from cbbench.bench.runner import _summary
 
     t0 = time.perf_counter()
     run = synthetic_run(args.requests, args.replicas, args.steps)
@@ -136,7 +136,7 @@ def child_synthetic(args) -> dict:
     base = _rss_mb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM from here: the summary's own peak
     t0 = time.perf_counter()
-    summary = summarize_compact(run, spec)
+    summary = _summary(spec, None, run)
     summary_s = time.perf_counter() - t0
     figures = {
         "requests": len(run.requests), "steps": len(run.steps), "build_s": build_s,
@@ -153,14 +153,13 @@ def child_synthetic(args) -> dict:
     figures |= {"request_rows": rows, "request_rows_s": time.perf_counter() - t0}
     sliced = spec.with_output(slice=f"{args.slice!r}s")
     t0 = time.perf_counter()
-    figures |= {"slices": len(summarize_compact(run, sliced)["slices"]),
+    figures |= {"slices": len(_summary(sliced, None, run)["slices"]),
                 "summary_with_slices_s": time.perf_counter() - t0}
     return figures
 
 
 def child_real(args) -> dict:
     from cbbench.analysis.compact.compact_convert import compact_from_engine_run
-    from cbbench.analysis.compact.compact_summary import summarize_compact
     from cbbench.bench.runner import _summary, plan_schedule
     from cbbench.targets import engine as target
 
@@ -179,7 +178,7 @@ def child_real(args) -> dict:
         ref = _summary(spec, sched, run)
         obj.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        got = summarize_compact(compact, spec)
+        got = _summary(spec, None, compact)
         com.append(time.perf_counter() - t0)
     pooled_pct = [k for k in ref["itl_ms"] if k not in ("mean", "std")]
     same = (all(got[k] == ref[k] for k in ("completed", "ttft_ms", "tpot_ms", "e2el_ms",
@@ -194,8 +193,7 @@ def child_real(args) -> dict:
 def child_array(args) -> dict:
     """--array N requests run by the array simulator (engine/sim/array_sim.py), then the
     compact summary of its own CompactRun: its time and its own peak, as for the synthetic."""
-    from cbbench.analysis.compact.compact_summary import summarize_compact
-    from cbbench.bench.runner import plan_schedule
+    from cbbench.bench.runner import _summary, plan_schedule
     from cbbench.targets.engine_compact import run_engine_compact
 
     spec = _spec(8, args.array)
@@ -207,7 +205,7 @@ def child_array(args) -> dict:
     base = _rss_mb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")
     t0 = time.perf_counter()
-    summary = summarize_compact(run, spec)
+    summary = _summary(spec, None, run)
     return {"requests": len(run.requests), "steps": len(run.steps), "array_sim_s": sim_s,
             "summary_s": time.perf_counter() - t0, "rss_before_summary_mb": base,
             "summary_peak_rss_mb": _rss_mb("VmHWM"),

@@ -6,7 +6,7 @@ pipeline on columns). Run it once per tree, the old one first extracted with git
     python tests/bench/bench_summary_columns.py .
 
 - object: runner._summary of a simulated run of --object requests (run_engine, DP 2);
-- compact: summarize_compact of bench_compact_summary's synthetic CompactRun of --compact;
+- compact: runner._summary of bench_compact_summary's synthetic CompactRun of --compact;
 - records: summarize, time_slices, steady_state and by_turn of --records synthetic HTTP-like
   records (events of several tokens, failures, cancels, slot waits, priorities, turns),
   given the records (each call converts them, on a tree with columns) and, where the tree
@@ -78,7 +78,6 @@ def main() -> None:
     import bench_compact_summary as bcs
 
     import cbbench
-    from cbbench.analysis.compact.compact_summary import summarize_compact
     from cbbench.analysis.summary.metrics import summarize
     from cbbench.analysis.summary.slices import time_slices
     from cbbench.analysis.summary.steady_state import steady_state
@@ -94,7 +93,7 @@ def main() -> None:
     out["object_summary_cpu_s"] = best(lambda: _summary(spec, sched, run), args.repeats)
     compact = bcs.synthetic_run(args.compact, 8, 4 * args.compact)
     cspec = bcs._spec(8, args.compact)
-    out["compact_summary_cpu_s"] = best(lambda: summarize_compact(compact, cspec), args.repeats)
+    out["compact_summary_cpu_s"] = best(lambda: _summary(cspec, None, compact), args.repeats)
     recs = records(args.records)
 
     def every(run) -> None:

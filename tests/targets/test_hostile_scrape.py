@@ -20,7 +20,7 @@ from fake_openai import MODEL, FakeOpenAI, endpoint_options, histogram_page, pro
 from typer.testing import CliRunner
 
 from cbbench.analysis.server_side.prom_text import Dropped
-from cbbench.analysis.server_side.server_latency import parse_histograms
+from cbbench.analysis.server_side.server_latency import histograms
 from cbbench.cli.app import app
 from cbbench.targets import scrape
 from cbbench.targets.http import run_http
@@ -85,10 +85,10 @@ def test_parse_histograms_drops_bad_series_and_keeps_the_rest():
         f'{TTFT}_bucket{{le="0.5",model_name="n"}} -4\n'  # a negative count
     )
     dropped = Dropped()
-    hist = parse_histograms(page, dropped)
+    hist = histograms(page, dropped)
     assert dropped.count == 6
     h = hist[TTFT]
-    assert h["count"] == 2 and h["buckets"][float("inf")] == 2 and h["buckets"][0.05] == 1
+    assert h.count == 2 and h.buckets[float("inf")] == 2 and h.buckets[0.05] == 1
 
 
 LARGE_SERIES = 60_000

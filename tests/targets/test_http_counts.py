@@ -128,20 +128,20 @@ def test_no_output_at_all_says_why(fresh_fake_server):
 
 def test_short_counts_at_finish_length_are_called_a_counting_problem():
     from cbbench.analysis.records import RequestRecord
-    from cbbench.analysis.summary.token_counts import short_output_warning, short_outputs
+    from cbbench.analysis.summary.token_counts import short_output_figures, short_output_warning
 
     def rec(out: int, finish: str) -> RequestRecord:
         return RequestRecord(0, 5, out, 0.0, token_times_s=[0.1, 0.2], max_tokens=10,
                              finish_reason=finish)
 
-    so = short_outputs([rec(9, "length"), rec(10, "length")])
-    assert (so["count"], so["finish_reason_length"], so["finish_reason_stop"]) == (1, 1, 0)
+    so = short_output_figures([rec(9, "length"), rec(10, "length")])
+    assert (so.count, so.finish_reason_length, so.finish_reason_stop) == (1, 1, 0)
     line = short_output_warning(so, ignore_eos_sent=True)
     assert "counted shorter" in line and "ignore_eos" not in line
-    so = short_outputs([rec(4, "stop"), rec(10, "length")])
+    so = short_output_figures([rec(4, "stop"), rec(10, "length")])
     assert "ignore_eos" in short_output_warning(so, ignore_eos_sent=True)
     assert "--no-ignore-eos-field" in short_output_warning(so, ignore_eos_sent=False)
-    assert short_output_warning(short_outputs([rec(10, "length")] * 3), True) is None
+    assert short_output_warning(short_output_figures([rec(10, "length")] * 3), True) is None
 
 
 def test_chat_prompt_tokens_from_the_tokenizers_chat_template(fresh_fake_server, tmp_path, notices):

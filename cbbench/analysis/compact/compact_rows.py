@@ -1,6 +1,6 @@
 """A compact run's rows for the result file: each request as runner.request_record_dict
 gives it for the same run's RequestRecord, and each iteration as the object path writes it
-(IterationRecord.to_dict, with runner.add_utilization's MBU and MFU)."""
+(IterationRecord.to_dict, with metrics.add_utilization's MBU and MFU)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 from cbbench.analysis.compact.compact_run import CompactRun
 from cbbench.analysis.compact.compact_summary import compact_columns
 from cbbench.analysis.summary.columns import RequestColumns
-from cbbench.analysis.summary.metrics import MS, gpu_of
+from cbbench.analysis.summary.metrics import MS, add_utilization, gpu_of
 
 
 def _nullable(a: np.ndarray) -> list:
@@ -58,11 +58,9 @@ def compact_request_dicts(run: CompactRun, detailed: bool,
 
 def compact_iteration_dicts(run: CompactRun) -> Iterator[dict]:
     """The result's ``iterations`` rows: StepTable.dicts(), with MBU and MFU where the GPU
-    is known (runner.add_utilization adds them to the object path's dicts)."""
+    is known (as the object path's dicts: metrics.add_utilization)."""
     gpu = gpu_of(run.resolved.gpu_spec)
     for it in run.steps.dicts():
         if gpu is not None:
-            d = it["duration_s"]
-            it["mbu"] = it["bytes_moved"] / d / gpu.hbm_bandwidth if d > 0 else None
-            it["mfu"] = it["flops"] / d / gpu.bf16_flops if d > 0 else None
+            add_utilization(it, gpu)
         yield it

@@ -1,6 +1,6 @@
-"""The run's summary from a CompactRun (analysis/compact/compact_run.py): its requests as the
-summary's columns (summary/columns.py), then the one summary (metrics.summarize, slices,
-steady_state), for the runs the array simulator serves (the in-process simulator; no
+"""A CompactRun (analysis/compact/compact_run.py) as the summary's columns (summary/columns.py),
+which the one summary (bench/runner._summary: metrics.summarize, slices, steady_state) reads,
+for the runs the array simulator serves (the in-process simulator; no
 sessions, --cancel-rate, --gpu-profile, speculative decoding or disaggregation; any
 --data-parallel-size, --slo, --percentiles, --slice, --warmup/--cooldown).
 
@@ -21,11 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from cbbench.analysis.compact.compact_run import CompactRun
-from cbbench.analysis.comparison.sim_error import sim_error
 from cbbench.analysis.summary.columns import MS, NO_TURN, RequestColumns
-from cbbench.analysis.summary.metrics import itl_histogram, summarize, summarize_engine_columns
-from cbbench.analysis.summary.slices import time_slices
-from cbbench.analysis.summary.steady_state import steady_state
 
 
 def compact_columns(run: CompactRun) -> RequestColumns:
@@ -135,39 +131,3 @@ def check_compact_scope(run: CompactRun, spec) -> None:
     ) if bad]
     if out:
         raise ValueError(f"the compact summary does not serve {', '.join(out)}")
-
-
-def summarize_compact(run: CompactRun, spec, view: RequestColumns | None = None) -> dict:
-    """``runner._summary(spec, sched, run)`` for the same run (the module doc). ``view``:
-    the run's columns made already (the request rows take the same ones)."""
-    from cbbench.analysis.summary.deployment import add_deployment
-
-    check_compact_scope(run, spec)
-    cols = view if view is not None else compact_columns(run)
-    pct = spec.percentiles
-    pooled = cols.tokens.pooled_gaps_ms(np.flatnonzero(cols.ok))
-    summary = summarize(cols, run.duration_s, spec.slo, pct, pooled)
-    if spec.slice_s is not None:
-        summary["slices"] = time_slices(cols, run.duration_s, spec.slice_s, pct)
-    summary["itl_histogram"] = itl_histogram(cols, pooled)
-    summary["steady_state"] = steady_state(
-        cols, run.duration_s, run.steps.columns if len(run.steps) else None, spec.output.warmup,
-        spec.output.cooldown, pct)
-    if len(run.steps):
-        summary["engine"] = compact_engine_summary(run)
-    add_deployment(summary, spec.engine, run, [])
-    if run.not_sent:
-        summary["not_sent"] = run.not_sent
-    return summary
-
-
-def compact_engine_summary(run: CompactRun) -> dict:
-    """runner._engine_summary over the StepTable's columns (no iteration dicts)."""
-    gpu_spec = run.resolved.gpu_spec
-    engine = summarize_engine_columns(run.steps.columns, gpu_spec)
-    engine["kv_blocks_in_use_at_end"] = run.kv_blocks_in_use_at_end
-    error, reason = sim_error([], simulated=True)  # the scope: a simulated run
-    engine["sim_error"] = error
-    if reason is not None:
-        engine["sim_error_reason"] = reason
-    return engine

@@ -209,7 +209,7 @@ def _log_server_ms(line: LogLine) -> ServerMs:
 def server_side(line: LogLine | Mapping[str, Any]) -> Side | None:
     """A request-log line of a streamed request that finished, or None. Its origin is the
     server's arrival (the audit moves it to the client's send on a shared clock)."""
-    line = _log_line(line)
+    line = LogLine.of(line)
     events = line.events
     if not events or line.status != 200 or line.finish in (None, "abort", "error"):
         return None
@@ -232,12 +232,6 @@ def server_side(line: LogLine | Mapping[str, Any]) -> Side | None:
         ),
         server_ms=_log_server_ms(line),
     )
-
-
-def _log_line(line: LogLine | Mapping[str, Any]) -> LogLine:
-    """A log line as the typed line: read_server_log's lines are the file's dicts, and a
-    caller may hand in its own."""
-    return line if isinstance(line, LogLine) else LogLine.of(line)
 
 
 # -- the report's figures: typed here, written as the report's dicts (their fields in order) --
@@ -354,7 +348,7 @@ def audit(result: RunResult | Mapping[str, Any], log: Mapping[str, LogLine | Map
     """The audit report (see the module doc), passed or not. ``log``: the request
     log's lines by id (read_server_log's dicts, or typed lines)."""
     run = as_run(result)
-    lines = {rid: _log_line(line) for rid, line in log.items()}
+    lines = {rid: LogLine.of(line) for rid, line in log.items()}
     # The run clock's zero on the epoch (client_health.py), as the log's times are.
     t0_epoch = _http(run).t0_epoch_s
     shared_clock = isinstance(t0_epoch, float)

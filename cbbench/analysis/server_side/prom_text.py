@@ -40,13 +40,6 @@ class Dropped:
             shown = line if len(line) <= 80 else line[:80] + "..."
             self.first = f"{reason}: {shown!r}"
 
-    def merge(self, other: Dropped) -> None:
-        self.count += other.count
-        for k, v in other.reasons.items():
-            self.reasons[k] = self.reasons.get(k, 0) + v
-        if self.first is None:
-            self.first = other.first
-
 
 def metric_name(line: str) -> str:
     """The metric name of a sample line or a '# TYPE' line."""

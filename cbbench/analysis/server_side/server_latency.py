@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -60,12 +60,6 @@ class Histogram:
             sum=self.sum - before.sum,
             count=self.count - before.count,
         )
-
-
-def parse_histograms(text: str, dropped: Dropped | None = None) -> dict[str, dict]:
-    """{family: {"buckets": {le: cumulative count}, "sum": s, "count": n}}: :func:`histograms`
-    as dicts."""
-    return {fam: asdict(h) for fam, h in histograms(text, dropped).items()}
 
 
 def histograms(text: str, dropped: Dropped | None = None) -> dict[str, Histogram]:

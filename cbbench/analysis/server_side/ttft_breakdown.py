@@ -79,10 +79,6 @@ class Trips:
     last_delivery_ms: float
 
 
-def _log_line(line: LogLine | Mapping[str, Any] | None) -> LogLine | None:
-    return line if line is None or isinstance(line, LogLine) else LogLine.of(line)
-
-
 def server_parts(rec: RequestRecord, line: LogLine | Mapping[str, Any] | None) -> ServerParts | None:
     """The server's queue, prefill and decode: the response's timings first, else the request
     log's; None without either."""
@@ -91,7 +87,7 @@ def server_parts(rec: RequestRecord, line: LogLine | Mapping[str, Any] | None) -
     queue, prefill = _num(t.queue_time_ms), _num(t.time_to_first_token_ms)
     if queue is not None and prefill is not None:
         return ServerParts(queue, prefill, _num(t.generation_time_ms), SOURCE_RESPONSE)
-    log = _log_line(line)
+    log = None if line is None else LogLine.of(line)
     if log is None:
         return None
     sub, qx = _num(log.submitted), _num(log.queue_exit)
@@ -141,7 +137,7 @@ def request_parts(rec: RequestRecord, line: LogLine | Mapping[str, Any] | None,
     send, ttft_s, e2el_s = rec.send_s, rec.ttft_s, rec.e2el_s
     if send is None or ttft_s is None or e2el_s is None:  # not completed (rec.ok) or not sent
         return None, None
-    log = _log_line(line)
+    log = None if line is None else LogLine.of(line)
     server = server_parts(rec, log)
     if server is None:
         return None, None

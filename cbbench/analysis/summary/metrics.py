@@ -29,7 +29,7 @@ from cbbench.analysis.summary.columns import (
 )
 from cbbench.analysis.summary.histogram import log_histogram
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, percentile_key
-from cbbench.analysis.summary.token_counts import short_outputs
+from cbbench.analysis.summary.token_counts import short_output_figures
 from cbbench.engine.sim.gpu_specs import GPUSpec
 from cbbench.errors import UsageError
 
@@ -271,7 +271,7 @@ def summarize(
                                     percentiles),
         }
     if (cols.max_tokens != NOT_ASKED).any():
-        summary["short_outputs"] = short_outputs(cols)
+        summary["short_outputs"] = short_output_figures(cols).to_dict()
     priorities = np.unique(cols.priority)
     if len(priorities) > 1:
         summary["per_priority"] = per_priority(cols, priorities.tolist())
@@ -337,10 +337,11 @@ def per_priority(cols: RequestColumns, priorities: Sequence[int]) -> dict:
     return out
 
 
-# The iteration fields the engine summary reads: always there, and added later (0 in results
-# from before they existed; emitted_tokens and num_sampled_reqs: None rates instead).
+# The iteration fields the engine summary (and the steady state's running count: start_s)
+# reads: always there, and added later (0 in results from before they existed;
+# emitted_tokens and num_sampled_reqs: None rates instead).
 ENGINE_FIELDS = ("num_prefill_tokens", "num_decode_tokens", "token_budget", "kv_blocks_used",
-                 "kv_blocks_total", "duration_s", "num_running", "num_preempted")
+                 "kv_blocks_total", "start_s", "duration_s", "num_running", "num_preempted")
 ENGINE_LATER_FIELDS = ("bytes_moved", "flops", "num_swapped_out_blocks",
                        "num_swapped_in_blocks", "swap_time_s", "num_cached_tokens",
                        "num_prefix_queried_tokens")
@@ -348,7 +349,7 @@ RATE_FIELDS = ("emitted_tokens", "num_sampled_reqs")
 
 
 def engine_columns(iterations: Sequence[dict]) -> dict[str, np.ndarray]:
-    """The columns summarize_engine_columns reads, from iteration dicts."""
+    """The columns summarize_engine_columns and steady_state read, from iteration dicts."""
     cols = {k: np.array([it[k] for it in iterations]) for k in ENGINE_FIELDS}
     cols |= {k: np.array([it.get(k, 0) for it in iterations]) for k in ENGINE_LATER_FIELDS}
     if iterations and "emitted_tokens" in iterations[0]:
@@ -360,6 +361,14 @@ def gpu_of(gpu_spec: dict | None) -> GPUSpec | None:
     """The engine's GPU (EngineInfo.gpu_spec, a GPUSpec's dict) as its spec; None when the
     engine ran on no known GPU."""
     return GPUSpec(**gpu_spec) if gpu_spec else None
+
+
+def add_utilization(it: dict, gpu: GPUSpec) -> None:
+    """An iteration row's MBU and MFU: analytic bytes (FLOPs) over its time, over the GPU's
+    peak (the object path's rows and a compact run's, compact_rows)."""
+    d = it["duration_s"]
+    it["mbu"] = it["bytes_moved"] / d / gpu.hbm_bandwidth if d > 0 else None
+    it["mfu"] = it["flops"] / d / gpu.bf16_flops if d > 0 else None
 
 
 def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:

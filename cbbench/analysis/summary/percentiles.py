@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
 from cbbench.errors import UsageError
 from cbbench.schema import parse_run, to_dict
@@ -89,12 +88,6 @@ REQUEST_VALUES: dict[str, Callable[[Request], Sequence[float]]] = {
 
 def _number(v: object) -> list[float]:
     return [v] if isinstance(v, (int, float)) else []
-
-
-def fill_percentiles(result: Mapping[str, Any], percentiles: Sequence[float]) -> dict:
-    """:func:`with_percentiles_filled` of a result's dict, as its dict."""
-    return to_dict(with_percentiles_filled(parse_run(result, "the result"), percentiles,
-                                           "the result"))
 
 
 def with_percentiles_filled(result: RunResult, percentiles: Sequence[float],

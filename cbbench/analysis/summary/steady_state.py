@@ -21,7 +21,7 @@ happened in it (output tokens streamed, requests completed, per second of the wi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -36,15 +36,14 @@ METHOD_RUNNING = "running_requests"
 METHOD_IN_FLIGHT = "in_flight_requests"
 
 
-def steps_from_columns(
-    start_s: np.ndarray, duration_s: np.ndarray, num_running: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """(edges, values): c = values[i] on [edges[i], edges[i + 1]), from the iteration
-    records' columns: the iterations in start order; before one that starts after every
-    earlier one has ended, an idle gap at 0 from that end (the run's start for the first)."""
-    start = np.asarray(start_s, dtype=np.float64)
-    dur = np.asarray(duration_s, dtype=np.float64)
-    running = np.asarray(num_running, dtype=np.float64)
+def steps_from_iterations(iterations: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(edges, values): c = values[i] on [edges[i], edges[i + 1]), the engine's running count
+    from its iteration records' columns (metrics.engine_columns, or a compact run's
+    StepTable): the iterations in start order; before one that starts after every earlier
+    one has ended, an idle gap at 0 from that end (the run's start for the first)."""
+    start = np.asarray(iterations["start_s"], dtype=np.float64)
+    dur = np.asarray(iterations["duration_s"], dtype=np.float64)
+    running = np.asarray(iterations["num_running"], dtype=np.float64)
     if (start[1:] < start[:-1]).any():  # the engine lists them in start order: no copies then
         order = np.argsort(start, kind="stable")
         start, dur, running = start[order], dur[order], running[order]
@@ -56,33 +55,13 @@ def steps_from_columns(
     return np.append(edges, reached[-1]), values
 
 
-def _iteration_count(iterations: Sequence[dict] | Mapping[str, np.ndarray]) -> int:
-    return len(iterations["start_s"]) if isinstance(iterations, Mapping) else len(iterations)
-
-
-def steps_from_iterations(
-    iterations: Sequence[dict] | Mapping[str, np.ndarray],
-) -> tuple[np.ndarray, np.ndarray]:
-    """The engine's running count, from its iteration records: dicts, or columns (a compact
-    run's StepTable)."""
-    if isinstance(iterations, Mapping):
-        return steps_from_columns(iterations["start_s"], iterations["duration_s"],
-                                  iterations["num_running"])
-    return steps_from_columns(*(np.array([it[k] for it in iterations], dtype=np.float64)
-                                for k in ("start_s", "duration_s", "num_running")))
-
-
 def steps_from_requests(cols: RequestColumns) -> tuple[np.ndarray, np.ndarray]:
     """The client's count of requests in flight: each sent request from its send to its end."""
     sent = cols.sent
-    return steps_from_sends(cols.send_s[sent], cols.end_s[sent])
-
-
-def steps_from_sends(sends: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The client's count of requests in flight, from each sent request's send and end."""
+    sends, ends = cols.send_s[sent], cols.end_s[sent]
     if len(sends) == 0:
         return np.zeros(1), np.zeros(0)
-    times = np.concatenate((np.asarray(sends, dtype=np.float64), np.asarray(ends, dtype=np.float64)))
+    times = np.concatenate((sends, ends))
     deltas = np.concatenate((np.ones(len(sends)), -np.ones(len(sends))))
     order = np.lexsort((deltas, times))  # at equal times, ends (-1) before starts
     times, counts = times[order], np.cumsum(deltas[order])
@@ -161,40 +140,14 @@ def window_figures(
 def steady_state(
     run: RequestColumns | Sequence[RequestRecord],
     duration_s: float,
-    iterations: Sequence[dict] | Mapping[str, np.ndarray] | None = None,
+    iterations: Mapping[str, np.ndarray] | None = None,
     warmup_s: float | None = None,
     cooldown_s: float | None = None,
     percentiles=DEFAULT_PERCENTILES,
 ) -> dict:
     """summary.steady_state: the window, how it was chosen, and its figures. ``iterations``:
-    the engine's iteration records, as dicts or as columns (a compact run's StepTable)."""
+    the engine's iteration records as columns (steps_from_iterations)."""
     cols = as_columns(run)
-    if iterations is not None and _iteration_count(iterations):
-        method = METHOD_RUNNING
-        steps = lambda: steps_from_iterations(iterations)  # noqa: E731
-    else:
-        method = METHOD_IN_FLIGHT
-        steps = lambda: steps_from_requests(cols)  # noqa: E731
-    starts = cols.intended_start_s
-    arrivals = (float(starts.min()), float(starts.max())) if len(starts) else (0.0, 0.0)
-    return steady_state_from(
-        duration_s, method, steps, arrivals, warmup_s, cooldown_s,
-        lambda a, b: window_figures(cols, a, b, percentiles),
-    )
-
-
-def steady_state_from(
-    duration_s: float,
-    method: str,
-    steps: Callable[[], tuple[np.ndarray, np.ndarray]],
-    arrivals: tuple[float, float],
-    warmup_s: float | None,
-    cooldown_s: float | None,
-    figures: Callable[[float, float], dict],
-) -> dict:
-    """``steady_state`` over any form of the run: ``steps`` gives the running count's step
-    function (the detected method's), ``arrivals`` the first and last intended start,
-    ``figures(a, b)`` the window's figures."""
     detail: dict = {}
     if warmup_s is not None or cooldown_s is not None:
         method = METHOD_WARMUP
@@ -202,7 +155,14 @@ def steady_state_from(
         detail = {"warmup_s": warmup_s or 0.0, "cooldown_s": cooldown_s or 0.0}
         window = (a, b) if b > a else None
     else:
-        edges, values = steps()
+        if iterations is not None and len(iterations["start_s"]):
+            method = METHOD_RUNNING
+            edges, values = steps_from_iterations(iterations)
+        else:
+            method = METHOD_IN_FLIGHT
+            edges, values = steps_from_requests(cols)
+        starts = cols.intended_start_s
+        arrivals = (float(starts.min()), float(starts.max())) if len(starts) else (0.0, 0.0)
         found = detect_window(edges, values, arrivals[0], arrivals[1])
         window = found[:2] if found else None
         detail = found[2] if found else {}
@@ -214,7 +174,7 @@ def steady_state_from(
             else "no steady level found (nothing ran)"
         )
         return out
-    got = figures(window[0], window[1])
+    got = window_figures(cols, window[0], window[1], percentiles)
     if got["requests"] < MIN_WINDOW_REQUESTS:
         out["note"] = (
             f"only {got['requests']} requests served in the window: its figures are noisy"

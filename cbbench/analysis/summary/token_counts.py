@@ -16,10 +16,9 @@ some requests carry it (events == usage), else by tokenizing each event's text o
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from itertools import combinations
-from typing import Any
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.summary.columns import NOT_ASKED, RequestColumns, as_columns
@@ -149,7 +148,7 @@ def output_count_summary(records: Sequence[RequestRecord], detection: dict) -> t
 
 @dataclass(frozen=True, slots=True)
 class ShortOutputs:
-    """summary.short_outputs: completed requests that returned fewer output tokens than
+    """summary.short_outputs (as its dict): completed requests that returned fewer output tokens than
     max_tokens asked for, of those that asked (``checked``)."""
 
     count: int
@@ -164,11 +163,6 @@ class ShortOutputs:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def short_outputs(run: RequestColumns | Sequence[RequestRecord]) -> dict:
-    """summary.short_outputs (:class:`ShortOutputs` as its dict)."""
-    return short_output_figures(run).to_dict()
 
 
 def short_output_figures(run: RequestColumns | Sequence[RequestRecord]) -> ShortOutputs:
@@ -188,10 +182,8 @@ def short_output_figures(run: RequestColumns | Sequence[RequestRecord]) -> Short
     )
 
 
-def short_output_warning(figures: ShortOutputs | Mapping[str, Any],
-                         ignore_eos_sent: bool) -> str | None:
-    """The warning ``figures`` call for (:func:`short_outputs`' dict or its figures)."""
-    so = figures if isinstance(figures, ShortOutputs) else ShortOutputs(**figures)
+def short_output_warning(so: ShortOutputs, ignore_eos_sent: bool) -> str | None:
+    """The warning ``so`` calls for."""
     if so.share <= SHORT_OUTPUT_WARN_SHARE or not so.checked:
         return None
     early = so.count - so.finish_reason_length
