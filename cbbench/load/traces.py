@@ -40,7 +40,6 @@ BURSTGPT_COLUMNS = (
     "Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type",
 )
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
-MOONCAKE_OPTIONAL = ("hash_ids",)
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 _AZURE_TIME = re.compile(
