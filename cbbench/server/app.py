@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cbbench.server.apis.embeddings_api import embeddings_endpoint
 from cbbench.server.apis.rerank_api import rerank_endpoint
-from cbbench.server.apis.tokenization import detokenize, parse_detokenize, parse_tokenize, tokenize
+from cbbench.server.apis.tokenization import detokenize, parse_tokenize, tokenize
 from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.auth import ApiKeyGuard
 from cbbench.server.context import ServeConfig, ServeContext
@@ -40,7 +40,13 @@ from cbbench.server.generate import (
     send_json,
 )
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
-from cbbench.server.protocol import APIError, error_body, validation_error
+from cbbench.server.protocol import (
+    APIError,
+    DetokenizeRequest,
+    error_body,
+    parse_request,
+    validation_error,
+)
 
 if TYPE_CHECKING:
     from cbbench.engine.core.engine import Engine
@@ -205,7 +211,7 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
     @app.post("/detokenize")
     async def detokenize_endpoint(request: Request):
         s = ctx.ready()
-        body = parse_detokenize(await _json_body(request))
+        body = parse_request(DetokenizeRequest, await _json_body(request))
         ctx.check_model(s, body.model)
         return detokenize(body, s.codec, s.vocab_size)
 

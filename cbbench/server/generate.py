@@ -121,7 +121,7 @@ class Generation:
             trace_images(trace, job.images)
         trace.submitted = stream.submitted_s
         trace.engine_id = stream.req.request_id
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, stream))
+        watcher = asyncio.ensure_future(watch_disconnect(receive, [stream]))
         try:
             if await _admitted(stream, trace):
                 cfg = ctx.cfg
@@ -157,14 +157,17 @@ async def _admitted(stream: RequestStream, trace: RequestTrace) -> bool:
     return True
 
 
-async def _watch_disconnect(receive, stream: RequestStream) -> None:
+async def watch_disconnect(receive, streams: list[RequestStream]) -> None:
+    """The client went away: abort the request's engine requests (a pooling request has one
+    per input) and wake whoever waits on them with CLIENT_GONE."""
     # Once the body is read, an ASGI server's receive() blocks until the client disconnects
     # (or the response completes, when this watcher is cancelled anyway).
     while (await receive())["type"] != "http.disconnect":
         pass
-    if not stream.finished:
-        stream.close()  # abort in the engine: frees its KV blocks
-        stream.queue.put_nowait(CLIENT_GONE)
+    for stream in streams:
+        if not stream.finished:
+            stream.close()  # abort in the engine: frees its KV blocks
+            stream.queue.put_nowait(CLIENT_GONE)
 
 
 def _end(trace: RequestTrace, stream: RequestStream, finish: str | None, status: int,
