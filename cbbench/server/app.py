@@ -37,7 +37,6 @@ from cbbench.server.generate import (
     Generation,
     body_too_large,
     capped_receive,
-    send_json,
 )
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
 from cbbench.server.protocol import (
@@ -45,6 +44,7 @@ from cbbench.server.protocol import (
     DetokenizeRequest,
     error_body,
     parse_request,
+    send_json,
     validation_error,
 )
 

@@ -18,7 +18,6 @@ the bytes are then in the socket (or its buffer, when the client reads slowly).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from cbbench.server.apis.anthropic_api import ANTHROPIC
@@ -28,7 +27,7 @@ from cbbench.server.async_engine import RequestStream
 from cbbench.server.context import ServeContext, Served
 from cbbench.server.engine_events import Admitted, Failed, TokenEvent
 from cbbench.server.images import trace_images
-from cbbench.server.protocol import APIError, body_too_large
+from cbbench.server.protocol import APIError, body_too_large, send_json
 from cbbench.server.request_log import RequestTrace
 from cbbench.server.request_metrics import request_metrics
 from cbbench.server.shaping import Api, Counts, Job, OutputTexts, StreamShaper
@@ -42,17 +41,6 @@ GENERATION_PATHS: dict[str, Api] = {
 CLIENT_GONE = Failed("the client went away")
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", for the log
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-JSON_TYPE = (b"content-type", b"application/json")
-
-
-async def send_json(send, status: int, obj: dict) -> None:
-    body = json.dumps(obj).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [JSON_TYPE, (b"content-length", str(len(body)).encode())],
-    })
-    await send({"type": "http.response.body", "body": body})
 
 
 async def read_body(receive) -> bytes | None:

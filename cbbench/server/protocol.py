@@ -36,6 +36,7 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar, cast
 
@@ -70,6 +71,21 @@ class APIError(Exception):
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+JSON_TYPE = (b"content-type", b"application/json")
+
+
+async def send_json(send, status: int, obj: dict, headers: Sequence[tuple[bytes, bytes]] = ()
+                    ) -> None:
+    """One JSON answer on an ASGI ``send``, with any ``headers`` beside its type and length."""
+    body = json.dumps(obj).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [JSON_TYPE, (b"content-length", str(len(body)).encode()), *headers],
+    })
+    await send({"type": "http.response.body", "body": body})
 
 
 def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:

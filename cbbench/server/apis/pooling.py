@@ -35,10 +35,9 @@ from cbbench.server.generate import (
     CLIENT_CLOSED_STATUS,
     CLIENT_GONE,
     read_body,
-    send_json,
     watch_disconnect,
 )
-from cbbench.server.protocol import APIError, check_vocab
+from cbbench.server.protocol import APIError, check_vocab, send_json
 from cbbench.server.request_log import RequestTrace
 
 DEFAULT_DIM = 1024  # when the engine's model reports no hidden size
