@@ -37,6 +37,7 @@ from cbbench.server.generate import (
     Generation,
     body_too_large,
     capped_receive,
+    header,
 )
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
 from cbbench.server.protocol import (
@@ -92,8 +93,9 @@ class ServeApp:
             await self._guard.reject(send, msg, api)
             return
         limit = self._generation.ctx.max_body_bytes(images=scope["path"] == CHAT_PATH)
-        length = _content_length(scope)
-        if length is not None and length > limit:  # refused before a byte of it is read
+        # A declared length over the limit is refused before a byte of the body is read.
+        length = header(scope, b"content-length")
+        if length is not None and length.isdecimal() and int(length) > limit:
             err = body_too_large(limit)
             await send_json(send, err.status, api.error_body(err) if api else err.body())
             return
@@ -110,13 +112,6 @@ class ServeApp:
         else:
             assert api is not None  # a pooling path that is not POST answered 405 above
             await self._generation(scope, receive, send, api, arrival)
-
-
-def _content_length(scope) -> int | None:
-    for k, v in scope["headers"]:
-        if k == b"content-length":
-            return int(v) if v.isdigit() else None
-    return None
 
 
 def create_app(build: Callable[[], tuple[Engine, dict]], config: ServeConfig | None = None) -> ServeApp:

@@ -74,7 +74,8 @@ def capped_receive(receive, limit: int):
     return wrapped
 
 
-def _header(scope, name: bytes) -> str | None:
+def header(scope, name: bytes) -> str | None:
+    """The first value of a request header (``name`` lower-case), as text."""
     for k, v in scope["headers"]:
         if k == name:
             return v.decode("latin-1")
@@ -101,7 +102,7 @@ class Generation:
         ctx = self.ctx
         stream = ctx.bridge.submit(job.prompt_ids, job.max_tokens, job.sampling,
                                    encoder_flops=sum(im.encoder_flops for im in job.images))
-        shaper = job.api.shaper(job, s, _header(scope, b"x-request-id"), ctx.cfg,
+        shaper = job.api.shaper(job, s, header(scope, b"x-request-id"), ctx.cfg,
                                 stream.submitted_s)
         trace = RequestTrace(shaper.id, job.api.name, job.stream, arrival)
         trace.prompt_tokens = len(job.prompt_ids)
