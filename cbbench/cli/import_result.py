@@ -102,11 +102,12 @@ def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
     """(config, started_at, records, duration_s, t0_epoch_s) of the tool's file."""
     from cbbench.analysis.result import read_json_file
     from cbbench.importers import aiperf, guidellm, inference_perf, vllm_bench
+    from cbbench.importers.fields import base_config, duration_s
 
     if tool == aiperf.TOOL:
         rows = aiperf.lines(file)
         recs = aiperf.records(rows, str(file))
-        return aiperf.config(recs), None, recs, aiperf.duration_s(recs), aiperf.origin(rows)
+        return base_config(aiperf.TOOL, len(recs)), None, recs, duration_s(recs), aiperf.origin(rows)
     data = read_json_file(file, f"{tool} result")
     if tool == inference_perf.TOOL:
         entries = inference_perf.entries(data, str(file))
@@ -119,8 +120,9 @@ def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
         bench = guidellm.benchmark(data, str(file), benchmark)
         recs = guidellm.records(bench, str(file))
         return (guidellm.config(data, bench, recs), guidellm.started_at(bench), recs,
-                guidellm.duration_s(bench, recs), guidellm.origin(bench, str(file)))
-    recs = vllm_bench.records(data, str(file))
-    t0 = vllm_bench.origin(data, str(file)) if same_host else None
-    return (vllm_bench.config(data), vllm_bench.started_at(data, t0), recs,
-            vllm_bench.duration_s(data, recs), t0)
+                duration_s(recs, bench.duration), guidellm.origin(bench, str(file)))
+    vllm = vllm_bench.VllmBenchFile.model_validate(data)
+    recs = vllm_bench.records(vllm, str(file))
+    t0 = vllm_bench.origin(vllm, str(file)) if same_host else None
+    return (vllm_bench.config(vllm), vllm_bench.started_at(vllm, t0), recs,
+            duration_s(recs, vllm.duration), t0)

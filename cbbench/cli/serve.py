@@ -61,9 +61,9 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     benchmark expects.
     """
     from cbbench.engine.core.request import SamplingParams
+    from cbbench.load.prompts import load_tokenizer
     from cbbench.server.app import ServeConfig, create_app
     from cbbench.server.auth import is_loopback, resolve_api_key
-    from cbbench.server.text import load_tokenizer
     from cbbench.targets.engine import resolve_engine
 
     host, port, tokenizer = options.host, options.port, options.tokenizer
@@ -71,10 +71,7 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     opts = engine_opts
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
     opts = dataclasses.replace(opts, engine=resolve_engine(opts))
-    try:
-        tok = load_tokenizer(tokenizer) if tokenizer is not None else None
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    tok = load_tokenizer(tokenizer) if tokenizer is not None else None
     config = ServeConfig(
         served_model_name=options.served_model_name or opts.model,
         tokenizer=tok,

@@ -24,8 +24,9 @@ import signal
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
+from typing import Protocol
 
-from cbbench.distributed.merge import FINAL, Merger
+from cbbench.distributed.merge import FINAL, STARTING, Merger
 from cbbench.distributed.messages import WorkerTask
 from cbbench.distributed.plan import deal
 from cbbench.distributed.session_share import deal_sessions
@@ -122,6 +123,54 @@ def _signal_name(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
+class WorkerPool(Protocol):
+    """One run's workers as the parent drives them (processes here, Ray actors: ray_pool.py)."""
+
+    def start(self) -> float:
+        """Start every set-up worker at one instant, a time.perf_counter() value: t0."""
+
+    def stop(self) -> None:
+        """Tell every worker still running to stop dispatching."""
+
+    def poll(self, t0: float | None) -> None:
+        """Hand what the workers sent (and any worker's death) to the merger; wait up to
+        POLL_S for it."""
+
+
+def drive(pool: WorkerPool, merger: Merger, opts: EndpointOptions,
+          should_stop: Callable[[], bool] | None, on_progress: Callable[[int, int], None] | None,
+          on_t0: Callable[[float], None] | None, setup_timeout_s: float, who: str,
+          cpu0: float) -> HttpRun:
+    """The parent's loop, the same for processes and Ray actors: once every worker is set up
+    (or gone) start them all at one instant, pass a stop on, take what they send until each
+    one is final, then merge. A worker's bad input, and a set-up past its deadline, are
+    refused; ``cpu0``: the parent's CPU time when the run began."""
+    t0: float | None = None
+    stop_sent = False
+    deadline = time.monotonic() + setup_timeout_s
+    while not merger.all_final:
+        if t0 is None:
+            if merger.usage_error is not None:
+                raise UsageError(merger.usage_error)
+            if should_stop is not None and should_stop():
+                break  # stopped during set-up: nothing was sent
+            if all(ws.status != STARTING for ws in merger.workers):
+                t0 = pool.start()  # every worker is set up (or gone): one start instant
+                if on_t0 is not None:
+                    on_t0(t0)
+            elif time.monotonic() > deadline:
+                raise UsageError(f"the {who} did not get ready within {setup_timeout_s:g} s")
+        elif not stop_sent and should_stop is not None and should_stop():
+            stop_sent = True
+            pool.stop()
+        pool.poll(t0)
+        if on_progress is not None and t0 is not None:
+            on_progress(merger.finished, merger.total)
+    if t0 is None:
+        t0 = time.perf_counter()  # nothing was sent: the run starts and ends now
+    return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0)
+
+
 def run_local_workers(
     opts: EndpointOptions,
     tasks: list[WorkerTask],
@@ -130,41 +179,25 @@ def run_local_workers(
     on_progress: Callable[[int, int], None] | None,
     on_t0: Callable[[float], None] | None = None,
 ) -> HttpRun:
-    pool = _LocalPool(merger, should_stop, on_t0)
-    total = len(merger.records)
+    pool = _LocalPool(merger)
     cpu0 = time.process_time()
     try:
         pool.spawn(tasks)
-        setup_deadline = time.monotonic() + SETUP_TIMEOUT_S
-        while not merger.all_final:
-            if pool.t0 is None:
-                if not pool.try_start(setup_deadline):
-                    break  # stopped during set-up: nothing was sent
-            elif not pool.stop_sent and should_stop is not None and should_stop():
-                pool.send_stop()
-            pool.poll()
-            if on_progress is not None and pool.t0 is not None:
-                on_progress(merger.finished, total)
-        t0 = pool.t0
-        if t0 is None:
-            t0 = time.perf_counter()  # nothing was sent: the run starts and ends now
-        return merger.result(opts, t0, pool.stop_sent or pool.t0 is None,
-                             time.process_time() - cpu0)
+        return drive(pool, merger, opts, should_stop, on_progress, on_t0, SETUP_TIMEOUT_S,
+                     "workers", cpu0)
     finally:
         pool.close()
 
 
 class _LocalPool:
-    """The worker processes of one run, their pipes, and the shared start instant."""
+    """The worker processes of one run and their pipes."""
 
-    def __init__(self, merger: Merger, should_stop, on_t0) -> None:
-        self.merger, self.should_stop, self.on_t0 = merger, should_stop, on_t0
+    def __init__(self, merger: Merger) -> None:
+        self.merger = merger
         self.procs: list = []
         self.ctrls: list = []
         self.datas: list = []
         self.open_data: dict = {}
-        self.t0: float | None = None
-        self.stop_sent = False
 
     def spawn(self, tasks: list[WorkerTask]) -> None:
         ctx = mp.get_context("spawn")
@@ -190,28 +223,15 @@ class _LocalPool:
             if self.merger.workers[k].status not in FINAL:
                 _send(c, msg)
 
-    def try_start(self, setup_deadline: float) -> bool:
-        """Start every worker at one instant once all are set up. False: stopped in set-up."""
-        merger = self.merger
-        if merger.usage_error is not None:
-            raise UsageError(merger.usage_error)
-        if self.should_stop is not None and self.should_stop():
-            return False
-        if all(ws.status != "starting" for ws in merger.workers):
-            # Every worker is set up (or gone): one start instant for all.
-            self.t0 = time.perf_counter() + START_MARGIN_S
-            self._send_all(("start", self.t0))
-            if self.on_t0 is not None:
-                self.on_t0(self.t0)
-        elif time.monotonic() > setup_deadline:
-            raise UsageError(f"the workers did not get ready within {SETUP_TIMEOUT_S:g} s")
-        return True
+    def start(self) -> float:
+        t0 = time.perf_counter() + START_MARGIN_S
+        self._send_all(("start", t0))
+        return t0
 
-    def send_stop(self) -> None:
-        self.stop_sent = True
+    def stop(self) -> None:
         self._send_all(("stop",))
 
-    def poll(self) -> None:
+    def poll(self, t0: float | None) -> None:
         """Take what the workers sent; note a process that ended with its pipe closed."""
         ready = wait(
             list(self.open_data.values())
@@ -223,14 +243,13 @@ class _LocalPool:
             if k is not None:
                 try:
                     msg = self.open_data[k].recv()
-                    self.merger.on_message(msg, _since(self.t0))
+                    self.merger.on_message(msg, _since(t0))
                 except (EOFError, OSError):
                     del self.open_data[k]  # its pipe is closed: check the process next
                 continue
             k = next(k for k, p in enumerate(self.procs) if p.sentinel == obj)
             self.procs[k].join(JOIN_TIMEOUT_S)
-            at = time.perf_counter() - self.t0 if self.t0 is not None else 0.0
-            self.merger.died(k, at, _signal_name(self.procs[k].exitcode))
+            self.merger.died(k, _since(t0) or 0.0, _signal_name(self.procs[k].exitcode))
 
     def close(self) -> None:
         for c in self.ctrls:

@@ -49,7 +49,6 @@ class WorkerState:
     status: str = STARTING
     pid: int | None = None
     host: str | None = None
-    received: int = 0  # records streamed back
     done: Done | None = None
     died_at_s: float | None = None  # on the run clock: when the parent saw it gone
     error: str | None = None
@@ -93,7 +92,6 @@ class Merger:
                 self.records[pos] = rec
                 if rec.error is None:
                     self.methods[method] += 1
-            ws.received += len(msg.items)
             self.finished += len(msg.items)
         elif isinstance(msg, Ready):
             ws.status, ws.pid, ws.host = READY, msg.pid, msg.host

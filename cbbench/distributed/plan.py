@@ -37,12 +37,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def spare_cores() -> int:
-    """--workers auto on this machine: one worker per core, less the one the parent (which
-    merges the workers' records) and the rest of the system need; at least 1."""
-    return max(1, usable_cores() - 1)
-
-
 @dataclass(frozen=True)
 class LoadPlan:
     workers: int | str = 1  # N, or "auto"

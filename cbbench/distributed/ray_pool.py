@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 
 from cbbench.clock_offset import UNCERTAINTY_FLAG_MS, ClockOffset, measure_offset
-from cbbench.distributed.local import START_MARGIN_S, plan_workers
+from cbbench.distributed.local import POLL_S, START_MARGIN_S, drive, plan_workers
 from cbbench.distributed.merge import FINAL, READY, Merger
 from cbbench.distributed.messages import Done, Failed, WorkerTask
 from cbbench.distributed.plan import AUTO, LoadPlan, usable_cores
@@ -44,7 +44,6 @@ log = logging.getLogger(__name__)
 
 RAY_MISSING = "--ray needs Ray: pip install 'cbbench[ray]'"
 SETUP_TIMEOUT_S = 300.0  # actors scheduled and started on the cluster, set up
-POLL_S = 0.05
 ACTOR_THREADS = 4  # run (streaming), now, start, stop
 NAMESPACE = "cbbench"
 # ray.init retries an unreachable GCS address for minutes: a plain TCP connect says it first.
@@ -178,9 +177,7 @@ def run_ray_workers(
             for t in tasks
         ]
         try:
-            return _drive(
-                ray, actors, opts, merger, should_stop, on_progress, merger.total, on_t0
-            )
+            return _drive(ray, actors, opts, merger, should_stop, on_progress, on_t0)
         finally:
             for a in actors:  # on a cluster that outlives this run, leave nothing behind
                 ray.kill(a)
@@ -189,111 +186,83 @@ def run_ray_workers(
             ray.shutdown()
 
 
-def _drive(
-    ray, actors, opts, merger: Merger, should_stop, on_progress, total, on_t0
-) -> HttpRun:
+def _drive(ray, actors, opts, merger: Merger, should_stop, on_progress, on_t0) -> HttpRun:
     cpu0 = time.process_time()
-    try:
-        where = ray.get([a.where.remote() for a in actors], timeout=SETUP_TIMEOUT_S)
-    except ray.exceptions.GetTimeoutError:
-        raise UsageError(
-            f"the Ray actors did not start within {SETUP_TIMEOUT_S:g} s (cluster busy?)"
-        ) from None
-    here = ray.get_runtime_context().get_node_id()
-    out: queue.SimpleQueue = queue.SimpleQueue()
-    for k, a in enumerate(actors):
-        threading.Thread(target=_reader, args=(ray, k, a.run.remote(), out), daemon=True).start()
-
-    t0 = None
-    stop_sent = False
-    deadline = time.monotonic() + SETUP_TIMEOUT_S
-    while not merger.all_final:
-        if t0 is None:
-            state = _setup_state(merger, should_stop, deadline)
-            if state == SETUP_STOPPED:
-                break
-            if state == SETUP_READY:
-                t0 = _start(ray, actors, merger, where, here)
-                if on_t0 is not None:
-                    on_t0(t0)
-        elif not stop_sent and should_stop is not None and should_stop():
-            stop_sent = True
-            for k, a in enumerate(actors):
-                if merger.workers[k].status not in FINAL:
-                    a.stop.remote()
-        _take(out, merger, t0)
-        if on_progress is not None and t0 is not None:
-            on_progress(merger.finished, total)
-    if t0 is None:
-        t0 = time.perf_counter()
-    return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0)
+    pool = _RayPool(ray, actors, merger)
+    return drive(pool, merger, opts, should_stop, on_progress, on_t0, SETUP_TIMEOUT_S,
+                 "Ray workers", cpu0)
 
 
-SETUP_STOPPED, SETUP_READY, SETTING_UP = "stopped", "ready", "setting up"
+class _RayPool:
+    """One run's actors: where each runs, and one reader thread per actor moving its stream
+    into a queue the driver takes from."""
 
+    def __init__(self, ray, actors, merger: Merger) -> None:
+        self.ray, self.actors, self.merger = ray, actors, merger
+        try:
+            self.where = ray.get([a.where.remote() for a in actors], timeout=SETUP_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise UsageError(
+                f"the Ray actors did not start within {SETUP_TIMEOUT_S:g} s (cluster busy?)"
+            ) from None
+        self.here = ray.get_runtime_context().get_node_id()
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        for k, a in enumerate(actors):
+            threading.Thread(target=_reader, args=(ray, k, a.run.remote(), self.out),
+                             daemon=True).start()
 
-def _setup_state(merger: Merger, should_stop, deadline: float) -> str:
-    """Before the start: SETUP_STOPPED (asked to stop), SETUP_READY (every worker set up, or gone) or
-    SETTING_UP; a worker's bad input and a set-up past its deadline are refused."""
-    if merger.usage_error is not None:
-        raise UsageError(merger.usage_error)
-    if should_stop is not None and should_stop():
-        return SETUP_STOPPED
-    if all(ws.status != "starting" for ws in merger.workers):
-        return SETUP_READY
-    if time.monotonic() > deadline:
-        raise UsageError(f"the Ray workers did not get ready within {SETUP_TIMEOUT_S:g} s")
-    return SETTING_UP
+    def stop(self) -> None:
+        for k, a in enumerate(self.actors):
+            if self.merger.workers[k].status not in FINAL:
+                a.stop.remote()
 
+    def poll(self, t0: float | None) -> None:
+        """One batch the actors' reader threads queued (or a death), into the merger."""
+        try:
+            k, batch = self.out.get(timeout=POLL_S)
+        except queue.Empty:
+            return
+        if isinstance(batch, tuple):  # ('died', reason)
+            at = time.perf_counter() - t0 if t0 is not None else 0.0
+            self.merger.died(k, at, batch[1])
+        else:
+            for msg in batch:
+                self.merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
 
-def _take(out: queue.SimpleQueue, merger: Merger, t0: float | None) -> None:
-    """One batch the actors' reader threads queued (or a death), into the merger."""
-    try:
-        k, batch = out.get(timeout=POLL_S)
-    except queue.Empty:
-        return
-    if isinstance(batch, tuple):  # ('died', reason)
-        at = time.perf_counter() - t0 if t0 is not None else 0.0
-        merger.died(k, at, batch[1])
-    else:
-        for msg in batch:
-            merger.on_message(msg, time.perf_counter() - t0 if t0 is not None else None)
+    def start(self) -> float:
+        """Measure every ready actor's clock offset, then start them all at one instant."""
+        offsets: dict[int, float] = {}
+        for k, a in enumerate(self.actors):
+            ws = self.merger.workers[k]
+            if ws.status != READY:
+                continue
+            node, host, pid = self.where[k]
+            m: ClockOffset = measure_offset(functools.partial(_actor_now, self.ray, a))
+            same = node == self.here
+            # Same node: one kernel clock, the offset is exactly 0 (the measurement is a check).
+            offsets[k] = 0.0 if same else m.offset_s
+            uncertainty_ms = 0.0 if same else m.uncertainty_s * MS
+            ws.extra.update(
+                node=node,
+                same_node_as_driver=same,
+                clock_offset_ms=offsets[k] * MS,
+                clock_uncertainty_ms=uncertainty_ms,
+                clock_flagged=uncertainty_ms > UNCERTAINTY_FLAG_MS,
+                **m.to_dict(),
+            )
+            if uncertainty_ms > UNCERTAINTY_FLAG_MS:
+                log.info(
+                    f"warning: worker {k} on {host}: clock offset known only to ±"
+                    f"{uncertainty_ms:.2f} ms (> {UNCERTAINTY_FLAG_MS:g} ms): its requests' "
+                    "place on the shared schedule is that uncertain"
+                )
+        t0 = time.perf_counter() + START_MARGIN_S
+        for k, a in enumerate(self.actors):
+            if k in offsets:
+                a.start.remote(t0 - offsets[k])  # the same instant, on the actor's clock
+        return t0
 
 
 def _actor_now(ray, actor) -> float:
     """The actor's clock, read through Ray (one round trip)."""
     return ray.get(actor.now.remote())
-
-
-def _start(ray, actors, merger: Merger, where, here: str) -> float:
-    """Measure every ready actor's clock offset, then start them all at one instant."""
-    offsets: dict[int, float] = {}
-    for k, a in enumerate(actors):
-        ws = merger.workers[k]
-        if ws.status != READY:
-            continue
-        node, host, pid = where[k]
-        m: ClockOffset = measure_offset(functools.partial(_actor_now, ray, a))
-        same = node == here
-        # Same node: one kernel clock, the offset is exactly 0 (the measurement is a check).
-        offsets[k] = 0.0 if same else m.offset_s
-        uncertainty_ms = 0.0 if same else m.uncertainty_s * MS
-        ws.extra.update(
-            node=node,
-            same_node_as_driver=same,
-            clock_offset_ms=offsets[k] * MS,
-            clock_uncertainty_ms=uncertainty_ms,
-            clock_flagged=uncertainty_ms > UNCERTAINTY_FLAG_MS,
-            **m.to_dict(),
-        )
-        if uncertainty_ms > UNCERTAINTY_FLAG_MS:
-            log.info(
-                f"warning: worker {k} on {host}: clock offset known only to ±"
-                f"{uncertainty_ms:.2f} ms (> {UNCERTAINTY_FLAG_MS:g} ms): its requests' place "
-                "on the shared schedule is that uncertain"
-            )
-    t0 = time.perf_counter() + START_MARGIN_S
-    for k, a in enumerate(actors):
-        if k in offsets:
-            a.start.remote(t0 - offsets[k])  # the same instant, on the actor's clock
-    return t0

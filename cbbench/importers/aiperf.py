@@ -18,19 +18,19 @@ else the send. Warm-up records are left out, as AIPerf leaves them out of its ow
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
-from cbbench.importers.fields import ToolFields, part
+from cbbench.importers.fields import ToolFields, count, number, part
 
 TOOL = "aiperf"
 NS = 1e-9
 MS = 1e-3
 WARMUP_PHASE = "warmup"
+DURATION = "a duration"  # what a latency metric holds
 TIME_UNITS_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
@@ -112,7 +112,8 @@ def _profiling(rows: Iterable[Row], source: str) -> list[Row]:
 
 def _slots(rows: list[Row], source: str) -> tuple[list[int], list[int]]:
     """(send, intended start) per record, in ns on AIPerf's wall clock (time.time_ns)."""
-    starts = [_ns(r.meta.request_start_ns, "request_start_ns", f"{source}:{r.n}") for r in rows]
+    starts = [count(r.meta.request_start_ns, f"{source}:{r.n}", "metadata.request_start_ns",
+                    "a time in ns") for r in rows]
     issued = [r.meta.credit_issued_ns for r in rows]
     return starts, [i if isinstance(i, int) and not isinstance(i, bool) else s
                     for i, s in zip(issued, starts)]
@@ -180,7 +181,7 @@ def _token_times(metrics: Metrics, send: float, output_tokens: int, where: str) 
     if gaps is not None and isinstance(gaps.value, list):
         scale = _unit(gaps, where, "inter_chunk_latency")
         for gap in gaps.value:
-            times.append(times[-1] + _finite(gap, where, "inter_chunk_latency") * scale)
+            times.append(times[-1] + number(gap, where, "inter_chunk_latency", DURATION, 0) * scale)
     elif output_tokens > 1 and "request_latency" in metrics.model_fields_set:
         times.append(send + _seconds(metrics.request_latency, "request_latency", where))
     return times
@@ -191,7 +192,7 @@ def _seconds(m: Any, tag: str, where: str) -> float:
     if not isinstance(m, dict):
         raise UsageError(f"{where}: a completed record without {tag}")
     metric = Metric.model_validate(m)
-    return _finite(metric.value, where, tag) * _unit(metric, where, tag)
+    return number(metric.value, where, tag, DURATION, 0) * _unit(metric, where, tag)
 
 
 def _unit(m: Metric, where: str, tag: str) -> float:
@@ -208,35 +209,4 @@ def _tokens(m: Any, tag: str, where: str) -> int:
     v = Metric.model_validate(m).value if isinstance(m, dict) else None
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UsageError(f"{where}: {tag} holds {v!r}, not a token count")
-    return v
-
-
-def _ns(v: Any, key: str, where: str) -> int:
-    """metadata.``key`` (``v``, as written): a time in ns."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UsageError(f"{where}: metadata.{key} holds {v!r}, not a time in ns")
-    return v
-
-
-def _finite(v, where: str, tag: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise UsageError(f"{where}: {tag} holds {v!r}, not a duration")
-    return float(v)
-
-
-def config(recs: list[RequestRecord]) -> dict:
-    return {
-        "label": None,
-        "imported_from": TOOL,
-        "workload": "unknown",
-        "num_requests": len(recs),
-        "request_rate": None,
-        "target": "http",
-    }
-
-
-def duration_s(recs: list[RequestRecord]) -> float:
-    ends = [r.token_times_s[-1] for r in recs if r.token_times_s]
-    return max(ends) if ends else 0.0
+    return count(v, where, tag)

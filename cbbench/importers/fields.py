@@ -4,10 +4,13 @@ the fields it does not read pass through."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
 
 
@@ -29,3 +32,45 @@ def part(model: type[M], v: Any, where: str, key: str, tool: str) -> M:
         raise UsageError(f"{where}: {key} holds {v!r:.40}, not an object ({tool} writes an "
                          "object there)")
     return model.model_validate(v)
+
+
+# ---- a value as written, checked where it is read: one line naming the file's key ----------
+def count(v: Any, where: str, key: str, what: str = "a token count") -> int:
+    """``v`` (the file's ``key``) as an integer >= 0 (a count, or a time in whole ns)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise UsageError(f"{where}: {key} holds {v!r}, not {what}")
+    return v
+
+
+def number(v: Any, where: str, key: str, what: str, low: float = -math.inf) -> float:
+    """``v`` (the file's ``key``) as a finite number >= ``low``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low:
+        raise UsageError(f"{where}: {key} holds {v!r}, not {what}")
+    return float(v)
+
+
+def positive(v: Any) -> float | None:
+    """A duration a tool wrote, when it is a finite number > 0; None otherwise."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return float(v) if ok else None
+
+
+def duration_s(recs: Sequence[RequestRecord], stated: Any = None) -> float:
+    """The run's duration: the tool's own (``stated``) when it wrote a usable one, else the
+    last token's time."""
+    if (d := positive(stated)) is not None:
+        return d
+    ends = [r.token_times_s[-1] for r in recs if r.token_times_s]
+    return max(ends) if ends else 0.0
+
+
+def base_config(tool: str, num_requests: int) -> dict:
+    """The result config every import starts from (an importer sets what its file says)."""
+    return {
+        "label": None,
+        "imported_from": tool,
+        "workload": "unknown",
+        "num_requests": num_requests,
+        "request_rate": None,
+        "target": "http",
+    }

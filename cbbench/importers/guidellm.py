@@ -33,7 +33,7 @@ import numpy as np
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
 from cbbench.importers.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, check_count
-from cbbench.importers.fields import ToolFields, part
+from cbbench.importers.fields import ToolFields, base_config, part
 
 TOOL = "guidellm"
 STATUSES = ("successful", "incomplete", "errored")
@@ -259,12 +259,9 @@ def config(data: Mapping, bench: Benchmark, recs: list[RequestRecord]) -> dict:
     rate = strategy.rate if strategy is not None else None
     scenario = _scenario(data, "the report")
     return {
-        "label": None,
-        "imported_from": TOOL,
+        **base_config(TOOL, len(recs)),
         "workload": str(scenario.data or "unknown")[:200],
-        "num_requests": len(recs),
         "request_rate": rate if isinstance(rate, (int, float)) else None,
-        "target": "http",
         "endpoint": scenario.target,
         "served_model": scenario.model,
         "model": scenario.model,
@@ -277,11 +274,3 @@ def started_at(bench: Benchmark) -> str | None:
     if not isinstance(start, (int, float)) or isinstance(start, bool) or not math.isfinite(start):
         return None
     return dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat(timespec="seconds")
-
-
-def duration_s(bench: Benchmark, recs: list[RequestRecord]) -> float:
-    d = bench.duration
-    if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
-        return float(d)
-    ends = [r.token_times_s[-1] for r in recs if r.token_times_s]
-    return max(ends) if ends else 0.0

@@ -24,12 +24,11 @@ What carries over, and how it differs from a cbbench run of the same load:
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
-from cbbench.importers.fields import ToolFields, part
+from cbbench.importers.fields import ToolFields, base_config, count, number, part
 
 TOOL = "inference-perf"
 
@@ -129,13 +128,13 @@ def _record(k: int, e: Entry, start: float, t0: float, where: str) -> RequestRec
     text = part(TextMetrics, request_metrics.text, where, "info.request_metrics.text", TOOL)
     rec = RequestRecord(
         id=k,
-        prompt_tokens=_count(text.input_tokens if "input_tokens" in text.model_fields_set
+        prompt_tokens=count(text.input_tokens if "input_tokens" in text.model_fields_set
                              else info.input_tokens, where, "input_tokens"),
         output_tokens=0,
         intended_start_s=start,
         send_s=start,
     )
-    counted = _count(metrics.output_tokens, where, "output_tokens")
+    counted = count(metrics.output_tokens, where, "output_tokens")
     server = usage.completion_tokens
     rec.output_tokens = server if type(server) is int and server >= 0 else counted
     rec.output_tokens_method = TOOL
@@ -195,29 +194,13 @@ def _time(v, where: str, key: str) -> float:
     perf_counter's zero undefined and only differences are used here (each time less the
     first send), so a report whose times read below zero (back-dated past a recent boot, or
     from another clock) imports as any other (issue 35, item 1)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise UsageError(f"{where}: {key} holds {v!r}, not a time in seconds")
-    return float(v)
-
-
-def _count(v, where: str, key: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UsageError(f"{where}: {key} holds {v!r}, not a token count")
-    return v
+    return number(v, where, key, "a time in seconds")
 
 
 def config(recs: list[RequestRecord]) -> dict:
     models = sorted({r.model for r in recs if r.model})
-    return {
-        "label": None,
-        "imported_from": TOOL,
-        "workload": "unknown",
-        "num_requests": len(recs),
-        "request_rate": None,
-        "target": "http",
-        "served_model": models[0] if len(models) == 1 else None,
-        "model": models[0] if len(models) == 1 else None,
-    }
+    model = models[0] if len(models) == 1 else None
+    return {**base_config(TOOL, len(recs)), "served_model": model, "model": model}
 
 
 def duration_s(data: list[Entry], recs: list[RequestRecord]) -> float:

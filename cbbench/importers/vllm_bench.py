@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict
 from cbbench.analysis.records import RequestRecord
 from cbbench.clock_offset import perf_minus_epoch
 from cbbench.errors import UsageError
+from cbbench.importers.fields import base_config, count, number, positive
 
 TOOL = "vllm-bench"
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -127,8 +128,8 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
         queue = queued[i]
         rec = RequestRecord(
             id=i,
-            prompt_tokens=_count(data.input_lens[i], source, "input_lens"),
-            output_tokens=_count(data.output_lens[i], source, "output_lens"),
+            prompt_tokens=count(data.input_lens[i], source, "input_lens"),
+            output_tokens=count(data.output_lens[i], source, "output_lens"),
             intended_start_s=start - queue if queue is not None else start,
             send_s=start,
         )
@@ -237,12 +238,10 @@ def config(raw: Mapping | VllmBenchFile) -> dict:
     data = _file(raw)
     rate = data.request_rate
     return {
+        **base_config(TOOL, len(data.ttfts)),
         "label": data.label,
-        "imported_from": TOOL,
         "workload": data.dataset_name or "unknown",
-        "num_requests": len(data.ttfts),
         "request_rate": "inf" if rate in (None, "inf") or _is_inf(rate) else rate,
-        "target": "http",
         "endpoint": data.base_url,
         "api": data.backend,
         "served_model": data.model_id,
@@ -265,19 +264,9 @@ def started_at(raw: Mapping | VllmBenchFile, t0_epoch: float | None = None) -> s
         end = dt.datetime.strptime(date, DATE_FORMAT).astimezone(dt.timezone.utc)
     except ValueError:
         return None
-    d = data.duration
-    if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
+    if (d := positive(data.duration)) is not None:
         end -= dt.timedelta(seconds=round(d))
     return end.isoformat()
-
-
-def duration_s(raw: Mapping | VllmBenchFile, recs: list[RequestRecord]) -> float:
-    data = _file(raw)
-    d = data.duration
-    if isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d > 0:
-        return float(d)
-    ends = [r.token_times_s[-1] for r in recs if r.token_times_s]
-    return max(ends) if ends else 0.0
 
 
 def _is_inf(v) -> bool:
@@ -285,21 +274,11 @@ def _is_inf(v) -> bool:
 
 
 def _number(v, source: str, key: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise UsageError(f"{source}: {key} holds {v!r}, not a time in seconds")
-    return float(v)
+    return number(v, source, key, "a time in seconds", 0)
 
 
 def _clock_reading(v, source: str, key: str) -> float:
     """A perf_counter reading (s): any finite number, below zero too. Python leaves
     perf_counter's zero undefined, and a file from before this host's last boot, moved onto
     its clock, reads below zero here: `origin` refuses such a file for its date, by name."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise UsageError(f"{source}: {key} holds {v!r}, not a clock reading in seconds")
-    return float(v)
-
-
-def _count(v, source: str, key: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UsageError(f"{source}: {key} holds {v!r}, not a token count")
-    return v
+    return number(v, source, key, "a clock reading in seconds")

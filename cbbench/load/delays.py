@@ -16,7 +16,6 @@ import numpy as np
 from cbbench.errors import UsageError
 
 MS = 1000.0
-KINDS = ("const", "exp", "uniform")
 # The longest delay that means anything in a benchmark (the arrival schedule's own limit).
 MAX_DELAY_MS = 30 * 24 * 3600 * MS
 
@@ -33,10 +32,6 @@ class Delay:
         if self.kind == "exp":
             return float(rng.exponential(self.a_ms)) / MS if self.a_ms > 0 else 0.0
         return float(rng.uniform(self.a_ms, self.b_ms)) / MS
-
-    @property
-    def mean_ms(self) -> float:
-        return (self.a_ms + self.b_ms) / 2 if self.kind == "uniform" else self.a_ms
 
     def text(self) -> str:
         if self.kind == "const":

@@ -33,9 +33,6 @@ class StopSignal:
         self._started = True  # the run's loop asks: from now on a signal stops it gracefully
         return self._stop.is_set()
 
-    def request_stop(self) -> None:
-        self._stop.set()
-
     def _handle(self, signum, frame) -> None:
         if self._stop.is_set() or not self._started:
             # Second signal: leave now. KeyboardInterrupt unwinds to the CLI's exit code 130.

@@ -4,6 +4,7 @@ CSV traces' line reader): lines end at \n only, each capped, errors name the lin
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from cbbench.errors import UsageError
@@ -59,3 +60,29 @@ def jsonl_objects(path: Path):
         except ValueError as e:  # an integer of more digits than int() takes
             raise UsageError(f"{where}: malformed JSON ({e})") from None
         yield where, obj
+
+
+# ---- a line's fields, checked as every JSONL format words it ------------------------------
+def json_int(obj: dict, key: str, where: str, minimum: int) -> int:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise UsageError(f"{where}: {key!r} must be an integer >= {minimum}")
+    return v
+
+
+def json_number(obj: dict, key: str, where: str) -> float:
+    """A finite number >= 0 (a time)."""
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        raise UsageError(f"{where}: {key!r} must be a finite number >= 0")
+    return float(v)
+
+
+def json_ids(obj: dict, key: str, where: str) -> tuple[int, ...]:
+    """A non-empty list of token ids."""
+    raw = obj[key]
+    if not isinstance(raw, list) or not raw or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw
+    ):
+        raise UsageError(f"{where}: {key!r} must be a non-empty list of ids >= 0")
+    return tuple(raw)

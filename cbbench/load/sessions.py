@@ -42,11 +42,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
+from typing import TypeVar
 
 import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.load.delays import MAX_DELAY_MS
+from cbbench.load.jsonl import json_ids, json_int, json_number
 from cbbench.load.output_kinds import check_tools
 from cbbench.load.session_dag import TurnNode, build_nodes, order_subagents
 
@@ -173,20 +175,6 @@ def sharegpt_multiturn() -> list[Session]:
 
 
 # ---- JSONL user sessions --------------------------------------------------------------------
-def _int(obj: dict, key: str, where: str, minimum: int) -> int:
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise UsageError(f"{where}: {key!r} must be an integer >= {minimum}")
-    return v
-
-
-def _nonneg_number(obj: dict, key: str, where: str) -> float:
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-        raise UsageError(f"{where}: {key!r} must be a finite number >= 0")
-    return float(v)
-
-
 def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> Turn:
     if not isinstance(obj, dict):
         raise UsageError(f"{where}: a turn must be a JSON object")
@@ -198,7 +186,7 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         )
     if "output_len" not in obj:
         raise UsageError(f"{where}: missing 'output_len'")
-    output_len = _int(obj, "output_len", where, 1)
+    output_len = json_int(obj, "output_len", where, 1)
     choice = obj.get("tool_choice")
     _fan_out_names(obj, where)
     if "tool_result_len" in obj:
@@ -206,7 +194,7 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
             raise UsageError(f"{where}: a tool turn ('tool_result_len') has no user message "
                              "or think time ('tool_time_ms' is its wait)")
         wait = _delay_ms(obj, "tool_time_ms", where) / MS if "tool_time_ms" in obj else 0.0
-        return Turn(_int(obj, "tool_result_len", where, 1), output_len, think_time_s=wait,
+        return Turn(json_int(obj, "tool_result_len", where, 1), output_len, think_time_s=wait,
                     kind=TOOL_TURN, tool_choice=choice)
     if "tool_time_ms" in obj:
         raise UsageError(f"{where}: 'tool_time_ms' belongs to a tool turn ('tool_result_len')")
@@ -222,12 +210,7 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         )
     text = ids = None
     if "user_token_ids" in obj:
-        raw = obj["user_token_ids"]
-        if not isinstance(raw, list) or not raw or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw
-        ):
-            raise UsageError(f"{where}: 'user_token_ids' must be a non-empty list of ids >= 0")
-        ids = tuple(raw)
+        ids = json_ids(obj, "user_token_ids", where)
         user_len = len(ids)
         if "user_len" in obj and obj["user_len"] != user_len:
             raise UsageError(f"{where}: 'user_len' disagrees with len(user_token_ids)")
@@ -238,7 +221,7 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         check_unicode(text, "user", where)
         user_len = count_tokens(text)
     elif "user_len" in obj:
-        user_len = _int(obj, "user_len", where, 1)
+        user_len = json_int(obj, "user_len", where, 1)
     else:
         raise UsageError(f"{where}: a turn needs one of 'user', 'user_token_ids' or 'user_len'")
     think = _delay_ms(obj, "think_time_ms", where) / MS if "think_time_ms" in obj else None
@@ -248,7 +231,7 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
 def _delay_ms(obj: dict, key: str, where: str) -> float:
     """A turn's wait in ms, within --think-time's own limit (1e15 ms crashed a torch run
     midway): think_time_ms and a tool turn's tool_time_ms alike."""
-    ms = _nonneg_number(obj, key, where)
+    ms = json_number(obj, key, where)
     if ms > MAX_DELAY_MS:
         raise UsageError(f"{where}: '{key}' must be at most {MAX_DELAY_MS:.0f} ms (30 days), got {ms:g}")
     return ms
@@ -331,7 +314,7 @@ def parse_session(
     subagents = tuple(SubAgent(n, wired(subs[n], subs_raw[n])) for n in order)
     for sub in subagents:
         _check_tool_turns(tools, sub.turns, f"{where} sub-agent {sub.name!r}")
-    arrival = _nonneg_number(obj, "arrival_s", where) if "arrival_s" in obj else None
+    arrival = json_number(obj, "arrival_s", where) if "arrival_s" in obj else None
     name = None
     if "session_id" in obj:
         sid = obj["session_id"]
@@ -360,25 +343,36 @@ def _check_tool_turns(tools: object, turns: tuple[Turn, ...], where: str):
 
 
 # ---- sampling -------------------------------------------------------------------------------
+T = TypeVar("T")
+
+
+def draw(items: Sequence[T], num: int | None, seed: int, timed: bool, source: str,
+         noun: str) -> tuple[list[T], bool]:
+    """Draw ``num`` of ``items`` (requests or sessions, ``noun``) with ``seed``; the same seed
+    gives the same draw on every target: a permutation when there are enough, else with
+    replacement. ``timed`` (``source`` replays its own arrivals): its first ``num``, in
+    order. None keeps them all, in order. Returns (drawn, drawn_with_replacement)."""
+    if num is None:
+        return list(items), False
+    if num < 1:
+        raise UsageError(f"--num-requests must be >= 1, got {num}")
+    if timed:
+        if num > len(items):
+            raise UsageError(f"{source} has {len(items)} timed {noun}; --num-requests {num} "
+                             "is more")
+        return list(items[:num]), False
+    rng = np.random.default_rng(seed)
+    if num <= len(items):
+        return [items[i] for i in rng.permutation(len(items))[:num]], False
+    return [items[i] for i in rng.integers(0, len(items), num)], True
+
+
 def sample_sessions(
     sessions: Sequence[Session], num: int | None, seed: int
 ) -> tuple[list[Session], bool]:
-    """Draw ``num`` sessions with ``seed`` (as sample_requests draws requests): a permutation
-    when there are enough, else with replacement. None keeps them all, in order."""
-    if num is None:
-        return list(sessions), False
-    if num < 1:
-        raise UsageError(f"--num-requests must be >= 1, got {num}")
-    if all(s.arrival_s is not None for s in sessions):
-        if num > len(sessions):
-            raise UsageError(
-                f"the file has {len(sessions)} timed sessions; --num-requests {num} is more"
-            )
-        return list(sessions[:num]), False
-    rng = np.random.default_rng(seed)
-    if num <= len(sessions):
-        return [sessions[i] for i in rng.permutation(len(sessions))[:num]], False
-    return [sessions[i] for i in rng.integers(0, len(sessions), num)], True
+    """Draw ``num`` sessions with ``seed``, as sample_requests draws requests."""
+    timed = all(s.arrival_s is not None for s in sessions)
+    return draw(sessions, num, seed, timed, "the file", "sessions")
 
 
 def session_stats(sessions: Sequence[Session]) -> dict:

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from cbbench.errors import UsageError
 from cbbench.load.hash_blocks import MOONCAKE_BLOCK_TOKENS
-from cbbench.load.jsonl import jsonl_lines, jsonl_objects
+from cbbench.load.jsonl import json_int, jsonl_lines, jsonl_objects
 from cbbench.load.workload_types import Workload, WorkloadRequest
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -40,7 +40,6 @@ BURSTGPT_COLUMNS = (
     "Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type",
 )
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
-MOONCAKE_OPTIONAL = ("hash_ids",)
 NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 _AZURE_TIME = re.compile(
@@ -222,13 +221,6 @@ def load_burstgpt(path: Path) -> Workload:
 
 
 # ---- Mooncake --------------------------------------------------------------------------------
-def _json_int(obj: dict, key: str, where: str, minimum: int) -> int:
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise UsageError(f"{where}: {key!r} must be an integer >= {minimum}")
-    return v
-
-
 def load_mooncake(path: Path) -> Workload:
     rows = []
     for where, obj in jsonl_objects(path):
@@ -243,8 +235,8 @@ def load_mooncake(path: Path) -> Workload:
             raise UsageError(f"{where}: 'timestamp' must be a number of milliseconds >= 0")
         # Decimal(repr) is the number as written (repr round-trips), so the ns are exact.
         t = int(Decimal(repr(ts)) * NS_PER_MS)
-        p = _json_int(obj, "input_length", where, 1)
-        o = _json_int(obj, "output_length", where, 1)
+        p = json_int(obj, "input_length", where, 1)
+        o = json_int(obj, "output_length", where, 1)
         hashes = None
         if "hash_ids" in obj:
             h = obj["hash_ids"]

@@ -19,9 +19,15 @@ import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.load.images import parse_images
-from cbbench.load.jsonl import jsonl_lines, jsonl_objects
+from cbbench.load.jsonl import json_ids, json_number, jsonl_lines, jsonl_objects
 from cbbench.load.output_kinds import OUTPUT_KIND_FIELDS, parse_output_kind
-from cbbench.load.sessions import Session, check_unicode, parse_session, sharegpt_multiturn
+from cbbench.load.sessions import (
+    Session,
+    check_unicode,
+    draw,
+    parse_session,
+    sharegpt_multiturn,
+)
 from cbbench.load.traces import detect_format, load_trace
 from cbbench.load.workload_types import Workload, WorkloadRequest
 
@@ -186,12 +192,7 @@ def _parse_line(obj: object, index: int, where: str, count_tokens, base: Path = 
     ids = None
     text = None
     if "prompt_token_ids" in obj:
-        raw = obj["prompt_token_ids"]
-        if not isinstance(raw, list) or not raw or not all(
-            isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in raw
-        ):
-            raise UsageError(f"{where}: 'prompt_token_ids' must be a non-empty list of ids >= 0")
-        ids = tuple(raw)
+        ids = json_ids(obj, "prompt_token_ids", where)
         prompt_len = len(ids)
     elif "prompt" in obj:
         if "prompt_len" in obj:
@@ -210,12 +211,7 @@ def _parse_line(obj: object, index: int, where: str, count_tokens, base: Path = 
         raise UsageError(f"{where}: needs one of 'prompt_token_ids', 'prompt' or 'prompt_len'")
     if "prompt_len" in obj and ids is not None and obj["prompt_len"] != len(ids):
         raise UsageError(f"{where}: 'prompt_len' disagrees with len(prompt_token_ids)")
-    arrival = None
-    if "arrival_s" in obj:
-        a = obj["arrival_s"]
-        if isinstance(a, bool) or not isinstance(a, (int, float)) or not np.isfinite(a) or a < 0:
-            raise UsageError(f"{where}: 'arrival_s' must be a finite number >= 0")
-        arrival = float(a)
+    arrival = json_number(obj, "arrival_s", where) if "arrival_s" in obj else None
     priority = 0
     if "priority" in obj:
         p = obj["priority"]
@@ -303,26 +299,10 @@ def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx
 def sample_requests(
     workload: Workload, num_requests: int | None, seed: int
 ) -> tuple[list[WorkloadRequest], bool]:
-    """Draw ``num_requests`` with ``seed``; the same seed gives the same requests on every
-    target. Returns (requests, drawn_with_replacement). ``None`` keeps the workload's order."""
-    reqs = workload.requests
-    if num_requests is None:
-        return list(reqs), False
-    if num_requests < 1:
-        raise UsageError(f"--num-requests must be >= 1, got {num_requests}")
-    rng = np.random.default_rng(seed)
-    if workload.has_arrivals:
-        # A trace with timestamps is replayed in order: take its first N requests.
-        if num_requests > len(reqs):
-            raise UsageError(
-                f"the trace has {len(reqs)} timed requests; --num-requests {num_requests} is more"
-            )
-        return list(reqs[:num_requests]), False
-    if num_requests <= len(reqs):
-        idx = rng.permutation(len(reqs))[:num_requests]
-        return [reqs[i] for i in idx], False
-    idx = rng.integers(0, len(reqs), num_requests)
-    return [reqs[i] for i in idx], True
+    """Draw ``num_requests`` with ``seed`` (sessions.draw): a trace with timestamps is
+    replayed in order, its first N requests. Returns (requests, drawn_with_replacement)."""
+    return draw(workload.requests, num_requests, seed, workload.has_arrivals, "the trace",
+                "requests")
 
 
 def length_stats(workload: Workload) -> dict:

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cbbench.server.apis.embeddings_api import embeddings_endpoint
 from cbbench.server.apis.rerank_api import rerank_endpoint
-from cbbench.server.apis.tokenization import detokenize, parse_detokenize, parse_tokenize, tokenize
+from cbbench.server.apis.tokenization import detokenize, parse_tokenize, tokenize
 from cbbench.server.async_engine import AsyncEngine
 from cbbench.server.auth import ApiKeyGuard
 from cbbench.server.context import ServeConfig, ServeContext
@@ -37,10 +37,17 @@ from cbbench.server.generate import (
     Generation,
     body_too_large,
     capped_receive,
-    send_json,
+    header,
 )
 from cbbench.server.prometheus import CONTENT_TYPE, ServerMetrics
-from cbbench.server.protocol import APIError, error_body, validation_error
+from cbbench.server.protocol import (
+    APIError,
+    DetokenizeRequest,
+    error_body,
+    parse_request,
+    send_json,
+    validation_error,
+)
 
 if TYPE_CHECKING:
     from cbbench.engine.core.engine import Engine
@@ -86,8 +93,9 @@ class ServeApp:
             await self._guard.reject(send, msg, api)
             return
         limit = self._generation.ctx.max_body_bytes(images=scope["path"] == CHAT_PATH)
-        length = _content_length(scope)
-        if length is not None and length > limit:  # refused before a byte of it is read
+        # A declared length over the limit is refused before a byte of the body is read.
+        length = header(scope, b"content-length")
+        if length is not None and length.isdecimal() and int(length) > limit:
             err = body_too_large(limit)
             await send_json(send, err.status, api.error_body(err) if api else err.body())
             return
@@ -104,13 +112,6 @@ class ServeApp:
         else:
             assert api is not None  # a pooling path that is not POST answered 405 above
             await self._generation(scope, receive, send, api, arrival)
-
-
-def _content_length(scope) -> int | None:
-    for k, v in scope["headers"]:
-        if k == b"content-length":
-            return int(v) if v.isdigit() else None
-    return None
 
 
 def create_app(build: Callable[[], tuple[Engine, dict]], config: ServeConfig | None = None) -> ServeApp:
@@ -205,7 +206,7 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
     @app.post("/detokenize")
     async def detokenize_endpoint(request: Request):
         s = ctx.ready()
-        body = parse_detokenize(await _json_body(request))
+        body = parse_request(DetokenizeRequest, await _json_body(request))
         ctx.check_model(s, body.model)
         return detokenize(body, s.codec, s.vocab_size)
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import json
 import os
 import re
 import secrets
 
 from cbbench.errors import UsageError
-from cbbench.server.protocol import APIError
+from cbbench.server.protocol import APIError, send_json
 
 PUBLIC_PATHS = frozenset({"/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/redoc",
                           "/openapi.json"})
@@ -99,14 +98,5 @@ class ApiKeyGuard:
     async def reject(send, message: str, api=None) -> None:
         """The 401, in the error shape of ``api`` (a generation endpoint's; None: OpenAI's)."""
         err = APIError(UNAUTHORIZED, message, code="invalid_api_key")
-        body = json.dumps(api.error_body(err) if api is not None else err.body()).encode()
-        await send({
-            "type": "http.response.start",
-            "status": UNAUTHORIZED,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", b"Bearer"),
-            ],
-        })
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, UNAUTHORIZED, api.error_body(err) if api is not None else err.body(),
+                        [(b"www-authenticate", b"Bearer")])

@@ -18,7 +18,6 @@ the bytes are then in the socket (or its buffer, when the client reads slowly).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 from cbbench.server.apis.anthropic_api import ANTHROPIC
@@ -28,7 +27,7 @@ from cbbench.server.async_engine import RequestStream
 from cbbench.server.context import ServeContext, Served
 from cbbench.server.engine_events import Admitted, Failed, TokenEvent
 from cbbench.server.images import trace_images
-from cbbench.server.protocol import APIError, body_too_large
+from cbbench.server.protocol import APIError, body_too_large, send_json
 from cbbench.server.request_log import RequestTrace
 from cbbench.server.request_metrics import request_metrics
 from cbbench.server.shaping import Api, Counts, Job, OutputTexts, StreamShaper
@@ -42,17 +41,6 @@ GENERATION_PATHS: dict[str, Api] = {
 CLIENT_GONE = Failed("the client went away")
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", for the log
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
-JSON_TYPE = (b"content-type", b"application/json")
-
-
-async def send_json(send, status: int, obj: dict) -> None:
-    body = json.dumps(obj).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [JSON_TYPE, (b"content-length", str(len(body)).encode())],
-    })
-    await send({"type": "http.response.body", "body": body})
 
 
 async def read_body(receive) -> bytes | None:
@@ -86,7 +74,8 @@ def capped_receive(receive, limit: int):
     return wrapped
 
 
-def _header(scope, name: bytes) -> str | None:
+def header(scope, name: bytes) -> str | None:
+    """The first value of a request header (``name`` lower-case), as text."""
     for k, v in scope["headers"]:
         if k == name:
             return v.decode("latin-1")
@@ -113,7 +102,7 @@ class Generation:
         ctx = self.ctx
         stream = ctx.bridge.submit(job.prompt_ids, job.max_tokens, job.sampling,
                                    encoder_flops=sum(im.encoder_flops for im in job.images))
-        shaper = job.api.shaper(job, s, _header(scope, b"x-request-id"), ctx.cfg,
+        shaper = job.api.shaper(job, s, header(scope, b"x-request-id"), ctx.cfg,
                                 stream.submitted_s)
         trace = RequestTrace(shaper.id, job.api.name, job.stream, arrival)
         trace.prompt_tokens = len(job.prompt_ids)
@@ -121,7 +110,7 @@ class Generation:
             trace_images(trace, job.images)
         trace.submitted = stream.submitted_s
         trace.engine_id = stream.req.request_id
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, stream))
+        watcher = asyncio.ensure_future(watch_disconnect(receive, [stream]))
         try:
             if await _admitted(stream, trace):
                 cfg = ctx.cfg
@@ -157,14 +146,17 @@ async def _admitted(stream: RequestStream, trace: RequestTrace) -> bool:
     return True
 
 
-async def _watch_disconnect(receive, stream: RequestStream) -> None:
+async def watch_disconnect(receive, streams: list[RequestStream]) -> None:
+    """The client went away: abort the request's engine requests (a pooling request has one
+    per input) and wake whoever waits on them with CLIENT_GONE."""
     # Once the body is read, an ASGI server's receive() blocks until the client disconnects
     # (or the response completes, when this watcher is cancelled anyway).
     while (await receive())["type"] != "http.disconnect":
         pass
-    if not stream.finished:
-        stream.close()  # abort in the engine: frees its KV blocks
-        stream.queue.put_nowait(CLIENT_GONE)
+    for stream in streams:
+        if not stream.finished:
+            stream.close()  # abort in the engine: frees its KV blocks
+            stream.queue.put_nowait(CLIENT_GONE)
 
 
 def _end(trace: RequestTrace, stream: RequestStream, finish: str | None, status: int,

@@ -6,10 +6,11 @@ imports it: limits.guarded_protocol builds a subclass bound to one server's limi
 from __future__ import annotations
 
 import collections
-import json
 from dataclasses import dataclass, field
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from cbbench.server.protocol import error_body, send_json
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,9 @@ class ConnectionLimits:
 
     async def too_many_app(self, scope, receive, send) -> None:
         """The ASGI app of a connection beyond the cap: its request gets the 503."""
-        body = json.dumps({"error": {
-            "message": self.too_many_message, "type": "server_error", "param": None,
-            "code": "too_many_connections",
-        }}).encode()
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"), (b"connection", b"close"),
-            (b"content-length", str(len(body)).encode()), (b"retry-after", b"1"),
-        ]})
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 503, error_body(self.too_many_message, "server_error",
+                                              code="too_many_connections"),
+                        [(b"connection", b"close"), (b"retry-after", b"1")])
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):

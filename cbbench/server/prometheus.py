@@ -162,6 +162,8 @@ SPEC_COUNTERS = (
     Series("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
 )
 DEFAULT_MAX_MODEL_LEN = 8192  # for the token buckets when the engine does not say
+LATENCY_SERIES = (TTFT, ITL, ITL_OLD_NAME, REQUEST_TPOT, E2E, QUEUE, INFERENCE, PREFILL, DECODE,
+                  ITERATION_TOKENS)
 
 
 class TokenHistograms:
@@ -185,23 +187,12 @@ class VllmMetrics:
     def __init__(self, model_name: str | None = None) -> None:
         self._lock = threading.Lock()
         self.model_name = model_name
-        self.ttft = BucketHistogram(TTFT.buckets)
-        self.itl = BucketHistogram(ITL.buckets)
-        self.itl_old_name = BucketHistogram(ITL_OLD_NAME.buckets)
-        self.request_tpot = BucketHistogram(REQUEST_TPOT.buckets)
-        self.e2e = BucketHistogram(E2E.buckets)
-        self.queue = BucketHistogram(QUEUE.buckets)
-        self.inference = BucketHistogram(INFERENCE.buckets)
-        self.prefill = BucketHistogram(PREFILL.buckets)
-        self.decode = BucketHistogram(DECODE.buckets)
-        self.iteration_tokens = BucketHistogram(ITERATION_TOKENS.buckets)
-        # What a scrape shows, in this order.
-        self.histograms: tuple[tuple[Series, BucketHistogram], ...] = (
-            (TTFT, self.ttft), (ITL, self.itl), (ITL_OLD_NAME, self.itl_old_name),
-            (REQUEST_TPOT, self.request_tpot), (E2E, self.e2e), (QUEUE, self.queue),
-            (INFERENCE, self.inference), (PREFILL, self.prefill), (DECODE, self.decode),
-            (ITERATION_TOKENS, self.iteration_tokens),
-        )
+        # What a scrape shows, in this order; each also by name, for on_step.
+        self.histograms: tuple[tuple[Series, BucketHistogram], ...] = tuple(
+            (s, BucketHistogram(s.buckets)) for s in LATENCY_SERIES)
+        (self.ttft, self.itl, self.itl_old_name, self.request_tpot, self.e2e, self.queue,
+         self.inference, self.prefill, self.decode, self.iteration_tokens) = (
+            h for _, h in self.histograms)
         self.tokens: TokenHistograms | None = None  # set when the engine is up
         self.num_preemptions = 0
         self.prompt_tokens = 0

@@ -36,10 +36,11 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DEFAULT_MAX_TOKENS = 16
 ASSISTANT_ROLE = "assistant"
@@ -72,6 +73,21 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+JSON_TYPE = (b"content-type", b"application/json")
+
+
+async def send_json(send, status: int, obj: dict, headers: Sequence[tuple[bytes, bytes]] = ()
+                    ) -> None:
+    """One JSON answer on an ASGI ``send``, with any ``headers`` beside its type and length."""
+    body = json.dumps(obj).encode()
+    await send({
+        "type": "http.response.start",
+        "status": status,
+        "headers": [JSON_TYPE, (b"content-length", str(len(body)).encode()), *headers],
+    })
+    await send({"type": "http.response.body", "body": body})
+
+
 def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     """FastAPI's validation errors (malformed JSON, missing or bad fields) as one 400."""
     first = errors[0] if errors else {}
@@ -83,6 +99,28 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     if param:
         msg = f"{param}: {msg}"
     return APIError(400, msg, param=param)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_request(model: type[M], body: bytes | object) -> M:
+    """A request body (its raw JSON, or the JSON parsed) as ``model``; its first problem a
+    400, as validation_error words it."""
+    try:
+        return (model.model_validate_json(body) if isinstance(body, bytes)
+                else model.model_validate(body))
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+
+
+def check_vocab(ids: list[int], vocab: int, param: str) -> None:
+    """Ids from the client, or from a tokenizer larger than the model: an id outside the
+    vocabulary would crash a real forward pass."""
+    if vocab and ids and (min(ids) < 0 or max(ids) >= vocab):  # C loops: the common case
+        bad = next(t for t in ids if not 0 <= t < vocab)
+        raise APIError(400, f"token id {bad} is outside the model's vocabulary of {vocab}",
+                       param=param)
 
 
 # ---- requests ------------------------------------------------------------------------------------

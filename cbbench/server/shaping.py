@@ -92,12 +92,3 @@ class Api(Protocol):
     def shaper(self, job: Job, s: Served, client_request_id: str | None,
                cfg: ServeConfig, submitted_s: float) -> StreamShaper: ...
     def error_body(self, e: APIError) -> dict: ...
-
-
-def check_vocab(ids: list[int], vocab: int, param: str) -> None:
-    """Ids from the client, or from a tokenizer larger than the model: an id outside the
-    vocabulary would crash a real forward pass."""
-    if vocab and ids and (min(ids) < 0 or max(ids) >= vocab):  # C loops: the common case
-        bad = next(t for t in ids if not 0 <= t < vocab)
-        raise APIError(400, f"token id {bad} is outside the model's vocabulary of {vocab}",
-                       param=param)

@@ -1,7 +1,7 @@
 """Prompt text <-> token ids for the server.
 
-With ``--tokenizer`` (a ``tokenizer.json``, or a folder that holds one) the ``tokenizers``
-library encodes prompts and decodes outputs for real. Without one, a documented fallback:
+With ``--tokenizer`` (a ``tokenizer.json``, or a folder that holds one: load/prompts.py
+load_tokenizer, the client's loader) the ``tokenizers`` library encodes prompts and decodes outputs for real. Without one, a documented fallback:
 
 - prompts: each whitespace-separated word is one token, so a prompt's token count is its word
   count on every run. A word that is a token id written in decimal (``"1234"``) is that id; any
@@ -15,11 +15,9 @@ library encodes prompts and decodes outputs for real. Without one, a documented 
 from __future__ import annotations
 
 import zlib
-from pathlib import Path
 from typing import Protocol
 
 SIM_TOKEN_TEXT = " tok"
-TOKENIZER_FILE = "tokenizer.json"
 # What /tokenize and /detokenize say they used.
 TOKENIZER_KIND = "tokenizer.json"
 FALLBACK_KIND = "word-per-token fallback (no --tokenizer)"
@@ -42,25 +40,6 @@ class TextCodec(Protocol):
     def decode(self, ids: list[int]) -> str: ...
     def token_strs(self, ids: list[int]) -> list[str]: ...
     def decoder(self) -> TokenDecoder: ...
-
-
-def load_tokenizer(path: str):
-    """A ``tokenizers.Tokenizer`` from a tokenizer.json file or a folder holding one."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / TOKENIZER_FILE
-    if not p.is_file():
-        raise ValueError(f"no tokenizer at {path} (expected a {TOKENIZER_FILE} or its folder)")
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise ValueError(
-            "--tokenizer needs the `tokenizers` package: pip install 'cbbench[tokenizer]'"
-        ) from None
-    try:
-        return Tokenizer.from_file(str(p))
-    except Exception as e:  # the library raises a bare Exception on a malformed file
-        raise ValueError(f"cannot load the tokenizer {p}: {e}") from None
 
 
 # ---- fallback ----------------------------------------------------------------------------------

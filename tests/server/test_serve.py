@@ -30,9 +30,10 @@ from helpers import (
 
 from cbbench.cli.serve import build_serving_engine
 from cbbench.errors import UsageError
+from cbbench.load.prompts import load_tokenizer
 from cbbench.server.app import ServeConfig
 from cbbench.server.protocol import ChatMessage, render_chat
-from cbbench.server.text import SIM_TOKEN_TEXT, HashedWordCodec, TokenizerCodec, load_tokenizer
+from cbbench.server.text import SIM_TOKEN_TEXT, HashedWordCodec, TokenizerCodec
 
 # The small simulated engine every test here serves (tests/helpers.py).
 MODEL = SERVE_MODEL

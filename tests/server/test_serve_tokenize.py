@@ -14,8 +14,9 @@ from helpers import SERVE_MODEL as MODEL
 from helpers import sim_options, start_server
 
 from cbbench.cli.serve import build_serving_engine
+from cbbench.load.prompts import load_tokenizer
 from cbbench.server.app import ServeConfig
-from cbbench.server.text import FALLBACK_KIND, TOKENIZER_KIND, load_tokenizer
+from cbbench.server.text import FALLBACK_KIND, TOKENIZER_KIND
 
 REPO = Path(__file__).resolve().parents[2]
 # shared/ sits in the repo root on the device machine, beside the checkout elsewhere.

@@ -91,9 +91,8 @@ def tokenizing_server(tmp_path_factory):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
     from cbbench.cli.serve import build_serving_engine
-    from cbbench.load.prompts import WORD_POOL
+    from cbbench.load.prompts import WORD_POOL, load_tokenizer
     from cbbench.server.app import ServeConfig
-    from cbbench.server.text import load_tokenizer
 
     vocab = {"[UNK]": 0, **{s: i + 1 for i, s in enumerate(SPECIALS)},
              **{w: i + 4 for i, w in enumerate(WORD_POOL)}}

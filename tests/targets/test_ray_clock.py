@@ -103,9 +103,7 @@ def test_a_remote_worker_with_an_uncertain_offset_is_flagged_and_put_on_the_driv
     ]
     notes = notices  # the logged notices (conftest)
     t0s: list[float] = []
-    run = ray_pool._drive(
-        _FakeRay(), actors, opts, merger, None, None, 2, t0s.append
-    )
+    run = ray_pool._drive(_FakeRay(), actors, opts, merger, None, None, t0s.append)
     (t0,) = t0s
     near, far = run.info["workers"]
 

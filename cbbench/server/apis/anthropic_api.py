@@ -27,7 +27,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from cbbench.server.apis.block_stream import BlockStream, typed_event
 from cbbench.server.chunks import request_id
@@ -37,10 +37,11 @@ from cbbench.server.protocol import (
     ChatMessage,
     ToolCall,
     ToolCallFunction,
+    check_vocab,
+    parse_request,
     render_chat,
-    validation_error,
 )
-from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
+from cbbench.server.shaping import Counts, Job, OutputTexts
 from cbbench.server.stream_events import ANSWER, REASONING, OutputPlan
 
 if TYPE_CHECKING:
@@ -251,10 +252,7 @@ class AnthropicApi:
     name = "anthropic"
 
     def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
-        try:
-            req = MessagesRequest.model_validate_json(body)
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
+        req = parse_request(MessagesRequest, body)
         s = ctx.ready()
         ctx.check_model(s, req.model)
         if req.stop_sequences:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from cbbench.server.chunks import SSE_DONE, Shape, sse_bytes
 from cbbench.server.images import ImageCost, add_images, check_image_count
 from cbbench.server.protocol import (
@@ -16,14 +14,15 @@ from cbbench.server.protocol import (
     ChatRequest,
     CompletionRequest,
     body_too_large,
+    check_vocab,
     error_body,
+    parse_request,
     render_chat,
     token_times_ext,
     usage,
-    validation_error,
 )
 from cbbench.server.request_metrics import METRICS_FIELD
-from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
+from cbbench.server.shaping import Counts, Job, OutputTexts
 from cbbench.server.stream_events import DEFAULT_REASONING_FIELD, ChatDeltas, OutputPlan
 
 if TYPE_CHECKING:
@@ -119,10 +118,8 @@ class OpenAIApi:
     def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
         if self.chat:
             check_image_count(body, ctx.cfg.limit_images_per_prompt)
-        try:
-            req = (ChatRequest if self.chat else CompletionRequest).model_validate_json(body)
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
+        req = (parse_request(ChatRequest, body) if self.chat
+               else parse_request(CompletionRequest, body))
         s = ctx.ready()
         ctx.check_model(s, req.model)
         req.check_supported()

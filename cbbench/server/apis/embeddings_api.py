@@ -14,9 +14,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from cbbench.server.apis.pooling import PoolingEndpoint, PoolingJob, check_ids, parse_model
+from cbbench.server.apis.pooling import PoolingEndpoint, PoolingJob, check_ids
 from cbbench.server.context import ServeContext, Served
-from cbbench.server.protocol import APIError
+from cbbench.server.protocol import APIError, parse_request
 
 MAX_INPUTS = 2048  # OpenAI's limit on the inputs of one request
 
@@ -43,8 +43,7 @@ def _inputs(req: EmbeddingRequest) -> list[str | list[int]]:
 
 
 def parse_embeddings(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
-    req = parse_model(EmbeddingRequest, body)
-    assert isinstance(req, EmbeddingRequest)
+    req = parse_request(EmbeddingRequest, body)
     ctx.check_model(s, req.model)
     if req.dimensions is not None:
         raise APIError(400, "dimensions is not supported (the vectors have the model's hidden "

@@ -25,19 +25,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
 
 from cbbench.engine.core.request import SamplingParams
 from cbbench.server.async_engine import RequestStream
 from cbbench.server.chunks import request_id
 from cbbench.server.context import ServeContext, Served
 from cbbench.server.engine_events import Admitted, Failed, TokenEvent
-from cbbench.server.generate import CLIENT_CLOSED_STATUS, read_body, send_json
-from cbbench.server.protocol import APIError, validation_error
+from cbbench.server.generate import (
+    CLIENT_CLOSED_STATUS,
+    CLIENT_GONE,
+    read_body,
+    watch_disconnect,
+)
+from cbbench.server.protocol import APIError, check_vocab, send_json
 from cbbench.server.request_log import RequestTrace
 
 DEFAULT_DIM = 1024  # when the engine's model reports no hidden size
-GONE = Failed("the client went away")
 POOLED = SamplingParams()  # greedy, one row: the sampled token is thrown away
 
 
@@ -50,13 +53,6 @@ class PoolingJob:
     # (prompt tokens, response id, each prompt's vector or None) -> the response body
     respond: Callable[[int, str, list[np.ndarray] | None], dict]
     vectors: bool = False  # the body needs each prompt's vector (embeddings)
-
-
-def parse_model(model: type[BaseModel], body: bytes) -> BaseModel:
-    try:
-        return model.model_validate_json(body)
-    except ValidationError as e:
-        raise validation_error(e.errors()) from None
 
 
 def hidden_size(ctx: ServeContext) -> int:
@@ -74,11 +70,7 @@ def unit_vector(ids: list[int], dim: int) -> np.ndarray:
 def check_ids(s: Served, ids: list[int], param: str) -> None:
     if not ids:
         raise APIError(400, f"{param}: an input may not be empty", param=param)
-    vocab = s.vocab_size
-    if vocab and (min(ids) < 0 or max(ids) >= vocab):
-        bad = next(t for t in ids if not 0 <= t < vocab)
-        raise APIError(400, f"token id {bad} is outside the model's vocabulary of {vocab}",
-                       param=param)
+    check_vocab(ids, s.vocab_size, param)
 
 
 class PoolingEndpoint:
@@ -116,7 +108,7 @@ class PoolingEndpoint:
                    for p in job.prompts]
         trace.submitted = streams[0].submitted_s
         trace.engine_id = streams[0].req.request_id
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, streams))
+        watcher = asyncio.ensure_future(watch_disconnect(receive, streams))
         try:
             times = await self._prefills(streams, trace)
             if times is None:
@@ -162,7 +154,7 @@ class PoolingEndpoint:
                     trace.finish, trace.status, trace.error = "rejected", 400, ev.error
                     raise APIError(400, ev.error, code="request_rejected")
                 ev = await st.next()
-            if ev is GONE:
+            if ev is CLIENT_GONE:
                 trace.finish, trace.status = "abort", CLIENT_CLOSED_STATUS
                 return None
             if isinstance(ev, Failed):
@@ -175,12 +167,3 @@ class PoolingEndpoint:
             times.append(ev.time_s)
         trace.preemptions = sum(st.req.num_preemptions for st in streams)
         return times
-
-
-async def _watch_disconnect(receive, streams: list[RequestStream]) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    for st in streams:
-        if not st.finished:
-            st.close()  # abort in the engine: frees its KV blocks
-            st.queue.put_nowait(GONE)

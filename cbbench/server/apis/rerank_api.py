@@ -23,11 +23,10 @@ from cbbench.server.apis.pooling import (
     PoolingJob,
     check_ids,
     hidden_size,
-    parse_model,
     unit_vector,
 )
 from cbbench.server.context import ServeContext, Served
-from cbbench.server.protocol import APIError
+from cbbench.server.protocol import APIError, parse_request
 
 MAX_DOCUMENTS = 1000
 
@@ -54,8 +53,7 @@ def relevance(q: np.ndarray, d: np.ndarray) -> float:
 
 
 def parse_rerank(body: bytes, s: Served, ctx: ServeContext) -> PoolingJob:
-    req = parse_model(RerankRequest, body)
-    assert isinstance(req, RerankRequest)
+    req = parse_request(RerankRequest, body)
     ctx.check_model(s, req.model)
     if len(req.documents) > MAX_DOCUMENTS:
         raise APIError(400, f"documents: at most {MAX_DOCUMENTS} per request", param="documents")

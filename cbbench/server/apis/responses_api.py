@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from cbbench.server.apis.block_stream import BlockStream, typed_event
 from cbbench.server.apis.response_store import ResponseStore
@@ -45,10 +45,11 @@ from cbbench.server.protocol import (
     ChatMessage,
     ToolCall,
     ToolCallFunction,
+    check_vocab,
+    parse_request,
     render_chat,
-    validation_error,
 )
-from cbbench.server.shaping import Counts, Job, OutputTexts, check_vocab
+from cbbench.server.shaping import Counts, Job, OutputTexts
 from cbbench.server.stream_events import (
     ANSWER,
     REASONING,
@@ -339,10 +340,7 @@ class ResponsesApi:
     name = "responses"
 
     def parse(self, body: bytes, ctx: ServeContext) -> tuple[Served, Job]:
-        try:
-            req = ResponsesRequest.model_validate_json(body)
-        except ValidationError as e:
-            raise validation_error(e.errors()) from None
+        req = parse_request(ResponsesRequest, body)
         s = ctx.ready()
         ctx.check_model(s, req.model)
         conversation = req.messages()

@@ -5,28 +5,23 @@ one was given, else the word-per-token fallback. Each response says which in ``t
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from cbbench.server.protocol import (
     APIError,
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    check_vocab,
+    parse_request,
     render_chat,
-    validation_error,
 )
 from cbbench.server.text import TextCodec
 
 
 def parse_tokenize(body: object) -> TokenizeCompletionRequest | TokenizeChatRequest:
     """The chat form when the body has ``messages``, else the completion form (as vLLM)."""
-    model = TokenizeChatRequest if isinstance(body, dict) and "messages" in body else (
-        TokenizeCompletionRequest
-    )
-    try:
-        return model.model_validate(body)
-    except ValidationError as e:
-        raise validation_error(e.errors()) from None
+    if isinstance(body, dict) and "messages" in body:
+        return parse_request(TokenizeChatRequest, body)
+    return parse_request(TokenizeCompletionRequest, body)
 
 
 def tokenize(req: TokenizeCompletionRequest | TokenizeChatRequest, codec: TextCodec,
@@ -46,19 +41,6 @@ def tokenize(req: TokenizeCompletionRequest | TokenizeChatRequest, codec: TextCo
     return out
 
 
-def parse_detokenize(body: object) -> DetokenizeRequest:
-    try:
-        return DetokenizeRequest.model_validate(body)
-    except ValidationError as e:
-        raise validation_error(e.errors()) from None
-
-
 def detokenize(req: DetokenizeRequest, codec: TextCodec, vocab_size: int) -> dict:
-    if vocab_size:
-        bad = next((t for t in req.tokens if not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise APIError(
-                400, f"token id {bad} is outside the model's vocabulary of {vocab_size}",
-                param="tokens",
-            )
+    check_vocab(req.tokens, vocab_size, "tokens")
     return {"prompt": codec.decode(req.tokens), "tokenizer": codec.kind}
