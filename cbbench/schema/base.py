@@ -211,15 +211,6 @@ def validate(model: type[R], data: Any, path: object, what: str) -> R:
         raise UsageError(f"{path}: not a valid {what}: {first_problem(e)}") from None
 
 
-def plain(data: Any) -> Any:
-    """Transitional (issue 36): a record as the plain dict a reader not yet on the models
-    takes (Python values: a NaN or a wrong type set by hand kept as set); anything else as it
-    is."""
-    if isinstance(data, Record):
-        return data.model_dump(exclude_unset=True, warnings=False)
-    return data
-
-
 def from_built(model: type[R], data: Any, what: str) -> R:
     """A value built in memory (a producer's dicts) as ``model``, holding exactly what its
     file will: its JSON value (NaN and inf as null, tuples as lists, numpy numbers as
