@@ -184,7 +184,9 @@ def field_of(node: object, name: str) -> Any:
     """``node``'s value at ``name`` (a model's field, named or extra, or a plain dict's key, as
     extra fields hold them), None where it has none: how a dotted metric path walks a result."""
     if isinstance(node, Record):
-        return node.get(name)
+        if name in type(node).model_fields:  # a named field: None where the file had none
+            return getattr(node, name) if name in node.model_fields_set else None
+        return (node.model_extra or {}).get(name)
     if isinstance(node, dict):
         return node.get(name)
     return None
