@@ -78,7 +78,6 @@ def calibrate(
         return
     from cbbench.schema.base import validate
     from cbbench.schema.profile import CalibrationProfile
-    from cbbench.schema.run import RunResult
 
     # The written profile's model: the tables read it by attribute.
     model = validate(CalibrationProfile, profile, out, "device profile")
