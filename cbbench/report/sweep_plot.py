@@ -37,7 +37,7 @@ def is_sweep_file(path: Path) -> bool:
     """True for a sweep.json (cheap enough to call on every file `report` is given)."""
     try:
         return is_sweep(read_json_file(path))
-    except UsageError:  # load_result says what is wrong with it
+    except UsageError:  # the run reader says what is wrong with it
         return False
 
 
