@@ -188,9 +188,6 @@ def fit_data(results: Sequence[tuple[str, ResultLike]],
     device_name, dtype, sources)."""
     if not results and not benches:
         raise UsageError("give at least one result file")
-    from cbbench.schema.base import plain
-
-    results = [(where, plain(r)) for where, r in results]  # execute_run's models, as dicts
     devices: dict[tuple[str, str], str] = {}
     dtypes: dict[str, str] = {}
     flops, nbytes, attn, reqs, prefill_reqs, measured, labels = [], [], [], [], [], [], []

@@ -17,11 +17,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
 from cbbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from cbbench.schema.run import RunResult
 
 # A compressed file may expand past any size: read at most this much of it (a run of 100k
 # requests' iteration records is ~200 MB).
@@ -111,15 +114,15 @@ def is_decode_bench(data: object) -> bool:
             and data["args"].get("cmd") == BENCH_COMMAND and "rows" in data)
 
 
-def read_input(path: Path) -> tuple[str, dict]:
+def read_input(path: Path) -> tuple[str, RunResult | dict]:
     """("run", a checked run result) or ("bench", a decode microbenchmark's dict)."""
-    from cbbench.schema import check_run
+    from cbbench.schema import parse_run
 
     data = read_json_input(path)
     if is_decode_bench(data):
         assert isinstance(data, dict)
         return "bench", data
-    return "run", check_run(data, path)
+    return "run", parse_run(data, path)
 
 
 def _int(v: object, top: int, where: str) -> int:

@@ -225,14 +225,6 @@ def engine_inputs(engine_opts) -> list:
     return [getattr(engine_opts, "gpu_profile", None)]
 
 
-def load_result(path: Path) -> dict:
-    """Transitional (issue 36): a run result file, validated by its schema, as its dict.
-    New readers take cbbench.schema.read_run's model."""
-    from cbbench.schema import read_run_dict
-
-    return read_run_dict(path)
-
-
 def base_result(config: dict) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,

@@ -164,9 +164,9 @@ def replay_engine_args(args: EngineArgs, config: Config | dict) -> EngineArgs:
 
 
 def load_replay(path: str, args: EngineArgs) -> Replay:
-    from cbbench.analysis.result import load_result
+    from cbbench.schema import read_run
 
-    run = as_run(load_result(Path(path)))
+    run = read_run(Path(path))
     if run.interrupted:
         raise UsageError(f"{path} is an interrupted run: its request set is incomplete")
     _check_run_fields(run.config, path)

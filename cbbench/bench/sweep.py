@@ -168,7 +168,8 @@ def telemetry_means(tel: Telemetry | None) -> dict | None:
     if tel is None or not tel.available:
         return None
     steady = tel.summary.steady if tel.summary is not None else None  # a TelemetrySummary
-    means = {k: v.get("mean") for k, v in steady.items()} if steady else {}
+    written = steady.model_dump(exclude_unset=True) if steady is not None else {}
+    means = {k: v.get("mean") for k, v in written.items()}
     return {"source": tel.source, "metric": tel.metric, "steady_mean": means}
 
 

@@ -112,10 +112,10 @@ def audit(
     from cbbench.analysis.result import (
         check_not_an_input,
         check_writable,
-        load_result,
         write_result,
     )
     from cbbench.analysis.server_side import audit as A
+    from cbbench.schema import read_run
 
     if not tolerance_ms >= 0:
         raise UsageError(f"--tolerance-ms must be >= 0, got {tolerance_ms}")
@@ -125,7 +125,7 @@ def audit(
         out_path = C.output_file(output)
         check_writable(out_path)
         check_not_an_input(out_path, [result, server_log], "--output")
-    data = load_result(result)
+    data = read_run(result)
     log = A.read_server_log(server_log)
     rep = A.audit(data, log, tolerance_ms, tail_tolerance_ms)
     typer.echo(report_table(rep))

@@ -12,6 +12,7 @@ from cbbench.cli import options as C
 
 if TYPE_CHECKING:  # `cbbench --help` imports this module: pydantic only when the command runs
     from cbbench.schema.profile import CalibrationProfile
+    from cbbench.schema.run import RunResult
 
 UNITS = {
     "memory_bandwidth": (1e9, "GB/s"),
@@ -62,11 +63,14 @@ def calibrate(
 
     check_writable(out)
     check_not_an_input(out, results, "--out")
-    runs: list[tuple[str, dict]] = []
+    runs: list[tuple[str, RunResult]] = []
     benches: list[tuple[str, dict]] = []
     for p in results:
-        kind, data = read_input(p)
-        (benches if kind == "bench" else runs).append((str(p), data))
+        _, data = read_input(p)
+        if isinstance(data, dict):  # a decode microbenchmark
+            benches.append((str(p), data))
+        else:
+            runs.append((str(p), data))
     profile = fit(runs, benches)
     write_atomic(out, dumps(profile) + "\n")
     if json_out:

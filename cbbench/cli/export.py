@@ -40,12 +40,13 @@ def export(
     """Write a result as llm-d's Benchmark Report v0.2, CSV or Parquet."""
     # Here, not at the top: `cbbench --help` registers every command (cli/app.py), and these
     # bring numpy and the result models.
-    from cbbench.analysis.result import check_not_an_input, load_result, write_atomic_group
+    from cbbench.analysis.result import check_not_an_input, write_atomic_group
     from cbbench.export.files import FORMATS, default_out, render
+    from cbbench.schema import read_run
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
-    data = load_result(result)
+    data = read_run(result)
     out = out if out is not None else default_out(result, fmt)
     files = render(data, fmt, out)
     for path in files:

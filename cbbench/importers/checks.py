@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+
+if TYPE_CHECKING:
+    from cbbench.schema.run import RunResult
 
 # Tokens one request may claim. Outputs are expanded into per-event times (memory per
 # token), so their bound is tighter: a million output tokens in one answer is beyond any
@@ -83,13 +87,13 @@ def check_records(records: Sequence[RequestRecord], duration_s: float, source: s
                          "backwards")
 
 
-def check_result(result: dict, source: str) -> dict:
-    """The result as it will be written, held to the run schema every reader applies (so
+def check_result(result: dict, source: str) -> RunResult:
+    """The result as it will be written, as the run schema every reader applies holds it (so
     gate, compare, report and export read what import writes)."""
     from cbbench.analysis.result import dumps
-    from cbbench.schema import check_run
+    from cbbench.schema import parse_run
 
     try:
-        return check_run(json.loads(dumps(result)), f"the result imported from {source}")
+        return parse_run(json.loads(dumps(result)), f"the result imported from {source}")
     except UsageError as e:
         raise UsageError(f"{source}: the imported run breaks the result schema: {e}") from None

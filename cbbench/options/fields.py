@@ -147,7 +147,7 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default if f.default is not dataclasses.MISSING else REQUIRED
 
 
-def with_options(*groups: Group, after: Callable[[dict[str, Any]], None] | None = None):
+def with_options(*groups: Group):
     """Give a command the flags of ``groups``: Typer sees them in the signature (after the
     command's own), and the command receives each group built and validated, as the keyword
     the Group names."""

@@ -15,8 +15,6 @@ from matplotlib.figure import Figure
 
 from cbbench.errors import UsageError
 from cbbench.schema import read_json_file, read_sweep
-from cbbench.schema.base import plain
-from cbbench.schema.coerce import as_model
 from cbbench.schema.points import ProbePoint, points_of, rate_label
 from cbbench.schema.sweep import SWEEP_KIND, SweepFile
 
@@ -39,7 +37,7 @@ def is_sweep_file(path: Path) -> bool:
     """True for a sweep.json (cheap enough to call on every file `report` is given)."""
     try:
         return is_sweep(read_json_file(path))
-    except UsageError:  # load_result says what is wrong with it
+    except UsageError:  # the run reader says what is wrong with it
         return False
 
 
@@ -73,7 +71,7 @@ def _check_plotted_fields(path: Path, sweep: SweepFile) -> None:
                 raise bad(f"point {i} has {key} {v!r}")
     slo = sweep.slo
     if slo is not None and not all(_is_number(v) for v in slo.limits_ms.values()):
-        raise bad(f"'slo' is {plain(slo)!r}")
+        raise bad(f"'slo' is {slo.model_dump(exclude_unset=True)!r}")
 
 
 def _draw_series(ax, points: list[ProbePoint], key: str, color: str, label: str) -> None:
@@ -94,7 +92,7 @@ def _draw_series(ax, points: list[ProbePoint], key: str, color: str, label: str)
                     fontsize=7, color=color)
 
 
-def latency_throughput(sweeps: Sequence[tuple[str, SweepFile | dict]]) -> Figure:
+def latency_throughput(sweeps: Sequence[tuple[str, SweepFile]]) -> Figure:
     """TTFT p99 and TPOT p99 against achieved output throughput, one line per sweep; each
     point is labelled with its offered rate. Hollow markers: runs that never reached a
     steady state; squares: rate inf. Dashed lines: the sweep's SLO limits."""
@@ -105,9 +103,7 @@ def latency_throughput(sweeps: Sequence[tuple[str, SweepFile | dict]]) -> Figure
         values = []
         # limit -> the sweeps that set it: one line each, however many share it
         limits: dict[float, list[str]] = {}
-        for i, (label, given) in enumerate(sweeps):
-            # A dict (a caller holding the file's): validated into the model.
-            sweep = as_model(SweepFile, given)
+        for i, (label, sweep) in enumerate(sweeps):
             pts = points_of(sweep)
             _draw_series(ax, pts, key, f"C{i % 10}", label)
             values += [getattr(p, key) for p in pts if getattr(p, key)]

@@ -6,7 +6,6 @@ file, read by :func:`read_forward`).
 
 The readers return the models (RunResult, SweepFile, CapacityFile): code reads attributes
 (``run.summary.ttft_ms``), and a model written by :func:`file_text` is the file byte for byte.
-``read_run_dict`` and ``check_run`` give the dict, for readers not yet moved (issue 36).
 
 The models type every field they name and let other fields through (producers add fields; a
 reader that does not know one keeps it), so the files' field names stay the producers'.
@@ -38,11 +37,10 @@ MODELS: dict[str, type[Record]] = {"run": RunResult, "sweep": SweepFile, "capaci
 
 __all__ = [
     "CAPACITY_KIND", "CAPACITY_SCHEMA_VERSION", "MODELS", "RUN_SCHEMA_VERSION", "SWEEP_KIND",
-    "SWEEP_SCHEMA_VERSION", "CapacityFile", "RunResult", "SweepFile", "check_run",
+    "SWEEP_SCHEMA_VERSION", "CapacityFile", "RunResult", "SweepFile",
     "json_schema", "read_capacity", "read_json_file", "read_run", "read_sweep", "to_dict",
     "FORWARD_KIND", "FORWARD_SCHEMA_VERSION", "ForwardResult", "read_forward",
-    "Record", "dumps", "file_text", "from_built", "as_run", "as_run_result", "parse_run", "read_run_dict",
-    "read_sweep_dict", "read_capacity_dict",
+    "Record", "dumps", "file_text", "from_built", "as_run", "as_run_result", "parse_run",
 ]
 
 
@@ -92,22 +90,9 @@ def as_run(result: RunResult | dict, path: object) -> RunResult:
     return result if isinstance(result, RunResult) else parse_run(result, path)
 
 
-def check_run(data: Any, path: object) -> dict:
-    """A run result's dict, checked against RunResult (transitional: readers that still index
-    the dict; new code takes :func:`parse_run`'s model)."""
-    parse_run(data, path)
-    return data
-
-
 def read_run(path: Path) -> RunResult:
     """A run result file as its model, validated: readers use its attributes."""
     return parse_run(read_json_file(Path(path)), path)
-
-
-def read_run_dict(path: Path) -> dict:
-    """Transitional (issue 36): a run result file validated, as the dict it holds, for readers
-    not yet moved to :func:`read_run`'s model."""
-    return check_run(read_json_file(Path(path)), path)
 
 
 def _read_kind(path: Path, kind: str, version: int, what: str) -> dict:
@@ -134,20 +119,6 @@ def read_capacity(path: Path) -> CapacityFile:
     what = "capacity file"
     data = _read_kind(path, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, what)
     return validate(CapacityFile, data, path, what)
-
-
-def read_sweep_dict(path: Path) -> dict:
-    """Transitional (issue 36): sweep.json validated, as its dict."""
-    data = _read_kind(path, SWEEP_KIND, SWEEP_SCHEMA_VERSION, "sweep file")
-    validate(SweepFile, data, path, "sweep file")
-    return data
-
-
-def read_capacity_dict(path: Path) -> dict:
-    """Transitional (issue 36): capacity.json validated, as its dict."""
-    data = _read_kind(path, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, "capacity file")
-    validate(CapacityFile, data, path, "capacity file")
-    return data
 
 
 def read_forward(path: Path) -> dict:

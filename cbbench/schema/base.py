@@ -184,7 +184,9 @@ def field_of(node: object, name: str) -> Any:
     """``node``'s value at ``name`` (a model's field, named or extra, or a plain dict's key, as
     extra fields hold them), None where it has none: how a dotted metric path walks a result."""
     if isinstance(node, Record):
-        return node.get(name)
+        if name in type(node).model_fields:  # a named field: None where the file had none
+            return getattr(node, name) if name in node.model_fields_set else None
+        return (node.model_extra or {}).get(name)
     if isinstance(node, dict):
         return node.get(name)
     return None
@@ -209,15 +211,6 @@ def validate(model: type[R], data: Any, path: object, what: str) -> R:
         return model.model_validate(data)
     except ValidationError as e:
         raise UsageError(f"{path}: not a valid {what}: {first_problem(e)}") from None
-
-
-def plain(data: Any) -> Any:
-    """Transitional (issue 36): a record as the plain dict a reader not yet on the models
-    takes (Python values: a NaN or a wrong type set by hand kept as set); anything else as it
-    is."""
-    if isinstance(data, Record):
-        return data.model_dump(exclude_unset=True, warnings=False)
-    return data
 
 
 def from_built(model: type[R], data: Any, what: str) -> R:

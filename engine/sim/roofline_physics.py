@@ -129,14 +129,6 @@ def spec_priors(gpu: GPUSpec, d: FitData) -> list[Prior]:
     ]
 
 
-def _to_u(theta: np.ndarray, priors: list[Prior]) -> np.ndarray:
-    """Internal parameters in prior units: (log value - log mean) / sd, or (value - mean) / sd."""
-    return np.array([
-        (math.log(max(t, 1e-300)) - math.log(p.mean)) / p.sd if p.log else (t - p.mean) / p.sd
-        for t, p in zip(theta, priors, strict=True)
-    ])
-
-
 def _from_u(u: np.ndarray, priors: list[Prior]) -> tuple[np.ndarray, np.ndarray]:
     """(internal parameters, d theta / d u) of prior units ``u``."""
     theta = np.empty(NUM_PARAMS)

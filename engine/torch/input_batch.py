@@ -92,10 +92,6 @@ class PersistentBatch:
             self._free = list(range(num_slots - 1, -1, -1))
         self.num_slots = num_slots
 
-    @property
-    def num_slots_used(self) -> int:
-        return len(self._slot_of)
-
     def _new_slot(self, req: Request, reqs: list[Request]) -> int:
         if not self._free:
             # Reclaim the slots of requests not in this step (finished, preempted, waiting).

@@ -19,7 +19,8 @@ from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import get_model_config
 from cbbench.engine.sim.cost_model import BatchShape, CostModel, DeviceRates
 from cbbench.engine.sim.device_profile import load_profile
-from cbbench.schema.base import plain
+from cbbench.schema import RunResult
+from cbbench.schema.base import to_dict
 
 SMALL = get_model_config("small")
 # Rates under which every term matters on the 'small' model in fp32: decode GEMMs and the
@@ -46,7 +47,7 @@ def shape_of(it: dict) -> BatchShape:
 
 
 @pytest.fixture(scope="module")
-def shapes_run() -> dict:
+def shapes_run() -> RunResult:
     """A simulated run's iteration shapes (decode, mixed and prefill steps of ShareGPT on the
     'small' model), to be re-timed as if a CPU with known rates had run them."""
     spec = run_spec(workload="sharegpt", num_requests=60, request_rate=30.0,
@@ -55,11 +56,11 @@ def shapes_run() -> dict:
     return execute_run(spec)
 
 
-def as_real(result: dict, rates: DeviceRates, seed: int = 0, outliers: int = 0,
+def as_real(result: RunResult, rates: DeviceRates, seed: int = 0, outliers: int = 0,
             noise: float = NOISE) -> dict:
     """The run as a real CPU run would record it: times from ``rates`` with lognormal noise
-    (and a few iterations stretched 5x, as a busy host does)."""
-    res = copy.deepcopy(result)
+    (and a few iterations stretched 5x, as a busy host does), as the file's dict."""
+    res = to_dict(result)
     rng = np.random.default_rng(seed)
     cm = CostModel(SMALL, "fp32", rates=rates)
     for i, it in enumerate(res["iterations"]):
@@ -99,7 +100,7 @@ def test_the_fit_recovers_known_rates_through_noise_and_outliers(shapes_run):
                                   rel=0.05)
     assert profile["device"] == "cpu" and profile["models"] == ["small"]
     assert profile["dtype"] == "fp32"
-    assert profile["num_iterations"] == len(shapes_run["iterations"])
+    assert profile["num_iterations"] == len(shapes_run.iterations)
     # Residuals per class: about the noise's size (the median |err| of lognormal 5% noise is
     # 3.4%), looser for the few prefill and mixed steps.
     assert set(profile["residuals"]) == classes
@@ -178,8 +179,8 @@ def test_a_term_the_data_do_not_need_is_reported_not_invented(shapes_run):
                                   rel=0.05)
 
 
-def write(path, obj) -> str:
-    path.write_text(json.dumps(obj, default=plain))
+def write(path, obj: dict | RunResult) -> str:
+    path.write_text(json.dumps(to_dict(obj) if isinstance(obj, RunResult) else obj))
     return str(path)
 
 
@@ -317,7 +318,7 @@ def test_large_residuals_warn_in_one_line_in_the_profile_and_the_output(shapes_r
     for it in decodes[::2]:
         it["duration_s"] *= 4.0
     path = tmp_path / "real.json"
-    path.write_text(json.dumps(real, default=plain))
+    path.write_text(json.dumps(real))
     out = tmp_path / "p.json"
     r = invoke("calibrate", str(path), "--out", str(out))
     assert r.exit_code == 0, r.output

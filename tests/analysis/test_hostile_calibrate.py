@@ -24,7 +24,7 @@ from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import MODEL_PRESETS
 from cbbench.engine.sim.cost_model import BatchShape, CostModel, DeviceRates
-from cbbench.schema.base import plain
+from cbbench.schema.base import to_dict
 
 RATES = DeviceRates(memory_bandwidth=20e9, flop_rate=100e9, iteration_overhead_s=2e-4,
                     row_overhead_s=2e-5)
@@ -37,7 +37,7 @@ def real() -> dict:
     spec = run_spec(workload="sharegpt", num_requests=40, request_rate=30.0,
                    engine=EngineArgs(engine="sim", model="small", dtype="fp32",
                                      max_num_seqs=32, max_num_batched_tokens=1024))
-    res = execute_run(spec)
+    res = to_dict(execute_run(spec))  # the file's dict, to tamper with
     cm = CostModel(MODEL_PRESETS["small"], "fp32", rates=RATES)
     rng = np.random.default_rng(0)
     for it in res["iterations"]:
@@ -81,7 +81,7 @@ TAMPERED = {
 
 def _one_line(tmp_path, result: dict, text: str) -> None:
     src = tmp_path / "R.json"
-    src.write_text(json.dumps(result, default=plain))  # Infinity / NaN as Python's json writes them
+    src.write_text(json.dumps(result))  # Infinity / NaN as Python's json writes them
     out = tmp_path / "P.json"
     res = CliRunner().invoke(app, ["calibrate", str(src), "--out", str(out)])
     assert res.exit_code == 2, (res.output, res.exception)
@@ -139,7 +139,7 @@ def test_copies_of_one_iteration_fit_at_most_one_scale_and_a_profile_run_accepts
     if device != "cpu":
         one["config"].update(device="cuda", device_name="NVIDIA H100 80GB HBM3", gpu="h100")
     path = tmp_path / "one.json"
-    path.write_text(json.dumps(one, default=plain))
+    path.write_text(json.dumps(one))
     out = tmp_path / "profile.json"
     r = CliRunner().invoke(app, ["calibrate", str(path), "--out", str(out)])
     assert r.exit_code == 0, r.output

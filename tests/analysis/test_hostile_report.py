@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench.cli.app import app
-from cbbench.schema.base import plain
+from cbbench.schema.base import to_dict
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,7 @@ def good(tmp_path_factory) -> dict:
 
     spec = run_spec(workload="sharegpt", num_requests=4, save_detailed=True,
                    engine=EngineArgs(engine="sim"))
-    return json.loads(json.dumps(execute_run(spec), default=plain))
+    return to_dict(execute_run(spec))
 
 
 def _mutate(result: dict, path: str, value):

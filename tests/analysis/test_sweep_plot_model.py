@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from cbbench.errors import UsageError
 from cbbench.report.sweep_plot import is_sweep, latency_throughput, load_sweep
-from cbbench.schema import SweepFile, read_sweep_dict
+from cbbench.schema import SweepFile
 
 SWEEP = Path(__file__).resolve().parents[1] / "data" / "results" / "sweep.json"
 
@@ -28,11 +28,10 @@ def _write(tmp_path, change) -> Path:
 def test_the_sweep_loads_as_its_model_and_plots_its_slo_line():
     sweep = load_sweep(SWEEP)
     assert isinstance(sweep, SweepFile) and is_sweep(json.loads(SWEEP.read_text()))
-    for given in (sweep, read_sweep_dict(SWEEP)):  # a dict still plots, validated
-        fig = latency_throughput([("a", given)])
-        assert isinstance(fig, Figure)
-        lines = [line for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
-        assert [line.get_ydata()[0] for line in lines] == [5000.0]  # slo.limits_ms.ttft
+    fig = latency_throughput([("a", sweep)])
+    assert isinstance(fig, Figure)
+    lines = [line for line in fig.axes[0].get_lines() if line.get_linestyle() == "--"]
+    assert [line.get_ydata()[0] for line in lines] == [5000.0]  # slo.limits_ms.ttft
     assert not is_sweep([1]) and not is_sweep({"kind": "cbbench-capacity"})
 
 

@@ -31,12 +31,11 @@ from cbbench.engine.sim import roofline_select  # noqa: E402
 def _case() -> dict:
     from cbbench.bench.runner import execute_run
     from cbbench.engine.args import EngineArgs
-    from cbbench.schema.base import plain
 
     spec = run_spec(workload="sharegpt", num_requests=60, request_rate="30",
                     engine=EngineArgs(engine="sim", model="small", dtype="fp32",
                                       max_num_seqs=48, max_num_batched_tokens=1024))
-    real = json.loads(json.dumps(T.as_real(execute_run(spec), T.TRUE, seed=3), default=plain))
+    real = T.as_real(execute_run(spec), T.TRUE, seed=3)
     decodes = [it for it in real["iterations"] if it["num_prefill_tokens"] == 0]
     for it in decodes[::2]:
         it["duration_s"] *= 4.0

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import cbbench.analysis.result as result_io
 import cbbench.analysis.server_side.audit as audit_lib
+import cbbench.schema as schema
 from cbbench.cli.app import app
 
 EXPECTED = Path(__file__).resolve().parents[1] / "data" / "audit_printout.txt"
@@ -55,7 +55,7 @@ REPORTS = {"failed": FAILED, "passed": PASSED}
 def _printout(monkeypatch, tmp_path, report) -> tuple[int, str]:
     # `cbbench audit` imports these when it runs (cli/audit.py keeps --help light): patched
     # where they live.
-    monkeypatch.setattr(result_io, "load_result", lambda path: {})
+    monkeypatch.setattr(schema, "read_run", lambda path: {})
     monkeypatch.setattr(audit_lib, "read_server_log", lambda path: {})
     monkeypatch.setattr(audit_lib, "audit", lambda *a: report)
     given = tmp_path / "r.json"

@@ -18,8 +18,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cbbench import __version__
-from cbbench.analysis.result import SCHEMA_VERSION, load_result
+from cbbench.analysis.result import SCHEMA_VERSION
 from cbbench.cli.app import app
+from cbbench.schema import read_run, to_dict
 
 CBBENCH = shutil.which("cbbench") or str(Path(sys.executable).with_name("cbbench"))
 STATS = ("mean", "std", "p50", "p90", "p95", "p99")
@@ -64,7 +65,7 @@ def test_run_writes_a_versioned_result(run_200):
     _, out = run_200
     assert out.is_file()
     data = json.loads(out.read_text())
-    assert load_result(out) == data
+    assert to_dict(read_run(out)) == data
     assert data["schema_version"] == SCHEMA_VERSION == 1
     assert data["cbbench_version"] == __version__
     assert data["interrupted"] is False
@@ -149,7 +150,7 @@ def test_default_output_goes_to_results_in_the_cwd(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     files = list((tmp_path / "results").glob("run-*-sim.json"))
     assert len(files) == 1
-    assert load_result(files[0])["summary"]["completed"] == 10
+    assert read_run(files[0]).summary.completed == 10
 
 
 # ---- version, help, workloads ---------------------------------------------------------------
@@ -310,7 +311,7 @@ def test_result_dumps_and_atomic_write(tmp_path):
     }
     p = tmp_path / "sub" / "r.json"
     write_result(p, {"schema_version": 1, "config": {}, "summary": {}})
-    assert load_result(p)["schema_version"] == 1
+    assert read_run(p).schema_version == 1
     with pytest.raises(TypeError):
         write_atomic(tmp_path / "sub" / "bad.json", 123)  # fails mid-write
     assert sorted(x.name for x in (tmp_path / "sub").iterdir()) == ["r.json"]  # no temp left
@@ -335,4 +336,4 @@ def test_load_result_schema_checks(tmp_path, content, message):
     if content is not None:
         p.write_text(content)
     with pytest.raises(UsageError, match=message):
-        load_result(p)
+        read_run(p)

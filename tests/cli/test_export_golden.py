@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cbbench.export.files import render
-from cbbench.schema import check_run
+from cbbench.schema import parse_run
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 FIXTURE = DATA / "results" / "run.json"
@@ -85,7 +85,7 @@ def _exports() -> dict[str, str]:
     for name, mutate in VARIANTS.items():
         data = copy.deepcopy(base)
         mutate(data)
-        check_run(data, name)  # what `cbbench export` reads: a valid result
+        parse_run(data, name)  # what `cbbench export` reads: a valid result
         for fmt in FORMATS:
             files = render(copy.deepcopy(data), fmt, Path(f"{name}.{fmt}"))
             for path, raw in sorted(files.items()):

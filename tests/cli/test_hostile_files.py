@@ -21,7 +21,7 @@ import pytest
 
 from cbbench.engine.json_file import read_json
 from cbbench.engine.memory_check import available_host_bytes
-from cbbench.schema.base import plain
+from cbbench.schema.base import to_dict
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
@@ -121,7 +121,6 @@ def test_a_tokenizer_config_linked_to_dev_zero_means_no_template(tmp_path):
 # ---- a result given to --replay: its records and config, of their kinds -----------------------
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory) -> dict:
-    import json
 
     from helpers import run_spec
 
@@ -129,7 +128,7 @@ def recorded(tmp_path_factory) -> dict:
     from cbbench.engine.args import EngineArgs
 
     spec = run_spec(workload="sharegpt", num_requests=3, engine=EngineArgs(engine="sim"))
-    return json.loads(json.dumps(execute_run(spec), default=plain))
+    return to_dict(execute_run(spec))
 
 
 REPLAY_CASES = {  # (section, key, value, text in the error); request keys edit record 0.

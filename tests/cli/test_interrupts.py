@@ -33,8 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from cbbench.analysis.result import load_result
-from cbbench.schema.base import plain
+from cbbench.schema import read_run, to_dict
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
@@ -141,7 +140,7 @@ def _leftovers(folder: Path) -> list[str]:
 
 
 def _check_interrupted_result(path: Path) -> dict:
-    data = load_result(path)  # schema checks: a whole, valid file
+    data = to_dict(read_run(path))  # schema checks: a whole, valid file
     assert data["interrupted"] is True
     s = data["summary"]
     not_sent = s.get("not_sent", 0)
@@ -202,7 +201,7 @@ def test_a_closed_terminal_costs_the_live_view_not_the_result(tmp_path):
     except subprocess.TimeoutExpired:
         run.kill()
         pytest.fail("cbbench did not finish after its terminal closed")
-    data = load_result(run.out)
+    data = to_dict(read_run(run.out))
     s = data["summary"]
     assert data["interrupted"] is False and s["completed"] + s["failed"] == N, s
     assert _leftovers(run.out_dir) == []
@@ -239,7 +238,7 @@ def test_second_sigint_exits_130_promptly_and_leaves_no_partial_file(tmp_path):
     assert elapsed < 10, f"took {elapsed:.1f} s to exit after the second signal"
     # Either no result or a whole, valid one; never a partial or temporary file.
     if run.out.exists():
-        load_result(run.out)
+        read_run(run.out)
     assert _leftovers(run.out_dir) == []
 
 
@@ -298,17 +297,18 @@ def test_interrupted_sim_run_produces_a_valid_result(tmp_path):
     stop = _StopAfter(400)
     result = execute_run(_sim_spec(), should_stop=stop)
     assert stop.calls > 400
-    assert result["interrupted"] is True
-    s = result["summary"]
-    assert s["completed"] > 0
-    assert s.get("not_sent", 0) > 0  # arrivals after the stop were never sent
-    assert s["completed"] + s["failed"] + s.get("not_sent", 0) == 300
+    assert result.interrupted is True
+    s = result.summary
+    assert s.completed is not None and s.failed is not None
+    assert s.completed > 0
+    assert (s.not_sent or 0) > 0  # arrivals after the stop were never sent
+    assert s.completed + s.failed + (s.not_sent or 0) == 300
     # The simulated drain finishes every in-flight request well inside the grace period.
-    assert s["failed"] == 0, s["error_types"]
+    assert s.failed == 0, s.error_types
     path = tmp_path / "sim.json"
     write_result(path, result)
-    data = load_result(path)
-    assert data["interrupted"] is True and data["summary"] == json.loads(json.dumps(s, default=plain))
+    data = read_run(path)
+    assert data.interrupted is True and to_dict(data.summary) == to_dict(s)
     assert [p.name for p in tmp_path.iterdir()] == ["sim.json"]
 
 
@@ -316,10 +316,10 @@ def test_sim_run_stopped_before_the_first_step(tmp_path):
     from cbbench.bench.runner import execute_run
 
     result = execute_run(_sim_spec(50, rate=float("inf")), should_stop=lambda: True)
-    s = result["summary"]
-    assert result["interrupted"] is True
-    assert s["completed"] == 0 and s["failed"] == 0 and s["not_sent"] == 50
-    assert result["requests"] == [] and s["duration_s"] == 0
+    s = result.summary
+    assert result.interrupted is True
+    assert s.completed == 0 and s.failed == 0 and s.not_sent == 50
+    assert result.requests == [] and s.duration_s == 0
 
 
 def test_cancelled_requests_decide_the_exit_code_in_process(tmp_path, monkeypatch):
@@ -339,7 +339,7 @@ def test_cancelled_requests_decide_the_exit_code_in_process(tmp_path, monkeypatc
         out = tmp_path / f"r{code}.json"
         res = CliRunner().invoke(app, [*args, *extra, "--output", str(out)])
         assert res.exit_code == code, res.output
-        data = load_result(out)
+        data = to_dict(read_run(out))
         s = data["summary"]
         assert data["interrupted"] is True
         assert s["failed"] > 0 and s["error_types"] == {"interrupted": s["failed"]}

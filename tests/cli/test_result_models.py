@@ -16,29 +16,27 @@ from cbbench.schema import (
     SweepFile,
     file_text,
     read_capacity,
-    read_capacity_dict,
     read_run,
-    read_run_dict,
     read_sweep,
-    read_sweep_dict,
+    to_dict,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "results"
 KINDS = {
-    "run.json": (read_run, read_run_dict, RunResult),
-    "sweep.json": (read_sweep, read_sweep_dict, SweepFile),
-    "capacity.json": (read_capacity, read_capacity_dict, CapacityFile),
+    "run.json": (read_run, RunResult),
+    "sweep.json": (read_sweep, SweepFile),
+    "capacity.json": (read_capacity, CapacityFile),
 }
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))
 def test_an_older_file_reads_as_its_model_and_dumps_to_the_same_bytes(name):
-    read, read_dict, model = KINDS[name]
+    read, model = KINDS[name]
     path = DATA / name
     record = read(path)
     assert type(record) is model
     assert file_text(record) == path.read_text()  # keys, their order and values
-    assert read_dict(path) == json.loads(path.read_text())
+    assert to_dict(record) == json.loads(path.read_text())
 
 
 def test_a_run_reads_by_attribute():
@@ -50,19 +48,6 @@ def test_a_run_reads_by_attribute():
     assert run.summary.ttft_ms.p99 == raw["summary"]["ttft_ms"]["p99"]  # a pNN: an extra field
     assert run.requests is not None and run.requests[0].token_times_s is not None
     assert isinstance(run.config.percentiles[0], int)  # 50 stays 50, not 50.0
-
-
-def test_the_transitional_dict_view_is_the_file():
-    """Readers not yet on attributes index the model as the dict it was."""
-    run = read_run(DATA / "run.json")
-    raw = json.loads((DATA / "run.json").read_text())
-    assert list(run.keys()) == list(raw)
-    assert list(run["summary"].keys()) == list(raw["summary"])
-    assert run["summary"]["ttft_ms"]["p99"] == raw["summary"]["ttft_ms"]["p99"]
-    assert run["requests"][0].get("ttft_ms") == raw["requests"][0]["ttft_ms"]
-    assert "summary" in run and "no_such_key" not in run and run.get("no_such_key", 7) == 7
-    with pytest.raises(KeyError):
-        run["no_such_key"]
 
 
 def test_a_field_set_after_reading_is_written_in_place():

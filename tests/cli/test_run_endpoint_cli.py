@@ -19,9 +19,9 @@ from helpers import SERVE_MODEL as MODEL
 from helpers import free_port, sim_options, start_server
 from typer.testing import CliRunner
 
-from cbbench.analysis.result import load_result
 from cbbench.cli.app import app
 from cbbench.cli.serve import build_serving_engine
+from cbbench.schema import read_run, to_dict
 
 SECRET = "Bearer sk-cbbench-test-0123456789"
 N = 12
@@ -76,7 +76,7 @@ def test_endpoint_run_writes_an_http_result(srv, workload, tmp_path, monkeypatch
     assert res.exit_code == 0, res.output
     assert f"result: {out}" in res.stdout
     text = out.read_text()
-    result = load_result(out)
+    result = to_dict(read_run(out))
     cfg = result["config"]
     assert cfg["target"] == "http"
     assert cfg["endpoint"] == srv.url and cfg["api"] == "completions"
@@ -110,7 +110,7 @@ def test_server_side_latency_from_cbbench_serve(srv, workload, tmp_path, monkeyp
     res = endpoint_run(monkeypatch, srv.url, workload, out, "--request-rate", "50",
                        "--scrape-metrics")
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     lat = result["summary"]["http"]["server_latency"]
     assert set(lat) >= {"ttft_ms", "itl_ms", "tpot_ms", "e2el_ms", "note"}
     assert lat["ttft_ms"]["observations"] == N and lat["e2el_ms"]["observations"] == N
@@ -129,7 +129,7 @@ def test_chat_api(srv, workload, tmp_path, monkeypatch):
     out = tmp_path / "chat.json"
     res = endpoint_run(monkeypatch, srv.url, workload, out, "--api", "chat")
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["config"]["api"] == "chat" and result["summary"]["http"]["api"] == "chat"
     assert result["summary"]["completed"] == N
     assert [r["output_tokens"] for r in result["requests"]] == [OUTPUT_LEN] * N
@@ -141,7 +141,7 @@ def test_served_model_is_used(srv, workload, tmp_path, monkeypatch):
     out = tmp_path / "named.json"
     res = endpoint_run(monkeypatch, srv.url, workload, out, "--served-model", MODEL)
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["config"]["served_model"] == MODEL
     assert result["config"]["served_model_requested"] == MODEL
     assert "models_listed" not in result["summary"]["http"]  # no /v1/models look-up
@@ -150,7 +150,7 @@ def test_served_model_is_used(srv, workload, tmp_path, monkeypatch):
     out = tmp_path / "misnamed.json"
     res = endpoint_run(monkeypatch, srv.url, workload, out, "--served-model", "not-served")
     assert res.exit_code == 1, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["config"]["served_model"] == "not-served"
     assert result["summary"]["error_types"] == {"http_status": N}
     assert all(
@@ -164,7 +164,7 @@ def test_max_concurrency_caps_in_flight(srv, workload, tmp_path, monkeypatch):
     out = tmp_path / "capped.json"
     res = endpoint_run(monkeypatch, srv.url, workload, out, "--max-concurrency", str(cap))
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["config"]["max_concurrency"] == cap
     assert result["summary"]["http"]["max_in_flight"] == cap  # all N arrive at t=0
     assert result["summary"]["completed"] == N
@@ -222,7 +222,7 @@ def test_failures_exit_1_after_writing_the_result(fake_server, faulty, tmp_path,
     assert f"result: {out}" in res.stdout  # the table and the path came first
     assert "2 of 6 requests failed" in res.stderr and "--max-error-rate" in res.stderr
     assert "Traceback" not in res.output
-    result = load_result(out)  # complete and valid
+    result = to_dict(read_run(out))  # complete and valid
     s = result["summary"]
     assert (s["completed"], s["failed"]) == (4, 2)
     assert s["error_types"] == {"http_status": 1, "stream_cut": 1}
@@ -240,7 +240,7 @@ def test_max_error_rate_decides_the_exit_code(fake_server, faulty, tmp_path, mon
         "--num-requests", str(n), "--output", str(out), "--max-error-rate", rate,
     )
     assert res.exit_code == code, res.output
-    assert load_result(out)["summary"]["failed"] == 2
+    assert to_dict(read_run(out))["summary"]["failed"] == 2
 
 
 def test_server_ignoring_ignore_eos_warns_and_counts(fake_server, tmp_path, monkeypatch):
@@ -256,7 +256,7 @@ def test_server_ignoring_ignore_eos_warns_and_counts(fake_server, tmp_path, monk
     warned = [line for line in res.stderr.splitlines() if "max_tokens" in line]
     assert len(warned) == 1 and warned[0].startswith("cbbench: warning: ")
     assert "ignore_eos" in warned[0] and "--no-ignore-eos-field" in warned[0]
-    result = load_result(out)
+    result = to_dict(read_run(out))
     short = result["summary"]["short_outputs"]
     assert (short["count"], short["checked"], short["share"]) == (2, 4, 0.5)
     assert short["mean_shortfall"] == 10 - 3
@@ -275,7 +275,7 @@ def test_scrape_metrics_without_a_metrics_page_is_one_warning_line(workload, tmp
     said = [line for line in res.stderr.splitlines() if "metrics" in line]
     assert len(said) == 1 and said[0].startswith("cbbench: warning: --scrape-metrics")
     assert "HTTP 404" in said[0]
-    assert load_result(out)["server_metrics"] == []
+    assert to_dict(read_run(out))["server_metrics"] == []
 
 
 def test_scrape_metrics_filter_flag(fake_server, workload, tmp_path, monkeypatch):
@@ -283,7 +283,7 @@ def test_scrape_metrics_filter_flag(fake_server, workload, tmp_path, monkeypatch
     # The filter alone asks for the scrape; the fake's page has process_cpu_seconds_total.
     res = endpoint_run(monkeypatch, fake_server.url, workload, out, "--scrape-metrics-filter", "^process_")
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["config"]["scrape_metrics"] is True
     assert result["config"]["scrape_metrics_filter"] == "^process_"
     assert {r["name"] for r in result["server_metrics"]} == {"process_cpu_seconds_total"}
@@ -302,7 +302,7 @@ def test_header_value_is_sent_but_never_written(fake_server, workload, tmp_path,
     assert len(fake_server.requests) == N
     assert {q["headers"]["authorization"] for q in fake_server.requests} == {SECRET}
     assert SECRET not in out.read_text() and "sk-cbbench" not in res.output
-    assert load_result(out)["config"]["header_names"] == ["Authorization"]
+    assert to_dict(read_run(out))["config"]["header_names"] == ["Authorization"]
 
 
 def test_closed_port_records_connect_failures(workload, tmp_path, monkeypatch):
@@ -310,7 +310,7 @@ def test_closed_port_records_connect_failures(workload, tmp_path, monkeypatch):
     out = tmp_path / "closed.json"
     res = endpoint_run(monkeypatch, url, workload, out, "--served-model", "m")
     assert res.exit_code == 1, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     s = result["summary"]
     assert (s["completed"], s["failed"]) == (0, N)
     assert s["error_types"] == {"connect": N}
@@ -377,6 +377,6 @@ def test_no_secret_from_the_command_line_in_the_result(srv, workload, tmp_path, 
         url = srv.url.replace("http://", f"http://user:{secret}@")
         res = endpoint_run(monkeypatch, url, workload, out)
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["config"]["endpoint"] == srv.url  # the redacted field is right
     assert secret not in out.read_text()

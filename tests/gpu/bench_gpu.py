@@ -123,11 +123,12 @@ def cmd_run(args) -> int:
 def cmd_calibrate(args) -> int:
     """``cbbench calibrate RESULT... --out PROFILE`` without the Typer CLI."""
     from cbbench.analysis.calibration import calibrate
-    from cbbench.analysis.result import dumps, load_result, write_atomic
+    from cbbench.analysis.result import dumps, write_atomic
     from cbbench.errors import UsageError
+    from cbbench.schema import read_run
 
     try:
-        profile = calibrate([(str(p), load_result(p)) for p in args.results])
+        profile = calibrate([(str(p), read_run(p)) for p in args.results])
     except UsageError as exc:
         print(f"cbbench: error: {exc}", file=sys.stderr)
         return 2

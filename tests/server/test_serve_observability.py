@@ -244,8 +244,8 @@ def test_run_scrape_metrics_reads_cbbench_serve_as_vllm(served, tmp_path, monkey
 
     from typer.testing import CliRunner
 
-    from cbbench.analysis.result import load_result
     from cbbench.cli.app import app
+    from cbbench.schema import read_run, to_dict
 
     run, _ = served
     n = 8
@@ -263,7 +263,7 @@ def test_run_scrape_metrics_reads_cbbench_serve_as_vllm(served, tmp_path, monkey
     monkeypatch.setattr(sys, "argv", ["cbbench", *args])
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
-    res = load_result(out)
+    res = to_dict(read_run(out))
     rows = res["server_metrics"]
 
     def growth(name: str, **labels) -> float:

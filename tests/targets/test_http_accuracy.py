@@ -52,9 +52,9 @@ import uvicorn
 from helpers import START_TIMEOUT_S, Running, sim_options
 from typer.testing import CliRunner
 
-from cbbench.analysis.result import load_result
 from cbbench.cli.app import app as cli_app
 from cbbench.cli.serve import build_serving_engine
+from cbbench.schema import read_run, to_dict
 from cbbench.server.app import create_app
 from cbbench.server.engine_events import Admitted, TokenEvent
 
@@ -244,7 +244,7 @@ def _measure(srv, tmp_path, attempt: int) -> tuple[dict, str]:
     finally:
         del srv.engine.submit  # back to the bridge's own method
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["summary"]["completed"] == NUM_REQUESTS and result["summary"]["failed"] == 0
 
     # Match every client record to its server record by the marker.

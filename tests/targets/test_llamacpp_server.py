@@ -40,8 +40,8 @@ import pytest
 from helpers import free_port
 from typer.testing import CliRunner
 
-from cbbench.analysis.result import load_result
 from cbbench.cli.app import app
+from cbbench.schema import read_run, to_dict
 
 PYTHON = os.environ.get("CBBENCH_LLAMACPP_PYTHON")
 MODEL = os.environ.get("CBBENCH_LLAMACPP_MODEL")
@@ -136,7 +136,7 @@ def test_cbbench_against_llama_cpp_python(server, tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["cbbench", *args])
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     s = result["summary"]
     assert s["completed"] == N and s["failed"] == 0
 
@@ -231,7 +231,7 @@ def test_llama_cpp_python_ignores_ignore_eos(eos_server, tmp_path, monkeypatch):
         out = tmp_path / f"{flag}.json"
         res = _run(url, workload, out, tokenizer, monkeypatch, flag)
         assert res.exit_code in (0, 1), res.output  # a request whose first token is EOS fails
-        result = load_result(out)
+        result = to_dict(read_run(out))
         short = result["summary"]["short_outputs"]
         assert short["count"] >= 1 and short["finish_reason_stop"] == short["count"]
         warned = [ln for ln in res.stderr.splitlines() if "max_tokens" in ln]

@@ -10,10 +10,10 @@ import pytest
 from helpers import run_spec, sim_options, start_server
 from typer.testing import CliRunner
 
-from cbbench.analysis.result import load_result
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.cli.app import app
 from cbbench.cli.serve import build_serving_engine
+from cbbench.schema import read_run, to_dict
 from cbbench.targets.options import EndpointOptions
 
 KV_BLOCKS = 4096  # 65k tokens: room for several whole conversations at once
@@ -129,7 +129,7 @@ def test_cli_run_over_chat_writes_turns(srv, tmp_path):
     ])
     assert res.exit_code == 0, res.output
     assert "turn" in res.output and "sessions: 3 of 3 completed" in res.output
-    result = load_result(out)
+    result = to_dict(read_run(out))
     assert result["config"]["sessions"]["think_time"] == "exp:5"
     assert all(r["turn"] >= 1 and r["session_id"] is not None for r in result["requests"])
 
