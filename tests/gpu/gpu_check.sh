@@ -67,14 +67,14 @@
 # Knobs (environment): PYTHON (interpreter; default python3, else python), GPU_CHECK_TOTAL_S (whole budget, default 540),
 # GPU_CHECK_SKIP_INSTALL=1, GPU_CHECK_MODEL (default llama-3-8b), GPU_CHECK_DEVICE (cuda),
 # GPU_CHECK_NUM_REQUESTS (200), GPU_CHECK_SEED (unset: cbbench's default; set: --seed for every
-# ShareGPT run and the anchor's requests, e.g. a draw without a 689-token output for the smoke), GPU_CHECK_ANCHOR_CAP_S (150), GPU_CHECK_ANCHOR_ARGS (extra args for
-# bench_gpu.py anchor), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
+# ShareGPT run and the anchor's requests, e.g. a draw without a 689-token output for the smoke),
+# GPU_CHECK_ANCHOR_CAP_S (150), GPU_CHECK_ANCHOR_ARGS (extra args for bench_gpu.py anchor), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
 # GPU_CHECK_PYTEST_ARGS (replaces "-m cuda"), GPU_CHECK_FORCE_SHADOW=1 (test the no-install
 # fallback), GPU_CHECK_FORCE_TRITON_FAIL=1 (act as if the Triton probe failed),
 # GPU_CHECK_CAP_SCALE (multiplies every step's cap; for the smoke test on a shared CPU). The CPU smoke
 # test of the flow itself (tests/engine/test_gpu_check.py runs it in CI):
 #   GPU_CHECK_SKIP_INSTALL=1 GPU_CHECK_DEVICE=cpu GPU_CHECK_MODEL=tiny GPU_CHECK_NUM_REQUESTS=8 \
-#     GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu/gpu_check.sh /tmp/gpu-check-cpu
+#     GPU_CHECK_SEED=35 GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu/gpu_check.sh /tmp/gpu-check-cpu
 set -u
 set -o pipefail
 
