@@ -314,6 +314,11 @@ def test_large_residuals_warn_in_one_line_in_the_profile_and_the_output(shapes_r
     decode steps stretched 4x: no roofline fits both halves, and the profile and the output
     say so in one line per class."""
     real = as_real(shapes_run, TRUE, seed=3)
+    # Every other iteration (2,505 of 5,009; the mix of classes kept): the fit of the full run,
+    # which no roofline fits, took ~6x the CPU of a clean one (25 s against 4 s, load ~8) while
+    # the half run's took ~4.5 s and says the same. The full run's fit (past the fit's 5,000-row
+    # subsample) is the other tests' here.
+    real["iterations"] = real["iterations"][::2]
     decodes = [it for it in real["iterations"] if it["num_prefill_tokens"] == 0]
     for it in decodes[::2]:
         it["duration_s"] *= 4.0

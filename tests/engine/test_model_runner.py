@@ -445,7 +445,9 @@ def test_fused_kernels_switch(monkeypatch):
     from cbbench.engine import build
     from cbbench.engine.args import EngineArgs, EngineArgsError
 
-    base = dict(engine="torch", model="tiny", attention_backend="torch", max_model_len=64)
+    # A 16-token context: the build's warm-up passes (a prefill of max_model_len tokens, a
+    # decode over max_model_len keys, a mixed batch) run the fused kernels interpreted.
+    base = dict(engine="torch", model="tiny", attention_backend="torch", max_model_len=16)
     _, info = build.build_engine(EngineArgs(**base))
     assert info.fused_kernels is False
     engine, info = build.build_engine(EngineArgs(**base, fused_kernels="on"))

@@ -99,7 +99,7 @@ def cmd_run(args) -> int:
         **({"max_num_seqs": args.max_num_seqs} if args.max_num_seqs is not None else {}),
     )  # fmt: skip
     load = LoadOptions(workload=args.workload, num_requests=args.num_requests,
-                       request_rate=args.request_rate,
+                       request_rate=args.request_rate, seed=args.seed,
                        replay=Path(args.replay) if args.replay is not None else None)
     spec = RunSpec(load, opts, OutputOptions(label=args.label))
 
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--device", default=None)
     r.add_argument("--model", default=None)
     r.add_argument("--num-requests", type=int, default=1000)
+    r.add_argument("--seed", type=int, default=0, help="as cbbench run's --seed")
     r.add_argument("--scheduler", default="continuous")
     r.add_argument("--max-num-seqs", type=int, default=None)
     r.add_argument("--request-rate", default="inf", help="req/s (Poisson arrivals), or inf")

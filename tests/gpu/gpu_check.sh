@@ -66,14 +66,15 @@
 #
 # Knobs (environment): PYTHON (interpreter; default python3, else python), GPU_CHECK_TOTAL_S (whole budget, default 540),
 # GPU_CHECK_SKIP_INSTALL=1, GPU_CHECK_MODEL (default llama-3-8b), GPU_CHECK_DEVICE (cuda),
-# GPU_CHECK_NUM_REQUESTS (200), GPU_CHECK_ANCHOR_CAP_S (150), GPU_CHECK_ANCHOR_ARGS (extra args for
-# bench_gpu.py anchor), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
+# GPU_CHECK_NUM_REQUESTS (200), GPU_CHECK_SEED (unset: cbbench's default; set: --seed for every
+# ShareGPT run and the anchor's requests, e.g. a draw without a 689-token output for the smoke),
+# GPU_CHECK_ANCHOR_CAP_S (150), GPU_CHECK_ANCHOR_ARGS (extra args for bench_gpu.py anchor), GPU_CHECK_DECODE_ARGS (extra args for bench_gpu.py decode),
 # GPU_CHECK_PYTEST_ARGS (replaces "-m cuda"), GPU_CHECK_FORCE_SHADOW=1 (test the no-install
 # fallback), GPU_CHECK_FORCE_TRITON_FAIL=1 (act as if the Triton probe failed),
 # GPU_CHECK_CAP_SCALE (multiplies every step's cap; for the smoke test on a shared CPU). The CPU smoke
 # test of the flow itself (tests/engine/test_gpu_check.py runs it in CI):
 #   GPU_CHECK_SKIP_INSTALL=1 GPU_CHECK_DEVICE=cpu GPU_CHECK_MODEL=tiny GPU_CHECK_NUM_REQUESTS=8 \
-#     GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu/gpu_check.sh /tmp/gpu-check-cpu
+#     GPU_CHECK_SEED=35 GPU_CHECK_DECODE_ARGS="--dry-run --dtype fp32" bash tests/gpu/gpu_check.sh /tmp/gpu-check-cpu
 set -u
 set -o pipefail
 
@@ -106,6 +107,8 @@ ANCHOR_DECODE_S="${GPU_CHECK_ANCHOR_DECODE_S:-150}"  # the compiled decode part,
 POISSON_LOAD="${GPU_CHECK_POISSON_LOAD:-0.7}"
 POISSON_REQUESTS="${GPU_CHECK_POISSON_REQUESTS:-150}"
 ANCHOR_ARGS="${GPU_CHECK_ANCHOR_ARGS:-}"
+SEED_ARGS=()  # the request draw: every ShareGPT run and the anchor's requests take the same one
+[ -n "${GPU_CHECK_SEED:-}" ] && SEED_ARGS=(--seed "$GPU_CHECK_SEED")
 DECODE_ARGS="${GPU_CHECK_DECODE_ARGS:-}"
 PYTEST_ARGS="${GPU_CHECK_PYTEST_ARGS:--m cuda}"
 CAP_SCALE="${GPU_CHECK_CAP_SCALE:-1}"  # multiplies every step's cap (a slow, shared CPU)
@@ -283,7 +286,8 @@ run_step decode 150 "decode step time / floor / MBU, fused and unfused, $MODEL" 
 CB_MAIN='import sys; sys.argv[0] = "cbbench"; from cbbench.cli.app import main; sys.exit(main())'
 CB_ENGINE=(--engine torch --device "$DEVICE" --model "$MODEL" --max-num-seqs "$MAX_NUM_SEQS"
            "${FALLBACK_RUN[@]+"${FALLBACK_RUN[@]}"}")
-CB_RUN=(run --workload sharegpt --num-requests "$NUM_REQUESTS" "${CB_ENGINE[@]}")
+CB_RUN=(run --workload sharegpt --num-requests "$NUM_REQUESTS" "${SEED_ARGS[@]+"${SEED_ARGS[@]}"}"
+        "${CB_ENGINE[@]}")
 # The CLI itself must import (a --no-deps install can leave typer importable and tabulate not).
 if run_step import_cli 30 "import cbbench.cli.app" -- "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" \
         -c "import cbbench.cli.app"; then
@@ -341,7 +345,8 @@ ANCHOR_LEFT=$(( ANCHOR_LEFT * 9 / 10 ))
 run_step anchor "$ANCHOR_CAP_S" "HF generate: compiled static-cache decode first, then eager static batches" -- \
     "$PY" "${PYFLAGS[@]+"${PYFLAGS[@]}"}" tests/gpu/bench_gpu.py anchor --device "$DEVICE" \
     --model "$MODEL" --num-requests "$NUM_REQUESTS" --budget-s "$ANCHOR_LEFT" \
-    --decode-budget-s "$((ANCHOR_DECODE_S * CAP_SCALE))" --out "$OUT_DIR" $ANCHOR_ARGS
+    --decode-budget-s "$((ANCHOR_DECODE_S * CAP_SCALE))" --out "$OUT_DIR" \
+    "${SEED_ARGS[@]+"${SEED_ARGS[@]}"}" $ANCHOR_ARGS
 
 # ---- a Poisson point at POISSON_LOAD of the continuous run's capacity, each scheduler ------------
 # At t=0 the pair measures capacity; here requests arrive as a service sees them, at a rate the
@@ -360,7 +365,8 @@ else
     echo "$RATE" > "$OUT_DIR/poisson_rate.txt"
     for SCHED in continuous static; do
         run_step "poisson_$SCHED" 60 "$SCHED, $POISSON_REQUESTS requests, Poisson at $RATE req/s ($POISSON_LOAD x capacity)" -- \
-            "${CB[@]}" run --workload sharegpt --num-requests "$POISSON_REQUESTS" "${CB_ENGINE[@]}" \
+            "${CB[@]}" run --workload sharegpt --num-requests "$POISSON_REQUESTS" \
+            "${SEED_ARGS[@]+"${SEED_ARGS[@]}"}" "${CB_ENGINE[@]}" \
             --request-rate "$RATE" --scheduler "$SCHED" --label "poisson-$SCHED" \
             --output "$OUT_DIR/poisson_$SCHED.json"
     done
