@@ -192,6 +192,14 @@ def field_of(node: object, name: str) -> Any:
     return None
 
 
+def is_empty(section: Record | dict | None) -> bool:
+    """No section, or one given with no field (``{}`` in the file): the tables print such a
+    section as absent."""
+    if isinstance(section, Record):
+        return not section.model_fields_set and not section.model_extra
+    return not section
+
+
 R = TypeVar("R", bound=Record)
 
 
