@@ -10,7 +10,6 @@ from tabulate import tabulate
 
 from cbbench.analysis.server_side.ttft_breakdown import E2EL_PARTS
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, stats_shown
-from cbbench.schema.base import is_empty
 from cbbench.schema.coerce import as_model
 from cbbench.schema.run import Config, Distribution, Summary
 
@@ -45,7 +44,7 @@ def breakdown_table(summary: Summary, stats: tuple[str, ...]) -> str:
     """TTFT and E2EL taken apart: each part's statistics (ms) and share of the whole."""
     out = []
     for title, b in (("TTFT", summary.ttft_breakdown), ("E2EL", summary.e2el_breakdown)):
-        if b is None or is_empty(b):  # none, or written as {}
+        if not b:
             continue
         parts = [(name, part) for name in E2EL_PARTS
                  if (part := getattr(b, name, None)) is not None]
