@@ -8,6 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from cbbench.schema.base import is_empty
 from cbbench.schema.coerce import as_model
 from cbbench.schema.run import (
     Config,
@@ -70,7 +71,7 @@ def latency_table(summary: Summary | dict, stats: tuple[str, ...] = STATS) -> st
     if _stat(s.reasoning_tokens, "p99"):  # a request reasoned
         for label, key in REASONING_ROWS:
             rows.append(_row(label, getattr(s, key), stats))
-    from_send = s.from_send
+    from_send = None if is_empty(s.from_send) else s.from_send
     if from_send:  # --max-concurrency: both bases, labelled
         rows.append(_row("slot wait (ms)", s.slot_wait_ms, stats))
         rows.append(_row("TTFT from send (ms)", from_send.ttft_ms, stats))
@@ -145,7 +146,7 @@ def input_rows(summary: Summary | dict) -> list[list[str]]:
     if s.input_throughput is not None:
         rows.append(["input throughput (tok/s)", _fmt(s.input_throughput, 1)])
         rows.append(["inputs sent", _fmt(s.inputs)])
-    im = s.images
+    im = None if is_empty(s.images) else s.images
     if im:
         split = ("" if im.image_tokens is None else
                  f"; prompt tokens {im.image_tokens:,} image / {im.text_tokens:,} text")
@@ -157,7 +158,7 @@ def input_rows(summary: Summary | dict) -> list[list[str]]:
 
 
 def engine_table(engine: EngineSummary | dict | None) -> str:
-    if not engine:
+    if engine is None or is_empty(engine):
         return ""
     eng = as_model(EngineSummary, engine)
     if not eng.num_iterations:
@@ -182,7 +183,7 @@ def engine_table(engine: EngineSummary | dict | None) -> str:
 
 def speculative_line(speculative: Speculative | dict | None) -> str:
     """summary.speculative in one line (engine or scraped counters)."""
-    if not speculative:
+    if speculative is None or is_empty(speculative):
         return ""
     spec = as_model(Speculative, speculative)
     rate, length = spec.acceptance_rate, spec.mean_acceptance_length
@@ -216,7 +217,7 @@ def by_turn_table(summary: Summary | dict) -> str:
     )
     if len(turns) > TURN_ROWS_SHOWN:
         table += f"\n(turns {TURN_ROWS_SHOWN + 1}-{turns[-1].turn}: see summary.by_turn)"
-    ses = s.sessions
+    ses = None if is_empty(s.sessions) else s.sessions
     if ses:
         table += (
             f"\nsessions: {ses.completed} of {ses.count} completed, "
@@ -270,7 +271,7 @@ def steady_state_line(summary: Summary | dict) -> str:
     the span the run held its load, its ramp-up and drain left out."""
     s = as_model(Summary, summary)
     ss = s.steady_state
-    if not ss:
+    if ss is None or is_empty(ss):
         return ""
     if not ss.window_s:
         return f"steady state: none ({ss.method if ss.note is None else ss.note})"
@@ -298,7 +299,7 @@ def steady_state_line(summary: Summary | dict) -> str:
 
 def telemetry_line(telemetry: Telemetry | dict | None) -> str:
     """Measured HBM utilization, to read beside the analytic MBU above."""
-    if not telemetry:
+    if telemetry is None or is_empty(telemetry):
         return ""
     tel = as_model(Telemetry, telemetry)
     if not tel.available:

@@ -6,16 +6,14 @@ A record remembers the order its fields were given in, and dumps them in that or
 model's own dump is the file, byte for byte (:func:`file_text`), so a file read and written
 again, or a result built as a model and written, keeps its keys where the producer put them.
 
-Transitional (issue 36): a record also answers ``record["key"]``, ``.get``, ``in``, ``keys``
-and ``items`` as the dict it was, so readers not yet moved to attributes (and tests written
-against the dict) keep working; new code reads attributes.
+A record is read by its attributes; :func:`to_dict` gives the file's dict where one is
+wanted (a test that tampers with the file's JSON).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from typing import Annotated, Any, TypeVar
 
 from pydantic import (
@@ -58,7 +56,6 @@ Amount = Annotated[int | float, PlainValidator(_amount),
 
 # One tuple per distinct key order: a million request records share a handful of them.
 _ORDERS: dict[tuple[str, ...], tuple[str, ...]] = {}
-_MISSING = object()
 
 
 class Record(BaseModel):
@@ -86,89 +83,6 @@ class Record(BaseModel):
             ordered.update((k, v) for k, v in out.items() if k not in ordered)
         return ordered
 
-    # -- the dict it was (transitional: readers not yet on attributes) --------------------
-
-    def _present(self) -> list[str]:
-        names = [k for k in type(self).model_fields if k in self.model_fields_set]
-        names += list(self.__pydantic_extra__ or {})
-        order = self._order
-        if order is None:
-            return names
-        have = set(names)
-        first = [k for k in order if k in have]
-        return first + [k for k in names if k not in set(first)]
-
-    def __getitem__(self, key: str) -> Any:
-        value = self.get(key, _MISSING)
-        if value is _MISSING:
-            raise KeyError(key)
-        return value
-
-    def get(self, key: str, default: Any = None) -> Any:
-        if key in type(self).model_fields:
-            return getattr(self, key) if key in self.model_fields_set else default
-        return (self.__pydantic_extra__ or {}).get(key, default)
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        """A named field takes its type where the value fits it (a dict set as the telemetry
-        becomes a Telemetry); one that does not is kept as given, as a dict would keep it (a
-        test writing a broken file on purpose), and the reader refuses the file."""
-        if key in type(self).model_fields:
-            try:
-                self.__pydantic_validator__.validate_assignment(self, key, value)
-                return
-            except ValidationError:
-                pass
-        setattr(self, key, value)
-
-    def __delitem__(self, key: str) -> None:
-        if key not in self:
-            raise KeyError(key)
-        if key in type(self).model_fields:  # back to unset: left out of the file
-            setattr(self, key, type(self).model_fields[key].get_default(call_default_factory=True))
-            self.model_fields_set.discard(key)
-        else:
-            extra = self.__pydantic_extra__
-            if extra is not None:
-                del extra[key]
-
-    def pop(self, key: str, default: Any = _MISSING) -> Any:
-        value = self.get(key, default)
-        if value is _MISSING:
-            raise KeyError(key)
-        if key in self:
-            del self[key]
-        return value
-
-    def update(self, other: Any = (), **kw: Any) -> None:
-        for key, value in dict(other, **kw).items():
-            self[key] = value
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and self.get(key, _MISSING) is not _MISSING
-
-    def keys(self) -> list[str]:
-        return self._present()
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, self.get(k)) for k in self._present()]
-
-    def values(self) -> list[Any]:
-        return [self.get(k) for k in self._present()]
-
-    def __iter__(self) -> Iterator[str]:  # type: ignore[override]  # a dict's: its keys
-        return iter(self._present())
-
-    def __len__(self) -> int:
-        return len(self._present())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, dict):  # the dict it was: equal to the file's value
-            return to_dict(self) == other
-        return super().__eq__(other)
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, as a dict
-
 
 class FileHeader(BaseModel):
     """What tells a file's kind and version, as written (any JSON value: each reader checks
@@ -190,6 +104,14 @@ def field_of(node: object, name: str) -> Any:
     if isinstance(node, dict):
         return node.get(name)
     return None
+
+
+def is_empty(section: Record | dict | None) -> bool:
+    """No section, or one given with no field (``{}`` in the file): the tables print such a
+    section as absent."""
+    if isinstance(section, Record):
+        return not section.model_fields_set and not section.model_extra
+    return not section
 
 
 R = TypeVar("R", bound=Record)
@@ -231,8 +153,8 @@ def _json_number(v: Any) -> Any:
 def to_dict(record: Record) -> dict:
     """The file's dict again: only the fields it had (none of the models' defaults added), in
     the order it had them."""
-    # warnings off: a field set through the dict view to what its type refuses is written as
-    # given (the file's reader refuses it), not warned about.
+    # warnings off: a field set by hand to what its type refuses (a test writing a broken
+    # file on purpose) is written as given (the file's reader refuses it), not warned about.
     return record.model_dump(mode="json", exclude_unset=True, warnings=False)
 
 

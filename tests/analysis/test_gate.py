@@ -16,6 +16,7 @@ from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
+from cbbench.schema import to_dict
 
 NUM_REQUESTS = 60
 
@@ -28,8 +29,9 @@ runner = CliRunner()
 
 @pytest.fixture(scope="module")
 def base_result() -> dict:
+    """The result file's JSON: the tests tamper with it and write it back."""
     spec = run_spec(num_requests=NUM_REQUESTS, engine=EngineArgs(engine="sim"))
-    return execute_run(spec)
+    return to_dict(execute_run(spec))
 
 
 def _save(tmp_path, name: str, result: dict) -> str:

@@ -17,6 +17,7 @@ from cbbench.analysis.result import write_result
 from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
+from cbbench.schema import to_dict
 
 NUM_REQUESTS = 64
 PLOTS = ("latency_cdfs", "token_budget", "batch_occupancy", "kv_usage", "bandwidth")
@@ -35,7 +36,7 @@ def _run(scheduler: str, detailed: bool) -> dict:
         max_num_seqs=32, num_kv_blocks=400,  # a small pool, so preemptions happen
     )
     spec = run_spec(num_requests=NUM_REQUESTS, save_detailed=detailed, engine=opts)
-    return execute_run(spec)
+    return to_dict(execute_run(spec))  # the file's JSON: the tests tamper with it
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +158,8 @@ def test_timeline_panels_share_the_whole_time_span(results):
     pair = [Labeled("static", results["static"]), Labeled("continuous", results["continuous"])]
     fig = plots.request_gantt(pair, max_requests=30)
     ends = [
-        q["intended_start_s"] + q["e2el_ms"] / 1000
-        for x in pair for q in x.result["requests"] if q["e2el_ms"] is not None
+        q.intended_start_s + q.e2el_ms / 1000
+        for x in pair for q in x.result.requests if q.e2el_ms is not None
     ]
     for ax in fig.axes:
         assert ax.get_xlim()[1] >= max(ends)  # static's last batch is not cut off

@@ -109,13 +109,13 @@ def test_warmup_and_cooldown_set_the_window():
 # ---- on every result ------------------------------------------------------------------------------
 def test_engine_result_reports_both_windows():
     result = execute_run(run_spec(workload="sharegpt", num_requests=400, engine=SIM))
-    s = result["summary"]
-    ss = s["steady_state"]
-    a, b = ss["window_s"]
-    assert ss["method"] == METHOD_RUNNING and 0 < a < b < s["duration_s"]
+    s = result.summary
+    ss = s.steady_state
+    a, b = ss.window_s
+    assert ss.method == METHOD_RUNNING and 0 < a < b < s.duration_s
     # Saturated: ramp-up and drain pull the whole-run rate down; the window is at full batch.
-    assert ss["output_throughput"] > s["output_throughput"]
-    assert ss["completed"] <= s["completed"] and ss["ttft_ms"]["count"] == ss["completed"]
+    assert ss.output_throughput > s.output_throughput
+    assert ss.completed <= s.completed and ss.ttft_ms.count == ss.completed
 
 
 def test_endpoint_result_uses_the_in_flight_count():
@@ -128,10 +128,10 @@ def test_endpoint_result_uses_the_in_flight_count():
             workload="sharegpt", num_requests=60, request_rate=200.0,
             endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=30.0),
         ))
-    ss = result["summary"]["steady_state"]
-    assert ss["method"] == METHOD_IN_FLIGHT and ss["window_s"] is not None
-    last_arrival = max(r["intended_start_s"] for r in result["requests"])
-    assert ss["window_s"][1] <= last_arrival + 1e-9
+    ss = result.summary.steady_state
+    assert ss.method == METHOD_IN_FLIGHT and ss.window_s is not None
+    last_arrival = max(r.intended_start_s for r in result.requests)
+    assert ss.window_s[1] <= last_arrival + 1e-9
 
 
 def test_cli_flags_and_table(tmp_path):

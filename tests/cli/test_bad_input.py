@@ -27,6 +27,7 @@ from cbbench.engine.args import ENGINES
 from cbbench.engine.model_config import preset_names
 from cbbench.engine.sim.gpu_specs import gpu_names
 from cbbench.load.workload import JSONL_FIELDS, builtin_names
+from cbbench.schema.run import Request, RunResult
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
@@ -385,8 +386,8 @@ def _spec(tmp_path: Path, lines: list[dict], **engine):
     return run_spec(workload=str(w), num_requests=len(lines), engine=EngineArgs(**engine))
 
 
-def _by_id(result: dict) -> dict[int, dict]:
-    return {r["id"]: r for r in result["requests"]}
+def _by_id(result: RunResult) -> dict[int, Request]:
+    return {r.id: r for r in result.requests or []}
 
 
 def test_prompt_beyond_the_context_is_rejected_and_the_run_goes_on(tmp_path):
@@ -394,12 +395,12 @@ def test_prompt_beyond_the_context_is_rejected_and_the_run_goes_on(tmp_path):
 
     lines = [{"prompt_len": 100, "output_len": 8}] * 3 + [{"prompt_len": 9000, "output_len": 8}]
     result = execute_run(_spec(tmp_path, lines, engine="sim"))
-    s = result["summary"]
-    assert s["completed"] == 3 and s["failed"] == 1
-    assert s["error_types"] == {"rejected": 1}
+    s = result.summary
+    assert s.completed == 3 and s.failed == 1
+    assert s.error_types == {"rejected": 1}
     bad = _by_id(result)[3]
-    assert "exceed the model's context of 8192" in bad["error"]
-    assert bad["output_tokens"] == 0 and bad["ttft_ms"] is None
+    assert "exceed the model's context of 8192" in bad.error
+    assert bad.output_tokens == 0 and bad.ttft_ms is None
 
 
 def test_prompt_beyond_the_whole_kv_pool_is_rejected_and_the_run_goes_on(tmp_path):
@@ -408,9 +409,9 @@ def test_prompt_beyond_the_whole_kv_pool_is_rejected_and_the_run_goes_on(tmp_pat
     lines = [{"prompt_len": 40, "output_len": 8}] * 3 + [{"prompt_len": 500, "output_len": 8}]
     spec = _spec(tmp_path, lines, engine="sim", num_kv_blocks=8, block_size=16)
     result = execute_run(spec)
-    s = result["summary"]
-    assert s["completed"] == 3 and s["error_types"] == {"rejected": 1}
-    assert "needs 32 KV blocks but the whole pool has 8" in _by_id(result)[3]["error"]
+    s = result.summary
+    assert s.completed == 3 and s.error_types == {"rejected": 1}
+    assert "needs 32 KV blocks but the whole pool has 8" in _by_id(result)[3].error
 
 
 def test_torch_engine_rejects_a_prompt_beyond_the_context(tmp_path):
@@ -421,9 +422,9 @@ def test_torch_engine_rejects_a_prompt_beyond_the_context(tmp_path):
     spec = _spec(tmp_path, lines, engine="torch", device="cpu", model="tiny", max_model_len=128,
                  num_kv_blocks=64)
     result = execute_run(spec)
-    s = result["summary"]
-    assert s["completed"] == 2 and s["error_types"] == {"rejected": 1}
-    assert "exceed the model's context of 128" in _by_id(result)[2]["error"]
+    s = result.summary
+    assert s.completed == 2 and s.error_types == {"rejected": 1}
+    assert "exceed the model's context of 128" in _by_id(result)[2].error
 
 
 def test_torch_engine_rejects_an_absurd_prompt_len_without_building_it(tmp_path):
@@ -433,7 +434,7 @@ def test_torch_engine_rejects_an_absurd_prompt_len_without_building_it(tmp_path)
     lines = [{"prompt_len": 12, "output_len": 4}, {"prompt_len": 10**12, "output_len": 4}]
     spec = _spec(tmp_path, lines, engine="torch", device="cpu", model="tiny", num_kv_blocks=64)
     result = execute_run(spec)
-    assert result["summary"]["error_types"] == {"rejected": 1}
+    assert result.summary.error_types == {"rejected": 1}
 
 
 def test_absurd_arrival_time_is_a_usage_error(tmp_path):

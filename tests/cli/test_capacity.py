@@ -178,7 +178,7 @@ def test_independent_runs_around_the_capacity(capacity_doc):
 
     def attainment(rate: float) -> float:
         result = execute_run(probe_spec(base, rate, sizing, slo))
-        return result["summary"]["slo_attainment"]
+        return result.summary.slo_attainment
 
     assert attainment(doc["capacity"] * 0.85) >= slo.attainment
     assert attainment(doc["capacity"] * 1.15) < slo.attainment

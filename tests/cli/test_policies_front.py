@@ -19,6 +19,7 @@ from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.workload import SHARED_PREFIX_VOCAB, load_workload
+from cbbench.schema import RunResult
 
 runner = CliRunner()
 
@@ -120,7 +121,7 @@ def test_per_priority_breakdown():
 
 
 # ---- simulated runs -------------------------------------------------------------------------
-def _sim(workload="sharegpt", n=300, rate=float("inf"), **engine) -> dict:
+def _sim(workload="sharegpt", n=300, rate=float("inf"), **engine) -> RunResult:
     spec = run_spec(
         workload=workload, num_requests=n, seed=0, request_rate=rate,
         engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", **engine),
@@ -132,34 +133,34 @@ def test_sim_swap_reports_traffic_and_time():
     tight = dict(num_kv_blocks=800)
     rec = _sim(**tight)
     swap = _sim(preemption="swap", **tight)
-    er, es = rec["summary"]["engine"], swap["summary"]["engine"]
-    assert er["num_preemptions"] > 0 and er["num_swapped_out_blocks"] == 0
-    assert es["num_preemptions"] > 0
-    assert es["num_swapped_out_blocks"] == es["num_swapped_in_blocks"] > 0
+    er, es = rec.summary.engine, swap.summary.engine
+    assert er.num_preemptions > 0 and er.num_swapped_out_blocks == 0
+    assert es.num_preemptions > 0
+    assert es.num_swapped_out_blocks == es.num_swapped_in_blocks > 0
     # 2 MiB a block over the H200's 50 GB/s host link.
     per_block = 16 * 131_072 / 50e9
-    total = es["num_swapped_out_blocks"] + es["num_swapped_in_blocks"]
-    assert es["swap_time_s"] == pytest.approx(total * per_block)
-    assert swap["config"]["num_cpu_blocks"] == int(4 * 1024**3 // (16 * 131_072)) == 2048
-    assert rec["summary"]["completed"] == swap["summary"]["completed"] == 300
+    total = es.num_swapped_out_blocks + es.num_swapped_in_blocks
+    assert es.swap_time_s == pytest.approx(total * per_block)
+    assert swap.config.num_cpu_blocks == int(4 * 1024**3 // (16 * 131_072)) == 2048
+    assert rec.summary.completed == swap.summary.completed == 300
     # Swapped requests resume without recomputing: less prefill work in all.
-    assert es["total_prefill_tokens"] < er["total_prefill_tokens"]
-    its = swap["iterations"]
-    assert sum(it["num_swapped_out_blocks"] for it in its) == es["num_swapped_out_blocks"]
+    assert es.total_prefill_tokens < er.total_prefill_tokens
+    its = swap.iterations
+    assert sum(it.num_swapped_out_blocks for it in its) == es.num_swapped_out_blocks
 
 
 def test_sim_prefix_caching_on_shared_prefix():
     off = _sim("shared-prefix", n=200, rate=10.0)
     on = _sim("shared-prefix", n=200, rate=10.0, enable_prefix_caching=True)
-    eoff, eon = off["summary"]["engine"], on["summary"]["engine"]
-    assert eoff["prefix_cache_hit_tokens"] == 0 and eoff["prefix_cache_hit_rate"] is None
-    assert eon["prefix_cache_hit_rate"] > 0.5
-    saved = eoff["total_prefill_tokens"] - eon["total_prefill_tokens"]
-    assert saved == eon["prefix_cache_hit_tokens"]
-    assert on["summary"]["ttft_ms"]["mean"] < off["summary"]["ttft_ms"]["mean"]
+    eoff, eon = off.summary.engine, on.summary.engine
+    assert eoff.prefix_cache_hit_tokens == 0 and eoff.prefix_cache_hit_rate is None
+    assert eon.prefix_cache_hit_rate > 0.5
+    saved = eoff.total_prefill_tokens - eon.total_prefill_tokens
+    assert saved == eon.prefix_cache_hit_tokens
+    assert on.summary.ttft_ms.mean < off.summary.ttft_ms.mean
     # Length-only workloads carry no ids: caching finds nothing, and says so.
     plain = _sim(n=50, enable_prefix_caching=True)
-    assert plain["summary"]["engine"]["prefix_cache_hit_tokens"] == 0
+    assert plain.summary.engine.prefix_cache_hit_tokens == 0
 
 
 def test_sim_priority_protects_the_high_class(tmp_path):
@@ -175,7 +176,7 @@ def test_sim_priority_protects_the_high_class(tmp_path):
     kw = dict(n=None, rate=float("inf"), num_kv_blocks=1500)
     fcfs = _sim(str(path), **kw)
     prio = _sim(str(path), queue_policy="priority", **kw)
-    f, p = fcfs["summary"]["per_priority"], prio["summary"]["per_priority"]
+    f, p = fcfs.summary.per_priority, prio.summary.per_priority
     assert f["0"]["completed"] == p["0"]["completed"] == 80
     assert p["0"]["ttft_ms"]["mean"] < f["0"]["ttft_ms"]["mean"] / 3
     assert p["1"]["ttft_ms"]["mean"] > f["1"]["ttft_ms"]["mean"]

@@ -147,7 +147,7 @@ def test_steady_check_queue_signals():
     burst = run_probe(base, math.inf, sizing, None)
     assert check_steady(burst, math.inf).steady is None
     sat = saturation_rate(burst)
-    assert 0.5 * sat < burst["summary"]["request_throughput"] <= 1.5 * sat
+    assert 0.5 * sat < burst.summary.request_throughput <= 1.5 * sat
 
     over = run_probe(base, 3 * sat, sizing, None)
     check = check_steady(over, 3 * sat)

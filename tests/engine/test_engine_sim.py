@@ -159,11 +159,11 @@ def _quiet(_msg: str) -> None:
 def test_same_seed_gives_identical_results():
     a = execute_run(_spec(300, seed=7, rate=30.0))
     b = execute_run(_spec(300, seed=7, rate=30.0))
-    assert a["summary"] == b["summary"]
-    assert a["requests"] == b["requests"]
-    assert a["iterations"] == b["iterations"]
+    assert a.summary == b.summary
+    assert a.requests == b.requests
+    assert a.iterations == b.iterations
     c = execute_run(_spec(300, seed=8, rate=30.0))
-    assert c["summary"] != a["summary"]
+    assert c.summary != a.summary
 
 
 @pytest.fixture(scope="module")
@@ -175,26 +175,26 @@ def sharegpt_600():
 
 
 def test_continuous_beats_static_on_sharegpt(sharegpt_600):
-    cont, stat = sharegpt_600["continuous"]["summary"], sharegpt_600["static"]["summary"]
-    assert cont["completed"] == stat["completed"] == 600
-    assert cont["failed"] == stat["failed"] == 0
-    assert cont["total_output_tokens"] == stat["total_output_tokens"]
-    assert cont["output_throughput"] > stat["output_throughput"]
-    assert cont["ttft_ms"]["mean"] < stat["ttft_ms"]["mean"]
-    assert cont["engine"]["mean_decode_tokens"] > 2 * stat["engine"]["mean_decode_tokens"]
+    cont, stat = sharegpt_600["continuous"].summary, sharegpt_600["static"].summary
+    assert cont.completed == stat.completed == 600
+    assert cont.failed == stat.failed == 0
+    assert cont.total_output_tokens == stat.total_output_tokens
+    assert cont.output_throughput > stat.output_throughput
+    assert cont.ttft_ms.mean < stat.ttft_ms.mean
+    assert cont.engine.mean_decode_tokens > 2 * stat.engine.mean_decode_tokens
 
 
 def test_achieved_bandwidth_never_exceeds_the_gpus(sharegpt_600):
     peak = get_gpu_spec("h200").hbm_bandwidth
     for result in sharegpt_600.values():
-        its = result["iterations"]
+        its = result.iterations
         assert its
         for it in its:
-            assert it["bytes_moved"] > 0 and it["flops"] > 0
+            assert it.bytes_moved > 0 and it.flops > 0
             # The roofline spends at least bytes / (peak * eta_memory) on every iteration.
-            assert it["achieved_bw_gbps"] * 1e9 <= peak * 0.80 * (1 + 1e-9)
-            assert it["duration_s"] >= 300e-6  # the per-iteration overhead
-        starts = [it["start_s"] for it in its]
+            assert it.achieved_bw_gbps * 1e9 <= peak * 0.80 * (1 + 1e-9)
+            assert it.duration_s >= 300e-6  # the per-iteration overhead
+        starts = [it.start_s for it in its]
         assert starts == sorted(starts)
 
 

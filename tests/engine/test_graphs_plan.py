@@ -82,11 +82,11 @@ def test_result_config_says_what_auto_chose_and_why_no_graphs():
         workload="sharegpt", num_requests=2,
         engine=EngineArgs(engine="torch", model="tiny", attention_backend="auto", max_num_seqs=4),
     )  # fmt: skip
-    config = execute_run(spec)["config"]
-    assert config["attention_backend_requested"] == "auto"
-    assert config["attention_backend"] == "torch"
-    assert config["cuda_graphs_effective"] is False
-    assert config["cuda_graphs_reason"] == "no CUDA device"
+    config = execute_run(spec).config
+    assert config.attention_backend_requested == "auto"
+    assert config.attention_backend == "torch"
+    assert config.cuda_graphs_effective is False
+    assert config.cuda_graphs_reason == "no CUDA device"
 
 
 def test_flash_attn_chosen_with_graphs_says_so(monkeypatch, notices):

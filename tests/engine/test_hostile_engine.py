@@ -87,7 +87,7 @@ def test_cli_run_with_a_huge_top_k_completes(tmp_path):
     opts = EngineArgs(engine="torch", device="cpu", model="tiny", num_kv_blocks=32,
                       temperature=1.0, top_p=0.5, top_k=HUGE_TOP_K).validate()
     result = execute_run(run_spec(workload=str(w), num_requests=2, engine=opts))
-    assert result["summary"]["completed"] == 2 and result["summary"]["failed"] == 0
+    assert result.summary.completed == 2 and result.summary.failed == 0
 
 
 # ---- an exception in one step fails that step's requests, not the engine -----------------------
@@ -169,11 +169,11 @@ def test_in_process_run_records_the_failed_requests_and_finishes(tmp_path, monke
     notes = notices  # the logged notices (conftest)
     spec = run_spec(workload=str(w), num_requests=4, engine=sim_options())
     result = execute_run(spec)
-    s = result["summary"]
-    assert s["error_types"] == {"engine_error": 1}
-    assert s["completed"] == 3
-    bad = next(r for r in result["requests"] if r["id"] == 1)
-    assert "Overflow" in bad["error"]
+    s = result.summary
+    assert s.error_types == {"engine_error": 1}
+    assert s.completed == 3
+    bad = next(r for r in result.requests if r.id == 1)
+    assert "Overflow" in bad.error
     assert any("engine step failed" in n for n in notes)
 
 
@@ -256,5 +256,5 @@ def test_an_exception_admitting_one_request_fails_it_in_the_cli_too(tmp_path, mo
     w = tmp_path / "w.jsonl"
     w.write_text("".join(json.dumps({"prompt_len": 3, "output_len": 2}) + "\n" for _ in range(4)))
     result = execute_run(run_spec(workload=str(w), num_requests=4, engine=sim_options()))
-    s = result["summary"]
-    assert s["completed"] == 3 and s["error_types"] == {"engine_error": 1}
+    s = result.summary
+    assert s.completed == 3 and s.error_types == {"engine_error": 1}

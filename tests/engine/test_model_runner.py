@@ -430,13 +430,13 @@ def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_gr
                                                                 max_num_seqs=8),
     )  # fmt: skip
     result = execute_run(spec)
-    config = result["config"]
-    assert config["cuda_graphs"] is True and config["cuda_graphs_effective"] is False
-    assert config["cuda_graphs_reason"].startswith("capture failed: RuntimeError: CUDA error")
-    assert config["cuda_graphs_mixed_effective"] is True  # the piecewise captures succeeded
-    assert "\n" not in config["cuda_graphs_reason"]
+    config = result.config
+    assert config.cuda_graphs is True and config.cuda_graphs_effective is False
+    assert config.cuda_graphs_reason.startswith("capture failed: RuntimeError: CUDA error")
+    assert config.cuda_graphs_mixed_effective is True  # the piecewise captures succeeded
+    assert "\n" not in config.cuda_graphs_reason
     assert any(n.startswith("CUDA graph capture failed, decoding eagerly") for n in notices)
-    assert result["summary"]["completed"] == 6 and result["summary"]["failed"] == 0
+    assert result.summary.completed == 6 and result.summary.failed == 0
 
 
 def test_fused_kernels_switch(monkeypatch):

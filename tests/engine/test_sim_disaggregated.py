@@ -115,15 +115,15 @@ def test_summary_has_transfer_distribution_and_goodput_per_gpu():
                    engine=EngineArgs(engine="sim", gpu="h100", disaggregate="1:1",
                                      tensor_parallel_size=2))
     result = execute_run(spec)
-    s = result["summary"]
-    assert s["gpus"] == 4 and s["kv_transfer_ms"]["count"] == 30
-    assert s["goodput_per_gpu"] == pytest.approx(s["goodput"] / 4)
+    s = result.summary
+    assert s.gpus == 4 and s.kv_transfer_ms.count == 30
+    assert s.goodput_per_gpu == pytest.approx(s.goodput / 4)
     # Two GPUs per instance: each sends half the KV over its own NVLink.
-    lens = [r["prompt_tokens"] for r in result["requests"]]
+    lens = [r.prompt_tokens for r in result.requests]
     floor = min(10e-6 + n * KV_LLAMA3_8B / (2 * 450e9) for n in lens) * 1e3
-    assert s["kv_transfer_ms"]["p50"] >= floor
-    assert {it["pool"] for it in result["iterations"]} == {"prefill", "decode"}
-    assert set(s["engine"]["pools"]) == {"prefill", "decode"}
+    assert s.kv_transfer_ms.p50 >= floor
+    assert {it.pool for it in result.iterations} == {"prefill", "decode"}
+    assert set(s.engine.pools) == {"prefill", "decode"}
 
 
 def test_links_are_stated():

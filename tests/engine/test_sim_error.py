@@ -24,6 +24,7 @@ from cbbench.analysis.comparison.sim_error import (
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.sim.cost_model import CostModel, DeviceRates
+from cbbench.schema.run import Iteration
 
 
 def _quiet(_msg: str) -> None:
@@ -81,18 +82,18 @@ def sim_spec(n: int = 40) -> RunSpec:
 
 def test_every_simulated_record_predicts_its_own_duration():
     result = execute_run(sim_spec())
-    its = result["iterations"]
+    its = result.iterations
     assert its
     for record in its:
-        assert record["predicted_s"] == pytest.approx(record["duration_s"], rel=1e-9)
-        assert record["num_logits"] >= record["num_decode_tokens"]
-        assert record["attn_key_pairs"] >= record["attn_keys_read"] > 0
-        assert record["attn_keys_read"] >= record["attn_decode_keys"]
-        if record["num_prefill_tokens"] == 0:  # a decode row reads every key it attends
-            assert record["attn_decode_keys"] == record["attn_keys_read"]
-        assert "replica" not in record  # only data-parallel runs tag replicas
-    assert result["summary"]["engine"]["sim_error"] is None
-    assert result["summary"]["engine"]["sim_error_reason"] == SIMULATED_REASON
+        assert record.predicted_s == pytest.approx(record.duration_s, rel=1e-9)
+        assert record.num_logits >= record.num_decode_tokens
+        assert record.attn_key_pairs >= record.attn_keys_read > 0
+        assert record.attn_keys_read >= record.attn_decode_keys
+        if record.num_prefill_tokens == 0:  # a decode row reads every key it attends
+            assert record.attn_decode_keys == record.attn_keys_read
+        assert "replica" not in (record.model_extra or {})  # only data-parallel runs tag replicas
+    assert result.summary.engine.sim_error is None
+    assert result.summary.engine.sim_error_reason == SIMULATED_REASON
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +119,11 @@ def torch_spec(workload: str, **engine) -> RunSpec:
 
 def test_a_cpu_run_without_a_profile_has_null_predictions_and_says_why(small_workload):
     result = execute_run(torch_spec(small_workload))
-    assert all(r["predicted_s"] is None for r in result["iterations"])
-    assert all(r["bytes_moved"] > 0 for r in result["iterations"])  # still analytic figures
-    eng = result["summary"]["engine"]
-    assert eng["sim_error"] is None
-    assert eng["sim_error_reason"] == NO_PREDICTION_REASON
+    assert all(r.predicted_s is None for r in result.iterations)
+    assert all(r.bytes_moved > 0 for r in result.iterations)  # still analytic figures
+    eng = result.summary.engine
+    assert eng.sim_error is None
+    assert eng.sim_error_reason == NO_PREDICTION_REASON
 
 
 def test_a_real_engine_with_device_rates_predicts_every_iteration(monkeypatch, small_workload):
@@ -143,15 +144,15 @@ def test_a_real_engine_with_device_rates_predicts_every_iteration(monkeypatch, s
     monkeypatch.setattr(build, "build_torch_engine", with_rates)
     result = execute_run(torch_spec(small_workload))
     cm = CostModel(_tiny(), "fp32", rates=rates)
-    for record in result["iterations"]:
-        assert record["predicted_s"] is not None and record["predicted_s"] > 0
+    for record in result.iterations:
+        assert record.predicted_s is not None and record.predicted_s > 0
         # The prediction is the roofline of the recorded shape (what calibrate refits).
         shape = shape_of(record)
-        assert record["predicted_s"] == pytest.approx(cm.cost(shape).time_s, rel=1e-12)
-    err = result["summary"]["engine"]["sim_error"]
+        assert record.predicted_s == pytest.approx(cm.cost(shape).time_s, rel=1e-12)
+    err = result.summary.engine.sim_error
     assert set(err) == {"decode", "mixed", "prefill"}
     n = sum(c["n"] for c in err.values())
-    assert n == len(result["iterations"])
+    assert n == len(result.iterations)
     for c in err.values():
         if c["n"]:
             assert 0 <= c["median"] <= c["p90"]
@@ -163,15 +164,15 @@ def _tiny():
     return dataclasses.replace(get_model_config("tiny"), max_model_len=1024)
 
 
-def shape_of(record: dict):
+def shape_of(record: Iteration):
     from cbbench.engine.sim.cost_model import BatchShape
 
     return BatchShape(
-        num_tokens=record["num_prefill_tokens"] + record["num_decode_tokens"],
-        num_logits=record["num_logits"],
-        attn_key_pairs=record["attn_key_pairs"],
-        attn_keys_read=record["attn_keys_read"],
-        num_reqs=record["num_prefill_reqs"] + record["num_decode_reqs"],
-        num_prefill_reqs=record["num_prefill_reqs"],
-        decode_keys=record["attn_decode_keys"],
+        num_tokens=record.num_prefill_tokens + record.num_decode_tokens,
+        num_logits=record.num_logits,
+        attn_key_pairs=record.attn_key_pairs,
+        attn_keys_read=record.attn_keys_read,
+        num_reqs=record.num_prefill_reqs + record.num_decode_reqs,
+        num_prefill_reqs=record.num_prefill_reqs,
+        decode_keys=record.attn_decode_keys,
     )

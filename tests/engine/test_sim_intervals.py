@@ -12,6 +12,7 @@ from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.sim.device_profile import load_profile
 from cbbench.engine.sim.sim_bounds import spread_from_residuals
+from cbbench.schema.run import Summary
 
 RESIDUALS = {
     "decode": {"median": 0.05, "p90": 0.15, "n": 100, "bias": 0.05},
@@ -49,23 +50,23 @@ def test_profile_spread_checked(tmp_path):
         load_profile(_profile(tmp_path, spread={"decode": {"low": 1.3, "high": 1.2}}))
 
 
-def _run(profile: str | None, **kw) -> dict:
+def _run(profile: str | None, **kw) -> Summary:
     engine = EngineArgs(engine="sim", gpu_profile=profile, model="small", **kw)
     spec = run_spec(workload="sharegpt", num_requests=40, request_rate=20.0,
                    engine=engine)
-    return execute_run(spec)["summary"]
+    return execute_run(spec).summary
 
 
 def test_intervals_bracket_the_point_and_scale_with_the_band(tmp_path):
     s = _run(_profile(tmp_path, residuals=RESIDUALS))
-    iv = s["intervals"]
+    iv = s.intervals  # an extra field: the dict the run wrote
     for key, stat in (("ttft_ms", "p50"), ("ttft_ms", "p99"), ("tpot_ms", "p50"),
                       ("tpot_ms", "p99")):
         band = iv[key][stat]
         assert band["level"] == 0.9
-        assert band["low"] < s[key][stat] < band["high"], (key, stat)
+        assert band["low"] < getattr(getattr(s, key), stat) < band["high"], (key, stat)
     tp = iv["output_throughput"]
-    assert tp["low"] < s["output_throughput"] < tp["high"]
+    assert tp["low"] < s.output_throughput < tp["high"]
 
 
 def test_uniform_band_scales_every_figure_exactly(tmp_path):
@@ -76,16 +77,18 @@ def test_uniform_band_scales_every_figure_exactly(tmp_path):
     profile = _profile(tmp_path, residuals={c: same for c in ("decode", "mixed", "prefill")})
     engine = EngineArgs(engine="sim", gpu_profile=profile, model="small")
     spec = run_spec(workload="sharegpt", num_requests=30, engine=engine)
-    s = execute_run(spec)["summary"]
-    iv = s["intervals"]
+    s = execute_run(spec).summary
+    iv = s.intervals
     for key in ("ttft_ms", "tpot_ms"):
         for stat in ("p50", "p99"):
-            assert iv[key][stat]["low"] == pytest.approx(s[key][stat] / 1.2, rel=1e-9)
-            assert iv[key][stat]["high"] == pytest.approx(s[key][stat] / 0.9, rel=1e-9)
-    assert iv["output_throughput"]["low"] == pytest.approx(s["output_throughput"] * 0.9)
-    assert iv["output_throughput"]["high"] == pytest.approx(s["output_throughput"] * 1.2)
+            point = getattr(getattr(s, key), stat)
+            assert iv[key][stat]["low"] == pytest.approx(point / 1.2, rel=1e-9)
+            assert iv[key][stat]["high"] == pytest.approx(point / 0.9, rel=1e-9)
+    assert iv["output_throughput"]["low"] == pytest.approx(s.output_throughput * 0.9)
+    assert iv["output_throughput"]["high"] == pytest.approx(s.output_throughput * 1.2)
 
 
 def test_no_profile_no_intervals(tmp_path):
-    assert "intervals" not in _run(None, gpu="h200")
-    assert "intervals" not in _run(_profile(tmp_path))  # a profile without residuals
+    assert "intervals" not in (_run(None, gpu="h200").model_extra or {})
+    # A profile without residuals:
+    assert "intervals" not in (_run(_profile(tmp_path)).model_extra or {})

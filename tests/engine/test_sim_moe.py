@@ -209,19 +209,19 @@ def test_gpt_oss_run_on_simulated_h100(tmp_path):
     spec = run_spec(workload="sharegpt", num_requests=100, request_rate=20.0,
                    engine=EngineArgs(engine="sim", gpu="h100", model="gpt-oss-20b"))
     result = execute_run(spec)
-    s = result["summary"]
-    assert s["completed"] == 100 and result["config"]["model"] == "gpt-oss-20b"
+    s = result.summary
+    assert s.completed == 100 and result.config.model == "gpt-oss-20b"
     m = MODEL_PRESETS["gpt-oss-20b"]
     one_token = m.weight_bytes() - m.expert_params * (1 - 4 / 32) * 4.25 / 8
     one_token -= m.embedding_params * 2  # the embedding is read at the batch's rows only
     all_experts = m.weight_bytes() - m.embedding_params * 2
     rate = 3.35e12 * 0.8
-    decode = [it for it in result["iterations"] if it["num_prefill_tokens"] == 0]
+    decode = [it for it in result.iterations if it.num_prefill_tokens == 0]
     assert decode
     for it in decode:
-        assert it["duration_s"] > one_token / rate
-        assert it["duration_s"] - 300e-6 < all_experts / rate * 1.05
-    assert s["tpot_ms"]["p50"] > one_token / rate * 1e3
+        assert it.duration_s > one_token / rate
+        assert it.duration_s - 300e-6 < all_experts / rate * 1.05
+    assert s.tpot_ms.p50 > one_token / rate * 1e3
 
 
 def test_torch_engine_refuses_moe():

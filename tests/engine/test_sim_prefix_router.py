@@ -15,6 +15,7 @@ from cbbench.engine.args import EngineArgs, EngineArgsError
 from cbbench.engine.build import build_replicas
 from cbbench.engine.core.request import Request
 from cbbench.engine.sim.router import PrefixAwareRouter
+from cbbench.schema.run import Summary
 
 
 class _Replica:
@@ -59,12 +60,12 @@ def test_needs_prefix_caching():
         build_replicas(EngineArgs(engine="sim", data_parallel_size=2, router="prefix-aware"))
 
 
-def _multiturn(router: str) -> dict:
+def _multiturn(router: str) -> Summary:
     spec = run_spec(workload="sharegpt-multiturn", num_requests=60, request_rate=4.0,
                    seed=0,
                    engine=EngineArgs(engine="sim", model="llama-3-8b", data_parallel_size=4,
                                      router=router, enable_prefix_caching=True))
-    return execute_run(spec)["summary"]
+    return execute_run(spec).summary
 
 
 def test_hit_rate_beats_least_requests_on_multiturn_dp4():
@@ -72,8 +73,8 @@ def test_hit_rate_beats_least_requests_on_multiturn_dp4():
     replica that served the previous turn. least-requests scatters the turns over 4 replicas
     (about 1 in 4 lands where its history is); prefix-aware follows the history."""
     least, prefix = _multiturn("least-requests"), _multiturn("prefix-aware")
-    assert least["completed"] == prefix["completed"] > 0
-    lr, pa = least["engine"]["prefix_cache_hit_rate"], prefix["engine"]["prefix_cache_hit_rate"]
+    assert least.completed == prefix.completed > 0
+    lr, pa = least.engine.prefix_cache_hit_rate, prefix.engine.prefix_cache_hit_rate
     assert pa > lr + 0.2, (pa, lr)
     # The tokens not recomputed show in the time to first token.
-    assert prefix["ttft_ms"]["mean"] < least["ttft_ms"]["mean"]
+    assert prefix.ttft_ms.mean < least.ttft_ms.mean

@@ -113,8 +113,8 @@ def test_llama_70b_runs_on_4_h100_or_2_h200(gpu, tp):
                    engine=EngineArgs(engine="sim", gpu=gpu, model="llama-3.1-70b",
                                      tensor_parallel_size=tp))
     result = execute_run(spec)
-    assert result["summary"]["completed"] == 30
-    assert result["config"]["tensor_parallel_size"] == tp
+    assert result.summary.completed == 30
+    assert result.config.tensor_parallel_size == tp
 
 
 @pytest.mark.parametrize(

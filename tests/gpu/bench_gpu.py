@@ -112,10 +112,10 @@ def cmd_run(args) -> int:
         print(f"cbbench: error: {exc}", file=sys.stderr)
         return 2
     write_result(args.output, result)
-    s = result["summary"]
+    s = result.summary
     print(
-        f"completed {s.get('completed')} failed {s.get('failed')} "
-        f"output tok/s {s.get('output_throughput')} -> {args.output}"
+        f"completed {s.completed} failed {s.failed} "
+        f"output tok/s {s.output_throughput} -> {args.output}"
     )
     return 0
 

@@ -18,6 +18,7 @@ from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.sessions import first_prompt_len
 from cbbench.load.workload import load_workload
+from cbbench.schema import to_dict
 
 TOOLS = [{"type": "function", "function": {"name": "grep"}},
          {"type": "function", "function": {"name": "task"}}]
@@ -178,7 +179,7 @@ def _check(result: dict, wait_slack: float) -> None:
 def test_dag_in_process_by_hand(tmp_path):
     spec = run_spec(workload=_write(tmp_path, [DAG, CHAIN]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
-    result = execute_run(spec)
+    result = to_dict(execute_run(spec))  # the file's JSON, as the HTTP tests read it
     _check(result, wait_slack=0.0)  # the virtual clock: every wait exact
     t = _turns(result)
     assert t[("dag", "main", 2)][0] == pytest.approx(t[("dag", "long", 1)][1] + 0.040, abs=1e-12)
@@ -213,13 +214,13 @@ def test_a_failed_sub_agent_turn_stops_its_parent_not_its_sibling(tmp_path):
     spec = run_spec(workload=_write(tmp_path, [bad]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
     result = execute_run(spec)
-    s = result["summary"]["sessions"]
-    assert s["ended_early"] == 1 and s["completed"] == 0
-    sent = {(r.get("agent", "main"), r["turn"]): r for r in result["requests"]}
-    assert sent[("search", 1)]["error_type"] == "rejected"
+    s = result.summary.sessions
+    assert s.ended_early == 1 and s.completed == 0
+    sent = {((r.model_extra or {}).get("agent", "main"), r.turn): r for r in result.requests}
+    assert sent[("search", 1)].error_type == "rejected"
     assert ("search", 2) not in sent and ("main", 2) not in sent  # never sent
-    assert sent[("long", 1)]["error"] is None and sent[("long", 1)]["output_tokens"] == 300
-    assert s["turns_sent"] == 3 and s["turns_planned"] == 5
+    assert sent[("long", 1)].error is None and sent[("long", 1)].output_tokens == 300
+    assert s.turns_sent == 3 and s.turns_planned == 5
 
 
 # ---- issue 37, rule 6: sub-agents are requests like any other ---------------------------------
@@ -234,9 +235,9 @@ def test_two_sub_agents_with_equal_turns_finish_together_in_process(tmp_path):
     spec = run_spec(workload=_write(tmp_path, [session]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
     result = execute_run(spec)
-    s = result["summary"]["sessions"]
-    assert s["completed"] == 1 and s["turns_sent"] == 4 == s["turns_planned"]
-    ids = [r["id"] for r in result["requests"]]
+    s = result.summary.sessions
+    assert s.completed == 1 and s.turns_sent == 4 == s.turns_planned
+    ids = [r.id for r in result.requests]
     assert len(ids) == len(set(ids)) == 4
 
 
@@ -259,5 +260,5 @@ def test_a_2000_deep_sub_agent_chain_runs(tmp_path):
     spec = run_spec(workload=_write(tmp_path, [_deep_chain()]), num_requests=None,
                    engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b"))
     result = execute_run(spec)
-    s = result["summary"]["sessions"]
-    assert s["turns_sent"] == 2 * DEEP + 1 == s["turns_planned"] and s["completed"] == 1
+    s = result.summary.sessions
+    assert s.turns_sent == 2 * DEEP + 1 == s.turns_planned and s.completed == 1

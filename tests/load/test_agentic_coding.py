@@ -71,17 +71,17 @@ def test_the_test_draw_holds_a_fan_out():
 def test_agentic_coding_in_process():
     result = execute_run(run_spec(workload="agentic-coding", num_requests=NUM_SESSIONS, seed=SEED,
                                  engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b")))
-    s = result["summary"]["sessions"]
+    s = result.summary.sessions
     drawn, _ = sample_sessions(load_workload("agentic-coding").sessions, NUM_SESSIONS, SEED)
-    assert s["completed"] == NUM_SESSIONS and s["turns_sent"] == sum(d.num_turns for d in drawn)
-    assert set(s["ttft_by_turn_kind_ms"]) == {"user", "tool", "subagent"}
-    assert s["ttft_by_turn_kind_ms"]["subagent"]["count"] == sum(
+    assert s.completed == NUM_SESSIONS and s.turns_sent == sum(d.num_turns for d in drawn)
+    assert set(s.ttft_by_turn_kind_ms) == {"user", "tool", "subagent"}
+    assert s.ttft_by_turn_kind_ms["subagent"]["count"] == sum(
         sum(len(a.turns) for a in d.subagents) for d in drawn)
-    assert s["time_in_subagents_s"]["p99"] > 0  # the session that fanned out
+    assert s.time_in_subagents_s.p99 > 0  # the session that fanned out
     # The tools' latencies as drawn: a session's time in tools is at most its tool turns'
     # summed waits (a wait another agent's model time covers is not counted).
     most = max(sum(t.think_time_s for t in d.all_turns if t.kind == "tool") for d in drawn)
-    assert 0 < s["time_in_tools_s"]["p99"] <= most + 1e-9
+    assert 0 < s.time_in_tools_s.p99 <= most + 1e-9
 
 
 def test_agentic_coding_over_http(tmp_path, sim_serve_process):

@@ -19,13 +19,14 @@ from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan, cancel_plan
 from cbbench.load.delays import parse_delay
+from cbbench.schema.run import RunResult
 from cbbench.targets.options import EndpointOptions
 
 SIM = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b")
 METRICS_WAIT_S = 5.0
 
 
-def _run(workload="sharegpt", **kw) -> dict:
+def _run(workload="sharegpt", **kw) -> RunResult:
     kw.setdefault("engine", SIM)
     return execute_run(run_spec(workload=workload, **kw))
 
@@ -59,33 +60,33 @@ def test_engine_cancels_apart_and_frees_its_blocks():
     n = 300
     result = _run(num_requests=n, request_rate=20.0, cancel_rate=0.4,
                   cancel_after="exp:400")
-    s, reqs = result["summary"], result["requests"]
-    cancelled = [r for r in reqs if r["cancelled"]]
-    assert s["cancelled"] == len(cancelled) > 0
-    assert s["completed"] + s["cancelled"] == n and s["failed"] == 0
+    s, reqs = result.summary, result.requests
+    cancelled = [r for r in reqs if r.cancelled]
+    assert s.cancelled == len(cancelled) > 0
+    assert s.completed + s.cancelled == n and s.failed == 0
     # Out of every latency figure, in the work done.
-    assert s["ttft_ms"]["count"] == s["completed"]
-    assert all(r["ttft_ms"] is None and r["error"] is None for r in cancelled)
-    assert s["cancelled_work"]["output_tokens"] == sum(r["output_tokens"] for r in cancelled)
-    assert s["cancelled_work"]["prompt_tokens"] == sum(r["prompt_tokens"] for r in cancelled)
-    assert s["total_output_tokens"] == sum(r["output_tokens"] for r in reqs if not r["cancelled"])
-    assert s["engine"]["kv_blocks_in_use_at_end"] == 0
-    assert result["config"]["cancel_rate"] == 0.4 and result["config"]["cancel_after"] == "exp:400"
+    assert s.ttft_ms.count == s.completed
+    assert all(r.ttft_ms is None and r.error is None for r in cancelled)
+    assert s.cancelled_work["output_tokens"] == sum(r.output_tokens for r in cancelled)
+    assert s.cancelled_work["prompt_tokens"] == sum(r.prompt_tokens for r in cancelled)
+    assert s.total_output_tokens == sum(r.output_tokens for r in reqs if not r.cancelled)
+    assert s.engine.kv_blocks_in_use_at_end == 0
+    assert result.config.cancel_rate == 0.4 and result.config.cancel_after == "exp:400"
 
 
 def test_cancel_lands_at_its_time():
     plan = CancelPlan(0.5, parse_delay("150", ""))
     result = _run(num_requests=60, request_rate=10.0, arrival="constant",
                   cancel_rate=0.5, cancel_after="150", save_detailed=True)
-    assert 0 < result["summary"]["cancelled"] < 30
-    for r in result["requests"]:
-        delay = plan.cancel_after_s(r["id"])
-        if r["cancelled"]:
+    assert 0 < result.summary.cancelled < 30
+    for r in result.requests:
+        delay = plan.cancel_after_s(r.id)
+        if r.cancelled:
             assert delay == 0.15
             # Aborted between iterations, at the first one ending at or after its time.
-            assert all(t < r["intended_start_s"] + delay for t in r["token_times_s"][:-1])
+            assert all(t < r.intended_start_s + delay for t in r.token_times_s[:-1])
         elif delay is not None:  # picked, but finished first (in the iteration under way)
-            assert all(t < r["intended_start_s"] + delay for t in r["token_times_s"][:-1])
+            assert all(t < r.intended_start_s + delay for t in r.token_times_s[:-1])
 
 
 def test_cancel_everything_with_prefix_caching_leaves_nothing_held():
@@ -93,19 +94,19 @@ def test_cancel_everything_with_prefix_caching_leaves_nothing_held():
     # 5 ms: mid-prefill or early decode, the shared blocks held by several requests at once.
     result = _run("shared-prefix", num_requests=80, engine=engine, cancel_rate=1.0,
                   cancel_after="5")
-    s = result["summary"]
-    assert s["cancelled"] == 80 and s["completed"] == 0
-    assert s["engine"]["kv_blocks_in_use_at_end"] == 0
+    s = result.summary
+    assert s.cancelled == 80 and s.completed == 0
+    assert s.engine.kv_blocks_in_use_at_end == 0
 
 
 def test_a_cancelled_turn_does_not_end_its_session():
     result = _run("sharegpt-multiturn", num_requests=30, request_rate=2.0,
                   cancel_rate=0.3, cancel_after="exp:300")
-    s = result["summary"]
-    assert s["cancelled"] > 0 and s["failed"] == 0
-    assert s["sessions"]["turns_sent"] == s["sessions"]["turns_planned"]
-    assert s["completed"] + s["cancelled"] == s["sessions"]["turns_planned"]
-    assert s["engine"]["kv_blocks_in_use_at_end"] == 0
+    s = result.summary
+    assert s.cancelled > 0 and s.failed == 0
+    assert s.sessions.turns_sent == s.sessions.turns_planned
+    assert s.completed + s.cancelled == s.sessions.turns_planned
+    assert s.engine.kv_blocks_in_use_at_end == 0
 
 
 # ---- cbbench serve ----------------------------------------------------------------------------
@@ -136,10 +137,10 @@ def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
         endpoint=EndpointOptions(endpoint=srv.url, request_timeout_s=60.0),
         cancel_rate=0.5, cancel_after="40",
     ))
-    s = result["summary"]
-    assert s["cancelled"] > 0 and s["failed"] == 0
-    assert s["completed"] + s["cancelled"] == 40
-    assert s["ttft_ms"]["count"] == s["completed"]
+    s = result.summary
+    assert s.cancelled > 0 and s.failed == 0
+    assert s.completed + s.cancelled == 40
+    assert s.ttft_ms.count == s.completed
     # The server noticed every closed stream: nothing runs, no KV block is held.
     deadline = time.monotonic() + METRICS_WAIT_S
     while True:

@@ -20,6 +20,7 @@ from cbbench.load.delays import parse_delay
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import Session, Turn, first_prompt_len, next_prompt_len, prompt_lens
 from cbbench.load.workload import load_workload
+from cbbench.schema.run import RunResult
 
 SIM = dict(engine="sim", gpu="h200", model="llama-3-8b")
 BLOCK = 16
@@ -31,7 +32,7 @@ def _write(tmp_path: Path, sessions: list[dict], name: str = "s.jsonl") -> Path:
     return path
 
 
-def _run(path_or_name: str, **kw) -> dict:
+def _run(path_or_name: str, **kw) -> RunResult:
     engine = EngineArgs(**{**SIM, **kw.pop("engine", {})})
     spec = run_spec(workload=str(path_or_name), engine=engine, **kw)
     return execute_run(spec)
@@ -98,23 +99,23 @@ def test_prompt_ids_grow_by_prefix():
 # ---- on the engine ----------------------------------------------------------------------------
 def test_turns_follow_finish_plus_think_time(tmp_path):
     result = _run(_write(tmp_path, [THREE_TURNS]), num_requests=None)
-    reqs = sorted(result["requests"], key=lambda r: r["turn"])
-    assert [r["turn"] for r in reqs] == [1, 2, 3]
-    assert {r["session_id"] for r in reqs} == {"alice"}
-    assert [r["prompt_tokens"] for r in reqs] == [50, 115, 235]
-    assert [r["output_tokens"] for r in reqs] == [30, 50, 20]
+    reqs = sorted(result.requests, key=lambda r: r.turn)
+    assert [r.turn for r in reqs] == [1, 2, 3]
+    assert {r.session_id for r in reqs} == {"alice"}
+    assert [r.prompt_tokens for r in reqs] == [50, 115, 235]
+    assert [r.output_tokens for r in reqs] == [30, 50, 20]
     detailed = _run(_write(tmp_path, [THREE_TURNS]), num_requests=None, save_detailed=True)
-    reqs = sorted(detailed["requests"], key=lambda r: r["turn"])
+    reqs = sorted(detailed.requests, key=lambda r: r.turn)
     for prev, nxt, think in zip(reqs, reqs[1:], (0.5, 1.5)):
         # Closed loop: the next turn is intended a think time after the reply's last token.
-        assert nxt["intended_start_s"] == pytest.approx(prev["token_times_s"][-1] + think)
-    s = detailed["summary"]
-    assert [t["turn"] for t in s["by_turn"]] == [1, 2, 3]
-    assert all(t["completed"] == 1 and t["ttft_ms"]["count"] == 1 for t in s["by_turn"])
-    assert s["by_turn"][1]["ttft_ms"]["p50"] == pytest.approx(reqs[1]["ttft_ms"])
-    ses = s["sessions"]
-    assert (ses["count"], ses["completed"], ses["turns_planned"], ses["turns_sent"]) == (1, 1, 3, 3)
-    assert ses["duration_s"]["p50"] == pytest.approx(reqs[2]["token_times_s"][-1])
+        assert nxt.intended_start_s == pytest.approx(prev.token_times_s[-1] + think)
+    s = detailed.summary
+    assert [t.turn for t in s.by_turn] == [1, 2, 3]
+    assert all(t.completed == 1 and t.ttft_ms.count == 1 for t in s.by_turn)
+    assert s.by_turn[1].ttft_ms.p50 == pytest.approx(reqs[1].ttft_ms)
+    ses = s.sessions
+    assert (ses.count, ses.completed, ses.turns_planned, ses.turns_sent) == (1, 1, 3, 3)
+    assert ses.duration_s.p50 == pytest.approx(reqs[2].token_times_s[-1])
 
 
 def test_prefix_cache_hits_what_the_previous_turn_computed(tmp_path):
@@ -124,7 +125,7 @@ def test_prefix_cache_hits_what_the_previous_turn_computed(tmp_path):
                   engine={"enable_prefix_caching": True, "block_size": BLOCK})
     computed = [50 + 30 - 1, 115 + 50 - 1]
     expected = sum(BLOCK * (c // BLOCK) for c in computed)
-    assert result["summary"]["engine"]["prefix_cache_hit_tokens"] == expected
+    assert result.summary.engine.prefix_cache_hit_tokens == expected
 
 
 def test_torch_engine_feeds_its_own_replies_back(tmp_path):
@@ -135,8 +136,8 @@ def test_torch_engine_feeds_its_own_replies_back(tmp_path):
     result = _run(_write(tmp_path, [session]), num_requests=None,
                   engine={"engine": "torch", "device": "cpu", "model": "tiny", "gpu": None,
                           "enable_prefix_caching": True, "block_size": BLOCK})
-    assert result["summary"]["completed"] == 2
-    assert result["summary"]["engine"]["prefix_cache_hit_tokens"] == BLOCK * ((30 + 12 - 1) // BLOCK)
+    assert result.summary.completed == 2
+    assert result.summary.engine.prefix_cache_hit_tokens == BLOCK * ((30 + 12 - 1) // BLOCK)
 
 
 def test_sessions_arrive_open_loop(tmp_path):
@@ -144,10 +145,10 @@ def test_sessions_arrive_open_loop(tmp_path):
                 for _ in range(4)]
     result = _run(_write(tmp_path, sessions), num_requests=None, request_rate=2.0,
                   arrival="constant", think_time="0")
-    firsts = sorted(r["intended_start_s"] for r in result["requests"] if r["turn"] == 1)
+    firsts = sorted(r.intended_start_s for r in result.requests if r.turn == 1)
     assert firsts == pytest.approx([0.0, 0.5, 1.0, 1.5])
-    assert result["config"]["sessions"] == {"sessions": 4, "turns": 8, "think_time": "0"}
-    assert result["config"]["num_requests"] == 4
+    assert result.config.sessions == {"sessions": 4, "turns": 8, "think_time": "0"}
+    assert result.config.num_requests == 4
 
 
 def test_a_rejected_turn_ends_its_session(tmp_path):
@@ -155,9 +156,9 @@ def test_a_rejected_turn_ends_its_session(tmp_path):
                       {"user_len": 10, "output_len": 5}]}
     ok = {"turns": [{"user_len": 10, "output_len": 5}]}
     result = _run(_write(tmp_path, [long, ok]), num_requests=None)
-    s = result["summary"]
-    assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 1)
-    assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1
+    s = result.summary
+    assert (s.completed, s.failed, s.not_sent) == (2, 1, 1)
+    assert s.sessions.ended_early == 1 and s.sessions.completed == 1
 
 
 def test_think_time_draws_are_seeded_per_turn():
@@ -170,11 +171,11 @@ def test_think_time_draws_are_seeded_per_turn():
 def test_builtin_multiturn_draws_sessions(tmp_path):
     result = _run("sharegpt-multiturn", num_requests=20, request_rate=1.0,
                   engine={"enable_prefix_caching": True})
-    s = result["summary"]
-    assert s["sessions"]["count"] == 20 and s["failed"] == 0
-    assert s["completed"] == s["sessions"]["turns_planned"] > 20
-    assert s["by_turn"][0]["turn"] == 1 and s["by_turn"][0]["completed"] == 20
-    assert s["engine"]["prefix_cache_hit_rate"] > 0.5
+    s = result.summary
+    assert s.sessions.count == 20 and s.failed == 0
+    assert s.completed == s.sessions.turns_planned > 20
+    assert s.by_turn[0].turn == 1 and s.by_turn[0].completed == 20
+    assert s.engine.prefix_cache_hit_rate > 0.5
 
 
 @pytest.mark.parametrize("args,match", [

@@ -80,13 +80,13 @@ def test_run_records_the_parameters_and_the_prefix_hits():
                           enable_prefix_caching=True),
     )
     result = execute_run(spec)
-    assert result["config"]["random"] == {
+    assert result.config.random == {
         "input_len": 200, "output_len": 20, "length_range": 0.1, "prefix_len": 256,
     }
-    assert result["summary"]["completed"] == 40
-    assert all(256 + 180 <= r["prompt_tokens"] <= 256 + 220 for r in result["requests"])
+    assert result.summary.completed == 40
+    assert all(256 + 180 <= r.prompt_tokens <= 256 + 220 for r in result.requests)
     # Spaced arrivals: every request after the first finds the 256-token prefix cached.
-    assert result["summary"]["engine"]["prefix_cache_hit_tokens"] == 39 * 256
+    assert result.summary.engine.prefix_cache_hit_tokens == 39 * 256
 
 
 def test_flags_need_the_random_workload(tmp_path: Path):

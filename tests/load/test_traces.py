@@ -106,13 +106,13 @@ def test_arrival_trace_replays_the_file_s_times(tmp_path: Path, name: str) -> No
     expected = FILES[name][2]
     spec = run_spec(workload=str(path), num_requests=None, arrival="trace", engine=SIM)
     result = execute_run(spec)
-    reqs = sorted(result["requests"], key=lambda r: r["id"])
-    assert result["config"]["arrival"] == "trace"
-    assert len(reqs) == len(expected) == result["summary"]["completed"]
-    assert [r["intended_start_s"] for r in reqs] == pytest.approx(
+    reqs = sorted(result.requests, key=lambda r: r.id)
+    assert result.config.arrival == "trace"
+    assert len(reqs) == len(expected) == result.summary.completed
+    assert [r.intended_start_s for r in reqs] == pytest.approx(
         [e[0] for e in expected], abs=1e-9
     )
-    assert [(r["prompt_tokens"], r["output_tokens"]) for r in reqs] == [e[1:] for e in expected]
+    assert [(r.prompt_tokens, r.output_tokens) for r in reqs] == [e[1:] for e in expected]
 
 
 def test_time_scale_stretches_and_compresses(tmp_path: Path) -> None:
@@ -121,9 +121,9 @@ def test_time_scale_stretches_and_compresses(tmp_path: Path) -> None:
         spec = run_spec(workload=str(path), num_requests=None, arrival="trace", engine=SIM,
                        time_scale=scale)
         result = execute_run(spec)
-        starts = sorted(r["intended_start_s"] for r in result["requests"])
+        starts = sorted(r.intended_start_s for r in result.requests)
         assert starts == pytest.approx([e[0] * scale for e in BURSTGPT_V1_EXPECTED])
-        assert result["config"]["time_scale"] == scale
+        assert result.config.time_scale == scale
 
 
 def test_time_scale_needs_trace_arrivals(tmp_path: Path) -> None:
@@ -175,8 +175,8 @@ def test_mooncake_sharing_reaches_the_prefix_cache(tmp_path: Path) -> None:
     path = _write(tmp_path, "mooncake.jsonl")
     engine = EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", enable_prefix_caching=True)
     spec = run_spec(workload=str(path), num_requests=None, arrival="trace", engine=engine)
-    summary = execute_run(spec)["summary"]
-    assert summary["engine"]["prefix_cache_hit_tokens"] == 640 + 640 + 512
+    summary = execute_run(spec).summary
+    assert summary.engine.prefix_cache_hit_tokens == 640 + 640 + 512
 
 
 # ---- malformed files: one line, exit 2 ---------------------------------------------------------

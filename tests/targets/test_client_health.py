@@ -113,10 +113,10 @@ def test_a_run_whose_loop_stalls_marks_its_latency_rows_in_the_table(tmp_path):
                     endpoint=EndpointOptions(endpoint=fake.url, request_timeout_s=60.0)),
             on_progress=lambda done, total: time.sleep(STALL_S),
         )
-    s = result["summary"]
-    assert s["completed"] == n
-    assert s["http"]["client_bound"] and s["http"]["loop_lag_p99_ms"] >= 0.8 * STALL_S * 1000
-    assert s["client_bound"]["metrics"] == list(CLIENT_BOUND_METRICS)
+    s = result.summary
+    assert s.completed == n
+    assert s.http["client_bound"] and s.http["loop_lag_p99_ms"] >= 0.8 * STALL_S * 1000
+    assert s.client_bound.metrics == list(CLIENT_BOUND_METRICS)
     table = latency_table(s)
     for label, _key in LATENCY_KEYS:
         assert f"{label} (ms){CLIENT_BOUND_MARK}" in table

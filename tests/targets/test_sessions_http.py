@@ -42,24 +42,24 @@ def test_sharegpt_multiturn_against_serve_over_chat(srv, api):
     result = execute_run(
         _spec(srv.url, "sharegpt-multiturn", api=api, num_requests=5, request_rate=20.0),
     )
-    s = result["summary"]
-    assert s["failed"] == 0 and s["error_types"] == {}
-    assert s["completed"] == s["sessions"]["turns_planned"] == s["sessions"]["turns_sent"]
-    assert s["sessions"]["completed"] == s["sessions"]["count"] == 5
-    assert [t["turn"] for t in s["by_turn"]] == list(range(1, len(s["by_turn"]) + 1))
-    assert s["by_turn"][0]["completed"] == 5
+    s = result.summary
+    assert s.failed == 0 and s.error_types == {}
+    assert s.completed == s.sessions.turns_planned == s.sessions.turns_sent
+    assert s.sessions.completed == s.sessions.count == 5
+    assert [t.turn for t in s.by_turn] == list(range(1, len(s.by_turn) + 1))
+    assert s.by_turn[0].completed == 5
     # The server saw each turn's whole history: its prompt grew by the previous reply and the
     # new message, plus the same template overhead every turn.
     by_session: dict = {}
-    for r in result["requests"]:
-        by_session.setdefault(r["session_id"], []).append(r)
+    for r in result.requests:
+        by_session.setdefault(r.session_id, []).append(r)
     overheads = set()
     for recs in by_session.values():
-        recs.sort(key=lambda r: r["turn"])
+        recs.sort(key=lambda r: r.turn)
         for prev, nxt in zip(recs, recs[1:]):
-            user_len = nxt["prompt_tokens"] - prev["prompt_tokens"] - prev["output_tokens"]
-            grew = nxt["server_prompt_tokens"] - prev["server_prompt_tokens"]
-            overheads.add(grew - prev["output_tokens"] - user_len)
+            user_len = nxt.prompt_tokens - prev.prompt_tokens - prev.output_tokens
+            grew = nxt.server_prompt_tokens - prev.server_prompt_tokens
+            overheads.add(grew - prev.output_tokens - user_len)
     assert len(overheads) == 1, overheads
 
 
@@ -72,7 +72,7 @@ def test_history_is_sent_as_messages_with_the_replies(fake_server, tmp_path):
     ]}) + "\n")
     fake_server.reset()
     result = execute_run(_spec(fake_server.url, str(path), num_requests=None))
-    assert result["summary"]["completed"] == 3
+    assert result.summary.completed == 3
     bodies = [r["body"] for r in fake_server.requests if r["path"] == "/v1/chat/completions"]
     assert [b["messages"] for b in bodies] == [
         [{"role": "user", "content": "first question"}],
@@ -89,8 +89,8 @@ def test_history_is_sent_as_messages_with_the_replies(fake_server, tmp_path):
     # Each turn is sent only after the previous reply finished.
     times = [r["t"] for r in fake_server.requests if r["path"] == "/v1/chat/completions"]
     assert times == sorted(times)
-    reqs = sorted(result["requests"], key=lambda r: r["turn"])
-    assert [(r["session_id"], r["turn"]) for r in reqs] == [("bob", 1), ("bob", 2), ("bob", 3)]
+    reqs = sorted(result.requests, key=lambda r: r.turn)
+    assert [(r.session_id, r.turn) for r in reqs] == [("bob", 1), ("bob", 2), ("bob", 3)]
 
 
 def test_a_failed_turn_ends_its_session(fake_server, tmp_path):
@@ -103,9 +103,9 @@ def test_a_failed_turn_ends_its_session(fake_server, tmp_path):
                                 {"user": "still fine", "output_len": 2}]}) + "\n"
     )
     result = execute_run(_spec(fake_server.url, str(path), num_requests=None))
-    s = result["summary"]
-    assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
-    assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1
+    s = result.summary
+    assert (s.completed, s.failed, s.not_sent) == (2, 1, 2)
+    assert s.sessions.ended_early == 1 and s.sessions.completed == 1
 
 
 def test_sessions_need_the_chat_api(fake_server, tmp_path):

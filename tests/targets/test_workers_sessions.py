@@ -33,6 +33,7 @@ from cbbench.load.cancel import CancelPlan
 from cbbench.load.delays import parse_delay
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import Session, Turn, sample_sessions, sharegpt_multiturn
+from cbbench.schema.run import RunResult, Summary
 from cbbench.targets.options import EndpointOptions
 
 SEED = 5
@@ -42,7 +43,7 @@ THINK_SLACK_S = 2.0  # a loaded machine may start a turn late, never early
 COUNT_KEYS = ("count", "started", "completed", "ended_early", "turns_planned", "turns_sent")
 
 
-def _session_run(url: str, workers: int) -> dict:
+def _session_run(url: str, workers: int) -> RunResult:
     return execute_run(run_spec(
         workload="sharegpt-multiturn", num_requests=SESSIONS, request_rate=20.0,
         seed=SEED, think_time=THINK, load_plan=LoadPlan(workers),
@@ -50,50 +51,51 @@ def _session_run(url: str, workers: int) -> dict:
     ))
 
 
-def _turn_counts(summary: dict) -> list[tuple]:
-    return [(t["turn"], t["completed"], t["failed"], t["mean_prompt_tokens"])
-            for t in summary["by_turn"]]
+def _turn_counts(summary: Summary) -> list[tuple]:
+    return [(t.turn, t.completed, t.failed, t.mean_prompt_tokens)
+            for t in summary.by_turn or []]
 
 
 def test_two_workers_run_whole_sessions_as_one_process_would(fake_server):
     one = _session_run(fake_server.url, 1)
     two = _session_run(fake_server.url, 2)
-    assert two["config"]["workers"] == 2
-    s1, s2 = one["summary"], two["summary"]
-    turns = s1["sessions"]["turns_planned"]
+    assert two.config.workers == 2
+    s1, s2 = one.summary, two.summary
+    turns = s1.sessions.turns_planned
     assert turns > SESSIONS  # multi-turn sessions, not single requests
     for r in (one, two):  # every turn accounted exactly once
-        assert sorted(q["id"] for q in r["requests"]) == list(range(turns))
-        assert r["summary"]["completed"] == turns and r["summary"]["failed"] == 0
+        assert sorted(q.id for q in r.requests) == list(range(turns))
+        assert r.summary.completed == turns and r.summary.failed == 0
     assert _turn_counts(s2) == _turn_counts(s1)
-    assert {k: s2["sessions"][k] for k in COUNT_KEYS} == {k: s1["sessions"][k] for k in COUNT_KEYS}
+    assert ({k: getattr(s2.sessions, k) for k in COUNT_KEYS}
+            == {k: getattr(s1.sessions, k) for k in COUNT_KEYS})
 
     # Whole sessions, dealt in turn: session position i (its label) on worker i mod 2.
     owners: dict = {}
-    for q in two["requests"]:
-        owners.setdefault(q["session_id"], set()).add(q["worker"])
+    for q in two.requests:
+        owners.setdefault(q.session_id, set()).add(q.worker)
     assert owners == {i: {i % 2} for i in range(SESSIONS)}
-    per_worker = {w["worker"]: w for w in s2["workers"]}
+    per_worker = {w.worker: w for w in s2.workers}
     for k in (0, 1):
-        mine = sum(1 for q in two["requests"] if q["worker"] == k)
-        assert per_worker[k]["sent"] == per_worker[k]["assigned"] == mine > 0
-        assert per_worker[k]["not_sent"] == 0 and per_worker[k]["status"] == "done"
+        mine = sum(1 for q in two.requests if q.worker == k)
+        assert per_worker[k].sent == per_worker[k].assigned == mine > 0
+        assert per_worker[k].not_sent == 0 and per_worker[k].status == "done"
 
     # The same plan: turn 1 on the one-process schedule; each later turn one think time (drawn
     # per session position and turn) after its previous reply's last token.
     drawn, _ = sample_sessions(sharegpt_multiturn(), SESSIONS, SEED)
     plan = SessionPlan(drawn, np.zeros(SESSIONS), parse_delay(THINK, ""), SEED)
-    firsts = {q["session_id"]: q["intended_start_s"] for q in one["requests"] if q["turn"] == 1}
+    firsts = {q.session_id: q.intended_start_s for q in one.requests if q.turn == 1}
     by_session: dict = {}
-    for q in two["requests"]:
-        by_session.setdefault(q["session_id"], []).append(q)
+    for q in two.requests:
+        by_session.setdefault(q.session_id, []).append(q)
     for i, recs in by_session.items():
-        recs.sort(key=lambda q: q["turn"])
-        assert recs[0]["intended_start_s"] == firsts[i]
+        recs.sort(key=lambda q: q.turn)
+        assert recs[0].intended_start_s == firsts[i]
         for prev, nxt in zip(recs, recs[1:]):
-            ended = prev["intended_start_s"] + prev["e2el_ms"] / 1000
-            think = plan.think_time_s(i, nxt["turn"] - 1)
-            assert think - 1e-9 <= nxt["intended_start_s"] - ended < think + THINK_SLACK_S
+            ended = prev.intended_start_s + prev.e2el_ms / 1000
+            think = plan.think_time_s(i, nxt.turn - 1)
+            assert think - 1e-9 <= nxt.intended_start_s - ended < think + THINK_SLACK_S
 
 
 def test_a_failed_turn_ends_its_session_on_its_worker(fake_server, tmp_path):
@@ -109,12 +111,12 @@ def test_a_failed_turn_ends_its_session_on_its_worker(fake_server, tmp_path):
         workload=str(path), num_requests=None, think_time="0", load_plan=LoadPlan(2),
         endpoint=EndpointOptions(endpoint=fake_server.url, api="chat", request_timeout_s=60.0),
     ))
-    s = result["summary"]
-    assert (s["completed"], s["failed"], s["not_sent"]) == (2, 1, 2)
-    assert s["sessions"]["ended_early"] == 1 and s["sessions"]["completed"] == 1
-    w0, w1 = s["workers"]
-    assert (w0["assigned"], w0["sent"], w0["failed"], w0["not_sent"]) == (3, 1, 1, 2)
-    assert (w1["assigned"], w1["sent"], w1["completed"], w1["not_sent"]) == (2, 2, 2, 0)
+    s = result.summary
+    assert (s.completed, s.failed, s.not_sent) == (2, 1, 2)
+    assert s.sessions.ended_early == 1 and s.sessions.completed == 1
+    w0, w1 = s.workers
+    assert (w0.assigned, w0.sent, w0.failed, w0.not_sent) == (3, 1, 1, 2)
+    assert (w1.assigned, w1.sent, w1.completed, w1.not_sent) == (2, 2, 2, 0)
 
 
 def test_two_workers_cancel_on_the_one_process_plan(fake_server, tmp_path):
@@ -131,18 +133,18 @@ def test_two_workers_cancel_on_the_one_process_plan(fake_server, tmp_path):
     picked = {i for i in range(n) if plan.cancel_after_s(i) is not None}
     assert 0 < len(picked) < n
     for r in results:
-        s = r["summary"]
-        assert {q["id"] for q in r["requests"] if q["cancelled"]} == picked
-        assert (s["cancelled"], s["completed"], s["failed"]) == (len(picked), n - len(picked), 0)
-        assert sum(w["cancelled"] for w in s["workers"]) == len(picked)
-        assert sum(w["sent"] for w in s["workers"]) == n
-        assert all(w["not_sent"] == 0 for w in s["workers"])
-    assert [q["worker"] for q in results[1]["requests"]] == [i % 2 for i in range(n)]
-    head, _, *rows = workers_table(results[1]["summary"]["workers"]).splitlines()
+        s = r.summary
+        assert {q.id for q in r.requests if q.cancelled} == picked
+        assert (s.cancelled, s.completed, s.failed) == (len(picked), n - len(picked), 0)
+        assert sum(w.cancelled for w in s.workers) == len(picked)
+        assert sum(w.sent for w in s.workers) == n
+        assert all(w.not_sent == 0 for w in s.workers)
+    assert [q.worker for q in results[1].requests] == [i % 2 for i in range(n)]
+    head, _, *rows = workers_table(results[1].summary.workers).splitlines()
     cols = head.split()
     assert cols[3:7] == ["sent", "ok", "failed", "cancelled"]
-    for row, w in zip(rows, results[1]["summary"]["workers"]):
-        assert row.split()[3:7] == [str(w[k]) for k in ("sent", "completed", "failed",
+    for row, w in zip(rows, results[1].summary.workers):
+        assert row.split()[3:7] == [str(getattr(w, k)) for k in ("sent", "completed", "failed",
                                                          "cancelled")]
 
 
