@@ -153,10 +153,10 @@ def test_distribution_custom_percentiles():
 def test_summarize_engine_by_hand():
     its = [
         dict(num_prefill_tokens=100, num_decode_tokens=0, token_budget=200, kv_blocks_used=10,
-             kv_blocks_total=100, duration_s=0.01, bytes_moved=1e9, num_running=1,
+             kv_blocks_total=100, start_s=0.0, duration_s=0.01, bytes_moved=1e9, num_running=1,
              num_preempted=0),
         dict(num_prefill_tokens=0, num_decode_tokens=2, token_budget=200, kv_blocks_used=30,
-             kv_blocks_total=100, duration_s=0.03, bytes_moved=3e9, num_running=2,
+             kv_blocks_total=100, start_s=0.01, duration_s=0.03, bytes_moved=3e9, num_running=2,
              num_preempted=1),
     ]
     e = summarize_engine(its)
