@@ -223,6 +223,35 @@ class SseStream:
 
     def _chunk(self, obj: object, t: float) -> None:
         """One event's JSON: an OpenAI chunk (another API's stream overrides this)."""
+        # The usual event, one token's text and nothing else (no usage, no error, no tool
+        # call, no reasoning): timed here, without chunk_parts' general reading. The same
+        # outcome as that path (tests/targets/test_sse_fast_path.py); anything else takes it.
+        if type(obj) is dict and obj.get("usage") is None and "error" not in obj \
+                and obj.get("object") != "error":
+            choices = obj.get("choices")
+            if type(choices) is list and choices and type(choice := choices[0]) is dict:
+                if self.chat:
+                    delta = choice.get("delta")
+                    text = delta.get("content") if type(delta) is dict and len(delta) == 1 \
+                        else None
+                else:
+                    text = choice.get("text")
+                finish = choice.get("finish_reason")
+                if type(text) is str and text and (finish is None or type(finish) is str):
+                    if self.response_id is None:
+                        self._take_id(obj)
+                    self.times.append(t)
+                    self.kinds.append(ANSWER)
+                    self.running.append(None)
+                    if self.pieces is not None:
+                        self._keep([(ANSWER, text)])
+                    if finish is not None:
+                        self.finish_reason = finish
+                    return
+        self._any_chunk(obj, t)
+
+    def _any_chunk(self, obj: object, t: float) -> None:
+        """Any OpenAI chunk, read in full (chunk_parts)."""
         parts, finish, usage, calls = chunk_parts(obj, self.chat)
         if self.response_id is None:
             self._take_id(obj)  # type: ignore[arg-type]  # chunk_parts checked it is a dict
