@@ -54,7 +54,12 @@ from cbbench.targets.checks import (
 )
 from cbbench.targets.client_health import ClientMonitor, sleep_until
 from cbbench.targets.client_loop import loop_name, run_client
-from cbbench.targets.gc_freeze import freeze_heap, thaw_heap
+from cbbench.targets.gc_freeze import (
+    freeze_heap,
+    restore_collections,
+    space_collections,
+    thaw_heap,
+)
 from cbbench.targets.hooks import RunHooks
 from cbbench.targets.http_sessions import SessionDispatch
 from cbbench.targets.options import API_PATHS, EndpointOptions, redact_url
@@ -317,6 +322,7 @@ class _Runner:
         session = new_session(headers, max_connections=pool)
         self.pool_settings = (headers, pool)
         frozen = False
+        thresholds: tuple[int, ...] | None = None
         try:
             model = o.served_model or await self._discover_model(session, info)
             info["served_model"] = model
@@ -330,6 +336,7 @@ class _Runner:
                 scraper = MetricsScraper(self.base, o.headers, o.scrape_metrics_filter)
                 await scraper.baseline()  # before the clock starts
             frozen = freeze_heap()  # the heap so far: out of the run's collections
+            thresholds = space_collections()  # and those collections fewer (gc_freeze.py)
             keep_reads_on_heap()  # no mmap per network read, whatever the process did before
             start_at = self.hooks.start_at
             self.t0 = await start_at() if start_at is not None else time.perf_counter()
@@ -375,6 +382,8 @@ class _Runner:
                 await scrape_task
                 info.update(scraper.result())
         finally:
+            if thresholds is not None:
+                restore_collections(thresholds)
             thaw_heap(frozen)
             for stream_pool in self.pools.values():
                 stream_pool.close()
