@@ -21,6 +21,12 @@ from cbbench.targets.hooks import RunHooks  # noqa: E402
 from cbbench.targets.http import EndpointOptions, run_http  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def server():
+    with timing_server(2.0, 1.0) as url:
+        yield url
+
+
 @pytest.fixture
 def default_thresholds():
     old = gc.get_threshold()
@@ -29,24 +35,23 @@ def default_thresholds():
     gc.set_threshold(*old)
 
 
-def test_a_run_spaces_the_collections_and_gives_them_back(default_thresholds):
+def test_a_run_spaces_the_collections_and_gives_them_back(server, default_thresholds):
     seen = []
     hooks = RunHooks(on_run=lambda runner: seen.append(gc.get_threshold()))
-    with timing_server(2.0, 1.0) as url:
-        wreqs = [WorkloadRequest(i, 2, 4, prompt=f"gc-{i}") for i in range(3)]
-        run = run_http(EndpointOptions(url, served_model="timing-model"), wreqs, [0.0] * 3,
-                       hooks=hooks)
+    wreqs = [WorkloadRequest(i, 2, 4, prompt=f"gc-{i}") for i in range(3)]
+    run = run_http(EndpointOptions(server, served_model="timing-model"), wreqs, [0.0] * 3,
+                   hooks=hooks)
     assert all(r.ok for r in run.records)
     assert seen == [(RUN_GEN0_THRESHOLD, 10, 10)]
     assert gc.get_threshold() == default_thresholds
 
 
-def test_a_failed_run_gives_them_back_too(default_thresholds):
+def test_a_failed_run_gives_them_back_too(server, default_thresholds):
     def boom(runner):
         raise UsageError("stop here")
 
-    with timing_server(2.0, 1.0) as url, pytest.raises(UsageError, match="stop here"):
-        run_http(EndpointOptions(url, served_model="timing-model"),
+    with pytest.raises(UsageError, match="stop here"):
+        run_http(EndpointOptions(server, served_model="timing-model"),
                  [WorkloadRequest(0, 2, 4, prompt="gc-x")], [0.0], hooks=RunHooks(on_run=boom))
     assert gc.get_threshold() == default_thresholds
 
