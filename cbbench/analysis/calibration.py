@@ -180,6 +180,25 @@ def _bench_selection(runs: Sequence[RunResult]) -> dict:
             "attention_backend": config.attention_backend}
 
 
+
+def iteration_shape(it: Iteration) -> BatchShape:
+    """The batch shape an iteration record holds, as the cost model reads it: what the fit refits
+    and what the simulator predicted the step from."""
+    # _run_of checked that each field the fit reads is there (not None).
+    assert (it.num_logits is not None and it.attn_key_pairs is not None
+            and it.attn_keys_read is not None and it.attn_decode_keys is not None
+            and it.num_prefill_reqs is not None and it.num_decode_reqs is not None)
+    return BatchShape(
+        num_tokens=it.num_prefill_tokens + it.num_decode_tokens,
+        num_logits=it.num_logits,
+        attn_key_pairs=it.attn_key_pairs,
+        attn_keys_read=it.attn_keys_read,
+        num_reqs=it.num_prefill_reqs + it.num_decode_reqs,
+        num_prefill_reqs=it.num_prefill_reqs,
+        decode_keys=it.attn_decode_keys,
+        num_draft_tokens=it.draft_tokens or 0,
+    )
+
 def fit_data(results: Sequence[tuple[str, ResultLike]],
              benches: Sequence[tuple[str, dict]] = ()
              ) -> tuple[FitData, str, str, str, list[Source]]:
@@ -224,20 +243,7 @@ def fit_data(results: Sequence[tuple[str, ResultLike]],
             if reason is not None:
                 src.excluded[reason] = src.excluded.get(reason, 0) + 1
                 continue
-            # _run_of checked that each field the fit reads is there (not None).
-            assert (it.num_logits is not None and it.attn_key_pairs is not None
-                    and it.attn_keys_read is not None and it.attn_decode_keys is not None
-                    and it.num_prefill_reqs is not None and it.num_decode_reqs is not None)
-            shape = BatchShape(
-                num_tokens=it.num_prefill_tokens + it.num_decode_tokens,
-                num_logits=it.num_logits,
-                attn_key_pairs=it.attn_key_pairs,
-                attn_keys_read=it.attn_keys_read,
-                num_reqs=it.num_prefill_reqs + it.num_decode_reqs,
-                num_prefill_reqs=it.num_prefill_reqs,
-                decode_keys=it.attn_decode_keys,
-                num_draft_tokens=it.draft_tokens or 0,
-            )
+            shape = iteration_shape(it)
             add(cost, shape, it.duration_s,
                 iteration_class(it.num_prefill_tokens, it.num_decode_tokens), 1.0,
                 shape.num_reqs)

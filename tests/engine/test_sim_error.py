@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers import run_spec
 
+from cbbench.analysis.calibration import iteration_shape
 from cbbench.analysis.comparison.sim_error import (
     NO_PREDICTION_REASON,
     SIMULATED_REASON,
@@ -24,7 +25,6 @@ from cbbench.analysis.comparison.sim_error import (
 from cbbench.bench.runner import RunSpec, execute_run
 from cbbench.engine.args import EngineArgs
 from cbbench.engine.sim.cost_model import CostModel, DeviceRates
-from cbbench.schema.run import Iteration
 
 
 def _quiet(_msg: str) -> None:
@@ -147,7 +147,7 @@ def test_a_real_engine_with_device_rates_predicts_every_iteration(monkeypatch, s
     for record in result.iterations:
         assert record.predicted_s is not None and record.predicted_s > 0
         # The prediction is the roofline of the recorded shape (what calibrate refits).
-        shape = shape_of(record)
+        shape = iteration_shape(record)
         assert record.predicted_s == pytest.approx(cm.cost(shape).time_s, rel=1e-12)
     err = result.summary.engine.sim_error
     assert set(err) == {"decode", "mixed", "prefill"}
@@ -162,17 +162,3 @@ def _tiny():
     from cbbench.engine.model_config import get_model_config
 
     return dataclasses.replace(get_model_config("tiny"), max_model_len=1024)
-
-
-def shape_of(record: Iteration):
-    from cbbench.engine.sim.cost_model import BatchShape
-
-    return BatchShape(
-        num_tokens=record.num_prefill_tokens + record.num_decode_tokens,
-        num_logits=record.num_logits,
-        attn_key_pairs=record.attn_key_pairs,
-        attn_keys_read=record.attn_keys_read,
-        num_reqs=record.num_prefill_reqs + record.num_decode_reqs,
-        num_prefill_reqs=record.num_prefill_reqs,
-        decode_keys=record.attn_decode_keys,
-    )
