@@ -98,6 +98,7 @@ def capacity(
         search,
     )
     from cbbench.bench.probe import ProbeSizing, run_probe, saturation_rate, summarize_probe
+    from cbbench.bench.runner import recorded_command
     from cbbench.bench.sweep import shared_config
     from cbbench.schema import (
         CAPACITY_KIND,
@@ -167,7 +168,7 @@ def capacity(
         "saturation_rate": saturation,
         "saturation_probe": sat_point.to_dict() if sat_point else None,
         "config": shared_config(to_dict(config) if config is not None else {}),
-        "command": " ".join(["cbbench", *sys.argv[1:]]),
+        "command": recorded_command(sys.argv[1:]),
         "probes": [p.to_dict() for p in found.probes],
         "interrupted": found.status == INTERRUPTED,
     }, "the capacity search")

@@ -5,6 +5,7 @@ per-operator table (cbbench/bench/forward.py)."""
 from __future__ import annotations
 
 import datetime as _dt
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -72,6 +73,7 @@ def forward(
 
     from cbbench.analysis.result import check_writable, dumps, is_stdout, write_atomic
     from cbbench.bench.forward import CPU_PRESETS, ForwardSpec, run_forward
+    from cbbench.bench.runner import recorded_command
     from cbbench.schema import ForwardResult, file_text, from_built
 
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
@@ -88,7 +90,7 @@ def forward(
     to_stdout = is_stdout(out_path)
     say = (lambda m: typer.echo(m, err=True)) if to_stdout else typer.echo
     measured = run_forward(spec, log=say)
-    measured["command"] = " ".join(["cbbench", *__import__("sys").argv[1:]])
+    measured["command"] = recorded_command(sys.argv[1:])
     try:  # the file's model, built once: the table reads it, the file is its dump
         result = from_built(ForwardResult, measured, "the forward result")
     except UsageError:  # a field the schema refuses: the measurements are kept as measured

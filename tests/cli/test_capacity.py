@@ -4,6 +4,7 @@ simulated H200 whose answer holds up in independent runs."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from helpers import run_spec
@@ -132,8 +133,10 @@ def capacity_doc(tmp_path_factory):
     out = tmp_path_factory.mktemp("capacity") / "capacity.json"
     # --reuse-prompts: every probe draws the requests the independent runs below draw (seed
     # 0), so their verdicts are about the rate alone, not a different sample of ShareGPT.
-    r = runner.invoke(app, ["capacity", "--slo", SLO, *SIM, *SIZING, "--reuse-prompts",
-                            "--out", str(out)])
+    args = ["capacity", "--slo", SLO, *SIM, *SIZING, "--reuse-prompts", "--out", str(out)]
+    with pytest.MonkeyPatch.context() as mp:  # the file's command is the process's argv
+        mp.setattr(sys, "argv", ["cbbench", *args])
+        r = runner.invoke(app, args)
     assert r.exit_code == 0, r.output
     assert "capacity:" in r.stdout
     return json.loads(out.read_text()), r.stdout
@@ -182,3 +185,9 @@ def test_independent_runs_around_the_capacity(capacity_doc):
 
     assert attainment(doc["capacity"] * 0.85) >= slo.attainment
     assert attainment(doc["capacity"] * 1.15) < slo.attainment
+
+
+def test_the_file_holds_the_command_as_a_run_records_it(capacity_doc):
+    doc, _ = capacity_doc
+    assert doc["command"].startswith(f"cbbench capacity --slo {SLO} --engine sim ")
+    assert " --reuse-prompts --out " in doc["command"]

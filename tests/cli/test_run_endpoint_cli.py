@@ -380,3 +380,19 @@ def test_no_secret_from_the_command_line_in_the_result(srv, workload, tmp_path, 
     result = to_dict(read_run(out))
     assert result["config"]["endpoint"] == srv.url  # the redacted field is right
     assert secret not in out.read_text()
+
+
+def test_no_secret_from_the_command_line_in_the_capacity_file(srv, workload, tmp_path,
+                                                               monkeypatch):
+    """capacity.json records the command as a run's result does: redacted."""
+    secret = "sk-literal-cbbench-secret"
+    out = tmp_path / "capacity.json"
+    url = srv.url.replace("http://", f"http://user:{secret}@")
+    res = invoke(monkeypatch, "capacity", "--endpoint", url, "--workload", str(workload),
+                 "--header", f"X-Api-Key={secret}", "--slo", "ttft_p99=100000",
+                 "--start-rate", "20", "--num-requests", "4", "--max-requests", "4",
+                 "--min-duration", "0.1", "--precision", "0.9", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert "--header X-Api-Key=<redacted>" in doc["command"]
+    assert secret not in out.read_text()
