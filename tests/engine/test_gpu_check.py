@@ -18,6 +18,7 @@ import sys
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
+from xml.etree import ElementTree
 
 import pytest
 
@@ -139,6 +140,7 @@ SMOKE_CAP_SCALE = 20
 SMOKE_SEED = 35
 SMOKE_TOTAL_S = 3600
 SMOKE_TIMEOUT = pytest.mark.timeout(SMOKE_TOTAL_S + 300)
+NO_HYPOTHESIS_PLUGIN = "tests.gpu.no_hypothesis"
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +161,12 @@ def smoke_run(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
         "GPU_CHECK_SEED": str(SMOKE_SEED),
         "GPU_CHECK_POISSON_REQUESTS": "8",
         "GPU_CHECK_DECODE_ARGS": "--dry-run --dtype fp32",
+        # The pytest step as on an image without hypothesis (and without plugin autoload:
+        # hypothesis's own pytest plugin is an installed entry point here): its run of the
+        # CUDA files is also test_gpu_check_collects_the_compiled_kernel_checks_without_
+        # hypothesis's collection, one pytest start-up (~6 CPU-s) instead of two.
+        "GPU_CHECK_PYTEST_ARGS": f"-p {NO_HYPOTHESIS_PLUGIN} -m cuda",
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
         "GPU_CHECK_FORCE_TRITON_FAIL": "1",
         "GPU_CHECK_CAP_SCALE": str(SMOKE_CAP_SCALE),
         "GPU_CHECK_TOTAL_S": str(SMOKE_TOTAL_S),
@@ -480,13 +488,20 @@ def test_sim_accuracy_is_null_with_the_reason(tmp_path):
     assert "did not finish" in why()
 
 
-def test_backends_agree_has_a_fused_row_fed_the_same_tokens():
+def test_backends_agree_has_a_fused_row_fed_the_same_tokens(monkeypatch):
     """The agreement step in-process on the CPU, Triton interpreted (conftest): the fused layer
     kernels' row is computed next to the unfused Triton row, both near the reference in fp32,
-    and their difference is reported; a device where Triton cannot run gets the reason."""
+    and their difference is reported; a device where Triton cannot run gets the reason.
+
+    Two of the GPU check's four requests' lengths, 5 and 40 (one block, and three blocks of
+    16: the longest, across two block boundaries), still packed in one prefill then decoded:
+    the interpreter's cost follows the tokens (~13 CPU-s for all four, ~6 for these)."""
+    import gpu_check_agree
     import torch
     from gpu_check_agree import FUSED_ROW, backends_agree
 
+    assert {5, 40} <= set(gpu_check_agree.AGREE_PROMPT_LENS)
+    monkeypatch.setattr(gpu_check_agree, "AGREE_PROMPT_LENS", (5, 40))
     args = SimpleNamespace(block_size=16, agree_model="tiny", max_model_len=128)
     out = backends_agree(args, torch.device("cpu"), torch.float32)
     diffs = out["max_abs_diff"]
@@ -499,36 +514,33 @@ def test_backends_agree_has_a_fused_row_fed_the_same_tokens():
 
 CUDA_FILES_WANTED = ("test_kernels.py", "test_model_runner_cuda.py", "test_fused_cuda.py",
                      "test_fused_engine_hf.py")  # fmt: skip
-NO_HYPOTHESIS = """
-import sys
-sys.modules["hypothesis"] = None  # as if not installed: `import hypothesis` raises ImportError
-import pytest
-sys.exit(pytest.main(["--collect-only", "-q", "-m", "cuda", "-p", "no:cacheprovider",
-                      *sys.argv[1:]]))
-"""
 
 
-def test_gpu_check_collects_the_compiled_kernel_checks_without_hypothesis():
+@SMOKE_TIMEOUT
+def test_gpu_check_collects_the_compiled_kernel_checks_without_hypothesis(smoke):
     """gpu_check.sh's pytest step takes the files that mark a test cuda: the compiled fused
     kernels, split-K and the engine-vs-HF check are among them, and they collect (with their
-    cuda tests selected) on an image without hypothesis."""
+    cuda tests selected) on an image without hypothesis. The smoke's pytest step is that
+    collection: run with `import hypothesis` failing (NO_HYPOTHESIS_PLUGIN) and no plugin
+    autoload, its JUnit XML lists every cuda test it selected (each skipped on the CPU)."""
     selected = sorted(
         str(p.relative_to(TESTS))
         for p in TESTS.glob("*/test_*.py")
         if "pytest.mark.cuda" in p.read_text()
     )
     assert set(CUDA_FILES_WANTED) <= {Path(s).name for s in selected}, selected
-    # Without plugin autoload: hypothesis's own pytest plugin is an installed entry point here.
-    env = os.environ | {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", NO_HYPOTHESIS, *selected], cwd=TESTS, capture_output=True,
-        text=True, timeout=300, env=env,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    collected = proc.stdout
+    step = next(line.split("\t") for line in (smoke / "steps.tsv").read_text().splitlines()
+                if line.startswith("pytest_cuda\t"))  # fmt: skip
+    log = (smoke / "pytest_cuda.log").read_text()
+    assert step[1] == "0", log[-3000:]
+    assert f"pytest -p {NO_HYPOTHESIS_PLUGIN} -m cuda " in step[4]
+    for name in selected:  # every file that marks a test cuda, as the script found them
+        assert f"tests/{name}" in step[4], (name, step[4])
+    cases = ElementTree.parse(smoke / "pytest_cuda.xml").getroot().iter("testcase")
+    collected = {f"{c.get('classname').rpartition('.')[2]}.py::{c.get('name')}" for c in cases}
     for name in ("test_fused_cuda.py::test_rms_norm_cuda", "test_fused_cuda.py::test_split_k_cuda",
                  "test_fused_engine_hf.py::test_fused_engine_matches_hf[triton-cuda]"):  # fmt: skip
-        assert name in collected, collected[-2000:]
+        assert any(name in c for c in collected), sorted(collected)
 
 
 def test_a_cpu_profile_of_the_tiny_model_fitted_under_load_is_accepted(tmp_path):
