@@ -59,7 +59,7 @@ _ORDERS: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True, defer_build=True)
 
     _order: tuple[str, ...] | None = PrivateAttr(default=None)
 
