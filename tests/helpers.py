@@ -9,6 +9,7 @@ that import this module do not pay for them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import queue
@@ -356,3 +357,28 @@ def cli_in_process(argv: Sequence[str], cwd=None, env: dict[str, str] | None = N
         sys.argv = saved_argv
         os.chdir(saved_cwd)
     return CliOutcome(code, out.getvalue(), err.getvalue(), args)
+
+
+@functools.cache
+def _app_command():
+    """cbbench's whole command line as the click command Typer builds from it (~50 ms each
+    time CliRunner.invoke builds it again, often more than the case it runs)."""
+    import typer.main
+
+    from cbbench.cli.app import app
+
+    return typer.main.get_command(app)
+
+
+def invoke_app(args: Sequence[str], **kwargs):
+    """typer's ``CliRunner().invoke(app, args, **kwargs)`` on cbbench's app, on its click
+    command built once per process (click commands are made to be invoked again: each
+    invocation has its own context)."""
+    from unittest import mock
+
+    import typer.testing
+
+    from cbbench.cli.app import app
+
+    with mock.patch.object(typer.testing, "_get_command", lambda _: _app_command()):
+        return typer.testing.CliRunner().invoke(app, list(args), **kwargs)
