@@ -197,22 +197,8 @@ def _dump(obj: Any, indent: str) -> str:
 
 def dumps(data: Record | dict) -> str:
     """A result file's text (no final newline): a record's own dump, or a dict's."""
-    if isinstance(data, Record):
-        plain = to_dict(data)  # JSON's values already (lists, not tuples), NaN as null...
-        if not _has_non_finite(plain):  # ...unless a field was set by hand
-            return _dump(plain, "")
-        return _dump(json_clean(plain), "")
-    return _dump(json_clean(data), "")
-
-
-def _has_non_finite(plain: Any) -> bool:
-    """Whether a JSON-mode dump holds a NaN or an infinity (the C encoder looks, refusing
-    them; a million values in milliseconds, where json_clean's walk took seconds)."""
-    try:
-        json.dumps(plain, allow_nan=False)
-    except ValueError:
-        return True
-    return False
+    plain = to_dict(data) if isinstance(data, Record) else data
+    return _dump(json_clean(plain), "")
 
 
 def file_text(data: Record | dict) -> str:
