@@ -360,7 +360,7 @@ def cli_in_process(argv: Sequence[str], cwd=None, env: dict[str, str] | None = N
 
 
 @functools.cache
-def _app_command():
+def app_command():
     """cbbench's whole command line as the click command Typer builds from it (~50 ms each
     time CliRunner.invoke builds it again, often more than the case it runs)."""
     import typer.main
@@ -380,5 +380,5 @@ def invoke_app(args: Sequence[str], **kwargs):
 
     from cbbench.cli.app import app
 
-    with mock.patch.object(typer.testing, "_get_command", lambda _: _app_command()):
+    with mock.patch.object(typer.testing, "_get_command", lambda _: app_command()):
         return typer.testing.CliRunner().invoke(app, list(args), **kwargs)
