@@ -9,6 +9,7 @@ that import this module do not pay for them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import queue
@@ -286,3 +287,98 @@ def assert_same(a, b, path: str = "summary") -> None:
             assert math.isclose(a, b, rel_tol=POOLED_REL), f"{path}: {a} != {b}"
         else:
             assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
+
+
+# ---- `cbbench ARGV` in this process -------------------------------------------------------------
+# Each `cbbench` process pays ~1 CPU-s of imports before it reads its first option; a test of
+# what the command says and returns (not of a signal, a real exit or a real server) runs it
+# here instead, as the console script would (cbbench/cli/app.py: main() is
+# sys.exit(_invoke())). tests/cli/test_bad_input.py checks the two agree on real processes.
+# Warnings a real process shows by default, printed there on stderr (one more line).
+HIDDEN_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)
+
+
+@dataclass
+class CliOutcome:
+    """What a `cbbench` process would have shown: its exit status, stdout and stderr."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    args: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _environ(changes: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def cli_in_process(argv: Sequence[str], cwd=None, env: dict[str, str] | None = None) -> CliOutcome:
+    """`cbbench ARGV` run by the console script's own entry (``_invoke``) in this process, in
+    ``cwd`` with ``env`` set on top of the environment: the exit status main() would exit with,
+    what it printed, and, as a real process would print them, an escaped exception's traceback
+    (status 1) and the warnings shown by default. The main thread only (signal handlers)."""
+    import io
+    import traceback
+    import warnings
+
+    from cbbench.cli.app import _invoke
+
+    out, err = io.StringIO(), io.StringIO()
+    args = [str(a) for a in argv]
+    saved_argv, saved_cwd = sys.argv, os.getcwd()
+    sys.argv = ["cbbench", *args]
+    try:
+        with _environ(env or {}), contextlib.redirect_stdout(out), \
+                contextlib.redirect_stderr(err), warnings.catch_warnings(record=True) as shown:
+            warnings.simplefilter("default")
+            if cwd is not None:
+                os.chdir(cwd)
+            try:
+                code = _invoke()
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            except Exception:  # what the real process would end with
+                traceback.print_exc(file=err)
+                code = 1
+        for w in shown:
+            if not issubclass(w.category, HIDDEN_WARNINGS):
+                err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno))
+    finally:
+        sys.argv = saved_argv
+        os.chdir(saved_cwd)
+    return CliOutcome(code, out.getvalue(), err.getvalue(), args)
+
+
+@functools.cache
+def app_command():
+    """cbbench's whole command line as the click command Typer builds from it (~50 ms each
+    time CliRunner.invoke builds it again, often more than the case it runs)."""
+    import typer.main
+
+    from cbbench.cli.app import app
+
+    return typer.main.get_command(app)
+
+
+def invoke_app(args: Sequence[str], **kwargs):
+    """typer's ``CliRunner().invoke(app, args, **kwargs)`` on cbbench's app, on its click
+    command built once per process (click commands are made to be invoked again: each
+    invocation has its own context)."""
+    from unittest import mock
+
+    import typer.testing
+
+    from cbbench.cli.app import app
+
+    with mock.patch.object(typer.testing, "_get_command", lambda _: app_command()):
+        return typer.testing.CliRunner().invoke(app, list(args), **kwargs)

@@ -51,9 +51,7 @@ def run(
         is_stdout,
         write_result,
     )
-    from cbbench.analysis.table import render_summary
     from cbbench.bench.runner import RunSpec, execute_run
-    from cbbench.schema.run import WORKER_LOST
 
     if load.replay is not None:  # these were silently ignored: the recorded run's values stand
         ignored = [C.flag_of(n) for n in REPLAY_TAKES if C.given(n)]
@@ -81,6 +79,9 @@ def run(
         result = execute_run(spec, should_stop=stop,
                              on_progress=board.on_progress if board else None, live=board,
                              records=not output.summary_only)
+    from cbbench.analysis.table import render_summary  # for a run that ran, not bad input
+    from cbbench.schema.run import WORKER_LOST
+
     if output.summary_only:
         result = result.summary_only()
     # The measurements first: a result that cannot be written (a full disk) is still seen.

@@ -125,11 +125,11 @@ class OutputOptions:
 
     def slice_s(self) -> float | None:
         """--slice in seconds (None: no slices)."""
+        if self.slice is None:  # the default: nothing to check, nothing to import
+            return None
         from cbbench.analysis.summary.slices import MIN_SLICE_S
         from cbbench.load.arrivals import parse_duration
 
-        if self.slice is None:
-            return None
         value = parse_duration(self.slice, "--slice")
         if value < MIN_SLICE_S:
             raise UsageError(f"--slice {self.slice} is shorter than {MIN_SLICE_S * 1e3:g} ms: "

@@ -1,10 +1,14 @@
-"""Bad input, end to end: every case runs the real `cbbench` console script and must exit 2 with
-exactly one stderr line starting `cbbench: error:`, nothing on stdout, no traceback, and no
+"""Bad input, end to end: every case runs `cbbench` as its console script does and must exit 2
+with exactly one stderr line starting `cbbench: error:`, nothing on stdout, no traceback, and no
 result (or temporary) file left behind.
+
+The cases run in this process (helpers.cli_in_process: the console script's own entry, ~50 ms
+a case instead of a process's ~1 CPU-s of imports); test_real_processes_say_the_same runs a
+few of them as real `cbbench` processes and requires the very same status, stdout and stderr.
 
 What tests/cli/test_cli_run.py, tests/load/test_workload.py, tests/analysis/test_gate.py and tests/analysis/test_compare.py
 already cover is not repeated here (tests/FAILURE_MODES.md maps each failure mode to its test).
-The cases run concurrently, once per module, to keep the file fast on two cores.
+The cases run once per module.
 
 In-process tests at the end: requests that can never fit (beyond the context or the whole KV
 pool) are rejected with their reason while the run goes on, and the bugs found (xfail).
@@ -18,10 +22,10 @@ import shutil
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import cli_in_process
 
 from cbbench.engine.args import ENGINES
 from cbbench.engine.model_config import preset_names
@@ -222,8 +226,23 @@ def _fill(arg: str, w: Path, o: Path, r: Path) -> str:
     return arg.replace("{w}", str(w)).replace("{o}", str(o)).replace("{r}", str(r))
 
 
-def _run(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", COLUMNS="200")
+ENV = {"CUDA_VISIBLE_DEVICES": "", "COLUMNS": "200"}
+# Cases also run as real `cbbench` processes (test_real_processes_say_the_same): one of each
+# kind of boundary: a library UsageError, click's parse error, a result file's reader.
+REAL_PROCESS_CASES = ("workload-missing", "gate-unknown-option", "compare-other-schema-version",
+                      "rate-nan")
+
+
+def _run(argv: list[str], cwd: Path):
+    """The command in this process (helpers.cli_in_process): (outcome, seconds)."""
+    t = time.monotonic()
+    outcome = cli_in_process(argv, cwd=cwd, env=ENV)
+    return outcome, time.monotonic() - t
+
+
+def _run_process(argv: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """The command as a real `cbbench` process: (process, seconds)."""
+    env = dict(os.environ, **ENV)
     t = time.monotonic()
     proc = subprocess.run(
         [*COMMAND, *argv], capture_output=True, text=True, timeout=300, cwd=cwd, env=env
@@ -266,27 +285,30 @@ def folders(tmp_path_factory):
     return w, r
 
 
+def _case_argv(name: str, w: Path, o: Path, r: Path) -> list[str]:
+    argv = [_fill(a, w, o, r) for a in CASES[name][0]]
+    if argv[0] == "run" and "--output" not in argv:
+        argv += ["--output", str(o / "x.json")]
+    return argv
+
+
 @pytest.fixture(scope="module")
 def outcomes(folders, tmp_path_factory):
-    """Every case, run concurrently: id -> (process, seconds, its output folder)."""
+    """Every case, in this process: id -> (outcome, seconds, its output folder)."""
     w, r = folders
     root = tmp_path_factory.mktemp("cases")
-
-    def one(item):
-        name, (argv, _) = item
+    done = {}
+    for name in CASES:
         o = root / name
         o.mkdir()
-        argv = [_fill(a, w, o, r) for a in argv]
-        if argv[0] == "run" and "--output" not in argv:
-            argv += ["--output", str(o / "x.json")]
-        proc, secs = _run(argv, o)
-        return name, (proc, secs, o)
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(one, CASES.items()))
+        argv = _case_argv(name, w, o, r)
+        # serve stays a real process: were its check missing, it would serve for ever here.
+        proc, secs = (_run_process if argv[0] == "serve" else _run)(argv, o)
+        done[name] = (proc, secs, o)
+    return done
 
 
-def _assert_one_error_line(proc: subprocess.CompletedProcess, texts=()) -> str:
+def _assert_one_error_line(proc, texts=()) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -310,6 +332,20 @@ def test_bad_input_exits_2_with_one_line(outcomes, case):
     assert _files_under(out) == [], "a partial or temporary file was left"
 
 
+@pytest.mark.parametrize("case", REAL_PROCESS_CASES)
+def test_real_processes_say_the_same(outcomes, folders, tmp_path, case):
+    """The in-process cases stand for real processes: a real `cbbench` process exits with the
+    same status and prints the same stdout and stderr, byte for byte (the case's output folder
+    differs only in its name, so each side's is put back as {o})."""
+    w, r = folders
+    mine, _, o = outcomes[case]
+    proc, _ = _run_process(_case_argv(case, w, tmp_path, r), tmp_path)
+    _assert_one_error_line(proc, CASES[case][1])
+    assert _files_under(tmp_path) == []
+    assert (proc.returncode, proc.stdout, proc.stderr.replace(str(tmp_path), "{o}")) == (
+        mine.returncode, mine.stdout, mine.stderr.replace(str(o), "{o}"))
+
+
 def test_unwritable_output_is_refused_before_the_run(outcomes):
     """The output is checked before the workload is read or the engine is built: the run
     returns at once (a real 5-request run takes longer, and 'auto' would first print its 'no
@@ -319,7 +355,7 @@ def test_unwritable_output_is_refused_before_the_run(outcomes):
     assert secs < 20
     big = ["run", "--engine", "auto", "--workload", "long-prompt", "--num-requests", "100000",
            "--output", UNWRITABLE]
-    proc, secs = _run(big, Path.cwd())
+    proc, secs = _run_process(big, Path.cwd())  # a real process: its own, whole start-up
     _assert_one_error_line(proc, ["cannot"])
     assert secs < 20, f"took {secs:.1f} s: did the run start?"
 

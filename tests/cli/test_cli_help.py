@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import typer
+from helpers import app_command, invoke_app
 from typer.testing import CliRunner
 
 from cbbench.cli.app import app
@@ -28,10 +29,22 @@ def _plain(text: str) -> str:
     return text.replace(COLON, ":").replace("\\[", "[")
 
 
+def _invoke(root: typer.Typer, argv: list[str], env: dict[str, str]):
+    """``root``'s CLI run on ``argv`` by typer's runner: cbbench's app on its click command
+    built once (helpers.invoke_app; the help is rendered per call, at ``env``'s width)."""
+    if root is app:
+        return invoke_app(argv, env=env)
+    return CliRunner(env=env).invoke(root, argv)
+
+
+def _command(root: typer.Typer):
+    return app_command() if root is app else typer.main.get_command(root)
+
+
 def help_problems(root: typer.Typer, path: list[str]) -> list[str]:
     """What is wrong with ``root``'s help for the command at ``path``: hard breaks inside a
     paragraph, text that does not render as written, switches with a ``<bool>`` type."""
-    result = CliRunner(env=WIDE).invoke(root, [*path, "--help"])
+    result = _invoke(root, [*path, "--help"], WIDE)
     assert result.exit_code == 0, result.output
     out = result.output
     lines = {line.strip(" │") for line in out.splitlines()}
@@ -39,7 +52,7 @@ def help_problems(root: typer.Typer, path: list[str]) -> list[str]:
     problems = []
     if "<bool>" in out:
         problems.append(f"{where}: a switch shows a <bool> type")
-    command = typer.main.get_command(root)
+    command = _command(root)
     ctx = command.make_context("cbbench", [*path, "--help"], resilient_parsing=True)
     for name in path:
         command = command.get_command(ctx, name)
@@ -58,7 +71,7 @@ def help_problems(root: typer.Typer, path: list[str]) -> list[str]:
 
 
 def _all_paths() -> list[list[str]]:
-    root = typer.main.get_command(app)
+    root = _command(app)
     paths = [[]]
     for name, cmd in root.commands.items():
         paths.append([name])
@@ -74,7 +87,7 @@ def test_every_help_reads_well():
 
 
 def test_engine_options_keep_their_panel():
-    out = CliRunner(env=WIDE).invoke(app, ["run", "--help"]).output
+    out = _invoke(app, ["run", "--help"], WIDE).output
     panel = out[out.index(ENGINE_PANEL_TITLE) :]
     for flag in ("--attention-backend", "--preemption", "--policy", "--kv-allocation"):
         assert flag in panel
@@ -121,7 +134,7 @@ def test_reflow_keeps_paragraphs_and_verbatim_blocks():
 
 def _names(path: list[str]) -> list[str]:
     """Every option name of the command at ``path`` (positive and negative forms)."""
-    command = typer.main.get_command(app)
+    command = _command(app)
     ctx = command.make_context("cbbench", [*path, "--help"], resilient_parsing=True)
     for name in path:
         command = command.get_command(ctx, name)
@@ -136,7 +149,7 @@ def test_help_is_not_cut_on_a_narrow_terminal(columns):
     "…", no line runs past the terminal, and every option name shows in full."""
     problems = []
     for path in _all_paths():
-        result = CliRunner(env={"COLUMNS": str(columns)}).invoke(app, [*path, "--help"])
+        result = _invoke(app, [*path, "--help"], {"COLUMNS": str(columns)})
         assert result.exit_code == 0, result.output
         out, where = result.output, " ".join(["cbbench", *path])
         if "…" in out:

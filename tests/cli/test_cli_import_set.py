@@ -69,3 +69,15 @@ def test_version_registers_no_command():
     code, mods, printed = _start("--version")
     assert code == 0 and printed.startswith("cbbench ")
     assert not {f"cbbench.cli.{module}" for _, module in COMMANDS} & mods
+
+
+# What a run refused at its options must not have imported: the summary code and numpy, and
+# the result models (the option checks once imported all three, for --slice and --percentiles).
+NOT_FOR_REFUSED_OPTIONS = ("numpy", "cbbench.schema.run", "cbbench.analysis.summary.slices",
+                           "cbbench.bench.runner")
+
+
+def test_a_run_refused_at_its_options_imports_no_numpy_or_result_models():
+    code, mods, _ = _start("run", "--engine", "sim", "--max-num-seqs", "0")
+    assert code == 2
+    assert not mods & set(NOT_FOR_REFUSED_OPTIONS), sorted(mods & set(NOT_FOR_REFUSED_OPTIONS))

@@ -19,7 +19,7 @@ import json
 import typing
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke_app
 
 from cbbench.cli.app import app
 
@@ -58,7 +58,7 @@ FLOAT_CASES = [(c, f) for c in BASE for f in _float_options(c)]
 
 def invoke(argv: list[str], tmp_path) -> tuple[int, list[str]]:
     argv = [a.replace("{t}", str(tmp_path)) for a in argv]
-    res = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+    res = invoke_app(argv, env={"COLUMNS": "200"})  # the app's click command built once
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise res.exception
     return res.exit_code, [ln for ln in res.stderr.splitlines() if ln.strip()]

@@ -10,7 +10,10 @@ touched.
 
 Mounting a tmpfs needs root (or CAP_SYS_ADMIN); those tests skip with the reason otherwise. The
 device-node cases make their own nodes with mknod (root too): never the machine's /dev/null.
-Every case is a real `cbbench` process; they run concurrently, once per module.
+Every case runs `cbbench` as its console script does, in this process (helpers.cli_in_process:
+the script's entry, its status, stdout and stderr; tests/cli/test_bad_input.py holds real
+processes to the same bytes), but `serve`, a real process: were its check missing, it would
+serve for ever, and a process has a timeout.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import cli_in_process
 
 CBBENCH = shutil.which("cbbench")
 COMMAND = [CBBENCH] if CBBENCH else [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
@@ -43,12 +46,15 @@ def _env() -> dict:
     return dict(os.environ, CUDA_VISIBLE_DEVICES="", COLUMNS="200")
 
 
-def run_cli(argv: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*COMMAND, *argv], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=_env())
+def run_cli(argv: list[str], cwd: Path, timeout: float = 300):
+    """`cbbench ARGV` in ``cwd``: in this process, but serve in a real one (``timeout``)."""
+    if argv[0] == "serve":
+        return subprocess.run([*COMMAND, *argv], capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd, env=_env())
+    return cli_in_process(argv, cwd=cwd, env={"CUDA_VISIBLE_DEVICES": "", "COLUMNS": "200"})
 
 
-def assert_one_error_line(proc: subprocess.CompletedProcess, *texts: str) -> str:
+def assert_one_error_line(proc, *texts: str) -> str:
     assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("cbbench: error:")]
@@ -114,13 +120,9 @@ FULL_CASES = {
 
 @pytest.fixture(scope="module")
 def full_outcomes(full_fs, inputs):
-    def one(item):
-        name, argv = item
-        argv = [a.replace("{f}", str(full_fs)).replace("{i}", str(inputs)) for a in argv]
-        return name, run_cli(argv, inputs)
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(one, FULL_CASES.items()))
+    return {name: run_cli([a.replace("{f}", str(full_fs)).replace("{i}", str(inputs))
+                           for a in argv], inputs)
+            for name, argv in FULL_CASES.items()}
 
 
 def _files(folder: Path) -> list[str]:
@@ -204,10 +206,7 @@ def test_output_kinds(tmp_path):
     reader = FifoReader(fifo)
     reader.start()
     cases = {"null": null, "full": full, "fifo": fifo, "link": link, "stdout": "-"}
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        procs = dict(pool.map(
-            lambda kv: (kv[0], run_cli([*RUN, "--output", str(kv[1])], tmp_path)), cases.items()
-        ))
+    procs = {name: run_cli([*RUN, "--output", str(out)], tmp_path) for name, out in cases.items()}
     reader.join(FIFO_TIMEOUT_S)
 
     assert procs["null"].returncode == 0, procs["null"].stderr
@@ -252,8 +251,7 @@ def test_an_output_that_is_an_input_is_refused(tmp_path, inputs):
         "compare-markdown-is-an-input": ["compare", "a.json", "b.json", "--markdown", "a.json"],
         "compare-csv-is-an-input": ["compare", "a.json", "b.json", "--csv", "./b.json"],
     }
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        procs = dict(pool.map(lambda kv: (kv[0], run_cli(kv[1], d)), cases.items()))
+    procs = {name: run_cli(argv, d) for name, argv in cases.items()}
     for name, proc in procs.items():
         line = assert_one_error_line(proc, "is also an input")
         assert proc.stdout == "", (name, proc.stdout)

@@ -9,10 +9,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from cbbench.errors import UsageError
-from cbbench.schema import parse_run, to_dict
-from cbbench.schema.run import Distribution, Request, RunResult
+
+if TYPE_CHECKING:
+    # The result models, imported where a result is filled in: parse_percentiles runs when
+    # an option group is checked (options/output.py), before any result is read or built.
+    from cbbench.schema.run import Request, RunResult
 
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)  # ints: keyed p50 by any writer
 MIN_PERCENTILE, MAX_PERCENTILE = 0.0, 100.0
@@ -99,6 +103,9 @@ def with_percentiles_filled(result: RunResult, percentiles: Sequence[float],
     (a --summary-only file). A new model (``where`` names it in an error); the input is not
     changed."""
     import numpy as np
+
+    from cbbench.schema import parse_run, to_dict
+    from cbbench.schema.run import Distribution
 
     summary = result.summary
     ok = [r for r in result.requests or [] if r.error is None and not r.cancelled]
