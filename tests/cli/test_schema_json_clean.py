@@ -20,10 +20,16 @@ def _cleaned_first(data):
     return json.loads(json.dumps(json_clean(data), allow_nan=False, default=lambda v: v.item()))
 
 
-CLEAN = {"kind": "run", "requests": ({"id": 1, "t": (0.5, 1.0)}, {"id": 2, "t": [2]}),
-         "summary": {"n": np.int64(3), "x": np.float64(0.25), "rows": [{"a": 1}]}}
-DIRTY = {"kind": "run", "requests": ({"id": 1, "t": (0.5, float("nan"))}, {"id": 2}),
-         "summary": {"x": float("inf"), "y": -float("inf"), "rows": ({"a": float("nan")},)}}
+CLEAN = {
+    "kind": "run",
+    "requests": ({"id": 1, "t": (0.5, 1.0)}, {"id": 2, "t": [2]}),
+    "summary": {"n": np.int64(3), "x": np.float64(0.25), "rows": [{"a": 1}]},
+}
+DIRTY = {
+    "kind": "run",
+    "requests": ({"id": 1, "t": (0.5, float("nan"))}, {"id": 2}),
+    "summary": {"x": float("inf"), "y": -float("inf"), "rows": ({"a": float("nan")},)},
+}
 
 
 def test_from_built_holds_what_cleaning_first_held():
@@ -42,4 +48,7 @@ def test_dumps_writes_the_bytes_cleaning_first_wrote():
     assert text == _dump(json_clean(dirty), "")
     assert json.loads(text)["requests"][0]["t"] == [0.5, None]
     # a tuple of records is written one record a line, as the list it becomes
-    assert dumps({"requests": ({"id": 1}, {"id": 2})}) == '{\n "requests": [\n  {"id":1},\n  {"id":2}\n ]\n}'
+    assert (
+        dumps({"requests": ({"id": 1}, {"id": 2})})
+        == '{\n "requests": [\n  {"id":1},\n  {"id":2}\n ]\n}'
+    )
