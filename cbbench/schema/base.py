@@ -188,7 +188,7 @@ def _dump(obj: Any, indent: str) -> str:
         inner = indent + " "
         items = [f"{inner}{json.dumps(k)}: {_dump(v, inner)}" for k, v in obj.items()]
         return "{\n" + ",\n".join(items) + "\n" + indent + "}"
-    if isinstance(obj, list) and obj and isinstance(obj[0], dict):
+    if isinstance(obj, (list, tuple)) and obj and isinstance(obj[0], dict):
         inner = indent + " "
         rows = [inner + json.dumps(v, separators=(",", ":"), allow_nan=False) for v in obj]
         return "[\n" + ",\n".join(rows) + "\n" + indent + "]"
@@ -198,7 +198,10 @@ def _dump(obj: Any, indent: str) -> str:
 def dumps(data: Record | dict) -> str:
     """A result file's text (no final newline): a record's own dump, or a dict's."""
     plain = to_dict(data) if isinstance(data, Record) else data
-    return _dump(json_clean(plain), "")
+    try:  # json.dumps refuses a NaN or an infinity (allow_nan=False): none, nothing to clean
+        return _dump(plain, "")
+    except ValueError:
+        return _dump(json_clean(plain), "")
 
 
 def file_text(data: Record | dict) -> str:

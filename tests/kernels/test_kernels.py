@@ -230,6 +230,34 @@ def test_triton_reason_without_gpu() -> None:
                  torch.bfloat16)  # fmt: skip
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="compiled on a GPU: no interpreter")
+def test_interpreter_switches_the_language_once_a_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interpreted, a launch switches triton.language to the interpreter's semantics once for
+    its grid, not again on every device-function call (tl.max, tl.cdiv, attention_dot) of every
+    program: Triton 3.9 does, ~4 ms each, ~40% of a split-K launch (kernels/triton_interpreter.py)."""
+    pytest.importorskip("triton")
+    from cbbench.kernels import triton_common, triton_interpreter
+
+    assert triton_common.INTERPRETED
+    real, calls = triton_interpreter._real_patch_lang, []
+    assert real is not None  # installed when triton_common was imported
+
+    def counting(fn):
+        calls.append(fn.__name__)
+        return real(fn)
+
+    monkeypatch.setattr(triton_interpreter, "_real_patch_lang", counting)
+    batch = make_batch(*batch_shapes("decode", 16), 16, 4, torch.float32)
+    scale = HEAD_DIM**-0.5
+    assert_close(run_backend("triton", batch, scale), run_backend("reference", batch, scale),
+                 torch.float32)  # fmt: skip
+    launches = [c for c in calls if c.endswith("_kernel") and c != "_probe_kernel"]
+    assert launches == ["_split_decode_kernel", "_split_merge_kernel"]  # the path under test
+    # Device functions: each launch switches triton.language.core (their module's) once at
+    # most; hundreds of calls (programs x key tiles x calls a tile) switched it before.
+    assert len([c for c in calls if not c.endswith("_kernel")]) <= len(launches)
+
+
 def test_flash_attn_call_with_fake_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flash-attn glue on CPU: a stand-in with flash_attn_varlen_func's signature checks
     the arguments the backend passes and computes what flash-attn documents for them."""
