@@ -21,11 +21,13 @@ import argparse
 import datetime
 import os
 import resource
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the timing server
+from timing_server import timing_server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKENS = 16
@@ -81,11 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     points = [(int(w), float(r)) for w, r in (p.split(":") for p in args.points)]
     load0 = os.getloadavg()
-    server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "timing_server.py"), "--ttft-ms", str(TTFT_MS),
-         "--itl-ms", str(ITL_MS)], stdout=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{int(server.stdout.readline())}"
+    with timing_server(TTFT_MS, ITL_MS) as url:
         best: dict[tuple[int, float], tuple[float, float]] = {}
         for k in range(args.rounds):
             for workers, rate in points:
@@ -98,9 +96,6 @@ def main() -> None:
                     best[(workers, rate)] = per
                 print(f"round {k}: {workers}:{rate:g} parent {per[0] * 1e6:.0f} us, workers "
                       f"{per[1] * 1e6:.0f} us a request", flush=True)
-    finally:
-        server.terminate()
-        server.wait()
     load1 = os.getloadavg()
     rows = []
     for (workers, rate), (parent, kids) in best.items():
