@@ -240,11 +240,7 @@ class SseStream:
                 if type(text) is str and text and (finish is None or type(finish) is str):
                     if self.response_id is None:
                         self._take_id(obj)
-                    self.times.append(t)
-                    self.kinds.append(ANSWER)
-                    self.running.append(None)
-                    if self.pieces is not None:
-                        self._keep([(ANSWER, text)])
+                    self._timed([(ANSWER, text)], t)
                     if finish is not None:
                         self.finish_reason = finish
                     return
@@ -265,14 +261,8 @@ class SseStream:
                 self._running_now = ct
         if calls is not None:
             self._calls(calls)
-        if parts:  # _timed inline: this runs for every token of a chat or completions stream
-            self.times.append(t)
-            # One kind (most events): no join. (Per event of every stream: kept cheap.)
-            self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
-            # A usage-only chunk carries none of the event's own count.
-            self.running.append(self._running_now if usage is not None else None)
-            if self.pieces is not None:
-                self._keep(parts)
+        if parts:  # a usage-only chunk carries none of the event's own count
+            self._timed(parts, t, self._running_now if usage is not None else None)
         elif parts is not None:
             self.empty_events += 1
         if finish is not None:
@@ -286,6 +276,7 @@ class SseStream:
     def _timed(self, parts: list[tuple[str, str]], t: float, running: int | None = None) -> None:
         """A token event with text: its time, kind and running count (and text, when kept)."""
         self.times.append(t)
+        # One kind (most events): no join.
         self.kinds.append(parts[0][0] if len(parts) == 1 else "+".join(k for k, _ in parts))
         self.running.append(running)
         if self.pieces is not None:
