@@ -2,16 +2,17 @@
 agent's next turn waits for them all (then its tool time). The per-session figures -- end to
 end, time in tools, in the model, in sub-agents, TTFT by turn kind -- are computed here by hand
 from the turns' own start and end times, in-process (exact: the simulator's virtual clock) and
-over HTTP against `cbbench serve --engine sim` (the client's reads add a few ms per wait)."""
+over HTTP against `cbbench serve --engine sim` (the client's reads add a few ms per wait): one
+server process for the module, `cbbench run` the console script's entry in this process
+(helpers.cli_in_process), not a process that only added ~1 CPU-s of imports."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
-from helpers import CBBENCH, run_spec
+from helpers import SERVE_MODEL, cli_in_process, run_spec, serve_process
 
 from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
@@ -108,8 +109,7 @@ def test_bad_dag(tmp_path, session, message):
 def test_bad_dag_is_one_line_exit_2(tmp_path):
     bad = json.loads(json.dumps(DAG))
     bad["turns"][0]["fan_out"] = ["ghost"]
-    out = subprocess.run([*CBBENCH, "run", "--engine", "sim", "--workload",
-                          _write(tmp_path, [bad])], capture_output=True, text=True, timeout=120)
+    out = cli_in_process(["run", "--engine", "sim", "--workload", _write(tmp_path, [bad])])
     assert out.returncode == 2 and out.stderr.startswith("cbbench: error: ")
     assert len(out.stderr.strip().splitlines()) == 1 and "unknown sub-agent" in out.stderr
 
@@ -187,13 +187,19 @@ def test_dag_in_process_by_hand(tmp_path):
     assert t[("dag", "search", 1)][3]["prompt_tokens"] == first_prompt_len(20)
 
 
+@pytest.fixture(scope="module")
+def sim_serve():
+    """conftest's sim_serve_process, once for the module's two HTTP cases."""
+    with serve_process("--engine", "sim", "--model", SERVE_MODEL, "--gpu", "h200") as run:
+        yield run
+
+
 @pytest.mark.parametrize("workers", [1, 2])
-def test_dag_over_http_by_hand(tmp_path, sim_serve_process, workers):
+def test_dag_over_http_by_hand(tmp_path, sim_serve, workers):
     out = tmp_path / "http.json"
-    run = subprocess.run(
-        [*CBBENCH, "run", "--endpoint", sim_serve_process.url, "--api", "chat", "--workload",
-         _write(tmp_path, [DAG, CHAIN]), "--workers", str(workers), "--output", str(out)],
-        capture_output=True, text=True, timeout=300)
+    run = cli_in_process(
+        ["run", "--endpoint", sim_serve.url, "--api", "chat", "--workload",
+         _write(tmp_path, [DAG, CHAIN]), "--workers", str(workers), "--output", str(out)])
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     _check(result, wait_slack=0.05)

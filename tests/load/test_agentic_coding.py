@@ -1,18 +1,18 @@
 """The built-in ``agentic-coding`` workload (workloads/build_agentic_coding.py): the committed
 data is what the builder makes, its meta file names the source and says what is assumed, and
 it runs in-process and over HTTP (--workers 2 over HTTP: tests/targets/test_audit_agentic.py,
-which also audits it against the server's log)."""
+which also audits it against the server's log). `cbbench run` is the console script's entry in
+this process (helpers.cli_in_process): a process around it only added ~1 CPU-s of imports."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from helpers import CBBENCH, run_spec
+from helpers import cli_in_process, run_spec
 
 from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
@@ -86,11 +86,10 @@ def test_agentic_coding_in_process():
 
 def test_agentic_coding_over_http(tmp_path, sim_serve_process):
     out = tmp_path / "http.json"
-    run = subprocess.run(
-        [*CBBENCH, "run", "--endpoint", sim_serve_process.url, "--api", "chat", "--workload",
+    run = cli_in_process(
+        ["run", "--endpoint", sim_serve_process.url, "--api", "chat", "--workload",
          "agentic-coding", "--num-requests", str(NUM_SESSIONS), "--seed", str(SEED),
-         "--tool-time-scale", "0.001", "--output", str(out)],
-        capture_output=True, text=True, timeout=300)
+         "--tool-time-scale", "0.001", "--output", str(out)])
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads(out.read_text())
     s = result["summary"]["sessions"]
@@ -104,15 +103,13 @@ def test_agentic_coding_over_http(tmp_path, sim_serve_process):
 
 @pytest.mark.parametrize("scale", ["-1", "nan", "5000"])
 def test_bad_tool_time_scale_is_one_line(scale):
-    out = subprocess.run([*CBBENCH, "run", "--engine", "sim", "--workload", "agentic-coding",
-                          "--num-requests", "2", "--tool-time-scale", scale],
-                         capture_output=True, text=True, timeout=120)
+    out = cli_in_process(["run", "--engine", "sim", "--workload", "agentic-coding",
+                          "--num-requests", "2", "--tool-time-scale", scale])
     assert out.returncode == 2 and out.stderr.startswith("cbbench: error: ")
     assert "--tool-time-scale" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
 def test_tool_time_scale_needs_sessions():
-    out = subprocess.run([*CBBENCH, "run", "--engine", "sim", "--workload", "sharegpt",
-                          "--num-requests", "2", "--tool-time-scale", "0.5"],
-                         capture_output=True, text=True, timeout=120)
+    out = cli_in_process(["run", "--engine", "sim", "--workload", "sharegpt",
+                          "--num-requests", "2", "--tool-time-scale", "0.5"])
     assert out.returncode == 2 and "applies to agent session workloads" in out.stderr

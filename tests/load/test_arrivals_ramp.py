@@ -8,9 +8,8 @@ import math
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke_app
 
-from cbbench.cli.app import app
 from cbbench.errors import UsageError
 from cbbench.load.arrivals import (
     Ramp,
@@ -138,8 +137,8 @@ def test_ramp_refuses_a_trace():
 # ---- through the CLI (simulated engine: fast) ------------------------------------------------
 def _run(tmp_path, *args):
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(
-        app, ["run", "--engine", "sim", "--model", "llama-3-8b", "--output", str(out), *args]
+    res = invoke_app(
+        ["run", "--engine", "sim", "--model", "llama-3-8b", "--output", str(out), *args]
     )
     return res, (json.loads(out.read_text()) if out.exists() else None)
 

@@ -9,11 +9,9 @@ import time
 import urllib.request
 
 import pytest
-from helpers import run_spec, sim_options, start_server
-from typer.testing import CliRunner
+from helpers import invoke_app, run_spec, sim_options, start_server
 
 from cbbench.bench.runner import execute_run
-from cbbench.cli.app import app
 from cbbench.cli.serve import build_serving_engine
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
@@ -155,13 +153,13 @@ def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
 
 
 def test_cli_flags(tmp_path):
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--num-requests", "5",
-                                   "--cancel-rate", "0.5", "--output", str(tmp_path / "r.json")])
+    res = invoke_app(["run", "--engine", "sim", "--num-requests", "5",
+                      "--cancel-rate", "0.5", "--output", str(tmp_path / "r.json")])
     assert res.exit_code == 2
     assert res.output.strip() == "cbbench: error: --cancel-rate and --cancel-after go together"
     out = tmp_path / "ok.json"
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--num-requests", "50",
-                                   "--request-rate", "10", "--cancel-rate", "0.5",
-                                   "--cancel-after", "exp:200", "--output", str(out)])
+    res = invoke_app(["run", "--engine", "sim", "--num-requests", "50",
+                      "--request-rate", "10", "--cancel-rate", "0.5",
+                      "--cancel-after", "exp:200", "--output", str(out)])
     assert res.exit_code == 0, res.output
     assert "cancelled" in res.output

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import invoke_app
 
 from cbbench.errors import UsageError
 from cbbench.load.jsonl import MAX_LINE_BYTES
@@ -221,14 +222,11 @@ def _argv(command: str, bad: Path, good: Path, tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("content", ["nested", "big-int"])
 def test_a_result_file_that_breaks_the_json_parser_is_one_line(tmp_path, good_result, command,
                                                                content):
-    from typer.testing import CliRunner
-
-    from cbbench.cli.app import app
 
     text = NESTED if content == "nested" else '{"schema_version": 1, "x": ' + BIG_INT + "}"
     bad = _result_file(tmp_path, text)
-    res = CliRunner().invoke(app, _argv(command, bad, good_result, tmp_path),
-                             env={"COLUMNS": "200"})
+    res = invoke_app(_argv(command, bad, good_result, tmp_path),
+                     env={"COLUMNS": "200"})
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise res.exception
     err = [ln for ln in res.stderr.splitlines() if ln.strip()]

@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
-
-from cbbench.cli.app import app
+from helpers import invoke_app
 
 SIM = ["--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b"]
 
 
 def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return invoke_app([str(a) for a in args])
 
 
 def one_line(res, *texts: str) -> str:

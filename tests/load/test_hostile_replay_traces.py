@@ -9,16 +9,15 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke_app
 
-from cbbench.cli.app import app
 from cbbench.load.traces import MOONCAKE_BLOCK_TOKENS
 
 SIM = ["--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b"]
 
 
 def cli(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
+    return invoke_app([str(a) for a in args])
 
 
 def test_a_mooncake_trace_with_a_first_line_over_64_kib_loads(tmp_path):

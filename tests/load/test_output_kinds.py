@@ -1,22 +1,22 @@
 """Workload fields reasoning_len, tools and tool_choice (issue 24): bad values are one line and
-exit 2; an in-process run splits its reasoning from reasoning_len."""
+exit 2; an in-process run splits its reasoning from reasoning_len. `cbbench run` is the console
+script's entry in this process (helpers.cli_in_process: its status, stdout and stderr apart),
+not a process that only added ~1 CPU-s of start-up imports a case."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
-from helpers import CBBENCH
+from helpers import CliOutcome, cli_in_process
 
 
-def run(tmp_path, lines: list[dict], *extra: str) -> subprocess.CompletedProcess:
+def run(tmp_path, lines: list[dict], *extra: str) -> CliOutcome:
     wl = tmp_path / "w.jsonl"
     wl.write_text("".join(json.dumps(d) + "\n" for d in lines))
-    return subprocess.run(
-        [*CBBENCH, "run", "--engine", "sim", "--workload", str(wl), "--num-requests",
+    return cli_in_process(
+        ["run", "--engine", "sim", "--workload", str(wl), "--num-requests",
          str(len(lines)), "--output", str(tmp_path / "r.json"), *extra],
-        capture_output=True, text=True, timeout=300,
     )
 
 

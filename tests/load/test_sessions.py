@@ -9,11 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import run_spec
-from typer.testing import CliRunner
+from helpers import invoke_app, run_spec
 
 from cbbench.bench.runner import execute_run
-from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.delays import parse_delay
@@ -73,8 +71,8 @@ def test_requests_and_sessions_do_not_mix(tmp_path):
     path = tmp_path / "mixed.jsonl"
     path.write_text(json.dumps({"prompt_len": 5, "output_len": 2}) + "\n"
                     + json.dumps(THREE_TURNS) + "\n")
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--workload", str(path),
-                                   "--output", str(tmp_path / "r.json")])
+    res = invoke_app(["run", "--engine", "sim", "--workload", str(path),
+                      "--output", str(tmp_path / "r.json")])
     assert res.exit_code == 2 and "either requests or sessions" in res.output
 
 
@@ -184,7 +182,7 @@ def test_builtin_multiturn_draws_sessions(tmp_path):
     (["--workload", "sharegpt-multiturn", "--think-time", "exp:-5"], "invalid --think-time"),
 ])
 def test_think_time_errors(tmp_path, args, match):
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--num-requests", "2", *args,
-                                   "--output", str(tmp_path / "r.json")])
+    res = invoke_app(["run", "--engine", "sim", "--num-requests", "2", *args,
+                      "--output", str(tmp_path / "r.json")])
     assert res.exit_code == 2 and match in res.output
     assert len(res.output.strip().splitlines()) == 1

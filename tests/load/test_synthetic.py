@@ -7,11 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import run_spec
-from typer.testing import CliRunner
+from helpers import invoke_app, run_spec
 
 from cbbench.bench.runner import execute_run
-from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.synthetic import RandomSpec, random_workload
@@ -90,10 +88,10 @@ def test_run_records_the_parameters_and_the_prefix_hits():
 
 
 def test_flags_need_the_random_workload(tmp_path: Path):
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--output-len", "5",
-                                   "--output", str(tmp_path / "x.json")])
+    res = invoke_app(["run", "--engine", "sim", "--output-len", "5",
+                      "--output", str(tmp_path / "x.json")])
     assert res.exit_code == 2
     assert res.output.strip() == "cbbench: error: --output-len applies only to --workload random"
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--workload", "random",
-                                   "--length-range", "1", "--output", str(tmp_path / "x.json")])
+    res = invoke_app(["run", "--engine", "sim", "--workload", "random",
+                      "--length-range", "1", "--output", str(tmp_path / "x.json")])
     assert res.exit_code == 2 and "--length-range must be in [0, 1)" in res.output

@@ -19,11 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import run_spec
-from typer.testing import CliRunner
+from helpers import invoke_app, run_spec
 
 from cbbench.bench.runner import execute_run
-from cbbench.cli.app import app
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.hash_blocks import MOONCAKE_BLOCK_TOKENS, expand_hash_ids, hash_block_ids
@@ -199,8 +197,8 @@ BAD = {
 def test_malformed_trace_is_one_line_and_exit_2(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     path.write_text(BAD[name])
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--workload", str(path),
-                                   "--output", str(tmp_path / "r.json")])
+    res = invoke_app(["run", "--engine", "sim", "--workload", str(path),
+                      "--output", str(tmp_path / "r.json")])
     assert res.exit_code == 2, res.output
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.output

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from helpers import SERVE_MODEL, serve_process, wait_until
+from helpers import SERVE_MODEL, invoke_app, serve_process, wait_until
 
 READ_TIMEOUT_S = 1.5
 MAX_CONNECTIONS = 16
@@ -120,12 +120,9 @@ def test_a_normal_streamed_request_outlives_the_read_timeout(server):
 
 
 def test_the_defaults_are_stated_in_the_help():
-    from typer.testing import CliRunner
-
-    from cbbench.cli.app import app
     from cbbench.server.limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_READ_TIMEOUT_S
 
-    out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output
+    out = invoke_app(["serve", "--help"], env={"COLUMNS": "200"}).output
     assert "--read-timeout" in out and "--max-connections" in out
     assert f"{DEFAULT_READ_TIMEOUT_S:g}" in out and str(DEFAULT_MAX_CONNECTIONS) in out
 

@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 from helpers import SERVE_MODEL as MODEL
-from helpers import sim_options, start_server
+from helpers import invoke_app, sim_options, start_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from cbbench.cli.serve import build_serving_engine
@@ -242,9 +242,6 @@ def test_run_scrape_metrics_reads_cbbench_serve_as_vllm(served, tmp_path, monkey
     counters grow by exactly what the client's records add up to."""
     import sys
 
-    from typer.testing import CliRunner
-
-    from cbbench.cli.app import app
     from cbbench.schema import read_run, to_dict
 
     run, _ = served
@@ -261,7 +258,7 @@ def test_run_scrape_metrics_reads_cbbench_serve_as_vllm(served, tmp_path, monkey
         "--request-rate", "40", "--scrape-metrics", "--output", str(out),
     ]
     monkeypatch.setattr(sys, "argv", ["cbbench", *args])
-    r = CliRunner().invoke(app, args)
+    r = invoke_app(args)
     assert r.exit_code == 0, r.output
     res = to_dict(read_run(out))
     rows = res["server_metrics"]

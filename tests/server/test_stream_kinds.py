@@ -4,12 +4,11 @@ client reads it off the wire."""
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.error
 import urllib.request
 
 import pytest
-from helpers import CBBENCH, sim_options, start_server
+from helpers import cli_in_process, sim_options, start_server
 
 from cbbench.cli.serve import build_serving_engine
 from cbbench.server.app import ServeConfig
@@ -116,8 +115,9 @@ def test_bad_tool_and_reasoning_fields_are_400(srv, body, message):
     (["--reasoning-field", "thoughts"], "--reasoning-field must be one of"),
 ])
 def test_bad_serve_options_are_one_line(args, message):
-    out = subprocess.run([*CBBENCH, "serve", "--engine", "sim", *args], capture_output=True,
-                         text=True, timeout=60)
+    """The console script's entry in this process (helpers.cli_in_process): the refusal comes
+    before anything is served, so a process around it only added its start-up imports."""
+    out = cli_in_process(["serve", "--engine", "sim", *args])
     assert out.returncode == 2 and message in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke_app
 
-from cbbench.cli.app import app
 from cbbench.targets.apis.anthropic_stream import AnthropicStream, headers, to_messages
 from cbbench.targets.apis.responses_stream import ResponsesStream, input_items
 from cbbench.targets.transport import HttpFailure
@@ -171,7 +170,7 @@ def test_anthropic_request_shape():
 def test_token_ids_the_api_cannot_take_are_one_line(tmp_path, api):
     wl = tmp_path / "ids.jsonl"
     wl.write_text(json.dumps({"prompt_token_ids": [1, 2, 3], "output_len": 4}) + "\n")
-    res = CliRunner().invoke(app, [
+    res = invoke_app([
         "run", "--endpoint", "http://127.0.0.1:9", "--api", api, "--workload", str(wl),
         "--num-requests", "1", "--output", str(tmp_path / "r.json")])
     assert res.exit_code == 2
@@ -182,8 +181,8 @@ def test_token_ids_the_api_cannot_take_are_one_line(tmp_path, api):
 
 
 def test_an_unknown_api_is_one_line(tmp_path):
-    res = CliRunner().invoke(app, ["run", "--endpoint", "http://127.0.0.1:9", "--api", "grpc",
-                                   "--num-requests", "1", "--output", str(tmp_path / "r.json")])
+    res = invoke_app(["run", "--endpoint", "http://127.0.0.1:9", "--api", "grpc",
+                      "--num-requests", "1", "--output", str(tmp_path / "r.json")])
     assert res.exit_code == 2
     assert res.output.strip() == (
         "cbbench: error: unknown --api 'grpc': use completions, chat, responses, anthropic, "

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 from fake_openai import LLAMA3_TOKENIZER, MODEL, FakeOpenAI
-from helpers import sim_options, start_server
-from typer.testing import CliRunner
+from helpers import invoke_app, sim_options, start_server
 
-from cbbench.cli.app import app
 from cbbench.errors import UsageError
 from cbbench.options import EndpointFlags
 from cbbench.targets.balance import Balancer, lora_models, parse_lora_modules
@@ -27,7 +25,7 @@ SPECIALS = ("<s>", "<x>", "<y>")  # three special tokens a plain encode adds (Ll
 
 def invoke(monkeypatch, *args: str):
     monkeypatch.setattr(sys, "argv", ["cbbench", *args])
-    return CliRunner().invoke(app, list(args))
+    return invoke_app(list(args))
 
 
 def one_error_line(res) -> str:

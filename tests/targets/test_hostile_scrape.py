@@ -17,11 +17,10 @@ import threading
 import numpy as np
 import pytest
 from fake_openai import MODEL, FakeOpenAI, endpoint_options, histogram_page, prompt_requests
-from typer.testing import CliRunner
+from helpers import invoke_app
 
 from cbbench.analysis.server_side.prom_text import Dropped
 from cbbench.analysis.server_side.server_latency import histograms
-from cbbench.cli.app import app
 from cbbench.targets import scrape
 from cbbench.targets.http import run_http
 
@@ -37,7 +36,6 @@ BAD_SERIES = {
 
 def _page_with(bad: str):
     """A good TPOT histogram and the fake's TTFT histogram with one malformed series."""
-
     def page(fake: FakeOpenAI) -> str:
         return (histogram_page(TTFT, fake.ttft_s) + bad
                 + histogram_page(TPOT, [0.01] * len(fake.ttft_s)))
@@ -46,7 +44,7 @@ def _page_with(bad: str):
 
 
 def _run_cli(url: str, out, *extra):
-    return CliRunner().invoke(app, [
+    return invoke_app([
         "run", "--endpoint", url, "--served-model", MODEL, "--workload", "random",
         "--input-len", "8", "--output-len", "3", "--num-requests", "4", "--request-rate", "20",
         "--scrape-metrics", "--output", str(out), *extra,

@@ -49,10 +49,8 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
-from helpers import START_TIMEOUT_S, Running, sim_options
-from typer.testing import CliRunner
+from helpers import START_TIMEOUT_S, Running, invoke_app, sim_options
 
-from cbbench.cli.app import app as cli_app
 from cbbench.cli.serve import build_serving_engine
 from cbbench.schema import read_run, to_dict
 from cbbench.server.app import create_app
@@ -233,8 +231,7 @@ def _measure(srv, tmp_path, attempt: int) -> tuple[dict, str]:
     srv.engine.submit = recorder
     try:
         with WakeProbe() as probe:
-            res = CliRunner().invoke(
-                cli_app,
+            res = invoke_app(
                 [
                     "run", "--endpoint", srv.url, "--workload", str(path),
                     "--num-requests", str(NUM_REQUESTS), "--request-rate", str(REQUEST_RATE),

@@ -14,6 +14,7 @@ from fake_openai import (
     prompt_requests,
     vllm_histograms_page,
 )
+from helpers import invoke_app
 
 from cbbench.errors import UsageError
 from cbbench.targets.http import run_http
@@ -167,12 +168,9 @@ def test_diff_of_means_by_hand():
 def test_scrape_flags_without_an_endpoint_are_refused(tmp_path, flags):
     """With the bundled engine there is no /metrics to read: the flags (even a bad regex) were
     silently ignored."""
-    from typer.testing import CliRunner
 
-    from cbbench.cli.app import app
-
-    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--num-requests", "2", *flags,
-                                   "--output", str(tmp_path / "r.json")])
+    res = invoke_app(["run", "--engine", "sim", "--num-requests", "2", *flags,
+                      "--output", str(tmp_path / "r.json")])
     assert res.exit_code == 2
     assert "needs --endpoint" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "r.json").exists()

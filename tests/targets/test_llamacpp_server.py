@@ -37,10 +37,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import free_port
-from typer.testing import CliRunner
+from helpers import free_port, invoke_app
 
-from cbbench.cli.app import app
 from cbbench.schema import read_run, to_dict
 
 PYTHON = os.environ.get("CBBENCH_LLAMACPP_PYTHON")
@@ -134,7 +132,7 @@ def test_cbbench_against_llama_cpp_python(server, tmp_path, monkeypatch):
         "--output", str(out), "--save-detailed",
     ]
     monkeypatch.setattr(sys, "argv", ["cbbench", *args])
-    res = CliRunner().invoke(app, args)
+    res = invoke_app(args)
     assert res.exit_code == 0, res.output
     result = to_dict(read_run(out))
     s = result["summary"]
@@ -214,7 +212,7 @@ def _run(url: str, workload: Path, out: Path, tokenizer: str, monkeypatch, *extr
         "--tokenizer", tokenizer, "--max-concurrency", "1", "--output", str(out), *extra,
     ]
     monkeypatch.setattr(sys, "argv", ["cbbench", *args])
-    return CliRunner().invoke(app, args)
+    return invoke_app(args)
 
 
 def test_llama_cpp_python_ignores_ignore_eos(eos_server, tmp_path, monkeypatch):

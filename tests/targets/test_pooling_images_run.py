@@ -8,7 +8,7 @@ import json
 import statistics
 
 import pytest
-from helpers import serve_process
+from helpers import invoke_app, serve_process
 
 ENGINE = ("--engine", "sim", "--model", "llama-3.2-1b", "--gpu", "h200")
 RATE = "20"
@@ -18,11 +18,7 @@ TOKENS_256 = 9 * 9  # 252 x 252
 
 
 def _cli(*argv: str):
-    from typer.testing import CliRunner
-
-    from cbbench.cli.app import app
-
-    res = CliRunner().invoke(app, list(argv), env={"COLUMNS": "200"})
+    res = invoke_app(list(argv), env={"COLUMNS": "200"})
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise res.exception
     return res

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_spec, sim_options, start_server
-from typer.testing import CliRunner
+from helpers import invoke_app, run_spec, sim_options, start_server
 
 from cbbench.bench.runner import RunSpec, execute_run
-from cbbench.cli.app import app
 from cbbench.cli.serve import build_serving_engine
 from cbbench.schema import read_run, to_dict
 from cbbench.targets.options import EndpointOptions
@@ -109,7 +107,7 @@ def test_a_failed_turn_ends_its_session(fake_server, tmp_path):
 
 
 def test_sessions_need_the_chat_api(fake_server, tmp_path):
-    res = CliRunner().invoke(app, [
+    res = invoke_app([
         "run", "--workload", "sharegpt-multiturn", "--endpoint", fake_server.url, "--api",
         "completions", "--num-requests", "2", "--output", str(tmp_path / "r.json"),
     ])
@@ -122,7 +120,7 @@ def test_sessions_need_the_chat_api(fake_server, tmp_path):
 
 def test_cli_run_over_chat_writes_turns(srv, tmp_path):
     out = tmp_path / "r.json"
-    res = CliRunner().invoke(app, [
+    res = invoke_app([
         "run", "--workload", "sharegpt-multiturn", "--endpoint", srv.url, "--api", "chat",
         "--num-requests", "3", "--think-time", "exp:5", "--request-rate", "10",
         "--output", str(out),

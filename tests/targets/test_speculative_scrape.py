@@ -1,14 +1,15 @@
 """Speculative-decoding counters scraped from a fake server's /metrics into
-summary.speculative (source "scraped"), vLLM's counters and SGLang's gauge (issue 24)."""
+summary.speculative (source "scraped"), vLLM's counters and SGLang's gauge (issue 24). `cbbench
+run` is the console script's entry in this process (helpers.cli_in_process); the truth server
+is a real `cbbench serve` process."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from fake_openai import MODEL, FakeOpenAI
-from helpers import CBBENCH
+from helpers import cli_in_process
 
 from cbbench.analysis.server_side.speculative_scrape import scraped_speculative
 
@@ -35,11 +36,10 @@ def test_vllm_counters_give_acceptance_through_cbbench_run(tmp_path):
     wl = tmp_path / "w.jsonl"
     wl.write_text("".join(json.dumps({"prompt": "x", "output_len": 3}) + "\n" for _ in range(6)))
     with FakeOpenAI(metrics_page=vllm_spec_page) as s:
-        out = subprocess.run(
-            [*CBBENCH, "run", "--endpoint", s.url, "--served-model", MODEL, "--workload",
+        out = cli_in_process(
+            ["run", "--endpoint", s.url, "--served-model", MODEL, "--workload",
              str(wl), "--num-requests", "6", "--request-rate", "10", "--scrape-metrics",
              "--output", str(tmp_path / "r.json")],
-            capture_output=True, text=True, timeout=300,
         )
         assert out.returncode == 0, out.stderr
     spec = json.loads((tmp_path / "r.json").read_text())["summary"]["speculative"]
@@ -92,11 +92,10 @@ def test_truth_server_spec_counters_scraped_end_to_end(tmp_path):
             "vllm:spec_decode_num_drafts_total": 0.0,
             "vllm:spec_decode_num_draft_tokens_total": 0.0,
             "vllm:spec_decode_num_accepted_tokens_total": 0.0}
-        out = subprocess.run(
-            [*CBBENCH, "run", "--endpoint", srv.url, "--workload", "random", "--input-len",
+        out = cli_in_process(
+            ["run", "--endpoint", srv.url, "--workload", "random", "--input-len",
              "64", "--output-len", "200", "--num-requests", "16", "--request-rate", "20",
-             "--scrape-metrics", "--output", str(tmp_path / "r.json")],
-            capture_output=True, text=True, timeout=300)
+             "--scrape-metrics", "--output", str(tmp_path / "r.json")])
         assert out.returncode == 0, out.stdout + out.stderr
         server = _spec_counters(srv.url)
     spec = json.loads((tmp_path / "r.json").read_text())["summary"]["speculative"]

@@ -3,15 +3,18 @@
 (send lag, the way in, queue, prefill, delivery) add up to the client's TTFT within 1 ms for
 at least 99% of the requests, and the server's parts in its responses (vLLM's `metrics`)
 equal those its request log gives; without the log the two trips are reported together; a
-request whose parts do not add up is flagged, not forced (hand-made records)."""
+request whose parts do not add up is flagged, not forced (hand-made records).
+
+`cbbench serve` is a real process (its log and its clock are the truth); `cbbench run` is the
+console script's entry in this process (helpers.cli_in_process), as the same client code runs
+in its own: a process around it only added ~1 CPU-s of start-up imports per case."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
-from helpers import CBBENCH, serve_process
+from helpers import cli_in_process, serve_process
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_side.ttft_breakdown import (
@@ -31,12 +34,11 @@ SERVER_ARGS = ("--engine", "sim", "--model", "llama-3-8b", "--gpu", "H200",
 def _run_against_serve(d, *run_args: str):
     log, res = d / "serve.jsonl", d / "run.json"
     with serve_process(*SERVER_ARGS, "--request-log", str(log)) as srv:
-        out = subprocess.run(
-            [*CBBENCH, "run", "--endpoint", srv.url, "--workload", "random",
+        out = cli_in_process(
+            ["run", "--endpoint", srv.url, "--workload", "random",
              "--input-len", "200", "--output-len", "16",
              "--num-requests", str(REQUESTS), "--request-rate", str(RATE),
              "--server-log", str(log), "--output", str(res), *run_args],
-            capture_output=True, text=True, timeout=300,
         )
         assert out.returncode == 0, out.stdout + out.stderr
     lines = {x["id"]: x for x in map(json.loads, log.read_text().splitlines())}
@@ -166,10 +168,9 @@ def test_a_negative_remainder_without_the_log_is_flagged():
 
 
 def test_a_server_log_path_that_does_not_exist_is_refused_before_the_run(tmp_path):
-    out = subprocess.run(
-        [*CBBENCH, "run", "--endpoint", "http://127.0.0.1:9", "--num-requests", "2",
+    out = cli_in_process(
+        ["run", "--endpoint", "http://127.0.0.1:9", "--num-requests", "2",
          "--server-log", str(tmp_path / "nope.jsonl"), "--output", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [
@@ -184,31 +185,35 @@ def test_a_server_log_that_is_a_fifo_is_refused_before_the_run(tmp_path):
 
     fifo = tmp_path / "log.fifo"
     os.mkfifo(fifo)
-    out = subprocess.run(
-        [*CBBENCH, "run", "--endpoint", "http://127.0.0.1:9", "--num-requests", "2",
+    out = cli_in_process(
+        ["run", "--endpoint", "http://127.0.0.1:9", "--num-requests", "2",
          "--server-log", str(fifo), "--output", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "is a FIFO, not a file" in out.stderr and not (tmp_path / "r.json").exists()
 
 
+@pytest.fixture(scope="module")
+def plain_serve():
+    """`cbbench serve` without a request log, shared by the unreadable-log cases."""
+    with serve_process(*SERVER_ARGS) as srv:
+        yield srv
+
+
 @pytest.mark.parametrize("content", [b'{"hello": 1}\n', b"\x89PNG\r\n\x1a\n\xff\xfe garbage\n"],
                          ids=["not-a-log", "binary"])
-def test_an_unreadable_server_log_after_the_run_keeps_the_result(tmp_path, content):
+def test_an_unreadable_server_log_after_the_run_keeps_the_result(tmp_path, plain_serve, content):
     """The log is read once the run is measured: a file that is not a request log then costs
     the log's split (a warning), never the run. Issue 37, rule 4: a binary log was a
     UnicodeDecodeError traceback after a finished run, with no result."""
     bad = tmp_path / "not-a-log.jsonl"
     bad.write_bytes(content)
     res = tmp_path / "r.json"
-    with serve_process(*SERVER_ARGS) as srv:
-        out = subprocess.run(
-            [*CBBENCH, "run", "--endpoint", srv.url, "--workload", "random", "--input-len", "16",
-             "--output-len", "4", "--num-requests", "4", "--request-rate", "20",
-             "--server-log", str(bad), "--output", str(res)],
-            capture_output=True, text=True, timeout=300,
-        )
+    out = cli_in_process(
+        ["run", "--endpoint", plain_serve.url, "--workload", "random", "--input-len", "16",
+         "--output-len", "4", "--num-requests", "4", "--request-rate", "20",
+         "--server-log", str(bad), "--output", str(res)],
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "warning: --server-log not used" in out.stderr
     result = json.loads(res.read_text())

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import free_port, invoke_app
 from timing_server import fetch_log, timing_server
-from typer.testing import CliRunner
 from worker_runs import (
     ATTEMPTS,
     CLI,
@@ -41,7 +40,6 @@ from worker_runs import (
 )
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.cli.app import app
 from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.clock_offset import measure_offset
 from cbbench.distributed.merge import WORKER_LOST, Merger
@@ -192,9 +190,8 @@ def server():
 
 def test_two_workers_report_every_request_once_on_the_one_process_schedule(server, tmp_path):
     wl = write_workload(tmp_path / "w.jsonl", "m", NUM_REQUESTS)
-    runner = CliRunner()
     one_path = tmp_path / "one.json"
-    res = runner.invoke(app, run_args(server, wl, one_path, NUM_REQUESTS, RATE))
+    res = invoke_app(run_args(server, wl, one_path, NUM_REQUESTS, RATE))
     assert res.exit_code == 0, res.output
     one = json.loads(one_path.read_text())
     assert_exactly_once(one, NUM_REQUESTS, 1)
@@ -203,7 +200,7 @@ def test_two_workers_report_every_request_once_on_the_one_process_schedule(serve
     verdicts = []
     for attempt in range(ATTEMPTS):
         out = tmp_path / f"two-{attempt}.json"
-        res = runner.invoke(app, run_args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2"))
+        res = invoke_app(run_args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2"))
         assert res.exit_code == 0, res.output
         two = json.loads(out.read_text())
         assert_exactly_once(two, NUM_REQUESTS, 2)
@@ -330,8 +327,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server, tmp_path):
     ],
 )
 def test_bad_worker_options_exit_2_with_one_line(tmp_path, args, message):
-    res = CliRunner().invoke(
-        app,
+    res = invoke_app(
         ["run", "--endpoint", "http://127.0.0.1:9", "--output", str(tmp_path / "x.json"), *args],
     )
     assert res.exit_code == 2, res.output
@@ -339,16 +335,15 @@ def test_bad_worker_options_exit_2_with_one_line(tmp_path, args, message):
 
 
 def test_workers_need_an_endpoint(tmp_path):
-    res = CliRunner().invoke(
-        app, ["run", "--engine", "sim", "--workers", "2", "--output", str(tmp_path / "x.json")]
+    res = invoke_app(
+        ["run", "--engine", "sim", "--workers", "2", "--output", str(tmp_path / "x.json")]
     )
     assert res.exit_code == 2 and "apply to --endpoint runs" in res.output
 
 
 def test_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    res = CliRunner().invoke(
-        app,
+    res = invoke_app(
         ["run", "--endpoint", "http://127.0.0.1:9", "--ray", "--output", str(tmp_path / "x.json")],
     )
     assert res.exit_code == 2 and "pip install 'cbbench[ray]'" in res.output, res.output
@@ -356,8 +351,7 @@ def test_ray_without_ray_installed_is_one_line(tmp_path, monkeypatch):
 
 def test_unreachable_ray_address_is_one_line(tmp_path):
     pytest.importorskip("ray")
-    res = CliRunner().invoke(
-        app,
+    res = invoke_app(
         [
             "run",
             "--endpoint",

@@ -7,9 +7,8 @@ import json
 import math
 
 from fake_openai import FakeOpenAI
-from typer.testing import CliRunner
+from helpers import invoke_app
 
-from cbbench.cli.app import app
 from cbbench.load.arrivals import arrival_times, count_within, parse_ramp
 
 RAMP = "10:50:1"  # 10 -> 50 req/s over 1 s: ~30 requests
@@ -18,7 +17,7 @@ FILE_REQUESTS = 100
 
 
 def _run(url: str, wl, out, *extra: str) -> dict:
-    res = CliRunner().invoke(app, [
+    res = invoke_app([
         "run", "--endpoint", url, "--workload", str(wl), "--ramp", RAMP, "--seed", str(SEED),
         "--output", str(out), *extra,
     ])

@@ -15,8 +15,8 @@ import time
 
 import pytest
 from fake_openai import FakeOpenAI
+from helpers import invoke_app
 from timing_server import fetch_log, timing_server
-from typer.testing import CliRunner
 from worker_runs import (
     ATTEMPTS,
     ITL_MS,
@@ -30,7 +30,6 @@ from worker_runs import (
     write_workload,
 )
 
-from cbbench.cli.app import app
 from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.distributed.merge import WORKER_LOST
 from cbbench.distributed.ray_pool import NAMESPACE
@@ -58,7 +57,7 @@ def test_ray_started_by_cbbench_runs_whole_sessions(tmp_path):
         ray.shutdown()
     out = tmp_path / "sessions.json"
     with FakeOpenAI() as fake:
-        res = CliRunner().invoke(app, [
+        res = invoke_app([
             "run", "--workload", "sharegpt-multiturn", "--endpoint", fake.url, "--api", "chat",
             "--num-requests", str(SESSIONS), "--request-rate", "20", "--think-time", "exp:10",
             "--workers", "2", "--ray", "--output", str(out),
@@ -90,7 +89,7 @@ def test_sweep_with_ray_starts_one_instance_for_every_point(tmp_path, monkeypatc
                           for i in range(n)))
     out = tmp_path / "sweep"
     with FakeOpenAI() as fake:
-        res = CliRunner().invoke(app, [
+        res = invoke_app([
             "sweep", "--endpoint", fake.url, "--workload", str(wl), "--rates", "20,40",
             "--num-requests", str(n), "--max-requests", str(n), "--min-duration", "0",
             "--workers", "2", "--ray", "--out-dir", str(out),
@@ -125,8 +124,8 @@ def test_ray_workers_same_shape_and_accuracy(local_ray, server, tmp_path):
     verdicts = []
     for attempt in range(ATTEMPTS):
         out = tmp_path / f"ray-{attempt}.json"
-        res = CliRunner().invoke(
-            app, run_args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2", "--ray")
+        res = invoke_app(
+            run_args(server, wl, out, NUM_REQUESTS, RATE, "--workers", "2", "--ray")
         )
         assert res.exit_code == 0, res.output
         r = json.loads(out.read_text())
@@ -171,7 +170,7 @@ def test_ray_actor_killed_mid_run_is_accounted_for(local_ray, server, tmp_path):
     killed: list[str] = []
     killer = threading.Thread(target=_kill_one_actor, args=(server, "rk", 150, killed))
     killer.start()
-    res = CliRunner().invoke(app, run_args(server, wl, out, n, RATE, "--workers", "2", "--ray"))
+    res = invoke_app(run_args(server, wl, out, n, RATE, "--workers", "2", "--ray"))
     killer.join()
     assert killed, "no actor was killed"
     assert res.exit_code == WORKER_LOST_EXIT, res.output

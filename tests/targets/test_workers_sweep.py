@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
+from helpers import invoke_app
 
 from cbbench.analysis.summary.slo import parse_attainment_slo
 from cbbench.bench.capacity import Prober
 from cbbench.bench.probe import ProbeSizing
-from cbbench.cli.app import app
 from cbbench.cli.sweep import base_spec
 from cbbench.engine.args import EngineArgs
 from cbbench.options.endpoint import EndpointFlags
@@ -38,7 +37,7 @@ def _two_worker_run(result: dict, n: int) -> None:
 
 def test_sweep_points_are_multi_worker_runs(fake_server, tmp_path):
     out = tmp_path / "sweep"
-    res = CliRunner().invoke(app, [
+    res = invoke_app([
         "sweep", "--endpoint", fake_server.url, "--workload", str(_workload(tmp_path)),
         "--rates", "20,40", "--num-requests", str(N), "--max-requests", str(N),
         "--min-duration", "0", "--workers", "2", "--out-dir", str(out),
@@ -71,8 +70,8 @@ def test_capacity_probes_are_multi_worker_runs(fake_server, tmp_path):
 ])
 def test_bad_workers_is_one_line(tmp_path, command, args, message):
     extra = ["--slo", "ttft_p99=1000"] if command == "capacity" else []
-    res = CliRunner().invoke(app, [command, *args, *extra, "--out" if command == "capacity"
-                                   else "--out-dir", str(tmp_path / "o")])
+    res = invoke_app([command, *args, *extra, "--out" if command == "capacity"
+                      else "--out-dir", str(tmp_path / "o")])
     assert res.exit_code == 2, res.output
     assert res.output.strip().startswith("cbbench: error: ") and message in res.output
     assert len(res.output.strip().splitlines()) == 1
