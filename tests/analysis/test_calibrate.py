@@ -4,7 +4,6 @@ and its profile drives the simulator and a real run's sim_error (--gpu-profile).
 
 from __future__ import annotations
 
-import copy
 import json
 
 import numpy as np
@@ -64,12 +63,17 @@ _AS_REAL_JSON: dict[int, tuple[RunResult, str]] = {}
 _AS_REAL_TIMES: dict[tuple[int, DeviceRates], list[float]] = {}
 
 
-def _file_dict(result: RunResult) -> dict:
+def _file_json(result: RunResult) -> str:
+    """The run's file text, json.dumps(to_dict(result)) (what write() writes), made once."""
     if id(result) not in _AS_REAL_JSON:  # the entry holds the run: its id is not reused
         _AS_REAL_JSON.clear()
         _AS_REAL_TIMES.clear()
         _AS_REAL_JSON[id(result)] = (result, json.dumps(to_dict(result)))
-    return json.loads(_AS_REAL_JSON[id(result)][1])
+    return _AS_REAL_JSON[id(result)][1]
+
+
+def _file_dict(result: RunResult) -> dict:
+    return json.loads(_file_json(result))
 
 
 def _noiseless_times(result: RunResult, res: dict, rates: DeviceRates) -> list[float]:
@@ -218,13 +222,17 @@ def one_line_exit_2(args, message):
 
 def test_bad_input_is_one_line_and_exit_2(shapes_run, tmp_path):
     out = str(tmp_path / "p.json")
-    one_line_exit_2([write(tmp_path / "sim.json", shapes_run), "--out", out], "simulated run")
+    # The same file text as write(path, shapes_run), dumped once for the module (as_real's).
+    sim = tmp_path / "sim.json"
+    sim.write_text(_file_json(shapes_run))
+    one_line_exit_2([str(sim), "--out", out], "simulated run")
+    # The variants share what they do not change (nothing here changes a record in place):
+    # each was a copy.deepcopy of the 5,009-iteration run.
     real = as_real(shapes_run, TRUE)
-    few = copy.deepcopy(real)
-    few["iterations"] = few["iterations"][:20]
+    few = {**real, "iterations": real["iterations"][:20]}
     one_line_exit_2([write(tmp_path / "few.json", few), "--out", out], "too few iterations")
-    gpu = copy.deepcopy(real)
-    gpu["config"].update(device="cuda", device_name="NVIDIA H100 80GB HBM3", gpu="h100")
+    gpu = {**real, "config": {**real["config"], "device": "cuda",
+                              "device_name": "NVIDIA H100 80GB HBM3", "gpu": "h100"}}  # fmt: skip
     one_line_exit_2([write(tmp_path / "a.json", real), write(tmp_path / "b.json", gpu),
                      "--out", out], "mixed devices")
     bare = {k: v for k, v in real.items() if k != "iterations"}

@@ -438,6 +438,29 @@ def test_anchor_ratios_by_hand():
     assert missing["why_not"]["throughput static"] == "transformers missing: x"
 
 
+def test_the_anchor_imports_transformers_with_the_repository_root_on_sys_path(monkeypatch):
+    """With the root on sys.path, `import kernels` found this project's kernels/ instead of HF's
+    hub-kernels distribution and transformers' Llama import failed (the full test file's run);
+    the anchor hides the root while transformers imports.
+
+    Before the anchor's throughput test: where this process has not imported transformers yet
+    (this file alone, or first on its worker), this test's import is the first and the one the
+    throughput test then uses, instead of a second import of every transformers module
+    (~2 CPU-s)."""
+    import importlib
+
+    import gpu_check_anchor
+    import torch
+
+    monkeypatch.syspath_prepend(str(gpu_check_anchor.REPO))
+    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    model, _ = gpu_check_anchor.hf_model("tiny", torch.float32, torch.device("cpu"))
+    assert model.config.num_hidden_layers == 2
+    assert str(gpu_check_anchor.REPO) in sys.path  # restored
+
+
 def test_anchor_throughput_counts_each_requests_own_output(monkeypatch):
     """Static batches: each batch is generated to its longest output, but a request's useful
     tokens are its own output length (as static batching serves it)."""
@@ -619,21 +642,3 @@ def test_smoke_decode_has_the_per_kernel_table(smoke):
 
 def s_has(summary: dict, key: str) -> bool:
     return summary.get(key) is not None
-
-
-def test_the_anchor_imports_transformers_with_the_repository_root_on_sys_path(monkeypatch):
-    """With the root on sys.path, `import kernels` found this project's kernels/ instead of HF's
-    hub-kernels distribution and transformers' Llama import failed (the full test file's run);
-    the anchor hides the root while transformers imports."""
-    import importlib
-
-    import gpu_check_anchor
-    import torch
-
-    monkeypatch.syspath_prepend(str(gpu_check_anchor.REPO))
-    for name in [m for m in sys.modules if m == "transformers" or m.startswith("transformers.")]:
-        monkeypatch.delitem(sys.modules, name)
-    importlib.invalidate_caches()
-    model, _ = gpu_check_anchor.hf_model("tiny", torch.float32, torch.device("cpu"))
-    assert model.config.num_hidden_layers == 2
-    assert str(gpu_check_anchor.REPO) in sys.path  # restored
