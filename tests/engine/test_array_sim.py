@@ -94,9 +94,9 @@ def test_a_preemption_hands_the_run_back():
     and says so (the caller steps the objects)."""
     reqs, arrivals = _requests(300, 50.0)
     assert run_engine_compact(_args(num_kv_blocks=200), reqs, arrivals) is None
-    assert run_engine(_args(num_kv_blocks=200), reqs, arrivals).iterations  # it does run
-    assert sum(it["num_preempted"] for it in
-               run_engine(_args(num_kv_blocks=200), reqs, arrivals).iterations) > 0
+    stepped = run_engine(_args(num_kv_blocks=200), reqs, arrivals)  # one run read twice
+    assert stepped.iterations  # it does run
+    assert sum(it["num_preempted"] for it in stepped.iterations) > 0
 
 
 def test_what_it_does_not_model_is_named():
@@ -196,3 +196,30 @@ def test_the_object_paths_drain_labels_its_steps(kw):
         assert {it["pool"] for it in run.iterations} == {"prefill", "decode"}
     starts = [(it["start_s"], it.get("pool") or "", it["replica"]) for it in run.iterations]
     assert len(starts) == len(set(starts))
+
+
+@pytest.mark.parametrize("kw", [{}, {"tensor_parallel_size": 2}, {"model": "mixtral-8x7b"}])
+def test_the_executor_prices_every_step_as_the_cost_model(monkeypatch, kw):
+    """The simulated executor prices steps (stepped and fast-forwarded) through dense_cost's
+    flat function: every price is CostModel.cost's, bit for bit and of the same types (a
+    record writes an int byte count as '1', a float as '1.0'); a MoE model keeps
+    CostModel.cost itself."""
+    from cbbench.engine.sim.sim_executor import SimExecutor
+
+    fast = SimExecutor._cost
+    seen = {"steps": 0, "flat": 0}
+
+    def checked(self, shape):
+        got, want = fast(self, shape), self.cost_model.cost(shape)
+        assert got == want
+        assert [type(v) for v in (got.bytes, got.flops, got.time_s)] == \
+            [type(v) for v in (want.bytes, want.flops, want.time_s)]
+        seen["steps"] += 1
+        seen["flat"] += self._dense is not None
+        return got
+
+    monkeypatch.setattr(SimExecutor, "_cost", checked)
+    reqs, arrivals = _requests(200, 20.0)
+    run_engine(_args(**kw), reqs, arrivals)
+    assert seen["steps"] > 200
+    assert seen["flat"] == (0 if "model" in kw else seen["steps"])

@@ -9,11 +9,10 @@ the lm_head and the request's KV; at a large batch every expert is touched.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from helpers import cli_in_process
 
 from cbbench.engine.model_config import MODEL_PRESETS, from_hf_config, get_model_config
 from cbbench.engine.sim.cost_model import BatchShape, CostModel, Efficiency
@@ -185,11 +184,10 @@ def test_config_folder_reads_experts(tmp_path):
 def test_moe_config_without_expert_fields_is_one_line_exit_2(tmp_path):
     cfg = {k: v for k, v in MIXTRAL_CONFIG.items() if k != "num_local_experts"}
     folder = _write_config(tmp_path / "broken", cfg)
-    proc = subprocess.run(
-        [sys.executable, "-c", "from cbbench.cli.app import main; main()", "run", "--engine", "sim", "--model", str(folder),
-         "--num-requests", "2", "--output", str(tmp_path / "r.json")],
-        capture_output=True, text=True, timeout=120,
-    )
+    # The console script's entry in this process: its exit status and stderr, no second
+    # interpreter's start-up.
+    proc = cli_in_process(["run", "--engine", "sim", "--model", str(folder),
+                           "--num-requests", "2", "--output", str(tmp_path / "r.json")])
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), proc.stderr
