@@ -22,7 +22,9 @@ NOT_FOR_HELP = ("numpy", "pydantic", "cbbench.schema", "cbbench.analysis.result"
 # and the server, Ray, the plots.
 NOT_FOR_SIM = ("torch", "triton", "transformers", "tokenizers", "aiohttp", "httpx", "openai",
                "anthropic", "uvloop", "cbbench.server.app", "ray", "scipy", "matplotlib",
-               "plotly", "PIL", "pyarrow")
+               "plotly", "PIL", "pyarrow",
+               # The other result files' models: a run writes only the run result.
+               "cbbench.schema.sweep", "cbbench.schema.capacity", "cbbench.schema.forward")
 # Never imported by a run off a terminal: Rich draws the live view and renders the help, and a
 # run with its output piped does neither (the help texts are tidied for Rich only when the
 # help is shown: cli/help.py).
