@@ -18,7 +18,6 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, overload
 
-from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from cbbench.cli.boundary import CommandBoundary, GroupBoundary
@@ -38,8 +37,12 @@ RICH = "rich"
 # An empty span after each colon: Rich replaces :name: emoji codes only within one span of text.
 COLON = ":[none][/none]"
 TIDIED = "_cbbench_tidied"
+HELP_TIDIED = "_cbbench_help_tidied"
 RICH_MIN_WIDTH = 120
 MIN_TEXT_WIDTH = 40
+# The characters Rich's markup escape acts on: a "[" opening a tag, a backslash before one or
+# at the end.
+MARKUP_CHARS = frozenset("[\\")
 
 
 @overload
@@ -62,7 +65,16 @@ def literal(text: str) -> str: ...
 def literal(text: None) -> None: ...
 def literal(text: str | None) -> str | None:
     """``text`` as Rich markup that renders exactly as written (no style tags, no emoji)."""
-    return escape(text).replace(":", COLON) if text else text
+    if not text:
+        return text
+    if MARKUP_CHARS.intersection(text):
+        # Imported here: Rich's escape changes only a "[" tag or a trailing backslash, and most
+        # texts have neither; `cbbench run` then starts without importing Rich (~30 ms of CPU,
+        # it draws nothing off a terminal).
+        from rich.markup import escape
+
+        text = escape(text)
+    return text.replace(":", COLON)
 
 
 @overload
@@ -103,20 +115,30 @@ class _Tidy(_CommandBase):
     def get_params(self, ctx) -> list:
         params = super().get_params(ctx)  # includes --help, made on demand
         for param in params:
-            if getattr(param, TIDIED, False):  # called on every help render: tidy once
+            if getattr(param, TIDIED, False):  # called on every parse and help render: once
                 continue
             setattr(param, TIDIED, True)
             if is_switch(param):
                 param.metavar = ""  # Typer shows the metavar in the type column
+        return params
+
+    def _tidy_param_help(self, ctx) -> None:
+        """Each parameter's help reflowed, as Rich markup that renders as written. Only the
+        help reads it, so a parse (which also asks get_params) does not pay for it: a
+        parameter help with a "[" tag needs Rich's escape, and `cbbench run` off a terminal
+        then never imports Rich."""
+        for param in self.get_params(ctx):
+            if getattr(param, HELP_TIDIED, False):
+                continue
+            setattr(param, HELP_TIDIED, True)
             # Options and Typer's arguments have a help; click's Parameter declares none, so
             # the type checker sees no attribute: set it as it was read, by name.
             text = getattr(param, "help", None)
             if text:
                 setattr(param, "help", self._text(text))  # noqa: B010
-        return params
-
 
     def format_help(self, ctx, formatter) -> None:
+        self._tidy_param_help(ctx)
         if not self._rich or terminal_width() >= RICH_MIN_WIDTH:
             return super().format_help(ctx, formatter)
         return narrow_help(self, ctx, formatter)

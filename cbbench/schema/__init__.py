@@ -13,9 +13,10 @@ reader that does not know one keeps it), so the files' field names stay the prod
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cbbench.errors import UsageError
 from cbbench.schema.base import (
@@ -27,13 +28,45 @@ from cbbench.schema.base import (
     to_dict,
     validate,
 )
-from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
-from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
 from cbbench.schema.run import RUN_SCHEMA_VERSION, RunResult
-from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, SweepFile
 
-MODELS: dict[str, type[Record]] = {"run": RunResult, "sweep": SweepFile, "capacity": CapacityFile,
-                                   "forward": ForwardResult}
+if TYPE_CHECKING:
+    from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
+    from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
+    from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, SweepFile
+
+    MODELS: dict[str, type[Record]]
+
+# The sweep, capacity and forward models load on first use (module __getattr__ below): a run
+# reads and writes only the run model, and every `cbbench run` would otherwise build their
+# classes too (~20 ms of CPU a start).
+_LAZY = {
+    "CAPACITY_KIND": "capacity", "CAPACITY_SCHEMA_VERSION": "capacity", "CapacityFile": "capacity",
+    "FORWARD_KIND": "forward", "FORWARD_SCHEMA_VERSION": "forward", "ForwardResult": "forward",
+    "SWEEP_KIND": "sweep", "SWEEP_SCHEMA_VERSION": "sweep", "SweepFile": "sweep",
+}
+
+
+def _models() -> dict[str, type[Record]]:
+    """Each file kind's model (``MODELS``)."""
+    from cbbench.schema.capacity import CapacityFile
+    from cbbench.schema.forward import ForwardResult
+    from cbbench.schema.sweep import SweepFile
+
+    return {"run": RunResult, "sweep": SweepFile, "capacity": CapacityFile,
+            "forward": ForwardResult}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MODELS":
+        value: Any = _models()
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # looked up once
+    return value
+
 
 __all__ = [
     "CAPACITY_KIND", "CAPACITY_SCHEMA_VERSION", "MODELS", "RUN_SCHEMA_VERSION", "SWEEP_KIND",
@@ -45,7 +78,7 @@ __all__ = [
 
 
 def json_schema(kind: str) -> str:
-    return json.dumps(MODELS[kind].model_json_schema(), indent=2)
+    return json.dumps(_models()[kind].model_json_schema(), indent=2)
 
 
 def read_json_file(path: Path, what: str = "result file") -> Any:
@@ -109,6 +142,8 @@ def _read_kind(path: Path, kind: str, version: int, what: str) -> dict:
 
 def read_sweep(path: Path) -> SweepFile:
     """sweep.json as its model, validated."""
+    from cbbench.schema.sweep import SWEEP_KIND, SWEEP_SCHEMA_VERSION, SweepFile
+
     what = "sweep file"
     data = _read_kind(path, SWEEP_KIND, SWEEP_SCHEMA_VERSION, what)
     return validate(SweepFile, data, path, what)
@@ -116,12 +151,16 @@ def read_sweep(path: Path) -> SweepFile:
 
 def read_capacity(path: Path) -> CapacityFile:
     """capacity.json as its model, validated."""
+    from cbbench.schema.capacity import CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, CapacityFile
+
     what = "capacity file"
     data = _read_kind(path, CAPACITY_KIND, CAPACITY_SCHEMA_VERSION, what)
     return validate(CapacityFile, data, path, what)
 
 
 def read_forward(path: Path) -> dict:
+    from cbbench.schema.forward import FORWARD_KIND, FORWARD_SCHEMA_VERSION, ForwardResult
+
     what = "forward file"
     data = _read_kind(path, FORWARD_KIND, FORWARD_SCHEMA_VERSION, what)
     validate(ForwardResult, data, path, what)
