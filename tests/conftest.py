@@ -71,7 +71,9 @@ def _build_cbbench_command_once() -> None:
         import typer.testing
     except ImportError:  # the GPU image's tests may run without the CLI's dependencies
         return
-    build = typer.testing._get_command
+    build = getattr(typer.testing, "_get_command", None)
+    if build is None:  # a private name of typer's: a release without it builds as before
+        return
     built: dict[tuple, object] = {}
 
     def get_command(typer_instance):
