@@ -23,11 +23,15 @@ import torch
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 if INTERPRETED:
     try:
-        from .triton_interpreter import switch_language_once_a_launch
+        from .triton_interpreter import (
+            skip_discarded_overflow_checks,
+            switch_language_once_a_launch,
+        )
     except ImportError:  # no triton: nothing to interpret (availability.py says so)
         pass
     else:
         switch_language_once_a_launch()
+        skip_discarded_overflow_checks()
 
 # (kernel, grid, args, kwargs) -> None; replaces the launch while a tool intercepts launches.
 LaunchHook = Callable[[Any, tuple, tuple, dict], None]

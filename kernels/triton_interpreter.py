@@ -1,5 +1,6 @@
 """Triton's interpreter (``TRITON_INTERPRET=1``, CPU tensors) made to switch ``triton.language``
-once a launch instead of once a device-function call.
+once a launch instead of once a device-function call, and to skip integer-overflow checks whose
+verdict it throws away.
 
 A launch switches the language to the interpreter's semantics for its whole grid (the
 interpreter's ``_patch_lang``) and switches it back when the grid is done. Triton 3.9 also
@@ -11,10 +12,18 @@ launch has already switched does nothing; any other call switches them as before
 idempotent per module (the same interpreter functions are set), so the kernels compute exactly
 what they computed. Compiled kernels never come here (:mod:`.triton_common` installs this only
 when interpreted).
+
+Overflow checks: every ``+``, ``-`` and ``*`` on int32 (offsets, indices: most of a kernel's
+integer work) also recomputes itself in int64, compares against int32's range and hands the
+verdict to ``device_assert``, which drops it unless the options ask for ``debug``, and the
+interpreter's options never do (``InterpreterOptions().debug`` is False and nothing sets it).
+That discarded work was ~25% of an interpreted decode launch. With ``debug`` off the builder's
+``sanitize_overflow`` is turned off, so the check is not computed; with ``debug`` on it stays.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import triton.language as tl
@@ -56,3 +65,14 @@ def switch_language_once_a_launch() -> None:
         return
     _real_patch_lang = interpreter._patch_lang
     interpreter._patch_lang = _patch_lang_once
+
+
+def skip_discarded_overflow_checks() -> None:
+    """Turn off the interpreter builder's ``sanitize_overflow`` where ``debug`` is off (the
+    checks' only outcome, a device assert, is dropped then); a Triton without the fields is left
+    as it is."""
+    builder: Any = getattr(interpreter, "interpreter_builder", None)
+    options: Any = getattr(builder, "options", None)
+    if getattr(options, "debug", True) or not getattr(options, "sanitize_overflow", False):
+        return  # no builder or options, debug on, or the checks already off
+    builder.options = dataclasses.replace(options, sanitize_overflow=False)

@@ -4,10 +4,17 @@ The matrix compiles the split kernel at block sizes 16 and 256; the CPU suite pr
 and 32 (tests/kernels/test_kernels_split_k.py), and the block size is a compile-time constant,
 so the 32-key block's compile is a different kernel. These points add it for every dtype, head
 dim and GQA group, launched as a captured graph launches it (32 splits, max_seqlen_k = 8192).
-tests/kernels/test_triton_aot.py runs this file beside the matrix, in a process without
-TRITON_INTERPRET:
+Alone, in a process without TRITON_INTERPRET:
 
     python tests/kernels/aot_split_points.py --cap 90 --json OUT
+
+tests/kernels/test_triton_aot.py runs the library's matrix (``cbbench.kernels.aot``'s main) and these
+points in one process per architecture, which writes both files into a folder:
+
+    python tests/kernels/aot_split_points.py --cap 90 --with-matrix DIR   (sm_90.json, extra_sm_90.json)
+
+One process, not two: each pays ~4 CPU-s of torch and Triton imports before it compiles anything,
+and these 18 launches cost well under that.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -23,6 +31,7 @@ from typing import Any
 
 import torch
 
+from cbbench.kernels import aot
 from cbbench.kernels.aot import DTYPES, GQA_GROUPS, HEAD_DIMS, NUM_KV_HEADS, compile_launches
 
 BLOCK_SIZE = 32
@@ -50,10 +59,21 @@ def split_points() -> Iterator[tuple[str, Callable[[], Any]]]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cap", type=int, required=True)
-    parser.add_argument("--json", required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--json", help="where to write these points' rows")
+    where.add_argument("--with-matrix", metavar="DIR",
+                       help="first the library's matrix into DIR/sm_CAP.json, then these points "
+                            "into DIR/extra_sm_CAP.json")  # fmt: skip
     args = parser.parse_args(argv)
+    out = args.json
+    if args.with_matrix is not None:
+        matrix = os.path.join(args.with_matrix, f"sm_{args.cap}.json")
+        status = aot.main(["--cap", str(args.cap), "--json", matrix])
+        if status != 0:
+            return status
+        out = os.path.join(args.with_matrix, f"extra_sm_{args.cap}.json")
     rows = compile_launches(args.cap, split_points())
-    with open(args.json, "w") as f:
+    with open(out, "w") as f:
         json.dump({"rows": [dataclasses.asdict(r) for r in rows]}, f)
     return 0
 

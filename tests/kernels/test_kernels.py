@@ -258,6 +258,39 @@ def test_interpreter_switches_the_language_once_a_launch(monkeypatch: pytest.Mon
     assert len([c for c in calls if not c.endswith("_kernel")]) <= len(launches)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="compiled on a GPU: no interpreter")
+def test_interpreter_skips_overflow_checks_it_discards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interpreted, an int32 +, - or * no longer recomputes itself in int64 to hand a verdict to
+    device_assert, which drops it without debug (kernels/triton_interpreter.py); with debug on,
+    the checks stay."""
+    pytest.importorskip("triton")
+    from triton.language import semantic
+    from triton.runtime import interpreter
+
+    from cbbench.kernels import triton_common, triton_interpreter
+
+    assert triton_common.INTERPRETED
+    options = interpreter.interpreter_builder.options
+    assert not options.debug and not options.sanitize_overflow
+    checks: list[str] = []
+    real_assert = semantic.TritonSemantic.device_assert
+
+    def counting(self, cond, msg, mask):
+        checks.append(msg)
+        return real_assert(self, cond, msg, mask)
+
+    monkeypatch.setattr(semantic.TritonSemantic, "device_assert", counting)
+    batch = make_batch(*batch_shapes("decode", 16), 16, 4, torch.float32)
+    scale = HEAD_DIM**-0.5
+    assert_close(run_backend("triton", batch, scale), run_backend("reference", batch, scale),
+                 torch.float32)  # fmt: skip
+    assert checks == []  # thousands of "int32 overflow detected" verdicts, all dropped, before
+    debug = dataclasses.replace(options, debug=True, sanitize_overflow=True)
+    monkeypatch.setattr(interpreter.interpreter_builder, "options", debug)
+    triton_interpreter.skip_discarded_overflow_checks()
+    assert interpreter.interpreter_builder.options is debug  # debug asks for them: kept
+
+
 def test_flash_attn_call_with_fake_module(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flash-attn glue on CPU: a stand-in with flash_attn_varlen_func's signature checks
     the arguments the backend passes and computes what flash-attn documents for them."""

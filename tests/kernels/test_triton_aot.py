@@ -6,7 +6,8 @@ re-specialization when the per-step integers change.
 like the real ones (bf16/fp16/fp32; head dims 64 and 128; GQA groups 1, 4, 8; block sizes 16
 and 256; prefill, decode and split-K tiles; the fused layer kernels at every preset's hidden and
 intermediate size) and compiles each launch through Triton's JIT for the target (Triton ships
-ptxas). It runs in subprocesses, one per architecture in parallel, because under
+ptxas). It runs in subprocesses, one per architecture in parallel (each also compiles the extra
+points of aot_split_points.py), because under
 TRITON_INTERPRET (which tests/conftest.py sets) nothing can be compiled. Triton's disk cache
 makes reruns fast. The kernel/shape/dtype matrix is printed in the test report's summary.
 .ci/run runs this file a second time under Triton 3.6.0, the GPU image's version.
@@ -27,7 +28,7 @@ pytest.importorskip("triton")
 
 CAPS = (80, 90)
 # Launch points beyond the library's matrix (the split-K kernel at block size 32 as a captured
-# graph launches it), compiled by the same code in a process of their own.
+# graph launches it), compiled by the same code in the process that compiles the matrix.
 EXTRA_POINTS = Path(__file__).with_name("aot_split_points.py")
 SMEM_LIMIT = {80: 163 * 1024, 90: 227 * 1024}
 COMPILE_TIMEOUT_S = 900  # a cold cache on a busy 2-core machine; warm reruns take seconds
@@ -92,40 +93,20 @@ def aot(tmp_path_factory, request) -> dict[int, dict]:
     out = tmp_path_factory.mktemp("aot")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9 warns when it is unset
+    # One process per architecture, in parallel: the library's matrix, then the extra points
+    # (tests/kernels/aot_split_points.py --with-matrix), on one torch and Triton start-up.
     procs = {
         cap: subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cbbench.kernels.aot",
-                "--cap",
-                str(cap),
-                "--json",
-                str(out / f"sm_{cap}.json"),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )  # fmt: skip
-        for cap in CAPS
-    }
-    extra = {
-        cap: subprocess.Popen(
-            [sys.executable, str(EXTRA_POINTS), "--cap", str(cap),
-             "--json", str(out / f"extra_sm_{cap}.json")],
+            [sys.executable, str(EXTRA_POINTS), "--cap", str(cap), "--with-matrix", str(out)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         for cap in CAPS
     }
     results = {}
     for cap, proc in procs.items():
-        output = _finish(proc, list(procs.values()) + list(extra.values()))
+        output = _finish(proc, list(procs.values()))
         assert proc.returncode == 0, f"sm_{cap} compile failed:\n{output[-4000:]}"
         results[cap] = json.loads((out / f"sm_{cap}.json").read_text())
-    for cap, proc in extra.items():
-        output = _finish(proc, list(extra.values()))
-        assert proc.returncode == 0, f"sm_{cap} extra points failed:\n{output[-4000:]}"
         results[cap]["rows"] += json.loads((out / f"extra_sm_{cap}.json").read_text())["rows"]
     request.config.pluginmanager.register(_MatrixReport(results), "triton-aot-matrix")
     return results
