@@ -107,7 +107,7 @@ collect_ignore = ["bench", "gpu"]
 FIRST = ("engine/test_gpu_check.py", "kernels/test_kernels.py", "engine/test_sim_scale.py",
          "kernels/test_kernels_split_k.py", "targets/test_workers_ray.py",
          "targets/test_audit.py", "analysis/test_calibrate.py", "cli/test_interrupts.py",
-         "engine/test_engine_policies_state.py", "engine/test_engine_hf_equivalence.py")  # fmt: skip
+         "engine/test_engine_policies_state.py", "cli/test_sweep.py")  # fmt: skip
 
 
 def _first_rank(item) -> int:
