@@ -371,14 +371,10 @@ def app_command():
 
 
 def invoke_app(args: Sequence[str], **kwargs):
-    """typer's ``CliRunner().invoke(app, args, **kwargs)`` on cbbench's app, on its click
-    command built once per process (click commands are made to be invoked again: each
-    invocation has its own context)."""
-    from unittest import mock
-
+    """typer's ``CliRunner().invoke(app, args, **kwargs)`` on cbbench's whole app (its click
+    command is built once per set of registered commands: tests/conftest.py)."""
     import typer.testing
 
     from cbbench.cli.app import app
 
-    with mock.patch.object(typer.testing, "_get_command", lambda _: app_command()):
-        return typer.testing.CliRunner().invoke(app, list(args), **kwargs)
+    return typer.testing.CliRunner().invoke(app, list(args), **kwargs)
