@@ -20,6 +20,7 @@ failed share above --max-error-rate (default 0), when it is 1 after the line
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -253,10 +254,40 @@ def test_second_signal_says_interrupted(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cmd_run, "StopSignal", lambda: _StopAfter(10**9))
     monkeypatch.setattr(sys, "argv", ["cbbench", "run", "--engine", "sim", "--num-requests", "5",
                                       "--output", str(tmp_path / "x.json")])
-    with pytest.raises(SystemExit) as exc:
-        main()
+    exits = _record_exit_now(monkeypatch)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            main()
+    finally:
+        gc.enable()
     assert exc.value.code == 130
     assert "cbbench: interrupted" in capsys.readouterr().err
+    # It leaves through os._exit with the collector off: no interpreter teardown, whose
+    # collection of the interrupted engine's torch objects once died with SIGABRT in CI.
+    assert exits == [(130, False)]
+
+
+def test_other_exits_keep_the_interpreters_teardown(tmp_path, monkeypatch):
+    from cbbench.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["cbbench", "run", "--engine", "sim", "--num-requests", "-1"])
+    exits = _record_exit_now(monkeypatch)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2 and exits == [] and gc.isenabled()
+
+
+def _record_exit_now(monkeypatch) -> list[tuple[int, bool]]:
+    """os._exit replaced (the real one would end the test process): each call's code and
+    whether the collector was on, then SystemExit as the test's stand-in for leaving."""
+    calls: list[tuple[int, bool]] = []
+
+    def exit_now(code: int) -> None:
+        calls.append((code, gc.isenabled()))
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    return calls
 
 
 # ---- the simulated engine, through the Python API ----------------------------------------------
