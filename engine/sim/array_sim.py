@@ -17,8 +17,8 @@ never runs out of budget or KV blocks). Then a replica's state is counts:
 
 So a step costs O(1) plus its events. The same order of everything the object path orders
 (replicas by clock then index, admissions head first within the budget, chunks in admission
-order, the roofline's sums in operator order: dense_cost.py) gives the same run bit for bit:
-tests/engine/test_array_sim.py compares every per-request token time and every iteration
+order, the roofline's sums in operator order: cost_model.flat_roofline) gives the same run bit
+for bit: tests/engine/test_array_sim.py compares every per-request token time and every iteration
 record with the object path's on runs with DP 1 and DP 8, each router it serves, chunked and
 unchunked prefill, and a rejected request.
 
@@ -47,7 +47,6 @@ from ..args import EngineArgs
 from ..core.engine import Engine
 from ..core.request import Request
 from .cost_model import BatchShape, CostModel
-from .dense_cost import dense_cost
 
 ROUTERS = ("round-robin", "least-requests", "least-kv")
 # How often (steps) the run checks its stop signal and reports progress.
@@ -108,7 +107,7 @@ class _Replica:
         cm = engine.cost_model
         assert isinstance(cm, CostModel)  # a simulated engine has the simulator's
         self.cost_model = cm
-        self.cost = dense_cost(cm) or self._object_cost
+        self.cost = cm.flat or self._object_cost
         self.clock = 0.0
         self.nsteps = 0
         self.waiting: deque[int] = deque()

@@ -28,10 +28,15 @@ under uniform routing. With expert parallelism (``ep`` > 1) one engine spans ep 
 experts spread over them (E/ep each), attention data-parallel (each GPU a 1/ep share of the
 rows, the attention weights replicated), and every MoE layer adds an all-to-all dispatch of
 the tokens' hidden states to their experts' GPUs and one back (combine).
+
+CostModel.cost sums those operator by operator (``roofline``), or, for a dense model, through
+one flat function of the batch's counts that gives the same numbers bit for bit
+(``flat_roofline``): the simulators price every step, millions of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 # BatchShape and IterationCost are the step records the engine core reads (core/scheduler_output.py);
@@ -59,6 +64,9 @@ ALL_TO_ALLS_PER_LAYER = 2
 OPERATORS = ("qkv", "o", "gate_up", "down", "attention", "kv_write", "elementwise", "embedding",
              "lm_head")
 ATTENTION_OP = OPERATORS.index("attention")
+# (time_s, bytes, flops) of a step from (tokens, logits, key pairs, keys read, requests,
+# prefill requests, decode keys)
+StepCost = Callable[[int, int, float, float, int, int, float], tuple[float, float, float]]
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,7 @@ class CostModel:
             self._expert_db = m.expert_bytes_per_param(dtype)
         host = gpu.host_bandwidth if gpu is not None else None
         self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
+        self.flat: StepCost | None = flat_roofline(self)  # None where only the operator form holds
         self._min_step_s = self.cost(BatchShape.decodes(1, 1.0)).time_s
 
     def weight_bytes(self) -> float:
@@ -292,6 +301,21 @@ class CostModel:
         return ALL_TO_ALLS_PER_LAYER * self._L * one
 
     def cost(self, shape: BatchShape) -> IterationCost:
+        """The step's analytic bytes and FLOPs and its predicted time: through the flat form
+        where it applies (``flat``), else operator by operator. The flat form takes keys read
+        as a float (as the engine's shapes give them), so that the byte total is a float in
+        both forms and a record writes the same number the same way."""
+        flat = self.flat
+        if flat is None or type(shape.attn_keys_read) is not float:
+            return self.roofline(shape)
+        time_s, nbytes, flops = flat(shape.num_tokens, shape.num_logits, shape.attn_key_pairs,
+                                     shape.attn_keys_read, shape.num_reqs,
+                                     shape.num_prefill_reqs, shape.decode_keys)
+        return IterationCost(nbytes, flops, time_s, shape)
+
+    def roofline(self, shape: BatchShape) -> IterationCost:
+        """The roofline operator by operator: each operator's max(FLOPs / rate, bytes /
+        bandwidth), then the overheads and the collectives."""
         ops = self.operators(shape)
         total_flops = sum(f for f, _ in ops)
         total_bytes = sum(b for _, b in ops)
@@ -347,6 +371,95 @@ class CostModel:
         if not self._host_bandwidth or num_blocks == 0:
             return 0.0
         return num_blocks * block_size * self._kv_bytes_per_token / self._host_bandwidth
+
+
+def flat_roofline(cm: CostModel) -> StepCost | None:
+    """CostModel.roofline for a dense model, as one flat function of the batch's counts: the
+    same three numbers (predicted time, analytic bytes, analytic FLOPs) from the same counts,
+    bit for bit, at about a quarter of the cost (the array simulator prices millions of steps;
+    the operator-by-operator form builds nine operator tuples and sums per step):
+
+    - every FLOP and byte count of a dense model is an integer below 2**53 (token counts times
+      integer widths; attention's key pairs n*c + n(n+1)/2 are integers), so each is exact in
+      a float however it is grouped: the per-operator weights and widths are folded into
+      constants once here;
+    - the time is the same sum, in the same operator order, of the same max(flops / rate,
+      bytes / bandwidth) per operator, then the same overheads in the same order.
+
+    Only where those hold: a dense model on one GPU or with tensor parallelism, on a device
+    with both rates, decode and prefill attention at one efficiency; else None.
+    tests/engine/test_array_sim.py compares the two forms on random batches and on every step
+    of simulated runs."""
+    r = cm.rates
+    if (cm.model.is_moe or cm.ep != 1 or r is None or not r.flop_rate or not r.memory_bandwidth
+            or r.decode_attention_efficiency != r.prefill_attention_efficiency):
+        return None
+    fl, bw = r.flop_rate, r.memory_bandwidth
+    eff = r.decode_attention_efficiency
+    db, L, h = cm.dtype_bytes, cm._L, cm.model.hidden_size
+    # Per GEMM: FLOPs per token, bytes of the weights, bytes per token (exact integers).
+    gemms = [(2 * params * L, params * db * L, (din + dout) * db * L)
+             for params, din, dout in cm._layer_gemms]
+    (f0, w0, a0), (f1, w1, a1), (f2, w2, a2), (f3, w3, a3) = (
+        (float(f), float(w), float(a)) for f, w, a in gemms)
+    afp = float(cm._attn_flops_per_pair)
+    kvb = float(cm._kv_bytes_per_token)
+    qo = float(2 * cm._q_size * db * L)  # attention's q read and o written, per token
+    elem = float(ELEMENTWISE_PASSES_PER_LAYER * h * db * L)
+    emb = float(h * db)
+    vh = cm._vocab * h
+    head_f = float(2 * vh)
+    head_w = float(vh * db)
+    head_a = float(cm._vocab * LOGITS_BYTES)
+    overhead, row, pre, host = (r.iteration_overhead_s, r.row_overhead_s, r.prefill_overhead_s,
+                                r.host_factor)
+    comm = cm.communication_s if cm.interconnect is not None else None
+
+    def cost(tokens: int, logits: int, pairs: float, keys_read: float, reqs: int,
+             prefill_reqs: int, decode_keys: float) -> tuple[float, float, float]:
+        T = float(tokens)
+        f_0, f_1, f_2, f_3 = f0 * T, f1 * T, f2 * T, f3 * T
+        b_0, b_1, b_2, b_3 = w0 + a0 * T, w1 + a1 * T, w2 + a2 * T, w3 + a3 * T
+        f_att = afp * pairs
+        b_att = keys_read * kvb + qo * T
+        b_kv = T * kvb
+        b_elem = elem * T
+        b_emb = emb * T
+        f_head = head_f * logits
+        b_head = head_w + head_a * logits
+        # The roofline per operator, in CostModel.operators()'s order (max() inlined: a
+        # conditional is a third of its cost; the KV write, elementwise and embedding
+        # operators have no FLOPs).
+        x, y = f_0 / fl, b_0 / bw
+        t = x if x >= y else y
+        x, y = f_1 / fl, b_1 / bw
+        t += x if x >= y else y
+        x, y = f_2 / fl, b_2 / bw
+        t += x if x >= y else y
+        x, y = f_3 / fl, b_3 / bw
+        t += x if x >= y else y
+        x, y = f_att / fl, b_att / bw
+        t += (x if x >= y else y) / eff
+        t += b_kv / bw
+        t += b_elem / bw
+        t += b_emb / bw
+        x, y = f_head / fl, b_head / bw
+        t += x if x >= y else y
+        t += overhead
+        if row:
+            t += row * reqs
+        if pre:
+            t += pre * prefill_reqs
+        if comm is not None:
+            t += comm(BatchShape(tokens, logits, pairs, keys_read, reqs, prefill_reqs,
+                                 decode_keys))
+        if host != 1.0:
+            t *= host
+        nbytes = b_0 + b_1 + b_2 + b_3 + b_att + b_kv + b_elem + b_emb + b_head
+        flops = f_0 + f_1 + f_2 + f_3 + f_att + f_head
+        return t, nbytes, flops
+
+    return cost
 
 
 def kv_heads_per_gpu(model: ModelConfig, tp: int) -> int:

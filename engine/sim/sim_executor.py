@@ -17,7 +17,6 @@ from ..core.scheduler_output import BatchShape, ExecutorOutput, IterationCost, S
 from ..core.spec_decode import SimAcceptance
 from ..model_config import DTYPE_BYTES, ModelConfig
 from .cost_model import CostModel, kv_heads_per_gpu
-from .dense_cost import StepCost, dense_cost
 from .gpu_specs import GPUSpec
 
 # Memory the engine may use, as vLLM's --gpu-memory-utilization default.
@@ -77,30 +76,9 @@ class SimExecutor:
         self.cost_model = cost_model
         self.block_size = block_size
         self.acceptance = acceptance
-        # The roofline as one flat function where the model allows it (dense_cost.py: the
-        # same numbers bit for bit, as the array simulator prices its steps); None: each step
-        # through CostModel.cost. The simulator prices every step, fast-forwarded ones too.
-        self._dense: StepCost | None = dense_cost(cost_model)
-
-    def _cost(self, shape: BatchShape) -> IterationCost:
-        """``cost_model.cost(shape)``, through the flat function where it applies: keys read
-        as a float (as the engine's shapes give them), so that CostModel.cost's byte total is
-        a float as well and the record writes the same number the same way."""
-        dense = self._dense
-        if dense is None or type(shape.attn_keys_read) is not float:
-            return self.cost_model.cost(shape)
-        time_s, nbytes, flops = dense(shape.num_tokens, shape.num_logits, shape.attn_key_pairs,
-                                      shape.attn_keys_read, shape.num_reqs,
-                                      shape.num_prefill_reqs, shape.decode_keys)
-        return IterationCost(nbytes, flops, time_s, shape)
 
     def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
-        if self._dense is not None and not sched.is_empty and not sched.swap_out \
-                and not sched.swap_in:
-            # CostModel.step_cost of a forward without KV copies: the forward's cost alone.
-            cost = self._cost(BatchShape.from_scheduler_output(sched))
-        else:
-            cost = self.cost_model.step_cost(sched, self.block_size)
+        cost = self.cost_model.step_cost(sched, self.block_size)
         encoder = encoder_flops(sched)
         if encoder:
             rates = self.cost_model.rates
@@ -133,7 +111,7 @@ class SimExecutor:
     def decode_cost(self, num_rows: int, decode_keys: float) -> IterationCost:
         """What ``execute`` gives a step of ``num_rows`` decodes alone that read
         ``decode_keys`` keys: such a step has no encoder, swap or drafts."""
-        return self._cost(BatchShape.decodes(num_rows, decode_keys))
+        return self.cost_model.cost(BatchShape.decodes(num_rows, decode_keys))
 
     def min_step_s(self) -> float | None:
         return self.cost_model.min_step_s()

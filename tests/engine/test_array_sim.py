@@ -18,7 +18,6 @@ from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import get_model_config
 from cbbench.engine.sim.array_sim import NeedsStepping, unsupported
 from cbbench.engine.sim.cost_model import BatchShape, CostModel
-from cbbench.engine.sim.dense_cost import dense_cost
 from cbbench.engine.sim.gpu_specs import get_gpu_spec
 from cbbench.load.arrivals import arrival_times
 from cbbench.load.workload import load_workload, sample_requests
@@ -115,9 +114,9 @@ def test_what_it_does_not_model_is_named():
 
 @pytest.mark.parametrize("model,gpu,tp", [("llama-3-8b", "h200", 1), ("llama-3.1-70b", "h100", 4),
                                           ("qwen2.5-7b", "a100-80gb", 1)])
-def test_dense_cost_is_cost_model_cost_bit_for_bit(model, gpu, tp):
+def test_the_flat_roofline_is_the_operator_sum_bit_for_bit(model, gpu, tp):
     cm = CostModel(get_model_config(model), gpu=get_gpu_spec(gpu), tensor_parallel_size=tp)
-    fast = dense_cost(cm)
+    fast = cm.flat
     assert fast is not None
     rng = random.Random(0)
     for _ in range(2000):
@@ -135,7 +134,7 @@ def test_dense_cost_is_cost_model_cost_bit_for_bit(model, gpu, tp):
         tokens = nd + sum(n for n, _ in prefills)
         shape = BatchShape(tokens, logits, pairs, keys, nd + len(prefills), len(prefills),
                            float(dec_keys))
-        want = cm.cost(shape)
+        want = cm.roofline(shape)
         assert fast(tokens, logits, pairs, keys, nd + len(prefills), len(prefills),
                     float(dec_keys)) == (want.time_s, want.bytes, want.flops)
 
@@ -199,26 +198,24 @@ def test_the_object_paths_drain_labels_its_steps(kw):
 
 
 @pytest.mark.parametrize("kw", [{}, {"tensor_parallel_size": 2}, {"model": "mixtral-8x7b"}])
-def test_the_executor_prices_every_step_as_the_cost_model(monkeypatch, kw):
-    """The simulated executor prices steps (stepped and fast-forwarded) through dense_cost's
-    flat function: every price is CostModel.cost's, bit for bit and of the same types (a
-    record writes an int byte count as '1', a float as '1.0'); a MoE model keeps
-    CostModel.cost itself."""
-    from cbbench.engine.sim.sim_executor import SimExecutor
-
-    fast = SimExecutor._cost
+def test_every_price_of_a_simulated_run_is_the_operator_sum(monkeypatch, kw):
+    """CostModel.cost prices a simulated run's steps (stepped and fast-forwarded) through the
+    flat roofline: every price is the operator-by-operator sum's, bit for bit and of the same
+    types (a record writes an int byte count as '1', a float as '1.0'); a MoE model is
+    priced operator by operator."""
+    cost = CostModel.cost
     seen = {"steps": 0, "flat": 0}
 
     def checked(self, shape):
-        got, want = fast(self, shape), self.cost_model.cost(shape)
+        got, want = cost(self, shape), self.roofline(shape)
         assert got == want
         assert [type(v) for v in (got.bytes, got.flops, got.time_s)] == \
             [type(v) for v in (want.bytes, want.flops, want.time_s)]
         seen["steps"] += 1
-        seen["flat"] += self._dense is not None
+        seen["flat"] += self.flat is not None and type(shape.attn_keys_read) is float
         return got
 
-    monkeypatch.setattr(SimExecutor, "_cost", checked)
+    monkeypatch.setattr(CostModel, "cost", checked)
     reqs, arrivals = _requests(200, 20.0)
     run_engine(_args(**kw), reqs, arrivals)
     assert seen["steps"] > 200
