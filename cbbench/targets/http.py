@@ -2,9 +2,9 @@
 llama.cpp, `cbbench serve`) with an open-loop arrival schedule, and record per-request token
 timestamps in the same RequestRecord form as the in-process engine.
 
-Open loop without coordinated omission: a dispatcher starts each request at its intended time
-(an absolute deadline on the run clock, so timer errors never accumulate), whatever the
-server is doing; TTFT and E2EL count from that intended time (metrics.py), and the send lag
+Open loop without coordinated omission: each request is sent at its intended time (an
+absolute deadline on the run clock, so timer errors never accumulate) by its own task, which
+the dispatcher makes DISPATCH_LEAD_S ahead, whatever the server is doing; TTFT and E2EL count from that intended time (metrics.py), and the send lag
 (actual send - intended) says whether the client kept up. --max-concurrency turns it into a
 capped loop: a request waits for a slot, and `slot_s` records when it got one.
 
@@ -81,6 +81,8 @@ __all__ = [
 ]
 
 STOP_POLL_S = 0.1
+# How far ahead of a request's time the dispatcher makes its task (which then waits for it).
+DISPATCH_LEAD_S = 0.005
 PROGRESS_INTERVAL_S = 0.1
 MODELS_TIMEOUT_S = 30.0
 MODELS_MAX_BYTES = 1 << 20
@@ -166,7 +168,7 @@ class _Runner:
         self.pools: dict[tuple, StreamPool] = {}
         self.pool_settings: tuple[dict[str, str], int | None] = ({}, None)
 
-    def _one(self, pos: int) -> Coroutine[None, None, None]:
+    def _one(self, pos: int, at: float | None = None) -> Coroutine[None, None, None]:
         """Request `pos` from its intended start (wait for a slot, send, record): the
         coroutine the dispatcher runs as the request's task. Made here, not awaited here: every
         coroutine between the task and the socket is resumed on each network read, so the hot
@@ -192,14 +194,20 @@ class _Runner:
         prompt = self.prompts[pos]
         make = (image_request_body if isinstance(prompt, EncodedContent)
                 else self.spec.single_body or request_body)
-        return self._exchange(pos, rec, st, partial(make, self.ctx, prompt, w.output_len, extra))
+        return self._exchange(pos, rec, st, partial(make, self.ctx, prompt, w.output_len, extra),
+                              at)
 
     async def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
-                        make_body: Callable[[], bytes]) -> None:
-        """Wait for a slot (--max-concurrency), send, record: one request's life, whether a
-        single request or a session's turn."""
+                        make_body: Callable[[], bytes], at: float | None = None) -> None:
+        """Wait until ``at`` (perf_counter) where given, then for a slot (--max-concurrency),
+        send, record: one request's life, whether a single request or a session's turn. A run
+        stopped before ``at`` sends nothing."""
         has_slot = False
         try:
+            if at is not None:
+                await sleep_until(at)
+                if self.stopped:
+                    return
             if self.sem is not None:
                 await self.sem.acquire()
                 has_slot = True
@@ -289,12 +297,20 @@ class _Runner:
             return
         loop = asyncio.get_running_loop()
         order = sorted(range(len(self.wreqs)), key=self.arrivals.__getitem__)  # stable
-        for pos in order:
-            # An absolute deadline on the run clock: a late wake-up does not shift later sends.
-            await sleep_until(self.t0 + self.arrivals[pos])
-            task = loop.create_task(self._one(pos))
-            self.pending.add(task)
-            task.add_done_callback(self.pending.discard)
+        arrivals, t0, n, i = self.arrivals, self.t0, len(order), 0
+        while i < n:
+            # Absolute deadlines on the run clock: a late wake-up does not shift later sends.
+            await sleep_until(t0 + arrivals[order[i]] - DISPATCH_LEAD_S)
+            # Each request due within the lead gets its task now, which waits for its own
+            # time and sends at once: a task made at the request's time would start only after
+            # the loop's next pass over the network reads.
+            horizon = time.perf_counter() - t0 + DISPATCH_LEAD_S
+            while i < n and arrivals[order[i]] <= horizon:
+                pos = order[i]
+                i += 1
+                task = loop.create_task(self._one(pos, t0 + arrivals[pos]))
+                self.pending.add(task)
+                task.add_done_callback(self.pending.discard)
 
     async def _watch_stop(self, dispatcher: asyncio.Task, should_stop: Callable[[], bool]) -> None:
         while not should_stop():

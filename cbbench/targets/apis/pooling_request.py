@@ -156,7 +156,7 @@ class PoolingRunner(_Runner):
     def _payload(self, model: str) -> dict:
         return {"model": model}
 
-    def _one(self, pos: int):
+    def _one(self, pos: int, at: float | None = None):
         w = self.wreqs[pos]
         api = self.opts.api
         first, rest = self.inputs[pos]
@@ -172,7 +172,7 @@ class PoolingRunner(_Runner):
             assert self.ctx is not None  # set when the run starts; a body is made at its send
             return pooling_body(self.ctx.payload, api, first, rest)
 
-        return self._exchange(pos, rec, answer, body)  # type: ignore[arg-type]
+        return self._exchange(pos, rec, answer, body, at)  # type: ignore[arg-type]
 
     def _ended(self, pos: int, rec: RequestRecord, st) -> None:
         answer: PoolingAnswer = st
