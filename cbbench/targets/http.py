@@ -4,8 +4,9 @@ timestamps in the same RequestRecord form as the in-process engine.
 
 Open loop without coordinated omission: each request is sent at its intended time (an
 absolute deadline on the run clock, so timer errors never accumulate) by its own task, which
-the dispatcher makes DISPATCH_LEAD_S ahead, whatever the server is doing; TTFT and E2EL count from that intended time (metrics.py), and the send lag
-(actual send - intended) says whether the client kept up. --max-concurrency turns it into a
+the dispatcher makes DISPATCH_LEAD_S ahead, whatever the server is doing; TTFT and E2EL count
+from that intended time (metrics.py), and the send lag (actual send - intended) says whether
+the client kept up. --max-concurrency turns it into a
 capped loop: a request waits for a slot, and `slot_s` records when it got one.
 
 Each request is one streamed call of the run's --api (`/v1/completions`, `/v1/chat/completions`,
@@ -168,9 +169,9 @@ class _Runner:
         self.pools: dict[tuple, StreamPool] = {}
         self.pool_settings: tuple[dict[str, str], int | None] = ({}, None)
 
-    def _one(self, pos: int, at: float | None = None) -> Coroutine[None, None, None]:
-        """Request `pos` from its intended start (wait for a slot, send, record): the
-        coroutine the dispatcher runs as the request's task. Made here, not awaited here: every
+    def _one(self, pos: int, at: float) -> Coroutine[None, None, None]:
+        """Request `pos` from its intended start ``at`` on perf_counter (wait for it, then a
+        slot, send, record): the coroutine the dispatcher runs as the request's task. Made here, not awaited here: every
         coroutine between the task and the socket is resumed on each network read, so the hot
         path is task -> _exchange -> send_request -> exchange and no deeper."""
         w = self.wreqs[pos]

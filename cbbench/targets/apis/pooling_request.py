@@ -156,7 +156,7 @@ class PoolingRunner(_Runner):
     def _payload(self, model: str) -> dict:
         return {"model": model}
 
-    def _one(self, pos: int, at: float | None = None):
+    def _one(self, pos: int, at: float):
         w = self.wreqs[pos]
         api = self.opts.api
         first, rest = self.inputs[pos]
