@@ -97,7 +97,7 @@ def gate(
     """
     from cbbench.analysis.comparison import gate as G
     from cbbench.analysis.result import check_not_an_input, check_writable
-    from cbbench.schema import RunResult, read_run
+    from cbbench.schema import RunResult, as_run, read_run
 
     new_paths, base_paths = _split_files(ctx.args)
     percentiles = output.percentiles_given()
@@ -115,10 +115,10 @@ def gate(
     from cbbench.analysis.summary.percentiles import with_percentiles_filled
 
     def read(p: Path) -> RunResult | dict:
-        r = read_run(p)
-        if percentiles:  # the percentiles it did not store, from its requests
+        r = as_run(select_window(read_run(p), window, str(p)), str(p))
+        if percentiles:  # the percentiles it did not store, from the window's requests
             r = with_percentiles_filled(r, percentiles, p)
-        return select_window(r, window, str(p))
+        return r
 
     baseline = [(str(p), read(p)) for p in base_paths]
     new = [(str(p), read(p)) for p in new_paths]

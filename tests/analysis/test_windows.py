@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -82,3 +83,51 @@ def test_select_window_keeps_config_and_drops_run_wide_facts(runs):
     result["summary"]["steady_state"] = {"window_s": None, "note": "empty window: ..."}
     with pytest.raises(UsageError, match="no steady-state window"):
         select_window(result, "steady", "x")
+
+
+@pytest.fixture(scope="module")
+def detailed(tmp_path_factory):
+    """A sim run with its request records, paced so that its ramp-up and drain hold requests
+    slower than any the steady window served (the whole run's TTFT max is not the window's)."""
+    path = tmp_path_factory.mktemp("wd") / "run.json"
+    res = invoke("run", "--engine", "sim", "--num-requests", "80", "--request-rate", "20",
+                 "--output", str(path))
+    assert res.exit_code == 0, res.output
+    return path
+
+
+def test_the_windowed_view_holds_the_requests_its_figures_count(detailed):
+    """The view's requests are the steady state's: their percentiles are the stored ones."""
+    result = json.loads(detailed.read_text())
+    view = select_window(result, "steady", "x")
+    ss = result["summary"]["steady_state"]
+    assert 0 < len(view.requests) < len(result["requests"])
+    ok = [r for r in view.requests if r.error is None and not r.cancelled]
+    assert len(ok) == ss["completed"]
+    for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+        values = [getattr(r, name) for r in ok if getattr(r, name) is not None]
+        for p in (50, 99):
+            assert np.percentile(values, p) == pytest.approx(ss[name][f"p{p}"], rel=1e-12)
+
+
+def test_percentiles_filled_in_the_steady_window_are_the_windows(detailed, tmp_path):
+    """--percentiles with --window steady: a percentile the run did not store is computed from
+    the window's requests (compare) and found at all (gate), not taken from the whole run."""
+    result = json.loads(detailed.read_text())
+    a, b = result["summary"]["steady_state"]["window_s"]
+    ok = [r for r in result["requests"] if r["error"] is None]
+    served = [r["intended_start_s"] + r["ttft_ms"] / 1000 for r in ok]
+    window_max = max(r["ttft_ms"] for r, t in zip(ok, served) if a <= t <= b)
+    run_max = max(r["ttft_ms"] for r in ok)
+    assert window_max < run_max  # else this case could not tell the two apart
+    copy_path = tmp_path / "again.json"
+    copy_path.write_text(detailed.read_text())
+    res = invoke("compare", str(detailed), str(copy_path), "--window", "steady",
+                 "--percentiles", "50,100")
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.output.splitlines() if line.startswith("TTFT p100"))
+    assert f"{window_max:,.2f}" in row and f"{run_max:,.2f}" not in row
+    res = invoke("gate", str(copy_path), "--baseline", str(detailed), "--window", "steady",
+                 "--percentiles", "75", "--no-defaults", "--max-regression", "ttft_ms.p75=0%")
+    assert res.exit_code == 0, res.output
+    assert "ttft_ms.p75" in res.output and "gate: passed" in res.output

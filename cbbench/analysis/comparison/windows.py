@@ -3,7 +3,8 @@ state (``steady``, summary.steady_state: ramp-up and drain left out).
 
 ``select_window`` returns the result as that window sees it: for ``steady``, a copy whose
 summary holds the steady-state figures only (completed, failed, throughputs, latency
-distributions). Run-wide facts with no windowed value (engine.*, goodput, send lag) are left
+distributions) and whose requests are the ones served in the window, the ones its latency
+figures count (so a percentile ``--percentiles`` fills from them is the window's too). Run-wide facts with no windowed value (engine.*, goodput, send lag) are left
 out rather than mixed in: a gate threshold on one of them is refused with ``--window steady``.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from cbbench.errors import UsageError
 from cbbench.schema import RunResult, as_run
-from cbbench.schema.run import Summary
+from cbbench.schema.run import Request, Summary
 
 WINDOWS = ("all", "steady")
 WINDOWED_KEYS = (
@@ -38,7 +39,8 @@ def check_metric(metric: str, window: str) -> None:
 
 def select_window(result: RunResult | dict, window: str, path: str) -> RunResult | dict:
     """``result`` as ``window`` sees it: itself for ``all``; for ``steady`` a copy whose summary
-    is the steady-state figures (a dict is read as its model first)."""
+    is the steady-state figures and whose requests are those served in the window (a dict is
+    read as its model first)."""
     if window == "all":
         return result
     run = as_run(result, path)
@@ -52,4 +54,22 @@ def select_window(result: RunResult | dict, window: str, path: str) -> RunResult
         raise UsageError(f"{path} has no steady-state window ({ss.note or 'none found'})")
     chosen = ss.model_dump(mode="json", exclude_unset=True,
                            include={*WINDOWED_KEYS, *WINDOW_FACTS})
-    return run.model_copy(update={"summary": Summary.model_validate(chosen)})
+    a, b = ss.window_s
+    requests = None if run.requests is None else [
+        r for r in run.requests if (t := served_s(r)) is not None and a <= t <= b
+    ]
+    return run.model_copy(update={"summary": Summary.model_validate(chosen),
+                                  "requests": requests})
+
+
+def served_s(r: Request) -> float | None:
+    """When a stored request was served, on the run clock, as the steady-state window reads
+    it (analysis/summary/steady_state.py): its first token, else its intended start; None
+    where the record holds neither (an importer's without a schedule)."""
+    if r.token_times_s:
+        return float(r.token_times_s[0])
+    if r.intended_start_s is None:
+        return None
+    if r.ttft_ms is None:
+        return float(r.intended_start_s)
+    return float(r.intended_start_s) + float(r.ttft_ms) / 1000.0
