@@ -358,3 +358,30 @@ def test_markdown_appends_to_the_github_step_summary(tmp_path, base_result, monk
     assert _gate(base, "--baseline", base, "--markdown", str(summary)).exit_code == 0
     text = summary.read_text()
     assert text.startswith("earlier output\n### cbbench gate:")
+
+
+def _held_to(result: dict, slo: dict, goodput: float, attainment: float) -> dict:
+    out = copy.deepcopy(result)
+    out["summary"].update(slo=slo, goodput=goodput, slo_attainment=attainment)
+    return out
+
+
+def test_slo_figures_under_different_slos_are_refused(tmp_path, base_result):
+    """goodput under --slo ttft=1000 against goodput under ttft=60 is no improvement: the
+    gate refuses the SLO figures (exit 2, one line) and still gates the others."""
+    base = _save(tmp_path, "strict.json", _held_to(base_result, {"ttft": 60.0}, 4.0, 0.5))
+    loose = _save(tmp_path, "loose.json", _held_to(base_result, {"ttft": 1000.0}, 8.0, 1.0))
+    for metric in ("goodput", "slo_attainment"):
+        r = _gate(loose, "--baseline", base, "--no-defaults", "--max-regression", f"{metric}=0%")
+        assert r.exit_code == 2, r.output
+        assert r.stderr == (f"cbbench: error: {loose} was held to a different SLO from {base}: "
+                            f"ttft=1000 vs ttft=60, so {metric} does not compare (rerun one of "
+                            "them with the other's --slo)\n")
+    assert _gate(loose, "--baseline", base).exit_code == 0  # the defaults read no SLO figure
+    same = _save(tmp_path, "same.json", _held_to(base_result, {"ttft": 60.0}, 8.0, 1.0))
+    r = _gate(same, "--baseline", base, "--no-defaults", "--max-regression", "goodput=0%")
+    assert r.exit_code == 0 and "improved" in r.output
+    r = runner.invoke(app, ["compare", base, loose])
+    assert r.exit_code == 0
+    assert "held to different SLOs (summary.slo)" in r.output
+    assert "different SLOs" not in runner.invoke(app, ["compare", base, same]).output

@@ -212,9 +212,14 @@ def workload_note(results: Sequence[Labeled]) -> str | None:
         k for k in WORKLOAD_KEYS
         if any(field_of(x.result.config, k) != field_of(first, k) for x in results[1:])
     ]
-    if not keys:
-        return None
-    return f"note: the results served different loads ({', '.join(keys)} differ): not like for like"
+    notes = []
+    if keys:
+        notes.append(f"note: the results served different loads ({', '.join(keys)} differ): "
+                     "not like for like")
+    if any(x.result.summary.slo != results[0].result.summary.slo for x in results[1:]):
+        notes.append("note: the results were held to different SLOs (summary.slo): their "
+                     "goodput and SLO attainment do not compare")
+    return "\n".join(notes) or None
 
 
 # ---- loading ----------------------------------------------------------------------------------

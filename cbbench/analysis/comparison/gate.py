@@ -234,6 +234,31 @@ def worst_slice(slices: Sequence[object], path: Sequence[str], higher_is_better:
     return min(values) if higher_is_better else max(values)
 
 
+# The figures that count requests against the run's --slo: two results held to different SLOs
+# measured different things under these names, whatever load they served.
+SLO_METRICS = ("goodput", "slo_attainment")
+
+
+def check_same_slo(results: Sequence[tuple[str, RunResult]], checks: Sequence[Threshold]) -> None:
+    """Raise if a threshold reads an SLO figure and the results were held to different SLOs."""
+    gated = [t.metric for t in checks if t.metric.split(".", 1)[0] in SLO_METRICS]
+    if not gated:
+        return
+    first_path, first = results[0]
+    for path, r in results[1:]:
+        if r.summary.slo != first.summary.slo:
+            raise UsageError(
+                f"{path} was held to a different SLO from {first_path}: {_slo_text(r)} vs "
+                f"{_slo_text(first)}, so {gated[0]} does not compare (rerun one of them with "
+                "the other's --slo)"
+            )
+
+
+def _slo_text(r: RunResult) -> str:
+    slo = r.summary.slo
+    return ",".join(f"{k}={v:g}" for k, v in slo.items()) if slo else "none"
+
+
 def check_same_workload(results: Sequence[tuple[str, RunResult]]) -> None:
     """Raise unless every result served the same request set as the first."""
     first_path, first = results[0]
@@ -333,6 +358,7 @@ def run_gate(
             raise UsageError(f"{path} is an interrupted run: its figures cover only what finished")
     if not allow_different_workload:
         check_same_workload([*base_runs, *new_runs])
+    check_same_slo([*base_runs, *new_runs], checks)
     out = []
     for t in checks:
         base_values = [metric_value(r, t.metric, p) for p, r in base_runs]
