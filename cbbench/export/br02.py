@@ -21,6 +21,7 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
+from cbbench.errors import UsageError
 from cbbench.export import requests as R
 from cbbench.export.writable import clean, clean_texts
 from cbbench.schema.base import to_dict
@@ -186,7 +187,10 @@ def _requests(summary: Summary, requests: list[Request], done: list[Request]) ->
     failed = summary.failed
     cancelled = summary.cancelled
     return {
-        "total": len(requests) if requests else int(summary.completed or 0),
+        # A --summary-only result: every request it counted, the failed and cancelled too.
+        "total": len(requests) if requests else sum(
+            n for n in (summary.completed, failed, cancelled) if isinstance(n, int)
+        ),
         "failures": failed if isinstance(failed, int) else None,
         # Cancelled by the client on purpose (--cancel-rate): neither completed nor failed.
         "incomplete": cancelled if isinstance(cancelled, int) else None,
@@ -209,13 +213,16 @@ def _latency(summary: Summary, done: list[Request]) -> dict:
 
 
 def _itl_values(done: list[Request]) -> np.ndarray:
-    """Every request's per-token gaps, pooled. A NaN among them stays one (the export then
-    refuses to write NaN, as it did when the result's NaN were read as null here)."""
-    lists = [[math.nan if not _finite(v) else v for v in r.itl_ms]
-             for r in done if r.itl_ms is not None]
-    if not lists:
-        return np.zeros(0)
-    return np.asarray([v for gaps in lists for v in gaps], dtype=np.float64)
+    """Every request's per-token gaps, pooled. A gap that is not a number (NaN or null in a
+    hand-edited or damaged file) is refused with the request named: BR0.2's statistics would
+    have to leave it out or be NaN, and either would misreport the run."""
+    for r in done:
+        for v in r.itl_ms or []:
+            if not _finite(v):
+                raise UsageError(f"request {r.id}: itl_ms holds {v}, not a finite number of "
+                                 "milliseconds: BR0.2 cannot write its statistics")
+    gaps = [v for r in done if r.itl_ms is not None for v in r.itl_ms]
+    return np.asarray(gaps, dtype=np.float64)
 
 
 def _throughput(summary: Summary) -> dict:

@@ -94,6 +94,8 @@ def rows_parquet(rows: Sequence[Mapping]) -> bytes:
             typ = pa.string()
         elif typ == pa.float64():
             values = [None if v is None else float(v) for v in values]
+        elif typ == pa.list_(pa.float64()):  # rows of ints and rows of floats: all floats
+            values = [None if v is None else [float(x) for x in v] for v in values]
         arrays.append(pa.array(values, type=typ))
         fields.append(pa.field(col, typ))
     table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
@@ -126,12 +128,18 @@ def _kind(v) -> str:
     if isinstance(v, bool):
         return "bool"
     if isinstance(v, int):
-        return "int" if -(2**63) <= v < 2**63 else "other"
+        return "int" if _fits_int64(v) else "other"
     if isinstance(v, float):
         return "float"
     if isinstance(v, str):
         return "str"
-    if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                   for x in v):
+    if isinstance(v, list) and all(
+        isinstance(x, float) or (isinstance(x, int) and not isinstance(x, bool) and _fits_int64(x))
+        for x in v
+    ):
         return "list_float" if any(isinstance(x, float) for x in v) else "list_int"
-    return "other"
+    return "other"  # an int beyond int64 too (alone or in a list): JSON text holds it whole
+
+
+def _fits_int64(v: int) -> bool:
+    return -(2**63) <= v < 2**63

@@ -231,3 +231,47 @@ def test_parquet_on_a_full_disk_writes_neither_file(results, tmp_path):
     assert proc.stderr.startswith("cbbench: error: cannot write") and \
         len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert sorted(p.name for p in out.parent.iterdir()) == []  # no file, no temporary
+
+
+def test_a_nan_gap_in_a_requests_itl_is_refused_in_one_line(results, tmp_path):
+    """A NaN among a request's per-token gaps: json.dumps(allow_nan=False) raised ValueError
+    through a 69-line traceback. Now one line names the request, exit 2, no file written."""
+    src = _mutated(results["detailed"], tmp_path, lambda d: d["requests"][0]["itl_ms"]
+                   .__setitem__(1, float("nan")))
+    first_id = json.loads(src.read_text())["requests"][0]["id"]
+    out = tmp_path / "o.br0.2.json"
+    res = runner.invoke(app, ["export", str(src), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert res.stderr == (f"cbbench: error: request {first_id}: itl_ms holds nan, not a finite "
+                          "number of milliseconds: BR0.2 cannot write its statistics\n")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("field,value", [("token_times_s", [10**30, 1.5]),
+                                         ("event_tokens", [2**63])])
+def test_parquet_keeps_an_int_beyond_int64_in_a_list_as_json(results, tmp_path, field, value):
+    """A list holding an int past int64: pyarrow raised ArrowInvalid/OverflowError. The column
+    is now JSON text, as a lone big int's already was, and reads back to the exact values."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    src = _mutated(results["detailed"], tmp_path,
+                   lambda d: d["requests"][0].__setitem__(field, value))
+    out = tmp_path / "o.parquet"
+    res = runner.invoke(app, ["export", str(src), "--format", "parquet", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    column = pq.read_table(out).column(field).to_pylist()
+    assert json.loads(column[0]) == value
+
+
+def test_br02_of_a_summary_only_run_counts_its_failed_requests(tmp_path):
+    """--summary-only keeps no records: the total was summary.completed alone (8 of 10, the 2
+    rejected left out). The total is now every request counted: completed, failed, cancelled."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"prompt_len": 100, "output_len": 10}\n' * 8
+                        + '{"prompt_len": 9000, "output_len": 10}\n' * 2)
+    result = tmp_path / "fs.json"
+    res = _cli("run", "--engine", "sim", "--workload", str(workload), "--summary-only",
+               "--max-error-rate", "1", "--output", str(result))
+    assert res.exit_code == 0, res.output
+    doc = _export_br(result, tmp_path / "fs.br0.2.json")
+    requests = doc["results"]["request_performance"]["aggregate"]["requests"]
+    assert (requests["total"], requests["failures"]) == (10, 2)
