@@ -149,13 +149,18 @@ def _also_written(fmt: str | None, out_path, inputs: list):
     from pathlib import Path
 
     from cbbench.analysis.result import check_not_an_input, check_writable, is_stdout
-    from cbbench.export.files import default_out
+    from cbbench.export.files import default_out, paths
 
     if is_stdout(out_path):
         raise UsageError("--output-format writes a file beside the result: give --output PATH, "
                          "not -")
     path = default_out(Path(out_path), fmt)
-    check_writable(path)
-    check_not_an_input(path, inputs, "--output-format")
+    for written in paths(path, fmt):
+        # --output r.csv --output-format csv: the export would replace the result itself.
+        if written.resolve() == Path(out_path).resolve():
+            raise UsageError(f"--output-format {fmt} writes {written}, the result's own path: "
+                             "give --output a .json name")
+        check_writable(written)
+        check_not_an_input(written, inputs, "--output-format")
     return path
 

@@ -25,6 +25,13 @@ def default_out(result: Path, fmt: str) -> Path:
     return result.with_name(result.stem + EXTENSIONS[fmt])
 
 
+def paths(out: Path, fmt: str) -> list[Path]:
+    """Every file an export to ``out`` writes: the file itself and, for the tables, its
+    sibling (the summary CSV, the iterations Parquet)."""
+    suffix = {"csv": tabular.SUMMARY_SUFFIX, "parquet": tabular.ITERATIONS_SUFFIX}.get(fmt)
+    return [out] if suffix is None else [out, tabular.sibling(out, suffix)]
+
+
 def render(result: RunResult | Mapping[str, Any], fmt: str, out: Path) -> dict[Path, bytes]:
     """Every file of the export, by path (csv and parquet write a sibling too). ``result``: a
     run result's model, or its dict (validated here)."""

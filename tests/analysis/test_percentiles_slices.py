@@ -38,6 +38,34 @@ def invoke(*args: str):
 def test_keys_and_parsing():
     assert [percentile_key(p) for p in (50, 99.9, 99.0, 0)] == ["p50", "p99.9", "p99", "p0"]
     assert parse_percentiles("99.9, 50,90,50") == (50, 90, 99.9)
+
+
+def test_close_and_tiny_percentiles_keep_keys_of_their_own(tmp_path):
+    """%g keys: 99.99999999 was stored as p100 (one of two percentiles dropped beside 100) and
+    0.00001 as p1e-05, which gate then called an unknown metric."""
+    asked = (0.00001, 50, 99.99999999, 100)
+    assert [percentile_key(p) for p in asked] == ["p0.00001", "p50", "p99.99999999", "p100"]
+    path = tmp_path / "p.json"
+    out = invoke(*SIM, "--num-requests", "20", "--percentiles", "0.00001,50,99.99999999,100",
+                 "--output", str(path))
+    assert out.exit_code == 0, out.output
+    ttft = json.loads(path.read_text())["summary"]["ttft_ms"]
+    assert [k for k in ttft if k.startswith("p")] == ["p0.00001", "p50", "p99.99999999", "p100"]
+    out = invoke("gate", str(path), "--baseline", str(path), "--percentiles", "0.00001",
+                 "--no-defaults", "--max-regression", "ttft_ms.p0.00001=1%")
+    assert out.exit_code == 0 and "gate: passed" in out.output, out.output
+
+
+@pytest.mark.parametrize("fmt,name", [("csv", "r.csv"), ("parquet", "r.parquet"),
+                                      ("csv", "r_summary.csv")])
+def test_output_format_refuses_to_replace_the_result_itself(tmp_path, fmt, name):
+    """--output r.csv --output-format csv wrote the CSV over the result JSON, exit 0."""
+    out = invoke(*SIM, "--num-requests", "2", "--output", str(tmp_path / name),
+                 "--output-format", fmt)
+    assert out.exit_code == 2
+    assert out.output == (f"cbbench: error: --output-format {fmt} writes {tmp_path / name}, "
+                          "the result's own path: give --output a .json name\n")
+    assert list(tmp_path.iterdir()) == []
     assert parse_percentiles(None) == (50, 90, 95, 99)
     assert split_metric_path("ttft_ms.p99.9") == ["ttft_ms", "p99.9"]
     assert split_metric_path("slices.worst.tpot_ms.p50") == ["slices", "worst", "tpot_ms", "p50"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Sequence
+from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from cbbench.errors import UsageError
@@ -25,8 +26,14 @@ _KEY = re.compile(r"^p(\d+(\.\d+)?)$")
 
 
 def percentile_key(p: float) -> str:
-    """50 -> 'p50', 99.9 -> 'p99.9', 99.0 -> 'p99' (the shortest spelling, as %g writes it)."""
-    return f"p{float(p):g}"
+    """50 -> 'p50', 99.9 -> 'p99.9', 99.0 -> 'p99', 0.00001 -> 'p0.00001': the shortest
+    decimal that reads back as the same float, never in exponent form. (%g kept 6 digits:
+    99.99999999 became p100, beside 100's own key, and 0.00001 p1e-05, which no reader
+    could ask for.)"""
+    text = format(Decimal(repr(float(p))), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"p{text}"
 
 
 def is_percentile_key(text: str) -> bool:
