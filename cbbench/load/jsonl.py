@@ -63,11 +63,23 @@ def jsonl_objects(path: Path):
 
 
 # ---- a line's fields, checked as every JSONL format words it ------------------------------
+# A count, length or priority is a 64-bit integer: the summary holds each request's in an
+# int64 column, so a larger one (valid JSON) failed only after the run, losing its result.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_int64(v: int, key: str, where: str) -> int:
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise UsageError(f"{where}: {key!r} must be a 64-bit integer "
+                         f"(within [{INT64_MIN}, {INT64_MAX}]), got {v}")
+    return v
+
+
 def json_int(obj: dict, key: str, where: str, minimum: int) -> int:
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise UsageError(f"{where}: {key!r} must be an integer >= {minimum}")
-    return v
+    return check_int64(v, key, where)
 
 
 def json_number(obj: dict, key: str, where: str) -> float:

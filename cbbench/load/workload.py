@@ -19,7 +19,7 @@ import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.load.images import parse_images
-from cbbench.load.jsonl import json_ids, json_number, jsonl_lines, jsonl_objects
+from cbbench.load.jsonl import check_int64, json_ids, json_number, jsonl_lines, jsonl_objects
 from cbbench.load.output_kinds import OUTPUT_KIND_FIELDS, parse_output_kind
 from cbbench.load.sessions import (
     Session,
@@ -164,7 +164,7 @@ def _int_field(obj: dict, key: str, where: str, minimum: int) -> int:
         raise UsageError(f"{where}: {key!r} must be an integer, got {type(v).__name__}")
     if v < minimum:
         raise UsageError(f"{where}: {key!r} must be >= {minimum}, got {v}")
-    return v
+    return check_int64(v, key, where)
 
 
 def _output_len(obj: dict, where: str, pooling: bool) -> int:
@@ -217,7 +217,7 @@ def _parse_line(obj: object, index: int, where: str, count_tokens, base: Path = 
         p = obj["priority"]
         if isinstance(p, bool) or not isinstance(p, int):
             raise UsageError(f"{where}: 'priority' must be an integer")
-        priority = p
+        priority = check_int64(p, "priority", where)
     kinds = parse_output_kind(obj, output_len, where)
     images = parse_images(obj["images"], base, where) if "images" in obj else None
     return WorkloadRequest(index, prompt_len, output_len, ids, text, arrival, priority, **kinds,

@@ -56,6 +56,10 @@ WORKLOADS: dict[str, str | bytes | None] = {
     "float_len.jsonl": _jsonl(GOOD_LINE, '{"prompt_len": 4, "output_len": 2.5}'),
     "zero_output.jsonl": _jsonl(GOOD_LINE, GOOD_LINE, '{"prompt_len": 4, "output_len": 0}'),
     "negative_prompt.jsonl": _jsonl('{"prompt_len": -3, "output_len": 2}'),
+    # Valid JSON, past int64: the summary's columns raised OverflowError after the run.
+    "huge_priority.jsonl": _jsonl('{"prompt_len": 10, "output_len": 5, '
+                                  '"priority": 9223372036854775808}'),
+    "huge_output.jsonl": _jsonl(GOOD_LINE, '{"prompt_len": 10, "output_len": 1' + "0" * 20 + "}"),
     "not_an_object.jsonl": _jsonl(GOOD_LINE, "[4, 2]"),
     "bad_ids.jsonl": _jsonl('{"prompt_token_ids": [1, -2], "output_len": 2}'),
     "empty.jsonl": "",
@@ -91,6 +95,13 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "workload-negative-prompt": (
         [*SIM, "--workload", "{w}/negative_prompt.jsonl"],
         ["negative_prompt.jsonl:1: 'prompt_len' must be >= 1, got -3"]),
+    "workload-priority-past-int64": (
+        [*SIM, "--workload", "{w}/huge_priority.jsonl"],
+        ["huge_priority.jsonl:1: 'priority' must be a 64-bit integer (within "
+         "[-9223372036854775808, 9223372036854775807]), got 9223372036854775808"]),
+    "workload-length-past-int64": (
+        [*SIM, "--workload", "{w}/huge_output.jsonl"],
+        ["huge_output.jsonl:2: 'output_len' must be a 64-bit integer"]),
     "workload-line-not-an-object": (
         [*SIM, "--workload", "{w}/not_an_object.jsonl"],
         ["not_an_object.jsonl:2: expected a JSON object, got list"]),
