@@ -30,6 +30,7 @@ class LoadOptions:
         None,
         "Requests drawn from the workload with --seed (vLLM's default: 1000); sessions, for a "
         "multi-turn workload.",
+        low=1,
     )
     seed: int = opt(0, "Seed for request sampling, arrivals and sampling.")
     request_rate: str = opt(RATE_INF, "Requests per second, or inf to send all at t=0.")

@@ -95,6 +95,14 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "workload-negative-prompt": (
         [*SIM, "--workload", "{w}/negative_prompt.jsonl"],
         ["negative_prompt.jsonl:1: 'prompt_len' must be >= 1, got -3"]),
+    # --workload random never reached the sampler's check: -1 was a numpy ValueError traceback,
+    # 0 an empty result with exit 0.
+    "num-requests-negative-random": (
+        [*SIM, "--workload", "random", "--num-requests", "-1"],
+        ["--num-requests must be >= 1, got -1"]),
+    "num-requests-zero-random": (
+        [*SIM, "--workload", "random", "--num-requests", "0"],
+        ["--num-requests must be >= 1, got 0"]),
     "workload-priority-past-int64": (
         [*SIM, "--workload", "{w}/huge_priority.jsonl"],
         ["huge_priority.jsonl:1: 'priority' must be a 64-bit integer (within "
