@@ -250,5 +250,10 @@ def _rate_times(n: int, rate: float, burstiness: float, process: str, seed: int)
     # A separate stream from request sampling, so changing the rate keeps the same requests.
     # Prefix-consistent: the first k gaps are the same however many are drawn.
     rng = np.random.default_rng([seed, ARRIVAL_RNG_STREAM])
-    intervals = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    # Mean gap 1/rate. rate * burstiness overflows for a huge burstiness (1e308: scale 0, every
+    # request at t=0); then the scale is formed the other way round. The usual product stays,
+    # so every schedule that worked is the same to the bit.
+    product = rate * burstiness
+    scale = 1.0 / product if math.isfinite(product) else (1.0 / burstiness) / rate
+    intervals = rng.gamma(shape=burstiness, scale=scale, size=n)
     return np.concatenate(([0.0], np.cumsum(intervals[:-1])))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -239,6 +240,14 @@ def test_gamma_mean_interval_is_one_over_rate(burstiness):
     assert gaps.mean() == pytest.approx(1 / rate, rel=0.03)
     # Gamma with shape k: coefficient of variation 1/sqrt(k) (1 for Poisson).
     assert gaps.std() / gaps.mean() == pytest.approx(1 / math.sqrt(burstiness), rel=0.05)
+
+
+@pytest.mark.parametrize("burstiness", [1e307, 1e308, sys.float_info.max])
+def test_a_huge_burstiness_is_the_constant_process(burstiness):
+    """rate x burstiness overflowed to inf, the gamma scale became 0 and every request arrived
+    at t=0 while the header said 10 req/s. As burstiness grows the gaps tend to 1/rate."""
+    t = arrival_times(_reqs(5), 10.0, burstiness, "gamma", seed=0)
+    assert t == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4], rel=1e-9)
 
 
 def test_same_seed_same_schedule():
