@@ -67,6 +67,9 @@ WORKLOADS: dict[str, str | bytes | None] = {
     "short_trace.jsonl": _jsonl(*(
         json.dumps({"prompt_len": 4, "output_len": 2, "arrival_s": i * 0.1}) for i in range(3)
     )),
+    "trace_5s.jsonl": _jsonl(*(
+        json.dumps({"prompt_len": 4, "output_len": 2, "arrival_s": i * 5}) for i in range(3)
+    )),
     "vocab.jsonl": _jsonl(json.dumps({"prompt_token_ids": [1, 2, 100000], "output_len": 2})),
 }
 
@@ -103,6 +106,12 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "num-requests-zero-random": (
         [*SIM, "--workload", "random", "--num-requests", "0"],
         ["--num-requests must be >= 1, got 0"]),
+    # numpy's overflow RuntimeWarning came out as two more stderr lines before the error.
+    "time-scale-overflows": (
+        [*SIM, "--workload", "{w}/trace_5s.jsonl", "--num-requests", "3", "--arrival",
+         "trace", "--time-scale", "1e308"],
+        ["the arrival schedule spans inf s, more than 2592000 s (30 days): check --time-scale "
+         "and the trace's arrival_s"]),
     "workload-priority-past-int64": (
         [*SIM, "--workload", "{w}/huge_priority.jsonl"],
         ["huge_priority.jsonl:1: 'priority' must be a 64-bit integer (within "
