@@ -376,6 +376,10 @@ def arrivals_line(config: Config | dict) -> str:
     rate = cfg.request_rate
     if cfg.replay:
         return f"arrivals: replayed from {cfg.replay}"
+    if cfg.arrival == "trace":  # its own arrival_s, not --request-rate (inf by default)
+        scale = cfg.time_scale
+        times = "its arrival_s" if scale in (None, 1.0) else f"its arrival_s x {scale:g}"
+        return f"arrivals: {n} at the trace's own times ({times})"
     if rate == "inf" and not cfg.ramp and not cfg.sessions:
         return (f"arrivals: all {n} at t=0 (--request-rate inf): TTFT includes each "
                 "request's wait behind the others; --request-rate N spreads them")

@@ -316,6 +316,7 @@ class Config(Record):
     request_rate: str | Number | None = None
     burstiness: Number | None = None
     arrival: str | None = None
+    time_scale: Number | None = None  # --time-scale on a trace (present only when set)
     target: str | None = None
     engine: str | None = None
     model: str | None = None

@@ -48,6 +48,17 @@ def test_the_header_says_how_requests_arrive(rate, said):
     assert any(line.startswith(said) for line in header_lines({**ENGINE, "request_rate": rate}))
 
 
+@pytest.mark.parametrize(("extra", "said"), [
+    ({}, "arrivals: 3 requests at the trace's own times (its arrival_s)"),
+    ({"time_scale": 0.5}, "arrivals: 3 requests at the trace's own times (its arrival_s x 0.5)"),
+])
+def test_a_trace_replays_header_says_its_own_times(extra, said):
+    """A trace replay said 'all 3 requests at t=0 (--request-rate inf)' while it sent them at
+    0, 5 and 10 s: the rate left at its default is not how a trace arrives."""
+    cfg = {**ENGINE, "num_requests": 3, "arrival": "trace", **extra}
+    assert said in header_lines(cfg)
+
+
 def test_a_multi_turn_runs_arrivals_count_sessions():
     cfg = {**ENGINE, "num_requests": 40, "request_rate": 2.0, "sessions": {"think_time": "1s"}}
     assert "arrivals: 40 sessions at 2 sessions/s (Poisson)" in header_lines(cfg)
