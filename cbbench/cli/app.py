@@ -135,10 +135,21 @@ def _command_named(argv: list[str]) -> set[str] | None:
 
 
 def main() -> None:
+    _printable_anywhere()
     code = _invoke()
     if code == INTERRUPTED_EXIT:
         _exit_now(code)
     sys.exit(code)
+
+
+def _printable_anywhere() -> None:
+    """A character the terminal's encoding lacks (PYTHONIOENCODING=latin-1 and a label 😀)
+    is written escaped, not raised: the table is printed before the result is written, and
+    its UnicodeEncodeError lost the run. JSON output is ASCII-escaped, so it is unchanged."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # a TextIOWrapper's; not a test's
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
 
 
 def _exit_now(code: int) -> None:

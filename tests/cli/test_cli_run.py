@@ -332,3 +332,23 @@ def test_load_result_schema_checks(tmp_path, content, message):
         p.write_text(content)
     with pytest.raises(UsageError, match=message):
         read_run(p)
+
+
+def test_a_label_the_terminal_cannot_encode_keeps_the_result(tmp_path):
+    """PYTHONIOENCODING=latin-1 and --label 😀: the table (printed before the result is
+    written) raised UnicodeEncodeError, a 51-line traceback and no result. Now the character
+    is printed escaped and the result holds the label as given."""
+    import os
+    import subprocess
+
+    from helpers import CBBENCH
+
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [*CBBENCH, "run", "--engine", "sim", "--workload", "random", "--num-requests", "3",
+         "--input-len", "16", "--output-len", "4", "--label", "run-\U0001f600",
+         "--output", str(out)],
+        capture_output=True, env={**os.environ, "PYTHONIOENCODING": "latin-1"}, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode("latin-1")
+    assert b"run-\\U0001f600" in proc.stdout
+    assert read_run(out).config.label == "run-\U0001f600"
