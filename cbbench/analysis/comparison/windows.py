@@ -50,11 +50,11 @@ def select_window(result: RunResult | dict, window: str, path: str) -> RunResult
             f"{path} has no steady-state summary (made before cbbench reported one): "
             "use --window all"
         )
-    if not ss.window_s:
+    a, b = ss.window_s if ss.window_s and len(ss.window_s) == 2 else (None, None)
+    if a is None or b is None:
         raise UsageError(f"{path} has no steady-state window ({ss.note or 'none found'})")
     chosen = ss.model_dump(mode="json", exclude_unset=True,
                            include={*WINDOWED_KEYS, *WINDOW_FACTS})
-    a, b = ss.window_s
     requests = None if run.requests is None else [
         r for r in run.requests if (t := served_s(r)) is not None and a <= t <= b
     ]
