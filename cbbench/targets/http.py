@@ -88,6 +88,7 @@ PROGRESS_INTERVAL_S = 0.1
 MODELS_TIMEOUT_S = 30.0
 MODELS_MAX_BYTES = 1 << 20
 MODELS_SHOWN = 10  # models named in the "choose one" error
+MODEL_ID_SHOWN_CHARS = 40  # of a listed id that is not a name, in its error
 
 
 @dataclass
@@ -454,16 +455,38 @@ class _Runner:
             ids = [m["id"] for m in cards]
             # vLLM lists its LoRA adapters beside the base model, each with a "parent".
             bases = [m["id"] for m in cards if not m.get("parent")]
-        except (ValueError, KeyError, TypeError, AttributeError):
-            ids = bases = []
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            ids = bases = []  # RecursionError: JSON nested deeper than the decoder goes
         if not ids:
             raise UsageError(f"GET {where} listed no models; give --served-model NAME")
+        # Every request carries the id and the summary prints it: an int id was a TypeError
+        # here, a dict one went out in the requests and broke the analysis, a lone surrogate
+        # broke printing the summary. A server listing such an id is not guessed at.
+        bad = [i for i in ids if not _model_name(i)]
+        if bad:
+            shown = ascii(bad[0])
+            if len(shown) > MODEL_ID_SHOWN_CHARS:
+                shown = shown[:MODEL_ID_SHOWN_CHARS] + "..."
+            raise UsageError(f"GET {where} listed a model id that is not a name ({shown}); "
+                             "give --served-model NAME")
         info["models_listed"] = ids[:10]
         if len(ids) == 1 or len(bases) == 1:
             return ids[0] if len(ids) == 1 else bases[0]
         shown = ", ".join(ids[:MODELS_SHOWN]) + (", ..." if len(ids) > MODELS_SHOWN else "")
         raise UsageError(f"{where} serves {len(ids)} models ({shown}): choose one with "
                          "--served-model NAME")
+
+
+def _model_name(v: object) -> bool:
+    """A listed model id a request can name: a non-empty text that UTF-8 can write (JSON's
+    "\\ud800" decodes to a lone surrogate, which it cannot)."""
+    if type(v) is not str or not v:
+        return False
+    try:
+        v.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def run_http(
