@@ -7,7 +7,7 @@ analysis/summary/token_counts.py; this module feeds them the streams.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeGuard
 
 import numpy as np
@@ -53,12 +53,76 @@ def _is_count(v: object) -> TypeGuard[int]:
     return type(v) is int and 0 <= v <= MAX_USAGE_TOKENS
 
 
-def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) -> str:
+# vLLM's --enable-per-request-metrics block, as the record keeps it (schema/run.py
+# ServerTiming): a field is kept when it is a number a timing or a rate can be, 0 up to this
+# (a NaN compares False, an inf is above it). A text, a list or -5 there lost the whole run:
+# the result refused it after every request had completed.
+MAX_SERVER_TIMING = 1e12
+# count_request's notes (StreamNotes kinds).
+METRICS_DROPPED = "metrics_dropped"
+NOTE_EXAMPLE_CHARS = 60  # of a dropped value, in its warning
+
+
+def server_timing(metrics: dict | None) -> tuple[dict | None, list[str]]:
+    """The metrics fields a record keeps (None: none), and the names of those dropped."""
+    if metrics is None:
+        return None, []
+    kept, dropped = {}, []
+    for k, v in metrics.items():
+        if type(v) in (int, float) and 0 <= v <= MAX_SERVER_TIMING:
+            kept[k] = v
+        else:
+            dropped.append(k)
+    return kept or None, dropped
+
+
+class StreamNotes:
+    """What the requests of one run set aside of what their streams said (a malformed metrics
+    block): a warning line a kind for the run at its end, not one per request."""
+
+    __slots__ = ("counted", "seen")
+
+    def __init__(self) -> None:
+        self.counted = 0  # requests counted
+        self.seen: dict[str, list] = {}  # kind -> [requests, the first one's detail]
+
+    def add(self, kind: str, detail: Callable[[], str]) -> None:
+        """One more request of `kind`; `detail` says what it sent (asked of the first only)."""
+        if kind in self.seen:
+            self.seen[kind][0] += 1
+        else:
+            self.seen[kind] = [1, detail()]
+
+    def warnings(self) -> list[str]:
+        out = []
+        for kind, (n, detail) in self.seen.items():
+            share = f"{n} of {self.counted} requests"
+            out.append(NOTE_LINES[kind].format(share=share, detail=detail))
+        return out
+
+
+NOTE_LINES = {
+    METRICS_DROPPED: (
+        "{share} carried a per-request metrics block (--enable-per-request-metrics) with "
+        "fields that are not timings ({detail}): left out of their server_timing"
+    ),
+}
+
+
+def _shown(v: object) -> str:
+    text = ascii(v)
+    return text if len(text) <= NOTE_EXAMPLE_CHARS else text[:NOTE_EXAMPLE_CHARS] + "..."
+
+
+def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
+                  notes: StreamNotes | None = None) -> str:
     """Put the stream's counts on its record (output_token_counts, server_prompt_tokens,
     finish_reason, server_request_id) the moment the request ends, with a provisional output count (usage, else
     tokenizer, else events; the run-level choice in finish_http_run replaces it). `sample`:
-    also tokenize each event alone (`one_token_events`: how many were one token). Returns the
-    provisional method."""
+    also tokenize each event alone (`one_token_events`: how many were one token). `notes`:
+    the run's, for what the stream said that was set aside. Returns the provisional method."""
+    notes = StreamNotes() if notes is None else notes
+    notes.counted += 1
     counts = {"events": len(rec.token_times_s) + st.empty_events}
     usage = st.usage or {}
     sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
@@ -74,7 +138,11 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     rec.output_token_counts = counts
     rec.finish_reason = st.finish_reason
     rec.server_request_id = st.response_id
-    rec.server_timing = st.server_metrics
+    rec.server_timing, dropped = server_timing(st.server_metrics)
+    if dropped:
+        metrics = st.server_metrics or {}
+        notes.add(METRICS_DROPPED,
+                  lambda: ", ".join(f"{k}={_shown(metrics[k])}" for k in dropped))
     count_events(rec, st, tokenizer)
     if rec.images:  # a cbbench serve extension: the prompt tokens the images cost
         details = usage.get("prompt_tokens_details")

@@ -48,6 +48,7 @@ from cbbench.targets.apis.server_tokenize import size_with_server
 from cbbench.targets.balance import Balancer, endpoint_contexts, lora_models, tag_records
 from cbbench.targets.checks import (
     TOKEN_COUNT_METHODS,
+    StreamNotes,
     count_request,
     error_rate,
     finish_http_run,
@@ -131,6 +132,7 @@ class _Runner:
         self.hooks = hooks or RunHooks()
         self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
         self.sampled = 0  # requests whose events were tokenized one by one
+        self.notes = StreamNotes()  # what the streams said that counting set aside
         # Chat: each prompt's tokens inside the tokenizer's chat template (load/chat_template).
         self.chat_prompt_tokens: list[int | None] | None = None
         # Requests with images (load/images.py): (images, image bytes) per request, else None.
@@ -270,7 +272,8 @@ class _Runner:
 
     def _ended(self, pos: int, rec: RequestRecord, st: SseStream) -> None:
         """A sent request ended: its record is final now (a worker streams it out)."""
-        method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS)
+        method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS,
+                               self.notes)
         self.sampled += "one_token_events" in (rec.output_token_counts or ())
         if rec.error is None:
             self.methods[method] += 1
@@ -543,6 +546,8 @@ def run_http(
 
     records = [rec for rec in runner.records if rec is not None]
     tag_records(records, redact_url(runner.base), info.get("served_model"))
+    for line in runner.notes.warnings():
+        log.info("warning: " + line)
     finish_http_run(opts, records, runner.methods, kinds, total, info)
     return HttpRun(
         records, duration, runner.stopped, info, total - len(records),

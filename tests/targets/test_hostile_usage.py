@@ -113,6 +113,40 @@ def scripted_run(tmp_path, events, *extra, gap_s=0.0):
     return res, (json.loads(out.read_text()) if out.exists() else None)
 
 
+# ---- 1. a malformed vLLM `metrics` block (--enable-per-request-metrics) ----------------------
+BAD_METRICS = {
+    "queue_time_ms": "abc",
+    "time_to_first_token_ms": [1],
+    "generation_time_ms": -5,
+    "mean_itl_ms": {"a": 1},
+    "tokens_per_second": True,
+}
+
+
+def test_a_malformed_metrics_block_keeps_the_run_and_its_good_fields(tmp_path):
+    metrics = {**BAD_METRICS, "tokens_per_second": 160.0, "queue_time_ms": 2}
+    events = text_events() + closing({"prompt_tokens": 3, "completion_tokens": OUT},
+                                     metrics=metrics)
+    res, result = scripted_run(tmp_path, events)
+    assert res.exit_code == 0, res.output
+    assert result is not None and len(result["requests"]) == N
+    for r in result["requests"]:
+        assert r["error"] is None and r["output_tokens"] == OUT
+        assert r["server_timing"] == {"queue_time_ms": 2, "tokens_per_second": 160.0}
+    dropped = [w for w in warnings_of(res) if "metrics" in w]
+    assert len(dropped) == 1, res.stderr  # one line for the run, not one per request
+    assert f"{N} of {N}" in dropped[0] and "time_to_first_token_ms" in dropped[0]
+
+
+def test_a_metrics_block_with_nothing_usable_is_left_out(tmp_path):
+    events = text_events() + closing({"prompt_tokens": 3, "completion_tokens": OUT},
+                                     metrics=BAD_METRICS)
+    res, result = scripted_run(tmp_path, events)
+    assert res.exit_code == 0, res.output
+    assert all(r.get("server_timing") is None for r in result["requests"])
+    assert len([w for w in warnings_of(res) if "metrics" in w]) == 1
+
+
 # ---- 2. /v1/models ids that are not names --------------------------------------------------
 MODELS_BODIES = {
     "int ids": b'{"data":[{"id":1},{"id":2}]}',
