@@ -24,7 +24,13 @@ from cbbench.analysis.summary.token_counts import (
     short_output_warning,
 )
 from cbbench.load.prompts import count_tokens
-from cbbench.targets.event_counts import EVENT_COUNT_METHODS, ONE_PER_EVENT, count_events
+from cbbench.targets.event_counts import (
+    EVENT_COUNT_METHODS,
+    ONE_PER_EVENT,
+    count_events,
+    encode_texts,
+    utf8_safe,
+)
 from cbbench.targets.options import EndpointOptions, redact_url
 from cbbench.targets.scrape import warning as scrape_warning
 from cbbench.targets.sse import SseStream
@@ -114,6 +120,13 @@ def _shown(v: object) -> str:
     return text if len(text) <= NOTE_EXAMPLE_CHARS else text[:NOTE_EXAMPLE_CHARS] + "..."
 
 
+def _count_text(tokenizer, text: str) -> int:
+    try:
+        return count_tokens(tokenizer, text)
+    except TypeError:  # a lone surrogate the tokenizer refuses (event_counts.utf8_safe)
+        return count_tokens(tokenizer, utf8_safe(text))
+
+
 def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
                   notes: StreamNotes | None = None) -> str:
     """Put the stream's counts on its record (output_token_counts, server_prompt_tokens,
@@ -131,9 +144,9 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
     if _is_count(ct):
         counts["usage"] = ct
     if tokenizer is not None and st.pieces:
-        counts["tokenizer"] = count_tokens(tokenizer, "".join(st.pieces))
+        counts["tokenizer"] = _count_text(tokenizer, "".join(st.pieces))
         if sample and rec.ok:
-            encoded = tokenizer.encode_batch(st.pieces, add_special_tokens=False)
+            encoded = encode_texts(tokenizer, st.pieces)
             counts["one_token_events"] = sum(len(e.ids) == 1 for e in encoded)
     rec.output_token_counts = counts
     rec.finish_reason = st.finish_reason

@@ -38,6 +38,23 @@ def _usage_int(usage: dict | None, *keys: str) -> int | None:
     return v if type(v) is int and v >= 0 else None
 
 
+def utf8_safe(text: str) -> str:
+    """`text` as the tokenizer takes it: a lone surrogate (JSON's "\\ud800" decodes to one, and
+    UTF-8 cannot write it) becomes U+FFFD, and the halves of a pair split across two events
+    are one character again."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def encode_texts(tokenizer, texts: list[str]) -> list:
+    """tokenizer.encode_batch without special tokens. A text the tokenizer refuses (a lone
+    surrogate: TypeError 'TextInputSequence must be str', raised in the request's task) is
+    made safe first: on the rare stream that has one, not on every one."""
+    try:
+        return tokenizer.encode_batch(texts, add_special_tokens=False)
+    except TypeError:
+        return tokenizer.encode_batch([utf8_safe(t) for t in texts], add_special_tokens=False)
+
+
 def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str]:
     """Tokens of each timed event, and the method."""
     n = len(st.times)
@@ -53,8 +70,7 @@ def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str]:
             counts[-1] += total - prev
         return counts, CONTINUOUS_USAGE
     if tokenizer is not None and st.pieces is not None and len(st.pieces) == n:
-        encoded = tokenizer.encode_batch(st.pieces, add_special_tokens=False)
-        return [len(e.ids) for e in encoded], TOKENIZER
+        return [len(e.ids) for e in encode_texts(tokenizer, st.pieces)], TOKENIZER
     return [1] * n, ONE_PER_EVENT
 
 
@@ -67,7 +83,7 @@ def _reasoning_per_event(st: SseStream, counts: list[int], tokenizer) -> list[fl
         elif REASONING not in kind.split("+"):
             out.append(0.0)
         elif st.reasoning_pieces is not None and tokenizer is not None:
-            r = len(tokenizer.encode(st.reasoning_pieces[i], add_special_tokens=False).ids)
+            r = len(encode_texts(tokenizer, [st.reasoning_pieces[i]])[0].ids)
             out.append(float(min(r, k)))
         elif st.reasoning_pieces is not None and st.pieces is not None and st.pieces[i]:
             # (pieces and reasoning_pieces are kept together: sse.py's keep_text)

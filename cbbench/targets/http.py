@@ -90,6 +90,7 @@ MODELS_TIMEOUT_S = 30.0
 MODELS_MAX_BYTES = 1 << 20
 MODELS_SHOWN = 10  # models named in the "choose one" error
 MODEL_ID_SHOWN_CHARS = 40  # of a listed id that is not a name, in its error
+ERROR_CHARS = 300  # of a request's error message raised while counting it
 
 
 @dataclass
@@ -272,8 +273,16 @@ class _Runner:
 
     def _ended(self, pos: int, rec: RequestRecord, st: SseStream) -> None:
         """A sent request ended: its record is final now (a worker streams it out)."""
-        method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS,
-                               self.notes)
+        try:
+            method = count_request(rec, st, self.tokenizer,
+                                   self.sampled < DETECT_SAMPLE_REQUESTS, self.notes)
+        except Exception as e:  # noqa: BLE001 - a stream no rule foresaw: this request fails
+            # Raised here it was a "Task exception was never retrieved" and a request recorded
+            # as completed with 0 output tokens.
+            method = rec.output_tokens_method or "events"
+            if rec.error is None:
+                rec.error_type = "client_error"
+                rec.error = f"counting its output failed: {type(e).__name__}: {e}"[:ERROR_CHARS]
         self.sampled += "one_token_events" in (rec.output_token_counts or ())
         if rec.error is None:
             self.methods[method] += 1

@@ -193,3 +193,41 @@ def test_a_tokenize_answer_nested_100k_deep_leaves_prompts_approximate(tmp_path,
     assert res.exit_code == 0, res.output
     assert json.loads(out.read_text())["summary"]["http"]["prompt_sizing"] == "approximate"
     assert any("did not size prompts" in n for n in notices)
+
+
+# ---- 3. a lone surrogate in streamed text, with --tokenizer ---------------------------------
+def test_a_lone_surrogate_is_counted_by_the_tokenizer(tmp_path, tiny_tokenizer, notices):
+    # " a" is one token of the tiny tokenizer; the lone surrogate one unknown word.
+    events = ([tok(" a")] * (OUT - 2) + [b'data: {"choices":[{"index":0,"text":" \\ud800"}]}\n\n',
+                                          tok(" a", "length"), b"data: [DONE]\n\n"])
+    res, result = scripted_run(tmp_path, events, "--tokenizer", tiny_tokenizer)
+    assert res.exit_code == 0, res.output
+    assert "Task exception" not in res.output and "TypeError" not in res.output
+    assert not [n for n in notices if "exception" in n.lower()]
+    for r in result["requests"]:
+        assert r["error"] is None
+        assert r["output_token_counts"]["tokenizer"] == OUT
+        assert r["output_tokens"] == OUT
+        assert r["event_tokens"] == [1] * OUT and r["tokens_per_event_method"] == "tokenizer"
+
+
+def test_a_count_that_raises_fails_its_request_not_the_run(tmp_path, monkeypatch):
+    # Whatever else a stream holds that counting cannot take: that request fails, named.
+    from cbbench.targets import http
+
+    real = http.count_request
+
+    def count(rec, *args):
+        if rec.id == 0:
+            raise TypeError("TextInputSequence must be str")
+        return real(rec, *args)
+
+    monkeypatch.setattr(http, "count_request", count)
+    events = text_events() + closing({"prompt_tokens": 3, "completion_tokens": OUT})
+    res, result = scripted_run(tmp_path, events)
+    assert res.exit_code == 0, res.output
+    by_id = {r["id"]: r for r in result["requests"]}
+    assert by_id[0]["error_type"] == "client_error" and "TypeError" in by_id[0]["error"]
+    assert all(r["error"] is None and r["output_tokens"] == OUT
+               for i, r in by_id.items() if i != 0)
+    assert result["summary"]["completed"] == N - 1
