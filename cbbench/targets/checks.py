@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeGuard
 
 import numpy as np
@@ -27,6 +28,8 @@ from cbbench.load.prompts import count_tokens
 from cbbench.targets.event_counts import (
     EVENT_COUNT_METHODS,
     ONE_PER_EVENT,
+    REASONING_ABOVE_COMPLETION,
+    RUNNING_NOT_RISING,
     count_events,
     encode_texts,
     utf8_safe,
@@ -64,8 +67,9 @@ def _is_count(v: object) -> TypeGuard[int]:
 # (a NaN compares False, an inf is above it). A text, a list or -5 there lost the whole run:
 # the result refused it after every request had completed.
 MAX_SERVER_TIMING = 1e12
-# count_request's notes (StreamNotes kinds).
+# count_request's notes (StreamNotes kinds) besides count_events' own.
 METRICS_DROPPED = "metrics_dropped"
+USAGE_ZERO = "usage_zero"
 NOTE_EXAMPLE_CHARS = 60  # of a dropped value, in its warning
 
 
@@ -84,7 +88,8 @@ def server_timing(metrics: dict | None) -> tuple[dict | None, list[str]]:
 
 class StreamNotes:
     """What the requests of one run set aside of what their streams said (a malformed metrics
-    block): a warning line a kind for the run at its end, not one per request."""
+    block, running usage that is not counts, usage that contradicts the stream): a warning
+    line a kind for the run at its end, not one per request."""
 
     __slots__ = ("counted", "seen")
 
@@ -111,6 +116,19 @@ NOTE_LINES = {
     METRICS_DROPPED: (
         "{share} carried a per-request metrics block (--enable-per-request-metrics) with "
         "fields that are not timings ({detail}): left out of their server_timing"
+    ),
+    RUNNING_NOT_RISING: (
+        "output token counts disagree: {share} carried running usage "
+        "(continuous_usage_stats) that did not rise with their text events ({detail}): not "
+        "counts, so their tokens per event were counted by --tokenizer, else one per event"
+    ),
+    USAGE_ZERO: (
+        "output token counts disagree: {share} carried usage that contradicts their stream "
+        "({detail}): ignored, their output counted by the stream events or --tokenizer"
+    ),
+    REASONING_ABOVE_COMPLETION: (
+        "output token counts disagree: {share} carried usage with more reasoning_tokens than "
+        "completion_tokens ({detail}): ignored, their reasoning tokens counted from the stream"
     ),
 }
 
@@ -141,7 +159,13 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
     sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if _is_count(sp):
         rec.server_prompt_tokens = sp
-    if _is_count(ct):
+    if not _is_count(ct):
+        ct = None
+    elif ct == 0 and rec.token_times_s:  # a text event carries a token: 0 cannot be right
+        notes.add(USAGE_ZERO, lambda: f"completion_tokens 0 over {len(rec.token_times_s)} "
+                                      "text events")
+        ct = None
+    else:
         counts["usage"] = ct
     if tokenizer is not None and st.pieces:
         counts["tokenizer"] = _count_text(tokenizer, "".join(st.pieces))
@@ -156,7 +180,8 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
         metrics = st.server_metrics or {}
         notes.add(METRICS_DROPPED,
                   lambda: ", ".join(f"{k}={_shown(metrics[k])}" for k in dropped))
-    count_events(rec, st, tokenizer)
+    for kind in count_events(rec, st, tokenizer, ct):
+        notes.add(kind, partial(_note_detail, kind, st, usage, ct))
     if rec.images:  # a cbbench serve extension: the prompt tokens the images cost
         details = usage.get("prompt_tokens_details")
         n = details.get("image_tokens") if isinstance(details, dict) else None
@@ -165,6 +190,15 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
     method = rec.output_tokens_method
     assert method is not None  # choose_output_count always sets one
     return method
+
+
+def _note_detail(kind: str, st: SseStream, usage: dict, completion: int | None) -> str:
+    """What the first request of a count_events note sent."""
+    if kind == RUNNING_NOT_RISING:
+        return f"completion_tokens {_shown(st.running)} over {len(st.running)} text events"
+    details = usage.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return f"reasoning_tokens {reasoning}, completion_tokens {completion}"
 
 
 def count_outputs(records: Sequence[RequestRecord]) -> tuple[dict, list[str]]:

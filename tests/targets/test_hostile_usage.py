@@ -231,3 +231,68 @@ def test_a_count_that_raises_fails_its_request_not_the_run(tmp_path, monkeypatch
     assert all(r["error"] is None and r["output_tokens"] == OUT
                for i, r in by_id.items() if i != 0)
     assert result["summary"]["completed"] == N - 1
+
+
+# ---- 4. running usage that never grows ------------------------------------------------------
+def test_running_usage_that_never_grows_is_not_trusted_for_itl(tmp_path):
+    zero = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    events = text_events(usage=zero) + closing(
+        {"prompt_tokens": 8, "completion_tokens": OUT, "total_tokens": OUT + 8})
+    res, result = scripted_run(tmp_path, events, gap_s=GAP_S)
+    assert res.exit_code == 0, res.output
+    for r in result["requests"]:
+        assert r["event_tokens"] == [1] * OUT and r["tokens_per_event_method"] == "one_per_event"
+        assert r["output_tokens"] == OUT and r["output_tokens_method"] == "usage"
+    s = result["summary"]
+    # One token an event: the per-token gaps are the event gaps, whose mean is TPOT's.
+    assert s["itl_ms"]["mean"] == pytest.approx(s["tpot_ms"]["mean"], rel=0.05)
+    said = [w for w in warnings_of(res) if "running usage" in w]
+    assert len(said) == 1 and f"{N} of {N}" in said[0], res.stderr
+
+
+def test_running_usage_that_goes_down_falls_back_to_the_tokenizer(tmp_path, tiny_tokenizer):
+    events = [tok(" a" if i % 2 else " a a", "length" if i == OUT - 1 else None,
+                  {"prompt_tokens": 3, "completion_tokens": OUT - i}) for i in range(OUT)]
+    res, result = scripted_run(tmp_path, events + [b"data: [DONE]\n\n"],
+                               "--tokenizer", tiny_tokenizer)
+    assert res.exit_code == 0, res.output
+    for r in result["requests"]:
+        assert r["tokens_per_event_method"] == "tokenizer"
+        assert r["event_tokens"] == [2, 1] * (OUT // 2)
+    assert len([w for w in warnings_of(res) if "running usage" in w]) == 1
+
+
+# ---- 5. usage that contradicts the stream --------------------------------------------------
+def test_zero_completion_tokens_over_text_events_is_not_the_count(tmp_path):
+    events = text_events() + closing({"prompt_tokens": 3, "completion_tokens": 0,
+                                      "total_tokens": 3})
+    res, result = scripted_run(tmp_path, events)
+    assert res.exit_code == 0, res.output
+    for r in result["requests"]:
+        assert r["output_tokens"] == OUT and r["output_tokens_method"] == "events"
+        assert "usage" not in r["output_token_counts"]
+    assert result["summary"]["output_throughput"] > 0
+    said = [w for w in warnings_of(res) if "usage" in w and "contradict" in w]
+    assert len(said) == 1 and f"{N} of {N}" in said[0], res.stderr
+
+
+def test_reasoning_tokens_above_completion_tokens_are_not_taken(tmp_path):
+    events = text_events() + closing({
+        "prompt_tokens": 3, "completion_tokens": OUT,
+        "completion_tokens_details": {"reasoning_tokens": OUT * 100}})
+    res, result = scripted_run(tmp_path, events)
+    assert res.exit_code == 0, res.output
+    for r in result["requests"]:
+        assert r["output_tokens"] == OUT and r["reasoning_tokens"] in (None, 0)
+    assert (result["summary"]["reasoning_tokens"] or {}).get("mean") in (None, 0)
+    said = [w for w in warnings_of(res) if "reasoning_tokens" in w]
+    assert len(said) == 1 and f"{N} of {N}" in said[0], res.stderr
+
+
+def test_a_larger_server_count_is_still_trusted(tmp_path):
+    # Usage above the events is a server sending several tokens an event: its count stands.
+    events = text_events() + closing({"prompt_tokens": 3, "completion_tokens": 3 * OUT})
+    res, result = scripted_run(tmp_path, events)
+    assert res.exit_code == 0, res.output
+    assert {r["output_tokens"] for r in result["requests"]} == {3 * OUT}
+    assert not [w for w in warnings_of(res) if "contradict" in w]
