@@ -7,7 +7,8 @@ analysis/summary/token_counts.py; this module feeds them the streams.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import TypeGuard
 
 import numpy as np
@@ -24,7 +25,15 @@ from cbbench.analysis.summary.token_counts import (
     short_output_warning,
 )
 from cbbench.load.prompts import count_tokens
-from cbbench.targets.event_counts import EVENT_COUNT_METHODS, ONE_PER_EVENT, count_events
+from cbbench.targets.event_counts import (
+    EVENT_COUNT_METHODS,
+    ONE_PER_EVENT,
+    REASONING_ABOVE_COMPLETION,
+    RUNNING_NOT_RISING,
+    count_events,
+    encode_texts,
+    utf8_safe,
+)
 from cbbench.targets.options import EndpointOptions, redact_url
 from cbbench.targets.scrape import warning as scrape_warning
 from cbbench.targets.sse import SseStream
@@ -53,29 +62,126 @@ def _is_count(v: object) -> TypeGuard[int]:
     return type(v) is int and 0 <= v <= MAX_USAGE_TOKENS
 
 
-def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) -> str:
+# vLLM's --enable-per-request-metrics block, as the record keeps it (schema/run.py
+# ServerTiming): a field is kept when it is a number a timing or a rate can be, 0 up to this
+# (a NaN compares False, an inf is above it). A text, a list or -5 there lost the whole run:
+# the result refused it after every request had completed.
+MAX_SERVER_TIMING = 1e12
+# count_request's notes (StreamNotes kinds) besides count_events' own.
+METRICS_DROPPED = "metrics_dropped"
+USAGE_ZERO = "usage_zero"
+NOTE_EXAMPLE_CHARS = 60  # of a dropped value, in its warning
+
+
+def server_timing(metrics: dict | None) -> tuple[dict | None, list[str]]:
+    """The metrics fields a record keeps (None: none), and the names of those dropped."""
+    if metrics is None:
+        return None, []
+    kept, dropped = {}, []
+    for k, v in metrics.items():
+        if type(v) in (int, float) and 0 <= v <= MAX_SERVER_TIMING:
+            kept[k] = v
+        else:
+            dropped.append(k)
+    return kept or None, dropped
+
+
+class StreamNotes:
+    """What the requests of one run set aside of what their streams said (a malformed metrics
+    block, running usage that is not counts, usage that contradicts the stream): a warning
+    line a kind for the run at its end, not one per request."""
+
+    __slots__ = ("counted", "seen")
+
+    def __init__(self) -> None:
+        self.counted = 0  # requests counted
+        self.seen: dict[str, list] = {}  # kind -> [requests, the first one's detail]
+
+    def add(self, kind: str, detail: Callable[[], str]) -> None:
+        """One more request of `kind`; `detail` says what it sent (asked of the first only)."""
+        if kind in self.seen:
+            self.seen[kind][0] += 1
+        else:
+            self.seen[kind] = [1, detail()]
+
+    def warnings(self) -> list[str]:
+        out = []
+        for kind, (n, detail) in self.seen.items():
+            share = f"{n} of {self.counted} requests"
+            out.append(NOTE_LINES[kind].format(share=share, detail=detail))
+        return out
+
+
+NOTE_LINES = {
+    METRICS_DROPPED: (
+        "{share} carried a per-request metrics block (--enable-per-request-metrics) with "
+        "fields that are not timings ({detail}): left out of their server_timing"
+    ),
+    RUNNING_NOT_RISING: (
+        "output token counts disagree: {share} carried running usage "
+        "(continuous_usage_stats) that did not rise with their text events ({detail}): not "
+        "counts, so their tokens per event were counted by --tokenizer, else one per event"
+    ),
+    USAGE_ZERO: (
+        "output token counts disagree: {share} carried usage that contradicts their stream "
+        "({detail}): ignored, their output counted by the stream events or --tokenizer"
+    ),
+    REASONING_ABOVE_COMPLETION: (
+        "output token counts disagree: {share} carried usage with more reasoning_tokens than "
+        "completion_tokens ({detail}): ignored, their reasoning tokens counted from the stream"
+    ),
+}
+
+
+def _shown(v: object) -> str:
+    text = ascii(v)
+    return text if len(text) <= NOTE_EXAMPLE_CHARS else text[:NOTE_EXAMPLE_CHARS] + "..."
+
+
+def _count_text(tokenizer, text: str) -> int:
+    try:
+        return count_tokens(tokenizer, text)
+    except TypeError:  # a lone surrogate the tokenizer refuses (event_counts.utf8_safe)
+        return count_tokens(tokenizer, utf8_safe(text))
+
+
+def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
+                  notes: StreamNotes | None = None) -> str:
     """Put the stream's counts on its record (output_token_counts, server_prompt_tokens,
     finish_reason, server_request_id) the moment the request ends, with a provisional output count (usage, else
     tokenizer, else events; the run-level choice in finish_http_run replaces it). `sample`:
-    also tokenize each event alone (`one_token_events`: how many were one token). Returns the
-    provisional method."""
+    also tokenize each event alone (`one_token_events`: how many were one token). `notes`:
+    the run's, for what the stream said that was set aside. Returns the provisional method."""
+    notes = StreamNotes() if notes is None else notes
+    notes.counted += 1
     counts = {"events": len(rec.token_times_s) + st.empty_events}
     usage = st.usage or {}
     sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if _is_count(sp):
         rec.server_prompt_tokens = sp
-    if _is_count(ct):
+    if not _is_count(ct):
+        ct = None
+    elif ct == 0 and rec.token_times_s:  # a text event carries a token: 0 cannot be right
+        notes.add(USAGE_ZERO, lambda: f"completion_tokens 0 over {len(rec.token_times_s)} "
+                                      "text events")
+        ct = None
+    else:
         counts["usage"] = ct
     if tokenizer is not None and st.pieces:
-        counts["tokenizer"] = count_tokens(tokenizer, "".join(st.pieces))
+        counts["tokenizer"] = _count_text(tokenizer, "".join(st.pieces))
         if sample and rec.ok:
-            encoded = tokenizer.encode_batch(st.pieces, add_special_tokens=False)
+            encoded = encode_texts(tokenizer, st.pieces)
             counts["one_token_events"] = sum(len(e.ids) == 1 for e in encoded)
     rec.output_token_counts = counts
     rec.finish_reason = st.finish_reason
     rec.server_request_id = st.response_id
-    rec.server_timing = st.server_metrics
-    count_events(rec, st, tokenizer)
+    rec.server_timing, dropped = server_timing(st.server_metrics)
+    if dropped:
+        metrics = st.server_metrics or {}
+        notes.add(METRICS_DROPPED,
+                  lambda: ", ".join(f"{k}={_shown(metrics[k])}" for k in dropped))
+    for kind in count_events(rec, st, tokenizer, ct):
+        notes.add(kind, partial(_note_detail, kind, st, usage, ct))
     if rec.images:  # a cbbench serve extension: the prompt tokens the images cost
         details = usage.get("prompt_tokens_details")
         n = details.get("image_tokens") if isinstance(details, dict) else None
@@ -84,6 +190,15 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool) ->
     method = rec.output_tokens_method
     assert method is not None  # choose_output_count always sets one
     return method
+
+
+def _note_detail(kind: str, st: SseStream, usage: dict, completion: int | None) -> str:
+    """What the first request of a count_events note sent."""
+    if kind == RUNNING_NOT_RISING:
+        return f"completion_tokens {_shown(st.running)} over {len(st.running)} text events"
+    details = usage.get("completion_tokens_details")
+    reasoning = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    return f"reasoning_tokens {reasoning}, completion_tokens {completion}"
 
 
 def count_outputs(records: Sequence[RequestRecord]) -> tuple[dict, list[str]]:

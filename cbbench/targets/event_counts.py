@@ -12,10 +12,15 @@ Tokens per event, by the best method the stream allows (named on the record):
 - ``one_per_event``: neither: one token each (the run warns when usage shows more tokens than
   events: then per-token ITL is too long by the tokens-per-event factor).
 
+A text event carries at least one new token, so running counts that do not rise at each text
+event are not counts (a server that puts a placeholder usage, zeros, on every chunk and the
+real one at the end: taken, every token sat on the last event and ITL came out 8x short); the
+request is then counted by the next method, and the run says so.
+
 Reasoning tokens: ``usage.completion_tokens_details.reasoning_tokens`` when the server sends it
-(OpenAI's field), else the tokens of reasoning events; an event that straddles the
-reasoning/answer boundary is split by the exact total when there is one, else by the
-tokenizer, else in proportion to its text.
+(OpenAI's field) and it is no more than the completion tokens, else the tokens of reasoning
+events; an event that straddles the reasoning/answer boundary is split by the exact total when
+there is one, else by the tokenizer, else in proportion to its text.
 """
 
 from __future__ import annotations
@@ -38,24 +43,57 @@ def _usage_int(usage: dict | None, *keys: str) -> int | None:
     return v if type(v) is int and v >= 0 else None
 
 
-def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str]:
-    """Tokens of each timed event, and the method."""
+# count_events' notes: what it set aside for the run to say once (checks.StreamNotes).
+RUNNING_NOT_RISING = "running_not_rising"
+REASONING_ABOVE_COMPLETION = "reasoning_above_completion"
+
+
+def utf8_safe(text: str) -> str:
+    """`text` as the tokenizer takes it: a lone surrogate (JSON's "\\ud800" decodes to one, and
+    UTF-8 cannot write it) becomes U+FFFD, and the halves of a pair split across two events
+    are one character again."""
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def encode_texts(tokenizer, texts: list[str]) -> list:
+    """tokenizer.encode_batch without special tokens. A text the tokenizer refuses (a lone
+    surrogate: TypeError 'TextInputSequence must be str', raised in the request's task) is
+    made safe first: on the rare stream that has one, not on every one."""
+    try:
+        return tokenizer.encode_batch(texts, add_special_tokens=False)
+    except TypeError:
+        return tokenizer.encode_batch([utf8_safe(t) for t in texts], add_special_tokens=False)
+
+
+def _continuous_counts(st: SseStream) -> list[int] | None:
+    """Each timed event's tokens from the running counts, or None where they did not rise at
+    some text event (not counts: see the module doc)."""
+    counts, prev = [], 0
+    for r in st.running:
+        if r is None or r <= prev:  # (every event carried one: event_token_counts checked)
+            return None
+        counts.append(r - prev)
+        prev = r
+    total = _usage_int(st.usage, "completion_tokens")
+    if total is not None and total > prev:  # tokens of a closing chunk without text
+        counts[-1] += total - prev
+    return counts
+
+
+def event_token_counts(st: SseStream, tokenizer) -> tuple[list[int], str, str | None]:
+    """Tokens of each timed event, the method, and a note (RUNNING_NOT_RISING) where the
+    running counts were there but are not counts."""
     n = len(st.times)
-    running = [r for r in st.running if r is not None]
+    note = None
     # Exact only when every timed event carried its running count.
-    if n and len(st.running) == n and len(running) == n:
-        counts, prev = [], 0
-        for r in running:
-            counts.append(max(r - prev, 0))
-            prev = max(prev, r)
-        total = _usage_int(st.usage, "completion_tokens")
-        if total is not None and total > prev:  # tokens of a closing chunk without text
-            counts[-1] += total - prev
-        return counts, CONTINUOUS_USAGE
+    if n and len(st.running) == n and None not in st.running:
+        counts = _continuous_counts(st)
+        if counts is not None:
+            return counts, CONTINUOUS_USAGE, None
+        note = RUNNING_NOT_RISING
     if tokenizer is not None and st.pieces is not None and len(st.pieces) == n:
-        encoded = tokenizer.encode_batch(st.pieces, add_special_tokens=False)
-        return [len(e.ids) for e in encoded], TOKENIZER
-    return [1] * n, ONE_PER_EVENT
+        return [len(e.ids) for e in encode_texts(tokenizer, st.pieces)], TOKENIZER, note
+    return [1] * n, ONE_PER_EVENT, note
 
 
 def _reasoning_per_event(st: SseStream, counts: list[int], tokenizer) -> list[float]:
@@ -67,7 +105,7 @@ def _reasoning_per_event(st: SseStream, counts: list[int], tokenizer) -> list[fl
         elif REASONING not in kind.split("+"):
             out.append(0.0)
         elif st.reasoning_pieces is not None and tokenizer is not None:
-            r = len(tokenizer.encode(st.reasoning_pieces[i], add_special_tokens=False).ids)
+            r = len(encode_texts(tokenizer, [st.reasoning_pieces[i]])[0].ids)
             out.append(float(min(r, k)))
         elif st.reasoning_pieces is not None and st.pieces is not None and st.pieces[i]:
             # (pieces and reasoning_pieces are kept together: sse.py's keep_text)
@@ -77,13 +115,22 @@ def _reasoning_per_event(st: SseStream, counts: list[int], tokenizer) -> list[fl
     return out
 
 
-def count_events(rec: RequestRecord, st: SseStream, tokenizer) -> None:
-    """Put the stream's per-event and per-kind counts on its record."""
-    counts, method = event_token_counts(st, tokenizer)
+def count_events(rec: RequestRecord, st: SseStream, tokenizer,
+                 completion: int | None = None) -> list[str]:
+    """Put the stream's per-event and per-kind counts on its record. `completion`: the usage's
+    completion tokens where the caller trusts them (checks.count_request). Returns the notes
+    (RUNNING_NOT_RISING, REASONING_ABOVE_COMPLETION) for the run to say."""
+    counts, method, note = event_token_counts(st, tokenizer)
+    notes = [note] if note else []
     rec.event_tokens = counts
     rec.event_tokens_method = method
     rec.cached_tokens = _usage_int(st.usage, "prompt_tokens_details", "cached_tokens")
     exact = _usage_int(st.usage, "completion_tokens_details", "reasoning_tokens")
+    if exact is not None and completion is not None and exact > completion:
+        # Reasoning tokens are some of the completion tokens: more of them cannot be right
+        # (800 over 8 output tokens was the run's reasoning figure). The stream's count it is.
+        notes.append(REASONING_ABOVE_COMPLETION)
+        exact = None
     # It runs as each request ends, in the run's event loop: a stream without reasoning (most,
     # and every /v1/completions one) skips the per-event walks. Its distinct kinds are few.
     seen = any(REASONING in kind for kind in set(st.kinds))
@@ -104,6 +151,7 @@ def count_events(rec: RequestRecord, st: SseStream, tokenizer) -> None:
     rec.first_output_s = st.times[first] if first is not None else None
     if st.tool_calls:
         rec.tool_calls = _tool_calls(st, counts, reasoning)
+    return notes
 
 
 def _tool_calls(st: SseStream, counts: list[int], reasoning: list[float]) -> list[dict]:

@@ -48,6 +48,7 @@ from cbbench.targets.apis.server_tokenize import size_with_server
 from cbbench.targets.balance import Balancer, endpoint_contexts, lora_models, tag_records
 from cbbench.targets.checks import (
     TOKEN_COUNT_METHODS,
+    StreamNotes,
     count_request,
     error_rate,
     finish_http_run,
@@ -88,6 +89,8 @@ PROGRESS_INTERVAL_S = 0.1
 MODELS_TIMEOUT_S = 30.0
 MODELS_MAX_BYTES = 1 << 20
 MODELS_SHOWN = 10  # models named in the "choose one" error
+MODEL_ID_SHOWN_CHARS = 40  # of a listed id that is not a name, in its error
+ERROR_CHARS = 300  # of a request's error message raised while counting it
 
 
 @dataclass
@@ -130,6 +133,7 @@ class _Runner:
         self.hooks = hooks or RunHooks()
         self.methods = dict.fromkeys(TOKEN_COUNT_METHODS, 0)
         self.sampled = 0  # requests whose events were tokenized one by one
+        self.notes = StreamNotes()  # what the streams said that counting set aside
         # Chat: each prompt's tokens inside the tokenizer's chat template (load/chat_template).
         self.chat_prompt_tokens: list[int | None] | None = None
         # Requests with images (load/images.py): (images, image bytes) per request, else None.
@@ -269,7 +273,16 @@ class _Runner:
 
     def _ended(self, pos: int, rec: RequestRecord, st: SseStream) -> None:
         """A sent request ended: its record is final now (a worker streams it out)."""
-        method = count_request(rec, st, self.tokenizer, self.sampled < DETECT_SAMPLE_REQUESTS)
+        try:
+            method = count_request(rec, st, self.tokenizer,
+                                   self.sampled < DETECT_SAMPLE_REQUESTS, self.notes)
+        except Exception as e:  # noqa: BLE001 - a stream no rule foresaw: this request fails
+            # Raised here it was a "Task exception was never retrieved" and a request recorded
+            # as completed with 0 output tokens.
+            method = rec.output_tokens_method or "events"
+            if rec.error is None:
+                rec.error_type = "client_error"
+                rec.error = f"counting its output failed: {type(e).__name__}: {e}"[:ERROR_CHARS]
         self.sampled += "one_token_events" in (rec.output_token_counts or ())
         if rec.error is None:
             self.methods[method] += 1
@@ -454,16 +467,38 @@ class _Runner:
             ids = [m["id"] for m in cards]
             # vLLM lists its LoRA adapters beside the base model, each with a "parent".
             bases = [m["id"] for m in cards if not m.get("parent")]
-        except (ValueError, KeyError, TypeError, AttributeError):
-            ids = bases = []
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            ids = bases = []  # RecursionError: JSON nested deeper than the decoder goes
         if not ids:
             raise UsageError(f"GET {where} listed no models; give --served-model NAME")
+        # Every request carries the id and the summary prints it: an int id was a TypeError
+        # here, a dict one went out in the requests and broke the analysis, a lone surrogate
+        # broke printing the summary. A server listing such an id is not guessed at.
+        bad = [i for i in ids if not _model_name(i)]
+        if bad:
+            shown = ascii(bad[0])
+            if len(shown) > MODEL_ID_SHOWN_CHARS:
+                shown = shown[:MODEL_ID_SHOWN_CHARS] + "..."
+            raise UsageError(f"GET {where} listed a model id that is not a name ({shown}); "
+                             "give --served-model NAME")
         info["models_listed"] = ids[:10]
         if len(ids) == 1 or len(bases) == 1:
             return ids[0] if len(ids) == 1 else bases[0]
         shown = ", ".join(ids[:MODELS_SHOWN]) + (", ..." if len(ids) > MODELS_SHOWN else "")
         raise UsageError(f"{where} serves {len(ids)} models ({shown}): choose one with "
                          "--served-model NAME")
+
+
+def _model_name(v: object) -> bool:
+    """A listed model id a request can name: a non-empty text that UTF-8 can write (JSON's
+    "\\ud800" decodes to a lone surrogate, which it cannot)."""
+    if type(v) is not str or not v:
+        return False
+    try:
+        v.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def run_http(
@@ -520,6 +555,8 @@ def run_http(
 
     records = [rec for rec in runner.records if rec is not None]
     tag_records(records, redact_url(runner.base), info.get("served_model"))
+    for line in runner.notes.warnings():
+        log.info("warning: " + line)
     finish_http_run(opts, records, runner.methods, kinds, total, info)
     return HttpRun(
         records, duration, runner.stopped, info, total - len(records),

@@ -50,7 +50,7 @@ async def _count(session, url: str, model: str | None, text: str) -> int:
         raise NoTokenize(f"HTTP {status}")
     try:
         count = json.loads(raw)["count"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deep
         raise NoTokenize("no count in its answer") from None
     if type(count) is not int or count < 0:
         raise NoTokenize(f"count {count!r}")
