@@ -107,3 +107,38 @@ def test_audit_of_a_request_cbbench_did_not_write_is_one_line(tmp_path, first, n
     res, log = _audit_files(tmp_path, first)
     one_line(cli("audit", res, "--server-log", log), "request 0:", needle)
 
+
+@needs_dev_full
+def test_audit_output_on_a_full_disk_prints_nothing(tmp_path):
+    """The table was printed, then `cannot write /dev/full`, exit 2."""
+    res, log = _audit_files(tmp_path)
+    one_line(cli("audit", res, "--server-log", log, "--output", DEV_FULL), "cannot write")
+
+
+# ---- compare and report: small simulated runs ------------------------------------------------
+@pytest.fixture(scope="module")
+def sim_results(tmp_path_factory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("sim")
+    out = []
+    for name, rate in (("a", "4"), ("b", "8")):
+        path = d / f"{name}.json"
+        r = cli("run", *SIM, "--num-requests", "8", "--request-rate", rate, "--quiet",
+                "--output", path)
+        assert r.exit_code == 0, (r.output, r.exception)
+        out.append(path)
+    return out[0], out[1]
+
+
+@needs_dev_full
+@pytest.mark.parametrize("flag", ["--csv", "--markdown"])
+def test_compare_file_on_a_full_disk_prints_nothing(sim_results, flag):
+    a, b = sim_results
+    one_line(cli("compare", a, b, flag, DEV_FULL), "cannot write /dev/full")
+
+
+def test_compare_writes_its_file_and_prints_the_table(sim_results, tmp_path):
+    a, b = sim_results
+    r = cli("compare", a, b, "--csv", tmp_path / "c.csv")
+    assert r.exit_code == 0 and "completed" in r.stdout and "note:" in r.stdout, r.output
+    assert (tmp_path / "c.csv").read_text().strip()
+
