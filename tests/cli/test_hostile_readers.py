@@ -142,3 +142,30 @@ def test_compare_writes_its_file_and_prints_the_table(sim_results, tmp_path):
     assert r.exit_code == 0 and "completed" in r.stdout and "note:" in r.stdout, r.output
     assert (tmp_path / "c.csv").read_text().strip()
 
+
+def test_report_with_a_file_name_taken_by_a_folder_leaves_the_folder_as_it_was(
+        sim_results, tmp_path):
+    """kv_usage.png a folder: exit 2 after latency_cdfs.png, token_budget.png and
+    batch_occupancy.png were written beside the old report. Now every file is rendered
+    first and all are replaced together."""
+    a, _ = sim_results
+    out = tmp_path / "out"
+    out.mkdir()
+    old = {"latency_cdfs.png": b"old cdfs", "report.html": b"old page"}
+    for name, data in old.items():
+        (out / name).write_bytes(data)
+    (out / "kv_usage.png").mkdir()
+    one_line(cli("report", a, "--out", out), f"{out / 'kv_usage.png'} is a folder")
+    assert sorted(p.name for p in out.iterdir()) == sorted([*old, "kv_usage.png"])
+    for name, data in old.items():
+        assert (out / name).read_bytes() == data
+    (out / "kv_usage.png").rmdir()
+    r = cli("report", a, "--out", out)
+    assert r.exit_code == 0, (r.output, r.exception)
+    written = r.stdout.split()
+    assert str(out / "kv_usage.png") in written and str(out / "report.html") in written
+    assert (out / "kv_usage.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / "latency_cdfs.png").read_bytes() != old["latency_cdfs.png"]
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staged file left
+
+
