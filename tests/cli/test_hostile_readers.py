@@ -169,3 +169,63 @@ def test_report_with_a_file_name_taken_by_a_folder_leaves_the_folder_as_it_was(
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staged file left
 
 
+# ---- import ----------------------------------------------------------------------------------
+BASE_NS = 1_733_500_000_000_000_000  # 2024-12-06, on AIPerf's time.time_ns()
+
+
+def _aiperf_line(k: int, start_ns: int | None = None, issued_ns: int | None = None) -> str:
+    start = BASE_NS + k * 100_000_000 if start_ns is None else start_ns
+    metrics = {
+        "time_to_first_token": {"value": 50.0, "unit": "ms"},
+        "request_latency": {"value": 140.0, "unit": "ms"},
+        "inter_chunk_latency": {"value": [10.0] * 9, "unit": "ms"},
+        "output_sequence_length": {"value": 10, "unit": "tokens"},
+        "input_sequence_length": {"value": 100, "unit": "tokens"},
+    }
+    return json.dumps({"metadata": {"request_start_ns": start,
+                                    "credit_issued_ns": start if issued_ns is None else issued_ns,
+                                    "x_request_id": f"r{k}", "benchmark_phase": "profiling"},
+                       "metrics": metrics, "error": None})
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ({"issued_ns": 0}, "metadata.credit_issued_ns 0 is"),
+    ({"issued_ns": BASE_NS + 2 * 86_400 * 10**9}, "metadata.credit_issued_ns"),
+    ({"start_ns": 5}, "metadata.request_start_ns 5 is"),
+])
+def test_aiperf_record_with_a_time_not_of_its_run_is_refused(tmp_path, bad, needle):
+    """credit_issued_ns 0 (1970): imported, exit 0, as a run of 55 years with a TTFT mean of
+    3.5e11 ms; a send of 5 ns likewise moved every other record 55 years on."""
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\n".join([_aiperf_line(0), _aiperf_line(1, **bad), _aiperf_line(2)]) + "\n")
+    out = tmp_path / "o.json"
+    one_line(cli("import", src, "--from", "aiperf", "--out", out), f"{src}:2:", needle,
+             "not a time of this run")
+    assert not out.exists()
+
+
+def test_aiperf_credit_released_seconds_before_its_send_imports(tmp_path):
+    """A client that fell 3 s behind its schedule is a run's, not a broken file's: the send
+    lag is kept."""
+    src = tmp_path / "profile_export.jsonl"
+    late = BASE_NS + 4 * 10**9
+    src.write_text("\n".join([_aiperf_line(0), _aiperf_line(1, late, BASE_NS + 10**9)]) + "\n")
+    out = tmp_path / "o.json"
+    r = cli("import", src, "--from", "aiperf", "--out", out)
+    assert r.exit_code == 0, (r.output, r.exception)
+    s = json.loads(out.read_text())["summary"]
+    assert s["send_lag_ms"]["mean"] == pytest.approx(1500.0)  # 0 and 3000 ms
+
+
+def test_vllm_bench_file_without_requests_is_refused(tmp_path):
+    """Empty per-request lists imported as a result of 0 requests, exit 0."""
+    data = {"date": "20250101-120000", "duration": 5.0, "request_rate": "inf",
+            "model_id": "m", **{k: [] for k in ("input_lens", "output_lens", "ttfts", "itls",
+                                                "latencies", "start_times", "errors")}}
+    src = tmp_path / "vllm.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "o.json"
+    one_line(cli("import", src, "--from", "vllm-bench", "--out", out), "holds no requests")
+    assert not out.exists()
+
+
