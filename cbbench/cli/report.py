@@ -59,6 +59,7 @@ def report(
     summary tables.
     """
     from cbbench.analysis.comparison.compare import file_labels, load_labeled
+    from cbbench.analysis.input_file import check_input_file
     from cbbench.analysis.result import (
         check_folder_not_inputs,
         check_writable,
@@ -70,6 +71,8 @@ def report(
 
     if max_gantt_requests < 1:
         raise UsageError("--max-gantt-requests must be >= 1")
+    for p in files:  # a FIFO with no writer hung report until killed
+        check_input_file(p, "result file")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
     check_writable(out / PAGE_NAME)

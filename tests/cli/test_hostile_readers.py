@@ -18,9 +18,12 @@ output, a hang or an absurd import:
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import CBBENCH
 from typer.testing import CliRunner
 
 from cbbench.cli.app import app
@@ -229,3 +232,21 @@ def test_vllm_bench_file_without_requests_is_refused(tmp_path):
     assert not out.exists()
 
 
+# ---- a FIFO with no writer as an input -------------------------------------------------------
+@pytest.mark.parametrize("command", ["gate", "export", "calibrate", "report"])
+def test_fifo_as_an_input_is_refused_not_waited_on(tmp_path, sim_results, command):
+    """open() of a FIFO with no writer blocks forever: each command hung until killed. In a
+    process of its own, with a timeout, so a hang fails the test rather than the suite."""
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    a, _ = sim_results
+    argv = {"gate": ["gate", fifo, "--baseline", a],
+            "export": ["export", fifo, "--out", tmp_path / "x.json"],
+            "calibrate": ["calibrate", fifo, "--out", tmp_path / "p.json"],
+            "report": ["report", fifo, "--out", tmp_path / "rep"]}[command]
+    proc = subprocess.run([*CBBENCH, *map(str, argv)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("cbbench: error: ") and "is a FIFO, not a file" in lines[0]
+    assert proc.stdout == ""
