@@ -39,7 +39,8 @@ def _is_time(v) -> bool:
             and v >= 0)
 
 
-def _is_count(v) -> bool:
+def is_count(v) -> bool:
+    """A token count as the log and the result write it: an int (not a bool) in [0, MAX_TOKENS]."""
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS
 
 
@@ -92,9 +93,9 @@ def line_problem(ll: LogLine) -> str | None:
         if (v := getattr(ll, k)) is not None and not _is_time(v):
             return f"{k!r} must be a time in seconds >= 0, got {v!r:.40}"
     for k in COUNT_FIELDS:
-        if (v := getattr(ll, k)) is not None and not _is_count(v):
+        if (v := getattr(ll, k)) is not None and not is_count(v):
             return f"{k!r} must be a count in [0, {MAX_TOKENS}], got {v!r:.40}"
-    if ll.status is not None and not _is_count(ll.status):
+    if ll.status is not None and not is_count(ll.status):
         return f"'status' must be an HTTP status, got {ll.status!r:.40}"
     if ll.finish is not None and not isinstance(ll.finish, str):
         return f"'finish' must be a string, got {type(ll.finish).__name__}"
@@ -105,7 +106,7 @@ def line_problem(ll: LogLine) -> str | None:
         return f"'events' must be a list of [time, tokens, kind] events, got {type(events).__name__}"
     for i, e in enumerate(events):
         if not (isinstance(e, list) and len(e) in (2, 3) and _is_time(e[0])
-                and _is_count(e[1]) and (len(e) == 2 or isinstance(e[2], str))):
+                and is_count(e[1]) and (len(e) == 2 or isinstance(e[2], str))):
             return (f"events[{i}] must be [time >= 0, tokens in [0, {MAX_TOKENS}], kind], "
                     f"got {e!r:.60}")
     if ll.arrival is None and events:
@@ -116,6 +117,11 @@ def line_problem(ll: LogLine) -> str | None:
 def read_server_log(path: Path | str) -> dict[str, dict]:
     """The request log's lines by id (a later line with the same id wins); UsageError (one
     line, naming the file's line) for a file that is not such a log."""
+    # The JSON files' rule (engine/json_file.py): an integer of 401 digits passed json.loads
+    # and raised OverflowError in the checks' math.isfinite, a traceback. Imported here: this
+    # module is read when `cbbench --help` registers `audit`.
+    from cbbench.engine.json_file import _bounded_int as bounded_int
+
     check_input_file(path, "server log")
     out: dict[str, dict] = {}
     try:
@@ -129,9 +135,12 @@ def read_server_log(path: Path | str) -> dict[str, dict]:
                 if not raw.strip():
                     continue
                 try:
-                    line = json.loads(raw)
-                except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deeply
+                    line = json.loads(raw, parse_int=bounded_int)
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+                    # not JSON, not UTF-8, nested too deeply
                     raise UsageError(f"{path}:{n}: not a JSON line") from None
+                except ValueError as e:  # an integer past every number cbbench reads
+                    raise UsageError(f"{path}:{n}: not a request-log line: {e}") from None
                 if not isinstance(line, dict):
                     raise UsageError(f"{path}:{n}: not a cbbench serve request-log line")
                 ll = LogLine.of(line)

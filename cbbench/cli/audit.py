@@ -128,11 +128,14 @@ def audit(
     data = read_run(result)
     log = A.read_server_log(server_log)
     rep = A.audit(data, log, tolerance_ms, tail_tolerance_ms)
-    typer.echo(report_table(rep))
-    for line in report_lines(rep, tolerance_ms):
-        typer.echo(line)
+    table, lines = report_table(rep), report_lines(rep, tolerance_ms)
+    # The report's file first: a write that fails (a full disk) exits 2 with nothing on
+    # stdout, where the table was printed and then `cannot write /dev/full`.
     if output is not None:
         write_result(out_path, rep)
+    typer.echo(table)
+    for line in lines:
+        typer.echo(line)
     match rep:
         case {"passed": True}:
             pass

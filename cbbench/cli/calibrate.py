@@ -54,6 +54,7 @@ def calibrate(
     simulator's error (summary.engine.sim_error)."""
     from cbbench.analysis.calibration import calibrate as fit
     from cbbench.analysis.calibration_inputs import read_input
+    from cbbench.analysis.input_file import check_input_file
     from cbbench.analysis.result import (
         check_not_an_input,
         check_writable,
@@ -61,6 +62,8 @@ def calibrate(
         write_atomic,
     )
 
+    for p in results:  # a FIFO with no writer hung calibrate until killed
+        check_input_file(p, "calibration input")
     check_writable(out)
     check_not_an_input(out, results, "--out")
     runs: list[tuple[str, RunResult]] = []

@@ -122,18 +122,22 @@ def compare(
                                                  x.label))
             for x in results
         ]
-        typer.echo("window: steady state (summary.steady_state)")
     results, rows = with_percentiles(results, shown.percentiles_given())
-    typer.echo(render_table(results, rows=rows))
-    typer.echo("")
-    typer.echo(render_differences(results))
+    table, differences = render_table(results, rows=rows), render_differences(results)
     note = workload_note(results)
-    if note:
-        typer.echo(f"\n{note}")
+    # The files first, as gate writes them: a write that fails (a full disk) exits 2 with
+    # nothing on stdout; the table was printed, then `cannot write /dev/full`.
     if markdown is not None:
         write_atomic(markdown, markdown_text(results, rows))
     if csv_out is not None:
         write_atomic(csv_out, csv_text(results, rows))
+    if window == "steady":
+        typer.echo("window: steady state (summary.steady_state)")
+    typer.echo(table)
+    typer.echo("")
+    typer.echo(differences)
+    if note:
+        typer.echo(f"\n{note}")
 
 
 def _base_spec(load: O.LoadOptions, output: O.OutputOptions, opts: EngineArgs) -> RunSpec:

@@ -40,12 +40,14 @@ def export(
     """Write a result as llm-d's Benchmark Report v0.2, CSV or Parquet."""
     # Here, not at the top: `cbbench --help` registers every command (cli/app.py), and these
     # bring numpy and the result models.
+    from cbbench.analysis.input_file import check_input_file
     from cbbench.analysis.result import check_not_an_input, write_atomic_group
     from cbbench.export.files import FORMATS, default_out, render
     from cbbench.schema import read_run
 
     if fmt not in FORMATS:
         raise UsageError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
+    check_input_file(result, "result file")  # a FIFO with no writer hung export until killed
     data = read_run(result)
     out = out if out is not None else default_out(result, fmt)
     files = render(data, fmt, out)

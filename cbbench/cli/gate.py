@@ -96,10 +96,13 @@ def gate(
     itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
     """
     from cbbench.analysis.comparison import gate as G
+    from cbbench.analysis.input_file import check_input_file
     from cbbench.analysis.result import check_not_an_input, check_writable
     from cbbench.schema import RunResult, as_run, read_run
 
     new_paths, base_paths = _split_files(ctx.args)
+    for p in [*base_paths, *new_paths]:  # a FIFO with no writer hung gate until killed
+        check_input_file(p, "result file")
     percentiles = output.percentiles_given()
     checks_wanted = G.thresholds(max_regression or [], use_defaults=not no_defaults,
                                  percentiles=percentiles)

@@ -59,13 +59,20 @@ def report(
     summary tables.
     """
     from cbbench.analysis.comparison.compare import file_labels, load_labeled
-    from cbbench.analysis.result import check_folder_not_inputs, check_writable, write_atomic
+    from cbbench.analysis.input_file import check_input_file
+    from cbbench.analysis.result import (
+        check_folder_not_inputs,
+        check_writable,
+        write_atomic_group,
+    )
     from cbbench.report.check import check_report_input
     from cbbench.report.html import PlotSection, render_page
     from cbbench.schema import to_dict
 
     if max_gantt_requests < 1:
         raise UsageError("--max-gantt-requests must be >= 1")
+    for p in files:  # a FIFO with no writer hung report until killed
+        check_input_file(p, "result file")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} is a file; give a folder")
     check_writable(out / PAGE_NAME)
@@ -90,27 +97,44 @@ def report(
             "lines are SLO limits.",
             lambda _r: latency_throughput(sweeps),
         ))
-    # Before a byte is written: an input named like one of the report's files is refused.
-    check_folder_not_inputs(out, [f"{s.key}.png" for s in specs] + [PAGE_NAME],
-                            [*files, *sweep_files], "--out")
+    names = [f"{s.key}.png" for s in specs] + [STATIC_PAGE_NAME] + ([PAGE_NAME] if results
+                                                                     else [])
+    # Before a byte is written: an input named like one of the report's files is refused, and
+    # so is a report file's name taken by a folder or a device.
+    check_folder_not_inputs(out, names, [*files, *sweep_files], "--out")
+    _check_report_files(out, names)
     sections = []
     for spec in specs:
-        fig = spec.draw(results)
-        png = _png(fig)
-        write_atomic(out / f"{spec.key}.png", png)  # never a truncated PNG (a full disk)
+        png = _png(spec.draw(results))
         sections.append(
             PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
         )
     paths = [str(p) for p in files + sweep_files]
-    page = render_page(title, results, paths, sections, page_notes(results), rows)
-    write_atomic(out / STATIC_PAGE_NAME, page)
-    for s in sections:
-        typer.echo(str(out / f"{s.key}.png"))
-    typer.echo(str(out / STATIC_PAGE_NAME))
+    pages = {out / f"{s.key}.png": s.png for s in sections}
+    pages[out / STATIC_PAGE_NAME] = render_page(title, results, paths, sections,
+                                                page_notes(results), rows)
     if results:
-        write_atomic(out / PAGE_NAME, _interactive_page(title, results, paths, max_gantt_requests,
-                                                        bool(sweeps), rows))
-        typer.echo(str(out / PAGE_NAME))
+        pages[out / PAGE_NAME] = _interactive_page(title, results, paths, max_gantt_requests,
+                                                   bool(sweeps), rows)
+    # Every file rendered, then all replaced together: written one by one, a kv_usage.png
+    # that was a folder (or a full disk) stopped the report with three new PNGs beside the
+    # old page, a report of two runs at once.
+    write_atomic_group(pages)
+    for path in pages:
+        typer.echo(str(path))
+
+
+def _check_report_files(out: Path, names: Sequence[str]) -> None:
+    """UsageError (one line) where one of the report's files is something a file cannot
+    replace (a folder) or is not a file (a device, a FIFO): the report writes all or none."""
+    for name in names:
+        path = out / name
+        if path.is_dir():
+            raise UsageError(f"--out {path} is a folder: the report writes its file there; "
+                             "move it or give another --out")
+        if path.exists() and not path.is_file():
+            raise UsageError(f"--out {path} is not a file (a device or a FIFO): the report "
+                             "replaces its files together; give another --out")
 
 
 def _interactive_page(title: str, results: Sequence, paths: list[str], max_gantt_requests: int,

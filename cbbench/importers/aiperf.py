@@ -18,6 +18,7 @@ else the send. Warm-up records are left out, as AIPerf leaves them out of its ow
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,12 @@ MS = 1e-3
 WARMUP_PHASE = "warmup"
 DURATION = "a duration"  # what a latency metric holds
 TIME_UNITS_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+# The farthest a record's times may lie from its run's (s): its send from the median send of
+# the records, its credit's release from its send. A profile run lasts minutes to hours, and a
+# credit waits for its worker no longer than the run; a time a day away is not one of this
+# run: a credit_issued_ns of 0 (1970) imported, exit 0, as a run of 55 years with a TTFT mean
+# of 3.5e11 ms, since the intended start counts from it.
+MAX_RUN_SPAN_S = 86_400
 
 
 class Line(ToolFields):
@@ -115,8 +122,26 @@ def _slots(rows: list[Row], source: str) -> tuple[list[int], list[int]]:
     starts = [count(r.meta.request_start_ns, f"{source}:{r.n}", "metadata.request_start_ns",
                     "a time in ns") for r in rows]
     issued = [r.meta.credit_issued_ns for r in rows]
-    return starts, [i if isinstance(i, int) and not isinstance(i, bool) else s
-                    for i, s in zip(issued, starts)]
+    slots = [i if isinstance(i, int) and not isinstance(i, bool) else s
+             for i, s in zip(issued, starts)]
+    _check_span(rows, starts, slots, source)
+    return starts, slots
+
+
+def _check_span(rows: list[Row], starts: list[int], slots: list[int], source: str) -> None:
+    """UsageError naming the first record whose send, or credit, lies more than
+    MAX_RUN_SPAN_S from its run's (the median send; its own send)."""
+    span_ns = MAX_RUN_SPAN_S * 10**9
+    mid = statistics.median_low(starts)
+    for r, start, slot in zip(rows, starts, slots):
+        if abs(start - mid) > span_ns:
+            raise UsageError(f"{source}:{r.n}: metadata.request_start_ns {start} is "
+                             f"{(start - mid) * NS:+.4g} s from the records' median send, more "
+                             f"than a run's {MAX_RUN_SPAN_S} s: not a time of this run")
+        if abs(start - slot) > span_ns:
+            raise UsageError(f"{source}:{r.n}: metadata.credit_issued_ns {slot} is "
+                             f"{(start - slot) * NS:.4g} s before its send, more than a run's "
+                             f"{MAX_RUN_SPAN_S} s: not a time of this run")
 
 
 def origin(rows: Iterable[Row], source: str = "") -> float:

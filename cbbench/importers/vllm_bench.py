@@ -116,6 +116,8 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
     n = len(data.ttfts)
     if any(len(lists[k]) != n for k in PER_REQUEST_KEYS):
         raise UsageError(f"{source}: its per-request lists have different lengths")
+    if n == 0:  # imported, exit 0, as a result of 0 requests that gate and compare then read
+        raise UsageError(f"{source} holds no requests: its per-request lists are empty")
     latencies = data.latencies
     starts = [_clock_reading(s, source, "start_times") for s in data.start_times]
     queued = _optional_list(data.queue_times, "queue_times", n, source)

@@ -222,7 +222,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "compare-not-a-result": (["compare", "{r}/a.json", "{r}/list.json"], ["no schema_version"]),
     "compare-not-json": (["compare", "{r}/a.json", "{r}/torn.json"], ["is not valid JSON"]),
     "gate-result-is-a-folder": (
-        ["gate", "{r}/a.json", "--baseline", "{r}"], ["cannot read result file"]),
+        ["gate", "{r}/a.json", "--baseline", "{r}"], ["result file", "is a folder; give a file"]),
     # ---- gate thresholds -----------------------------------------------------------------------
     "gate-threshold-unknown-metric": (
         ["gate", "{r}/a.json", "--baseline", "{r}/b.json", "--max-regression", "speed=5%"],

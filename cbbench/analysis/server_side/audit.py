@@ -37,7 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from cbbench.analysis.server_log import DEFAULT_TOLERANCE_MS, LogLine, read_server_log
+from cbbench.analysis.server_log import (
+    DEFAULT_TOLERANCE_MS,
+    MAX_TOKENS,
+    LogLine,
+    is_count,
+    read_server_log,
+)
 from cbbench.errors import UsageError
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Request, RunResult, ServerTiming
@@ -136,6 +142,9 @@ def client_side(r: Request, t0_epoch: float) -> Side | None:
     if send is None:
         raise UsageError("the result's requests carry no send_s: rerun with --save-detailed "
                          "(and this cbbench)")
+    if (problem := _request_problem(r)) is not None:
+        raise UsageError(f"the result's request {r.id!r}: {problem}, not as cbbench writes "
+                         "it: the audit cannot read what the client counted")
     n = r.output_tokens or 0
     first_out = r.first_output_s
     calls = r.tool_calls
@@ -158,11 +167,34 @@ def client_side(r: Request, t0_epoch: float) -> Side | None:
     )
 
 
+def _request_problem(r: Request) -> str | None:
+    """What makes a completed request's audited fields unreadable, or None. The stream reader
+    writes one event_tokens entry per token_times_s entry, each a count, and each tool call's
+    argument_tokens as a count (targets/tool_calls.py); the schema holds only their types.
+    A file that breaks this is refused, not audited without the request: the audit cannot
+    say what the client counted, and a request left out fails the coverage anyway, under a
+    wrong reason. Was: a TypeError (argument_tokens "many"), an IndexError (event_tokens
+    shorter than token_times_s), an OverflowError (a 10^30-token event) as tracebacks."""
+    times, tokens = r.token_times_s or [], r.event_tokens
+    if tokens is not None:
+        if len(tokens) != len(times):
+            return (f"event_tokens has {len(tokens)} entries for its {len(times)} "
+                    "token_times_s")
+        if not all(is_count(k) for k in tokens):
+            return f"event_tokens must be counts in [0, {MAX_TOKENS}]"
+    for i, call in enumerate(r.tool_calls or []):
+        match call:
+            case {"argument_tokens": n} if not is_count(n):
+                return (f"tool_calls[{i}].argument_tokens must be a count in [0, "
+                        f"{MAX_TOKENS}], got {n!r:.40}")
+    return None
+
+
 def _argument_tokens(call: Mapping[str, Any]) -> int:
     """A tool call's argument tokens as the stream reader wrote it (targets/tool_calls.py:
-    {"id", "name", "argument_tokens"}); 0 where it has none."""
+    {"id", "name", "argument_tokens"}; a count, _request_problem); 0 where it has none."""
     match call:
-        case {"argument_tokens": n}:
+        case {"argument_tokens": int(n)}:
             return n
     return 0
 
