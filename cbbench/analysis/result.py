@@ -169,6 +169,21 @@ def check_writable(path) -> None:
         raise UsageError(f"cannot write to {Path(path).parent}: {e.strerror}") from None
 
 
+def check_distinct_outputs(outputs) -> None:
+    """Refuse two outputs of one command that are one file ((flag, path) pairs; None and
+    stdout skipped): the later write replaced the earlier one without a word (`compare
+    --markdown X --csv X`; a --csv onto a variant's own result in --out-dir)."""
+    seen: dict[str, str] = {}
+    for flag, path in outputs:
+        if path is None or is_stdout(path):
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"{flag} {path} is also where {seen[real]} writes: give each "
+                             "output a path of its own")
+        seen[real] = flag
+
+
 def check_not_an_input(output, inputs, flag: str) -> None:
     """Refuse an output that is also one of the command's inputs, by any name: the same
     resolved path (a symlink, `..`) or the same file (a hard link: device and inode). Writing

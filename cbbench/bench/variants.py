@@ -86,6 +86,11 @@ def parse_variants(text: str) -> list[Variant]:
 
 
 
+def variant_paths(variants: Sequence[Variant], folder: Path) -> list[Path]:
+    """Where each variant's result is saved: FOLDER/NAME.json."""
+    return [folder / f"{v.name}.json" for v in variants]
+
+
 def run_variants(
     variants: Sequence[Variant], base: RunSpec, folder: Path,
     should_stop: Callable[[], bool] | None = None,
@@ -94,7 +99,7 @@ def run_variants(
     is done, so an interrupted comparison keeps the variants that finished. Once
     ``should_stop`` is set no further variant starts, and the one in progress stops its
     dispatch and is saved marked interrupted."""
-    paths = [folder / f"{v.name}.json" for v in variants]
+    paths = variant_paths(variants, folder)
     for p in paths:
         check_writable(p)
     results = []

@@ -93,24 +93,38 @@ def compare(
         workload_note,
     )
     from cbbench.analysis.comparison.windows import select_window
-    from cbbench.analysis.result import check_not_an_input, check_writable, write_atomic
-    from cbbench.bench.variants import parse_variants, run_variants
+    from cbbench.analysis.input_file import check_input_file
+    from cbbench.analysis.result import (
+        check_distinct_outputs,
+        check_not_an_input,
+        check_writable,
+        write_atomic,
+    )
+    from cbbench.bench.variants import parse_variants, run_variants, variant_paths
     from cbbench.schema import as_run
 
     window = windowed.window
-    for flag, path in (("--markdown", markdown), ("--csv", csv_out)):
+    if variants is not None and files:
+        raise UsageError("give result files or --variants, not both")
+    for p in files or []:  # a FIFO with no writer hung in open()
+        check_input_file(p, "result file")
+    outputs = [("--markdown", markdown), ("--csv", csv_out)]
+    if variants is not None:
+        chosen = parse_variants(variants)
+        folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("compare-%Y%m%d-%H%M%S")
+        check_distinct_outputs([*outputs, *((f"variant {v.name}'s result", p)
+                                            for v, p in zip(chosen, variant_paths(chosen, folder)))])
+    check_distinct_outputs(outputs)  # before check_writable, which makes missing folders
+    for flag, path in outputs:
         if path is not None:
             check_writable(path)
             check_not_an_input(path, files or [], flag)
     if variants is not None:
-        if files:
-            raise UsageError("give result files or --variants, not both")
         base = _base_spec(load, output, engine_opts)
-        folder = out_dir or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("compare-%Y%m%d-%H%M%S")
         # run's interrupt contract: the first signal ends the variant in progress (saved,
         # marked interrupted) and starts no other; a second exits 130.
         with StopSignal() as stop:
-            results = run_variants(parse_variants(variants), base, folder, stop)
+            results = run_variants(chosen, base, folder, stop)
     else:
         if not files or len(files) < 2:
             raise UsageError("compare needs two or more result files (or --variants)")

@@ -97,7 +97,7 @@ def gate(
     """
     from cbbench.analysis.comparison import gate as G
     from cbbench.analysis.input_file import check_input_file
-    from cbbench.analysis.result import check_not_an_input, check_writable
+    from cbbench.analysis.result import check_distinct_outputs, check_not_an_input, check_writable
     from cbbench.schema import RunResult, as_run, read_run
 
     new_paths, base_paths = _split_files(ctx.args)
@@ -106,7 +106,9 @@ def gate(
     percentiles = output.percentiles_given()
     checks_wanted = G.thresholds(max_regression or [], use_defaults=not no_defaults,
                                  percentiles=percentiles)
-    for flag, path in (("--junit", junit), ("--markdown", markdown)):
+    outputs = [("--junit", junit), ("--markdown", markdown)]
+    check_distinct_outputs(outputs)  # before check_writable, which makes missing folders
+    for flag, path in outputs:
         if path is not None:
             check_writable(path)
             check_not_an_input(path, [*new_paths, *base_paths], flag)

@@ -233,7 +233,7 @@ def test_vllm_bench_file_without_requests_is_refused(tmp_path):
 
 
 # ---- a FIFO with no writer as an input -------------------------------------------------------
-@pytest.mark.parametrize("command", ["gate", "export", "calibrate", "report"])
+@pytest.mark.parametrize("command", ["gate", "export", "calibrate", "report", "compare"])
 def test_fifo_as_an_input_is_refused_not_waited_on(tmp_path, sim_results, command):
     """open() of a FIFO with no writer blocks forever: each command hung until killed. In a
     process of its own, with a timeout, so a hang fails the test rather than the suite."""
@@ -243,10 +243,34 @@ def test_fifo_as_an_input_is_refused_not_waited_on(tmp_path, sim_results, comman
     argv = {"gate": ["gate", fifo, "--baseline", a],
             "export": ["export", fifo, "--out", tmp_path / "x.json"],
             "calibrate": ["calibrate", fifo, "--out", tmp_path / "p.json"],
-            "report": ["report", fifo, "--out", tmp_path / "rep"]}[command]
+            "report": ["report", fifo, "--out", tmp_path / "rep"],
+            "compare": ["compare", fifo, a]}[command]
     proc = subprocess.run([*CBBENCH, *map(str, argv)], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert lines[0].startswith("cbbench: error: ") and "is a FIFO, not a file" in lines[0]
     assert proc.stdout == ""
+
+
+# ---- two outputs of one command on one path ----------------------------------------------------
+@pytest.mark.parametrize("argv,said", [
+    (["compare", "{a}", "{b}", "--markdown", "{o}/x", "--csv", "{o}/x"],
+     "--csv {o}/x is also where --markdown writes"),
+    (["gate", "{a}", "--baseline", "{b}", "--junit", "{o}/x", "--markdown", "{o}/x"],
+     "--markdown {o}/x is also where --junit writes"),
+    (["compare", *SIM, "--workload", "random", "--num-requests", "2", "--variants",
+      "static,continuous", "--out-dir", "{o}/v", "--csv", "{o}/v/static.json"],
+     "variant static's result {o}/v/static.json is also where --csv writes"),
+])
+def test_two_outputs_on_one_path_are_refused_before_anything_runs(tmp_path, sim_results, argv,
+                                                                  said):
+    """The later write replaced the earlier one without a word (compare's CSV over a variant's
+    saved result, exit 0). Now one line, exit 2, before any variant runs or file is written."""
+    a, b = sim_results
+    out = tmp_path / "out"
+    out.mkdir()
+    fill = {"{a}": str(a), "{b}": str(b)}
+    args = [fill.get(x, x.replace("{o}", str(out))) for x in argv]
+    one_line(cli(*args), said.replace("{o}", str(out)))
+    assert list(out.iterdir()) == []
