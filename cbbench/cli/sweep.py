@@ -72,8 +72,11 @@ def sweep(
     from cbbench.bench.probe import ProbeSizing
     from cbbench.bench.sweep import (
         PLOT_FILE,
+        POINT_FILES,
         SWEEP_FILE,
+        check_no_folder_at,
         parse_rates,
+        point_file,
         points_of,
         run_sweep,
         sweep_table,
@@ -96,7 +99,11 @@ def sweep(
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out-dir {folder} is a file; give a folder")
     check_writable(folder / SWEEP_FILE)
-    check_folder_not_inputs(folder, [SWEEP_FILE, PLOT_FILE, "rate-*.json"],
+    check_writable(folder / PLOT_FILE)  # a folder there failed the sweep after every point
+    # The points' files: --rates names them; auto's rates are measured, so any such name.
+    names = [POINT_FILES] if rate_list is None else [point_file(r) for r in rate_list]
+    check_no_folder_at(folder, names, "a point's result", "--out-dir")
+    check_folder_not_inputs(folder, [SWEEP_FILE, PLOT_FILE, POINT_FILES],
                             [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)], "--out-dir")
 
     with StopSignal() as stop, probes_context(base.load_plan):
