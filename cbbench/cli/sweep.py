@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from cbbench import options as O
+from cbbench.cli import options as C
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
@@ -85,6 +86,9 @@ def sweep(
     from cbbench.report.sweep_plot import latency_throughput, png_bytes
 
     rate_list = parse_rates(rates)
+    if rate_list is not None and C.given("points"):  # it would do nothing: say so
+        raise UsageError(f"--points sets how many rates --rates auto spreads; with --rates "
+                         f"{rates} it does nothing: drop it")
     if rate_list is None and not 1 <= points <= MAX_POINTS:
         raise UsageError(f"--points must be in [1, {MAX_POINTS}], got {points}")
     slo_spec = output.attainment_slo()

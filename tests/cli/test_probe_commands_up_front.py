@@ -1,7 +1,8 @@
 """`sweep` and `capacity` refuse, before the first probe, what would fail or be lost after it:
 outputs that collide (capacity's --out and --runs-dir one path, --out named as a probe's file,
 --runs-dir inside --out), a folder standing where a point's or probe's file or the plot goes,
-and a --start-rate whose schedule no run takes. Each refusal is exit 2, one stderr line, nothing on stdout, nothing measured
+a --start-rate whose schedule no run takes, and --points beside explicit --rates (it did
+nothing there: `--rates 1 --points 1000` passed, past --points' range of [1, 100]). Each refusal is exit 2, one stderr line, nothing on stdout, nothing measured
 or written. Before, capacity ran the whole search, printed its table, then exited 2 with the
 capacity file lost; or silently overwrote probe 1's result with the capacity file; a sweep
 measured rate 2, then failed, that point lost and sweep.json saying it was not interrupted."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from helpers import cli_in_process
 
 from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, Probe, search
@@ -159,3 +161,16 @@ def test_sweep_refuses_a_folder_where_the_plot_goes(tmp_path):
     res = cli_in_process([*SWEEP, "--rates", "1", "--out-dir", "sw"], cwd=tmp_path)
     refused(res, "latency_throughput.png is a folder")
     assert files_in(tmp_path / "sw") == ["latency_throughput.png"]
+
+
+@pytest.mark.parametrize("points", ["1000", "6"])
+def test_sweep_points_beside_explicit_rates_is_refused(points, tmp_path):
+    res = cli_in_process([*SWEEP, "--rates", "1", "--points", points, "--out-dir", "sw"],
+                         cwd=tmp_path)
+    refused(res, "--points", "--rates auto", "does nothing")
+    assert files_in(tmp_path) == []
+
+
+def test_sweep_auto_still_checks_the_points_range(tmp_path):
+    res = cli_in_process([*SWEEP, "--points", "1000", "--out-dir", "sw"], cwd=tmp_path)
+    refused(res, "--points must be in [1, 100], got 1000")
