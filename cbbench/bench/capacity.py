@@ -20,7 +20,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cbbench.bench.probe import ProbePoint, round_rate
+from cbbench.bench.probe import ProbePoint, rate_label, round_rate
 from cbbench.errors import UsageError
 from cbbench.schema.run import Config
 
@@ -31,6 +31,7 @@ START_FRACTION = 0.5  # of the saturation rate: the first guess
 MAX_DOUBLINGS = 10  # up to 1024x the start
 MAX_HALVINGS = 10  # down to start / 1024
 MAX_PROBES = 30
+PROBE_FILES = "probe-*-rate-*.json"  # probe_file's names, as a shell pattern
 
 FOUND = "found"
 ABOVE_MAX = "above_max"  # every rate passed up to the ceiling: capacity is at least `lo`
@@ -83,10 +84,14 @@ def search(
     precision: float = DEFAULT_PRECISION,
     max_probes: int = MAX_PROBES,
     should_stop: Callable[[], bool] | None = None,
+    fits: Callable[[float], bool] | None = None,
 ) -> SearchResult:
     """Bracket, then bisect. `probe(rate, phase)` runs one probe and returns its record.
     Once ``should_stop`` is set no further probe starts: the search ends INTERRUPTED with the
-    best rate seen to pass so far."""
+    best rate seen to pass so far. ``fits(rate)`` says whether a rate can be probed at all
+    (ProbeSizing.schedule_fits: its requests sent within the longest schedule): halving stops
+    above the first rate that cannot, as at MAX_HALVINGS (a probe there failed the whole
+    search with exit 2 after the probes before it, and no capacity file)."""
     if not (start_rate > 0 and math.isfinite(start_rate)):
         raise UsageError(f"the start rate must be a positive number, got {start_rate}")
     probes: list[Probe] = []
@@ -101,7 +106,7 @@ def search(
         return p.passed
 
     try:
-        return _search(run, start_rate, precision, max_probes, probes)
+        return _search(run, start_rate, precision, max_probes, probes, fits or _any_rate)
     except _Stopped:
         lo = max((p.point.rate for p in probes if p.passed), default=None)
         failed = [p.point.rate for p in probes if not (p.passed or p.interrupted)]
@@ -113,14 +118,20 @@ class _Stopped(Exception):
     """A signal stopped the search."""
 
 
+def _any_rate(rate: float) -> bool:
+    return True
+
+
 def _search(run, start_rate: float, precision: float, max_probes: int,
-            probes: list[Probe]) -> SearchResult:
+            probes: list[Probe], fits: Callable[[float], bool]) -> SearchResult:
     lo = hi = None
 
     rate = round_rate(start_rate)
     if run(rate, "bracket"):
         lo = rate
         for _ in range(MAX_DOUBLINGS):
+            if not math.isfinite(rate * 2):  # a rate past float's range is no rate
+                break
             rate = round_rate(rate * 2)
             if not run(rate, "bracket"):
                 hi = rate
@@ -132,6 +143,8 @@ def _search(run, start_rate: float, precision: float, max_probes: int,
         hi = rate
         for _ in range(MAX_HALVINGS):
             rate = round_rate(rate / 2)
+            if not (rate > 0 and fits(rate)):
+                break
             if run(rate, "bracket"):
                 lo = rate
                 break
@@ -155,6 +168,11 @@ def _search(run, start_rate: float, precision: float, max_probes: int,
 # ---- running probes -------------------------------------------------------------------------
 
 
+def probe_file(index: int, rate: float) -> str:
+    """The file name of probe ``index``'s full result in --runs-dir (0: the saturation probe)."""
+    return f"probe-{index}-rate-{rate_label(rate)}.json"
+
+
 class Prober:
     """`probe(rate, phase)` for `search`: runs the base RunSpec at the rate and, with runs_dir,
     saves each probe's full result there as probe-<i>-rate-<r>.json. Keeps the first run's
@@ -172,7 +190,7 @@ class Prober:
 
     def __call__(self, rate: float, phase: str) -> Probe:
         from cbbench.analysis.result import write_result
-        from cbbench.bench.probe import rate_label, run_probe, summarize_probe
+        from cbbench.bench.probe import run_probe, summarize_probe
 
         self.count += 1
         i = self.count
@@ -186,7 +204,7 @@ class Prober:
             self.config = result.config
         path = None
         if self.runs_dir is not None:
-            path = self.runs_dir / f"probe-{i}-rate-{rate_label(rate)}.json"
+            path = self.runs_dir / probe_file(i, rate)
             write_result(path, result)
         point = summarize_probe(rate, result, self.slo, str(path) if path else None)
         meets = point.slo_attainment is not None and point.slo_attainment >= self.slo.attainment

@@ -83,15 +83,21 @@ class ProbeSizing:
         wanted = max(self.num_requests, math.ceil(rate * self.min_duration_s))
         return min(self.max_requests, wanted)
 
-    def check_schedule(self, rate: float) -> None:
+    def schedule_fits(self, rate: float) -> bool:
+        """Whether this rate's requests can be sent within the longest schedule a run takes."""
+        from cbbench.load.arrivals import MAX_SCHEDULE_S
+
+        return not (math.isfinite(rate) and self.requests_for(rate) / rate > MAX_SCHEDULE_S)
+
+    def check_schedule(self, rate: float, flag: str = "--rates") -> None:
         """Refuse, before any point runs, a rate whose requests would take longer to send than
         any schedule may span (the run itself would refuse it only when its turn came)."""
         from cbbench.load.arrivals import MAX_SCHEDULE_S
 
-        n = self.requests_for(rate)
-        if math.isfinite(rate) and n / rate > MAX_SCHEDULE_S:
+        if not self.schedule_fits(rate):
+            n = self.requests_for(rate)
             raise UsageError(
-                f"--rates: {n} requests at {rate_label(rate)} req/s take {n / rate:.3g} s to "
+                f"{flag}: {n} requests at {rate_label(rate)} req/s take {n / rate:.3g} s to "
                 f"send, more than {MAX_SCHEDULE_S:.0f} s ({MAX_SCHEDULE_S / SECONDS_PER_DAY:g} days)"
             )
 

@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
 PLOT_FILE = "latency_throughput.png"
+POINT_FILES = "rate-*.json"  # point_file's names, as a shell pattern
 AUTO = "auto"
 DEFAULT_POINTS = 6
 AUTO_LOW_FRACTION = 0.10
@@ -62,6 +63,26 @@ def parse_rates(text: str) -> list[float] | None:
     if len(set(labels)) != len(labels):
         raise UsageError(f"--rates lists a rate twice: {text!r}")
     return rates
+
+
+def point_file(rate: float) -> str:
+    """The file name of a point's full result in the sweep's folder."""
+    return f"rate-{rate_label(rate)}.json"
+
+
+def check_no_folder_at(folder: Path, names: Sequence[str], what: str, flag: str) -> None:
+    """Refuse, before anything runs, a folder (or a link to one) in ``folder`` standing where
+    one of ``names`` (shell patterns where the names depend on what is measured) is written:
+    found only when that point's result was written, it failed the command after the point
+    was measured, its result lost (and a sweep's file left saying it was not interrupted)."""
+    import fnmatch
+
+    if not folder.is_dir():
+        return  # created by the command: nothing stands in it yet
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir() and any(fnmatch.fnmatch(entry.name, n) for n in names):
+            raise UsageError(f"{flag} {folder}: {entry.name} is a folder, where {what} is "
+                             "written: move it away or give another folder")
 
 
 def auto_rates(saturation: float, points: int) -> list[float]:
@@ -115,7 +136,7 @@ def run_sweep(
     def run_point(rate: float, i: int, total: int | str) -> RunResult:
         log.info(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
         result = run_probe(base, rate, sizing, slo, should_stop, prep)
-        path = out_dir / f"rate-{rate_label(rate)}.json"
+        path = out_dir / point_file(rate)
         write_result(path, result)
         sweep.points.append(sweep_point(rate, result, slo, path.name))
         sweep.interrupted = stop()

@@ -92,14 +92,16 @@ def capacity(
         ABOVE_MAX,
         BELOW_MIN,
         INTERRUPTED,
+        PROBE_FILES,
         Prober,
         SearchResult,
         parse_precision,
+        probe_file,
         search,
     )
     from cbbench.bench.probe import ProbeSizing, run_probe, saturation_rate, summarize_probe
     from cbbench.bench.runner import recorded_command
-    from cbbench.bench.sweep import shared_config
+    from cbbench.bench.sweep import check_no_folder_at, shared_config
     from cbbench.schema import (
         CAPACITY_KIND,
         CAPACITY_SCHEMA_VERSION,
@@ -117,16 +119,21 @@ def capacity(
         raise UsageError(f"--start-rate must be a positive number, got {start_rate}")
     assert load.num_requests is not None  # PROBE_LOAD gives it a default: a probe has a size
     sizing = ProbeSizing(load.num_requests, probe.min_duration, probe.max_requests)
+    if start_rate is not None:  # as sweep checks its --rates: before probe 1, not in it
+        sizing.check_schedule(start_rate, "--start-rate")
     base = base_spec(load, output, endpoint, engine_opts)
     prep = point_prep(probe)
     prep.check(base)
     out_path = out or DEFAULT_OUT_PARENT / _dt.datetime.now().strftime("capacity-%Y%m%d-%H%M%S.json")
+    if runs_dir is not None:  # before check_writable, which makes the folders it names
+        check_outputs_apart(out_path, runs_dir)
     check_writable(out_path)
     inputs = [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)]
     check_not_an_input(out_path, inputs, "--out")
     if runs_dir is not None:
         check_writable(runs_dir / "probe.json")
-        check_folder_not_inputs(runs_dir, ["probe-*-rate-*.json"], inputs, "--runs-dir")
+        check_no_folder_at(runs_dir, [PROBE_FILES], "a probe's result", "--runs-dir")
+        check_folder_not_inputs(runs_dir, [PROBE_FILES], inputs, "--runs-dir")
 
     saturation = sat_point = config = prober = found = None
     # The interrupt contract of `run`: the first signal stops dispatching, the probe in
@@ -136,7 +143,7 @@ def capacity(
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
             sat_result = run_probe(base, math.inf, sizing, slo_spec, stop, prep)
             if runs_dir is not None:
-                write_result(runs_dir / "probe-0-rate-inf.json", sat_result)
+                write_result(runs_dir / probe_file(0, math.inf), sat_result)
             saturation = saturation_rate(sat_result)
             sat_point = summarize_probe(math.inf, sat_result, slo_spec)
             config = sat_result.config
@@ -150,7 +157,8 @@ def capacity(
         if found is None:
             assert start_rate is not None  # given, or half the saturation probe's
             prober = Prober(base, sizing, slo_spec, runs_dir, stop, prep)
-            found = search(prober, start_rate, precision, should_stop=stop)
+            found = search(prober, start_rate, precision, should_stop=stop,
+                           fits=sizing.schedule_fits)
 
     config = config or (prober.config if prober else None)
     # The file's keys in the file's order: the model dumps them as given.
@@ -187,6 +195,31 @@ def capacity(
         raise typer.Exit(NOT_FOUND_EXIT)
     if found.status == ABOVE_MAX:
         C.notice("every probe passed up to the search's ceiling: the capacity is at least that")
+
+
+def check_outputs_apart(out: Path, runs_dir: Path) -> None:
+    """Refuse, before anything runs, a --out that --runs-dir's files would overwrite or block:
+    the same path (the search ran, then writing capacity.json failed on the folder), a probe's
+    file name in --runs-dir (probe 1's result silently replaced by the capacity file), or
+    --runs-dir inside --out (a file cannot hold a folder)."""
+    import fnmatch
+    import os
+
+    from cbbench.analysis.result import is_stdout
+    from cbbench.bench.capacity import PROBE_FILES
+
+    if is_stdout(out):
+        return
+    real_out, real_runs = Path(os.path.realpath(out)), Path(os.path.realpath(runs_dir))
+    if real_out == real_runs:
+        raise UsageError(f"--out {out} and --runs-dir {runs_dir} are one path: give the "
+                         "capacity file and the probes' folder each their own")
+    if real_out.parent == real_runs and fnmatch.fnmatch(real_out.name, PROBE_FILES):
+        raise UsageError(f"--out {out} is a name a probe's result takes in --runs-dir "
+                         f"{runs_dir} ({PROBE_FILES}): give the capacity file another name")
+    if real_out in real_runs.parents:
+        raise UsageError(f"--runs-dir {runs_dir} lies inside --out {out}, the capacity file: "
+                         "give a folder outside it")
 
 
 def saturation_line(saturation: float, sat_point=None) -> str:

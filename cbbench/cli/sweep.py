@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from cbbench import options as O
+from cbbench.cli import options as C
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
 from cbbench.load.interrupts import StopSignal
@@ -72,8 +73,11 @@ def sweep(
     from cbbench.bench.probe import ProbeSizing
     from cbbench.bench.sweep import (
         PLOT_FILE,
+        POINT_FILES,
         SWEEP_FILE,
+        check_no_folder_at,
         parse_rates,
+        point_file,
         points_of,
         run_sweep,
         sweep_table,
@@ -82,6 +86,9 @@ def sweep(
     from cbbench.report.sweep_plot import latency_throughput, png_bytes
 
     rate_list = parse_rates(rates)
+    if rate_list is not None and C.given("points"):  # it would do nothing: say so
+        raise UsageError(f"--points sets how many rates --rates auto spreads; with --rates "
+                         f"{rates} it does nothing: drop it")
     if rate_list is None and not 1 <= points <= MAX_POINTS:
         raise UsageError(f"--points must be in [1, {MAX_POINTS}], got {points}")
     slo_spec = output.attainment_slo()
@@ -96,7 +103,11 @@ def sweep(
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out-dir {folder} is a file; give a folder")
     check_writable(folder / SWEEP_FILE)
-    check_folder_not_inputs(folder, [SWEEP_FILE, PLOT_FILE, "rate-*.json"],
+    check_writable(folder / PLOT_FILE)  # a folder there failed the sweep after every point
+    # The points' files: --rates names them; auto's rates are measured, so any such name.
+    names = [POINT_FILES] if rate_list is None else [point_file(r) for r in rate_list]
+    check_no_folder_at(folder, names, "a point's result", "--out-dir")
+    check_folder_not_inputs(folder, [SWEEP_FILE, PLOT_FILE, POINT_FILES],
                             [load.workload, endpoint.tokenizer, *engine_inputs(engine_opts)], "--out-dir")
 
     with StopSignal() as stop, probes_context(base.load_plan):

@@ -4,9 +4,13 @@ timeouts, concurrency, ignore-eos, /metrics scraping, client workers). Declared 
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from cbbench.engine.args import flag_of
 from cbbench.errors import UsageError
 from cbbench.options.fields import check_fields, opt
 
@@ -92,25 +96,32 @@ class EndpointFlags:
 
     def validate(self) -> None:
         check_fields(self)
-        if self.endpoint is not None:
-            return
-        if self.scrape_metrics or self.scrape_metrics_filter is not None:  # was ignored
-            raise UsageError("--scrape-metrics reads a server's /metrics: it needs --endpoint "
-                             "(the bundled engine's own figures are in every result)")
-        if self.max_concurrency is not None:
-            raise UsageError("--max-concurrency applies to --endpoint runs")
-        if self.batch_size is not None:
-            raise UsageError("--batch-size applies to --endpoint runs with --api embeddings or "
-                             "rerank")
-        if self.lora_modules is not None:
-            raise UsageError("--lora-modules names a server's adapters: it needs --endpoint")
+        if self.endpoint is None:  # a value other than the default was given
+            self.refuse_without_endpoint(f.name for f in dataclasses.fields(self)
+                                         if getattr(self, f.name) != f.default)
+
+    def validate_given(self, given: Collection[str]) -> None:
+        """Group.build's check of the flags given on the command line, at their defaults too
+        (`--api completions`): without --endpoint each would do nothing."""
+        if self.endpoint is None:
+            self.refuse_without_endpoint(given)
+
+    def refuse_without_endpoint(self, names: Iterable[str]) -> None:
+        """A UsageError naming the first of these endpoint-only flags, as it was given
+        (--no-ignore-eos-field)."""
+        names = set(names)
+        for name, why in ENDPOINT_ONLY.items():
+            if name in names:
+                flag = flag_of(name)
+                if getattr(self, name) is False:
+                    flag = "--no-" + flag[2:]
+                raise UsageError(f"{flag} needs --endpoint ({why})")
 
     def target(self, seed: int):
         """The HTTP target's EndpointOptions (None without --endpoint), checked before any
         probe runs."""
         if self.endpoint is None:
             return None
-        from cbbench.load.prompts import tokenizer_file
         from cbbench.targets.balance import parse_lora_modules
         from cbbench.targets.options import EndpointOptions, parse_header
 
@@ -121,7 +132,7 @@ class EndpointFlags:
             ignore_eos_field=self.ignore_eos_field,
             headers=dict(parse_header(h) for h in self.header or []),
             request_timeout_s=self.request_timeout,
-            tokenizer=tokenizer_file(self.tokenizer) if self.tokenizer is not None else None,
+            tokenizer=self.tokenizer_path(),
             seed=seed,
             balance=self.balance,
             lora_modules=parse_lora_modules(self.lora_modules),
@@ -134,6 +145,20 @@ class EndpointFlags:
         opts.validate()
         return opts
 
+    def tokenizer_path(self) -> str | None:
+        """--tokenizer's tokenizer.json, which must exist: a missing path was found only when
+        the first point loaded it, a sweep's point already started."""
+        if self.tokenizer is None:
+            return None
+        from cbbench.load.prompts import tokenizer_file
+
+        path = tokenizer_file(self.tokenizer)
+        if not Path(path).exists():
+            raise UsageError(f"--tokenizer {path}: no such file or folder")
+        if not Path(path).is_file():  # a device or FIFO: load_tokenizer's refusal, sooner
+            raise UsageError(f"--tokenizer {path}: not a tokenizer.json file")
+        return path
+
     def load_plan(self):
         """--workers and --ray, checked: they apply to endpoint runs only."""
         from cbbench.distributed.plan import LoadPlan, parse_workers
@@ -142,6 +167,26 @@ class EndpointFlags:
         if self.endpoint is None and load.distributed:
             raise UsageError("--workers and --ray apply to --endpoint runs")
         return load
+
+
+# Why each flag needs --endpoint, said when it is given without one (where it did nothing).
+# --workers, --ray and --ray-address are the load plan's (load_plan): --workers 1 runs here too.
+ENDPOINT_ONLY: dict[str, str] = {
+    "api": "it picks the API of an endpoint's requests",
+    "batch_size": "it sets the inputs per request of --api embeddings or rerank",
+    "served_model": "it names the model an endpoint serves",
+    "ignore_eos_field": "it says whether an endpoint's requests carry ignore_eos; the bundled "
+    "engine takes --ignore-eos",
+    "header": "it adds HTTP headers to an endpoint's requests",
+    "request_timeout": "it bounds each HTTP request",
+    "max_concurrency": "it caps the HTTP requests in flight",
+    "tokenizer": "it sizes the prompts and counts the tokens of an endpoint's model",
+    "scrape_metrics": "it reads a server's /metrics; the bundled engine's own figures are in "
+    "every result",
+    "scrape_metrics_filter": "it picks the /metrics names --scrape-metrics keeps",
+    "balance": "it spreads requests over several --endpoint URLs",
+    "lora_modules": "it names a server's adapters",
+}
 
 
 # sweep and capacity: open loop only (no --max-concurrency, which would cap the very load a

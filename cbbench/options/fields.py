@@ -140,7 +140,28 @@ class Group:
         mine.update({name: given[name] for name in self.inherit})
         group = self.cls(**mine)
         group.validate()
+        # A group that refuses a flag given where it does nothing (even at its default value,
+        # which validate() cannot tell from no flag) learns which of its flags were given.
+        validate_given = getattr(group, "validate_given", None)
+        if validate_given is not None:
+            validate_given(given_on_command_line(mine))
         return group
+
+
+def given_on_command_line(names) -> frozenset[str]:
+    """Which of the running command's parameters ``names`` were given (the command line or the
+    environment), not left at their defaults; none outside a command (a direct call)."""
+    try:  # Typer 0.2x runs commands on its own copy of Click
+        from typer._click.globals import get_current_context
+    except ImportError:  # the same function from Click itself (a different module to mypy)
+        from click import get_current_context  # type: ignore[no-redef]
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return frozenset()
+    sources = {name: ctx.get_parameter_source(name) for name in names}
+    return frozenset(name for name, source in sources.items()
+                     if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"))
 
 
 def _default(f: dataclasses.Field) -> Any:
