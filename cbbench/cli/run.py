@@ -58,6 +58,7 @@ def run(
         if ignored:
             raise UsageError(f"--replay takes the recorded run's workload, seed and arrivals: "
                              f"drop {', '.join(ignored)}")
+    _check_burstiness(load, C.given("burstiness"))
     spec = RunSpec.from_options(load, engine_opts, output, endpoint)
     if spec.endpoint is not None and spec.endpoint.pooling and load.output_len is not None:
         raise UsageError(f"--output-len does not fit --api {spec.endpoint.api}: its workload is "
@@ -139,6 +140,19 @@ def _check_server_log(path, endpoint: bool) -> None:
     from cbbench.analysis.input_file import check_input_file
 
     check_input_file(path, "--server-log")
+
+
+def _check_burstiness(load: O.LoadOptions, given: bool) -> None:
+    """--burstiness shapes the gaps of gamma arrivals at a finite rate; anywhere else it was
+    taken and did nothing (exit 0)."""
+    if not given or load.replay is not None:  # --replay refuses its own way
+        return
+    if load.arrival in ("constant", "trace"):
+        raise UsageError(f"--burstiness shapes gamma arrivals: with --arrival {load.arrival} it "
+                         "does nothing; drop it")
+    if load.ramp is None and not load.rate_given:
+        raise UsageError("--burstiness shapes the gaps between arrivals: at --request-rate inf "
+                         "every request arrives at t=0; give --request-rate N or drop it")
 
 
 def _also_written(fmt: str | None, out_path, inputs: list):

@@ -137,9 +137,6 @@ def resolve_process(process: str, rate: float, has_trace: bool, rate_given: bool
         return "trace" if has_trace and not rate_given else "gamma"
     if process == "trace" and not has_trace:
         raise UsageError("--arrival trace needs a workload whose requests all carry 'arrival_s'")
-    if process == "trace" and rate_given:  # the rate would be recorded, and never used
-        raise UsageError("--arrival trace replays the trace's own arrival_s: drop "
-                         "--request-rate (--time-scale replays it faster or slower)")
     return process
 
 

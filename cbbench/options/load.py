@@ -123,6 +123,9 @@ class LoadOptions:
             raise UsageError("--duration and --num-requests both set the run's length: give one")
         if self.ramp is not None and self.rate_given:
             raise UsageError("--ramp sets the request rate: drop --request-rate")
+        if self.arrival == "trace" and self.rate_given:  # recorded in the config, never used
+            raise UsageError("--arrival trace replays the trace's own arrival_s: drop "
+                             "--request-rate (--time-scale replays it faster or slower)")
         if self.replay is not None and (self.num_requests is not None or self.duration is not None
                                         or self.ramp is not None or self.rate_given):
             raise UsageError("--replay takes the recorded run's requests and arrivals: drop "

@@ -109,6 +109,9 @@ class OutputOptions:
         self.percentile_list()
         self.slice_s()
         self.check_gpu_metrics()
+        if self.save_detailed and self.summary_only:  # the details went nowhere, exit 0
+            raise UsageError("--save-detailed adds to each request's record and --summary-only "
+                             "keeps none: give one of them")
 
     def check_gpu_metrics(self) -> None:
         """--gpu-metrics: http(s) URLs, and not beside --gpu-index (one telemetry source)."""

@@ -112,6 +112,19 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
          "trace", "--time-scale", "1e308"],
         ["the arrival schedule spans inf s, more than 2592000 s (30 days): check --time-scale "
          "and the trace's arrival_s"]),
+    # The rate was recorded in the config and the header, and never used.
+    "arrival-trace-with-a-rate": (
+        [*SIM, "--workload", "{w}/trace_5s.jsonl", "--arrival", "trace", "--request-rate", "5"],
+        ["--arrival trace replays the trace's own arrival_s: drop --request-rate"]),
+    "burstiness-at-rate-inf": (
+        [*SIM, "--burstiness", "0.5"],
+        ["--burstiness shapes the gaps between arrivals: at --request-rate inf"]),
+    "burstiness-with-constant-arrivals": (
+        [*SIM, "--burstiness", "0.5", "--arrival", "constant", "--request-rate", "5"],
+        ["--burstiness shapes gamma arrivals: with --arrival constant it does nothing"]),
+    "save-detailed-and-summary-only": (
+        [*SIM, "--save-detailed", "--summary-only"],
+        ["--save-detailed adds to each request's record and --summary-only keeps none"]),
     "workload-priority-past-int64": (
         [*SIM, "--workload", "{w}/huge_priority.jsonl"],
         ["huge_priority.jsonl:1: 'priority' must be a 64-bit integer (within "

@@ -287,9 +287,7 @@ def test_resolve_process():
     assert resolve_process("auto", 5.0, has_trace=True, rate_given=True) == "gamma"
     assert resolve_process("auto", math.inf, has_trace=False, rate_given=False) == "gamma"
     assert resolve_process("constant", 5.0, has_trace=False, rate_given=True) == "constant"
-    assert resolve_process("trace", math.inf, has_trace=True, rate_given=False) == "trace"
-    with pytest.raises(UsageError, match="drop --request-rate"):  # it was recorded, unused
-        resolve_process("trace", 5.0, has_trace=True, rate_given=True)
+    assert resolve_process("trace", 5.0, has_trace=True, rate_given=True) == "trace"
     with pytest.raises(UsageError, match="needs a workload"):
         resolve_process("trace", math.inf, has_trace=False, rate_given=False)
     with pytest.raises(UsageError, match="unknown arrival process"):
