@@ -18,6 +18,10 @@ connection (TLS included) is `connect`, a name that does not resolve `dns`, a co
 closes mid-response `stream_cut`, a response head llhttp cannot parse `bad_event`. The
 keep-alive race is handled as transport.post does: a reused idle connection that the server
 turns out to have closed before any byte of an answer is retried once on a new connection.
+
+A connection goes back to the pool only when its answer ended cleanly: its parser did not fail,
+and no byte followed the answer in its read (junk, or a response nobody asked for, would be
+read as the next request's answer).
 """
 
 from __future__ import annotations
@@ -83,6 +87,9 @@ class StreamConnection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.idle_since = 0.0
+        # Its answer ended cleanly in the read being parsed: back to the pool once the read is
+        # parsed, unless more bytes follow it there.
+        self.reusable = False
 
     # ---- the transport's callbacks ----
     def connection_made(self, transport) -> None:
@@ -98,9 +105,22 @@ class StreamConnection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:  # a malformed head or chunk framing
-            self._fail(HttpFailure("bad_event", f"malformed response: {e}"))
+            self._broken(HttpFailure("bad_event", f"malformed response: {e}"))
+            return
         except httptools.HttpParserUpgrade:
-            self._fail(HttpFailure("bad_event", "malformed response: an upgrade"))
+            self._broken(HttpFailure("bad_event", "malformed response: an upgrade"))
+            return
+        if self.reusable:  # it ended in this read, nothing after it
+            self.reusable = False
+            self.pool.release(self)
+
+    def _broken(self, failure: HttpFailure) -> None:
+        """The parser failed: the connection is closed (a parser past an error cannot read the
+        next answer), and the request, if still reading, fails."""
+        self.reusable = False
+        if self.ex is not None:
+            self._fail(failure)
+        self.close()  # after the answer's end too: junk after it
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -124,6 +144,11 @@ class StreamConnection(asyncio.Protocol):
         ex.done.set_exception(HttpFailure("stream_cut", f"connection closed mid-response ({why})"))
 
     # ---- the parser's callbacks ----
+    def on_message_begin(self) -> None:
+        if self.ex is None:  # a response after the answer's end: junk
+            self.reusable = False
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         ex = self.ex
         if ex is None:
@@ -177,7 +202,20 @@ class StreamConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    def _settle(self, e: BaseException | None) -> None:
+        """The request's answer is over: its coroutine is woken (with `e`, its failure)."""
+        ex = self.ex
+        assert ex is not None
+        ex.failed = True  # nothing more goes to this request
+        if not ex.done.done():
+            if e is None:
+                ex.done.set_result(None)
+            else:
+                ex.done.set_exception(e)
+        self.ex = None
+
     def _finish(self, keep: bool) -> None:
+        # _settle(None) and _after(keep) inline: this runs at every request's end.
         ex = self.ex
         assert ex is not None
         ex.failed = True  # nothing more goes to this request
@@ -185,7 +223,7 @@ class StreamConnection(asyncio.Protocol):
             ex.done.set_result(None)
         self.ex = None
         if keep and not self.closed:
-            self.pool.release(self)
+            self.reusable = True
         else:
             self.close()
 
@@ -193,12 +231,14 @@ class StreamConnection(asyncio.Protocol):
         ex = self.ex
         if ex is None or ex.failed:
             return
-        ex.failed = True
-        if not ex.done.done():
-            ex.done.set_exception(e)
-        self.ex = None
+        self._settle(e)
+        self._after(keep)
+
+    def _after(self, keep: bool) -> None:
+        """keep: the answer ended cleanly; the connection goes back to the pool once the rest
+        of its read is parsed (data_received), if nothing follows the answer there."""
         if keep and not self.closed:
-            self.pool.release(self)
+            self.reusable = True
         else:
             self.close()
 
@@ -312,7 +352,7 @@ class StreamPool:
                 if waiter.done() and not waiter.cancelled():  # handed one as it was cancelled
                     self.release(waiter.result())
                 raise
-            if conn is not None:
+            if conn is not None and not conn.closed:
                 conn.reused = True
                 return conn
         conn = await self._connect()
