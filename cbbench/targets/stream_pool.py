@@ -22,6 +22,9 @@ turns out to have closed before any byte of an answer is retried once on a new c
 A connection goes back to the pool only when its answer ended cleanly: its parser did not fail,
 and no byte followed the answer in its read (junk, or a response nobody asked for, would be
 read as the next request's answer).
+
+1xx interim answers (100 Continue, 103 Early Hints) are skipped for the final one (RFC 9110
+section 15.2).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
 
 ERROR_BODY_BYTES = 4 * ERROR_BODY_CHARS  # of a failed answer's body, read for its message
 DNS_CACHE_S = 10.0  # a host name's addresses are looked up again after this (aiohttp's default)
+SWITCHING_PROTOCOLS = 101  # the one 1xx answer that is not interim (an upgrade: refused)
 
 
 class _StaleConnection(Exception):
@@ -58,7 +62,7 @@ class _Exchange:
     stream it feeds, and the future its coroutine waits on (set at the end, or on a failure)."""
 
     __slots__ = ("stream", "t0", "done", "status", "ctype", "error_body", "streaming",
-                 "got_bytes", "t", "failed", "framed")
+                 "got_bytes", "t", "failed", "framed", "interim")
 
     def __init__(self, stream: SseStream, t0: float, done: asyncio.Future) -> None:
         self.stream = stream
@@ -74,6 +78,7 @@ class _Exchange:
         # The body's end is marked (chunked, or a Content-Length): a close before it is a cut
         # stream; unmarked, the body runs to the close.
         self.framed = False
+        self.interim = False  # the response being read is a 1xx interim one: the answer follows
 
 
 class StreamConnection(asyncio.Protocol):
@@ -163,7 +168,15 @@ class StreamConnection(asyncio.Protocol):
         ex = self.ex
         if ex is None:
             return
-        ex.status = status = self.parser.get_status_code()
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != SWITCHING_PROTOCOLS:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows, with
+            # headers of its own (RFC 9110 section 15.2).
+            ex.interim = True
+            ex.ctype = ""
+            ex.framed = False
+            return
+        ex.status = status
         if 200 <= status < 300 and (not ex.ctype or "text/event-stream" in ex.ctype):
             ex.streaming = True
         else:
@@ -187,6 +200,9 @@ class StreamConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         ex = self.ex
         if ex is None or ex.failed:
+            return
+        if ex.interim:
+            ex.interim = False
             return
         if ex.streaming:
             try:

@@ -185,3 +185,14 @@ def test_a_connection_is_pooled_only_with_nothing_after_its_answer(after, reused
         assert (conn in pool.idle) == reused and conn.closed != reused
 
     asyncio.run(go())
+
+
+# ---- 2: 1xx interim responses ------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["continue100", "hints103"])
+def test_an_interim_response_is_skipped_for_the_final_one(mode):
+    with Hostile(mode) as s:
+        run = _run(s, 3, max_concurrency=1)
+        connections = len(s.stream_writers)
+    assert [r.error for r in run.records] == [None] * 3  # was "HTTP 103: " / "HTTP 100: "
+    assert [len(r.token_times_s) for r in run.records] == [TOKENS] * 3
+    assert connections == 1  # the answer ended cleanly: the connection serves the next one
