@@ -28,6 +28,7 @@ from cbbench.targets.transport import ERROR_BODY_CHARS, HttpFailure, body_text
 MAX_LINE_BYTES = 1 << 20  # the longest event-stream line buffered before it counts as bad_event
 BAD_EVENT_CHARS = 80
 MAX_RESPONSE_ID_CHARS = 200  # a server's response id longer than this is cut (it is a label)
+EVENT_STREAM = "text/event-stream"
 
 
 REASONING = "reasoning"
@@ -144,6 +145,13 @@ def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict 
     parts, finish, usage, _ = chunk_parts(obj, chat)
     text = None if parts is None else "".join(t for _, t in parts)
     return text, finish, usage
+
+
+def is_event_stream(ctype: str) -> bool:
+    """Whether a Content-Type is the event stream's: media types are case-insensitive (RFC 9110
+    section 8.3.1: `Text/Event-Stream` is one), parameters (`; charset=utf-8`) aside."""
+    media = ctype.partition(";")[0]
+    return media == EVENT_STREAM or media.strip().lower() == EVENT_STREAM
 
 
 class SseStream:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from cbbench.errors import UsageError
+from cbbench.targets.sse import is_event_stream
 from cbbench.targets.transport import ERROR_BODY_CHARS, KEEPALIVE_S, USER_AGENT, HttpFailure
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ class StreamConnection(asyncio.Protocol):
             ex.framed = False
             return
         ex.status = status
-        if 200 <= status < 300 and (not ex.ctype or "text/event-stream" in ex.ctype):
+        if 200 <= status < 300 and (not ex.ctype or is_event_stream(ex.ctype)):
             ex.streaming = True
         else:
             ex.error_body = bytearray()

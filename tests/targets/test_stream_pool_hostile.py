@@ -23,6 +23,7 @@ from cbbench.targets import stream_pool
 from cbbench.targets.http import run_http
 from cbbench.targets.request import RequestContext, exchange
 from cbbench.targets.sse import SseStream
+from cbbench.targets.transport import HttpFailure
 
 TOKENS = 3
 BOM = b"\xef\xbb\xbf"
@@ -196,3 +197,30 @@ def test_an_interim_response_is_skipped_for_the_final_one(mode):
     assert [r.error for r in run.records] == [None] * 3  # was "HTTP 103: " / "HTTP 100: "
     assert [len(r.token_times_s) for r in run.records] == [TOKENS] * 3
     assert connections == 1  # the answer ended cleanly: the connection serves the next one
+
+
+# ---- 3: the media type's case ------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["upper", "upperparams"])
+def test_the_event_streams_media_type_is_read_case_insensitively(mode):
+    with Hostile(mode) as s:
+        run = _run(s, 2)
+    assert [r.error for r in run.records] == [None, None]  # was "expected an event stream"
+    assert [len(r.token_times_s) for r in run.records] == [TOKENS, TOKENS]
+
+
+def test_another_media_type_is_still_not_an_event_stream():
+    with Hostile("json") as s:
+        run = _run(s, 1)
+    assert run.records[0].error_type == "bad_event"
+    assert "expected an event stream, got application/json" in run.records[0].error
+
+
+@pytest.mark.parametrize("mode", ["upper", "json"])
+def test_the_aiohttp_path_reads_the_media_type_as_the_pool_does(mode):
+    with Hostile(mode) as s:
+        if mode == "json":
+            with pytest.raises(HttpFailure, match="expected an event stream"):
+                asyncio.run(_through_aiohttp(s.url))
+            return
+        st = asyncio.run(_through_aiohttp(s.url))
+    assert len(st.times) == TOKENS
