@@ -119,6 +119,9 @@ async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:
                 stream.close(t)
                 return
             stream.feed(piece, t)
+            if stream.done:  # [DONE]: the request's end, though the body may go on (aiohttp
+                stream.close(t)  # closes a connection whose body was not read to its end)
+                return
 
 
 async def send_request(

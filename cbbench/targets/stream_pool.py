@@ -25,6 +25,12 @@ read as the next request's answer).
 
 1xx interim answers (100 Continue, 103 Early Hints) are skipped for the final one (RFC 9110
 section 15.2).
+
+A stream's end event (`data: [DONE]`) ends the request, as the OpenAI SDK's does, though the
+HTTP body goes on: a server that never ends it no longer costs the request its
+--request-timeout. Such a connection drains: it serves again if the body's end follows (a
+server writes [DONE] and the body's end apart, and they may come in two reads); it is closed if
+anything else does, or once DONE_DRAIN_S passed.
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ if TYPE_CHECKING:
 
 ERROR_BODY_BYTES = 4 * ERROR_BODY_CHARS  # of a failed answer's body, read for its message
 DNS_CACHE_S = 10.0  # a host name's addresses are looked up again after this (aiohttp's default)
+# A body still open this long after its stream's [DONE] is not going to end: its connection is
+# closed (the usual server ends it within the same write burst, microseconds after).
+DONE_DRAIN_S = 1.0
 SWITCHING_PROTOCOLS = 101  # the one 1xx answer that is not interim (an upgrade: refused)
 
 
@@ -96,6 +105,9 @@ class StreamConnection(asyncio.Protocol):
         # Its answer ended cleanly in the read being parsed: back to the pool once the read is
         # parsed, unless more bytes follow it there.
         self.reusable = False
+        # Its request ended at the stream's [DONE] before the HTTP body ended: not reusable
+        # until the body's end comes.
+        self.draining = False
 
     # ---- the transport's callbacks ----
     def connection_made(self, transport) -> None:
@@ -103,8 +115,11 @@ class StreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         ex = self.ex
-        if ex is None:  # bytes on an idle connection: nothing to match them to; drop it
-            self.close()
+        if ex is None:
+            if self.draining:  # the rest of a body after its stream's [DONE]
+                self._drain(data)
+            else:  # bytes on an idle connection: nothing to match them to; drop it
+                self.close()
             return
         ex.t = time.perf_counter() - ex.t0  # when this network read returned
         ex.got_bytes = True
@@ -116,7 +131,10 @@ class StreamConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._broken(HttpFailure("bad_event", "malformed response: an upgrade"))
             return
-        if self.reusable:  # it ended in this read, nothing after it
+        if self.ex is ex:  # the answer goes on past this read...
+            if ex.stream.done:  # ...but its stream ended ([DONE]): so does the request
+                self._end_at_done(ex)
+        elif self.reusable:  # it ended in this read, nothing after it
             self.reusable = False
             self.pool.release(self)
 
@@ -127,6 +145,21 @@ class StreamConnection(asyncio.Protocol):
         if self.ex is not None:
             self._fail(failure)
         self.close()  # after the answer's end too: junk after it
+
+    def _drain(self, data: bytes) -> None:
+        """A read after the request ended at [DONE] (its bytes are not the request's): the
+        body's clean end makes the connection reusable (on_message_complete); a failed parse,
+        bytes past the end, or an end without keep-alive close it."""
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self.close()
+            return
+        if self.reusable:
+            self.reusable = False
+            self.pool.drained(self)
+        elif not self.draining:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -151,7 +184,7 @@ class StreamConnection(asyncio.Protocol):
 
     # ---- the parser's callbacks ----
     def on_message_begin(self) -> None:
-        if self.ex is None:  # a response after the answer's end: junk
+        if self.ex is None and not self.draining:  # a response after the answer's end: junk
             self.reusable = False
             self.close()
 
@@ -200,7 +233,12 @@ class StreamConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         ex = self.ex
-        if ex is None or ex.failed:
+        if ex is None:
+            if self.draining:  # the body after [DONE] ended: the connection can serve again
+                self.draining = False
+                self.reusable = self.parser.should_keep_alive()
+            return
+        if ex.failed:
             return
         if ex.interim:
             ex.interim = False
@@ -259,6 +297,22 @@ class StreamConnection(asyncio.Protocol):
         else:
             self.close()
 
+    def _end_at_done(self, ex: _Exchange) -> None:
+        """The stream's [DONE] came, and its HTTP body did not end in the same read: the
+        request ends here, with what it read. The connection drains (or closes: a body that
+        runs to the close, or a server that closes after it, has no next answer)."""
+        try:
+            ex.stream.close(ex.t)
+        except HttpFailure as e:
+            self._settle(e)
+        else:
+            self._settle(None)
+        if ex.framed and self.parser.should_keep_alive():
+            self.draining = True
+            self.pool.drain(self)
+        else:
+            self.close()
+
     def abandon(self) -> None:
         """The request was cancelled or timed out mid-answer: the connection closes (the
         server sees the client go away)."""
@@ -270,6 +324,7 @@ class StreamConnection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self.draining = False
             self.pool.forget(self)
             if self.transport is not None:
                 self.transport.close()
@@ -291,6 +346,10 @@ class StreamPool:
         self.loop = asyncio.get_running_loop()
         self.idle: collections.deque[StreamConnection] = collections.deque()
         self.open: set[StreamConnection] = set()
+        # Connections whose request ended at [DONE] before the body did, with the time each
+        # began draining (oldest first). Outside `open`: not held against the limit, so the
+        # next request is not kept waiting on a body's end.
+        self.draining: dict[StreamConnection, float] = {}
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
         self.heads: dict[str, bytes] = {}  # the request head up to Content-Length, by path
         netloc = self.host if ":" not in self.host else f"[{self.host}]"
@@ -354,6 +413,8 @@ class StreamPool:
 
     async def acquire(self) -> StreamConnection:
         now = time.monotonic()
+        if self.draining:
+            self._expire_draining(now)
         while self.idle:
             conn = self.idle.pop()  # the most recently used: the likeliest still open
             if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
@@ -385,8 +446,32 @@ class StreamPool:
         conn.idle_since = time.monotonic()
         self.idle.append(conn)
 
+    def drain(self, conn: StreamConnection) -> None:
+        """A connection's request ended at [DONE] before its body did: its place in the limit
+        goes to a waiting request while it drains. (Drained, it rejoins the pool, which may
+        then hold a connection past the limit: the next request takes it rather than open
+        one. fd_limit.RESERVED_FDS is the headroom; draining lasts microseconds.)"""
+        self.forget(conn)
+        self.draining[conn] = time.monotonic()
+
+    def drained(self, conn: StreamConnection) -> None:
+        """The body after [DONE] ended: the connection serves again."""
+        del self.draining[conn]
+        self.open.add(conn)
+        self.release(conn)
+
+    def _expire_draining(self, now: float) -> None:
+        """Closes the connections draining for DONE_DRAIN_S (oldest first)."""
+        while self.draining:
+            conn, since = next(iter(self.draining.items()))
+            if now - since < DONE_DRAIN_S:
+                break
+            del self.draining[conn]
+            conn.close()
+
     def forget(self, conn: StreamConnection) -> None:
         """A connection closed: its place in the limit goes to a waiting request."""
+        self.draining.pop(conn, None)
         if conn in self.open:
             self.open.discard(conn)
             while self.waiters:
@@ -421,6 +506,6 @@ class StreamPool:
             raise HttpFailure("bad_event", f"expected an event stream, got {ex.ctype}: {text}")
 
     def close(self) -> None:
-        for conn in list(self.open):
+        for conn in [*self.open, *self.draining]:
             conn.close()
         self.idle.clear()

@@ -224,3 +224,70 @@ def test_the_aiohttp_path_reads_the_media_type_as_the_pool_does(mode):
             return
         st = asyncio.run(_through_aiohttp(s.url))
     assert len(st.times) == TOKENS
+
+
+# ---- 4: [DONE] on a body that never ends --------------------------------------------------
+def test_done_ends_the_request_though_the_body_never_ends(tmp_path):
+    # The server sends every event and [DONE] but never the chunked body's end: each request
+    # timed out after the whole --request-timeout with all its tokens.
+    n, timeout_s = 3, 20.0
+    with Hostile("donehold") as s:
+        out = tmp_path / "r.json"
+        t = time.perf_counter()
+        res = _cli(s.url, out, n, "--request-timeout", str(timeout_s))
+        took = time.perf_counter() - t
+        connections = len(s.stream_writers)
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert took < timeout_s  # not one request waited its timeout out
+    reqs = _requests(out)
+    assert [(r["error_type"], r["output_tokens"]) for r in reqs] == [(None, TOKENS)] * n
+    assert all(r["e2el_ms"] is not None and r["e2el_ms"] < timeout_s * 1e3 for r in reqs)
+    # The unfinished body's connection is not reused: each request opened its own.
+    assert connections == n
+
+
+@pytest.mark.parametrize("after", [END, _chunk(b"data: more\n\n") + END, b"GARBAGE\r\n\r\n",
+                                   END + b"HTTP/1.1 200 OK\r\n"])
+def test_done_ends_the_request_at_its_read_and_the_body_after_it_decides_reuse(after):
+    # The usual server's last two writes ([DONE], then the body's end) may come in two reads:
+    # the request ends at the first, and the connection serves again once its body ended
+    # cleanly (what the body held past [DONE] is not the request's); a parse error or bytes
+    # past the body's end close it.
+    async def go():
+        pool, conn, ex = _pooled_connection()
+        conn.data_received(STREAM)
+        assert ex.done.done() and ex.done.exception() is None  # ended at [DONE]'s read
+        assert len(ex.stream.times) == TOKENS
+        assert conn in pool.draining and conn not in pool.open and conn not in pool.idle
+        conn.data_received(after)
+        if after.endswith(END):
+            assert conn in pool.open and not pool.draining
+            assert await pool.acquire() is conn  # the next request's connection
+        else:
+            assert conn.closed and conn.transport.closed and not pool.draining
+            with pytest.raises(HttpFailure):  # not reused: a new connection (refused)
+                await pool.acquire()
+
+    asyncio.run(go())
+
+
+def test_a_body_still_open_past_the_drain_bound_is_closed(monkeypatch):
+    # A connection that drains after [DONE] is closed once DONE_DRAIN_S passed (at the next
+    # request's acquire), so a server that never ends its bodies holds no connections.
+    monkeypatch.setattr(stream_pool, "DONE_DRAIN_S", 0.0)
+
+    async def go():
+        pool, conn, ex = _pooled_connection()
+        conn.data_received(STREAM)
+        assert ex.done.done() and conn in pool.draining
+        with pytest.raises(HttpFailure):  # port 9: the new connection is refused
+            await pool.acquire()
+        assert conn.closed and conn.transport.closed and not pool.draining
+
+    asyncio.run(go())
+
+
+def test_the_aiohttp_path_ends_at_done_too():
+    with Hostile("donehold") as s:  # it waited for a body's end that never came
+        st = asyncio.run(_through_aiohttp(s.url))
+    assert len(st.times) == TOKENS and st.done
