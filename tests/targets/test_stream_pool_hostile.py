@@ -291,3 +291,39 @@ def test_the_aiohttp_path_ends_at_done_too():
     with Hostile("donehold") as s:  # it waited for a body's end that never came
         st = asyncio.run(_through_aiohttp(s.url))
     assert len(st.times) == TOKENS and st.done
+
+
+# ---- 5: a byte-order mark before the first event ------------------------------------------
+def test_a_bom_before_the_first_event_keeps_its_token():
+    with Hostile("bom") as s:
+        run = _run(s, 2)
+    # The first event's token was dropped (2 of 3 counted, TTFT at the second event).
+    assert [len(r.token_times_s) for r in run.records] == [TOKENS, TOKENS]
+    assert [r.error for r in run.records] == [None, None]
+
+
+@pytest.mark.parametrize("reads", [
+    [BOM + b'data: {"choices":[{"text":"a"}]}\n\n'],
+    [BOM, b'data: {"choices":[{"text":"a"}]}\n\n'],  # the BOM a read of its own
+    [BOM[:2], BOM[2:] + b'data: {"choices":[{"text":"a"}]}\n\n'],  # cut inside it
+    [BOM + b'data: {"choices":[{"text":"a"}]}\n', b"\n"],
+])
+def test_one_leading_bom_is_stripped(reads):
+    st = SseStream(False, [])
+    for k, r in enumerate(reads):
+        st.feed(r, 0.1 * (k + 1))
+    st.feed(b'data: {"choices":[{"text":"b","finish_reason":"length"}]}\n\ndata: [DONE]\n\n', 1.0)
+    st.close(1.0)
+    assert len(st.times) == 2 and st.times[0] < 1.0
+
+
+def test_a_bom_past_the_streams_start_is_not_stripped():
+    # The event-stream spec strips one BOM at the stream's start only: later, the line's
+    # field name is "\ufeffdata", not "data" (the event is ignored).
+    st = SseStream(False, [])
+    st.feed(b'data: {"choices":[{"text":"a"}]}\n\n', 0.1)
+    st.feed(BOM + b'data: {"choices":[{"text":"b"}]}\n\n', 0.2)
+    assert st.times == [0.1]
+    twice = SseStream(False, [])  # one BOM: a second is the first line's
+    twice.feed(BOM + BOM + b'data: {"choices":[{"text":"a"}]}\n\n', 0.1)
+    assert twice.times == []
