@@ -20,7 +20,7 @@ from json.encoder import encode_basestring_ascii as encode_string
 from typing import TYPE_CHECKING
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.targets.sse import SseStream
+from cbbench.targets.sse import SseStream, is_event_stream
 from cbbench.targets.transport import (
     ERROR_BODY_CHARS,
     HttpFailure,
@@ -107,7 +107,7 @@ async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:
             head = stream.error_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
             raise HttpFailure("http_status", f"HTTP {resp.status}: {head}")
         ctype = resp.headers.get("Content-Type", "")
-        if ctype and "text/event-stream" not in ctype:
+        if ctype and not is_event_stream(ctype):
             head = body_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
             raise HttpFailure("bad_event", f"expected an event stream, got {ctype}: {head}")
         content, now, t0 = resp.content, time.perf_counter, ctx.t0
@@ -119,6 +119,9 @@ async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:
                 stream.close(t)
                 return
             stream.feed(piece, t)
+            if stream.done:  # [DONE]: the request's end, though the body may go on (aiohttp
+                stream.close(t)  # closes a connection whose body was not read to its end)
+                return
 
 
 async def send_request(

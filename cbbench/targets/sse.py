@@ -28,6 +28,11 @@ from cbbench.targets.transport import ERROR_BODY_CHARS, HttpFailure, body_text
 MAX_LINE_BYTES = 1 << 20  # the longest event-stream line buffered before it counts as bad_event
 BAD_EVENT_CHARS = 80
 MAX_RESPONSE_ID_CHARS = 200  # a server's response id longer than this is cut (it is a label)
+# The event-stream spec strips one UTF-8 byte-order mark from the start of a stream: a server
+# that writes one would otherwise hide its first line's `data:` (and that event's token).
+BOM = b"\xef\xbb\xbf"
+BOM_BYTES = len(BOM)
+EVENT_STREAM = "text/event-stream"
 
 
 REASONING = "reasoning"
@@ -146,6 +151,13 @@ def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict 
     return text, finish, usage
 
 
+def is_event_stream(ctype: str) -> bool:
+    """Whether a Content-Type is the event stream's: media types are case-insensitive (RFC 9110
+    section 8.3.1: `Text/Event-Stream` is one), parameters (`; charset=utf-8`) aside."""
+    media = ctype.partition(";")[0]
+    return media == EVENT_STREAM or media.strip().lower() == EVENT_STREAM
+
+
 class SseStream:
     """One response stream, parsed as it arrives. `times` is the request's token_times_s
     (appended to in place); `pieces`, when kept, the text of each token event."""
@@ -153,7 +165,7 @@ class SseStream:
     __slots__ = (
         "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events",
         "response_id", "_tail", "kinds", "running", "reasoning_pieces", "answer_pieces",
-        "tool_calls", "_running_now", "server_metrics",
+        "tool_calls", "_running_now", "server_metrics", "_at_start",
     )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
@@ -171,6 +183,7 @@ class SseStream:
         # the server's name for the request, which its own logs use too (None: it sent none).
         self.response_id: str | None = None
         self._tail = b""  # an incomplete line, waiting for the rest
+        self._at_start = True  # no byte of the stream read yet (its BOM, if any, is next)
         # Per timed event: its kind ("reasoning", "answer", "tool", or "reasoning+answer"...
         # for one that straddles a boundary), and the running completion_tokens the server
         # reported with it (stream_options.continuous_usage_stats; None where it sent none).
@@ -188,6 +201,8 @@ class SseStream:
     def feed(self, piece: bytes, t: float) -> None:
         """Whatever one network read returned, at run-clock time `t`. (It runs for every network
         read of every request: the lines are split inline, each event's JSON parsed here.)"""
+        if self._at_start:
+            piece = self._stream_start(piece)
         # The usual read: one whole `data:` event and its blank line, nothing held from
         # before (a server writes each event at once). Parsed without splitting it into lines.
         if not self._tail and piece.endswith(b"\n\n") and piece.count(b"\n") == 2 \
@@ -202,6 +217,17 @@ class SseStream:
         for line in lines:
             if line.startswith(b"data:"):  # not blank separators, ': comments', 'event:' lines
                 self._data(line[5:].strip(), t)  # strip: and the \r of a CRLF line
+
+    def _stream_start(self, piece: bytes) -> bytes:
+        """The stream's first bytes, less one leading BOM. Bytes that may yet be a BOM's first
+        (a read cut inside it) wait in the tail for the next read."""
+        data = self._tail + piece if self._tail else piece
+        if len(data) < BOM_BYTES and BOM.startswith(data):
+            self._tail = data
+            return b""
+        self._at_start = False
+        self._tail = b""
+        return data[BOM_BYTES:] if data.startswith(BOM) else data
 
     def _data(self, data: bytes, t: float) -> None:
         """One event's data: [DONE], or a chunk's JSON (ignored after [DONE]: the stream is

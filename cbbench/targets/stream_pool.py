@@ -18,6 +18,19 @@ connection (TLS included) is `connect`, a name that does not resolve `dns`, a co
 closes mid-response `stream_cut`, a response head llhttp cannot parse `bad_event`. The
 keep-alive race is handled as transport.post does: a reused idle connection that the server
 turns out to have closed before any byte of an answer is retried once on a new connection.
+
+A connection goes back to the pool only when its answer ended cleanly: its parser did not fail,
+and no byte followed the answer in its read (junk, or a response nobody asked for, would be
+read as the next request's answer).
+
+1xx interim answers (100 Continue, 103 Early Hints) are skipped for the final one (RFC 9110
+section 15.2).
+
+A stream's end event (`data: [DONE]`) ends the request, as the OpenAI SDK's does, though the
+HTTP body goes on: a server that never ends it no longer costs the request its
+--request-timeout. Such a connection drains: it serves again if the body's end follows (a
+server writes [DONE] and the body's end apart, and they may come in two reads); it is closed if
+anything else does, or once DONE_DRAIN_S passed.
 """
 
 from __future__ import annotations
@@ -34,6 +47,7 @@ from typing import TYPE_CHECKING
 import httptools
 
 from cbbench.errors import UsageError
+from cbbench.targets.sse import is_event_stream
 from cbbench.targets.transport import ERROR_BODY_CHARS, KEEPALIVE_S, USER_AGENT, HttpFailure
 
 if TYPE_CHECKING:
@@ -43,6 +57,10 @@ if TYPE_CHECKING:
 
 ERROR_BODY_BYTES = 4 * ERROR_BODY_CHARS  # of a failed answer's body, read for its message
 DNS_CACHE_S = 10.0  # a host name's addresses are looked up again after this (aiohttp's default)
+# A body still open this long after its stream's [DONE] is not going to end: its connection is
+# closed (the usual server ends it within the same write burst, microseconds after).
+DONE_DRAIN_S = 1.0
+SWITCHING_PROTOCOLS = 101  # the one 1xx answer that is not interim (an upgrade: refused)
 
 
 class _StaleConnection(Exception):
@@ -54,7 +72,7 @@ class _Exchange:
     stream it feeds, and the future its coroutine waits on (set at the end, or on a failure)."""
 
     __slots__ = ("stream", "t0", "done", "status", "ctype", "error_body", "streaming",
-                 "got_bytes", "t", "failed", "framed")
+                 "got_bytes", "t", "failed", "framed", "interim")
 
     def __init__(self, stream: SseStream, t0: float, done: asyncio.Future) -> None:
         self.stream = stream
@@ -70,6 +88,7 @@ class _Exchange:
         # The body's end is marked (chunked, or a Content-Length): a close before it is a cut
         # stream; unmarked, the body runs to the close.
         self.framed = False
+        self.interim = False  # the response being read is a 1xx interim one: the answer follows
 
 
 class StreamConnection(asyncio.Protocol):
@@ -83,6 +102,12 @@ class StreamConnection(asyncio.Protocol):
         self.closed = False
         self.reused = False
         self.idle_since = 0.0
+        # Its answer ended cleanly in the read being parsed: back to the pool once the read is
+        # parsed, unless more bytes follow it there.
+        self.reusable = False
+        # Its request ended at the stream's [DONE] before the HTTP body ended: not reusable
+        # until the body's end comes.
+        self.draining = False
 
     # ---- the transport's callbacks ----
     def connection_made(self, transport) -> None:
@@ -90,17 +115,51 @@ class StreamConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         ex = self.ex
-        if ex is None:  # bytes on an idle connection: nothing to match them to; drop it
-            self.close()
+        if ex is None:
+            if self.draining:  # the rest of a body after its stream's [DONE]
+                self._drain(data)
+            else:  # bytes on an idle connection: nothing to match them to; drop it
+                self.close()
             return
         ex.t = time.perf_counter() - ex.t0  # when this network read returned
         ex.got_bytes = True
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as e:  # a malformed head or chunk framing
-            self._fail(HttpFailure("bad_event", f"malformed response: {e}"))
+            self._broken(HttpFailure("bad_event", f"malformed response: {e}"))
+            return
         except httptools.HttpParserUpgrade:
-            self._fail(HttpFailure("bad_event", "malformed response: an upgrade"))
+            self._broken(HttpFailure("bad_event", "malformed response: an upgrade"))
+            return
+        if self.ex is ex:  # the answer goes on past this read...
+            if ex.stream.done:  # ...but its stream ended ([DONE]): so does the request
+                self._end_at_done(ex)
+        elif self.reusable:  # it ended in this read, nothing after it
+            self.reusable = False
+            self.pool.release(self)
+
+    def _broken(self, failure: HttpFailure) -> None:
+        """The parser failed: the connection is closed (a parser past an error cannot read the
+        next answer), and the request, if still reading, fails."""
+        self.reusable = False
+        if self.ex is not None:
+            self._fail(failure)
+        self.close()  # after the answer's end too: junk after it
+
+    def _drain(self, data: bytes) -> None:
+        """A read after the request ended at [DONE] (its bytes are not the request's): the
+        body's clean end makes the connection reusable (on_message_complete); a failed parse,
+        bytes past the end, or an end without keep-alive close it."""
+        try:
+            self.parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            self.close()
+            return
+        if self.reusable:
+            self.reusable = False
+            self.pool.drained(self)
+        elif not self.draining:
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -124,6 +183,11 @@ class StreamConnection(asyncio.Protocol):
         ex.done.set_exception(HttpFailure("stream_cut", f"connection closed mid-response ({why})"))
 
     # ---- the parser's callbacks ----
+    def on_message_begin(self) -> None:
+        if self.ex is None and not self.draining:  # a response after the answer's end: junk
+            self.reusable = False
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         ex = self.ex
         if ex is None:
@@ -138,8 +202,16 @@ class StreamConnection(asyncio.Protocol):
         ex = self.ex
         if ex is None:
             return
-        ex.status = status = self.parser.get_status_code()
-        if 200 <= status < 300 and (not ex.ctype or "text/event-stream" in ex.ctype):
+        status = self.parser.get_status_code()
+        if 100 <= status < 200 and status != SWITCHING_PROTOCOLS:
+            # An interim answer (100 Continue, 103 Early Hints): the final one follows, with
+            # headers of its own (RFC 9110 section 15.2).
+            ex.interim = True
+            ex.ctype = ""
+            ex.framed = False
+            return
+        ex.status = status
+        if 200 <= status < 300 and (not ex.ctype or is_event_stream(ex.ctype)):
             ex.streaming = True
         else:
             ex.error_body = bytearray()
@@ -161,7 +233,15 @@ class StreamConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         ex = self.ex
-        if ex is None or ex.failed:
+        if ex is None:
+            if self.draining:  # the body after [DONE] ended: the connection can serve again
+                self.draining = False
+                self.reusable = self.parser.should_keep_alive()
+            return
+        if ex.failed:
+            return
+        if ex.interim:
+            ex.interim = False
             return
         if ex.streaming:
             try:
@@ -177,7 +257,20 @@ class StreamConnection(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(data)
 
+    def _settle(self, e: BaseException | None) -> None:
+        """The request's answer is over: its coroutine is woken (with `e`, its failure)."""
+        ex = self.ex
+        assert ex is not None
+        ex.failed = True  # nothing more goes to this request
+        if not ex.done.done():
+            if e is None:
+                ex.done.set_result(None)
+            else:
+                ex.done.set_exception(e)
+        self.ex = None
+
     def _finish(self, keep: bool) -> None:
+        # _settle(None) and _after(keep) inline: this runs at every request's end.
         ex = self.ex
         assert ex is not None
         ex.failed = True  # nothing more goes to this request
@@ -185,7 +278,7 @@ class StreamConnection(asyncio.Protocol):
             ex.done.set_result(None)
         self.ex = None
         if keep and not self.closed:
-            self.pool.release(self)
+            self.reusable = True
         else:
             self.close()
 
@@ -193,12 +286,30 @@ class StreamConnection(asyncio.Protocol):
         ex = self.ex
         if ex is None or ex.failed:
             return
-        ex.failed = True
-        if not ex.done.done():
-            ex.done.set_exception(e)
-        self.ex = None
+        self._settle(e)
+        self._after(keep)
+
+    def _after(self, keep: bool) -> None:
+        """keep: the answer ended cleanly; the connection goes back to the pool once the rest
+        of its read is parsed (data_received), if nothing follows the answer there."""
         if keep and not self.closed:
-            self.pool.release(self)
+            self.reusable = True
+        else:
+            self.close()
+
+    def _end_at_done(self, ex: _Exchange) -> None:
+        """The stream's [DONE] came, and its HTTP body did not end in the same read: the
+        request ends here, with what it read. The connection drains (or closes: a body that
+        runs to the close, or a server that closes after it, has no next answer)."""
+        try:
+            ex.stream.close(ex.t)
+        except HttpFailure as e:
+            self._settle(e)
+        else:
+            self._settle(None)
+        if ex.framed and self.parser.should_keep_alive():
+            self.draining = True
+            self.pool.drain(self)
         else:
             self.close()
 
@@ -213,6 +324,7 @@ class StreamConnection(asyncio.Protocol):
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self.draining = False
             self.pool.forget(self)
             if self.transport is not None:
                 self.transport.close()
@@ -234,6 +346,10 @@ class StreamPool:
         self.loop = asyncio.get_running_loop()
         self.idle: collections.deque[StreamConnection] = collections.deque()
         self.open: set[StreamConnection] = set()
+        # Connections whose request ended at [DONE] before the body did, with the time each
+        # began draining (oldest first). Outside `open`: not held against the limit, so the
+        # next request is not kept waiting on a body's end.
+        self.draining: dict[StreamConnection, float] = {}
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
         self.heads: dict[str, bytes] = {}  # the request head up to Content-Length, by path
         netloc = self.host if ":" not in self.host else f"[{self.host}]"
@@ -297,6 +413,8 @@ class StreamPool:
 
     async def acquire(self) -> StreamConnection:
         now = time.monotonic()
+        if self.draining:
+            self._expire_draining(now)
         while self.idle:
             conn = self.idle.pop()  # the most recently used: the likeliest still open
             if not conn.closed and now - conn.idle_since < KEEPALIVE_S:
@@ -312,7 +430,7 @@ class StreamPool:
                 if waiter.done() and not waiter.cancelled():  # handed one as it was cancelled
                     self.release(waiter.result())
                 raise
-            if conn is not None:
+            if conn is not None and not conn.closed:
                 conn.reused = True
                 return conn
         conn = await self._connect()
@@ -328,8 +446,32 @@ class StreamPool:
         conn.idle_since = time.monotonic()
         self.idle.append(conn)
 
+    def drain(self, conn: StreamConnection) -> None:
+        """A connection's request ended at [DONE] before its body did: its place in the limit
+        goes to a waiting request while it drains. (Drained, it rejoins the pool, which may
+        then hold a connection past the limit: the next request takes it rather than open
+        one. fd_limit.RESERVED_FDS is the headroom; draining lasts microseconds.)"""
+        self.forget(conn)
+        self.draining[conn] = time.monotonic()
+
+    def drained(self, conn: StreamConnection) -> None:
+        """The body after [DONE] ended: the connection serves again."""
+        del self.draining[conn]
+        self.open.add(conn)
+        self.release(conn)
+
+    def _expire_draining(self, now: float) -> None:
+        """Closes the connections draining for DONE_DRAIN_S (oldest first)."""
+        while self.draining:
+            conn, since = next(iter(self.draining.items()))
+            if now - since < DONE_DRAIN_S:
+                break
+            del self.draining[conn]
+            conn.close()
+
     def forget(self, conn: StreamConnection) -> None:
         """A connection closed: its place in the limit goes to a waiting request."""
+        self.draining.pop(conn, None)
         if conn in self.open:
             self.open.discard(conn)
             while self.waiters:
@@ -364,6 +506,6 @@ class StreamPool:
             raise HttpFailure("bad_event", f"expected an event stream, got {ex.ctype}: {text}")
 
     def close(self) -> None:
-        for conn in list(self.open):
+        for conn in [*self.open, *self.draining]:
             conn.close()
         self.idle.clear()
