@@ -110,7 +110,7 @@ def report(
             PlotSection(spec.key, spec.title, spec.caption, png, section_notes(spec.key, results))
         )
     paths = [str(p) for p in files + sweep_files]
-    pages = {out / f"{s.key}.png": s.png for s in sections}
+    pages: dict[Path, bytes | str] = {out / f"{s.key}.png": s.png for s in sections}
     pages[out / STATIC_PAGE_NAME] = render_page(title, results, paths, sections,
                                                 page_notes(results), rows)
     if results:
