@@ -46,10 +46,8 @@ def run(
     from cbbench.analysis.result import (
         check_not_an_input,
         check_writable,
-        dumps,
         engine_inputs,
         is_stdout,
-        write_result,
     )
     from cbbench.bench.runner import RunSpec, execute_run
 
@@ -76,15 +74,43 @@ def run(
     from cbbench.cli.live import LiveView
 
     # The live panel: on a terminal, unless --quiet or the result JSON itself is stdout.
-    with StopSignal() as stop, LiveView(not output.quiet and not is_stdout(out_path)) as board:
-        result = execute_run(spec, should_stop=stop,
-                             on_progress=board.on_progress if board else None, live=board,
-                             records=not output.summary_only)
-    from cbbench.analysis.table import render_summary  # for a run that ran, not bad input
+    with StopSignal() as stop:
+        with LiveView(not output.quiet and not is_stdout(out_path)) as board:
+            result = execute_run(spec, should_stop=stop,
+                                 on_progress=board.on_progress if board else None, live=board,
+                                 records=not output.summary_only)
+        if output.summary_only:
+            result = result.summary_only()
+        # Still under the run's handler: a Ctrl-C while the result is printed and written is
+        # noted, not raised inside the write (a KeyboardInterrupt that pydantic's serializer
+        # wrapped into a traceback, and the finished run's result lost).
+        _keep(result, output, out_path, also)
     from cbbench.schema.run import WORKER_LOST
 
-    if output.summary_only:
-        result = result.summary_only()
+    s = result.summary
+    gone = [w for w in s.workers or [] if w.status in WORKER_LOST]
+    if gone:
+        C.notice(
+            f"{len(gone)} load-generator worker(s) did not finish (worker "
+            f"{', '.join(str(w.worker) for w in gone)}): the result covers what they reported"
+        )
+        raise typer.Exit(WORKER_LOST_EXIT)
+    failed = s.failed or 0
+    sent = (s.completed or 0) + failed
+    max_error_rate = output.max_error_rate
+    if sent and failed / sent > max_error_rate:
+        C.notice(
+            f"{failed} of {sent} requests failed ({failed / sent:.1%}), above "
+            f"--max-error-rate {max_error_rate:.1%}"
+        )
+        raise typer.Exit(1)
+
+
+def _keep(result, output: O.OutputOptions, out_path, also) -> None:
+    """Print the finished run's table (or JSON) and write its result, and the export beside it."""
+    from cbbench.analysis.result import dumps, is_stdout, write_result
+    from cbbench.analysis.table import render_summary  # for a run that ran, not bad input
+
     # The measurements first: a result that cannot be written (a full disk) is still seen.
     # With --output - the JSON is stdout, so the table goes to stderr.
     to_stdout = is_stdout(out_path)
@@ -107,23 +133,6 @@ def run(
             typer.echo(f"\nresult: {out_path}")
             if also is not None:
                 typer.echo(f"{output.output_format}: {also}")
-    s = result.summary
-    gone = [w for w in s.workers or [] if w.status in WORKER_LOST]
-    if gone:
-        C.notice(
-            f"{len(gone)} load-generator worker(s) did not finish (worker "
-            f"{', '.join(str(w.worker) for w in gone)}): the result covers what they reported"
-        )
-        raise typer.Exit(WORKER_LOST_EXIT)
-    failed = s.failed or 0
-    sent = (s.completed or 0) + failed
-    max_error_rate = output.max_error_rate
-    if sent and failed / sent > max_error_rate:
-        C.notice(
-            f"{failed} of {sent} requests failed ({failed / sent:.1%}), above "
-            f"--max-error-rate {max_error_rate:.1%}"
-        )
-        raise typer.Exit(1)
 
 
 def _check_server_log(path, endpoint: bool) -> None:

@@ -393,3 +393,27 @@ def test_stop_signal_first_sets_the_flag_second_raises_and_handlers_are_restored
         with pytest.raises(KeyboardInterrupt):
             signal.raise_signal(signal.SIGINT)
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_signal_while_the_result_is_written_keeps_it(tmp_path, monkeypatch):
+    """A Ctrl-C after the run, while its result was being written: the run's handler was gone,
+    so a KeyboardInterrupt rose inside pydantic's serializer (a traceback, once in CI) and the
+    finished run's result was lost. The handler now covers the write: the signal is noted and
+    the result written whole."""
+    from helpers import cli_in_process
+
+    import cbbench.analysis.result as result_module
+
+    real = result_module.write_result
+
+    def write_after_a_sigint(path, result):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered before the write begins
+        real(path, result)
+
+    monkeypatch.setattr(result_module, "write_result", write_after_a_sigint)
+    out = tmp_path / "x.json"
+    outcome = cli_in_process(["run", "--engine", "sim", "--num-requests", "5", "--output",
+                              str(out)])
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    assert outcome.returncode == 0, outcome.stderr
+    assert read_run(out).summary.completed == 5
