@@ -278,3 +278,14 @@ def test_json_that_breaks_python_parsers_is_400(client, path, body):
     r = client.post(path, content=body.encode(), headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text[:300]
     assert_still_serving(client)
+
+
+@pytest.mark.parametrize("value", ["", []])
+def test_an_empty_responses_input_is_400_as_chat_and_messages_are(client, value):
+    """/v1/responses answered 200 to `input: ""` or `[]` (an empty prompt), where
+    /v1/chat/completions and /v1/messages answer an empty conversation with 400."""
+    r = client.post("/v1/responses", json={"input": value, "max_output_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"].split(".")[0] == "input"
+    assert client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2}
+                       ).status_code == 200

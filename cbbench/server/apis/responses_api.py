@@ -31,7 +31,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -106,7 +106,9 @@ class ResponsesRequest(BaseModel):
     model_config = STRICT
 
     model: str | None = None
-    input: str | list[InputItem]
+    # Non-empty, as chat's messages and Anthropic's are: "" or [] answered 200 with an empty
+    # prompt where the other APIs answer 400.
+    input: Annotated[str, Field(min_length=1)] | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)
