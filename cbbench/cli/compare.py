@@ -98,7 +98,7 @@ def compare(
         check_distinct_outputs,
         check_not_an_input,
         check_writable,
-        write_atomic,
+        write_atomic_group,
     )
     from cbbench.bench.variants import parse_variants, run_variants, variant_paths
     from cbbench.schema import as_run
@@ -140,11 +140,14 @@ def compare(
     table, differences = render_table(results, rows=rows), render_differences(results)
     note = workload_note(results)
     # The files first, as gate writes them: a write that fails (a full disk) exits 2 with
-    # nothing on stdout; the table was printed, then `cannot write /dev/full`.
+    # nothing on stdout; the table was printed, then `cannot write /dev/full`. Both or
+    # neither: a CSV that failed left the Markdown written.
+    files_out: dict[Path, str] = {}
     if markdown is not None:
-        write_atomic(markdown, markdown_text(results, rows))
+        files_out[markdown] = markdown_text(results, rows)
     if csv_out is not None:
-        write_atomic(csv_out, csv_text(results, rows))
+        files_out[csv_out] = csv_text(results, rows)
+    write_atomic_group(files_out)
     if window == "steady":
         typer.echo("window: steady state (summary.steady_state)")
     typer.echo(table)

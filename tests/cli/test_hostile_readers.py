@@ -274,3 +274,32 @@ def test_two_outputs_on_one_path_are_refused_before_anything_runs(tmp_path, sim_
     args = [fill.get(x, x.replace("{o}", str(out))) for x in argv]
     one_line(cli(*args), said.replace("{o}", str(out)))
     assert list(out.iterdir()) == []
+
+
+def test_compare_writes_its_markdown_and_csv_both_or_neither(tmp_path, sim_results):
+    """A CSV that failed midway (a full disk: here a file-size limit the Markdown passes, EFBIG
+    as ENOSPC would be) left the Markdown written beside a one-line error. Now the two are
+    staged together: neither is written, one line, exit 2, nothing on stdout."""
+    import sys
+
+    a, b = sim_results
+    ok = tmp_path / "ok"
+    ok.mkdir()
+    assert cli("compare", a, b, "--markdown", ok / "c.md", "--csv", ok / "c.csv").exit_code == 0
+    sizes = {p.suffix: p.stat().st_size for p in ok.iterdir()}
+    small, large = sorted(sizes.values())
+    assert small < large, sizes
+    limit = (small + large) // 2
+    full = tmp_path / "full"
+    full.mkdir()
+    code = ("import resource, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit})); "
+            "from cbbench.cli.app import main; main()")
+    proc = subprocess.run([sys.executable, "-c", code, "compare", str(a), str(b), "--markdown",
+                           str(full / "c.md"), "--csv", str(full / "c.csv")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("cbbench: error: cannot write") and \
+        len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert proc.stdout == ""
+    assert sorted(full.iterdir()) == []  # no file, no temporary
