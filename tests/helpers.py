@@ -378,3 +378,14 @@ def invoke_app(args: Sequence[str], **kwargs):
     from cbbench.cli.app import app
 
     return typer.testing.CliRunner().invoke(app, list(args), **kwargs)
+
+
+def one_line(res, *texts: str) -> str:
+    """A CliRunner result that is bad input: exit 2 and one stderr line `cbbench: error: ...`
+    holding ``texts``; the line."""
+    assert res.exit_code == 2, (res.output, res.exception)
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.stderr
+    for t in texts:
+        assert t in lines[0], (t, lines[0])
+    return lines[0]

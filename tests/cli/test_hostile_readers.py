@@ -22,6 +22,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import helpers
 import pytest
 from helpers import CBBENCH
 from typer.testing import CliRunner
@@ -40,14 +41,10 @@ def cli(*args):
 
 
 def one_line(res, *texts: str) -> str:
-    """Exit 2, one stderr line `cbbench: error: ...` holding ``texts``, nothing on stdout."""
-    assert res.exit_code == 2, (res.output, res.exception)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.stderr
-    for t in texts:
-        assert t in lines[0], (t, lines[0])
+    """helpers.one_line, and nothing on stdout."""
+    line = helpers.one_line(res, *texts)
     assert res.stdout == "", res.stdout
-    return lines[0]
+    return line
 
 
 # ---- audit: a hand-made result and its server log ------------------------------------------

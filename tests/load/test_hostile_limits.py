@@ -12,22 +12,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import invoke_app
+from helpers import invoke_app, one_line
 
 SIM = ["--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b"]
 
 
 def cli(*args):
     return invoke_app([str(a) for a in args])
-
-
-def one_line(res, *texts: str) -> str:
-    assert res.exit_code == 2, (res.output, res.exception)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.stderr
-    for t in texts:
-        assert t in lines[0], (t, lines[0])
-    return lines[0]
 
 
 def jsonl(path, rows):

@@ -10,7 +10,7 @@ import os
 import subprocess
 
 import pytest
-from helpers import CBBENCH, serve_process
+from helpers import CBBENCH, one_line, serve_process
 from typer.testing import CliRunner
 
 from cbbench.analysis.server_side import audit as A
@@ -39,15 +39,6 @@ def run_and_log(tmp_path_factory):
 
 def cli(*args):
     return CliRunner().invoke(app, ["audit", *[str(a) for a in args]])
-
-
-def one_line(res, *texts: str) -> str:
-    assert res.exit_code == 2, (res.output, res.exception)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cbbench: error: "), res.stderr
-    for t in texts:
-        assert t in lines[0], (t, lines[0])
-    return lines[0]
 
 
 # ---- rule 2: no command writes over its inputs ---------------------------------------------
