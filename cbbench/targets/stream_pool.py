@@ -60,6 +60,10 @@ DNS_CACHE_S = 10.0  # a host name's addresses are looked up again after this (ai
 # A body still open this long after its stream's [DONE] is not going to end: its connection is
 # closed (the usual server ends it within the same write burst, microseconds after).
 DONE_DRAIN_S = 1.0
+# A response head (status line and headers, interim ones included) longer than this is not an
+# answer: httptools keeps a header whole until its end, so a 400 MB header grew the client's
+# memory until the request timed out. Node's and h11's limits are 16 KiB; this leaves room.
+MAX_RESPONSE_HEAD_BYTES = 64 * 1024
 SWITCHING_PROTOCOLS = 101  # the one 1xx answer that is not interim (an upgrade: refused)
 
 
@@ -72,7 +76,7 @@ class _Exchange:
     stream it feeds, and the future its coroutine waits on (set at the end, or on a failure)."""
 
     __slots__ = ("stream", "t0", "done", "status", "ctype", "error_body", "streaming",
-                 "got_bytes", "t", "failed", "framed", "interim")
+                 "got_bytes", "t", "failed", "framed", "interim", "head_bytes")
 
     def __init__(self, stream: SseStream, t0: float, done: asyncio.Future) -> None:
         self.stream = stream
@@ -89,6 +93,7 @@ class _Exchange:
         # stream; unmarked, the body runs to the close.
         self.framed = False
         self.interim = False  # the response being read is a 1xx interim one: the answer follows
+        self.head_bytes = 0  # read before the final head ended (MAX_RESPONSE_HEAD_BYTES)
 
 
 class StreamConnection(asyncio.Protocol):
@@ -131,6 +136,12 @@ class StreamConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self._broken(HttpFailure("bad_event", "malformed response: an upgrade"))
             return
+        if not ex.status and self.ex is ex:  # still in the head: bounded (checked after the
+            ex.head_bytes += len(data)        # read, so one read's worth past the limit at most)
+            if ex.head_bytes > MAX_RESPONSE_HEAD_BYTES:
+                self._broken(HttpFailure("bad_event", "malformed response: its head is over "
+                                         f"{MAX_RESPONSE_HEAD_BYTES} bytes"))
+                return
         if self.ex is ex:  # the answer goes on past this read...
             if ex.stream.done:  # ...but its stream ended ([DONE]): so does the request
                 self._end_at_done(ex)

@@ -327,3 +327,34 @@ def test_a_bom_past_the_streams_start_is_not_stripped():
     twice = SseStream(False, [])  # one BOM: a second is the first line's
     twice.feed(BOM + BOM + b'data: {"choices":[{"text":"a"}]}\n\n', 0.1)
     assert twice.times == []
+
+
+# ---- a response head that never ends ---------------------------------------------------------
+def test_a_response_head_past_its_bound_fails_the_request_and_closes_the_connection():
+    """A header of 400 MB grew the client's memory until the request timed out (httptools keeps
+    a header whole until its end). Past MAX_RESPONSE_HEAD_BYTES the request fails bad_event and
+    the connection is closed, however the head is split across reads; a head under the bound
+    still reads as before."""
+    bound = stream_pool.MAX_RESPONSE_HEAD_BYTES
+    read = 8 * 1024
+
+    async def go():
+        pool, conn, ex = _pooled_connection()
+        conn.data_received(b"HTTP/1.1 200 OK\r\nX-Big: ")
+        fed = 0
+        while not ex.done.done() and fed < 4 * bound:
+            conn.data_received(b"a" * read)
+            fed += read
+        assert ex.done.done() and fed <= bound + read, fed
+        with pytest.raises(HttpFailure, match=f"its head is over {bound} bytes") as e:
+            ex.done.result()
+        assert e.value.error_type == "bad_event"
+        assert conn.closed and conn not in pool.idle
+
+        pool, conn, ex = _pooled_connection()  # a large head under the bound: read as before
+        big = b"X-Pad: " + b"b" * (bound // 2) + b"\r\n"
+        conn.data_received(STREAM.replace(b"\r\n\r\n", b"\r\n" + big + b"\r\n", 1) + END)
+        assert ex.done.done() and ex.done.exception() is None
+        assert len(ex.stream.times) == TOKENS
+
+    asyncio.run(go())
