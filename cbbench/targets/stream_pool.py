@@ -281,17 +281,8 @@ class StreamConnection(asyncio.Protocol):
         self.ex = None
 
     def _finish(self, keep: bool) -> None:
-        # _settle(None) and _after(keep) inline: this runs at every request's end.
-        ex = self.ex
-        assert ex is not None
-        ex.failed = True  # nothing more goes to this request
-        if not ex.done.done():
-            ex.done.set_result(None)
-        self.ex = None
-        if keep and not self.closed:
-            self.reusable = True
-        else:
-            self.close()
+        self._settle(None)
+        self._after(keep)
 
     def _fail(self, e: BaseException, keep: bool = False) -> None:
         ex = self.ex
