@@ -10,6 +10,7 @@ from pathlib import Path
 from cbbench.cli.boundary import USAGE_EXIT
 from cbbench.engine.args import EngineArgs, flag_of
 from cbbench.options import output_file
+from cbbench.options.fields import given
 
 __all__ = ["USAGE_EXIT", "EngineArgs", "default_output_path", "engine_args", "flag_of", "given", "notice",
            "output_file"]
@@ -18,19 +19,6 @@ __all__ = ["USAGE_EXIT", "EngineArgs", "default_output_path", "engine_args", "fl
 def notice(msg: str) -> None:
     """A command's own one-line notice: through the `cbbench` logger, as the library's are."""
     logging.getLogger("cbbench.cli").info(msg)
-
-
-def given(name: str) -> bool:
-    """Whether the running command's option ``name`` was given (on the command line or the
-    environment), not left at its default: a default cannot say so by its value."""
-    try:  # Typer 0.2x runs commands on its own copy of Click
-        from typer._click.globals import get_current_context
-    except ImportError:  # the same function from Click itself (a different module to mypy)
-        from click import get_current_context  # type: ignore[no-redef]
-
-    ctx = get_current_context(silent=True)
-    source = ctx.get_parameter_source(name) if ctx is not None else None
-    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 def default_output_path(kind: str) -> Path:

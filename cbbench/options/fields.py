@@ -148,20 +148,23 @@ class Group:
         return group
 
 
-def given_on_command_line(names) -> frozenset[str]:
-    """Which of the running command's parameters ``names`` were given (the command line or the
-    environment), not left at their defaults; none outside a command (a direct call)."""
+def given(name: str) -> bool:
+    """Whether the running command's option ``name`` was given (on the command line or the
+    environment), not left at its default: a default cannot say so by its value. False outside
+    a command (a direct call)."""
     try:  # Typer 0.2x runs commands on its own copy of Click
         from typer._click.globals import get_current_context
     except ImportError:  # the same function from Click itself (a different module to mypy)
         from click import get_current_context  # type: ignore[no-redef]
 
     ctx = get_current_context(silent=True)
-    if ctx is None:
-        return frozenset()
-    sources = {name: ctx.get_parameter_source(name) for name in names}
-    return frozenset(name for name, source in sources.items()
-                     if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"))
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def given_on_command_line(names) -> frozenset[str]:
+    """Which of the running command's parameters ``names`` were given (see `given`)."""
+    return frozenset(name for name in names if given(name))
 
 
 def _default(f: dataclasses.Field) -> Any:
