@@ -44,7 +44,7 @@ def read_json(path: str | Path, what: str, max_bytes: int | None = None):
         raise InputError(f"cannot read {what} {path}: {e}") from None
     del raw
     try:
-        return json.loads(text, parse_int=_bounded_int)
+        return json.loads(text, parse_int=bounded_int)
     except json.JSONDecodeError as e:
         raise InputError(f"{path} is not valid JSON ({e.msg} at line {e.lineno})") from None
     except RecursionError:
@@ -70,7 +70,7 @@ def _check_size(path: Path, what: str, size: int, max_bytes: int | None) -> None
 MAX_INT_DIGITS = 308
 
 
-def _bounded_int(text: str) -> int:
+def bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise ValueError(f"an integer of {len(text.lstrip('-'))} digits, beyond any number "
                          "cbbench reads")

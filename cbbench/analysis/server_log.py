@@ -120,7 +120,7 @@ def read_server_log(path: Path | str) -> dict[str, dict]:
     # The JSON files' rule (engine/json_file.py): an integer of 401 digits passed json.loads
     # and raised OverflowError in the checks' math.isfinite, a traceback. Imported here: this
     # module is read when `cbbench --help` registers `audit`.
-    from cbbench.engine.json_file import _bounded_int as bounded_int
+    from cbbench.engine.json_file import bounded_int
 
     check_input_file(path, "server log")
     out: dict[str, dict] = {}
