@@ -289,3 +289,23 @@ def test_an_empty_responses_input_is_400_as_chat_and_messages_are(client, value)
     assert r.json()["error"]["param"].split(".")[0] == "input"
     assert client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 2}
                        ).status_code == 200
+
+
+@pytest.mark.parametrize("part", [
+    {"type": "input_image", "image_url": "https://example.com/cat.png"},
+    {"type": "input_file", "file_id": "file-1"},
+])
+def test_a_responses_part_that_is_not_text_is_400_not_dropped(client, part):
+    """/v1/responses took an input_image or input_file part as "" text: the prompt went to the
+    engine short by the part, answered 200, with no word of it (/v1/messages refuses an unknown
+    block). Now a 400 naming the part; the text parts still read."""
+    content = [{"type": "input_text", "text": "what is this?"}, part]
+    r = client.post("/v1/responses", json={"input": [{"role": "user", "content": content}],
+                                           "max_output_tokens": 2})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input.0.content.1.type"
+    assert part["type"] in r.json()["error"]["message"]
+    ok = client.post("/v1/responses", json={"input": [{"role": "user", "content": content[:1]}],
+                                            "max_output_tokens": 2})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["usage"]["input_tokens"] > 0

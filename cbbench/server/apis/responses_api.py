@@ -74,6 +74,24 @@ class ContentPart(BaseModel):
     text: str = ""
 
 
+# A message's text parts: the user's (input_text) and an earlier answer sent back (output_text).
+# Any other part (input_image, input_file, input_audio) is a 400, as /v1/messages refuses an
+# unknown block: taken as "" it left the prompt short with no word of it.
+TEXT_PARTS = ("input_text", "output_text")
+
+
+def _message_text(content: str | list[ContentPart] | None, i: int) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    for j, part in enumerate(content):
+        if part.type not in TEXT_PARTS:
+            raise APIError(400, f"input.{i}.content.{j}.type {part.type!r} is not supported: "
+                           "this server's /v1/responses takes text parts (input_text, "
+                           "output_text); /v1/chat/completions takes images",
+                           param=f"input.{i}.content.{j}.type")
+    return "".join(part.text for part in content)
+
+
 class InputItem(BaseModel):
     """A message (``role``, ``content``), or a ``function_call`` / ``function_call_output``."""
 
@@ -131,8 +149,7 @@ class ResponsesRequest(BaseModel):
             if it.type == "message":
                 if it.role is None:
                     raise APIError(400, f"input.{i}.role: Field required", param=f"input.{i}.role")
-                c = it.content
-                text = c if isinstance(c, str) else "".join(p.text for p in c or ())
+                text = _message_text(it.content, i)
                 out.append(ChatMessage(role=it.role, content=text))
             elif it.type == "function_call":
                 call = ToolCall(id=it.call_id, function=ToolCallFunction(name=it.name or "",
