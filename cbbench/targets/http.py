@@ -214,9 +214,14 @@ class _Runner:
                 if self.stopped:
                     return
             if self.sem is not None:
+                waits = self.sem.locked()
                 await self.sem.acquire()
                 has_slot = True
-                rec.slot_s = rec.first_scheduled_s = time.perf_counter() - self.t0
+                # A slot free at once is no wait: the client was ready at the intended start,
+                # and any lateness before it is send lag, as without a cap (it was reported as
+                # slot wait under a cap that never bound).
+                rec.slot_s = rec.first_scheduled_s = (time.perf_counter() - self.t0 if waits
+                                                      else rec.intended_start_s)
             body = make_body()
             rec.request_bytes = len(body)
             self.records[pos], self.streams[pos] = rec, st

@@ -159,6 +159,23 @@ def test_served_model_is_used(srv, workload, tmp_path, monkeypatch):
     )
 
 
+def test_a_cap_that_never_binds_is_no_slot_wait(srv, workload, tmp_path, monkeypatch):
+    """--max-concurrency above the run's concurrency: no request waits for a slot, so its slot
+    wait is 0 and the dispatcher's lateness is send lag, as it is without the cap (the time
+    after the acquire was recorded as the slot, so the send lag moved into slot wait)."""
+    out = tmp_path / "uncapped.json"
+    res = endpoint_run(monkeypatch, srv.url, workload, out, "--max-concurrency", str(N + 1),
+                       "--request-rate", "50", "--seed", "1")
+    assert res.exit_code == 0, res.output
+    result = to_dict(read_run(out))
+    rows = result["requests"]
+    assert result["summary"]["http"]["max_in_flight"] <= N
+    assert [r["slot_wait_ms"] for r in rows] == [0.0] * N
+    for r in rows:  # the send lag is the whole gap from the intended start to the send
+        assert r["ttft_ms"] - r["ttft_from_send_ms"] == pytest.approx(r["send_lag_ms"], abs=1e-6)
+    assert result["summary"]["send_lag_ms"]["p99"] > 0
+
+
 def test_max_concurrency_caps_in_flight(srv, workload, tmp_path, monkeypatch):
     cap = 4
     out = tmp_path / "capped.json"
