@@ -61,9 +61,9 @@ class ServeOptions:
     )
     stream_interval: int = opt(
         1,
-        "Write a stream event once this many tokens are waiting (or the request ends), as "
-        "vLLM's --stream-interval: N > 1 makes multi-token events. 1: each engine step's tokens "
-        "for a request as one event.",
+        "Write a request's first token at once, then a stream event once this many tokens are "
+        "waiting (or the request ends), as vLLM's --stream-interval: N > 1 makes multi-token "
+        "events. 1: each engine step's tokens for a request as one event.",
         low=1, high=MAX_STREAM_INTERVAL,
     )
     reasoning_field: str = opt(

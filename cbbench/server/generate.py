@@ -205,8 +205,9 @@ def _counts(trace: RequestTrace, stream: RequestStream, job: Job, n: int, cached
 
 async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s: Served,
                   trace: RequestTrace, interval: int = 1, cached: bool = False) -> None:
-    """One stream write per engine step's tokens for the request (every ``interval`` tokens
-    under --stream-interval), in the shaper's events, then its closing events."""
+    """One stream write per engine step's tokens for the request (under --stream-interval, the
+    first token at once, then every ``interval`` tokens), in the shaper's events, then its
+    closing events."""
     await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
     opening = shaper.opening()
     if opening:
@@ -229,7 +230,10 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
         if times is not None:
             times.extend([ev.time_s] * ev.num_tokens)
         last = ev.finish_reason is not None
-        if len(pending) < interval and not last:
+        # vLLM's rule: the first token goes at once, then every ``interval`` tokens (holding
+        # the first too delayed TTFT by N - 1 decode steps over vLLM's, and the log's
+        # first_token with it).
+        if n and len(pending) < interval and not last:
             continue
         k = len(pending)
         runs, pieces = _decode(decoder, plan, pending, n, last)

@@ -46,7 +46,7 @@ def events(raw: bytes) -> list[dict]:
 def test_reasoning_then_tool_call_in_two_token_events(srv):
     run, log = srv
     body = {"messages": [{"role": "user", "content": "a b c"}], "max_tokens": 7,
-            "stream": True, "reasoning_tokens": 3, "tools": TOOLS,
+            "stream": True, "reasoning_tokens": 4, "tools": TOOLS,
             "tool_choice": {"type": "function", "function": {"name": "ls"}},
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     status, raw = post(run.url, body)
@@ -55,22 +55,24 @@ def test_reasoning_then_tool_call_in_two_token_events(srv):
     role, *tokens, tail = evs
     assert role["choices"][0]["delta"]["role"] == "assistant"
     deltas = [e["choices"][0]["delta"] for e in tokens]
-    # 7 tokens, 2 per event: [r r] [r t] [t t] [t]; reasoning in delta.reasoning
-    assert [e["usage"]["completion_tokens"] for e in tokens] == [2, 4, 6, 7]
-    assert set(deltas[0]) == {"reasoning"} and set(deltas[1]) == {"reasoning", "tool_calls"}
-    first_call = deltas[1]["tool_calls"][0]
+    # 7 tokens, the first at once, then 2 per event (vLLM's --stream-interval):
+    # [r] [r r] [r t] [t t]; reasoning in delta.reasoning
+    assert [e["usage"]["completion_tokens"] for e in tokens] == [1, 3, 5, 7]
+    assert set(deltas[0]) == set(deltas[1]) == {"reasoning"}
+    assert set(deltas[2]) == {"reasoning", "tool_calls"}
+    first_call = deltas[2]["tool_calls"][0]
     assert first_call["function"]["name"] == "ls" and first_call["id"].startswith("call_")
-    args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[1:])
-    assert json.loads(args) == {"input": " tok tok tok tok"}  # 4 tool tokens' text
+    args = "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[2:])
+    assert json.loads(args) == {"input": " tok tok tok"}  # 3 tool tokens' text
     assert tokens[-1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert tail["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+    assert tail["usage"]["completion_tokens_details"] == {"reasoning_tokens": 4}
     assert tail["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
     run.app.state.request_log.close()  # flushes the line
     line = json.loads(log.read_text().splitlines()[-1])
     assert [e[1:] for e in line["events"]] == [
-        [2, "reasoning"], [2, "reasoning+tool"], [2, "tool"], [1, "tool"]]
-    assert (line["reasoning_tokens"], line["tool_call_tokens"], line["output_tokens"]) == (3, 4, 7)
-    assert line["first_output_sent"] == line["events"][1][0]
+        [1, "reasoning"], [2, "reasoning"], [2, "reasoning+tool"], [2, "tool"]]
+    assert (line["reasoning_tokens"], line["tool_call_tokens"], line["output_tokens"]) == (4, 3, 7)
+    assert line["first_output_sent"] == line["events"][2][0]
     assert line["finish"] == "tool_calls"
 
 

@@ -62,8 +62,8 @@ COUNT_METRICS = (
 )
 # The server's own timings as the client recorded them from its responses (vLLM's
 # --enable-per-request-metrics `metrics`: cbbench run, or an imported vLLM bench file) held to
-# the log's, which come from the same engine timestamps: shown, not gated, since with
-# --stream-interval N > 1 the log's first_token is the first event's (several tokens in).
+# the log's, which come from the same engine timestamps: shown, not gated (they hold the
+# server to itself, not the client to the server).
 SERVER_TIMING_METRICS: dict[str, Callable[[ServerTiming], float | None]] = {
     "server_queue_ms": lambda t: t.queue_time_ms,
     "server_prefill_ms": lambda t: t.time_to_first_token_ms,
