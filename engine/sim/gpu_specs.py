@@ -72,9 +72,19 @@ def get_gpu_spec(name: str) -> GPUSpec:
     return GPU_SPECS[key]
 
 
+# Parts whose names hold a listed part's name but whose datasheet differs: GH200 (an H100 with
+# 96 GB HBM3 at 4 TB/s, or 144 GB HBM3e), GB200, and the NVL cards (H100 NVL 94 GB at 3.9 TB/s,
+# H200 NVL at a lower power limit). Given the listed part's spec, an H100 NVL's bandwidth
+# utilization read 16% high and could pass 100%: no spec (no utilization) is honest.
+OTHER_PARTS = ("gh200", "gb200", " nvl")
+
+
 def match_device_name(device_name: str) -> GPUSpec | None:
-    """Map a CUDA device name (e.g. 'NVIDIA H200') to a spec, for utilization on real runs."""
+    """Map a CUDA device name (e.g. 'NVIDIA H200') to a spec, for utilization on real runs;
+    None for a part not listed (utilization is then not reported)."""
     n = device_name.lower()
+    if any(other in n for other in OTHER_PARTS):
+        return None
     for key, needle in (
         ("h200", "h200"),
         ("h100-pcie", "h100 pcie"),
