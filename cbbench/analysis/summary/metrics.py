@@ -276,10 +276,12 @@ def summarize(
     if len(priorities) > 1:
         summary["per_priority"] = per_priority(cols, priorities.tolist())
     if slo:
-        good = int(meets_slo(cols, slo).sum())
+        from cbbench.analysis.summary.slo import attainment
+
+        meets = meets_slo(cols, slo)
         summary["slo"] = dict(slo)
-        summary["goodput"] = good / dur
-        summary["slo_attainment"] = good / len(cols) if len(cols) else 0.0
+        summary["goodput"] = int(meets.sum()) / dur
+        summary["slo_attainment"] = attainment(meets, cols.cancelled)  # cancels apart
     return summary
 
 
