@@ -265,7 +265,7 @@ def execute_run(
     server_side: dict[str, Any] = {}
     if spec.endpoint is not None:
         server_side = _add_http_figures(summary, run)
-        add_splits(summary, run.records, run.duration_s)
+        add_splits(summary, run.records, run.duration_s, spec.percentiles)
     telemetry_result = telemetry.result()
     requests, iterations = _records(run, spec, records)
     # The file's keys in the file's order (tests/cli/test_golden_results.py holds it).
@@ -609,9 +609,9 @@ def _summary(spec: RunSpec, sched: Schedule | None, run) -> dict:
     summary["itl_histogram"] = itl_histogram(cols, pooled)
     plan = sched.plan if sched is not None else None
     if plan is not None:
-        summary["by_turn"] = by_turn(cols)
+        summary["by_turn"] = by_turn(cols, spec.percentiles)
         summary["sessions"] = session_summary(
-            run.records, plan.planned_turns(), run.sessions_ended_early
+            run.records, plan.planned_turns(), run.sessions_ended_early, spec.percentiles
         )
     summary["steady_state"] = steady_state(
         cols, run.duration_s, steps, spec.output.warmup, spec.output.cooldown, spec.percentiles,
@@ -624,7 +624,7 @@ def _summary(spec: RunSpec, sched: Schedule | None, run) -> dict:
         if speculative is not None:
             summary["speculative"] = speculative
     if spec.endpoint is None:
-        add_deployment(summary, spec.engine, run, iterations)
+        add_deployment(summary, spec.engine, run, iterations, spec.percentiles)
         if not run.interrupted and sched is not None:
             add_intervals(summary, spec, sched)
     if spec.endpoint is not None:

@@ -109,6 +109,61 @@ def test_goodput_by_hand(slo, good):
     assert s["slo"] == slo
     assert s["goodput"] == pytest.approx(good / 2.0)
     assert s["slo_attainment"] == pytest.approx(good / 5)  # over every request, failed too
+    assert s["slo_attainment"] == good / 5  # (no request cancelled: the ratio as it always was)
+
+
+def test_slo_attainment_leaves_cancelled_requests_out_as_gate_sweep_and_capacity_read_it():
+    """Cancelled requests are neither completed nor failed: out of the attainment's
+    denominator. The summary's figure (gate's) and run_attainment's (sweep's and capacity's)
+    are one number."""
+    from cbbench.analysis.summary.slo import request_meets, run_attainment
+    from cbbench.bench.runner import request_record_dict
+
+    # 8 completed requests, TTFT 10 ms each, and 2 the client cancelled after one token.
+    ok = [RequestRecord(i, 10, 3, 0.0, token_times_s=[0.01, 0.02, 0.03]) for i in range(8)]
+    gone = [RequestRecord(8 + i, 10, 1, 0.0, token_times_s=[0.01], cancelled=True)
+            for i in range(2)]
+    s = summarize(ok + gone, 1.0, slo={"ttft": 100.0})
+    assert (s["completed"], s["failed"], s["cancelled"]) == (8, 0, 2)
+    assert s["goodput"] == 8.0
+    assert s["slo_attainment"] == 1.0  # 8 / 8 (it was 8 / 10 = 0.8)
+    # Add the five of _records(): A and C meet ttft <= 200 (B's 300 misses), D and E failed
+    # (misses, in the denominator): 8 + 2 good of 8 + 5 judged; the 2 cancelled out.
+    recs = ok + gone + _records()
+    s = summarize(recs, 1.0, slo={"ttft": 200.0})
+    assert s["slo_attainment"] == 10 / 13  # it was 10 / 15
+    rows = [request_record_dict(r, False) for r in recs]
+    assert not any(request_meets(r, {"ttft": 200.0}) for r in rows[8:10])
+    assert run_attainment({"requests": rows}, {"ttft": 200.0}) == 10 / 13
+    from cbbench.analysis.summary.slo import attainment  # the one rule both call
+
+    assert attainment([], []) == 0.0 and attainment([False], [True]) == 0.0
+
+
+def test_a_run_with_cancels_whose_completed_requests_all_meet_the_slo_attains_it():
+    """`cbbench run --engine sim ... --cancel-rate 0.5 --cancel-after 40 --slo
+    ttft=10000,e2el=100000`: every completed request meets limits this loose, so the run's
+    attainment is 1.0 (it was 0.7: the cancels counted as misses), in the summary and in the
+    probe point sweep and capacity read."""
+    from helpers import run_spec
+
+    from cbbench.analysis.summary.slo import parse_attainment_slo, run_attainment
+    from cbbench.bench.probe import summarize_probe
+    from cbbench.bench.runner import execute_run
+    from cbbench.engine.args import EngineArgs
+
+    slo = {"ttft": 10000.0, "e2el": 100000.0}
+    result = execute_run(run_spec(
+        workload="random", input_len=64, output_len=50, num_requests=20, request_rate=50.0,
+        cancel_rate=0.5, cancel_after="40", slo=slo,
+        engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b")))
+    s = result.summary
+    assert s.cancelled > 0 and s.completed + s.failed + s.cancelled == 20
+    assert max(r.e2el_ms for r in result.requests if r.e2el_ms is not None) < 10000
+    assert s.slo_attainment == 1.0
+    assert run_attainment(result, slo) == 1.0
+    point = summarize_probe(50.0, result, parse_attainment_slo("ttft=10000,e2el=100000"))
+    assert point.slo_attainment == 1.0
 
 
 def test_one_token_request_passes_a_tpot_slo():

@@ -247,3 +247,112 @@ def test_slices_that_cannot_be_made_after_the_run_cost_only_the_slices(tmp_path,
     assert out.exit_code == 0, out.output
     data = json.loads(res.read_text())
     assert data["summary"]["completed"] == 40 and "slices" not in data["summary"]
+
+
+# ---- every per-group table holds the asked percentiles (the sixth review) ---------------------
+ASKED = "50,99.9"
+ASKED_KEYS = {"mean", "std", "p50", "p99.9", "count"}
+
+
+def _linear(values, q: float) -> float:
+    """numpy's default percentile by hand: the value at rank q/100 * (n - 1) of the sorted
+    values, linearly between its two neighbours."""
+    v = sorted(values)
+    rank = q / 100 * (len(v) - 1)
+    lo = int(rank)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (rank - lo) * (v[hi] - v[lo])
+
+
+def test_by_turn_and_sessions_hold_the_asked_percentiles():
+    """`run --engine sim --workload sharegpt-multiturn --num-requests 3 --think-time 10
+    --percentiles 50,99.9`: by_turn and every sessions distribution held p50/p90/p95/p99."""
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
+    from cbbench.engine.args import EngineArgs
+
+    result = execute_run(run_spec(workload="sharegpt-multiturn", num_requests=3,
+                                  think_time="10", percentiles=ASKED,
+                                  engine=EngineArgs(engine="sim", gpu="h200",
+                                                    model="llama-3-8b")))
+    s = to_dict(result)["summary"]
+    assert set(s["ttft_ms"]) == ASKED_KEYS
+    assert s["by_turn"]
+    for t in s["by_turn"]:
+        assert set(t["ttft_ms"]) == set(t["tpot_ms"]) == ASKED_KEYS
+        ttfts = [r.ttft_ms for r in result.requests if r.turn == t["turn"] and r.ttft_ms]
+        assert t["ttft_ms"]["p99.9"] == pytest.approx(_linear(ttfts, 99.9), rel=1e-12)
+    ses = s["sessions"]
+    for name in ("duration_s", "mean_ttft_ms", "time_in_tools_s", "time_in_model_s",
+                 "time_in_subagents_s"):
+        assert set(ses[name]) == ASKED_KEYS, name
+    assert ses["ttft_by_turn_kind_ms"]
+    for d in ses["ttft_by_turn_kind_ms"].values():
+        assert set(d) == ASKED_KEYS
+    # Each session: from its first turn's intended start to its last token.
+    spans: dict = {}
+    for r in result.requests:
+        end = r.intended_start_s + r.e2el_ms / 1000
+        a, b = spans.get(r.session_id, (r.intended_start_s, end))
+        spans[r.session_id] = (min(a, r.intended_start_s), max(b, end))
+    assert ses["completed"] == len(spans) == 3
+    assert ses["duration_s"]["p99.9"] == pytest.approx(
+        _linear([b - a for a, b in spans.values()], 99.9), rel=1e-9)
+
+
+def test_by_endpoint_holds_the_asked_percentiles():
+    """Two --endpoint URLs and --percentiles 50,99.9: summary.by_endpoint held p50/.../p99."""
+    from fake_openai import FakeOpenAI
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
+    from cbbench.targets.options import EndpointOptions
+
+    with FakeOpenAI() as one, FakeOpenAI() as two:
+        result = execute_run(run_spec(
+            workload="random", input_len=32, output_len=4, num_requests=10,
+            request_rate=100.0, percentiles=ASKED,
+            endpoint=EndpointOptions(endpoint=f"{one.url},{two.url}", request_timeout_s=30.0)))
+    by = to_dict(result)["summary"]["by_endpoint"]
+    assert set(by) == {one.url, two.url}
+    for url, split in by.items():
+        for name in ("ttft_ms", "tpot_ms", "e2el_ms"):
+            assert set(split[name]) == ASKED_KEYS, (url, name)
+        ttfts = [r.ttft_ms for r in result.requests if r.endpoint == url]
+        assert len(ttfts) == 5
+        # five values: rank 0.999 * 4 = 3.996, between the 4th and the 5th
+        assert split["ttft_ms"]["p99.9"] == pytest.approx(_linear(ttfts, 99.9), rel=1e-12)
+
+
+def test_per_priority_holds_the_asked_percentiles():
+    from cbbench.analysis.summary.metrics import summarize
+
+    def rec(i, prio, ttft_s):
+        return RequestRecord(i, 4, 2, 0.0, token_times_s=[ttft_s, ttft_s + 0.01], priority=prio)
+
+    # priority 0: TTFT 100, 200, 400 ms; priority 1: 1000, 3000 ms
+    recs = [rec(0, 0, 0.1), rec(1, 0, 0.2), rec(2, 0, 0.4), rec(3, 1, 1.0), rec(4, 1, 3.0)]
+    pp = summarize(recs, 5.0, percentiles=(50, 99.9))["per_priority"]
+    # rank 0.999 * 2 = 1.998: 200 + 0.998 * 200; of two: 1000 + 0.999 * 2000
+    assert pp["0"]["ttft_ms"] == pytest.approx({"mean": 700 / 3, "p50": 200.0,
+                                                "p99.9": 200 + 0.998 * 200})
+    assert pp["1"]["ttft_ms"] == pytest.approx({"mean": 2000.0, "p50": 2000.0,
+                                                "p99.9": 1000 + 0.999 * 2000})
+    assert set(pp["0"]["tpot_ms"]) == {"mean", "p50", "p99.9"}
+    # The default list keeps the table's short form: mean, p50, p99.
+    assert set(summarize(recs, 5.0)["per_priority"]["0"]["ttft_ms"]) == {"mean", "p50", "p99"}
+
+
+def test_kv_transfer_holds_the_asked_percentiles():
+    from helpers import run_spec
+
+    from cbbench.bench.runner import execute_run
+    from cbbench.engine.args import EngineArgs
+
+    result = execute_run(run_spec(
+        workload="random", input_len=256, output_len=4, num_requests=6, request_rate=2.0,
+        percentiles=ASKED,
+        engine=EngineArgs(engine="sim", gpu="h100", model="llama-3-8b", disaggregate="1:1")))
+    kv = to_dict(result)["summary"]["kv_transfer_ms"]
+    assert set(kv) == ASKED_KEYS and kv["count"] == 6

@@ -96,6 +96,45 @@ def test_window_figures_by_hand():
     assert f["ttft_ms"]["mean"] == pytest.approx((0.2 + 0.1) / 2 * 1000)
 
 
+def _multi(i, start, times, counts, output_tokens, prompt=64) -> RequestRecord:
+    """An HTTP request whose stream events carried ``counts`` tokens each."""
+    return RequestRecord(id=i, prompt_tokens=prompt, output_tokens=output_tokens,
+                         intended_start_s=start, send_s=start, token_times_s=list(times),
+                         event_tokens=list(counts), output_tokens_method="usage")
+
+
+def test_window_throughput_counts_tokens_not_stream_events():
+    # Two HTTP requests of 10 output tokens each, streamed as events of 3, 3, 3, 1 tokens, all
+    # inside [0, 2]: 20 tokens in 2 s = 10 tok/s (counting events gave 8 / 2 = 4 tok/s); with
+    # the prompts (2 x 64, both finished inside) (128 + 20) / 2 = 74 tok/s.
+    recs = [_multi(i, float(i), [i + 0.1, i + 0.2, i + 0.3, i + 0.4], [3, 3, 3, 1], 10)
+            for i in range(2)]
+    f = window_figures(recs, 0.0, 2.0)
+    assert f["output_throughput"] == 10.0
+    assert f["total_token_throughput"] == 74.0
+    ss = steady_state(recs, 2.0, warmup_s=0.0, cooldown_s=0.0)  # the --warmup/--cooldown path
+    assert ss["window_s"] == [0.0, 2.0]
+    assert (ss["output_throughput"], ss["total_token_throughput"]) == (10.0, 74.0)
+
+
+def test_window_cuts_a_stream_by_its_events_tokens_as_the_slices_do():
+    from cbbench.analysis.summary.slices import time_slices
+
+    recs = [
+        # events of 3, 3, 3, 1 tokens; the window [1, 2] holds the 2nd and 3rd: 6 tokens
+        _multi(0, 0.0, [0.5, 1.0, 1.5, 2.5], [3, 3, 3, 1], 10),
+        # usage says 9 tokens, the events carried one each (one_per_event): the 6 the events
+        # did not carry count at the last event (1.8, inside): 1 + 1 + 7 = 9 tokens
+        _multi(1, 0.0, [0.2, 1.2, 1.8], [1, 1, 1], 9),
+    ]
+    # [1, 2]: 6 + (1 + 7) = 14 tokens in 1 s
+    assert window_figures(recs, 1.0, 2.0)["output_throughput"] == 14.0
+    # --slice 1 over [0, 3): the one rule, so the [1, 2) slice holds the same 14 tokens
+    # (no event on 2.0), and the three slices hold the 19 the requests streamed.
+    slices = time_slices(recs, 3.0, 1.0)
+    assert [s["output_tokens"] for s in slices] == [3 + 1, 14, 1]
+
+
 def test_warmup_and_cooldown_set_the_window():
     recs = [_rec(i, i * 1.0, [i + 0.1, i + 0.2]) for i in range(10)]
     ss = steady_state(recs, 10.0, warmup_s=2.0, cooldown_s=3.0)

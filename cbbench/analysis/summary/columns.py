@@ -50,7 +50,8 @@ class TokenTimes(Protocol):
         ...
 
     def tokens_between(self, rows: np.ndarray, a: float, b: float) -> int:
-        """Token times of ``rows`` in [a, b]."""
+        """Output tokens of ``rows`` whose stream events came in [a, b]: each event counted by
+        its tokens, as ``slice_tokens`` counts them (not one per event)."""
         ...
 
     def slice_tokens(self, rows: np.ndarray, bounds: np.ndarray, n: int) -> np.ndarray:
@@ -145,7 +146,6 @@ def request_columns(records: Sequence[RequestRecord]) -> RequestColumns:
     n = len(records)
     first = np.full(n, np.nan)
     last = np.full(n, np.nan)
-    times: list[np.ndarray] = []
     per_token: list[np.ndarray] = []
     per_event: list[np.ndarray] = []
     event_t: list[np.ndarray] = []
@@ -155,13 +155,14 @@ def request_columns(records: Sequence[RequestRecord]) -> RequestColumns:
         t = r.token_times_s
         if t:
             first[i], last[i] = t[0], t[-1]
-        times.append(np.asarray(t, dtype=np.float64))
         et, k = r.event_arrays()
         a, b = _gaps_s(et, k)
         per_token.append(a)
         per_event.append(b)
         event_k.append(k)
-        counts = k.astype(np.int64)  # the slices' count: what the events did not carry goes last
+        # Each event's output tokens, as the slices and the steady window count them
+        # (RaggedTokens.counted_events): what the events did not carry goes last.
+        counts = k.astype(np.int64)
         if counts.size:
             counts[-1] += r.output_tokens - int(counts.sum())
         event_t.append(et)
@@ -186,7 +187,7 @@ def request_columns(records: Sequence[RequestRecord]) -> RequestColumns:
         reasoning_tokens=np.array([_nan(r.reasoning_tokens) for r in records],
                                   dtype=np.float64),
         turn=np.array([NO_TURN if r.turn is None else r.turn for r in records], dtype=np.int64),
-        tokens=RaggedTokens(times, per_token, per_event, event_k, event_t, slice_k),
+        tokens=RaggedTokens(per_token, per_event, event_k, event_t, slice_k),
         records=records,
     )
 
@@ -236,8 +237,7 @@ class RaggedTokens:
 
     one_token_per_event = False  # an HTTP event may carry several
 
-    def __init__(self, times, per_token_s, per_event_s, event_k, event_t, slice_k) -> None:
-        self.times, self.t_off = _flat(times, np.float64)
+    def __init__(self, per_token_s, per_event_s, event_k, event_t, slice_k) -> None:
         self.per_token_s, self.g_off = _flat(per_token_s, np.float64)
         self.per_event_s, self.e_off = _flat(per_event_s, np.float64)
         self.event_k, self.k_off = _flat(event_k, np.float64)
@@ -253,13 +253,20 @@ class RaggedTokens:
     def tokens_per_event(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         return _gather(self.event_k, self.k_off, rows), None
 
+    def counted_events(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(time, output tokens) of every stream event of ``rows``: the one rule both the
+        slices and the steady-state window count tokens by. An event of k tokens counts k (an
+        HTTP event may carry several: counting token_times_s entries counted events); what the
+        events did not carry of the request's output_tokens counts at its last event."""
+        return (_gather(self.event_t, self.s_off, rows),
+                _gather(self.slice_k, self.s_off, rows))
+
     def tokens_between(self, rows: np.ndarray, a: float, b: float) -> int:
-        t = _gather(self.times, self.t_off, rows)  # each request's times ascending
-        return int(np.count_nonzero((t >= a) & (t <= b)))
+        times, k = self.counted_events(rows)
+        return int(k[(times >= a) & (times <= b)].sum())
 
     def slice_tokens(self, rows: np.ndarray, bounds: np.ndarray, n: int) -> np.ndarray:
         tokens = np.zeros(n, dtype=np.int64)
-        times = _gather(self.event_t, self.s_off, rows)
-        np.add.at(tokens, np.searchsorted(bounds, times, side="right"),
-                  _gather(self.slice_k, self.s_off, rows))
+        times, k = self.counted_events(rows)
+        np.add.at(tokens, np.searchsorted(bounds, times, side="right"), k)
         return tokens

@@ -274,12 +274,14 @@ def summarize(
         summary["short_outputs"] = short_output_figures(cols).to_dict()
     priorities = np.unique(cols.priority)
     if len(priorities) > 1:
-        summary["per_priority"] = per_priority(cols, priorities.tolist())
+        summary["per_priority"] = per_priority(cols, priorities.tolist(), percentiles)
     if slo:
-        good = int(meets_slo(cols, slo).sum())
+        from cbbench.analysis.summary.slo import attainment
+
+        meets = meets_slo(cols, slo)
         summary["slo"] = dict(slo)
-        summary["goodput"] = good / dur
-        summary["slo_attainment"] = good / len(cols) if len(cols) else 0.0
+        summary["goodput"] = int(meets.sum()) / dur
+        summary["slo_attainment"] = attainment(meets, cols.cancelled)  # cancels apart
     return summary
 
 
@@ -313,16 +315,21 @@ def cancelled_work(cols: RequestColumns) -> dict:
     }
 
 
-PER_PRIORITY_STATS = ("mean", "p50", "p99")
+PER_PRIORITY_PERCENTILES = (50, 99)  # the table's short form of the default list
 
 
-def per_priority(cols: RequestColumns, priorities: Sequence[int]) -> dict:
+def per_priority(cols: RequestColumns, priorities: Sequence[int],
+                 percentiles=DEFAULT_PERCENTILES) -> dict:
     """TTFT and TPOT per priority class (keys are the priorities as strings, as JSON has
-    them), for runs whose requests carry more than one priority."""
+    them), for runs whose requests carry more than one priority: mean and the run's
+    percentiles (--percentiles); under the default list its short form, mean, p50 and p99."""
+    if tuple(map(float, percentiles)) == tuple(map(float, DEFAULT_PERCENTILES)):
+        percentiles = PER_PRIORITY_PERCENTILES
+    stats = ("mean", *map(percentile_key, percentiles))
 
     def short(values_ms: np.ndarray) -> dict:
-        d = distribution(values_ms, (50, 99))
-        return {k: d[k] for k in PER_PRIORITY_STATS}
+        d = distribution(values_ms, percentiles)
+        return {k: d[k] for k in stats}
 
     out = {}
     for p in priorities:

@@ -2,8 +2,11 @@
 
 A request *meets* the SLO when every limit holds for it: its own TTFT <= the ttft limit, its
 own TPOT <= the tpot limit, its own E2EL <= the e2el limit (a request with one output token
-has no TPOT and passes that limit). A failed request never meets it. A run *meets* the SLO
-when the fraction of its requests that meet it is >= the attainment target.
+has no TPOT and passes that limit). A failed request never meets it. A run's *attainment* is
+the fraction of its requests that meet it, over the requests that were not cancelled
+(``attainment``: completed and failed; a --cancel-rate cancel is the client's doing, counted
+apart as everywhere else, as AIPerf's good_request_fraction leaves cancels out); the run
+*meets* the SLO when its attainment is >= the attainment target.
 
 Syntax: ``KEY[_pNN]=MS`` joined by commas, KEY in ttft, tpot, e2el. The ``_pNN`` suffix names
 the attainment: ``ttft_p99=1000,tpot_p99=50`` means ">= 99% of requests meet both limits".
@@ -20,9 +23,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.schema.coerce import as_run
@@ -104,11 +109,22 @@ def parse_attainment_slo(text: str | None, attainment: float | None = None) -> A
     return AttainmentSLO(limits, DEFAULT_ATTAINMENT, "default")
 
 
+def attainment(meets: Sequence[bool] | np.ndarray, cancelled: Sequence[bool] | np.ndarray
+               ) -> float:
+    """The SLO attainment of a run: its requests that met every limit (``meets``, per request)
+    over its requests that were not cancelled (completed and failed: a failed request is a
+    miss; a cancelled one is neither); 0.0 with none. The one rule: the summary's
+    slo_attainment (which gate reads) and run_attainment (sweep's and capacity's) both call it."""
+    judged = int(np.count_nonzero(~np.asarray(cancelled, dtype=bool)))
+    return int(np.count_nonzero(meets)) / judged if judged else 0.0
+
+
 def request_meets(req: Request | Mapping[str, Any], limits_ms: dict[str, float]) -> bool:
     """One request of a result file (its `requests` entry: the model, or a hand-made dict read
-    through the model's names) against every limit."""
+    through the model's names) against every limit. A failed or cancelled request never
+    meets it."""
     r = req if isinstance(req, Request) else Request.model_construct(**req)
-    if r.error is not None or r.ttft_ms is None:
+    if r.error is not None or r.cancelled or r.ttft_ms is None:
         return False
     for key, limit in limits_ms.items():
         v = REQUEST_MS[key](r)
@@ -118,11 +134,8 @@ def request_meets(req: Request | Mapping[str, Any], limits_ms: dict[str, float])
 
 
 def run_attainment(result: RunResult | Mapping[str, Any], limits_ms: dict[str, float]) -> float:
-    """The fraction of a run's requests that met every limit; requests never sent (an
-    interrupted run) count as missing it."""
-    run = as_run(result)
-    reqs = run.requests or []
-    total = len(reqs) + int(run.summary.not_sent or 0)
-    if total == 0:
-        return 0.0
-    return sum(1 for r in reqs if request_meets(r, limits_ms)) / total
+    """A result file's attainment of ``limits_ms`` from its requests (``attainment``: over
+    those not cancelled, as the run's own summary.slo_attainment)."""
+    reqs = as_run(result).requests or []
+    return attainment([request_meets(r, limits_ms) for r in reqs],
+                      [bool(r.cancelled) for r in reqs])

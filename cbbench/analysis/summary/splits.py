@@ -39,10 +39,12 @@ def split_by(records: Sequence[RequestRecord], key: Callable[[RequestRecord], st
     return out
 
 
-def add_splits(summary: dict, records: Sequence[RequestRecord], duration_s: float) -> None:
+def add_splits(summary: dict, records: Sequence[RequestRecord], duration_s: float,
+               percentiles=DEFAULT_PERCENTILES) -> None:
     """by_model when requests asked for more than one model, by_endpoint when they went to
-    more than one URL; nothing for a run with one of each."""
+    more than one URL; nothing for a run with one of each. ``percentiles``: the run's
+    (--percentiles), as every latency distribution holds them."""
     for name, key in (("by_model", lambda r: r.model), ("by_endpoint", lambda r: r.endpoint)):
-        split = split_by(records, key, duration_s)
+        split = split_by(records, key, duration_s, percentiles)
         if len(split) > 1:
             summary[name] = split

@@ -16,7 +16,9 @@ figures within it (summary.steady_state), chosen one of two ways:
 Within the window [a, b]: latencies (TTFT, TPOT, ITL, E2EL) over the requests served in it
 (first token within it; a request that got none, by its intended start), so a run whose
 requests all arrived at t = 0 still has its saturated middle measured; throughputs over what
-happened in it (output tokens streamed, requests completed, per second of the window).
+happened in it (output tokens streamed, requests completed, per second of the window). Output
+tokens are counted as ``--slice`` counts them (TokenTimes.tokens_between): an HTTP stream event
+of k tokens is k tokens at its time, not one.
 """
 
 from __future__ import annotations
