@@ -332,14 +332,15 @@ def _check_hf_fields(cfg: dict, config_path: Path) -> None:
         raise ValueError(f"{config_path}: 'rope_scaling' must be an object")
 
 
-def _eos_ids(value: object, path: Path) -> tuple[int, ...]:
+def _eos_ids(value: object, path: Path, vocab_size: int) -> tuple[int, ...]:
     """An ``eos_token_id`` field (None, an id, or a list of ids) as its ids, in order, each
-    once; anything else is a ValueError naming the file."""
+    once; anything else, or an id outside the vocabulary (it could never be generated), is a
+    ValueError naming the file."""
     ids = [] if value is None else value if isinstance(value, list) else [value]
     for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int):
-            raise ValueError(f"{path}: 'eos_token_id' must be a token id or a list of them; "
-                             f"{reprlib.repr(i)} is not")
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
+            raise ValueError(f"{path}: 'eos_token_id' must be a token id below vocab_size "
+                             f"({vocab_size}) or a list of them; {reprlib.repr(i)} is not")
     return tuple(dict.fromkeys(ids))
 
 
@@ -349,7 +350,8 @@ def _model_eos_ids(cfg: dict, config_path: Path) -> tuple[int, ...]:
     else config.json's. transformers loads the generation config from that file when it is
     there and builds it from config.json only when it is not (adjust_generation_fn); generate
     then stops on any id of the list."""
-    ids = _eos_ids(cfg.get("eos_token_id"), config_path)  # checked even where overridden
+    vocab = cfg["vocab_size"]
+    ids = _eos_ids(cfg.get("eos_token_id"), config_path, vocab)  # checked even where overridden
     gen_path = config_path.parent / GENERATION_CONFIG
     if not gen_path.is_file():
         return ids
@@ -358,7 +360,7 @@ def _model_eos_ids(cfg: dict, config_path: Path) -> tuple[int, ...]:
     gen = read_json(gen_path, "generation config", CONFIG_MAX_BYTES)
     if not isinstance(gen, dict):
         raise ValueError(f"{gen_path} is not a JSON object")
-    return _eos_ids(gen.get("eos_token_id"), gen_path)
+    return _eos_ids(gen.get("eos_token_id"), gen_path, vocab)
 
 
 def _moe_fields(cfg: dict, model_type: str, config_path: Path) -> dict:
