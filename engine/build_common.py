@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .args import EngineArgs, EngineArgsError
+from .model_config import eos_record
 
 # The CPU KV pool is zero-filled at start-up, so it is sized for the small CPU presets (512 MiB
 # holds 512k tokens of the 'small' model) rather than for memory that is never used.
@@ -47,7 +48,9 @@ class EngineInfo:
     cuda_graphs_mixed_reason: str | None = None
     cpu_threads: int | None = None
     vocab_size: int | None = None
-    eos_token_id: int | None = None  # a config's list of them: its first (model_config.py)
+    # The model's end-of-sequence ids (model_config.py); None where the engine does not model
+    # EOS (sim). Recorded as eos_record writes them.
+    eos_token_ids: tuple[int, ...] | None = None
     torch_version: str | None = None
     # Speculative decoding: K, and the acceptance rate the simulator draws from (None: off).
     speculative_tokens: int | None = None
@@ -55,11 +58,11 @@ class EngineInfo:
 
     def to_dict(self) -> dict:
         """The fields this engine kind sets (None fields left out, except gpu)."""
-        return {
-            k: v
-            for k, v in dataclasses.asdict(self).items()
-            if v is not None or k in ("gpu", "gpu_spec")
-        }
+        d = dataclasses.asdict(self)
+        del d["eos_token_ids"]
+        if self.eos_token_ids is not None:
+            d.update(eos_record(self.eos_token_ids))
+        return {k: v for k, v in d.items() if v is not None or k in ("gpu", "gpu_spec")}
 
 
 def num_swap_blocks(args: EngineArgs, block_bytes: int) -> int:

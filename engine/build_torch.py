@@ -261,7 +261,7 @@ def build_torch_engine(args: EngineArgs):
         weight_bytes=config.weight_bytes(dtype_name),
         kv_bytes_per_token=config.kv_bytes_per_token(dtype_name),
         vocab_size=config.vocab_size,
-        eos_token_id=config.eos_token_id,
+        eos_token_ids=config.eos_token_ids,
         torch_version=torch.__version__,
         clock="wall",
         speculative_tokens=args.speculative_tokens or None,

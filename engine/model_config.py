@@ -7,6 +7,7 @@ simulator's roofline and the torch engine's random-weight models.
 from __future__ import annotations
 
 import math
+import reprlib
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -31,7 +32,9 @@ class ModelConfig:
     # original_max_position_embeddings. None means plain RoPE.
     rope_scaling: dict | None = field(default=None, hash=False, compare=False)
     rms_norm_eps: float = 1e-5
-    eos_token_id: int | None = None
+    # The end-of-sequence ids: a generated one stops a request (unless it ignores EOS). Hugging
+    # Face's generate stops on any of them; from generation_config.json, else config.json.
+    eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"  # llama | qwen2 | mistral: all share one implementation
     # Mixture of experts (the simulator only): every layer's MLP is num_experts SwiGLU experts
     # of moe_intermediate_size, num_experts_per_tok of them chosen per token by a linear
@@ -133,7 +136,37 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        del d["eos_token_ids"]
+        return {**d, **eos_record(self.eos_token_ids)}
+
+    @classmethod
+    def from_dict(cls, d: object) -> ModelConfig:
+        """A result's ``model_config`` (``to_dict``'s, or an older one's) as a ModelConfig."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a model_config is an object, not {type(d).__name__}")
+        fields = {k: v for k, v in d.items() if k not in ("eos_token_id", "eos_token_ids")}
+        return cls(**fields, eos_token_ids=eos_ids_of(d))
+
+
+def eos_record(ids: tuple[int, ...]) -> dict:
+    """How a result records a model's end-of-sequence ids: ``eos_token_id`` the first (None:
+    none), the one field results had; ``eos_token_ids`` all of them, only where there are
+    several (a record of one id reads as it did)."""
+    d: dict = {"eos_token_id": ids[0] if ids else None}
+    if len(ids) > 1:
+        d["eos_token_ids"] = list(ids)
+    return d
+
+
+def eos_ids_of(record: dict) -> tuple[int, ...]:
+    """The end-of-sequence ids an ``eos_record`` (or an older result's single
+    ``eos_token_id``) holds."""
+    ids = record.get("eos_token_ids")
+    if ids is None:
+        one = record.get("eos_token_id")
+        ids = [] if one is None else [one]
+    return tuple(ids)
 
 
 # MXFP4 (OCP microscaling): 4-bit values, one 8-bit shared scale per block of 32.
@@ -157,58 +190,58 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     "llama-3-8b": _preset(
         name="llama-3-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=128256, max_model_len=8192,
-        rope_theta=500000.0, eos_token_id=128009,
+        rope_theta=500000.0, eos_token_ids=(128009,),
     ),
     "llama-3.1-8b": _preset(
         name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=128256, max_model_len=131072,
-        rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_id=128009,
+        rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_ids=(128009,),
     ),
     "llama-3.1-70b": _preset(
         name="llama-3.1-70b", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
         head_dim=128, intermediate_size=28672, vocab_size=128256, max_model_len=131072,
-        rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_id=128009,
+        rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_ids=(128009,),
     ),
     "llama-3.2-1b": _preset(
         name="llama-3.2-1b", num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
         head_dim=64, intermediate_size=8192, vocab_size=128256, max_model_len=131072,
         rope_theta=500000.0, rope_scaling=_LLAMA32_ROPE, tie_word_embeddings=True,
-        eos_token_id=128009,
+        eos_token_ids=(128009,),
     ),
     "llama-2-7b": _preset(
         name="llama-2-7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32,
         head_dim=128, intermediate_size=11008, vocab_size=32000, max_model_len=4096,
-        rms_norm_eps=1e-5, eos_token_id=2,
+        rms_norm_eps=1e-5, eos_token_ids=(2,),
     ),
     "mistral-7b": _preset(
         name="mistral-7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=32768, max_model_len=32768,
-        rope_theta=1000000.0, architecture="mistral", eos_token_id=2,
+        rope_theta=1000000.0, architecture="mistral", eos_token_ids=(2,),
     ),
     "qwen2.5-7b": _preset(
         name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4,
         head_dim=128, intermediate_size=18944, vocab_size=152064, max_model_len=32768,
         rope_theta=1000000.0, qkv_bias=True, rms_norm_eps=1e-6, architecture="qwen2",
-        eos_token_id=151645,
+        eos_token_ids=(151645,),
     ),
     # Mixture-of-experts presets (the simulator only), from each model's published config.json.
     "mixtral-8x7b": _preset(
         name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=32000, max_model_len=32768,
-        rope_theta=1000000.0, architecture="mixtral", eos_token_id=2,
+        rope_theta=1000000.0, architecture="mixtral", eos_token_ids=(2,),
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336,
     ),
     "qwen3-30b-a3b": _preset(
         name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4,
         head_dim=128, intermediate_size=6144, vocab_size=151936, max_model_len=40960,
         rope_theta=1000000.0, rms_norm_eps=1e-6, architecture="qwen3_moe",
-        eos_token_id=151645, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        eos_token_ids=(151645,), num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
     ),
     # Its experts ship in MXFP4 (quantization_config), the rest in bf16.
     "gpt-oss-20b": _preset(
         name="gpt-oss-20b", num_layers=24, hidden_size=2880, num_heads=64, num_kv_heads=8,
         head_dim=64, intermediate_size=2880, vocab_size=201088, max_model_len=131072,
-        rope_theta=150000.0, qkv_bias=True, architecture="gpt_oss", eos_token_id=200002,
+        rope_theta=150000.0, qkv_bias=True, architecture="gpt_oss", eos_token_ids=(200002,),
         num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880, expert_bias=True,
         expert_weight_bits=MXFP4_BITS,
     ),
@@ -256,6 +289,9 @@ MOE_ARCHITECTURES = frozenset(_MOE_FIELDS)
 
 # A model's config.json is a few kB; one far larger (or an endless stream) is not one.
 CONFIG_MAX_BYTES = 16 << 20
+# Beside config.json: the generation defaults (the end-of-sequence ids among them) that
+# transformers' generate uses.
+GENERATION_CONFIG = "generation_config.json"
 
 
 def _read_hf_config(config_path: Path) -> dict:
@@ -294,10 +330,37 @@ def _check_hf_fields(cfg: dict, config_path: Path) -> None:
             raise ValueError(f"{config_path}: {key!r} must be a number > 0, got {v!r}")
     if cfg.get("rope_scaling") is not None and not isinstance(cfg["rope_scaling"], dict):
         raise ValueError(f"{config_path}: 'rope_scaling' must be an object")
-    eos = cfg.get("eos_token_id")
-    ids = eos if isinstance(eos, list) else [eos]
-    if eos is not None and not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"{config_path}: 'eos_token_id' must be a token id (or a list of them)")
+
+
+def _eos_ids(value: object, path: Path, vocab_size: int) -> tuple[int, ...]:
+    """An ``eos_token_id`` field (None, an id, or a list of ids) as its ids, in order, each
+    once; anything else, or an id outside the vocabulary (it could never be generated), is a
+    ValueError naming the file."""
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
+            raise ValueError(f"{path}: 'eos_token_id' must be a token id below vocab_size "
+                             f"({vocab_size}) or a list of them; {reprlib.repr(i)} is not")
+    return tuple(dict.fromkeys(ids))
+
+
+def _model_eos_ids(cfg: dict, config_path: Path) -> tuple[int, ...]:
+    """The ids Hugging Face's generate stops on: generation_config.json's ``eos_token_id``
+    where the model folder has that file (its value whole, None or missing included: no EOS),
+    else config.json's. transformers loads the generation config from that file when it is
+    there and builds it from config.json only when it is not (adjust_generation_fn); generate
+    then stops on any id of the list."""
+    vocab = cfg["vocab_size"]
+    ids = _eos_ids(cfg.get("eos_token_id"), config_path, vocab)  # checked even where overridden
+    gen_path = config_path.parent / GENERATION_CONFIG
+    if not gen_path.is_file():
+        return ids
+    from .json_file import read_json
+
+    gen = read_json(gen_path, "generation config", CONFIG_MAX_BYTES)
+    if not isinstance(gen, dict):
+        raise ValueError(f"{gen_path} is not a JSON object")
+    return _eos_ids(gen.get("eos_token_id"), gen_path, vocab)
 
 
 def _moe_fields(cfg: dict, model_type: str, config_path: Path) -> dict:
@@ -342,9 +405,7 @@ def from_hf_config(config_path: Path) -> ModelConfig:
     _check_hf_fields(cfg, config_path)
     num_heads = cfg["num_attention_heads"]
     hidden = cfg["hidden_size"]
-    eos = cfg.get("eos_token_id")
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
+    eos_ids = _model_eos_ids(cfg, Path(config_path))
     moe = _moe_fields(cfg, model_type, config_path)
     rope_scaling = cfg.get("rope_scaling")
     if moe:
@@ -370,7 +431,7 @@ def from_hf_config(config_path: Path) -> ModelConfig:
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
         rope_scaling=rope_scaling,
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        eos_token_id=eos,
+        eos_token_ids=eos_ids,
         architecture=_SUPPORTED_HF_TYPES[model_type],
         **moe,
     )

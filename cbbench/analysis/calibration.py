@@ -291,7 +291,7 @@ def fit_data(results: Sequence[tuple[str, ResultLike]],
 
 def _model_of(model_config: object, where: str) -> ModelConfig:
     try:
-        return ModelConfig(**model_config)  # type: ignore[arg-type]
+        return ModelConfig.from_dict(model_config)
     except (KeyError, TypeError) as e:
         raise UsageError(f"{where}: no usable model_config in its config ({e})") from None
 

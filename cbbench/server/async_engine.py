@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from cbbench.engine.core.engine import StepFailed
 from cbbench.engine.core.feed import run_feed
 from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
+from cbbench.engine.model_config import eos_ids_of
 from cbbench.errors import UsageError
 from cbbench.server.engine_events import (
     Admitted,
@@ -124,7 +125,7 @@ class AsyncEngine:
         self._snapshot = EngineSnapshot(ready=False)
         self._num_steps = 0
         self.info: dict | None = None
-        self.eos_token_id: int | None = None
+        self.eos_token_ids: tuple[int, ...] = ()
 
     # ---- lifecycle (event-loop side) ----------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -176,7 +177,7 @@ class AsyncEngine:
             arrival_time=submitted - self._offset,
             prompt_token_ids=prompt_ids,
             sampling=sampling,
-            eos_token_id=self.eos_token_id,
+            eos_token_ids=self.eos_token_ids,
             encoder_flops=encoder_flops,
         )
         req.pooling = pooling
@@ -223,7 +224,7 @@ class AsyncEngine:
             engine.keep_recent_records(KEEP_RECORDS)
             self._offset = time.perf_counter() - engine.clock.now()
             self.info = info
-            self.eos_token_id = info.get("eos_token_id")
+            self.eos_token_ids = eos_ids_of(info)
             if self._observer is not None:
                 self._observer.on_ready(info)
             self._publish_snapshot(engine)

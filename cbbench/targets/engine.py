@@ -131,7 +131,7 @@ def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, outp
     )
     return Request(
         rid, prompt_len, output_len, arrival_time=t, prompt_token_ids=ids, sampling=sampling,
-        priority=priority, eos_token_id=info.eos_token_id,
+        priority=priority, eos_token_ids=info.eos_token_ids or (),
     )
 
 

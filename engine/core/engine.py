@@ -422,7 +422,7 @@ class Engine:
             req.output_token_ids.append(token)
         if req.num_output_tokens >= req.max_tokens:
             req.finish_reason = "length"
-        elif token is not None and token == req.eos_token_id and not req.sampling.ignore_eos:
+        elif token is not None and token in req.eos_token_ids and not req.sampling.ignore_eos:
             req.finish_reason = "stop"
 
     def _register_filled_blocks(self, reqs: list[Request]) -> None:
@@ -461,7 +461,7 @@ class Engine:
             if req.num_output_tokens >= req.max_tokens:
                 req.finish_reason = "length"
                 break
-            if with_ids and t == req.eos_token_id and not req.sampling.ignore_eos:
+            if with_ids and t in req.eos_token_ids and not req.sampling.ignore_eos:
                 req.finish_reason = "stop"
                 break  # the rest of the run is dropped
         if rejected and req.finish_reason is None:

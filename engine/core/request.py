@@ -86,7 +86,7 @@ class Request:
         "arrival_time",
         "sampling",
         "priority",
-        "eos_token_id",
+        "eos_token_ids",
         "status",
         "output_token_ids",
         "num_output_tokens",
@@ -117,7 +117,7 @@ class Request:
         prompt_token_ids: list[int] | None = None,
         sampling: SamplingParams = GREEDY,
         priority: int = 0,
-        eos_token_id: int | None = None,
+        eos_token_ids: tuple[int, ...] = (),
         encoder_flops: float = 0.0,
     ) -> None:
         if prompt_token_ids is not None and len(prompt_token_ids) != num_prompt_tokens:
@@ -129,7 +129,9 @@ class Request:
         self.arrival_time = arrival_time
         self.sampling = sampling
         self.priority = priority
-        self.eos_token_id = eos_token_id
+        # A sampled token among these finishes the request ("stop") unless it ignores EOS: the
+        # model's end-of-sequence ids, every one (Hugging Face's generate stops on any).
+        self.eos_token_ids = eos_token_ids
         self.status = RequestStatus.WAITING
         # Token ids are kept only when the executor produces them (torch); the simulator only
         # counts tokens.

@@ -162,11 +162,15 @@ GOOD_CONFIG = {"model_type": "llama", "num_attention_heads": 4, "num_key_value_h
         ({"rms_norm_eps": float("nan")}, "'rms_norm_eps' must be a number > 0"),
         ({"max_position_embeddings": -1}, "'max_position_embeddings' must be an integer >= 1"),
         ({"eos_token_id": "x"}, "'eos_token_id'"),
+        ({"eos_token_id": 512}, "'eos_token_id' must be a token id below vocab_size (512)"),
+        ({"eos_token_id": [2, -1]}, "-1 is not"),
+        ({"eos_token_id": [2, [3]]}, "[3] is not"),
         ({"sliding_window": "x"}, "'sliding_window' must be an integer >= 1"),
         ({"model_type": ["llama"]}, "unsupported model_type"),  # TypeError: unhashable
     ],
     ids=["not-json", "big-int", "a-list", "zero-heads", "hidden-text", "no-vocab", "kv-heads",
          "rope-scaling-text", "rope-theta-text", "eps-nan", "negative-context", "eos-text",
+         "eos-beyond-vocab", "eos-negative", "eos-nested",
          "window-text", "model-type-list"],
 )
 def test_a_malformed_model_config_is_one_line(tmp_path, change, text):
@@ -178,6 +182,29 @@ def test_a_malformed_model_config_is_one_line(tmp_path, change, text):
     else:
         body = change if isinstance(change, str) else json.dumps(change)
     (folder / "config.json").write_text(body)
+    code, err = invoke(["run", "--engine", "sim", "--model", str(folder), "--num-requests", "2",
+                        "--output", "{t}/x.json"], tmp_path)
+    assert code == 2 and len(err) == 1 and text in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("body", "text"),
+    [
+        ('{"eos_token_id": "x"}', "generation_config.json: 'eos_token_id' must be a token id"),
+        ('{"eos_token_id": [2, 4096]}', "4096 is not"),
+        ('{"eos_token_id": [2, true]}', "True is not"),
+        ("[2]", "generation_config.json is not a JSON object"),
+        ("{", "generation_config.json is not valid JSON"),
+    ],
+    ids=["text", "beyond-vocab", "bool", "a-list", "not-json"],
+)
+def test_a_malformed_generation_config_is_one_line(tmp_path, body, text):
+    """generation_config.json's eos_token_id (the ids generate stops on) is checked as
+    config.json's is."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(GOOD_CONFIG))
+    (folder / "generation_config.json").write_text(body)
     code, err = invoke(["run", "--engine", "sim", "--model", str(folder), "--num-requests", "2",
                         "--output", "{t}/x.json"], tmp_path)
     assert code == 2 and len(err) == 1 and text in err[0], err

@@ -29,7 +29,7 @@ def _requests(eos: dict[int, int]) -> list[Request]:
         ids = torch.randint(0, 512, (n,), generator=g).tolist()
         sampling = SamplingParams(ignore_eos=i not in eos)
         out.append(Request(i, n, m, arrival_time=t, prompt_token_ids=ids, sampling=sampling,
-                           eos_token_id=eos.get(i)))  # fmt: skip
+                           eos_token_ids=(eos[i],) if i in eos else ()))  # fmt: skip
     return out
 
 

@@ -200,3 +200,111 @@ def test_triton_backend_matches_hf(llama, tmp_path):
     assert any(
         it["num_prefill_tokens"] > 0 and it["num_decode_tokens"] > 0 for it in result["iterations"]
     )
+
+
+# ---- (f) the stop at the model's end-of-sequence ids ------------------------------------------
+# HF's generate stops on ANY id of the model's eos_token_id list, and takes that list from
+# generation_config.json where the folder has one (Llama-3-Instruct: end-of-turn is only there).
+EOS_PROMPT = [5, 17, 42, 99, 3, 250, 7, 11]
+EOS_MAX_TOKENS = 12
+NO_FILE = object()  # no generation_config.json in the folder
+
+
+@pytest.fixture(scope="module")
+def eos_model(tmp_path_factory):
+    """(a saved tiny Llama, HIT: an id its greedy output for EOS_PROMPT reaches at a later step,
+    NEVER: an id that output never holds)."""
+    hf = tiny_hf_model("llama")
+    folder = tmp_path_factory.mktemp("eos") / "base"
+    hf.save_pretrained(folder)
+    out = hf_greedy(hf, [EOS_PROMPT], [EOS_MAX_TOKENS])[0]
+    hit = next(t for j, t in enumerate(out) if j >= 1 and t not in out[:j])
+    never = max(set(range(VOCAB)) - set(out))
+    return folder, hit, never
+
+
+def _with_eos(base: Path, folder: Path, config_eos, generation_eos) -> Path:
+    import shutil
+
+    shutil.copytree(base, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "eos_token_id": config_eos}))
+    gen = folder / "generation_config.json"
+    if generation_eos is NO_FILE:
+        gen.unlink(missing_ok=True)
+    else:
+        body = json.loads(gen.read_text()) if gen.is_file() else {}
+        gen.write_text(json.dumps({**body, "eos_token_id": generation_eos}))
+    return folder
+
+
+def _hf_generate(folder: Path) -> list[int]:
+    """What transformers generates from the folder as saved (its own reading of both files)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    x = torch.tensor([EOS_PROMPT])
+    with torch.no_grad():
+        y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=EOS_MAX_TOKENS,
+                           do_sample=False, pad_token_id=0)  # fmt: skip
+    return y[0, len(EOS_PROMPT) :].tolist()
+
+
+def _served_finish(folder: Path) -> tuple[str, int]:
+    """(finish_reason, completion tokens) of the prompt through `cbbench serve`'s engine."""
+    import httpx
+    from helpers import start_server
+
+    from cbbench.cli.serve import build_serving_engine
+    from cbbench.engine.args import EngineArgs
+
+    args = EngineArgs(engine="torch", model=str(folder), device="cpu", dtype="fp32",
+                      num_kv_blocks=16)  # fmt: skip
+    run = start_server(lambda: build_serving_engine(args))
+    try:
+        body = {"prompt": EOS_PROMPT, "max_tokens": EOS_MAX_TOKENS, "ignore_eos": False,
+                "temperature": 0}  # fmt: skip
+        r = httpx.post(run.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["finish_reason"], r.json()["usage"]["completion_tokens"]
+    finally:
+        run.stop()
+
+
+# Case -> ((hit, never) -> (config.json's eos_token_id, generation_config.json's), stops at hit).
+EOS_CASES = {
+    "list-in-config": (lambda hit, never: ([never, hit], NO_FILE), True),
+    "list-in-generation-config": (lambda hit, never: (never, [never, hit]), True),
+    # generation_config.json's list replaces config.json's, which would have stopped.
+    "generation-config-replaces": (lambda hit, never: ([hit], [never]), False),
+}
+
+
+@pytest.mark.parametrize("eos_case", EOS_CASES)
+def test_stops_at_any_eos_id_as_hf_generate_does(eos_model, tmp_path, eos_case):
+    base, hit, never = eos_model
+    files, stops = EOS_CASES[eos_case]
+    config_eos, generation_eos = files(hit, never)
+    folder = _with_eos(base, tmp_path / "m", config_eos, generation_eos)
+    want = _hf_generate(folder)
+    # HF itself stops at HIT (short of the limit), or runs to the limit.
+    assert (want[-1] == hit and len(want) < EOS_MAX_TOKENS) if stops else len(want) == EOS_MAX_TOKENS
+    (tmp_path / "w.jsonl").write_text(
+        json.dumps({"prompt_token_ids": EOS_PROMPT, "output_len": EOS_MAX_TOKENS}) + "\n")
+    args = ["run", "--workload", str(tmp_path / "w.jsonl"), "--model", str(folder), *BASE,
+            "--no-ignore-eos", "--num-kv-blocks", "16", "--output", str(tmp_path / "r.json")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    result = json.loads((tmp_path / "r.json").read_text())
+    (req,) = result["requests"]
+    assert req["output_token_ids"] == want and req["output_tokens"] == len(want)
+    # The record: eos_token_id the first stop id (the one field older results have), and
+    # eos_token_ids all of them where there are several; read back whole.
+    stop_ids = config_eos if generation_eos is NO_FILE else generation_eos
+    stop_ids = stop_ids if isinstance(stop_ids, list) else [stop_ids]
+    for record in (result["config"], result["config"]["model_config"]):
+        assert record["eos_token_id"] == stop_ids[0]
+        assert record.get("eos_token_ids") == (stop_ids if len(stop_ids) > 1 else None)
+    from cbbench.engine.model_config import ModelConfig
+
+    model = ModelConfig.from_dict(result["config"]["model_config"])
+    assert model.eos_token_ids == tuple(stop_ids)
+    assert _served_finish(folder) == ("stop" if stops else "length", len(want))

@@ -343,7 +343,7 @@ class EngineMachine(RuleBasedStateMachine):
         req = Request(
             i, prompt, out, arrival_time=self.engine.clock.now(), prompt_token_ids=ids,
             sampling=SamplingParams(ignore_eos=not honour_eos), priority=priority,
-            eos_token_id=EOS,
+            eos_token_ids=(EOS,),
         )
         self.reqs.append(req)
         expected = never_fits(prompt, out, self.cfg, self.num_blocks, self.block_size,

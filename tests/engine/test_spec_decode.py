@@ -257,12 +257,13 @@ def test_max_tokens_inside_the_accepted_run_truncates():
 def test_eos_inside_the_accepted_run_stops_there():
     ex = ScriptedExecutor(accept=3, token=7)
     eng = make_engine(FixedDrafter(3), ex)
-    a = Request(0, 4, 20, prompt_token_ids=[1, 2, 3, 4], eos_token_id=101,
+    # 101 is the model's second end-of-sequence id: any of them stops a request.
+    a = Request(0, 4, 20, prompt_token_ids=[1, 2, 3, 4], eos_token_ids=(999, 101),
                 sampling=SamplingParams(ignore_eos=False))
     eng.add_request(a)
     eng.step()
     out = eng.step()
-    # Drafts 100, 101 (EOS), 102 all accepted: the request stops at the EOS draft.
+    # Drafts 100, 101 (an EOS), 102 all accepted: the request stops at the EOS draft.
     assert a.output_token_ids == [7, 100, 101] and a.finish_reason == "stop"
     assert out.num_new_tokens == [2] and a.status == RequestStatus.FINISHED
 
