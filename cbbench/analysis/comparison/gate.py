@@ -76,11 +76,19 @@ DEFAULT_THRESHOLDS_TEXT = (
 
 # The config keys that define the request set and its arrival schedule: results that differ in
 # any of them did not serve the same load, so their numbers do not compare like for like.
+# The rest of a config is the system under test (engine, model, scheduler, device, router,
+# endpoint, api), how the client sent it (workers, request timeout), what a run reported
+# (percentiles, slices; the SLO has its own check) or bookkeeping (label, command); duration_s
+# only sizes num_requests, and a replay's workload is its source's.
 WORKLOAD_KEYS = (
     "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival",
     # Present only when set (issue 17): a trace's time scale, the random workload's lengths,
     # a multi-turn run's sessions and think time, the cancellation pattern.
     "time_scale", "random", "sessions", "cancel_rate", "cancel_after",
+    # A ramp's rates (request_rate is null under one, so two ramps looked alike), a closed
+    # loop's cap on requests in flight, random-mm's images per request and an embeddings /
+    # rerank run's inputs per request.
+    "ramp", "max_concurrency", "images", "batch_size",
 )
 
 
