@@ -86,6 +86,8 @@ def gate(
     """Fail CI when a result regressed against a baseline, metric by metric.
 
     Exit 0 when every metric holds, 1 when one regressed, 2 on input that cannot be compared.
+    A new result that completed no request has no latency: its latency metrics regress (a
+    baseline like it has nothing to hold the new one to: exit 2).
 
     --baseline and --new each take the files that follow them. One file per side compares
     exactly (the simulator has no noise); several per side decide by a seeded bootstrap 95%
@@ -226,6 +228,10 @@ def fmt_change(c: float, relative: bool) -> str:
 
 
 def change_text(c: G.Check) -> str:
+    if c.none_completed:  # no value to move from: say why
+        if c.n_new == 1:
+            return "no completed request"
+        return f"{c.none_completed} of {c.n_new} runs completed no request"
     rel = c.threshold.relative
     text = fmt_change(c.change, rel)
     if c.low is not None and c.high is not None:  # noise-aware: the bootstrap's interval
@@ -234,6 +240,8 @@ def change_text(c: G.Check) -> str:
 
 
 def side_text(value: float, n: int) -> str:
+    if math.isnan(value):  # a latency of runs that completed no request
+        return "-"
     return fmt_value(value) if n == 1 else f"{fmt_value(value)} (mean of {n})"
 
 

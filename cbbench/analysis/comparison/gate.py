@@ -118,6 +118,9 @@ class Check:
     verdict: str
     n_baseline: int
     n_new: int
+    # New runs that completed no request, so have no value for a latency metric (`new` and
+    # `change` are then NaN and the verdict REGRESSED: no request got through at all).
+    none_completed: int = 0
 
     @property
     def noise_aware(self) -> bool:
@@ -196,6 +199,32 @@ def thresholds(given: Sequence[str], use_defaults: bool = True,
     if not merged:
         raise UsageError("no metrics to check: give --max-regression METRIC=LIMIT")
     return list(merged.values())
+
+
+# The figures a run has only over its completed requests: one that completed none has no value
+# for them, which is what it did (every request failed), not a file that cannot be read.
+COMPLETED_ONLY = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+
+def needs_a_completed_request(metric: str) -> bool:
+    head = metric.removeprefix(WORST_SLICE).split(".", 1)[0]
+    return head in COMPLETED_ONLY
+
+
+def completed_none(result: RunResult | dict, metric: str, path: str) -> bool:
+    """Whether ``result`` lacks ``metric`` because it completed no request (its summary says
+    completed 0 and the metric is a latency over completed requests)."""
+    run = as_run(result, path)
+    return needs_a_completed_request(metric) and run.summary.completed == 0 and not _has_value(
+        run, metric, path)
+
+
+def _has_value(run: RunResult, metric: str, path: str) -> bool:
+    try:
+        metric_value(run, metric, path)
+    except UsageError:
+        return False
+    return True
 
 
 def metric_value(result: RunResult | dict, metric: str, path: str) -> float:
@@ -369,10 +398,42 @@ def run_gate(
     check_same_slo([*base_runs, *new_runs], checks)
     out = []
     for t in checks:
+        for p, r in base_runs:
+            if completed_none(r, t.metric, p):
+                raise UsageError(
+                    f"{p} has no value for metric {t.metric!r}: none of its requests completed, "
+                    "so it has no latency to hold the new result to (gate a baseline that "
+                    "served its requests)"
+                )
         base_values = [metric_value(r, t.metric, p) for p, r in base_runs]
+        failed_runs = sum(completed_none(r, t.metric, p) for p, r in new_runs)
+        if failed_runs:
+            out.append(unmeasured_check(t, base_values, len(new_runs), failed_runs))
+            continue
         new_values = [metric_value(r, t.metric, p) for p, r in new_runs]
         out.append(check_metric(t, base_values, new_values))
     return out
+
+
+def unmeasured_check(threshold: Threshold, base_values: Sequence[float], n_new: int,
+                     none_completed: int) -> Check:
+    """The verdict on a latency metric that ``none_completed`` of the ``n_new`` new runs have
+    no value for, having completed no request: regressed, past any limit."""
+    base = np.asarray(base_values, dtype=np.float64)
+    return Check(
+        metric=threshold.metric,
+        direction=direction_of(threshold.metric),
+        baseline=float(base.mean()),
+        new=math.nan,
+        change=math.nan,
+        low=None,
+        high=None,
+        threshold=threshold,
+        verdict=REGRESSED,
+        n_baseline=int(base.size),
+        n_new=n_new,
+        none_completed=none_completed,
+    )
 
 
 def passed(checks: Sequence[Check]) -> bool:
