@@ -95,7 +95,9 @@ def gate(
     its limit.
 
     Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
-    itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
+    itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures). A percentile a result did not
+    store is computed from its requests; a default one that cannot be (ITL without
+    --save-detailed) is left out with a warning.
     """
     from cbbench.analysis.comparison import gate as G
     from cbbench.analysis.input_file import check_input_file
@@ -119,17 +121,25 @@ def gate(
     window = windowed.window
     for t in checks_wanted:
         check_metric(t.metric, window)
-    from cbbench.analysis.summary.percentiles import with_percentiles_filled
+    from cbbench.analysis.summary.percentiles import percentile_of, with_percentiles_filled
+
+    # The percentiles the thresholds read, whether or not --percentiles asked: a result that
+    # did not store one (its run had other --percentiles) has it from its window's requests.
+    read_at = (percentile_of(t.metric) for t in checks_wanted)
+    fill = sorted({*(percentiles or ()), *(q for q in read_at if q is not None)})
 
     def read(p: Path) -> RunResult | dict:
         r = as_run(select_window(read_run(p), window, str(p)), str(p))
-        if percentiles:  # the percentiles it did not store, from the window's requests
-            r = with_percentiles_filled(r, percentiles, p)
-        return r
+        return with_percentiles_filled(r, fill, p) if fill else r
 
     baseline = [(str(p), read(p)) for p in base_paths]
     new = [(str(p), read(p)) for p in new_paths]
+    G.comparable_runs(baseline, new, checks_wanted, allow_different_workload)  # refused first
+    named = {G.parse_threshold(t).metric for t in max_regression or []}
+    checks_wanted, unstored = G.without_unstored(checks_wanted, [*baseline, *new], named)
     checks = G.run_gate(baseline, new, checks_wanted, allow_different_workload)
+    for line in unstored:
+        C.notice(line)
     if max(len(baseline), len(new)) > 1 and min(len(baseline), len(new)) < MIN_BOOTSTRAP_FILES:
         C.notice(
             f"warning: {len(baseline)} baseline and {len(new)} new files; a bootstrap over fewer "

@@ -166,3 +166,108 @@ def test_a_baseline_with_no_completed_request_cannot_be_held_to(base, all_failed
     r = invoke("gate", path, "--baseline", all_failed, "--no-defaults",
                "--max-regression", "failed=0")
     assert r.exit_code == 0 and "improved" in r.stdout, r.output
+
+
+# ---- 3. percentiles a result did not store are computed where they can be --------------------
+
+ITL_P99_NOT_GATED = ("cbbench: warning: itl_ms.p99 is not gated: {path} did not store it (its "
+                     "run's --percentiles: {ran}) and keeps no per-token ITL (run with "
+                     "--save-detailed) to compute it from\n")
+
+
+@pytest.fixture(scope="module")
+def other_percentiles(tmp_path_factory) -> dict[str, str]:
+    """The base run again (the same requests, the same simulated figures) storing other
+    percentiles: 50,99.9 and 50,99 (no ITL p99 either way without --save-detailed), and 50,99.9
+    with --save-detailed."""
+    d = tmp_path_factory.mktemp("pct")
+    return {
+        "50,99.9": _run(d, "pct.json", "--percentiles", "50,99.9"),
+        "50,99": _run(d, "pct99.json", "--percentiles", "50,99"),
+        "detailed": _run(d, "detailed.json", "--percentiles", "50,99.9", "--save-detailed"),
+    }
+
+
+def test_percentiles_a_result_did_not_store_are_computed_from_its_requests(base,
+                                                                           other_percentiles):
+    """The same run stored at --percentiles 50,99.9 has no ttft_ms.p99 in its file, but its 40
+    requests' TTFTs give it, equal to the base's own: every default metric held. ITL p99 needs
+    the per-token lists it did not keep: that one metric is left out with one warning line (it
+    was exit 2, `pct.json has no value for metric 'ttft_ms.p99'`)."""
+    path, result = base
+    pct = other_percentiles["50,99.9"]
+    r = invoke("gate", pct, "--baseline", path)
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ITL_P99_NOT_GATED.format(path=pct, ran="50,99.9")
+    assert r.stdout.splitlines()[-1] == "gate: passed: 8 metrics held, 0 improved; exact comparison"
+    p99 = f"{result['summary']['ttft_ms']['p99']:,.2f}"
+    assert _row(r.stdout, "ttft_ms.p99")[2].split() == [p99, p99, "+0.0%", "10%", "ok"]
+    assert "itl_ms.p99" not in r.stdout  # neither in the table nor among the defaults listed
+
+
+def test_gate_percentiles_50_99_on_a_run_without_itl_p99(base, other_percentiles):
+    """--percentiles 50,99 over the 50,99.9 run: ttft/tpot/e2el p99 from its requests, ITL p99
+    left out with its warning (it was exit 2, `no value for metric 'itl_ms.p99'`)."""
+    path, _ = base
+    pct = other_percentiles["50,99.9"]
+    r = invoke("gate", pct, "--baseline", path, "--percentiles", "50,99")
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ITL_P99_NOT_GATED.format(path=pct, ran="50,99.9")
+    assert r.stdout.splitlines()[-1] == ("gate: passed: 10 metrics held, 0 improved; "
+                                         "exact comparison")
+
+
+def test_an_itl_percentile_named_explicitly_is_still_an_error(base, other_percentiles):
+    path, _ = base
+    pct = other_percentiles["50,99.9"]
+    r = invoke("gate", pct, "--baseline", path, "--max-regression", "itl_ms.p99=10%")
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"cbbench: error: {pct} has no value for metric 'itl_ms.p99': it did "
+                        "not store it (its run's --percentiles: 50,99.9) and keeps no per-token "
+                        "ITL (run with --save-detailed) to compute it from\n")
+
+
+def test_itl_percentiles_come_from_saved_per_token_lists(base, other_percentiles):
+    """With --save-detailed the ITL p99 is computed too, equal to the base's stored one."""
+    path, result = base
+    r = invoke("gate", other_percentiles["detailed"], "--baseline", path)
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ""
+    assert r.stdout.splitlines()[-1] == "gate: passed: 9 metrics held, 0 improved; exact comparison"
+    p99 = f"{result['summary']['itl_ms']['p99']:,.2f}"
+    assert _row(r.stdout, "itl_ms.p99")[2].split() == [p99, p99, "+0.0%", "10%", "ok"]
+
+
+def test_a_run_that_stored_every_percentile_read_needs_none_computed(base, other_percentiles):
+    """50,99 stored every p50 and p99 itself, ITL's too (99 was asked): nothing to warn."""
+    path, _ = base
+    r = invoke("gate", other_percentiles["50,99"], "--baseline", path)
+    assert r.exit_code == 0 and r.stderr == "", r.output
+
+
+def test_a_summary_only_file_with_other_percentiles_leaves_them_out(tmp_path, base):
+    """--summary-only at --percentiles 50,99.9: no requests to compute any p99 from; the
+    default p99 thresholds are left out, one warning line each, and the p50s still gate."""
+    path, _ = base
+    lean = _run(tmp_path, "lean.json", "--percentiles", "50,99.9", "--summary-only")
+    r = invoke("gate", lean, "--baseline", path)
+    assert r.exit_code == 0, r.output
+    skipped = [ln.split()[2] for ln in r.stderr.splitlines()]
+    assert skipped == ["ttft_ms.p99", "tpot_ms.p99", "itl_ms.p99", "e2el_ms.p99"]
+    assert (f"cbbench: warning: ttft_ms.p99 is not gated: {lean} did not store it (its run's "
+            "--percentiles: 50,99.9) and keeps no per-request records (a --summary-only file) "
+            "to compute it from") in r.stderr.splitlines()
+    assert r.stdout.splitlines()[-1] == "gate: passed: 5 metrics held, 0 improved; exact comparison"
+
+
+def test_compare_shows_the_percentiles_it_can_compute(base, other_percentiles):
+    """compare base pct: TTFT, TPOT and E2EL p99 from pct's requests, equal to the base's (it
+    showed '-' for every p99 row); ITL p99 cannot be computed and stays '-'."""
+    path, _ = base
+    r = invoke("compare", path, other_percentiles["50,99.9"])
+    assert r.exit_code == 0, r.output
+    rows = {ln[:30].strip(): ln[30:].split() for ln in r.stdout.splitlines() if " p99 (ms)" in ln}
+    for label in ("TTFT p99 (ms)", "TPOT p99 (ms)", "E2EL p99 (ms)"):
+        first, second, ratio = rows[label]
+        assert second == first and ratio == "(1.00×)", rows
+    assert rows["ITL p99 (ms)"][1] == "-"

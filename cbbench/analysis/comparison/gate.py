@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -380,14 +380,14 @@ def check_metric(
     )
 
 
-def run_gate(
+def comparable_runs(
     baseline: Sequence[tuple[str, RunResult | dict]],
     new: Sequence[tuple[str, RunResult | dict]],
     checks: Sequence[Threshold],
     allow_different_workload: bool = False,
-) -> list[Check]:
-    """(path, result) pairs per side -> one Check per threshold. Raises UsageError on input
-    that cannot be compared (an interrupted run, a different load, a missing metric)."""
+) -> tuple[list[tuple[str, RunResult]], list[tuple[str, RunResult]]]:
+    """Each side's results as models, or UsageError where the sides do not compare at all: an
+    interrupted run, a different load (unless allowed), SLO figures under different SLOs."""
     base_runs = [(p, as_run(r, p)) for p, r in baseline]
     new_runs = [(p, as_run(r, p)) for p, r in new]
     for path, run in [*base_runs, *new_runs]:
@@ -396,6 +396,70 @@ def run_gate(
     if not allow_different_workload:
         check_same_workload([*base_runs, *new_runs])
     check_same_slo([*base_runs, *new_runs], checks)
+    return base_runs, new_runs
+
+
+def without_unstored(checks: Sequence[Threshold], results: Sequence[tuple[str, RunResult | dict]],
+                     named: Collection[str]) -> tuple[list[Threshold], list[str]]:
+    """The checks a gate can make on ``results`` (percentiles already filled from their
+    requests), and a warning line for each default one it cannot: a latency percentile a
+    result did not store (its run had other --percentiles) and keeps nothing to compute from
+    (ITL without --save-detailed's per-token lists, any latency in a --summary-only file). A
+    metric in ``named`` (an explicit --max-regression) is not dropped: UsageError, saying why."""
+    kept: list[Threshold] = []
+    warnings: list[str] = []
+    for t in checks:
+        why = next(((path, reason) for path, r in results
+                    if (reason := _unstored(as_run(r, path), t.metric)) is not None), None)
+        if why is None:
+            kept.append(t)
+        elif t.metric in named:
+            raise UsageError(f"{why[0]} has no value for metric {t.metric!r}: it {why[1]}")
+        else:
+            warnings.append(f"warning: {t.metric} is not gated: {why[0]} {why[1]}")
+    return kept, warnings
+
+
+def _unstored(run: RunResult, metric: str) -> str | None:
+    """Why ``run`` has no value for a latency percentile it did not store and cannot compute,
+    or None: it has one, or lacks it for another reason (no completed request, no such
+    distribution, a file that says it stored the key and has not), which run_gate judges."""
+    from cbbench.analysis.summary.percentiles import (
+        percentile_key,
+        percentile_of,
+        split_metric_path,
+    )
+    from cbbench.schema.run import Distribution
+
+    if percentile_of(metric) is None:
+        return None
+    name, key = split_metric_path(metric)
+    dist = field_of(run.summary, name)
+    if not isinstance(dist, Distribution) or key in (dist.model_extra or {}):
+        return None
+    if not dist.count and dist.mean is None:  # no values at all (no completed request)
+        return None
+    asked = run.config.percentiles
+    stored = None if asked is None else [percentile_key(p) for p in asked]
+    if stored is not None and key in stored:
+        return None  # its run stored it: the key was taken out of the file
+    ran_with = ("" if stored is None
+                else f" (its run's --percentiles: {','.join(k[1:] for k in stored)})")
+    source = ("per-token ITL (run with --save-detailed)" if name == "itl_ms"
+              else "per-request records (a --summary-only file)" if not run.requests
+              else f"request with a {name}")
+    return f"did not store it{ran_with} and keeps no {source} to compute it from"
+
+
+def run_gate(
+    baseline: Sequence[tuple[str, RunResult | dict]],
+    new: Sequence[tuple[str, RunResult | dict]],
+    checks: Sequence[Threshold],
+    allow_different_workload: bool = False,
+) -> list[Check]:
+    """(path, result) pairs per side -> one Check per threshold. Raises UsageError on input
+    that cannot be compared (an interrupted run, a different load, a missing metric)."""
+    base_runs, new_runs = comparable_runs(baseline, new, checks, allow_different_workload)
     out = []
     for t in checks:
         for p, r in base_runs:
