@@ -86,6 +86,8 @@ def gate(
     """Fail CI when a result regressed against a baseline, metric by metric.
 
     Exit 0 when every metric holds, 1 when one regressed, 2 on input that cannot be compared.
+    A new result that completed no request has no latency: its latency metrics regress (a
+    baseline like it has nothing to hold the new one to: exit 2).
 
     --baseline and --new each take the files that follow them. One file per side compares
     exactly (the simulator has no noise); several per side decide by a seeded bootstrap 95%
@@ -93,7 +95,9 @@ def gate(
     its limit.
 
     Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
-    itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures).
+    itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures). A percentile a result did not
+    store is computed from its requests; a default one that cannot be (ITL without
+    --save-detailed) is left out with a warning.
     """
     from cbbench.analysis.comparison import gate as G
     from cbbench.analysis.input_file import check_input_file
@@ -117,17 +121,25 @@ def gate(
     window = windowed.window
     for t in checks_wanted:
         check_metric(t.metric, window)
-    from cbbench.analysis.summary.percentiles import with_percentiles_filled
+    from cbbench.analysis.summary.percentiles import percentile_of, with_percentiles_filled
+
+    # The percentiles the thresholds read, whether or not --percentiles asked: a result that
+    # did not store one (its run had other --percentiles) has it from its window's requests.
+    read_at = (percentile_of(t.metric) for t in checks_wanted)
+    fill = sorted({*(percentiles or ()), *(q for q in read_at if q is not None)})
 
     def read(p: Path) -> RunResult | dict:
         r = as_run(select_window(read_run(p), window, str(p)), str(p))
-        if percentiles:  # the percentiles it did not store, from the window's requests
-            r = with_percentiles_filled(r, percentiles, p)
-        return r
+        return with_percentiles_filled(r, fill, p) if fill else r
 
     baseline = [(str(p), read(p)) for p in base_paths]
     new = [(str(p), read(p)) for p in new_paths]
+    G.comparable_runs(baseline, new, checks_wanted, allow_different_workload)  # refused first
+    named = {G.parse_threshold(t).metric for t in max_regression or []}
+    checks_wanted, unstored = G.without_unstored(checks_wanted, [*baseline, *new], named)
     checks = G.run_gate(baseline, new, checks_wanted, allow_different_workload)
+    for line in unstored:
+        C.notice(line)
     if max(len(baseline), len(new)) > 1 and min(len(baseline), len(new)) < MIN_BOOTSTRAP_FILES:
         C.notice(
             f"warning: {len(baseline)} baseline and {len(new)} new files; a bootstrap over fewer "
@@ -226,6 +238,10 @@ def fmt_change(c: float, relative: bool) -> str:
 
 
 def change_text(c: G.Check) -> str:
+    if c.none_completed:  # no value to move from: say why
+        if c.n_new == 1:
+            return "no completed request"
+        return f"{c.none_completed} of {c.n_new} runs completed no request"
     rel = c.threshold.relative
     text = fmt_change(c.change, rel)
     if c.low is not None and c.high is not None:  # noise-aware: the bootstrap's interval
@@ -234,6 +250,8 @@ def change_text(c: G.Check) -> str:
 
 
 def side_text(value: float, n: int) -> str:
+    if math.isnan(value):  # a latency of runs that completed no request
+        return "-"
     return fmt_value(value) if n == 1 else f"{fmt_value(value)} (mean of {n})"
 
 

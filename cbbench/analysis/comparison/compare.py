@@ -223,17 +223,22 @@ def workload_note(results: Sequence[Labeled]) -> str | None:
 
 
 # ---- loading ----------------------------------------------------------------------------------
+# The default rows' percentiles (LATENCY_STATS: 50, 99).
+ROW_PERCENTILES = tuple(int(s[1:]) for s in LATENCY_STATS if s.startswith("p"))
+
+
 def with_percentiles(results: Sequence[Labeled], percentiles: Sequence[float] | None
                      ) -> tuple[list[Labeled], tuple[Row, ...]]:
-    """--percentiles on compare and report: each result with those percentiles (computed
-    from its requests where it did not store them) and the rows that show them."""
-    if percentiles is None:
-        return list(results), ROWS
+    """Each result with the percentiles its rows show, --percentiles or the default p50/p99,
+    computed from its requests where it did not store them (a run with other --percentiles),
+    and the rows that show them. Where they cannot be computed (ITL without --save-detailed)
+    the cell stays '-'."""
     from cbbench.analysis.summary.percentiles import keys, with_percentiles_filled
 
-    filled = [dataclasses.replace(x, result=with_percentiles_filled(x.result, percentiles, x.label))
+    asked = ROW_PERCENTILES if percentiles is None else percentiles
+    filled = [dataclasses.replace(x, result=with_percentiles_filled(x.result, asked, x.label))
               for x in results]
-    return filled, rows_for(("mean", *keys(percentiles)))
+    return filled, ROWS if percentiles is None else rows_for(("mean", *keys(percentiles)))
 
 
 def file_labels(files: Sequence[Path]) -> list[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,11 +76,19 @@ DEFAULT_THRESHOLDS_TEXT = (
 
 # The config keys that define the request set and its arrival schedule: results that differ in
 # any of them did not serve the same load, so their numbers do not compare like for like.
+# The rest of a config is the system under test (engine, model, scheduler, device, router,
+# endpoint, api), how the client sent it (workers, request timeout), what a run reported
+# (percentiles, slices; the SLO has its own check) or bookkeeping (label, command); duration_s
+# only sizes num_requests, and a replay's workload is its source's.
 WORKLOAD_KEYS = (
     "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival",
     # Present only when set (issue 17): a trace's time scale, the random workload's lengths,
     # a multi-turn run's sessions and think time, the cancellation pattern.
     "time_scale", "random", "sessions", "cancel_rate", "cancel_after",
+    # A ramp's rates (request_rate is null under one, so two ramps looked alike), a closed
+    # loop's cap on requests in flight, random-mm's images per request and an embeddings /
+    # rerank run's inputs per request.
+    "ramp", "max_concurrency", "images", "batch_size",
 )
 
 
@@ -110,6 +118,9 @@ class Check:
     verdict: str
     n_baseline: int
     n_new: int
+    # New runs that completed no request, so have no value for a latency metric (`new` and
+    # `change` are then NaN and the verdict REGRESSED: no request got through at all).
+    none_completed: int = 0
 
     @property
     def noise_aware(self) -> bool:
@@ -188,6 +199,32 @@ def thresholds(given: Sequence[str], use_defaults: bool = True,
     if not merged:
         raise UsageError("no metrics to check: give --max-regression METRIC=LIMIT")
     return list(merged.values())
+
+
+# The figures a run has only over its completed requests: one that completed none has no value
+# for them, which is what it did (every request failed), not a file that cannot be read.
+COMPLETED_ONLY = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+
+def needs_a_completed_request(metric: str) -> bool:
+    head = metric.removeprefix(WORST_SLICE).split(".", 1)[0]
+    return head in COMPLETED_ONLY
+
+
+def completed_none(result: RunResult | dict, metric: str, path: str) -> bool:
+    """Whether ``result`` lacks ``metric`` because it completed no request (its summary says
+    completed 0 and the metric is a latency over completed requests)."""
+    run = as_run(result, path)
+    return needs_a_completed_request(metric) and run.summary.completed == 0 and not _has_value(
+        run, metric, path)
+
+
+def _has_value(run: RunResult, metric: str, path: str) -> bool:
+    try:
+        metric_value(run, metric, path)
+    except UsageError:
+        return False
+    return True
 
 
 def metric_value(result: RunResult | dict, metric: str, path: str) -> float:
@@ -343,14 +380,14 @@ def check_metric(
     )
 
 
-def run_gate(
+def comparable_runs(
     baseline: Sequence[tuple[str, RunResult | dict]],
     new: Sequence[tuple[str, RunResult | dict]],
     checks: Sequence[Threshold],
     allow_different_workload: bool = False,
-) -> list[Check]:
-    """(path, result) pairs per side -> one Check per threshold. Raises UsageError on input
-    that cannot be compared (an interrupted run, a different load, a missing metric)."""
+) -> tuple[list[tuple[str, RunResult]], list[tuple[str, RunResult]]]:
+    """Each side's results as models, or UsageError where the sides do not compare at all: an
+    interrupted run, a different load (unless allowed), SLO figures under different SLOs."""
     base_runs = [(p, as_run(r, p)) for p, r in baseline]
     new_runs = [(p, as_run(r, p)) for p, r in new]
     for path, run in [*base_runs, *new_runs]:
@@ -359,12 +396,108 @@ def run_gate(
     if not allow_different_workload:
         check_same_workload([*base_runs, *new_runs])
     check_same_slo([*base_runs, *new_runs], checks)
+    return base_runs, new_runs
+
+
+def without_unstored(checks: Sequence[Threshold], results: Sequence[tuple[str, RunResult | dict]],
+                     named: Collection[str]) -> tuple[list[Threshold], list[str]]:
+    """The checks a gate can make on ``results`` (percentiles already filled from their
+    requests), and a warning line for each default one it cannot: a latency percentile a
+    result did not store (its run had other --percentiles) and keeps nothing to compute from
+    (ITL without --save-detailed's per-token lists, any latency in a --summary-only file). A
+    metric in ``named`` (an explicit --max-regression) is not dropped: UsageError, saying why."""
+    kept: list[Threshold] = []
+    warnings: list[str] = []
+    for t in checks:
+        why = next(((path, reason) for path, r in results
+                    if (reason := _unstored(as_run(r, path), t.metric)) is not None), None)
+        if why is None:
+            kept.append(t)
+        elif t.metric in named:
+            raise UsageError(f"{why[0]} has no value for metric {t.metric!r}: it {why[1]}")
+        else:
+            warnings.append(f"warning: {t.metric} is not gated: {why[0]} {why[1]}")
+    return kept, warnings
+
+
+def _unstored(run: RunResult, metric: str) -> str | None:
+    """Why ``run`` has no value for a latency percentile it did not store and cannot compute,
+    or None: it has one, or lacks it for another reason (no completed request, no such
+    distribution, a file that says it stored the key and has not), which run_gate judges."""
+    from cbbench.analysis.summary.percentiles import (
+        percentile_key,
+        percentile_of,
+        split_metric_path,
+    )
+    from cbbench.schema.run import Distribution
+
+    if percentile_of(metric) is None:
+        return None
+    name, key = split_metric_path(metric)
+    dist = field_of(run.summary, name)
+    if not isinstance(dist, Distribution) or key in (dist.model_extra or {}):
+        return None
+    if not dist.count and dist.mean is None:  # no values at all (no completed request)
+        return None
+    asked = run.config.percentiles
+    stored = None if asked is None else [percentile_key(p) for p in asked]
+    if stored is not None and key in stored:
+        return None  # its run stored it: the key was taken out of the file
+    ran_with = ("" if stored is None
+                else f" (its run's --percentiles: {','.join(k[1:] for k in stored)})")
+    source = ("per-token ITL (run with --save-detailed)" if name == "itl_ms"
+              else "per-request records (a --summary-only file)" if not run.requests
+              else f"request with a {name}")
+    return f"did not store it{ran_with} and keeps no {source} to compute it from"
+
+
+def run_gate(
+    baseline: Sequence[tuple[str, RunResult | dict]],
+    new: Sequence[tuple[str, RunResult | dict]],
+    checks: Sequence[Threshold],
+    allow_different_workload: bool = False,
+) -> list[Check]:
+    """(path, result) pairs per side -> one Check per threshold. Raises UsageError on input
+    that cannot be compared (an interrupted run, a different load, a missing metric)."""
+    base_runs, new_runs = comparable_runs(baseline, new, checks, allow_different_workload)
     out = []
     for t in checks:
+        for p, r in base_runs:
+            if completed_none(r, t.metric, p):
+                raise UsageError(
+                    f"{p} has no value for metric {t.metric!r}: none of its requests completed, "
+                    "so it has no latency to hold the new result to (gate a baseline that "
+                    "served its requests)"
+                )
         base_values = [metric_value(r, t.metric, p) for p, r in base_runs]
+        failed_runs = sum(completed_none(r, t.metric, p) for p, r in new_runs)
+        if failed_runs:
+            out.append(unmeasured_check(t, base_values, len(new_runs), failed_runs))
+            continue
         new_values = [metric_value(r, t.metric, p) for p, r in new_runs]
         out.append(check_metric(t, base_values, new_values))
     return out
+
+
+def unmeasured_check(threshold: Threshold, base_values: Sequence[float], n_new: int,
+                     none_completed: int) -> Check:
+    """The verdict on a latency metric that ``none_completed`` of the ``n_new`` new runs have
+    no value for, having completed no request: regressed, past any limit."""
+    base = np.asarray(base_values, dtype=np.float64)
+    return Check(
+        metric=threshold.metric,
+        direction=direction_of(threshold.metric),
+        baseline=float(base.mean()),
+        new=math.nan,
+        change=math.nan,
+        low=None,
+        high=None,
+        threshold=threshold,
+        verdict=REGRESSED,
+        n_baseline=int(base.size),
+        n_new=n_new,
+        none_completed=none_completed,
+    )
 
 
 def passed(checks: Sequence[Check]) -> bool:

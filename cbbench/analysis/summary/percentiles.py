@@ -97,6 +97,17 @@ REQUEST_VALUES: dict[str, Callable[[Request], Sequence[float]]] = {
 }
 
 
+def percentile_of(metric: str) -> float | None:
+    """The percentile a metric path reads from a distribution that can be recomputed from the
+    requests ('ttft_ms.p99.9' -> 99.9, 'itl_ms.p50' -> 50), else None ('ttft_ms.mean',
+    'slices.worst.ttft_ms.p99', 'send_lag_ms.p99')."""
+    parts = split_metric_path(metric)
+    if len(parts) != 2 or parts[0] not in REQUEST_VALUES or not is_percentile_key(parts[1]):
+        return None
+    p = float(parts[1][1:])
+    return int(p) if p.is_integer() else p  # 99, not 99.0: keyed p99 as parse_percentiles has it
+
+
 def _number(v: object) -> list[float]:
     return [v] if isinstance(v, (int, float)) else []
 
@@ -107,8 +118,8 @@ def with_percentiles_filled(result: RunResult, percentiles: Sequence[float],
     not store (it ran with other --percentiles) is computed from its per-request figures
     (TTFT, TPOT, E2EL; ITL from the per-token lists --save-detailed keeps), with numpy's
     linear interpolation as the run would have. Left missing where the figures are not there
-    (a --summary-only file). A new model (``where`` names it in an error); the input is not
-    changed."""
+    (a --summary-only file). A new model (``where`` names it in an error), or ``result`` itself
+    where there was nothing to fill; the input is not changed."""
     import numpy as np
 
     from cbbench.schema import parse_run, to_dict
@@ -131,4 +142,6 @@ def with_percentiles_filled(result: RunResult, percentiles: Sequence[float],
         got = np.percentile(np.asarray(values, dtype=np.float64), missing)
         filled[name] = {**to_dict(dist), **{percentile_key(p): float(v)
                                             for p, v in zip(missing, got)}}
+    if not filled:  # every key stored, or none computable: no copy of a large result
+        return result
     return parse_run({**to_dict(result), "summary": {**to_dict(summary), **filled}}, where)
