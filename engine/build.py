@@ -98,10 +98,13 @@ def _build_disaggregated(args: EngineArgs, one: EngineArgs,
     info = first[1]
     _check_replica_memory(sum(pd), info)
     engines = [first[0], *(build_sim_engine(one)[0] for _ in range(sum(pd) - 1))]
-    gpus = args.tensor_parallel_size * args.expert_parallel_size
+    tp, ep = args.tensor_parallel_size, args.expert_parallel_size
+    # Past as many GPUs as KV heads, tensor parallelism replicates heads (vLLM): only
+    # num_kv_heads GPUs hold distinct KV, so only that many links share a request's transfer.
+    kv_links = min(tp, int(info.model_config["num_kv_heads"])) * ep
     return DisaggregatedSet(
         engines[: pd[0]], engines[pd[0]:], get_kv_link(args.kv_link), info.kv_bytes_per_token,
-        gpus, args.router, args.router_max_imbalance,
+        tp * ep, args.router, args.router_max_imbalance, kv_links,
     ), info
 
 

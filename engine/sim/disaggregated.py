@@ -58,6 +58,7 @@ class DisaggregatedSet:
         gpus_per_instance: int,
         router: str,
         max_imbalance: int = DEFAULT_MAX_IMBALANCE,
+        kv_links: int | None = None,
     ) -> None:
         if not prefill or not decode:
             raise ValueError("disaggregation needs at least one prefill and one decode instance")
@@ -69,6 +70,9 @@ class DisaggregatedSet:
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
         self.gpus_per_instance = gpus_per_instance
+        # The links a request's KV crosses at once: one a GPU holding a distinct share of it
+        # (fewer than the GPUs when tensor parallelism replicates KV heads; None: every GPU).
+        self.kv_links = kv_links or gpus_per_instance
         self.clock = ReplicaClock(self.replicas)
         self._link_free = [0.0] * len(self.prefill)  # when each prefill link is next idle
         self._transfers: list[tuple[float, int, Request]] = []  # (arrival, seq, request)
@@ -185,7 +189,7 @@ class DisaggregatedSet:
         assert ready is not None  # it finished its prefill this step
         start = max(ready, self._link_free[replica.index])
         nbytes = req.num_prompt_tokens * self.kv_bytes_per_token
-        arrive = start + self.link.transfer_s(nbytes, self.gpus_per_instance)
+        arrive = start + self.link.transfer_s(nbytes, self.kv_links)
         self._link_free[replica.index] = arrive
         self.kv_transfer_ms.append((arrive - ready) * 1e3)
         heapq.heappush(self._transfers, (arrive, self._seq, req))

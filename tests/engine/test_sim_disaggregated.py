@@ -146,3 +146,16 @@ def test_bad_input_is_one_line_exit_2(tmp_path, flags, words):
     for w in words:
         assert w in lines[0], lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("tp,links", [(4, 4), (8, 8), (16, 8)])
+def test_replicated_kv_heads_do_not_share_the_transfer(tp, links):
+    """Llama-3-8B has 8 KV heads: at tensor parallel 16 each head sits on two GPUs, so 8 GPUs
+    hold distinct KV and a request's transfer crosses 8 links, not 16 (it was 16: half the
+    time). 1,000 prompt tokens alone over InfiniBand: 5 us + 1,000 x 131,072 B / (links x
+    50 GB/s)."""
+    s = _set(link="infiniband", tensor_parallel_size=tp)
+    _run(s, [Request(0, 1000, 4, arrival_time=0.5)])
+    transfer = 5e-6 + 1000 * KV_LLAMA3_8B / (links * 50e9)
+    assert s.kv_transfer_ms == [pytest.approx(transfer * 1e3, rel=1e-12)]
+    assert s.num_gpus == 2 * tp
