@@ -8,17 +8,42 @@ rate allows, `min_duration_s` of arrivals (60 s by default) for queues to settle
 (everything at t = 0) sends min(max_requests, num_requests).
 
 Steady-state rule, from the request records alone (so it works for any target), over the
-arrival window [0, T] (T = the last intended start):
-  * throughput: requests completed during the middle half [T/4, 3T/4] per second must be at
-    least (1 - THROUGHPUT_TOLERANCE) x the requests that arrived in it per second; a system
-    that completes fewer than arrive is falling behind;
+arrival window [0, T] (T = the last intended start). A run starts empty: its in-flight count,
+and with it the batch and each request's TPOT, climbs for about one E2EL before it levels
+off. The ramp-up R is the RAMP_QUANTILE time from first token to finish of the first
+quarter's arrivals (their decode: the wait before the first token is left out, as a queue that
+grows from the start lengthens it); a window that compares the run's later part with an
+earlier one starts after R, and a run with R > RAMP_LIMIT x T is not steady (its arrivals
+ended before it levelled off: too short to show a steady state).
+  * throughput: the requests that ARRIVED in [max(T/4, R), 3T/4] (the middle half, less the
+    ramp-up) against the requests that COMPLETED in the same span shifted by those arrivals'
+    median E2EL d. A server that keeps up completes each request about one E2EL after it
+    arrives, so the shifted span completes what the span received; one that falls behind
+    completes at its service rate mu < lambda, about mu/lambda of it. What it "received" is
+    counted as the shifted span's expected completions had no E2EL depended on when its
+    request arrived: each arrival of the run paired with the span's own E2ELs, which is the
+    span's arrival count less what the run's edges cut off (a request of long E2EL completes
+    in the span only if it arrived early enough). Behind when completed/expected <
+    1 - THROUGHPUT_TOLERANCE and the shortfall is more than BEHIND_SIGMAS standard
+    deviations of chance. Not judged when fewer than MIN_WINDOW_ARRIVALS arrived in the span.
+    (Before, completions in the unshifted middle half were compared with its arrivals: short
+    by construction, whatever the load, once E2EL was more than ~0.3 T, and the 10% tolerance
+    was within a 45-arrival window's chance.)
+  * queueing delay: the slope of TTFT against arrival time over the arrivals in [T/4, T]. A
+    server that keeps up gives TTFT no trend; one whose queue grows makes each request wait
+    longer than the one before, by lambda/mu - 1 seconds per second of arrivals (FIFO: the
+    queue grows at lambda - mu and drains at mu). The same test as throughput's on a signal
+    with far less noise than a count (TTFT does not depend on the output's length, nor on the
+    batch's TPOT), so a mild overload is seen in a short probe: behind when 1 / (1 + slope) <
+    1 - THROUGHPUT_TOLERANCE and the slope is more than BEHIND_SIGMAS standard errors above 0;
   * queue: the mean number of requests in flight (arrived, not finished) over the last quarter
-    [3T/4, T] must stay below QUEUE_GROWTH x its mean over [T/4, T/2] + QUEUE_SLACK; an
+    [3T/4, T] must stay below QUEUE_GROWTH x its mean over a mid window + QUEUE_SLACK; an
     overloaded system's queue grows linearly, a stable one's fluctuates around lambda x E2EL
-    (Little's law). For the bundled engine the same test runs on the scheduler's waiting
-    queue (the iteration records' num_waiting).
-A probe failing either is marked `steady: false` with the reason; its latencies describe a
-queue that was still growing when the run ended, not the rate. Rate-inf probes are a burst and
+    (Little's law). The mid window is T/4 long and starts at max(T/4, R), at most T/2. For the
+    bundled engine the same test runs on the scheduler's waiting queue (the iteration
+    records' num_waiting).
+A probe failing any is marked `steady: false` with the reason; its latencies describe a
+queue (or a batch) that was still growing when the run ended, not the rate. Rate-inf probes are a burst and
 have no steady state (`steady: null`).
 """
 
@@ -49,10 +74,34 @@ DEFAULT_NUM_REQUESTS = 1000  # vLLM's benchmark default; also the size of a rate
 DEFAULT_MIN_DURATION_S = 60.0
 DEFAULT_MAX_REQUESTS = 10_000
 
-THROUGHPUT_WINDOW = (0.25, 0.75)  # of the arrival window
-QUEUE_MID_WINDOW = (0.25, 0.50)
+THROUGHPUT_WINDOW = (0.25, 0.75)  # of the arrival window; starts no earlier than the ramp-up
+TTFT_TREND_WINDOW = (0.25, 1.00)  # after the first quarter's start-up
+QUEUE_MID_WINDOW = (0.25, 0.50)  # its earliest place; the ramp-up moves it, up to QUEUE_MID_LATEST
+QUEUE_MID_LATEST = 0.50
 QUEUE_END_WINDOW = (0.75, 1.00)
+# The ramp-up: the in-flight count of a run that starts empty levels off once the first
+# arrivals have finished; by this quantile of their decode time, all but a tenth have. The
+# queue's mid window is clamped to QUEUE_MID_LATEST: from [T/2, 3T/4] to [3T/4, T] a ramp alone
+# raises the mean in flight by at most 0.875 / 0.625 = 1.4x (every request still in flight),
+# below QUEUE_GROWTH.
+RAMP_QUANTILE = 0.90
+# A run whose ramp-up takes more than this share of its arrival window never showed a steady
+# state: its arrivals ended while the batch was still filling, and a server falling behind
+# looks the same there as one that keeps up (both lengthen each request's E2EL as the batch
+# grows). Below it, at least the last quarter of the arrivals came after the ramp-up.
+RAMP_LIMIT = 0.75
+# A shortfall of completions under 10% is not falling behind (a steady run's counts wander by
+# a few percent over a long window, and what is left of the ramp-up still slows the E2EL of
+# the first arrivals after it a little); more is ...
 THROUGHPUT_TOLERANCE = 0.10
+# ... when it is also beyond chance. Each request completes in the shifted span or not; with
+# E2ELs independent of arrival time the count is a sum of such Bernoulli trials, of standard
+# deviation sqrt(sum p(1 - p)): about sqrt(n) when E2EL varies as much as the span is long (a
+# 45-arrival span then wanders by ~15%), near 0 when every request takes the same time. Three
+# standard deviations: a run that keeps up is called behind by chance about once in 700 probes
+# (the one-sided normal tail), where 10% alone called most short probes behind. The same bar
+# for the TTFT slope's standard error.
+BEHIND_SIGMAS = 3.0
 QUEUE_GROWTH = 1.5
 QUEUE_SLACK = 4.0  # requests: small queues fluctuate by a few without any trend
 QUEUE_SAMPLES = 50  # points per window at which the in-flight count is taken
@@ -114,8 +163,28 @@ class SteadyCheck:
     reason: str = ""
     short: str = ""  # for a table cell
     arrival_window_s: float | None = None
+    # R: RAMP_QUANTILE of the first quarter's arrivals' time from first token to finish.
+    ramp_up_s: float | None = None
+    # The throughput test's span of arrivals, [max(T/4, R), 3T/4], in seconds of the run.
+    mid_window_s: list[float] | None = None
+    # Requests per second arriving in that span; completing in it shifted by
+    # completion_shift_s (the median E2EL of its arrivals); and the completions a server that
+    # keeps up would give there (each arrival paired with the span's own E2ELs: the arrival
+    # rate, less what the run's edges cut off). Behind by mid_completion_rate /
+    # expected_completion_rate. Only the arrival rate when the span held too few to judge.
     mid_arrival_rate: float | None = None
     mid_completion_rate: float | None = None
+    expected_completion_rate: float | None = None
+    completion_shift_s: float | None = None
+    # The standard deviation, in requests, that chance gives the shifted span's completions.
+    completion_sd: float | None = None
+    # Seconds of TTFT per second of arrival time (the least-squares slope over the arrivals in
+    # TTFT_TREND_WINDOW) and its standard error.
+    ttft_slope: float | None = None
+    ttft_slope_se: float | None = None
+    # Mean requests in flight over the queue's mid window and over the last quarter of the
+    # arrival window; the same for the engine's waiting queue.
+    queue_mid_window_s: list[float] | None = None
     in_flight_mid: float | None = None
     in_flight_end: float | None = None
     waiting_mid: float | None = None
@@ -125,20 +194,24 @@ class SteadyCheck:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _spans(run: RunResult) -> tuple[np.ndarray, np.ndarray]:
-    """(start, finish) per request, on the run clock. Failed requests left at an unknown time
-    and are dropped; unfinished ones (an interrupted run) stay in flight for ever."""
-    starts, ends = [], []
+def _spans(run: RunResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, first token, finish) per request, on the run clock. Failed requests left at an
+    unknown time and are dropped; unfinished ones (an interrupted run) stay in flight for ever.
+    Without a TTFT the first token is taken at the start."""
+    starts, firsts, ends = [], [], []
     for r in run.requests or []:
         if r.intended_start_s is None:
             continue
         if r.error_type == "interrupted":
             starts.append(r.intended_start_s)
+            firsts.append(math.inf)
             ends.append(math.inf)
         elif r.error is None and r.e2el_ms is not None:
             starts.append(r.intended_start_s)
+            firsts.append(r.intended_start_s + (r.ttft_ms or 0.0) / 1000.0)
             ends.append(r.intended_start_s + r.e2el_ms / 1000.0)
-    return np.asarray(starts, dtype=np.float64), np.asarray(ends, dtype=np.float64)
+    return (np.asarray(starts, dtype=np.float64), np.asarray(firsts, dtype=np.float64),
+            np.asarray(ends, dtype=np.float64))
 
 
 def _window_mean_in_flight(starts, ends, lo: float, hi: float) -> float:
@@ -158,6 +231,169 @@ def _grew(mid: float, end: float) -> bool:
     return end > QUEUE_GROWTH * mid + QUEUE_SLACK
 
 
+def _ramp_up(starts, firsts, ends, window: float) -> float:
+    """R: the RAMP_QUANTILE time from first token to finish of the requests that arrived in
+    the first quarter (0 with none): by then the in-flight count of a run that started empty,
+    and the batch each request decodes in, have levelled off. From the first token, not the
+    arrival: a queue that grows from the start (an overload) lengthens the wait before it, and
+    would push every window to the run's end."""
+    first = starts < QUEUE_MID_WINDOW[0] * window
+    if not first.any():
+        return 0.0
+    return float(np.quantile(ends[first] - firsts[first], RAMP_QUANTILE))
+
+
+def _behind(ratio: float, shortfall: float, sd: float) -> bool:
+    """Keeping up at under 1 - THROUGHPUT_TOLERANCE of the arrival rate, beyond chance."""
+    return ratio < 1 - THROUGHPUT_TOLERANCE and shortfall > BEHIND_SIGMAS * sd
+
+
+def _ttft_behind(slope: float, se: float) -> bool:
+    """A wait that grows by ``slope`` s per s of arrivals: served at 1 / (1 + slope) of them."""
+    return slope > 0 and _behind(1 / (1 + slope), slope, se)
+
+
+@dataclass(frozen=True)
+class _Throughput:
+    completed: int  # in the span shifted by `shift`
+    expected: float  # the same, had no request's E2EL depended on when it arrived
+    shift: float
+    sd: float  # of `completed` about `expected`, under chance
+
+    @property
+    def ratio(self) -> float:
+        return self.completed / self.expected if self.expected > 0 else 1.0
+
+    @property
+    def behind(self) -> bool:
+        return _behind(self.ratio, self.expected - self.completed, self.sd)
+
+
+def _throughput(starts, ends, lo: float, hi: float) -> _Throughput | None:
+    """The completions one median E2EL after the arrivals in [lo, hi) against what a server
+    that kept up would have completed there (the module's docstring); None when fewer than
+    MIN_WINDOW_ARRIVALS of those arrivals finished."""
+    e2el = ends - starts  # inf: an interrupted run's unfinished request
+    cohort = np.sort(e2el[(starts >= lo) & (starts < hi) & np.isfinite(e2el)])
+    if cohort.size < MIN_WINDOW_ARRIVALS:
+        return None
+    shift = float(np.median(cohort))
+    a, b = lo + shift, hi + shift
+    # Each arrival of the run paired with an E2EL drawn from the span's own: the chance p that
+    # it completes in [a, b). Summed, the completions expected of a server whose E2EL does not
+    # grow with arrival time; the run's edges already in it.
+    p = (np.searchsorted(cohort, b - starts, side="left")
+         - np.searchsorted(cohort, a - starts, side="left")) / cohort.size
+    return _Throughput(
+        completed=int(((ends >= a) & (ends < b)).sum()),
+        expected=float(p.sum()),
+        shift=shift,
+        # At least one request's worth: with every p 0 or 1, a shortfall of one is still no
+        # evidence.
+        sd=math.sqrt(max(float((p * (1 - p)).sum()), 1.0)),
+    )
+
+
+def _ttft_trend(run: RunResult, lo: float, hi: float) -> tuple[float, float] | None:
+    """(slope, standard error) of TTFT in seconds against arrival time over the requests that
+    arrived in [lo, hi] and have a TTFT; None with too few of them or no spread in time."""
+    pts = [(r.intended_start_s, r.ttft_ms / 1000.0) for r in run.requests or []
+           if r.error is None and r.intended_start_s is not None and r.ttft_ms is not None
+           and lo <= r.intended_start_s <= hi]
+    if len(pts) < MIN_WINDOW_ARRIVALS:
+        return None
+    t, ttft = np.asarray(pts, dtype=np.float64).T
+    x = t - t.mean()
+    sxx = float((x * x).sum())
+    if sxx <= 0:
+        return None
+    slope = float((x * ttft).sum() / sxx)
+    resid = ttft - ttft.mean() - slope * x
+    se = math.sqrt(float((resid * resid).sum()) / (len(t) - 2) / sxx)
+    return slope, se
+
+
+def _judge_throughput(check: SteadyCheck, starts, ends, lo: float, hi: float) -> _Throughput | None:
+    """The throughput test over the middle half's arrivals after the ramp-up; its figures into
+    ``check``."""
+    lo = max(lo, check.ramp_up_s or 0.0)
+    if lo >= hi:
+        return None
+    check.mid_window_s = [lo, hi]
+    check.mid_arrival_rate = int(((starts >= lo) & (starts < hi)).sum()) / (hi - lo)
+    tp = _throughput(starts, ends, lo, hi)
+    if tp is not None:
+        check.mid_completion_rate = tp.completed / (hi - lo)
+        check.expected_completion_rate = tp.expected / (hi - lo)
+        check.completion_shift_s = tp.shift
+        check.completion_sd = tp.sd
+    return tp
+
+
+def _measure_queue(check: SteadyCheck, run: RunResult, starts, ends, window: float) -> None:
+    """Mean in flight (and waiting, from the engine's iterations) over the queue's mid window,
+    moved past the ramp-up, and over the last quarter; into ``check``."""
+    earliest = QUEUE_MID_WINDOW[0] * window
+    mid_lo = min(max(earliest, check.ramp_up_s or 0.0), QUEUE_MID_LATEST * window)
+    mid_hi = mid_lo + (QUEUE_MID_WINDOW[1] - QUEUE_MID_WINDOW[0]) * window
+    end_lo, end_hi = (f * window for f in QUEUE_END_WINDOW)
+    check.queue_mid_window_s = [mid_lo, mid_hi]
+    check.in_flight_mid = _window_mean_in_flight(starts, ends, mid_lo, mid_hi)
+    check.in_flight_end = _window_mean_in_flight(starts, ends, end_lo, end_hi)
+    iterations = run.iterations or []
+    if iterations:
+        check.waiting_mid = _window_mean_waiting(iterations, mid_lo, mid_hi)
+        check.waiting_end = _window_mean_waiting(iterations, end_lo, end_hi)
+
+
+def _findings(check: SteadyCheck, tp: _Throughput | None) -> list[tuple[str, str]]:
+    """(reason, table cell) for each test the run failed."""
+    found = []
+    window, ramp = check.arrival_window_s or 0.0, check.ramp_up_s or 0.0
+    if ramp > RAMP_LIMIT * window:
+        found.append((
+            f"no steady state: the arrivals ended {window:.3g} s in, before the in-flight count "
+            f"had levelled off (the first quarter's arrivals took up to {ramp:.3g} s from first "
+            f"token to finish); its latencies describe a batch still filling. More requests "
+            f"(--num-requests, --min-duration) make an arrival window several E2ELs long",
+            "still ramping up",
+        ))
+    if tp is not None and tp.behind:
+        lo, hi = check.mid_window_s or (0.0, 0.0)
+        found.append((
+            f"falling behind: {tp.completed} requests completed in the span of arrivals "
+            f"{lo:.3g}-{hi:.3g} s shifted by their median E2EL ({tp.shift:.3g} s), against "
+            f"{tp.expected:.1f} from a server keeping up "
+            f"({(tp.expected - tp.completed) / tp.sd:.1f} standard deviations short): "
+            f"{check.mid_completion_rate:.3g} req/s completed vs "
+            f"{check.expected_completion_rate:.3g} req/s",
+            f"behind {tp.ratio:.2f}x",
+        ))
+    slope, se = check.ttft_slope, check.ttft_slope_se
+    if slope is not None and se is not None and _ttft_behind(slope, se):
+        found.append((
+            f"queueing delay growing: TTFT rose {slope * 1000:.3g} ms per second of arrivals "
+            f"over the last three quarters of the arrival window ({slope / se:.1f} standard "
+            f"errors), as a queue served at about {1 / (1 + slope):.2f}x the arrival rate does",
+            f"TTFT +{slope:.2f} s/s",
+        ))
+    mid, end = check.in_flight_mid, check.in_flight_end
+    wmid, wend = check.waiting_mid, check.waiting_end
+    if mid is not None and end is not None and _grew(mid, end):
+        found.append((
+            f"queue growing: {end:.1f} requests in flight at the end of the arrival window vs "
+            f"{mid:.1f} mid-window",
+            f"in flight {mid:.0f}->{end:.0f}",
+        ))
+    elif wmid is not None and wend is not None and _grew(wmid, wend):
+        found.append((
+            f"queue growing: {wend:.1f} requests waiting for admission at the end of the "
+            f"arrival window vs {wmid:.1f} mid-window",
+            f"waiting {wmid:.0f}->{wend:.0f}",
+        ))
+    return found
+
+
 def check_steady(result: RunResult | dict, rate: float) -> SteadyCheck:
     if math.isinf(rate):
         return SteadyCheck(None, "a burst (rate inf): no steady state", "burst")
@@ -165,7 +401,7 @@ def check_steady(result: RunResult | dict, rate: float) -> SteadyCheck:
     if run.interrupted:
         return SteadyCheck(False, "the run was interrupted before every request finished",
                            "no: interrupted")
-    starts, ends = _spans(run)
+    starts, firsts, ends = _spans(run)
     if starts.size == 0:
         return SteadyCheck(None, "no completed requests to judge", "-")
     window = float(starts.max())
@@ -174,52 +410,27 @@ def check_steady(result: RunResult | dict, rate: float) -> SteadyCheck:
     if arrived < MIN_WINDOW_ARRIVALS or hi <= lo:
         return SteadyCheck(None, f"too few requests ({starts.size}) to judge", "-",
                            arrival_window_s=window)
-    completed = int(((ends >= lo) & (ends < hi)).sum())
-    arrival_rate, completion_rate = arrived / (hi - lo), completed / (hi - lo)
-    in_flight_mid = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_MID_WINDOW))
-    in_flight_end = _window_mean_in_flight(starts, ends, *(f * window for f in QUEUE_END_WINDOW))
-    check = SteadyCheck(
-        True,
-        arrival_window_s=window,
-        mid_arrival_rate=arrival_rate,
-        mid_completion_rate=completion_rate,
-        in_flight_mid=in_flight_mid,
-        in_flight_end=in_flight_end,
-    )
-    iterations = run.iterations or []
-    if iterations:
-        check.waiting_mid = _window_mean_waiting(iterations, *(f * window for f in QUEUE_MID_WINDOW))
-        check.waiting_end = _window_mean_waiting(iterations, *(f * window for f in QUEUE_END_WINDOW))
-    reasons, shorts = [], []
-    ratio = completion_rate / arrival_rate
-    if ratio < 1 - THROUGHPUT_TOLERANCE:
-        reasons.append(
-            f"falling behind: {completion_rate:.3g} req/s completed vs "
-            f"{arrival_rate:.3g} req/s arriving in the middle half of the arrival window"
-        )
-        shorts.append(f"behind {ratio:.2f}x")
-    if _grew(in_flight_mid, in_flight_end):
-        reasons.append(
-            f"queue growing: {in_flight_end:.1f} requests in flight at the end of the "
-            f"arrival window vs {in_flight_mid:.1f} mid-window"
-        )
-        shorts.append(f"in flight {in_flight_mid:.0f}->{in_flight_end:.0f}")
-    elif (
-        check.waiting_mid is not None
-        and check.waiting_end is not None
-        and _grew(check.waiting_mid, check.waiting_end)
-    ):
-        reasons.append(
-            f"queue growing: {check.waiting_end:.1f} requests waiting for admission at the end "
-            f"of the arrival window vs {check.waiting_mid:.1f} mid-window"
-        )
-        shorts.append(f"waiting {check.waiting_mid:.0f}->{check.waiting_end:.0f}")
-    if reasons:
+    check = SteadyCheck(True, arrival_window_s=window,
+                        ramp_up_s=_ramp_up(starts, firsts, ends, window))
+    tp = _judge_throughput(check, starts, ends, lo, hi)
+    trend = _ttft_trend(run, *(f * window for f in TTFT_TREND_WINDOW))
+    if trend is not None:
+        check.ttft_slope, check.ttft_slope_se = trend
+    _measure_queue(check, run, starts, ends, window)
+    found = _findings(check, tp)
+    if found:
         check.steady = False
-        check.reason = "; ".join(reasons)
-        check.short = "no: " + ", ".join(shorts)
-    else:
+        check.reason = "; ".join(reason for reason, _ in found)
+        check.short = "no: " + ", ".join(cell for _, cell in found)
+    elif tp is not None:
         check.reason = "throughput kept up with arrivals and the queue did not grow"
+        check.short = "yes"
+    else:
+        check.reason = (
+            f"the queue did not grow; throughput not compared: fewer than "
+            f"{MIN_WINDOW_ARRIVALS} requests arrived between the ramp-up ({check.ramp_up_s:.3g} "
+            f"s, the first arrivals' decode) and 3/4 of the arrival window"
+        )
         check.short = "yes"
     return check
 

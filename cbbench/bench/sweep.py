@@ -233,7 +233,7 @@ def unsteady_notes(points: Sequence[ProbePoint]) -> list[str]:
     """One line per point that never reached a steady state, with its reason."""
     return [
         f"rate {rate_label(p.rate)}: not steady ({p.steady_reason}); its latencies describe a "
-        "growing queue, not this rate"
+        "queue or a batch still growing, not this rate"
         for p in points
         if p.steady is False
     ]
