@@ -463,6 +463,27 @@ def saturation_rate(result: RunResult | dict) -> float:
     return tokens / t_end / float(out.mean())
 
 
+def saturation_lower_bound(result: RunResult | dict) -> str | None:
+    """Why the rate-inf probe's saturation_rate is only a lower bound, or None. The estimate
+    counts the tokens made while requests still waited for their first token; when the last
+    first token came before half the requests had finished, that window is the burst's ramp
+    (mostly prefill), not a full target: 60 requests on the simulated H200 gave 21 req/s, 300
+    gave 49, 1,000 and 3,000 gave 72 and 74 against ~75 sustained."""
+    run = as_run(result, "the rate-inf probe's result")
+    done = [r for r in run.requests or [] if r.error is None and r.e2el_ms]
+    if not done:
+        return None
+    last_first = max(r.intended_start_s + r.ttft_ms / 1000.0 for r in done)
+    ends = np.array([r.intended_start_s + r.e2el_ms / 1000.0 for r in done], dtype=np.float64)
+    median_end = float(np.median(ends))
+    if last_first >= median_end:
+        return None
+    return (f"the rate-inf probe's {len(done)} requests all had their first token by "
+            f"{last_first:.3g} s, before half of them finished ({median_end:.3g} s): the target "
+            "was never full, so its saturation is a lower bound; more requests "
+            "(--num-requests) measure it")
+
+
 # ---- one probe ------------------------------------------------------------------------------
 
 

@@ -28,6 +28,7 @@ from cbbench.bench.probe import (
     rate_label,
     round_rate,
     run_probe,
+    saturation_lower_bound,
     saturation_rate,
     summarize_probe,
 )
@@ -154,6 +155,9 @@ def run_sweep(
         saturation = saturation_rate(result)
         sweep.saturation_rate = saturation
         log.info(f"saturation: ~{saturation:.4g} req/s")
+        short = saturation_lower_bound(result)
+        if short is not None:  # the auto rates sit low by as much
+            log.warning(f"warning: {short}")
         rates = auto_rates(saturation, points)
         first = 2
     else:

@@ -99,7 +99,13 @@ def capacity(
         probe_file,
         search,
     )
-    from cbbench.bench.probe import ProbeSizing, run_probe, saturation_rate, summarize_probe
+    from cbbench.bench.probe import (
+        ProbeSizing,
+        run_probe,
+        saturation_lower_bound,
+        saturation_rate,
+        summarize_probe,
+    )
     from cbbench.bench.runner import recorded_command
     from cbbench.bench.sweep import check_no_folder_at, shared_config
     from cbbench.schema import (
@@ -151,6 +157,9 @@ def capacity(
                 found = SearchResult(INTERRUPTED, None, None, None, [])
             else:
                 C.notice(saturation_line(saturation, sat_point))
+                short = saturation_lower_bound(sat_result)
+                if short is not None:  # the search starts low; it climbs from there
+                    C.notice(f"warning: {short}")
                 if not saturation > 0:
                     raise UsageError("the rate-inf probe completed nothing; give --start-rate")
                 start_rate = saturation * 0.5

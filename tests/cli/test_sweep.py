@@ -10,7 +10,14 @@ from helpers import run_spec
 from matplotlib.figure import Figure
 from typer.testing import CliRunner
 
-from cbbench.bench.probe import ProbeSizing, check_steady, rate_label, run_probe, saturation_rate
+from cbbench.bench.probe import (
+    ProbeSizing,
+    check_steady,
+    rate_label,
+    run_probe,
+    saturation_lower_bound,
+    saturation_rate,
+)
 from cbbench.bench.sweep import AUTO_HIGH_FRACTION, AUTO_LOW_FRACTION, auto_rates, parse_rates
 from cbbench.cli.app import app as cli_app
 from cbbench.engine.args import EngineArgs
@@ -124,6 +131,26 @@ def test_sweep_rates_auto(tmp_path):
     assert {f.name for f in out.glob("rate-*.json")} == {
         f"rate-{rate_label(float(x))}.json" for x in rates
     }
+
+
+def test_a_burst_too_short_to_fill_the_target_says_its_saturation_is_a_lower_bound(tmp_path):
+    """60 ShareGPT requests at once on the simulated H200 (256 slots) all start within 0.33 s,
+    while half of them finish by 0.67 s: the estimate (21 req/s) counts the burst's prefill,
+    a third of the ~75 req/s the target sustains, and --rates auto spread its rates under it
+    without a word. 1,000 requests keep it full past the median completion (72 req/s): no
+    warning."""
+    base = run_spec(workload="sharegpt", engine=EngineArgs(engine="sim", gpu="h200"))
+    short = run_probe(base, math.inf, ProbeSizing(num_requests=60, min_duration_s=0), None)
+    reason = saturation_lower_bound(short)
+    assert reason is not None and "lower bound" in reason
+    full = run_probe(base, math.inf, ProbeSizing(num_requests=1000, min_duration_s=0), None)
+    assert saturation_lower_bound(full) is None
+    assert saturation_rate(short) < 0.5 * saturation_rate(full)
+
+    r, _ = _sweep(tmp_path, *SIM, "--rates", "auto", "--points", "1", "--num-requests", "60",
+                  "--min-duration", "0")
+    assert r.exit_code == 0, r.output
+    assert "warning: the rate-inf probe's 60 requests" in r.output
 
 
 def test_overloaded_point_is_flagged_not_steady(tmp_path):
