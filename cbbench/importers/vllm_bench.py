@@ -14,7 +14,11 @@ ended, %Y%m%d-%H%M%S), ``model_id``, ``request_rate`` and ``max_concurrency`` be
 What carries over, and how it differs from a cbbench run of the same load:
 - the intended start is when vLLM's schedule released the request (the send minus its
   ``queue_times``), so the send lag is vLLM's client queue time; vLLM times its own TTFT and
-  E2EL from the send, which the audit uses too (without ``queue_times``: intended = send);
+  E2EL from the send, which the audit uses too (without ``queue_times``: intended = send).
+  With ``max_concurrency`` that queue time is the wait for vLLM's semaphore, so it is a slot
+  wait: the slot freed at the send (vLLM's clock starts inside the semaphore), and the
+  summary holds ``slot_wait_ms``, ``latency_basis`` and ``from_send`` (TTFT and E2EL from the
+  send: vLLM's own figures) as a cbbench --max-concurrency run does;
 - ITL is vLLM's: one gap per chunk. A chunk of several tokens is one gap, as vLLM counts it;
   a chunk is a delta with ``content``, ``reasoning`` (vLLM's own field name), tool calls, or an
   empty content: a server that streams reasoning in another field (``reasoning_content``)
@@ -124,6 +128,7 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
     server_queue = _optional_list(data.server_queue_times, "server_queue_times", n, source)
     server_ttft = _optional_list(data.server_ttfts, "server_ttfts", n, source)
     t0 = _zero(data, source)
+    capped = _cap(data.max_concurrency)
     out = []
     for i in range(n):
         start = starts[i] - t0
@@ -135,6 +140,10 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
             intended_start_s=start - queue if queue is not None else start,
             send_s=start,
         )
+        if capped:
+            # --max-concurrency: vLLM's queue time is the wait for its semaphore, a slot wait,
+            # and its clock starts once it holds one (a request's send): the slot freed then.
+            rec.slot_s = start
         rec.server_timing = _server_timing(server_queue[i], server_ttft[i])
         # Counted by the tool (its tokenizer or the server's usage): recorded as its count.
         rec.output_tokens_method = TOOL
@@ -148,6 +157,11 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
             rec.token_times_s = _token_times(data, i, start, latencies, source)
         out.append(rec)
     return out
+
+
+def _cap(v: Any) -> bool:
+    """vLLM ran with --max-concurrency (an integer >= 1; null without it)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def _looks_failed(data: VllmBenchFile, i: int) -> bool:

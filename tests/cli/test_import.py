@@ -105,6 +105,53 @@ def test_queue_times_are_the_send_lag_and_server_timings_split_the_ttft(tmp_path
     assert b["server_queue_ms"]["mean"] == pytest.approx(25.0)
 
 
+# vllm bench serve --max-concurrency 1 --request-rate inf: all three released at 100.0 s, each
+# waiting for the semaphore (queue_times 0, 0.5, 1.0 s), then TTFT 0.1 s and E2EL 0.4 s from its
+# send (vLLM's own mean_ttft_ms 100, mean_e2el_ms 400).
+CAPPED = {
+    "date": "20260101-120000", "duration": 1.6, "model_id": "m", "request_rate": "inf",
+    "max_concurrency": 1, "backend": "openai", "dataset_name": "random",
+    "input_lens": [10, 10, 10], "output_lens": [4, 4, 4], "ttfts": [0.1, 0.1, 0.1],
+    "itls": [[0.1, 0.1, 0.1]] * 3, "latencies": [0.4, 0.4, 0.4],
+    "start_times": [100.0, 100.5, 101.0], "queue_times": [0.0, 0.5, 1.0], "errors": ["", "", ""],
+    "mean_ttft_ms": 100.0, "mean_e2el_ms": 400.0,
+}
+
+
+def test_max_concurrency_queue_times_are_a_slot_wait(tmp_path):
+    res, out = _import(tmp_path, CAPPED)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    # As a cbbench --max-concurrency run: from the release (t=0) the slot wait counts, ...
+    assert s["latency_basis"] == "intended_start"
+    assert s["ttft_ms"]["mean"] == pytest.approx(600.0)  # 100, 600, 1100
+    assert s["e2el_ms"]["mean"] == pytest.approx(900.0)  # 400, 900, 1400
+    assert s["slot_wait_ms"]["mean"] == pytest.approx(500.0)  # 0, 500, 1000: queue_times
+    assert s["send_lag_ms"]["p99"] == pytest.approx(0.0)  # sent the moment it held a slot
+    # ... and from the send TTFT and E2EL are vLLM's own (was: no from_send, no basis).
+    assert s["from_send"]["ttft_ms"]["mean"] == pytest.approx(CAPPED["mean_ttft_ms"])
+    assert s["from_send"]["e2el_ms"]["mean"] == pytest.approx(CAPPED["mean_e2el_ms"])
+    reqs = result["requests"]
+    assert [r["slot_wait_ms"] for r in reqs] == pytest.approx([0.0, 500.0, 1000.0])
+    assert [r["ttft_from_send_ms"] for r in reqs] == pytest.approx([100.0, 100.0, 100.0])
+    # Exported to llm-d's report, a closed loop counts from the send: vLLM's figures again.
+    br = tmp_path / "br.json"
+    res = runner.invoke(app, ["export", str(out), "--format", "br0.2", "--out", str(br)])
+    assert res.exit_code == 0, res.output
+    lat = json.loads(br.read_text())["results"]["request_performance"]["aggregate"]["latency"]
+    assert lat["time_to_first_token"]["mean"] == pytest.approx(100.0)
+    assert lat["request_latency"]["mean"] == pytest.approx(400.0)
+
+
+def test_without_max_concurrency_queue_times_stay_send_lag(tmp_path):
+    res, out = _import(tmp_path, {**CAPPED, "max_concurrency": None, "request_rate": 2.0})
+    assert res.exit_code == 0, res.output
+    s = json.loads(out.read_text())["summary"]
+    assert "from_send" not in s and "latency_basis" not in s
+    assert s["send_lag_ms"]["mean"] == pytest.approx(500.0)  # an open loop that fell behind
+
+
 # This host's perf_counter, real or faked: a fresh CI machine reads a few minutes since boot,
 # so a file "from an hour before" has negative perf_counter times there (any uptime must pass).
 BOOTED_5_MIN_AGO_S = 300.0
