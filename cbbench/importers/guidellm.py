@@ -40,7 +40,7 @@ import numpy as np
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
 from cbbench.importers.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, check_count
-from cbbench.importers.fields import ToolFields, base_config, part
+from cbbench.importers.fields import ToolFields, base_config, part, spread_tokens
 
 TOOL = "guidellm"
 STATUSES = ("successful", "incomplete", "errored")
@@ -262,9 +262,7 @@ def _events(first: float, last: float, events: int, tokens: int):
     times = [float(t) for t in np.linspace(first, last, events)] if events > 1 else [first]
     if events == 1:
         return times, [max(tokens, 1)]
-    rest, n = tokens - 1, events - 1
-    share = [rest // n + (i < rest % n) for i in range(n)]
-    return times, [1, *share]
+    return times, spread_tokens(tokens, events)
 
 
 def _tokens(metrics: Any, group: str, computed: Any, where: str) -> int:

@@ -19,14 +19,19 @@ What carries over, and how it differs from a cbbench run of the same load:
   wait: the slot freed at the send (vLLM's clock starts inside the semaphore), and the
   summary holds ``slot_wait_ms``, ``latency_basis`` and ``from_send`` (TTFT and E2EL from the
   send: vLLM's own figures) as a cbbench --max-concurrency run does;
-- ITL is vLLM's: one gap per chunk. A chunk of several tokens is one gap, as vLLM counts it;
-  a chunk is a delta with ``content``, ``reasoning`` (vLLM's own field name), tool calls, or an
-  empty content: a server that streams reasoning in another field (``reasoning_content``)
-  has its reasoning chunks skipped by vLLM bench, so its TTFT is the first answer chunk;
-- a request's token times are its chunk times (first token, then each gap), with vLLM's
-  output length as the token count, so TPOT is (E2EL - TTFT) / (output - 1) as in vLLM;
-- vLLM records no reasoning token count, no tokens per chunk and no response id: `cbbench
-  audit` joins it to a server log by send order;
+- vLLM's ``itls`` are one gap per chunk, and vLLM records no tokens per chunk; a chunk is a
+  delta with ``content``, ``reasoning`` (vLLM's own field name), tool calls, or an empty
+  content: a server that streams reasoning in another field (``reasoning_content``) has its
+  reasoning chunks skipped by vLLM bench, so its TTFT is the first answer chunk;
+- a request's events are its chunks (first token, then each gap), with vLLM's output length as
+  the token count, so TPOT is (E2EL - TTFT) / (output - 1) as in vLLM. cbbench's ITL is per
+  token (a chunk of k tokens after a gap g is k gaps of g / k), so each chunk's tokens are
+  found as for AIPerf (fields.chunk_tokens): exact where the counts fix them (as many chunks
+  as tokens, or one chunk), else spread over the chunks (the first one token, the rest
+  evenly; method ``spread``). ``event_gap_ms`` is vLLM's own per-chunk ITL; ``itl_ms`` the
+  per-token one, whose mean is exact (the chunk gaps' sum over the tokens after the first);
+- vLLM records no reasoning token count and no response id: `cbbench audit` joins it to a
+  server log by send order;
 - a failed request's ``errors`` entry is the HTTP reason phrase, or the client's whole
   traceback: kept as its last line, typed as cbbench types a failure (http_status, connect,
   timeout, stream_cut, ...); "" with no first token and no output is a failure too;
@@ -50,7 +55,7 @@ from pydantic import BaseModel, ConfigDict
 from cbbench.analysis.records import RequestRecord
 from cbbench.clock_offset import perf_minus_epoch
 from cbbench.errors import UsageError
-from cbbench.importers.fields import base_config, count, number, positive
+from cbbench.importers.fields import base_config, chunk_tokens, count, number, positive
 
 TOOL = "vllm-bench"
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -154,7 +159,9 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
         if error:
             rec.error, rec.error_type = _error(str(error))
         else:
-            rec.token_times_s = _token_times(data, i, start, latencies, source)
+            rec.token_times_s, chunked = _token_times(data, i, start, latencies, source)
+            if chunked and (split := chunk_tokens(len(rec.token_times_s), rec.output_tokens)):
+                rec.event_tokens, rec.event_tokens_method = split
         out.append(rec)
     return out
 
@@ -237,7 +244,10 @@ def origin(raw: Mapping | VllmBenchFile, source: str) -> float:
     return t0
 
 
-def _token_times(data: VllmBenchFile, i: int, start: float, latencies, source: str) -> list[float]:
+def _token_times(data: VllmBenchFile, i: int, start: float, latencies,
+                 source: str) -> tuple[list[float], bool]:
+    """(the times of the request's chunks, True), or, with no gaps but a latency and several
+    tokens, (the first token's and the end, False): not chunks, whose tokens are not split."""
     first = start + _number(data.ttfts[i], source, "ttfts")
     times = [first]
     gaps = data.itls[i]
@@ -247,7 +257,8 @@ def _token_times(data: VllmBenchFile, i: int, start: float, latencies, source: s
         times.append(times[-1] + _number(gap, source, "itls"))
     if not gaps and isinstance(latencies, list) and data.output_lens[i] > 1:
         times.append(start + _number(latencies[i], source, "latencies"))
-    return times
+        return times, False
+    return times, True
 
 
 def config(raw: Mapping | VllmBenchFile) -> dict:

@@ -54,13 +54,20 @@ def test_vllm_bench_figures_are_the_hand_computed_ones(tmp_path):
     assert s["e2el_ms"]["p50"] == pytest.approx(400.0)  # both end 0.4 s after their send
     # TPOT: (0.4 - 0.2) / 3 and (0.9 - 0.6) / 2 s.
     assert s["tpot_ms"]["mean"] == pytest.approx((200 / 3 + 150) / 2)
-    # ITL pooled per chunk as vLLM counts it: 50, 50, 100 and 300 ms.
-    assert s["itl_ms"]["mean"] == pytest.approx(125.0)
-    assert s["itl_ms"]["p50"] == pytest.approx(75.0)
+    # ITL per token: r0's chunks hold one token each (4 chunks, 4 tokens): 50, 50, 100 ms; r1's
+    # 3 tokens in 2 chunks are spread (1, then 2), its 300 ms gap two of 150 ms. vLLM's own
+    # per-chunk ITL (50, 50, 100, 300 ms) is the event gap.
+    assert s["itl_ms"]["mean"] == pytest.approx(100.0)
+    assert s["itl_ms"]["p50"] == pytest.approx(100.0)
+    assert s["event_gap_ms"]["mean"] == pytest.approx(125.0)
+    assert s["event_gap_ms"]["p50"] == pytest.approx(75.0)
+    assert s["tokens_per_event"]["mean"] == pytest.approx(7 / 6)  # 7 tokens in 6 chunks
     assert s["output_throughput"] == pytest.approx(7 / 2.0)
     assert s["total_input_tokens"] == 30  # completed requests only, as a run counts them
     reqs = result["requests"]
     assert [r["intended_start_s"] for r in reqs] == pytest.approx([0.0, 0.5, 1.0])
+    assert [r.get("tokens_per_event_method") for r in reqs] == ["chunk_count", "spread", None]
+    assert reqs[1]["event_tokens"] == [1, 2]
     assert reqs[2]["error"] == "TimeoutError"
     assert result["config"]["imported_from"] == "vllm-bench"
     assert "http" not in s  # no --same-host: its times are on no known clock
@@ -318,6 +325,38 @@ def test_aiperf_records_figures_are_the_hand_computed_ones(tmp_path):
     assert s["e2el_ms"]["p50"] == pytest.approx((142.0 + 60.0) / 2)
     assert result["requests"][0]["server_request_id"] == f"req-{base + 2_000_000}"
     assert result["requests"][2]["error"] == "boom"
+
+
+def test_aiperf_itl_is_per_token_where_chunks_held_several(tmp_path):
+    """AIPerf times chunks, not tokens. Record A: OSL 10 in 4 chunks (TTFT 100 ms, then 30 ms
+    gaps; AIPerf's own inter_token_latency (190 - 100) / 9 = 10 ms); record B: OSL 2 in 2
+    chunks 40 ms apart."""
+    base = 1_700_000_000 * 10**9
+    lines = [_aiperf_line(base + 10_000_000, base, 100.0, [30.0, 30.0, 30.0], 10, 5),
+             _aiperf_line(base + 50_000_000, base + 50_000_000, 200.0, [40.0], 2, 7)]
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    s, reqs = result["summary"], result["requests"]
+    # A's 10 tokens spread over its 4 chunks: 1, 3, 3, 3 -- nine 10 ms gaps, AIPerf's own ITL;
+    # B one token a chunk: one 40 ms gap. Per token: (9 * 10 + 40) / 10 = 13 ms over 10 gaps
+    # (was 32.5 ms over 4: the chunk gaps under the per-token name).
+    assert reqs[0]["event_tokens"] == [1, 3, 3, 3]
+    assert reqs[0]["tokens_per_event_method"] == "spread"
+    assert reqs[1]["event_tokens"] == [1, 1]
+    assert reqs[1]["tokens_per_event_method"] == "chunk_count"
+    assert reqs[0]["itl_ms"] == pytest.approx([10.0] * 9)
+    assert (s["itl_ms"]["mean"], s["itl_ms"]["count"]) == pytest.approx((13.0, 10))
+    assert s["itl_ms"]["p50"] == pytest.approx(10.0)
+    # 12 tokens in 6 chunks: 2.0 a chunk (was 1.0, one token a chunk assumed).
+    assert (s["tokens_per_event"]["mean"], s["tokens_per_event"]["count"]) == pytest.approx(
+        (2.0, 6))
+    # AIPerf's inter_chunk_latency is the event gap, as it wrote it: 30, 30, 30, 40 ms.
+    assert (s["event_gap_ms"]["mean"], s["event_gap_ms"]["count"]) == pytest.approx((32.5, 4))
+    assert s["tpot_ms"]["mean"] == pytest.approx((10.0 + 40.0) / 2)  # unchanged
 
 
 def test_a_bad_aiperf_file_is_one_line_and_exit_2(tmp_path):
