@@ -84,9 +84,9 @@ def _read(file: Path, tool: str, benchmark: int | None, same_host: bool = False)
 
     check_input_file(file, f"{tool} result")  # a FIFO hung, /dev/zero was read without end
     try:
-        config, started, recs, duration, t0 = _parse(file, tool, benchmark, same_host)
+        config, started, recs, duration, t0, basis = _parse(file, tool, benchmark, same_host)
         check_records(recs, duration, str(file))
-        result = build_result(config, started, recs, duration, t0)
+        result = build_result(config, started, recs, duration, t0, basis)
     except UsageError:
         raise
     except MemoryError:
@@ -99,7 +99,8 @@ def _read(file: Path, tool: str, benchmark: int | None, same_host: bool = False)
 
 
 def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
-    """(config, started_at, records, duration_s, t0_epoch_s) of the tool's file."""
+    """(config, started_at, records, duration_s, t0_epoch_s, latency_basis) of the tool's
+    file (latency_basis None: the result's own, from the intended start)."""
     from cbbench.analysis.result import read_json_file
     from cbbench.importers import aiperf, guidellm, inference_perf, vllm_bench
     from cbbench.importers.fields import base_config, duration_s
@@ -107,22 +108,24 @@ def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
     if tool == aiperf.TOOL:
         rows = aiperf.lines(file)
         recs = aiperf.records(rows, str(file))
-        return base_config(aiperf.TOOL, len(recs)), None, recs, duration_s(recs), aiperf.origin(rows)
+        return (base_config(aiperf.TOOL, len(recs)), None, recs, duration_s(recs),
+                aiperf.origin(rows), None)
     data = read_json_file(file, f"{tool} result")
     if tool == inference_perf.TOOL:
         entries = inference_perf.entries(data, str(file))
         recs = inference_perf.records(entries, str(file))
         return (inference_perf.config(recs), None, recs,
-                inference_perf.duration_s(entries, recs), None)
+                inference_perf.duration_s(entries, recs), None, None)
     if not isinstance(data, dict):
         raise UsageError(f"{file} is not a {tool} result (not a JSON object)")
     if tool == guidellm.TOOL:
         bench = guidellm.benchmark(data, str(file), benchmark)
         recs = guidellm.records(bench, str(file))
         return (guidellm.config(data, bench, recs), guidellm.started_at(bench), recs,
-                duration_s(recs, bench.duration), guidellm.origin(bench, str(file)))
+                duration_s(recs, bench.duration), guidellm.origin(bench, str(file)),
+                guidellm.latency_basis(bench))
     vllm = vllm_bench.VllmBenchFile.model_validate(data)
     recs = vllm_bench.records(vllm, str(file))
     t0 = vllm_bench.origin(vllm, str(file)) if same_host else None
     return (vllm_bench.config(vllm), vllm_bench.started_at(vllm, t0), recs,
-            duration_s(recs, vllm.duration), t0)
+            duration_s(recs, vllm.duration), t0, None)

@@ -3,8 +3,10 @@ llmdbenchmark/analysis/benchmark_report/schema_v0_2.py and its JSON Schema).
 
 The field mapping follows llm-d's own converters (native_to_br0_2.py's vLLM-bench import):
 TTFT and E2EL in ms, TPOT and ITL in ms/token, rates as their run-wide means; run.time from
-the result's start and duration. Where cbbench has per-request figures (TTFT, TPOT, E2EL,
-lengths) every statistic the schema names is filled from them with the same linear
+the result's start and duration. Under a --max-concurrency cap TTFT, E2EL and NTPOT count
+from the send (summary.from_send), as vLLM bench counts them; in an open loop from the
+intended start (the result's own figures). Where cbbench has per-request figures (TTFT,
+TPOT, E2EL, lengths) every statistic the schema names is filled from them with the same linear
 interpolation as cbbench's own summary (numpy.percentile), so the report's p50/p90/p95/p99
 equal the result's. ITL is pooled per token: from the per-request lists when the result was
 saved with --save-detailed, else the summary's figures only.
@@ -24,7 +26,7 @@ import numpy as np
 from cbbench.errors import UsageError
 from cbbench.export import requests as R
 from cbbench.export.writable import clean, clean_texts
-from cbbench.schema.base import to_dict
+from cbbench.schema.base import is_empty, to_dict
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Config, Distribution, Request, RunResult, Summary
 
@@ -200,15 +202,27 @@ def _requests(summary: Summary, requests: list[Request], done: list[Request]) ->
 
 
 def _latency(summary: Summary, done: list[Request]) -> dict:
+    """TTFT, E2EL and NTPOT count from the intended start in an open loop (the result's own
+    figures), and from the send under a --max-concurrency cap (the result holds
+    ``summary.from_send``): the basis of every source llm-d converts, whose latencies start
+    after the concurrency semaphore (vLLM's mean_ttft_ms / mean_e2el_ms), so a closed loop's
+    wait for a slot is not reported as the server's latency."""
     itl = _itl_values(done)
+    from_send = summary.from_send
+    if from_send is not None and not is_empty(from_send):
+        ttft, e2el = R.ttft_from_send_ms, R.e2el_from_send_ms
+        ttft_dist, e2el_dist = from_send.ttft_ms, from_send.e2el_ms
+    else:
+        ttft, e2el = (lambda r: r.ttft_ms), (lambda r: r.e2el_ms)
+        ttft_dist, e2el_dist = summary.ttft_ms, summary.e2el_ms
     return {
-        "time_to_first_token": statistics(R.values(done, lambda r: r.ttft_ms), "ms",
-                                          summary.ttft_ms),
+        "time_to_first_token": statistics(R.values(done, ttft), "ms", ttft_dist),
         "time_per_output_token": statistics(R.values(done, lambda r: r.tpot_ms), "ms/token",
                                             summary.tpot_ms),
-        "normalized_time_per_output_token": statistics(R.normalized_tpot_ms(done), "ms/token"),
+        "normalized_time_per_output_token": statistics(R.normalized_tpot_ms(done, e2el),
+                                                       "ms/token"),
         "inter_token_latency": statistics(itl, "ms/token", summary.itl_ms),
-        "request_latency": statistics(R.values(done, lambda r: r.e2el_ms), "ms", summary.e2el_ms),
+        "request_latency": statistics(R.values(done, e2el), "ms", e2el_dist),
     }
 
 

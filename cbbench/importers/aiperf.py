@@ -13,6 +13,16 @@ Each line holds ``metadata`` (wall-clock ``request_start_ns`` at the send, ``req
 The intended start is the credit's release where AIPerf recorded it (the schedule's slot, so
 TTFT and E2EL count from it as a cbbench run does and the send lag is the gap to the send),
 else the send. Warm-up records are left out, as AIPerf leaves them out of its own figures.
+
+AIPerf times each streamed chunk (``inter_chunk_latency``) but does not say how many tokens a
+chunk held, and cbbench's ITL is per token (a chunk of k tokens after a gap g is k gaps of
+g / k). Where the counts fix it (as many chunks as output tokens: one each; a single chunk:
+all) the split is exact (method ``chunk_count``); otherwise the output tokens are spread over
+the chunks (fields.chunk_tokens: the first one token, the rest shared evenly; method
+``spread``), so per-token ITL keeps AIPerf's own mean -- (E2EL - TTFT) / (OSL - 1), its
+``inter_token_latency`` -- where one token per chunk made it a per-chunk gap under a per-token
+name, and tokens per event its true mean (output tokens over chunks). The per-chunk gaps are
+``event_gap_ms``, AIPerf's ``inter_chunk_latency``, unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from typing import Any
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
-from cbbench.importers.fields import ToolFields, count, number, part
+from cbbench.importers.fields import ToolFields, chunk_tokens, count, number, part
 
 TOOL = "aiperf"
 NS = 1e-9
@@ -177,7 +187,9 @@ def records(rows: Iterable[Row], source: str) -> list[RequestRecord]:
         elif error:
             rec.error, rec.error_type = str(error), "error"
         else:
-            rec.token_times_s = _token_times(metrics, send, rec.output_tokens, where)
+            rec.token_times_s, chunked = _token_times(metrics, send, rec.output_tokens, where)
+            if chunked and (split := chunk_tokens(len(rec.token_times_s), rec.output_tokens)):
+                rec.event_tokens, rec.event_tokens_method = split
             _reasoning(rec, metrics, send, where)
         out.append(rec)
     return out
@@ -198,7 +210,10 @@ def _reasoning(rec: RequestRecord, metrics: Metrics, send: float, where: str) ->
                                              "time_to_first_output_token", where)
 
 
-def _token_times(metrics: Metrics, send: float, output_tokens: int, where: str) -> list[float]:
+def _token_times(metrics: Metrics, send: float, output_tokens: int,
+                 where: str) -> tuple[list[float], bool]:
+    """(the times of the streamed chunks, True), or, without inter_chunk_latency, (the first
+    token's and the request's end, False): not chunks, whose tokens are then not split."""
     first = send + _seconds(metrics.time_to_first_token, "time_to_first_token", where)
     times = [first]
     chunks = metrics.inter_chunk_latency
@@ -207,9 +222,11 @@ def _token_times(metrics: Metrics, send: float, output_tokens: int, where: str) 
         scale = _unit(gaps, where, "inter_chunk_latency")
         for gap in gaps.value:
             times.append(times[-1] + number(gap, where, "inter_chunk_latency", DURATION, 0) * scale)
-    elif output_tokens > 1 and "request_latency" in metrics.model_fields_set:
+        return times, True
+    if output_tokens > 1 and "request_latency" in metrics.model_fields_set:
         times.append(send + _seconds(metrics.request_latency, "request_latency", where))
-    return times
+        return times, False
+    return times, True  # one chunk
 
 
 def _seconds(m: Any, tag: str, where: str) -> float:

@@ -64,6 +64,34 @@ def duration_s(recs: Sequence[RequestRecord], stated: Any = None) -> float:
     return max(ends) if ends else 0.0
 
 
+# A tool that times each streamed chunk but not how many tokens it held (vLLM bench, AIPerf):
+# each chunk's tokens, and how they were found (records.event_tokens_method). cbbench's ITL is
+# per token -- a chunk of k tokens after a gap g is k gaps of g / k -- so a chunk taken as one
+# token when it held three makes ITL a per-chunk figure (3x too long) under a per-token name.
+CHUNK_COUNT = "chunk_count"  # fixed by the counts: one chunk per token, or a single chunk
+SPREAD = "spread"  # an estimate: the first chunk one token, the rest shared evenly
+
+
+def spread_tokens(tokens: int, chunks: int) -> list[int]:
+    """``tokens`` over ``chunks`` (>= 2) chunks: the first one token (the first token streams
+    on its own, after the prefill), the rest shared as evenly as whole tokens go, the larger
+    shares first (a chunk after the last token's gets none)."""
+    rest, n = max(tokens - 1, 0), chunks - 1
+    return [min(tokens, 1), *(rest // n + (i < rest % n) for i in range(n))]
+
+
+def chunk_tokens(chunks: int, tokens: int) -> tuple[list[int], str] | None:
+    """(tokens per chunk, method) for ``chunks`` timed chunks of a request of ``tokens`` output
+    tokens; None where there is nothing to split (no chunk or no token)."""
+    if chunks < 1 or tokens < 1:
+        return None
+    if chunks == 1:
+        return [tokens], CHUNK_COUNT
+    if chunks == tokens:
+        return [1] * tokens, CHUNK_COUNT
+    return spread_tokens(tokens, chunks), SPREAD
+
+
 def base_config(tool: str, num_requests: int) -> dict:
     """The result config every import starts from (an importer sets what its file says)."""
     return {

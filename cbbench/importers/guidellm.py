@@ -11,9 +11,16 @@ tokens), beside ``input_metrics``/``output_metrics`` (``text_tokens``: the serve
 GuideLLM's count) and ``response_id`` (guidellm/schemas/request_stats.py, info.py).
 
 What carries over, and how it differs from a cbbench run of the same load:
-- the intended start is ``targeted_start`` (GuideLLM's schedule), so TTFT/E2EL count from it as
-  a cbbench run does and the send lag is the gap to ``request_start``; GuideLLM's own TTFT
-  counts from the send;
+- under a strategy with an arrival schedule (constant, poisson, trace) the intended start is
+  ``targeted_start`` (the schedule), so TTFT/E2EL count from it as a cbbench run does and the
+  send lag is the gap to ``request_start``; GuideLLM's own TTFT counts from the send;
+- the synchronous, concurrent and throughput strategies have no arrival schedule
+  (guidellm/scheduler/strategies.py ``next_request_time``): ``targeted_start`` is the
+  strategy's start for every throughput request, and the worker's last completion under
+  synchronous and concurrent, so a request's gap to its send is its wait for one of the
+  strategy's concurrency slots, not lateness. There the intended start is the send: TTFT and
+  E2EL are GuideLLM's own (first token / last token - ``request_start``), and
+  ``summary.latency_basis`` says ``send``;
 - GuideLLM keeps no per-event times, only the first and last token and the number of events:
   the events in between are spaced evenly (as GuideLLM's own over-time figures space them), the
   first carrying one token and the rest the remaining tokens shared as evenly as whole tokens
@@ -33,10 +40,16 @@ import numpy as np
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
 from cbbench.importers.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, check_count
-from cbbench.importers.fields import ToolFields, base_config, part
+from cbbench.importers.fields import ToolFields, base_config, part, spread_tokens
 
 TOOL = "guidellm"
 STATUSES = ("successful", "incomplete", "errored")
+# GuideLLM's strategies without an arrival schedule (guidellm/scheduler/strategies.py): each
+# request's targeted_start is when the strategy started (throughput) or when the worker's last
+# request completed (synchronous, concurrent). Constant, poisson and trace give each request an
+# arrival time; a strategy not named here (or none) keeps targeted_start as the intended start.
+UNSCHEDULED = frozenset({"synchronous", "concurrent", "throughput"})
+SEND_BASIS = "send"  # summary.latency_basis: TTFT and E2EL count from the send
 
 
 class Report(ToolFields):
@@ -100,10 +113,13 @@ class Timings(ToolFields):
     last_token_iteration: Any = None
     token_iterations: Any = None
 
-    @property
-    def start(self) -> Any:
-        """The intended start: targeted_start, else the send (one is there: _timings)."""
-        return self.targeted_start if self.targeted_start is not None else self.request_start
+    def start(self, from_send: bool) -> Any:
+        """The intended start: the send where the strategy has no arrival schedule
+        (``from_send``), else targeted_start; whichever of the two is there (one is:
+        _timings)."""
+        first, other = ((self.request_start, self.targeted_start) if from_send
+                        else (self.targeted_start, self.request_start))
+        return first if first is not None else other
 
 
 def benchmark(data: Mapping, source: str, index: int | None) -> Benchmark:
@@ -160,18 +176,31 @@ def _rows(bench: Benchmark, source: str) -> list[tuple[str, object]]:
     return rows
 
 
+def from_send(bench: Benchmark) -> bool:
+    """The benchmark's strategy has no arrival schedule: its requests count from the send."""
+    strategy = _strategy_of(bench, "the benchmark")
+    return strategy is not None and strategy.type_ in UNSCHEDULED
+
+
+def latency_basis(bench: Benchmark) -> str | None:
+    """summary.latency_basis of the import: ``send`` where the strategy has no schedule."""
+    return SEND_BASIS if from_send(bench) else None
+
+
 def origin(bench: Benchmark, source: str) -> float:
     """The records' zero: the first intended start, on the Unix clock GuideLLM times on."""
-    return min(_timings(r, source).start for _, r in _rows(bench, source))
+    send = from_send(bench)
+    return min(_timings(r, source).start(send) for _, r in _rows(bench, source))
 
 
 def records(bench: Benchmark, source: str) -> list[RequestRecord]:
     rows = _rows(bench, source)
     timings = [_timings(r, f"{source}: request {i}") for i, (_, r) in enumerate(rows)]
-    starts = [t.start for t in timings]
+    send = from_send(bench)
+    starts = [t.start(send) for t in timings]
     t0 = min(starts)
     order = sorted(range(len(rows)), key=lambda i: starts[i])  # the schedule's order
-    return [_record(k, rows[i][0], Row.model_validate(rows[i][1]), timings[i], t0,
+    return [_record(k, rows[i][0], Row.model_validate(rows[i][1]), timings[i], starts[i], t0,
                     f"{source}: request {i}")
             for k, i in enumerate(order)]
 
@@ -192,13 +221,13 @@ def _timings(row: object, where: str) -> Timings:
     return timings
 
 
-def _record(k: int, status: str, row: Row, t: Timings, t0: float, where: str):
+def _record(k: int, status: str, row: Row, t: Timings, start: float, t0: float, where: str):
     send = t.request_start
     rec = RequestRecord(
         id=k,
         prompt_tokens=_tokens(row.input_metrics, "input_metrics", row.prompt_tokens, where),
         output_tokens=_tokens(row.output_metrics, "output_metrics", row.output_tokens, where),
-        intended_start_s=t.start - t0,
+        intended_start_s=start - t0,
         send_s=send - t0 if send is not None else None,
         server_request_id=row.response_id,
     )
@@ -233,9 +262,7 @@ def _events(first: float, last: float, events: int, tokens: int):
     times = [float(t) for t in np.linspace(first, last, events)] if events > 1 else [first]
     if events == 1:
         return times, [max(tokens, 1)]
-    rest, n = tokens - 1, events - 1
-    share = [rest // n + (i < rest % n) for i in range(n)]
-    return times, [1, *share]
+    return times, spread_tokens(tokens, events)
 
 
 def _tokens(metrics: Any, group: str, computed: Any, where: str) -> int:

@@ -16,12 +16,16 @@ from cbbench.bench.runner import request_record_dict
 
 def build_result(
     config: Mapping, started_at: str | None, records: Sequence[RequestRecord], duration_s: float,
-    t0_epoch_s: float | None = None,
+    t0_epoch_s: float | None = None, latency_basis: str | None = None,
 ) -> dict:
     """``t0_epoch_s``: the records' zero on the Unix clock, for a tool that timed on it
     (GuideLLM, AIPerf): `cbbench audit` then compares them with the server log's times on one
-    clock (exact when tool and server ran on one host, as a conformance run does)."""
+    clock (exact when tool and server ran on one host, as a conformance run does).
+    ``latency_basis``: what TTFT and E2EL count from where the importer chose the send as the
+    intended start (``send``: a GuideLLM strategy with no arrival schedule)."""
     summary = summarize(records, duration_s)
+    if latency_basis is not None:
+        summary["latency_basis"] = latency_basis
     add_splits(summary, records, duration_s)  # by model (inference-perf's adapters)
     if t0_epoch_s is not None:
         summary["http"] = {"t0_epoch_s": float(t0_epoch_s)}

@@ -14,15 +14,24 @@ ended, %Y%m%d-%H%M%S), ``model_id``, ``request_rate`` and ``max_concurrency`` be
 What carries over, and how it differs from a cbbench run of the same load:
 - the intended start is when vLLM's schedule released the request (the send minus its
   ``queue_times``), so the send lag is vLLM's client queue time; vLLM times its own TTFT and
-  E2EL from the send, which the audit uses too (without ``queue_times``: intended = send);
-- ITL is vLLM's: one gap per chunk. A chunk of several tokens is one gap, as vLLM counts it;
-  a chunk is a delta with ``content``, ``reasoning`` (vLLM's own field name), tool calls, or an
-  empty content: a server that streams reasoning in another field (``reasoning_content``)
-  has its reasoning chunks skipped by vLLM bench, so its TTFT is the first answer chunk;
-- a request's token times are its chunk times (first token, then each gap), with vLLM's
-  output length as the token count, so TPOT is (E2EL - TTFT) / (output - 1) as in vLLM;
-- vLLM records no reasoning token count, no tokens per chunk and no response id: `cbbench
-  audit` joins it to a server log by send order;
+  E2EL from the send, which the audit uses too (without ``queue_times``: intended = send).
+  With ``max_concurrency`` that queue time is the wait for vLLM's semaphore, so it is a slot
+  wait: the slot freed at the send (vLLM's clock starts inside the semaphore), and the
+  summary holds ``slot_wait_ms``, ``latency_basis`` and ``from_send`` (TTFT and E2EL from the
+  send: vLLM's own figures) as a cbbench --max-concurrency run does;
+- vLLM's ``itls`` are one gap per chunk, and vLLM records no tokens per chunk; a chunk is a
+  delta with ``content``, ``reasoning`` (vLLM's own field name), tool calls, or an empty
+  content: a server that streams reasoning in another field (``reasoning_content``) has its
+  reasoning chunks skipped by vLLM bench, so its TTFT is the first answer chunk;
+- a request's events are its chunks (first token, then each gap), with vLLM's output length as
+  the token count, so TPOT is (E2EL - TTFT) / (output - 1) as in vLLM. cbbench's ITL is per
+  token (a chunk of k tokens after a gap g is k gaps of g / k), so each chunk's tokens are
+  found as for AIPerf (fields.chunk_tokens): exact where the counts fix them (as many chunks
+  as tokens, or one chunk), else spread over the chunks (the first one token, the rest
+  evenly; method ``spread``). ``event_gap_ms`` is vLLM's own per-chunk ITL; ``itl_ms`` the
+  per-token one, whose mean is exact (the chunk gaps' sum over the tokens after the first);
+- vLLM records no reasoning token count and no response id: `cbbench audit` joins it to a
+  server log by send order;
 - a failed request's ``errors`` entry is the HTTP reason phrase, or the client's whole
   traceback: kept as its last line, typed as cbbench types a failure (http_status, connect,
   timeout, stream_cut, ...); "" with no first token and no output is a failure too;
@@ -46,7 +55,7 @@ from pydantic import BaseModel, ConfigDict
 from cbbench.analysis.records import RequestRecord
 from cbbench.clock_offset import perf_minus_epoch
 from cbbench.errors import UsageError
-from cbbench.importers.fields import base_config, count, number, positive
+from cbbench.importers.fields import base_config, chunk_tokens, count, number, positive
 
 TOOL = "vllm-bench"
 PER_REQUEST_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", "errors")
@@ -124,6 +133,7 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
     server_queue = _optional_list(data.server_queue_times, "server_queue_times", n, source)
     server_ttft = _optional_list(data.server_ttfts, "server_ttfts", n, source)
     t0 = _zero(data, source)
+    capped = _cap(data.max_concurrency)
     out = []
     for i in range(n):
         start = starts[i] - t0
@@ -135,6 +145,10 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
             intended_start_s=start - queue if queue is not None else start,
             send_s=start,
         )
+        if capped:
+            # --max-concurrency: vLLM's queue time is the wait for its semaphore, a slot wait,
+            # and its clock starts once it holds one (a request's send): the slot freed then.
+            rec.slot_s = start
         rec.server_timing = _server_timing(server_queue[i], server_ttft[i])
         # Counted by the tool (its tokenizer or the server's usage): recorded as its count.
         rec.output_tokens_method = TOOL
@@ -145,9 +159,16 @@ def records(raw: Mapping | VllmBenchFile, source: str) -> list[RequestRecord]:
         if error:
             rec.error, rec.error_type = _error(str(error))
         else:
-            rec.token_times_s = _token_times(data, i, start, latencies, source)
+            rec.token_times_s, chunked = _token_times(data, i, start, latencies, source)
+            if chunked and (split := chunk_tokens(len(rec.token_times_s), rec.output_tokens)):
+                rec.event_tokens, rec.event_tokens_method = split
         out.append(rec)
     return out
+
+
+def _cap(v: Any) -> bool:
+    """vLLM ran with --max-concurrency (an integer >= 1; null without it)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def _looks_failed(data: VllmBenchFile, i: int) -> bool:
@@ -223,7 +244,10 @@ def origin(raw: Mapping | VllmBenchFile, source: str) -> float:
     return t0
 
 
-def _token_times(data: VllmBenchFile, i: int, start: float, latencies, source: str) -> list[float]:
+def _token_times(data: VllmBenchFile, i: int, start: float, latencies,
+                 source: str) -> tuple[list[float], bool]:
+    """(the times of the request's chunks, True), or, with no gaps but a latency and several
+    tokens, (the first token's and the end, False): not chunks, whose tokens are not split."""
     first = start + _number(data.ttfts[i], source, "ttfts")
     times = [first]
     gaps = data.itls[i]
@@ -233,7 +257,8 @@ def _token_times(data: VllmBenchFile, i: int, start: float, latencies, source: s
         times.append(times[-1] + _number(gap, source, "itls"))
     if not gaps and isinstance(latencies, list) and data.output_lens[i] > 1:
         times.append(start + _number(latencies[i], source, "latencies"))
-    return times
+        return times, False
+    return times, True
 
 
 def config(raw: Mapping | VllmBenchFile) -> dict:

@@ -54,13 +54,20 @@ def test_vllm_bench_figures_are_the_hand_computed_ones(tmp_path):
     assert s["e2el_ms"]["p50"] == pytest.approx(400.0)  # both end 0.4 s after their send
     # TPOT: (0.4 - 0.2) / 3 and (0.9 - 0.6) / 2 s.
     assert s["tpot_ms"]["mean"] == pytest.approx((200 / 3 + 150) / 2)
-    # ITL pooled per chunk as vLLM counts it: 50, 50, 100 and 300 ms.
-    assert s["itl_ms"]["mean"] == pytest.approx(125.0)
-    assert s["itl_ms"]["p50"] == pytest.approx(75.0)
+    # ITL per token: r0's chunks hold one token each (4 chunks, 4 tokens): 50, 50, 100 ms; r1's
+    # 3 tokens in 2 chunks are spread (1, then 2), its 300 ms gap two of 150 ms. vLLM's own
+    # per-chunk ITL (50, 50, 100, 300 ms) is the event gap.
+    assert s["itl_ms"]["mean"] == pytest.approx(100.0)
+    assert s["itl_ms"]["p50"] == pytest.approx(100.0)
+    assert s["event_gap_ms"]["mean"] == pytest.approx(125.0)
+    assert s["event_gap_ms"]["p50"] == pytest.approx(75.0)
+    assert s["tokens_per_event"]["mean"] == pytest.approx(7 / 6)  # 7 tokens in 6 chunks
     assert s["output_throughput"] == pytest.approx(7 / 2.0)
     assert s["total_input_tokens"] == 30  # completed requests only, as a run counts them
     reqs = result["requests"]
     assert [r["intended_start_s"] for r in reqs] == pytest.approx([0.0, 0.5, 1.0])
+    assert [r.get("tokens_per_event_method") for r in reqs] == ["chunk_count", "spread", None]
+    assert reqs[1]["event_tokens"] == [1, 2]
     assert reqs[2]["error"] == "TimeoutError"
     assert result["config"]["imported_from"] == "vllm-bench"
     assert "http" not in s  # no --same-host: its times are on no known clock
@@ -103,6 +110,53 @@ def test_queue_times_are_the_send_lag_and_server_timings_split_the_ttft(tmp_path
     b = result["summary"]["ttft_breakdown"]
     assert b["requests"] == 2 and b["flagged"] == 0 and b["sources"] == ["response"]
     assert b["server_queue_ms"]["mean"] == pytest.approx(25.0)
+
+
+# vllm bench serve --max-concurrency 1 --request-rate inf: all three released at 100.0 s, each
+# waiting for the semaphore (queue_times 0, 0.5, 1.0 s), then TTFT 0.1 s and E2EL 0.4 s from its
+# send (vLLM's own mean_ttft_ms 100, mean_e2el_ms 400).
+CAPPED = {
+    "date": "20260101-120000", "duration": 1.6, "model_id": "m", "request_rate": "inf",
+    "max_concurrency": 1, "backend": "openai", "dataset_name": "random",
+    "input_lens": [10, 10, 10], "output_lens": [4, 4, 4], "ttfts": [0.1, 0.1, 0.1],
+    "itls": [[0.1, 0.1, 0.1]] * 3, "latencies": [0.4, 0.4, 0.4],
+    "start_times": [100.0, 100.5, 101.0], "queue_times": [0.0, 0.5, 1.0], "errors": ["", "", ""],
+    "mean_ttft_ms": 100.0, "mean_e2el_ms": 400.0,
+}
+
+
+def test_max_concurrency_queue_times_are_a_slot_wait(tmp_path):
+    res, out = _import(tmp_path, CAPPED)
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    s = result["summary"]
+    # As a cbbench --max-concurrency run: from the release (t=0) the slot wait counts, ...
+    assert s["latency_basis"] == "intended_start"
+    assert s["ttft_ms"]["mean"] == pytest.approx(600.0)  # 100, 600, 1100
+    assert s["e2el_ms"]["mean"] == pytest.approx(900.0)  # 400, 900, 1400
+    assert s["slot_wait_ms"]["mean"] == pytest.approx(500.0)  # 0, 500, 1000: queue_times
+    assert s["send_lag_ms"]["p99"] == pytest.approx(0.0)  # sent the moment it held a slot
+    # ... and from the send TTFT and E2EL are vLLM's own (was: no from_send, no basis).
+    assert s["from_send"]["ttft_ms"]["mean"] == pytest.approx(CAPPED["mean_ttft_ms"])
+    assert s["from_send"]["e2el_ms"]["mean"] == pytest.approx(CAPPED["mean_e2el_ms"])
+    reqs = result["requests"]
+    assert [r["slot_wait_ms"] for r in reqs] == pytest.approx([0.0, 500.0, 1000.0])
+    assert [r["ttft_from_send_ms"] for r in reqs] == pytest.approx([100.0, 100.0, 100.0])
+    # Exported to llm-d's report, a closed loop counts from the send: vLLM's figures again.
+    br = tmp_path / "br.json"
+    res = runner.invoke(app, ["export", str(out), "--format", "br0.2", "--out", str(br)])
+    assert res.exit_code == 0, res.output
+    lat = json.loads(br.read_text())["results"]["request_performance"]["aggregate"]["latency"]
+    assert lat["time_to_first_token"]["mean"] == pytest.approx(100.0)
+    assert lat["request_latency"]["mean"] == pytest.approx(400.0)
+
+
+def test_without_max_concurrency_queue_times_stay_send_lag(tmp_path):
+    res, out = _import(tmp_path, {**CAPPED, "max_concurrency": None, "request_rate": 2.0})
+    assert res.exit_code == 0, res.output
+    s = json.loads(out.read_text())["summary"]
+    assert "from_send" not in s and "latency_basis" not in s
+    assert s["send_lag_ms"]["mean"] == pytest.approx(500.0)  # an open loop that fell behind
 
 
 # This host's perf_counter, real or faked: a fresh CI machine reads a few minutes since boot,
@@ -271,6 +325,38 @@ def test_aiperf_records_figures_are_the_hand_computed_ones(tmp_path):
     assert s["e2el_ms"]["p50"] == pytest.approx((142.0 + 60.0) / 2)
     assert result["requests"][0]["server_request_id"] == f"req-{base + 2_000_000}"
     assert result["requests"][2]["error"] == "boom"
+
+
+def test_aiperf_itl_is_per_token_where_chunks_held_several(tmp_path):
+    """AIPerf times chunks, not tokens. Record A: OSL 10 in 4 chunks (TTFT 100 ms, then 30 ms
+    gaps; AIPerf's own inter_token_latency (190 - 100) / 9 = 10 ms); record B: OSL 2 in 2
+    chunks 40 ms apart."""
+    base = 1_700_000_000 * 10**9
+    lines = [_aiperf_line(base + 10_000_000, base, 100.0, [30.0, 30.0, 30.0], 10, 5),
+             _aiperf_line(base + 50_000_000, base + 50_000_000, 200.0, [40.0], 2, 7)]
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    s, reqs = result["summary"], result["requests"]
+    # A's 10 tokens spread over its 4 chunks: 1, 3, 3, 3 -- nine 10 ms gaps, AIPerf's own ITL;
+    # B one token a chunk: one 40 ms gap. Per token: (9 * 10 + 40) / 10 = 13 ms over 10 gaps
+    # (was 32.5 ms over 4: the chunk gaps under the per-token name).
+    assert reqs[0]["event_tokens"] == [1, 3, 3, 3]
+    assert reqs[0]["tokens_per_event_method"] == "spread"
+    assert reqs[1]["event_tokens"] == [1, 1]
+    assert reqs[1]["tokens_per_event_method"] == "chunk_count"
+    assert reqs[0]["itl_ms"] == pytest.approx([10.0] * 9)
+    assert (s["itl_ms"]["mean"], s["itl_ms"]["count"]) == pytest.approx((13.0, 10))
+    assert s["itl_ms"]["p50"] == pytest.approx(10.0)
+    # 12 tokens in 6 chunks: 2.0 a chunk (was 1.0, one token a chunk assumed).
+    assert (s["tokens_per_event"]["mean"], s["tokens_per_event"]["count"]) == pytest.approx(
+        (2.0, 6))
+    # AIPerf's inter_chunk_latency is the event gap, as it wrote it: 30, 30, 30, 40 ms.
+    assert (s["event_gap_ms"]["mean"], s["event_gap_ms"]["count"]) == pytest.approx((32.5, 4))
+    assert s["tpot_ms"]["mean"] == pytest.approx((10.0 + 40.0) / 2)  # unchanged
 
 
 def test_a_bad_aiperf_file_is_one_line_and_exit_2(tmp_path):

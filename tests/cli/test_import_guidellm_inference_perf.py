@@ -86,6 +86,65 @@ def test_a_bad_guidellm_file_is_one_line(tmp_path, mutate, says):
     _one_line(res, "it needs --from guidellm")
 
 
+def _throughput_at_1(strategy: dict) -> dict:
+    """GuideLLM throughput --max-concurrency 1 as its scheduler records it: every request's
+    targeted_start is the strategy's start T (ThroughputStrategy.next_request_time), and each
+    waits for the one slot. Request a of the file (sent 10 ms after T, first token 100 ms after
+    its send, last 400 ms, 7 tokens in 4 events) three times, the copies k = 0, 1, 2 each sent k
+    s later; GuideLLM's own TTFT (first token - request_start) is 100 ms for each."""
+    data = json.loads(GUIDELLM.read_text())
+    bench = data["benchmarks"][0]
+    a = bench["requests"]["successful"][0]
+    copies = []
+    for k in range(3):
+        r = json.loads(json.dumps(a))
+        t = r["info"]["timings"]
+        for key, v in t.items():
+            if key != "targeted_start" and isinstance(v, float):
+                t[key] = v + k
+        r["response_id"] = f"cmpl-{k}"
+        copies.append(r)
+    bench["requests"] = {"successful": copies, "incomplete": [], "errored": []}
+    bench["config"]["strategy"] = strategy
+    data["benchmarks"] = [bench]
+    return data
+
+
+@pytest.mark.parametrize("strategy", [
+    {"type_": "throughput", "max_concurrency": 1},
+    {"type_": "synchronous"},
+    {"type_": "concurrent", "streams": 1},
+], ids=["throughput", "synchronous", "concurrent"])
+def test_a_strategy_without_a_schedule_counts_from_the_send(tmp_path, strategy):
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(_throughput_at_1(strategy)))
+    res, result = _import(src, "guidellm", tmp_path / "o.json")
+    assert res.exit_code == 0, res.output
+    s, reqs = result["summary"], result["requests"]
+    # From the send, as GuideLLM's time_to_first_token_ms (was: from T, 110 / 1110 / 2110 ms,
+    # mean 1110: the wait for the slot taken as the server's).
+    assert [r["ttft_ms"] for r in reqs] == pytest.approx([100.0] * 3, abs=1e-3)
+    assert [r["e2el_ms"] for r in reqs] == pytest.approx([400.0] * 3, abs=1e-3)
+    assert [r["intended_start_s"] for r in reqs] == pytest.approx([0.0, 1.0, 2.0], abs=1e-6)
+    assert s["ttft_ms"]["mean"] == pytest.approx(100.0, abs=1e-3)
+    assert s["latency_basis"] == "send"
+    assert s["send_lag_ms"]["mean"] == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("kind", ["constant", "poisson", "trace"])
+def test_a_scheduled_strategy_counts_from_the_targeted_start(tmp_path, kind):
+    # The same times under a strategy with an arrival schedule: all three were meant for T,
+    # so the 10 ms, 1.01 s and 2.01 s until their sends count (no coordinated omission).
+    src = tmp_path / "g.json"
+    src.write_text(json.dumps(_throughput_at_1({"type_": kind, "rate": 10.0})))
+    res, result = _import(src, "guidellm", tmp_path / "o.json")
+    assert res.exit_code == 0, res.output
+    s, reqs = result["summary"], result["requests"]
+    assert [r["ttft_ms"] for r in reqs] == pytest.approx([110.0, 1110.0, 2110.0], abs=1e-3)
+    assert [r["send_lag_ms"] for r in reqs] == pytest.approx([10.0, 1010.0, 2010.0], abs=1e-3)
+    assert "latency_basis" not in s
+
+
 # ---- inference-perf ------------------------------------------------------------------------
 def test_inference_perf_figures_are_the_hand_computed_ones(tmp_path):
     res, result = _import(INFERENCE_PERF, "inference-perf", tmp_path / "i.json")
