@@ -470,11 +470,13 @@ def saturation_lower_bound(result: RunResult | dict) -> str | None:
     (mostly prefill), not a full target: 60 requests on the simulated H200 gave 21 req/s, 300
     gave 49, 1,000 and 3,000 gave 72 and 74 against ~75 sustained."""
     run = as_run(result, "the rate-inf probe's result")
-    done = [r for r in run.requests or [] if r.error is None and r.e2el_ms]
+    done = [(r.intended_start_s, r.ttft_ms, r.e2el_ms) for r in run.requests or []
+            if r.error is None and r.e2el_ms and r.ttft_ms is not None
+            and r.intended_start_s is not None]
     if not done:
         return None
-    last_first = max(r.intended_start_s + r.ttft_ms / 1000.0 for r in done)
-    ends = np.array([r.intended_start_s + r.e2el_ms / 1000.0 for r in done], dtype=np.float64)
+    last_first = max(start + ttft / 1000.0 for start, ttft, _ in done)
+    ends = np.array([start + e2el / 1000.0 for start, _, e2el in done], dtype=np.float64)
     median_end = float(np.median(ends))
     if last_first >= median_end:
         return None
