@@ -314,10 +314,14 @@ def _load_workload(spec: RunSpec, replay) -> Workload:
         return Workload(RANDOM_MM_WORKLOAD, [])
     pooling = spec.endpoint is not None and spec.endpoint.pooling
     if spec.endpoint is not None and spec.endpoint.tokenizer:
-        from cbbench.load.prompts import count_tokens, load_tokenizer
+        from cbbench.load.prompts import count_prompt_tokens, count_tokens, load_tokenizer
 
         tok = load_tokenizer(spec.endpoint.tokenizer)
-        return load_workload(spec.load.workload, lambda text: count_tokens(tok, text), pooling)
+        # A request's text prompt counts as the server counts it, special tokens included
+        # (vLLM's len(tokenizer(prompt).input_ids): Llama-3's BOS, left out before); a session
+        # message counts its content alone, the chat template adding the rest.
+        return load_workload(spec.load.workload, lambda text: count_tokens(tok, text), pooling,
+                             count_prompt=lambda text: count_prompt_tokens(tok, text))
     return load_workload(spec.load.workload, pooling=pooling)
 
 
