@@ -204,19 +204,25 @@ def _runs_on_cpu(args: EngineArgs) -> bool:
 MAX_TOOL_TIME_SCALE = 1000.0
 
 
-def scale_trace_time(arrivals, process: str, time_scale: float):
-    """--time-scale: a trace's offsets times X (X < 1 replays faster, X > 1 slower). The
-    first request stays at 0."""
+def check_time_scale(process: str, time_scale: float) -> None:
+    """--time-scale's value, and that it has a trace to scale."""
     if time_scale == 1.0:
-        return arrivals
+        return
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise UsageError(f"--time-scale must be a positive number, got {time_scale}")
     if process != "trace":
         raise UsageError("--time-scale applies to --arrival trace (the trace's own timestamps)")
-    from cbbench.load.arrivals import check_schedule_span
 
-    with np.errstate(over="ignore"):  # an overflow is inf, which the span check refuses
-        scaled = arrivals * time_scale
+
+def scale_trace_time(arrivals, process: str, time_scale: float):
+    """--time-scale: a trace's offsets times X (X < 1 replays faster, X > 1 slower). The
+    first request stays at 0. --duration counts on the same scaled times (_request_count)."""
+    check_time_scale(process, time_scale)
+    if time_scale == 1.0:
+        return arrivals
+    from cbbench.load.arrivals import check_schedule_span, scale_times
+
+    scaled = scale_times(arrivals, time_scale)
     check_schedule_span(scaled, "--time-scale and the trace's arrival_s")  # bypassed it before
     return scaled
 
@@ -308,10 +314,14 @@ def _load_workload(spec: RunSpec, replay) -> Workload:
         return Workload(RANDOM_MM_WORKLOAD, [])
     pooling = spec.endpoint is not None and spec.endpoint.pooling
     if spec.endpoint is not None and spec.endpoint.tokenizer:
-        from cbbench.load.prompts import count_tokens, load_tokenizer
+        from cbbench.load.prompts import count_prompt_tokens, count_tokens, load_tokenizer
 
         tok = load_tokenizer(spec.endpoint.tokenizer)
-        return load_workload(spec.load.workload, lambda text: count_tokens(tok, text), pooling)
+        # A request's text prompt counts as the server counts it, special tokens included
+        # (vLLM's len(tokenizer(prompt).input_ids): Llama-3's BOS, left out before); a session
+        # message counts its content alone, the chat template adding the rest.
+        return load_workload(spec.load.workload, lambda text: count_tokens(tok, text), pooling,
+                             count_prompt=lambda text: count_prompt_tokens(tok, text))
     return load_workload(spec.load.workload, pooling=pooling)
 
 
@@ -322,10 +332,14 @@ def _request_count(spec: RunSpec, workload: Workload, process: str) -> tuple[int
     if until is None and spec.ramp is not None and num_requests is None:
         until = spec.ramp.seconds  # a ramp alone runs for its own length
     if until is not None:
-        # Time-bound: as many requests as the schedule has arrivals before the time is up.
+        # Time-bound: as many requests (or sessions) as the schedule has arrivals before the
+        # time is up, on the schedule as sent: a trace's times scaled by --time-scale (counted
+        # on the file's own times, 0.5 sent half the duration's requests, 2 ran twice past it).
+        check_time_scale(process, spec.load.time_scale)
         num_requests = count_within(
             until, spec.request_rate, spec.load.burstiness, process, spec.load.seed, spec.ramp,
             workload.sessions if workload.is_sessions else workload.requests,
+            time_scale=spec.load.time_scale,
         )
     elif num_requests is None and (
         spec.load.workload in BUILTIN_WORKLOADS or spec.load.workload in (RANDOM_WORKLOAD,

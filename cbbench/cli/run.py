@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import typer
 
@@ -159,7 +160,7 @@ def _check_burstiness(load: O.LoadOptions, given: bool) -> None:
     if load.arrival in ("constant", "trace"):
         raise UsageError(f"--burstiness shapes gamma arrivals: with --arrival {load.arrival} it "
                          "does nothing; drop it")
-    if load.ramp is None and not load.rate_given:
+    if load.ramp is None and math.isinf(load.rate()):  # the default, or inf given explicitly
         raise UsageError("--burstiness shapes the gaps between arrivals: at --request-rate inf "
                          "every request arrives at t=0; give --request-rate N or drop it")
 

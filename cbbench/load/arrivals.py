@@ -11,7 +11,8 @@ the time-rescaling theorem: draw the same process at rate 1 (unit gaps, or gamma
 u_0 = 0 < u_1 < ..., and map each through the inverse of the integrated rate,
 t_k = L^-1(u_k) with L(t) = integral of r from 0 to t; exact, no thinning or time steps.
 
-``--duration`` keeps every arrival before the time is up (``count_within``); the schedule's
+``--duration`` keeps every arrival before the time is up (``count_within``), on the schedule as
+it is sent: a trace's times as ``--time-scale`` makes them (``scale_times``); the schedule's
 draws are prefix-consistent (the first n arrivals do not depend on how many more are drawn), so
 a duration-bound schedule equals the count-bound one with the same number of requests.
 """
@@ -185,6 +186,16 @@ class Arrives(Protocol):
     def arrival_s(self) -> float | None: ...
 
 
+def scale_times(times: np.ndarray, time_scale: float) -> np.ndarray:
+    """A trace's offsets as --time-scale sends them (times X): the one rule for the schedule
+    (bench/runner.py scale_trace_time) and for --duration's count of it. An overflow is inf,
+    which the span check refuses."""
+    if time_scale == 1.0:
+        return times
+    with np.errstate(over="ignore"):
+        return times * time_scale
+
+
 def count_within(
     duration_s: float,
     rate: float,
@@ -193,12 +204,13 @@ def count_within(
     seed: int,
     ramp: Ramp | None = None,
     trace: Sequence[Arrives] | None = None,
+    time_scale: float = 1.0,
 ) -> int:
     """How many arrivals of the schedule fall before `duration_s` (for --duration): draw more
     until one lands at or past it. A trace is cut at its first request at or past the duration,
-    in file order."""
+    in file order, on its times scaled by `time_scale` (--time-scale), as they are sent."""
     if process == "trace":
-        t = _trace_times(trace or [])
+        t = scale_times(_trace_times(trace or []), time_scale)
         late = np.flatnonzero(t >= duration_s)
         return int(late[0]) if late.size else len(t)
     if ramp is None and math.isinf(rate):

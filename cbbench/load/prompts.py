@@ -15,8 +15,15 @@ the tokenizer adds to a plain encode (1 for Llama-3's <|begin_of_text|>):
   dropped or added until it encodes to exactly prompt_len - k tokens (k read from the file);
 - without it, an approximation: every pool word is one token after a space in the Llama-3
   and GPT (cl100k/o200k) tokenizers, so prompt_len - 1 words (one BOS assumed) ~ prompt_len.
+A text prompt (a JSONL line's ``prompt``) is counted by the same rule: with --tokenizer,
+``count_prompt_tokens`` (special tokens included); without it, ~4 characters a token.
 For chat the server's template adds role and header tokens on top; the run's
-prompt-token mismatch summary shows by how much.
+prompt-token mismatch summary shows by how much. prompt_len is the same text count for every
+--api; with a tokenizer_config.json beside --tokenizer, --api chat also counts each prompt
+inside its chat template (load/chat_template.py: the template writes its BOS itself, so it is
+counted once), and the template's excess over prompt_len is chat_template_tokens_added_mean (9
+on Llama-3). A session turn's content is counted alone (``count_tokens``): the template adds
+the rest around it.
 """
 
 from __future__ import annotations
@@ -83,7 +90,15 @@ def load_tokenizer(path: str):
 
 
 def count_tokens(tokenizer, text: str) -> int:
+    """The text's own tokens, no special ones: a chat message's content (its template adds the
+    rest), a piece of synthetic text."""
     return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+
+def count_prompt_tokens(tokenizer, text: str) -> int:
+    """A whole prompt's tokens as the server counts them, special tokens included: the length
+    rule above (vLLM's ``len(tokenizer(prompt).input_ids)``; Llama-3's BOS counted)."""
+    return len(tokenizer.encode(text, add_special_tokens=True).ids)
 
 
 def special_tokens_added(tokenizer) -> int:

@@ -229,16 +229,22 @@ def approx_token_count(text: str) -> int:
 
 
 def load_jsonl(path: Path, count_tokens: Callable[[str], int] = approx_token_count,
-               pooling: bool = False) -> Workload:
-    """``pooling``: for --api embeddings | rerank (lines carry no output_len)."""
+               pooling: bool = False,
+               count_prompt: Callable[[str], int] | None = None) -> Workload:
+    """``pooling``: for --api embeddings | rerank (lines carry no output_len). Text is counted
+    by ``count_prompt`` where it is a request's whole prompt (special tokens included, as the
+    server counts it: load/prompts.py's length rule) and by ``count_tokens`` where it is a
+    session message's content (the chat template adds the rest); ``count_prompt`` defaults to
+    ``count_tokens``."""
     reqs: list[WorkloadRequest] = []
     sessions: list[Session] = []
     base = path.parent
+    count_prompt = count_prompt or count_tokens
     for where, obj in jsonl_objects(path):
         if isinstance(obj, dict) and "turns" in obj:
             sessions.append(parse_session(obj, len(sessions), where, count_tokens))
         else:
-            reqs.append(_parse_line(obj, len(reqs), where, count_tokens, base, pooling))
+            reqs.append(_parse_line(obj, len(reqs), where, count_prompt, base, pooling))
         if reqs and sessions:
             raise UsageError(f"{where}: a file holds either requests or sessions, not both")
     if sessions:
@@ -273,7 +279,9 @@ def _line_of(path: Path, index: int) -> int:
 
 
 def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx_token_count,
-                  pooling: bool = False) -> Workload:
+                  pooling: bool = False,
+                  count_prompt: Callable[[str], int] | None = None) -> Workload:
+    """A built-in, a trace or a JSONL file; a JSONL file's text counted as load_jsonl says."""
     if name_or_path in BUILTIN_WORKLOADS:
         return BUILTIN_WORKLOADS[name_or_path]()
     path = Path(name_or_path)
@@ -288,7 +296,7 @@ def load_workload(name_or_path: str, count_tokens: Callable[[str], int] = approx
                 "Request tokens,Response tokens,Total tokens,Log Type)"
             )
     if path.suffix in (".jsonl", ".json") or path.exists():
-        return load_jsonl(path, count_tokens, pooling)
+        return load_jsonl(path, count_tokens, pooling, count_prompt)
     raise UsageError(
         f"unknown workload {name_or_path!r}: use a built-in ({', '.join(builtin_names())}), "
         "random, a JSONL file or a trace (Azure, BurstGPT, Mooncake)"

@@ -8,7 +8,9 @@ place and raises UsageError naming the flag.
 Field metadata (all optional, set through :func:`opt`): ``help``; ``choices``; ``low``/``high``
 with ``low_open`` (a range; checked by :func:`check_fields`); ``flag`` (the flag when it is not
 the field name, e.g. ``--json``); ``switch`` (False: a bool flag without a ``--no-`` form);
-``panel`` (the help panel); ``parser`` and ``metavar`` (passed to Typer).
+``panel`` (the help panel); ``parser`` and ``metavar`` (passed to Typer); ``cli`` (False: no
+flag); ``given_of`` (a bool field, no flag, that Group.build sets to whether the command's flag
+of that name was given: see :func:`given`).
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ class FieldMeta:
     parser: Callable[[str], Any] | None = None
     metavar: str | None = None
     cli: bool = True  # False: set by the code, never a flag
+    # A bool field (cli False) that Group.build sets: whether the flag of the field named here
+    # was given (its source, not its value: an explicit default is given).
+    given_of: str | None = None
 
     @classmethod
     def of(cls, f: dataclasses.Field) -> FieldMeta:
@@ -138,13 +143,19 @@ class Group:
         """
         mine = {f.name: values.pop(f.name) for f in self.fields()}
         mine.update({name: given[name] for name in self.inherit})
+        on_command_line = given_on_command_line(mine)
+        # Fields that record whether a flag this command takes was given (given_of).
+        for f in dataclasses.fields(self.cls):
+            of = FieldMeta.of(f).given_of
+            if of is not None and of in mine:
+                mine[f.name] = of in on_command_line
         group = self.cls(**mine)
         group.validate()
         # A group that refuses a flag given where it does nothing (even at its default value,
         # which validate() cannot tell from no flag) learns which of its flags were given.
         validate_given = getattr(group, "validate_given", None)
         if validate_given is not None:
-            validate_given(given_on_command_line(mine))
+            validate_given(on_command_line)
         return group
 
 

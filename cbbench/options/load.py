@@ -112,10 +112,18 @@ class LoadOptions:
         "--engine sim --gpu-profile P.json: the simulator's error on that run; compare the two "
         "files).",
     )
+    request_rate_flag: bool = opt(
+        False, "Whether --request-rate was on the command line (set by the command).",
+        cli=False, given_of="request_rate",
+    )
 
     @property
     def rate_given(self) -> bool:
-        return self.request_rate != RATE_INF
+        """Whether a rate was asked for: --request-rate on the command line in any spelling
+        parse_rate takes (an explicit inf, INF or Infinity is given: only "inf" read as the
+        default before, so `--request-rate inf` replayed a trace's times where INF sent all at
+        t=0), or, where code builds the options, a rate other than the default's text."""
+        return self.request_rate_flag or self.request_rate != RATE_INF
 
     def validate(self) -> None:
         check_fields(self)

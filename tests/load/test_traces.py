@@ -132,6 +132,50 @@ def test_time_scale_needs_trace_arrivals(tmp_path: Path) -> None:
         execute_run(spec)
 
 
+def _timed_jsonl(tmp_path: Path, lines: list[dict]) -> Path:
+    import json
+
+    path = tmp_path / "timed.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+# 100 requests at arrival_s 100, 101, ..., 199: offsets 0..99 s. --duration 10s keeps every
+# request whose SCALED offset is under 10 s: k * 0.5 < 10 for k = 0..19 (20), k * 2 < 10 for
+# k = 0..4 (5). Counted on the unscaled trace, both sent 10 (at 0-4.5 s, then at 0-18 s).
+@pytest.mark.parametrize("scale,expected", [(0.5, 20), (2.0, 5), (1.0, 10)])
+def test_duration_counts_on_the_time_scaled_trace(tmp_path: Path, scale: float,
+                                                  expected: int) -> None:
+    path = _timed_jsonl(tmp_path, [{"prompt_len": 50 + k, "output_len": 10,
+                                    "arrival_s": 100.0 + k} for k in range(100)])
+    spec = run_spec(workload=str(path), num_requests=None, duration="10s", time_scale=scale,
+                    engine=SIM)
+    result = execute_run(spec)
+    starts = sorted(r.intended_start_s for r in result.requests)
+    assert result.config.arrival == "trace"
+    assert len(starts) == expected == result.config.num_requests
+    assert starts == pytest.approx([k * scale for k in range(expected)])
+    assert starts[-1] < 10.0
+
+
+# The same rule for a timed session file: sessions at arrival_s 0..9, --duration 4s. First
+# turns at k * 0.5 < 4: k = 0..7 (8 sessions); at k * 2 < 4: k = 0, 1 (2). Both were 4.
+@pytest.mark.parametrize("scale,expected", [(0.5, 8), (2.0, 2)])
+def test_duration_counts_timed_sessions_on_the_time_scaled_trace(
+        tmp_path: Path, scale: float, expected: int) -> None:
+    path = _timed_jsonl(tmp_path, [
+        {"session_id": f"s{k}", "arrival_s": float(k),
+         "turns": [{"user_len": 20, "output_len": 4}, {"user_len": 10, "output_len": 4}]}
+        for k in range(10)])
+    spec = run_spec(workload=str(path), num_requests=None, duration="4s", time_scale=scale,
+                    think_time="0", engine=SIM)
+    result = execute_run(spec)
+    first = sorted(r.intended_start_s for r in result.requests if r.turn == 1)
+    assert result.config.arrival == "trace"
+    assert result.config.num_requests == expected == len(first)
+    assert first == pytest.approx([k * scale for k in range(expected)])
+
+
 def test_failed_rows_are_skipped_and_reported(tmp_path: Path, notices) -> None:
     w = load_workload(str(_write(tmp_path, "burstgpt.csv")))
     assert len(w.notes) == 1 and "skipped 1 rows" in w.notes[0]
