@@ -23,6 +23,27 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+# ---- the Llama-3.1 tokenizer -------------------------------------------------------------------
+# Licensed, so never in the repo: shared/ sits in the repo root on the device machine, beside
+# the checkout (or beside its parent folder) elsewhere.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LLAMA3_DIR_CANDIDATES = [
+    os.path.join(base, "shared", "tokenizers", "llama-3.1")
+    for base in (_REPO, os.path.dirname(_REPO), os.path.dirname(os.path.dirname(_REPO)))
+]
+
+
+def llama3_tokenizer_dir() -> str:
+    """The Llama-3.1 tokenizer's folder (tokenizer.json and tokenizer_config.json); skips the
+    calling test where this machine has none."""
+    import pytest
+
+    for d in LLAMA3_DIR_CANDIDATES:
+        if os.path.isfile(os.path.join(d, "tokenizer.json")):
+            return d
+    pytest.skip("no Llama-3.1 tokenizer.json in shared/tokenizers/ on this machine")
+
+
 # ---- hypothesis example counts -------------------------------------------------------------------
 # tests/conftest.py registers two profiles: "ci" (the default), under which each property and
 # state machine runs the count its module gives examples(), and "thorough", under which every one

@@ -2,7 +2,12 @@
 
 - Text workloads send their text; token-id workloads send the ids as a `prompt` list of ints on
   /v1/completions (OpenAI-compatible servers accept token-id prompts and add no BOS to them),
-  or the ids decoded to text for chat (needs --tokenizer).
+  or, for chat (needs --tokenizer), text that re-encodes to one token per id (IdText): the ids
+  decoded, where that text encodes back to the very ids (a user's ids of real text), else one
+  single-token word per id, the same word for the same id. Random ids (random --prefix-len,
+  shared-prefix, Mooncake's blocks: ids below 512, Llama-3's bytes and word pieces) decode
+  to fragments that merge when encoded again (300 ids read back as 261-279 tokens); the words
+  keep the length exact and a shared id prefix a shared text prefix of as many tokens.
 - Length-only workloads (the built-in sharegpt) get synthetic text: words drawn from a pool of
   common English words, in a random order per request (deterministic per seed and request id),
   so a server's prefix cache cannot share more than a few tokens between prompts.
@@ -31,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +55,7 @@ ASSUMED_SPECIAL_TOKENS = 1  # without a tokenizer: one BOS, as Llama-3 adds
 PROMPT_RNG_STREAM = 7  # a separate random stream from request sampling and arrivals
 MAX_FIT_ROUNDS = 16  # drop/add rounds to hit an exact length (one suffices for the pool)
 MIN_SINGLE_TOKEN_WORDS = 8  # fewer than this: fall back to the whole pool, best effort
+ID_TEXT_WORDS = 4096  # single-token words IdText draws on (one per id below it)
 
 # synthetic_server: sized exactly with the server's /tokenize (targets/apis/server_tokenize.py).
 PROMPT_KINDS = ("text", "token_ids", "decoded", "synthetic_exact", "synthetic_server",
@@ -134,6 +141,53 @@ class _ExactFitter:
         return text  # the run's prompt-token mismatch shows any residue
 
 
+@dataclass
+class IdText:
+    """Token ids as chat text that re-encodes (``add_special_tokens=False``) to one token per
+    id, special ids (a BOS: the chat template's to add) left out.
+
+    The ids' own text when it encodes back to the very ids; else one word per id, ``words[id %
+    len(words)]`` joined by spaces: each word is one token alone and after a space, and a
+    space starts a new pre-token (Llama-3, GPT, SentencePiece and word-level tokenizers), so
+    the text is exactly one token per id, and requests sharing their first P ids share text
+    that encodes to the same P tokens (a server's prefix cache sees the workload's sharing).
+    With up to 4,096 words (Llama-3.1 has them all) the workloads' ids below 512 get a word
+    each, so two ids differ in the text where they differ in the workload. The choice is the
+    request's own (the same on every worker): random ids that round-trip whole by chance are
+    out of reach past a few ids (an adjacent pair of Llama-3 ids below 512 does half the time),
+    so requests sharing a block-long prefix all take the words."""
+
+    tokenizer: Any  # a tokenizers.Tokenizer
+    words: tuple[str, ...]
+    special: frozenset[int]
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer) -> IdText:
+        words: list[str] = []
+        seen: set[str] = set()
+        for i in range(tokenizer.get_vocab_size()):
+            if len(words) >= ID_TEXT_WORDS:
+                break
+            w = tokenizer.decode([i]).strip()
+            if (w in seen or not (w.isascii() and w.isalpha() and w.islower())
+                    or count_tokens(tokenizer, w) != 1 or count_tokens(tokenizer, " " + w) != 1):
+                continue
+            seen.add(w)
+            words.append(w)
+        if len(words) < MIN_SINGLE_TOKEN_WORDS:  # an odd vocabulary: best effort, as the fitter
+            words = list(WORD_POOL)
+        added = tokenizer.get_added_tokens_decoder()
+        special = frozenset(i for i, t in added.items() if t.special)
+        return cls(tokenizer, tuple(words), special)
+
+    def text(self, ids: Sequence[int]) -> str:
+        content = [i for i in ids if i not in self.special]
+        decoded = self.tokenizer.decode(list(ids))  # special tokens skipped
+        if self.tokenizer.encode(decoded, add_special_tokens=False).ids == content:
+            return decoded
+        return " ".join(self.words[i % len(self.words)] for i in content)
+
+
 def prompt_rng(request_id: int, seed: int) -> np.random.Generator:
     return np.random.default_rng([seed, request_id, PROMPT_RNG_STREAM])
 
@@ -158,6 +212,7 @@ def build_prompts(
 ) -> tuple[list[str | list[int]], dict[str, int]]:
     """The prompt each request sends, and how many of each kind (PROMPT_KINDS) were built."""
     fitter = None
+    id_text = None
     prompts: list[str | list[int]] = []
     kinds = dict.fromkeys(PROMPT_KINDS, 0)
     for w in wreqs:
@@ -174,7 +229,9 @@ def build_prompts(
                     "--tokenizer (a tokenizer.json) to decode them, or use --api completions"
                 )
             else:
-                prompts.append(tokenizer.decode(list(ids)))
+                if id_text is None:
+                    id_text = IdText.for_tokenizer(tokenizer)
+                prompts.append(id_text.text(ids))
                 kinds["decoded"] += 1
         else:
             if tokenizer is not None and fitter is None:

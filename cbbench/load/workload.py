@@ -12,6 +12,7 @@ their header.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -308,9 +309,34 @@ def sample_requests(
     workload: Workload, num_requests: int | None, seed: int
 ) -> tuple[list[WorkloadRequest], bool]:
     """Draw ``num_requests`` with ``seed`` (sessions.draw): a trace with timestamps is
-    replayed in order, its first N requests. Returns (requests, drawn_with_replacement)."""
-    return draw(workload.requests, num_requests, seed, workload.has_arrivals, "the trace",
-                "requests")
+    replayed in order, its first N requests. Returns (requests, drawn_with_replacement),
+    each request with an id of its own (distinct_ids)."""
+    drawn, replaced = draw(workload.requests, num_requests, seed, workload.has_arrivals,
+                           "the trace", "requests")
+    stride = max((w.id for w in workload.requests), default=-1) + 1
+    return distinct_ids(drawn, stride), replaced
+
+
+def distinct_ids(reqs: list[WorkloadRequest], stride: int = 0) -> list[WorkloadRequest]:
+    """Give a request drawn again an id of its own: its k-th repeat (k >= 1, in the order
+    drawn) gets ``id + k * stride``, stride one past the workload's largest id (its size
+    for a file or a built-in; at least one past the largest id drawn). Everything a run decides
+    per request is keyed by its id (synthetic prompt text and token ids, cancel, LoRA adapter,
+    a Mooncake prompt's own tail), so two draws of one length-only line were one prompt twice,
+    and a prefix cache hit the second whole; the result's records repeated the id. A request
+    drawn once keeps its workload index (a draw without repeats is as it was), and
+    ``id % stride`` still names the line a repeat came from."""
+    ids = {w.id for w in reqs}
+    if len(ids) == len(reqs):
+        return reqs
+    stride = max(stride, max(ids) + 1)
+    repeats: dict[int, int] = {}
+    out = []
+    for w in reqs:
+        k = repeats.get(w.id, 0)
+        repeats[w.id] = k + 1
+        out.append(replace(w, id=w.id + k * stride) if k else w)
+    return out
 
 
 def length_stats(workload: Workload) -> dict:

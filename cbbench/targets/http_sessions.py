@@ -26,7 +26,7 @@ from typing import Protocol
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
 from cbbench.load.output_kinds import request_fields
-from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, _ExactFitter, synthetic_prompt
+from cbbench.load.prompts import ASSUMED_SPECIAL_TOKENS, IdText, _ExactFitter, synthetic_prompt
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import TOOL_TURN, first_prompt_len, next_prompt_len
 from cbbench.targets.apis.api_specs import SPECS
@@ -76,6 +76,7 @@ class SessionDispatch:
         self.tokenizer = tokenizer
         self._ended: set[int] = set()  # sessions cut short by a failed turn
         self.fitter = _ExactFitter.for_tokenizer(tokenizer) if tokenizer is not None else None
+        self._id_text: IdText | None = None  # made for the first turn that carries ids
         self.kinds: dict[str, int] = {}
         self.user_texts = {i: [self._user_text(i, k) for k in range(plan.sessions[i].num_turns)]
                            for i in plan.active_sessions}
@@ -94,7 +95,10 @@ class SessionDispatch:
                     f"session {self.plan.labels[i]} turn {k + 1} carries token ids: give "
                     "--tokenizer (a tokenizer.json) to send them as chat text"
                 )
-            kind, text = "decoded", self.tokenizer.decode(list(turn.user_token_ids))
+            if self._id_text is None:
+                self._id_text = IdText.for_tokenizer(self.tokenizer)
+            # Text of user_len tokens, as a synthetic turn's (load/prompts.py IdText).
+            kind, text = "decoded", self._id_text.text(turn.user_token_ids)
         else:
             # synthetic_prompt leaves room for the BOS a plain prompt gets; a chat message's
             # length is its content alone, so ask for that many more.

@@ -79,7 +79,10 @@ def test_sampling_more_than_exist_uses_replacement():
     w = Workload("small", [WorkloadRequest(i, 10 + i, 5) for i in range(5)])
     reqs, replaced = sample_requests(w, 12, seed=0)
     assert replaced and len(reqs) == 12
-    assert {r.id for r in reqs} <= set(range(5))
+    # A line drawn again is a request of its own (id + k * 5 for its k-th repeat): the
+    # workload's line is id % 5.
+    assert len({r.id for r in reqs}) == 12
+    assert all(r.prompt_len == 10 + r.id % 5 for r in reqs)
     again, _ = sample_requests(w, 12, seed=0)
     assert again == reqs
     exact, replaced = sample_requests(w, 5, seed=0)
