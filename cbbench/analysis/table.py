@@ -198,21 +198,21 @@ def speculative_line(speculative: Speculative | dict | None) -> str:
 TURN_ROWS_SHOWN = 8  # the first turns; the result file holds them all
 
 
-def by_turn_table(summary: Summary | dict) -> str:
-    """TTFT and TPOT by turn index, for multi-turn runs."""
+def by_turn_table(summary: Summary | dict, tail: str = "p99") -> str:
+    """TTFT and TPOT by turn index, for multi-turn runs: their p50 and ``tail`` (tail_of)."""
     s = as_model(Summary, summary)
     turns = s.by_turn or []
     if not turns:
         return ""
     rows = [
         [t.turn, t.completed, _fmt(t.mean_prompt_tokens, 0),
-         *(_fmt(_stat(t.ttft_ms, p)) for p in ("p50", "p99")),
-         *(_fmt(_stat(t.tpot_ms, p)) for p in ("p50", "p99"))]
+         *(_fmt(_stat(t.ttft_ms, p)) for p in ("p50", tail)),
+         *(_fmt(_stat(t.tpot_ms, p)) for p in ("p50", tail))]
         for t in turns[:TURN_ROWS_SHOWN]
     ]
     table = tabulate(
-        rows, headers=["turn", "completed", "prompt", "TTFT p50", "TTFT p99", "TPOT p50",
-                       "TPOT p99"],
+        rows, headers=["turn", "completed", "prompt", "TTFT p50", f"TTFT {tail}", "TPOT p50",
+                       f"TPOT {tail}"],
         tablefmt="simple", disable_numparse=True,
     )
     if len(turns) > TURN_ROWS_SHOWN:
@@ -266,9 +266,10 @@ STEADY_HOW = {
 }
 
 
-def steady_state_line(summary: Summary | dict) -> str:
+def steady_state_line(summary: Summary | dict, tail: str = "p99") -> str:
     """The steady-state window and its headline figures, under the whole-run ones, in words:
-    the span the run held its load, its ramp-up and drain left out."""
+    the span the run held its load, its ramp-up and drain left out. ``tail``: the tail
+    percentile shown beside each p50 (tail_of)."""
     s = as_model(Summary, summary)
     ss = s.steady_state
     if ss is None or is_empty(ss):
@@ -291,8 +292,8 @@ def steady_state_line(summary: Summary | dict) -> str:
         rate = f"{_fmt(ss.output_throughput, 1)} output tok/s"
     line = (
         f"steady state, {a:.2f}-{b:.2f} s of the run ({how}): {ss.requests} requests, "
-        f"TTFT p50 {_fmt(_stat(ttft, 'p50'))} / p99 {_fmt(_stat(ttft, 'p99'))} ms, "
-        f"TPOT p50 {_fmt(_stat(tpot, 'p50'))} / p99 {_fmt(_stat(tpot, 'p99'))} ms, {rate}"
+        f"TTFT p50 {_fmt(_stat(ttft, 'p50'))} / {tail} {_fmt(_stat(ttft, tail))} ms, "
+        f"TPOT p50 {_fmt(_stat(tpot, 'p50'))} / {tail} {_fmt(_stat(tpot, tail))} ms, {rate}"
     )
     return line + (f"\n  note: {ss.note}" if ss.note else "")
 
@@ -392,13 +393,18 @@ def arrivals_line(config: Config | dict) -> str:
 
 
 def kv_transfer_line(config: Config | dict, summary: Summary | dict) -> str:
-    """A disaggregated run's prefill-to-decode KV transfer per request."""
+    """A disaggregated run's prefill-to-decode KV transfer per request: its mean, p50 and the
+    run's tail percentile (tail_of)."""
+    from cbbench.analysis.table_views import tail_of
+
     kv = as_model(Summary, summary).kv_transfer_ms
     if not kv or not kv.count:
         return ""
-    return (f"KV transfer prefill -> decode over {as_model(Config, config).kv_link} (ms per "
-            f"request): mean {_fmt(kv.mean)}, p50 {_fmt(_stat(kv, 'p50'))}, p99 "
-            f"{_fmt(_stat(kv, 'p99'))} ({kv.count} requests)")
+    cfg = as_model(Config, config)
+    tail = tail_of(cfg)
+    return (f"KV transfer prefill -> decode over {cfg.kv_link} (ms per "
+            f"request): mean {_fmt(kv.mean)}, p50 {_fmt(_stat(kv, 'p50'))}, {tail} "
+            f"{_fmt(_stat(kv, tail))} ({kv.count} requests)")
 
 
 def _http_of(s: Summary) -> dict | None:
@@ -413,14 +419,15 @@ def render_summary(result: RunResult | dict) -> str:
         RunResult.model_validate({"schema_version": 1, **result})
     s, cfg = run.summary, run.config
     parts_title = header_lines(cfg)
-    from cbbench.analysis.table_views import breakdown_table, slices_table, stats_of
+    from cbbench.analysis.table_views import breakdown_table, slices_table, stats_of, tail_of
 
-    stats = stats_of(cfg, STATS)
+    stats, tail = stats_of(cfg, STATS), tail_of(cfg)
     parts = [*parts_title, "", throughput_table(s), "", latency_table(s, stats)]
-    for extra in (breakdown_table(s, stats), slices_table(s)):
+    for extra in (breakdown_table(s, stats), slices_table(s, tail)):
         if extra:
             parts += ["", extra]
-    for section in (steady_state_line(s), by_turn_table(s), server_latency_table(_http_of(s)),
+    for section in (steady_state_line(s, tail), by_turn_table(s, tail),
+                    server_latency_table(_http_of(s)),
                     workers_table(s.workers), engine_table(s.engine),
                     kv_transfer_line(cfg, s), speculative_line(s.speculative),
                     telemetry_line(run.telemetry)):
