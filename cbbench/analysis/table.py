@@ -68,7 +68,9 @@ def latency_table(summary: Summary | dict, stats: tuple[str, ...] = STATS) -> st
     if tpe is not None and (tpe.mean or 1) > 1:  # several tokens per event: the gap beside ITL
         rows.append(_row("event gap (ms)", s.event_gap_ms, stats))
         rows.append(_row("tokens / event", tpe, stats))
-    if _stat(s.reasoning_tokens, "p99"):  # a request reasoned
+    # A request reasoned: the mean of its tokens (a p99 is not stored under every
+    # --percentiles, and is 0 where under 1% of the requests reasoned).
+    if (_stat(s.reasoning_tokens, "mean") or 0) > 0:
         for label, key in REASONING_ROWS:
             rows.append(_row(label, getattr(s, key), stats))
     from_send = None if is_empty(s.from_send) else s.from_send

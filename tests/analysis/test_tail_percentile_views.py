@@ -1,7 +1,8 @@
 """The short views of a run (the slice and by-turn tables, the steady-state and KV transfer
 lines) show one tail percentile: p99, or the highest of the run's --percentiles where they
-leave 99 out. With `--percentiles 50,99.9` they printed "p99 -" where the result held p99.9.
-Expected values are read from the result file."""
+leave 99 out. With `--percentiles 50,99.9` they printed "p99 -" where the result held p99.9;
+the run table's reasoning rows were shown only when reasoning_tokens had a p99. Expected
+values are read from the result file."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import json
 
 import pytest
 from helpers import cli_in_process
+
+from cbbench.analysis.table import latency_table
 
 SIM = ["run", "--engine", "sim", "--quiet", "--gpu", "h200", "--model", "llama-3-8b"]
 
@@ -76,3 +79,23 @@ def test_kv_transfer_line_shows_the_asked_tail(tmp_path):
     kv = res["summary"]["kv_transfer_ms"]
     assert (f"mean {_f(kv['mean'])}, p50 {_f(kv['p50'])}, p99.9 {_f(kv['p99.9'])} "
             f"({kv['count']} requests)") in text
+
+
+def test_reasoning_rows_show_without_a_p99(tmp_path):
+    wl = tmp_path / "w.jsonl"
+    wl.write_text(json.dumps({"prompt_len": 16, "output_len": 10, "reasoning_len": 4}) + "\n"
+                  + json.dumps({"prompt_len": 16, "output_len": 6}) + "\n")
+    text, res = _run(tmp_path, "--workload", str(wl), "--num-requests", "2", "--percentiles",
+                     "50,99.9")
+    r = res["summary"]["reasoning_tokens"]
+    assert "p99" not in r and r["count"] == 1 and r["mean"] == 4
+    row = next(line for line in text.splitlines() if line.startswith("reasoning tokens"))
+    assert row.split()[2:] == ["4.00", "4.00", "4.00"]  # mean, p50, p99.9
+    assert "TTFOT (ms)" in text
+
+
+def test_reasoning_rows_follow_the_mean_not_a_percentile():
+    reasoned = {"mean": 0.04, "p50": 0, "p99.9": 4, "count": 100}  # 1 request in 100
+    assert "TTFOT (ms)" in latency_table({"reasoning_tokens": reasoned}, ("mean", "p50", "p99.9"))
+    for none in ({"mean": 0.0, "p50": 0, "p99": 0, "count": 5}, {"mean": None, "count": 0}):
+        assert "TTFOT" not in latency_table({"reasoning_tokens": none})
