@@ -143,32 +143,42 @@ def over_time(results: Sequence[Labeled]) -> Plot:
 
 
 def time_slices(results: Sequence[Labeled]) -> Plot:
-    """summary.slices (run --slice): each slice's output throughput, TTFT p50/p99 and in-flight
-    requests, one point per slice at its middle."""
+    """summary.slices (run --slice): each slice's output throughput, TTFT p50 and tail (each
+    run's own: tail_of, p99 unless its --percentiles left 99 out) and in-flight requests, one
+    point per slice at its middle."""
+    from cbbench.analysis.table_views import tail_of
+
     data = []
+    tails: list[str] = []  # each drawn run's tail percentile, in order, once
     layout = {"grid": {"rows": 3, "columns": 1, "pattern": "independent"}, "height": 720,
               "legend": {"orientation": "h"}, "xaxis3": {"title": {"text": "time (s)"}},
               "yaxis": {"title": {"text": "output tok/s"}},
               "yaxis2": {"title": {"text": "TTFT (ms)"}},
               "yaxis3": {"title": {"text": "in flight"}}}
     for i, x in enumerate(results):
-        slices = as_run(x.result).summary.slices or []
+        run = as_run(x.result)
+        slices = run.summary.slices or []
         if not slices:
             continue
+        tail = tail_of(run.config)
+        tails += [] if tail in tails else [tail]
         mids = [(s.start_s + s.end_s) / 2 for s in slices]
         common: dict[str, Any] = {"type": "scatter", "mode": "lines+markers", "x": mids,
                                   "legendgroup": x.label}
         data.append({**common, "y": [s.output_throughput for s in slices], "name": x.label,
                      "line": {"color": _color(i)}})
-        for stat, dash in (("p50", "solid"), ("p99", "dot")):
+        for stat, dash in (("p50", "solid"), (tail, "dot")):
             data.append({**common, "y": [_stat(s.ttft_ms, stat) for s in slices],
                          "name": f"{x.label} TTFT {stat}", "showlegend": False,
                          "line": {"color": _color(i), "dash": dash}, "xaxis": "x2", "yaxis": "y2"})
         data.append({**common, "y": [s.in_flight for s in slices], "showlegend": False,
                      "name": x.label, "line": {"color": _color(i)}, "xaxis": "x3", "yaxis": "y3"})
+    tail_text = " / ".join(tails or ["p99"])
+    if len(tails) > 1:
+        tail_text += " (each run's tail percentile: hover names it)"
     return Plot("time_slices", "Time slices",
-                "Per --slice slice: output tokens per second, TTFT p50 (solid) and p99 (dotted) "
-                "of the requests that ended in it, and the mean requests in flight.",
+                f"Per --slice slice: output tokens per second, TTFT p50 (solid) and {tail_text} "
+                "(dotted) of the requests that ended in it, and the mean requests in flight.",
                 {"data": data, "layout": layout})
 
 

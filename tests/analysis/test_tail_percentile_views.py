@@ -1,8 +1,9 @@
 """The short views of a run (the slice and by-turn tables, the steady-state and KV transfer
-lines) show one tail percentile: p99, or the highest of the run's --percentiles where they
-leave 99 out. With `--percentiles 50,99.9` they printed "p99 -" where the result held p99.9;
-the run table's reasoning rows were shown only when reasoning_tokens had a p99. Expected
-values are read from the result file."""
+lines, the report's time-slice plot) show one tail percentile: p99, or the highest of the
+run's --percentiles where they leave 99 out. With `--percentiles 50,99.9` they printed
+"p99 -" and drew an empty p99 line where the result held p99.9; the run table's reasoning
+rows were shown only when reasoning_tokens had a p99. Expected values are read from the
+result file."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import json
 import pytest
 from helpers import cli_in_process
 
+from cbbench.analysis.comparison.compare import Labeled
 from cbbench.analysis.table import latency_table
+from cbbench.report.interactive import time_slices
+from cbbench.schema import parse_run
 
 SIM = ["run", "--engine", "sim", "--quiet", "--gpu", "h200", "--model", "llama-3-8b"]
 
@@ -59,6 +63,23 @@ def test_slices_and_steady_line_show_the_asked_tail(sliced):
             f"TPOT p50 {_f(ss['tpot_ms']['p50'])} / p99.9 {_f(ss['tpot_ms']['p99.9'])} ms"
             ) in text
     assert "p99 -" not in text
+
+
+def test_the_report_draws_and_names_the_asked_tail(sliced):
+    _, res = sliced
+    plot = time_slices([Labeled("a", parse_run(res, "the result"))])
+    tails = [t for t in plot.figure["data"] if t.get("line", {}).get("dash") == "dot"]
+    assert [t["name"] for t in tails] == ["a TTFT p99.9"]
+    assert tails[0]["y"] == [x["ttft_ms"]["p99.9"] for x in res["summary"]["slices"]]
+    assert all(v is not None for v in tails[0]["y"])
+    assert "p99.9 (dotted)" in plot.caption
+
+
+def test_the_report_caption_is_unchanged_for_the_default_percentiles(tmp_path):
+    _, res = _run(tmp_path, "--num-requests", "20", "--request-rate", "20", "--slice", "0.5s")
+    plot = time_slices([Labeled("a", parse_run(res, "the result"))])
+    assert plot.caption.startswith("Per --slice slice: output tokens per second, TTFT p50 "
+                                   "(solid) and p99 (dotted) of the requests")
 
 
 def test_by_turn_table_shows_the_asked_tail(tmp_path):
