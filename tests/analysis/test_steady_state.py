@@ -4,6 +4,8 @@ result, engine and endpoint alike."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from helpers import run_spec
@@ -11,6 +13,7 @@ from typer.testing import CliRunner
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.summary.columns import request_columns
+from cbbench.analysis.summary.metrics import ENGINE_FIELDS, engine_columns
 from cbbench.analysis.summary.steady_state import (
     METHOD_IN_FLIGHT,
     METHOD_RUNNING,
@@ -74,6 +77,79 @@ def test_step_functions_from_iterations_and_records():
     # sends 0, 0.5, 2.0; ends 1.5, 2.0, 3.0 (an end and a send at 2.0: the end first)
     assert edges.tolist() == [0, 0, 0.5, 1.5, 2.0, 2.0, 3.0]
     assert values.tolist() == [0, 1, 2, 1, 0, 1]
+
+
+# Two engines' iterations, in the order the set records them (by start). Replica 0: 2 running
+# on [0, 1), 4 on [1, 2), idle on [2, 3), 1 on [3, 4). Replica 1: idle on [0, 0.5), 3 on
+# [0.5, 1.5), 5 on [1.5, 3.5).
+TWO_ENGINES = [(0, 0.0, 1.0, 2), (1, 0.5, 1.0, 3), (0, 1.0, 1.0, 4), (1, 1.5, 2.0, 5),
+               (0, 3.0, 1.0, 1)]
+# Their sum: 2 + 0, 2 + 3, 4 + 3, 4 + 5, 0 + 5, 1 + 5, 1 + 0.
+SUMMED_EDGES = [0, 0.5, 1, 1.5, 2, 3, 3.5, 4]
+SUMMED_VALUES = [2, 5, 7, 9, 5, 6, 1]
+
+
+def _its(label: str, names: list) -> list[dict]:
+    return [{"start_s": t, "duration_s": d, "num_running": n, label: names[k]}
+            for k, t, d, n in TWO_ENGINES]
+
+
+@pytest.mark.parametrize("label,names", [("replica", [0, 1]), ("pool", ["prefill", "decode"])])
+def test_several_engines_count_the_sum_of_their_running_requests(label, names):
+    """--data-parallel-size / --disaggregate: each engine's own step function, summed. Sorting
+    all iterations into one step function counted whichever engine had last started one:
+    2, 3, 4, 5, 1 here, where the deployment ran 2, 5, 7, 9, 5, 6, 1."""
+    its = _its(label, names)
+    cols = {k: np.array([it[k] for it in its]) for k in ("start_s", "duration_s", "num_running",
+                                                         label)}
+    edges, values = steps_from_iterations(cols)
+    assert edges.tolist() == SUMMED_EDGES and values.tolist() == SUMMED_VALUES
+    # The same from the result's iteration dicts (the columns the run's summary reads).
+    full = [{**it, **{f: 0 for f in ENGINE_FIELDS if f not in it}} for it in its]
+    edges, values = steps_from_iterations(engine_columns(full))
+    assert edges.tolist() == SUMMED_EDGES and values.tolist() == SUMMED_VALUES
+    # The level: the time-weighted median over [0, 4): 9 for 0.5 s, 7 for 0.5 s, 6 for 0.5 s,
+    # 5 for 1.5 s (cumulative 3.0 of 4.0 from the top: the median is 5); the window opens at
+    # 0.5 (first >= 4.5) and closes at 3.5 (last >= 4.5).
+    start, end, detail = detect_window(edges, values, 0.0, 0.0)
+    assert detail["level"] == 5.0 and (start, end) == (0.5, 3.5)
+
+
+def test_one_labelled_engine_is_the_unlabelled_step_function():
+    its = [{"start_s": t, "duration_s": d, "num_running": n, "replica": 0, "pool": None}
+           for _, t, d, n in TWO_ENGINES[::2]]
+    base = {k: np.array([it[k] for it in its]) for k in ("start_s", "duration_s", "num_running")}
+    labelled = {**base, "replica": np.zeros(3, dtype=int), "pool": np.array(["", "", ""])}
+    for a, b in zip(steps_from_iterations(base), steps_from_iterations(labelled), strict=True):
+        assert a.tolist() == b.tolist()
+    assert steps_from_iterations(base)[1].tolist() == [2, 4, 0, 1]
+
+
+def _in_flight_median(res: dict) -> float:
+    """The client's requests in flight (send to end), time-weighted median over the arrivals,
+    from the result's request records, sampled on a fine grid."""
+    ok = [r for r in res["requests"] if r["error"] is None and not r["cancelled"]]
+    start = np.array([r["intended_start_s"] for r in ok])
+    send = start + np.array([r["send_lag_ms"] or 0.0 for r in ok]) / 1000
+    end = start + np.array([r["e2el_ms"] for r in ok]) / 1000
+    t = np.linspace(start.min(), start.max(), 20001)
+    return float(np.median(((send <= t[:, None]) & (end > t[:, None])).sum(axis=1)))
+
+
+@pytest.mark.parametrize("cluster", [["--data-parallel-size", "2"],
+                                     ["--data-parallel-size", "3", "--router", "least-requests"]])
+def test_a_data_parallel_runs_level_is_the_deployments(tmp_path, cluster):
+    """Two replicas at 20 req/s held ~15 requests (the client's in-flight median); the level
+    was one replica's count (~7)."""
+    out = tmp_path / "dp.json"
+    res = CliRunner().invoke(app, ["run", "--engine", "sim", "--quiet", "--num-requests", "150",
+                                   "--request-rate", "20", *cluster, "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    ss = result["summary"]["steady_state"]
+    median = _in_flight_median(result)
+    assert median >= 10 and abs(ss["level"] - median) <= 2, (ss["level"], median)
+    assert f"the engine ran a steady ~{ss['level']:g} requests" in res.output
 
 
 # ---- figures in a window ------------------------------------------------------------------------

@@ -361,6 +361,13 @@ def engine_columns(iterations: Sequence[dict]) -> dict[str, np.ndarray]:
     cols |= {k: np.array([it.get(k, 0) for it in iterations]) for k in ENGINE_LATER_FIELDS}
     if iterations and "emitted_tokens" in iterations[0]:
         cols |= {k: np.array([it[k] for it in iterations]) for k in RATE_FIELDS}
+    # The engine that ran each (a data-parallel replica, a disaggregated pool): the steady
+    # state's running count sums the engines' own counts.
+    if any("replica" in it for it in iterations):
+        cols["replica"] = np.array([-1 if it.get("replica") is None else it["replica"]
+                                    for it in iterations])
+    if any("pool" in it for it in iterations):
+        cols["pool"] = np.array([str(it.get("pool") or "") for it in iterations])
     return cols
 
 

@@ -6,7 +6,8 @@ figures within it (summary.steady_state), chosen one of two ways:
 
 - ``--warmup W --cooldown C``: the window is [W, duration - C] seconds of the run clock.
 - detected (the default), from the running-request count c(t): the in-process engine's own
-  count of running requests per iteration (``running_requests``), or, for an endpoint, the
+  count of running requests per iteration (``running_requests``; with data-parallel replicas
+  or disaggregated instances, the sum of each engine's count), or, for an endpoint, the
   client's count of requests in flight (``in_flight_requests``). The level L is the
   time-weighted median of c(t) while requests were still arriving (the whole run when they
   all arrived at once). The window opens the first time c(t) reaches ``LEVEL_FRACTION`` * L
@@ -39,13 +40,27 @@ METHOD_IN_FLIGHT = "in_flight_requests"
 
 
 def steps_from_iterations(iterations: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """(edges, values): c = values[i] on [edges[i], edges[i + 1]), the engine's running count
-    from its iteration records' columns (metrics.engine_columns, or a compact run's
-    StepTable): the iterations in start order; before one that starts after every earlier
-    one has ended, an idle gap at 0 from that end (the run's start for the first)."""
+    """(edges, values): c = values[i] on [edges[i], edges[i + 1]), the deployment's running
+    count from its iteration records' columns (metrics.engine_columns, or a compact run's
+    StepTable). One engine: its own step function (engine_steps). Several (data-parallel
+    replicas, a disaggregated run's prefill and decode instances: the ``replica`` and ``pool``
+    columns tell them apart): each engine's own step function, summed, so the count at a time
+    is every engine's requests then, not the count of whichever engine last started an
+    iteration."""
     start = np.asarray(iterations["start_s"], dtype=np.float64)
     dur = np.asarray(iterations["duration_s"], dtype=np.float64)
     running = np.asarray(iterations["num_running"], dtype=np.float64)
+    engines = _engines(iterations, len(start))
+    if engines is None:
+        return engine_steps(start, dur, running)
+    return _summed([engine_steps(start[k], dur[k], running[k]) for k in engines])
+
+
+def engine_steps(start: np.ndarray, dur: np.ndarray,
+                 running: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One engine's step function: its iterations in start order; before one that starts
+    after every earlier one has ended, an idle gap at 0 from that end (the run's start for the
+    first)."""
     if (start[1:] < start[:-1]).any():  # the engine lists them in start order: no copies then
         order = np.argsort(start, kind="stable")
         start, dur, running = start[order], dur[order], running[order]
@@ -55,6 +70,41 @@ def steps_from_iterations(iterations: Mapping[str, np.ndarray]) -> tuple[np.ndar
     edges = np.insert(start, idle, reached[idle])  # an idle gap (count 0) before each
     values = np.insert(running, idle, 0.0)
     return np.append(edges, reached[-1]), values
+
+
+ENGINE_LABELS = ("pool", "replica")  # the iteration columns that name the engine that ran it
+
+
+def _engines(iterations: Mapping[str, np.ndarray], n: int) -> list[np.ndarray] | None:
+    """Each engine's iteration indices (in record order), or None where one engine ran them
+    all (no label column, or one value in each)."""
+    code = np.zeros(n, dtype=np.int64)
+    for name in ENGINE_LABELS:
+        if name not in iterations:
+            continue
+        labels = np.asarray(iterations[name])
+        if labels.dtype == object:  # a pool's name, or None: compared as text
+            labels = labels.astype(str)
+        kinds, which = np.unique(labels, return_inverse=True)
+        code = code * len(kinds) + which.reshape(-1)
+    engines = np.unique(code)
+    if len(engines) < 2:
+        return None
+    return [np.flatnonzero(code == e) for e in engines]
+
+
+def _summed(steps: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of step functions (each 0 outside its own edges), on the union of their
+    edges."""
+    edges = np.unique(np.concatenate([e for e, _ in steps]))
+    total = np.zeros(len(edges) - 1)
+    for e, v in steps:
+        # The step of this engine's that holds each union interval's start: at equal edges
+        # (a zero-length step) the last, the one that lasts.
+        at = np.searchsorted(e, edges[:-1], side="right") - 1
+        inside = (at >= 0) & (at < len(v))
+        total[inside] += v[at[inside]]
+    return edges, total
 
 
 def steps_from_requests(cols: RequestColumns) -> tuple[np.ndarray, np.ndarray]:
