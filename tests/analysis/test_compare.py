@@ -93,6 +93,41 @@ def test_config_differences_flatten_nested_keys(result):
     assert [d[0] for d in diffs] == ["efficiency.eta_memory"]
 
 
+def test_a_run_without_slo_reads_none_beside_the_others_limits(tmp_path):
+    """`compare a.json b.json`, b run with --slo ttft=200,tpot=20 and a without (its config's
+    slo is {}): the table said `slo  {}  (absent)`, then `slo.ttft  (absent)  200`, as if a's
+    file had no slo. One key per limit, "(none)" where a run had no limits."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    common = ["run", "--engine", "sim", "--quiet", "--num-requests", "5"]
+    assert runner.invoke(app, [*common, "--output", str(a)]).exit_code == 0
+    out = runner.invoke(app, [*common, "--slo", "ttft=200,tpot=20", "--output", str(b)])
+    assert out.exit_code == 0, out.output
+    assert json.loads(a.read_text())["config"]["slo"] == {}
+    assert json.loads(b.read_text())["config"]["slo"] == {"ttft": 200.0, "tpot": 20.0}
+    out = runner.invoke(app, ["compare", str(a), str(b)])
+    assert out.exit_code == 0, out.output
+    rows = [line.split() for line in out.output.split("\nconfig ")[1].splitlines()[2:4]]
+    assert rows == [["slo.ttft", "(none)", "200"], ["slo.tpot", "(none)", "20"]]
+    assert "(absent)" not in out.output and "{}" not in out.output
+
+
+def test_config_keys_of_an_empty_dict_and_of_an_older_file():
+    """A nested key under an empty dict reads "(none)"; one the file lacks, "(absent)"; two
+    empty dicts, or an empty dict against a file without the key, are no difference."""
+    from cbbench.schema import parse_run
+
+    def run(**cfg):
+        return Labeled(str(cfg), parse_run({"schema_version": 1, "config": cfg,
+                                            "summary": {}}, "test"))
+
+    assert config_differences([run(slo={}), run(slo={"ttft": 1.0})]) == [
+        ["slo.ttft", "(none)", "1"]]
+    assert config_differences([run(), run(slo={"ttft": 1.0})]) == [
+        ["slo.ttft", "(absent)", "1"]]
+    assert config_differences([run(slo={}), run(slo={})]) == []
+    assert config_differences([run(slo={}), run()]) == []
+
+
 def test_usage_errors(tmp_path, result):
     a, b = _pair(tmp_path, result)
     assert runner.invoke(app, ["compare", a]).exit_code == 2

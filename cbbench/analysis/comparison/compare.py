@@ -136,15 +136,30 @@ def render_table(results: Sequence[Labeled], tablefmt: str = "simple",
     )
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
+def _flatten(d: dict, prefix: str = "", empty: set[str] | None = None) -> dict:
+    """A nested dict's leaves under dotted keys. An empty dict (a run without --slo has
+    ``slo: {}``) is no leaf: its key goes into ``empty``, so that the other run's ``slo.ttft``
+    reads "(none)" beside it, not ``slo`` {} against "(absent)" and ``slo.ttft`` "(absent)"."""
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, key + "."))
+            out.update(_flatten(v, key + ".", empty))
+        elif isinstance(v, dict):
+            if empty is not None:
+                empty.add(key)
         else:
             out[key] = v
     return out
+
+
+def _missing(key: str, empty: set[str]) -> str:
+    """How a config key a result lacks is shown: "(none)" where the result has the dict that
+    would hold it, empty (no SLO limits at all), else "(absent)" (an older file, an option
+    that did not exist)."""
+    parts = key.split(".")
+    held = any(".".join(parts[:i]) in empty for i in range(1, len(parts) + 1))
+    return "(none)" if held else "(absent)"
 
 
 CONFIG_FLOAT_DIGITS = 6  # significant digits of a config float as shown: 1e-05, 9.89e+14
@@ -161,8 +176,10 @@ def config_text(v: object) -> str:
 def config_differences(results: Sequence[Labeled]) -> list[list[str]]:
     """[key, value per result] for every config key whose values differ (nested keys
     dotted), plus the cbbench version; the command line and timestamps are left out."""
-    flat = [{**_flatten(to_dict(x.result.config)), "cbbench_version": x.result.cbbench_version}
-            for x in results]
+    empties: list[set[str]] = [set() for _ in results]
+    flat = [{**_flatten(to_dict(x.result.config), empty=empty),
+             "cbbench_version": x.result.cbbench_version}
+            for x, empty in zip(results, empties, strict=True)]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     absent = object()
     rows = []
@@ -171,7 +188,8 @@ def config_differences(results: Sequence[Labeled]) -> list[list[str]]:
             continue
         values = [f.get(k, absent) for f in flat]
         if any(v != values[0] for v in values[1:]):
-            rows.append([k, *("(absent)" if v is absent else config_text(v) for v in values)])
+            rows.append([k, *(_missing(k, empty) if v is absent else config_text(v)
+                              for v, empty in zip(values, empties, strict=True))])
     return rows
 
 
