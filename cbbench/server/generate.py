@@ -219,13 +219,16 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
     n = 0
     pending: list[int | None] = []
     events = trace.events = []
+    head = b""  # what goes before the first tokens (started: the cache hits known by then)
     while True:
         ev = await stream.next()
         if not isinstance(ev, TokenEvent):
             await _stream_stopped(send, stream, shaper, trace, ev)
             return
         if n == 0 and not pending:
+            # Set when the engine scheduled the request, which it has by its first token.
             trace.cached_tokens = stream.req.num_cached_tokens
+            head = shaper.started(trace.cached_tokens)
         pending.extend(ev.token_ids)
         if times is not None:
             times.extend([ev.time_s] * ev.num_tokens)
@@ -240,6 +243,8 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
         n += k
         pending.clear()
         body = shaper.tokens(pieces, n, last, ev.finish_reason)
+        if head:
+            body, head = head + body, b""
         await send({"type": "http.response.body", "body": body, "more_body": True})
         sent = perf()
         events.append((sent, k, event_kind(runs)))

@@ -59,6 +59,9 @@ class ChatShaper:
     def opening(self) -> bytes:
         return sse_bytes(self.shape.chunk("", None, role=True)) if self.shape.chat else b""
 
+    def started(self, cached_tokens: int | None) -> bytes:
+        return b""  # the cache hits go in the final usage
+
     def tokens(self, pieces: list[list[str]], n: int, last: bool,
                engine_finish: str | None) -> bytes:
         shape, job = self.shape, self.job

@@ -236,6 +236,9 @@ class ResponsesShaper(BlockStream):
         return (self._event({"type": "response.created", "response": r})
                 + self._event({"type": "response.in_progress", "response": r}))
 
+    def started(self, cached_tokens: int | None) -> bytes:
+        return b""  # the cache hits go in the final usage
+
     def _item(self, kind: str, done: bool) -> dict:
         status = "completed" if done else "in_progress"
         text = self.text[kind]
