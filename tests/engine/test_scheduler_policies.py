@@ -21,7 +21,7 @@ from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.engine.model_config import get_model_config
 from cbbench.engine.sim.cost_model import CostModel
 from cbbench.engine.sim.gpu_specs import get_gpu_spec
-from cbbench.engine.sim.sim_executor import SimExecutor
+from cbbench.engine.sim.sim_executor import SimExecutor, encoder_flops
 
 TOKEN = 7  # what the executor samples
 
@@ -433,6 +433,39 @@ def test_a_recomputed_request_reuses_what_is_left_of_its_own_blocks():
     while eng.has_unfinished():
         step(eng)
     assert b.output_token_ids == [TOKEN] * 8
+
+
+def test_a_resumed_request_keeps_its_first_schedulings_cached_tokens():
+    """vLLM's rule (v1 scheduler: ``if request.num_cached_tokens < 0``): the count usage
+    reports is set once, at the first scheduling. b's prompt was computed from scratch; back
+    after its recompute preemption it finds its own first block cached (4 tokens), which is
+    where that prefill starts (the step's hits and the vision encoder's charge go by it), not
+    what its usage reports."""
+    eng = make_engine(4, caching=True)
+    charged: list[float] = []  # each step's vision-encoder FLOPs, as the simulator prices them
+    run = eng.executor.execute
+
+    def execute(sched):
+        charged.append(encoder_flops(sched))
+        return run(sched)
+
+    eng.executor.execute = execute  # type: ignore[method-assign]
+    a = Request(0, 4, 8, prompt_token_ids=ids(1, 2, 3, 4))
+    b = Request(1, 4, 8, prompt_token_ids=ids(5, 6, 7, 8), encoder_flops=1e9)
+    eng.add_request(a)
+    eng.add_request(b)
+    step(eng)
+    assert b.num_cached_tokens == 0 and charged == [1e9]
+    for _ in range(5):
+        out = step(eng)
+    assert out.scheduled.preempted == [b]
+    while a.status != RequestStatus.FINISHED:
+        step(eng)
+    out = step(eng)
+    assert plan(out) == [(1, 5)] and out.record.num_cached_tokens == 4
+    assert b.num_computed_at_admission == 4 and b.num_preemptions == 1
+    assert b.num_cached_tokens == 0  # was 4: the resume's hits
+    assert charged[-1] == 1e9 and sum(charged) == 2e9  # its encoder runs again at the resume
 
 
 def test_length_only_requests_never_hit():
