@@ -118,6 +118,7 @@ class ServeContext:
             top_k=max(top_k, 0),
             seed=body.seed,
             ignore_eos=body.ignore_eos if body.ignore_eos is not None else d.ignore_eos,
+            stop_token_ids=frozenset(getattr(body, "stop_token_ids", None) or ()),
         )
 
     def log(self, trace: RequestTrace) -> None:

@@ -39,6 +39,7 @@ GENERATION_PATHS: dict[str, Api] = {
     "/v1/messages": ANTHROPIC,
 }
 CLIENT_GONE = Failed("the client went away")
+STOP = "stop"  # the engine's finish reason for a request a sampled token ended
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", for the log
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -173,19 +174,21 @@ def _end(trace: RequestTrace, stream: RequestStream, finish: str | None, status:
         trace.queue_exit = req.first_scheduled_time + (stream.submitted_s - req.arrival_time)
 
 
-def _decode(decoder, plan: OutputPlan, pending: list, n: int, last: bool
-            ) -> tuple[list[tuple[str, int]], list[list[str]]]:
+def _decode(decoder, plan: OutputPlan, pending: list, n: int, last: bool,
+            stopped: bool = False) -> tuple[list[tuple[str, int]], list[list[str]]]:
     """One event's tokens (``pending``, after ``n`` earlier ones) as (kind, count) runs and
-    their (kind, text) pieces."""
+    their (kind, text) pieces. ``stopped``: the last token stopped the request (an EOS or
+    stop_token_ids id): it counts, but its text is not written (vLLM's detokenizer)."""
     k = len(pending)
+    shown = pending[:-1] if stopped else pending
     if plan.plain:
         runs = [(ANSWER, k)]
-        pieces = [[ANSWER, "".join(decoder.push(t) for t in pending)]]
+        pieces = [[ANSWER, "".join(decoder.push(t) for t in shown)]]
     else:
         runs = plan.split(n, k)
         pieces, i = [], 0
         for kind, count in runs:
-            pieces.append([kind, "".join(decoder.push(t) for t in pending[i:i + count])])
+            pieces.append([kind, "".join(decoder.push(t) for t in shown[i:i + count])])
             i += count
     if last:
         pieces[-1][1] += decoder.flush()
@@ -239,7 +242,7 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
         if n and len(pending) < interval and not last:
             continue
         k = len(pending)
-        runs, pieces = _decode(decoder, plan, pending, n, last)
+        runs, pieces = _decode(decoder, plan, pending, n, last, ev.finish_reason == STOP)
         n += k
         pending.clear()
         body = shaper.tokens(pieces, n, last, ev.finish_reason)
@@ -303,8 +306,9 @@ async def _complete(send, stream: RequestStream, shaper: StreamShaper, job: Job,
     plan = job.plan
     counts = _counts(trace, stream, job, n, cached)
     r = trace.reasoning_tokens
-    reasoning = "".join(decoder.push(t) for t in ids[:r])
-    rest = "".join(decoder.push(t) for t in ids[r:]) + decoder.flush()
+    shown = ids[:-1] if finish == STOP else ids  # the stop token's text is not written
+    reasoning = "".join(decoder.push(t) for t in shown[:r])
+    rest = "".join(decoder.push(t) for t in shown[r:]) + decoder.flush()
     tool = rest if plan.tool_name is not None and n > r else None
     texts = OutputTexts(reasoning, rest if tool is None else "", tool)
     if shaper.times is not None:

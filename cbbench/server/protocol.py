@@ -14,7 +14,12 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   whole KV pool) is a 400 with code ``request_rejected`` and the engine's reason as message.
 - Unknown fields are ignored (``user``, penalties, ...); fields that would change the output's
   meaning and are not supported (``n`` > 1, ``best_of`` > 1, ``echo``, ``logprobs``, ``stop``,
-  ``suffix``) are a 400 rather than silently dropped.
+  ``suffix``, ``logit_bias``) are a 400 rather than silently dropped; so is ``min_tokens`` > 0
+  on the torch engine (its sampler cannot keep an end-of-sequence token from being sampled;
+  the simulator's outputs run to max_tokens, which holds it). ``stop_token_ids`` (vLLM's)
+  ends a request at any of those ids, finish_reason ``stop``, ignore_eos or not; the token
+  counts as output, its text is not written (as vLLM's detokenizer leaves it out). Each
+  field's default (0, null, an empty list or object) is accepted.
 - ``return_token_times`` (a cbbench extension) adds ``"cbbench": {"arrival_time",
   "token_times"}`` to the response (streaming: to the chunk with the finish reason): the engine's
   own times, in monotonic seconds on ``time.perf_counter()``'s scale, to check a client's
@@ -154,6 +159,12 @@ class _Base(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     stop: str | list[str] | None = None
+    # vLLM's: the request ends ("stop") at any of these ids, ignore_eos or not (engine.py).
+    stop_token_ids: list[int] | None = None
+    # vLLM's: no end-of-sequence before this many tokens. Held only where no output can end
+    # early (the simulator's run to max_tokens); elsewhere a 400 (OpenAIApi.parse).
+    min_tokens: int | None = Field(None, ge=0)
+    logit_bias: dict[str, float] | None = None  # changes the output: a 400 unless empty
     return_token_times: bool = False  # cbbench extension
     # cbbench extension: the first reasoning_tokens output tokens are the model's reasoning
     # (chat: streamed in delta.reasoning_content, or the field --reasoning-field names).
@@ -172,6 +183,23 @@ class _Base(BaseModel):
             raise APIError(400, "only n=1 is supported", param="n")
         if self.stop:
             raise APIError(400, "stop sequences are not supported", param="stop")
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+
+    def check_min_tokens(self, max_tokens: int, outputs_run_to_max: bool) -> None:
+        """min_tokens (vLLM's) above 0: held by an engine whose outputs always run to
+        max_tokens (the simulator: it samples no token, so none ends a request), up to
+        max_tokens; elsewhere a 400, since keeping an end-of-sequence token from being sampled
+        changes which tokens are, and this server's sampler does not do that."""
+        m = self.min_tokens
+        if not m:
+            return
+        if not outputs_run_to_max:
+            raise APIError(400, "min_tokens is not supported by this engine: its outputs may "
+                           "end early (the simulated engine's never do)", param="min_tokens")
+        if m > max_tokens:
+            raise APIError(400, f"min_tokens must be less than or equal to max_tokens="
+                           f"{max_tokens}, got {m}", param="min_tokens")
 
 
 class CompletionRequest(_Base):

@@ -55,6 +55,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     seed: int | None = None
     ignore_eos: bool = True  # benchmarks follow the workload's output lengths by default
+    # Token ids that finish the request ("stop") when sampled, ignore_eos or not (vLLM's
+    # stop_token_ids: the token is an output token, its text is not written).
+    stop_token_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.temperature < SAMPLING_EPS or self.top_p < SAMPLING_EPS:

@@ -15,7 +15,7 @@ from cbbench.engine.core.block_manager import BlockManager
 from cbbench.engine.core.clock import VirtualClock
 from cbbench.engine.core.engine import Engine, EngineConfig
 from cbbench.engine.core.prefix_caching import PrefixCachingBlockManager, hash_block
-from cbbench.engine.core.request import Request, RequestStatus
+from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
 from cbbench.engine.core.scheduler import SchedulerConfig, _Step
 from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.engine.model_config import get_model_config
@@ -324,6 +324,35 @@ def test_priority_with_swap_swaps_the_victim_out_and_back():
     while eng.has_unfinished():
         step(eng)
     assert low.num_output_tokens == 3 and low.num_preemptions == 1
+
+
+class ScriptExecutor(TokenExecutor):
+    """Samples the given tokens in turn, for every row that completes."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__()
+        self.tokens = iter(tokens)
+
+    def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
+        out = super().execute(sched)
+        sampled = [None if t is None else next(self.tokens) for t in out.sampled_token_ids]
+        return ExecutorOutput(sampled_token_ids=sampled, duration_s=1e-3)
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_a_stop_token_id_ends_the_request_ignore_eos_or_not(ignore_eos):
+    """vLLM's stop_token_ids, by hand: the request ends at the first of its stop ids it
+    samples (finish_reason stop, the id its last output token); the model's EOS (5) only
+    without ignore_eos."""
+    eng = make_engine(16)
+    eng.executor = ScriptExecutor([3, 5, 9, 4, 9, 8])
+    a = Request(0, 4, 6, eos_token_ids=(5,), sampling=SamplingParams(
+        ignore_eos=ignore_eos, stop_token_ids=frozenset({9, 8})))
+    eng.add_request(a)
+    while eng.has_unfinished():
+        step(eng)
+    assert a.output_token_ids == ([3, 5, 9] if ignore_eos else [3, 5])
+    assert a.finish_reason == "stop"
 
 
 def test_abort_takes_a_request_out_of_the_priority_queue():

@@ -302,6 +302,18 @@ BAD_REQUESTS = [
     ("stop", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "x"}], "stop": ["\n"]}, 400, "stop"),
     ("batch-of-prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    # Fields that change the output: a 400 naming them, not dropped (protocol.py's promise).
+    ("logit-bias", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}}, 400,
+     "logit_bias"),
+    ("logit-bias-completions", "/v1/completions", {"prompt": "x", "logit_bias": {"5": -100}},
+     400, "logit_bias"),
+    ("min-tokens-above-max-tokens", "/v1/completions",
+     {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
+    ("negative-min-tokens", "/v1/completions", {"prompt": "x", "min_tokens": -1}, 400,
+     "min_tokens"),
+    ("stop-token-ids-not-ids", "/v1/completions", {"prompt": "x", "stop_token_ids": ["a"]},
+     400, "stop_token_ids.0"),
     ("image-content", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
      None),
@@ -326,6 +338,21 @@ def test_bad_requests_get_openai_style_errors(client, path, payload, status, par
         assert err["param"] == param
     if status == 404:
         assert err["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("fields", [
+    {"min_tokens": 0, "stop_token_ids": [], "logit_bias": {}},
+    {"min_tokens": None, "stop_token_ids": None, "logit_bias": None},
+    {"min_tokens": 4, "stop_token_ids": [3, 4]},  # the simulator's outputs run to max_tokens
+], ids=["defaults", "nulls", "held"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_output_fields_at_their_defaults_or_held_are_accepted(client, path, fields):
+    body = {"prompt": "x"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "x"}]}
+    r = client.post(path, json={**body, "max_tokens": 4, **fields})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+    assert r.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_rejections_carry_the_engine_reason(client):

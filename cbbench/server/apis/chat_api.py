@@ -138,6 +138,7 @@ class OpenAIApi:
             prompt = req.single_prompt()
             ids = s.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
             max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
+        req.check_min_tokens(max_tokens, (ctx.bridge.info or {}).get("engine") == "sim")
         check_vocab(ids, s.vocab_size, "messages" if self.chat else "prompt")
         return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, req.include_usage,
                       req.return_token_times, req.continuous_usage, plan, req,
