@@ -6,8 +6,10 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 - Sampling fields a request leaves out (``temperature``, ``top_p``, ``top_k``, ``ignore_eos``)
   take the server's defaults from the command line, whose ``--ignore-eos`` is on: a benchmark
   wants the output lengths it asked for, not whatever the model chooses.
-- ``max_tokens`` defaults to 16 (OpenAI's default for completions) on both endpoints; chat also
-  takes ``max_completion_tokens``, which wins over ``max_tokens``.
+- ``max_tokens`` defaults as vLLM's: 16 on completions; on chat (and the Responses API's
+  ``max_output_tokens``) the context the prompt leaves, ``max_model_len`` (or the KV pool's
+  tokens, when fewer) less the prompt. Chat also takes ``max_completion_tokens``, which wins
+  over ``max_tokens``.
 - ``model`` may be left out (the served model); an unknown model is a 404 with code
   ``model_not_found``, as OpenAI answers.
 - A request the engine can never fit (prompt + max_tokens beyond the context, or beyond the
@@ -346,10 +348,14 @@ class ChatRequest(_Base):
             return choice.function.name
         return self.tools[0].function.name
 
-    def output_limit(self) -> int:
+    def output_limit(self, room: int | None) -> int:
+        """max_completion_tokens, else max_tokens, else vLLM's chat default: ``room``, the
+        context the prompt leaves (Served.output_room; 16 where the context is unknown)."""
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
-        return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return room if room is not None else DEFAULT_MAX_TOKENS
 
 
 def render_chat(messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:

@@ -132,7 +132,7 @@ class OpenAIApi:
             ids, images = add_images(s.codec.encode(render_chat(req.messages)), req.messages, ctx)
             if not images and len(body) > ctx.max_body_bytes():  # the image allowance unused
                 raise body_too_large(ctx.max_body_bytes())
-            max_tokens = req.output_limit()
+            max_tokens = req.output_limit(s.output_room(len(ids)))
             plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         else:
             prompt = req.single_prompt()
