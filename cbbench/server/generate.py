@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from cbbench.engine.core.request import Request
 from cbbench.server.apis.anthropic_api import ANTHROPIC
 from cbbench.server.apis.chat_api import CHAT, COMPLETIONS
 from cbbench.server.apis.responses_api import RESPONSES
@@ -113,7 +114,7 @@ class Generation:
         trace.engine_id = stream.req.request_id
         watcher = asyncio.ensure_future(watch_disconnect(receive, [stream]))
         try:
-            if await _admitted(stream, trace):
+            if await _admitted(stream, trace, s.max_model_len):
                 cfg = ctx.cfg
                 if job.stream:
                     await _stream(send, stream, shaper, job, s, trace, cfg.stream_interval,
@@ -128,9 +129,11 @@ class Generation:
             ctx.log(trace)
 
 
-async def _admitted(stream: RequestStream, trace: RequestTrace) -> bool:
+async def _admitted(stream: RequestStream, trace: RequestTrace,
+                    max_model_len: int | None = None) -> bool:
     """Wait for the engine to take the request: True once admitted, False when the client left
-    first; APIError when the engine failed or rejected it."""
+    first; APIError when the engine failed or rejected it (beyond the context: in vLLM's
+    words, which clients parse)."""
     adm = await stream.next()
     if adm is CLIENT_GONE:
         _end(trace, stream, "abort", CLIENT_CLOSED_STATUS)
@@ -142,9 +145,26 @@ async def _admitted(stream: RequestStream, trace: RequestTrace) -> bool:
     assert isinstance(adm, Admitted)
     trace.admitted = adm.time_s
     if adm.error is not None:
-        _end(trace, stream, "rejected", 400, adm.error)
-        raise APIError(400, adm.error, code="request_rejected")
+        reason = context_exceeded(stream.req, max_model_len) or adm.error
+        _end(trace, stream, "rejected", 400, reason)
+        raise APIError(400, reason, code="request_rejected")
     return True
+
+
+def context_exceeded(req: Request, max_model_len: int | None) -> str | None:
+    """vLLM's 400 for a request beyond the context (its OpenAI serving layer's words: clients
+    read "maximum context length is N" out of them), or None when the request fits it. The
+    engine refuses such a request first of all its reasons (scheduler.rejection_reason), so
+    where this says something, the engine said the same in its own words."""
+    n, p, m = max_model_len, req.num_prompt_tokens, req.max_tokens
+    if not n or p < 1 or m < 1 or p + m <= n:
+        return None
+    if p >= n:
+        return (f"This model's maximum context length is {n} tokens. However, your request "
+                f"has {p} input tokens. Please reduce the length of the input messages.")
+    return (f"'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum "
+            f"context length is {n} tokens and your request has {p} input tokens "
+            f"({m} > {n} - {p}).")
 
 
 async def watch_disconnect(receive, streams: list[RequestStream]) -> None:

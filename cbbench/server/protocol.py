@@ -13,7 +13,9 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 - ``model`` may be left out (the served model); an unknown model is a 404 with code
   ``model_not_found``, as OpenAI answers.
 - A request the engine can never fit (prompt + max_tokens beyond the context, or beyond the
-  whole KV pool) is a 400 with code ``request_rejected`` and the engine's reason as message.
+  whole KV pool) is a 400 with code ``request_rejected`` and the engine's reason as message;
+  beyond the context, in vLLM's words (``This model's maximum context length is N tokens
+  ...``: clients parse them).
 - Unknown fields are ignored (``user``, penalties, ...); fields that would change the output's
   meaning and are not supported (``n`` > 1, ``best_of`` > 1, ``echo``, ``logprobs``, ``stop``,
   ``suffix``, ``logit_bias``) are a 400 rather than silently dropped; so is ``min_tokens`` > 0

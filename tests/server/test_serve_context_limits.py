@@ -79,3 +79,48 @@ def test_the_room_is_the_context_or_the_kv_pool_whichever_is_less():
     assert served(8192, 4096).output_room(10) == 4086  # a pool under the context
     assert served(256, 4096).output_room(300) == 1  # the engine refuses it, with its reason
     assert served(None, None).output_room(10) is None
+
+
+# ---- the over-context 400 in vLLM's words ------------------------------------------------------
+# vLLM's OpenAI serving layer (serving_engine.py / engine/serving.py, _validate_input); clients
+# read "maximum context length is N" out of them.
+def test_max_tokens_beyond_the_context_is_refused_in_vllms_words(client):
+    r = client.post("/v1/completions", json={"prompt": "a b c d", "max_tokens": 300})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["message"] == (
+        "'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum "
+        "context length is 256 tokens and your request has 4 input tokens (300 > 256 - 4).")
+    assert err["code"] == "request_rejected" and err["param"] is None
+    r = client.post("/v1/chat/completions", json=_chat(1, max_completion_tokens=300))
+    assert r.json()["error"]["message"].startswith(
+        "'max_tokens' or 'max_completion_tokens' is too large: 300. This model's maximum "
+        "context length is 256 tokens and your request has 3 input tokens")
+
+
+def test_a_prompt_that_fills_the_context_is_refused_in_vllms_words(client):
+    want = ("This model's maximum context length is 256 tokens. However, your request has "
+            "{} input tokens. Please reduce the length of the input messages.")
+    r = client.post("/v1/chat/completions", json=_chat(CONTEXT - 2))  # 256 tokens, no limit
+    assert r.json()["error"]["message"] == want.format(256)
+    r = client.post("/v1/completions", json={"prompt": _words(300), "max_tokens": 1})
+    assert r.json()["error"]["message"] == want.format(300)
+    # Each API's error shape, the same words.
+    r = client.post("/v1/messages", json={"model": "llama-3.2-1b", "max_tokens": 300,
+                                          "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert "maximum context length is 256 tokens and your request has 3 input tokens" in (
+        r.json()["error"]["message"])
+    r = client.post("/v1/responses", json={"input": _words(300)})
+    assert r.json()["error"]["message"] == want.format(302)
+
+
+def test_a_request_beyond_the_kv_pool_keeps_the_engines_reason():
+    run = start_server(lambda: build_serving_engine(sim_options(max_model_len=CONTEXT,
+                                                                num_kv_blocks=4)))
+    try:
+        r = httpx.post(run.url + "/v1/completions", json={"prompt": _words(100), "max_tokens": 1},
+                       timeout=30.0)
+    finally:
+        run.stop()
+    assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"]
