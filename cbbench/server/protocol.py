@@ -33,8 +33,9 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   reasoning, streamed in ``delta.reasoning_content`` (``--reasoning-field``) before any
   ``delta.content``; ``tools`` with ``tool_choice`` other than ``"none"``: the tokens after the
   reasoning are one call of the chosen (else the first) tool, streamed as ``delta.tool_calls``
-  (docs/streaming.md). ``stream_options.continuous_usage_stats`` (vLLM's) puts the running
-  usage on every chunk.
+  (docs/streaming.md). ``stream_options.continuous_usage_stats`` (vLLM's), with
+  ``include_usage`` (vLLM ignores it alone), puts the running usage on every chunk, the
+  opening role chunk included (``completion_tokens`` 0).
 - Chat template (minimal, the same for every model): each message as
   ``<|role|>\\n{content}\\n``, then ``<|assistant|>\\n``; text content parts are joined.
 - ``image_url`` content parts (data: URLs) cost the vision tokens of Qwen2-VL's formula, after
@@ -145,7 +146,7 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
     # vLLM's: the running usage (completion_tokens so far) on every chunk, so a client counts
-    # each event's tokens exactly.
+    # each event's tokens exactly; only with include_usage, as vLLM reads it.
     continuous_usage_stats: bool = False
 
 
@@ -180,7 +181,10 @@ class _Base(BaseModel):
 
     @property
     def continuous_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+        """Usage on every chunk: vLLM's rule, continuous_usage_stats only with include_usage
+        (should_include_usage), the role chunk included."""
+        o = self.stream_options
+        return o is not None and o.include_usage and o.continuous_usage_stats
 
     def check_supported(self) -> None:
         if self.n != 1:

@@ -235,6 +235,38 @@ def test_chat_streaming_with_usage(client):
     assert events[-2]["usage"]["completion_tokens"] == 6
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("options", [
+    {"continuous_usage_stats": True},
+    {"include_usage": True, "continuous_usage_stats": True},
+    {"include_usage": True},
+], ids=["continuous-alone", "both", "include-alone"])
+def test_continuous_usage_follows_vllms_rule(client, path, options):
+    """vLLM's should_include_usage: per-chunk usage only when include_usage AND
+    continuous_usage_stats, and then on chat's opening role chunk too (completion_tokens 0);
+    continuous_usage_stats alone is ignored."""
+    body = ({"messages": [{"role": "user", "content": "hi you"}]} if "chat" in path
+            else {"prompt": "hi you"})
+    req = {**body, "max_tokens": 3, "stream": True, "stream_options": options}
+    with client.stream("POST", path, json=req) as r:
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    continuous = options.get("include_usage", False) and options.get("continuous_usage_stats")
+    running = [e.get("usage") for e in chunks]
+    if continuous:
+        want = ([0] if "chat" in path else []) + [1, 2, 3]
+        assert [u["completion_tokens"] for u in running] == want
+        prompt = running[0]["prompt_tokens"]
+        assert prompt == (4 if "chat" in path else 2)  # the template's 2 around chat's words
+        assert all(u["prompt_tokens"] == prompt and
+                   u["total_tokens"] == prompt + u["completion_tokens"] for u in running)
+    else:
+        assert running == [None] * len(chunks)
+    final = [e for e in events[:-1] if not e["choices"]]
+    assert len(final) == (1 if options.get("include_usage") else 0)
+
+
 def test_openai_sdk_streams_completions_and_chat(srv):
     openai = pytest.importorskip("openai")
     sdk = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30.0)

@@ -57,7 +57,12 @@ class ChatShaper:
         self.submitted_s = submitted_s
 
     def opening(self) -> bytes:
-        return sse_bytes(self.shape.chunk("", None, role=True)) if self.shape.chat else b""
+        if not self.shape.chat:
+            return b""
+        chunk = self.shape.chunk("", None, role=True)
+        if self.job.continuous_usage:  # vLLM's: the role chunk too, with no tokens yet
+            chunk["usage"] = usage(self.prompt_tokens, 0)
+        return sse_bytes(chunk)
 
     def started(self, cached_tokens: int | None) -> bytes:
         return b""  # the cache hits go in the final usage
