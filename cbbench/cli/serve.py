@@ -57,8 +57,9 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     /detokenize, /health and /metrics (vLLM's metric names).
 
     --temperature, --top-p, --top-k and --ignore-eos are the defaults for requests that leave
-    those fields out; --ignore-eos is on, so outputs run to max_tokens (default 16), as a
-    benchmark expects.
+    those fields out; --ignore-eos is on, so outputs run to max_tokens, as a benchmark
+    expects (default, as vLLM's: 16 on completions; on chat and the Responses API, the context
+    the prompt leaves).
     """
     from cbbench.engine.core.request import SamplingParams
     from cbbench.load.prompts import load_tokenizer

@@ -61,6 +61,16 @@ class Served:
     vocab_size: int  # 0: unknown (no id check)
     max_model_len: int | None
     created: int
+    kv_capacity_tokens: int | None = None  # the KV pool's tokens
+
+    def output_room(self, prompt_tokens: int) -> int | None:
+        """vLLM's output limit for a chat or Responses request that sets none (get_max_tokens):
+        the context left after the prompt. Within what the KV pool holds too: vLLM refuses at
+        start-up a context its pool cannot hold, this server serves one (a default beyond the
+        pool would make every such request a 400). At least 1: a prompt that fills the
+        context is refused with the context's reason. None: the context is unknown."""
+        limits = [n for n in (self.max_model_len, self.kv_capacity_tokens) if n]
+        return max(1, min(limits) - prompt_tokens) if limits else None
 
 
 class ServeContext:
@@ -89,6 +99,7 @@ class ServeContext:
             vocab_size=vocab,
             max_model_len=info.get("max_model_len"),
             created=int(time.time()),
+            kv_capacity_tokens=info.get("kv_capacity_tokens"),
         )
         return self._served
 
@@ -118,6 +129,7 @@ class ServeContext:
             top_k=max(top_k, 0),
             seed=body.seed,
             ignore_eos=body.ignore_eos if body.ignore_eos is not None else d.ignore_eos,
+            stop_token_ids=frozenset(getattr(body, "stop_token_ids", None) or ()),
         )
 
     def log(self, trace: RequestTrace) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from cbbench.engine.core.request import Request
 from cbbench.server.apis.anthropic_api import ANTHROPIC
 from cbbench.server.apis.chat_api import CHAT, COMPLETIONS
 from cbbench.server.apis.responses_api import RESPONSES
@@ -39,6 +40,7 @@ GENERATION_PATHS: dict[str, Api] = {
     "/v1/messages": ANTHROPIC,
 }
 CLIENT_GONE = Failed("the client went away")
+STOP = "stop"  # the engine's finish reason for a request a sampled token ended
 CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request", for the log
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
@@ -112,7 +114,7 @@ class Generation:
         trace.engine_id = stream.req.request_id
         watcher = asyncio.ensure_future(watch_disconnect(receive, [stream]))
         try:
-            if await _admitted(stream, trace):
+            if await _admitted(stream, trace, s.max_model_len):
                 cfg = ctx.cfg
                 if job.stream:
                     await _stream(send, stream, shaper, job, s, trace, cfg.stream_interval,
@@ -127,9 +129,11 @@ class Generation:
             ctx.log(trace)
 
 
-async def _admitted(stream: RequestStream, trace: RequestTrace) -> bool:
+async def _admitted(stream: RequestStream, trace: RequestTrace,
+                    max_model_len: int | None = None) -> bool:
     """Wait for the engine to take the request: True once admitted, False when the client left
-    first; APIError when the engine failed or rejected it."""
+    first; APIError when the engine failed or rejected it (beyond the context: in vLLM's
+    words, which clients parse)."""
     adm = await stream.next()
     if adm is CLIENT_GONE:
         _end(trace, stream, "abort", CLIENT_CLOSED_STATUS)
@@ -141,9 +145,26 @@ async def _admitted(stream: RequestStream, trace: RequestTrace) -> bool:
     assert isinstance(adm, Admitted)
     trace.admitted = adm.time_s
     if adm.error is not None:
-        _end(trace, stream, "rejected", 400, adm.error)
-        raise APIError(400, adm.error, code="request_rejected")
+        reason = context_exceeded(stream.req, max_model_len) or adm.error
+        _end(trace, stream, "rejected", 400, reason)
+        raise APIError(400, reason, code="request_rejected")
     return True
+
+
+def context_exceeded(req: Request, max_model_len: int | None) -> str | None:
+    """vLLM's 400 for a request beyond the context (its OpenAI serving layer's words: clients
+    read "maximum context length is N" out of them), or None when the request fits it. The
+    engine refuses such a request first of all its reasons (scheduler.rejection_reason), so
+    where this says something, the engine said the same in its own words."""
+    n, p, m = max_model_len, req.num_prompt_tokens, req.max_tokens
+    if not n or p < 1 or m < 1 or p + m <= n:
+        return None
+    if p >= n:
+        return (f"This model's maximum context length is {n} tokens. However, your request "
+                f"has {p} input tokens. Please reduce the length of the input messages.")
+    return (f"'max_tokens' or 'max_completion_tokens' is too large: {m}. This model's maximum "
+            f"context length is {n} tokens and your request has {p} input tokens "
+            f"({m} > {n} - {p}).")
 
 
 async def watch_disconnect(receive, streams: list[RequestStream]) -> None:
@@ -173,19 +194,21 @@ def _end(trace: RequestTrace, stream: RequestStream, finish: str | None, status:
         trace.queue_exit = req.first_scheduled_time + (stream.submitted_s - req.arrival_time)
 
 
-def _decode(decoder, plan: OutputPlan, pending: list, n: int, last: bool
-            ) -> tuple[list[tuple[str, int]], list[list[str]]]:
+def _decode(decoder, plan: OutputPlan, pending: list, n: int, last: bool,
+            stopped: bool = False) -> tuple[list[tuple[str, int]], list[list[str]]]:
     """One event's tokens (``pending``, after ``n`` earlier ones) as (kind, count) runs and
-    their (kind, text) pieces."""
+    their (kind, text) pieces. ``stopped``: the last token stopped the request (an EOS or
+    stop_token_ids id): it counts, but its text is not written (vLLM's detokenizer)."""
     k = len(pending)
+    shown = pending[:-1] if stopped else pending
     if plan.plain:
         runs = [(ANSWER, k)]
-        pieces = [[ANSWER, "".join(decoder.push(t) for t in pending)]]
+        pieces = [[ANSWER, "".join(decoder.push(t) for t in shown)]]
     else:
         runs = plan.split(n, k)
         pieces, i = [], 0
         for kind, count in runs:
-            pieces.append([kind, "".join(decoder.push(t) for t in pending[i:i + count])])
+            pieces.append([kind, "".join(decoder.push(t) for t in shown[i:i + count])])
             i += count
     if last:
         pieces[-1][1] += decoder.flush()
@@ -219,13 +242,16 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
     n = 0
     pending: list[int | None] = []
     events = trace.events = []
+    head = b""  # what goes before the first tokens (started: the cache hits known by then)
     while True:
         ev = await stream.next()
         if not isinstance(ev, TokenEvent):
             await _stream_stopped(send, stream, shaper, trace, ev)
             return
         if n == 0 and not pending:
+            # Set when the engine scheduled the request, which it has by its first token.
             trace.cached_tokens = stream.req.num_cached_tokens
+            head = shaper.started(trace.cached_tokens)
         pending.extend(ev.token_ids)
         if times is not None:
             times.extend([ev.time_s] * ev.num_tokens)
@@ -236,10 +262,12 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
         if n and len(pending) < interval and not last:
             continue
         k = len(pending)
-        runs, pieces = _decode(decoder, plan, pending, n, last)
+        runs, pieces = _decode(decoder, plan, pending, n, last, ev.finish_reason == STOP)
         n += k
         pending.clear()
         body = shaper.tokens(pieces, n, last, ev.finish_reason)
+        if head:
+            body, head = head + body, b""
         await send({"type": "http.response.body", "body": body, "more_body": True})
         sent = perf()
         events.append((sent, k, event_kind(runs)))
@@ -298,8 +326,9 @@ async def _complete(send, stream: RequestStream, shaper: StreamShaper, job: Job,
     plan = job.plan
     counts = _counts(trace, stream, job, n, cached)
     r = trace.reasoning_tokens
-    reasoning = "".join(decoder.push(t) for t in ids[:r])
-    rest = "".join(decoder.push(t) for t in ids[r:]) + decoder.flush()
+    shown = ids[:-1] if finish == STOP else ids  # the stop token's text is not written
+    reasoning = "".join(decoder.push(t) for t in shown[:r])
+    rest = "".join(decoder.push(t) for t in shown[r:]) + decoder.flush()
     tool = rest if plan.tool_name is not None and n > r else None
     texts = OutputTexts(reasoning, rest if tool is None else "", tool)
     if shaper.times is not None:

@@ -6,15 +6,24 @@ Choices worth knowing (documented in `cbbench serve --help` too):
 - Sampling fields a request leaves out (``temperature``, ``top_p``, ``top_k``, ``ignore_eos``)
   take the server's defaults from the command line, whose ``--ignore-eos`` is on: a benchmark
   wants the output lengths it asked for, not whatever the model chooses.
-- ``max_tokens`` defaults to 16 (OpenAI's default for completions) on both endpoints; chat also
-  takes ``max_completion_tokens``, which wins over ``max_tokens``.
+- ``max_tokens`` defaults as vLLM's: 16 on completions; on chat (and the Responses API's
+  ``max_output_tokens``) the context the prompt leaves, ``max_model_len`` (or the KV pool's
+  tokens, when fewer) less the prompt. Chat also takes ``max_completion_tokens``, which wins
+  over ``max_tokens``.
 - ``model`` may be left out (the served model); an unknown model is a 404 with code
   ``model_not_found``, as OpenAI answers.
 - A request the engine can never fit (prompt + max_tokens beyond the context, or beyond the
-  whole KV pool) is a 400 with code ``request_rejected`` and the engine's reason as message.
+  whole KV pool) is a 400 with code ``request_rejected`` and the engine's reason as message;
+  beyond the context, in vLLM's words (``This model's maximum context length is N tokens
+  ...``: clients parse them).
 - Unknown fields are ignored (``user``, penalties, ...); fields that would change the output's
   meaning and are not supported (``n`` > 1, ``best_of`` > 1, ``echo``, ``logprobs``, ``stop``,
-  ``suffix``) are a 400 rather than silently dropped.
+  ``suffix``, ``logit_bias``) are a 400 rather than silently dropped; so is ``min_tokens`` > 0
+  on the torch engine (its sampler cannot keep an end-of-sequence token from being sampled;
+  the simulator's outputs run to max_tokens, which holds it). ``stop_token_ids`` (vLLM's)
+  ends a request at any of those ids, finish_reason ``stop``, ignore_eos or not; the token
+  counts as output, its text is not written (as vLLM's detokenizer leaves it out). Each
+  field's default (0, null, an empty list or object) is accepted.
 - ``return_token_times`` (a cbbench extension) adds ``"cbbench": {"arrival_time",
   "token_times"}`` to the response (streaming: to the chunk with the finish reason): the engine's
   own times, in monotonic seconds on ``time.perf_counter()``'s scale, to check a client's
@@ -24,8 +33,9 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   reasoning, streamed in ``delta.reasoning_content`` (``--reasoning-field``) before any
   ``delta.content``; ``tools`` with ``tool_choice`` other than ``"none"``: the tokens after the
   reasoning are one call of the chosen (else the first) tool, streamed as ``delta.tool_calls``
-  (docs/streaming.md). ``stream_options.continuous_usage_stats`` (vLLM's) puts the running
-  usage on every chunk.
+  (docs/streaming.md). ``stream_options.continuous_usage_stats`` (vLLM's), with
+  ``include_usage`` (vLLM ignores it alone), puts the running usage on every chunk, the
+  opening role chunk included (``completion_tokens`` 0).
 - Chat template (minimal, the same for every model): each message as
   ``<|role|>\\n{content}\\n``, then ``<|assistant|>\\n``; text content parts are joined.
 - ``image_url`` content parts (data: URLs) cost the vision tokens of Qwen2-VL's formula, after
@@ -136,7 +146,7 @@ class StreamOptions(BaseModel):
 
     include_usage: bool = False
     # vLLM's: the running usage (completion_tokens so far) on every chunk, so a client counts
-    # each event's tokens exactly.
+    # each event's tokens exactly; only with include_usage, as vLLM reads it.
     continuous_usage_stats: bool = False
 
 
@@ -154,6 +164,12 @@ class _Base(BaseModel):
     stream_options: StreamOptions | None = None
     n: int = 1
     stop: str | list[str] | None = None
+    # vLLM's: the request ends ("stop") at any of these ids, ignore_eos or not (engine.py).
+    stop_token_ids: list[int] | None = None
+    # vLLM's: no end-of-sequence before this many tokens. Held only where no output can end
+    # early (the simulator's run to max_tokens); elsewhere a 400 (OpenAIApi.parse).
+    min_tokens: int | None = Field(None, ge=0)
+    logit_bias: dict[str, float] | None = None  # changes the output: a 400 unless empty
     return_token_times: bool = False  # cbbench extension
     # cbbench extension: the first reasoning_tokens output tokens are the model's reasoning
     # (chat: streamed in delta.reasoning_content, or the field --reasoning-field names).
@@ -165,13 +181,33 @@ class _Base(BaseModel):
 
     @property
     def continuous_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+        """Usage on every chunk: vLLM's rule, continuous_usage_stats only with include_usage
+        (should_include_usage), the role chunk included."""
+        o = self.stream_options
+        return o is not None and o.include_usage and o.continuous_usage_stats
 
     def check_supported(self) -> None:
         if self.n != 1:
             raise APIError(400, "only n=1 is supported", param="n")
         if self.stop:
             raise APIError(400, "stop sequences are not supported", param="stop")
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
+
+    def check_min_tokens(self, max_tokens: int, outputs_run_to_max: bool) -> None:
+        """min_tokens (vLLM's) above 0: held by an engine whose outputs always run to
+        max_tokens (the simulator: it samples no token, so none ends a request), up to
+        max_tokens; elsewhere a 400, since keeping an end-of-sequence token from being sampled
+        changes which tokens are, and this server's sampler does not do that."""
+        m = self.min_tokens
+        if not m:
+            return
+        if not outputs_run_to_max:
+            raise APIError(400, "min_tokens is not supported by this engine: its outputs may "
+                           "end early (the simulated engine's never do)", param="min_tokens")
+        if m > max_tokens:
+            raise APIError(400, f"min_tokens must be less than or equal to max_tokens="
+                           f"{max_tokens}, got {m}", param="min_tokens")
 
 
 class CompletionRequest(_Base):
@@ -318,10 +354,14 @@ class ChatRequest(_Base):
             return choice.function.name
         return self.tools[0].function.name
 
-    def output_limit(self) -> int:
+    def output_limit(self, room: int | None) -> int:
+        """max_completion_tokens, else max_tokens, else vLLM's chat default: ``room``, the
+        context the prompt leaves (Served.output_room; 16 where the context is unknown)."""
         if self.max_completion_tokens is not None:
             return self.max_completion_tokens
-        return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return room if room is not None else DEFAULT_MAX_TOKENS
 
 
 def render_chat(messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:

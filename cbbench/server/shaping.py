@@ -71,12 +71,16 @@ class OutputTexts:
 class StreamShaper(Protocol):
     """One request's answer in its API's shape. ``pieces`` are one event's (kind, text) runs in
     order (kind: stream_events.REASONING | ANSWER | TOOL); ``n``: the output tokens so far,
-    these included; ``last``: the request ends with them."""
+    these included; ``last``: the request ends with them. A stream is ``opening()`` (written
+    when the response starts), ``started(cached_tokens)`` (written before the first tokens:
+    the engine has scheduled the request, so its prefix-cache hits are known), ``tokens``
+    per event, then ``closing`` (or ``failure``)."""
 
     id: str  # the id the client sees (and the request log's)
     times: list[float] | None  # the engine's token times, when the answer carries them
 
     def opening(self) -> bytes: ...
+    def started(self, cached_tokens: int | None) -> bytes: ...
     def tokens(self, pieces: list[list[str]], n: int, last: bool,
                engine_finish: str | None) -> bytes: ...
     def closing(self, counts: Counts, engine_finish: str) -> bytes: ...

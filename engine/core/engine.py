@@ -422,7 +422,7 @@ class Engine:
             req.output_token_ids.append(token)
         if req.num_output_tokens >= req.max_tokens:
             req.finish_reason = "length"
-        elif token is not None and token in req.eos_token_ids and not req.sampling.ignore_eos:
+        elif token is not None and _stops(req, token):
             req.finish_reason = "stop"
 
     def _register_filled_blocks(self, reqs: list[Request]) -> None:
@@ -461,12 +461,19 @@ class Engine:
             if req.num_output_tokens >= req.max_tokens:
                 req.finish_reason = "length"
                 break
-            if with_ids and t in req.eos_token_ids and not req.sampling.ignore_eos:
+            if with_ids and _stops(req, t):
                 req.finish_reason = "stop"
                 break  # the rest of the run is dropped
         if rejected and req.finish_reason is None:
             self.block_manager.trim(req, req.num_computed_tokens)
         return n
+
+
+def _stops(req: Request, token: int | None) -> bool:
+    """Whether a sampled token finishes ``req``: one of the model's end-of-sequence ids (unless
+    it ignores EOS), or one of its own stop_token_ids (ignore_eos or not, as vLLM's)."""
+    sp = req.sampling
+    return (token in req.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids
 
 
 @dataclass(slots=True)

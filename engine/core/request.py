@@ -55,6 +55,9 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     seed: int | None = None
     ignore_eos: bool = True  # benchmarks follow the workload's output lengths by default
+    # Token ids that finish the request ("stop") when sampled, ignore_eos or not (vLLM's
+    # stop_token_ids: the token is an output token, its text is not written).
+    stop_token_ids: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         if self.temperature < SAMPLING_EPS or self.top_p < SAMPLING_EPS:
@@ -102,6 +105,7 @@ class Request:
         "block_hashes",
         "num_registered_blocks",
         "num_cached_tokens",
+        "num_computed_at_admission",
         "spec_token_ids",
         "encoder_flops",
         "pooling",
@@ -151,11 +155,14 @@ class Request:
         self.queue_seq = 0
         # Prefix caching: content hashes of the leading full blocks (a cache: token ids never
         # change, so they stay valid across preemptions), how many leading blocks of
-        # block_table are registered in the prefix cache, and the prompt tokens found cached at
-        # the latest admission.
+        # block_table are registered in the prefix cache, the prompt tokens found cached at the
+        # first scheduling (vLLM's num_cached_tokens, set once: what usage reports; a resume
+        # after a preemption does not change it), and the tokens found cached at the latest
+        # admission (where that admission's prefill starts).
         self.block_hashes: list[int] = []
         self.num_registered_blocks = 0
         self.num_cached_tokens = 0
+        self.num_computed_at_admission = 0
         # Speculative decoding: the draft tokens proposed after this request's latest token,
         # verified at its next decode step (they are not in num_tokens until accepted). The
         # scheduler trims them to what it schedules; a preemption drops them. The simulator's

@@ -417,7 +417,11 @@ class Scheduler:
         if self._caching and req.status != RequestStatus.SWAPPED:
             step.num_queried_tokens += req.num_tokens
             step.num_cached_tokens += num_cached
-            req.num_cached_tokens = num_cached
+            if req.first_scheduled_time is None:
+                # Set once, as vLLM's scheduler does: a request resumed after a recompute
+                # preemption may find its own blocks cached, but its prompt was computed.
+                req.num_cached_tokens = num_cached
+            req.num_computed_at_admission = num_cached
             req.num_computed_tokens = num_cached
         req.status = RequestStatus.RUNNING
         if req.first_scheduled_time is None:

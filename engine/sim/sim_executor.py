@@ -119,11 +119,12 @@ class SimExecutor:
 
 def encoder_flops(sched: SchedulerOutput) -> float:
     """The vision-encoder FLOPs of this step: those of the prefill requests starting their
-    first chunk since their admission (computed tokens = the prefix cache's hits then)."""
+    first chunk since their admission (computed tokens = the prefix cache's hits at that
+    admission)."""
     reqs = sched.scheduled_reqs
     total = 0.0
     for i in range(sched.num_decode_reqs, len(reqs)):
         r = reqs[i]
-        if r.encoder_flops and r.num_computed_tokens == r.num_cached_tokens:
+        if r.encoder_flops and r.num_computed_tokens == r.num_computed_at_admission:
             total += r.encoder_flops
     return total

@@ -308,3 +308,51 @@ def test_stops_at_any_eos_id_as_hf_generate_does(eos_model, tmp_path, eos_case):
     model = ModelConfig.from_dict(result["config"]["model_config"])
     assert model.eos_token_ids == tuple(stop_ids)
     assert _served_finish(folder) == ("stop" if stops else "length", len(want))
+
+
+# ---- (g) a request's own stop_token_ids, and min_tokens, on the torch server ------------------
+def test_stop_token_ids_stop_as_hf_generate_does(eos_model, tmp_path):
+    """vLLM's stop_token_ids through `cbbench serve --engine torch` (which ignores the model's
+    EOS by default): the output is what `generate` gives with that id among its stop ids, the
+    request ends there (finish_reason stop; the id counted in completion_tokens), and the
+    stop token's text is not written, as vLLM's detokenizer leaves it out; streamed and not.
+    min_tokens is a 400 there (its sampler cannot keep a token from being sampled)."""
+    import httpx
+    from helpers import start_server
+
+    from cbbench.cli.serve import build_serving_engine
+    from cbbench.engine.args import EngineArgs
+
+    base, hit, never = eos_model
+    folder = _with_eos(base, tmp_path / "m", never, NO_FILE)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    x = torch.tensor([EOS_PROMPT])
+    with torch.no_grad():
+        y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=EOS_MAX_TOKENS,
+                           do_sample=False, pad_token_id=0, eos_token_id=[never, hit])
+    want = y[0, len(EOS_PROMPT):].tolist()
+    assert want[-1] == hit and len(want) < EOS_MAX_TOKENS
+    text = "".join(f" {t}" for t in want[:-1])  # the server's text without a tokenizer
+    args = EngineArgs(engine="torch", model=str(folder), device="cpu", dtype="fp32",
+                      num_kv_blocks=16)  # fmt: skip
+    run = start_server(lambda: build_serving_engine(args))
+    body = {"prompt": EOS_PROMPT, "max_tokens": EOS_MAX_TOKENS, "temperature": 0,
+            "stop_token_ids": [hit]}
+    try:
+        with httpx.Client(base_url=run.url, timeout=60) as c:
+            r = c.post("/v1/completions", json=body).json()
+            chunks = []
+            with c.stream("POST", "/v1/completions", json={**body, "stream": True}) as s:
+                chunks = [json.loads(x[5:]) for x in s.iter_lines() if x.startswith("data: {")]
+            bad = c.post("/v1/completions", json={**body, "min_tokens": 2})
+            defaults = c.post("/v1/completions", json={
+                **body, "stop_token_ids": [], "min_tokens": 0, "max_tokens": 3})
+    finally:
+        run.stop()
+    (choice,) = r["choices"]
+    assert choice["finish_reason"] == "stop" and choice["text"] == text
+    assert r["usage"]["completion_tokens"] == len(want)
+    assert "".join(ch["choices"][0]["text"] for ch in chunks) == text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "min_tokens"
+    assert defaults.status_code == 200 and defaults.json()["usage"]["completion_tokens"] == 3

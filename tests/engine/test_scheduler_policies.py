@@ -15,13 +15,13 @@ from cbbench.engine.core.block_manager import BlockManager
 from cbbench.engine.core.clock import VirtualClock
 from cbbench.engine.core.engine import Engine, EngineConfig
 from cbbench.engine.core.prefix_caching import PrefixCachingBlockManager, hash_block
-from cbbench.engine.core.request import Request, RequestStatus
+from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
 from cbbench.engine.core.scheduler import SchedulerConfig, _Step
 from cbbench.engine.core.scheduler_output import ExecutorOutput, SchedulerOutput
 from cbbench.engine.model_config import get_model_config
 from cbbench.engine.sim.cost_model import CostModel
 from cbbench.engine.sim.gpu_specs import get_gpu_spec
-from cbbench.engine.sim.sim_executor import SimExecutor
+from cbbench.engine.sim.sim_executor import SimExecutor, encoder_flops
 
 TOKEN = 7  # what the executor samples
 
@@ -326,6 +326,35 @@ def test_priority_with_swap_swaps_the_victim_out_and_back():
     assert low.num_output_tokens == 3 and low.num_preemptions == 1
 
 
+class ScriptExecutor(TokenExecutor):
+    """Samples the given tokens in turn, for every row that completes."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        super().__init__()
+        self.tokens = iter(tokens)
+
+    def execute(self, sched: SchedulerOutput) -> ExecutorOutput:
+        out = super().execute(sched)
+        sampled = [None if t is None else next(self.tokens) for t in out.sampled_token_ids]
+        return ExecutorOutput(sampled_token_ids=sampled, duration_s=1e-3)
+
+
+@pytest.mark.parametrize("ignore_eos", [True, False])
+def test_a_stop_token_id_ends_the_request_ignore_eos_or_not(ignore_eos):
+    """vLLM's stop_token_ids, by hand: the request ends at the first of its stop ids it
+    samples (finish_reason stop, the id its last output token); the model's EOS (5) only
+    without ignore_eos."""
+    eng = make_engine(16)
+    eng.executor = ScriptExecutor([3, 5, 9, 4, 9, 8])
+    a = Request(0, 4, 6, eos_token_ids=(5,), sampling=SamplingParams(
+        ignore_eos=ignore_eos, stop_token_ids=frozenset({9, 8})))
+    eng.add_request(a)
+    while eng.has_unfinished():
+        step(eng)
+    assert a.output_token_ids == ([3, 5, 9] if ignore_eos else [3, 5])
+    assert a.finish_reason == "stop"
+
+
 def test_abort_takes_a_request_out_of_the_priority_queue():
     eng = make_engine(64, queue_policy="priority", max_num_seqs=1)
     reqs = [Request(i, 4, 1, priority=p) for i, p in enumerate([3, 1, 2])]
@@ -433,6 +462,39 @@ def test_a_recomputed_request_reuses_what_is_left_of_its_own_blocks():
     while eng.has_unfinished():
         step(eng)
     assert b.output_token_ids == [TOKEN] * 8
+
+
+def test_a_resumed_request_keeps_its_first_schedulings_cached_tokens():
+    """vLLM's rule (v1 scheduler: ``if request.num_cached_tokens < 0``): the count usage
+    reports is set once, at the first scheduling. b's prompt was computed from scratch; back
+    after its recompute preemption it finds its own first block cached (4 tokens), which is
+    where that prefill starts (the step's hits and the vision encoder's charge go by it), not
+    what its usage reports."""
+    eng = make_engine(4, caching=True)
+    charged: list[float] = []  # each step's vision-encoder FLOPs, as the simulator prices them
+    run = eng.executor.execute
+
+    def execute(sched):
+        charged.append(encoder_flops(sched))
+        return run(sched)
+
+    eng.executor.execute = execute  # type: ignore[method-assign]
+    a = Request(0, 4, 8, prompt_token_ids=ids(1, 2, 3, 4))
+    b = Request(1, 4, 8, prompt_token_ids=ids(5, 6, 7, 8), encoder_flops=1e9)
+    eng.add_request(a)
+    eng.add_request(b)
+    step(eng)
+    assert b.num_cached_tokens == 0 and charged == [1e9]
+    for _ in range(5):
+        out = step(eng)
+    assert out.scheduled.preempted == [b]
+    while a.status != RequestStatus.FINISHED:
+        step(eng)
+    out = step(eng)
+    assert plan(out) == [(1, 5)] and out.record.num_cached_tokens == 4
+    assert b.num_computed_at_admission == 4 and b.num_preemptions == 1
+    assert b.num_cached_tokens == 0  # was 4: the resume's hits
+    assert charged[-1] == 1e9 and sum(charged) == 2e9  # its encoder runs again at the resume
 
 
 def test_length_only_requests_never_hit():

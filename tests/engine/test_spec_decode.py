@@ -268,6 +268,21 @@ def test_eos_inside_the_accepted_run_stops_there():
     assert out.num_new_tokens == [2] and a.status == RequestStatus.FINISHED
 
 
+def test_a_stop_token_id_inside_the_accepted_run_stops_there_ignore_eos_or_not():
+    """vLLM's stop_token_ids: the request's own stop ids end it whether or not it ignores the
+    model's EOS (the server's default ignores it)."""
+    ex = ScriptedExecutor(accept=3, token=7)
+    eng = make_engine(FixedDrafter(3), ex)
+    a = Request(0, 4, 20, prompt_token_ids=[1, 2, 3, 4], eos_token_ids=(100,),
+                sampling=SamplingParams(stop_token_ids=frozenset({101})))
+    eng.add_request(a)
+    eng.step()
+    out = eng.step()
+    # Draft 100 is the model's EOS, ignored; 101 is a stop id: the run stops there.
+    assert a.output_token_ids == [7, 100, 101] and a.finish_reason == "stop"
+    assert out.num_new_tokens == [2] and a.status == RequestStatus.FINISHED
+
+
 # ---- the simulator -----------------------------------------------------------------------------
 def test_verifying_three_drafts_at_batch_one_costs_about_a_decode():
     # H200, llama-3-8b, one request with 1000 tokens of KV: a decode reads ~15 GB of weights

@@ -216,7 +216,8 @@ COMMON = {
     "ignore_eos": st.booleans(), "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
     "n": SMALL_INT, "stop": TEXT | st.lists(TEXT, max_size=2),
-    "return_token_times": st.booleans(),
+    "return_token_times": st.booleans(), "min_tokens": SMALL_INT, "stop_token_ids": IDS,
+    "logit_bias": st.dictionaries(st.text(max_size=4), FLOAT, max_size=2),
 }
 
 

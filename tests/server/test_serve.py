@@ -235,6 +235,38 @@ def test_chat_streaming_with_usage(client):
     assert events[-2]["usage"]["completion_tokens"] == 6
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("options", [
+    {"continuous_usage_stats": True},
+    {"include_usage": True, "continuous_usage_stats": True},
+    {"include_usage": True},
+], ids=["continuous-alone", "both", "include-alone"])
+def test_continuous_usage_follows_vllms_rule(client, path, options):
+    """vLLM's should_include_usage: per-chunk usage only when include_usage AND
+    continuous_usage_stats, and then on chat's opening role chunk too (completion_tokens 0);
+    continuous_usage_stats alone is ignored."""
+    body = ({"messages": [{"role": "user", "content": "hi you"}]} if "chat" in path
+            else {"prompt": "hi you"})
+    req = {**body, "max_tokens": 3, "stream": True, "stream_options": options}
+    with client.stream("POST", path, json=req) as r:
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]"
+    chunks = [e for e in events[:-1] if e["choices"]]
+    continuous = options.get("include_usage", False) and options.get("continuous_usage_stats")
+    running = [e.get("usage") for e in chunks]
+    if continuous:
+        want = ([0] if "chat" in path else []) + [1, 2, 3]
+        assert [u["completion_tokens"] for u in running] == want
+        prompt = running[0]["prompt_tokens"]
+        assert prompt == (4 if "chat" in path else 2)  # the template's 2 around chat's words
+        assert all(u["prompt_tokens"] == prompt and
+                   u["total_tokens"] == prompt + u["completion_tokens"] for u in running)
+    else:
+        assert running == [None] * len(chunks)
+    final = [e for e in events[:-1] if not e["choices"]]
+    assert len(final) == (1 if options.get("include_usage") else 0)
+
+
 def test_openai_sdk_streams_completions_and_chat(srv):
     openai = pytest.importorskip("openai")
     sdk = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=30.0)
@@ -302,6 +334,18 @@ BAD_REQUESTS = [
     ("stop", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": "x"}], "stop": ["\n"]}, 400, "stop"),
     ("batch-of-prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "prompt"),
+    # Fields that change the output: a 400 naming them, not dropped (protocol.py's promise).
+    ("logit-bias", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 10}}, 400,
+     "logit_bias"),
+    ("logit-bias-completions", "/v1/completions", {"prompt": "x", "logit_bias": {"5": -100}},
+     400, "logit_bias"),
+    ("min-tokens-above-max-tokens", "/v1/completions",
+     {"prompt": "x", "max_tokens": 4, "min_tokens": 5}, 400, "min_tokens"),
+    ("negative-min-tokens", "/v1/completions", {"prompt": "x", "min_tokens": -1}, 400,
+     "min_tokens"),
+    ("stop-token-ids-not-ids", "/v1/completions", {"prompt": "x", "stop_token_ids": ["a"]},
+     400, "stop_token_ids.0"),
     ("image-content", "/v1/chat/completions",
      {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, 400,
      None),
@@ -326,6 +370,21 @@ def test_bad_requests_get_openai_style_errors(client, path, payload, status, par
         assert err["param"] == param
     if status == 404:
         assert err["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("fields", [
+    {"min_tokens": 0, "stop_token_ids": [], "logit_bias": {}},
+    {"min_tokens": None, "stop_token_ids": None, "logit_bias": None},
+    {"min_tokens": 4, "stop_token_ids": [3, 4]},  # the simulator's outputs run to max_tokens
+], ids=["defaults", "nulls", "held"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_output_fields_at_their_defaults_or_held_are_accepted(client, path, fields):
+    body = {"prompt": "x"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "x"}]}
+    r = client.post(path, json={**body, "max_tokens": 4, **fields})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+    assert r.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_rejections_carry_the_engine_reason(client):

@@ -125,6 +125,32 @@ def test_anthropic_stream_with_thinking_text_and_tool_use():
     assert call["id"] == "toolu_1" and call["function"] == {"name": "grep", "arguments": '{"a": 1}'}
 
 
+def test_anthropic_message_delta_counts_are_cumulative():
+    """message_delta's usage states every count so far (Anthropic's, and cbbench serve's): a
+    count it states replaces message_start's, one it leaves out keeps it (the SDK's rule)."""
+    text = {"type": "content_block_delta", "index": 0,
+            "delta": {"type": "text_delta", "text": "hi"}}
+
+    def usage(start: dict, delta: dict) -> dict | None:
+        st = AnthropicStream([])
+        st.feed(sse({"type": "message_start", "message": {"id": "msg_1", "usage": start}},
+                    text, {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                           "usage": delta}, {"type": "message_stop"}), 0.0)
+        return st.usage
+
+    assert usage({"input_tokens": 62, "output_tokens": 0},
+                 {"input_tokens": 14, "cache_read_input_tokens": 48, "output_tokens": 2}) == {
+        "prompt_tokens": 62, "completion_tokens": 2,
+        "prompt_tokens_details": {"cached_tokens": 48}}
+    assert usage({"input_tokens": 5, "cache_read_input_tokens": 7, "output_tokens": 0},
+                 {"output_tokens": 3}) == {
+        "prompt_tokens": 12, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 7}}
+    # A usage with a count of the wrong type is not read: message_start's stand.
+    assert usage({"input_tokens": 5, "output_tokens": 0},
+                 {"input_tokens": "9", "output_tokens": 3}) == {
+        "prompt_tokens": 5, "completion_tokens": 3}
+
+
 def test_anthropic_errors_are_one_line():
     body = json.dumps({"type": "error", "error": {"type": "authentication_error",
                                                   "message": "invalid x-api-key"}}).encode()

@@ -8,13 +8,14 @@ and ``tool_choice`` (``auto`` | ``any`` | ``tool`` | ``none``), and cbbench's
 ``reasoning_tokens`` extension: the first N output tokens are the model's thinking. The
 conversation is rendered with the minimal chat template of /v1/chat/completions.
 
-A stream is ``event: TYPE`` / ``data: JSON``: ``message_start`` (the message, its
-``usage.input_tokens``); per content block ``content_block_start`` (``thinking``, ``text`` or
+A stream is ``event: TYPE`` / ``data: JSON``: ``message_start`` (the message and its
+``usage``, written with the first tokens, once the engine scheduled the request and its
+prefix-cache hits are known); per content block ``content_block_start`` (``thinking``, ``text`` or
 ``tool_use``), its ``content_block_delta`` events (``thinking_delta``, then one
 ``signature_delta``; ``text_delta``; ``input_json_delta`` for a tool call's input, the JSON
 object ``{"input": "<the tokens' text>"}``) and ``content_block_stop``; then ``message_delta``
-(``stop_reason``: ``end_turn``, ``max_tokens`` or ``tool_use``; ``usage.output_tokens``,
-cumulative) and ``message_stop``. ``usage.input_tokens`` counts the prompt tokens the prefix
+(``stop_reason``: ``end_turn``, ``max_tokens`` or ``tool_use``; ``usage``, cumulative: every
+count of the non-streamed message's) and ``message_stop``. ``usage.input_tokens`` counts the prompt tokens the prefix
 cache did not serve; ``cache_read_input_tokens`` those it did (Anthropic's split; with prefix
 caching off, all are input_tokens). Errors are ``{"type": "error", "error": {"type", "message"}}``
 (an ``error`` event mid-stream). A request's log line has ``api: anthropic`` and the message's
@@ -165,9 +166,11 @@ class AnthropicShaper(BlockStream):
     """One request's Messages events (or its one message): its content blocks are the blocks
     of block_stream.py."""
 
-    def __init__(self, job: Job, model: str, client_request_id: str | None) -> None:
+    def __init__(self, job: Job, model: str, client_request_id: str | None,
+                 report_cached: bool = False) -> None:
         super().__init__()
         self.job = job
+        self.report_cached = report_cached  # --enable-prefix-caching: the cache fields too
         self.plan: OutputPlan = job.plan
         self.id = request_id("msg", client_request_id, sep="_")
         self.model = model
@@ -182,7 +185,13 @@ class AnthropicShaper(BlockStream):
                 "usage": usage}
 
     def opening(self) -> bytes:
-        usage = {"input_tokens": len(self.job.prompt_ids), "output_tokens": 0}
+        return b""  # message_start waits for the cache hits (started)
+
+    def started(self, cached_tokens: int | None) -> bytes:
+        """message_start, before the first content block: its usage is Anthropic's split of
+        the prompt (input_tokens less the cache reads), known once the engine scheduled the
+        request; written at the response's start it could only say 0 cached."""
+        usage = _usage(len(self.job.prompt_ids), cached_tokens, self.report_cached, 0)
         return self._event({"type": "message_start", "message": self._message([], None, usage)})
 
     def _started(self, kind: str) -> bytes:
@@ -217,8 +226,9 @@ class AnthropicShaper(BlockStream):
 
     def closing(self, counts: Counts, engine_finish: str) -> bytes:
         delta = {"stop_reason": self._stop_reason(engine_finish), "stop_sequence": None}
+        # The cumulative usage, every count of the message's (Anthropic's message_delta).
         return (self._event({"type": "message_delta", "delta": delta,
-                             "usage": {"output_tokens": counts.output_tokens}})
+                             "usage": anthropic_usage(counts)})
                 + self._event({"type": "message_stop"}))
 
     def failure(self, message: str) -> bytes:
@@ -239,10 +249,16 @@ class AnthropicShaper(BlockStream):
 
 
 def anthropic_usage(c: Counts) -> dict:
-    """Anthropic's usage: input_tokens are the prompt tokens the prefix cache did not serve."""
-    cached = (c.cached_tokens or 0) if c.report_cached else 0
-    d = {"input_tokens": c.prompt_tokens - cached, "output_tokens": c.output_tokens}
-    if c.report_cached:
+    return _usage(c.prompt_tokens, c.cached_tokens, c.report_cached, c.output_tokens)
+
+
+def _usage(prompt_tokens: int, cached_tokens: int | None, report_cached: bool,
+           output_tokens: int) -> dict:
+    """Anthropic's usage: input_tokens are the prompt tokens the prefix cache did not serve,
+    cache_read_input_tokens those it did (with prefix caching on)."""
+    cached = (cached_tokens or 0) if report_cached else 0
+    d = {"input_tokens": prompt_tokens - cached, "output_tokens": output_tokens}
+    if report_cached:
         d["cache_read_input_tokens"] = cached
         d["cache_creation_input_tokens"] = 0
     return d
@@ -265,7 +281,7 @@ class AnthropicApi:
 
     def shaper(self, job: Job, s: Served, client_request_id: str | None, cfg: ServeConfig,
                submitted_s: float) -> AnthropicShaper:
-        return AnthropicShaper(job, s.name, client_request_id)
+        return AnthropicShaper(job, s.name, client_request_id, cfg.report_cached_tokens)
 
     def error_body(self, e: APIError) -> dict:
         return anthropic_error(e.status, e.message)

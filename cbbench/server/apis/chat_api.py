@@ -57,7 +57,15 @@ class ChatShaper:
         self.submitted_s = submitted_s
 
     def opening(self) -> bytes:
-        return sse_bytes(self.shape.chunk("", None, role=True)) if self.shape.chat else b""
+        if not self.shape.chat:
+            return b""
+        chunk = self.shape.chunk("", None, role=True)
+        if self.job.continuous_usage:  # vLLM's: the role chunk too, with no tokens yet
+            chunk["usage"] = usage(self.prompt_tokens, 0)
+        return sse_bytes(chunk)
+
+    def started(self, cached_tokens: int | None) -> bytes:
+        return b""  # the cache hits go in the final usage
 
     def tokens(self, pieces: list[list[str]], n: int, last: bool,
                engine_finish: str | None) -> bytes:
@@ -129,12 +137,13 @@ class OpenAIApi:
             ids, images = add_images(s.codec.encode(render_chat(req.messages)), req.messages, ctx)
             if not images and len(body) > ctx.max_body_bytes():  # the image allowance unused
                 raise body_too_large(ctx.max_body_bytes())
-            max_tokens = req.output_limit()
+            max_tokens = req.output_limit(s.output_room(len(ids)))
             plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         else:
             prompt = req.single_prompt()
             ids = s.codec.encode(prompt) if isinstance(prompt, str) else list(prompt)
             max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
+        req.check_min_tokens(max_tokens, (ctx.bridge.info or {}).get("engine") == "sim")
         check_vocab(ids, s.vocab_size, "messages" if self.chat else "prompt")
         return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, req.include_usage,
                       req.return_token_times, req.continuous_usage, plan, req,

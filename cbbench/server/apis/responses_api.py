@@ -3,7 +3,8 @@ and event types, as vLLM serves it.
 
 The request: ``input`` (a string, or a list of items: messages ``{"role", "content"}``, a
 model's earlier ``function_call`` and its ``function_call_output``), ``instructions`` (a system
-message), ``max_output_tokens`` (default 16, as completions), the sampling fields, ``tools``
+message), ``max_output_tokens`` (default: the context the prompt leaves, as vLLM's), the
+sampling fields, ``tools``
 (``{"type": "function", "name": ...}``) and ``tool_choice``, and cbbench's ``reasoning_tokens``
 extension (the first N output tokens are reasoning). The conversation is rendered with the
 minimal chat template of /v1/chat/completions, so a conversation costs the same prompt tokens
@@ -236,6 +237,9 @@ class ResponsesShaper(BlockStream):
         return (self._event({"type": "response.created", "response": r})
                 + self._event({"type": "response.in_progress", "response": r}))
 
+    def started(self, cached_tokens: int | None) -> bytes:
+        return b""  # the cache hits go in the final usage
+
     def _item(self, kind: str, done: bool) -> dict:
         status = "completed" if done else "in_progress"
         text = self.text[kind]
@@ -376,7 +380,10 @@ class ResponsesApi:
                             + [m for m in conversation if m.role != "system"])
         ids = s.codec.encode(render_chat(conversation))
         check_vocab(ids, s.vocab_size, "input")
-        max_tokens = req.max_output_tokens or DEFAULT_MAX_TOKENS
+        max_tokens = req.max_output_tokens
+        if max_tokens is None:  # vLLM's default: the context the prompt leaves
+            room = s.output_room(len(ids))
+            max_tokens = room if room is not None else DEFAULT_MAX_TOKENS
         plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         store = ctx.responses if req.store else None
         return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, plan=plan,

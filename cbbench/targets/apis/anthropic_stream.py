@@ -4,7 +4,8 @@ body, its headers, and the parser of its event stream.
 ``message_start`` carries the message id (the record's server_request_id) and
 ``usage.input_tokens``; the prompt tokens are input_tokens plus ``cache_read_input_tokens`` and
 ``cache_creation_input_tokens`` (Anthropic counts cached prompt tokens apart), and the cache
-reads are the record's cached tokens. Token events are the ``content_block_delta`` events with
+reads are the record's cached tokens. ``message_delta``'s usage is cumulative: a count it
+states replaces message_start's (as Anthropic's SDK reads it). Token events are the ``content_block_delta`` events with
 text: ``text_delta`` (answer), ``thinking_delta`` (reasoning), ``input_json_delta`` (a
 ``tool_use`` block's input: the call's id and name come with its ``content_block_start``);
 ``signature_delta`` is no token. ``message_delta`` has the cumulative ``usage.output_tokens``
@@ -35,13 +36,17 @@ DELTA_KINDS = {  # content_block_delta's delta type -> (its text field, the toke
 STOP_REASONS = {"max_tokens": "length", "tool_use": "tool_calls"}
 
 
+PROMPT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+
+
 class AnthropicStream(SseStream):
-    __slots__ = ("_prompt", "_cached")
+    __slots__ = ("_prompt_counts",)
 
     def __init__(self, times: list[float], keep_text: bool = False) -> None:
         super().__init__(True, times, keep_text)
-        self._prompt: int | None = None
-        self._cached: int | None = None
+        # input_tokens, cache reads, cache writes: message_start's, each overwritten by a
+        # message_delta that states it (its counts are cumulative, as the SDK reads them).
+        self._prompt_counts: list[int | None] = [None, None, None]
 
     def _chunk(self, obj: object, t: float) -> None:
         if type(obj) is not dict:
@@ -88,20 +93,26 @@ class AnthropicStream(SseStream):
         if not isinstance(message, dict):
             raise _bad_shape(message)
         self._take_id(message)
-        u = message.get("usage")
-        if isinstance(u, dict):
-            counts = [u.get(k) for k in ("input_tokens", "cache_read_input_tokens",
-                                         "cache_creation_input_tokens")]
-            if all(type(c) is int or c is None for c in counts) and counts[0] is not None:
-                self._prompt = sum(c or 0 for c in counts)
-                self._cached = counts[1]
+        self._take_prompt_counts(message.get("usage"))
+
+    def _take_prompt_counts(self, u: object) -> None:
+        """The prompt counts a usage block states (all ints or nulls, else none of them)."""
+        if not isinstance(u, dict):
+            return
+        counts = [u.get(k) for k in PROMPT_COUNTS]
+        if all(type(c) is int or c is None for c in counts):
+            self._prompt_counts = [c if c is not None else old
+                                   for c, old in zip(counts, self._prompt_counts)]
 
     def _message_delta(self, obj: dict) -> None:
         u = obj.get("usage")
         if isinstance(u, dict):
-            usage: dict = {"prompt_tokens": self._prompt, "completion_tokens": u.get("output_tokens")}
-            if self._cached is not None:
-                usage["prompt_tokens_details"] = {"cached_tokens": self._cached}
+            self._take_prompt_counts(u)
+            inp, read, write = self._prompt_counts
+            prompt = None if inp is None else inp + (read or 0) + (write or 0)
+            usage: dict = {"prompt_tokens": prompt, "completion_tokens": u.get("output_tokens")}
+            if read is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": read}
             self.usage = usage
         reason = (obj.get("delta") or {}).get("stop_reason")
         if isinstance(reason, str):
