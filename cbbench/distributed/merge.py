@@ -201,7 +201,7 @@ class Merger:
         info.update(
             connection_pool_size=sum(f.connection_pool_size for f in figures),
             connection_pool_capped=any(f.connection_pool_capped for f in figures),
-            max_in_flight=sum(f.max_in_flight or 0 for f in figures),  # sum of peaks
+            max_in_flight=_peak_in_flight(self.records, figures),
             t0_epoch_s=wall_clock_of(t0),
             client_cpu_s=cpu,
             client_cpu_util=cpu / duration if duration > 0 else None,  # in cores
@@ -243,3 +243,29 @@ def _ms(v: float | None) -> str:
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.0%} of a core"
+
+
+def peak_in_flight(records) -> int | None:
+    """The run's peak of requests open at once, each from its send to its last token (ends
+    before starts at a tie); None where a sent request has no token, so its end is unknown."""
+    edges: list[tuple[float, int]] = []
+    for r in records:
+        if r is None or r.send_s is None:
+            continue
+        if not r.token_times_s:
+            return None
+        edges += [(r.send_s, 1), (r.token_times_s[-1], -1)]
+    level = peak = 0
+    for _, step in sorted(edges):
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def _peak_in_flight(records, figures) -> int:
+    """The merged run's max_in_flight: its own peak over every worker's records, as one process
+    counts it. Summing each worker's peak overstated it (51 open at once read 54 with two
+    workers: their peaks fell at different times); the sum stays only where a request's end is
+    unknown (one failed before its first token), as an upper bound."""
+    peak = peak_in_flight(records)
+    return peak if peak is not None else sum(f.max_in_flight or 0 for f in figures)

@@ -42,7 +42,7 @@ from worker_runs import (
 from cbbench.analysis.records import RequestRecord
 from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.clock_offset import measure_offset
-from cbbench.distributed.merge import WORKER_LOST, Merger
+from cbbench.distributed.merge import WORKER_LOST, Merger, peak_in_flight
 from cbbench.distributed.messages import Done, Failed, Ready, RecordBatch
 from cbbench.distributed.plan import LoadPlan, deal, parse_workers
 from cbbench.errors import UsageError
@@ -387,3 +387,27 @@ def test_the_accuracy_verdict_under_load_still_fails(flagged, client, expected):
     only the error its reported lag explains (the hand-computed cases: server TTFT 20 ms)."""
     ok, why = accurate_or_flagged(_run(flagged, 6.0, 4.0), client, 20.0)
     assert ok is expected, why
+
+
+def test_merged_max_in_flight_is_the_runs_peak_not_the_sum_of_the_workers_peaks(notices):
+    """Worker 0's two requests overlap at 0.1-1.0 s, worker 1's at 2.1-3.0 s: each worker's
+    peak is 2, the run's is 2 (it read 4, the sum of the peaks, which fell at other times)."""
+    wreqs = [WorkloadRequest(i, 5, 2) for i in range(4)]
+    arrivals = [0.0, 2.0, 0.1, 2.1]
+    shares = [[0, 2], [1, 3]]
+    m = Merger(wreqs, arrivals, shares)
+    m.on_message(Ready(0, 11, "h"))
+    m.on_message(Ready(1, 12, "h"))
+
+    def rec(i: int, t: float) -> RequestRecord:
+        return RequestRecord(i, 5, 2, t, send_s=t, token_times_s=[t + 0.5, t + 0.9])
+
+    m.on_message(RecordBatch(0, [(0, rec(0, 0.0), "usage"), (2, rec(2, 0.1), "usage")]))
+    m.on_message(RecordBatch(1, [(1, rec(1, 2.0), "usage"), (3, rec(3, 2.1), "usage")]))
+    for w in (0, 1):
+        m.on_message(Done(w, 3.0, False, {"client_cpu_s": 0.1, "max_in_flight": 2}, [0.5]))
+    run = m.result(EndpointOptions("http://127.0.0.1:1"), time.perf_counter(), False, 0.0)
+    assert run.info["max_in_flight"] == 2
+    assert peak_in_flight([rec(0, 0.0), rec(1, 0.9)]) == 1  # one ends as the next is sent
+    failed = RequestRecord(9, 5, 2, 0.0, send_s=0.0, error="x", error_type="http_status")
+    assert peak_in_flight([rec(0, 0.0), failed]) is None  # its end is unknown
