@@ -410,3 +410,26 @@ def one_line(res, *texts: str) -> str:
     for t in texts:
         assert t in lines[0], (t, lines[0])
     return lines[0]
+
+
+@contextlib.contextmanager
+def logged_server(log, build, cfg):
+    """start_server with a request log: yields (run, read_log), read_log() the log's lines by
+    id, stopping the server first (the log is complete then)."""
+    import json as _json
+
+    run = start_server(build, cfg)
+    stopped = False
+
+    def read_log() -> dict:
+        nonlocal stopped
+        if not stopped:
+            run.stop()
+            stopped = True
+        return {x["id"]: x for x in map(_json.loads, log.read_text().splitlines())}
+
+    try:
+        yield run, read_log
+    finally:
+        if not stopped:
+            run.stop()

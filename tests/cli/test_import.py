@@ -299,6 +299,16 @@ def _aiperf_line(start_ns, issued_ns, ttft_ms, chunks_ms, osl, isl, error=None, 
     })
 
 
+def _import_aiperf(tmp_path, lines: list[str]) -> dict:
+    """`cbbench import --from aiperf` of these profile_export.jsonl lines: the result read back."""
+    src = tmp_path / "profile_export.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "imported.json"
+    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())
+
+
 def test_aiperf_records_figures_are_the_hand_computed_ones(tmp_path):
     base = 10**18
     lines = [
@@ -310,12 +320,7 @@ def test_aiperf_records_figures_are_the_hand_computed_ones(tmp_path):
         _aiperf_line(base + 500_000_000, base + 500_000_000, 50.0, [10.0], 2, 20),
         _aiperf_line(base + 600_000_000, base + 600_000_000, 0.0, [], 0, 30, error="boom"),
     ]
-    src = tmp_path / "profile_export.jsonl"
-    src.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "imported.json"
-    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    result = json.loads(out.read_text())
+    result = _import_aiperf(tmp_path, lines)
     s = result["summary"]
     assert (s["completed"], s["failed"]) == (2, 1)
     assert s["ttft_ms"]["mean"] == pytest.approx((102.0 + 50.0) / 2)
@@ -334,12 +339,7 @@ def test_aiperf_itl_is_per_token_where_chunks_held_several(tmp_path):
     base = 1_700_000_000 * 10**9
     lines = [_aiperf_line(base + 10_000_000, base, 100.0, [30.0, 30.0, 30.0], 10, 5),
              _aiperf_line(base + 50_000_000, base + 50_000_000, 200.0, [40.0], 2, 7)]
-    src = tmp_path / "profile_export.jsonl"
-    src.write_text("\n".join(lines) + "\n")
-    out = tmp_path / "imported.json"
-    res = runner.invoke(app, ["import", str(src), "--from", "aiperf", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    result = json.loads(out.read_text())
+    result = _import_aiperf(tmp_path, lines)
     s, reqs = result["summary"], result["requests"]
     # A's 10 tokens spread over its 4 chunks: 1, 3, 3, 3 -- nine 10 ms gaps, AIPerf's own ITL;
     # B one token a chunk: one 40 ms gap. Per token: (9 * 10 + 40) / 10 = 13 ms over 10 gaps

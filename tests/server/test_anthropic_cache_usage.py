@@ -12,7 +12,7 @@ import subprocess
 
 import httpx
 import pytest
-from helpers import CBBENCH, SERVE_MODEL, serve_process, sim_options, start_server
+from helpers import CBBENCH, SERVE_MODEL, logged_server, serve_process, sim_options
 
 from cbbench.cli.serve import build_serving_engine
 from cbbench.server.app import ServeConfig
@@ -26,20 +26,9 @@ BLOCK = 16
 @pytest.fixture
 def served(tmp_path):
     log = tmp_path / "serve.jsonl"
-    run = start_server(lambda: build_serving_engine(sim_options(enable_prefix_caching=True)),
-                       ServeConfig(request_log=str(log), report_cached_tokens=True))
-    stopped = False
-
-    def read_log() -> dict:
-        nonlocal stopped
-        if not stopped:
-            run.stop()
-            stopped = True
-        return {x["id"]: x for x in map(json.loads, log.read_text().splitlines())}
-
-    yield run, read_log
-    if not stopped:
-        run.stop()
+    with logged_server(log, lambda: build_serving_engine(sim_options(enable_prefix_caching=True)),
+                       ServeConfig(request_log=str(log), report_cached_tokens=True)) as served:
+        yield served
 
 
 def _body(prompt: str = PROMPT, **kw) -> dict:

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from helpers import POLL_S, SERVE_MODEL, START_TIMEOUT_S, sim_options, start_server
+from helpers import POLL_S, SERVE_MODEL, START_TIMEOUT_S, logged_server, sim_options
 
 from cbbench.cli.serve import build_serving_engine
 from cbbench.server.app import ServeConfig
@@ -31,20 +31,9 @@ def served(tmp_path):
     """A guarded server with a request log; yields (url, read_log), read_log() the log's lines
     by id once the server stopped (the log is complete then)."""
     log = tmp_path / "serve.jsonl"
-    run = start_server(lambda: build_serving_engine(sim_options()),
-                       ServeConfig(api_key=KEY, request_log=str(log)))
-    stopped = False
-
-    def read_log() -> dict:
-        nonlocal stopped
-        if not stopped:
-            run.stop()
-            stopped = True
-        return {x["id"]: x for x in map(json.loads, log.read_text().splitlines())}
-
-    yield run, read_log
-    if not stopped:
-        run.stop()
+    with logged_server(log, lambda: build_serving_engine(sim_options()),
+                       ServeConfig(api_key=KEY, request_log=str(log))) as served:
+        yield served
 
 
 def test_openai_sdk_streams_responses_as_the_log_says(served):
