@@ -272,7 +272,10 @@ def execute_run(
     if spec.endpoint is not None:
         server_side = _add_http_figures(summary, run)
         add_splits(summary, run.records, run.duration_s, spec.percentiles)
-    telemetry_result = telemetry.result()
+    # The run's steady window, so the telemetry's "steady state" is the run's (it was the middle
+    # 80% of the sampled span, another window under the same words).
+    window = (summary.get("steady_state") or {}).get("window_s")
+    telemetry_result = telemetry.result(tuple(window) if window else None)
     requests, iterations = _records(run, spec, records)
     # The file's keys in the file's order (tests/cli/test_golden_results.py holds it).
     return as_run_result({
@@ -479,7 +482,9 @@ class Telemetry:
         if self.sampler is not None:
             self.sampler.stop()
 
-    def result(self) -> dict:
+    def result(self, window: tuple[float, float] | None = None) -> dict:
+        """The telemetry section; ``window``: the run's steady window (start_s, end_s), over
+        which the steady figures are taken (None: the samplers' middle 80%)."""
         from cbbench.analysis.summary.telemetry import (
             CPU_RUN_REASON,
             SIMULATED_GPU_REASON,
@@ -488,7 +493,7 @@ class Telemetry:
         )
 
         if self.sampler is not None:
-            telemetry = self.sampler.to_result()
+            telemetry = self.sampler.to_result(window)
         elif self.spec.output.gpu_metrics:  # the target never started its clock (array simulator)
             telemetry = unavailable("the run's clock never started: no DCGM page was scraped")
         elif self.spec.endpoint is not None:

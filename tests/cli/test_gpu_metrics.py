@@ -174,6 +174,11 @@ def test_two_gpus_scraped_during_a_run(sim_server, workload, tmp_path):
     assert steady["mean"] == pytest.approx((DRAM[0] + DRAM[1]) * 50, rel=0.05)
     line = telemetry_line(tel)
     assert line.startswith("GPU telemetry (dram_active_dcgm, steady state): HBM util mean")
+    # "steady state" is the run's own window, not the middle 80% of the samples' span (the
+    # line said the one and took the other).
+    win = tel["summary"]["window"]
+    assert [win["start_s"], win["end_s"]] == result["summary"]["steady_state"]["window_s"]
+    assert win["rule"] == "given by caller"
     assert line in r.output
     # The report's plot draws the measured series, and the file reads back through the schema.
     t, pct = plots.telemetry_bandwidth(result)
