@@ -176,6 +176,26 @@ def test_a_cap_that_never_binds_is_no_slot_wait(srv, workload, tmp_path, monkeyp
     assert result["summary"]["send_lag_ms"]["p99"] > 0
 
 
+def test_a_closed_loops_steady_window_lasts_while_requests_wait_for_a_slot(
+        srv, workload, tmp_path, monkeypatch):
+    """--max-concurrency 1 at 200 req/s: the 12 requests' intended starts end by ~0.06 s, but
+    they get their slot one after another until the last one's. The steady window closed at the
+    last intended arrival, leaving out nearly all of the loop's busy time; it now runs to the
+    last request's slot (the run drains only after it)."""
+    out = tmp_path / "closed.json"
+    res = endpoint_run(monkeypatch, srv.url, workload, out, "--max-concurrency", "1",
+                       "--request-rate", "200", "--seed", "2")
+    assert res.exit_code == 0, res.output
+    result = to_dict(read_run(out))
+    rows = result["requests"]
+    last_intended = max(r["intended_start_s"] for r in rows)
+    last_slot = max(r["intended_start_s"] + r["slot_wait_ms"] / 1000 for r in rows)
+    assert last_slot > last_intended + 0.1  # the loop waited well past the schedule
+    a, b = result["summary"]["steady_state"]["window_s"]
+    assert b > last_intended + 0.1 and b <= last_slot + 1e-9
+    assert result["summary"]["steady_state"]["arrivals_end_s"] == pytest.approx(last_slot)
+
+
 def test_max_concurrency_caps_in_flight(srv, workload, tmp_path, monkeypatch):
     cap = 4
     out = tmp_path / "capped.json"

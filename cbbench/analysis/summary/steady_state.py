@@ -11,8 +11,8 @@ figures within it (summary.steady_state), chosen one of two ways:
   client's count of requests in flight (``in_flight_requests``). The level L is the
   time-weighted median of c(t) while requests were still arriving (the whole run when they
   all arrived at once). The window opens the first time c(t) reaches ``LEVEL_FRACTION`` * L
-  and closes the last time it is there, and no later than the last arrival: after it the run
-  can only drain.
+  and closes the last time it is there, and no later than the last arrival (under
+  ``--max-concurrency``, the last request's slot): after it the run can only drain.
 
 Within the window [a, b]: latencies (TTFT, TPOT, ITL, E2EL) over the requests served in it
 (first token within it; a request that got none, by its intended start), so a run whose
@@ -214,7 +214,11 @@ def steady_state(
             method = METHOD_IN_FLIGHT
             edges, values = steps_from_requests(cols)
         starts = cols.intended_start_s
-        arrivals = (float(starts.min()), float(starts.max())) if len(starts) else (0.0, 0.0)
+        # Under --max-concurrency a request waiting for a slot is load still to come: the run
+        # drains only once the last one got its slot (it closed at the last intended arrival,
+        # while the closed loop kept its cap in flight for seconds after).
+        ready = np.where(np.isnan(cols.slot_s), starts, cols.slot_s)
+        arrivals = (float(starts.min()), float(ready.max())) if len(starts) else (0.0, 0.0)
         found = detect_window(edges, values, arrivals[0], arrivals[1])
         window = found[:2] if found else None
         detail = found[2] if found else {}
