@@ -11,17 +11,14 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import cli_in_process, run_spec, sim_options, start_server
+from helpers import LLAMA3_DIR_CANDIDATES, cli_in_process, run_spec, sim_options, start_server
 
 from cbbench.cli.serve import build_serving_engine
 from cbbench.load.prompts import load_tokenizer
 from cbbench.server.app import ServeConfig
 
-REPO = Path(__file__).resolve().parents[2]
-# shared/ sits in the repo root on the device machine, beside the checkout elsewhere.
-LLAMA3_CANDIDATES = [base / "shared" / "tokenizers" / "llama-3.1"
-                     for base in (REPO, REPO.parent, REPO.parent.parent)]
-LLAMA3 = next((p for p in LLAMA3_CANDIDATES if (p / "tokenizer.json").is_file()), None)
+LLAMA3 = next((Path(d) for d in LLAMA3_DIR_CANDIDATES if (Path(d) / "tokenizer.json").is_file()),
+              None)
 BOS = 128000  # <|begin_of_text|>
 PROMPTS = [
     "Tell me a story about a cat who lives on the moon.",
