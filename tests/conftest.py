@@ -22,6 +22,14 @@ import sys
 # engine sets it, engine/build_torch.py). setdefault: a run that asks for more threads gets them.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# `python -m pytest` (unlike the README's `pytest`) puts the current folder first on sys.path. From
+# the repository root that made our top-level kernels/ folder (installed as cbbench.kernels)
+# importable as `kernels`, in front of Hugging Face's `kernels` package, which transformers imports:
+# every Hugging Face comparison test failed with "cannot import name 'CUDAProperties' from
+# 'kernels'". The package is installed (editable or not), so the root on sys.path adds nothing else.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _ROOT]
+
 # The few hundred `cbbench` and `python` processes the tests start share one bytecode cache in a
 # temporary folder. Where PYTHONDONTWRITEBYTECODE is set (some sandboxes set it), each of them
 # would compile cbbench's modules from source again: 0.03-0.17 s of CPU a start
