@@ -4,7 +4,8 @@ beside --tokenizer's tokenizer.json, rendered around each prompt as Hugging Face
 server adds these tokens (role headers, BOS, the generation prompt: 9 per request for Llama-3)
 to every prompt; when it sends no usage, this is the client's best count of them. The
 server's own template may differ (llama.cpp picks one from the GGUF, or by name), so the
-result calls it `chat_template`, not `usage`.
+result calls it `chat_template`, not `usage`. `cbbench serve --tokenizer` renders its chats
+with this same loader (server/chat_render.py), so its usage and this count agree.
 """
 
 from __future__ import annotations
