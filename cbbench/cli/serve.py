@@ -62,6 +62,7 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     the prompt leaves).
     """
     from cbbench.engine.core.request import SamplingParams
+    from cbbench.load.chat_template import load_chat_template
     from cbbench.load.prompts import load_tokenizer
     from cbbench.server.app import ServeConfig, create_app
     from cbbench.server.auth import is_loopback, resolve_api_key
@@ -73,9 +74,13 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     # Resolve "auto" here, once: its notice prints now, and build_engine does not repeat it.
     opts = dataclasses.replace(opts, engine=resolve_engine(opts))
     tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+    # The chat template beside the tokenizer.json (a model folder's tokenizer_config.json):
+    # chats are rendered with it, as vLLM renders them for the same model.
+    template = load_chat_template(tokenizer) if tokenizer is not None else None
     config = ServeConfig(
         served_model_name=options.served_model_name or opts.model,
         tokenizer=tok,
+        chat_template=template,
         defaults=SamplingParams(
             temperature=opts.temperature, top_p=opts.top_p, top_k=opts.top_k,
             ignore_eos=opts.ignore_eos,

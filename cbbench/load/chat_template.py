@@ -4,7 +4,8 @@ beside --tokenizer's tokenizer.json, rendered around each prompt as Hugging Face
 server adds these tokens (role headers, BOS, the generation prompt: 9 per request for Llama-3)
 to every prompt; when it sends no usage, this is the client's best count of them. The
 server's own template may differ (llama.cpp picks one from the GGUF, or by name), so the
-result calls it `chat_template`, not `usage`.
+result calls it `chat_template`, not `usage`. `cbbench serve --tokenizer` renders its chats
+with this same loader (server/chat_render.py), so its usage and this count agree.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import datetime as _dt
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # Some list every added token (a few MB); far beyond that is not a tokenizer config.
@@ -27,8 +28,59 @@ MAX_RANGE_ITEMS = 1 << 20  # items every range() of one render may make together
 MAX_POWER_EXPONENT = 64
 
 
+# Hugging Face's continue_final_message marker (transformers' render_jinja_template): written
+# after the final message's text, then the render is cut where it appears, so the prompt ends
+# inside that message (no end-of-turn token), whatever the template writes around it.
+CONTINUE_FINAL_MESSAGE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
 class RenderLimit(Exception):
     """A template went past its render's time or size limit."""
+
+
+class ChatTemplateError(Exception):
+    """A chat could not be rendered: the template's own raise_exception, an error it ran into,
+    a render limit, or a final message it does not write (continue_final_message). The
+    message says which; a server answers it as a 400, as vLLM does."""
+
+
+class ChatTemplate(NamedTuple):
+    """A tokenizer folder's compiled chat template, with the special tokens it is given."""
+
+    template: Any  # a jinja2 Template from the bounded sandbox below
+    bos_token: str
+    eos_token: str
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               continue_final_message: bool = False, tools: list[dict] | None = None) -> str:
+        """The prompt text as Hugging Face's apply_chat_template(tokenize=False) renders it:
+        the template writes every special token (BOS included), so whoever encodes it adds
+        none (vLLM's rule). ``continue_final_message``: the text ends inside the last
+        message, so the model continues it (Hugging Face's tag-and-cut). ChatTemplateError
+        when it does not render."""
+        final = ""
+        if continue_final_message:
+            if not messages or not isinstance(messages[-1].get("content"), str):
+                raise ChatTemplateError("continue_final_message needs a final message with text")
+            final = messages[-1]["content"]
+            tagged = {**messages[-1], "content": final + CONTINUE_FINAL_MESSAGE_TAG}
+            messages = [*messages[:-1], tagged]
+        # tools and documents passed as None, as Hugging Face passes them: a template's
+        # `tools is not none` is true of a name left undefined.
+        text = render_checked(
+            self.template, messages=messages, tools=tools, documents=None,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token, eos_token=self.eos_token,
+        )
+        if not continue_final_message:
+            return text
+        tag = CONTINUE_FINAL_MESSAGE_TAG.strip()
+        if final.strip() not in text or tag not in text:
+            raise ChatTemplateError("continue_final_message: the chat template does not write "
+                                    "the final message as it was sent")
+        at = text.rindex(tag)
+        # A template that trims the content trimmed the tag's space too: trim what is left.
+        return text[:at] if text.startswith(CONTINUE_FINAL_MESSAGE_TAG, at) else text[:at].rstrip()
 
 
 def _special(config: dict, key: str) -> str:
@@ -36,10 +88,12 @@ def _special(config: dict, key: str) -> str:
     return value.get("content", "") if isinstance(value, dict) else str(value)
 
 
-def load_chat_template(tokenizer_path: str):
-    """(compiled template, bos, eos) from the tokenizer_config.json beside the tokenizer, or
-    None when there is none (or no chat_template in it, or it does not compile)."""
-    path = Path(tokenizer_path).with_name(TOKENIZER_CONFIG)
+def load_chat_template(tokenizer_path: str) -> ChatTemplate | None:
+    """The chat template (with its bos and eos) from the tokenizer_config.json beside the
+    tokenizer (or in the model folder given), or None when there is none (or no
+    chat_template in it, or it does not compile)."""
+    given = Path(tokenizer_path)
+    path = given / TOKENIZER_CONFIG if given.is_dir() else given.with_name(TOKENIZER_CONFIG)
     from cbbench.engine.json_file import read_json
 
     try:  # capped: a tokenizer_config.json linked to /dev/zero was read until the OOM killer
@@ -70,7 +124,7 @@ def load_chat_template(tokenizer_path: str):
         template = env.from_string(source)
     except Exception:  # a syntax error, or source nested past the parser's recursion
         return None
-    return template, _special(config, "bos_token"), _special(config, "eos_token")
+    return ChatTemplate(template, _special(config, "bos_token"), _special(config, "eos_token"))
 
 
 def _bounded_sandbox(base: type) -> Callable[..., Any]:
@@ -131,9 +185,9 @@ def _bounded_sandbox(base: type) -> Callable[..., Any]:
     return make
 
 
-def render_bounded(template, **context) -> str | None:
-    """The template rendered within its limits, or None when it fails in any way (an error of
-    its own, a type error, recursion, a limit): that prompt's count is then unknown."""
+def render_checked(template, **context) -> str:
+    """The template rendered within its limits; ChatTemplateError, with the reason, when it
+    fails in any way (an error of its own, a type error, recursion, a limit)."""
     env = template.environment
     env.start()
     out: list[str] = []
@@ -142,12 +196,21 @@ def render_bounded(template, **context) -> str | None:
         for chunk in template.generate(**context):
             size += len(chunk)
             if size > RENDER_MAX_CHARS:
-                return None
+                raise RenderLimit(f"a rendered prompt longer than {RENDER_MAX_CHARS} characters")
             env.tick()
             out.append(chunk)
-    except Exception:  # anything a hostile template raises (RecursionError too): not a count
-        return None
+    except Exception as e:  # anything a hostile template raises (RecursionError too)
+        raise ChatTemplateError(f"the chat template did not render: {e or type(e).__name__}") \
+            from None
     return "".join(out)
+
+
+def render_bounded(template, **context) -> str | None:
+    """render_checked's text, or None when it fails: that prompt's count is then unknown."""
+    try:
+        return render_checked(template, **context)
+    except ChatTemplateError:
+        return None
 
 
 def chat_prompt_tokens(
@@ -159,17 +222,14 @@ def chat_prompt_tokens(
     loaded = load_chat_template(tokenizer_path)
     if loaded is None:
         return None
-    template, bos, eos = loaded
     out: list[int | None] = []
     for prompt in prompts:
         if not isinstance(prompt, str):
             out.append(None)
             continue
-        text = render_bounded(
-            template, messages=[{"role": "user", "content": prompt}],
-            add_generation_prompt=True, bos_token=bos, eos_token=eos,
-        )
-        if text is None:
+        try:
+            text = loaded.render([{"role": "user", "content": prompt}])
+        except ChatTemplateError:
             out.append(None)
             continue
         # The template writes the special tokens itself (BOS included): none added here.

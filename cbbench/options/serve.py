@@ -31,9 +31,10 @@ class ServeOptions:
     )
     tokenizer: str | None = opt(
         None,
-        "tokenizer.json (or its folder) to encode prompts and decode outputs. Without one, each "
-        "prompt word is one token and outputs are placeholder text (' tok' per token for sim, "
-        "each token id as text for torch).",
+        "tokenizer.json (or its folder) to encode prompts and decode outputs; the chat_template "
+        "of the tokenizer_config.json beside it renders chats, as vLLM renders them (none: a "
+        "minimal template). Without --tokenizer, each prompt word is one token and outputs are "
+        "placeholder text (' tok' per token for sim, each token id as text for torch).",
     )
     seed: int = opt(0, "Engine seed (random-weight model presets).")
     api_key: str | None = opt(

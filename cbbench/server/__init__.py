@@ -5,4 +5,5 @@
 - ``protocol``: request models, validation, OpenAI-style errors and response bodies;
 - ``metrics``: Prometheus metrics on a registry of the app's own;
 - ``text``: prompt encoding and token decoding (a real tokenizer, or a documented fallback).
+- ``chat_render``: chats as prompts (the tokenizer's chat template, or a minimal one).
 """

@@ -201,7 +201,7 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
         s = ctx.ready()
         body = parse_tokenize(await _json_body(request))
         ctx.check_model(s, body.model)
-        return tokenize(body, s.codec, s.max_model_len)
+        return tokenize(body, s.codec, s.max_model_len, s.chat)
 
     @app.post("/detokenize")
     async def detokenize_endpoint(request: Request):

@@ -7,8 +7,10 @@ import time
 from dataclasses import dataclass, field
 
 from cbbench.engine.core.request import SamplingParams
+from cbbench.load.chat_template import ChatTemplate
 from cbbench.server.apis.response_store import ResponseStore
 from cbbench.server.async_engine import AsyncEngine
+from cbbench.server.chat_render import ChatRenderer
 from cbbench.server.limits import (
     DEFAULT_LIMIT_IMAGES_PER_PROMPT,
     DEFAULT_MAX_IMAGE_BYTES,
@@ -31,6 +33,9 @@ MIN_BODY_BYTES = 1 << 20
 class ServeConfig:
     served_model_name: str | None = None  # None: the engine's model name
     tokenizer: object | None = None  # a tokenizers.Tokenizer, or None for the fallback
+    # The tokenizer folder's chat template (load_chat_template), rendered around chats as vLLM
+    # renders the model's; None: the minimal template (chat_render.py).
+    chat_template: ChatTemplate | None = None
     # Sampling for fields a request leaves out (the command line's --temperature, ...).
     defaults: SamplingParams = field(default_factory=SamplingParams)
     request_log: str | None = None  # --request-log: a JSON-lines file, appended to
@@ -62,6 +67,7 @@ class Served:
     max_model_len: int | None
     created: int
     kv_capacity_tokens: int | None = None  # the KV pool's tokens
+    chat: ChatRenderer = field(default_factory=ChatRenderer)  # how chats become prompts
 
     def output_room(self, prompt_tokens: int) -> int | None:
         """vLLM's output limit for a chat or Responses request that sets none (get_max_tokens):
@@ -100,6 +106,7 @@ class ServeContext:
             max_model_len=info.get("max_model_len"),
             created=int(time.time()),
             kv_capacity_tokens=info.get("kv_capacity_tokens"),
+            chat=ChatRenderer(self.cfg.chat_template),
         )
         return self._served
 

@@ -10,7 +10,8 @@ Perception of the World at Any Resolution"):
   [min_pixels, max_pixels] = [56*56, 28*28*1280], keeping the aspect ratio; the ViT's 14x14
   patches are merged 2x2 into one LLM token, so an image costs (H'/28) * (W'/28) tokens
   (1024 x 1024 -> 980 x 980 -> 35 * 35 = 1225). The vision start/end marker tokens around
-  each image are not counted (this server's chat template is minimal: protocol.py).
+  each image are not counted (the placeholders follow the chat template's text:
+  chat_render.py).
 - Encoder (a named assumption, not a measurement): the ViT is Qwen2-VL's 675M-parameter
   encoder (32 layers, width 1280) over the (H'/14) * (W'/14) patches, full attention within an
   image: 2 * 675e6 FLOPs per patch for its weights plus 4 * 32 * 1280 per (patch, patch)

@@ -36,8 +36,11 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   (docs/streaming.md). ``stream_options.continuous_usage_stats`` (vLLM's), with
   ``include_usage`` (vLLM ignores it alone), puts the running usage on every chunk, the
   opening role chunk included (``completion_tokens`` 0).
-- Chat template (minimal, the same for every model): each message as
-  ``<|role|>\\n{content}\\n``, then ``<|assistant|>\\n``; text content parts are joined.
+- Chat template: the --tokenizer folder's own (tokenizer_config.json's ``chat_template``),
+  rendered as Hugging Face renders it and encoded without a second BOS, as vLLM serves it
+  (chat_render.py). Without one (no --tokenizer, or no template beside it) a minimal template,
+  the same for every model: each message as ``<|role|>\\n{content}\\n``, then
+  ``<|assistant|>\\n``; text content parts are joined.
 - ``image_url`` content parts (data: URLs) cost the vision tokens of Qwen2-VL's formula, after
   the text's tokens, and a vision-encoder time on the simulated GPU (server/images.py); usage
   counts them in ``prompt_tokens`` and, a cbbench extension, in
@@ -365,7 +368,8 @@ class ChatRequest(_Base):
 
 
 def render_chat(messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
-    """The minimal chat template: role-tagged contents, then the assistant's tag."""
+    """The minimal chat template: role-tagged contents, then the assistant's tag. Used when
+    the served tokenizer has no chat template of its own (chat_render.py)."""
     parts = []
     for m in messages:
         c = m.content
@@ -391,9 +395,11 @@ class TokenizeCompletionRequest(BaseModel):
 
 
 class TokenizeChatRequest(BaseModel):
-    """The chat form tokenizes what /v1/chat/completions would feed the engine. Unlike vLLM
-    (whose Hugging Face templates write the BOS themselves) ``add_special_tokens`` defaults to
-    true: the minimal template has no BOS, and the chat endpoint adds it on encoding."""
+    """The chat form tokenizes what /v1/chat/completions would feed the engine.
+    ``add_special_tokens`` left out follows the chat endpoint: false with the tokenizer's
+    chat template (it writes the BOS itself, vLLM's default), true with the minimal template
+    (it has no BOS: the encoder adds it). ``continue_final_message`` (with
+    ``add_generation_prompt`` false, vLLM's rule) needs the tokenizer's template."""
 
     model_config = STRICT
 
@@ -401,7 +407,7 @@ class TokenizeChatRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    add_special_tokens: bool = True
+    add_special_tokens: bool | None = None  # None: the chat endpoint's rule (above)
     return_token_strs: bool = False
 
 

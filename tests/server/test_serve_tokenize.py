@@ -5,26 +5,18 @@ with the word-per-token fallback and, when the shared Llama-3 tokenizer.json is 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
 import pytest
 from helpers import SERVE_CONTEXT as CONTEXT
 from helpers import SERVE_MODEL as MODEL
-from helpers import sim_options, start_server
+from helpers import llama3_tokenizer_dir, sim_options, start_server
 
 from cbbench.cli.serve import build_serving_engine
+from cbbench.load.chat_template import load_chat_template
 from cbbench.load.prompts import load_tokenizer
 from cbbench.server.app import ServeConfig
 from cbbench.server.text import FALLBACK_KIND, TOKENIZER_KIND
 
-REPO = Path(__file__).resolve().parents[2]
-# shared/ sits in the repo root on the device machine, beside the checkout elsewhere.
-LLAMA3_CANDIDATES = [
-    base / "shared" / "tokenizers" / "llama-3.1" / "tokenizer.json"
-    for base in (REPO, REPO.parent, REPO.parent.parent)
-]
-LLAMA3 = next((p for p in LLAMA3_CANDIDATES if p.is_file()), None)
 BOS = 128000  # <|begin_of_text|>
 TEXT = "Hello, world! The quick brown fox jumps over the lazy dog. ünïcödé ✓ 日本語"
 
@@ -43,9 +35,8 @@ def fallback():
 
 @pytest.fixture(scope="module")
 def llama3():
-    if LLAMA3 is None:
-        pytest.skip("no Llama-3.1 tokenizer.json in shared/ on this machine")
-    cfg = ServeConfig(tokenizer=load_tokenizer(str(LLAMA3)))
+    folder = llama3_tokenizer_dir()  # as `cbbench serve --tokenizer DIR` loads it
+    cfg = ServeConfig(tokenizer=load_tokenizer(folder), chat_template=load_chat_template(folder))
     run = start_server(lambda: build_serving_engine(sim_options()), cfg)
     with client_for(run) as c:
         yield c

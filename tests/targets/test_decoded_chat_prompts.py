@@ -105,17 +105,22 @@ def test_a_chat_run_against_serve_counts_the_workloads_tokens(tmp_path):
     """The reviewer's run: random --input-len 200 --prefix-len 100 on --api chat against
     `serve --engine sim --tokenizer` (Llama-3.1). The server's count is the workload's 300
     plus its template around the message, the same for every request (before: 281-291,
-    mean_diff -15.9)."""
+    mean_diff -15.9), and equal to the client's own count with the tokenizer's chat template:
+    the server renders that template too (seventh review: it rendered its minimal one)."""
     from cbbench.cli.serve import build_serving_engine
+    from cbbench.load.chat_template import load_chat_template
     from cbbench.server.app import ServeConfig
-    from cbbench.server.protocol import ChatMessage, render_chat
 
     folder = llama3_tokenizer_dir()
     tok = load_tokenizer(folder)
-    # The template's tokens around a one-token message (BOS included: the server adds it).
-    one = tok.encode(render_chat([ChatMessage(role="user", content="the")])).ids
+    template = load_chat_template(folder)
+    # The template's tokens around a one-token message, its BOS included (the workload's
+    # 300 ids are the message alone).
+    one = tok.encode(template.render([{"role": "user", "content": "the"}]),
+                     add_special_tokens=False).ids
     overhead = len(one) - 1
-    server = start_server(lambda: build_serving_engine(sim_options()), ServeConfig(tokenizer=tok))
+    server = start_server(lambda: build_serving_engine(sim_options()),
+                          ServeConfig(tokenizer=tok, chat_template=template))
     out = tmp_path / "r.json"
     try:
         r = CliRunner().invoke(app, [
@@ -133,6 +138,10 @@ def test_a_chat_run_against_serve_counts_the_workloads_tokens(tmp_path):
     mismatch = d["summary"]["http"]["prompt_tokens_mismatch"]
     assert mismatch["requests"] == N
     assert mismatch["mean_diff"] == mismatch["max_abs_diff"] == overhead
+    # The client's chat-template count is the server's usage, request by request.
+    assert all(q["prompt_token_counts"]["chat_template"] == q["server_prompt_tokens"]
+               for q in reqs)
+    assert d["summary"]["http"]["token_counts"]["chat_template_tokens_added_mean"] == overhead
 
 
 def test_a_session_turns_ids_become_text_of_their_length():

@@ -14,6 +14,7 @@ import pytest
 from helpers import LLAMA3_DIR_CANDIDATES, cli_in_process, run_spec, sim_options, start_server
 
 from cbbench.cli.serve import build_serving_engine
+from cbbench.load.chat_template import load_chat_template
 from cbbench.load.prompts import load_tokenizer
 from cbbench.server.app import ServeConfig
 
@@ -35,7 +36,9 @@ LLAMA3_CHAT_ADDS = 9  # the Llama-3 template's header tokens around a user messa
 def llama3_server():
     if LLAMA3 is None:
         pytest.skip("no Llama-3.1 tokenizer in shared/ on this machine")
-    cfg = ServeConfig(tokenizer=load_tokenizer(str(LLAMA3)))
+    # As `cbbench serve --tokenizer DIR` configures it: the folder's chat template renders chats.
+    cfg = ServeConfig(tokenizer=load_tokenizer(str(LLAMA3)),
+                      chat_template=load_chat_template(str(LLAMA3)))
     run = start_server(lambda: build_serving_engine(sim_options()), cfg)
     yield run
     run.stop()
@@ -75,8 +78,9 @@ def test_completions_prompt_len_counts_the_bos_as_the_server_does(llama3_server,
 def test_chat_counts_the_bos_once(llama3_server, tmp_path):
     """--api chat: prompt_len is the same text count (BOS included); the chat template's count
     renders the template, which writes <|begin_of_text|> itself, and encodes it without adding
-    another: 9 tokens over prompt_len on Llama-3, not 10."""
-    from cbbench.load.chat_template import load_chat_template, render_bounded
+    another: 9 tokens over prompt_len on Llama-3, not 10. The server renders the same template
+    (as vLLM): its usage is that count."""
+    from cbbench.load.chat_template import render_bounded
 
     result = _run(llama3_server.url, tmp_path, "chat")
     reqs = sorted(result["requests"], key=lambda r: r["id"])
@@ -93,6 +97,7 @@ def test_chat_counts_the_bos_once(llama3_server, tmp_path):
         templated.append(len(ids))
     assert templated == [n + LLAMA3_CHAT_ADDS for n in EXPECTED]
     assert [r["prompt_token_counts"]["chat_template"] for r in reqs] == templated
+    assert [r["server_prompt_tokens"] for r in reqs] == templated
     counts = result["summary"]["http"]["token_counts"]
     assert counts["chat_template_tokens_added_mean"] == LLAMA3_CHAT_ADDS
 

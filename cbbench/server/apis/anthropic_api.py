@@ -6,7 +6,8 @@ assistant turns; content a string or blocks: ``text``, an assistant's ``tool_use
 user's ``tool_result``), ``system``, the sampling fields, ``tools`` (``{"name", "input_schema"}``)
 and ``tool_choice`` (``auto`` | ``any`` | ``tool`` | ``none``), and cbbench's
 ``reasoning_tokens`` extension: the first N output tokens are the model's thinking. The
-conversation is rendered with the minimal chat template of /v1/chat/completions.
+conversation is rendered with the chat template of /v1/chat/completions (chat_render.py: the
+tokenizer's own, else the minimal one); ``tools`` are not given to it.
 
 A stream is ``event: TYPE`` / ``data: JSON``: ``message_start`` (the message and its
 ``usage``, written with the first tokens, once the engine scheduled the request and its
@@ -40,7 +41,6 @@ from cbbench.server.protocol import (
     ToolCallFunction,
     check_vocab,
     parse_request,
-    render_chat,
 )
 from cbbench.server.shaping import Counts, Job, OutputTexts
 from cbbench.server.stream_events import ANSWER, REASONING, OutputPlan
@@ -273,7 +273,7 @@ class AnthropicApi:
         ctx.check_model(s, req.model)
         if req.stop_sequences:
             raise APIError(400, "stop_sequences are not supported", param="stop_sequences")
-        ids = s.codec.encode(render_chat(req.chat_messages()))
+        ids = s.chat.encode(s.codec, req.chat_messages())
         check_vocab(ids, s.vocab_size, "messages")
         plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         return s, Job(self, ids, req.max_tokens, ctx.sampling(req), req.stream, plan=plan,

@@ -17,7 +17,6 @@ from cbbench.server.protocol import (
     check_vocab,
     error_body,
     parse_request,
-    render_chat,
     token_times_ext,
     usage,
 )
@@ -134,7 +133,8 @@ class OpenAIApi:
         plan = OutputPlan()
         images: tuple[ImageCost, ...] = ()
         if isinstance(req, ChatRequest):
-            ids, images = add_images(s.codec.encode(render_chat(req.messages)), req.messages, ctx)
+            ids = s.chat.encode(s.codec, req.messages, req.tools)
+            ids, images = add_images(ids, req.messages, ctx)
             if not images and len(body) > ctx.max_body_bytes():  # the image allowance unused
                 raise body_too_large(ctx.max_body_bytes())
             max_tokens = req.output_limit(s.output_room(len(ids)))

@@ -7,8 +7,9 @@ message), ``max_output_tokens`` (default: the context the prompt leaves, as vLLM
 sampling fields, ``tools``
 (``{"type": "function", "name": ...}``) and ``tool_choice``, and cbbench's ``reasoning_tokens``
 extension (the first N output tokens are reasoning). The conversation is rendered with the
-minimal chat template of /v1/chat/completions, so a conversation costs the same prompt tokens
-on both. A response is stored (``store``, default true, as OpenAI's) in memory, the newest 4096
+chat template of /v1/chat/completions (chat_render.py: the tokenizer's own, else the minimal
+one), so a conversation costs the same prompt tokens on both; ``tools`` are not given to it.
+A response is stored (``store``, default true, as OpenAI's) in memory, the newest 4096
 within --max-stored-response-bytes (response_store.py): ``previous_response_id`` continues its conversation (its input and output
 before this request's input); an id not stored is a 400. A multi-turn client may equally send
 the whole conversation as ``input``.
@@ -48,7 +49,6 @@ from cbbench.server.protocol import (
     ToolCallFunction,
     check_vocab,
     parse_request,
-    render_chat,
 )
 from cbbench.server.shaping import Counts, Job, OutputTexts
 from cbbench.server.stream_events import (
@@ -378,7 +378,7 @@ class ResponsesApi:
             conversation = ([m for m in conversation if m.role == "system"]
                             + [m for m in before if m.role != "system"]
                             + [m for m in conversation if m.role != "system"])
-        ids = s.codec.encode(render_chat(conversation))
+        ids = s.chat.encode(s.codec, conversation)
         check_vocab(ids, s.vocab_size, "input")
         max_tokens = req.max_output_tokens
         if max_tokens is None:  # vLLM's default: the context the prompt leaves
