@@ -61,6 +61,9 @@ WARN_MEDIAN = 0.10
 WARN_P90 = 0.25
 # A parameter whose posterior is this correlated with another's is not told apart from it.
 CONFOUNDED_CORRELATION = 0.95
+# A parameter whose prior variance the data cut by less than this is one no iteration shows
+# (its class absent: prefill attention in a decode-only trace), said in those words.
+NO_DATA_SHARE = 0.01
 # Seven parameters need many more points than seven; 50 also keeps one outlier from steering.
 MIN_ITERATIONS = 50
 SHAPE_FIELDS = ("num_logits", "attn_key_pairs", "attn_keys_read", "attn_decode_keys")
@@ -345,6 +348,10 @@ def calibrate(results: Sequence[tuple[str, ResultLike]],
     factor_known = shapes > fitted_scales and math.isfinite(factor_rse) and factor_rse < MAX_RSE
     if not factor_known:
         factor, factor_rse = 1.0, math.inf
+    floor = None
+    if physics is not None:
+        floor = physical_host_factor(factor, theta, typical, data, device, dtype, sources)
+        factor = max(factor, floor.least)
     rates = _rates(theta, factor)
     models = tuple(dict.fromkeys(s.model for s in sources))
     profile = DeviceProfile(device, device_name, dtype, models, rates)
@@ -360,13 +367,20 @@ def calibrate(results: Sequence[tuple[str, ResultLike]],
         "value": factor if factor_known else None,
         "status": "fitted" if factor_known else "not identified",
         "rse": finite(factor_rse),
-        "median_share_of_time": 1.0 - 1.0 / factor if factor > 1 else 0.0, "used": factor,
+        # The share of the simulated step the factor adds: negative when it shortens steps
+        # (a factor of 0.7 takes away 43% of each step; 0 read as if it did nothing).
+        "median_share_of_time": 1.0 - 1.0 / factor, "used": factor,
         "note": ("measured over typical time, summed (winsorized at "
                  f"p{HOST_WINSOR_PERCENTILE:g}): the host's share lost to other processes")
         if factor_known else
         (f"the data hold {shapes} distinct iteration shape(s) for {fitted_scales} fitted "
          "term(s): no time is left over to show a host's lost share; the simulator uses 1"),
     })
+    warnings = []
+    if floor is not None and floor.clamped:
+        params["host_factor"].update(value=None, status="at bound", rse=None,
+                                     fitted_value=floor.fitted, note=floor.note)
+        warnings.append(floor.note)
     # The simulator's error per iteration as it will predict (host factor included), and
     # the roofline's fit to a typical iteration (without it).
     residuals = error_stats(typical * factor, data.measured, data.labels)
@@ -382,7 +396,7 @@ def calibrate(results: Sequence[tuple[str, ResultLike]],
         "num_iterations": data.n,
         "distinct_shapes": shapes,
         "determined": _determined(params, shapes),
-        "warnings": residual_warnings(residuals),
+        "warnings": warnings + residual_warnings(residuals),
         "sources": [
             {"file": s.file, "workload": s.workload, "model": s.model, "iterations_used": s.used,
              "excluded": s.excluded, **({"rows": s.selection} if s.selection else {})}
@@ -392,6 +406,63 @@ def calibrate(results: Sequence[tuple[str, ResultLike]],
     }
     check_profile(out)
     return out
+
+
+@dataclass(frozen=True)
+class HostFloor:
+    """The least host factor that keeps every predicted step on the GPU's physics."""
+
+    fitted: float  # the factor the data gave
+    least: float  # the least factor at which no step beats the GPU's floor
+    note: str  # why the fitted one is not physical ("" when it is)
+
+    @property
+    def clamped(self) -> bool:
+        return self.fitted < self.least
+
+
+def physical_host_factor(factor: float, theta: np.ndarray, typical: np.ndarray, data: FitData,
+                         device: str, dtype: str, sources: Sequence[Source]) -> HostFloor:
+    """The fitted host factor against the GPU's floor (engine/sim/physics_floor.py).
+
+    The bounded fit keeps every rate within the spec, so the typical step it predicts is never
+    under the floor; the host factor multiplies that whole step afterwards, and a factor below
+    1 (measured times faster than the fit can reach) carried a profile past the physics: a
+    trace 1.5x faster than an H100 gave 0.695 and a batch-1 decode predicted at 4.8 TB/s,
+    silently. The factor is kept at or above the least value that leaves every step of the
+    data and every reference step (device_profile's load check) at or over its floor, and the
+    profile says what was fitted and why it was not used."""
+    from cbbench.engine.model_config import MODEL_PRESETS
+    from cbbench.engine.sim.device_profile import REFERENCE_CONTEXT, REFERENCE_MODEL
+    from cbbench.engine.sim.physics_floor import FLOOR_RTOL, peak_rates, reference_checks
+
+    gpu = get_gpu_spec(device)
+    peak = peak_rates(gpu)
+    assert peak.memory_bandwidth and peak.flop_rate
+    floor_theta = np.array([1.0 / peak.memory_bandwidth, 1.0 / peak.flop_rate, 1.0, 1.0,
+                            0.0, 0.0, 0.0])
+    floors, _ = times_and_grad(floor_theta, data)
+    rows = floors / np.maximum(typical, TINY_S)
+    reference = MODEL_PRESETS[REFERENCE_MODEL]
+    models = [reference] + [MODEL_PRESETS.get(s.model, reference) for s in sources]
+    checks = reference_checks(_rates(theta, 1.0), gpu, dtype, models, REFERENCE_CONTEXT)
+    least = max(float(rows.max()), *(1.0 / c.ratio for c in checks))
+    if factor >= least * (1 - FLOOR_RTOL):
+        return HostFloor(factor, factor, "")
+    worst = min(checks, key=lambda c: c.ratio)
+    under = data.measured < floors
+    share = float(np.median(data.measured[under] / floors[under])) if under.any() else 1.0
+    note = (
+        f"host_factor {factor:.4g} was fitted (the measured steps are faster than the fit's "
+        f"rates, which the {device}'s physics bound), but it would predict "
+        f"{worst.what} of {worst.model} in {worst.predicted_s * factor * 1e3:.3g} ms, under "
+        f"the {device}'s floor of {worst.floor_s * 1e3:.3g} ms (its peak "
+        f"{gpu.hbm_bandwidth / 1e12:g} TB/s and {gpu.bf16_flops / 1e12:g} TFLOP/s, no "
+        f"overhead); {int(under.sum())} of {data.n} measured steps took less than their floor "
+        f"(median {share:.0%} of it): no {device} runs this model in {dtype} that fast "
+        "(check the run's device, model and dtype); the simulator uses "
+        f"{least:.4g}, the least factor that keeps every step physical")
+    return HostFloor(factor, least, note)
 
 
 def _fit_report(fit: Fit, rounds: Any) -> dict:
@@ -494,7 +565,10 @@ def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str) -> dict:
                 "param": conf[0], "posterior_correlation": conf[1],
                 # the most prior variance the data leave in any mix of the two (1: all)
                 "variance_left": fit.left_with_confounder.get(p)})
-        if status == "prior":
+        if status == "prior" and fit.shrinkage[p] < NO_DATA_SHARE:
+            entry.update(note=("no iteration in the data shows it (data share "
+                               f"{fit.shrinkage[p]:.0%}): the simulator uses the spec's prior"))
+        elif status == "prior":
             entry.update(note=("the data cannot determine it"
                                + (f" apart from {conf[0]}" if conf else "")
                                + "; the simulator uses the spec's prior, moved by what the "

@@ -123,6 +123,8 @@ def load_profile(path: str | Path) -> DeviceProfile:
     if not isinstance(device_name, str):
         raise ValueError(f"{where}: 'device_name' must be a string, got {device_name!r}")
     _check_reference_step(device_rates, dtype, where, models[0])
+    if device != CPU_DEVICE:
+        _check_physics_floor(device_rates, dtype, where, models[0], device)
     return DeviceProfile(device=device, device_name=device_name, dtype=dtype, models=tuple(models),
                          rates=device_rates, spread=_spread(data, where))
 
@@ -140,15 +142,12 @@ def _check_reference_step(rates: DeviceRates, dtype: str, where: str, profiled: 
     profile (the GPU check's CPU smoke run: its static step exited 2 under load, issue 35
     item 2), while the tiny model's own step takes milliseconds."""
     from ..model_config import MODEL_PRESETS
-    from .cost_model import BatchShape, CostModel
+    from .cost_model import CostModel
+    from .physics_floor import reference_steps
 
     reference = MODEL_PRESETS[REFERENCE_MODEL]
     own = MODEL_PRESETS.get(profiled, reference)
-    c = REFERENCE_CONTEXT
-    steps = {
-        f"one decode step at a {c}-token context": BatchShape(1, 1, c + 1, c + 1, 1, 0, c + 1),
-        f"a {c}-token prefill": BatchShape(c, 1, c * (c + 1) / 2, c, 1, 1, 0.0),
-    }
+    steps = reference_steps(REFERENCE_CONTEXT)
     for bound, model in (("low", reference), ("high", own)):
         cost = CostModel(model, dtype, rates=rates)
         for what, shape in steps.items():
@@ -161,6 +160,31 @@ def _check_reference_step(rates: DeviceRates, dtype: str, where: str, profiled: 
                     f"device's step takes between {MIN_REFERENCE_STEP_S:g} s and "
                     f"{MAX_REFERENCE_STEP_S:g} s"
                 )
+
+
+def _check_physics_floor(rates: DeviceRates, dtype: str, where: str, profiled: str,
+                         device: str) -> None:
+    """A GPU profile's reference steps take at least what the GPU's spec allows at 100% of its
+    peaks (engine/sim/physics_floor.py). A profile fitted with a host factor below 1 (a trace
+    faster than the part, or one made by hand) predicted a batch-1 decode of llama-3-8b in
+    3.13 ms, where an H100 cannot read its 15 GB in under 4.5 ms, and the simulator ran on
+    it: the run's figures were those of no device."""
+    from ..model_config import MODEL_PRESETS
+    from .physics_floor import FLOOR_RTOL, reference_checks
+
+    gpu = GPU_SPECS[device]
+    reference = MODEL_PRESETS[REFERENCE_MODEL]
+    models = (reference, MODEL_PRESETS.get(profiled, reference))
+    worst = min(reference_checks(rates, gpu, dtype, models, REFERENCE_CONTEXT),
+                key=lambda c: c.ratio)
+    if worst.ratio < 1 - FLOOR_RTOL:
+        raise ValueError(
+            f"{where}: its rates predict {worst.predicted_s * 1e3:.3g} ms for {worst.what} of "
+            f"{worst.model}, faster than the {device}'s floor of {worst.floor_s * 1e3:.3g} ms "
+            f"(its peak {gpu.hbm_bandwidth / 1e12:g} TB/s and {gpu.bf16_flops / 1e12:g} "
+            f"TFLOP/s, no overhead): no such device (host_factor {rates.host_factor:g}); "
+            "recalibrate with this cbbench"
+        )
 
 
 def _spread(data: dict, where: str) -> dict | None:

@@ -19,7 +19,11 @@ The model is roofline_fit.py's (the simulator's own). What changes on a device w
   MIN_SHRINKAGE; else ``prior`` (the spec's value, nudged), named with its confounder: the
   parameter its posterior is most correlated with. The shrinkages sum to at most the rank of
   F, so N copies of one iteration (rank 1) fit at most one scale. A value on a physical bound
-  is ``at bound``: the data asked for more than the device can give.
+  is ``at bound`` when the data put it there: it left its prior mean for the bound, or the
+  data determine it (shrinkage >= MIN_SHRINKAGE) and it stayed on a bound its prior sits on.
+  A parameter no iteration shows (prefill attention in a decode-only trace: its prior 1 is
+  the bound) keeps its prior and is ``prior``: a bound the data never touched says nothing
+  about what they ask for.
 """
 
 from __future__ import annotations
@@ -221,8 +225,8 @@ def fit_physics(d: FitData, gpu: GPUSpec) -> PhysicsFit:
     confounder: dict[int, tuple[str, float]] = {}
     left: dict[int, float] = {}
     for p, prior in enumerate(priors):
-        at_bound = _at_bound(theta[p], prior)
-        if at_bound:
+        if _at_bound(theta[p], prior) and (shrink[p] >= MIN_SHRINKAGE
+                                           or not _at_bound(prior.mean, prior)):
             status[p] = "at bound"
         elif shrink[p] >= MIN_SHRINKAGE:
             status[p] = "fitted"
@@ -241,6 +245,7 @@ def fit_physics(d: FitData, gpu: GPUSpec) -> PhysicsFit:
 
 
 def _at_bound(value: float, prior: Prior) -> bool:
+    """Whether ``value`` (internal units) lies on one of ``prior``'s physical bounds."""
     low = prior.low > 0 and value <= prior.low * (1 + AT_BOUND_RTOL)
     high = math.isfinite(prior.high) and prior.high > 0 and value >= prior.high * (1 - AT_BOUND_RTOL)
     return low or high

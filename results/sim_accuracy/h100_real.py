@@ -11,6 +11,11 @@ value, the prediction, the error and the simulator's 90% interval (summary.inter
 profile's residual spread; none for the built-in roofline, which has no residuals), with the
 intervals' measured coverage. Writes h100_real.md and h100_real.json beside this script.
 
+Run-level metrics of these decode-heavy runs are mostly decode steps and queueing, so each
+calibrated profile is also scored per step class (decode, mixed, prefill) on both runs'
+recorded iterations (cbbench.analysis.profile_error.step_errors: the profile's roofline on
+each record's batch shape against its measured time), in sample and out.
+
 A run is predicted by replaying it (`cbbench run --engine sim --replay`: the same requests,
 arrivals, scheduler and --max-num-seqs). A decode row is predicted by the profile's roofline
 for that batch and context, without the engine's per-request overhead (the microbenchmark
@@ -104,6 +109,15 @@ def predict_decode(profile: Path | None, decode: dict) -> dict:
     return rows
 
 
+def class_errors(profile: Path, run: Path) -> dict:
+    """The profile's step error on the run's recorded iterations, per class (n, bias: the
+    median signed error, p90 |error|)."""
+    from cbbench.analysis.profile_error import step_errors
+    from cbbench.engine.sim.device_profile import load_profile
+
+    return step_errors(load_profile(profile), json.loads(run.read_text()), str(run))
+
+
 def main() -> None:
     data = Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_DATA
     work = Path(tempfile.mkdtemp(prefix="h100_real_"))
@@ -134,6 +148,10 @@ def main() -> None:
                                                  f"{abs(hash(label))}_{target}")})
         table.append({"predicting": "decode.json (graphs, fused)", "with": label,
                       "metrics": predict_decode(path, decode)})
+    steps = [{"predicting": f"ms32 {target}", "with": label,
+              "classes": class_errors(path, runs[target])}
+             for label, path in paths.items() if path is not None
+             for target in ("continuous", "static")]
     covered = [m["covered"] for row in table for m in row["metrics"].values()
                if m["covered"] is not None]
     result = {
@@ -141,6 +159,7 @@ def main() -> None:
                 "ShareGPT requests at t=0, --max-num-seqs 32) and decode.json",
         "command": "python results/sim_accuracy/h100_real.py ../shared/gpu/h100-2026-12-06",
         "predictions": table,
+        "step_errors": steps,
         "interval_coverage": {"level": 0.9, "covered": sum(covered), "of": len(covered)},
         "fits": {label: {k: {"used": p["used"], "status": p["status"],
                              "confounded_with": (p.get("confounded_with") or {}).get("param")}
@@ -186,7 +205,19 @@ def markdown(result: dict) -> str:
                          f"{iv} | {cov} |")
     c = result["interval_coverage"]
     lines += ["", f"90% intervals covered the real value in {c['covered']} of {c['of']} "
-              "predictions (calibrated profiles only).", "", "## The fits", ""]
+              "predictions (calibrated profiles only).", "",
+              "## Step error per class", "",
+              "Each calibrated profile on each run's recorded steps: the relative error of the "
+              "predicted step time, per class (bias: the median signed error, > 0 too slow; "
+              "p90 of |error|). In-sample rows are marked *.", "",
+              "| predicting | with | decode: n, bias, p90 | mixed: n, bias, p90 | "
+              "prefill: n, bias, p90 |", "|---|---|---|---|---|"]
+    for row in result["step_errors"]:
+        star = "*" if row["predicting"] in row["with"] else ""
+        cells = ["-" if not c["n"] else f"{c['n']:,}, {c['bias']:+.1%}, {c['p90']:.1%}"
+                 for c in row["classes"].values()]
+        lines.append(f"| {row['predicting']}{star} | {row['with']} | " + " | ".join(cells) + " |")
+    lines += ["", "## The fits", ""]
     for label, params in result["fits"].items():
         lines.append(f"**{label}**: " + "; ".join(
             f"{k} {p['used']:.4g} ({p['status']}"
