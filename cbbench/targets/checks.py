@@ -310,7 +310,8 @@ def _large_mismatch(mismatch: dict, records: Sequence[RequestRecord]) -> bool:
 def prompt_counts(records: Sequence[RequestRecord], opts: EndpointOptions) -> tuple[dict, list[str]]:
     """How prompt tokens were counted, per completed request: the server's usage, else (chat)
     the tokenizer's chat template around the prompt, else the workload's count; and warnings.
-    The summary's input tokens stay the workload's, the same for every server."""
+    The summary's input tokens stay the workload's, the same for every server (embeddings
+    and rerank: the server's usage, analysis/summary/inputs.py pooling_figures)."""
     done = [r for r in records if r.ok]
     methods = {"usage": 0, "chat_template": 0, "workload": 0}
     added = []
