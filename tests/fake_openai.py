@@ -239,6 +239,12 @@ class FakeOpenAI:
                 writer.write(_chunk(raw[9:]))
                 continue
             writer.write(_event({"choices": [choice]}))
+            if fault == "emptypad" and i < n - 1:
+                # emptypad: every token followed by a chunk of empty text that is no token (a
+                # server padding its stream), and no usage: 2n - 1 events for max_tokens n.
+                pad = ({"index": 0, "delta": {"content": ""}, "finish_reason": None} if chat
+                       else {"index": 0, "text": "", "finish_reason": None})
+                writer.write(_event({"choices": [pad]}))
             await writer.drain()
             now = time.perf_counter()
             if last is None:
@@ -252,7 +258,7 @@ class FakeOpenAI:
                 else {"index": 0, "text": "", "finish_reason": "length"}
             )
             writer.write(_event({"choices": [closing]}))
-        if fault not in ("nousage", "pairs", "glued", "emptytok"):
+        if fault not in ("nousage", "pairs", "glued", "emptytok", "emptypad"):
             usage = {
                 "prompt_tokens": n_prompt,
                 "completion_tokens": n,

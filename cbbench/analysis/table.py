@@ -8,6 +8,7 @@ from typing import Any
 
 from tabulate import tabulate
 
+from cbbench.analysis.summary.slo import SLO_BASIS_SEND
 from cbbench.schema.base import is_empty
 from cbbench.schema.coerce import as_model
 from cbbench.schema.run import (
@@ -137,7 +138,8 @@ def throughput_table(summary: Summary | dict) -> str:
                      f"({cache.cached_tokens:,} / {cache.prompt_tokens:,} tok)"])
     if s.goodput is not None:  # --slo
         rows.append(["goodput (req/s)", _fmt(s.goodput)])
-        rows.append(["SLO attainment", f"{s.slo_attainment:.1%}"])
+        basis = " (TTFT, E2EL from send)" if s.slo_basis == SLO_BASIS_SEND else ""
+        rows.append(["SLO attainment", f"{s.slo_attainment:.1%}{basis}"])
     return tabulate(rows, tablefmt="simple", disable_numparse=True)
 
 

@@ -98,6 +98,8 @@ def request_record_dict(rec, detailed: bool) -> dict:
     if rec.slot_s is not None:
         d["slot_wait_ms"] = (rec.slot_s - rec.intended_start_s) * ms
         d["ttft_from_send_ms"] = rec.ttft_from_send_s * ms if rec.ok else None
+        # What an --slo judges a capped request on (analysis/summary/metrics.py meets_slo).
+        d["e2el_from_send_ms"] = rec.e2el_from_send_s * ms if rec.ok else None
     if rec.output_tokens_method is not None:  # HTTP: how the output was counted, and asked
         d["output_tokens_method"] = rec.output_tokens_method
         d["output_token_counts"] = rec.output_token_counts

@@ -49,7 +49,8 @@ def normalized_tpot_ms(requests: Sequence[Request],
 # From the send (--max-concurrency: the wait for a slot left out), as summary.from_send counts
 # them: (token time - send) * 1000 from a --save-detailed request's times, the same operations
 # as the summary's, else from its stored figures (ttft_from_send_ms; E2EL from send is that
-# plus the request's last-minus-first token time, e2el_ms - ttft_ms).
+# plus the request's last-minus-first token time, e2el_ms - ttft_ms, where the result has no
+# e2el_from_send_ms).
 MS = 1000.0
 
 
@@ -74,6 +75,9 @@ def ttft_from_send_ms(r: Request) -> float | None:
 def e2el_from_send_ms(r: Request) -> float | None:
     if (sent := _sent(r)) is not None:
         return (sent[2] - sent[0]) * MS
+    v = (r.model_extra or {}).get("e2el_from_send_ms")
+    if _known(v):
+        return v
     ttft, e2el, ttft_intended = ttft_from_send_ms(r), r.e2el_ms, r.ttft_ms
     if _known(ttft) and _known(e2el) and _known(ttft_intended):
         return ttft + (e2el - ttft_intended)

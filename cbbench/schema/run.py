@@ -273,6 +273,9 @@ class Summary(Record):
     slo: dict[str, Number] | None = None
     goodput: Number | None = None
     slo_attainment: Number | None = None
+    # "send": under --max-concurrency, TTFT and E2EL judged from the send (absent: from the
+    # intended start).
+    slo_basis: str | None = None
     not_sent: int | None = None
     steady_state: SteadyState | None = None
     engine: EngineSummary | None = None

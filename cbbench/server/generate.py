@@ -11,8 +11,8 @@ ASGI server's ``send`` directly, with no response object or task group around it
 
 A client that goes away is noticed by one watcher per request, waiting on ``receive()``: it
 aborts the request in the engine (which frees its KV blocks) and wakes the request's coroutine
-with CLIENT_GONE. The request log's ``*_sent`` times are taken right after ``send`` returns:
-the bytes are then in the socket (or its buffer, when the client reads slowly).
+with CLIENT_GONE. The request log's ``*_sent`` times are taken as the bytes are handed to
+``send``, before it is awaited (server/sent_stamp.py): never later than the client's receipt.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from cbbench.server.images import trace_images
 from cbbench.server.protocol import APIError, body_too_large, send_json
 from cbbench.server.request_log import RequestTrace
 from cbbench.server.request_metrics import request_metrics
+from cbbench.server.sent_stamp import send_json_stamped
 from cbbench.server.shaping import Api, Counts, Job, OutputTexts, StreamShaper
 from cbbench.server.stream_events import ANSWER, REASONING, OutputPlan, event_kind
 
@@ -268,8 +269,8 @@ async def _stream(send, stream: RequestStream, shaper: StreamShaper, job: Job, s
         body = shaper.tokens(pieces, n, last, ev.finish_reason)
         if head:
             body, head = head + body, b""
+        sent = perf()  # handed over: the await may resume ms after the client read it
         await send({"type": "http.response.body", "body": body, "more_body": True})
-        sent = perf()
         events.append((sent, k, event_kind(runs)))
         _sent(trace, ev.time_s, sent, runs[-1][0] != REASONING, n)
         if last:
@@ -337,5 +338,4 @@ async def _complete(send, stream: RequestStream, shaper: StreamShaper, job: Job,
     trace.first_token, trace.last_token = events[0].time_s, ev.time_s
     trace.output_tokens = n
     _end(trace, stream, shaper.finish_reason(finish), 200)
-    await send_json(send, 200, body)
-    trace.first_token_sent = trace.last_token_sent = time.perf_counter()
+    trace.first_token_sent = trace.last_token_sent = await send_json_stamped(send, 200, body)

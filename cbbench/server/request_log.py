@@ -12,11 +12,14 @@ Every request that passed validation and was handed to the engine gets a line wh
   the engine and the ``vllm:*`` latency metrics count from); ``admitted``: the engine thread
   took it into the scheduler's queue; ``queue_exit``: first scheduled.
 - ``first_token`` / ``last_token``: when the engine produced them; ``first_token_sent`` /
-  ``last_token_sent``: when the HTTP layer handed their bytes to the socket (a non-streaming
-  response: the whole body, both).
+  ``last_token_sent``: when the HTTP layer handed their bytes to the ASGI server's ``send``
+  (a non-streaming response: the whole body, both), stamped before that call is awaited: never
+  later than the client's receipt (server/sent_stamp.py; stamped after the await, the engine
+  thread holding the GIL made it up to ~6 ms late).
 - ``first_output`` / ``first_output_sent``: the first answer or tool-call token (not
   reasoning), made and sent: the server's side of TTFOT;
-- ``events`` (streamed requests): every stream event as ``[write time, tokens, kind]``, kind
+- ``events`` (streamed requests): every stream event as ``[write time, tokens, kind]`` (the
+  write time stamped as ``*_sent``), kind
   ``reasoning`` | ``answer`` | ``tool`` (or ``reasoning+answer`` ... for an event that
   straddles a boundary): the truth ``cbbench audit`` holds a client's per-token figures to;
 - ``prompt_tokens``, ``output_tokens``, ``reasoning_tokens``, ``tool_call_tokens``,

@@ -70,6 +70,7 @@ MAX_SERVER_TIMING = 1e12
 # count_request's notes (StreamNotes kinds) besides count_events' own.
 METRICS_DROPPED = "metrics_dropped"
 USAGE_ZERO = "usage_zero"
+EMPTY_PAST_MAX = "empty_past_max_tokens"
 NOTE_EXAMPLE_CHARS = 60  # of a dropped value, in its warning
 
 
@@ -122,6 +123,12 @@ NOTE_LINES = {
         "(continuous_usage_stats) that did not rise with their text events ({detail}): not "
         "counts, so their tokens per event were counted by --tokenizer, else one per event"
     ),
+    EMPTY_PAST_MAX: (
+        "output token counts disagree: {share} sent empty-text events that would count more "
+        "tokens than the max_tokens they asked for ({detail}): not the pieces of split "
+        "characters but padding, so not counted as tokens (with no usage, their output is "
+        "their text events; --tokenizer counts the text itself)"
+    ),
     USAGE_ZERO: (
         "output token counts disagree: {share} carried usage that contradicts their stream "
         "({detail}): ignored, their output counted by the stream events or --tokenizer"
@@ -154,7 +161,7 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
     the run's, for what the stream said that was set aside. Returns the provisional method."""
     notes = StreamNotes() if notes is None else notes
     notes.counted += 1
-    counts = {"events": len(rec.token_times_s) + st.empty_events}
+    counts = {"events": event_count(rec, st)}
     usage = st.usage or {}
     sp, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
     if _is_count(sp):
@@ -167,6 +174,10 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
         ct = None
     else:
         counts["usage"] = ct
+    if "usage" not in counts and counts["events"] < len(rec.token_times_s) + st.empty_events:
+        empty = st.empty_events  # what event_count left out, said where it is the count
+        notes.add(EMPTY_PAST_MAX, lambda: f"{len(rec.token_times_s)} text and {empty} empty "
+                                          f"events for max_tokens {rec.max_tokens}")
     if tokenizer is not None and st.pieces:
         counts["tokenizer"] = _count_text(tokenizer, "".join(st.pieces))
         if sample and rec.ok:
@@ -190,6 +201,19 @@ def count_request(rec: RequestRecord, st: SseStream, tokenizer, sample: bool,
     method = rec.output_tokens_method
     assert method is not None  # choose_output_count always sets one
     return method
+
+
+def event_count(rec: RequestRecord, st: SseStream) -> int:
+    """The stream's token events: its text events and its empty-text ones (a token that ends
+    inside a multi-byte character: llama.cpp and vLLM send it with text ""). Where the empty
+    ones would carry the count past the max_tokens the request sent, they cannot all be
+    tokens (a server that pads its stream with empty chunks: 12 text events and 11 empty ones
+    read as 23 tokens for max_tokens 12, throughput twice and TPOT half the truth), and none
+    is counted (count_request warns once a run where no usage gave the count instead)."""
+    text, empty = len(rec.token_times_s), st.empty_events
+    if not empty or rec.max_tokens is None or text + empty <= rec.max_tokens:
+        return text + empty
+    return text
 
 
 def _note_detail(kind: str, st: SseStream, usage: dict, completion: int | None) -> str:
@@ -286,7 +310,8 @@ def _large_mismatch(mismatch: dict, records: Sequence[RequestRecord]) -> bool:
 def prompt_counts(records: Sequence[RequestRecord], opts: EndpointOptions) -> tuple[dict, list[str]]:
     """How prompt tokens were counted, per completed request: the server's usage, else (chat)
     the tokenizer's chat template around the prompt, else the workload's count; and warnings.
-    The summary's input tokens stay the workload's, the same for every server."""
+    The summary's input tokens stay the workload's, the same for every server (embeddings
+    and rerank: the server's usage, analysis/summary/inputs.py pooling_figures)."""
     done = [r for r in records if r.ok]
     methods = {"usage": 0, "chat_template": 0, "workload": 0}
     added = []

@@ -166,6 +166,51 @@ def test_a_run_with_cancels_whose_completed_requests_all_meet_the_slo_attains_it
     assert point.slo_attainment == 1.0
 
 
+def _closed_loop(capped: bool) -> list[RequestRecord]:
+    """Four requests all intended at t=0 behind --max-concurrency 1: each gets its slot when
+    the one before ends (0, 0.1, 0.2, 0.3 s) and is sent then; its first token 20 ms and its
+    last 80 ms after the send. ``capped`` False: the same times with no slot (an open loop
+    whose client fell behind), whose latencies count from the intended start."""
+    out = []
+    for i in range(4):
+        send = 0.1 * i
+        out.append(RequestRecord(i, 10, 3, 0.0, send_s=send, slot_s=send if capped else None,
+                                 token_times_s=[send + 0.02, send + 0.05, send + 0.08]))
+    return out
+
+
+def test_goodput_under_max_concurrency_is_judged_from_the_send():
+    """`run --endpoint ... --max-concurrency 8 --slo ttft=21,tpot=5.2` against a server of TTFT
+    20 ms read goodput 0.00 and attainment 0.0% beside "TTFT from send" p50 20.5: each request
+    was judged on its TTFT from the intended start, the wait for a client slot included. Under
+    the cap the SLO is judged from the send (vLLM's --goodput times TTFT inside its
+    semaphore), in the summary and in run_attainment (sweep's and capacity's) alike; an open
+    loop keeps the intended start."""
+    from cbbench.analysis.summary.slo import run_attainment
+    from cbbench.bench.runner import request_record_dict
+
+    slo = {"ttft": 50.0, "e2el": 100.0, "tpot": 40.0}
+    s = summarize(_closed_loop(True), 1.0, slo=slo)
+    assert s["from_send"]["ttft_ms"]["p99"] == pytest.approx(20.0)
+    assert s["ttft_ms"]["p99"] > 300  # the table's basis is unchanged
+    assert s["slo_attainment"] == 1.0 and s["goodput"] == 4.0  # was 0.25 and 1.0
+    assert s["slo_basis"] == "send" and s["latency_basis"] == "intended_start"
+    rows = [request_record_dict(r, False) for r in _closed_loop(True)]
+    assert [r["e2el_from_send_ms"] for r in rows] == pytest.approx([80.0] * 4)
+    assert run_attainment({"requests": rows}, slo) == 1.0  # was 0.25
+    detailed = [request_record_dict(r, True) for r in _closed_loop(True)]
+    assert run_attainment({"requests": detailed}, slo) == 1.0
+    # An older result's capped requests with no e2el_from_send_ms: E2EL from the TTFTs.
+    old = [{k: v for k, v in r.items() if k != "e2el_from_send_ms"} for r in rows]
+    assert run_attainment({"requests": old}, slo) == 1.0
+    assert run_attainment({"requests": old}, {"e2el": 79.0}) == 0.0
+    # Open loop: the intended start (no coordinated omission); only the first request meets.
+    s = summarize(_closed_loop(False), 1.0, slo=slo)
+    assert s["slo_attainment"] == 0.25 and "slo_basis" not in s
+    rows = [request_record_dict(r, False) for r in _closed_loop(False)]
+    assert run_attainment({"requests": rows}, slo) == 0.25
+
+
 def test_one_token_request_passes_a_tpot_slo():
     cols = request_columns(_records())
     assert meets_slo(cols, {"tpot": 0.001})[1]

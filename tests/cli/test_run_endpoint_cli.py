@@ -238,6 +238,28 @@ def test_max_concurrency_caps_in_flight(srv, workload, tmp_path, monkeypatch):
     assert "count from the intended start" in res.stdout
 
 
+def test_a_closed_loops_slo_is_judged_from_the_send(srv, workload, tmp_path, monkeypatch):
+    """--max-concurrency 1 with every request at t=0 and --slo ttft=200,e2el=400: a request
+    here takes ~16 iterations of ~2.7 ms, so the later ones wait for their slot far past the
+    limits. Goodput counted the wait (0 or 1 of 12 met it, whatever the server did); it is
+    judged from the send, as vLLM's --goodput, in the summary, the table and the requests
+    sweep and capacity read."""
+    from cbbench.analysis.summary.slo import run_attainment
+
+    out = tmp_path / "closed_slo.json"
+    res = endpoint_run(monkeypatch, srv.url, workload, out, "--max-concurrency", "1",
+                       "--slo", "ttft=200,e2el=400")
+    assert res.exit_code == 0, res.output
+    result = read_run(out)
+    s = to_dict(result)["summary"]
+    assert s["ttft_ms"]["p99"] > 400  # the wait for the slot, from the intended start
+    assert s["from_send"]["e2el_ms"]["p99"] < 400
+    assert s["slo_attainment"] == 1.0 and s["slo_basis"] == "send"
+    assert s["goodput"] == pytest.approx(N / s["duration_s"])
+    assert run_attainment(result, {"ttft": 200.0, "e2el": 400.0}) == 1.0
+    assert "100.0% (TTFT, E2EL from send)" in res.stdout
+
+
 # ---- exit codes: failures ------------------------------------------------------------------
 @pytest.fixture
 def faulty(tmp_path):

@@ -120,6 +120,30 @@ def test_empty_text_events_are_tokens_but_not_token_times(fresh_fake_server, api
     assert not [n for n in notes if "max_tokens" in n]
 
 
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_empty_events_past_max_tokens_are_not_tokens(fresh_fake_server, api, notices):
+    """A server that follows each of its 6 tokens with an empty-text chunk and sends no usage:
+    6 text and 5 empty events. Counted as tokens they gave 11 output tokens for max_tokens 6
+    (throughput about twice, TPOT about half the truth) with no word; a count past the
+    max_tokens the request sent cannot be right, so the empty events are not counted there,
+    and the run says so once. The split-character case (emptytok: 3 text and 3 empty events
+    for max_tokens 6) still counts its empty events (the test above)."""
+    notes = notices  # the logged notices (conftest)
+    prompts = ["fault:emptypad x"] * 3 + ["fault:emptytok x"]
+    run = run_http(endpoint_options(fresh_fake_server.url, api=api),
+                   prompt_requests(prompts, output_len=6), np.zeros(4))
+    for r in run.records:
+        assert r.ok and r.output_tokens == 6 and r.output_tokens_method == "events", r
+    assert [len(r.token_times_s) for r in run.records] == [6, 6, 6, 3]
+    s = summarize(run.records, run.duration_s)
+    assert s["total_output_tokens"] == 24  # was 3 * 11 + 6 = 39
+    assert s["short_outputs"]["count"] == 0
+    warned = [n for n in notes if "empty-text events" in n]
+    assert len(warned) == 1, notes
+    assert "3 of 4 requests" in warned[0] and "6 text and 5 empty events for max_tokens 6" \
+        in warned[0]
+
+
 def test_no_output_at_all_says_why(fresh_fake_server):
     run = run_http(endpoint_options(fresh_fake_server.url), prompt_requests(["fault:eosfirst x"]), [0.0])
     rec = run.records[0]

@@ -61,8 +61,33 @@ def test_pooling_counts_are_the_servers(tmp_path, server, api, batch):
         total += line["prompt_tokens"]
     assert s["usage"] == {"prompt_tokens": total, "requests_with_usage": 20, "requests": 20}
     assert s["input_throughput"] == pytest.approx(total / s["duration_s"])
+    # One basis in the table: the totals are the server's usage too (were the workload's).
+    assert s["total_input_tokens"] == total
+    assert s["total_token_throughput"] == s["input_throughput"]
     assert s["inputs"] == 20 * int(batch)
     assert result["config"]["batch_size"] == int(batch)
+
+
+def test_pooling_input_tokens_have_one_basis():
+    """`run --api embeddings` printed total token throughput 4,384.0 tok/s (the workload's
+    prompt tokens) and input throughput 4,315.5 (the server's usage) in one table with no
+    output. Where every completed request carried usage, both are the server's; where one
+    did not, both are the workload's (no mix)."""
+    from cbbench.analysis.records import RequestRecord
+    from cbbench.analysis.summary.inputs import add_input_figures
+    from cbbench.analysis.summary.metrics import summarize
+
+    def recs(usage: list[int | None]) -> list[RequestRecord]:
+        return [RequestRecord(i, 64, 0, 0.1 * i, send_s=0.1 * i, token_times_s=[0.1 * i + 0.05],
+                              server_prompt_tokens=u, inputs=4) for i, u in enumerate(usage)]
+
+    for usage, total in (([63, 62, 63, 61], 249), ([63, None, 63, 61], 256)):
+        records = recs(usage)
+        s = summarize(records, 2.0)
+        add_input_figures(s, records, 2.0, pooling=True)
+        assert s["total_input_tokens"] == total, usage
+        assert s["input_throughput"] == s["total_token_throughput"] == total / 2.0
+        assert s["usage"]["prompt_tokens"] == sum(u or 0 for u in usage)
 
 
 def test_image_workload_tokens_are_the_formula(tmp_path, server):

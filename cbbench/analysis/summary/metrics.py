@@ -152,10 +152,19 @@ def parse_slo(text: str | None) -> dict[str, float]:
 
 
 def meets_slo(cols: RequestColumns, slo: dict[str, float]) -> np.ndarray:
-    """Per request: completed, and every limit met (a request with no TPOT passes it)."""
+    """Per request: completed, and every limit met (a request with no TPOT passes it).
+
+    A request that waited for a --max-concurrency slot is judged on its TTFT and E2EL from
+    the send: the wait is the client's own closed loop, not the server's latency, and counted
+    from the intended start a closed loop would miss any SLO whatever the server does (vLLM's
+    --goodput times TTFT inside its concurrency semaphore; AIPerf and GuideLLM likewise).
+    Open-loop requests keep the intended start (no coordinated omission). TPOT has no start."""
     meets = cols.ok.copy()
-    checks = {"ttft": (cols.ttft_ms, cols.ok), "tpot": (cols.tpot_ms, cols.has_tpot),
-              "e2el": (cols.e2el_ms, cols.ok)}
+    capped = ~np.isnan(cols.slot_s) & cols.sent
+    ttft_ms = np.where(capped, (cols.first_token_s - cols.send_s) * MS, cols.ttft_ms)
+    e2el_ms = np.where(capped, (cols.last_token_s - cols.send_s) * MS, cols.e2el_ms)
+    checks = {"ttft": (ttft_ms, cols.ok), "tpot": (cols.tpot_ms, cols.has_tpot),
+              "e2el": (e2el_ms, cols.ok)}
     for key, limit_ms in slo.items():
         values, known = checks[key]
         meets &= ~(known & (values > limit_ms))
@@ -276,12 +285,14 @@ def summarize(
     if len(priorities) > 1:
         summary["per_priority"] = per_priority(cols, priorities.tolist(), percentiles)
     if slo:
-        from cbbench.analysis.summary.slo import attainment
+        from cbbench.analysis.summary.slo import SLO_BASIS_SEND, attainment
 
         meets = meets_slo(cols, slo)
         summary["slo"] = dict(slo)
         summary["goodput"] = int(meets.sum()) / dur
         summary["slo_attainment"] = attainment(meets, cols.cancelled)  # cancels apart
+        if slot.any():  # closed loop: judged from the send (meets_slo)
+            summary["slo_basis"] = SLO_BASIS_SEND
     return summary
 
 

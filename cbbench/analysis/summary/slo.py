@@ -2,7 +2,9 @@
 
 A request *meets* the SLO when every limit holds for it: its own TTFT <= the ttft limit, its
 own TPOT <= the tpot limit, its own E2EL <= the e2el limit (a request with one output token
-has no TPOT and passes that limit). A failed request never meets it. A run's *attainment* is
+has no TPOT and passes that limit). TTFT and E2EL count from the intended start, except for a
+request that waited for a --max-concurrency slot: from its send (summary.slo_basis "send"),
+as vLLM's --goodput, AIPerf and GuideLLM time a closed loop. A failed request never meets it. A run's *attainment* is
 the fraction of its requests that meet it, over the requests that were not cancelled
 (``attainment``: completed and failed; a --cancel-rate cancel is the client's doing, counted
 apart as everywhere else, as AIPerf's good_request_fraction leaves cancels out); the run
@@ -30,10 +32,13 @@ from typing import Any
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.export import requests as from_send
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Request, RunResult
 
 SLO_KEYS = ("ttft", "tpot", "e2el")
+# summary.slo_basis under a client concurrency cap: TTFT and E2EL were judged from the send.
+SLO_BASIS_SEND = "send"
 DEFAULT_ATTAINMENT = 0.90
 # KEY, then an optional _pNN (or _pNN.N) suffix.
 _KEY_RE = re.compile(r"^(ttft|tpot|e2el)(?:_p(\d+(?:\.\d+)?))?$")
@@ -41,6 +46,12 @@ _EXAMPLE = "e.g. --slo ttft_p99=1000,tpot_p99=50"
 # Each limit's figure of a request (ms).
 REQUEST_MS: dict[str, Callable[[Request], float | None]] = {
     "ttft": lambda r: r.ttft_ms, "tpot": lambda r: r.tpot_ms, "e2el": lambda r: r.e2el_ms}
+# A request that waited for a --max-concurrency slot (it has slot_wait_ms) is judged from its
+# send, as the run's own summary.goodput (metrics.py meets_slo): the slot wait is the closed
+# loop's, not the server's latency.
+FROM_SEND_MS: dict[str, Callable[[Request], float | None]] = {
+    "ttft": from_send.ttft_from_send_ms, "tpot": lambda r: r.tpot_ms,
+    "e2el": from_send.e2el_from_send_ms}
 
 
 @dataclass(frozen=True)
@@ -126,8 +137,9 @@ def request_meets(req: Request | Mapping[str, Any], limits_ms: dict[str, float])
     r = req if isinstance(req, Request) else Request.model_construct(**req)
     if r.error is not None or r.cancelled or r.ttft_ms is None:
         return False
+    figures = FROM_SEND_MS if (r.model_extra or {}).get("slot_wait_ms") is not None else REQUEST_MS
     for key, limit in limits_ms.items():
-        v = REQUEST_MS[key](r)
+        v = figures[key](r)
         if v is not None and v > limit:
             return False
     return True

@@ -19,7 +19,6 @@ and a client that goes away aborts every input still in the engine.
 from __future__ import annotations
 
 import asyncio
-import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from cbbench.server.generate import (
 )
 from cbbench.server.protocol import APIError, check_vocab, send_json
 from cbbench.server.request_log import RequestTrace
+from cbbench.server.sent_stamp import send_json_stamped
 
 DEFAULT_DIM = 1024  # when the engine's model reports no hidden size
 POOLED = SamplingParams()  # greedy, one row: the sampled token is thrown away
@@ -117,8 +117,8 @@ class PoolingEndpoint:
                                self._vectors(job, streams, real) if job.vectors else None)
             trace.first_token, trace.last_token = min(times), max(times)
             trace.finish, trace.status = "stop", 200
-            await send_json(send, 200, body)
-            trace.first_token_sent = trace.last_token_sent = time.perf_counter()
+            trace.first_token_sent = trace.last_token_sent = await send_json_stamped(
+                send, 200, body)
         finally:
             watcher.cancel()
             for st in streams:
