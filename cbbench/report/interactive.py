@@ -50,10 +50,26 @@ def _color(i: int) -> str:
 
 
 def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list, list]:
-    """At most MAX_POINTS evenly spaced points of a line (first and last kept)."""
-    if len(x) > MAX_POINTS:
-        idx = np.linspace(0, len(x) - 1, MAX_POINTS).round().astype(int)
-        x, y = x[idx], y[idx]
+    """At most MAX_POINTS points of a line: all of them, or, in each of MAX_POINTS / 2 buckets
+    of consecutive points, its lowest and its highest, in order (first and last kept). Every
+    peak and trough stays: evenly spaced points kept 64 of a run's 195 prefill iterations and
+    drew its KV peak at 0.7544% beside a stored 0.7563%."""
+    n = len(x)
+    if n > MAX_POINTS:
+        starts = np.linspace(0, n, MAX_POINTS // 2 + 1).round().astype(int)[:-1]
+        # np.*.reduceat finds each bucket's extreme; the first point holding it is its index.
+        lo, hi = np.fmin.reduceat(y, starts), np.fmax.reduceat(y, starts)  # NaN skipped
+        bucket = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+        pos = np.arange(n)
+        first_at = np.full(len(starts), n)
+        keep = np.zeros(n, dtype=bool)
+        for extreme in (lo, hi):
+            hits = y == extreme[bucket]
+            at = first_at.copy()
+            np.minimum.at(at, bucket[hits], pos[hits])
+            keep[at[at < n]] = True
+        keep[[0, n - 1]] = True
+        x, y = x[keep], y[keep]
     return [float(v) for v in x], [float(v) for v in y]
 
 

@@ -50,3 +50,42 @@ def test_a_request_without_token_times_is_spread_from_its_first_token_to_its_las
     last = _request(1, 0.0, [interactive.TIME_BINS * BIN_S])
     rate = np.array(interactive.over_time([Labeled("r", _run([r, last]))]).figure["data"][0]["y"])
     assert rate[:10] == pytest.approx([1 / BIN_S] * 10)
+
+
+def _iterations(prefill: np.ndarray, kv_used: np.ndarray) -> list[dict]:
+    return [{"index": i, "start_s": i * 0.01, "duration_s": 0.01,
+             "num_prefill_tokens": int(p), "num_decode_tokens": 32, "token_budget": 2048,
+             "kv_blocks_used": int(k), "kv_blocks_total": 1000}
+            for i, (p, k) in enumerate(zip(prefill, kv_used))]
+
+
+def test_per_iteration_plots_keep_every_peak():
+    # 2,000 evenly spaced points of a run's iterations kept 64 of its 195 prefill iterations
+    # (the tallest, 867 tokens, drawn as 771) and its KV peak at 0.7544% beside a stored 0.7563%.
+    n = 9_973  # not a multiple of the buckets
+    rng = np.random.default_rng(0)
+    prefill = np.zeros(n, dtype=np.int64)
+    spikes = np.arange(7, n, 53)  # isolated prefill iterations, over 5 buckets apart
+    prefill[spikes] = rng.integers(1, 900, len(spikes))
+    kv = np.round(400 + 300 * np.sin(np.arange(n) / 700) + rng.integers(0, 40, n))
+    run = {"schema_version": 1, "config": {}, "summary": {},
+           "iterations": _iterations(prefill, kv)}
+    t = np.arange(n) * 0.01
+    budget = interactive.token_budget([Labeled("r", run)]).figure["data"][0]
+    assert len(budget["x"]) <= interactive.MAX_POINTS
+    assert budget["x"] == sorted(budget["x"]) and budget["x"][-1] == t[-1]
+    assert max(budget["y"]) == prefill.max()
+    drawn = dict(zip(np.round(budget["x"], 6), budget["y"]))
+    assert all(drawn.get(round(float(t[i]), 6)) == prefill[i] for i in spikes)
+    share = interactive.kv_usage([Labeled("r", run)]).figure["data"][0]["y"]
+    assert max(share) == kv.max() / 1000 and min(share) == kv.min() / 1000
+    # Any series: each bucket's highest and lowest point is drawn, at its own time.
+    y = rng.standard_normal(n)
+    xs, ys = interactive._thin(t, y)
+    kept = dict(zip(np.round(xs, 6), ys))
+    edges = np.linspace(0, n, interactive.MAX_POINTS // 2 + 1).round().astype(int)
+    for bucket in (np.arange(a, b) for a, b in zip(edges[:-1], edges[1:])):
+        for i in (bucket[np.argmax(y[bucket])], bucket[np.argmin(y[bucket])]):
+            assert kept[round(float(t[i]), 6)] == y[i]
+    # A line short enough is drawn whole.
+    assert interactive._thin(t[:50], y[:50]) == (t[:50].tolist(), y[:50].tolist())
