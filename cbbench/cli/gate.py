@@ -122,14 +122,22 @@ def gate(
     for t in checks_wanted:
         check_metric(t.metric, window)
     from cbbench.analysis.summary.percentiles import percentile_of, with_percentiles_filled
+    from cbbench.analysis.summary.slice_percentiles import (
+        slice_percentile_of,
+        with_slice_percentiles_filled,
+    )
 
     # The percentiles the thresholds read, whether or not --percentiles asked: a result that
     # did not store one (its run had other --percentiles) has it from its window's requests.
     read_at = (percentile_of(t.metric) for t in checks_wanted)
     fill = sorted({*(percentiles or ()), *(q for q in read_at if q is not None)})
 
+    # ... and a slices.worst percentile from the requests that ended in each slice.
+    slice_fill = [a for t in checks_wanted if (a := slice_percentile_of(t.metric)) is not None]
+
     def read(p: Path) -> RunResult | dict:
         r = as_run(select_window(read_run(p), window, str(p)), str(p))
+        r = with_slice_percentiles_filled(r, slice_fill, p) if slice_fill else r
         return with_percentiles_filled(r, fill, p) if fill else r
 
     baseline = [(str(p), read(p)) for p in base_paths]

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from cbbench.analysis.comparison.compare import ROWS, Labeled, Row
+from cbbench.analysis.summary.columns import RequestColumns
 from cbbench.analysis.summary.histogram import cdf_points
 from cbbench.report import plots
 from cbbench.report.html import STYLE, differences_table, runs_table, summary_table
@@ -49,10 +50,26 @@ def _color(i: int) -> str:
 
 
 def _thin(x: np.ndarray, y: np.ndarray) -> tuple[list, list]:
-    """At most MAX_POINTS evenly spaced points of a line (first and last kept)."""
-    if len(x) > MAX_POINTS:
-        idx = np.linspace(0, len(x) - 1, MAX_POINTS).round().astype(int)
-        x, y = x[idx], y[idx]
+    """At most MAX_POINTS points of a line: all of them, or, in each of MAX_POINTS / 2 buckets
+    of consecutive points, its lowest and its highest, in order (first and last kept). Every
+    peak and trough stays: evenly spaced points kept 64 of a run's 195 prefill iterations and
+    drew its KV peak at 0.7544% beside a stored 0.7563%."""
+    n = len(x)
+    if n > MAX_POINTS:
+        starts = np.linspace(0, n, MAX_POINTS // 2 + 1).round().astype(int)[:-1]
+        # np.*.reduceat finds each bucket's extreme; the first point holding it is its index.
+        lo, hi = np.fmin.reduceat(y, starts), np.fmax.reduceat(y, starts)  # NaN skipped
+        bucket = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+        pos = np.arange(n)
+        first_at = np.full(len(starts), n)
+        keep = np.zeros(n, dtype=bool)
+        for extreme in (lo, hi):
+            hits = y == extreme[bucket]
+            at = first_at.copy()
+            np.minimum.at(at, bucket[hits], pos[hits])
+            keep[at[at < n]] = True
+        keep[[0, n - 1]] = True
+        x, y = x[keep], y[keep]
     return [float(v) for v in x], [float(v) for v in y]
 
 
@@ -109,6 +126,30 @@ def latency_cdfs(results: Sequence[Labeled]) -> Plot:
                 {"data": data, "layout": layout})
 
 
+def _token_columns(run: RunResult) -> RequestColumns:
+    """A stored run's requests as the summary's columns, so its output tokens are counted by
+    the one rule the slices and the steady window count them by (RaggedTokens: each stream
+    event by its tokens, at its time). A request stored without token times (no
+    --save-detailed) has its first token at its TTFT and the rest spread evenly to its last
+    token, at its TPOT: what the file says of when they came."""
+    from cbbench.analysis.records import RequestRecord
+    from cbbench.analysis.summary.columns import request_columns
+
+    records = []
+    for r in run.requests or []:
+        start, n = r.intended_start_s, r.output_tokens or 0
+        times = [float(t) for t in r.token_times_s or []]
+        if not times and start is not None and r.ttft_ms is not None and n > 0:
+            last = start + (r.e2el_ms if r.e2el_ms is not None else r.ttft_ms) / MS
+            times = np.linspace(start + r.ttft_ms / MS, last, n).tolist()
+        records.append(RequestRecord(
+            id=0, prompt_tokens=r.prompt_tokens or 0, output_tokens=n,
+            intended_start_s=float(start or 0.0), token_times_s=times, error=r.error,
+            cancelled=bool(r.cancelled),
+            event_tokens=r.event_tokens if r.token_times_s else None))
+    return request_columns(records)
+
+
 def over_time(results: Sequence[Labeled]) -> Plot:
     data = []
     layout = {"grid": {"rows": 2, "columns": 1, "pattern": "independent"}, "height": 560,
@@ -117,17 +158,21 @@ def over_time(results: Sequence[Labeled]) -> Plot:
               "yaxis2": {"title": {"text": "TTFT p50 of requests finished (ms)"}},
               "legend": {"orientation": "h"}}
     for i, x in enumerate(results):
-        ends = [(r.intended_start_s + r.e2el_ms / MS, r) for r in as_run(x.result).requests or []
+        run = as_run(x.result)
+        ends = [(r.intended_start_s + r.e2el_ms / MS, r) for r in run.requests or []
                 if r.e2el_ms is not None and r.intended_start_s is not None]
         if not ends:
             continue
         end = np.array([e for e, _ in ends])
-        tokens = np.array([r.output_tokens or 0 for _, r in ends], dtype=np.float64)
         ttft = np.array([r.ttft_ms or 0.0 for _, r in ends])
         edges = np.linspace(0.0, float(end.max()) or 1.0, TIME_BINS + 1)
         width = edges[1] - edges[0]
         which = np.clip(np.searchsorted(edges, end, side="right") - 1, 0, TIME_BINS - 1)
-        rate = np.bincount(which, weights=tokens, minlength=TIME_BINS) / width
+        # Each token in the bin it streamed in (was: every token of a request at its end,
+        # a 4,872 tok/s peak where 1,643 tok/s streamed).
+        cols = _token_columns(run)
+        tokens = cols.tokens.slice_tokens(np.flatnonzero(cols.ok), edges[1:-1], TIME_BINS)
+        rate = tokens / width
         mids = (edges[:-1] + edges[1:]) / 2
         p50 = [float(np.median(ttft[which == b])) if (which == b).any() else None
                for b in range(TIME_BINS)]
@@ -137,8 +182,10 @@ def over_time(results: Sequence[Labeled]) -> Plot:
                      "name": x.label, "legendgroup": x.label, "showlegend": False,
                      "line": {"color": _color(i)}, "xaxis": "x2", "yaxis": "y2"})
     return Plot("over_time", "Throughput and latency over time",
-                f"Output tokens per second and the TTFT median of the requests that finished in "
-                f"each of {TIME_BINS} slices of the run (by finish time).",
+                f"Output tokens per second in each of {TIME_BINS} slices of the run, each token "
+                "counted when it streamed (as the time slices count them; a result without "
+                "--save-detailed's token times: its tokens spread evenly from the first to the "
+                "last), and the TTFT median of the requests that finished in each slice.",
                 {"data": data, "layout": layout})
 
 

@@ -89,10 +89,40 @@ def read_json_file(path: Path, what: str = "result file") -> Any:
     return read_json(path, what)
 
 
+_NAMED_FILES = 3  # the point files the message names (of any number)
+
+
+def _other_kind_message(data: dict, kind: object, path: object) -> str | None:
+    """What ``data`` is when it is another of cbbench's files (a sweep, capacity or forward
+    file), and the run results it was made of: handed to a reader of run results (compare,
+    gate, export), one said "is missing its 'summary' section". None for any other kind."""
+    from cbbench.schema.capacity import CAPACITY_KIND
+    from cbbench.schema.forward import FORWARD_KIND
+    from cbbench.schema.sweep import SWEEP_KIND
+
+    known = {SWEEP_KIND: ("a sweep file", "points", "rate-*.json"),
+             CAPACITY_KIND: ("a capacity file", "probes", "probe-*-rate-*.json"),
+             FORWARD_KIND: ("a forward-pass benchmark file", None, None)}
+    if not isinstance(kind, str) or kind not in known:
+        return None
+    what, key, pattern = known[kind]
+    line = f"{path} is {what} (kind {kind!r}), not a run result"
+    if key is None:
+        return line
+    points = data.get(key)
+    names = [p["file"] for p in points if isinstance(p, dict) and isinstance(p.get("file"), str)
+             ] if isinstance(points, list) else []
+    shown = ", ".join(names[:_NAMED_FILES]) + (", ..." if len(names) > _NAMED_FILES else "")
+    return (f"{line}: give the per-rate results it was made of, the {pattern} files in its "
+            "folder" + (f" ({shown})" if shown else ""))
+
+
 def _checked_run_dict(data: Any, path: object) -> dict:
     """The version and sections of a run result, before the model reads it (their own
     messages)."""
     header = FileHeader.model_validate(data) if isinstance(data, dict) else None
+    if header is not None and (other := _other_kind_message(data, header.kind, path)):
+        raise UsageError(other)
     if header is None or "schema_version" not in header.model_fields_set:
         raise UsageError(f"{path} is not a cbbench result (no schema_version)")
     version = header.schema_version

@@ -204,3 +204,34 @@ def test_variants_run_on_one_request_set(tmp_path):
     assert header == ["metric", "static", "continuous"]
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith("output throughput"))
     assert float(re.search(r"\(([\d.]+)×\)", row).group(1)) > 1.2
+
+
+def test_a_small_ratio_keeps_its_significant_digits(tmp_path, result):
+    # A 250-fold TTFT drop printed "(0.00×)" with two decimals: the ratio lost every digit.
+    faster = copy.deepcopy(result)
+    faster["summary"]["ttft_ms"]["p99"] = result["summary"]["ttft_ms"]["p99"] * 0.003988
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_result(a, result)
+    write_result(b, faster)
+    r = runner.invoke(app, ["compare", str(a), str(b)])
+    assert r.exit_code == 0, r.output
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("TTFT p99"))
+    assert "(0.00399×)" in row, row
+    from cbbench.analysis.comparison.compare import fmt_ratio
+
+    assert [fmt_ratio(x) for x in (2.0, 1.0, 0.5, 0.0123, 0.0)] == [
+        "2.00×", "1.00×", "0.500×", "0.0123×", "0.00×"]
+
+
+def test_cancelled_requests_have_a_row(tmp_path, result):
+    # A --cancel-rate run: completed 161, failed 6 of 200, and its 33 cancelled requests were
+    # nowhere in the table.
+    cancelled = copy.deepcopy(result)
+    cancelled["summary"]["cancelled"] = 33
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    write_result(a, result)
+    write_result(b, cancelled)
+    r = runner.invoke(app, ["compare", str(a), str(b)])
+    assert r.exit_code == 0, r.output
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("cancelled"))
+    assert row.split()[1:3] == ["0", "33"], row

@@ -176,6 +176,48 @@ def test_a_stored_percentile_is_recomputed_from_the_requests(sliced):
     assert "p75" not in result["summary"]["ttft_ms"]  # the input is left as it was
 
 
+def _without_p99(result: dict) -> dict:
+    """``result`` as a run with --percentiles 50,90,99.9 would have stored it: no p99 anywhere."""
+    out = json.loads(json.dumps(result))
+    out["config"]["percentiles"] = [50, 90, 99.9]
+    for node in [out["summary"], *out["summary"]["slices"]]:
+        for name in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+            node[name].pop("p99", None)
+    return out
+
+
+def test_gate_computes_a_worst_slice_percentile_the_run_did_not_store(sliced, tmp_path):
+    # --percentiles 50,99.9 with --slice, then gate ... slices.worst.ttft_ms.p99=10%: exit 2
+    # "has no value for metric", where docs/metrics.md says a percentile a threshold reads that
+    # a result did not store is computed from its per-request figures.
+    result, _, _ = sliced
+    stored = {name: max(x[name]["p99"] for x in result["summary"]["slices"]
+                        if x[name]["p99"] is not None) for name in ("ttft_ms", "e2el_ms")}
+    path = tmp_path / "no_p99.json"
+    path.write_text(json.dumps(_without_p99(result)))
+    for name, worst in stored.items():
+        metric = f"slices.worst.{name}.p99"
+        out = invoke("gate", str(path), "--baseline", str(path), "--no-defaults",
+                     "--max-regression", f"{metric}=10%")
+        assert out.exit_code == 0, out.output
+        row = next(line for line in out.output.splitlines() if line.startswith(metric))
+        assert float(row.split()[2].replace(",", "")) == pytest.approx(worst, abs=0.005)
+    from cbbench.analysis.summary.slice_percentiles import with_slice_percentiles_filled
+
+    filled = with_slice_percentiles_filled(parse_run(_without_p99(result), "r"),
+                                           [("ttft_ms", 99)], "r")
+    assert metric_value(filled, "slices.worst.ttft_ms.p99", "r") == pytest.approx(
+        stored["ttft_ms"], rel=1e-12)
+    # ITL needs the per-token lists (--save-detailed), which this run did not keep: one line
+    # that says so, not "has no value".
+    out = invoke("gate", str(path), "--baseline", str(path), "--no-defaults",
+                 "--max-regression", "slices.worst.itl_ms.p99=10%")
+    assert out.exit_code == 2, out.output
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did not store it in its slices" in lines[0], lines
+    assert "--save-detailed" in lines[0] and "50,90,99.9" in lines[0]
+
+
 def test_slices_by_hand():
     # Three requests: one ends at 0.5 s, one streams over 0.8-1.6 s, one fails at 2.2 s.
     a = RequestRecord(0, 10, 2, 0.0, send_s=0.0, token_times_s=[0.3, 0.5])

@@ -300,3 +300,23 @@ def test_compare_writes_its_markdown_and_csv_both_or_neither(tmp_path, sim_resul
         len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert proc.stdout == ""
     assert sorted(full.iterdir()) == []  # no file, no temporary
+
+
+# ---- another of cbbench's files where a run result is read ----------------------------------
+def test_a_sweep_file_is_named_as_one_with_the_results_to_give(tmp_path):
+    # sweep.json given to compare, gate or export: "... is missing its 'summary' section", as
+    # if it were a broken result; it is a sweep file, made of the per-rate results beside it.
+    sweep = tmp_path / "sweep.json"
+    points = [{"rate": r, "num_requests": 10, "completed": 10, "failed": 0,
+               "file": f"rate-{r}.json"} for r in (4, 8)]
+    sweep.write_text(json.dumps({"kind": "cbbench-sweep", "schema_version": 1,
+                                 "points": points}))
+    run = tmp_path / "a.json"
+    run.write_text(json.dumps({"schema_version": 1, "config": {}, "summary": {}}))
+    for args in (["compare", sweep, run], ["gate", sweep, "--baseline", run],
+                 ["export", sweep, "--format", "csv", "--out", tmp_path / "x.csv"]):
+        one_line(cli(*args), f"{sweep} is a sweep file", "not a run result",
+                 "rate-*.json", "(rate-4.json, rate-8.json)")
+    capacity = tmp_path / "capacity.json"
+    capacity.write_text(json.dumps({"kind": "cbbench-capacity", "schema_version": 1}))
+    one_line(cli("compare", capacity, run), "is a capacity file", "probe-*-rate-*.json")

@@ -85,8 +85,12 @@ def test_no_usage_names_the_method_and_warns_when_counts_disagree(fresh_fake_ser
     notes.clear()
     run = run_http(opts, prompt_requests(["fault:pairs x"] * 2, output_len=3), np.zeros(2))
     assert [(r.output_tokens_method, r.output_tokens) for r in run.records] == [("tokenizer", 6)] * 2
-    assert run.info["token_counts"]["one_token_per_event"]["detected"] is False
-    assert any("tokenizer vs events differ on 2 of 2" in n for n in notes)
+    counts = run.info["token_counts"]
+    assert counts["one_token_per_event"]["detected"] is False
+    assert counts["disagreement"]["tokenizer_vs_events"]["disagree"] == 2  # kept in the summary
+    # ... but not warned: the events are known not to be tokens (the detection says so), so
+    # their differing from the tokenizer is no disagreement between two token counts.
+    assert not [n for n in notes if "disagree" in n], notes
 
     # No usage and no tokenizer: events, flagged as unverified.
     notes.clear()
@@ -238,3 +242,29 @@ def test_a_hostile_chat_template_costs_its_count_not_the_run(tmp_path, template)
     assert counts == [None, None]
     # Two renders, each within its limit (wall time on a loaded machine: a generous bound).
     assert time.monotonic() - t < 2 * RENDER_TIME_LIMIT_S + 20
+
+
+def test_events_known_to_carry_several_tokens_are_no_disagreement_with_usage():
+    # serve --stream-interval 4, run --save-detailed: usage 30 over 9 events on every request.
+    # "output token counts disagree: events vs usage differ on 24 of 24 requests" though the
+    # detection had found several tokens per event and the run counted usage (right).
+    from cbbench.analysis.records import RequestRecord
+    from cbbench.analysis.summary.token_counts import one_token_per_event, output_count_summary
+
+    def rec(i: int, counts: dict) -> RequestRecord:
+        r = RequestRecord(i, 64, counts["usage"], 0.0, token_times_s=[0.1 * k for k in range(9)])
+        r.output_token_counts, r.output_tokens_method = counts, "usage"
+        return r
+
+    several = [rec(i, {"events": 9, "usage": 30}) for i in range(24)]
+    detection = one_token_per_event(several)
+    assert detection["detected"] is False and detection["basis"] == "usage"
+    summary, warnings = output_count_summary(several, detection)
+    assert summary["disagreement"]["events_vs_usage"]["disagree"] == 24  # the figures stay
+    assert warnings == []
+    # Two token counts that differ are still a disagreement, events or not (the case the
+    # warning is for, as test_no_usage_names_the_method_and_warns_when_counts_disagree's
+    # tokenizer against one-token events): here the tokenizer against usage.
+    retokenized = [rec(i, {"events": 9, "usage": 30, "tokenizer": 27}) for i in range(24)]
+    summary, warnings = output_count_summary(retokenized, one_token_per_event(retokenized))
+    assert len(warnings) == 1 and "tokenizer vs usage differ on 24 of 24" in warnings[0]

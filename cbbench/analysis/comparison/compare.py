@@ -39,6 +39,9 @@ def rows_for(stats: Sequence[str] = LATENCY_STATS) -> tuple[Row, ...]:
 HEAD_ROWS: tuple[Row, ...] = (
     Row("completed", "completed", 0),
     Row("failed", "failed", 0),
+    # Requests the client gave up on (--cancel-rate): neither completed nor failed, so without
+    # this row a run's completed and failed did not add up to its requests.
+    Row("cancelled", "cancelled", 0),
     Row("duration (s)", "duration_s", 3),
     Row("request throughput (req/s)", "request_throughput"),
     Row("output throughput (tok/s)", "output_throughput", 1),
@@ -65,6 +68,7 @@ ROWS = rows_for()
 # Config keys that differ between any two runs without saying anything about them.
 NOISE_KEYS = frozenset({"command", "started_at"})
 MISSING = "-"
+RATIO_DIGITS = 3  # significant digits of a ratio below 1 (at and above 1: two decimals)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +101,15 @@ def ratio(value: float | None, first: float | None) -> float | None:
     return value / first
 
 
+def fmt_ratio(r: float) -> str:
+    """A ratio to the first result with at least RATIO_DIGITS significant digits: 2.00×, 0.00399×
+    (two decimals printed a 250-fold drop as 0.00×)."""
+    if r == 0 or not math.isfinite(r) or abs(r) >= 1:
+        return f"{r:,.2f}×"
+    decimals = RATIO_DIGITS - 1 - math.floor(math.log10(abs(r)))
+    return f"{r:.{decimals}f}×"
+
+
 def fmt_number(v: float | None, row: Row) -> str:
     if v is None:
         return MISSING
@@ -118,7 +131,7 @@ def table_rows(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> list[l
         cells = [fmt_number(values[0], row)]
         for v in values[1:]:
             r = ratio(v, values[0])
-            cells.append(fmt_number(v, row) + (f" ({r:.2f}×)" if r is not None else ""))
+            cells.append(fmt_number(v, row) + (f" ({fmt_ratio(r)})" if r is not None else ""))
         out.append([row.label, *cells])
     return out
 

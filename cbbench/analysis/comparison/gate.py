@@ -431,6 +431,8 @@ def _unstored(run: RunResult, metric: str) -> str | None:
     )
     from cbbench.schema.run import Distribution
 
+    if metric.startswith(WORST_SLICE):
+        return _unstored_in_slices(run, metric)
     if percentile_of(metric) is None:
         return None
     name, key = split_metric_path(metric)
@@ -449,6 +451,32 @@ def _unstored(run: RunResult, metric: str) -> str | None:
               else "per-request records (a --summary-only file)" if not run.requests
               else f"request with a {name}")
     return f"did not store it{ran_with} and keeps no {source} to compute it from"
+
+
+def _unstored_in_slices(run: RunResult, metric: str) -> str | None:
+    """``_unstored`` of a slices.worst percentile: why a slice with values lacks it (percentiles
+    already filled from the requests where they could be: slice_percentiles.py)."""
+    from cbbench.analysis.summary.slice_percentiles import (
+        missing_in_slices,
+        slice_members,
+        slice_percentile_of,
+    )
+
+    asked = slice_percentile_of(metric)
+    if asked is None or not missing_in_slices(run, *asked):
+        return None
+    name = asked[0]
+    ran = run.config.percentiles
+    ran_with = "" if ran is None else f" (its run's --percentiles: {','.join(map(str, ran))})"
+    if not run.requests:
+        source = "keeps no per-request records (a --summary-only file)"
+    elif slice_members(run) is None:
+        source = "keeps requests whose end times do not add up to its slices' completed counts"
+    elif name == "itl_ms":
+        source = "keeps no per-token ITL (run with --save-detailed)"
+    else:
+        source = f"keeps no request with a {name} for every slice"
+    return f"did not store it in its slices{ran_with} and {source} to compute it from"
 
 
 def run_gate(
