@@ -25,9 +25,13 @@ Mixture-of-experts models (engine/moe.py): the MLP's gate_up and down are the ex
 (gate_up also carries the router's h x E GEMM). FLOPs count the k active experts per token;
 weight bytes count the experts the batch touches, E * (1 - (1 - k/E)^T) per layer for T tokens
 under uniform routing. With expert parallelism (``ep`` > 1) one engine spans ep GPUs: whole
-experts spread over them (E/ep each), attention data-parallel (each GPU a 1/ep share of the
-rows, the attention weights replicated), and every MoE layer adds an all-to-all dispatch of
-the tokens' hidden states to their experts' GPUs and one back (combine).
+experts spread over them (E/ep each), attention data-parallel (each GPU whole requests, the
+attention weights replicated), and every MoE layer adds an all-to-all dispatch of the tokens'
+hidden states to their experts' GPUs and one back (combine). Each all-to-all waits for the
+slowest GPU, so a step is priced on the busiest one: the ceil(R/ep) of R requests it holds,
+and the expected distinct experts on the most-loaded GPU (moe.BusiestGPU), not the average
+over GPUs (batch 1 over 8 GPUs: one whole request and one whole expert per layer, not 1/8
+and 0.25). Its (token, expert) pairs: the mean T k / ep, at least one per expert it reads.
 
 CostModel.cost sums those operator by operator (``roofline``), or, for a dense model, through
 one flat function of the batch's counts that gives the same numbers bit for bit
@@ -44,7 +48,7 @@ from dataclasses import asdict, dataclass, replace
 from ..core.scheduler_output import BatchShape, IterationCost, SchedulerOutput
 from ..model_config import DTYPE_BYTES, ModelConfig
 from .gpu_specs import GPUSpec
-from .moe import all_to_all_s, expected_experts_touched
+from .moe import BusiestGPU, all_to_all_s, expected_experts_touched
 
 # Efficiency defaults: what well-tuned kernels typically reach on Hopper-class GPUs
 # (memory-bound GEMV/attention ~80% of peak HBM bandwidth, large GEMMs ~60% of dense peak).
@@ -183,6 +187,8 @@ class CostModel:
             self._expert_down = ie * h + (h if bias else 0)
             self._expert_width = ie
             self._expert_db = m.expert_bytes_per_param(dtype)
+            if self.ep > 1:
+                self._busiest = BusiestGPU(m.num_experts, m.num_experts_per_tok, self.ep)
         host = gpu.host_bandwidth if gpu is not None else None
         self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
         self.flat: StepCost | None = flat_roofline(self)  # None where only the operator form holds
@@ -194,31 +200,53 @@ class CostModel:
         return float(self.model.weight_bytes(self._dtype_name))
 
     def _local(self, shape: BatchShape) -> BatchShape:
-        """The share of the batch one GPU's attention and dense layers see: all of it, or
-        1/ep of its rows under expert parallelism (attention data-parallel)."""
+        """The share of the batch the busiest GPU's attention and dense layers see: all of it,
+        or under expert parallelism (attention data-parallel, each GPU whole requests) the
+        ceil(R/ep) of the R requests the most-loaded GPU holds, every count scaled by
+        ceil(R/ep)/R (requests taken alike). Each MoE layer's all-to-all waits for that GPU:
+        a batch-1 decode runs its whole attention, KV read and lm_head on one GPU, not 1/ep of
+        them. R a multiple of ep: exactly 1/ep, the even split."""
         if self.ep == 1:
             return shape
+        share = self.local_share(shape.num_reqs)
+        # Fractional counts: the busiest GPU's share (the roofline is linear in them).
+        return BatchShape(shape.num_tokens * share, shape.num_logits * share,  # type: ignore[arg-type]
+                          shape.attn_key_pairs * share, shape.attn_keys_read * share,
+                          shape.num_reqs * share,  # type: ignore[arg-type]
+                          shape.num_prefill_reqs * share,  # type: ignore[arg-type]
+                          shape.decode_keys * share)
+
+    def local_share(self, num_reqs: float) -> float:
+        """The busiest GPU's share of the batch's requests under expert parallelism:
+        ceil(R/ep)/R, 1/ep when R is a multiple of ep (or not a whole count)."""
         n = self.ep
-        # Fractional counts: the expected share of one GPU (the roofline is linear in them).
-        return BatchShape(shape.num_tokens / n, shape.num_logits / n,  # type: ignore[arg-type]
-                          shape.attn_key_pairs / n, shape.attn_keys_read / n,
-                          shape.num_reqs / n, shape.num_prefill_reqs / n,  # type: ignore[arg-type]
-                          shape.decode_keys / n)
+        if num_reqs <= 0 or num_reqs != int(num_reqs):
+            return 1.0 / n
+        r = int(num_reqs)
+        return -(-r // n) / r
 
     def experts_touched(self, num_tokens: float) -> float:
-        """Experts per layer one GPU reads for a batch of ``num_tokens`` (every GPU's tokens
-        can route to its experts): E/ep * (1 - (1 - k/E)^T)."""
+        """Experts per layer the busiest GPU reads for a batch of ``num_tokens`` (every GPU's
+        tokens can route to its experts): on one GPU E (1 - (1 - k/E)^T); over ep GPUs the
+        expected distinct experts on the most-loaded one (engine/sim/moe.py BusiestGPU), which
+        each layer's all-to-all waits for, not the average E/ep (1 - (1 - k/E)^T)."""
         m = self.model
-        return expected_experts_touched(m.num_experts, m.num_experts_per_tok,
-                                        num_tokens) / self.ep
+        if self.ep == 1:
+            return expected_experts_touched(m.num_experts, m.num_experts_per_tok, num_tokens)
+        return self._busiest.expected_max(num_tokens)
 
     def _moe_ops(self, shape: BatchShape) -> list[tuple[float, float]]:
         """(FLOPs, bytes) of the MoE MLP on one GPU, all layers: [gate_up + router, down]."""
         m, db, L = self.model, self.dtype_bytes, self._L
         T = shape.num_tokens  # the whole batch: its tokens route to every GPU's experts
-        pairs = T * m.num_experts_per_tok / self.ep  # (token, expert) pairs on this GPU
         touched = self.experts_touched(T)
+        # (token, expert) pairs on the busiest GPU: the mean T k / ep, and at least one per
+        # expert it reads (batch 1 over 8 GPUs: 1 pair, not 0.25).
+        pairs = T * m.num_experts_per_tok / self.ep
         t_local = T / self.ep
+        if self.ep > 1:
+            pairs = max(pairs, touched)
+            t_local = T * self.local_share(shape.num_reqs)
         router = m.router_params_per_layer
         h, ie, edb = m.hidden_size, self._expert_width, self._expert_db
         gate_up = (
