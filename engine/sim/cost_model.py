@@ -101,10 +101,14 @@ class DeviceRates:
     host_factor: float = 1.0
 
     @staticmethod
-    def from_spec(gpu: GPUSpec, eff: Efficiency = Efficiency()) -> DeviceRates:
+    def from_spec(gpu: GPUSpec, eff: Efficiency = Efficiency(), dtype: str = "bf16"
+                  ) -> DeviceRates:
+        """The spec's peaks times the efficiencies; the FLOP peak is the dtype's (fp32: the
+        FP32 peak, a fifteenth of bf16's on an H100: gpu_specs.FP32_FLOPS)."""
+        peak = gpu.peak_flops(dtype)
         return DeviceRates(
             memory_bandwidth=gpu.hbm_bandwidth * eff.eta_memory,
-            flop_rate=gpu.bf16_flops * eff.eta_compute,
+            flop_rate=peak * eff.eta_compute if peak else None,
             iteration_overhead_s=eff.overhead_s,
         )
 
@@ -151,7 +155,7 @@ class CostModel:
         self.tp = tp
         self.ep = expert_parallel_size
         if rates is None and gpu is not None:
-            rates = DeviceRates.from_spec(gpu, efficiency)
+            rates = DeviceRates.from_spec(gpu, efficiency, dtype)
         self.rates = rates
         self.interconnect = (
             Interconnect(gpu.interconnect_bandwidth, gpu.collective_latency_s)
