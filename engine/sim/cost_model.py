@@ -9,7 +9,8 @@ Formulas (per iteration, per GPU, summed over layers):
   plus input and output activations. lm_head runs only on rows that sample.
 - Attention: 4 * q_heads * head_dim FLOPs per (query, key) pair (QK^T and PV); bytes = every key
   and value the rows read from the cache (a decode row reads its whole history; a prefill chunk
-  reads its context once and its own keys) plus q and o.
+  reads its context once and its own keys) plus q and o. A sliding-window layer (gpt-oss: 12
+  of 24 at 128 tokens) reads at most the window per row (``windowed``).
 - KV write: kv_bytes_per_token per new token.
 - Elementwise (norms, rope, residuals, SiLU*mul) and embedding rows: memory-bound bytes.
 
@@ -182,6 +183,13 @@ class CostModel:
         self._q_size = q
         self._kv_bytes_per_token = 2 * L * kv * db
         self._attn_flops_per_pair = 4 * (m.num_heads // tp) * m.head_dim * L
+        # Sliding-window layers (model_config.py): their attention reads at most the window's
+        # keys per row; the KV write and the KV held are still every layer's (see
+        # ``windowed``, and sim_executor.sim_num_kv_blocks for what stays conservative).
+        self._window = m.sliding_window if m.has_sliding_window else None
+        self._window_layers = m.sliding_window_layers if m.has_sliding_window else 0
+        self._kv_bytes_per_layer_token = 2 * kv * db
+        self._attn_flops_per_layer_pair = 4 * (m.num_heads // tp) * m.head_dim
         self._vocab = m.vocab_size // tp if tp > 1 else m.vocab_size
         if m.is_moe:
             ie = m.moe_intermediate_size // tp
@@ -277,12 +285,17 @@ class CostModel:
         ]
         if self.model.is_moe:
             ops += self._moe_ops(full)
-        ops.append(
-            (
-                self._attn_flops_per_pair * shape.attn_key_pairs,
-                shape.attn_keys_read * self._kv_bytes_per_token + 2 * T * self._q_size * db * L,
+        if self._window is None:
+            ops.append(
+                (
+                    self._attn_flops_per_pair * shape.attn_key_pairs,
+                    shape.attn_keys_read * self._kv_bytes_per_token
+                    + 2 * T * self._q_size * db * L,
+                )
             )
-        )
+        else:
+            (fd, bd), (fp, bp) = self.attention_parts(shape, local=False)
+            ops.append((fd + fp, bd + bp))
         ops.append((0.0, T * self._kv_bytes_per_token))  # KV write
         ops.append((0.0, ELEMENTWISE_PASSES_PER_LAYER * T * h * db * L))
         ops.append((0.0, T * h * db))  # embedding rows
@@ -292,20 +305,61 @@ class CostModel:
         )
         return ops
 
-    def attention_parts(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
-        """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows."""
-        shape = self._local(shape)
+    def attention_parts(self, shape: BatchShape, local: bool = True
+                        ) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows
+        (``local``: ``shape`` is still the whole batch, take the busiest GPU's share)."""
+        if local:
+            shape = self._local(shape)
         db, L = self.dtype_bytes, self._L
         decode_rows = shape.num_reqs - shape.num_prefill_reqs + shape.num_draft_tokens
         prefill_rows = shape.num_tokens - decode_rows
         qo = 2 * self._q_size * db * L  # q read and o written, per row
         kd = shape.decode_keys
+        if self._window is None:
+            return (
+                (self._attn_flops_per_pair * kd, kd * self._kv_bytes_per_token + decode_rows * qo),
+                (
+                    self._attn_flops_per_pair * (shape.attn_key_pairs - kd),
+                    (shape.attn_keys_read - kd) * self._kv_bytes_per_token + prefill_rows * qo,
+                ),
+            )
+        pairs_p, keys_p = shape.attn_key_pairs - kd, shape.attn_keys_read - kd
+        kd_w, pairs_pw, keys_pw = self.windowed(shape)
+        full, win = L - self._window_layers, self._window_layers
+        afp, kvb = self._attn_flops_per_layer_pair, self._kv_bytes_per_layer_token
         return (
-            (self._attn_flops_per_pair * kd, kd * self._kv_bytes_per_token + decode_rows * qo),
-            (
-                self._attn_flops_per_pair * (shape.attn_key_pairs - kd),
-                (shape.attn_keys_read - kd) * self._kv_bytes_per_token + prefill_rows * qo,
-            ),
+            (afp * (full * kd + win * kd_w), kvb * (full * kd + win * kd_w) + decode_rows * qo),
+            (afp * (full * pairs_p + win * pairs_pw),
+             kvb * (full * keys_p + win * keys_pw) + prefill_rows * qo),
+        )
+
+    def windowed(self, shape: BatchShape) -> tuple[float, float, float]:
+        """What one sliding-window layer attends to, from the batch's counts: (keys the decode
+        rows read = their key pairs, the other rows' key pairs, the keys those read).
+
+        A row attends to at most ``window`` keys (its own included): a decode row with
+        context c reads min(c + 1, window); a prefill chunk of n tokens after c computed ones
+        reads min(c + n, n + window - 1) keys and attends sum_{j=c+1}^{c+n} min(j, window)
+        pairs. A shape holds sums over rows, not each row's context, so each sum is bounded
+        by its rows' caps: decode keys min(sum, rows x window), prefill pairs min(sum,
+        tokens x window), prefill keys min(sum, tokens + requests x (window - 1)). Exact
+        when every row's context is past the window (a long-context decode: gpt-oss's 128
+        tokens) or none is, and never below the truth otherwise (min is concave): a
+        windowed layer is never priced faster than it runs. The same counts in every path
+        (a stepped engine, a fast-forwarded decode stretch, the array simulator) give the
+        same price."""
+        w = self._window
+        assert w is not None
+        kd = shape.decode_keys
+        nd = shape.num_reqs - shape.num_prefill_reqs  # decode requests
+        decode_rows = nd + shape.num_draft_tokens
+        other_rows = shape.num_tokens - nd  # prefill rows and draft rows: a query each
+        prefill_tokens = other_rows - shape.num_draft_tokens
+        return (
+            min(kd, decode_rows * w),
+            min(shape.attn_key_pairs - kd, other_rows * w),
+            min(shape.attn_keys_read - kd, prefill_tokens + shape.num_prefill_reqs * (w - 1)),
         )
 
     def communication_s(self, shape: BatchShape) -> float:
@@ -418,13 +472,15 @@ def flat_roofline(cm: CostModel) -> StepCost | None:
     - the time is the same sum, in the same operator order, of the same max(flops / rate,
       bytes / bandwidth) per operator, then the same overheads in the same order.
 
-    Only where those hold: a dense model on one GPU or with tensor parallelism, on a device
-    with both rates, decode and prefill attention at one efficiency; else None.
+    Only where those hold: a dense model without sliding-window layers on one GPU or with
+    tensor parallelism, on a device with both rates, decode and prefill attention at one
+    efficiency; else None.
     tests/engine/test_array_sim.py compares the two forms on random batches and on every step
     of simulated runs."""
     r = cm.rates
     if (cm.model.is_moe or cm.ep != 1 or r is None or not r.flop_rate or not r.memory_bandwidth
-            or r.decode_attention_efficiency != r.prefill_attention_efficiency):
+            or r.decode_attention_efficiency != r.prefill_attention_efficiency
+            or cm._window is not None):
         return None
     fl, bw = r.flop_rate, r.memory_bandwidth
     eff = r.decode_attention_efficiency
