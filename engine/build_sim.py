@@ -48,7 +48,7 @@ def sim_device(args: EngineArgs, profile):
         "eta_compute": eff.eta_compute,
         "iteration_overhead_us": eff.overhead_s * 1e6,
     }
-    return gpu, DeviceRates.from_spec(gpu, eff), info
+    return gpu, DeviceRates.from_spec(gpu, eff, args.dtype or "bf16"), info
 
 
 def build_sim_engine(args: EngineArgs):

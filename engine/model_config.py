@@ -46,6 +46,12 @@ class ModelConfig:
     # Bits per expert weight when the experts are stored quantized (gpt-oss: MXFP4, 4 bits
     # plus one 8-bit scale per 32 values = 4.25); None: the model's dtype.
     expert_weight_bits: float | None = None
+    # Sliding-window attention: ``sliding_window_layers`` of the layers attend only to the last
+    # ``sliding_window`` tokens (the query's own included), so they read at most that many keys
+    # per row; the rest attend to the whole context. gpt-oss: 12 of 24 (every other layer,
+    # its config.json's layer_types), window 128. None / 0: every layer attends fully.
+    sliding_window: int | None = None
+    sliding_window_layers: int = 0
 
     # ---- derived sizes (counts of parameters, not bytes) ----
     @property
@@ -135,9 +141,16 @@ class ModelConfig:
         """K and V for every layer: 2 * layers * kv_heads * head_dim * dtype bytes."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * DTYPE_BYTES[dtype]
 
+    @property
+    def has_sliding_window(self) -> bool:
+        return self.sliding_window is not None and self.sliding_window_layers > 0
+
     def to_dict(self) -> dict:
         d = asdict(self)
         del d["eos_token_ids"]
+        if not self.has_sliding_window:
+            # A model without windowed layers is recorded as it was before the fields existed.
+            del d["sliding_window"], d["sliding_window_layers"]
         return {**d, **eos_record(self.eos_token_ids)}
 
     @classmethod
@@ -237,13 +250,14 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         rope_theta=1000000.0, rms_norm_eps=1e-6, architecture="qwen3_moe",
         eos_token_ids=(151645,), num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
     ),
-    # Its experts ship in MXFP4 (quantization_config), the rest in bf16.
+    # Its experts ship in MXFP4 (quantization_config), the rest in bf16. Its layer_types
+    # alternate sliding_attention (window 128) and full_attention: 12 windowed of 24.
     "gpt-oss-20b": _preset(
         name="gpt-oss-20b", num_layers=24, hidden_size=2880, num_heads=64, num_kv_heads=8,
         head_dim=64, intermediate_size=2880, vocab_size=201088, max_model_len=131072,
         rope_theta=150000.0, qkv_bias=True, architecture="gpt_oss", eos_token_ids=(200002,),
         num_experts=32, num_experts_per_tok=4, moe_intermediate_size=2880, expert_bias=True,
-        expert_weight_bits=MXFP4_BITS,
+        expert_weight_bits=MXFP4_BITS, sliding_window=128, sliding_window_layers=12,
     ),
     # Small presets for the torch engine on a CPU and for tests (random weights only).
     "small": _preset(
@@ -394,6 +408,48 @@ def _moe_fields(cfg: dict, model_type: str, config_path: Path) -> dict:
     }
 
 
+# Layer types (config.json ``layer_types``) that attend within ``sliding_window``, and those
+# that attend to everything.
+SLIDING_LAYER = "sliding_attention"
+FULL_LAYER = "full_attention"
+# Model types whose attention is windowed on every layer when config.json gives a
+# sliding_window (Mistral v0.1, Mixtral) unless use_sliding_window says otherwise, as
+# transformers' Mistral attention does; others window only through layer_types (gpt-oss,
+# Gemma-style) or use_sliding_window (Qwen2: the layers from max_window_layers on).
+WINDOW_BY_DEFAULT = frozenset({"mistral", "mixtral"})
+
+
+def _sliding_window(cfg: dict, model_type: str, config_path: Path) -> dict:
+    """ModelConfig's sliding_window and sliding_window_layers from a config.json: the window
+    (``sliding_window``) and how many layers use it: those ``layer_types`` names
+    sliding_attention (gpt-oss: 12 of 24; without layer_types, gpt-oss's default: every other
+    layer from the first), else every layer where the model type windows them by default or
+    ``use_sliding_window`` is set (Qwen2's, from layer ``max_window_layers`` on)."""
+    window = cfg.get("sliding_window")
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) != layers or not all(
+                t in (SLIDING_LAYER, FULL_LAYER) for t in types):
+            raise ValueError(f"{config_path}: 'layer_types' must list {SLIDING_LAYER!r} or "
+                             f"{FULL_LAYER!r} for each of the {layers} layers")
+        windowed = sum(t == SLIDING_LAYER for t in types)
+    elif model_type == "gpt_oss":
+        windowed = (layers + 1) // 2  # transformers' GptOssConfig default: even layers
+        window = window if window is not None else 128
+    elif cfg.get("use_sliding_window", model_type in WINDOW_BY_DEFAULT):
+        first = cfg.get("max_window_layers", 0) if model_type not in WINDOW_BY_DEFAULT else 0
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise ValueError(f"{config_path}: 'max_window_layers' must be an integer >= 0, "
+                             f"got {first!r}")
+        windowed = max(0, layers - first)
+    else:
+        windowed = 0
+    if window is None or windowed == 0:
+        return {}
+    return {"sliding_window": window, "sliding_window_layers": windowed}
+
+
 def from_hf_config(config_path: Path) -> ModelConfig:
     cfg = _read_hf_config(config_path)
     model_type = cfg.get("model_type", "")
@@ -434,6 +490,7 @@ def from_hf_config(config_path: Path) -> ModelConfig:
         eos_token_ids=eos_ids,
         architecture=_SUPPORTED_HF_TYPES[model_type],
         **moe,
+        **_sliding_window(cfg, model_type, config_path),
     )
 
 

@@ -335,7 +335,7 @@ def calibrate(results: Sequence[tuple[str, ResultLike]],
         fit, rounds = fit_rates(data, device)
         theta = fit.theta
     else:
-        physics = fit_physics(data, get_gpu_spec(device))
+        physics = fit_physics(data, get_gpu_spec(device), dtype)
         theta = physics.theta
     typical, _ = times_and_grad(theta, data)
     factor, factor_rse = host_factor(np.maximum(typical, TINY_S), data.measured)

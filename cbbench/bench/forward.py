@@ -110,7 +110,7 @@ def _peaks(spec: ForwardSpec, device, torch) -> tuple[Peaks, dict | None]:
                              "or --peak-bw and --peak-flops")
         gpu = get_gpu_spec(DEFAULT_REFERENCE_GPU)
     bw = spec.peak_bw if spec.peak_bw is not None else _spec_peak(gpu, "hbm_bandwidth")
-    fl = spec.peak_flops if spec.peak_flops is not None else _spec_peak(gpu, "bf16_flops")
+    fl = spec.peak_flops if spec.peak_flops is not None else _spec_flops(gpu, spec.dtype)
     name = gpu.name if gpu is not None else "?"
     source = "given" if given else f"{name} spec" + ("" if on_gpu else " (a CPU: reference)")
     return Peaks(bw, fl, source, on_gpu or given), (gpu.to_dict() if gpu else None)
@@ -120,6 +120,16 @@ def _spec_peak(gpu, attr: str) -> float:
     if gpu is None:  # _peaks chose a GPU whenever a peak was not given
         raise UsageError("give --gpu, or both --peak-bw and --peak-flops")
     return float(getattr(gpu, attr))
+
+
+def _spec_flops(gpu, dtype: str) -> float:
+    """The spec's dense FLOP peak for ``dtype`` (fp32: the FP32 peak, gpu_specs.FP32_FLOPS)."""
+    if gpu is None:
+        raise UsageError("give --gpu, or both --peak-bw and --peak-flops")
+    peak = gpu.peak_flops(dtype)
+    if peak is None:
+        raise UsageError(f"{gpu.name} has no {dtype} FLOP peak listed: give --peak-flops")
+    return float(peak)
 
 
 class StepTimer:

@@ -686,8 +686,8 @@ def _engine_summary(run: EngineRun | CompactRun, iterations: list[dict], steps) 
     gpu_spec = run.resolved.gpu_spec
     if (gpu := gpu_of(gpu_spec)) is not None:
         for it in iterations:
-            add_utilization(it, gpu)
-    engine = summarize_engine_columns(steps, gpu_spec)
+            add_utilization(it, gpu, run.resolved.dtype)
+    engine = summarize_engine_columns(steps, gpu_spec, run.resolved.dtype)
     engine["kv_blocks_in_use_at_end"] = run.kv_blocks_in_use_at_end
     error, reason = sim_error(iterations, simulated=run.resolved.engine == "sim")
     engine["sim_error"] = error

@@ -9,7 +9,8 @@ Formulas (per iteration, per GPU, summed over layers):
   plus input and output activations. lm_head runs only on rows that sample.
 - Attention: 4 * q_heads * head_dim FLOPs per (query, key) pair (QK^T and PV); bytes = every key
   and value the rows read from the cache (a decode row reads its whole history; a prefill chunk
-  reads its context once and its own keys) plus q and o.
+  reads its context once and its own keys) plus q and o. A sliding-window layer (gpt-oss: 12
+  of 24 at 128 tokens) reads at most the window per row (``windowed``).
 - KV write: kv_bytes_per_token per new token.
 - Elementwise (norms, rope, residuals, SiLU*mul) and embedding rows: memory-bound bytes.
 
@@ -25,9 +26,13 @@ Mixture-of-experts models (engine/moe.py): the MLP's gate_up and down are the ex
 (gate_up also carries the router's h x E GEMM). FLOPs count the k active experts per token;
 weight bytes count the experts the batch touches, E * (1 - (1 - k/E)^T) per layer for T tokens
 under uniform routing. With expert parallelism (``ep`` > 1) one engine spans ep GPUs: whole
-experts spread over them (E/ep each), attention data-parallel (each GPU a 1/ep share of the
-rows, the attention weights replicated), and every MoE layer adds an all-to-all dispatch of
-the tokens' hidden states to their experts' GPUs and one back (combine).
+experts spread over them (E/ep each), attention data-parallel (each GPU whole requests, the
+attention weights replicated), and every MoE layer adds an all-to-all dispatch of the tokens'
+hidden states to their experts' GPUs and one back (combine). Each all-to-all waits for the
+slowest GPU, so a step is priced on the busiest one: the ceil(R/ep) of R requests it holds,
+and the expected distinct experts on the most-loaded GPU (moe.BusiestGPU), not the average
+over GPUs (batch 1 over 8 GPUs: one whole request and one whole expert per layer, not 1/8
+and 0.25). Its (token, expert) pairs: the mean T k / ep, at least one per expert it reads.
 
 CostModel.cost sums those operator by operator (``roofline``), or, for a dense model, through
 one flat function of the batch's counts that gives the same numbers bit for bit
@@ -44,7 +49,7 @@ from dataclasses import asdict, dataclass, replace
 from ..core.scheduler_output import BatchShape, IterationCost, SchedulerOutput
 from ..model_config import DTYPE_BYTES, ModelConfig
 from .gpu_specs import GPUSpec
-from .moe import all_to_all_s, expected_experts_touched
+from .moe import BusiestGPU, all_to_all_s, expected_experts_touched
 
 # Efficiency defaults: what well-tuned kernels typically reach on Hopper-class GPUs
 # (memory-bound GEMV/attention ~80% of peak HBM bandwidth, large GEMMs ~60% of dense peak).
@@ -97,10 +102,14 @@ class DeviceRates:
     host_factor: float = 1.0
 
     @staticmethod
-    def from_spec(gpu: GPUSpec, eff: Efficiency = Efficiency()) -> DeviceRates:
+    def from_spec(gpu: GPUSpec, eff: Efficiency = Efficiency(), dtype: str = "bf16"
+                  ) -> DeviceRates:
+        """The spec's peaks times the efficiencies; the FLOP peak is the dtype's (fp32: the
+        FP32 peak, a fifteenth of bf16's on an H100: gpu_specs.FP32_FLOPS)."""
+        peak = gpu.peak_flops(dtype)
         return DeviceRates(
             memory_bandwidth=gpu.hbm_bandwidth * eff.eta_memory,
-            flop_rate=gpu.bf16_flops * eff.eta_compute,
+            flop_rate=peak * eff.eta_compute if peak else None,
             iteration_overhead_s=eff.overhead_s,
         )
 
@@ -147,7 +156,7 @@ class CostModel:
         self.tp = tp
         self.ep = expert_parallel_size
         if rates is None and gpu is not None:
-            rates = DeviceRates.from_spec(gpu, efficiency)
+            rates = DeviceRates.from_spec(gpu, efficiency, dtype)
         self.rates = rates
         self.interconnect = (
             Interconnect(gpu.interconnect_bandwidth, gpu.collective_latency_s)
@@ -174,6 +183,13 @@ class CostModel:
         self._q_size = q
         self._kv_bytes_per_token = 2 * L * kv * db
         self._attn_flops_per_pair = 4 * (m.num_heads // tp) * m.head_dim * L
+        # Sliding-window layers (model_config.py): their attention reads at most the window's
+        # keys per row; the KV write and the KV held are still every layer's (see
+        # ``windowed``, and sim_executor.sim_num_kv_blocks for what stays conservative).
+        self._window = m.sliding_window if m.has_sliding_window else None
+        self._window_layers = m.sliding_window_layers if m.has_sliding_window else 0
+        self._kv_bytes_per_layer_token = 2 * kv * db
+        self._attn_flops_per_layer_pair = 4 * (m.num_heads // tp) * m.head_dim
         self._vocab = m.vocab_size // tp if tp > 1 else m.vocab_size
         if m.is_moe:
             ie = m.moe_intermediate_size // tp
@@ -183,6 +199,8 @@ class CostModel:
             self._expert_down = ie * h + (h if bias else 0)
             self._expert_width = ie
             self._expert_db = m.expert_bytes_per_param(dtype)
+            if self.ep > 1:
+                self._busiest = BusiestGPU(m.num_experts, m.num_experts_per_tok, self.ep)
         host = gpu.host_bandwidth if gpu is not None else None
         self._host_bandwidth = host or (rates.memory_bandwidth if rates else None)
         self.flat: StepCost | None = flat_roofline(self)  # None where only the operator form holds
@@ -194,31 +212,53 @@ class CostModel:
         return float(self.model.weight_bytes(self._dtype_name))
 
     def _local(self, shape: BatchShape) -> BatchShape:
-        """The share of the batch one GPU's attention and dense layers see: all of it, or
-        1/ep of its rows under expert parallelism (attention data-parallel)."""
+        """The share of the batch the busiest GPU's attention and dense layers see: all of it,
+        or under expert parallelism (attention data-parallel, each GPU whole requests) the
+        ceil(R/ep) of the R requests the most-loaded GPU holds, every count scaled by
+        ceil(R/ep)/R (requests taken alike). Each MoE layer's all-to-all waits for that GPU:
+        a batch-1 decode runs its whole attention, KV read and lm_head on one GPU, not 1/ep of
+        them. R a multiple of ep: exactly 1/ep, the even split."""
         if self.ep == 1:
             return shape
+        share = self.local_share(shape.num_reqs)
+        # Fractional counts: the busiest GPU's share (the roofline is linear in them).
+        return BatchShape(shape.num_tokens * share, shape.num_logits * share,  # type: ignore[arg-type]
+                          shape.attn_key_pairs * share, shape.attn_keys_read * share,
+                          shape.num_reqs * share,  # type: ignore[arg-type]
+                          shape.num_prefill_reqs * share,  # type: ignore[arg-type]
+                          shape.decode_keys * share)
+
+    def local_share(self, num_reqs: float) -> float:
+        """The busiest GPU's share of the batch's requests under expert parallelism:
+        ceil(R/ep)/R, 1/ep when R is a multiple of ep (or not a whole count)."""
         n = self.ep
-        # Fractional counts: the expected share of one GPU (the roofline is linear in them).
-        return BatchShape(shape.num_tokens / n, shape.num_logits / n,  # type: ignore[arg-type]
-                          shape.attn_key_pairs / n, shape.attn_keys_read / n,
-                          shape.num_reqs / n, shape.num_prefill_reqs / n,  # type: ignore[arg-type]
-                          shape.decode_keys / n)
+        if num_reqs <= 0 or num_reqs != int(num_reqs):
+            return 1.0 / n
+        r = int(num_reqs)
+        return -(-r // n) / r
 
     def experts_touched(self, num_tokens: float) -> float:
-        """Experts per layer one GPU reads for a batch of ``num_tokens`` (every GPU's tokens
-        can route to its experts): E/ep * (1 - (1 - k/E)^T)."""
+        """Experts per layer the busiest GPU reads for a batch of ``num_tokens`` (every GPU's
+        tokens can route to its experts): on one GPU E (1 - (1 - k/E)^T); over ep GPUs the
+        expected distinct experts on the most-loaded one (engine/sim/moe.py BusiestGPU), which
+        each layer's all-to-all waits for, not the average E/ep (1 - (1 - k/E)^T)."""
         m = self.model
-        return expected_experts_touched(m.num_experts, m.num_experts_per_tok,
-                                        num_tokens) / self.ep
+        if self.ep == 1:
+            return expected_experts_touched(m.num_experts, m.num_experts_per_tok, num_tokens)
+        return self._busiest.expected_max(num_tokens)
 
     def _moe_ops(self, shape: BatchShape) -> list[tuple[float, float]]:
         """(FLOPs, bytes) of the MoE MLP on one GPU, all layers: [gate_up + router, down]."""
         m, db, L = self.model, self.dtype_bytes, self._L
         T = shape.num_tokens  # the whole batch: its tokens route to every GPU's experts
-        pairs = T * m.num_experts_per_tok / self.ep  # (token, expert) pairs on this GPU
         touched = self.experts_touched(T)
+        # (token, expert) pairs on the busiest GPU: the mean T k / ep, and at least one per
+        # expert it reads (batch 1 over 8 GPUs: 1 pair, not 0.25).
+        pairs = T * m.num_experts_per_tok / self.ep
         t_local = T / self.ep
+        if self.ep > 1:
+            pairs = max(pairs, touched)
+            t_local = T * self.local_share(shape.num_reqs)
         router = m.router_params_per_layer
         h, ie, edb = m.hidden_size, self._expert_width, self._expert_db
         gate_up = (
@@ -245,12 +285,17 @@ class CostModel:
         ]
         if self.model.is_moe:
             ops += self._moe_ops(full)
-        ops.append(
-            (
-                self._attn_flops_per_pair * shape.attn_key_pairs,
-                shape.attn_keys_read * self._kv_bytes_per_token + 2 * T * self._q_size * db * L,
+        if self._window is None:
+            ops.append(
+                (
+                    self._attn_flops_per_pair * shape.attn_key_pairs,
+                    shape.attn_keys_read * self._kv_bytes_per_token
+                    + 2 * T * self._q_size * db * L,
+                )
             )
-        )
+        else:
+            (fd, bd), (fp, bp) = self.attention_parts(shape, local=False)
+            ops.append((fd + fp, bd + bp))
         ops.append((0.0, T * self._kv_bytes_per_token))  # KV write
         ops.append((0.0, ELEMENTWISE_PASSES_PER_LAYER * T * h * db * L))
         ops.append((0.0, T * h * db))  # embedding rows
@@ -260,20 +305,61 @@ class CostModel:
         )
         return ops
 
-    def attention_parts(self, shape: BatchShape) -> tuple[tuple[float, float], tuple[float, float]]:
-        """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows."""
-        shape = self._local(shape)
+    def attention_parts(self, shape: BatchShape, local: bool = True
+                        ) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The attention operator's (FLOPs, bytes) split into decode rows and prefill rows
+        (``local``: ``shape`` is still the whole batch, take the busiest GPU's share)."""
+        if local:
+            shape = self._local(shape)
         db, L = self.dtype_bytes, self._L
         decode_rows = shape.num_reqs - shape.num_prefill_reqs + shape.num_draft_tokens
         prefill_rows = shape.num_tokens - decode_rows
         qo = 2 * self._q_size * db * L  # q read and o written, per row
         kd = shape.decode_keys
+        if self._window is None:
+            return (
+                (self._attn_flops_per_pair * kd, kd * self._kv_bytes_per_token + decode_rows * qo),
+                (
+                    self._attn_flops_per_pair * (shape.attn_key_pairs - kd),
+                    (shape.attn_keys_read - kd) * self._kv_bytes_per_token + prefill_rows * qo,
+                ),
+            )
+        pairs_p, keys_p = shape.attn_key_pairs - kd, shape.attn_keys_read - kd
+        kd_w, pairs_pw, keys_pw = self.windowed(shape)
+        full, win = L - self._window_layers, self._window_layers
+        afp, kvb = self._attn_flops_per_layer_pair, self._kv_bytes_per_layer_token
         return (
-            (self._attn_flops_per_pair * kd, kd * self._kv_bytes_per_token + decode_rows * qo),
-            (
-                self._attn_flops_per_pair * (shape.attn_key_pairs - kd),
-                (shape.attn_keys_read - kd) * self._kv_bytes_per_token + prefill_rows * qo,
-            ),
+            (afp * (full * kd + win * kd_w), kvb * (full * kd + win * kd_w) + decode_rows * qo),
+            (afp * (full * pairs_p + win * pairs_pw),
+             kvb * (full * keys_p + win * keys_pw) + prefill_rows * qo),
+        )
+
+    def windowed(self, shape: BatchShape) -> tuple[float, float, float]:
+        """What one sliding-window layer attends to, from the batch's counts: (keys the decode
+        rows read = their key pairs, the other rows' key pairs, the keys those read).
+
+        A row attends to at most ``window`` keys (its own included): a decode row with
+        context c reads min(c + 1, window); a prefill chunk of n tokens after c computed ones
+        reads min(c + n, n + window - 1) keys and attends sum_{j=c+1}^{c+n} min(j, window)
+        pairs. A shape holds sums over rows, not each row's context, so each sum is bounded
+        by its rows' caps: decode keys min(sum, rows x window), prefill pairs min(sum,
+        tokens x window), prefill keys min(sum, tokens + requests x (window - 1)). Exact
+        when every row's context is past the window (a long-context decode: gpt-oss's 128
+        tokens) or none is, and never below the truth otherwise (min is concave): a
+        windowed layer is never priced faster than it runs. The same counts in every path
+        (a stepped engine, a fast-forwarded decode stretch, the array simulator) give the
+        same price."""
+        w = self._window
+        assert w is not None
+        kd = shape.decode_keys
+        nd = shape.num_reqs - shape.num_prefill_reqs  # decode requests
+        decode_rows = nd + shape.num_draft_tokens
+        other_rows = shape.num_tokens - nd  # prefill rows and draft rows: a query each
+        prefill_tokens = other_rows - shape.num_draft_tokens
+        return (
+            min(kd, decode_rows * w),
+            min(shape.attn_key_pairs - kd, other_rows * w),
+            min(shape.attn_keys_read - kd, prefill_tokens + shape.num_prefill_reqs * (w - 1)),
         )
 
     def communication_s(self, shape: BatchShape) -> float:
@@ -386,13 +472,15 @@ def flat_roofline(cm: CostModel) -> StepCost | None:
     - the time is the same sum, in the same operator order, of the same max(flops / rate,
       bytes / bandwidth) per operator, then the same overheads in the same order.
 
-    Only where those hold: a dense model on one GPU or with tensor parallelism, on a device
-    with both rates, decode and prefill attention at one efficiency; else None.
+    Only where those hold: a dense model without sliding-window layers on one GPU or with
+    tensor parallelism, on a device with both rates, decode and prefill attention at one
+    efficiency; else None.
     tests/engine/test_array_sim.py compares the two forms on random batches and on every step
     of simulated runs."""
     r = cm.rates
     if (cm.model.is_moe or cm.ep != 1 or r is None or not r.flop_rate or not r.memory_bandwidth
-            or r.decode_attention_efficiency != r.prefill_attention_efficiency):
+            or r.decode_attention_efficiency != r.prefill_attention_efficiency
+            or cm._window is not None):
         return None
     fl, bw = r.flop_rate, r.memory_bandwidth
     eff = r.decode_attention_efficiency

@@ -1,7 +1,8 @@
 """GPU specifications for the simulated executor and for bandwidth/FLOP utilization.
 
 Figures are the vendors' datasheet numbers: HBM capacity, peak HBM bandwidth, dense (not
-sparse) bf16 tensor FLOP/s, host<->device bandwidth (what one direction of PCIe or C2C
+sparse) bf16 tensor FLOP/s (fp16 the same on every listed part), dense FP32 FLOP/s
+(FP32_FLOPS below, for fp32 runs), host<->device bandwidth (what one direction of PCIe or C2C
 sustains in practice, for swap-out/in), and the GPU-to-GPU link tensor parallelism uses:
 NVLink on SXM parts (per direction per GPU: NVLink 3 300 GB/s, NVLink 4 450 GB/s, NVLink 5
 900 GB/s), PCIe on PCIe cards (Gen4 x16 32 GB/s, Gen5 x16 64 GB/s), with a fixed latency per
@@ -29,8 +30,16 @@ class GPUSpec:
 
     @property
     def ridge_point(self) -> float:
-        """FLOPs per byte above which a kernel is compute-bound."""
+        """FLOPs per byte above which a bf16 kernel is compute-bound."""
         return self.bf16_flops / self.hbm_bandwidth
+
+    def peak_flops(self, dtype: str = "bf16") -> float | None:
+        """Dense FLOP/s a ``dtype`` model's GEMMs can reach: the bf16 tensor-core peak for bf16
+        and fp16 (the same figure on every listed part), the FP32 peak (FP32_FLOPS) for fp32;
+        None for fp32 on a part without a listed FP32 figure."""
+        if dtype in FP32_NAMES:
+            return FP32_FLOPS.get(self.name)
+        return self.bf16_flops
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,6 +68,26 @@ GPU_SPECS: dict[str, GPUSpec] = {
     "h200": _spec("h200", 141 * GB, 4.8 * TB, 989 * TB, 50 * GB, NVLINK4),
     "b200": _spec("b200", 180 * GB, 8.0 * TB, 2250 * TB, 50 * GB, NVLINK5),
 }
+
+
+# Dense FP32 FLOP/s (the CUDA cores, not the tensor cores), from the same datasheets: A100 19.5
+# TFLOP/s, L40S 91.6, H100 SXM 67, H100 PCIe 51, H200 SXM 67, HGX B200 75. An fp32 model's
+# GEMMs run at this peak, not at TF32's tensor-core one (H100 SXM: 494.7 dense): PyTorch
+# leaves TF32 matmul off by default (torch.backends.cuda.matmul.allow_tf32 = False,
+# set_float32_matmul_precision "highest"), so fp32 matmuls take the FP32 path.
+FP32_FLOPS: dict[str, float] = {
+    "a100-40gb": 19.5 * TB,
+    "a100-80gb": 19.5 * TB,
+    "l40s": 91.6 * TB,
+    "h100": 67 * TB,
+    "h100-pcie": 51 * TB,
+    "h200": 67 * TB,
+    "b200": 75 * TB,
+}
+
+
+# The names torch's loader takes for fp32 (engine/torch/models/loader.py).
+FP32_NAMES = frozenset({"fp32", "float32", "float"})
 
 
 def gpu_names() -> list[str]:

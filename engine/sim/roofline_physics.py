@@ -100,8 +100,9 @@ class PhysicsFit:
         return [p for p in range(NUM_PARAMS) if self.status[p] == "fitted"]
 
 
-def spec_priors(gpu: GPUSpec, d: FitData) -> list[Prior]:
-    """The priors and physical bounds on ``gpu`` for the iterations ``d``."""
+def spec_priors(gpu: GPUSpec, d: FitData, dtype: str = "bf16") -> list[Prior]:
+    """The priors and physical bounds on ``gpu`` for the iterations ``d`` of a ``dtype`` run
+    (the FLOP peak is the dtype's: fp32 GEMMs run at the FP32 peak, gpu_specs.FP32_FLOPS)."""
     m = d.measured
     reqs = np.maximum(d.num_reqs, 1.0)
     pre = d.num_prefill_reqs > 0
@@ -109,13 +110,15 @@ def spec_priors(gpu: GPUSpec, d: FitData) -> list[Prior]:
     # An overhead is part of every step it applies to: no longer than the shortest of them.
     row_max = float((m / reqs).min())
     prefill_max = float((m[pre] / d.num_prefill_reqs[pre]).min()) if pre.any() else shortest
-    peak_bw, peak_flops = gpu.hbm_bandwidth, gpu.bf16_flops
+    peak_bw, peak_flops = gpu.hbm_bandwidth, gpu.peak_flops(dtype)
+    if peak_flops is None:
+        raise ValueError(f"{gpu.name} has no {dtype} FLOP peak listed")
     return [
         Prior(1.0 / (peak_bw * DEFAULT_ETA_MEMORY), BANDWIDTH_LOG_SD, True, 1.0 / peak_bw,
               math.inf, f"prior {DEFAULT_ETA_MEMORY:.0%} of peak {peak_bw / 1e12:g} TB/s "
               f"(log sd {BANDWIDTH_LOG_SD}); bound: <= peak"),
         Prior(1.0 / (peak_flops * DEFAULT_ETA_COMPUTE), FLOP_RATE_LOG_SD, True, 1.0 / peak_flops,
-              math.inf, f"prior {DEFAULT_ETA_COMPUTE:.0%} of dense bf16 peak "
+              math.inf, f"prior {DEFAULT_ETA_COMPUTE:.0%} of dense {dtype} peak "
               f"{peak_flops / 1e12:g} TFLOP/s (log sd {FLOP_RATE_LOG_SD}); bound: <= peak"),
         Prior(1.0, ATTENTION_LOG_SD, True, 1.0, math.inf,
               f"prior 1 (attention at the fitted rates; log sd {ATTENTION_LOG_SD}); bound: <= 1"),
@@ -161,11 +164,11 @@ def _u_bounds(priors: list[Prior]) -> tuple[np.ndarray, np.ndarray]:
     return lo_a, np.maximum(hi_a, lo_a + 1e-9)
 
 
-def fit_physics(d: FitData, gpu: GPUSpec) -> PhysicsFit:
-    """The bounded MAP fit of ``d`` on ``gpu`` (see the module doc)."""
+def fit_physics(d: FitData, gpu: GPUSpec, dtype: str = "bf16") -> PhysicsFit:
+    """The bounded MAP fit of ``d`` (a ``dtype`` run) on ``gpu`` (see the module doc)."""
     from scipy.optimize import least_squares
 
-    priors = spec_priors(gpu, d)
+    priors = spec_priors(gpu, d, dtype)
     lo, hi = _u_bounds(priors)
     log_m = np.log(d.measured)
     labels = np.asarray(d.labels, dtype=object)

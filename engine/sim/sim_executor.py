@@ -57,6 +57,12 @@ def sim_num_kv_blocks(
             f"{model.name} ({total / 1e9:.1f} GB in {dtype}) "
             f"does not fit in {where} at utilization {gpu_memory_utilization}"
         )
+    # Every layer's KV for every token, sliding-window layers included. That stays
+    # conservative for a model with them: vLLM's hybrid allocator gives a windowed layer only
+    # the blocks its window spans (~window + one block per request), so on gpt-oss (12 of 24
+    # layers windowed at 128 tokens) a long-context request holds about half the KV counted
+    # here, and the real pool holds up to ~2x the tokens. The block manager keeps one block
+    # table per request for all layers; a per-layer-type pool is a larger change.
     kv_per_token = 2 * model.num_layers * kv_heads_per_gpu(model, tp) * model.head_dim
     tokens = int(free // (kv_per_token * DTYPE_BYTES[dtype]))
     return ep * tokens // block_size

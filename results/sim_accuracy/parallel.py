@@ -16,13 +16,17 @@ from cbbench.engine.args import EngineArgs
 from cbbench.engine.model_config import get_model_config
 from cbbench.engine.sim.cost_model import BatchShape, CostModel
 from cbbench.engine.sim.gpu_specs import get_gpu_spec
+from cbbench.options import LoadOptions, OutputOptions
 
 MS = 1e3
 
 
 def tensor_parallel() -> None:
     model, h100 = get_model_config("llama-3.1-70b"), get_gpu_spec("h100")
-    floor = model.weight_bytes("bf16") / h100.hbm_bandwidth
+    # DESIGN.md's floor: decode reads the weights less the input embedding (it reads only the
+    # batch's rows of that table).
+    db = 2  # bf16
+    floor = (model.weight_bytes("bf16") - model.embedding_params * db) / h100.hbm_bandwidth
     print("Made by `python results/sim_accuracy/parallel.py > results/sim_accuracy/parallel.md`: "
           "the simulator, deterministic.\n")
     print("## Tensor parallelism: llama-3.1-70b, batch-1 decode (512 keys), simulated H100\n")
@@ -43,10 +47,15 @@ def tensor_parallel() -> None:
 def run(workload: str, **kw) -> dict:
     engine = {k: kw.pop(k) for k in list(kw)
               if k in EngineArgs.__dataclass_fields__ and k != "seed"}
-    spec = RunSpec(workload=workload, num_requests=kw.pop("num_requests", None),
-                   engine=EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", **engine),
-                   **kw)
-    return execute_run(spec)["summary"]  # notices go to the cbbench logger, unhandled here
+    load = {k: kw.pop(k) for k in list(kw) if k in LoadOptions.__dataclass_fields__}
+    if "request_rate" in load:
+        load["request_rate"] = repr(float(load["request_rate"]))
+    load.setdefault("num_requests", kw.pop("num_requests", None))
+    spec = RunSpec(LoadOptions(workload=workload, **load),
+                   EngineArgs(engine="sim", gpu="h200", model="llama-3-8b", **engine),
+                   OutputOptions())
+    # notices go to the cbbench logger, unhandled here
+    return execute_run(spec).summary.model_dump()
 
 
 def data_parallel() -> None:
@@ -74,7 +83,7 @@ def data_parallel() -> None:
             cells = []
             for router in ("round-robin", "least-requests", "least-kv"):
                 t = run("sharegpt", num_requests=600, seed=seed, request_rate=rate,
-                        rate_given=True, burstiness=0.2, max_num_seqs=32,
+                        request_rate_flag=True, burstiness=0.2, max_num_seqs=32,
                         data_parallel_size=2, router=router)["ttft_ms"]
                 cells.append(f"{t['p50']:.0f} / {t['p90']:.0f} / {t['p99']:.0f}")
             print(f"| {rate:g} | {seed} | " + " | ".join(cells) + " |")

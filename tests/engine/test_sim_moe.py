@@ -227,3 +227,79 @@ def test_torch_engine_refuses_moe():
 
     with pytest.raises(ValueError, match="mixture-of-experts"):
         check_dense(MODEL_PRESETS["qwen3-30b-a3b"])
+
+
+def _busiest_monte_carlo(E: int, k: int, ep: int, T: int, rng, n: int = 4000):
+    """Mean and standard error of the distinct experts on the most-loaded of ep GPUs (experts
+    0..E/ep-1 on GPU 0, and so on), T tokens each choosing k distinct experts uniformly."""
+    g = E // ep
+    loads = []
+    for _ in range(n):
+        chosen = np.unique(np.argsort(rng.random((T, E)), axis=1)[:, :k])
+        loads.append(np.bincount(chosen // g, minlength=ep).max())
+    return np.mean(loads), np.std(loads) / np.sqrt(n)
+
+
+def test_busiest_gpu_experts_match_monte_carlo():
+    """Under expert parallelism each MoE layer's all-to-all waits for the GPU with the most
+    experts to read: the exact expectation (moe.BusiestGPU) against 4,000 seeded batches per
+    case. By hand: Mixtral (E 8, top 2) at batch 1 over 8 GPUs (one expert each): the token's
+    2 experts sit on 2 GPUs, each reads 1 whole expert -> 1.0 (the average was 8/8 x 2/8 =
+    0.25). Over 2 GPUs (4 experts each): both picks on one GPU with probability
+    2 C(4,2) / C(8,2) = 12/28 (load 2), else 1 each -> 1 + 12/28 = 1.4286 (was 1.0)."""
+    from cbbench.engine.sim.moe import BusiestGPU
+
+    assert BusiestGPU(8, 2, 8).expected_max(1) == pytest.approx(1.0, abs=1e-12)
+    assert BusiestGPU(8, 2, 2).expected_max(1) == pytest.approx(1 + 12 / 28, abs=1e-12)
+    rng = np.random.default_rng(0)
+    for E, k, ep, T in ((8, 2, 8, 1), (8, 2, 2, 1), (8, 2, 2, 3), (8, 2, 4, 16),
+                        (32, 4, 4, 10), (128, 8, 8, 16), (128, 8, 4, 64)):
+        mean, sem = _busiest_monte_carlo(E, k, ep, T, rng)
+        exact = BusiestGPU(E, k, ep).expected_max(T)
+        assert abs(exact - mean) < 4 * sem + 1e-9, (E, k, ep, T, exact, mean)
+        # never below the average, never above a GPU's share
+        assert expected_experts_touched(E, k, T) / ep - 1e-9 <= exact <= E // ep + 1e-9
+
+
+def test_mixtral_ep8_batch_1_decode_reads_the_busiest_gpu():
+    """The reviewer's case: Mixtral over 8 H100s, experts parallel, one request decoding at a
+    1000-token context. The busiest GPU (which every layer's all-to-all waits for) holds the
+    request and one of its two experts per layer, and reads (bf16):
+      replicated attention 32 x (4096 x 6144 + 4096 x 4096) x 2 B = 2.684 GB
+      one expert per layer 32 x 3 x 4096 x 14336 x 2 B          = 11.274 GB
+      the lm_head 32000 x 4096 x 2 B                             = 0.262 GB
+      the request's KV 1001 keys x 131,072 B                     = 0.131 GB
+    = 14.351 GB, >= 4.284 ms at 100% of 3.35 TB/s. (Was: 0.25 experts and 1/8 of the
+    attention, KV and lm_head per GPU: TPOT 3.10 ms at the default efficiencies, below the
+    floor.)"""
+    m, gpu = MODEL_PRESETS["mixtral-8x7b"], get_gpu_spec("h100")
+    attention = 32 * (4096 * 6144 + 4096 * 4096) * BF16
+    expert = 32 * 3 * 4096 * 14336 * BF16
+    lm_head = 32000 * 4096 * BF16
+    kv = 1001 * 131072
+    floor = attention + expert + lm_head + kv
+    assert floor / 1e9 == pytest.approx(14.351, abs=1e-3)
+    ep8 = CostModel(m, "bf16", gpu, IDEAL, expert_parallel_size=8)
+    c = ep8.cost(_decode(1, 1000))
+    # the router (32 x 4096 x 8 x 2 B = 2.1 MB) and activations on top: under 0.1%
+    assert floor <= c.bytes <= floor * 1.001
+    assert c.time_s >= floor / H100_BW  # 4.284 ms
+    default = CostModel(m, "bf16", gpu, expert_parallel_size=8).cost(_decode(1, 1000))
+    # the simulator's own 80% of the bandwidth and 300 us: ~5.66 ms, plus the all-to-alls
+    assert default.time_s >= floor / (0.8 * H100_BW) + 300e-6
+    # ep=2: 1 + 12/28 experts per layer on the busiest GPU, which holds the request
+    ep2 = CostModel(m, "bf16", gpu, IDEAL, expert_parallel_size=2)
+    c2 = ep2.cost(_decode(1, 1000))
+    floor2 = attention + (1 + 12 / 28) * expert + lm_head + kv
+    assert floor2 <= c2.bytes <= floor2 * 1.001
+
+
+def test_expert_parallel_even_batch_keeps_the_even_split():
+    """A batch of R requests with R a multiple of ep: each GPU holds R/ep of them, the
+    attention side is the even split as before; only the experts' count moves to the busiest
+    GPU's. ep=1 is unchanged: E (1 - (1 - k/E)^T), exactly."""
+    m, gpu = MODEL_PRESETS["mixtral-8x7b"], get_gpu_spec("h100")
+    ep2 = CostModel(m, "bf16", gpu, IDEAL, expert_parallel_size=2)
+    assert ep2.local_share(64) == 0.5 and ep2.local_share(3) == pytest.approx(2 / 3)
+    one = CostModel(m, "bf16", gpu, IDEAL)
+    assert one.experts_touched(5) == expected_experts_touched(8, 2, 5)

@@ -62,5 +62,5 @@ def compact_iteration_dicts(run: CompactRun) -> Iterator[dict]:
     gpu = gpu_of(run.resolved.gpu_spec)
     for it in run.steps.dicts():
         if gpu is not None:
-            add_utilization(it, gpu)
+            add_utilization(it, gpu, run.resolved.dtype)
         yield it

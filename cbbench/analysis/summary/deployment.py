@@ -27,6 +27,7 @@ def add_deployment(summary: dict, opts: EngineArgs, run, iterations: list[dict],
     if "engine" in summary:
         gpu_spec = run.resolved.gpu_spec
         summary["engine"]["pools"] = {
-            pool: summarize_engine([it for it in iterations if it.get("pool") == pool], gpu_spec)
+            pool: summarize_engine([it for it in iterations if it.get("pool") == pool], gpu_spec,
+                                   run.resolved.dtype)
             for pool in ("prefill", "decode")
         }

@@ -388,17 +388,20 @@ def gpu_of(gpu_spec: dict | None) -> GPUSpec | None:
     return GPUSpec(**gpu_spec) if gpu_spec else None
 
 
-def add_utilization(it: dict, gpu: GPUSpec) -> None:
+def add_utilization(it: dict, gpu: GPUSpec, dtype: str = "bf16") -> None:
     """An iteration row's MBU and MFU: analytic bytes (FLOPs) over its time, over the GPU's
-    peak (the object path's rows and a compact run's, compact_rows)."""
+    peak, the FLOP peak the run's dtype's (fp32: the FP32 peak; gpu_specs.peak_flops) (the
+    object path's rows and a compact run's, compact_rows)."""
     d = it["duration_s"]
+    peak = gpu.peak_flops(dtype)
     it["mbu"] = it["bytes_moved"] / d / gpu.hbm_bandwidth if d > 0 else None
-    it["mfu"] = it["flops"] / d / gpu.bf16_flops if d > 0 else None
+    it["mfu"] = it["flops"] / d / peak if d > 0 and peak else None
 
 
-def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None) -> dict:
+def summarize_engine(iterations: Sequence[dict], gpu_spec: dict | None = None,
+                     dtype: str = "bf16") -> dict:
     """Engine facts from the per-iteration records (as dicts, the result's form)."""
-    return summarize_engine_columns(engine_columns(iterations), gpu_spec)
+    return summarize_engine_columns(engine_columns(iterations), gpu_spec, dtype)
 
 
 def _total(col: np.ndarray):
@@ -407,10 +410,10 @@ def _total(col: np.ndarray):
     return col.sum().item() if col.dtype.kind in "iub" else sum(col.tolist())
 
 
-def summarize_engine_columns(cols, gpu_spec: dict | None = None) -> dict:
+def summarize_engine_columns(cols, gpu_spec: dict | None = None, dtype: str = "bf16") -> dict:
     """Engine facts from the iteration records' columns (``engine_columns``, or a compact
     run's StepTable). With a GPU spec, also MBU/MFU: time-weighted (total analytic bytes or
-    FLOPs over busy time, over peak)."""
+    FLOPs over busy time, over peak: the FLOP peak ``dtype``'s)."""
     if len(cols["duration_s"]) == 0:
         return {"num_iterations": 0}
 
@@ -439,7 +442,8 @@ def summarize_engine_columns(cols, gpu_spec: dict | None = None) -> dict:
     if gpu is not None and busy > 0:
         util = {
             "mbu": float(nbytes.sum() / busy / gpu.hbm_bandwidth),
-            "mfu": float(f("flops").sum() / busy / gpu.bf16_flops),
+            "mfu": (float(f("flops").sum() / busy / peak)
+                    if (peak := gpu.peak_flops(dtype)) else None),
         }
         decode_only = (pre == 0) & (dec > 0)
         if decode_only.any():
