@@ -268,16 +268,20 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the engine does on a CPU (engine/build.py)
     peaks, gpu_spec = _peaks(spec, device, torch)
-    max_len = max([spec.context + 1, *(spec.context + p for p in spec.prefill_tokens)])
-    if max_len > config.max_model_len:
-        raise UsageError(f"--context {spec.context} with --prefill-tokens "
-                         f"{max(spec.prefill_tokens, default=0)} needs {max_len} positions; "
-                         f"{spec.model} has {config.max_model_len}")
+    # A decode row holds --context cached tokens and its new one; a prefill row is a chunk with
+    # nothing cached (prefill_rows(p): context 0), so it holds its own p tokens only.
+    need = [(f"--context {spec.context} (a decode row attends context + 1)", spec.context + 1)
+            if spec.batch_sizes else None,
+            (f"--prefill-tokens {max(spec.prefill_tokens)}", max(spec.prefill_tokens))
+            if spec.prefill_tokens else None]
+    for what, positions in (n for n in need if n is not None):
+        if positions > config.max_model_len:
+            raise UsageError(f"{what} needs {positions} positions; {spec.model} has "
+                             f"{config.max_model_len}")
     backend = get_backend(spec.attention_backend, device, block_size=spec.block_size)
     model, config = load_model(spec.model, dtype, device, backend, seed=spec.seed)
     per_decode = -(-(spec.context + 1) // spec.block_size)
-    per_prefill = max((-(-(spec.context + p) // spec.block_size) for p in spec.prefill_tokens),
-                      default=0)
+    per_prefill = max((-(-p // spec.block_size) for p in spec.prefill_tokens), default=0)
     num_blocks = max(max(spec.batch_sizes, default=0) * per_decode, per_prefill) + 1
     kv_caches = allocate_kv_cache(config, num_blocks, spec.block_size, dtype, device)
     fill_random_(kv_caches, spec.seed)

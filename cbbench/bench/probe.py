@@ -548,6 +548,7 @@ def run_probe(
     ``should_stop`` (a StopSignal) the run stops dispatching once it is set and comes back
     marked interrupted. ``prep``: the point's own prompts and, asked for, the server's prefix
     cache reset first (bench/point_prep.py); the result then says what the reset answered."""
+    from cbbench.analysis.error_summary import error_lines
     from cbbench.bench.runner import execute_run
 
     spec = probe_spec(base, rate, sizing, slo)
@@ -557,6 +558,8 @@ def run_probe(
         warm = prep.warm_up(spec, should_stop)  # first: the reset then empties what it cached
         resets = prep.before(spec)
     result = execute_run(spec, should_stop=should_stop)
+    for line in error_lines(result):  # why this probe's requests failed (its table counts them)
+        log.info(f"rate {rate_label(rate)}: {line}")
     if prep is not None:
         prep.after(result)
     if resets is not None:

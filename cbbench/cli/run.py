@@ -44,6 +44,7 @@ def run(
     the engine's per-iteration story (token budget use, batch occupancy, KV use, preemptions,
     bandwidth), and writes the result JSON.
     """
+    from cbbench.analysis.error_summary import error_lines
     from cbbench.analysis.result import (
         check_not_an_input,
         check_writable,
@@ -80,12 +81,16 @@ def run(
             result = execute_run(spec, should_stop=stop,
                                  on_progress=board.on_progress if board else None, live=board,
                                  records=not output.summary_only)
+        # Why requests failed, from their records before --summary-only drops them.
+        errors = error_lines(result)
         if output.summary_only:
             result = result.summary_only()
         # Still under the run's handler: a Ctrl-C while the result is printed and written is
         # noted, not raised inside the write (a KeyboardInterrupt that pydantic's serializer
         # wrapped into a traceback, and the finished run's result lost).
         _keep(result, output, out_path, also)
+        for line in errors:  # on stderr, after the table: stdout stays the table (or the JSON)
+            C.notice(line)
     from cbbench.schema.run import WORKER_LOST
 
     s = result.summary

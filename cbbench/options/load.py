@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from cbbench.errors import UsageError
+from cbbench.load.builtin_names import listed
 from cbbench.options.fields import check_fields, opt
 
 SYNTHETIC_PANEL = "Synthetic workload"
@@ -21,7 +22,7 @@ RATE_INF = "inf"
 class LoadOptions:
     workload: str = opt(
         "sharegpt",
-        "Built-in workload (sharegpt, sharegpt-multiturn, long-prompt, shared-prefix), random "
+        f"Built-in workload ({listed()}; see `cbbench workloads list`), random "
         "(see --input-len), random-mm (random with images: --images-per-request), a JSONL file, "
         "or a trace file (Azure LLM inference CSV, BurstGPT "
         "CSV, Mooncake JSONL; recognized by its header).",
@@ -237,7 +238,8 @@ PROBE_LOAD: dict[str, Any] = dict(
     only=("workload", "num_requests", "seed", "burstiness", "arrival"),
     defaults={"num_requests": 1000, "arrival": "gamma"},
     help={
-        "workload": "Built-in workload (sharegpt, long-prompt) or a JSONL file.",
+        "workload": f"Built-in workload ({listed()}; see `cbbench workloads list`), random "
+        "(1024 input and 128 output tokens a request) or a JSONL file.",
         "num_requests": "Requests per probe at the least (more at high rates: see "
         "--min-duration), and the size of a rate-inf probe.",
         "seed": "Seed for requests, arrivals and sampling (all probes).",

@@ -98,3 +98,58 @@ def test_schema_forward_prints_the_model():
     r = CliRunner().invoke(app, ["schema", "forward"])
     assert r.exit_code == 0
     assert json.loads(r.stdout)["title"] == "ForwardResult"
+
+
+# ---- positions: a prefill row caches nothing ------------------------------------------------
+# The tiny preset's context is 2048. The default shapes (--context 512, --prefill-tokens 2048)
+# were refused on a CPU ("needs 2560 positions"): the check added --context to the prefill
+# chunk, which runs with nothing cached (prefill_rows(p): context 0, as the table prints).
+TINY_CONTEXT = 2048
+
+
+def _forward_cpu(tmp_path, *args: str):
+    return CliRunner().invoke(app, [
+        "forward", "--model", "tiny", "--device", "cpu", "--steps", "1", "--warmup", "0",
+        "--output", str(tmp_path / "f.json"), *args])
+
+
+def test_the_default_shapes_fit_the_tiny_preset(tmp_path):
+    # The defaults' context and chunk, with one small decode batch (the check is the same).
+    r = _forward_cpu(tmp_path, "--batch-sizes", "1", "--context", "512",
+                     "--prefill-tokens", str(TINY_CONTEXT))
+    assert r.exit_code == 0, r.output
+    rows = read_forward(tmp_path / "f.json")["rows"]
+    assert {(x["phase"], x["context"]) for x in rows} == {("decode", 512), ("prefill", 0)}
+
+
+def test_a_full_context_prefill_chunk_is_accepted(tmp_path):
+    r = _forward_cpu(tmp_path, "--prefill-tokens", str(TINY_CONTEXT), "--batch-sizes", "",
+                     "--context", "1")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args,what", [
+    (["--prefill-tokens", str(TINY_CONTEXT + 1), "--batch-sizes", ""], "--prefill-tokens 2049"),
+    (["--context", str(TINY_CONTEXT), "--batch-sizes", "1", "--prefill-tokens", ""],
+     "--context 2048"),
+])
+def test_positions_beyond_the_models_context_are_refused(tmp_path, args, what):
+    r = _forward_cpu(tmp_path, *args)
+    assert r.exit_code == 2 and what in r.output and "positions" in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+def test_the_kv_pool_holds_a_prefill_chunk_not_context_plus_chunk(tmp_path, monkeypatch):
+    import cbbench.engine.torch.models.llama as llama
+
+    sizes = []
+    real = llama.allocate_kv_cache
+
+    def spy(config, num_blocks, *a, **kw):
+        sizes.append(num_blocks)
+        return real(config, num_blocks, *a, **kw)
+
+    monkeypatch.setattr(llama, "allocate_kv_cache", spy)
+    r = _forward_cpu(tmp_path, "--prefill-tokens", "64", "--batch-sizes", "", "--context", "1000")
+    assert r.exit_code == 0, r.output
+    assert sizes == [64 // 16 + 1]  # the chunk's 4 blocks of 16 and run_forward's one spare

@@ -33,6 +33,14 @@ def test_builtin_names():
         "sharegpt-multiturn"]
 
 
+def test_every_builtin_has_a_builder_and_every_builder_a_name():
+    """The help's list (load/builtin_names.py) and the loader's builders name the same six."""
+    from cbbench.load.builtin_names import BUILTIN_NAMES
+    from cbbench.load.workload import BUILTIN_WORKLOADS
+
+    assert list(BUILTIN_NAMES) == builtin_names() == sorted(BUILTIN_WORKLOADS)
+
+
 def test_sharegpt_loads_every_csv_row():
     text = resources.files("cbbench.workloads").joinpath("sharegpt.csv").read_text()
     rows = list(csv.reader(text.splitlines()))
