@@ -356,7 +356,7 @@ def calibrate(results: Sequence[tuple[str, ResultLike]],
     models = tuple(dict.fromkeys(s.model for s in sources))
     profile = DeviceProfile(device, device_name, dtype, models, rates)
     params = (_param_report(fit, rates, device) if physics is None
-              else _physics_report(physics, rates, device))
+              else _physics_report(physics, rates, device, dtype))
     if shapes <= fitted_scales:  # as many shapes as fitted terms: an exact fit, no error
         for entry in params.values():
             if entry["status"] == "fitted":
@@ -437,7 +437,7 @@ def physical_host_factor(factor: float, theta: np.ndarray, typical: np.ndarray, 
     from cbbench.engine.sim.physics_floor import FLOOR_RTOL, peak_rates, reference_checks
 
     gpu = get_gpu_spec(device)
-    peak = peak_rates(gpu)
+    peak = peak_rates(gpu, dtype)
     assert peak.memory_bandwidth and peak.flop_rate
     floor_theta = np.array([1.0 / peak.memory_bandwidth, 1.0 / peak.flop_rate, 1.0, 1.0,
                             0.0, 0.0, 0.0])
@@ -457,7 +457,7 @@ def physical_host_factor(factor: float, theta: np.ndarray, typical: np.ndarray, 
         f"rates, which the {device}'s physics bound), but it would predict "
         f"{worst.what} of {worst.model} in {worst.predicted_s * factor * 1e3:.3g} ms, under "
         f"the {device}'s floor of {worst.floor_s * 1e3:.3g} ms (its peak "
-        f"{gpu.hbm_bandwidth / 1e12:g} TB/s and {gpu.bf16_flops / 1e12:g} TFLOP/s, no "
+        f"{peak.memory_bandwidth / 1e12:g} TB/s and {peak.flop_rate / 1e12:g} TFLOP/s, no "
         f"overhead); {int(under.sum())} of {data.n} measured steps took less than their floor "
         f"(median {share:.0%} of it): no {device} runs this model in {dtype} that fast "
         "(check the run's device, model and dtype); the simulator uses "
@@ -544,7 +544,7 @@ def check_profile(profile: dict) -> None:
             raise UsageError(f"calibrate: no profile written: {reason}") from None
 
 
-def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str) -> dict:
+def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str, dtype: str) -> dict:
     values = _values(rates)
     gpu = get_gpu_spec(device)
     out = {}
@@ -586,7 +586,7 @@ def _physics_report(fit: PhysicsFit, rates: DeviceRates, device: str) -> dict:
                 "error moves"))
         out[name] = entry
     peaks = {"memory_bandwidth": (rates.memory_bandwidth, gpu.hbm_bandwidth),
-             "flop_rate": (rates.flop_rate, gpu.bf16_flops)}
+             "flop_rate": (rates.flop_rate, gpu.peak_flops(dtype) or gpu.bf16_flops)}
     for name, (rate, peak) in peaks.items():
         if rate:
             out[name].update(fraction_of_peak=rate / peak)

@@ -181,7 +181,8 @@ def _check_physics_floor(rates: DeviceRates, dtype: str, where: str, profiled: s
         raise ValueError(
             f"{where}: its rates predict {worst.predicted_s * 1e3:.3g} ms for {worst.what} of "
             f"{worst.model}, faster than the {device}'s floor of {worst.floor_s * 1e3:.3g} ms "
-            f"(its peak {gpu.hbm_bandwidth / 1e12:g} TB/s and {gpu.bf16_flops / 1e12:g} "
+            f"(its peak {gpu.hbm_bandwidth / 1e12:g} TB/s and "
+            f"{(gpu.peak_flops(dtype) or gpu.bf16_flops) / 1e12:g} "
             f"TFLOP/s, no overhead): no such device (host_factor {rates.host_factor:g}); "
             "recalibrate with this cbbench"
         )

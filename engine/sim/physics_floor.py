@@ -8,8 +8,9 @@ inside the physics, but a host factor below 1 scales the whole step down past th
 recorded 1.5x faster than an H100 can run gave a profile whose batch-1 decode beat the H100's
 floor by 30%, with no warning).
 
-The peak FLOP rate is the spec's dense bf16 tensor-core figure: for a dtype whose peak is
-lower (fp32) this floor is lower than the true one, which is still a floor.
+The peak FLOP rate is the spec's dense figure for the run's dtype (GPUSpec.peak_flops: the
+bf16 tensor-core peak for bf16/fp16, the FP32 peak for fp32); for fp32 on a part with no listed
+FP32 figure it is the bf16 peak, a lower floor than the true one, which is still a floor.
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ from .gpu_specs import GPUSpec
 FLOOR_RTOL = 1e-6
 
 
-def peak_rates(gpu: GPUSpec) -> DeviceRates:
-    """``gpu`` at 100% of its peaks: efficiencies 1, no overhead, no host factor."""
-    return DeviceRates(memory_bandwidth=gpu.hbm_bandwidth, flop_rate=gpu.bf16_flops)
+def peak_rates(gpu: GPUSpec, dtype: str) -> DeviceRates:
+    """``gpu`` at 100% of its peaks for ``dtype``: efficiencies 1, no overhead, no host factor."""
+    return DeviceRates(memory_bandwidth=gpu.hbm_bandwidth,
+                       flop_rate=gpu.peak_flops(dtype) or gpu.bf16_flops)
 
 
 def floor_time_s(model: ModelConfig, dtype: str, gpu: GPUSpec, shape: BatchShape) -> float:
     """The least time ``gpu`` can take for the step ``shape`` of ``model`` in ``dtype``."""
-    t = CostModel(model, dtype, rates=peak_rates(gpu)).cost(shape).time_s
+    t = CostModel(model, dtype, rates=peak_rates(gpu, dtype)).cost(shape).time_s
     assert t is not None  # rates given: the roofline prices every step
     return t
 

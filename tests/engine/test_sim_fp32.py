@@ -94,3 +94,17 @@ def test_mfu_of_an_fp32_run_is_against_the_fp32_peak():
     flops = sum(it.flops for it in its)
     assert result.summary.engine.mfu == pytest.approx(flops / busy / H100_FP32, rel=1e-9)
     assert 0 < result.summary.engine.mfu <= 0.6
+
+
+def test_the_physics_floor_of_an_fp32_step_is_the_fp32_peaks():
+    """calibrate's floor (engine/sim/physics_floor.py: the roofline at 100% of the spec's peaks)
+    for an fp32 model is held to the FP32 peak: the same 2048-token prefill of Llama-3.2-1B
+    (4.26e12 FLOPs) cannot take under 4.26e12 / 67e12 = 63.6 ms on an H100. At the bf16 peak
+    the floor was 4.3 ms, so an fp32 profile 10x faster than the part passed as physical."""
+    from cbbench.engine.sim.physics_floor import floor_time_s, peak_rates
+
+    m, gpu = MODEL_PRESETS["llama-3.2-1b"], get_gpu_spec("h100")
+    assert peak_rates(gpu, "fp32").flop_rate == H100_FP32
+    assert peak_rates(gpu, "bf16").flop_rate == H100_BF16
+    assert floor_time_s(m, "fp32", gpu, _prefill(2048)) >= 0.0636
+    assert floor_time_s(m, "bf16", gpu, _prefill(2048)) < 0.0636 / 10
