@@ -301,10 +301,14 @@ def test_a_profile_of_another_device_is_refused_by_a_real_run(cpu_profile, tmp_p
     _, _, profile = cpu_profile
     data = json.loads(profile.read_text())
     data["device"] = "h100"
-    # Rates an H100 can have (80% of its HBM, 60% of its dense bf16 peak): the CPU fit's own,
-    # fitted under whatever load, may describe no H100 and be refused for that first
-    # (device_profile._check_physics_floor), which is not what this test is about.
-    data["rates"].update(memory_bandwidth=0.8 * 3.35e12, flop_rate=0.6 * 989e12, host_factor=1.0)
+    # Rates an H100 can have (80% of its HBM, 60% of its dense peak in the profile's dtype): the
+    # CPU fit's own, fitted under whatever load, may describe no H100 and be refused for that
+    # first (device_profile._check_physics_floor), which is not what this test is about.
+    from cbbench.engine.sim.gpu_specs import get_gpu_spec
+
+    h100 = get_gpu_spec("h100")
+    data["rates"].update(memory_bandwidth=0.8 * h100.hbm_bandwidth,
+                         flop_rate=0.6 * h100.peak_flops(data["dtype"]), host_factor=1.0)
     other = write(tmp_path / "h100.json", data)
     r = invoke("run", "--engine", "torch", "--model", "tiny", "--device", "cpu",
                "--num-requests", "2", "--gpu-profile", other, "--output", str(tmp_path / "x.json"))
