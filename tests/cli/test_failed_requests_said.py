@@ -80,6 +80,11 @@ def test_a_model_the_server_does_not_serve_is_named_on_stderr(srv, tmp_path):
     # The server's JSON error shown as its message, not as a JSON blob.
     assert (f"3 requests failed (http_status): HTTP 404: the model 'gpt-4' does not exist; "
             f"this server serves '{SERVE_MODEL}'") in lines[0]
+    # /tokenize answered too, 404 for the model alone: its notice names the model, not a
+    # missing /tokenize (it said "did not size prompts (HTTP 404)", the wrong culprit).
+    assert "answered that the model 'gpt-4' does not exist" in res.stderr, res.stderr
+    assert "check --served-model" in res.stderr
+    assert "did not size prompts" not in res.stderr
 
 
 def test_a_sweep_point_with_failures_says_why(tmp_path):

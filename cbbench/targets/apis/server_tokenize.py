@@ -35,6 +35,29 @@ class NoTokenize(Exception):
     """The server has no usable /tokenize."""
 
 
+class ModelRefused(NoTokenize):
+    """/tokenize answered, but 404 for the model named (vLLM's and `cbbench serve`'s
+    "The model `x` does not exist"): the requests will be refused alike."""
+
+
+HTTP_NOT_FOUND = 404
+MODEL_NOT_FOUND_CODE = "model_not_found"  # cbbench serve's error code; vLLM's message says it
+
+
+def _model_refused(raw: bytes) -> str | None:
+    """A 404 body's message where it says the model does not exist; None for any other 404."""
+    try:
+        err = json.loads(raw).get("error")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    msg = err.get("message") if isinstance(err, dict) else None
+    if not isinstance(msg, str):
+        return None
+    if err.get("code") == MODEL_NOT_FOUND_CODE or "does not exist" in msg:
+        return msg
+    return None
+
+
 async def _count(session, url: str, model: str | None, text: str) -> int:
     body = {"prompt": text, "add_special_tokens": True, **({"model": model} if model else {})}
 
@@ -47,6 +70,9 @@ async def _count(session, url: str, model: str | None, text: str) -> int:
     except Exception as e:  # no server, no route, a timeout: the prompts stay approximate
         raise NoTokenize(f"{type(e).__name__}: {e}") from None
     if status != 200:
+        said = _model_refused(raw) if status == HTTP_NOT_FOUND else None
+        if said is not None:
+            raise ModelRefused(said)
         raise NoTokenize(f"HTTP {status}")
     try:
         count = json.loads(raw)["count"]
@@ -85,6 +111,10 @@ async def size_with_server(session, base: str, model: str | None,
     url = base + TOKENIZE_PATH
     try:
         await _count(session, url, model, "the")  # a probe: does it answer at all?
+    except ModelRefused as e:
+        log.info(f"notice: {redact_url(url)} answered that the model {model!r} does not exist "
+                 f"({e}): check --served-model; synthetic prompts are approximate")
+        return "approximate"
     except NoTokenize as e:
         log.info(f"notice: {redact_url(url)} did not size prompts ({e}): synthetic prompts "
                  "are approximate (one word a token); --tokenizer sizes them exactly")
