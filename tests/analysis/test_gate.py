@@ -386,3 +386,21 @@ def test_slo_figures_under_different_slos_are_refused(tmp_path, base_result):
     assert r.exit_code == 0
     assert "held to different SLOs (summary.slo)" in r.output
     assert "different SLOs" not in runner.invoke(app, ["compare", base, same]).output
+
+
+def test_slo_figures_judged_on_different_bases_are_refused(tmp_path, base_result):
+    """The same --slo judged from the send (summary.slo_basis "send": a --max-concurrency run
+    since the seventh review) and from the intended start (a capped run written before it)
+    are different figures: gate refuses them as it refuses different SLOs, compare notes it."""
+    slo = {"ttft": 60.0}
+    old = _save(tmp_path, "old.json", _held_to(base_result, slo, 1.0, 0.1))
+    sent = _held_to(base_result, slo, 8.0, 1.0)
+    sent["summary"]["slo_basis"] = "send"
+    new = _save(tmp_path, "new.json", sent)
+    r = _gate(new, "--baseline", old, "--no-defaults", "--max-regression", "goodput=0%")
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"cbbench: error: {new} was held to a different SLO from {old}: "
+                        "ttft=60 (TTFT, E2EL from send) vs ttft=60, so goodput does not compare "
+                        "(rerun one of them with the other's --slo)\n")
+    r = runner.invoke(app, ["compare", old, new])
+    assert r.exit_code == 0 and "judged their SLO on different bases" in r.output

@@ -247,9 +247,14 @@ def workload_note(results: Sequence[Labeled]) -> str | None:
     if keys:
         notes.append(f"note: the results served different loads ({', '.join(keys)} differ): "
                      "not like for like")
-    if any(x.result.summary.slo != results[0].result.summary.slo for x in results[1:]):
+    first_summary = results[0].result.summary
+    if any(x.result.summary.slo != first_summary.slo for x in results[1:]):
         notes.append("note: the results were held to different SLOs (summary.slo): their "
                      "goodput and SLO attainment do not compare")
+    elif any(x.result.summary.slo_basis != first_summary.slo_basis for x in results[1:]):
+        notes.append("note: the results judged their SLO on different bases (summary.slo_basis: "
+                     "TTFT and E2EL from the send under a concurrency cap, else from the "
+                     "intended start): their goodput and SLO attainment do not compare")
     return "\n".join(notes) or None
 
 
