@@ -116,7 +116,13 @@ def load_chat_template(tokenizer_path: str) -> ChatTemplate | None:
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = _bounded_sandbox(ImmutableSandboxedEnvironment)(trim_blocks=True, lstrip_blocks=True)
+    # The extensions transformers' apply_chat_template renders with: {% break %} and
+    # {% continue %} (jinja's loopcontrols), and {% generation %} (below). A template using
+    # either did not compile here, so its prompts went uncounted and serve fell back to the
+    # minimal template.
+    env = _bounded_sandbox(ImmutableSandboxedEnvironment)(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=["jinja2.ext.loopcontrols", _generation_tag()])
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: _dt.datetime.now().strftime(fmt)
     env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
@@ -125,6 +131,21 @@ def load_chat_template(tokenizer_path: str) -> ChatTemplate | None:
     except Exception:  # a syntax error, or source nested past the parser's recursion
         return None
     return ChatTemplate(template, _special(config, "bos_token"), _special(config, "eos_token"))
+
+
+def _generation_tag() -> type:
+    """transformers' ``{% generation %}...{% endgeneration %}``: it marks the assistant's
+    tokens for return_assistant_tokens_mask; for the prompt's text it writes its body as is."""
+    from jinja2.ext import Extension
+
+    class GenerationTag(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+    return GenerationTag
 
 
 def _bounded_sandbox(base: type) -> Callable[..., Any]:
