@@ -284,7 +284,6 @@ _MOE_FIELDS = {
     "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
     "gpt_oss": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
 }
-MOE_ARCHITECTURES = frozenset(_MOE_FIELDS)
 
 
 # A model's config.json is a few kB; one far larger (or an endless stream) is not one.

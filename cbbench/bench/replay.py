@@ -36,8 +36,6 @@ SCHEDULING_FIELDS = (
 
 # Kept too unless the command line sets them (their default is None).
 UNSET_DEFAULT_FIELDS = ("model", "dtype", "max_num_batched_tokens", "max_model_len")
-# Config keys of the run itself that make compare and gate see the same request set.
-RUN_FIELDS = ("workload", "seed", "request_rate", "burstiness", "arrival")
 
 
 @dataclass(frozen=True)

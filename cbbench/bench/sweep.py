@@ -44,7 +44,6 @@ SWEEP_FILE = "sweep.json"
 PLOT_FILE = "latency_throughput.png"
 POINT_FILES = "rate-*.json"  # point_file's names, as a shell pattern
 AUTO = "auto"
-DEFAULT_POINTS = 6
 AUTO_LOW_FRACTION = 0.10
 AUTO_HIGH_FRACTION = 0.95
 MISSING = "-"

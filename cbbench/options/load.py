@@ -12,7 +12,6 @@ from cbbench.errors import UsageError
 from cbbench.options.fields import check_fields, opt
 
 SYNTHETIC_PANEL = "Synthetic workload"
-ARRIVALS = ("auto", "gamma", "constant", "trace")
 PROBE_ARRIVALS = ("gamma", "constant")  # a sweep's probes set their own rates
 RATE_INF = "inf"
 
