@@ -4,10 +4,10 @@ CSV traces' line reader): lines end at \n only, each capped, errors name the lin
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 
 # A JSONL line may be this long (a long session's turns, a 128k-token prompt, fit many times);
 # a longer one (`--workload /dev/zero`) is an error, not a read until memory runs out.
@@ -85,7 +85,7 @@ def json_int(obj: dict, key: str, where: str, minimum: int) -> int:
 def json_number(obj: dict, key: str, where: str) -> float:
     """A finite number >= 0 (a time)."""
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+    if not is_finite(v) or v < 0:
         raise UsageError(f"{where}: {key!r} must be a finite number >= 0")
     return float(v)
 
