@@ -75,6 +75,18 @@ def check_int64(v: int, key: str, where: str) -> int:
     return v
 
 
+def json_object(obj: object, allowed: set[str], where: str, what: str = "") -> dict:
+    """``obj`` as an object of the format's fields: anything else, or a field the format does
+    not define, is refused naming the ones it does (``what``: "turn ", "session ")."""
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - allowed
+    if unknown:
+        raise UsageError(f"{where}: unknown {what}field(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
+    return obj
+
+
 def json_int(obj: dict, key: str, where: str, minimum: int) -> int:
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
