@@ -38,6 +38,11 @@ def _is_time(v) -> bool:
     return is_finite(v) and v >= 0
 
 
+def as_number(v) -> float | None:
+    """A time or duration as a log line or a response wrote it: a float, None if not a number."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
 def is_count(v) -> bool:
     """A token count as the log and the result write it: an int (not a bool) in [0, MAX_TOKENS]."""
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS
