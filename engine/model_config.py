@@ -186,10 +186,6 @@ def eos_ids_of(record: dict) -> tuple[int, ...]:
 MXFP4_BITS = 4 + 8 / 32
 
 
-def _preset(**kw) -> ModelConfig:
-    return ModelConfig(**kw)
-
-
 _LLAMA3_ROPE = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -200,51 +196,51 @@ _LLAMA3_ROPE = {
 _LLAMA32_ROPE = {**_LLAMA3_ROPE, "factor": 32.0}
 
 MODEL_PRESETS: dict[str, ModelConfig] = {
-    "llama-3-8b": _preset(
+    "llama-3-8b": ModelConfig(
         name="llama-3-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=128256, max_model_len=8192,
         rope_theta=500000.0, eos_token_ids=(128009,),
     ),
-    "llama-3.1-8b": _preset(
+    "llama-3.1-8b": ModelConfig(
         name="llama-3.1-8b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=128256, max_model_len=131072,
         rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_ids=(128009,),
     ),
-    "llama-3.1-70b": _preset(
+    "llama-3.1-70b": ModelConfig(
         name="llama-3.1-70b", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8,
         head_dim=128, intermediate_size=28672, vocab_size=128256, max_model_len=131072,
         rope_theta=500000.0, rope_scaling=_LLAMA3_ROPE, eos_token_ids=(128009,),
     ),
-    "llama-3.2-1b": _preset(
+    "llama-3.2-1b": ModelConfig(
         name="llama-3.2-1b", num_layers=16, hidden_size=2048, num_heads=32, num_kv_heads=8,
         head_dim=64, intermediate_size=8192, vocab_size=128256, max_model_len=131072,
         rope_theta=500000.0, rope_scaling=_LLAMA32_ROPE, tie_word_embeddings=True,
         eos_token_ids=(128009,),
     ),
-    "llama-2-7b": _preset(
+    "llama-2-7b": ModelConfig(
         name="llama-2-7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32,
         head_dim=128, intermediate_size=11008, vocab_size=32000, max_model_len=4096,
         rms_norm_eps=1e-5, eos_token_ids=(2,),
     ),
-    "mistral-7b": _preset(
+    "mistral-7b": ModelConfig(
         name="mistral-7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=32768, max_model_len=32768,
         rope_theta=1000000.0, architecture="mistral", eos_token_ids=(2,),
     ),
-    "qwen2.5-7b": _preset(
+    "qwen2.5-7b": ModelConfig(
         name="qwen2.5-7b", num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4,
         head_dim=128, intermediate_size=18944, vocab_size=152064, max_model_len=32768,
         rope_theta=1000000.0, qkv_bias=True, rms_norm_eps=1e-6, architecture="qwen2",
         eos_token_ids=(151645,),
     ),
     # Mixture-of-experts presets (the simulator only), from each model's published config.json.
-    "mixtral-8x7b": _preset(
+    "mixtral-8x7b": ModelConfig(
         name="mixtral-8x7b", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, intermediate_size=14336, vocab_size=32000, max_model_len=32768,
         rope_theta=1000000.0, architecture="mixtral", eos_token_ids=(2,),
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336,
     ),
-    "qwen3-30b-a3b": _preset(
+    "qwen3-30b-a3b": ModelConfig(
         name="qwen3-30b-a3b", num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4,
         head_dim=128, intermediate_size=6144, vocab_size=151936, max_model_len=40960,
         rope_theta=1000000.0, rms_norm_eps=1e-6, architecture="qwen3_moe",
@@ -252,7 +248,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
     ),
     # Its experts ship in MXFP4 (quantization_config), the rest in bf16. Its layer_types
     # alternate sliding_attention (window 128) and full_attention: 12 windowed of 24.
-    "gpt-oss-20b": _preset(
+    "gpt-oss-20b": ModelConfig(
         name="gpt-oss-20b", num_layers=24, hidden_size=2880, num_heads=64, num_kv_heads=8,
         head_dim=64, intermediate_size=2880, vocab_size=201088, max_model_len=131072,
         rope_theta=150000.0, qkv_bias=True, architecture="gpt_oss", eos_token_ids=(200002,),
@@ -260,12 +256,12 @@ MODEL_PRESETS: dict[str, ModelConfig] = {
         expert_weight_bits=MXFP4_BITS, sliding_window=128, sliding_window_layers=12,
     ),
     # Small presets for the torch engine on a CPU and for tests (random weights only).
-    "small": _preset(
+    "small": ModelConfig(
         name="small", num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2,
         head_dim=32, intermediate_size=384, vocab_size=4096, max_model_len=4096,
         rope_theta=500000.0,
     ),
-    "tiny": _preset(
+    "tiny": ModelConfig(
         name="tiny", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
         head_dim=16, intermediate_size=128, vocab_size=512, max_model_len=2048,
     ),
@@ -298,7 +294,6 @@ _MOE_FIELDS = {
     "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
     "gpt_oss": ("num_local_experts", "num_experts_per_tok", "intermediate_size"),
 }
-MOE_ARCHITECTURES = frozenset(_MOE_FIELDS)
 
 
 # A model's config.json is a few kB; one far larger (or an endless stream) is not one.

@@ -33,15 +33,13 @@ from .metadata import AttentionMetadata
 from .triton_common import INTERPRETED, check_device, launch, next_pow2
 from .triton_decode_packed import packed_decode_attention
 from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
-from .triton_dot import attention_dot, dot_precision
+from .triton_dot import LOG2_E, MIN_DOT, NEG_BIG, attention_dot, dot_precision
 
 DECODE_KERNELS = ("packed", "packed-cores", "unified")
 # Below this head dim pure decodes keep the unified kernel: under Triton 3.6 (the GPU image's)
 # the packed tensor-core tile at head dim 64 spills 8 bytes on sm_90 with 16-token blocks
 # (tests/kernels/test_triton_aot.py), and a 64-wide head gains least from packing.
 PACKED_MIN_HEAD_DIM = 128
-
-MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 
 
 @dataclass(frozen=True)
@@ -80,10 +78,6 @@ NUM_WARPS = 4
 # pipelined, so the worst cases stay under ~100 KB (sm_86/89 limit; checked by compiling).
 WIDE_HEAD_DIM = 128
 FP32_NUM_STAGES = 1
-LOG2_E = 1.4426950408889634
-# A finite "minus infinity" for the running max, so fully masked tiles give exp(-inf) = 0
-# instead of exp(-inf - -inf) = nan.
-NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit(do_not_specialize=["num_reqs", "stride_bt"])

@@ -34,16 +34,13 @@ import triton.language as tl
 
 from .metadata import AttentionMetadata
 from .triton_common import launch, next_pow2
-from .triton_dot import attention_dot, dot_precision
+from .triton_dot import LOG2_E, MIN_DOT, NEG_BIG, attention_dot, dot_precision
 
-MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 # Elements of the CUDA-core path's broadcast product (rows x head dim x keys) per program:
 # 8192 fp32 over 4 warps is 64 registers a thread.
 CORE_TILE_ELEMENTS = 8192
 MIN_CORE_KEYS = 8
 NUM_WARPS = 4
-LOG2_E = 1.4426950408889634
-NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for the running max
 
 
 @triton.jit(do_not_specialize=["stride_bt"])

@@ -33,9 +33,8 @@ import triton.language as tl
 
 from .metadata import AttentionMetadata
 from .triton_common import launch, next_pow2
-from .triton_dot import attention_dot, dot_precision
+from .triton_dot import LOG2_E, MIN_DOT, NEG_BIG, attention_dot, dot_precision
 
-MIN_DOT = 16  # tl.dot needs every tile dim >= 16
 # The least keys a split is given when the host knows the length (eager launches): one KV block
 # of the smallest size. Masked keys of a tile cost no memory traffic, so a split need not fill a
 # key tile; what a split costs is its partial output (head dim floats a query head). It was 64
@@ -50,8 +49,6 @@ TARGET_PROGRAMS_PER_SM = 2
 # SMs assumed when no CUDA device can be asked (the interpreter, tools): an H100/H200.
 DEFAULT_NUM_SMS = 132
 NUM_WARPS = 4
-LOG2_E = 1.4426950408889634
-NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity" for the running max
 
 
 @functools.cache

@@ -1,4 +1,5 @@
-"""The attention kernels' ``tl.dot``, and the precision each dtype asks of it.
+"""The attention kernels' ``tl.dot``, the precision each dtype asks of it, and the constants
+their online softmax shares.
 
 Triton's interpreter computes ``tl.dot`` of bf16 tiles wrongly (Triton 3.9: ~1e10 off on a
 16x16 product of unit normals; numpy has no bf16), while the same tiles cast to fp32 first
@@ -18,6 +19,11 @@ import triton.language as tl
 from .triton_common import INTERPRETED
 
 UPCAST = "upcast"  # a DOT_PRECISION value: cast both tiles to fp32, then an exact (ieee) dot
+MIN_DOT = 16  # tl.dot needs every tile dim >= 16
+LOG2_E = 1.4426950408889634  # the kernels take exp2: scores are scaled by log2(e) up front
+# A finite "minus infinity" for the running max, so fully masked tiles give exp(-inf) = 0
+# instead of exp(-inf - -inf) = nan.
+NEG_BIG = tl.constexpr(-1.0e30)
 
 
 def dot_precision(dtype: torch.dtype) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict
 
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 
 if TYPE_CHECKING:
     from cbbench.schema.run import RunResult
@@ -170,7 +170,7 @@ def decode_bench(where: str, data: dict, selection: dict) -> DecodeBench:
             continue
         stat = row.step_ms
         t = stat.get(BENCH_STAT) if isinstance(stat, dict) else None
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t <= 0:
+        if not is_finite(t) or t <= 0:
             raise UsageError(f"{w}: step_ms.{BENCH_STAT} must be a time > 0 ms, got {t!r}")
         rows.append(BenchRow(_int(row.batch_size, MAX_BENCH_BATCH, f"{w}.batch_size"),
                              _int(row.context, MAX_BENCH_CONTEXT, f"{w}.context"),

@@ -12,16 +12,10 @@ from pathlib import Path
 from cbbench import __version__
 from cbbench.errors import UsageError
 from cbbench.schema import read_json_file  # noqa: F401 (the readers of other formats use it)
-from cbbench.schema.base import Record, file_text
-from cbbench.schema.base import dumps as schema_dumps
+from cbbench.schema.base import Record, dumps, file_text  # noqa: F401 (dumps: for writers)
 from cbbench.schema.run import RUN_SCHEMA_VERSION
 
 SCHEMA_VERSION = RUN_SCHEMA_VERSION  # the one definition is the schema's
-
-
-def dumps(result: Record | dict) -> str:
-    """A result file's text: the model's own dump (cbbench/schema/base.py), or a dict's."""
-    return schema_dumps(result)
 
 
 STDOUT = "-"  # --output -: write to standard output

@@ -7,7 +7,6 @@ as a string or of short pairs, 10^30-token events, negative times that printed a
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from cbbench.analysis.input_file import check_input_file
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 
 # The largest median error (ms) `audit` lets a client's timing have against this log by default.
 # Here, beside the reader, so `cbbench audit`'s default costs no numpy or result models at
@@ -35,8 +35,12 @@ COUNT_FIELDS = ("prompt_tokens", "output_tokens", "reasoning_tokens", "tool_call
 
 def _is_time(v) -> bool:
     """An epoch time as the server writes it: a finite number >= 0."""
-    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            and v >= 0)
+    return is_finite(v) and v >= 0
+
+
+def as_number(v) -> float | None:
+    """A time or duration as a log line or a response wrote it: a float, None if not a number."""
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 def is_count(v) -> bool:

@@ -64,7 +64,7 @@ from cbbench.load.limits import check_request_count
 from cbbench.schema import RunResult, as_run
 from cbbench.schema.base import field_of
 from cbbench.schema.points import ProbePoint, rate_label  # noqa: F401 (re-exported)
-from cbbench.schema.run import Distribution, Iteration
+from cbbench.schema.run import Iteration
 
 log = logging.getLogger(__name__)
 
@@ -512,9 +512,6 @@ def summarize_probe(
     s = result.summary
     check = check_steady(result, rate)
 
-    def pct(dist: Distribution | None, p: str) -> float | None:
-        return field_of(dist, p)
-
     num_requests = result.config.num_requests
     return ProbePoint(
         rate=rate,
@@ -523,13 +520,13 @@ def summarize_probe(
         failed=int(s.failed or 0),
         achieved_request_rate=float(s.request_throughput or 0.0),
         output_throughput=float(s.output_throughput or 0.0),
-        ttft_p50_ms=pct(s.ttft_ms, "p50"),
-        ttft_p99_ms=pct(s.ttft_ms, "p99"),
-        tpot_p50_ms=pct(s.tpot_ms, "p50"),
-        tpot_p99_ms=pct(s.tpot_ms, "p99"),
-        e2el_p50_ms=pct(s.e2el_ms, "p50"),
-        e2el_p99_ms=pct(s.e2el_ms, "p99"),
-        itl_p99_ms=pct(s.itl_ms, "p99"),
+        ttft_p50_ms=field_of(s.ttft_ms, "p50"),
+        ttft_p99_ms=field_of(s.ttft_ms, "p99"),
+        tpot_p50_ms=field_of(s.tpot_ms, "p50"),
+        tpot_p99_ms=field_of(s.tpot_ms, "p99"),
+        e2el_p50_ms=field_of(s.e2el_ms, "p50"),
+        e2el_p99_ms=field_of(s.e2el_ms, "p99"),
+        itl_p99_ms=field_of(s.itl_ms, "p99"),
         goodput=s.goodput,
         slo_attainment=(run_attainment(result, slo.limits_ms) if slo is not None else None),
         steady=check.steady,

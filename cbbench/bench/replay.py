@@ -21,6 +21,7 @@ import numpy as np
 
 from cbbench.engine.args import EngineArgs
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Config, Request, RunResult
@@ -36,8 +37,6 @@ SCHEDULING_FIELDS = (
 
 # Kept too unless the command line sets them (their default is None).
 UNSET_DEFAULT_FIELDS = ("model", "dtype", "max_num_batched_tokens", "max_model_len")
-# Config keys of the run itself that make compare and gate see the same request set.
-RUN_FIELDS = ("workload", "seed", "request_rate", "burstiness", "arrival")
 
 
 @dataclass(frozen=True)
@@ -91,15 +90,11 @@ def _check_run_fields(config: Config, where: str) -> None:
     seed, rate, burst = config.seed, config.request_rate, config.burstiness
     problems = [
         ("seed", seed) if seed is not None and (type(seed) is not int or seed < 0) else None,
-        ("request_rate", rate) if rate not in (None, "inf") and not _positive(rate) else None,
-        ("burstiness", burst) if burst is not None and not _positive(burst) else None,
+        ("request_rate", rate) if rate not in (None, "inf") and not (is_finite(rate) and rate > 0) else None,
+        ("burstiness", burst) if burst is not None and not (is_finite(burst) and burst > 0) else None,
     ]
     for key, v in filter(None, problems):
         raise UsageError(f"{where}: config has {key} {v!r}: not a value a run records")
-
-
-def _positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
 def replayed_requests(result: RunResult | dict,

@@ -44,7 +44,6 @@ SWEEP_FILE = "sweep.json"
 PLOT_FILE = "latency_throughput.png"
 POINT_FILES = "rate-*.json"  # point_file's names, as a shell pattern
 AUTO = "auto"
-DEFAULT_POINTS = 6
 AUTO_LOW_FRACTION = 0.10
 AUTO_HIGH_FRACTION = 0.95
 MISSING = "-"
@@ -207,7 +206,7 @@ def shared_config(config: dict) -> dict:
 # ---- the table ------------------------------------------------------------------------------
 
 
-def _num(v: float | None, digits: int = 1) -> str:
+def cell(v: float | None, digits: int = 1) -> str:
     return MISSING if v is None else f"{v:,.{digits}f}"
 
 
@@ -221,13 +220,13 @@ def sweep_table(points: Sequence[ProbePoint], tablefmt: str = "simple") -> str:
     rows = []
     for p in points:
         n = str(p.num_requests) + (f" ({p.failed} failed)" if p.failed else "")
-        row = [rate_label(p.rate), n, _num(p.achieved_request_rate, 2),
-               _num(p.output_throughput), _num(p.ttft_p50_ms), _num(p.ttft_p99_ms),
-               _num(p.tpot_p50_ms), _num(p.tpot_p99_ms), _num(p.e2el_p50_ms),
-               _num(p.e2el_p99_ms)]
+        row = [rate_label(p.rate), n, cell(p.achieved_request_rate, 2),
+               cell(p.output_throughput), cell(p.ttft_p50_ms), cell(p.ttft_p99_ms),
+               cell(p.tpot_p50_ms), cell(p.tpot_p99_ms), cell(p.e2el_p50_ms),
+               cell(p.e2el_p99_ms)]
         if with_slo:
             att = MISSING if p.slo_attainment is None else f"{p.slo_attainment:.1%}"
-            row += [_num(p.goodput, 2), att]
+            row += [cell(p.goodput, 2), att]
         row.append(p.steady_short or MISSING)
         rows.append(row)
     return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)

@@ -243,13 +243,10 @@ def saturation_line(saturation: float, sat_point=None) -> str:
     return line
 
 
-def _num(v: float | None, digits: int = 1) -> str:
-    return MISSING if v is None else f"{v:,.{digits}f}"
-
-
 def probe_table(probes: Sequence, saturation=None, tablefmt: str = "simple") -> str:
     """Every probe in order; the rate-inf saturation probe (a ProbePoint) first, unjudged."""
     from cbbench.bench.probe import rate_label
+    from cbbench.bench.sweep import cell
 
     head = ["#", "phase", "rate (req/s)", "n", "attainment", "result", "steady",
             "achieved (req/s)", "output (tok/s)", "TTFT p99", "TPOT p99", "E2EL p99"]
@@ -258,8 +255,8 @@ def probe_table(probes: Sequence, saturation=None, tablefmt: str = "simple") -> 
         n = str(pt.num_requests) + (f" ({pt.failed} failed)" if pt.failed else "")
         att = MISSING if attainment is None else f"{attainment:.1%}"
         return [index, phase, rate_label(pt.rate), n, att, verdict, pt.steady_short or MISSING,
-                _num(pt.achieved_request_rate, 2), _num(pt.output_throughput),
-                _num(pt.ttft_p99_ms), _num(pt.tpot_p99_ms), _num(pt.e2el_p99_ms)]
+                cell(pt.achieved_request_rate, 2), cell(pt.output_throughput),
+                cell(pt.ttft_p99_ms), cell(pt.tpot_p99_ms), cell(pt.e2el_p99_ms)]
 
     rows = []
     if saturation is not None:

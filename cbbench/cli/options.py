@@ -12,7 +12,7 @@ from cbbench.engine.args import EngineArgs, flag_of
 from cbbench.options import output_file
 from cbbench.options.fields import given
 
-__all__ = ["USAGE_EXIT", "EngineArgs", "default_output_path", "engine_args", "flag_of", "given", "notice",
+__all__ = ["USAGE_EXIT", "EngineArgs", "default_output_path", "flag_of", "given", "notice",
            "output_file"]
 
 
@@ -24,8 +24,3 @@ def notice(msg: str) -> None:
 def default_output_path(kind: str) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     return Path("results") / f"run-{stamp}-{kind}.json"
-
-
-def engine_args(**values) -> EngineArgs:
-    """EngineArgs from option values, checked (UsageError naming the option)."""
-    return EngineArgs(**values).validate()

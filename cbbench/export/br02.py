@@ -17,15 +17,15 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import math
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.export import requests as R
 from cbbench.export.writable import clean, clean_texts
+from cbbench.finite import is_finite
 from cbbench.schema.base import is_empty, to_dict
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Config, Distribution, Request, RunResult, Summary
@@ -74,10 +74,10 @@ def _run(run: RunResult, plain: dict, config: dict) -> dict:
     time: dict = {}
     if start is not None:
         time["start"] = start.isoformat().replace("+00:00", "Z")
-        if _finite(duration):
+        if is_finite(duration):
             end = start + dt.timedelta(seconds=duration)
             time["end"] = end.isoformat().replace("+00:00", "Z")
-    if _finite(duration):
+    if is_finite(duration):
         time["duration"] = f"PT{duration}S"
     c = run.config
     return {
@@ -146,7 +146,7 @@ def _load(c: Config, config: dict, done: list[Request]) -> dict:
         "source": source,
         "input_seq_len": _seq_len(R.values(done, lambda r: r.prompt_tokens)),
         "output_seq_len": _seq_len(R.values(done, lambda r: r.output_tokens)),
-        "rate_qps": rate if _finite(rate) and rate > 0 else None,
+        "rate_qps": rate if is_finite(rate) and rate > 0 else None,
         "concurrency": concurrency if isinstance(concurrency, int) and concurrency >= 1 else None,
         "parallelism": _parallelism(c.workers),
     }
@@ -172,7 +172,7 @@ def _parallelism(workers) -> int:
 def _parallel_size(v) -> int:
     """A parallel size as the result holds it; 1 for one that is not a finite number >= 1
     (inf raised OverflowError, NaN ValueError)."""
-    return int(v) if _finite(v) and v >= 1 else 1
+    return int(v) if is_finite(v) and v >= 1 else 1
 
 
 def _seq_len(values: np.ndarray) -> dict:
@@ -232,7 +232,7 @@ def _itl_values(done: list[Request]) -> np.ndarray:
     have to leave it out or be NaN, and either would misreport the run."""
     for r in done:
         for v in r.itl_ms or []:
-            if not _finite(v):
+            if not is_finite(v):
                 raise UsageError(f"request {r.id}: itl_ms holds {v}, not a finite number of "
                                  "milliseconds: BR0.2 cannot write its statistics")
     gaps = [v for r in done if r.itl_ms is not None for v in r.itl_ms]
@@ -242,7 +242,7 @@ def _itl_values(done: list[Request]) -> np.ndarray:
 def _throughput(summary: Summary) -> dict:
     duration = summary.duration_s
     in_tokens = summary.total_input_tokens
-    input_rate = in_tokens / duration if _finite(duration) and duration > 0 and _finite(in_tokens) else None
+    input_rate = in_tokens / duration if is_finite(duration) and duration > 0 and is_finite(in_tokens) else None
     return {
         "input_token_rate": _mean_only(input_rate, "tokens/s"),
         "output_token_rate": _mean_only(summary.output_throughput, "tokens/s"),
@@ -264,26 +264,23 @@ def statistics(values: np.ndarray, units: str, dist: Distribution | None = None)
             **{k: float(v) for k, v in zip(PERCENTILE_KEYS, pct)},
             "max": float(values.max()),
         }
-    if dist is None or not _finite(mean := dist.mean):
+    if dist is None or not is_finite(mean := dist.mean):
         return None
     out = {"units": units, "mean": mean}
-    if _finite(std := dist.std):
+    if is_finite(std := dist.std):
         out["stddev"] = std
     pnn = dist.model_extra or {}  # the pNN keys: extra fields of the distribution
     for key, p in PERCENTILE_KEYS.items():
         v = pnn.get(f"p{p:g}")
-        if _finite(v):
+        if is_finite(v):
             out[key] = v
     return out
 
 
 def _mean_only(value, units: str) -> dict | None:
-    return {"units": units, "mean": value} if _finite(value) else None
+    return {"units": units, "mean": value} if is_finite(value) else None
 
 
-def _finite(v: object) -> TypeGuard[float]:
-    """A finite number (not a bool): a TypeGuard, so the checked value reads as a number."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _parse_time(text) -> dt.datetime | None:

@@ -9,12 +9,12 @@ schema (cbbench/schema/) that every reader of a result applies."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 
 if TYPE_CHECKING:
     from cbbench.schema.run import RunResult
@@ -36,10 +36,6 @@ def check_count(v: int, limit: int, what: str, where: str) -> int:
     return v
 
 
-def _finite(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def record_problem(r: RequestRecord) -> str | None:
     """What breaks a measured record's rules in ``r``, or None: counts bounded, times finite,
     at or after the run's start, and running forwards from the send."""
@@ -49,12 +45,12 @@ def record_problem(r: RequestRecord) -> str | None:
         return f"output tokens {r.output_tokens} outside [0, {MAX_OUTPUT_TOKENS}]"
     starts = [("intended start", r.intended_start_s), ("send", r.send_s)]
     for what, v in starts:
-        if v is not None and not (_finite(v) and v >= -BACKWARDS_SLACK_S):
+        if v is not None and not (is_finite(v) and v >= -BACKWARDS_SLACK_S):
             return f"its {what} time {v!r} is before the run's start or not a time"
     times = r.token_times_s or []
     if len(times) > MAX_OUTPUT_TOKENS:
         return f"{len(times)} token times, more than {MAX_OUTPUT_TOKENS}"
-    if any(not _finite(t) for t in times):
+    if any(not is_finite(t) for t in times):
         return "a token time is not a finite number"
     origin = r.send_s if r.send_s is not None else r.intended_start_s
     if times and times[0] < origin - BACKWARDS_SLACK_S:
@@ -64,7 +60,7 @@ def record_problem(r: RequestRecord) -> str | None:
         if b < a - BACKWARDS_SLACK_S:
             return f"its token times run backwards ({a:.6g} s, then {b:.6g} s)"
     if r.first_output_s is not None and times and not (
-            _finite(r.first_output_s) and times[0] - BACKWARDS_SLACK_S <= r.first_output_s):
+            is_finite(r.first_output_s) and times[0] - BACKWARDS_SLACK_S <= r.first_output_s):
         return f"its first output token ({r.first_output_s!r}) comes before its first token"
     for what in ("server_request_id", "model"):  # joined and grouped by: a string or nothing
         v = getattr(r, what, None)
@@ -82,7 +78,7 @@ def check_records(records: Sequence[RequestRecord], duration_s: float, source: s
     for i, r in enumerate(records):
         if (problem := record_problem(r)) is not None:
             raise UsageError(f"{source}: request {i}: {problem}")
-    if not (_finite(duration_s) and duration_s >= 0):
+    if not (is_finite(duration_s) and duration_s >= 0):
         raise UsageError(f"{source}: the run's duration is {duration_s!r} s: its times run "
                          "backwards")
 

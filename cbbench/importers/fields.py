@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 
 
 class ToolFields(BaseModel):
@@ -44,15 +45,14 @@ def count(v: Any, where: str, key: str, what: str = "a token count") -> int:
 
 def number(v: Any, where: str, key: str, what: str, low: float = -math.inf) -> float:
     """``v`` (the file's ``key``) as a finite number >= ``low``."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < low:
+    if not is_finite(v) or v < low:
         raise UsageError(f"{where}: {key} holds {v!r}, not {what}")
     return float(v)
 
 
 def positive(v: Any) -> float | None:
     """A duration a tool wrote, when it is a finite number > 0; None otherwise."""
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-    return float(v) if ok else None
+    return float(v) if is_finite(v) and v > 0 else None
 
 
 def duration_s(recs: Sequence[RequestRecord], stated: Any = None) -> float:

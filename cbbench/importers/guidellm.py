@@ -31,7 +31,6 @@ What carries over, and how it differs from a cbbench run of the same load:
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +38,7 @@ import numpy as np
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 from cbbench.importers.checks import MAX_OUTPUT_TOKENS, MAX_PROMPT_TOKENS, check_count
 from cbbench.importers.fields import ToolFields, base_config, part, spread_tokens
 
@@ -215,8 +215,7 @@ def _timings(row: object, where: str) -> Timings:
     if timings.request_start is None and timings.targeted_start is None:
         raise UsageError(f"{where} has no info.timings.request_start")
     for k, v in t.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
-                              or not math.isfinite(v)):
+        if v is not None and not is_finite(v):
             raise UsageError(f"{where}: info.timings.{k} holds {v!r}, not a time")
     return timings
 
@@ -298,6 +297,6 @@ def config(data: Mapping, bench: Benchmark, recs: list[RequestRecord]) -> dict:
 
 def started_at(bench: Benchmark) -> str | None:
     start = bench.start_time
-    if not isinstance(start, (int, float)) or isinstance(start, bool) or not math.isfinite(start):
+    if not is_finite(start):
         return None
     return dt.datetime.fromtimestamp(start, dt.timezone.utc).isoformat(timespec="seconds")

@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict
 from cbbench.analysis.records import RequestRecord
 from cbbench.clock_offset import perf_minus_epoch
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 from cbbench.importers.fields import base_config, chunk_tokens, count, number, positive
 
 TOOL = "vllm-bench"
@@ -234,8 +235,7 @@ def origin(raw: Mapping | VllmBenchFile, source: str) -> float:
     last_send = max((_clock_reading(s, source, "start_times") for s in data.start_times),
                     default=0.0) - offset
     d = data.duration
-    finite = isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d)
-    late = stamped - max(last_send, t0 + float(d) if finite else last_send)
+    late = stamped - max(last_send, t0 + float(d) if is_finite(d) else last_send)
     if not -DATE_EARLY_S <= late <= DATE_LATE_S:
         raise UsageError(
             f"{source} was not written on this host since its last boot (its date is "

@@ -4,10 +4,10 @@ CSV traces' line reader): lines end at \n only, each capped, errors name the lin
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 
 # A JSONL line may be this long (a long session's turns, a 128k-token prompt, fit many times);
 # a longer one (`--workload /dev/zero`) is an error, not a read until memory runs out.
@@ -75,6 +75,18 @@ def check_int64(v: int, key: str, where: str) -> int:
     return v
 
 
+def json_object(obj: object, allowed: set[str], where: str, what: str = "") -> dict:
+    """``obj`` as an object of the format's fields: anything else, or a field the format does
+    not define, is refused naming the ones it does (``what``: "turn ", "session ")."""
+    if not isinstance(obj, dict):
+        raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    unknown = set(obj) - allowed
+    if unknown:
+        raise UsageError(f"{where}: unknown {what}field(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
+    return obj
+
+
 def json_int(obj: dict, key: str, where: str, minimum: int) -> int:
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
@@ -85,7 +97,7 @@ def json_int(obj: dict, key: str, where: str, minimum: int) -> int:
 def json_number(obj: dict, key: str, where: str) -> float:
     """A finite number >= 0 (a time)."""
     v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+    if not is_finite(v) or v < 0:
         raise UsageError(f"{where}: {key!r} must be a finite number >= 0")
     return float(v)
 

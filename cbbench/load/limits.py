@@ -18,36 +18,29 @@ WORKER_BYTES = 60_000_000
 TOKEN_ID_BYTES = 36
 
 
+def _check_fits(needed: float, what: str, size: str) -> None:
+    """UsageError when ``needed`` bytes are more than this host has available; ``size`` says
+    the bytes ({} for the figure)."""
+    available = available_host_bytes()
+    if available is not None and needed > available:
+        raise UsageError(f"{what} needs {size.format(fmt_bytes(needed))}, more than the "
+                         f"{fmt_bytes(available)} available on this host")
+
+
 def check_request_count(n: float, what: str) -> None:
     """UsageError when ``n`` requests need more memory than this host has available."""
-    available = available_host_bytes()
-    if available is not None and n * REQUEST_BYTES > available:
-        raise UsageError(
-            f"{what} needs about {fmt_bytes(n * REQUEST_BYTES)} of memory "
-            f"(~{REQUEST_BYTES // 1000} kB a request), more than the {fmt_bytes(available)} "
-            "available on this host"
-        )
+    _check_fits(n * REQUEST_BYTES, what,
+                f"about {{}} of memory (~{REQUEST_BYTES // 1000} kB a request)")
 
 
 def check_token_ids(n: float, what: str) -> None:
     """UsageError when ``n`` token ids (made up front, as Python ints) need more memory than
     this host has available."""
-    available = available_host_bytes()
-    if available is not None and n * TOKEN_ID_BYTES > available:
-        raise UsageError(
-            f"{what} needs {fmt_bytes(n * TOKEN_ID_BYTES)} of token ids, more than the "
-            f"{fmt_bytes(available)} available on this host"
-        )
+    _check_fits(n * TOKEN_ID_BYTES, what, "{} of token ids")
 
 
 def check_worker_count(n: int, what: str) -> None:
     """UsageError when ``n`` load-generator processes need more memory than this host has
     available (`--workers 1024` started ~60 GB of processes unchecked)."""
-    available = available_host_bytes()
-    if available is not None and n * WORKER_BYTES > available:
-        raise UsageError(
-            f"{what} needs about {fmt_bytes(n * WORKER_BYTES)} of memory "
-            f"(~{WORKER_BYTES // 1_000_000} MB a worker), more than the {fmt_bytes(available)} "
-            "available on this host"
-        )
-
+    _check_fits(n * WORKER_BYTES, what,
+                f"about {{}} of memory (~{WORKER_BYTES // 1_000_000} MB a worker)")

@@ -48,7 +48,7 @@ import numpy as np
 
 from cbbench.errors import UsageError
 from cbbench.load.delays import MAX_DELAY_MS
-from cbbench.load.jsonl import json_ids, json_int, json_number
+from cbbench.load.jsonl import json_ids, json_int, json_number, json_object
 from cbbench.load.output_kinds import check_tools
 from cbbench.load.session_dag import TurnNode, build_nodes, order_subagents
 
@@ -178,12 +178,7 @@ def sharegpt_multiturn() -> list[Session]:
 def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> Turn:
     if not isinstance(obj, dict):
         raise UsageError(f"{where}: a turn must be a JSON object")
-    unknown = set(obj) - TURN_FIELDS
-    if unknown:
-        raise UsageError(
-            f"{where}: unknown turn field(s) {', '.join(sorted(unknown))}; "
-            f"allowed: {', '.join(sorted(TURN_FIELDS))}"
-        )
+    obj = json_object(obj, TURN_FIELDS, where, "turn ")
     if "output_len" not in obj:
         raise UsageError(f"{where}: missing 'output_len'")
     output_len = json_int(obj, "output_len", where, 1)
@@ -288,14 +283,7 @@ def _raw_subagents(obj: dict, where: str) -> dict[str, list]:
 def parse_session(
     obj: object, index: int, where: str, count_tokens: Callable[[str], int]
 ) -> Session:
-    if not isinstance(obj, dict):
-        raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    unknown = set(obj) - SESSION_FIELDS
-    if unknown:
-        raise UsageError(
-            f"{where}: unknown session field(s) {', '.join(sorted(unknown))}; "
-            f"allowed: {', '.join(sorted(SESSION_FIELDS))}"
-        )
+    obj = json_object(obj, SESSION_FIELDS, where, "session ")
     main_raw = obj.get("turns")
     parsed = _parse_turns(main_raw, f"{where} ", count_tokens)
     assert isinstance(main_raw, list)  # _parse_turns refused anything else

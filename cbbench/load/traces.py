@@ -24,13 +24,13 @@ import calendar
 import csv
 import datetime as _dt
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
 from decimal import Decimal
 from pathlib import Path
 
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 from cbbench.load.hash_blocks import MOONCAKE_BLOCK_TOKENS
 from cbbench.load.jsonl import json_int, jsonl_lines, jsonl_objects
 from cbbench.load.workload_types import Workload, WorkloadRequest
@@ -230,8 +230,7 @@ def load_mooncake(path: Path) -> Workload:
         if missing:
             raise UsageError(f"{where}: missing {', '.join(missing)}")
         ts = obj["timestamp"]
-        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) \
-                or ts < 0:
+        if not is_finite(ts) or ts < 0:
             raise UsageError(f"{where}: 'timestamp' must be a number of milliseconds >= 0")
         # Decimal(repr) is the number as written (repr round-trips), so the ns are exact.
         t = int(Decimal(repr(ts)) * NS_PER_MS)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.load import jsonl
 from cbbench.load.images import parse_images
 from cbbench.load.jsonl import check_int64, json_ids, json_number, jsonl_lines, jsonl_objects
 from cbbench.load.output_kinds import OUTPUT_KIND_FIELDS, parse_output_kind
@@ -181,14 +182,7 @@ def _output_len(obj: dict, where: str, pooling: bool) -> int:
 
 def _parse_line(obj: object, index: int, where: str, count_tokens, base: Path = Path("."),
                 pooling: bool = False) -> WorkloadRequest:
-    if not isinstance(obj, dict):
-        raise UsageError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    unknown = set(obj) - JSONL_FIELDS
-    if unknown:
-        raise UsageError(
-            f"{where}: unknown field(s) {', '.join(sorted(unknown))}; "
-            f"allowed: {', '.join(sorted(JSONL_FIELDS))}"
-        )
+    obj = jsonl.json_object(obj, JSONL_FIELDS, where)
     output_len = _output_len(obj, where, pooling)
     ids = None
     text = None

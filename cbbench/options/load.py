@@ -13,7 +13,6 @@ from cbbench.load.builtin_names import listed
 from cbbench.options.fields import check_fields, opt
 
 SYNTHETIC_PANEL = "Synthetic workload"
-ARRIVALS = ("auto", "gamma", "constant", "trace")
 PROBE_ARRIVALS = ("gamma", "constant")  # a sweep's probes set their own rates
 RATE_INF = "inf"
 

@@ -7,10 +7,10 @@ needs; the first one that does not is one line naming the file, the record and t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 
 # Iteration fields the plots read (report/plots.py): finite numbers, each required.
 ITERATION_NUMBERS = (
@@ -29,10 +29,6 @@ SAMPLE_OPTIONAL_NUMBERS = ("t_s", "dram_bw_util_pct")
 
 def _kind(v) -> str:
     return "null" if v is None else f"a {type(v).__name__}"
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 class _Checker:
@@ -59,13 +55,13 @@ class _Checker:
                 self.fail(where, f"has no '{key}'")
         for key in (*required, *optional):
             v = rec.get(key)
-            if (v is not None or key in required) and not _is_number(v):
+            if (v is not None or key in required) and not is_finite(v):
                 self.fail(where, f"has '{key}' = {v!r}, not a finite number")
 
     def number_lists(self, rec: dict, where: str, keys) -> None:
         for key in keys:
             v = rec.get(key)
-            if v is not None and not (isinstance(v, list) and all(_is_number(x) for x in v)):
+            if v is not None and not (isinstance(v, list) and all(is_finite(x) for x in v)):
                 self.fail(where, f"has '{key}' that is not a list of finite numbers")
 
     def section(self, obj: dict, key: str) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 from cbbench.schema import read_json_file, read_sweep
 from cbbench.schema.points import ProbePoint, points_of, rate_label
 from cbbench.schema.sweep import SWEEP_KIND, SweepFile
@@ -49,10 +50,6 @@ def load_sweep(path: Path) -> SweepFile:
     return sweep
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _check_plotted_fields(path: Path, sweep: SweepFile) -> None:
     """What the schema lets through and the plot cannot draw: a rate of 0 or below, a NaN
     figure or SLO limit (a sweep.json whose points were text, null or held a text rate was a
@@ -63,14 +60,14 @@ def _check_plotted_fields(path: Path, sweep: SweepFile) -> None:
 
     for i, p in enumerate(sweep.points):
         # A text rate is "inf" (the schema's Literal); a number must be finite and above 0.
-        if not isinstance(p.rate, str) and not (_is_number(p.rate) and p.rate > 0):
+        if not isinstance(p.rate, str) and not (is_finite(p.rate) and p.rate > 0):
             raise bad(f"point {i} has rate {p.rate!r}")
         for key, v in (("output_throughput", p.output_throughput),
                        ("ttft_p99_ms", p.ttft_p99_ms), ("tpot_p99_ms", p.tpot_p99_ms)):
-            if v is not None and not _is_number(v):
+            if v is not None and not is_finite(v):
                 raise bad(f"point {i} has {key} {v!r}")
     slo = sweep.slo
-    if slo is not None and not all(_is_number(v) for v in slo.limits_ms.values()):
+    if slo is not None and not all(is_finite(v) for v in slo.limits_ms.values()):
         raise bad(f"'slo' is {slo.model_dump(exclude_unset=True)!r}")
 
 

@@ -143,14 +143,6 @@ def _call_text(call: dict, obj) -> str:
     return (_text(fn.get("name"), obj) or "") + (_text(fn.get("arguments"), obj) or "")
 
 
-def chunk_fields(obj: object, chat: bool) -> tuple[str | None, str | None, dict | None]:
-    """(text, finish_reason, usage) of one streamed JSON chunk, every kind of token text
-    joined (chunk_parts tells them apart)."""
-    parts, finish, usage, _ = chunk_parts(obj, chat)
-    text = None if parts is None else "".join(t for _, t in parts)
-    return text, finish, usage
-
-
 def is_event_stream(ctype: str) -> bool:
     """Whether a Content-Type is the event stream's: media types are case-insensitive (RFC 9110
     section 8.3.1: `Text/Event-Stream` is one), parameters (`; charset=utf-8`) aside."""

@@ -40,7 +40,6 @@ KV_LINKS: dict[str, KVLink] = {
         KVLink("roce", 50 * GB, 10 * US, "RoCE v2 400 GbE, one NIC per GPU"),
     )
 }
-DEFAULT_KV_LINK = "nvlink"
 
 
 def get_kv_link(name: str) -> KVLink:

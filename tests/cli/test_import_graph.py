@@ -36,7 +36,8 @@ ENGINE_ABOVE_CORE = ("cbbench.engine.sim", "cbbench.engine.torch")
 # The front, bottom to top: each package (or top-level module) may import its own layer and
 # those below it (the engine and kernels sit under all of them).
 FRONT_LAYERS = [
-    {"cbbench", "cbbench.errors", "cbbench.fd_limit", "cbbench.clock_offset", "cbbench.workloads"},
+    {"cbbench", "cbbench.errors", "cbbench.fd_limit", "cbbench.clock_offset", "cbbench.finite",
+     "cbbench.workloads"},
     {"cbbench.schema", "cbbench.load", "cbbench.analysis"},
     {"cbbench.targets", "cbbench.server"},
     {"cbbench.distributed"},

@@ -30,7 +30,7 @@ def _quiet(_msg: str) -> None:
 
 # ---- options --------------------------------------------------------------------------------
 def _opts(**kw) -> EngineArgs:
-    return C.engine_args(engine="sim", **kw)
+    return C.EngineArgs(engine="sim", **kw).validate()
 
 
 def test_engine_options_defaults_and_validation():

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from cbbench.errors import UsageError
+from cbbench.finite import is_finite
 from cbbench.schema import RunResult, as_run
 from cbbench.schema.base import field_of
 
@@ -264,7 +265,7 @@ def worst_slice(slices: Sequence[object], path: Sequence[str], higher_is_better:
         node: object = s
         for part in path:
             node = field_of(node, part)
-        if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
+        if is_finite(node):
             values.append(float(node))
     if not values:
         return None

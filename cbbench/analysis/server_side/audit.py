@@ -41,6 +41,7 @@ from cbbench.analysis.server_log import (
     DEFAULT_TOLERANCE_MS,
     MAX_TOKENS,
     LogLine,
+    as_number,
     is_count,
     read_server_log,
 )
@@ -162,7 +163,7 @@ def client_side(r: Request, t0_epoch: float) -> Side | None:
             events=len(t),
             cached_tokens=r.cached_tokens,
         ),
-        server_ms=ServerMs(**{name: _ms(value(timing)) if timing is not None else None
+        server_ms=ServerMs(**{name: as_number(value(timing)) if timing is not None else None
                               for name, value in SERVER_TIMING_METRICS.items()}),
     )
 
@@ -221,15 +222,11 @@ def _http(run: RunResult) -> ClientHealth:
     return ClientHealth()
 
 
-def _ms(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def _log_server_ms(line: LogLine) -> ServerMs:
     """The log's queue (submitted -> queue_exit), prefill (-> first_token) and decode (->
     last_token), in ms, as request_metrics.py forms the response's."""
-    sub, qx, ft, lt = (_ms(v) for v in (line.submitted, line.queue_exit, line.first_token,
-                                        line.last_token))
+    sub, qx, ft, lt = (as_number(v) for v in (line.submitted, line.queue_exit, line.first_token,
+                                              line.last_token))
 
     def gap(a, b):
         return (b - a) * MS if a is not None and b is not None else None

@@ -10,8 +10,9 @@ any other: a bad series is that series' problem.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
+
+from cbbench.finite import is_finite
 
 # A series line longer than this is no gauge or counter of a serving engine (a label of
 # megabytes); it is dropped unread.
@@ -71,7 +72,7 @@ def parse_sample(line: str, dropped: Dropped) -> Sample | None:
         return None
     s = samples[0]
     value = s.value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_finite(value):
         dropped.add("a value that is not a finite number", line)
         return None
     return Sample(s.name, dict(s.labels), float(value))

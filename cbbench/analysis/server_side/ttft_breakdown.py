@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.server_log import LogLine
+from cbbench.analysis.server_log import LogLine, as_number
 from cbbench.analysis.summary.metrics import distribution
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 from cbbench.schema.run import ServerTiming
@@ -52,10 +52,6 @@ E2EL_PARTS = ("slot_wait_ms", "send_lag_ms", "network_in_ms", "network_ms", "ser
               "server_prefill_ms", "server_decode_ms", "delivery_ms")
 SOURCE_RESPONSE = "response"
 SOURCE_LOG = "server_log"
-
-
-def _num(v) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,14 +80,14 @@ def server_parts(rec: RequestRecord, line: LogLine | Mapping[str, Any] | None) -
     log's; None without either."""
     # The server's timings as it sent them (a JSON object), read through the schema's names.
     t = ServerTiming.model_construct(**(rec.server_timing or {}))
-    queue, prefill = _num(t.queue_time_ms), _num(t.time_to_first_token_ms)
+    queue, prefill = as_number(t.queue_time_ms), as_number(t.time_to_first_token_ms)
     if queue is not None and prefill is not None:
-        return ServerParts(queue, prefill, _num(t.generation_time_ms), SOURCE_RESPONSE)
+        return ServerParts(queue, prefill, as_number(t.generation_time_ms), SOURCE_RESPONSE)
     log = None if line is None else LogLine.of(line)
     if log is None:
         return None
-    sub, qx = _num(log.submitted), _num(log.queue_exit)
-    ft, lt = _num(log.first_token), _num(log.last_token)
+    sub, qx = as_number(log.submitted), as_number(log.queue_exit)
+    ft, lt = as_number(log.first_token), as_number(log.last_token)
     if sub is None or qx is None or ft is None:
         return None
     return ServerParts((qx - sub) * MS, (ft - qx) * MS,
@@ -111,7 +107,7 @@ def _trips(rec: RequestRecord, send_s: float, line: LogLine | None,
     clock; None without them."""
     if line is None or t0_epoch is None:
         return None
-    sub, ft, lt = _num(line.submitted), _num(line.first_token), _num(line.last_token)
+    sub, ft, lt = as_number(line.submitted), as_number(line.first_token), as_number(line.last_token)
     if sub is None or ft is None or lt is None:
         return None
     return Trips(network_in_ms=(sub - (t0_epoch + send_s)) * MS,

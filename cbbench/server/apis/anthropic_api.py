@@ -48,7 +48,6 @@ from cbbench.server.stream_events import ANSWER, REASONING, OutputPlan
 if TYPE_CHECKING:
     from cbbench.server.context import ServeConfig, ServeContext, Served
 
-STRICT = STRICT_FINITE
 # Anthropic's error types by HTTP status (docs: API errors).
 ERROR_TYPES = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -66,7 +65,7 @@ def anthropic_error(status: int, message: str) -> dict:
 
 
 class Block(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     type: str
     text: str = ""
@@ -79,27 +78,27 @@ class Block(BaseModel):
 
 
 class Message(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     role: Literal["user", "assistant"]
     content: str | list[Block]
 
 
 class Tool(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     name: str = Field(min_length=1)
 
 
 class ToolChoice(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
 
 
 class MessagesRequest(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     model: str
     max_tokens: int = Field(ge=1)

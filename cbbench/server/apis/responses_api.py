@@ -64,12 +64,11 @@ from cbbench.server.stream_events import (
 if TYPE_CHECKING:
     from cbbench.server.context import ServeConfig, ServeContext, Served
 
-STRICT = STRICT_FINITE
 LENGTH = "length"
 
 
 class ContentPart(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     type: str
     text: str = ""
@@ -96,7 +95,7 @@ def _message_text(content: str | list[ContentPart] | None, i: int) -> str:
 class InputItem(BaseModel):
     """A message (``role``, ``content``), or a ``function_call`` / ``function_call_output``."""
 
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     type: str = "message"
     role: str | None = None
@@ -108,21 +107,21 @@ class InputItem(BaseModel):
 
 
 class FunctionTool(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     type: Literal["function"]
     name: str = Field(min_length=1)
 
 
 class NamedFunction(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     type: Literal["function"]
     name: str
 
 
 class ResponsesRequest(BaseModel):
-    model_config = STRICT
+    model_config = STRICT_FINITE
 
     model: str | None = None
     # Non-empty, as chat's messages and Anthropic's are: "" or [] answered 200 with an empty

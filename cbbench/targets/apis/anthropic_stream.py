@@ -191,19 +191,16 @@ def to_messages(messages: list[dict]) -> tuple[str | None, list[dict]]:
     return ("\n".join(system) or None), out
 
 
+def _body(ctx, extra: dict | None, **fields) -> bytes:
+    """The run's fields, the request's tools in this API's shape, then the request's own."""
+    return json.dumps({**ctx.payload, **_tools(extra), **fields}, separators=(",", ":")).encode()
+
+
 def single_body(ctx, prompt: str, max_tokens: int, extra: dict | None = None) -> bytes:
-    body = dict(ctx.payload)
-    body.update(_tools(extra))
-    body["messages"] = [{"role": "user", "content": prompt}]
-    body["max_tokens"] = max_tokens
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _body(ctx, extra, messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens)
 
 
 def messages_body(ctx, messages: list[dict], max_tokens: int, extra: dict | None = None) -> bytes:
-    body = dict(ctx.payload)
-    body.update(_tools(extra))
-    system, body["messages"] = to_messages(messages)
-    if system:
-        body["system"] = system
-    body["max_tokens"] = max_tokens
-    return json.dumps(body, separators=(",", ":")).encode()
+    system, turns = to_messages(messages)
+    return _body(ctx, extra, messages=turns, **({"system": system} if system else {}),
+                 max_tokens=max_tokens)

@@ -147,17 +147,14 @@ def input_items(messages: list[dict]) -> list[dict]:
     return items
 
 
+def _body(ctx, extra: dict | None, **fields) -> bytes:
+    """The run's fields, the request's tools in this API's shape, then the request's own."""
+    return json.dumps({**ctx.payload, **_tools(extra), **fields}, separators=(",", ":")).encode()
+
+
 def single_body(ctx, prompt: str, max_tokens: int, extra: dict | None = None) -> bytes:
-    body = dict(ctx.payload)
-    body.update(_tools(extra))
-    body["input"] = prompt
-    body["max_output_tokens"] = max_tokens
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _body(ctx, extra, input=prompt, max_output_tokens=max_tokens)
 
 
 def messages_body(ctx, messages: list[dict], max_tokens: int, extra: dict | None = None) -> bytes:
-    body = dict(ctx.payload)
-    body.update(_tools(extra))
-    body["input"] = input_items(messages)
-    body["max_output_tokens"] = max_tokens
-    return json.dumps(body, separators=(",", ":")).encode()
+    return _body(ctx, extra, input=input_items(messages), max_output_tokens=max_tokens)

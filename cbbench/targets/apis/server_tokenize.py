@@ -28,8 +28,6 @@ TOKENIZE_MAX_BYTES = 8 << 20  # the ids of a long prompt
 PARALLEL_TOKENIZE = 16  # counts in flight at once (before the run: no load is measured yet)
 MAX_FIT_ROUNDS = 6
 
-SIZINGS = ("tokenizer", "server_tokenize", "approximate")
-
 
 class NoTokenize(Exception):
     """The server has no usable /tokenize."""
