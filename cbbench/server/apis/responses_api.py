@@ -46,6 +46,7 @@ from cbbench.server.protocol import (
     ChatMessage,
     ToolCall,
     ToolCallFunction,
+    UnappliedSampling,
     check_vocab,
     parse_request,
     render_chat,
@@ -121,7 +122,7 @@ class NamedFunction(BaseModel):
     name: str
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(UnappliedSampling):
     model_config = STRICT
 
     model: str | None = None
