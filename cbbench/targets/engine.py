@@ -126,7 +126,10 @@ def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, outp
         temperature=opts.temperature,
         top_p=opts.top_p,
         top_k=opts.top_k,
-        seed=opts.seed,
+        # None: the engine's default seed (the run's --seed) mixed with the request's id, so
+        # each request draws its own tokens; an explicit seed would key them by the seed alone
+        # (engine/torch/sampler.py), every request of the run the same draws.
+        seed=None,
         ignore_eos=opts.ignore_eos,
     )
     return Request(
