@@ -48,7 +48,8 @@ SLOT_BYTES = 128
 def check_torch_sizes_before_load(args: EngineArgs, model_name: str, dtype_name: str,
                                   device: str) -> None:
     """The weights and the RoPE tables are allocated with the model: check them before. A
-    preset's context may be stretched by --max-model-len (a folder's own context caps it)."""
+    preset's context may be stretched by --max-model-len; a folder's may not (load_model
+    refuses a longer one, after this check, which sizes the folder's own)."""
     from .memory_check import require
     from .model_config import MODEL_PRESETS, get_model_config
 

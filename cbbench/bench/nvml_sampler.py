@@ -134,31 +134,49 @@ class TelemetrySampler:
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
         self._initialized = False
+        self._opened = False
+        self._ready = False  # opened without a problem
         self._started = False
         self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Initialize NVML and start sampling; on any NVML problem, record it and return."""
-        if self._started:
-            raise RuntimeError("TelemetrySampler.start() called twice")
-        self._started = True
-        if self._clock_arg is None:
-            t0 = time.perf_counter()
-            self._clock = lambda: time.perf_counter() - t0
+    def open(self) -> None:
+        """NVML's start-up (initialization, each GPU's probes, GPM's first sample): tens of
+        milliseconds and more, so a run does it before its clock's zero (bench/runner.py's
+        Telemetry.prepare), not inside its timed window. On any NVML problem, record it and
+        return. start() opens the sampler where this was not called; a second call does
+        nothing."""
+        if self._opened:
+            return
+        self._opened = True
         reason = self._open()
         if reason is not None:
             self._available, self._reason = False, reason
             self._release()
+            return
+        self._ready = True  # available once start() starts sampling
+
+    def start(self) -> None:
+        """Start sampling (opening NVML first, where open() was not called); on any NVML
+        problem, record it and return."""
+        if self._started:
+            raise RuntimeError("TelemetrySampler.start() called twice")
+        self._started = True
+        self.open()
+        if self._clock_arg is None:
+            t0 = time.perf_counter()
+            self._clock = lambda: time.perf_counter() - t0
+        if not self._ready:
             return
         self._available, self._reason = True, None
         self._thread = threading.Thread(target=self._run, name="cbbench-telemetry", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop sampling and release NVML; safe to call more than once."""
-        if not self._started or self._stopped:
+        """Stop sampling and release NVML; safe to call more than once, and after open()
+        alone (a run that failed before its clock started)."""
+        if not (self._started or self._opened) or self._stopped:
             return
         self._stopped = True
         self._stop_event.set()

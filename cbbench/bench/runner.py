@@ -445,40 +445,64 @@ def plan_schedule(spec: RunSpec, replay=None) -> Schedule:
 
 
 class Telemetry:
-    """GPU telemetry around a run: started on the run's own clock, stopped however it ends."""
+    """GPU telemetry around a run: prepared before the run's clock starts, started on that
+    clock, stopped however it ends.
+
+    prepare() holds everything slow (the imports, NVML's start-up: tens of milliseconds and
+    more), so that it runs before the clock's zero: inside the timed window, requests
+    arriving at t=0 waited for it at an idle engine and their TTFT counted it. start() then
+    only starts the sampling threads."""
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.indices = _telemetry_indices(spec)
         self.sampler: TelemetrySampler | DcgmScraper | None = None
+        self._clock: Any = None  # the run's, once start() has it: the samplers stamp with it
+        self._prepared = False
 
-    def start(self, clock) -> None:
-        from cbbench.bench.nvml_sampler import TelemetrySampler
+    def _now(self) -> float:
+        assert self._clock is not None, "a sampler read the clock before the run started it"
+        return self._clock.now()
 
+    def prepare(self) -> None:
+        """Build the sampler and open NVML, before the run's clock starts (once; start()
+        prepares where this was not called)."""
+        if self._prepared:
+            return
+        self._prepared = True
         if self.spec.output.gpu_metrics:
-            self._start_dcgm(clock)
+            self._prepare_dcgm()
             return
         if self.indices is None:
             return
+        from cbbench.bench.nvml_sampler import TelemetrySampler
+
         # The engine's own device is a CUDA ordinal of this process (CUDA_VISIBLE_DEVICES
         # applied): mapped to its NVML handle by PCI bus id. --gpu-index is NVML's numbering.
         spec = self.spec
         kind = "cuda" if spec.endpoint is None and spec.output.gpu_index is None else "nvml"
-        self.sampler = TelemetrySampler(
-            self.indices, spec.output.telemetry_interval, clock=clock.now, index_kind=kind
+        sampler = TelemetrySampler(
+            self.indices, spec.output.telemetry_interval, clock=self._now, index_kind=kind
         )
-        self.sampler.start()
+        sampler.open()
+        self.sampler = sampler
 
-    def _start_dcgm(self, clock) -> None:
+    def _prepare_dcgm(self) -> None:
         """--gpu-metrics: the DCGM exporters' pages, on the run's clock (URL credentials kept
         out of the result)."""
         from cbbench.bench.dcgm import DcgmScraper
         from cbbench.targets.options import redact_url
 
         urls = list(self.spec.output.gpu_metrics or [])
-        self.sampler = DcgmScraper(urls, self.spec.output.telemetry_interval, clock=clock.now,
+        self.sampler = DcgmScraper(urls, self.spec.output.telemetry_interval, clock=self._now,
                                    shown_urls=[redact_url(u) for u in urls])
-        self.sampler.start()
+
+    def start(self, clock) -> None:
+        """Start sampling on ``clock``, the run's (at its zero)."""
+        self.prepare()
+        self._clock = clock
+        if self.sampler is not None:
+            self.sampler.start()
 
     def stop(self) -> None:
         if self.sampler is not None:
@@ -526,6 +550,7 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
         from cbbench.distributed.run import SinceInstant, run_load
         from cbbench.engine.core.clock import WallClock
 
+        telemetry.prepare()  # NVML's start-up, before any t0
         if spec.load_plan.distributed:  # workers take seconds to set up: time from their t0
             on_t0 = lambda t0: telemetry.start(SinceInstant(t0))  # noqa: E731
         else:
@@ -546,7 +571,8 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
         engine_run = run_engine(
             spec.engine, sched.wreqs, sched.arrivals, should_stop=should_stop,
             on_progress=on_progress, keep_token_ids=spec.output.save_detailed,
-            on_start=telemetry.start, sessions=sched.plan, cancel=sched.cancel, live=live,
+            prepare=telemetry.prepare, on_start=telemetry.start, sessions=sched.plan,
+            cancel=sched.cancel, live=live,
         )
     return engine_run, {
         "target": "engine",

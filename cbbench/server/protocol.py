@@ -16,9 +16,11 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   whole KV pool) is a 400 with code ``request_rejected`` and the engine's reason as message;
   beyond the context, in vLLM's words (``This model's maximum context length is N tokens
   ...``: clients parse them).
-- Unknown fields are ignored (``user``, penalties, ...); fields that would change the output's
+- Unknown fields are ignored (``user``, ...); fields that would change the output's
   meaning and are not supported (``n`` > 1, ``best_of`` > 1, ``echo``, ``logprobs``, ``stop``,
-  ``suffix``, ``logit_bias``) are a 400 rather than silently dropped; so is ``min_tokens`` > 0
+  ``suffix``, ``logit_bias``; vLLM's ``repetition_penalty`` other than 1, ``presence_penalty``,
+  ``frequency_penalty`` and ``min_p`` other than 0, on the Responses API too, out of vLLM's
+  ranges in vLLM's words) are a 400 rather than silently dropped; so is ``min_tokens`` > 0
   on the torch engine (its sampler cannot keep an end-of-sequence token from being sampled;
   the simulator's outputs run to max_tokens, which holds it). ``stop_token_ids`` (vLLM's)
   ends a request at any of those ids, finish_reason ``stop``, ignore_eos or not; the token
@@ -53,7 +55,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_MAX_TOKENS = 16
 ASSISTANT_ROLE = "assistant"
@@ -153,7 +155,47 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool = False
 
 
-class _Base(BaseModel):
+# vLLM's sampling fields this server's sampler does not apply (engine/torch/sampler.py applies
+# temperature, top_k and top_p), each with its neutral value: the output is the same only there.
+NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
+                    "frequency_penalty": 0.0, "min_p": 0.0}
+PENALTY_RANGE = (-2.0, 2.0)  # vLLM's presence_penalty and frequency_penalty
+
+
+class UnappliedSampling(BaseModel):
+    """vLLM's penalties and min_p, which change the tokens sampled: at their neutral values
+    (or left out) accepted; out of vLLM's ranges a 400 in vLLM's words (SamplingParams'
+    _verify_args); any other value a 400 too, as logit_bias is, rather than a 200 whose
+    output ignored them. Checked as the request is parsed, on every API that takes them."""
+
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_p: float | None = None
+
+    @model_validator(mode="after")
+    def _refuse_unapplied(self) -> UnappliedSampling:
+        low, high = PENALTY_RANGE
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if v is not None and not low <= v <= high:
+                raise APIError(400, f"{name} must be in [{low:g}, {high:g}], got {v}.", param=name)
+        r = self.repetition_penalty
+        if r is not None and r <= 0.0:
+            raise APIError(400, f"repetition_penalty must be greater than zero, got {r}.",
+                           param="repetition_penalty")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise APIError(400, f"min_p must be in [0, 1], got {self.min_p}.", param="min_p")
+        for name, neutral in NEUTRAL_SAMPLING.items():
+            v = getattr(self, name)
+            if v is not None and v != neutral:
+                raise APIError(400, f"{name} is not supported: this server samples with "
+                               f"temperature, top_k and top_p only ({name}={neutral:g}, or "
+                               f"none, is accepted), got {v}", param=name)
+        return self
+
+
+class _Base(UnappliedSampling):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
     model: str | None = None

@@ -126,7 +126,10 @@ def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, outp
         temperature=opts.temperature,
         top_p=opts.top_p,
         top_k=opts.top_k,
-        seed=opts.seed,
+        # None: the engine's default seed (the run's --seed) mixed with the request's id, so
+        # each request draws its own tokens; an explicit seed would key them by the seed alone
+        # (engine/torch/sampler.py), every request of the run the same draws.
+        seed=None,
         ignore_eos=opts.ignore_eos,
     )
     return Request(
@@ -302,6 +305,7 @@ def run_engine(
     should_stop: Callable[[], bool] | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     keep_token_ids: bool = False,
+    prepare: Callable[[], None] | None = None,
     on_start: Callable[[object], None] | None = None,
     grace_s: float = 10.0,
     sessions: SessionPlan | None = None,
@@ -309,7 +313,10 @@ def run_engine(
     step_time_factors: dict[str, float] | None = None,
     live=None,
 ) -> EngineRun:
-    """``on_start(clock)`` is called when the run's clock starts (telemetry lines up with it).
+    """``prepare()`` is called once the engine is built, before the run's clock starts: what
+    takes time to set up (telemetry's imports and NVML start-up) goes there, so requests
+    arriving at t=0 do not wait on it at an idle engine. ``on_start(clock)`` is called at the
+    clock's zero (telemetry lines up with it) and must be quick, for the same reason.
     With ``sessions``, the plan's turns are sent instead of ``wreqs``/``arrivals``; with
     ``cancel``, the requests it picks are aborted mid-flight; with ``step_time_factors``
     (the simulator), each step's time is scaled by its iteration class's factor; ``live``
@@ -344,6 +351,8 @@ def run_engine(
         total = len(reqs)
     on_step = _step_callback(engine, total, on_progress, live)
 
+    if prepare is not None:
+        prepare()
     clock = engine.clock
     if clock.realtime:
         clock.reset()

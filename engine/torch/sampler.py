@@ -7,6 +7,12 @@ computed for the whole batch at once on the device: a request's samples depend o
 never on which requests share its batch or in which order, and no per-row generator, kernel or
 host loop is involved.
 
+A client's own ``seed`` keys the noise by the seed alone, so the same seed, prompt and
+parameters give the same tokens whichever request carries them and whatever shares its batch
+(vLLM seeds a generator per request from it; OpenAI: repeated requests with the same seed and
+parameters should return the same result). A request without one takes the run's default
+seed mixed with its request id, so the requests of a run each draw their own tokens.
+
 The model runner keeps each request's parameters in persistent per-slot tensors
 (:class:`SamplingSlots`), written when the request gets its slot; a step then sends only the
 sampled rows' slot indices and token counts, which travel with the step's other inputs.
@@ -47,10 +53,11 @@ def seed_keys(seeds: torch.Tensor) -> torch.Tensor:
 
 
 def row_keys(
-    base_seeds: torch.Tensor, request_ids: torch.Tensor, num_tokens: torch.Tensor
+    base_seeds: torch.Tensor, noise_ids: torch.Tensor, num_tokens: torch.Tensor
 ) -> torch.Tensor:
-    """The noise key of each request's sample at its current length (all int64, >= 0)."""
-    k = _mix32(seed_keys(base_seeds) ^ (request_ids & MASK32))
+    """The noise key of each request's sample at its current length (all int64, >= 0);
+    ``noise_ids``: SamplingSlots.noise_id's."""
+    k = _mix32(seed_keys(base_seeds) ^ (noise_ids & MASK32))
     return _mix32(k ^ (num_tokens & MASK32))
 
 
@@ -86,6 +93,16 @@ class RowParams:
 
 
 GREEDY_ROWS = RowParams(None, None, None, None)
+# The noise id of a request with its own seed: one for every such request, so its noise is
+# the seed's alone (see the module's docstring).
+OWN_SEED_NOISE_ID = 0
+
+
+def noise_id(req: Request) -> int:
+    """What row_keys mixes with the seed: the request's id where it runs on the default seed
+    (each request of a run its own draws), OWN_SEED_NOISE_ID where it brought its own seed
+    (the same seed the same draws, whichever request, as vLLM's per-request generator)."""
+    return int(req.request_id) if req.sampling.seed is None else OWN_SEED_NOISE_ID
 
 
 class SamplingSlots:
@@ -108,7 +125,7 @@ class SamplingSlots:
             "top_k": np.zeros(num_slots, np.int64),
             "top_p": np.ones(num_slots, np.float32),
             "seed": np.zeros(num_slots, np.int64),
-            "request_id": np.zeros(num_slots, np.int64),
+            "noise_id": np.zeros(num_slots, np.int64),
         }
         if old is not None:
             for name, arr in old.items():
@@ -126,7 +143,7 @@ class SamplingSlots:
         h["top_k"][slot] = sp.top_k
         h["top_p"][slot] = sp.top_p
         h["seed"][slot] = self.default_seed if sp.seed is None else sp.seed
-        h["request_id"][slot] = int(req.request_id)
+        h["noise_id"][slot] = noise_id(req)
         self._dirty.add(slot)
 
     def _device_tensors(self) -> dict[str, torch.Tensor]:
@@ -166,7 +183,7 @@ class SamplingSlots:
         slots_dev = to_device("sample_slots", slots)
         keys = row_keys(
             dev["seed"][slots_dev],
-            dev["request_id"][slots_dev],
+            dev["noise_id"][slots_dev],
             to_device("sample_num_tokens", num_tokens),
         )
         return RowParams(

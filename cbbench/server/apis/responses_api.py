@@ -47,6 +47,7 @@ from cbbench.server.protocol import (
     ChatMessage,
     ToolCall,
     ToolCallFunction,
+    UnappliedSampling,
     check_vocab,
     parse_request,
 )
@@ -120,7 +121,7 @@ class NamedFunction(BaseModel):
     name: str
 
 
-class ResponsesRequest(BaseModel):
+class ResponsesRequest(UnappliedSampling):
     model_config = STRICT_FINITE
 
     model: str | None = None

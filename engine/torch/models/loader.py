@@ -15,6 +15,10 @@ INIT_STD = 0.02  # normal init for random weights: keeps activations finite thro
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Tensors some checkpoints carry that the model derives itself.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The MLP's activation (llama.py's SwiGLU computes silu(gate) * up), and the value
+# transformers' Llama, Mistral and Qwen2 configs default to. Any other would load and generate
+# wrong tokens; vLLM's Llama MLP refuses it too ("Only silu is supported for now").
+SUPPORTED_HIDDEN_ACT = "silu"
 
 # Hugging Face name fragment -> (our fused parameter fragment, shard index within it).
 _FUSED = {
@@ -57,7 +61,8 @@ def load_model(
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """A preset name (random weights, deterministic from ``seed``) or a Hugging Face folder.
 
-    ``max_model_len`` caps the context length (it sizes the RoPE tables); ``fused`` picks the
+    ``max_model_len`` sets the context length (it sizes the RoPE tables): a preset's may be
+    stretched, a folder's at most its own (check_max_model_len); ``fused`` picks the
     Triton layer kernels (see ``LlamaForCausalLM``).
     """
     dtype = resolve_dtype(dtype)
@@ -79,11 +84,28 @@ def load_model(
     config = hf_model_config(folder)
     check_dense(config)
     if max_model_len is not None:
-        config = with_max_model_len(config, min(max_model_len, config.max_model_len))
+        check_max_model_len(max_model_len, config, folder)
+        config = with_max_model_len(config, max_model_len)
     files = safetensors_files(folder)
     net = LlamaForCausalLM(config, attn_backend, dtype=dtype, device=device, fused=fused)
     load_hf_weights(net, files)
     return net.eval(), config
+
+
+def check_max_model_len(max_model_len: int, config: ModelConfig, folder: Path) -> None:
+    """A context beyond the folder's own is refused, as vLLM refuses to start ("User-specified
+    max_model_len ... is greater than the derived max_model_len"): cut silently to the
+    folder's, requests between the two failed one by one as beyond "the model's context"."""
+    if max_model_len <= config.max_model_len:
+        return
+    config_path = folder / "config.json"
+    raw = json.loads(config_path.read_text())
+    windowed = (raw.get("sliding_window") == config.max_model_len
+                and raw.get("max_position_embeddings") != config.max_model_len)
+    source = (f"the sliding_window in {config_path}: attention is exact only within it"
+              if windowed else f"max_position_embeddings in {config_path}")
+    raise ValueError(f"--max-model-len {max_model_len} is greater than the model's context of "
+                     f"{config.max_model_len} ({source})")
 
 
 def check_dense(config: ModelConfig) -> None:
@@ -100,12 +122,17 @@ def hf_model_config(folder: Path) -> ModelConfig:
       ``rope_theta`` / ``rope_scaling``.
     - Sliding-window attention (Mistral v0.1) is not implemented, but within the window it
       equals full attention, so the context is capped to the window to stay exact.
+    - ``hidden_act``: the MLP is SiLU-gated; another activation is refused.
     """
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ValueError(f"model folder {folder} has no config.json")
     config = from_hf_config(config_path)  # raises ValueError on an unsupported model_type
     raw = json.loads(config_path.read_text())
+    act = raw.get("hidden_act", SUPPORTED_HIDDEN_ACT)
+    if act != SUPPORTED_HIDDEN_ACT:
+        raise ValueError(f"unsupported hidden_act {act!r} in {config_path}: the torch engine's "
+                         f"MLP is {SUPPORTED_HIDDEN_ACT!r}-gated")
 
     rope = raw.get("rope_parameters")
     if isinstance(rope, dict) and raw.get("rope_scaling") is None:
