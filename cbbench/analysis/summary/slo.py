@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from cbbench.analysis.summary import from_send
 from cbbench.errors import UsageError
-from cbbench.export import requests as from_send
 from cbbench.schema.coerce import as_run
 from cbbench.schema.run import Request, RunResult
 
