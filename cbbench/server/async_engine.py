@@ -162,9 +162,12 @@ class AsyncEngine:
 
     # ---- requests (event-loop side) -----------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int, sampling: SamplingParams,
-               encoder_flops: float = 0.0, pooling: bool = False) -> RequestStream:
+               encoder_flops: float = 0.0, pooling: bool = False,
+               reply_ids: list[int] | None = None) -> RequestStream:
         """``encoder_flops``: a multimodal request's vision-encoder work (server/images.py);
-        ``pooling``: keep its last prompt token's hidden state (torch: server/apis/pooling.py)."""
+        ``pooling``: keep its last prompt token's hidden state (torch: server/apis/pooling.py);
+        ``reply_ids``: the simulated engine's scripted output ids (text.py
+        placeholder_reply_ids), its tokens' ids as they come."""
         # The request arrives now, on the engine's clock: a request handed over while the engine
         # is mid-iteration waits for the iteration's end, and that wait is the engine's (it is
         # in the in-process target's TTFT, and in vLLM's, whose arrival is stamped before the
@@ -181,6 +184,8 @@ class AsyncEngine:
             encoder_flops=encoder_flops,
         )
         req.pooling = pooling
+        if reply_ids is not None:
+            req.output_token_ids = reply_ids
         stream = RequestStream(self, req, submitted)
         with self._lock:
             closed = self._closed

@@ -20,7 +20,7 @@ from cbbench.server.prometheus import ServerMetrics
 from cbbench.server.protocol import APIError
 from cbbench.server.request_log import RequestLog, RequestTrace
 from cbbench.server.stream_events import DEFAULT_REASONING_FIELD
-from cbbench.server.text import TextCodec, make_codec
+from cbbench.server.text import TextCodec, make_codec, placeholder_reply_ids
 
 # A request body may hold this many bytes per token of the context (JSON token ids take under
 # 8, text around 4-6, escaped non-ASCII text up to ~20), and at least MIN_BODY_BYTES: anything
@@ -68,6 +68,13 @@ class Served:
     created: int
     kv_capacity_tokens: int | None = None  # the KV pool's tokens
     chat: ChatRenderer = field(default_factory=ChatRenderer)  # how chats become prompts
+    # The engine samples no ids (the simulator): with a tokenizer its replies are scripted
+    # (text.py placeholder_reply_ids), so the prefix cache holds them as a real engine's.
+    scripts_replies: bool = False
+
+    def reply_ids(self, max_tokens: int) -> list[int] | None:
+        """The scripted ids of a reply of ``max_tokens`` tokens; None: the engine's own."""
+        return placeholder_reply_ids(self.codec, max_tokens) if self.scripts_replies else None
 
     def output_room(self, prompt_tokens: int) -> int | None:
         """vLLM's output limit for a chat or Responses request that sets none (get_max_tokens):
@@ -107,6 +114,7 @@ class ServeContext:
             created=int(time.time()),
             kv_capacity_tokens=info.get("kv_capacity_tokens"),
             chat=ChatRenderer(self.cfg.chat_template),
+            scripts_replies=info.get("engine") == "sim",
         )
         return self._served
 

@@ -104,7 +104,8 @@ class Generation:
     async def _generate(self, scope, receive, send, s: Served, job: Job, arrival: float) -> None:
         ctx = self.ctx
         stream = ctx.bridge.submit(job.prompt_ids, job.max_tokens, job.sampling,
-                                   encoder_flops=sum(im.encoder_flops for im in job.images))
+                                   encoder_flops=sum(im.encoder_flops for im in job.images),
+                                   reply_ids=s.reply_ids(job.max_tokens))
         shaper = job.api.shaper(job, s, header(scope, b"x-request-id"), ctx.cfg,
                                 stream.submitted_s)
         trace = RequestTrace(shaper.id, job.api.name, job.stream, arrival)

@@ -7,7 +7,9 @@ load_tokenizer, the client's loader) the ``tokenizers`` library encodes prompts 
   count on every run. A word that is a token id written in decimal (``"1234"``) is that id; any
   other word's id is a stable hash of it (crc32) modulo the vocabulary;
 - outputs: the simulated engine produces no token ids, so every token is the text ``" tok"``;
-  the torch engine without a tokenizer writes each id as text, ``" 1234"``;
+  the torch engine without a tokenizer writes each id as text, ``" 1234"``. With a tokenizer
+  the simulated engine's reply is scripted instead (``placeholder_reply_ids``): its text is
+  ``"tok tok ..."``, decoded from those ids;
 - /detokenize writes ids the same way, so ids -> text -> ids round-trips (text -> ids -> text
   does not: a hash has no inverse).
 """
@@ -18,6 +20,10 @@ import zlib
 from typing import Protocol
 
 SIM_TOKEN_TEXT = " tok"
+# With a tokenizer, the simulated reply's first token has no leading space: chat templates
+# trim a message's content (Llama-3's `message['content'] | trim`), so the next turn re-encodes
+# a reply starting " tok" from "tok", another id, and its first block would miss the cache.
+SIM_FIRST_TOKEN_TEXT = SIM_TOKEN_TEXT.lstrip()
 # What /tokenize and /detokenize say they used.
 TOKENIZER_KIND = "tokenizer.json"
 FALLBACK_KIND = "word-per-token fallback (no --tokenizer)"
@@ -144,6 +150,23 @@ class TokenizerCodec:
 
     def decoder(self) -> TokenDecoder:
         return _IncrementalDecoder(self.tokenizer)
+
+
+def placeholder_reply_ids(codec: TextCodec, max_tokens: int) -> list[int] | None:
+    """The ids the simulated engine's reply of ``max_tokens`` tokens is scripted as, with a
+    tokenizer: "tok", then " tok" each (decoded, ``"tok tok ..."``), as the in-process simulator
+    scripts a session's replies (targets/engine_feed.py). The prefix cache then registers the
+    reply's blocks as they are computed, and the next turn, which re-encodes the reply from its
+    text, finds them, as a real engine's generated ids are found. None without a tokenizer
+    (the word-per-token fallback writes placeholder text), or where either text is not one
+    token in it."""
+    if not isinstance(codec, TokenizerCodec) or max_tokens <= 0:
+        return None
+    first = codec.encode(SIM_FIRST_TOKEN_TEXT, add_special_tokens=False)
+    rest = codec.encode(SIM_TOKEN_TEXT, add_special_tokens=False)
+    if len(first) != 1 or len(rest) != 1:
+        return None
+    return first + rest * (max_tokens - 1)
 
 
 def make_codec(tokenizer, vocab_size: int) -> TextCodec:

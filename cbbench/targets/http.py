@@ -160,6 +160,8 @@ class _Runner:
         self.in_flight = 0
         self.max_in_flight = 0
         self.stopped = False
+        # Set with `stopped`: what waits for a moment (a session's think time) wakes on it.
+        self.stop_event: asyncio.Event | None = None
         # Set when the run starts (run()), before any request is made: typed as always there.
         self.ctx: RequestContext = None  # type: ignore[assignment]
         # Several --endpoint URLs: which one each send goes to (targets/balance.py).
@@ -206,17 +208,20 @@ class _Runner:
                         make_body: Callable[[], bytes], at: float | None = None) -> None:
         """Wait until ``at`` (perf_counter) where given, then for a slot (--max-concurrency),
         send, record: one request's life, whether a single request or a session's turn. A run
-        stopped before ``at`` sends nothing."""
+        stopped before the send (before ``at``, or while it waited for a slot) sends nothing:
+        only what is in flight finishes within the grace period."""
         has_slot = False
         try:
             if at is not None:
                 await sleep_until(at)
-                if self.stopped:
-                    return
+            if self.stopped:  # a session's turn after the stop, too: dispatch has stopped
+                return
             if self.sem is not None:
                 waits = self.sem.locked()
                 await self.sem.acquire()
                 has_slot = True
+                if self.stopped:  # it waited for a slot through the stop: not sent, and its
+                    return  # slot goes at once to the next waiter, which returns likewise
                 # A slot free at once is no wait: the client was ready at the intended start,
                 # and any lateness before it is send lag, as without a cap (it was reported as
                 # slot wait under a cap that never bound).
@@ -335,6 +340,8 @@ class _Runner:
         while not should_stop():
             await asyncio.sleep(STOP_POLL_S)
         self.stopped = True
+        if self.stop_event is not None:
+            self.stop_event.set()
         dispatcher.cancel()
         # In-flight requests may finish within the grace period; the rest are cancelled.
         if self.pending and self.grace_s > 0:
@@ -342,8 +349,25 @@ class _Runner:
         for task in list(self.pending):
             task.cancel()
 
+    async def wait_until(self, deadline: float) -> None:
+        """sleep_until ``deadline`` (perf_counter), cut short by the run's stop: a session in
+        its think time sends nothing more, so it does not hold the stop's grace period."""
+        stop = self.stop_event
+        if stop is None:
+            await sleep_until(deadline)
+            return
+        if self.stopped:
+            return
+        waits = [asyncio.ensure_future(sleep_until(deadline)), asyncio.ensure_future(stop.wait())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
     async def run(self) -> tuple[float, dict]:
         o = self.opts
+        self.stop_event = asyncio.Event()  # made in the run's own event loop
         wanted = o.max_concurrency or max(1, len(self.wreqs))
         pool = raise_open_file_limit(wanted)
         headers = {"Content-Type": "application/json", **self.spec.headers(o.headers), **o.headers}

@@ -49,6 +49,8 @@ class TurnRunner(Protocol):
     def _exchange(self, pos: int, rec: RequestRecord, st: SseStream,
                   make_body: Callable[[], bytes]) -> Awaitable[None]: ...
 
+    def wait_until(self, deadline: float) -> Awaitable[None]: ...
+
 
 def messages_body(ctx: RequestContext, messages: list[dict], max_tokens: int,
                   extra: dict | None = None) -> bytes:
@@ -135,8 +137,8 @@ class SessionDispatch:
         messages: list[dict] = []
         prompt_len = first_prompt_len(turns[k].user_len)
         while True:
-            if waited_from is not None:
-                await sleep_until(runner.t0 + intended)
+            if waited_from is not None:  # its think time; the run's stop ends it at once,
+                await runner.wait_until(runner.t0 + intended)  # and the turn is not sent
             turn = turns[k]
             if turn.kind == TOOL_TURN:  # the tool's result, for the call the last reply made
                 call_id = messages[-1].get("tool_calls", [{}])[0].get("id")

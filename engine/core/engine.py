@@ -240,6 +240,8 @@ class Engine:
             swap_time_s=swap_time_s,
             num_cached_tokens=sched.num_cached_tokens,
             num_prefix_queried_tokens=sched.num_prefix_queried_tokens,
+            num_preempted_cached_tokens=sched.num_preempted_cached_tokens,
+            num_preempted_queried_tokens=sched.num_preempted_queried_tokens,
             predicted_s=cost.time_s if cost is not None else None,
             num_logits=shape.num_logits if shape is not None else 0,
             attn_key_pairs=shape.attn_key_pairs if shape is not None else 0.0,

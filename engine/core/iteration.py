@@ -27,6 +27,11 @@ class IterationRecord:
     swap_time_s: float = 0.0  # the copies' time (predicted by the simulator, measured by torch)
     num_cached_tokens: int = 0  # prefix-cache hits among the requests that started a prefill
     num_prefix_queried_tokens: int = 0  # those requests' tokens (the hit rate's denominator)
+    # Both for requests resumed after a recompute preemption, which vLLM counts apart
+    # (preempted_hits, preempted_queries) and out of the hit rate. In a record only where
+    # one resumed (PREEMPTED_PREFIX_FIELDS), so results without one keep their keys.
+    num_preempted_cached_tokens: int = 0
+    num_preempted_queried_tokens: int = 0
     # The roofline's prediction of this step on the run's device (the simulator: its duration;
     # a real engine: the detected GPU's spec or a --gpu-profile; None when neither is known).
     predicted_s: float | None = None
@@ -56,9 +61,14 @@ class IterationRecord:
             del d["replica"]
         if self.pool is None:
             del d["pool"]
+        if not self.num_preempted_queried_tokens:
+            for name in PREEMPTED_PREFIX_FIELDS:
+                del d[name]
         d["achieved_bw_gbps"] = self.achieved_bandwidth / 1e9
         return d
 
 
+# Fields a record holds only where a request resumed after a preemption looked up the cache.
+PREEMPTED_PREFIX_FIELDS = ("num_preempted_cached_tokens", "num_preempted_queried_tokens")
 # Looked up once: to_dict runs for every record of a run (millions at scale).
 FIELD_NAMES = tuple(f.name for f in fields(IterationRecord))

@@ -50,7 +50,8 @@ class _Step:
 
     __slots__ = (
         "sched", "preempted", "swap_out", "swap_in", "swapped_in", "num_decodes_taken",
-        "num_cached_tokens", "num_queried_tokens", "late_decodes", "num_drafts",
+        "num_cached_tokens", "num_queried_tokens", "num_preempted_cached_tokens",
+        "num_preempted_queried_tokens", "late_decodes", "num_drafts",
         "num_draft_tokens",
     )  # fmt: skip
 
@@ -65,6 +66,10 @@ class _Step:
         self.num_decodes_taken = 0  # decode tokens taken back from preempted victims
         self.num_cached_tokens = 0  # prefix caching: hits among the prefills started ...
         self.num_queried_tokens = 0  # ... and those requests' known tokens
+        # The same for requests resumed after a recompute preemption (vLLM's preempted_hits
+        # and preempted_queries): they find their own blocks again, which is no hit rate.
+        self.num_preempted_cached_tokens = 0
+        self.num_preempted_queried_tokens = 0
         self.late_decodes = False  # an admission scheduled a decode (after the prefills)
         # Speculative decoding: decodes scheduled with draft rows, and those rows (net of any
         # taken back from preempted victims).
@@ -415,11 +420,15 @@ class Scheduler:
         after ``num_cached`` prefix-cached tokens."""
         self.waiting.popleft()
         if self._caching and req.status != RequestStatus.SWAPPED:
-            step.num_queried_tokens += req.num_tokens
-            step.num_cached_tokens += num_cached
-            if req.first_scheduled_time is None:
-                # Set once, as vLLM's scheduler does: a request resumed after a recompute
-                # preemption may find its own blocks cached, but its prompt was computed.
+            if req.num_preemptions > 0:
+                # As vLLM's PrefixCacheStats.record(preempted=...): a request resumed after a
+                # recompute preemption may find its own blocks cached, but its prompt was
+                # computed; counted apart, out of the hit rate and its per-request figure.
+                step.num_preempted_queried_tokens += req.num_tokens
+                step.num_preempted_cached_tokens += num_cached
+            else:
+                step.num_queried_tokens += req.num_tokens
+                step.num_cached_tokens += num_cached
                 req.num_cached_tokens = num_cached
             req.num_computed_at_admission = num_cached
             req.num_computed_tokens = num_cached
@@ -538,4 +547,6 @@ class Scheduler:
             swap_in=step.swap_in,
             num_cached_tokens=step.num_cached_tokens,
             num_prefix_queried_tokens=step.num_queried_tokens,
+            num_preempted_cached_tokens=step.num_preempted_cached_tokens,
+            num_preempted_queried_tokens=step.num_preempted_queried_tokens,
         )

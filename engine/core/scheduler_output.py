@@ -30,6 +30,10 @@ class SchedulerOutput:
     # and those requests' known tokens (what was looked up).
     num_cached_tokens: int = 0
     num_prefix_queried_tokens: int = 0
+    # ... and the same for requests resumed after a recompute preemption (kept apart, as vLLM's
+    # preempted_hits and preempted_queries: they find their own blocks again).
+    num_preempted_cached_tokens: int = 0
+    num_preempted_queried_tokens: int = 0
     # Speculative decoding: decodes with draft rows, and the draft rows (of the decode rows).
     num_drafts: int = 0
     num_draft_tokens: int = 0

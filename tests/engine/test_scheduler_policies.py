@@ -458,7 +458,11 @@ def test_a_recomputed_request_reuses_what_is_left_of_its_own_blocks():
         step(eng)
     out = step(eng)
     assert plan(out) == [(1, 5)]  # 9 known tokens, the first 4 cached
-    assert out.record.num_cached_tokens == 4 and b.block_table == [1, 3, 2]
+    # Its own blocks: counted apart from the hit rate's, as vLLM's preempted_hits.
+    assert (out.record.num_cached_tokens, out.record.num_prefix_queried_tokens) == (0, 0)
+    assert (out.record.num_preempted_cached_tokens,
+            out.record.num_preempted_queried_tokens) == (4, 9)
+    assert b.block_table == [1, 3, 2]
     while eng.has_unfinished():
         step(eng)
     assert b.output_token_ids == [TOKEN] * 8
@@ -468,8 +472,8 @@ def test_a_resumed_request_keeps_its_first_schedulings_cached_tokens():
     """vLLM's rule (v1 scheduler: ``if request.num_cached_tokens < 0``): the count usage
     reports is set once, at the first scheduling. b's prompt was computed from scratch; back
     after its recompute preemption it finds its own first block cached (4 tokens), which is
-    where that prefill starts (the step's hits and the vision encoder's charge go by it), not
-    what its usage reports."""
+    where that prefill starts (the vision encoder's charge goes by it; the step counts it among
+    the resumed requests' hits, vLLM's preempted_hits), not what its usage reports."""
     eng = make_engine(4, caching=True)
     charged: list[float] = []  # each step's vision-encoder FLOPs, as the simulator prices them
     run = eng.executor.execute
@@ -491,7 +495,7 @@ def test_a_resumed_request_keeps_its_first_schedulings_cached_tokens():
     while a.status != RequestStatus.FINISHED:
         step(eng)
     out = step(eng)
-    assert plan(out) == [(1, 5)] and out.record.num_cached_tokens == 4
+    assert plan(out) == [(1, 5)] and out.record.num_preempted_cached_tokens == 4
     assert b.num_computed_at_admission == 4 and b.num_preemptions == 1
     assert b.num_cached_tokens == 0  # was 4: the resume's hits
     assert charged[-1] == 1e9 and sum(charged) == 2e9  # its encoder runs again at the resume

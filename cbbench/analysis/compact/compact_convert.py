@@ -18,7 +18,7 @@ import numpy as np
 
 from cbbench.analysis.compact.compact_run import CompactRequests, CompactRun, StepTable
 from cbbench.analysis.records import RequestRecord
-from cbbench.engine.core.iteration import FIELD_NAMES, IterationRecord
+from cbbench.engine.core.iteration import FIELD_NAMES, PREEMPTED_PREFIX_FIELDS, IterationRecord
 
 # Record fields with no column in the layout: each must hold its default.
 _ABSENT = ("output_token_ids", "session_id", "turn", "slot_s", "event_tokens",
@@ -63,7 +63,9 @@ def compact_from_engine_run(run, replica_of: dict[int, int] | None = None) -> Co
 def step_table(iterations: Sequence[dict]) -> StepTable:
     """The iteration dicts as columns (``replica`` only where the records carry it; a
     missing prediction is NaN)."""
-    names = [n for n in FIELD_NAMES if n not in ("replica", "pool")]
+    # A resumed request's prefix lookups: none here (a preempted request has no compact form,
+    # _check_record), and a record holds them only where there were some.
+    names = [n for n in FIELD_NAMES if n not in ("replica", "pool", *PREEMPTED_PREFIX_FIELDS)]
     with_replica = sum(1 for it in iterations if "replica" in it)
     if with_replica:
         if with_replica < len(iterations):  # run_engine's drain after a stop steps each

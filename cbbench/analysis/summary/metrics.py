@@ -362,7 +362,8 @@ ENGINE_FIELDS = ("num_prefill_tokens", "num_decode_tokens", "token_budget", "kv_
                  "kv_blocks_total", "start_s", "duration_s", "num_running", "num_preempted")
 ENGINE_LATER_FIELDS = ("bytes_moved", "flops", "num_swapped_out_blocks",
                        "num_swapped_in_blocks", "swap_time_s", "num_cached_tokens",
-                       "num_prefix_queried_tokens")
+                       "num_prefix_queried_tokens", "num_preempted_cached_tokens",
+                       "num_preempted_queried_tokens")
 RATE_FIELDS = ("emitted_tokens", "num_sampled_reqs")
 
 
@@ -485,18 +486,27 @@ def _token_rates(cols, n: int) -> dict:
 
 def _policy_totals(cols) -> dict:
     """Swap traffic and prefix-cache hits summed over the run (0 for results from before these
-    fields existed). The hit rate is hit tokens over the tokens looked up at admission; None
-    when nothing was looked up (prefix caching off)."""
+    fields existed). The hit rate is hit tokens over the tokens looked up at a request's first
+    scheduling, as vLLM's vllm:prefix_cache_hits / queries; None when nothing was looked up
+    (prefix caching off). Requests resumed after a preemption re-find their own blocks: vLLM
+    counts them apart (preempted_hits / preempted_queries), and so do the
+    ``prefix_cache_preempted_*`` keys, there only where one was looked up."""
 
     def total(key: str):
         return _total(np.asarray(cols[key])) if key in cols else 0
 
     queried = total("num_prefix_queried_tokens")
     hits = total("num_cached_tokens")
-    return {
+    out = {
         "num_swapped_out_blocks": int(total("num_swapped_out_blocks")),
         "num_swapped_in_blocks": int(total("num_swapped_in_blocks")),
         "swap_time_s": float(total("swap_time_s")),
         "prefix_cache_hit_tokens": int(hits),
         "prefix_cache_hit_rate": hits / queried if queried else None,
     }
+    preempted_queried = total("num_preempted_queried_tokens")
+    if preempted_queried:
+        preempted_hits = total("num_preempted_cached_tokens")
+        out["prefix_cache_preempted_hit_tokens"] = int(preempted_hits)
+        out["prefix_cache_preempted_hit_rate"] = preempted_hits / preempted_queried
+    return out
