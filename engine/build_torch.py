@@ -4,6 +4,7 @@ a paged KV cache and the model runner, on the wall clock, on CUDA or the CPU."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from .args import EngineArgs, EngineArgsError
 from .build_common import (
@@ -13,6 +14,9 @@ from .build_common import (
     load_device_profile,
     num_swap_blocks,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 # The torch engine on a CPU: a small random-weight model, so a real forward pass over the
 # ShareGPT workload finishes in minutes on a laptop.
@@ -85,9 +89,11 @@ def check_torch_sizes(args: EngineArgs, config, device: str, num_blocks: int,
             args.max_num_seqs * (4 * blocks_per_seq + SLOT_BYTES), host, "on this host")
 
 
-def _resolve_fused(args: EngineArgs, device: str) -> bool:
-    """--fused-kernels auto: on where the Triton kernels can run on a GPU; on asks for them."""
-    from cbbench.kernels import available_backends
+def _resolve_fused(args: EngineArgs, device: str, dtype_name: str, dtype: torch.dtype) -> bool:
+    """--fused-kernels auto: on where the Triton kernels can run on a GPU; on asks for them,
+    refused where they would not compute what the unfused model computes in ``dtype`` (bf16
+    under the interpreter; auto never picks them there: it needs CUDA)."""
+    from cbbench.kernels import available_backends, fused_layer_ops_unfaithful_reason
 
     triton_ok = "triton" in available_backends(device)
     if args.fused_kernels == "off":
@@ -97,6 +103,12 @@ def _resolve_fused(args: EngineArgs, device: str) -> bool:
             raise EngineArgsError(
                 f"--fused-kernels on: the Triton kernels cannot run on {device} here (CUDA with "
                 "Triton, or TRITON_INTERPRET=1 on the CPU)"
+            )
+        unfaithful = fused_layer_ops_unfaithful_reason(dtype)
+        if unfaithful is not None:
+            raise EngineArgsError(
+                f"--fused-kernels on with --dtype {dtype_name}: {unfaithful}; use "
+                "--dtype fp32 or fp16 here, or run on a GPU (compiled Triton rounds)"
             )
         return True
     return triton_ok and device == "cuda"
@@ -171,7 +183,7 @@ def build_torch_engine(args: EngineArgs):
         backend = get_backend(args.attention_backend, device, block_size=args.block_size)
     except (ValueError, RuntimeError) as e:
         raise EngineArgsError(f"attention backend {args.attention_backend!r}: {e}") from None
-    fused = _resolve_fused(args, device)
+    fused = _resolve_fused(args, device, dtype_name, dtype)
     check_torch_sizes_before_load(args, model_name, dtype_name, device)
     torch.manual_seed(args.seed)
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .availability import triton_unavailable_reason
+from .availability import fused_layer_ops_unfaithful_reason, triton_unavailable_reason
 from .backend import AttentionBackend
 from .compilation import CompilationCounter, compilation_counter
 from .layer_ops import FusedLayerOps, LayerOps, layer_ops
@@ -24,6 +24,7 @@ __all__ = [
     "available_backends",
     "build_metadata",
     "compilation_counter",
+    "fused_layer_ops_unfaithful_reason",
     "get_backend",
     "layer_ops",
     "triton_unavailable_reason",

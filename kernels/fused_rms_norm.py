@@ -49,7 +49,9 @@ def _num_warps(block: int) -> int:
     return max(1, min(MAX_NUM_WARPS, block // ELEMENTS_PER_WARP))
 
 
-def _launch(x, residual, weight, eps, out, residual_out) -> None:
+def _launch(x, residual, weight, eps, out, residual_out, has_residual: bool) -> None:
+    """``has_residual`` is the caller's word, not ``residual is not x``: ``add_rms_norm(x, x)``
+    (a residual that aliases x) must still add, giving 2x and writing ``residual_out``."""
     num_tokens, hidden = x.shape
     if num_tokens == 0:
         return
@@ -58,7 +60,7 @@ def _launch(x, residual, weight, eps, out, residual_out) -> None:
         _rms_norm_kernel, (num_tokens,),
         x, residual, weight, out, residual_out,
         x.stride(0), residual.stride(0), out.stride(0), residual_out.stride(0), eps,
-        HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not x,
+        HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=has_residual,
         num_warps=_num_warps(block),
     )  # fmt: skip
 
@@ -75,7 +77,7 @@ def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     _check(x, weight)
     out = torch.empty_like(x)
-    _launch(x, x, weight, eps, out, out)  # residual is x: the kernel skips the add
+    _launch(x, x, weight, eps, out, out, has_residual=False)  # the residual pointers go unread
     return out
 
 
@@ -90,5 +92,5 @@ def add_rms_norm_triton(
         )
     out = torch.empty_like(x)
     residual_out = torch.empty_like(residual)
-    _launch(x, residual, weight, eps, out, residual_out)
+    _launch(x, residual, weight, eps, out, residual_out, has_residual=True)
     return out, residual_out

@@ -32,7 +32,12 @@ from .backend import AttentionBackend, check_shapes
 from .metadata import AttentionMetadata
 from .triton_common import INTERPRETED, check_device, launch, next_pow2
 from .triton_decode_packed import packed_decode_attention
-from .triton_decode_split import num_kv_splits, num_sms, split_decode_attention
+from .triton_decode_split import (
+    check_num_splits,
+    num_kv_splits,
+    num_sms,
+    split_decode_attention,
+)
 from .triton_dot import LOG2_E, MIN_DOT, NEG_BIG, attention_dot, dot_precision
 
 DECODE_KERNELS = ("packed", "packed-cores", "unified")
@@ -200,7 +205,7 @@ def _store_kv_kernel(
 class TritonBackend(AttentionBackend):
     """``tiles``: tile sizes (default: ``default_tiles(dtype)``). ``sms``: SMs
     to fill when choosing split-K (default: the device's). ``decode_splits``: force a split
-    count for pure-decode batches (tests); ``None`` chooses, 1 never splits.
+    count for pure-decode batches (tests), 1 to ``MAX_SPLITS``; ``None`` chooses, 1 never splits.
     ``decode_kernel``: the kernel of unsplit pure-decode batches, "packed" (GQA-packed on tensor
     cores, the default), "packed-cores" (GQA-packed on CUDA cores, no padding rows) or
     "unified" (this module's mixed kernel, as before it)."""
@@ -216,6 +221,8 @@ class TritonBackend(AttentionBackend):
     ) -> None:
         if decode_kernel not in DECODE_KERNELS:
             raise ValueError(f"decode_kernel must be one of {DECODE_KERNELS}, not {decode_kernel!r}")
+        if decode_splits is not None:
+            check_num_splits(decode_splits)
         self.tiles = tiles
         self.sms = sms
         self.decode_splits = decode_splits

@@ -74,6 +74,17 @@ def num_kv_splits(num_reqs: int, num_kv_heads: int, max_seqlen_k: int, sms: int)
     return max(1, min(wanted, by_length, MAX_SPLITS))
 
 
+def check_num_splits(num_splits: int) -> None:
+    """Refuse a split count the merge cannot take: it loads ``next_pow2(MAX_SPLITS)`` splits in
+    one tile, so the partials of any split past that would be dropped (wrong attention, no
+    error). The chooser never goes past it; a forced count (``decode_splits``) could."""
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(
+            f"decode splits must be 1 to {MAX_SPLITS} (MAX_SPLITS: the merge kernel loads at "
+            f"most that many), got {num_splits}"
+        )
+
+
 def split_bounds(seq_len: int, num_splits: int) -> list[tuple[int, int]]:
     """The key range ``[start, end)`` each split of a ``seq_len``-key request covers, as the
     kernel computes it on the device (empty ranges where ``start >= end``)."""
@@ -231,6 +242,7 @@ def split_decode_attention(
 ) -> torch.Tensor:
     """Attention for a batch whose requests have at most one row each (``max_seqlen_q <= 1``);
     ``block_tables`` has unit column stride. Two launches: splits, then the merge."""
+    check_num_splits(num_splits)
     partial, lse = split_partials(
         query, k_cache, v_cache, metadata, scale, num_splits, block_n, block_tables
     )

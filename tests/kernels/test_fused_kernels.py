@@ -59,6 +59,19 @@ def test_rms_norm(dtype, hidden):
     assert new_residual.data_ptr() != residual.data_ptr()  # functional: inputs untouched
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_add_rms_norm_residual_aliasing_x(dtype):
+    """``add_rms_norm(x, x)``: the residual is x itself, so the sum is 2x, as ``LayerOps`` gives
+    (the kernel once took an aliased residual for "no residual" and returned the new residual
+    unwritten: whatever ``torch.empty_like`` held)."""
+    x = _randn(5, 64, dtype=dtype, scale=3.0)
+    weight = _randn(64, dtype=dtype, seed=2)
+    normed, new_residual = FusedLayerOps().add_rms_norm(x, x, weight, 1e-6)
+    ref_normed, ref_residual = REF.add_rms_norm(x, x, weight, 1e-6)
+    assert torch.equal(new_residual, ref_residual)  # 2x: exact in any dtype
+    _close(normed, ref_normed, dtype)
+
+
 def test_rms_norm_single_row_and_empty():
     weight = _randn(64, dtype=torch.float32)
     x = _randn(1, 64, dtype=torch.float32)

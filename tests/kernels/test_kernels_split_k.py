@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from paged_batches import TRITON_DEVICE, assert_close, make_batch  # noqa: E402
+from paged_batches import TRITON_DEVICE, assert_close, dense_attention, make_batch  # noqa: E402
 
 from cbbench.kernels import get_backend  # noqa: E402
 from cbbench.kernels.triton_attention import GPU_TILES, TritonBackend  # noqa: E402
@@ -80,6 +80,35 @@ def test_split_k_request_without_rows():
     """A decode-only batch where one request has no row: rows map through cu_seqlens_q."""
     batch = make_batch([1, 0, 1], [40, 7, 300], 16, 4, torch.float32, device=TRITON_DEVICE)
     _check(batch, TritonBackend(decode_splits=3), torch.float32)
+
+
+@pytest.mark.parametrize("splits", [MAX_SPLITS + 1, 40, 64, 0])
+def test_a_forced_split_count_the_merge_cannot_take_is_refused(splits):
+    """The merge loads at most MAX_SPLITS splits: a forced count past it returned wrong
+    attention with no error (max error 0.22 at 40 splits, 0.35 at 64), so it is refused, at
+    construction and at the kernel's entry alike."""
+    from cbbench.kernels.triton_decode_split import split_decode_attention
+
+    with pytest.raises(ValueError, match=f"1 to {MAX_SPLITS}"):
+        TritonBackend(decode_splits=splits)
+    batch = make_batch([1, 1], [70, 99], 16, 4, torch.float32, device=TRITON_DEVICE)
+    with pytest.raises(ValueError, match=f"1 to {MAX_SPLITS}"):
+        split_decode_attention(
+            batch.query, batch.k_cache, batch.v_cache, batch.metadata, SCALE, splits, 16,
+            batch.metadata.block_tables,
+        )  # fmt: skip
+
+
+def test_the_most_splits_the_merge_takes_match_float64():
+    """MAX_SPLITS forced on two short requests (most splits hold 2-4 keys, some none) against
+    attention in float64: the limit itself is computed right."""
+    batch = make_batch(
+        [1, 1], [70, 99], 16, 4, torch.float32, device=TRITON_DEVICE, num_kv_heads=1
+    )
+    out = TritonBackend(decode_splits=MAX_SPLITS).forward(
+        batch.query, batch.k_cache, batch.v_cache, batch.metadata, SCALE
+    )
+    assert_close(out, dense_attention(batch, SCALE), torch.float32)
 
 
 def test_num_kv_splits_hand_computed():
