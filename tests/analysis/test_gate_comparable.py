@@ -271,3 +271,17 @@ def test_compare_shows_the_percentiles_it_can_compute(base, other_percentiles):
         first, second, ratio = rows[label]
         assert second == first and ratio == "(1.00×)", rows
     assert rows["ITL p99 (ms)"][1] == "-"
+
+
+def test_compare_keeps_a_percentile_row_no_result_can_fill(base, other_percentiles):
+    """compare --percentiles 99.9 over two runs without --save-detailed (results/speculative.md's
+    two sim runs, say): ITL p99.9 is in neither file and cannot be computed for either, so its
+    row reads '-' in both columns, as docs/metrics.md says; the row was dropped without a word,
+    so the table read as if ITL p99.9 had not been asked for."""
+    path, _ = base
+    r = invoke("compare", path, other_percentiles["50,99"], "--percentiles", "99.9")
+    assert r.exit_code == 0, r.output
+    rows = {ln[:30].strip(): ln[30:].split() for ln in r.stdout.splitlines() if " p99.9 (ms)" in ln}
+    assert list(rows) == ["TTFT p99.9 (ms)", "TPOT p99.9 (ms)", "ITL p99.9 (ms)",
+                          "E2EL p99.9 (ms)"], r.stdout
+    assert rows["ITL p99.9 (ms)"] == ["-", "-"]

@@ -24,6 +24,10 @@ class Row:
     path: str  # dotted into `summary`
     digits: int = 2
     percent: bool = False
+    # A latency row is shown even where no result has its value (ITL p99.9 of runs without
+    # --save-detailed): its "-" says the percentile could not be computed, where a dropped row
+    # read as if it had not been asked for (docs/metrics.md, "Percentiles you choose").
+    always: bool = False
 
 
 LATENCIES = (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", "itl_ms"), ("E2EL", "e2el_ms"))
@@ -32,7 +36,7 @@ LATENCY_STATS = ("mean", "p50", "p99")
 
 def rows_for(stats: Sequence[str] = LATENCY_STATS) -> tuple[Row, ...]:
     """The table's rows, the latencies at ``stats`` (compare --percentiles)."""
-    return (*HEAD_ROWS, *(Row(f"{label} {stat} (ms)", f"{key}.{stat}")
+    return (*HEAD_ROWS, *(Row(f"{label} {stat} (ms)", f"{key}.{stat}", always=True)
                           for label, key in LATENCIES for stat in stats), *ENGINE_ROWS)
 
 
@@ -119,8 +123,12 @@ def fmt_number(v: float | None, row: Row) -> str:
 
 
 def present_rows(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> list[Row]:
-    """The rows at least one result has a value for (goodput needs --slo, MBU a GPU peak)."""
-    return [r for r in rows if any(summary_value(x.result, r.path) is not None for x in results)]
+    """The latency rows, and the other rows at least one result has a value for (goodput needs
+    --slo, MBU a GPU peak); none without results (a report of sweeps only)."""
+    if not results:
+        return []
+    return [r for r in rows
+            if r.always or any(summary_value(x.result, r.path) is not None for x in results)]
 
 
 def table_rows(results: Sequence[Labeled], rows: Sequence[Row] = ROWS) -> list[list[str]]:
