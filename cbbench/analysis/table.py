@@ -242,7 +242,10 @@ def server_latency_table(http: HttpInfo | dict | None) -> str:
     lat = as_model(HttpInfo, http).server_latency if http else None
     if not lat:
         return ""
+    if isinstance(lat.get("missing"), str):  # the histograms' window was not the run's
+        return f"server latency (vLLM histograms): missing: {lat['missing']}"
     rows = []
+    why: list[str] = []
     for label, key in (("TTFT", "ttft_ms"), ("ITL", "itl_ms"), ("TPOT", "tpot_ms"),
                        ("E2EL", "e2el_ms")):
         d = lat.get(key)
@@ -251,15 +254,20 @@ def server_latency_table(http: HttpInfo | dict | None) -> str:
             diff = _fmt(d.diff_p50)
             if d.client_within_bucket:  # below the histogram's resolution
                 diff = f"within bucket {_fmt(lo, 0)}-{_fmt(hi, 0)}"
+            missing = getattr(d, "missing", None)  # an extra field: why no server figure
+            if isinstance(missing, str):
+                why.append(f"{label}: missing: {missing}")
             rows.append([
                 f"{label} p50 (ms)", _fmt(d.server_p50), _fmt(d.client_p50), diff,
                 _fmt(d.diff_mean),  # absent from results written before it existed
             ])
-    return tabulate(
+    table = tabulate(
         rows,
         headers=["", "server", "client (from send)", "client - server", "diff of means"],
         tablefmt="simple", disable_numparse=True,
     )
+    warning = lat.get("warning")
+    return "\n".join([table, *why] + ([f"note: {warning}"] if isinstance(warning, str) else []))
 
 
 # How the steady window was chosen, in words (summary.steady_state.method).

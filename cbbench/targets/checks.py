@@ -15,7 +15,7 @@ import numpy as np
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.analysis.server_side.prom_text import Dropped
-from cbbench.analysis.server_side.server_latency import server_vs_client
+from cbbench.analysis.server_side.server_latency import run_server_latency
 from cbbench.analysis.summary.token_counts import (
     COUNT_METHODS,
     choose_output_count,
@@ -415,14 +415,15 @@ def _server_metrics(info: dict, records: Sequence[RequestRecord]) -> None:
     scrapes = info["server_metrics_scrapes"]
     dropped = Dropped(scrapes.get("dropped_series", 0), scrapes.get("dropped_first"))
     latency = None
-    if hist:
-        try:
-            latency = server_vs_client(hist["before"], hist["after"], records, dropped)
-        except Exception as e:  # noqa: BLE001 - what a server sent never costs the run
-            log.info(f"warning: --scrape-metrics: the server's latency histograms could not be "
-                   f"read ({type(e).__name__}: {e}); server_latency left out")
+    try:
+        latency = run_server_latency(hist, scrapes, records, dropped)
+    except Exception as e:  # noqa: BLE001 - what a server sent never costs the run
+        log.info(f"warning: --scrape-metrics: the server's latency histograms could not be "
+                 f"read ({type(e).__name__}: {e}); server_latency left out")
     if latency is not None:
         info["server_latency"] = latency
+        if latency.get("warning"):  # a window short of the run: said, not only stored
+            log.info("warning: --scrape-metrics: " + latency["warning"])
     scrapes["dropped_series"] = dropped.count
     scrapes["dropped_first"] = dropped.first
     if dropped.count:  # one line for every malformed series of the run

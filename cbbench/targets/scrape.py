@@ -3,9 +3,14 @@ SCRAPE_INTERVAL_S and keep a time series of the gauges and counters of the serve
 (vLLM `vllm:`, SGLang `sglang:`, TGI `tgi_`, llama.cpp `llamacpp:`, cbbench `cbbench_`), or of
 any metric whose name matches --scrape-metrics-filter (t_s on the run clock, name, labels,
 value). The latency histograms of SERVER_HISTOGRAMS are kept as they stood before the run and at
-its end, for the server's own TTFT/TPOT (analysis/server_side/server_latency.py). A failed scrape is
-recorded, never fatal; `warning()` makes one console line of a scrape that failed or kept
-nothing.
+its end, for the server's own TTFT/TPOT (analysis/server_side/server_latency.py), and every
+scrape's histogram counts are compared with the scrape before: a count that fell (a `_created`
+that changed) is a restart of that label set, and the last scrape before it is kept, so the
+run's increase is summed over the pieces between restarts (analysis/server_side/
+histogram_window.py). A failed scrape is recorded, never fatal; `warning()` makes one console
+line of scrapes that failed (the run's figures then have gaps, or stop early when the scrape
+after the run failed: `complete` false, and the server's latency is left out, not read from an
+earlier scrape) or kept nothing.
 
 What a server sends never costs the run (issue 25): each page is filtered first (cheap name
 tests), then at most MAX_SERIES_PER_SCRAPE series of it are parsed, line by line, in a thread
@@ -24,6 +29,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+from cbbench.analysis.server_side.histogram_window import SeriesKey, series_key
 from cbbench.analysis.server_side.prom_text import Dropped, family_of, metric_name, parse_sample
 from cbbench.analysis.server_side.server_latency import SERVER_HISTOGRAMS
 from cbbench.targets.transport import classify, get_body, new_session
@@ -42,6 +48,12 @@ MAX_ERRORS_KEPT = 10
 MAX_SERIES_PER_SCRAPE = 1000
 MAX_SCRAPES_KEPT = 240  # 2 minutes at SCRAPE_INTERVAL_S; then thinned (see the module doc)
 MAX_HISTOGRAM_LINES = 20_000
+# Restarts of the server followed (each keeps one scrape's histogram lines); past this many the
+# server's latency is left out.
+MAX_RESTARTS_KEPT = 8
+# The histogram samples compared scrape to scrape for a restart: a count falls, a birth time
+# (prometheus_client's _created, where a server exposes it) changes.
+_MARK_SUFFIXES = ("_count", "_created")
 # The lines of the latency histograms: samples (_bucket, _sum, _count) and their TYPE line.
 _HIST_LINES = tuple(f"{n}_" for n in SERVER_HISTOGRAMS) + tuple(
     f"# TYPE {n} " for n in SERVER_HISTOGRAMS
@@ -86,6 +98,11 @@ class MetricsScraper:
         self.series_cut = 0  # series beyond MAX_SERIES_PER_SCRAPE, summed over scrapes
         self.histogram_lines_cut = 0
         self.histograms: list[str] = []  # the latency histograms: [first scrape, latest]
+        self._marks: dict[tuple[str, SeriesKey], float] = {}  # the latest scrape's counts
+        self.restarts: list[dict] = []  # {"t_s", "before": histogram lines, "series"}
+        self.restarts_beyond_cap = 0
+        self.last_ok_t: float | None = None  # the run clock of the latest good scrape
+        self.final_ok = False  # the scrape after the run was read
         self.baseline_ok = False  # the first scrape was taken before the run started
         self.errors: list[str] = []
         self.attempts = 0
@@ -132,8 +149,10 @@ class MetricsScraper:
             self.scrapes += 1
         # Off the event loop that timestamps tokens: decoding, filtering and parsing a large
         # page took seconds.
-        hist, rows = await asyncio.to_thread(self._digest, body, t, keep)
+        hist, rows, marks = await asyncio.to_thread(self._digest, body, t, keep)
+        self._note_restart(t, marks)
         self.histograms = [self.histograms[0], hist] if self.histograms else [hist]
+        self.last_ok_t = t
         if keep:
             self.pages.append((t, rows))
             if len(self.pages) > MAX_SCRAPES_KEPT:  # a bounded time series: thin it
@@ -141,9 +160,47 @@ class MetricsScraper:
                 self.stride *= 2
         return True
 
-    def _digest(self, body: bytes, t: float, keep: bool) -> tuple[str, list[dict]]:
-        """(the latency histograms' lines, the kept gauges' and counters' rows) of a page:
-        filtered by name first, then at most MAX_SERIES_PER_SCRAPE series parsed."""
+    def _note_restart(self, t: float, marks: dict[tuple[str, SeriesKey], float]) -> None:
+        """Keep the last scrape before the label sets whose count fell (or _created changed)
+        since it: histogram_window.py sums the run's increase over the pieces between."""
+        restarted = {
+            key for (suffix, key), v in marks.items()
+            if (old := self._marks.get((suffix, key))) is not None
+            and (v < old if suffix == "_count" else v != old)
+        }
+        if restarted and self.histograms:
+            if len(self.restarts) < MAX_RESTARTS_KEPT:
+                self.restarts.append({
+                    "t_s": round(t, 4), "before": self.histograms[-1],
+                    "series": [[fam, dict(labels)] for fam, labels in sorted(restarted)],
+                })
+            else:
+                self.restarts_beyond_cap += 1
+        self._marks = marks
+
+    @staticmethod
+    def _marks_of(hist_lines: list[str]) -> dict[tuple[str, SeriesKey], float]:
+        """{(suffix, label set): value} of the histograms' _count and _created samples: one
+        or two lines a label set, parsed every scrape (the buckets are not)."""
+        out: dict[tuple[str, SeriesKey], float] = {}
+        unread = Dropped()  # a bad line is counted when the histograms are read, not here
+        for ln in hist_lines:
+            name = _metric_name(ln)
+            suffix = next((x for x in _MARK_SUFFIXES if name.endswith(x)), None)
+            if suffix is None or ln[0] == "#":
+                continue
+            sample = parse_sample(ln, unread)
+            if sample is not None:
+                key = (suffix, series_key(name[: -len(suffix)], sample.labels))
+                out[key] = out.get(key, 0.0) + sample.value
+        return out
+
+    def _digest(
+        self, body: bytes, t: float, keep: bool,
+    ) -> tuple[str, list[dict], dict[tuple[str, SeriesKey], float]]:
+        """(the latency histograms' lines, the kept gauges' and counters' rows, the
+        histograms' counts) of a page: filtered by name first, then at most
+        MAX_SERIES_PER_SCRAPE series parsed."""
         text = body.decode("utf-8", errors="replace")
         # Lines found by C-level regex scans, not a Python test per line (a 300k-series page
         # took seconds of the client's CPU a scrape that way), in pieces of SCAN_CHARS: one
@@ -153,8 +210,9 @@ class MetricsScraper:
         if len(hist_lines) > MAX_HISTOGRAM_LINES:
             self.histogram_lines_cut += len(hist_lines) - MAX_HISTOGRAM_LINES
             hist_lines = hist_lines[:MAX_HISTOGRAM_LINES]
+        marks = self._marks_of(hist_lines)
         if not keep:
-            return "\n".join(hist_lines), []
+            return "\n".join(hist_lines), [], marks
         types: dict[str, str] = {}
         for ln in (x for piece in pieces for x in _TYPE_RE.findall(piece)):
             parts = ln.split()
@@ -177,7 +235,7 @@ class MetricsScraper:
                 continue
             rows.append({"t_s": round(t, 4), "name": sample.name, "labels": sample.labels,
                          "value": sample.value})
-        return "\n".join(hist_lines), rows
+        return "\n".join(hist_lines), rows, marks
 
     async def baseline(self) -> None:
         """One scrape before the run starts: the histograms' starting point."""
@@ -201,7 +259,7 @@ class MetricsScraper:
                     await asyncio.wait_for(self._stop.wait(), max(0.0, delay))
                 except asyncio.TimeoutError:
                     pass
-            await self._scrape(t0, final=True)  # the final values of the counters
+            self.final_ok = await self._scrape(t0, final=True)  # the counters' final values
         finally:
             await self._session.close()
 
@@ -220,6 +278,10 @@ class MetricsScraper:
                 "ok": self.scrapes,
                 "failed": len(self.errors),
                 "gave_up": self.gave_up,
+                # The scrape after the run was read: without it the run's last figures are
+                # those of the latest good scrape (last_ok_t_s on the run clock).
+                "final_ok": self.final_ok,
+                "last_ok_t_s": None if self.last_ok_t is None else round(self.last_ok_t, 4),
                 "errors": self.errors[:MAX_ERRORS_KEPT],
                 "kept": (
                     f"names matching {self.name_filter.pattern!r}" if self.name_filter
@@ -235,21 +297,43 @@ class MetricsScraper:
         }
         texts = self.histogram_texts()
         if texts is not None:  # raw, for the result file; compared in finish_http_run
-            out["server_histograms"] = {"before": texts[0], "after": texts[1]}
+            out["server_histograms"] = {
+                "before": texts[0], "after": texts[1],
+                # "after" was read after the run ended: else it is an earlier window's.
+                "complete": self.final_ok,
+                "after_t_s": None if self.last_ok_t is None else round(self.last_ok_t, 4),
+                "restarts": self.restarts,
+                "restarts_beyond_cap": self.restarts_beyond_cap,
+            }
         return out
 
 
 def warning(scrapes: dict, rows: list[dict]) -> str | None:
-    """One console line when the scrape failed or kept nothing; None when it kept something."""
-    if rows:
-        return None
+    """One console line when a scrape failed or the scrapes kept nothing; None when every
+    scrape was read and kept something. A failure among good scrapes is said too (it was
+    silent): the time series has a gap, or, when the scrape after the run failed, the run's
+    figures stop at the last good scrape."""
+    last = scrapes["errors"][-1].split(": ", 1)[-1] if scrapes["errors"] else "no answer"
     if not scrapes["ok"]:
-        last = scrapes["errors"][-1].split(": ", 1)[-1] if scrapes["errors"] else "no answer"
         return (
             f"--scrape-metrics: GET /metrics failed {scrapes['failed']} times (last: {last})"
             f"{', gave up' if scrapes['gave_up'] else ''}; no server metrics recorded"
         )
-    return (
-        f"--scrape-metrics: scraped /metrics {scrapes['ok']} times but no metric matched "
-        f"(kept: {scrapes['kept']}); give --scrape-metrics-filter REGEX for this server's names"
-    )
+    fails = None
+    if scrapes["failed"]:
+        fails = (f"GET /metrics failed {scrapes['failed']} of {scrapes['attempts']} times (last: "
+                 f"{last}){', gave up' if scrapes['gave_up'] else ''}")
+        if scrapes.get("final_ok", True):  # results written before the key: read at the end
+            fails += "; the server metrics' time series has gaps"
+        else:
+            t = scrapes.get("last_ok_t_s")
+            at = f" at t={t:.1f} s" if isinstance(t, (int, float)) else ""
+            fails += (f"; none was read after the run, so the server metrics stop at the last "
+                      f"good one{at}")
+    if not rows:
+        return (
+            f"--scrape-metrics: scraped /metrics {scrapes['ok']} times but no metric matched "
+            f"(kept: {scrapes['kept']}); give --scrape-metrics-filter REGEX for this server's "
+            "names" + (f"; {fails}" if fails else "")
+        )
+    return f"--scrape-metrics: {fails}" if fails else None

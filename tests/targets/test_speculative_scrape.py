@@ -59,11 +59,29 @@ def test_sglang_accept_length_and_nothing_to_report():
     assert spec["acceptance_rate"] is None
     assert scraped_speculative([{"t_s": 0.0, "name": "vllm:num_requests_running",
                                  "labels": {}, "value": 1}]) is None
-    # A counter that went down (a restart mid-run) gives no figure.
-    down = [{"t_s": t, "name": n, "labels": {}, "value": v} for t, v in ((0.0, 9), (1.0, 3))
-            for n in ("vllm:spec_decode_num_draft_tokens_total",
-                      "vllm:spec_decode_num_accepted_tokens_total")]
-    assert scraped_speculative(down) is None
+
+
+def test_counters_across_a_restart_grow_as_prometheus_increase_counts():
+    """drafts / draft tokens / accepted: 100/300/270 -> 150/450/405 -> a restart (0/0/0) ->
+    1000/3000/1500. increase(), reset-aware over every scrape: 50 + 0 + 1000 = 1050 drafts,
+    150 + 3000 = 3150 draft tokens, 135 + 1500 = 1635 accepted: acceptance 1635 / 3150 =
+    0.519, mean length 1 + 1635 / 1050. First against last scrape gave 0.456 (1230 / 2700)."""
+    names = ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_draft_tokens_total",
+             "vllm:spec_decode_num_accepted_tokens_total")
+    scrapes = [(0.0, (100, 300, 270)), (0.5, (150, 450, 405)), (1.0, (0, 0, 0)),
+               (1.5, (1000, 3000, 1500))]
+    rows = [{"t_s": t, "name": n, "labels": {"engine": "0"}, "value": v}
+            for t, values in scrapes for n, v in zip(names, values)]
+    spec = scraped_speculative(rows)
+    assert (spec["drafts"], spec["draft_tokens"], spec["accepted_tokens"]) == (1050, 3150, 1635)
+    assert spec["acceptance_rate"] == pytest.approx(1635 / 3150)
+    assert round(spec["acceptance_rate"], 3) == 0.519
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + 1635 / 1050)
+    # Per label set: engine 1 (no restart) adds its own growth, not a fall of the sum.
+    rows += [{"t_s": t, "name": n, "labels": {"engine": "1"}, "value": v}
+             for t, values in ((0.0, (10, 30, 20)), (1.5, (20, 60, 40))) for n, v in zip(names, values)]
+    spec = scraped_speculative(rows)
+    assert (spec["drafts"], spec["draft_tokens"], spec["accepted_tokens"]) == (1060, 3180, 1655)
 
 
 def _spec_counters(url: str) -> dict[str, float]:

@@ -2,8 +2,12 @@
 cached_tokens`` per request (vLLM with --enable-prompt-tokens-details, SGLang, OpenAI), summed
 over the completed requests that carried it: hit rate = cached tokens / the server's prompt
 tokens. Beside it, for the in-process engine, summary.engine.prefix_cache_hit_rate is the
-engine's own count; `cbbench serve` reports the engine's per-request figure, so the two agree
-when both are there."""
+engine's own count. Both count a request's prompt once, at its first scheduling, as vLLM's
+prefix_cache_queries / prefix_cache_hits and its usage's cached_tokens do (a request resumed
+after a preemption is not counted again; `cbbench serve` reports the engine's num_cached_tokens,
+set at that first scheduling). They are not the same set of requests: the engine's covers
+every request it scheduled, the server's only the completed ones that carried cached_tokens, so
+the two rates match only when those sets do."""
 
 from __future__ import annotations
 

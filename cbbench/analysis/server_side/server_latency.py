@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.server_side.prom_text import Dropped, family_of, family_types, parse_sample
+from cbbench.analysis.server_side.histogram_window import (  # noqa: F401 - histograms: re-exported
+    Restart,
+    histograms,
+    run_increase,
+)
+from cbbench.analysis.server_side.prom_text import Dropped
 from cbbench.analysis.summary.metrics import itl_values_s
 
 # What the summary calls each quantity -> the histogram families that hold it, newest name
@@ -34,87 +38,27 @@ SERVER_HISTOGRAM_NAMES = {
 # Every family to keep from a scrape.
 SERVER_HISTOGRAMS = tuple(name for names in SERVER_HISTOGRAM_NAMES.values() for name in names)
 MS = 1000.0
+# Prometheus' bucketQuantile answers NaN below this many buckets.
+MIN_BUCKETS = 2
+# The quantities of which the server makes one observation per request: their counts are
+# compared with the run's completed requests.
+PER_REQUEST = ("ttft", "e2el")
 NOTE = (
     "server: vLLM's histograms, the difference between a scrape before the run and one at its "
-    "end (every request the server finished meanwhile, other clients' too); p50 interpolated "
+    "end, summed over the pieces between the server's restarts (every request the server "
+    "finished meanwhile, other clients' too); p50 interpolated "
     "within buckets (server_p50_bucket: its resolution). client: from the send. diff = client - "
     "server: network, HTTP and client, when the client's p50 lies outside that bucket; diff_mean: "
     "of the means (the server's is exact: _sum / _count), whatever the buckets."
 )
 
 
-@dataclass(slots=True)
-class Histogram:
-    """One histogram family of a scrape: cumulative count per upper bound ``le`` (s), and the
-    observations' sum and count, each summed over the family's label sets."""
-
-    buckets: dict[float, float] = field(default_factory=dict)
-    sum: float = 0.0
-    count: float = 0.0
-
-    def since(self, before: Histogram | None) -> Histogram:
-        """What was observed between ``before`` (an earlier scrape) and this one."""
-        before = before or Histogram()
-        return Histogram(
-            buckets={le: n - before.buckets.get(le, 0.0) for le, n in self.buckets.items()},
-            sum=self.sum - before.sum,
-            count=self.count - before.count,
-        )
-
-
-def histograms(text: str, dropped: Dropped | None = None) -> dict[str, Histogram]:
-    """The page's histogram families, summed over the label sets (model names, engines) of
-    each. Read line by line (prom_text.py): a series without `le`, with `le="abc"` or a
-    negative one, or a count that is not a finite number >= 0 is dropped and counted in
-    ``dropped``, and the page's other series stand."""
-    dropped = dropped if dropped is not None else Dropped()
-    lines = text.splitlines()
-    types = family_types(lines)
-    out: dict[str, Histogram] = {}
-    for line in lines:
-        if not line or line[0] == "#":
-            continue
-        s = parse_sample(line, dropped)
-        if s is None:
-            continue
-        fam = family_of(s.name, types)
-        if fam is None or types.get(fam) != "histogram":
-            continue
-        if s.name.endswith("_bucket"):
-            le = _bound(s.labels.get("le"))
-            if le is None:
-                dropped.add("a histogram bucket without a valid le", line)
-                continue
-            if s.value < 0:
-                dropped.add("a negative bucket count", line)
-                continue
-            h = out.setdefault(fam, Histogram())
-            h.buckets[le] = h.buckets.get(le, 0.0) + s.value
-        elif s.name.endswith("_sum"):
-            out.setdefault(fam, Histogram()).sum += s.value
-        elif s.name.endswith("_count"):
-            if s.value < 0:
-                dropped.add("a negative histogram count", line)
-                continue
-            out.setdefault(fam, Histogram()).count += s.value
-    return out
-
-
-def _bound(le: str | None) -> float | None:
-    """A bucket's upper bound: a number >= 0 or +Inf; None for anything else."""
-    if le is None:
-        return None
-    try:
-        v = float(le)
-    except ValueError:
-        return None
-    return v if v >= 0 and not math.isnan(v) and v != -math.inf else None
-
-
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
-    """Prometheus' histogram_quantile over cumulative bucket counts {le: count}."""
+    """Prometheus' histogram_quantile over cumulative bucket counts {le: count}. None (its
+    NaN) without a +Inf bucket or with fewer than two buckets: a lone +Inf bucket says nothing
+    of where the observations lie (this gave 0 ms)."""
     les = sorted(buckets)
-    if not les or not math.isinf(les[-1]):
+    if len(les) < MIN_BUCKETS or not math.isinf(les[-1]):
         return None
     total = buckets[les[-1]]
     if total <= 0:
@@ -137,7 +81,7 @@ def quantile_bucket(q: float, buckets: dict[float, float]) -> tuple[float, float
     """(lower, upper) bounds of the bucket that holds the q-quantile: the resolution of the
     interpolated figure (upper is inf for the open-ended bucket)."""
     les = sorted(buckets)
-    if not les or buckets[les[-1]] <= 0:
+    if len(les) < MIN_BUCKETS or buckets[les[-1]] <= 0:
         return None
     rank = q * buckets[les[-1]]
     lower = 0.0
@@ -160,34 +104,36 @@ def _client_values_ms(records: Sequence[RequestRecord]) -> dict[str, np.ndarray]
 
 def server_vs_client(
     before_text: str | None, after_text: str, records: Sequence[RequestRecord],
-    dropped: Dropped | None = None,
+    dropped: Dropped | None = None, restarts: Sequence[Restart] = (),
 ) -> dict | None:
     """Server p50/mean beside the client's p50, per quantity vLLM's histograms hold; None when
-    the server exposes none of them."""
+    the server exposes none of them. ``restarts``: where label sets started again between the
+    scrapes (histogram_window.py); a family whose counts fell where no restart was seen is
+    reported missing, with the reason."""
     dropped = dropped if dropped is not None else Dropped()
-    before = histograms(before_text, dropped) if before_text else {}
-    after = histograms(after_text, dropped)
+    run, left_out = run_increase(before_text, after_text, restarts, dropped)
     client = _client_values_ms(records)
+    completed = sum(1 for r in records if r.ok and r.send_s is not None)
     out: dict = {}
+    short: list[str] = []
     for key, names in SERVER_HISTOGRAM_NAMES.items():
-        name = next((n for n in names if n in after), None)
+        name = next((n for n in names if n in run or n in left_out), None)
         if name is None:
             continue
-        d = after[name].since(before.get(name))
-        if not (math.isfinite(d.sum) and 0 <= d.count < math.inf):
-            # A server restarted between the scrapes (its counts fell), or sums that overflow:
-            # no difference to read; the family is left out, not a traceback.
-            dropped.add("a histogram whose counts fell or overflowed during the run", name)
-            continue
-        p50 = histogram_quantile(0.5, d.buckets)
         c = client[key]
         client_p50 = float(np.percentile(c, 50)) if c.size else None
         client_mean = float(c.mean()) if c.size else None
+        if name in left_out:
+            out[f"{key}_ms"] = {"histogram": name, "missing": left_out[name],
+                                "client_p50": client_p50, "client_mean": client_mean}
+            continue
+        d = run[name]
+        p50 = histogram_quantile(0.5, d.buckets)
         server_mean = d.sum / d.count * MS if d.count > 0 else None
         server_p50 = p50 * MS if p50 is not None else None
         bucket = quantile_bucket(0.5, d.buckets)
         lo, hi = (bucket[0] * MS, bucket[1] * MS) if bucket else (None, None)
-        out[f"{key}_ms"] = {
+        entry = {
             "histogram": name,
             "observations": int(d.count),
             "server_p50": server_p50,
@@ -210,7 +156,53 @@ def server_vs_client(
                 if client_mean is not None and server_mean is not None else None
             ),
         }
+        if key in PER_REQUEST:
+            # One observation per request: fewer than the run completed means the server's
+            # window is not the run's (part of it unread, or another server behind the URL).
+            entry["client_requests"] = completed
+            if d.count < completed:
+                short.append(f"{key.upper()} {int(d.count)} < {completed}")
+        if server_mean is None:
+            entry["missing"] = "the server observed none during the run"
+        out[f"{key}_ms"] = entry
     if not out:
         return None
+    said = []
+    if restarts:  # (their times and label sets: the result's server_histograms.restarts)
+        said.append("the server restarted during the run (seen at t="
+                    + ", ".join(f"{r.t_s:.1f}" for r in restarts) + " s): its histograms are "
+                    "summed over the pieces between")
+    if short:
+        said.append(
+            "the server's histograms hold fewer observations than the run completed requests ("
+            + ", ".join(short) + "): they miss part of the run (a scrape missed, a restart, or "
+            "not every server behind the URL), so client - server compares different requests"
+        )
+    if said:
+        out["warning"] = "; ".join(said)
     out["note"] = NOTE
     return out
+
+
+def run_server_latency(
+    hist: dict | None, scrapes: dict, records: Sequence[RequestRecord], dropped: Dropped,
+) -> dict | None:
+    """summary.http.server_latency of a run from its scraper's result (targets/scrape.py):
+    server_vs_client over the run's scrapes, or {"missing": why, "note"} when the histograms'
+    last scrape was not taken after the run (the figures would be some earlier window's: a
+    scrape that failed at the end silently served as "after", a p50 of 19 ms beside the
+    client's 542 from 25 of 60 requests); None when nothing was read."""
+    if not hist:
+        return None
+    if not hist.get("complete", True):  # results written before the key: complete
+        last = hist.get("after_t_s")
+        why = ("the scrape after the run failed" if not scrapes.get("gave_up")
+               else "the scraper gave up after repeated failures")
+        at = f" (the last good one at t={last:.1f} s)" if isinstance(last, (int, float)) else ""
+        return {"missing": f"{why}{at}: the server's histograms miss the requests that "
+                           "finished after it", "note": NOTE}
+    if hist.get("restarts_beyond_cap"):
+        return {"missing": f"the server restarted more than {len(hist.get('restarts') or [])} "
+                           "times during the run", "note": NOTE}
+    restarts = [Restart.from_result(r) for r in hist.get("restarts") or []]
+    return server_vs_client(hist["before"], hist["after"], records, dropped, restarts)

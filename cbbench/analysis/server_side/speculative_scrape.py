@@ -3,15 +3,18 @@
 
 - vLLM (V1): the counters ``vllm:spec_decode_num_drafts_total``,
   ``vllm:spec_decode_num_draft_tokens_total`` and ``vllm:spec_decode_num_accepted_tokens_total``,
-  read at the run's first and last scrape: acceptance_rate = accepted / draft tokens,
+  grown over the run's scrapes (reset-aware): acceptance_rate = accepted / draft tokens,
   mean_acceptance_length = 1 + accepted / drafts (the bonus token included), as vLLM's
   benchmarks report them.
 - SGLang: the gauge ``sglang:spec_accept_length`` (its mean accepted length per verify step,
   the bonus token included): averaged over the run's scrapes; SGLang exports no draft count,
   so no acceptance rate.
 
-Counter values are summed over their label sets (one per engine or model). A counter that went
-down during the run (the server restarted) gives no figure.
+Counter values are summed over their label sets (one per engine or model), each label set's
+growth reset-aware over every kept scrape as Prometheus' increase() is: a value that fell (the
+server restarted) counts from 0 again. A restart between two kept scrapes whose new count
+passed the old one is not seen (as in Prometheus); a thinned time series (targets/scrape.py)
+widens that gap.
 """
 
 from __future__ import annotations
@@ -26,17 +29,24 @@ SOURCE = "scraped"
 
 
 def _counter_growth(rows: Sequence[dict], name: str) -> float | None:
-    """The counter's growth from the first scrape that has it to the last (summed over label
-    sets), or None when it was never seen or went down."""
-    by_time: dict[float, float] = {}
+    """The counter's growth over the run's scrapes, as Prometheus' increase() counts it
+    (without its extrapolation to the window's edges): per label set, the rise between each
+    scrape and the next, and where the value fell (the server restarted: a counter starts
+    again from 0) the value after the fall. Summed over the label sets; None when it was never
+    seen. The first scrape against the last missed a restart whose new count passed the old
+    one (acceptance 0.456 where increase() gives 0.519)."""
+    series: dict[tuple, dict[float, float]] = {}
     for r in rows:
         if r["name"] == name:
+            by_time = series.setdefault(tuple(sorted(r["labels"].items())), {})
             by_time[r["t_s"]] = by_time.get(r["t_s"], 0.0) + float(r["value"])
-    if not by_time:
+    if not series:
         return None
-    times = sorted(by_time)
-    growth = by_time[times[-1]] - by_time[times[0]]
-    return growth if growth >= 0 else None
+    growth = 0.0
+    for by_time in series.values():
+        values = [by_time[t] for t in sorted(by_time)]
+        growth += sum(b - a if b >= a else b for a, b in zip(values, values[1:]))
+    return growth
 
 
 def scraped_speculative(rows: Sequence[dict] | None) -> dict | None:
