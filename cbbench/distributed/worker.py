@@ -23,6 +23,7 @@ from collections.abc import Callable
 from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch, WorkerTask
 from cbbench.errors import UsageError
+from cbbench.load.interrupts import STOP_SIGNALS
 from cbbench.targets.hooks import RunHooks
 
 FLUSH_INTERVAL_S = 0.05  # how often finished records go out (and the most a death can lose)
@@ -131,9 +132,13 @@ class WorkerCore:
 def process_main(task: WorkerTask, ctrl, data) -> None:
     """The worker process's entry: control messages ('start', t0) and ('stop',) arrive on
     `ctrl`; messages go out on `data` from one sender thread (Connection.send pickles)."""
-    # Ctrl-C in a terminal reaches the whole process group; the parent alone decides to stop
-    # (and tells the workers), so the workers finish their in-flight requests like one process.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in a terminal reaches the whole process group, and so do a SIGTERM or SIGHUP sent
+    # to it (`timeout`, `kill -- -PGID`, a closed terminal); the parent alone decides to stop
+    # (and tells the workers), so the workers finish their in-flight requests like one process
+    # (load/interrupts.py). SIGTERM killed them: "worker died", its requests worker_lost, exit
+    # 3. A worker still never outlives its parent: the control pipe's EOF ends it (below).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     import queue
 
     out: queue.SimpleQueue = queue.SimpleQueue()
