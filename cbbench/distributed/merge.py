@@ -20,6 +20,7 @@ from cbbench.targets.options import EndpointOptions
 
 log = logging.getLogger(__name__)
 
+APPROXIMATE_SIZING = "approximate"  # prompt_sizing where a worker's prompts were not all sized
 WORKER_LOST = "worker_lost"  # error_type of a request due before its worker died, unreported
 # States of a worker, in the order they happen; the last three are final.
 STARTING, READY, DONE, DIED, FAILED = "starting", "ready", "done", "died", "failed"
@@ -39,6 +40,8 @@ PER_WORKER_KEYS = (
     "client_bound",
     "client_bound_message",
     "client_fell_behind_message",
+    "sent_by_endpoint",
+    "prompt_sizing",
 )
 
 
@@ -188,7 +191,8 @@ class Merger:
 
         done = [ws.done for ws in self.workers if ws.done is not None]
         # Shared facts (served model, /metrics scrapes: worker 0 scrapes) from the first
-        # worker that finished; every per-process figure is recomputed over all workers below.
+        # worker that finished; every per-process figure and count is recomputed over all
+        # workers below.
         base = next((d.info for d in sorted(done, key=lambda d: d.worker)), {})
         info = {k: v for k, v in base.items() if k not in PER_WORKER_KEYS}
         pooled_lag = [v for d in done for v in d.loop_lag_ms]
@@ -209,6 +213,7 @@ class Merger:
             **loop_lag_check(
                 pooled_lag, max((f.loop_lag_span_s or 0.0 for f in figures), default=0.0)
             ),
+            **_shared_counts([d.info for d in done]),
         )
         kinds: dict[str, int] = {}
         for f in figures:
@@ -235,6 +240,24 @@ class Merger:
         not_sent = sum(e.not_sent for e in workers)
         ended_early = sum(d.sessions_ended_early for d in done)
         return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag, ended_early)
+
+
+def _shared_counts(infos: list[dict]) -> dict:
+    """The per-worker counts and states of the run's info, over every worker that finished:
+    sends by endpoint summed (worker 0's alone read {A: 10, B: 10} of 40 requests), and the
+    prompt sizing that held for all of them ('approximate' where one worker's /tokenize
+    failed: summary.http.prompt_kinds counts the prompts each way)."""
+    out: dict = {}
+    sent: dict[str, int] = {}
+    for info in infos:
+        for url, k in (info.get("sent_by_endpoint") or {}).items():
+            sent[url] = sent.get(url, 0) + k
+    if sent:
+        out["sent_by_endpoint"] = sent
+    sizings = list(dict.fromkeys(i["prompt_sizing"] for i in infos if "prompt_sizing" in i))
+    if sizings:
+        out["prompt_sizing"] = sizings[0] if len(sizings) == 1 else APPROXIMATE_SIZING
+    return out
 
 
 def _ms(v: float | None) -> str:
