@@ -28,7 +28,7 @@ from typing import Protocol
 
 from cbbench.distributed.merge import FINAL, STARTING, Merger
 from cbbench.distributed.messages import WorkerTask
-from cbbench.distributed.plan import deal
+from cbbench.distributed.plan import deal, slot_owners
 from cbbench.distributed.session_share import deal_sessions
 from cbbench.distributed.worker import process_main
 from cbbench.errors import UsageError
@@ -56,14 +56,17 @@ def plan_workers(
     cancel: CancelPlan | None = None,
 ) -> tuple[list[WorkerTask], Merger]:
     """Deal the run to `num_workers` (fewer when there is less to deal: no idle workers):
-    request i to worker i mod N, or whole sessions in turn. The same for processes and Ray."""
+    request i to worker i mod N, or whole sessions in turn; under --max-concurrency, in
+    proportion to each worker's slots (plan.deal). The same for processes and Ray."""
+    cap = opts.max_concurrency
     if sessions is None:
         n = max(1, min(num_workers, len(wreqs)))
-        shares = deal(len(wreqs), n)
+        shares = deal(len(wreqs), n, max_concurrency=cap,
+                      output_lens=[w.output_len for w in wreqs])
         session_shares = None
     else:
         n = max(1, min(num_workers, len(sessions.sessions)))
-        shares, session_shares = deal_sessions(sessions, n)
+        shares, session_shares = deal_sessions(sessions, n, cap)
     tasks = worker_tasks(opts, wreqs, arrivals, shares, grace_s, sessions, session_shares, cancel)
     merger = Merger(wreqs, [float(a) for a in arrivals], shares, sessions, session_shares)
     return tasks, merger
@@ -86,11 +89,12 @@ def worker_tasks(
     cap = opts.max_concurrency
     if cap is not None and cap < n:
         raise UsageError(f"--max-concurrency {cap} is less than --workers {n}: one slot each")
+    owners = slot_owners(n, cap)  # the slots the requests were dealt by (plan.deal)
     tasks = []
     for k, share in enumerate(shares):
         o = dataclasses.replace(
             opts,
-            max_concurrency=None if cap is None else cap // n + (k < cap % n),
+            max_concurrency=None if cap is None else owners.count(k),
             scrape_metrics=opts.scrape_metrics and k == 0,
         )
         if sessions is not None:
