@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch
 from cbbench.distributed.session_share import lost_turns
+from cbbench.distributed.worker import WARNING_PREFIX
 from cbbench.distributed.worker_entry import ClientFigures, WorkerEntry, worker_entry
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
+from cbbench.targets.checks import StreamNotes
 from cbbench.targets.client_health import loop_lag_check, wall_clock_of
 from cbbench.targets.http import TOKEN_COUNT_METHODS, HttpRun, finish_http_run
 from cbbench.targets.options import EndpointOptions
@@ -220,6 +222,7 @@ class Merger:
             for k, v in (f.prompt_kinds or {}).items():
                 kinds[k] = kinds.get(k, 0) + v
         records = [r for r in self.records if r is not None]
+        _say_workers_notices(done)
         finish_http_run(opts, records, self.methods, kinds, self.total, info)
         for e in workers:
             if e.status == DONE and (e.client_fell_behind or e.client_bound):
@@ -240,6 +243,20 @@ class Merger:
         not_sent = sum(e.not_sent for e in workers)
         ended_early = sum(d.sessions_ended_early for d in done)
         return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag, ended_early)
+
+
+def _say_workers_notices(done: list[Done]) -> None:
+    """What the workers would have said (worker.Notices), said once, in one process's order:
+    each other notice once however many workers said it (every worker probes /tokenize), then
+    one line a kind of the streams' notes, counted over every worker's requests."""
+    for line in dict.fromkeys(line for d in done for line in d.notices):
+        log.info(line)
+    notes = StreamNotes()
+    for d in done:
+        if d.notes is not None:
+            notes.absorb(d.notes)
+    for line in notes.warnings():
+        log.info(WARNING_PREFIX + line)
 
 
 def _shared_counts(infos: list[dict]) -> dict:
