@@ -179,7 +179,9 @@ class Merger:
         t0: float,
         stopped: bool,
         parent_cpu_s: float,
+        scraped: dict | None = None,
     ) -> HttpRun:
+        """`scraped`: the parent's /metrics scrape of the run (parent_scrape.py), if any."""
         entries = []
         for ws in self.workers:
             lost, not_sent = (0, 0)
@@ -192,8 +194,7 @@ class Merger:
                 e.not_sent = e.assigned - e.sent  # a stopped run's unsent share
 
         done = [ws.done for ws in self.workers if ws.done is not None]
-        # Shared facts (served model, /metrics scrapes: worker 0 scrapes) from the first
-        # worker that finished; every per-process figure and count is recomputed over all
+        # Shared facts (served model, event loop) from the first worker that finished; every per-process figure and count is recomputed over all
         # workers below.
         base = next((d.info for d in sorted(done, key=lambda d: d.worker)), {})
         info = {k: v for k, v in base.items() if k not in PER_WORKER_KEYS}
@@ -221,6 +222,7 @@ class Merger:
         for f in figures:
             for k, v in (f.prompt_kinds or {}).items():
                 kinds[k] = kinds.get(k, 0) + v
+        info.update(scraped or {})
         records = [r for r in self.records if r is not None]
         _say_workers_notices(done)
         finish_http_run(opts, records, self.methods, kinds, self.total, info)

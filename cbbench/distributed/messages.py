@@ -18,7 +18,7 @@ class WorkerTask:
     """One worker's share of the run."""
 
     worker: int
-    opts: EndpointOptions  # its own copy: its share of --max-concurrency, scraping on worker 0
+    opts: EndpointOptions  # its own copy: its share of --max-concurrency, no scraping
     positions: list[int]  # its requests' positions in the run's request list
     wreqs: list[WorkloadRequest]
     arrivals: list[float]  # seconds from the shared start instant
