@@ -125,9 +125,11 @@ def calibrate(output_tokens: float) -> ClientCost:
 
 
 def schedule_rate(arrivals) -> float:
-    """The schedule's mean rate (requests/s over its span), 0 for a burst or one request."""
+    """The schedule's mean rate (requests/s over its span), 0 for a burst or one request: a
+    burst (--request-rate inf) has no rate to keep, so it is not calibrated and `--workers
+    auto` sends it from one process (an infinite rate made ClientCost.workers_for raise)."""
     n = len(arrivals)
     if n < 2:
         return 0.0
     span = float(max(arrivals)) - float(min(arrivals))
-    return (n - 1) / span if span > 0 else math.inf
+    return (n - 1) / span if span > 0 else 0.0

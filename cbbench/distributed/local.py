@@ -28,7 +28,8 @@ from typing import Protocol
 
 from cbbench.distributed.merge import FINAL, STARTING, Merger
 from cbbench.distributed.messages import WorkerTask
-from cbbench.distributed.plan import deal
+from cbbench.distributed.parent_scrape import ParentScrape
+from cbbench.distributed.plan import deal, slot_owners
 from cbbench.distributed.session_share import deal_sessions
 from cbbench.distributed.worker import process_main
 from cbbench.errors import UsageError
@@ -56,14 +57,17 @@ def plan_workers(
     cancel: CancelPlan | None = None,
 ) -> tuple[list[WorkerTask], Merger]:
     """Deal the run to `num_workers` (fewer when there is less to deal: no idle workers):
-    request i to worker i mod N, or whole sessions in turn. The same for processes and Ray."""
+    request i to worker i mod N, or whole sessions in turn; under --max-concurrency, in
+    proportion to each worker's slots (plan.deal). The same for processes and Ray."""
+    cap = opts.max_concurrency
     if sessions is None:
         n = max(1, min(num_workers, len(wreqs)))
-        shares = deal(len(wreqs), n)
+        shares = deal(len(wreqs), n, max_concurrency=cap,
+                      output_lens=[w.output_len for w in wreqs])
         session_shares = None
     else:
         n = max(1, min(num_workers, len(sessions.sessions)))
-        shares, session_shares = deal_sessions(sessions, n)
+        shares, session_shares = deal_sessions(sessions, n, cap)
     tasks = worker_tasks(opts, wreqs, arrivals, shares, grace_s, sessions, session_shares, cancel)
     merger = Merger(wreqs, [float(a) for a in arrivals], shares, sessions, session_shares)
     return tasks, merger
@@ -80,18 +84,19 @@ def worker_tasks(
     cancel: CancelPlan | None = None,
 ) -> list[WorkerTask]:
 
-    """Each worker's share: its requests and arrival times (or its sessions), its share of
-    --max-concurrency, and /metrics scraping on worker 0 only (one scrape series per run)."""
+    """Each worker's share: its requests and arrival times (or its sessions) and its share of
+    --max-concurrency; no worker scrapes /metrics (the parent does, over the whole run)."""
     n = len(shares)
     cap = opts.max_concurrency
     if cap is not None and cap < n:
         raise UsageError(f"--max-concurrency {cap} is less than --workers {n}: one slot each")
+    owners = slot_owners(n, cap)  # the slots the requests were dealt by (plan.deal)
     tasks = []
     for k, share in enumerate(shares):
         o = dataclasses.replace(
             opts,
-            max_concurrency=None if cap is None else cap // n + (k < cap % n),
-            scrape_metrics=opts.scrape_metrics and k == 0,
+            max_concurrency=None if cap is None else owners.count(k),
+            scrape_metrics=False,
         )
         if sessions is not None:
             assert session_shares is not None  # dealt with the sessions (local_run)
@@ -148,27 +153,39 @@ def drive(pool: WorkerPool, merger: Merger, opts: EndpointOptions,
     t0: float | None = None
     stop_sent = False
     deadline = time.monotonic() + setup_timeout_s
-    while not merger.all_final:
-        if t0 is None:
-            if merger.usage_error is not None:
-                raise UsageError(merger.usage_error)
-            if should_stop is not None and should_stop():
-                break  # stopped during set-up: nothing was sent
-            if all(ws.status != STARTING for ws in merger.workers):
-                t0 = pool.start()  # every worker is set up (or gone): one start instant
-                if on_t0 is not None:
-                    on_t0(t0)
-            elif time.monotonic() > deadline:
-                raise UsageError(f"the {who} did not get ready within {setup_timeout_s:g} s")
-        elif not stop_sent and should_stop is not None and should_stop():
-            stop_sent = True
-            pool.stop()
-        pool.poll(t0)
-        if on_progress is not None and t0 is not None:
-            on_progress(merger.finished, merger.total)
+    # /metrics from here, over the whole run (parent_scrape.py), not from one worker.
+    scrape = ParentScrape(opts) if opts.scrape_metrics else None
+    try:
+        while not merger.all_final:
+            if t0 is None:
+                if merger.usage_error is not None:
+                    raise UsageError(merger.usage_error)
+                if should_stop is not None and should_stop():
+                    break  # stopped during set-up: nothing was sent
+                if all(ws.status != STARTING for ws in merger.workers):
+                    if scrape is not None:
+                        scrape.baseline()  # the histograms before the run
+                    t0 = pool.start()  # every worker is set up (or gone): one start instant
+                    if scrape is not None:
+                        scrape.start(t0)
+                    if on_t0 is not None:
+                        on_t0(t0)
+                elif time.monotonic() > deadline:
+                    raise UsageError(f"the {who} did not get ready within {setup_timeout_s:g} s")
+            elif not stop_sent and should_stop is not None and should_stop():
+                stop_sent = True
+                pool.stop()
+            pool.poll(t0)
+            if on_progress is not None and t0 is not None:
+                on_progress(merger.finished, merger.total)
+        scraped = scrape.finish() if scrape is not None else {}  # every worker is done
+    finally:
+        if scrape is not None:
+            scrape.close()
     if t0 is None:
         t0 = time.perf_counter()  # nothing was sent: the run starts and ends now
-    return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0)
+    return merger.result(opts, t0, stop_sent or t0 is None, time.process_time() - cpu0,
+                         scraped)
 
 
 def run_local_workers(

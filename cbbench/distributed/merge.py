@@ -11,15 +11,18 @@ from dataclasses import dataclass, field
 from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch
 from cbbench.distributed.session_share import lost_turns
+from cbbench.distributed.worker import WARNING_PREFIX
 from cbbench.distributed.worker_entry import ClientFigures, WorkerEntry, worker_entry
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
+from cbbench.targets.checks import StreamNotes
 from cbbench.targets.client_health import loop_lag_check, wall_clock_of
 from cbbench.targets.http import TOKEN_COUNT_METHODS, HttpRun, finish_http_run
 from cbbench.targets.options import EndpointOptions
 
 log = logging.getLogger(__name__)
 
+APPROXIMATE_SIZING = "approximate"  # prompt_sizing where a worker's prompts were not all sized
 WORKER_LOST = "worker_lost"  # error_type of a request due before its worker died, unreported
 # States of a worker, in the order they happen; the last three are final.
 STARTING, READY, DONE, DIED, FAILED = "starting", "ready", "done", "died", "failed"
@@ -39,6 +42,8 @@ PER_WORKER_KEYS = (
     "client_bound",
     "client_bound_message",
     "client_fell_behind_message",
+    "sent_by_endpoint",
+    "prompt_sizing",
 )
 
 
@@ -174,7 +179,9 @@ class Merger:
         t0: float,
         stopped: bool,
         parent_cpu_s: float,
+        scraped: dict | None = None,
     ) -> HttpRun:
+        """`scraped`: the parent's /metrics scrape of the run (parent_scrape.py), if any."""
         entries = []
         for ws in self.workers:
             lost, not_sent = (0, 0)
@@ -187,8 +194,8 @@ class Merger:
                 e.not_sent = e.assigned - e.sent  # a stopped run's unsent share
 
         done = [ws.done for ws in self.workers if ws.done is not None]
-        # Shared facts (served model, /metrics scrapes: worker 0 scrapes) from the first
-        # worker that finished; every per-process figure is recomputed over all workers below.
+        # Shared facts (served model, event loop) from the first worker that finished; every per-process figure and count is recomputed over all
+        # workers below.
         base = next((d.info for d in sorted(done, key=lambda d: d.worker)), {})
         info = {k: v for k, v in base.items() if k not in PER_WORKER_KEYS}
         pooled_lag = [v for d in done for v in d.loop_lag_ms]
@@ -209,12 +216,15 @@ class Merger:
             **loop_lag_check(
                 pooled_lag, max((f.loop_lag_span_s or 0.0 for f in figures), default=0.0)
             ),
+            **_shared_counts([d.info for d in done]),
         )
         kinds: dict[str, int] = {}
         for f in figures:
             for k, v in (f.prompt_kinds or {}).items():
                 kinds[k] = kinds.get(k, 0) + v
+        info.update(scraped or {})
         records = [r for r in self.records if r is not None]
+        _say_workers_notices(done)
         finish_http_run(opts, records, self.methods, kinds, self.total, info)
         for e in workers:
             if e.status == DONE and (e.client_fell_behind or e.client_bound):
@@ -235,6 +245,38 @@ class Merger:
         not_sent = sum(e.not_sent for e in workers)
         ended_early = sum(d.sessions_ended_early for d in done)
         return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag, ended_early)
+
+
+def _say_workers_notices(done: list[Done]) -> None:
+    """What the workers would have said (worker.Notices), said once, in one process's order:
+    each other notice once however many workers said it (every worker probes /tokenize), then
+    one line a kind of the streams' notes, counted over every worker's requests."""
+    for line in dict.fromkeys(line for d in done for line in d.notices):
+        log.info(line)
+    notes = StreamNotes()
+    for d in done:
+        if d.notes is not None:
+            notes.absorb(d.notes)
+    for line in notes.warnings():
+        log.info(WARNING_PREFIX + line)
+
+
+def _shared_counts(infos: list[dict]) -> dict:
+    """The per-worker counts and states of the run's info, over every worker that finished:
+    sends by endpoint summed (worker 0's alone read {A: 10, B: 10} of 40 requests), and the
+    prompt sizing that held for all of them ('approximate' where one worker's /tokenize
+    failed: summary.http.prompt_kinds counts the prompts each way)."""
+    out: dict = {}
+    sent: dict[str, int] = {}
+    for info in infos:
+        for url, k in (info.get("sent_by_endpoint") or {}).items():
+            sent[url] = sent.get(url, 0) + k
+    if sent:
+        out["sent_by_endpoint"] = sent
+    sizings = list(dict.fromkeys(i["prompt_sizing"] for i in infos if "prompt_sizing" in i))
+    if sizings:
+        out["prompt_sizing"] = sizings[0] if len(sizings) == 1 else APPROXIMATE_SIZING
+    return out
 
 
 def _ms(v: float | None) -> str:

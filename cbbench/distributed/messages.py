@@ -9,6 +9,7 @@ from cbbench.analysis.records import RequestRecord
 from cbbench.load.cancel import CancelPlan
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
+from cbbench.targets.checks import StreamNotes
 from cbbench.targets.options import EndpointOptions
 
 
@@ -17,7 +18,7 @@ class WorkerTask:
     """One worker's share of the run."""
 
     worker: int
-    opts: EndpointOptions  # its own copy: its share of --max-concurrency, scraping on worker 0
+    opts: EndpointOptions  # its own copy: its share of --max-concurrency, no scraping
     positions: list[int]  # its requests' positions in the run's request list
     wreqs: list[WorkloadRequest]
     arrivals: list[float]  # seconds from the shared start instant
@@ -56,6 +57,11 @@ class Done:
     info: dict  # its run_http info: send lag, loop lag, client CPU, served model, scrapes
     loop_lag_ms: list[float] = field(default_factory=list)
     sessions_ended_early: int = 0  # multi-turn: its sessions cut short by a failed turn
+    # What it would have said on the console, for the parent to say once (merge.py): its
+    # streams' notes, merged into one line a kind over every worker, and its other notices
+    # (the /tokenize sizing's), each said once however many workers said it.
+    notes: StreamNotes | None = None
+    notices: list[str] = field(default_factory=list)
 
 
 @dataclass

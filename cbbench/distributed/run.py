@@ -5,7 +5,6 @@ worker, and info["workers"] (summary.workers) with one entry per worker."""
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import time
@@ -98,7 +97,7 @@ def _calibrated(opts, wreqs, arrivals, plan: LoadPlan, sessions) -> ClientCost |
     workers = 1 if not plan.distributed else (
         cost.workers_for(rate, cores) if plan.workers == AUTO else int(plan.workers))
     per_process = cost.cores_at(rate) / workers
-    if per_process > ONE_PROCESS_BUDGET_CORES and math.isfinite(rate):
+    if per_process > ONE_PROCESS_BUDGET_CORES:
         advice = (f"--workers {cost.workers_for(rate, cores)}" if workers < cores
                   else "a machine with more cores, or a lower rate")
         log.info(

@@ -24,10 +24,12 @@ from cbbench.load.session_plan import SessionPlan
 from cbbench.load.sessions import first_prompt_len, next_prompt_len
 
 
-def deal_sessions(plan: SessionPlan, num_workers: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(each worker's request ids, each worker's session positions)."""
+def deal_sessions(plan: SessionPlan, num_workers: int, max_concurrency: int | None = None
+                  ) -> tuple[list[list[int]], list[list[int]]]:
+    """(each worker's request ids, each worker's session positions); under a cap, sessions
+    in proportion to each worker's slots (plan.deal)."""
     owner = plan.session_of()
-    shares = deal(plan.num_turns, num_workers, owner)
+    shares = deal(plan.num_turns, num_workers, owner, max_concurrency)
     return shares, [sorted({owner[p] for p in share}) for share in shares]
 
 

@@ -23,11 +23,38 @@ from collections.abc import Callable
 from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch, WorkerTask
 from cbbench.errors import UsageError
+from cbbench.load.interrupts import STOP_SIGNALS
+from cbbench.targets.checks import StreamNotes
+from cbbench.targets.checks import log as checks_log
 from cbbench.targets.hooks import RunHooks
+
+LOGGER = "cbbench"  # the logger the CLI prints (cli/logs.py)
+WARNING_PREFIX = "warning: "  # how run_http says each of its streams' notes
 
 FLUSH_INTERVAL_S = 0.05  # how often finished records go out (and the most a death can lose)
 START_POLL_S = 0.05
 PARENT_GONE_EXIT = 3  # a worker whose parent vanished stops loading the server at once
+
+
+class Notices(logging.Handler):
+    """The `cbbench` logger's lines in a worker, kept for the parent. Left out: those of
+    finish_http_run (targets/checks.py), which the parent says again from the merged records
+    (send lag, short outputs, token and prompt counts, the scrape), and the streams' notes,
+    which go back counted (Done.notes). Dropped before, with the logger at WARNING: "output
+    token counts disagree: 10 of 10 requests carried usage that contradicts their stream"
+    said with one process, nothing with two."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self._lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name != checks_log.name:
+            self._lines.append(record.getMessage())
+
+    def lines(self, notes: StreamNotes | None) -> list[str]:
+        said = {WARNING_PREFIX + line for line in notes.warnings()} if notes else set()
+        return [line for line in dict.fromkeys(self._lines) if line not in said]
 
 
 class WorkerCore:
@@ -79,10 +106,22 @@ class WorkerCore:
             self._flush()
 
     def run(self) -> None:
-        # The parent warns once, from the merged figures: a worker's own notices (a process
-        # or a Ray actor that inherited the CLI's handler) would repeat them per worker.
-        logging.getLogger("cbbench").setLevel(logging.WARNING)
-        """Blocking: the whole run, ending with Done (or Failed)."""
+        """Blocking: the whole run, ending with Done (or Failed). What the run would say on the
+        console is kept, not said (a process, or a Ray actor that inherited the CLI's
+        handler, would say it once per worker), and goes back in Done for the parent to say
+        once (Notices)."""
+        logger = logging.getLogger(LOGGER)
+        saved = logger.handlers[:], logger.level, logger.propagate
+        notices = Notices()
+        logger.handlers, logger.propagate = [notices], False
+        logger.setLevel(logging.INFO)
+        try:
+            self._run(notices)
+        finally:
+            logger.handlers, logger.propagate = saved[0], saved[2]
+            logger.setLevel(saved[1])
+
+    def _run(self, notices: Notices) -> None:
         from cbbench.targets.apis.pooling_request import run_pooling
         from cbbench.targets.http import run_http
 
@@ -114,7 +153,7 @@ class WorkerCore:
         self._end(flusher)
         self._finish(
             Done(t.worker, run.duration_s, run.interrupted, run.info, list(run.loop_lag_ms),
-                 run.sessions_ended_early)
+                 run.sessions_ended_early, run.notes, notices.lines(run.notes))
         )
 
     def _finish(self, msg: Message) -> None:
@@ -131,9 +170,13 @@ class WorkerCore:
 def process_main(task: WorkerTask, ctrl, data) -> None:
     """The worker process's entry: control messages ('start', t0) and ('stop',) arrive on
     `ctrl`; messages go out on `data` from one sender thread (Connection.send pickles)."""
-    # Ctrl-C in a terminal reaches the whole process group; the parent alone decides to stop
-    # (and tells the workers), so the workers finish their in-flight requests like one process.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Ctrl-C in a terminal reaches the whole process group, and so do a SIGTERM or SIGHUP sent
+    # to it (`timeout`, `kill -- -PGID`, a closed terminal); the parent alone decides to stop
+    # (and tells the workers), so the workers finish their in-flight requests like one process
+    # (load/interrupts.py). SIGTERM killed them: "worker died", its requests worker_lost, exit
+    # 3. A worker still never outlives its parent: the control pipe's EOF ends it (below).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     import queue
 
     out: queue.SimpleQueue = queue.SimpleQueue()

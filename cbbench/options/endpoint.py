@@ -70,8 +70,9 @@ class EndpointFlags:
     )
     workers: str = opt(
         "1",
-        "Client processes that send the schedule (endpoint runs): N, or auto (one per spare "
-        "core; with --ray, one per cluster CPU but one).",
+        "Client processes that send the schedule (endpoint runs): N, or auto (as many as the "
+        "schedule needs by a calibration of this client's CPU per request, at most the usable "
+        "cores: one at 350 req/s or less and for a burst; with --ray, one per cluster CPU but one).",
     )
     ray: bool = opt(
         False,
@@ -196,7 +197,8 @@ PROBE_ENDPOINT: dict[str, Any] = dict(
           "tokenizer", "workers", "ray", "ray_address", "batch_size", "balance", "lora_modules"),
     help={
         "workers": "Client processes that send each probe's schedule (--endpoint runs): N, or "
-        "auto (one per spare core), as in `cbbench run`.",
+        "auto (as many as the probe's schedule needs by a calibration of this client's CPU "
+        "per request), as in `cbbench run`.",
         "ray": "Run each probe's workers as Ray actors (pip install 'cbbench[ray]'): one Ray "
         "instance for every probe, local unless --ray-address is given.",
     },

@@ -105,6 +105,16 @@ class StreamNotes:
         else:
             self.seen[kind] = [1, detail()]
 
+    def absorb(self, other: StreamNotes) -> None:
+        """Another process's notes of the same run (a worker's): counts summed, the first
+        detail of each kind kept, so the parent says one line a kind over every request."""
+        self.counted += other.counted
+        for kind, (n, detail) in other.seen.items():
+            if kind in self.seen:
+                self.seen[kind][0] += n
+            else:
+                self.seen[kind] = [n, detail]
+
     def warnings(self) -> list[str]:
         out = []
         for kind, (n, detail) in self.seen.items():

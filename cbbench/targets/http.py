@@ -102,6 +102,7 @@ class HttpRun:
     not_sent: int = 0
     loop_lag_ms: Sequence[float] = field(default_factory=list)  # the heartbeat's samples
     sessions_ended_early: int = 0  # multi-turn: sessions cut short by a failed turn
+    notes: StreamNotes | None = None  # what the streams said that counting set aside (warned)
 
 
 class _Runner:
@@ -591,4 +592,5 @@ def run_http(
         records, duration, runner.stopped, info, total - len(records),
         runner.monitor.lag_ms if runner.monitor is not None else [],
         sessions_ended_early=dispatch.ended_early if dispatch is not None else 0,
+        notes=runner.notes,
     )
