@@ -26,7 +26,6 @@ from worker_runs import (
     ATTEMPTS,
     CLI,
     ITL_MS,
-    POLL_S,
     RUN_TIMEOUT_S,
     TTFT_MS,
     TTFT_P50_BOUND_MS,
@@ -35,6 +34,7 @@ from worker_runs import (
     assert_exactly_once,
     run_args,
     ttft_check,
+    wait_for_requests,
     worker_pids,
     write_workload,
 )
@@ -224,14 +224,6 @@ def test_two_workers_report_every_request_once_on_the_one_process_schedule(serve
 
 
 
-def _wait_for_requests(url: str, prefix: str, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while sum(k.startswith(prefix) for k in fetch_log(url)) < count:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the run did not get going"
-        time.sleep(POLL_S)
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -252,7 +244,7 @@ def test_a_killed_worker_is_accounted_for_and_sets_the_exit_code(server, tmp_pat
         text=True,
     )
     try:
-        _wait_for_requests(server, "k", 150, proc)  # ~0.75 s into the schedule
+        wait_for_requests(server, "k", 150, proc)  # ~0.75 s into the schedule
         pids = worker_pids(proc.pid)
         assert len(pids) == 2, pids
         os.kill(pids[1], signal.SIGKILL)
@@ -296,7 +288,7 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server, tmp_path):
         start_new_session=True,  # its own process group, as a shell gives a command
     )
     try:
-        _wait_for_requests(server, "c", 100, proc)
+        wait_for_requests(server, "c", 100, proc)
         pids = worker_pids(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
         t = time.monotonic()

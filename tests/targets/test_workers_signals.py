@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from timing_server import fetch_log, timing_server
+from timing_server import timing_server
 from worker_runs import (
     CLI,
     ITL_MS,
@@ -23,6 +23,7 @@ from worker_runs import (
     RUN_TIMEOUT_S,
     TTFT_MS,
     run_args,
+    wait_for_requests,
     worker_pids,
     write_workload,
 )
@@ -50,14 +51,6 @@ def _start(server: str, tmp_path: Path, prefix: str, n: int, rate: float):
     return proc, out
 
 
-def _wait_for_requests(url: str, prefix: str, count: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + RUN_TIMEOUT_S
-    while sum(k.startswith(prefix) for k in fetch_log(url)) < count:
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the run did not get going"
-        time.sleep(POLL_S)
-
-
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -72,7 +65,7 @@ def test_a_signal_to_the_group_stops_every_worker_as_ctrl_c_does(server, tmp_pat
     prefix = sig.name.lower()
     proc, out = _start(server, tmp_path, prefix, n, rate)
     try:
-        _wait_for_requests(server, prefix, 100, proc)
+        wait_for_requests(server, prefix, 100, proc)
         pids = worker_pids(proc.pid)
         assert len(pids) == 2, pids
         os.killpg(proc.pid, sig)  # `timeout`, `kill -- -PGID`, a closed terminal
@@ -101,7 +94,7 @@ def test_a_worker_whose_parent_is_killed_does_not_linger(server, tmp_path):
     proc, _ = _start(server, tmp_path, "orphan", n, rate)
     pids: list[int] = []
     try:
-        _wait_for_requests(server, "orphan", 50, proc)
+        wait_for_requests(server, "orphan", 50, proc)
         pids = worker_pids(proc.pid)
         assert len(pids) == 2, pids
         os.kill(proc.pid, signal.SIGKILL)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
+from timing_server import fetch_log
 
 TTFT_MS = 20.0
 ITL_MS = 5.0
@@ -136,3 +139,13 @@ def worker_pids(parent: int) -> list[int]:
         if int(fields[1]) == parent and b"spawn_main" in cmdline:
             pids.append(int(stat.parent.name))
     return sorted(pids)
+
+
+def wait_for_requests(url: str, prefix: str, count: int, proc: subprocess.Popen) -> None:
+    """Until the timing server at ``url`` has logged ``count`` requests of this run's
+    ``prefix`` (its prompts' first word), failing at once if the run ``proc`` ended."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while sum(k.startswith(prefix) for k in fetch_log(url)) < count:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run did not get going"
+        time.sleep(POLL_S)
