@@ -33,6 +33,7 @@ from worker_runs import (
     assert_accurate_or_flagged,
     assert_exactly_once,
     run_args,
+    stop_by_group_signal,
     ttft_check,
     wait_for_requests,
     worker_pids,
@@ -287,15 +288,8 @@ def test_ctrl_c_stops_every_worker_and_keeps_what_finished(server, tmp_path):
         text=True,
         start_new_session=True,  # its own process group, as a shell gives a command
     )
-    try:
-        wait_for_requests(server, "c", 100, proc)
-        pids = worker_pids(proc.pid)
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
-        t = time.monotonic()
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # what a terminal's Ctrl-C does: the whole group
+    pids, t, stdout, stderr = stop_by_group_signal(server, "c", proc, signal.SIGINT)
     assert proc.returncode == 0, stderr
     assert time.monotonic() - t < 0.9 * n / rate  # it stopped, not ran to the end
     r = json.loads(out.read_text())

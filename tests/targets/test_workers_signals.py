@@ -23,6 +23,7 @@ from worker_runs import (
     RUN_TIMEOUT_S,
     TTFT_MS,
     run_args,
+    stop_by_group_signal,
     wait_for_requests,
     worker_pids,
     write_workload,
@@ -64,16 +65,9 @@ def test_a_signal_to_the_group_stops_every_worker_as_ctrl_c_does(server, tmp_pat
     n, rate = 1000, 200  # 5 s, stopped after ~0.5 s of sending
     prefix = sig.name.lower()
     proc, out = _start(server, tmp_path, prefix, n, rate)
-    try:
-        wait_for_requests(server, prefix, 100, proc)
-        pids = worker_pids(proc.pid)
-        assert len(pids) == 2, pids
-        os.killpg(proc.pid, sig)  # `timeout`, `kill -- -PGID`, a closed terminal
-        t = time.monotonic()
-        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    # `timeout`, `kill -- -PGID`, a closed terminal
+    pids, t, stdout, stderr = stop_by_group_signal(server, prefix, proc, sig)
+    assert len(pids) == 2, pids
     assert proc.returncode == 0, stderr
     assert f"{sig.name}: stopping" in stderr and "died" not in stderr, stderr
     assert time.monotonic() - t < 0.9 * n / rate  # it stopped, not ran to the end

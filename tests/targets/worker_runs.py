@@ -149,3 +149,20 @@ def wait_for_requests(url: str, prefix: str, count: int, proc: subprocess.Popen)
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the run did not get going"
         time.sleep(POLL_S)
+
+
+def stop_by_group_signal(url: str, prefix: str, proc: subprocess.Popen,
+                         sig: int) -> tuple[list[int], float, str, str]:
+    """Once the run ``proc`` (in its own process group) has sent 100 requests, signal its whole
+    group as a terminal or `timeout` does: (its worker pids, when the signal went, stdout,
+    stderr). The run is killed if it outlives the test."""
+    try:
+        wait_for_requests(url, prefix, 100, proc)
+        pids = worker_pids(proc.pid)
+        os.killpg(proc.pid, sig)
+        t = time.monotonic()
+        stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return pids, t, stdout, stderr
