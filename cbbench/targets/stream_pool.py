@@ -60,6 +60,13 @@ DNS_CACHE_S = 10.0  # a host name's addresses are looked up again after this (ai
 # A body still open this long after its stream's [DONE] is not going to end: its connection is
 # closed (the usual server ends it within the same write burst, microseconds after).
 DONE_DRAIN_S = 1.0
+# A request that finds no idle connection while one drains waits this long for the drain (its
+# body's end is usually already on the wire) rather than open a connection: a handshake on its
+# send path, and one more connection the server sees, where aiohttp's client (which reads to the
+# body's end) reuses one. A server whose drains keep outlasting the wait is not waited for again
+# after DRAIN_WAITS_MISSED such waits.
+DRAIN_WAIT_S = 0.005
+DRAIN_WAITS_MISSED = 3
 # A response head (status line and headers, interim ones included) longer than this is not an
 # answer: httptools keeps a header whole until its end, so a 400 MB header grew the client's
 # memory until the request timed out. Node's and h11's limits are 16 KiB; this leaves room.
@@ -353,6 +360,7 @@ class StreamPool:
         # next request is not kept waiting on a body's end.
         self.draining: dict[StreamConnection, float] = {}
         self.waiters: collections.deque[asyncio.Future] = collections.deque()
+        self.drain_waits_missed = 0
         self.heads: dict[str, bytes] = {}  # the request head up to Content-Length, by path
         netloc = self.host if ":" not in self.host else f"[{self.host}]"
         default_port = url.port is None or url.port == (443 if url.scheme == "https" else 80)
@@ -423,20 +431,39 @@ class StreamPool:
                 conn.reused = True
                 return conn
             conn.close()
+        at_limit = self.limit is not None and len(self.open) >= self.limit
+        if self.draining and not at_limit and self.drain_waits_missed < DRAIN_WAITS_MISSED:
+            got = await self._wait(DRAIN_WAIT_S)
+            if got is not None and not got.closed:
+                return got
+            if got is None:
+                self.drain_waits_missed += 1
         while self.limit is not None and len(self.open) >= self.limit:
-            waiter = self.loop.create_future()
-            self.waiters.append(waiter)
-            try:
-                conn = await waiter
-            except asyncio.CancelledError:
-                if waiter.done() and not waiter.cancelled():  # handed one as it was cancelled
-                    self.release(waiter.result())
-                raise
-            if conn is not None and not conn.closed:
-                conn.reused = True
-                return conn
+            got = await self._wait(None)
+            if got is not None and not got.closed:
+                return got
         conn = await self._connect()
         conn.reused = False
+        return conn
+
+    async def _wait(self, timeout_s: float | None) -> StreamConnection | None:
+        """The next connection released (drained, or freed under the limit), marked reused;
+        None when one closed (its place in the limit is free: open one) or after timeout_s."""
+        waiter = self.loop.create_future()
+        self.waiters.append(waiter)
+        timer = (None if timeout_s is None else
+                 self.loop.call_later(timeout_s, _settle_none, waiter))
+        try:
+            conn = await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result() is not None:
+                self.release(waiter.result())  # handed one as it was cancelled
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if conn is not None:
+            conn.reused = True
         return conn
 
     def release(self, conn: StreamConnection) -> None:
@@ -511,3 +538,8 @@ class StreamPool:
         for conn in [*self.open, *self.draining]:
             conn.close()
         self.idle.clear()
+
+
+def _settle_none(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
