@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def main() -> None:
         for rate in a.rates.split(","):
             for name, flags in DESIGNS.items():
                 out = Path(tmp) / "r.json"
-                subprocess.run(["cbbench", "run", *base, "--request-rate", rate, *flags,
+                subprocess.run([sys.executable, "-m", "cbbench", "run", *base, "--request-rate", rate, *flags,
                                 "--output", str(out)], check=True, stdout=subprocess.DEVNULL)
                 s = json.loads(out.read_text())["summary"]
                 kv = s.get("kv_transfer_ms")

@@ -20,14 +20,9 @@ ROUTERS = ("round-robin", "least-requests", "least-kv", "prefix-aware")
 HERE = Path(__file__).parent
 
 
-def cbbench_command() -> list[str]:
-    """The cbbench of the Python running this script: the console script beside it (a virtual
-    environment's bin/), else the same entry point through this interpreter. A bare "cbbench"
-    needed the environment on PATH and died with a traceback without it."""
-    script = Path(sys.executable).with_name("cbbench")
-    if script.is_file():
-        return [str(script)]
-    return [sys.executable, "-c", "from cbbench.cli.app import main; main()"]
+# The cbbench of the Python running this script, whatever is on PATH (a bare "cbbench" needed
+# the environment on PATH and died with a traceback without it).
+CBBENCH = [sys.executable, "-m", "cbbench"]
 
 
 def main() -> None:
@@ -46,7 +41,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp()
     for router in ROUTERS:
         out = Path(tmp) / f"{router}.json"
-        cmd = [*cbbench_command(), "run", *base, "--router", router, "--output", str(out)]
+        cmd = [*CBBENCH, "run", *base, "--router", router, "--output", str(out)]
         # Exit 1 is a run whose requests failed (e.g. beyond the context): its file stands.
         if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode not in (0, 1):
             raise SystemExit(f"failed: {' '.join(cmd)}")

@@ -46,7 +46,7 @@ BUILTIN_MODELS = ("The built-in h100 roofline (`--gpu h100`, no profile) is peak
 
 
 def cbbench(*args: str) -> str:
-    r = subprocess.run([shutil.which("cbbench") or "cbbench", *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "cbbench", *args], capture_output=True, text=True,
                        cwd=ROOT, check=False)
     if r.returncode != 0:
         raise SystemExit(f"cbbench {' '.join(args)} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")

@@ -20,6 +20,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for d in repeats:
             out = Path(tmp) / "sim.json"
-            subprocess.run(["cbbench", "run", *COMMAND, "--gpu-profile",
+            subprocess.run([sys.executable, "-m", "cbbench", "run", *COMMAND, "--gpu-profile",
                             str(d / "profile.json"), "--output", str(out)], check=True,
                            stdout=subprocess.DEVNULL)
             s = json.loads(out.read_text())["summary"]

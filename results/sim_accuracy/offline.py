@@ -47,7 +47,7 @@ def decode_line(result: dict) -> tuple[float, float, float]:
 
 
 def cbbench(*args: str) -> None:
-    subprocess.run(["cbbench", *args], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "cbbench", *args], check=True, stdout=subprocess.DEVNULL)
 
 
 def main(dirs: list[Path]) -> None:

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Source folder -> the package it installs as (pyproject.toml's package-dir).
 PACKAGES = {"cbbench": "cbbench", "engine": "cbbench.engine", "kernels": "cbbench.kernels"}
 CLI = "cbbench.cli"
+MAIN = "cbbench.__main__"  # `python -m cbbench`: the CLI's entry point, above it
 ENGINE = "cbbench.engine"
 KERNELS = "cbbench.kernels"
 ENGINE_CORE = "cbbench.engine.core"
@@ -45,6 +46,7 @@ FRONT_LAYERS = [
     {"cbbench.bench"},
     {"cbbench.importers", "cbbench.report", "cbbench.export"},
     {CLI},
+    {MAIN},
 ]
 
 
@@ -259,8 +261,8 @@ def test_find_cycle_finds_one():
     ("rule", "importer", "forbidden"),
     [
         (
-            "only the CLI imports command modules",
-            lambda m: not _in(m, CLI),
+            "only the CLI (and its entry point) imports command modules",
+            lambda m: not (_in(m, CLI) or m == MAIN),
             lambda t: _in(t, CLI),
         ),
         (
