@@ -17,6 +17,7 @@ from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES, keys
 from cbbench.analysis.table import STATS, latency_table
 from cbbench.analysis.table_views import stats_of
 from cbbench.load.arrivals import arrival_times
+from cbbench.load.sessions import draw
 from cbbench.load.synthetic import RandomSpec
 from cbbench.load.workload_types import WorkloadRequest
 
@@ -64,3 +65,7 @@ def test_the_doc_states_each_difference_from_vllm_bench_serve_as_the_code_has_it
     assert math.ceil(100 * (1 + 0.1)) == 111
     assert RandomSpec(output_len=100, length_range=0.1).output_bounds() == (90, 110)
     assert "is 90-110 (vLLM: 90-111" in text
+    # More requests than the workload has: all drawn with replacement.
+    drawn, replaced = draw(list(range(3)), 6, seed=0, timed=False, source="", noun="")
+    assert replaced and len(drawn) == 6
+    assert "draws all N with replacement" in text
