@@ -17,7 +17,8 @@ Three policies vLLM's scheduler is known for, each off by default:
   listed in the output (``swap_out`` then ``swap_in``) for the executor to do before the
   forward.
 - **queue policy** ``fcfs`` admits in arrival order; ``priority`` admits by (priority, arrival)
-  and lets a request that cannot get KV preempt a strictly lower-priority running one.
+  and lets a request that cannot get KV preempt a strictly lower-priority running one (vLLM
+  V0's rule: V1's admissions never preempt, only its running requests' growth does).
 - **prefix caching** (a ``PrefixCachingBlockManager``): an admitted request starts after its
   longest cached prefix.
 
