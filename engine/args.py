@@ -82,12 +82,12 @@ class EngineArgs:
     )
     max_num_batched_tokens: int | None = opt(
         None,
-        "Token budget per iteration. Default as vLLM: 2048 with chunked prefill, else "
-        "max(max_model_len, 2048).",
+        "Token budget per iteration. Default as vLLM below 70 GiB and on A100: 2048 with "
+        "chunked prefill, else max(max_model_len, 2048) (vllm serve on H100/H200: 8192).",
         low=1,
     )
     max_num_seqs: int = opt(
-        DEFAULT_MAX_NUM_SEQS, "Most requests running at once (vLLM's default: 256).", low=1
+        DEFAULT_MAX_NUM_SEQS, "Most requests running at once (vLLM's default: 256; on H100/H200: 1024).", low=1
     )
     block_size: int = opt(DEFAULT_BLOCK_SIZE, "Tokens per KV block.", low=1)
     num_kv_blocks: int | None = opt(None, "KV pool size in blocks. Default: derived from memory.", low=1)

@@ -131,8 +131,14 @@ class BlockManager:
     def allocate_prefix(self, req: Request, hit: list[int], num_tokens: int) -> bool:
         return self.allocate(req, num_tokens)
 
-    def register_full_blocks(self, req: Request) -> None:
+    def register_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
         pass
+
+    def forget_uncomputed(self, req: Request) -> None:
+        pass
+
+    def shares_uncomputed(self, req: Request) -> bool:
+        return False
 
     def check_invariants(self, live: list[Request], cpu: bool = False) -> None:
         """For tests: every block is either free or held by exactly one live request (by its

@@ -310,6 +310,7 @@ class Engine:
         err = StepFailed(failed, cause)
         now = self.clock.now()
         for req in failed:
+            self.block_manager.forget_uncomputed(req)  # registered as scheduled, never written
             self.scheduler.remove(req)
             req.status = RequestStatus.FAILED
             req.finish_reason = f"the engine failed on this request's batch: {err}"

@@ -180,13 +180,17 @@ class PrefixCachingBlockManager(BlockManager):
         assert ok
         return True
 
-    def register_full_blocks(self, req: Request) -> None:
-        """Register the request's blocks that have filled since the last call (their KV is
-        computed and their token ids known). A block whose content another block already holds
-        stays private and goes back to the free stack when released."""
+    def register_full_blocks(self, req: Request, num_tokens: int | None = None) -> None:
+        """Register the request's blocks that have filled since the last call: those of its
+        computed tokens, or of its first ``num_tokens`` (the scheduler's, as a chunk is
+        scheduled: vLLM V1 caches blocks in allocate_slots, before the forward, so a request
+        admitted later in the same step finds them), token ids known. A block whose content
+        another block already holds stays private and goes back to the free stack when
+        released."""
         table = req.block_table
         # A SWAPPED request keeps num_computed_tokens but holds no GPU blocks.
-        full = min(req.num_computed_tokens, req.num_known_token_ids) // self.block_size
+        n = req.num_computed_tokens if num_tokens is None else num_tokens
+        full = min(n, req.num_known_token_ids) // self.block_size
         full = min(full, len(table))
         first = req.num_registered_blocks
         if full <= first:
@@ -201,6 +205,29 @@ class PrefixCachingBlockManager(BlockManager):
                 cached[h] = block
                 block_hash[block] = h
         req.num_registered_blocks = full
+
+    def _uncomputed_blocks(self, req: Request) -> list[int]:
+        """The blocks past the request's computed full blocks (registered when the step was
+        scheduled, their KV not yet written)."""
+        keep = req.num_computed_tokens // self.block_size
+        return req.block_table[keep : max(keep, req.num_registered_blocks)]
+
+    def forget_uncomputed(self, req: Request) -> None:
+        """Unregister the blocks the scheduler registered for tokens that will not be computed
+        after all (a victim taken back in its step, a failed step): no later lookup may find
+        KV that was never written."""
+        blocks = self._uncomputed_blocks(req)
+        for block in blocks:
+            h = self.block_hash[block]
+            if h is not None and self.cached.get(h) == block:
+                del self.cached[h]
+                self.block_hash[block] = None
+        req.num_registered_blocks -= len(blocks)
+
+    def shares_uncomputed(self, req: Request) -> bool:
+        """Whether another request found one of those blocks in this step (it reads the KV
+        this request writes in the step's forward)."""
+        return any(self.ref_counts[b] > 1 for b in self._uncomputed_blocks(req))
 
     # ---- for tests ------------------------------------------------------------------------------
     def check_invariants(self, live: list[Request], cpu: bool = False) -> None:

@@ -17,7 +17,8 @@ Three policies vLLM's scheduler is known for, each off by default:
   listed in the output (``swap_out`` then ``swap_in``) for the executor to do before the
   forward.
 - **queue policy** ``fcfs`` admits in arrival order; ``priority`` admits by (priority, arrival)
-  and lets a request that cannot get KV preempt a strictly lower-priority running one.
+  and lets a request that cannot get KV preempt a strictly lower-priority running one (vLLM
+  V0's rule: V1's admissions never preempt, only its running requests' growth does).
 - **prefix caching** (a ``PrefixCachingBlockManager``): an admitted request starts after its
   longest cached prefix.
 
@@ -191,6 +192,8 @@ class Scheduler:
             victim = running.pop()
         taken = step.sched.pop(victim, 0)
         was_decode = taken > 0 and _is_decode(victim)
+        if taken:
+            self.bm.forget_uncomputed(victim)  # registered as scheduled: never computed now
         if victim.spec_token_ids:
             if was_decode and taken > 1:  # its draft rows were scheduled: take them back
                 step.num_drafts -= 1
@@ -255,6 +258,8 @@ class Scheduler:
         lowest = max(running, key=priority_key)
         if lowest.priority <= req.priority:
             return None
+        if lowest in step.sched and self.bm.shares_uncomputed(lowest):
+            return None  # an admission of this step reads the KV it writes in this step
         victim, _, taken, was_decode = self._preempt(step)
         assert victim is lowest
         step.num_decodes_taken += was_decode
@@ -372,6 +377,8 @@ class Scheduler:
             if fits:
                 sched[req] = n
                 budget -= n
+                if self._caching:
+                    bm.register_full_blocks(req, req.num_computed_tokens + n)
         return budget
 
     def _schedule_drafts(self, req: Request, c: int, budget: int, step: _Step) -> int:
@@ -473,6 +480,8 @@ class Scheduler:
             self._start(req, now, c, step)
             sched[req] = n
             budget -= n
+            if self._caching:  # as vLLM V1: findable by the admissions after it in this step
+                bm.register_full_blocks(req, c + n)
             # Resumed from swap, or cached up to its last token: a decode after the prefills.
             if _is_decode(req):
                 step.late_decodes = True

@@ -404,6 +404,88 @@ def test_the_last_token_is_always_computed():
     assert plan(out) == [(1, 4)] and out.record.num_cached_tokens == 4
 
 
+def test_a_prefix_scheduled_in_this_step_is_a_hit_for_a_later_admission_in_it():
+    """vLLM V1 caches a request's full blocks when they are allocated (allocate_slots ->
+    cache_blocks, before the forward): a request admitted later in the same step finds them.
+    Hand-computed, 4-token blocks, budget 64: a (12 tokens) takes 3 blocks; b, its twin, finds
+    2 (its last token is always computed) and computes 4; c (a's 12 + 2) finds all 3 and
+    computes 2. KV: 3 + 1 + 1 blocks. Before, blocks were registered after the step: nothing
+    hit, 38 tokens were computed in 10 blocks."""
+    eng = make_engine(20, caching=True)
+    p = list(range(100, 112))
+    for i, prompt in enumerate((p, list(p), p + [7, 8])):
+        eng.add_request(Request(i, len(prompt), 2, prompt_token_ids=prompt))
+    out = step(eng)
+    assert plan(out) == [(0, 12), (1, 4), (2, 2)]
+    rec = out.record
+    assert (rec.num_cached_tokens, rec.num_prefix_queried_tokens) == (8 + 12, 38)
+    assert rec.num_prefill_tokens == 18 and rec.kv_blocks_used == 5
+    # A chunk counts too: d (24 tokens, budget 16) computes 16 then 8; e, its twin, arrives
+    # for the second step and finds the 5 blocks of 23 tokens d holds by that step's end.
+    eng = make_engine(20, caching=True, max_num_batched_tokens=16)
+    q = list(range(200, 224))
+    eng.add_request(Request(0, 24, 2, prompt_token_ids=q))
+    assert plan(step(eng)) == [(0, 16)]
+    eng.add_request(Request(1, 24, 2, prompt_token_ids=list(q)))
+    out = step(eng)
+    assert plan(out) == [(0, 8), (1, 4)] and out.record.num_cached_tokens == 20
+
+
+def test_a_step_that_fails_leaves_no_uncomputed_block_cached():
+    """The blocks registered when a step was scheduled hold no KV if the step fails: a later
+    twin must compute its prompt, not read them."""
+    eng = make_engine(20, caching=True)
+    p = list(range(100, 112))
+    eng.add_request(Request(0, 12, 2, prompt_token_ids=p))
+
+    def boom(sched):
+        raise RuntimeError("device lost")
+
+    ok = eng.executor.execute
+    eng.executor.execute = boom
+    with pytest.raises(Exception, match="device lost"):
+        eng.step()
+    eng.executor.execute = ok
+    eng.add_request(Request(1, 12, 2, prompt_token_ids=list(p)))
+    out = step(eng)
+    assert plan(out) == [(1, 12)] and out.record.num_cached_tokens == 0
+
+
+def test_a_victim_read_in_its_step_by_an_admission_is_not_preempted():
+    """Priority, 4 blocks of 4, budget 8: L (priority 2, 12 tokens) computes 8, then its last
+    4 (block 2, registered as scheduled). A (priority 0, L's 12 + 1) finds L's 3 blocks in
+    that step; B (priority 1) then finds the pool dry. A reads block 2, whose KV L writes in
+    this step's forward: L is not preempted, B waits."""
+    eng = make_engine(4, caching=True, queue_policy="priority", max_num_batched_tokens=8)
+    q = list(range(100, 112))
+    eng.add_request(Request(0, 12, 1, prompt_token_ids=q, priority=2))
+    assert plan(step(eng)) == [(0, 8)]
+    eng.add_request(Request(1, 13, 2, prompt_token_ids=q + [50], priority=0))
+    eng.add_request(Request(2, 4, 2, prompt_token_ids=[1, 2, 3, 4], priority=1))
+    out = step(eng)
+    assert plan(out) == [(0, 4), (1, 1)] and out.scheduled.preempted == []
+    assert out.record.num_cached_tokens == 12
+
+
+def test_a_victim_taken_back_in_its_step_leaves_no_uncomputed_block_cached():
+    """Priority, 5 blocks of 4, budget 12: L (priority 2, 20 tokens) computes 12, then is
+    scheduled its last 8 (blocks 3 and 4, registered as scheduled); B (priority 1) finds the
+    pool dry and preempts L, whose 8 tokens are taken back. B takes block 4; block 3 must not
+    stay findable (its KV is never written)."""
+    eng = make_engine(5, caching=True, queue_policy="priority", max_num_batched_tokens=12)
+    q = list(range(100, 120))
+    eng.add_request(Request(0, 20, 1, prompt_token_ids=q, priority=2))
+    assert plan(step(eng)) == [(0, 12)]
+    eng.add_request(Request(1, 4, 2, prompt_token_ids=[1, 2, 3, 4], priority=1))
+    out = step(eng)
+    assert [r.request_id for r in out.scheduled.preempted] == [0] and plan(out) == [(1, 4)]
+    h = 0
+    for i in range(3):
+        h = hash_block(h, q[4 * i : 4 * i + 4])
+    cached = eng.block_manager.cached
+    assert h in cached and hash_block(h, q[12:16]) not in cached  # computed blocks only
+
+
 def test_lru_eviction_takes_the_tail_of_the_least_recently_used_prefix_first():
     eng = make_engine(4, caching=True)
     bm = eng.block_manager
