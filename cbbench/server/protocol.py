@@ -18,7 +18,7 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   ...``: clients parse them).
 - Unknown fields are ignored (``user``, ...); fields that would change the output's
   meaning and are not supported (``n`` > 1, ``best_of`` > 1, ``echo``, ``logprobs``, ``stop``,
-  ``suffix``, ``logit_bias``; vLLM's ``repetition_penalty`` other than 1, ``presence_penalty``,
+  ``suffix``, ``logit_bias``, a ``response_format`` other than text; vLLM's ``repetition_penalty`` other than 1, ``presence_penalty``,
   ``frequency_penalty`` and ``min_p`` other than 0, on the Responses API too, out of vLLM's
   ranges in vLLM's words) are a 400 rather than silently dropped; so is ``min_tokens`` > 0
   on the torch engine (its sampler cannot keep an end-of-sequence token from being sampled;
@@ -162,6 +162,25 @@ NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
 PENALTY_RANGE = (-2.0, 2.0)  # vLLM's presence_penalty and frequency_penalty
 
 
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format`` (the Responses API's ``text.format``): the output's format.
+    This server writes plain text; a JSON format needs a constrained decoder (vLLM's structured
+    outputs), which it does not have."""
+
+    model_config = STRICT
+
+    type: str = "text"
+
+
+def check_plain_text(fmt: ResponseFormat | None, param: str) -> None:
+    """A format other than plain text is a 400: a 200 would be text the client's JSON parse
+    (the SDK's ``chat.completions.parse``) fails on, or a schema it does not follow."""
+    if fmt is not None and fmt.type != "text":
+        raise APIError(400, f"{param} {fmt.type!r} is not supported: this server does not "
+                       "constrain its output (structured outputs); only 'text' is",
+                       param=param)
+
+
 class UnappliedSampling(BaseModel):
     """vLLM's penalties and min_p, which change the tokens sampled: at their neutral values
     (or left out) accepted; out of vLLM's ranges a 400 in vLLM's words (SamplingParams'
@@ -215,6 +234,7 @@ class _Base(UnappliedSampling):
     # early (the simulator's run to max_tokens); elsewhere a 400 (OpenAIApi.parse).
     min_tokens: int | None = Field(None, ge=0)
     logit_bias: dict[str, float] | None = None  # changes the output: a 400 unless empty
+    response_format: ResponseFormat | None = None  # only "text" (check_plain_text)
     return_token_times: bool = False  # cbbench extension
     # cbbench extension: the first reasoning_tokens output tokens are the model's reasoning
     # (chat: streamed in delta.reasoning_content, or the field --reasoning-field names).
@@ -238,6 +258,7 @@ class _Base(UnappliedSampling):
             raise APIError(400, "stop sequences are not supported", param="stop")
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        check_plain_text(self.response_format, "response_format")
 
     def check_min_tokens(self, max_tokens: int, outputs_run_to_max: bool) -> None:
         """min_tokens (vLLM's) above 0: held by an engine whose outputs always run to

@@ -1,0 +1,51 @@
+"""The openai SDK's request fields `cbbench serve` cannot honour: a 400 the SDK raises as
+``openai.BadRequestError`` naming the field (vLLM's answer where vLLM refuses the request too),
+never a 200 whose output ignored the field (the eighth review held serve to the SDKs)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import SERVE_MODEL, sim_options, start_server
+
+from cbbench.cli.serve import build_serving_engine
+
+openai = pytest.importorskip("openai")
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def sdk():
+    run = start_server(lambda: build_serving_engine(sim_options()))
+    client = openai.OpenAI(base_url=run.url + "/v1", api_key="x", max_retries=0, timeout=30.0)
+    yield client
+    client.close()
+    run.stop()
+
+
+def _refused(call, param: str, words: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=words) as e:
+        call()
+    assert e.value.status_code == 400 and e.value.body["param"] == param
+
+
+@pytest.mark.parametrize("fmt", [
+    {"type": "json_object"},
+    {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}},
+])
+def test_a_structured_output_format_is_refused_not_ignored(sdk, fmt):
+    """response_format asks for JSON; the server's output is not constrained, so a 200 was text
+    the client's JSON parse (``chat.completions.parse``) fails on."""
+    _refused(lambda: sdk.chat.completions.create(model=SERVE_MODEL, messages=MESSAGES,
+                                                 max_tokens=2, response_format=fmt),
+             "response_format", "response_format")
+    _refused(lambda: sdk.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=2,
+                                          text={"format": {**fmt, **fmt.get("json_schema", {})}}),
+             "text.format", "text.format")
+    # Plain text (the default) is what the server writes: accepted.
+    r = sdk.chat.completions.create(model=SERVE_MODEL, messages=MESSAGES, max_tokens=2,
+                                    response_format={"type": "text"})
+    assert r.usage.completion_tokens == 2
+    r2 = sdk.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=2,
+                              text={"format": {"type": "text"}})
+    assert r2.usage.output_tokens == 2
