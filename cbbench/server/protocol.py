@@ -287,7 +287,8 @@ class CompletionRequest(_Base):
         super().check_supported()
         if self.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        if self.logprobs:
+        # 0 asks for the chosen tokens' logprobs (no alternatives), as OpenAI and vLLM read it.
+        if self.logprobs is not None:
             raise APIError(400, "logprobs are not supported", param="logprobs")
         if self.best_of is not None and self.best_of != 1:
             raise APIError(400, "only best_of=1 is supported", param="best_of")
@@ -392,6 +393,7 @@ class ChatRequest(_Base):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
@@ -399,6 +401,13 @@ class ChatRequest(_Base):
         super().check_supported()
         if self.logprobs:
             raise APIError(400, "logprobs are not supported", param="logprobs")
+        top = self.top_logprobs  # without logprobs: vLLM's checks, in its words
+        if top is not None and top < 0 and top != -1:
+            raise APIError(400, "`top_logprobs` must be a positive value or -1.",
+                           param="top_logprobs")
+        if top is not None and top != 0:
+            raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
+                           param="top_logprobs")
         choice = self.tool_choice
         if choice is not None and choice != "none" and not self.tools:
             raise APIError(400, "tool_choice needs tools", param="tool_choice")

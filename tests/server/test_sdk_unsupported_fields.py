@@ -49,3 +49,17 @@ def test_a_structured_output_format_is_refused_not_ignored(sdk, fmt):
     r2 = sdk.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=2,
                               text={"format": {"type": "text"}})
     assert r2.usage.output_tokens == 2
+
+
+def test_logprobs_asked_for_are_refused_not_left_out(sdk):
+    """``logprobs=0`` asks for the chosen tokens' logprobs (OpenAI's and vLLM's reading: 0 top
+    alternatives), and chat's ``top_logprobs`` without ``logprobs`` is vLLM's 400: both were a
+    200 with ``logprobs: None``."""
+    _refused(lambda: sdk.completions.create(model=SERVE_MODEL, prompt="hi", max_tokens=2,
+                                            logprobs=0), "logprobs", "logprobs")
+    _refused(lambda: sdk.chat.completions.create(model=SERVE_MODEL, messages=MESSAGES,
+                                                 max_tokens=2, top_logprobs=2),
+             "top_logprobs", "`logprobs` must be set to true")
+    r = sdk.chat.completions.create(model=SERVE_MODEL, messages=MESSAGES, max_tokens=2,
+                                    logprobs=False)
+    assert r.choices[0].logprobs is None and r.usage.completion_tokens == 2
