@@ -254,6 +254,11 @@ class _Base(UnappliedSampling):
     def check_supported(self) -> None:
         if self.n != 1:
             raise APIError(400, "only n=1 is supported", param="n")
+        # vLLM's rule in its words: an option set (an empty object is none) needs a stream.
+        if self.stream_options is not None and self.stream_options.model_fields_set \
+                and not self.stream:
+            raise APIError(400, "Stream options can only be defined when `stream=True`.",
+                           param="stream_options")
         if self.stop:
             raise APIError(400, "stop sequences are not supported", param="stop")
         if self.logit_bias:

@@ -63,3 +63,16 @@ def test_logprobs_asked_for_are_refused_not_left_out(sdk):
     r = sdk.chat.completions.create(model=SERVE_MODEL, messages=MESSAGES, max_tokens=2,
                                     logprobs=False)
     assert r.choices[0].logprobs is None and r.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_stream_options_without_stream_is_vllms_400(sdk, api):
+    """vLLM refuses stream_options on a request that does not stream (its words below); a 200
+    told a client that asked for usage chunks nothing of why none came."""
+    create = (sdk.chat.completions.create if api == "chat" else sdk.completions.create)
+    body = {"messages": MESSAGES} if api == "chat" else {"prompt": "hi"}
+    _refused(lambda: create(model=SERVE_MODEL, max_tokens=2, stream=False,
+                            stream_options={"include_usage": True}, **body),
+             "stream_options", "only be defined when `stream=True`")
+    # An empty object is no option (vLLM's test is the value's truth): accepted.
+    assert create(model=SERVE_MODEL, max_tokens=2, stream_options={}, **body).usage.total_tokens
