@@ -1,6 +1,7 @@
-"""The openai SDK's request fields `cbbench serve` cannot honour: a 400 the SDK raises as
-``openai.BadRequestError`` naming the field (vLLM's answer where vLLM refuses the request too),
-never a 200 whose output ignored the field (the eighth review held serve to the SDKs)."""
+"""The SDKs' request fields `cbbench serve` cannot honour: a 400 the SDK raises as its
+``BadRequestError`` naming the field (vLLM's answer where vLLM refuses the request too), never a
+200 whose output ignored the field (the eighth review held serve to the openai and anthropic
+SDKs)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,17 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
-def sdk():
+def served():
     run = start_server(lambda: build_serving_engine(sim_options()))
-    client = openai.OpenAI(base_url=run.url + "/v1", api_key="x", max_retries=0, timeout=30.0)
+    yield run
+    run.stop()
+
+
+@pytest.fixture(scope="module")
+def sdk(served):
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0, timeout=30.0)
     yield client
     client.close()
-    run.stop()
 
 
 def _refused(call, param: str, words: str) -> None:
@@ -76,3 +82,12 @@ def test_stream_options_without_stream_is_vllms_400(sdk, api):
              "stream_options", "only be defined when `stream=True`")
     # An empty object is no option (vLLM's test is the value's truth): accepted.
     assert create(model=SERVE_MODEL, max_tokens=2, stream_options={}, **body).usage.total_tokens
+
+
+def test_responses_logprobs_asked_for_are_refused(sdk):
+    """``include: ["message.output_text.logprobs"]`` asks for them; the answer was
+    ``logprobs: []``, read as a text of no tokens."""
+    _refused(lambda: sdk.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=2,
+                                          include=["message.output_text.logprobs"],
+                                          top_logprobs=2), "include", "logprobs")
+

@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     from cbbench.server.context import ServeConfig, ServeContext, Served
 
 LENGTH = "length"
+# The include value that asks for the answer's logprobs (OpenAI's; vLLM's too).
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 
 
 class ContentPart(BaseModel):
@@ -149,6 +151,7 @@ class ResponsesRequest(UnappliedSampling):
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     text: TextConfig | None = None
+    include: list[str] | None = None  # OUTPUT_LOGPROBS in it is a 400 (no logprobs here)
     reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def messages(self) -> list[ChatMessage]:
@@ -376,6 +379,8 @@ class ResponsesApi:
         s = ctx.ready()
         ctx.check_model(s, req.model)
         check_plain_text(req.text.format if req.text else None, "text.format")
+        if OUTPUT_LOGPROBS in (req.include or ()):
+            raise APIError(400, "logprobs are not supported", param="include")
         conversation = req.messages()
         if req.previous_response_id is not None:
             before = ctx.responses.get(req.previous_response_id)
