@@ -91,3 +91,19 @@ def test_responses_logprobs_asked_for_are_refused(sdk):
                                           include=["message.output_text.logprobs"],
                                           top_logprobs=2), "include", "logprobs")
 
+
+def test_anthropic_structured_output_is_refused_not_ignored(served):
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=served.url, api_key="x", max_retries=0, timeout=30.0)
+    fmt = {"type": "json_schema", "schema": {"type": "object"}}
+    for field in ("output_config", "output_format"):
+        body = {"format": fmt} if field == "output_config" else fmt
+        with pytest.raises(anthropic.BadRequestError, match="structured outputs") as e:
+            client.messages.create(model=SERVE_MODEL, max_tokens=2, messages=MESSAGES,
+                                   extra_body={field: body})
+        assert e.value.body["error"]["type"] == "invalid_request_error"
+    # output_config without a format (its effort, say) changes nothing here: accepted.
+    msg = client.messages.create(model=SERVE_MODEL, max_tokens=2, messages=MESSAGES,
+                                 extra_body={"output_config": {"effort": "low"}})
+    assert msg.usage.output_tokens == 2
+    client.close()
