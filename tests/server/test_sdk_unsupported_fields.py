@@ -89,7 +89,8 @@ def test_responses_logprobs_asked_for_are_refused(sdk):
     ``logprobs: []``, read as a text of no tokens."""
     _refused(lambda: sdk.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=2,
                                           include=["message.output_text.logprobs"],
-                                          top_logprobs=2), "include", "logprobs")
+                                          extra_body={"top_logprobs": 2}),
+             "include", "logprobs")
 
 
 def test_anthropic_structured_output_is_refused_not_ignored(served):
