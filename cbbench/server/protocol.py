@@ -18,7 +18,7 @@ Choices worth knowing (documented in `cbbench serve --help` too):
   ...``: clients parse them).
 - Unknown fields are ignored (``user``, ...); fields that would change the output's
   meaning and are not supported (``n`` > 1, ``best_of`` > 1, ``echo``, ``logprobs``, ``stop``,
-  ``suffix``, ``logit_bias``; vLLM's ``repetition_penalty`` other than 1, ``presence_penalty``,
+  ``suffix``, ``logit_bias``, a ``response_format`` other than text; vLLM's ``repetition_penalty`` other than 1, ``presence_penalty``,
   ``frequency_penalty`` and ``min_p`` other than 0, on the Responses API too, out of vLLM's
   ranges in vLLM's words) are a 400 rather than silently dropped; so is ``min_tokens`` > 0
   on the torch engine (its sampler cannot keep an end-of-sequence token from being sampled;
@@ -162,6 +162,25 @@ NEUTRAL_SAMPLING = {"repetition_penalty": 1.0, "presence_penalty": 0.0,
 PENALTY_RANGE = (-2.0, 2.0)  # vLLM's presence_penalty and frequency_penalty
 
 
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format`` (the Responses API's ``text.format``): the output's format.
+    This server writes plain text; a JSON format needs a constrained decoder (vLLM's structured
+    outputs), which it does not have."""
+
+    model_config = STRICT
+
+    type: str = "text"
+
+
+def check_plain_text(fmt: ResponseFormat | None, param: str) -> None:
+    """A format other than plain text is a 400: a 200 would be text the client's JSON parse
+    (the SDK's ``chat.completions.parse``) fails on, or a schema it does not follow."""
+    if fmt is not None and fmt.type != "text":
+        raise APIError(400, f"{param} {fmt.type!r} is not supported: this server does not "
+                       "constrain its output (structured outputs); only 'text' is",
+                       param=param)
+
+
 class UnappliedSampling(BaseModel):
     """vLLM's penalties and min_p, which change the tokens sampled: at their neutral values
     (or left out) accepted; out of vLLM's ranges a 400 in vLLM's words (SamplingParams'
@@ -215,6 +234,7 @@ class _Base(UnappliedSampling):
     # early (the simulator's run to max_tokens); elsewhere a 400 (OpenAIApi.parse).
     min_tokens: int | None = Field(None, ge=0)
     logit_bias: dict[str, float] | None = None  # changes the output: a 400 unless empty
+    response_format: ResponseFormat | None = None  # only "text" (check_plain_text)
     return_token_times: bool = False  # cbbench extension
     # cbbench extension: the first reasoning_tokens output tokens are the model's reasoning
     # (chat: streamed in delta.reasoning_content, or the field --reasoning-field names).
@@ -234,10 +254,16 @@ class _Base(UnappliedSampling):
     def check_supported(self) -> None:
         if self.n != 1:
             raise APIError(400, "only n=1 is supported", param="n")
+        # vLLM's rule in its words: an option set (an empty object is none) needs a stream.
+        if self.stream_options is not None and self.stream_options.model_fields_set \
+                and not self.stream:
+            raise APIError(400, "Stream options can only be defined when `stream=True`.",
+                           param="stream_options")
         if self.stop:
             raise APIError(400, "stop sequences are not supported", param="stop")
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
+        check_plain_text(self.response_format, "response_format")
 
     def check_min_tokens(self, max_tokens: int, outputs_run_to_max: bool) -> None:
         """min_tokens (vLLM's) above 0: held by an engine whose outputs always run to
@@ -266,7 +292,8 @@ class CompletionRequest(_Base):
         super().check_supported()
         if self.echo:
             raise APIError(400, "echo is not supported", param="echo")
-        if self.logprobs:
+        # 0 asks for the chosen tokens' logprobs (no alternatives), as OpenAI and vLLM read it.
+        if self.logprobs is not None:
             raise APIError(400, "logprobs are not supported", param="logprobs")
         if self.best_of is not None and self.best_of != 1:
             raise APIError(400, "only best_of=1 is supported", param="best_of")
@@ -371,6 +398,7 @@ class ChatRequest(_Base):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
@@ -378,6 +406,13 @@ class ChatRequest(_Base):
         super().check_supported()
         if self.logprobs:
             raise APIError(400, "logprobs are not supported", param="logprobs")
+        top = self.top_logprobs  # without logprobs: vLLM's checks, in its words
+        if top is not None and top < 0 and top != -1:
+            raise APIError(400, "`top_logprobs` must be a positive value or -1.",
+                           param="top_logprobs")
+        if top is not None and top != 0:
+            raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
+                           param="top_logprobs")
         choice = self.tool_choice
         if choice is not None and choice != "none" and not self.tools:
             raise APIError(400, "tool_choice needs tools", param="tool_choice")

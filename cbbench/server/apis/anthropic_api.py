@@ -7,7 +7,8 @@ user's ``tool_result``), ``system``, the sampling fields, ``tools`` (``{"name", 
 and ``tool_choice`` (``auto`` | ``any`` | ``tool`` | ``none``), and cbbench's
 ``reasoning_tokens`` extension: the first N output tokens are the model's thinking. The
 conversation is rendered with the chat template of /v1/chat/completions (chat_render.py: the
-tokenizer's own, else the minimal one); ``tools`` are not given to it.
+tokenizer's own, else the minimal one); ``tools`` are not given to it. ``stop_sequences`` and
+structured outputs (``output_config.format``, the beta's ``output_format``) are a 400.
 
 A stream is ``event: TYPE`` / ``data: JSON``: ``message_start`` (the message and its
 ``usage``, written with the first tokens, once the engine scheduled the request and its
@@ -97,6 +98,12 @@ class ToolChoice(BaseModel):
     name: str | None = None
 
 
+class OutputConfig(BaseModel):
+    model_config = STRICT_FINITE
+
+    format: dict | None = None  # structured outputs: a 400 (AnthropicApi.parse)
+
+
 class MessagesRequest(BaseModel):
     model_config = STRICT_FINITE
 
@@ -113,6 +120,8 @@ class MessagesRequest(BaseModel):
     stop_sequences: list[str] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
+    output_format: dict | None = None  # the beta's name of output_config.format
     reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def chat_messages(self) -> list[ChatMessage]:
@@ -272,6 +281,10 @@ class AnthropicApi:
         ctx.check_model(s, req.model)
         if req.stop_sequences:
             raise APIError(400, "stop_sequences are not supported", param="stop_sequences")
+        if req.output_format is not None or (req.output_config and req.output_config.format):
+            # A JSON schema needs a constrained decoder; a 200 would be text that follows none.
+            raise APIError(400, "output_config.format is not supported: this server does not "
+                           "constrain its output (structured outputs)", param="output_config")
         ids = s.chat.encode(s.codec, req.chat_messages())
         check_vocab(ids, s.vocab_size, "messages")
         plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())

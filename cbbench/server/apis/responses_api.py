@@ -45,9 +45,11 @@ from cbbench.server.protocol import (
     STRICT_FINITE,
     APIError,
     ChatMessage,
+    ResponseFormat,
     ToolCall,
     ToolCallFunction,
     UnappliedSampling,
+    check_plain_text,
     check_vocab,
     parse_request,
 )
@@ -66,6 +68,8 @@ if TYPE_CHECKING:
     from cbbench.server.context import ServeConfig, ServeContext, Served
 
 LENGTH = "length"
+# The include value that asks for the answer's logprobs (OpenAI's; vLLM's too).
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 
 
 class ContentPart(BaseModel):
@@ -121,6 +125,12 @@ class NamedFunction(BaseModel):
     name: str
 
 
+class TextConfig(BaseModel):
+    model_config = STRICT_FINITE
+
+    format: ResponseFormat | None = None  # only "text" (check_plain_text)
+
+
 class ResponsesRequest(UnappliedSampling):
     model_config = STRICT_FINITE
 
@@ -140,6 +150,8 @@ class ResponsesRequest(UnappliedSampling):
     previous_response_id: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    text: TextConfig | None = None
+    include: list[str] | None = None  # OUTPUT_LOGPROBS in it is a 400 (no logprobs here)
     reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def messages(self) -> list[ChatMessage]:
@@ -366,6 +378,9 @@ class ResponsesApi:
         req = parse_request(ResponsesRequest, body)
         s = ctx.ready()
         ctx.check_model(s, req.model)
+        check_plain_text(req.text.format if req.text else None, "text.format")
+        if OUTPUT_LOGPROBS in (req.include or ()):
+            raise APIError(400, "logprobs are not supported", param="include")
         conversation = req.messages()
         if req.previous_response_id is not None:
             before = ctx.responses.get(req.previous_response_id)
