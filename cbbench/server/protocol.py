@@ -214,6 +214,10 @@ class UnappliedSampling(BaseModel):
         return self
 
 
+VLLM_STRUCTURED_OUTPUTS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                           "guided_grammar")
+
+
 class _Base(UnappliedSampling):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
 
@@ -235,6 +239,13 @@ class _Base(UnappliedSampling):
     min_tokens: int | None = Field(None, ge=0)
     logit_bias: dict[str, float] | None = None  # changes the output: a 400 unless empty
     response_format: ResponseFormat | None = None  # only "text" (check_plain_text)
+    # vLLM's own structured outputs, beside response_format: refused as it is (the output
+    # is not constrained). Typed loosely: any value given is refused.
+    structured_outputs: object = None
+    guided_json: object = None
+    guided_regex: object = None
+    guided_choice: object = None
+    guided_grammar: object = None
     return_token_times: bool = False  # cbbench extension
     # cbbench extension: the first reasoning_tokens output tokens are the model's reasoning
     # (chat: streamed in delta.reasoning_content, or the field --reasoning-field names).
@@ -264,6 +275,10 @@ class _Base(UnappliedSampling):
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported", param="logit_bias")
         check_plain_text(self.response_format, "response_format")
+        for name in VLLM_STRUCTURED_OUTPUTS:
+            if getattr(self, name) is not None:
+                raise APIError(400, f"{name} is not supported: this server does not constrain "
+                               "its output (structured outputs)", param=name)
 
     def check_min_tokens(self, max_tokens: int, outputs_run_to_max: bool) -> None:
         """min_tokens (vLLM's) above 0: held by an engine whose outputs always run to

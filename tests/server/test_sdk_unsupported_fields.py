@@ -108,3 +108,23 @@ def test_anthropic_structured_output_is_refused_not_ignored(served):
                                  extra_body={"output_config": {"effort": "low"}})
     assert msg.usage.output_tokens == 2
     client.close()
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("structured_outputs", {"json": {"type": "object"}}),
+    ("guided_json", {"type": "object"}),
+    ("guided_choice", ["yes", "no"]),
+    ("guided_regex", "[ab]+"),
+    ("guided_grammar", "root ::= 'a'"),
+])
+def test_vllms_structured_output_fields_are_refused_not_ignored(sdk, field, value):
+    """vLLM's own structured-output fields (beside response_format), sent through the SDK's
+    extra_body as a vLLM user does: a 200 was unconstrained text the caller took as following
+    the schema or the choice."""
+    for call in (
+        lambda: sdk.chat.completions.create(model=SERVE_MODEL, messages=MESSAGES, max_tokens=2,
+                                            extra_body={field: value}),
+        lambda: sdk.completions.create(model=SERVE_MODEL, prompt="hi", max_tokens=2,
+                                       extra_body={field: value}),
+    ):
+        _refused(call, field, field)
