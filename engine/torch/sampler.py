@@ -280,13 +280,18 @@ def _apply_top_k_top_p(logits: torch.Tensor, rows: RowParams, is_random: torch.T
         off = ((top_k <= 0) | ~is_random).unsqueeze(1)
         threshold = threshold.masked_fill(off, float("-inf"))
         return logits.masked_fill(logits < threshold, float("-inf"))
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
-    drop = ranks >= k.unsqueeze(1)
-    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-    # Keep a token while the mass before it is below p: the top token always survives.
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop |= mass_before >= top_p.unsqueeze(1)
+    # Ascending, as vLLM's apply_top_k_top_p: the tail's mass accumulates from its smallest
+    # terms, so a row's top-p of 1.0 (off, beside a row that uses one) drops nothing.
+    sorted_logits, order = logits.sort(dim=-1)
+    # Below the k-th largest logit out; tokens tied with it stay (HF's TopKLogitsWarper, vLLM's
+    # rule, and the top-k-only pass above: bf16 logits tie often).
+    kth = sorted_logits.gather(1, (vocab - k).unsqueeze(1))
+    sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    # Out while the mass at or below a token is at most 1 - p (HF's TopPLogitsWarper): the
+    # token that crosses p stays, and the top token always.
+    mass_to = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    drop = mass_to <= (1.0 - top_p).unsqueeze(1)
+    drop[:, -1] = False
     drop &= is_random.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
