@@ -26,7 +26,8 @@ def list_workloads() -> None:
 
 
 def show_workload(
-    name: Annotated[str, typer.Argument(help="A built-in workload name or a JSONL file.")],
+    name: Annotated[str, typer.Argument(
+        help="A built-in workload name, a JSONL file or a trace (Azure, BurstGPT, Mooncake).")],
 ) -> None:
     """Show a workload's request count and length statistics."""
     from cbbench.load.workload import length_stats, load_workload
@@ -44,6 +45,8 @@ def show_workload(
         # has_arrivals: every request has one
         last = max(r.arrival_s for r in w.requests if r.arrival_s is not None)
         typer.echo(f"trace arrivals over {last:.1f} s")
+    for note in w.notes:  # what loading left out (a trace's failed rows), as a run says it
+        typer.echo(note)
 
 
 def _show_sessions(w) -> None:

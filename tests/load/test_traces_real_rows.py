@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import run_spec
+from helpers import invoke_app, run_spec
 
 from cbbench.bench.runner import execute_run
 from cbbench.engine.args import EngineArgs
@@ -95,3 +95,14 @@ def test_a_blank_line_before_the_header_is_read_as_the_format_detects_it(tmp_pat
         path.write_bytes(("\ufeff\n" + text).encode())
         assert len(load_workload(str(path)).requests) == 4
 
+
+def test_workloads_show_counts_the_rows_it_skipped(tmp_path: Path) -> None:
+    """`workloads show` printed "3 requests" of BurstGPT_1's four rows and nothing of the failed
+    one it left out, which a run reports; a user sizing a replay read the file as 3 rows."""
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text(BURSTGPT_1)
+    res = invoke_app(["workloads", "show", str(path)])
+    assert res.exit_code == 0, res.output
+    assert res.output.startswith("BurstGPT_1.csv: 3 requests.")
+    assert "skipped 1 rows with 0 prompt or output tokens" in res.output
+    assert "trace arrivals over 113.0 s" in res.output  # 118 - 5
