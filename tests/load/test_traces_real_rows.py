@@ -106,3 +106,18 @@ def test_workloads_show_counts_the_rows_it_skipped(tmp_path: Path) -> None:
     assert res.output.startswith("BurstGPT_1.csv: 3 requests.")
     assert "skipped 1 rows with 0 prompt or output tokens" in res.output
     assert "trace arrivals over 113.0 s" in res.output  # 118 - 5
+
+
+def test_workloads_show_gives_the_span_the_replay_sends(tmp_path: Path) -> None:
+    """A JSONL file's arrival_s need not start at 0: the replay sends 5.5, 6 and 7 at 0, 0.5
+    and 1.5 s (offsets from the first), but show said "trace arrivals over 7.0 s"."""
+    path = tmp_path / "timed.jsonl"
+    path.write_text('{"prompt_len": 100, "output_len": 10, "arrival_s": 5.5}\n'
+                    '{"prompt_len": 30, "output_len": 3, "arrival_s": 7}\n'
+                    '{"prompt_len": 20, "output_len": 4, "arrival_s": 6}\n')
+    res = invoke_app(["workloads", "show", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "trace arrivals over 1.5 s" in res.output
+    starts = sorted(r.intended_start_s for r in execute_run(run_spec(
+        workload=str(path), num_requests=None, arrival="trace", engine=SIM)).requests)
+    assert starts == pytest.approx([0.0, 0.5, 1.5])
