@@ -26,7 +26,8 @@ def list_workloads() -> None:
 
 
 def show_workload(
-    name: Annotated[str, typer.Argument(help="A built-in workload name or a JSONL file.")],
+    name: Annotated[str, typer.Argument(
+        help="A built-in workload name, a JSONL file or a trace (Azure, BurstGPT, Mooncake).")],
 ) -> None:
     """Show a workload's request count and length statistics."""
     from cbbench.load.workload import length_stats, load_workload
@@ -41,9 +42,12 @@ def show_workload(
     rows = [[k, *(round(st[k][s], 1) for s in keys)] for k in ("prompt_len", "output_len")]
     typer.echo(tabulate(rows, headers=["tokens", *keys]))
     if w.has_arrivals:
-        # has_arrivals: every request has one
-        last = max(r.arrival_s for r in w.requests if r.arrival_s is not None)
-        typer.echo(f"trace arrivals over {last:.1f} s")
+        # has_arrivals: every request has one. The span the replay sends: its offsets are
+        # from the first arrival (a JSONL file's arrival_s need not start at 0).
+        times = [r.arrival_s for r in w.requests if r.arrival_s is not None]
+        typer.echo(f"trace arrivals over {max(times) - min(times):.1f} s")
+    for note in w.notes:  # what loading left out (a trace's failed rows), as a run says it
+        typer.echo(note)
 
 
 def _show_sessions(w) -> None:

@@ -139,8 +139,12 @@ def _csv_rows(path: Path, columns: tuple[str, ...]):
     header = None
     for lineno, line in jsonl_lines(path):
         where = f"{path}:{lineno}"
+        if lineno == 1:
+            line = line.lstrip("\ufeff")
+        if header is None and not line.strip():
+            continue  # blank lines before the header, skipped as detect_format skips them
         try:
-            row = next(csv.reader([line.lstrip("\ufeff") if lineno == 1 else line]), [])
+            row = next(csv.reader([line]), [])
         except csv.Error as e:  # a field beyond csv's size limit, a NUL
             raise UsageError(f"{where}: not a CSV row ({e})") from None
         if header is None:
