@@ -31,6 +31,7 @@ What carries over, and how it differs from a cbbench run of the same load:
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -78,6 +79,12 @@ class Scenario(ToolFields):
     data: Any = None
     target: Any = None
     model: Any = None
+    spec: Any = None  # GuideLLM 0.8: the scenario is here (Spec)
+
+
+class Spec(ToolFields):
+    backend: Any = None  # target, model
+    data: Any = None  # a list of data-source objects
 
 
 class Row(ToolFields):
@@ -150,7 +157,18 @@ def _strategy_of(bench: Benchmark, where: str) -> Strategy | None:
 
 
 def _scenario(data: Mapping, where: str) -> Scenario:
-    return part(Scenario, Report.model_validate(dict(data)).config, where, "config", TOOL)
+    """The scenario's data, target and model: in config.spec (backend.target, backend.model,
+    data) as GuideLLM 0.8 writes them, else in config itself."""
+    scenario = part(Scenario, Report.model_validate(dict(data)).config, where, "config", TOOL)
+    spec = part(Spec, scenario.spec, where, "config.spec", TOOL)
+    backend = part(Scenario, spec.backend, where, "config.spec.backend", TOOL)
+    sources = spec.data if isinstance(spec.data, list) else []
+    # Each source's settings without GuideLLM's unset ones (dozens of nulls a source).
+    workload = [{k: v for k, v in s.items() if v not in (None, {}, [])} if isinstance(s, dict)
+                else s for s in sources]
+    return Scenario(data=scenario.data or (json.dumps(workload) if workload else None),
+                    target=scenario.target or backend.target,
+                    model=scenario.model or backend.model)
 
 
 def _strategy(bench: object, where: str) -> str:
