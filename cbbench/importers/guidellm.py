@@ -60,6 +60,7 @@ class Report(ToolFields):
 
 class Benchmark(ToolFields):
     requests: Any = None  # lists of request stats by status
+    metrics: Any = None  # request_totals: the requests run, by status (sampled or not)
     config: Any = None
     start_time: Any = None
     duration: Any = None
@@ -183,10 +184,19 @@ def _strategy(bench: object, where: str) -> str:
 
 def _rows(bench: Benchmark, source: str) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = []
+    totals = bench.metrics.get("request_totals") if isinstance(bench.metrics, dict) else None
     for status in STATUSES:
         group = bench.requests.get(status) or []
         if not isinstance(group, list):
             raise UsageError(f"{source}: requests.{status} is not a list")
+        ran = totals.get(status) if isinstance(totals, dict) else None
+        # GuideLLM's sample_size keeps that many requests of each status, its figures over all
+        # of them: a sample's counts and throughputs were imported as the run's (10 of 59: 1.67
+        # req/s where GuideLLM said 9.88).
+        if isinstance(ran, int) and ran > len(group):
+            raise UsageError(f"{source}: GuideLLM kept {len(group)} of its {ran} {status} "
+                             "requests (its sample_size): a sample's counts and throughputs are "
+                             "not the run's; rerun GuideLLM without sample_size")
         rows += [(status, r) for r in group]
     if not rows:
         raise UsageError(f"{source} holds no requests (GuideLLM samples them: raise "

@@ -36,6 +36,23 @@ def test_guidellm_0_8_scenario_is_read(tmp_path):
     assert result["summary"]["completed"] == 3
 
 
+def test_a_sampled_guidellm_benchmark_is_refused(tmp_path):
+    # --metrics kind=generative,sample_size=10 keeps 10 requests of the 59 GuideLLM ran (its
+    # metrics.request_totals): imported, 10 completed and 1.67 req/s where GuideLLM said 9.88.
+    data = json.loads(GUIDELLM.read_text())
+    bench = data["benchmarks"][0]
+    bench["config"]["sample_size"] = 3
+    bench["metrics"]["request_totals"] = {"successful": 59, "errored": 0, "incomplete": 0,
+                                          "total": 59}
+    src = tmp_path / "sampled.json"
+    src.write_text(json.dumps(data))
+    res, _ = _import(src, "guidellm", tmp_path / "g.json")
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert line.startswith("cbbench: error:") and "\n" not in line, line
+    assert "3 of its 59 successful requests" in line and "sample_size" in line, line
+
+
 def test_aiperf_0_13_records_are_aiperfs_figures(tmp_path):
     # A warm-up record, three profiling records, one 404: AIPerf's own per-request figures
     # (from the send) are cbbench's less the send lag (cbbench counts from the credit's release).
