@@ -70,3 +70,19 @@ def test_aiperf_0_13_records_are_aiperfs_figures(tmp_path):
             m["request_latency"]["value"], abs=1e-6)
         assert rec["tpot_ms"] == pytest.approx(m["inter_token_latency"]["value"], abs=1e-9)
         assert (rec["prompt_tokens"], rec["output_tokens"]) == (63, 20)
+
+
+def test_an_unstreamed_aiperf_run_imports(tmp_path):
+    # Without --streaming AIPerf records no time_to_first_token, only request_latency: the
+    # file was refused ("a completed record without time_to_first_token"). The whole answer
+    # arrives at the end, in one event, as inference-perf's import has it.
+    src = REAL / "aiperf-0.13.0_profile_export_unstreamed.jsonl"
+    rows = [json.loads(line) for line in src.read_text().splitlines()]
+    res, result = _import(src, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    assert result["summary"]["completed"] == 2
+    for rec, row in zip(result["requests"], rows):
+        assert rec["e2el_ms"] - rec["send_lag_ms"] == pytest.approx(
+            row["metrics"]["request_latency"]["value"], abs=1e-6)
+        assert rec["ttft_ms"] == rec["e2el_ms"] and rec["event_tokens"] == [20]
+
