@@ -25,6 +25,8 @@ What carries over, and how it differs from a cbbench run of the same load:
   the events in between are spaced evenly (as GuideLLM's own over-time figures space them), the
   first carrying one token and the rest the remaining tokens shared as evenly as whole tokens
   allow. TTFT, TPOT and E2EL are exact; ITL percentiles are per-request means, not measured gaps;
+- not streamed (the backend's ``stream`` false), a request has no token times: its answer is
+  one event at ``request_end`` (TTFT = E2EL, as inference-perf's and AIPerf's imports have it);
 - ``incomplete`` requests (in flight when the benchmark ended) are imported as interrupted.
 """
 
@@ -120,6 +122,7 @@ class Timings(ToolFields):
     first_output_token_iteration: Any = None
     last_token_iteration: Any = None
     token_iterations: Any = None
+    request_end: Any = None
 
     def start(self, from_send: bool) -> Any:
         """The intended start: the send where the strategy has no arrival schedule
@@ -269,6 +272,10 @@ def _record(k: int, status: str, row: Row, t: Timings, start: float, t0: float, 
         rec.error_type = "interrupted"
         return rec
     first, last = t.first_token_iteration, t.last_token_iteration
+    if first is None and rec.output_tokens > 0 and not t.token_iterations:
+        # Not streamed (stream=false: GuideLLM counts the tokens but times none of them): the
+        # whole answer at the request's end, one event (each was imported as a failure).
+        first = last = t.request_end
     if first is None:
         rec.error, rec.error_type = "no token arrived", "error"
         return rec

@@ -86,3 +86,17 @@ def test_an_unstreamed_aiperf_run_imports(tmp_path):
             row["metrics"]["request_latency"]["value"], abs=1e-6)
         assert rec["ttft_ms"] == rec["e2el_ms"] and rec["event_tokens"] == [20]
 
+
+def test_an_unstreamed_guidellm_run_imports(tmp_path):
+    # GuideLLM with stream=false keeps no token times, only request_end: its 2 successful
+    # requests were imported as 2 failures ("no token arrived"), 0 completed.
+    src = REAL / "guidellm-0.8.1_benchmarks_unstreamed.json"
+    rows = json.loads(src.read_text())["benchmarks"][0]["requests"]["successful"]
+    res, result = _import(src, "guidellm", tmp_path / "g.json")
+    assert res.exit_code == 0, res.output
+    assert (result["summary"]["completed"], result["summary"]["failed"]) == (2, 0)
+    for rec, row in zip(result["requests"], rows):
+        t = row["info"]["timings"]  # constant: from the targeted start
+        assert rec["e2el_ms"] == pytest.approx((t["request_end"] - t["targeted_start"]) * 1e3,
+                                               abs=1e-3)
+        assert rec["ttft_ms"] == rec["e2el_ms"] and rec["event_tokens"] == [20]
