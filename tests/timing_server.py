@@ -59,9 +59,10 @@ def _plain(body: bytes, ctype: bytes = b"application/json") -> bytes:
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 # Every token event is one of two byte strings, made once: the server spends its CPU on timing,
-# not on JSON (it shares the machine with the client under test).
-TOKEN = _event({"choices": [{"index": 0, "text": " a", "finish_reason": None}]})
-LAST_TOKEN = _event({"choices": [{"index": 0, "text": " a", "finish_reason": "length"}]})
+# not on JSON (it shares the machine with the client under test). "object" as OpenAI and vLLM
+# write it: AIPerf takes a chunk without it for an error body and fails every request.
+TOKEN = _event({"object": "text_completion", "choices": [{"index": 0, "text": " a", "finish_reason": None}]})
+LAST_TOKEN = _event({"object": "text_completion", "choices": [{"index": 0, "text": " a", "finish_reason": "length"}]})
 DONE = _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
 
 

@@ -213,7 +213,11 @@ def _reasoning(rec: RequestRecord, metrics: Metrics, send: float, where: str) ->
 def _token_times(metrics: Metrics, send: float, output_tokens: int,
                  where: str) -> tuple[list[float], bool]:
     """(the times of the streamed chunks, True), or, without inter_chunk_latency, (the first
-    token's and the request's end, False): not chunks, whose tokens are then not split."""
+    token's and the request's end, False): not chunks, whose tokens are then not split; not
+    streamed (no time_to_first_token), (the request's end, True): one chunk of every token."""
+    if metrics.time_to_first_token is None and metrics.request_latency is not None:
+        # Not streamed (AIPerf records no TTFT then): the whole answer at the end, one event.
+        return [send + _seconds(metrics.request_latency, "request_latency", where)], True
     first = send + _seconds(metrics.time_to_first_token, "time_to_first_token", where)
     times = [first]
     chunks = metrics.inter_chunk_latency

@@ -25,12 +25,15 @@ What carries over, and how it differs from a cbbench run of the same load:
   the events in between are spaced evenly (as GuideLLM's own over-time figures space them), the
   first carrying one token and the rest the remaining tokens shared as evenly as whole tokens
   allow. TTFT, TPOT and E2EL are exact; ITL percentiles are per-request means, not measured gaps;
+- not streamed (the backend's ``stream`` false), a request has no token times: its answer is
+  one event at ``request_end`` (TTFT = E2EL, as inference-perf's and AIPerf's imports have it);
 - ``incomplete`` requests (in flight when the benchmark ended) are imported as interrupted.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,6 +62,7 @@ class Report(ToolFields):
 
 class Benchmark(ToolFields):
     requests: Any = None  # lists of request stats by status
+    metrics: Any = None  # request_totals: the requests run, by status (sampled or not)
     config: Any = None
     start_time: Any = None
     duration: Any = None
@@ -78,6 +82,12 @@ class Scenario(ToolFields):
     data: Any = None
     target: Any = None
     model: Any = None
+    spec: Any = None  # GuideLLM 0.8: the scenario is here (Spec)
+
+
+class Spec(ToolFields):
+    backend: Any = None  # target, model
+    data: Any = None  # a list of data-source objects
 
 
 class Row(ToolFields):
@@ -112,6 +122,7 @@ class Timings(ToolFields):
     first_output_token_iteration: Any = None
     last_token_iteration: Any = None
     token_iterations: Any = None
+    request_end: Any = None
 
     def start(self, from_send: bool) -> Any:
         """The intended start: the send where the strategy has no arrival schedule
@@ -150,7 +161,18 @@ def _strategy_of(bench: Benchmark, where: str) -> Strategy | None:
 
 
 def _scenario(data: Mapping, where: str) -> Scenario:
-    return part(Scenario, Report.model_validate(dict(data)).config, where, "config", TOOL)
+    """The scenario's data, target and model: in config.spec (backend.target, backend.model,
+    data) as GuideLLM 0.8 writes them, else in config itself."""
+    scenario = part(Scenario, Report.model_validate(dict(data)).config, where, "config", TOOL)
+    spec = part(Spec, scenario.spec, where, "config.spec", TOOL)
+    backend = part(Scenario, spec.backend, where, "config.spec.backend", TOOL)
+    sources = spec.data if isinstance(spec.data, list) else []
+    # Each source's settings without GuideLLM's unset ones (dozens of nulls a source).
+    workload = [{k: v for k, v in s.items() if v not in (None, {}, [])} if isinstance(s, dict)
+                else s for s in sources]
+    return Scenario(data=scenario.data or (json.dumps(workload) if workload else None),
+                    target=scenario.target or backend.target,
+                    model=scenario.model or backend.model)
 
 
 def _strategy(bench: object, where: str) -> str:
@@ -165,10 +187,19 @@ def _strategy(bench: object, where: str) -> str:
 
 def _rows(bench: Benchmark, source: str) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = []
+    totals = bench.metrics.get("request_totals") if isinstance(bench.metrics, dict) else None
     for status in STATUSES:
         group = bench.requests.get(status) or []
         if not isinstance(group, list):
             raise UsageError(f"{source}: requests.{status} is not a list")
+        ran = totals.get(status) if isinstance(totals, dict) else None
+        # GuideLLM's sample_size keeps that many requests of each status, its figures over all
+        # of them: a sample's counts and throughputs were imported as the run's (10 of 59: 1.67
+        # req/s where GuideLLM said 9.88).
+        if isinstance(ran, int) and ran > len(group):
+            raise UsageError(f"{source}: GuideLLM kept {len(group)} of its {ran} {status} "
+                             "requests (its sample_size): a sample's counts and throughputs are "
+                             "not the run's; rerun GuideLLM without sample_size")
         rows += [(status, r) for r in group]
     if not rows:
         raise UsageError(f"{source} holds no requests (GuideLLM samples them: raise "
@@ -241,6 +272,10 @@ def _record(k: int, status: str, row: Row, t: Timings, start: float, t0: float, 
         rec.error_type = "interrupted"
         return rec
     first, last = t.first_token_iteration, t.last_token_iteration
+    if first is None and rec.output_tokens > 0 and not t.token_iterations:
+        # Not streamed (stream=false: GuideLLM counts the tokens but times none of them): the
+        # whole answer at the request's end, one event (each was imported as a failure).
+        first = last = t.request_end
     if first is None:
         rec.error, rec.error_type = "no token arrived", "error"
         return rec
