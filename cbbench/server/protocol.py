@@ -58,6 +58,9 @@ from typing import Annotated, Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_MAX_TOKENS = 16
+# A request's seed: torch's long, as vLLM's request models bound it (a 400 outside, where
+# serve kept 63 bits of any integer and 2**63 and 2**70 were one seed).
+Seed = Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1)]
 ASSISTANT_ROLE = "assistant"
 
 
@@ -226,7 +229,7 @@ class _Base(UnappliedSampling):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)  # -1 (vLLM) and 0 both mean off
-    seed: int | None = None
+    seed: Seed = None
     ignore_eos: bool | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None

@@ -128,3 +128,23 @@ def test_vllms_structured_output_fields_are_refused_not_ignored(sdk, field, valu
                                        extra_body={field: value}),
     ):
         _refused(call, field, field)
+
+
+def test_a_seed_outside_int64_is_refused_as_vllm_does(served, sdk):
+    """vLLM takes a seed in int64's range (torch's long) and answers 400 outside it; serve kept
+    63 bits of any integer, so 2**63 and 2**70 were one seed and gave the same text."""
+    for seed in (2**63, -(2**63) - 1, 2**70):
+        _refused(lambda s=seed: sdk.chat.completions.create(
+            model=SERVE_MODEL, messages=MESSAGES, max_tokens=2, seed=s), "seed", "seed")
+        _refused(lambda s=seed: sdk.responses.create(
+            model=SERVE_MODEL, input="hi", max_output_tokens=2, extra_body={"seed": s}),
+            "seed", "seed")
+    ok = sdk.chat.completions.create(model=SERVE_MODEL, messages=MESSAGES, max_tokens=2,
+                                     seed=2**63 - 1)
+    assert ok.usage.completion_tokens == 2
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=served.url, api_key="x", max_retries=0, timeout=30.0)
+    with pytest.raises(anthropic.BadRequestError, match="seed"):
+        client.messages.create(model=SERVE_MODEL, max_tokens=2, messages=MESSAGES,
+                               extra_body={"seed": 2**64})
+    client.close()

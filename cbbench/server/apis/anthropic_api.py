@@ -38,6 +38,7 @@ from cbbench.server.protocol import (
     STRICT_FINITE,
     APIError,
     ChatMessage,
+    Seed,
     ToolCall,
     ToolCallFunction,
     check_vocab,
@@ -114,7 +115,7 @@ class MessagesRequest(BaseModel):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None  # cbbench extension, as the OpenAI endpoints take it
+    seed: Seed = None  # cbbench extension, as the OpenAI endpoints take it
     ignore_eos: bool | None = None  # vLLM's extension
     stream: bool = False
     stop_sequences: list[str] | None = None

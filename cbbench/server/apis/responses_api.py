@@ -46,6 +46,7 @@ from cbbench.server.protocol import (
     APIError,
     ChatMessage,
     ResponseFormat,
+    Seed,
     ToolCall,
     ToolCallFunction,
     UnappliedSampling,
@@ -143,7 +144,7 @@ class ResponsesRequest(UnappliedSampling):
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
-    seed: int | None = None
+    seed: Seed = None
     ignore_eos: bool | None = None
     stream: bool = False
     store: bool = True
