@@ -57,7 +57,7 @@ def gate(
             metavar="METRIC=LIMIT",
             help="METRIC=PCT% or METRIC=ABS, repeatable; METRIC is a dotted path into the "
             "summary (output_throughput, ttft_ms.p99, engine.num_preemptions). Overrides the "
-            "default for that metric.",
+            "default for that metric; a metric given twice (10% and 2) is held to both.",
         ),
     ] = None,
     no_defaults: Annotated[

@@ -222,6 +222,23 @@ def test_defaults_merge_with_given_thresholds():
         G.thresholds([], use_defaults=False)
 
 
+def test_every_threshold_given_for_a_metric_is_checked(tmp_path, base_result):
+    """pytest-benchmark checks each --benchmark-compare-fail given (mean:10% and mean:0.02
+    both): a p99 50% slower held by ttft_ms.p99=20 (+10.9 ms) is still past ttft_ms.p99=10%,
+    where the second flag silently replaced the first and the gate passed."""
+    base = _save(tmp_path, "base.json", base_result)
+    new = _save(tmp_path, "new.json", _changed(base_result, ttft_ms__p99=1.5))
+    r = _gate(new, "--baseline", base, "--no-defaults", "--max-regression", "ttft_ms.p99=10%",
+              "--max-regression", "ttft_ms.p99=1000")
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ttft_ms.p99")]
+    assert len(lines) == 2 and "REGRESSED" in lines[0] and "+50.0%" in lines[0]
+    assert " ok" in lines[1]
+    # Given once each (or twice alike), a metric's default is replaced, not added to.
+    merged = G.thresholds(["ttft_ms.p99=3%", "ttft_ms.p99=3%", "ttft_ms.p99=2"])
+    assert [t.text() for t in merged if t.metric == "ttft_ms.p99"] == ["3%", "2"]
+
+
 @pytest.mark.parametrize(
     "metric, direction",
     [

@@ -194,16 +194,18 @@ def default_thresholds(percentiles: Sequence[float] | None = None) -> tuple[str,
 
 def thresholds(given: Sequence[str], use_defaults: bool = True,
                percentiles: Sequence[float] | None = None) -> list[Threshold]:
-    """The defaults, overridden metric by metric by the given ones (in the order first seen)."""
-    merged: dict[str, Threshold] = {}
-    if use_defaults:
-        for t in map(parse_threshold, default_thresholds(percentiles)):
-            merged[t.metric] = t
-    for t in map(parse_threshold, given):
-        merged[t.metric] = t
+    """The defaults, overridden metric by metric by the given ones (in the order first seen).
+    Every distinct limit given for a metric is checked, as pytest-benchmark checks each
+    --benchmark-compare-fail (mean:10% and mean:0.02): the later one replaced the earlier."""
+    given_checks = list(dict.fromkeys(map(parse_threshold, given)))
+    defaults = map(parse_threshold, default_thresholds(percentiles)) if use_defaults else ()
+    merged: list[Threshold] = []
+    for d in defaults:
+        merged += [t for t in given_checks if t.metric == d.metric] or [d]
+    merged += [t for t in given_checks if t not in merged]
     if not merged:
         raise UsageError("no metrics to check: give --max-regression METRIC=LIMIT")
-    return list(merged.values())
+    return merged
 
 
 # The figures a run has only over its completed requests: one that completed none has no value
