@@ -234,6 +234,11 @@ def test_every_threshold_given_for_a_metric_is_checked(tmp_path, base_result):
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ttft_ms.p99")]
     assert len(lines) == 2 and "REGRESSED" in lines[0] and "+50.0%" in lines[0]
     assert " ok" in lines[1]
+    junit = tmp_path / "gate.xml"
+    _gate(new, "--baseline", base, "--no-defaults", "--max-regression", "ttft_ms.p99=10%",
+          "--max-regression", "ttft_ms.p99=1000", "--junit", str(junit))
+    names = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")]
+    assert names == ["ttft_ms.p99 (10%)", "ttft_ms.p99 (1000)"]
     # Given once each (or twice alike), a metric's default is replaced, not added to.
     merged = G.thresholds(["ttft_ms.p99=3%", "ttft_ms.p99=3%", "ttft_ms.p99=2"])
     assert [t.text() for t in merged if t.metric == "ttft_ms.p99"] == ["3%", "2"]
