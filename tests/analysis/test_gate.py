@@ -301,6 +301,22 @@ def test_a_move_of_exactly_the_limit_holds_whatever_the_float_rounding():
     assert G.check_metric(G.parse_threshold("ttft_ms.p99=0.1"), [0.4], [0.2999]).verdict == G.IMPROVED
 
 
+def test_a_change_past_its_limit_is_not_printed_as_the_limit():
+    """+10.04% against 10% printed "+10.0%  10%  REGRESSED" (and the JUnit message
+    "regressed: +10.0% (limit 10%)"): the digits that show it past are printed, as
+    pytest-benchmark prints 9; a change clear of its limit keeps its one decimal."""
+    from cbbench.cli.gate import change_text
+
+    def text(threshold: str, base: float, new: float) -> str:
+        return change_text(G.check_metric(G.parse_threshold(threshold), [base], [new]))
+
+    assert text("ttft_ms.p99=10%", 100.0, 110.04) == "+10.04%"
+    assert text("output_throughput=5%", 100.0, 94.996) == "-5.004%"
+    assert text("failed=2", 0.0, 2.00001) == "+2.00001"
+    assert text("ttft_ms.p99=10%", 100.0, 120.04) == "+20.0%"
+    assert text("ttft_ms.p99=10%", 100.0, 110.0) == "+10.0%"
+
+
 # ---- noise-aware mode ---------------------------------------------------------------------
 
 
