@@ -222,6 +222,28 @@ def test_defaults_merge_with_given_thresholds():
         G.thresholds([], use_defaults=False)
 
 
+def test_every_threshold_given_for_a_metric_is_checked(tmp_path, base_result):
+    """pytest-benchmark checks each --benchmark-compare-fail given (mean:10% and mean:0.02
+    both): a p99 50% slower held by ttft_ms.p99=20 (+10.9 ms) is still past ttft_ms.p99=10%,
+    where the second flag silently replaced the first and the gate passed."""
+    base = _save(tmp_path, "base.json", base_result)
+    new = _save(tmp_path, "new.json", _changed(base_result, ttft_ms__p99=1.5))
+    r = _gate(new, "--baseline", base, "--no-defaults", "--max-regression", "ttft_ms.p99=10%",
+              "--max-regression", "ttft_ms.p99=1000")
+    assert r.exit_code == 1, r.output
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("ttft_ms.p99")]
+    assert len(lines) == 2 and "REGRESSED" in lines[0] and "+50.0%" in lines[0]
+    assert " ok" in lines[1]
+    junit = tmp_path / "gate.xml"
+    _gate(new, "--baseline", base, "--no-defaults", "--max-regression", "ttft_ms.p99=10%",
+          "--max-regression", "ttft_ms.p99=1000", "--junit", str(junit))
+    names = [c.get("name") for c in ET.parse(junit).getroot().iter("testcase")]
+    assert names == ["ttft_ms.p99 (10%)", "ttft_ms.p99 (1000)"]
+    # Given once each (or twice alike), a metric's default is replaced, not added to.
+    merged = G.thresholds(["ttft_ms.p99=3%", "ttft_ms.p99=3%", "ttft_ms.p99=2"])
+    assert [t.text() for t in merged if t.metric == "ttft_ms.p99"] == ["3%", "2"]
+
+
 @pytest.mark.parametrize(
     "metric, direction",
     [
@@ -261,6 +283,38 @@ def test_exact_verdicts_follow_direction():
     assert G.check_metric(failed, [0.0], [1.0]).verdict == G.REGRESSED
     rel_from_zero = G.Threshold("failed", 50.0, True)
     assert G.check_metric(rel_from_zero, [0.0], [1.0]).verdict == G.REGRESSED
+
+
+def test_a_move_of_exactly_the_limit_holds_whatever_the_float_rounding():
+    """A limit is the largest tolerated move (pytest-benchmark fails only past it): 0.77 ms
+    over 0.7 ms is +10% by hand, 0.85 under 0.9 is 0.05 by hand, though their float
+    differences come out a hair over (0.10000000000000009, 0.050000000000000044)."""
+    cases = [("ttft_ms.p99=10%", [0.7], [0.77]), ("ttft_ms.p99=0.1", [0.3], [0.4]),
+             ("slo_attainment=0.05", [0.9], [0.85]), ("output_throughput=0.1", [0.4], [0.3]),
+             ("ttft_ms.p99=10%", [0.7] * 3, [0.77] * 3)]
+    for text, base, new in cases:
+        assert G.check_metric(G.parse_threshold(text), base, new).verdict == G.OK, text
+    # Just past the limit still fails, just past it the good way still improves.
+    assert G.check_metric(G.parse_threshold("ttft_ms.p99=10%"), [0.7], [0.7701]).verdict == G.REGRESSED
+    assert G.check_metric(G.parse_threshold("slo_attainment=0.05"), [0.9], [0.8499]
+                          ).verdict == G.REGRESSED
+    assert G.check_metric(G.parse_threshold("ttft_ms.p99=0.1"), [0.4], [0.2999]).verdict == G.IMPROVED
+
+
+def test_a_change_past_its_limit_is_not_printed_as_the_limit():
+    """+10.04% against 10% printed "+10.0%  10%  REGRESSED" (and the JUnit message
+    "regressed: +10.0% (limit 10%)"): the digits that show it past are printed, as
+    pytest-benchmark prints 9; a change clear of its limit keeps its one decimal."""
+    from cbbench.cli.gate import change_text
+
+    def text(threshold: str, base: float, new: float) -> str:
+        return change_text(G.check_metric(G.parse_threshold(threshold), [base], [new]))
+
+    assert text("ttft_ms.p99=10%", 100.0, 110.04) == "+10.04%"
+    assert text("output_throughput=5%", 100.0, 94.996) == "-5.004%"
+    assert text("failed=2", 0.0, 2.00001) == "+2.00001"
+    assert text("ttft_ms.p99=10%", 100.0, 120.04) == "+20.0%"
+    assert text("ttft_ms.p99=10%", 100.0, 110.0) == "+10.0%"
 
 
 # ---- noise-aware mode ---------------------------------------------------------------------

@@ -35,6 +35,10 @@ IMPROVED = "improved"
 BOOTSTRAP_RESAMPLES = 10_000
 CONFIDENCE = 0.95
 BOOTSTRAP_SEED = 0
+# A move this close to its limit, relative to the operands' size, is at the limit: by hand
+# 0.77 over 0.7 is +10% and 0.85 under 0.9 is 0.05, where float subtraction gives
+# 0.10000000000000009 and 0.050000000000000044, which failed a limit of exactly that.
+ROUNDING = 1e-12
 
 # Scalars at the top of `summary`, and in its `engine` sub-dict, whose better direction is
 # unambiguous. Anything else (e.g. mean_running, KV usage) is a fact, not a goal.
@@ -190,16 +194,18 @@ def default_thresholds(percentiles: Sequence[float] | None = None) -> tuple[str,
 
 def thresholds(given: Sequence[str], use_defaults: bool = True,
                percentiles: Sequence[float] | None = None) -> list[Threshold]:
-    """The defaults, overridden metric by metric by the given ones (in the order first seen)."""
-    merged: dict[str, Threshold] = {}
-    if use_defaults:
-        for t in map(parse_threshold, default_thresholds(percentiles)):
-            merged[t.metric] = t
-    for t in map(parse_threshold, given):
-        merged[t.metric] = t
+    """The defaults, overridden metric by metric by the given ones (in the order first seen).
+    Every distinct limit given for a metric is checked, as pytest-benchmark checks each
+    --benchmark-compare-fail (mean:10% and mean:0.02): the later one replaced the earlier."""
+    given_checks = list(dict.fromkeys(map(parse_threshold, given)))
+    defaults = map(parse_threshold, default_thresholds(percentiles)) if use_defaults else ()
+    merged: list[Threshold] = []
+    for d in defaults:
+        merged += [t for t in given_checks if t.metric == d.metric] or [d]
+    merged += [t for t in given_checks if t not in merged]
     if not merged:
         raise UsageError("no metrics to check: give --max-regression METRIC=LIMIT")
-    return list(merged.values())
+    return merged
 
 
 # The figures a run has only over its completed requests: one that completed none has no value
@@ -363,16 +369,18 @@ def check_metric(
     new = np.asarray(new_values, dtype=np.float64)
     limit = threshold.limit / 100 if threshold.relative else threshold.limit
     change = float(_change(np.array(base.mean()), np.array(new.mean()), threshold.relative))
+    # A relative change's rounding error scales with 1 + the change; an absolute one's with
+    # the values subtracted.
+    tol = ROUNDING * (1.0 + limit if threshold.relative
+                      else float(np.abs(np.concatenate([base, new])).max(initial=1.0)))
     low = high = None
+    best = worst = change
     if base.size > 1 or new.size > 1:
         low, high = bootstrap_interval(base, new, threshold.relative)
         # The interval end nearest to "no regression" decides: fail only when even it is past.
         best, worst = (high, low) if direction == HIGHER else (low, high)
-        regressed = _badness(best, direction) > limit
-        improved = _badness(worst, direction) < -limit
-    else:
-        regressed = _badness(change, direction) > limit
-        improved = _badness(change, direction) < -limit
+    regressed = _badness(best, direction) - limit > tol
+    improved = _badness(worst, direction) + limit < -tol
     verdict = REGRESSED if regressed else IMPROVED if improved else OK
     return Check(
         metric=threshold.metric,
