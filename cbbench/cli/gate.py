@@ -24,8 +24,8 @@ if TYPE_CHECKING:
     # where a gate runs, not where `cbbench --help` registers the command (cli/app.py)
 
 REGRESSION_EXIT = 1
-# A bootstrap over fewer runs than this per side cannot see the noise it is meant to measure.
-MIN_BOOTSTRAP_FILES = 3
+# Fewer runs than this per side hardly measure the noise the interval allows for.
+MIN_NOISE_FILES = 3
 BASELINE_FLAG = "--baseline"
 NEW_FLAG = "--new"
 # --baseline and --new each take every file up to the next option, which click cannot
@@ -90,7 +90,7 @@ def gate(
     baseline like it has nothing to hold the new one to: exit 2).
 
     --baseline and --new each take the files that follow them. One file per side compares
-    exactly (the simulator has no noise); several per side decide by a seeded bootstrap 95%
+    exactly (the simulator has no noise); several per side decide by Welch's t 95%
     interval of the change in the mean, and a metric fails only when the whole interval is past
     its limit.
 
@@ -148,10 +148,10 @@ def gate(
     checks = G.run_gate(baseline, new, checks_wanted, allow_different_workload)
     for line in unstored:
         C.notice(line)
-    if max(len(baseline), len(new)) > 1 and min(len(baseline), len(new)) < MIN_BOOTSTRAP_FILES:
+    if max(len(baseline), len(new)) > 1 and min(len(baseline), len(new)) < MIN_NOISE_FILES:
         C.notice(
-            f"warning: {len(baseline)} baseline and {len(new)} new files; a bootstrap over fewer "
-            f"than {MIN_BOOTSTRAP_FILES} runs per side understates the noise"
+            f"warning: {len(baseline)} baseline and {len(new)} new files; fewer than "
+            f"{MIN_NOISE_FILES} runs on a side hardly measure its noise (one run: none)"
         )
 
     # The files first: a write that fails (a full disk) exits 2 before any verdict is shown.
@@ -266,7 +266,7 @@ def change_text(c: G.Check) -> str:
     rel = c.threshold.relative
     limit = None if c.verdict == G.OK else c.threshold.limit
     text = fmt_change(c.change, rel, limit)
-    if c.low is not None and c.high is not None:  # noise-aware: the bootstrap's interval
+    if c.low is not None and c.high is not None:  # noise-aware: the change's interval
         text += f" [{fmt_change(c.low, rel, limit)}, {fmt_change(c.high, rel, limit)}]"
     return text
 
@@ -302,7 +302,7 @@ def verdict_line(checks: Sequence[G.Check]) -> str:
     bad = [c.metric for c in checks if c.verdict == G.REGRESSED]
     better = sum(c.verdict == G.IMPROVED for c in checks)
     mode = (
-        f"bootstrap {G.CONFIDENCE:.0%} intervals, {G.BOOTSTRAP_RESAMPLES:,} resamples"
+        f"Welch's t {G.CONFIDENCE:.0%} intervals"
         if any(c.noise_aware for c in checks)
         else "exact comparison"
     )
