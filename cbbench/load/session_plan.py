@@ -8,6 +8,7 @@ a turn's think time or its ids do not depend on the order in which turns happen 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,7 +124,7 @@ class SessionPlan:
         return [BOS_ID, *USER_HEADER, *self.user_ids(i, k, vocab), *END, *ASSISTANT_HEADER]
 
     def next_prompt_ids(
-        self, prev_prompt: list[int], reply: list[int], i: int, k: int, vocab: int
+        self, prev_prompt: Sequence[int], reply: list[int], i: int, k: int, vocab: int
     ) -> list[int]:
         """Turn k's prompt: turn k - 1's, its reply as generated, then the new message."""
         return [

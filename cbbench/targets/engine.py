@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from cbbench.engine.args import EngineArgs
 from cbbench.engine.build import EngineInfo
 from cbbench.errors import UsageError
 from cbbench.load.cancel import CancelPlan
+from cbbench.load.hash_blocks import HashBlockIds
 from cbbench.load.session_plan import DEFAULT_VOCAB, SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
 from cbbench.targets.engine_feed import CancellingListFeed, CancelTimer, SessionFeed
@@ -89,8 +90,11 @@ def _make_requests(
     vocab = info.vocab_size or 0
     reqs = []
     for w, t in zip(wreqs, arrivals):
-        ids = None
-        known = w.token_ids() if keep_ids else None
+        ids: Sequence[int] | None = None
+        # The simulator reads a trace's hash blocks when the prefix cache hashes the request:
+        # it computes no tokens, so no copy of every prompt is held for the run.
+        hashes = w.hash_ids if not needs_ids and w.prompt_token_ids is None else None
+        known = w.token_ids() if keep_ids and hashes is None else None
         if needs_ids:
             if known is not None:
                 if max(known) >= vocab:
@@ -105,6 +109,8 @@ def _make_requests(
                 # Length-only requests get synthetic ids, the same for every run of a seed.
                 rng = np.random.default_rng([opts.seed, w.id])
                 ids = rng.integers(0, vocab, w.prompt_len).tolist()
+        elif keep_ids and hashes is not None:
+            ids = HashBlockIds(w.id, hashes, w.prompt_len)
         elif known is not None:
             ids = list(known)
         elif keep_ids:
@@ -119,7 +125,7 @@ def _make_requests(
 
 
 def _request(opts: EngineArgs, info: EngineInfo, rid: int, prompt_len: int, output_len: int,
-             t: float, ids: list[int] | None, priority: int = 0):
+             t: float, ids: Sequence[int] | None, priority: int = 0):
     from cbbench.engine.core.request import Request, SamplingParams
 
     sampling = SamplingParams(

@@ -22,6 +22,7 @@ writes past its last full block.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from .block_manager import BlockManager, cdiv
 from .request import Request
@@ -30,7 +31,7 @@ from .request import Request
 ROOT_HASH = 0
 
 
-def hash_block(parent: int, token_ids: list[int]) -> int:
+def hash_block(parent: int, token_ids: Sequence[int]) -> int:
     """Chained content hash of one full block. Python's hash of a tuple of ints does not depend
     on PYTHONHASHSEED, so it is stable across runs; 64 bits make a collision negligible at
     benchmark scale."""

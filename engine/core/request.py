@@ -14,6 +14,7 @@ request resumes where it stopped once its blocks are copied back.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,7 +119,7 @@ class Request:
         num_prompt_tokens: int,
         max_tokens: int,
         arrival_time: float = 0.0,
-        prompt_token_ids: list[int] | None = None,
+        prompt_token_ids: Sequence[int] | None = None,
         sampling: SamplingParams = GREEDY,
         priority: int = 0,
         eos_token_ids: tuple[int, ...] = (),
@@ -194,8 +195,9 @@ class Request:
             return 0
         return self.num_prompt_tokens + len(self.output_token_ids)
 
-    def token_ids_slice(self, start: int, end: int) -> list[int]:
-        """Known token ids in [start, end): prompt then outputs (ids must be known)."""
+    def token_ids_slice(self, start: int, end: int) -> Sequence[int]:
+        """Known token ids in [start, end): prompt then outputs (ids must be known). The prompt
+        may be any sequence (a trace's hash blocks, read on demand: load/hash_blocks.py)."""
         prompt = self.prompt_token_ids
         assert prompt is not None, "token ids are unknown for a length-only request"
         p = self.num_prompt_tokens
@@ -203,7 +205,7 @@ class Request:
             return prompt[start:end]
         if start >= p:
             return self.output_token_ids[start - p : end - p]
-        return prompt[start:] + self.output_token_ids[: end - p]
+        return [*prompt[start:], *self.output_token_ids[: end - p]]
 
     def __repr__(self) -> str:
         return (

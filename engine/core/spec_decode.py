@@ -21,6 +21,7 @@ most ``r``, so at most ``r - 1`` drafts (plus the sampled token) are worth verif
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Protocol
 
 from .request import Request
@@ -132,13 +133,13 @@ class TokenIndex:
 
     __slots__ = ("tokens", "positions", "key_len")
 
-    def __init__(self, tokens: list[int], key_len: int) -> None:
+    def __init__(self, tokens: Sequence[int], key_len: int) -> None:
         self.tokens: list[int] = []
         self.positions: dict = {}  # key (see _key) -> end positions
         self.key_len = key_len
         self.extend(tokens)
 
-    def extend(self, new: list[int]) -> None:
+    def extend(self, new: Sequence[int]) -> None:
         tokens, positions, kl = self.tokens, self.positions, self.key_len
         first = max(len(tokens), kl - 1)
         tokens.extend(new)
