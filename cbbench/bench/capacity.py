@@ -11,6 +11,13 @@ Search, assuming pass/fail is monotone in the rate (more load never helps latenc
   3. bisect at the geometric mean of lo and hi until (hi - lo) / lo <= precision.
 The answer is `lo`, the highest rate seen to pass, with [lo, hi) as its margin. Every probe is
 recorded, in order, with its phase.
+
+A probe that met the SLO and failed only as too short to show a steady state (its arrivals
+ended during the ramp-up: probe.py) counts as a fail for the search's next step, but it is
+no failure of its rate: when such a probe lies between `lo` and the lowest rate that truly
+failed, the search ends TOO_SHORT, the capacity at least `lo`, and names that probe. Without
+this, 40 requests a probe on the simulated H200 reported 18.59 req/s "found" (19.41 req/s
+"fails", at 100% attainment) where probes long enough to judge pass up to ~77 req/s.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ ABOVE_MAX = "above_max"  # every rate passed up to the ceiling: capacity is at l
 BELOW_MIN = "below_min"  # no rate passed down to the floor
 BUDGET = "probe_budget"  # MAX_PROBES ran out before the bracket was tight enough
 INTERRUPTED = "interrupted"  # a signal stopped the search: `lo` is the best seen so far
+TOO_SHORT = "too_short"  # above `lo`, a probe that met the SLO was too short to judge
 
 
 @dataclass
@@ -49,11 +57,14 @@ class Probe:
     meets_slo: bool
     passed: bool
     interrupted: bool = False  # its run was cut short by a signal: neither pass nor fail
+    # Met the SLO, not steady only as its arrivals ended during the ramp-up: not judged.
+    too_short: bool = False
 
     def to_dict(self) -> dict:
         return {"index": self.index, "phase": self.phase, "passed": self.passed,
                 "meets_slo": self.meets_slo, "attainment": self.attainment,
-                "interrupted": self.interrupted, **self.point.to_dict()}
+                "interrupted": self.interrupted, "too_short": self.too_short,
+                **self.point.to_dict()}
 
 
 @dataclass
@@ -63,6 +74,12 @@ class SearchResult:
     lo: float | None
     hi: float | None
     probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def unjudged(self) -> float | None:
+        """The lowest rate above `lo` whose probe met the SLO but was too short to judge."""
+        return min((p.point.rate for p in self.probes
+                    if p.too_short and (self.lo is None or p.point.rate > self.lo)), default=None)
 
     @property
     def margin(self) -> float | None:
@@ -106,7 +123,7 @@ def search(
         return p.passed
 
     try:
-        return _search(run, start_rate, precision, max_probes, probes, fits or _any_rate)
+        return _judged(_search(run, start_rate, precision, max_probes, probes, fits or _any_rate))
     except _Stopped:
         lo = max((p.point.rate for p in probes if p.passed), default=None)
         failed = [p.point.rate for p in probes if not (p.passed or p.interrupted)]
@@ -120,6 +137,20 @@ class _Stopped(Exception):
 
 def _any_rate(rate: float) -> bool:
     return True
+
+
+def _judged(found: SearchResult) -> SearchResult:
+    """TOO_SHORT when a probe too short to judge lies above `lo` and below every rate that
+    truly failed: its "fail" bounded the answer, and says nothing of its rate; `hi` is then
+    the lowest true failure above `lo` (None: none)."""
+    unjudged = found.unjudged
+    if found.status not in (FOUND, BUDGET, BELOW_MIN) or unjudged is None:
+        return found
+    hi = min((p.point.rate for p in found.probes if not (p.passed or p.too_short)
+              and (found.lo is None or p.point.rate > found.lo)), default=None)
+    if hi is not None and hi < unjudged:
+        return found
+    return SearchResult(TOO_SHORT, found.lo, found.lo, hi, found.probes)
 
 
 def _search(run, start_rate: float, precision: float, max_probes: int,
@@ -210,4 +241,6 @@ class Prober:
         meets = point.slo_attainment is not None and point.slo_attainment >= self.slo.attainment
         interrupted = bool(result.interrupted)
         passed = meets and point.steady is not False and not interrupted
-        return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted)
+        too_short = meets and not interrupted and bool(point.steady_detail.get("too_short"))
+        return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted,
+                     too_short)

@@ -93,6 +93,7 @@ def capacity(
         BELOW_MIN,
         INTERRUPTED,
         PROBE_FILES,
+        TOO_SHORT,
         Prober,
         SearchResult,
         parse_precision,
@@ -200,7 +201,7 @@ def capacity(
     typer.echo(answer_line(found))
     write_atomic(out_path, file_text(doc))
     typer.echo(f"\ncapacity: {out_path}")
-    if found.status == BELOW_MIN:
+    if found.status == BELOW_MIN or (found.status == TOO_SHORT and found.lo is None):
         raise typer.Exit(NOT_FOUND_EXIT)
     if found.status == ABOVE_MAX:
         C.notice("every probe passed up to the search's ceiling: the capacity is at least that")
@@ -263,13 +264,14 @@ def probe_table(probes: Sequence, saturation=None, tablefmt: str = "simple") -> 
         rows.append(row("0", "saturation", saturation, saturation.slo_attainment, MISSING))
     for p in probes:
         verdict = ("interrupted" if p.interrupted else "pass" if p.passed
+                   else "too short to judge" if p.too_short
                    else "fail (unsteady)" if p.meets_slo else "fail")
         rows.append(row(str(p.index), p.phase, p.point, p.attainment, verdict))
     return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)
 
 
 def answer_line(found) -> str:
-    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, BUDGET, INTERRUPTED
+    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, BUDGET, INTERRUPTED, TOO_SHORT
 
     if found.status == INTERRUPTED:
         best = "no probe passed" if found.lo is None else f">= {found.lo:.4g} req/s passed"
@@ -280,6 +282,13 @@ def answer_line(found) -> str:
     if found.status == ABOVE_MAX:
         return (f"capacity: >= {found.lo:.4g} req/s (every probe passed up to the search's "
                 "ceiling)")
+    if found.status == TOO_SHORT:
+        best = "not judged" if found.lo is None else f">= {found.lo:.4g} req/s (passes)"
+        fails = "" if found.hi is None else f"; {found.hi:.4g} req/s fails"
+        return (f"capacity: {best}: {found.unjudged:.4g} req/s met the SLO but its probe was "
+                "too short to show a steady state (its arrivals ended while the batch was "
+                f"still filling){fails}; more requests a probe (--num-requests, "
+                "--min-duration) judge the rates above")
     text = (f"capacity: {found.capacity:.4g} req/s (passes; {found.hi:.4g} req/s fails: "
             f"bracket +{found.margin:.1%})")
     if found.status == BUDGET:

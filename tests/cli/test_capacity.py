@@ -119,6 +119,41 @@ def test_search_reports_when_no_bracket_exists():
     assert below.status == BELOW_MIN and below.capacity is None
 
 
+def test_a_probe_too_short_to_judge_bounds_no_capacity(tmp_path):
+    """40 requests a probe and no --min-duration on the simulated H200: every probe above ~19
+    req/s met the SLO (100%) and was "not steady" only as its arrivals ended during the
+    ramp-up, and the search said "capacity: 18.59 req/s (passes; 19.41 req/s fails)", status
+    found, where 1,000-request probes pass up to ~77 req/s. The answer is a lower bound that
+    names the probe it could not judge."""
+    out = tmp_path / "capacity.json"
+    r = runner.invoke(app, ["capacity", "--engine", "sim", "--workload", "sharegpt",
+                            "--num-requests", "40", "--min-duration", "0",
+                            "--slo", "ttft_p90=500,tpot_p90=30", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "too_short", r.stdout
+    short = [p for p in doc["probes"] if p["too_short"]]
+    assert short and all(p["meets_slo"] and not p["passed"] for p in short)
+    lo = max(p["rate"] for p in doc["probes"] if p["passed"])
+    assert doc["capacity"] == lo and doc["bracket"] == [lo, None] and doc["margin"] is None
+    unjudged = min(p["rate"] for p in short if p["rate"] > lo)
+    assert f"capacity: >= {lo:.4g} req/s (passes): {unjudged:.4g} req/s met the SLO" in r.stdout
+    assert "too short to judge" in r.stdout and "fails: bracket" not in r.stdout
+
+
+def test_a_true_failure_below_the_short_probe_still_brackets():
+    """Only a too-short probe between the answer and every true failure makes it a bound."""
+
+    def probe(rate: float, phase: str) -> Probe:
+        ok, short = rate <= 10.0, rate > 40.0  # fails truly in (10, 40]
+        point = ProbePoint(rate, 100, 100, 0, rate, rate * 100, *([1.0] * 7), None,
+                           1.0 if ok or short else 0.5, ok, "", "yes")
+        return Probe(0, phase, point, point.slo_attainment, ok or short, ok, too_short=short)
+
+    found = search(probe, 80.0)
+    assert found.status == FOUND and found.lo <= 10.0 < found.hi <= 40.0
+
+
 # ---- a real search on the simulated H200 ----------------------------------------------------
 
 SLO = "ttft_p99=1000,tpot_p99=50"
