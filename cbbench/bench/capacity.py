@@ -59,12 +59,14 @@ class Probe:
     interrupted: bool = False  # its run was cut short by a signal: neither pass nor fail
     # Met the SLO, not steady only as its arrivals ended during the ramp-up: not judged.
     too_short: bool = False
+    # Its run's --seed (each probe draws its own prompts): `run --seed` at its rate repeats it.
+    seed: int | None = None
 
     def to_dict(self) -> dict:
         return {"index": self.index, "phase": self.phase, "passed": self.passed,
                 "meets_slo": self.meets_slo, "attainment": self.attainment,
                 "interrupted": self.interrupted, "too_short": self.too_short,
-                **self.point.to_dict()}
+                **self.point.to_dict(), "seed": self.seed}
 
 
 @dataclass
@@ -243,4 +245,4 @@ class Prober:
         passed = meets and point.steady is not False and not interrupted
         too_short = meets and not interrupted and bool(point.steady_detail.get("too_short"))
         return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted,
-                     too_short)
+                     too_short, result.config.seed)

@@ -19,6 +19,7 @@ class Probe(Point):
     attainment: Number | None = None
     interrupted: bool | None = None
     too_short: bool | None = None  # met the SLO; too short to show a steady state
+    seed: int | None = None  # its run's --seed
 
 
 class CapacityFile(Record):

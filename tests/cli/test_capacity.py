@@ -119,26 +119,52 @@ def test_search_reports_when_no_bracket_exists():
     assert below.status == BELOW_MIN and below.capacity is None
 
 
-def test_a_probe_too_short_to_judge_bounds_no_capacity(tmp_path):
+SHORT_SEARCH = ["--engine", "sim", "--workload", "sharegpt", "--num-requests", "40",
+                "--min-duration", "0", "--slo", "ttft_p90=500,tpot_p90=30"]
+
+
+@pytest.fixture(scope="module")
+def short_search(tmp_path_factory):
+    """40 requests a probe, fresh prompts each: a search of a couple of seconds."""
+    out = tmp_path_factory.mktemp("short") / "capacity.json"
+    r = runner.invoke(app, ["capacity", *SHORT_SEARCH, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text()), r.stdout
+
+
+def test_a_probe_too_short_to_judge_bounds_no_capacity(short_search):
     """40 requests a probe and no --min-duration on the simulated H200: every probe above ~19
     req/s met the SLO (100%) and was "not steady" only as its arrivals ended during the
     ramp-up, and the search said "capacity: 18.59 req/s (passes; 19.41 req/s fails)", status
     found, where 1,000-request probes pass up to ~77 req/s. The answer is a lower bound that
     names the probe it could not judge."""
-    out = tmp_path / "capacity.json"
-    r = runner.invoke(app, ["capacity", "--engine", "sim", "--workload", "sharegpt",
-                            "--num-requests", "40", "--min-duration", "0",
-                            "--slo", "ttft_p90=500,tpot_p90=30", "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    doc = json.loads(out.read_text())
-    assert doc["status"] == "too_short", r.stdout
+    doc, stdout = short_search
+    assert doc["status"] == "too_short", stdout
     short = [p for p in doc["probes"] if p["too_short"]]
     assert short and all(p["meets_slo"] and not p["passed"] for p in short)
     lo = max(p["rate"] for p in doc["probes"] if p["passed"])
     assert doc["capacity"] == lo and doc["bracket"] == [lo, None] and doc["margin"] is None
     unjudged = min(p["rate"] for p in short if p["rate"] > lo)
-    assert f"capacity: >= {lo:.4g} req/s (passes): {unjudged:.4g} req/s met the SLO" in r.stdout
-    assert "too short to judge" in r.stdout and "fails: bracket" not in r.stdout
+    assert f"capacity: >= {lo:.4g} req/s (passes): {unjudged:.4g} req/s met the SLO" in stdout
+    assert "too short to judge" in stdout and "fails: bracket" not in stdout
+
+
+def test_each_probe_names_the_seed_that_repeats_it(short_search, tmp_path):
+    """Each probe draws its own prompts (its own seed); capacity.json did not say which, so
+    the probe at the answer could not be run again without --runs-dir. `run --seed` at the
+    probe's rate and size repeats its figures."""
+    doc, _ = short_search
+    p = next(p for p in doc["probes"] if p["rate"] == doc["capacity"])
+    out = tmp_path / "run.json"
+    r = runner.invoke(app, ["run", *SHORT_SEARCH[:4], "--slo", "ttft=500,tpot=30",
+                            "--num-requests", str(p["num_requests"]),
+                            "--request-rate", repr(p["rate"]), "--seed", str(p["seed"]),
+                            "--output", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(out.read_text())["summary"]
+    assert s["slo_attainment"] == p["attainment"]
+    assert (s["ttft_ms"]["p99"], s["tpot_ms"]["p99"], s["e2el_ms"]["p99"]) == (
+        p["ttft_p99_ms"], p["tpot_p99_ms"], p["e2el_p99_ms"])
 
 
 def test_a_true_failure_below_the_short_probe_still_brackets():
