@@ -27,13 +27,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cbbench.bench.probe import ProbePoint, rate_label, round_rate
+from cbbench.bench.probe import RATE_DIGITS, ProbePoint, rate_label, round_rate
 from cbbench.errors import UsageError
 from cbbench.schema.run import Config
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PRECISION = 0.05
+# Probe rates are rounded to RATE_DIGITS significant digits: no bracket is narrower than one
+# step of the last digit, up to 10^(1 - RATE_DIGITS) of the rate (at 1.000 -> 1.001).
+MIN_PRECISION = 10.0 ** (1 - RATE_DIGITS)
 START_FRACTION = 0.5  # of the saturation rate: the first guess
 MAX_DOUBLINGS = 10  # up to 1024x the start
 MAX_HALVINGS = 10  # down to start / 1024
@@ -94,6 +97,10 @@ class SearchResult:
 def parse_precision(precision: float) -> float:
     if not (0 < precision < 1 and math.isfinite(precision)):
         raise UsageError(f"--precision must be in (0, 1) (relative width), got {precision}")
+    if precision < MIN_PRECISION:
+        raise UsageError(f"--precision must be at least {MIN_PRECISION:g}: probe rates are "
+                         f"rounded to {RATE_DIGITS} significant digits, so no bracket is "
+                         f"narrower; got {precision:g}")
     return precision
 
 

@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
 )
 def capacity(
     precision: Annotated[
-        float, typer.Option(help="Stop when the pass/fail bracket is this narrow, relative.")
+        float, typer.Option(help="Stop when the pass/fail bracket is this narrow, relative "
+                                "(at least 0.001: rates are probed to 4 significant digits).")
     ] = 0.05,
     start_rate: Annotated[
         float | None,

@@ -76,6 +76,18 @@ def test_cli_slo_errors_exit_2():
     assert r.exit_code == 2 and "--precision" in r.output
 
 
+def test_a_precision_no_rounded_rate_reaches_is_refused(tmp_path):
+    """--precision 0.0001 ran 15 probes and said "found", bracket 77.28-77.29 (+0.013%): the
+    rates are rounded to 4 significant digits, so the bisection stopped short of what was
+    asked and did not say so. 0.001 is reachable at every rate."""
+    r = runner.invoke(app, ["capacity", "--engine", "sim", "--slo", "ttft=5",
+                            "--num-requests", "20", "--min-duration", "0",
+                            "--out", str(tmp_path / "c.json"), "--precision", "0.0001"])
+    assert r.exit_code == 2 and "--precision must be at least 0.001" in r.output
+    found = search(_fake(77.2834), 30.0, precision=0.001)
+    assert (found.hi - found.lo) / found.lo <= 0.001 and found.lo <= 77.2834 < found.hi
+
+
 def test_request_meets_every_limit():
     limits = {"ttft": 100.0, "tpot": 10.0}
     ok = {"error": None, "ttft_ms": 90.0, "tpot_ms": 9.0, "e2el_ms": 500.0}
