@@ -17,7 +17,9 @@ ended during the ramp-up: probe.py) counts as a fail for the search's next step,
 no failure of its rate: when such a probe lies between `lo` and the lowest rate that truly
 failed, the search ends TOO_SHORT, the capacity at least `lo`, and names that probe. Without
 this, 40 requests a probe on the simulated H200 reported 18.59 req/s "found" (19.41 req/s
-"fails", at 100% attainment) where probes long enough to judge pass up to ~77 req/s.
+"fails", at 100% attainment) where probes long enough to judge pass up to ~77 req/s. A probe
+with too few requests to judge at all (probe.py's MIN_WINDOW_ARRIVALS) ends the search
+TOO_SHORT at once: a lower rate sends no more requests.
 """
 
 from __future__ import annotations
@@ -129,10 +131,15 @@ def search(
         probes.append(p)
         if p.interrupted:
             raise _Stopped
+        if p.too_short and p.point.steady is None:
+            raise _TooFew
         return p.passed
 
     try:
         return _judged(_search(run, start_rate, precision, max_probes, probes, fits or _any_rate))
+    except _TooFew:
+        lo = max((p.point.rate for p in probes if p.passed), default=None)
+        return SearchResult(TOO_SHORT, lo, lo, _lowest_failure(probes, lo), probes)
     except _Stopped:
         lo = max((p.point.rate for p in probes if p.passed), default=None)
         failed = [p.point.rate for p in probes if not (p.passed or p.interrupted)]
@@ -142,6 +149,16 @@ def search(
 
 class _Stopped(Exception):
     """A signal stopped the search."""
+
+
+class _TooFew(Exception):
+    """A probe held too few requests to judge a steady state: as few at every lower rate."""
+
+
+def _lowest_failure(probes: list[Probe], lo: float | None) -> float | None:
+    """The lowest rate above ``lo`` that truly failed (neither too short nor interrupted)."""
+    return min((p.point.rate for p in probes if not (p.passed or p.too_short or p.interrupted)
+                and (lo is None or p.point.rate > lo)), default=None)
 
 
 def _any_rate(rate: float) -> bool:
@@ -155,8 +172,7 @@ def _judged(found: SearchResult) -> SearchResult:
     unjudged = found.unjudged
     if found.status not in (FOUND, BUDGET, BELOW_MIN) or unjudged is None:
         return found
-    hi = min((p.point.rate for p in found.probes if not (p.passed or p.too_short)
-              and (found.lo is None or p.point.rate > found.lo)), default=None)
+    hi = _lowest_failure(found.probes, found.lo)
     if hi is not None and hi < unjudged:
         return found
     return SearchResult(TOO_SHORT, found.lo, found.lo, hi, found.probes)
@@ -249,7 +265,11 @@ class Prober:
         point = summarize_probe(rate, result, self.slo, str(path) if path else None)
         meets = point.slo_attainment is not None and point.slo_attainment >= self.slo.attainment
         interrupted = bool(result.interrupted)
-        passed = meets and point.steady is not False and not interrupted
-        too_short = meets and not interrupted and bool(point.steady_detail.get("too_short"))
+        # Passes only in a steady state: one too few requests to judge (steady None) is no
+        # evidence that the target keeps up (15 requests a probe passed every rate to 1,600
+        # req/s on a target that falls behind above ~77).
+        passed = meets and point.steady is True and not interrupted
+        too_short = meets and not interrupted and (
+            point.steady is None or bool(point.steady_detail.get("too_short")))
         return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted,
                      too_short, result.config.seed)

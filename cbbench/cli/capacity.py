@@ -287,9 +287,8 @@ def answer_line(found) -> str:
         best = "not judged" if found.lo is None else f">= {found.lo:.4g} req/s (passes)"
         fails = "" if found.hi is None else f"; {found.hi:.4g} req/s fails"
         return (f"capacity: {best}: {found.unjudged:.4g} req/s met the SLO but its probe was "
-                "too short to show a steady state (its arrivals ended while the batch was "
-                f"still filling){fails}; more requests a probe (--num-requests, "
-                "--min-duration) judge the rates above")
+                "too short to judge whether the target keeps up there (its steady column)"
+                f"{fails}; more requests a probe (--num-requests, --min-duration) judge it")
     text = (f"capacity: {found.capacity:.4g} req/s (passes; {found.hi:.4g} req/s fails: "
             f"bracket +{found.margin:.1%})")
     if found.status == BUDGET:

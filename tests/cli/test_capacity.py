@@ -161,6 +161,23 @@ def test_a_probe_too_short_to_judge_bounds_no_capacity(short_search):
     assert "too short to judge" in stdout and "fails: bracket" not in stdout
 
 
+def test_a_probe_too_small_to_judge_is_no_pass(tmp_path):
+    """15 requests a probe: too few for any steady-state test (steady "-"), and each counted
+    as a pass, so the search doubled to "capacity: >= 1600 req/s (every probe passed up to
+    the search's ceiling)" on a target that falls behind above ~77 req/s. A probe passes only
+    in a steady state (the command's own help); a lower rate sends no more requests, so the
+    search stops at once and says so."""
+    out = tmp_path / "capacity.json"
+    r = runner.invoke(app, ["capacity", *SHORT_SEARCH, "--num-requests", "15",
+                            "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "too_short", r.stdout
+    assert r.exit_code == 1 and doc["capacity"] is None and doc["bracket"] == [None, None]
+    [p] = doc["probes"]
+    assert p["steady"] is None and p["meets_slo"] and not p["passed"] and p["too_short"]
+    assert "capacity: not judged: " in r.stdout
+
+
 def test_each_probe_names_the_seed_that_repeats_it(short_search, tmp_path):
     """Each probe draws its own prompts (its own seed); capacity.json did not say which, so
     the probe at the answer could not be run again without --runs-dir. `run --seed` at the
