@@ -150,10 +150,12 @@ def capacity(
         if start_rate is None:
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
             sat_result = run_probe(base, math.inf, sizing, slo_spec, stop, prep)
-            if runs_dir is not None:
-                write_result(runs_dir / probe_file(0, math.inf), sat_result)
+            sat_file = None if runs_dir is None else runs_dir / probe_file(0, math.inf)
+            if sat_file is not None:
+                write_result(sat_file, sat_result)
             saturation = saturation_rate(sat_result)
-            sat_point = summarize_probe(math.inf, sat_result, slo_spec)
+            sat_point = summarize_probe(math.inf, sat_result, slo_spec,
+                                        None if sat_file is None else str(sat_file))
             config = sat_result.config
             if stop():
                 found = SearchResult(INTERRUPTED, None, None, None, [])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import run_spec
@@ -139,7 +140,8 @@ SHORT_SEARCH = ["--engine", "sim", "--workload", "sharegpt", "--num-requests", "
 def short_search(tmp_path_factory):
     """40 requests a probe, fresh prompts each: a search of a couple of seconds."""
     out = tmp_path_factory.mktemp("short") / "capacity.json"
-    r = runner.invoke(app, ["capacity", *SHORT_SEARCH, "--out", str(out)])
+    r = runner.invoke(app, ["capacity", *SHORT_SEARCH, "--out", str(out),
+                            "--runs-dir", str(out.parent / "probes")])
     assert r.exit_code == 0, r.output
     return json.loads(out.read_text()), r.stdout
 
@@ -194,6 +196,16 @@ def test_each_probe_names_the_seed_that_repeats_it(short_search, tmp_path):
     assert s["slo_attainment"] == p["attainment"]
     assert (s["ttft_ms"]["p99"], s["tpot_ms"]["p99"], s["e2el_ms"]["p99"]) == (
         p["ttft_p99_ms"], p["tpot_p99_ms"], p["e2el_p99_ms"])
+
+
+def test_every_probe_names_its_file_in_runs_dir(short_search):
+    """--runs-dir: probes 1.. named their result files in capacity.json, the saturation
+    probe (probe 0, written there too) did not."""
+    doc, _ = short_search
+    for p in [doc["saturation_probe"], *doc["probes"]]:
+        assert p["file"] and p["file"].endswith(f"-rate-{p['rate']}.json"), p["file"]
+        run = json.loads(Path(p["file"]).read_text())
+        assert run["summary"]["completed"] == p["completed"]
 
 
 def test_a_true_failure_below_the_short_probe_still_brackets():
