@@ -11,6 +11,15 @@ Search, assuming pass/fail is monotone in the rate (more load never helps latenc
   3. bisect at the geometric mean of lo and hi until (hi - lo) / lo <= precision.
 The answer is `lo`, the highest rate seen to pass, with [lo, hi) as its margin. Every probe is
 recorded, in order, with its phase.
+
+A probe that met the SLO and failed only as too short to show a steady state (its arrivals
+ended during the ramp-up: probe.py) counts as a fail for the search's next step, but it is
+no failure of its rate: when such a probe lies between `lo` and the lowest rate that truly
+failed, the search ends TOO_SHORT, the capacity at least `lo`, and names that probe. Without
+this, 40 requests a probe on the simulated H200 reported 18.59 req/s "found" (19.41 req/s
+"fails", at 100% attainment) where probes long enough to judge pass up to ~77 req/s. A probe
+with too few requests to judge at all (probe.py's MIN_WINDOW_ARRIVALS) ends the search
+TOO_SHORT at once: a lower rate sends no more requests.
 """
 
 from __future__ import annotations
@@ -20,13 +29,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cbbench.bench.probe import ProbePoint, rate_label, round_rate
+from cbbench.bench.probe import RATE_DIGITS, ProbePoint, rate_label, round_rate
 from cbbench.errors import UsageError
 from cbbench.schema.run import Config
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PRECISION = 0.05
+# Probe rates are rounded to RATE_DIGITS significant digits: no bracket is narrower than one
+# step of the last digit, up to 10^(1 - RATE_DIGITS) of the rate (at 1.000 -> 1.001).
+MIN_PRECISION = 10.0 ** (1 - RATE_DIGITS)
 START_FRACTION = 0.5  # of the saturation rate: the first guess
 MAX_DOUBLINGS = 10  # up to 1024x the start
 MAX_HALVINGS = 10  # down to start / 1024
@@ -38,6 +50,7 @@ ABOVE_MAX = "above_max"  # every rate passed up to the ceiling: capacity is at l
 BELOW_MIN = "below_min"  # no rate passed down to the floor
 BUDGET = "probe_budget"  # MAX_PROBES ran out before the bracket was tight enough
 INTERRUPTED = "interrupted"  # a signal stopped the search: `lo` is the best seen so far
+TOO_SHORT = "too_short"  # above `lo`, a probe that met the SLO was too short to judge
 
 
 @dataclass
@@ -49,11 +62,16 @@ class Probe:
     meets_slo: bool
     passed: bool
     interrupted: bool = False  # its run was cut short by a signal: neither pass nor fail
+    # Met the SLO, not steady only as its arrivals ended during the ramp-up: not judged.
+    too_short: bool = False
+    # Its run's --seed (each probe draws its own prompts): `run --seed` at its rate repeats it.
+    seed: int | None = None
 
     def to_dict(self) -> dict:
         return {"index": self.index, "phase": self.phase, "passed": self.passed,
                 "meets_slo": self.meets_slo, "attainment": self.attainment,
-                "interrupted": self.interrupted, **self.point.to_dict()}
+                "interrupted": self.interrupted, "too_short": self.too_short,
+                **self.point.to_dict(), "seed": self.seed}
 
 
 @dataclass
@@ -63,6 +81,12 @@ class SearchResult:
     lo: float | None
     hi: float | None
     probes: list[Probe] = field(default_factory=list)
+
+    @property
+    def unjudged(self) -> float | None:
+        """The lowest rate above `lo` whose probe met the SLO but was too short to judge."""
+        return min((p.point.rate for p in self.probes
+                    if p.too_short and (self.lo is None or p.point.rate > self.lo)), default=None)
 
     @property
     def margin(self) -> float | None:
@@ -75,6 +99,10 @@ class SearchResult:
 def parse_precision(precision: float) -> float:
     if not (0 < precision < 1 and math.isfinite(precision)):
         raise UsageError(f"--precision must be in (0, 1) (relative width), got {precision}")
+    if precision < MIN_PRECISION:
+        raise UsageError(f"--precision must be at least {MIN_PRECISION:g}: probe rates are "
+                         f"rounded to {RATE_DIGITS} significant digits, so no bracket is "
+                         f"narrower; got {precision:g}")
     return precision
 
 
@@ -103,10 +131,15 @@ def search(
         probes.append(p)
         if p.interrupted:
             raise _Stopped
+        if p.too_short and p.point.steady is None:
+            raise _TooFew
         return p.passed
 
     try:
-        return _search(run, start_rate, precision, max_probes, probes, fits or _any_rate)
+        return _judged(_search(run, start_rate, precision, max_probes, probes, fits or _any_rate))
+    except _TooFew:
+        lo = max((p.point.rate for p in probes if p.passed), default=None)
+        return SearchResult(TOO_SHORT, lo, lo, _lowest_failure(probes, lo), probes)
     except _Stopped:
         lo = max((p.point.rate for p in probes if p.passed), default=None)
         failed = [p.point.rate for p in probes if not (p.passed or p.interrupted)]
@@ -118,8 +151,31 @@ class _Stopped(Exception):
     """A signal stopped the search."""
 
 
+class _TooFew(Exception):
+    """A probe held too few requests to judge a steady state: as few at every lower rate."""
+
+
+def _lowest_failure(probes: list[Probe], lo: float | None) -> float | None:
+    """The lowest rate above ``lo`` that truly failed (neither too short nor interrupted)."""
+    return min((p.point.rate for p in probes if not (p.passed or p.too_short or p.interrupted)
+                and (lo is None or p.point.rate > lo)), default=None)
+
+
 def _any_rate(rate: float) -> bool:
     return True
+
+
+def _judged(found: SearchResult) -> SearchResult:
+    """TOO_SHORT when a probe too short to judge lies above `lo` and below every rate that
+    truly failed: its "fail" bounded the answer, and says nothing of its rate; `hi` is then
+    the lowest true failure above `lo` (None: none)."""
+    unjudged = found.unjudged
+    if found.status not in (FOUND, BUDGET, BELOW_MIN) or unjudged is None:
+        return found
+    hi = _lowest_failure(found.probes, found.lo)
+    if hi is not None and hi < unjudged:
+        return found
+    return SearchResult(TOO_SHORT, found.lo, found.lo, hi, found.probes)
 
 
 def _search(run, start_rate: float, precision: float, max_probes: int,
@@ -209,5 +265,11 @@ class Prober:
         point = summarize_probe(rate, result, self.slo, str(path) if path else None)
         meets = point.slo_attainment is not None and point.slo_attainment >= self.slo.attainment
         interrupted = bool(result.interrupted)
-        passed = meets and point.steady is not False and not interrupted
-        return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted)
+        # Passes only in a steady state: one too few requests to judge (steady None) is no
+        # evidence that the target keeps up (15 requests a probe passed every rate to 1,600
+        # req/s on a target that falls behind above ~77).
+        passed = meets and point.steady is True and not interrupted
+        too_short = meets and not interrupted and (
+            point.steady is None or bool(point.steady_detail.get("too_short")))
+        return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted,
+                     too_short, result.config.seed)

@@ -189,6 +189,9 @@ class SteadyCheck:
     in_flight_end: float | None = None
     waiting_mid: float | None = None
     waiting_end: float | None = None
+    # Not steady only because the arrivals ended during the ramp-up: too short to judge the
+    # rate, which is no evidence that it overloads the target (a capacity search's bound).
+    too_short: bool = False
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -420,6 +423,7 @@ def check_steady(result: RunResult | dict, rate: float) -> SteadyCheck:
     found = _findings(check, tp)
     if found:
         check.steady = False
+        check.too_short = len(found) == 1 and (check.ramp_up_s or 0.0) > RAMP_LIMIT * window
         check.reason = "; ".join(reason for reason, _ in found)
         check.short = "no: " + ", ".join(cell for _, cell in found)
     elif tp is not None:

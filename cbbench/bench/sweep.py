@@ -4,9 +4,11 @@ earlier one's prompts in a server's prefix cache) unless --reuse-prompts asks fo
 requests at every rate, and with --reset-prefix-cache empties the server's cache first
 (bench/point_prep.py).
 
-`--rates auto` follows GuideLLM's sweep: a rate-inf probe first measures the saturation rate
-(probe.saturation_rate), then `points` rates are spread evenly from AUTO_LOW_FRACTION to
-AUTO_HIGH_FRACTION of it.
+`--rates auto`: a rate-inf probe first measures the saturation rate (probe.saturation_rate),
+then `points` rates are spread evenly from AUTO_LOW_FRACTION to AUTO_HIGH_FRACTION of it.
+After GuideLLM's sweep, not the same: GuideLLM runs a synchronous and a throughput benchmark
+and spaces its rates evenly from the synchronous rate up to the throughput rate itself
+(profiles/sweep.py: linspace(sync, throughput, sweep_size - 1)[1:]).
 """
 
 from __future__ import annotations

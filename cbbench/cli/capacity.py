@@ -52,7 +52,8 @@ def register(app: typer.Typer) -> None:
 )
 def capacity(
     precision: Annotated[
-        float, typer.Option(help="Stop when the pass/fail bracket is this narrow, relative.")
+        float, typer.Option(help="Stop when the pass/fail bracket is this narrow, relative "
+                                "(at least 0.001: rates are probed to 4 significant digits).")
     ] = 0.05,
     start_rate: Annotated[
         float | None,
@@ -93,6 +94,7 @@ def capacity(
         BELOW_MIN,
         INTERRUPTED,
         PROBE_FILES,
+        TOO_SHORT,
         Prober,
         SearchResult,
         parse_precision,
@@ -148,10 +150,12 @@ def capacity(
         if start_rate is None:
             C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
             sat_result = run_probe(base, math.inf, sizing, slo_spec, stop, prep)
-            if runs_dir is not None:
-                write_result(runs_dir / probe_file(0, math.inf), sat_result)
+            sat_file = None if runs_dir is None else runs_dir / probe_file(0, math.inf)
+            if sat_file is not None:
+                write_result(sat_file, sat_result)
             saturation = saturation_rate(sat_result)
-            sat_point = summarize_probe(math.inf, sat_result, slo_spec)
+            sat_point = summarize_probe(math.inf, sat_result, slo_spec,
+                                        None if sat_file is None else str(sat_file))
             config = sat_result.config
             if stop():
                 found = SearchResult(INTERRUPTED, None, None, None, [])
@@ -200,7 +204,7 @@ def capacity(
     typer.echo(answer_line(found))
     write_atomic(out_path, file_text(doc))
     typer.echo(f"\ncapacity: {out_path}")
-    if found.status == BELOW_MIN:
+    if found.status == BELOW_MIN or (found.status == TOO_SHORT and found.lo is None):
         raise typer.Exit(NOT_FOUND_EXIT)
     if found.status == ABOVE_MAX:
         C.notice("every probe passed up to the search's ceiling: the capacity is at least that")
@@ -263,13 +267,14 @@ def probe_table(probes: Sequence, saturation=None, tablefmt: str = "simple") -> 
         rows.append(row("0", "saturation", saturation, saturation.slo_attainment, MISSING))
     for p in probes:
         verdict = ("interrupted" if p.interrupted else "pass" if p.passed
+                   else "too short to judge" if p.too_short
                    else "fail (unsteady)" if p.meets_slo else "fail")
         rows.append(row(str(p.index), p.phase, p.point, p.attainment, verdict))
     return tabulate(rows, headers=head, tablefmt=tablefmt, disable_numparse=True)
 
 
 def answer_line(found) -> str:
-    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, BUDGET, INTERRUPTED
+    from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, BUDGET, INTERRUPTED, TOO_SHORT
 
     if found.status == INTERRUPTED:
         best = "no probe passed" if found.lo is None else f">= {found.lo:.4g} req/s passed"
@@ -280,6 +285,12 @@ def answer_line(found) -> str:
     if found.status == ABOVE_MAX:
         return (f"capacity: >= {found.lo:.4g} req/s (every probe passed up to the search's "
                 "ceiling)")
+    if found.status == TOO_SHORT:
+        best = "not judged" if found.lo is None else f">= {found.lo:.4g} req/s (passes)"
+        fails = "" if found.hi is None else f"; {found.hi:.4g} req/s fails"
+        return (f"capacity: {best}: {found.unjudged:.4g} req/s met the SLO but its probe was "
+                "too short to judge whether the target keeps up there (its steady column)"
+                f"{fails}; more requests a probe (--num-requests, --min-duration) judge it")
     text = (f"capacity: {found.capacity:.4g} req/s (passes; {found.hi:.4g} req/s fails: "
             f"bracket +{found.margin:.1%})")
     if found.status == BUDGET:

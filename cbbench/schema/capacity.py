@@ -18,6 +18,8 @@ class Probe(Point):
     meets_slo: bool
     attainment: Number | None = None
     interrupted: bool | None = None
+    too_short: bool | None = None  # met the SLO; too short to show a steady state
+    seed: int | None = None  # its run's --seed
 
 
 class CapacityFile(Record):

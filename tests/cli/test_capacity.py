@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import run_spec
@@ -76,6 +77,18 @@ def test_cli_slo_errors_exit_2():
     assert r.exit_code == 2 and "--precision" in r.output
 
 
+def test_a_precision_no_rounded_rate_reaches_is_refused(tmp_path):
+    """--precision 0.0001 ran 15 probes and said "found", bracket 77.28-77.29 (+0.013%): the
+    rates are rounded to 4 significant digits, so the bisection stopped short of what was
+    asked and did not say so. 0.001 is reachable at every rate."""
+    r = runner.invoke(app, ["capacity", "--engine", "sim", "--slo", "ttft=5",
+                            "--num-requests", "20", "--min-duration", "0",
+                            "--out", str(tmp_path / "c.json"), "--precision", "0.0001"])
+    assert r.exit_code == 2 and "--precision must be at least 0.001" in r.output
+    found = search(_fake(77.2834), 30.0, precision=0.001)
+    assert (found.hi - found.lo) / found.lo <= 0.001 and found.lo <= 77.2834 < found.hi
+
+
 def test_request_meets_every_limit():
     limits = {"ttft": 100.0, "tpot": 10.0}
     ok = {"error": None, "ttft_ms": 90.0, "tpot_ms": 9.0, "e2el_ms": 500.0}
@@ -117,6 +130,95 @@ def test_search_reports_when_no_bracket_exists():
     assert search(_fake(1e9), 1.0).status == ABOVE_MAX
     below = search(_fake(0.0), 1.0)
     assert below.status == BELOW_MIN and below.capacity is None
+
+
+SHORT_SEARCH = ["--engine", "sim", "--workload", "sharegpt", "--num-requests", "40",
+                "--min-duration", "0", "--slo", "ttft_p90=500,tpot_p90=30"]
+
+
+@pytest.fixture(scope="module")
+def short_search(tmp_path_factory):
+    """40 requests a probe, fresh prompts each: a search of a couple of seconds."""
+    out = tmp_path_factory.mktemp("short") / "capacity.json"
+    r = runner.invoke(app, ["capacity", *SHORT_SEARCH, "--out", str(out),
+                            "--runs-dir", str(out.parent / "probes")])
+    assert r.exit_code == 0, r.output
+    return json.loads(out.read_text()), r.stdout
+
+
+def test_a_probe_too_short_to_judge_bounds_no_capacity(short_search):
+    """40 requests a probe and no --min-duration on the simulated H200: every probe above ~19
+    req/s met the SLO (100%) and was "not steady" only as its arrivals ended during the
+    ramp-up, and the search said "capacity: 18.59 req/s (passes; 19.41 req/s fails)", status
+    found, where 1,000-request probes pass up to ~77 req/s. The answer is a lower bound that
+    names the probe it could not judge."""
+    doc, stdout = short_search
+    assert doc["status"] == "too_short", stdout
+    short = [p for p in doc["probes"] if p["too_short"]]
+    assert short and all(p["meets_slo"] and not p["passed"] for p in short)
+    lo = max(p["rate"] for p in doc["probes"] if p["passed"])
+    assert doc["capacity"] == lo and doc["bracket"] == [lo, None] and doc["margin"] is None
+    unjudged = min(p["rate"] for p in short if p["rate"] > lo)
+    assert f"capacity: >= {lo:.4g} req/s (passes): {unjudged:.4g} req/s met the SLO" in stdout
+    assert "too short to judge" in stdout and "fails: bracket" not in stdout
+
+
+def test_a_probe_too_small_to_judge_is_no_pass(tmp_path):
+    """15 requests a probe: too few for any steady-state test (steady "-"), and each counted
+    as a pass, so the search doubled to "capacity: >= 1600 req/s (every probe passed up to
+    the search's ceiling)" on a target that falls behind above ~77 req/s. A probe passes only
+    in a steady state (the command's own help); a lower rate sends no more requests, so the
+    search stops at once and says so."""
+    out = tmp_path / "capacity.json"
+    r = runner.invoke(app, ["capacity", *SHORT_SEARCH, "--num-requests", "15",
+                            "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["status"] == "too_short", r.stdout
+    assert r.exit_code == 1 and doc["capacity"] is None and doc["bracket"] == [None, None]
+    [p] = doc["probes"]
+    assert p["steady"] is None and p["meets_slo"] and not p["passed"] and p["too_short"]
+    assert "capacity: not judged: " in r.stdout
+
+
+def test_each_probe_names_the_seed_that_repeats_it(short_search, tmp_path):
+    """Each probe draws its own prompts (its own seed); capacity.json did not say which, so
+    the probe at the answer could not be run again without --runs-dir. `run --seed` at the
+    probe's rate and size repeats its figures."""
+    doc, _ = short_search
+    p = next(p for p in doc["probes"] if p["rate"] == doc["capacity"])
+    out = tmp_path / "run.json"
+    r = runner.invoke(app, ["run", *SHORT_SEARCH[:4], "--slo", "ttft=500,tpot=30",
+                            "--num-requests", str(p["num_requests"]),
+                            "--request-rate", repr(p["rate"]), "--seed", str(p["seed"]),
+                            "--output", str(out), "--quiet"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(out.read_text())["summary"]
+    assert s["slo_attainment"] == p["attainment"]
+    assert (s["ttft_ms"]["p99"], s["tpot_ms"]["p99"], s["e2el_ms"]["p99"]) == (
+        p["ttft_p99_ms"], p["tpot_p99_ms"], p["e2el_p99_ms"])
+
+
+def test_every_probe_names_its_file_in_runs_dir(short_search):
+    """--runs-dir: probes 1.. named their result files in capacity.json, the saturation
+    probe (probe 0, written there too) did not."""
+    doc, _ = short_search
+    for p in [doc["saturation_probe"], *doc["probes"]]:
+        assert p["file"] and p["file"].endswith(f"-rate-{p['rate']}.json"), p["file"]
+        run = json.loads(Path(p["file"]).read_text())
+        assert run["summary"]["completed"] == p["completed"]
+
+
+def test_a_true_failure_below_the_short_probe_still_brackets():
+    """Only a too-short probe between the answer and every true failure makes it a bound."""
+
+    def probe(rate: float, phase: str) -> Probe:
+        ok, short = rate <= 10.0, rate > 40.0  # fails truly in (10, 40]
+        point = ProbePoint(rate, 100, 100, 0, rate, rate * 100, *([1.0] * 7), None,
+                           1.0 if ok or short else 0.5, ok, "", "yes")
+        return Probe(0, phase, point, point.slo_attainment, ok or short, ok, too_short=short)
+
+    found = search(probe, 80.0)
+    assert found.status == FOUND and found.lo <= 10.0 < found.hi <= 40.0
 
 
 # ---- a real search on the simulated H200 ----------------------------------------------------
