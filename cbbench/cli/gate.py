@@ -92,7 +92,7 @@ def gate(
     --baseline and --new each take the files that follow them. One file per side compares
     exactly (the simulator has no noise); several per side decide by Welch's t 95%
     interval of the change in the mean, and a metric fails only when the whole interval is past
-    its limit.
+    its limit (failed, a count, compares the per-side means exactly).
 
     Defaults: output_throughput and request_throughput 5%; ttft_ms.p50/p99, tpot_ms.p50/p99,
     itl_ms.p99 and e2el_ms.p99 10%; failed 0 (no new failures). A percentile a result did not

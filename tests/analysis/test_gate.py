@@ -495,3 +495,14 @@ def test_the_interval_still_catches_a_clear_regression_over_three_runs():
         G.check_metric(t, rng.normal(1000.0, 50.0, 3), rng.normal(700.0, 50.0, 3)).verdict
         == G.REGRESSED for _ in range(500))
     assert caught / 500 >= 0.95
+
+
+def test_a_new_failure_in_one_of_several_runs_regresses_the_failed_default():
+    # The default failed=0 ("no new failures") over three runs a side: one failed request in
+    # one new run sat inside the noise interval of [0, 1, 0] against [0, 0, 0] and passed.
+    # Failures are counted, not averaged out as noise: the mean of each side is compared as one
+    # file each is.
+    t = G.parse_threshold("failed=0")
+    assert G.check_metric(t, [0, 0, 0], [0, 1, 0]).verdict == G.REGRESSED
+    assert G.check_metric(t, [0, 1, 0], [1, 0, 0]).verdict == G.OK
+    assert G.check_metric(t, [2, 1, 0], [0, 0, 0]).verdict == G.IMPROVED

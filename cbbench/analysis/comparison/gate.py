@@ -33,6 +33,9 @@ REGRESSED = "REGRESSED"
 IMPROVED = "improved"
 
 CONFIDENCE = 0.95
+# Counts of failures are compared on the per-side mean with no noise interval: a failed
+# request is an event to count, not noise to average out ("failed=0": no new failures).
+COUNTED_NOT_AVERAGED = frozenset({"failed"})
 # A move this close to its limit, relative to the operands' size, is at the limit: by hand
 # 0.77 over 0.7 is +10% and 0.85 under 0.9 is 0.05, where float subtraction gives
 # 0.10000000000000009 and 0.050000000000000044, which failed a limit of exactly that.
@@ -381,7 +384,7 @@ def check_metric(
                       else float(np.abs(np.concatenate([base, new])).max(initial=1.0)))
     low = high = None
     best = worst = change
-    if base.size > 1 or new.size > 1:
+    if (base.size > 1 or new.size > 1) and threshold.metric not in COUNTED_NOT_AVERAGED:
         low, high = change_interval(base, new, threshold.relative)
         # The interval end nearest to "no regression" decides: fail only when even it is past.
         best, worst = (high, low) if direction == HIGHER else (low, high)
