@@ -173,8 +173,11 @@ def test_a_client_that_leaves_mid_stream_is_aborted(served, path, body):
         for line in r.iter_lines():
             deltas += line.startswith("data:") and '"delta"' in line
             if deltas >= 3:
-                break  # leaving the block closes the connection
-        assert run.engine.snapshot().kv_blocks_used > 0
+                # Read while the stream is open: the break itself closes the connection (the
+                # dropped line iterator closes httpcore's stream), and on a loaded machine the
+                # server's abort could free the blocks before a check after it (seen in CI).
+                assert run.engine.snapshot().kv_blocks_used > 0
+                break
     deadline = time.monotonic() + START_TIMEOUT_S  # the engine frees the aborted request
     while run.engine.snapshot().kv_blocks_used and time.monotonic() < deadline:
         time.sleep(POLL_S)
