@@ -5,7 +5,8 @@ Each line holds ``metadata`` (wall-clock ``request_start_ns`` at the send, ``req
 ``credit_issued_ns`` when AIPerf's rate limiter released the request, ``x_request_id``,
 ``benchmark_phase``), ``metrics`` (tag -> ``{"value", "unit"}`` in display units:
 ``time_to_first_token``, ``request_latency`` and ``inter_chunk_latency`` in ms,
-``output_sequence_length`` and ``input_sequence_length`` in tokens; for a reasoning model
+``output_sequence_length`` and ``input_sequence_length`` (``error_isl`` for an errored
+request) in tokens; for a reasoning model
 ``usage_reasoning_tokens``/``reasoning_token_count`` and ``time_to_first_output_token``) and
 ``error`` (null, or
 ``{"code", "type", "message"}``); aiperf/common/models/record_models.py defines them.
@@ -81,6 +82,7 @@ class Metrics(ToolFields):
     inter_chunk_latency: Any = None
     output_sequence_length: Any = None
     input_sequence_length: Any = None
+    error_isl: Any = None  # an errored request's input length (it has no input_sequence_length)
     usage_reasoning_tokens: Any = None  # the server's usage
     reasoning_token_count: Any = None  # AIPerf's own count
     time_to_first_output_token: Any = None
@@ -168,9 +170,10 @@ def records(rows: Iterable[Row], source: str) -> list[RequestRecord]:
         where = f"{source}:{row.n}"
         metrics = part(Metrics, row.metrics, where, "metrics", TOOL)
         send = (start_ns - t0) * NS
+        isl = "error_isl" if metrics.input_sequence_length is None else "input_sequence_length"
         rec = RequestRecord(
             id=i,
-            prompt_tokens=_tokens(metrics.input_sequence_length, "input_sequence_length", where),
+            prompt_tokens=_tokens(getattr(metrics, isl), isl, where),
             output_tokens=_tokens(metrics.output_sequence_length, "output_sequence_length",
                                   where),
             intended_start_s=(slot_ns - t0) * NS,

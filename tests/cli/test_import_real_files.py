@@ -72,6 +72,15 @@ def test_aiperf_0_13_records_are_aiperfs_figures(tmp_path):
         assert (rec["prompt_tokens"], rec["output_tokens"]) == (63, 20)
 
 
+def test_a_failed_aiperf_request_keeps_its_input_length(tmp_path):
+    # AIPerf records an errored request's input length as error_isl (no input_sequence_length):
+    # the 404's prompt_tokens were 0 where AIPerf says 63.
+    res, result = _import(AIPERF, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    failed = [r for r in result["requests"] if r["error"]]
+    assert [r["prompt_tokens"] for r in failed] == [63]
+
+
 def test_an_unstreamed_aiperf_run_imports(tmp_path):
     # Without --streaming AIPerf records no time_to_first_token, only request_latency: the
     # file was refused ("a completed record without time_to_first_token"). The whole answer
