@@ -3,7 +3,7 @@ cbbench result.
 
 Each line holds ``metadata`` (wall-clock ``request_start_ns`` at the send, ``request_end_ns``,
 ``credit_issued_ns`` when AIPerf's rate limiter released the request, ``x_request_id``,
-``benchmark_phase``), ``metrics`` (tag -> ``{"value", "unit"}`` in display units:
+``benchmark_phase``, ``was_cancelled``), ``metrics`` (tag -> ``{"value", "unit"}`` in display units:
 ``time_to_first_token``, ``request_latency`` and ``inter_chunk_latency`` in ms,
 ``output_sequence_length`` and ``input_sequence_length`` (``error_isl`` for an errored
 request) in tokens; for a reasoning model
@@ -65,6 +65,7 @@ class Metadata(ToolFields):
     credit_issued_ns: Any = None  # the rate limiter's release
     x_request_id: Any = None
     benchmark_phase: Any = None
+    was_cancelled: Any = None  # AIPerf cancelled it (--request-cancellation-rate)
 
 
 class Metric(ToolFields):
@@ -184,7 +185,12 @@ def records(rows: Iterable[Row], source: str) -> list[RequestRecord]:
         rec.output_tokens_method = TOOL
         rec.output_token_counts = {TOOL: rec.output_tokens}
         error = row.error
-        if error and isinstance(error, dict):
+        if row.meta.was_cancelled is True:
+            # The client gave up on it by design (its error a 499 RequestCancellationError,
+            # which AIPerf's summary counts among its errors): cancelled, not failed, as a
+            # cbbench --cancel-rate run records its own, so `failed` means the same for both.
+            rec.cancelled = True
+        elif error and isinstance(error, dict):
             err = ErrorInfo.model_validate(error)
             rec.error, rec.error_type = str(err.message), str(err.type or "error")
         elif error:

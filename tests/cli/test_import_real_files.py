@@ -81,6 +81,18 @@ def test_a_failed_aiperf_request_keeps_its_input_length(tmp_path):
     assert [r["prompt_tokens"] for r in failed] == [63]
 
 
+def test_an_aiperf_cancellation_is_cancelled_not_failed(tmp_path):
+    # --request-cancellation-rate 50 --request-cancellation-delay 0.1: AIPerf marks the request
+    # metadata.was_cancelled (its error a 499 RequestCancellationError): it was imported as
+    # failed, where a cbbench --cancel-rate run counts the requests it gave up on as cancelled.
+    src = REAL / "aiperf-0.13.0_profile_export_cancelled.jsonl"
+    res, result = _import(src, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    s = result["summary"]
+    assert (s["completed"], s["failed"], s["cancelled"]) == (1, 0, 1)
+    assert [r["prompt_tokens"] for r in result["requests"]] == [63, 63]
+
+
 def test_an_unstreamed_aiperf_run_imports(tmp_path):
     # Without --streaming AIPerf records no time_to_first_token, only request_latency: the
     # file was refused ("a completed record without time_to_first_token"). The whole answer
