@@ -42,6 +42,7 @@ TOOL = "aiperf"
 NS = 1e-9
 MS = 1e-3
 WARMUP_PHASE = "warmup"
+RAW_KEY = "responses"  # --export-level raw's other file: each request's responses, not metrics
 DURATION = "a duration"  # what a latency metric holds
 TIME_UNITS_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # The farthest a record's times may lie from its run's (s): its send from the median send of
@@ -118,6 +119,10 @@ def _record(path, n: int, text: str) -> Row:
     except ValueError:
         raise UsageError(f"{path}:{n} is not JSON: not an AIPerf profile_export.jsonl") from None
     line = Line.model_validate(obj) if isinstance(obj, dict) else None
+    if line is not None and line.metrics is None and RAW_KEY in obj:
+        raise UsageError(f"{path}:{n} is AIPerf's raw export (profile_export_raw.jsonl: "
+                         "requests and responses, no metrics): import profile_export.jsonl "
+                         "from the same directory instead")
     if line is None or not isinstance(line.metadata, dict):
         raise UsageError(f"{path}:{n} has no metadata: not an AIPerf record")
     return Row(n, Metadata.model_validate(line.metadata), line.metrics, line.error)

@@ -93,6 +93,17 @@ def test_an_aiperf_cancellation_is_cancelled_not_failed(tmp_path):
     assert [r["prompt_tokens"] for r in result["requests"]] == [63, 63]
 
 
+def test_aiperfs_raw_export_is_named_and_refused(tmp_path):
+    # profile_export_raw.jsonl (--export-level raw) holds the requests and responses, not the
+    # metrics: refused with "a completed record without time_to_first_token".
+    src = REAL / "aiperf-0.13.0_profile_export_raw.jsonl"
+    res, _ = _import(src, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert line.startswith("cbbench: error:") and "\n" not in line, line
+    assert "raw export" in line and "profile_export.jsonl" in line.split("raw.jsonl")[-1], line
+
+
 def test_an_unstreamed_aiperf_run_imports(tmp_path):
     # Without --streaming AIPerf records no time_to_first_token, only request_latency: the
     # file was refused ("a completed record without time_to_first_token"). The whole answer
