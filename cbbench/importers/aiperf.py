@@ -3,9 +3,10 @@ cbbench result.
 
 Each line holds ``metadata`` (wall-clock ``request_start_ns`` at the send, ``request_end_ns``,
 ``credit_issued_ns`` when AIPerf's rate limiter released the request, ``x_request_id``,
-``benchmark_phase``), ``metrics`` (tag -> ``{"value", "unit"}`` in display units:
+``benchmark_phase``, ``was_cancelled``), ``metrics`` (tag -> ``{"value", "unit"}`` in display units:
 ``time_to_first_token``, ``request_latency`` and ``inter_chunk_latency`` in ms,
-``output_sequence_length`` and ``input_sequence_length`` in tokens; for a reasoning model
+``output_sequence_length`` and ``input_sequence_length`` (``error_isl`` for an errored
+request) in tokens; for a reasoning model
 ``usage_reasoning_tokens``/``reasoning_token_count`` and ``time_to_first_output_token``) and
 ``error`` (null, or
 ``{"code", "type", "message"}``); aiperf/common/models/record_models.py defines them.
@@ -41,6 +42,7 @@ TOOL = "aiperf"
 NS = 1e-9
 MS = 1e-3
 WARMUP_PHASE = "warmup"
+RAW_KEY = "responses"  # --export-level raw's other file: each request's responses, not metrics
 DURATION = "a duration"  # what a latency metric holds
 TIME_UNITS_S = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # The farthest a record's times may lie from its run's (s): its send from the median send of
@@ -64,6 +66,7 @@ class Metadata(ToolFields):
     credit_issued_ns: Any = None  # the rate limiter's release
     x_request_id: Any = None
     benchmark_phase: Any = None
+    was_cancelled: Any = None  # AIPerf cancelled it (--request-cancellation-rate)
 
 
 class Metric(ToolFields):
@@ -81,6 +84,7 @@ class Metrics(ToolFields):
     inter_chunk_latency: Any = None
     output_sequence_length: Any = None
     input_sequence_length: Any = None
+    error_isl: Any = None  # an errored request's input length (it has no input_sequence_length)
     usage_reasoning_tokens: Any = None  # the server's usage
     reasoning_token_count: Any = None  # AIPerf's own count
     time_to_first_output_token: Any = None
@@ -115,6 +119,10 @@ def _record(path, n: int, text: str) -> Row:
     except ValueError:
         raise UsageError(f"{path}:{n} is not JSON: not an AIPerf profile_export.jsonl") from None
     line = Line.model_validate(obj) if isinstance(obj, dict) else None
+    if line is not None and line.metrics is None and RAW_KEY in obj:
+        raise UsageError(f"{path}:{n} is AIPerf's raw export (profile_export_raw.jsonl: "
+                         "requests and responses, no metrics): import profile_export.jsonl "
+                         "from the same directory instead")
     if line is None or not isinstance(line.metadata, dict):
         raise UsageError(f"{path}:{n} has no metadata: not an AIPerf record")
     return Row(n, Metadata.model_validate(line.metadata), line.metrics, line.error)
@@ -168,9 +176,10 @@ def records(rows: Iterable[Row], source: str) -> list[RequestRecord]:
         where = f"{source}:{row.n}"
         metrics = part(Metrics, row.metrics, where, "metrics", TOOL)
         send = (start_ns - t0) * NS
+        isl = "error_isl" if metrics.input_sequence_length is None else "input_sequence_length"
         rec = RequestRecord(
             id=i,
-            prompt_tokens=_tokens(metrics.input_sequence_length, "input_sequence_length", where),
+            prompt_tokens=_tokens(getattr(metrics, isl), isl, where),
             output_tokens=_tokens(metrics.output_sequence_length, "output_sequence_length",
                                   where),
             intended_start_s=(slot_ns - t0) * NS,
@@ -181,7 +190,12 @@ def records(rows: Iterable[Row], source: str) -> list[RequestRecord]:
         rec.output_tokens_method = TOOL
         rec.output_token_counts = {TOOL: rec.output_tokens}
         error = row.error
-        if error and isinstance(error, dict):
+        if row.meta.was_cancelled is True:
+            # The client gave up on it by design (its error a 499 RequestCancellationError,
+            # which AIPerf's summary counts among its errors): cancelled, not failed, as a
+            # cbbench --cancel-rate run records its own, so `failed` means the same for both.
+            rec.cancelled = True
+        elif error and isinstance(error, dict):
             err = ErrorInfo.model_validate(error)
             rec.error, rec.error_type = str(err.message), str(err.type or "error")
         elif error:

@@ -72,6 +72,38 @@ def test_aiperf_0_13_records_are_aiperfs_figures(tmp_path):
         assert (rec["prompt_tokens"], rec["output_tokens"]) == (63, 20)
 
 
+def test_a_failed_aiperf_request_keeps_its_input_length(tmp_path):
+    # AIPerf records an errored request's input length as error_isl (no input_sequence_length):
+    # the 404's prompt_tokens were 0 where AIPerf says 63.
+    res, result = _import(AIPERF, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    failed = [r for r in result["requests"] if r["error"]]
+    assert [r["prompt_tokens"] for r in failed] == [63]
+
+
+def test_an_aiperf_cancellation_is_cancelled_not_failed(tmp_path):
+    # --request-cancellation-rate 50 --request-cancellation-delay 0.1: AIPerf marks the request
+    # metadata.was_cancelled (its error a 499 RequestCancellationError): it was imported as
+    # failed, where a cbbench --cancel-rate run counts the requests it gave up on as cancelled.
+    src = REAL / "aiperf-0.13.0_profile_export_cancelled.jsonl"
+    res, result = _import(src, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 0, res.output
+    s = result["summary"]
+    assert (s["completed"], s["failed"], s["cancelled"]) == (1, 0, 1)
+    assert [r["prompt_tokens"] for r in result["requests"]] == [63, 63]
+
+
+def test_aiperfs_raw_export_is_named_and_refused(tmp_path):
+    # profile_export_raw.jsonl (--export-level raw) holds the requests and responses, not the
+    # metrics: refused with "a completed record without time_to_first_token".
+    src = REAL / "aiperf-0.13.0_profile_export_raw.jsonl"
+    res, _ = _import(src, "aiperf", tmp_path / "a.json")
+    assert res.exit_code == 2, res.output
+    line = res.output.strip()
+    assert line.startswith("cbbench: error:") and "\n" not in line, line
+    assert "raw export" in line and "profile_export.jsonl" in line.split("raw.jsonl")[-1], line
+
+
 def test_an_unstreamed_aiperf_run_imports(tmp_path):
     # Without --streaming AIPerf records no time_to_first_token, only request_latency: the
     # file was refused ("a completed record without time_to_first_token"). The whole answer
