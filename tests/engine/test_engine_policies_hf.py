@@ -186,3 +186,32 @@ def test_swap_priority_and_prefix_caching_together_match_hf(case, tmp_path):
                       "--policy", "priority")  # fmt: skip
     case.check(ragged, case.ragged_expected)
     assert _totals(ragged)["num_swapped_out_blocks"] > 0
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_a_prefix_scheduled_in_its_own_step_is_read_right(case, tmp_path, backend):
+    # Three requests at t = 0, 4-token blocks: a 12-token prompt, its twin, and the same prompt
+    # plus 2 tokens. As vLLM V1 does, the twin and the longer one find the first's blocks in
+    # the step that computes them (12 + 4 + 2 tokens computed, 20 cached), so their attention
+    # reads KV the same forward wrote a layer's kernel launch earlier: the reference backend
+    # and the Triton kernels (under the interpreter here; on a GPU untested) must give HF's
+    # tokens.
+    if backend == "triton":
+        pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, VOCAB, (14,), generator=g).tolist()
+    prompts, outputs = [prompt[:12], prompt[:12], prompt], [5, 5, 5]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(case.folder)
+    expected = hf_greedy(hf, prompts, outputs)
+    workload = _write(tmp_path / "same_step.jsonl", prompts, outputs, [1, 1, 1])
+    base = [a for a in BASE if a not in ("--attention-backend", "reference")]
+    out = tmp_path / "same_step.json"
+    res = CliRunner().invoke(app, [
+        "run", "--workload", str(workload), "--model", str(case.folder), *base,
+        "--attention-backend", backend, *CACHING, "--block-size", "4", "--num-kv-blocks", "32",
+        "--max-model-len", "64", "--output", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    case.check(result, expected)
+    first = result["iterations"][0]
+    assert (first["num_prefill_tokens"], first["num_cached_tokens"]) == (18, 20)
