@@ -175,13 +175,15 @@ class ResponseFormat(BaseModel):
     type: str = "text"
 
 
+# What a structured-output field gets, after its name: a 400 on every API that has one.
+UNCONSTRAINED = "is not supported: this server does not constrain its output (structured outputs)"
+
+
 def check_plain_text(fmt: ResponseFormat | None, param: str) -> None:
     """A format other than plain text is a 400: a 200 would be text the client's JSON parse
     (the SDK's ``chat.completions.parse``) fails on, or a schema it does not follow."""
     if fmt is not None and fmt.type != "text":
-        raise APIError(400, f"{param} {fmt.type!r} is not supported: this server does not "
-                       "constrain its output (structured outputs); only 'text' is",
-                       param=param)
+        raise APIError(400, f"{param} {fmt.type!r} {UNCONSTRAINED}; only 'text' is", param=param)
 
 
 class UnappliedSampling(BaseModel):
@@ -280,8 +282,7 @@ class _Base(UnappliedSampling):
         check_plain_text(self.response_format, "response_format")
         for name in VLLM_STRUCTURED_OUTPUTS:
             if getattr(self, name) is not None:
-                raise APIError(400, f"{name} is not supported: this server does not constrain "
-                               "its output (structured outputs)", param=name)
+                raise APIError(400, f"{name} {UNCONSTRAINED}", param=name)
 
     def check_min_tokens(self, max_tokens: int, outputs_run_to_max: bool) -> None:
         """min_tokens (vLLM's) above 0: held by an engine whose outputs always run to

@@ -36,6 +36,7 @@ from cbbench.server.apis.block_stream import BlockStream, typed_event
 from cbbench.server.chunks import request_id
 from cbbench.server.protocol import (
     STRICT_FINITE,
+    UNCONSTRAINED,
     APIError,
     ChatMessage,
     Seed,
@@ -284,8 +285,7 @@ class AnthropicApi:
             raise APIError(400, "stop_sequences are not supported", param="stop_sequences")
         if req.output_format is not None or (req.output_config and req.output_config.format):
             # A JSON schema needs a constrained decoder; a 200 would be text that follows none.
-            raise APIError(400, "output_config.format is not supported: this server does not "
-                           "constrain its output (structured outputs)", param="output_config")
+            raise APIError(400, f"output_config.format {UNCONSTRAINED}", param="output_config")
         ids = s.chat.encode(s.codec, req.chat_messages())
         check_vocab(ids, s.vocab_size, "messages")
         plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
