@@ -138,10 +138,10 @@ def search(
     try:
         return _judged(_search(run, start_rate, precision, max_probes, probes, fits or _any_rate))
     except _TooFew:
-        lo = max((p.point.rate for p in probes if p.passed), default=None)
+        lo = _highest_pass(probes)
         return SearchResult(TOO_SHORT, lo, lo, _lowest_failure(probes, lo), probes)
     except _Stopped:
-        lo = max((p.point.rate for p in probes if p.passed), default=None)
+        lo = _highest_pass(probes)
         failed = [p.point.rate for p in probes if not (p.passed or p.interrupted)]
         hi = min((r for r in failed if lo is None or r > lo), default=None)
         return SearchResult(INTERRUPTED, lo, lo, hi, probes)
@@ -153,6 +153,10 @@ class _Stopped(Exception):
 
 class _TooFew(Exception):
     """A probe held too few requests to judge a steady state: as few at every lower rate."""
+
+
+def _highest_pass(probes: list[Probe]) -> float | None:
+    return max((p.point.rate for p in probes if p.passed), default=None)
 
 
 def _lowest_failure(probes: list[Probe], lo: float | None) -> float | None:
