@@ -61,6 +61,21 @@ def test_sglang_accept_length_and_nothing_to_report():
                                  "labels": {}, "value": 1}]) is None
 
 
+def test_sglang_zero_accept_length_is_no_speculation():
+    """SGLang exports sglang:spec_accept_length on every server and sets it to 0 when it does
+    not speculate (and holds its SchedulerStats default, 0.0, until the first decode log
+    window): an accept length counts the bonus token, so it is >= 1 whenever it measured
+    anything. A non-speculating server is no summary.speculative; a speculating one's early
+    zeros do not drag its mean down (2, 4 read with two zeros before them: 3, not 1.5)."""
+    def rows(values):
+        return [{"t_s": 0.5 * i, "name": "sglang:spec_accept_length", "labels": {}, "value": v}
+                for i, v in enumerate(values)]
+
+    assert scraped_speculative(rows([0.0, 0.0, 0.0])) is None
+    spec = scraped_speculative(rows([0.0, 0.0, 2.0, 4.0]))
+    assert spec["mean_acceptance_length"] == pytest.approx(3.0) and spec["scrapes"] == 2
+
+
 def test_counters_across_a_restart_grow_as_prometheus_increase_counts():
     """drafts / draft tokens / accepted: 100/300/270 -> 150/450/405 -> a restart (0/0/0) ->
     1000/3000/1500. increase(), reset-aware over every scrape: 50 + 0 + 1000 = 1050 drafts,

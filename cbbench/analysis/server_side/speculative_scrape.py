@@ -7,8 +7,9 @@
   mean_acceptance_length = 1 + accepted / drafts (the bonus token included), as vLLM's
   benchmarks report them.
 - SGLang: the gauge ``sglang:spec_accept_length`` (its mean accepted length per verify step,
-  the bonus token included): averaged over the run's scrapes; SGLang exports no draft count,
-  so no acceptance rate.
+  the bonus token included): averaged over the run's scrapes that read one (its 0 means no
+  speculation, or no decode window logged yet); SGLang exports no draft count, so no
+  acceptance rate.
 
 Counter values are summed over their label sets (one per engine or model), each label set's
 growth reset-aware over every kept scrape as Prometheus' increase() is: a value that fell (the
@@ -67,7 +68,11 @@ def scraped_speculative(rows: Sequence[dict] | None) -> dict | None:
             "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
             "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
         }
-    lengths = [float(r["value"]) for r in rows if r["name"] == SGLANG_ACCEPT_LENGTH]
+    # SGLang exports the gauge on every server, 0 when it does not speculate and until its
+    # first decode log window; an accept length counts the bonus token, so it is >= 1 once
+    # measured: a 0 is no reading (a non-speculating server read as "mean length 0").
+    lengths = [v for r in rows if r["name"] == SGLANG_ACCEPT_LENGTH
+               and (v := float(r["value"])) > 0]
     if lengths:
         return {
             "source": SOURCE,
