@@ -265,7 +265,12 @@ def test_summarize_engine_by_hand():
     assert e["mean_iteration_ms"] == pytest.approx(20.0)
     assert e["mean_prefill_tokens"] == 50 and e["mean_decode_tokens"] == 1
     assert e["token_budget_utilization"] == pytest.approx((0.5 + 0.01) / 2)
-    assert e["peak_kv_usage"] == pytest.approx(0.3) and e["mean_kv_usage"] == pytest.approx(0.2)
+    # Gauges (vLLM's num_requests_running, kv_cache_usage_perc) averaged over busy time, as a
+    # scrape or the steady-state level reads them: the 30 ms step weighs three times the 10 ms
+    # one (a plain mean per step: 0.2 and 1.5).
+    assert e["peak_kv_usage"] == pytest.approx(0.3)
+    assert e["mean_kv_usage"] == pytest.approx((0.1 * 0.01 + 0.3 * 0.03) / 0.04)  # 0.25
+    assert e["mean_running"] == pytest.approx((1 * 0.01 + 2 * 0.03) / 0.04)  # 1.75
     assert e["num_preemptions"] == 1
     assert e["mean_achieved_bw_gbps"] == pytest.approx(100.0)  # 4e9 B / 0.04 s
     assert summarize_engine([]) == {"num_iterations": 0}

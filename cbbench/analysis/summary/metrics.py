@@ -434,8 +434,14 @@ def summarize_engine_columns(cols, gpu_spec: dict | None = None, dtype: str = "b
         "token_budget_utilization": float((batch / f("token_budget")).mean()),
     }
     del batch
+    def time_mean(col: np.ndarray) -> float:
+        # A gauge's mean (vLLM's kv_cache_usage_perc, num_requests_running): each step's value
+        # held for its duration, over busy time, as a scrape or the steady-state level reads
+        # it; per step, a 5 ms decode step would weigh as much as a 50 ms prefill.
+        return float((col * dur).sum() / busy) if busy > 0 else float(col.mean())
+
     kv_usage = f("kv_blocks_used") / f("kv_blocks_total")
-    kv_stats = {"peak_kv_usage": float(kv_usage.max()), "mean_kv_usage": float(kv_usage.mean())}
+    kv_stats = {"peak_kv_usage": float(kv_usage.max()), "mean_kv_usage": time_mean(kv_usage)}
     del kv_usage
     nbytes = f("bytes_moved")
     util = {}
@@ -458,7 +464,7 @@ def summarize_engine_columns(cols, gpu_spec: dict | None = None, dtype: str = "b
         "mean_prefill_tokens": float(pre.mean()),
         "mean_decode_tokens": float(dec.mean()),
         **batch_stats,
-        "mean_running": float(f("num_running").mean()),
+        "mean_running": time_mean(f("num_running")),
         **kv_stats,
         "num_preemptions": int(_total(np.asarray(cols["num_preempted"]))),
         "total_prefill_tokens": int(pre.sum()),
