@@ -149,7 +149,7 @@ class EngineArgs:
     )
     temperature: float = opt(0.0, "Sampling temperature; 0 = greedy.", low=0.0)
     top_p: float = opt(1.0, "Nucleus sampling threshold.", low=0.0, low_open=True, high=1.0)
-    top_k: int = opt(0, "Top-k sampling; 0 = off.", low=0)
+    top_k: int = opt(0, "Top-k sampling; 0 or -1 = off (as vLLM).", low=-1)
     ignore_eos: bool = opt(
         True, "Benchmark runs ignore EOS so output lengths follow the workload."
     )

@@ -141,10 +141,9 @@ def search(
         lo = _highest_pass(probes)
         return SearchResult(TOO_SHORT, lo, lo, _lowest_failure(probes, lo), probes)
     except _Stopped:
+        # Only judged probes bound it: one too short to judge (or cut short) failed nothing.
         lo = _highest_pass(probes)
-        failed = [p.point.rate for p in probes if not (p.passed or p.interrupted)]
-        hi = min((r for r in failed if lo is None or r > lo), default=None)
-        return SearchResult(INTERRUPTED, lo, lo, hi, probes)
+        return SearchResult(INTERRUPTED, lo, lo, _lowest_failure(probes, lo), probes)
 
 
 class _Stopped(Exception):

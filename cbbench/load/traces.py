@@ -7,7 +7,8 @@
 - **BurstGPT** (CSV ``Timestamp``, ``Model``, ``Request tokens``, ``Response tokens``,
   ``Total tokens``, ``Log Type``; release 2 adds ``Session ID`` and ``Elapsed time``).
   ``Timestamp`` is seconds from the trace's start. Rows with 0 request or response tokens
-  are the trace's failed requests: they are skipped, and the workload says how many.
+  are the trace's failed requests: they are skipped, and the workload says how many; a row
+  of 0 prompt or output tokens in the other traces likewise.
 - **Mooncake / FAST'25** (JSONL ``timestamp`` in milliseconds, ``input_length``,
   ``output_length``, ``hash_ids``). Each hash id names one 512-token block of the prompt;
   equal ids are equal blocks (and, hashed in a chain, equal prefixes). The blocks become token
@@ -227,6 +228,7 @@ def load_burstgpt(path: Path) -> Workload:
 # ---- Mooncake --------------------------------------------------------------------------------
 def load_mooncake(path: Path) -> Workload:
     rows = []
+    skipped = 0
     for where, obj in jsonl_objects(path):
         if not isinstance(obj, dict):
             raise UsageError(f"{where}: expected a JSON object")
@@ -238,8 +240,11 @@ def load_mooncake(path: Path) -> Workload:
             raise UsageError(f"{where}: 'timestamp' must be a number of milliseconds >= 0")
         # Decimal(repr) is the number as written (repr round-trips), so the ns are exact.
         t = int(Decimal(repr(ts)) * NS_PER_MS)
-        p = json_int(obj, "input_length", where, 1)
-        o = json_int(obj, "output_length", where, 1)
+        p = json_int(obj, "input_length", where, 0)
+        o = json_int(obj, "output_length", where, 0)
+        if p == 0 or o == 0:  # a failed request, skipped as the CSV traces skip theirs
+            skipped += 1
+            continue
         hashes = None
         if "hash_ids" in obj:
             h = obj["hash_ids"]
@@ -255,4 +260,4 @@ def load_mooncake(path: Path) -> Workload:
                 )
             hashes = tuple(h) if h else None
         rows.append((t, p, o, hashes))
-    return _timed_workload(path.name, f"Mooncake trace {path.name}", rows, 0, path)
+    return _timed_workload(path.name, f"Mooncake trace {path.name}", rows, skipped, path)

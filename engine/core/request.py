@@ -46,6 +46,7 @@ class RequestStatus(enum.IntEnum):
 SAMPLING_EPS = 1e-5
 MAX_TEMPERATURE = 1e12
 MAX_TOP_K = 2**31
+TOP_K_OFF = -1  # vLLM's SamplingParams: 0 or -1 keeps every token
 SEED_MASK = 2**63 - 1
 
 
@@ -65,7 +66,7 @@ class SamplingParams:
             object.__setattr__(self, "temperature", 0.0)
         elif self.temperature > MAX_TEMPERATURE:
             object.__setattr__(self, "temperature", MAX_TEMPERATURE)
-        if self.top_k >= MAX_TOP_K:
+        if self.top_k >= MAX_TOP_K or self.top_k == TOP_K_OFF:
             object.__setattr__(self, "top_k", 0)
         if self.seed is not None and not 0 <= self.seed <= SEED_MASK:
             object.__setattr__(self, "seed", self.seed & SEED_MASK)

@@ -506,3 +506,16 @@ def test_a_new_failure_in_one_of_several_runs_regresses_the_failed_default():
     assert G.check_metric(t, [0, 0, 0], [0, 1, 0]).verdict == G.REGRESSED
     assert G.check_metric(t, [0, 1, 0], [1, 0, 0]).verdict == G.OK
     assert G.check_metric(t, [2, 1, 0], [0, 0, 0]).verdict == G.IMPROVED
+
+
+def test_a_send_lag_turned_negative_is_no_improvement():
+    """send_lag_ms is the send minus when the client was ready (docs/metrics.md): 0 is on
+    schedule, below 0 a request sent early. Gated lower-is-better, a p50 from +1 ms to -5 ms
+    (the client now 5 ms off its schedule) read "improved" (-600%). It is gated on its
+    distance from the schedule, |send lag|: regressed; -5 ms back to +1 ms improved."""
+    t = G.parse_threshold("send_lag_ms.p50=10%")
+    worse = G.check_metric(t, [1.0], [-5.0])
+    assert worse.verdict == G.REGRESSED and worse.change == pytest.approx(4.0)
+    assert G.check_metric(t, [-5.0], [1.0]).verdict == G.IMPROVED
+    assert G.check_metric(t, [1.0, 1.2, 0.9], [-5.0, -5.1, -4.9]).verdict == G.REGRESSED
+    assert G.check_metric(G.parse_threshold("ttft_ms.p50=10%"), [1.0], [0.5]).verdict == G.IMPROVED

@@ -12,7 +12,7 @@ from helpers import run_spec
 from typer.testing import CliRunner
 
 from cbbench.analysis.summary.slo import DEFAULT_ATTAINMENT, parse_attainment_slo, request_meets
-from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, Probe, search
+from cbbench.bench.capacity import ABOVE_MAX, BELOW_MIN, FOUND, INTERRUPTED, Probe, search
 from cbbench.bench.probe import ProbePoint, ProbeSizing, probe_spec
 from cbbench.bench.runner import execute_run
 from cbbench.cli.app import app as cli_app
@@ -219,6 +219,24 @@ def test_a_true_failure_below_the_short_probe_still_brackets():
 
     found = search(probe, 80.0)
     assert found.status == FOUND and found.lo <= 10.0 < found.hi <= 40.0
+
+
+def test_an_interrupted_search_brackets_only_with_judged_probes():
+    """Stopped (Ctrl-C / SIGTERM) after a probe that met the SLO but was too short to judge:
+    the saved bracket took that probe's rate as its failing end ([10, 20]), where no probe
+    failed. Too short to judge is neither a pass nor a fail (as in the uninterrupted search)."""
+    stopped = []
+
+    def probe(rate: float, phase: str) -> Probe:
+        ok, short = rate <= 10.0, rate > 10.0  # passes, then met the SLO too short to judge
+        point = ProbePoint(rate, 100, 100, 0, rate, rate * 100, *([1.0] * 7), None,
+                           1.0, ok, "", "yes")
+        stopped.append(short)
+        return Probe(0, phase, point, 1.0, True, ok, too_short=short)
+
+    found = search(probe, 10.0, should_stop=lambda: any(stopped))
+    assert found.status == INTERRUPTED and found.capacity == 10.0
+    assert (found.lo, found.hi) == (10.0, None)
 
 
 # ---- a real search on the simulated H200 ----------------------------------------------------

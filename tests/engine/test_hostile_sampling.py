@@ -101,3 +101,30 @@ def test_the_server_gives_the_argmax_under_a_huge_temperature():
         for seed in range(3):
             assert text(temperature=1e39, top_k=1, seed=seed) == greedy
             assert text(seed=seed) == greedy  # the server's defaults
+
+
+def test_top_k_minus_one_is_off_as_in_vllm(tmp_path):
+    """`run --top-k -1`: exit 2 ("must be >= 0") where the HTTP API and vLLM's SamplingParams
+    take -1 as off, as 0 is ("Set to 0 (or -1) to consider all tokens"). -1 now samples
+    exactly as 0 does; -2 is still refused."""
+    from typer.testing import CliRunner
+
+    from cbbench.cli.app import app
+
+    w = tmp_path / "w.jsonl"
+    w.write_text("".join(json.dumps({"prompt_token_ids": [3 + i, 9, 27], "output_len": 6})
+                         + "\n" for i in range(2)))
+    outs = {}
+    for k in ("0", "-1", "-2"):
+        out = tmp_path / f"{k}.json"
+        res = CliRunner().invoke(app, [
+            "run", "--engine", "torch", "--device", "cpu", "--model", "tiny",
+            "--num-kv-blocks", "32", "--workload", str(w), "--save-detailed",
+            "--temperature", "1", "--top-k", k, "--output", str(out)])
+        if k == "-2":
+            assert res.exit_code == 2 and "top-k" in res.output, res.output
+            continue
+        assert res.exit_code == 0, (res.output, res.exception)
+        outs[k] = [r["output_token_ids"] for r in json.loads(out.read_text())["requests"]]
+    assert outs["-1"] == outs["0"]
+    assert SamplingParams(top_k=-1).top_k == 0

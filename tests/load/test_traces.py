@@ -185,6 +185,17 @@ def test_failed_rows_are_skipped_and_reported(tmp_path: Path, notices) -> None:
     assert any("skipped 1 rows" in n for n in notices)
 
 
+def test_a_mooncake_row_with_0_output_tokens_is_skipped_as_in_the_csv_traces(tmp_path):
+    """A Mooncake row with output_length 0 refused the whole file ("'output_length' must be an
+    integer >= 1") where Azure and BurstGPT skip such rows and say how many."""
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text(MOONCAKE + '{"timestamp": 40000, "input_length": 9, "output_length": 0}\n')
+    w = load_workload(str(path))
+    assert len(w.requests) == 4
+    assert w.notes == ("mooncake.jsonl: skipped 1 rows with 0 prompt or output tokens "
+                       "(failed requests in the trace)",)
+
+
 def test_azure_times_are_exact_to_the_tick() -> None:
     a = parse_azure_time("2023-11-16 18:15:46.6805900", "x")
     b = parse_azure_time("2023-11-16 18:15:46.6805901", "x")

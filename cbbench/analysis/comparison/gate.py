@@ -27,6 +27,8 @@ from cbbench.schema.base import field_of
 
 HIGHER = "higher"
 LOWER = "lower"
+# A signed figure whose best is 0: gated on its magnitude (lower |x| is better).
+NEARER_ZERO = "lower |x|"
 
 OK = "ok"
 REGRESSED = "REGRESSED"
@@ -60,7 +62,9 @@ SCALAR_DIRECTIONS = {
     "engine.mbu": HIGHER,
 }
 # Every metric is a count, a rate, a time or a share, none below 0, except the client's send
-# lag (a request sent a hair before its intended time).
+# lag (a request sent a hair before its intended time). Its best is 0, on schedule: a lag
+# turned negative is the client off its schedule the other way, no improvement, so these are
+# gated on their magnitude (NEARER_ZERO).
 SIGNED_METRICS = ("send_lag_ms",)
 # Latency distributions: every statistic is lower-is-better.
 LATENCY_DISTRIBUTIONS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "send_lag_ms")
@@ -156,7 +160,7 @@ def direction_of(metric: str) -> str:
         return SCALAR_DIRECTIONS[metric]
     head, _, stat = metric.partition(".")
     if head in LATENCY_DISTRIBUTIONS and _STAT.match(stat):
-        return LOWER
+        return NEARER_ZERO if head in SIGNED_METRICS else LOWER
     known = ", ".join([*SCALAR_DIRECTIONS, *(f"{d}.<mean|std|pNN>" for d in LATENCY_DISTRIBUTIONS),
                        f"{WORST_SLICE}<figure>"])
     raise UsageError(f"unknown metric {metric!r}; known: {known}")
@@ -376,6 +380,8 @@ def check_metric(
     direction = direction_of(threshold.metric)
     base = np.asarray(base_values, dtype=np.float64)
     new = np.asarray(new_values, dtype=np.float64)
+    if direction == NEARER_ZERO:
+        base, new = np.abs(base), np.abs(new)
     limit = threshold.limit / 100 if threshold.relative else threshold.limit
     change = float(_change(np.array(base.mean()), np.array(new.mean()), threshold.relative))
     # A relative change's rounding error scales with 1 + the change; an absolute one's with
