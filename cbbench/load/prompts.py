@@ -243,6 +243,11 @@ def build_prompts(
         else:
             if tokenizer is not None and fitter is None:
                 fitter = _ExactFitter.for_tokenizer(tokenizer)
+            if fitter is not None and w.prompt_len <= fitter.special:  # vLLM refuses it too
+                raise UsageError(
+                    f"request {w.id}: a {w.prompt_len}-token prompt has no room for text: the "
+                    f"tokenizer adds {fitter.special} special token(s) to every prompt (give a "
+                    "longer input)")
             prompts.append(synthetic_prompt(w.prompt_len, w.id, seed, fitter))
             kinds["synthetic_exact" if fitter else "synthetic_approx"] += 1
     return prompts, {k: v for k, v in kinds.items() if v}
