@@ -17,6 +17,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# Where transformers (>= 4.43) saves a folder's template; beside the config, it wins over the
+# config's chat_template, as AutoTokenizer.from_pretrained loads it.
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 # Some list every added token (a few MB); far beyond that is not a tokenizer config.
 TOKENIZER_CONFIG_MAX_BYTES = 64 << 20
 # A template comes from a --tokenizer folder, which may be anyone's: its render is bounded
@@ -90,8 +93,8 @@ def _special(config: dict, key: str) -> str:
 
 def load_chat_template(tokenizer_path: str) -> ChatTemplate | None:
     """The chat template (with its bos and eos) from the tokenizer_config.json beside the
-    tokenizer (or in the model folder given), or None when there is none (or no
-    chat_template in it, or it does not compile)."""
+    tokenizer (or in the model folder given), its chat_template.jinja beside it first, or
+    None when there is none (or no template, or it does not compile)."""
     given = Path(tokenizer_path)
     path = given / TOKENIZER_CONFIG if given.is_dir() else given.with_name(TOKENIZER_CONFIG)
     from cbbench.engine.json_file import read_json
@@ -105,6 +108,13 @@ def load_chat_template(tokenizer_path: str) -> ChatTemplate | None:
     source = config.get("chat_template")
     if isinstance(source, list):  # named templates: the default one
         source = next((t.get("template") for t in source if t.get("name") == "default"), None)
+    try:  # capped as the config is
+        with open(path.with_name(CHAT_TEMPLATE_FILE), "rb") as f:
+            raw = f.read(TOKENIZER_CONFIG_MAX_BYTES + 1)
+        if len(raw) <= TOKENIZER_CONFIG_MAX_BYTES:
+            source = raw.decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass  # none there (or unreadable): the config's
     if not isinstance(source, str):
         return None
     try:

@@ -7,7 +7,8 @@
   single-token word per id, the same word for the same id. Random ids (random --prefix-len,
   shared-prefix, Mooncake's blocks: ids below 512, Llama-3's bytes and word pieces) decode
   to fragments that merge when encoded again (300 ids read back as 261-279 tokens); the words
-  keep the length exact and a shared id prefix a shared text prefix of as many tokens.
+  keep the length exact and a shared id prefix a shared text prefix of as many tokens; by
+  the length rule below the template's BOS is one of prompt_len's, so the last id goes.
 - Length-only workloads (the built-in sharegpt) get synthetic text: words drawn from a pool of
   common English words, in a random order per request (deterministic per seed and request id),
   so a server's prefix cache cannot share more than a few tokens between prompts.
@@ -180,11 +181,17 @@ class IdText:
         special = frozenset(i for i, t in added.items() if t.special)
         return cls(tokenizer, tuple(words), special)
 
-    def text(self, ids: Sequence[int]) -> str:
+    def text(self, ids: Sequence[int], prompt_len: int | None = None) -> str:
+        """``prompt_len``: the words are synthetic text, so they follow the length rule (the
+        chat template writes the tokenizer's special tokens): the last ids past prompt_len - k
+        are left out, as vLLM's random dataset draws input_len - k tokens of text. Without
+        it (a session turn's content, counted alone), one word per id."""
         content = [i for i in ids if i not in self.special]
         decoded = self.tokenizer.decode(list(ids))  # special tokens skipped
         if self.tokenizer.encode(decoded, add_special_tokens=False).ids == content:
             return decoded
+        if prompt_len is not None:
+            content = content[:max(1, prompt_len - special_tokens_added(self.tokenizer))]
         return " ".join(self.words[i % len(self.words)] for i in content)
 
 
@@ -231,11 +238,16 @@ def build_prompts(
             else:
                 if id_text is None:
                     id_text = IdText.for_tokenizer(tokenizer)
-                prompts.append(id_text.text(ids))
+                prompts.append(id_text.text(ids, w.prompt_len))
                 kinds["decoded"] += 1
         else:
             if tokenizer is not None and fitter is None:
                 fitter = _ExactFitter.for_tokenizer(tokenizer)
+            if fitter is not None and w.prompt_len <= fitter.special:  # vLLM refuses it too
+                raise UsageError(
+                    f"request {w.id}: a {w.prompt_len}-token prompt has no room for text: the "
+                    f"tokenizer adds {fitter.special} special token(s) to every prompt (give a "
+                    "longer input)")
             prompts.append(synthetic_prompt(w.prompt_len, w.id, seed, fitter))
             kinds["synthetic_exact" if fitter else "synthetic_approx"] += 1
     return prompts, {k: v for k, v in kinds.items() if v}

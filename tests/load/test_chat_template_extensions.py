@@ -6,6 +6,7 @@ left those prompts uncounted and `cbbench serve --tokenizer` fell back to its mi
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +42,27 @@ def test_loop_controls_and_the_generation_tag_render_as_transformers_does(tmp_pa
         conversations=[MESSAGES], chat_template=TEMPLATE, add_generation_prompt=True,
         bos_token="<s>", eos_token="</s>")
     assert ours == rendered[0]
+
+
+def test_a_chat_template_jinja_file_is_the_template_as_transformers_loads_it(tmp_path):
+    """Ninth review: a model folder saved by transformers >= 4.43 keeps its template in
+    chat_template.jinja (taking priority over tokenizer_config.json's); it was ignored: no
+    chat-template count on the client, and `serve --tokenizer` rendered its minimal one."""
+    from helpers import llama3_tokenizer_dir
+
+    from cbbench.load.chat_template import chat_prompt_tokens
+    from cbbench.load.prompts import load_tokenizer
+
+    folder = llama3_tokenizer_dir()
+    config = json.loads(Path(folder, "tokenizer_config.json").read_text())
+    (tmp_path / "chat_template.jinja").write_text(config.pop("chat_template"))
+    config["chat_template"] = "stale: {{ messages[0]['content'] }}"  # the file wins
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "tokenizer.json").symlink_to(f"{folder}/tokenizer.json")
+    messages = [{"role": "user", "content": "The quick brown fox"}]
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    want = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    want = list(want if isinstance(want, list) else want["input_ids"])
+    tok = load_tokenizer(str(tmp_path))
+    assert chat_prompt_tokens(str(tmp_path), tok, ["The quick brown fox"]) == [len(want)]

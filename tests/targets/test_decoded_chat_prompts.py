@@ -47,8 +47,9 @@ def test_random_prefix_ids_become_text_of_their_length_with_the_prefix_shared():
     prompts, kinds = build_prompts(reqs, "chat", 0, tok)
     assert kinds == {"decoded": N}
     encoded = [_ids(tok, str(p)) for p in prompts]
-    # Exact: one token per id (before: 261-279 for 300 ids).
-    assert [len(e) for e in encoded] == [PREFIX_LEN + INPUT_LEN] * N
+    # Exact: one token per id (before: 261-279 for 300 ids), but the last: the chat
+    # template's BOS is one of prompt_len's tokens (the length rule; ninth review).
+    assert [len(e) for e in encoded] == [PREFIX_LEN + INPUT_LEN - 1] * N
     # The shared prefix: the same text, the same 100 tokens, for every request.
     head = encoded[0][:PREFIX_LEN]
     assert all(e[:PREFIX_LEN] == head for e in encoded)
@@ -69,7 +70,7 @@ def test_shared_prefix_groups_keep_their_system_prompt_and_length():
     system = _shared_tokens(list(group[0].prompt_token_ids), list(group[1].prompt_token_ids))
     prompts, _ = build_prompts([*group, other], "chat", 0, tok)
     encoded = [_ids(tok, str(p)) for p in prompts]
-    assert [len(e) for e in encoded] == [r.prompt_len for r in [*group, other]]
+    assert [len(e) for e in encoded] == [r.prompt_len - 1 for r in [*group, other]]  # + BOS
     assert _shared_tokens(encoded[0], encoded[1]) == system
     assert _shared_tokens(encoded[0], encoded[2]) == _shared_tokens(
         list(group[0].prompt_token_ids), list(group[2].prompt_token_ids))
@@ -84,7 +85,7 @@ def test_mooncake_blocks_share_their_text():
     b = WorkloadRequest(1, 1124, 4, hash_ids=(7, 9))
     prompts, _ = build_prompts([a, b], "chat", 0, tok)
     ea, eb = (_ids(tok, str(p)) for p in prompts)
-    assert len(ea) == len(eb) == 1124
+    assert len(ea) == len(eb) == 1123  # and the template's BOS
     assert _shared_tokens(ea, eb) == _shared_tokens(list(a.token_ids()), list(b.token_ids()))
     assert ea[:512] == eb[:512]
 
@@ -114,11 +115,11 @@ def test_a_chat_run_against_serve_counts_the_workloads_tokens(tmp_path):
     folder = llama3_tokenizer_dir()
     tok = load_tokenizer(folder)
     template = load_chat_template(folder)
-    # The template's tokens around a one-token message, its BOS included (the workload's
-    # 300 ids are the message alone).
+    # The template's tokens around a one-token message, its BOS left out: the workload's
+    # 300 count the BOS (the length rule), so the message is 299 tokens (ninth review).
     one = tok.encode(template.render([{"role": "user", "content": "the"}]),
                      add_special_tokens=False).ids
-    overhead = len(one) - 1
+    overhead = len(one) - 2
     server = start_server(lambda: build_serving_engine(sim_options()),
                           ServeConfig(tokenizer=tok, chat_template=template))
     out = tmp_path / "r.json"
@@ -160,3 +161,22 @@ def test_a_session_turns_ids_become_text_of_their_length():
     dispatch = SessionDispatch(endpoint_options("http://h:1", api="chat"), plan, tok)
     assert len(_ids(tok, dispatch.user_texts[0][0])) == 300
     assert dispatch.kinds == {"decoded": 1}
+
+
+def test_random_prefix_chat_prompts_are_as_long_as_the_length_rule_says():
+    """Ninth review: with --prefix-len, --api chat sent one token more than asked. The length
+    rule (and vLLM's random dataset, which draws input_len - num_special_tokens_to_add()
+    tokens of text for every endpoint) counts the BOS in prompt_len; the ids' words carried
+    prompt_len tokens of text, so the chat template's BOS made it prompt_len + 1 (a Llama-3
+    template's excess read 10 instead of the 9 of the same request without a prefix)."""
+    from cbbench.load.chat_template import chat_prompt_tokens
+    from cbbench.load.prompts import count_prompt_tokens
+
+    tok = _tok()
+    folder = llama3_tokenizer_dir()
+    with_prefix = random_workload(RandomSpec(50, 4, 0.0, 20), 3, 0).requests
+    without = random_workload(RandomSpec(70, 4, 0.0, 0), 3, 0).requests
+    for reqs in (with_prefix, without):
+        prompts, _ = build_prompts(reqs, "chat", 0, tok)
+        assert [count_prompt_tokens(tok, str(p)) for p in prompts] == [70] * 3
+        assert chat_prompt_tokens(folder, tok, prompts) == [79] * 3  # BOS + 69 + the template's 9

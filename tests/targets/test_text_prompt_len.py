@@ -116,3 +116,19 @@ def test_a_session_turn_counts_its_content_alone(tmp_path):
         endpoint="http://127.0.0.1:9", api="chat", tokenizer=str(LLAMA3 / "tokenizer.json")))
     (session,) = _load_workload(spec, None).sessions
     assert [t.user_len for t in session.turns] == [n - 1 for n in EXPECTED]
+
+
+@pytest.mark.skipif(LLAMA3 is None, reason="no Llama-3.1 tokenizer in shared/")
+def test_a_prompt_no_longer_than_the_special_tokens_is_refused():
+    """Ninth review: `--workload random --input-len 1 --tokenizer` (Llama-3.1) sent a word and
+    the BOS, 2 tokens, while the records said 1. No text fits in a prompt the tokenizer's
+    special tokens fill: refused with one line, as vLLM's random dataset refuses it."""
+    from cbbench.errors import UsageError
+    from cbbench.load.prompts import build_prompts
+    from cbbench.load.workload_types import WorkloadRequest
+
+    tok = load_tokenizer(str(LLAMA3))
+    assert len(tok.encode(build_prompts([WorkloadRequest(0, 2, 4)], "chat", 0, tok)[0][0]).ids) == 2
+    for api in ("completions", "chat"):
+        with pytest.raises(UsageError, match="request 3: a 1-token prompt"):
+            build_prompts([WorkloadRequest(3, 1, 4)], api, 0, tok)
