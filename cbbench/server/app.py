@@ -1,6 +1,6 @@
 """The ASGI app of `cbbench serve`: OpenAI-compatible completions, chat completions and the
-Responses API, and Anthropic's Messages, in front of the bundled engine, plus /v1/models, vLLM's
-/tokenize and /detokenize, /health and /metrics.
+Responses API, and Anthropic's Messages (and its /v1/messages/count_tokens), in front of the
+bundled engine, plus /v1/models, vLLM's /tokenize and /detokenize, /health and /metrics.
 
 The generation endpoints are the hot path and are served as plain ASGI (generate.py); the
 rest, light and rare, by FastAPI. The engine is built in the bridge's thread when the app starts,
@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic_core import from_json
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cbbench.server.apis.anthropic_api import ANTHROPIC
 from cbbench.server.apis.embeddings_api import embeddings_endpoint
 from cbbench.server.apis.rerank_api import rerank_endpoint
 from cbbench.server.apis.tokenization import detokenize, parse_tokenize, tokenize
@@ -56,6 +57,7 @@ __all__ = ["ServeConfig", "create_app"]
 
 OWNED_BY = "cbbench"
 CHAT_PATH = "/v1/chat/completions"  # the one whose bodies may carry images
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # Anthropic's (vLLM serves it too)
 METHOD_NOT_ALLOWED = 405
 
 
@@ -195,6 +197,13 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
         if s.max_model_len is not None:
             card["max_model_len"] = s.max_model_len
         return {"object": "list", "data": [card]}
+
+    @app.post(COUNT_TOKENS_PATH)
+    async def count_tokens(request: Request):
+        try:  # Anthropic's error shape, as /v1/messages answers
+            return ANTHROPIC.count_tokens(await request.body(), ctx)
+        except APIError as e:
+            return JSONResponse(ANTHROPIC.error_body(e), e.status)
 
     @app.post("/tokenize")
     async def tokenize_endpoint(request: Request):

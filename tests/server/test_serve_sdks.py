@@ -212,3 +212,21 @@ def test_serve_help_says_the_store_is_bounded_in_bytes():
 
     out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["serve", "--help"]).output
     assert "--max-stored-response-bytes" in out and "bytes" in out
+
+
+def test_anthropic_sdk_counts_tokens_as_the_message_costs(served):
+    """``messages.count_tokens`` (POST /v1/messages/count_tokens, vLLM's route too) was a 404:
+    it answers the prompt tokens ``messages.create`` of the same conversation is charged
+    (prefix caching off: all of them are input_tokens); an unknown model is Anthropic's 404."""
+    run, read_log = served
+    client = anthropic.Anthropic(base_url=run.url, api_key=KEY, max_retries=0, timeout=30.0)
+    convo = dict(model=SERVE_MODEL, system="terse", messages=[
+        {"role": "user", "content": "find it"}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "and more"}]}])
+    counted = client.messages.count_tokens(**convo)
+    msg = client.messages.create(max_tokens=1, **convo)
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.count_tokens(model="nope", messages=convo["messages"])
+    client.close()
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    assert counted.input_tokens == msg.usage.input_tokens == read_log()[msg.id]["prompt_tokens"]

@@ -106,25 +106,17 @@ class OutputConfig(BaseModel):
     format: dict | None = None  # structured outputs: a 400 (AnthropicApi.parse)
 
 
-class MessagesRequest(BaseModel):
+class MessagesPrompt(BaseModel):
+    """What a Messages request's prompt is made of: also the whole body of
+    /v1/messages/count_tokens (Anthropic's, and vLLM's)."""
+
     model_config = STRICT_FINITE
 
     model: str
-    max_tokens: int = Field(ge=1)
     messages: list[Message] = Field(min_length=1)
     system: str | list[Block] | None = None
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    seed: Seed = None  # cbbench extension, as the OpenAI endpoints take it
-    ignore_eos: bool | None = None  # vLLM's extension
-    stream: bool = False
-    stop_sequences: list[str] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    output_config: OutputConfig | None = None
-    output_format: dict | None = None  # the beta's name of output_config.format
-    reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def chat_messages(self) -> list[ChatMessage]:
         out = []
@@ -133,6 +125,20 @@ class MessagesRequest(BaseModel):
         for m in self.messages:
             out.extend(_chat_messages(m))
         return out
+
+
+class MessagesRequest(MessagesPrompt):
+    max_tokens: int = Field(ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    seed: Seed = None  # cbbench extension, as the OpenAI endpoints take it
+    ignore_eos: bool | None = None  # vLLM's extension
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    output_config: OutputConfig | None = None
+    output_format: dict | None = None  # the beta's name of output_config.format
+    reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def called_tool(self) -> str | None:
         choice = self.tool_choice
@@ -298,6 +304,15 @@ class AnthropicApi:
 
     def error_body(self, e: APIError) -> dict:
         return anthropic_error(e.status, e.message)
+
+    @staticmethod
+    def count_tokens(body: bytes, ctx: ServeContext) -> dict:
+        """POST /v1/messages/count_tokens: the prompt tokens /v1/messages charges the same
+        conversation (``input_tokens``, prefix-cache hits included, as Anthropic counts)."""
+        req = parse_request(MessagesPrompt, body)
+        s = ctx.ready()
+        ctx.check_model(s, req.model)
+        return {"input_tokens": len(s.chat.encode(s.codec, req.chat_messages()))}
 
 
 ANTHROPIC = AnthropicApi()
