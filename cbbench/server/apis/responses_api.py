@@ -153,6 +153,7 @@ class ResponsesRequest(UnappliedSampling):
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     text: TextConfig | None = None
     include: list[str] | None = None  # OUTPUT_LOGPROBS in it is a 400 (no logprobs here)
+    logit_bias: dict[str, float] | None = None  # vLLM's; changes the output: a 400 unless empty
     reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def messages(self) -> list[ChatMessage]:
@@ -382,6 +383,8 @@ class ResponsesApi:
         check_plain_text(req.text.format if req.text else None, "text.format")
         if OUTPUT_LOGPROBS in (req.include or ()):
             raise APIError(400, "logprobs are not supported", param="include")
+        if req.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
         conversation = req.messages()
         if req.previous_response_id is not None:
             before = ctx.responses.get(req.previous_response_id)
