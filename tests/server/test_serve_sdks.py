@@ -230,3 +230,20 @@ def test_anthropic_sdk_counts_tokens_as_the_message_costs(served):
     client.close()
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
     assert counted.input_tokens == msg.usage.input_tokens == read_log()[msg.id]["prompt_tokens"]
+
+
+def test_anthropic_sdk_thinking_enabled_thinks_its_budget(served):
+    """``thinking={"type": "enabled", "budget_tokens": N}`` was dropped as an unknown field: no
+    thinking block came back. The simulated model now thinks its budget (at most max_tokens),
+    as the ``reasoning_tokens`` extension makes it; ``disabled`` (and no field) thinks not."""
+    run, read_log = served
+    client = anthropic.Anthropic(base_url=run.url, api_key=KEY, max_retries=0, timeout=30.0)
+    ask = dict(model=SERVE_MODEL, max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": "x"}])
+    thought = client.messages.create(thinking={"type": "enabled", "budget_tokens": REASONING}, **ask)
+    plain = client.messages.create(thinking={"type": "disabled"}, **ask)
+    client.close()
+    thinking, answer = thought.content
+    assert thinking.type == "thinking" and thinking.thinking == SIM_TOKEN_TEXT * REASONING
+    assert answer.text == SIM_TOKEN_TEXT * (MAX_TOKENS - REASONING)
+    assert [b.type for b in plain.content] == ["text"]
+    assert read_log()[thought.id]["reasoning_tokens"] == REASONING

@@ -5,7 +5,8 @@ The request: ``model`` and ``max_tokens`` (both required, as Anthropic's), ``mes
 assistant turns; content a string or blocks: ``text``, an assistant's ``tool_use`` and the
 user's ``tool_result``), ``system``, the sampling fields, ``tools`` (``{"name", "input_schema"}``)
 and ``tool_choice`` (``auto`` | ``any`` | ``tool`` | ``none``), and cbbench's
-``reasoning_tokens`` extension: the first N output tokens are the model's thinking. The
+``reasoning_tokens`` extension: the first N output tokens are the model's thinking (``thinking``
+``{"type": "enabled", "budget_tokens": N}`` asks for N the same way). The
 conversation is rendered with the chat template of /v1/chat/completions (chat_render.py: the
 tokenizer's own, else the minimal one); ``tools`` are not given to it. ``stop_sequences`` and
 structured outputs (``output_config.format``, the beta's ``output_format``) are a 400.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -106,6 +107,24 @@ class OutputConfig(BaseModel):
     format: dict | None = None  # structured outputs: a 400 (AnthropicApi.parse)
 
 
+class ThinkingEnabled(BaseModel):
+    """Anthropic's extended thinking: the simulated model thinks ``budget_tokens`` (at most
+    max_tokens), as cbbench's reasoning_tokens makes it."""
+
+    model_config = STRICT_FINITE
+
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1)
+
+
+class ThinkingOff(BaseModel):
+    """``disabled``; ``adaptive`` leaves it to the model, and the simulated one does not think."""
+
+    model_config = STRICT_FINITE
+
+    type: Literal["disabled", "adaptive"]
+
+
 class MessagesPrompt(BaseModel):
     """What a Messages request's prompt is made of: also the whole body of
     /v1/messages/count_tokens (Anthropic's, and vLLM's)."""
@@ -138,7 +157,13 @@ class MessagesRequest(MessagesPrompt):
     stop_sequences: list[str] | None = None
     output_config: OutputConfig | None = None
     output_format: dict | None = None  # the beta's name of output_config.format
-    reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
+    thinking: Annotated[ThinkingEnabled | ThinkingOff, Field(discriminator="type")] | None = None
+    reasoning_tokens: int = Field(0, ge=0)  # cbbench extension; given, it wins over thinking
+
+    def thinking_tokens(self) -> int:
+        if self.reasoning_tokens or not isinstance(self.thinking, ThinkingEnabled):
+            return self.reasoning_tokens
+        return self.thinking.budget_tokens
 
     def called_tool(self) -> str | None:
         choice = self.tool_choice
@@ -294,7 +319,7 @@ class AnthropicApi:
             raise APIError(400, f"output_config.format {UNCONSTRAINED}", param="output_config")
         ids = s.chat.encode(s.codec, req.chat_messages())
         check_vocab(ids, s.vocab_size, "messages")
-        plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
+        plan = OutputPlan.for_request(req.thinking_tokens(), req.called_tool())
         return s, Job(self, ids, req.max_tokens, ctx.sampling(req), req.stream, plan=plan,
                       request=req)
 
