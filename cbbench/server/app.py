@@ -1,6 +1,7 @@
 """The ASGI app of `cbbench serve`: OpenAI-compatible completions, chat completions and the
-Responses API, and Anthropic's Messages (and its /v1/messages/count_tokens), in front of the
-bundled engine, plus /v1/models, vLLM's /tokenize and /detokenize, /health and /metrics.
+Responses API (and GET /v1/responses/{id}), and Anthropic's Messages (and its
+/v1/messages/count_tokens), in front of the bundled engine, plus /v1/models, vLLM's /tokenize
+and /detokenize, /health and /metrics.
 
 The generation endpoints are the hot path and are served as plain ASGI (generate.py); the
 rest, light and rare, by FastAPI. The engine is built in the bridge's thread when the app starts,
@@ -197,6 +198,16 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
         if s.max_model_len is not None:
             card["max_model_len"] = s.max_model_len
         return {"object": "list", "data": [card]}
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str):
+        """A stored response (``store``, the default), as created: OpenAI's and vLLM's route."""
+        ctx.ready()
+        r = ctx.responses.response(response_id)
+        if r is None:
+            raise APIError(404, f"Response with id {response_id!r} not found (this server keeps "
+                           "the newest stored responses in memory)", param="response_id")
+        return r
 
     @app.post(COUNT_TOKENS_PATH)
     async def count_tokens(request: Request):

@@ -247,3 +247,23 @@ def test_anthropic_sdk_thinking_enabled_thinks_its_budget(served):
     assert answer.text == SIM_TOKEN_TEXT * (MAX_TOKENS - REASONING)
     assert [b.type for b in plain.content] == ["text"]
     assert read_log()[thought.id]["reasoning_tokens"] == REASONING
+
+
+def test_openai_sdk_retrieves_a_stored_response(served):
+    """``responses.retrieve(id)`` (GET /v1/responses/{id}, vLLM's route too) was a 404 for a
+    response the server had stored (``previous_response_id`` found it): it answers the response
+    as created, streamed or not; one not stored (``store: false``) is a 404."""
+    run, _ = served
+    client = openai.OpenAI(base_url=run.url + "/v1", api_key=KEY, max_retries=0, timeout=30.0)
+    made = client.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=MAX_TOKENS,
+                                   extra_body={"reasoning_tokens": REASONING})
+    streamed = [e for e in client.responses.create(model=SERVE_MODEL, input="hi", stream=True,
+                                                    max_output_tokens=2)][-1].response
+    unstored = client.responses.create(model=SERVE_MODEL, input="x", max_output_tokens=1,
+                                       store=False)
+    got, got_streamed = client.responses.retrieve(made.id), client.responses.retrieve(streamed.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    client.close()
+    assert got.model_dump() == made.model_dump()
+    assert got_streamed.model_dump() == streamed.model_dump()

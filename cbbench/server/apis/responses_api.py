@@ -11,7 +11,8 @@ chat template of /v1/chat/completions (chat_render.py: the tokenizer's own, else
 one), so a conversation costs the same prompt tokens on both; ``tools`` are not given to it.
 A response is stored (``store``, default true, as OpenAI's) in memory, the newest 4096
 within --max-stored-response-bytes (response_store.py): ``previous_response_id`` continues its conversation (its input and output
-before this request's input); an id not stored is a 400. A multi-turn client may equally send
+before this request's input), and GET /v1/responses/{id} answers it as created; an id not
+stored is a 400 (a 404 there). A multi-turn client may equally send
 the whole conversation as ``input``.
 
 A stream is typed SSE (``event: TYPE`` / ``data: JSON``, no ``[DONE]``), every event with its
@@ -313,13 +314,14 @@ class ResponsesShaper(BlockStream):
         kinds = [REASONING] if self.text[REASONING] else []
         kinds.append(TOOL if self.tool_started else ANSWER)
         output = [self._item(k, True) for k in kinds]
-        self._store()
-        return self._response(
+        r = self._response(
             "incomplete" if incomplete else "completed", output, responses_usage(counts),
             {"reason": "max_output_tokens"} if incomplete else None,
         )
+        self._store(r)
+        return r
 
-    def _store(self) -> None:
+    def _store(self, response: dict) -> None:
         """The finished conversation, for a next request's previous_response_id (the reasoning
         is not part of it, as a chat history leaves it out)."""
         store = self.rj.store
@@ -331,7 +333,7 @@ class ResponsesShaper(BlockStream):
             reply = ChatMessage(role="assistant", content=None, tool_calls=[call])
         else:
             reply = ChatMessage(role="assistant", content=self.text[ANSWER])
-        store.put(self.id, [*self.rj.conversation, reply])
+        store.put(self.id, [*self.rj.conversation, reply], response, self.text[REASONING])
 
     def closing(self, counts: Counts, engine_finish: str) -> bytes:
         r = self._final(counts, engine_finish)
