@@ -3,7 +3,7 @@ and event types, as vLLM serves it.
 
 The request: ``input`` (a string, or a list of items: messages ``{"role", "content"}``, a
 model's earlier ``function_call`` and its ``function_call_output``), ``instructions`` (a system
-message), ``max_output_tokens`` (default: the context the prompt leaves, as vLLM's), the
+message), ``max_output_tokens`` (default, and cap: the context the prompt leaves, as vLLM's), the
 sampling fields, ``tools``
 (``{"type": "function", "name": ...}``) and ``tool_choice``, and cbbench's ``reasoning_tokens``
 extension (the first N output tokens are reasoning). The conversation is rendered with the
@@ -401,10 +401,11 @@ class ResponsesApi:
                             + [m for m in conversation if m.role != "system"])
         ids = s.chat.encode(s.codec, conversation)
         check_vocab(ids, s.vocab_size, "input")
-        max_tokens = req.max_output_tokens
-        if max_tokens is None:  # vLLM's default: the context the prompt leaves
-            room = s.output_room(len(ids))
-            max_tokens = room if room is not None else DEFAULT_MAX_TOKENS
+        # vLLM's get_max_tokens: the context the prompt leaves, or max_output_tokens when less
+        # (beyond the room it is capped, not refused as chat's max_tokens is).
+        room = s.output_room(len(ids))
+        limits = [n for n in (req.max_output_tokens, room) if n is not None]
+        max_tokens = min(limits) if limits else DEFAULT_MAX_TOKENS
         plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         store = ctx.responses if req.store else None
         return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, plan=plan,
