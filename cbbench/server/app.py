@@ -92,15 +92,17 @@ class ServeApp:
             return
         arrival = time.perf_counter()  # the request log's arrival: headers in, body not read
         api = GENERATION_PATHS.get(scope["path"])
+        # The API whose error shape a refusal here takes (count_tokens: Anthropic's).
+        shape = api or (ANTHROPIC if scope["path"] == COUNT_TOKENS_PATH else None)
         if self._guard is not None and (msg := self._guard.verdict(scope)) is not None:
-            await self._guard.reject(send, msg, api)
+            await self._guard.reject(send, msg, shape)
             return
         limit = self._generation.ctx.max_body_bytes(images=scope["path"] == CHAT_PATH)
         # A declared length over the limit is refused before a byte of the body is read.
         length = header(scope, b"content-length")
         if length is not None and length.isdecimal() and int(length) > limit:
             err = body_too_large(limit)
-            await send_json(send, err.status, api.error_body(err) if api else err.body())
+            await send_json(send, err.status, shape.error_body(err) if shape else err.body())
             return
         receive = capped_receive(receive, limit)
         pooling = self._pooling.get(scope["path"])

@@ -229,6 +229,11 @@ def test_anthropic_sdk_counts_tokens_as_the_message_costs(served):
         client.messages.count_tokens(model="nope", messages=convo["messages"])
     client.close()
     assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    bad = anthropic.Anthropic(base_url=run.url, api_key="wrong", max_retries=0, timeout=30.0)
+    with pytest.raises(anthropic.AuthenticationError) as e:  # Anthropic's shape, as /v1/messages
+        bad.messages.count_tokens(**convo)
+    bad.close()
+    assert e.value.body["error"]["type"] == "authentication_error"
     assert counted.input_tokens == msg.usage.input_tokens == read_log()[msg.id]["prompt_tokens"]
 
 
