@@ -53,7 +53,8 @@ def serve(*, options: O.ServeOptions, engine_opts: EngineArgs) -> None:
     """Serve the bundled engine over an OpenAI-compatible API.
 
     /v1/completions, /v1/chat/completions, /v1/responses (OpenAI's Responses) and /v1/messages
-    (Anthropic's Messages), streaming or not; /v1/models, vLLM's /tokenize and
+    (Anthropic's Messages), streaming or not; GET /v1/responses/{id},
+    /v1/messages/count_tokens, /v1/models, vLLM's /tokenize and
     /detokenize, /health and /metrics (vLLM's metric names).
 
     --temperature, --top-p, --top-k and --ignore-eos are the defaults for requests that leave

@@ -1,6 +1,7 @@
 """The ASGI app of `cbbench serve`: OpenAI-compatible completions, chat completions and the
-Responses API, and Anthropic's Messages, in front of the bundled engine, plus /v1/models, vLLM's
-/tokenize and /detokenize, /health and /metrics.
+Responses API (and GET /v1/responses/{id}), and Anthropic's Messages (and its
+/v1/messages/count_tokens), in front of the bundled engine, plus /v1/models, vLLM's /tokenize
+and /detokenize, /health and /metrics.
 
 The generation endpoints are the hot path and are served as plain ASGI (generate.py); the
 rest, light and rare, by FastAPI. The engine is built in the bridge's thread when the app starts,
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic_core import from_json
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from cbbench.server.apis.anthropic_api import ANTHROPIC
 from cbbench.server.apis.embeddings_api import embeddings_endpoint
 from cbbench.server.apis.rerank_api import rerank_endpoint
 from cbbench.server.apis.tokenization import detokenize, parse_tokenize, tokenize
@@ -56,6 +58,7 @@ __all__ = ["ServeConfig", "create_app"]
 
 OWNED_BY = "cbbench"
 CHAT_PATH = "/v1/chat/completions"  # the one whose bodies may carry images
+COUNT_TOKENS_PATH = "/v1/messages/count_tokens"  # Anthropic's (vLLM serves it too)
 METHOD_NOT_ALLOWED = 405
 
 
@@ -89,15 +92,17 @@ class ServeApp:
             return
         arrival = time.perf_counter()  # the request log's arrival: headers in, body not read
         api = GENERATION_PATHS.get(scope["path"])
+        # The API whose error shape a refusal here takes (count_tokens: Anthropic's).
+        shape = api or (ANTHROPIC if scope["path"] == COUNT_TOKENS_PATH else None)
         if self._guard is not None and (msg := self._guard.verdict(scope)) is not None:
-            await self._guard.reject(send, msg, api)
+            await self._guard.reject(send, msg, shape)
             return
         limit = self._generation.ctx.max_body_bytes(images=scope["path"] == CHAT_PATH)
         # A declared length over the limit is refused before a byte of the body is read.
         length = header(scope, b"content-length")
         if length is not None and length.isdecimal() and int(length) > limit:
             err = body_too_large(limit)
-            await send_json(send, err.status, api.error_body(err) if api else err.body())
+            await send_json(send, err.status, shape.error_body(err) if shape else err.body())
             return
         receive = capped_receive(receive, limit)
         pooling = self._pooling.get(scope["path"])
@@ -195,6 +200,23 @@ def _add_endpoints(app: FastAPI, ctx: ServeContext) -> None:
         if s.max_model_len is not None:
             card["max_model_len"] = s.max_model_len
         return {"object": "list", "data": [card]}
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str):
+        """A stored response (``store``, the default), as created: OpenAI's and vLLM's route."""
+        ctx.ready()
+        r = ctx.responses.response(response_id)
+        if r is None:
+            raise APIError(404, f"Response with id {response_id!r} not found (this server keeps "
+                           "the newest stored responses in memory)", param="response_id")
+        return r
+
+    @app.post(COUNT_TOKENS_PATH)
+    async def count_tokens(request: Request):
+        try:  # Anthropic's error shape, as /v1/messages answers
+            return ANTHROPIC.count_tokens(await request.body(), ctx)
+        except APIError as e:
+            return JSONResponse(ANTHROPIC.error_body(e), e.status)
 
     @app.post("/tokenize")
     async def tokenize_endpoint(request: Request):

@@ -148,3 +148,14 @@ def test_a_seed_outside_int64_is_refused_as_vllm_does(served, sdk):
         client.messages.create(model=SERVE_MODEL, max_tokens=2, messages=MESSAGES,
                                extra_body={"seed": 2**64})
     client.close()
+
+
+def test_responses_logit_bias_is_refused_not_ignored(sdk):
+    """vLLM's Responses request takes ``logit_bias`` and applies it; serve dropped it as an
+    unknown field (200, the tokens unbiased) where chat answers it 400. An empty one is none."""
+    _refused(lambda: sdk.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=2,
+                                          extra_body={"logit_bias": {"1": 5.0}}),
+             "logit_bias", "logit_bias")
+    r = sdk.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=2,
+                             extra_body={"logit_bias": {}})
+    assert r.usage.output_tokens == 2

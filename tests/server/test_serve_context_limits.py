@@ -59,6 +59,17 @@ def test_the_responses_api_defaults_to_the_context_its_input_leaves(client):
     assert body["status"] == "incomplete"  # it ran to max_output_tokens
 
 
+
+def test_the_responses_api_takes_a_max_output_tokens_beyond_the_room_as_the_room(client):
+    """vLLM's Responses caps max_output_tokens at the context its input leaves (get_max_tokens,
+    the least of the two) where chat refuses; serve answered 400 in chat's words, naming
+    max_tokens and max_completion_tokens, fields the request never had."""
+    r = client.post("/v1/responses", json={"input": _words(250), "max_output_tokens": 100})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["output_tokens"] == body["max_output_tokens"] == CONTEXT - 252
+
+
 def test_completions_keep_the_default_of_16(client):
     r = client.post("/v1/completions", json={"prompt": _words(100)})
     assert r.json()["usage"]["completion_tokens"] == 16

@@ -212,3 +212,63 @@ def test_serve_help_says_the_store_is_bounded_in_bytes():
 
     out = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["serve", "--help"]).output
     assert "--max-stored-response-bytes" in out and "bytes" in out
+
+
+def test_anthropic_sdk_counts_tokens_as_the_message_costs(served):
+    """``messages.count_tokens`` (POST /v1/messages/count_tokens, vLLM's route too) was a 404:
+    it answers the prompt tokens ``messages.create`` of the same conversation is charged
+    (prefix caching off: all of them are input_tokens); an unknown model is Anthropic's 404."""
+    run, read_log = served
+    client = anthropic.Anthropic(base_url=run.url, api_key=KEY, max_retries=0, timeout=30.0)
+    convo = dict(model=SERVE_MODEL, system="terse", messages=[
+        {"role": "user", "content": "find it"}, {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": [{"type": "text", "text": "and more"}]}])
+    counted = client.messages.count_tokens(**convo)
+    msg = client.messages.create(max_tokens=1, **convo)
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.count_tokens(model="nope", messages=convo["messages"])
+    client.close()
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    bad = anthropic.Anthropic(base_url=run.url, api_key="wrong", max_retries=0, timeout=30.0)
+    with pytest.raises(anthropic.AuthenticationError) as e:  # Anthropic's shape, as /v1/messages
+        bad.messages.count_tokens(**convo)
+    bad.close()
+    assert e.value.body["error"]["type"] == "authentication_error"
+    assert counted.input_tokens == msg.usage.input_tokens == read_log()[msg.id]["prompt_tokens"]
+
+
+def test_anthropic_sdk_thinking_enabled_thinks_its_budget(served):
+    """``thinking={"type": "enabled", "budget_tokens": N}`` was dropped as an unknown field: no
+    thinking block came back. The simulated model now thinks its budget (at most max_tokens),
+    as the ``reasoning_tokens`` extension makes it; ``disabled`` (and no field) thinks not."""
+    run, read_log = served
+    client = anthropic.Anthropic(base_url=run.url, api_key=KEY, max_retries=0, timeout=30.0)
+    ask = dict(model=SERVE_MODEL, max_tokens=MAX_TOKENS, messages=[{"role": "user", "content": "x"}])
+    thought = client.messages.create(thinking={"type": "enabled", "budget_tokens": REASONING}, **ask)
+    plain = client.messages.create(thinking={"type": "disabled"}, **ask)
+    client.close()
+    thinking, answer = thought.content
+    assert thinking.type == "thinking" and thinking.thinking == SIM_TOKEN_TEXT * REASONING
+    assert answer.text == SIM_TOKEN_TEXT * (MAX_TOKENS - REASONING)
+    assert [b.type for b in plain.content] == ["text"]
+    assert read_log()[thought.id]["reasoning_tokens"] == REASONING
+
+
+def test_openai_sdk_retrieves_a_stored_response(served):
+    """``responses.retrieve(id)`` (GET /v1/responses/{id}, vLLM's route too) was a 404 for a
+    response the server had stored (``previous_response_id`` found it): it answers the response
+    as created, streamed or not; one not stored (``store: false``) is a 404."""
+    run, _ = served
+    client = openai.OpenAI(base_url=run.url + "/v1", api_key=KEY, max_retries=0, timeout=30.0)
+    made = client.responses.create(model=SERVE_MODEL, input="hi", max_output_tokens=MAX_TOKENS,
+                                   extra_body={"reasoning_tokens": REASONING})
+    streamed = [e for e in client.responses.create(model=SERVE_MODEL, input="hi", stream=True,
+                                                    max_output_tokens=2)][-1].response
+    unstored = client.responses.create(model=SERVE_MODEL, input="x", max_output_tokens=1,
+                                       store=False)
+    got, got_streamed = client.responses.retrieve(made.id), client.responses.retrieve(streamed.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+    client.close()
+    assert got.model_dump() == made.model_dump()
+    assert got_streamed.model_dump() == streamed.model_dump()

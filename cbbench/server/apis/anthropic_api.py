@@ -5,7 +5,8 @@ The request: ``model`` and ``max_tokens`` (both required, as Anthropic's), ``mes
 assistant turns; content a string or blocks: ``text``, an assistant's ``tool_use`` and the
 user's ``tool_result``), ``system``, the sampling fields, ``tools`` (``{"name", "input_schema"}``)
 and ``tool_choice`` (``auto`` | ``any`` | ``tool`` | ``none``), and cbbench's
-``reasoning_tokens`` extension: the first N output tokens are the model's thinking. The
+``reasoning_tokens`` extension: the first N output tokens are the model's thinking (``thinking``
+``{"type": "enabled", "budget_tokens": N}`` asks for N the same way). The
 conversation is rendered with the chat template of /v1/chat/completions (chat_render.py: the
 tokenizer's own, else the minimal one); ``tools`` are not given to it. ``stop_sequences`` and
 structured outputs (``output_config.format``, the beta's ``output_format``) are a 400.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -106,25 +107,35 @@ class OutputConfig(BaseModel):
     format: dict | None = None  # structured outputs: a 400 (AnthropicApi.parse)
 
 
-class MessagesRequest(BaseModel):
+class ThinkingEnabled(BaseModel):
+    """Anthropic's extended thinking: the simulated model thinks ``budget_tokens`` (at most
+    max_tokens), as cbbench's reasoning_tokens makes it."""
+
+    model_config = STRICT_FINITE
+
+    type: Literal["enabled"]
+    budget_tokens: int = Field(ge=1)
+
+
+class ThinkingOff(BaseModel):
+    """``disabled``; ``adaptive`` leaves it to the model, and the simulated one does not think."""
+
+    model_config = STRICT_FINITE
+
+    type: Literal["disabled", "adaptive"]
+
+
+class MessagesPrompt(BaseModel):
+    """What a Messages request's prompt is made of: also the whole body of
+    /v1/messages/count_tokens (Anthropic's, and vLLM's)."""
+
     model_config = STRICT_FINITE
 
     model: str
-    max_tokens: int = Field(ge=1)
     messages: list[Message] = Field(min_length=1)
     system: str | list[Block] | None = None
-    temperature: float | None = Field(None, ge=0)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
-    seed: Seed = None  # cbbench extension, as the OpenAI endpoints take it
-    ignore_eos: bool | None = None  # vLLM's extension
-    stream: bool = False
-    stop_sequences: list[str] | None = None
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    output_config: OutputConfig | None = None
-    output_format: dict | None = None  # the beta's name of output_config.format
-    reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def chat_messages(self) -> list[ChatMessage]:
         out = []
@@ -133,6 +144,26 @@ class MessagesRequest(BaseModel):
         for m in self.messages:
             out.extend(_chat_messages(m))
         return out
+
+
+class MessagesRequest(MessagesPrompt):
+    max_tokens: int = Field(ge=1)
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    seed: Seed = None  # cbbench extension, as the OpenAI endpoints take it
+    ignore_eos: bool | None = None  # vLLM's extension
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    output_config: OutputConfig | None = None
+    output_format: dict | None = None  # the beta's name of output_config.format
+    thinking: Annotated[ThinkingEnabled | ThinkingOff, Field(discriminator="type")] | None = None
+    reasoning_tokens: int = Field(0, ge=0)  # cbbench extension; given, it wins over thinking
+
+    def thinking_tokens(self) -> int:
+        if self.reasoning_tokens or not isinstance(self.thinking, ThinkingEnabled):
+            return self.reasoning_tokens
+        return self.thinking.budget_tokens
 
     def called_tool(self) -> str | None:
         choice = self.tool_choice
@@ -288,7 +319,7 @@ class AnthropicApi:
             raise APIError(400, f"output_config.format {UNCONSTRAINED}", param="output_config")
         ids = s.chat.encode(s.codec, req.chat_messages())
         check_vocab(ids, s.vocab_size, "messages")
-        plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
+        plan = OutputPlan.for_request(req.thinking_tokens(), req.called_tool())
         return s, Job(self, ids, req.max_tokens, ctx.sampling(req), req.stream, plan=plan,
                       request=req)
 
@@ -298,6 +329,15 @@ class AnthropicApi:
 
     def error_body(self, e: APIError) -> dict:
         return anthropic_error(e.status, e.message)
+
+    @staticmethod
+    def count_tokens(body: bytes, ctx: ServeContext) -> dict:
+        """POST /v1/messages/count_tokens: the prompt tokens /v1/messages charges the same
+        conversation (``input_tokens``, prefix-cache hits included, as Anthropic counts)."""
+        req = parse_request(MessagesPrompt, body)
+        s = ctx.ready()
+        ctx.check_model(s, req.model)
+        return {"input_tokens": len(s.chat.encode(s.codec, req.chat_messages()))}
 
 
 ANTHROPIC = AnthropicApi()

@@ -3,7 +3,7 @@ and event types, as vLLM serves it.
 
 The request: ``input`` (a string, or a list of items: messages ``{"role", "content"}``, a
 model's earlier ``function_call`` and its ``function_call_output``), ``instructions`` (a system
-message), ``max_output_tokens`` (default: the context the prompt leaves, as vLLM's), the
+message), ``max_output_tokens`` (default, and cap: the context the prompt leaves, as vLLM's), the
 sampling fields, ``tools``
 (``{"type": "function", "name": ...}``) and ``tool_choice``, and cbbench's ``reasoning_tokens``
 extension (the first N output tokens are reasoning). The conversation is rendered with the
@@ -11,7 +11,8 @@ chat template of /v1/chat/completions (chat_render.py: the tokenizer's own, else
 one), so a conversation costs the same prompt tokens on both; ``tools`` are not given to it.
 A response is stored (``store``, default true, as OpenAI's) in memory, the newest 4096
 within --max-stored-response-bytes (response_store.py): ``previous_response_id`` continues its conversation (its input and output
-before this request's input); an id not stored is a 400. A multi-turn client may equally send
+before this request's input), and GET /v1/responses/{id} answers it as created; an id not
+stored is a 400 (a 404 there). A multi-turn client may equally send
 the whole conversation as ``input``.
 
 A stream is typed SSE (``event: TYPE`` / ``data: JSON``, no ``[DONE]``), every event with its
@@ -153,6 +154,7 @@ class ResponsesRequest(UnappliedSampling):
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     text: TextConfig | None = None
     include: list[str] | None = None  # OUTPUT_LOGPROBS in it is a 400 (no logprobs here)
+    logit_bias: dict[str, float] | None = None  # vLLM's; changes the output: a 400 unless empty
     reasoning_tokens: int = Field(0, ge=0)  # cbbench extension
 
     def messages(self) -> list[ChatMessage]:
@@ -312,13 +314,14 @@ class ResponsesShaper(BlockStream):
         kinds = [REASONING] if self.text[REASONING] else []
         kinds.append(TOOL if self.tool_started else ANSWER)
         output = [self._item(k, True) for k in kinds]
-        self._store()
-        return self._response(
+        r = self._response(
             "incomplete" if incomplete else "completed", output, responses_usage(counts),
             {"reason": "max_output_tokens"} if incomplete else None,
         )
+        self._store(r)
+        return r
 
-    def _store(self) -> None:
+    def _store(self, response: dict) -> None:
         """The finished conversation, for a next request's previous_response_id (the reasoning
         is not part of it, as a chat history leaves it out)."""
         store = self.rj.store
@@ -330,7 +333,7 @@ class ResponsesShaper(BlockStream):
             reply = ChatMessage(role="assistant", content=None, tool_calls=[call])
         else:
             reply = ChatMessage(role="assistant", content=self.text[ANSWER])
-        store.put(self.id, [*self.rj.conversation, reply])
+        store.put(self.id, [*self.rj.conversation, reply], response, self.text[REASONING])
 
     def closing(self, counts: Counts, engine_finish: str) -> bytes:
         r = self._final(counts, engine_finish)
@@ -382,6 +385,8 @@ class ResponsesApi:
         check_plain_text(req.text.format if req.text else None, "text.format")
         if OUTPUT_LOGPROBS in (req.include or ()):
             raise APIError(400, "logprobs are not supported", param="include")
+        if req.logit_bias:
+            raise APIError(400, "logit_bias is not supported", param="logit_bias")
         conversation = req.messages()
         if req.previous_response_id is not None:
             before = ctx.responses.get(req.previous_response_id)
@@ -396,10 +401,11 @@ class ResponsesApi:
                             + [m for m in conversation if m.role != "system"])
         ids = s.chat.encode(s.codec, conversation)
         check_vocab(ids, s.vocab_size, "input")
-        max_tokens = req.max_output_tokens
-        if max_tokens is None:  # vLLM's default: the context the prompt leaves
-            room = s.output_room(len(ids))
-            max_tokens = room if room is not None else DEFAULT_MAX_TOKENS
+        # vLLM's get_max_tokens: the context the prompt leaves, or max_output_tokens when less
+        # (beyond the room it is capped, not refused as chat's max_tokens is).
+        room = s.output_room(len(ids))
+        limits = [n for n in (req.max_output_tokens, room) if n is not None]
+        max_tokens = min(limits) if limits else DEFAULT_MAX_TOKENS
         plan = OutputPlan.for_request(req.reasoning_tokens, req.called_tool())
         store = ctx.responses if req.store else None
         return s, Job(self, ids, max_tokens, ctx.sampling(req), req.stream, plan=plan,
