@@ -43,6 +43,10 @@ def _fmt(v, digits: int = 2) -> str:
     return f"{v:,}"
 
 
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
 def _stat(d: Distribution | None, stat: str) -> Any:
     """A distribution's statistic (mean, or a pNN the run's --percentiles named: extra
     fields), None where the distribution or the statistic is missing."""
@@ -172,16 +176,16 @@ def engine_table(engine: EngineSummary | dict | None) -> str:
         ["mean iteration (ms)", _fmt(eng.mean_iteration_ms, 3)],
         ["mean prefill tokens / iter", _fmt(eng.mean_prefill_tokens, 1)],
         ["mean decode tokens / iter", _fmt(eng.mean_decode_tokens, 1)],
-        ["token budget use", f"{eng.token_budget_utilization:.1%}"],
+        ["token budget use", _pct(eng.token_budget_utilization)],
         ["mean running requests", _fmt(eng.mean_running, 1)],
-        ["peak / mean KV use", f"{eng.peak_kv_usage:.1%} / {eng.mean_kv_usage:.1%}"],
+        ["peak / mean KV use", f"{_pct(eng.peak_kv_usage)} / {_pct(eng.mean_kv_usage)}"],
         ["preemptions", _fmt(eng.num_preemptions)],
         ["analytic bandwidth (GB/s)", _fmt(eng.mean_achieved_bw_gbps, 1)],
     ]
     if eng.prefix_cache_hit_rate is not None:
-        rows.append(["prefix cache hit rate", f"{eng.prefix_cache_hit_rate:.1%}"])
+        rows.append(["prefix cache hit rate", _pct(eng.prefix_cache_hit_rate)])
     if eng.mbu is not None:
-        rows.append(["analytic MBU / MFU", f"{eng.mbu:.1%} / {eng.mfu:.1%}"])
+        rows.append(["analytic MBU / MFU", f"{_pct(eng.mbu)} / {_pct(eng.mfu)}"])
     return tabulate(rows, tablefmt="simple", disable_numparse=True)
 
 
