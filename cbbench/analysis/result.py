@@ -37,7 +37,7 @@ def write_atomic(path, data: str | bytes) -> None:
 
     A write that fails (a full disk, a folder that went away) raises UsageError with one line;
     the temporary file is removed and the old file is left whole."""
-    raw = data.encode() if isinstance(data, str) else data
+    raw = _utf8(data)
     if is_stdout(path):
         _write_stdout(raw)
         return
@@ -58,6 +58,19 @@ def write_atomic(path, data: str | bytes) -> None:
             _replace(target, raw, st)
     except OSError as e:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _utf8(data: str | bytes) -> bytes:
+    """A text's UTF-8 bytes; what UTF-8 cannot hold (a lone surrogate: non-UTF-8 bytes of a
+    file name shown in a table or page) as U+FFFD, where encode() raised a traceback."""
+    if isinstance(data, bytes):
+        return data
+    try:
+        return data.encode()
+    except UnicodeEncodeError:
+        from cbbench.export.writable import clean_text
+
+        return clean_text(data).encode()
 
 
 def _write_stdout(raw: bytes) -> None:
@@ -115,7 +128,7 @@ def write_atomic_group(files: dict) -> None:
             os.umask(umask)
             os.chmod(tmp, 0o666 & ~umask)
             with os.fdopen(fd, "wb") as f:
-                f.write(raw if isinstance(raw, bytes) else raw.encode())
+                f.write(_utf8(raw))
                 f.flush()
                 os.fsync(f.fileno())
     except OSError as e:

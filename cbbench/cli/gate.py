@@ -219,6 +219,9 @@ def _write(path: Path, text: str) -> None:
 def _write_markdown(path: Path, text: str) -> None:
     """GitHub's step summary collects what every command of a step appends, so append to it;
     any other file is replaced whole."""
+    from cbbench.export.writable import clean_text
+
+    text = clean_text(text)  # a file name's non-UTF-8 bytes (lone surrogates) as U+FFFD
     summary = os.environ.get(GITHUB_STEP_SUMMARY)
     if summary and Path(summary).resolve() == path.resolve():
         try:
@@ -313,6 +316,7 @@ def verdict_line(checks: Sequence[G.Check]) -> str:
 
 def junit_xml(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Path]) -> str:
     from cbbench.analysis.comparison import gate as G
+    from cbbench.export.writable import xml_text
 
     failures = sum(c.verdict == G.REGRESSED for c in checks)
     suites = ET.Element("testsuites", tests=str(len(checks)), failures=str(failures))
@@ -338,7 +342,9 @@ def junit_xml(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Pat
         else:
             ET.SubElement(case, "system-out").text = detail
     ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"
+    # The paths may hold what XML cannot (a control character or non-UTF-8 bytes in a file name)
+    text = xml_text(ET.tostring(suites, encoding="unicode"))
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + text + "\n"
 
 
 def markdown_summary(checks: Sequence[G.Check], base: Sequence[Path], new: Sequence[Path]) -> str:

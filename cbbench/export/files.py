@@ -14,7 +14,7 @@ from cbbench.export.br02 import to_br02
 from cbbench.export.writable import clean
 from cbbench.schema.base import to_dict
 from cbbench.schema.coerce import as_run
-from cbbench.schema.run import RunResult
+from cbbench.schema.run import Request, RunResult
 
 FORMATS = ("br0.2", "csv", "parquet")
 EXTENSIONS = {"br0.2": ".br0.2.json", "csv": ".csv", "parquet": ".parquet"}
@@ -42,7 +42,7 @@ def render(result: RunResult | Mapping[str, Any], fmt: str, out: Path) -> dict[P
     requests = [clean(to_dict(r)) for r in run.requests or []]
     if fmt == "csv":
         return {
-            out: tabular.rows_csv(requests),
+            out: tabular.rows_csv(requests, tuple(Request.model_fields)),
             tabular.sibling(out, tabular.SUMMARY_SUFFIX):
                 tabular.summary_csv(clean(to_dict(run.summary))),
         }

@@ -45,14 +45,19 @@ def _csv_cell(value) -> str:
     return str(value)
 
 
-def rows_csv(rows: Sequence[Mapping]) -> bytes:
-    cols = columns(rows)
+def rows_csv(rows: Sequence[Mapping], header: Sequence[str] = ()) -> bytes:
+    """``header``: the columns of a table with no row (a --summary-only result's requests),
+    written alone: a file of one empty line is refused by pandas' and pyarrow's CSV readers."""
+    cols = columns(rows) or list(header)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(cols)
     for row in rows:
         writer.writerow([_csv_cell(row.get(c)) for c in cols])
     return buf.getvalue().encode()
+
+
+SUMMARY_COLUMNS = ("metric", "statistic", "value")
 
 
 def summary_rows(summary: Mapping, prefix: str = "") -> list[dict]:
@@ -76,7 +81,7 @@ def summary_rows(summary: Mapping, prefix: str = "") -> list[dict]:
 
 
 def summary_csv(summary: Mapping) -> bytes:
-    return rows_csv(summary_rows(summary))
+    return rows_csv(summary_rows(summary), SUMMARY_COLUMNS)
 
 
 def rows_parquet(rows: Sequence[Mapping]) -> bytes:

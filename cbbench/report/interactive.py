@@ -401,8 +401,9 @@ def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
 
 
 def _json_script(obj) -> str:
-    # "</" would end the script element early; "<\/" means the same inside a JSON string.
-    return json.dumps(obj, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    # Every "<" as \u003c (a "<" is only ever inside a JSON string): "</script" would end the
+    # element early, and "<!--" then "<script" (a label's) keeps a browser from ending it at all.
+    return json.dumps(obj, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
 LOADER = """

@@ -36,6 +36,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 from cbbench.server.engine_events import EngineSnapshot, StepStats
 
@@ -105,7 +106,8 @@ class BucketHistogram:
 
 
 def _le(bound: float) -> str:
-    return repr(float(bound))
+    # prometheus-client's own text for a bound (vLLM's: "1e+06", where repr gave "1000000.0")
+    return floatToGoString(bound)
 
 
 @dataclass(frozen=True)

@@ -89,3 +89,26 @@ def test_a_console_error_is_seen(tmp_path):
                    "</body></html>")
     _, log = _load(bad, tmp_path)
     assert _console_errors(log), log[-2000:]
+
+
+def test_a_label_that_opens_an_html_comment_leaves_the_plots_drawn(tmp_path):
+    """A run labelled "a<!--<script>": inside a script element "<!--" then "<script" moves a
+    browser's tokenizer to a state where "</script>" no longer ends it, so the first plot's
+    data block swallowed the rest of the page and Chromium drew no plot at all. The JSON is
+    written with every "<" as \\u003c (JSON.parse reads it back as "<")."""
+    src = json.loads((Path(__file__).parents[1] / "data" / "results" / "run.json").read_text())
+    files = []
+    for label in ("plain", "a<!--<script>"):
+        src["config"]["label"] = label
+        files.append(tmp_path / f"{len(files)}.json")
+        files[-1].write_text(json.dumps(src))
+    res = runner.invoke(app, ["report", *map(str, files), "--out", str(tmp_path / "report")])
+    assert res.exit_code == 0, res.output
+    page = tmp_path / "report" / "report.html"
+    blocks = re.findall(r'<script type="application/json"[^>]*>(.*?)</script>', page.read_text(),
+                        re.S)
+    assert blocks and not any("<" in b for b in blocks)
+    dom, log = _load(page, tmp_path)
+    m = CHECK.search(dom)
+    assert m and m.group(1), f"the loader never ran:\n{log[-2000:]}"
+    assert all(n > 0 for n in json.loads(m.group(1)).values())

@@ -275,3 +275,25 @@ def test_br02_of_a_summary_only_run_counts_its_failed_requests(tmp_path):
     doc = _export_br(result, tmp_path / "fs.br0.2.json")
     requests = doc["results"]["request_performance"]["aggregate"]["requests"]
     assert (requests["total"], requests["failures"]) == (10, 2)
+
+
+def test_csv_of_a_summary_only_result_is_a_table_a_reader_takes(results, tmp_path):
+    """--summary-only keeps no request records: requests.csv was one empty line, which
+    pyarrow's (and pandas') CSV reader refuses ("Empty CSV file"). It is the records' header
+    and no row: zero requests, every column named."""
+    import pyarrow.csv as pc
+
+    from cbbench.schema.run import Request
+
+    data = json.loads(results["plain"].read_text())
+    data.pop("requests")
+    data.pop("iterations")
+    src = tmp_path / "so.json"
+    src.write_text(json.dumps(data))
+    out = tmp_path / "so.csv"
+    res = _cli("export", str(src), "--format", "csv", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    table = pc.read_csv(out)
+    assert table.num_rows == 0 and table.column_names == list(Request.model_fields)
+    summary = pc.read_csv(tmp_path / "so_summary.csv")
+    assert summary.column_names == ["metric", "statistic", "value"] and summary.num_rows > 0

@@ -286,9 +286,12 @@ def with_percentiles(results: Sequence[Labeled], percentiles: Sequence[float] | 
 
 
 def file_labels(files: Sequence[Path]) -> list[str]:
-    """File stems, or the paths themselves where two stems collide."""
-    stems = [p.stem for p in files]
-    return stems if len(set(stems)) == len(stems) else [str(p) for p in files]
+    """File stems, or the paths themselves where two stems collide; a name's non-UTF-8 bytes
+    as U+FFFD (a label is drawn and written: neither takes a lone surrogate)."""
+    from cbbench.export.writable import clean_text
+
+    stems = [clean_text(p.stem) for p in files]
+    return stems if len(set(stems)) == len(stems) else [clean_text(str(p)) for p in files]
 
 
 def load_labeled(files: Sequence[Path]) -> list[Labeled]:
