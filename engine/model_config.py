@@ -312,7 +312,9 @@ def _read_hf_config(config_path: Path) -> dict:
     cfg = read_json(config_path, "model config", CONFIG_MAX_BYTES)
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} is not a JSON object")
-    return cfg
+    # A null field is the field left out, as transformers' configs read it (a null
+    # num_key_value_heads is num_attention_heads, a null head_dim hidden // heads).
+    return {k: v for k, v in cfg.items() if v is not None}
 
 
 def _check_hf_fields(cfg: dict, config_path: Path) -> None:

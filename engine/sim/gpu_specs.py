@@ -1,6 +1,8 @@
 """GPU specifications for the simulated executor and for bandwidth/FLOP utilization.
 
-Figures are the vendors' datasheet numbers: HBM capacity, peak HBM bandwidth, dense (not
+Figures are the vendors' datasheet numbers: HBM capacity (the datasheets' "GB" of HBM is
+GiB: nvidia-smi reports 81,920 MiB on an A100 80GB, 143,771 on an H200 "141GB", 183,359 on a
+B200 "180GB"), peak HBM bandwidth, dense (not
 sparse) bf16 tensor FLOP/s (fp16 the same on every listed part), dense FP32 FLOP/s
 (FP32_FLOPS below, for fp32 runs), host<->device bandwidth (what one direction of PCIe or C2C
 sustains in practice, for swap-out/in), and the GPU-to-GPU link tensor parallelism uses:
@@ -65,8 +67,8 @@ GPU_SPECS: dict[str, GPUSpec] = {
     "l40s": _spec("l40s", 48 * GIB, 0.864 * TB, 362 * TB, 25 * GB, PCIE4),
     "h100": _spec("h100", 80 * GIB, 3.35 * TB, 989 * TB, 50 * GB, NVLINK4),
     "h100-pcie": _spec("h100-pcie", 80 * GIB, 2.0 * TB, 756 * TB, 50 * GB, PCIE5),
-    "h200": _spec("h200", 141 * GB, 4.8 * TB, 989 * TB, 50 * GB, NVLINK4),
-    "b200": _spec("b200", 180 * GB, 8.0 * TB, 2250 * TB, 50 * GB, NVLINK5),
+    "h200": _spec("h200", 141 * GIB, 4.8 * TB, 989 * TB, 50 * GB, NVLINK4),
+    "b200": _spec("b200", 180 * GIB, 8.0 * TB, 2250 * TB, 50 * GB, NVLINK5),
 }
 
 

@@ -123,18 +123,19 @@ def test_a_long_prefill_stretches_a_decode_iteration():
 # ---- KV capacity from memory ----------------------------------------------------------------
 def test_kv_capacity_matches_n_max_by_hand():
     gpu = get_gpu_spec("h200")
-    # M: 141 GB * 0.9, less the 2 GiB activation reserve; W: 16,060,522,496 B; k: 131,072 B
-    m = 141e9 * 0.9 - 2 * 1024**3
+    # M: 141 GiB (an H200's 143,771 MiB) * 0.9, less the 2 GiB activation reserve;
+    # W: 16,060,522,496 B; k: 131,072 B
+    m = 141 * 2**30 * 0.9 - 2 * 1024**3
     w = 16_060_522_496
     k = 131_072
     n_max = (m - w) / k
-    assert n_max == pytest.approx(829_254, abs=1)
-    assert sim_num_kv_blocks(LLAMA3_8B, gpu, 16) == int(n_max) // 16 == 51_828
+    assert n_max == pytest.approx(900_648, abs=1)
+    assert sim_num_kv_blocks(LLAMA3_8B, gpu, 16) == int(n_max) // 16 == 56_290
     assert sim_num_kv_blocks(LLAMA3_8B, gpu, 16, activation_reserve_bytes=0) == int(
-        (141e9 * 0.9 - w) // k
+        (141 * 2**30 * 0.9 - w) // k
     ) // 16
     # More memory, more blocks; a model that does not fit is an error.
-    assert sim_num_kv_blocks(LLAMA3_8B, get_gpu_spec("a100-80gb"), 16) < 51_828
+    assert sim_num_kv_blocks(LLAMA3_8B, get_gpu_spec("a100-80gb"), 16) < 56_290
     with pytest.raises(ValueError, match="does not fit"):
         sim_num_kv_blocks(get_model_config("llama-3.1-70b"), gpu, 16)
 
