@@ -8,6 +8,7 @@ CPU pools so that preemption, swapping, eviction and cache hits are frequent.
 
 The executor is a *shadow KV cache*: it stores, for every (block, slot), the token id whose
 KV was written there; it applies each step's swap-out copies, then its swap-in copies, then
+the step's writes (all of them before any read, as the model runner does), then
 checks that every scheduled request's cached context (``num_computed_tokens`` tokens, read
 through its block table: prefix-cache hits and swapped-in blocks included) holds exactly that
 request's tokens, and writes the new ones. A block evicted or rewritten while referenced, a
@@ -93,6 +94,20 @@ class ShadowKVExecutor:
         assert len(set(map(id, reqs))) == len(reqs)
         assert not set(map(id, reqs)) & set(map(id, sched.preempted))
         nd = sched.num_decode_reqs
+        # The step's writes land before any read, as the model runner writes the whole batch's
+        # new K/V in each layer before that layer's attention (kernels/backend.py: write_kv,
+        # then forward): a request may read KV another writes in the same step (V1's same-step
+        # prefix hits), even one ordered after it (decodes come first in the batch). A slot is
+        # written once a step: a block two requests share is full and never rewritten.
+        written: set[tuple[int, int]] = set()
+        for req, n in zip(reqs, nums, strict=True):
+            c, table = req.num_computed_tokens, req.block_table
+            ids = req.token_ids_slice(0, c + n)
+            for p in range(c, c + n):
+                slot = (table[p // bs], p % bs)
+                assert slot not in written, f"{req!r}: slot {slot} written twice in one step"
+                written.add(slot)
+                self.gpu[slot] = ids[p]
         sampled: list[int | None] = []
         for i, (req, n) in enumerate(zip(reqs, nums, strict=True)):
             assert req.status == RequestStatus.RUNNING
@@ -109,8 +124,6 @@ class ShadowKVExecutor:
             for p in range(c):  # the cached context is exactly this request's tokens
                 got = self.gpu.get((table[p // bs], p % bs))
                 assert got == ids[p], f"{req!r}: slot of token {p} holds {got}, not {ids[p]}"
-            for p in range(c, c + n):
-                self.gpu[(table[p // bs], p % bs)] = ids[p]
             sampled.append(sample_token(req) if c + n == req.num_tokens else None)
         return ExecutorOutput(sampled_token_ids=sampled, duration_s=1e-3)
 
