@@ -15,10 +15,11 @@ from cbbench.distributed.worker import WARNING_PREFIX
 from cbbench.distributed.worker_entry import ClientFigures, WorkerEntry, worker_entry
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
+from cbbench.targets.balance import lora_models, tag_records
 from cbbench.targets.checks import StreamNotes
 from cbbench.targets.client_health import loop_lag_check, wall_clock_of
 from cbbench.targets.http import TOKEN_COUNT_METHODS, HttpRun, finish_http_run
-from cbbench.targets.options import EndpointOptions
+from cbbench.targets.options import EndpointOptions, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -120,9 +121,11 @@ class Merger:
         return all(ws.status in FINAL for ws in self.workers)
 
     # -- at the end --
-    def _account_lost(self, ws: WorkerState) -> tuple[int, int]:
+    def _account_lost(self, ws: WorkerState, opts: EndpointOptions) -> tuple[int, int]:
         """A dead (or crashed) worker's unreported requests: those due before it died are
-        failed records (sent or about to be, their outcome unknown); the rest were not sent."""
+        failed records (sent or about to be, their outcome unknown), holding what one process's
+        record would (the length asked for, the --lora-modules adapter, drawn per request id);
+        the rest were not sent."""
         died_at = ws.died_at_s if ws.died_at_s is not None else -math.inf
         if self.plan is not None:
             error = (f"worker {ws.worker} died ({ws.error}) at {died_at:.3f} s, after this turn "
@@ -151,6 +154,9 @@ class Merger:
                     error_type=WORKER_LOST,
                     priority=w.priority,
                     worker=ws.worker,
+                    max_tokens=w.output_len,
+                    model=(lora_models([w.id], opts.lora_modules, opts.seed, None)[0]
+                           if opts.lora_modules else None),
                 )
                 lost += 1
             else:
@@ -186,7 +192,7 @@ class Merger:
         for ws in self.workers:
             lost, not_sent = (0, 0)
             if ws.status in (DIED, FAILED):
-                lost, not_sent = self._account_lost(ws)
+                lost, not_sent = self._account_lost(ws, opts)
             entries.append((ws, lost, not_sent))
         workers = [self._worker_entry(ws, lost, ns) for ws, lost, ns in entries]
         for ws, e in zip(self.workers, workers):
@@ -224,6 +230,12 @@ class Merger:
                 kinds[k] = kinds.get(k, 0) + v
         info.update(scraped or {})
         records = [r for r in self.records if r is not None]
+        # Each worker tagged its own records where several URLs or adapters were in play; the
+        # rest take the run's one endpoint and served model. A lost request's endpoint, among
+        # several, is unknown: left out of by_endpoint (it charged the first URL with them all).
+        urls = opts.endpoints()
+        tag_records(records, redact_url(urls[0]) if len(urls) == 1 else None,
+                    info.get("served_model"))
         _say_workers_notices(done)
         finish_http_run(opts, records, self.methods, kinds, self.total, info)
         for e in workers:

@@ -23,9 +23,8 @@ from cbbench.load.cancel import CancelPlan
 from cbbench.load.interrupts import DEFAULT_GRACE_S
 from cbbench.load.session_plan import SessionPlan
 from cbbench.load.workload_types import WorkloadRequest
-from cbbench.targets.balance import tag_records
 from cbbench.targets.http import HttpRun, run_http
-from cbbench.targets.options import EndpointOptions, redact_url
+from cbbench.targets.options import EndpointOptions
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +71,6 @@ def run_load(
             else 1)
         tasks, merger = plan_workers(opts, wreqs, arrivals, n, grace_s, sessions, cancel)
         run = run_local_workers(opts, tasks, merger, should_stop, on_progress, on_t0)
-    # Streamed out of the workers as they ended: tagged here (one endpoint, no adapter).
-    tag_records(run.records, redact_url(opts.endpoints()[0]), run.info.get("served_model"))
     _note_cost(run, cost, arrivals)
     return run
 

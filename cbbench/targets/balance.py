@@ -101,7 +101,7 @@ def endpoint_contexts(ctx, urls: Sequence) -> list:
     return [dataclasses.replace(ctx, url=u) for u in urls]
 
 
-def tag_records(records: Sequence, endpoint: str, model: str | None) -> None:
+def tag_records(records: Sequence, endpoint: str | None, model: str | None) -> None:
     """Per request ``endpoint`` and ``model`` where the send did not set them (one endpoint,
     no adapter): after the run, so nothing is added to a request's path."""
     for rec in records:
