@@ -8,8 +8,10 @@ A request's life:
    request, told to stop after one token: its first token is emitted there (TTFT is the
    prefill instance's).
 2. Its KV (the prompt's tokens, all layers) leaves over the named link (engine/sim/kv_link.py):
-   latency + bytes / (bandwidth x the instance's GPUs). Each prefill instance's link carries
-   one transfer at a time, in the order they were ready, so a busy link queues them; the
+   latency + bytes / (bandwidth x the instance's GPUs holding distinct KV: under expert
+   parallelism a request's KV is on one GPU). Each prefill instance's link carries one
+   transfer at a time (one per GPU under expert parallelism), in the order they were ready,
+   so a busy link queues them; the
    time from the end of the prefill to the KV's arrival is the request's ``kv_transfer_ms``.
 3. On arrival the router picks a decode instance. The request joins its queue holding its
    computed tokens (as a swapped-out request does, with no CPU copy to make); once admitted
@@ -59,6 +61,7 @@ class DisaggregatedSet:
         router: str,
         max_imbalance: int = DEFAULT_MAX_IMBALANCE,
         kv_links: int | None = None,
+        kv_lanes: int = 1,
     ) -> None:
         if not prefill or not decode:
             raise ValueError("disaggregation needs at least one prefill and one decode instance")
@@ -74,7 +77,10 @@ class DisaggregatedSet:
         # (fewer than the GPUs when tensor parallelism replicates KV heads; None: every GPU).
         self.kv_links = kv_links or gpus_per_instance
         self.clock = ReplicaClock(self.replicas)
-        self._link_free = [0.0] * len(self.prefill)  # when each prefill link is next idle
+        # When each prefill instance's transfer lanes are next idle: one lane per group of
+        # GPUs holding whole requests (expert parallelism: each GPU its own requests' KV, sent
+        # over its own link, beside the others).
+        self._link_free = [[0.0] * kv_lanes for _ in self.prefill]
         self._transfers: list[tuple[float, int, Request]] = []  # (arrival, seq, request)
         self._seq = 0
         self._max_tokens: dict[int, int] = {}  # request id -> its real max_tokens
@@ -187,10 +193,12 @@ class DisaggregatedSet:
             return False
         ready = req.finish_time
         assert ready is not None  # it finished its prefill this step
-        start = max(ready, self._link_free[replica.index])
+        lanes = self._link_free[replica.index]
+        lane = min(range(len(lanes)), key=lanes.__getitem__)
+        start = max(ready, lanes[lane])
         nbytes = req.num_prompt_tokens * self.kv_bytes_per_token
         arrive = start + self.link.transfer_s(nbytes, self.kv_links)
-        self._link_free[replica.index] = arrive
+        lanes[lane] = arrive
         self.kv_transfer_ms.append((arrive - ready) * 1e3)
         heapq.heappush(self._transfers, (arrive, self._seq, req))
         self._seq += 1
