@@ -19,7 +19,9 @@ A request's life:
    recomputes on the decode instance (its KV is not sent again).
 
 Assumptions, stated: the decode instance allocates the KV's blocks when it admits the
-request, not before the transfer (vLLM's NIXL connector allocates first and pulls); transfers
+request, not before the transfer (vLLM's NIXL connector allocates first and pulls); the
+prefill instance keeps the request's blocks until its KV has arrived (the link reads them,
+as NIXL's prefill side frees them on the decode side's notice); transfers
 do not slow the instances' own iterations; a request whose whole output is one token never
 leaves its prefill instance.
 
@@ -85,6 +87,8 @@ class DisaggregatedSet:
         self._seq = 0
         self._max_tokens: dict[int, int] = {}  # request id -> its real max_tokens
         self._where: dict[int, PoolReplica | None] = {}  # None: in transit
+        # In transit: the prefill instance still holding its blocks, and those blocks.
+        self._held: dict[int, tuple[Engine, list[int], int]] = {}
         self.kv_transfer_ms: list[float] = []
 
     # ---- what the front asks of a set of engines ------------------------------------------
@@ -132,11 +136,14 @@ class DisaggregatedSet:
         replica = self.prefill[k]
         replica.engine.clock.advance_to(req.arrival_time)
         self._max_tokens[req.request_id] = req.max_tokens
+        if req.max_tokens > 1:  # its KV will leave: the instance keeps it until then
+            replica.engine.kv_to_send.add(req.request_id)
         req.max_tokens = 1  # the prefill instance stops after the first token
         self._where[req.request_id] = replica
         reason = replica.engine.add_request(req)
         if reason is not None:
             req.max_tokens = self._max_tokens.pop(req.request_id)
+            replica.engine.kv_to_send.discard(req.request_id)
         return reason
 
     def abort_request(self, req: Request) -> None:
@@ -147,11 +154,13 @@ class DisaggregatedSet:
         if rid in self._max_tokens:
             req.max_tokens = self._max_tokens.pop(rid)
         if replica is not None:
+            replica.engine.kv_to_send.discard(rid)
             replica.engine.abort_request(req)
             return
         # In transit: drop the transfer; the request ends where the clock of the set is.
         self._transfers = [t for t in self._transfers if t[2] is not req]
         heapq.heapify(self._transfers)
+        self._release(req)
         req.status = RequestStatus.ABORTED
         req.finish_reason = "abort"
         req.finish_time = self.clock.now()
@@ -193,6 +202,10 @@ class DisaggregatedSet:
             return False
         ready = req.finish_time
         assert ready is not None  # it finished its prefill this step
+        engine = replica.engine
+        engine.kv_to_send.discard(rid)
+        self._held[rid] = (engine, req.block_table, req.num_registered_blocks)
+        req.block_table, req.num_registered_blocks = [], 0
         lanes = self._link_free[replica.index]
         lane = min(range(len(lanes)), key=lanes.__getitem__)
         start = max(ready, lanes[lane])
@@ -208,7 +221,14 @@ class DisaggregatedSet:
         req.finish_reason = None
         return True
 
+    def _release(self, req: Request) -> None:
+        """Free the blocks the prefill instance held for ``req``'s KV, now it has left."""
+        engine, table, registered = self._held.pop(req.request_id)
+        req.block_table, req.num_registered_blocks = table, registered
+        engine.block_manager.free(req)
+
     def _deliver(self, req: Request, t: float) -> None:
+        self._release(req)
         k = self.decode_router.choose(self.decode, req)
         replica = self.decode[k]
         engine = replica.engine

@@ -172,3 +172,23 @@ def test_expert_parallel_sends_a_request_over_one_link():
     one = 5e-6 + 1000 * 98304 / 50e9
     assert a.token_times[0] == b.token_times[0]  # one prefill iteration, two lanes free
     assert s.kv_transfer_ms == [pytest.approx(one * 1e3, rel=1e-12)] * 2
+
+
+def test_prefill_instance_holds_the_kv_until_it_has_left():
+    """The prefill instance's blocks stay the request's until its KV has crossed the link (the
+    link reads them: vLLM's NIXL connector frees them on the decode side's notification);
+    they were freed at the end of the prefill. A 1,000-token prompt (63 blocks of 16) over
+    PCIe, 2.06 ms; a 16-token one arriving 1 ms after its prefill sees the 63 blocks held,
+    one arriving 50 ms later only its own, and nothing is held once every KV has left."""
+    s = _set(link="pcie")
+    a = Request(0, 1000, 3)
+    _run(s, [a])
+    t1 = a.token_times[0]
+    b = Request(1, 16, 3, arrival_time=t1 + 1e-3)
+    c = Request(2, 16, 3, arrival_time=t1 + 50e-3)  # after both KVs have left
+    s = _set(link="pcie")
+    a = Request(0, 1000, 3)
+    _run(s, [a, b, c])
+    pre = [r for r in s.records if r.pool == "prefill"]
+    assert [r.kv_blocks_used for r in pre] == [63, 63 + 1, 1]
+    assert all(e.block_manager.num_used_blocks == 0 for e in s.engines)
