@@ -101,10 +101,12 @@ def _build_disaggregated(args: EngineArgs, one: EngineArgs,
     tp, ep = args.tensor_parallel_size, args.expert_parallel_size
     # Past as many GPUs as KV heads, tensor parallelism replicates heads (vLLM): only
     # num_kv_heads GPUs hold distinct KV, so only that many links share a request's transfer.
-    kv_links = min(tp, int(info.model_config["num_kv_heads"])) * ep
+    # Expert parallelism keeps attention data-parallel: a request's whole KV sits on one GPU
+    # and crosses its one link; the ep GPUs send their own requests side by side (ep lanes).
+    kv_links = min(tp, int(info.model_config["num_kv_heads"]))
     return DisaggregatedSet(
         engines[: pd[0]], engines[pd[0]:], get_kv_link(args.kv_link), info.kv_bytes_per_token,
-        tp * ep, args.router, args.router_max_imbalance, kv_links,
+        tp * ep, args.router, args.router_max_imbalance, kv_links, kv_lanes=ep,
     ), info
 
 

@@ -128,6 +128,9 @@ class Engine:
         self.records: list[IterationRecord] | deque[IterationRecord] = []
         self.num_records = 0
         self.rejected: list[Request] = []
+        # Requests whose finish leaves their blocks allocated: a disaggregated prefill
+        # instance's, freed once their KV has crossed the link (engine/sim/disaggregated.py).
+        self.kv_to_send: set[int] = set()
 
     # ---- requests ---------------------------------------------------------------------------
     def add_request(self, req: Request) -> str | None:
@@ -348,6 +351,8 @@ class Engine:
     def _finish(self, req: Request, now: float) -> None:
         req.status = RequestStatus.FINISHED
         req.finish_time = now
+        if req.request_id in self.kv_to_send:
+            return
         self.block_manager.free(req)  # with prefix caching, registers its last full blocks
 
     def _advance_counted(

@@ -8,8 +8,10 @@ A request's life:
    request, told to stop after one token: its first token is emitted there (TTFT is the
    prefill instance's).
 2. Its KV (the prompt's tokens, all layers) leaves over the named link (engine/sim/kv_link.py):
-   latency + bytes / (bandwidth x the instance's GPUs). Each prefill instance's link carries
-   one transfer at a time, in the order they were ready, so a busy link queues them; the
+   latency + bytes / (bandwidth x the instance's GPUs holding distinct KV: under expert
+   parallelism a request's KV is on one GPU). Each prefill instance's link carries one
+   transfer at a time (one per GPU under expert parallelism), in the order they were ready,
+   so a busy link queues them; the
    time from the end of the prefill to the KV's arrival is the request's ``kv_transfer_ms``.
 3. On arrival the router picks a decode instance. The request joins its queue holding its
    computed tokens (as a swapped-out request does, with no CPU copy to make); once admitted
@@ -17,7 +19,9 @@ A request's life:
    recomputes on the decode instance (its KV is not sent again).
 
 Assumptions, stated: the decode instance allocates the KV's blocks when it admits the
-request, not before the transfer (vLLM's NIXL connector allocates first and pulls); transfers
+request, not before the transfer (vLLM's NIXL connector allocates first and pulls); the
+prefill instance keeps the request's blocks until its KV has arrived (the link reads them,
+as NIXL's prefill side frees them on the decode side's notice); transfers
 do not slow the instances' own iterations; a request whose whole output is one token never
 leaves its prefill instance.
 
@@ -59,6 +63,7 @@ class DisaggregatedSet:
         router: str,
         max_imbalance: int = DEFAULT_MAX_IMBALANCE,
         kv_links: int | None = None,
+        kv_lanes: int = 1,
     ) -> None:
         if not prefill or not decode:
             raise ValueError("disaggregation needs at least one prefill and one decode instance")
@@ -74,11 +79,16 @@ class DisaggregatedSet:
         # (fewer than the GPUs when tensor parallelism replicates KV heads; None: every GPU).
         self.kv_links = kv_links or gpus_per_instance
         self.clock = ReplicaClock(self.replicas)
-        self._link_free = [0.0] * len(self.prefill)  # when each prefill link is next idle
+        # When each prefill instance's transfer lanes are next idle: one lane per group of
+        # GPUs holding whole requests (expert parallelism: each GPU its own requests' KV, sent
+        # over its own link, beside the others).
+        self._link_free = [[0.0] * kv_lanes for _ in self.prefill]
         self._transfers: list[tuple[float, int, Request]] = []  # (arrival, seq, request)
         self._seq = 0
         self._max_tokens: dict[int, int] = {}  # request id -> its real max_tokens
         self._where: dict[int, PoolReplica | None] = {}  # None: in transit
+        # In transit: the prefill instance still holding its blocks, and those blocks.
+        self._held: dict[int, tuple[Engine, list[int], int]] = {}
         self.kv_transfer_ms: list[float] = []
 
     # ---- what the front asks of a set of engines ------------------------------------------
@@ -126,11 +136,14 @@ class DisaggregatedSet:
         replica = self.prefill[k]
         replica.engine.clock.advance_to(req.arrival_time)
         self._max_tokens[req.request_id] = req.max_tokens
+        if req.max_tokens > 1:  # its KV will leave: the instance keeps it until then
+            replica.engine.kv_to_send.add(req.request_id)
         req.max_tokens = 1  # the prefill instance stops after the first token
         self._where[req.request_id] = replica
         reason = replica.engine.add_request(req)
         if reason is not None:
             req.max_tokens = self._max_tokens.pop(req.request_id)
+            replica.engine.kv_to_send.discard(req.request_id)
         return reason
 
     def abort_request(self, req: Request) -> None:
@@ -141,11 +154,13 @@ class DisaggregatedSet:
         if rid in self._max_tokens:
             req.max_tokens = self._max_tokens.pop(rid)
         if replica is not None:
+            replica.engine.kv_to_send.discard(rid)
             replica.engine.abort_request(req)
             return
         # In transit: drop the transfer; the request ends where the clock of the set is.
         self._transfers = [t for t in self._transfers if t[2] is not req]
         heapq.heapify(self._transfers)
+        self._release(req)
         req.status = RequestStatus.ABORTED
         req.finish_reason = "abort"
         req.finish_time = self.clock.now()
@@ -187,10 +202,16 @@ class DisaggregatedSet:
             return False
         ready = req.finish_time
         assert ready is not None  # it finished its prefill this step
-        start = max(ready, self._link_free[replica.index])
+        engine = replica.engine
+        engine.kv_to_send.discard(rid)
+        self._held[rid] = (engine, req.block_table, req.num_registered_blocks)
+        req.block_table, req.num_registered_blocks = [], 0
+        lanes = self._link_free[replica.index]
+        lane = min(range(len(lanes)), key=lanes.__getitem__)
+        start = max(ready, lanes[lane])
         nbytes = req.num_prompt_tokens * self.kv_bytes_per_token
         arrive = start + self.link.transfer_s(nbytes, self.kv_links)
-        self._link_free[replica.index] = arrive
+        lanes[lane] = arrive
         self.kv_transfer_ms.append((arrive - ready) * 1e3)
         heapq.heappush(self._transfers, (arrive, self._seq, req))
         self._seq += 1
@@ -200,7 +221,14 @@ class DisaggregatedSet:
         req.finish_reason = None
         return True
 
+    def _release(self, req: Request) -> None:
+        """Free the blocks the prefill instance held for ``req``'s KV, now it has left."""
+        engine, table, registered = self._held.pop(req.request_id)
+        req.block_table, req.num_registered_blocks = table, registered
+        engine.block_manager.free(req)
+
     def _deliver(self, req: Request, t: float) -> None:
+        self._release(req)
         k = self.decode_router.choose(self.decode, req)
         replica = self.decode[k]
         engine = replica.engine

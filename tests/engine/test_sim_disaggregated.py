@@ -23,8 +23,8 @@ from cbbench.engine.sim.replicas import run_replicas
 KV_LLAMA3_8B = 131072  # bytes per token: 2 x 32 layers x 8 KV heads x 128 x 2
 
 
-def _set(pd="1:1", link="nvlink", **kw):
-    args = EngineArgs(engine="sim", gpu="h100", model="llama-3-8b", disaggregate=pd,
+def _set(pd="1:1", link="nvlink", model="llama-3-8b", **kw):
+    args = EngineArgs(engine="sim", gpu="h100", model=model, disaggregate=pd,
                       kv_link=link, **kw)
     return build_replicas(args)[0]
 
@@ -159,3 +159,36 @@ def test_replicated_kv_heads_do_not_share_the_transfer(tp, links):
     transfer = 5e-6 + 1000 * KV_LLAMA3_8B / (links * 50e9)
     assert s.kv_transfer_ms == [pytest.approx(transfer * 1e3, rel=1e-12)]
     assert s.num_gpus == 2 * tp
+
+
+def test_expert_parallel_sends_a_request_over_one_link():
+    """Expert parallelism keeps attention data-parallel: a request's KV sits whole on one GPU
+    (docs/simulator-cluster.md), so it crosses that GPU's one link, not ep links (it was ep:
+    a quarter of the time at ep 4); the ep GPUs send their own requests side by side.
+    Qwen3-30B-A3B: 2 x 48 layers x 4 KV heads x 128 x 2 = 98,304 bytes per token."""
+    s = _set(link="infiniband", model="qwen3-30b-a3b", expert_parallel_size=4)
+    a, b = Request(0, 1000, 4), Request(1, 1000, 4)
+    _run(s, [a, b])
+    one = 5e-6 + 1000 * 98304 / 50e9
+    assert a.token_times[0] == b.token_times[0]  # one prefill iteration, two lanes free
+    assert s.kv_transfer_ms == [pytest.approx(one * 1e3, rel=1e-12)] * 2
+
+
+def test_prefill_instance_holds_the_kv_until_it_has_left():
+    """The prefill instance's blocks stay the request's until its KV has crossed the link (the
+    link reads them: vLLM's NIXL connector frees them on the decode side's notification);
+    they were freed at the end of the prefill. A 1,000-token prompt (63 blocks of 16) over
+    PCIe, 2.06 ms; a 16-token one arriving 1 ms after its prefill sees the 63 blocks held,
+    one arriving 50 ms later only its own, and nothing is held once every KV has left."""
+    s = _set(link="pcie")
+    a = Request(0, 1000, 3)
+    _run(s, [a])
+    t1 = a.token_times[0]
+    b = Request(1, 16, 3, arrival_time=t1 + 1e-3)
+    c = Request(2, 16, 3, arrival_time=t1 + 50e-3)  # after both KVs have left
+    s = _set(link="pcie")
+    a = Request(0, 1000, 3)
+    _run(s, [a, b, c])
+    pre = [r for r in s.records if r.pool == "prefill"]
+    assert [r.kv_blocks_used for r in pre] == [63, 63 + 1, 1]
+    assert all(e.block_manager.num_used_blocks == 0 for e in s.engines)
