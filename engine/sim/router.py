@@ -1,8 +1,10 @@
 """Routers for data parallelism: which engine replica takes an arriving request.
 
 - ``round-robin``: replicas in turn, blind to their load.
-- ``least-requests``: the replica with the fewest unfinished requests (running + waiting), as
-  vLLM's and SGLang's data-parallel front ends balance by default.
+- ``least-requests``: the replica with the fewest unfinished requests (running + waiting, one
+  weight). vLLM's internal data-parallel balancer weighs a waiting request four times a running
+  one (``waiting * 4 + running``, v1/engine/core_client.py); SGLang's DP controller defaults to
+  round-robin.
 - ``least-kv``: the replica whose KV cache is least used (ties: fewest unfinished requests).
 - ``prefix-aware``: the replica whose prefix cache holds the most of the request's leading
   blocks (the engine's own lookup: the same chained block hashes its admission will use),
