@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from cbbench.engine.core.engine import stops
 from cbbench.engine.core.feed import ListFeed
 from cbbench.engine.core.request import Request, RequestStatus
 from cbbench.load.cancel import CancelPlan
@@ -198,10 +199,12 @@ class SessionFeed:
         else:
             before = self.req_of[(i, prev)]
             n_out = before.num_output_tokens
-            if before.finish_reason == "stop":
-                # The reply ended on its EOS (or a stop token): a chat server returns the text
-                # before it and its template writes the one end-of-turn tag below (Llama-3's
-                # EOS is that tag), so the history holds it once, not twice.
+            # A reply that ended on its EOS (or a stop token; at max_tokens too, where the
+            # finish is "length"): a chat server returns the text before it and its template
+            # writes the one end-of-turn tag below (Llama-3's EOS is that tag), so the history
+            # holds it once, not twice. Sampled ids only: the simulator's are scripted.
+            last = [] if self.scripted or n_out == 0 else before.output_token_ids[n_out - 1:n_out]
+            if last and stops(before, last[0]):
                 n_out -= 1
             prompt_len = next_prompt_len(before.num_prompt_tokens, n_out, turn.user_len)
             if before.prompt_token_ids is not None and self._builds(i, m, prompt_len):

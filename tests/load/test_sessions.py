@@ -115,7 +115,10 @@ def _template_len(messages: list[dict]) -> int:
 
 
 @pytest.mark.skipif(LLAMA31 is None, reason="the Llama-3.1 tokenizer is not at shared/tokenizers")
-@pytest.mark.parametrize("reply, reason", [([40, 41, 300], "stop"), ([40, 41], "length")])
+@pytest.mark.parametrize("reply, reason", [
+    ([40, 41, 300], "stop"), ([40, 41], "length"),
+    ([40, 41, 300], "length"),  # the EOS sampled as the max_tokens-th token: still not text
+])
 def test_a_reply_ended_by_eos_is_not_sent_back_twice(reply, reason):
     """Turn 2 on the torch engine holds turn 1's reply and ONE end-of-turn tag, as a chat server
     prefills it: the EOS that ended a reply is not content (the server returns the text before
