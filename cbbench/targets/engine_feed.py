@@ -4,7 +4,7 @@ some time after it was sent, unless it finished first).
 
 The engine sees the same growing prompts a chat server would: with token ids (the torch engine,
 or prefix caching), turn k + 1's prompt is turn k's prompt ids, then turn k's output ids as
-generated, then the new message in the template (session_plan.py), so a prefix cache finds
+generated (less an EOS that ended them), then the new message in the template (session_plan.py), so a prefix cache finds
 everything turn k computed. The simulator samples lengths, not ids, so a session turn's reply
 ids are scripted (drawn per turn): the cache then registers the reply's blocks as they are
 computed, as a real engine registers what it generated.
@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from cbbench.engine.core.engine import stops
 from cbbench.engine.core.feed import ListFeed
 from cbbench.engine.core.request import Request, RequestStatus
 from cbbench.load.cancel import CancelPlan
@@ -198,6 +199,13 @@ class SessionFeed:
         else:
             before = self.req_of[(i, prev)]
             n_out = before.num_output_tokens
+            # A reply that ended on its EOS (or a stop token; at max_tokens too, where the
+            # finish is "length"): a chat server returns the text before it and its template
+            # writes the one end-of-turn tag below (Llama-3's EOS is that tag), so the history
+            # holds it once, not twice. Sampled ids only: the simulator's are scripted.
+            last = [] if self.scripted or n_out == 0 else before.output_token_ids[n_out - 1:n_out]
+            if last and stops(before, last[0]):
+                n_out -= 1
             prompt_len = next_prompt_len(before.num_prompt_tokens, n_out, turn.user_len)
             if before.prompt_token_ids is not None and self._builds(i, m, prompt_len):
                 reply = before.output_token_ids[:n_out]

@@ -430,7 +430,7 @@ class Engine:
             req.output_token_ids.append(token)
         if req.num_output_tokens >= req.max_tokens:
             req.finish_reason = "length"
-        elif token is not None and _stops(req, token):
+        elif token is not None and stops(req, token):
             req.finish_reason = "stop"
 
     def _register_filled_blocks(self, reqs: list[Request]) -> None:
@@ -469,7 +469,7 @@ class Engine:
             if req.num_output_tokens >= req.max_tokens:
                 req.finish_reason = "length"
                 break
-            if with_ids and _stops(req, t):
+            if with_ids and stops(req, t):
                 req.finish_reason = "stop"
                 break  # the rest of the run is dropped
         if rejected and req.finish_reason is None:
@@ -477,7 +477,7 @@ class Engine:
         return n
 
 
-def _stops(req: Request, token: int | None) -> bool:
+def stops(req: Request, token: int | None) -> bool:
     """Whether a sampled token finishes ``req``: one of the model's end-of-sequence ids (unless
     it ignores EOS), or one of its own stop_token_ids (ignore_eos or not, as vLLM's)."""
     sp = req.sampling

@@ -94,6 +94,57 @@ def test_prompt_ids_grow_by_prefix():
     assert p2[:80] == p1 + reply
 
 
+
+LLAMA31 = next((p / "llama-3.1" for p in (Path(__file__).resolve().parents[n] / "shared" / "tokenizers"
+                                           for n in (3, 4)) if (p / "llama-3.1").is_dir()), None)
+
+
+def _template_len(messages: list[dict]) -> int:
+    """Hugging Face's apply_chat_template(..., add_generation_prompt=True) length with the
+    Llama-3.1 tokenizer: what a chat server prefills."""
+    from tokenizers import Tokenizer
+
+    from cbbench.load.chat_template import load_chat_template
+
+    assert LLAMA31 is not None
+    template = load_chat_template(str(LLAMA31))
+    assert template is not None
+    text = template.render(messages)
+    return len(Tokenizer.from_file(str(LLAMA31 / "tokenizer.json")).encode(
+        text, add_special_tokens=False).ids)
+
+
+@pytest.mark.skipif(LLAMA31 is None, reason="the Llama-3.1 tokenizer is not at shared/tokenizers")
+@pytest.mark.parametrize("reply, reason", [
+    ([40, 41, 300], "stop"), ([40, 41], "length"),
+    ([40, 41, 300], "length"),  # the EOS sampled as the max_tokens-th token: still not text
+])
+def test_a_reply_ended_by_eos_is_not_sent_back_twice(reply, reason):
+    """Turn 2 on the torch engine holds turn 1's reply and ONE end-of-turn tag, as a chat server
+    prefills it: the EOS that ended a reply is not content (the server returns the text before
+    it; the template writes <|eot_id|>). It was prefilled as EOS + end tag, one token over."""
+    from cbbench.engine.core.request import Request, RequestStatus, SamplingParams
+    from cbbench.targets.engine_feed import SessionFeed
+
+    user1, content, user2 = "hello there", "hi friend", "and in French?"  # 2, 2, 4 tokens
+    truth = _template_len([{"role": "user", "content": user1},
+                           {"role": "assistant", "content": content},
+                           {"role": "user", "content": user2}])
+    plan = SessionPlan([Session(0, (Turn(2, len(reply)), Turn(4, 5)))], np.zeros(1),
+                       think_time=parse_delay("0", "--think-time"))
+    feed = SessionFeed(plan, lambda rid, p, o, t, ids: Request(
+        rid, p, o, t, ids, SamplingParams(ignore_eos=False), eos_token_ids=(300,)),
+        keep_ids=True, scripted_replies=False, vocab=512)
+    first = feed.created[0]
+    assert first.num_prompt_tokens == _template_len([{"role": "user", "content": user1}])
+    first.output_token_ids, first.num_output_tokens = list(reply), len(reply)
+    first.status, first.finish_time, first.finish_reason = RequestStatus.FINISHED, 1.0, reason
+    feed.finished(first)
+    second = feed.created[1]
+    assert second.num_prompt_tokens == len(second.prompt_token_ids) == truth
+    # What turn 1 computed (its prompt and the reply's content) is turn 2's prefix.
+    assert second.prompt_token_ids[:first.num_prompt_tokens + 2] == first.prompt_token_ids + [40, 41]
+
 # ---- on the engine ----------------------------------------------------------------------------
 def test_turns_follow_finish_plus_think_time(tmp_path):
     result = _run(_write(tmp_path, [THREE_TURNS]), num_requests=None)
