@@ -548,14 +548,12 @@ def _run_target(spec: RunSpec, sched: Schedule, telemetry: Telemetry, should_sto
     """Send the schedule to the endpoint or the bundled engine; the run and its config."""
     if spec.endpoint is not None:
         from cbbench.distributed.run import SinceInstant, run_load
-        from cbbench.engine.core.clock import WallClock
 
         telemetry.prepare()  # NVML's start-up, before any t0
-        if spec.load_plan.distributed:  # workers take seconds to set up: time from their t0
-            on_t0 = lambda t0: telemetry.start(SinceInstant(t0))  # noqa: E731
-        else:
-            telemetry.start(WallClock())  # run_http's t0 is taken right after: ~µs apart
-            on_t0 = None
+        # Sampling starts at the requests' t0, which the client takes after its own set-up
+        # (the tokenizer, the served model, sizing the prompts, the workers): seconds, not
+        # the µs a clock started here assumed, and every sample was stamped that much late.
+        on_t0 = lambda t0: telemetry.start(SinceInstant(t0))  # noqa: E731
         run = run_load(
             spec.endpoint, sched.wreqs, sched.arrivals, spec.load_plan, should_stop=should_stop,
             on_progress=on_progress, on_t0=on_t0, sessions=sched.plan, cancel=sched.cancel,

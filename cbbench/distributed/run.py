@@ -43,8 +43,9 @@ def run_load(
     live=None,
 ) -> HttpRun:
 
-    """`on_t0(t0)`: called (multi-worker runs) once the shared start instant is chosen, a
-    time.perf_counter() value up to START_MARGIN_S ahead. `sessions`: a multi-turn plan
+    """`on_t0(t0)`: called once the run's start instant is chosen, a time.perf_counter()
+    value (with workers, their shared one, up to START_MARGIN_S ahead; in one process the
+    client's own t0, taken after its set-up). `sessions`: a multi-turn plan
     (run_http; with workers, whole sessions to each). `cancel`: the --cancel-rate plan, decided
     per request id, so every worker cancels its own requests as one process would. `live`: a
     LiveBoard (targets/live.py); in one process it reads the runner, with workers their
@@ -52,7 +53,8 @@ def run_load(
     cost = _calibrated(opts, wreqs, arrivals, plan, sessions)
     if not plan.distributed:
         run = _one_process(
-            opts, wreqs, arrivals, should_stop, on_progress, grace_s, sessions, cancel, live
+            opts, wreqs, arrivals, should_stop, on_progress, grace_s, sessions, cancel, live,
+            on_t0,
         )
         _note_cost(run, cost, arrivals)
         return run
@@ -140,12 +142,19 @@ def _one_process(
     sessions=None,
     cancel=None,
     live=None,
+    on_t0: Callable[[float], None] | None = None,
 ) -> HttpRun:
-    hooks = None
-    if live is not None:
-        from cbbench.targets.hooks import RunHooks
+    from cbbench.targets.hooks import RunHooks
 
-        hooks = RunHooks(on_record=live.on_record, on_run=live.attach_http)
+    start_at = None
+    if on_t0 is not None:
+        async def start_at() -> float:  # run_http's t0, once its set-up is done
+            t0 = time.perf_counter()
+            on_t0(t0)
+            return t0
+
+    hooks = RunHooks(start_at=start_at, on_record=live.on_record if live else None,
+                     on_run=live.attach_http if live else None)
     runner: Callable[..., HttpRun] = run_http
     if opts.pooling:  # imported here: the streamed APIs' start does not pay for it (issue 41)
         from cbbench.targets.apis.pooling_request import run_pooling

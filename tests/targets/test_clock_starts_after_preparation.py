@@ -21,7 +21,7 @@ import types
 
 import numpy as np
 import pytest
-from helpers import run_spec
+from helpers import run_spec, sim_options, start_server
 
 pytest.importorskip("torch")
 
@@ -165,3 +165,55 @@ def test_a_sampler_opened_but_never_started_shuts_nvml_down():
     sampler.stop()
     assert shut == [True]
     assert sampler.to_result()["available"] is False
+
+
+PRE_T0_S = 0.3  # the HTTP client's own set-up before its t0 (tokenizer, model, prompt sizing)
+
+
+def test_http_telemetry_clock_is_the_requests_clock(monkeypatch):
+    """An endpoint run's telemetry starts at the client's t0 (ninth review). It started on
+    its own WallClock before run_http, whose set-up (the tokenizer, the served model, sizing
+    the prompts with the server, the metrics baseline) then ran before the requests' t0: every
+    sample was stamped that much late on the requests' axis, so the steady window picked the
+    wrong span and the run's figures held the idle set-up. Here the set-up is held PRE_T0_S
+    long; the telemetry's zero must not come before its end (it came 0.53 s before)."""
+    import sys
+
+    import cbbench.bench.runner as runner
+    import cbbench.targets.http as http
+    from cbbench.bench.runner import execute_run
+    from cbbench.cli.serve import build_serving_engine
+    from cbbench.targets.http import EndpointOptions
+
+    gate = Gate()
+    gate.release.set()
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(gate))
+    setup_done: list[float] = []
+    real_freeze = http.freeze_heap
+
+    def slow_freeze():  # the last step before run_http's t0
+        time.sleep(PRE_T0_S)
+        setup_done.append(time.perf_counter())
+        return real_freeze()
+
+    monkeypatch.setattr(http, "freeze_heap", slow_freeze)
+    zeros: list[float] = []
+    real_start = runner.Telemetry.start
+
+    def start(self, clock) -> None:
+        zeros.append(time.perf_counter() - clock.now())
+        real_start(self, clock)
+
+    monkeypatch.setattr(runner.Telemetry, "start", start)
+    srv = start_server(lambda: build_serving_engine(sim_options()))
+    try:
+        result = execute_run(run_spec(
+            workload="random", input_len=16, output_len=4, num_requests=NUM_REQUESTS,
+            endpoint=EndpointOptions(endpoint=srv.url), gpu_index=0, telemetry_interval=0.01))
+    finally:
+        srv.stop()
+    assert result.summary.completed == NUM_REQUESTS
+    assert setup_done and zeros
+    early_s = setup_done[-1] - zeros[-1]
+    assert early_s <= 0, f"telemetry's zero {early_s:.3f} s before the requests' t0"
+    assert result.telemetry is not None and result.telemetry.available
