@@ -188,13 +188,14 @@ class StreamConnection(asyncio.Protocol):
         if self.reused and not ex.got_bytes:
             ex.done.set_exception(_StaleConnection())
             return
-        if ex.streaming and not ex.framed:  # a body that runs to the close: it ended here
-            self.ex = None
-            try:
-                ex.stream.close(time.perf_counter() - ex.t0)
-            except HttpFailure as e:
-                ex.done.set_exception(e)
-                return
+        if ex.status and not ex.framed:  # a body that runs to the close: it ended here (an
+            self.ex = None                 # error's too: HTTP/1.0, Python's http.server)
+            if ex.streaming:
+                try:
+                    ex.stream.close(time.perf_counter() - ex.t0)
+                except HttpFailure as e:
+                    ex.done.set_exception(e)
+                    return
             ex.done.set_result(None)
             return
         why = f"{type(exc).__name__}: {exc}" if exc is not None else "Server disconnected"
