@@ -109,6 +109,12 @@ class StreamConnection(asyncio.Protocol):
     def __init__(self, pool: StreamPool) -> None:
         self.pool = pool
         self.parser = httptools.HttpResponseParser(self)
+        # Read heads as aiohttp's client does (vLLM's and AIPerf's benchmarks; h11 reads them
+        # too): a bare LF ends a line (RFC 9112 section 2.2), a folded header is unfolded
+        # (section 5.2: a user agent must), spaces may follow a chunk's size.
+        self.parser.set_dangerous_leniencies(
+            lenient_headers=True, lenient_optional_cr_before_lf=True,
+            lenient_spaces_after_chunk_size=True)
         self.transport: asyncio.Transport | None = None
         self.ex: _Exchange | None = None
         self.closed = False

@@ -44,6 +44,15 @@ AGREED = [
      b"Connection: close\r\n\r\nboom", True),
     ("http10-error-to-close", b"HTTP/1.0 503 Service Unavailable\r\n\r\nbusy", True),
     ("no-content", b"HTTP/1.1 204 No Content\r\n" + EV + b"\r\n", False),
+    # Line forms h11 and aiohttp's client (vLLM's and AIPerf's benchmarks) both read: a head
+    # whose lines end in a bare LF (RFC 9112 section 2.2), a folded header (section 5.2: a
+    # user agent MUST unfold it), spaces after a chunk's size.
+    ("bare-lf-head", b"HTTP/1.1 200 OK\nContent-Type: text/event-stream\n"
+     b"Content-Length: %d\n\n" % len(SSE) + SSE, False),
+    ("obs-fold", b"HTTP/1.1 200 OK\r\n" + EV + b"X-Note: a\r\n b\r\nContent-Length: %d\r\n\r\n"
+     % len(SSE) + SSE, False),
+    ("chunk-size-spaces", b"HTTP/1.1 200 OK\r\n" + EV + b"Transfer-Encoding: chunked\r\n\r\n"
+     + _chunked(SSE, size=b"%x  "), False),
 ]
 REFUSED = [  # h11 refuses these: the pool must not take them for a good answer
     ("chunked-cut", b"HTTP/1.1 200 OK\r\n" + EV + b"Transfer-Encoding: chunked\r\n\r\n"
