@@ -109,6 +109,12 @@ class StreamConnection(asyncio.Protocol):
     def __init__(self, pool: StreamPool) -> None:
         self.pool = pool
         self.parser = httptools.HttpResponseParser(self)
+        # Read heads as aiohttp's client does (vLLM's and AIPerf's benchmarks; h11 reads them
+        # too): a bare LF ends a line (RFC 9112 section 2.2), a folded header is unfolded
+        # (section 5.2: a user agent must), spaces may follow a chunk's size.
+        self.parser.set_dangerous_leniencies(
+            lenient_headers=True, lenient_optional_cr_before_lf=True,
+            lenient_spaces_after_chunk_size=True)
         self.transport: asyncio.Transport | None = None
         self.ex: _Exchange | None = None
         self.closed = False
@@ -188,13 +194,14 @@ class StreamConnection(asyncio.Protocol):
         if self.reused and not ex.got_bytes:
             ex.done.set_exception(_StaleConnection())
             return
-        if ex.streaming and not ex.framed:  # a body that runs to the close: it ended here
-            self.ex = None
-            try:
-                ex.stream.close(time.perf_counter() - ex.t0)
-            except HttpFailure as e:
-                ex.done.set_exception(e)
-                return
+        if ex.status and not ex.framed:  # a body that runs to the close: it ended here (an
+            self.ex = None                 # error's too: HTTP/1.0, Python's http.server)
+            if ex.streaming:
+                try:
+                    ex.stream.close(time.perf_counter() - ex.t0)
+                except HttpFailure as e:
+                    ex.done.set_exception(e)
+                    return
             ex.done.set_result(None)
             return
         why = f"{type(exc).__name__}: {exc}" if exc is not None else "Server disconnected"
