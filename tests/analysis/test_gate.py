@@ -211,6 +211,23 @@ def test_threshold_parsing():
             G.parse_threshold(bad)
 
 
+def test_a_percentile_is_read_under_the_key_its_result_stores(tmp_path, base_result):
+    """'ttft_ms.p99.0' and 'ttft_ms.p99.90' name the p99 and p99.9 a result stores (as
+    --percentiles 99.0 does): they were refused, "did not store it ... keeps no request with a
+    ttft_ms", where the file held p99 and its requests; 'p150' was a traceback (numpy's
+    ValueError) where bad input is one line and exit 2."""
+    assert G.parse_threshold("ttft_ms.p99.0=5%").metric == "ttft_ms.p99"
+    assert G.parse_threshold("slices.worst.itl_ms.p99.90=5%").metric == "slices.worst.itl_ms.p99.9"
+    merged = [t for t in G.thresholds(["ttft_ms.p99.0=3%"]) if t.metric.startswith("ttft_ms.p99")]
+    assert [(t.metric, t.limit) for t in merged] == [("ttft_ms.p99", 3.0)]  # overrides the default
+    base = _save(tmp_path, "base.json", base_result)
+    for metric in ("ttft_ms.p99.0", "ttft_ms.p99.90"):
+        r = _gate(base, "--baseline", base, "--no-defaults", "--max-regression", f"{metric}=5%")
+        assert r.exit_code == 0, r.output
+    r = _gate(base, "--baseline", base, "--max-regression", "ttft_ms.p150=5%")
+    assert r.exit_code == 2 and "[0, 100]" in r.stderr, r.output
+
+
 def test_defaults_merge_with_given_thresholds():
     merged = {t.metric: t for t in G.thresholds(["ttft_ms.p99=3%", "goodput=1%"])}
     assert merged["ttft_ms.p99"].limit == 3.0

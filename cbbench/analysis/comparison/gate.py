@@ -173,6 +173,7 @@ def parse_threshold(text: str) -> Threshold:
     usage = "use METRIC=PCT% or METRIC=ABS, e.g. output_throughput=5% or failed=0"
     if not sep or not metric or not value:
         raise UsageError(f"invalid threshold {text!r}: {usage}")
+    metric = canonical_metric(metric, text)
     direction_of(metric)  # rejects an unknown metric
     relative = value.endswith("%")
     try:
@@ -182,6 +183,31 @@ def parse_threshold(text: str) -> Threshold:
     if not math.isfinite(limit) or limit < 0:
         raise UsageError(f"invalid threshold value in {text!r}: must be a number >= 0")
     return Threshold(metric, limit, relative)
+
+
+def canonical_metric(metric: str, text: str) -> str:
+    """``metric`` with each percentile spelled as a result stores it (percentile_key):
+    'ttft_ms.p99.0' is 'ttft_ms.p99' and 'p99.90' 'p99.9', as --percentiles 99.0 keys p99 (read
+    as written, they were refused: "did not store it", beside the stored p99). A percentile
+    outside [0, 100] is refused here, in one line (numpy raised it as a traceback)."""
+    from cbbench.analysis.summary.percentiles import (
+        MAX_PERCENTILE,
+        MIN_PERCENTILE,
+        is_percentile_key,
+        percentile_key,
+        split_metric_path,
+    )
+
+    parts = split_metric_path(metric)
+    for i, part in enumerate(parts):
+        if not is_percentile_key(part):
+            continue
+        p = float(part[1:])
+        if not MIN_PERCENTILE <= p <= MAX_PERCENTILE:
+            raise UsageError(f"invalid threshold {text!r}: the percentile {part} is outside "
+                             "[0, 100]")
+        parts[i] = percentile_key(p)
+    return ".".join(parts)
 
 
 def default_thresholds(percentiles: Sequence[float] | None = None) -> tuple[str, ...]:
