@@ -4,8 +4,10 @@ takes about a second.
 
 A command in a ```-fenced block of docs/*.md (continuations joined, a trailing `# comment` or
 `&` dropped) is complete: it must make a context (flags, their values' types, required
-arguments). A command quoted inline (`cbbench serve --request-log`) names a command and
-flags in prose, often without their values or arguments: its command and flags must exist.
+arguments). A command quoted inline names a command and flags in prose, often without its
+arguments (`cbbench audit`) or a last flag's value (`cbbench serve --request-log`): its command
+and flags must exist, and the rest must parse, required options included (a quote that gives
+an argument and leaves out a required option cannot be typed as written).
 `a|b` in a quoted command stands for its first choice. README.md's numbered commands are run as
 written by tests/cli/test_readme_commands.py; its inline ones are checked here.
 """
@@ -38,7 +40,7 @@ def _fenced(path: Path) -> list[tuple[str, str]]:
         if held:
             held += " " + text.removesuffix("\\")
         elif START.match(text):
-            held, where = text.removesuffix("\\"), f"{path.name}:{number}"
+            held, where = text.removesuffix("\\"), f"{path.relative_to(ROOT)}:{number}"
         if held and not text.endswith("\\"):
             out.append((where, held))
             held = ""
@@ -46,8 +48,9 @@ def _fenced(path: Path) -> list[tuple[str, str]]:
 
 
 def _inline(path: Path) -> list[tuple[str, str]]:
-    return [(f"{path.name}:{n}", m) for n, line in enumerate(path.read_text().splitlines(), 1)
-            for m in INLINE.findall(line)]
+    text = path.read_text()  # a quoted command may wrap onto the next line
+    return [(f"{path.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 1}", " ".join(m.group(1).split()))
+            for m in INLINE.finditer(text)]
 
 
 FENCED = [c for p in DOCS for c in _fenced(p)]
@@ -78,9 +81,15 @@ def test_a_fenced_command_parses(where, text):
 
 @pytest.mark.parametrize(("where", "text"), QUOTED, ids=[w for w, _ in QUOTED])
 def test_a_quoted_command_names_real_flags(where, text):
-    command, _, argv = _resolve(text)
+    command, name, argv = _resolve(text)
     flags = {o for p in command.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]}
     named = [a.split("=")[0] for a in argv if a.startswith("--")]
     if command.context_settings.get("ignore_unknown_options"):  # gate's --baseline / --new
         named = [f for f in named if f not in ("--baseline", "--new")]
     assert not [f for f in named if f not in flags], (where, text)
+    try:  # what it gives must parse too; what a mention leaves out may be missing
+        command.make_context(name, list(argv))  # (click consumes the list it parses)
+    except Exception as e:  # Typer's vendored click: its classes are not public
+        left_out_argument = type(e).__name__ == "MissingParameter" and e.param.param_type_name == "argument"
+        left_out_value = type(e).__name__ == "BadOptionUsage" and argv[-1] == e.option_name
+        assert left_out_argument or left_out_value, (where, text, e)
