@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
 
 @O.with_options(
     O.Group(O.LoadOptions, "load", help_prefix="--variants: ", only=(
-        "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival")),
+        "workload", "num_requests", "seed", "request_rate", "burstiness", "arrival"),
+        help={"workload": O.FIXED_LENGTHS_WORKLOAD_HELP}),
     O.Group(O.OutputOptions, "output", help_prefix="--variants: ", only=("slo", "save_detailed")),
     O.Group(O.OutputOptions, "shown", **O.READ_OUTPUT, help={
         "percentiles": "Latency rows at these percentiles, e.g. 50,99.9 (computed from a "

@@ -12,7 +12,7 @@ its type, default, help and checks, every command's flags are derived from them
 from cbbench.options.endpoint import PROBE_ENDPOINT, EndpointFlags
 from cbbench.options.engine import ENGINE_PANEL, engine_group
 from cbbench.options.fields import REQUIRED, Group, check_fields, opt, with_options
-from cbbench.options.load import PROBE_LOAD, LoadOptions, ProbeOptions
+from cbbench.options.load import FIXED_LENGTHS_WORKLOAD_HELP, PROBE_LOAD, LoadOptions, ProbeOptions
 from cbbench.options.output import (
     READ_OUTPUT,
     RUN_OUTPUT,
@@ -23,7 +23,7 @@ from cbbench.options.output import (
 from cbbench.options.serve import ServeOptions
 
 __all__ = [
-    "ENGINE_PANEL", "PROBE_ENDPOINT", "PROBE_LOAD", "engine_group", "REQUIRED", "RUN_OUTPUT", "EndpointFlags", "Group",
+    "ENGINE_PANEL", "FIXED_LENGTHS_WORKLOAD_HELP", "PROBE_ENDPOINT", "PROBE_LOAD", "engine_group", "REQUIRED", "RUN_OUTPUT", "EndpointFlags", "Group",
     "LoadOptions", "OutputOptions", "READ_OUTPUT", "ProbeOptions", "ServeOptions", "WindowOptions",
     "check_fields",
     "output_file", "opt", "with_options",

@@ -233,12 +233,17 @@ class ProbeOptions:
 
 
 # How sweep and capacity take the load group: a probe's size and an open-loop process.
+# --workload's help where the command takes no synthetic-length or image flag (sweep, capacity,
+# compare): random runs at its default lengths, and no image workload runs in-process.
+FIXED_LENGTHS_WORKLOAD_HELP = (
+    f"Built-in workload ({listed()}; see `cbbench workloads list`), random (1024 input and 128 "
+    "output tokens a request), a JSONL file, or a trace file (Azure LLM inference CSV, BurstGPT "
+    "CSV, Mooncake JSONL; recognized by its header).")
 PROBE_LOAD: dict[str, Any] = dict(
     only=("workload", "num_requests", "seed", "burstiness", "arrival"),
     defaults={"num_requests": 1000, "arrival": "gamma"},
     help={
-        "workload": f"Built-in workload ({listed()}; see `cbbench workloads list`), random "
-        "(1024 input and 128 output tokens a request) or a JSONL file.",
+        "workload": FIXED_LENGTHS_WORKLOAD_HELP,
         "num_requests": "Requests per probe at the least (more at high rates: see "
         "--min-duration), and the size of a rate-inf probe.",
         "seed": "Seed for requests, arrivals and sampling (all probes).",

@@ -184,3 +184,33 @@ def test_workload_help_names_every_listed_workload(command):
     missing = [name for name in listed if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", para)]
     assert not missing, (command, missing, para[:300])
     assert "random" in para
+
+
+# Flags an option's help names on purpose from another command (the server's, the run that
+# wrote the file): each mention says which command it belongs to.
+CROSS_REFERENCES = {
+    ("audit", "--request-log"), ("audit", "--save-detailed"), ("calibrate", "--engine"),
+    ("run", "--enable-per-request-metrics"), ("run", "--request-log"),
+}
+
+
+def test_an_options_help_names_only_flags_its_command_takes():
+    """`cbbench compare --help` said `--workload ... random (see --input-len), random-mm (random
+    with images: --images-per-request)`: compare takes neither flag (it runs the fixed random
+    lengths, and no image workload), so the flag the help sends a user to is `No such option`."""
+    root = _command(app)
+    wrong = []
+    for path in _all_paths():
+        if not path:
+            continue
+        command = root
+        for name in path:
+            command = command.commands[name]
+        if hasattr(command, "commands"):
+            continue
+        own = {o for p in command.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]}
+        for p in command.params:
+            for flag in set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", getattr(p, "help", None) or "")):
+                if flag not in own and (path[-1], flag) not in CROSS_REFERENCES:
+                    wrong.append((" ".join(path), p.name, flag))
+    assert not wrong, wrong
