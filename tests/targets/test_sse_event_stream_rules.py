@@ -1,6 +1,7 @@
 """SseStream against the event-stream rules (WHATWG HTML, "Server-sent events": CR, LF or CRLF
-ends a line), checked on the same bytes against the OpenAI SDK's decoder
-(openai._streaming.SSEDecoder), read at every split into network reads."""
+ends a line; an event's `data:` lines are joined with LF; it is dispatched at the blank line
+after them, and one the stream ends inside is dropped), checked on the same bytes against the
+OpenAI SDK's decoder (openai._streaming.SSEDecoder), read at every split into network reads."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cbbench.targets.sse import SseStream
+from cbbench.targets.transport import HttpFailure
 
 SSEDecoder = pytest.importorskip("openai._streaming").SSEDecoder
 
@@ -63,18 +65,24 @@ def _stream(eol: bytes, events: list[tuple[str, bool, bool]]) -> bytes:
 
 
 EOLS = st.sampled_from([b"\n", b"\r\n", b"\r"])
-EVENTS = st.lists(st.tuples(st.sampled_from(["a", " b", "\u00e9"]), st.just(False), st.booleans()),
+EVENTS = st.lists(st.tuples(st.sampled_from(["a", " b", "\u00e9"]), st.booleans(), st.booleans()),
                   min_size=1, max_size=3)
 
 
 @settings(max_examples=60, deadline=None)
 @given(EOLS, EVENTS, st.lists(st.integers(0, 10_000), max_size=4))
 def test_tokens_match_the_openai_sdk_at_every_split(eol, events, cuts):
-    """Before: a bare-CR stream ended as stream_cut with 0 tokens (no line was ever ended)."""
+    """Before: a bare-CR stream ended as stream_cut with 0 tokens (no line was ever ended), and
+    an event whose JSON spans two `data:` lines failed as bad_event (each line was parsed alone)."""
     reads = _split(_stream(eol, events), cuts)
     texts, times = _ours(reads)
     assert texts == _sdk_texts(reads) == [text for text, _, _ in events]
     assert len(times) == len(events)
+
+
+def test_two_data_lines_are_one_event():
+    body = _stream(b"\n", [("a", True, False)])
+    assert _ours([body])[0] == ["a"]
 
 
 def test_bare_cr_ends_lines():
@@ -85,3 +93,23 @@ def test_bare_cr_ends_lines():
 def test_a_crlf_split_between_its_cr_and_lf_is_one_line_end():
     ev = b"data: " + _event("a", "length") + b"\r"
     assert _ours([ev, b"\n\r", b"\n"])[0] == ["a"]
+
+
+def test_event_time_is_the_read_that_ended_its_data():
+    """A token's time: the read that ended its (last) `data:` line, not the blank line's read."""
+    one = b"data: " + _event("a", None) + b"\n"
+    first, _, rest = _event("b", "length").partition(b", ")
+    reads = [one, b"\n", b"data: " + first + b",\n", b"data: " + rest + b"\n", b"\n",
+             b"data: [DONE]\n\n"]
+    assert _ours(reads)[1] == [0.0, 3.0]
+
+
+@pytest.mark.parametrize("tail", [b'data: {"choices":[{"te', b"data: " + _event("b", "length")])
+def test_an_event_the_body_ends_inside_is_dropped(tail):
+    """Before: a body cut inside an event's JSON read as bad_event (the cut line was parsed), and
+    a last event with no blank line after it was counted; the SDK drops it: the stream was cut."""
+    reads = [b"data: " + _event("a", None) + b"\n\n", tail]
+    assert _sdk_texts(reads) == ["a"]
+    with pytest.raises(HttpFailure) as e:
+        _ours(reads)
+    assert e.value.error_type == "stream_cut"
