@@ -157,7 +157,7 @@ class SseStream:
     __slots__ = (
         "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events",
         "response_id", "_tail", "kinds", "running", "reasoning_pieces", "answer_pieces",
-        "tool_calls", "_running_now", "server_metrics", "_at_start",
+        "tool_calls", "_running_now", "server_metrics", "_at_start", "_event", "_event_t", "_cr",
     )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
@@ -176,6 +176,11 @@ class SseStream:
         self.response_id: str | None = None
         self._tail = b""  # an incomplete line, waiting for the rest
         self._at_start = True  # no byte of the stream read yet (its BOM, if any, is next)
+        # The data of an event whose blank line has not come yet (its `data:` lines joined with
+        # LF), and the time of the read that ended its last `data:` line: its token's time.
+        self._event: bytes | None = None
+        self._event_t = 0.0
+        self._cr = False  # the last read ended in a CR: an LF next is that line end's
         # Per timed event: its kind ("reasoning", "answer", "tool", or "reasoning+answer"...
         # for one that straddles a boundary), and the running completion_tokens the server
         # reported with it (stream_options.continuous_usage_stats; None where it sent none).
@@ -197,18 +202,52 @@ class SseStream:
             piece = self._stream_start(piece)
         # The usual read: one whole `data:` event and its blank line, nothing held from
         # before (a server writes each event at once). Parsed without splitting it into lines.
-        if not self._tail and piece.endswith(b"\n\n") and piece.count(b"\n") == 2 \
-                and piece.startswith(b"data:"):
-            self._data(piece[5:-2].strip(), t)
-            return
-        if b"\n" not in piece:
+        if not self._tail and self._event is None and piece.startswith(b"data:"):
+            if piece.endswith(b"\n\n") and piece.count(b"\n") == 2:
+                self._data(piece[5:-2].strip(), t)
+                return
+            if piece.endswith(b"\r\n\r\n") and piece.count(b"\n") == 2 \
+                    and piece.count(b"\r") == 2:  # the same, CRLF
+                self._data(piece[5:-4].strip(), t)
+                return
+        if b"\n" not in piece and b"\r" not in piece:
             self._hold(piece)
             return
-        lines = (self._tail + piece).split(b"\n") if self._tail else piece.split(b"\n")
+        self._lines(piece, t)
+
+    def _lines(self, piece: bytes, t: float) -> None:
+        """A read that ends one line or more, read by the event-stream rules (WHATWG HTML,
+        "Server-sent events", as the OpenAI SDK's SSEDecoder reads them): CR, LF or CRLF
+        ends a line; an event's `data:` lines are joined with LF, and it is dispatched at the
+        blank line after them; other fields and `:` comments are skipped."""
+        if self._cr:  # the last read ended in CR: a first LF here is the rest of a CRLF
+            self._cr = False
+            if not self._tail and piece.startswith(b"\n"):
+                piece = piece[1:]
+        data = self._tail + piece if self._tail else piece
+        if b"\r" in data:
+            self._cr = data.endswith(b"\r")
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
         self._tail = lines.pop()
+        event = self._event
         for line in lines:
-            if line.startswith(b"data:"):  # not blank separators, ': comments', 'event:' lines
-                self._data(line[5:].strip(), t)  # strip: and the \r of a CRLF line
+            if not line:  # the blank line: the event is dispatched
+                if event is not None:
+                    self._event = None
+                    self._data(event, self._event_t)
+                    event = None
+            elif line.startswith(b"data:"):
+                if event is None:
+                    event = line[5:].strip()
+                else:  # a second data line: JSON may span lines (sse-starlette writes so)
+                    event += b"\n" + line[5:].strip()
+                    if len(event) > MAX_LINE_BYTES:
+                        raise HttpFailure(
+                            "bad_event", f"event-stream event longer than {MAX_LINE_BYTES} bytes"
+                        )
+                self._event_t = t
+        self._event = event
 
     def _stream_start(self, piece: bytes) -> bytes:
         """The stream's first bytes, less one leading BOM. Bytes that may yet be a BOM's first
@@ -314,10 +353,9 @@ class SseStream:
         return body_text(body)
 
     def close(self, t: float) -> None:
-        """The body ended (at `t`): parse a last unterminated line, then check that the stream
-        finished and carried some text."""
-        if self._tail:
-            self.feed(b"\n", t)  # ends the last line
+        """The body ended (at `t`): check that the stream finished and carried some text. An
+        event with no blank line after it is cut, and dropped (as the event-stream rules and
+        the OpenAI SDK drop it): a body cut inside an event's JSON is a cut stream."""
         if not (self.done or self.finish_reason is not None):
             raise HttpFailure(
                 "stream_cut", f"stream ended before [DONE] after {len(self.times)} token events"
