@@ -60,17 +60,19 @@ def write_atomic(path, data: str | bytes) -> None:
         raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def _utf8(data: str | bytes) -> bytes:
-    """A text's UTF-8 bytes; what UTF-8 cannot hold (a lone surrogate: non-UTF-8 bytes of a
-    file name shown in a table or page) as U+FFFD, where encode() raised a traceback."""
-    if isinstance(data, bytes):
-        return data
+def clean_text(value: str) -> str:
+    """``value`` as UTF-8 can hold it: a lone surrogate (non-UTF-8 bytes of a file name, a
+    result's "\\ud800") as U+FFFD, where encode() raised a traceback."""
     try:
-        return data.encode()
+        value.encode("utf-8")
+        return value
     except UnicodeEncodeError:
-        from cbbench.export.writable import clean_text
+        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
-        return clean_text(data).encode()
+
+def _utf8(data: str | bytes) -> bytes:
+    """A text's UTF-8 bytes (see clean_text); bytes as they are."""
+    return clean_text(data).encode() if isinstance(data, str) else data
 
 
 def _write_stdout(raw: bytes) -> None:

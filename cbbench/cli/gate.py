@@ -219,7 +219,7 @@ def _write(path: Path, text: str) -> None:
 def _write_markdown(path: Path, text: str) -> None:
     """GitHub's step summary collects what every command of a step appends, so append to it;
     any other file is replaced whole."""
-    from cbbench.export.writable import clean_text
+    from cbbench.analysis.result import clean_text
 
     text = clean_text(text)  # a file name's non-UTF-8 bytes (lone surrogates) as U+FFFD
     summary = os.environ.get(GITHUB_STEP_SUMMARY)

@@ -7,18 +7,12 @@ from __future__ import annotations
 import math
 import re
 
+from cbbench.analysis.result import clean_text
+
 # What XML 1.0 cannot hold at all, not even as a character reference (its Char production): the
 # C0 controls but tab, newline and carriage return, and U+FFFE/U+FFFF. A JUnit reader refuses
 # the whole file for one of them.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def clean_text(value: str) -> str:
-    try:
-        value.encode("utf-8")
-        return value
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
 
 
 def xml_text(value: str) -> str:

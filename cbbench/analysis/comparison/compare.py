@@ -14,6 +14,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from cbbench.analysis.comparison.gate import WORKLOAD_KEYS
+from cbbench.analysis.result import clean_text
 from cbbench.schema import RunResult, as_run, read_run, to_dict
 from cbbench.schema.base import field_of
 
@@ -288,8 +289,6 @@ def with_percentiles(results: Sequence[Labeled], percentiles: Sequence[float] | 
 def file_labels(files: Sequence[Path]) -> list[str]:
     """File stems, or the paths themselves where two stems collide; a name's non-UTF-8 bytes
     as U+FFFD (a label is drawn and written: neither takes a lone surrogate)."""
-    from cbbench.export.writable import clean_text
-
     stems = [clean_text(p.stem) for p in files]
     return stems if len(set(stems)) == len(stems) else [clean_text(str(p)) for p in files]
 
