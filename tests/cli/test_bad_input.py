@@ -182,7 +182,7 @@ CASES: dict[str, tuple[list[str], list[str]]] = {
     "token-budget-zero": ([*SIM, "--max-num-batched-tokens", "0"], ["--max-num-batched-tokens"]),
     "kv-blocks-zero": ([*SIM, "--num-kv-blocks", "0"], ["--num-kv-blocks must be >= 1"]),
     "max-model-len-zero": ([*SIM, "--max-model-len", "0"], ["--max-model-len must be >= 1"]),
-    "top-k-negative": ([*SIM, "--top-k", "-1"], ["--top-k must be >= 0"]),
+    "top-k-negative": ([*SIM, "--top-k", "-2"], ["--top-k must be >= -1"]),  # -1 is off, as vLLM
     "eta-memory-above-1": ([*SIM, "--eta-memory", "2"], ["--eta-memory must be in (0, 1], got 2.0"]),
     "overhead-negative": ([*SIM, "--iteration-overhead-us", "-1"], ["--iteration-overhead-us must be >= 0"]),
     # ---- issue 19: non-finite numbers and names the sim ignored (serve's are checked before it
