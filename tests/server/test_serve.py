@@ -427,8 +427,10 @@ def test_stream_disconnect_aborts_and_frees_kv(srv, client):
         for line in r.iter_lines():
             seen += line.startswith("data: ")
             if seen == 5:
+                # Checked while the stream is open: leaving httpx's line iterator closes the
+                # connection, and under load the server's abort could free the KV first.
+                assert srv.engine.snapshot().kv_blocks_used > 0
                 break
-        assert srv.engine.snapshot().kv_blocks_used > 0
     t0 = time.monotonic()
     snap = wait_idle(srv.engine, timeout=3.0)
     assert snap.kv_blocks_used == 0 and snap.running == 0, snap
