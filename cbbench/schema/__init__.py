@@ -77,8 +77,16 @@ __all__ = [
 ]
 
 
+# The dialect pydantic's schemas are written in (their $defs), named in the schema: a
+# validator given none falls back to a draft of its own choosing.
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
 def json_schema(kind: str) -> str:
-    return json.dumps(_models()[kind].model_json_schema(), indent=2)
+    """``kind``'s JSON Schema. Its "integer" fields take 3.0 where the reader (strict) wants 3:
+    JSON Schema's data model has no difference between the two, so no keyword can refuse it."""
+    schema = {"$schema": JSON_SCHEMA_DIALECT, **_models()[kind].model_json_schema()}
+    return json.dumps(schema, indent=2)
 
 
 def read_json_file(path: Path, what: str = "result file") -> Any:

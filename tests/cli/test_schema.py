@@ -5,6 +5,7 @@ file with a wrong-typed field in one line with exit code 2."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -12,6 +13,8 @@ from typer.testing import CliRunner
 
 from cbbench.cli.app import app
 from cbbench.schema import MODELS, to_dict
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "results"
 
 SIM = ["--engine", "sim", "--gpu", "h200", "--model", "llama-3-8b"]
 PROBE = ["--num-requests", "8", "--min-duration", "1"]
@@ -53,6 +56,17 @@ def test_schema_command_prints_a_json_schema_the_written_file_meets(kind, files)
     jsonschema.validate(data, schema)  # the printed schema, not only the pydantic model
     # The model takes the file, and gives back exactly the file.
     assert to_dict(MODELS[kind].model_validate(data)) == data
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_the_printed_schema_names_its_dialect_and_the_suites_files_meet_it(kind):
+    """Without "$schema" a validator checks against a draft of its own choosing; the schema is
+    pydantic's draft 2020-12 ($defs), so it says so, and the stored result files meet it."""
+    schema = json.loads(_invoke(["schema", kind]).stdout)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    validator = jsonschema.validators.validator_for(schema, default=None)
+    assert validator is jsonschema.Draft202012Validator
+    validator(schema).validate(json.loads((DATA / f"{kind}.json").read_text()))
 
 
 def test_the_schema_types_what_it_names():
