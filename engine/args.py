@@ -106,7 +106,8 @@ class EngineArgs:
         choices=PREEMPTION_MODES,
     )
     swap_space: float = opt(
-        DEFAULT_SWAP_SPACE_GIB, "CPU swap space in GiB for --preemption swap (vLLM's default 4).",
+        DEFAULT_SWAP_SPACE_GIB,
+        "CPU swap space in GiB per GPU for --preemption swap (vLLM's default 4).",
         low=0.0,
     )
     # The queue order (SchedulerConfig.queue_policy); its flag is vLLM's --policy.

@@ -92,7 +92,9 @@ def build_sim_engine(args: EngineArgs):
             f"no KV block fits: a block of --block-size {args.block_size} tokens is larger than "
             f"the {gpu.name}'s memory left for the KV cache"
         )
-    block_bytes = args.block_size * model.kv_bytes_per_token(dtype)
+    # vLLM V0 divides --swap-space (GiB per GPU) by one GPU's cache block: its shard of the
+    # KV heads under tensor parallelism, as the cost model's swap time moves.
+    block_bytes = args.block_size * cost.kv_bytes_per_token_per_gpu
     num_cpu_blocks = num_swap_blocks(args, block_bytes)
     check_sim_sizes(args, num_blocks, num_cpu_blocks)
     config, budget = engine_config(args, max_model_len, num_blocks, num_cpu_blocks)

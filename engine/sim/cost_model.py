@@ -450,6 +450,12 @@ class CostModel:
             cost = replace(cost, time_s=cost.time_s + self.swap_time(swapped, block_size))
         return cost
 
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> int:
+        """One token's K and V on one GPU: every layer, its tensor-parallel shard of the KV
+        heads."""
+        return self._kv_bytes_per_token
+
     def swap_time(self, num_blocks: int, block_size: int) -> float:
         """Seconds to copy ``num_blocks`` KV blocks one way between GPU and host memory, at the
         GPU's host bandwidth (PCIe or C2C). Not overlapped with the forward: the copies must

@@ -149,6 +149,19 @@ def test_sim_swap_reports_traffic_and_time():
     assert sum(it.num_swapped_out_blocks for it in its) == es.num_swapped_out_blocks
 
 
+def test_sim_swap_space_is_per_gpu_under_tensor_parallelism():
+    # vLLM V0: --swap-space is GiB per GPU, divided by one GPU's cache block (its KV heads,
+    # 8 / 2 = 4 of Llama-3-8B's under TP 2): 4 GiB // (16 x 65,536 B) = 4,096 CPU blocks, not
+    # the 2,048 a whole-model block gives. The swap time is per GPU's shard too, each GPU over
+    # its own host link.
+    swap = _sim(n=60, preemption="swap", tensor_parallel_size=2, num_kv_blocks=200)
+    assert swap.config.num_cpu_blocks == 4 * 1024**3 // (16 * 65_536) == 4096
+    es = swap.summary.engine
+    assert es.num_swapped_out_blocks > 0
+    total = es.num_swapped_out_blocks + es.num_swapped_in_blocks
+    assert es.swap_time_s == pytest.approx(total * 16 * 65_536 / 50e9)
+
+
 def test_sim_prefix_caching_on_shared_prefix():
     off = _sim("shared-prefix", n=200, rate=10.0)
     on = _sim("shared-prefix", n=200, rate=10.0, enable_prefix_caching=True)
