@@ -294,7 +294,8 @@ class DcgmScraper:
 
     # -- the result --------------------------------------------------------------------------
 
-    def to_result(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
+    def to_result(self, window: tuple[float, float] | None = None,
+                  span: tuple[float, float] | None = None) -> dict[str, Any]:
         """The telemetry section (telemetry.section's, source "dcgm"), with each page's scrape
         counts under ``scrapes``."""
         with self._lock:
@@ -315,7 +316,7 @@ class DcgmScraper:
         out = section(
             available=available, reason=reason, error=error, metric=self._metric,
             gpu_indices=sorted({s.gpu for s in samples}), interval_s=self.interval_s,
-            samples=samples, window=window, index_kind="dcgm", source=SOURCE_DCGM,
+            samples=samples, window=window, index_kind="dcgm", source=SOURCE_DCGM, span=span,
         )
         out["scrapes"] = [{"url": shown, "ok": ok, "failed": failed, "first_error": err}
                           for shown, ok, failed, err in pages]

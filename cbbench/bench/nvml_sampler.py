@@ -197,8 +197,10 @@ class TelemetrySampler:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def to_result(self, window: tuple[float, float] | None = None) -> dict[str, Any]:
-        """The JSON-ready telemetry section; `window` is the steady-state (start_s, end_s)."""
+    def to_result(self, window: tuple[float, float] | None = None,
+                  span: tuple[float, float] | None = None) -> dict[str, Any]:
+        """The JSON-ready telemetry section; `window` is the steady-state (start_s, end_s),
+        `span` the run's (telemetry.summarize)."""
         with self._lock:
             samples = list(self._samples)
         return section(
@@ -211,6 +213,7 @@ class TelemetrySampler:
             samples=samples,
             window=window,
             index_kind=self.index_kind,
+            span=span,
         )
 
     # -- set-up and tear-down ----------------------------------------------------------------

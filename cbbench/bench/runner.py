@@ -277,7 +277,9 @@ def execute_run(
     # The run's steady window, so the telemetry's "steady state" is the run's (it was the middle
     # 80% of the sampled span, another window under the same words).
     window = (summary.get("steady_state") or {}).get("window_s")
-    telemetry_result = telemetry.result(tuple(window) if window else None)
+    # The run's figures over the run's span, [t0, its end]: the sampler ran before and after it.
+    telemetry_result = telemetry.result(tuple(window) if window else None,
+                                        (0.0, float(summary["duration_s"])))
     requests, iterations = _records(run, spec, records)
     # The file's keys in the file's order (tests/cli/test_golden_results.py holds it).
     return as_run_result({
@@ -508,9 +510,11 @@ class Telemetry:
         if self.sampler is not None:
             self.sampler.stop()
 
-    def result(self, window: tuple[float, float] | None = None) -> dict:
+    def result(self, window: tuple[float, float] | None = None,
+               span: tuple[float, float] | None = None) -> dict:
         """The telemetry section; ``window``: the run's steady window (start_s, end_s), over
-        which the steady figures are taken (None: the samplers' middle 80%)."""
+        which the steady figures are taken (None: the middle 80%); ``span``: the run's
+        (0, duration_s), over which every figure is taken (None: every sample)."""
         from cbbench.analysis.summary.telemetry import (
             CPU_RUN_REASON,
             SIMULATED_GPU_REASON,
@@ -519,7 +523,7 @@ class Telemetry:
         )
 
         if self.sampler is not None:
-            telemetry = self.sampler.to_result(window)
+            telemetry = self.sampler.to_result(window, span)
         elif self.spec.output.gpu_metrics:  # the target never started its clock (array simulator)
             telemetry = unavailable("the run's clock never started: no DCGM page was scraped")
         elif self.spec.endpoint is not None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from cbbench.analysis.records import RequestRecord
 from cbbench.distributed.messages import Done, Failed, Message, Ready, RecordBatch
-from cbbench.distributed.session_share import lost_turns
+from cbbench.distributed.session_share import cut_short, lost_turns
 from cbbench.distributed.worker import WARNING_PREFIX
 from cbbench.distributed.worker_entry import ClientFigures, WorkerEntry, worker_entry
 from cbbench.load.session_plan import SessionPlan
@@ -256,6 +256,9 @@ class Merger:
         interrupted = stopped or any(d.interrupted for d in done)
         not_sent = sum(e.not_sent for e in workers)
         ended_early = sum(d.sessions_ended_early for d in done)
+        if self.plan is not None:
+            ended_early += sum(cut_short(self.plan, ws.sessions, self.records)
+                               for ws in self.workers if ws.status in (DIED, FAILED))
         return HttpRun(records, duration, interrupted, info, not_sent, pooled_lag, ended_early)
 
 

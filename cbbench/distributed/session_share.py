@@ -12,6 +12,8 @@ turn was reported (and did not fail) may have been in flight: it was due at its 
 (turn 1) or at the end of those turns plus its wait; due before the death, it is lost (a failed
 record, as for a plain request); otherwise it, and every turn waiting on an unreported one, was
 not sent. (A session without sub-agents has at most one such turn: the first unreported.)
+Its sessions that had started and have turns not sent ended early, as one process counts a
+session a failed turn cut short (the worker's own count died with it: it sent no Done).
 """
 
 from __future__ import annotations
@@ -83,3 +85,16 @@ def lost_turns(
             else:
                 not_sent += 1
     return lost, not_sent
+
+
+def cut_short(plan: SessionPlan, sessions: Sequence[int],
+              records: Sequence[RequestRecord | None]) -> int:
+    """How many of a dead worker's sessions (``records`` filled by lost_turns) started and
+    then had turns not sent: cut short by a failed turn or by the death (which fails the
+    turn in flight, or the one due next)."""
+    count = 0
+    for i in sessions:
+        ids = [plan.request_id(i, k) for k in range(len(plan.sessions[i].all_turns))]
+        sent = sum(records[p] is not None for p in ids)
+        count += 0 < sent < len(ids)
+    return count

@@ -434,6 +434,22 @@ def test_summary_matches_numpy_and_window_excludes_outside_samples():
     )
 
 
+def test_run_figures_keep_to_the_runs_span():
+    """The run's figures are over [t0, the run's end] (ninth review): a worker run's sampler
+    starts up to START_MARGIN_S before t0 (negative t_s) and every sampler runs on after the
+    last completion until stopped; those idle samples stay in the file, out of the figures
+    (they were averaged into summary.run). The default steady window is the middle 80% of
+    the run's samples, not of the idle tail's."""
+    times = [-0.2, -0.1, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
+    values = [0.0, 0.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 0.0, 0.0]
+    samples = make_samples(times, values)
+    summary = summarize(samples, window=(1.0, 4.0), span=(0.0, 5.0))
+    assert summary["run"]["dram_bw_util_pct"] == pytest.approx(expected(values[2:8]))
+    assert summary["steady"]["dram_bw_util_pct"] == pytest.approx(expected(values[3:7]))
+    middle = summarize(samples, span=(0.0, 5.0))["window"]
+    assert (middle["start_s"], middle["end_s"]) == pytest.approx((0.5, 4.5))
+
+
 def test_default_window_is_middle_80_percent():
     times = [10.0 + i for i in range(11)]  # span 10..20
     values = [float(i) for i in range(11)]

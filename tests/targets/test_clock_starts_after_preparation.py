@@ -217,3 +217,46 @@ def test_http_telemetry_clock_is_the_requests_clock(monkeypatch):
     early_s = setup_done[-1] - zeros[-1]
     assert early_s <= 0, f"telemetry's zero {early_s:.3f} s before the requests' t0"
     assert result.telemetry is not None and result.telemetry.available
+
+
+IDLE_TAIL_S = 0.15  # the runner's post-run work, sampled at the idle GPU's power
+BUSY_W, IDLE_W = 300.0, 50.0
+
+
+def test_run_telemetry_leaves_out_the_samples_after_the_run(monkeypatch):
+    """summary.run is over the run's span (ninth review): the sampler runs on after the last
+    completion until the runner stops it, and those samples (here IDLE_TAIL_S of an idle
+    GPU's power) were averaged into the run's figures, pulling its mean power below BUSY_W.
+    They stay in the samples (the plots may show them)."""
+    import sys
+
+    import cbbench.bench.runner as runner
+    from cbbench.bench.runner import execute_run
+    from cbbench.cli.serve import build_serving_engine
+    from cbbench.targets.http import EndpointOptions
+
+    gate = Gate()
+    gate.release.set()
+    nvml = _fake_pynvml(gate)
+    idle: list[bool] = []
+    nvml.nvmlDeviceGetPowerUsage = lambda h: (IDLE_W if idle else BUSY_W) * 1000
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    real_run_target = runner._run_target
+
+    def then_idle(*args, **kwargs):
+        out = real_run_target(*args, **kwargs)
+        idle.append(True)
+        time.sleep(IDLE_TAIL_S)
+        return out
+
+    monkeypatch.setattr(runner, "_run_target", then_idle)
+    srv = start_server(lambda: build_serving_engine(sim_options()))
+    try:
+        result = execute_run(run_spec(
+            workload="random", input_len=16, output_len=4, num_requests=NUM_REQUESTS,
+            endpoint=EndpointOptions(endpoint=srv.url), gpu_index=0, telemetry_interval=0.01))
+    finally:
+        srv.stop()
+    tel = result.model_dump()["telemetry"]
+    assert any(s["power_w"] == IDLE_W for s in tel["samples"])  # kept in the file
+    assert tel["summary"]["run"]["power_w"]["mean"] == pytest.approx(BUSY_W)

@@ -26,7 +26,7 @@ from cbbench.analysis.table import workers_table
 from cbbench.bench.runner import execute_run
 from cbbench.cli.run import WORKER_LOST_EXIT
 from cbbench.distributed.merge import WORKER_LOST, Merger
-from cbbench.distributed.messages import Ready, RecordBatch
+from cbbench.distributed.messages import Done, Ready, RecordBatch
 from cbbench.distributed.plan import LoadPlan
 from cbbench.distributed.session_share import deal_sessions
 from cbbench.load.cancel import CancelPlan
@@ -193,6 +193,8 @@ def test_a_worker_killed_mid_session_is_accounted_turn_by_turn(fake_server, tmp_
         assert all(q["error"] is None for q in recs[:-1])
         assert recs[-1]["error"] is None or recs[-1]["error_type"] == WORKER_LOST
     assert w1["lost"] == sum(q["error_type"] == WORKER_LOST for q in r["requests"])
+    # Every started session the death cut short ended early (it read 0: the Done never came).
+    assert s["sessions"]["ended_early"] == sum(len(v) < turns for v in by_session.values()) > 0
 
 
 # ---- a dead worker's sessions (no processes) ---------------------------------------------------
@@ -236,3 +238,36 @@ def test_a_dead_workers_turns_are_lost_or_not_sent():
     assert (w1["lost"], w1["not_sent"], w1["sent"]) == (1, 1 + 3, 2)
     assert (w0["lost"], w0["not_sent"], w0["sent"]) == (0, 2, 4)
     assert run.not_sent == 6 and len(run.records) == 6
+
+
+def test_sessions_a_dead_worker_cut_short_count_as_ended_early():
+    """A session the death cut short counts in sessions_ended_early, as a session cut by a
+    failed turn does in one process (ninth review: a dead worker sent no Done, so its count
+    was 0 whatever it cut). The case above: session 1 (turn 2 lost, turn 3 never sent) and
+    session 2 (turn 1 failed before the death: its Done's count died with it) ended early;
+    session 0 completed, session 3 never started (its turns: not sent, as a run's end leaves
+    them). A worker that finished reports its own count, which is kept."""
+    plan = _plan()
+    shares, session_shares = deal_sessions(plan, 2)
+    m = Merger([], [], shares, plan, session_shares)
+    for k in (0, 1):
+        m.on_message(Ready(k, 100 + k, "h"))
+    m.on_message(RecordBatch(1, [_turn(plan, 1, 0, 0.1, 0.3)]))
+    m.died(1, 1.0, "killed by SIGKILL")
+    m.on_message(RecordBatch(0, [_turn(plan, 0, k, k, k + 0.5) for k in range(3)]
+                             + [_turn(plan, 2, 0, 0.2, 0.4, ok=False)]))
+    m.died(0, 9.0, "killed by SIGKILL")
+    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False, 0.0)
+    assert run.sessions_ended_early == 2
+    # A lost last turn leaves nothing unsent: the session was not cut short (as one process
+    # counts a failed last turn).
+    m = Merger([], [], shares, plan, session_shares)
+    m.on_message(Ready(0, 100, "h"))
+    m.on_message(Ready(1, 101, "h"))
+    m.on_message(RecordBatch(0, [_turn(plan, 0, k, k, k + 0.5) for k in range(3)]
+                             + [_turn(plan, 2, k, k, k + 0.5) for k in range(2)]))
+    m.died(0, 9.0, "killed by SIGKILL")  # session 2's turn 3, due at 1.6 s: lost
+    m.on_message(Done(1, 9.0, False, {}, [], sessions_ended_early=1))
+    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False, 0.0)
+    assert [(r.session_id, r.turn) for r in run.records if r.error_type == WORKER_LOST] == [(2, 3)]
+    assert run.sessions_ended_early == 1  # worker 1's own

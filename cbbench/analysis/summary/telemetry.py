@@ -103,16 +103,26 @@ def steady_window(
     return SteadyWindow(first + trim, last - trim, RULE_MIDDLE)
 
 
+def _within(samples: Sequence[TelemetrySample], start_s: float, end_s: float) -> list[TelemetrySample]:
+    return [s for s in samples if start_s <= s.t_s <= end_s]
+
+
 def summarize(
-    samples: Sequence[TelemetrySample], window: tuple[float, float] | None = None
+    samples: Sequence[TelemetrySample],
+    window: tuple[float, float] | None = None,
+    span: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
-    """Mean, p50 and p90 of each quantity over the whole run and over the steady window."""
+    """Mean, p50 and p90 of each quantity over the whole run and over the steady window.
+    ``span``: the run's (t0, its end), to which the figures keep: the sampler starts before
+    t0 (workers: up to START_MARGIN_S early) and stops after the client's post-run work, and
+    those idle samples stay in the section's samples but are not the run's."""
+    if span is not None:
+        samples = _within(samples, *span)
     win = steady_window(samples, window)
-    steady = [s for s in samples if win.start_s <= s.t_s <= win.end_s]
     return {
         "window": asdict(win),
         "run": _quantity_stats(samples),
-        "steady": _quantity_stats(steady),
+        "steady": _quantity_stats(_within(samples, win.start_s, win.end_s)),
     }
 
 
@@ -128,6 +138,7 @@ def section(
     window: tuple[float, float] | None,
     index_kind: str | None = None,
     source: str = SOURCE,
+    span: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
     return {
         "available": available,
@@ -139,7 +150,7 @@ def section(
         "index_kind": index_kind,  # NVML's ("nvml"), CUDA ordinals ("cuda"), DCGM's gpu labels ("dcgm")
         "interval_s": float(interval_s),
         "samples": [asdict(s) for s in samples],
-        "summary": summarize(samples, window),
+        "summary": summarize(samples, window, span),
     }
 
 
