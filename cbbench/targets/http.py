@@ -264,10 +264,15 @@ class _Runner:
 
     async def _send_cancelled(self, ctx: RequestContext, rec: RequestRecord, body: bytes,
                               st: SseStream, delay: float) -> None:
-        """send_request until `delay` after the send for a request --cancel-rate picked: then
-        the stream is closed (the server sees the client go away)."""
+        """send_request until `delay` after the request is on the wire, for a request
+        --cancel-rate picked: then the stream is closed (the server sees the client go away).
+        The delay starts once the body is written, as AIPerf's: from the task's start, a
+        connection's set-up ate into it, and `--cancel-after 0` closed every stream before its
+        request was written (the server saw nothing, the run reported them all cancelled)."""
+        st.written = asyncio.get_running_loop().create_future()
         task = asyncio.ensure_future(self._send(ctx, rec, body, st))
         try:
+            await asyncio.wait({task, st.written}, return_when=asyncio.FIRST_COMPLETED)
             done, _ = await asyncio.wait({task}, timeout=delay)
         except asyncio.CancelledError:  # the run was stopped: stop the request too
             task.cancel()

@@ -103,6 +103,7 @@ async def exchange(ctx: RequestContext, body: bytes, stream: SseStream) -> None:
         await ctx.pool.post_stream(ctx.url, body, stream, ctx.t0)
         return
     async with await post(ctx.session, ctx.url, body) as resp:
+        stream.sent()  # the body went out before the answer's head came
         if not 200 <= resp.status < 300:
             head = stream.error_text(await read_body(resp, 4 * ERROR_BODY_CHARS))
             raise HttpFailure("http_status", f"HTTP {resp.status}: {head}")

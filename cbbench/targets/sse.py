@@ -15,6 +15,7 @@ HttpFailure on a malformed or error event, or a stream that ends before it finis
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 
@@ -158,6 +159,7 @@ class SseStream:
         "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events",
         "response_id", "_tail", "kinds", "running", "reasoning_pieces", "answer_pieces",
         "tool_calls", "_running_now", "server_metrics", "_at_start", "_event", "_event_t", "_cr",
+        "written",
     )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
@@ -181,6 +183,9 @@ class SseStream:
         self._event: bytes | None = None
         self._event_t = 0.0
         self._cr = False  # the last read ended in a CR: an LF next is that line end's
+        # Set by --cancel-after's timer (an asyncio.Future): resolved once the request is on
+        # the wire, where the cancel delay starts (AIPerf's "request fully sent").
+        self.written: asyncio.Future[None] | None = None
         # Per timed event: its kind ("reasoning", "answer", "tool", or "reasoning+answer"...
         # for one that straddles a boundary), and the running completion_tokens the server
         # reported with it (stream_options.continuous_usage_stats; None where it sent none).
@@ -194,6 +199,11 @@ class SseStream:
         self.tool_calls: dict[int, ToolCall] = {}
         # vLLM's --enable-per-request-metrics timings, on the final usage chunk (None: unsent).
         self.server_metrics: dict | None = None
+
+    def sent(self) -> None:
+        """The request is on the wire: --cancel-after's delay starts now (where one waits)."""
+        if self.written is not None and not self.written.done():
+            self.written.set_result(None)
 
     def feed(self, piece: bytes, t: float) -> None:
         """Whatever one network read returned, at run-clock time `t`. (It runs for every network

@@ -524,6 +524,7 @@ class StreamPool:
             conn = await self.acquire()
             ex = _Exchange(stream, t0, self.loop.create_future())
             conn.start(ex, data)
+            stream.sent()
             try:
                 await ex.done
             except _StaleConnection:

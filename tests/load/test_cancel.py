@@ -152,6 +152,29 @@ def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
     assert m["cbbench_requests_aborted_total"] - aborted_before >= 1
 
 
+def test_cancel_after_zero_sends_each_request_before_it_closes(srv, tmp_path):
+    """AIPerf's --request-cancellation-delay 0: the request fully sent, then the disconnect.
+    The delay ran from the task's start, so every stream closed before its request was
+    written: the server saw none of the 10, and the run reported 10 cancelled."""
+    path = tmp_path / "zero.jsonl"
+    path.write_text("".join(json.dumps({"prompt_len": 64, "output_len": 300}) + "\n"
+                            for _ in range(10)))
+    aborted_before = _metrics(srv.url).get("cbbench_requests_aborted_total", 0.0)
+    result = execute_run(run_spec(
+        workload=str(path), num_requests=None, request_rate=50.0,
+        endpoint=EndpointOptions(endpoint=srv.url, request_timeout_s=60.0),
+        cancel_rate=1.0, cancel_after="0",
+    ))
+    assert result.summary.cancelled == 10
+    deadline = time.monotonic() + METRICS_WAIT_S
+    while True:
+        aborted = _metrics(srv.url)["cbbench_requests_aborted_total"] - aborted_before
+        if aborted == 10 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert aborted == 10
+
+
 def test_cli_flags(tmp_path):
     res = invoke_app(["run", "--engine", "sim", "--num-requests", "5",
                       "--cancel-rate", "0.5", "--output", str(tmp_path / "r.json")])
