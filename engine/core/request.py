@@ -38,7 +38,8 @@ class RequestStatus(enum.IntEnum):
 # values can break a batch: a temperature or top-p below SAMPLING_EPS underflows (NaN
 # probabilities), so both mean greedy (vLLM's _SAMPLING_EPS rule); a top-k of MAX_TOP_K or more
 # keeps every token of any vocabulary, so it means off (and never overflows an int64 tensor);
-# a seed of any size is folded into the 63 bits a torch generator takes. At the other end, a
+# a seed of any size wraps into int64 (two's complement), the range vLLM's API accepts, so each
+# accepted seed, negative ones included, stays its own (the sampler hashes all 64 bits). A
 # temperature above MAX_TEMPERATURE samples as MAX_TEMPERATURE does: float32 logits divided by
 # it are already equal to within float32's resolution after softmax (uniform over what top-k
 # and top-p keep), while a larger one loses their order (beyond float32's 3.4e38 each logit
@@ -47,7 +48,8 @@ SAMPLING_EPS = 1e-5
 MAX_TEMPERATURE = 1e12
 MAX_TOP_K = 2**31
 TOP_K_OFF = -1  # vLLM's SamplingParams: 0 or -1 keeps every token
-SEED_MASK = 2**63 - 1
+INT64_MIN = -(2**63)
+INT64_SPAN = 2**64
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +70,8 @@ class SamplingParams:
             object.__setattr__(self, "temperature", MAX_TEMPERATURE)
         if self.top_k >= MAX_TOP_K or self.top_k == TOP_K_OFF:
             object.__setattr__(self, "top_k", 0)
-        if self.seed is not None and not 0 <= self.seed <= SEED_MASK:
-            object.__setattr__(self, "seed", self.seed & SEED_MASK)
+        if self.seed is not None and not INT64_MIN <= self.seed < INT64_MIN + INT64_SPAN:
+            object.__setattr__(self, "seed", (self.seed - INT64_MIN) % INT64_SPAN + INT64_MIN)
 
     @property
     def greedy(self) -> bool:

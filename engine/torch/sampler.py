@@ -48,14 +48,15 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def seed_keys(seeds: torch.Tensor) -> torch.Tensor:
-    """int64 seeds (>= 0) -> 32-bit row keys."""
+    """int64 seeds (any sign: both 32-bit halves are mixed) -> 32-bit row keys."""
     return _mix32(_mix32(seeds & MASK32) ^ ((seeds >> 32) & MASK32))
 
 
 def row_keys(
     base_seeds: torch.Tensor, noise_ids: torch.Tensor, num_tokens: torch.Tensor
 ) -> torch.Tensor:
-    """The noise key of each request's sample at its current length (all int64, >= 0);
+    """The noise key of each request's sample at its current length (all int64; only the
+    seeds may be negative);
     ``noise_ids``: SamplingSlots.noise_id's."""
     k = _mix32(seed_keys(base_seeds) ^ (noise_ids & MASK32))
     return _mix32(k ^ (num_tokens & MASK32))
@@ -203,7 +204,7 @@ class SamplingBatch:
     temperatures: list[float]
     top_ks: list[int]
     top_ps: list[float]
-    seeds: list[int]  # a seed per row, >= 0 (ignored for greedy rows)
+    seeds: list[int]  # a seed per row, int64 (ignored for greedy rows)
 
     def to_rows(self, device: torch.device) -> RowParams:
         random = [t > 0.0 for t in self.temperatures]

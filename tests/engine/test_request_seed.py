@@ -50,3 +50,17 @@ def test_requests_without_a_seed_draw_their_own_tokens():
     # Still a pure function of the default seed and the id: the same id, the same tokens.
     (again,) = _generate(Harness(), [_request(1, SAMPLED)])
     assert again == b
+
+
+def test_a_negative_seed_is_its_own_seed():
+    """vLLM and `cbbench serve` take any int64 seed, and vLLM seeds a generator with it (torch
+    maps a negative s to 2**64 - 1 + s: -1 is not 2**63 - 1). Folding to 63 bits made every
+    negative seed s the seed s + 2**63, half the accepted seeds another's: `"seed": -1` drew
+    the tokens of `"seed": 9223372036854775807` (ninth review)."""
+    def tokens(seed: int) -> list[int]:
+        (out,) = _generate(Harness(), [_request(0, SamplingParams(temperature=1.0, seed=seed))])
+        return out
+
+    assert tokens(-1) != tokens(2**63 - 1)
+    assert tokens(-(2**63)) != tokens(0)
+    assert tokens(-1) == tokens(-1)
