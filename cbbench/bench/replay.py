@@ -52,11 +52,17 @@ class Replay:
         so nothing is resampled), the recorded run's config for the record."""
         c = self.config
         rate = c.request_rate
+        # The recorded seed everywhere the run reads one: the engine's sampling and an
+        # endpoint's synthetic prompt text and adapter picks (drawn per request id from it).
+        seed = c.seed if c.seed is not None else spec.load.seed
+        if spec.endpoint is not None:
+            spec = dataclasses.replace(spec, endpoint=dataclasses.replace(spec.endpoint,
+                                                                          seed=seed))
         return dataclasses.replace(
             spec.with_load(
                 workload=self.source,
                 num_requests=None,
-                seed=c.seed if c.seed is not None else spec.load.seed,
+                seed=seed,
                 request_rate="inf" if rate in (None, "inf") else repr(float(rate)),
                 burstiness=float(c.burstiness or 1.0),
                 arrival="trace",
@@ -64,7 +70,7 @@ class Replay:
                 duration=None,
                 ramp=None,
             ),
-            engine=self.engine,
+            engine=dataclasses.replace(self.engine, seed=seed),
         )
 
 

@@ -80,3 +80,36 @@ def test_replay_rejects_conflicting_and_unusable_input(real_run, tmp_path):
     bad.write_text(json.dumps(interrupted))
     r = invoke("run", "--engine", "sim", "--replay", str(bad), "--output", str(tmp_path / "z.json"))
     assert r.exit_code == 2 and "interrupted" in r.stderr
+
+
+def sim_run(tmp_path, *args: str, name: str = "a.json"):
+    """A small sim run with --seed 3 (its result's path)."""
+    out = tmp_path / name
+    r = invoke("run", "--engine", "sim", "--workload", "random", "--input-len", "40",
+               "--output-len", "30", "--num-requests", "12", "--request-rate", "50",
+               "--seed", "3", *args, "--output", str(out))
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_replay_runs_on_the_recorded_seed_engine_and_endpoint_alike(tmp_path):
+    """The replay's load seed was the recorded one, its engine's and its endpoint's the command
+    line's default 0: config engine_seed 0 beside seed 3, and an endpoint replay's synthetic
+    prompt text (drawn from the seed and the request id) not the original's."""
+    from cbbench.bench.replay import load_replay
+    from cbbench.bench.run_spec import RunSpec
+    from cbbench.engine.args import EngineArgs
+    from cbbench.options import LoadOptions
+    from cbbench.targets.options import EndpointOptions
+
+    src = sim_run(tmp_path)
+    out = tmp_path / "replay.json"
+    assert invoke("run", "--engine", "sim", "--replay", str(src), "--output",
+                  str(out)).exit_code == 0
+    cfg = json.loads(out.read_text())["config"]
+    assert (cfg["seed"], cfg["engine_seed"]) == (3, 3)
+    spec = RunSpec.from_options(LoadOptions(replay=src), EngineArgs(engine="sim"))
+    spec.endpoint = EndpointOptions("http://127.0.0.1:1")
+    replayed = load_replay(str(src), spec.engine).run_spec(spec)
+    assert replayed.endpoint is not None and replayed.endpoint.seed == 3
+    assert replayed.engine.seed == replayed.load.seed == 3
