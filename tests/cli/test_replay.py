@@ -113,3 +113,19 @@ def test_replay_runs_on_the_recorded_seed_engine_and_endpoint_alike(tmp_path):
     replayed = load_replay(str(src), spec.engine).run_spec(spec)
     assert replayed.endpoint is not None and replayed.endpoint.seed == 3
     assert replayed.engine.seed == replayed.load.seed == 3
+
+
+def test_replay_cancels_what_the_recorded_run_cancelled(tmp_path):
+    """A --cancel-rate run replayed: its cancelled requests came back as short requests that
+    completed (max_tokens the tokens they had made before their cancel) and none cancelled."""
+    src = sim_run(tmp_path, "--cancel-rate", "0.5", "--cancel-after", "20")
+    out = tmp_path / "replay.json"
+    assert invoke("run", "--engine", "sim", "--replay", str(src), "--output",
+                  str(out)).exit_code == 0
+    real, again = json.loads(src.read_text()), json.loads(out.read_text())
+    keys = ("id", "cancelled", "max_tokens", "output_tokens", "intended_start_s", "e2el_ms")
+    assert 0 < real["summary"]["cancelled"] < len(real["requests"])
+    assert [[q[k] for k in keys] for q in again["requests"]] == \
+        [[q[k] for k in keys] for q in real["requests"]]
+    assert again["summary"]["cancelled_work"] == real["summary"]["cancelled_work"]
+    assert again["config"]["cancel_after"] == real["config"]["cancel_after"]
