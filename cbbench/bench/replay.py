@@ -128,6 +128,10 @@ def replayed_requests(result: RunResult | dict,
     records = as_run(result).requests
     if not records:
         raise UsageError(f"{where} has no per-request records to replay (--summary-only?)")
+    # The records count a request's images, not the images: a replay would send text alone.
+    if any(rec.images for rec in records):
+        raise UsageError(f"{where}: its requests carried images, which a replay cannot send "
+                         "(the records count them only): re-run its config.command")
     reqs, arrivals, unknown = [], [], 0
     for rec in records:
         out = _output_len(rec, where)

@@ -129,3 +129,15 @@ def test_replay_cancels_what_the_recorded_run_cancelled(tmp_path):
         [[q[k] for k in keys] for q in real["requests"]]
     assert again["summary"]["cancelled_work"] == real["summary"]["cancelled_work"]
     assert again["config"]["cancel_after"] == real["config"]["cancel_after"]
+
+
+def test_a_run_whose_requests_carried_images_is_refused_not_replayed_without_them(tmp_path):
+    """A random-mm (or image JSONL) run replayed sent text alone: its records count the
+    images, not the images themselves, so the replay silently dropped every one."""
+    src = sim_run(tmp_path)
+    doc = json.loads(src.read_text())
+    doc["requests"][0]["images"] = 1
+    src.write_text(json.dumps(doc))
+    r = invoke("run", "--engine", "sim", "--replay", str(src), "--output",
+               str(tmp_path / "x.json"))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "images" in r.stderr, r.output
