@@ -3,8 +3,8 @@
 The request set comes from the result's per-request records: each request's id, prompt
 length, output length (what it produced when it completed — a model that stopped at EOS
 stopped there — else the length it asked for) and intended start (the arrival schedule). The
-recorded run's scheduling options come with it (so the simulator batches as the real engine
-did); the command line chooses the device: `--engine sim --gpu-profile PROFILE.json` (or
+recorded run's seed and cancel plan (--cancel-rate) come with it, and its scheduling options
+(so the simulator batches as the real engine did); the command line chooses the device: `--engine sim --gpu-profile PROFILE.json` (or
 `--gpu`). Options whose default is "unset" (--model, --dtype, --max-num-batched-tokens,
 --max-model-len, --num-kv-blocks) still win when given.
 """
@@ -52,11 +52,21 @@ class Replay:
         so nothing is resampled), the recorded run's config for the record."""
         c = self.config
         rate = c.request_rate
+        # The recorded seed everywhere the run reads one: the engine's sampling and an
+        # endpoint's synthetic prompt text and adapter picks (drawn per request id from it).
+        seed = c.seed if c.seed is not None else spec.load.seed
+        if spec.endpoint is not None:
+            spec = dataclasses.replace(spec, endpoint=dataclasses.replace(spec.endpoint,
+                                                                          seed=seed))
         return dataclasses.replace(
             spec.with_load(
                 workload=self.source,
                 num_requests=None,
-                seed=c.seed if c.seed is not None else spec.load.seed,
+                seed=seed,
+                # The recorded cancel plan (picks and delays drawn per request id from the
+                # seed), unless the command line gives one.
+                **({} if spec.load.cancel_rate is not None or spec.load.cancel_after is not None
+                   else _recorded_cancel(c)),
                 request_rate="inf" if rate in (None, "inf") else repr(float(rate)),
                 burstiness=float(c.burstiness or 1.0),
                 arrival="trace",
@@ -64,8 +74,16 @@ class Replay:
                 duration=None,
                 ramp=None,
             ),
-            engine=self.engine,
+            engine=dataclasses.replace(self.engine, seed=seed),
         )
+
+
+def _recorded_cancel(config: Config) -> dict:
+    """The recorded run's --cancel-rate / --cancel-after, where it had them."""
+    extra = config.model_extra or {}
+    if extra.get("cancel_rate") is None:
+        return {}
+    return {"cancel_rate": extra["cancel_rate"], "cancel_after": extra.get("cancel_after")}
 
 
 def _int_field(rec: Request, key: str, v: object, where: str, low: int | None) -> int:
@@ -78,7 +96,9 @@ def _int_field(rec: Request, key: str, v: object, where: str, low: int | None) -
 
 
 def _output_len(rec: Request, where: str) -> int | None:
-    if rec.error is None and rec.output_tokens:
+    # A cancelled request stopped at its cancel, not at its length: it asks for max_tokens
+    # again, and the recorded cancel plan (run_spec) cancels it at the same point.
+    if rec.error is None and rec.output_tokens and not rec.cancelled:
         return _int_field(rec, "output_tokens", rec.output_tokens, where, 1)
     if rec.max_tokens:
         return _int_field(rec, "max_tokens", rec.max_tokens, where, 1)
@@ -88,7 +108,12 @@ def _output_len(rec: Request, where: str) -> int | None:
 def _check_run_fields(config: Config, where: str) -> None:
     """The recorded run's fields run_spec reads, of their kinds."""
     seed, rate, burst = config.seed, config.request_rate, config.burstiness
+    extra = config.model_extra or {}
+    cancel, after = extra.get("cancel_rate"), extra.get("cancel_after")
     problems = [
+        ("cancel_rate", cancel) if cancel is not None and not (
+            is_finite(cancel) and 0 <= cancel <= 1) else None,
+        ("cancel_after", after) if cancel is not None and type(after) is not str else None,
         ("seed", seed) if seed is not None and (type(seed) is not int or seed < 0) else None,
         ("request_rate", rate) if rate not in (None, "inf") and not (is_finite(rate) and rate > 0) else None,
         ("burstiness", burst) if burst is not None and not (is_finite(burst) and burst > 0) else None,
@@ -103,6 +128,10 @@ def replayed_requests(result: RunResult | dict,
     records = as_run(result).requests
     if not records:
         raise UsageError(f"{where} has no per-request records to replay (--summary-only?)")
+    # The records count a request's images, not the images: a replay would send text alone.
+    if any(rec.images for rec in records):
+        raise UsageError(f"{where}: its requests carried images, which a replay cannot send "
+                         "(the records count them only): re-run its config.command")
     reqs, arrivals, unknown = [], [], 0
     for rec in records:
         out = _output_len(rec, where)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import math
+import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,7 +179,8 @@ def recorded_command(argv: list[str]) -> str:
         else:
             out.append(arg)
         i += 1
-    return " ".join(["cbbench", *out])
+    # Quoted as a shell reads it back: a --label or a path with a space re-runs as given.
+    return shlex.join(["cbbench", *out])
 
 
 def _telemetry_indices(spec: RunSpec) -> list[int] | None:

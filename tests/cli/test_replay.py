@@ -80,3 +80,64 @@ def test_replay_rejects_conflicting_and_unusable_input(real_run, tmp_path):
     bad.write_text(json.dumps(interrupted))
     r = invoke("run", "--engine", "sim", "--replay", str(bad), "--output", str(tmp_path / "z.json"))
     assert r.exit_code == 2 and "interrupted" in r.stderr
+
+
+def sim_run(tmp_path, *args: str, name: str = "a.json"):
+    """A small sim run with --seed 3 (its result's path)."""
+    out = tmp_path / name
+    r = invoke("run", "--engine", "sim", "--workload", "random", "--input-len", "40",
+               "--output-len", "30", "--num-requests", "12", "--request-rate", "50",
+               "--seed", "3", *args, "--output", str(out))
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_replay_runs_on_the_recorded_seed_engine_and_endpoint_alike(tmp_path):
+    """The replay's load seed was the recorded one, its engine's and its endpoint's the command
+    line's default 0: config engine_seed 0 beside seed 3, and an endpoint replay's synthetic
+    prompt text (drawn from the seed and the request id) not the original's."""
+    from cbbench.bench.replay import load_replay
+    from cbbench.bench.run_spec import RunSpec
+    from cbbench.engine.args import EngineArgs
+    from cbbench.options import LoadOptions
+    from cbbench.targets.options import EndpointOptions
+
+    src = sim_run(tmp_path)
+    out = tmp_path / "replay.json"
+    assert invoke("run", "--engine", "sim", "--replay", str(src), "--output",
+                  str(out)).exit_code == 0
+    cfg = json.loads(out.read_text())["config"]
+    assert (cfg["seed"], cfg["engine_seed"]) == (3, 3)
+    spec = RunSpec.from_options(LoadOptions(replay=src), EngineArgs(engine="sim"))
+    spec.endpoint = EndpointOptions("http://127.0.0.1:1")
+    replayed = load_replay(str(src), spec.engine).run_spec(spec)
+    assert replayed.endpoint is not None and replayed.endpoint.seed == 3
+    assert replayed.engine.seed == replayed.load.seed == 3
+
+
+def test_replay_cancels_what_the_recorded_run_cancelled(tmp_path):
+    """A --cancel-rate run replayed: its cancelled requests came back as short requests that
+    completed (max_tokens the tokens they had made before their cancel) and none cancelled."""
+    src = sim_run(tmp_path, "--cancel-rate", "0.5", "--cancel-after", "20")
+    out = tmp_path / "replay.json"
+    assert invoke("run", "--engine", "sim", "--replay", str(src), "--output",
+                  str(out)).exit_code == 0
+    real, again = json.loads(src.read_text()), json.loads(out.read_text())
+    keys = ("id", "cancelled", "max_tokens", "output_tokens", "intended_start_s", "e2el_ms")
+    assert 0 < real["summary"]["cancelled"] < len(real["requests"])
+    assert [[q[k] for k in keys] for q in again["requests"]] == \
+        [[q[k] for k in keys] for q in real["requests"]]
+    assert again["summary"]["cancelled_work"] == real["summary"]["cancelled_work"]
+    assert again["config"]["cancel_after"] == real["config"]["cancel_after"]
+
+
+def test_a_run_whose_requests_carried_images_is_refused_not_replayed_without_them(tmp_path):
+    """A random-mm (or image JSONL) run replayed sent text alone: its records count the
+    images, not the images themselves, so the replay silently dropped every one."""
+    src = sim_run(tmp_path)
+    doc = json.loads(src.read_text())
+    doc["requests"][0]["images"] = 1
+    src.write_text(json.dumps(doc))
+    r = invoke("run", "--engine", "sim", "--replay", str(src), "--output",
+               str(tmp_path / "x.json"))
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "images" in r.stderr, r.output

@@ -454,5 +454,5 @@ def test_no_secret_from_the_command_line_in_the_capacity_file(srv, workload, tmp
     # 4 requests judge no steady state: "not judged" (exit 1), the file written all the same.
     assert res.exit_code == 1, res.output
     doc = json.loads(out.read_text())
-    assert "--header X-Api-Key=<redacted>" in doc["command"]
+    assert "--header 'X-Api-Key=<redacted>'" in doc["command"]
     assert secret not in out.read_text()
