@@ -405,8 +405,10 @@ def _step_stats(stats: StepStats, req: Request, sent: int, finished: bool) -> No
     if sent == 0:
         stats.ttfts_s.append(times[0] - req.arrival_time)
         stats.prompt_tokens += req.num_prompt_tokens
-    for i in range(max(sent, 1), n):
-        stats.itls_s.append(times[i] - times[i - 1])
+    else:
+        # One gap per engine output, however many tokens it carries (vLLM's stats.py
+        # update_from_output): accepted drafts are not gaps of 0 s.
+        stats.itls_s.append(times[n - 1] - times[sent - 1])
     if not finished:
         return
     first, last = times[0], times[-1]

@@ -89,7 +89,7 @@ class StepStats:
     new_tokens: int = 0
     prompt_tokens: int = 0  # prompts of the requests that got their first token
     ttfts_s: list[float] = field(default_factory=list)
-    itls_s: list[float] = field(default_factory=list)
+    itls_s: list[float] = field(default_factory=list)  # one per request's output after its first
     finished: list[FinishedStats] = field(default_factory=list)
 
 

@@ -10,7 +10,8 @@ Two families, side by side:
   latencies count from a request's arrival at the engine (here: when the HTTP layer hands it
   over), so parsing before and socket writes after are outside them; the request log has both.
   ``vllm:time_per_output_token_seconds`` is vLLM's older name for the inter-token latency
-  (observed per token, as vLLM up to 0.11); the per-request TPOT is
+  (observed once per engine output after a request's first, as vLLM: a step that accepted
+  speculative drafts is one gap); the per-request TPOT is
   ``vllm:request_time_per_output_token_seconds``.
 - ``cbbench_*``: the engine's per-iteration story (batch composition, iteration time, KV use).
 
