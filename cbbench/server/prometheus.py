@@ -351,8 +351,11 @@ class ServerMetrics:
             self.finished.inc(len(out.finished))
         if stats.new_tokens:
             self.generation_tokens.inc(stats.new_tokens)
+        # vLLM's iteration tokens (loggers.py): the prompts of the requests that got their first
+        # token plus the tokens generated, not the tokens scheduled (a prefill chunk without a
+        # token yet, rejected drafts): the cbbench_iteration_* histograms have those.
         self.vllm.on_step(
-            rec.num_prefill_tokens + rec.num_decode_tokens, rec.num_preempted, stats,
+            stats.prompt_tokens + stats.new_tokens, rec.num_preempted, stats,
             (rec.num_drafts, rec.draft_tokens, rec.accepted_tokens),
         )
 

@@ -66,3 +66,11 @@ def test_inter_token_latency_is_one_observation_per_engine_output(spec_run):
         assert fams[name + "_sum"] == pytest.approx(
             fams["vllm:request_decode_time_seconds_sum"], rel=1e-9), name
 
+
+def test_iteration_tokens_are_the_steps_prompt_and_generation_tokens(spec_run):
+    # vLLM observes num_prompt_tokens + num_generation_tokens of each iteration (loggers.py):
+    # the prompts of the requests that got their first token, and the tokens generated. Draft
+    # tokens the verify step rejected are neither; the sums over a run therefore agree.
+    fams, _ = spec_run
+    assert fams["vllm:iteration_tokens_total_sum"] == (
+        fams["vllm:prompt_tokens_total"] + fams["vllm:generation_tokens_total"])
