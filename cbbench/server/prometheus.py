@@ -226,7 +226,8 @@ class VllmMetrics:
             self.num_preemptions += num_preempted
             self.prompt_tokens += stats.prompt_tokens
             self.generation_tokens += stats.new_tokens
-            self.iteration_tokens.observe(num_tokens)
+            if num_tokens:  # vLLM observes only a step with outputs (not a prefill chunk's)
+                self.iteration_tokens.observe(num_tokens)
             ttft = self.ttft
             for v in stats.ttfts_s:
                 ttft.observe(v)

@@ -74,3 +74,21 @@ def test_iteration_tokens_are_the_steps_prompt_and_generation_tokens(spec_run):
     fams, _ = spec_run
     assert fams["vllm:iteration_tokens_total_sum"] == (
         fams["vllm:prompt_tokens_total"] + fams["vllm:generation_tokens_total"])
+
+
+def test_iteration_tokens_observe_only_steps_with_outputs():
+    # vLLM makes an IterationStats only for an engine-core batch with outputs (async_llm.py
+    # output_handler: `IterationStats() if (log_stats and num_outputs) else None`): a step that
+    # only advanced a chunked prefill is no observation. One 300-token prompt in 64-token
+    # chunks and 4 output tokens: 4 observations, summing to 300 + 4.
+    prompt, out = 300, 4
+    run = start_server(lambda: build_serving_engine(sim_options(max_num_batched_tokens=64)))
+    try:
+        body = {"model": MODEL, "prompt": [7] * prompt, "max_tokens": out, "ignore_eos": True}
+        r = httpx.post(run.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == out
+        fams = _scrape(run.url)
+    finally:
+        run.stop()
+    assert fams["vllm:iteration_tokens_total_count"] == out
+    assert fams["vllm:iteration_tokens_total_sum"] == prompt + out
