@@ -9,6 +9,8 @@ Two families, side by side:
   counters and per-request token histograms, preemptions, and the scheduler gauges. As in vLLM,
   latencies count from a request's arrival at the engine (here: when the HTTP layer hands it
   over), so parsing before and socket writes after are outside them; the request log has both.
+  The queue time, as vLLM's, starts when the scheduler takes the request in (the log's
+  ``admitted``): the wait for the step in flight when it came is not queueing.
   ``vllm:time_per_output_token_seconds`` is vLLM's older name for the inter-token latency
   (observed once per engine output after a request's first, as vLLM: a step that accepted
   speculative drafts is one gap); the per-request TPOT is
