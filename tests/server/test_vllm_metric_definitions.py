@@ -1,7 +1,8 @@
 """`cbbench serve`'s ``vllm:*`` series held to vLLM's own definitions (vllm/v1/metrics/stats.py
 IterationStats, loggers.py PrometheusStatLogger), where they differ from a per-token or
 per-scheduled-token reading: under speculative decoding a step gives a request several tokens
-at once. The request log's stream events (one per engine output) are the oracle."""
+at once, and a chunked prefill takes steps that give none. The request log's stream events
+(one per engine output) are the oracle."""
 
 from __future__ import annotations
 
