@@ -88,13 +88,15 @@ class RequestStream:
 
 
 class _Live:
-    """Engine-side state of a stream: where to deliver, and how many tokens were sent."""
+    """Engine-side state of a stream: where to deliver, how many tokens were sent, and when
+    the scheduler took it in (engine clock: vLLM's QUEUED event, where its queue time starts)."""
 
-    __slots__ = ("queue", "sent")
+    __slots__ = ("queue", "sent", "queued")
 
-    def __init__(self, queue: asyncio.Queue) -> None:
+    def __init__(self, queue: asyncio.Queue, queued: float) -> None:
         self.queue = queue
         self.sent = 0
+        self.queued = queued
 
 
 Delivery = list[tuple[asyncio.Queue, StreamEvent]]
@@ -331,7 +333,7 @@ class _InboxFeed:
             return
         self.batch.append((queue, Admitted(reason, admitted)))
         if reason is None:
-            self.live[req] = _Live(queue)
+            self.live[req] = _Live(queue, admitted - self.bridge._offset)
             if obs is not None:
                 obs.on_admitted(req)
         elif obs is not None:
@@ -392,21 +394,25 @@ class _InboxFeed:
             batch.append((state.queue, TokenEvent(tokens, times[n - 1] + offset, reason)))
             state.sent = n
             if stats is not None:
-                _step_stats(stats, req, sent, finished)
+                _step_stats(stats, req, sent, finished, state.queued)
             if finished:
                 del live[req]
 
 
-def _step_stats(stats: StepStats, req: Request, sent: int, finished: bool) -> None:
-    """Add one request's new tokens of this step to ``stats`` (engine-clock times)."""
+def _step_stats(stats: StepStats, req: Request, sent: int, finished: bool,
+                queued: float) -> None:
+    """Add one request's new tokens of this step to ``stats`` (engine-clock times; ``queued``:
+    when the scheduler took the request in)."""
     times = req.token_times
     n = req.num_output_tokens
     stats.new_tokens += n - sent
     if sent == 0:
         stats.ttfts_s.append(times[0] - req.arrival_time)
         stats.prompt_tokens += req.num_prompt_tokens
-    for i in range(max(sent, 1), n):
-        stats.itls_s.append(times[i] - times[i - 1])
+    else:
+        # One gap per engine output, however many tokens it carries (vLLM's stats.py
+        # update_from_output): accepted drafts are not gaps of 0 s.
+        stats.itls_s.append(times[n - 1] - times[sent - 1])
     if not finished:
         return
     first, last = times[0], times[-1]
@@ -415,7 +421,9 @@ def _step_stats(stats: StepStats, req: Request, sent: int, finished: bool) -> No
         FinishedStats(
             finish_reason=req.finish_reason or "length",
             e2e_s=last - req.arrival_time,
-            queue_s=scheduled - req.arrival_time,
+            # vLLM's queue time starts at its scheduler's QUEUED event, not at the arrival: the
+            # wait for the engine's step in flight when the request came is not queueing.
+            queue_s=scheduled - queued,
             prefill_s=first - scheduled,
             decode_s=last - first,
             inference_s=last - scheduled,

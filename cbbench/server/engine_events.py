@@ -65,9 +65,11 @@ class EngineSnapshot:
 @dataclass(frozen=True, slots=True)
 class FinishedStats:
     """One finished request's intervals, as vLLM's finished-request stats define them
-    (seconds): e2e from arrival, queue from arrival to first scheduled, prefill from first
-    scheduled to first token, decode from first to last token, inference from first scheduled
-    to last token, and the request's mean time per output token after the first."""
+    (seconds): e2e from arrival, queue from the scheduler taking it in (vLLM's QUEUED event;
+    the arrival is earlier by the wait for the step in flight) to first scheduled, prefill
+    from first scheduled to first token, decode from first to last token, inference from
+    first scheduled to last token, and the request's mean time per output token after the
+    first."""
 
     finish_reason: str
     e2e_s: float
@@ -89,7 +91,7 @@ class StepStats:
     new_tokens: int = 0
     prompt_tokens: int = 0  # prompts of the requests that got their first token
     ttfts_s: list[float] = field(default_factory=list)
-    itls_s: list[float] = field(default_factory=list)
+    itls_s: list[float] = field(default_factory=list)  # one per request's output after its first
     finished: list[FinishedStats] = field(default_factory=list)
 
 

@@ -9,8 +9,11 @@ Two families, side by side:
   counters and per-request token histograms, preemptions, and the scheduler gauges. As in vLLM,
   latencies count from a request's arrival at the engine (here: when the HTTP layer hands it
   over), so parsing before and socket writes after are outside them; the request log has both.
+  The queue time, as vLLM's, starts when the scheduler takes the request in (the log's
+  ``admitted``): the wait for the step in flight when it came is not queueing.
   ``vllm:time_per_output_token_seconds`` is vLLM's older name for the inter-token latency
-  (observed per token, as vLLM up to 0.11); the per-request TPOT is
+  (observed once per engine output after a request's first, as vLLM: a step that accepted
+  speculative drafts is one gap); the per-request TPOT is
   ``vllm:request_time_per_output_token_seconds``.
 - ``cbbench_*``: the engine's per-iteration story (batch composition, iteration time, KV use).
 
@@ -225,7 +228,8 @@ class VllmMetrics:
             self.num_preemptions += num_preempted
             self.prompt_tokens += stats.prompt_tokens
             self.generation_tokens += stats.new_tokens
-            self.iteration_tokens.observe(num_tokens)
+            if num_tokens:  # vLLM observes only a step with outputs (not a prefill chunk's)
+                self.iteration_tokens.observe(num_tokens)
             ttft = self.ttft
             for v in stats.ttfts_s:
                 ttft.observe(v)
@@ -350,8 +354,11 @@ class ServerMetrics:
             self.finished.inc(len(out.finished))
         if stats.new_tokens:
             self.generation_tokens.inc(stats.new_tokens)
+        # vLLM's iteration tokens (loggers.py): the prompts of the requests that got their first
+        # token plus the tokens generated, not the tokens scheduled (a prefill chunk without a
+        # token yet, rejected drafts): the cbbench_iteration_* histograms have those.
         self.vllm.on_step(
-            rec.num_prefill_tokens + rec.num_decode_tokens, rec.num_preempted, stats,
+            stats.prompt_tokens + stats.new_tokens, rec.num_preempted, stats,
             (rec.num_drafts, rec.draft_tokens, rec.accepted_tokens),
         )
 

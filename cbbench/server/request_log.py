@@ -10,7 +10,8 @@ Every request that passed validation and was handed to the engine gets a line wh
 - ``arrival``: the request reached the app (headers parsed, before the body was read);
   ``submitted``: handed to the engine after parsing, validation and tokenization (the arrival
   the engine and the ``vllm:*`` latency metrics count from); ``admitted``: the engine thread
-  took it into the scheduler's queue; ``queue_exit``: first scheduled.
+  took it into the scheduler's queue (where ``vllm:request_queue_time_seconds`` starts, as
+  vLLM's QUEUED event); ``queue_exit``: first scheduled.
 - ``first_token`` / ``last_token``: when the engine produced them; ``first_token_sent`` /
   ``last_token_sent``: when the HTTP layer handed their bytes to the ASGI server's ``send``
   (a non-streaming response: the whole body, both), stamped before that call is awaited: never

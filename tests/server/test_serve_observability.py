@@ -155,6 +155,12 @@ def test_vllm_histograms_count_every_request(served, client_run):
     assert sample(fams, "vllm:e2e_request_latency_seconds", "_sum", **model) == pytest.approx(
         e2e_sum, abs=N * ROUNDING_S
     )
+    # Queue time starts where vLLM's QUEUED event does: the scheduler taking the request in
+    # (the log's admitted), not its arrival while a step was in flight.
+    queue_sum = sum(e["queue_exit"] - e["admitted"] for e in log)
+    assert sample(fams, "vllm:request_queue_time_seconds", "_sum", **model) == pytest.approx(
+        queue_sum, abs=N * ROUNDING_S
+    )
 
 
 # ---- --request-log -------------------------------------------------------------------------------

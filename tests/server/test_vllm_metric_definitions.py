@@ -1,0 +1,95 @@
+"""`cbbench serve`'s ``vllm:*`` series held to vLLM's own definitions (vllm/v1/metrics/stats.py
+IterationStats, loggers.py PrometheusStatLogger), where they differ from a per-token or
+per-scheduled-token reading: under speculative decoding a step gives a request several tokens
+at once, and a chunked prefill takes steps that give none. The request log's stream events
+(one per engine output) are the oracle."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from helpers import SERVE_MODEL as MODEL
+from helpers import sim_options, start_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from cbbench.cli.serve import build_serving_engine
+from cbbench.server.app import ServeConfig
+
+N = 4
+DRAFTS = 3  # --speculative-tokens
+MAX_TOKENS = 12
+LOG_WAIT_S = 5.0
+POLL_S = 0.02
+
+
+def _scrape(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10.0).text
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if not s.name.endswith("_bucket") and "finished_reason" not in s.labels}
+
+
+@pytest.fixture(scope="module")
+def spec_run(tmp_path_factory):
+    log = tmp_path_factory.mktemp("spec") / "requests.jsonl"
+    run = start_server(lambda: build_serving_engine(sim_options(speculative_tokens=DRAFTS)),
+                       ServeConfig(request_log=str(log)))
+    try:
+        for i in range(N):
+            body = {"model": MODEL, "prompt": "hello world " * (4 + i), "max_tokens": MAX_TOKENS,
+                    "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", run.url + "/v1/completions", json=body, timeout=30) as r:
+                assert r.status_code == 200
+                r.read()
+        deadline = time.monotonic() + LOG_WAIT_S
+        lines: list[str] = []
+        while len(lines) < N and time.monotonic() < deadline:
+            lines = log.read_text().splitlines()
+            time.sleep(POLL_S)
+        yield _scrape(run.url), [json.loads(x) for x in lines]
+    finally:
+        run.stop()
+
+
+def test_inter_token_latency_is_one_observation_per_engine_output(spec_run):
+    # vLLM appends one inter-token latency per request per engine output after the first
+    # (stats.py update_from_output), however many tokens that output carries: a step that
+    # accepted two drafts is one gap, not three (two of them 0).
+    fams, log = spec_run
+    outputs = sum(len(e["events"]) for e in log)
+    tokens = sum(e["output_tokens"] for e in log)
+    assert tokens > outputs  # drafts were accepted: some outputs carried several tokens
+    for name in ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"):
+        assert fams[name + "_count"] == outputs - N, name
+        # the gaps cover each request's first to last token, as its decode time does
+        assert fams[name + "_sum"] == pytest.approx(
+            fams["vllm:request_decode_time_seconds_sum"], rel=1e-9), name
+
+
+def test_iteration_tokens_are_the_steps_prompt_and_generation_tokens(spec_run):
+    # vLLM observes num_prompt_tokens + num_generation_tokens of each iteration (loggers.py):
+    # the prompts of the requests that got their first token, and the tokens generated. Draft
+    # tokens the verify step rejected are neither; the sums over a run therefore agree.
+    fams, _ = spec_run
+    assert fams["vllm:iteration_tokens_total_sum"] == (
+        fams["vllm:prompt_tokens_total"] + fams["vllm:generation_tokens_total"])
+
+
+def test_iteration_tokens_observe_only_steps_with_outputs():
+    # vLLM makes an IterationStats only for an engine-core batch with outputs (async_llm.py
+    # output_handler: `IterationStats() if (log_stats and num_outputs) else None`): a step that
+    # only advanced a chunked prefill is no observation. One 300-token prompt in 64-token
+    # chunks and 4 output tokens: 4 observations, summing to 300 + 4.
+    prompt, out = 300, 4
+    run = start_server(lambda: build_serving_engine(sim_options(max_num_batched_tokens=64)))
+    try:
+        body = {"model": MODEL, "prompt": [7] * prompt, "max_tokens": out, "ignore_eos": True}
+        r = httpx.post(run.url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == out
+        fams = _scrape(run.url)
+    finally:
+        run.stop()
+    assert fams["vllm:iteration_tokens_total_count"] == out
+    assert fams["vllm:iteration_tokens_total_sum"] == prompt + out
