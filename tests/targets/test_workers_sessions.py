@@ -212,22 +212,28 @@ def _turn(plan: SessionPlan, i: int, k: int, start: float, end: float, ok=True) 
     return plan.request_id(i, k), rec, "usage"
 
 
+def _both_workers_die(plan):
+    """Two workers killed: worker 1 at 1.0 s after session 1's turn 1 (done at 0.3 s; turn 2 due
+    at 0.4 s; session 3 due at 5 s), worker 0 at 9.0 s after session 0 whole and session 2's turn
+    1 failed (its session ended)."""
+    shares, session_shares = deal_sessions(plan, 2)
+    m = Merger([], [], shares, plan, session_shares)
+    for k in (0, 1):
+        m.on_message(Ready(k, 100 + k, "h"))
+    m.on_message(RecordBatch(1, [_turn(plan, 1, 0, 0.1, 0.3)]))
+    m.died(1, 1.0, "killed by SIGKILL")
+    m.on_message(RecordBatch(0, [_turn(plan, 0, k, k, k + 0.5) for k in range(3)]
+                             + [_turn(plan, 2, 0, 0.2, 0.4, ok=False)]))
+    m.died(0, 9.0, "killed by SIGKILL")
+    return m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False, 0.0)
+
+
 def test_a_dead_workers_turns_are_lost_or_not_sent():
     plan = _plan()
     shares, session_shares = deal_sessions(plan, 2)
     assert session_shares == [[0, 2], [1, 3]]
     assert shares == [[0, 1, 2, 6, 7, 8], [3, 4, 5, 9, 10, 11]]
-    m = Merger([], [], shares, plan, session_shares)
-    for k in (0, 1):
-        m.on_message(Ready(k, 100 + k, "h"))
-    # Worker 1: session 1 turn 1 done at 0.3 s (turn 2 due 0.4 s), session 3 due at 5 s.
-    m.on_message(RecordBatch(1, [_turn(plan, 1, 0, 0.1, 0.3)]))
-    m.died(1, 1.0, "killed by SIGKILL")
-    # Worker 0: session 0 whole; session 2's turn 1 failed (its session ended).
-    m.on_message(RecordBatch(0, [_turn(plan, 0, k, k, k + 0.5) for k in range(3)]
-                             + [_turn(plan, 2, 0, 0.2, 0.4, ok=False)]))
-    m.died(0, 9.0, "killed by SIGKILL")
-    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False, 0.0)
+    run = _both_workers_die(plan)
     w0, w1 = run.info["workers"]
     lost = [r for r in run.records if r.error_type == WORKER_LOST]
     # Session 1's turn 2 was due (0.4 s <= 1.0 s): lost; its turn 3 and all of session 3: not
@@ -248,17 +254,8 @@ def test_sessions_a_dead_worker_cut_short_count_as_ended_early():
     session 0 completed, session 3 never started (its turns: not sent, as a run's end leaves
     them). A worker that finished reports its own count, which is kept."""
     plan = _plan()
+    assert _both_workers_die(plan).sessions_ended_early == 2
     shares, session_shares = deal_sessions(plan, 2)
-    m = Merger([], [], shares, plan, session_shares)
-    for k in (0, 1):
-        m.on_message(Ready(k, 100 + k, "h"))
-    m.on_message(RecordBatch(1, [_turn(plan, 1, 0, 0.1, 0.3)]))
-    m.died(1, 1.0, "killed by SIGKILL")
-    m.on_message(RecordBatch(0, [_turn(plan, 0, k, k, k + 0.5) for k in range(3)]
-                             + [_turn(plan, 2, 0, 0.2, 0.4, ok=False)]))
-    m.died(0, 9.0, "killed by SIGKILL")
-    run = m.result(EndpointOptions(endpoint="http://x", served_model="m"), 0.0, False, 0.0)
-    assert run.sessions_ended_early == 2
     # A lost last turn leaves nothing unsent: the session was not cut short (as one process
     # counts a failed last turn).
     m = Merger([], [], shares, plan, session_shares)
