@@ -170,6 +170,21 @@ def test_a_sampler_opened_but_never_started_shuts_nvml_down():
 PRE_T0_S = 0.3  # the HTTP client's own set-up before its t0 (tokenizer, model, prompt sizing)
 
 
+def _endpoint_run_with_telemetry():
+    """A small endpoint run against a sim `serve`, sampling (the faked) GPU 0 every 10 ms."""
+    from cbbench.bench.runner import execute_run
+    from cbbench.cli.serve import build_serving_engine
+    from cbbench.targets.http import EndpointOptions
+
+    srv = start_server(lambda: build_serving_engine(sim_options()))
+    try:
+        return execute_run(run_spec(
+            workload="random", input_len=16, output_len=4, num_requests=NUM_REQUESTS,
+            endpoint=EndpointOptions(endpoint=srv.url), gpu_index=0, telemetry_interval=0.01))
+    finally:
+        srv.stop()
+
+
 def test_http_telemetry_clock_is_the_requests_clock(monkeypatch):
     """An endpoint run's telemetry starts at the client's t0 (ninth review). It started on
     its own WallClock before run_http, whose set-up (the tokenizer, the served model, sizing
@@ -181,9 +196,6 @@ def test_http_telemetry_clock_is_the_requests_clock(monkeypatch):
 
     import cbbench.bench.runner as runner
     import cbbench.targets.http as http
-    from cbbench.bench.runner import execute_run
-    from cbbench.cli.serve import build_serving_engine
-    from cbbench.targets.http import EndpointOptions
 
     gate = Gate()
     gate.release.set()
@@ -205,13 +217,7 @@ def test_http_telemetry_clock_is_the_requests_clock(monkeypatch):
         real_start(self, clock)
 
     monkeypatch.setattr(runner.Telemetry, "start", start)
-    srv = start_server(lambda: build_serving_engine(sim_options()))
-    try:
-        result = execute_run(run_spec(
-            workload="random", input_len=16, output_len=4, num_requests=NUM_REQUESTS,
-            endpoint=EndpointOptions(endpoint=srv.url), gpu_index=0, telemetry_interval=0.01))
-    finally:
-        srv.stop()
+    result = _endpoint_run_with_telemetry()
     assert result.summary.completed == NUM_REQUESTS
     assert setup_done and zeros
     early_s = setup_done[-1] - zeros[-1]
@@ -231,9 +237,6 @@ def test_run_telemetry_leaves_out_the_samples_after_the_run(monkeypatch):
     import sys
 
     import cbbench.bench.runner as runner
-    from cbbench.bench.runner import execute_run
-    from cbbench.cli.serve import build_serving_engine
-    from cbbench.targets.http import EndpointOptions
 
     gate = Gate()
     gate.release.set()
@@ -250,13 +253,7 @@ def test_run_telemetry_leaves_out_the_samples_after_the_run(monkeypatch):
         return out
 
     monkeypatch.setattr(runner, "_run_target", then_idle)
-    srv = start_server(lambda: build_serving_engine(sim_options()))
-    try:
-        result = execute_run(run_spec(
-            workload="random", input_len=16, output_len=4, num_requests=NUM_REQUESTS,
-            endpoint=EndpointOptions(endpoint=srv.url), gpu_index=0, telemetry_interval=0.01))
-    finally:
-        srv.stop()
+    result = _endpoint_run_with_telemetry()
     tel = result.model_dump()["telemetry"]
     assert any(s["power_w"] == IDLE_W for s in tel["samples"])  # kept in the file
     assert tel["summary"]["run"]["power_w"]["mean"] == pytest.approx(BUSY_W)
