@@ -125,16 +125,23 @@ def _metrics(url: str) -> dict[str, float]:
     return out
 
 
-def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
+def _long_requests_cancelled(srv, tmp_path, n: int, rate: float, cancel_rate: float,
+                             cancel_after: str):
+    """``n`` requests of 64 prompt and 300 output tokens against ``srv``, --cancel-rate and
+    --cancel-after as given."""
     path = tmp_path / "long.jsonl"
     path.write_text("".join(json.dumps({"prompt_len": 64, "output_len": 300}) + "\n"
-                            for _ in range(40)))
-    aborted_before = _metrics(srv.url).get("cbbench_requests_aborted_total", 0.0)
-    result = execute_run(run_spec(
-        workload=str(path), num_requests=None, request_rate=100.0,
+                            for _ in range(n)))
+    return execute_run(run_spec(
+        workload=str(path), num_requests=None, request_rate=rate,
         endpoint=EndpointOptions(endpoint=srv.url, request_timeout_s=60.0),
-        cancel_rate=0.5, cancel_after="40",
+        cancel_rate=cancel_rate, cancel_after=cancel_after,
     ))
+
+
+def test_serve_frees_what_the_client_cancelled(srv, tmp_path):
+    aborted_before = _metrics(srv.url).get("cbbench_requests_aborted_total", 0.0)
+    result = _long_requests_cancelled(srv, tmp_path, 40, 100.0, 0.5, "40")
     s = result.summary
     assert s.cancelled > 0 and s.failed == 0
     assert s.completed + s.cancelled == 40
@@ -156,15 +163,8 @@ def test_cancel_after_zero_sends_each_request_before_it_closes(srv, tmp_path):
     """AIPerf's --request-cancellation-delay 0: the request fully sent, then the disconnect.
     The delay ran from the task's start, so every stream closed before its request was
     written: the server saw none of the 10, and the run reported 10 cancelled."""
-    path = tmp_path / "zero.jsonl"
-    path.write_text("".join(json.dumps({"prompt_len": 64, "output_len": 300}) + "\n"
-                            for _ in range(10)))
     aborted_before = _metrics(srv.url).get("cbbench_requests_aborted_total", 0.0)
-    result = execute_run(run_spec(
-        workload=str(path), num_requests=None, request_rate=50.0,
-        endpoint=EndpointOptions(endpoint=srv.url, request_timeout_s=60.0),
-        cancel_rate=1.0, cancel_after="0",
-    ))
+    result = _long_requests_cancelled(srv, tmp_path, 10, 50.0, 1.0, "0")
     assert result.summary.cancelled == 10
     deadline = time.monotonic() + METRICS_WAIT_S
     while True:
