@@ -65,6 +65,12 @@ LOGITS_BYTES = 4  # fp32 logits
 ALL_REDUCES_PER_LAYER = 2
 # All-to-alls per MoE layer under expert parallelism: dispatch to the experts, combine back.
 ALL_TO_ALLS_PER_LAYER = 2
+# The fixed cost of one of swap_blocks' copies: its host loop (two .item() reads of the block
+# mapping) and one cudaMemcpyAsync. 9 us makes a Llama-8B copy (one layer's K or V of one
+# 16-token block, 32 KiB) move at ~3.1 GB/s over a 25 GB/s link, the rate vLLM PR #11531
+# measured for V0's swap_blocks on an A100 (3.11 GB/s at 1,250 blocks; 12.6 GB/s once batched
+# into one kernel); the PR does not give its block's bytes, so the 32 KiB is an assumption.
+SWAP_COPY_LATENCY_S = 9e-6
 # Operator order of CostModel.operators(); the attention efficiencies scale attention's.
 OPERATORS = ("qkv", "o", "gate_up", "down", "attention", "kv_write", "elementwise", "embedding",
              "lm_head")
@@ -457,12 +463,17 @@ class CostModel:
         return self._kv_bytes_per_token
 
     def swap_time(self, num_blocks: int, block_size: int) -> float:
-        """Seconds to copy ``num_blocks`` KV blocks one way between GPU and host memory, at the
-        GPU's host bandwidth (PCIe or C2C). Not overlapped with the forward: the copies must
-        land before it reads the blocks. Not counted in the HBM bytes (another link)."""
+        """Seconds to copy ``num_blocks`` KV blocks one way between GPU and host memory, as
+        vLLM V0 copies them: CacheEngine.swap_in/swap_out call swap_blocks per layer for K and
+        for V, and swap_blocks issues one cudaMemcpyAsync per block, so ``blocks x layers x 2``
+        copies, each SWAP_COPY_LATENCY_S plus its bytes at the GPU's host bandwidth (PCIe or
+        C2C). Not overlapped with the forward: the copies must land before it reads the
+        blocks. Not counted in the HBM bytes (another link)."""
         if not self._host_bandwidth or num_blocks == 0:
             return 0.0
-        return num_blocks * block_size * self._kv_bytes_per_token / self._host_bandwidth
+        copies = num_blocks * self._L * 2
+        nbytes = num_blocks * block_size * self._kv_bytes_per_token
+        return copies * SWAP_COPY_LATENCY_S + nbytes / self._host_bandwidth
 
 
 def flat_roofline(cm: CostModel) -> StepCost | None:

@@ -137,8 +137,8 @@ def test_sim_swap_reports_traffic_and_time():
     assert er.num_preemptions > 0 and er.num_swapped_out_blocks == 0
     assert es.num_preemptions > 0
     assert es.num_swapped_out_blocks == es.num_swapped_in_blocks > 0
-    # 2 MiB a block over the H200's 50 GB/s host link.
-    per_block = 16 * 131_072 / 50e9
+    # 2 MiB a block over the H200's 50 GB/s host link, in 32 layers x 2 (K, V) copies.
+    per_block = 64 * 9e-6 + 16 * 131_072 / 50e9
     total = es.num_swapped_out_blocks + es.num_swapped_in_blocks
     assert es.swap_time_s == pytest.approx(total * per_block)
     assert swap.config.num_cpu_blocks == int(4 * 1024**3 // (16 * 131_072)) == 2048
@@ -159,7 +159,7 @@ def test_sim_swap_space_is_per_gpu_under_tensor_parallelism():
     es = swap.summary.engine
     assert es.num_swapped_out_blocks > 0
     total = es.num_swapped_out_blocks + es.num_swapped_in_blocks
-    assert es.swap_time_s == pytest.approx(total * 16 * 65_536 / 50e9)
+    assert es.swap_time_s == pytest.approx(total * (64 * 9e-6 + 16 * 65_536 / 50e9))
 
 
 def test_sim_prefix_caching_on_shared_prefix():

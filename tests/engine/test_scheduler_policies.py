@@ -194,12 +194,15 @@ def test_abort_of_a_swapped_request_frees_its_cpu_blocks():
     assert b not in eng.scheduler.waiting
 
 
-def test_sim_swap_time_is_the_blocks_over_the_host_link():
+def test_sim_swap_time_is_vllm_v0s_per_layer_per_block_copies():
     # Llama-3-8B bf16, 16-token blocks: 16 * 131,072 B = 2 MiB a block; H200 host link 50 GB/s.
+    # vLLM V0's swap_blocks issues one cudaMemcpyAsync per block, per layer, for K and for V:
+    # 32 x 2 = 64 copies of 32 KiB a block, each with its fixed cost (9 us): 618 us a block,
+    # ~3.4 GB/s, not the link's 50 GB/s (41.9 us) that hid the copies' count.
     model, gpu = get_model_config("llama-3-8b"), get_gpu_spec("h200")
     cost = CostModel(model, "bf16", gpu)
-    per_block = 16 * 131_072 / 50e9
-    assert cost.swap_time(1, 16) == pytest.approx(per_block) == pytest.approx(41.94e-6, rel=1e-3)
+    per_block = 64 * 9e-6 + 16 * 131_072 / 50e9
+    assert cost.swap_time(1, 16) == pytest.approx(per_block) == pytest.approx(617.9e-6, rel=1e-3)
     r = Request(0, 32, 8)
     r.status = RequestStatus.RUNNING
     base = SchedulerOutput([r], [32], 0, 32, 2048)
