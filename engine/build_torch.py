@@ -154,6 +154,17 @@ def real_run_cost_model(args: EngineArgs, config, dtype: str, gpu, device: str):
     return CostModel(config, dtype, gpu, rates=profile.rates)
 
 
+def _startup_free(args: EngineArgs) -> int:
+    """The GPU's free bytes before the load, or one line (exit 2) where other processes leave
+    less than --gpu-memory-utilization asks, as vLLM V1 refuses to start."""
+    from .torch.kv_sizing import startup_free_bytes
+
+    try:
+        return startup_free_bytes(args.gpu_memory_utilization)
+    except ValueError as e:
+        raise EngineArgsError(str(e)) from None
+
+
 def build_torch_engine(args: EngineArgs):
     import torch
 
@@ -185,6 +196,7 @@ def build_torch_engine(args: EngineArgs):
         raise EngineArgsError(f"attention backend {args.attention_backend!r}: {e}") from None
     fused = _resolve_fused(args, device, dtype_name, dtype)
     check_torch_sizes_before_load(args, model_name, dtype_name, device)
+    free_at_start = _startup_free(args) if on_cuda and not args.num_kv_blocks else 0
     torch.manual_seed(args.seed)
     try:
         model, config = load_model(
@@ -198,7 +210,9 @@ def build_torch_engine(args: EngineArgs):
     if args.num_kv_blocks:
         num_blocks = args.num_kv_blocks
     elif on_cuda:
-        num_blocks = cuda_num_kv_blocks(config, args.block_size, dtype, args.gpu_memory_utilization)
+        num_blocks = cuda_num_kv_blocks(
+            config, args.block_size, dtype, args.gpu_memory_utilization, free_at_start
+        )
     else:
         memory = config.weight_bytes(dtype_name) + DEFAULT_CPU_KV_MEMORY_BYTES
         num_blocks = num_kv_blocks_for_memory(config, args.block_size, dtype, memory)

@@ -45,32 +45,51 @@ def num_kv_blocks_for_memory(
     return int(max_tokens // block_size)
 
 
+def startup_free_bytes(gpu_memory_utilization: float, device: torch.device | str | None = None) -> int:
+    """The GPU's free bytes before the model loads, after vLLM V1's start check (gpu_worker.py,
+    init_device): the engine is to have ``utilization * total`` bytes, so free memory below
+    that (other processes hold the rest) refuses to start, rather than a smaller KV cache."""
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    free, total = torch.cuda.mem_get_info(device)
+    requested = gpu_memory_utilization * total
+    if free < requested:
+        raise ValueError(
+            f"free memory on the device ({free / GiB:.2f}/{total / GiB:.2f} GiB) at start is "
+            f"less than --gpu-memory-utilization {gpu_memory_utilization} asks "
+            f"({requested / GiB:.2f} GiB): lower it, or free the memory other processes hold"
+        )
+    return free
+
+
 def cuda_num_kv_blocks(
     config: ModelConfig,
     block_size: int,
     dtype: torch.dtype | str,
     gpu_memory_utilization: float,
+    free_at_start: int,
     activation_reserve_bytes: int = DEFAULT_ACTIVATION_RESERVE_BYTES,
     device: torch.device | str | None = None,
 ) -> int:
-    """KV blocks for a GPU, measured after the model is loaded (call it then, not before).
+    """KV blocks for a GPU, measured after the model is loaded (call it then, not before);
+    ``free_at_start`` is startup_free_bytes' answer from before the load.
 
-    Rule (vLLM's ``gpu_memory_utilization`` meaning): the engine may use
-    ``utilization * total`` bytes of the device in all. What is already in use (``total -
-    free`` from ``torch.cuda.mem_get_info``: our weights, plus anything other processes hold)
-    and an activation reserve come off that budget; the rest, divided by the KV bytes per
-    block, is the block count::
+    Rule (vLLM V1's ``gpu_memory_utilization`` meaning, gpu_worker.py's
+    determine_available_memory): the engine may use ``utilization * total`` bytes of the
+    device in all. What this process took since the start (``free_at_start - free``: our
+    weights, CUDA context growth) and an activation reserve come off that budget; other
+    processes' memory does not (the start check refused if they left too little). The rest,
+    divided by the KV bytes per block, is the block count::
 
-        kv_bytes = utilization * total - (total - free) - activation_reserve
+        kv_bytes = utilization * total - (free_at_start - free) - activation_reserve
         blocks   = floor(kv_bytes / (block_size * k))
 
-    Returns 0 when nothing is left (the caller should refuse to start).
+    Returns 0 when nothing is left (the caller should refuse to start). Checked against a
+    faked torch.cuda.mem_get_info, not yet on a GPU.
     """
-    if not 0.0 < gpu_memory_utilization <= 1.0:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     free, total = torch.cuda.mem_get_info(device)
-    in_use = total - free
-    kv_bytes = int(gpu_memory_utilization * total) - in_use - activation_reserve_bytes
+    ours = free_at_start - free
+    kv_bytes = int(gpu_memory_utilization * total) - ours - activation_reserve_bytes
     if kv_bytes <= 0:
         return 0
     return int(kv_bytes // kv_block_bytes(config, block_size, dtype))

@@ -412,6 +412,26 @@ def test_kv_blocks_for_memory_follows_the_design_rule():
     assert num_kv_blocks_for_memory(config, 16, "bf16", 10**9) == 0  # weights alone overflow
 
 
+
+def test_cuda_kv_blocks_follow_vllm_v1s_budget_not_other_processes(monkeypatch):
+    """vLLM V1 (gpu_worker.py): free memory at start below utilization x total refuses to
+    start; otherwise the KV gets utilization x total less what this process took (weights),
+    not less what other processes hold. A faked torch.cuda.mem_get_info stands for an 80 GiB
+    GPU with 4 GiB held by another process (under the 8 GiB that 0.9 leaves), then 12 GiB."""
+    from cbbench.engine.model_config import MODEL_PRESETS
+    from cbbench.engine.torch.kv_sizing import GiB, cuda_num_kv_blocks, startup_free_bytes
+
+    config, total = MODEL_PRESETS["llama-3-8b"], 80 * GiB
+    readings = iter([(total - 4 * GiB, total), (total - 4 * GiB - 15 * GiB, total)])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: next(readings))
+    free_at_start = startup_free_bytes(0.9)
+    blocks = cuda_num_kv_blocks(config, 16, "bf16", 0.9, free_at_start)
+    # 72 GiB budget - 15 GiB taken by the load - 2 GiB reserve = 55 GiB of 2 MiB blocks.
+    assert blocks == 55 * 512
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - 12 * GiB, total))
+    with pytest.raises(ValueError, match=r"free memory on the device \(68.00/80.00 GiB\)"):
+        startup_free_bytes(0.9)
+
 def test_failed_capture_is_recorded_in_the_result_and_the_run_completes(eager_graphs, monkeypatch,
                                                                         notices):
     """Through cbbench's own run path: graphs asked for and captured (stand-ins) on the CPU,

@@ -14,7 +14,7 @@ from graph_standins import syncing_graph_body
 
 from cbbench.engine.core.request import Request
 from cbbench.engine.core.scheduler_output import SchedulerOutput
-from cbbench.engine.torch.kv_sizing import cuda_num_kv_blocks, kv_block_bytes
+from cbbench.engine.torch.kv_sizing import cuda_num_kv_blocks, kv_block_bytes, startup_free_bytes
 from cbbench.engine.torch.model_runner import ModelRunner
 from cbbench.engine.torch.models import allocate_kv_cache, load_model
 from cbbench.kernels import get_backend
@@ -171,8 +171,9 @@ def test_graph_runner_execute_samples_tokens():
 
 
 def test_cuda_kv_block_count_fits_in_free_memory():
+    free_at_start = startup_free_bytes(0.5)
     model, config = _model("tiny", torch.bfloat16)
-    blocks = cuda_num_kv_blocks(config, BLOCK_SIZE, torch.bfloat16, 0.5)
+    blocks = cuda_num_kv_blocks(config, BLOCK_SIZE, torch.bfloat16, 0.5, free_at_start)
     free, total = torch.cuda.mem_get_info()
     assert 0 < blocks * kv_block_bytes(config, BLOCK_SIZE, torch.bfloat16) <= 0.5 * total
 
