@@ -28,8 +28,8 @@ prompt-token mismatch summary shows by how much. prompt_len is the same text cou
 --api; with a tokenizer_config.json beside --tokenizer, --api chat also counts each prompt
 inside its chat template (load/chat_template.py: the template writes its BOS itself, so it is
 counted once), and the template's excess over prompt_len is chat_template_tokens_added_mean (9
-on Llama-3). A session turn's content is counted alone (``count_tokens``): the template adds
-the rest around it.
+on Llama-3). A session turn's content is counted alone (``count_tokens``), trimmed as Llama-3's
+template trims it: the template adds the rest around it.
 """
 
 from __future__ import annotations

@@ -214,7 +214,9 @@ def _parse_turn(obj: object, where: str, count_tokens: Callable[[str], int]) -> 
         if not isinstance(text, str) or not text:
             raise UsageError(f"{where}: 'user' must be a non-empty string")
         check_unicode(text, "user", where)
-        user_len = count_tokens(text)
+        # Llama-3's template (the one modelled above) writes `message['content'] | trim`:
+        # the text's surrounding whitespace is never prefilled, so it is not counted.
+        user_len = count_tokens(text.strip())
     elif "user_len" in obj:
         user_len = json_int(obj, "user_len", where, 1)
     else:

@@ -9,8 +9,9 @@ Drafters, asked after every step for each request that will decode next:
 
 - :class:`NgramDrafter` (the torch engine): prompt lookup. The longest suffix n-gram of the
   request's tokens (``NGRAM_MAX`` down to ``NGRAM_MIN``) is looked up earlier in its own
-  prompt and output; the tokens that followed its most recent occurrence are the drafts. No
-  draft model, no GPU work: a per-request index of token positions on the host.
+  prompt and output; the tokens that followed its earliest occurrence are the drafts (vLLM's
+  NgramProposer: its KMP keeps the first position of the longest match). No draft model, no
+  GPU work: a per-request index of token positions on the host.
 - :class:`SimDrafter` (the simulator): K placeholder drafts (the simulator models no token
   ids); :class:`SimAcceptance` draws how many verification accepts.
 
@@ -30,9 +31,6 @@ from .request import Request
 # matches almost anywhere and drafts mostly noise, so matches start at 2 tokens.
 NGRAM_MIN = 2
 NGRAM_MAX = 4
-# Earlier occurrences of the suffix n-gram a lookup tries (the most recent): bounds its cost
-# on long, repetitive histories.
-MAX_CANDIDATES = 64
 # The simulator's drafts: it models no token ids.
 PLACEHOLDER_TOKEN = -1
 # The acceptance rate the simulator assumes when --acceptance-rate is not given: the issue's
@@ -88,10 +86,9 @@ class NgramDrafter:
 
     Each request keeps an index: its ids so far and, per ``min_n``-gram, the positions where
     it ends, extended by the tokens gained since the last call. A lookup walks only the
-    earlier occurrences of the suffix ``min_n``-gram, most recent first, extending each match
-    backwards, and stops at the first of ``max_n`` tokens: microseconds, however long the
-    history (a numpy scan of the whole history cost ~100 µs per request per step at 1,000
-    tokens)."""
+    earlier occurrences of the suffix ``min_n``-gram, earliest first, extending each match
+    backwards, and stops at the first of ``max_n`` tokens: microseconds on most histories (a
+    numpy scan of the whole history cost ~100 µs per request per step at 1,000 tokens)."""
 
     # Forget finished requests' indices after this many new ones.
     PRUNE_EVERY = 256
@@ -174,17 +171,18 @@ class TokenIndex:
         return tuple(tokens[end - kl + 1 : end + 1])
 
     def lookup(self, k: int, max_n: int) -> list[int]:
-        """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
-        suffix n-gram (``key_len`` <= n <= ``max_n``); [] when none recurs. Only the
-        MAX_CANDIDATES most recent occurrences are tried, which bounds a step's cost."""
+        """Up to ``k`` tokens that followed the earliest occurrence of the longest suffix
+        n-gram (``key_len`` <= n <= ``max_n``); [] when none recurs. vLLM's NgramProposer
+        picks the same (its KMP updates the position on ties, scanning the reversed tokens),
+        so every occurrence is tried, as its scan does: the latest one drafted other tokens
+        and accepted other counts."""
         tokens, kl = self.tokens, self.key_len
         last = len(tokens) - 1
         if last < kl:
             return []
         where = self.positions[self._key(last)]
         best_n, best_end = 0, -1
-        stop = max(-1, len(where) - 2 - MAX_CANDIDATES)
-        for j in range(len(where) - 2, stop, -1):  # earlier occurrences, the latest first
+        for j in range(len(where) - 1):  # earlier occurrences, the earliest first
             p = where[j]
             n = kl
             while n < max_n and n <= p and tokens[p - n] == tokens[last - n]:
@@ -199,8 +197,8 @@ class TokenIndex:
 
 
 def ngram_lookup(tokens: list[int], k: int, min_n: int, max_n: int) -> list[int]:
-    """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest
-    suffix n-gram of ``tokens`` (n from ``max_n`` down to ``min_n``); [] when none recurs."""
+    """Up to ``k`` tokens that followed the earliest occurrence of the longest suffix
+    n-gram of ``tokens`` (n from ``max_n`` down to ``min_n``); [] when none recurs."""
     return TokenIndex(tokens, min_n).lookup(k, max_n)
 
 

@@ -94,11 +94,14 @@ def test_sim_acceptance_draws_follow_the_conditional_rule():
     assert [a.accepted(4) for _ in range(50)] == [b.accepted(4) for _ in range(50)]
 
 
-def test_ngram_lookup_proposes_what_followed_the_latest_match():
-    # Suffix [7, 8] (the longest recurring: [6, 7, 8] occurs only at the end); its latest
-    # earlier occurrence is at index 5, followed by 1, 2.
+def test_ngram_lookup_proposes_what_followed_the_earliest_match():
+    # Suffix [7, 8] (the longest recurring: [6, 7, 8] occurs only at the end); its earliest
+    # occurrence is at index 0, followed by 9, 9, 9: vLLM's NgramProposer drafts these (its
+    # KMP over the reversed tokens moves to each later-scanned tie). The latest occurrence's
+    # 1, 2, 6 were drafted before.
     tokens = [7, 8, 9, 9, 9, 7, 8, 1, 2, 6, 7, 8]
-    assert ngram_lookup(tokens, 3, 2, 4) == [1, 2, 6]
+    assert ngram_lookup(tokens, 3, 2, 4) == [9, 9, 9]
+    assert ngram_lookup([1, 2, 3, 1, 2, 4, 1, 2], 1, 2, 4) == [3]  # two 2-gram matches
     # A 4-gram match wins over shorter ones, and k caps the drafts.
     tokens = [1, 2, 3, 4, 5, 0, 2, 3, 4, 9, 1, 2, 3, 4]
     assert ngram_lookup(tokens, 2, 2, 4) == [5, 0]
@@ -108,7 +111,7 @@ def test_ngram_lookup_proposes_what_followed_the_latest_match():
 
 def _brute_force_lookup(tokens, k, min_n, max_n):
     for n in range(min(max_n, len(tokens) - 1), min_n - 1, -1):
-        for start in range(len(tokens) - n - 1, -1, -1):
+        for start in range(len(tokens) - n):  # the earliest first, as vLLM picks
             if tokens[start : start + n] == tokens[len(tokens) - n :]:
                 return tokens[start + n : start + n + k]
     return []

@@ -145,6 +145,29 @@ def test_a_reply_ended_by_eos_is_not_sent_back_twice(reply, reason):
     # What turn 1 computed (its prompt and the reply's content) is turn 2's prefix.
     assert second.prompt_token_ids[:first.num_prompt_tokens + 2] == first.prompt_token_ids + [40, 41]
 
+@pytest.mark.skipif(LLAMA31 is None, reason="the Llama-3.1 tokenizer is not at shared/tokenizers")
+def test_a_turns_text_is_counted_as_the_template_trims_it(tmp_path):
+    """Llama-3's template writes each message's ``content | trim``: a user text's surrounding
+    spaces and newlines are not prefilled. They were counted: turn 1 read 14 tokens where
+    apply_chat_template gives 12, turn 2 32 for 28."""
+    from tokenizers import Tokenizer
+
+    from cbbench.load.prompts import count_tokens
+
+    assert LLAMA31 is not None
+    tok = Tokenizer.from_file(str(LLAMA31 / "tokenizer.json"))
+    users, reply = ["  hello there \n\n", "\n and in French?  "], "Bonjour."
+    reply_len = count_tokens(tok, reply)
+    path = _write(tmp_path, [{"turns": [{"user": u, "output_len": reply_len} for u in users]}])
+    (session,) = load_workload(str(path), lambda t: count_tokens(tok, t)).sessions or []
+    history = [{"role": "user", "content": users[0]}]
+    truth = [_template_len(history)]
+    history += [{"role": "assistant", "content": reply}, {"role": "user", "content": users[1]}]
+    truth.append(_template_len(history))
+    assert prompt_lens(session) == truth == [12, 28]
+    assert session.turns[0].user_text == users[0]  # sent as written: the server trims it
+
+
 # ---- on the engine ----------------------------------------------------------------------------
 def test_turns_follow_finish_plus_think_time(tmp_path):
     result = _run(_write(tmp_path, [THREE_TURNS]), num_requests=None)
