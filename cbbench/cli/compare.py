@@ -159,8 +159,9 @@ def compare(
 
 
 def _base_spec(load: O.LoadOptions, output: O.OutputOptions, opts: EngineArgs) -> RunSpec:
-    """The RunSpec every variant shares; only its engine options change per variant."""
-    from cbbench.bench.runner import DEFAULT_NUM_REQUESTS, RunSpec
+    """The RunSpec every variant shares; only its engine options change per variant. Without
+    --num-requests the runner decides the count as for `cbbench run`: 1000 drawn from a
+    built-in workload, a user's file replayed whole."""
+    from cbbench.bench.runner import RunSpec
 
-    num_requests = load.num_requests if load.num_requests is not None else DEFAULT_NUM_REQUESTS
-    return RunSpec.from_options(dataclasses.replace(load, num_requests=num_requests), opts, output)
+    return RunSpec.from_options(load, opts, output)

@@ -206,6 +206,24 @@ def test_variants_run_on_one_request_set(tmp_path):
     assert float(re.search(r"\(([\d.]+)×\)", row).group(1)) > 1.2
 
 
+def test_variants_replay_a_users_file_whole_as_run_does(tmp_path):
+    # Without --num-requests, `cbbench run` replays a user's file whole, in order; compare
+    # drew 1000 with replacement from a 2-line file, and of a timed trace said "--num-requests
+    # 1000 is more", a flag the user never gave.
+    untimed, timed = tmp_path / "untimed.jsonl", tmp_path / "timed.jsonl"
+    untimed.write_text('{"prompt_len": 16, "output_len": 8}\n{"prompt_len": 20, "output_len": 4}\n')
+    timed.write_text('{"prompt_len": 16, "output_len": 8, "arrival_s": 0}\n'
+                     '{"prompt_len": 20, "output_len": 4, "arrival_s": 0.01}\n')
+    for wl in (untimed, timed):
+        out = tmp_path / wl.stem
+        r = runner.invoke(app, ["compare", "--engine", "sim", "--variants", "static,continuous",
+                                "--workload", str(wl), "--out-dir", str(out)])
+        assert r.exit_code == 0, r.output
+        for v in ("static", "continuous"):
+            res = json.loads((out / f"{v}.json").read_text())
+            assert sorted(q["prompt_tokens"] for q in res["requests"]) == [16, 20]
+
+
 def test_a_small_ratio_keeps_its_significant_digits(tmp_path, result):
     # A 250-fold TTFT drop printed "(0.00×)" with two decimals: the ratio lost every digit.
     faster = copy.deepcopy(result)
