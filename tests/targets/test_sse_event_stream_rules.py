@@ -127,9 +127,9 @@ def _spec_data(body: bytes) -> list[bytes]:
                 out.append(buf)
             buf = None
             continue
-        name, colon, value = line.partition(b":")
+        name, _, value = line.partition(b":")
         value = value[1:] if value.startswith(b" ") else value
-        if name == b"data" and colon:
+        if name == b"data":
             buf = value if buf is None else buf + b"\n" + value
     return out
 
