@@ -19,7 +19,7 @@ class RequestRecord:
     error_type: str | None = None  # rejected | aborted | connect | timeout | http_status | ...
     output_token_ids: list[int] | None = None
     server_prompt_tokens: int | None = None  # what an HTTP server's usage reported
-    num_preemptions: int = 0
+    num_preemptions: int | None = None  # the engine's count; None: unknown (an HTTP run)
     first_scheduled_s: float | None = None  # in-process engine: admission time
     priority: int = 0
     session_id: int | str | None = None  # multi-turn workloads: the session

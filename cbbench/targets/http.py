@@ -274,10 +274,12 @@ class _Runner:
         try:
             await asyncio.wait({task, st.written}, return_when=asyncio.FIRST_COMPLETED)
             done, _ = await asyncio.wait({task}, timeout=delay)
+            if not done:  # its answer may have ended in the deadline's own loop pass: the
+                await asyncio.sleep(0)  # request's wake-up is queued; it completed, let it end
         except asyncio.CancelledError:  # the run was stopped: stop the request too
             task.cancel()
             raise
-        if done:
+        if task.done():
             task.result()
             return
         task.cancel()  # leaving the response's context closes its connection

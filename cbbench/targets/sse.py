@@ -34,6 +34,7 @@ MAX_RESPONSE_ID_CHARS = 200  # a server's response id longer than this is cut (i
 BOM = b"\xef\xbb\xbf"
 BOM_BYTES = len(BOM)
 EVENT_STREAM = "text/event-stream"
+CR = 0x0D  # b"\r" as an int: `CR in piece` is one memchr, several times `b"\r" in piece`
 
 
 REASONING = "reasoning"
@@ -211,9 +212,10 @@ class SseStream:
         if self._at_start:
             piece = self._stream_start(piece)
         # The usual read: one whole `data:` event and its blank line, nothing held from
-        # before (a server writes each event at once). Parsed without splitting it into lines.
+        # before (a server writes each event at once). Parsed without splitting it into lines;
+        # a bare CR inside ends a line too (`data: {..}\r\rdata: {..}\n\n` is two events).
         if not self._tail and self._event is None and piece.startswith(b"data:"):
-            if piece.endswith(b"\n\n") and piece.count(b"\n") == 2:
+            if piece.endswith(b"\n\n") and piece.count(b"\n") == 2 and CR not in piece:
                 self._data(piece[5:-2].strip(), t)
                 return
             if piece.endswith(b"\r\n\r\n") and piece.count(b"\n") == 2 \

@@ -113,3 +113,65 @@ def test_an_event_the_body_ends_inside_is_dropped(tail):
     with pytest.raises(HttpFailure) as e:
         _ours(reads)
     assert e.value.error_type == "stream_cut"
+
+
+def _spec_data(body: bytes) -> list[bytes]:
+    """The data of each event the WHATWG rules dispatch from a whole stream: one leading BOM
+    dropped, CRLF, LF or CR ends a line, `data` lines joined with LF (one space after the
+    colon removed), other fields and `:` comments skipped, an event with no data not dispatched."""
+    body = body[3:] if body.startswith(b"\xef\xbb\xbf") else body
+    out, buf = [], None
+    for line in body.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")[:-1]:
+        if not line:
+            if buf is not None:
+                out.append(buf)
+            buf = None
+            continue
+        name, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if name == b"data":
+            buf = value if buf is None else buf + b"\n" + value
+    return out
+
+
+def _texts_of(data: list[bytes]) -> list[str]:
+    texts = []
+    for d in data:
+        if d == b"[DONE]":
+            break
+        texts.append(json.loads(d)["choices"][0]["text"])
+    return texts
+
+
+LINE = st.sampled_from([b": ping", b"id: 7", b"retry: 1000", b"event: completion", b"data"])
+EOL = st.sampled_from([b"\n", b"\r\n", b"\r"])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["a", "\u00e9"]), st.lists(st.tuples(LINE, EOL),
+                                                                     max_size=2), EOL, EOL),
+                min_size=1, max_size=3),
+       st.booleans(), st.lists(st.integers(0, 10_000), max_size=4))
+def test_mixed_line_ends_and_fields_match_the_spec_at_every_split(events, bom, cuts):
+    """Each line's end chosen apart (a stream may mix them), other fields and comments around
+    the events, a BOM at the start; whole or cut anywhere, the texts are the spec's. Before: one
+    read `data: {..}\\r\\rdata: {..}\\n\\n` took the one-event fast path and failed bad_event."""
+    body = b"\xef\xbb\xbf" if bom else b""
+    for i, (text, extra, eol, blank) in enumerate(events):
+        for line, e in extra:
+            body += line + e
+        if eol == b"\r" and blank == b"\n":  # CR then LF is one line end, not two
+            blank = b"\r"
+        body += b"data: " + _event(text, "length" if i == len(events) - 1 else None) + eol + blank
+    body += b"data: [DONE]\n\n"
+    want = _texts_of(_spec_data(body))
+    assert want == [text for text, _, _, _ in events]
+    assert _ours([body])[0] == want
+    assert _ours(_split(body, cuts))[0] == want
+
+
+@pytest.mark.parametrize("read", [b"data: A\r\rdata: B\n\n", b"data: A\r: ping\n\n"])
+def test_one_read_mixing_a_bare_cr_with_lf(read):
+    body = read.replace(b"A", _event("a", None)).replace(b"B", _event("b", "length"))
+    want = _texts_of(_spec_data(body))
+    assert _ours([body, b"data: " + _event("c", "length") + b"\n\n"])[0] == [*want, "c"]
