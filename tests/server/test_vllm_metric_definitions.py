@@ -93,3 +93,36 @@ def test_iteration_tokens_observe_only_steps_with_outputs():
         run.stop()
     assert fams["vllm:iteration_tokens_total_count"] == out
     assert fams["vllm:iteration_tokens_total_sum"] == prompt + out
+
+
+@pytest.fixture(scope="module")
+def metrics_run(tmp_path_factory):
+    log = tmp_path_factory.mktemp("queue") / "requests.jsonl"
+    run = start_server(lambda: build_serving_engine(sim_options()),
+                       ServeConfig(request_log=str(log), per_request_metrics=True))
+    yield run, log
+    run.stop()
+
+
+def test_one_requests_queue_time_is_one_figure(metrics_run):
+    # vLLM's queued interval is QUEUED -> first SCHEDULED (stats.py update_from_finished_request)
+    # for the histogram and for the per-request `metrics.queue_time_ms` alike (its
+    # build_per_request_timing_metrics reads the same queued_ts and scheduled_ts). Requests
+    # sent together reach the engine mid-step, where the arrival and the QUEUED event differ.
+    from concurrent.futures import ThreadPoolExecutor
+
+    run, _ = metrics_run
+
+    def one(i: int) -> float:
+        body = {"model": MODEL, "prompt": "a b c " * (2 + i), "max_tokens": 4, "ignore_eos": True}
+        return httpx.post(run.url + "/v1/completions", json=body,
+                          timeout=30).json()["metrics"]["queue_time_ms"]
+
+    with ThreadPoolExecutor(N) as pool:
+        queue_ms = list(pool.map(one, range(N)))
+    deadline = time.monotonic() + LOG_WAIT_S
+    while (fams := _scrape(run.url))["vllm:request_queue_time_seconds_count"] < N:
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    assert fams["vllm:request_queue_time_seconds_sum"] == pytest.approx(
+        sum(queue_ms) / 1000.0, abs=1e-9)
