@@ -64,7 +64,8 @@ REQUEST_LATENCY_BUCKETS = (
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 VLLM_LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"  # one engine per server
-# vLLM's finish reasons, as its request_success counter labels them.
+# vLLM's finish reasons, as its request_success counter labels them ("abort": a request the
+# engine itself finished so; a client's abort is no success, as in vLLM).
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -215,10 +216,6 @@ class VllmMetrics:
             if info.get("speculative_tokens"):
                 self.spec = [0] * len(SPEC_COUNTERS)
 
-    def on_aborted(self) -> None:
-        with self._lock:
-            self.success["abort"] += 1
-
     def on_step(self, num_tokens: int, num_preempted: int, stats: StepStats,
                 spec: tuple[int, int, int] = (0, 0, 0)) -> None:
         """``spec``: the step's (drafts, draft tokens, accepted tokens)."""
@@ -342,8 +339,9 @@ class ServerMetrics:
         self.rejected.inc()
 
     def on_aborted(self, req) -> None:
+        # Not a vLLM success: its client abort (OutputProcessor.abort_requests) drops the
+        # request without finished-request stats, so request_success never counts it.
         self.aborted.inc()
-        self.vllm.on_aborted()
 
     def on_step(self, out, stats: StepStats) -> None:
         rec = out.record

@@ -95,6 +95,12 @@ def test_iteration_tokens_observe_only_steps_with_outputs():
     assert fams["vllm:iteration_tokens_total_sum"] == prompt + out
 
 
+def _success(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10.0).text
+    return {s.labels["finished_reason"]: s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "vllm:request_success_total"}
+
+
 @pytest.fixture(scope="module")
 def metrics_run(tmp_path_factory):
     log = tmp_path_factory.mktemp("queue") / "requests.jsonl"
@@ -126,3 +132,20 @@ def test_one_requests_queue_time_is_one_figure(metrics_run):
         time.sleep(POLL_S)
     assert fams["vllm:request_queue_time_seconds_sum"] == pytest.approx(
         sum(queue_ms) / 1000.0, abs=1e-9)
+
+
+def test_a_client_abort_is_no_success(metrics_run):
+    # vLLM's client abort (AsyncLLM.abort -> OutputProcessor.abort_requests) drops the
+    # request's state without update_from_finished_request: request_success never sees it.
+    # Its finished_reason="abort" series counts only requests the engine itself finished so.
+    run, log = metrics_run
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", run.url + "/v1/completions", json=body, timeout=30) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 4:
+                break
+    deadline = time.monotonic() + LOG_WAIT_S
+    while _scrape(run.url)["cbbench_requests_aborted_total"] < 1:  # the engine took the abort
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    assert _success(run.url)["abort"] == 0
