@@ -6,9 +6,10 @@ Two families, side by side:
 - ``vllm:*``: vLLM's own names, buckets and labels (``model_name``, ``engine="0"``), so
   dashboards and scrapers built for vLLM read `cbbench serve` unchanged: request latencies
   (TTFT, inter-token latency, per-request TPOT, e2e, queue, prefill, decode, inference), token
-  counters and per-request token histograms, preemptions, and the scheduler gauges. As in vLLM,
-  latencies count from a request's arrival at the engine (here: when the HTTP layer hands it
-  over), so parsing before and socket writes after are outside them; the request log has both.
+  counters and per-request token histograms, prefix-cache queries and hits, preemptions, and
+  the scheduler gauges. As in vLLM, latencies count from a request's arrival at the engine
+  (here: when the HTTP layer hands it over), so parsing before and socket writes after are
+  outside them; the request log has both.
   The queue time, as vLLM's, starts when the scheduler takes the request in (the log's
   ``admitted``): the wait for the step in flight when it came is not queueing.
   ``vllm:time_per_output_token_seconds`` is vLLM's older name for the inter-token latency
@@ -158,6 +159,15 @@ MAX_TOKENS_HIST = Series("vllm:request_params_max_tokens",
 NUM_PREEMPTIONS = Series("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
 PROMPT_TOKENS = Series("vllm:prompt_tokens", "Number of prefill tokens processed.")
 GENERATION_TOKENS = Series("vllm:generation_tokens", "Number of generation tokens processed.")
+# vLLM's prefix-cache counters, on every server (0 without prefix caching): each new request's
+# tokens when it looks the cache up, and the cached tokens it found (kv_cache_manager.py
+# get_computed_blocks). A request resumed after a preemption is neither, as in vLLM. (vLLM
+# counts a lookup again when the request then did not fit; here a request counts once, when
+# it starts.)
+PREFIX_CACHE_QUERIES = Series("vllm:prefix_cache_queries",
+                              "Prefix cache queries, in terms of number of queried tokens.")
+PREFIX_CACHE_HITS = Series("vllm:prefix_cache_hits",
+                           "Prefix cache hits, in terms of number of cached tokens.")
 # vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py), registered only when
 # speculation is on: a draft is one request's proposal in one step; its tokens, and how many of
 # them the verify step accepted. (vLLM's per-position counter is not exported: the engine's
@@ -203,6 +213,8 @@ class VllmMetrics:
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)  # by vLLM's finished_reason label
         self.spec: list[int] | None = None  # SPEC_COUNTERS' counts, when the engine speculates
         self.snapshot: EngineSnapshot | None = None
@@ -217,9 +229,12 @@ class VllmMetrics:
                 self.spec = [0] * len(SPEC_COUNTERS)
 
     def on_step(self, num_tokens: int, num_preempted: int, stats: StepStats,
-                spec: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """``spec``: the step's (drafts, draft tokens, accepted tokens)."""
+                spec: tuple[int, int, int] = (0, 0, 0), prefix: tuple[int, int] = (0, 0)) -> None:
+        """``spec``: the step's (drafts, draft tokens, accepted tokens); ``prefix``: its
+        prefix-cache (queried tokens, cached tokens)."""
         with self._lock:
+            self.prefix_cache_queries += prefix[0]
+            self.prefix_cache_hits += prefix[1]
             if self.spec is not None:
                 self.spec = [total + n for total, n in zip(self.spec, spec)]
             self.num_preemptions += num_preempted
@@ -271,7 +286,9 @@ class VllmMetrics:
             families = [h.family(s.name, s.doc, labels) for s, h in series]
             counters = [(NUM_PREEMPTIONS, self.num_preemptions),
                         (PROMPT_TOKENS, self.prompt_tokens),
-                        (GENERATION_TOKENS, self.generation_tokens)]
+                        (GENERATION_TOKENS, self.generation_tokens),
+                        (PREFIX_CACHE_QUERIES, self.prefix_cache_queries),
+                        (PREFIX_CACHE_HITS, self.prefix_cache_hits)]
             if self.spec is not None:
                 counters += zip(SPEC_COUNTERS, self.spec)
             success = dict(self.success)
@@ -358,6 +375,7 @@ class ServerMetrics:
         self.vllm.on_step(
             stats.prompt_tokens + stats.new_tokens, rec.num_preempted, stats,
             (rec.num_drafts, rec.draft_tokens, rec.accepted_tokens),
+            (rec.num_prefix_queried_tokens, rec.num_cached_tokens),
         )
 
     # ---- scrape ----------------------------------------------------------------------------------

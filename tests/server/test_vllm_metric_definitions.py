@@ -149,3 +149,23 @@ def test_a_client_abort_is_no_success(metrics_run):
         assert time.monotonic() < deadline
         time.sleep(POLL_S)
     assert _success(run.url)["abort"] == 0
+
+
+def test_prefix_cache_counters_by_hand():
+    # vLLM's vllm:prefix_cache_queries / _hits (loggers.py; kv_cache_manager.py
+    # get_computed_blocks): per new request looked up, its tokens and the full cached blocks'
+    # tokens (at most num_tokens - 1). Block size 16: A (40 tokens) queries 40, hits 0; B
+    # shares A's first 32 tokens: queries 40, hits 32 (two full blocks).
+    run = start_server(lambda: build_serving_engine(sim_options(enable_prefix_caching=True)))
+    try:
+        for prompt in ([7] * 40, [7] * 32 + [9] * 8):
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+            assert httpx.post(run.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        deadline = time.monotonic() + LOG_WAIT_S
+        while (fams := _scrape(run.url))["vllm:e2e_request_latency_seconds_count"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(POLL_S)
+    finally:
+        run.stop()
+    assert fams["vllm:prefix_cache_queries_total"] == 80
+    assert fams["vllm:prefix_cache_hits_total"] == 32
