@@ -63,6 +63,7 @@ REQUEST_LATENCY_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 VLLM_LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"  # one engine per server
 # vLLM's finish reasons, as its request_success counter labels them ("abort": a request the
@@ -156,6 +157,12 @@ GENERATION_TOKENS_HIST = Series("vllm:request_generation_tokens",
                                 "Number of generation tokens processed.")
 MAX_TOKENS_HIST = Series("vllm:request_params_max_tokens",
                          "Histogram of the max_tokens request parameter.")
+# Once per finished request, as vLLM's parallel_sampling.py observe_finished_request: its n
+# (always 1: serve refuses n > 1) and the most tokens any of its n samples generated.
+MAX_GENERATION_TOKENS_HIST = Series("vllm:request_max_num_generation_tokens",
+                                    "Histogram of maximum number of requested generation tokens.")
+PARAMS_N = Series("vllm:request_params_n", "Histogram of the n request parameter.",
+                  PARAMS_N_BUCKETS)
 NUM_PREEMPTIONS = Series("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
 PROMPT_TOKENS = Series("vllm:prompt_tokens", "Number of prefill tokens processed.")
 GENERATION_TOKENS = Series("vllm:generation_tokens", "Number of generation tokens processed.")
@@ -185,16 +192,19 @@ LATENCY_SERIES = (TTFT, ITL, ITL_OLD_NAME, REQUEST_TPOT, E2E, QUEUE, INFERENCE, 
 class TokenHistograms:
     """The per-request token-count histograms, bucketed up to the model's context."""
 
-    __slots__ = ("prompt", "generation", "max_tokens")
+    __slots__ = ("prompt", "generation", "max_tokens", "max_generation", "params_n")
 
     def __init__(self, buckets: tuple[int, ...]) -> None:
         self.prompt = BucketHistogram(buckets)
         self.generation = BucketHistogram(buckets)
         self.max_tokens = BucketHistogram(buckets)
+        self.max_generation = BucketHistogram(buckets)
+        self.params_n = BucketHistogram(PARAMS_N.buckets)
 
     def series(self) -> tuple[tuple[Series, BucketHistogram], ...]:
         return ((PROMPT_TOKENS_HIST, self.prompt), (GENERATION_TOKENS_HIST, self.generation),
-                (MAX_TOKENS_HIST, self.max_tokens))
+                (MAX_TOKENS_HIST, self.max_tokens),
+                (MAX_GENERATION_TOKENS_HIST, self.max_generation), (PARAMS_N, self.params_n))
 
 
 class VllmMetrics:
@@ -265,6 +275,8 @@ class VllmMetrics:
                     tok.prompt.observe(f.prompt_tokens)
                     tok.generation.observe(f.output_tokens)
                     tok.max_tokens.observe(f.max_tokens)
+                    tok.max_generation.observe(f.output_tokens)  # n = 1: its own
+                    tok.params_n.observe(1)
 
     def collect(self):
         labels = [self.model_name or "", ENGINE_INDEX]

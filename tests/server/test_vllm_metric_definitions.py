@@ -169,3 +169,22 @@ def test_prefix_cache_counters_by_hand():
         run.stop()
     assert fams["vllm:prefix_cache_queries_total"] == 80
     assert fams["vllm:prefix_cache_hits_total"] == 32
+
+
+def test_request_params_n_and_max_generation_tokens_per_finished_request(metrics_run):
+    # vLLM observes both once per finished request (parallel_sampling.py
+    # observe_finished_request; loggers.py): n (1 for every request here, n > 1 being refused)
+    # and the most tokens any of its n samples generated (its own, for n = 1).
+    run, _ = metrics_run
+    for k in (3, 5):
+        body = {"model": MODEL, "prompt": "a b", "max_tokens": k, "ignore_eos": True}
+        assert httpx.post(run.url + "/v1/completions", json=body, timeout=30).status_code == 200
+    deadline = time.monotonic() + LOG_WAIT_S
+    while (fams := _scrape(run.url))["vllm:e2e_request_latency_seconds_count"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    done = fams["vllm:e2e_request_latency_seconds_count"]
+    assert fams["vllm:request_params_n_count"] == fams["vllm:request_params_n_sum"] == done
+    assert fams["vllm:request_max_num_generation_tokens_count"] == done
+    assert fams["vllm:request_max_num_generation_tokens_sum"] == (
+        fams["vllm:request_generation_tokens_sum"])
