@@ -43,6 +43,14 @@ def as_number(v) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def queued_at(line: LogLine) -> float | None:
+    """When the engine's scheduler took the request in (where the server's queue time starts,
+    as vLLM's and the response's ``queue_time_ms``): the log's ``admitted``; its
+    ``submitted`` in a log written before it had one."""
+    adm = as_number(line.admitted)
+    return adm if adm is not None else as_number(line.submitted)
+
+
 def is_count(v) -> bool:
     """A token count as the log and the result write it: an int (not a bool) in [0, MAX_TOKENS]."""
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_TOKENS

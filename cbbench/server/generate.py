@@ -223,7 +223,12 @@ def _counts(trace: RequestTrace, stream: RequestStream, job: Job, n: int, cached
     plan = job.plan
     trace.reasoning_tokens = min(plan.reasoning_tokens, n)
     trace.tool_call_tokens = n - trace.reasoning_tokens if plan.tool_name else 0
-    metrics = request_metrics(stream.req) if job.per_request_metrics else None
+    metrics = None
+    if job.per_request_metrics:
+        req = stream.req  # the admission, moved from the server's clock onto the engine's
+        queued = None if trace.admitted is None else (
+            trace.admitted - stream.submitted_s + req.arrival_time)
+        metrics = request_metrics(req, queued)
     return Counts(trace.prompt_tokens, n, trace.reasoning_tokens, trace.cached_tokens, cached,
                   plan.reasoning_tokens > 0, trace.image_tokens, metrics)
 

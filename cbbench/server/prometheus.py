@@ -6,9 +6,10 @@ Two families, side by side:
 - ``vllm:*``: vLLM's own names, buckets and labels (``model_name``, ``engine="0"``), so
   dashboards and scrapers built for vLLM read `cbbench serve` unchanged: request latencies
   (TTFT, inter-token latency, per-request TPOT, e2e, queue, prefill, decode, inference), token
-  counters and per-request token histograms, preemptions, and the scheduler gauges. As in vLLM,
-  latencies count from a request's arrival at the engine (here: when the HTTP layer hands it
-  over), so parsing before and socket writes after are outside them; the request log has both.
+  counters and per-request token histograms, prefix-cache queries and hits, preemptions, and
+  the scheduler gauges. As in vLLM, latencies count from a request's arrival at the engine
+  (here: when the HTTP layer hands it over), so parsing before and socket writes after are
+  outside them; the request log has both.
   The queue time, as vLLM's, starts when the scheduler takes the request in (the log's
   ``admitted``): the wait for the step in flight when it came is not queueing.
   ``vllm:time_per_output_token_seconds`` is vLLM's older name for the inter-token latency
@@ -62,9 +63,11 @@ REQUEST_LATENCY_BUCKETS = (
     240.0, 480.0, 960.0, 1920.0, 7680.0,
 )
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 VLLM_LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"  # one engine per server
-# vLLM's finish reasons, as its request_success counter labels them.
+# vLLM's finish reasons, as its request_success counter labels them ("abort": a request the
+# engine itself finished so; a client's abort is no success, as in vLLM).
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -154,9 +157,24 @@ GENERATION_TOKENS_HIST = Series("vllm:request_generation_tokens",
                                 "Number of generation tokens processed.")
 MAX_TOKENS_HIST = Series("vllm:request_params_max_tokens",
                          "Histogram of the max_tokens request parameter.")
+# Once per finished request, as vLLM's parallel_sampling.py observe_finished_request: its n
+# (always 1: serve refuses n > 1) and the most tokens any of its n samples generated.
+MAX_GENERATION_TOKENS_HIST = Series("vllm:request_max_num_generation_tokens",
+                                    "Histogram of maximum number of requested generation tokens.")
+PARAMS_N = Series("vllm:request_params_n", "Histogram of the n request parameter.",
+                  PARAMS_N_BUCKETS)
 NUM_PREEMPTIONS = Series("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
 PROMPT_TOKENS = Series("vllm:prompt_tokens", "Number of prefill tokens processed.")
 GENERATION_TOKENS = Series("vllm:generation_tokens", "Number of generation tokens processed.")
+# vLLM's prefix-cache counters, on every server (0 without prefix caching): each new request's
+# tokens when it looks the cache up, and the cached tokens it found (kv_cache_manager.py
+# get_computed_blocks). A request resumed after a preemption is neither, as in vLLM. (vLLM
+# counts a lookup again when the request then did not fit; here a request counts once, when
+# it starts.)
+PREFIX_CACHE_QUERIES = Series("vllm:prefix_cache_queries",
+                              "Prefix cache queries, in terms of number of queried tokens.")
+PREFIX_CACHE_HITS = Series("vllm:prefix_cache_hits",
+                           "Prefix cache hits, in terms of number of cached tokens.")
 # vLLM's speculative-decoding counters (vllm/v1/spec_decode/metrics.py), registered only when
 # speculation is on: a draft is one request's proposal in one step; its tokens, and how many of
 # them the verify step accepted. (vLLM's per-position counter is not exported: the engine's
@@ -174,16 +192,19 @@ LATENCY_SERIES = (TTFT, ITL, ITL_OLD_NAME, REQUEST_TPOT, E2E, QUEUE, INFERENCE, 
 class TokenHistograms:
     """The per-request token-count histograms, bucketed up to the model's context."""
 
-    __slots__ = ("prompt", "generation", "max_tokens")
+    __slots__ = ("prompt", "generation", "max_tokens", "max_generation", "params_n")
 
     def __init__(self, buckets: tuple[int, ...]) -> None:
         self.prompt = BucketHistogram(buckets)
         self.generation = BucketHistogram(buckets)
         self.max_tokens = BucketHistogram(buckets)
+        self.max_generation = BucketHistogram(buckets)
+        self.params_n = BucketHistogram(PARAMS_N.buckets)
 
     def series(self) -> tuple[tuple[Series, BucketHistogram], ...]:
         return ((PROMPT_TOKENS_HIST, self.prompt), (GENERATION_TOKENS_HIST, self.generation),
-                (MAX_TOKENS_HIST, self.max_tokens))
+                (MAX_TOKENS_HIST, self.max_tokens),
+                (MAX_GENERATION_TOKENS_HIST, self.max_generation), (PARAMS_N, self.params_n))
 
 
 class VllmMetrics:
@@ -202,6 +223,8 @@ class VllmMetrics:
         self.num_preemptions = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)  # by vLLM's finished_reason label
         self.spec: list[int] | None = None  # SPEC_COUNTERS' counts, when the engine speculates
         self.snapshot: EngineSnapshot | None = None
@@ -215,14 +238,13 @@ class VllmMetrics:
             if info.get("speculative_tokens"):
                 self.spec = [0] * len(SPEC_COUNTERS)
 
-    def on_aborted(self) -> None:
-        with self._lock:
-            self.success["abort"] += 1
-
     def on_step(self, num_tokens: int, num_preempted: int, stats: StepStats,
-                spec: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """``spec``: the step's (drafts, draft tokens, accepted tokens)."""
+                spec: tuple[int, int, int] = (0, 0, 0), prefix: tuple[int, int] = (0, 0)) -> None:
+        """``spec``: the step's (drafts, draft tokens, accepted tokens); ``prefix``: its
+        prefix-cache (queried tokens, cached tokens)."""
         with self._lock:
+            self.prefix_cache_queries += prefix[0]
+            self.prefix_cache_hits += prefix[1]
             if self.spec is not None:
                 self.spec = [total + n for total, n in zip(self.spec, spec)]
             self.num_preemptions += num_preempted
@@ -253,6 +275,8 @@ class VllmMetrics:
                     tok.prompt.observe(f.prompt_tokens)
                     tok.generation.observe(f.output_tokens)
                     tok.max_tokens.observe(f.max_tokens)
+                    tok.max_generation.observe(f.output_tokens)  # n = 1: its own
+                    tok.params_n.observe(1)
 
     def collect(self):
         labels = [self.model_name or "", ENGINE_INDEX]
@@ -274,7 +298,9 @@ class VllmMetrics:
             families = [h.family(s.name, s.doc, labels) for s, h in series]
             counters = [(NUM_PREEMPTIONS, self.num_preemptions),
                         (PROMPT_TOKENS, self.prompt_tokens),
-                        (GENERATION_TOKENS, self.generation_tokens)]
+                        (GENERATION_TOKENS, self.generation_tokens),
+                        (PREFIX_CACHE_QUERIES, self.prefix_cache_queries),
+                        (PREFIX_CACHE_HITS, self.prefix_cache_hits)]
             if self.spec is not None:
                 counters += zip(SPEC_COUNTERS, self.spec)
             success = dict(self.success)
@@ -342,8 +368,9 @@ class ServerMetrics:
         self.rejected.inc()
 
     def on_aborted(self, req) -> None:
+        # Not a vLLM success: its client abort (OutputProcessor.abort_requests) drops the
+        # request without finished-request stats, so request_success never counts it.
         self.aborted.inc()
-        self.vllm.on_aborted()
 
     def on_step(self, out, stats: StepStats) -> None:
         rec = out.record
@@ -360,6 +387,7 @@ class ServerMetrics:
         self.vllm.on_step(
             stats.prompt_tokens + stats.new_tokens, rec.num_preempted, stats,
             (rec.num_drafts, rec.draft_tokens, rec.accepted_tokens),
+            (rec.num_prefix_queried_tokens, rec.num_cached_tokens),
         )
 
     # ---- scrape ----------------------------------------------------------------------------------

@@ -41,3 +41,13 @@ def test_a_result_without_server_timings_has_no_such_rows():
     rep = A.audit(_result(server_timing=None), {LINE["id"]: LINE})
     assert not set(A.SERVER_TIMING_METRICS) & set(rep["metrics"])
     assert "ttft_ms" in rep["metrics"]
+
+
+def test_the_logs_queue_starts_at_admitted():
+    # vLLM's queue time (and cbbench serve's queue_time_ms) starts at the scheduler's QUEUED
+    # event, the log's `admitted`; the hand-over before it (13 -> 16 ms: the step in flight)
+    # is not queueing. Response 2 ms = log 18 - 16: no difference.
+    rep = A.audit(_result(server_timing={"queue_time_ms": 2.0, "time_to_first_token_ms": 21.5,
+                                         "generation_time_ms": 10.0}),
+                  {LINE["id"]: {**LINE, "admitted": T0 + 0.016}})
+    assert rep["metrics"]["server_queue_ms"]["median"] == pytest.approx(0.0, abs=1e-9)

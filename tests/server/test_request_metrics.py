@@ -57,7 +57,7 @@ def log_lines(path) -> dict:
 
 
 def _matches_log(m: dict, line: dict) -> None:
-    assert m["queue_time_ms"] == pytest.approx((line["queue_exit"] - line["submitted"]) * MS,
+    assert m["queue_time_ms"] == pytest.approx((line["queue_exit"] - line["admitted"]) * MS,
                                                abs=2e-3)
     assert m["time_to_first_token_ms"] == pytest.approx(
         (line["first_token"] - line["queue_exit"]) * MS, abs=2e-3)

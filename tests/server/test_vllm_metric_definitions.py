@@ -93,3 +93,98 @@ def test_iteration_tokens_observe_only_steps_with_outputs():
         run.stop()
     assert fams["vllm:iteration_tokens_total_count"] == out
     assert fams["vllm:iteration_tokens_total_sum"] == prompt + out
+
+
+def _success(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10.0).text
+    return {s.labels["finished_reason"]: s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == "vllm:request_success_total"}
+
+
+@pytest.fixture(scope="module")
+def metrics_run(tmp_path_factory):
+    log = tmp_path_factory.mktemp("queue") / "requests.jsonl"
+    run = start_server(lambda: build_serving_engine(sim_options()),
+                       ServeConfig(request_log=str(log), per_request_metrics=True))
+    yield run, log
+    run.stop()
+
+
+def test_one_requests_queue_time_is_one_figure(metrics_run):
+    # vLLM's queued interval is QUEUED -> first SCHEDULED (stats.py update_from_finished_request)
+    # for the histogram and for the per-request `metrics.queue_time_ms` alike (its
+    # build_per_request_timing_metrics reads the same queued_ts and scheduled_ts). Requests
+    # sent together reach the engine mid-step, where the arrival and the QUEUED event differ.
+    from concurrent.futures import ThreadPoolExecutor
+
+    run, _ = metrics_run
+
+    def one(i: int) -> float:
+        body = {"model": MODEL, "prompt": "a b c " * (2 + i), "max_tokens": 4, "ignore_eos": True}
+        return httpx.post(run.url + "/v1/completions", json=body,
+                          timeout=30).json()["metrics"]["queue_time_ms"]
+
+    with ThreadPoolExecutor(N) as pool:
+        queue_ms = list(pool.map(one, range(N)))
+    deadline = time.monotonic() + LOG_WAIT_S
+    while (fams := _scrape(run.url))["vllm:request_queue_time_seconds_count"] < N:
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    assert fams["vllm:request_queue_time_seconds_sum"] == pytest.approx(
+        sum(queue_ms) / 1000.0, abs=1e-9)
+
+
+def test_a_client_abort_is_no_success(metrics_run):
+    # vLLM's client abort (AsyncLLM.abort -> OutputProcessor.abort_requests) drops the
+    # request's state without update_from_finished_request: request_success never sees it.
+    # Its finished_reason="abort" series counts only requests the engine itself finished so.
+    run, log = metrics_run
+    body = {"model": MODEL, "prompt": "p", "max_tokens": 3000, "stream": True}
+    with httpx.stream("POST", run.url + "/v1/completions", json=body, timeout=30) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i >= 4:
+                break
+    deadline = time.monotonic() + LOG_WAIT_S
+    while _scrape(run.url)["cbbench_requests_aborted_total"] < 1:  # the engine took the abort
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    assert _success(run.url)["abort"] == 0
+
+
+def test_prefix_cache_counters_by_hand():
+    # vLLM's vllm:prefix_cache_queries / _hits (loggers.py; kv_cache_manager.py
+    # get_computed_blocks): per new request looked up, its tokens and the full cached blocks'
+    # tokens (at most num_tokens - 1). Block size 16: A (40 tokens) queries 40, hits 0; B
+    # shares A's first 32 tokens: queries 40, hits 32 (two full blocks).
+    run = start_server(lambda: build_serving_engine(sim_options(enable_prefix_caching=True)))
+    try:
+        for prompt in ([7] * 40, [7] * 32 + [9] * 8):
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "ignore_eos": True}
+            assert httpx.post(run.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        deadline = time.monotonic() + LOG_WAIT_S
+        while (fams := _scrape(run.url))["vllm:e2e_request_latency_seconds_count"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(POLL_S)
+    finally:
+        run.stop()
+    assert fams["vllm:prefix_cache_queries_total"] == 80
+    assert fams["vllm:prefix_cache_hits_total"] == 32
+
+
+def test_request_params_n_and_max_generation_tokens_per_finished_request(metrics_run):
+    # vLLM observes both once per finished request (parallel_sampling.py
+    # observe_finished_request; loggers.py): n (1 for every request here, n > 1 being refused)
+    # and the most tokens any of its n samples generated (its own, for n = 1).
+    run, _ = metrics_run
+    for k in (3, 5):
+        body = {"model": MODEL, "prompt": "a b", "max_tokens": k, "ignore_eos": True}
+        assert httpx.post(run.url + "/v1/completions", json=body, timeout=30).status_code == 200
+    deadline = time.monotonic() + LOG_WAIT_S
+    while (fams := _scrape(run.url))["vllm:e2e_request_latency_seconds_count"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    done = fams["vllm:e2e_request_latency_seconds_count"]
+    assert fams["vllm:request_params_n_count"] == fams["vllm:request_params_n_sum"] == done
+    assert fams["vllm:request_max_num_generation_tokens_count"] == done
+    assert fams["vllm:request_max_num_generation_tokens_sum"] == (
+        fams["vllm:request_generation_tokens_sum"])

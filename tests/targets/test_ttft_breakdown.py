@@ -78,7 +78,7 @@ def test_server_parts_equal_its_request_log(run_against_serve):
         t, line = r["server_timing"], lines[r["server_request_id"]]
         # The log writes epoch seconds to the microsecond: 1e-3 ms apart at most.
         assert t["queue_time_ms"] == pytest.approx(
-            (line["queue_exit"] - line["submitted"]) * MS, abs=2e-3)
+            (line["queue_exit"] - line["admitted"]) * MS, abs=2e-3)
         assert t["time_to_first_token_ms"] == pytest.approx(
             (line["first_token"] - line["queue_exit"]) * MS, abs=2e-3)
         assert t["generation_time_ms"] == pytest.approx(
@@ -103,7 +103,7 @@ def test_the_split_holds_with_two_workers(tmp_path):
         sound += (abs(sum(p[k] for k in PARTS) - r["ttft_ms"]) <= 1.0
                   and all(p[k] >= -1.0 for k in PARTS))
         assert p["server_queue_ms"] == pytest.approx(
-            (line["queue_exit"] - line["submitted"]) * MS, abs=2e-3)
+            (line["queue_exit"] - line["admitted"]) * MS, abs=2e-3)
     assert sound >= 0.99 * len(done), f"{sound} of {len(done)} sound"
     b = result["summary"]["ttft_breakdown"]
     assert b["requests"] == REQUESTS and b["flagged"] == len(done) - sound
@@ -220,3 +220,17 @@ def test_an_unreadable_server_log_after_the_run_keeps_the_result(tmp_path, plain
     assert result["summary"]["completed"] == 4
     # The split still comes from the responses' own metrics, without the log's way-in part.
     assert all(r["ttft_parts"]["source"] == "response" for r in result["requests"])
+
+
+def test_the_way_in_ends_where_the_queue_starts():
+    # The queue starts at `admitted` (vLLM's QUEUED event, the response's queue_time_ms); the
+    # way in runs to it, so the wait for the step in flight (5 -> 8 ms) is on the way in and
+    # the parts still add up.
+    ttft, _ = request_parts(_record(), {**LINE, "admitted": T0 + 1.008}, T0)
+    assert ttft["network_in_ms"] == pytest.approx(6.0)
+    assert ttft["server_queue_ms"] == pytest.approx(17.0)
+    assert ttft["consistent"] and ttft["residual_ms"] == pytest.approx(0.0, abs=1e-9)
+    rec = _record(server_timing={"queue_time_ms": 17.0, "time_to_first_token_ms": 70.0,
+                                 "generation_time_ms": 20.0})
+    ttft, _ = request_parts(rec, {**LINE, "admitted": T0 + 1.008}, T0)
+    assert ttft["consistent"] and ttft["residual_ms"] == pytest.approx(0.0, abs=1e-9)

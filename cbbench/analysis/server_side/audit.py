@@ -43,6 +43,7 @@ from cbbench.analysis.server_log import (
     LogLine,
     as_number,
     is_count,
+    queued_at,
     read_server_log,
 )
 from cbbench.errors import UsageError
@@ -223,10 +224,10 @@ def _http(run: RunResult) -> ClientHealth:
 
 
 def _log_server_ms(line: LogLine) -> ServerMs:
-    """The log's queue (submitted -> queue_exit), prefill (-> first_token) and decode (->
+    """The log's queue (admitted -> queue_exit), prefill (-> first_token) and decode (->
     last_token), in ms, as request_metrics.py forms the response's."""
-    sub, qx, ft, lt = (as_number(v) for v in (line.submitted, line.queue_exit, line.first_token,
-                                              line.last_token))
+    sub = queued_at(line)
+    qx, ft, lt = (as_number(v) for v in (line.queue_exit, line.first_token, line.last_token))
 
     def gap(a, b):
         return (b - a) * MS if a is not None and b is not None else None

@@ -8,8 +8,9 @@ delivery_ms:
 - ``slot_wait_ms`` (--max-concurrency only): intended start -> a slot freed;
 - ``send_lag_ms``: ready -> the client sent it (the client's own lag);
 - ``network_in_ms``: the send -> the engine's queue: the wire, HTTP and the server's front
-  (parsing, tokenization) on the way in;
-- ``server_queue_ms``: queued -> first scheduled;
+  (parsing, tokenization, the wait for the engine's step in flight) on the way in;
+- ``server_queue_ms``: queued (the scheduler took it in: vLLM's QUEUED event, the log's
+  ``admitted``) -> first scheduled;
 - ``server_prefill_ms``: first scheduled -> first token made;
 - ``delivery_ms``: first token made -> the client read it (detokenize, the event's write, the
   wire back, the client's parse).
@@ -21,8 +22,8 @@ The server's parts come from its response (vLLM's --enable-per-request-metrics `
 queue_time_ms, time_to_first_token_ms, generation_time_ms; `cbbench serve` sends the same), or
 from its request log joined by server_request_id (`cbbench serve --request-log`, given to `run
 --server-log`). The two trips need the log on the client's clock (one host: the result's
-summary.http.t0_epoch_s and the log share the epoch): the log's ``submitted`` and
-``first_token`` / ``last_token`` place them. Without the log they cannot be told apart, and
+summary.http.t0_epoch_s and the log share the epoch): the log's ``admitted`` (``submitted``
+in a log without it) and ``first_token`` / ``last_token`` place them. Without the log they cannot be told apart, and
 their sum is reported as ``network_ms`` (both trips and the server's front; the rest of the
 TTFT once the measured parts are taken off).
 
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.server_log import LogLine, as_number
+from cbbench.analysis.server_log import LogLine, as_number, queued_at
 from cbbench.analysis.summary.metrics import distribution
 from cbbench.analysis.summary.percentiles import DEFAULT_PERCENTILES
 from cbbench.schema.run import ServerTiming
@@ -86,7 +87,7 @@ def server_parts(rec: RequestRecord, line: LogLine | Mapping[str, Any] | None) -
     log = None if line is None else LogLine.of(line)
     if log is None:
         return None
-    sub, qx = as_number(log.submitted), as_number(log.queue_exit)
+    sub, qx = queued_at(log), as_number(log.queue_exit)
     ft, lt = as_number(log.first_token), as_number(log.last_token)
     if sub is None or qx is None or ft is None:
         return None
@@ -107,7 +108,7 @@ def _trips(rec: RequestRecord, send_s: float, line: LogLine | None,
     clock; None without them."""
     if line is None or t0_epoch is None:
         return None
-    sub, ft, lt = as_number(line.submitted), as_number(line.first_token), as_number(line.last_token)
+    sub, ft, lt = queued_at(line), as_number(line.first_token), as_number(line.last_token)
     if sub is None or ft is None or lt is None:
         return None
     return Trips(network_in_ms=(sub - (t0_epoch + send_s)) * MS,
