@@ -1,8 +1,7 @@
 """GPU specifications for the simulated executor and for bandwidth/FLOP utilization.
 
-Figures are the vendors' datasheet numbers: HBM capacity (the datasheets' "GB" of HBM is
-GiB: nvidia-smi reports 81,920 MiB on an A100 80GB, 143,771 on an H200 "141GB", 183,359 on a
-B200 "180GB"), peak HBM bandwidth, dense (not
+Memory is the total CUDA reports (below, CUDA_TOTAL), the rest are the vendors' datasheet
+numbers: peak HBM bandwidth, dense (not
 sparse) bf16 tensor FLOP/s (fp16 the same on every listed part), dense FP32 FLOP/s
 (FP32_FLOPS below, for fp32 runs), host<->device bandwidth (what one direction of PCIe or C2C
 sustains in practice, for swap-out/in), and the GPU-to-GPU link tensor parallelism uses:
@@ -57,18 +56,49 @@ PCIE4 = ("pcie4", 32 * GB, 25 * US)
 PCIE5 = ("pcie5", 64 * GB, 25 * US)
 
 
-def _spec(name, memory, hbm, flops, host, link) -> GPUSpec:
-    return GPUSpec(name, memory, hbm, flops, host, *link)
+MIB = 1024**2
+# Memory is what the KV budget starts from: the device total CUDA reports (cudaMemGetInfo,
+# torch.cuda.mem_get_info), as vLLM V1 budgets gpu_memory_utilization x that total. It is
+# below nvidia-smi's memory.total, which is below the datasheet's "GB" (as GiB). Measured on
+# one part, the H100 80GB HBM3 of the 2026-12-06 GPU check: CUDA total 79.2 GiB against
+# nvidia-smi's 81,559 MiB, 458 MiB less. Every part's total here is its nvidia-smi figure less
+# that same gap (one rule; only the H100's is measured). Check on another part: an
+# A100-SXM4-40GB's deviceQuery total, 40,339 MB, is 0.4% under this rule's figure.
+H100_CUDA_TOTAL_GIB = 79.2
+H100_NVIDIA_SMI_MIB = 81_559
+NVIDIA_SMI_TO_CUDA_GAP_MIB = H100_NVIDIA_SMI_MIB - H100_CUDA_TOTAL_GIB * 1024
+
+
+def cuda_total(nvidia_smi_mib: int) -> int:
+    """The bytes CUDA reports as the device total, from nvidia-smi's memory.total (MiB)."""
+    return round((nvidia_smi_mib - NVIDIA_SMI_TO_CUDA_GAP_MIB) * MIB)
+
+
+# nvidia-smi's memory.total (MiB) per part, as published runs print it (ECC on, the default).
+NVIDIA_SMI_MIB = {
+    "a100-40gb": 40_960,  # A100-SXM4-40GB: 40 GiB
+    "a100-80gb": 81_920,  # A100-SXM4-80GB: 80 GiB
+    "l40s": 46_068,  # "48GB" GDDR6, less the ECC reservation
+    "h100": H100_NVIDIA_SMI_MIB,  # H100 80GB HBM3 (SXM); the 2026-12-06 run's device
+    "h100-pcie": 81_559,  # H100 PCIe "80GB"
+    "h200": 143_771,  # H200 "141GB": 140.4 GiB
+    "b200": 183_359,  # B200 "180GB": 179.1 GiB
+}
+CUDA_TOTAL = {name: cuda_total(mib) for name, mib in NVIDIA_SMI_MIB.items()}
+
+
+def _spec(name, hbm, flops, host, link) -> GPUSpec:
+    return GPUSpec(name, CUDA_TOTAL[name], hbm, flops, host, *link)
 
 
 GPU_SPECS: dict[str, GPUSpec] = {
-    "a100-40gb": _spec("a100-40gb", 40 * GIB, 1.555 * TB, 312 * TB, 25 * GB, NVLINK3),
-    "a100-80gb": _spec("a100-80gb", 80 * GIB, 2.039 * TB, 312 * TB, 25 * GB, NVLINK3),
-    "l40s": _spec("l40s", 48 * GIB, 0.864 * TB, 362 * TB, 25 * GB, PCIE4),
-    "h100": _spec("h100", 80 * GIB, 3.35 * TB, 989 * TB, 50 * GB, NVLINK4),
-    "h100-pcie": _spec("h100-pcie", 80 * GIB, 2.0 * TB, 756 * TB, 50 * GB, PCIE5),
-    "h200": _spec("h200", 141 * GIB, 4.8 * TB, 989 * TB, 50 * GB, NVLINK4),
-    "b200": _spec("b200", 180 * GIB, 8.0 * TB, 2250 * TB, 50 * GB, NVLINK5),
+    "a100-40gb": _spec("a100-40gb", 1.555 * TB, 312 * TB, 25 * GB, NVLINK3),
+    "a100-80gb": _spec("a100-80gb", 2.039 * TB, 312 * TB, 25 * GB, NVLINK3),
+    "l40s": _spec("l40s", 0.864 * TB, 362 * TB, 25 * GB, PCIE4),
+    "h100": _spec("h100", 3.35 * TB, 989 * TB, 50 * GB, NVLINK4),
+    "h100-pcie": _spec("h100-pcie", 2.0 * TB, 756 * TB, 50 * GB, PCIE5),
+    "h200": _spec("h200", 4.8 * TB, 989 * TB, 50 * GB, NVLINK4),
+    "b200": _spec("b200", 8.0 * TB, 2250 * TB, 50 * GB, NVLINK5),
 }
 
 
