@@ -52,6 +52,8 @@ VARIANTS = {
     "mha-rope-theta": ("llama", {"num_key_value_heads": 4, "rope_theta": 1000.0}, {}, None),
     "mqa-8-heads-norm-eps": ("llama", {"num_attention_heads": 8, "num_key_value_heads": 1,
                                        "rms_norm_eps": 1e-2}, {}, None),
+    # transformers' default (1e-6) where config.json leaves it out; it was read as 1e-5.
+    "rms-norm-eps-left-out": ("qwen2", {}, {}, lambda c: c.pop("rms_norm_eps")),
     "bf16-config-sharded": ("llama", {"dtype": "bfloat16"}, {"max_shard_size": "20KB"}, None),
 }
 
