@@ -296,6 +296,13 @@ _MOE_FIELDS = {
 }
 
 
+# rms_norm_eps where config.json leaves it out: transformers' config class default per model
+# type (LlamaConfig, MistralConfig, Qwen2Config, Qwen3MoeConfig: 1e-6; MixtralConfig,
+# GptOssConfig: 1e-5), which its model then uses.
+_RMS_NORM_EPS_DEFAULT = {"mixtral": 1e-5, "gpt_oss": 1e-5}
+RMS_NORM_EPS_DEFAULT = 1e-6
+
+
 # A model's config.json is a few kB; one far larger (or an endless stream) is not one.
 CONFIG_MAX_BYTES = 16 << 20
 # Beside config.json: the generation defaults (the end-of-sequence ids among them) that
@@ -483,7 +490,8 @@ def from_hf_config(config_path: Path) -> ModelConfig:
         qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
         rope_scaling=rope_scaling,
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+        rms_norm_eps=float(cfg.get("rms_norm_eps",
+                                   _RMS_NORM_EPS_DEFAULT.get(model_type, RMS_NORM_EPS_DEFAULT))),
         eos_token_ids=eos_ids,
         architecture=_SUPPORTED_HF_TYPES[model_type],
         **moe,

@@ -19,6 +19,10 @@ IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # transformers' Llama, Mistral and Qwen2 configs default to. Any other would load and generate
 # wrong tokens; vLLM's Llama MLP refuses it too ("Only silu is supported for now").
 SUPPORTED_HIDDEN_ACT = "silu"
+# What llama.py's rope_inv_freq reads from a "llama3" rope scaling; transformers refuses a
+# config without one of them ("Missing required keys in `rope_parameters`").
+LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                    "original_max_position_embeddings")
 
 # Hugging Face name fragment -> (our fused parameter fragment, shard index within it).
 _FUSED = {
@@ -145,11 +149,23 @@ def hf_model_config(folder: Path) -> ModelConfig:
             rope_scaling=dict(rope) if kind == "llama3" else None,
         )
 
+    if config.rope_scaling:
+        _check_llama3_rope(config.rope_scaling, config_path)
+
     window = raw.get("sliding_window")
     use_window = raw.get("use_sliding_window", config.architecture == "mistral")
     if use_window and window and window < config.max_model_len:
         config = with_max_model_len(config, int(window))
     return config
+
+
+def _check_llama3_rope(scaling: dict, config_path: Path) -> None:
+    """Each llama3 field a number > 0 (a missing one was a KeyError traceback at model build)."""
+    for key in LLAMA3_ROPE_KEYS:
+        v = scaling.get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+            raise ValueError(f"{config_path}: llama3 rope scaling needs {key!r} as a number > 0, "
+                             f"got {v!r}")
 
 
 def safetensors_files(folder: Path) -> list[Path]:
