@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cbbench import __version__
-from cbbench.cli import logs
+from cbbench.cli import closed_pipe, logs
 from cbbench.cli.help import TidyGroup, tidy_commands
 
 _app = typer.Typer(
@@ -136,7 +136,8 @@ def _command_named(argv: list[str]) -> set[str] | None:
 
 def main() -> None:
     _printable_anywhere()
-    code = _invoke()
+    stdout = closed_pipe.install()  # `| head -1`: the printout stops, the command does not
+    code = closed_pipe.exit_code(_invoke(), stdout)
     if code == INTERRUPTED_EXIT:
         _exit_now(code)
     sys.exit(code)
