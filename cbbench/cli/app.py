@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from cbbench import __version__
-from cbbench.cli import logs
+from cbbench.cli import closed_pipe, logs
 from cbbench.cli.help import TidyGroup, tidy_commands
 
 _app = typer.Typer(
@@ -135,11 +135,27 @@ def _command_named(argv: list[str]) -> set[str] | None:
 
 
 def main() -> None:
+    _standard_fds_open()
     _printable_anywhere()
-    code = _invoke()
+    stdout = closed_pipe.install()  # `| head -1`: the printout stops, the command does not
+    code = closed_pipe.exit_code(_invoke(), stdout)
     if code == INTERRUPTED_EXIT:
         _exit_now(code)
     sys.exit(code)
+
+
+def _standard_fds_open() -> None:
+    """`cbbench serve <&-`: with fd 0 closed, the server's first socket got fd 0 and uvloop
+    aborted on closing it at shutdown (libuv asserts fd > 2: SIGABRT, exit 134). A closed
+    standard fd is /dev/null instead, as a daemon's would be, so no file or socket takes it."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_RDWR)  # the lowest free fd: this one
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
 
 
 def _printable_anywhere() -> None:
