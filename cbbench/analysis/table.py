@@ -23,6 +23,7 @@ from cbbench.schema.run import (
     Telemetry,
     TelemetryQuantities,
     TelemetryStat,
+    TelemetrySummary,
     Worker,
 )
 
@@ -325,10 +326,20 @@ def telemetry_line(telemetry: Telemetry | dict | None) -> str:
     bw = steady.dram_bw_util_pct or TelemetryStat()
     sm = steady.sm_util_pct or TelemetryStat()
     fmt = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
-    return (
+    line = (
         f"GPU telemetry ({tel.metric}, steady state): HBM util mean {fmt(bw.mean)}, "
         f"p90 {fmt(bw.p90)}; SM util mean {fmt(sm.mean)}"
     )
+    summary = tel.summary or TelemetrySummary()
+    gpus = summary.gpus or []
+    for g in gpus if len(gpus) > 1 else []:  # one GPU's figures are the pooled ones
+        run = g.run or TelemetryQuantities()
+        hbm, util = (run.dram_bw_util_pct or TelemetryStat()), (run.sm_util_pct or TelemetryStat())
+        power = (run.power_w or TelemetryStat()).mean
+        name = f"{g.hostname} GPU {g.gpu}" if g.hostname else f"GPU {g.gpu}"
+        line += (f"\n  {name} (run): HBM util mean {fmt(hbm.mean)}, SM util mean {fmt(util.mean)}"
+                 f", power mean {'-' if power is None else f'{power:.0f} W'}")
+    return line
 
 
 def header_lines(config: Config | dict) -> list[str]:

@@ -20,6 +20,9 @@ Field mapping (DCGM's profiling fields are ratios 0-1; cbbench's fields are perc
 - ``memory_used_bytes`` = DCGM_FI_DEV_FB_USED (MiB) x 2^20; ``sm_clock_mhz``, ``mem_clock_mhz``
   = DCGM_FI_DEV_SM_CLOCK, DCGM_FI_DEV_MEM_CLOCK; ``power_w`` = DCGM_FI_DEV_POWER_USAGE.
 
+A GPU is its ``Hostname``, ``UUID`` and ``gpu`` labels: pages from two hosts both have a
+``gpu="0"``, and the per-GPU figures (telemetry.per_gpu) keep them apart.
+
 The exporter itself refreshes its values every collection interval (its ``-c``, 30 s by
 default): scraping faster than that repeats values, so the interval is recorded beside them.
 

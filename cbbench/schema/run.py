@@ -463,13 +463,25 @@ class TelemetryQuantities(Record):
 
     dram_bw_util_pct: TelemetryStat | None = None
     sm_util_pct: TelemetryStat | None = None
+    power_w: TelemetryStat | None = None
+
+
+class TelemetryGpu(Record):
+    """One GPU's figures over the run (telemetry.per_gpu): a GPU is its host, UUID and index."""
+
+    gpu: int | None = None
+    hostname: str | None = None
+    uuid: str | None = None
+    run: TelemetryQuantities | None = None
 
 
 class TelemetrySummary(Record):
-    """telemetry.summary: the quantities over the whole run and over its steady window."""
+    """telemetry.summary: the quantities over the whole run and over its steady window, and
+    each GPU's over the run."""
 
     run: TelemetryQuantities | None = None
     steady: TelemetryQuantities | None = None
+    gpus: list[TelemetryGpu] | None = None
 
 
 class Telemetry(Record):

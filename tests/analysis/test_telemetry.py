@@ -198,7 +198,8 @@ def assert_shape(result: dict) -> None:
     for s in result["samples"]:
         assert list(s) == ["t_s", "gpu", *QUANTITIES]
     summary = result["summary"]
-    assert set(summary) == {"window", "run", "steady"}
+    extra = {"gpus"} if result["samples"] else set()
+    assert set(summary) == {"window", "run", "steady", *extra}
     assert set(summary["window"]) == {"start_s", "end_s", "rule"}
     for part in ("run", "steady"):
         assert list(summary[part]) == list(QUANTITIES)
@@ -561,3 +562,21 @@ def test_invisible_cuda_device_is_a_reason_not_a_crash(monkeypatch):
 
 def test_torch_pci_bus_id_is_none_without_cuda():
     assert nvml_sampler.torch_pci_bus_id(0) is None  # this machine's torch has no CUDA device
+
+
+# (g) per-GPU figures (tenth review)
+def test_two_gpus_have_their_own_figures_beside_the_pooled_ones():
+    """AIPerf reports each GPU: a busy GPU 0 and an idle GPU 1 read as one half-busy GPU
+    when pooled (the pooled figure stays, for the files that read it)."""
+    from cbbench.analysis.table import telemetry_line
+
+    busy = [TelemetrySample(t, 0, 80.0, 90.0, None, None, None, 600.0) for t in (0.0, 1.0)]
+    idle = [TelemetrySample(t, 1, 0.0, 10.0, None, None, None, 100.0) for t in (0.0, 1.0)]
+    summary = summarize(busy + idle)
+    assert summary["run"]["sm_util_pct"]["mean"] == pytest.approx(50.0)
+    gpus = {g["gpu"]: g for g in summary["gpus"]}
+    assert gpus[0]["run"]["sm_util_pct"]["mean"] == pytest.approx(90.0)
+    assert gpus[1]["run"]["sm_util_pct"]["mean"] == pytest.approx(10.0)
+    line = telemetry_line({"available": True, "metric": "m", "summary": summary})
+    assert "GPU 0 (run): HBM util mean 80.0%, SM util mean 90.0%, power mean 600 W" in line
+    assert "GPU 1 (run): HBM util mean 0.0%, SM util mean 10.0%, power mean 100 W" in line

@@ -284,3 +284,20 @@ def test_scraper_parses_and_maps_without_profiling_fields():
     assert tel["metric"] == "memory_controller_busy"
     assert tel["samples"][0]["dram_bw_util_pct"] == 37 and tel["samples"][0]["sm_util_pct"] == 90
     assert tel["samples"][0]["t_s"] == 0.5  # the middle of the read: clock 0 before, 1 after
+
+
+def test_two_hosts_gpu_0_are_two_gpus():
+    """dcgm-exporter labels each GPU with its gpu index, UUID and Hostname: two hosts' pages
+    (here one federated page) both have gpu="0", and each GPU keeps its own figures instead
+    of merging by index."""
+    from cbbench.analysis.summary.telemetry import summarize
+
+    text = ("# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+            'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaa",Hostname="node1"} 90\n'
+            'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-bbb",Hostname="node2"} 10\n')
+    samples = [dcgm.to_sample(r, t, profiling=False)
+               for t in (0.0, 10.0) for r in dcgm.parse_page(text)]
+    gpus = summarize(samples)["gpus"]
+    assert [(g["hostname"], g["uuid"], g["gpu"]) for g in gpus] == [
+        ("node1", "GPU-aaa", 0), ("node2", "GPU-bbb", 0)]
+    assert [g["run"]["sm_util_pct"]["mean"] for g in gpus] == [90.0, 10.0]

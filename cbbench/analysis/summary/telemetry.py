@@ -107,6 +107,21 @@ def _within(samples: Sequence[TelemetrySample], start_s: float, end_s: float) ->
     return [s for s in samples if start_s <= s.t_s <= end_s]
 
 
+def per_gpu(samples: Sequence[TelemetrySample]) -> list[dict[str, Any]]:
+    """Each GPU's figures over the samples: pooled figures average GPUs together (a busy one
+    and an idle one read as half busy). A GPU is its host, UUID and index, as a DCGM
+    exporter labels it: two hosts' GPU 0 are two GPUs."""
+    by_gpu: dict[tuple[str, str, int], list[TelemetrySample]] = {}
+    for s in sorted(samples, key=lambda s: s.t_s):
+        key = (getattr(s, "hostname", None) or "", getattr(s, "uuid", None) or "", s.gpu)
+        by_gpu.setdefault(key, []).append(s)
+    out = []
+    for (host, uuid, gpu), own in sorted(by_gpu.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        out.append({"gpu": gpu, "hostname": host or None, "uuid": uuid or None,
+                    "run": _quantity_stats(own)})
+    return out
+
+
 def summarize(
     samples: Sequence[TelemetrySample],
     window: tuple[float, float] | None = None,
@@ -116,14 +131,18 @@ def summarize(
     ``span``: the run's (t0, its end), to which the figures keep: the sampler starts before
     t0 (workers: up to START_MARGIN_S early) and stops after the client's post-run work, and
     those idle samples stay in the section's samples but are not the run's."""
+    sampled = bool(samples)  # a section with nothing sampled keeps its shape
     if span is not None:
         samples = _within(samples, *span)
     win = steady_window(samples, window)
-    return {
+    out: dict[str, Any] = {
         "window": asdict(win),
         "run": _quantity_stats(samples),
         "steady": _quantity_stats(_within(samples, win.start_s, win.end_s)),
     }
+    if sampled:
+        out["gpus"] = per_gpu(samples)
+    return out
 
 
 def section(
