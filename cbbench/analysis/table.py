@@ -23,6 +23,7 @@ from cbbench.schema.run import (
     Telemetry,
     TelemetryQuantities,
     TelemetryStat,
+    TelemetrySummary,
     Worker,
 )
 
@@ -325,10 +326,26 @@ def telemetry_line(telemetry: Telemetry | dict | None) -> str:
     bw = steady.dram_bw_util_pct or TelemetryStat()
     sm = steady.sm_util_pct or TelemetryStat()
     fmt = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
-    return (
+    line = (
         f"GPU telemetry ({tel.metric}, steady state): HBM util mean {fmt(bw.mean)}, "
         f"p90 {fmt(bw.p90)}; SM util mean {fmt(sm.mean)}"
     )
+    summary = tel.summary or TelemetrySummary()
+    if summary.energy_consumption_j is not None:
+        line += f"\n  GPU energy over the run: {summary.energy_consumption_j:.1f} J " \
+            f"({summary.energy_method})"
+        if summary.energy_per_output_token_j is not None:
+            line += f", {summary.energy_per_output_token_j:.4g} J per output token"
+    gpus = summary.gpus or []
+    for g in gpus if len(gpus) > 1 else []:  # one GPU's figures are the pooled ones
+        run = g.run or TelemetryQuantities()
+        hbm, util = (run.dram_bw_util_pct or TelemetryStat()), (run.sm_util_pct or TelemetryStat())
+        power, energy = (run.power_w or TelemetryStat()).mean, g.energy_consumption_j
+        name = f"{g.hostname} GPU {g.gpu}" if g.hostname else f"GPU {g.gpu}"
+        line += (f"\n  {name} (run): HBM util mean {fmt(hbm.mean)}, SM util mean {fmt(util.mean)}"
+                 f", power mean {'-' if power is None else f'{power:.0f} W'}, energy "
+                 f"{'-' if energy is None else f'{energy:.1f} J'}")
+    return line
 
 
 def header_lines(config: Config | dict) -> list[str]:

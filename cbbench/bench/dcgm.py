@@ -18,7 +18,11 @@ Field mapping (DCGM's profiling fields are ratios 0-1; cbbench's fields are perc
 - ``sm_util_pct`` = DCGM_FI_PROF_SM_ACTIVE x 100, else DCGM_FI_DEV_GPU_UTIL;
 - ``tensor_active_pct`` = DCGM_FI_PROF_PIPE_TENSOR_ACTIVE x 100 (DCGM only);
 - ``memory_used_bytes`` = DCGM_FI_DEV_FB_USED (MiB) x 2^20; ``sm_clock_mhz``, ``mem_clock_mhz``
-  = DCGM_FI_DEV_SM_CLOCK, DCGM_FI_DEV_MEM_CLOCK; ``power_w`` = DCGM_FI_DEV_POWER_USAGE.
+  = DCGM_FI_DEV_SM_CLOCK, DCGM_FI_DEV_MEM_CLOCK; ``power_w`` = DCGM_FI_DEV_POWER_USAGE;
+  ``total_energy_mj`` = DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (the run's energy is its difference).
+
+A GPU is its ``Hostname``, ``UUID`` and ``gpu`` labels: pages from two hosts both have a
+``gpu="0"``, and the per-GPU figures (telemetry.per_gpu) keep them apart.
 
 The exporter itself refreshes its values every collection interval (its ``-c``, 30 s by
 default): scraping faster than that repeats values, so the interval is recorded beside them.
@@ -70,8 +74,9 @@ FB_USED = "DCGM_FI_DEV_FB_USED"
 SM_CLOCK = "DCGM_FI_DEV_SM_CLOCK"
 MEM_CLOCK = "DCGM_FI_DEV_MEM_CLOCK"
 POWER_USAGE = "DCGM_FI_DEV_POWER_USAGE"
+TOTAL_ENERGY = "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"  # mJ since the driver loaded
 FIELDS = (DRAM_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE, MEM_COPY_UTIL, GPU_UTIL, FB_USED, SM_CLOCK,
-          MEM_CLOCK, POWER_USAGE)
+          MEM_CLOCK, POWER_USAGE, TOTAL_ENERGY)
 
 
 class ScrapeError(Exception):
@@ -142,14 +147,17 @@ def parse_page(text: str) -> list[GpuReading]:
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
-                if s.name not in FIELDS or "gpu" not in s.labels:
+                # The exporter declares the energy a counter, and the parser names a counter's
+                # sample with "_total" appended.
+                name = s.name.removesuffix("_total") if family.type == "counter" else s.name
+                if name not in FIELDS or "gpu" not in s.labels:
                     continue
                 try:
                     gpu = int(s.labels["gpu"])
                 except ValueError:
                     continue  # a label that is not a GPU number is not DCGM's
                 key = (s.labels.get("Hostname"), gpu, s.labels.get("UUID"))
-                by_gpu.setdefault(key, {})[s.name] = float(s.value)
+                by_gpu.setdefault(key, {})[name] = float(s.value)
     except Exception as e:  # noqa: BLE001 - the parser raises ValueError, IndexError, ...
         raise ScrapeError(f"not a Prometheus text page ({type(e).__name__}: {e})") from None
     if not by_gpu:
@@ -182,6 +190,7 @@ def to_sample(r: GpuReading, t_s: float, profiling: bool) -> DcgmSample:
         sm_clock_mhz=_int(v.get(SM_CLOCK)),
         mem_clock_mhz=_int(v.get(MEM_CLOCK)),
         power_w=v.get(POWER_USAGE),
+        total_energy_mj=v.get(TOTAL_ENERGY),
         hostname=r.hostname,
         uuid=r.uuid,
         tensor_active_pct=_pct(v, TENSOR_ACTIVE, None),

@@ -88,6 +88,7 @@ class _Device:
     has_mem_clock: bool = True
     has_power: bool = True
     has_utilization: bool = True
+    has_energy: bool = True
     gpm: GpmRing | None = None
 
 
@@ -262,6 +263,9 @@ class TelemetrySampler:
         )
         dev.has_power = self._supported(lambda: nvml.nvmlDeviceGetPowerUsage(h))
         dev.has_utilization = self._supported(lambda: nvml.nvmlDeviceGetUtilizationRates(h))
+        # The energy counter (Volta and newer); without it the summary integrates the power.
+        energy = getattr(nvml, "nvmlDeviceGetTotalEnergyConsumption", None)
+        dev.has_energy = energy is not None and self._supported(lambda: energy(h))
         return dev
 
     def _handle(self, gpu: int) -> Any:
@@ -366,6 +370,7 @@ class TelemetrySampler:
             nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM) if dev.has_mem_clock else None
         )
         power_mw = nvml.nvmlDeviceGetPowerUsage(h) if dev.has_power else None
+        energy_mj = nvml.nvmlDeviceGetTotalEnergyConsumption(h) if dev.has_energy else None
         return TelemetrySample(
             t_s=t_s,
             gpu=dev.index,
@@ -375,4 +380,5 @@ class TelemetrySampler:
             sm_clock_mhz=None if sm_clock is None else int(sm_clock),
             mem_clock_mhz=None if mem_clock is None else int(mem_clock),
             power_w=None if power_mw is None else power_mw / MILLIWATTS_PER_WATT,
+            total_energy_mj=None if energy_mj is None else float(energy_mj),
         )

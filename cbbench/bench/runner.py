@@ -30,6 +30,7 @@ from cbbench.analysis.summary.metrics import (
 from cbbench.analysis.summary.speculative import engine_speculative
 from cbbench.analysis.summary.splits import add_splits
 from cbbench.analysis.summary.steady_state import steady_state
+from cbbench.analysis.summary.telemetry import add_energy_per_output_token
 from cbbench.analysis.summary.turns import by_turn, session_summary
 from cbbench.bench.run_spec import DEFAULT_NUM_REQUESTS as DEFAULT_NUM_REQUESTS  # re-exported:
 from cbbench.bench.run_spec import RunSpec as RunSpec  # callers import RunSpec from here
@@ -282,6 +283,7 @@ def execute_run(
     # The run's figures over the run's span, [t0, its end]: the sampler ran before and after it.
     telemetry_result = telemetry.result(tuple(window) if window else None,
                                         (0.0, float(summary["duration_s"])))
+    add_energy_per_output_token(telemetry_result, summary.get("total_output_tokens"))
     requests, iterations = _records(run, spec, records)
     # The file's keys in the file's order (tests/cli/test_golden_results.py holds it).
     return as_run_result({

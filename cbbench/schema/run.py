@@ -448,6 +448,7 @@ class TelemetrySample(Record):
     gpu: int | None = None
     dram_bw_util_pct: Number | None = None
     hostname: str | None = None  # DCGM exporters: the host the GPU is on
+    total_energy_mj: Number | None = None  # the GPU's energy counter, mJ since driver load
 
 
 class TelemetryStat(Record):
@@ -463,13 +464,30 @@ class TelemetryQuantities(Record):
 
     dram_bw_util_pct: TelemetryStat | None = None
     sm_util_pct: TelemetryStat | None = None
+    power_w: TelemetryStat | None = None
+
+
+class TelemetryGpu(Record):
+    """One GPU's figures over the run (telemetry.per_gpu): a GPU is its host, UUID and index."""
+
+    gpu: int | None = None
+    hostname: str | None = None
+    uuid: str | None = None
+    energy_consumption_j: Number | None = None
+    energy_method: str | None = None  # "counter" or "power_integration"
+    run: TelemetryQuantities | None = None
 
 
 class TelemetrySummary(Record):
-    """telemetry.summary: the quantities over the whole run and over its steady window."""
+    """telemetry.summary: the quantities over the whole run and over its steady window, each
+    GPU's over the run, and the energy of all of them (J) and per output token."""
 
     run: TelemetryQuantities | None = None
     steady: TelemetryQuantities | None = None
+    energy_consumption_j: Number | None = None
+    energy_method: str | None = None  # one GPU's, or "mixed"
+    energy_per_output_token_j: Number | None = None
+    gpus: list[TelemetryGpu] | None = None
 
 
 class Telemetry(Record):

@@ -196,9 +196,10 @@ def assert_shape(result: dict) -> None:
     }  # fmt: skip
     assert result["source"] == "nvml"
     for s in result["samples"]:
-        assert list(s) == ["t_s", "gpu", *QUANTITIES]
+        assert list(s) == ["t_s", "gpu", *QUANTITIES, "total_energy_mj"]
     summary = result["summary"]
-    assert set(summary) == {"window", "run", "steady"}
+    extra = {"energy_consumption_j", "energy_method", "gpus"} if result["samples"] else set()
+    assert set(summary) == {"window", "run", "steady", *extra}
     assert set(summary["window"]) == {"start_s", "end_s", "rule"}
     for part in ("run", "steady"):
         assert list(summary[part]) == list(QUANTITIES)
@@ -209,7 +210,7 @@ def assert_shape(result: dict) -> None:
 
 def test_sample_fields_match_quantities():
     names = [f.name for f in dataclasses.fields(TelemetrySample)]
-    assert names == ["t_s", "gpu", *QUANTITIES]
+    assert names == ["t_s", "gpu", *QUANTITIES, "total_energy_mj"]  # a counter: differenced
 
 
 # (a) GPM supported
@@ -561,3 +562,89 @@ def test_invisible_cuda_device_is_a_reason_not_a_crash(monkeypatch):
 
 def test_torch_pci_bus_id_is_none_without_cuda():
     assert nvml_sampler.torch_pci_bus_id(0) is None  # this machine's torch has no CUDA device
+
+
+# (g) energy and per-GPU figures (tenth review)
+def energy_samples(times, energy_mj, power_w, gpu=0) -> list[TelemetrySample]:
+    return [TelemetrySample(t, gpu, None, None, None, None, None, w, e)
+            for t, e, w in zip(times, energy_mj, power_w, strict=True)]
+
+
+def test_energy_is_the_counters_difference_over_the_runs_span():
+    """NVML's nvmlDeviceGetTotalEnergyConsumption (and DCGM's TOTAL_ENERGY_CONSUMPTION) is mJ
+    since driver load: the run's energy is its difference over the run's samples, not the
+    sampled power integrated (here 999 W would give 1998 J), and per output token beside."""
+    from cbbench.analysis.summary.telemetry import (
+        ENERGY_COUNTER,
+        add_energy_per_output_token,
+        section,
+    )
+    from cbbench.analysis.table import telemetry_line
+
+    times = [-0.1, 0.0, 1.0, 2.0, 3.0]  # the first and last are outside the run's span
+    samples = energy_samples(times, [100.0, 1000.0, 251000.0, 501000.0, 900000.0], [999.0] * 5)
+    tel = section(available=True, reason=None, error=None, metric=METRIC_MC_BUSY,
+                  gpu_indices=[0], interval_s=1.0, samples=samples, window=None,
+                  span=(0.0, 2.5))
+    add_energy_per_output_token(tel, 1000)
+    summary = tel["summary"]
+    assert summary["energy_consumption_j"] == pytest.approx(500.0)  # (501000 - 1000) mJ
+    assert summary["energy_method"] == ENERGY_COUNTER
+    assert summary["energy_per_output_token_j"] == pytest.approx(0.5)
+    assert summary["gpus"][0]["energy_consumption_j"] == pytest.approx(500.0)
+    assert "GPU energy over the run: 500.0 J (counter), 0.5 J per output token" in \
+        telemetry_line(tel)
+
+
+def test_energy_without_the_counter_integrates_the_power():
+    """A GPU without the counter (pre-Volta, NOT_SUPPORTED): trapezoids under its power."""
+    from cbbench.analysis.summary.telemetry import ENERGY_POWER
+
+    summary = summarize(energy_samples([0.0, 1.0, 2.0], [None] * 3, [100.0, 200.0, 300.0]))
+    assert summary["energy_consumption_j"] == pytest.approx(150.0 + 250.0)
+    assert summary["energy_method"] == ENERGY_POWER
+
+
+class FakeNvmlWithEnergy(FakeNvml):
+    """A Volta-or-newer GPU: its energy counter rises 1000 mJ per read."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.energy_mj = 5_000_000
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: SimpleNamespace) -> int:
+        self.energy_mj += 1000
+        return self.energy_mj
+
+
+def test_sampler_reads_the_energy_counter_where_the_gpu_has_it():
+    from cbbench.analysis.summary.telemetry import ENERGY_COUNTER, ENERGY_POWER
+
+    result = run_sampler(FakeNvmlWithEnergy(gpm=False), n=4)
+    energies = [s["total_energy_mj"] for s in result["samples"]]
+    assert all(e is not None for e in energies) and energies == sorted(energies)
+    summary = result["summary"]
+    assert summary["energy_method"] == ENERGY_COUNTER
+    assert summary["energy_consumption_j"] == pytest.approx((energies[-1] - energies[0]) / 1000)
+    plain = run_sampler(FakeNvml(gpm=False), n=4)  # no counter in this binding: power instead
+    assert plain["samples"][0]["total_energy_mj"] is None
+    assert plain["summary"]["energy_method"] == ENERGY_POWER
+
+
+def test_two_gpus_have_their_own_figures_beside_the_pooled_ones():
+    """AIPerf reports each GPU: a busy GPU 0 and an idle GPU 1 read as one half-busy GPU
+    when pooled (the pooled figure stays, for the files that read it)."""
+    from cbbench.analysis.table import telemetry_line
+
+    busy = [TelemetrySample(t, 0, 80.0, 90.0, None, None, None, 600.0) for t in (0.0, 1.0)]
+    idle = [TelemetrySample(t, 1, 0.0, 10.0, None, None, None, 100.0) for t in (0.0, 1.0)]
+    summary = summarize(busy + idle)
+    assert summary["run"]["sm_util_pct"]["mean"] == pytest.approx(50.0)
+    gpus = {g["gpu"]: g for g in summary["gpus"]}
+    assert gpus[0]["run"]["sm_util_pct"]["mean"] == pytest.approx(90.0)
+    assert gpus[1]["run"]["sm_util_pct"]["mean"] == pytest.approx(10.0)
+    assert gpus[0]["energy_consumption_j"] == pytest.approx(600.0)
+    assert summary["energy_consumption_j"] == pytest.approx(700.0)
+    line = telemetry_line({"available": True, "metric": "m", "summary": summary})
+    assert "GPU 0 (run): HBM util mean 80.0%, SM util mean 90.0%, power mean 600 W" in line
+    assert "GPU 1 (run): HBM util mean 0.0%, SM util mean 10.0%, power mean 100 W" in line

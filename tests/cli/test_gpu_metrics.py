@@ -284,3 +284,30 @@ def test_scraper_parses_and_maps_without_profiling_fields():
     assert tel["metric"] == "memory_controller_busy"
     assert tel["samples"][0]["dram_bw_util_pct"] == 37 and tel["samples"][0]["sm_util_pct"] == 90
     assert tel["samples"][0]["t_s"] == 0.5  # the middle of the read: clock 0 before, 1 after
+
+
+def test_two_hosts_gpu_0_are_two_gpus():
+    """dcgm-exporter labels each GPU with its gpu index, UUID and Hostname: two hosts' pages
+    (here one federated page) both have gpu="0", and each GPU keeps its own figures and
+    energy (DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ) instead of merging by index."""
+    from cbbench.analysis.summary.telemetry import summarize
+
+    def page(e1: int, e2: int) -> str:
+        return (
+            "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+            f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-aaa",Hostname="node1"}} 90\n'
+            f'DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-bbb",Hostname="node2"}} 10\n'
+            "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter\n"
+            f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="0",UUID="GPU-aaa",Hostname="node1"}} {e1}\n'
+            f'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{gpu="0",UUID="GPU-bbb",Hostname="node2"}} {e2}\n'
+        )
+
+    samples = [dcgm.to_sample(r, t, profiling=False)
+               for t, text in ((0.0, page(1_000_000, 7_000_000)), (10.0, page(4_000_000, 8_000_000)))
+               for r in dcgm.parse_page(text)]
+    gpus = summarize(samples)["gpus"]
+    assert [(g["hostname"], g["uuid"], g["gpu"]) for g in gpus] == [
+        ("node1", "GPU-aaa", 0), ("node2", "GPU-bbb", 0)]
+    assert [g["run"]["sm_util_pct"]["mean"] for g in gpus] == [90.0, 10.0]
+    assert [g["energy_consumption_j"] for g in gpus] == [3000.0, 1000.0]
+    assert summarize(samples)["energy_consumption_j"] == 4000.0

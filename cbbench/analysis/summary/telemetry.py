@@ -10,6 +10,14 @@ all, not the share of peak bandwidth used), so the section names which one was m
 ``metric``. A target with no GPU, or a sampler that could not start, gives ``available:
 false`` with the reason; an NVML error mid-run keeps what was sampled and is recorded in
 ``error``.
+
+Energy (``summary.energy_consumption_j``, one figure per GPU under ``summary.gpus``; AIPerf's
+``energy_consumption``, from the same counter) is the difference of the GPU's energy counter
+(NVML's nvmlDeviceGetTotalEnergyConsumption, DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION: millijoules
+since the driver loaded, Volta and newer) between the first and the last sample of the run's
+span; a GPU without the counter has the trapezoids under its sampled power instead, and
+``energy_method`` says which. The figures cover [first sample, last sample], at most one
+interval short of the span at each end.
 """
 
 from __future__ import annotations
@@ -31,6 +39,13 @@ METRIC_DCGM = "dram_active_dcgm"
 # (ramp-up and drain): the middle 80% is kept.
 DEFAULT_STEADY_TRIM_FRACTION = 0.1
 PERCENTILES = (50, 90)
+
+# How a GPU's energy was measured: its counter's difference, or the sampled power integrated
+# (a GPU without the counter); "mixed" on the total when its GPUs differ.
+ENERGY_COUNTER = "counter"
+ENERGY_POWER = "power_integration"
+ENERGY_MIXED = "mixed"
+MILLIJOULES_PER_JOULE = 1000.0
 
 RULE_CALLER = "given by caller"
 RULE_MIDDLE = "middle 80% of the sampled time span"
@@ -61,6 +76,8 @@ class TelemetrySample:
     sm_clock_mhz: int | None
     mem_clock_mhz: int | None
     power_w: float | None
+    # The energy counter (mJ since the driver loaded): not averaged, differenced (summarize).
+    total_energy_mj: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +124,37 @@ def _within(samples: Sequence[TelemetrySample], start_s: float, end_s: float) ->
     return [s for s in samples if start_s <= s.t_s <= end_s]
 
 
+def _energy_j(samples: Sequence[TelemetrySample]) -> tuple[float | None, str | None]:
+    """One GPU's energy over its samples (time order) and how it was measured."""
+    first, last = (samples[0].total_energy_mj, samples[-1].total_energy_mj) if samples \
+        else (None, None)
+    # A counter that went backwards was reset (driver reload): its difference means nothing.
+    if first is not None and last is not None and last >= first and len(samples) > 1:
+        return (last - first) / MILLIJOULES_PER_JOULE, ENERGY_COUNTER
+    pts = np.array([(s.t_s, s.power_w) for s in samples if s.power_w is not None], dtype=float)
+    if len(pts) < 2:
+        return None, None
+    t, w = pts[:, 0], pts[:, 1]
+    return float(np.sum((w[1:] + w[:-1]) / 2 * np.diff(t))), ENERGY_POWER
+
+
+def per_gpu(samples: Sequence[TelemetrySample]) -> list[dict[str, Any]]:
+    """Each GPU's figures over the samples: pooled figures average GPUs together (a busy one
+    and an idle one read as half busy). A GPU is its host, UUID and index, as a DCGM
+    exporter labels it: two hosts' GPU 0 are two GPUs."""
+    by_gpu: dict[tuple[str, str, int], list[TelemetrySample]] = {}
+    for s in sorted(samples, key=lambda s: s.t_s):
+        key = (getattr(s, "hostname", None) or "", getattr(s, "uuid", None) or "", s.gpu)
+        by_gpu.setdefault(key, []).append(s)
+    out = []
+    for (host, uuid, gpu), own in sorted(by_gpu.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        energy, method = _energy_j(own)
+        out.append({"gpu": gpu, "hostname": host or None, "uuid": uuid or None,
+                    "energy_consumption_j": energy, "energy_method": method,
+                    "run": _quantity_stats(own)})
+    return out
+
+
 def summarize(
     samples: Sequence[TelemetrySample],
     window: tuple[float, float] | None = None,
@@ -116,14 +164,33 @@ def summarize(
     ``span``: the run's (t0, its end), to which the figures keep: the sampler starts before
     t0 (workers: up to START_MARGIN_S early) and stops after the client's post-run work, and
     those idle samples stay in the section's samples but are not the run's."""
+    sampled = bool(samples)  # a section with nothing sampled keeps its shape
     if span is not None:
         samples = _within(samples, *span)
     win = steady_window(samples, window)
-    return {
+    out: dict[str, Any] = {
         "window": asdict(win),
         "run": _quantity_stats(samples),
         "steady": _quantity_stats(_within(samples, win.start_s, win.end_s)),
     }
+    if sampled:
+        gpus = per_gpu(samples)
+        energies = [g["energy_consumption_j"] for g in gpus]
+        methods = {g["energy_method"] for g in gpus}
+        out["energy_consumption_j"] = None if None in energies else float(sum(energies))
+        out["energy_method"] = None if None in energies else (
+            methods.pop() if len(methods) == 1 else ENERGY_MIXED)
+        out["gpus"] = gpus
+    return out
+
+
+def add_energy_per_output_token(section: dict[str, Any], output_tokens: int | None) -> None:
+    """The run's GPU energy per output token (J), beside the energy (AIPerf's users derive
+    it), where both are known."""
+    summary = section.get("summary") or {}
+    energy = summary.get("energy_consumption_j")
+    if energy is not None and output_tokens:
+        summary["energy_per_output_token_j"] = energy / output_tokens
 
 
 def section(
