@@ -99,7 +99,8 @@ class Shape:
              message: dict | None = None, **details) -> dict:
         if self.chat:
             obj = "chat.completion"
-            message = message or {"role": "assistant", "content": text}
+            # refusal: required (nullable) by OpenAI's spec; vLLM's ChatMessage sends null.
+            message = message or {"role": "assistant", "content": text, "refusal": None}
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
         else:
             obj = "text_completion"

@@ -110,7 +110,8 @@ class ChatDeltas:
 
     def message(self, reasoning: str, answer: str, tool_text: str | None) -> dict:
         """The non-streamed answer's message (``tool_text`` None: no token was a tool's)."""
-        m: dict = {"role": "assistant", "content": answer if tool_text is None else None}
+        m: dict = {"role": "assistant", "content": answer if tool_text is None else None,
+                   "refusal": None}  # as Shape.full's message
         if reasoning:
             m[self.reasoning_field] = reasoning
         if tool_text is not None:

@@ -212,7 +212,8 @@ def test_chat_non_streaming_and_max_completion_tokens(client):
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "chat.completion"
-    assert body["choices"][0]["message"] == {"role": "assistant", "content": SIM_TOKEN_TEXT * 5}
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": SIM_TOKEN_TEXT * 5,
+                                           "refusal": None}
     # The documented template, one token per word without a tokenizer.
     prompt = render_chat([ChatMessage(**m) for m in msgs])
     assert body["usage"]["prompt_tokens"] == len(prompt.split())

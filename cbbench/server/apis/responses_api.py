@@ -284,8 +284,10 @@ class ResponsesShaper(BlockStream):
         text, i = self.text[kind], self.index
         done = self._item(kind, True)
         if kind == TOOL:
+            # name: required by OpenAI's spec, and vLLM sends it (emit_function_call_done_events)
             out = self._event({"type": "response.function_call_arguments.done",
-                               "item_id": self.fc_id, "output_index": i, "arguments": text})
+                               "item_id": self.fc_id, "output_index": i,
+                               "name": self.plan.tool_name, "arguments": text})
         else:
             kind_type, part = (("response.reasoning_text.done", {"type": "reasoning_text", "text": text})
                                if kind == REASONING else ("response.output_text.done", _output_text(text)))
