@@ -165,6 +165,19 @@ STREAMS = {
     "responses max_output_tokens": (
         "responses", R_LEAD + r_msg_lead(), R_TEXTS,
         [r_final("response.incomplete", "incomplete", 4, "max_output_tokens")], "length", 4, 4),
+    # Incomplete for its content filter is no length finish.
+    "responses content_filter": (
+        "responses", R_LEAD + r_msg_lead(), R_TEXTS,
+        [r_final("response.incomplete", "incomplete", 4, "content_filter")],
+        "content_filter", 4, 4),
+    # A call cut by max_output_tokens is a length finish, as chat's finish_reason says of it.
+    "responses call cut": (
+        "responses", R_LEAD + [r_ev("response.output_item.added", output_index=0, item={
+            "id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f",
+            "arguments": ""})],
+        [r_ev("response.function_call_arguments.delta", item_id="fc_1", output_index=0,
+              delta=p) for p in ('{"a":', "1")],
+        [r_final("response.incomplete", "incomplete", 4, "max_output_tokens")], "length", 4, 2),
 }
 
 
