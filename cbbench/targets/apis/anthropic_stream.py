@@ -9,8 +9,8 @@ states replaces message_start's (as Anthropic's SDK reads it). Token events are 
 text: ``text_delta`` (answer), ``thinking_delta`` (reasoning), ``input_json_delta`` (a
 ``tool_use`` block's input: the call's id and name come with its ``content_block_start``);
 ``signature_delta`` is no token. ``message_delta`` has the cumulative ``usage.output_tokens``
-and the stop reason, in chat's words (``max_tokens`` -> length, ``tool_use`` -> tool_calls,
-else stop); ``message_stop`` ends the stream. An ``error`` event, or an error response
+and the stop reason, in chat's words (``max_tokens`` and ``model_context_window_exceeded``
+-> length, ``tool_use`` -> tool_calls, ``refusal`` -> content_filter, else stop); ``message_stop`` ends the stream. An ``error`` event, or an error response
 (``{"type": "error", "error": {"type", "message"}}``), is one line: ``TYPE: message``.
 
 Anthropic's usage has no reasoning count: thinking tokens are counted from the thinking events
@@ -33,7 +33,10 @@ DELTA_KINDS = {  # content_block_delta's delta type -> (its text field, the toke
     "thinking_delta": ("thinking", REASONING),
     "input_json_delta": ("partial_json", TOOL),
 }
-STOP_REASONS = {"max_tokens": "length", "tool_use": "tool_calls"}
+# Anthropic's stop_reason in chat's finish_reason words (as Vercel's AI SDK maps them): a reply
+# cut by the context window is cut for length, one its safety classifiers stopped is filtered.
+STOP_REASONS = {"max_tokens": "length", "model_context_window_exceeded": "length",
+                "tool_use": "tool_calls", "refusal": "content_filter"}
 
 
 PROMPT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")

@@ -9,7 +9,8 @@ with ``response.completed`` or ``response.incomplete`` (vLLM sends completed, wi
 incomplete), whose ``usage`` is taken as the chat usage it matches (``input_tokens`` ->
 prompt_tokens, ``output_tokens`` -> completion_tokens, ``input_tokens_details.cached_tokens``,
 ``output_tokens_details.reasoning_tokens``), and the finish reason in chat's words: ``length``
-for max_output_tokens, ``tool_calls`` after a call, else ``stop``. ``error`` and
+for max_output_tokens (a call cut by it too), ``content_filter`` for an incomplete response its
+filter stopped, ``tool_calls`` after a call, else ``stop``. ``error`` and
 ``response.failed`` events fail the request. The server sends no running usage, so each event's
 tokens come from --tokenizer, else one per event (checks.py warns when usage shows more).
 
@@ -33,6 +34,9 @@ TEXT_DELTAS = {
 }
 FINAL = ("response.completed", "response.incomplete")
 FAILED = ("error", "response.failed")
+# incomplete_details.reason in chat's words; any other (max_output_tokens, or none: vLLM's
+# status incomplete) is the output limit.
+INCOMPLETE_REASONS = {"content_filter": "content_filter"}
 
 
 class ResponsesStream(SseStream):
@@ -93,10 +97,12 @@ class ResponsesStream(SseStream):
                 usage["completion_tokens_details"] = {"reasoning_tokens": reasoning}
             self.usage = usage
         reason = (response.get("incomplete_details") or {}).get("reason")
-        if self.tool_calls:
+        # An incomplete response says why first: a call cut by max_output_tokens is a length
+        # finish, as chat's finish_reason says of it, and a filtered one is no length finish.
+        if response.get("status") == "incomplete" or reason is not None:
+            self.finish_reason = INCOMPLETE_REASONS.get(str(reason), "length")
+        elif self.tool_calls:
             self.finish_reason = "tool_calls"
-        elif response.get("status") == "incomplete" or reason == "max_output_tokens":
-            self.finish_reason = "length"
         else:
             self.finish_reason = "stop"
 
