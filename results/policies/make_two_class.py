@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cbbench.workload import load_workload
+from cbbench.load.workload import load_workload
 
 SEED = 20240918
 NUM_REQUESTS = 1000
