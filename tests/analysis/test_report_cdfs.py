@@ -34,3 +34,15 @@ def test_itl_cdf_leaves_out_cancelled_and_failed_requests_as_the_summary_does():
     line = next(ax for ax in png.axes if ax.get_xlabel() == "ITL (ms)").lines[0]
     x, y = line.get_xydata().T
     assert x.tolist() == gaps and y.tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
+
+
+def test_a_summary_only_result_is_told_why_its_plots_are_missing():
+    # A --summary-only result's page said "No throughput and latency over time plot: ... (an
+    # endpoint run has no engine iterations)": that plot reads requests, and the run had an engine.
+    run = {"schema_version": 1, "config": {}, "summary": {}}
+    _, notes = interactive.build_plots([Labeled("r", run)], 10, None)
+    over_time = next(n for n in notes if "over time" in n)
+    assert "endpoint" not in over_time and "per-request records" in over_time
+    budget = next(n for n in notes if "token budget" in n)
+    assert "per-iteration records" in budget
+    assert any(n.startswith("No KV cache use plot") for n in notes)
