@@ -385,6 +385,20 @@ def request_timeline(pair: Sequence[Labeled], max_requests: int) -> Plot:
                 {"data": data, "layout": layout})
 
 
+# What a left-out plot lacked, said by what it reads: a --summary-only result was told "an
+# endpoint run has no engine iterations" of its over-time plot, which reads requests.
+READS_REQUESTS = ("latency_cdfs", "over_time", "request_timeline")
+REQUEST_RECORDS_NOTE = "per-request records (a --summary-only result keeps none)."
+ITERATION_RECORDS_NOTE = ("per-iteration records (an endpoint run has no engine iterations; a "
+                          "--summary-only result keeps none).")
+
+
+def _lower_first(title: str) -> str:
+    """The title inside a sentence: "Batch occupancy" as "batch occupancy", "KV cache use" and
+    "HBM bandwidth" as written (lower() gave "hbm bandwidth")."""
+    return title if title[:2].isupper() else title[:1].lower() + title[1:]
+
+
 def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
                 pair: Sequence[Labeled] | None) -> tuple[list[Plot], list[str]]:
     """The plots that have data, and a note for each left out."""
@@ -395,8 +409,9 @@ def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
     if pair is not None:
         candidates.append(request_timeline(pair, max_gantt_requests))
     kept = [p for p in candidates if p.points > 0]
-    notes = [f"No {p.title.lower()} plot: no result has the data it needs (an endpoint run "
-             "has no engine iterations)." for p in candidates if p.points == 0]
+    notes = [f"No {_lower_first(p.title)} plot: no result has "
+             + (REQUEST_RECORDS_NOTE if p.key in READS_REQUESTS else ITERATION_RECORDS_NOTE)
+             for p in candidates if p.points == 0]
     return kept, notes
 
 

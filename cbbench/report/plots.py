@@ -66,9 +66,15 @@ def request_values(result: RunResult | dict, key: str) -> np.ndarray:
     """Per-request values of ttft_ms, tpot_ms or e2el_ms (completed requests only)."""
     value = REQUEST_LATENCY[key]
     return np.array(
-        [v for r in as_run(result).requests or [] if (v := value(r)) is not None],
+        [v for r in as_run(result).requests or [] if _completed(r) and (v := value(r)) is not None],
         dtype=np.float64,
     )
+
+
+def _completed(r: Request) -> bool:
+    """The requests the summary's latencies count (analysis/summary/percentiles.py): neither
+    failed nor cancelled; a cancelled request's gaps drew the ITL CDF's tail off the table's."""
+    return r.error is None and not r.cancelled
 
 
 def itl_values(result: RunResult | dict) -> np.ndarray | None:
@@ -77,7 +83,7 @@ def itl_values(result: RunResult | dict) -> np.ndarray | None:
     gaps = []
     found = False
     for r in as_run(result).requests or []:
-        if r.error is not None:
+        if not _completed(r):
             continue
         if r.itl_ms is not None:
             found = True
