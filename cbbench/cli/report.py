@@ -211,18 +211,37 @@ def section_notes(key: str, results: Sequence) -> list[str]:
 
     notes = []
     if key == "latency_cdfs":
-        no_itl = [x.label for x in results if plots.itl_values(x.result) is None]
-        if no_itl:
+        no_itl = [x for x in results if plots.itl_values(x.result) is None]
+        # A --summary-only result keeps no requests at all: --save-detailed is not what it lacks.
+        no_requests = [x.label for x in no_itl if not as_run(x.result).requests]
+        no_times = [x.label for x in no_itl if as_run(x.result).requests]
+        if no_times:
             notes.append(
-                f"No ITL line for {', '.join(no_itl)}: the result has no per-token times "
+                f"No ITL line for {', '.join(no_times)}: the result has no per-token times "
                 "(run with --save-detailed); its summary's ITL figures are in the table above."
             )
-    if key == "bandwidth":
-        none = [x.label for x in results if plots.telemetry_bandwidth(x.result) is None]
-        if none:
+        if no_requests:
             notes.append(
-                f"No measured bandwidth for {', '.join(none)} (no GPU telemetry in the result; "
-                "a simulated GPU has none): only the analytic line is drawn."
+                f"No latency lines for {', '.join(no_requests)}: the result keeps no "
+                "per-request records (a --summary-only run); its summary's figures are in the "
+                "table above."
+            )
+    if key == "bandwidth":
+        none = [x for x in results if plots.telemetry_bandwidth(x.result) is None]
+        # The analytic line reads the engine's iterations: an endpoint or --summary-only result
+        # has none, so "only the analytic line is drawn" would promise a line that is not there.
+        analytic = [x.label for x in none if as_run(x.result).iterations]
+        neither = [x.label for x in none if not as_run(x.result).iterations]
+        if analytic:
+            notes.append(
+                f"No measured bandwidth for {', '.join(analytic)} (no GPU telemetry in the "
+                "result; a simulated GPU has none): only the analytic line is drawn."
+            )
+        if neither:
+            notes.append(
+                f"No bandwidth line for {', '.join(neither)}: the result has neither GPU "
+                "telemetry nor per-iteration records (an endpoint run without telemetry, or a "
+                "--summary-only run)."
             )
     if key == "request_timeline":
         no_queue = [

@@ -46,3 +46,21 @@ def test_a_summary_only_result_is_told_why_its_plots_are_missing():
     budget = next(n for n in notes if "token budget" in n)
     assert "per-iteration records" in budget
     assert any(n.startswith("No KV cache use plot") for n in notes)
+
+
+def test_the_static_pages_notes_name_what_each_result_lacks():
+    # report-static.html told a --summary-only result to "run with --save-detailed" (it keeps no
+    # requests at all) and promised an endpoint run "only the analytic line is drawn" (it has no
+    # iterations, so no analytic line either).
+    from cbbench.cli.report import section_notes
+
+    summary_only = Labeled("s", {"schema_version": 1, "config": {}, "summary": {}})
+    with_requests = Labeled("d", {"schema_version": 1, "config": {}, "summary": {},
+                                  "requests": [{**_request(0, [4.0]), "itl_ms": None}]})
+    cdf = section_notes("latency_cdfs", [summary_only, with_requests])
+    assert any(n.startswith("No ITL line for d:") and "--save-detailed" in n for n in cdf)
+    assert any(n.startswith("No latency lines for s:") and "--summary-only" in n for n in cdf)
+    assert not any("s," in n or "for s:" in n and "--save-detailed" in n for n in cdf)
+    bw = section_notes("bandwidth", [summary_only])
+    assert bw and all("analytic line is drawn" not in n for n in bw)
+    assert "neither GPU telemetry nor per-iteration records" in bw[0]
