@@ -473,3 +473,22 @@ def test_ctrl_c_while_an_export_is_staged_leaves_no_temporary_file(tmp_path, mon
     outcome = cli_in_process(["export", str(result), "--format", "csv"])
     assert outcome.returncode == 130 and "Traceback" not in outcome.stderr, outcome.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_ctrl_c_twice_between_a_sweep_point_and_sweep_json_leaves_both_or_neither(
+        tmp_path, monkeypatch):
+    """`sweep` saves each point's rate-R.json, then sweep.json listing it. Found in the tenth
+    review: a second Ctrl-C between the two left rate-4.json that no sweep.json listed (no
+    sweep.json at all after the first point). The pair is replaced together."""
+    from helpers import cli_in_process
+
+    _twice_after_the_first_replace(monkeypatch)
+    out = tmp_path / "sw"
+    outcome = cli_in_process(["sweep", "--engine", "sim", "--num-requests", "5",
+                              "--min-duration", "0", "--rates", "4", "--out-dir", str(out)])
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    names = sorted(p.name for p in out.iterdir() if p.suffix == ".json" or ".tmp" in p.name)
+    assert names in ([], ["rate-4.json", "sweep.json"]), (names, outcome.stderr)
+    if names:
+        listed = [p["file"] for p in json.loads((out / "sweep.json").read_text())["points"]]
+        assert listed == ["rate-4.json"]
