@@ -492,3 +492,30 @@ def test_ctrl_c_twice_between_a_sweep_point_and_sweep_json_leaves_both_or_neithe
     if names:
         listed = [p["file"] for p in json.loads((out / "sweep.json").read_text())["points"]]
         assert listed == ["rate-4.json"]
+
+
+def test_ctrl_c_inside_pydantics_serializer_is_an_interrupt(tmp_path, monkeypatch):
+    """Found in the tenth review: Ctrl-C 4 s into `cbbench export big.json --format csv` (a
+    20,000-request result) landed in pydantic's serializer, which wraps a KeyboardInterrupt
+    into PydanticSerializationError (no cause to follow): a traceback and exit 1. Any
+    command (export, import, report, compare) now says `cbbench: interrupted` and exits 130."""
+    from helpers import cli_in_process
+    from pydantic import BaseModel, field_serializer
+
+    class Dumped(BaseModel):
+        a: int = 0
+
+        @field_serializer("a")
+        def _ctrl_c(self, value):
+            raise KeyboardInterrupt  # where the signal's handler raised it
+
+    def render(*args):
+        return Dumped().model_dump()
+
+    result = tmp_path / "r.json"
+    assert cli_in_process(["run", "--engine", "sim", "--num-requests", "5", "--output",
+                           str(result), "--quiet"]).returncode == 0
+    monkeypatch.setattr("cbbench.export.files.render", render)
+    outcome = cli_in_process(["export", str(result), "--format", "csv"])
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    assert outcome.returncode == 130 and "cbbench: interrupted" in outcome.stderr
