@@ -8,6 +8,7 @@ import signal
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from cbbench import __version__
@@ -117,16 +118,24 @@ def _mode(old: os.stat_result | None) -> int:
 
 @contextlib.contextmanager
 def _signals_held():
-    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends: a second Ctrl-C between two
-    renames of a group left a result without its export (or beside a previous run's)."""
-    held = hasattr(signal, "pthread_sigmask")
-    if held:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then reach the handlers they
+    would have: a second Ctrl-C between two renames of a group left a result without its
+    export (or beside a previous run's). Noted by a handler, not a signal mask: a mask is
+    per thread, and a process signal goes to any thread that does not block it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (and only it runs them)
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        if held:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be restored
+                signal.signal(sig, handler)
+        for sig in caught:
+            signal.raise_signal(sig)
 
 
 def write_atomic_group(files: dict) -> None:
