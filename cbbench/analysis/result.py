@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from cbbench import __version__
 from cbbench.errors import UsageError
+from cbbench.load.interrupts import STOP_SIGNALS
 from cbbench.schema import read_json_file  # noqa: F401 (the readers of other formats use it)
 from cbbench.schema.base import Record, dumps, file_text  # noqa: F401 (dumps: for writers)
 from cbbench.schema.run import RUN_SCHEMA_VERSION
@@ -89,13 +92,7 @@ def _replace(target: Path, raw: bytes, old: os.stat_result | None) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        if old is not None:
-            mode = stat.S_IMODE(old.st_mode)
-        else:  # mkstemp creates 0600; give the file the mode a plain open() would
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
+        os.chmod(tmp, _mode(old))
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
@@ -107,6 +104,38 @@ def _replace(target: Path, raw: bytes, old: os.stat_result | None) -> None:
         except OSError:
             pass
         raise
+
+
+def _mode(old: os.stat_result | None) -> int:
+    """An existing file keeps its mode; a new one gets what a plain open() would give (mkstemp
+    creates 0600)."""
+    if old is not None:
+        return stat.S_IMODE(old.st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C, SIGTERM and SIGHUP wait until the block ends, then reach the handlers they
+    would have: a second Ctrl-C between two renames of a group left a result without its
+    export (or beside a previous run's). Noted by a handler, not a signal mask: a mask is
+    per thread, and a process signal goes to any thread that does not block it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread may set handlers (and only it runs them)
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: caught.append(signum))
+                for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if handler is not None:  # None: set outside Python, cannot be restored
+                signal.signal(sig, handler)
+        for sig in caught:
+            signal.raise_signal(sig)
 
 
 def write_atomic_group(files: dict) -> None:
@@ -126,21 +155,22 @@ def write_atomic_group(files: dict) -> None:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
                                        dir=target.parent)
             staged.append((tmp, target))
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)
+            os.chmod(tmp, _mode(os.stat(target) if target.is_file() else None))
             with os.fdopen(fd, "wb") as f:
                 f.write(_utf8(raw))
                 f.flush()
                 os.fsync(f.fileno())
-    except OSError as e:
+    except BaseException as e:  # a Ctrl-C too: it left the staged temporary files behind
         for tmp, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-        raise UsageError(f"cannot write {target}: {e.strerror or e}; none of "
-                         f"{', '.join(str(p) for p in files)} was written") from None
-    for tmp, target in staged:
-        os.replace(tmp, target)
+        if isinstance(e, OSError):
+            raise UsageError(f"cannot write {target}: {e.strerror or e}; none of "
+                             f"{', '.join(str(p) for p in files)} was written") from None
+        raise
+    with _signals_held():  # every file replaced, or (a signal before this) none
+        for tmp, target in staged:
+            os.replace(tmp, target)
 
 
 def write_result(path, result: Record | dict) -> None:

@@ -117,7 +117,7 @@ def run_sweep(
     ``should_stop`` is set no further point starts; the one in progress stops its dispatch
     and is saved marked interrupted, and so is the sweep."""
     stop = should_stop or (lambda: False)
-    from cbbench.analysis.result import write_atomic, write_result
+    from cbbench.analysis.result import write_atomic_group
 
     # The file's keys in the file's order: the model dumps them as given.
     sweep = from_built(SweepFile, {
@@ -139,13 +139,13 @@ def run_sweep(
         log.info(f"rate {rate_label(rate)} ({i}/{total}): {sizing.requests_for(rate)} requests")
         result = run_probe(base, rate, sizing, slo, should_stop, prep)
         path = out_dir / point_file(rate)
-        write_result(path, result)
         sweep.points.append(sweep_point(rate, result, slo, path.name))
         sweep.interrupted = stop()
         if sweep.config is None:
             sweep.config = shared_config(to_dict(result.config))
             sweep.command = result.config.command
-        write_atomic(out_dir / SWEEP_FILE, file_text(sweep))
+        # Together: a second Ctrl-C between them left a point no sweep.json listed.
+        write_atomic_group({path: file_text(result), out_dir / SWEEP_FILE: file_text(sweep)})
         return result
 
     if rates is None:

@@ -185,6 +185,13 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+def _wraps_an_interrupt(e: Exception) -> bool:
+    """pydantic's serializer turns a KeyboardInterrupt raised inside it (Ctrl-C while a big
+    result is dumped: `export`, `import`) into PydanticSerializationError, naming it only in
+    its message: that was a traceback and exit 1."""
+    return type(e).__name__ == "PydanticSerializationError" and "KeyboardInterrupt" in str(e)
+
+
 def _invoke() -> int:
     """Run the app; every failure becomes one line on stderr and an exit code."""
     app = _register(_command_named(sys.argv))
@@ -197,6 +204,9 @@ def _invoke() -> int:
         typer.echo("cbbench: interrupted", err=True)
         return INTERRUPTED_EXIT
     except Exception as e:
+        if _wraps_an_interrupt(e):
+            typer.echo("cbbench: interrupted", err=True)
+            return INTERRUPTED_EXIT
         # Click's parse errors (bad option, bad value, missing argument) carry an exit code and
         # a message; print that one line instead of click's usage block.
         code = getattr(e, "exit_code", None)

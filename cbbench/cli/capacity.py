@@ -173,36 +173,38 @@ def capacity(
             found = search(prober, start_rate, precision, should_stop=stop,
                            fits=sizing.schedule_fits)
 
-    config = config or (prober.config if prober else None)
-    # The file's keys in the file's order: the model dumps them as given.
-    doc = from_built(CapacityFile, {
-        "kind": CAPACITY_KIND,
-        "schema_version": CAPACITY_SCHEMA_VERSION,
-        "slo": slo_spec.to_dict(),
-        "precision": precision,
-        "sizing": sizing.to_dict(),
-        "points_prep": prep.to_dict(),
-        "status": found.status,
-        "capacity": found.capacity,
-        "bracket": [found.lo, found.hi],
-        "margin": found.margin,
-        "saturation_rate": saturation,
-        "saturation_probe": sat_point.to_dict() if sat_point else None,
-        "config": shared_config(to_dict(config) if config is not None else {}),
-        "command": recorded_command(sys.argv[1:]),
-        "probes": [p.to_dict() for p in found.probes],
-        "interrupted": found.status == INTERRUPTED,
-    }, "the capacity search")
+        # Still under the search's handler: a Ctrl-C while the answer is printed and written
+        # is noted, not raised (capacity.json, every probe, was lost).
+        config = config or (prober.config if prober else None)
+        # The file's keys in the file's order: the model dumps them as given.
+        doc = from_built(CapacityFile, {
+            "kind": CAPACITY_KIND,
+            "schema_version": CAPACITY_SCHEMA_VERSION,
+            "slo": slo_spec.to_dict(),
+            "precision": precision,
+            "sizing": sizing.to_dict(),
+            "points_prep": prep.to_dict(),
+            "status": found.status,
+            "capacity": found.capacity,
+            "bracket": [found.lo, found.hi],
+            "margin": found.margin,
+            "saturation_rate": saturation,
+            "saturation_probe": sat_point.to_dict() if sat_point else None,
+            "config": shared_config(to_dict(config) if config is not None else {}),
+            "command": recorded_command(sys.argv[1:]),
+            "probes": [p.to_dict() for p in found.probes],
+            "interrupted": found.status == INTERRUPTED,
+        }, "the capacity search")
 
-    # The probes first: a file that cannot be written (a full disk) still shows them.
-    typer.echo(f"SLO: {slo_spec.describe()}")
-    if saturation is not None:
-        typer.echo(saturation_line(saturation, sat_point))
-    typer.echo("latencies in ms")
-    typer.echo(probe_table(found.probes, sat_point))
-    typer.echo("")
-    typer.echo(answer_line(found))
-    write_atomic(out_path, file_text(doc))
+        # The probes first: a file that cannot be written (a full disk) still shows them.
+        typer.echo(f"SLO: {slo_spec.describe()}")
+        if saturation is not None:
+            typer.echo(saturation_line(saturation, sat_point))
+        typer.echo("latencies in ms")
+        typer.echo(probe_table(found.probes, sat_point))
+        typer.echo("")
+        typer.echo(answer_line(found))
+        write_atomic(out_path, file_text(doc))
     typer.echo(f"\ncapacity: {out_path}")
     if found.status == BELOW_MIN or (found.status == TOO_SHORT and found.lo is None):
         raise typer.Exit(NOT_FOUND_EXIT)

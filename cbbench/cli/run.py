@@ -127,13 +127,21 @@ def _keep(result, output: O.OutputOptions, out_path, also) -> None:
             typer.echo(render_summary(result), err=to_stdout)
     except OSError:  # the terminal is gone (closed pty, SIGHUP): the printout, not the result
         pass
-    write_result(out_path, result)
     if also is not None and output.output_format is not None:  # the file's form, as export reads it
-        from cbbench.analysis.result import write_atomic
+        from cbbench.analysis.result import write_atomic_group
         from cbbench.export.files import render
+        from cbbench.schema import file_text
 
-        for path, raw in render(result, output.output_format, also).items():
-            write_atomic(path, raw)
+        try:
+            files = render(result, output.output_format, also)
+        except Exception:  # the export cannot be made (parquet without pyarrow): keep the result
+            write_result(out_path, result)
+            raise
+        # The result and its export replaced together: a second Ctrl-C between them left
+        # the result beside no export, or beside a previous run's.
+        write_atomic_group({out_path: file_text(result), **files})
+    else:
+        write_result(out_path, result)
     if not output.json and not to_stdout:
         with contextlib.suppress(OSError):  # a closed terminal: the file is written
             typer.echo(f"\nresult: {out_path}")

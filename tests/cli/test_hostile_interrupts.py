@@ -173,3 +173,27 @@ def test_compare_variants_keeps_the_variant_in_progress_marked_interrupted(outco
     assert json.loads((d / "out" / "static.json").read_text())["interrupted"] is True
     assert not (d / "out" / "continuous.json").exists() and "variant continuous" not in r["err"]
     assert "(interrupted)" in r["out"]
+
+
+def test_a_signal_while_capacitys_answer_is_written_keeps_it(tmp_path, monkeypatch):
+    """Found in the tenth review: a Ctrl-C once the search had ended, while its table and
+    capacity.json were printed and written (the search's handler already gone), exited 130
+    with no capacity.json: every probe lost. The handler covers the write, as `run`'s does."""
+    from helpers import cli_in_process
+
+    import cbbench.analysis.result as result_module
+
+    real = result_module.write_atomic
+
+    def write_after_a_sigint(path, data):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered before the write begins
+        real(path, data)
+
+    monkeypatch.setattr(result_module, "write_atomic", write_after_a_sigint)
+    out = tmp_path / "cap.json"
+    outcome = cli_in_process(["capacity", "--engine", "sim", "--slo", "ttft_p99=100000",
+                              "--start-rate", "4", "--num-requests", "20", "--min-duration", "0",
+                              "--out", str(out)])
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    doc = json.loads(out.read_text())
+    assert doc["probes"] and not doc["interrupted"]  # the search had finished

@@ -417,3 +417,105 @@ def test_a_signal_while_the_result_is_written_keeps_it(tmp_path, monkeypatch):
     assert "Traceback" not in outcome.stderr, outcome.stderr
     assert outcome.returncode == 0, outcome.stderr
     assert read_run(out).summary.completed == 5
+
+
+def _twice_after_the_first_replace(monkeypatch):
+    """os.replace that, once the first file is in place, gets Ctrl-C twice (the second is the
+    one that quits): the moment between one file of a set and the next."""
+    real, calls = os.replace, []
+
+    def replace(src, dst):
+        real(src, dst)
+        calls.append(dst)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
+def test_ctrl_c_twice_between_a_result_and_its_export_leaves_all_or_none(tmp_path, monkeypatch):
+    """`run --output-format csv` writes x.json, x.csv and x_summary.csv. Found in the tenth
+    review: a second Ctrl-C after x.json was in place left it without its CSVs (or beside a
+    previous run's). The three are replaced together, with the signals held for those few
+    renames: every file or none, and no temporary file."""
+    from helpers import cli_in_process
+
+    _twice_after_the_first_replace(monkeypatch)
+    out = tmp_path / "x.json"
+    outcome = cli_in_process(["run", "--engine", "sim", "--num-requests", "5", "--output",
+                              str(out), "--output-format", "csv"])
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names in ([], ["x.csv", "x.json", "x_summary.csv"]), (names, outcome.stderr)
+    if names:
+        rows = (tmp_path / "x.csv").read_text().strip().splitlines()[1:]
+        assert len(rows) == read_run(out).summary.completed == 5
+
+
+def test_ctrl_c_while_an_export_is_staged_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """`cbbench export --format csv` stopped by Ctrl-C while its files were being written: the
+    first one's temporary file was left behind (only an OSError cleaned them up)."""
+    from helpers import cli_in_process
+
+    result = tmp_path / "r.json"
+    assert cli_in_process(["run", "--engine", "sim", "--num-requests", "5", "--output",
+                           str(result), "--quiet"]).returncode == 0
+    real, synced = os.fsync, []
+
+    def fsync(fd):
+        synced.append(fd)
+        if len(synced) == 2:  # the second file of the pair
+            raise KeyboardInterrupt
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    outcome = cli_in_process(["export", str(result), "--format", "csv"])
+    assert outcome.returncode == 130 and "Traceback" not in outcome.stderr, outcome.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_ctrl_c_twice_between_a_sweep_point_and_sweep_json_leaves_both_or_neither(
+        tmp_path, monkeypatch):
+    """`sweep` saves each point's rate-R.json, then sweep.json listing it. Found in the tenth
+    review: a second Ctrl-C between the two left rate-4.json that no sweep.json listed (no
+    sweep.json at all after the first point). The pair is replaced together."""
+    from helpers import cli_in_process
+
+    _twice_after_the_first_replace(monkeypatch)
+    out = tmp_path / "sw"
+    outcome = cli_in_process(["sweep", "--engine", "sim", "--num-requests", "5",
+                              "--min-duration", "0", "--rates", "4", "--out-dir", str(out)])
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    names = sorted(p.name for p in out.iterdir() if p.suffix == ".json" or ".tmp" in p.name)
+    assert names in ([], ["rate-4.json", "sweep.json"]), (names, outcome.stderr)
+    if names:
+        listed = [p["file"] for p in json.loads((out / "sweep.json").read_text())["points"]]
+        assert listed == ["rate-4.json"]
+
+
+def test_ctrl_c_inside_pydantics_serializer_is_an_interrupt(tmp_path, monkeypatch):
+    """Found in the tenth review: Ctrl-C 4 s into `cbbench export big.json --format csv` (a
+    20,000-request result) landed in pydantic's serializer, which wraps a KeyboardInterrupt
+    into PydanticSerializationError (no cause to follow): a traceback and exit 1. Any
+    command (export, import, report, compare) now says `cbbench: interrupted` and exits 130."""
+    from helpers import cli_in_process
+    from pydantic import BaseModel, field_serializer
+
+    class Dumped(BaseModel):
+        a: int = 0
+
+        @field_serializer("a")
+        def _ctrl_c(self, value):
+            raise KeyboardInterrupt  # where the signal's handler raised it
+
+    def render(*args):
+        return Dumped().model_dump()
+
+    result = tmp_path / "r.json"
+    assert cli_in_process(["run", "--engine", "sim", "--num-requests", "5", "--output",
+                           str(result), "--quiet"]).returncode == 0
+    monkeypatch.setattr("cbbench.export.files.render", render)
+    outcome = cli_in_process(["export", str(result), "--format", "csv"])
+    assert "Traceback" not in outcome.stderr, outcome.stderr
+    assert outcome.returncode == 130 and "cbbench: interrupted" in outcome.stderr
