@@ -132,8 +132,9 @@ def _signals_held():
         yield
     finally:
         for sig, handler in previous.items():
-            if handler is not None:  # None: set outside Python, cannot be restored
-                signal.signal(sig, handler)
+            # None: set outside Python, which cannot be restored: the default action, rather
+            # than leave this block's recorder to swallow every later signal.
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
         for sig in caught:
             signal.raise_signal(sig)
 
