@@ -53,7 +53,8 @@ def to_br02(result: RunResult | Mapping[str, Any]) -> dict:
     report = {
         "version": VERSION,
         "run": _run(run, plain, config),
-        "scenario": {"stack": [_stack_component(run, config)], "load": _load(run.config, config, done)},
+        "scenario": {"stack": [_stack_component(run, config)],
+                     "load": _load(run.config, config, done, run.summary)},
         "results": {
             "request_performance": {
                 "aggregate": {
@@ -134,7 +135,7 @@ def _stack_component(run: RunResult, config: dict) -> dict:
     }
 
 
-def _load(c: Config, config: dict, done: list[Request]) -> dict:
+def _load(c: Config, config: dict, done: list[Request], summary: Summary) -> dict:
     workload = str(c.workload or "")
     source = "random" if workload in RANDOM_WORKLOADS else ("sampled" if workload else "unknown")
     rate = c.request_rate
@@ -144,8 +145,10 @@ def _load(c: Config, config: dict, done: list[Request]) -> dict:
         # The config's own version where a producer wrote one there (none does today).
         "tool_version": str((c.model_extra or {}).get("cbbench_version") or _version()),
         "source": source,
-        "input_seq_len": _seq_len(R.values(done, lambda r: r.prompt_tokens)),
-        "output_seq_len": _seq_len(R.values(done, lambda r: r.output_tokens)),
+        "input_seq_len": _seq_len(R.values(done, lambda r: r.prompt_tokens),
+                                  _mean_length(summary, summary.total_input_tokens)),
+        "output_seq_len": _seq_len(R.values(done, lambda r: r.output_tokens),
+                                   _mean_length(summary, summary.total_output_tokens)),
         "rate_qps": rate if is_finite(rate) and rate > 0 else None,
         "concurrency": concurrency if isinstance(concurrency, int) and concurrency >= 1 else None,
         "parallelism": _parallelism(c.workers),
@@ -175,9 +178,17 @@ def _parallel_size(v) -> int:
     return int(v) if is_finite(v) and v >= 1 else 1
 
 
-def _seq_len(values: np.ndarray) -> dict:
-    if values.size == 0:
-        return {"distribution": "other", "value": 0}
+def _mean_length(summary: Summary, total) -> float | None:
+    """A --summary-only result's mean length: the summary's token total over the completed
+    requests it counts (llm-d's own fallback for vLLM bench: total_input_tokens / completed);
+    None where it has no completed request."""
+    n = summary.completed
+    return total / n if isinstance(n, int) and n > 0 and is_finite(total) else None
+
+
+def _seq_len(values: np.ndarray, mean: float | None = None) -> dict:
+    if values.size == 0:  # no records: the summary's mean where it has one
+        return {"distribution": "other", "value": mean if mean is not None else 0}
     lo, hi = int(values.min()), int(values.max())
     if lo == hi:
         return {"distribution": "fixed", "value": lo}
@@ -196,8 +207,10 @@ def _requests(summary: Summary, requests: list[Request], done: list[Request]) ->
         "failures": failed if isinstance(failed, int) else None,
         # Cancelled by the client on purpose (--cancel-rate): neither completed nor failed.
         "incomplete": cancelled if isinstance(cancelled, int) else None,
-        "input_length": statistics(R.values(done, lambda r: r.prompt_tokens), "count"),
-        "output_length": statistics(R.values(done, lambda r: r.output_tokens), "count"),
+        "input_length": statistics(R.values(done, lambda r: r.prompt_tokens), "count")
+        or _mean_only(_mean_length(summary, summary.total_input_tokens), "count"),
+        "output_length": statistics(R.values(done, lambda r: r.output_tokens), "count")
+        or _mean_only(_mean_length(summary, summary.total_output_tokens), "count"),
     }
 
 
