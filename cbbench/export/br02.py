@@ -37,8 +37,10 @@ PERCENTILE_KEYS = {
     "p0p1": 0.1, "p1": 1.0, "p5": 5.0, "p10": 10.0, "p25": 25.0, "p50": 50.0,
     "p75": 75.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99p9": 99.9,
 }
-# Workloads whose prompts are drawn from data rather than made of random tokens.
-RANDOM_WORKLOADS = ("random",)
+# Workloads whose prompts are random tokens (random-mm: with images), not drawn from data.
+RANDOM_WORKLOADS = ("random", "random-mm")
+# What an import writes as the workload when the tool's file does not say (importers/fields.py).
+UNKNOWN_WORKLOAD = "unknown"
 UID_LENGTH = 32  # llm-d's ids are 32 hex digits (md5-sized)
 
 
@@ -137,7 +139,8 @@ def _stack_component(run: RunResult, config: dict) -> dict:
 
 def _load(c: Config, config: dict, done: list[Request], summary: Summary) -> dict:
     workload = str(c.workload or "")
-    source = "random" if workload in RANDOM_WORKLOADS else ("sampled" if workload else "unknown")
+    known = workload and workload != UNKNOWN_WORKLOAD
+    source = "random" if workload in RANDOM_WORKLOADS else ("sampled" if known else "unknown")
     rate = c.request_rate
     concurrency = c.max_concurrency
     standardized = {

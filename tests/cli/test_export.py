@@ -316,3 +316,20 @@ def test_br02_of_a_summary_only_run_keeps_its_sequence_lengths(tmp_path):
     assert (load["input_seq_len"]["value"], load["output_seq_len"]["value"]) == (100, 10)
     requests = doc["results"]["request_performance"]["aggregate"]["requests"]
     assert (requests["input_length"]["mean"], requests["output_length"]["mean"]) == (100, 10)
+
+
+@pytest.mark.parametrize(("workload", "source"), [
+    ("unknown", "unknown"),  # what an import writes when the tool's file does not say
+    ("random-mm", "random"),  # random tokens (with images): not sampled from data
+    ("random", "random"),
+    ("sharegpt", "sampled"),
+])
+def test_br02_load_source_says_how_the_prompts_were_made(workload, source):
+    """BR0.2's load.source was "sampled" for an imported run whose workload is unknown (an
+    AIPerf file names none) and for random-mm's random tokens. llm-d's LoadSource: random
+    (tokens drawn from the vocabulary), sampled (from some data), unknown."""
+    from cbbench.export.br02 import to_br02
+
+    result = json.loads((SCHEMA.parent.parent / "results" / "run.json").read_text())
+    result["config"]["workload"] = workload
+    assert to_br02(result)["scenario"]["load"]["standardized"]["source"] == source
