@@ -42,6 +42,10 @@ RANDOM_WORKLOADS = ("random", "random-mm")
 # What an import writes as the workload when the tool's file does not say (importers/fields.py).
 UNKNOWN_WORKLOAD = "unknown"
 UID_LENGTH = 32  # llm-d's ids are 32 hex digits (md5-sized)
+# The error type of a request still in flight when the run stopped (a run's Ctrl-C, a GuideLLM
+# benchmark's end), counted among the summary's failed: llm-d's "incomplete" (not completed),
+# not its "failures" (answered with an error), as its GuideLLM converter splits them.
+INTERRUPTED = "interrupted"
 
 
 def to_br02(result: RunResult | Mapping[str, Any]) -> dict:
@@ -200,16 +204,20 @@ def _seq_len(values: np.ndarray, mean: float | None = None) -> dict:
 
 
 def _requests(summary: Summary, requests: list[Request], done: list[Request]) -> dict:
-    failed = summary.failed
-    cancelled = summary.cancelled
+    failed, incomplete = summary.failed, summary.cancelled
+    if isinstance(failed, int):  # those the run's end cut, moved from failed to incomplete
+        cut = min((summary.error_types or {}).get(INTERRUPTED, 0), failed)
+        failed -= cut
+        incomplete = (incomplete if isinstance(incomplete, int) else 0) + cut or incomplete
     return {
         # A --summary-only result: every request it counted, the failed and cancelled too.
         "total": len(requests) if requests else sum(
-            n for n in (summary.completed, failed, cancelled) if isinstance(n, int)
+            n for n in (summary.completed, failed, incomplete) if isinstance(n, int)
         ),
         "failures": failed if isinstance(failed, int) else None,
-        # Cancelled by the client on purpose (--cancel-rate): neither completed nor failed.
-        "incomplete": cancelled if isinstance(cancelled, int) else None,
+        # Cancelled by the client on purpose (--cancel-rate), or cut by the run's end: neither
+        # completed nor failed.
+        "incomplete": incomplete if isinstance(incomplete, int) else None,
         "input_length": statistics(R.values(done, lambda r: r.prompt_tokens), "count")
         or _mean_only(_mean_length(summary, summary.total_input_tokens), "count"),
         "output_length": statistics(R.values(done, lambda r: r.output_tokens), "count")

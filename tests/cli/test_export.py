@@ -333,3 +333,17 @@ def test_br02_load_source_says_how_the_prompts_were_made(workload, source):
     result = json.loads((SCHEMA.parent.parent / "results" / "run.json").read_text())
     result["config"]["workload"] = workload
     assert to_br02(result)["scenario"]["load"]["standardized"]["source"] == source
+
+
+def test_br02_counts_requests_cut_by_the_end_as_incomplete_not_failures():
+    """A request still in flight when the run stopped (a run's Ctrl-C, a GuideLLM benchmark's
+    end: error_type "interrupted", among the summary's failed) was a BR0.2 failure. llm-d's
+    schema: failures "responded with an error", incomplete "not completed"; its GuideLLM
+    converter puts GuideLLM's incomplete requests in incomplete and its errored in failures."""
+    from cbbench.export.br02 import to_br02
+
+    result = json.loads((SCHEMA.parent.parent / "results" / "run.json").read_text())
+    result["summary"].update(failed=3, cancelled=1,
+                             error_types={"interrupted": 2, "http_status": 1})
+    requests = to_br02(result)["results"]["request_performance"]["aggregate"]["requests"]
+    assert (requests["failures"], requests["incomplete"]) == (1, 3)
