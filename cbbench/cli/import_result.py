@@ -108,8 +108,9 @@ def _parse(file: Path, tool: str, benchmark: int | None, same_host: bool):
     if tool == aiperf.TOOL:
         rows = aiperf.lines(file)
         recs = aiperf.records(rows, str(file))
-        return (base_config(aiperf.TOOL, len(recs)), None, recs, duration_s(recs),
-                aiperf.origin(rows), None)
+        origin = aiperf.origin(rows)
+        return (base_config(aiperf.TOOL, len(recs)), aiperf.started_at(origin), recs,
+                duration_s(recs), origin, None)
     data = read_json_file(file, f"{tool} result")
     if tool == inference_perf.TOOL:
         entries = inference_perf.entries(data, str(file))

@@ -37,9 +37,15 @@ PERCENTILE_KEYS = {
     "p0p1": 0.1, "p1": 1.0, "p5": 5.0, "p10": 10.0, "p25": 25.0, "p50": 50.0,
     "p75": 75.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99p9": 99.9,
 }
-# Workloads whose prompts are drawn from data rather than made of random tokens.
-RANDOM_WORKLOADS = ("random",)
+# Workloads whose prompts are random tokens (random-mm: with images), not drawn from data.
+RANDOM_WORKLOADS = ("random", "random-mm")
+# What an import writes as the workload when the tool's file does not say (importers/fields.py).
+UNKNOWN_WORKLOAD = "unknown"
 UID_LENGTH = 32  # llm-d's ids are 32 hex digits (md5-sized)
+# The error type of a request still in flight when the run stopped (a run's Ctrl-C, a GuideLLM
+# benchmark's end), counted among the summary's failed: llm-d's "incomplete" (not completed),
+# not its "failures" (answered with an error), as its GuideLLM converter splits them.
+INTERRUPTED = "interrupted"
 
 
 def to_br02(result: RunResult | Mapping[str, Any]) -> dict:
@@ -53,7 +59,8 @@ def to_br02(result: RunResult | Mapping[str, Any]) -> dict:
     report = {
         "version": VERSION,
         "run": _run(run, plain, config),
-        "scenario": {"stack": [_stack_component(run, config)], "load": _load(run.config, config, done)},
+        "scenario": {"stack": [_stack_component(run, config)],
+                     "load": _load(run.config, config, done, run.summary)},
         "results": {
             "request_performance": {
                 "aggregate": {
@@ -134,9 +141,10 @@ def _stack_component(run: RunResult, config: dict) -> dict:
     }
 
 
-def _load(c: Config, config: dict, done: list[Request]) -> dict:
+def _load(c: Config, config: dict, done: list[Request], summary: Summary) -> dict:
     workload = str(c.workload or "")
-    source = "random" if workload in RANDOM_WORKLOADS else ("sampled" if workload else "unknown")
+    known = workload and workload != UNKNOWN_WORKLOAD
+    source = "random" if workload in RANDOM_WORKLOADS else ("sampled" if known else "unknown")
     rate = c.request_rate
     concurrency = c.max_concurrency
     standardized = {
@@ -144,8 +152,10 @@ def _load(c: Config, config: dict, done: list[Request]) -> dict:
         # The config's own version where a producer wrote one there (none does today).
         "tool_version": str((c.model_extra or {}).get("cbbench_version") or _version()),
         "source": source,
-        "input_seq_len": _seq_len(R.values(done, lambda r: r.prompt_tokens)),
-        "output_seq_len": _seq_len(R.values(done, lambda r: r.output_tokens)),
+        "input_seq_len": _seq_len(R.values(done, lambda r: r.prompt_tokens),
+                                  _mean_length(summary, summary.total_input_tokens)),
+        "output_seq_len": _seq_len(R.values(done, lambda r: r.output_tokens),
+                                   _mean_length(summary, summary.total_output_tokens)),
         "rate_qps": rate if is_finite(rate) and rate > 0 else None,
         "concurrency": concurrency if isinstance(concurrency, int) and concurrency >= 1 else None,
         "parallelism": _parallelism(c.workers),
@@ -175,9 +185,17 @@ def _parallel_size(v) -> int:
     return int(v) if is_finite(v) and v >= 1 else 1
 
 
-def _seq_len(values: np.ndarray) -> dict:
-    if values.size == 0:
-        return {"distribution": "other", "value": 0}
+def _mean_length(summary: Summary, total) -> float | None:
+    """A --summary-only result's mean length: the summary's token total over the completed
+    requests it counts (llm-d's own fallback for vLLM bench: total_input_tokens / completed);
+    None where it has no completed request."""
+    n = summary.completed
+    return total / n if isinstance(n, int) and n > 0 and is_finite(total) else None
+
+
+def _seq_len(values: np.ndarray, mean: float | None = None) -> dict:
+    if values.size == 0:  # no records: the summary's mean where it has one
+        return {"distribution": "other", "value": mean if mean is not None else 0}
     lo, hi = int(values.min()), int(values.max())
     if lo == hi:
         return {"distribution": "fixed", "value": lo}
@@ -186,18 +204,24 @@ def _seq_len(values: np.ndarray) -> dict:
 
 
 def _requests(summary: Summary, requests: list[Request], done: list[Request]) -> dict:
-    failed = summary.failed
-    cancelled = summary.cancelled
+    failed, incomplete = summary.failed, summary.cancelled
+    if isinstance(failed, int):  # those the run's end cut, moved from failed to incomplete
+        cut = min((summary.error_types or {}).get(INTERRUPTED, 0), failed)
+        failed -= cut
+        incomplete = (incomplete if isinstance(incomplete, int) else 0) + cut or incomplete
     return {
         # A --summary-only result: every request it counted, the failed and cancelled too.
         "total": len(requests) if requests else sum(
-            n for n in (summary.completed, failed, cancelled) if isinstance(n, int)
+            n for n in (summary.completed, failed, incomplete) if isinstance(n, int)
         ),
         "failures": failed if isinstance(failed, int) else None,
-        # Cancelled by the client on purpose (--cancel-rate): neither completed nor failed.
-        "incomplete": cancelled if isinstance(cancelled, int) else None,
-        "input_length": statistics(R.values(done, lambda r: r.prompt_tokens), "count"),
-        "output_length": statistics(R.values(done, lambda r: r.output_tokens), "count"),
+        # Cancelled by the client on purpose (--cancel-rate), or cut by the run's end: neither
+        # completed nor failed.
+        "incomplete": incomplete if isinstance(incomplete, int) else None,
+        "input_length": statistics(R.values(done, lambda r: r.prompt_tokens), "count")
+        or _mean_only(_mean_length(summary, summary.total_input_tokens), "count"),
+        "output_length": statistics(R.values(done, lambda r: r.output_tokens), "count")
+        or _mean_only(_mean_length(summary, summary.total_output_tokens), "count"),
     }
 
 

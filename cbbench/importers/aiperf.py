@@ -28,6 +28,7 @@ name, and tokens per event its true mean (output tokens over chunks). The per-ch
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import statistics
 from collections.abc import Iterable
@@ -165,6 +166,11 @@ def _check_span(rows: list[Row], starts: list[int], slots: list[int], source: st
 def origin(rows: Iterable[Row], source: str = "") -> float:
     """The records' zero on the Unix clock (s): AIPerf stamps with time.time_ns()."""
     return min(_slots(_profiling(rows, source), source)[1]) * NS
+
+
+def started_at(t0_epoch_s: float) -> str:
+    """When the run started (UTC, to the second, as a run's started_at): the records' zero."""
+    return dt.datetime.fromtimestamp(t0_epoch_s, dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def records(rows: Iterable[Row], source: str) -> list[RequestRecord]:

@@ -297,3 +297,53 @@ def test_csv_of_a_summary_only_result_is_a_table_a_reader_takes(results, tmp_pat
     assert table.num_rows == 0 and table.column_names == list(Request.model_fields)
     summary = pc.read_csv(tmp_path / "so_summary.csv")
     assert summary.column_names == ["metric", "statistic", "value"] and summary.num_rows > 0
+
+
+def test_br02_of_a_summary_only_run_keeps_its_sequence_lengths(tmp_path):
+    """--summary-only keeps no records: BR0.2 said the run's input and output sequence lengths
+    were 0 (and gave no input_length / output_length), for a run of 100-token prompts and
+    10-token answers. llm-d's own vLLM-bench import takes them as the totals over the completed
+    requests (total_input_tokens / completed), the summary's totals here."""
+    workload = tmp_path / "w.jsonl"
+    workload.write_text('{"prompt_len": 100, "output_len": 10}\n' * 4)
+    result = tmp_path / "so.json"
+    res = _cli("run", "--engine", "sim", "--workload", str(workload), "--summary-only",
+               "--output", str(result))
+    assert res.exit_code == 0, res.output
+    doc = _export_br(result, tmp_path / "so.br0.2.json")
+    _validator().validate(doc)
+    load = doc["scenario"]["load"]["standardized"]
+    assert (load["input_seq_len"]["value"], load["output_seq_len"]["value"]) == (100, 10)
+    requests = doc["results"]["request_performance"]["aggregate"]["requests"]
+    assert (requests["input_length"]["mean"], requests["output_length"]["mean"]) == (100, 10)
+
+
+@pytest.mark.parametrize(("workload", "source"), [
+    ("unknown", "unknown"),  # what an import writes when the tool's file does not say
+    ("random-mm", "random"),  # random tokens (with images): not sampled from data
+    ("random", "random"),
+    ("sharegpt", "sampled"),
+])
+def test_br02_load_source_says_how_the_prompts_were_made(workload, source):
+    """BR0.2's load.source was "sampled" for an imported run whose workload is unknown (an
+    AIPerf file names none) and for random-mm's random tokens. llm-d's LoadSource: random
+    (tokens drawn from the vocabulary), sampled (from some data), unknown."""
+    from cbbench.export.br02 import to_br02
+
+    result = json.loads((SCHEMA.parent.parent / "results" / "run.json").read_text())
+    result["config"]["workload"] = workload
+    assert to_br02(result)["scenario"]["load"]["standardized"]["source"] == source
+
+
+def test_br02_counts_requests_cut_by_the_end_as_incomplete_not_failures():
+    """A request still in flight when the run stopped (a run's Ctrl-C, a GuideLLM benchmark's
+    end: error_type "interrupted", among the summary's failed) was a BR0.2 failure. llm-d's
+    schema: failures "responded with an error", incomplete "not completed"; its GuideLLM
+    converter puts GuideLLM's incomplete requests in incomplete and its errored in failures."""
+    from cbbench.export.br02 import to_br02
+
+    result = json.loads((SCHEMA.parent.parent / "results" / "run.json").read_text())
+    result["summary"].update(failed=3, cancelled=1,
+                             error_types={"interrupted": 2, "http_status": 1})
+    requests = to_br02(result)["results"]["request_performance"]["aggregate"]["requests"]
+    assert (requests["failures"], requests["incomplete"]) == (1, 3)

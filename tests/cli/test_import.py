@@ -424,3 +424,14 @@ def test_a_failure_vllm_gave_no_reason_is_not_a_completed_request(tmp_path):
     r1 = result["requests"][1]
     assert r1["error"] == "failed (vLLM bench recorded no reason)" and r1["error_type"] == "error"
     assert result["requests"][2]["error_type"] == "timeout"
+
+
+def test_aiperf_import_keeps_when_the_run_started(tmp_path):
+    """AIPerf stamps every record on the Unix clock (time.time_ns()), yet the imported result's
+    started_at was null, and its BR0.2 export had no run.time.start or end: when the run
+    happened was lost. It is the records' zero (the first credit's release), as GuideLLM's
+    import takes its benchmark's start_time."""
+    base = 1_765_000_000 * 10**9  # 2025-12-06T05:46:40Z
+    result = _import_aiperf(tmp_path, [_aiperf_line(base + 2_000_000, base, 10.0, [1.0], 2, 5)])
+    assert result["started_at"] == "2025-12-06T05:46:40+00:00"
+    assert result["summary"]["http"]["t0_epoch_s"] == base / 1e9
