@@ -50,3 +50,30 @@ def test_server_side_hit_rate_matches_the_log_and_the_engine(tmp_path):
     assert cache["cached_tokens"] == 5 * len(SHARED)
     assert cache["hit_rate"] == 5 * len(SHARED) / (6 * (len(SHARED) + 20))
     assert engine["summary"]["engine"]["prefix_cache_hit_tokens"] == cache["cached_tokens"]
+
+
+def _vllm_record(i: int, cached: int | None, endpoint: str = "http://a", turn: int | None = None):
+    from cbbench.analysis.records import RequestRecord
+
+    return RequestRecord(i, 150, 4, 0.0, token_times_s=[0.1, 0.2], server_prompt_tokens=150,
+                         cached_tokens=cached, endpoint=endpoint, session_id=0, turn=turn)
+
+
+def test_a_usage_vllm_leaves_without_cached_tokens_is_a_miss_not_left_out():
+    """vLLM writes prompt_tokens_details only when the count is non-zero (serving.py: `if
+    self.enable_prompt_tokens_details and num_cached_tokens`): the first of 5 requests sharing
+    48 cached tokens carries none. Its 150 tokens are a miss, so the rate is 192 / 750, as
+    vllm:prefix_cache_hits / queries say; an endpoint that never sent the field says nothing."""
+    from cbbench.analysis.server_side.server_cache import server_prefix_cache
+    from cbbench.analysis.summary.turns import by_turn
+
+    recs = [_vllm_record(0, None, turn=1)] + [_vllm_record(i, 48, turn=2) for i in range(1, 5)]
+    cache = server_prefix_cache(recs)
+    assert cache == {"requests": 5, "cached_tokens": 192, "prompt_tokens": 750,
+                     "hit_rate": 192 / 750}
+    # By turn too: turn 1 (no hit anywhere on it) is a 0 rate, not "the server reported none".
+    assert by_turn(recs)[0]["server_prefix_cache"]["hit_rate"] == 0.0
+    # Beside it, an endpoint that never reported cached tokens (--balance) is left out.
+    other = [_vllm_record(9, None, endpoint="http://b")]
+    assert server_prefix_cache(recs + other) == cache
+    assert server_prefix_cache(other) is None

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cbbench.analysis.records import RequestRecord
-from cbbench.analysis.server_side.server_cache import server_prefix_cache
+from cbbench.analysis.server_side.server_cache import reporting_endpoints, server_prefix_cache
 from cbbench.analysis.summary.columns import NO_TURN, RequestColumns, as_columns
 from cbbench.analysis.summary.metrics import DEFAULT_PERCENTILES, MS, distribution
 
@@ -29,6 +29,8 @@ def by_turn(run: RequestColumns | Sequence[RequestRecord],
     cols = as_columns(run)
     records = cols.records
     turns = np.unique(cols.turn[cols.turn != NO_TURN])
+    # The run's, not each turn's: a turn where nothing hit may carry no cached_tokens (vLLM).
+    reporting = reporting_endpoints(records) if records is not None else set()
     out = []
     for k in turns.tolist():
         mine = cols.turn == k
@@ -42,8 +44,9 @@ def by_turn(run: RequestColumns | Sequence[RequestRecord],
             "ttft_ms": distribution(cols.ttft_ms[rows], percentiles),
             "tpot_ms": distribution(cols.tpot_ms[done & cols.has_tpot], percentiles),
             # The server's prefix-cache hits on this turn (None: it reported none).
-            "server_prefix_cache": (server_prefix_cache([records[i] for i in rows.tolist()])
-                                    if records is not None else None),
+            "server_prefix_cache": (
+                server_prefix_cache([records[i] for i in rows.tolist()], reporting)
+                if records is not None else None),
         })
     return out
 
