@@ -153,3 +153,18 @@ def test_the_kv_pool_holds_a_prefill_chunk_not_context_plus_chunk(tmp_path, monk
     r = _forward_cpu(tmp_path, "--prefill-tokens", "64", "--batch-sizes", "", "--context", "1000")
     assert r.exit_code == 0, r.output
     assert sizes == [64 // 16 + 1]  # the chunk's 4 blocks of 16 and run_forward's one spare
+
+
+# ---- a tied table: its gathered rows are read too -------------------------------------------
+def test_a_tied_tables_gathered_rows_count_beside_the_lm_head():
+    """Llama-3.2-1B ties its embedding to the LM head. A 2048-token prefill chunk gathers 2048
+    rows at the first layer and reads the whole table again as the head at the last: the rows
+    are bytes moved too (the floor left them out for a tied model, 8.39 MB)."""
+    from cbbench.bench.roofline import prefill_rows, step_operators
+    from cbbench.engine.model_config import MODEL_PRESETS
+
+    cfg = MODEL_PRESETS["llama-3.2-1b"]
+    assert cfg.tie_word_embeddings
+    ops = {o.name: o.bytes for o in step_operators(cfg, "bf16", prefill_rows(2048))}
+    assert ops["embedding rows"] == 2048 * 2048 * 2 == 8_388_608  # rows x hidden x bf16
+    assert ops["lm_head"] == 128256 * 2048 * 2  # the whole table, as the head
