@@ -287,7 +287,10 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
     if config.is_moe:
         raise UsageError(f"--model {spec.model}: a mixture of experts' step bytes depend on "
                          "its routing; cbbench forward times dense models")
-    dtype = resolve_dtype(spec.dtype)
+    try:
+        dtype = resolve_dtype(spec.dtype)
+    except ValueError as e:
+        raise UsageError(f"--dtype: {e}") from None
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the engine does on a CPU (engine/build.py)

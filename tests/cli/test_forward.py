@@ -92,6 +92,9 @@ def test_bad_input(tmp_path):
     assert r.exit_code == 2 and "--batch-sizes" in r.output
     r = CliRunner().invoke(app, ["forward", "--device", "cpu", "--context", "4000"])
     assert r.exit_code == 2 and "positions" in r.output
+    # A dtype the engine has no weights for: one line, not resolve_dtype's ValueError.
+    r = CliRunner().invoke(app, ["forward", "--device", "cpu", "--dtype", "int8"])
+    assert r.exit_code == 2 and "--dtype" in r.output and "bf16" in r.output, r.output
 
 
 def test_schema_forward_prints_the_model():
