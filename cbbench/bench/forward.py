@@ -9,7 +9,9 @@ iteration: host-side packing, forward, logits, sampling and the one host sync; t
 is replayed every time (the requests are not advanced), so the shape stays exact. Decode rows
 run with CUDA graphs and without (on a GPU; a CPU has none). Each row carries:
 
-- ``step_ms`` (mean, p50, min, max over ``steps`` timed steps after ``warmup`` untimed ones);
+- ``step_ms`` (mean, ``std`` (the sample standard deviation), p50, min, max over ``steps``
+  timed steps after ``warmup`` untimed ones), and a note when hyperfine's outlier rule says
+  the figure is not to be trusted (:func:`timing_warning`);
 - the roofline floor (cbbench/bench/roofline.py) and its per-operator table;
 - ``mbu`` = bytes / step time / peak bandwidth, ``mfu`` = FLOPs / step time / peak FLOP/s,
   ``roofline_fraction`` = floor / step time (what tests/gpu's decode check calls its MBU).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import platform
 import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -45,6 +48,9 @@ CPU_PRESETS = ("tiny", "small")  # a CPU times these; a real model's step would 
 DEFAULT_REFERENCE_GPU = "h100"  # a CPU run's floors: what the shape would take on it
 KV_FILL_STD = 1.0  # K and V after the model's norms and projections: O(1)
 GRAPH_MODES = ("auto", "on", "off", "both")
+# hyperfine's outlier threshold (src/outlier_detection.rs): a modified Z-score, (x - median) /
+# MAD, past ten standard deviations (1.4826 MAD is one for normal data).
+OUTLIER_Z = 1.4826 * 10.0
 
 
 @dataclass(frozen=True)
@@ -204,6 +210,7 @@ class StepStats:
     """A shape's step times (ms) over its timed steps: a row's ``step_ms``."""
 
     mean: float
+    std: float | None  # the sample standard deviation; None for one step (no spread to tell)
     p50: float
     min: float
     max: float
@@ -211,8 +218,25 @@ class StepStats:
 
 def _stats(xs: list[float]) -> StepStats:
     xs = sorted(xs)
-    return StepStats(mean=statistics.fmean(xs), p50=statistics.median(xs), min=xs[0],
-                     max=xs[-1])
+    return StepStats(mean=statistics.fmean(xs), std=statistics.stdev(xs) if len(xs) > 1 else None,
+                     p50=statistics.median(xs), min=xs[0], max=xs[-1])
+
+
+def timing_warning(xs: list[float]) -> str | None:
+    """hyperfine's warning over timed steps in the order they ran (src/benchmark/mod.rs): the
+    first step an outlier above the rest (the warmup did not reach steady state), else any
+    outlier (a noisy machine: the mean is not the step's time); None when quiet."""
+    med = statistics.median(xs)
+    mad = statistics.median(abs(x - med) for x in xs) or sys.float_info.epsilon
+    z = [(x - med) / mad for x in xs]
+    if z[0] > OUTLIER_Z:
+        return (f"the first timed step ({xs[0]:.3f} ms) was much slower than the rest "
+                f"(median {med:.3f} ms): give more --warmup steps")
+    n = sum(abs(s) > OUTLIER_Z for s in z)
+    if n:
+        return (f"statistical outliers, {n} of {len(xs)} timed steps (min {min(xs):.3f}, "
+                f"median {med:.3f}, max {max(xs):.3f} ms): rerun on a quiet machine")
+    return None
 
 
 @dataclass
@@ -263,7 +287,10 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
     if config.is_moe:
         raise UsageError(f"--model {spec.model}: a mixture of experts' step bytes depend on "
                          "its routing; cbbench forward times dense models")
-    dtype = resolve_dtype(spec.dtype)
+    try:
+        dtype = resolve_dtype(spec.dtype)
+    except ValueError as e:
+        raise UsageError(f"--dtype: {e}") from None
     dtype_name = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}[dtype]
     if device.type == "cpu":
         torch.set_num_threads(1)  # as the engine does on a CPU (engine/build.py)
@@ -400,6 +427,10 @@ def _time_row(spec, setup: _Setup, runner, phase: str, rows, graphs: bool, out: 
     ops = step_operators(setup.config, setup.dtype_name, rows)
     floor = step_floor(ops, p.bandwidth, p.flops)
     step = _stats(step_ms)
+    warning = timing_warning(step_ms)
+    if warning:
+        out["notes"].append(f"{phase} batch {len(rows)}, {tokens} tokens, graphs "
+                            f"{'on' if graphs else 'off'}: {warning}")
     seconds = step.mean / 1000.0
     row = {
         "phase": phase,

@@ -17,8 +17,9 @@ Operators (L layers, h hidden, N = the step's new tokens, R = its rows, db = dty
 - ``attention``: 4 x q_size x keys x L FLOPs (QK^T and PV), keys = each new token's causal
   span (a decode row: C + 1; a chunk: T C + T (T + 1) / 2); bytes: every row's C + T keys' K and
   V (the cached ones read, the new ones written);
-- ``embedding rows``: the N rows gathered from an untied table (decode reads only those, not
-  the table: Llama-3-8B bf16 reads 15.01 of its 16.06 GB at batch 1).
+- ``embedding rows``: the N rows the step gathers (an untied table is read only there:
+  Llama-3-8B bf16 reads 15.01 of its 16.06 GB at batch 1; a tied one is read twice, its rows
+  at the first layer and whole again as the LM head at the last, too far apart for a cache).
 
 Dense models only: an MoE step's bytes depend on which experts the batch routes to.
 Moved here from tests/gpu/gpu_check_decode.py (decode_operators), which it generalizes: a
@@ -68,7 +69,6 @@ def step_operators(config, dtype: str, rows: Sequence[Row]) -> list[Operator]:
     gemm = (h * (config.q_size + 2 * config.kv_size) + config.q_size * h
             + 3 * h * config.intermediate_size)
     head = config.vocab_size * h  # the LM head (the embedding table itself when tied)
-    emb_rows = 0 if config.tie_word_embeddings else n * h * db
     keys = sum(t * c + t * (t + 1) // 2 for t, c in rows)
     kv_tokens = sum(t + c for t, c in rows)
     return [
@@ -77,7 +77,7 @@ def step_operators(config, dtype: str, rows: Sequence[Row]) -> list[Operator]:
         Operator("lm_head", 2.0 * len(rows) * head, head * db),
         Operator("attention", 4.0 * config.q_size * keys * L,
                  kv_tokens * config.kv_bytes_per_token(dtype)),
-        Operator("embedding rows", 0.0, emb_rows),
+        Operator("embedding rows", 0.0, n * h * db),
     ]
 
 

@@ -117,8 +117,11 @@ def forward_table(result: ForwardResult) -> str:
     def pct(v):
         return "-" if v is None else f"{v:.1%}"
 
+    def step(s):  # hyperfine's mean ± σ
+        return f"{s.mean:.3f}" + ("" if s.std is None else f" ± {s.std:.3f}")
+
     rows = [[r.phase, r.batch_size, r.tokens, r.context,
-             "on" if r.graphs else "off", f"{r.step_ms.mean:.3f}",
+             "on" if r.graphs else "off", step(r.step_ms),
              f"{r.floor_ms:.4g}", pct(r.roofline_fraction), pct(r.mbu), pct(r.mfu),
              f"{r.tokens_per_s:,.0f}"] for r in result.rows]
     table = tabulate(rows, headers=["phase", "batch", "tokens", "context", "graphs", "step ms",

@@ -13,6 +13,7 @@ FORWARD_SCHEMA_VERSION = 1
 
 class StepStats(Record):
     mean: Number
+    std: Number | None = None  # sample standard deviation; null for one step (absent: older)
     p50: Number
     min: Number
     max: Number

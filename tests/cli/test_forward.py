@@ -92,6 +92,9 @@ def test_bad_input(tmp_path):
     assert r.exit_code == 2 and "--batch-sizes" in r.output
     r = CliRunner().invoke(app, ["forward", "--device", "cpu", "--context", "4000"])
     assert r.exit_code == 2 and "positions" in r.output
+    # A dtype the engine has no weights for: one line, not resolve_dtype's ValueError.
+    r = CliRunner().invoke(app, ["forward", "--device", "cpu", "--dtype", "int8"])
+    assert r.exit_code == 2 and "--dtype" in r.output and "bf16" in r.output, r.output
 
 
 def test_schema_forward_prints_the_model():
@@ -153,3 +156,82 @@ def test_the_kv_pool_holds_a_prefill_chunk_not_context_plus_chunk(tmp_path, monk
     r = _forward_cpu(tmp_path, "--prefill-tokens", "64", "--batch-sizes", "", "--context", "1000")
     assert r.exit_code == 0, r.output
     assert sizes == [64 // 16 + 1]  # the chunk's 4 blocks of 16 and run_forward's one spare
+
+
+# ---- a tied table: its gathered rows are read too -------------------------------------------
+def test_a_tied_tables_gathered_rows_count_beside_the_lm_head():
+    """Llama-3.2-1B ties its embedding to the LM head. A 2048-token prefill chunk gathers 2048
+    rows at the first layer and reads the whole table again as the head at the last: the rows
+    are bytes moved too (the floor left them out for a tied model, 8.39 MB)."""
+    from cbbench.bench.roofline import prefill_rows, step_operators
+    from cbbench.engine.model_config import MODEL_PRESETS
+
+    cfg = MODEL_PRESETS["llama-3.2-1b"]
+    assert cfg.tie_word_embeddings
+    ops = {o.name: o.bytes for o in step_operators(cfg, "bf16", prefill_rows(2048))}
+    assert ops["embedding rows"] == 2048 * 2048 * 2 == 8_388_608  # rows x hidden x bf16
+    assert ops["lm_head"] == 128256 * 2048 * 2  # the whole table, as the head
+
+
+# ---- the timed steps' spread and hyperfine's warnings ----------------------------------------
+# hyperfine (src/outlier_detection.rs, src/benchmark/mod.rs): mean ± σ (the sample standard
+# deviation), and a warning when a step's modified Z-score (x - median) / MAD passes 1.4826 x 10
+# (ten standard deviations): "first run significantly slower" when it is the first, else
+# "statistical outliers".
+def test_step_ms_carries_the_sample_standard_deviation():
+    from cbbench.bench.forward import _stats
+
+    # mean 2; deviations -1, 0, 1; sample variance (1 + 0 + 1) / (3 - 1) = 1: sigma 1.
+    s = _stats([1.0, 2.0, 3.0])
+    assert (s.mean, s.std, s.p50, s.min, s.max) == (2.0, 1.0, 2.0, 1.0, 3.0)
+    assert _stats([5.0]).std is None  # one step: no spread to state (hyperfine prints none)
+
+
+@pytest.mark.parametrize("steps,warning", [
+    # median 10, deviations 0.1, 0, 0.1, 0, 0.2: MAD 0.1; 10.2 scores 2: quiet.
+    ([9.9, 10.0, 10.1, 10.0, 10.2], None),
+    # the first step: (30 - 10) / 0.1 = 200 > 14.826: the first is slower than the rest.
+    ([30.0, 9.9, 10.0, 10.1, 10.0], "first timed step"),
+    # a later one: same score, not the first: an outlier.
+    ([9.9, 10.0, 30.0, 10.1, 10.0], "outliers"),
+    # hyperfine's own case [0.5, 0.30, 0.29, 0.31, 0.30] (one outlier), a later step here.
+    ([0.30, 0.29, 0.5, 0.31, 0.30], "outliers"),
+])
+def test_timing_warnings_follow_hyperfines_rule(steps, warning):
+    from cbbench.bench.forward import timing_warning
+
+    got = timing_warning(steps)
+    assert got is None if warning is None else warning in got
+
+
+def test_a_slow_first_step_is_noted_in_the_file_and_the_table(tmp_path, monkeypatch):
+    import cbbench.bench.forward as bench_forward
+
+    times = iter([40.0, 10.0, 10.1, 9.9, 10.0] * 2)  # each row: a first step 4x the rest
+
+    class Timer:
+        def __init__(self, device):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def elapsed_ms(self):
+            return next(times)
+
+    monkeypatch.setattr(bench_forward, "StepTimer", Timer)
+    r = _forward_cpu(tmp_path, "--batch-sizes", "2", "--context", "8", "--prefill-tokens", "8",
+                     "--steps", "5")
+    assert r.exit_code == 0, r.output
+    result = read_forward(tmp_path / "f.json")
+    step = result["rows"][0]["step_ms"]
+    # mean (40 + 10 + 10.1 + 9.9 + 10) / 5 = 16; sigma sqrt((24^2 + 6^2 + 5.9^2 + 6.1^2 + 6^2) / 4)
+    assert step["mean"] == pytest.approx(16.0)
+    assert step["std"] == pytest.approx(((24**2 + 6**2 + 5.9**2 + 6.1**2 + 6**2) / 4) ** 0.5)
+    assert "16.000 ± 13.417" in r.output
+    slow = [n for n in result["notes"] if "first timed step" in n]
+    assert len(slow) == 2 and slow[0].startswith("decode batch 2") and "--warmup" in slow[0]
+    assert "note: decode batch 2" in r.output
