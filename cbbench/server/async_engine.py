@@ -330,6 +330,8 @@ class _InboxFeed:
         if req.status == RequestStatus.FAILED:  # not a rejection: the engine's error
             log.error("the engine could not take a request: %s", reason)
             self.batch.append((queue, Failed(reason, STEP_FAILED)))
+            if obs is not None:
+                obs.on_failed(req)
             return
         self.batch.append((queue, Admitted(reason, admitted)))
         if reason is None:
@@ -353,9 +355,12 @@ class _InboxFeed:
         """Those requests failed; the engine serves on."""
         log.error("an engine step failed; its %d request(s) failed",
                   len(e.requests), exc_info=e.cause)
+        obs = self.bridge._observer
         for req in e.requests:
             state = self.live.pop(req, None)
             if state is not None:
+                if obs is not None:
+                    obs.on_failed(req)
                 # the engine set every failed request's finish_reason to why (engine.py)
                 assert req.finish_reason is not None
                 self.batch.append((state.queue, Failed(req.finish_reason, STEP_FAILED)))

@@ -66,9 +66,12 @@ ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 81
 PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 VLLM_LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"  # one engine per server
-# vLLM's finish reasons, as its request_success counter labels them ("abort": a request the
-# engine itself finished so; a client's abort is no success, as in vLLM).
-FINISH_REASONS = ("stop", "length", "abort")
+# vLLM's finish reasons (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS), each a
+# request_success series from the start, as vLLM creates them ("abort": a request the engine
+# itself finished so; a client's abort is no success, as in vLLM; "error": a request the engine
+# failed while serving on; "repetition": vLLM's repetition detection, which cbbench lacks: 0).
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+ERROR = "error"
 
 
 def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
@@ -278,6 +281,10 @@ class VllmMetrics:
                     tok.max_generation.observe(f.output_tokens)  # n = 1: its own
                     tok.params_n.observe(1)
 
+    def on_failed(self) -> None:
+        with self._lock:
+            self.success[ERROR] += 1
+
     def collect(self):
         labels = [self.model_name or "", ENGINE_INDEX]
         snap = self.snapshot
@@ -371,6 +378,12 @@ class ServerMetrics:
         # Not a vLLM success: its client abort (OutputProcessor.abort_requests) drops the
         # request without finished-request stats, so request_success never counts it.
         self.aborted.inc()
+
+    def on_failed(self, req) -> None:
+        # vLLM's FinishReason.ERROR: a request-scoped failure (engine core's
+        # _handle_request_preproc_error, a KV-load failure) finishes the request with "error",
+        # answered 500, and request_success counts it.
+        self.vllm.on_failed()
 
     def on_step(self, out, stats: StepStats) -> None:
         rec = out.record

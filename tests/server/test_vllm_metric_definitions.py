@@ -188,3 +188,75 @@ def test_request_params_n_and_max_generation_tokens_per_finished_request(metrics
     assert fams["vllm:request_max_num_generation_tokens_count"] == done
     assert fams["vllm:request_max_num_generation_tokens_sum"] == (
         fams["vllm:request_generation_tokens_sum"])
+
+
+# ---- a request the engine failed (it serves on) ----------------------------------------------
+POISON = 7  # a prompt starting with this id makes the step, or the admission, raise
+
+
+class _PoisonedExecutor:
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def execute(self, sched):
+        if any(r.prompt_token_ids[:1] == [POISON] for r in sched.scheduled_reqs):
+            raise ValueError("Overflow when unpacking long long")
+        return self.inner.execute(sched)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def _gauges(url: str) -> dict[str, float]:
+    fams = _scrape(url)
+    return {k: fams[k] for k in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                 "vllm:kv_cache_usage_perc")}
+
+
+def test_a_request_the_engine_failed_counts_as_error_and_refusals_count_nowhere():
+    # vLLM pre-creates a request_success series for every FinishReason (loggers.py: `for reason
+    # in FinishReason`), since v0.11.1 stop, length, abort, error and repetition. A request the
+    # engine fails while serving on (a KV-load failure, an exception taking it in: engine
+    # core's _handle_request_preproc_error) finishes with "error" and is counted under it,
+    # answered 500. A request refused before the engine (a 400) is counted nowhere.
+    def build():
+        engine, info = build_serving_engine(sim_options())
+        engine.executor = _PoisonedExecutor(engine.executor)
+        reason = engine.scheduler.rejection_reason
+
+        def picky(req):  # the admission raises for a prompt [POISON, POISON, ...]
+            if req.prompt_token_ids[:2] == [POISON, POISON]:
+                raise OverflowError("int too large to convert")
+            return reason(req)
+
+        engine.scheduler.rejection_reason = picky
+        return engine, info
+
+    run = start_server(build)
+    try:
+        assert _success(run.url) == dict.fromkeys(
+            ("stop", "length", "abort", "error", "repetition"), 0)
+        with httpx.Client(base_url=run.url, timeout=20.0) as c:
+            for stream in (False, True):
+                body = {"model": MODEL, "prompt": [POISON, 1, 2], "max_tokens": 3,
+                        "stream": stream}
+                r = c.post("/v1/completions", json=body)
+                assert r.status_code == (200 if stream else 500), r.text
+                assert "Overflow" in r.text
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": [POISON, POISON],
+                                                "max_tokens": 3})
+            assert r.status_code == 500 and "int too large" in r.text
+            for bad in ({"prompt": [1] * 9000, "max_tokens": 3},  # beyond the context
+                        {"prompt": [1] * 5000, "max_tokens": 3},  # beyond the KV pool
+                        {"prompt": "hi", "max_tokens": -1}):  # invalid
+                r = c.post("/v1/completions", json={"model": MODEL, **bad})
+                assert r.status_code == 400, r.text
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": [1, 2, 3],
+                                                "max_tokens": 3, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+        assert _success(run.url) == {"stop": 0, "length": 1, "abort": 0, "error": 3,
+                                     "repetition": 0}
+        # idle after the failures: nothing left running, waiting or holding KV
+        assert _gauges(run.url) == dict.fromkeys(_gauges(run.url), 0.0)
+    finally:
+        run.stop()
