@@ -93,7 +93,8 @@ def _run(run: RunResult, plain: dict, config: dict) -> dict:
         "eid": _digest(_config_identity(config))[:UID_LENGTH],
         "time": time or None,
         "description": c.label,
-        "keywords": [k for k in (c.workload, c.engine) if k] or None,
+        # No "keywords": llm-d reserves them for the submitter's curated tags, never
+        # machine-made (its SUBMISSION_POLICY.md; native_to_br0_2.py writes only --run-keywords).
     }
 
 

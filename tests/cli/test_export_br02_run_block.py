@@ -11,7 +11,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from cbbench.analysis.records import RequestRecord
 from cbbench.cli.app import app
+from cbbench.export.br02 import to_br02
+from cbbench.importers.result import build_result
 
 runner = CliRunner()
 
@@ -45,3 +48,15 @@ def test_a_single_turn_summary_only_run_has_no_multi_turn_flag(tmp_path):
     assert res.exit_code == 0, res.output
     assert "multi_turn" not in _export(tmp_path, out)["scenario"]["load"]["standardized"]
 
+
+def test_keywords_are_left_to_the_submitter():
+    # Before: an imported result's keywords were ["unknown"] (its workload placeholder), a
+    # cbbench run's [workload, engine]: machine-made tags in the submitter's field.
+    recs = [RequestRecord(id=0, prompt_tokens=4, output_tokens=2, intended_start_s=0.0,
+                          token_times_s=[0.1, 0.2])]
+    imported = build_result({"target": "http", "workload": "unknown"},
+                            "2026-12-08T00:00:00+00:00", recs, 0.2)
+    own = build_result({"target": "engine", "workload": "sharegpt", "engine": "sim"},
+                       "2026-12-08T00:00:00+00:00", recs, 0.2)
+    for result in (imported, own):
+        assert "keywords" not in to_br02(result)["run"]
