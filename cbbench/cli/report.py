@@ -204,25 +204,31 @@ def plot_specs(results: Sequence, max_gantt_requests: int) -> list[PlotSpec]:
     return specs
 
 
-def section_notes(key: str, results: Sequence) -> list[str]:
-    """What a plot could not show, said on the page rather than left for the reader to guess."""
+def section_notes(key: str, results: Sequence,
+                  itl_drawn: Callable[[Any], bool] | None = None) -> list[str]:
+    """What a plot could not show, said on the page rather than left for the reader to guess.
+    ``itl_drawn``: whether a result's ITL line is drawn (default: from per-token times, as the
+    static page draws it; report.html also draws it from the summary's ITL histogram)."""
     from cbbench.report import plots
     from cbbench.schema.coerce import as_run
 
     notes = []
     if key == "latency_cdfs":
-        no_itl = [x for x in results if plots.itl_values(x.result) is None]
+        drawn = itl_drawn or (lambda result: plots.itl_values(result) is not None)
         # A --summary-only result keeps no requests at all: --save-detailed is not what it lacks.
-        no_requests = [x.label for x in no_itl if not as_run(x.result).requests]
-        no_times = [x.label for x in no_itl if as_run(x.result).requests]
+        no_requests = [x for x in results if not as_run(x.result).requests]
+        no_times = [x.label for x in results
+                    if as_run(x.result).requests and not drawn(x.result)]
         if no_times:
             notes.append(
                 f"No ITL line for {', '.join(no_times)}: the result has no per-token times "
                 "(run with --save-detailed); its summary's ITL figures are in the table above."
             )
         if no_requests:
+            lines = ("TTFT, TPOT or E2EL lines" if any(drawn(x.result) for x in no_requests)
+                     else "latency lines")
             notes.append(
-                f"No latency lines for {', '.join(no_requests)}: the result keeps no "
+                f"No {lines} for {', '.join(x.label for x in no_requests)}: the result keeps no "
                 "per-request records (a --summary-only run); its summary's figures are in the "
                 "table above."
             )

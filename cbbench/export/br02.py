@@ -93,7 +93,8 @@ def _run(run: RunResult, plain: dict, config: dict) -> dict:
         "eid": _digest(_config_identity(config))[:UID_LENGTH],
         "time": time or None,
         "description": c.label,
-        "keywords": [k for k in (c.workload, c.engine) if k] or None,
+        # No "keywords": llm-d reserves them for the submitter's curated tags, never
+        # machine-made (its SUBMISSION_POLICY.md; native_to_br0_2.py writes only --run-keywords).
     }
 
 
@@ -160,7 +161,9 @@ def _load(c: Config, config: dict, done: list[Request], summary: Summary) -> dic
         "concurrency": concurrency if isinstance(concurrency, int) and concurrency >= 1 else None,
         "parallelism": _parallelism(c.workers),
     }
-    if any(r.turn is not None for r in done):
+    # A multi-turn run keeps its session plan in the config and by_turn in the summary, so a
+    # --summary-only file (no requests to read turns from) says so too.
+    if c.sessions or summary.by_turn or any(r.turn is not None for r in done):
         standardized["multi_turn"] = {"enabled": True}
     return {
         "metadata": {"cfg_id": _digest(config)[:UID_LENGTH],

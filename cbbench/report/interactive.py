@@ -9,6 +9,7 @@ A plot without data for any run is left out and the page says why.
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 from collections.abc import Callable, Sequence
@@ -39,6 +40,7 @@ class Plot:
     title: str
     caption: str
     figure: dict  # {"data": [...], "layout": {...}}
+    notes: list[str] = dataclasses.field(default_factory=list)  # what it could not show
 
     @property
     def points(self) -> int:
@@ -409,6 +411,12 @@ def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
     if pair is not None:
         candidates.append(request_timeline(pair, max_gantt_requests))
     kept = [p for p in candidates if p.points > 0]
+    # The static page's notes of what a kept plot could not show (cli/report.py), told of
+    # the ITL lines this page draws from the summary's histogram too.
+    from cbbench.cli.report import section_notes
+
+    for p in kept:
+        p.notes = section_notes(p.key, results, itl_drawn=lambda r: _itl_cdf(r) is not None)
     notes = [f"No {_lower_first(p.title)} plot: no result has "
              + (REQUEST_RECORDS_NOTE if p.key in READS_REQUESTS else ITERATION_RECORDS_NOTE)
              for p in candidates if p.points == 0]
@@ -443,7 +451,9 @@ def render_interactive(title: str, results: Sequence[Labeled], paths: Sequence[s
     for p in page_plots:
         sections.append(
             f'<section id="{p.key}"><h2>{esc(p.title)}</h2>'
-            f'<p class="caption">{esc(p.caption)}</p><div id="plot-{p.key}"></div>'
+            f'<p class="caption">{esc(p.caption)}</p>'
+            + "".join(f'<p class="note">{esc(n)}</p>' for n in p.notes)
+            + f'<div id="plot-{p.key}"></div>'
             f'<script type="application/json" data-plot="plot-{p.key}">'
             f"{_json_script(p.figure)}</script></section>"
         )

@@ -64,3 +64,19 @@ def test_the_static_pages_notes_name_what_each_result_lacks():
     bw = section_notes("bandwidth", [summary_only])
     assert bw and all("analytic line is drawn" not in n for n in bw)
     assert "neither GPU telemetry nor per-iteration records" in bw[0]
+
+
+def test_report_html_says_why_a_summary_only_results_latency_panels_are_empty():
+    # report.html drew a --summary-only result's ITL line from its histogram, kept the section
+    # and left the TTFT, TPOT and E2EL panels empty with no word (the static page says why).
+    run = {"schema_version": 1, "config": {}, "summary": {
+        "itl_histogram": {"unit": "ms", "low_ms": 0.01, "bins_per_decade": 20, "below": 0,
+                          "bins": [200, 210], "counts": [3, 1]}}}
+    detailed = {"schema_version": 1, "config": {}, "summary": {}, "requests": [_request(0, [4.0])]}
+    plots_, _ = interactive.build_plots([Labeled("s", run), Labeled("d", detailed)], 10, None)
+    cdfs = next(p for p in plots_ if p.key == "latency_cdfs")
+    assert any(n.startswith("No TTFT, TPOT or E2EL lines for s:") and "--summary-only" in n
+               for n in cdfs.notes)
+    assert not any("ITL" in n for n in cdfs.notes)  # both ITL lines are drawn
+    page = interactive.render_interactive("t", [Labeled("s", run)], ["s.json"], [cdfs], [], "")
+    assert "No TTFT, TPOT or E2EL lines for s:" in page
