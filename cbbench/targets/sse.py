@@ -4,13 +4,14 @@
 Bytes go in as the network delivers them (`feed`, with the time that read returned); every
 `data:` event with non-empty text is a token event, timestamped with the read that completed
 its line; events with empty text are counted (empty_events), not timestamped. An event's text
-is reasoning (`delta.reasoning_content` or `delta.reasoning`), answer (`content`) or a tool
-call's (`delta.tool_calls`: name and argument pieces); each timed event keeps its kind and the
-running `usage.completion_tokens` when the server sends it on every chunk (vLLM's
-`continuous_usage_stats`), from which checks.py counts each event's tokens exactly. The parser
-keeps what the stream said beyond the token times (`[DONE]`, a finish_reason, the usage block,
-the response's id, the tool calls, and the text of each event when asked to) and raises
-HttpFailure on a malformed or error event, or a stream that ends before it finished.
+is reasoning (`delta.reasoning_content` or `delta.reasoning`), answer (`content`, or OpenAI's
+`refusal` in its place) or a tool call's (`delta.tool_calls`: name and argument pieces); each
+timed event keeps its kind and the running `usage.completion_tokens` when the server sends it
+on every chunk (vLLM's `continuous_usage_stats`), from which checks.py counts each event's
+tokens exactly. The parser keeps what the stream said beyond the token times (`[DONE]`, a
+finish_reason, the usage block, the response's id, the tool calls, and the text of each event
+when asked to) and raises HttpFailure on a malformed or error event, or a stream that ends
+before it finished.
 """
 
 from __future__ import annotations
@@ -102,6 +103,10 @@ def chunk_parts(obj: object, chat: bool):
             content = _text(delta.get("content"), obj)
             if content:
                 parts.append((ANSWER, content))
+            elif "refusal" in delta and (refusal := _text(delta["refusal"], obj)):
+                # OpenAI's refusal streams instead of content: the model's generated answer
+                # (its tokens in completion_tokens), timed as text is.
+                parts.append((ANSWER, refusal))
             calls = delta.get("tool_calls")
             if calls is not None:
                 if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):

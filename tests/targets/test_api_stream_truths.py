@@ -181,6 +181,21 @@ STREAMS = {
 }
 
 
+# A refusal is the model's output (OpenAI's ResponseRefusalDeltaEvent): its deltas are the
+# tokens, timed as text is; the done event and the refusal part's start are none.
+R_REFUSAL_LEAD = R_LEAD + [
+    r_ev("response.output_item.added", output_index=0, item={
+        "id": "msg_1", "type": "message", "status": "in_progress", "role": "assistant",
+        "content": []}),
+    r_ev("response.content_part.added", item_id="msg_1", output_index=0, content_index=0,
+         part={"type": "refusal", "refusal": ""})]
+STREAMS["responses refusal"] = (
+    "responses", R_REFUSAL_LEAD,
+    [r_ev("response.refusal.delta", item_id="msg_1", output_index=0, content_index=0, delta=w)
+     for w in W],
+    [r_ev("response.refusal.done", item_id="msg_1", output_index=0, content_index=0,
+          refusal="".join(W)), r_final("response.completed", "completed", 4)], "stop", 4, 4)
+
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_each_documented_stream_gives_its_true_figures(name, tmp_path):
     api, lead, texts, tail, finish, out_tokens, events = STREAMS[name]
@@ -193,3 +208,4 @@ def test_each_documented_stream_gives_its_true_figures(name, tmp_path):
         assert len(r["token_times_s"]) == events  # one time a content delta, pings none
         # The first generated text, not the message's start, a ping or a block's start.
         assert r["token_times_s"][0] - r["send_s"] >= GAP_S * 0.9
+

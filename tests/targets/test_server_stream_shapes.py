@@ -166,3 +166,29 @@ def test_each_servers_stream_gives_its_true_figures(server, tmp_path):
         assert ttft >= GAP_S * 0.9  # the first text, not the role chunk sent a gap before it
     itl = result["summary"]["itl_ms"]["mean"]
     assert itl == pytest.approx(GAP_S * 1000, rel=0.5)
+
+
+def run_paced(tmp_path, lead, texts, tail) -> list[dict]:
+    out = tmp_path / "r.json"
+    with PacedFake(lead, texts, tail) as s:
+        res = invoke_app([
+            "run", "--endpoint", s.url, "--served-model", MODEL, "--api", "chat",
+            "--workload", "random", "--input-len", "8", "--output-len", str(OUT),
+            "--num-requests", str(N), "--max-concurrency", "1", "--request-rate", "inf",
+            "--output", str(out), "--quiet", "--save-detailed", "--max-error-rate", "1",
+        ])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())["requests"]
+
+
+def test_a_refusal_is_output(tmp_path):
+    """OpenAI's ChoiceDelta.refusal: the model's refusal streams as text does (content null).
+    It is generated output: TTFT at its first delta, one time a delta, not a failed request
+    "without any output text"."""
+    lead = [chat({"role": "assistant", "content": None, "refusal": ""})]
+    texts = [chat({"refusal": w}) for w in WORDS]
+    for r in run_paced(tmp_path, lead, texts, [chat({}, "stop"), usage_only(), DONE]):
+        assert r["error"] is None, r["error"]
+        assert r["output_tokens"] == OUT and len(r["token_times_s"]) == OUT
+        assert r["token_times_s"][0] - r["send_s"] >= GAP_S * 0.9
+
