@@ -192,3 +192,19 @@ def test_a_refusal_is_output(tmp_path):
         assert r["output_tokens"] == OUT and len(r["token_times_s"]) == OUT
         assert r["token_times_s"][0] - r["send_s"] >= GAP_S * 0.9
 
+
+@pytest.mark.parametrize("server", ["TGI", "SGLang"])
+def test_an_empty_delta_mid_stream_is_a_token(server, tmp_path):
+    """TGI sends `{"role": "assistant", "content": ""}` for a special token mid-stream, SGLang
+    `"role": null` beside a held-back "": tokens, counted where the server sends no usage
+    (as vLLM's bench counts every chunk with choices); only the stream's first chunk is the
+    opening role chunk."""
+    role = "assistant" if server == "TGI" else None
+    texts = [chat({"role": role, "content": w}) for w in WORDS[:-1]]
+    texts.insert(2, chat({"role": role, "content": ""}))  # OUT tokens, one of them empty
+    lead = [] if server == "TGI" else [chat({"role": "assistant", "content": ""})]
+    for r in run_paced(tmp_path, lead, texts, [chat({"role": role, "content": None}, "length"),
+                                                DONE]):
+        assert r["error"] is None, r["error"]
+        assert len(r["token_times_s"]) == OUT - 1
+        assert r["output_tokens"] == OUT, r["output_tokens_method"]
