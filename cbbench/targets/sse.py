@@ -4,13 +4,14 @@
 Bytes go in as the network delivers them (`feed`, with the time that read returned); every
 `data:` event with non-empty text is a token event, timestamped with the read that completed
 its line; events with empty text are counted (empty_events), not timestamped. An event's text
-is reasoning (`delta.reasoning_content` or `delta.reasoning`), answer (`content`) or a tool
-call's (`delta.tool_calls`: name and argument pieces); each timed event keeps its kind and the
-running `usage.completion_tokens` when the server sends it on every chunk (vLLM's
-`continuous_usage_stats`), from which checks.py counts each event's tokens exactly. The parser
-keeps what the stream said beyond the token times (`[DONE]`, a finish_reason, the usage block,
-the response's id, the tool calls, and the text of each event when asked to) and raises
-HttpFailure on a malformed or error event, or a stream that ends before it finished.
+is reasoning (`delta.reasoning_content` or `delta.reasoning`), answer (`content`, or OpenAI's
+`refusal` in its place) or a tool call's (`delta.tool_calls`: name and argument pieces); each
+timed event keeps its kind and the running `usage.completion_tokens` when the server sends it
+on every chunk (vLLM's `continuous_usage_stats`), from which checks.py counts each event's
+tokens exactly. The parser keeps what the stream said beyond the token times (`[DONE]`, a
+finish_reason, the usage block, the response's id, the tool calls, and the text of each event
+when asked to) and raises HttpFailure on a malformed or error event, or a stream that ends
+before it finished.
 """
 
 from __future__ import annotations
@@ -65,13 +66,13 @@ def _text(v, obj) -> str | None:
     return v
 
 
-def chunk_parts(obj: object, chat: bool):
+def chunk_parts(obj: object, chat: bool, opened: bool = False):
     """(parts, finish_reason, usage, tool_calls) of one streamed JSON chunk: ``parts`` the
     event's (kind, text) runs in stream order (reasoning before answer or tool-call text),
     None for a chunk that carries no token (the opening role chunk, the closing finish, a
-    usage-only chunk); an empty list for a token with no text of its own yet. ``tool_calls``:
-    the delta's tool-call entries (dicts), or None. HttpFailure on a malformed or error
-    event."""
+    usage-only chunk); an empty list for a token with no text of its own yet. ``opened``: a
+    chunk with choices came before (this one is no opening role chunk). ``tool_calls``: the
+    delta's tool-call entries (dicts), or None. HttpFailure on a malformed or error event."""
     if type(obj) is not dict:
         raise HttpFailure(
             "bad_event", f"event is not a JSON object: {str(obj)[:BAD_EVENT_CHARS]!r}"
@@ -102,6 +103,10 @@ def chunk_parts(obj: object, chat: bool):
             content = _text(delta.get("content"), obj)
             if content:
                 parts.append((ANSWER, content))
+            elif "refusal" in delta and (refusal := _text(delta["refusal"], obj)):
+                # OpenAI's refusal streams instead of content: the model's generated answer
+                # (its tokens in completion_tokens), timed as text is.
+                parts.append((ANSWER, refusal))
             calls = delta.get("tool_calls")
             if calls is not None:
                 if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
@@ -111,8 +116,10 @@ def chunk_parts(obj: object, chat: bool):
                     parts.append((TOOL, text))
                 calls = calls or None
             if not parts:
-                # "": a token with no text of its own yet; the opening role chunk is none.
-                empty = content == "" and "role" not in delta and finish is None
+                # "": a token with no text of its own yet. The stream's opening role chunk (its
+                # first, `role` beside "") is none; later, a role beside "" is a token's (TGI
+                # sends one for a special token, SGLang `"role": null` on every delta).
+                empty = content == "" and finish is None and (opened or "role" not in delta)
                 parts = [] if empty else None
         else:
             text = _text(choice.get("text"), obj)
@@ -160,7 +167,7 @@ class SseStream:
         "chat", "times", "pieces", "done", "finish_reason", "usage", "empty_events",
         "response_id", "_tail", "kinds", "running", "reasoning_pieces", "answer_pieces",
         "tool_calls", "_running_now", "server_metrics", "_at_start", "_event", "_event_t", "_cr",
-        "written",
+        "written", "_opened",
     )
 
     def __init__(self, chat: bool, times: list[float], keep_text: bool = False):
@@ -200,6 +207,7 @@ class SseStream:
         self.tool_calls: dict[int, ToolCall] = {}
         # vLLM's --enable-per-request-metrics timings, on the final usage chunk (None: unsent).
         self.server_metrics: dict | None = None
+        self._opened = False  # a chunk with choices was read (by the full reading)
 
     def sent(self) -> None:
         """The request is on the wire: --cancel-after's delay starts now (where one waits)."""
@@ -317,7 +325,10 @@ class SseStream:
 
     def _any_chunk(self, obj: object, t: float) -> None:
         """Any OpenAI chunk, read in full (chunk_parts)."""
-        parts, finish, usage, calls = chunk_parts(obj, self.chat)
+        opened = self._opened or bool(self.times)  # (a fast-path token opened it too)
+        parts, finish, usage, calls = chunk_parts(obj, self.chat, opened)
+        if not self._opened:  # the first chunk with choices is the only opening role chunk
+            self._opened = bool(obj.get("choices"))  # type: ignore[attr-defined]  # a dict
         if self.response_id is None:
             self._take_id(obj)  # type: ignore[arg-type]  # chunk_parts checked it is a dict
         if usage is not None:

@@ -181,6 +181,38 @@ STREAMS = {
 }
 
 
+# A refusal is the model's output (OpenAI's ResponseRefusalDeltaEvent): its deltas are the
+# tokens, timed as text is; the done event and the refusal part's start are none.
+R_REFUSAL_LEAD = R_LEAD + [
+    r_ev("response.output_item.added", output_index=0, item={
+        "id": "msg_1", "type": "message", "status": "in_progress", "role": "assistant",
+        "content": []}),
+    r_ev("response.content_part.added", item_id="msg_1", output_index=0, content_index=0,
+         part={"type": "refusal", "refusal": ""})]
+STREAMS["responses refusal"] = (
+    "responses", R_REFUSAL_LEAD,
+    [r_ev("response.refusal.delta", item_id="msg_1", output_index=0, content_index=0, delta=w)
+     for w in W],
+    [r_ev("response.refusal.done", item_id="msg_1", output_index=0, content_index=0,
+          refusal="".join(W)), r_final("response.completed", "completed", 4)], "stop", 4, 4)
+
+# A server tool (the SDK's ServerToolUseBlock: web_search...) streams its input as a tool_use
+# block does: generated tokens, but the server runs it and its result comes as a
+# web_search_tool_result block (no deltas): no call of the client's to answer.
+A_SERVER_TOOL_LEAD = [
+    a_start(), a_block(0, {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+                           "input": {}}),
+    a_delta(0, {"type": "input_json_delta", "partial_json": ""})]
+A_SERVER_TOOL_TEXTS = [a_delta(0, {"type": "input_json_delta", "partial_json": p})
+                       for p in ('{"query":', ' "x"}')] + [
+    a_stop(0) + a_block(1, {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1",
+                            "content": []}) + a_stop(1)
+    + a_block(2, {"type": "text", "text": ""}) + a_text(2, W[0]), a_text(2, W[1])]
+STREAMS["anthropic server_tool_use"] = (
+    "anthropic", A_SERVER_TOOL_LEAD, A_SERVER_TOOL_TEXTS, [a_stop(2), *a_end("end_turn", 4)],
+    "stop", 4, 4)
+
+
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_each_documented_stream_gives_its_true_figures(name, tmp_path):
     api, lead, texts, tail, finish, out_tokens, events = STREAMS[name]
@@ -193,3 +225,14 @@ def test_each_documented_stream_gives_its_true_figures(name, tmp_path):
         assert len(r["token_times_s"]) == events  # one time a content delta, pings none
         # The first generated text, not the message's start, a ping or a block's start.
         assert r["token_times_s"][0] - r["send_s"] >= GAP_S * 0.9
+
+
+def test_a_server_tool_is_no_call_of_the_clients(tmp_path):
+    """Its input's tokens are timed, but the record lists no (unnamed) tool call: a next turn
+    would send it back as the client's call, with a tool_result Anthropic refuses."""
+    _, lead, texts, tail, *_ = STREAMS["anthropic server_tool_use"]
+    res, result = run(tmp_path, "anthropic", lead, texts, tail)
+    assert res.exit_code == 0 and result is not None, res.output
+    for r in result["requests"]:
+        assert r["error"] is None, r["error"]
+        assert r.get("tool_calls") is None, r["tool_calls"]

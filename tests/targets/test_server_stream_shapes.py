@@ -166,3 +166,45 @@ def test_each_servers_stream_gives_its_true_figures(server, tmp_path):
         assert ttft >= GAP_S * 0.9  # the first text, not the role chunk sent a gap before it
     itl = result["summary"]["itl_ms"]["mean"]
     assert itl == pytest.approx(GAP_S * 1000, rel=0.5)
+
+
+def run_paced(tmp_path, lead, texts, tail) -> list[dict]:
+    out = tmp_path / "r.json"
+    with PacedFake(lead, texts, tail) as s:
+        res = invoke_app([
+            "run", "--endpoint", s.url, "--served-model", MODEL, "--api", "chat",
+            "--workload", "random", "--input-len", "8", "--output-len", str(OUT),
+            "--num-requests", str(N), "--max-concurrency", "1", "--request-rate", "inf",
+            "--output", str(out), "--quiet", "--save-detailed", "--max-error-rate", "1",
+        ])
+    assert res.exit_code == 0, res.output
+    return json.loads(out.read_text())["requests"]
+
+
+def test_a_refusal_is_output(tmp_path):
+    """OpenAI's ChoiceDelta.refusal: the model's refusal streams as text does (content null).
+    It is generated output: TTFT at its first delta, one time a delta, not a failed request
+    "without any output text"."""
+    lead = [chat({"role": "assistant", "content": None, "refusal": ""})]
+    texts = [chat({"refusal": w}) for w in WORDS]
+    for r in run_paced(tmp_path, lead, texts, [chat({}, "stop"), usage_only(), DONE]):
+        assert r["error"] is None, r["error"]
+        assert r["output_tokens"] == OUT and len(r["token_times_s"]) == OUT
+        assert r["token_times_s"][0] - r["send_s"] >= GAP_S * 0.9
+
+
+@pytest.mark.parametrize("server", ["TGI", "SGLang"])
+def test_an_empty_delta_mid_stream_is_a_token(server, tmp_path):
+    """TGI sends `{"role": "assistant", "content": ""}` for a special token mid-stream, SGLang
+    `"role": null` beside a held-back "": tokens, counted where the server sends no usage
+    (as vLLM's bench counts every chunk with choices); only the stream's first chunk is the
+    opening role chunk."""
+    role = "assistant" if server == "TGI" else None
+    texts = [chat({"role": role, "content": w}) for w in WORDS[:-1]]
+    texts.insert(2, chat({"role": role, "content": ""}))  # OUT tokens, one of them empty
+    lead = [] if server == "TGI" else [chat({"role": "assistant", "content": ""})]
+    for r in run_paced(tmp_path, lead, texts, [chat({"role": role, "content": None}, "length"),
+                                                DONE]):
+        assert r["error"] is None, r["error"]
+        assert len(r["token_times_s"]) == OUT - 1
+        assert r["output_tokens"] == OUT, r["output_tokens_method"]

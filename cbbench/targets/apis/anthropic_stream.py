@@ -7,7 +7,8 @@ body, its headers, and the parser of its event stream.
 reads are the record's cached tokens. ``message_delta``'s usage is cumulative: a count it
 states replaces message_start's (as Anthropic's SDK reads it). Token events are the ``content_block_delta`` events with
 text: ``text_delta`` (answer), ``thinking_delta`` (reasoning), ``input_json_delta`` (a
-``tool_use`` block's input: the call's id and name come with its ``content_block_start``);
+``tool_use`` block's input: the call's id and name come with its ``content_block_start``; a
+``server_tool_use`` block's too, but that call the server runs, so it is none of the record's);
 ``signature_delta`` is no token. ``message_delta`` has the cumulative ``usage.output_tokens``
 and the stop reason, in chat's words (``max_tokens`` and ``model_context_window_exceeded``
 -> length, ``tool_use`` -> tool_calls, ``refusal`` -> content_filter, else stop); ``message_stop`` ends the stream. An ``error`` event, or an error response
@@ -43,13 +44,17 @@ PROMPT_COUNTS = ("input_tokens", "cache_read_input_tokens", "cache_creation_inpu
 
 
 class AnthropicStream(SseStream):
-    __slots__ = ("_prompt_counts",)
+    __slots__ = ("_prompt_counts", "_server_tools")
 
     def __init__(self, times: list[float], keep_text: bool = False) -> None:
         super().__init__(True, times, keep_text)
         # input_tokens, cache reads, cache writes: message_start's, each overwritten by a
         # message_delta that states it (its counts are cumulative, as the SDK reads them).
         self._prompt_counts: list[int | None] = [None, None, None]
+        # The indices of server_tool_use blocks (web_search...): their input is generated
+        # tokens, but the server runs the tool (its result a block of its own, no deltas), so
+        # it is no call of the client's to record or answer in a next turn.
+        self._server_tools: set[int] = set()
 
     def _chunk(self, obj: object, t: float) -> None:
         if type(obj) is not dict:
@@ -59,9 +64,13 @@ class AnthropicStream(SseStream):
             self._delta(obj, t)
         elif kind == "content_block_start":
             block = obj.get("content_block")
-            if isinstance(block, dict) and block.get("type") == "tool_use":
+            block = block if isinstance(block, dict) else {}
+            btype = block.get("type")
+            if btype == "tool_use":
                 self._calls([{"index": obj.get("index", 0), "id": block.get("id"),
                               "function": {"name": block.get("name")}}])
+            elif btype == "server_tool_use":
+                self._server_tools.add(obj.get("index", 0))
         elif kind == "message_start":
             self._start(obj.get("message"))
         elif kind == "message_delta":
@@ -85,7 +94,7 @@ class AnthropicStream(SseStream):
         text = delta.get(field)
         if not isinstance(text, str):
             raise _bad_shape(obj)
-        if kind == TOOL:
+        if kind == TOOL and obj.get("index", 0) not in self._server_tools:
             self._calls([{"index": obj.get("index", 0), "function": {"arguments": text}}])
         if text:
             self._timed([(kind, text)], t)

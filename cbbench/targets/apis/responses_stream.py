@@ -1,9 +1,9 @@
 """`--api responses`: the OpenAI Responses API (POST /v1/responses, ``stream: true``), as vLLM and
 OpenAI serve it: the request body, and the parser of its typed event stream.
 
-Token events are the text deltas: ``response.output_text.delta`` (answer),
-``response.reasoning_text.delta`` (vLLM's reasoning text; ``response.reasoning_summary_text.delta``
-too, OpenAI's reasoning summaries) and ``response.function_call_arguments.delta`` (a tool call's
+Token events are the text deltas: ``response.output_text.delta`` and ``response.refusal.delta``
+(answer), ``response.reasoning_text.delta`` (vLLM's reasoning text;
+``response.reasoning_summary_text.delta`` too, OpenAI's reasoning summaries) and ``response.function_call_arguments.delta`` (a tool call's
 arguments; the call's id and name come with its ``response.output_item.added``). The stream ends
 with ``response.completed`` or ``response.incomplete`` (vLLM sends completed, with status
 incomplete), whose ``usage`` is taken as the chat usage it matches (``input_tokens`` ->
@@ -31,6 +31,9 @@ TEXT_DELTAS = {
     "response.output_text.delta": ANSWER,
     "response.reasoning_text.delta": REASONING,
     "response.reasoning_summary_text.delta": REASONING,
+    # A refusal is the model's answer, generated as text is (in output_tokens): TTFT at its
+    # first delta. (response.refusal.done repeats the text: no token.)
+    "response.refusal.delta": ANSWER,
 }
 FINAL = ("response.completed", "response.incomplete")
 FAILED = ("error", "response.failed")
