@@ -103,9 +103,7 @@ def check_max_model_len(max_model_len: int, config: ModelConfig, folder: Path) -
     if max_model_len <= config.max_model_len:
         return
     config_path = folder / "config.json"
-    raw = json.loads(config_path.read_text())
-    windowed = (raw.get("sliding_window") == config.max_model_len
-                and raw.get("max_position_embeddings") != config.max_model_len)
+    windowed = config.has_sliding_window and config.sliding_window == config.max_model_len
     source = (f"the sliding_window in {config_path}: attention is exact only within it"
               if windowed else f"max_position_embeddings in {config_path}")
     raise ValueError(f"--max-model-len {max_model_len} is greater than the model's context of "
@@ -152,9 +150,8 @@ def hf_model_config(folder: Path) -> ModelConfig:
     if config.rope_scaling:
         _check_llama3_rope(config.rope_scaling, config_path)
 
-    window = raw.get("sliding_window")
-    use_window = raw.get("use_sliding_window", config.architecture == "mistral")
-    if use_window and window and window < config.max_model_len:
+    window = config.sliding_window  # from_hf_config's: the model type's default included
+    if config.has_sliding_window and window and window < config.max_model_len:
         config = with_max_model_len(config, int(window))
     return config
 
