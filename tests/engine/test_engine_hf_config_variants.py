@@ -130,6 +130,15 @@ def test_left_out_fields_read_as_transformers_does(tmp_path, variant):
     assert config.num_kv_heads == hf.num_key_value_heads
 
 
+def test_many_unexpected_tensors_are_counted_not_listed(tmp_path):
+    """mlp_bias on 32 layers listed all 96 bias names on one line."""
+    folder = _save(tmp_path / "m", "llama", {"mlp_bias": True, "num_hidden_layers": 8}, {}, None)
+    attn = get_backend("reference", "cpu", block_size=BLOCK_SIZE)
+    with pytest.raises(ValueError) as err:
+        load_model(str(folder), torch.float32, "cpu", attn)
+    assert str(err.value).endswith("model.layers.0.mlp.up_proj.bias and 21 more"), err.value
+
+
 # name -> (config overrides, config.json rewrite, a fragment of the refusal)
 REFUSED = {
     "linear-rope": ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, None, "'linear'"),
