@@ -315,6 +315,11 @@ _HF_DEFAULTS: dict[str, dict[str, object]] = {
                 "sliding_window": 128, "rope_theta": 150000.0, "rms_norm_eps": 1e-5},
 }
 
+# Fields whose null transformers' config classes read as "derive it", not as the default: a
+# null num_key_value_heads is the head count, head_dim hidden // heads, sliding_window no
+# window; max_position_embeddings, no length (vLLM's default_max_len).
+NULL_DERIVED = frozenset({"num_key_value_heads", "head_dim", "sliding_window",
+                          "max_position_embeddings"})
 # The context where config.json's max_position_embeddings is null: vLLM's default_max_len
 # ("does not contain any of the keys to determine the original maximum length").
 NO_CONTEXT_FIELD_LEN = 2048
@@ -335,11 +340,11 @@ def _read_hf_config(config_path: Path) -> dict:
     cfg = read_json(config_path, "model config", CONFIG_MAX_BYTES)
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} is not a JSON object")
-    # A field left out is its model type's default; a null one is then dropped, as
-    # transformers' configs derive it (a null num_key_value_heads is num_attention_heads, a
-    # null head_dim hidden // heads).
+    # A field left out is its model type's default, as is a null one, except where
+    # transformers derives a null (NULL_DERIVED): those are then dropped.
     model_type = cfg.get("model_type")
-    cfg = {**(_HF_DEFAULTS.get(model_type, {}) if isinstance(model_type, str) else {}), **cfg}
+    defaults = _HF_DEFAULTS.get(model_type, {}) if isinstance(model_type, str) else {}
+    cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None or k in NULL_DERIVED}}
     return {k: v for k, v in cfg.items() if v is not None}
 
 

@@ -220,10 +220,11 @@ def test_a_null_field_reads_as_the_field_left_out(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(
-        {**GOOD_CONFIG, "num_key_value_heads": None, "head_dim": None,
-         "max_position_embeddings": None}))
+        {**GOOD_CONFIG, "model_type": "mistral", "num_key_value_heads": None, "head_dim": None,
+         "max_position_embeddings": None, "rms_norm_eps": None, "sliding_window": None}))
     m = get_model_config(str(folder))
-    assert (m.num_kv_heads, m.head_dim, m.max_model_len) == (4, 16, 2048)
+    assert (m.num_kv_heads, m.head_dim, m.max_model_len, m.rms_norm_eps) == (4, 16, 2048, 1e-6)
+    assert not m.has_sliding_window
     assert m.kv_bytes_per_token("bf16") == 2 * 2 * 4 * 16 * 2
 
 
