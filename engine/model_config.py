@@ -296,12 +296,33 @@ _MOE_FIELDS = {
 }
 
 
-# rms_norm_eps where config.json leaves it out: transformers' config class default per model
-# type (LlamaConfig, MistralConfig, Qwen2Config, Qwen3MoeConfig: 1e-6; MixtralConfig,
-# GptOssConfig: 1e-5), which its model then uses.
-_RMS_NORM_EPS_DEFAULT = {"mixtral": 1e-5, "gpt_oss": 1e-5}
-RMS_NORM_EPS_DEFAULT = 1e-6
+# What transformers' config class per model type (LlamaConfig, MistralConfig, Qwen2Config,
+# MixtralConfig, Qwen3MoeConfig, GptOssConfig) sets where config.json leaves a field out: what
+# AutoConfig gives, so what HF runs and vLLM derives its max_model_len and KV heads from. A
+# field given as null is not defaulted: those classes read it as "derive it" (a null
+# num_key_value_heads is the head count, a null sliding_window no window).
+_HF_DEFAULTS: dict[str, dict[str, object]] = {
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6},
+    "mistral": {"max_position_embeddings": 131072, "num_key_value_heads": 8,
+                "sliding_window": 4096, "rms_norm_eps": 1e-6},
+    "qwen2": {"max_position_embeddings": 32768, "num_key_value_heads": 32,
+              "sliding_window": 4096, "max_window_layers": 28, "rms_norm_eps": 1e-6},
+    "mixtral": {"max_position_embeddings": 131072, "num_key_value_heads": 8,
+                "rope_theta": 1e6, "rms_norm_eps": 1e-5},
+    "qwen3_moe": {"max_position_embeddings": 32768, "num_key_value_heads": 4,
+                  "sliding_window": 4096, "rms_norm_eps": 1e-6},
+    "gpt_oss": {"max_position_embeddings": 131072, "num_key_value_heads": 8, "head_dim": 64,
+                "sliding_window": 128, "rope_theta": 150000.0, "rms_norm_eps": 1e-5},
+}
 
+# Fields whose null transformers' config classes read as "derive it", not as the default: a
+# null num_key_value_heads is the head count, head_dim hidden // heads, sliding_window no
+# window; max_position_embeddings, no length (vLLM's default_max_len).
+NULL_DERIVED = frozenset({"num_key_value_heads", "head_dim", "sliding_window",
+                          "max_position_embeddings"})
+# The context where config.json's max_position_embeddings is null: vLLM's default_max_len
+# ("does not contain any of the keys to determine the original maximum length").
+NO_CONTEXT_FIELD_LEN = 2048
 
 # A model's config.json is a few kB; one far larger (or an endless stream) is not one.
 CONFIG_MAX_BYTES = 16 << 20
@@ -319,8 +340,11 @@ def _read_hf_config(config_path: Path) -> dict:
     cfg = read_json(config_path, "model config", CONFIG_MAX_BYTES)
     if not isinstance(cfg, dict):
         raise ValueError(f"{config_path} is not a JSON object")
-    # A null field is the field left out, as transformers' configs read it (a null
-    # num_key_value_heads is num_attention_heads, a null head_dim hidden // heads).
+    # A field left out is its model type's default, as is a null one, except where
+    # transformers derives a null (NULL_DERIVED): those are then dropped.
+    model_type = cfg.get("model_type")
+    defaults = _HF_DEFAULTS.get(model_type, {}) if isinstance(model_type, str) else {}
+    cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None or k in NULL_DERIVED}}
     return {k: v for k, v in cfg.items() if v is not None}
 
 
@@ -440,7 +464,6 @@ def _sliding_window(cfg: dict, model_type: str, config_path: Path) -> dict:
         windowed = sum(t == SLIDING_LAYER for t in types)
     elif model_type == "gpt_oss":
         windowed = (layers + 1) // 2  # transformers' GptOssConfig default: even layers
-        window = window if window is not None else 128
     elif cfg.get("use_sliding_window", model_type in WINDOW_BY_DEFAULT):
         first = cfg.get("max_window_layers", 0) if model_type not in WINDOW_BY_DEFAULT else 0
         if isinstance(first, bool) or not isinstance(first, int) or first < 0:
@@ -485,13 +508,12 @@ def from_hf_config(config_path: Path) -> ModelConfig:
         head_dim=cfg.get("head_dim") or hidden // num_heads,
         intermediate_size=cfg["intermediate_size"],
         vocab_size=cfg["vocab_size"],
-        max_model_len=cfg.get("max_position_embeddings", 4096),
+        max_model_len=cfg.get("max_position_embeddings", NO_CONTEXT_FIELD_LEN),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(cfg.get("attention_bias", False)),
         rope_theta=float(cfg.get("rope_theta", 10000.0)),
         rope_scaling=rope_scaling,
-        rms_norm_eps=float(cfg.get("rms_norm_eps",
-                                   _RMS_NORM_EPS_DEFAULT.get(model_type, RMS_NORM_EPS_DEFAULT))),
+        rms_norm_eps=float(cfg["rms_norm_eps"]),
         eos_token_ids=eos_ids,
         architecture=_SUPPORTED_HF_TYPES[model_type],
         **moe,

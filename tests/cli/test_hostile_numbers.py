@@ -214,16 +214,17 @@ def test_a_null_field_reads_as_the_field_left_out(tmp_path):
     """transformers reads an explicit null as the field left out: a null num_key_value_heads
     is num_attention_heads (LlamaConfig: ``if num_key_value_heads is None``), a null
     head_dim is hidden_size // num_attention_heads. It was a TypeError traceback at the
-    first KV size."""
+    first KV size. A null max_position_embeddings is vLLM's default_max_len, 2048."""
     from cbbench.engine.model_config import get_model_config
 
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(
-        {**GOOD_CONFIG, "num_key_value_heads": None, "head_dim": None,
-         "max_position_embeddings": None}))
+        {**GOOD_CONFIG, "model_type": "mistral", "num_key_value_heads": None, "head_dim": None,
+         "max_position_embeddings": None, "rms_norm_eps": None, "sliding_window": None}))
     m = get_model_config(str(folder))
-    assert (m.num_kv_heads, m.head_dim, m.max_model_len) == (4, 16, 4096)
+    assert (m.num_kv_heads, m.head_dim, m.max_model_len, m.rms_norm_eps) == (4, 16, 2048, 1e-6)
+    assert not m.has_sliding_window
     assert m.kv_bytes_per_token("bf16") == 2 * 2 * 4 * 16 * 2
 
 

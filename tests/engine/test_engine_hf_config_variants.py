@@ -25,6 +25,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from cbbench.cli.app import app  # noqa: E402
 from cbbench.engine.torch.models import allocate_kv_cache, load_model  # noqa: E402
+from cbbench.engine.torch.models.loader import hf_model_config  # noqa: E402
 from cbbench.kernels import get_backend  # noqa: E402
 from cbbench.kernels.metadata import build_metadata  # noqa: E402
 
@@ -55,6 +56,10 @@ VARIANTS = {
     # transformers' default (1e-6) where config.json leaves it out; it was read as 1e-5.
     "rms-norm-eps-left-out": ("qwen2", {}, {}, lambda c: c.pop("rms_norm_eps")),
     "bf16-config-sharded": ("llama", {"dtype": "bfloat16"}, {"max_shard_size": "20KB"}, None),
+    # MistralConfig's default (8 KV heads) where config.json leaves it out; it was read as the
+    # head count (16), and the load failed on the k_proj shape where transformers loads it.
+    "mistral-kv-heads-left-out": ("mistral", {"num_attention_heads": 16, "num_key_value_heads": 8},
+                                  {}, lambda c: c.pop("num_key_value_heads")),
 }
 
 
@@ -100,6 +105,38 @@ def test_logits_match_transformers(tmp_path, variant):
         want = hf(torch.tensor([seq[:-1]])).logits[0, PROMPT_LEN - 1 :].float()
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
     assert seq[PROMPT_LEN:] == want.argmax(-1).tolist()
+
+
+# name -> (model type, the config.json field left out, config overrides)
+LEFT_OUT = {
+    "llama-context": ("llama", "max_position_embeddings", {}),  # 2048 (was 4096)
+    "qwen2-context": ("qwen2", "max_position_embeddings", {}),  # 32768
+    "mistral-context": ("mistral", "max_position_embeddings", {"sliding_window": None}),  # 131072
+    "mistral-window": ("mistral", "sliding_window", {"max_position_embeddings": 8192}),  # 4096
+}
+
+
+@pytest.mark.parametrize("variant", LEFT_OUT)
+def test_left_out_fields_read_as_transformers_does(tmp_path, variant):
+    """A field config.json leaves out is what transformers' config class defaults it to, the
+    config vLLM derives max_model_len from: the context (capped to a Mistral's default window,
+    where the engine's full attention stops being exact) and the KV heads."""
+    kind, key, overrides = LEFT_OUT[variant]
+    folder = _save(tmp_path / variant, kind, overrides, {}, lambda c: c.pop(key))
+    hf = transformers.AutoConfig.from_pretrained(folder)
+    config = hf_model_config(folder)
+    window = getattr(hf, "sliding_window", None) or hf.max_position_embeddings
+    assert config.max_model_len == min(hf.max_position_embeddings, window)
+    assert config.num_kv_heads == hf.num_key_value_heads
+
+
+def test_many_unexpected_tensors_are_counted_not_listed(tmp_path):
+    """mlp_bias on 32 layers listed all 96 bias names on one line."""
+    folder = _save(tmp_path / "m", "llama", {"mlp_bias": True, "num_hidden_layers": 8}, {}, None)
+    attn = get_backend("reference", "cpu", block_size=BLOCK_SIZE)
+    with pytest.raises(ValueError) as err:
+        load_model(str(folder), torch.float32, "cpu", attn)
+    assert str(err.value).endswith("model.layers.0.mlp.up_proj.bias and 21 more"), err.value
 
 
 # name -> (config overrides, config.json rewrite, a fragment of the refusal)

@@ -15,6 +15,8 @@ INIT_STD = 0.02  # normal init for random weights: keeps activations finite thro
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Tensors some checkpoints carry that the model derives itself.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# How many tensor names a checkpoint mismatch lists of each kind (missing, unexpected).
+MISMATCH_NAMES_SHOWN = 3
 # The MLP's activation (llama.py's SwiGLU computes silu(gate) * up), and the value
 # transformers' Llama, Mistral and Qwen2 configs default to. Any other would load and generate
 # wrong tokens; vLLM's Llama MLP refuses it too ("Only silu is supported for now").
@@ -103,9 +105,7 @@ def check_max_model_len(max_model_len: int, config: ModelConfig, folder: Path) -
     if max_model_len <= config.max_model_len:
         return
     config_path = folder / "config.json"
-    raw = json.loads(config_path.read_text())
-    windowed = (raw.get("sliding_window") == config.max_model_len
-                and raw.get("max_position_embeddings") != config.max_model_len)
+    windowed = config.has_sliding_window and config.sliding_window == config.max_model_len
     source = (f"the sliding_window in {config_path}: attention is exact only within it"
               if windowed else f"max_position_embeddings in {config_path}")
     raise ValueError(f"--max-model-len {max_model_len} is greater than the model's context of "
@@ -152,9 +152,8 @@ def hf_model_config(folder: Path) -> ModelConfig:
     if config.rope_scaling:
         _check_llama3_rope(config.rope_scaling, config_path)
 
-    window = raw.get("sliding_window")
-    use_window = raw.get("use_sliding_window", config.architecture == "mistral")
-    if use_window and window and window < config.max_model_len:
+    window = config.sliding_window  # from_hf_config's: the model type's default included
+    if config.has_sliding_window and window and window < config.max_model_len:
         config = with_max_model_len(config, int(window))
     return config
 
@@ -225,12 +224,17 @@ def load_hf_weights(net: LlamaForCausalLM, files: list[Path]) -> None:
 
     missing = sorted(_describe(name, shard) for name, shard in expected - loaded)
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing tensors: {', '.join(missing)}")
-        if unexpected:
-            parts.append(f"unexpected tensors: {', '.join(sorted(unexpected))}")
+        parts = [f"{kind} tensors: {_first_names(names)}"
+                 for kind, names in (("missing", missing), ("unexpected", sorted(unexpected)))
+                 if names]
         raise ValueError(f"checkpoint does not match the model: {'; '.join(parts)}")
+
+
+def _first_names(names: list[str]) -> str:
+    """A few names and how many more: every bias of a 32-layer model (mlp_bias) was ~100 names
+    on one line."""
+    more = len(names) - MISMATCH_NAMES_SHOWN
+    return ", ".join(names[:MISMATCH_NAMES_SHOWN]) + (f" and {more} more" if more > 0 else "")
 
 
 def _our_name(hf_name: str) -> tuple[str, int | None]:
