@@ -7,16 +7,14 @@ time a content delta, output tokens from the final usage, the stop reason in cha
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-from fake_openai import MODEL, _chunk
+from fake_openai import MODEL
 from helpers import invoke_app
-from test_hostile_usage import SSE_HEAD, ScriptedFake
+from test_server_stream_shapes import GAP_S, PacedFake
 
 N = 2
-GAP_S = 0.05  # the server's pace between deltas, and the lead's before the first one
 
 
 def ev(obj: dict) -> bytes:
@@ -87,30 +85,7 @@ def r_text(t: str, idx: int = 0) -> bytes:
                 content_index=0, delta=t, logprobs=[])
 
 
-class ApiFake(ScriptedFake):
-    """The fake answering any streamed POST with `lead` at once, then each of `texts` GAP_S
-    after the one before (the first GAP_S after the lead), then `tail` at once."""
-
-    def __init__(self, lead, texts, tail):
-        super().__init__(events=[])
-        self.lead, self.texts, self.tail = lead, texts, tail
-
-    async def _route(self, method, path, headers, body, writer) -> bool:
-        if method != "POST" or path not in ("/v1/messages", "/v1/responses"):
-            return await super()._route(method, path, headers, body, writer)
-        writer.write(SSE_HEAD)
-        for e in self.lead:
-            writer.write(_chunk(e))
-        await writer.drain()
-        for e in self.texts:
-            await asyncio.sleep(GAP_S)  # the server's own pace: what TTFT and ITL measure
-            writer.write(_chunk(e))
-            await writer.drain()
-        for e in self.tail:
-            writer.write(_chunk(e))
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return True
+ApiFake = PacedFake  # lead at once, texts GAP_S apart, tail at once
 
 
 def run(tmp_path, api, lead, texts, tail, out_len=4):

@@ -116,6 +116,9 @@ SCRIPTS = {
 }
 
 
+PACED_ROUTES = ("completions", "/v1/messages", "/v1/responses")
+
+
 class PacedFake(ScriptedFake):
     """The fake answering any streamed POST with `lead`, a gap, then `texts` GAP_S apart, then
     `tail` at once."""
@@ -125,7 +128,9 @@ class PacedFake(ScriptedFake):
         self.lead, self.texts, self.tail = lead, texts, tail
 
     async def _route(self, method, path, headers, body, writer) -> bool:
-        if method != "POST" or not path.endswith("completions"):
+        # The OpenAI routes here; test_api_stream_truths.py paces its Anthropic and Responses
+        # streams with this fake too.
+        if method != "POST" or not path.endswith(PACED_ROUTES):
             return await super()._route(method, path, headers, body, writer)
         writer.write(SSE_HEAD)
         for e in self.lead:
