@@ -413,7 +413,7 @@ def build_plots(results: Sequence[Labeled], max_gantt_requests: int,
     kept = [p for p in candidates if p.points > 0]
     # The static page's notes of what a kept plot could not show (cli/report.py), told of
     # the ITL lines this page draws from the summary's histogram too.
-    from cbbench.cli.report import section_notes
+    from cbbench.report.notes import section_notes
 
     for p in kept:
         p.notes = section_notes(p.key, results, itl_drawn=lambda r: _itl_cdf(r) is not None)

@@ -52,7 +52,7 @@ def test_the_static_pages_notes_name_what_each_result_lacks():
     # report-static.html told a --summary-only result to "run with --save-detailed" (it keeps no
     # requests at all) and promised an endpoint run "only the analytic line is drawn" (it has no
     # iterations, so no analytic line either).
-    from cbbench.cli.report import section_notes
+    from cbbench.report.notes import section_notes
 
     summary_only = Labeled("s", {"schema_version": 1, "config": {}, "summary": {}})
     with_requests = Labeled("d", {"schema_version": 1, "config": {}, "summary": {},
