@@ -117,9 +117,19 @@ def _peaks(spec: ForwardSpec, device, torch) -> tuple[Peaks, dict | None]:
         gpu = get_gpu_spec(DEFAULT_REFERENCE_GPU)
     bw = spec.peak_bw if spec.peak_bw is not None else _spec_peak(gpu, "hbm_bandwidth")
     fl = spec.peak_flops if spec.peak_flops is not None else _spec_flops(gpu, spec.dtype)
-    name = gpu.name if gpu is not None else "?"
-    source = "given" if given else f"{name} spec" + ("" if on_gpu else " (a CPU: reference)")
+    source = "given" if given else _source(spec, gpu.name if gpu else "?", on_gpu)
     return Peaks(bw, fl, source, on_gpu or given), (gpu.to_dict() if gpu else None)
+
+
+def _source(spec: ForwardSpec, name: str, on_gpu: bool) -> str:
+    """Where the peaks came from, each said apart when one was given: --peak-bw alone was
+    labelled "h100 spec" though the bandwidth was the user's."""
+    spec_text = f"{name} spec" + ("" if on_gpu else " (a CPU: reference)")
+    if spec.peak_bw is not None:
+        return f"bandwidth given, FLOP/s {spec_text}"
+    if spec.peak_flops is not None:
+        return f"FLOP/s given, bandwidth {spec_text}"
+    return spec_text
 
 
 def _spec_peak(gpu, attr: str) -> float:

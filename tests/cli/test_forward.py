@@ -235,3 +235,13 @@ def test_a_slow_first_step_is_noted_in_the_file_and_the_table(tmp_path, monkeypa
     slow = [n for n in result["notes"] if "first timed step" in n]
     assert len(slow) == 2 and slow[0].startswith("decode batch 2") and "--warmup" in slow[0]
     assert "note: decode batch 2" in r.output
+
+
+@pytest.mark.parametrize("flag, said", [("--peak-bw", "bandwidth given"),
+                                        ("--peak-flops", "FLOP/s given")])
+def test_one_given_peak_is_labelled_as_given(tmp_path, flag, said):
+    """Found in the tenth review: --peak-bw alone left peaks.source "h100 spec (a CPU:
+    reference)" though the bandwidth in the file was the user's."""
+    _, result = forward(tmp_path, flag, str(PEAK))
+    assert result["peaks"]["source"].startswith(said), result["peaks"]
+    assert "h100 spec" in result["peaks"]["source"]  # the other peak's origin
