@@ -345,6 +345,14 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
         "notes": [],
     }
     graph_modes = _graph_modes(spec, device, backend.name, out["notes"])
+    try:
+        _time_rows(spec, setup, device, dtype, graph_modes, out, log, torch)
+    except KeyboardInterrupt:  # Ctrl-C: the rows measured so far are kept, marked so
+        out["interrupted"] = True
+    return out
+
+
+def _time_rows(spec, setup: _Setup, device, dtype, graph_modes, out: dict, log, torch) -> None:
     for graphs in graph_modes:
         runner = _runner(spec, setup, device, dtype, graphs, out)
         if runner is None:
@@ -359,7 +367,6 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
         if runner is not None:
             for p in sorted(spec.prefill_tokens):
                 _time_row(spec, setup, runner, "prefill", prefill_rows(p), False, out, log)
-    return out
 
 
 def _now() -> str:
