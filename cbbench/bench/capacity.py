@@ -141,9 +141,14 @@ def search(
         lo = _highest_pass(probes)
         return SearchResult(TOO_SHORT, lo, lo, _lowest_failure(probes, lo), probes)
     except _Stopped:
-        # Only judged probes bound it: one too short to judge (or cut short) failed nothing.
-        lo = _highest_pass(probes)
-        return SearchResult(INTERRUPTED, lo, lo, _lowest_failure(probes, lo), probes)
+        return stopped(probes)
+
+
+def stopped(probes: list[Probe]) -> SearchResult:
+    """The search ended by a signal after ``probes``: the best rate seen to pass so far. Only
+    judged probes bound it: one too short to judge (or cut short) failed nothing."""
+    lo = _highest_pass(probes)
+    return SearchResult(INTERRUPTED, lo, lo, _lowest_failure(probes, lo), probes)
 
 
 class _Stopped(Exception):
@@ -246,6 +251,7 @@ class Prober:
         self.prep = prep  # bench/point_prep.py: each probe's own prompts, the cache reset
         self.count = 0
         self.config: Config | None = None
+        self.probes: list[Probe] = []  # every probe finished: a second signal's file keeps them
 
     def __call__(self, rate: float, phase: str) -> Probe:
         from cbbench.analysis.result import write_result
@@ -274,5 +280,7 @@ class Prober:
         passed = meets and point.steady is True and not interrupted
         too_short = meets and not interrupted and (
             point.steady is None or bool(point.steady_detail.get("too_short")))
-        return Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted,
-                     too_short, result.config.seed)
+        probe = Probe(i, phase, point, point.slo_attainment, meets, passed, interrupted,
+                      too_short, result.config.seed)
+        self.probes.append(probe)
+        return probe

@@ -117,9 +117,19 @@ def _peaks(spec: ForwardSpec, device, torch) -> tuple[Peaks, dict | None]:
         gpu = get_gpu_spec(DEFAULT_REFERENCE_GPU)
     bw = spec.peak_bw if spec.peak_bw is not None else _spec_peak(gpu, "hbm_bandwidth")
     fl = spec.peak_flops if spec.peak_flops is not None else _spec_flops(gpu, spec.dtype)
-    name = gpu.name if gpu is not None else "?"
-    source = "given" if given else f"{name} spec" + ("" if on_gpu else " (a CPU: reference)")
+    source = "given" if given else _source(spec, gpu.name if gpu else "?", on_gpu)
     return Peaks(bw, fl, source, on_gpu or given), (gpu.to_dict() if gpu else None)
+
+
+def _source(spec: ForwardSpec, name: str, on_gpu: bool) -> str:
+    """Where the peaks came from, each said apart when one was given: --peak-bw alone was
+    labelled "h100 spec" though the bandwidth was the user's."""
+    spec_text = f"{name} spec" + ("" if on_gpu else " (a CPU: reference)")
+    if spec.peak_bw is not None:
+        return f"bandwidth given, FLOP/s {spec_text}"
+    if spec.peak_flops is not None:
+        return f"FLOP/s given, bandwidth {spec_text}"
+    return spec_text
 
 
 def _spec_peak(gpu, attr: str) -> float:
@@ -335,6 +345,14 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
         "notes": [],
     }
     graph_modes = _graph_modes(spec, device, backend.name, out["notes"])
+    try:
+        _time_rows(spec, setup, device, dtype, graph_modes, out, log, torch)
+    except KeyboardInterrupt:  # Ctrl-C: the rows measured so far are kept, marked so
+        out["interrupted"] = True
+    return out
+
+
+def _time_rows(spec, setup: _Setup, device, dtype, graph_modes, out: dict, log, torch) -> None:
     for graphs in graph_modes:
         runner = _runner(spec, setup, device, dtype, graphs, out)
         if runner is None:
@@ -349,7 +367,6 @@ def run_forward(spec: ForwardSpec, log=print) -> dict:
         if runner is not None:
             for p in sorted(spec.prefill_tokens):
                 _time_row(spec, setup, runner, "prefill", prefill_rows(p), False, out, log)
-    return out
 
 
 def _now() -> str:

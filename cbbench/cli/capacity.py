@@ -87,7 +87,6 @@ def capacity(
         check_writable,
         engine_inputs,
         write_atomic,
-        write_result,
     )
     from cbbench.bench.capacity import (
         ABOVE_MAX,
@@ -98,26 +97,10 @@ def capacity(
         Prober,
         SearchResult,
         parse_precision,
-        probe_file,
         search,
     )
-    from cbbench.bench.probe import (
-        ProbeSizing,
-        run_probe,
-        saturation_lower_bound,
-        saturation_rate,
-        summarize_probe,
-    )
-    from cbbench.bench.runner import recorded_command
-    from cbbench.bench.sweep import check_no_folder_at, shared_config
-    from cbbench.schema import (
-        CAPACITY_KIND,
-        CAPACITY_SCHEMA_VERSION,
-        CapacityFile,
-        file_text,
-        from_built,
-        to_dict,
-    )
+    from cbbench.bench.probe import ProbeSizing, saturation_lower_bound, saturation_rate
+    from cbbench.bench.sweep import check_no_folder_at
 
     slo_spec = output.attainment_slo()
     if slo_spec is None:
@@ -144,57 +127,41 @@ def capacity(
         check_folder_not_inputs(runs_dir, [PROBE_FILES], inputs, "--runs-dir")
 
     saturation = sat_point = config = prober = found = None
+
     # The interrupt contract of `run`: the first signal stops dispatching, the probe in
-    # progress is kept marked interrupted, and the file says so; a second exits 130.
+    # progress is kept marked interrupted, and the file says so; a second exits 130, and
+    # capacity.json still keeps the probes finished before it (as sweep.json keeps its points).
     with StopSignal() as stop, probes_context(base.load_plan):
-        if start_rate is None:
-            C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
-            sat_result = run_probe(base, math.inf, sizing, slo_spec, stop, prep)
-            sat_file = None if runs_dir is None else runs_dir / probe_file(0, math.inf)
-            if sat_file is not None:
-                write_result(sat_file, sat_result)
-            saturation = saturation_rate(sat_result)
-            sat_point = summarize_probe(math.inf, sat_result, slo_spec,
-                                        None if sat_file is None else str(sat_file))
-            config = sat_result.config
-            if stop():
-                found = SearchResult(INTERRUPTED, None, None, None, [])
-            else:
-                C.notice(saturation_line(saturation, sat_point))
-                short = saturation_lower_bound(sat_result)
-                if short is not None:  # the search starts low; it climbs from there
-                    C.notice(f"warning: {short}")
-                if not saturation > 0:
-                    raise UsageError("the rate-inf probe completed nothing; give --start-rate")
-                start_rate = saturation * 0.5
-        if found is None:
-            assert start_rate is not None  # given, or half the saturation probe's
-            prober = Prober(base, sizing, slo_spec, runs_dir, stop, prep)
-            found = search(prober, start_rate, precision, should_stop=stop,
-                           fits=sizing.schedule_fits)
+        try:
+            if start_rate is None:
+                sat_result, sat_point = saturation_probe(base, sizing, slo_spec, stop, prep,
+                                                         runs_dir)
+                saturation = saturation_rate(sat_result)
+                config = sat_result.config
+                if stop():
+                    found = SearchResult(INTERRUPTED, None, None, None, [])
+                else:
+                    C.notice(saturation_line(saturation, sat_point))
+                    short = saturation_lower_bound(sat_result)
+                    if short is not None:  # the search starts low; it climbs from there
+                        C.notice(f"warning: {short}")
+                    if not saturation > 0:
+                        raise UsageError("the rate-inf probe completed nothing; give --start-rate")
+                    start_rate = saturation * 0.5
+            if found is None:
+                assert start_rate is not None  # given, or half the saturation probe's
+                prober = Prober(base, sizing, slo_spec, runs_dir, stop, prep)
+                found = search(prober, start_rate, precision, should_stop=stop,
+                               fits=sizing.schedule_fits)
+        except KeyboardInterrupt:  # a second signal: keep what finished, then leave (130)
+            keep_finished(out_path, prober, sat_point, lambda found: capacity_text(
+                found, slo_spec, precision, sizing, prep, saturation, sat_point, config, prober))
+            raise
 
         # Still under the search's handler: a Ctrl-C while the answer is printed and written
         # is noted, not raised (capacity.json, every probe, was lost).
-        config = config or (prober.config if prober else None)
-        # The file's keys in the file's order: the model dumps them as given.
-        doc = from_built(CapacityFile, {
-            "kind": CAPACITY_KIND,
-            "schema_version": CAPACITY_SCHEMA_VERSION,
-            "slo": slo_spec.to_dict(),
-            "precision": precision,
-            "sizing": sizing.to_dict(),
-            "points_prep": prep.to_dict(),
-            "status": found.status,
-            "capacity": found.capacity,
-            "bracket": [found.lo, found.hi],
-            "margin": found.margin,
-            "saturation_rate": saturation,
-            "saturation_probe": sat_point.to_dict() if sat_point else None,
-            "config": shared_config(to_dict(config) if config is not None else {}),
-            "command": recorded_command(sys.argv[1:]),
-            "probes": [p.to_dict() for p in found.probes],
-            "interrupted": found.status == INTERRUPTED,
-        }, "the capacity search")
+        text = capacity_text(found, slo_spec, precision, sizing, prep, saturation, sat_point,
+                             config, prober)
 
         # The probes first: a file that cannot be written (a full disk) still shows them.
         typer.echo(f"SLO: {slo_spec.describe()}")
@@ -204,12 +171,77 @@ def capacity(
         typer.echo(probe_table(found.probes, sat_point))
         typer.echo("")
         typer.echo(answer_line(found))
-        write_atomic(out_path, file_text(doc))
+        write_atomic(out_path, text)
     typer.echo(f"\ncapacity: {out_path}")
     if found.status == BELOW_MIN or (found.status == TOO_SHORT and found.lo is None):
         raise typer.Exit(NOT_FOUND_EXIT)
     if found.status == ABOVE_MAX:
         C.notice("every probe passed up to the search's ceiling: the capacity is at least that")
+
+
+def saturation_probe(base, sizing, slo, stop, prep, runs_dir: Path | None):
+    """Probe 0, at rate inf: its result (saved in --runs-dir) and its row."""
+    from cbbench.analysis.result import write_result
+    from cbbench.bench.capacity import probe_file
+    from cbbench.bench.probe import run_probe, summarize_probe
+
+    C.notice(f"probe 0 (saturation): rate inf, {sizing.requests_for(math.inf)} requests")
+    result = run_probe(base, math.inf, sizing, slo, stop, prep)
+    path = None if runs_dir is None else runs_dir / probe_file(0, math.inf)
+    if path is not None:
+        write_result(path, result)
+    return result, summarize_probe(math.inf, result, slo, None if path is None else str(path))
+
+
+def keep_finished(out_path: Path, prober, sat_point, document) -> None:
+    """On a second signal, capacity.json with what finished before it (the saturation probe,
+    the probes judged), marked interrupted, as sweep.json keeps a sweep's finished points."""
+    from cbbench.analysis.result import write_atomic
+    from cbbench.bench.capacity import stopped
+
+    probes = prober.probes if prober is not None else []
+    if sat_point is None and not probes:
+        return  # nothing finished: nothing to keep
+    write_atomic(out_path, document(stopped(probes)))
+    C.notice(f"capacity: {out_path} keeps the {len(probes)} probe(s) finished before the signal")
+
+
+def capacity_text(found, slo, precision: float, sizing, prep, saturation: float | None,
+                  sat_point, config, prober) -> str:
+    """capacity.json's text: the answer, the saturation probe and every probe judged; the
+    config the saturation probe's, else the first search probe's."""
+    from cbbench.bench.capacity import INTERRUPTED
+    from cbbench.bench.runner import recorded_command
+    from cbbench.bench.sweep import shared_config
+    from cbbench.schema import (
+        CAPACITY_KIND,
+        CAPACITY_SCHEMA_VERSION,
+        CapacityFile,
+        file_text,
+        from_built,
+        to_dict,
+    )
+
+    config = config or (prober.config if prober else None)
+    # The file's keys in the file's order: the model dumps them as given.
+    return file_text(from_built(CapacityFile, {
+        "kind": CAPACITY_KIND,
+        "schema_version": CAPACITY_SCHEMA_VERSION,
+        "slo": slo.to_dict(),
+        "precision": precision,
+        "sizing": sizing.to_dict(),
+        "points_prep": prep.to_dict(),
+        "status": found.status,
+        "capacity": found.capacity,
+        "bracket": [found.lo, found.hi],
+        "margin": found.margin,
+        "saturation_rate": saturation,
+        "saturation_probe": sat_point.to_dict() if sat_point else None,
+        "config": shared_config(to_dict(config) if config is not None else {}),
+        "command": recorded_command(sys.argv[1:]),
+        "probes": [p.to_dict() for p in found.probes],
+        "interrupted": found.status == INTERRUPTED,
+    }, "the capacity search"))
 
 
 def check_outputs_apart(out: Path, runs_dir: Path) -> None:

@@ -101,6 +101,8 @@ def forward(
     write_atomic(out_path, file_text(result))
     if not to_stdout:
         typer.echo(f"\nforward: {out_path}")
+    if result.interrupted:  # the rows measured are kept; the exit is an interrupt's (130)
+        raise KeyboardInterrupt
     if result.errors:
         raise UsageError(f"{len(result.errors)} shape(s) failed (their errors are in the "
                          f"file): first {result.errors[0].error}")

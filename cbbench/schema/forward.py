@@ -84,3 +84,4 @@ class ForwardResult(Record):
     rows: list[ForwardRow]
     errors: list[ForwardError]
     notes: list[str]
+    interrupted: bool | None = None  # Ctrl-C: the rows measured before it (absent: older)

@@ -235,3 +235,38 @@ def test_a_slow_first_step_is_noted_in_the_file_and_the_table(tmp_path, monkeypa
     slow = [n for n in result["notes"] if "first timed step" in n]
     assert len(slow) == 2 and slow[0].startswith("decode batch 2") and "--warmup" in slow[0]
     assert "note: decode batch 2" in r.output
+
+
+@pytest.mark.parametrize("flag, said", [("--peak-bw", "bandwidth given"),
+                                        ("--peak-flops", "FLOP/s given")])
+def test_one_given_peak_is_labelled_as_given(tmp_path, flag, said):
+    """Found in the tenth review: --peak-bw alone left peaks.source "h100 spec (a CPU:
+    reference)" though the bandwidth in the file was the user's."""
+    _, result = forward(tmp_path, flag, str(PEAK))
+    assert result["peaks"]["source"].startswith(said), result["peaks"]
+    assert "h100 spec" in result["peaks"]["source"]  # the other peak's origin
+
+
+def test_ctrl_c_keeps_the_rows_measured(tmp_path, monkeypatch):
+    """Found in the tenth review: Ctrl-C during `cbbench forward` lost every row already
+    measured. The file keeps them, marked interrupted, and the exit is 130."""
+    from helpers import cli_in_process
+
+    import cbbench.bench.forward as fw
+
+    real = fw._time_row
+
+    def ctrl_c_in_the_second_row(spec, setup, runner, phase, *args):
+        if phase == "prefill":
+            raise KeyboardInterrupt
+        real(spec, setup, runner, phase, *args)
+
+    monkeypatch.setattr(fw, "_time_row", ctrl_c_in_the_second_row)
+    out = tmp_path / "forward.json"
+    outcome = cli_in_process(["forward", "--model", "tiny", "--device", "cpu", "--batch-sizes",
+                              "4", "--context", "40", "--prefill-tokens", "64", "--steps", "2",
+                              "--warmup", "1", "--output", str(out)])
+    assert outcome.returncode == 130 and "Traceback" not in outcome.stderr, outcome.stderr
+    result = read_forward(out)
+    assert result["interrupted"] is True
+    assert [r["phase"] for r in result["rows"]] == ["decode"]

@@ -197,3 +197,32 @@ def test_a_signal_while_capacitys_answer_is_written_keeps_it(tmp_path, monkeypat
     assert "Traceback" not in outcome.stderr, outcome.stderr
     doc = json.loads(out.read_text())
     assert doc["probes"] and not doc["interrupted"]  # the search had finished
+
+
+def test_a_second_signal_mid_search_keeps_the_finished_probes(tmp_path, monkeypatch):
+    """Found in the tenth review: a second Ctrl-C in probe 2 exited 130 with no capacity.json,
+    probe 1 lost (unless --runs-dir was given), where `sweep` keeps its finished points. The
+    file is written marked interrupted with the probes judged so far, then it exits 130."""
+    from helpers import cli_in_process
+
+    import cbbench.bench.probe as probe_module
+
+    real, calls = probe_module.run_probe, []
+
+    def second_signal_in_probe_2(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what StopSignal raises on the second signal
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe_module, "run_probe", second_signal_in_probe_2)
+    out = tmp_path / "cap.json"
+    outcome = cli_in_process(["capacity", "--engine", "sim", "--slo", "ttft_p99=100000",
+                              "--start-rate", "4", "--num-requests", "40", "--min-duration", "0",
+                              "--out", str(out)])
+    assert outcome.returncode == 130 and "Traceback" not in outcome.stderr, outcome.stderr
+    assert len(calls) == 2
+    doc = json.loads(out.read_text())
+    assert doc["interrupted"] is True and doc["status"] == "interrupted"
+    assert [p["rate"] for p in doc["probes"]] == [calls[0]]
+    assert [p.name for p in tmp_path.iterdir()] == ["cap.json"]  # no temporary file left
