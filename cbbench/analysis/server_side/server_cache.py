@@ -4,8 +4,9 @@ over the completed requests sent to an endpoint that reported it: hit rate = cac
 the server's prompt tokens. vLLM writes prompt_tokens_details only when the count is non-zero
 (its serving.py: ``if self.enable_prompt_tokens_details and num_cached_tokens``), so on an
 endpoint that reported cached tokens for any request of the run, a usage without them is a
-request that found none cached: a miss, in the denominator as in vllm:prefix_cache_queries. Beside it, for the in-process engine, summary.engine.prefix_cache_hit_rate is the
-engine's own count. Both count a request's prompt once, at its first scheduling, as vLLM's
+request that found none cached: a miss, in the denominator as in vllm:prefix_cache_queries.
+Beside it, for the in-process engine, summary.engine.prefix_cache_hit_rate is the engine's
+own count. Both count a request's prompt once, at its first scheduling, as vLLM's
 prefix_cache_queries / prefix_cache_hits and its usage's cached_tokens do (a request resumed
 after a preemption is not counted again; `cbbench serve` reports the engine's num_cached_tokens,
 set at that first scheduling). They are not the same set of requests: the engine's covers
